@@ -1,0 +1,198 @@
+/* fulgur core: status codes and error messages, logging hook, allocation,
+ * the step arena, the counter-based RNG, dtypes and conversions, threads.
+ *
+ * Everything above builds on this header. Nothing here prints or exits:
+ * errors come back as fg_status with a per-thread message (fg_last_error),
+ * and log lines go to a hook the program sets (fg_set_log). */
+#ifndef FULGUR_CORE_H
+#define FULGUR_CORE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define FG_API __attribute__((visibility("default")))
+#define FG_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define FG_API
+#define FG_PRINTF(f, a)
+#endif
+
+#define FG_VERSION_MAJOR 0
+#define FG_VERSION_MINOR 1
+#define FG_VERSION_PATCH 0
+#define FG_VERSION_STRING "0.1.0"
+
+/* The library's version string, "MAJOR.MINOR.PATCH". Thread-safe. */
+FG_API const char *fg_version(void);
+
+/* ---------------------------------------------------------------- status */
+
+typedef enum fg_status {
+    FG_OK = 0,
+    FG_EINVAL,       /* a bad argument or value: the message names it */
+    FG_ENOMEM,       /* an allocation failed */
+    FG_EIO,          /* a file or system call failed */
+    FG_ETIMEOUT,     /* a wait ran past its timeout: the message names the peer */
+    FG_EPEER,        /* a peer rank died or left: the message names it */
+    FG_EUNSUPPORTED, /* not built in, or not supported for this dtype/device */
+    FG_EFORMAT,      /* a malformed or hostile file */
+    FG_ESTATE,       /* a call out of order (e.g. backward twice, step outside setup) */
+    FG_EMISMATCH,    /* ranks disagree, or a checkpoint does not fit the model */
+    FG_EINTERNAL,    /* a bug in fulgur: please report it with the message */
+    FG_STATUS_COUNT
+} fg_status;
+
+/* A short constant name for a status ("FG_EINVAL: invalid argument"). */
+FG_API const char *fg_status_str(fg_status s);
+
+/* The message left by the last failing call on this thread ("" if none).
+ * Valid until the next fulgur call on the same thread. Thread-safe. */
+FG_API const char *fg_last_error(void);
+
+/* Sets this thread's error message (printf-style) and returns `s`, so that
+ * `return fg_error(FG_EINVAL, "devices=%s: ...", v);` reads naturally. User
+ * callbacks (datasets, cluster environments) may use it as well. */
+FG_API fg_status fg_error(fg_status s, const char *fmt, ...) FG_PRINTF(2, 3);
+FG_API fg_status fg_verror(fg_status s, const char *fmt, va_list ap);
+
+/* Prefixes this thread's current message with `prefix: ` (context while
+ * passing an error up). Returns `s`. */
+FG_API fg_status fg_error_wrap(fg_status s, const char *fmt, ...) FG_PRINTF(2, 3);
+
+/* Clears this thread's error message. */
+FG_API void fg_clear_error(void);
+
+/* --------------------------------------------------------------- logging */
+
+typedef enum fg_log_level { FG_LOG_DEBUG, FG_LOG_INFO, FG_LOG_WARN, FG_LOG_ERROR } fg_log_level;
+
+/* A log sink: gets the level, the rank that logged (-1 before ranks are
+ * known) and one formatted line without a trailing newline. */
+typedef void (*fg_log_fn)(void *ud, fg_log_level level, int rank, const char *msg);
+
+/* Sets the process's log sink and the lowest level passed to it. With no
+ * sink (the default) the library is silent. fg_log_stderr is a ready sink
+ * that writes "[fulgur rank R] LEVEL: msg" lines to stderr. */
+FG_API void fg_set_log(fg_log_fn fn, void *ud, fg_log_level min_level);
+FG_API void fg_log_stderr(void *ud, fg_log_level level, int rank, const char *msg);
+FG_API void fg_log(fg_log_level level, const char *fmt, ...) FG_PRINTF(2, 3);
+/* The rank stamped on log lines of this process (set by the launcher). */
+FG_API void fg_set_log_rank(int rank);
+
+/* ------------------------------------------------------------ allocation */
+
+/* The allocator hook, one function as Lua's lua_Alloc:
+ *   ptr == NULL, size > 0: allocate `size` bytes aligned to `align` (a power of two);
+ *   ptr != NULL, size == 0: free ptr;
+ *   ptr != NULL, size > 0: resize (align is 16 or less in that case).
+ * Returns NULL on failure. Must be thread-safe. */
+typedef void *(*fg_alloc_fn)(void *ud, void *ptr, size_t size, size_t align);
+
+/* Replaces the allocator for all later allocations (NULL restores the
+ * default). Set it before any other fulgur call: memory must be freed by the
+ * allocator that made it. Not thread-safe. */
+FG_API void fg_set_allocator(fg_alloc_fn fn, void *ud);
+
+/* Allocation through the hook. Failures set FG_ENOMEM in fg_last_error and
+ * return NULL. fg_free(NULL) is a no-op. fg_alloc aligns to 64 bytes. */
+FG_API void *fg_alloc(size_t size);
+FG_API void *fg_calloc(size_t n, size_t size); /* zeroed; checks n*size overflow */
+FG_API void *fg_realloc(void *ptr, size_t size);
+FG_API void fg_free(void *ptr);
+FG_API char *fg_strdup(const char *s);
+
+/* ----------------------------------------------------------------- arena */
+
+/* A bump allocator whose memory is released all at once by fg_arena_reset.
+ * Step tensors live in one; nothing allocated in it is freed on its own.
+ * Allocations are 64-byte aligned. Not thread-safe: one arena per thread. */
+typedef struct fg_arena fg_arena;
+
+FG_API fg_arena *fg_arena_new(size_t chunk_bytes); /* 0 = 4 MiB chunks */
+FG_API void fg_arena_free(fg_arena *a);
+FG_API void *fg_arena_alloc(fg_arena *a, size_t size);   /* NULL + FG_ENOMEM */
+FG_API void fg_arena_reset(fg_arena *a);                  /* keeps one chunk for reuse */
+FG_API size_t fg_arena_used(const fg_arena *a);           /* bytes handed out since reset */
+FG_API size_t fg_arena_peak(const fg_arena *a);           /* high-water mark of fg_arena_used */
+
+/* ------------------------------------------------------------------- rng */
+
+/* Counter-based RNG (Philox4x32-10): the value at (seed, offset) is a pure
+ * function of both, so the same stream comes out on any thread, rank count
+ * or order of calls. A fg_rng is a cursor into a stream. */
+typedef struct fg_rng {
+    uint64_t seed;
+    uint64_t offset; /* in 32-bit draws */
+} fg_rng;
+
+FG_API void fg_philox(uint64_t seed, uint64_t counter, uint32_t out[4]);
+/* The 32-bit draw number `index` of stream `seed`. */
+FG_API uint32_t fg_rng_u32_at(uint64_t seed, uint64_t index);
+FG_API uint32_t fg_rng_u32(fg_rng *r);
+FG_API float fg_rng_uniform(fg_rng *r);            /* [0, 1) */
+FG_API double fg_rng_normal(fg_rng *r);            /* mean 0, std 1 (Box-Muller) */
+FG_API uint64_t fg_rng_below(fg_rng *r, uint64_t n); /* uniform in [0, n), n > 0 */
+/* Fills n floats: element i is a pure function of (seed, offset + i). */
+FG_API void fg_rng_fill_uniform(uint64_t seed, uint64_t offset, float *out, int64_t n);
+FG_API void fg_rng_fill_normal(uint64_t seed, uint64_t offset, float *out, int64_t n, float mean,
+                               float std);
+/* A seed for sub-stream `stream` of `seed` (ranks, loader workers). */
+FG_API uint64_t fg_rng_derive(uint64_t seed, uint64_t stream);
+
+/* ---------------------------------------------------------------- dtypes */
+
+typedef enum fg_dtype {
+    FG_F64,
+    FG_F32,
+    FG_BF16,
+    FG_F16,
+    FG_I32,
+    FG_I64,
+    FG_U8,
+    FG_U16,
+    FG_DTYPE_COUNT
+} fg_dtype;
+
+FG_API bool fg_dtype_valid(int dtype);
+FG_API size_t fg_dtype_size(fg_dtype dt);      /* 0 for an invalid dtype */
+FG_API const char *fg_dtype_name(fg_dtype dt); /* "f32", ...; "?" if invalid */
+/* safetensors names ("F64","F32","BF16","F16","I32","I64","U8","U16"). */
+FG_API const char *fg_dtype_st_name(fg_dtype dt);
+/* Parses either form; returns FG_EINVAL for an unknown name. */
+FG_API fg_status fg_dtype_parse(const char *name, fg_dtype *out);
+FG_API bool fg_dtype_is_float(fg_dtype dt);
+
+/* Round-to-nearest-even conversions; NaN stays NaN, overflow goes to inf. */
+FG_API uint16_t fg_f32_to_bf16(float f);
+FG_API float fg_bf16_to_f32(uint16_t h);
+FG_API uint16_t fg_f32_to_f16(float f);
+FG_API float fg_f16_to_f32(uint16_t h);
+/* Converts n elements between any two dtypes (floats to integers truncate
+ * toward zero). dst and src must not overlap unless identical and same dtype. */
+FG_API fg_status fg_convert(void *dst, fg_dtype dst_dt, const void *src, fg_dtype src_dt,
+                            int64_t n);
+
+/* --------------------------------------------------------------- threads */
+
+/* Sets the kernel threads of this process: OpenMP and OpenBLAS both obey it,
+ * so ranks never oversubscribe the cores. n <= 0 means the default:
+ * FULGUR_NUM_THREADS if set, else all online cores. Not thread-safe. */
+FG_API fg_status fg_set_num_threads(int n);
+FG_API int fg_get_num_threads(void);
+/* Online cores of the machine (sysconf), at least 1. */
+FG_API int fg_num_cores(void);
+
+/* Monotonic clock in seconds. */
+FG_API double fg_time(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

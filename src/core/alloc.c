@@ -1,0 +1,65 @@
+/* Heap allocation through one replaceable hook (lua_Alloc's shape), so that
+ * tests can fail the N-th allocation and embedders can bring their own. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core_impl.h"
+
+static void *default_alloc(void *ud, void *ptr, size_t size, size_t align) {
+    (void)ud;
+    if (size == 0) {
+        free(ptr);
+        return NULL;
+    }
+    if (ptr) return realloc(ptr, size);
+    void *p = NULL;
+    if (align < sizeof(void *)) align = sizeof(void *);
+    if (posix_memalign(&p, align, size) != 0) return NULL;
+    return p;
+}
+
+static fg_alloc_fn g_alloc = default_alloc;
+static void *g_alloc_ud;
+
+void fg_set_allocator(fg_alloc_fn fn, void *ud) {
+    g_alloc = fn ? fn : default_alloc;
+    g_alloc_ud = fn ? ud : NULL;
+}
+
+void *fg_alloc(size_t size) {
+    if (size == 0) size = 1;
+    void *p = g_alloc(g_alloc_ud, NULL, size, 64);
+    if (!p) fg_error(FG_ENOMEM, "out of memory allocating %zu bytes", size);
+    return p;
+}
+
+void *fg_calloc(size_t n, size_t size) {
+    if (size && n > SIZE_MAX / size) {
+        fg_error(FG_ENOMEM, "allocation of %zu x %zu bytes overflows", n, size);
+        return NULL;
+    }
+    size_t bytes = n * size;
+    void *p = fg_alloc(bytes);
+    if (p) memset(p, 0, bytes ? bytes : 1);
+    return p;
+}
+
+void *fg_realloc(void *ptr, size_t size) {
+    if (!ptr) return fg_alloc(size);
+    if (size == 0) size = 1;
+    void *p = g_alloc(g_alloc_ud, ptr, size, 16);
+    if (!p) fg_error(FG_ENOMEM, "out of memory growing a block to %zu bytes", size);
+    return p;
+}
+
+void fg_free(void *ptr) {
+    if (ptr) g_alloc(g_alloc_ud, ptr, 0, 0);
+}
+
+char *fg_strdup(const char *s) {
+    if (!s) return NULL;
+    size_t n = strlen(s) + 1;
+    char *p = fg_alloc(n);
+    if (p) memcpy(p, s, n);
+    return p;
+}

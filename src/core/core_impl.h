@@ -1,0 +1,41 @@
+/* Private helpers of the core layer, shared by every layer above. */
+#ifndef FULGUR_CORE_IMPL_H
+#define FULGUR_CORE_IMPL_H
+
+#include "fulgur/core.h"
+
+/* Passes a failure up: `FG_TRY(fg_foo(...));` returns its status if not FG_OK. */
+#define FG_TRY(expr)                                                                               \
+    do {                                                                                           \
+        fg_status fg_try_s_ = (expr);                                                              \
+        if (fg_try_s_ != FG_OK) return fg_try_s_;                                                  \
+    } while (0)
+
+/* Jumps to `fail` with `st` set (NCCL's NCCLCHECKGOTO pattern). */
+#define FG_TRY_GOTO(expr, st, label)                                                               \
+    do {                                                                                           \
+        (st) = (expr);                                                                             \
+        if ((st) != FG_OK) goto label;                                                             \
+    } while (0)
+
+/* Internal invariants only, never user input: reports and aborts in debug
+ * builds, is compiled out with NDEBUG. */
+#ifndef NDEBUG
+#define FG_ASSERT(c)                                                                               \
+    do {                                                                                           \
+        if (!(c)) fg__assert_fail(#c, __FILE__, __LINE__);                                         \
+    } while (0)
+#else
+#define FG_ASSERT(c) ((void)0)
+#endif
+void fg__assert_fail(const char *expr, const char *file, int line);
+
+/* Reads an environment variable as an integer; returns `def` if unset and
+ * FG_EINVAL (naming the variable) if set but not an integer. */
+fg_status fg__env_int(const char *name, long def, long *out);
+fg_status fg__env_double(const char *name, double def, double *out);
+
+#define FG_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define FG_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+#endif

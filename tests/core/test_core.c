@@ -1,0 +1,153 @@
+/* core: errors, allocator hook, arena, RNG, dtype conversions, threads. */
+#include "harness.h"
+
+TEST(error_messages_are_per_thread_and_wrapped) {
+    CHECK(fg_error(FG_EINVAL, "devices=\"%s\": bad", "abc") == FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "devices=\"abc\"");
+    fg_error_wrap(FG_EINVAL, "fit");
+    CHECK(strncmp(fg_last_error(), "fit: devices", 12) == 0);
+    fg_clear_error();
+    CHECK(fg_last_error()[0] == '\0');
+    CHECK_CONTAINS(fg_status_str(FG_EPEER), "peer");
+    CHECK_CONTAINS(fg_status_str((fg_status)999), "unknown");
+}
+
+static int g_fail_at, g_count;
+static void *failing_alloc(void *ud, void *ptr, size_t size, size_t align) {
+    (void)ud;
+    if (size == 0) {
+        free(ptr);
+        return NULL;
+    }
+    if (++g_count == g_fail_at) return NULL;
+    if (ptr) return realloc(ptr, size);
+    void *p = NULL;
+    return posix_memalign(&p, align < 16 ? 16 : align, size) ? NULL : p;
+}
+
+TEST(allocator_hook_fails_the_nth_allocation) {
+    g_count = 0;
+    g_fail_at = 2;
+    fg_set_allocator(failing_alloc, NULL);
+    void *a = fg_alloc(100);
+    void *b = fg_alloc(100);
+    void *c = fg_calloc(10, 10);
+    fg_set_allocator(NULL, NULL);
+    CHECK(a != NULL);
+    CHECK(b == NULL);
+    CHECK_CONTAINS(fg_last_error(), "100 bytes");
+    CHECK(c != NULL && ((char *)c)[99] == 0);
+    CHECK(((uintptr_t)a & 63) == 0);
+    g_fail_at = 0;
+    fg_set_allocator(failing_alloc, NULL);
+    fg_free(a);
+    fg_free(c);
+    fg_free(NULL);
+    fg_set_allocator(NULL, NULL);
+    CHECK(fg_calloc(SIZE_MAX / 2, 4) == NULL);
+}
+
+TEST(arena_aligns_resets_and_keeps_one_chunk) {
+    fg_arena *a = fg_arena_new(1024);
+    void *p = fg_arena_alloc(a, 10);
+    void *q = fg_arena_alloc(a, 5000); /* bigger than a chunk */
+    CHECK(p && q && ((uintptr_t)p & 63) == 0 && ((uintptr_t)q & 63) == 0);
+    memset(q, 1, 5000);
+    CHECK(fg_arena_used(a) == 64 + 5056);
+    fg_arena_reset(a);
+    CHECK(fg_arena_used(a) == 0);
+    CHECK(fg_arena_peak(a) == 64 + 5056);
+    void *r = fg_arena_alloc(a, 5000);
+    CHECK(r != NULL);
+    fg_arena_free(a);
+    fg_arena_free(NULL);
+}
+
+TEST(rng_is_counter_based) {
+    /* Philox4x32-10 known-answer vector (Random123 kat_vectors): key 0, ctr 0. */
+    uint32_t out[4];
+    fg_philox(0, 0, out);
+    CHECK(out[0] == 0x6627e8d5u && out[1] == 0xe169c58du && out[2] == 0xbc57ac4cu &&
+          out[3] == 0x9b00dbd8u);
+    fg_rng r = {42, 0};
+    uint32_t first[10];
+    for (int i = 0; i < 10; i++) first[i] = fg_rng_u32(&r);
+    for (int i = 9; i >= 0; i--) CHECK(fg_rng_u32_at(42, (uint64_t)i) == first[i]);
+    float buf[1000];
+    fg_rng_fill_uniform(7, 0, buf, 1000);
+    float tail[10];
+    fg_rng_fill_uniform(7, 990, tail, 10);
+    CHECK(memcmp(buf + 990, tail, sizeof tail) == 0);
+    double mean = 0;
+    for (int i = 0; i < 1000; i++) {
+        CHECK(buf[i] >= 0 && buf[i] < 1);
+        mean += buf[i] / 1000;
+    }
+    CHECK_CLOSE(mean, 0.5, 0, 0.05);
+    fg_rng_fill_normal(7, 0, buf, 1000, 0, 1);
+    double m = 0, v = 0;
+    for (int i = 0; i < 1000; i++) m += buf[i] / 1000;
+    for (int i = 0; i < 1000; i++) v += (buf[i] - m) * (buf[i] - m) / 1000;
+    CHECK_CLOSE(m, 0, 0, 0.1);
+    CHECK_CLOSE(v, 1, 0, 0.15);
+    CHECK(fg_rng_derive(1, 0) != fg_rng_derive(1, 1));
+    fg_rng rb = {3, 0};
+    for (int i = 0; i < 100; i++) CHECK(fg_rng_below(&rb, 7) < 7);
+}
+
+TEST(bf16_and_f16_round_to_nearest_even) {
+    CHECK(fg_f32_to_bf16(1.0f) == 0x3f80);
+    /* 1 + 2^-8 is exactly half way between two bf16 values: ties to even (1.0). */
+    CHECK(fg_f32_to_bf16(1.00390625f) == 0x3f80);
+    /* 1 + 3*2^-8: half way, rounds up to the even 1 + 2^-6 */
+    CHECK(fg_f32_to_bf16(1.01171875f) == 0x3f82);
+    CHECK(isnan(fg_bf16_to_f32(fg_f32_to_bf16(NAN))));
+    CHECK(fg_bf16_to_f32(fg_f32_to_bf16(-2.5f)) == -2.5f);
+    CHECK(fg_f32_to_f16(1.0f) == 0x3c00);
+    CHECK(fg_f32_to_f16(65504.0f) == 0x7bff);
+    CHECK(fg_f32_to_f16(65520.0f) == 0x7c00); /* rounds to inf */
+    CHECK(fg_f32_to_f16(1.0f + 1.0f / 2048) == 0x3c00); /* tie to even */
+    CHECK(fg_f32_to_f16(1.0f + 3.0f / 2048) == 0x3c02);
+    CHECK(fg_f16_to_f32(0x0001) == ldexpf(1, -24)); /* least subnormal */
+    CHECK(fg_f32_to_f16(ldexpf(1, -25)) == 0);      /* tie to even: zero */
+    CHECK(fg_f32_to_f16(ldexpf(3, -26)) == 0x0001);
+    CHECK(fg_f32_to_f16(-0.0f) == 0x8000);
+    CHECK(isnan(fg_f16_to_f32(fg_f32_to_f16(NAN))));
+    /* every f16 value survives a round trip through f32 */
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = fg_f16_to_f32((uint16_t)h);
+        if (!isnan(f) && fg_f32_to_f16(f) != h) bad++;
+    }
+    CHECK(bad == 0);
+}
+
+TEST(convert_and_dtype_names) {
+    float src[4] = {1.5f, -2.25f, 3.0f, 1e9f};
+    double d[4];
+    int32_t i[4];
+    CHECK_OK(fg_convert(d, FG_F64, src, FG_F32, 4));
+    CHECK(d[1] == -2.25);
+    CHECK_OK(fg_convert(i, FG_I32, src, FG_F32, 3));
+    CHECK(i[0] == 1 && i[1] == -2 && i[2] == 3);
+    CHECK_STATUS(fg_convert(i, (fg_dtype)99, src, FG_F32, 3), FG_EINVAL);
+    CHECK_STATUS(fg_convert(NULL, FG_F32, src, FG_F32, 3), FG_EINVAL);
+    fg_dtype dt;
+    CHECK_OK(fg_dtype_parse("BF16", &dt));
+    CHECK(dt == FG_BF16 && fg_dtype_size(dt) == 2);
+    CHECK_STATUS(fg_dtype_parse("f8", &dt), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "\"f8\"");
+}
+
+TEST(threads_setting) {
+    setenv("FULGUR_NUM_THREADS", "x", 1);
+    CHECK_STATUS(fg_set_num_threads(0), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "FULGUR_NUM_THREADS");
+    setenv("FULGUR_NUM_THREADS", "1", 1);
+    CHECK_OK(fg_set_num_threads(0));
+    CHECK(fg_get_num_threads() == 1);
+    unsetenv("FULGUR_NUM_THREADS");
+    CHECK_OK(fg_set_num_threads(2));
+    CHECK(fg_get_num_threads() == 2);
+    CHECK(fg_num_cores() >= 1);
+}
