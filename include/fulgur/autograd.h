@@ -1,0 +1,105 @@
+/* fulgur autograd: differentiable functions on tensors, a define-by-run tape,
+ * backward, no-grad mode, gradient accumulation and the per-parameter
+ * "gradient ready" hook.
+ *
+ * Every function below returns a new step tensor (or NULL with
+ * fg_last_error set, and NULL inputs propagate: fg_relu(NULL) is NULL, so a
+ * chain of calls can be checked once at its end). When grad mode is on and
+ * an input requires grad, the call is recorded on this thread's tape; the
+ * tape lives in the step arena and is dropped by fg_step_reset.
+ *
+ * Gradients: a leaf that requires grad (a parameter) accumulates into its
+ * persistent .grad tensor across backward calls until zeroed (gradient
+ * accumulation); the module layer makes .grad a view into one flat buffer.
+ * Intermediate tensors get step gradients, freed with the step. */
+#ifndef FULGUR_AUTOGRAD_H
+#define FULGUR_AUTOGRAD_H
+
+#include "fulgur/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- grad state */
+
+FG_API void fg_tensor_set_requires_grad(fg_tensor *t, bool on);
+FG_API bool fg_tensor_requires_grad(const fg_tensor *t);
+/* The gradient of t (NULL before any backward reached it). */
+FG_API fg_tensor *fg_tensor_grad(const fg_tensor *t);
+/* Makes `grad` (persistent, same shape and dtype, borrowed for t's life)
+ * the tensor t's gradient accumulates into: how a module points every
+ * parameter's gradient into one flat buffer. */
+FG_API fg_status fg_tensor_set_grad(fg_tensor *t, fg_tensor *grad);
+/* Zeroes t's gradient if it has one. */
+FG_API void fg_tensor_zero_grad(fg_tensor *t);
+/* A name for messages and hooks (borrowed; parameters get dotted names). */
+FG_API void fg_tensor_set_name(fg_tensor *t, const char *name);
+FG_API const char *fg_tensor_name(const fg_tensor *t);
+
+/* Grad mode of the calling thread (on by default). Returns the previous mode,
+ * so `bool prev = fg_set_grad_enabled(false); ...; fg_set_grad_enabled(prev);`
+ * is a no-grad block. */
+FG_API bool fg_set_grad_enabled(bool on);
+FG_API bool fg_is_grad_enabled(void);
+
+/* Back-propagates from a one-element `loss` (seed gradient 1), or from any
+ * tensor with a given seed gradient of the same shape. Accumulates into the
+ * gradients of every leaf that requires grad and was used. The recorded graph
+ * is consumed: a second backward over it is FG_ESTATE. */
+FG_API fg_status fg_backward(fg_tensor *loss);
+FG_API fg_status fg_backward_with(fg_tensor *out, const fg_tensor *seed_grad);
+
+/* Called during backward as soon as a leaf's gradient is final for this
+ * backward (its last use on the tape was processed): DDP starts a bucket's
+ * reduction from it. Leaves the backward did not reach are not reported.
+ * Per thread; NULL removes it. */
+typedef void (*fg_grad_ready_fn)(void *ud, fg_tensor *leaf);
+FG_API void fg_set_grad_ready_hook(fg_grad_ready_fn fn, void *ud);
+
+/* Number of nodes on this thread's tape (tests, debugging). */
+FG_API int64_t fg_tape_size(void);
+
+/* ------------------------------------------------------- differentiable ops */
+
+/* (..., M, K) @ (K, N) -> (..., M, N); or batched (..., M, K) @ (..., K, N). */
+FG_API fg_tensor *fg_matmul(fg_tensor *a, fg_tensor *b);
+/* x (..., in) @ w (out, in)^T + b (out) -> (..., out); b may be NULL. */
+FG_API fg_tensor *fg_linear(fg_tensor *x, fg_tensor *w, fg_tensor *b);
+/* Elementwise with numpy broadcasting. */
+FG_API fg_tensor *fg_add(fg_tensor *a, fg_tensor *b);
+FG_API fg_tensor *fg_sub(fg_tensor *a, fg_tensor *b);
+FG_API fg_tensor *fg_mul(fg_tensor *a, fg_tensor *b);
+FG_API fg_tensor *fg_scale(fg_tensor *a, double s);
+/* Sum / mean of all elements -> 0-d. */
+FG_API fg_tensor *fg_sum(fg_tensor *a);
+FG_API fg_tensor *fg_mean(fg_tensor *a);
+/* Sum / mean over one dim (negative counts from the end), keepdim as PyTorch. */
+FG_API fg_tensor *fg_sum_dim(fg_tensor *a, int dim, bool keepdim);
+FG_API fg_tensor *fg_mean_dim(fg_tensor *a, int dim, bool keepdim);
+/* Shape changes (one dim may be -1); transpose swaps two dims (the result is
+ * contiguous: a copy). */
+FG_API fg_tensor *fg_reshape(fg_tensor *a, int ndim, const int64_t *shape);
+FG_API fg_tensor *fg_transpose(fg_tensor *a, int d0, int d1);
+FG_API fg_tensor *fg_relu(fg_tensor *a);
+FG_API fg_tensor *fg_gelu(fg_tensor *a); /* tanh approximation */
+/* Over the last dim. */
+FG_API fg_tensor *fg_softmax(fg_tensor *a);
+FG_API fg_tensor *fg_log_softmax(fg_tensor *a);
+/* Mean cross-entropy of logits (..., V) against i32 targets (...); targets
+ * equal to ignore_index (PyTorch's default is -100) do not count. -> 0-d. */
+FG_API fg_tensor *fg_cross_entropy(fg_tensor *logits, fg_tensor *targets, int64_t ignore_index);
+/* Over the last dim; w, b (C) may be NULL. */
+FG_API fg_tensor *fg_layer_norm(fg_tensor *x, fg_tensor *w, fg_tensor *b, double eps);
+/* idx i32 (...) into weight (V, C) -> (..., C). */
+FG_API fg_tensor *fg_embedding(fg_tensor *idx, fg_tensor *weight);
+/* Inverted dropout with a counter-based mask at (seed, offset): returns x
+ * itself when p == 0. */
+FG_API fg_tensor *fg_dropout(fg_tensor *x, double p, uint64_t seed, uint64_t offset);
+/* Causal self-attention of qkv (B, T, 3C) with `heads` heads -> (B, T, C). */
+FG_API fg_tensor *fg_causal_attention(fg_tensor *qkv, int heads);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,128 @@
+/* fulgur ops: the kernels, behind one table per device.
+ *
+ * A kernel computes into tensors it is given; it allocates nothing the
+ * caller sees and records nothing (autograd, the layer above, does that).
+ * fg_ops_get(device) returns the table; CPU is built in, a CUDA table slots
+ * in later with the same entries.
+ *
+ * Conventions for every entry:
+ *   - float tensors are all the same dtype, FG_F32 or FG_F64 (bf16/f16 later
+ *     through the same entries); index tensors are FG_I32;
+ *   - inputs and outputs are contiguous unless the entry says otherwise;
+ *   - "(B, T, C)" comments give shapes; leading dims of ... are flattened;
+ *   - forward kernels overwrite their output; backward kernels ACCUMULATE
+ *     (+=) into their gradient outputs, so gradients of a tensor used twice
+ *     add up without temporaries;
+ *   - errors: FG_EINVAL (shapes, naming them), FG_EUNSUPPORTED (dtype).
+ * Kernels run on fg_get_num_threads() threads (OpenMP, OpenBLAS). */
+#ifndef FULGUR_OPS_H
+#define FULGUR_OPS_H
+
+#include "fulgur/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum fg_binary_op { FG_BIN_ADD, FG_BIN_SUB, FG_BIN_MUL, FG_BIN_DIV } fg_binary_op;
+
+typedef struct fg_op_table {
+    const char *device; /* "cpu" */
+
+    /* ---- matrix products ---- */
+    /* c = alpha * op(a) @ op(b) + beta * c, where op transposes the last two
+     * dims when ta/tb. a (..., M, K), b (..., K, N) or b (K, N) shared by
+     * every batch entry, c (..., M, N). The batch dims of a and c agree. */
+    fg_status (*matmul)(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb, fg_tensor *c,
+                        double alpha, double beta);
+    /* y (R, C) += bias (C), every row. */
+    fg_status (*bias_add)(fg_tensor *y, const fg_tensor *bias);
+    /* dbias (C) += sum over rows of dy (R, C). */
+    fg_status (*bias_grad)(const fg_tensor *dy, fg_tensor *dbias);
+
+    /* ---- elementwise ---- */
+    /* y = a op b with numpy broadcasting (y has the broadcast shape). */
+    fg_status (*binary)(fg_binary_op op, const fg_tensor *a, const fg_tensor *b, fg_tensor *y);
+    /* y = beta * y + alpha * (x summed down to y's shape): the backward of a
+     * broadcast. y's shape is x's with leading dims dropped and/or dims of 1. */
+    fg_status (*sum_to)(const fg_tensor *x, fg_tensor *y, double alpha, double beta);
+    /* y = alpha * x + beta * y (y may not alias x unless beta == 0 and y == x). */
+    fg_status (*axpby)(double alpha, const fg_tensor *x, double beta, fg_tensor *y);
+    /* y = x * s (y may be x). */
+    fg_status (*scale)(const fg_tensor *x, double s, fg_tensor *y);
+    /* sum of all elements, in double */
+    fg_status (*sum_all)(const fg_tensor *x, double *out);
+    /* sum of squares of all elements, in double (gradient norms) */
+    fg_status (*sumsq_all)(const fg_tensor *x, double *out);
+    /* y (outer, inner) = sum over dim of x (outer, n, inner), times alpha */
+    fg_status (*sum_dim)(const fg_tensor *x, int dim, fg_tensor *y, double alpha);
+    /* dx (outer, n, inner) += alpha * dy (outer, inner) broadcast over dim */
+    fg_status (*sum_dim_bwd)(const fg_tensor *dy, int dim, fg_tensor *dx, double alpha);
+
+    /* ---- activations ---- */
+    fg_status (*relu_fwd)(const fg_tensor *x, fg_tensor *y);
+    fg_status (*relu_bwd)(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx);
+    /* GELU, tanh approximation (PyTorch's approximate="tanh"). */
+    fg_status (*gelu_fwd)(const fg_tensor *x, fg_tensor *y);
+    fg_status (*gelu_bwd)(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx);
+
+    /* ---- softmax family, over the last dim of (..., C) ---- */
+    fg_status (*softmax_fwd)(const fg_tensor *x, fg_tensor *y);
+    /* dx += y * (dy - sum(dy * y)) */
+    fg_status (*softmax_bwd)(const fg_tensor *y, const fg_tensor *dy, fg_tensor *dx);
+    fg_status (*log_softmax_fwd)(const fg_tensor *x, fg_tensor *y);
+    /* dx += dy - exp(y) * sum(dy) */
+    fg_status (*log_softmax_bwd)(const fg_tensor *y, const fg_tensor *dy, fg_tensor *dx);
+    /* Mean cross-entropy of logits (N, V) against targets (N) (i32); targets
+     * equal to ignore_index do not count. loss (0-d) = sum / count (0 when no
+     * target counts). Saves nothing: the backward recomputes the softmax. */
+    fg_status (*cross_entropy_fwd)(const fg_tensor *logits, const fg_tensor *targets,
+                                   int64_t ignore_index, fg_tensor *loss, int64_t *count);
+    /* dlogits += dloss * (softmax(logits) - onehot(target)) / count */
+    fg_status (*cross_entropy_bwd)(const fg_tensor *logits, const fg_tensor *targets,
+                                   int64_t ignore_index, double dloss, int64_t count,
+                                   fg_tensor *dlogits);
+
+    /* ---- normalisation ---- */
+    /* x (N, C), weight/bias (C) or NULL; y (N, C); mean, rstd (N) saved. */
+    fg_status (*layernorm_fwd)(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
+                               double eps, fg_tensor *y, fg_tensor *mean, fg_tensor *rstd);
+    fg_status (*layernorm_bwd)(const fg_tensor *x, const fg_tensor *w, const fg_tensor *mean,
+                               const fg_tensor *rstd, const fg_tensor *dy, fg_tensor *dx,
+                               fg_tensor *dw, fg_tensor *db); /* dx/dw/db may be NULL */
+
+    /* ---- embedding ---- */
+    /* y (N, C) = weight (V, C)[idx (N)]; an index out of [0, V) is FG_EINVAL naming it. */
+    fg_status (*embedding_fwd)(const fg_tensor *idx, const fg_tensor *weight, fg_tensor *y);
+    /* dweight (V, C) += scatter of dy (N, C) at idx */
+    fg_status (*embedding_bwd)(const fg_tensor *idx, const fg_tensor *dy, fg_tensor *dweight);
+
+    /* ---- dropout ---- */
+    /* y = x * mask / (1 - p), mask element i kept when the Philox draw at
+     * (seed, offset + i) is >= p: the same mask on any thread count. */
+    fg_status (*dropout_fwd)(const fg_tensor *x, double p, uint64_t seed, uint64_t offset,
+                             fg_tensor *y);
+    fg_status (*dropout_bwd)(const fg_tensor *dy, double p, uint64_t seed, uint64_t offset,
+                             fg_tensor *dx);
+
+    /* ---- attention ---- */
+    /* Causal self-attention on a fused qkv (B, T, 3C) with H heads of C/H:
+     * y (B, T, C) = concat_h softmax(q k^T / sqrt(C/H) + causal mask) v.
+     * lse (B, H, T) saves the log-sum-exp of each row for the backward. */
+    fg_status (*attention_fwd)(const fg_tensor *qkv, int heads, fg_tensor *y, fg_tensor *lse);
+    /* dqkv (B, T, 3C) += gradient, from qkv, y, lse and dy. */
+    fg_status (*attention_bwd)(const fg_tensor *qkv, int heads, const fg_tensor *y,
+                               const fg_tensor *lse, const fg_tensor *dy, fg_tensor *dqkv);
+} fg_op_table;
+
+/* The table of a device; NULL (and FG_EUNSUPPORTED in fg_last_error) for a
+ * device not built in. Thread-safe. */
+FG_API const fg_op_table *fg_ops_get(fg_device device);
+
+/* Which library does the matrix products ("openblas", "openblas+onednn-bf16"). */
+FG_API const char *fg_ops_blas_info(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,59 @@
+/* Private contract between the tape (tape.c) and the differentiable
+ * functions (fn_*.c). A function computes its output with the op table,
+ * then calls fg__record; its backward gets the output's gradient and adds
+ * into its inputs' gradients through fg__grad_of (the ops' backward kernels
+ * accumulate, so that is one kernel call per input). */
+#ifndef FULGUR_AUTOGRAD_IMPL_H
+#define FULGUR_AUTOGRAD_IMPL_H
+
+#include "fulgur/autograd.h"
+#include "tensor/tensor_impl.h"
+
+#define FG_NODE_MAX_IN 4
+
+typedef struct fg_node fg_node;
+typedef fg_status (*fg_backward_fn)(fg_node *n, const fg_tensor *gout);
+
+struct fg_node {
+    fg_backward_fn backward;
+    const char *name; /* the function's name, for messages */
+    fg_tensor *out;
+    int nin;
+    fg_tensor *in[FG_NODE_MAX_IN];
+    fg_tensor *saved[4]; /* extra step tensors the backward needs */
+    double f[4];         /* scalars the backward needs */
+    int64_t i[4];
+    fg_node *prev; /* the node recorded before this one */
+    uint64_t mark; /* backward pass that reached it */
+    bool consumed;
+};
+
+/* Records `out = name(in...)` on the tape when grad mode is on and some
+ * input requires grad; *node is NULL (and FG_OK) when nothing needs
+ * recording. Marks out as requiring grad. */
+fg_status fg__record(fg_node **node, const char *name, fg_backward_fn bw, fg_tensor *out, int nin,
+                     fg_tensor *const *in);
+
+/* True when t takes part in backward (t requires grad). */
+static inline bool fg__needs_grad(const fg_tensor *t) { return t && t->requires_grad; }
+
+/* The tensor a backward accumulates t's gradient into: t->grad, made (zero)
+ * on first use: persistent for leaves, a step tensor otherwise. NULL with
+ * fg_last_error set on failure. */
+fg_tensor *fg__grad_of(fg_tensor *t);
+
+/* The op table for t's device (NULL with an error set). */
+const fg_op_table *fg__ops(const fg_tensor *t);
+
+/* Checks that a table entry exists, or sets FG_EUNSUPPORTED naming it. */
+#define FG_OP(ops, entry)                                                                          \
+    ((ops)->entry ? FG_OK                                                                          \
+                  : fg_error(FG_EUNSUPPORTED, "op %s is not available on %s", #entry,             \
+                             (ops)->device))
+
+/* The common checks at the top of a differentiable function: non-NULL and
+ * float inputs on one device. */
+fg_status fg__check_float(const char *fn, const fg_tensor *t);
+fg_status fg__check_same_dtype(const char *fn, const fg_tensor *a, const fg_tensor *b);
+
+#endif

@@ -1,0 +1,88 @@
+/* add, sub, mul (numpy broadcasting) and scale. The backward of a broadcast
+ * input sums the gradient down to the input's shape (sum_to). */
+#include "autograd_impl.h"
+
+/* The broadcast shape of a and b into out (ndim, shape). */
+static fg_status broadcast_shape(const char *fn, const fg_tensor *a, const fg_tensor *b, int *nd,
+                                 int64_t *shape) {
+    int n = a->ndim > b->ndim ? a->ndim : b->ndim;
+    for (int d = 0; d < n; d++) {
+        int da = d - (n - a->ndim), db = d - (n - b->ndim);
+        int64_t sa = da >= 0 ? a->shape[da] : 1, sb = db >= 0 ? b->shape[db] : 1;
+        if (sa != sb && sa != 1 && sb != 1) {
+            char x[96], y[96];
+            return fg_error(FG_EINVAL, "%s: shapes %s and %s do not broadcast", fn,
+                            fg_tensor_describe(a, x, sizeof x), fg_tensor_describe(b, y, sizeof y));
+        }
+        shape[d] = sa == 1 ? sb : sa;
+    }
+    *nd = n;
+    return FG_OK;
+}
+
+/* g summed to t's shape, times s, added into t's gradient. */
+static fg_status accum_reduced(fg_tensor *t, const fg_tensor *g, double s) {
+    if (!fg__needs_grad(t)) return FG_OK;
+    fg_tensor *gt = fg__grad_of(t);
+    if (!gt) return FG_ENOMEM;
+    return fg__ops(t)->sum_to(g, gt, s, 1.0);
+}
+
+static fg_status add_bw(fg_node *n, const fg_tensor *g) {
+    FG_TRY(accum_reduced(n->in[0], g, 1.0));
+    return accum_reduced(n->in[1], g, n->f[0]); /* f[0] = +1 add, -1 sub */
+}
+
+static fg_status mul_bw(fg_node *n, const fg_tensor *g) {
+    fg_tensor *a = n->in[0], *b = n->in[1];
+    const fg_op_table *ops = fg__ops(g);
+    fg_tensor *tmp = fg_empty_like(g);
+    if (!tmp) return FG_ENOMEM;
+    if (fg__needs_grad(a)) {
+        FG_TRY(ops->binary(FG_BIN_MUL, g, b, tmp));
+        FG_TRY(accum_reduced(a, tmp, 1.0));
+    }
+    if (fg__needs_grad(b)) {
+        FG_TRY(ops->binary(FG_BIN_MUL, g, a, tmp));
+        FG_TRY(accum_reduced(b, tmp, 1.0));
+    }
+    return FG_OK;
+}
+
+static fg_tensor *binary(const char *fn, fg_binary_op op, fg_tensor *a, fg_tensor *b) {
+    if (fg__check_float(fn, a) || fg__check_float(fn, b) || fg__check_same_dtype(fn, a, b))
+        return NULL;
+    int nd = 0;
+    int64_t shape[FG_MAX_DIMS];
+    if (broadcast_shape(fn, a, b, &nd, shape)) return NULL;
+    fg_tensor *y = fg_empty(a->dtype, nd, shape);
+    if (!y) return NULL;
+    const fg_op_table *ops = fg__ops(a);
+    if (FG_OP(ops, binary) || ops->binary(op, a, b, y)) return NULL;
+    fg_node *node;
+    fg_tensor *in[2] = {a, b};
+    if (fg__record(&node, fn, op == FG_BIN_MUL ? mul_bw : add_bw, y, 2, in)) return NULL;
+    if (node) node->f[0] = op == FG_BIN_SUB ? -1.0 : 1.0;
+    return y;
+}
+
+fg_tensor *fg_add(fg_tensor *a, fg_tensor *b) { return binary("add", FG_BIN_ADD, a, b); }
+fg_tensor *fg_sub(fg_tensor *a, fg_tensor *b) { return binary("sub", FG_BIN_SUB, a, b); }
+fg_tensor *fg_mul(fg_tensor *a, fg_tensor *b) { return binary("mul", FG_BIN_MUL, a, b); }
+
+static fg_status scale_bw(fg_node *n, const fg_tensor *g) {
+    fg_tensor *gx = fg__grad_of(n->in[0]);
+    if (!gx) return FG_ENOMEM;
+    return fg__ops(g)->axpby(n->f[0], g, 1.0, gx);
+}
+
+fg_tensor *fg_scale(fg_tensor *a, double s) {
+    if (fg__check_float("scale", a)) return NULL;
+    fg_tensor *x = fg_tensor_contiguous(a);
+    fg_tensor *y = x ? fg_empty_like(x) : NULL;
+    if (!y || fg__ops(a)->scale(x, s, y)) return NULL;
+    fg_node *node;
+    if (fg__record(&node, "scale", scale_bw, y, 1, &a)) return NULL;
+    if (node) node->f[0] = s;
+    return y;
+}

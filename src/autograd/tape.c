@@ -1,0 +1,206 @@
+/* The define-by-run tape and backward.
+ *
+ * The tape is a list of nodes in the order they were recorded, which is a
+ * topological order; backward walks it once in reverse to mark the nodes
+ * reachable from the output, counts each leaf's uses among them, then walks
+ * it again running backward functions. A leaf whose last use has run has its
+ * final gradient: the "gradient ready" hook fires right then, which is what
+ * lets DDP start reducing a bucket while backward continues. Nodes live in
+ * the step arena; a new step generation starts an empty tape. */
+#include <string.h>
+
+#include "autograd_impl.h"
+
+static _Thread_local fg_node *tl_tail;
+static _Thread_local uint64_t tl_tape_gen;
+static _Thread_local int64_t tl_tape_len;
+static _Thread_local bool tl_grad_disabled;
+static _Thread_local uint64_t tl_pass;
+static _Thread_local fg_grad_ready_fn tl_hook;
+static _Thread_local void *tl_hook_ud;
+
+static void tape_sync(void) {
+    if (tl_tape_gen != fg_step_generation()) {
+        tl_tail = NULL;
+        tl_tape_len = 0;
+        tl_tape_gen = fg_step_generation();
+    }
+}
+
+/* grad_fn of t if it belongs to this step's tape. */
+static fg_node *live_fn(const fg_tensor *t) {
+    return t->grad_fn && t->grad_fn_gen == fg_step_generation() ? t->grad_fn : NULL;
+}
+
+static bool is_leaf(const fg_tensor *t) { return t->requires_grad && !live_fn(t); }
+
+bool fg_set_grad_enabled(bool on) {
+    bool prev = !tl_grad_disabled;
+    tl_grad_disabled = !on;
+    return prev;
+}
+
+bool fg_is_grad_enabled(void) { return !tl_grad_disabled; }
+
+void fg_set_grad_ready_hook(fg_grad_ready_fn fn, void *ud) {
+    tl_hook = fn;
+    tl_hook_ud = ud;
+}
+
+int64_t fg_tape_size(void) {
+    tape_sync();
+    return tl_tape_len;
+}
+
+void fg_tensor_set_requires_grad(fg_tensor *t, bool on) {
+    if (t) t->requires_grad = on;
+}
+bool fg_tensor_requires_grad(const fg_tensor *t) { return t && t->requires_grad; }
+fg_tensor *fg_tensor_grad(const fg_tensor *t) { return t ? t->grad : NULL; }
+void fg_tensor_set_name(fg_tensor *t, const char *name) {
+    if (t) t->name = name;
+}
+const char *fg_tensor_name(const fg_tensor *t) { return t && t->name ? t->name : "(unnamed)"; }
+
+fg_status fg_tensor_set_grad(fg_tensor *t, fg_tensor *grad) {
+    if (!t) return fg_error(FG_EINVAL, "set_grad: NULL tensor");
+    if (grad && (!fg_tensor_same_shape(t, grad) || grad->dtype != t->dtype)) {
+        char a[96], b[96];
+        return fg_error(FG_EINVAL, "set_grad: gradient %s does not match tensor %s \"%s\"",
+                        fg_tensor_describe(grad, a, sizeof a), fg_tensor_describe(t, b, sizeof b),
+                        fg_tensor_name(t));
+    }
+    if (t->flags & FG_T_OWNS_GRAD) fg_tensor_free(t->grad);
+    t->flags &= ~(uint32_t)FG_T_OWNS_GRAD;
+    t->grad = grad;
+    return FG_OK;
+}
+
+void fg_tensor_zero_grad(fg_tensor *t) {
+    if (t && t->grad) fg_tensor_fill(t->grad, 0);
+}
+
+const fg_op_table *fg__ops(const fg_tensor *t) { return fg_ops_get(t->device); }
+
+fg_status fg__check_float(const char *fn, const fg_tensor *t) {
+    if (!t) return fg_error(FG_EINVAL, "%s: NULL input (an earlier call failed: %s)", fn, fg_last_error());
+    if (t->dtype != FG_F32 && t->dtype != FG_F64)
+        return fg_error(FG_EUNSUPPORTED, "%s: dtype %s is not supported (f32, f64)", fn,
+                        fg_dtype_name(t->dtype));
+    return FG_OK;
+}
+
+fg_status fg__check_same_dtype(const char *fn, const fg_tensor *a, const fg_tensor *b) {
+    if (a->dtype != b->dtype)
+        return fg_error(FG_EINVAL, "%s: dtypes differ (%s and %s)", fn, fg_dtype_name(a->dtype),
+                        fg_dtype_name(b->dtype));
+    if (a->device != b->device) return fg_error(FG_EINVAL, "%s: tensors on different devices", fn);
+    return FG_OK;
+}
+
+fg_status fg__record(fg_node **node, const char *name, fg_backward_fn bw, fg_tensor *out, int nin,
+                     fg_tensor *const *in) {
+    *node = NULL;
+    if (tl_grad_disabled) return FG_OK;
+    bool any = false;
+    for (int k = 0; k < nin; k++) any |= fg__needs_grad(in[k]);
+    if (!any) return FG_OK;
+    tape_sync();
+    fg_node *n = fg_step_alloc(sizeof *n);
+    if (!n) return fg_error_wrap(FG_ENOMEM, "%s: recording on the tape", name);
+    memset(n, 0, sizeof *n);
+    n->backward = bw;
+    n->name = name;
+    n->out = out;
+    n->nin = nin;
+    for (int k = 0; k < nin; k++) n->in[k] = in[k];
+    n->prev = tl_tail;
+    tl_tail = n;
+    tl_tape_len++;
+    out->requires_grad = true;
+    out->grad_fn = n;
+    out->grad_fn_gen = fg_step_generation();
+    *node = n;
+    return FG_OK;
+}
+
+fg_tensor *fg__grad_of(fg_tensor *t) {
+    if (t->grad) return t->grad;
+    if (is_leaf(t) && (t->flags & FG_T_PERSISTENT)) {
+        t->grad = fg_tensor_new(t->dtype, t->ndim, t->shape);
+        if (t->grad) t->flags |= FG_T_OWNS_GRAD;
+    } else {
+        t->grad = fg_zeros(t->dtype, t->ndim, t->shape);
+    }
+    return t->grad;
+}
+
+static void leaf_used(fg_tensor *t) {
+    if (is_leaf(t) && --t->pending == 0 && tl_hook) tl_hook(tl_hook_ud, t);
+}
+
+fg_status fg_backward_with(fg_tensor *out, const fg_tensor *seed) {
+    if (!out) return fg_error(FG_EINVAL, "backward: NULL output (an earlier call failed: %s)", fg_last_error());
+    if (!out->requires_grad)
+        return fg_error(FG_EINVAL, "backward: the output does not require grad (no parameter "
+                                   "took part, or it was computed in no-grad mode)");
+    if (seed && (!fg_tensor_same_shape(seed, out) || seed->dtype != out->dtype))
+        return fg_error(FG_EINVAL, "backward: seed gradient shape or dtype differs from the output");
+    tape_sync();
+    fg_tensor *g = fg__grad_of(out);
+    if (!g) return FG_ENOMEM;
+    if (seed) {
+        FG_TRY(fg__ops(out)->axpby(1.0, seed, 1.0, g));
+    } else {
+        fg_tensor *one = fg_full(out->dtype, out->ndim, out->shape, 1.0);
+        if (!one) return FG_ENOMEM;
+        FG_TRY(fg__ops(out)->axpby(1.0, one, 1.0, g));
+    }
+    fg_node *root = live_fn(out);
+    if (!root) { /* a leaf: its gradient is the seed */
+        out->pending = 1;
+        leaf_used(out);
+        return FG_OK;
+    }
+    if (root->consumed)
+        return fg_error(FG_ESTATE, "backward: this graph was already back-propagated; run the "
+                                   "forward again (one backward per forward)");
+    uint64_t pass = ++tl_pass;
+    root->mark = pass;
+    for (fg_node *n = tl_tail; n; n = n->prev) {
+        if (n->mark != pass) continue;
+        for (int k = 0; k < n->nin; k++) {
+            fg_tensor *t = n->in[k];
+            if (!t) continue;
+            fg_node *p = live_fn(t);
+            if (p) p->mark = pass;
+            else if (t->requires_grad) t->pending = 0;
+        }
+    }
+    for (fg_node *n = tl_tail; n; n = n->prev)
+        if (n->mark == pass)
+            for (int k = 0; k < n->nin; k++)
+                if (n->in[k] && is_leaf(n->in[k])) n->in[k]->pending++;
+    for (fg_node *n = tl_tail; n; n = n->prev) {
+        if (n->mark != pass) continue;
+        if (n->consumed)
+            return fg_error(FG_ESTATE, "backward: node %s was already back-propagated; run the "
+                                       "forward again", n->name);
+        if (n->out->grad) {
+            fg_status s = n->backward(n, n->out->grad);
+            if (s != FG_OK) return fg_error_wrap(s, "backward of %s", n->name);
+        }
+        n->consumed = true;
+        for (int k = 0; k < n->nin; k++)
+            if (n->in[k]) leaf_used(n->in[k]);
+    }
+    return FG_OK;
+}
+
+fg_status fg_backward(fg_tensor *loss) {
+    if (loss && loss->numel != 1)
+        return fg_error(FG_EINVAL, "backward: the output has %lld elements; give a seed gradient "
+                                   "with fg_backward_with for non-scalar outputs",
+                        (long long)loss->numel);
+    return fg_backward_with(loss, NULL);
+}

@@ -1,0 +1,45 @@
+/* The CPU kernels. Each file implements a group of table entries; table.c
+ * puts them together. Float kernels are written once over a type T through
+ * the FG_FLOAT_DISPATCH macro, which picks float or double. */
+#ifndef FULGUR_CPU_IMPL_H
+#define FULGUR_CPU_IMPL_H
+
+#include "fulgur/ops.h"
+#include "tensor/tensor_impl.h"
+
+extern const fg_op_table fg__cpu_ops;
+
+/* Runs the body (the variadic arguments, so commas are fine) with T = float
+ * or double according to dtype dt, or returns FG_EUNSUPPORTED naming the
+ * kernel. Inside the body, write OpenMP pragmas as FG_PRAGMA(omp ...). */
+#define FG_FLOAT_DISPATCH(kernel, dt, ...)                                                         \
+    do {                                                                                           \
+        if ((dt) == FG_F32) {                                                                      \
+            typedef float T;                                                                       \
+            __VA_ARGS__;                                                                           \
+        } else if ((dt) == FG_F64) {                                                               \
+            typedef double T;                                                                      \
+            __VA_ARGS__;                                                                           \
+        } else {                                                                                   \
+            return fg_error(FG_EUNSUPPORTED, "%s: dtype %s not supported on cpu", kernel,         \
+                            fg_dtype_name(dt));                                                    \
+        }                                                                                          \
+    } while (0)
+#define FG_PRAGMA(x) _Pragma(#x)
+
+/* Work below this many elements stays on one thread. */
+#define FG_PAR_MIN 65536
+
+/* Shape checks that name the tensors. */
+fg_status fg__expect_same_shape(const char *kernel, const fg_tensor *a, const fg_tensor *b);
+fg_status fg__expect_contiguous(const char *kernel, const fg_tensor *t);
+
+/* elementwise.c */
+fg_status fg__cpu_binary(fg_binary_op op, const fg_tensor *a, const fg_tensor *b, fg_tensor *y);
+fg_status fg__cpu_sum_to(const fg_tensor *x, fg_tensor *y, double alpha, double beta);
+fg_status fg__cpu_axpby(double alpha, const fg_tensor *x, double beta, fg_tensor *y);
+fg_status fg__cpu_scale(const fg_tensor *x, double s, fg_tensor *y);
+fg_status fg__cpu_sum_all(const fg_tensor *x, double *out);
+fg_status fg__cpu_sumsq_all(const fg_tensor *x, double *out);
+
+#endif

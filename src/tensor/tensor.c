@@ -1,0 +1,326 @@
+/* Tensor creation, accessors, views and copies. Step tensors come from the
+ * calling thread's arena; fg_step_reset releases them all at once. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "tensor_impl.h"
+
+static _Thread_local fg_arena *tl_arena;
+static _Thread_local uint64_t tl_gen;
+
+static fg_arena *arena(void) {
+    if (!tl_arena) tl_arena = fg_arena_new(0);
+    return tl_arena;
+}
+
+void *fg_step_alloc(size_t bytes) {
+    fg_arena *a = arena();
+    return a ? fg_arena_alloc(a, bytes) : NULL;
+}
+
+void fg_step_reset(void) {
+    if (tl_arena) fg_arena_reset(tl_arena);
+    tl_gen++;
+}
+
+uint64_t fg_step_generation(void) { return tl_gen; }
+size_t fg_step_bytes(void) { return fg_arena_used(tl_arena); }
+size_t fg_step_peak_bytes(void) { return fg_arena_peak(tl_arena); }
+
+fg_status fg__tensor_init_shape(fg_tensor *t, fg_dtype dt, int ndim, const int64_t *shape) {
+    if (!fg_dtype_valid(dt)) return fg_error(FG_EINVAL, "tensor: invalid dtype %d", (int)dt);
+    if (ndim < 0 || ndim > FG_MAX_DIMS)
+        return fg_error(FG_EINVAL, "tensor: %d dimensions (expected 0..%d)", ndim, FG_MAX_DIMS);
+    if (ndim > 0 && !shape) return fg_error(FG_EINVAL, "tensor: NULL shape with %d dims", ndim);
+    int64_t n = 1;
+    size_t es = fg_dtype_size(dt);
+    for (int i = ndim - 1; i >= 0; i--) {
+        if (shape[i] < 0)
+            return fg_error(FG_EINVAL, "tensor: dimension %d is %lld (must be >= 0)", i,
+                            (long long)shape[i]);
+        t->shape[i] = shape[i];
+        t->strides[i] = n;
+        if (shape[i] && n > (int64_t)(INT64_MAX / (int64_t)es) / shape[i])
+            return fg_error(FG_EINVAL, "tensor: shape too large (overflows)");
+        n *= shape[i];
+    }
+    t->dtype = dt;
+    t->ndim = ndim;
+    t->numel = n;
+    t->param_index = -1;
+    return FG_OK;
+}
+
+fg_tensor *fg_empty(fg_dtype dt, int ndim, const int64_t *shape) {
+    fg_tensor tmp = {0};
+    if (fg__tensor_init_shape(&tmp, dt, ndim, shape) != FG_OK) return NULL;
+    size_t bytes = (size_t)tmp.numel * fg_dtype_size(dt);
+    /* the header is rounded to 64 bytes so the data after it stays aligned */
+    size_t hdr = (sizeof(fg_tensor) + 63) & ~(size_t)63;
+    fg_tensor *t = fg_step_alloc(hdr + bytes);
+    if (!t) return NULL;
+    *t = tmp;
+    t->data = (char *)t + hdr;
+    return t;
+}
+
+fg_tensor *fg_zeros(fg_dtype dt, int ndim, const int64_t *shape) {
+    fg_tensor *t = fg_empty(dt, ndim, shape);
+    if (t) memset(t->data, 0, fg_tensor_nbytes(t));
+    return t;
+}
+
+fg_tensor *fg_full(fg_dtype dt, int ndim, const int64_t *shape, double v) {
+    fg_tensor *t = fg_empty(dt, ndim, shape);
+    if (t && fg_tensor_fill(t, v) != FG_OK) return NULL;
+    return t;
+}
+
+fg_tensor *fg_from_data(fg_dtype dt, int ndim, const int64_t *shape, const void *data) {
+    fg_tensor *t = fg_empty(dt, ndim, shape);
+    if (t && t->numel) {
+        if (!data) {
+            fg_error(FG_EINVAL, "fg_from_data: NULL data for %lld elements", (long long)t->numel);
+            return NULL;
+        }
+        memcpy(t->data, data, fg_tensor_nbytes(t));
+    }
+    return t;
+}
+
+fg_tensor *fg_scalar(fg_dtype dt, double v) { return fg_full(dt, 0, NULL, v); }
+fg_tensor *fg_empty_like(const fg_tensor *t) { return fg_empty(t->dtype, t->ndim, t->shape); }
+fg_tensor *fg_zeros_like(const fg_tensor *t) { return fg_zeros(t->dtype, t->ndim, t->shape); }
+
+fg_tensor *fg_tensor_new(fg_dtype dt, int ndim, const int64_t *shape) {
+    fg_tensor tmp = {0};
+    if (fg__tensor_init_shape(&tmp, dt, ndim, shape) != FG_OK) return NULL;
+    fg_tensor *t = fg_alloc(sizeof *t);
+    if (!t) return NULL;
+    *t = tmp;
+    t->data = fg_calloc(1, fg_tensor_nbytes(t));
+    if (!t->data) {
+        fg_free(t);
+        return NULL;
+    }
+    t->flags = FG_T_PERSISTENT | FG_T_OWNS_DATA;
+    return t;
+}
+
+fg_tensor *fg_tensor_wrap(void *data, fg_dtype dt, int ndim, const int64_t *shape) {
+    fg_tensor tmp = {0};
+    if (fg__tensor_init_shape(&tmp, dt, ndim, shape) != FG_OK) return NULL;
+    if (!data && tmp.numel) {
+        fg_error(FG_EINVAL, "fg_tensor_wrap: NULL data for %lld elements", (long long)tmp.numel);
+        return NULL;
+    }
+    fg_tensor *t = fg_alloc(sizeof *t);
+    if (!t) return NULL;
+    *t = tmp;
+    t->data = data;
+    t->flags = FG_T_PERSISTENT;
+    return t;
+}
+
+void fg_tensor_free(fg_tensor *t) {
+    if (!t || !(t->flags & FG_T_PERSISTENT)) return;
+    if (t->flags & FG_T_OWNS_GRAD) fg_tensor_free(t->grad);
+    if (t->flags & FG_T_OWNS_DATA) fg_free(t->data);
+    fg_free(t);
+}
+
+bool fg_tensor_is_persistent(const fg_tensor *t) { return t && (t->flags & FG_T_PERSISTENT); }
+fg_dtype fg_tensor_dtype(const fg_tensor *t) { return t->dtype; }
+fg_device fg_tensor_device(const fg_tensor *t) { return t->device; }
+int fg_tensor_ndim(const fg_tensor *t) { return t->ndim; }
+const int64_t *fg_tensor_shape(const fg_tensor *t) { return t->shape; }
+const int64_t *fg_tensor_strides(const fg_tensor *t) { return t->strides; }
+int64_t fg_tensor_numel(const fg_tensor *t) { return t->numel; }
+size_t fg_tensor_nbytes(const fg_tensor *t) { return (size_t)t->numel * fg_dtype_size(t->dtype); }
+void *fg_tensor_data(const fg_tensor *t) { return t->data; }
+
+int64_t fg_tensor_dim(const fg_tensor *t, int dim) {
+    if (dim < 0) dim += t->ndim;
+    return dim >= 0 && dim < t->ndim ? t->shape[dim] : -1;
+}
+
+bool fg_tensor_is_contiguous(const fg_tensor *t) {
+    int64_t s = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->strides[i] != s) return false;
+        s *= t->shape[i];
+    }
+    return true;
+}
+
+bool fg_tensor_same_shape(const fg_tensor *a, const fg_tensor *b) {
+    if (a->ndim != b->ndim) return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i]) return false;
+    return true;
+}
+
+/* Offset in elements of logical (row-major) index i. */
+static int64_t strided_offset(const fg_tensor *t, int64_t i) {
+    int64_t off = 0;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        int64_t n = t->shape[d];
+        off += (i % n) * t->strides[d];
+        i /= n;
+    }
+    return off;
+}
+
+static double load_at(const fg_tensor *t, int64_t off) {
+    double v = 0;
+    fg_convert(&v, FG_F64, (const char *)t->data + off * (int64_t)fg_dtype_size(t->dtype),
+               t->dtype, 1);
+    return v;
+}
+
+double fg_tensor_get(const fg_tensor *t, int64_t i) {
+    if (i < 0 || i >= t->numel) return NAN;
+    return load_at(t, strided_offset(t, i));
+}
+
+double fg_item(const fg_tensor *t) { return t && t->numel == 1 ? load_at(t, 0) : NAN; }
+
+const char *fg_tensor_describe(const fg_tensor *t, char *buf, size_t n) {
+    size_t k = (size_t)snprintf(buf, n, "%s[", fg_dtype_name(t->dtype));
+    for (int i = 0; i < t->ndim && k < n; i++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+    return buf;
+}
+
+fg_tensor *fg__tensor_header_like(const fg_tensor *t) {
+    fg_tensor *v = fg_step_alloc(sizeof *v);
+    if (!v) return NULL;
+    *v = *t;
+    v->flags = 0;
+    v->requires_grad = false;
+    v->grad = NULL;
+    v->grad_fn = NULL;
+    v->pending = 0;
+    v->param_index = -1;
+    return v;
+}
+
+fg_tensor *fg_tensor_reshape_view(const fg_tensor *t, int ndim, const int64_t *shape) {
+    if (!fg_tensor_is_contiguous(t)) {
+        fg_error(FG_EINVAL, "reshape_view: the tensor is not contiguous (call fg_tensor_contiguous)");
+        return NULL;
+    }
+    if (ndim < 0 || ndim > FG_MAX_DIMS) {
+        fg_error(FG_EINVAL, "reshape: %d dimensions (expected 0..%d)", ndim, FG_MAX_DIMS);
+        return NULL;
+    }
+    int64_t sh[FG_MAX_DIMS], known = 1;
+    int infer = -1;
+    for (int i = 0; i < ndim; i++) {
+        sh[i] = shape[i];
+        if (shape[i] == -1 && infer < 0) {
+            infer = i;
+        } else if (shape[i] < 0) {
+            fg_error(FG_EINVAL, "reshape: dimension %d is %lld", i, (long long)shape[i]);
+            return NULL;
+        } else {
+            known *= shape[i];
+        }
+    }
+    if (infer >= 0) sh[infer] = known ? t->numel / known : 0;
+    if (infer >= 0 ? (known == 0 || sh[infer] * known != t->numel) : known != t->numel) {
+        char b[96];
+        fg_error(FG_EINVAL, "reshape: cannot view %s (%lld elements) with the given shape",
+                 fg_tensor_describe(t, b, sizeof b), (long long)t->numel);
+        return NULL;
+    }
+    fg_tensor *v = fg__tensor_header_like(t);
+    if (!v) return NULL;
+    if (fg__tensor_init_shape(v, t->dtype, ndim, sh) != FG_OK) return NULL;
+    return v;
+}
+
+fg_tensor *fg_tensor_transpose_view(const fg_tensor *t, int d0, int d1) {
+    if (d0 < 0) d0 += t->ndim;
+    if (d1 < 0) d1 += t->ndim;
+    if (d0 < 0 || d1 < 0 || d0 >= t->ndim || d1 >= t->ndim) {
+        fg_error(FG_EINVAL, "transpose: dims out of range for a %d-d tensor", t->ndim);
+        return NULL;
+    }
+    fg_tensor *v = fg__tensor_header_like(t);
+    if (!v) return NULL;
+    int64_t s = v->shape[d0], st = v->strides[d0];
+    v->shape[d0] = v->shape[d1];
+    v->strides[d0] = v->strides[d1];
+    v->shape[d1] = s;
+    v->strides[d1] = st;
+    return v;
+}
+
+fg_tensor *fg_tensor_narrow_view(const fg_tensor *t, int dim, int64_t start, int64_t len) {
+    if (dim < 0) dim += t->ndim;
+    if (dim < 0 || dim >= t->ndim || start < 0 || len < 0 || start > t->shape[dim] ||
+        len > t->shape[dim] - start) {
+        fg_error(FG_EINVAL, "narrow: dim %d, start %lld, length %lld out of range", dim,
+                 (long long)start, (long long)len);
+        return NULL;
+    }
+    fg_tensor *v = fg__tensor_header_like(t);
+    if (!v) return NULL;
+    v->data = (char *)t->data + start * t->strides[dim] * (int64_t)fg_dtype_size(t->dtype);
+    v->shape[dim] = len;
+    v->numel = t->shape[dim] ? t->numel / t->shape[dim] * len : 0;
+    return v;
+}
+
+fg_status fg_tensor_copy(fg_tensor *dst, const fg_tensor *src) {
+    if (dst->numel != src->numel) {
+        char a[96], b[96];
+        return fg_error(FG_EINVAL, "copy: %s into %s: element counts differ",
+                        fg_tensor_describe(src, a, sizeof a), fg_tensor_describe(dst, b, sizeof b));
+    }
+    bool sc = fg_tensor_is_contiguous(src), dc = fg_tensor_is_contiguous(dst);
+    if (sc && dc) return fg_convert(dst->data, dst->dtype, src->data, src->dtype, src->numel);
+    size_t ses = fg_dtype_size(src->dtype), des = fg_dtype_size(dst->dtype);
+    if (src->dtype == dst->dtype && src->dtype == FG_F32) {
+        const float *s = src->data;
+        float *d = dst->data;
+        for (int64_t i = 0; i < src->numel; i++)
+            d[dc ? i : strided_offset(dst, i)] = s[sc ? i : strided_offset(src, i)];
+        return FG_OK;
+    }
+    for (int64_t i = 0; i < src->numel; i++) {
+        int64_t so = sc ? i : strided_offset(src, i), dof = dc ? i : strided_offset(dst, i);
+        FG_TRY(fg_convert((char *)dst->data + dof * (int64_t)des, dst->dtype,
+                          (const char *)src->data + so * (int64_t)ses, src->dtype, 1));
+    }
+    return FG_OK;
+}
+
+fg_tensor *fg_tensor_contiguous(const fg_tensor *t) {
+    if (fg_tensor_is_contiguous(t)) return (fg_tensor *)t;
+    fg_tensor *c = fg_empty(t->dtype, t->ndim, t->shape);
+    if (c && fg_tensor_copy(c, t) != FG_OK) return NULL;
+    return c;
+}
+
+fg_status fg_tensor_fill(fg_tensor *t, double v) {
+    if (!fg_tensor_is_contiguous(t)) {
+        for (int64_t i = 0; i < t->numel; i++)
+            FG_TRY(fg_convert((char *)t->data + strided_offset(t, i) * (int64_t)fg_dtype_size(t->dtype),
+                              t->dtype, &v, FG_F64, 1));
+        return FG_OK;
+    }
+    if (t->dtype == FG_F32) {
+        float f = (float)v, *p = t->data;
+        for (int64_t i = 0; i < t->numel; i++) p[i] = f;
+        return FG_OK;
+    }
+    size_t es = fg_dtype_size(t->dtype);
+    if (t->numel == 0) return FG_OK;
+    FG_TRY(fg_convert(t->data, t->dtype, &v, FG_F64, 1));
+    for (int64_t i = 1; i < t->numel; i++) memcpy((char *)t->data + i * (int64_t)es, t->data, es);
+    return FG_OK;
+}
