@@ -1,0 +1,26 @@
+/* The fulgur command-line tool: one file per subcommand, each a
+ * `int cmd_NAME(int argc, char **argv)` (argv[0] is the subcommand) that
+ * returns the process exit code: 0 success, 1 failure while running, 2 bad
+ * usage (unknown flag, bad value, missing file), printed before any work. */
+#ifndef FULGUR_CLI_H
+#define FULGUR_CLI_H
+
+#include <fulgur/fulgur.h>
+
+#define FG_EXIT_OK 0
+#define FG_EXIT_FAIL 1
+#define FG_EXIT_USAGE 2
+
+/* Commands are weak so that the tool links while a subcommand's file is
+ * absent from a build; main reports such a command as not built in. */
+#define FG_CMD(name) int cmd_##name(int argc, char **argv) __attribute__((weak))
+FG_CMD(fit);
+FG_CMD(run);
+FG_CMD(env);
+FG_CMD(ckpt);
+FG_CMD(sample);
+
+/* "fulgur: " + message on stderr. */
+void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif
