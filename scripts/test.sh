@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds fulgur and runs the whole test suite twice: the release build, then
+# the AddressSanitizer + UndefinedBehaviorSanitizer build. Exits non-zero on
+# any failure. Usage: scripts/test.sh [--no-sanitize]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/deps.sh
+fg_need_packages $FG_BUILD_PACKAGES
+
+# mpirun refuses root without these (CI runs as root).
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+
+run_suite() { # build-dir cmake-args...
+    local dir=$1; shift
+    cmake -S . -B "$dir" -DFULGUR_WERROR=ON "$@" >/dev/null
+    cmake --build "$dir" -j "$(fg_jobs)"
+    (cd "$dir" && ctest --output-on-failure -j "$(fg_jobs)" --timeout 900)
+}
+
+echo "== release build"
+run_suite build -DCMAKE_BUILD_TYPE=Release
+if [ "${1:-}" != "--no-sanitize" ]; then
+    echo "== ASan + UBSan build"
+    # Open MPI's own allocations are not ours to report.
+    ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+        run_suite build-asan -DCMAKE_BUILD_TYPE=Debug -DFULGUR_SANITIZE=ON
+fi
