@@ -42,4 +42,15 @@ fg_status fg__cpu_scale(const fg_tensor *x, double s, fg_tensor *y);
 fg_status fg__cpu_sum_all(const fg_tensor *x, double *out);
 fg_status fg__cpu_sumsq_all(const fg_tensor *x, double *out);
 
+/* matmul.c */
+fg_status fg__cpu_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb, fg_tensor *c,
+                         double alpha, double beta);
+fg_status fg__cpu_bias_add(fg_tensor *y, const fg_tensor *bias);
+fg_status fg__cpu_bias_grad(const fg_tensor *dy, fg_tensor *dbias);
+
+/* attention.c */
+fg_status fg__cpu_attention_fwd(const fg_tensor *qkv, int heads, fg_tensor *y, fg_tensor *lse);
+fg_status fg__cpu_attention_bwd(const fg_tensor *qkv, int heads, const fg_tensor *y,
+                                const fg_tensor *lse, const fg_tensor *dy, fg_tensor *dqkv);
+
 #endif

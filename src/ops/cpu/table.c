@@ -5,6 +5,11 @@
 
 const fg_op_table fg__cpu_ops = {
     .device = "cpu",
+    .matmul = fg__cpu_matmul,
+    .bias_add = fg__cpu_bias_add,
+    .bias_grad = fg__cpu_bias_grad,
+    .attention_fwd = fg__cpu_attention_fwd,
+    .attention_bwd = fg__cpu_attention_bwd,
     .binary = fg__cpu_binary,
     .sum_to = fg__cpu_sum_to,
     .axpby = fg__cpu_axpby,
