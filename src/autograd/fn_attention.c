@@ -1,0 +1,40 @@
+/* Fused causal self-attention. Forward keeps only the log-sum-exp of each
+ * score row, lse (B, H, T), besides its output; backward recomputes the
+ * probabilities from qkv and lse (the table's attention kernels), so a layer
+ * holds O(B H T) extra memory instead of the (B, H, T, T) matrix. */
+#include "autograd_impl.h"
+
+/* saved[0] = contiguous qkv, saved[1] = lse; i[0] = heads */
+static fg_status attention_bw(fg_node *n, const fg_tensor *g) {
+    fg_tensor *gq = fg__grad_of(n->in[0]);
+    if (!gq) return FG_ENOMEM;
+    return fg__ops(g)->attention_bwd(n->saved[0], (int)n->i[0], n->out, n->saved[1], g, gq);
+}
+
+fg_tensor *fg_causal_attention(fg_tensor *qkv, int heads) {
+    if (fg__check_float("causal_attention", qkv)) return NULL;
+    char s[96];
+    if (qkv->ndim != 3 || qkv->shape[2] % 3 != 0 || heads <= 0 ||
+        (qkv->shape[2] / 3) % heads != 0 || qkv->shape[2] == 0) {
+        fg_error(FG_EINVAL, "causal_attention: qkv %s with %d heads: expected (B, T, 3C) with C a "
+                            "positive multiple of heads",
+                 fg_tensor_describe(qkv, s, sizeof s), heads);
+        return NULL;
+    }
+    const fg_op_table *ops = fg__ops(qkv);
+    if (!ops || FG_OP(ops, attention_fwd)) return NULL;
+    int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3;
+    fg_tensor *qc = fg_tensor_contiguous(qkv);
+    fg_tensor *y = qc ? fg_empty(qkv->dtype, 3, (int64_t[]){B, T, C}) : NULL;
+    fg_tensor *lse = y ? fg_empty(qkv->dtype, 3, (int64_t[]){B, heads, T}) : NULL;
+    if (!lse || ops->attention_fwd(qc, heads, y, lse)) return NULL;
+    fg_node *node;
+    if (fg__record(&node, "causal_attention", attention_bw, y, 1, &qkv)) return NULL;
+    if (node) {
+        if (FG_OP(ops, attention_bwd)) return NULL;
+        node->saved[0] = qc;
+        node->saved[1] = lse;
+        node->i[0] = heads;
+    }
+    return y;
+}
