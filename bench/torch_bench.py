@@ -1,0 +1,130 @@
+#!/usr/bin/python3
+"""PyTorch side of bench/compare: the same models, batch, optimizer and
+threads as fulgur's bench, timed the same way (median step time after
+warm-up). Prints one JSON object: {"model", "mode", "ms_per_step",
+"items_per_s", "unit", "peak_rss_mb"}.
+
+  /usr/bin/python3 bench/torch_bench.py --model gpt --steps 10
+  /usr/bin/python3 bench/torch_bench.py --model mlp --ddp 2     (gloo, 2 processes)
+"""
+import argparse, json, math, os, resource, statistics, sys, time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(s, C, H):
+        super().__init__()
+        s.H = H
+        s.ln_1 = nn.LayerNorm(C)
+        s.c_attn = nn.Linear(C, 3 * C)
+        s.c_proj = nn.Linear(C, C)
+        s.ln_2 = nn.LayerNorm(C)
+        s.c_fc = nn.Linear(C, 4 * C)
+        s.mlp_proj = nn.Linear(4 * C, C)
+
+    def forward(s, x):
+        B, T, C = x.shape
+        q, k, v = s.c_attn(s.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, s.H, C // s.H).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // s.H))
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        x = x + s.c_proj(y)
+        return x + s.mlp_proj(F.gelu(s.c_fc(s.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(s, V, ctx, L, H, C):
+        super().__init__()
+        s.wte = nn.Embedding(V, C)
+        s.wpe = nn.Embedding(ctx, C)
+        s.h = nn.ModuleList(Block(C, H) for _ in range(L))
+        s.ln_f = nn.LayerNorm(C)
+
+    def forward(s, idx):
+        T = idx.shape[1]
+        x = s.wte(idx) + s.wpe(torch.arange(T))
+        for b in s.h:
+            x = b(x)
+        return s.ln_f(x) @ s.wte.weight.t()
+
+
+def make(args):
+    g = torch.Generator().manual_seed(0)
+    if args.model == "mlp":
+        model = nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                              nn.Linear(1024, 10))
+        x = torch.randn(args.batch or 256, 784, generator=g)
+        y = torch.randint(0, 10, (x.shape[0],), generator=g)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        loss_fn = lambda m: F.cross_entropy(m(x), y)
+        return model, opt, loss_fn, x.shape[0], "samples/s"
+    V, ctx, B = 65, 128, args.batch or 16
+    model = GPT(V, ctx, 4, 4, 256)
+    idx = torch.randint(0, V, (B, ctx), generator=g)
+    tgt = torch.randint(0, V, (B, ctx), generator=g)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    loss_fn = lambda m: F.cross_entropy(m(idx).view(-1, V), tgt.view(-1))
+    return model, opt, loss_fn, B * ctx, "tokens/s"
+
+
+def run(args, rank=0, world=1):
+    torch.set_num_threads(args.threads)
+    model, opt, loss_fn, items, unit = make(args)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    times = []
+    for i in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model).backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    ms = statistics.median(times[args.warmup:]) * 1e3
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"model": args.model, "mode": "ddp%d" % world if world > 1 else "single",
+            "ms_per_step": ms, "items_per_s": items * world / (ms / 1e3), "unit": unit,
+            "peak_rss_mb": rss, "torch": torch.__version__}
+
+
+def ddp_worker(rank, args):
+    import torch.distributed as dist
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    dist.init_process_group("gloo", rank=rank, world_size=args.ddp)
+    r = run(args, rank, args.ddp)
+    dist.barrier()
+    if rank == 0:
+        print(json.dumps(r))
+    sys.stdout.flush()
+    os._exit(0)  # gloo can hang at exit on this Python (NOTES.md)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", choices=["mlp", "gpt"], required=True)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--batch", type=int, default=0)
+    p.add_argument("--ddp", type=int, default=1, help="processes (gloo); 1 = single process")
+    args = p.parse_args()
+    if args.ddp > 1:
+        import torch.multiprocessing as mp
+        os.environ["MASTER_PORT"] = str(29500 + os.getpid() % 1000)
+        ctx = mp.get_context("fork")
+        procs = [ctx.Process(target=ddp_worker, args=(r, args)) for r in range(args.ddp)]
+        for pr in procs:
+            pr.start()
+        for pr in procs:
+            pr.join(timeout=600)
+    else:
+        print(json.dumps(run(args)))
+
+
+if __name__ == "__main__":
+    main()
