@@ -1,0 +1,425 @@
+/* fulgur data: datasets, samplers and the prefetching loader.
+ *
+ * Three pieces, each behind a small table of functions so that a user's own
+ * kind plugs in beside the built-in ones:
+ *
+ *   fg_dataset  - a fixed number of samples; sample i is an input x and a
+ *                 target y of fixed dtypes and shapes, written by get(i) into
+ *                 caller buffers. Built in: char-level text, uint16 token
+ *                 files (nanoGPT / llm.c), .npy arrays, IDX (MNIST) files,
+ *                 contiguous sub-ranges (train/val splits), and user callbacks.
+ *   fg_sampler  - for an epoch, the sequence of dataset indices this rank
+ *                 takes: sequential, random (a permutation by seed and epoch)
+ *                 or distributed (PyTorch's DistributedSampler rule).
+ *   fg_dataloader - stacks samples into batches (x (B, ...), y (B, ...)) in
+ *                 persistent tensors it owns, optionally on background worker
+ *                 threads that prepare the next batches while the caller
+ *                 trains; resumable at any (epoch, batch).
+ *
+ * Determinism: the batches of an epoch are a pure function of the dataset,
+ * the sampler (seed, epoch, rank, world size) and the batch size: the same on
+ * any number of worker threads, synchronous or not, and after a resume.
+ *
+ * Typical loop:
+ *
+ *     fg_dataset *ds = fg_text_dataset_new("input.txt", 128, NULL);
+ *     fg_dataloader *dl = fg_dataloader_new(ds, &(fg_loader_opts){
+ *         .batch = 16, .shuffle = true, .seed = 1337, .num_workers = 1});
+ *     for (int64_t epoch = 0; epoch < 3; epoch++) {
+ *         fg_dataloader_set_epoch(dl, epoch);         // new order each epoch
+ *         for (fg_batch *b; (b = fg_dataloader_next(dl)) != NULL; )
+ *             train_step(b->x, b->y);                 // (16, 128) i32 each
+ *         if (fg_dataloader_status(dl) != FG_OK) fail(fg_last_error());
+ *     }
+ *     fg_dataloader_free(dl);
+ *     fg_dataset_free(ds);
+ *
+ * Thread safety: datasets and samplers are read-only after creation; the
+ * built-in ones may be used from several threads at once. A loader is driven
+ * by one thread at a time (its workers are internal). Nothing here is
+ * collective: a distributed sampler only needs the same arguments on every
+ * rank. */
+#ifndef FULGUR_DATA_H
+#define FULGUR_DATA_H
+
+#include "fulgur/core.h"
+#include "fulgur/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ================================================================ datasets */
+
+/* The dtype and shape of one sample's x or y (without the batch dimension).
+ * ndim 0 is a scalar (one element); at most FG_MAX_DIMS - 1 dims, so that a
+ * batch fits in a tensor. */
+typedef struct fg_sample_spec {
+    fg_dtype dtype;
+    int ndim;
+    int64_t shape[FG_MAX_DIMS];
+} fg_sample_spec;
+
+/* Elements / bytes of one sample of this spec. */
+FG_API int64_t fg_sample_spec_numel(const fg_sample_spec *s);
+FG_API size_t fg_sample_spec_bytes(const fg_sample_spec *s);
+
+/* The dataset table. Every dataset, built-in or the user's, is one of these
+ * with its own `ud` (user data):
+ *   len:  the number of samples (>= 0). Called once, by fg_dataset_new.
+ *   spec: fills the specs of x and y. Called once, by fg_dataset_new.
+ *   get:  writes sample i (0 <= i < len, checked before the call) into x_out
+ *         (fg_sample_spec_bytes(x) bytes, in row-major order) and y_out
+ *         (likewise), each aligned to its dtype's size (samples sit one
+ *         after another in the batch tensors). Returns FG_OK, or a status with a
+ *         message set by fg_error (the loader passes both to its caller,
+ *         prefixed with the sample and batch). A loader with num_workers > 1
+ *         calls get from several threads at once, for distinct i: make it
+ *         safe for that or use num_workers <= 1. Inside get,
+ *         fg_data_worker_info() tells which worker runs and gives seeds.
+ *   free: releases ud; called by fg_dataset_free (and by fg_dataset_new when
+ *         it fails). May be NULL. */
+typedef struct fg_dataset_ops {
+    int64_t (*len)(void *ud);
+    void (*spec)(void *ud, fg_sample_spec *x, fg_sample_spec *y);
+    fg_status (*get)(void *ud, int64_t i, void *x_out, void *y_out);
+    void (*free)(void *ud);
+} fg_dataset_ops;
+
+typedef struct fg_dataset fg_dataset;
+
+/* A dataset over the user's table (the callback dataset).
+ *   ops:  copied; len, spec and get must be set.
+ *   ud:   OWNED from this call on: ops->free(ud) runs in fg_dataset_free, or
+ *         before this call returns NULL.
+ *   name: a short label for messages ("cifar-train"); copied; NULL = "user".
+ * Returns NULL with FG_EINVAL (a missing function, a negative length, a bad
+ * spec: invalid dtype, ndim outside 0..FG_MAX_DIMS-1, negative or
+ * overflowing shape) or FG_ENOMEM. */
+FG_API fg_dataset *fg_dataset_new(const fg_dataset_ops *ops, void *ud, const char *name);
+
+/* Frees the dataset and what it owns (file maps, buffers, ud). NULL is a
+ * no-op. Free subsets (fg_dataset_subset) and loaders over it first. */
+FG_API void fg_dataset_free(fg_dataset *ds);
+
+/* Number of samples. */
+FG_API int64_t fg_dataset_len(const fg_dataset *ds);
+/* Specs of x and y; borrowed, valid as long as the dataset. */
+FG_API const fg_sample_spec *fg_dataset_x_spec(const fg_dataset *ds);
+FG_API const fg_sample_spec *fg_dataset_y_spec(const fg_dataset *ds);
+/* The label given at creation ("text", "tokens", "npy", "idx", "subset", or
+ * the user's). */
+FG_API const char *fg_dataset_name(const fg_dataset *ds);
+/* The vocabulary size of a text or token dataset (or a subset of one): ids
+ * in x and y are in [0, size). 0 for any other dataset. */
+FG_API int64_t fg_dataset_vocab_size(const fg_dataset *ds);
+
+/* Writes sample i into x_out and y_out (sizes as in the specs). Returns
+ * FG_OK; FG_EINVAL if i is outside [0, len) or a buffer is NULL; else what
+ * the dataset's get returns. Thread-safe for the built-in datasets. */
+FG_API fg_status fg_dataset_get(const fg_dataset *ds, int64_t i, void *x_out, void *y_out);
+
+/* A view of samples [start, start + len) of `base` as a dataset of its own
+ * (same specs). `base` is BORROWED: it must outlive the view. Returns NULL
+ * with FG_EINVAL if the range is not inside base, or FG_ENOMEM. */
+FG_API fg_dataset *fg_dataset_subset(fg_dataset *base, int64_t start, int64_t len);
+
+/* Splits `base` into its leading samples (train) and its last
+ * ceil(val_fraction * len) samples (val), two subset views (see
+ * fg_dataset_subset; base is borrowed by both). For a text or token dataset
+ * these are the last windows of the file, as nanoGPT's last 10%.
+ *   val_fraction: in [0, 1); 0 gives an empty val.
+ * Returns FG_OK; FG_EINVAL if val_fraction is outside [0, 1) or train would
+ * be empty (the message gives the counts); FG_ENOMEM. On failure *train and
+ * *val are NULL. */
+FG_API fg_status fg_dataset_split(fg_dataset *base, double val_fraction, fg_dataset **train,
+                                  fg_dataset **val);
+
+/* ------------------------------------------------------------ text (char) */
+
+/* A character-level (byte-level) vocabulary: id k is the byte
+ * fg_text_vocab_bytes(v)[k]. One built from a text is the sorted set of its
+ * distinct bytes, as nanoGPT's shakespeare_char (multi-byte UTF-8 characters
+ * are several tokens). Read-only after creation: thread-safe. */
+typedef struct fg_text_vocab fg_text_vocab;
+
+/* A vocabulary of the n distinct bytes `bytes`, id k = bytes[k] (any order;
+ * this is how a checkpoint restores the vocabulary of its training text).
+ * Returns NULL with FG_EINVAL (n outside 1..256, a repeated byte) or
+ * FG_ENOMEM. Free with fg_text_vocab_free. */
+FG_API fg_text_vocab *fg_text_vocab_new(const uint8_t *bytes, int n);
+/* The sorted set of the distinct bytes of text[0, n). NULL with FG_EINVAL
+ * for an empty text, or FG_ENOMEM. */
+FG_API fg_text_vocab *fg_text_vocab_from_text(const void *text, size_t n);
+FG_API void fg_text_vocab_free(fg_text_vocab *v); /* NULL is a no-op */
+/* Number of ids (1..256). */
+FG_API int fg_text_vocab_size(const fg_text_vocab *v);
+/* The bytes in id order (fg_text_vocab_size of them); borrowed, valid as long
+ * as v. Save these to restore the vocabulary with fg_text_vocab_new. */
+FG_API const uint8_t *fg_text_vocab_bytes(const fg_text_vocab *v);
+/* The id of `byte`, or -1 if it is not in the vocabulary. */
+FG_API int32_t fg_text_vocab_id(const fg_text_vocab *v, uint8_t byte);
+/* Encodes s[0, len) into out[0, len). Returns FG_OK, or FG_EINVAL naming the
+ * first byte not in the vocabulary and its position (out is then partly
+ * written). */
+FG_API fg_status fg_text_vocab_encode(const fg_text_vocab *v, const char *s, size_t len,
+                                      int32_t *out);
+/* Decodes ids[0, n) into out[0, n) and writes out[n] = '\0' (out holds n + 1
+ * bytes; the text may itself contain NUL bytes). Returns FG_OK, or FG_EINVAL
+ * naming the first id outside [0, size) and its position. */
+FG_API fg_status fg_text_vocab_decode(const fg_text_vocab *v, const int32_t *ids, int64_t n,
+                                      char *out);
+
+/* A char-level text dataset: the bytes of `path` encoded by a vocabulary,
+ * cut into non-overlapping windows of ctx tokens. Sample i starts at
+ * s = i * ctx: x = tokens[s, s + ctx), y = tokens[s + 1, s + ctx + 1), both
+ * (ctx) FG_I32; len = (ntokens - 1) / ctx.
+ *   path:  a file, or a folder whose regular files (symlinks followed) are
+ *          concatenated in byte order of their names; hidden files (".x")
+ *          and the fortune index files "*.dat" and "*.u8" are skipped, and
+ *          subfolders are not entered. Debian's /usr/share/games/fortunes
+ *          is such a folder.
+ *   ctx:   window length, >= 1.
+ *   vocab: NULL to build the vocabulary from the text; else the vocabulary
+ *          to use (copied; e.g. the training text's for a validation file or
+ *          one restored from a checkpoint).
+ * Returns NULL with FG_EIO (missing or unreadable path, naming it and the
+ * system's reason), FG_EINVAL (ctx < 1; the text has fewer than ctx + 1
+ * bytes; an empty folder; a byte outside the given vocabulary, naming the
+ * file, the byte and its offset) or FG_ENOMEM. The text is held in memory. */
+FG_API fg_dataset *fg_text_dataset_new(const char *path, int64_t ctx, const fg_text_vocab *vocab);
+
+/* The vocabulary of a text dataset (or of a subset of one); borrowed, valid
+ * as long as the dataset. NULL for any other dataset. */
+FG_API const fg_text_vocab *fg_text_dataset_vocab(const fg_dataset *ds);
+
+/* ------------------------------------------------------- uint16 token file */
+
+/* The magic number of llm.c's token files ("header[0]"). */
+#define FG_LLMC_TOKEN_MAGIC 20240520
+
+/* A dataset over a file of uint16 token ids, windowed exactly as the text
+ * dataset (x, y (ctx) FG_I32, sample i starts at token i * ctx).
+ * Two layouts are read:
+ *   - nanoGPT's train.bin: nothing but little-endian uint16 ids;
+ *   - llm.c's: a header of 256 little-endian int32 with header[0] =
+ *     FG_LLMC_TOKEN_MAGIC, header[1] = 1 (version) and header[2] = the token
+ *     count, then the ids. A file whose first int32 is the magic is taken as
+ *     this layout (a raw file starting with ids 54952, 308 would be misread).
+ *   vocab: the vocabulary size, or 0 for max id + 1. With vocab > 0 an id
+ *          >= vocab is an error.
+ * The file is mapped (mmap), not read into memory, and scanned once.
+ * Returns NULL with FG_EIO (missing or unreadable file), FG_EFORMAT naming the
+ * file and the problem (odd size, header count disagreeing with the size, an
+ * unknown llm.c version, an id >= vocab with its position), FG_EINVAL
+ * (ctx < 1, vocab < 0, fewer than ctx + 1 tokens) or FG_ENOMEM. */
+FG_API fg_dataset *fg_token_dataset_new(const char *path, int64_t ctx, int64_t vocab);
+
+/* ------------------------------------------------------------------- npy */
+
+/* A dataset over two .npy files (NumPy's format, versions 1.0, 2.0, 3.0):
+ *   x_path: inputs of shape (N, D...) (1 to FG_MAX_DIMS dims), dtype f4,
+ *           f8 or u1 ('<f4', '<f8', '|u1'); x is one row (D...) as FG_F32
+ *           (f8 rounds, u1 converts 0..255 exactly, without scaling);
+ *   y_path: labels of shape (N,) of any integer dtype (i1..i8, u1..u8); y is
+ *           a scalar FG_I32. Every label must fit in int32.
+ * The header dict must have exactly the keys descr, fortran_order (False) and
+ * shape; big-endian data, fortran order, object arrays, a truncated data
+ * part, a shape whose size overflows and N differing between the files are
+ * refused. The files are mapped (mmap); labels are checked and converted once.
+ * Returns NULL with FG_EIO (missing or unreadable file), FG_EFORMAT with a
+ * message naming the file and the problem, or FG_ENOMEM. */
+FG_API fg_dataset *fg_npy_dataset_new(const char *x_path, const char *y_path);
+
+/* ------------------------------------------------------------------- idx */
+
+/* A dataset over IDX files (the layout of MNIST and Fashion-MNIST, not
+ * gzipped): images of unsigned bytes with magic 0x00000803 or 0x00000802 and
+ * shape (N, d1, ...), labels with magic 0x00000801 and shape (N). x is one
+ * image flattened to (d1 * d2 ...) FG_F32 scaled to [0, 1] (byte / 255, as
+ * torchvision's ToTensor); y is a scalar FG_I32.
+ * Returns NULL with FG_EIO, FG_EFORMAT naming the file and the problem (a
+ * gzipped file says to gunzip it first; bad magic, truncated data, counts
+ * that differ) or FG_ENOMEM. */
+FG_API fg_dataset *fg_idx_dataset_new(const char *images_path, const char *labels_path);
+
+/* ================================================================ samplers */
+
+/* The sampler table: the indices a rank takes in an epoch.
+ *   len:     the number of indices per epoch (>= 0, the same every epoch).
+ *            Called once, by fg_sampler_new.
+ *   indices: writes the len indices of `epoch` (each in [0, dataset length);
+ *            the loader checks) into out. Must be a pure function of epoch
+ *            (resume relies on it).
+ *   free:    releases ud; may be NULL. */
+typedef struct fg_sampler_ops {
+    int64_t (*len)(void *ud);
+    fg_status (*indices)(void *ud, int64_t epoch, int64_t *out);
+    void (*free)(void *ud);
+} fg_sampler_ops;
+
+typedef struct fg_sampler fg_sampler;
+
+/* A sampler over the user's table. ops copied, ud OWNED (freed by
+ * fg_sampler_free, or before this returns NULL). Its rank is 0, world 1, and
+ * every index counts as real (not padding). NULL with FG_EINVAL or FG_ENOMEM. */
+FG_API fg_sampler *fg_sampler_new(const fg_sampler_ops *ops, void *ud);
+
+/* 0, 1, ..., n - 1 every epoch. NULL with FG_EINVAL (n < 0) or FG_ENOMEM. */
+FG_API fg_sampler *fg_sampler_sequential(int64_t n);
+
+/* A permutation of 0..n-1 that depends only on (seed, epoch): Fisher-Yates
+ * driven by the counter-based RNG with seed fg_rng_derive(seed, epoch), so
+ * the same on every rank, thread count and machine. NULL with FG_EINVAL or
+ * FG_ENOMEM. */
+FG_API fg_sampler *fg_sampler_random(int64_t n, uint64_t seed);
+
+/* Options of the distributed sampler; all zero = no shuffle, seed 0, pad. */
+typedef struct fg_distributed_opts {
+    bool shuffle;   /* permute by (seed, epoch) as fg_sampler_random; else 0..n-1 */
+    uint64_t seed;  /* the same on every rank */
+    bool drop_last; /* drop the tail to a multiple of world instead of padding */
+} fg_distributed_opts;
+
+/* PyTorch's DistributedSampler, with fulgur's permutation:
+ *   1. the list 0..n-1, shuffled by (seed, epoch) if o->shuffle (the same
+ *      permutation as fg_sampler_random(n, seed));
+ *   2. without drop_last, padded to total = ceil(n / world) * world by
+ *      repeating the list from its start (cyclically if n < total - n);
+ *      with drop_last, cut to total = floor(n / world) * world;
+ *   3. rank r takes positions r, r + world, r + 2 world, ... < total.
+ * Every rank gets total / world indices, so DDP ranks run the same number of
+ * steps and never wait on each other. Padding samples are the last ones of a
+ * rank's list: fg_sampler_num_real tells how many come first, and the
+ * loader's fg_batch.valid marks them, so that evaluation can leave them out.
+ *   n: dataset length >= 0; rank in [0, world); world >= 1; o: NULL = zeros.
+ * NULL with FG_EINVAL naming the bad value, or FG_ENOMEM. Not collective. */
+FG_API fg_sampler *fg_sampler_distributed(int64_t n, int rank, int world,
+                                          const fg_distributed_opts *o);
+
+FG_API void fg_sampler_free(fg_sampler *s); /* NULL is a no-op */
+/* Indices per epoch for this rank. */
+FG_API int64_t fg_sampler_len(const fg_sampler *s);
+/* How many of the leading indices of each epoch are real samples; the rest
+ * (distributed padding) repeat earlier ones. == len except for padding. */
+FG_API int64_t fg_sampler_num_real(const fg_sampler *s);
+/* The rank and world size this sampler serves (0 and 1 unless distributed). */
+FG_API int fg_sampler_rank(const fg_sampler *s);
+FG_API int fg_sampler_world(const fg_sampler *s);
+/* Writes the fg_sampler_len indices of `epoch` (>= 0) into out. FG_OK,
+ * FG_EINVAL (epoch < 0, NULL out) or what a user sampler returns. */
+FG_API fg_status fg_sampler_indices(fg_sampler *s, int64_t epoch, int64_t *out);
+
+/* ================================================================== loader */
+
+/* Loader options; all zero = batch 1, in order, seed 0, keep the last short
+ * batch, synchronous. */
+typedef struct fg_loader_opts {
+    int64_t batch;   /* samples per batch; 0 = 1 */
+    bool shuffle;    /* a random sampler by (seed, epoch); else sequential */
+    uint64_t seed;   /* shuffle seed, and the root of the worker seeds */
+    bool drop_last;  /* drop the last batch of an epoch if it is short */
+    int num_workers; /* background threads preparing batches; 0 = none: the
+                        caller's thread reads each batch inside next() */
+    int prefetch;    /* batches prepared ahead of the one the caller holds,
+                        with workers; 0 = 2 * num_workers */
+} fg_loader_opts;
+
+/* One batch: samples stacked along a new first dimension. Everything in it
+ * is owned by the loader and valid until the next fg_dataloader_next,
+ * set_epoch, reset, set_position, set_sampler or free call on it. */
+typedef struct fg_batch {
+    fg_tensor *x;            /* (size, x spec...) persistent tensor */
+    fg_tensor *y;            /* (size, y spec...) persistent tensor */
+    int64_t size;            /* samples in this batch (the last may be short) */
+    int64_t valid;           /* leading samples that are not distributed padding */
+    int64_t epoch;           /* the epoch it belongs to */
+    int64_t index;           /* its position in the epoch, 0-based */
+    const int64_t *indices;  /* the dataset index of each sample (size of them) */
+} fg_batch;
+
+typedef struct fg_dataloader fg_dataloader;
+
+/* A loader over `ds` (BORROWED: it must outlive the loader). Positioned at
+ * (epoch 0, batch 0); worker threads, if any, start at once and begin reading
+ * the first batches. Returns NULL with FG_EINVAL (batch < 0, num_workers or
+ * prefetch < 0 or absurdly large), FG_EIO (a thread could not be started) or
+ * FG_ENOMEM. Buffers: (prefetch + 1) batches of x and y. */
+FG_API fg_dataloader *fg_dataloader_new(fg_dataset *ds, const fg_loader_opts *o);
+
+/* Stops and joins the workers, frees the batches and the sampler. A worker
+ * inside the dataset's get finishes that sample first. NULL is a no-op. */
+FG_API void fg_dataloader_free(fg_dataloader *dl);
+
+/* Replaces the sampler (how the DDP strategy installs
+ * fg_sampler_distributed). s is CONSUMED, even on failure. The position goes
+ * to (current epoch, batch 0). Returns FG_OK; FG_EINVAL (NULL, or an index
+ * outside the dataset, naming it); what the sampler returns; FG_ENOMEM (the
+ * loader then keeps its previous sampler). */
+FG_API fg_status fg_dataloader_set_sampler(fg_dataloader *dl, fg_sampler *s);
+
+/* Goes to batch 0 of `epoch` (>= 0), whose order the sampler gives (with
+ * shuffle, a new permutation: call it at the start of every epoch, as
+ * DistributedSampler.set_epoch). Clears a previous error. Returns FG_OK,
+ * FG_EINVAL, or a sampler's error. */
+FG_API fg_status fg_dataloader_set_epoch(fg_dataloader *dl, int64_t epoch);
+
+/* Goes back to batch 0 of the current epoch (same order). Clears an error. */
+FG_API fg_status fg_dataloader_reset(fg_dataloader *dl);
+
+/* The next batch of the epoch, or NULL when the epoch is over or a read
+ * failed; fg_dataloader_status tells which. After the end it keeps
+ * returning NULL until set_epoch / reset / set_position. On failure
+ * fg_last_error() on the calling thread holds the message (from the worker
+ * thread if one failed), prefixed with the dataset, sample, batch and epoch,
+ * and later calls return NULL with the same status and message. */
+FG_API fg_batch *fg_dataloader_next(fg_dataloader *dl);
+
+/* FG_OK while batches come and after a normal end of epoch; the error status
+ * after a failed fg_dataloader_next. */
+FG_API fg_status fg_dataloader_status(const fg_dataloader *dl);
+
+/* Batches per epoch for this rank: ceil(n / batch), or floor with drop_last,
+ * n = samples per epoch for this rank (fg_dataloader_num_samples). */
+FG_API int64_t fg_dataloader_len(const fg_dataloader *dl);
+FG_API int64_t fg_dataloader_num_samples(const fg_dataloader *dl);
+
+/* The resumable position: the epoch and the index of the batch the next
+ * fg_dataloader_next will return (== fg_dataloader_len once the epoch is
+ * over). Save it with a checkpoint after the step that used a batch; a new
+ * loader with the same dataset, options and sampler, set to that position,
+ * returns exactly the batches the old one would have. */
+FG_API void fg_dataloader_position(const fg_dataloader *dl, int64_t *epoch, int64_t *batch);
+/* Goes to (epoch >= 0, batch in [0, len]). Clears an error. FG_EINVAL naming
+ * the bad value, or a sampler's error. */
+FG_API fg_status fg_dataloader_set_position(fg_dataloader *dl, int64_t epoch, int64_t batch);
+
+/* The dataset, options (as given, defaults not filled in) and sampler of a
+ * loader; borrowed, valid as long as the loader (the sampler until
+ * set_sampler). */
+FG_API fg_dataset *fg_dataloader_dataset(const fg_dataloader *dl);
+FG_API const fg_loader_opts *fg_dataloader_opts(const fg_dataloader *dl);
+FG_API const fg_sampler *fg_dataloader_sampler(const fg_dataloader *dl);
+
+/* What a dataset's get may ask about the loader calling it, for random
+ * augmentation. */
+typedef struct fg_worker_info {
+    int id;               /* 0..num_workers-1; 0 when synchronous */
+    int num_workers;      /* as configured (0 = synchronous) */
+    int rank;             /* the sampler's rank */
+    uint64_t seed;        /* fg_rng_derive(fg_rng_derive(opts.seed, rank), id) */
+    int64_t epoch;        /* epoch of the batch being read */
+    uint64_t sample_seed; /* a seed of (opts.seed, epoch, dataset index) only:
+                             the same for any worker count or rank; prefer it
+                             for augmentation that must be reproducible */
+} fg_worker_info;
+
+/* Inside a dataset's get called by a loader: the calling worker's info,
+ * valid during that call. NULL anywhere else (e.g. fg_dataset_get called
+ * directly). Thread-safe (per thread). */
+FG_API const fg_worker_info *fg_data_worker_info(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,48 @@
+/* Private header of the data layer: the dataset struct shared by the
+ * built-in kinds, and the file helpers. Invariants of a fg_dataset: len >= 0,
+ * x and y are valid specs, xbytes/ybytes are their byte sizes (their products
+ * with len were checked not to overflow), and get is only called with
+ * 0 <= i < len. */
+#ifndef FULGUR_DATA_IMPL_H
+#define FULGUR_DATA_IMPL_H
+
+#include "core/core_impl.h"
+#include "fulgur/data.h"
+
+struct fg_dataset {
+    fg_dataset_ops ops;
+    void *ud;
+    char *name;
+    int64_t len;
+    fg_sample_spec x, y;
+    size_t xbytes, ybytes;
+    int64_t vocab_size;              /* text and token datasets, else 0 */
+    const fg_text_vocab *text_vocab; /* text datasets: owned by ud */
+};
+
+/* A read-only mapping of a whole file (p == NULL and len == 0 for an empty
+ * file). */
+typedef struct fg__map {
+    const uint8_t *p;
+    size_t len;
+} fg__map;
+
+/* Maps `path`; FG_EIO naming the path and the system's reason. */
+fg_status fg__map_file(const char *path, fg__map *m);
+void fg__unmap(fg__map *m);
+
+/* Checks a spec (dtype, ndim, shape) and computes its bytes; FG_EINVAL
+ * naming `what` ("x", "y") and `who` (dataset name). */
+fg_status fg__spec_check(const fg_sample_spec *s, const char *who, const char *what,
+                         size_t *bytes);
+
+/* Little-endian reads that never assume alignment. */
+static inline uint16_t fg__le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t fg__le32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static inline uint32_t fg__be32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+#endif
