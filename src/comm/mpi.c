@@ -1,0 +1,443 @@
+/* The mpi backend: Open MPI, the way across machines.
+ *
+ * Each operation is started with MPI's nonblocking form and tested in a loop
+ * that gives up after the communicator's timeout (MPI itself waits forever).
+ * bf16 and f16 reductions go through an f32 copy so that they accumulate in
+ * f32 as on shm. avg is a sum divided afterwards. MPI counts are int: the
+ * rooted and element-wise operations are cut into pieces below 2^31; the
+ * others refuse larger counts. MPI is initialised here (thread level
+ * SERIALIZED: one thread at a time, which the api guarantees) unless the
+ * program did it, and finalised at exit if fulgur initialised it. */
+#ifdef FULGUR_HAVE_MPI
+#include <limits.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm_impl.h"
+
+typedef struct mpi_state {
+    MPI_Comm comm;
+} mpi_state;
+
+static int g_we_initialized;
+
+static void finalize_at_exit(void) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Finalize();
+}
+
+static fg_status mpi_err(fg_comm *c, const fg_comm_args *a, int rc, const char *what) {
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, s, &len);
+    return fg__comm_fail(c, a, FG_EPEER, "%s failed: %s", what, s);
+}
+
+/* Tests the request until done or the timeout. Spins for the first 200 us
+ * (latency), then sleeps 20 us between tests. */
+static fg_status mpi_wait(fg_comm *c, const fg_comm_args *a, MPI_Request *req, const char *what) {
+    double t0 = fg_time();
+    for (unsigned i = 0;; i++) {
+        int flag = 0;
+        int rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return mpi_err(c, a, rc, what);
+        if (flag) return FG_OK;
+        if ((i & 63) == 0) {
+            double dt = fg_time() - t0;
+            if (dt > c->timeout_s)
+                return fg__comm_fail(c, a, FG_ETIMEOUT,
+                                     "timed out after %.3g s in %s (FULGUR_COMM_TIMEOUT_S; the mpi "
+                                     "backend cannot tell which rank is missing)",
+                                     c->timeout_s, what);
+            if (dt > 200e-6) {
+                struct timespec ts = {0, 20000};
+                nanosleep(&ts, NULL);
+            }
+        }
+        if (c->aborted) return fg__comm_fail(c, a, FG_EPEER, "aborted (fg_comm_abort)");
+    }
+}
+
+static MPI_Datatype mpi_type(fg_dtype dt) {
+    switch (dt) {
+    case FG_F64: return MPI_DOUBLE;
+    case FG_F32: return MPI_FLOAT;
+    case FG_I32: return MPI_INT32_T;
+    case FG_I64: return MPI_INT64_T;
+    case FG_U8: return MPI_UINT8_T;
+    default: return MPI_UINT16_T; /* bf16, f16: moved as bits */
+    }
+}
+
+static MPI_Op mpi_op(fg_reduce_op op) {
+    switch (op) {
+    case FG_MIN: return MPI_MIN;
+    case FG_MAX: return MPI_MAX;
+    case FG_PROD: return MPI_PROD;
+    default: return MPI_SUM;
+    }
+}
+
+static bool is_half(fg_dtype dt) { return dt == FG_BF16 || dt == FG_F16; }
+
+/* avg = sum / size, in the element type (f32 for halves, done by caller). */
+static void divide(void *buf, int64_t n, fg_dtype dt, int size) {
+    switch (dt) {
+    case FG_F64:
+        for (int64_t i = 0; i < n; i++) ((double *)buf)[i] /= size;
+        break;
+    case FG_F32:
+        for (int64_t i = 0; i < n; i++) ((float *)buf)[i] /= (float)size;
+        break;
+    case FG_I32:
+        for (int64_t i = 0; i < n; i++) ((int32_t *)buf)[i] /= size;
+        break;
+    case FG_I64:
+        for (int64_t i = 0; i < n; i++) ((int64_t *)buf)[i] /= size;
+        break;
+    case FG_U8:
+        for (int64_t i = 0; i < n; i++) ((uint8_t *)buf)[i] = (uint8_t)(((uint8_t *)buf)[i] / size);
+        break;
+    default:
+        break;
+    }
+}
+
+#define PIECE ((int64_t)1 << 30)
+
+/* allreduce / reduce of one dtype the MPI way; halves go through f32. */
+static fg_status reduce_common(fg_comm *c, const fg_comm_args *a, bool all) {
+    mpi_state *m = c->impl;
+    bool here = all || c->rank == a->root;
+    const void *send = a->send;
+    void *recv = a->recv;
+    fg_dtype dt = a->dt;
+    float *tmp = NULL;
+    fg_status st = FG_OK;
+    if (is_half(dt)) {
+        tmp = fg_alloc((size_t)a->count * sizeof(float));
+        if (!tmp) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory for the f32 copy");
+        fg_convert(tmp, FG_F32, send, dt, a->count);
+        send = recv = tmp;
+        dt = FG_F32;
+    }
+    size_t esz = fg_dtype_size(dt);
+    for (int64_t off = 0; off < a->count; off += PIECE) {
+        int k = (int)FG_MIN(PIECE, a->count - off);
+        const char *sp = (const char *)send + off * (int64_t)esz;
+        char *rp = recv ? (char *)recv + off * (int64_t)esz : NULL;
+        const void *sarg = sp == rp ? MPI_IN_PLACE : sp;
+        MPI_Request req;
+        int rc;
+        if (all) {
+            rc = MPI_Iallreduce(sarg, rp, k, mpi_type(dt), mpi_op(a->rop), m->comm, &req);
+        } else {
+            if (!here) sarg = sp;
+            rc = MPI_Ireduce(sarg, rp, k, mpi_type(dt), mpi_op(a->rop), a->root, m->comm, &req);
+        }
+        if (rc != MPI_SUCCESS) {
+            st = mpi_err(c, a, rc, all ? "MPI_Iallreduce" : "MPI_Ireduce");
+            goto out;
+        }
+        if ((st = mpi_wait(c, a, &req, all ? "MPI_Iallreduce" : "MPI_Ireduce")) != FG_OK) goto out;
+    }
+    if (here && a->rop == FG_AVG) divide(recv, a->count, dt, c->size);
+    if (tmp && here) fg_convert(a->recv, a->dt, tmp, FG_F32, a->count);
+out:
+    fg_free(tmp);
+    return st;
+}
+
+static fg_status mpi_allreduce(fg_comm *c, const fg_comm_args *a) { return reduce_common(c, a, true); }
+static fg_status mpi_reduce(fg_comm *c, const fg_comm_args *a) { return reduce_common(c, a, false); }
+
+static fg_status too_big(fg_comm *c, const fg_comm_args *a, int64_t n) {
+    if (n <= INT_MAX) return FG_OK;
+    return fg__comm_fail(c, a, FG_EUNSUPPORTED, "count %lld exceeds the mpi backend's limit of 2^31-1",
+                         (long long)n);
+}
+
+static fg_status mpi_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
+    mpi_state *m = c->impl;
+    FG_TRY(too_big(c, a, a->count * c->size));
+    int64_t n = a->count, total = n * c->size;
+    fg_dtype dt = a->dt;
+    const void *send = a->send;
+    float *tmp = NULL;
+    void *out = NULL;
+    fg_status st = FG_OK;
+    if (is_half(dt)) {
+        tmp = fg_alloc((size_t)(total + n) * sizeof(float));
+        if (!tmp) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory for the f32 copy");
+        fg_convert(tmp, FG_F32, send, dt, total);
+        send = tmp;
+        out = tmp + total;
+        dt = FG_F32;
+    } else {
+        /* in place (recv inside send) goes through a copy: MPI's in-place
+         * form puts the result at the start of the buffer */
+        out = fg_alloc((size_t)n * fg_dtype_size(dt));
+        if (!out) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory");
+    }
+    MPI_Request req;
+    int rc = MPI_Ireduce_scatter_block(send, out, (int)n, mpi_type(dt), mpi_op(a->rop), m->comm, &req);
+    if (rc != MPI_SUCCESS) st = mpi_err(c, a, rc, "MPI_Ireduce_scatter_block");
+    else st = mpi_wait(c, a, &req, "MPI_Ireduce_scatter_block");
+    if (st == FG_OK) {
+        if (a->rop == FG_AVG) divide(out, n, dt, c->size);
+        if (tmp) fg_convert(a->recv, a->dt, out, FG_F32, n);
+        else memcpy(a->recv, out, (size_t)n * fg_dtype_size(dt));
+    }
+    if (tmp) fg_free(tmp);
+    else fg_free(out);
+    return st;
+}
+
+static fg_status mpi_allgatherv(fg_comm *c, const fg_comm_args *a) {
+    mpi_state *m = c->impl;
+    size_t esz = fg_dtype_size(a->dt);
+    int *ci = fg_alloc(sizeof(int) * 2 * (size_t)c->size);
+    if (!ci) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory");
+    fg_status st = FG_OK;
+    /* counted in bytes so every dtype moves as MPI_BYTE */
+    for (int q = 0; q < c->size && st == FG_OK; q++) {
+        int64_t cb = a->counts[q] * (int64_t)esz, db = a->displs[q] * (int64_t)esz;
+        if ((st = too_big(c, a, FG_MAX(cb, db))) == FG_OK) {
+            ci[q] = (int)cb;
+            ci[c->size + q] = (int)db;
+        }
+    }
+    if (st == FG_OK) {
+        const char *mine = (const char *)a->recv + a->displs[c->rank] * (int64_t)esz;
+        const void *sarg = a->send == mine ? MPI_IN_PLACE : a->send;
+        MPI_Request req;
+        int rc = MPI_Iallgatherv(sarg, ci[c->rank], MPI_BYTE, a->recv, ci, ci + c->size, MPI_BYTE,
+                                 m->comm, &req);
+        st = rc != MPI_SUCCESS ? mpi_err(c, a, rc, "MPI_Iallgatherv")
+                               : mpi_wait(c, a, &req, "MPI_Iallgatherv");
+    }
+    fg_free(ci);
+    return st;
+}
+
+static fg_status mpi_allgather(fg_comm *c, const fg_comm_args *a) {
+    mpi_state *m = c->impl;
+    size_t esz = fg_dtype_size(a->dt);
+    int64_t bytes = a->count * (int64_t)esz;
+    FG_TRY(too_big(c, a, bytes * c->size));
+    const char *mine = (const char *)a->recv + (int64_t)c->rank * bytes;
+    const void *sarg = a->send == mine ? MPI_IN_PLACE : a->send;
+    MPI_Request req;
+    int rc = MPI_Iallgather(sarg, (int)bytes, MPI_BYTE, a->recv, (int)bytes, MPI_BYTE, m->comm, &req);
+    if (rc != MPI_SUCCESS) return mpi_err(c, a, rc, "MPI_Iallgather");
+    return mpi_wait(c, a, &req, "MPI_Iallgather");
+}
+
+static fg_status mpi_broadcast(fg_comm *c, const fg_comm_args *a) {
+    mpi_state *m = c->impl;
+    size_t esz = fg_dtype_size(a->dt);
+    if (c->rank == a->root && a->send != a->recv)
+        memcpy(a->recv, a->send, (size_t)a->count * esz);
+    int64_t bytes = a->count * (int64_t)esz;
+    for (int64_t off = 0; off < bytes; off += PIECE) {
+        MPI_Request req;
+        int rc = MPI_Ibcast((char *)a->recv + off, (int)FG_MIN(PIECE, bytes - off), MPI_BYTE,
+                            a->root, m->comm, &req);
+        if (rc != MPI_SUCCESS) return mpi_err(c, a, rc, "MPI_Ibcast");
+        FG_TRY(mpi_wait(c, a, &req, "MPI_Ibcast"));
+    }
+    return FG_OK;
+}
+
+static fg_status mpi_barrier(fg_comm *c, const fg_comm_args *a) {
+    mpi_state *m = c->impl;
+    MPI_Request req;
+    int rc = MPI_Ibarrier(m->comm, &req);
+    if (rc != MPI_SUCCESS) return mpi_err(c, a, rc, "MPI_Ibarrier");
+    return mpi_wait(c, a, &req, "MPI_Ibarrier");
+}
+
+static fg_status mpi_alltoall(fg_comm *c, const fg_comm_args *a) {
+    mpi_state *m = c->impl;
+    int64_t bytes = a->count * (int64_t)fg_dtype_size(a->dt);
+    FG_TRY(too_big(c, a, bytes * c->size));
+    const void *send = a->send;
+    void *tmp = NULL;
+    if (send == a->recv) { /* in place through a copy */
+        tmp = fg_alloc((size_t)(bytes * c->size));
+        if (!tmp) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory");
+        memcpy(tmp, send, (size_t)(bytes * c->size));
+        send = tmp;
+    }
+    MPI_Request req;
+    fg_status st;
+    int rc = MPI_Ialltoall(send, (int)bytes, MPI_BYTE, a->recv, (int)bytes, MPI_BYTE, m->comm, &req);
+    st = rc != MPI_SUCCESS ? mpi_err(c, a, rc, "MPI_Ialltoall") : mpi_wait(c, a, &req, "MPI_Ialltoall");
+    fg_free(tmp);
+    return st;
+}
+
+static fg_status mpi_send(fg_comm *c, const fg_comm_args *a) {
+    mpi_state *m = c->impl;
+    int64_t bytes = a->count * (int64_t)fg_dtype_size(a->dt);
+    FG_TRY(too_big(c, a, bytes));
+    MPI_Request req;
+    int rc = MPI_Isend(a->send, (int)bytes, MPI_BYTE, a->root, 0, m->comm, &req);
+    if (rc != MPI_SUCCESS) return mpi_err(c, a, rc, "MPI_Isend");
+    return mpi_wait(c, a, &req, "MPI_Isend");
+}
+
+static fg_status mpi_recv(fg_comm *c, const fg_comm_args *a) {
+    mpi_state *m = c->impl;
+    int64_t bytes = a->count * (int64_t)fg_dtype_size(a->dt);
+    FG_TRY(too_big(c, a, bytes));
+    /* probe first, so a size mismatch is reported instead of truncated */
+    MPI_Message msg;
+    MPI_Status status;
+    double t0 = fg_time();
+    for (unsigned i = 0;; i++) {
+        int flag = 0;
+        int rc = MPI_Improbe(a->root, 0, m->comm, &flag, &msg, &status);
+        if (rc != MPI_SUCCESS) return mpi_err(c, a, rc, "MPI_Improbe");
+        if (flag) break;
+        if ((i & 63) == 0 && fg_time() - t0 > c->timeout_s)
+            return fg__comm_fail(c, a, FG_ETIMEOUT, "timed out after %.3g s waiting for rank %d to send",
+                                 c->timeout_s, a->root);
+        if (i > 1000) {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    int got = 0;
+    MPI_Get_count(&status, MPI_BYTE, &got);
+    if (got != bytes) {
+        return fg__comm_fail(c, a, FG_EMISMATCH,
+                             "rank %d sent %d bytes but this rank (%d) receives %lld elements of %s "
+                             "(%lld bytes)",
+                             a->root, got, c->rank, (long long)a->count, fg_dtype_name(a->dt),
+                             (long long)bytes);
+    }
+    MPI_Request req;
+    int rc = MPI_Imrecv(a->recv, (int)bytes, MPI_BYTE, &msg, &req);
+    if (rc != MPI_SUCCESS) return mpi_err(c, a, rc, "MPI_Imrecv");
+    return mpi_wait(c, a, &req, "MPI_Imrecv");
+}
+
+/* Node layout of a communicator: ranks sharing memory form a node; nodes
+ * are numbered in the order of their lowest rank. */
+static fg_status node_layout(fg_comm *c, MPI_Comm comm) {
+    MPI_Comm local;
+    if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &local) != MPI_SUCCESS)
+        return fg_error(FG_EIO, "mpi: MPI_Comm_split_type failed");
+    int lr, ls, leader = c->rank;
+    MPI_Comm_rank(local, &lr);
+    MPI_Comm_size(local, &ls);
+    MPI_Bcast(&leader, 1, MPI_INT, 0, local);
+    MPI_Comm_free(&local);
+    int *leaders = fg_alloc(sizeof(int) * (size_t)c->size);
+    if (!leaders) return FG_ENOMEM;
+    MPI_Allgather(&leader, 1, MPI_INT, leaders, 1, MPI_INT, comm);
+    int nodes = 0;
+    for (int i = 0; i < c->size; i++) {
+        if (leaders[i] == i) nodes++;
+        int idx = 0; /* leaders below this one's leader */
+        for (int j = 0; j < c->size; j++) idx += leaders[j] == j && j < leaders[i];
+        c->node_of[i] = idx;
+    }
+    fg_free(leaders);
+    c->local_rank = lr;
+    c->local_size = ls;
+    c->num_nodes = nodes;
+    c->node_rank = c->node_of[c->rank];
+    return FG_OK;
+}
+
+static fg_status mpi_init_(fg_comm *c, const fg_cluster_info *info) {
+    (void)info;
+    int inited = 0, provided = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+            return fg_error(FG_EIO, "mpi: MPI_Init_thread failed");
+        if (!g_we_initialized) atexit(finalize_at_exit);
+        g_we_initialized = 1;
+    } else {
+        MPI_Query_thread(&provided);
+    }
+    c->no_async = provided < MPI_THREAD_SERIALIZED;
+    int size, rank;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (size != c->size || rank != c->rank)
+        return fg_error(FG_EINVAL,
+                        "mpi: MPI says rank %d of %d but the cluster info (%s) says rank %d of %d: "
+                        "launch with mpirun, or leave the rank variables to it",
+                        rank, size, info->source ? info->source : "explicit", c->rank, c->size);
+    mpi_state *m = fg_calloc(1, sizeof *m);
+    if (!m) return FG_ENOMEM;
+    MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
+    MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+    fg_status st = node_layout(c, m->comm);
+    if (st != FG_OK) {
+        MPI_Comm_free(&m->comm);
+        fg_free(m);
+        return st;
+    }
+    c->impl = m;
+    return FG_OK;
+}
+
+static fg_status mpi_split(fg_comm *parent, fg_comm *child, int color, int key) {
+    mpi_state *pm = parent->impl;
+    MPI_Comm nc;
+    int rc = MPI_Comm_split(pm->comm, child ? color : MPI_UNDEFINED, key, &nc);
+    if (rc != MPI_SUCCESS) return fg_error(FG_EIO, "mpi: MPI_Comm_split failed");
+    if (!child) return FG_OK;
+    mpi_state *m = fg_calloc(1, sizeof *m);
+    if (!m) {
+        MPI_Comm_free(&nc);
+        return FG_ENOMEM;
+    }
+    m->comm = nc;
+    MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN);
+    child->impl = m;
+    child->no_async = parent->no_async;
+    return FG_OK;
+}
+
+static void mpi_destroy(fg_comm *c) {
+    mpi_state *m = c->impl;
+    if (!m) return;
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Comm_free(&m->comm);
+    fg_free(m);
+    c->impl = NULL;
+}
+
+static void mpi_abort_(fg_comm *c) { (void)c; /* MPI has no way to tell peers without killing them */ }
+
+const fg_comm_backend fg__comm_mpi_backend = {
+    .name = "mpi",
+    .init = mpi_init_,
+    .split = mpi_split,
+    .destroy = mpi_destroy,
+    .abort = mpi_abort_,
+    .allreduce = mpi_allreduce,
+    .reduce_scatter = mpi_reduce_scatter,
+    .allgather = mpi_allgather,
+    .allgatherv = mpi_allgatherv,
+    .broadcast = mpi_broadcast,
+    .reduce = mpi_reduce,
+    .barrier = mpi_barrier,
+    .alltoall = mpi_alltoall,
+    .send = mpi_send,
+    .recv = mpi_recv,
+};
+#else
+typedef int fg__comm_mpi_not_built; /* ISO C wants a declaration in every file */
+#endif
