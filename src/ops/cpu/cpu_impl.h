@@ -48,6 +48,12 @@ fg_status fg__cpu_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool t
 fg_status fg__cpu_bias_add(fg_tensor *y, const fg_tensor *bias);
 fg_status fg__cpu_bias_grad(const fg_tensor *dy, fg_tensor *dbias);
 
+/* matmul_dnnl.c: c (f32 or bf16) = alpha op(a) op(b) + beta c with bf16 a
+ * and b, contiguous, same shapes as matmul; FG_EUNSUPPORTED without oneDNN.
+ * Internal: for the precision layer. */
+fg_status fg__cpu_matmul_bf16(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb,
+                              fg_tensor *c, double alpha, double beta);
+
 /* attention.c */
 fg_status fg__cpu_attention_fwd(const fg_tensor *qkv, int heads, fg_tensor *y, fg_tensor *lse);
 fg_status fg__cpu_attention_bwd(const fg_tensor *qkv, int heads, const fg_tensor *y,
