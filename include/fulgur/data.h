@@ -329,13 +329,13 @@ typedef struct fg_loader_opts {
  * is owned by the loader and valid until the next fg_dataloader_next,
  * set_epoch, reset, set_position, set_sampler or free call on it. */
 typedef struct fg_batch {
-    fg_tensor *x;            /* (size, x spec...) persistent tensor */
-    fg_tensor *y;            /* (size, y spec...) persistent tensor */
-    int64_t size;            /* samples in this batch (the last may be short) */
-    int64_t valid;           /* leading samples that are not distributed padding */
-    int64_t epoch;           /* the epoch it belongs to */
-    int64_t index;           /* its position in the epoch, 0-based */
-    const int64_t *indices;  /* the dataset index of each sample (size of them) */
+    fg_tensor *x;           /* (size, x spec...) persistent tensor */
+    fg_tensor *y;           /* (size, y spec...) persistent tensor */
+    int64_t size;           /* samples in this batch (the last may be short) */
+    int64_t valid;          /* leading samples that are not distributed padding */
+    int64_t epoch;          /* the epoch it belongs to */
+    int64_t index;          /* its position in the epoch, 0-based */
+    const int64_t *indices; /* the dataset index of each sample (size of them) */
 } fg_batch;
 
 typedef struct fg_dataloader fg_dataloader;

@@ -33,11 +33,21 @@ void fg__unmap(fg__map *m);
 
 /* Checks a spec (dtype, ndim, shape) and computes its bytes; FG_EINVAL
  * naming `what` ("x", "y") and `who` (dataset name). */
-fg_status fg__spec_check(const fg_sample_spec *s, const char *who, const char *what,
-                         size_t *bytes);
+fg_status fg__spec_check(const fg_sample_spec *s, const char *who, const char *what, size_t *bytes);
+
+/* The file datasets' constructors with their status (the public _new
+ * functions return NULL and leave only the message): *out is the dataset or
+ * NULL. Tests use them to check the exact status. */
+fg_status fg__text_dataset_open(const char *path, int64_t ctx, const fg_text_vocab *vocab,
+                                fg_dataset **out);
+fg_status fg__token_dataset_open(const char *path, int64_t ctx, int64_t vocab, fg_dataset **out);
+fg_status fg__npy_dataset_open(const char *x_path, const char *y_path, fg_dataset **out);
+fg_status fg__idx_dataset_open(const char *images_path, const char *labels_path, fg_dataset **out);
 
 /* Little-endian reads that never assume alignment. */
-static inline uint16_t fg__le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint16_t fg__le16(const uint8_t *p) {
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
 static inline uint32_t fg__le32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }

@@ -30,8 +30,9 @@ static fg_status idx_open(const char *path, idx *a, int min_ndim, int max_ndim, 
         goto fail;
     }
     if (p[2] != 0x08) {
-        st = fg_error(FG_EFORMAT, "%s: IDX element type 0x%02x is not supported (expected 0x08, "
-                                  "unsigned bytes)",
+        st = fg_error(FG_EFORMAT,
+                      "%s: IDX element type 0x%02x is not supported (expected 0x08, "
+                      "unsigned bytes)",
                       path, p[2]);
         goto fail;
     }
@@ -73,7 +74,9 @@ typedef struct idx_ds {
     int64_t row;
 } idx_ds;
 
-static int64_t idx_len(void *ud) { return ((idx_ds *)ud)->img.dims[0]; }
+static int64_t idx_len(void *ud) {
+    return ((idx_ds *)ud)->img.dims[0];
+}
 
 static void idx_spec(void *ud, fg_sample_spec *x, fg_sample_spec *y) {
     idx_ds *d = ud;
@@ -85,44 +88,58 @@ static fg_status idx_get(void *ud, int64_t i, void *x_out, void *y_out) {
     idx_ds *d = ud;
     const uint8_t *p = d->img.data + i * d->row;
     float *x = x_out;
-    for (int64_t k = 0; k < d->row; k++) x[k] = (float)p[k] * (1.0f / 255.0f);
+    for (int64_t k = 0; k < d->row; k++)
+        x[k] = (float)p[k] * (1.0f / 255.0f);
     *(int32_t *)y_out = d->lab.data[i];
     return FG_OK;
 }
 
 static void idx_free(void *ud) {
     idx_ds *d = ud;
-    if (!d) return;
+    if (!d)
+        return;
     fg__unmap(&d->img.map);
     fg__unmap(&d->lab.map);
     fg_free(d);
 }
 
-fg_dataset *fg_idx_dataset_new(const char *images_path, const char *labels_path) {
+fg_status fg__idx_dataset_open(const char *images_path, const char *labels_path, fg_dataset **out) {
     if (!images_path || !labels_path) {
-        fg_error(FG_EINVAL, "fg_idx_dataset_new: NULL path (images and labels are both needed)");
-        return NULL;
+        return fg_error(FG_EINVAL,
+                        "fg_idx_dataset_new: NULL path (images and labels are both needed)");
     }
+    *out = NULL;
+    fg_status st;
     idx_ds *d = fg_calloc(1, sizeof *d);
-    if (!d) return NULL;
-    if (idx_open(images_path, &d->img, 2, FG_MAX_DIMS, "images") != FG_OK) goto fail;
-    if (idx_open(labels_path, &d->lab, 1, 1, "labels") != FG_OK) goto fail;
+    if (!d)
+        return FG_ENOMEM;
+    if ((st = idx_open(images_path, &d->img, 2, FG_MAX_DIMS, "images")) != FG_OK)
+        goto fail;
+    if ((st = idx_open(labels_path, &d->lab, 1, 1, "labels")) != FG_OK)
+        goto fail;
     if (d->lab.dims[0] != d->img.dims[0]) {
-        fg_error(FG_EFORMAT, "%s: %lld labels, but %s has %lld images", labels_path,
-                 (long long)d->lab.dims[0], images_path, (long long)d->img.dims[0]);
+        st = fg_error(FG_EFORMAT, "%s: %lld labels, but %s has %lld images", labels_path,
+                      (long long)d->lab.dims[0], images_path, (long long)d->img.dims[0]);
         goto fail;
     }
     d->row = 1;
     for (int i = 1; i < d->img.ndim; i++) {
         if (d->img.dims[i] && d->row > INT64_MAX / 8 / d->img.dims[i]) {
-            fg_error(FG_EFORMAT, "%s: IDX dimensions overflow", images_path);
+            st = fg_error(FG_EFORMAT, "%s: IDX dimensions overflow", images_path);
             goto fail;
         }
         d->row *= d->img.dims[i];
     }
     static const fg_dataset_ops ops = {idx_len, idx_spec, idx_get, idx_free};
-    return fg_dataset_new(&ops, d, "idx");
+    *out = fg_dataset_new(&ops, d, "idx"); /* frees d on failure */
+    return *out ? FG_OK : FG_ENOMEM;
 fail:
     idx_free(d);
-    return NULL;
+    return st;
+}
+
+fg_dataset *fg_idx_dataset_new(const char *images_path, const char *labels_path) {
+    fg_dataset *ds = NULL;
+    fg__idx_dataset_open(images_path, labels_path, &ds);
+    return ds;
 }

@@ -58,14 +58,17 @@ static bool eat(cur *c, char ch) {
 /* A quoted string without escapes into out (cap bytes). */
 static bool str_lit(cur *c, char *out, size_t cap) {
     ws(c);
-    if (c->p >= c->end || (*c->p != '\'' && *c->p != '"')) return false;
+    if (c->p >= c->end || (*c->p != '\'' && *c->p != '"'))
+        return false;
     char q = *c->p++;
     size_t n = 0;
     while (c->p < c->end && *c->p != q) {
-        if (*c->p == '\\' || n + 1 >= cap) return false;
+        if (*c->p == '\\' || n + 1 >= cap)
+            return false;
         out[n++] = *c->p++;
     }
-    if (c->p >= c->end) return false;
+    if (c->p >= c->end)
+        return false;
     c->p++;
     out[n] = '\0';
     return true;
@@ -74,7 +77,8 @@ static bool str_lit(cur *c, char *out, size_t cap) {
 static bool word(cur *c, const char *w) {
     ws(c);
     size_t n = strlen(w);
-    if ((size_t)(c->end - c->p) < n || memcmp(c->p, w, n) != 0) return false;
+    if ((size_t)(c->end - c->p) < n || memcmp(c->p, w, n) != 0)
+        return false;
     const char *after = c->p + n;
     if (after < c->end && ((*after >= 'a' && *after <= 'z') || (*after >= 'A' && *after <= 'Z') ||
                            (*after >= '0' && *after <= '9') || *after == '_'))
@@ -84,9 +88,11 @@ static bool word(cur *c, const char *w) {
 }
 
 static fg_status parse_shape(cur *c, npy *a) {
-    if (!eat(c, '(')) return npy_bad(a, "'shape' is not a tuple");
+    if (!eat(c, '('))
+        return npy_bad(a, "'shape' is not a tuple");
     a->ndim = 0;
-    if (eat(c, ')')) return FG_OK;
+    if (eat(c, ')'))
+        return FG_OK;
     for (;;) {
         ws(c);
         if (c->p >= c->end || *c->p < '0' || *c->p > '9')
@@ -94,7 +100,8 @@ static fg_status parse_shape(cur *c, npy *a) {
         int64_t v = 0;
         while (c->p < c->end && *c->p >= '0' && *c->p <= '9') {
             int d = *c->p++ - '0';
-            if (v > (INT64_MAX - d) / 10) return npy_bad(a, "a dimension of 'shape' overflows");
+            if (v > (INT64_MAX - d) / 10)
+                return npy_bad(a, "a dimension of 'shape' overflows");
             v = v * 10 + d;
         }
         if (a->ndim == FG_MAX_DIMS)
@@ -107,13 +114,15 @@ static fg_status parse_shape(cur *c, npy *a) {
                                (long long)v, (long long)v);
             return FG_OK;
         }
-        if (!comma) return npy_bad(a, "'shape' is not a well-formed tuple");
+        if (!comma)
+            return npy_bad(a, "'shape' is not a well-formed tuple");
     }
 }
 
 static fg_status parse_descr(npy *a, const char *d) {
     size_t n = strlen(d);
-    if (n < 3) return npy_bad(a, "dtype '%s' is not understood", d);
+    if (n < 3)
+        return npy_bad(a, "dtype '%s' is not understood", d);
     char order = d[0], kind = d[1];
     int size = 0;
     for (size_t i = 2; i < n; i++) {
@@ -139,40 +148,50 @@ static fg_status parse_header(npy *a, const char *h, size_t n) {
     cur c = {h, h + n};
     char key[64], descr[64];
     bool have_descr = false, have_fortran = false, have_shape = false, fortran = false;
-    if (!eat(&c, '{')) return npy_bad(a, "the header is not a dict");
+    if (!eat(&c, '{'))
+        return npy_bad(a, "the header is not a dict");
     while (!eat(&c, '}')) {
-        if (!str_lit(&c, key, sizeof key)) return npy_bad(a, "the header dict has a bad key");
-        if (!eat(&c, ':')) return npy_bad(a, "the header dict lacks ':' after '%s'", key);
+        if (!str_lit(&c, key, sizeof key))
+            return npy_bad(a, "the header dict has a bad key");
+        if (!eat(&c, ':'))
+            return npy_bad(a, "the header dict lacks ':' after '%s'", key);
         if (strcmp(key, "descr") == 0) {
-            if (have_descr) return npy_bad(a, "the header repeats 'descr'");
+            if (have_descr)
+                return npy_bad(a, "the header repeats 'descr'");
             if (!str_lit(&c, descr, sizeof descr))
                 return npy_bad(a, "'descr' is not a simple dtype string (structured arrays are "
                                   "not supported)");
             have_descr = true;
         } else if (strcmp(key, "fortran_order") == 0) {
-            if (have_fortran) return npy_bad(a, "the header repeats 'fortran_order'");
+            if (have_fortran)
+                return npy_bad(a, "the header repeats 'fortran_order'");
             if (word(&c, "True"))
                 fortran = true;
             else if (!word(&c, "False"))
                 return npy_bad(a, "'fortran_order' is not True or False");
             have_fortran = true;
         } else if (strcmp(key, "shape") == 0) {
-            if (have_shape) return npy_bad(a, "the header repeats 'shape'");
+            if (have_shape)
+                return npy_bad(a, "the header repeats 'shape'");
             FG_TRY(parse_shape(&c, a));
             have_shape = true;
         } else {
             return npy_bad(a, "the header has an unexpected key '%s'", key);
         }
         if (!eat(&c, ',')) {
-            if (!eat(&c, '}')) return npy_bad(a, "the header dict is not well formed");
+            if (!eat(&c, '}'))
+                return npy_bad(a, "the header dict is not well formed");
             break;
         }
     }
     ws(&c);
-    if (c.p != c.end) return npy_bad(a, "unexpected text after the header dict");
+    if (c.p != c.end)
+        return npy_bad(a, "unexpected text after the header dict");
     if (!have_descr || !have_fortran || !have_shape)
         return npy_bad(a, "the header lacks '%s'",
-                       !have_descr ? "descr" : !have_fortran ? "fortran_order" : "shape");
+                       !have_descr     ? "descr"
+                       : !have_fortran ? "fortran_order"
+                                       : "shape");
     if (fortran)
         return npy_bad(a, "the array is in Fortran order: save it C-contiguous "
                           "(np.ascontiguousarray)");
@@ -206,7 +225,8 @@ static fg_status npy_open(const char *path, npy *a) {
                      len);
         goto fail;
     }
-    if ((st = parse_header(a, (const char *)p + start, hlen)) != FG_OK) goto fail;
+    if ((st = parse_header(a, (const char *)p + start, hlen)) != FG_OK)
+        goto fail;
     int64_t numel = 1;
     for (int i = 0; i < a->ndim; i++) {
         if (a->shape[i] && numel > INT64_MAX / a->itemsize / a->shape[i]) {
@@ -220,8 +240,9 @@ static fg_status npy_open(const char *path, npy *a) {
     a->data = p + start + hlen;
     size_t avail = len - start - hlen;
     if (a->nbytes > avail) {
-        st = npy_bad(a, "the data is truncated: the shape needs %zu bytes, the file has %zu "
-                        "after the header",
+        st = npy_bad(a,
+                     "the data is truncated: the shape needs %zu bytes, the file has %zu "
+                     "after the header",
                      a->nbytes, avail);
         goto fail;
     }
@@ -235,7 +256,8 @@ static const char *shape_str(const npy *a, char *buf, size_t cap) {
     size_t n = (size_t)snprintf(buf, cap, "(");
     for (int i = 0; i < a->ndim && n < cap; i++)
         n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? ", " : "", (long long)a->shape[i]);
-    if (n < cap) snprintf(buf + n, cap - n, ")");
+    if (n < cap)
+        snprintf(buf + n, cap - n, ")");
     return buf;
 }
 
@@ -247,12 +269,15 @@ typedef struct npy_ds {
     int32_t *labels;
 } npy_ds;
 
-static int64_t npy_len(void *ud) { return ((npy_ds *)ud)->x.shape[0]; }
+static int64_t npy_len(void *ud) {
+    return ((npy_ds *)ud)->x.shape[0];
+}
 
 static void npy_spec(void *ud, fg_sample_spec *x, fg_sample_spec *y) {
     npy_ds *d = ud;
     *x = (fg_sample_spec){.dtype = FG_F32, .ndim = d->x.ndim - 1};
-    for (int i = 1; i < d->x.ndim; i++) x->shape[i - 1] = d->x.shape[i];
+    for (int i = 1; i < d->x.ndim; i++)
+        x->shape[i - 1] = d->x.shape[i];
     *y = (fg_sample_spec){.dtype = FG_I32, .ndim = 0};
 }
 
@@ -273,7 +298,8 @@ static fg_status npy_get(void *ud, int64_t i, void *x_out, void *y_out) {
             x[k] = (float)v;
         }
     } else {
-        for (int64_t k = 0; k < d->row; k++) x[k] = (float)p[k];
+        for (int64_t k = 0; k < d->row; k++)
+            x[k] = (float)p[k];
     }
     *(int32_t *)y_out = d->labels[i];
     return FG_OK;
@@ -281,7 +307,8 @@ static fg_status npy_get(void *ud, int64_t i, void *x_out, void *y_out) {
 
 static void npy_free(void *ud) {
     npy_ds *d = ud;
-    if (!d) return;
+    if (!d)
+        return;
     fg__unmap(&d->x.map);
     fg_free(d->labels);
     fg_free(d);
@@ -292,64 +319,80 @@ static void npy_free(void *ud) {
 static int64_t int_at(const npy *a, int64_t i) {
     const uint8_t *p = a->data + (size_t)i * (size_t)a->itemsize;
     uint64_t u = 0;
-    for (int b = a->itemsize - 1; b >= 0; b--) u = (u << 8) | p[b];
+    for (int b = a->itemsize - 1; b >= 0; b--)
+        u = (u << 8) | p[b];
     if (a->kind == 'i' && a->itemsize < 8 && (u >> (8 * a->itemsize - 1)) & 1)
         u |= ~(uint64_t)0 << (8 * a->itemsize); /* sign-extend */
-    if (a->kind == 'u' && a->itemsize == 8 && u > (uint64_t)INT64_MAX) return (int64_t)INT32_MIN - 1;
+    if (a->kind == 'u' && a->itemsize == 8 && u > (uint64_t)INT64_MAX)
+        return (int64_t)INT32_MIN - 1;
     return (int64_t)u;
 }
 
-fg_dataset *fg_npy_dataset_new(const char *x_path, const char *y_path) {
-    if (!x_path || !y_path) {
-        fg_error(FG_EINVAL, "fg_npy_dataset_new: NULL path (inputs and labels are both needed)");
-        return NULL;
-    }
+fg_status fg__npy_dataset_open(const char *x_path, const char *y_path, fg_dataset **out) {
+    *out = NULL;
+    if (!x_path || !y_path)
+        return fg_error(FG_EINVAL,
+                        "fg_npy_dataset_new: NULL path (inputs and labels are both needed)");
     npy_ds *d = fg_calloc(1, sizeof *d);
     npy y = {0};
     char sb[256];
-    if (!d) return NULL;
-    if (npy_open(x_path, &d->x) != FG_OK) goto fail;
+    fg_status st = FG_ENOMEM;
+    if (!d)
+        return FG_ENOMEM;
+    if ((st = npy_open(x_path, &d->x)) != FG_OK)
+        goto fail;
     if (d->x.ndim < 1) {
-        npy_bad(&d->x, "inputs must have shape (N, ...), this array is a scalar");
+        st = npy_bad(&d->x, "inputs must have shape (N, ...), this array is a scalar");
         goto fail;
     }
     if (!(d->x.kind == 'f' || (d->x.kind == 'u' && d->x.itemsize == 1))) {
-        npy_bad(&d->x, "inputs must be f4, f8 or u1, not %c%d", d->x.kind, d->x.itemsize);
+        st = npy_bad(&d->x, "inputs must be f4, f8 or u1, not %c%d", d->x.kind, d->x.itemsize);
         goto fail;
     }
     d->row = 1; /* checked apart from numel: a (0, huge, huge) shape has numel 0 */
     for (int i = 1; i < d->x.ndim; i++) {
         if (d->x.shape[i] && d->row > INT64_MAX / 8 / d->x.shape[i]) {
-            npy_bad(&d->x, "the shape's size overflows");
+            st = npy_bad(&d->x, "the shape's size overflows");
             goto fail;
         }
         d->row *= d->x.shape[i];
     }
-    if (npy_open(y_path, &y) != FG_OK) goto fail;
+    if ((st = npy_open(y_path, &y)) != FG_OK)
+        goto fail;
     if (y.kind == 'f') {
-        npy_bad(&y, "labels must have an integer dtype, not f%d", y.itemsize);
+        st = npy_bad(&y, "labels must have an integer dtype, not f%d", y.itemsize);
         goto fail;
     }
     if (y.ndim != 1 || y.shape[0] != d->x.shape[0]) {
-        npy_bad(&y, "labels must have shape (%lld,) to match %s, not %s",
-                (long long)d->x.shape[0], x_path, shape_str(&y, sb, sizeof sb));
+        st = npy_bad(&y, "labels must have shape (%lld,) to match %s, not %s",
+                     (long long)d->x.shape[0], x_path, shape_str(&y, sb, sizeof sb));
         goto fail;
     }
     int64_t n = y.shape[0];
-    if (!(d->labels = fg_alloc((size_t)(n ? n : 1) * sizeof(int32_t)))) goto fail;
+    if (!(d->labels = fg_alloc((size_t)(n ? n : 1) * sizeof(int32_t)))) {
+        st = FG_ENOMEM;
+        goto fail;
+    }
     for (int64_t i = 0; i < n; i++) {
         int64_t v = int_at(&y, i);
         if (v < INT32_MIN || v > INT32_MAX) {
-            npy_bad(&y, "label %lld does not fit in int32", (long long)i);
+            st = npy_bad(&y, "label %lld does not fit in int32", (long long)i);
             goto fail;
         }
         d->labels[i] = (int32_t)v;
     }
     fg__unmap(&y.map);
     static const fg_dataset_ops ops = {npy_len, npy_spec, npy_get, npy_free};
-    return fg_dataset_new(&ops, d, "npy");
+    *out = fg_dataset_new(&ops, d, "npy"); /* frees d on failure */
+    return *out ? FG_OK : FG_ENOMEM;
 fail:
     fg__unmap(&y.map);
     npy_free(d);
-    return NULL;
+    return st;
+}
+
+fg_dataset *fg_npy_dataset_new(const char *x_path, const char *y_path) {
+    fg_dataset *ds = NULL;
+    fg__npy_dataset_open(x_path, y_path, &ds);
+    return ds;
 }

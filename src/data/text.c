@@ -22,8 +22,10 @@ struct fg_text_vocab {
 };
 
 static void vocab_index(fg_text_vocab *v) {
-    for (int b = 0; b < 256; b++) v->id[b] = -1;
-    for (int k = 0; k < v->n; k++) v->id[v->bytes[k]] = (int16_t)k;
+    for (int b = 0; b < 256; b++)
+        v->id[b] = -1;
+    for (int k = 0; k < v->n; k++)
+        v->id[v->bytes[k]] = (int16_t)k;
 }
 
 fg_text_vocab *fg_text_vocab_new(const uint8_t *bytes, int n) {
@@ -41,7 +43,8 @@ fg_text_vocab *fg_text_vocab_new(const uint8_t *bytes, int n) {
         seen[bytes[k]] = true;
     }
     fg_text_vocab *v = fg_calloc(1, sizeof *v);
-    if (!v) return NULL;
+    if (!v)
+        return NULL;
     v->n = n;
     memcpy(v->bytes, bytes, (size_t)n);
     vocab_index(v);
@@ -51,7 +54,8 @@ fg_text_vocab *fg_text_vocab_new(const uint8_t *bytes, int n) {
 static void vocab_of_counts(fg_text_vocab *v, const bool seen[256]) {
     v->n = 0;
     for (int b = 0; b < 256; b++)
-        if (seen[b]) v->bytes[v->n++] = (uint8_t)b;
+        if (seen[b])
+            v->bytes[v->n++] = (uint8_t)b;
     vocab_index(v);
 }
 
@@ -62,16 +66,26 @@ fg_text_vocab *fg_text_vocab_from_text(const void *text, size_t n) {
     }
     bool seen[256] = {false};
     const uint8_t *p = text;
-    for (size_t i = 0; i < n; i++) seen[p[i]] = true;
+    for (size_t i = 0; i < n; i++)
+        seen[p[i]] = true;
     fg_text_vocab *v = fg_calloc(1, sizeof *v);
-    if (v) vocab_of_counts(v, seen);
+    if (v)
+        vocab_of_counts(v, seen);
     return v;
 }
 
-void fg_text_vocab_free(fg_text_vocab *v) { fg_free(v); }
-int fg_text_vocab_size(const fg_text_vocab *v) { return v->n; }
-const uint8_t *fg_text_vocab_bytes(const fg_text_vocab *v) { return v->bytes; }
-int32_t fg_text_vocab_id(const fg_text_vocab *v, uint8_t byte) { return v->id[byte]; }
+void fg_text_vocab_free(fg_text_vocab *v) {
+    fg_free(v);
+}
+int fg_text_vocab_size(const fg_text_vocab *v) {
+    return v->n;
+}
+const uint8_t *fg_text_vocab_bytes(const fg_text_vocab *v) {
+    return v->bytes;
+}
+int32_t fg_text_vocab_id(const fg_text_vocab *v, uint8_t byte) {
+    return v->id[byte];
+}
 
 static const char *byte_desc(uint8_t b, char buf[16]) {
     if (b >= 0x20 && b < 0x7f && b != '\'')
@@ -122,7 +136,8 @@ typedef struct buf {
 
 static fg_status read_append(buf *b, const char *path) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return fg_error(FG_EIO, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0)
+        return fg_error(FG_EIO, "%s: cannot open: %s", path, strerror(errno));
     fg_status st = FG_OK;
     for (;;) {
         if (b->cap - b->n < 65536) {
@@ -137,11 +152,13 @@ static fg_status read_append(buf *b, const char *path) {
         }
         ssize_t r = read(fd, b->p + b->n, b->cap - b->n);
         if (r < 0) {
-            if (errno == EINTR) continue;
+            if (errno == EINTR)
+                continue;
             st = fg_error(FG_EIO, "%s: read failed: %s", path, strerror(errno));
             break;
         }
-        if (r == 0) break;
+        if (r == 0)
+            break;
         b->n += (size_t)r;
     }
     close(fd);
@@ -160,7 +177,8 @@ static bool ends_with(const char *s, const char *suf) {
 /* Appends the regular files of folder `dir` in name order. */
 static fg_status read_dir(buf *b, const char *dir, int *nfiles) {
     DIR *d = opendir(dir);
-    if (!d) return fg_error(FG_EIO, "%s: cannot open folder: %s", dir, strerror(errno));
+    if (!d)
+        return fg_error(FG_EIO, "%s: cannot open folder: %s", dir, strerror(errno));
     char **names = NULL;
     size_t n = 0, cap = 0;
     fg_status st = FG_OK;
@@ -183,7 +201,8 @@ static fg_status read_dir(buf *b, const char *dir, int *nfiles) {
         }
         n++;
     }
-    if (n) qsort(names, n, sizeof *names, cmp_str);
+    if (n)
+        qsort(names, n, sizeof *names, cmp_str);
     size_t dl = strlen(dir);
     for (size_t i = 0; i < n; i++) {
         size_t need = dl + strlen(names[i]) + 2;
@@ -194,13 +213,16 @@ static fg_status read_dir(buf *b, const char *dir, int *nfiles) {
         }
         snprintf(path, need, "%s/%s", dir, names[i]);
         struct stat sb;
-        if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue; /* folders, broken links */
-        if ((st = read_append(b, path)) != FG_OK) goto done;
+        if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+            continue; /* folders, broken links */
+        if ((st = read_append(b, path)) != FG_OK)
+            goto done;
         (*nfiles)++;
     }
 done:
     fg_free(path);
-    for (size_t i = 0; i < n; i++) fg_free(names[i]);
+    for (size_t i = 0; i < n; i++)
+        fg_free(names[i]);
     fg_free(names);
     closedir(d);
     return st;
@@ -238,61 +260,68 @@ static fg_status text_get(void *ud, int64_t i, void *x_out, void *y_out) {
 
 static void text_free(void *ud) {
     text_ds *t = ud;
-    if (!t) return;
+    if (!t)
+        return;
     fg_free(t->ids);
     fg_free(t);
 }
 
-fg_dataset *fg_text_dataset_new(const char *path, int64_t ctx, const fg_text_vocab *vocab) {
+fg_status fg__text_dataset_open(const char *path, int64_t ctx, const fg_text_vocab *vocab,
+                                fg_dataset **out) {
     if (!path) {
-        fg_error(FG_EINVAL, "fg_text_dataset_new: NULL path");
-        return NULL;
+        return fg_error(FG_EINVAL, "fg_text_dataset_new: NULL path");
     }
     if (ctx < 1) {
-        fg_error(FG_EINVAL, "text dataset %s: ctx=%lld: expected a window length >= 1", path,
-                 (long long)ctx);
-        return NULL;
+        return fg_error(FG_EINVAL, "text dataset %s: ctx=%lld: expected a window length >= 1", path,
+                        (long long)ctx);
     }
+    *out = NULL;
     buf b = {0};
     text_ds *t = NULL;
+    fg_status st;
     struct stat sb;
     if (stat(path, &sb) != 0) {
-        fg_error(FG_EIO, "text dataset %s: %s", path, strerror(errno));
-        return NULL;
+        return fg_error(FG_EIO, "text dataset %s: %s", path, strerror(errno));
     }
     if (S_ISDIR(sb.st_mode)) {
         int nfiles = 0;
-        if (read_dir(&b, path, &nfiles) != FG_OK) goto fail;
+        if ((st = read_dir(&b, path, &nfiles)) != FG_OK)
+            goto fail;
         if (nfiles == 0) {
-            fg_error(FG_EINVAL, "text dataset %s: the folder holds no text file", path);
+            st = fg_error(FG_EINVAL, "text dataset %s: the folder holds no text file", path);
             goto fail;
         }
-    } else if (read_append(&b, path) != FG_OK) {
+    } else if ((st = read_append(&b, path)) != FG_OK) {
         goto fail;
     }
     if (b.n < (size_t)ctx + 1) {
-        fg_error(FG_EINVAL,
-                 "text dataset %s: %zu bytes of text, fewer than ctx + 1 = %lld: use a longer "
-                 "text or a smaller ctx",
-                 path, b.n, (long long)ctx + 1);
+        st = fg_error(FG_EINVAL,
+                      "text dataset %s: %zu bytes of text, fewer than ctx + 1 = %lld: use a longer "
+                      "text or a smaller ctx",
+                      path, b.n, (long long)ctx + 1);
         goto fail;
     }
-    if (!(t = fg_calloc(1, sizeof *t))) goto fail;
+    if (!(t = fg_calloc(1, sizeof *t))) {
+        st = FG_ENOMEM;
+        goto fail;
+    }
     if (vocab) {
         t->vocab = *vocab;
     } else {
         bool seen[256] = {false};
-        for (size_t i = 0; i < b.n; i++) seen[b.p[i]] = true;
+        for (size_t i = 0; i < b.n; i++)
+            seen[b.p[i]] = true;
         vocab_of_counts(&t->vocab, seen);
     }
     for (size_t i = 0; i < b.n; i++) {
         int id = t->vocab.id[b.p[i]];
         if (id < 0) {
             char d[16];
-            fg_error(FG_EINVAL,
-                     "text dataset %s: byte %s at offset %zu is not in the given vocabulary of %d "
-                     "bytes: build the vocabulary from a text that contains it",
-                     path, byte_desc(b.p[i], d), i, t->vocab.n);
+            st = fg_error(
+                FG_EINVAL,
+                "text dataset %s: byte %s at offset %zu is not in the given vocabulary of %d "
+                "bytes: build the vocabulary from a text that contains it",
+                path, byte_desc(b.p[i], d), i, t->vocab.n);
             goto fail;
         }
         b.p[i] = (uint8_t)id;
@@ -303,12 +332,20 @@ fg_dataset *fg_text_dataset_new(const char *path, int64_t ctx, const fg_text_voc
     t->ctx = ctx;
     static const fg_dataset_ops ops = {text_len, text_spec, text_get, text_free};
     fg_dataset *ds = fg_dataset_new(&ops, t, "text"); /* frees t on failure */
-    if (!ds) return NULL;
+    if (!ds)
+        return FG_ENOMEM;
     ds->vocab_size = t->vocab.n;
     ds->text_vocab = &t->vocab;
-    return ds;
+    *out = ds;
+    return FG_OK;
 fail:
     fg_free(b.p);
     fg_free(t);
-    return NULL;
+    return st;
+}
+
+fg_dataset *fg_text_dataset_new(const char *path, int64_t ctx, const fg_text_vocab *vocab) {
+    fg_dataset *ds = NULL;
+    fg__text_dataset_open(path, ctx, vocab, &ds);
+    return ds;
 }
