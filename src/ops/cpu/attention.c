@@ -14,7 +14,7 @@
  * saved (B, H, T, T) matrix (the table's attention_bwd is given lse only).
  * Measured at B16 T128 C256 H4, one thread: the recompute is at most 1.7 of
  * 9.6 ms fwd+bwd (skipping it outright gives 7.9 ms), under 1% of a GPT
- * step, while saving P would hold 4 MiB per layer here and grow as T^2. */
+ * step, while saving P would hold 4 MiB per layer here and grow as T^2.
  * Masked entries (j > t) are exactly zero in every buffer a gemm reads. */
 #include <math.h>
 #include <string.h>
