@@ -354,7 +354,9 @@ FG_API void fg_dataloader_free(fg_dataloader *dl);
 /* Replaces the sampler (how the DDP strategy installs
  * fg_sampler_distributed). s is CONSUMED, even on failure. The position goes
  * to (current epoch, batch 0). Returns FG_OK; FG_EINVAL (NULL, or an index
- * outside the dataset, naming it); what the sampler returns; FG_ENOMEM (the
+ * outside the dataset, naming it; a NULL s keeps the message its failed
+ * constructor left, so fg_dataloader_set_sampler(dl, fg_sampler_...(...))
+ * reports the real cause); what the sampler returns; FG_ENOMEM (the
  * loader then keeps its previous sampler). */
 FG_API fg_status fg_dataloader_set_sampler(fg_dataloader *dl, fg_sampler *s);
 

@@ -247,10 +247,12 @@ fg_status fg_dataloader_reset(fg_dataloader *dl) {
 }
 
 fg_status fg_dataloader_set_sampler(fg_dataloader *dl, fg_sampler *s) {
-    if (!dl || !s) {
+    if (!dl) {
         fg_sampler_free(s);
-        return fg_error(FG_EINVAL, "fg_dataloader_set_sampler: NULL %s", dl ? "sampler" : "loader");
+        return fg_error(FG_EINVAL, "fg_dataloader_set_sampler: NULL loader");
     }
+    if (!s) /* keeps the message of the sampler constructor that failed */
+        return fg_error_wrap(FG_EINVAL, "fg_dataloader_set_sampler: NULL sampler");
     int64_t *order = NULL;
     fg_status st = make_order(dl, s, dl->epoch, &order);
     if (st != FG_OK) {

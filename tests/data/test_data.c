@@ -922,3 +922,69 @@ TEST(loader_worker_info_seeds) {
     CHECK_STATUS(fg_dataset_get(ds, 0, x, &y), FG_EINTERNAL); /* outside a loader: NULL */
     fg_dataset_free(ds);
 }
+
+/* Fails the n-th allocation for every n along a whole run (datasets,
+ * samplers, a loader with workers, an epoch): every step either works or
+ * fails cleanly with a message, and nothing leaks. */
+static fg_status alloc_run(void) {
+    fg_status st = FG_OK;
+    fg_dataset *ds = fg_text_dataset_new(tmp_path("t.txt"), 4, NULL), *tr = NULL, *va = NULL;
+    fg_dataset *tok = fg_token_dataset_new(tmp_path("tok.bin"), 4, 0);
+    fg_dataloader *dl = NULL;
+    if (!ds || !tok)
+        goto fail;
+    if ((st = fg_dataset_split(ds, 0.2, &tr, &va)) != FG_OK)
+        goto fail;
+    if (!(dl = fg_dataloader_new(tr,
+                                 &(fg_loader_opts){.batch = 2, .shuffle = true, .num_workers = 2})))
+        goto fail;
+    if ((st = fg_dataloader_set_sampler(
+             dl, fg_sampler_distributed(fg_dataset_len(tr), 1, 2,
+                                        &(fg_distributed_opts){.shuffle = true}))) != FG_OK)
+        goto fail;
+    if ((st = fg_dataloader_set_epoch(dl, 1)) != FG_OK)
+        goto fail;
+    while (fg_dataloader_next(dl)) {
+    }
+    st = fg_dataloader_status(dl);
+    fg_dataloader_free(dl);
+    fg_dataset_free(tr);
+    fg_dataset_free(va);
+    fg_dataset_free(ds);
+    fg_dataset_free(tok);
+    return st;
+fail:
+    if (fg_last_error()[0] == '\0')
+        st = FG_EINTERNAL; /* a failure must leave a message */
+    fg_dataloader_free(dl);
+    fg_dataset_free(tr);
+    fg_dataset_free(va);
+    fg_dataset_free(ds);
+    fg_dataset_free(tok);
+    return st == FG_OK ? FG_ENOMEM : st;
+}
+
+TEST(alloc_failures_never_leak) {
+    tmp_new();
+    tmp_write("t.txt", TEXT, strlen(TEXT));
+    uint8_t raw[64];
+    for (int i = 0; i < 64; i++)
+        raw[i] = (uint8_t)(i % 7);
+    tmp_write("tok.bin", raw, sizeof raw);
+    int fails = 0;
+    for (long n = 0; n < 10000; n++) {
+        fg_clear_error();
+        fa_begin(n);
+        fg_status st = alloc_run();
+        long live = fa_end();
+        CHECK_MSG(live == 0, "failing allocation %ld: %ld blocks leaked", n, live);
+        bool passed_up = st == FG_EINVAL && strstr(fg_last_error(), "NULL sampler: out of memory");
+        CHECK_MSG(st == FG_OK || st == FG_ENOMEM || passed_up, "failing allocation %ld: %s (%s)", n,
+                  fg_status_str(st), fg_last_error());
+        if (st == FG_OK)
+            break;
+        fails++;
+    }
+    CHECK(fails > 10);
+    tmp_done();
+}

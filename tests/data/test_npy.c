@@ -310,3 +310,26 @@ TEST(npy_bad_framing) {
     CHECK_CONTAINS(fg_last_error(), "label 2 does not fit in int32");
     tmp_done();
 }
+
+TEST(npy_alloc_failures_never_leak) {
+    tmp_new();
+    double xd[6] = {1, 2, 3, 4, 5, 6};
+    write_npy("x.npy", 1, "{'descr': '<f8', 'fortran_order': False, 'shape': (3, 2), }", xd,
+              sizeof xd);
+    write_labels();
+    int fails = 0;
+    for (long n = 0; n < 1000; n++) {
+        fa_begin(n);
+        fg_dataset *ds = NULL;
+        fg_status st = fg__npy_dataset_open(tmp_path("x.npy"), tmp_path("y.npy"), &ds);
+        fg_dataset_free(ds);
+        long live = fa_end();
+        CHECK_MSG(live == 0, "failing allocation %ld: %ld blocks leaked", n, live);
+        CHECK(st == FG_OK || (st == FG_ENOMEM && ds == NULL));
+        if (st == FG_OK)
+            break;
+        fails++;
+    }
+    CHECK(fails >= 3);
+    tmp_done();
+}
