@@ -86,8 +86,11 @@ typedef struct shm_hdr {
     uint64_t slot_bytes, p2p_slot, total;
     uint32_t nslots;
     _Atomic int32_t attached;
-    _Atomic int32_t abort_rank; /* -1 while healthy */
+    _Atomic int32_t abort_rank;  /* -1 while healthy, else who broke the group */
+    _Atomic int32_t abort_ready; /* the fields below are written */
     int32_t abort_status;
+    uint64_t abort_seq;
+    char abort_op[32];
     char abort_msg[600];
 } shm_hdr;
 
@@ -222,9 +225,25 @@ static bool pid_dead(int pid, int pidfd) {
 
 static fg_status group_fail(fg_comm *c, shm_state *s, const fg_comm_args *a, fg_status st,
                             const char *fmt, ...) FG_PRINTF(5, 6);
+static void wake_everyone(shm_state *s);
 
-/* Reports a failure and tells every peer: the first rank to fail writes its
- * message in the header, so that ranks blocked on someone else learn why. */
+/* Publishes why the group broke (the first rank to fail wins), so that
+ * ranks blocked on someone else learn the cause. Returns false if another
+ * rank was first. */
+static bool publish_abort(shm_state *s, fg_status st, const char *op, uint64_t seq, const char *msg) {
+    int32_t none = -1;
+    if (!atomic_compare_exchange_strong(&s->hdr->abort_rank, &none, s->me)) return false;
+    shm_hdr *h = s->hdr;
+    h->abort_status = (int32_t)st;
+    h->abort_seq = seq;
+    snprintf(h->abort_op, sizeof h->abort_op, "%s", op ? op : "");
+    snprintf(h->abort_msg, sizeof h->abort_msg, "%s", msg);
+    atomic_store_explicit(&h->abort_ready, 1, memory_order_release);
+    wake_everyone(s);
+    return true;
+}
+
+/* Reports a failure this rank found, and tells every peer. */
 static fg_status group_fail(fg_comm *c, shm_state *s, const fg_comm_args *a, fg_status st,
                             const char *fmt, ...) {
     char msg[512];
@@ -232,23 +251,24 @@ static fg_status group_fail(fg_comm *c, shm_state *s, const fg_comm_args *a, fg_
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    int32_t none = -1;
-    if (atomic_compare_exchange_strong(&s->hdr->abort_rank, &none, s->me)) {
-        snprintf(s->hdr->abort_msg, sizeof s->hdr->abort_msg, "%s #%llu: %s", a->name,
-                 (unsigned long long)a->seq, msg);
-        s->hdr->abort_status = (int32_t)st;
-        atomic_thread_fence(memory_order_seq_cst);
-        wake_everyone(s);
-    }
+    publish_abort(s, st, a->name, a->seq, msg);
     return fg__comm_fail(c, a, st, "%s", msg);
 }
 
+/* The group was broken by another rank (or by this one on another thread). */
 static fg_status aborted_elsewhere(fg_comm *c, shm_state *s, const fg_comm_args *a) {
-    int r = atomic_load(&s->hdr->abort_rank);
-    fg_status st = (fg_status)s->hdr->abort_status;
+    shm_hdr *h = s->hdr;
+    int r = atomic_load(&h->abort_rank);
+    for (int i = 0; i < 100000 && !atomic_load_explicit(&h->abort_ready, memory_order_acquire); i++)
+        CPU_RELAX();
+    fg_status st = (fg_status)h->abort_status;
     if (st != FG_ETIMEOUT && st != FG_EMISMATCH) st = FG_EPEER;
-    if (r == s->me) return fg__comm_fail(c, a, st, "group aborted: %s", s->hdr->abort_msg);
-    return fg__comm_fail(c, a, st, "rank %d gave up: %s", r, s->hdr->abort_msg);
+    if (!h->abort_op[0] || r == s->me) /* an abort: the message says who */
+        return fg__comm_fail(c, a, st, "%s", h->abort_msg);
+    if (h->abort_seq == a->seq && !strcmp(h->abort_op, a->name))
+        return fg__comm_fail(c, a, st, "%s (noticed by rank %d)", h->abort_msg, r);
+    return fg__comm_fail(c, a, st, "%s (noticed by rank %d in %s #%llu)", h->abort_msg, r,
+                         h->abort_op, (unsigned long long)h->abort_seq);
 }
 
 /* ----------------------------------------------------------------- wait */
@@ -291,7 +311,7 @@ static fg_status wait_word(fg_comm *c, shm_state *s, const fg_comm_args *a, int 
                 if (pid_dead(s->pids[q], s->pidfd[q]))
                     return group_fail(c, s, a, FG_EPEER, "rank %d (pid %d) died", q, s->pids[q]);
             }
-            if (c->aborted) return group_fail(c, s, a, FG_EPEER, "aborted by rank %d", s->me);
+            if (c->aborted) return aborted_elsewhere(c, s, a);
             if (now - t0 > c->timeout_s) {
                 char st = q >= 0 ? proc_state(s->pids[q]) : 0;
                 return group_fail(c, s, a, FG_ETIMEOUT,
@@ -1008,13 +1028,9 @@ static fg_status shm_join(fg_comm *c) {
 
 fail:
     if (s->base && s->hdr && s->n > 1) {
-        int32_t none = -1;
-        if (atomic_compare_exchange_strong(&s->hdr->abort_rank, &none, s->me)) {
-            snprintf(s->hdr->abort_msg, sizeof s->hdr->abort_msg, "rank %d failed to join: %s",
-                     s->me, fg_last_error());
-            s->hdr->abort_status = FG_EPEER;
-            wake_everyone(s);
-        }
+        char msg[700];
+        snprintf(msg, sizeof msg, "rank %d failed to join: %s", s->me, fg_last_error());
+        publish_abort(s, FG_EPEER, NULL, 0, msg);
     }
     shm_free_state(s);
     return st;
@@ -1052,13 +1068,9 @@ static void shm_destroy(fg_comm *c) {
 static void shm_abort(fg_comm *c) {
     shm_state *s = c->impl;
     if (!s) return;
-    int32_t none = -1;
-    if (atomic_compare_exchange_strong(&s->hdr->abort_rank, &none, s->me)) {
-        snprintf(s->hdr->abort_msg, sizeof s->hdr->abort_msg,
-                 "rank %d aborted the group (fg_comm_abort)", s->me);
-        s->hdr->abort_status = FG_EPEER;
-    }
-    wake_everyone(s);
+    char msg[64];
+    snprintf(msg, sizeof msg, "rank %d aborted the group (fg_comm_abort)", s->me);
+    if (!publish_abort(s, FG_EPEER, NULL, 0, msg)) wake_everyone(s);
 }
 
 const fg_comm_backend fg__comm_shm_backend = {
