@@ -229,6 +229,10 @@ fg_status fg_dataloader_set_position(fg_dataloader *dl, int64_t epoch, int64_t b
                         "dataloader: batch %lld of epoch %lld is outside [0, %lld]: was the "
                         "position saved with another dataset, batch size or world size?",
                         (long long)batch, (long long)epoch, (long long)dl->nbatches);
+    /* already there (set_epoch(0) right after creation): keep what the
+     * workers prepared */
+    if (epoch == dl->epoch && batch == dl->cur && dl->status == FG_OK)
+        return FG_OK;
     int64_t *order = NULL;
     if (epoch != dl->epoch)
         FG_TRY(make_order(dl, dl->sampler, epoch, &order));
