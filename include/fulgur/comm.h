@@ -157,6 +157,9 @@ FG_API int fg_comm_local_size(const fg_comm *c);
 FG_API int fg_comm_node_rank(const fg_comm *c);
 FG_API int fg_comm_num_nodes(const fg_comm *c);
 FG_API const char *fg_comm_backend_name(const fg_comm *c); /* "shm", "mpi", "nccl" */
+/* Whether this build of fulgur has the backend (shm always; mpi when built
+ * with Open MPI; nccl not yet). Thread-safe. */
+FG_API bool fg_comm_backend_built(fg_comm_backend_kind kind);
 FG_API const char *fg_reduce_op_name(fg_reduce_op op);     /* "sum", ...; "?" if invalid */
 
 /* ---------------------------------------------------------- collectives

@@ -58,6 +58,10 @@ static const struct {
     [FG_COMM_NCCL] = {"nccl", NULL},
 };
 
+bool fg_comm_backend_built(fg_comm_backend_kind kind) {
+    return (int)kind > 0 && kind < FG_COMM_BACKEND_COUNT && k_backends[kind].be != NULL;
+}
+
 static fg_status pick_backend(const fg_cluster_info *info, fg_comm_backend_kind want,
                               const fg_comm_backend **out) {
     if ((int)want < 0 || want >= FG_COMM_BACKEND_COUNT)

@@ -193,6 +193,8 @@ TEST(backend_choice) {
     CHECK_CONTAINS(fg_last_error(), "FULGUR_COMM_TIMEOUT_S");
     clear_env();
     CHECK(c == NULL);
+    CHECK(fg_comm_backend_built(FG_COMM_SHM) && !fg_comm_backend_built(FG_COMM_NCCL));
+    CHECK(!fg_comm_backend_built(FG_COMM_AUTO) && !fg_comm_backend_built((fg_comm_backend_kind)42));
 }
 
 /* -------------------------------------------------------- bad arguments */

@@ -146,10 +146,10 @@ static void mx_report(mx_stats *st, int rank, const char *what, fg_dtype dt, int
     }
 }
 
-/* Runs the whole matrix on communicator c; returns the statistics. Garbage
- * (0xAB bytes) fills every output first, so an element not written counts
- * as wrong. */
-static mx_stats mx_run(fg_comm *c) {
+/* Runs the whole matrix on communicator c (counts up to max_count);
+ * returns the statistics. Garbage (0xAB bytes) fills every output first, so
+ * an element not written counts as wrong. */
+static mx_stats mx_run(fg_comm *c, int64_t max_count) {
     mx_stats st = {0, 0, 0};
     int me = fg_comm_rank(c), w = fg_comm_size(c);
     size_t maxb = (size_t)(MX_BIG + 64 * 16) * 8 + 64;
@@ -163,6 +163,7 @@ static mx_stats mx_run(fg_comm *c) {
     }
     for (int ci = 0; ci < MX_NCOUNTS; ci++) {
         int64_t n = mx_counts[ci];
+        if (n > max_count) continue;
         bool big = n == MX_BIG;
         int64_t blk = big ? (n + w - 1) / w : n; /* per-rank block of the blocked ops */
         for (int di = 0; di < MX_NDTYPES; di++) {

@@ -25,7 +25,7 @@ static int matrix_rank(int rank, int n, void *arg) {
     CHECK(fg_comm_rank(c) == rank && fg_comm_size(c) == n);
     CHECK(!strcmp(fg_comm_backend_name(c), "shm"));
     double t0 = fg_time();
-    mx_stats st = mx_run(c);
+    mx_stats st = mx_run(c, MX_BIG);
     fg_comm_free(c);
     if (rank == 0)
         printf("  world %d: %ld calls, %ld wrong elements, %ld errors (%.2f s)\n", n, st.calls,
