@@ -68,12 +68,16 @@
 #define CHAN_HDR 192    /* per channel: head, tail, sleepers on separate lines */
 
 /* FULGUR_SHM_CHUNK_BYTES: bytes of each rank's slot, the pipeline's chunk
- * (default 256 KiB; tune with bench/comm). FULGUR_SHM_SPIN_US: how long a
- * wait spins before it sleeps (default 50 us, or 5 us when there are more
- * ranks than cores). */
-#define DEFAULT_CHUNK (256 << 10)
+ * (default 512 KiB; tune with bench/comm). FULGUR_SHM_SPIN_US: how long a
+ * wait spins before it yields or sleeps (default 50 us, or 1 us when there
+ * are more ranks than cores); FULGUR_SHM_YIELD_US: how long it then calls
+ * sched_yield before sleeping on a futex (default 0, or 1000 us when there
+ * are more ranks than cores, so that a peer sharing this core can run). */
+#define DEFAULT_CHUNK (512 << 10)
 #define NSLOTS SIGRING
 #define ONE_SHOT_MAX (16 << 10)
+
+static size_t g_nt_bytes = 8u << 20;
 
 enum { ST_NONE = 0, ST_ATTACHED = 1, ST_LEFT = 2 };
 enum { W_READY, W_MID, W_DONE };
@@ -132,7 +136,7 @@ typedef struct shm_state {
     uint32_t *lb_done;   /* lower bounds of the peers' done words */
     int *pidfd;
     int *pids;
-    double spin_s;
+    double spin_s, yield_s;
     bool oversub;
     char name[200];
 } shm_state;
@@ -281,17 +285,26 @@ static fg_status wait_word(fg_comm *c, shm_state *s, const fg_comm_args *a, int 
                            const char *what) {
     if (reached(atomic_load_explicit(w, memory_order_acquire), target)) return FG_OK;
     double t0 = fg_time(), now = t0, next_check = t0 + 0.05;
+    /* spin: the peer is usually a few microseconds away */
     for (uint32_t i = 1;; i++) {
         CPU_RELAX();
         if (reached(atomic_load_explicit(w, memory_order_acquire), target)) return FG_OK;
-        if ((i & 255) == 0) {
+        if ((i & 63) == 0) {
             now = fg_time();
             if (now - t0 > s->spin_s) break;
             if (atomic_load_explicit(&s->hdr->abort_rank, memory_order_relaxed) >= 0)
                 return aborted_elsewhere(c, s, a);
-            if (s->oversub) sched_yield();
         }
     }
+    /* yield: with more ranks than cores the peer may need this core */
+    while (now - t0 < s->spin_s + s->yield_s) {
+        sched_yield();
+        if (reached(atomic_load_explicit(w, memory_order_acquire), target)) return FG_OK;
+        if (atomic_load_explicit(&s->hdr->abort_rank, memory_order_relaxed) >= 0)
+            return aborted_elsewhere(c, s, a);
+        now = fg_time();
+    }
+    /* sleep on the futex, checking the peer every 50 ms */
     for (;;) {
         atomic_fetch_add_explicit(sleepers, 1, memory_order_seq_cst);
         uint32_t v = atomic_load_explicit(w, memory_order_seq_cst);
@@ -445,7 +458,8 @@ static fg_status shm_allreduce(fg_comm *c, const fg_comm_args *a) {
     if (!sp) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory");
     fg_status st = FG_OK;
     size_t bytes = (size_t)a->count * esz;
-    bool nt = bytes >= (8u << 20);
+    /* outputs beyond the caches: stream them (no read-for-ownership) */
+    bool nt = bytes >= g_nt_bytes;
 
     if (bytes <= ONE_SHOT_MAX && bytes <= s->slot_bytes) {
         FG_TRY_GOTO(chunk_begin(c, s, a, sig), st, out);
@@ -465,9 +479,11 @@ static fg_status shm_allreduce(fg_comm *c, const fg_comm_args *a) {
         int64_t lo, hi;
         slice_of(m, s->n, s->me, esz, &lo, &hi);
         for (int q = 0; q < s->n; q++) sp[q] = slot(s, q, s->g) + lo * (int64_t)esz;
-        fg__reduce(a->dt, a->rop, slot(s, s->me, s->g) + lo * (int64_t)esz,
-                   recv + (off + lo) * (int64_t)esz, sp, s->n, hi - lo, s->n);
+        char *mine = slot(s, s->me, s->g) + lo * (int64_t)esz;
+        fg__reduce(a->dt, a->rop, mine, nt ? NULL : recv + (off + lo) * (int64_t)esz, sp, s->n,
+                   hi - lo, s->n);
         post(s, W_MID, s->g + 1);
+        if (nt) fg__copy(recv + (off + lo) * (int64_t)esz, mine, (size_t)(hi - lo) * esz, true);
         for (int k = 1; k < s->n; k++) {
             int q = (s->me + k) % s->n; /* start at the next rank: spread the readers */
             FG_TRY_GOTO(wait_all(c, s, a, W_MID, s->g + 1, q), st, out);
@@ -956,8 +972,15 @@ static fg_status shm_join(fg_comm *c) {
     if (n > 16 && chunk > (8L << 20) / n) chunk = FG_MAX(32768L, (8L << 20) / n / 4096 * 4096);
     int ncores = fg_num_cores();
     s->oversub = n > ncores;
-    FG_TRY_GOTO(env_size("FULGUR_SHM_SPIN_US", s->oversub ? 5 : 50, 0, 10000000, &spin_us), st, fail);
+    long yield_us;
+    FG_TRY_GOTO(env_size("FULGUR_SHM_SPIN_US", s->oversub ? 1 : 50, 0, 10000000, &spin_us), st, fail);
+    FG_TRY_GOTO(env_size("FULGUR_SHM_YIELD_US", s->oversub ? 1000 : 0, 0, 10000000, &yield_us), st,
+                fail);
     s->spin_s = (double)spin_us * 1e-6;
+    s->yield_s = (double)yield_us * 1e-6;
+    long ntb;
+    FG_TRY_GOTO(env_size("FULGUR_SHM_NT_BYTES", (long)g_nt_bytes, 0, 1L << 40, &ntb), st, fail);
+    g_nt_bytes = (size_t)ntb;
     layout(s, n, (size_t)chunk, n <= 16 ? (16 << 10) + P2P_HDR : (4 << 10) + P2P_HDR);
 
     if (n == 1) { /* a world of one needs no segment: private memory, same code */
