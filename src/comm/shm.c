@@ -474,12 +474,18 @@ static fg_status shm_allreduce(fg_comm *c, const fg_comm_args *a) {
     for (int64_t off = 0; off < a->count; off += per) {
         int64_t m = FG_MIN(per, a->count - off);
         FG_TRY_GOTO(chunk_begin(c, s, a, sig), st, out);
-        memcpy(slot(s, s->me, s->g), send + off * (int64_t)esz, (size_t)m * esz);
-        FG_TRY_GOTO(chunk_ready(c, s, a, sig, off == 0, -1), st, out);
+        /* the peers read every slice of this rank's input but its own one,
+         * which this rank reduces straight from the send buffer */
         int64_t lo, hi;
         slice_of(m, s->n, s->me, esz, &lo, &hi);
+        char *base = slot(s, s->me, s->g);
+        const char *in = send + off * (int64_t)esz;
+        memcpy(base, in, (size_t)lo * esz);
+        memcpy(base + hi * (int64_t)esz, in + hi * (int64_t)esz, (size_t)(m - hi) * esz);
+        FG_TRY_GOTO(chunk_ready(c, s, a, sig, off == 0, -1), st, out);
         for (int q = 0; q < s->n; q++) sp[q] = slot(s, q, s->g) + lo * (int64_t)esz;
-        char *mine = slot(s, s->me, s->g) + lo * (int64_t)esz;
+        sp[s->me] = in + lo * (int64_t)esz;
+        char *mine = base + lo * (int64_t)esz;
         fg__reduce(a->dt, a->rop, mine, nt ? NULL : recv + (off + lo) * (int64_t)esz, sp, s->n,
                    hi - lo, s->n);
         post(s, W_MID, s->g + 1);
