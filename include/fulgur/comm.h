@@ -115,8 +115,8 @@ typedef struct fg_comm_opts {
  * launched by mpirun (info->source "openmpi") and fulgur was built with MPI;
  * else shm when num_nodes == 1; else FG_EUNSUPPORTED (across machines needs
  * the mpi backend: launch with mpirun).
- * shm: ranks meet at a rendezvous point named after the uid, the job id
- * (job_id, else master_port, else "default") and the group: local rank 0
+ * shm: ranks meet at a rendezvous point named after the uid, the job
+ * (job_id and master_port, whichever are set, else "default") and the group: local rank 0
  * creates the group's shared-memory segment and hands it to the others, who
  * retry until the timeout. The segment has no name in /dev/shm (a memfd) and
  * the rendezvous point is an abstract unix socket, so nothing is ever left

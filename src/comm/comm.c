@@ -103,8 +103,11 @@ static fg_status pick_backend(const fg_cluster_info *info, fg_comm_backend_kind 
 
 /* A job id usable in a segment name: [A-Za-z0-9_.-], at most 60 chars. */
 static void make_job_key(const fg_cluster_info *info, char *out, size_t cap) {
+    /* both when both are known: torchrun's run id is "none" unless set */
     char raw[FG_CLUSTER_JOB_MAX + 16];
-    if (info->job_id[0]) snprintf(raw, sizeof raw, "%s", info->job_id);
+    if (info->job_id[0] && info->master_port)
+        snprintf(raw, sizeof raw, "%s-p%d", info->job_id, info->master_port);
+    else if (info->job_id[0]) snprintf(raw, sizeof raw, "%s", info->job_id);
     else if (info->master_port) snprintf(raw, sizeof raw, "p%d", info->master_port);
     else snprintf(raw, sizeof raw, "default");
     size_t n = strlen(raw);
@@ -815,7 +818,7 @@ fg_status fg_comm_split(fg_comm *c, int color, int key, fg_comm **out) {
                 for (const char *p = gid; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
                 snprintf(child->group_id, sizeof child->group_id, "g%016llx", (unsigned long long)h);
             } else {
-                snprintf(child->group_id, sizeof child->group_id, "%s", gid);
+                memcpy(child->group_id, gid, strlen(gid) + 1);
             }
             child->node_of = fg_calloc((size_t)m, sizeof(int));
             child->world_of = fg_calloc((size_t)m, sizeof(int));
