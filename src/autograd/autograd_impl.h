@@ -42,6 +42,11 @@ static inline bool fg__needs_grad(const fg_tensor *t) { return t && t->requires_
  * fg_last_error set on failure. */
 fg_tensor *fg__grad_of(fg_tensor *t);
 
+/* dp replicas: on the calling thread, gradients of leaves that are views
+ * into `from` (a model's flat gradient) accumulate at the same offset of `to`
+ * instead (a replica's own buffer, same size). NULL, NULL turns it off. */
+void fg__set_grad_redirect(const fg_tensor *from, fg_tensor *to);
+
 /* The op table for t's device (NULL with an error set). */
 const fg_op_table *fg__ops(const fg_tensor *t);
 

@@ -18,6 +18,11 @@ static _Thread_local bool tl_grad_disabled;
 static _Thread_local uint64_t tl_pass;
 static _Thread_local fg_grad_ready_fn tl_hook;
 static _Thread_local void *tl_hook_ud;
+/* dp replicas: leaf gradients that live in [redir_from, +redir_bytes) go to
+ * the same offset of redir_to on this thread instead. */
+static _Thread_local const char *tl_redir_from;
+static _Thread_local char *tl_redir_to;
+static _Thread_local size_t tl_redir_bytes;
 
 static void tape_sync(void) {
     if (tl_tape_gen != fg_step_generation()) {
@@ -124,7 +129,19 @@ fg_status fg__record(fg_node **node, const char *name, fg_backward_fn bw, fg_ten
     return FG_OK;
 }
 
+void fg__set_grad_redirect(const fg_tensor *from, fg_tensor *to) {
+    tl_redir_from = from ? from->data : NULL;
+    tl_redir_to = to ? to->data : NULL;
+    tl_redir_bytes = from ? fg_tensor_nbytes(from) : 0;
+}
+
 fg_tensor *fg__grad_of(fg_tensor *t) {
+    if (t->grad && tl_redir_from && (const char *)t->grad->data >= tl_redir_from &&
+        (const char *)t->grad->data < tl_redir_from + tl_redir_bytes) {
+        fg_tensor *g = fg__tensor_header_like(t->grad);
+        if (g) g->data = tl_redir_to + ((const char *)t->grad->data - tl_redir_from);
+        return g;
+    }
     if (t->grad) return t->grad;
     if (is_leaf(t) && (t->flags & FG_T_PERSISTENT)) {
         t->grad = fg_tensor_new(t->dtype, t->ndim, t->shape);
@@ -136,7 +153,9 @@ fg_tensor *fg__grad_of(fg_tensor *t) {
 }
 
 static void leaf_used(fg_tensor *t) {
-    if (is_leaf(t) && --t->pending == 0 && tl_hook) tl_hook(tl_hook_ud, t);
+    /* Without a hook the countdown is skipped: dp replicas share leaves
+     * between threads, and nobody reads it. */
+    if (tl_hook && is_leaf(t) && --t->pending == 0) tl_hook(tl_hook_ud, t);
 }
 
 fg_status fg_backward_with(fg_tensor *out, const fg_tensor *seed) {
@@ -174,10 +193,10 @@ fg_status fg_backward_with(fg_tensor *out, const fg_tensor *seed) {
             if (!t) continue;
             fg_node *p = live_fn(t);
             if (p) p->mark = pass;
-            else if (t->requires_grad) t->pending = 0;
+            else if (t->requires_grad && tl_hook) t->pending = 0;
         }
     }
-    for (fg_node *n = tl_tail; n; n = n->prev)
+    for (fg_node *n = tl_tail; n && tl_hook; n = n->prev)
         if (n->mark == pass)
             for (int k = 0; k < n->nin; k++)
                 if (n->in[k] && is_leaf(n->in[k])) n->in[k]->pending++;
