@@ -45,6 +45,9 @@ FG_API fg_tensor *fg_zeros_like(const fg_tensor *t);
 /* Releases every step tensor of the calling thread at once (and the
  * autograd tape recorded on it). Pointers to step tensors are invalid after. */
 FG_API void fg_step_reset(void);
+/* Frees the calling thread's step arena (and so its step tensors): call it
+ * before a worker thread that made step tensors exits. */
+FG_API void fg_step_thread_release(void);
 /* Counts fg_step_reset calls on this thread (layers above use it to drop
  * per-step state). */
 FG_API uint64_t fg_step_generation(void);

@@ -24,6 +24,12 @@ void fg_step_reset(void) {
     tl_gen++;
 }
 
+void fg_step_thread_release(void) {
+    fg_arena_free(tl_arena);
+    tl_arena = NULL;
+    tl_gen++;
+}
+
 uint64_t fg_step_generation(void) { return tl_gen; }
 size_t fg_step_bytes(void) { return fg_arena_used(tl_arena); }
 size_t fg_step_peak_bytes(void) { return fg_arena_peak(tl_arena); }
