@@ -59,4 +59,44 @@ fg_status fg__cpu_attention_fwd(const fg_tensor *qkv, int heads, fg_tensor *y, f
 fg_status fg__cpu_attention_bwd(const fg_tensor *qkv, int heads, const fg_tensor *y,
                                 const fg_tensor *lse, const fg_tensor *dy, fg_tensor *dqkv);
 
+/* reduce.c */
+fg_status fg__cpu_sum_dim(const fg_tensor *x, int dim, fg_tensor *y, double alpha);
+fg_status fg__cpu_sum_dim_bwd(const fg_tensor *dy, int dim, fg_tensor *dx, double alpha);
+
+/* activation.c */
+fg_status fg__cpu_relu_fwd(const fg_tensor *x, fg_tensor *y);
+fg_status fg__cpu_relu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx);
+fg_status fg__cpu_gelu_fwd(const fg_tensor *x, fg_tensor *y);
+fg_status fg__cpu_gelu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx);
+
+/* softmax.c */
+fg_status fg__cpu_softmax_fwd(const fg_tensor *x, fg_tensor *y);
+fg_status fg__cpu_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_tensor *dx);
+fg_status fg__cpu_log_softmax_fwd(const fg_tensor *x, fg_tensor *y);
+fg_status fg__cpu_log_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_tensor *dx);
+
+/* loss.c */
+fg_status fg__cpu_cross_entropy_fwd(const fg_tensor *logits, const fg_tensor *targets,
+                                    int64_t ignore_index, fg_tensor *loss, int64_t *count);
+fg_status fg__cpu_cross_entropy_bwd(const fg_tensor *logits, const fg_tensor *targets,
+                                    int64_t ignore_index, double dloss, int64_t count,
+                                    fg_tensor *dlogits);
+
+/* layernorm.c */
+fg_status fg__cpu_layernorm_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
+                                double eps, fg_tensor *y, fg_tensor *mean, fg_tensor *rstd);
+fg_status fg__cpu_layernorm_bwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *mean,
+                                const fg_tensor *rstd, const fg_tensor *dy, fg_tensor *dx,
+                                fg_tensor *dw, fg_tensor *db);
+
+/* embedding.c */
+fg_status fg__cpu_embedding_fwd(const fg_tensor *idx, const fg_tensor *weight, fg_tensor *y);
+fg_status fg__cpu_embedding_bwd(const fg_tensor *idx, const fg_tensor *dy, fg_tensor *dweight);
+
+/* dropout.c */
+fg_status fg__cpu_dropout_fwd(const fg_tensor *x, double p, uint64_t seed, uint64_t offset,
+                              fg_tensor *y);
+fg_status fg__cpu_dropout_bwd(const fg_tensor *dy, double p, uint64_t seed, uint64_t offset,
+                              fg_tensor *dx);
+
 #endif
