@@ -88,7 +88,8 @@ void fg_tensor_zero_grad(fg_tensor *t) {
 const fg_op_table *fg__ops(const fg_tensor *t) { return fg_ops_get(t->device); }
 
 fg_status fg__check_float(const char *fn, const fg_tensor *t) {
-    if (!t) return fg_error(FG_EINVAL, "%s: NULL input (an earlier call failed: %s)", fn, fg_last_error());
+    /* wrap, not "%s" of fg_last_error(): that is the buffer fg_error writes */
+    if (!t) return fg_error_wrap(FG_EINVAL, "%s: NULL input (an earlier call failed)", fn);
     if (t->dtype != FG_F32 && t->dtype != FG_F64)
         return fg_error(FG_EUNSUPPORTED, "%s: dtype %s is not supported (f32, f64)", fn,
                         fg_dtype_name(t->dtype));
@@ -159,7 +160,7 @@ static void leaf_used(fg_tensor *t) {
 }
 
 fg_status fg_backward_with(fg_tensor *out, const fg_tensor *seed) {
-    if (!out) return fg_error(FG_EINVAL, "backward: NULL output (an earlier call failed: %s)", fg_last_error());
+    if (!out) return fg_error_wrap(FG_EINVAL, "backward: NULL output (an earlier call failed)");
     if (!out->requires_grad)
         return fg_error(FG_EINVAL, "backward: the output does not require grad (no parameter "
                                    "took part, or it was computed in no-grad mode)");

@@ -1,0 +1,54 @@
+/* Mean cross-entropy of logits (..., V) against i32 targets (...): the
+ * leading dims flatten to N rows. The fused table kernels keep no softmax:
+ * the node saves the (N, V) logits view, a copy of the (N) targets and the
+ * count of rows that counted; the backward recomputes each row's softmax. */
+#include "autograd_impl.h"
+
+/* saved[0] = logits (N, V), saved[1] = targets (N); i[0] = ignore_index,
+ * i[1] = count */
+static fg_status cross_entropy_bw(fg_node *n, const fg_tensor *g) {
+    fg_tensor *gl = fg__grad_of(n->in[0]);
+    fg_tensor *gl2 = gl ? fg_tensor_reshape_view(gl, 2, n->saved[0]->shape) : NULL; /* (N, V) */
+    if (!gl2) return FG_ENOMEM;
+    return fg__ops(g)->cross_entropy_bwd(n->saved[0], n->saved[1], n->i[0], fg_item(g), n->i[1],
+                                         gl2);
+}
+
+fg_tensor *fg_cross_entropy(fg_tensor *logits, fg_tensor *targets, int64_t ignore_index) {
+    if (fg__check_float("cross_entropy", logits)) return NULL;
+    if (!targets) {
+        fg_error_wrap(FG_EINVAL, "cross_entropy: NULL targets (an earlier call failed)");
+        return NULL;
+    }
+    char sl[96], st[96];
+    bool ok = logits->ndim >= 1 && targets->dtype == FG_I32 && targets->ndim == logits->ndim - 1;
+    for (int d = 0; ok && d < targets->ndim; d++) ok = targets->shape[d] == logits->shape[d];
+    if (!ok) {
+        fg_error(FG_EINVAL, "cross_entropy: logits %s and targets %s: expected logits (..., V) "
+                            "and i32 targets (...) with the same leading dims",
+                 fg_tensor_describe(logits, sl, sizeof sl), fg_tensor_describe(targets, st, sizeof st));
+        return NULL;
+    }
+    const fg_op_table *ops = fg__ops(logits);
+    if (!ops || FG_OP(ops, cross_entropy_fwd)) return NULL;
+    int64_t V = logits->shape[logits->ndim - 1], N = targets->numel;
+    fg_tensor *lc = fg_tensor_contiguous(logits), *tc = fg_tensor_contiguous(targets);
+    fg_tensor *l2 = lc ? fg_tensor_reshape_view(lc, 2, (int64_t[]){N, V}) : NULL; /* (N, V) */
+    fg_tensor *t1 = tc ? fg_tensor_reshape_view(tc, 1, &N) : NULL;                 /* (N) */
+    fg_tensor *loss = l2 && t1 ? fg_empty(logits->dtype, 0, NULL) : NULL;
+    int64_t count = 0;
+    if (!loss || ops->cross_entropy_fwd(l2, t1, ignore_index, loss, &count)) return NULL;
+    fg_node *node;
+    if (fg__record(&node, "cross_entropy", cross_entropy_bw, loss, 1, &logits)) return NULL;
+    if (node) {
+        if (FG_OP(ops, cross_entropy_bwd)) return NULL;
+        /* targets are copied: the caller may refill its batch before backward */
+        fg_tensor *tk = fg_empty(FG_I32, 1, &N);
+        if (!tk || fg_tensor_copy(tk, t1)) return NULL;
+        node->saved[0] = l2;
+        node->saved[1] = tk;
+        node->i[0] = ignore_index;
+        node->i[1] = count;
+    }
+    return loss;
+}
