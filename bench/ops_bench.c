@@ -1,0 +1,280 @@
+/* Speed of the non-matmul kernels at GPT training sizes ((B*T) = 2048 rows,
+ * C = 256, 4C = 1024, V = 65 and 512) against the same ops written the
+ * plain way, as llm.c's CPU reference does them (scalar tanhf/expf/logf,
+ * float sums, one fg_rng_u32_at per dropout element), built with the same
+ * flags. Both sides run on the same thread count (OpenMP over rows where
+ * llm.c has it; the baselines get `omp parallel for` over rows too).
+ *
+ *   ops_bench [threads [filter]]   (default 1 thread, every case)
+ *
+ * Prints one JSON line per case:
+ *   {"name": ..., "fulgur_ms": ..., "baseline_ms": ..., "speedup": b/f, "GB/s": ...}
+ * GB/s counts the bytes the fulgur kernel must read and write once. Each
+ * side runs REPS times alternating with the other; the best run counts. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fulgur/fulgur.h"
+
+#define REPS 15
+
+static const fg_op_table *ops;
+
+static fg_tensor *randn(int nd, const int64_t *s, uint64_t seed, float scale) {
+    fg_tensor *t = fg_tensor_new(FG_F32, nd, s);
+    fg_rng_fill_normal(seed, 0, fg_tensor_data(t), fg_tensor_numel(t), 0.0f, scale);
+    return t;
+}
+static float *F(fg_tensor *t) { return fg_tensor_data(t); }
+
+typedef void (*run_fn)(void *ctx);
+
+static double best(run_fn f, void *ctx, double *acc) {
+    double t0 = fg_time();
+    f(ctx);
+    double dt = fg_time() - t0;
+    if (dt < *acc) *acc = dt;
+    return dt;
+}
+
+static void emit(const char *name, const char *shape, run_fn fu, run_fn base, void *ctx,
+                 double bytes) {
+    double tf = 1e30, tb = 1e30;
+    fu(ctx); /* warm-up: first touch, thread start */
+    if (base) base(ctx);
+    for (int r = 0; r < REPS; r++) {
+        best(fu, ctx, &tf);
+        if (base) best(base, ctx, &tb);
+    }
+    if (base)
+        printf("{\"name\": \"%s\", \"shape\": \"%s\", \"threads\": %d, \"fulgur_ms\": %.4f, "
+               "\"baseline_ms\": %.4f, \"speedup\": %.2f, \"GB/s\": %.1f}\n",
+               name, shape, fg_get_num_threads(), tf * 1e3, tb * 1e3, tb / tf, bytes / tf * 1e-9);
+    else
+        printf("{\"name\": \"%s\", \"shape\": \"%s\", \"threads\": %d, \"fulgur_ms\": %.4f, "
+               "\"GB/s\": %.1f}\n",
+               name, shape, fg_get_num_threads(), tf * 1e3, bytes / tf * 1e-9);
+    fflush(stdout);
+}
+
+/* ------------------------------------------------------------------ cases */
+
+typedef struct {
+    int64_t N, C, V;
+    fg_tensor *x, *y, *dy, *dx, *w, *b, *dw, *db, *mean, *rstd, *idx, *tgt, *loss, *wte;
+    int64_t count;
+} ctx;
+
+static void ln_fwd(void *p) {
+    ctx *c = p;
+    ops->layernorm_fwd(c->x, c->w, c->b, 1e-5, c->y, c->mean, c->rstd);
+}
+static void ln_bwd(void *p) {
+    ctx *c = p;
+    ops->layernorm_bwd(c->x, c->w, c->mean, c->rstd, c->dy, c->dx, c->dw, c->db);
+}
+/* llm.c layernorm_forward / layernorm_backward */
+static void ln_fwd_base(void *p) {
+    ctx *c = p;
+    int64_t N = c->N, C = c->C;
+    float *x = F(c->x), *y = F(c->y), *w = F(c->w), *b = F(c->b), *m = F(c->mean), *rs = F(c->rstd);
+#pragma omp parallel for
+    for (int64_t i = 0; i < N; i++) {
+        float *xi = x + i * C, mu = 0, v = 0;
+        for (int64_t j = 0; j < C; j++) mu += xi[j];
+        mu /= C;
+        for (int64_t j = 0; j < C; j++) v += (xi[j] - mu) * (xi[j] - mu);
+        v /= C;
+        float s = 1.0f / sqrtf(v + 1e-5f);
+        for (int64_t j = 0; j < C; j++) y[i * C + j] = s * (xi[j] - mu) * w[j] + b[j];
+        m[i] = mu;
+        rs[i] = s;
+    }
+}
+static void ln_bwd_base(void *p) {
+    ctx *c = p;
+    int64_t N = c->N, C = c->C;
+    float *x = F(c->x), *dy = F(c->dy), *dx = F(c->dx), *w = F(c->w), *dw = F(c->dw),
+          *db = F(c->db), *m = F(c->mean), *rs = F(c->rstd);
+    for (int64_t i = 0; i < N; i++) { /* llm.c: serial (dw/db are shared) */
+        float *xi = x + i * C, *g = dy + i * C, *d = dx + i * C, dn = 0, dnx = 0;
+        for (int64_t j = 0; j < C; j++) {
+            float nh = (xi[j] - m[i]) * rs[i], dnorm = w[j] * g[j];
+            dn += dnorm;
+            dnx += dnorm * nh;
+        }
+        dn /= C;
+        dnx /= C;
+        for (int64_t j = 0; j < C; j++) {
+            float nh = (xi[j] - m[i]) * rs[i], dnorm = w[j] * g[j];
+            db[j] += g[j];
+            dw[j] += nh * g[j];
+            d[j] += (dnorm - dn - nh * dnx) * rs[i];
+        }
+    }
+}
+
+static void gelu_fwd(void *p) { ctx *c = p; ops->gelu_fwd(c->x, c->y); }
+static void gelu_bwd(void *p) { ctx *c = p; ops->gelu_bwd(c->x, c->dy, c->dx); }
+#define GS 0.7978845608f
+static void gelu_fwd_base(void *p) {
+    ctx *c = p;
+    int64_t n = fg_tensor_numel(c->x);
+    float *x = F(c->x), *y = F(c->y);
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        y[i] = 0.5f * v * (1.0f + tanhf(GS * (v + 0.044715f * v * v * v)));
+    }
+}
+static void gelu_bwd_base(void *p) {
+    ctx *c = p;
+    int64_t n = fg_tensor_numel(c->x);
+    float *x = F(c->x), *dy = F(c->dy), *dx = F(c->dx);
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i], cube = 0.044715f * v * v * v, arg = GS * (v + cube);
+        float t = tanhf(arg), ch = coshf(arg), sech2 = 1.0f / (ch * ch);
+        float g = 0.5f * (1.0f + t) + v * 0.5f * sech2 * GS * (1.0f + 3.0f * 0.044715f * v * v);
+        dx[i] += g * dy[i];
+    }
+}
+
+static void ce(void *p) {
+    ctx *c = p;
+    ops->cross_entropy_fwd(c->x, c->tgt, -100, c->loss, &c->count);
+    ops->cross_entropy_bwd(c->x, c->tgt, -100, 1.0, c->count, c->dx);
+}
+/* llm.c: softmax into probs, then -log(probs[t]), then dlogits from probs */
+static void ce_base(void *p) {
+    ctx *c = p;
+    int64_t N = c->N, V = c->V;
+    float *x = F(c->x), *pr = F(c->y), *dx = F(c->dx);
+    const int32_t *t = fg_tensor_data(c->tgt);
+    double loss = 0;
+#pragma omp parallel for reduction(+ : loss)
+    for (int64_t i = 0; i < N; i++) {
+        float *xi = x + i * V, *pi = pr + i * V, mx = -INFINITY, s = 0;
+        for (int64_t j = 0; j < V; j++) mx = xi[j] > mx ? xi[j] : mx;
+        for (int64_t j = 0; j < V; j++) s += pi[j] = expf(xi[j] - mx);
+        for (int64_t j = 0; j < V; j++) pi[j] /= s;
+        loss += -logf(pi[t[i]]);
+        for (int64_t j = 0; j < V; j++) dx[i * V + j] += (pi[j] - (j == t[i])) / (float)N;
+    }
+    *F(c->loss) = (float)(loss / N);
+}
+
+static void sm_fwd(void *p) { ctx *c = p; ops->softmax_fwd(c->x, c->y); }
+static void sm_fwd_base(void *p) {
+    ctx *c = p;
+    int64_t N = c->N, C = c->C;
+    float *x = F(c->x), *y = F(c->y);
+#pragma omp parallel for
+    for (int64_t i = 0; i < N; i++) {
+        float *xi = x + i * C, *yi = y + i * C, mx = -INFINITY, s = 0;
+        for (int64_t j = 0; j < C; j++) mx = xi[j] > mx ? xi[j] : mx;
+        for (int64_t j = 0; j < C; j++) s += yi[j] = expf(xi[j] - mx);
+        for (int64_t j = 0; j < C; j++) yi[j] /= s;
+    }
+}
+
+static void emb_fwd(void *p) { ctx *c = p; ops->embedding_fwd(c->idx, c->wte, c->y); }
+static void emb_bwd(void *p) { ctx *c = p; ops->embedding_bwd(c->idx, c->dy, c->dw); }
+static void emb_fwd_base(void *p) {
+    ctx *c = p;
+    const int32_t *ix = fg_tensor_data(c->idx);
+    float *w = F(c->wte), *y = F(c->y);
+    for (int64_t i = 0; i < c->N; i++) memcpy(y + i * c->C, w + ix[i] * c->C, 4 * (size_t)c->C);
+}
+static void emb_bwd_base(void *p) {
+    ctx *c = p;
+    const int32_t *ix = fg_tensor_data(c->idx);
+    float *dw = F(c->dw), *dy = F(c->dy);
+    for (int64_t i = 0; i < c->N; i++)
+        for (int64_t j = 0; j < c->C; j++) dw[ix[i] * c->C + j] += dy[i * c->C + j];
+}
+
+static void drop_fwd(void *p) { ctx *c = p; ops->dropout_fwd(c->x, 0.1, 42, 1000, c->y); }
+static void drop_fwd_base(void *p) {
+    ctx *c = p;
+    int64_t n = fg_tensor_numel(c->x);
+    float *x = F(c->x), *y = F(c->y), sc = 1.0f / 0.9f;
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; i++)
+        y[i] = fg_rng_u32_at(42, 1000 + (uint64_t)i) >= 429496730u ? x[i] * sc : 0.0f;
+}
+
+static void sum0(void *p) { ctx *c = p; ops->sum_dim(c->x, 0, c->db, 1.0); }
+static void sum0_base(void *p) {
+    ctx *c = p;
+    float *x = F(c->x), *o = F(c->db);
+    memset(o, 0, 4 * (size_t)c->C);
+    for (int64_t i = 0; i < c->N; i++)
+        for (int64_t j = 0; j < c->C; j++) o[j] += x[i * c->C + j];
+}
+
+static bool want(const char *filter, const char *name) { return !filter || strstr(name, filter); }
+
+int main(int argc, char **argv) {
+    int threads = argc > 1 ? atoi(argv[1]) : 1;
+    const char *filter = argc > 2 ? argv[2] : NULL;
+    if (fg_set_num_threads(threads) != FG_OK) {
+        fprintf(stderr, "%s\n", fg_last_error());
+        return 1;
+    }
+    ops = fg_ops_get(FG_CPU);
+    int64_t N = 2048;
+    for (int k = 0; k < 2; k++) {
+        int64_t C = k ? 1024 : 256, s[] = {N, C};
+        ctx c = {.N = N, .C = C};
+        c.x = randn(2, s, 1, 1.5f);
+        c.y = randn(2, s, 2, 1);
+        c.dy = randn(2, s, 3, 1);
+        c.dx = randn(2, s, 4, 1);
+        c.w = randn(1, &C, 5, 1);
+        c.b = randn(1, &C, 6, 1);
+        c.dw = randn(1, &C, 7, 1);
+        c.db = randn(1, &C, 8, 1);
+        c.mean = randn(1, &N, 9, 1);
+        c.rstd = randn(1, &N, 10, 1);
+        char shape[64];
+        snprintf(shape, sizeof shape, "(%lld, %lld)", (long long)N, (long long)C);
+        double nb = 4.0 * (double)(N * C);
+        if (want(filter, "layernorm")) {
+            emit("layernorm_fwd", shape, ln_fwd, ln_fwd_base, &c, 2 * nb);
+            emit("layernorm_bwd", shape, ln_bwd, ln_bwd_base, &c, 4 * nb);
+        }
+        if (want(filter, "gelu")) {
+            emit("gelu_fwd", shape, gelu_fwd, gelu_fwd_base, &c, 2 * nb);
+            emit("gelu_bwd", shape, gelu_bwd, gelu_bwd_base, &c, 4 * nb);
+        }
+        if (want(filter, "softmax")) emit("softmax_fwd", shape, sm_fwd, sm_fwd_base, &c, 2 * nb);
+        if (want(filter, "dropout")) emit("dropout_fwd", shape, drop_fwd, drop_fwd_base, &c, 2 * nb);
+        if (want(filter, "sum_dim")) emit("sum_dim0", shape, sum0, sum0_base, &c, nb);
+        if (!k && want(filter, "embedding")) {
+            int64_t V = 65, es[] = {V, C};
+            c.wte = randn(2, es, 11, 1);
+            c.dw = fg_tensor_new(FG_F32, 2, es);
+            c.idx = fg_tensor_new(FG_I32, 1, &N);
+            for (int64_t i = 0; i < N; i++) ((int32_t *)fg_tensor_data(c.idx))[i] = (int32_t)(i * 7919 % V);
+            emit("embedding_fwd", shape, emb_fwd, emb_fwd_base, &c, 2 * nb);
+            emit("embedding_bwd", shape, emb_bwd, emb_bwd_base, &c, 2 * nb);
+        }
+    }
+    for (int k = 0; k < 2 && want(filter, "cross_entropy"); k++) {
+        int64_t V = k ? 512 : 65, s[] = {N, V};
+        ctx c = {.N = N, .V = V};
+        c.x = randn(2, s, 1, 2);
+        c.y = fg_tensor_new(FG_F32, 2, s);
+        c.dx = fg_tensor_new(FG_F32, 2, s);
+        c.loss = fg_tensor_new(FG_F32, 0, NULL);
+        c.tgt = fg_tensor_new(FG_I32, 1, &N);
+        for (int64_t i = 0; i < N; i++) ((int32_t *)fg_tensor_data(c.tgt))[i] = (int32_t)(i * 31 % V);
+        char shape[64];
+        snprintf(shape, sizeof shape, "(%lld, %lld)", (long long)N, (long long)V);
+        emit("cross_entropy_fwd_bwd", shape, ce, ce_base, &c, 3 * 4.0 * (double)(N * V));
+    }
+    return 0;
+}
