@@ -1,0 +1,227 @@
+/* Flag tables for the subcommands: defaults, parsing, --help and usage
+ * errors. A flag's value is written only after it parsed whole, so a failed
+ * parse leaves the defaults of the flags not yet reached. */
+#include "cli_flags.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+bool cli_parse_int(const char *s, int64_t *out) {
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end) return false;
+    *out = v;
+    return true;
+}
+
+bool cli_parse_double(const char *s, double *out) {
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !isfinite(v)) return false;
+    *out = v;
+    return true;
+}
+
+/* Edit distance (Levenshtein) of two short strings, for "did you mean". */
+static int edit_distance(const char *a, const char *b) {
+    int la = (int)strlen(a), lb = (int)strlen(b);
+    if (la > 63 || lb > 63) return 99;
+    int row[64];
+    for (int j = 0; j <= lb; j++) row[j] = j;
+    for (int i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = i;
+        for (int j = 1; j <= lb; j++) {
+            int up = row[j];
+            int best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+static void unknown_flag(const cli_flag *flags, int nflags, const char *name, const char *usage) {
+    const char *best = NULL;
+    int bd = 99;
+    for (int i = 0; i < nflags; i++) {
+        if (flags[i].type == CLI_SECTION) continue;
+        int d = edit_distance(name, flags[i].name);
+        if (d < bd) bd = d, best = flags[i].name;
+    }
+    /* the command's name: usage up to its first argument ("fulgur fit --model ...") */
+    int cmdlen = 0;
+    for (const char *p = usage; *p && *p != '-' && *p != '[' && !(*p >= 'A' && *p <= 'Z'); p++)
+        cmdlen++;
+    while (cmdlen > 0 && usage[cmdlen - 1] == ' ') cmdlen--;
+    if (best && bd <= 3 && bd < (int)strlen(name))
+        cli_error("unknown flag \"--%s\"; did you mean --%s? (%.*s --help lists them)", name, best,
+                  cmdlen, usage);
+    else
+        cli_error("unknown flag \"--%s\" (%.*s --help lists them)", name, cmdlen, usage);
+}
+
+cli_flag *cli_flags_find(cli_flag *flags, int nflags, const char *name) {
+    for (int i = 0; i < nflags; i++)
+        if (flags[i].type != CLI_SECTION && !strcmp(flags[i].name, name)) return &flags[i];
+    return NULL;
+}
+
+static const char *type_word(const cli_flag *f) {
+    switch (f->type) {
+    case CLI_INT: return "N";
+    case CLI_DOUBLE: return "X";
+    case CLI_STR: return "S";
+    default: return "";
+    }
+}
+
+/* Sets one flag from text; prints the error and returns false on a bad value. */
+static bool set_value(cli_flag *f, const char *v, bool from_default) {
+    const char *who = from_default ? "default of " : "";
+    switch (f->type) {
+    case CLI_STR:
+        if (f->choices && v && *v) {
+            bool ok = false;
+            for (const char *const *c = f->choices; *c; c++) ok = ok || !strcmp(*c, v);
+            if (!ok) {
+                char list[512] = "";
+                for (const char *const *c = f->choices; *c; c++) {
+                    if (c != f->choices) strncat(list, ", ", sizeof list - strlen(list) - 1);
+                    strncat(list, *c, sizeof list - strlen(list) - 1);
+                }
+                cli_error("%s--%s=\"%s\": expected one of %s", who, f->name, v, list);
+                return false;
+            }
+        }
+        *(const char **)f->dst = v;
+        return true;
+    case CLI_INT: {
+        int64_t x;
+        if (!cli_parse_int(v, &x)) {
+            cli_error("%s--%s=\"%s\": expected an integer", who, f->name, v ? v : "");
+            return false;
+        }
+        if (f->min < f->max && (x < f->min || x > f->max)) {
+            cli_error("%s--%s=%lld: expected an integer in [%lld, %lld]", who, f->name,
+                      (long long)x, (long long)f->min, (long long)f->max);
+            return false;
+        }
+        *(int64_t *)f->dst = x;
+        return true;
+    }
+    case CLI_DOUBLE: {
+        double x;
+        if (!cli_parse_double(v, &x)) {
+            cli_error("%s--%s=\"%s\": expected a number", who, f->name, v ? v : "");
+            return false;
+        }
+        *(double *)f->dst = x;
+        return true;
+    }
+    case CLI_BOOL:
+        if (!v || !strcmp(v, "true") || !strcmp(v, "1")) *(bool *)f->dst = true;
+        else if (!strcmp(v, "false") || !strcmp(v, "0")) *(bool *)f->dst = false;
+        else {
+            cli_error("%s--%s=\"%s\": expected true or false", who, f->name, v);
+            return false;
+        }
+        return true;
+    default:
+        return true;
+    }
+}
+
+void cli_flags_help(FILE *out, const cli_flag *flags, int nflags, const char *usage) {
+    fprintf(out, "usage: %s\n", usage);
+    for (int i = 0; i < nflags; i++) {
+        const cli_flag *f = &flags[i];
+        if (f->type == CLI_SECTION) {
+            fprintf(out, "\n%s:\n", f->name);
+            continue;
+        }
+        char head[64];
+        snprintf(head, sizeof head, "--%s %s", f->name, type_word(f));
+        fprintf(out, "  %-26s %s", head, f->help);
+        if (f->choices) {
+            fputs(" (", out);
+            for (const char *const *c = f->choices; *c; c++)
+                fprintf(out, "%s%s", c == f->choices ? "" : ", ", *c);
+            fputc(')', out);
+        }
+        if (f->def && *f->def) fprintf(out, " [default: %s]", f->def);
+        fputc('\n', out);
+    }
+}
+
+int cli_flags_parse(cli_flag *flags, int nflags, int argc, char **argv, const char *usage,
+                    const char **positional, int max_positional, int *npositional) {
+    int npos = 0;
+    for (int i = 0; i < nflags; i++) {
+        cli_flag *f = &flags[i];
+        f->seen = false;
+        if (f->type == CLI_SECTION) continue;
+        if (f->type == CLI_BOOL && !(f->def && *f->def)) {
+            *(bool *)f->dst = false;
+            continue;
+        }
+        if (f->type == CLI_STR && !(f->def && *f->def)) {
+            *(const char **)f->dst = NULL;
+            continue;
+        }
+        if (!set_value(f, f->def, true)) return FG_EXIT_USAGE;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            cli_flags_help(stdout, flags, nflags, usage);
+            return -1;
+        }
+        if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
+            if (!strcmp(a, "--")) continue;
+            if (a[0] == '-' && a[1] != '\0' && !positional) {
+                unknown_flag(flags, nflags, a + 1, usage);
+                return FG_EXIT_USAGE;
+            }
+            if (npos >= max_positional) {
+                cli_error("unexpected argument \"%s\" (see --help)", a);
+                return FG_EXIT_USAGE;
+            }
+            positional[npos++] = a;
+            continue;
+        }
+        char name[128];
+        const char *eq = strchr(a + 2, '=');
+        size_t len = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
+        if (len >= sizeof name) len = sizeof name - 1;
+        memcpy(name, a + 2, len);
+        name[len] = '\0';
+        cli_flag *f = cli_flags_find(flags, nflags, name);
+        if (!f) {
+            unknown_flag(flags, nflags, name, usage);
+            return FG_EXIT_USAGE;
+        }
+        const char *v = eq ? eq + 1 : NULL;
+        if (!v && f->type != CLI_BOOL) {
+            if (i + 1 >= argc) {
+                cli_error("--%s needs a value", name);
+                return FG_EXIT_USAGE;
+            }
+            v = argv[++i];
+        }
+        if (!set_value(f, v, false)) return FG_EXIT_USAGE;
+        f->seen = true;
+    }
+    if (npositional) *npositional = npos;
+    return 0;
+}

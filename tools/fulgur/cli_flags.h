@@ -1,0 +1,54 @@
+/* Command-line flags for the fulgur subcommands: a table of flags, each with
+ * its type, destination, default (as the user would type it) and help, so
+ * that parsing, --help and the error messages come from one place.
+ *
+ * Accepted forms: "--name value" and "--name=value"; a bool flag takes no
+ * value ("--flag") or an explicit one ("--flag=true|false|1|0"). Every error
+ * names the flag and the bad value and is printed by cli_flags_parse, which
+ * then returns FG_EXIT_USAGE (2). */
+#ifndef FULGUR_CLI_FLAGS_H
+#define FULGUR_CLI_FLAGS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef enum cli_flag_type {
+    CLI_STR,    /* const char ** (points into argv, or the default literal) */
+    CLI_INT,    /* int64_t * */
+    CLI_DOUBLE, /* double * */
+    CLI_BOOL,   /* bool * */
+    CLI_SECTION /* not a flag: a heading in --help (name is the heading) */
+} cli_flag_type;
+
+typedef struct cli_flag {
+    const char *name;  /* without the leading "--" */
+    cli_flag_type type;
+    void *dst;
+    const char *def;   /* default as text ("" or NULL = none); written to dst first */
+    const char *help;  /* one line; may mention valid values */
+    int64_t min, max;  /* CLI_INT: inclusive range when min < max */
+    const char *const *choices; /* CLI_STR: NULL-terminated valid values, or NULL */
+    bool seen;         /* set by the parser when given on the command line */
+} cli_flag;
+
+/* Sets every flag to its default, then parses argv[1..argc) (argv[0] is the
+ * subcommand). Positional arguments (not starting with "--") go to
+ * positional[0..*npositional) up to max_positional; more is an error.
+ * "--help" / "-h" prints the help to stdout and returns -1 (the caller exits
+ * 0). Returns 0 on success, FG_EXIT_USAGE after printing the error. */
+int cli_flags_parse(cli_flag *flags, int nflags, int argc, char **argv, const char *usage,
+                    const char **positional, int max_positional, int *npositional);
+
+/* Prints "usage: ...", then every flag with its default and help. */
+void cli_flags_help(FILE *out, const cli_flag *flags, int nflags, const char *usage);
+
+/* The flag called name (without "--"), or NULL. */
+cli_flag *cli_flags_find(cli_flag *flags, int nflags, const char *name);
+
+/* Strict number parsing shared by the commands: the whole string must be a
+ * number. Return false on junk, overflow or an empty string. */
+bool cli_parse_int(const char *s, int64_t *out);
+bool cli_parse_double(const char *s, double *out);
+
+#endif
