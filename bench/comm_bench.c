@@ -1,6 +1,6 @@
-/* comm_bench: allreduce bandwidth and latency, nccl-tests style.
+/* comm_bench: collective bandwidth and latency, nccl-tests style.
  *
- *   comm_bench --backend shm --ranks 2 [--min 8] [--max 256M] [--json]
+ *   comm_bench --backend shm --ranks 2 [--op allreduce] [--min 8] [--max 256M] [--json]
  *   mpirun -np 2 comm_bench --backend mpi        (Open MPI's own MPI_Allreduce)
  *   comm_bench --backend memcpy --ranks 2        (memory bandwidth: N processes copying at once)
  *
@@ -8,8 +8,9 @@
  * launcher). Sizes go up by factors of two. For each size: a warm-up, then
  * enough iterations for about --time seconds (rank 0 decides, everyone
  * follows); the time is the slowest rank's. algbw = bytes / time; busbw =
- * algbw * 2 (n-1) / n, the traffic through each rank's link (nccl-tests'
- * definition). f32 sums. Prints a table, or with --json one object per line:
+ * algbw * 2 (n-1) / n for allreduce, (n-1)/n for reduce_scatter and
+ * allgather, 1 for broadcast (nccl-tests' definitions); bytes is the whole
+ * buffer (allgather's output, reduce_scatter's input). f32 sums. Prints a table, or with --json one object per line:
  * {"op","backend","ranks","bytes","time_us","algbw","busbw"} (GB/s = 1e9 B/s). */
 #include <errno.h>
 #include <stdio.h>
@@ -49,7 +50,9 @@ static size_t parse_size(const char *s) {
 static void emit(const opts *o, int ranks, size_t bytes, double t) {
     double algbw = (double)bytes / t / 1e9;
     double busbw = algbw * (ranks > 1 ? 2.0 * (ranks - 1) / ranks : 1.0);
-    if (!strcmp(o->backend, "memcpy")) busbw = algbw;
+    if (!strcmp(o->op, "reduce_scatter") || !strcmp(o->op, "allgather"))
+        busbw = algbw * (ranks - 1) / ranks;
+    if (!strcmp(o->backend, "memcpy") || !strcmp(o->op, "broadcast")) busbw = algbw;
     if (o->json)
         printf("{\"op\": \"%s\", \"backend\": \"%s\", \"ranks\": %d, \"bytes\": %zu, \"time_us\": %.3f, "
                "\"algbw\": %.4f, \"busbw\": %.4f}\n",
@@ -68,10 +71,12 @@ static void header(const opts *o) {
 
 /* ------------------------------------------------------------------ shm */
 
-/* One allreduce backend behind two calls, so that fulgur and MPI share the
- * timing loop. */
+/* One backend behind a few calls, so that fulgur and MPI share the timing
+ * loop. `run` does the measured operation on a buffer of n floats in all
+ * (per rank n/size for the blocked ones). */
 typedef struct {
     int (*allreduce)(void *ctx, float *send, float *recv, size_t n);
+    int (*run)(void *ctx, float *send, float *recv, size_t n);
     int (*bcast_int)(void *ctx, long *v);
     int (*max_double)(void *ctx, double *v);
     int (*barrier)(void *ctx);
@@ -84,12 +89,29 @@ static int fg_ar(void *c, float *s, float *r, size_t n) {
     if (st) fprintf(stderr, "comm_bench: %s\n", fg_last_error());
     return st != FG_OK;
 }
+static int fg_rs(void *c, float *s, float *r, size_t n) {
+    int64_t k = (int64_t)n / fg_comm_size(c);
+    fg_status st = fg_comm_reduce_scatter(c, s, r, k ? k : 1, FG_F32, FG_SUM);
+    if (st) fprintf(stderr, "comm_bench: %s\n", fg_last_error());
+    return st != FG_OK;
+}
+static int fg_ag(void *c, float *s, float *r, size_t n) {
+    int64_t k = (int64_t)n / fg_comm_size(c);
+    fg_status st = fg_comm_allgather(c, s, r, k ? k : 1, FG_F32);
+    if (st) fprintf(stderr, "comm_bench: %s\n", fg_last_error());
+    return st != FG_OK;
+}
+static int fg_bcast(void *c, float *s, float *r, size_t n) {
+    fg_status st = fg_comm_broadcast(c, s, r, (int64_t)n, FG_F32, 0);
+    if (st) fprintf(stderr, "comm_bench: %s\n", fg_last_error());
+    return st != FG_OK;
+}
 static int fg_bc(void *c, long *v) { return fg_comm_broadcast(c, v, v, 1, FG_I64, 0) != FG_OK; }
 static int fg_mx(void *c, double *v) { return fg_comm_allreduce(c, v, v, 1, FG_F64, FG_MAX) != FG_OK; }
 static int fg_bar(void *c) { return fg_comm_barrier(c) != FG_OK; }
 
 static int time_sizes(const opts *o, runner *r) {
-    size_t maxn = o->max / 4 + 1;
+    size_t maxn = o->max / 4 + 64;
     float *send = aligned_alloc(4096, (maxn * 4 + 4095) / 4096 * 4096);
     float *recv = aligned_alloc(4096, (maxn * 4 + 4095) / 4096 * 4096);
     if (!send || !recv) {
@@ -106,7 +128,7 @@ static int time_sizes(const opts *o, runner *r) {
         size_t n = bytes / 4 ? bytes / 4 : 1;
         /* warm up (first touch, caches), estimate, agree on the iterations */
         double t0 = fg_time();
-        if (r->allreduce(r->ctx, send, recv, n) || r->allreduce(r->ctx, send, recv, n)) return 1;
+        if (r->run(r->ctx, send, recv, n) || r->run(r->ctx, send, recv, n)) return 1;
         double est = (fg_time() - t0) / 2;
         if (r->max_double(r->ctx, &est)) return 1;
         long iters = (long)(o->time_s / (est > 1e-7 ? est : 1e-7));
@@ -116,7 +138,7 @@ static int time_sizes(const opts *o, runner *r) {
         if (r->barrier(r->ctx)) return 1;
         t0 = fg_time();
         for (long i = 0; i < iters; i++)
-            if (r->allreduce(r->ctx, send, recv, n)) return 1;
+            if (r->run(r->ctx, send, recv, n)) return 1;
         double t = (fg_time() - t0) / (double)iters;
         if (r->max_double(r->ctx, &t)) return 1;
         if (r->rank == 0) emit(o, r->size, n * 4, t);
@@ -133,7 +155,10 @@ static int shm_rank(const opts *o, const fg_cluster_info *info) {
         fprintf(stderr, "comm_bench: %s\n", fg_last_error());
         return 1;
     }
-    runner r = {fg_ar, fg_bc, fg_mx, fg_bar, c, fg_comm_rank(c), fg_comm_size(c)};
+    runner r = {fg_ar, fg_ar, fg_bc, fg_mx, fg_bar, c, fg_comm_rank(c), fg_comm_size(c)};
+    if (!strcmp(o->op, "reduce_scatter")) r.run = fg_rs;
+    if (!strcmp(o->op, "allgather")) r.run = fg_ag;
+    if (!strcmp(o->op, "broadcast")) r.run = fg_bcast;
     int rc = time_sizes(o, &r);
     fg_comm_free(c);
     return rc;
@@ -177,6 +202,22 @@ static int run_shm(const opts *o) {
 static int mpi_ar(void *c, float *s, float *r, size_t n) {
     return MPI_Allreduce(s, r, (int)n, MPI_FLOAT, MPI_SUM, *(MPI_Comm *)c) != MPI_SUCCESS;
 }
+static int mpi_rs(void *c, float *s, float *r, size_t n) {
+    int size;
+    MPI_Comm_size(*(MPI_Comm *)c, &size);
+    int k = (int)(n / (size_t)size);
+    return MPI_Reduce_scatter_block(s, r, k ? k : 1, MPI_FLOAT, MPI_SUM, *(MPI_Comm *)c) != MPI_SUCCESS;
+}
+static int mpi_ag(void *c, float *s, float *r, size_t n) {
+    int size;
+    MPI_Comm_size(*(MPI_Comm *)c, &size);
+    int k = (int)(n / (size_t)size);
+    return MPI_Allgather(s, k ? k : 1, MPI_FLOAT, r, k ? k : 1, MPI_FLOAT, *(MPI_Comm *)c) != MPI_SUCCESS;
+}
+static int mpi_bcast(void *c, float *s, float *r, size_t n) {
+    (void)r;
+    return MPI_Bcast(s, (int)n, MPI_FLOAT, 0, *(MPI_Comm *)c) != MPI_SUCCESS;
+}
 static int mpi_bc(void *c, long *v) { return MPI_Bcast(v, 1, MPI_LONG, 0, *(MPI_Comm *)c) != MPI_SUCCESS; }
 static int mpi_mx(void *c, double *v) {
     return MPI_Allreduce(MPI_IN_PLACE, v, 1, MPI_DOUBLE, MPI_MAX, *(MPI_Comm *)c) != MPI_SUCCESS;
@@ -193,7 +234,10 @@ static int run_mpi(const opts *o) {
         FILE *devnull = freopen("/dev/null", "w", stdout);
         (void)devnull;
     }
-    runner r = {mpi_ar, mpi_bc, mpi_mx, mpi_bar, &comm, rank, size};
+    runner r = {mpi_ar, mpi_ar, mpi_bc, mpi_mx, mpi_bar, &comm, rank, size};
+    if (!strcmp(o->op, "reduce_scatter")) r.run = mpi_rs;
+    if (!strcmp(o->op, "allgather")) r.run = mpi_ag;
+    if (!strcmp(o->op, "broadcast")) r.run = mpi_bcast;
     int rc = time_sizes(o, &r);
     MPI_Finalize();
     return rc;
@@ -255,12 +299,19 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--min") && v) o.min = parse_size(argv[++i]);
         else if (!strcmp(a, "--max") && v) o.max = parse_size(argv[++i]);
         else if (!strcmp(a, "--time") && v) o.time_s = atof(argv[++i]);
+        else if (!strcmp(a, "--op") && v) o.op = argv[++i];
         else {
             fprintf(stderr,
-                    "usage: comm_bench [--backend shm|mpi|memcpy] [--ranks N] [--min BYTES] "
+                    "usage: comm_bench [--backend shm|mpi|memcpy] [--ranks N] "
+                    "[--op allreduce|reduce_scatter|allgather|broadcast] [--min BYTES] "
                     "[--max BYTES] [--time SECONDS_PER_SIZE] [--json]\n");
             return 2;
         }
+    }
+    if (strcmp(o.op, "allreduce") && strcmp(o.op, "reduce_scatter") && strcmp(o.op, "allgather") &&
+        strcmp(o.op, "broadcast")) {
+        fprintf(stderr, "comm_bench: unknown --op %s\n", o.op);
+        return 2;
     }
     if (o.ranks < 1 || o.ranks > 64 || o.min < 4 || o.max < o.min) {
         fprintf(stderr, "comm_bench: bad --ranks/--min/--max\n");

@@ -68,11 +68,11 @@
 #define CHAN_HDR 192    /* per channel: head, tail, sleepers on separate lines */
 
 /* FULGUR_SHM_CHUNK_BYTES: bytes of each rank's slot, the pipeline's chunk
- * (default 512 KiB; tune with bench/comm). FULGUR_SHM_SPIN_US: how long a
- * wait spins before it yields or sleeps (default 50 us, or 1 us when there
- * are more ranks than cores); FULGUR_SHM_YIELD_US: how long it then calls
- * sched_yield before sleeping on a futex (default 0, or 1000 us when there
- * are more ranks than cores, so that a peer sharing this core can run). */
+ * (default 512 KiB; tune with bench/comm). FULGUR_SHM_SPIN_US: the most a
+ * wait spins before it yields (default 50 us, or 1 us when there are more
+ * ranks than cores; it adapts down when spinning does not pay);
+ * FULGUR_SHM_YIELD_US: how long it then calls sched_yield, so that a peer
+ * sharing this core can run, before sleeping on a futex (default 1000 us). */
 #define DEFAULT_CHUNK (512 << 10)
 #define NSLOTS SIGRING
 #define ONE_SHOT_MAX (16 << 10)
@@ -136,7 +136,7 @@ typedef struct shm_state {
     uint32_t *lb_done;   /* lower bounds of the peers' done words */
     int *pidfd;
     int *pids;
-    double spin_s, yield_s;
+    double spin_s, yield_s, spin_cur;
     bool oversub;
     char name[200];
 } shm_state;
@@ -285,19 +285,25 @@ static fg_status wait_word(fg_comm *c, shm_state *s, const fg_comm_args *a, int 
                            const char *what) {
     if (reached(atomic_load_explicit(w, memory_order_acquire), target)) return FG_OK;
     double t0 = fg_time(), now = t0, next_check = t0 + 0.05;
-    /* spin: the peer is usually a few microseconds away */
+    /* spin: the peer is usually a few microseconds away. The budget adapts:
+     * it shrinks when spinning did not pay (the peer was not running: more
+     * processes than free cores) and grows back when it does. */
     for (uint32_t i = 1;; i++) {
         CPU_RELAX();
-        if (reached(atomic_load_explicit(w, memory_order_acquire), target)) return FG_OK;
+        if (reached(atomic_load_explicit(w, memory_order_acquire), target)) {
+            s->spin_cur = FG_MIN(s->spin_s, s->spin_cur * 1.1 + 1e-7);
+            return FG_OK;
+        }
         if ((i & 63) == 0) {
             now = fg_time();
-            if (now - t0 > s->spin_s) break;
+            if (now - t0 > s->spin_cur) break;
             if (atomic_load_explicit(&s->hdr->abort_rank, memory_order_relaxed) >= 0)
                 return aborted_elsewhere(c, s, a);
         }
     }
-    /* yield: with more ranks than cores the peer may need this core */
-    while (now - t0 < s->spin_s + s->yield_s) {
+    s->spin_cur = FG_MAX(1e-6, s->spin_cur * 0.5);
+    /* yield: the peer may need this core */
+    while (now - t0 < s->spin_cur + s->yield_s) {
         sched_yield();
         if (reached(atomic_load_explicit(w, memory_order_acquire), target)) return FG_OK;
         if (atomic_load_explicit(&s->hdr->abort_rank, memory_order_relaxed) >= 0)
@@ -412,12 +418,17 @@ static fg_status check_sigs(fg_comm *c, shm_state *s, const fg_comm_args *a, con
 
 /* ready of chunk g: publish, wait for the peers (all, or `only`), and on the
  * first chunk of a call compare signatures. */
-static fg_status chunk_ready(fg_comm *c, shm_state *s, const fg_comm_args *a, const uint32_t sig[3],
-                             bool first, int only) {
-    post(s, W_READY, s->g + 1);
+static fg_status chunk_wait_ready(fg_comm *c, shm_state *s, const fg_comm_args *a,
+                                  const uint32_t sig[3], bool first, int only) {
     FG_TRY(wait_all(c, s, a, W_READY, s->g + 1, only));
     if (first) FG_TRY(check_sigs(c, s, a, sig, only));
     return FG_OK;
+}
+
+static fg_status chunk_ready(fg_comm *c, shm_state *s, const fg_comm_args *a, const uint32_t sig[3],
+                             bool first, int only) {
+    post(s, W_READY, s->g + 1);
+    return chunk_wait_ready(c, s, a, sig, first, only);
 }
 
 static void chunk_end(shm_state *s) {
@@ -594,13 +605,13 @@ static fg_status gatherv(fg_comm *c, const fg_comm_args *a, const int64_t *count
     for (int64_t off = 0; off < maxc; off += per) {
         FG_TRY(chunk_begin(c, s, a, sig));
         int64_t m = FG_MIN(per, CNT(s->me) - off);
-        if (m > 0) {
-            memcpy(slot(s, s->me, s->g), send + off * (int64_t)esz, (size_t)m * esz);
-            if (!inplace)
-                memcpy(recv + (DSP(s->me) + off) * (int64_t)esz, send + off * (int64_t)esz,
-                       (size_t)m * esz);
-        }
-        FG_TRY(chunk_ready(c, s, a, sig, off == 0, -1));
+        if (m > 0) memcpy(slot(s, s->me, s->g), send + off * (int64_t)esz, (size_t)m * esz);
+        post(s, W_READY, s->g + 1);
+        /* this rank's own piece while the peers copy theirs in */
+        if (m > 0 && !inplace)
+            memcpy(recv + (DSP(s->me) + off) * (int64_t)esz, send + off * (int64_t)esz,
+                   (size_t)m * esz);
+        FG_TRY(chunk_wait_ready(c, s, a, sig, off == 0, -1));
         for (int k = 1; k < s->n; k++) {
             int q = (s->me + k) % s->n;
             int64_t mq = FG_MIN(per, CNT(q) - off);
@@ -980,9 +991,9 @@ static fg_status shm_join(fg_comm *c) {
     s->oversub = n > ncores;
     long yield_us;
     FG_TRY_GOTO(env_size("FULGUR_SHM_SPIN_US", s->oversub ? 1 : 50, 0, 10000000, &spin_us), st, fail);
-    FG_TRY_GOTO(env_size("FULGUR_SHM_YIELD_US", s->oversub ? 1000 : 0, 0, 10000000, &yield_us), st,
+    FG_TRY_GOTO(env_size("FULGUR_SHM_YIELD_US", 1000, 0, 10000000, &yield_us), st,
                 fail);
-    s->spin_s = (double)spin_us * 1e-6;
+    s->spin_s = s->spin_cur = (double)spin_us * 1e-6;
     s->yield_s = (double)yield_us * 1e-6;
     long ntb;
     FG_TRY_GOTO(env_size("FULGUR_SHM_NT_BYTES", (long)g_nt_bytes, 0, 1L << 40, &ntb), st, fail);
