@@ -438,6 +438,25 @@ TEST(layernorm_matches_reference_with_and_without_affine) {
             }
 }
 
+TEST(layernorm_f32_rows_with_a_large_offset_keep_their_digits) {
+    /* rows at 1e4 +- 1: a float sum of the raw values would be off by
+     * ~1e-2 in the mean; the saved f32 mean can be off by half an ulp of
+     * 1e4 (5e-4) at most */
+    int64_t N = 16, C = 1024, s[] = {N, C};
+    fg_tensor *x = randn(FG_F32, 2, s, 8, 1.0);
+    for (int64_t i = 0; i < N * C; i++) put(x, i, fg_tensor_get(x, i) + 1e4);
+    fg_tensor *y = fg_empty_like(x), *m = fg_empty(FG_F32, 1, &N), *r = fg_empty(FG_F32, 1, &N);
+    CHECK_OK(ops()->layernorm_fwd(x, NULL, NULL, 1e-5, y, m, r));
+    for (int64_t i = 0; i < N; i++) {
+        double mu = 0, var = 0;
+        for (int64_t j = 0; j < C; j++) mu += fg_tensor_get(x, i * C + j) / C;
+        for (int64_t j = 0; j < C; j++) var += pow(fg_tensor_get(x, i * C + j) - mu, 2) / C;
+        CHECK_CLOSE(fg_tensor_get(m, i), mu, 0, 5e-4);
+        CHECK_CLOSE(fg_tensor_get(r, i), 1 / sqrt(var + 1e-5), 1e-5, 0);
+    }
+    fg_step_reset();
+}
+
 TEST(layernorm_errors_name_the_shapes) {
     int64_t s[] = {4, 6}, c5 = 5, n4 = 4;
     fg_tensor *x = fg_zeros(FG_F32, 2, s), *y = fg_empty_like(x);
