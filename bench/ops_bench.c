@@ -251,14 +251,16 @@ int main(int argc, char **argv) {
             emit("gelu_bwd", shape, gelu_bwd, gelu_bwd_base, &c, 4 * nb);
         }
         if (want(filter, "softmax")) emit("softmax_fwd", shape, sm_fwd, sm_fwd_base, &c, 2 * nb);
-        if (want(filter, "dropout")) emit("dropout_fwd", shape, drop_fwd, drop_fwd_base, &c, 2 * nb);
+        if (want(filter, "dropout"))
+            emit("dropout_fwd", shape, drop_fwd, drop_fwd_base, &c, 2 * nb);
         if (want(filter, "sum_dim")) emit("sum_dim0", shape, sum0, sum0_base, &c, nb);
         if (!k && want(filter, "embedding")) {
             int64_t V = 65, es[] = {V, C};
             c.wte = randn(2, es, 11, 1);
             c.dw = fg_tensor_new(FG_F32, 2, es);
             c.idx = fg_tensor_new(FG_I32, 1, &N);
-            for (int64_t i = 0; i < N; i++) ((int32_t *)fg_tensor_data(c.idx))[i] = (int32_t)(i * 7919 % V);
+            int32_t *ix = fg_tensor_data(c.idx);
+            for (int64_t i = 0; i < N; i++) ix[i] = (int32_t)(i * 7919 % V);
             emit("embedding_fwd", shape, emb_fwd, emb_fwd_base, &c, 2 * nb);
             emit("embedding_bwd", shape, emb_bwd, emb_bwd_base, &c, 2 * nb);
         }
@@ -271,7 +273,8 @@ int main(int argc, char **argv) {
         c.dx = fg_tensor_new(FG_F32, 2, s);
         c.loss = fg_tensor_new(FG_F32, 0, NULL);
         c.tgt = fg_tensor_new(FG_I32, 1, &N);
-        for (int64_t i = 0; i < N; i++) ((int32_t *)fg_tensor_data(c.tgt))[i] = (int32_t)(i * 31 % V);
+        int32_t *tg = fg_tensor_data(c.tgt);
+        for (int64_t i = 0; i < N; i++) tg[i] = (int32_t)(i * 31 % V);
         char shape[64];
         snprintf(shape, sizeof shape, "(%lld, %lld)", (long long)N, (long long)V);
         emit("cross_entropy_fwd_bwd", shape, ce, ce_base, &c, 3 * 4.0 * (double)(N * V));

@@ -33,7 +33,8 @@ fg_tensor *fg_layer_norm(fg_tensor *x, fg_tensor *w, fg_tensor *b, double eps) {
     if (x->ndim < 1 || !vec_ok(w, x, C) || !vec_ok(b, x, C) || !(eps >= 0)) {
         fg_error(FG_EINVAL, "layer_norm: x %s, weight %s, bias %s, eps %g: expected x (..., C), "
                             "weight and bias (C) of x's dtype or NULL, eps >= 0",
-                 fg_tensor_describe(x, sx, sizeof sx), w ? fg_tensor_describe(w, sw, sizeof sw) : "none",
+                 fg_tensor_describe(x, sx, sizeof sx),
+                 w ? fg_tensor_describe(w, sw, sizeof sw) : "none",
                  b ? fg_tensor_describe(b, sb, sizeof sb) : "none", eps);
         return NULL;
     }

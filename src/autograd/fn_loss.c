@@ -26,7 +26,8 @@ fg_tensor *fg_cross_entropy(fg_tensor *logits, fg_tensor *targets, int64_t ignor
     if (!ok) {
         fg_error(FG_EINVAL, "cross_entropy: logits %s and targets %s: expected logits (..., V) "
                             "and i32 targets (...) with the same leading dims",
-                 fg_tensor_describe(logits, sl, sizeof sl), fg_tensor_describe(targets, st, sizeof st));
+                 fg_tensor_describe(logits, sl, sizeof sl),
+                 fg_tensor_describe(targets, st, sizeof st));
         return NULL;
     }
     const fg_op_table *ops = fg__ops(logits);

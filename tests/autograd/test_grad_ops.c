@@ -130,7 +130,8 @@ TEST(reshape_and_transpose_gradients) {
     fg_tensor *x = gc_randn(3, s, 3, 1);
     req(&x, 1);
     shape_arg ra[] = {{2, {6, 4}}, {1, {-1}}, {4, {2, 1, 3, 4}}, {3, {4, -1, 2}}};
-    for (int i = 0; i < 4; i++) CHECK_MSG(GC("reshape", f_reshape, &x, 1, &ra[i]) == 0, "reshape %d", i);
+    for (int i = 0; i < 4; i++)
+        CHECK_MSG(GC("reshape", f_reshape, &x, 1, &ra[i]) == 0, "reshape %d", i);
     tr_arg ta[] = {{0, 2}, {-1, -2}, {1, 1}, {2, 0}};
     for (int i = 0; i < 4; i++)
         CHECK_MSG(GC("transpose", f_transpose, &x, 1, &ta[i]) == 0, "transpose %d", i);
@@ -330,7 +331,8 @@ TEST(dropout_gradients_and_contract) {
     fg_tensor *x = gc_randn(2, s, 60, 1);
     req(&x, 1);
     double ps[] = {0.3, 0.9};
-    for (int i = 0; i < 2; i++) CHECK_MSG(GC("dropout", f_dropout, &x, 1, &ps[i]) == 0, "p %g", ps[i]);
+    for (int i = 0; i < 2; i++)
+        CHECK_MSG(GC("dropout", f_dropout, &x, 1, &ps[i]) == 0, "p %g", ps[i]);
     CHECK(fg_dropout(x, 0.0, 1, 0) == x);
     CHECK(fg_dropout(x, 1.0, 1, 0) == NULL);
     CHECK_CONTAINS(fg_last_error(), "p = 1");

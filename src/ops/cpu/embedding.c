@@ -29,7 +29,8 @@ static fg_status check(const char *kernel, const fg_tensor *idx, const fg_tensor
         return fg_error(FG_EINVAL, "%s: idx %s, weight %s, rows %s: expected i32 idx (N), "
                                    "weight (V, C) and rows (N, C)",
                         kernel, fg_tensor_describe(idx, a, sizeof a),
-                        fg_tensor_describe(weight, b, sizeof b), fg_tensor_describe(rows, c, sizeof c));
+                        fg_tensor_describe(weight, b, sizeof b),
+                        fg_tensor_describe(rows, c, sizeof c));
     int64_t V = weight->shape[0];
     const int32_t *p = idx->data;
     for (int64_t i = 0; i < idx->numel; i++)

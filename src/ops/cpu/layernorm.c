@@ -168,7 +168,8 @@ FG_PRAGMA(omp simd reduction(+:s1, s2))
                     }
                 } else {
                     FG_SIMD
-                    for (int64_t j = 0; j < C; j++) dr[j] += r * (gr[j] * pw[j] - a - (xr[j] - m) * r * c);
+                    for (int64_t j = 0; j < C; j++)
+                        dr[j] += r * (gr[j] * pw[j] - a - (xr[j] - m) * r * c);
                 }
             }
         }

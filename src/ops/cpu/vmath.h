@@ -90,7 +90,8 @@ static inline double fg__expsum_f64(const double *x, int64_t n, double m, double
     return s;
 }
 
-#define FG_EXPSUM(x, n, m, y) _Generic((x), const float *: fg__expsum_f32, float *: fg__expsum_f32, \
-                                       default: fg__expsum_f64)(x, n, m, y)
+#define FG_EXPSUM(x, n, m, y)                                                                      \
+    _Generic((x), const float *: fg__expsum_f32, float *: fg__expsum_f32,                          \
+             default: fg__expsum_f64)(x, n, m, y)
 
 #endif
