@@ -281,6 +281,73 @@ fg_tensor *fg_tensor_narrow_view(const fg_tensor *t, int dim, int64_t start, int
     return v;
 }
 
+/* dst = src for one shape and one dtype in any two layouts, without a
+ * division per element (strided_offset): an odometer over all dims but the
+ * last two, and the last two copied as a 2-D strided block, by rows with
+ * memcpy when both sides have contiguous rows, else in COPY_TILE squares
+ * walked along src's smaller stride. The tiles matter for transposes: a
+ * column walk at a 4 KiB stride maps every line to one cache set. Measured
+ * (f32, one thread): (2048, 256) transposed ~5 ms per-element offsets ->
+ * ~1.5 ms; (16, 128, 1024) in dims 1 and 2 ~30 ms -> ~22 ms untiled ->
+ * ~5 ms in tiles. */
+#define COPY_TILE 16
+
+#define COPY_BLOCK(E)                                                                              \
+    do {                                                                                           \
+        const E *s_ = (const E *)sp;                                                               \
+        E *d_ = (E *)dp;                                                                           \
+        for (int64_t a0 = 0; a0 < A; a0 += COPY_TILE)                                              \
+            for (int64_t b0 = 0; b0 < B; b0 += COPY_TILE) {                                        \
+                int64_t a1 = FG_MIN(A, a0 + COPY_TILE), b1 = FG_MIN(B, b0 + COPY_TILE);            \
+                if (a_inner)                                                                       \
+                    for (int64_t b = b0; b < b1; b++)                                              \
+                        for (int64_t a = a0; a < a1; a++) d_[a * da + b * db] = s_[a * sa + b * sb]; \
+                else                                                                               \
+                    for (int64_t a = a0; a < a1; a++)                                              \
+                        for (int64_t b = b0; b < b1; b++) d_[a * da + b * db] = s_[a * sa + b * sb]; \
+            }                                                                                      \
+    } while (0)
+
+static void copy_same_dtype(fg_tensor *dst, const fg_tensor *src) {
+    int nd = src->ndim;
+    size_t es = fg_dtype_size(src->dtype);
+    if (nd == 0) {
+        memcpy(dst->data, src->data, es);
+        return;
+    }
+    /* the last two dims as (A, B); a 1-d tensor is (1, B) */
+    int64_t A = nd > 1 ? src->shape[nd - 2] : 1, B = src->shape[nd - 1];
+    int64_t sa = nd > 1 ? src->strides[nd - 2] : 0, sb = src->strides[nd - 1];
+    int64_t da = nd > 1 ? dst->strides[nd - 2] : 0, db = dst->strides[nd - 1];
+    bool rows = (sb == 1 || B == 1) && (db == 1 || B == 1);
+    bool a_inner = (sa < 0 ? -sa : sa) < (sb < 0 ? -sb : sb);
+    int64_t outer = src->numel / (A * B), idx[FG_MAX_DIMS] = {0}, so = 0, dof = 0;
+    for (int64_t o = 0; o < outer; o++) {
+        const char *sp = (const char *)src->data + so * (int64_t)es;
+        char *dp = (char *)dst->data + dof * (int64_t)es;
+        if (rows) {
+            for (int64_t a = 0; a < A; a++)
+                memcpy(dp + a * da * (int64_t)es, sp + a * sa * (int64_t)es, (size_t)B * es);
+        } else if (es == 4) {
+            COPY_BLOCK(uint32_t);
+        } else if (es == 8) {
+            COPY_BLOCK(uint64_t);
+        } else if (es == 2) {
+            COPY_BLOCK(uint16_t);
+        } else {
+            COPY_BLOCK(uint8_t);
+        }
+        for (int d = nd - 3; d >= 0; d--) {
+            so += src->strides[d];
+            dof += dst->strides[d];
+            if (++idx[d] < src->shape[d]) break;
+            so -= src->strides[d] * src->shape[d];
+            dof -= dst->strides[d] * src->shape[d];
+            idx[d] = 0;
+        }
+    }
+}
+
 fg_status fg_tensor_copy(fg_tensor *dst, const fg_tensor *src) {
     if (dst->numel != src->numel) {
         char a[96], b[96];
@@ -289,6 +356,10 @@ fg_status fg_tensor_copy(fg_tensor *dst, const fg_tensor *src) {
     }
     bool sc = fg_tensor_is_contiguous(src), dc = fg_tensor_is_contiguous(dst);
     if (sc && dc) return fg_convert(dst->data, dst->dtype, src->data, src->dtype, src->numel);
+    if (src->dtype == dst->dtype && fg_tensor_same_shape(src, dst)) {
+        if (src->numel) copy_same_dtype(dst, src);
+        return FG_OK;
+    }
     size_t ses = fg_dtype_size(src->dtype), des = fg_dtype_size(dst->dtype);
     if (src->dtype == dst->dtype && src->dtype == FG_F32) {
         const float *s = src->data;
