@@ -71,14 +71,16 @@ FG_API fg_tensor *fg_add(fg_tensor *a, fg_tensor *b);
 FG_API fg_tensor *fg_sub(fg_tensor *a, fg_tensor *b);
 FG_API fg_tensor *fg_mul(fg_tensor *a, fg_tensor *b);
 FG_API fg_tensor *fg_scale(fg_tensor *a, double s);
-/* Sum / mean of all elements -> 0-d. */
+/* Sum / mean of all elements -> 0-d (the mean of no element is NaN). */
 FG_API fg_tensor *fg_sum(fg_tensor *a);
 FG_API fg_tensor *fg_mean(fg_tensor *a);
 /* Sum / mean over one dim (negative counts from the end), keepdim as PyTorch. */
 FG_API fg_tensor *fg_sum_dim(fg_tensor *a, int dim, bool keepdim);
 FG_API fg_tensor *fg_mean_dim(fg_tensor *a, int dim, bool keepdim);
 /* Shape changes (one dim may be -1); transpose swaps two dims (the result is
- * contiguous: a copy). */
+ * contiguous: a copy). reshape of a contiguous tensor is a view sharing its
+ * memory (recorded, so gradients flow); any dtype may be reshaped or
+ * transposed (i32 targets too). */
 FG_API fg_tensor *fg_reshape(fg_tensor *a, int ndim, const int64_t *shape);
 FG_API fg_tensor *fg_transpose(fg_tensor *a, int d0, int d1);
 FG_API fg_tensor *fg_relu(fg_tensor *a);
@@ -87,14 +89,23 @@ FG_API fg_tensor *fg_gelu(fg_tensor *a); /* tanh approximation */
 FG_API fg_tensor *fg_softmax(fg_tensor *a);
 FG_API fg_tensor *fg_log_softmax(fg_tensor *a);
 /* Mean cross-entropy of logits (..., V) against i32 targets (...); targets
- * equal to ignore_index (PyTorch's default is -100) do not count. -> 0-d. */
+ * equal to ignore_index (PyTorch's default is -100) do not count. -> 0-d.
+ * targets must have the leading dims of logits; one outside [0, V) that is
+ * not ignore_index is FG_EINVAL naming it. With every target ignored the
+ * loss is 0 and its gradient 0 (PyTorch gives NaN). Fused and stable: no
+ * softmax tensor is kept; backward recomputes it per row. */
 FG_API fg_tensor *fg_cross_entropy(fg_tensor *logits, fg_tensor *targets, int64_t ignore_index);
-/* Over the last dim; w, b (C) may be NULL. */
+/* Over the last dim, as PyTorch's layer_norm (biased variance, eps added
+ * to it); w, b (C) may each be NULL; eps >= 0. */
 FG_API fg_tensor *fg_layer_norm(fg_tensor *x, fg_tensor *w, fg_tensor *b, double eps);
-/* idx i32 (...) into weight (V, C) -> (..., C). */
+/* idx i32 (...) into weight (V, C) -> (..., C); an index outside [0, V) is
+ * FG_EINVAL naming it and V. */
 FG_API fg_tensor *fg_embedding(fg_tensor *idx, fg_tensor *weight);
-/* Inverted dropout with a counter-based mask at (seed, offset): returns x
- * itself when p == 0. */
+/* Inverted dropout with a counter-based mask at (seed, offset): element i
+ * is kept (and scaled by 1 / (1 - p)) when draw offset + i of stream seed
+ * (fg_rng_u32_at) is >= p * 2^32, so the mask is the same on any thread
+ * count; callers advance offset by numel between calls. Returns x itself
+ * when p == 0; p outside [0, 1) is FG_EINVAL. */
 FG_API fg_tensor *fg_dropout(fg_tensor *x, double p, uint64_t seed, uint64_t offset);
 /* Causal self-attention of qkv (B, T, 3C) with `heads` heads -> (B, T, C). */
 FG_API fg_tensor *fg_causal_attention(fg_tensor *qkv, int heads);
