@@ -36,7 +36,10 @@ const char *fg_last_error(void) { return tl_msg; }
 void fg_clear_error(void) { tl_msg[0] = '\0'; }
 
 fg_status fg_verror(fg_status s, const char *fmt, va_list ap) {
-    vsnprintf(tl_msg, sizeof tl_msg, fmt, ap);
+    /* Format aside first: callers may pass fg_last_error() as an argument. */
+    char tmp[FG_ERRMSG_MAX];
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
+    memcpy(tl_msg, tmp, sizeof tl_msg);
     return s;
 }
 
