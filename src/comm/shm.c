@@ -136,6 +136,7 @@ typedef struct shm_state {
     uint32_t *lb_done;   /* lower bounds of the peers' done words */
     int *pidfd;
     int *pids;
+    bool *watch; /* peers whose death this rank can see */
     double spin_s, yield_s, spin_cur;
     bool oversub;
     char name[200];
@@ -327,7 +328,7 @@ static fg_status wait_word(fg_comm *c, shm_state *s, const fg_comm_args *a, int 
                                       "rank %d (pid %d) left the group (fg_comm_free) while this "
                                       "rank waited for its %s",
                                       q, s->pids[q], what);
-                if (pid_dead(s->pids[q], s->pidfd[q]))
+                if (s->watch[q] && pid_dead(s->pids[q], s->pidfd[q]))
                     return group_fail(c, s, a, FG_EPEER, "rank %d (pid %d) died", q, s->pids[q]);
             }
             if (c->aborted) return aborted_elsewhere(c, s, a);
@@ -957,6 +958,7 @@ static void shm_free_state(shm_state *s) {
     fg_free(s->pidfd);
     fg_free(s->pids);
     fg_free(s->lb_done);
+    fg_free(s->watch);
     fg_free(s);
 }
 
@@ -978,11 +980,15 @@ static fg_status shm_join(fg_comm *c) {
     s->pidfd = fg_alloc(sizeof(int) * (size_t)n);
     s->pids = fg_calloc((size_t)n, sizeof(int));
     s->lb_done = fg_calloc((size_t)n, sizeof(uint32_t));
-    if (!s->pidfd || !s->pids || !s->lb_done) {
+    s->watch = fg_alloc((size_t)n * sizeof(bool));
+    if (!s->pidfd || !s->pids || !s->lb_done || !s->watch) {
         st = FG_ENOMEM;
         goto fail;
     }
-    for (int q = 0; q < n; q++) s->pidfd[q] = -1;
+    for (int q = 0; q < n; q++) {
+        s->pidfd[q] = -1;
+        s->watch[q] = true;
+    }
     long chunk, spin_us;
     FG_TRY_GOTO(env_size("FULGUR_SHM_CHUNK_BYTES", DEFAULT_CHUNK, 4096, 64 << 20, &chunk), st, fail);
     chunk = chunk / 4096 * 4096;
@@ -1059,9 +1065,21 @@ static fg_status shm_join(fg_comm *c) {
         }
         sleep_s(pause);
     }
+    /* Watch each peer through a pidfd. A peer whose pid is not a live
+     * process here although it just attached lives in another pid namespace
+     * (containers sharing memory): it cannot be watched, and its death shows
+     * as the timeout instead. */
     for (int q = 0; q < n; q++) {
         s->pids[q] = atomic_load(&ctl(s, q)->pid);
-        if (q != s->me) s->pidfd[q] = pidfd_open_(s->pids[q]);
+        if (q == s->me) continue;
+        s->pidfd[q] = pidfd_open_(s->pids[q]);
+        if (s->pidfd[q] < 0 && errno != ENOSYS) s->watch[q] = false;
+        else if (s->pidfd[q] < 0 && pid_dead(s->pids[q], -1)) s->watch[q] = false;
+        if (!s->watch[q])
+            fg_log(FG_LOG_WARN,
+                   "comm shm: rank %d (pid %d) is not visible from this process (another pid "
+                   "namespace?): its death will show as a timeout only",
+                   q, s->pids[q]);
     }
     c->impl = s;
     return FG_OK;
