@@ -150,16 +150,32 @@ void cli_flags_help(FILE *out, const cli_flag *flags, int nflags, const char *us
             fprintf(out, "\n%s:\n", f->name);
             continue;
         }
-        char head[64];
+        char head[64], text[1024];
         snprintf(head, sizeof head, "--%s %s", f->name, type_word(f));
-        fprintf(out, "  %-26s %s", head, f->help);
-        if (f->choices) {
-            fputs(" (", out);
-            for (const char *const *c = f->choices; *c; c++)
-                fprintf(out, "%s%s", c == f->choices ? "" : ", ", *c);
-            fputc(')', out);
+        size_t n = (size_t)snprintf(text, sizeof text, "%s", f->help);
+        if (f->choices && n < sizeof text) {
+            n += (size_t)snprintf(text + n, sizeof text - n, " (");
+            for (const char *const *c = f->choices; *c && n < sizeof text; c++)
+                n += (size_t)snprintf(text + n, sizeof text - n, "%s%s", c == f->choices ? "" : ", ",
+                                      *c);
+            if (n < sizeof text) n += (size_t)snprintf(text + n, sizeof text - n, ")");
         }
-        if (f->def && *f->def) fprintf(out, " [default: %s]", f->def);
+        if (f->def && *f->def && n < sizeof text)
+            snprintf(text + n, sizeof text - n, " [default: %s]", f->def);
+        /* wrap the text at 100 columns under its own indent */
+        fprintf(out, "  %-30s ", head);
+        int col = 33;
+        for (const char *w = text; *w;) {
+            while (*w == ' ') w++;
+            int len = (int)strcspn(w, " ");
+            if (col > 33 && col + 1 + len > 100) {
+                fprintf(out, "\n%33s", "");
+                col = 33;
+            }
+            fprintf(out, "%s%.*s", col > 33 ? " " : "", len, w);
+            col += len + (col > 33);
+            w += len;
+        }
         fputc('\n', out);
     }
 }

@@ -1,0 +1,47 @@
+/* fulgur fit: trains a built-in model (gpt, mlp) on a data file with
+ * Lightning's Trainer flags. Everything checkable is checked here, in the
+ * process the user started, before any rank exists: flags and values
+ * (fit_args.c), files, and the devices/strategy/precision strings
+ * (fg_fabric_new). Then fg_fabric_launch runs fit_run on every rank; under
+ * ddp the launcher re-executes this same command line for the other ranks,
+ * which repeat the checks (cheap) and join.
+ * Exit codes: 0 done; 1 failed while running (including a checkpoint that
+ * does not fit the model, named tensor by tensor); 2 bad usage. */
+#include <string.h>
+
+#include "fit.h"
+
+#if __has_include("fulgur/fabric.h") && __has_include("fulgur/nn.h")
+#define FIT_HAVE_FABRIC 1
+#endif
+
+int cmd_fit(int argc, char **argv) {
+    static fit_opts o; /* static: ranks launched by fork keep it */
+    int rc = fit_args_parse(&o, argc, argv);
+    if (rc) return rc < 0 ? FG_EXIT_OK : rc;
+#ifdef FIT_HAVE_FABRIC
+    fg_fabric *f = fg_fabric_new(&(fg_fabric_config){
+        .accelerator = o.accelerator,
+        .devices = o.devices,
+        .strategy = o.strategy,
+        .precision = o.precision,
+        .num_nodes = (int)o.num_nodes,
+        .seed = (uint64_t)o.seed,
+    });
+    if (!f) {
+        cli_error("%s", fg_last_error());
+        return FG_EXIT_USAGE;
+    }
+    rc = fg_fabric_launch(f, fit_run, &o);
+    if (rc != 0) {
+        const char *msg = fg_last_error();
+        if (msg && *msg) cli_error("fit failed: %s", msg);
+        rc = FG_EXIT_FAIL;
+    }
+    fg_fabric_free(f);
+    return rc;
+#else
+    cli_error("fit: this build lacks the fabric layer (include/fulgur/fabric.h, nn.h)");
+    return FG_EXIT_FAIL;
+#endif
+}

@@ -1,0 +1,105 @@
+/* fulgur fit: the pieces of the command, one file each.
+ *   fit_args.c      the flag table, defaults, checks made before any rank starts
+ *   fit_data.c      datasets from --data / --val-data / --labels
+ *   fit_model.c     the model and optimizer from the options, the model
+ *                   config stored in checkpoints and read back by `sample`
+ *   fit_progress.c  rank 0's progress bar / periodic lines and the CSV
+ *   fit_loop.c      the training loop each rank runs (fabric API)
+ *   gpt_sample.c    text generation from a GPT (fit's ending, `fulgur sample`)
+ *   cmd_fit.c       the command: parse, check, fg_fabric_new, launch */
+#ifndef FULGUR_FIT_H
+#define FULGUR_FIT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cli.h"
+
+/* fabric.h's handle (declared here too while the fit loop is built against
+ * the draft API; C11 allows the repeated typedef). */
+typedef struct fg_fabric fg_fabric;
+
+typedef enum fit_model_kind { FIT_GPT, FIT_MLP } fit_model_kind;
+
+/* Every option of `fulgur fit`, as parsed (see fit_args.c for defaults). */
+typedef struct fit_opts {
+    /* model and data */
+    const char *model; /* "gpt" or "mlp" */
+    fit_model_kind kind;
+    const char *data, *val_data, *labels, *val_labels;
+    double val_fraction;
+    /* gpt shape */
+    int64_t layers, heads, embd, ctx;
+    double dropout;
+    /* mlp shape */
+    int64_t hidden;
+    /* devices and strategy (Lightning's names) */
+    const char *accelerator, *devices, *strategy, *precision;
+    int64_t num_nodes;
+    /* loop */
+    int64_t max_epochs, max_steps, batch_size, accumulate, num_workers;
+    double clip, lr, min_lr_ratio, weight_decay, momentum;
+    int64_t warmup_steps, lr_decay_steps;
+    const char *optimizer; /* "adamw" or "sgd" */
+    int64_t seed;
+    int64_t val_check_interval, limit_val_batches;
+    /* outputs */
+    const char *root_dir, *ckpt_dir, *resume;
+    int64_t ckpt_every, log_every, sample_tokens;
+    const char *progress; /* "auto", "bar", "lines", "none" */
+    /* derived */
+    char ckpt_dir_buf[4096];
+    char resume_path[4096]; /* resolved checkpoint to resume from, "" = none */
+} fit_opts;
+
+/* Parses argv into o and checks everything that can be checked before any
+ * rank starts (values, files). Returns 0, -1 after --help (exit 0), or
+ * FG_EXIT_USAGE after printing the error. */
+int fit_args_parse(fit_opts *o, int argc, char **argv);
+
+/* The options as one JSON object (stored in the checkpoint metadata as
+ * "fulgur.fit"); malloc'ed. */
+char *fit_opts_json(const fit_opts *o);
+
+/* The datasets of a run. train and val are views of base (or val of
+ * val_base); text_vocab is borrowed from the text dataset (NULL otherwise). */
+typedef struct fit_data {
+    fg_dataset *base, *val_base, *train, *val;
+    const fg_text_vocab *text_vocab;
+    int64_t vocab;   /* gpt: token ids are in [0, vocab) */
+    int64_t in_dim;  /* mlp: inputs per sample */
+    int64_t classes; /* mlp: max label + 1 over train and val */
+} fit_data;
+
+/* Opens the datasets of o. Returns FG_OK, or a status with fg_last_error
+ * naming the file and the problem. */
+fg_status fit_data_open(const fit_opts *o, fit_data *d);
+void fit_data_free(fit_data *d);
+
+/* Rank 0's progress display and metrics CSV. Every function accepts NULL
+ * (the other ranks hold NULL) and does nothing then. */
+typedef struct fit_progress fit_progress;
+/* total_steps: the step count the run ends at (for the bar and ETA; 0 if
+ * unknown); start_step: where this process starts (a resume); unit: "tok"
+ * or "samples"; csv_path: metrics file, appended when resuming. NULL on
+ * failure (message in fg_last_error). */
+fit_progress *fit_progress_new(const fit_opts *o, int64_t total_steps, int64_t start_step,
+                               const char *unit, const char *csv_path, bool append);
+/* After optimizer step `step` (1-based count of steps done) with the step's
+ * mean loss, the lr used and the items (tokens/samples, all ranks) it took. */
+void fit_progress_step(fit_progress *p, int64_t step, int64_t epoch, double loss, double lr,
+                       double items);
+/* A validation result at `step`. */
+void fit_progress_val(fit_progress *p, int64_t step, int64_t epoch, double val_loss);
+/* A line of text that does not break the bar. */
+void fit_progress_note(fit_progress *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Ends the bar (newline), closes the CSV, frees. */
+void fit_progress_free(fit_progress *p);
+/* Seconds since fit_progress_new. */
+double fit_progress_elapsed(const fit_progress *p);
+
+/* The training loop of one rank (fg_fabric_launch's run). arg is fit_opts. */
+int fit_run(fg_fabric *f, void *arg);
+
+#endif

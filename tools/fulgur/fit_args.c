@@ -1,0 +1,259 @@
+/* fulgur fit's flags: the table (names after Lightning's Trainer), their
+ * defaults, and every check that can be made before a rank starts, so that a
+ * typo costs exit code 2 and one line, not a launched job. Devices, strategy
+ * and precision strings are checked by fg_fabric_new in cmd_fit.c. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ckpt_paths.h"
+#include "cli_flags.h"
+#include "fit.h"
+
+static const char *const k_models[] = {"gpt", "mlp", NULL};
+static const char *const k_optims[] = {"adamw", "sgd", NULL};
+static const char *const k_progress[] = {"auto", "bar", "lines", "none", NULL};
+
+#define USAGE "fulgur fit --model {gpt,mlp} --data PATH [--val-data PATH] [FLAGS]"
+
+/* The flag table over o. Kept in one place so that --help shows every flag. */
+static int build_flags(fit_opts *o, cli_flag *t) {
+    int n = 0;
+#define SEC(title) t[n++] = (cli_flag){.name = title, .type = CLI_SECTION}
+#define F(...) t[n++] = (cli_flag){__VA_ARGS__}
+    SEC("model and data");
+    F(.name = "model", .type = CLI_STR, .dst = &o->model, .def = "gpt", .choices = k_models,
+      .help = "built-in model");
+    F(.name = "data", .type = CLI_STR, .dst = &o->data,
+      .help = "training data (required): a text file or folder (char level), a uint16 token "
+              "file .bin (nanoGPT/llm.c), or for mlp a .npy of inputs (N, D...)");
+    F(.name = "labels", .type = CLI_STR, .dst = &o->labels,
+      .help = "mlp: a .npy of integer labels (N,) for --data");
+    F(.name = "val-data", .type = CLI_STR, .dst = &o->val_data,
+      .help = "validation data in the same form (default: the last --val-fraction of --data)");
+    F(.name = "val-labels", .type = CLI_STR, .dst = &o->val_labels,
+      .help = "mlp: labels .npy for --val-data");
+    F(.name = "val-fraction", .type = CLI_DOUBLE, .dst = &o->val_fraction, .def = "0.1",
+      .help = "share of --data held out for validation when --val-data is not given");
+    SEC("gpt shape");
+    F(.name = "layers", .type = CLI_INT, .dst = &o->layers, .def = "4", .min = 1, .max = 1024,
+      .help = "transformer blocks");
+    F(.name = "heads", .type = CLI_INT, .dst = &o->heads, .def = "4", .min = 1, .max = 1024,
+      .help = "attention heads (must divide --embd)");
+    F(.name = "embd", .type = CLI_INT, .dst = &o->embd, .def = "128", .min = 1, .max = 65536,
+      .help = "embedding width");
+    F(.name = "ctx", .type = CLI_INT, .dst = &o->ctx, .def = "128", .min = 1, .max = 65536,
+      .help = "context length (tokens per sample)");
+    F(.name = "dropout", .type = CLI_DOUBLE, .dst = &o->dropout, .def = "0",
+      .help = "dropout probability in [0, 1)");
+    SEC("mlp shape");
+    F(.name = "hidden", .type = CLI_INT, .dst = &o->hidden, .def = "128", .min = 1, .max = 1 << 20,
+      .help = "hidden width");
+    SEC("devices (Lightning's Trainer arguments)");
+    F(.name = "accelerator", .type = CLI_STR, .dst = &o->accelerator, .def = "auto",
+      .help = "auto, cpu (gpu/cuda: not built in)");
+    F(.name = "devices", .type = CLI_STR, .dst = &o->devices, .def = "1",
+      .help = "ranks on this node: N, -1 (one per core), or ids \"0,2\"");
+    F(.name = "strategy", .type = CLI_STR, .dst = &o->strategy, .def = "auto",
+      .help = "auto, single, dp, ddp, ddp_spawn, ddp_fork");
+    F(.name = "precision", .type = CLI_STR, .dst = &o->precision, .def = "32-true",
+      .help = "32-true (32), 64-true (64)");
+    F(.name = "num-nodes", .type = CLI_INT, .dst = &o->num_nodes, .def = "1", .min = 1,
+      .max = 1 << 20, .help = "machines (launch each with mpirun, srun or fulgur run)");
+    SEC("loop");
+    F(.name = "max-epochs", .type = CLI_INT, .dst = &o->max_epochs, .def = "-1", .min = -1,
+      .max = INT64_MAX / 2, .help = "stop after this many epochs (-1: no limit)");
+    F(.name = "max-steps", .type = CLI_INT, .dst = &o->max_steps, .def = "1000", .min = -1,
+      .max = INT64_MAX / 2, .help = "stop after this many optimizer steps (-1: no limit)");
+    F(.name = "batch-size", .type = CLI_INT, .dst = &o->batch_size, .def = "16", .min = 1,
+      .max = 1 << 24, .help = "samples per device per micro-batch");
+    F(.name = "accumulate-grad-batches", .type = CLI_INT, .dst = &o->accumulate, .def = "1",
+      .min = 1, .max = 1 << 20, .help = "micro-batches per optimizer step");
+    F(.name = "gradient-clip-val", .type = CLI_DOUBLE, .dst = &o->clip, .def = "1.0",
+      .help = "clip the global gradient norm to this (0: off)");
+    F(.name = "optimizer", .type = CLI_STR, .dst = &o->optimizer, .def = "adamw",
+      .choices = k_optims, .help = "adamw, or sgd with --momentum");
+    F(.name = "lr", .type = CLI_DOUBLE, .dst = &o->lr, .def = "1e-3", .help = "peak learning rate");
+    F(.name = "warmup-steps", .type = CLI_INT, .dst = &o->warmup_steps, .def = "100", .min = 0,
+      .max = INT64_MAX / 2, .help = "linear warm-up steps, then cosine decay");
+    F(.name = "lr-decay-steps", .type = CLI_INT, .dst = &o->lr_decay_steps, .def = "0", .min = 0,
+      .max = INT64_MAX / 2, .help = "cosine decay ends at this step (0: --max-steps)");
+    F(.name = "min-lr-ratio", .type = CLI_DOUBLE, .dst = &o->min_lr_ratio, .def = "0.1",
+      .help = "the cosine ends at lr x this");
+    F(.name = "weight-decay", .type = CLI_DOUBLE, .dst = &o->weight_decay, .def = "0.1",
+      .help = "AdamW's decoupled weight decay (matrices only) / SGD's L2");
+    F(.name = "momentum", .type = CLI_DOUBLE, .dst = &o->momentum, .def = "0.9",
+      .help = "SGD momentum");
+    F(.name = "seed", .type = CLI_INT, .dst = &o->seed, .def = "1337", .min = 0,
+      .max = INT64_MAX, .help = "seed of the weights, the data order and dropout");
+    F(.name = "num-workers", .type = CLI_INT, .dst = &o->num_workers, .def = "1", .min = 0,
+      .max = 64, .help = "data loader threads per rank");
+    SEC("validation");
+    F(.name = "val-check-interval", .type = CLI_INT, .dst = &o->val_check_interval, .def = "250",
+      .min = 0, .max = INT64_MAX / 2, .help = "validate every N steps and at the end (0: end only)");
+    F(.name = "limit-val-batches", .type = CLI_INT, .dst = &o->limit_val_batches, .def = "20",
+      .min = 0, .max = INT64_MAX / 2, .help = "batches per rank per validation (0: all)");
+    SEC("checkpoints and output");
+    F(.name = "default-root-dir", .type = CLI_STR, .dst = &o->root_dir, .def = "runs/MODEL",
+      .help = "the run's folder: metrics.csv, and checkpoints/ unless --ckpt-dir");
+    F(.name = "ckpt-dir", .type = CLI_STR, .dst = &o->ckpt_dir,
+      .help = "checkpoint folder [default: DEFAULT_ROOT_DIR/checkpoints]");
+    F(.name = "ckpt-every", .type = CLI_INT, .dst = &o->ckpt_every, .def = "500", .min = 0,
+      .max = INT64_MAX / 2, .help = "save every N steps (0: only at the end)");
+    F(.name = "resume", .type = CLI_STR, .dst = &o->resume,
+      .help = "continue from a checkpoint file, a folder, or \"last\" (the newest in --ckpt-dir)");
+    F(.name = "log-every", .type = CLI_INT, .dst = &o->log_every, .def = "10", .min = 1,
+      .max = INT64_MAX / 2, .help = "metrics row and progress line every N steps");
+    F(.name = "progress", .type = CLI_STR, .dst = &o->progress, .def = "auto",
+      .choices = k_progress, .help = "auto: a bar on a terminal, lines otherwise");
+    F(.name = "sample-tokens", .type = CLI_INT, .dst = &o->sample_tokens, .def = "200", .min = 0,
+      .max = 1 << 20, .help = "gpt: characters generated at the end");
+#undef F
+#undef SEC
+    return n;
+}
+
+static bool file_exists(const char *flag, const char *path, bool dir_ok) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        cli_error("--%s=\"%s\": %s", flag, path, strerror(errno));
+        return false;
+    }
+    if (S_ISDIR(st.st_mode) && !dir_ok) {
+        cli_error("--%s=\"%s\": is a folder, expected a file", flag, path);
+        return false;
+    }
+    return true;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+int fit_args_parse(fit_opts *o, int argc, char **argv) {
+    memset(o, 0, sizeof *o);
+    cli_flag flags[64];
+    int n = build_flags(o, flags);
+    int rc = cli_flags_parse(flags, n, argc, argv, USAGE, NULL, 0, NULL);
+    if (rc) return rc;
+    o->kind = !strcmp(o->model, "mlp") ? FIT_MLP : FIT_GPT;
+    if (!o->data) {
+        cli_error("--data is required: a text file or folder, a .bin token file, or (mlp) a .npy");
+        return FG_EXIT_USAGE;
+    }
+    if (!file_exists("data", o->data, o->kind == FIT_GPT)) return FG_EXIT_USAGE;
+    if (o->val_data && !file_exists("val-data", o->val_data, o->kind == FIT_GPT))
+        return FG_EXIT_USAGE;
+    if (o->kind == FIT_MLP) {
+        if (!ends_with(o->data, ".npy")) {
+            cli_error("--data=\"%s\": mlp reads .npy inputs (with --labels Y.npy)", o->data);
+            return FG_EXIT_USAGE;
+        }
+        if (!o->labels) {
+            cli_error("--labels is required with --model mlp: a .npy of integer labels (N,)");
+            return FG_EXIT_USAGE;
+        }
+        if (!file_exists("labels", o->labels, false)) return FG_EXIT_USAGE;
+        if (o->val_data && !o->val_labels) {
+            cli_error("--val-data needs --val-labels with --model mlp");
+            return FG_EXIT_USAGE;
+        }
+        if (o->val_labels && !file_exists("val-labels", o->val_labels, false))
+            return FG_EXIT_USAGE;
+    } else {
+        const char *bad = o->labels ? "labels" : o->val_labels ? "val-labels" : NULL;
+        if (bad) {
+            cli_error("--%s is for --model mlp; gpt's targets are the next tokens", bad);
+            return FG_EXIT_USAGE;
+        }
+        if (o->embd % o->heads) {
+            cli_error("--heads=%lld must divide --embd=%lld", (long long)o->heads,
+                      (long long)o->embd);
+            return FG_EXIT_USAGE;
+        }
+    }
+    if (!(o->val_fraction >= 0 && o->val_fraction < 1)) {
+        cli_error("--val-fraction=%g: expected a number in [0, 1)", o->val_fraction);
+        return FG_EXIT_USAGE;
+    }
+    if (!(o->dropout >= 0 && o->dropout < 1)) {
+        cli_error("--dropout=%g: expected a number in [0, 1)", o->dropout);
+        return FG_EXIT_USAGE;
+    }
+    if (!(o->lr > 0)) {
+        cli_error("--lr=%g: expected a positive number", o->lr);
+        return FG_EXIT_USAGE;
+    }
+    if (o->clip < 0 || o->weight_decay < 0 || o->momentum < 0 || o->momentum >= 1 ||
+        o->min_lr_ratio < 0 || o->min_lr_ratio > 1) {
+        const char *f = o->clip < 0 ? "gradient-clip-val" : o->weight_decay < 0 ? "weight-decay"
+                        : (o->momentum < 0 || o->momentum >= 1) ? "momentum" : "min-lr-ratio";
+        cli_error("--%s: out of range (clip and weight decay >= 0, momentum in [0, 1), "
+                  "min-lr-ratio in [0, 1])", f);
+        return FG_EXIT_USAGE;
+    }
+    if (o->max_steps < 0 && o->max_epochs < 0) {
+        cli_error("--max-steps=-1 and --max-epochs=-1: the run would never end; set one");
+        return FG_EXIT_USAGE;
+    }
+    if (o->max_steps == 0 || o->max_epochs == 0) {
+        cli_error("--%s=0: nothing to train", o->max_steps == 0 ? "max-steps" : "max-epochs");
+        return FG_EXIT_USAGE;
+    }
+    /* run folder and checkpoint folder */
+    static char root_buf[4096];
+    if (!strcmp(o->root_dir, "runs/MODEL")) {
+        snprintf(root_buf, sizeof root_buf, "runs/%s", o->model);
+        o->root_dir = root_buf;
+    }
+    if (!o->ckpt_dir) {
+        snprintf(o->ckpt_dir_buf, sizeof o->ckpt_dir_buf, "%s/checkpoints", o->root_dir);
+        o->ckpt_dir = o->ckpt_dir_buf;
+    }
+    if (o->resume) {
+        /* "last" without a checkpoint yet is an error, as a missing file */
+        if (ckpt_resolve(o->resume, o->ckpt_dir, o->resume_path, sizeof o->resume_path) != 0) {
+            cli_error("--resume=\"%s\": nothing to resume from", o->resume);
+            return FG_EXIT_USAGE;
+        }
+    }
+    return 0;
+}
+
+/* JSON string escaping for the few free-text options (paths). */
+static void put_json_str(char **p, size_t *left, const char *s) {
+    int k = snprintf(*p, *left, "\"");
+    *p += k, *left -= (size_t)k;
+    for (; s && *s && *left > 8; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') k = snprintf(*p, *left, "\\%c", c);
+        else if (c < 0x20) k = snprintf(*p, *left, "\\u%04x", c);
+        else k = snprintf(*p, *left, "%c", c);
+        *p += k, *left -= (size_t)k;
+    }
+    k = snprintf(*p, *left, "\"");
+    *p += k, *left -= (size_t)k;
+}
+
+char *fit_opts_json(const fit_opts *o) {
+    size_t cap = 8192, left = cap;
+    char *buf = malloc(cap), *p = buf;
+    if (!buf) return NULL;
+    int k = snprintf(p, left, "{\"model\":\"%s\",\"data\":", o->model);
+    p += k, left -= (size_t)k;
+    put_json_str(&p, &left, o->data);
+    k = snprintf(p, left,
+                 ",\"batch_size\":%lld,\"accumulate_grad_batches\":%lld,\"lr\":%.17g,"
+                 "\"warmup_steps\":%lld,\"lr_decay_steps\":%lld,\"min_lr_ratio\":%.17g,"
+                 "\"weight_decay\":%.17g,\"optimizer\":\"%s\",\"momentum\":%.17g,"
+                 "\"gradient_clip_val\":%.17g,\"seed\":%lld,\"max_steps\":%lld,"
+                 "\"max_epochs\":%lld,\"devices\":\"%s\",\"strategy\":\"%s\"}",
+                 (long long)o->batch_size, (long long)o->accumulate, o->lr,
+                 (long long)o->warmup_steps, (long long)o->lr_decay_steps, o->min_lr_ratio,
+                 o->weight_decay, o->optimizer, o->momentum, o->clip, (long long)o->seed,
+                 (long long)o->max_steps, (long long)o->max_epochs, o->devices, o->strategy);
+    (void)k;
+    return buf;
+}
