@@ -11,7 +11,7 @@
 
 #include "fit.h"
 
-#if __has_include("fulgur/fabric.h") && __has_include("fulgur/nn.h")
+#if __has_include("fulgur/fabric.h") && __has_include("fulgur/optim.h")
 #define FIT_HAVE_FABRIC 1
 #endif
 
@@ -41,7 +41,7 @@ int cmd_fit(int argc, char **argv) {
     fg_fabric_free(f);
     return rc;
 #else
-    cli_error("fit: this build lacks the fabric layer (include/fulgur/fabric.h, nn.h)");
+    cli_error("fit: this build lacks the fabric layer (include/fulgur/fabric.h, optim.h)");
     return FG_EXIT_FAIL;
 #endif
 }

@@ -1,11 +1,10 @@
 /* fulgur fit: the pieces of the command, one file each.
  *   fit_args.c      the flag table, defaults, checks made before any rank starts
  *   fit_data.c      datasets from --data / --val-data / --labels
- *   fit_model.c     the model and optimizer from the options, the model
- *                   config stored in checkpoints and read back by `sample`
+ *   fit_model.c     the model and optimizer from the options, the lr schedule,
+ *                   the model config stored in checkpoints (read back by `sample`)
  *   fit_progress.c  rank 0's progress bar / periodic lines and the CSV
  *   fit_loop.c      the training loop each rank runs (fabric API)
- *   gpt_sample.c    text generation from a GPT (fit's ending, `fulgur sample`)
  *   cmd_fit.c       the command: parse, check, fg_fabric_new, launch */
 #ifndef FULGUR_FIT_H
 #define FULGUR_FIT_H

@@ -241,7 +241,7 @@ char *fit_opts_json(const fit_opts *o) {
     size_t cap = 8192, left = cap;
     char *buf = malloc(cap), *p = buf;
     if (!buf) return NULL;
-    int k = snprintf(p, left, "{\"model\":\"%s\",\"data\":", o->model);
+    int k = snprintf(p, left, "{\"data\":");
     p += k, left -= (size_t)k;
     put_json_str(&p, &left, o->data);
     k = snprintf(p, left,
