@@ -2,6 +2,7 @@
  *
  *   comm_bench --backend shm --ranks 2 [--op allreduce] [--min 8] [--max 256M] [--json]
  *   mpirun -np 2 comm_bench --backend mpi        (Open MPI's own MPI_Allreduce)
+ *   mpirun -np 2 comm_bench --backend fulgur-mpi (fulgur's mpi backend)
  *   comm_bench --backend memcpy --ranks 2        (memory bandwidth: N processes copying at once)
  *
  * shm forks its ranks itself (or uses the rank variables when launched by a
@@ -164,6 +165,27 @@ static int shm_rank(const opts *o, const fg_cluster_info *info) {
     return rc;
 }
 
+/* fulgur's mpi backend, under mpirun */
+static int run_fgmpi(const opts *o) {
+    fg_comm *c;
+    fg_comm_opts co = {.backend = FG_COMM_MPI};
+    if (fg_comm_init(NULL, &co, &c) != FG_OK) {
+        fprintf(stderr, "comm_bench: %s\n", fg_last_error());
+        return 1;
+    }
+    if (fg_comm_rank(c) != 0) {
+        FILE *devnull = freopen("/dev/null", "w", stdout);
+        (void)devnull;
+    }
+    runner r = {fg_ar, fg_ar, fg_bc, fg_mx, fg_bar, c, fg_comm_rank(c), fg_comm_size(c)};
+    if (!strcmp(o->op, "reduce_scatter")) r.run = fg_rs;
+    if (!strcmp(o->op, "allgather")) r.run = fg_ag;
+    if (!strcmp(o->op, "broadcast")) r.run = fg_bcast;
+    int rc = time_sizes(o, &r);
+    fg_comm_free(c);
+    return rc;
+}
+
 static int run_shm(const opts *o) {
     fg_cluster_info info;
     if (fg_cluster_detect(&info) != FG_OK) {
@@ -302,7 +324,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--op") && v) o.op = argv[++i];
         else {
             fprintf(stderr,
-                    "usage: comm_bench [--backend shm|mpi|memcpy] [--ranks N] "
+                    "usage: comm_bench [--backend shm|mpi|fulgur-mpi|memcpy] [--ranks N] "
                     "[--op allreduce|reduce_scatter|allgather|broadcast] [--min BYTES] "
                     "[--max BYTES] [--time SECONDS_PER_SIZE] [--json]\n");
             return 2;
@@ -319,6 +341,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(o.backend, "shm")) return run_shm(&o);
     if (!strcmp(o.backend, "memcpy")) return run_memcpy(&o);
+    if (!strcmp(o.backend, "fulgur-mpi")) return run_fgmpi(&o);
     if (!strcmp(o.backend, "mpi")) {
 #if HAVE_MPI
         return run_mpi(&o);

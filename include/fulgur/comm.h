@@ -166,7 +166,7 @@ FG_API const char *fg_reduce_op_name(fg_reduce_op op);     /* "sum", ...; "?" if
  *
  * All are collective over the group (same order, count, dtype, op, root on
  * every rank), take `count` in elements, and accept count 0 (no data moves).
- * dtypes: f64, f32, bf16, f16, i32, i64, u8 (u16 is not supported: FG_EINVAL).
+ * dtypes: f64, f32, bf16, f16, i32, i64, u8, u16.
  * bf16 and f16 reductions compute in f32 and round once.
  * Integer sums and products wrap around (two's complement).
  * Buffers are borrowed for the call (for asynchronous forms, until

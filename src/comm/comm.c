@@ -514,9 +514,9 @@ static fg_status bad(const char *op, const char *fmt, ...) {
 static fg_status check_common(const fg_comm *c, const char *op, int64_t count, fg_dtype dt) {
     if (!c) return bad(op, "communicator is NULL");
     if (count < 0) return bad(op, "count=%lld: must be >= 0", (long long)count);
-    if (!fg_dtype_valid((int)dt) || dt == FG_U16)
-        return bad(op, "dtype=%d (%s): unsupported; expected f64, f32, bf16, f16, i32, i64 or u8",
-                   (int)dt, fg_dtype_name(dt));
+    if (!fg_dtype_valid((int)dt))
+        return bad(op, "dtype=%d: unknown; expected f64, f32, bf16, f16, i32, i64, u8 or u16",
+                   (int)dt);
     size_t esz = fg_dtype_size(dt);
     if ((uint64_t)count > (UINT64_C(1) << 56) / esz / (uint64_t)c->size)
         return bad(op, "count=%lld: too large", (long long)count);

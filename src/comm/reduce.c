@@ -110,6 +110,9 @@ static inline void AVG_red_f32(float *a, int m, int div) {
 static inline void AVG_red_u8(uint32_t *a, int m, int div) {
     for (int i = 0; i < m; i++) a[i] = (uint8_t)a[i] / (uint32_t)div;
 }
+static inline void AVG_red_u16(uint32_t *a, int m, int div) {
+    for (int i = 0; i < m; i++) a[i] = (uint16_t)a[i] / (uint32_t)div;
+}
 
 #define I32_STORE(x) ((int32_t)(uint32_t)(uint64_t)(x))
 #define I64_LOAD(x) ((uint64_t)(x))
@@ -121,6 +124,8 @@ DEFINE_KERNEL(red_f32, float, float, IDENT, IDENT)
 DEFINE_KERNEL(red_bf16, uint16_t, float, bf16_f32, f32_bf16)
 DEFINE_KERNEL(red_f16, uint16_t, float, f16_f32, f32_f16)
 DEFINE_KERNEL(red_u8, uint8_t, uint32_t, IDENT, U8_STORE)
+#define U16_STORE(x) ((uint16_t)(x))
+DEFINE_KERNEL(red_u16, uint16_t, uint32_t, IDENT, U16_STORE)
 
 /* Signed integers: min/max compare signed values, sum/prod wrap. The sum
  * and product are done in unsigned arithmetic (no undefined overflow). */
@@ -196,6 +201,9 @@ void fg__reduce(fg_dtype dt, fg_reduce_op op, void *dst, void *dst2, const void 
         break;
     case FG_U8:
         red_u8(op, dst, dst2, (const uint8_t *const *)srcs, nsrc, n, divisor);
+        break;
+    case FG_U16:
+        red_u16(op, dst, dst2, (const uint16_t *const *)srcs, nsrc, n, divisor);
         break;
     default:
         break;

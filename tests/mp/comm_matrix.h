@@ -5,8 +5,8 @@
  * Data: rank r's element i is a small integer, exact in every dtype, and
  * periodic in i (period 68), so that the expected reduction of element i
  * is a table lookup: checking a million elements costs one pass.
- *   sum/avg/min/max: ((7i + 13r) mod 17) - 8   (u8: without the - 8)
- *   prod:            {1, -1, 2, 1}[(3i + r) mod 4]   (u8: {1, 3, 2, 1})
+ *   sum/avg/min/max: ((7i + 13r) mod 17) - 8   (u8, u16: without the - 8)
+ *   prod:            {1, -1, 2, 1}[(3i + r) mod 4]   (u8, u16: {1, 3, 2, 1})
  * so sums stay within +-64 and products within 256 at 8 ranks (exact in
  * bf16 and f16).
  *
@@ -28,18 +28,18 @@
 #define MX_BIG 1048579
 
 static const int64_t mx_counts[] = {0, 1, 7, 1023, MX_BIG};
-static const fg_dtype mx_dtypes[] = {FG_F64, FG_F32, FG_BF16, FG_F16, FG_I32, FG_I64, FG_U8};
+static const fg_dtype mx_dtypes[] = {FG_F64, FG_F32, FG_BF16, FG_F16, FG_I32, FG_I64, FG_U8, FG_U16};
 #define MX_NCOUNTS 5
-#define MX_NDTYPES 7
+#define MX_NDTYPES 8
 
 static int64_t mx_value(fg_dtype dt, fg_reduce_op op, int r, int64_t i) {
     if (op == FG_PROD) {
         static const int s[4] = {1, -1, 2, 1}, u[4] = {1, 3, 2, 1};
         int k = (int)((3 * (i % MX_PERIOD) + r) % 4);
-        return dt == FG_U8 ? u[k] : s[k];
+        return dt == FG_U8 || dt == FG_U16 ? u[k] : s[k];
     }
     int64_t v = (7 * (i % MX_PERIOD) + 13 * r) % 17;
-    return dt == FG_U8 ? v : v - 8;
+    return dt == FG_U8 || dt == FG_U16 ? v : v - 8;
 }
 
 /* Writes integer v (or, for floats, the value `f`) as element idx. */
@@ -52,6 +52,7 @@ static void mx_put(fg_dtype dt, void *buf, int64_t idx, int64_t v) {
     case FG_I32: ((int32_t *)buf)[idx] = (int32_t)v; break;
     case FG_I64: ((int64_t *)buf)[idx] = v; break;
     case FG_U8: ((uint8_t *)buf)[idx] = (uint8_t)v; break;
+    case FG_U16: ((uint16_t *)buf)[idx] = (uint16_t)v; break;
     default: break;
     }
 }
@@ -89,6 +90,7 @@ static void mx_expect_table(fg_dtype dt, fg_reduce_op op, int w, void *table) {
             case FG_BF16: ((uint16_t *)table)[i] = fg_f32_to_bf16((float)acc / (float)w); continue;
             case FG_F16: ((uint16_t *)table)[i] = fg_f32_to_f16((float)acc / (float)w); continue;
             case FG_U8: acc = (uint8_t)acc / w; break;
+            case FG_U16: acc = (uint16_t)acc / w; break;
             default: acc = acc / w; break;
             }
         }
