@@ -442,8 +442,8 @@ static void chunk_end(shm_state *s) {
 static int64_t chunk_elems(shm_state *s, size_t esz, int parts) {
     int64_t e = (int64_t)(s->slot_bytes / (size_t)parts / esz);
     int64_t line = (int64_t)(64 / esz);
-    if (line > 1) e -= e % line;
-    return e;
+    if (line > 1 && e > line) e -= e % line;
+    return e > 0 ? e : 1; /* slot_bytes >= 8 * size: one element always fits */
 }
 
 /* Slice [lo, hi) of rank r when m elements are split over n ranks on
@@ -977,6 +977,10 @@ static fg_status shm_join(fg_comm *c) {
     if (!s) return FG_ENOMEM;
     int n = c->size;
     s->me = c->rank;
+    if (n > 4096) {
+        fg_free(s);
+        return fg_error(FG_EUNSUPPORTED, "shm: %d ranks on one machine: at most 4096", n);
+    }
     s->pidfd = fg_alloc(sizeof(int) * (size_t)n);
     s->pids = fg_calloc((size_t)n, sizeof(int));
     s->lb_done = fg_calloc((size_t)n, sizeof(uint32_t));

@@ -41,6 +41,14 @@ TEST(matrix_shm_world_3) { matrix(3); }
 TEST(matrix_shm_world_4) { matrix(4); }
 TEST(matrix_shm_world_8) { matrix(8); }
 
+/* Tiny chunks: thousands of pipeline steps per call, slots reused all the
+ * time, slices a few cache lines wide. */
+TEST(matrix_shm_4k_chunks_world_3) {
+    setenv("FULGUR_SHM_CHUNK_BYTES", "4096", 1);
+    matrix(3);
+    unsetenv("FULGUR_SHM_CHUNK_BYTES");
+}
+
 /* ------------------------------------------------------------ determinism */
 
 /* Random (non-integer) floats: the sum depends on the order of additions,
