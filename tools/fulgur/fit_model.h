@@ -1,0 +1,46 @@
+/* The model side of fulgur fit and sample: the shape of a built-in model,
+ * its JSON form in checkpoints, constructors, the lr schedule and text
+ * generation. */
+#ifndef FULGUR_FIT_MODEL_H
+#define FULGUR_FIT_MODEL_H
+
+#include "ckpt_meta.h"
+#include "fit.h"
+
+#if __has_include("fulgur/nn.h")
+#define FIT_HAVE_NN 1
+#endif
+#if __has_include("fulgur/optim.h")
+#define FIT_HAVE_OPTIM 1
+#endif
+
+typedef struct fit_model_cfg {
+    fit_model_kind kind;
+    int64_t vocab, ctx, layers, heads, embd; /* gpt */
+    double dropout;
+    int64_t in_dim, hidden, classes; /* mlp */
+    uint64_t seed;                   /* initialisation seed */
+} fit_model_cfg;
+
+void fit_model_cfg_from_opts(const fit_opts *o, const fit_data *d, fit_model_cfg *c);
+/* The "config" metadata: model keys, then o's options (o may be NULL).
+ * malloc'ed. */
+char *fit_model_cfg_json(const fit_model_cfg *c, const fit_opts *o);
+/* Reads the model keys back; false with a reason in err. */
+bool fit_model_cfg_parse(const char *json, fit_model_cfg *c, char *err, size_t errcap);
+
+/* The learning rate of optimizer step `step` (0-based): linear warm-up over
+ * --warmup-steps, then a cosine from --lr down to --lr x --min-lr-ratio at
+ * --lr-decay-steps (or --max-steps), flat after. A pure function of the step,
+ * so a resumed run continues the same curve. */
+double fit_lr_at(const fit_opts *o, int64_t step);
+
+#ifdef FIT_HAVE_NN
+fg_module *fit_model_new(const fit_model_cfg *c);
+#endif
+#ifdef FIT_HAVE_OPTIM
+fg_optimizer *fit_optimizer_new(const fit_opts *o, fg_module *m);
+
+#endif
+
+#endif
