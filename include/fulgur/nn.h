@@ -1,0 +1,361 @@
+/* fulgur nn: modules, a tree of named modules with parameters and buffers,
+ * and the built-in layers and models (Linear, Embedding, LayerNorm, Dropout,
+ * GELU, ReLU, MLP, GPT).
+ *
+ * Names. A parameter's name is the dotted path from the root, as PyTorch's
+ * named_parameters() gives it ("transformer.h.0.attn.c_attn.weight"), and
+ * the order of parameters is PyTorch's too: a module's own parameters in the
+ * order they were added, then each child's, depth first. A checkpoint
+ * written under these names maps 1:1 onto the PyTorch model.
+ *
+ * Flat buffers. Once a root module is complete ("finalized": the built-in
+ * constructors finalize what they return; a tree built by hand is finalized
+ * by fg_module_finalize or on first use) every parameter is a view into ONE
+ * contiguous buffer of the model's dtype (f32 or f64), in the order above
+ * with no padding, and every parameter's gradient is a view into ONE flat
+ * gradient buffer of the same layout. A DDP bucket is a slice of the flat
+ * gradient, a ZeRO shard a range of elements; fg_module_param_offset gives
+ * where each parameter starts. The same holds for any sub-module: its
+ * parameters are a contiguous range of the root's buffers, and the
+ * functions below called on a sub-module see that range, with names relative
+ * to it (as sub.named_parameters()). Non-trainable buffers (none in the
+ * built-ins) live in a flat buffer of their own, without gradients.
+ *
+ * Tied weights (GPT's output head uses the token embedding) are one
+ * parameter, counted and stored once under the name of the module that owns
+ * it; the other name is an alias that fg_module_find_param and
+ * fg_module_load_state also accept.
+ *
+ * Initialisation is seeded and counter-based: parameter i (in the order
+ * above) is filled from stream fg_rng_derive(seed, i), so the same seed gives
+ * the same weights on any rank, thread count or machine.
+ *
+ * Ownership. A module added as a child belongs to its parent;
+ * fg_module_free(root) frees the whole tree, parameters, gradients and
+ * buffers. Parameter tensors are persistent and borrowed from the module for
+ * its life. Forward calls return step tensors.
+ *
+ * Thread safety. Building and finalizing a tree, loading state and changing
+ * modes are not thread-safe. fg_module_forward may run on several threads
+ * at once on one finalized tree (dp replicas), each thread with its own
+ * tape; Dropout advances its offset atomically. */
+#ifndef FULGUR_NN_H
+#define FULGUR_NN_H
+
+#include "fulgur/autograd.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fg_module fg_module;
+
+/* ------------------------------------------------------------ user modules */
+
+/* A module's forward: gets the module, the input (never NULL: a NULL input
+ * is turned into NULL before the call) and the module's user data. Returns a
+ * step tensor, or NULL with fg_last_error set. */
+typedef fg_tensor *(*fg_module_forward_fn)(fg_module *m, fg_tensor *x, void *ud);
+
+/* How a parameter is initialised when its tree is finalized (and by
+ * fg_module_reset_parameters). All-zero is FG_INIT_ZEROS. */
+typedef enum fg_init_kind {
+    FG_INIT_ZEROS = 0,
+    FG_INIT_ONES,
+    FG_INIT_CONST,   /* a */
+    FG_INIT_NORMAL,  /* mean a, std b */
+    FG_INIT_UNIFORM, /* in [a, b) */
+    FG_INIT_KEEP,    /* keep the values written before finalize (zero if none) */
+} fg_init_kind;
+
+typedef struct fg_init {
+    fg_init_kind kind;
+    double a, b;
+} fg_init;
+
+/* A new module with no parameters and no children.
+ *   type:    a short type name for messages ("Linear", "Block"); copied.
+ *   forward: may be NULL for a pure container (ModuleDict, ModuleList):
+ *            fg_module_forward on it is then FG_EUNSUPPORTED.
+ *   ud:      user data handed to forward, owned by the module when free_ud
+ *            is given (called once from fg_module_free).
+ * Returns NULL with FG_ENOMEM (free_ud is then called on ud). */
+FG_API fg_module *fg_module_new(const char *type, fg_module_forward_fn forward, void *ud,
+                                void (*free_ud)(void *ud));
+
+/* Frees m and everything below it. m must be a root (no parent): children
+ * die with their root. NULL is a no-op. */
+FG_API void fg_module_free(fg_module *m);
+
+/* Adds `child` under `name` (non-empty, no '.', unique among m's children
+ * and parameters; copied). The child is consumed: it belongs to m from now
+ * on, also when the call fails (it is then freed). Errors: FG_EINVAL (bad or
+ * duplicate name, child already has a parent, child is NULL: an earlier
+ * constructor failed, and its message is kept), FG_ESTATE (m's tree or the
+ * child is already finalized), FG_ENOMEM. */
+FG_API fg_status fg_module_add_child(fg_module *m, const char *name, fg_module *child);
+
+/* Adds a parameter `name` (rules as for children) of dtype dt (f32 or f64;
+ * every parameter of a tree has the same dtype) and shape, to be initialised
+ * by `init` (NULL = zeros) when the tree is finalized. Returns the parameter,
+ * a persistent tensor borrowed from m (its pointer stays valid after
+ * finalize, which moves its data into the flat buffer; values written before
+ * finalize are kept only with FG_INIT_KEEP). NULL on error (FG_EINVAL,
+ * FG_ESTATE after finalize, FG_ENOMEM). */
+FG_API fg_tensor *fg_module_add_param(fg_module *m, const char *name, fg_dtype dt, int ndim,
+                                      const int64_t *shape, const fg_init *init);
+
+/* Adds a non-trainable buffer (a persistent tensor with no gradient, in the
+ * state dict after the parameters). Same rules as fg_module_add_param. */
+FG_API fg_tensor *fg_module_add_buffer(fg_module *m, const char *name, fg_dtype dt, int ndim,
+                                       const int64_t *shape, const fg_init *init);
+
+/* Registers `name` in m as an alias of `param`, a parameter added elsewhere
+ * in the same tree (weight tying: GPT's lm_head.weight is
+ * transformer.wte.weight). The alias is not a second parameter: it is not
+ * counted, stored or initialised twice. Errors: FG_EINVAL (bad name, param
+ * not a parameter of this tree by the time of finalize), FG_ESTATE. */
+FG_API fg_status fg_module_add_tied(fg_module *m, const char *name, fg_tensor *param);
+
+/* Changes the initialisation of m's own parameter `name` (before finalize,
+ * or before fg_module_reset_parameters). FG_EINVAL if m has no such
+ * parameter. */
+FG_API fg_status fg_module_set_init(fg_module *m, const char *name, const fg_init *init);
+
+/* Sets the seed the root's finalize initialises parameters with (default
+ * 0) and from which each Dropout module's seed is derived. Before finalize
+ * only (FG_ESTATE after: use fg_module_reset_parameters). */
+FG_API fg_status fg_module_set_seed(fg_module *root, uint64_t seed);
+
+/* Completes the tree rooted at `root`: lays every parameter, gradient and
+ * buffer out in the flat buffers and initialises them from the seed. A no-op
+ * on a finalized tree. Called by the built-in constructors and, lazily, by
+ * fg_module_forward and the accessors below. Errors: FG_EINVAL (root has a
+ * parent, parameters of different or non-float dtypes, a tied tensor that is
+ * not a parameter of the tree), FG_ENOMEM. On failure the tree is unchanged. */
+FG_API fg_status fg_module_finalize(fg_module *root);
+FG_API bool fg_module_is_finalized(const fg_module *m);
+
+/* Re-initialises every parameter and buffer below m from `seed` (each as
+ * its init says; a parameter with FG_INIT_KEEP is left alone), as if the
+ * tree had been finalized with that seed: parameter i of the root uses
+ * stream fg_rng_derive(seed, i) whichever sub-module is reset. */
+FG_API fg_status fg_module_reset_parameters(fg_module *m, uint64_t seed);
+
+/* The user data given to fg_module_new. */
+FG_API void *fg_module_data(const fg_module *m);
+FG_API const char *fg_module_type(const fg_module *m);
+/* m's name in its parent ("" for a root). */
+FG_API const char *fg_module_name(const fg_module *m);
+FG_API fg_module *fg_module_parent(const fg_module *m);
+FG_API int fg_module_num_children(const fg_module *m);
+FG_API fg_module *fg_module_child_at(const fg_module *m, int i);
+/* The child named `name` ("h" or a dotted path "transformer.h.0"), or NULL
+ * (FG_EINVAL naming it). */
+FG_API fg_module *fg_module_child(const fg_module *m, const char *name);
+/* m's own parameter `name` (not a path; aliases included), or NULL. Works
+ * before finalize: how a forward callback reaches its weights. */
+FG_API fg_tensor *fg_module_own_param(const fg_module *m, const char *name);
+
+/* ------------------------------------------------------------------ forward */
+
+/* Runs m's forward on x (finalizing the tree first if needed). Returns a
+ * step tensor, NULL with fg_last_error set on error; a NULL x gives NULL
+ * (the earlier error is kept and prefixed). Thread-safe on a finalized tree. */
+FG_API fg_tensor *fg_module_forward(fg_module *m, fg_tensor *x);
+
+/* Training (true, the default) or evaluation mode for m and everything
+ * below it: Dropout is the identity in evaluation mode. */
+FG_API void fg_module_train(fg_module *m, bool on);
+FG_API bool fg_module_is_training(const fg_module *m);
+
+/* ------------------------------------------- parameters and flat buffers */
+/* The functions below finalize m's tree first when needed; on failure they
+ * return 0 / -1 / NULL with fg_last_error set. Indices run over m's
+ * parameters (0 .. num_params-1), names are relative to m. */
+
+/* Number of parameter tensors (tied weights once). */
+FG_API int64_t fg_module_num_params(fg_module *m);
+/* Parameter i (borrowed), its name (borrowed, valid for m's life), its
+ * element offset in fg_module_flat_params(m). NULL / -1 when i is out of
+ * range (FG_EINVAL). */
+FG_API fg_tensor *fg_module_param(fg_module *m, int64_t i);
+FG_API const char *fg_module_param_name(fg_module *m, int64_t i);
+FG_API int64_t fg_module_param_offset(fg_module *m, int64_t i);
+/* Total number of parameter elements. */
+FG_API int64_t fg_module_numel(fg_module *m);
+/* The dtype of the parameters (FG_F32 or FG_F64), FG_F32 if there are none. */
+FG_API fg_dtype fg_module_dtype(fg_module *m);
+/* 1-D persistent views of all of m's parameters / their gradients, in the
+ * layout above (borrowed from the module; writing them writes the
+ * parameters). */
+FG_API fg_tensor *fg_module_flat_params(fg_module *m);
+FG_API fg_tensor *fg_module_flat_grads(fg_module *m);
+/* Index of the parameter named `name` (aliases too), -1 if none (no error
+ * set: a lookup, not a failure). */
+FG_API int64_t fg_module_find_param(fg_module *m, const char *name);
+/* Zeroes every gradient of m (the flat gradient range). */
+FG_API void fg_module_zero_grad(fg_module *m);
+
+/* Buffers, as parameters (none in the built-in models). */
+FG_API int64_t fg_module_num_buffers(fg_module *m);
+FG_API fg_tensor *fg_module_buffer(fg_module *m, int64_t i);
+FG_API const char *fg_module_buffer_name(fg_module *m, int64_t i);
+
+/* -------------------------------------------------------------- state dict */
+
+/* The state dict is the parameters in order, then the buffers:
+ * fg_module_state_count entries, entry i with its name and tensor
+ * (borrowed). What the checkpoint layer saves. */
+FG_API int64_t fg_module_state_count(fg_module *m);
+FG_API const char *fg_module_state_name(fg_module *m, int64_t i);
+FG_API fg_tensor *fg_module_state_tensor(fg_module *m, int64_t i);
+
+/* One named array to load: `data` holds product(shape) elements of dtype
+ * (row-major, borrowed for the call). */
+typedef struct fg_state_entry {
+    const char *name;
+    fg_dtype dtype;
+    int ndim;
+    const int64_t *shape;
+    const void *data;
+} fg_state_entry;
+
+/* Loads values by name into m's parameters and buffers (names relative to
+ * m; aliases of tied weights accepted). Float entries are converted to the
+ * model's dtype. Everything is checked before anything is written: on
+ * failure m is unchanged. Errors: FG_EMISMATCH with a message listing the
+ * shape mismatches (name, file shape, model shape), and with `strict` the
+ * missing names (in m, not in entries) and the unexpected ones (in entries,
+ * not in m); FG_EINVAL for a NULL argument, a non-float entry or a
+ * duplicate entry name. */
+FG_API fg_status fg_module_load_state(fg_module *m, const fg_state_entry *entries, int64_t n,
+                                      bool strict);
+
+/* ---------------------------------------------------------------- built-ins */
+/* Each returns a new root, not yet finalized: add it as a child of a bigger
+ * tree, or use it on its own (it is finalized with seed 0 on first use, or
+ * set a seed first). NULL with fg_last_error on a bad argument or out of
+ * memory. The models further down (MLP, GPT) come back finalized. */
+
+/* y = x @ weight^T + bias: weight (out, in), bias (out) when `bias`, as
+ * torch.nn.Linear, initialised as PyTorch does (U(-1/sqrt(in), 1/sqrt(in))
+ * for both, i.e. kaiming_uniform with a = sqrt(5)). x (..., in). */
+FG_API fg_module *fg_linear_new(int64_t in, int64_t out, bool bias, fg_dtype dt);
+/* weight (num, dim), N(0, 1) as torch.nn.Embedding; x i32 (...) -> (..., dim). */
+FG_API fg_module *fg_embedding_new(int64_t num, int64_t dim, fg_dtype dt);
+/* Over the last dim of size `dim`: weight 1 and (with `bias`) bias 0; eps
+ * <= 0 means 1e-5 (PyTorch's default). */
+FG_API fg_module *fg_layer_norm_new(int64_t dim, double eps, bool bias, fg_dtype dt);
+/* Inverted dropout with probability p in [0, 1) in training mode, the
+ * identity in evaluation mode. The mask is fg_dropout's at (seed, offset):
+ * seed is derived from the root's seed and the module's position in the tree,
+ * offset starts at 0 and advances by the input's size at each call, so a run
+ * is reproducible. */
+FG_API fg_module *fg_dropout_new(double p);
+/* A Dropout module's mask state, for checkpoints and for giving ranks
+ * different masks: FG_EINVAL if m is not a Dropout module. */
+FG_API fg_status fg_dropout_get_state(const fg_module *m, uint64_t *seed, uint64_t *offset);
+FG_API fg_status fg_dropout_set_state(fg_module *m, uint64_t seed, uint64_t offset);
+/* Sets every Dropout below m to a seed derived from `seed` and its position,
+ * offsets back to 0 (what fabric's seed_everything does per rank). */
+FG_API void fg_module_seed_dropout(fg_module *m, uint64_t seed);
+/* Activations, without parameters. GELU is the tanh form (GPT-2's). */
+FG_API fg_module *fg_gelu_new(void);
+FG_API fg_module *fg_relu_new(void);
+
+/* A container that runs its children in order (torch.nn.Sequential): the
+ * children are named "0", "1", ... by fg_sequential_append, which consumes
+ * `child` as fg_module_add_child does. FG_EINVAL if seq is not a Sequential. */
+FG_API fg_module *fg_sequential_new(void);
+FG_API fg_status fg_sequential_append(fg_module *seq, fg_module *child);
+
+/* -------------------------------------------------------------------- MLP */
+
+#define FG_MLP_MAX_LAYERS 16
+
+typedef enum fg_activation { FG_ACT_RELU = 0, FG_ACT_GELU } fg_activation;
+
+/* A multi-layer perceptron: Linear(sizes[0], sizes[1]), activation,
+ * Linear(sizes[1], sizes[2]), ..., Linear(sizes[n-1], sizes[n]), returning
+ * logits (no activation after the last Linear). The layout is PyTorch's
+ * nn.Sequential, so parameters are named "0.weight", "0.bias", "2.weight",
+ * ... (activations and dropouts take indices too). */
+typedef struct fg_mlp_config {
+    int64_t sizes[FG_MLP_MAX_LAYERS + 1]; /* in, hidden..., out */
+    int nlayers;                          /* Linear layers; 0 = count of sizes > 0, minus 1 */
+    fg_activation activation;             /* default ReLU */
+    double dropout;                       /* after each activation when > 0 */
+    bool no_bias;                         /* Linear layers without bias */
+    uint64_t seed;                        /* initialisation seed */
+    const char *dtype;                    /* "f32" (default, NULL) or "f64" */
+} fg_mlp_config;
+
+/* Builds and finalizes an MLP. Its forward takes x (B, sizes[0]), or
+ * (B, d1, d2, ...) with d1*d2*... == sizes[0] (flattened, as nn.Flatten),
+ * and returns logits (B, sizes[nlayers]). Errors: FG_EINVAL naming the bad
+ * field (nlayers out of 1..FG_MLP_MAX_LAYERS, a size <= 0, unknown dtype,
+ * dropout outside [0, 1)). */
+FG_API fg_module *fg_mlp_new(const fg_mlp_config *c);
+
+/* -------------------------------------------------------------------- GPT */
+
+/* GPT-2 exactly as nanoGPT's model.py lays it out (names, order, init):
+ *   transformer.wte (vocab, embd), transformer.wpe (ctx, embd), dropout,
+ *   transformer.h.{i}: ln_1, attn.c_attn (embd -> 3 embd, fused q|k|v),
+ *     causal attention, attn.c_proj (embd -> embd), dropout, residual;
+ *     ln_2, mlp.c_fc (embd -> 4 embd), GELU (tanh), mlp.c_proj, dropout,
+ *     residual;
+ *   transformer.ln_f, then lm_head (no bias) tied to transformer.wte
+ *   (alias "lm_head.weight").
+ * Initialisation: weights N(0, 0.02), c_proj weights N(0, 0.02 /
+ * sqrt(2 layers)), biases 0, LayerNorms 1 and 0. Dropout is applied after
+ * the embeddings and on both residual branches; attention probabilities are
+ * not dropped (fg_causal_attention has no dropout). LayerNorm eps is 1e-5. */
+typedef struct fg_gpt_config {
+    int64_t vocab, ctx; /* vocabulary size, longest sequence (block_size) */
+    int layers, heads;
+    int64_t embd;      /* a multiple of heads */
+    double dropout;    /* in [0, 1) */
+    bool no_bias;      /* Linears and LayerNorms without bias (nanoGPT's bias=False) */
+    uint64_t seed;     /* initialisation seed (dropout seeds derive from it) */
+    const char *dtype; /* "f32" (default, NULL) or "f64" */
+} fg_gpt_config;
+
+/* Builds and finalizes a GPT. Its forward takes idx i32 (B, T) with
+ * T <= ctx and every id in [0, vocab), and returns logits (B, T, vocab).
+ * Errors: FG_EINVAL naming the bad field (a size <= 0, embd not a multiple
+ * of heads, dropout outside [0, 1), unknown dtype); forward: FG_EINVAL for
+ * T > ctx, a wrong dtype or ndim, or an id out of range. */
+FG_API fg_module *fg_gpt_new(const fg_gpt_config *c);
+/* The config a GPT module was built with (NULL if m is not one). */
+FG_API const fg_gpt_config *fg_gpt_get_config(const fg_module *m);
+
+typedef struct fg_sample_opts {
+    double temperature; /* > 0; 0 means 1.0 */
+    int64_t top_k;      /* keep the k most likely tokens; 0 = all */
+    bool greedy;        /* argmax instead of sampling */
+    uint64_t seed;      /* the draw for token j is at (seed, j): reproducible */
+} fg_sample_opts;
+
+/* Samples the next token of each of B sequences: idx i32 (B, T) (the last
+ * ctx tokens are used when T > ctx). Writes B tokens to out. Runs in no-grad
+ * mode and makes step tensors on the calling thread (freed by the caller's
+ * next fg_step_reset). `draw` is the index of the draw in the seed's stream
+ * (the token's position, for reproducibility). */
+FG_API fg_status fg_gpt_sample_next(fg_module *gpt, fg_tensor *idx, const fg_sample_opts *o,
+                                    uint64_t draw, int32_t *out);
+
+/* Generates n_new tokens after a prompt of n_prompt tokens (n_prompt >= 1,
+ * each in [0, vocab)): writes prompt then continuation, n_prompt + n_new
+ * tokens, to out. Runs on a helper thread with its own step arena in no-grad
+ * mode, so it neither uses nor frees the caller's step tensors, and memory
+ * stays bounded however long the output. Not thread-safe with training the
+ * same model. Errors: FG_EINVAL (bad argument, id out of range), FG_ENOMEM. */
+FG_API fg_status fg_gpt_generate(fg_module *gpt, const int32_t *prompt, int64_t n_prompt,
+                                 int64_t n_new, const fg_sample_opts *o, int32_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

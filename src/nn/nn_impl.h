@@ -1,0 +1,108 @@
+/* Private header of the nn layer: the module struct and the root's flat
+ * layout, shared by module.c (tree, finalize, state), layers.c, mlp.c and
+ * gpt.c, and by the optim layer above (which reads the flat layout).
+ *
+ * Invariants after finalize:
+ *   - the root's fg_flat lists every parameter once in PyTorch order (a
+ *     module's own parameters, then its children's, depth first), each at
+ *     offset poff[i] = sum of the sizes before it (no padding);
+ *   - every module of the tree points at that fg_flat (flat != NULL) and
+ *     owns the index range [p_first, p_first + p_count) and the element range
+ *     [p_off, p_off + p_numel) of it, likewise for buffers;
+ *   - a parameter tensor's data is pdata + poff[i] (not owned), its grad is
+ *     the view gview[i] into gdata. */
+#ifndef FULGUR_NN_IMPL_H
+#define FULGUR_NN_IMPL_H
+
+#include <stdatomic.h>
+
+#include "autograd/autograd_impl.h"
+#include "fulgur/nn.h"
+
+typedef struct fg_pentry {
+    char *name; /* local name in its module */
+    fg_tensor *t;
+    fg_init init;
+    bool alias; /* a tied weight owned by another module */
+} fg_pentry;
+
+typedef struct fg_plist {
+    fg_pentry *e;
+    int n, cap;
+} fg_plist;
+
+typedef struct fg_flat {
+    fg_dtype dtype;
+    uint64_t seed;
+    /* parameters */
+    int64_t np, pnumel;
+    fg_tensor **p;
+    fg_pentry **pe;
+    char **pname; /* full dotted names */
+    int64_t *poff;
+    fg_tensor **gview;
+    void *pdata, *gdata;
+    /* buffers */
+    int64_t nb, bnumel;
+    fg_tensor **b;
+    fg_pentry **be;
+    char **bname;
+    int64_t *boff;
+    void *bdata;
+    /* aliases (tied weights): full name -> parameter index */
+    int64_t nalias;
+    char **alias_name;
+    int64_t *alias_idx;
+    /* every module, preorder (for freeing per-module views) */
+    int64_t nmod;
+    fg_module **mods;
+} fg_flat;
+
+struct fg_module {
+    char *type;
+    char *name; /* in the parent; "" for a root */
+    fg_module *parent;
+    fg_module **child;
+    int nchild, capchild;
+    fg_plist params, buffers;
+    fg_module_forward_fn forward;
+    void *ud;
+    void (*free_ud)(void *);
+    const void *kind; /* identifies built-ins (Dropout, GPT) */
+    bool training;
+    uint64_t seed; /* root: initialisation seed */
+
+    /* after finalize */
+    fg_flat *flat; /* the root's */
+    int64_t index; /* preorder position in the tree */
+    int64_t p_first, p_count, p_off, p_numel;
+    int64_t b_first, b_count, b_off, b_numel;
+    size_t prefix_len; /* strlen of "path." (0 for the root) */
+    char *path;        /* full dotted path ("" for the root) */
+    fg_tensor *flat_p, *flat_g, *flat_b;
+};
+
+/* The root of m's tree. */
+fg_module *fg__module_root(const fg_module *m);
+/* Finalizes m's root if needed. */
+fg_status fg__module_ready(fg_module *m);
+/* m's path for messages ("transformer.h.0.attn", or "(root)"). */
+const char *fg__module_path(const fg_module *m, char *buf, size_t n);
+
+/* Kinds of the built-ins. */
+extern const char fg__kind_dropout[], fg__kind_gpt[], fg__kind_mlp[], fg__kind_sequential[];
+
+/* Dropout's state (the ud of a Dropout module). */
+typedef struct fg_dropout_state {
+    double p;
+    uint64_t seed;
+    _Atomic uint64_t offset;
+} fg_dropout_state;
+
+/* Seeds the Dropout modules of a finalized tree from `seed`. */
+void fg__seed_dropouts(fg_module *m, uint64_t seed);
+
+/* "f32" (also NULL or "") or "f64" -> dtype; FG_EINVAL naming `what`. */
+fg_status fg__parse_model_dtype(const char *s, const char *what, fg_dtype *out);
+
+#endif
