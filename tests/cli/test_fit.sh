@@ -86,7 +86,7 @@ resume_check 1rank
 resume_check ddp2 --devices 2 --strategy ddp
 
 # --- a checkpoint that does not fit the model
-run mism "$FULGUR" fit "${TINY[@]}" --embd 48 --max-steps 2 --default-root-dir "$T_TMP/mism" \
+run mism "$FULGUR" fit "${TINY[@]}" --embd 48 --max-steps 2 --default-root-dir "$T_TMP/mism-run" \
     --resume "$R/checkpoints/last.safetensors"
 expect_rc "resume with another --embd" 1 mism
 expect_grep "mismatch names the tensors" mism 'does not fit the model.*transformer\.wte\.weight'

@@ -34,8 +34,10 @@ int cmd_fit(int argc, char **argv) {
     }
     rc = fg_fabric_launch(f, fit_run, &o);
     if (rc != 0) {
+        /* fit_run printed its own errors (and returns 1); anything else is
+         * the launcher's (a rank that died, a failed start) */
         const char *msg = fg_last_error();
-        if (msg && *msg) cli_error("fit failed: %s", msg);
+        if (rc != FG_EXIT_FAIL && msg && *msg) cli_error("fit: %s", msg);
         rc = FG_EXIT_FAIL;
     }
     fg_fabric_free(f);

@@ -214,10 +214,8 @@ int fit_args_parse(fit_opts *o, int argc, char **argv) {
     }
     if (o->resume) {
         /* "last" without a checkpoint yet is an error, as a missing file */
-        if (ckpt_resolve(o->resume, o->ckpt_dir, o->resume_path, sizeof o->resume_path) != 0) {
-            cli_error("--resume=\"%s\": nothing to resume from", o->resume);
+        if (ckpt_resolve(o->resume, o->ckpt_dir, o->resume_path, sizeof o->resume_path) != 0)
             return FG_EXIT_USAGE;
-        }
     }
     return 0;
 }

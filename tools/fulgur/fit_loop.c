@@ -1,0 +1,435 @@
+/* The training loop of `fulgur fit`, run by every rank through the fabric
+ * API: setup, distributed loaders, gradient accumulation under
+ * no_backward_sync, clipping, the lr schedule, validation averaged over
+ * ranks, checkpoints (fg_fabric_save, then rank 0 moves the "last" link),
+ * and for gpt a sample at the end.
+ *
+ * Exact resume: everything a step depends on is a function of what the
+ * checkpoint holds. Weights and optimizer state are tensors; the step count
+ * gives the lr (fit_lr_at) and the dropout stream; (epoch, batch) is the
+ * loader's position (fg_dataloader_set_position), whose batches are a pure
+ * function of (seed, epoch, rank, world). So 40 steps straight and 20 +
+ * resume + 20 give the same bits, on any strategy whose reductions are
+ * deterministic. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ckpt_paths.h"
+#include "fit_model.h"
+
+/* passes a failure up (FG_TRY is the library's private twin) */
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        fg_status s_ = (expr);                                                                     \
+        if (s_ != FG_OK) return s_;                                                                \
+    } while (0)
+
+#if defined(FIT_HAVE_OPTIM) && __has_include("fulgur/fabric.h")
+
+typedef struct fit_ctx {
+    fg_fabric *f;
+    const fit_opts *o;
+    fit_data d;
+    fit_model_cfg cfg;
+    fg_module *model;
+    fg_optimizer *opt;
+    fg_dataloader *train, *val;
+    fit_progress *prog; /* rank 0 only */
+    bool rank0;
+    int world;
+    char *config_json, *vocab_b64;
+    int64_t step, last_saved, last_val_step;
+    double last_val;
+    char last_ckpt[4096];
+} fit_ctx;
+
+static int rank_error(const fit_ctx *c, const char *what) {
+    if (c->world > 1) cli_error("rank %d: %s: %s", fg_fabric_global_rank(c->f), what, fg_last_error());
+    else cli_error("%s: %s", what, fg_last_error());
+    return FG_EXIT_FAIL;
+}
+
+/* mkdir -p */
+static int make_dirs(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(buf, 0777) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* Model input for a batch: gpt takes (B, T) ids as they are; mlp flattens
+ * (B, D...) to (B, D). */
+static fg_tensor *forward_loss(fit_ctx *c, fg_tensor *x, fg_tensor *y) {
+    if (c->cfg.kind == FIT_MLP && fg_tensor_ndim(x) != 2) {
+        int64_t shape[2] = {fg_tensor_dim(x, 0), c->cfg.in_dim};
+        x = fg_reshape(x, 2, shape);
+    }
+    return fg_cross_entropy(fg_module_forward(c->model, x), y, -100);
+}
+
+/* Mean validation loss over the val set (at most --limit-val-batches per
+ * rank), distributed padding left out, averaged over ranks by token count.
+ * Collective. NAN if there is no validation data. */
+static fg_status validate(fit_ctx *c, double *out) {
+    bool prev = fg_set_grad_enabled(false);
+    fg_module_train(c->model, false);
+    fg_status s = fg_dataloader_set_epoch(c->val, 0);
+    double sum = 0, count = 0;
+    int64_t nb = 0;
+    for (fg_batch *b; s == FG_OK && (b = fg_dataloader_next(c->val)) != NULL;) {
+        if (c->o->limit_val_batches && nb++ >= c->o->limit_val_batches) break;
+        if (b->valid == 0) continue;
+        fg_tensor *x = b->x, *y = b->y;
+        if (b->valid < b->size) {
+            x = fg_tensor_narrow_view(x, 0, 0, b->valid);
+            y = fg_tensor_narrow_view(y, 0, 0, b->valid);
+        }
+        fg_tensor *loss = forward_loss(c, x, y);
+        if (!loss) {
+            s = fg_error_wrap(FG_EINVAL, "validation forward");
+            break;
+        }
+        double n = (double)fg_tensor_numel(y);
+        sum += fg_item(loss) * n;
+        count += n;
+        fg_step_end(c->f);
+    }
+    if (s == FG_OK) s = fg_dataloader_status(c->val);
+    fg_module_train(c->model, true);
+    fg_set_grad_enabled(prev);
+    /* every rank reaches these, even after a local error, so none hangs */
+    double ok = fg_fabric_reduce_scalar(c->f, s == FG_OK ? 1 : 0, FG_MIN);
+    sum = fg_fabric_reduce_scalar(c->f, sum, FG_SUM);
+    count = fg_fabric_reduce_scalar(c->f, count, FG_SUM);
+    if (s != FG_OK) return s;
+    if (ok != 1) return fg_error(FG_EPEER, "validation failed on another rank");
+    *out = count > 0 ? sum / count : NAN;
+    return FG_OK;
+}
+
+/* Collective: fg_fabric_save writes on rank 0; rank 0 then points "last"
+ * at the new file (only after the save returned whole). */
+static fg_status save(fit_ctx *c) {
+    int64_t epoch, batch;
+    fg_dataloader_position(c->train, &epoch, &batch);
+    char path[4096], name[128], last[4096];
+    ckpt_step_path(c->o->ckpt_dir, c->step, path, sizeof path);
+    ckpt_step_name(c->step, name, sizeof name);
+    ckpt_last_path(c->o->ckpt_dir, last, sizeof last);
+    fg_train_state st = {.model = c->model,
+                         .optimizer = c->opt,
+                         .step = c->step,
+                         .epoch = epoch,
+                         .batch_in_epoch = batch,
+                         .seed = (uint64_t)c->o->seed,
+                         .config_json = c->config_json,
+                         .vocab_b64 = c->vocab_b64};
+    fg_status s = fg_fabric_save(c->f, path, &st);
+    if (s != FG_OK) return s;
+    if (c->rank0 && (s = fg_st_set_last(last, name)) != FG_OK) return s;
+    snprintf(c->last_ckpt, sizeof c->last_ckpt, "%s", path);
+    c->last_saved = c->step;
+    return FG_OK;
+}
+
+static fg_status resume(fit_ctx *c) {
+    fg_train_state st = {.model = c->model, .optimizer = c->opt};
+    TRY(fg_fabric_load(c->f, c->o->resume_path, &st));
+    if (st.seed != (uint64_t)c->o->seed && c->rank0)
+        fit_progress_note(c->prog, "note: the checkpoint was trained with --seed %llu, this run "
+                          "uses %lld: the data order changes", (unsigned long long)st.seed,
+                          (long long)c->o->seed);
+    c->step = st.step;
+    c->last_saved = st.step;
+    TRY(fg_dataloader_set_position(c->train, st.epoch, st.batch_in_epoch));
+    if (c->rank0)
+        fit_progress_note(c->prog, "resumed from %s at step %lld (epoch %lld, batch %lld)",
+                          c->o->resume_path, (long long)st.step, (long long)st.epoch,
+                          (long long)st.batch_in_epoch);
+    return FG_OK;
+}
+
+/* The next training batch, moving to the next epoch at the end of one.
+ * NULL when --max-epochs is reached (*status FG_OK) or on an error. */
+static fg_batch *next_batch(fit_ctx *c, fg_status *status) {
+    *status = FG_OK;
+    fg_batch *b = fg_dataloader_next(c->train);
+    if (b) return b;
+    if ((*status = fg_dataloader_status(c->train)) != FG_OK) return NULL;
+    int64_t epoch, batch;
+    fg_dataloader_position(c->train, &epoch, &batch);
+    if (c->o->max_epochs >= 0 && epoch + 1 >= c->o->max_epochs) return NULL;
+    if ((*status = fg_dataloader_set_epoch(c->train, epoch + 1)) != FG_OK) return NULL;
+    b = fg_dataloader_next(c->train);
+    if (!b) {
+        *status = fg_dataloader_status(c->train);
+        if (*status == FG_OK) *status = fg_error(FG_EINVAL, "the training data has no batch");
+    }
+    return b;
+}
+
+/* One optimizer step over --accumulate-grad-batches micro-batches.
+ * *done is set when the epochs ran out before any micro-batch. */
+static fg_status train_step(fit_ctx *c, double *loss_out, double *items, bool *done) {
+    const fit_opts *o = c->o;
+    double loss_sum = 0;
+    int64_t micro = 0, samples = 0;
+    *done = false;
+    fg_optimizer_zero_grad(c->opt);
+    for (; micro < o->accumulate; micro++) {
+        fg_status s;
+        fg_batch *b = next_batch(c, &s);
+        if (!b) {
+            if (s != FG_OK) return s;
+            break;
+        }
+        /* the last micro-batch of the step synchronises (ddp's no_sync before) */
+        fg_fabric_set_no_backward_sync(c->f, micro + 1 < o->accumulate);
+        fg_tensor *loss = forward_loss(c, b->x, b->y);
+        if (!loss) return fg_error_wrap(FG_EINVAL, "step %lld: forward", (long long)c->step + 1);
+        loss_sum += fg_item(loss);
+        samples += b->size;
+        fg_tensor *scaled = o->accumulate > 1 ? fg_scale(loss, 1.0 / (double)o->accumulate) : loss;
+        TRY(fg_fabric_backward(c->f, scaled));
+        fg_step_end(c->f);
+    }
+    if (micro == 0) {
+        *done = true;
+        return FG_OK;
+    }
+    if (micro < o->accumulate) {
+        /* epochs ran out mid-accumulation: sync what we have */
+        fg_fabric_set_no_backward_sync(c->f, false);
+    }
+    if (o->clip > 0) TRY(fg_fabric_clip_gradients(c->f, o->clip, NULL));
+    fg_optimizer_set_lr(c->opt, fit_lr_at(o, c->step));
+    TRY(fg_optimizer_step(c->opt));
+    fg_step_end(c->f);
+    c->step++;
+    double mean = loss_sum / (double)micro;
+    *loss_out = c->world > 1 ? fg_fabric_reduce_scalar(c->f, mean, FG_AVG) : mean;
+    *items = (double)samples * (c->cfg.kind == FIT_GPT ? (double)c->cfg.ctx : 1.0) * c->world;
+    return FG_OK;
+}
+
+/* Rank 0, gpt on text: a sample after the run. Prompt: a newline if the
+ * vocabulary has one, else its first character. */
+static void final_sample(fit_ctx *c) {
+    if (c->cfg.kind != FIT_GPT || !c->o->sample_tokens) return;
+    int64_t n = c->o->sample_tokens;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n + 1));
+    char *text = malloc((size_t)n + 2);
+    if (!ids || !text) goto out;
+    int32_t start = 0;
+    if (c->d.text_vocab && fg_text_vocab_id(c->d.text_vocab, '\n') >= 0)
+        start = fg_text_vocab_id(c->d.text_vocab, '\n');
+    fg_module_train(c->model, false);
+    fg_sample_opts so = {.temperature = 0.8, .seed = (uint64_t)c->o->seed};
+    if (fg_gpt_generate(c->model, &start, 1, n, &so, ids) != FG_OK) {
+        cli_error("sample: %s", fg_last_error());
+        goto out;
+    }
+    printf("sample (temperature 0.8, seed %lld):\n", (long long)c->o->seed);
+    if (c->d.text_vocab && fg_text_vocab_decode(c->d.text_vocab, ids + 1, n, text) == FG_OK) {
+        fwrite(text, 1, (size_t)n, stdout);
+        putchar('\n');
+    } else {
+        for (int64_t i = 1; i <= n; i++) printf("%d%c", ids[i], i == n ? '\n' : ' ');
+    }
+    fflush(stdout);
+out:
+    free(ids);
+    free(text);
+}
+
+static int64_t total_steps(const fit_ctx *c) {
+    int64_t per_epoch = (fg_dataloader_len(c->train) + c->o->accumulate - 1) / c->o->accumulate;
+    int64_t t = c->o->max_steps;
+    if (c->o->max_epochs > 0 && (t < 0 || per_epoch * c->o->max_epochs < t))
+        t = per_epoch * c->o->max_epochs;
+    return t;
+}
+
+static void free_ctx(fit_ctx *c) {
+    fit_progress_free(c->prog);
+    fg_dataloader_free(c->train);
+    fg_dataloader_free(c->val);
+    fg_optimizer_free(c->opt);
+    fg_module_free(c->model);
+    fit_data_free(&c->d);
+    free(c->config_json);
+    free(c->vocab_b64);
+}
+
+int fit_run(fg_fabric *f, void *arg) {
+    fit_ctx c = {.f = f, .o = arg, .rank0 = fg_fabric_is_global_zero(f),
+                 .world = fg_fabric_world_size(f)};
+    const fit_opts *o = c.o;
+    int rc = FG_EXIT_FAIL;
+    double t_start = fg_time();
+    if (fit_data_open(o, &c.d) != FG_OK) {
+        rc = rank_error(&c, "data");
+        goto out;
+    }
+    fit_model_cfg_from_opts(o, &c.d, &c.cfg);
+    c.model = fit_model_new(&c.cfg);
+    c.opt = c.model ? fit_optimizer_new(o, c.model) : NULL;
+    if (!c.model || !c.opt) {
+        rc = rank_error(&c, "model");
+        goto out;
+    }
+    c.config_json = fit_model_cfg_json(&c.cfg, o);
+    if (c.d.text_vocab)
+        c.vocab_b64 = b64_encode(fg_text_vocab_bytes(c.d.text_vocab),
+                                 (size_t)fg_text_vocab_size(c.d.text_vocab));
+    if (fg_fabric_setup(f, c.model, c.opt) != FG_OK) {
+        rc = rank_error(&c, "setup");
+        goto out;
+    }
+    c.train = fg_fabric_setup_dataloader(
+        f,
+        fg_dataloader_new(c.d.train, &(fg_loader_opts){.batch = o->batch_size,
+                                                       .shuffle = true,
+                                                       .seed = (uint64_t)o->seed,
+                                                       .drop_last = true,
+                                                       .num_workers = (int)o->num_workers}),
+        true);
+    c.val = fg_fabric_setup_dataloader(
+        f, fg_dataloader_new(c.d.val, &(fg_loader_opts){.batch = o->batch_size,
+                                                        .num_workers = (int)o->num_workers}),
+        true);
+    if (!c.train || !c.val) {
+        rc = rank_error(&c, "data loader");
+        goto out;
+    }
+    if (fg_dataloader_len(c.train) == 0) {
+        fg_error(FG_EINVAL, "--data=%s: %lld training samples make no batch of --batch-size %lld "
+                 "per rank on %d ranks", o->data, (long long)fg_dataset_len(c.d.train),
+                 (long long)o->batch_size, c.world);
+        rc = rank_error(&c, "data");
+        goto out;
+    }
+    if (c.rank0) {
+        char csv[4096];
+        if (make_dirs(o->root_dir) != 0 || make_dirs(o->ckpt_dir) != 0) {
+            fg_error(FG_EIO, "cannot create %s or %s: %s", o->root_dir, o->ckpt_dir,
+                     strerror(errno));
+            rc = rank_error(&c, "output");
+            goto out;
+        }
+        snprintf(csv, sizeof csv, "%s/metrics.csv", o->root_dir);
+        c.prog = fit_progress_new(o, 0, 0, c.cfg.kind == FIT_GPT ? "tok" : "samples", csv,
+                                  o->resume != NULL);
+        if (!c.prog) {
+            rc = rank_error(&c, "metrics");
+            goto out;
+        }
+    }
+    if (o->resume) {
+        if (resume(&c) != FG_OK) {
+            rc = rank_error(&c, "--resume");
+            goto out;
+        }
+    } else if (fg_dataloader_set_epoch(c.train, 0) != FG_OK) {
+        rc = rank_error(&c, "data loader");
+        goto out;
+    }
+    int64_t total = total_steps(&c);
+    if (c.rank0) {
+        fit_progress_free(c.prog);
+        char csv[4096];
+        snprintf(csv, sizeof csv, "%s/metrics.csv", o->root_dir);
+        c.prog = fit_progress_new(o, total, c.step, c.cfg.kind == FIT_GPT ? "tok" : "samples", csv,
+                                  true);
+        int64_t nparams = 0;
+        for (int64_t i = 0; i < fg_module_num_params(c.model); i++)
+            nparams += fg_tensor_numel(fg_module_param(c.model, i));
+        if (c.cfg.kind == FIT_GPT)
+            printf("fit gpt: %lld parameters (layers %lld, heads %lld, embd %lld, ctx %lld, vocab "
+                   "%lld); %lld train / %lld val windows\n",
+                   (long long)nparams, (long long)c.cfg.layers, (long long)c.cfg.heads,
+                   (long long)c.cfg.embd, (long long)c.cfg.ctx, (long long)c.cfg.vocab,
+                   (long long)fg_dataset_len(c.d.train), (long long)fg_dataset_len(c.d.val));
+        else
+            printf("fit mlp: %lld parameters (%lld -> %lld -> %lld); %lld train / %lld val "
+                   "samples\n",
+                   (long long)nparams, (long long)c.cfg.in_dim, (long long)c.cfg.hidden,
+                   (long long)c.cfg.classes, (long long)fg_dataset_len(c.d.train),
+                   (long long)fg_dataset_len(c.d.val));
+        printf("%d rank%s (%s), batch %lld x %d rank%s x %lld accumulated = %lld per step; "
+               "%lld steps; run folder %s\n",
+               c.world, c.world == 1 ? "" : "s", fg_fabric_strategy_name(f),
+               (long long)o->batch_size, c.world, c.world == 1 ? "" : "s", (long long)o->accumulate,
+               (long long)(o->batch_size * c.world * o->accumulate), (long long)total, o->root_dir);
+        fflush(stdout);
+    }
+    c.last_val = NAN;
+    c.last_val_step = -1;
+    while (o->max_steps < 0 || c.step < o->max_steps) {
+        double loss = 0, items = 0;
+        bool done;
+        if (train_step(&c, &loss, &items, &done) != FG_OK) {
+            rc = rank_error(&c, "training");
+            goto out;
+        }
+        if (done) break;
+        if (!isfinite(loss)) {
+            fg_error(FG_EINVAL, "loss is %g at step %lld: lower --lr or set --gradient-clip-val",
+                     loss, (long long)c.step);
+            rc = rank_error(&c, "training");
+            goto out;
+        }
+        int64_t epoch, batch;
+        fg_dataloader_position(c.train, &epoch, &batch);
+        fit_progress_step(c.prog, c.step, epoch, loss, fit_lr_at(o, c.step - 1), items);
+        if (o->val_check_interval && c.step % o->val_check_interval == 0) {
+            if (validate(&c, &c.last_val) != FG_OK) {
+                rc = rank_error(&c, "validation");
+                goto out;
+            }
+            c.last_val_step = c.step;
+            fit_progress_val(c.prog, c.step, epoch, c.last_val);
+        }
+        if (o->ckpt_every && c.step % o->ckpt_every == 0 && save(&c) != FG_OK) {
+            rc = rank_error(&c, "checkpoint");
+            goto out;
+        }
+    }
+    int64_t epoch, batch;
+    fg_dataloader_position(c.train, &epoch, &batch);
+    if (c.last_val_step != c.step) {
+        if (validate(&c, &c.last_val) != FG_OK) {
+            rc = rank_error(&c, "validation");
+            goto out;
+        }
+        fit_progress_val(c.prog, c.step, epoch, c.last_val);
+    }
+    if (c.last_saved != c.step || !c.last_ckpt[0]) {
+        if (save(&c) != FG_OK) {
+            rc = rank_error(&c, "checkpoint");
+            goto out;
+        }
+    }
+    if (c.rank0) {
+        fit_progress_free(c.prog);
+        c.prog = NULL;
+        printf("done: %lld steps in %.1f s; val loss %.4f; checkpoint %s\n", (long long)c.step,
+               fg_time() - t_start, c.last_val, c.last_ckpt);
+        fflush(stdout);
+        final_sample(&c);
+    }
+    rc = FG_EXIT_OK;
+out:
+    free_ctx(&c);
+    return rc;
+}
+
+#endif
