@@ -3,7 +3,6 @@
  * model keys (model, vocab, ctx, layers, heads, embd, dropout; in_dim,
  * hidden, classes) let `fulgur sample` rebuild the same model, followed by
  * the run's options for the record. */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,7 +32,11 @@ fg_optimizer *fit_optimizer_new(const fit_opts *o, fg_module *m) {
         return fg_sgd_new(m, &(fg_sgd_opts){.lr = o->lr,
                                             .momentum = o->momentum,
                                             .weight_decay = o->weight_decay});
-    return fg_adamw_new(m, &(fg_adamw_opts){.lr = o->lr, .weight_decay = o->weight_decay});
+    /* beta2 0.99 as nanoGPT's small character models; decay on matrices only */
+    return fg_adamw_new(m, &(fg_adamw_opts){.lr = o->lr,
+                                            .beta2 = 0.99,
+                                            .weight_decay = o->weight_decay,
+                                            .no_weight_decay = o->weight_decay == 0});
 }
 
 #endif
@@ -53,16 +56,17 @@ void fit_model_cfg_from_opts(const fit_opts *o, const fit_data *d, fit_model_cfg
     c->seed = (uint64_t)o->seed;
 }
 
+#ifdef FIT_HAVE_OPTIM
 double fit_lr_at(const fit_opts *o, int64_t step) {
-    double lr = o->lr, lo = o->lr * o->min_lr_ratio;
-    int64_t w = o->warmup_steps;
-    if (step < w) return lr * (double)(step + 1) / (double)w;
     int64_t end = o->lr_decay_steps ? o->lr_decay_steps : o->max_steps;
-    if (end <= w) return end > 0 && step >= end ? lo : lr; /* no room for a cosine */
-    double r = (double)(step - w) / (double)(end - w);
-    if (r > 1) r = 1;
-    return lo + 0.5 * (1 + cos(3.14159265358979323846 * r)) * (lr - lo);
+    fg_lr_schedule s = {.kind = end > o->warmup_steps ? FG_LR_COSINE : FG_LR_CONSTANT,
+                        .lr = o->lr,
+                        .min_lr = o->lr * o->min_lr_ratio,
+                        .warmup_steps = o->warmup_steps,
+                        .decay_steps = end};
+    return fg_lr_at(&s, step);
 }
+#endif
 
 char *fit_model_cfg_json(const fit_model_cfg *c, const fit_opts *o) {
     char *run = o ? fit_opts_json(o) : NULL;
