@@ -1,0 +1,142 @@
+/* fulgur optim: optimizers (SGD, AdamW), learning-rate schedules and
+ * gradient clipping.
+ *
+ * An optimizer updates a module's parameters from their gradients, both
+ * read as the module's flat buffers (fg_module_flat_params/_grads). Its
+ * state (momentum_buffer; exp_avg, exp_avg_sq) is kept in flat buffers of
+ * the same layout, one element per parameter element, so that a checkpoint
+ * or a ZeRO shard of the state is a plain range of elements. The updates are
+ * PyTorch's (torch.optim.SGD, torch.optim.AdamW of torch 1.13/2.x with the
+ * default foreach=None / non-fused path) element for element.
+ *
+ * One difference: PyTorch skips parameters whose .grad is None; here every
+ * parameter has a gradient (the flat buffer), so a parameter no backward
+ * reached is updated with a zero gradient (weight decay and momentum still
+ * act on it).
+ *
+ * Thread safety: an optimizer is used by one thread at a time; its kernels
+ * run on fg_get_num_threads() threads (OpenMP over the flat buffer). Nothing
+ * here is collective: distributed strategies reduce gradients first. */
+#ifndef FULGUR_OPTIM_H
+#define FULGUR_OPTIM_H
+
+#include "fulgur/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fg_optimizer fg_optimizer;
+
+/* torch.optim.SGD. All-zero is lr 0.01 and plain SGD.
+ *   p.grad += weight_decay * p                   (coupled L2, as PyTorch)
+ *   buf = g at the first step, else momentum * buf + (1 - dampening) * g
+ *   g = nesterov ? g + momentum * buf : buf      (when momentum != 0)
+ *   p -= lr * g */
+typedef struct fg_sgd_opts {
+    double lr;           /* > 0; 0 means 0.01 */
+    double momentum;     /* >= 0 */
+    double dampening;    /* >= 0 */
+    bool nesterov;       /* needs momentum > 0 and dampening == 0 (as PyTorch) */
+    double weight_decay; /* >= 0 */
+} fg_sgd_opts;
+
+/* torch.optim.AdamW (decoupled weight decay). All-zero is PyTorch's
+ * defaults, plus nanoGPT's rule that parameters with ndim < 2 (biases,
+ * LayerNorm weights) are not decayed:
+ *   p *= 1 - lr * wd                              (wd = 0 for ndim < 2)
+ *   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+ *   p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps) */
+typedef struct fg_adamw_opts {
+    double lr;              /* > 0; 0 means 1e-3 */
+    double beta1, beta2;    /* in [0, 1); 0 means 0.9 and 0.999 */
+    double eps;             /* > 0; 0 means 1e-8 */
+    double weight_decay;    /* >= 0; 0 means 0.01 (PyTorch's default) */
+    bool no_weight_decay;   /* no decay at all (weight_decay is then ignored) */
+    bool decay_all;         /* decay every parameter, ndim < 2 too (PyTorch's own default) */
+} fg_adamw_opts;
+
+/* New optimizers over the parameters of `m` (finalized first if needed; a
+ * sub-module means its range of the flat buffers). m is borrowed and must
+ * outlive the optimizer. NULL opts means the defaults. Returns NULL with
+ * fg_last_error on a bad option (FG_EINVAL naming it: negative values, betas
+ * outside [0, 1), nesterov without momentum or with dampening) or
+ * FG_ENOMEM. State is zero and the step count 0. */
+FG_API fg_optimizer *fg_sgd_new(fg_module *m, const fg_sgd_opts *o);
+FG_API fg_optimizer *fg_adamw_new(fg_module *m, const fg_adamw_opts *o);
+/* NULL is a no-op. */
+FG_API void fg_optimizer_free(fg_optimizer *opt);
+
+/* One update of every parameter from its current gradient; increments the
+ * step count. Errors: FG_EINVAL for a NULL optimizer. */
+FG_API fg_status fg_optimizer_step(fg_optimizer *opt);
+/* Zeroes the module's gradients (fg_module_zero_grad). */
+FG_API void fg_optimizer_zero_grad(fg_optimizer *opt);
+
+FG_API double fg_optimizer_lr(const fg_optimizer *opt);
+/* Sets the learning rate used by the next steps (schedules call it before
+ * each step). FG_EINVAL for lr < 0 or not finite. */
+FG_API fg_status fg_optimizer_set_lr(fg_optimizer *opt, double lr);
+/* Steps taken (AdamW's bias correction uses it; SGD's first step too). */
+FG_API int64_t fg_optimizer_step_count(const fg_optimizer *opt);
+/* Sets the step count (resuming from a checkpoint). FG_EINVAL if < 0. */
+FG_API fg_status fg_optimizer_set_step_count(fg_optimizer *opt, int64_t steps);
+/* "SGD" or "AdamW". */
+FG_API const char *fg_optimizer_name(const fg_optimizer *opt);
+FG_API fg_module *fg_optimizer_module(const fg_optimizer *opt);
+
+/* The state buffers, for checkpoints: SGD has "momentum_buffer" (only
+ * when momentum != 0), AdamW "exp_avg" and "exp_avg_sq". Each is a 1-D
+ * persistent tensor (borrowed from the optimizer) of fg_module_numel
+ * elements in the layout of fg_module_flat_params: the state of parameter i
+ * starts at fg_module_param_offset(m, i). Writing them sets the state. Note
+ * that a SGD momentum buffer is only used from the second step on, so set
+ * the step count too when restoring it. */
+FG_API int fg_optimizer_num_states(const fg_optimizer *opt);
+FG_API const char *fg_optimizer_state_name(const fg_optimizer *opt, int i);
+FG_API fg_tensor *fg_optimizer_state(fg_optimizer *opt, int i);
+
+/* ---------------------------------------------------------------- schedules */
+
+typedef enum fg_lr_kind {
+    FG_LR_CONSTANT = 0, /* lr after the warm-up */
+    FG_LR_COSINE,       /* cosine from lr to min_lr between the warm-up and decay_steps */
+} fg_lr_kind;
+
+/* nanoGPT's get_lr: for step < warmup_steps, lr * (step + 1) / (warmup_steps + 1);
+ * then (FG_LR_COSINE) min_lr + (lr - min_lr) * (1 + cos(pi r)) / 2 with
+ * r = (step - warmup_steps) / (decay_steps - warmup_steps); min_lr from
+ * decay_steps on. */
+typedef struct fg_lr_schedule {
+    fg_lr_kind kind;
+    double lr, min_lr;
+    int64_t warmup_steps;
+    int64_t decay_steps; /* the step where the cosine reaches min_lr (> warmup_steps) */
+} fg_lr_schedule;
+
+/* The learning rate of optimizer step `step` (0-based): a pure function of
+ * the step, so a resumed run continues the same curve. A NULL schedule
+ * gives 0. Thread-safe. */
+FG_API double fg_lr_at(const fg_lr_schedule *s, int64_t step);
+
+/* ---------------------------------------------------------------- clipping */
+
+/* torch.nn.utils.clip_grad_norm_ over all of m's gradients (2-norm): when
+ * the total norm exceeds max_norm, scales every gradient by
+ * max_norm / (norm + 1e-6). Writes the norm before clipping to *total_norm
+ * (may be NULL). Errors: FG_EINVAL (NULL module, max_norm <= 0 or NaN).
+ * Not collective: a strategy with sharded or unreduced gradients uses the
+ * two halves below, summing the squares over ranks in between. */
+FG_API fg_status fg_clip_grad_norm(fg_module *m, double max_norm, double *total_norm);
+/* The sum of squares of m's gradients, in double (thread-count independent). */
+FG_API fg_status fg_grad_sumsq(fg_module *m, double *sumsq);
+/* The factor clip_grad_norm scales by for a total norm: min(1, max_norm /
+ * (norm + 1e-6)); 1 for a NaN norm (nothing is scaled). */
+FG_API double fg_clip_coef(double total_norm, double max_norm);
+/* Multiplies m's gradients by s. */
+FG_API fg_status fg_grad_scale(fg_module *m, double s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

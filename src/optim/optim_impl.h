@@ -1,0 +1,64 @@
+/* Private header of the optim layer: the optimizer struct, its vtable, and
+ * the range entry the sharded strategies (ZeRO) step with.
+ *
+ * Invariants: param/grad point at the module's flat buffers (numel elements
+ * of dtype dt); each state tensor has numel elements in the same layout;
+ * segments [seg_begin[k], seg_begin[k+1]) cover [0, numel) in order, each
+ * with one weight decay. */
+#ifndef FULGUR_OPTIM_IMPL_H
+#define FULGUR_OPTIM_IMPL_H
+
+#include "fulgur/optim.h"
+#include "nn/nn_impl.h"
+
+#define FG_OPTIM_MAX_STATES 2
+
+typedef struct fg_optim_vt {
+    const char *name;
+    /* Updates elements [begin, end) with step number t (1-based) from grad
+     * (element begin of the range at grad[0]). */
+    fg_status (*step_range)(fg_optimizer *o, int64_t begin, int64_t end, const void *grad,
+                            int64_t t);
+} fg_optim_vt;
+
+struct fg_optimizer {
+    const fg_optim_vt *vt;
+    fg_module *m;
+    fg_dtype dt;
+    int64_t numel;
+    void *param, *grad;
+    double lr;
+    int64_t steps;
+    int nstates;
+    const char *state_name[FG_OPTIM_MAX_STATES];
+    fg_tensor *state[FG_OPTIM_MAX_STATES];
+    int64_t nseg;
+    int64_t *seg_begin; /* nseg + 1 entries, the last = numel */
+    double *seg_wd;
+    union {
+        fg_sgd_opts sgd;
+        fg_adamw_opts adamw;
+    } o;
+};
+
+/* A new optimizer over m with `nstates` zeroed state buffers named `names`;
+ * weight decay wd on every parameter, or only on those with ndim >= 2 when
+ * matrices_only. NULL on error. */
+fg_optimizer *fg__optimizer_new(const fg_optim_vt *vt, fg_module *m, double lr, int nstates,
+                                const char *const *names, double wd, bool matrices_only);
+
+/* One update of elements [begin, end) of the flat buffers with step number
+ * steps + 1, from `grad` (the gradient of elements [begin, end), element
+ * begin first) or, when grad is NULL, from the module's flat gradient. Does
+ * not advance the step count: a strategy that steps several ranges (or one
+ * shard per rank) calls fg__optimizer_advance once after. */
+fg_status fg__optimizer_step_range(fg_optimizer *opt, int64_t begin, int64_t end,
+                                   const void *grad);
+void fg__optimizer_advance(fg_optimizer *opt);
+
+/* Sum of squares of n elements of dtype dt (f32/f64) in double, and x *= s:
+ * the clipping halves over a plain buffer (a gradient shard). */
+fg_status fg__sumsq(const void *x, fg_dtype dt, int64_t n, double *out);
+fg_status fg__scale(void *x, fg_dtype dt, int64_t n, double s);
+
+#endif
