@@ -48,12 +48,12 @@ typedef struct fg_sgd_opts {
  *   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
  *   p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps) */
 typedef struct fg_adamw_opts {
-    double lr;              /* > 0; 0 means 1e-3 */
-    double beta1, beta2;    /* in [0, 1); 0 means 0.9 and 0.999 */
-    double eps;             /* > 0; 0 means 1e-8 */
-    double weight_decay;    /* >= 0; 0 means 0.01 (PyTorch's default) */
-    bool no_weight_decay;   /* no decay at all (weight_decay is then ignored) */
-    bool decay_all;         /* decay every parameter, ndim < 2 too (PyTorch's own default) */
+    double lr;            /* > 0; 0 means 1e-3 */
+    double beta1, beta2;  /* in [0, 1); 0 means 0.9 and 0.999 */
+    double eps;           /* > 0; 0 means 1e-8 */
+    double weight_decay;  /* >= 0; 0 means 0.01 (PyTorch's default) */
+    bool no_weight_decay; /* no decay at all (weight_decay is then ignored) */
+    bool decay_all;       /* decay every parameter, ndim < 2 too (PyTorch's own default) */
 } fg_adamw_opts;
 
 /* New optimizers over the parameters of `m` (finalized first if needed; a

@@ -41,7 +41,8 @@ typedef struct gpt {
 
 static void gpt_free(void *ud) {
     gpt *g = ud;
-    if (g) fg_free(g->blocks);
+    if (g)
+        fg_free(g->blocks);
     fg_free(g);
 }
 
@@ -50,7 +51,7 @@ static void gpt_free(void *ud) {
 static fg_tensor *attn_fwd(fg_module *m, fg_tensor *x, void *ud) { /* (B, T, C) */
     (void)m;
     attn *a = ud;
-    fg_tensor *qkv = fg_module_forward(a->c_attn, x); /* (B, T, 3C) */
+    fg_tensor *qkv = fg_module_forward(a->c_attn, x);               /* (B, T, 3C) */
     fg_tensor *y = qkv ? fg_causal_attention(qkv, a->heads) : NULL; /* (B, T, C) */
     y = y ? fg_module_forward(a->c_proj, y) : NULL;
     return y ? fg_module_forward(a->drop, y) : NULL;
@@ -90,17 +91,21 @@ static fg_status check_idx(const gpt *g, const fg_tensor *idx) {
 
 /* Everything up to ln_f: (B, T) -> (B, T, C). */
 static fg_tensor *gpt_trunk(gpt *g, fg_tensor *idx) {
-    if (check_idx(g, idx)) return NULL;
+    if (check_idx(g, idx))
+        return NULL;
     int64_t T = fg_tensor_dim(idx, 1);
     fg_tensor *pos = fg_empty(FG_I32, 1, &T);
-    if (!pos) return NULL;
+    if (!pos)
+        return NULL;
     int32_t *pp = fg_tensor_data(pos);
-    for (int64_t t = 0; t < T; t++) pp[t] = (int32_t)t;
-    fg_tensor *tok = fg_module_forward(g->wte, idx); /* (B, T, C) */
+    for (int64_t t = 0; t < T; t++)
+        pp[t] = (int32_t)t;
+    fg_tensor *tok = fg_module_forward(g->wte, idx);             /* (B, T, C) */
     fg_tensor *pe = tok ? fg_module_forward(g->wpe, pos) : NULL; /* (T, C) */
     fg_tensor *x = pe ? fg_add(tok, pe) : NULL;
     x = x ? fg_module_forward(g->drop, x) : NULL;
-    for (int l = 0; l < g->c.layers && x; l++) x = fg_module_forward(g->blocks[l], x);
+    for (int l = 0; l < g->c.layers && x; l++)
+        x = fg_module_forward(g->blocks[l], x);
     return x ? fg_module_forward(g->ln_f, x) : NULL;
 }
 
@@ -123,7 +128,9 @@ static fg_status add(fg_module *parent, const char *name, fg_module *child, fg_m
     return fg_module_add_child(parent, name, child);
 }
 
-static fg_module *container(const char *type) { return fg_module_new(type, NULL, NULL, NULL); }
+static fg_module *container(const char *type) {
+    return fg_module_new(type, NULL, NULL, NULL);
+}
 
 static fg_status build_block(gpt *g, fg_module *h, int l, fg_dtype dt, fg_module **out) {
     const fg_gpt_config *c = &g->c;
@@ -138,7 +145,8 @@ static fg_status build_block(gpt *g, fg_module *h, int l, fg_dtype dt, fg_module
     gmlp *p = fg_calloc(1, sizeof *p);
     FG_TRY(add(bm, "ln_1", fg_layer_norm_new(C, 1e-5, bias, dt), &b->ln_1));
     fg_module *am = a ? fg_module_new("CausalSelfAttention", attn_fwd, a, fg_free) : NULL;
-    if (!am) fg_free(p);
+    if (!am)
+        fg_free(p);
     FG_TRY(add(bm, "attn", am, &b->attn));
     a->heads = c->heads;
     FG_TRY(add(am, "c_attn", fg_linear_new(C, 3 * C, bias, dt), &a->c_attn));
@@ -152,27 +160,29 @@ static fg_status build_block(gpt *g, fg_module *h, int l, fg_dtype dt, fg_module
     FG_TRY(add(mm, "c_proj", fg_linear_new(4 * C, C, bias, dt), &p->c_proj));
     FG_TRY(add(mm, "dropout", fg_dropout_new(c->dropout), &p->drop));
     /* nanoGPT's _init_weights and the scaled c_proj init */
-    fg_init w02 = {FG_INIT_NORMAL, 0, 0.02}, wproj = {FG_INIT_NORMAL, 0, 0.02 / sqrt(2.0 * c->layers)};
+    fg_init w02 = {FG_INIT_NORMAL, 0, 0.02},
+            wproj = {FG_INIT_NORMAL, 0, 0.02 / sqrt(2.0 * c->layers)};
     fg_module *lin[4] = {a->c_attn, a->c_proj, p->c_fc, p->c_proj};
     for (int i = 0; i < 4; i++) {
         FG_TRY(fg_module_set_init(lin[i], "weight", (i == 1 || i == 3) ? &wproj : &w02));
-        if (bias) FG_TRY(fg_module_set_init(lin[i], "bias", NULL));
+        if (bias)
+            FG_TRY(fg_module_set_init(lin[i], "bias", NULL));
     }
     return FG_OK;
 }
 
 static fg_status check_config(const fg_gpt_config *c) {
     if (c->vocab <= 0 || c->ctx <= 0 || c->layers <= 0 || c->heads <= 0 || c->embd <= 0)
-        return fg_error(FG_EINVAL, "gpt_new: vocab = %lld, ctx = %lld, layers = %d, heads = %d, "
-                                   "embd = %lld: every size must be > 0",
+        return fg_error(FG_EINVAL,
+                        "gpt_new: vocab = %lld, ctx = %lld, layers = %d, heads = %d, "
+                        "embd = %lld: every size must be > 0",
                         (long long)c->vocab, (long long)c->ctx, c->layers, c->heads,
                         (long long)c->embd);
     if (c->embd % c->heads)
         return fg_error(FG_EINVAL, "gpt_new: embd = %lld is not a multiple of heads = %d",
                         (long long)c->embd, c->heads);
     if (c->vocab > INT32_MAX)
-        return fg_error(FG_EINVAL, "gpt_new: vocab = %lld: token ids are i32",
-                        (long long)c->vocab);
+        return fg_error(FG_EINVAL, "gpt_new: vocab = %lld: token ids are i32", (long long)c->vocab);
     if (!(c->dropout >= 0 && c->dropout < 1))
         return fg_error(FG_EINVAL, "gpt_new: dropout = %g: expected [0, 1)", c->dropout);
     return FG_OK;
@@ -184,15 +194,18 @@ fg_module *fg_gpt_new(const fg_gpt_config *c) {
         return NULL;
     }
     fg_dtype dt;
-    if (check_config(c) || fg__parse_model_dtype(c->dtype, "gpt_new", &dt)) return NULL;
+    if (check_config(c) || fg__parse_model_dtype(c->dtype, "gpt_new", &dt))
+        return NULL;
     gpt *g = fg_calloc(1, sizeof *g);
-    if (g) g->blocks = fg_calloc((size_t)c->layers, sizeof *g->blocks);
+    if (g)
+        g->blocks = fg_calloc((size_t)c->layers, sizeof *g->blocks);
     if (g && !g->blocks) {
         fg_free(g);
         g = NULL;
     }
     fg_module *m = g ? fg_module_new("GPT", gpt_fwd, g, gpt_free) : NULL;
-    if (!m) return NULL;
+    if (!m)
+        return NULL;
     m->kind = fg__kind_gpt;
     g->c = *c;
     g->c.dtype = dt == FG_F64 ? "f64" : "f32";
@@ -208,14 +221,17 @@ fg_module *fg_gpt_new(const fg_gpt_config *c) {
     if (fg_module_set_init(g->wte, "weight", &w02) || fg_module_set_init(g->wpe, "weight", &w02))
         goto fail;
     for (int l = 0; l < c->layers; l++)
-        if (build_block(g, h, l, dt, &g->blocks[l])) goto fail;
-    if (add(tr, "ln_f", fg_layer_norm_new(C, 1e-5, !c->no_bias, dt), &g->ln_f)) goto fail;
+        if (build_block(g, h, l, dt, &g->blocks[l]))
+            goto fail;
+    if (add(tr, "ln_f", fg_layer_norm_new(C, 1e-5, !c->no_bias, dt), &g->ln_f))
+        goto fail;
     /* lm_head: a bias-free Linear whose weight is wte's */
     g->wte_w = fg_module_own_param(g->wte, "weight");
     fg_module *head = fg_module_new("Linear", head_fwd, g->wte_w, NULL);
     if (add(m, "lm_head", head, &g->lm_head) || fg_module_add_tied(head, "weight", g->wte_w))
         goto fail;
-    if (fg_module_set_seed(m, c->seed) || fg_module_finalize(m)) goto fail;
+    if (fg_module_set_seed(m, c->seed) || fg_module_finalize(m))
+        goto fail;
     return m;
 fail:
     fg_error_wrap(FG_EINVAL, "gpt_new");
@@ -244,14 +260,17 @@ static int cmp_desc(const void *x, const void *y) {
 static fg_status pick(const fg_tensor *row, int64_t V, const fg_sample_opts *o, double u,
                       int32_t *out) {
     double *l = fg_step_alloc(sizeof(double) * (size_t)V * 2);
-    if (!l) return FG_ENOMEM;
+    if (!l)
+        return FG_ENOMEM;
     double mx = -INFINITY;
     int64_t arg = 0;
     for (int64_t v = 0; v < V; v++) {
         l[v] = fg_tensor_get(row, v);
-        if (l[v] > mx) mx = l[v], arg = v;
+        if (l[v] > mx)
+            mx = l[v], arg = v;
     }
-    if (!isfinite(mx)) return fg_error(FG_EINVAL, "sample: the logits are not finite (%g)", mx);
+    if (!isfinite(mx))
+        return fg_error(FG_EINVAL, "sample: the logits are not finite (%g)", mx);
     if (o->greedy) {
         *out = (int32_t)arg;
         return FG_OK;
@@ -272,45 +291,54 @@ static fg_status pick(const fg_tensor *row, int64_t V, const fg_sample_opts *o, 
     double target = u * total, acc = 0;
     int64_t last = arg;
     for (int64_t v = 0; v < V; v++) {
-        if (l[v] == 0) continue;
+        if (l[v] == 0)
+            continue;
         acc += l[v];
         last = v;
-        if (acc > target) break;
+        if (acc > target)
+            break;
     }
     *out = (int32_t)last;
     return FG_OK;
 }
 
-fg_status fg_gpt_sample_next(fg_module *m, fg_tensor *idx, const fg_sample_opts *o,
-                             uint64_t draw, int32_t *out) {
+fg_status fg_gpt_sample_next(fg_module *m, fg_tensor *idx, const fg_sample_opts *o, uint64_t draw,
+                             int32_t *out) {
     static const fg_sample_opts defaults = {0};
     if (!m || m->kind != fg__kind_gpt)
         return fg_error(FG_EINVAL, "gpt_sample_next: module %s is not a GPT",
                         m ? m->type : "(null)");
-    if (!idx || !out) return fg_error_wrap(FG_EINVAL, "gpt_sample_next: NULL idx or out");
-    if (!o) o = &defaults;
+    if (!idx || !out)
+        return fg_error_wrap(FG_EINVAL, "gpt_sample_next: NULL idx or out");
+    if (!o)
+        o = &defaults;
     if (o->temperature < 0 || o->top_k < 0)
-        return fg_error(FG_EINVAL, "gpt_sample_next: temperature = %g, top_k = %lld: expected "
-                                   ">= 0",
+        return fg_error(FG_EINVAL,
+                        "gpt_sample_next: temperature = %g, top_k = %lld: expected "
+                        ">= 0",
                         o->temperature, (long long)o->top_k);
     gpt *g = m->ud;
     if (fg_tensor_dtype(idx) != FG_I32 || fg_tensor_ndim(idx) != 2 || fg_tensor_dim(idx, 1) < 1)
         return check_idx(g, idx) ? FG_EINVAL
                                  : fg_error(FG_EINVAL, "gpt_sample_next: empty sequence");
     int64_t B = fg_tensor_dim(idx, 0), T = fg_tensor_dim(idx, 1), V = g->c.vocab;
-    if (T > g->c.ctx) idx = fg_tensor_narrow_view(idx, 1, T - g->c.ctx, g->c.ctx);
+    if (T > g->c.ctx)
+        idx = fg_tensor_narrow_view(idx, 1, T - g->c.ctx, g->c.ctx);
     fg_tensor *w = idx ? fg_tensor_contiguous(idx) : NULL;
-    if (!w) return fg_error_wrap(FG_ENOMEM, "gpt_sample_next");
+    if (!w)
+        return fg_error_wrap(FG_ENOMEM, "gpt_sample_next");
     T = fg_tensor_dim(w, 1);
     bool prev = fg_set_grad_enabled(false);
-    fg_tensor *x = fg__module_ready(m) ? NULL : gpt_trunk(g, w); /* (B, T, C) */
-    x = x ? fg_tensor_narrow_view(x, 1, T - 1, 1) : NULL;       /* (B, 1, C) */
+    fg_tensor *x = fg__module_ready(m) ? NULL : gpt_trunk(g, w);     /* (B, T, C) */
+    x = x ? fg_tensor_narrow_view(x, 1, T - 1, 1) : NULL;            /* (B, 1, C) */
     fg_tensor *logits = x ? fg_module_forward(g->lm_head, x) : NULL; /* (B, 1, V) */
     fg_set_grad_enabled(prev);
-    if (!logits) return fg_error_wrap(FG_EINVAL, "gpt_sample_next");
+    if (!logits)
+        return fg_error_wrap(FG_EINVAL, "gpt_sample_next");
     for (int64_t b = 0; b < B; b++) {
         fg_tensor *row = fg_tensor_narrow_view(logits, 0, b, 1);
-        if (!row) return FG_ENOMEM;
+        if (!row)
+            return FG_ENOMEM;
         FG_TRY(pick(row, V, o, draw_unit(o->seed, draw * (uint64_t)B + (uint64_t)b), &out[b]));
     }
     return FG_OK;
@@ -336,8 +364,7 @@ static void *gen_main(void *arg) {
     for (int64_t k = 0; k < j->n_new; k++) {
         int64_t len = j->n_prompt + k, start = len > ctx ? len - ctx : 0;
         fg_tensor *idx = fg_from_data(FG_I32, 2, (int64_t[]){1, len - start}, j->out + start);
-        j->st = idx ? fg_gpt_sample_next(j->m, idx, j->o, (uint64_t)len, &j->out[len])
-                    : FG_ENOMEM;
+        j->st = idx ? fg_gpt_sample_next(j->m, idx, j->o, (uint64_t)len, &j->out[len]) : FG_ENOMEM;
         fg_step_reset();
         if (j->st != FG_OK) {
             snprintf(j->msg, sizeof j->msg, "%s", fg_last_error());
@@ -351,22 +378,28 @@ static void *gen_main(void *arg) {
 fg_status fg_gpt_generate(fg_module *m, const int32_t *prompt, int64_t n_prompt, int64_t n_new,
                           const fg_sample_opts *o, int32_t *out) {
     if (!m || m->kind != fg__kind_gpt)
-        return fg_error(FG_EINVAL, "gpt_generate: module %s is not a GPT",
-                        m ? m->type : "(null)");
+        return fg_error(FG_EINVAL, "gpt_generate: module %s is not a GPT", m ? m->type : "(null)");
     if (!prompt || !out || n_prompt < 1 || n_new < 0)
-        return fg_error(FG_EINVAL, "gpt_generate: n_prompt = %lld, n_new = %lld: expected a "
-                                   "prompt of at least one token, n_new >= 0 and an output",
+        return fg_error(FG_EINVAL,
+                        "gpt_generate: n_prompt = %lld, n_new = %lld: expected a "
+                        "prompt of at least one token, n_new >= 0 and an output",
                         (long long)n_prompt, (long long)n_new);
     int64_t V = ((gpt *)m->ud)->c.vocab;
     for (int64_t i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= V)
-            return fg_error(FG_EINVAL, "gpt_generate: prompt[%lld] = %d: expected an id in "
-                                       "[0, %lld)",
+            return fg_error(FG_EINVAL,
+                            "gpt_generate: prompt[%lld] = %d: expected an id in "
+                            "[0, %lld)",
                             (long long)i, prompt[i], (long long)V);
     FG_TRY(fg__module_ready(m));
     memmove(out, prompt, sizeof *out * (size_t)n_prompt);
-    if (n_new == 0) return FG_OK;
-    gen_job j = {.m = m, .n_prompt = n_prompt, .n_new = n_new, .o = o, .out = out,
+    if (n_new == 0)
+        return FG_OK;
+    gen_job j = {.m = m,
+                 .n_prompt = n_prompt,
+                 .n_new = n_new,
+                 .o = o,
+                 .out = out,
                  .threads = fg_get_num_threads()};
     pthread_t th;
     pthread_attr_t at;
@@ -374,8 +407,10 @@ fg_status fg_gpt_generate(fg_module *m, const int32_t *prompt, int64_t n_prompt,
     pthread_attr_setstacksize(&at, (size_t)8 << 20);
     int rc = pthread_create(&th, &at, gen_main, &j);
     pthread_attr_destroy(&at);
-    if (rc) return fg_error(FG_ENOMEM, "gpt_generate: cannot start a thread (error %d)", rc);
+    if (rc)
+        return fg_error(FG_ENOMEM, "gpt_generate: cannot start a thread (error %d)", rc);
     pthread_join(th, NULL);
-    if (j.st != FG_OK) return fg_error(j.st, "gpt_generate: %s", j.msg);
+    if (j.st != FG_OK)
+        return fg_error(j.st, "gpt_generate: %s", j.msg);
     return FG_OK;
 }

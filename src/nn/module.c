@@ -21,19 +21,25 @@ static bool valid_name(const char *name) {
 }
 
 static fg_module *root_of(const fg_module *m) {
-    while (m->parent) m = m->parent;
+    while (m->parent)
+        m = m->parent;
     return (fg_module *)m;
 }
 
-fg_module *fg__module_root(const fg_module *m) { return root_of(m); }
+fg_module *fg__module_root(const fg_module *m) {
+    return root_of(m);
+}
 
 static bool name_taken(const fg_module *m, const char *name) {
     for (int i = 0; i < m->nchild; i++)
-        if (!strcmp(m->child[i]->name, name)) return true;
+        if (!strcmp(m->child[i]->name, name))
+            return true;
     for (int i = 0; i < m->params.n; i++)
-        if (!strcmp(m->params.e[i].name, name)) return true;
+        if (!strcmp(m->params.e[i].name, name))
+            return true;
     for (int i = 0; i < m->buffers.n; i++)
-        if (!strcmp(m->buffers.e[i].name, name)) return true;
+        if (!strcmp(m->buffers.e[i].name, name))
+            return true;
     return false;
 }
 
@@ -45,12 +51,14 @@ const char *fg__module_path(const fg_module *m, char *buf, size_t n) {
     /* before finalize: walk up */
     const fg_module *chain[64];
     int k = 0;
-    for (const fg_module *p = m; p->parent && k < 64; p = p->parent) chain[k++] = p;
+    for (const fg_module *p = m; p->parent && k < 64; p = p->parent)
+        chain[k++] = p;
     size_t len = 0;
     buf[0] = 0;
     for (int i = k - 1; i >= 0 && len < n; i--)
         len += (size_t)snprintf(buf + len, n - len, "%s%s", i == k - 1 ? "" : ".", chain[i]->name);
-    if (!k) snprintf(buf, n, "(root)");
+    if (!k)
+        snprintf(buf, n, "(root)");
     return buf;
 }
 
@@ -58,9 +66,10 @@ static fg_status check_open(const fg_module *m, const char *what) {
     const fg_module *r = root_of(m);
     if (r->flat) {
         char b[256];
-        return fg_error(FG_ESTATE, "%s: module %s is already finalized (its parameters live in "
-                                   "flat buffers); add everything before the first forward or "
-                                   "fg_module_finalize",
+        return fg_error(FG_ESTATE,
+                        "%s: module %s is already finalized (its parameters live in "
+                        "flat buffers); add everything before the first forward or "
+                        "fg_module_finalize",
                         what, fg__module_path(m, b, sizeof b));
     }
     return FG_OK;
@@ -71,10 +80,12 @@ static fg_status check_open(const fg_module *m, const char *what) {
 fg_module *fg_module_new(const char *type, fg_module_forward_fn forward, void *ud,
                          void (*free_ud)(void *ud)) {
     fg_module *m = fg_calloc(1, sizeof *m);
-    if (!m) goto fail;
+    if (!m)
+        goto fail;
     m->type = fg_strdup(type ? type : "Module");
     m->name = fg_strdup("");
-    if (!m->type || !m->name) goto fail;
+    if (!m->type || !m->name)
+        goto fail;
     m->forward = forward;
     m->ud = ud;
     m->free_ud = free_ud;
@@ -86,19 +97,23 @@ fail:
         fg_free(m->name);
         fg_free(m);
     }
-    if (free_ud) free_ud(ud);
+    if (free_ud)
+        free_ud(ud);
     fg_error_wrap(FG_ENOMEM, "fg_module_new(%s)", type ? type : "Module");
     return NULL;
 }
 
 static void free_flat(fg_flat *f) {
-    if (!f) return;
+    if (!f)
+        return;
     for (int64_t i = 0; i < f->np; i++) {
         fg_tensor_free(f->gview ? f->gview[i] : NULL);
         fg_free(f->pname ? f->pname[i] : NULL);
     }
-    for (int64_t i = 0; i < f->nb; i++) fg_free(f->bname ? f->bname[i] : NULL);
-    for (int64_t i = 0; i < f->nalias; i++) fg_free(f->alias_name[i]);
+    for (int64_t i = 0; i < f->nb; i++)
+        fg_free(f->bname ? f->bname[i] : NULL);
+    for (int64_t i = 0; i < f->nalias; i++)
+        fg_free(f->alias_name[i]);
     fg_free(f->p);
     fg_free(f->pe);
     fg_free(f->pname);
@@ -116,9 +131,11 @@ static void free_flat(fg_flat *f) {
 }
 
 static void free_tree(fg_module *m) {
-    for (int i = 0; i < m->nchild; i++) free_tree(m->child[i]);
+    for (int i = 0; i < m->nchild; i++)
+        free_tree(m->child[i]);
     for (int i = 0; i < m->params.n; i++) {
-        if (!m->params.e[i].alias) fg_tensor_free(m->params.e[i].t);
+        if (!m->params.e[i].alias)
+            fg_tensor_free(m->params.e[i].t);
         fg_free(m->params.e[i].name);
     }
     for (int i = 0; i < m->buffers.n; i++) {
@@ -132,14 +149,16 @@ static void free_tree(fg_module *m) {
     fg_tensor_free(m->flat_g);
     fg_tensor_free(m->flat_b);
     fg_free(m->path);
-    if (m->free_ud) m->free_ud(m->ud);
+    if (m->free_ud)
+        m->free_ud(m->ud);
     fg_free(m->type);
     fg_free(m->name);
     fg_free(m);
 }
 
 void fg_module_free(fg_module *m) {
-    if (!m || m->parent) return;
+    if (!m || m->parent)
+        return;
     fg_flat *f = m->flat;
     free_tree(m);
     if (f) {
@@ -167,10 +186,12 @@ fg_status fg_module_add_child(fg_module *m, const char *name, fg_module *child) 
                      name ? name : "(null)");
         goto fail;
     }
-    if ((s = check_open(m, "add_child")) != FG_OK) goto fail;
+    if ((s = check_open(m, "add_child")) != FG_OK)
+        goto fail;
     if (child->flat) {
-        s = fg_error(FG_ESTATE, "add_child(%s): the child %s is already finalized (add modules "
-                                "before their first use)",
+        s = fg_error(FG_ESTATE,
+                     "add_child(%s): the child %s is already finalized (add modules "
+                     "before their first use)",
                      name, child->type);
         goto fail;
     }
@@ -212,7 +233,8 @@ static fg_status plist_push(fg_plist *l, fg_pentry e) {
     if (l->n == l->cap) {
         int cap = l->cap ? 2 * l->cap : 4;
         fg_pentry *p = fg_realloc(l->e, sizeof *p * (size_t)cap);
-        if (!p) return FG_ENOMEM;
+        if (!p)
+            return FG_ENOMEM;
         l->e = p;
         l->cap = cap;
     }
@@ -231,7 +253,8 @@ static fg_tensor *add_tensor(fg_module *m, fg_plist *l, const char *what, const 
                  name ? name : "(null)");
         return NULL;
     }
-    if (check_open(m, what)) return NULL;
+    if (check_open(m, what))
+        return NULL;
     if (name_taken(m, name)) {
         fg_error(FG_EINVAL, "%s: module %s already has a child or parameter \"%s\"", what, m->type,
                  name);
@@ -262,7 +285,8 @@ static fg_tensor *add_tensor(fg_module *m, fg_plist *l, const char *what, const 
 fg_tensor *fg_module_add_param(fg_module *m, const char *name, fg_dtype dt, int ndim,
                                const int64_t *shape, const fg_init *init) {
     fg_tensor *t = add_tensor(m, &m->params, "add_param", name, dt, ndim, shape, init);
-    if (t) t->requires_grad = true;
+    if (t)
+        t->requires_grad = true;
     return t;
 }
 
@@ -283,7 +307,8 @@ fg_status fg_module_add_tied(fg_module *m, const char *name, fg_tensor *param) {
         return fg_error(FG_EINVAL, "add_tied: module %s already has a child or parameter \"%s\"",
                         m->type, name);
     char *nm = fg_strdup(name);
-    if (!nm) return FG_ENOMEM;
+    if (!nm)
+        return FG_ENOMEM;
     if (plist_push(&m->params, (fg_pentry){nm, param, {FG_INIT_KEEP, 0, 0}, true}) != FG_OK) {
         fg_free(nm);
         return FG_ENOMEM;
@@ -294,14 +319,17 @@ fg_status fg_module_add_tied(fg_module *m, const char *name, fg_tensor *param) {
 static fg_pentry *own_entry(const fg_module *m, const char *name, bool buffers) {
     const fg_plist *l = buffers ? &m->buffers : &m->params;
     for (int i = 0; i < l->n; i++)
-        if (!strcmp(l->e[i].name, name)) return &l->e[i];
+        if (!strcmp(l->e[i].name, name))
+            return &l->e[i];
     return NULL;
 }
 
 fg_status fg_module_set_init(fg_module *m, const char *name, const fg_init *init) {
-    if (!m || !name) return fg_error(FG_EINVAL, "set_init: NULL module or name");
+    if (!m || !name)
+        return fg_error(FG_EINVAL, "set_init: NULL module or name");
     fg_pentry *e = own_entry(m, name, false);
-    if (!e) e = own_entry(m, name, true);
+    if (!e)
+        e = own_entry(m, name, true);
     if (!e || e->alias)
         return fg_error(FG_EINVAL, "set_init: module %s has no own parameter \"%s\"", m->type,
                         name);
@@ -312,7 +340,8 @@ fg_status fg_module_set_init(fg_module *m, const char *name, const fg_init *init
 }
 
 fg_status fg_module_set_seed(fg_module *root, uint64_t seed) {
-    if (!root) return fg_error(FG_EINVAL, "set_seed: NULL module");
+    if (!root)
+        return fg_error(FG_EINVAL, "set_seed: NULL module");
     if (root->parent)
         return fg_error(FG_EINVAL, "set_seed: module %s is not a root (set the seed of its root)",
                         root->type);
@@ -337,11 +366,14 @@ typedef struct collect {
 } collect;
 
 static fg_status grow(void **p, int64_t *cap, int64_t need, size_t elem) {
-    if (need <= *cap) return FG_OK;
+    if (need <= *cap)
+        return FG_OK;
     int64_t c = *cap ? *cap * 2 : 16;
-    while (c < need) c *= 2;
+    while (c < need)
+        c *= 2;
     void *q = fg_realloc(*p, elem * (size_t)c);
-    if (!q) return FG_ENOMEM;
+    if (!q)
+        return FG_ENOMEM;
     *p = q;
     *cap = c;
     return FG_OK;
@@ -350,7 +382,8 @@ static fg_status grow(void **p, int64_t *cap, int64_t need, size_t elem) {
 static char *join(const char *path, const char *name) {
     size_t a = strlen(path), b = strlen(name);
     char *s = fg_alloc(a + b + 2);
-    if (!s) return NULL;
+    if (!s)
+        return NULL;
     if (a) {
         memcpy(s, path, a);
         s[a] = '.';
@@ -371,7 +404,8 @@ static fg_status collect_tree(fg_module *m, const char *path, collect *c, char *
     int64_t idx = c->nmod++;
     c->mods[idx] = m;
     (*paths)[idx] = fg_strdup(path);
-    if (!(*paths)[idx]) return FG_ENOMEM;
+    if (!(*paths)[idx])
+        return FG_ENOMEM;
     m->index = idx;
     m->p_first = c->np;
     m->b_first = c->nb;
@@ -381,7 +415,8 @@ static fg_status collect_tree(fg_module *m, const char *path, collect *c, char *
             FG_TRY(grow((void **)&c->al, &c->capal, c->nal + 1, sizeof *c->al));
             FG_TRY(grow((void **)&c->alname, &c->capaln, c->nal + 1, sizeof *c->alname));
             c->alname[c->nal] = join(path, e->name);
-            if (!c->alname[c->nal]) return FG_ENOMEM;
+            if (!c->alname[c->nal])
+                return FG_ENOMEM;
             c->al[c->nal++] = e;
             continue;
         }
@@ -394,7 +429,8 @@ static fg_status collect_tree(fg_module *m, const char *path, collect *c, char *
     }
     for (int i = 0; i < m->nchild; i++) {
         char *sub = join(path, m->child[i]->name);
-        if (!sub) return FG_ENOMEM;
+        if (!sub)
+            return FG_ENOMEM;
         fg_status s = collect_tree(m->child[i], sub, c, paths, cappaths);
         fg_free(sub);
         FG_TRY(s);
@@ -407,7 +443,8 @@ static fg_status collect_tree(fg_module *m, const char *path, collect *c, char *
 /* Fills n elements of a parameter from its init, stream `seed`, starting at
  * element `start` of the stream (so that chunks give the same values). */
 static void init_fill(void *data, fg_dtype dt, int64_t n, const fg_init *in, uint64_t seed) {
-    if (in->kind == FG_INIT_KEEP) return;
+    if (in->kind == FG_INIT_KEEP)
+        return;
     /* chunks of the same stream in parallel: element i is a function of i */
     const int64_t chunk = 1 << 14;
     int64_t nchunks = (n + chunk - 1) / chunk;
@@ -417,8 +454,12 @@ static void init_fill(void *data, fg_dtype dt, int64_t n, const fg_init *in, uin
         for (int64_t i = lo; i < hi; i++) {
             double v;
             switch (in->kind) {
-            case FG_INIT_ONES: v = 1; break;
-            case FG_INIT_CONST: v = in->a; break;
+            case FG_INIT_ONES:
+                v = 1;
+                break;
+            case FG_INIT_CONST:
+                v = in->a;
+                break;
             case FG_INIT_NORMAL: {
                 /* the draws of fg_rng_fill_normal: element i uses 2i, 2i+1 */
                 fg_rng r = {seed, 2 * (uint64_t)i};
@@ -430,10 +471,14 @@ static void init_fill(void *data, fg_dtype dt, int64_t n, const fg_init *in, uin
                 v = in->a + (in->b - in->a) * u;
                 break;
             }
-            default: v = 0; break;
+            default:
+                v = 0;
+                break;
             }
-            if (dt == FG_F64) ((double *)data)[i] = v;
-            else ((float *)data)[i] = (float)v;
+            if (dt == FG_F64)
+                ((double *)data)[i] = v;
+            else
+                ((float *)data)[i] = (float)v;
         }
     }
 }
@@ -457,12 +502,15 @@ void fg__seed_dropouts(fg_module *m, uint64_t seed) {
         d->seed = fg_rng_derive(fg_rng_derive(seed, DROPOUT_STREAM), (uint64_t)m->index);
         atomic_store(&d->offset, 0);
     }
-    for (int i = 0; i < m->nchild; i++) fg__seed_dropouts(m->child[i], seed);
+    for (int i = 0; i < m->nchild; i++)
+        fg__seed_dropouts(m->child[i], seed);
 }
 
 fg_status fg_module_finalize(fg_module *root) {
-    if (!root) return fg_error(FG_EINVAL, "finalize: NULL module");
-    if (root->flat) return FG_OK;
+    if (!root)
+        return fg_error(FG_EINVAL, "finalize: NULL module");
+    if (root->flat)
+        return FG_OK;
     if (root->parent)
         return fg_error(FG_EINVAL, "finalize: module %s has a parent: finalize its root",
                         root->type);
@@ -472,7 +520,8 @@ fg_status fg_module_finalize(fg_module *root) {
     int64_t cappaths = 0;
     fg_flat *f = NULL;
     fg_tensor **mviews = NULL; /* 3 per module */
-    if ((s = collect_tree(root, "", &c, &paths, &cappaths)) != FG_OK) goto fail;
+    if ((s = collect_tree(root, "", &c, &paths, &cappaths)) != FG_OK)
+        goto fail;
 
     /* one float dtype for everything */
     fg_dtype dt = FG_F32;
@@ -483,15 +532,17 @@ fg_status fg_module_finalize(fg_module *root) {
             dt = e->t->dtype;
             have = true;
         } else if (e->t->dtype != dt) {
-            s = fg_error(FG_EINVAL, "finalize: \"%s\" is %s but \"%s\" is %s: every parameter and "
-                                    "buffer of a model has one dtype",
+            s = fg_error(FG_EINVAL,
+                         "finalize: \"%s\" is %s but \"%s\" is %s: every parameter and "
+                         "buffer of a model has one dtype",
                          (i < c.np ? c.pe[0] : c.be[0])->name, fg_dtype_name(dt), e->name,
                          fg_dtype_name(e->t->dtype));
             goto fail;
         }
     }
     f = fg_calloc(1, sizeof *f);
-    if (!f) goto nomem;
+    if (!f)
+        goto nomem;
     f->dtype = dt;
     f->seed = root->seed;
     f->np = c.np;
@@ -533,18 +584,22 @@ fg_status fg_module_finalize(fg_module *root) {
         int64_t pi = m->p_first, bi = m->b_first;
         for (int i = 0; i < m->params.n; i++)
             if (!m->params.e[i].alias)
-                if (!(f->pname[pi++] = join(paths[k], m->params.e[i].name))) goto nomem;
+                if (!(f->pname[pi++] = join(paths[k], m->params.e[i].name)))
+                    goto nomem;
         for (int i = 0; i < m->buffers.n; i++)
-            if (!(f->bname[bi++] = join(paths[k], m->buffers.e[i].name))) goto nomem;
+            if (!(f->bname[bi++] = join(paths[k], m->buffers.e[i].name)))
+                goto nomem;
     }
     /* aliases must name a parameter of this tree */
     for (int64_t a = 0; a < c.nal; a++) {
         int64_t found = -1;
         for (int64_t i = 0; i < f->np && found < 0; i++)
-            if (f->p[i] == c.al[a]->t) found = i;
+            if (f->p[i] == c.al[a]->t)
+                found = i;
         if (found < 0) {
-            s = fg_error(FG_EINVAL, "finalize: tied weight \"%s\" does not point at a parameter "
-                                    "of this model",
+            s = fg_error(FG_EINVAL,
+                         "finalize: tied weight \"%s\" does not point at a parameter "
+                         "of this model",
                          c.alname[a]);
             goto fail;
         }
@@ -558,27 +613,32 @@ fg_status fg_module_finalize(fg_module *root) {
     f->pdata = fg_alloc(es * (size_t)f->pnumel + 64);
     f->gdata = fg_calloc(1, es * (size_t)f->pnumel + 64);
     f->bdata = fg_alloc(es * (size_t)f->bnumel + 64);
-    if (!f->pdata || !f->gdata || !f->bdata) goto nomem;
+    if (!f->pdata || !f->gdata || !f->bdata)
+        goto nomem;
     for (int64_t i = 0; i < f->np; i++) {
-        f->gview[i] = fg_tensor_wrap((char *)f->gdata + es * (size_t)f->poff[i], dt,
-                                     f->p[i]->ndim, f->p[i]->shape);
-        if (!f->gview[i]) goto nomem;
+        f->gview[i] = fg_tensor_wrap((char *)f->gdata + es * (size_t)f->poff[i], dt, f->p[i]->ndim,
+                                     f->p[i]->shape);
+        if (!f->gview[i])
+            goto nomem;
     }
     for (int64_t k = 0; k < f->nmod; k++) {
         fg_module *m = f->mods[k];
         m->p_off = m->p_first < f->np ? f->poff[m->p_first] : f->pnumel;
         m->p_numel = 0;
-        for (int64_t i = m->p_first; i < m->p_first + m->p_count; i++) m->p_numel += f->p[i]->numel;
+        for (int64_t i = m->p_first; i < m->p_first + m->p_count; i++)
+            m->p_numel += f->p[i]->numel;
         m->b_off = m->b_first < f->nb ? f->boff[m->b_first] : f->bnumel;
         m->b_numel = 0;
-        for (int64_t i = m->b_first; i < m->b_first + m->b_count; i++) m->b_numel += f->b[i]->numel;
-        mviews[3 * k] = fg_tensor_wrap((char *)f->pdata + es * (size_t)m->p_off, dt, 1,
-                                       &m->p_numel);
-        mviews[3 * k + 1] = fg_tensor_wrap((char *)f->gdata + es * (size_t)m->p_off, dt, 1,
-                                           &m->p_numel);
-        mviews[3 * k + 2] = fg_tensor_wrap((char *)f->bdata + es * (size_t)m->b_off, dt, 1,
-                                           &m->b_numel);
-        if (!mviews[3 * k] || !mviews[3 * k + 1] || !mviews[3 * k + 2]) goto nomem;
+        for (int64_t i = m->b_first; i < m->b_first + m->b_count; i++)
+            m->b_numel += f->b[i]->numel;
+        mviews[3 * k] =
+            fg_tensor_wrap((char *)f->pdata + es * (size_t)m->p_off, dt, 1, &m->p_numel);
+        mviews[3 * k + 1] =
+            fg_tensor_wrap((char *)f->gdata + es * (size_t)m->p_off, dt, 1, &m->p_numel);
+        mviews[3 * k + 2] =
+            fg_tensor_wrap((char *)f->bdata + es * (size_t)m->b_off, dt, 1, &m->b_numel);
+        if (!mviews[3 * k] || !mviews[3 * k + 1] || !mviews[3 * k + 2])
+            goto nomem;
     }
 
     /* nothing can fail from here on: move the data */
@@ -586,7 +646,8 @@ fg_status fg_module_finalize(fg_module *root) {
         fg_tensor *t = f->p[i];
         void *dst = (char *)f->pdata + es * (size_t)f->poff[i];
         memcpy(dst, t->data, fg_tensor_nbytes(t)); /* FG_INIT_KEEP values */
-        if (t->flags & FG_T_OWNS_DATA) fg_free(t->data);
+        if (t->flags & FG_T_OWNS_DATA)
+            fg_free(t->data);
         t->data = dst;
         t->flags &= ~(uint32_t)FG_T_OWNS_DATA;
         fg_tensor_set_grad(t, f->gview[i]);
@@ -598,7 +659,8 @@ fg_status fg_module_finalize(fg_module *root) {
         fg_tensor *t = f->b[i];
         void *dst = (char *)f->bdata + es * (size_t)f->boff[i];
         memcpy(dst, t->data, fg_tensor_nbytes(t));
-        if (t->flags & FG_T_OWNS_DATA) fg_free(t->data);
+        if (t->flags & FG_T_OWNS_DATA)
+            fg_free(t->data);
         t->data = dst;
         t->flags &= ~(uint32_t)FG_T_OWNS_DATA;
         t->requires_grad = false;
@@ -617,7 +679,8 @@ fg_status fg_module_finalize(fg_module *root) {
     }
     init_range(f, 0, f->np, 0, f->nb, f->seed);
     fg__seed_dropouts(root, f->seed);
-    for (int64_t k = 0; k < cappaths && k < f->nmod; k++) fg_free(paths[k]);
+    for (int64_t k = 0; k < cappaths && k < f->nmod; k++)
+        fg_free(paths[k]);
     fg_free(paths);
     fg_free(mviews);
     fg_free(c.al);
@@ -634,11 +697,14 @@ fail: /* the modules were not touched beyond their (recomputed) ranges */
         free_flat(f); /* and the arrays moved into it from c */
     }
     if (mviews)
-        for (int64_t k = 0; k < 3 * c.nmod; k++) fg_tensor_free(mviews[k]);
+        for (int64_t k = 0; k < 3 * c.nmod; k++)
+            fg_tensor_free(mviews[k]);
     fg_free(mviews);
-    for (int64_t k = 0; k < c.nmod && paths; k++) fg_free(paths[k]);
+    for (int64_t k = 0; k < c.nmod && paths; k++)
+        fg_free(paths[k]);
     fg_free(paths);
-    for (int64_t a = 0; a < c.nal; a++) fg_free(c.alname ? c.alname[a] : NULL);
+    for (int64_t a = 0; a < c.nal; a++)
+        fg_free(c.alname ? c.alname[a] : NULL);
     fg_free(c.alname);
     fg_free(c.al);
     fg_free(c.pe);
@@ -647,11 +713,15 @@ fail: /* the modules were not touched beyond their (recomputed) ranges */
     return s;
 }
 
-bool fg_module_is_finalized(const fg_module *m) { return m && root_of(m)->flat; }
+bool fg_module_is_finalized(const fg_module *m) {
+    return m && root_of(m)->flat;
+}
 
 fg_status fg__module_ready(fg_module *m) {
-    if (!m) return fg_error(FG_EINVAL, "NULL module");
-    if (m->flat) return FG_OK;
+    if (!m)
+        return fg_error(FG_EINVAL, "NULL module");
+    if (m->flat)
+        return FG_OK;
     return fg_module_finalize(root_of(m));
 }
 
@@ -659,17 +729,28 @@ fg_status fg_module_reset_parameters(fg_module *m, uint64_t seed) {
     FG_TRY(fg__module_ready(m));
     fg_flat *f = m->flat;
     init_range(f, m->p_first, m->p_first + m->p_count, m->b_first, m->b_first + m->b_count, seed);
-    if (!m->parent) f->seed = seed;
+    if (!m->parent)
+        f->seed = seed;
     return FG_OK;
 }
 
 /* ------------------------------------------------------------ accessors */
 
-void *fg_module_data(const fg_module *m) { return m ? m->ud : NULL; }
-const char *fg_module_type(const fg_module *m) { return m ? m->type : "(null)"; }
-const char *fg_module_name(const fg_module *m) { return m ? m->name : ""; }
-fg_module *fg_module_parent(const fg_module *m) { return m ? m->parent : NULL; }
-int fg_module_num_children(const fg_module *m) { return m ? m->nchild : 0; }
+void *fg_module_data(const fg_module *m) {
+    return m ? m->ud : NULL;
+}
+const char *fg_module_type(const fg_module *m) {
+    return m ? m->type : "(null)";
+}
+const char *fg_module_name(const fg_module *m) {
+    return m ? m->name : "";
+}
+fg_module *fg_module_parent(const fg_module *m) {
+    return m ? m->parent : NULL;
+}
+int fg_module_num_children(const fg_module *m) {
+    return m ? m->nchild : 0;
+}
 fg_module *fg_module_child_at(const fg_module *m, int i) {
     return m && i >= 0 && i < m->nchild ? m->child[i] : NULL;
 }
@@ -699,7 +780,8 @@ fg_module *fg_module_child(const fg_module *m, const char *name) {
 }
 
 fg_tensor *fg_module_own_param(const fg_module *m, const char *name) {
-    if (!m || !name) return NULL;
+    if (!m || !name)
+        return NULL;
     fg_pentry *e = own_entry(m, name, false);
     return e ? e->t : NULL;
 }
@@ -718,14 +800,16 @@ fg_tensor *fg_module_forward(fg_module *m, fg_tensor *x) {
         fg_error_wrap(FG_EINVAL, "forward of %s: NULL input (an earlier call failed)", m->type);
         return NULL;
     }
-    if (fg__module_ready(m)) return NULL;
+    if (fg__module_ready(m))
+        return NULL;
     if (!m->forward) {
         char b[256];
         fg_error(FG_EUNSUPPORTED, "module %s (%s) is a container without a forward",
                  fg__module_path(m, b, sizeof b), m->type);
         return NULL;
     }
-    if (tl_depth++ == 0) tl_wrapped = false;
+    if (tl_depth++ == 0)
+        tl_wrapped = false;
     fg_tensor *y = m->forward(m, x, m->ud);
     if (!y && !tl_wrapped) { /* name the innermost module once */
         char b[256];
@@ -737,61 +821,84 @@ fg_tensor *fg_module_forward(fg_module *m, fg_tensor *x) {
 }
 
 void fg_module_train(fg_module *m, bool on) {
-    if (!m) return;
+    if (!m)
+        return;
     m->training = on;
-    for (int i = 0; i < m->nchild; i++) fg_module_train(m->child[i], on);
+    for (int i = 0; i < m->nchild; i++)
+        fg_module_train(m->child[i], on);
 }
 
-bool fg_module_is_training(const fg_module *m) { return m && m->training; }
+bool fg_module_is_training(const fg_module *m) {
+    return m && m->training;
+}
 
 /* ------------------------------------------------------------ parameters */
 
 static fg_flat *ready_flat(fg_module *m) {
-    if (fg__module_ready(m)) return NULL;
+    if (fg__module_ready(m))
+        return NULL;
     return m->flat;
 }
 
-int64_t fg_module_num_params(fg_module *m) { return ready_flat(m) ? m->p_count : -1; }
-int64_t fg_module_numel(fg_module *m) { return ready_flat(m) ? m->p_numel : -1; }
-fg_dtype fg_module_dtype(fg_module *m) { return ready_flat(m) ? m->flat->dtype : FG_F32; }
+int64_t fg_module_num_params(fg_module *m) {
+    return ready_flat(m) ? m->p_count : -1;
+}
+int64_t fg_module_numel(fg_module *m) {
+    return ready_flat(m) ? m->p_numel : -1;
+}
+fg_dtype fg_module_dtype(fg_module *m) {
+    return ready_flat(m) ? m->flat->dtype : FG_F32;
+}
 
 static bool check_index(fg_module *m, int64_t i, int64_t n, const char *what) {
-    if (i >= 0 && i < n) return true;
+    if (i >= 0 && i < n)
+        return true;
     fg_error(FG_EINVAL, "%s: index %lld out of range (module %s has %lld)", what, (long long)i,
              m->type, (long long)n);
     return false;
 }
 
 fg_tensor *fg_module_param(fg_module *m, int64_t i) {
-    if (!ready_flat(m) || !check_index(m, i, m->p_count, "module_param")) return NULL;
+    if (!ready_flat(m) || !check_index(m, i, m->p_count, "module_param"))
+        return NULL;
     return m->flat->p[m->p_first + i];
 }
 
 const char *fg_module_param_name(fg_module *m, int64_t i) {
-    if (!ready_flat(m) || !check_index(m, i, m->p_count, "module_param_name")) return NULL;
+    if (!ready_flat(m) || !check_index(m, i, m->p_count, "module_param_name"))
+        return NULL;
     return m->flat->pname[m->p_first + i] + m->prefix_len;
 }
 
 int64_t fg_module_param_offset(fg_module *m, int64_t i) {
-    if (!ready_flat(m) || !check_index(m, i, m->p_count, "module_param_offset")) return -1;
+    if (!ready_flat(m) || !check_index(m, i, m->p_count, "module_param_offset"))
+        return -1;
     return m->flat->poff[m->p_first + i] - m->p_off;
 }
 
-fg_tensor *fg_module_flat_params(fg_module *m) { return ready_flat(m) ? m->flat_p : NULL; }
-fg_tensor *fg_module_flat_grads(fg_module *m) { return ready_flat(m) ? m->flat_g : NULL; }
+fg_tensor *fg_module_flat_params(fg_module *m) {
+    return ready_flat(m) ? m->flat_p : NULL;
+}
+fg_tensor *fg_module_flat_grads(fg_module *m) {
+    return ready_flat(m) ? m->flat_g : NULL;
+}
 
 /* Does the full name `full` lie under m (and what is its relative part)? */
 static const char *relative(const fg_module *m, const char *full) {
-    if (!m->prefix_len) return full;
-    if (strncmp(full, m->path, m->prefix_len - 1) || full[m->prefix_len - 1] != '.') return NULL;
+    if (!m->prefix_len)
+        return full;
+    if (strncmp(full, m->path, m->prefix_len - 1) || full[m->prefix_len - 1] != '.')
+        return NULL;
     return full + m->prefix_len;
 }
 
 int64_t fg_module_find_param(fg_module *m, const char *name) {
-    if (!name || !ready_flat(m)) return -1;
+    if (!name || !ready_flat(m))
+        return -1;
     fg_flat *f = m->flat;
     for (int64_t i = m->p_first; i < m->p_first + m->p_count; i++)
-        if (!strcmp(f->pname[i] + m->prefix_len, name)) return i - m->p_first;
+        if (!strcmp(f->pname[i] + m->prefix_len, name))
+            return i - m->p_first;
     for (int64_t a = 0; a < f->nalias; a++) {
         const char *rel = relative(m, f->alias_name[a]);
         int64_t i = f->alias_idx[a];
@@ -802,7 +909,8 @@ int64_t fg_module_find_param(fg_module *m, const char *name) {
 }
 
 void fg_module_zero_grad(fg_module *m) {
-    if (!ready_flat(m)) return;
+    if (!ready_flat(m))
+        return;
     size_t es = fg_dtype_size(m->flat->dtype);
     char *g = (char *)m->flat->gdata + es * (size_t)m->p_off;
     size_t bytes = es * (size_t)m->p_numel;
@@ -815,15 +923,19 @@ void fg_module_zero_grad(fg_module *m) {
     }
 }
 
-int64_t fg_module_num_buffers(fg_module *m) { return ready_flat(m) ? m->b_count : -1; }
+int64_t fg_module_num_buffers(fg_module *m) {
+    return ready_flat(m) ? m->b_count : -1;
+}
 
 fg_tensor *fg_module_buffer(fg_module *m, int64_t i) {
-    if (!ready_flat(m) || !check_index(m, i, m->b_count, "module_buffer")) return NULL;
+    if (!ready_flat(m) || !check_index(m, i, m->b_count, "module_buffer"))
+        return NULL;
     return m->flat->b[m->b_first + i];
 }
 
 const char *fg_module_buffer_name(fg_module *m, int64_t i) {
-    if (!ready_flat(m) || !check_index(m, i, m->b_count, "module_buffer_name")) return NULL;
+    if (!ready_flat(m) || !check_index(m, i, m->b_count, "module_buffer_name"))
+        return NULL;
     return m->flat->bname[m->b_first + i] + m->prefix_len;
 }
 
@@ -848,9 +960,11 @@ fg_tensor *fg_module_state_tensor(fg_module *m, int64_t i) {
 /* State entry k of m (params then buffers) whose name is `name`, or -1. */
 static int64_t find_state(fg_module *m, const char *name) {
     int64_t i = fg_module_find_param(m, name);
-    if (i >= 0) return i;
+    if (i >= 0)
+        return i;
     for (int64_t b = 0; b < m->b_count; b++)
-        if (!strcmp(m->flat->bname[m->b_first + b] + m->prefix_len, name)) return m->p_count + b;
+        if (!strcmp(m->flat->bname[m->b_first + b] + m->prefix_len, name))
+            return m->p_count + b;
     return -1;
 }
 
@@ -862,19 +976,22 @@ typedef struct msgbuf {
 
 static void msg_add(msgbuf *b, const char *fmt, ...) FG_PRINTF(2, 3);
 static void msg_add(msgbuf *b, const char *fmt, ...) {
-    if (b->len >= sizeof b->s - 1) return;
+    if (b->len >= sizeof b->s - 1)
+        return;
     va_list ap;
     va_start(ap, fmt);
     int k = vsnprintf(b->s + b->len, sizeof b->s - b->len, fmt, ap);
     va_end(ap);
-    if (k > 0) b->len = FG_MIN(sizeof b->s - 1, b->len + (size_t)k);
+    if (k > 0)
+        b->len = FG_MIN(sizeof b->s - 1, b->len + (size_t)k);
 }
 
 static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
     size_t k = (size_t)snprintf(buf, n, "[");
     for (int i = 0; i < ndim && k < n; i++)
         k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    if (k < n) snprintf(buf + k, n - k, "]");
+    if (k < n)
+        snprintf(buf + k, n - k, "]");
 }
 
 #define LIST_MAX 8
@@ -897,8 +1014,9 @@ fg_status fg_module_load_state(fg_module *m, const fg_state_entry *entries, int6
     for (int64_t k = 0; k < n; k++) {
         const fg_state_entry *e = &entries[k];
         if (!e->name || (e->ndim > 0 && !e->shape) || e->ndim < 0 || e->ndim > FG_MAX_DIMS) {
-            s = fg_error(FG_EINVAL, "load_state: entry %lld (%s) has no name, a bad ndim %d or "
-                                    "no shape",
+            s = fg_error(FG_EINVAL,
+                         "load_state: entry %lld (%s) has no name, a bad ndim %d or "
+                         "no shape",
                          (long long)k, e->name ? e->name : "(null)", e->ndim);
             goto done;
         }
@@ -910,19 +1028,22 @@ fg_status fg_module_load_state(fg_module *m, const fg_state_entry *entries, int6
         int64_t i = find_state(m, e->name);
         target[k] = i;
         if (i < 0) {
-            if (nunexp < LIST_MAX) msg_add(&unexp, "%s%s", nunexp ? ", " : "", e->name);
+            if (nunexp < LIST_MAX)
+                msg_add(&unexp, "%s%s", nunexp ? ", " : "", e->name);
             nunexp++;
             continue;
         }
         if (!fg_dtype_is_float(e->dtype)) {
-            s = fg_error(FG_EINVAL, "load_state: \"%s\" has dtype %s; parameters load from float "
-                                    "data",
+            s = fg_error(FG_EINVAL,
+                         "load_state: \"%s\" has dtype %s; parameters load from float "
+                         "data",
                          e->name, fg_dtype_name(e->dtype));
             goto done;
         }
         fg_tensor *t = fg_module_state_tensor(m, i);
         bool same = e->ndim == t->ndim;
-        for (int d = 0; same && d < t->ndim; d++) same = e->shape[d] == t->shape[d];
+        for (int d = 0; same && d < t->ndim; d++)
+            same = e->shape[d] == t->shape[d];
         if (!same) {
             char a[128], b[128];
             shape_str(a, sizeof a, e->ndim, e->shape);
@@ -939,11 +1060,14 @@ fg_status fg_module_load_state(fg_module *m, const fg_state_entry *entries, int6
         seen[i] = true;
     }
     for (int64_t i = 0; i < ns; i++) {
-        if (seen[i]) continue;
+        if (seen[i])
+            continue;
         /* a shape mismatch already reports it */
         bool reported = false;
-        for (int64_t k = 0; k < n && !reported; k++) reported = target[k] == i;
-        if (reported) continue;
+        for (int64_t k = 0; k < n && !reported; k++)
+            reported = target[k] == i;
+        if (reported)
+            continue;
         if (nmiss < LIST_MAX)
             msg_add(&miss, "%s%s", nmiss ? ", " : "", fg_module_state_name(m, i));
         nmiss++;
@@ -964,10 +1088,12 @@ fg_status fg_module_load_state(fg_module *m, const fg_state_entry *entries, int6
         goto done;
     }
     for (int64_t k = 0; k < n; k++) {
-        if (target[k] < 0) continue;
+        if (target[k] < 0)
+            continue;
         fg_tensor *t = fg_module_state_tensor(m, target[k]);
         s = fg_convert(t->data, t->dtype, entries[k].data, entries[k].dtype, t->numel);
-        if (s != FG_OK) goto done; /* cannot happen: dtypes were checked */
+        if (s != FG_OK)
+            goto done; /* cannot happen: dtypes were checked */
     }
 done:
     fg_free(target);

@@ -6,38 +6,20 @@
 
 #include "optim_impl.h"
 
-#define ADAMW_LOOP(T, SQRT)                                                                            \
-    do {                                                                                           \
-        T *p = (T *)o->param + lo;                                                                 \
-        const T *g = (const T *)grad + (lo - begin);                                               \
-        T *m1 = (T *)fg_tensor_data(o->state[0]) + lo;                                             \
-        T *m2 = (T *)fg_tensor_data(o->state[1]) + lo;                                             \
-        const T decay = (T)(1 - o->lr * o->seg_wd[k]), b1 = (T)beta1, c1 = (T)(1 - beta1),         \
-                b2 = (T)beta2, c2 = (T)(1 - beta2), step = (T)step_size, rb = (T)bc2_sqrt,         \
-                e = (T)eps;                                                                        \
-        int64_t n = hi - lo;                                                                       \
-        _Pragma("omp parallel for simd schedule(static) if (n > 32768)")                          \
-        for (int64_t i = 0; i < n; i++) {                                                          \
-            T gi = g[i];                                                                           \
-            T pi = p[i] * decay;                                                                   \
-            T a = m1[i] * b1 + c1 * gi;                                                            \
-            T v = m2[i] * b2 + c2 * gi * gi;                                                       \
-            m1[i] = a;                                                                             \
-            m2[i] = v;                                                                             \
-            p[i] = pi - step * (a / (SQRT(v) / rb + e));                                           \
-        }                                                                                          \
-    } while (0)
-
 static fg_status adamw_step_range(fg_optimizer *o, int64_t begin, int64_t end, const void *grad,
                                   int64_t t) {
-    double beta1 = o->o.adamw.beta1, beta2 = o->o.adamw.beta2, eps = o->o.adamw.eps;
-    double bc1 = 1 - pow(beta1, (double)t), bc2 = 1 - pow(beta2, (double)t);
-    double step_size = o->lr / bc1, bc2_sqrt = sqrt(bc2);
+    const fg_adamw_opts *ao = &o->o.adamw;
+    double bc1 = 1 - pow(ao->beta1, (double)t), bc2 = 1 - pow(ao->beta2, (double)t);
+    size_t es = fg_dtype_size(o->dt);
     for (int64_t k = 0; k < o->nseg; k++) {
         int64_t lo = FG_MAX(begin, o->seg_begin[k]), hi = FG_MIN(end, o->seg_begin[k + 1]);
-        if (lo >= hi) continue;
-        if (o->dt == FG_F32) ADAMW_LOOP(float, sqrtf);
-        else ADAMW_LOOP(double, sqrt);
+        if (lo >= hi)
+            continue;
+        size_t at = es * (size_t)lo;
+        fg__k_adamw(o->dt, (char *)o->param + at, (const char *)grad + es * (size_t)(lo - begin),
+                    (char *)fg_tensor_data(o->state[0]) + at,
+                    (char *)fg_tensor_data(o->state[1]) + at, hi - lo, 1 - o->lr * o->seg_wd[k],
+                    ao->beta1, ao->beta2, o->lr / bc1, sqrt(bc2), ao->eps);
     }
     return FG_OK;
 }
@@ -46,22 +28,30 @@ static const fg_optim_vt adamw_vt = {.name = "AdamW", .step_range = adamw_step_r
 
 fg_optimizer *fg_adamw_new(fg_module *m, const fg_adamw_opts *opts) {
     fg_adamw_opts o = opts ? *opts : (fg_adamw_opts){0};
-    if (o.lr == 0) o.lr = 1e-3;
-    if (o.beta1 == 0) o.beta1 = 0.9;
-    if (o.beta2 == 0) o.beta2 = 0.999;
-    if (o.eps == 0) o.eps = 1e-8;
-    if (o.weight_decay == 0) o.weight_decay = 0.01;
-    if (o.no_weight_decay) o.weight_decay = 0;
+    if (o.lr == 0)
+        o.lr = 1e-3;
+    if (o.beta1 == 0)
+        o.beta1 = 0.9;
+    if (o.beta2 == 0)
+        o.beta2 = 0.999;
+    if (o.eps == 0)
+        o.eps = 1e-8;
+    if (o.weight_decay == 0)
+        o.weight_decay = 0.01;
+    if (o.no_weight_decay)
+        o.weight_decay = 0;
     if (!(o.lr > 0) || !(o.beta1 > 0 && o.beta1 < 1) || !(o.beta2 > 0 && o.beta2 < 1) ||
         !(o.eps > 0) || !(o.weight_decay >= 0)) {
-        fg_error(FG_EINVAL, "adamw_new: lr = %g, betas = (%g, %g), eps = %g, weight_decay = %g: "
-                            "expected lr > 0, betas in [0, 1), eps > 0, weight_decay >= 0",
+        fg_error(FG_EINVAL,
+                 "adamw_new: lr = %g, betas = (%g, %g), eps = %g, weight_decay = %g: "
+                 "expected lr > 0, betas in [0, 1), eps > 0, weight_decay >= 0",
                  o.lr, o.beta1, o.beta2, o.eps, o.weight_decay);
         return NULL;
     }
     static const char *const names[] = {"exp_avg", "exp_avg_sq"};
-    fg_optimizer *opt = fg__optimizer_new(&adamw_vt, m, o.lr, 2, names, o.weight_decay,
-                                          !o.decay_all);
-    if (opt) opt->o.adamw = o;
+    fg_optimizer *opt =
+        fg__optimizer_new(&adamw_vt, m, o.lr, 2, names, o.weight_decay, !o.decay_all);
+    if (opt)
+        opt->o.adamw = o;
     return opt;
 }

@@ -52,9 +52,20 @@ fg_optimizer *fg__optimizer_new(const fg_optim_vt *vt, fg_module *m, double lr, 
  * begin first) or, when grad is NULL, from the module's flat gradient. Does
  * not advance the step count: a strategy that steps several ranges (or one
  * shard per rank) calls fg__optimizer_advance once after. */
-fg_status fg__optimizer_step_range(fg_optimizer *opt, int64_t begin, int64_t end,
-                                   const void *grad);
+fg_status fg__optimizer_step_range(fg_optimizer *opt, int64_t begin, int64_t end, const void *grad);
 void fg__optimizer_advance(fg_optimizer *opt);
+
+/* Ranges of at least this many elements are split over OpenMP threads. */
+#define FG_OPTIM_PAR_MIN 32768
+/* Block size of the sum of squares (fixed: the result must not depend on
+ * the thread count). */
+#define FG_OPTIM_BLOCK 8192
+
+/* The kernels (kernels_t.h), on n elements of dtype dt (f32 or f64). */
+void fg__k_sgd(fg_dtype dt, void *p, const void *g, void *buf, int64_t n, double lr, double wd,
+               double mu, double damp, bool first, bool nesterov);
+void fg__k_adamw(fg_dtype dt, void *p, const void *g, void *m1, void *m2, int64_t n, double decay,
+                 double beta1, double beta2, double step, double bc2_sqrt, double eps);
 
 /* Sum of squares of n elements of dtype dt (f32/f64) in double, and x *= s:
  * the clipping halves over a plain buffer (a gradient shard). */

@@ -5,43 +5,19 @@
 
 #include "optim_impl.h"
 
-#define SGD_LOOP(T)                                                                                \
-    do {                                                                                           \
-        T *p = (T *)o->param + lo;                                                                 \
-        const T *g = (const T *)grad + (lo - begin);                                               \
-        T *buf = o->o.sgd.momentum != 0 ? (T *)fg_tensor_data(o->state[0]) + lo : NULL;            \
-        const T lr = (T)o->lr, wd = (T)o->seg_wd[k], mu = (T)o->o.sgd.momentum,                    \
-                damp = (T)(1 - o->o.sgd.dampening);                                                \
-        int64_t n = hi - lo;                                                                       \
-        if (!buf) {                                                                                \
-            _Pragma("omp parallel for simd schedule(static) if (n > 32768)")                      \
-            for (int64_t i = 0; i < n; i++) p[i] -= lr * (g[i] + wd * p[i]);                       \
-        } else if (first) {                                                                        \
-            _Pragma("omp parallel for simd schedule(static) if (n > 32768)")                      \
-            for (int64_t i = 0; i < n; i++) {                                                      \
-                T d = g[i] + wd * p[i];                                                            \
-                buf[i] = d;                                                                        \
-                p[i] -= lr * (nesterov ? d + mu * d : d);                                          \
-            }                                                                                      \
-        } else {                                                                                   \
-            _Pragma("omp parallel for simd schedule(static) if (n > 32768)")                      \
-            for (int64_t i = 0; i < n; i++) {                                                      \
-                T d = g[i] + wd * p[i];                                                            \
-                T b = mu * buf[i] + damp * d;                                                      \
-                buf[i] = b;                                                                        \
-                p[i] -= lr * (nesterov ? d + mu * b : b);                                          \
-            }                                                                                      \
-        }                                                                                          \
-    } while (0)
-
 static fg_status sgd_step_range(fg_optimizer *o, int64_t begin, int64_t end, const void *grad,
                                 int64_t t) {
-    bool first = t == 1, nesterov = o->o.sgd.nesterov;
+    const fg_sgd_opts *so = &o->o.sgd;
+    size_t es = fg_dtype_size(o->dt);
     for (int64_t k = 0; k < o->nseg; k++) {
         int64_t lo = FG_MAX(begin, o->seg_begin[k]), hi = FG_MIN(end, o->seg_begin[k + 1]);
-        if (lo >= hi) continue;
-        if (o->dt == FG_F32) SGD_LOOP(float);
-        else SGD_LOOP(double);
+        if (lo >= hi)
+            continue;
+        void *buf =
+            so->momentum != 0 ? (char *)fg_tensor_data(o->state[0]) + es * (size_t)lo : NULL;
+        fg__k_sgd(o->dt, (char *)o->param + es * (size_t)lo,
+                  (const char *)grad + es * (size_t)(lo - begin), buf, hi - lo, o->lr, o->seg_wd[k],
+                  so->momentum, 1 - so->dampening, t == 1, so->nesterov);
     }
     return FG_OK;
 }
@@ -50,22 +26,26 @@ static const fg_optim_vt sgd_vt = {.name = "SGD", .step_range = sgd_step_range};
 
 fg_optimizer *fg_sgd_new(fg_module *m, const fg_sgd_opts *opts) {
     fg_sgd_opts o = opts ? *opts : (fg_sgd_opts){0};
-    if (o.lr == 0) o.lr = 0.01;
+    if (o.lr == 0)
+        o.lr = 0.01;
     if (!(o.lr > 0) || !(o.momentum >= 0) || !(o.dampening >= 0) || !(o.weight_decay >= 0)) {
-        fg_error(FG_EINVAL, "sgd_new: lr = %g, momentum = %g, dampening = %g, weight_decay = %g: "
-                            "expected lr > 0 and the others >= 0",
+        fg_error(FG_EINVAL,
+                 "sgd_new: lr = %g, momentum = %g, dampening = %g, weight_decay = %g: "
+                 "expected lr > 0 and the others >= 0",
                  o.lr, o.momentum, o.dampening, o.weight_decay);
         return NULL;
     }
     if (o.nesterov && (o.momentum == 0 || o.dampening != 0)) {
-        fg_error(FG_EINVAL, "sgd_new: nesterov needs momentum > 0 and dampening = 0 (momentum = "
-                            "%g, dampening = %g)",
+        fg_error(FG_EINVAL,
+                 "sgd_new: nesterov needs momentum > 0 and dampening = 0 (momentum = "
+                 "%g, dampening = %g)",
                  o.momentum, o.dampening);
         return NULL;
     }
     static const char *const names[] = {"momentum_buffer"};
     fg_optimizer *opt =
         fg__optimizer_new(&sgd_vt, m, o.lr, o.momentum != 0 ? 1 : 0, names, o.weight_decay, false);
-    if (opt) opt->o.sgd = o;
+    if (opt)
+        opt->o.sgd = o;
     return opt;
 }

@@ -29,11 +29,15 @@ static double rel_err(const fg_tensor *a, const ref_array *b) {
 static void run(const char *dtype, double rtol) {
     ref_file *r = ref_open(fg_test_path("ref/gpt_ref.bin"));
     CHECK(r != NULL);
-    if (!r) return;
+    if (!r)
+        return;
     const ref_array *cfg = ref_get(r, "config");
-    fg_gpt_config c = {.vocab = (int64_t)ref_at(cfg, 0), .ctx = (int64_t)ref_at(cfg, 1),
-                       .layers = (int)ref_at(cfg, 2), .heads = (int)ref_at(cfg, 3),
-                       .embd = (int64_t)ref_at(cfg, 4), .dtype = dtype};
+    fg_gpt_config c = {.vocab = (int64_t)ref_at(cfg, 0),
+                       .ctx = (int64_t)ref_at(cfg, 1),
+                       .layers = (int)ref_at(cfg, 2),
+                       .heads = (int)ref_at(cfg, 3),
+                       .embd = (int64_t)ref_at(cfg, 4),
+                       .dtype = dtype};
     fg_module *m = fg_gpt_new(&c);
     CHECK(m != NULL);
     if (!m) {
@@ -48,7 +52,8 @@ static void run(const char *dtype, double rtol) {
         snprintf(name, sizeof name, "param.%s", fg_module_param_name(m, i));
         const ref_array *a = ref_get(r, name);
         CHECK(a != NULL);
-        if (!a) goto out;
+        if (!a)
+            goto out;
         e[i] = (fg_state_entry){fg_module_param_name(m, i), a->dtype, a->ndim, a->shape, a->data};
     }
     CHECK_OK(fg_module_load_state(m, e, np, true));
@@ -58,7 +63,8 @@ static void run(const char *dtype, double rtol) {
     fg_tensor *logits = fg_module_forward(m, x);
     fg_tensor *loss = fg_cross_entropy(logits, y, -100);
     CHECK_OK(fg_backward(loss));
-    if (!loss) goto out;
+    if (!loss)
+        goto out;
     double worst = 0;
     const char *worst_name = "logits";
     double el = rel_err(logits, ref_get(r, "logits"));
@@ -84,11 +90,13 @@ static void run(const char *dtype, double rtol) {
         const ref_array *g = ref_get(r, name);
         fg_tensor *ours = fg_tensor_grad(fg_module_param(m, i));
         CHECK(g && ours && g->numel == fg_tensor_numel(ours));
-        if (!g || !ours) continue;
+        if (!g || !ours)
+            continue;
         double eg = rel_err(ours, g);
         CHECK_MSG(eg <= rtol, "%s grad %s: max rel err %.3g > %g", dtype,
                   fg_module_param_name(m, i), eg, rtol);
-        if (eg > worst) worst = eg, worst_name = fg_module_param_name(m, i);
+        if (eg > worst)
+            worst = eg, worst_name = fg_module_param_name(m, i);
     }
     printf("  %s: largest norm-relative error %.2e (%s) over logits and %lld gradients\n", dtype,
            worst, worst_name, (long long)np);
@@ -99,8 +107,12 @@ out:
     ref_close(r);
 }
 
-TEST(gpt_matches_pytorch_f32) { run("f32", 1e-5); }
-TEST(gpt_matches_pytorch_f64) { run("f64", 1e-6); }
+TEST(gpt_matches_pytorch_f32) {
+    run("f32", 1e-5);
+}
+TEST(gpt_matches_pytorch_f64) {
+    run("f64", 1e-6);
+}
 
 /* Two backward passes accumulate (gradient accumulation) into the flat buffer. */
 TEST(gpt_grad_accumulates) {
@@ -109,8 +121,8 @@ TEST(gpt_grad_accumulates) {
         CHECK(0);
         return;
     }
-    fg_module *m = fg_gpt_new(&(fg_gpt_config){.vocab = 65, .ctx = 16, .layers = 2, .heads = 2,
-                                               .embd = 32, .dtype = "f64", .seed = 8});
+    fg_module *m = fg_gpt_new(&(fg_gpt_config){
+        .vocab = 65, .ctx = 16, .layers = 2, .heads = 2, .embd = 32, .dtype = "f64", .seed = 8});
     const ref_array *idx = ref_get(r, "idx"), *tg = ref_get(r, "targets");
     double *g1 = malloc(sizeof(double) * (size_t)fg_module_numel(m));
     for (int pass = 0; pass < 2; pass++) {
@@ -124,7 +136,8 @@ TEST(gpt_grad_accumulates) {
     }
     const double *g2 = fg_tensor_data(fg_module_flat_grads(m));
     double md = 0;
-    for (int64_t i = 0; i < fg_module_numel(m); i++) md = fmax(md, fabs(g2[i] - 2 * g1[i]));
+    for (int64_t i = 0; i < fg_module_numel(m); i++)
+        md = fmax(md, fabs(g2[i] - 2 * g1[i]));
     CHECK(md < 1e-12);
     free(g1);
     fg_module_free(m);

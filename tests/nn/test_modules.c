@@ -11,8 +11,8 @@
 #include "harness.h"
 
 static fg_module *tiny_gpt(uint64_t seed, const char *dtype) {
-    return fg_gpt_new(&(fg_gpt_config){.vocab = 65, .ctx = 16, .layers = 2, .heads = 2,
-                                       .embd = 32, .seed = seed, .dtype = dtype});
+    return fg_gpt_new(&(fg_gpt_config){
+        .vocab = 65, .ctx = 16, .layers = 2, .heads = 2, .embd = 32, .seed = seed, .dtype = dtype});
 }
 
 static double tensor_std(const fg_tensor *t, double *mean_out) {
@@ -24,30 +24,34 @@ static double tensor_std(const fg_tensor *t, double *mean_out) {
         ss += v * v;
     }
     double mean = s / (double)n;
-    if (mean_out) *mean_out = mean;
+    if (mean_out)
+        *mean_out = mean;
     return sqrt(ss / (double)n - mean * mean);
 }
 
 static fg_tensor *tokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
     int32_t buf[4096];
     fg_rng r = {seed, 0};
-    for (int64_t i = 0; i < B * T; i++) buf[i] = (int32_t)fg_rng_below(&r, (uint64_t)V);
+    for (int64_t i = 0; i < B * T; i++)
+        buf[i] = (int32_t)fg_rng_below(&r, (uint64_t)V);
     return fg_from_data(FG_I32, 2, (int64_t[]){B, T}, buf);
 }
 
 TEST(gpt_names_and_order) {
     fg_module *m = tiny_gpt(1, NULL);
     CHECK(m != NULL);
-    if (!m) return;
+    if (!m)
+        return;
     const char *want[] = {"transformer.wte.weight", "transformer.wpe.weight"};
-    const char *blk[] = {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-                         "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
-                         "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight",
-                         "mlp.c_proj.bias"};
-    int64_t blk_shape[12][2] = {{32, 0},  {32, 0}, {96, 32}, {96, 0},  {32, 32},  {32, 0},
-                                {32, 0},  {32, 0}, {128, 32}, {128, 0}, {32, 128}, {32, 0}};
+    const char *blk[] = {"ln_1.weight",      "ln_1.bias",          "attn.c_attn.weight",
+                         "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
+                         "ln_2.weight",      "ln_2.bias",          "mlp.c_fc.weight",
+                         "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+    int64_t blk_shape[12][2] = {{32, 0}, {32, 0}, {96, 32},  {96, 0},  {32, 32},  {32, 0},
+                                {32, 0}, {32, 0}, {128, 32}, {128, 0}, {32, 128}, {32, 0}};
     CHECK(fg_module_num_params(m) == 2 + 2 * 12 + 2);
-    for (int i = 0; i < 2; i++) CHECK(!strcmp(fg_module_param_name(m, i), want[i]));
+    for (int i = 0; i < 2; i++)
+        CHECK(!strcmp(fg_module_param_name(m, i), want[i]));
     CHECK(fg_tensor_dim(fg_module_param(m, 0), 0) == 65);
     CHECK(fg_tensor_dim(fg_module_param(m, 1), 0) == 16);
     int64_t numel = 65 * 32 + 16 * 32;
@@ -63,7 +67,8 @@ TEST(gpt_names_and_order) {
             int nd = blk_shape[k][1] ? 2 : 1;
             CHECK(fg_tensor_ndim(t) == nd);
             CHECK(fg_tensor_dim(t, 0) == blk_shape[k][0]);
-            if (nd == 2) CHECK(fg_tensor_dim(t, 1) == blk_shape[k][1]);
+            if (nd == 2)
+                CHECK(fg_tensor_dim(t, 1) == blk_shape[k][1]);
             numel += fg_tensor_numel(t);
         }
     CHECK(!strcmp(fg_module_param_name(m, 26), "transformer.ln_f.weight"));
@@ -81,13 +86,14 @@ TEST(gpt_names_and_order) {
     CHECK(b1 && !strcmp(fg_module_param_name(b1, 2), "attn.c_attn.weight"));
     CHECK(b1 && fg_module_param(b1, 0) == fg_module_param(m, 14));
     CHECK(b1 && fg_module_param_offset(b1, 0) == 0);
-    CHECK(b1 && fg_tensor_data(fg_module_flat_params(b1)) == fg_tensor_data(fg_module_param(m, 14)));
+    CHECK(b1 &&
+          fg_tensor_data(fg_module_flat_params(b1)) == fg_tensor_data(fg_module_param(m, 14)));
     CHECK(b1 && fg_module_find_param(b1, "mlp.c_proj.bias") == 11);
-    CHECK(!strcmp(fg_module_type(fg_module_child(m, "transformer.h.0.attn")),
-                  "CausalSelfAttention"));
+    CHECK(
+        !strcmp(fg_module_type(fg_module_child(m, "transformer.h.0.attn")), "CausalSelfAttention"));
     /* no bias: nanoGPT's bias=False drops every Linear and LayerNorm bias */
-    fg_module *nb = fg_gpt_new(&(fg_gpt_config){.vocab = 65, .ctx = 16, .layers = 2, .heads = 2,
-                                                .embd = 32, .no_bias = true});
+    fg_module *nb = fg_gpt_new(&(fg_gpt_config){
+        .vocab = 65, .ctx = 16, .layers = 2, .heads = 2, .embd = 32, .no_bias = true});
     CHECK(nb && fg_module_num_params(nb) == 2 + 2 * 6 + 1);
     CHECK(nb && !strcmp(fg_module_param_name(nb, 3), "transformer.h.0.attn.c_attn.weight"));
     fg_module_free(nb);
@@ -97,7 +103,8 @@ TEST(gpt_names_and_order) {
 TEST(mlp_names_and_forward) {
     fg_module *m = fg_mlp_new(&(fg_mlp_config){.sizes = {784, 1024, 1024, 10}, .seed = 3});
     CHECK(m != NULL);
-    if (!m) return;
+    if (!m)
+        return;
     const char *want[] = {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"};
     int64_t rows[] = {1024, 1024, 1024, 1024, 10, 10};
     CHECK(fg_module_num_params(m) == 6);
@@ -116,8 +123,8 @@ TEST(mlp_names_and_forward) {
     CHECK_CONTAINS(fg_last_error(), "expected (B, 784)");
     fg_step_reset();
     /* nlayers given explicitly, GELU, no bias */
-    fg_module *g = fg_mlp_new(&(fg_mlp_config){.sizes = {4, 8, 3, 99}, .nlayers = 2,
-                                               .activation = FG_ACT_GELU, .no_bias = true});
+    fg_module *g = fg_mlp_new(&(fg_mlp_config){
+        .sizes = {4, 8, 3, 99}, .nlayers = 2, .activation = FG_ACT_GELU, .no_bias = true});
     CHECK(g && fg_module_num_params(g) == 2);
     CHECK(g && !strcmp(fg_module_param_name(g, 1), "2.weight"));
     CHECK(g && !strcmp(fg_module_type(fg_module_child(g, "1")), "GELU"));
@@ -159,22 +166,26 @@ TEST(flat_buffers) {
     fg_tensor *loss = fg_cross_entropy(fg_module_forward(m, idx), tokens(2, 8, 65, 8), -100);
     CHECK_OK(fg_backward(loss));
     double nz = 0;
-    for (int64_t i = 0; i < fg_module_numel(m); i++) nz += gbase[i] != 0;
+    for (int64_t i = 0; i < fg_module_numel(m); i++)
+        nz += gbase[i] != 0;
     CHECK(nz > 0.9 * (double)fg_module_numel(m));
     for (int64_t i = 0; i < fg_module_num_params(m); i++) {
         fg_tensor *g = fg_tensor_grad(fg_module_param(m, i));
         double s = 0;
-        for (int64_t k = 0; k < fg_tensor_numel(g); k++) s += fabs(fg_tensor_get(g, k));
+        for (int64_t k = 0; k < fg_tensor_numel(g); k++)
+            s += fabs(fg_tensor_get(g, k));
         CHECK_MSG(s > 0, "gradient of %s is zero", fg_module_param_name(m, i));
     }
     /* the tied head: token 62 never appears in idx, yet its wte row has a
      * gradient, from the output projection */
     double head_only = 0;
-    for (int c = 0; c < 32; c++) head_only += fabs(gbase[62 * 32 + c]);
+    for (int c = 0; c < 32; c++)
+        head_only += fabs(gbase[62 * 32 + c]);
     CHECK(head_only > 0);
     fg_module_zero_grad(m);
     double left = 0;
-    for (int64_t i = 0; i < fg_module_numel(m); i++) left += fabs(gbase[i]);
+    for (int64_t i = 0; i < fg_module_numel(m); i++)
+        left += fabs(gbase[i]);
     CHECK(left == 0);
     fg_step_reset();
     fg_module_free(m);
@@ -182,8 +193,8 @@ TEST(flat_buffers) {
 
 TEST(init_statistics) {
     int L = 4;
-    fg_module *m = fg_gpt_new(&(fg_gpt_config){.vocab = 1000, .ctx = 64, .layers = L,
-                                               .heads = 4, .embd = 128, .seed = 5});
+    fg_module *m = fg_gpt_new(&(fg_gpt_config){
+        .vocab = 1000, .ctx = 64, .layers = L, .heads = 4, .embd = 128, .seed = 5});
     if (!m) {
         CHECK(0);
         return;
@@ -214,11 +225,13 @@ TEST(init_statistics) {
     CHECK_OK(fg_module_set_seed(lin, 9));
     fg_tensor *w = fg_module_param(lin, 0), *b = fg_module_param(lin, 1);
     double bound = 1.0 / 20.0, mx = 0;
-    for (int64_t i = 0; i < fg_tensor_numel(w); i++) mx = fmax(mx, fabs(fg_tensor_get(w, i)));
+    for (int64_t i = 0; i < fg_tensor_numel(w); i++)
+        mx = fmax(mx, fabs(fg_tensor_get(w, i)));
     CHECK(mx <= bound && mx > 0.99 * bound);
     CHECK_CLOSE(tensor_std(w, &mean), bound / sqrt(3.0), 0.01, 0);
     CHECK(fabs(mean) < 1e-3);
-    for (int64_t i = 0; i < 300; i++) CHECK(fabs(fg_tensor_get(b, i)) <= bound);
+    for (int64_t i = 0; i < 300; i++)
+        CHECK(fabs(fg_tensor_get(b, i)) <= bound);
     CHECK(tensor_std(b, NULL) > 0.5 * bound / sqrt(3.0));
     CHECK_STATUS(fg_module_set_seed(lin, 9), FG_ESTATE); /* already finalized on use */
     fg_module_free(lin);
@@ -236,12 +249,13 @@ TEST(same_seed_same_weights) {
         return;
     }
     size_t bytes = sizeof(float) * (size_t)fg_module_numel(a);
-    CHECK(!memcmp(fg_tensor_data(fg_module_flat_params(a)), fg_tensor_data(fg_module_flat_params(b)),
-                  bytes));
+    CHECK(!memcmp(fg_tensor_data(fg_module_flat_params(a)),
+                  fg_tensor_data(fg_module_flat_params(b)), bytes));
     /* a different seed changes every random tensor */
     for (int64_t i = 0; i < fg_module_num_params(a); i++) {
         fg_tensor *pa = fg_module_param(a, i), *pc = fg_module_param(c, i);
-        if (tensor_std(pa, NULL) == 0) continue; /* constant init */
+        if (tensor_std(pa, NULL) == 0)
+            continue; /* constant init */
         CHECK_MSG(memcmp(fg_tensor_data(pa), fg_tensor_data(pc), fg_tensor_nbytes(pa)),
                   "%s unchanged by the seed", fg_module_param_name(a, i));
     }
@@ -260,7 +274,8 @@ TEST(same_seed_same_weights) {
     CHECK(pa[100] == keep);
     fg_module *blk = fg_module_child(c, "transformer.h.1");
     CHECK_OK(fg_module_reset_parameters(blk, 42));
-    fg_tensor *x = fg_module_param(blk, 2), *y = fg_module_param(fg_module_child(a, "transformer.h.1"), 2);
+    fg_tensor *x = fg_module_param(blk, 2),
+              *y = fg_module_param(fg_module_child(a, "transformer.h.1"), 2);
     CHECK(!memcmp(fg_tensor_data(x), fg_tensor_data(y), fg_tensor_nbytes(x)));
     fg_module_free(a);
     fg_module_free(b);
@@ -273,8 +288,8 @@ static int64_t state_of(fg_module *m, fg_state_entry *e, int64_t cap) {
     int64_t n = fg_module_state_count(m);
     for (int64_t i = 0; i < n && i < cap; i++) {
         fg_tensor *t = fg_module_state_tensor(m, i);
-        e[i] = (fg_state_entry){fg_module_state_name(m, i), fg_tensor_dtype(t),
-                                fg_tensor_ndim(t), fg_tensor_shape(t), fg_tensor_data(t)};
+        e[i] = (fg_state_entry){fg_module_state_name(m, i), fg_tensor_dtype(t), fg_tensor_ndim(t),
+                                fg_tensor_shape(t), fg_tensor_data(t)};
     }
     return n;
 }
@@ -289,19 +304,20 @@ TEST(load_state) {
     int64_t n = state_of(a, e, 64);
     CHECK(n == 28);
     size_t bytes = sizeof(float) * (size_t)fg_module_numel(a);
-    void *pa = fg_tensor_data(fg_module_flat_params(a)), *pb = fg_tensor_data(fg_module_flat_params(b));
+    void *pa = fg_tensor_data(fg_module_flat_params(a)),
+         *pb = fg_tensor_data(fg_module_flat_params(b));
     /* errors first: nothing may change */
     float *snap = malloc(bytes);
     memcpy(snap, pb, bytes);
     fg_state_entry bad[64];
     memcpy(bad, e, sizeof e);
-    bad[3] = bad[27];                                      /* ln_1.bias missing, ln_f.bias twice */
+    bad[3] = bad[27]; /* ln_1.bias missing, ln_f.bias twice */
     CHECK_STATUS(fg_module_load_state(b, bad, n, true), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "twice");
     memcpy(bad, e, sizeof e);
-    bad[4].name = "transformer.h.0.attn.c_attn.wieght";    /* missing + unexpected */
+    bad[4].name = "transformer.h.0.attn.c_attn.wieght"; /* missing + unexpected */
     int64_t wrong[2] = {64, 32};
-    bad[1].shape = wrong;                                  /* wpe (16, 32) */
+    bad[1].shape = wrong; /* wpe (16, 32) */
     fg_status s = fg_module_load_state(b, bad, n, true);
     CHECK(s == FG_EMISMATCH);
     const char *msg = fg_last_error();
@@ -316,7 +332,8 @@ TEST(load_state) {
     CHECK(memcmp(pb, pa, bytes)); /* c_attn.weight of block 0 was not loaded */
     /* everything, in f64, through the alias name of the tied weight */
     double *d64 = malloc(bytes * 2);
-    for (int64_t i = 0; i < fg_module_numel(a); i++) d64[i] = ((float *)pa)[i];
+    for (int64_t i = 0; i < fg_module_numel(a); i++)
+        d64[i] = ((float *)pa)[i];
     memcpy(bad, e, sizeof e);
     int64_t offs = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -330,7 +347,8 @@ TEST(load_state) {
     /* into a sub-module, with names relative to it */
     fg_module *blk = fg_module_child(b, "transformer.h.0");
     float ones[96 * 32];
-    for (int i = 0; i < 96 * 32; i++) ones[i] = 1;
+    for (int i = 0; i < 96 * 32; i++)
+        ones[i] = 1;
     fg_state_entry one = {"attn.c_attn.weight", FG_F32, 2, (int64_t[]){96, 32}, ones};
     CHECK_OK(fg_module_load_state(blk, &one, 1, false));
     CHECK(fg_tensor_get(fg_module_param(b, 4), 17) == 1);
@@ -357,10 +375,10 @@ static void count_free(void *p) {
 
 TEST(user_modules) {
     fg_module *m = fg_module_new("Affine", affine_fwd, fg_alloc(16), count_free);
-    fg_tensor *scale = fg_module_add_param(m, "scale", FG_F64, 1, (int64_t[]){3},
-                                           &(fg_init){FG_INIT_CONST, 2, 0});
-    fg_tensor *shift = fg_module_add_param(m, "shift", FG_F64, 1, (int64_t[]){3},
-                                           &(fg_init){FG_INIT_KEEP, 0, 0});
+    fg_tensor *scale =
+        fg_module_add_param(m, "scale", FG_F64, 1, (int64_t[]){3}, &(fg_init){FG_INIT_CONST, 2, 0});
+    fg_tensor *shift =
+        fg_module_add_param(m, "shift", FG_F64, 1, (int64_t[]){3}, &(fg_init){FG_INIT_KEEP, 0, 0});
     double *sh = fg_tensor_data(shift);
     sh[0] = 1, sh[1] = 2, sh[2] = 3; /* kept through finalize */
     CHECK_OK(fg_module_add_child(m, "proj", fg_linear_new(2, 3, false, FG_F64)));
@@ -370,18 +388,18 @@ TEST(user_modules) {
     CHECK(fg_module_add_param(m, "i", FG_I32, 1, (int64_t[]){1}, NULL) == NULL);
     CHECK_STATUS(fg_module_add_child(m, "proj", fg_relu_new()), FG_EINVAL);
     CHECK_STATUS(fg_module_add_child(m, "x", NULL), FG_EINVAL);
-    fg_tensor *mixed = fg_module_add_param(fg_module_child(m, "proj"), "extra", FG_F32, 1,
-                                           (int64_t[]){2}, NULL);
+    fg_tensor *mixed =
+        fg_module_add_param(fg_module_child(m, "proj"), "extra", FG_F32, 1, (int64_t[]){2}, NULL);
     CHECK(mixed != NULL);
     CHECK_STATUS(fg_module_finalize(m), FG_EINVAL); /* f32 among f64 */
     CHECK_CONTAINS(fg_last_error(), "one dtype");
     CHECK(!fg_module_is_finalized(m));
     m = (fg_module_free(m), fg_module_new("Affine", affine_fwd, NULL, NULL));
     CHECK(freed == 1);
-    scale = fg_module_add_param(m, "scale", FG_F64, 1, (int64_t[]){3},
-                                &(fg_init){FG_INIT_CONST, 2, 0});
-    shift = fg_module_add_param(m, "shift", FG_F64, 1, (int64_t[]){3},
-                                &(fg_init){FG_INIT_KEEP, 0, 0});
+    scale =
+        fg_module_add_param(m, "scale", FG_F64, 1, (int64_t[]){3}, &(fg_init){FG_INIT_CONST, 2, 0});
+    shift =
+        fg_module_add_param(m, "shift", FG_F64, 1, (int64_t[]){3}, &(fg_init){FG_INIT_KEEP, 0, 0});
     sh = fg_tensor_data(shift);
     sh[0] = 1, sh[1] = 2, sh[2] = 3;
     CHECK_OK(fg_module_add_child(m, "proj", fg_linear_new(2, 3, false, FG_F64)));
@@ -479,11 +497,12 @@ TEST(gpt_forward_checks) {
     int32_t badid[2] = {3, 65};
     CHECK(fg_module_forward(m, fg_from_data(FG_I32, 2, (int64_t[]){1, 2}, badid)) == NULL);
     CHECK_CONTAINS(fg_last_error(), "65");
-    CHECK(fg_gpt_new(&(fg_gpt_config){.vocab = 65, .ctx = 16, .layers = 2, .heads = 3,
-                                      .embd = 32}) == NULL);
+    CHECK(fg_gpt_new(&(fg_gpt_config){
+              .vocab = 65, .ctx = 16, .layers = 2, .heads = 3, .embd = 32}) == NULL);
     CHECK_CONTAINS(fg_last_error(), "multiple of heads");
-    CHECK(fg_gpt_new(&(fg_gpt_config){.vocab = 65, .ctx = 16, .layers = 2, .heads = 2,
-                                      .embd = 32, .dropout = 1.5}) == NULL);
+    CHECK(fg_gpt_new(&(fg_gpt_config){
+              .vocab = 65, .ctx = 16, .layers = 2, .heads = 2, .embd = 32, .dropout = 1.5}) ==
+          NULL);
     CHECK(fg_gpt_get_config(m)->embd == 32 && !strcmp(fg_gpt_get_config(m)->dtype, "f32"));
     /* causal: logits at position t do not depend on later tokens */
     int32_t s1[8] = {1, 2, 3, 4, 5, 6, 7, 8}, s2[8] = {1, 2, 3, 4, 9, 9, 9, 9};
@@ -507,7 +526,8 @@ TEST(gpt_sampling) {
     CHECK_OK(fg_gpt_generate(m, prompt, 3, 37, &o, b));
     CHECK(!memcmp(a, b, sizeof a));
     CHECK(a[0] == 5 && a[2] == 7);
-    for (int i = 0; i < 40; i++) CHECK(a[i] >= 0 && a[i] < 65);
+    for (int i = 0; i < 40; i++)
+        CHECK(a[i] >= 0 && a[i] < 65);
     o.seed = 2;
     CHECK_OK(fg_gpt_generate(m, prompt, 3, 37, &o, c));
     CHECK(memcmp(a, c, sizeof a));
@@ -516,7 +536,8 @@ TEST(gpt_sampling) {
     fg_tensor *l = fg_module_forward(m, fg_from_data(FG_I32, 2, (int64_t[]){1, 3}, prompt));
     int best = 0;
     for (int v = 1; v < 65; v++)
-        if (fg_tensor_get(l, 2 * 65 + v) > fg_tensor_get(l, 2 * 65 + best)) best = v;
+        if (fg_tensor_get(l, 2 * 65 + v) > fg_tensor_get(l, 2 * 65 + best))
+            best = v;
     CHECK(g[3] == best);
     /* top_k = 1 is greedy too */
     CHECK_OK(fg_gpt_generate(m, prompt, 3, 1, &(fg_sample_opts){.top_k = 1, .seed = 5}, c));
@@ -528,8 +549,8 @@ TEST(gpt_sampling) {
     CHECK_STATUS(fg_gpt_generate(m, prompt, 0, 3, NULL, c), FG_EINVAL);
     /* sample_next on a batch */
     int32_t two[2];
-    CHECK_OK(fg_gpt_sample_next(m, tokens(2, 20, 65, 3), &(fg_sample_opts){.greedy = true}, 0,
-                                two));
+    CHECK_OK(
+        fg_gpt_sample_next(m, tokens(2, 20, 65, 3), &(fg_sample_opts){.greedy = true}, 0, two));
     CHECK(two[0] >= 0 && two[0] < 65 && two[1] >= 0 && two[1] < 65);
     fg_step_reset();
     fg_module_free(m);
