@@ -1,0 +1,35 @@
+/* The DDP gradient reducer: buckets over one flat gradient buffer, reduced
+ * asynchronously as backward produces them. Private to the strategy layer. */
+#ifndef FULGUR_DDP_REDUCER_H
+#define FULGUR_DDP_REDUCER_H
+
+#include "autograd/autograd_impl.h"
+#include "fulgur/comm.h"
+
+typedef struct fg_ddp_reducer fg_ddp_reducer;
+
+typedef struct fg_ddp_reducer_opts {
+    double bucket_cap_mb;       /* <= 0: 25 */
+    double first_bucket_mb;     /* the first bucket (last parameters) <= 0: 1, as PyTorch */
+    bool find_unused_parameters;
+    bool static_graph;
+} fg_ddp_reducer_opts;
+
+/* params[i] are the parameter tensors, whose gradients are views into
+ * `flat_grad` at element offsets offs[i] (increasing). Everything is
+ * borrowed for the reducer's life. */
+fg_status fg_ddp_reducer_new(fg_comm *comm, fg_tensor *flat_grad, int nparams,
+                             fg_tensor *const *params, const int64_t *offs,
+                             const fg_ddp_reducer_opts *o, fg_ddp_reducer **out);
+void fg_ddp_reducer_free(fg_ddp_reducer *r);
+
+/* Runs backward from loss with bucket reductions overlapping it (when sync),
+ * then waits for every bucket: the flat gradient holds the average over
+ * ranks. With sync false it is a plain local backward (no_backward_sync). */
+fg_status fg_ddp_reducer_backward(fg_ddp_reducer *r, fg_tensor *loss, bool sync);
+
+int fg_ddp_reducer_num_buckets(const fg_ddp_reducer *r);
+/* Element range [begin, end) of bucket b in the flat gradient. */
+void fg_ddp_reducer_bucket_range(const fg_ddp_reducer *r, int b, int64_t *begin, int64_t *end);
+
+#endif
