@@ -64,7 +64,7 @@ static int build_flags(fit_opts *o, cli_flag *t) {
     SEC("loop");
     F(.name = "max-epochs", .type = CLI_INT, .dst = &o->max_epochs, .def = "-1", .min = -1,
       .max = INT64_MAX / 2, .help = "stop after this many epochs (-1: no limit)");
-    F(.name = "max-steps", .type = CLI_INT, .dst = &o->max_steps, .def = "1000", .min = -1,
+    F(.name = "max-steps", .type = CLI_INT, .dst = &o->max_steps, .def = "1500", .min = -1,
       .max = INT64_MAX / 2, .help = "stop after this many optimizer steps (-1: no limit)");
     F(.name = "batch-size", .type = CLI_INT, .dst = &o->batch_size, .def = "16", .min = 1,
       .max = 1 << 24, .help = "samples per device per micro-batch");
@@ -74,7 +74,7 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .help = "clip the global gradient norm to this (0: off)");
     F(.name = "optimizer", .type = CLI_STR, .dst = &o->optimizer, .def = "adamw",
       .choices = k_optims, .help = "adamw, or sgd with --momentum");
-    F(.name = "lr", .type = CLI_DOUBLE, .dst = &o->lr, .def = "1e-3", .help = "peak learning rate");
+    F(.name = "lr", .type = CLI_DOUBLE, .dst = &o->lr, .def = "2e-3", .help = "peak learning rate");
     F(.name = "warmup-steps", .type = CLI_INT, .dst = &o->warmup_steps, .def = "100", .min = 0,
       .max = INT64_MAX / 2, .help = "linear warm-up steps, then cosine decay");
     F(.name = "lr-decay-steps", .type = CLI_INT, .dst = &o->lr_decay_steps, .def = "0", .min = 0,
