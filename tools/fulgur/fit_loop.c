@@ -79,6 +79,10 @@ static fg_tensor *forward_loss(fit_ctx *c, fg_tensor *x, fg_tensor *y) {
  * rank), distributed padding left out, averaged over ranks by token count.
  * Collective. NAN if there is no validation data. */
 static fg_status validate(fit_ctx *c, double *out) {
+    if (fg_dataset_len(c->d.val) == 0) {
+        *out = NAN;
+        return FG_OK;
+    }
     bool prev = fg_set_grad_enabled(false);
     fg_module_train(c->model, false);
     fg_status s = fg_dataloader_set_epoch(c->val, 0);
@@ -396,7 +400,7 @@ int fit_run(fg_fabric *f, void *arg) {
                 goto out;
             }
             c.last_val_step = c.step;
-            fit_progress_val(c.prog, c.step, epoch, c.last_val);
+            if (!isnan(c.last_val)) fit_progress_val(c.prog, c.step, epoch, c.last_val);
         }
         if (o->ckpt_every && c.step % o->ckpt_every == 0 && save(&c) != FG_OK) {
             rc = rank_error(&c, "checkpoint");
@@ -410,7 +414,7 @@ int fit_run(fg_fabric *f, void *arg) {
             rc = rank_error(&c, "validation");
             goto out;
         }
-        fit_progress_val(c.prog, c.step, epoch, c.last_val);
+        if (!isnan(c.last_val)) fit_progress_val(c.prog, c.step, epoch, c.last_val);
     }
     if (c.last_saved != c.step || !c.last_ckpt[0]) {
         if (save(&c) != FG_OK) {
@@ -421,8 +425,10 @@ int fit_run(fg_fabric *f, void *arg) {
     if (c.rank0) {
         fit_progress_free(c.prog);
         c.prog = NULL;
-        printf("done: %lld steps in %.1f s; val loss %.4f; checkpoint %s\n", (long long)c.step,
-               fg_time() - t_start, c.last_val, c.last_ckpt);
+        char val[32] = "n/a (no validation data)";
+        if (!isnan(c.last_val)) snprintf(val, sizeof val, "%.4f", c.last_val);
+        printf("done: %lld steps in %.1f s; val loss %s; checkpoint %s\n", (long long)c.step,
+               fg_time() - t_start, val, c.last_ckpt);
         fflush(stdout);
         final_sample(&c);
     }
