@@ -132,43 +132,75 @@ static fg_module *container(const char *type) {
     return fg_module_new(type, NULL, NULL, NULL);
 }
 
+/* nanoGPT's _init_weights for a Linear: N(0, std) weight, zero bias */
+static fg_status gpt_linear_init(fg_module *lin, double std, bool bias) {
+    FG_TRY(fg_module_set_init(lin, "weight", &(fg_init){FG_INIT_NORMAL, 0, std}));
+    return bias ? fg_module_set_init(lin, "bias", NULL) : FG_OK;
+}
+
+/* attn: c_attn, c_proj, resid_dropout; a whole module or NULL */
+static fg_module *new_attn(const fg_gpt_config *c, fg_dtype dt) {
+    bool bias = !c->no_bias;
+    int64_t C = c->embd;
+    double sp = 0.02 / sqrt(2.0 * c->layers); /* the scaled init of c_proj */
+    attn *a = fg_calloc(1, sizeof *a);
+    fg_module *m = a ? fg_module_new("CausalSelfAttention", attn_fwd, a, fg_free) : NULL;
+    if (!m)
+        return NULL;
+    a->heads = c->heads;
+    if (add(m, "c_attn", fg_linear_new(C, 3 * C, bias, dt), &a->c_attn) ||
+        add(m, "c_proj", fg_linear_new(C, C, bias, dt), &a->c_proj) ||
+        add(m, "resid_dropout", fg_dropout_new(c->dropout), &a->drop) ||
+        gpt_linear_init(a->c_attn, 0.02, bias) || gpt_linear_init(a->c_proj, sp, bias)) {
+        fg_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* mlp: c_fc, gelu, c_proj, dropout */
+static fg_module *new_mlp(const fg_gpt_config *c, fg_dtype dt) {
+    bool bias = !c->no_bias;
+    int64_t C = c->embd;
+    double sp = 0.02 / sqrt(2.0 * c->layers);
+    gmlp *p = fg_calloc(1, sizeof *p);
+    fg_module *m = p ? fg_module_new("MLP", gmlp_fwd, p, fg_free) : NULL;
+    if (!m)
+        return NULL;
+    if (add(m, "c_fc", fg_linear_new(C, 4 * C, bias, dt), &p->c_fc) ||
+        add(m, "gelu", fg_gelu_new(), &p->gelu) ||
+        add(m, "c_proj", fg_linear_new(4 * C, C, bias, dt), &p->c_proj) ||
+        add(m, "dropout", fg_dropout_new(c->dropout), &p->drop) ||
+        gpt_linear_init(p->c_fc, 0.02, bias) || gpt_linear_init(p->c_proj, sp, bias)) {
+        fg_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* h.{l}: ln_1, attn, ln_2, mlp (the sub-modules are built whole first, so
+ * that every failure frees exactly what it made) */
 static fg_status build_block(gpt *g, fg_module *h, int l, fg_dtype dt, fg_module **out) {
     const fg_gpt_config *c = &g->c;
     bool bias = !c->no_bias;
-    int64_t C = c->embd;
     char name[24];
     snprintf(name, sizeof name, "%d", l);
     block *b = fg_calloc(1, sizeof *b);
     fg_module *bm = b ? fg_module_new("Block", block_fwd, b, fg_free) : NULL;
     FG_TRY(add(h, name, bm, out));
-    attn *a = fg_calloc(1, sizeof *a);
-    gmlp *p = fg_calloc(1, sizeof *p);
-    FG_TRY(add(bm, "ln_1", fg_layer_norm_new(C, 1e-5, bias, dt), &b->ln_1));
-    fg_module *am = a ? fg_module_new("CausalSelfAttention", attn_fwd, a, fg_free) : NULL;
-    if (!am)
-        fg_free(p);
-    FG_TRY(add(bm, "attn", am, &b->attn));
-    a->heads = c->heads;
-    FG_TRY(add(am, "c_attn", fg_linear_new(C, 3 * C, bias, dt), &a->c_attn));
-    FG_TRY(add(am, "c_proj", fg_linear_new(C, C, bias, dt), &a->c_proj));
-    FG_TRY(add(am, "resid_dropout", fg_dropout_new(c->dropout), &a->drop));
-    FG_TRY(add(bm, "ln_2", fg_layer_norm_new(C, 1e-5, bias, dt), &b->ln_2));
-    fg_module *mm = p ? fg_module_new("MLP", gmlp_fwd, p, fg_free) : NULL;
-    FG_TRY(add(bm, "mlp", mm, &b->mlp));
-    FG_TRY(add(mm, "c_fc", fg_linear_new(C, 4 * C, bias, dt), &p->c_fc));
-    FG_TRY(add(mm, "gelu", fg_gelu_new(), &p->gelu));
-    FG_TRY(add(mm, "c_proj", fg_linear_new(4 * C, C, bias, dt), &p->c_proj));
-    FG_TRY(add(mm, "dropout", fg_dropout_new(c->dropout), &p->drop));
-    /* nanoGPT's _init_weights and the scaled c_proj init */
-    fg_init w02 = {FG_INIT_NORMAL, 0, 0.02},
-            wproj = {FG_INIT_NORMAL, 0, 0.02 / sqrt(2.0 * c->layers)};
-    fg_module *lin[4] = {a->c_attn, a->c_proj, p->c_fc, p->c_proj};
-    for (int i = 0; i < 4; i++) {
-        FG_TRY(fg_module_set_init(lin[i], "weight", (i == 1 || i == 3) ? &wproj : &w02));
-        if (bias)
-            FG_TRY(fg_module_set_init(lin[i], "bias", NULL));
+    fg_module *am = new_attn(c, dt), *mm = am ? new_mlp(c, dt) : NULL;
+    fg_status s = FG_ENOMEM;
+    if (!mm || (s = add(bm, "ln_1", fg_layer_norm_new(c->embd, 1e-5, bias, dt), &b->ln_1))) {
+        fg_module_free(am);
+        fg_module_free(mm);
+        return s;
     }
-    return FG_OK;
+    s = add(bm, "attn", am, &b->attn); /* consumes am */
+    if (s || (s = add(bm, "ln_2", fg_layer_norm_new(c->embd, 1e-5, bias, dt), &b->ln_2))) {
+        fg_module_free(mm);
+        return s;
+    }
+    return add(bm, "mlp", mm, &b->mlp);
 }
 
 static fg_status check_config(const fg_gpt_config *c) {

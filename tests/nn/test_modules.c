@@ -555,3 +555,84 @@ TEST(gpt_sampling) {
     fg_step_reset();
     fg_module_free(m);
 }
+
+/* ------------------------------------------------------ allocation failures */
+
+/* An allocator failing every allocation after the first `limit`, counting
+ * live blocks: each failure path must free what it took. */
+#include <stdatomic.h>
+#include <stdlib.h>
+static atomic_long fa_count, fa_live;
+static long fa_limit;
+static void *fa_alloc(void *ud, void *ptr, size_t size, size_t align) {
+    (void)ud;
+    if (size == 0) {
+        if (ptr)
+            atomic_fetch_sub(&fa_live, 1);
+        free(ptr);
+        return NULL;
+    }
+    if (atomic_fetch_add(&fa_count, 1) >= fa_limit)
+        return NULL;
+    if (ptr)
+        return realloc(ptr, size);
+    void *p = NULL;
+    if (posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size) != 0)
+        return NULL;
+    atomic_fetch_add(&fa_live, 1);
+    return p;
+}
+
+TEST(allocation_failures) {
+    /* fg_gpt_new (construction and finalize) failing at every allocation */
+    int failures = 0;
+    bool built = false;
+    for (long limit = 0; limit < 20000 && !built; limit++) {
+        fa_limit = limit;
+        atomic_store(&fa_count, 0);
+        atomic_store(&fa_live, 0);
+        fg_set_allocator(fa_alloc, NULL);
+        fg_clear_error();
+        fg_module *m = tiny_gpt(1, NULL);
+        if (m) {
+            built = true;
+            CHECK(fg_module_num_params(m) == 28);
+            fg_module_free(m);
+        } else {
+            failures++;
+            if (!fg_last_error()[0])
+                CHECK_MSG(0, "limit %ld: NULL without a message", limit);
+        }
+        fg_set_allocator(NULL, NULL);
+        CHECK_MSG(atomic_load(&fa_live) == 0, "limit %ld: %ld blocks leaked", limit,
+                  (long)atomic_load(&fa_live));
+    }
+    CHECK(built && failures > 50);
+    /* a user tree whose finalize fails is unchanged and finalizes later */
+    for (long limit = 0; limit < 200; limit++) {
+        fa_limit = 1L << 40;
+        atomic_store(&fa_count, 0);
+        atomic_store(&fa_live, 0);
+        fg_set_allocator(fa_alloc, NULL);
+        fg_module *m = fg_sequential_new();
+        fg_sequential_append(m, fg_linear_new(3, 4, true, FG_F64));
+        fg_sequential_append(m, fg_relu_new());
+        fg_sequential_append(m, fg_linear_new(4, 2, true, FG_F64));
+        fg_module *head = fg_module_new("Head", NULL, NULL, NULL);
+        fg_module_add_tied(head, "w", fg_module_own_param(fg_module_child(m, "0"), "weight"));
+        fg_sequential_append(m, head);
+        fa_limit = atomic_load(&fa_count) + limit;
+        fg_status s = fg_module_finalize(m);
+        fa_limit = 1L << 40;
+        if (s != FG_OK)
+            CHECK(!fg_module_is_finalized(m));
+        CHECK_OK(fg_module_finalize(m));
+        CHECK(fg_module_num_params(m) == 4 && fg_module_find_param(m, "3.w") == 0);
+        fg_module_free(m);
+        fg_set_allocator(NULL, NULL);
+        CHECK_MSG(atomic_load(&fa_live) == 0, "finalize limit %ld: %ld blocks leaked", limit,
+                  (long)atomic_load(&fa_live));
+        if (s == FG_OK)
+            break;
+    }
+}
