@@ -3,6 +3,11 @@
 
 #include "optim_impl.h"
 
+/* CMakeLists.txt compiles this file with -fno-math-errno: AdamW's sqrt(v)
+ * sees v >= 0 only, and with errno GCC keeps a scalar libm call per element
+ * instead of vsqrtps (#pragma GCC optimize does not reach the OpenMP
+ * outlined loop). No other kernel here calls libm. */
+
 #define T float
 #define SQRT sqrtf
 #define SUF f32

@@ -18,12 +18,36 @@ static void FN(sgd)(T *restrict p, const T *restrict g, T *restrict buf, int64_t
             p[i] -= lr * (g[i] + wd * p[i]);
         return;
     }
+    /* four loops rather than tests inside one: each vectorises */
+    if (first && !nesterov) {
 #pragma omp parallel for simd schedule(static) if (n > FG_OPTIM_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) {
-        T d = g[i] + wd * p[i];
-        T b = first ? d : mu * buf[i] + damp * d;
-        buf[i] = b;
-        p[i] -= lr * (nesterov ? d + mu * b : b);
+        for (int64_t i = 0; i < n; i++) {
+            T d = g[i] + wd * p[i];
+            buf[i] = d;
+            p[i] -= lr * d;
+        }
+    } else if (first) {
+#pragma omp parallel for simd schedule(static) if (n > FG_OPTIM_PAR_MIN)
+        for (int64_t i = 0; i < n; i++) {
+            T d = g[i] + wd * p[i];
+            buf[i] = d;
+            p[i] -= lr * (d + mu * d);
+        }
+    } else if (!nesterov) {
+#pragma omp parallel for simd schedule(static) if (n > FG_OPTIM_PAR_MIN)
+        for (int64_t i = 0; i < n; i++) {
+            T b = mu * buf[i] + damp * (g[i] + wd * p[i]);
+            buf[i] = b;
+            p[i] -= lr * b;
+        }
+    } else {
+#pragma omp parallel for simd schedule(static) if (n > FG_OPTIM_PAR_MIN)
+        for (int64_t i = 0; i < n; i++) {
+            T d = g[i] + wd * p[i];
+            T b = mu * buf[i] + damp * d;
+            buf[i] = b;
+            p[i] -= lr * (d + mu * b);
+        }
     }
 }
 
