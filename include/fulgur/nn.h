@@ -89,7 +89,8 @@ FG_API void fg_module_free(fg_module *m);
 
 /* Adds `child` under `name` (non-empty, no '.', unique among m's children
  * and parameters; copied). The child is consumed: it belongs to m from now
- * on, also when the call fails (it is then freed). Errors: FG_EINVAL (bad or
+ * on, also when the call fails (it is then freed), except when it already
+ * belongs to another module (left alone). Errors: FG_EINVAL (bad or
  * duplicate name, child already has a parent, child is NULL: an earlier
  * constructor failed, and its message is kept), FG_ESTATE (m's tree or the
  * child is already finalized), FG_ENOMEM. */

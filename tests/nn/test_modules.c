@@ -636,3 +636,41 @@ TEST(allocation_failures) {
             break;
     }
 }
+
+TEST(gpt_dropout_modes) {
+    /* Dropout has no parameters: the same seed gives the same weights with
+     * or without it, so in evaluation mode the logits are equal */
+    fg_module *d = fg_gpt_new(&(fg_gpt_config){
+        .vocab = 65, .ctx = 16, .layers = 2, .heads = 2, .embd = 32, .dropout = 0.2, .seed = 6});
+    fg_module *n = tiny_gpt(6, NULL);
+    if (!d || !n) {
+        CHECK(0);
+        return;
+    }
+    fg_tensor *idx = tokens(2, 8, 65, 4);
+    fg_tensor *ln = fg_module_forward(n, idx);
+    fg_tensor *l1 = fg_module_forward(d, idx), *l2 = fg_module_forward(d, idx);
+    CHECK(ln && l1 && l2 && memcmp(fg_tensor_data(l1), fg_tensor_data(ln), fg_tensor_nbytes(ln)));
+    CHECK(l1 && l2 && memcmp(fg_tensor_data(l1), fg_tensor_data(l2), fg_tensor_nbytes(l1)));
+    /* a backward through the dropped paths reaches every parameter */
+    CHECK_OK(fg_backward(fg_cross_entropy(l2, tokens(2, 8, 65, 5), -100)));
+    for (int64_t i = 0; i < fg_module_num_params(d); i++) {
+        fg_tensor *g = fg_tensor_grad(fg_module_param(d, i));
+        double s = 0;
+        for (int64_t k = 0; k < fg_tensor_numel(g); k++)
+            s += fabs(fg_tensor_get(g, k));
+        CHECK_MSG(s > 0, "no gradient for %s", fg_module_param_name(d, i));
+    }
+    fg_module_train(d, false);
+    fg_tensor *le = fg_module_forward(d, idx);
+    CHECK(le && !memcmp(fg_tensor_data(le), fg_tensor_data(ln), fg_tensor_nbytes(ln)));
+    /* no-grad mode records nothing */
+    bool prev = fg_set_grad_enabled(false);
+    int64_t tape = fg_tape_size();
+    fg_module_forward(d, idx);
+    CHECK(fg_tape_size() == tape);
+    fg_set_grad_enabled(prev);
+    fg_step_reset();
+    fg_module_free(d);
+    fg_module_free(n);
+}
