@@ -82,7 +82,7 @@ resume_check() { # label extra-args...
         for f in "a-$label" "b1-$label" "b2-$label"; do sed 's/^/       | /' "$T_TMP/$f" | tail -5; done
     fi
 }
-resume_check 1rank
+resume_check 1rank --dropout 0.1
 resume_check ddp2 --devices 2 --strategy ddp
 
 # --- a checkpoint that does not fit the model

@@ -6,7 +6,7 @@
  *
  * Exact resume: everything a step depends on is a function of what the
  * checkpoint holds. Weights and optimizer state are tensors; the step count
- * gives the lr (fit_lr_at) and the dropout stream; (epoch, batch) is the
+ * gives the lr (fit_lr_at) and the dropout masks (reseeded per step); (epoch, batch) is the
  * loader's position (fg_dataloader_set_position), whose batches are a pure
  * function of (seed, epoch, rank, world). So 40 steps straight and 20 +
  * resume + 20 give the same bits, on any strategy whose reductions are
@@ -187,6 +187,13 @@ static fg_status train_step(fit_ctx *c, double *loss_out, double *items, bool *d
     double loss_sum = 0;
     int64_t micro = 0, samples = 0;
     *done = false;
+    /* dropout masks as a function of (seed, rank, step) only, so that a
+     * resumed run draws the masks the uninterrupted one would have */
+    if (c->cfg.dropout > 0)
+        fg_module_seed_dropout(c->model,
+                               fg_rng_derive(fg_rng_derive((uint64_t)o->seed,
+                                                           (uint64_t)fg_fabric_global_rank(c->f) + 1),
+                                             (uint64_t)c->step));
     fg_optimizer_zero_grad(c->opt);
     for (; micro < o->accumulate; micro++) {
         fg_status s;
