@@ -89,7 +89,8 @@ FG_API fg_module *fg_optimizer_module(const fg_optimizer *opt);
  * when momentum != 0), AdamW "exp_avg" and "exp_avg_sq". Each is a 1-D
  * persistent tensor (borrowed from the optimizer) of fg_module_numel
  * elements in the layout of fg_module_flat_params: the state of parameter i
- * starts at fg_module_param_offset(m, i). Writing them sets the state. Note
+ * starts at fg_module_param_offset(m, i) (under a ZeRO strategy, a rank
+ * holds only its shard's range). Writing them sets the state. Note
  * that a SGD momentum buffer is only used from the second step on, so set
  * the step count too when restoring it. */
 FG_API int fg_optimizer_num_states(const fg_optimizer *opt);

@@ -25,6 +25,7 @@ fg_optimizer *fg__optimizer_new(const fg_optim_vt *vt, fg_module *m, double lr, 
     o->param = fg_tensor_data(m->flat_p);
     o->grad = fg_tensor_data(m->flat_g);
     o->lr = lr;
+    o->state_end = o->numel;
     o->nstates = nstates;
     for (int i = 0; i < nstates; i++) {
         o->state_name[i] = names[i];
@@ -67,15 +68,47 @@ void fg_optimizer_free(fg_optimizer *o) {
     fg_free(o);
 }
 
-fg_status fg__optimizer_step_range(fg_optimizer *o, int64_t begin, int64_t end, const void *grad) {
+fg_status fg__optimizer_step_range(fg_optimizer *o, int64_t begin, int64_t end, void *param,
+                                   const void *grad) {
     if (!o)
         return fg_error(FG_EINVAL, "optimizer step: NULL optimizer");
-    if (begin < 0 || end < begin || end > o->numel)
-        return fg_error(FG_EINVAL, "%s step: range [%lld, %lld) outside [0, %lld)", o->vt->name,
-                        (long long)begin, (long long)end, (long long)o->numel);
+    if (begin < o->state_begin || end < begin || end > o->state_end)
+        return fg_error(FG_EINVAL, "%s step: range [%lld, %lld) outside the state's [%lld, %lld)",
+                        o->vt->name, (long long)begin, (long long)end, (long long)o->state_begin,
+                        (long long)o->state_end);
+    size_t at = fg_dtype_size(o->dt) * (size_t)begin;
+    if (!param)
+        param = (char *)o->param + at;
     if (!grad)
-        grad = (const char *)o->grad + fg_dtype_size(o->dt) * (size_t)begin;
-    return o->vt->step_range(o, begin, end, grad, o->steps + 1);
+        grad = (const char *)o->grad + at;
+    return o->vt->step_range(o, begin, end, param, grad, o->steps + 1);
+}
+
+fg_status fg__optimizer_shard_state(fg_optimizer *o, int64_t begin, int64_t end) {
+    if (!o || begin < 0 || end < begin || end > o->numel)
+        return fg_error(FG_EINVAL, "optimizer shard: range [%lld, %lld) outside [0, %lld)",
+                        (long long)begin, (long long)end, (long long)(o ? o->numel : 0));
+    fg_tensor *fresh[FG_OPTIM_MAX_STATES] = {0};
+    int64_t n = end - begin;
+    for (int i = 0; i < o->nstates; i++)
+        if (!(fresh[i] = fg_tensor_new(o->dt, 1, &n))) {
+            for (int k = 0; k < i; k++)
+                fg_tensor_free(fresh[k]);
+            return fg_error_wrap(FG_ENOMEM, "optimizer shard of %lld elements", (long long)n);
+        }
+    int64_t lo = FG_MAX(begin, o->state_begin), hi = FG_MIN(end, o->state_end);
+    size_t es = fg_dtype_size(o->dt);
+    for (int i = 0; i < o->nstates; i++) {
+        if (lo < hi)
+            memcpy((char *)fg_tensor_data(fresh[i]) + es * (size_t)(lo - begin),
+                   (char *)fg_tensor_data(o->state[i]) + es * (size_t)(lo - o->state_begin),
+                   es * (size_t)(hi - lo));
+        fg_tensor_free(o->state[i]);
+        o->state[i] = fresh[i];
+    }
+    o->state_begin = begin;
+    o->state_end = end;
+    return FG_OK;
 }
 
 void fg__optimizer_advance(fg_optimizer *o) {
@@ -83,7 +116,9 @@ void fg__optimizer_advance(fg_optimizer *o) {
 }
 
 fg_status fg_optimizer_step(fg_optimizer *o) {
-    FG_TRY(fg__optimizer_step_range(o, 0, o ? o->numel : 0, NULL));
+    if (!o)
+        return fg_error(FG_EINVAL, "optimizer step: NULL optimizer");
+    FG_TRY(fg__optimizer_step_range(o, o->state_begin, o->state_end, NULL, NULL));
     fg__optimizer_advance(o);
     return FG_OK;
 }

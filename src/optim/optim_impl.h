@@ -2,7 +2,8 @@
  * the range entry the sharded strategies (ZeRO) step with.
  *
  * Invariants: param/grad point at the module's flat buffers (numel elements
- * of dtype dt); each state tensor has numel elements in the same layout;
+ * of dtype dt); each state tensor holds elements [state_begin, state_end)
+ * of the same layout (all of it unless a ZeRO strategy sharded it);
  * segments [seg_begin[k], seg_begin[k+1]) cover [0, numel) in order, each
  * with one weight decay. */
 #ifndef FULGUR_OPTIM_IMPL_H
@@ -15,10 +16,10 @@
 
 typedef struct fg_optim_vt {
     const char *name;
-    /* Updates elements [begin, end) with step number t (1-based) from grad
-     * (element begin of the range at grad[0]). */
-    fg_status (*step_range)(fg_optimizer *o, int64_t begin, int64_t end, const void *grad,
-                            int64_t t);
+    /* Updates elements [begin, end) (inside the state's range) with step
+     * number t (1-based): param and grad point at element begin. */
+    fg_status (*step_range)(fg_optimizer *o, int64_t begin, int64_t end, void *param,
+                            const void *grad, int64_t t);
 } fg_optim_vt;
 
 struct fg_optimizer {
@@ -32,6 +33,7 @@ struct fg_optimizer {
     int nstates;
     const char *state_name[FG_OPTIM_MAX_STATES];
     fg_tensor *state[FG_OPTIM_MAX_STATES];
+    int64_t state_begin, state_end; /* the elements the state covers */
     int64_t nseg;
     int64_t *seg_begin; /* nseg + 1 entries, the last = numel */
     double *seg_wd;
@@ -47,12 +49,20 @@ struct fg_optimizer {
 fg_optimizer *fg__optimizer_new(const fg_optim_vt *vt, fg_module *m, double lr, int nstates,
                                 const char *const *names, double wd, bool matrices_only);
 
-/* One update of elements [begin, end) of the flat buffers with step number
- * steps + 1, from `grad` (the gradient of elements [begin, end), element
- * begin first) or, when grad is NULL, from the module's flat gradient. Does
- * not advance the step count: a strategy that steps several ranges (or one
+/* One update of elements [begin, end) of the flat layout with step number
+ * steps + 1. `param` points at element begin of the parameters to update
+ * (NULL: the module's flat parameters), `grad` at element begin of their
+ * gradient (NULL: the module's flat gradient): a ZeRO strategy passes its
+ * shard buffers. [begin, end) must lie inside the state's range. Does not
+ * advance the step count: a strategy that steps several ranges (or one
  * shard per rank) calls fg__optimizer_advance once after. */
-fg_status fg__optimizer_step_range(fg_optimizer *opt, int64_t begin, int64_t end, const void *grad);
+fg_status fg__optimizer_step_range(fg_optimizer *opt, int64_t begin, int64_t end, void *param,
+                                   const void *grad);
+/* Keeps optimizer state for elements [begin, end) only (ZeRO-1/2/3: each
+ * rank holds its shard's state): the state tensors become end - begin
+ * elements long, keeping the values they held for that range (zero where
+ * they held none). fg_optimizer_step then updates that range only. */
+fg_status fg__optimizer_shard_state(fg_optimizer *opt, int64_t begin, int64_t end);
 void fg__optimizer_advance(fg_optimizer *opt);
 
 /* Ranges of at least this many elements are split over OpenMP threads. */

@@ -174,12 +174,12 @@ TEST(ranges_and_state) {
         double shard[8];
         memcpy(shard, (const double *)arr("grad.%d", k)->data + 7, sizeof shard);
         memset((double *)fg_tensor_data(fg_module_flat_grads(m)) + 7, 0, sizeof shard);
-        CHECK_OK(fg__optimizer_step_range(o, 0, 7, NULL));
-        CHECK_OK(fg__optimizer_step_range(o, 7, 15, shard));
+        CHECK_OK(fg__optimizer_step_range(o, 0, 7, NULL, NULL));
+        CHECK_OK(fg__optimizer_step_range(o, 7, 15, NULL, shard));
         fg__optimizer_advance(o);
         CHECK(err_vs(m, arr("adamw_groups.%d", k)) < 1e-12);
     }
-    CHECK_STATUS(fg__optimizer_step_range(o, 3, 16, NULL), FG_EINVAL);
+    CHECK_STATUS(fg__optimizer_step_range(o, 3, 16, NULL, NULL), FG_EINVAL);
     /* the state: names, layout, values; restored into a new optimizer it
      * continues the same trajectory */
     CHECK(fg_optimizer_num_states(o) == 2);
@@ -216,6 +216,60 @@ TEST(ranges_and_state) {
     fg_module_free(m);
     CHECK(fg_optimizer_num_states(NULL) == 0);
     fg_optimizer_free(NULL);
+}
+
+/* ZeRO: two "ranks", each with the state of its shard only, stepping their
+ * shard; one also updates a separate copy of its parameters (ZeRO-3's
+ * shard buffer). Together they follow the reference trajectory. */
+TEST(sharded_state) {
+    if (!get_ref()) {
+        CHECK(0);
+        return;
+    }
+    const char *which[] = {"adamw_groups", "sgd_nesterov"};
+    for (int w = 0; w < 2; w++) {
+        fg_module *m = two_params(FG_F64);
+        fg_optimizer *r0 = make(which[w], m), *r1 = make(which[w], m), *full = make(which[w], m);
+        fg_module *mf = two_params(FG_F64);
+        fg_optimizer_free(full);
+        full = make(which[w], mf);
+        CHECK_OK(fg__optimizer_shard_state(r0, 0, 5));
+        CHECK_OK(fg__optimizer_shard_state(r1, 5, 15));
+        CHECK(fg_tensor_numel(fg_optimizer_state(r1, 0)) == 10);
+        double p1[10];
+        memcpy(p1, (double *)fg_tensor_data(fg_module_flat_params(m)) + 5, sizeof p1);
+        char name[64];
+        snprintf(name, sizeof name, "%s.%%d", which[w]);
+        for (int k = 0; k < 6; k++) {
+            set_grad(m, k);
+            set_grad(mf, k);
+            CHECK_OK(fg_optimizer_step(r0)); /* its shard only */
+            CHECK_OK(fg__optimizer_step_range(r1, 5, 15, p1, NULL));
+            fg__optimizer_advance(r1);
+            CHECK_OK(fg_optimizer_step(full));
+            /* gather: rank 1's shard into the full parameters */
+            memcpy((double *)fg_tensor_data(fg_module_flat_params(m)) + 5, p1, sizeof p1);
+            CHECK(err_vs(m, arr(name, k)) < 1e-12);
+        }
+        CHECK_STATUS(fg__optimizer_step_range(r0, 4, 6, NULL, NULL), FG_EINVAL);
+        for (int s = 0; s < fg_optimizer_num_states(full); s++)
+            for (int i = 0; i < NEL; i++) {
+                fg_tensor *shard = i < 5 ? fg_optimizer_state(r0, s) : fg_optimizer_state(r1, s);
+                CHECK(fg_tensor_get(shard, i < 5 ? i : i - 5) ==
+                      fg_tensor_get(fg_optimizer_state(full, s), i));
+            }
+        /* re-sharding keeps what overlaps */
+        double keep = fg_tensor_get(fg_optimizer_state(r1, 0), 2); /* element 7 */
+        CHECK_OK(fg__optimizer_shard_state(r1, 3, 9));
+        CHECK(fg_tensor_get(fg_optimizer_state(r1, 0), 4) == keep);
+        CHECK(fg_tensor_get(fg_optimizer_state(r1, 0), 0) == 0);
+        CHECK_STATUS(fg__optimizer_shard_state(r1, 3, 16), FG_EINVAL);
+        fg_optimizer_free(r0);
+        fg_optimizer_free(r1);
+        fg_optimizer_free(full);
+        fg_module_free(m);
+        fg_module_free(mf);
+    }
 }
 
 TEST(option_errors) {
