@@ -440,41 +440,46 @@ static fg_status collect_tree(fg_module *m, const char *path, collect *c, char *
     return FG_OK;
 }
 
-/* Fills n elements of a parameter from its init, stream `seed`, starting at
- * element `start` of the stream (so that chunks give the same values). */
+/* Value i of an init from the Philox block that holds its draws: element i
+ * of a normal init uses draws 2i and 2i+1 of the stream (as
+ * fg_rng_fill_normal and fg_rng_normal: Box-Muller, cosine branch), so one
+ * block serves two elements; a uniform init uses draw i (four per block). */
+static double init_value(const fg_init *in, const uint32_t blk[4], int64_t i) {
+    switch (in->kind) {
+    case FG_INIT_ONES:
+        return 1;
+    case FG_INIT_CONST:
+        return in->a;
+    case FG_INIT_NORMAL: {
+        int w = (int)(i & 1) * 2;
+        double u1 = ((double)(blk[w] >> 8) + 1.0) / 16777216.0;
+        double u2 = (double)(blk[w + 1] >> 8) / 16777216.0;
+        return in->a + in->b * (sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+    }
+    case FG_INIT_UNIFORM:
+        return in->a + (in->b - in->a) * ((double)(blk[i & 3] >> 8) / 16777216.0);
+    default:
+        return 0;
+    }
+}
+
+/* Fills n elements of a parameter from its init and stream `seed`. Chunks
+ * run in parallel: element i is a function of (seed, i) alone. */
 static void init_fill(void *data, fg_dtype dt, int64_t n, const fg_init *in, uint64_t seed) {
     if (in->kind == FG_INIT_KEEP)
         return;
-    /* chunks of the same stream in parallel: element i is a function of i */
-    const int64_t chunk = 1 << 14;
+    bool random = in->kind == FG_INIT_NORMAL || in->kind == FG_INIT_UNIFORM;
+    int per_block = in->kind == FG_INIT_NORMAL ? 2 : 4; /* elements per Philox block */
+    const int64_t chunk = 1 << 14;                      /* a multiple of per_block */
     int64_t nchunks = (n + chunk - 1) / chunk;
 #pragma omp parallel for schedule(static) if (nchunks > 1)
     for (int64_t c = 0; c < nchunks; c++) {
         int64_t lo = c * chunk, hi = FG_MIN(n, lo + chunk);
+        uint32_t blk[4] = {0};
         for (int64_t i = lo; i < hi; i++) {
-            double v;
-            switch (in->kind) {
-            case FG_INIT_ONES:
-                v = 1;
-                break;
-            case FG_INIT_CONST:
-                v = in->a;
-                break;
-            case FG_INIT_NORMAL: {
-                /* the draws of fg_rng_fill_normal: element i uses 2i, 2i+1 */
-                fg_rng r = {seed, 2 * (uint64_t)i};
-                v = in->a + in->b * fg_rng_normal(&r);
-                break;
-            }
-            case FG_INIT_UNIFORM: {
-                double u = (double)(fg_rng_u32_at(seed, (uint64_t)i) >> 8) / 16777216.0;
-                v = in->a + (in->b - in->a) * u;
-                break;
-            }
-            default:
-                v = 0;
-                break;
-            }
+            if (random && i % per_block == 0)
+                fg_philox(seed, (uint64_t)(i / per_block), blk);
+            double v = init_value(in, blk, i);
             if (dt == FG_F64)
                 ((double *)data)[i] = v;
             else

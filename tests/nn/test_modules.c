@@ -219,6 +219,12 @@ TEST(init_statistics) {
                       mean);
         }
     }
+    /* the stream: parameter i draws from fg_rng_derive(seed, i), element k
+     * from draws 2k, 2k+1 (fg_rng_normal) */
+    for (int64_t k = 0; k < 3000; k += 7) {
+        fg_rng r = {fg_rng_derive(5, 1), 2 * (uint64_t)k};
+        CHECK(fg_tensor_get(fg_module_param(m, 1), k) == (double)(float)(0.02 * fg_rng_normal(&r)));
+    }
     fg_module_free(m);
     /* Linear: PyTorch's U(-1/sqrt(in), 1/sqrt(in)) for weight and bias */
     fg_module *lin = fg_linear_new(400, 300, true, FG_F32);
