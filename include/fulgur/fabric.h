@@ -1,0 +1,182 @@
+/* fulgur fabric: the user-facing object of a training program (the seeds'
+ * LightningLite, today's Lightning Fabric). The same loop runs on one
+ * process or many:
+ *
+ *   static int run(fg_fabric *f, void *arg) {
+ *       fg_module *model = fg_gpt_new(&cfg);
+ *       fg_optimizer *opt = fg_adamw_new(model, &(fg_adamw_opts){.lr = 3e-4});
+ *       fg_fabric_setup(f, model, opt);            // broadcast, buckets
+ *       fg_dataloader *dl = fg_fabric_setup_dataloader(f, loader, true);
+ *       for (fg_batch *b; (b = fg_dataloader_next(dl)); ) {
+ *           fg_tensor *loss = fg_cross_entropy(fg_module_forward(model, b->x), b->y, -100);
+ *           fg_fabric_backward(f, loss);           // DDP buckets overlap here
+ *           fg_optimizer_step(opt);
+ *           fg_optimizer_zero_grad(opt);
+ *           fg_step_end(f);                        // frees the step's tensors
+ *       }
+ *       return 0;
+ *   }
+ *   int main(void) {
+ *       fg_fabric *f = fg_fabric_new(&(fg_fabric_config){.devices = "-1", .strategy = "ddp"});
+ *       return f ? fg_fabric_launch(f, run, NULL) : 2;
+ *   }
+ *
+ * Collective calls (marked so) must be made by every rank in the same order. */
+#ifndef FULGUR_FABRIC_H
+#define FULGUR_FABRIC_H
+
+#include "fulgur/ckpt.h"
+#include "fulgur/strategy.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fg_fabric fg_fabric;
+
+/* A custom cluster environment (Lightning's ClusterEnvironment plugin): fills
+ * where this process stands; returns FG_OK or an error with a message. */
+typedef fg_status (*fg_cluster_fn)(void *ud, fg_cluster_info *out);
+
+typedef struct fg_fabric_config {
+    const char *accelerator; /* "auto" (default), "cpu"; "gpu"/"cuda" not built in */
+    const char *devices;     /* "1" (default), "3", "-1", "0,2", "[0, 2]"; a device is a rank on CPU */
+    const char *strategy;    /* "auto" (default: single for one device, else ddp), "single",
+                                "dp", "ddp", "ddp_spawn", "ddp_fork" */
+    const char *precision;   /* "32" / "32-true" (default), "64" / "64-true" */
+    int num_nodes;           /* 0 = 1 */
+    int threads_per_rank;    /* 0 = FULGUR_NUM_THREADS, else cores / local ranks */
+    uint64_t seed;           /* seed_everything's seed when set (0 = leave as is) */
+    fg_ddp_opts ddp;         /* bucket_cap_mb, find_unused_parameters, static_graph */
+    fg_cluster_fn cluster;   /* custom cluster environment, NULL = detect */
+    void *cluster_ud;
+} fg_fabric_config;
+
+/* Validates the configuration (accelerator, devices, strategy, precision,
+ * num_nodes) without starting anything. NULL with fg_last_error naming the
+ * bad value and the valid ones; the CLI turns that into exit code 2. */
+FG_API fg_fabric *fg_fabric_new(const fg_fabric_config *cfg);
+FG_API void fg_fabric_free(fg_fabric *f);
+
+/* Starts the ranks and runs `run` on each:
+ *   ddp (not yet launched): re-executes this program once per extra rank with
+ *     the environment contract; this process is rank 0;
+ *   ddp_spawn / ddp_fork: forks the ranks; when they finish, the parent gets
+ *     rank 0's trained state (fg_fabric_spawn_result);
+ *   launched by `fulgur run`, mpirun, srun or torchrun: joins the job;
+ *   single, dp: runs here.
+ * Returns run's return value (0 on success), or non-zero after an error
+ * (fg_last_error says which rank failed and why). A rank that dies stops the
+ * others. Not thread-safe; call once. */
+FG_API int fg_fabric_launch(fg_fabric *f, int (*run)(fg_fabric *f, void *arg), void *arg);
+
+/* After a ddp_spawn/ddp_fork launch, in the parent: copies rank 0's final
+ * parameters (and optimizer state when opt is not NULL) into model/opt,
+ * which must have the architecture the ranks trained. FG_ESTATE if there is
+ * no result. */
+FG_API fg_status fg_fabric_spawn_result(fg_fabric *f, fg_module *model, fg_optimizer *opt);
+
+/* Prepares model and optimizer for the strategy (collective): ddp broadcasts
+ * rank 0's parameters and builds the gradient buckets; dp makes the thread
+ * replicas. Both stay owned by the caller. One model per fabric. */
+FG_API fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt);
+
+/* Puts the distributed sampler into `dl` (rank r of N takes r, r+N, ... of
+ * the epoch's order, seeded by the fabric's seed) unless use_distributed is
+ * false, and logs the effective batch size. Returns dl (NULL on error). */
+FG_API fg_dataloader *fg_fabric_setup_dataloader(fg_fabric *f, fg_dataloader *dl,
+                                                 bool use_distributed);
+
+/* loss.backward(): under ddp the gradients are averaged over ranks when it
+ * returns (unless no_backward_sync is on). Collective under ddp. */
+FG_API fg_status fg_fabric_backward(fg_fabric *f, fg_tensor *loss);
+
+/* Gradient accumulation: while on, backward does not synchronise (ddp's
+ * no_sync); turn it off for the last micro-batch. */
+FG_API void fg_fabric_set_no_backward_sync(fg_fabric *f, bool on);
+
+/* One training step that the dp strategy can split: step(f, part, ud) is
+ * called on each part of the batch (one part unless dp), returning that
+ * part's loss; step_end (may be NULL) sees every part's loss, as Lightning's
+ * training_step_end. Runs forward+backward; *loss gets the batch's mean loss. */
+typedef fg_tensor *(*fg_step_fn)(fg_fabric *f, fg_batch *part, void *ud);
+typedef void (*fg_step_end_fn)(fg_fabric *f, const double *part_losses, int nparts, void *ud);
+FG_API fg_status fg_fabric_training_step(fg_fabric *f, fg_batch *b, fg_step_fn step,
+                                         fg_step_end_fn step_end, void *ud, double *loss);
+
+/* Clips gradients by their global norm over all ranks (collective);
+ * *total_norm (may be NULL) gets the norm before clipping. */
+FG_API fg_status fg_fabric_clip_gradients(fg_fabric *f, double max_norm, double *total_norm);
+
+/* Collectives on tensors (in place) and bytes. Collective. */
+FG_API fg_status fg_fabric_all_reduce(fg_fabric *f, fg_tensor *t, fg_reduce_op op);
+/* out must have world_size * numel(t) elements of t's dtype. */
+FG_API fg_status fg_fabric_all_gather(fg_fabric *f, const fg_tensor *t, fg_tensor *out);
+FG_API fg_status fg_fabric_broadcast(fg_fabric *f, fg_tensor *t, int root);
+FG_API fg_status fg_fabric_broadcast_bytes(fg_fabric *f, void *buf, size_t n, int root);
+FG_API fg_status fg_fabric_barrier(fg_fabric *f);
+FG_API double fg_fabric_reduce_scalar(fg_fabric *f, double v, fg_reduce_op op);
+
+/* printf on global rank 0 only (stdout); other ranks print nothing. */
+FG_API void fg_fabric_print(fg_fabric *f, const char *fmt, ...) FG_PRINTF(2, 3);
+
+/* Seeds everything the run draws from: the fabric's seed for models,
+ * samplers and loaders, with per-rank and per-worker streams derived from
+ * it (fg_fabric_rank_seed). */
+FG_API void fg_fabric_seed_everything(fg_fabric *f, uint64_t seed);
+FG_API uint64_t fg_fabric_seed(const fg_fabric *f);
+/* A seed for this rank's own stream (dropout masks that must differ per rank). */
+FG_API uint64_t fg_fabric_rank_seed(const fg_fabric *f);
+
+/* rank_zero_first: rank 0 runs the block first (downloads, preprocessing),
+ * the others after it. Collective. */
+FG_API fg_status fg_fabric_rank_zero_first_begin(fg_fabric *f);
+FG_API fg_status fg_fabric_rank_zero_first_end(fg_fabric *f);
+
+/* Ends a training step: frees its tensors (fg_step_reset). */
+FG_API void fg_step_end(fg_fabric *f);
+
+/* ------------------------------------------------------------ save, load */
+
+/* The state a checkpoint holds. model is required; the rest optional. */
+typedef struct fg_train_state {
+    fg_module *model;
+    fg_optimizer *optimizer;
+    int64_t step, epoch, batch_in_epoch; /* trainer counters */
+    uint64_t seed;
+    const char *config_json; /* the model/run configuration, stored as metadata */
+    const char *vocab_b64;   /* text vocabulary (for sampling), may be NULL */
+} fg_train_state;
+
+/* Saves weights under PyTorch's dotted names, optimizer state as
+ * "optimizer.<state>.<param>", and the counters as metadata, in one
+ * safetensors file written atomically by global rank 0 (collective: the
+ * others wait). */
+FG_API fg_status fg_fabric_save(fg_fabric *f, const char *path, const fg_train_state *st);
+/* Loads a checkpoint into st->model (and st->optimizer, counters) on every
+ * rank. A checkpoint that does not fit the model is FG_EMISMATCH naming the
+ * tensors that differ. Strings in st (config_json, vocab_b64) come back
+ * owned by the fabric until the next load. */
+FG_API fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st);
+
+/* ------------------------------------------------------------ properties */
+
+/* The parameter dtype the precision setting asks for (f32 for "32", f64 for
+ * "64"): models built inside run() should use it. */
+FG_API fg_dtype fg_fabric_dtype(const fg_fabric *f);
+/* Kernel threads of each rank (set on every rank at launch). */
+FG_API int fg_fabric_threads(const fg_fabric *f);
+
+FG_API int fg_fabric_world_size(const fg_fabric *f);
+FG_API int fg_fabric_global_rank(const fg_fabric *f);
+FG_API int fg_fabric_local_rank(const fg_fabric *f);
+FG_API int fg_fabric_node_rank(const fg_fabric *f);
+FG_API bool fg_fabric_is_global_zero(const fg_fabric *f);
+FG_API const char *fg_fabric_strategy_name(const fg_fabric *f);
+/* The communicator (NULL for single and dp). Borrowed. */
+FG_API fg_comm *fg_fabric_comm(const fg_fabric *f);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,191 @@
+/* fabric save/load: one safetensors file holding the weights under the
+ * model's dotted names (loadable by PyTorch's safetensors), the optimizer's
+ * state as "optimizer.<state>.<param>" slices of its flat buffers, and the
+ * trainer counters as metadata. Rank 0 writes (atomically, ckpt layer); all
+ * ranks read. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fabric_impl.h"
+
+#define FORMAT_NAME "fulgur-checkpoint-1"
+
+static fg_status add_param_views(fg_st_writer *w, fg_module *m, const char *prefix,
+                                 fg_tensor *flat, char names[][256]) {
+    int n = fg_module_num_params(m);
+    size_t es = fg_dtype_size(fg_tensor_dtype(flat));
+    for (int i = 0; i < n; i++) {
+        fg_tensor *p = fg_module_param(m, i);
+        char *name = names[i];
+        snprintf(name, 256, "%s%s", prefix, fg_module_param_name(m, i));
+        const char *data = (const char *)fg_tensor_data(flat) + (size_t)fg_module_param_offset(m, i) * es;
+        FG_TRY(fg_st_writer_add(w, name, fg_tensor_dtype(p), fg_tensor_ndim(p), fg_tensor_shape(p),
+                                data));
+    }
+    return FG_OK;
+}
+
+static fg_status write_file(fg_fabric *f, const char *path, const fg_train_state *st) {
+    fg_module *m = st->model;
+    int n = fg_module_num_params(m);
+    int nstates = st->optimizer ? fg_optimizer_num_states(st->optimizer) : 0;
+    fg_st_writer *w = fg_st_writer_new();
+    char(*names)[256] = fg_calloc((size_t)(n * (1 + nstates) + 1), 256);
+    fg_status s = (!w || !names) ? FG_ENOMEM : FG_OK;
+    if (s == FG_OK) s = add_param_views(w, m, "", fg_module_flat_params(m), names);
+    for (int k = 0; k < nstates && s == FG_OK; k++) {
+        char prefix[96];
+        snprintf(prefix, sizeof prefix, "optimizer.%s.", fg_optimizer_state_name(st->optimizer, k));
+        s = add_param_views(w, m, prefix, fg_optimizer_state(st->optimizer, k), names + n * (k + 1));
+    }
+    char num[64];
+#define META(k, v)                                                                                 \
+    if (s == FG_OK) s = fg_st_writer_set_meta(w, k, v)
+    META("format", FORMAT_NAME);
+    META("fulgur_version", fg_version());
+    snprintf(num, sizeof num, "%" PRId64, st->step);
+    META("step", num);
+    snprintf(num, sizeof num, "%" PRId64, st->epoch);
+    META("epoch", num);
+    snprintf(num, sizeof num, "%" PRId64, st->batch_in_epoch);
+    META("batch_in_epoch", num);
+    snprintf(num, sizeof num, "%" PRIu64, st->seed ? st->seed : f->seed);
+    META("seed", num);
+    snprintf(num, sizeof num, "%d", f->world_size);
+    META("world_size", num);
+    META("strategy", f->strategy_name);
+    if (st->optimizer) {
+        snprintf(num, sizeof num, "%" PRId64, fg_optimizer_step_count(st->optimizer));
+        META("optimizer_steps", num);
+        snprintf(num, sizeof num, "%.17g", fg_optimizer_lr(st->optimizer));
+        META("lr", num);
+    }
+    if (st->config_json) META("config", st->config_json);
+    if (st->vocab_b64) META("vocab_b64", st->vocab_b64);
+#undef META
+    if (s == FG_OK) s = fg_st_writer_write(w, path);
+    fg_st_writer_free(w);
+    fg_free(names);
+    return s;
+}
+
+fg_status fg_fabric_save(fg_fabric *f, const char *path, const fg_train_state *st) {
+    if (!st || !st->model || !path) return fg_error(FG_EINVAL, "save: needs a path and a model");
+    fg_status s = FG_OK;
+    if (f->global_rank == 0) s = write_file(f, path, st);
+    /* Tell every rank whether the file is whole before anyone goes on. */
+    int32_t ok = s == FG_OK;
+    if (f->comm) {
+        fg_status cs = fg_comm_broadcast(f->comm, &ok, &ok, 1, FG_I32, 0);
+        if (cs != FG_OK) return cs;
+    }
+    if (s != FG_OK) return s;
+    if (!ok) return fg_error(FG_EIO, "save: rank 0 could not write %s", path);
+    return FG_OK;
+}
+
+/* Reads each parameter (or optimizer slice) by name into `flat`, collecting
+ * every mismatch in msg. */
+static void read_views(fg_st_file *file, fg_module *m, const char *prefix, fg_tensor *flat,
+                       char *msg, size_t cap, int *nbad, bool *used) {
+    int n = fg_module_num_params(m);
+    size_t es = fg_dtype_size(fg_tensor_dtype(flat));
+    for (int i = 0; i < n; i++) {
+        fg_tensor *p = fg_module_param(m, i);
+        char name[256];
+        snprintf(name, sizeof name, "%s%s", prefix, fg_module_param_name(m, i));
+        int64_t k = fg_st_find(file, name);
+        size_t len = strlen(msg);
+        if (k < 0) {
+            if ((*nbad)++ < 8) snprintf(msg + len, cap - len, "; missing \"%s\"", name);
+            continue;
+        }
+        used[k] = true;
+        fg_st_info info;
+        if (fg_st_info_at(file, k, &info) != FG_OK) continue;
+        bool same = info.ndim == fg_tensor_ndim(p);
+        for (int d = 0; same && d < info.ndim; d++) same = info.shape[d] == fg_tensor_shape(p)[d];
+        if (!same) {
+            char want[96];
+            if ((*nbad)++ < 8) {
+                char got[160] = "[";
+                for (int d = 0; d < info.ndim; d++)
+                    snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "",
+                             (long long)info.shape[d]);
+                snprintf(msg + len, cap - len, "; \"%s\" is %s] in the file, the model has %s",
+                         name, got, fg_tensor_describe(p, want, sizeof want));
+            }
+            continue;
+        }
+        void *dst = (char *)fg_tensor_data(flat) + (size_t)fg_module_param_offset(m, i) * es;
+        if (fg_st_read(file, k, dst, fg_tensor_dtype(flat), fg_tensor_numel(p)) != FG_OK) {
+            len = strlen(msg);
+            if ((*nbad)++ < 8) snprintf(msg + len, cap - len, "; %s", fg_last_error());
+        }
+    }
+}
+
+static int64_t meta_int(fg_st_file *file, const char *key, int64_t def) {
+    const char *v = fg_st_meta_get(file, key);
+    return v ? strtoll(v, NULL, 10) : def;
+}
+
+fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st) {
+    if (!st || !st->model || !path) return fg_error(FG_EINVAL, "load: needs a path and a model");
+    fg_st_file *file = NULL;
+    FG_TRY(fg_st_open(path, &file));
+    const char *fmt = fg_st_meta_get(file, "format");
+    if (!fmt || strcmp(fmt, FORMAT_NAME)) {
+        fg_st_close(file);
+        return fg_error(FG_EFORMAT, "%s: not a fulgur checkpoint (metadata \"format\" is %s%s%s)",
+                        path, fmt ? "\"" : "", fmt ? fmt : "missing", fmt ? "\"" : "");
+    }
+    int64_t count = fg_st_count(file);
+    bool *used = fg_calloc((size_t)count + 1, 1);
+    char msg[2048] = "";
+    int nbad = 0;
+    if (!used) {
+        fg_st_close(file);
+        return FG_ENOMEM;
+    }
+    fg_module *m = st->model;
+    read_views(file, m, "", fg_module_flat_params(m), msg, sizeof msg, &nbad, used);
+    fg_optimizer *opt = st->optimizer;
+    for (int k = 0; opt && k < fg_optimizer_num_states(opt); k++) {
+        char prefix[96];
+        snprintf(prefix, sizeof prefix, "optimizer.%s.", fg_optimizer_state_name(opt, k));
+        read_views(file, m, prefix, fg_optimizer_state(opt, k), msg, sizeof msg, &nbad, used);
+    }
+    for (int64_t k = 0; k < count; k++) {
+        fg_st_info info;
+        if (used[k] || fg_st_info_at(file, k, &info) != FG_OK) continue;
+        if (!opt && !strncmp(info.name, "optimizer.", 10)) continue;
+        size_t len = strlen(msg);
+        if (nbad++ < 8) snprintf(msg + len, sizeof msg - len, "; unexpected \"%s\"", info.name);
+    }
+    fg_free(used);
+    if (nbad) {
+        fg_st_close(file);
+        return fg_error(FG_EMISMATCH, "%s does not fit the model (%d tensor%s differ%s)%s", path,
+                        nbad, nbad == 1 ? "" : "s", nbad == 1 ? "s" : "", msg);
+    }
+    st->step = meta_int(file, "step", 0);
+    st->epoch = meta_int(file, "epoch", 0);
+    st->batch_in_epoch = meta_int(file, "batch_in_epoch", 0);
+    st->seed = (uint64_t)meta_int(file, "seed", (int64_t)st->seed);
+    if (opt) {
+        fg_optimizer_set_step_count(opt, meta_int(file, "optimizer_steps", 0));
+        const char *lr = fg_st_meta_get(file, "lr");
+        if (lr) fg_optimizer_set_lr(opt, strtod(lr, NULL));
+    }
+    fg_free(f->loaded_config);
+    fg_free(f->loaded_vocab);
+    f->loaded_config = fg_strdup(fg_st_meta_get(file, "config"));
+    f->loaded_vocab = fg_strdup(fg_st_meta_get(file, "vocab_b64"));
+    st->config_json = f->loaded_config;
+    st->vocab_b64 = f->loaded_vocab;
+    fg_st_close(file);
+    return FG_OK;
+}

@@ -1,0 +1,150 @@
+/* fabric calls inside a run: setup, backward, training steps, clipping,
+ * collectives on tensors and bytes, printing on rank 0, seeds, ranks. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fabric_impl.h"
+
+fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt) {
+    if (!model) return fg_error(FG_EINVAL, "fabric setup: NULL model");
+    if (f->strategy) return fg_error(FG_ESTATE, "fabric setup: already set up (one model per fabric)");
+    FG_TRY(fg_strategy_new(f->kind, f->comm, model, opt, &f->cfg.ddp, f->ndevices, &f->strategy));
+    f->model = model;
+    f->opt = opt;
+    return FG_OK;
+}
+
+fg_dataloader *fg_fabric_setup_dataloader(fg_fabric *f, fg_dataloader *dl, bool use_distributed) {
+    if (!dl) return NULL;
+    const fg_loader_opts *o = fg_dataloader_opts(dl);
+    if (use_distributed && f->world_size > 1) {
+        fg_distributed_opts d = {.shuffle = o->shuffle, .seed = o->seed, .drop_last = o->drop_last};
+        fg_sampler *s = fg_sampler_distributed(fg_dataset_len(fg_dataloader_dataset(dl)),
+                                               f->global_rank, f->world_size, &d);
+        if (fg_dataloader_set_sampler(dl, s) != FG_OK) return NULL;
+    }
+    int64_t per = o->batch ? o->batch : 1;
+    int64_t eff = f->kind == FG_STRATEGY_DP ? per * f->num_nodes : per * f->world_size;
+    fg_log(FG_LOG_INFO, "effective batch size %lld (%lld per %s x %d)", (long long)eff,
+           (long long)per, f->kind == FG_STRATEGY_DP ? "node" : "rank",
+           f->kind == FG_STRATEGY_DP ? f->num_nodes : f->world_size);
+    return dl;
+}
+
+fg_status fg_fabric_backward(fg_fabric *f, fg_tensor *loss) {
+    if (!f->strategy) return fg_backward(loss);
+    fg_strategy_set_sync(f->strategy, !f->no_sync);
+    return fg_strategy_backward(f->strategy, loss);
+}
+
+void fg_fabric_set_no_backward_sync(fg_fabric *f, bool on) { f->no_sync = on; }
+
+struct step_ctx {
+    fg_fabric *f;
+    fg_step_fn fn;
+    void *ud;
+};
+
+static fg_tensor *call_step(fg_module *replica, fg_batch *part, void *ud) {
+    (void)replica;
+    struct step_ctx *c = ud;
+    return c->fn(c->f, part, c->ud);
+}
+
+fg_status fg_fabric_training_step(fg_fabric *f, fg_batch *b, fg_step_fn step,
+                                  fg_step_end_fn step_end, void *ud, double *loss) {
+    if (!f->strategy) return fg_error(FG_ESTATE, "training_step: call fg_fabric_setup first");
+    double parts[64];
+    int n = 0;
+    struct step_ctx c = {f, step, ud};
+    fg_strategy_set_sync(f->strategy, !f->no_sync);
+    FG_TRY(fg_strategy_step(f->strategy, b, call_step, &c, parts, 64, &n, loss));
+    if (step_end) step_end(f, parts, n, ud);
+    return FG_OK;
+}
+
+fg_status fg_fabric_clip_gradients(fg_fabric *f, double max_norm, double *total_norm) {
+    if (!f->strategy) return fg_error(FG_ESTATE, "clip_gradients: call fg_fabric_setup first");
+    return fg_strategy_clip_grad_norm(f->strategy, max_norm, total_norm);
+}
+
+static fg_status need_contiguous(const char *fn, const fg_tensor *t) {
+    if (!t) return fg_error(FG_EINVAL, "%s: NULL tensor", fn);
+    if (!fg_tensor_is_contiguous(t)) return fg_error(FG_EINVAL, "%s: the tensor must be contiguous", fn);
+    return FG_OK;
+}
+
+fg_status fg_fabric_all_reduce(fg_fabric *f, fg_tensor *t, fg_reduce_op op) {
+    FG_TRY(need_contiguous("all_reduce", t));
+    if (!f->comm) return FG_OK;
+    return fg_comm_allreduce(f->comm, fg_tensor_data(t), fg_tensor_data(t), fg_tensor_numel(t),
+                             fg_tensor_dtype(t), op);
+}
+
+fg_status fg_fabric_all_gather(fg_fabric *f, const fg_tensor *t, fg_tensor *out) {
+    FG_TRY(need_contiguous("all_gather", t));
+    FG_TRY(need_contiguous("all_gather", out));
+    if (fg_tensor_numel(out) != fg_tensor_numel(t) * f->world_size ||
+        fg_tensor_dtype(out) != fg_tensor_dtype(t))
+        return fg_error(FG_EINVAL, "all_gather: out needs %d x %lld elements of %s", f->world_size,
+                        (long long)fg_tensor_numel(t), fg_dtype_name(fg_tensor_dtype(t)));
+    if (!f->comm) return fg_tensor_copy(out, t);
+    return fg_comm_allgather(f->comm, fg_tensor_data(t), fg_tensor_data(out), fg_tensor_numel(t),
+                             fg_tensor_dtype(t));
+}
+
+fg_status fg_fabric_broadcast(fg_fabric *f, fg_tensor *t, int root) {
+    FG_TRY(need_contiguous("broadcast", t));
+    if (!f->comm) return root == 0 ? FG_OK : fg_error(FG_EINVAL, "broadcast: root %d of 1 rank", root);
+    return fg_comm_broadcast(f->comm, fg_tensor_data(t), fg_tensor_data(t), fg_tensor_numel(t),
+                             fg_tensor_dtype(t), root);
+}
+
+fg_status fg_fabric_broadcast_bytes(fg_fabric *f, void *buf, size_t n, int root) {
+    if (!f->comm) return root == 0 ? FG_OK : fg_error(FG_EINVAL, "broadcast: root %d of 1 rank", root);
+    return fg_comm_broadcast(f->comm, buf, buf, (int64_t)n, FG_U8, root);
+}
+
+fg_status fg_fabric_barrier(fg_fabric *f) { return f->comm ? fg_comm_barrier(f->comm) : FG_OK; }
+
+double fg_fabric_reduce_scalar(fg_fabric *f, double v, fg_reduce_op op) {
+    if (f->comm && fg_comm_allreduce(f->comm, &v, &v, 1, FG_F64, op) != FG_OK) return NAN;
+    return v;
+}
+
+void fg_fabric_print(fg_fabric *f, const char *fmt, ...) {
+    if (f->global_rank != 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    /* Printing is what the caller asked for here; the library prints nothing on its own. */
+    vfprintf(stdout, fmt, ap);
+    va_end(ap);
+    fflush(stdout);
+}
+
+void fg_fabric_seed_everything(fg_fabric *f, uint64_t seed) { f->seed = seed; }
+uint64_t fg_fabric_seed(const fg_fabric *f) { return f->seed; }
+uint64_t fg_fabric_rank_seed(const fg_fabric *f) {
+    return fg_rng_derive(f->seed, (uint64_t)f->global_rank + 1);
+}
+
+fg_status fg_fabric_rank_zero_first_begin(fg_fabric *f) {
+    return f->global_rank == 0 ? FG_OK : fg_fabric_barrier(f);
+}
+fg_status fg_fabric_rank_zero_first_end(fg_fabric *f) {
+    return f->global_rank == 0 ? fg_fabric_barrier(f) : FG_OK;
+}
+
+void fg_step_end(fg_fabric *f) {
+    (void)f;
+    fg_step_reset();
+}
+
+int fg_fabric_world_size(const fg_fabric *f) { return f->world_size; }
+int fg_fabric_global_rank(const fg_fabric *f) { return f->global_rank; }
+int fg_fabric_local_rank(const fg_fabric *f) { return f->local_rank; }
+int fg_fabric_node_rank(const fg_fabric *f) { return f->node_rank; }
+bool fg_fabric_is_global_zero(const fg_fabric *f) { return f->global_rank == 0; }
+const char *fg_fabric_strategy_name(const fg_fabric *f) { return f->strategy_name; }
+fg_comm *fg_fabric_comm(const fg_fabric *f) { return f->comm; }
