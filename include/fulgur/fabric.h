@@ -70,10 +70,10 @@ FG_API void fg_fabric_free(fg_fabric *f);
  * others. Not thread-safe; call once. */
 FG_API int fg_fabric_launch(fg_fabric *f, int (*run)(fg_fabric *f, void *arg), void *arg);
 
-/* After a ddp_spawn/ddp_fork launch, in the parent: copies rank 0's final
- * parameters (and optimizer state when opt is not NULL) into model/opt,
- * which must have the architecture the ranks trained. FG_ESTATE if there is
- * no result. */
+/* After a ddp_spawn/ddp_fork launch, in the parent: copies rank 0's
+ * parameters (and optimizer state when opt is not NULL) as of its last
+ * fg_step_end into model/opt, which must have the architecture the ranks
+ * trained. FG_ESTATE if there is no result. */
 FG_API fg_status fg_fabric_spawn_result(fg_fabric *f, fg_module *model, fg_optimizer *opt);
 
 /* Prepares model and optimizer for the strategy (collective): ddp broadcasts
@@ -133,7 +133,8 @@ FG_API uint64_t fg_fabric_rank_seed(const fg_fabric *f);
 FG_API fg_status fg_fabric_rank_zero_first_begin(fg_fabric *f);
 FG_API fg_status fg_fabric_rank_zero_first_end(fg_fabric *f);
 
-/* Ends a training step: frees its tensors (fg_step_reset). */
+/* Ends a training step: frees its tensors (fg_step_reset); under ddp_spawn,
+ * rank 0 also keeps a copy of its state for the parent. */
 FG_API void fg_step_end(fg_fabric *f);
 
 /* ------------------------------------------------------------ save, load */

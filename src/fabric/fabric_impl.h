@@ -27,6 +27,9 @@ struct fg_fabric {
     char *loaded_config, *loaded_vocab;
 };
 
+/* launch.c: ddp_spawn's copy of rank 0's state at the end of each step */
+void fg__spawn_snapshot(fg_fabric *f);
+
 /* config.c: validation of the configuration values */
 fg_status fg__parse_accelerator(const char *s);
 fg_status fg__parse_devices(const char *s, int cores, int *n);

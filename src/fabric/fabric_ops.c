@@ -137,7 +137,7 @@ fg_status fg_fabric_rank_zero_first_end(fg_fabric *f) {
 }
 
 void fg_step_end(fg_fabric *f) {
-    (void)f;
+    if (f) fg__spawn_snapshot(f);
     fg_step_reset();
 }
 

@@ -246,19 +246,27 @@ static int write_all(int fd, const void *p, size_t n) {
     return 0;
 }
 
-/* Rank 0's final state, for the parent: flat parameters, then each
- * optimizer state buffer. */
-static void send_result(fg_fabric *f, int fd) {
-    if (!f->model) return;
+/* ddp_spawn: rank 0's state as of its last step (flat parameters, then each
+ * optimizer state buffer), copied at every fg_step_end: run() may free its
+ * model before returning, and the parent still gets what it trained. */
+void fg__spawn_snapshot(fg_fabric *f) {
+    if (!f->spawn || f->global_rank != 0 || !f->model) return;
     fg_tensor *flat = fg_module_flat_params(f->model);
     uint64_t nstate = f->opt ? (uint64_t)fg_optimizer_num_states(f->opt) : 0;
-    uint64_t bytes = fg_tensor_nbytes(flat), steps = f->opt ? (uint64_t)fg_optimizer_step_count(f->opt) : 0;
-    write_all(fd, &bytes, sizeof bytes);
-    write_all(fd, &nstate, sizeof nstate);
-    write_all(fd, &steps, sizeof steps);
-    write_all(fd, fg_tensor_data(flat), bytes);
+    uint64_t bytes = fg_tensor_nbytes(flat);
+    uint64_t hdr[3] = {bytes, nstate, f->opt ? (uint64_t)fg_optimizer_step_count(f->opt) : 0};
+    size_t need = sizeof hdr + (size_t)bytes * (size_t)(1 + nstate);
+    if (f->spawn_blob_len != need) {
+        fg_free(f->spawn_blob);
+        f->spawn_blob = fg_alloc(need);
+        f->spawn_blob_len = f->spawn_blob ? need : 0;
+        if (!f->spawn_blob) return;
+    }
+    char *p = f->spawn_blob;
+    memcpy(p, hdr, sizeof hdr);
+    memcpy(p + sizeof hdr, fg_tensor_data(flat), bytes);
     for (uint64_t k = 0; k < nstate; k++)
-        write_all(fd, fg_tensor_data(fg_optimizer_state(f->opt, (int)k)), bytes);
+        memcpy(p + sizeof hdr + (k + 1) * bytes, fg_tensor_data(fg_optimizer_state(f->opt, (int)k)), bytes);
 }
 
 static int spawn_fork(fg_fabric *f, int n, int (*run)(fg_fabric *, void *), void *arg,
@@ -289,7 +297,9 @@ static int spawn_fork(fg_fabric *f, int n, int (*run)(fg_fabric *, void *), void
             int rc = 1;
             if (join(f, &info) == FG_OK) {
                 rc = run(f, arg);
-                if (rc == 0 && r == 0) send_result(f, fd);
+                if (rc == 0 && r == 0 && f->spawn_blob_len &&
+                    write_all(fd, f->spawn_blob, f->spawn_blob_len) != 0)
+                    rc = 1;
             }
             fflush(NULL);
             _exit(rc & 0xff);
