@@ -72,6 +72,12 @@ static fg_tensor *forward_loss(fit_ctx *c, fg_tensor *x, fg_tensor *y) {
         int64_t shape[2] = {fg_tensor_dim(x, 0), c->cfg.in_dim};
         x = fg_reshape(x, 2, shape);
     }
+    if (c->cfg.kind == FIT_MLP && c->cfg.f64 && x && fg_tensor_dtype(x) != FG_F64) {
+        /* inputs come as f32; a 64-true model takes f64 */
+        fg_tensor *x64 = fg_empty(FG_F64, fg_tensor_ndim(x), fg_tensor_shape(x));
+        if (!x64 || fg_tensor_copy(x64, x) != FG_OK) return NULL;
+        x = x64;
+    }
     return fg_cross_entropy(fg_module_forward(c->model, x), y, -100);
 }
 
@@ -291,6 +297,7 @@ int fit_run(fg_fabric *f, void *arg) {
         goto out;
     }
     fit_model_cfg_from_opts(o, &c.d, &c.cfg);
+    c.cfg.f64 = fg_fabric_dtype(f) == FG_F64;
     c.model = fit_model_new(&c.cfg);
     c.opt = c.model ? fit_optimizer_new(o, c.model) : NULL;
     if (!c.model || !c.opt) {

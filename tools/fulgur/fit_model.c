@@ -18,10 +18,12 @@ fg_module *fit_model_new(const fit_model_cfg *c) {
                                            .heads = (int)c->heads,
                                            .embd = c->embd,
                                            .dropout = c->dropout,
-                                           .seed = c->seed});
+                                           .seed = c->seed,
+                                           .dtype = c->f64 ? "f64" : "f32"});
     return fg_mlp_new(&(fg_mlp_config){.sizes = {c->in_dim, c->hidden, c->classes},
                                        .nlayers = 2,
-                                       .seed = c->seed});
+                                       .seed = c->seed,
+                                       .dtype = c->f64 ? "f64" : "f32"});
 }
 
 #endif

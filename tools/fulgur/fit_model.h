@@ -20,6 +20,7 @@ typedef struct fit_model_cfg {
     double dropout;
     int64_t in_dim, hidden, classes; /* mlp */
     uint64_t seed;                   /* initialisation seed */
+    bool f64;                        /* parameters in f64 (--precision 64-true) */
 } fit_model_cfg;
 
 void fit_model_cfg_from_opts(const fit_opts *o, const fit_data *d, fit_model_cfg *c);
