@@ -1,0 +1,124 @@
+/* fulgur's side of bench/compare: the mlp and gpt of the comparison trained
+ * for a few steps through the Fabric API (single, or ddp on --devices N
+ * ranks), timed per step after warm-up; prints one JSON line from rank 0:
+ *   {"model", "mode", "ms_per_step", "items_per_s", "unit", "peak_rss_mb"}
+ *
+ *   train_bench --model gpt [--steps 10] [--threads 1] [--devices 2] [--batch B] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "fulgur/fulgur.h"
+
+typedef struct args {
+    const char *model;
+    int steps, warmup, threads, devices;
+    int64_t batch;
+} args;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int run(fg_fabric *f, void *arg) {
+    args *a = arg;
+    bool gpt = !strcmp(a->model, "gpt");
+    fg_set_num_threads(a->threads);
+    fg_module *model;
+    fg_optimizer *opt;
+    int64_t B = a->batch ? a->batch : gpt ? 16 : 256, T = 128, V = 65;
+    fg_tensor *x, *y;
+    if (gpt) {
+        model = fg_gpt_new(&(fg_gpt_config){.vocab = V, .ctx = T, .layers = 4, .heads = 4,
+                                            .embd = 256, .seed = 0});
+        opt = fg_adamw_new(model, &(fg_adamw_opts){.lr = 3e-4, .weight_decay = 0.1});
+        int64_t shape[2] = {B, T};
+        x = fg_tensor_new(FG_I32, 2, shape);
+        y = fg_tensor_new(FG_I32, 2, shape);
+        fg_rng r = {1, 0};
+        for (int64_t i = 0; i < B * T; i++) {
+            ((int32_t *)fg_tensor_data(x))[i] = (int32_t)fg_rng_below(&r, (uint64_t)V);
+            ((int32_t *)fg_tensor_data(y))[i] = (int32_t)fg_rng_below(&r, (uint64_t)V);
+        }
+    } else {
+        model = fg_mlp_new(&(fg_mlp_config){.sizes = {784, 1024, 1024, 10}, .nlayers = 3, .seed = 0});
+        opt = fg_sgd_new(model, &(fg_sgd_opts){.lr = 0.01, .momentum = 0.9});
+        int64_t xs[2] = {B, 784}, ys[1] = {B};
+        x = fg_tensor_new(FG_F32, 2, xs);
+        y = fg_tensor_new(FG_I32, 1, ys);
+        fg_rng_fill_normal(1, 0, fg_tensor_data(x), B * 784, 0, 1);
+        fg_rng r = {2, 0};
+        for (int64_t i = 0; i < B; i++) ((int32_t *)fg_tensor_data(y))[i] = (int32_t)fg_rng_below(&r, 10);
+    }
+    if (!model || !opt || fg_fabric_setup(f, model, opt) != FG_OK) {
+        fprintf(stderr, "train_bench: %s\n", fg_last_error());
+        return 1;
+    }
+    double *times = calloc((size_t)(a->warmup + a->steps), sizeof *times);
+    for (int s = 0; s < a->warmup + a->steps; s++) {
+        double t0 = fg_time();
+        fg_optimizer_zero_grad(opt);
+        fg_tensor *loss = fg_cross_entropy(fg_module_forward(model, x), y, -100);
+        if (!loss || fg_fabric_backward(f, loss) != FG_OK || fg_optimizer_step(opt) != FG_OK) {
+            fprintf(stderr, "train_bench: rank %d: %s\n", fg_fabric_global_rank(f), fg_last_error());
+            return 1;
+        }
+        fg_step_end(f);
+        times[s] = fg_time() - t0;
+    }
+    qsort(times + a->warmup, (size_t)a->steps, sizeof *times, cmp_double);
+    double ms = times[a->warmup + a->steps / 2] * 1e3;
+    /* the slowest rank sets the pace */
+    ms = fg_fabric_reduce_scalar(f, ms, FG_MAX);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double items = (double)(gpt ? B * T : B) * fg_fabric_world_size(f);
+    if (fg_fabric_is_global_zero(f))
+        printf("{\"model\": \"%s\", \"mode\": \"%s%d\", \"ms_per_step\": %.3f, \"items_per_s\": %.1f, "
+               "\"unit\": \"%s\", \"peak_rss_mb\": %.1f, \"blas\": \"%s\"}\n",
+               a->model, fg_fabric_world_size(f) > 1 ? "ddp" : "single", fg_fabric_world_size(f), ms,
+               items / (ms / 1e3), gpt ? "tokens/s" : "samples/s", ru.ru_maxrss / 1024.0,
+               fg_ops_blas_info());
+    free(times);
+    fg_tensor_free(x);
+    fg_tensor_free(y);
+    fg_optimizer_free(opt);
+    fg_module_free(model);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    args a = {.model = "gpt", .steps = 10, .warmup = 3, .threads = 1, .devices = 1};
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "--model") && v) a.model = argv[++i];
+        else if (!strcmp(argv[i], "--steps") && v) a.steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup") && v) a.warmup = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && v) a.threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--devices") && v) a.devices = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--batch") && v) a.batch = atoll(argv[++i]);
+        else {
+            fprintf(stderr, "usage: train_bench --model mlp|gpt [--steps N] [--warmup N] "
+                            "[--threads N] [--devices N] [--batch B]\n");
+            return 2;
+        }
+    }
+    if (strcmp(a.model, "gpt") && strcmp(a.model, "mlp")) {
+        fprintf(stderr, "train_bench: --model %s: expected mlp or gpt\n", a.model);
+        return 2;
+    }
+    char dev[16];
+    snprintf(dev, sizeof dev, "%d", a.devices);
+    fg_fabric *f = fg_fabric_new(&(fg_fabric_config){
+        .devices = dev, .strategy = a.devices > 1 ? "ddp" : "single", .threads_per_rank = a.threads});
+    if (!f) {
+        fprintf(stderr, "train_bench: %s\n", fg_last_error());
+        return 2;
+    }
+    int rc = fg_fabric_launch(f, run, &a);
+    if (rc) fprintf(stderr, "train_bench: %s\n", fg_last_error());
+    fg_fabric_free(f);
+    return rc;
+}
