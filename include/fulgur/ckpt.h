@@ -1,0 +1,198 @@
+/* fulgur ckpt: safetensors files, written atomically and read without trust.
+ *
+ * This layer moves named, typed, shaped byte buffers plus string metadata in
+ * and out of safetensors files (the format of Hugging Face's safetensors
+ * package, readable by `safetensors.torch.load_file`). It knows nothing of
+ * tensors, modules or optimizers: the layers above map their state onto
+ * names and metadata keys. docs/checkpoints.md describes the file layout.
+ *
+ * Writing: collect entries in a fg_st_writer, then fg_st_writer_write puts
+ * them in a temporary file beside the target, fsyncs it, renames it over the
+ * target and fsyncs the folder. A crash or kill at any moment leaves either
+ * the previous file or the new one, whole. fg_st_set_last points a symlink
+ * (e.g. ckpt/last.safetensors) at the newest complete checkpoint, atomically.
+ *
+ * Reading: fg_st_open maps a file and checks every byte of its header before
+ * it believes any number in it; a truncated, corrupted or hostile file gives
+ * FG_EFORMAT with a message naming the file, the tensor and the problem.
+ *
+ * Memory goes through fg_alloc/fg_free, jansson's included: on first use this
+ * layer routes jansson's allocations through fg_alloc (json_set_alloc_funcs,
+ * process-wide). A program that uses jansson itself with a non-default
+ * fg allocator should free its jansson values before changing allocators.
+ *
+ * Thread safety: a writer or a file is used by one thread at a time; distinct
+ * handles on distinct threads are independent. A fg_st_file is read-only after
+ * fg_st_open, so concurrent fg_st_info_at/fg_st_data/fg_st_read/fg_st_meta_*
+ * calls on one file are safe. No call here is collective. */
+#ifndef FULGUR_CKPT_H
+#define FULGUR_CKPT_H
+
+#include "fulgur/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The largest JSON header accepted or written, in bytes (the limit of the
+ * reference implementation, so that both refuse the same files). */
+#define FG_ST_MAX_HEADER 100000000u
+/* The most dimensions an entry may have. */
+#define FG_ST_MAX_NDIM 64
+
+/* --------------------------------------------------------------- writing */
+
+typedef struct fg_st_writer fg_st_writer;
+
+/* A new, empty writer. Returns NULL with FG_ENOMEM in fg_last_error when out
+ * of memory. Free with fg_st_writer_free. */
+FG_API fg_st_writer *fg_st_writer_new(void);
+
+/* Frees the writer and its copies of names, shapes and metadata; never
+ * touches the borrowed data buffers. fg_st_writer_free(NULL) is a no-op. */
+FG_API void fg_st_writer_free(fg_st_writer *w);
+
+/* Adds an entry. Entries are laid out in the file in the order they are
+ * added, contiguously.
+ *   name:  non-empty UTF-8, not "__metadata__", unique in this writer; copied.
+ *   dtype: a valid fg_dtype; the file stores its safetensors name ("F32").
+ *   ndim:  0..FG_ST_MAX_NDIM; 0 is a scalar (one element).
+ *   shape: ndim entries >= 0 (0 makes an empty entry); copied. May be NULL
+ *          when ndim is 0.
+ *   data:  product(shape) * fg_dtype_size(dtype) bytes, little-endian, in
+ *          row-major order; BORROWED until fg_st_writer_write returns (or the
+ *          writer is freed). May be NULL when the entry has no bytes.
+ * Returns FG_OK; FG_EINVAL naming the entry for a bad argument, a duplicate
+ * name or a size that overflows; FG_ENOMEM. On failure the writer is
+ * unchanged. */
+FG_API fg_status fg_st_writer_add(fg_st_writer *w, const char *name, fg_dtype dtype, int ndim,
+                                  const int64_t *shape, const void *data);
+
+/* Sets metadata key = value (both UTF-8 strings, copied; key non-empty).
+ * Setting a key again replaces its value; keys are written in the order they
+ * were first set. Returns FG_OK, FG_EINVAL (NULL or invalid UTF-8) or
+ * FG_ENOMEM; on failure the writer is unchanged. */
+FG_API fg_status fg_st_writer_set_meta(fg_st_writer *w, const char *key, const char *value);
+
+/* Number of entries added so far. */
+FG_API int64_t fg_st_writer_count(const fg_st_writer *w);
+
+/* Writes everything added so far to `path`, atomically:
+ *   1. a temporary file "<dir>/.<name>.tmp-<pid>-<n>" in the target's folder
+ *      (hidden, and not ending in .safetensors, so that nothing takes it for
+ *      a checkpoint; a kill leaves it behind, never in the target's place),
+ *   2. written in full and fsync'ed,
+ *   3. renamed over `path`, then the folder is fsync'ed.
+ * A kill at any moment leaves `path` either as it was or as the new file.
+ * The writer stays usable (write again, add more). Not collective: with many
+ * ranks, write from the ranks that own the data, to distinct paths.
+ * Returns FG_OK; FG_EIO naming `path` and the system's reason (full disk,
+ * missing folder, permission) with the temporary file removed; FG_EINVAL if
+ * the header would pass FG_ST_MAX_HEADER; FG_ENOMEM. If only the final
+ * folder fsync fails, the new file is in place and FG_EIO says so. */
+FG_API fg_status fg_st_writer_write(fg_st_writer *w, const char *path);
+
+/* Points the symlink `link_path` (e.g. "ckpt/last.safetensors") at `target`,
+ * atomically: a temporary symlink in the same folder is renamed over it and
+ * the folder fsync'ed, so readers see the old or the new target, never none.
+ *   target: a path relative to the link's folder (normally a file name such
+ *           as "step-40.safetensors"), or an absolute path; it must exist.
+ * Call it only after the target's fg_st_writer_write returned FG_OK, and
+ * delete old checkpoints only after it returns: then the link always names a
+ * whole file, the newest whose save finished.
+ * Returns FG_OK, FG_EINVAL (empty or NULL argument), FG_EIO naming the link
+ * and the system's reason (target missing, folder not writable), FG_ENOMEM. */
+FG_API fg_status fg_st_set_last(const char *link_path, const char *target);
+
+/* Resolves the symlink `link_path` made by fg_st_set_last into a path that
+ * fg_st_open accepts ("ckpt/step-40.safetensors"), written to out (cap bytes,
+ * NUL-terminated). Returns FG_OK; FG_EIO if the link does not exist (no
+ * checkpoint yet) or cannot be read; FG_EFORMAT if `link_path` is not a
+ * symlink; FG_EINVAL if out is too small. */
+FG_API fg_status fg_st_get_last(const char *link_path, char *out, size_t cap);
+
+/* --------------------------------------------------------------- reading */
+
+typedef struct fg_st_file fg_st_file;
+
+/* One entry of an open file. Pointers are borrowed: valid until fg_st_close. */
+typedef struct fg_st_info {
+    const char *name;
+    const char *dtype_name; /* as in the file: "F32", "BF16", "BOOL", ... */
+    fg_dtype dtype;         /* meaningful only if has_dtype */
+    bool has_dtype;         /* false for safetensors dtypes fulgur lacks (BOOL, I8, U32, F8_*, ...) */
+    size_t elem_size;       /* bytes per element */
+    int ndim;               /* 0..FG_ST_MAX_NDIM */
+    const int64_t *shape;   /* ndim entries */
+    int64_t numel;          /* product of shape (1 for ndim 0) */
+    size_t nbytes;          /* numel * elem_size */
+    size_t offset;          /* of the bytes, from the start of the data buffer */
+} fg_st_info;
+
+/* Opens and checks the safetensors file at `path` (memory-mapped read-only).
+ * Every header field is checked before use: header length against the file
+ * size and FG_ST_MAX_HEADER, JSON validity, field types, dtype names, shapes
+ * (non-negative, product without overflow), data_offsets inside the buffer
+ * and equal in size to shape x dtype, entries that tile the buffer exactly
+ * (no gap, no overlap, no trailing bytes, as the reference implementation
+ * requires), unique non-empty names, string-valued metadata.
+ * On success *out owns the mapping; close it with fg_st_close.
+ * Returns FG_OK; FG_EIO naming the path (missing, unreadable, not a regular
+ * file); FG_EFORMAT naming the path, the entry and the problem; FG_ENOMEM;
+ * FG_EINVAL for NULL arguments. *out is NULL on failure.
+ * The mapping assumes the file is not truncated while open: files written
+ * by fg_st_writer_write are replaced by rename, never modified in place. */
+FG_API fg_status fg_st_open(const char *path, fg_st_file **out);
+
+/* As fg_st_open, over `len` bytes at `buf`, BORROWED until fg_st_close (no
+ * copy is made). `label` names the buffer in messages (NULL: "<memory>");
+ * it is copied. For tests and fuzzers, and files already in memory. */
+FG_API fg_status fg_st_reader_from_memory(const void *buf, size_t len, const char *label,
+                                          fg_st_file **out);
+
+/* Unmaps and frees. fg_st_close(NULL) is a no-op. */
+FG_API void fg_st_close(fg_st_file *f);
+
+/* Number of entries, and entry i (0 <= i < count) in data order: the order
+ * in which they lie in the file, which for files from fg_st_writer_write is
+ * the order they were added. fg_st_info_at returns FG_EINVAL if i is out of
+ * range. */
+FG_API int64_t fg_st_count(const fg_st_file *f);
+FG_API fg_status fg_st_info_at(const fg_st_file *f, int64_t i, fg_st_info *out);
+
+/* The index of the entry called `name`, or -1 if there is none (no error is
+ * set: a missing name is an answer, not a failure). O(log count). */
+FG_API int64_t fg_st_find(const fg_st_file *f, const char *name);
+
+/* The bytes of entry i (info.nbytes of them), borrowed until fg_st_close;
+ * NULL if i is out of range. The pointer is aligned only as the file's
+ * layout makes it (entries follow each other without padding, so an F32
+ * after an odd-sized U8 is misaligned): dereference it as bytes, or use
+ * fg_st_read, which copies safely. */
+FG_API const void *fg_st_data(const fg_st_file *f, int64_t i);
+
+/* Copies entry i into dst as `dst_dtype`, converting with fg_convert when
+ * the dtypes differ. dst holds `numel` elements, aligned for dst_dtype, and
+ * numel must equal the entry's numel.
+ * Returns FG_OK; FG_EINVAL (i out of range, bad dtype, NULL dst with
+ * numel > 0); FG_EMISMATCH naming the entry if numel differs;
+ * FG_EUNSUPPORTED if the entry's dtype is one fulgur lacks (its raw bytes
+ * are still at fg_st_data). */
+FG_API fg_status fg_st_read(const fg_st_file *f, int64_t i, void *dst, fg_dtype dst_dtype,
+                            int64_t numel);
+
+/* The metadata value of `key`, or NULL if absent; borrowed until
+ * fg_st_close. */
+FG_API const char *fg_st_meta_get(const fg_st_file *f, const char *key);
+
+/* Number of metadata entries, and entry i in file order (*key and *value
+ * borrowed until fg_st_close). fg_st_meta_at returns FG_EINVAL if i is out
+ * of range. */
+FG_API int64_t fg_st_meta_count(const fg_st_file *f);
+FG_API fg_status fg_st_meta_at(const fg_st_file *f, int64_t i, const char **key,
+                               const char **value);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
