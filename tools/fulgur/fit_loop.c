@@ -186,6 +186,16 @@ static fg_batch *next_batch(fit_ctx *c, fg_status *status) {
     return b;
 }
 
+/* fg_fabric_training_step's step: the loss of one micro-batch (or, under
+ * dp, of one thread's part of it), scaled for accumulation. */
+static fg_tensor *micro_step(fg_fabric *f, fg_batch *part, void *ud) {
+    (void)f;
+    fit_ctx *c = ud;
+    fg_tensor *loss = forward_loss(c, part->x, part->y);
+    if (!loss) fg_error_wrap(FG_EINVAL, "step %lld: forward", (long long)c->step + 1);
+    return c->o->accumulate > 1 ? fg_scale(loss, 1.0 / (double)c->o->accumulate) : loss;
+}
+
 /* One optimizer step over --accumulate-grad-batches micro-batches.
  * *done is set when the epochs ran out before any micro-batch. */
 static fg_status train_step(fit_ctx *c, double *loss_out, double *items, bool *done) {
@@ -210,12 +220,10 @@ static fg_status train_step(fit_ctx *c, double *loss_out, double *items, bool *d
         }
         /* the last micro-batch of the step synchronises (ddp's no_sync before) */
         fg_fabric_set_no_backward_sync(c->f, micro + 1 < o->accumulate);
-        fg_tensor *loss = forward_loss(c, b->x, b->y);
-        if (!loss) return fg_error_wrap(FG_EINVAL, "step %lld: forward", (long long)c->step + 1);
-        loss_sum += fg_item(loss);
+        double part_loss;
+        TRY(fg_fabric_training_step(c->f, b, micro_step, NULL, c, &part_loss));
+        loss_sum += part_loss * (double)o->accumulate;
         samples += b->size;
-        fg_tensor *scaled = o->accumulate > 1 ? fg_scale(loss, 1.0 / (double)o->accumulate) : loss;
-        TRY(fg_fabric_backward(c->f, scaled));
         fg_step_end(c->f);
     }
     if (micro == 0) {
@@ -223,8 +231,10 @@ static fg_status train_step(fit_ctx *c, double *loss_out, double *items, bool *d
         return FG_OK;
     }
     if (micro < o->accumulate) {
-        /* epochs ran out mid-accumulation: sync what we have */
+        /* --max-epochs ran out mid-accumulation (on every rank alike): the
+         * last backward ran without sync, so average the gradients here */
         fg_fabric_set_no_backward_sync(c->f, false);
+        TRY(fg_fabric_all_reduce(c->f, fg_module_flat_grads(c->model), FG_AVG));
     }
     if (o->clip > 0) TRY(fg_fabric_clip_gradients(c->f, o->clip, NULL));
     fg_optimizer_set_lr(c->opt, fit_lr_at(o, c->step));
