@@ -84,6 +84,13 @@ resume_check() { # label extra-args...
 }
 resume_check 1rank --dropout 0.1
 resume_check ddp2 --devices 2 --strategy ddp
+resume_check ddp2-accum --devices 2 --strategy ddp --accumulate-grad-batches 2
+
+# --- the progress bar (forced: the test's output is not a terminal)
+run bar "$FULGUR" fit "${TINY[@]}" --max-steps 12 --progress bar --sample-tokens 0 \
+    --val-check-interval 0 --default-root-dir "$T_TMP/bar-run"
+expect_rc "fit with --progress bar" 0 bar
+expect_grep "bar: epoch, step, loss, tok/s, ETA" bar $'\r.*epoch [0-9]+ \\[#+\\.*\\] 12/12  loss [0-9.]+  [0-9.]+k? tok/s  [0-9]+:[0-9]+<0:00'
 
 # --- a checkpoint that does not fit the model
 run mism "$FULGUR" fit "${TINY[@]}" --embd 48 --max-steps 2 --default-root-dir "$T_TMP/mism-run" \
