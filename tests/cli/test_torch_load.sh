@@ -6,7 +6,9 @@
 # missing (the suite never needs them).
 source "$(dirname "$0")/lib.sh"
 echo "test_torch_load: a fit checkpoint in PyTorch"
-if ! python3 -c "import torch, safetensors.torch" >/dev/null 2>&1; then
+# Debian's torch imports only with /usr/bin/python3 (NOTES.md).
+PY=${FULGUR_PYTHON:-/usr/bin/python3}
+if ! "$PY" -c "import torch, safetensors.torch" >/dev/null 2>&1; then
     skip "python3 with torch and safetensors not installed"
     finish
 fi
@@ -37,7 +39,9 @@ class Block(nn.Module):
         B, T, C = x.shape
         q, k, v = s.attn.c_attn(s.ln_1(x)).split(C, dim=2)
         q, k, v = (t.view(B, T, s.h, C // s.h).transpose(1, 2) for t in (q, k, v))
-        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        att = (q @ k.transpose(-2, -1)) / (C // s.h) ** 0.5
+        att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).tril().logical_not(), float("-inf"))
+        y = att.softmax(-1) @ v
         x = x + s.attn.c_proj(y.transpose(1, 2).reshape(B, T, C))
         return x + s.mlp.c_proj(nn.functional.gelu(s.mlp.c_fc(s.ln_2(x)), approximate="tanh"))
 
@@ -63,7 +67,7 @@ logits = m(torch.zeros(1, cfg["ctx"], dtype=torch.long))
 assert torch.isfinite(logits).all()
 print("loaded", len(sd), "tensors into a PyTorch GPT; logits", tuple(logits.shape))
 PY
-run py python3 "$T_TMP/load.py" "$T_TMP/run/checkpoints/last.safetensors"
+run py "$PY" "$T_TMP/load.py" "$T_TMP/run/checkpoints/last.safetensors"
 expect_rc "PyTorch load_state_dict(strict=True) of the checkpoint" 0 py
 expect_grep "PyTorch forward runs" py '^loaded [0-9]+ tensors into a PyTorch GPT'
 finish
