@@ -25,9 +25,11 @@
  * Small buffers take one chunk in which every rank reduces the whole buffer
  * itself, still in rank order.
  *
- * Waiting: spin briefly, then sleep on a futex (the poster wakes only when a
- * peer sleeps on it), checking every 50 ms whether the awaited peer died
- * (pidfd), left, or the group was aborted, and giving up after the timeout.
+ * Waiting: spin briefly (an adaptive budget), then yield the core for a
+ * while (a peer may need it), then sleep on a futex (the poster wakes only
+ * when a peer sleeps on it), checking every 50 ms whether the awaited peer
+ * died (pidfd), left, or the group was aborted, and giving up after the
+ * timeout.
  * Rendezvous: group rank 0 makes the segment as a memfd (shared memory with
  * no name) and hands it over an abstract unix socket named after the uid,
  * the job and the group (checked to be the same uid) to each peer that
@@ -63,21 +65,21 @@
 #define SHM_VERSION 1u
 #define HDR_BYTES 4096
 #define CTL_BYTES 256
-#define SIGRING 4          /* signature ring entries; == K below */
-#define P2P_HDR 64      /* per slot: message header */
-#define CHAN_HDR 192    /* per channel: head, tail, sleepers on separate lines */
+#define SIGRING 4    /* signature ring entries; == K below */
+#define P2P_HDR 64   /* per slot: message header */
+#define CHAN_HDR 192 /* per channel: head, tail, sleepers on separate lines */
 
 /* FULGUR_SHM_CHUNK_BYTES: bytes of each rank's slot, the pipeline's chunk
  * (default 512 KiB; tune with bench/comm). FULGUR_SHM_SPIN_US: the most a
  * wait spins before it yields (default 50 us, or 1 us when there are more
  * ranks than cores; it adapts down when spinning does not pay);
  * FULGUR_SHM_YIELD_US: how long it then calls sched_yield, so that a peer
- * sharing this core can run, before sleeping on a futex (default 1000 us). */
+ * sharing this core can run, before sleeping on a futex (default 1000 us).
+ * FULGUR_SHM_NT_BYTES: allreduce outputs at least this large are written
+ * with streaming stores (default 8 MiB). */
 #define DEFAULT_CHUNK (512 << 10)
 #define NSLOTS SIGRING
 #define ONE_SHOT_MAX (16 << 10)
-
-static size_t g_nt_bytes = 8u << 20;
 
 enum { ST_NONE = 0, ST_ATTACHED = 1, ST_LEFT = 2 };
 enum { W_READY, W_MID, W_DONE };
@@ -138,6 +140,7 @@ typedef struct shm_state {
     int *pids;
     bool *watch; /* peers whose death this rank can see */
     double spin_s, yield_s, spin_cur;
+    size_t nt_bytes; /* allreduce outputs from this size on are streamed */
     bool oversub;
     char name[200];
 } shm_state;
@@ -471,7 +474,7 @@ static fg_status shm_allreduce(fg_comm *c, const fg_comm_args *a) {
     fg_status st = FG_OK;
     size_t bytes = (size_t)a->count * esz;
     /* outputs beyond the caches: stream them (no read-for-ownership) */
-    bool nt = bytes >= g_nt_bytes;
+    bool nt = bytes >= s->nt_bytes;
 
     if (bytes <= ONE_SHOT_MAX && bytes <= s->slot_bytes) {
         FG_TRY_GOTO(chunk_begin(c, s, a, sig), st, out);
@@ -1006,8 +1009,8 @@ static fg_status shm_join(fg_comm *c) {
     s->spin_s = s->spin_cur = (double)spin_us * 1e-6;
     s->yield_s = (double)yield_us * 1e-6;
     long ntb;
-    FG_TRY_GOTO(env_size("FULGUR_SHM_NT_BYTES", (long)g_nt_bytes, 0, 1L << 40, &ntb), st, fail);
-    g_nt_bytes = (size_t)ntb;
+    FG_TRY_GOTO(env_size("FULGUR_SHM_NT_BYTES", 8L << 20, 0, 1L << 40, &ntb), st, fail);
+    s->nt_bytes = (size_t)ntb;
     layout(s, n, (size_t)chunk, n <= 16 ? (16 << 10) + P2P_HDR : (4 << 10) + P2P_HDR);
 
     if (n == 1) { /* a world of one needs no segment: private memory, same code */
