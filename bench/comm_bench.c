@@ -340,7 +340,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (!strcmp(o.backend, "shm")) return run_shm(&o);
-    if (!strcmp(o.backend, "memcpy")) return run_memcpy(&o);
+    if (!strcmp(o.backend, "memcpy")) {
+        o.op = "memcpy";
+        return run_memcpy(&o);
+    }
     if (!strcmp(o.backend, "fulgur-mpi")) return run_fgmpi(&o);
     if (!strcmp(o.backend, "mpi")) {
 #if HAVE_MPI
