@@ -383,6 +383,9 @@ static void sig_of(const fg_comm_args *a, int n, uint32_t out[3]) {
  * are free), publishes the call's signature for chunk g. */
 static fg_status chunk_begin(fg_comm *c, shm_state *s, const fg_comm_args *a, const uint32_t sig[3]) {
     uint32_t g = s->g;
+    /* a broken group moves no more data, even where a peer's words allow it */
+    if (atomic_load_explicit(&s->hdr->abort_rank, memory_order_acquire) >= 0)
+        return aborted_elsewhere(c, s, a);
     FG_TRY(wait_all(c, s, a, W_DONE, g - NSLOTS + 1, -1));
     shm_ctl *m = ctl(s, s->me);
     for (int k = 0; k < 3; k++)

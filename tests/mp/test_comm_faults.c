@@ -4,6 +4,7 @@
  * FULGUR_COMM_CHECK), abort, a peer that left, rendezvous timeouts, and
  * nothing left behind in /dev/shm or as a socket afterwards. Each rank
  * writes what it saw into shared memory; the parent checks it. */
+#include <pthread.h>
 #include <sys/mman.h>
 
 #include "fulgur/comm.h"
@@ -260,6 +261,41 @@ TEST(abort_and_a_peer_that_left_fail_the_others) {
     CHECK_MSG(named, "%s", g_out[0].msg);
     CHECK(g_out[0].elapsed < 2.0);
     printf("  rank 0: %s\n  rank 2: %s\n", g_out[0].msg, g_out[2].msg);
+}
+
+/* A launcher's watchdog thread aborts while this rank is blocked. */
+static void *watchdog(void *arg) {
+    usleep(100000);
+    fg_comm_abort(arg);
+    return NULL;
+}
+
+static void watchdog_fn(int rank, int n) {
+    fg_comm *c;
+    if (join(rank, n, 30, 0, &c)) return;
+    float x[4] = {0};
+    double t0 = fg_time();
+    fg_status s;
+    if (rank == 0) {
+        pthread_t t;
+        pthread_create(&t, NULL, watchdog, c);
+        s = fg_comm_allreduce(c, x, x, 4, FG_F32, FG_SUM); /* rank 1 is not there yet */
+        pthread_join(t, NULL);
+    } else {
+        usleep(600000);
+        s = fg_comm_allreduce(c, x, x, 4, FG_F32, FG_SUM);
+    }
+    record(rank, s, t0);
+    fg_comm_free(c);
+}
+
+TEST(abort_from_another_thread_unblocks_a_waiting_call) {
+    CHECK(run_group(2, watchdog_fn, 20) == 0);
+    CHECK(g_out[0].status == FG_EPEER && g_out[1].status == FG_EPEER);
+    CHECK(g_out[0].elapsed < 0.5);
+    CHECK_CONTAINS(g_out[0].msg, "rank 0 aborted the group (fg_comm_abort)");
+    CHECK_CONTAINS(g_out[1].msg, "rank 0 aborted the group");
+    printf("  rank 0 after %.3f s: %s\n  rank 1: %s\n", g_out[0].elapsed, g_out[0].msg, g_out[1].msg);
 }
 
 /* ------------------------------------------------------------ rendezvous */
