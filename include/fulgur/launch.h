@@ -1,0 +1,402 @@
+/* fulgur launch: from what the user asked for (accelerator, devices,
+ * strategy, num_nodes) and where this process stands (the environment), to
+ * the ranks of a job, and the launchers that start them.
+ *
+ *   parsing   accelerator, devices and strategy strings as Lightning reads
+ *             them; every error names the value and what is allowed;
+ *   plan      fg_launch_plan_make: world size, this process's rank, threads
+ *             per rank, and which launcher applies;
+ *   launchers re-exec (ddp: this process is rank 0 and runs this program
+ *             again once per other local rank), fork (ddp_spawn/ddp_fork:
+ *             fork the ranks inside the program; rank 0 hands a result back
+ *             to the parent), any program on N ranks (fulgur run), and none
+ *             when mpirun, srun, torchrun or fulgur run already started us.
+ *
+ * On CPU a device is a rank: a process with its share of the cores. The CPU
+ * devices of a machine are its cores (fg_num_cores), or FULGUR_CPU_DEVICES
+ * when set, to run more ranks than cores (tests, debugging on a laptop).
+ *
+ * The environment contract: every launcher here gives each rank it starts
+ * fulgur's variables FULGUR_RANK, FULGUR_WORLD_SIZE, FULGUR_LOCAL_RANK,
+ * FULGUR_LOCAL_WORLD_SIZE, FULGUR_NODE_RANK, FULGUR_NUM_NODES,
+ * FULGUR_MASTER_ADDR, FULGUR_MASTER_PORT, FULGUR_JOB_ID (fresh for each
+ * launch) and torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+ * NODE_RANK, GROUP_RANK, MASTER_ADDR, MASTER_PORT, for programs that read
+ * those. fg_cluster_detect (comm.h) reads them back.
+ *
+ * Processes: each rank a launcher starts gets its own process group (so that
+ * stopping a rank stops whatever it started, e.g. a shell's children) and
+ * SIGKILL when the launcher dies (PR_SET_PDEATHSIG), so nothing is orphaned.
+ * A launcher reaps its own children by pid: a program that sets SIGCHLD to
+ * SIG_IGN or calls waitpid(-1) takes their exit status away from it.
+ *
+ * Environment settings read here:
+ *   FULGUR_CPU_DEVICES   CPU devices of this machine (default: the cores)
+ *   FULGUR_NUM_THREADS   kernel threads per rank (default: cores / local ranks)
+ *   FULGUR_KILL_GRACE_S  seconds between SIGTERM and SIGKILL when ranks are
+ *                        stopped (default 3)
+ *   NODE_RANK, FULGUR_NODE_RANK, GROUP_RANK, MASTER_ADDR, MASTER_PORT (and
+ *   FULGUR_MASTER_*): for a ddp program started by hand on each of several
+ *   nodes, as Lightning's seed shows.
+ *
+ * Nothing here prints or exits; errors come back as fg_status with the
+ * message in fg_last_error(). */
+#ifndef FULGUR_LAUNCH_H
+#define FULGUR_LAUNCH_H
+
+#include <stddef.h>
+
+#include "fulgur/comm.h"
+#include "fulgur/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------- parsing */
+
+typedef enum fg_accelerator {
+    FG_ACCELERATOR_CPU = 0,
+    FG_ACCELERATOR_GPU, /* CUDA; only in builds with GPU support (none yet) */
+} fg_accelerator;
+
+/* Parses an accelerator name: "cpu", "auto" (a GPU when built in and present,
+ * else the CPU; NULL means "auto"), "gpu" or "cuda". Case does not matter.
+ * Errors: FG_EUNSUPPORTED for gpu/cuda (no GPU support built in) and for
+ * accelerators fulgur does not have (tpu, ipu, hpu, mps); FG_EINVAL for
+ * anything else, listing the valid names. Thread-safe. */
+FG_API fg_status fg_launch_parse_accelerator(const char *s, fg_accelerator *out);
+
+/* The name of an accelerator ("cpu", "gpu"). */
+FG_API const char *fg_accelerator_name(fg_accelerator a);
+
+#define FG_DEVICES_MAX 1024
+
+/* Which devices of this machine a job uses, as the seeds' table reads them:
+ *   3, "3"           the first three: ids 0, 1, 2
+ *   -1, "-1"         all of them
+ *   [1, 3], "1, 3"   those ids ("[1, 3]" and "0," are lists too)
+ *   "auto", NULL     one device (id 0) */
+typedef struct fg_devices {
+    int count;               /* devices used, >= 1 */
+    int ids[FG_DEVICES_MAX]; /* their ids, count of them, in the order given */
+    int available;           /* devices this machine has (what parsing checked against) */
+    bool all;                /* given as -1 */
+    bool listed;             /* given as a list of ids rather than a count */
+} fg_devices;
+
+/* Parses a devices string against `available` devices (> 0; on CPU pass
+ * fg_launch_cpu_devices()). Accepts the forms of fg_devices, with spaces
+ * anywhere between tokens. Errors (FG_EINVAL, naming the value and what is
+ * allowed): not a number or list (`devices="abc": expected ...`), 0, "",
+ * "[]", negative numbers other than -1, a count or id past what the machine
+ * has (`devices=5: only 2 CPU devices here (cores); use 1..2 or -1`), an id
+ * listed twice (`devices="[1, 1]": device 1 is listed twice`). Thread-safe. */
+FG_API fg_status fg_launch_parse_devices(const char *s, int available, fg_devices *out);
+
+/* The same for an integer: k > 0 is the first k devices, -1 all of them; 0
+ * and other negatives are errors. Thread-safe. */
+FG_API fg_status fg_launch_devices_count(int k, int available, fg_devices *out);
+
+/* The same for a list of ids (the seeds' [1, 3]); n >= 1. Thread-safe. */
+FG_API fg_status fg_launch_devices_list(const int *ids, int n, int available, fg_devices *out);
+
+/* Writes the devices as a list ("[0, 1, 2]") into buf (always terminated).
+ * Returns buf. */
+FG_API char *fg_devices_format(const fg_devices *d, char *buf, size_t cap);
+
+/* CPU devices of this machine: FULGUR_CPU_DEVICES if set (1..FG_DEVICES_MAX),
+ * else fg_num_cores() (at most FG_DEVICES_MAX). Errors: FG_EINVAL when the
+ * variable is not a number in range (the message names it). Thread-safe. */
+FG_API fg_status fg_launch_cpu_devices(int *out);
+
+/* Strategies, as far as launching goes (the strategy layer does the rest). */
+typedef enum fg_launch_strategy {
+    FG_LAUNCH_SINGLE = 0, /* one rank, one device */
+    FG_LAUNCH_DP,         /* one process; the batch split over worker threads */
+    FG_LAUNCH_DDP,        /* one process per device: re-exec, or already launched */
+    FG_LAUNCH_DDP_SPAWN,  /* one process per device, forked from inside the program */
+    FG_LAUNCH_DDP_FORK,   /* the same as ddp_spawn here (fork is how fulgur spawns) */
+    FG_LAUNCH_STRATEGY_COUNT
+} fg_launch_strategy;
+
+/* Parses a strategy name. "auto" (or NULL) means ddp when devices x num_nodes
+ * is more than 1, else single; the choice needs `ndevices` and `num_nodes`
+ * (pass 1 and 1 if unknown). Built: single (also "single_device"), dp, ddp,
+ * ddp_spawn, ddp_fork. Recognised but not built yet (FG_EUNSUPPORTED,
+ * "not built yet"): ddp2, hybrid, horovod, bagua, fsdp, fsdp_cpu_offload,
+ * fsdp_full_shard, fsdp_shard_grad_op, fsdp_hybrid_shard, ddp_sharded,
+ * deepspeed, deepspeed_stage_1, deepspeed_stage_2, deepspeed_stage_2_offload,
+ * deepspeed_stage_3, deepspeed_stage_3_offload,
+ * deepspeed_stage_3_offload_nvme. Anything else: FG_EINVAL listing the valid
+ * names. Thread-safe. */
+FG_API fg_status fg_launch_parse_strategy(const char *s, int ndevices, int num_nodes,
+                                          fg_launch_strategy *out);
+
+/* The canonical name of a strategy ("ddp_spawn"); "?" if invalid. */
+FG_API const char *fg_launch_strategy_name(fg_launch_strategy s);
+
+/* ---------------------------------------------------------------- plan */
+
+typedef enum fg_launcher {
+    FG_LAUNCHER_NONE = 0, /* nothing to start: one rank, or already launched */
+    FG_LAUNCHER_REEXEC,   /* ddp: run this program again for local ranks 1..N-1 */
+    FG_LAUNCHER_FORK,     /* ddp_spawn/ddp_fork: fg_launch_fork */
+    FG_LAUNCHER_THREADS,  /* dp: one process, worker threads; nothing to start */
+} fg_launcher;
+
+/* The name of a launcher: "none", "re-exec", "fork", "threads". */
+FG_API const char *fg_launcher_name(fg_launcher l);
+
+/* What the user asked for. All-zero (or NULL) means the defaults. */
+typedef struct fg_launch_opts {
+    const char *accelerator; /* NULL = "auto" */
+    const char *devices;     /* NULL = "auto" (one device) */
+    const char *strategy;    /* NULL = "auto" */
+    int num_nodes;           /* 0 = 1 */
+    int threads_per_rank;    /* 0 = FULGUR_NUM_THREADS, else cores / local ranks */
+} fg_launch_opts;
+
+/* How the job runs, from fg_launch_plan_make. */
+typedef struct fg_launch_plan {
+    fg_accelerator accelerator;
+    fg_devices devices;          /* per node */
+    fg_launch_strategy strategy; /* "auto" resolved */
+    int num_nodes;
+    fg_launcher launcher;
+    bool launched;         /* the environment says a launcher already started this process */
+    int world_size;        /* ranks in the job (1 for single and dp) */
+    int local_world_size;  /* ranks on this node */
+    int rank;              /* this process's global rank once launched; -1 for the
+                              parent of a fork launch, which is no rank */
+    int local_rank;        /* likewise, on this node */
+    int node_rank;
+    int threads_per_rank;  /* kernel threads of each rank (dp: of the one process) */
+    const char *threads_from; /* "threads_per_rank", "FULGUR_NUM_THREADS" or "cores / local ranks" */
+    fg_cluster_info cluster;  /* what this process will be: the environment's
+                                 when launched, else what the launcher gives it
+                                 (job_id "" and master_port 0 until it launches) */
+} fg_launch_plan;
+
+/* Makes the plan.
+ *   opts: what the user asked for (NULL = defaults). Borrowed.
+ *   env:  where this process stands; NULL = fg_cluster_detect(). Borrowed.
+ *         env->source "none" (or world_size 1 with source "none") means not
+ *         launched.
+ *   out:  the plan.
+ * Rules:
+ *   already launched (env names a rank): launcher none; ddp needs the
+ *     launcher's world size to equal devices x num_nodes, and says so
+ *     naming both; ddp_spawn/ddp_fork, single and dp under a launcher of
+ *     more than one rank are errors that say to use ddp;
+ *   not launched: single -> none; dp -> threads; ddp -> re-exec (none when
+ *     the world is one rank); ddp_spawn/ddp_fork -> fork. With num_nodes > 1
+ *     this process is one node's rank 0: its node rank comes from
+ *     FULGUR_NODE_RANK, NODE_RANK or GROUP_RANK and the master from
+ *     FULGUR_MASTER_ADDR/PORT or MASTER_ADDR/PORT (an error says what to set,
+ *     or to start it with `fulgur run --nnodes`, mpirun or srun);
+ *     ddp_spawn with num_nodes > 1 is an error (use ddp);
+ *   threads per rank: opts->threads_per_rank, else FULGUR_NUM_THREADS, else
+ *     cores / local ranks (at least 1).
+ * Errors: FG_EINVAL, FG_EUNSUPPORTED (from parsing), FG_EMISMATCH (the
+ * launcher's world size disagrees). Thread-safe. */
+FG_API fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluster_info *env,
+                                     fg_launch_plan *out);
+
+/* Kernel threads for each of `local_ranks` ranks on this machine:
+ * FULGUR_NUM_THREADS if set (an integer >= 1, else FG_EINVAL naming it),
+ * else fg_num_cores() / local_ranks, at least 1. *from (may be NULL) gets
+ * "FULGUR_NUM_THREADS" or "cores / local ranks". Thread-safe. */
+FG_API fg_status fg_launch_threads_per_rank(int local_ranks, int *out, const char **from);
+
+/* Writes one line describing the plan into buf ("ddp, 2 ranks (2 devices x
+ * 1 node), re-exec, 1 thread per rank"). Returns buf. */
+FG_API char *fg_launch_plan_format(const fg_launch_plan *p, char *buf, size_t cap);
+
+/* ------------------------------------------------------- the contract */
+
+/* Sets the environment contract for `info` in this process's environment
+ * (fulgur's and torchrun's names; FULGUR_JOB_ID and the master only when
+ * set in info). fg_cluster_detect() then returns info. Uses setenv: not
+ * thread-safe, call before starting threads that read the environment.
+ * Errors: FG_EINVAL (fg_cluster_validate's), FG_ENOMEM. */
+FG_API fg_status fg_launch_export(const fg_cluster_info *info);
+
+/* Removes every variable fg_launch_export sets. Not thread-safe. */
+FG_API void fg_launch_unexport(void);
+
+/* Writes a fresh job id ("fg-<pid>-<microseconds>") into buf. */
+FG_API void fg_launch_new_job_id(char *buf, size_t cap);
+
+/* --------------------------------------------------------- rank exits */
+
+/* How one rank's process ended. */
+typedef struct fg_rank_exit {
+    int rank;   /* global rank; -1 when this describes nothing */
+    int pid;
+    int code;   /* exit code, or -1 when it was killed by a signal */
+    int signal; /* the signal that killed it, else 0 */
+} fg_rank_exit;
+
+/* The shell's view of an exit: the code, or 128 + signal. */
+FG_API int fg_rank_exit_status(const fg_rank_exit *e);
+
+/* Writes "rank 1 (pid 4242) was killed by signal 9 (SIGKILL)" or "rank 1
+ * (pid 4242) exited with code 3" into buf. Returns buf. */
+FG_API char *fg_rank_exit_format(const fg_rank_exit *e, char *buf, size_t cap);
+
+/* ------------------------------------------------ supervised processes */
+
+/* A group of rank processes started on this machine by a launcher and
+ * watched by a supervisor thread. When one dies abnormally (a non-zero exit
+ * or a signal) the supervisor calls on_failure and stops the others: SIGTERM
+ * to each rank's process group, SIGKILL after the grace period. Until the
+ * job is freed, its processes die with the thread that supervises them
+ * (PR_SET_PDEATHSIG), so a crash of this program leaves no orphans. */
+typedef struct fg_job fg_job;
+
+/* Options of a job; all-zero (or NULL) means the defaults. */
+typedef struct fg_job_opts {
+    double grace_s; /* SIGTERM -> SIGKILL; <= 0: FULGUR_KILL_GRACE_S, else 3 */
+    /* Called once, on the supervisor thread, when the first rank fails and
+     * before the others are stopped (a launcher aborts its communicator
+     * here, so that rank 0 leaves a collective at once). Must not call
+     * fg_job functions on the same job except fg_job_check. */
+    void (*on_failure)(void *ud, const fg_rank_exit *e);
+    void *ud;
+} fg_job_opts;
+
+/* Which processes to start. Global rank = node_rank * local_world_size +
+ * local rank. */
+typedef struct fg_job_spec {
+    /* The program and its arguments, NULL-terminated; argv[0] without a '/'
+     * is searched in PATH (before anything starts: an error if absent).
+     * NULL: this program again (/proc/self/exe) with this process's
+     * arguments (/proc/self/cmdline), the re-exec launcher. Borrowed. */
+    const char *const *argv;
+    int nprocs;           /* processes to start, >= 1 */
+    int first_local_rank; /* local rank of the first; 1 when the caller is local rank 0 */
+    int local_world_size; /* ranks on this node in all; 0 = first_local_rank + nprocs */
+    int node_rank;        /* 0 .. num_nodes-1 */
+    int num_nodes;        /* 0 = 1 */
+    const char *master_addr; /* NULL = "127.0.0.1" */
+    int master_port;         /* 0 = a free port of this machine */
+    const char *job_id;      /* NULL = a fresh one (fg_launch_new_job_id) */
+} fg_job_spec;
+
+/* Starts the processes and their supervisor.
+ *   spec: what to start. Borrowed for the call.
+ *   opts: NULL = defaults. Copied.
+ *   out:  the job, owned by the caller (fg_job_free).
+ * Each process gets this process's environment plus the contract for its
+ * rank, default signal dispositions, an empty signal mask, and its own
+ * process group. The job's master port and job id are fg_job_info's.
+ * Errors: FG_EINVAL (bad spec, program not found), FG_EIO (fork, thread),
+ * FG_ENOMEM; nothing is left running on failure. Call from one thread at a
+ * time; the job's functions below are thread-safe. */
+FG_API fg_status fg_job_start(const fg_job_spec *spec, const fg_job_opts *opts, fg_job **out);
+
+/* The re-exec launcher (plan->launcher FG_LAUNCHER_REEXEC): starts local
+ * ranks 1 .. local_world_size-1 running this program again with the same
+ * arguments, then exports the contract for rank 0 into this process's own
+ * environment (fg_launch_export: not thread-safe), so that this process
+ * goes on as rank 0 and fg_cluster_detect()/fg_comm_init(NULL, ...) find
+ * the job. plan->cluster's master and job id are used when set, else a free
+ * port and a fresh id. Errors: FG_EINVAL (the plan is not a re-exec plan),
+ * and fg_job_start's. */
+FG_API fg_status fg_launch_reexec(const fg_launch_plan *plan, const fg_job_opts *opts,
+                                  fg_job **out);
+
+/* FG_OK while no rank has failed; else FG_EPEER with a message naming the
+ * first that failed ("rank 2 (pid 4242) was killed by signal 9 (SIGKILL)").
+ * Never blocks. Thread-safe. */
+FG_API fg_status fg_job_check(fg_job *j);
+
+/* Waits until every process has ended, or timeout_s passed (< 0: no limit).
+ * Does not stop anything on its own, except that a failure makes the
+ * supervisor stop the rest. Returns FG_OK when all exited with code 0,
+ * FG_EPEER naming the first that failed, FG_ETIMEOUT naming one still
+ * running. Thread-safe. */
+FG_API fg_status fg_job_wait(fg_job *j, double timeout_s);
+
+/* Sends `sig` to every running rank (to its process group), as a launcher
+ * forwards SIGINT and SIGTERM. Failures after a forwarded signal do not
+ * make the supervisor stop the other ranks (they got the signal too).
+ * Returns how many ranks it was sent to. Thread-safe. */
+FG_API int fg_job_signal(fg_job *j, int sig);
+
+/* Stops every running rank: SIGTERM, then SIGKILL after the grace period;
+ * returns once all have ended, with how many it stopped. Thread-safe. */
+FG_API int fg_job_stop(fg_job *j);
+
+/* The state of a job. */
+typedef struct fg_job_status {
+    int nprocs;          /* processes started */
+    int running;         /* still running */
+    fg_rank_exit failed; /* the first that failed; rank -1 while none */
+    int stopped;         /* ranks the launcher stopped (after a failure or fg_job_stop) */
+    int signaled;        /* the last signal sent by fg_job_signal, 0 if none */
+} fg_job_status;
+
+/* Fills *out. Thread-safe. */
+FG_API void fg_job_get_status(fg_job *j, fg_job_status *out);
+
+/* The i-th process (0 .. nprocs-1): its pid and its exit (rank -1 in *e
+ * while it runs; e may be NULL). Returns the pid, or -1 if i is out of
+ * range. Thread-safe. */
+FG_API int fg_job_proc(fg_job *j, int i, fg_rank_exit *e);
+
+/* The contract the job's processes got: world size, node, master (the port
+ * chosen when 0 was asked for) and job id; rank and local rank are those of
+ * the first process. Thread-safe. */
+FG_API void fg_job_info(const fg_job *j, fg_cluster_info *out);
+
+/* Stops whatever still runs (as fg_job_stop), ends the supervisor and frees
+ * the job. fg_job_free(NULL) is a no-op. */
+FG_API void fg_job_free(fg_job *j);
+
+/* --------------------------------------------------------- fork launch */
+
+/* Options of fg_launch_fork; all-zero (or NULL) means the defaults. */
+typedef struct fg_fork_opts {
+    double grace_s;       /* as fg_job_opts */
+    int threads_per_rank; /* > 0: each child calls fg_set_num_threads with it; 0: untouched */
+    const char *job_id;   /* NULL = a fresh one */
+    int master_port;      /* exported as the master port; 0 = none */
+} fg_fork_opts;
+
+/* What fg_launch_fork hands back to the parent. */
+typedef struct fg_fork_result {
+    void *data;          /* rank 0's last fg_launch_send_result blob (fg_alloc'd, the
+                            caller frees it with fg_free), NULL if it sent none */
+    size_t len;
+    fg_rank_exit failed; /* the first rank that failed; rank -1 if none */
+} fg_fork_result;
+
+/* The fork launcher (ddp_spawn, ddp_fork): forks nprocs children; child r
+ * exports the contract for rank r of nprocs on this machine (so that
+ * fg_comm_init(NULL, ...) joins the group), sets its log rank, calls
+ * fn(r, nprocs, arg) and exits with its return value (0 = success). Rank 0
+ * may hand a byte blob back with fg_launch_send_result. The parent, which
+ * is no rank, waits for all; when one fails it stops the others.
+ *   out: the result; zeroed first, then filled (also on failure: which rank).
+ * Returns FG_OK when every rank returned 0; FG_EPEER naming the first that
+ * failed, with its own last error message when fn returned non-zero
+ * ("rank 1 (pid 4242) exited with code 1: allreduce #3: ..."); FG_EINVAL,
+ * FG_EIO, FG_ENOMEM. Fork before this process starts threads of its own
+ * (kernels, loaders): a child has only the calling thread. Blocks until
+ * all ranks end. Not thread-safe (one fork launch at a time). */
+FG_API fg_status fg_launch_fork(int nprocs, int (*fn)(int rank, int world_size, void *arg),
+                                void *arg, const fg_fork_opts *opts, fg_fork_result *out);
+
+/* In a rank started by fg_launch_fork: sends `len` bytes to the parent,
+ * replacing what was sent before (call it at every checkpoint of the state
+ * the parent wants; the last one before rank 0 exits is delivered, and only
+ * when every rank succeeded). Errors: FG_ESTATE outside a fork-launched
+ * rank or on a rank other than 0; FG_EIO. */
+FG_API fg_status fg_launch_send_result(const void *data, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,82 @@
+/* Private header of the launch layer: the process bookkeeping shared by the
+ * supervised job (job.c) and the fork launcher (fork.c), and the contract
+ * helpers (contract.c). */
+#ifndef FULGUR_LAUNCH_IMPL_H
+#define FULGUR_LAUNCH_IMPL_H
+
+#include <pthread.h>
+#include <sys/types.h>
+
+#include "core/core_impl.h"
+#include "fulgur/launch.h"
+
+#ifndef FULGUR_HAVE_NCCL_BUILT
+#define FULGUR_HAVE_NCCL_BUILT 0
+#endif
+#ifndef FULGUR_HAVE_MPI_BUILT
+#define FULGUR_HAVE_MPI_BUILT 0
+#endif
+
+/* fg_launch_parse_devices with the words for "devices here" in errors (the
+ * plan says "CPU devices here (cores)" and adds how to run more ranks). */
+fg_status fg__launch_parse_devices(const char *s, int available, const char *what,
+                                   fg_devices *out);
+
+/* One process a launcher started. A pid is signalled only while it is not
+ * yet reaped, so that a reused pid is never hit. */
+typedef struct fg__proc {
+    pid_t pid;
+    int rank;
+    int pidfd;    /* readable once the process ends; -1 when pidfd_open is missing */
+    int status;   /* waitpid status, once reaped */
+    bool reaped;
+    bool stopped; /* signalled by a stop */
+    bool noted;   /* its end was accounted for (job.c) */
+} fg__proc;
+
+/* Opens the pidfd of p->pid (p->pidfd = -1 if the kernel has none). */
+void fg__proc_watch(fg__proc *p);
+
+/* A slot whose pid is 0 (not started) counts as reaped and is never
+ * signalled or waited for.
+ *
+ * Reaps p if it has ended (never blocks). Returns true when it was reaped
+ * now. A pid taken away by someone else (ECHILD) counts as exited 0. */
+bool fg__proc_reap(fg__proc *p);
+
+/* Sends sig to p's process group, or to p alone if it has none. */
+void fg__proc_kill(const fg__proc *p, int sig);
+
+/* Sleeps until one of the unreaped processes may have ended, extra_fd (if
+ * >= 0) is readable, or timeout_s (< 0: no limit) passed. */
+void fg__procs_poll(const fg__proc *ps, int n, int extra_fd, double timeout_s);
+
+/* The exit of a reaped process. */
+void fg__proc_exit(const fg__proc *p, fg_rank_exit *e);
+
+/* True when a reaped process ended abnormally (a signal or a non-zero code). */
+bool fg__proc_failed(const fg__proc *p);
+
+/* Stops the unreaped processes: SIGTERM to each, SIGKILL to those left
+ * after grace_s; returns once all are reaped, with how many it signalled.
+ * With mu, the mutex is held (as on entry) while signalling and reaping and
+ * released while sleeping. */
+int fg__procs_stop(fg__proc *ps, int n, double grace_s, pthread_mutex_t *mu);
+
+/* The grace period: g > 0, else FULGUR_KILL_GRACE_S, else 3 s. */
+double fg__grace(double g);
+
+/* A NULL-terminated environment: this process's, without the contract's
+ * variables, plus the contract for info. Free with fg__env_free. */
+fg_status fg__contract_env(const fg_cluster_info *info, char ***out);
+void fg__env_free(char **env);
+
+/* A free TCP port on 127.0.0.1 (the kernel's choice), or 29500 + pid % 10000
+ * when sockets are not available. */
+int fg__free_port(void);
+
+/* The first set variable among names (NULL-terminated), or NULL. *which gets
+ * its name. */
+const char *fg__getenv_any(const char *const *names, const char **which);
+
+#endif

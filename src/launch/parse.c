@@ -1,0 +1,294 @@
+/* Parsing of what the user types: accelerator, devices (every form of the
+ * seeds' table) and strategy names. Each error names the value as given and
+ * says what is allowed; nothing is guessed. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "launch_impl.h"
+
+/* ---------------------------------------------------------- accelerator */
+
+fg_status fg_launch_parse_accelerator(const char *s, fg_accelerator *out) {
+    if (!out) return fg_error(FG_EINVAL, "accelerator: NULL output");
+    if (!s || !strcasecmp(s, "auto") || !strcasecmp(s, "cpu")) {
+        *out = FG_ACCELERATOR_CPU; /* auto: no GPU support is built in, so the CPU */
+        return FG_OK;
+    }
+    if (!strcasecmp(s, "gpu") || !strcasecmp(s, "cuda")) {
+        if (FULGUR_HAVE_NCCL_BUILT)
+            return fg_error(FG_EUNSUPPORTED,
+                            "accelerator=\"%s\": this fulgur has NCCL but no GPU kernels yet; use "
+                            "\"cpu\" or \"auto\"",
+                            s);
+        return fg_error(FG_EUNSUPPORTED,
+                        "accelerator=\"%s\": no GPU support built in; use \"cpu\" or \"auto\"", s);
+    }
+    static const char *const k_other[] = {"tpu", "ipu", "hpu", "mps", "xla", NULL};
+    for (int i = 0; k_other[i]; i++)
+        if (!strcasecmp(s, k_other[i]))
+            return fg_error(FG_EUNSUPPORTED,
+                            "accelerator=\"%s\": fulgur does not support it; use \"cpu\" or "
+                            "\"auto\"",
+                            s);
+    return fg_error(FG_EINVAL, "accelerator=\"%s\": expected one of auto, cpu, gpu, cuda", s);
+}
+
+const char *fg_accelerator_name(fg_accelerator a) {
+    return a == FG_ACCELERATOR_GPU ? "gpu" : a == FG_ACCELERATOR_CPU ? "cpu" : "?";
+}
+
+/* -------------------------------------------------------------- devices */
+
+static const char *const k_devices_forms =
+    "expected a count like \"2\", \"-1\" for all, or ids like \"1, 3\" / \"[1, 3]\"";
+
+/* A count past what the machine has. `what` is "devices here", or "CPU
+ * devices here (cores)" from the plan, which also gets the way to run more
+ * ranks than cores. */
+static fg_status count_error(const char *given, long k, int available, const char *what) {
+    char hint[96] = "";
+    if (strstr(what, "(cores)"))
+        snprintf(hint, sizeof hint, " (FULGUR_CPU_DEVICES=%ld runs more ranks than cores)", k);
+    if (available == 1)
+        return fg_error(FG_EINVAL, "devices=%s: only 1 %s; use 1 or -1%s", given, what, hint);
+    return fg_error(FG_EINVAL, "devices=%s: only %d %s; use 1..%d or -1%s", given, available, what,
+                    available, hint);
+}
+
+static fg_status devices_count(long k, const char *given, int available, const char *what,
+                               fg_devices *out) {
+    memset(out, 0, sizeof *out);
+    out->available = available;
+    if (k == -1) {
+        out->all = true;
+        out->count = available;
+    } else if (k == 0) {
+        return fg_error(FG_EINVAL, "devices=%s: at least one device is needed; use 1..%d or -1 "
+                                   "(all %d)",
+                        given, available, available);
+    } else if (k < 0) {
+        return fg_error(FG_EINVAL, "devices=%s: a count must be positive, or -1 for all; %s", given,
+                        k_devices_forms);
+    } else if (k > available) {
+        return count_error(given, k, available, what);
+    } else {
+        out->count = (int)k;
+    }
+    for (int i = 0; i < out->count; i++) out->ids[i] = i;
+    return FG_OK;
+}
+
+static fg_status devices_list(const long *ids, int n, const char *given, int available,
+                              const char *what, fg_devices *out) {
+    memset(out, 0, sizeof *out);
+    out->available = available;
+    out->listed = true;
+    if (n < 1) return fg_error(FG_EINVAL, "devices=%s: no device given; %s", given, k_devices_forms);
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= available) {
+            if (available == 1)
+                return fg_error(FG_EINVAL, "devices=%s: device %ld does not exist; the only one "
+                                           "is 0 (1 %s)",
+                                given, ids[i], what);
+            return fg_error(FG_EINVAL, "devices=%s: device %ld does not exist; ids go 0..%d (%d %s)",
+                            given, ids[i], available - 1, available, what);
+        }
+        for (int j = 0; j < i; j++)
+            if (ids[j] == ids[i])
+                return fg_error(FG_EINVAL, "devices=%s: device %ld is listed twice", given, ids[i]);
+        out->ids[i] = (int)ids[i];
+    }
+    out->count = n;
+    return FG_OK;
+}
+
+static fg_status check_available(int available) {
+    if (available < 1 || available > FG_DEVICES_MAX)
+        return fg_error(FG_EINVAL, "devices: %d available devices: expected 1..%d", available,
+                        FG_DEVICES_MAX);
+    return FG_OK;
+}
+
+/* Reads an optional '-' and digits at *p; false (and *p unmoved) if none. */
+static bool read_int(const char **p, long *out) {
+    const char *s = *p;
+    bool neg = *s == '-';
+    if (neg) s++;
+    if (!isdigit((unsigned char)*s)) return false;
+    long v = 0;
+    for (; isdigit((unsigned char)*s); s++) {
+        if (v > 100000000L) return false; /* far past any machine; no overflow */
+        v = v * 10 + (*s - '0');
+    }
+    *out = neg ? -v : v;
+    *p = s;
+    return true;
+}
+
+static const char *skip_space(const char *p) {
+    while (isspace((unsigned char)*p)) p++;
+    return p;
+}
+
+/* The parser behind fg_launch_parse_devices, with the words for "devices
+ * here" (the plan says "CPU devices here (cores)"). */
+fg_status fg__launch_parse_devices(const char *s, int available, const char *what, fg_devices *out) {
+    FG_TRY(check_available(available));
+    if (!out) return fg_error(FG_EINVAL, "devices: NULL output");
+    char given[96];
+    if (!s) s = "auto";
+    snprintf(given, sizeof given, "\"%.90s\"", s);
+    const char *p = skip_space(s);
+    if (!*p) return fg_error(FG_EINVAL, "devices=\"%s\": no device given; %s", s, k_devices_forms);
+    if (!strncasecmp(p, "auto", 4) && !*skip_space(p + 4)) return devices_count(1, given, available, what, out);
+    bool bracket = *p == '[';
+    bool list = bracket || strchr(p, ',') != NULL;
+    if (!list) {
+        long k;
+        if (!read_int(&p, &k) || *skip_space(p))
+            return fg_error(FG_EINVAL, "devices=\"%s\": %s", s, k_devices_forms);
+        return devices_count(k, given, available, what, out);
+    }
+    if (bracket) p++;
+    static _Thread_local long ids[FG_DEVICES_MAX];
+    int n = 0;
+    for (;;) {
+        p = skip_space(p);
+        if (*p == ']' || !*p) break; /* "[]", "0," and "[0,]": the list ends */
+        long v;
+        if (!read_int(&p, &v))
+            return fg_error(FG_EINVAL, "devices=\"%s\": %s", s, k_devices_forms);
+        if (v < 0)
+            return fg_error(FG_EINVAL, "devices=\"%s\": device %ld: ids are 0 or more (-1 means all "
+                                       "only on its own)",
+                            s, v);
+        if (n == FG_DEVICES_MAX)
+            return fg_error(FG_EINVAL, "devices=\"%s\": more than %d ids", s, FG_DEVICES_MAX);
+        ids[n++] = v;
+        p = skip_space(p);
+        if (*p == ',') {
+            p++;
+            continue;
+        }
+        if (*p == ']' || !*p) break;
+        return fg_error(FG_EINVAL, "devices=\"%s\": %s", s, k_devices_forms);
+    }
+    if (bracket) {
+        if (*p != ']') return fg_error(FG_EINVAL, "devices=\"%s\": missing \"]\"; %s", s, k_devices_forms);
+        p++;
+    } else if (*p == ']') {
+        return fg_error(FG_EINVAL, "devices=\"%s\": \"]\" without \"[\"; %s", s, k_devices_forms);
+    }
+    if (*skip_space(p)) return fg_error(FG_EINVAL, "devices=\"%s\": %s", s, k_devices_forms);
+    return devices_list(ids, n, given, available, what, out);
+}
+
+fg_status fg_launch_parse_devices(const char *s, int available, fg_devices *out) {
+    return fg__launch_parse_devices(s, available, "devices here", out);
+}
+
+static fg_status devices_count_int(int k, int available, const char *what, fg_devices *out) {
+    FG_TRY(check_available(available));
+    if (!out) return fg_error(FG_EINVAL, "devices: NULL output");
+    char given[32];
+    snprintf(given, sizeof given, "%d", k);
+    return devices_count(k, given, available, what, out);
+}
+
+fg_status fg_launch_devices_count(int k, int available, fg_devices *out) {
+    return devices_count_int(k, available, "devices here", out);
+}
+
+fg_status fg_launch_devices_list(const int *ids, int n, int available, fg_devices *out) {
+    FG_TRY(check_available(available));
+    if (!out || (!ids && n > 0)) return fg_error(FG_EINVAL, "devices: NULL list or output");
+    if (n > FG_DEVICES_MAX) return fg_error(FG_EINVAL, "devices: %d ids, at most %d", n, FG_DEVICES_MAX);
+    static _Thread_local long l[FG_DEVICES_MAX];
+    char given[96];
+    size_t len = (size_t)snprintf(given, sizeof given, "[");
+    for (int i = 0; i < n; i++) {
+        l[i] = ids[i];
+        if (len < sizeof given)
+            len += (size_t)snprintf(given + len, sizeof given - len, "%s%d", i ? ", " : "", ids[i]);
+    }
+    if (len < sizeof given) snprintf(given + len, sizeof given - len, "]");
+    return devices_list(l, n, given, available, "devices here", out);
+}
+
+char *fg_devices_format(const fg_devices *d, char *buf, size_t cap) {
+    if (!buf || !cap) return buf;
+    size_t len = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; d && i < d->count && len < cap; i++) {
+        if (len + 16 >= cap && i + 1 < d->count) {
+            snprintf(buf + len, cap - len, "...");
+            len = cap;
+            break;
+        }
+        len += (size_t)snprintf(buf + len, cap - len, "%s%d", i ? ", " : "", d->ids[i]);
+    }
+    if (len < cap) snprintf(buf + len, cap - len, "]");
+    return buf;
+}
+
+/* ------------------------------------------------------------- strategy */
+
+static const struct {
+    const char *name;
+    fg_launch_strategy s;
+} k_strategies[] = {
+    {"single", FG_LAUNCH_SINGLE},       {"single_device", FG_LAUNCH_SINGLE},
+    {"dp", FG_LAUNCH_DP},               {"ddp", FG_LAUNCH_DDP},
+    {"ddp_spawn", FG_LAUNCH_DDP_SPAWN}, {"ddp_fork", FG_LAUNCH_DDP_FORK},
+    {"ddp_notebook", FG_LAUNCH_DDP_FORK}, /* Lightning's name for ddp_fork */
+};
+
+static const char *const k_valid = "auto, single, dp, ddp, ddp_spawn, ddp_fork";
+
+/* FEATURES.md's strategies that are not built yet. */
+static const char *const k_later[] = {
+    "ddp2", "hybrid", "horovod", "bagua", "fsdp", "fsdp_cpu_offload", "fsdp_full_shard",
+    "fsdp_shard_grad_op", "fsdp_hybrid_shard", "fsdp_no_shard", "ddp_sharded",
+    "ddp_sharded_spawn", "deepspeed", "deepspeed_stage_1", "deepspeed_stage_2",
+    "deepspeed_stage_2_offload", "deepspeed_stage_3", "deepspeed_stage_3_offload",
+    "deepspeed_stage_3_offload_nvme", NULL};
+
+fg_status fg_launch_parse_strategy(const char *s, int ndevices, int num_nodes,
+                                   fg_launch_strategy *out) {
+    if (!out) return fg_error(FG_EINVAL, "strategy: NULL output");
+    if (ndevices < 1) ndevices = 1;
+    if (num_nodes < 1) num_nodes = 1;
+    if (!s || !strcasecmp(s, "auto")) {
+        *out = ndevices * (long)num_nodes > 1 ? FG_LAUNCH_DDP : FG_LAUNCH_SINGLE;
+        return FG_OK;
+    }
+    for (size_t i = 0; i < sizeof k_strategies / sizeof k_strategies[0]; i++) {
+        if (strcasecmp(s, k_strategies[i].name)) continue;
+        fg_launch_strategy st = k_strategies[i].s;
+        if (st == FG_LAUNCH_SINGLE && ndevices > 1)
+            return fg_error(FG_EINVAL, "strategy=\"%s\" runs on one device, but devices gives %d; "
+                                       "use ddp (or dp) for several",
+                            s, ndevices);
+        if ((st == FG_LAUNCH_SINGLE || st == FG_LAUNCH_DP) && num_nodes > 1)
+            return fg_error(FG_EINVAL, "strategy=\"%s\" runs in one process, but num_nodes=%d; use "
+                                       "ddp across nodes",
+                            s, num_nodes);
+        *out = st;
+        return FG_OK;
+    }
+    for (int i = 0; k_later[i]; i++)
+        if (!strcasecmp(s, k_later[i]))
+            return fg_error(FG_EUNSUPPORTED, "strategy=\"%s\": not built yet in this fulgur; "
+                                             "available: %s",
+                            s, k_valid);
+    return fg_error(FG_EINVAL, "strategy=\"%s\": unknown; expected one of %s", s, k_valid);
+}
+
+const char *fg_launch_strategy_name(fg_launch_strategy s) {
+    static const char *const names[FG_LAUNCH_STRATEGY_COUNT] = {"single", "dp", "ddp", "ddp_spawn",
+                                                                "ddp_fork"};
+    return (int)s >= 0 && s < FG_LAUNCH_STRATEGY_COUNT ? names[s] : "?";
+}

@@ -1,0 +1,144 @@
+/* Process bookkeeping shared by the launchers: watching a child through its
+ * pidfd (so waiting costs nothing and wakes at once), reaping it by pid,
+ * signalling its process group, describing how it ended, and stopping a set
+ * of children with SIGTERM then SIGKILL.
+ *
+ * Invariant: a pid is signalled only while it is not reaped (its zombie
+ * holds the pid and the process group id), so a reused pid is never hit. */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "launch_impl.h"
+
+void fg__proc_watch(fg__proc *p) {
+#ifdef SYS_pidfd_open
+    p->pidfd = (int)syscall(SYS_pidfd_open, p->pid, 0);
+#else
+    p->pidfd = -1;
+#endif
+}
+
+bool fg__proc_reap(fg__proc *p) {
+    if (p->pid <= 0) p->reaped = true;
+    if (p->reaped) return false;
+    int st = 0;
+    pid_t r;
+    do r = waitpid(p->pid, &st, WNOHANG);
+    while (r < 0 && errno == EINTR);
+    if (r == 0) return false;
+    if (r < 0) st = 0; /* ECHILD: someone else reaped it; nothing to report */
+    p->status = st;
+    p->reaped = true;
+    if (p->pidfd >= 0) close(p->pidfd);
+    p->pidfd = -1;
+    return true;
+}
+
+void fg__proc_kill(const fg__proc *p, int sig) {
+    if (p->reaped || p->pid <= 0) return;
+    if (kill(-p->pid, sig) != 0) kill(p->pid, sig);
+}
+
+void fg__procs_poll(const fg__proc *ps, int n, int extra_fd, double timeout_s) {
+    struct pollfd fds[FG_DEVICES_MAX + 1];
+    int nf = 0;
+    bool blind = false; /* a child without a pidfd: look again soon */
+    for (int i = 0; i < n && nf < FG_DEVICES_MAX; i++) {
+        if (ps[i].reaped || ps[i].pid <= 0) continue;
+        if (ps[i].pidfd >= 0) fds[nf++] = (struct pollfd){.fd = ps[i].pidfd, .events = POLLIN};
+        else blind = true;
+    }
+    if (extra_fd >= 0) fds[nf++] = (struct pollfd){.fd = extra_fd, .events = POLLIN};
+    if (blind && (timeout_s < 0 || timeout_s > 0.01)) timeout_s = 0.01;
+    int ms = timeout_s < 0 ? -1 : (int)(timeout_s * 1000.0 + 0.999);
+    if (nf == 0 && ms < 0) return; /* nothing can wake us */
+    poll(fds, (nfds_t)nf, ms);
+}
+
+void fg__proc_exit(const fg__proc *p, fg_rank_exit *e) {
+    *e = (fg_rank_exit){.rank = p->rank, .pid = (int)p->pid, .code = -1, .signal = 0};
+    if (!p->reaped) {
+        e->rank = -1;
+        return;
+    }
+    if (WIFSIGNALED(p->status)) e->signal = WTERMSIG(p->status);
+    else e->code = WEXITSTATUS(p->status);
+}
+
+bool fg__proc_failed(const fg__proc *p) {
+    return p->reaped && !(WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0);
+}
+
+double fg__grace(double g) {
+    if (g > 0) return g;
+    double env = 0;
+    if (fg__env_double("FULGUR_KILL_GRACE_S", 0, &env) == FG_OK && env > 0) return env;
+    fg_clear_error();
+    return 3.0;
+}
+
+static int reap_all(fg__proc *ps, int n) {
+    int left = 0;
+    for (int i = 0; i < n; i++) {
+        fg__proc_reap(&ps[i]);
+        left += !ps[i].reaped;
+    }
+    return left;
+}
+
+int fg__procs_stop(fg__proc *ps, int n, double grace_s, pthread_mutex_t *mu) {
+    int signalled = 0;
+    for (int i = 0; i < n; i++) {
+        if (fg__proc_reap(&ps[i]) || ps[i].reaped) continue;
+        fg__proc_kill(&ps[i], SIGTERM);
+        ps[i].stopped = true;
+        signalled++;
+    }
+    double t0 = fg_time();
+    while (reap_all(ps, n) > 0) {
+        double left = grace_s - (fg_time() - t0);
+        if (left <= 0) {
+            for (int i = 0; i < n; i++) fg__proc_kill(&ps[i], SIGKILL);
+            for (int i = 0; i < n; i++) {
+                if (ps[i].reaped) continue;
+                /* SIGKILL cannot be refused: the wait is short. Poll so a
+                 * process reaped elsewhere (ECHILD) cannot hang us. */
+                while (!fg__proc_reap(&ps[i]) && !ps[i].reaped) {
+                    if (mu) pthread_mutex_unlock(mu);
+                    fg__procs_poll(&ps[i], 1, -1, 0.05);
+                    if (mu) pthread_mutex_lock(mu);
+                }
+            }
+            break;
+        }
+        if (mu) pthread_mutex_unlock(mu);
+        fg__procs_poll(ps, n, -1, left);
+        if (mu) pthread_mutex_lock(mu);
+    }
+    return signalled;
+}
+
+int fg_rank_exit_status(const fg_rank_exit *e) {
+    if (!e || e->rank < 0) return 0;
+    return e->signal ? 128 + e->signal : e->code;
+}
+
+char *fg_rank_exit_format(const fg_rank_exit *e, char *buf, size_t cap) {
+    if (!buf || !cap) return buf;
+    if (!e || e->rank < 0) {
+        snprintf(buf, cap, "no rank failed");
+    } else if (e->signal) {
+        const char *abbrev = sigabbrev_np(e->signal);
+        snprintf(buf, cap, "rank %d (pid %d) was killed by signal %d (SIG%s)", e->rank, e->pid,
+                 e->signal, abbrev ? abbrev : "?");
+    } else {
+        snprintf(buf, cap, "rank %d (pid %d) exited with code %d", e->rank, e->pid, e->code);
+    }
+    return buf;
+}
