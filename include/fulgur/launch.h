@@ -185,7 +185,10 @@ typedef struct fg_launch_plan {
  *         launched.
  *   out:  the plan.
  * Rules:
- *   already launched (env names a rank): launcher none; ddp needs the
+ *   already launched (env names a rank): launcher none; devices "auto" (or
+ *     NULL) means the ranks the launcher started on this node, and
+ *     num_nodes 0 its nodes, so that a program with default settings runs
+ *     as DDP under `fulgur run --nproc-per-node 4`; ddp needs the
  *     launcher's world size to equal devices x num_nodes, and says so
  *     naming both; ddp_spawn/ddp_fork, single and dp under a launcher of
  *     more than one rank are errors that say to use ddp;

@@ -49,12 +49,21 @@ static const char *const k_devices_forms =
 /* A count past what the machine has. `what` is "devices here", or "CPU
  * devices here (cores)" from the plan, which also gets the way to run more
  * ranks than cores. */
+/* `what` in the singular ("CPU device here (cores)"). */
+static const char *singular(const char *what, char *buf, size_t cap) {
+    const char *p = strstr(what, "devices");
+    if (!p) return what;
+    snprintf(buf, cap, "%.*sdevice%s", (int)(p - what), what, p + 7);
+    return buf;
+}
+
 static fg_status count_error(const char *given, long k, int available, const char *what) {
-    char hint[96] = "";
+    char hint[96] = "", one[96];
     if (strstr(what, "(cores)"))
         snprintf(hint, sizeof hint, " (FULGUR_CPU_DEVICES=%ld runs more ranks than cores)", k);
     if (available == 1)
-        return fg_error(FG_EINVAL, "devices=%s: only 1 %s; use 1 or -1%s", given, what, hint);
+        return fg_error(FG_EINVAL, "devices=%s: only 1 %s; use 1 or -1%s", given,
+                        singular(what, one, sizeof one), hint);
     return fg_error(FG_EINVAL, "devices=%s: only %d %s; use 1..%d or -1%s", given, available, what,
                     available, hint);
 }
@@ -90,10 +99,11 @@ static fg_status devices_list(const long *ids, int n, const char *given, int ava
     if (n < 1) return fg_error(FG_EINVAL, "devices=%s: no device given; %s", given, k_devices_forms);
     for (int i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= available) {
+            char one[96];
             if (available == 1)
                 return fg_error(FG_EINVAL, "devices=%s: device %ld does not exist; the only one "
                                            "is 0 (1 %s)",
-                                given, ids[i], what);
+                                given, ids[i], singular(what, one, sizeof one));
             return fg_error(FG_EINVAL, "devices=%s: device %ld does not exist; ids go 0..%d (%d %s)",
                             given, ids[i], available - 1, available, what);
         }
@@ -160,8 +170,11 @@ fg_status fg__launch_parse_devices(const char *s, int available, const char *wha
         p = skip_space(p);
         if (*p == ']' || !*p) break; /* "[]", "0," and "[0,]": the list ends */
         long v;
-        if (!read_int(&p, &v))
+        if (!read_int(&p, &v)) {
+            if (n == 0 && !p[strspn(p, ", ]")]) /* "," or "[ , ]": nothing listed */
+                return devices_list(ids, 0, given, available, what, out);
             return fg_error(FG_EINVAL, "devices=\"%s\": %s", s, k_devices_forms);
+        }
         if (v < 0)
             return fg_error(FG_EINVAL, "devices=\"%s\": device %ld: ids are 0 or more (-1 means all "
                                        "only on its own)",

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "launch_impl.h"
 
@@ -83,6 +84,15 @@ static fg_status manual_nodes(int num_nodes, fg_cluster_info *c) {
     return FG_OK;
 }
 
+/* devices NULL or "auto" (with spaces, any case) */
+static bool is_auto(const char *d) {
+    if (!d) return true;
+    while (*d == ' ') d++;
+    if (strncasecmp(d, "auto", 4)) return false;
+    for (d += 4; *d == ' '; d++) {}
+    return !*d;
+}
+
 static bool is_ddp_family(fg_launch_strategy s) {
     return s == FG_LAUNCH_DDP || s == FG_LAUNCH_DDP_SPAWN || s == FG_LAUNCH_DDP_FORK;
 }
@@ -99,17 +109,6 @@ fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluster_info 
                         o.threads_per_rank);
     int num_nodes = o.num_nodes ? o.num_nodes : 1;
 
-    FG_TRY(fg_launch_parse_accelerator(o.accelerator, &out->accelerator));
-    int available;
-    FG_TRY(fg_launch_cpu_devices(&available));
-    const char *what = getenv("FULGUR_CPU_DEVICES") && *getenv("FULGUR_CPU_DEVICES")
-                           ? "CPU devices here (FULGUR_CPU_DEVICES)"
-                           : "CPU devices here (cores)";
-    FG_TRY(fg__launch_parse_devices(o.devices, available, what, &out->devices));
-    FG_TRY(fg_launch_parse_strategy(o.strategy, out->devices.count, num_nodes, &out->strategy));
-    out->num_nodes = num_nodes;
-    const char *sname = fg_launch_strategy_name(out->strategy);
-
     fg_cluster_info detected;
     if (!env) {
         FG_TRY(fg_cluster_detect(&detected));
@@ -117,6 +116,25 @@ fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluster_info 
     }
     const char *source = env->source ? env->source : "explicit";
     out->launched = strcmp(source, "none") != 0;
+
+    FG_TRY(fg_launch_parse_accelerator(o.accelerator, &out->accelerator));
+    int available;
+    FG_TRY(fg_launch_cpu_devices(&available));
+    const char *what = getenv("FULGUR_CPU_DEVICES") && *getenv("FULGUR_CPU_DEVICES")
+                           ? "CPU devices here (FULGUR_CPU_DEVICES)"
+                           : "CPU devices here (cores)";
+    if (out->launched && is_auto(o.devices) && env->local_world_size >= 1 &&
+        env->local_world_size <= FG_DEVICES_MAX) {
+        /* devices left to fulgur under a launcher: as many as it started here */
+        FG_TRY(fg_launch_devices_count(env->local_world_size,
+                                       FG_MAX(available, env->local_world_size), &out->devices));
+        if (!o.num_nodes && env->num_nodes >= 1) num_nodes = env->num_nodes;
+    } else {
+        FG_TRY(fg__launch_parse_devices(o.devices, available, what, &out->devices));
+    }
+    FG_TRY(fg_launch_parse_strategy(o.strategy, out->devices.count, num_nodes, &out->strategy));
+    out->num_nodes = num_nodes;
+    const char *sname = fg_launch_strategy_name(out->strategy);
     bool ddp = is_ddp_family(out->strategy);
     bool spawn = out->strategy == FG_LAUNCH_DDP_SPAWN || out->strategy == FG_LAUNCH_DDP_FORK;
     int want = ddp ? out->devices.count * num_nodes : 1;
