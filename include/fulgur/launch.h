@@ -317,9 +317,10 @@ FG_API fg_status fg_job_check(fg_job *j);
 
 /* Waits until every process has ended, or timeout_s passed (< 0: no limit).
  * Does not stop anything on its own, except that a failure makes the
- * supervisor stop the rest. Returns FG_OK when all exited with code 0,
- * FG_EPEER naming the first that failed, FG_ETIMEOUT naming one still
- * running. Thread-safe. */
+ * supervisor stop the rest. Returns FG_OK when all exited with code 0 (or
+ * were ended by fg_job_stop), FG_EPEER naming the first that failed ("rank 2
+ * (pid 4242) was killed by signal 9 (SIGKILL); stopped the other 2 ranks"),
+ * FG_ETIMEOUT naming one still running. Thread-safe. */
 FG_API fg_status fg_job_wait(fg_job *j, double timeout_s);
 
 /* Sends `sig` to every running rank (to its process group), as a launcher
