@@ -1,58 +1,124 @@
-/* fulgur env: what fulgur detects here: cores and threads per rank, the
- * cluster environment and its rank variables, the backends and kernels
- * built in. */
+/* fulgur env: what fulgur detects here: version, cores, CPU devices and
+ * threads per rank, the cluster environment and its rank variables, the
+ * launch plan for given (or default) accelerator/devices/strategy/num_nodes,
+ * the backends and kernels built in. Exit 0, 1 when the environment is
+ * inconsistent (the line says why), 2 for bad flags or a plan that fails. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "cli_flags.h"
 
-static void show_var(const char *name) {
-    const char *v = getenv(name);
-    if (v) printf("    %-26s %s\n", name, v);
-}
+static const char *const k_usage =
+    "fulgur env [--accelerator A] [--devices D] [--strategy S] [--num-nodes N]";
 
 int cmd_env(int argc, char **argv) {
-    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-        printf("usage: fulgur env\n\nPrints cores, threads per rank, the detected cluster "
-               "environment, and the backends built in.\n");
+    const char *accel, *devices, *strategy;
+    int64_t num_nodes;
+    cli_flag flags[] = {
+        {.name = "Launch plan for these settings",
+         .type = CLI_SECTION},
+        {.name = "accelerator", .type = CLI_STR, .dst = &accel, .def = "auto",
+         .help = "auto, cpu, gpu, cuda"},
+        {.name = "devices", .type = CLI_STR, .dst = &devices, .def = "auto",
+         .help = "a count (\"2\"), -1 for all, or ids (\"0,2\", \"[1, 3]\")"},
+        {.name = "strategy", .type = CLI_STR, .dst = &strategy, .def = "auto",
+         .help = "auto, single, dp, ddp, ddp_spawn, ddp_fork"},
+        {.name = "num-nodes", .type = CLI_INT, .dst = &num_nodes, .def = "0", .min = 0,
+         .max = 65536, .help = "machines in the job; 0: 1, or the launcher's"},
+    };
+    int nflags = (int)(sizeof flags / sizeof flags[0]);
+    int rc = cli_flags_parse(flags, nflags, argc, argv, k_usage, NULL, 0, NULL);
+    if (rc < 0) {
+        printf("\nPrints the version, cores, CPU devices, threads per rank, the cluster\n"
+               "environment fulgur detects (fulgur's FULGUR_* variables, torchrun's, Open MPI's\n"
+               "or SLURM's), the launch plan for the settings above, the variables that are\n"
+               "set, and the communication backends and kernels built in.\n");
         return FG_EXIT_OK;
     }
-    if (argc > 1) {
-        cli_error("env takes no arguments (got \"%s\")", argv[1]);
-        return FG_EXIT_USAGE;
-    }
+    if (rc) return rc;
+    bool planned = false;
+    for (int i = 0; i < nflags; i++) planned |= flags[i].seen;
+    int status = FG_EXIT_OK;
+
     printf("fulgur %s\n", fg_version());
-    int cores = fg_num_cores();
+    int cores = fg_num_cores(), cpu_devices = 0;
     printf("cores:                 %d\n", cores);
+    if (fg_launch_cpu_devices(&cpu_devices) == FG_OK)
+        printf("CPU devices:           %d (%s)\n", cpu_devices,
+               getenv("FULGUR_CPU_DEVICES") ? "FULGUR_CPU_DEVICES" : "one per core");
+    else {
+        printf("CPU devices:           invalid: %s\n", fg_last_error());
+        status = FG_EXIT_FAIL;
+    }
+
     fg_cluster_info info;
-    if (fg_cluster_detect(&info) != FG_OK) {
+    bool have_env = fg_cluster_detect(&info) == FG_OK;
+    if (!have_env) {
         printf("cluster environment:   invalid: %s\n", fg_last_error());
+        status = FG_EXIT_FAIL;
     } else {
-        int local = info.local_world_size > 0 ? info.local_world_size : 1;
-        const char *t = getenv("FULGUR_NUM_THREADS");
-        printf("threads per rank:      %s%d (%s)\n", "", t ? atoi(t) : (cores / local ? cores / local : 1),
-               t ? "FULGUR_NUM_THREADS" : "cores / local ranks");
-        printf("cluster environment:   %s\n", info.source);
+        int t;
+        const char *from;
+        if (fg_launch_threads_per_rank(info.local_world_size, &t, &from) == FG_OK)
+            printf("threads per rank:      %d (%s)\n", t, from);
+        else {
+            printf("threads per rank:      invalid: %s\n", fg_last_error());
+            status = FG_EXIT_FAIL;
+        }
+        bool launched = strcmp(info.source, "none") != 0;
+        printf("cluster environment:   %s%s\n", info.source, launched ? "" : " (not launched)");
         printf("    rank %d of %d, local rank %d of %d, node %d of %d\n", info.rank,
                info.world_size, info.local_rank, info.local_world_size, info.node_rank,
                info.num_nodes);
-        if (info.master_addr[0]) printf("    master %s:%d\n", info.master_addr, info.master_port);
+        if (info.master_addr[0] || info.master_port)
+            printf("    master %s:%d\n", info.master_addr[0] ? info.master_addr : "?",
+                   info.master_port);
         if (info.job_id[0]) printf("    job id %s\n", info.job_id);
     }
+
+    fg_launch_opts o = {.accelerator = accel, .devices = devices, .strategy = strategy,
+                        .num_nodes = (int)num_nodes};
+    fg_launch_plan plan;
+    if (have_env || planned) {
+        if (fg_launch_plan_make(&o, have_env ? &info : NULL, &plan) == FG_OK) {
+            char line[512];
+            printf("launch plan:           %s\n", fg_launch_plan_format(&plan, line, sizeof line));
+        } else {
+            printf("launch plan:           error: %s\n", fg_last_error());
+            if (planned) status = FG_EXIT_USAGE;
+        }
+    }
+
     static const char *const vars[] = {
         "FULGUR_RANK", "FULGUR_WORLD_SIZE", "FULGUR_LOCAL_RANK", "FULGUR_LOCAL_WORLD_SIZE",
         "FULGUR_NODE_RANK", "FULGUR_NUM_NODES", "FULGUR_MASTER_ADDR", "FULGUR_MASTER_PORT",
-        "FULGUR_JOB_ID", "FULGUR_BACKEND", "FULGUR_NUM_THREADS", "FULGUR_COMM_TIMEOUT_S",
-        "FULGUR_COMM_CHECK", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
-        "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-        "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-        "SLURM_NODEID", "OPENBLAS_CORETYPE", "OMP_NUM_THREADS", NULL};
-    printf("variables set:\n");
-    for (int i = 0; vars[i]; i++) show_var(vars[i]);
-    printf("backends built in:     shm%s%s\n", fg_comm_backend_built(FG_COMM_MPI) ? ", mpi (Open MPI)" : "",
+        "FULGUR_JOB_ID", "FULGUR_BACKEND", "FULGUR_NUM_THREADS", "FULGUR_CPU_DEVICES",
+        "FULGUR_KILL_GRACE_S", "FULGUR_COMM_TIMEOUT_S", "FULGUR_COMM_CHECK",
+        "FULGUR_RESTART_COUNT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+        "NODE_RANK", "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID",
+        "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NNODES", "SLURM_JOB_ID",
+        "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", NULL};
+    int shown = 0;
+    printf("variables set:%s\n", "");
+    for (int i = 0; vars[i]; i++) {
+        const char *v = getenv(vars[i]);
+        if (!v) continue;
+        printf("    %-26s %s\n", vars[i], v);
+        shown++;
+    }
+    if (!shown) printf("    (none of fulgur's, torchrun's, Open MPI's or SLURM's)\n");
+
+    printf("backends built in:     shm%s%s\n",
+           fg_comm_backend_built(FG_COMM_MPI) ? ", mpi (Open MPI)" : "",
            fg_comm_backend_built(FG_COMM_NCCL) ? ", nccl" : "");
-    printf("accelerators:          cpu (no GPU support built in)\n");
+    fg_accelerator a;
+    bool gpu = fg_launch_parse_accelerator("gpu", &a) == FG_OK;
+    fg_clear_error();
+    printf("accelerators:          cpu%s\n", gpu ? ", gpu" : " (no GPU support built in)");
     printf("kernels:               %s\n", fg_ops_blas_info());
-    return FG_EXIT_OK;
+    return status;
 }

@@ -1,105 +1,210 @@
-/* fulgur run: torchrun's job. Starts --nproc-per-node copies of a program on
- * this machine with the rank environment (fulgur's FULGUR_* and torchrun's
- * names), forwards SIGINT and SIGTERM to them, stops the rest when one
- * fails, and exits with that rank's code (128 + signal when it was killed),
- * saying which rank failed and why. */
+/* fulgur run: torchrun's job, on the launch layer (fg_job_start).
+ *
+ * Starts --nproc-per-node copies of a program on this machine with the
+ * environment contract (global rank = node_rank * nproc + local rank),
+ * forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT to them, stops the rest when
+ * one fails, and exits with that rank's code (128 + signal when it was
+ * killed), printing one line that names the rank and why. With
+ * --max-restarts K a failed group is started again, up to K times.
+ *
+ * Signals: they are blocked in every thread before the ranks start (a rank
+ * resets its mask before exec) and taken by one thread with sigwait, which
+ * forwards them through fg_job_signal; the main thread only waits. */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "cli.h"
 #include "cli_flags.h"
 
 static const char *const k_usage =
     "fulgur run [--nproc-per-node N] [--nnodes N --node-rank R --master-addr A --master-port P] "
-    "[--] PROGRAM [ARGS...]";
+    "[--max-restarts K] [--] PROGRAM [ARGS...]";
 
-static volatile sig_atomic_t g_signal;
-static void on_signal(int sig) { g_signal = sig; }
+/* --------------------------------------------------- signal forwarding */
 
-static void setenv_int(const char *k, long v) {
-    char b[32];
-    snprintf(b, sizeof b, "%ld", v);
-    setenv(k, b, 1);
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static fg_job *g_job;   /* the running group, NULL between groups */
+static int g_got;       /* the last signal received, 0 if none */
+static int g_forwarded; /* ranks it was forwarded to */
+
+static const int k_forward[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+static void forward_set(sigset_t *set) {
+    sigemptyset(set);
+    for (size_t i = 0; i < sizeof k_forward / sizeof k_forward[0]; i++) sigaddset(set, k_forward[i]);
 }
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* Sends SIGTERM to the live children, then SIGKILL to those still alive
- * after 3 s; reaps them all. Returns how many were stopped. */
-static int stop_all(pid_t *pids, int *done, int n, int sig) {
-    int stopped = 0;
-    for (int i = 0; i < n; i++)
-        if (!done[i] && kill(pids[i], sig) == 0) stopped++;
-    double t0 = now();
+static void *signal_thread(void *arg) {
+    (void)arg;
+    sigset_t set;
+    forward_set(&set);
     for (;;) {
-        int left = 0;
-        for (int i = 0; i < n; i++) {
-            if (done[i]) continue;
-            int st;
-            if (waitpid(pids[i], &st, WNOHANG) == pids[i]) done[i] = 1;
-            else left++;
-        }
-        if (!left) break;
-        if (now() - t0 > 3.0)
-            for (int i = 0; i < n; i++)
-                if (!done[i]) kill(pids[i], SIGKILL);
-        usleep(10000);
+        int sig;
+        if (sigwait(&set, &sig) != 0) continue;
+        pthread_mutex_lock(&g_mu);
+        g_got = sig;
+        if (g_job) g_forwarded = fg_job_signal(g_job, sig);
+        pthread_mutex_unlock(&g_mu);
     }
-    return stopped;
+    return NULL;
+}
+
+/* ------------------------------------------------------------- flags */
+
+/* torchrun spells its flags both ways: --nproc_per_node = --nproc-per-node. */
+static char *dashed(const char *a) {
+    char *c = strdup(a);
+    if (!c) return NULL;
+    for (char *p = c + 2; *p && *p != '='; p++)
+        if (*p == '_') *p = '-';
+    return c;
+}
+
+static bool is_bool_flag(const char *a) {
+    return !strcmp(a, "--standalone") || !strcmp(a, "--help") || !strcmp(a, "-h");
+}
+
+/* "4" or "auto"/"cpu" (the CPU devices here) into *n; false on junk. */
+static bool parse_nproc(const char *s, int64_t *n) {
+    if (!strcmp(s, "auto") || !strcmp(s, "cpu")) {
+        int d;
+        if (fg_launch_cpu_devices(&d) != FG_OK) return false;
+        *n = d;
+        return true;
+    }
+    return cli_parse_int(s, n);
+}
+
+static void more_help(void) {
+    printf("\nEach rank gets fulgur's FULGUR_RANK, FULGUR_WORLD_SIZE, FULGUR_LOCAL_RANK,\n"
+           "FULGUR_LOCAL_WORLD_SIZE, FULGUR_NODE_RANK, FULGUR_NUM_NODES, FULGUR_MASTER_ADDR,\n"
+           "FULGUR_MASTER_PORT, FULGUR_JOB_ID (fresh for each run) and torchrun's RANK,\n"
+           "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK, GROUP_WORLD_SIZE,\n"
+           "MASTER_ADDR, MASTER_PORT; global rank = node rank x nproc-per-node + local rank.\n"
+           "OMP_NUM_THREADS is set to cores / nproc-per-node (or FULGUR_NUM_THREADS) unless\n"
+           "already set. Each rank is its own process group and dies if fulgur run dies.\n"
+           "Several machines: run the same command on each with its --node-rank.\n"
+           "\n"
+           "SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to every rank. When a rank\n"
+           "fails (non-zero exit or a signal), the others get SIGTERM, then SIGKILL after\n"
+           "FULGUR_KILL_GRACE_S seconds (default 3), and fulgur run prints which rank failed\n"
+           "and why.\n"
+           "\n"
+           "Exit status: 0 when every rank exits 0; the failed rank's code, or 128 + signal\n"
+           "when it was killed; 128 + signal after a forwarded signal; 2 for bad flags\n"
+           "(nothing started); 127 when the program cannot be found or executed.\n");
 }
 
 int cmd_run(int argc, char **argv) {
     /* Flags end at "--" or at the first word that is not a flag: the program. */
     int split = argc;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--")) {
-            split = i;
-            break;
-        }
-        if (strncmp(argv[i], "--", 2) && strcmp(argv[i], "-h")) {
-            split = i;
-            break;
-        }
-        if (!strchr(argv[i], '=') && strcmp(argv[i], "--help") && strcmp(argv[i], "-h")) i++;
+    char **fa = calloc((size_t)argc + 1, sizeof *fa);
+    if (!fa) {
+        cli_error("out of memory");
+        return FG_EXIT_FAIL;
     }
-    int64_t nproc = 1, nnodes = 1, node_rank = 0, port = 29500;
-    const char *addr = "127.0.0.1";
+    fa[0] = argv[0];
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--") || argv[i][0] != '-' || !argv[i][1]) {
+            split = i;
+            break;
+        }
+        fa[i] = strncmp(argv[i], "--", 2) ? argv[i] : dashed(argv[i]);
+        if (!fa[i]) {
+            cli_error("out of memory");
+            return FG_EXIT_FAIL;
+        }
+        if (!strchr(fa[i], '=') && !is_bool_flag(fa[i]) && i + 1 < argc) {
+            i++;
+            fa[i] = argv[i];
+        }
+    }
+    const char *nproc_s, *nnodes_s, *addr, *job_id;
+    int64_t node_rank, port, restarts;
+    double grace;
+    bool standalone;
     cli_flag flags[] = {
-        {.name = "nproc-per-node", .type = CLI_INT, .dst = &nproc, .def = "1", .min = 1, .max = 4096,
-         .help = "ranks to start on this machine"},
-        {.name = "nnodes", .type = CLI_INT, .dst = &nnodes, .def = "1", .min = 1, .max = 65536,
-         .help = "machines in the job (run this command once on each)"},
-        {.name = "node-rank", .type = CLI_INT, .dst = &node_rank, .def = "0", .min = 0, .max = 65535,
-         .help = "this machine's index, 0 .. nnodes-1"},
+        {.name = "nproc-per-node", .type = CLI_STR, .dst = &nproc_s, .def = "1",
+         .help = "ranks to start on this machine: a number, or auto (one per CPU device: the "
+                 "cores, or FULGUR_CPU_DEVICES)"},
+        {.name = "nnodes", .type = CLI_STR, .dst = &nnodes_s, .def = "1",
+         .help = "machines in the job; run this command once on each (torchrun's MIN:MAX elastic "
+                 "ranges are not built yet)"},
+        {.name = "node-rank", .type = CLI_INT, .dst = &node_rank, .def = "0", .min = 0,
+         .max = 65535, .help = "this machine's index, 0 .. nnodes-1"},
         {.name = "master-addr", .type = CLI_STR, .dst = &addr, .def = "127.0.0.1",
          .help = "address of node 0 (MASTER_ADDR)"},
-        {.name = "master-port", .type = CLI_INT, .dst = &port, .def = "29500", .min = 1, .max = 65535,
-         .help = "port on node 0 (MASTER_PORT); also names the job's shared memory"},
+        {.name = "master-port", .type = CLI_INT, .dst = &port, .def = "0", .min = 0, .max = 65535,
+         .help = "port on node 0 (MASTER_PORT); 0: a free port on one node, 29500 with several"},
+        {.name = "job-id", .type = CLI_STR, .dst = &job_id,
+         .help = "FULGUR_JOB_ID of the ranks (names the shared memory) [default: fresh on one "
+                 "node; master-addr:master-port with several, so that all nodes agree]"},
+        {.name = "max-restarts", .type = CLI_INT, .dst = &restarts, .def = "0", .min = 0,
+         .max = 1000, .help = "start the ranks of this node again after a failure, up to N times "
+                              "(they see FULGUR_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT)"},
+        {.name = "grace", .type = CLI_DOUBLE, .dst = &grace, .def = "0",
+         .help = "seconds between SIGTERM and SIGKILL when ranks are stopped; 0: "
+                 "FULGUR_KILL_GRACE_S, else 3"},
+        {.name = "standalone", .type = CLI_BOOL, .dst = &standalone,
+         .help = "one machine on its own (torchrun's flag; the default here)"},
     };
     int nflags = (int)(sizeof flags / sizeof flags[0]);
-    int rc = cli_flags_parse(flags, nflags, split, argv, k_usage, NULL, 0, NULL);
+    int rc = cli_flags_parse(flags, nflags, split, fa, k_usage, NULL, 0, NULL);
+    /* fa and its dashed copies stay: the flag values point into them */
     if (rc < 0) {
-        printf("\nStarts the ranks with FULGUR_RANK, FULGUR_WORLD_SIZE, FULGUR_LOCAL_RANK, ...\n"
-               "and torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK,\n"
-               "MASTER_ADDR, MASTER_PORT. When one rank fails the others are stopped and\n"
-               "fulgur run exits with that rank's code (128+signal if it was killed).\n");
+        more_help();
         return FG_EXIT_OK;
     }
     if (rc) return rc;
+
+    int64_t nproc, nnodes;
+    if (!parse_nproc(nproc_s, &nproc) || nproc < 1 || nproc > FG_DEVICES_MAX) {
+        cli_error("--nproc-per-node=\"%s\": expected 1..%d or auto", nproc_s, FG_DEVICES_MAX);
+        return FG_EXIT_USAGE;
+    }
+    const char *colon = strchr(nnodes_s, ':');
+    if (colon) {
+        int64_t lo, hi;
+        char lo_s[32];
+        snprintf(lo_s, sizeof lo_s, "%.*s", (int)(colon - nnodes_s), nnodes_s);
+        if (!cli_parse_int(lo_s, &lo) || !cli_parse_int(colon + 1, &hi) || lo < 1 || hi < lo) {
+            cli_error("--nnodes=\"%s\": expected N, or MIN:MAX with 1 <= MIN <= MAX", nnodes_s);
+            return FG_EXIT_USAGE;
+        }
+        if (lo != hi) {
+            cli_error("--nnodes=\"%s\": elastic ranges (MIN < MAX) are not built yet; give a fixed "
+                      "number of nodes",
+                      nnodes_s);
+            return FG_EXIT_USAGE;
+        }
+        nnodes = lo;
+    } else if (!cli_parse_int(nnodes_s, &nnodes) || nnodes < 1 || nnodes > 65536) {
+        cli_error("--nnodes=\"%s\": expected a number of nodes, 1..65536", nnodes_s);
+        return FG_EXIT_USAGE;
+    }
     if (node_rank >= nnodes) {
-        cli_error("--node-rank %lld: must be below --nnodes %lld", (long long)node_rank,
-                  (long long)nnodes);
+        cli_error("--node-rank=%lld: must be below --nnodes %lld (0 .. %lld)", (long long)node_rank,
+                  (long long)nnodes, (long long)nnodes - 1);
+        return FG_EXIT_USAGE;
+    }
+    if (standalone && nnodes > 1) {
+        cli_error("--standalone: one machine on its own, but --nnodes %lld", (long long)nnodes);
+        return FG_EXIT_USAGE;
+    }
+    if (!*addr || strlen(addr) >= FG_CLUSTER_ADDR_MAX) {
+        cli_error("--master-addr=\"%s\": expected a host name or address", addr);
+        return FG_EXIT_USAGE;
+    }
+    if (grace < 0) {
+        cli_error("--grace=%g: expected 0 or more seconds", grace);
+        return FG_EXIT_USAGE;
+    }
+    if (job_id && (!*job_id || strlen(job_id) >= FG_CLUSTER_JOB_MAX - 16)) {
+        cli_error("--job-id=\"%s\": expected 1..%d characters", job_id, FG_CLUSTER_JOB_MAX - 17);
         return FG_EXIT_USAGE;
     }
     int prog = split < argc && !strcmp(argv[split], "--") ? split + 1 : split;
@@ -107,96 +212,104 @@ int cmd_run(int argc, char **argv) {
         cli_error("no program to run\nusage: %s", k_usage);
         return FG_EXIT_USAGE;
     }
-    int n = (int)nproc;
-    long world = (long)nproc * nnodes;
-    char job[64];
-    snprintf(job, sizeof job, "run-%d-%lld", (int)getpid(), (long long)port);
-    pid_t *pids = calloc((size_t)n, sizeof *pids);
-    int *done = calloc((size_t)n, sizeof *done);
-    if (!pids || !done) {
-        cli_error("out of memory");
+    if (nnodes > 1 && !port) port = 29500;
+
+    /* kernel threads: each rank gets its share unless told */
+    if (!getenv("OMP_NUM_THREADS")) {
+        int t;
+        if (fg_launch_threads_per_rank((int)nproc, &t, NULL) != FG_OK) {
+            cli_error("%s", fg_last_error());
+            return FG_EXIT_USAGE;
+        }
+        char b[16];
+        snprintf(b, sizeof b, "%d", t);
+        setenv("OMP_NUM_THREADS", b, 1);
+    }
+
+    sigset_t set;
+    forward_set(&set);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    pthread_t sig_thread;
+    if (pthread_create(&sig_thread, NULL, signal_thread, NULL) != 0) {
+        cli_error("cannot start the signal thread");
         return FG_EXIT_FAIL;
     }
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    pid_t me = getpid();
-    for (int r = 0; r < n; r++) {
-        fflush(NULL);
-        pid_t pid = fork();
-        if (pid < 0) {
-            cli_error("fork for local rank %d: %s", r, strerror(errno));
-            stop_all(pids, done, r, SIGTERM);
-            return FG_EXIT_FAIL;
+    pthread_detach(sig_thread);
+
+    char max_s[16];
+    snprintf(max_s, sizeof max_s, "%lld", (long long)restarts);
+    setenv("TORCHELASTIC_MAX_RESTARTS", max_s, 1);
+    int exit_code = 0;
+    for (int attempt = 0;; attempt++) {
+        char count[16], jid[FG_CLUSTER_JOB_MAX];
+        snprintf(count, sizeof count, "%d", attempt);
+        setenv("FULGUR_RESTART_COUNT", count, 1);
+        setenv("TORCHELASTIC_RESTART_COUNT", count, 1);
+        const char *use_id = NULL;
+        if (job_id) {
+            snprintf(jid, sizeof jid, attempt ? "%s-r%d" : "%s", job_id, attempt);
+            use_id = jid;
+        } else if (nnodes > 1) {
+            snprintf(jid, sizeof jid, attempt ? "%.200s:%d-r%d" : "%.200s:%d", addr, (int)port,
+                     attempt);
+            use_id = jid;
         }
-        if (pid == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            if (getppid() != me) _exit(127);
-            signal(SIGINT, SIG_DFL);
-            signal(SIGTERM, SIG_DFL);
-            long rank = (long)node_rank * nproc + r;
-            setenv_int("FULGUR_RANK", rank);
-            setenv_int("FULGUR_WORLD_SIZE", world);
-            setenv_int("FULGUR_LOCAL_RANK", r);
-            setenv_int("FULGUR_LOCAL_WORLD_SIZE", n);
-            setenv_int("FULGUR_NODE_RANK", node_rank);
-            setenv_int("FULGUR_NUM_NODES", nnodes);
-            setenv("FULGUR_MASTER_ADDR", addr, 1);
-            setenv_int("FULGUR_MASTER_PORT", port);
-            setenv("FULGUR_JOB_ID", job, 1);
-            setenv_int("RANK", rank);
-            setenv_int("WORLD_SIZE", world);
-            setenv_int("LOCAL_RANK", r);
-            setenv_int("LOCAL_WORLD_SIZE", n);
-            setenv_int("NODE_RANK", node_rank);
-            setenv_int("GROUP_RANK", node_rank);
-            setenv("MASTER_ADDR", addr, 1);
-            setenv_int("MASTER_PORT", port);
-            execvp(argv[prog], argv + prog);
-            fprintf(stderr, "fulgur run: rank %ld: cannot run %s: %s\n", rank, argv[prog],
-                    strerror(errno));
-            _exit(127);
-        }
-        pids[r] = pid;
-    }
-    int left = n, exit_code = 0, forwarded = 0;
-    while (left) {
-        if (g_signal && !forwarded) {
-            forwarded = g_signal;
-            for (int i = 0; i < n; i++)
-                if (!done[i]) kill(pids[i], g_signal);
-        }
-        int st;
-        pid_t p = waitpid(-1, &st, 0);
-        if (p < 0) {
-            if (errno == EINTR) continue;
+        fg_job_spec spec = {.argv = (const char *const *)(argv + prog),
+                            .nprocs = (int)nproc,
+                            .node_rank = (int)node_rank,
+                            .num_nodes = (int)nnodes,
+                            .master_addr = addr,
+                            .master_port = (int)port,
+                            .job_id = use_id};
+        fg_job *job = NULL;
+        pthread_mutex_lock(&g_mu);
+        int got = g_got;
+        fg_status s = got ? FG_OK : fg_job_start(&spec, &(fg_job_opts){.grace_s = grace}, &job);
+        g_job = job;
+        pthread_mutex_unlock(&g_mu);
+        if (got) { /* a signal came between two groups: no restart */
+            exit_code = 128 + got;
             break;
         }
-        int r = -1;
-        for (int i = 0; i < n; i++)
-            if (pids[i] == p) r = i;
-        if (r < 0 || done[r]) continue;
-        done[r] = 1;
-        left--;
-        bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-        if (ok || exit_code) continue;
-        long rank = (long)node_rank * nproc + r;
-        int stopped = stop_all(pids, done, n, SIGTERM);
-        left = 0;
-        if (WIFSIGNALED(st)) {
-            exit_code = 128 + WTERMSIG(st);
-            fprintf(stderr, "fulgur run: rank %ld (pid %d) was killed by signal %d (%s); stopped "
-                            "the other %d rank%s\n",
-                    rank, (int)p, WTERMSIG(st), strsignal(WTERMSIG(st)), stopped, stopped == 1 ? "" : "s");
-        } else {
-            exit_code = WEXITSTATUS(st);
-            fprintf(stderr, "fulgur run: rank %ld (pid %d) exited with code %d; stopped the other "
-                            "%d rank%s\n",
-                    rank, (int)p, exit_code, stopped, stopped == 1 ? "" : "s");
+        if (s != FG_OK) {
+            fprintf(stderr, "fulgur run: %s\n", fg_last_error());
+            exit_code = attempt ? FG_EXIT_FAIL : 127;
+            break;
         }
+        fg_job_wait(job, -1);
+        fg_job_status st;
+        fg_job_get_status(job, &st);
+        pthread_mutex_lock(&g_mu);
+        g_job = NULL;
+        got = g_got;
+        int forwarded = g_forwarded;
+        pthread_mutex_unlock(&g_mu);
+        fg_job_free(job);
+        if (got) {
+            const char *abbrev = sigabbrev_np(got);
+            fprintf(stderr, "fulgur run: got SIG%s; forwarded it to %d rank%s\n",
+                    abbrev ? abbrev : "?", forwarded, forwarded == 1 ? "" : "s");
+            exit_code = 128 + got;
+            break;
+        }
+        if (st.failed.rank < 0) {
+            exit_code = 0;
+            break;
+        }
+        char how[160], others[64];
+        fg_rank_exit_format(&st.failed, how, sizeof how);
+        exit_code = fg_rank_exit_status(&st.failed);
+        if (st.stopped)
+            snprintf(others, sizeof others, "stopped the other %d rank%s", st.stopped,
+                     st.stopped == 1 ? "" : "s");
+        else
+            snprintf(others, sizeof others, "no other rank was running");
+        if (attempt < restarts)
+            fprintf(stderr, "fulgur run: %s; %s; restarting the %lld ranks (restart %d of %lld)\n",
+                    how, others, (long long)nproc, attempt + 1, (long long)restarts);
+        else
+            fprintf(stderr, "fulgur run: %s; %s\n", how, others);
+        if (attempt >= restarts) break;
     }
-    free(pids);
-    free(done);
-    if (!exit_code && forwarded) exit_code = 128 + forwarded;
     return exit_code;
 }
