@@ -125,7 +125,7 @@ fg_status fg_launch_fork(int nprocs, int (*fn)(int rank, int world_size, void *a
     while (left > 0) {
         fg__procs_poll(ps, nprocs, -1, 1.0);
         for (int r = 0; r < nprocs; r++) {
-            if (!fg__proc_reap(&ps[r])) continue;
+            if (!fg__proc_reap(&ps[r], true)) continue;
             left--;
             if (failed.rank < 0 && fg__proc_failed(&ps[r]) && !ps[r].stopped) {
                 fg__proc_exit(&ps[r], &failed);

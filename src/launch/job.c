@@ -220,7 +220,7 @@ static void reap_and_react(fg_job *j) {
         for (int i = 0; i < j->n; i++) {
             fg__proc *p = &j->procs[i];
             if (p->pid <= 0) continue;
-            fg__proc_reap(p);
+            fg__proc_reap(p, !j->signaled); /* after a forwarded signal, leftovers may be saving */
             if (!p->reaped || p->noted) continue;
             p->noted = true;
             j->running--;

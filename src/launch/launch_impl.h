@@ -41,8 +41,10 @@ void fg__proc_watch(fg__proc *p);
  * signalled or waited for.
  *
  * Reaps p if it has ended (never blocks). Returns true when it was reaped
- * now. A pid taken away by someone else (ECHILD) counts as exited 0. */
-bool fg__proc_reap(fg__proc *p);
+ * now. A pid taken away by someone else (ECHILD) counts as exited 0. With
+ * kill_leftovers, a process that ended abnormally takes its process group
+ * with it (SIGKILL to what it started and left behind). */
+bool fg__proc_reap(fg__proc *p, bool kill_leftovers);
 
 /* Sends sig to p's process group, or to p alone if it has none. */
 void fg__proc_kill(const fg__proc *p, int sig);

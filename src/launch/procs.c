@@ -24,9 +24,20 @@ void fg__proc_watch(fg__proc *p) {
 #endif
 }
 
-bool fg__proc_reap(fg__proc *p) {
+bool fg__proc_reap(fg__proc *p, bool kill_leftovers) {
     if (p->pid <= 0) p->reaped = true;
     if (p->reaped) return false;
+    if (kill_leftovers) {
+        /* Look without reaping: while the zombie holds the pid, its process
+         * group id cannot name anyone else, so what the rank started (a
+         * shell's children) can be killed with it. */
+        siginfo_t si;
+        memset(&si, 0, sizeof si);
+        if (waitid(P_PID, (id_t)p->pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == 0)
+            return false;
+        if (si.si_pid == p->pid && !(si.si_code == CLD_EXITED && si.si_status == 0))
+            kill(-p->pid, SIGKILL);
+    }
     int st = 0;
     pid_t r;
     do r = waitpid(p->pid, &st, WNOHANG);
@@ -86,7 +97,7 @@ double fg__grace(double g) {
 static int reap_all(fg__proc *ps, int n) {
     int left = 0;
     for (int i = 0; i < n; i++) {
-        fg__proc_reap(&ps[i]);
+        fg__proc_reap(&ps[i], true);
         left += !ps[i].reaped;
     }
     return left;
@@ -95,7 +106,7 @@ static int reap_all(fg__proc *ps, int n) {
 int fg__procs_stop(fg__proc *ps, int n, double grace_s, pthread_mutex_t *mu) {
     int signalled = 0;
     for (int i = 0; i < n; i++) {
-        if (fg__proc_reap(&ps[i]) || ps[i].reaped) continue;
+        if (fg__proc_reap(&ps[i], true) || ps[i].reaped) continue;
         fg__proc_kill(&ps[i], SIGTERM);
         ps[i].stopped = true;
         signalled++;
@@ -109,7 +120,7 @@ int fg__procs_stop(fg__proc *ps, int n, double grace_s, pthread_mutex_t *mu) {
                 if (ps[i].reaped) continue;
                 /* SIGKILL cannot be refused: the wait is short. Poll so a
                  * process reaped elsewhere (ECHILD) cannot hang us. */
-                while (!fg__proc_reap(&ps[i]) && !ps[i].reaped) {
+                while (!fg__proc_reap(&ps[i], true) && !ps[i].reaped) {
                     if (mu) pthread_mutex_unlock(mu);
                     fg__procs_poll(&ps[i], 1, -1, 0.05);
                     if (mu) pthread_mutex_lock(mu);
