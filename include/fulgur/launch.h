@@ -25,8 +25,11 @@
  * those. fg_cluster_detect (comm.h) reads them back.
  *
  * Processes: each rank a launcher starts gets its own process group (so that
- * stopping a rank stops whatever it started, e.g. a shell's children) and
- * SIGKILL when the launcher dies (PR_SET_PDEATHSIG), so nothing is orphaned.
+ * stopping a rank, or a rank dying abnormally, ends whatever it started,
+ * e.g. a shell's children) and SIGKILL when the launcher dies
+ * (PR_SET_PDEATHSIG), so no rank is orphaned. (A launcher killed with
+ * SIGKILL cannot reach what its ranks started in turn: fulgur programs
+ * are ranks themselves, a shell script rank should exec its program.)
  * A launcher reaps its own children by pid: a program that sets SIGCHLD to
  * SIG_IGN or calls waitpid(-1) takes their exit status away from it.
  *
@@ -287,7 +290,9 @@ typedef struct fg_job_spec {
     const char *job_id;      /* NULL = a fresh one (fg_launch_new_job_id) */
 } fg_job_spec;
 
-/* Starts the processes and their supervisor.
+/* Starts the processes and their supervisor. They live as long as the
+ * supervisor: if this process exits (or is killed) before fg_job_wait saw
+ * them end, they are killed.
  *   spec: what to start. Borrowed for the call.
  *   opts: NULL = defaults. Copied.
  *   out:  the job, owned by the caller (fg_job_free).

@@ -79,6 +79,22 @@ n=$(alive "$TMP"/pid.* "$TMP"/bg.*)
 [ "$n" = 0 ] && pass "no rank and no rank's child left running" || fail "$n processes left"
 [ "$(ls "$TMP"/pid.* | wc -l)" = 4 ] && pass "all 4 ranks had started" || fail "not all ranks started"
 
+# --- fulgur run itself SIGKILLed: its ranks die with it
+"$FULGUR" run --nproc-per-node 3 sleep 30 >"$TMP/orphans" 2>&1 &
+pid=$!
+for _ in $(seq 50); do [ "$(ps -o pid= --ppid $pid | wc -l)" -ge 3 ] && break; sleep 0.1; done
+ps -o pid= --ppid $pid | tr -d ' ' > "$TMP/ranks"
+kill -KILL $pid
+wait $pid 2>/dev/null
+sleep 0.3
+left=0
+for p in $(cat "$TMP/ranks"); do
+    st=$(sed 's/.*) \(.\).*/\1/' "/proc/$p/stat" 2>/dev/null) || continue
+    case "$st" in Z|X) ;; *) left=$((left + 1));; esac
+done
+if [ "$(wc -l < "$TMP/ranks")" = 3 ] && [ $left = 0 ]; then pass "ranks die with a SIGKILLed fulgur run";
+else fail "$left of $(wc -l < "$TMP/ranks") ranks outlived fulgur run"; fi
+
 # --- signals reach every rank
 "$FULGUR" run --nproc-per-node 3 bash -c \
     'trap "echo rank $RANK got TERM; exit 0" TERM; sleep 30 & wait' >"$TMP/term" 2>&1 &
