@@ -17,4 +17,8 @@
  * product to OpenBLAS's threads, whose fork/join costs more than the work. */
 #define FG_GEMM_SMALL (1 << 21)
 
+/* From this many multiply-adds up, an f32 product goes to oneDNN's matmul
+ * when the build has it. */
+#define FG_GEMM_DNNL_MIN (1 << 22)
+
 #endif

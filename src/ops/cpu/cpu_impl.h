@@ -54,6 +54,13 @@ fg_status fg__cpu_bias_grad(const fg_tensor *dy, fg_tensor *dbias);
 fg_status fg__cpu_matmul_bf16(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb,
                               fg_tensor *c, double alpha, double beta);
 
+/* matmul_dnnl.c: row-major f32 c (M, N) = alpha op(a) op(b) + beta c
+ * through oneDNN's matmul, leading dimensions as cblas_sgemm's; returns
+ * FG_EUNSUPPORTED (no message) in a build without oneDNN. */
+fg_status fg__cpu_gemm_dnnl_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                                const float *a, int64_t lda, const float *b, int64_t ldb,
+                                float beta, float *c, int64_t ldc);
+
 /* attention.c */
 fg_status fg__cpu_attention_fwd(const fg_tensor *qkv, int heads, fg_tensor *y, fg_tensor *lse);
 fg_status fg__cpu_attention_bwd(const fg_tensor *qkv, int heads, const fg_tensor *y,

@@ -2,7 +2,12 @@
  * accumulation, f32 or bf16 output. On this machine (AVX512-BF16, no AMX)
  * oneDNN's brgemm bf16 kernels run about twice as fast as OpenBLAS sgemm
  * on the GPT's shapes (bench/gemm_bench); with AMX, more. Internal for now:
- * the precision layer calls it; fp32 training never does.
+ * the precision layer calls it.
+ *
+ * Also the f32 products of fg__cpu_matmul from FG_GEMM_DNNL_MIN multiply-adds
+ * up (fg__cpu_gemm_dnnl_f32): on the GPT's linear layers here oneDNN's
+ * brg:avx512_core f32 kernels run 100-110 GFLOP/s against OpenBLAS's
+ * 92-100, and with beta = 0 they write c without OpenBLAS's zeroing pass.
  *
  * Same contract as the table's matmul, with contiguous operands:
  * c = alpha op(a) op(b) + beta c, a (..., M, K), b (..., K, N) or (K, N)
@@ -166,7 +171,85 @@ fail:
     return st;
 }
 
+/* The f32 product for fg__cpu_matmul: row-major c (M, N) = alpha op(a)
+ * op(b) + beta c with leading dimensions, as cblas_sgemm takes them. With
+ * beta = 0 c is written without being read (OpenBLAS first zeroes c, then
+ * accumulates into it). */
+fg_status fg__cpu_gemm_dnnl_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                                const float *a, int64_t lda, const float *b, int64_t ldb,
+                                float beta, float *c, int64_t ldc) {
+    pthread_once(&g_once, make_engine);
+    if (g_engine_status != dnnl_success) return dnnl_fail(g_engine_status, "engine creation");
+    fg_status st = FG_OK;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t post = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t prim = NULL;
+    dnnl_stream_t stream = NULL;
+    dnnl_memory_t am = NULL, bm = NULL, cm = NULL, sm = NULL;
+    void *scratch = NULL;
+    dnnl_memory_desc_t amd, bmd, cmd;
+    /* a stored (K, M) when ta: the same memory seen with swapped strides */
+    dnnl_dims_t ad = {M, K}, as = {ta ? 1 : lda, ta ? lda : 1};
+    dnnl_dims_t bd = {K, N}, bs = {tb ? 1 : ldb, tb ? ldb : 1};
+    dnnl_dims_t cd = {M, N}, cs = {ldc, 1};
+    DN(dnnl_memory_desc_init_by_strides(&amd, 2, ad, dnnl_f32, as), "memory descriptor");
+    DN(dnnl_memory_desc_init_by_strides(&bmd, 2, bd, dnnl_f32, bs), "memory descriptor");
+    DN(dnnl_memory_desc_init_by_strides(&cmd, 2, cd, dnnl_f32, cs), "memory descriptor");
+    dnnl_matmul_desc_t md;
+    DN(dnnl_matmul_desc_init(&md, &amd, &bmd, NULL, &cmd), "matmul descriptor");
+    DN(dnnl_primitive_attr_create(&attr), "attribute");
+    DN(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "scratchpad mode");
+    if (alpha != 1.0f)
+        DN(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha), "output scale");
+    if (beta != 0.0f) {
+        DN(dnnl_post_ops_create(&post), "post-ops");
+        DN(dnnl_post_ops_append_sum(post, beta), "sum post-op");
+        DN(dnnl_primitive_attr_set_post_ops(attr, post), "post-ops");
+    }
+    DN(dnnl_primitive_desc_create(&pd, &md, attr, g_engine, NULL), "primitive descriptor");
+    DN(dnnl_primitive_create(&prim, pd), "primitive");
+    const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    size_t sbytes = smd ? dnnl_memory_desc_get_size(smd) : 0;
+    if (sbytes) {
+        scratch = fg_alloc(sbytes);
+        if (!scratch) {
+            st = fg_error(FG_ENOMEM, "matmul: %zu bytes of oneDNN scratchpad", sbytes);
+            goto fail;
+        }
+        DN(dnnl_memory_create(&sm, smd, g_engine, scratch), "memory");
+    }
+    DN(dnnl_memory_create(&am, &amd, g_engine, (void *)a), "memory");
+    DN(dnnl_memory_create(&bm, &bmd, g_engine, (void *)b), "memory");
+    DN(dnnl_memory_create(&cm, &cmd, g_engine, c), "memory");
+    DN(dnnl_stream_create(&stream, g_engine, dnnl_stream_default_flags), "stream");
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm},
+                               {DNNL_ARG_SCRATCHPAD, sm}};
+    DN(dnnl_primitive_execute(prim, stream, sm ? 4 : 3, args), "execute");
+    DN(dnnl_stream_wait(stream), "stream wait");
+fail:
+    dnnl_stream_destroy(stream);
+    dnnl_memory_destroy(sm);
+    dnnl_memory_destroy(cm);
+    dnnl_memory_destroy(bm);
+    dnnl_memory_destroy(am);
+    fg_free(scratch);
+    dnnl_primitive_destroy(prim);
+    dnnl_primitive_desc_destroy(pd);
+    dnnl_post_ops_destroy(post);
+    dnnl_primitive_attr_destroy(attr);
+    return st;
+}
+
 #else /* no oneDNN in this build */
+
+fg_status fg__cpu_gemm_dnnl_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                                const float *a, int64_t lda, const float *b, int64_t ldb,
+                                float beta, float *c, int64_t ldc) {
+    (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)a, (void)lda, (void)b;
+    (void)ldb, (void)beta, (void)c, (void)ldc;
+    return FG_EUNSUPPORTED;
+}
 
 fg_status fg__cpu_matmul_bf16(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb,
                               fg_tensor *c, double alpha, double beta) {
