@@ -42,6 +42,12 @@ static inline bool fg__needs_grad(const fg_tensor *t) { return t && t->requires_
  * fg_last_error set on failure. */
 fg_tensor *fg__grad_of(fg_tensor *t);
 
+/* fg__grad_of for a backward that writes every element of the gradient
+ * with one kernel taking a beta (c = ... + beta c): *beta = 0 when the
+ * buffer was just made and holds garbage (no memset for the kernel to add
+ * to), 1 when it holds earlier contributions or is a leaf's. */
+fg_tensor *fg__grad_for_write(fg_tensor *t, double *beta);
+
 /* dp replicas: on the calling thread, gradients of leaves that are views
  * into `from` (a model's flat gradient) accumulate at the same offset of `to`
  * instead (a replica's own buffer, same size). NULL, NULL turns it off. */

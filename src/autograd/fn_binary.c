@@ -20,12 +20,14 @@ static fg_status broadcast_shape(const char *fn, const fg_tensor *a, const fg_te
     return FG_OK;
 }
 
-/* g summed to t's shape, times s, added into t's gradient. */
+/* g summed to t's shape, times s, added into t's gradient (written, not
+ * added, when the gradient is new). */
 static fg_status accum_reduced(fg_tensor *t, const fg_tensor *g, double s) {
     if (!fg__needs_grad(t)) return FG_OK;
-    fg_tensor *gt = fg__grad_of(t);
+    double beta;
+    fg_tensor *gt = fg__grad_for_write(t, &beta);
     if (!gt) return FG_ENOMEM;
-    return fg__ops(t)->sum_to(g, gt, s, 1.0);
+    return fg__ops(t)->sum_to(g, gt, s, beta);
 }
 
 static fg_status add_bw(fg_node *n, const fg_tensor *g) {

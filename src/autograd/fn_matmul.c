@@ -2,6 +2,9 @@
  * table's matmul; backward products run with beta = 1 straight into the
  * inputs' gradient buffers, so no temporary is made for them.
  *
+ * A gradient made by that backward (no earlier contribution) is written
+ * with beta = 0 instead of being zeroed first.
+ *
  * Inputs that are not contiguous are copied once in forward and the copy is
  * what backward reads (nodes keep it in saved[]): the gradient still goes to
  * the caller's tensor. When b (or w) is shared by every row, the batch folds
@@ -14,13 +17,14 @@
 static fg_status matmul_bw(fg_node *n, const fg_tensor *g) {
     fg_tensor *a = n->in[0], *b = n->in[1], *ac = n->saved[0], *bc = n->saved[1];
     const fg_op_table *ops = fg__ops(g);
+    double beta;
     if (fg__needs_grad(a)) { /* da (..., M, K) += g (..., M, N) @ b^T */
-        fg_tensor *ga = fg__grad_of(a);
+        fg_tensor *ga = fg__grad_for_write(a, &beta);
         if (!ga) return FG_ENOMEM;
-        FG_TRY(ops->matmul(g, false, bc, true, ga, 1.0, 1.0));
+        FG_TRY(ops->matmul(g, false, bc, true, ga, 1.0, beta));
     }
     if (fg__needs_grad(b)) {
-        fg_tensor *gb = fg__grad_of(b);
+        fg_tensor *gb = fg__grad_for_write(b, &beta);
         if (!gb) return FG_ENOMEM;
         if (b->ndim == 2 && a->ndim > 2) {
             /* db (K, N) += sum over the batch of a_i^T g_i = a (R, K)^T @ g (R, N) */
@@ -28,9 +32,9 @@ static fg_status matmul_bw(fg_node *n, const fg_tensor *g) {
             fg_tensor *a2 = fg_tensor_reshape_view(ac, 2, (int64_t[]){-1, K});
             fg_tensor *g2 = fg_tensor_reshape_view(g, 2, (int64_t[]){-1, N});
             if (!a2 || !g2) return FG_ENOMEM;
-            FG_TRY(ops->matmul(a2, true, g2, false, gb, 1.0, 1.0));
+            FG_TRY(ops->matmul(a2, true, g2, false, gb, 1.0, beta));
         } else { /* db (..., K, N) += a^T @ g, batch entry by entry */
-            FG_TRY(ops->matmul(ac, true, g, false, gb, 1.0, 1.0));
+            FG_TRY(ops->matmul(ac, true, g, false, gb, 1.0, beta));
         }
     }
     return FG_OK;
@@ -79,10 +83,11 @@ static fg_status linear_bw(fg_node *n, const fg_tensor *g) {
     fg_tensor *g2 = fg_tensor_reshape_view(g, 2, (int64_t[]){R, out}); /* (R, out) */
     if (!g2) return FG_ENOMEM;
     if (fg__needs_grad(x)) { /* dx (R, in) += g (R, out) @ w (out, in) */
-        fg_tensor *gx = fg__grad_of(x);
+        double beta;
+        fg_tensor *gx = fg__grad_for_write(x, &beta);
         fg_tensor *gx2 = gx ? fg_tensor_reshape_view(gx, 2, (int64_t[]){R, in}) : NULL;
         if (!gx2) return gx ? fg_error_wrap(FG_EINVAL, "linear: gradient of x") : FG_ENOMEM;
-        FG_TRY(ops->matmul(g2, false, wc, false, gx2, 1.0, 1.0));
+        FG_TRY(ops->matmul(g2, false, wc, false, gx2, 1.0, beta));
     }
     if (fg__needs_grad(w)) { /* dw (out, in) += g^T (out, R) @ x (R, in) */
         fg_tensor *gw = fg__grad_of(w);

@@ -153,6 +153,14 @@ fg_tensor *fg__grad_of(fg_tensor *t) {
     return t->grad;
 }
 
+fg_tensor *fg__grad_for_write(fg_tensor *t, double *beta) {
+    *beta = 1.0;
+    if (t->grad || (is_leaf(t) && (t->flags & FG_T_PERSISTENT))) return fg__grad_of(t);
+    t->grad = fg_empty(t->dtype, t->ndim, t->shape);
+    *beta = 0.0;
+    return t->grad;
+}
+
 static void leaf_used(fg_tensor *t) {
     /* Without a hook the countdown is skipped: dp replicas share leaves
      * between threads, and nobody reads it. */

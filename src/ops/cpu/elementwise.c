@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cpu_impl.h"
+#include "vmath.h"
 
 fg_status fg__expect_same_shape(const char *kernel, const fg_tensor *a, const fg_tensor *b) {
     if (fg_tensor_same_shape(a, b) && a->dtype == b->dtype) return FG_OK;
@@ -96,34 +97,63 @@ FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
     return FG_OK;
 }
 
+/* y = beta y + alpha (x summed to y's shape); with beta = 0, y is written
+ * without being read (a fresh gradient buffer may hold anything). Same
+ * shape: one flat loop, in T when alpha is +-1 and beta is 0 or 1 (the
+ * exact sum rounded once, as the double formula gives). y's shape a trailing
+ * block of x's (a (T, C) position table under (B, T, C)): the outer blocks
+ * add in order into a double row. Any other broadcast walks an index. */
 fg_status fg__cpu_sum_to(const fg_tensor *x, fg_tensor *y, double alpha, double beta) {
     if (x->dtype != y->dtype) return fg_error(FG_EINVAL, "sum_to: dtypes differ");
     FG_TRY(fg__expect_contiguous("sum_to", x));
     FG_TRY(fg__expect_contiguous("sum_to", y));
     int64_t sy[FG_MAX_DIMS];
     FG_TRY(broadcast_strides(y, x, sy)); /* y's strides over x's index space */
-    int nd = x->ndim;
+    int nd = x->ndim, off = x->ndim - y->ndim;
+    bool trailing = y->numel > 0;
+    for (int d = 0; trailing && d < y->ndim; d++) trailing = y->shape[d] == x->shape[d + off];
+    int64_t n = x->numel;
     FG_FLOAT_DISPATCH("sum_to", x->dtype, {
         const T *px = x->data;
         T *py = y->data;
         if (fg_tensor_same_shape(x, y)) {
-            for (int64_t i = 0; i < x->numel; i++) py[i] = (T)(beta * py[i] + alpha * px[i]);
+            if (beta == 0 && alpha == 1) {
+                memcpy(py, px, sizeof(T) * (size_t)n);
+            } else if (beta == 1 && (alpha == 1 || alpha == -1)) {
+                T a = (T)alpha;
+FG_PRAGMA(omp parallel for simd if (parallel: n > FG_PAR_MIN) schedule(static))
+                for (int64_t i = 0; i < n; i++) py[i] += a * px[i];
+            } else if (beta == 0) {
+                for (int64_t i = 0; i < n; i++) py[i] = (T)(alpha * px[i]);
+            } else {
+                for (int64_t i = 0; i < n; i++) py[i] = (T)(beta * py[i] + alpha * px[i]);
+            }
         } else {
             /* accumulate in double scratch for accuracy and determinism */
             double *acc = fg_step_alloc(sizeof(double) * (size_t)(y->numel ? y->numel : 1));
             if (!acc) return FG_ENOMEM;
             memset(acc, 0, sizeof(double) * (size_t)y->numel);
-            int64_t idx[FG_MAX_DIMS] = {0}, oy = 0;
-            for (int64_t i = 0; i < x->numel; i++) {
-                acc[oy] += px[i];
-                for (int d = nd - 1; d >= 0; d--) {
-                    oy += sy[d];
-                    if (++idx[d] < x->shape[d]) break;
-                    oy -= sy[d] * x->shape[d];
-                    idx[d] = 0;
+            if (trailing) { /* x is (outer, y->numel) */
+                int64_t inner = y->numel;
+                for (int64_t o = 0; o < n / inner; o++) {
+                    const T *xo = px + o * inner;
+                    FG_SIMD
+                    for (int64_t j = 0; j < inner; j++) acc[j] += xo[j];
+                }
+            } else {
+                int64_t idx[FG_MAX_DIMS] = {0}, oy = 0;
+                for (int64_t i = 0; i < n; i++) {
+                    acc[oy] += px[i];
+                    for (int d = nd - 1; d >= 0; d--) {
+                        oy += sy[d];
+                        if (++idx[d] < x->shape[d]) break;
+                        oy -= sy[d] * x->shape[d];
+                        idx[d] = 0;
+                    }
                 }
             }
-            for (int64_t i = 0; i < y->numel; i++) py[i] = (T)(beta * py[i] + alpha * acc[i]);
+            for (int64_t i = 0; i < y->numel; i++)
+                py[i] = beta == 0 ? (T)(alpha * acc[i]) : (T)(beta * py[i] + alpha * acc[i]);
         }
     });
     return FG_OK;
