@@ -99,30 +99,9 @@ static void more_help(void) {
            "(nothing started); 127 when the program cannot be found or executed.\n");
 }
 
-int cmd_run(int argc, char **argv) {
-    /* Flags end at "--" or at the first word that is not a flag: the program. */
-    int split = argc;
-    char **fa = calloc((size_t)argc + 1, sizeof *fa);
-    if (!fa) {
-        cli_error("out of memory");
-        return FG_EXIT_FAIL;
-    }
-    fa[0] = argv[0];
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--") || argv[i][0] != '-' || !argv[i][1]) {
-            split = i;
-            break;
-        }
-        fa[i] = strncmp(argv[i], "--", 2) ? argv[i] : dashed(argv[i]);
-        if (!fa[i]) {
-            cli_error("out of memory");
-            return FG_EXIT_FAIL;
-        }
-        if (!strchr(fa[i], '=') && !is_bool_flag(fa[i]) && i + 1 < argc) {
-            i++;
-            fa[i] = argv[i];
-        }
-    }
+/* Runs the command once the flags (fa[1..split), dashed) are split from
+ * the program (argv[split..]). */
+static int run_flags(int argc, char **argv, int split, char **fa) {
     const char *nproc_s, *nnodes_s, *addr, *job_id;
     int64_t node_rank, port, restarts;
     double grace;
@@ -154,7 +133,6 @@ int cmd_run(int argc, char **argv) {
     };
     int nflags = (int)(sizeof flags / sizeof flags[0]);
     int rc = cli_flags_parse(flags, nflags, split, fa, k_usage, NULL, 0, NULL);
-    /* fa and its dashed copies stay: the flag values point into them */
     if (rc < 0) {
         more_help();
         return FG_EXIT_OK;
@@ -312,4 +290,37 @@ int cmd_run(int argc, char **argv) {
         if (attempt >= restarts) break;
     }
     return exit_code;
+}
+
+int cmd_run(int argc, char **argv) {
+    /* Flags end at "--" or at the first word that is not a flag: the program. */
+    int split = argc;
+    char **fa = calloc((size_t)argc + 1, sizeof *fa);
+    if (!fa) {
+        cli_error("out of memory");
+        return FG_EXIT_FAIL;
+    }
+    fa[0] = argv[0];
+    int rc = FG_EXIT_OK;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--") || argv[i][0] != '-' || !argv[i][1]) {
+            split = i;
+            break;
+        }
+        fa[i] = strncmp(argv[i], "--", 2) ? argv[i] : dashed(argv[i]);
+        if (!fa[i]) {
+            cli_error("out of memory");
+            rc = FG_EXIT_FAIL;
+            break;
+        }
+        if (!strchr(fa[i], '=') && !is_bool_flag(fa[i]) && i + 1 < argc) {
+            i++;
+            fa[i] = argv[i];
+        }
+    }
+    if (rc == FG_EXIT_OK) rc = run_flags(argc, argv, split, fa);
+    for (int i = 1; i < argc; i++)
+        if (fa[i] != argv[i]) free(fa[i]);
+    free(fa);
+    return rc;
 }
