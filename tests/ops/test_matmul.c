@@ -387,3 +387,19 @@ TEST(attention_errors_name_the_shapes) {
     CHECK_CONTAINS(fg_last_error(), "dqkv");
     fg_step_reset();
 }
+
+/* Products big enough to go to oneDNN's fp32 matmul (when built with it):
+ * every transpose, beta 0 (NaN in c ignored), 1 and 0.5, alpha -2, a strided
+ * batch, and the accumulating K < 512, N >= 512 shape kept on OpenBLAS. */
+TEST(matmul_large_products_every_path) {
+    static const double ab[][2] = {{1, 0}, {-2, 1}, {0.5, 0.5}};
+    uint64_t seed = 900;
+    for (int t = 0; t < 4; t++)
+        for (int k = 0; k < 3; k++)
+            check_product(FG_F32, 0, NULL, 192, 160, 144, t & 1, t & 2, true, ab[k][0], ab[k][1],
+                          seed += 3);
+    int64_t bd[1] = {2};
+    check_product(FG_F32, 1, bd, 128, 256, 160, false, true, false, 1, 0, seed += 3);
+    check_product(FG_F32, 0, NULL, 64, 256, 640, false, false, true, 1, 1, seed += 3);
+    fg_step_reset();
+}
