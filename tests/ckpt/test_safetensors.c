@@ -1,0 +1,233 @@
+/* The safetensors layer: round trips of every dtype and shape (0-d and
+ * empty included) with metadata; every crafted file of tests/ckpt/crafted
+ * (made by make_crafted.py) opens or fails with FG_EFORMAT and the expected
+ * words, naming the file; thousands of bit flips of a valid file never
+ * crash; failed allocations at every point give errors, not crashes; the
+ * `last` pointer names the newest whole file. */
+#include <stdio.h>
+#include <sys/stat.h>
+
+#include "fulgur/ckpt.h"
+#include "harness.h"
+
+static char g_dir[256];
+
+static const char *tmp_path(const char *name) {
+    static char buf[512];
+    if (!g_dir[0]) {
+        snprintf(g_dir, sizeof g_dir, "/tmp/fulgur-st-test-%d", (int)getpid());
+        mkdir(g_dir, 0700);
+    }
+    snprintf(buf, sizeof buf, "%s/%s", g_dir, name);
+    return buf;
+}
+
+TEST(round_trip_every_dtype_and_shape) {
+    double f64[6] = {1.5, -2, 3, 4, 5, 6};
+    float f32[6] = {0.25f, -1, 2, 3, 4, 5};
+    uint16_t half[3] = {0x3c00, 0xc000, 0x3f80};
+    int32_t i32[2] = {-7, 9};
+    int64_t i64[1] = {1LL << 40};
+    uint8_t u8[4] = {1, 2, 3, 255};
+    int64_t s23[2] = {2, 3}, s3[1] = {3}, s2[1] = {2}, s0[2] = {0, 5}, s22[2] = {2, 2};
+    fg_st_writer *w = fg_st_writer_new();
+    CHECK_OK(fg_st_writer_add(w, "a.f64", FG_F64, 2, s23, f64));
+    CHECK_OK(fg_st_writer_add(w, "b.f32", FG_F32, 2, s23, f32));
+    CHECK_OK(fg_st_writer_add(w, "c.bf16", FG_BF16, 1, s3, half));
+    CHECK_OK(fg_st_writer_add(w, "d.f16", FG_F16, 1, s3, half));
+    CHECK_OK(fg_st_writer_add(w, "e.i32", FG_I32, 1, s2, i32));
+    CHECK_OK(fg_st_writer_add(w, "f.scalar", FG_I64, 0, NULL, i64));
+    CHECK_OK(fg_st_writer_add(w, "g.u8", FG_U8, 2, s22, u8));
+    CHECK_OK(fg_st_writer_add(w, "h.empty", FG_F32, 2, s0, NULL));
+    CHECK_OK(fg_st_writer_set_meta(w, "format", "test"));
+    CHECK_OK(fg_st_writer_set_meta(w, "note", "with \"quotes\" and \\ and \xc3\xa9"));
+    CHECK(fg_st_writer_count(w) == 8);
+    CHECK_OK(fg_st_writer_write(w, tmp_path("rt.safetensors")));
+    fg_st_writer_free(w);
+    fg_st_file *f = NULL;
+    CHECK_OK(fg_st_open(tmp_path("rt.safetensors"), &f));
+    if (!f) return;
+    CHECK(fg_st_count(f) == 8);
+    CHECK_CONTAINS(fg_st_meta_get(f, "note"), "\"quotes\" and \\ and \xc3\xa9");
+    fg_st_info info;
+    int64_t k = fg_st_find(f, "b.f32");
+    CHECK_OK(fg_st_info_at(f, k, &info));
+    CHECK(info.dtype == FG_F32 && info.ndim == 2 && info.shape[0] == 2 && info.shape[1] == 3);
+    CHECK(memcmp(fg_st_data(f, k), f32, sizeof f32) == 0);
+    CHECK(memcmp(fg_st_data(f, fg_st_find(f, "a.f64")), f64, sizeof f64) == 0);
+    CHECK(memcmp(fg_st_data(f, fg_st_find(f, "d.f16")), half, sizeof half) == 0);
+    CHECK(memcmp(fg_st_data(f, fg_st_find(f, "g.u8")), u8, sizeof u8) == 0);
+    CHECK_OK(fg_st_info_at(f, fg_st_find(f, "f.scalar"), &info));
+    CHECK(info.ndim == 0 && info.numel == 1);
+    CHECK(*(const int64_t *)fg_st_data(f, fg_st_find(f, "f.scalar")) == (1LL << 40));
+    CHECK_OK(fg_st_info_at(f, fg_st_find(f, "h.empty"), &info));
+    CHECK(info.numel == 0);
+    double conv[2];
+    CHECK_OK(fg_st_read(f, fg_st_find(f, "e.i32"), conv, FG_F64, 2));
+    CHECK(conv[0] == -7 && conv[1] == 9);
+    CHECK_STATUS(fg_st_read(f, fg_st_find(f, "e.i32"), conv, FG_F64, 3), FG_EMISMATCH);
+    CHECK(fg_st_find(f, "missing") < 0);
+    fg_st_close(f);
+    fg_st_close(NULL);
+    fg_st_writer_free(NULL);
+}
+
+TEST(crafted_files_open_or_fail_with_the_expected_message) {
+    FILE *ex = fopen(fg_test_path("ckpt/crafted/expect.tsv"), "r");
+    CHECK(ex != NULL);
+    if (!ex) return;
+    char line[1024];
+    int n = 0;
+    while (fgets(line, sizeof line, ex)) {
+        if (line[0] == '#' || line[0] == '\n') continue;
+        line[strcspn(line, "\n")] = '\0';
+        char *tab = strchr(line, '\t');
+        if (!tab) continue;
+        *tab = '\0';
+        const char *want = tab + 1;
+        char rel[1100];
+        snprintf(rel, sizeof rel, "ckpt/crafted/%s", line);
+        fg_st_file *f = NULL;
+        fg_status s = fg_st_open(fg_test_path(rel), &f);
+        if (!strcmp(want, "OK")) {
+            CHECK_MSG(s == FG_OK, "%s: %s", line, fg_last_error());
+        } else {
+            CHECK_MSG(s == FG_EFORMAT, "%s: status %s (%s)", line, fg_status_str(s), fg_last_error());
+            CHECK_MSG(strstr(fg_last_error(), want) != NULL, "%s: \"%s\" lacks \"%s\"", line,
+                      fg_last_error(), want);
+            CHECK_MSG(strstr(fg_last_error(), line) != NULL, "%s: message does not name the file: %s",
+                      line, fg_last_error());
+            CHECK(f == NULL);
+        }
+        fg_st_close(f);
+        n++;
+    }
+    fclose(ex);
+    CHECK(n >= 50);
+}
+
+/* A valid file in memory. */
+static uint8_t *valid_file(size_t *len) {
+    float v[64];
+    for (int i = 0; i < 64; i++) v[i] = (float)i;
+    int64_t s[2] = {8, 8}, s1[1] = {4};
+    fg_st_writer *w = fg_st_writer_new();
+    fg_st_writer_add(w, "layer.weight", FG_F32, 2, s, v);
+    fg_st_writer_add(w, "layer.bias", FG_F32, 1, s1, v);
+    fg_st_writer_set_meta(w, "step", "40");
+    fg_st_writer_write(w, tmp_path("flip.safetensors"));
+    fg_st_writer_free(w);
+    FILE *fp = fopen(tmp_path("flip.safetensors"), "rb");
+    fseek(fp, 0, SEEK_END);
+    *len = (size_t)ftell(fp);
+    rewind(fp);
+    uint8_t *buf = malloc(*len);
+    *len = fread(buf, 1, *len, fp);
+    fclose(fp);
+    return buf;
+}
+
+TEST(bit_flips_never_crash) {
+    size_t len;
+    uint8_t *orig = valid_file(&len), *buf = malloc(len);
+    fg_rng r = {99, 0};
+    int opened = 0, failed = 0;
+    for (int it = 0; it < 20000; it++) {
+        memcpy(buf, orig, len);
+        int flips = 1 + (int)fg_rng_below(&r, 3);
+        /* most flips in the header, where the parser works */
+        for (int k = 0; k < flips; k++) {
+            size_t at = fg_rng_below(&r, 4) ? fg_rng_below(&r, len < 200 ? len : 200) : fg_rng_below(&r, len);
+            buf[at] ^= (uint8_t)(1u << fg_rng_below(&r, 8));
+        }
+        fg_st_file *f = NULL;
+        if (fg_st_reader_from_memory(buf, len, "flipped", &f) == FG_OK) {
+            opened++;
+            for (int64_t i = 0; i < fg_st_count(f); i++) {
+                fg_st_info info;
+                if (fg_st_info_at(f, i, &info) == FG_OK && info.numel) {
+                    const uint8_t *p = fg_st_data(f, i);
+                    volatile uint8_t last = p[info.numel * (int64_t)info.elem_size - 1];
+                    (void)last;
+                }
+            }
+            fg_st_close(f);
+        } else {
+            failed++;
+            CHECK(fg_last_error()[0] != '\0');
+        }
+    }
+    CHECK(opened > 0 && failed > 0);
+    free(buf);
+    free(orig);
+}
+
+static int g_fail_at, g_count;
+static void *failing_alloc(void *ud, void *ptr, size_t size, size_t align) {
+    (void)ud;
+    if (size == 0) {
+        free(ptr);
+        return NULL;
+    }
+    if (++g_count == g_fail_at) return NULL;
+    if (ptr) return realloc(ptr, size);
+    void *p = NULL;
+    return posix_memalign(&p, align < 16 ? 16 : align, size) ? NULL : p;
+}
+
+TEST(every_failed_allocation_is_an_error) {
+    size_t len;
+    uint8_t *buf = valid_file(&len);
+    int errors = 0;
+    for (g_fail_at = 1;; g_fail_at++) {
+        g_count = 0;
+        fg_set_allocator(failing_alloc, NULL);
+        fg_st_file *f = NULL;
+        fg_status s = fg_st_reader_from_memory(buf, len, "mem", &f);
+        fg_st_close(f);
+        fg_set_allocator(NULL, NULL);
+        if (s == FG_OK) break;
+        /* jansson allocates through fulgur's hook and reports a failure as a
+         * parse error, so FG_EFORMAT is possible as well: never FG_OK, never a crash. */
+        CHECK_MSG(s == FG_ENOMEM || s == FG_EFORMAT, "failing allocation %d: %s", g_fail_at,
+                  fg_status_str(s));
+        CHECK(f == NULL && fg_last_error()[0]);
+        errors++;
+        if (g_fail_at > 10000) break;
+    }
+    CHECK(errors > 0);
+    free(buf);
+}
+
+TEST(last_pointer_names_the_newest_whole_file) {
+    float v[4] = {1, 2, 3, 4};
+    int64_t s[1] = {4};
+    char target[512];
+    for (int step = 1; step <= 3; step++) {
+        char name[64];
+        snprintf(name, sizeof name, "step-%d.safetensors", step);
+        fg_st_writer *w = fg_st_writer_new();
+        v[0] = (float)step;
+        fg_st_writer_add(w, "w", FG_F32, 1, s, v);
+        snprintf(target, sizeof target, "%s", tmp_path(name));
+        CHECK_OK(fg_st_writer_write(w, target));
+        fg_st_writer_free(w);
+        CHECK_OK(fg_st_set_last(tmp_path("last.safetensors"), target));
+    }
+    char got[512];
+    CHECK_OK(fg_st_get_last(tmp_path("last.safetensors"), got, sizeof got));
+    CHECK_CONTAINS(got, "step-3.safetensors");
+    fg_st_file *f = NULL;
+    CHECK_OK(fg_st_open(tmp_path("last.safetensors"), &f));
+    if (f) CHECK(((const float *)fg_st_data(f, 0))[0] == 3);
+    fg_st_close(f);
+    /* a write into a folder that does not exist fails with the path named */
+    fg_st_writer *w = fg_st_writer_new();
+    fg_st_writer_add(w, "w", FG_F32, 1, s, v);
+    CHECK_STATUS(fg_st_writer_write(w, "/nonexistent-dir/x.safetensors"), FG_EIO);
+    CHECK_CONTAINS(fg_last_error(), "/nonexistent-dir");
+    fg_st_writer_free(w);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    CHECK(system(cmd) == 0);
+}
