@@ -456,7 +456,7 @@ TEST(job_signal_stop_and_timeout) {
     const char *sh[] = {"sh", "-c", "sleep 30 & echo $! > \"$FG_TEST_DIR/bg\"; wait", NULL};
     CHECK_OK(fg_job_start(&(fg_job_spec){.argv = sh, .nprocs = 1}, NULL, &j));
     char got[64] = "";
-    for (int i = 0; i < 200 && !read_file("bg", got, sizeof got); i++) usleep(10000);
+    for (int i = 0; i < 1000 && !read_file("bg", got, sizeof got); i++) usleep(10000); /* up to 10 s under load */
     usleep(50000);
     fg_job_free(j);
     int bg = atoi(got);
