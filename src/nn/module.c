@@ -106,23 +106,13 @@ fail:
 static void free_flat(fg_flat *f) {
     if (!f)
         return;
-    for (int64_t i = 0; i < f->np; i++) {
-        fg_tensor_free(f->gview ? f->gview[i] : NULL);
-        fg_free(f->pname ? f->pname[i] : NULL);
+    for (int64_t i = 0; f->slot && i < f->np + f->nb; i++) {
+        fg_tensor_free(f->slot[i].grad);
+        fg_free(f->slot[i].name);
     }
-    for (int64_t i = 0; i < f->nb; i++)
-        fg_free(f->bname ? f->bname[i] : NULL);
     for (int64_t i = 0; i < f->nalias; i++)
         fg_free(f->alias_name[i]);
-    fg_free(f->p);
-    fg_free(f->pe);
-    fg_free(f->pname);
-    fg_free(f->poff);
-    fg_free(f->gview);
-    fg_free(f->b);
-    fg_free(f->be);
-    fg_free(f->bname);
-    fg_free(f->boff);
+    fg_free(f->slot);
     fg_free(f->alias_name);
     fg_free(f->alias_idx);
     fg_free(f->mods);
@@ -493,12 +483,16 @@ static void init_fill(void *data, fg_dtype dt, int64_t n, const fg_init *in, uin
 #define DROPOUT_STREAM (~(uint64_t)0)
 
 static void init_range(fg_flat *f, int64_t p0, int64_t p1, int64_t b0, int64_t b1, uint64_t seed) {
-    for (int64_t i = p0; i < p1; i++)
-        init_fill(f->p[i]->data, f->dtype, f->p[i]->numel, &f->pe[i]->init,
+    for (int64_t i = p0; i < p1; i++) {
+        const fg_slot *sl = &f->slot[i];
+        init_fill(sl->t->data, f->dtype, sl->t->numel, &sl->e->init,
                   fg_rng_derive(seed, (uint64_t)i));
-    for (int64_t i = b0; i < b1; i++)
-        init_fill(f->b[i]->data, f->dtype, f->b[i]->numel, &f->be[i]->init,
+    }
+    for (int64_t i = b0; i < b1; i++) {
+        const fg_slot *sl = &f->slot[f->np + i];
+        init_fill(sl->t->data, f->dtype, sl->t->numel, &sl->e->init,
                   fg_rng_derive(seed, BUFFER_STREAM(i)));
+    }
 }
 
 void fg__seed_dropouts(fg_module *m, uint64_t seed) {
@@ -553,35 +547,29 @@ fg_status fg_module_finalize(fg_module *root) {
     f->np = c.np;
     f->nb = c.nb;
     size_t es = fg_dtype_size(dt);
-    f->p = fg_calloc((size_t)c.np + 1, sizeof *f->p);
-    f->pname = fg_calloc((size_t)c.np + 1, sizeof *f->pname);
-    f->poff = fg_calloc((size_t)c.np + 1, sizeof *f->poff);
-    f->gview = fg_calloc((size_t)c.np + 1, sizeof *f->gview);
-    f->b = fg_calloc((size_t)c.nb + 1, sizeof *f->b);
-    f->bname = fg_calloc((size_t)c.nb + 1, sizeof *f->bname);
-    f->boff = fg_calloc((size_t)c.nb + 1, sizeof *f->boff);
+    f->slot = fg_calloc((size_t)(c.np + c.nb) + 1, sizeof *f->slot);
     f->alias_name = fg_calloc((size_t)c.nal + 1, sizeof *f->alias_name);
     f->alias_idx = fg_calloc((size_t)c.nal + 1, sizeof *f->alias_idx);
     mviews = fg_calloc((size_t)c.nmod * 3 + 1, sizeof *mviews);
-    if (!f->p || !f->pname || !f->poff || !f->gview || !f->b || !f->bname || !f->boff ||
-        !f->alias_name || !f->alias_idx || !mviews)
+    if (!f->slot || !f->alias_name || !f->alias_idx || !mviews)
         goto nomem;
-    f->pe = c.pe;
-    f->be = c.be;
-    c.pe = c.be = NULL;
     f->mods = c.mods;
     f->nmod = c.nmod;
     c.mods = NULL;
 
     for (int64_t i = 0; i < f->np; i++) {
-        f->p[i] = f->pe[i]->t;
-        f->poff[i] = f->pnumel;
-        f->pnumel += f->p[i]->numel;
+        fg_slot *sl = &f->slot[i];
+        sl->e = c.pe[i];
+        sl->t = sl->e->t;
+        sl->off = f->pnumel;
+        f->pnumel += sl->t->numel;
     }
     for (int64_t i = 0; i < f->nb; i++) {
-        f->b[i] = f->be[i]->t;
-        f->boff[i] = f->bnumel;
-        f->bnumel += f->b[i]->numel;
+        fg_slot *sl = &f->slot[f->np + i];
+        sl->e = c.be[i];
+        sl->t = sl->e->t;
+        sl->off = f->bnumel;
+        f->bnumel += sl->t->numel;
     }
     /* full names: path of the owning module + local name */
     for (int64_t k = 0; k < f->nmod; k++) {
@@ -589,17 +577,17 @@ fg_status fg_module_finalize(fg_module *root) {
         int64_t pi = m->p_first, bi = m->b_first;
         for (int i = 0; i < m->params.n; i++)
             if (!m->params.e[i].alias)
-                if (!(f->pname[pi++] = join(paths[k], m->params.e[i].name)))
+                if (!(f->slot[pi++].name = join(paths[k], m->params.e[i].name)))
                     goto nomem;
         for (int i = 0; i < m->buffers.n; i++)
-            if (!(f->bname[bi++] = join(paths[k], m->buffers.e[i].name)))
+            if (!(f->slot[f->np + bi++].name = join(paths[k], m->buffers.e[i].name)))
                 goto nomem;
     }
     /* aliases must name a parameter of this tree */
     for (int64_t a = 0; a < c.nal; a++) {
         int64_t found = -1;
         for (int64_t i = 0; i < f->np && found < 0; i++)
-            if (f->p[i] == c.al[a]->t)
+            if (f->slot[i].t == c.al[a]->t)
                 found = i;
         if (found < 0) {
             s = fg_error(FG_EINVAL,
@@ -621,21 +609,22 @@ fg_status fg_module_finalize(fg_module *root) {
     if (!f->pdata || !f->gdata || !f->bdata)
         goto nomem;
     for (int64_t i = 0; i < f->np; i++) {
-        f->gview[i] = fg_tensor_wrap((char *)f->gdata + es * (size_t)f->poff[i], dt, f->p[i]->ndim,
-                                     f->p[i]->shape);
-        if (!f->gview[i])
+        fg_slot *sl = &f->slot[i];
+        sl->grad =
+            fg_tensor_wrap((char *)f->gdata + es * (size_t)sl->off, dt, sl->t->ndim, sl->t->shape);
+        if (!sl->grad)
             goto nomem;
     }
     for (int64_t k = 0; k < f->nmod; k++) {
         fg_module *m = f->mods[k];
-        m->p_off = m->p_first < f->np ? f->poff[m->p_first] : f->pnumel;
+        m->p_off = m->p_first < f->np ? f->slot[m->p_first].off : f->pnumel;
         m->p_numel = 0;
         for (int64_t i = m->p_first; i < m->p_first + m->p_count; i++)
-            m->p_numel += f->p[i]->numel;
-        m->b_off = m->b_first < f->nb ? f->boff[m->b_first] : f->bnumel;
+            m->p_numel += f->slot[i].t->numel;
+        m->b_off = m->b_first < f->nb ? f->slot[f->np + m->b_first].off : f->bnumel;
         m->b_numel = 0;
         for (int64_t i = m->b_first; i < m->b_first + m->b_count; i++)
-            m->b_numel += f->b[i]->numel;
+            m->b_numel += f->slot[f->np + i].t->numel;
         mviews[3 * k] =
             fg_tensor_wrap((char *)f->pdata + es * (size_t)m->p_off, dt, 1, &m->p_numel);
         mviews[3 * k + 1] =
@@ -648,28 +637,28 @@ fg_status fg_module_finalize(fg_module *root) {
 
     /* nothing can fail from here on: move the data */
     for (int64_t i = 0; i < f->np; i++) {
-        fg_tensor *t = f->p[i];
-        void *dst = (char *)f->pdata + es * (size_t)f->poff[i];
+        fg_tensor *t = f->slot[i].t;
+        void *dst = (char *)f->pdata + es * (size_t)f->slot[i].off;
         memcpy(dst, t->data, fg_tensor_nbytes(t)); /* FG_INIT_KEEP values */
         if (t->flags & FG_T_OWNS_DATA)
             fg_free(t->data);
         t->data = dst;
         t->flags &= ~(uint32_t)FG_T_OWNS_DATA;
-        fg_tensor_set_grad(t, f->gview[i]);
+        fg_tensor_set_grad(t, f->slot[i].grad);
         t->requires_grad = true;
         t->param_index = (int32_t)i;
-        t->name = f->pname[i];
+        t->name = f->slot[i].name;
     }
     for (int64_t i = 0; i < f->nb; i++) {
-        fg_tensor *t = f->b[i];
-        void *dst = (char *)f->bdata + es * (size_t)f->boff[i];
+        fg_tensor *t = f->slot[f->np + i].t;
+        void *dst = (char *)f->bdata + es * (size_t)f->slot[f->np + i].off;
         memcpy(dst, t->data, fg_tensor_nbytes(t));
         if (t->flags & FG_T_OWNS_DATA)
             fg_free(t->data);
         t->data = dst;
         t->flags &= ~(uint32_t)FG_T_OWNS_DATA;
         t->requires_grad = false;
-        t->name = f->bname[i];
+        t->name = f->slot[f->np + i].name;
     }
     for (int64_t k = 0; k < f->nmod; k++) {
         fg_module *m = f->mods[k];
@@ -690,6 +679,8 @@ fg_status fg_module_finalize(fg_module *root) {
     fg_free(mviews);
     fg_free(c.al);
     fg_free(c.alname);
+    fg_free(c.pe);
+    fg_free(c.be);
     return FG_OK;
 
 nomem:
@@ -699,7 +690,7 @@ fail: /* the modules were not touched beyond their (recomputed) ranges */
         fg_free(f->pdata);
         fg_free(f->gdata);
         fg_free(f->bdata);
-        free_flat(f); /* and the arrays moved into it from c */
+        free_flat(f);
     }
     if (mviews)
         for (int64_t k = 0; k < 3 * c.nmod; k++)
@@ -866,19 +857,19 @@ static bool check_index(fg_module *m, int64_t i, int64_t n, const char *what) {
 fg_tensor *fg_module_param(fg_module *m, int64_t i) {
     if (!ready_flat(m) || !check_index(m, i, m->p_count, "module_param"))
         return NULL;
-    return m->flat->p[m->p_first + i];
+    return m->flat->slot[m->p_first + i].t;
 }
 
 const char *fg_module_param_name(fg_module *m, int64_t i) {
     if (!ready_flat(m) || !check_index(m, i, m->p_count, "module_param_name"))
         return NULL;
-    return m->flat->pname[m->p_first + i] + m->prefix_len;
+    return m->flat->slot[m->p_first + i].name + m->prefix_len;
 }
 
 int64_t fg_module_param_offset(fg_module *m, int64_t i) {
     if (!ready_flat(m) || !check_index(m, i, m->p_count, "module_param_offset"))
         return -1;
-    return m->flat->poff[m->p_first + i] - m->p_off;
+    return m->flat->slot[m->p_first + i].off - m->p_off;
 }
 
 fg_tensor *fg_module_flat_params(fg_module *m) {
@@ -902,7 +893,7 @@ int64_t fg_module_find_param(fg_module *m, const char *name) {
         return -1;
     fg_flat *f = m->flat;
     for (int64_t i = m->p_first; i < m->p_first + m->p_count; i++)
-        if (!strcmp(f->pname[i] + m->prefix_len, name))
+        if (!strcmp(f->slot[i].name + m->prefix_len, name))
             return i - m->p_first;
     for (int64_t a = 0; a < f->nalias; a++) {
         const char *rel = relative(m, f->alias_name[a]);
@@ -935,13 +926,13 @@ int64_t fg_module_num_buffers(fg_module *m) {
 fg_tensor *fg_module_buffer(fg_module *m, int64_t i) {
     if (!ready_flat(m) || !check_index(m, i, m->b_count, "module_buffer"))
         return NULL;
-    return m->flat->b[m->b_first + i];
+    return m->flat->slot[m->flat->np + m->b_first + i].t;
 }
 
 const char *fg_module_buffer_name(fg_module *m, int64_t i) {
     if (!ready_flat(m) || !check_index(m, i, m->b_count, "module_buffer_name"))
         return NULL;
-    return m->flat->bname[m->b_first + i] + m->prefix_len;
+    return m->flat->slot[m->flat->np + m->b_first + i].name + m->prefix_len;
 }
 
 /* ------------------------------------------------------------ state dict */
@@ -968,7 +959,7 @@ static int64_t find_state(fg_module *m, const char *name) {
     if (i >= 0)
         return i;
     for (int64_t b = 0; b < m->b_count; b++)
-        if (!strcmp(m->flat->bname[m->b_first + b] + m->prefix_len, name))
+        if (!strcmp(m->flat->slot[m->flat->np + m->b_first + b].name + m->prefix_len, name))
             return m->p_count + b;
     return -1;
 }
