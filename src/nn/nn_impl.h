@@ -1,6 +1,7 @@
 /* Private header of the nn layer: the module struct and the root's flat
- * layout, shared by module.c (tree, finalize, state), layers.c, mlp.c and
- * gpt.c, and by the optim layer above (which reads the flat layout).
+ * layout, shared by module.c (the tree), module_flat.c (finalize and the
+ * layout), module_state.c (the state dict), layers.c, mlp.c and gpt.c, and
+ * by the optim layer above (which reads the flat layout).
  *
  * Invariants after finalize:
  *   - the root's fg_flat lists every parameter once in PyTorch order (a
@@ -85,6 +86,14 @@ struct fg_module {
 fg_module *fg__module_root(const fg_module *m);
 /* Finalizes m's root if needed. */
 fg_status fg__module_ready(fg_module *m);
+/* m's flat layout, finalizing its root if needed; NULL (error set) if that
+ * fails. */
+fg_flat *fg__module_flat(fg_module *m);
+/* Is 0 <= i < n? If not, sets FG_EINVAL naming `what`, m and n. */
+bool fg__module_index_ok(fg_module *m, int64_t i, int64_t n, const char *what);
+/* Frees a layout, its buffers and its grad views (NULL: no-op). The tree's
+ * tensors borrow them: free the tree first. */
+void fg__module_flat_free(fg_flat *f);
 /* m's path for messages ("transformer.h.0.attn", or "(root)"). */
 const char *fg__module_path(const fg_module *m, char *buf, size_t n);
 
