@@ -16,13 +16,15 @@ int64_t fg_module_state_count(fg_module *m) {
 }
 
 const char *fg_module_state_name(fg_module *m, int64_t i) {
-    if (!fg__module_flat(m) || !fg__module_index_ok(m, i, m->p_count + m->b_count, "module_state_name"))
+    if (!fg__module_flat(m) ||
+        !fg__module_index_ok(m, i, m->p_count + m->b_count, "module_state_name"))
         return NULL;
     return i < m->p_count ? fg_module_param_name(m, i) : fg_module_buffer_name(m, i - m->p_count);
 }
 
 fg_tensor *fg_module_state_tensor(fg_module *m, int64_t i) {
-    if (!fg__module_flat(m) || !fg__module_index_ok(m, i, m->p_count + m->b_count, "module_state_tensor"))
+    if (!fg__module_flat(m) ||
+        !fg__module_index_ok(m, i, m->p_count + m->b_count, "module_state_tensor"))
         return NULL;
     return i < m->p_count ? fg_module_param(m, i) : fg_module_buffer(m, i - m->p_count);
 }
