@@ -33,7 +33,8 @@ static void sig_of(const fg_comm_args *a, int n, uint32_t out[3]) {
     int64_t count = a->count;
     if (a->op == FG_OP_ALLGATHERV) {
         count = 0;
-        for (int q = 0; q < n; q++) count += a->counts[q];
+        for (int q = 0; q < n; q++)
+            count += a->counts[q];
     }
     out[0] = (uint32_t)a->seq;
     out[1] = (uint32_t)a->op | (uint32_t)a->dt << 8 | (uint32_t)a->rop << 16 |
@@ -43,7 +44,8 @@ static void sig_of(const fg_comm_args *a, int n, uint32_t out[3]) {
 
 /* Starts chunk g: waits until every rank is done with chunk g-K (its slots
  * are free), publishes the call's signature for chunk g. */
-static fg_status chunk_begin(fg_comm *c, shm_state *s, const fg_comm_args *a, const uint32_t sig[3]) {
+static fg_status chunk_begin(fg_comm *c, shm_state *s, const fg_comm_args *a,
+                             const uint32_t sig[3]) {
     uint32_t g = s->g;
     /* a broken group moves no more data, even where a peer's words allow it */
     if (atomic_load_explicit(&s->hdr->abort_rank, memory_order_acquire) >= 0)
@@ -68,7 +70,8 @@ static fg_status check_sigs(fg_comm *c, shm_state *s, const fg_comm_args *a, con
                             int only) {
     uint32_t g = s->g;
     for (int q = 0; q < s->n; q++) {
-        if (q == s->me || (only >= 0 && q != only)) continue;
+        if (q == s->me || (only >= 0 && q != only))
+            continue;
         uint32_t theirs[3];
         for (int k = 0; k < 3; k++)
             theirs[k] = atomic_load_explicit(&ctl(s, q)->sig[g % SIGRING][k], memory_order_relaxed);
@@ -76,10 +79,11 @@ static fg_status check_sigs(fg_comm *c, shm_state *s, const fg_comm_args *a, con
             char mine[160], other[160];
             describe_sig(sig, mine, sizeof mine);
             describe_sig(theirs, other, sizeof other);
-            return fg__shm_group_fail(c, s, a, FG_EMISMATCH,
-                              "rank %d is in %s while rank %d is in %s: all ranks must call the "
-                              "same collectives in the same order (FULGUR_COMM_CHECK=1 tells more)",
-                              q, other, s->me, mine);
+            return fg__shm_group_fail(
+                c, s, a, FG_EMISMATCH,
+                "rank %d is in %s while rank %d is in %s: all ranks must call the "
+                "same collectives in the same order (FULGUR_COMM_CHECK=1 tells more)",
+                q, other, s->me, mine);
         }
     }
     return FG_OK;
@@ -90,7 +94,8 @@ static fg_status check_sigs(fg_comm *c, shm_state *s, const fg_comm_args *a, con
 static fg_status chunk_wait_ready(fg_comm *c, shm_state *s, const fg_comm_args *a,
                                   const uint32_t sig[3], bool first, int only) {
     FG_TRY(fg__shm_wait_all(c, s, a, W_READY, s->g + 1, only));
-    if (first) FG_TRY(check_sigs(c, s, a, sig, only));
+    if (first)
+        FG_TRY(check_sigs(c, s, a, sig, only));
     return FG_OK;
 }
 
@@ -110,7 +115,8 @@ static void chunk_end(shm_state *s) {
 static int64_t chunk_elems(shm_state *s, size_t esz, int parts) {
     int64_t e = (int64_t)(s->slot_bytes / (size_t)parts / esz);
     int64_t line = (int64_t)(64 / esz);
-    if (line > 1 && e > line) e -= e % line;
+    if (line > 1 && e > line)
+        e -= e % line;
     return e > 0 ? e : 1; /* slot_bytes >= 8 * size: one element always fits */
 }
 
@@ -135,7 +141,8 @@ fg_status fg__shm_allreduce(fg_comm *c, const fg_comm_args *a) {
     sig_of(a, s->n, sig);
     const void *srcs[64];
     const void **sp = s->n <= 64 ? srcs : fg_alloc(sizeof(void *) * (size_t)s->n);
-    if (!sp) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory");
+    if (!sp)
+        return fg__comm_fail(c, a, FG_ENOMEM, "out of memory");
     fg_status st = FG_OK;
     size_t bytes = (size_t)a->count * esz;
     /* outputs beyond the caches: stream them (no read-for-ownership) */
@@ -145,7 +152,8 @@ fg_status fg__shm_allreduce(fg_comm *c, const fg_comm_args *a) {
         FG_TRY_GOTO(chunk_begin(c, s, a, sig), st, out);
         memcpy(slot(s, s->me, s->g), send, bytes);
         FG_TRY_GOTO(chunk_ready(c, s, a, sig, true, -1), st, out);
-        for (int q = 0; q < s->n; q++) sp[q] = slot(s, q, s->g);
+        for (int q = 0; q < s->n; q++)
+            sp[q] = slot(s, q, s->g);
         fg__reduce(a->dt, a->rop, recv, NULL, sp, s->n, a->count, s->n);
         chunk_end(s);
         goto out;
@@ -163,13 +171,15 @@ fg_status fg__shm_allreduce(fg_comm *c, const fg_comm_args *a) {
         memcpy(base, in, (size_t)lo * esz);
         memcpy(base + hi * (int64_t)esz, in + hi * (int64_t)esz, (size_t)(m - hi) * esz);
         FG_TRY_GOTO(chunk_ready(c, s, a, sig, off == 0, -1), st, out);
-        for (int q = 0; q < s->n; q++) sp[q] = slot(s, q, s->g) + lo * (int64_t)esz;
+        for (int q = 0; q < s->n; q++)
+            sp[q] = slot(s, q, s->g) + lo * (int64_t)esz;
         sp[s->me] = in + lo * (int64_t)esz;
         char *mine = base + lo * (int64_t)esz;
         fg__reduce(a->dt, a->rop, mine, nt ? NULL : recv + (off + lo) * (int64_t)esz, sp, s->n,
                    hi - lo, s->n);
         post(s, W_MID, s->g + 1);
-        if (nt) fg__copy(recv + (off + lo) * (int64_t)esz, mine, (size_t)(hi - lo) * esz, true);
+        if (nt)
+            fg__copy(recv + (off + lo) * (int64_t)esz, mine, (size_t)(hi - lo) * esz, true);
         for (int k = 1; k < s->n; k++) {
             int q = (s->me + k) % s->n; /* start at the next rank: spread the readers */
             FG_TRY_GOTO(fg__shm_wait_all(c, s, a, W_MID, s->g + 1, q), st, out);
@@ -180,7 +190,8 @@ fg_status fg__shm_allreduce(fg_comm *c, const fg_comm_args *a) {
         chunk_end(s);
     }
 out:
-    if (sp != srcs) fg_free(sp);
+    if (sp != srcs)
+        fg_free(sp);
     return st;
 }
 
@@ -194,7 +205,8 @@ fg_status fg__shm_reduce(fg_comm *c, const fg_comm_args *a) {
     sig_of(a, s->n, sig);
     const void *srcs[64];
     const void **sp = s->n <= 64 ? srcs : fg_alloc(sizeof(void *) * (size_t)s->n);
-    if (!sp) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory");
+    if (!sp)
+        return fg__comm_fail(c, a, FG_ENOMEM, "out of memory");
     fg_status st = FG_OK;
     int64_t per = chunk_elems(s, esz, 1);
     for (int64_t off = 0; off < a->count; off += per) {
@@ -204,7 +216,8 @@ fg_status fg__shm_reduce(fg_comm *c, const fg_comm_args *a) {
         FG_TRY_GOTO(chunk_ready(c, s, a, sig, off == 0, -1), st, out);
         int64_t lo, hi;
         slice_of(m, s->n, s->me, esz, &lo, &hi);
-        for (int q = 0; q < s->n; q++) sp[q] = slot(s, q, s->g) + lo * (int64_t)esz;
+        for (int q = 0; q < s->n; q++)
+            sp[q] = slot(s, q, s->g) + lo * (int64_t)esz;
         fg__reduce(a->dt, a->rop, slot(s, s->me, s->g) + lo * (int64_t)esz,
                    root ? recv + (off + lo) * (int64_t)esz : NULL, sp, s->n, hi - lo, s->n);
         post(s, W_MID, s->g + 1);
@@ -220,7 +233,8 @@ fg_status fg__shm_reduce(fg_comm *c, const fg_comm_args *a) {
         chunk_end(s);
     }
 out:
-    if (sp != srcs) fg_free(sp);
+    if (sp != srcs)
+        fg_free(sp);
     return st;
 }
 
@@ -234,7 +248,8 @@ fg_status fg__shm_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
     sig_of(a, s->n, sig);
     const void *srcs[64];
     const void **sp = s->n <= 64 ? srcs : fg_alloc(sizeof(void *) * (size_t)s->n);
-    if (!sp) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory");
+    if (!sp)
+        return fg__comm_fail(c, a, FG_ENOMEM, "out of memory");
     fg_status st = FG_OK;
     int64_t per = chunk_elems(s, esz, s->n);
     for (int64_t off = 0; off < rc; off += per) {
@@ -242,8 +257,8 @@ fg_status fg__shm_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
         FG_TRY_GOTO(chunk_begin(c, s, a, sig), st, out);
         char *mine = slot(s, s->me, s->g);
         for (int b = 0; b < s->n; b++)
-            memcpy(mine + (size_t)b * (size_t)per * esz, send + ((int64_t)b * rc + off) * (int64_t)esz,
-                   (size_t)m * esz);
+            memcpy(mine + (size_t)b * (size_t)per * esz,
+                   send + ((int64_t)b * rc + off) * (int64_t)esz, (size_t)m * esz);
         FG_TRY_GOTO(chunk_ready(c, s, a, sig, off == 0, -1), st, out);
         for (int q = 0; q < s->n; q++)
             sp[q] = slot(s, q, s->g) + (size_t)s->me * (size_t)per * esz;
@@ -251,7 +266,8 @@ fg_status fg__shm_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
         chunk_end(s);
     }
 out:
-    if (sp != srcs) fg_free(sp);
+    if (sp != srcs)
+        fg_free(sp);
     return st;
 }
 
@@ -266,15 +282,17 @@ static fg_status gatherv(fg_comm *c, const fg_comm_args *a, const int64_t *count
     uint32_t sig[3];
     sig_of(a, s->n, sig);
 #define CNT(q) (counts ? counts[q] : a->count)
-#define DSP(q) (displs ? displs[q] : (int64_t)(q) * a->count)
+#define DSP(q) (displs ? displs[q] : (int64_t)(q)*a->count)
     int64_t maxc = 0;
-    for (int q = 0; q < s->n; q++) maxc = FG_MAX(maxc, CNT(q));
+    for (int q = 0; q < s->n; q++)
+        maxc = FG_MAX(maxc, CNT(q));
     bool inplace = send == recv + DSP(s->me) * (int64_t)esz;
     int64_t per = chunk_elems(s, esz, 1);
     for (int64_t off = 0; off < maxc; off += per) {
         FG_TRY(chunk_begin(c, s, a, sig));
         int64_t m = FG_MIN(per, CNT(s->me) - off);
-        if (m > 0) memcpy(slot(s, s->me, s->g), send + off * (int64_t)esz, (size_t)m * esz);
+        if (m > 0)
+            memcpy(slot(s, s->me, s->g), send + off * (int64_t)esz, (size_t)m * esz);
         post(s, W_READY, s->g + 1);
         /* this rank's own piece while the peers copy theirs in */
         if (m > 0 && !inplace)
@@ -354,8 +372,8 @@ fg_status fg__shm_alltoall(fg_comm *c, const fg_comm_args *a) {
         FG_TRY(chunk_begin(c, s, a, sig));
         char *mine = slot(s, s->me, s->g);
         for (int b = 0; b < s->n; b++)
-            memcpy(mine + (size_t)b * (size_t)per * esz, send + ((int64_t)b * cnt + off) * (int64_t)esz,
-                   (size_t)m * esz);
+            memcpy(mine + (size_t)b * (size_t)per * esz,
+                   send + ((int64_t)b * cnt + off) * (int64_t)esz, (size_t)m * esz);
         FG_TRY(chunk_ready(c, s, a, sig, off == 0, -1));
         for (int q = 0; q < s->n; q++)
             memcpy(recv + ((int64_t)q * cnt + off) * (int64_t)esz,
@@ -379,7 +397,8 @@ fg_status fg__shm_send(fg_comm *c, const fg_comm_args *a) {
         FG_TRY(fg__shm_wait_word(c, s, a, peer, &ch->tail, &ch->sleep_tail, head - 1, "receive"));
         char *sl = chan_slot(s, ch, head);
         size_t k = total - off < cap ? total - off : cap;
-        p2p_piece ph = {.count = a->count, .dt = (int32_t)a->dt, .bytes = (uint32_t)k, .first = off == 0};
+        p2p_piece ph = {
+            .count = a->count, .dt = (int32_t)a->dt, .bytes = (uint32_t)k, .first = off == 0};
         memcpy(sl, &ph, sizeof ph);
         memcpy(sl + P2P_HDR, (const char *)a->send + off, k);
         off += k;
@@ -401,11 +420,12 @@ fg_status fg__shm_recv(fg_comm *c, const fg_comm_args *a) {
         p2p_piece ph;
         memcpy(&ph, sl, sizeof ph);
         if (off == 0 && (!ph.first || ph.count != a->count || ph.dt != (int32_t)a->dt))
-            return fg__shm_group_fail(c, s, a, FG_EMISMATCH,
-                              "rank %d sent %lld elements of %s but this rank (%d) receives %lld "
-                              "of %s",
-                              peer, (long long)ph.count, fg_dtype_name((fg_dtype)ph.dt), s->me,
-                              (long long)a->count, fg_dtype_name(a->dt));
+            return fg__shm_group_fail(
+                c, s, a, FG_EMISMATCH,
+                "rank %d sent %lld elements of %s but this rank (%d) receives %lld "
+                "of %s",
+                peer, (long long)ph.count, fg_dtype_name((fg_dtype)ph.dt), s->me,
+                (long long)a->count, fg_dtype_name(a->dt));
         if (ph.bytes > total - off || ph.bytes > s->p2p_slot - P2P_HDR)
             return fg__shm_group_fail(c, s, a, FG_EINTERNAL, "corrupt message from rank %d", peer);
         memcpy((char *)a->recv + off, sl + P2P_HDR, ph.bytes);

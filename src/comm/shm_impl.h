@@ -26,9 +26,9 @@
 #define SHM_VERSION 1u
 #define HDR_BYTES 4096
 #define CTL_BYTES 256
-#define SIGRING 4    /* signature ring entries; == K below */
-#define P2P_HDR 64   /* per slot: message header */
-#define CHAN_HDR 192 /* per channel: head, tail, sleepers on separate lines */
+#define SIGRING 4      /* signature ring entries; == K below */
+#define P2P_HDR 64     /* per slot: message header */
+#define CHAN_HDR 192   /* per channel: head, tail, sleepers on separate lines */
 #define NSLOTS SIGRING /* K: chunk slots per rank */
 
 enum { ST_NONE = 0, ST_ATTACHED = 1, ST_LEFT = 2 };
@@ -52,7 +52,7 @@ typedef struct shm_hdr {
 
 typedef struct shm_ctl {
     /* line 0: written by the owner only, polled by the peers */
-    _Atomic uint32_t w[3]; /* ready, mid, done */
+    _Atomic uint32_t w[3];            /* ready, mid, done */
     _Atomic uint32_t sig[SIGRING][3]; /* per chunk: seq, op/dtype/rop/root, count */
     uint32_t pad0;
     /* line 1 */
@@ -84,8 +84,8 @@ typedef struct shm_state {
     char *ctl_base, *chan_base, *data;
     int n, me;
     size_t slot_bytes, p2p_slot, chan_bytes;
-    uint32_t g;          /* next chunk number */
-    uint32_t *lb_done;   /* lower bounds of the peers' done words */
+    uint32_t g;        /* next chunk number */
+    uint32_t *lb_done; /* lower bounds of the peers' done words */
     int *pidfd;
     int *pids;
     bool *watch; /* peers whose death this rank can see */
@@ -107,7 +107,9 @@ static inline char *chan_slot(shm_state *s, shm_chan *ch, uint32_t i) {
 static inline char *slot(shm_state *s, int r, uint32_t g) {
     return s->data + ((size_t)r * NSLOTS + g % NSLOTS) * s->slot_bytes;
 }
-static inline bool reached(uint32_t v, uint32_t target) { return (int32_t)(v - target) >= 0; }
+static inline bool reached(uint32_t v, uint32_t target) {
+    return (int32_t)(v - target) >= 0;
+}
 
 /* ------------------------------------------------------------- posting */
 
@@ -120,7 +122,8 @@ static inline void futex_wake_all(_Atomic uint32_t *w) {
  * sleeper's increment and re-check: one side always sees the other. */
 static inline void post_word(_Atomic uint32_t *w, _Atomic uint32_t *sleepers, uint32_t v) {
     atomic_store_explicit(w, v, memory_order_seq_cst);
-    if (atomic_load_explicit(sleepers, memory_order_seq_cst)) futex_wake_all(w);
+    if (atomic_load_explicit(sleepers, memory_order_seq_cst))
+        futex_wake_all(w);
 }
 
 static inline void post(shm_state *s, int which, uint32_t v) {
