@@ -13,8 +13,8 @@ fg_apt_get() {
     while :; do
         rc=0
         apt-get -o DPkg::Lock::Timeout="$wait_s" "$@" 2>"$err" || rc=$?
-        if [ "$rc" != 0 ] && grep -q "Could not get lock\|Unable to lock\|Unable to acquire" "$err" &&
-            [ $((SECONDS - start)) -lt "$wait_s" ]; then
+        if [ "$rc" != 0 ] && [ $((SECONDS - start)) -lt "$wait_s" ] &&
+            grep -q "Could not get lock\|Unable to lock\|Unable to acquire" "$err"; then
             sleep 5
             continue
         fi

@@ -135,9 +135,9 @@ FG_API const char *fg_ops_blas_info(void);
  *                                     where it cannot run, or has a value
  *                                     that does not parse: bf16 products
  *                                     fail with the same reason.
- * The paths agree within bf16 rounding. The first call may ask oneDNN
- * whether it implements the product (about a millisecond); the answer is
- * kept for the process. Thread-safe; the string is the calling thread's,
+ * The paths agree within bf16 rounding. The first call (or the first bf16
+ * product) asks oneDNN once whether it implements the product; the answer
+ * is kept for the process. Thread-safe; the string is the calling thread's,
  * valid until its next call. */
 FG_API const char *fg_matmul_bf16_path(void);
 

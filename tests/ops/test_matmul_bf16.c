@@ -94,8 +94,8 @@ static void check_bf16(int bd, const int64_t *bdims, int64_t M, int64_t K, int64
         CHECK_MSG(worst_r <= 1 && worst_e <= 1,
                   "%s path: batch %lld M %lld K %lld N %lld ta %d tb %d shared %d alpha %g beta %g "
                   "c %s: error / bound %g (rounded inputs), %g (exact inputs)",
-                  g_path_label, (long long)batch, (long long)M, (long long)K, (long long)N, ta, tb, shared, alpha,
-                  beta, fg_dtype_name(cdt), worst_r, worst_e);
+                  g_path_label, (long long)batch, (long long)M, (long long)K, (long long)N, ta, tb,
+                  shared, alpha, beta, fg_dtype_name(cdt), worst_r, worst_e);
     }
     free(c0);
     drop(&a);
@@ -179,7 +179,8 @@ TEST(matmul_bf16_path_fits_the_machine) {
         CHECK_CONTAINS(path, "no oneDNN in this build");
     } else if (dnnl_capped_below_avx512() || !cpu_has("avx512f")) {
         /* oneDNN 2.x has no bf16 matmul below avx512_core */
-        CHECK_MSG(starts_with(path, env && strcmp(env, "onednn") == 0 ? "none (" : "f32-fallback ("),
+        bool forced = env && strcmp(env, "onednn") == 0;
+        CHECK_MSG(starts_with(path, forced ? "none (" : "f32-fallback ("),
                   "no AVX-512 for oneDNN here, yet the path is \"%s\"", path);
     } else if (cpu_has("avx512_bf16") || cpu_has("amx_bf16")) {
         CHECK_MSG(starts_with(path, "onednn-bf16 ("),

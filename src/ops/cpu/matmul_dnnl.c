@@ -77,7 +77,8 @@ static fg_status make_pd(const char *kernel, dnnl_primitive_desc_t *pd,
     DN(dnnl_matmul_desc_init(&md, amd, bmd, NULL, cmd), "matmul descriptor");
     DN(dnnl_primitive_attr_create(&attr), "attribute");
     DN(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "scratchpad mode");
-    if (alpha != 1.0f) DN(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha), "output scale");
+    if (alpha != 1.0f)
+        DN(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha), "output scale");
     if (beta != 0.0f) { /* c = alpha a b + beta c: the sum post-op reads c before it writes */
         DN(dnnl_post_ops_create(&post), "post-ops");
         DN(dnnl_post_ops_append_sum(post, beta), "sum post-op");
