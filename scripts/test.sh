@@ -16,6 +16,9 @@ run_suite() { # build-dir cmake-args...
     cmake -S . -B "$dir" -DFULGUR_WERROR=ON "$@" >/dev/null
     cmake --build "$dir" -j "$(fg_jobs)"
     (cd "$dir" && ctest --output-on-failure -j "$(fg_jobs)" --timeout 900)
+    # Which product paths this machine ran (the tests print them; ctest keeps
+    # the output of passing tests only in its log).
+    grep -h '^matmul[a-z0-9_]* path' "$dir/Testing/Temporary/LastTest.log" | sort | uniq -c || true
 }
 
 echo "== release build"

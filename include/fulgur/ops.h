@@ -119,7 +119,9 @@ typedef struct fg_op_table {
  * device not built in. Thread-safe. */
 FG_API const fg_op_table *fg_ops_get(fg_device device);
 
-/* Which library does the matrix products ("openblas", "openblas+onednn-bf16"). */
+/* Which library does the matrix products of each dtype, one line:
+ * "f32: openblas, onednn (avx512_core) from 4194304 multiply-adds; bf16:
+ * onednn-bf16 (avx512_core_bf16)". Thread-safe. */
 FG_API const char *fg_ops_blas_info(void);
 
 /* Which path the bf16 matrix products (bf16 a and b, f32 accumulation) take
