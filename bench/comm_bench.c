@@ -23,11 +23,8 @@
 
 #include "fulgur/comm.h"
 
-#if __has_include(<mpi.h>)
+#ifdef FULGUR_HAVE_MPI /* set by CMake when Open MPI is built in */
 #include <mpi.h>
-#define HAVE_MPI 1
-#else
-#define HAVE_MPI 0
 #endif
 
 typedef struct {
@@ -220,7 +217,7 @@ static int run_shm(const opts *o) {
 
 /* ------------------------------------------------------------------ mpi */
 
-#if HAVE_MPI
+#ifdef FULGUR_HAVE_MPI
 static int mpi_ar(void *c, float *s, float *r, size_t n) {
     return MPI_Allreduce(s, r, (int)n, MPI_FLOAT, MPI_SUM, *(MPI_Comm *)c) != MPI_SUCCESS;
 }
@@ -346,7 +343,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(o.backend, "fulgur-mpi")) return run_fgmpi(&o);
     if (!strcmp(o.backend, "mpi")) {
-#if HAVE_MPI
+#ifdef FULGUR_HAVE_MPI
         return run_mpi(&o);
 #else
         fprintf(stderr, "comm_bench: built without MPI\n");
