@@ -261,7 +261,7 @@ static const struct {
 
 static const char *const k_valid = "auto, single, dp, ddp, ddp_spawn, ddp_fork";
 
-/* FEATURES.md's strategies that are not built yet. */
+/* Lightning's strategies that fulgur names but does not build yet (planned). */
 static const char *const k_later[] = {
     "ddp2", "hybrid", "horovod", "bagua", "fsdp", "fsdp_cpu_offload", "fsdp_full_shard",
     "fsdp_shard_grad_op", "fsdp_hybrid_shard", "fsdp_no_shard", "ddp_sharded",
