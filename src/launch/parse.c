@@ -18,15 +18,9 @@ fg_status fg_launch_parse_accelerator(const char *s, fg_accelerator *out) {
         *out = FG_ACCELERATOR_CPU; /* auto: no GPU support is built in, so the CPU */
         return FG_OK;
     }
-    if (!strcasecmp(s, "gpu") || !strcasecmp(s, "cuda")) {
-        if (FULGUR_HAVE_NCCL_BUILT)
-            return fg_error(FG_EUNSUPPORTED,
-                            "accelerator=\"%s\": this fulgur has NCCL but no GPU kernels yet; use "
-                            "\"cpu\" or \"auto\"",
-                            s);
+    if (!strcasecmp(s, "gpu") || !strcasecmp(s, "cuda"))
         return fg_error(FG_EUNSUPPORTED,
                         "accelerator=\"%s\": no GPU support built in; use \"cpu\" or \"auto\"", s);
-    }
     static const char *const k_other[] = {"tpu", "ipu", "hpu", "mps", "xla", NULL};
     for (int i = 0; k_other[i]; i++)
         if (!strcasecmp(s, k_other[i]))
@@ -261,7 +255,7 @@ static const struct {
 
 static const char *const k_valid = "auto, single, dp, ddp, ddp_spawn, ddp_fork";
 
-/* FEATURES.md's strategies that are not built yet. */
+/* Strategies of Lightning and DeepSpeed that fulgur plans but has not built yet. */
 static const char *const k_later[] = {
     "ddp2", "hybrid", "horovod", "bagua", "fsdp", "fsdp_cpu_offload", "fsdp_full_shard",
     "fsdp_shard_grad_op", "fsdp_hybrid_shard", "fsdp_no_shard", "ddp_sharded",

@@ -11,15 +11,10 @@
 
 #include "fit.h"
 
-#if __has_include("fulgur/fabric.h") && __has_include("fulgur/optim.h")
-#define FIT_HAVE_FABRIC 1
-#endif
-
 int cmd_fit(int argc, char **argv) {
     static fit_opts o; /* static: ranks launched by fork keep it */
     int rc = fit_args_parse(&o, argc, argv);
     if (rc) return rc < 0 ? FG_EXIT_OK : rc;
-#ifdef FIT_HAVE_FABRIC
     fg_fabric *f = fg_fabric_new(&(fg_fabric_config){
         .accelerator = o.accelerator,
         .devices = o.devices,
@@ -42,8 +37,4 @@ int cmd_fit(int argc, char **argv) {
     }
     fg_fabric_free(f);
     return rc;
-#else
-    cli_error("fit: this build lacks the fabric layer (include/fulgur/fabric.h, optim.h)");
-    return FG_EXIT_FAIL;
-#endif
 }

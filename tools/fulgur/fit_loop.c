@@ -27,8 +27,6 @@
         if (s_ != FG_OK) return s_;                                                                \
     } while (0)
 
-#if defined(FIT_HAVE_OPTIM) && __has_include("fulgur/fabric.h")
-
 typedef struct fit_ctx {
     fg_fabric *f;
     const fit_opts *o;
@@ -461,5 +459,3 @@ out:
     free_ctx(&c);
     return rc;
 }
-
-#endif

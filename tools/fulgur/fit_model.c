@@ -8,8 +8,6 @@
 
 #include "fit_model.h"
 
-#ifdef FIT_HAVE_NN
-
 fg_module *fit_model_new(const fit_model_cfg *c) {
     if (c->kind == FIT_GPT)
         return fg_gpt_new(&(fg_gpt_config){.vocab = c->vocab,
@@ -26,9 +24,6 @@ fg_module *fit_model_new(const fit_model_cfg *c) {
                                        .dtype = c->f64 ? "f64" : "f32"});
 }
 
-#endif
-
-#ifdef FIT_HAVE_OPTIM
 fg_optimizer *fit_optimizer_new(const fit_opts *o, fg_module *m) {
     if (!strcmp(o->optimizer, "sgd"))
         return fg_sgd_new(m, &(fg_sgd_opts){.lr = o->lr,
@@ -40,8 +35,6 @@ fg_optimizer *fit_optimizer_new(const fit_opts *o, fg_module *m) {
                                             .weight_decay = o->weight_decay,
                                             .no_weight_decay = o->weight_decay == 0});
 }
-
-#endif
 
 void fit_model_cfg_from_opts(const fit_opts *o, const fit_data *d, fit_model_cfg *c) {
     memset(c, 0, sizeof *c);
@@ -58,7 +51,6 @@ void fit_model_cfg_from_opts(const fit_opts *o, const fit_data *d, fit_model_cfg
     c->seed = (uint64_t)o->seed;
 }
 
-#ifdef FIT_HAVE_OPTIM
 double fit_lr_at(const fit_opts *o, int64_t step) {
     int64_t end = o->lr_decay_steps ? o->lr_decay_steps : o->max_steps;
     fg_lr_schedule s = {.kind = end > o->warmup_steps ? FG_LR_COSINE : FG_LR_CONSTANT,
@@ -68,7 +60,6 @@ double fit_lr_at(const fit_opts *o, int64_t step) {
                         .decay_steps = end};
     return fg_lr_at(&s, step);
 }
-#endif
 
 char *fit_model_cfg_json(const fit_model_cfg *c, const fit_opts *o) {
     char *run = o ? fit_opts_json(o) : NULL;
