@@ -26,6 +26,7 @@
 #define FULGUR_FABRIC_H
 
 #include "fulgur/ckpt.h"
+#include "fulgur/launch.h"
 #include "fulgur/strategy.h"
 
 #ifdef __cplusplus
@@ -38,36 +39,57 @@ typedef struct fg_fabric fg_fabric;
  * where this process stands; returns FG_OK or an error with a message. */
 typedef fg_status (*fg_cluster_fn)(void *ud, fg_cluster_info *out);
 
+/* The configuration: Lightning's Fabric arguments. Every string is read by
+ * the launch layer (launch.h), as `fulgur env` and `fulgur fit` read them,
+ * and copied by fg_fabric_new. All-zero means the defaults. */
 typedef struct fg_fabric_config {
-    const char *accelerator; /* "auto" (default), "cpu"; "gpu"/"cuda" not built in */
-    const char *devices;     /* "1" (default), "3", "-1", "0,2", "[0, 2]"; a device is a rank on CPU */
-    const char *strategy;    /* "auto" (default: single for one device, else ddp), "single",
-                                "dp", "ddp", "ddp_spawn", "ddp_fork" */
-    const char *precision;   /* "32" / "32-true" (default), "64" / "64-true" */
-    int num_nodes;           /* 0 = 1 */
+    const char *accelerator; /* NULL = "auto" (the CPU in this build), "cpu"; "gpu"/"cuda"
+                                not built in */
+    const char *devices;     /* NULL = "auto": one device, or under a launcher (fulgur run,
+                                torchrun, mpirun, srun) the ranks it started on this node;
+                                "3", "-1", "0,2", "[0, 2]" (fg_launch_parse_devices); a
+                                device is a rank on CPU */
+    const char *strategy;    /* NULL = "auto" (single for one device, else ddp), "single",
+                                "dp", "ddp", "ddp_spawn", "ddp_fork" (fg_launch_parse_strategy) */
+    const char *precision;   /* NULL = "32-true" ("32"), "64-true" ("64"); Lightning's four
+                                others are FG_EUNSUPPORTED (fg_launch_parse_precision) */
+    int num_nodes;           /* 0 = 1, or the launcher's nodes */
     int threads_per_rank;    /* 0 = FULGUR_NUM_THREADS, else cores / local ranks */
-    uint64_t seed;           /* seed_everything's seed when set (0 = leave as is) */
+    uint64_t seed;           /* non-zero: fg_fabric_seed_everything(f, seed) at fg_fabric_new */
     fg_ddp_opts ddp;         /* bucket_cap_mb, find_unused_parameters, static_graph */
-    fg_cluster_fn cluster;   /* custom cluster environment, NULL = detect */
+    fg_cluster_fn cluster;   /* custom cluster environment, NULL = detect (fg_cluster_detect) */
     void *cluster_ud;
 } fg_fabric_config;
 
-/* Validates the configuration (accelerator, devices, strategy, precision,
- * num_nodes) without starting anything. NULL with fg_last_error naming the
- * bad value and the valid ones; the CLI turns that into exit code 2. */
+/* Makes the launch plan for cfg (NULL = defaults) in this environment
+ * (fg_launch_plan_make, or cfg->cluster's environment) without starting
+ * anything: every value is checked here. NULL with fg_last_error naming the
+ * bad value and the valid ones (FG_EINVAL, FG_EUNSUPPORTED, FG_EMISMATCH
+ * when a launcher's world size disagrees with devices x num_nodes, FG_ENOMEM);
+ * the CLI turns that into exit code 2. Free with fg_fabric_free. */
 FG_API fg_fabric *fg_fabric_new(const fg_fabric_config *cfg);
+/* Frees f (what a launch left behind too). NULL is a no-op. */
 FG_API void fg_fabric_free(fg_fabric *f);
 
-/* Starts the ranks and runs `run` on each:
- *   ddp (not yet launched): re-executes this program once per extra rank with
- *     the environment contract; this process is rank 0;
- *   ddp_spawn / ddp_fork: forks the ranks; when they finish, the parent gets
- *     rank 0's trained state (fg_fabric_spawn_result);
- *   launched by `fulgur run`, mpirun, srun or torchrun: joins the job;
- *   single, dp: runs here.
+/* Makes the launch plan again (the environment may have changed since
+ * fg_fabric_new) and runs `run` on every rank by the plan's launcher:
+ *   none (single; ddp of one rank; launched by `fulgur run`, mpirun, srun or
+ *     torchrun): joins the job and runs here;
+ *   threads (dp): runs here; the strategy splits each batch over threads;
+ *   re-exec (ddp, not launched): fg_launch_reexec starts this program again
+ *     once per other local rank with the environment contract (fulgur's and
+ *     torchrun's names); this process is rank 0 and waits for the others
+ *     after run returns;
+ *   fork (ddp_spawn, ddp_fork): fg_launch_fork runs every rank in a forked
+ *     child; this process is no rank and waits; afterwards it holds rank 0's
+ *     trained state (fg_fabric_spawn_result).
+ * After a successful run every rank waits at a barrier, so none leaves while
+ * others still talk. A rank that dies stops the others (re-exec: its death
+ * aborts rank 0's communicator, so a collective waiting on it returns).
  * Returns run's return value (0 on success), or non-zero after an error
- * (fg_last_error says which rank failed and why). A rank that dies stops the
- * others. Not thread-safe; call once. */
+ * with fg_last_error saying which rank failed and why ("rank 2 (pid 4242)
+ * was killed by signal 9 (SIGKILL); stopped the other 2 ranks"). Not
+ * thread-safe; FG_ESTATE (returns 1) when called from inside a run. */
 FG_API int fg_fabric_launch(fg_fabric *f, int (*run)(fg_fabric *f, void *arg), void *arg);
 
 /* After a ddp_spawn/ddp_fork launch, in the parent: copies rank 0's
@@ -162,10 +184,15 @@ FG_API fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *
 
 /* ------------------------------------------------------------ properties */
 
+/* The launch plan: fg_fabric_new's, then the one fg_fabric_launch followed
+ * (fg_launch_plan_format writes it as one line). Borrowed, valid as long as
+ * f. */
+FG_API const fg_launch_plan *fg_fabric_plan(const fg_fabric *f);
+
 /* The parameter dtype the precision setting asks for (f32 for "32", f64 for
  * "64"): models built inside run() should use it. */
 FG_API fg_dtype fg_fabric_dtype(const fg_fabric *f);
-/* Kernel threads of each rank (set on every rank at launch). */
+/* Kernel threads of each rank (the plan's, set on every rank at launch). */
 FG_API int fg_fabric_threads(const fg_fabric *f);
 
 FG_API int fg_fabric_world_size(const fg_fabric *f);
