@@ -76,7 +76,7 @@ static int run(fg_fabric *f, void *arg) {
             fg_optimizer_step(opt);
             loss = fg_fabric_reduce_scalar(f, loss, FG_AVG);
             if (step % 50 == 0) fg_fabric_print(f, "step %3lld  loss %.4f\n", (long long)step, loss);
-            fg_step_end(f);
+            fg_fabric_step_end(f);
         }
         if (fg_dataloader_status(dl) != FG_OK) return 1;
     }

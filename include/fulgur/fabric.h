@@ -12,7 +12,7 @@
  *           fg_fabric_backward(f, loss);           // DDP buckets overlap here
  *           fg_optimizer_step(opt);
  *           fg_optimizer_zero_grad(opt);
- *           fg_step_end(f);                        // frees the step's tensors
+ *           fg_fabric_step_end(f);                 // frees the step's tensors
  *       }
  *       return 0;
  *   }
@@ -94,8 +94,9 @@ FG_API int fg_fabric_launch(fg_fabric *f, int (*run)(fg_fabric *f, void *arg), v
 
 /* After a ddp_spawn/ddp_fork launch, in the parent: copies rank 0's
  * parameters (and optimizer state when opt is not NULL) as of its last
- * fg_step_end into model/opt, which must have the architecture the ranks
- * trained. FG_ESTATE if there is no result. */
+ * fg_fabric_step_end into model/opt, which must have the architecture the
+ * ranks trained. Errors: FG_ESTATE if there is no result, FG_EMISMATCH
+ * naming both sizes if model differs, FG_EINVAL for NULL. */
 FG_API fg_status fg_fabric_spawn_result(fg_fabric *f, fg_module *model, fg_optimizer *opt);
 
 /* Prepares model and optimizer for the strategy (collective): ddp broadcasts
@@ -155,9 +156,12 @@ FG_API uint64_t fg_fabric_rank_seed(const fg_fabric *f);
 FG_API fg_status fg_fabric_rank_zero_first_begin(fg_fabric *f);
 FG_API fg_status fg_fabric_rank_zero_first_end(fg_fabric *f);
 
-/* Ends a training step: frees its tensors (fg_step_reset); under ddp_spawn,
- * rank 0 also keeps a copy of its state for the parent. */
-FG_API void fg_step_end(fg_fabric *f);
+/* Ends a training step: frees this thread's step tensors (fg_step_reset);
+ * under ddp_spawn/ddp_fork, rank 0 also keeps a copy of its parameters and
+ * optimizer state for the parent (fg_fabric_spawn_result). Call it once per
+ * step on every rank. f may be NULL (then only the tensors are freed). Not
+ * collective. */
+FG_API void fg_fabric_step_end(fg_fabric *f);
 
 /* ------------------------------------------------------------ save, load */
 

@@ -140,7 +140,7 @@ fg_status fg_fabric_rank_zero_first_end(fg_fabric *f) {
     return f->global_rank == 0 ? fg_fabric_barrier(f) : FG_OK;
 }
 
-void fg_step_end(fg_fabric *f) {
+void fg_fabric_step_end(fg_fabric *f) {
     if (f) fg__spawn_snapshot(f);
     fg_step_reset();
 }

@@ -108,8 +108,9 @@ static int launch_reexec(fg_fabric *f, int (*run)(fg_fabric *, void *), void *ar
 /* ---------------------------------------------------------------- fork */
 
 /* ddp_spawn: rank 0's state as of its last step (flat parameters, then each
- * optimizer state buffer), copied at every fg_step_end: run() may free its
- * model before returning, and the parent still gets what it trained. */
+ * optimizer state buffer), copied at every fg_fabric_step_end: run() may
+ * free its model before returning, and the parent still gets what it
+ * trained. */
 void fg__spawn_snapshot(fg_fabric *f) {
     if (!f->forked_rank || f->global_rank != 0 || !f->model) return;
     fg_tensor *flat = fg_module_flat_params(f->model);
