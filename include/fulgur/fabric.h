@@ -101,12 +101,17 @@ FG_API fg_status fg_fabric_spawn_result(fg_fabric *f, fg_module *model, fg_optim
 
 /* Prepares model and optimizer for the strategy (collective): ddp broadcasts
  * rank 0's parameters and builds the gradient buckets; dp makes the thread
- * replicas. Both stay owned by the caller. One model per fabric. */
+ * replicas. After seed_everything, the model's Dropout modules get this
+ * rank's own stream (fg_fabric_rank_seed), so masks differ between ranks.
+ * Both stay owned by the caller. One model per fabric. */
 FG_API fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt);
 
 /* Puts the distributed sampler into `dl` (rank r of N takes r, r+N, ... of
- * the epoch's order, seeded by the fabric's seed) unless use_distributed is
- * false, and logs the effective batch size. Returns dl (NULL on error). */
+ * the epoch's order, shuffled as dl's options say with dl's seed: the
+ * fabric's when dl was made with seed 0 after seed_everything) unless
+ * use_distributed is false, and logs the effective batch size. The loader's
+ * worker seeds then derive from (seed, rank, worker). Returns dl (NULL on
+ * error). */
 FG_API fg_dataloader *fg_fabric_setup_dataloader(fg_fabric *f, fg_dataloader *dl,
                                                  bool use_distributed);
 
@@ -143,12 +148,23 @@ FG_API double fg_fabric_reduce_scalar(fg_fabric *f, double v, fg_reduce_op op);
 /* printf on global rank 0 only (stdout); other ranks print nothing. */
 FG_API void fg_fabric_print(fg_fabric *f, const char *fmt, ...) FG_PRINTF(2, 3);
 
-/* Seeds everything the run draws from: the fabric's seed for models,
- * samplers and loaders, with per-rank and per-worker streams derived from
- * it (fg_fabric_rank_seed). */
+/* Lightning's seed_everything: `seed` becomes the process's default seed
+ * (fg_set_default_seed), which whatever is built afterwards with a seed
+ * left at 0 uses: model initialisation (fg_mlp_config.seed,
+ * fg_gpt_config.seed, fg_module_set_seed), data loaders (fg_loader_opts.seed:
+ * the shuffle order, the same on every rank, so the distributed sampler
+ * splits one order; worker seeds derived per rank and worker). Streams that
+ * must differ per rank derive from fg_fabric_rank_seed: fg_fabric_setup
+ * gives each rank's Dropout modules their own. So the same seed gives the
+ * same initial weights and batch order, run after run. Call it before
+ * building models and loaders (cfg.seed does it in fg_fabric_new, and so
+ * in every rank). Process-wide and lasting, as Lightning's; not
+ * thread-safe against building models on other threads. */
 FG_API void fg_fabric_seed_everything(fg_fabric *f, uint64_t seed);
+/* The seed set by seed_everything (0 if none). */
 FG_API uint64_t fg_fabric_seed(const fg_fabric *f);
-/* A seed for this rank's own stream (dropout masks that must differ per rank). */
+/* A seed for this rank's own stream (dropout masks that must differ per
+ * rank): fg_rng_derive(seed, global rank + 1). */
 FG_API uint64_t fg_fabric_rank_seed(const fg_fabric *f);
 
 /* rank_zero_first: rank 0 runs the block first (downloads, preprocessing),

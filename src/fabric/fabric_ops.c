@@ -14,6 +14,8 @@ fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt) {
     if (fg_strategy_kind_is_ddp(kind) && !f->comm) kind = FG_STRATEGY_SINGLE;
     FG_TRY(fg_strategy_new(kind, f->comm, model, opt, &f->cfg.ddp, f->plan.devices.count,
                            &f->strategy));
+    /* dropout masks must differ between ranks: each rank its own stream */
+    if (f->seeded) fg_module_seed_dropout(model, fg_fabric_rank_seed(f));
     f->model = model;
     f->opt = opt;
     return FG_OK;
@@ -127,7 +129,11 @@ void fg_fabric_print(fg_fabric *f, const char *fmt, ...) {
     fflush(stdout);
 }
 
-void fg_fabric_seed_everything(fg_fabric *f, uint64_t seed) { f->seed = seed; }
+void fg_fabric_seed_everything(fg_fabric *f, uint64_t seed) {
+    f->seed = seed;
+    f->seeded = true;
+    fg_set_default_seed(seed);
+}
 uint64_t fg_fabric_seed(const fg_fabric *f) { return f->seed; }
 uint64_t fg_fabric_rank_seed(const fg_fabric *f) {
     return fg_rng_derive(f->seed, (uint64_t)f->global_rank + 1);

@@ -39,7 +39,8 @@ static void clean_env(void) {
 static const char *tmp_dir(void) {
     static char dir[128];
     if (!dir[0]) {
-        snprintf(dir, sizeof dir, "%s/fg-test-fabric.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+        const char *t = getenv("TMPDIR");
+        snprintf(dir, sizeof dir, "%s/fg-test-fabric.XXXXXX", t ? t : "/tmp");
         if (!mkdtemp(dir)) dir[0] = '\0';
     }
     return dir;
