@@ -261,7 +261,7 @@ static const struct {
 
 static const char *const k_valid = "auto, single, dp, ddp, ddp_spawn, ddp_fork";
 
-/* FEATURES.md's strategies that are not built yet. */
+/* Strategies of Lightning and DeepSpeed that fulgur plans but has not built yet. */
 static const char *const k_later[] = {
     "ddp2", "hybrid", "horovod", "bagua", "fsdp", "fsdp_cpu_offload", "fsdp_full_shard",
     "fsdp_shard_grad_op", "fsdp_hybrid_shard", "fsdp_no_shard", "ddp_sharded",
