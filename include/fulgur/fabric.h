@@ -79,7 +79,8 @@ FG_API void fg_fabric_free(fg_fabric *f);
  *   re-exec (ddp, not launched): fg_launch_reexec starts this program again
  *     once per other local rank with the environment contract (fulgur's and
  *     torchrun's names); this process is rank 0 and waits for the others
- *     after run returns;
+ *     after run returns, then removes the contract from its environment
+ *     (fg_launch_unexport: also MASTER_ADDR/PORT and NODE_RANK set by hand);
  *   fork (ddp_spawn, ddp_fork): fg_launch_fork runs every rank in a forked
  *     child; this process is no rank and waits; afterwards it holds rank 0's
  *     trained state (fg_fabric_spawn_result).

@@ -74,13 +74,15 @@ static fg_status comm_init_watched(fg_fabric *f, const fg_cluster_info *info, fg
     pthread_mutex_lock(&f->comm_mu);
     f->init_call = c;
     pthread_mutex_unlock(&f->comm_mu);
+    /* a rank that died before init_call was set woke nobody */
+    bool dead = fg_job_check(f->job) != FG_OK;
+    pthread_mutex_lock(&c->mu);
+    c->peer_failed |= dead;
+    pthread_mutex_unlock(&c->mu);
     pthread_t t;
-    if (pthread_create(&t, NULL, comm_init_thread, c) != 0) {
-        c->refs = 1;
-        comm_init_thread(c); /* no thread to spare: wait here */
-    } else {
-        pthread_detach(t);
-    }
+    if (dead) call_release(c); /* the helper's reference, unused */
+    else if (pthread_create(&t, NULL, comm_init_thread, c) == 0) pthread_detach(t);
+    else comm_init_thread(c); /* no thread to spare: wait here */
     pthread_mutex_lock(&c->mu);
     while (!c->done && !c->peer_failed) pthread_cond_wait(&c->cv, &c->mu);
     fg_status s = c->done ? c->status : FG_EPEER;
