@@ -341,6 +341,20 @@ FG_API fg_status fg_launch_reexec(const fg_launch_plan *plan, const fg_job_opts 
  * Never blocks. Thread-safe. */
 FG_API fg_status fg_job_check(fg_job *j);
 
+/* fg_comm_init for a process whose fellow ranks are this job's (the
+ * re-exec launcher's rank 0): the same, except that it gives up as soon as
+ * one of the job's processes fails, instead of waiting at the rendezvous
+ * for the comm timeout for a rank that will never come (a rank that dies
+ * after joining is the comm layer's dead-peer detection's, or
+ * fg_job_opts.on_failure's, to report). The init runs on a helper thread;
+ * given up on, it finishes on its own and frees what it made.
+ *   j: the job (NULL: plain fg_comm_init). info, opts, out: as fg_comm_init.
+ * Errors: fg_comm_init's; FG_EPEER naming the rank that failed ("joining the
+ * communicator: rank 2 (pid 4242) exited with code 3"), noticed within
+ * about 20 ms. Collective with the job's ranks, as fg_comm_init. */
+FG_API fg_status fg_job_comm_init(fg_job *j, const fg_cluster_info *info,
+                                  const fg_comm_opts *opts, fg_comm **out);
+
 /* Waits until every process has ended, or timeout_s passed (< 0: no limit).
  * Does not stop anything on its own, except that a failure makes the
  * supervisor stop the rest. Returns FG_OK when all exited with code 0 (or

@@ -19,9 +19,8 @@ struct fg_fabric {
     int threads;
     fg_cluster_info info;
     int world_size, global_rank, local_rank, node_rank;
-    pthread_mutex_t comm_mu; /* guards comm and init_call against the re-exec supervisor */
+    pthread_mutex_t comm_mu; /* guards comm against the re-exec supervisor's abort */
     fg_comm *comm;
-    struct fg__comm_init_call *init_call; /* re-exec: rank 0 at the rendezvous (launch.c) */
     fg_job *job; /* re-exec: the other local ranks */
     fg_strategy *strategy;
     fg_module *model;

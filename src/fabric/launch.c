@@ -4,9 +4,10 @@
  *            mpirun, srun or torchrun): join and run here;
  *   threads  (dp): run here, the strategy splits each batch over threads;
  *   re-exec  (ddp): fg_launch_reexec starts local ranks 1..N-1; this
- *            process goes on as rank 0. Its supervisor aborts our
- *            communicator when a rank dies, so rank 0 leaves a collective
- *            at once and the error names the dead rank;
+ *            process goes on as rank 0 and joins with fg_job_comm_init (a
+ *            rank that dies before it joins ends the wait). Its supervisor
+ *            aborts our communicator when a rank dies, so rank 0 leaves a
+ *            collective at once and the error names the dead rank;
  *   fork     (ddp_spawn, ddp_fork): fg_launch_fork runs every rank in a
  *            child; rank 0 sends its state as of its last step back with
  *            fg_launch_send_result, for fg_fabric_spawn_result.
@@ -18,87 +19,6 @@
 #include <string.h>
 
 #include "fabric_impl.h"
-
-/* ---------------------------------------------------------------- join */
-
-/* fg_comm_init on a helper thread, for the re-exec launcher's rank 0: a rank
- * that dies before it joins would leave rank 0 at the rendezvous until the
- * comm timeout, and there is no communicator yet to abort. The supervisor's
- * on_failure wakes the wait instead (abort_comm); the helper then finishes
- * on its own and frees what it made. Freed by whichever of the two lets go
- * last. */
-typedef struct fg__comm_init_call {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    fg_cluster_info info;
-    fg_comm *comm;
-    fg_status status;
-    char msg[512];
-    bool done, peer_failed;
-    int refs;
-} comm_init_call;
-
-static void call_release(comm_init_call *c) {
-    pthread_mutex_lock(&c->mu);
-    bool last = --c->refs == 0;
-    pthread_mutex_unlock(&c->mu);
-    if (!last) return;
-    fg_comm_free(c->comm);
-    pthread_cond_destroy(&c->cv);
-    pthread_mutex_destroy(&c->mu);
-    fg_free(c);
-}
-
-static void *comm_init_thread(void *arg) {
-    comm_init_call *c = arg;
-    fg_comm *comm = NULL;
-    fg_status s = fg_comm_init(&c->info, NULL, &comm);
-    pthread_mutex_lock(&c->mu);
-    c->status = s;
-    c->comm = comm;
-    snprintf(c->msg, sizeof c->msg, "%s", fg_last_error());
-    c->done = true;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-    call_release(c);
-    return NULL;
-}
-
-static fg_status comm_init_watched(fg_fabric *f, const fg_cluster_info *info, fg_comm **out) {
-    comm_init_call *c = fg_calloc(1, sizeof *c);
-    if (!c) return FG_ENOMEM;
-    c->info = *info;
-    c->refs = 2;
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
-    pthread_mutex_lock(&f->comm_mu);
-    f->init_call = c;
-    pthread_mutex_unlock(&f->comm_mu);
-    /* a rank that died before init_call was set woke nobody */
-    bool dead = fg_job_check(f->job) != FG_OK;
-    pthread_mutex_lock(&c->mu);
-    c->peer_failed |= dead;
-    pthread_mutex_unlock(&c->mu);
-    pthread_t t;
-    if (dead) call_release(c); /* the helper's reference, unused */
-    else if (pthread_create(&t, NULL, comm_init_thread, c) == 0) pthread_detach(t);
-    else comm_init_thread(c); /* no thread to spare: wait here */
-    pthread_mutex_lock(&c->mu);
-    while (!c->done && !c->peer_failed) pthread_cond_wait(&c->cv, &c->mu);
-    fg_status s = c->done ? c->status : FG_EPEER;
-    if (c->done) {
-        *out = c->comm;
-        c->comm = NULL;
-        if (s != FG_OK) fg_error(s, "%s", c->msg);
-    }
-    pthread_mutex_unlock(&c->mu);
-    pthread_mutex_lock(&f->comm_mu);
-    f->init_call = NULL;
-    pthread_mutex_unlock(&f->comm_mu);
-    call_release(c);
-    if (s == FG_EPEER && !*out) fg_job_check(f->job); /* names the rank that died */
-    return s;
-}
 
 /* Joins the job described by info: ranks, kernel threads, and the
  * communicator of a ddp group of several ranks. */
@@ -113,7 +33,8 @@ static fg_status join(fg_fabric *f, const fg_cluster_info *info) {
     FG_TRY(fg_set_num_threads(f->threads));
     if (info->world_size < 2 || !fg_strategy_kind_is_ddp(f->plan.strategy)) return FG_OK;
     fg_comm *c = NULL;
-    FG_TRY(f->job ? comm_init_watched(f, info, &c) : fg_comm_init(info, NULL, &c));
+    /* re-exec: rank 0 stops waiting for the others if one of them dies first */
+    FG_TRY(fg_job_comm_init(f->job, info, NULL, &c));
     pthread_mutex_lock(&f->comm_mu);
     f->comm = c;
     pthread_mutex_unlock(&f->comm_mu);
@@ -153,13 +74,6 @@ static void abort_comm(void *ud, const fg_rank_exit *e) {
     fg_fabric *f = ud;
     pthread_mutex_lock(&f->comm_mu);
     if (f->comm) fg_comm_abort(f->comm);
-    comm_init_call *c = f->init_call;
-    if (c) { /* rank 0 is still at the rendezvous */
-        pthread_mutex_lock(&c->mu);
-        c->peer_failed = true;
-        pthread_cond_broadcast(&c->cv);
-        pthread_mutex_unlock(&c->mu);
-    }
     pthread_mutex_unlock(&f->comm_mu);
 }
 
