@@ -77,11 +77,14 @@ shm_list >"$T_TMP/shm_before"
 FULGUR_CPU_DEVICES=3 "$EX" --steps 100000000 --devices 3 --strategy ddp --batch 16 >"$T_TMP/kill" 2>&1 &
 parent=$!
 kid=""
-for _ in $(seq 100); do
-    kid=$(pgrep -P $parent | tail -1)
-    [ -n "$kid" ] && [ "$(pgrep -P $parent | wc -l)" = 2 ] && break
+for _ in $(seq 100); do # rank 2: the child whose contract says so
+    for p in $(pgrep -P $parent); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'FULGUR_RANK=2' && kid=$p
+    done
+    [ -n "$kid" ] && break
     sleep 0.1
 done
+ranks=$(pgrep -P $parent | tr '\n' ' ')
 sleep 1
 t0=$(date +%s.%N)
 kill -9 "$kid"
@@ -97,9 +100,14 @@ else
     expect_grep "the message names the dead rank" kill 'rank 2 \(pid [0-9]+\) was killed by signal 9'
 fi
 sleep 0.5
-if pgrep -f "example_fabric_mlp --steps 100000000" >/dev/null; then
-    fail "processes left behind: $(pgrep -f 'example_fabric_mlp --steps 100000000' | tr '\n' ' ')"
-    pkill -9 -f "example_fabric_mlp --steps 100000000"
+# this job's processes only (other jobs on the machine may run the same program)
+left=""
+for p in $parent $ranks; do
+    grep -qF "$EX" "/proc/$p/cmdline" 2>/dev/null && left="$left $p"
+done
+if [ -n "$left" ]; then
+    fail "processes left behind:$left"
+    kill -9 $left 2>/dev/null
 else
     pass "no process left behind"
 fi
