@@ -25,11 +25,12 @@ plans() {
     ENV_RC=$?
     $prefix "$FULGUR" "${FIT[@]}" --default-root-dir "$T_TMP/run.$N" "$@" >"$T_TMP/fit.$N" 2>&1
     FIT_RC=$?
-    # under fulgur run every rank prints; rank 0's line is the one to compare
-    local others='is rank [1-9]|as rank [1-9]'
-    ENV_LINE=$(sed -n 's/^launch plan: *//p' "$T_TMP/env.$N" | grep -Ev "$others" | head -1)
-    FIT_LINE=$(sed -n 's/^launch plan: *//p; s/^fulgur: /error: /p' "$T_TMP/fit.$N" |
-        grep -Ev "$others" | head -1)
+    # under fulgur run every rank prints (or the first to fail stops the
+    # others before they do): the lines are compared with the rank left out
+    local norm='s/(is|as) rank [0-9]+/\1 rank R/'
+    sed -E "$norm" -i "$T_TMP/env.$N" "$T_TMP/fit.$N"
+    ENV_LINE=$(sed -n 's/^launch plan: *//p' "$T_TMP/env.$N" | head -1)
+    FIT_LINE=$(sed -n 's/^launch plan: *//p; s/^fulgur: /error: /p' "$T_TMP/fit.$N" | head -1)
 }
 
 show() {
@@ -52,7 +53,7 @@ same() {
 
 # refused NAME PATTERN PREFIX FLAGS...: both refuse with the same message,
 # env exit 2, fit exit 2 (usage, nothing started), the message matching PATTERN.
-# (Under fulgur run the ranks' stderr lines may interleave: rank 0's message
+# (Under fulgur run the ranks' stderr lines may interleave: env's message
 # only has to be somewhere in fit's output.)
 refused() {
     local name=$1 pattern=$2 same_msg; shift 2
