@@ -36,14 +36,24 @@ static void clean_env(void) {
     setenv("FULGUR_NUM_THREADS", "1", 1); /* forks must not meet a thread pool */
 }
 
+static char g_dir[128];
+
+static void remove_dir(void) {
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    if (g_dir[0] && system(cmd) != 0) fprintf(stderr, "  (could not remove %s)\n", g_dir);
+}
+
+/* A scratch folder, removed when the test binary exits (ranks leave with
+ * _exit and never remove it). */
 static const char *tmp_dir(void) {
-    static char dir[128];
-    if (!dir[0]) {
+    if (!g_dir[0]) {
         const char *t = getenv("TMPDIR");
-        snprintf(dir, sizeof dir, "%s/fg-test-fabric.XXXXXX", t ? t : "/tmp");
-        if (!mkdtemp(dir)) dir[0] = '\0';
+        snprintf(g_dir, sizeof g_dir, "%s/fg-test-fabric.XXXXXX", t ? t : "/tmp");
+        if (!mkdtemp(g_dir)) g_dir[0] = '\0';
+        else atexit(remove_dir);
     }
-    return dir;
+    return g_dir;
 }
 
 static void write_file(const char *name, const void *data, size_t n) {
