@@ -124,7 +124,8 @@ FG_API fg_status fg_module_add_tied(fg_module *m, const char *name, fg_tensor *p
 FG_API fg_status fg_module_set_init(fg_module *m, const char *name, const fg_init *init);
 
 /* Sets the seed the root's finalize initialises parameters with (default
- * 0) and from which each Dropout module's seed is derived. Before finalize
+ * and 0: fg_default_seed(), itself 0 unless fg_fabric_seed_everything set
+ * it) and from which each Dropout module's seed is derived. Before finalize
  * only (FG_ESTATE after: use fg_module_reset_parameters). */
 FG_API fg_status fg_module_set_seed(fg_module *root, uint64_t seed);
 
@@ -235,7 +236,7 @@ FG_API fg_status fg_module_load_state(fg_module *m, const fg_state_entry *entrie
 
 /* ---------------------------------------------------------------- built-ins */
 /* Each returns a new root, not yet finalized: add it as a child of a bigger
- * tree, or use it on its own (it is finalized with seed 0 on first use, or
+ * tree, or use it on its own (it is finalized with the default seed on first use, or
  * set a seed first). NULL with fg_last_error on a bad argument or out of
  * memory. The models further down (MLP, GPT) come back finalized. */
 
@@ -288,7 +289,7 @@ typedef struct fg_mlp_config {
     fg_activation activation;             /* default ReLU */
     double dropout;                       /* after each activation when > 0 */
     bool no_bias;                         /* Linear layers without bias */
-    uint64_t seed;                        /* initialisation seed */
+    uint64_t seed;                        /* initialisation seed; 0 = fg_default_seed() */
     const char *dtype;                    /* "f32" (default, NULL) or "f64" */
 } fg_mlp_config;
 
@@ -319,7 +320,8 @@ typedef struct fg_gpt_config {
     int64_t embd;      /* a multiple of heads */
     double dropout;    /* in [0, 1) */
     bool no_bias;      /* Linears and LayerNorms without bias (nanoGPT's bias=False) */
-    uint64_t seed;     /* initialisation seed (dropout seeds derive from it) */
+    uint64_t seed;     /* initialisation seed (dropout seeds derive from it);
+                          0 = fg_default_seed() */
     const char *dtype; /* "f32" (default, NULL) or "f64" */
 } fg_gpt_config;
 

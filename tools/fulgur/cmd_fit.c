@@ -2,9 +2,10 @@
  * Lightning's Trainer flags. Everything checkable is checked here, in the
  * process the user started, before any rank exists: flags and values
  * (fit_args.c), files, and the devices/strategy/precision strings
- * (fg_fabric_new). Then fg_fabric_launch runs fit_run on every rank; under
- * ddp the launcher re-executes this same command line for the other ranks,
- * which repeat the checks (cheap) and join.
+ * (fg_fabric_new: the launch plan, the same as `fulgur env` prints for these
+ * flags; the process the user started prints it). Then fg_fabric_launch runs
+ * fit_run on every rank; under ddp the launcher re-executes this same
+ * command line for the other ranks, which repeat the checks (cheap) and join.
  * Exit codes: 0 done; 1 failed while running (including a checkpoint that
  * does not fit the model, named tensor by tensor); 2 bad usage. */
 #include <string.h>
@@ -26,6 +27,12 @@ int cmd_fit(int argc, char **argv) {
     if (!f) {
         cli_error("%s", fg_last_error());
         return FG_EXIT_USAGE;
+    }
+    const fg_launch_plan *plan = fg_fabric_plan(f);
+    if (plan->rank <= 0) { /* rank 0, or the parent of forked ranks */
+        char line[512];
+        printf("launch plan: %s\n", fg_launch_plan_format(plan, line, sizeof line));
+        fflush(stdout);
     }
     rc = fg_fabric_launch(f, fit_run, &o);
     if (rc != 0) {
