@@ -1,5 +1,5 @@
-/* fulgur fabric: the user-facing object of a training program (the seeds'
- * LightningLite, today's Lightning Fabric). The same loop runs on one
+/* fulgur fabric: the user-facing object of a training program (Lightning's
+ * LightningLite, today's Fabric). The same loop runs on one
  * process or many:
  *
  *   static int run(fg_fabric *f, void *arg) {

@@ -76,7 +76,7 @@ FG_API const char *fg_accelerator_name(fg_accelerator a);
 
 #define FG_DEVICES_MAX 1024
 
-/* Which devices of this machine a job uses, as the seeds' table reads them:
+/* Which devices of this machine a job uses, as Lightning reads them:
  *   3, "3"           the first three: ids 0, 1, 2
  *   -1, "-1"         all of them
  *   [1, 3], "1, 3"   those ids ("[1, 3]" and "0," are lists too)
@@ -102,7 +102,7 @@ FG_API fg_status fg_launch_parse_devices(const char *s, int available, fg_device
  * and other negatives are errors. Thread-safe. */
 FG_API fg_status fg_launch_devices_count(int k, int available, fg_devices *out);
 
-/* The same for a list of ids (the seeds' [1, 3]); n >= 1. Thread-safe. */
+/* The same for a list of ids (Lightning's [1, 3]); n >= 1. Thread-safe. */
 FG_API fg_status fg_launch_devices_list(const int *ids, int n, int available, fg_devices *out);
 
 /* Writes the devices as a list ("[0, 1, 2]") into buf (always terminated).

@@ -1,5 +1,5 @@
 /* Parsing of what the user types: accelerator, devices (every form of the
- * seeds' table), strategy names and precision settings. Each error names the value as given and
+ * Lightning's devices table), strategy names and precision settings. Each error names the value as given and
  * says what is allowed; nothing is guessed. */
 #include <ctype.h>
 #include <errno.h>

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fulgur env and fulgur fit read accelerator, devices, strategy, precision
-# and num-nodes through one launch plan: for every row of the seeds' devices
+# and num-nodes through one launch plan: for every row of Lightning's devices
 # table (and the strategies, under `fulgur run` too) `fulgur env` prints the
 # plan that `fulgur fit` prints at its start with the same flags (fit then
 # trains one step), and every bad value is refused by both with the same
@@ -72,7 +72,7 @@ refused() {
     fi
 }
 
-# the seeds' devices table, strategy auto
+# Lightning's devices table, strategy auto
 same 'devices 1' "" --devices 1
 same 'devices 2' "" --devices 2
 same 'devices -1' "" --devices -1

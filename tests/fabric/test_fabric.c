@@ -1,6 +1,6 @@
 /* fabric: the launch decisions, made by the launch layer's plan.
  *
- *   config: fg_fabric_new accepts every row of the seeds' devices table
+ *   config: fg_fabric_new accepts every row of Lightning's devices table
  *     (FULGUR_CPU_DEVICES=4, so that several ranks are possible on any
  *     machine) and refuses each bad value with the launch layer's message;
  *   launched: under a faked launcher (fulgur's or torchrun's variables) the

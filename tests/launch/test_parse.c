@@ -1,4 +1,4 @@
-/* launch: parsing of accelerator, devices (every row of the seeds' table and
+/* launch: parsing of accelerator, devices (every row of the Lightning's devices table and
  * every error case), strategy names, precision settings, the launch plan (launcher, world size,
  * ranks, threads per rank) for launched and not-launched environments, and
  * the environment contract read back by fg_cluster_detect. */
