@@ -1,6 +1,7 @@
-/* Parsing of what the user types: accelerator, devices (every form of the
- * Lightning's devices table), strategy names and precision settings. Each error names the value as given and
- * says what is allowed; nothing is guessed. */
+/* Parsing of what the user types: accelerator, devices (every form of
+ * Lightning's devices table), strategy names and precision settings. Each
+ * error names the value as given and says what is allowed; nothing is
+ * guessed. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
