@@ -3,7 +3,43 @@
  *
  * Everything above builds on this header. Nothing here prints or exits:
  * errors come back as fg_status with a per-thread message (fg_last_error),
- * and log lines go to a hook the program sets (fg_set_log). */
+ * and log lines go to a hook the program sets (fg_set_log).
+ *
+ * CONVENTIONS
+ *
+ * These hold for every public header of fulgur. Where a function departs
+ * from one, its comment says so.
+ *
+ * Errors. A function that can fail returns fg_status, FG_OK (0) on success.
+ * On failure it leaves a message in fg_last_error() that names the bad value
+ * and what to do about it, and the same status in fg_last_status(). Both
+ * belong to the calling thread and describe its most recent failure; after a
+ * call that succeeded they mean nothing.
+ *
+ * Constructors. A function that makes an object (fg_x_new, fg_x_open, ...)
+ * returns it, or NULL on failure with the message in fg_last_error() and the
+ * status in fg_last_status(). It never hands the object back through an
+ * out-parameter. The caller owns what it gets and releases it with the
+ * matching fg_x_free (fg_x_close for what fg_x_open opened); releasing NULL
+ * does nothing.
+ *
+ * Ownership. A pointer argument is borrowed: the callee reads or writes it
+ * during the call, or until the point its comment names ("borrowed until
+ * fg_st_close"), and the caller keeps it. An argument documented as
+ * "consumed" passes to the callee, also when the call fails: the callee
+ * frees it on that path, so the caller never frees it after the call,
+ * whatever the call returned. A NULL where a consumed object is expected is
+ * an error that keeps the message the failed constructor left, so that
+ * fg_x_add(parent, fg_y_new(...)) reports the real cause.
+ *
+ * Options and defaults. Options come in by const pointer to a plain struct;
+ * NULL, or a field left zero, means the documented default. A zero fg_dtype
+ * is FG_DTYPE_DEFAULT: f32 wherever a dtype is an option. A tensor always
+ * has a real dtype: the tensor constructors refuse 0.
+ *
+ * Threads. Distinct objects may be used on distinct threads at once; one
+ * object is used by one thread at a time unless its comment says otherwise.
+ * A call marked collective must be made by every rank, in the same order. */
 #ifndef FULGUR_CORE_H
 #define FULGUR_CORE_H
 
@@ -56,17 +92,24 @@ FG_API const char *fg_status_str(fg_status s);
  * Valid until the next fulgur call on the same thread. Thread-safe. */
 FG_API const char *fg_last_error(void);
 
-/* Sets this thread's error message (printf-style) and returns `s`, so that
- * `return fg_error(FG_EINVAL, "devices=%s: ...", v);` reads naturally. User
- * callbacks (datasets, cluster environments) may use it as well. */
+/* The status of the last failing call on this thread (FG_OK if none, or
+ * after fg_clear_error): what a constructor that returned NULL would have
+ * returned. Set together with the message by fg_error, fg_verror and
+ * fg_error_wrap. Thread-safe. */
+FG_API fg_status fg_last_status(void);
+
+/* Sets this thread's error message (printf-style) and status, and returns
+ * `s`, so that `return fg_error(FG_EINVAL, "devices=%s: ...", v);` reads
+ * naturally. User callbacks (datasets, cluster environments) may use it as
+ * well. */
 FG_API fg_status fg_error(fg_status s, const char *fmt, ...) FG_PRINTF(2, 3);
 FG_API fg_status fg_verror(fg_status s, const char *fmt, va_list ap);
 
 /* Prefixes this thread's current message with `prefix: ` (context while
- * passing an error up). Returns `s`. */
+ * passing an error up), sets the status to `s` and returns `s`. */
 FG_API fg_status fg_error_wrap(fg_status s, const char *fmt, ...) FG_PRINTF(2, 3);
 
-/* Clears this thread's error message. */
+/* Clears this thread's error message and status (to "" and FG_OK). */
 FG_API void fg_clear_error(void);
 
 /* --------------------------------------------------------------- logging */

@@ -109,7 +109,8 @@ fg_module *fg_mlp_new(const fg_mlp_config *c) {
         goto fail;
     return m;
 fail:
-    fg_error_wrap(FG_EINVAL, "mlp_new");
+    /* keep the cause's status (FG_ENOMEM stays FG_ENOMEM) */
+    fg_error_wrap(fg_last_status() ? fg_last_status() : FG_EINVAL, "mlp_new");
     fg_module_free(m);
     return NULL;
 }

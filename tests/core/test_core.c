@@ -1,4 +1,6 @@
 /* core: errors, allocator hook, arena, RNG, dtype conversions, threads. */
+#include <pthread.h>
+
 #include "harness.h"
 
 TEST(error_messages_are_per_thread_and_wrapped) {
@@ -10,6 +12,36 @@ TEST(error_messages_are_per_thread_and_wrapped) {
     CHECK(fg_last_error()[0] == '\0');
     CHECK_CONTAINS(fg_status_str(FG_EPEER), "peer");
     CHECK_CONTAINS(fg_status_str((fg_status)999), "unknown");
+}
+
+static void *fail_on_thread(void *arg) {
+    (void)arg;
+    fg_error(FG_EIO, "on the other thread");
+    return fg_last_status() == FG_EIO ? arg : NULL;
+}
+
+TEST(last_status_goes_with_the_message) {
+    fg_clear_error();
+    CHECK(fg_last_status() == FG_OK);
+    fg_error(FG_EFORMAT, "bad file");
+    CHECK(fg_last_status() == FG_EFORMAT);
+    fg_error_wrap(FG_EMISMATCH, "load");
+    CHECK(fg_last_status() == FG_EMISMATCH);
+    CHECK_CONTAINS(fg_last_error(), "load: bad file");
+    /* a failed constructor leaves its status: fg_alloc's FG_ENOMEM */
+    CHECK(fg_calloc(SIZE_MAX / 2, 4) == NULL);
+    CHECK(fg_last_status() == FG_ENOMEM);
+    /* per thread: another thread's failure does not touch this one's */
+    static int token;
+    pthread_t t;
+    void *ret = NULL;
+    CHECK(pthread_create(&t, NULL, fail_on_thread, &token) == 0);
+    pthread_join(t, &ret);
+    CHECK(ret == &token);
+    CHECK(fg_last_status() == FG_ENOMEM);
+    CHECK_CONTAINS(fg_last_error(), "overflows");
+    fg_clear_error();
+    CHECK(fg_last_status() == FG_OK);
 }
 
 static int g_fail_at, g_count;
