@@ -319,22 +319,23 @@ static fg_status finish(fg_st_file *f, fg_st_file **out) {
     return FG_OK;
 }
 
-fg_status fg_st_reader_from_memory(const void *buf, size_t len, const char *label,
-                                   fg_st_file **out) {
-    if (!out) return fg_error(FG_EINVAL, "fg_st_reader_from_memory: NULL out");
-    *out = NULL;
-    if (!buf && len) return fg_error(FG_EINVAL, "fg_st_reader_from_memory: NULL buffer");
-    fg_st_file *f;
-    FG_TRY(new_file(label ? label : "<memory>", &f));
+fg_st_file *fg_st_open_memory(const void *buf, size_t len, const char *label) {
+    if (!buf && len) {
+        fg_error(FG_EINVAL, "fg_st_open_memory: NULL buffer with %zu bytes", len);
+        return NULL;
+    }
+    fg_st_file *f, *out = NULL;
+    if (new_file(label ? label : "<memory>", &f) != FG_OK) return NULL;
     f->base = buf ? buf : (const unsigned char *)"";
     f->len = len;
-    return finish(f, out);
+    finish(f, &out);
+    return out;
 }
 
-fg_status fg_st_open(const char *path, fg_st_file **out) {
+/* fg_st_open's work, in the status form that FG_TRY and the early returns
+ * read best in. */
+static fg_status open_path(const char *path, fg_st_file **out) {
     char eb[128];
-    if (!out) return fg_error(FG_EINVAL, "fg_st_open: NULL out");
-    *out = NULL;
     if (!path) return fg_error(FG_EINVAL, "fg_st_open: NULL path");
     /* O_NONBLOCK so that a FIFO in the checkpoint's place cannot hang us. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -376,6 +377,12 @@ fg_status fg_st_open(const char *path, fg_st_file **out) {
     }
     close(fd);
     return finish(f, out);
+}
+
+fg_st_file *fg_st_open(const char *path) {
+    fg_st_file *f = NULL;
+    open_path(path, &f);
+    return f;
 }
 
 void fg_st_close(fg_st_file *f) {

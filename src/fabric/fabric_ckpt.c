@@ -134,8 +134,8 @@ static int64_t meta_int(fg_st_file *file, const char *key, int64_t def) {
 
 fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st) {
     if (!st || !st->model || !path) return fg_error(FG_EINVAL, "load: needs a path and a model");
-    fg_st_file *file = NULL;
-    FG_TRY(fg_st_open(path, &file));
+    fg_st_file *file = fg_st_open(path);
+    if (!file) return fg_last_status();
     const char *fmt = fg_st_meta_get(file, "format");
     if (!fmt || strcmp(fmt, FORMAT_NAME)) {
         fg_st_close(file);

@@ -91,7 +91,7 @@ int cmd_sample(int argc, char **argv) {
     fg_text_vocab *v = NULL;
     int32_t *ids = NULL, *pids = NULL;
     char *text = NULL;
-    if (fg_st_open(path, &f) != FG_OK) {
+    if (!(f = fg_st_open(path))) {
         cli_error("%s", fg_last_error());
         goto out;
     }
