@@ -119,7 +119,7 @@ typedef struct fg_st_file fg_st_file;
 typedef struct fg_st_info {
     const char *name;
     const char *dtype_name; /* as in the file: "F32", "BF16", "BOOL", ... */
-    fg_dtype dtype;         /* meaningful only if has_dtype */
+    fg_dtype dtype;         /* FG_DTYPE_DEFAULT when fulgur lacks the file's dtype */
     bool has_dtype;         /* false for safetensors dtypes fulgur lacks (BOOL, I8, U32, F8_*, ...) */
     size_t elem_size;       /* bytes per element */
     int ndim;               /* 0..FG_ST_MAX_NDIM */

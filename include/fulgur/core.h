@@ -191,7 +191,13 @@ FG_API uint64_t fg_rng_derive(uint64_t seed, uint64_t stream);
 
 /* ---------------------------------------------------------------- dtypes */
 
+/* Element types. 0 is not a type but FG_DTYPE_DEFAULT, "none chosen": an
+ * option struct left zero, or a dtype argument of a model or layer
+ * constructor, means f32. Data always has a real type: the tensor
+ * constructors, the communicator, fg_convert and the checkpoint layer refuse
+ * FG_DTYPE_DEFAULT with FG_EINVAL. */
 typedef enum fg_dtype {
+    FG_DTYPE_DEFAULT = 0,
     FG_F64,
     FG_F32,
     FG_BF16,
@@ -203,12 +209,18 @@ typedef enum fg_dtype {
     FG_DTYPE_COUNT
 } fg_dtype;
 
+/* True for a real dtype (FG_F64 .. FG_U16); false for FG_DTYPE_DEFAULT and
+ * anything out of range. */
 FG_API bool fg_dtype_valid(int dtype);
-FG_API size_t fg_dtype_size(fg_dtype dt);      /* 0 for an invalid dtype */
-FG_API const char *fg_dtype_name(fg_dtype dt); /* "f32", ...; "?" if invalid */
-/* safetensors names ("F64","F32","BF16","F16","I32","I64","U8","U16"). */
+FG_API size_t fg_dtype_size(fg_dtype dt); /* 0 for FG_DTYPE_DEFAULT or an invalid dtype */
+/* "f32", ...; "default" for FG_DTYPE_DEFAULT, "?" if invalid. */
+FG_API const char *fg_dtype_name(fg_dtype dt);
+/* safetensors names ("F64","F32","BF16","F16","I32","I64","U8","U16"); "?"
+ * for FG_DTYPE_DEFAULT or an invalid dtype. */
 FG_API const char *fg_dtype_st_name(fg_dtype dt);
-/* Parses either form; returns FG_EINVAL for an unknown name. */
+/* Parses a real dtype by either name, case-insensitively ("f32", "BF16").
+ * Returns FG_OK, or FG_EINVAL naming the unknown name (NULL and "" too: a
+ * caller whose setting is optional maps those to FG_DTYPE_DEFAULT itself). */
 FG_API fg_status fg_dtype_parse(const char *name, fg_dtype *out);
 FG_API bool fg_dtype_is_float(fg_dtype dt);
 

@@ -52,8 +52,9 @@ extern "C" {
 /* ================================================================ datasets */
 
 /* The dtype and shape of one sample's x or y (without the batch dimension).
- * ndim 0 is a scalar (one element); at most FG_MAX_DIMS - 1 dims, so that a
- * batch fits in a tensor. */
+ * dtype FG_DTYPE_DEFAULT (0) means f32: fg_dataset_new fills it in, so the
+ * specs a dataset reports always name a real dtype. ndim 0 is a scalar (one
+ * element); at most FG_MAX_DIMS - 1 dims, so that a batch fits in a tensor. */
 typedef struct fg_sample_spec {
     fg_dtype dtype;
     int ndim;

@@ -102,7 +102,9 @@ FG_API fg_status fg_module_add_child(fg_module *m, const char *name, fg_module *
  * a persistent tensor borrowed from m (its pointer stays valid after
  * finalize, which moves its data into the flat buffer; values written before
  * finalize are kept only with FG_INIT_KEEP). NULL on error (FG_EINVAL,
- * FG_ESTATE after finalize, FG_ENOMEM). */
+ * FG_ESTATE after finalize, FG_ENOMEM; FG_EUNSUPPORTED for a dtype other
+ * than FG_F32 and FG_F64: a parameter is a tensor, so 0 is not taken as
+ * f32 here). */
 FG_API fg_tensor *fg_module_add_param(fg_module *m, const char *name, fg_dtype dt, int ndim,
                                       const int64_t *shape, const fg_init *init);
 
@@ -237,7 +239,9 @@ FG_API fg_status fg_module_load_state(fg_module *m, const fg_state_entry *entrie
 /* Each returns a new root, not yet finalized: add it as a child of a bigger
  * tree, or use it on its own (it is finalized with seed 0 on first use, or
  * set a seed first). NULL with fg_last_error on a bad argument or out of
- * memory. The models further down (MLP, GPT) come back finalized. */
+ * memory. The models further down (MLP, GPT) come back finalized.
+ * A `dt` argument is the parameters' dtype: FG_F32 (or 0, the default) or
+ * FG_F64; FG_BF16 and FG_F16 are FG_EUNSUPPORTED, other dtypes FG_EINVAL. */
 
 /* y = x @ weight^T + bias: weight (out, in), bias (out) when `bias`, as
  * torch.nn.Linear, initialised as PyTorch does (U(-1/sqrt(in), 1/sqrt(in))
@@ -289,14 +293,15 @@ typedef struct fg_mlp_config {
     double dropout;                       /* after each activation when > 0 */
     bool no_bias;                         /* Linear layers without bias */
     uint64_t seed;                        /* initialisation seed */
-    const char *dtype;                    /* "f32" (default, NULL) or "f64" */
+    fg_dtype dtype;                       /* FG_F32 (default, 0) or FG_F64 */
 } fg_mlp_config;
 
 /* Builds and finalizes an MLP. Its forward takes x (B, sizes[0]), or
  * (B, d1, d2, ...) with d1*d2*... == sizes[0] (flattened, as nn.Flatten),
  * and returns logits (B, sizes[nlayers]). Errors: FG_EINVAL naming the bad
- * field (nlayers out of 1..FG_MLP_MAX_LAYERS, a size <= 0, unknown dtype,
- * dropout outside [0, 1)). */
+ * field (nlayers out of 1..FG_MLP_MAX_LAYERS, a size <= 0, a dtype other
+ * than 0, FG_F32 and FG_F64 (FG_EUNSUPPORTED for bf16 and f16), dropout
+ * outside [0, 1)). */
 FG_API fg_module *fg_mlp_new(const fg_mlp_config *c);
 
 /* -------------------------------------------------------------------- GPT */
@@ -320,16 +325,17 @@ typedef struct fg_gpt_config {
     double dropout;    /* in [0, 1) */
     bool no_bias;      /* Linears and LayerNorms without bias (nanoGPT's bias=False) */
     uint64_t seed;     /* initialisation seed (dropout seeds derive from it) */
-    const char *dtype; /* "f32" (default, NULL) or "f64" */
+    fg_dtype dtype;    /* FG_F32 (default, 0) or FG_F64 */
 } fg_gpt_config;
 
 /* Builds and finalizes a GPT. Its forward takes idx i32 (B, T) with
  * T <= ctx and every id in [0, vocab), and returns logits (B, T, vocab).
  * Errors: FG_EINVAL naming the bad field (a size <= 0, embd not a multiple
- * of heads, dropout outside [0, 1), unknown dtype); forward: FG_EINVAL for
+ * of heads, dropout outside [0, 1), a dtype as for fg_mlp_new); forward: FG_EINVAL for
  * T > ctx, a wrong dtype or ndim, or an id out of range. */
 FG_API fg_module *fg_gpt_new(const fg_gpt_config *c);
-/* The config a GPT module was built with (NULL if m is not one). */
+/* The config a GPT module was built with, its dtype filled in (FG_F32 for
+ * a 0); NULL if m is not one. */
 FG_API const fg_gpt_config *fg_gpt_get_config(const fg_module *m);
 
 typedef struct fg_sample_opts {

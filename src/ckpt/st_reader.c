@@ -411,8 +411,8 @@ fg_status fg_st_info_at(const fg_st_file *f, int64_t i, fg_st_info *out) {
     *out = (fg_st_info){
         .name = e->name,
         .dtype_name = e->dt->name,
-        .dtype = e->dt->fg >= 0 ? (fg_dtype)e->dt->fg : FG_U8,
-        .has_dtype = e->dt->fg >= 0,
+        .dtype = e->dt->fg,
+        .has_dtype = e->dt->fg != FG_DTYPE_DEFAULT,
         .elem_size = e->dt->size,
         .ndim = e->ndim,
         .shape = e->shape,
@@ -449,9 +449,11 @@ fg_status fg_st_read(const fg_st_file *f, int64_t i, void *dst, fg_dtype dst_dty
                         (long long)i, (long long)f->n);
     const st_entry *e = &f->e[i];
     if (!fg_dtype_valid((int)dst_dtype))
-        return fg_error(FG_EINVAL, "%s: tensor \"%.200s\": invalid destination dtype %d", f->label,
-                        e->name, (int)dst_dtype);
-    if (e->dt->fg < 0)
+        return fg_error(FG_EINVAL,
+                        "%s: tensor \"%.200s\": destination dtype %d (%s): expected a real dtype, "
+                        "FG_F64 .. FG_U16",
+                        f->label, e->name, (int)dst_dtype, fg_dtype_name(dst_dtype));
+    if (e->dt->fg == FG_DTYPE_DEFAULT)
         return fg_error(FG_EUNSUPPORTED,
                         "%s: tensor \"%.200s\" has dtype %s, which fulgur cannot convert (its raw "
                         "bytes are at fg_st_data)",
@@ -463,7 +465,7 @@ fg_status fg_st_read(const fg_st_file *f, int64_t i, void *dst, fg_dtype dst_dty
         return fg_error(FG_EINVAL, "%s: tensor \"%.200s\": NULL destination", f->label, e->name);
     if (numel == 0) return FG_OK;
     const unsigned char *src = f->data + e->begin;
-    fg_dtype sdt = (fg_dtype)e->dt->fg;
+    fg_dtype sdt = e->dt->fg;
     if (sdt == dst_dtype) {
         memcpy(dst, src, e->nbytes);
         return FG_OK;

@@ -226,7 +226,7 @@ fg_module *fg_gpt_new(const fg_gpt_config *c) {
         return NULL;
     }
     fg_dtype dt;
-    if (check_config(c) || fg__parse_model_dtype(c->dtype, "gpt_new", &dt))
+    if (check_config(c) || fg__model_dtype(c->dtype, "gpt_new", &dt))
         return NULL;
     gpt *g = fg_calloc(1, sizeof *g);
     if (g)
@@ -240,7 +240,7 @@ fg_module *fg_gpt_new(const fg_gpt_config *c) {
         return NULL;
     m->kind = fg__kind_gpt;
     g->c = *c;
-    g->c.dtype = dt == FG_F64 ? "f64" : "f32";
+    g->c.dtype = dt;
     int64_t C = c->embd;
     fg_module *tr, *h;
     fg_init w02 = {FG_INIT_NORMAL, 0, 0.02};

@@ -122,6 +122,27 @@ TEST(open_returns_the_file_or_null_with_the_status) {
     fg_st_close(NULL);
 }
 
+TEST(dtype_zero_is_no_dtype) {
+    float v[2] = {1, 2};
+    int64_t s[1] = {2};
+    fg_st_writer *w = fg_st_writer_new();
+    CHECK_STATUS(fg_st_writer_add(w, "w", FG_DTYPE_DEFAULT, 1, s, v), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "default");
+    CHECK(fg_st_writer_count(w) == 0);
+    fg_st_writer_free(w);
+    /* a dtype fulgur lacks reads back as FG_DTYPE_DEFAULT, has_dtype false */
+    fg_st_file *f = fg_st_open(fg_test_path("ckpt/crafted/good_other_dtypes.safetensors"));
+    CHECK_MSG(f != NULL, "%s", fg_last_error());
+    if (!f) return;
+    fg_st_info info;
+    CHECK_OK(fg_st_info_at(f, fg_st_find(f, "m"), &info));
+    CHECK(!strcmp(info.dtype_name, "BOOL") && !info.has_dtype && info.dtype == FG_DTYPE_DEFAULT);
+    uint8_t out[3];
+    CHECK_STATUS(fg_st_read(f, fg_st_find(f, "m"), out, FG_U8, 3), FG_EUNSUPPORTED);
+    CHECK_STATUS(fg_st_read(f, fg_st_find(f, "m"), out, FG_DTYPE_DEFAULT, 3), FG_EINVAL);
+    fg_st_close(f);
+}
+
 /* A valid file in memory. */
 static uint8_t *valid_file(size_t *len) {
     float v[64];

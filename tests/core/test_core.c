@@ -171,6 +171,34 @@ TEST(convert_and_dtype_names) {
     CHECK_CONTAINS(fg_last_error(), "\"f8\"");
 }
 
+TEST(dtype_zero_is_the_default_not_a_type) {
+    CHECK(FG_DTYPE_DEFAULT == 0);
+    CHECK(!fg_dtype_valid(FG_DTYPE_DEFAULT) && !fg_dtype_valid(-1));
+    CHECK(!fg_dtype_valid(FG_DTYPE_COUNT));
+    CHECK(fg_dtype_size(FG_DTYPE_DEFAULT) == 0);
+    CHECK(!fg_dtype_is_float(FG_DTYPE_DEFAULT));
+    CHECK(!strcmp(fg_dtype_name(FG_DTYPE_DEFAULT), "default"));
+    CHECK(!strcmp(fg_dtype_st_name(FG_DTYPE_DEFAULT), "?"));
+    CHECK(!strcmp(fg_dtype_name((fg_dtype)99), "?"));
+    /* every real dtype: valid, sized, and its two names parse back to it */
+    for (int i = FG_DTYPE_DEFAULT + 1; i < FG_DTYPE_COUNT; i++) {
+        fg_dtype dt = (fg_dtype)i, a = FG_DTYPE_DEFAULT, b = FG_DTYPE_DEFAULT;
+        CHECK(fg_dtype_valid(i) && fg_dtype_size(dt) > 0);
+        CHECK_OK(fg_dtype_parse(fg_dtype_name(dt), &a));
+        CHECK_OK(fg_dtype_parse(fg_dtype_st_name(dt), &b));
+        CHECK(a == dt && b == dt);
+    }
+    fg_dtype dt = FG_F16;
+    CHECK_STATUS(fg_dtype_parse("default", &dt), FG_EINVAL);
+    CHECK_STATUS(fg_dtype_parse(NULL, &dt), FG_EINVAL);
+    CHECK_STATUS(fg_dtype_parse("", &dt), FG_EINVAL);
+    CHECK(dt == FG_F16);
+    float src[2] = {1, 2}, dst[2];
+    CHECK_STATUS(fg_convert(dst, FG_DTYPE_DEFAULT, src, FG_F32, 2), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "default");
+    CHECK_STATUS(fg_convert(dst, FG_F32, src, FG_DTYPE_DEFAULT, 2), FG_EINVAL);
+}
+
 TEST(threads_setting) {
     setenv("FULGUR_NUM_THREADS", "x", 1);
     CHECK_STATUS(fg_set_num_threads(0), FG_EINVAL);

@@ -328,6 +328,31 @@ static fg_dataset *cb_new(int64_t n, int64_t fail_at, int delay_us) {
     return fg_dataset_new(&CB_OPS, c, "counting");
 }
 
+/* x's dtype left 0: the default, f32 */
+static void default_spec(void *ud, fg_sample_spec *x, fg_sample_spec *y) {
+    (void)ud;
+    *x = (fg_sample_spec){.ndim = 1, .shape = {2}};
+    *y = (fg_sample_spec){.dtype = FG_I32, .ndim = 0};
+}
+
+TEST(spec_dtype_zero_is_f32) {
+    fg_sample_spec s = {.ndim = 1, .shape = {3}};
+    CHECK(fg_sample_spec_bytes(&s) == 12);
+    fg_dataset_ops ops = CB_OPS;
+    ops.spec = default_spec;
+    cb *c = fg_alloc(sizeof *c);
+    *c = (cb){4, -1, 0};
+    fg_dataset *ds = fg_dataset_new(&ops, c, "default-dtype");
+    CHECK_MSG(ds != NULL, "%s", fg_last_error());
+    if (!ds) return;
+    CHECK(fg_dataset_x_spec(ds)->dtype == FG_F32);
+    fg_dataloader *dl = fg_dataloader_new(ds, &(fg_loader_opts){.batch = 2});
+    fg_batch *b = dl ? fg_dataloader_next(dl) : NULL;
+    CHECK(b && fg_tensor_dtype(b->x) == FG_F32 && fg_tensor_get(b->x, 3) == 1.5);
+    fg_dataloader_free(dl);
+    fg_dataset_free(ds);
+}
+
 static void bad_spec(void *ud, fg_sample_spec *x, fg_sample_spec *y) {
     (void)ud;
     *x = (fg_sample_spec){.dtype = FG_F32, .ndim = FG_MAX_DIMS};
