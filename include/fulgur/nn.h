@@ -77,9 +77,11 @@ typedef struct fg_init {
  *   type:    a short type name for messages ("Linear", "Block"); copied.
  *   forward: may be NULL for a pure container (ModuleDict, ModuleList):
  *            fg_module_forward on it is then FG_EUNSUPPORTED.
- *   ud:      user data handed to forward, owned by the module when free_ud
- *            is given (called once from fg_module_free).
- * Returns NULL with FG_ENOMEM (free_ud is then called on ud). */
+ *   ud:      user data handed to forward. With free_ud it is consumed (also
+ *            on failure): free_ud(ud) runs once, from fg_module_free, or
+ *            before this returns NULL. Without free_ud it is borrowed for
+ *            the module's life.
+ * Returns NULL with FG_ENOMEM. */
 FG_API fg_module *fg_module_new(const char *type, fg_module_forward_fn forward, void *ud,
                                 void (*free_ud)(void *ud));
 
@@ -88,12 +90,14 @@ FG_API fg_module *fg_module_new(const char *type, fg_module_forward_fn forward, 
 FG_API void fg_module_free(fg_module *m);
 
 /* Adds `child` under `name` (non-empty, no '.', unique among m's children
- * and parameters; copied). The child is consumed: it belongs to m from now
- * on, also when the call fails (it is then freed), except when it already
- * belongs to another module (left alone). Errors: FG_EINVAL (bad or
- * duplicate name, child already has a parent, child is NULL: an earlier
- * constructor failed, and its message is kept), FG_ESTATE (m's tree or the
- * child is already finalized), FG_ENOMEM. */
+ * and parameters; copied). child is consumed (also on failure): it belongs
+ * to m from now on, and a call that fails frees it. Two children are not
+ * the caller's to give and are left alone, with FG_EINVAL: one that already
+ * belongs to a module, and the root of m's own tree.
+ * Errors: FG_EINVAL (bad or duplicate name, NULL m, the two children
+ * above), FG_ESTATE (m's tree or the child is already finalized),
+ * FG_ENOMEM. A NULL child (an earlier constructor failed) returns that
+ * failure's status, its message kept and prefixed. */
 FG_API fg_status fg_module_add_child(fg_module *m, const char *name, fg_module *child);
 
 /* Adds a parameter `name` (rules as for children) of dtype dt (f32 or f64;
@@ -270,8 +274,9 @@ FG_API fg_module *fg_gelu_new(void);
 FG_API fg_module *fg_relu_new(void);
 
 /* A container that runs its children in order (torch.nn.Sequential): the
- * children are named "0", "1", ... by fg_sequential_append, which consumes
- * `child` as fg_module_add_child does. FG_EINVAL if seq is not a Sequential. */
+ * children are named "0", "1", ... by fg_sequential_append. child is
+ * consumed (also on failure), as by fg_module_add_child; FG_EINVAL if seq is
+ * not a Sequential (child freed). */
 FG_API fg_module *fg_sequential_new(void);
 FG_API fg_status fg_sequential_append(fg_module *seq, fg_module *child);
 

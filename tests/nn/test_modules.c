@@ -697,3 +697,109 @@ TEST(gpt_dropout_modes) {
     fg_module_free(d);
     fg_module_free(n);
 }
+
+/* ------------------------------------------------------------- ownership */
+
+/* fg_module_add_child and fg_sequential_append consume the child, also when
+ * they fail; fg_module_new consumes ud (with free_ud). Every path below is
+ * run under the counting allocator (and ASan's leak check): each consumed
+ * object is freed exactly once, and nothing else is left. */
+static int ud_frees;
+static void ud_free(void *p) {
+    ud_frees++;
+    fg_free(p);
+}
+
+static long live_blocks_after(void (*fn)(void)) {
+    fa_limit = 1L << 40;
+    atomic_store(&fa_count, 0);
+    atomic_store(&fa_live, 0);
+    fg_set_allocator(fa_alloc, NULL);
+    fn();
+    fg_set_allocator(NULL, NULL);
+    return atomic_load(&fa_live);
+}
+
+/* Each failing add leaves the child freed: the Linear's ud counts it. */
+static void failing_adds(void) {
+    fg_module *m = fg_module_new("M", NULL, NULL, NULL);
+    fg_module *ok = fg_relu_new();
+    CHECK_OK(fg_module_add_child(m, "a", ok));
+    int before = ud_frees;
+    CHECK_STATUS(fg_module_add_child(m, "a.b", fg_module_new("C", NULL, fg_alloc(8), ud_free)),
+                 FG_EINVAL); /* a dotted name */
+    CHECK_STATUS(fg_module_add_child(m, "a", fg_module_new("C", NULL, fg_alloc(8), ud_free)),
+                 FG_EINVAL); /* a duplicate name */
+    CHECK_STATUS(fg_module_add_child(NULL, "x", fg_module_new("C", NULL, fg_alloc(8), ud_free)),
+                 FG_EINVAL); /* no parent */
+    fg_module *done = fg_module_new("C", NULL, fg_alloc(8), ud_free);
+    CHECK_OK(fg_module_finalize(done));
+    CHECK_STATUS(fg_module_add_child(m, "done", done), FG_ESTATE); /* finalized */
+    CHECK_STATUS(fg_sequential_append(m, fg_module_new("C", NULL, fg_alloc(8), ud_free)),
+                 FG_EINVAL); /* m is not a Sequential */
+    CHECK_STATUS(fg_sequential_append(NULL, fg_module_new("C", NULL, fg_alloc(8), ud_free)),
+                 FG_EINVAL);
+    CHECK(ud_frees == before + 6);
+    /* not the caller's to give, so left alone: a child of another module,
+     * and m's own root */
+    CHECK_STATUS(fg_module_add_child(m, "again", ok), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "already belongs");
+    CHECK_STATUS(fg_module_add_child(fg_module_child(m, "a"), "up", m), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "own root");
+    CHECK(fg_module_num_children(m) == 1 && fg_module_child(m, "a") == ok);
+    CHECK(ud_frees == before + 6);
+    fg_module_free(m);
+}
+
+/* A NULL child (a failed constructor) keeps that constructor's status. */
+static void null_child_keeps_the_cause(void) {
+    fg_module *m = fg_sequential_new();
+    fa_limit = atomic_load(&fa_count); /* the next allocation fails */
+    fg_module *c = fg_linear_new(2, 3, true, FG_F32);
+    fa_limit = 1L << 40;
+    CHECK(c == NULL && fg_last_status() == FG_ENOMEM);
+    fg_status s = fg_sequential_append(m, c);
+    CHECK(s != FG_OK);
+    CHECK_CONTAINS(fg_last_error(), "out of memory");
+    fg_module_free(m);
+}
+
+TEST(consumed_children_are_freed_on_every_failure) {
+    ud_frees = 0;
+    long live = live_blocks_after(failing_adds);
+    CHECK_MSG(live == 0, "%ld blocks leaked", live);
+    live = live_blocks_after(null_child_keeps_the_cause);
+    CHECK_MSG(live == 0, "%ld blocks leaked", live);
+    /* fg_module_new's ud, and add_child's own allocations, failing one by one */
+    int fails = 0;
+    for (long limit = 0; limit < 1000; limit++) {
+        fa_limit = 1L << 40;
+        atomic_store(&fa_count, 0);
+        atomic_store(&fa_live, 0);
+        fg_set_allocator(fa_alloc, NULL);
+        int before = ud_frees;
+        fg_module *m = fg_module_new("M", NULL, NULL, NULL);
+        void *ud = fg_alloc(8);
+        fa_limit = atomic_load(&fa_count) + limit;
+        fg_module *c = fg_module_new("C", NULL, ud, ud_free);
+        fg_status s = fg_module_add_child(m, "c", c);
+        fa_limit = 1L << 40;
+        if (s != FG_OK) {
+            CHECK(ud_frees == before + 1); /* freed by whichever call failed */
+            CHECK(fg_last_status() == FG_ENOMEM);
+            CHECK(fg_module_num_children(m) == 0);
+            fails++;
+        } else {
+            CHECK(ud_frees == before && fg_module_child(m, "c") == c);
+        }
+        fg_module_free(m);
+        fg_set_allocator(NULL, NULL);
+        CHECK_MSG(atomic_load(&fa_live) == 0, "limit %ld: %ld blocks leaked", limit,
+                  (long)atomic_load(&fa_live));
+        if (s == FG_OK) {
+            CHECK(ud_frees == before + 1); /* by fg_module_free */
+            break;
+        }
+    }
+    CHECK(fails >= 3); /* fg_module_new's two allocations and the name copy at least */
+}
