@@ -40,6 +40,13 @@ extern "C" {
 /* The most dimensions an entry may have. */
 #define FG_ST_MAX_NDIM 64
 
+/* One metadata entry, as the layers above pass metadata around: a key and
+ * its value, both UTF-8 strings (the format's metadata maps str to str).
+ * Plain pointers; who owns them is said where an fg_kv is passed. */
+typedef struct fg_kv {
+    const char *key, *value;
+} fg_kv;
+
 /* --------------------------------------------------------------- writing */
 
 typedef struct fg_st_writer fg_st_writer;

@@ -183,8 +183,7 @@ void fg_fabric_free(fg_fabric *f) {
     fg_strategy_free(f->strategy);
     fg_comm_free(f->comm);
     fg_free(f->spawn_blob);
-    fg_free(f->loaded_config);
-    fg_free(f->loaded_vocab);
+    fg_free(f->loaded_meta);
     fg_free(f);
 }
 

@@ -24,7 +24,8 @@ struct fg_fabric {
     /* ddp_spawn's result in the parent */
     void *spawn_blob;
     size_t spawn_blob_len;
-    char *loaded_config, *loaded_vocab;
+    fg_kv *loaded_meta; /* fabric_ckpt.c: the last load's metadata, one block */
+    int64_t nloaded_meta;
 };
 
 /* launch.c: ddp_spawn's copy of rank 0's state at the end of each step */
