@@ -18,18 +18,23 @@
  *
  * Constructors. A function that makes an object (fg_x_new, fg_x_open, ...)
  * returns it, or NULL on failure with the message in fg_last_error() and the
- * status in fg_last_status(). It never hands the object back through an
+ * status in fg_last_status(). It does not hand the object back through an
  * out-parameter. The caller owns what it gets and releases it with the
  * matching fg_x_free (fg_x_close for what fg_x_open opened); releasing NULL
- * does nothing.
+ * does nothing. Three kinds of call keep the status form, returning
+ * fg_status and setting out-parameters (to NULL on failure): one that makes
+ * two objects (fg_dataset_split), one for which NULL is a success
+ * (fg_comm_split, for a rank in no group), and one that starts an operation
+ * rather than makes an object (fg_comm_iallreduce and its kin, whose
+ * out-parameter is a request).
  *
  * Ownership. A pointer argument is borrowed: the callee reads or writes it
  * during the call, or until the point its comment names ("borrowed until
  * fg_st_close"), and the caller keeps it. An argument documented as
  * "consumed" passes to the callee, also when the call fails: the callee
  * frees it on that path, so the caller never frees it after the call,
- * whatever the call returned. A NULL where a consumed object is expected is
- * an error that keeps the message the failed constructor left, so that
+ * whatever the call returned. A NULL where a consumed object is expected
+ * fails with the status and message the failed constructor left, so that
  * fg_x_add(parent, fg_y_new(...)) reports the real cause.
  *
  * Options and defaults. Options come in by const pointer to a plain struct;

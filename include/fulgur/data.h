@@ -133,7 +133,8 @@ FG_API fg_dataset *fg_dataset_subset(fg_dataset *base, int64_t start, int64_t le
  *   val_fraction: in [0, 1); 0 gives an empty val.
  * Returns FG_OK; FG_EINVAL if val_fraction is outside [0, 1) or train would
  * be empty (the message gives the counts); FG_ENOMEM. On failure *train and
- * *val are NULL. */
+ * *val are NULL. (The status form, as core.h's conventions allow a call
+ * that makes two objects.) */
 FG_API fg_status fg_dataset_split(fg_dataset *base, double val_fraction, fg_dataset **train,
                                   fg_dataset **val);
 
