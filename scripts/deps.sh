@@ -1,6 +1,29 @@
 # Sourced by the scripts: makes sure Debian's packages fulgur needs are
 # installed. As root it installs them with apt-get; otherwise it prints the
 # exact line to run and stops.
+
+# apt-get "$@", waiting up to FG_APT_WAIT_S seconds (300) for another
+# apt-get or dpkg to finish instead of failing at once: DPkg::Lock::Timeout
+# makes apt wait for dpkg's locks; the lists lock that `apt-get update`
+# takes is not covered by it, so a run that fails naming a lock is retried
+# until the time is up.
+fg_apt_get() {
+    local wait_s=${FG_APT_WAIT_S:-300} start=$SECONDS err rc
+    err=$(mktemp)
+    while :; do
+        rc=0
+        apt-get -o DPkg::Lock::Timeout="$wait_s" "$@" 2>"$err" || rc=$?
+        if [ "$rc" != 0 ] && [ $((SECONDS - start)) -lt "$wait_s" ] &&
+            grep -q "Could not get lock\|Unable to lock\|Unable to acquire" "$err"; then
+            sleep 5
+            continue
+        fi
+        cat "$err" >&2
+        rm -f "$err"
+        return "$rc"
+    done
+}
+
 fg_need_packages() {
     local missing=()
     for p in "$@"; do
@@ -10,7 +33,7 @@ fg_need_packages() {
     if [ "$(id -u)" = 0 ]; then
         echo "installing: ${missing[*]}"
         export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null || {
+        fg_apt_get update -qq && fg_apt_get install -y -qq "${missing[@]}" >/dev/null || {
             echo "apt-get install failed for: ${missing[*]}" >&2; return 1; }
     else
         echo "fulgur needs these Debian packages; run:" >&2

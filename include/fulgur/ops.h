@@ -119,8 +119,29 @@ typedef struct fg_op_table {
  * device not built in. Thread-safe. */
 FG_API const fg_op_table *fg_ops_get(fg_device device);
 
-/* Which library does the matrix products ("openblas", "openblas+onednn-bf16"). */
+/* Which library does the matrix products of each dtype, one line:
+ * "f32: openblas, onednn (avx512_core) from 4194304 multiply-adds; bf16:
+ * onednn-bf16 (avx512_core_bf16)". Thread-safe. */
 FG_API const char *fg_ops_blas_info(void);
+
+/* Which path the bf16 matrix products (bf16 a and b, f32 accumulation) take
+ * in this process, with the reason in parentheses:
+ *   "onednn-bf16 (avx512_core_bf16)"  oneDNN's bf16 matmul, at that ISA;
+ *   "f32-fallback (...)"              a and b widened to f32 and multiplied
+ *                                     by the f32 product: where oneDNN has
+ *                                     no bf16 matmul (AVX2-only CPUs with
+ *                                     oneDNN 2.x), in a build without
+ *                                     oneDNN, or when
+ *                                     FULGUR_MATMUL_BF16=fallback;
+ *   "none (...)"                      FULGUR_MATMUL_BF16 asks for oneDNN
+ *                                     where it cannot run, or has a value
+ *                                     that does not parse: bf16 products
+ *                                     fail with the same reason.
+ * The paths agree within bf16 rounding. The first call (or the first bf16
+ * product) asks oneDNN once whether it implements the product; the answer
+ * is kept for the process. Thread-safe; the string is the calling thread's,
+ * valid until its next call. */
+FG_API const char *fg_matmul_bf16_path(void);
 
 #ifdef __cplusplus
 }

@@ -1,16 +1,18 @@
 /* Private header of the nn layer: the module struct and the root's flat
- * layout, shared by module.c (tree, finalize, state), layers.c, mlp.c and
- * gpt.c, and by the optim layer above (which reads the flat layout).
+ * layout, shared by module.c (the tree), module_flat.c (finalize and the
+ * layout), module_state.c (the state dict), layers.c, mlp.c and gpt.c, and
+ * by the optim layer above (which reads the flat layout).
  *
  * Invariants after finalize:
  *   - the root's fg_flat lists every parameter once in PyTorch order (a
- *     module's own parameters, then its children's, depth first), each at
- *     offset poff[i] = sum of the sizes before it (no padding);
+ *     module's own parameters, then its children's, depth first), parameter
+ *     i in slot[i] at offset slot[i].off = sum of the sizes before it (no
+ *     padding); buffer i likewise in slot[np + i], offsets into bdata;
  *   - every module of the tree points at that fg_flat (flat != NULL) and
  *     owns the index range [p_first, p_first + p_count) and the element range
  *     [p_off, p_off + p_numel) of it, likewise for buffers;
- *   - a parameter tensor's data is pdata + poff[i] (not owned), its grad is
- *     the view gview[i] into gdata. */
+ *   - a parameter tensor's data is pdata + slot[i].off (not owned), its grad
+ *     is the view slot[i].grad into gdata. */
 #ifndef FULGUR_NN_IMPL_H
 #define FULGUR_NN_IMPL_H
 
@@ -31,24 +33,22 @@ typedef struct fg_plist {
     int n, cap;
 } fg_plist;
 
+/* One parameter or buffer of a finalized tree. */
+typedef struct fg_slot {
+    fg_tensor *t;    /* the module's tensor; its data lives in the flat buffer */
+    fg_pentry *e;    /* its entry in the owning module (local name, init) */
+    char *name;      /* full dotted name ("blocks.0.attn.qkv.weight"), owned */
+    int64_t off;     /* elements from the start of pdata (buffers: bdata) */
+    fg_tensor *grad; /* parameters: the owned view into gdata; buffers: NULL */
+} fg_slot;
+
 typedef struct fg_flat {
     fg_dtype dtype;
     uint64_t seed;
-    /* parameters */
-    int64_t np, pnumel;
-    fg_tensor **p;
-    fg_pentry **pe;
-    char **pname; /* full dotted names */
-    int64_t *poff;
-    fg_tensor **gview;
-    void *pdata, *gdata;
-    /* buffers */
-    int64_t nb, bnumel;
-    fg_tensor **b;
-    fg_pentry **be;
-    char **bname;
-    int64_t *boff;
-    void *bdata;
+    int64_t np, pnumel; /* parameters */
+    int64_t nb, bnumel; /* buffers */
+    fg_slot *slot;      /* np parameters, then nb buffers */
+    void *pdata, *gdata, *bdata;
     /* aliases (tied weights): full name -> parameter index */
     int64_t nalias;
     char **alias_name;
@@ -86,6 +86,14 @@ struct fg_module {
 fg_module *fg__module_root(const fg_module *m);
 /* Finalizes m's root if needed. */
 fg_status fg__module_ready(fg_module *m);
+/* m's flat layout, finalizing its root if needed; NULL (error set) if that
+ * fails. */
+fg_flat *fg__module_flat(fg_module *m);
+/* Is 0 <= i < n? If not, sets FG_EINVAL naming `what`, m and n. */
+bool fg__module_index_ok(fg_module *m, int64_t i, int64_t n, const char *what);
+/* Frees a layout, its buffers and its grad views (NULL: no-op). The tree's
+ * tensors borrow them: free the tree first. */
+void fg__module_flat_free(fg_flat *f);
 /* m's path for messages ("transformer.h.0.attn", or "(root)"). */
 const char *fg__module_path(const fg_module *m, char *buf, size_t n);
 

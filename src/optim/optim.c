@@ -40,9 +40,9 @@ fg_optimizer *fg__optimizer_new(const fg_optim_vt *vt, fg_module *m, double lr, 
     if (!o->seg_begin || !o->seg_wd)
         goto fail;
     for (int64_t i = 0; i < np; i++) {
-        fg_tensor *p = m->flat->p[m->p_first + i];
+        fg_tensor *p = m->flat->slot[m->p_first + i].t;
         double d = matrices_only && p->ndim < 2 ? 0 : wd;
-        int64_t off = m->flat->poff[m->p_first + i] - m->p_off;
+        int64_t off = m->flat->slot[m->p_first + i].off - m->p_off;
         if (p->numel == 0)
             continue;
         if (o->nseg == 0 || o->seg_wd[o->nseg - 1] != d) {

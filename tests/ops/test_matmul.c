@@ -99,6 +99,15 @@ static void check_product(fg_dtype dt, int bd, const int64_t *bdims, int64_t M, 
     free(want);
 }
 
+/* Says which engines this process runs the products on (scripts/test.sh
+ * collects the line), and that the line names both dtypes. */
+TEST(matmul_paths_named) {
+    const char *info = fg_ops_blas_info();
+    printf("matmul path: %s\n", info);
+    CHECK_CONTAINS(info, "f32: openblas");
+    CHECK_CONTAINS(info, "bf16: ");
+}
+
 TEST(matmul_2d_every_transpose_and_scale) {
     static const int64_t sizes[][3] = {{1, 1, 1}, {3, 5, 7}, {17, 31, 13}, {64, 33, 65},
                                        {2, 130, 3}, {129, 7, 1}};

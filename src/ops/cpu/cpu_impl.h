@@ -48,15 +48,37 @@ fg_status fg__cpu_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool t
 fg_status fg__cpu_bias_add(fg_tensor *y, const fg_tensor *bias);
 fg_status fg__cpu_bias_grad(const fg_tensor *dy, fg_tensor *dbias);
 
-/* matmul_dnnl.c: c (f32 or bf16) = alpha op(a) op(b) + beta c with bf16 a
- * and b, contiguous, same shapes as matmul; FG_EUNSUPPORTED without oneDNN.
- * Internal: for the precision layer. */
+/* matmul_bf16.c: c (f32 or bf16) = alpha op(a) op(b) + beta c with bf16 a
+ * and b, contiguous, same shapes as matmul: through oneDNN's bf16 matmul
+ * where oneDNN implements it, else through an f32 fallback (the choice:
+ * FULGUR_MATMUL_BF16 and fg_matmul_bf16_path). Internal: for the precision
+ * layer. */
 fg_status fg__cpu_matmul_bf16(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb,
                               fg_tensor *c, double alpha, double beta);
+/* Overrides FULGUR_MATMUL_BF16 for this process with "auto", "onednn" or
+ * "fallback" (FG_EINVAL for anything else); NULL goes back to the
+ * environment's choice. For tests, between products (not thread-safe
+ * against products running on other threads). */
+fg_status fg__matmul_bf16_set_mode(const char *mode);
+
+/* matmul_dnnl.c: oneDNN's bf16 product on operands fg__cpu_matmul_bf16 has
+ * checked (batch, M, K, N all > 0). FG_EUNSUPPORTED when oneDNN implements
+ * no such product on this CPU or the build has no oneDNN. */
+fg_status fg__dnnl_matmul_bf16(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb,
+                               fg_tensor *c, double alpha, double beta, int64_t batch, int64_t M,
+                               int64_t K, int64_t N);
+/* matmul_dnnl.c: FG_OK when oneDNN implements a plain bf16 matmul on this
+ * CPU (asks it for a small primitive each call: cache the answer);
+ * FG_EUNSUPPORTED when it does not or the build has no oneDNN. */
+fg_status fg__dnnl_bf16_probe(void);
+/* matmul_dnnl.c: the ISA oneDNN runs at ("avx512_core_bf16", "avx2"; after
+ * ONEDNN_MAX_CPU_ISA), NULL in a build without oneDNN. */
+const char *fg__dnnl_isa(void);
 
 /* matmul_dnnl.c: row-major f32 c (M, N) = alpha op(a) op(b) + beta c
  * through oneDNN's matmul, leading dimensions as cblas_sgemm's; returns
- * FG_EUNSUPPORTED (no message) in a build without oneDNN. */
+ * FG_EUNSUPPORTED (the caller then uses OpenBLAS) in a build without
+ * oneDNN or for a variant oneDNN does not implement on this CPU. */
 fg_status fg__cpu_gemm_dnnl_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                                 const float *a, int64_t lda, const float *b, int64_t ldb,
                                 float beta, float *c, int64_t ldc);

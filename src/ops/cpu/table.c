@@ -1,6 +1,10 @@
 /* The CPU op table: every entry a kernel from one of the files beside it.
  * An entry left out reads as NULL, which the autograd layer reports as
  * "op X is not available on cpu". */
+#include <pthread.h>
+#include <stdio.h>
+
+#include "blas.h"
 #include "cpu_impl.h"
 
 const fg_op_table fg__cpu_ops = {
@@ -36,10 +40,22 @@ const fg_op_table fg__cpu_ops = {
     .dropout_bwd = fg__cpu_dropout_bwd,
 };
 
+/* Built once: the bf16 path is fixed for the life of the process. */
+static char g_blas_info[192];
+static pthread_once_t g_blas_info_once = PTHREAD_ONCE_INIT;
+
+static void make_blas_info(void) {
+    const char *isa = fg__dnnl_isa();
+    if (isa)
+        snprintf(g_blas_info, sizeof g_blas_info,
+                 "f32: openblas, onednn (%s) from %d multiply-adds; bf16: %s", isa,
+                 FG_GEMM_DNNL_MIN, fg_matmul_bf16_path());
+    else
+        snprintf(g_blas_info, sizeof g_blas_info, "f32: openblas; bf16: %s",
+                 fg_matmul_bf16_path());
+}
+
 const char *fg_ops_blas_info(void) {
-#ifdef FULGUR_HAVE_DNNL
-    return "openblas+onednn";
-#else
-    return "openblas";
-#endif
+    pthread_once(&g_blas_info_once, make_blas_info);
+    return g_blas_info;
 }
