@@ -19,9 +19,8 @@
 
 #include "fulgur/fulgur.h"
 
-#if __has_include(<dnnl.h>)
+#ifdef FULGUR_HAVE_DNNL /* set by CMake when oneDNN is built in */
 #include <dnnl.h>
-#define HAVE_DNNL 1
 #endif
 
 #define REPS 7
@@ -210,7 +209,7 @@ static void bench_attention(int B, int T, int C, int H) {
 
 /* -------------------------------------------------------- oneDNN bf16 */
 
-#ifdef HAVE_DNNL
+#ifdef FULGUR_HAVE_DNNL
 #define DN(x)                                                                                      \
     do {                                                                                           \
         dnnl_status_t s_ = (x);                                                                    \
@@ -328,7 +327,7 @@ int main(int argc, char **argv) {
         bench_linear(shapes[i][0], shapes[i][1], shapes[i][2], false);
     if (WANT("matmul")) bench_linear(2048, 256, 768, true);
     if (WANT("attention")) bench_attention(16, 128, 256, 4);
-#ifdef HAVE_DNNL
+#ifdef FULGUR_HAVE_DNNL
     for (int i = 0; WANT("onednn") && i < 4; i++) {
         int64_t R = shapes[i][0], in = shapes[i][1], out = shapes[i][2];
         bench_dnnl(R, in, out, false, true, "fwd y=x@w^T");

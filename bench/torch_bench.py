@@ -101,7 +101,7 @@ def ddp_worker(rank, args):
     if rank == 0:
         print(json.dumps(r))
     sys.stdout.flush()
-    os._exit(0)  # gloo can hang at exit on this Python (NOTES.md)
+    os._exit(0)  # gloo can hang at interpreter exit on this Python
 
 
 def main():

@@ -65,7 +65,7 @@ static int run(fg_fabric *f, void *arg) {
             fprintf(stderr, "train_bench: rank %d: %s\n", fg_fabric_global_rank(f), fg_last_error());
             return 1;
         }
-        fg_step_end(f);
+        fg_fabric_step_end(f);
         times[s] = fg_time() - t0;
     }
     qsort(times + a->warmup, (size_t)a->steps, sizeof *times, cmp_double);

@@ -5,7 +5,7 @@
  *   example_fabric_mlp --devices 2 --strategy ddp        2 ranks (re-executes itself)
  *   example_fabric_mlp --devices 2 --strategy ddp_spawn  2 forked ranks, the parent gets the model
  *   example_fabric_mlp --devices 2 --strategy dp         2 threads in one process
- *   fulgur run --nproc-per-node 2 example_fabric_mlp --devices 2
+ *   fulgur run --nproc-per-node 2 example_fabric_mlp     ddp on the launcher's 2 ranks
  *   mpirun -np 2 example_fabric_mlp --devices 2
  *
  * --batch is per device (as Lightning's), --save PATH writes the trained
@@ -76,7 +76,7 @@ static int run(fg_fabric *f, void *arg) {
             fg_optimizer_step(opt);
             loss = fg_fabric_reduce_scalar(f, loss, FG_AVG);
             if (step % 50 == 0) fg_fabric_print(f, "step %3lld  loss %.4f\n", (long long)step, loss);
-            fg_step_end(f);
+            fg_fabric_step_end(f);
         }
         if (fg_dataloader_status(dl) != FG_OK) return 1;
     }
@@ -92,7 +92,7 @@ static int run(fg_fabric *f, void *arg) {
 }
 
 int main(int argc, char **argv) {
-    opts o = {.devices = "1", .strategy = "auto", .batch = 32, .steps = 200};
+    opts o = {.devices = NULL, .strategy = NULL, .batch = 32, .steps = 200}; /* NULL: "auto" */
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--devices") && v) o.devices = argv[++i];
@@ -114,7 +114,7 @@ int main(int argc, char **argv) {
     int rc = fg_fabric_launch(f, run, &o);
     if (rc) {
         fprintf(stderr, "fabric_mlp: %s\n", fg_last_error());
-    } else if (!strcmp(o.strategy, "ddp_spawn") && o.save) {
+    } else if (fg_fabric_plan(f)->launcher == FG_LAUNCHER_FORK && o.save) {
         /* The parent holds the trained model, unlike Lightning's ddp_spawn. */
         fg_module *model = make_model();
         if (fg_fabric_spawn_result(f, model, NULL) == FG_OK)

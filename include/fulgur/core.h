@@ -193,6 +193,12 @@ FG_API void fg_rng_fill_normal(uint64_t seed, uint64_t offset, float *out, int64
                                float std);
 /* A seed for sub-stream `stream` of `seed` (ranks, loader workers). */
 FG_API uint64_t fg_rng_derive(uint64_t seed, uint64_t stream);
+/* The process's default seed: what a seed left at 0 means where the docs say
+ * so (model initialisation, data loaders). 0 until set; Lightning's
+ * seed_everything is fg_fabric_seed_everything, which sets it. Thread-safe;
+ * set it before building what should use it. */
+FG_API void fg_set_default_seed(uint64_t seed);
+FG_API uint64_t fg_default_seed(void);
 
 /* ---------------------------------------------------------------- dtypes */
 

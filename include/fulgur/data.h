@@ -322,7 +322,8 @@ FG_API fg_status fg_sampler_indices(fg_sampler *s, int64_t epoch, int64_t *out);
 typedef struct fg_loader_opts {
     int64_t batch;   /* samples per batch; 0 = 1 */
     bool shuffle;    /* a random sampler by (seed, epoch); else sequential */
-    uint64_t seed;   /* shuffle seed, and the root of the worker seeds */
+    uint64_t seed;   /* shuffle seed, and the root of the worker seeds; 0 = fg_default_seed()
+                        at fg_dataloader_new (0 unless seed_everything set it) */
     bool drop_last;  /* drop the last batch of an epoch if it is short */
     int num_workers; /* background threads preparing batches; 0 = none: the
                         caller's thread reads each batch inside next() */
@@ -404,7 +405,8 @@ FG_API void fg_dataloader_position(const fg_dataloader *dl, int64_t *epoch, int6
  * the bad value, or a sampler's error. */
 FG_API fg_status fg_dataloader_set_position(fg_dataloader *dl, int64_t epoch, int64_t batch);
 
-/* The dataset, options (as given, defaults not filled in) and sampler of a
+/* The dataset, options (as given, defaults not filled in except a seed of 0,
+ * which reads as the fg_default_seed() it stood for) and sampler of a
  * loader; borrowed, valid as long as the loader (the sampler until
  * set_sampler). */
 FG_API fg_dataset *fg_dataloader_dataset(const fg_dataloader *dl);

@@ -12,7 +12,7 @@
  *           fg_fabric_backward(f, loss);           // DDP buckets overlap here
  *           fg_optimizer_step(opt);
  *           fg_optimizer_zero_grad(opt);
- *           fg_step_end(f);                        // frees the step's tensors
+ *           fg_fabric_step_end(f);                 // frees the step's tensors
  *       }
  *       return 0;
  *   }
@@ -26,6 +26,7 @@
 #define FULGUR_FABRIC_H
 
 #include "fulgur/ckpt.h"
+#include "fulgur/launch.h"
 #include "fulgur/strategy.h"
 
 #ifdef __cplusplus
@@ -38,52 +39,80 @@ typedef struct fg_fabric fg_fabric;
  * where this process stands; returns FG_OK or an error with a message. */
 typedef fg_status (*fg_cluster_fn)(void *ud, fg_cluster_info *out);
 
+/* The configuration: Lightning's Fabric arguments. Every string is read by
+ * the launch layer (launch.h), as `fulgur env` and `fulgur fit` read them,
+ * and copied by fg_fabric_new. All-zero means the defaults. */
 typedef struct fg_fabric_config {
-    const char *accelerator; /* "auto" (default), "cpu"; "gpu"/"cuda" not built in */
-    const char *devices;     /* "1" (default), "3", "-1", "0,2", "[0, 2]"; a device is a rank on CPU */
-    const char *strategy;    /* "auto" (default: single for one device, else ddp), "single",
-                                "dp", "ddp", "ddp_spawn", "ddp_fork" */
-    const char *precision;   /* "32" / "32-true" (default), "64" / "64-true" */
-    int num_nodes;           /* 0 = 1 */
+    const char *accelerator; /* NULL = "auto" (the CPU in this build), "cpu"; "gpu"/"cuda"
+                                not built in */
+    const char *devices;     /* NULL = "auto": one device, or under a launcher (fulgur run,
+                                torchrun, mpirun, srun) the ranks it started on this node;
+                                "3", "-1", "0,2", "[0, 2]" (fg_launch_parse_devices); a
+                                device is a rank on CPU */
+    const char *strategy;    /* NULL = "auto" (single for one device, else ddp), "single",
+                                "dp", "ddp", "ddp_spawn", "ddp_fork" (fg_launch_parse_strategy) */
+    const char *precision;   /* NULL = "32-true" ("32"), "64-true" ("64"); Lightning's four
+                                others are FG_EUNSUPPORTED (fg_launch_parse_precision) */
+    int num_nodes;           /* 0 = 1, or the launcher's nodes */
     int threads_per_rank;    /* 0 = FULGUR_NUM_THREADS, else cores / local ranks */
-    uint64_t seed;           /* seed_everything's seed when set (0 = leave as is) */
+    uint64_t seed;           /* non-zero: fg_fabric_seed_everything(f, seed) at fg_fabric_new */
     fg_ddp_opts ddp;         /* bucket_cap_mb, find_unused_parameters, static_graph */
-    fg_cluster_fn cluster;   /* custom cluster environment, NULL = detect */
+    fg_cluster_fn cluster;   /* custom cluster environment, NULL = detect (fg_cluster_detect) */
     void *cluster_ud;
 } fg_fabric_config;
 
-/* Validates the configuration (accelerator, devices, strategy, precision,
- * num_nodes) without starting anything. NULL with fg_last_error naming the
- * bad value and the valid ones; the CLI turns that into exit code 2. */
+/* Makes the launch plan for cfg (NULL = defaults) in this environment
+ * (fg_launch_plan_make, or cfg->cluster's environment) without starting
+ * anything: every value is checked here. NULL with fg_last_error naming the
+ * bad value and the valid ones (FG_EINVAL, FG_EUNSUPPORTED, FG_EMISMATCH
+ * when a launcher's world size disagrees with devices x num_nodes, FG_ENOMEM);
+ * the CLI turns that into exit code 2. Free with fg_fabric_free. */
 FG_API fg_fabric *fg_fabric_new(const fg_fabric_config *cfg);
+/* Frees f (what a launch left behind too). NULL is a no-op. */
 FG_API void fg_fabric_free(fg_fabric *f);
 
-/* Starts the ranks and runs `run` on each:
- *   ddp (not yet launched): re-executes this program once per extra rank with
- *     the environment contract; this process is rank 0;
- *   ddp_spawn / ddp_fork: forks the ranks; when they finish, the parent gets
- *     rank 0's trained state (fg_fabric_spawn_result);
- *   launched by `fulgur run`, mpirun, srun or torchrun: joins the job;
- *   single, dp: runs here.
+/* Makes the launch plan again (the environment may have changed since
+ * fg_fabric_new) and runs `run` on every rank by the plan's launcher:
+ *   none (single; ddp of one rank; launched by `fulgur run`, mpirun, srun or
+ *     torchrun): joins the job and runs here;
+ *   threads (dp): runs here; the strategy splits each batch over threads;
+ *   re-exec (ddp, not launched): fg_launch_reexec starts this program again
+ *     once per other local rank with the environment contract (fulgur's and
+ *     torchrun's names); this process is rank 0 and waits for the others
+ *     after run returns, then removes the contract from its environment
+ *     (fg_launch_unexport: also MASTER_ADDR/PORT and NODE_RANK set by hand);
+ *   fork (ddp_spawn, ddp_fork): fg_launch_fork runs every rank in a forked
+ *     child; this process is no rank and waits; afterwards it holds rank 0's
+ *     trained state (fg_fabric_spawn_result).
+ * After a successful run every rank waits at a barrier, so none leaves while
+ * others still talk. A rank that dies stops the others (re-exec: its death
+ * aborts rank 0's communicator, so a collective waiting on it returns).
  * Returns run's return value (0 on success), or non-zero after an error
- * (fg_last_error says which rank failed and why). A rank that dies stops the
- * others. Not thread-safe; call once. */
+ * with fg_last_error saying which rank failed and why ("rank 2 (pid 4242)
+ * was killed by signal 9 (SIGKILL); stopped the other 2 ranks"). Not
+ * thread-safe; FG_ESTATE (returns 1) when called from inside a run. */
 FG_API int fg_fabric_launch(fg_fabric *f, int (*run)(fg_fabric *f, void *arg), void *arg);
 
 /* After a ddp_spawn/ddp_fork launch, in the parent: copies rank 0's
  * parameters (and optimizer state when opt is not NULL) as of its last
- * fg_step_end into model/opt, which must have the architecture the ranks
- * trained. FG_ESTATE if there is no result. */
+ * fg_fabric_step_end into model/opt, which must have the architecture the
+ * ranks trained. Errors: FG_ESTATE if there is no result, FG_EMISMATCH
+ * naming both sizes if model differs, FG_EINVAL for NULL. */
 FG_API fg_status fg_fabric_spawn_result(fg_fabric *f, fg_module *model, fg_optimizer *opt);
 
 /* Prepares model and optimizer for the strategy (collective): ddp broadcasts
  * rank 0's parameters and builds the gradient buckets; dp makes the thread
- * replicas. Both stay owned by the caller. One model per fabric. */
+ * replicas. After seed_everything, the model's Dropout modules get this
+ * rank's own stream (fg_fabric_rank_seed), so masks differ between ranks.
+ * Both stay owned by the caller. One model per fabric. */
 FG_API fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt);
 
 /* Puts the distributed sampler into `dl` (rank r of N takes r, r+N, ... of
- * the epoch's order, seeded by the fabric's seed) unless use_distributed is
- * false, and logs the effective batch size. Returns dl (NULL on error). */
+ * the epoch's order, shuffled as dl's options say with dl's seed: the
+ * fabric's when dl was made with seed 0 after seed_everything) unless
+ * use_distributed is false, and logs the effective batch size. The loader's
+ * worker seeds then derive from (seed, rank, worker). Returns dl (NULL on
+ * error). */
 FG_API fg_dataloader *fg_fabric_setup_dataloader(fg_fabric *f, fg_dataloader *dl,
                                                  bool use_distributed);
 
@@ -120,12 +149,23 @@ FG_API double fg_fabric_reduce_scalar(fg_fabric *f, double v, fg_reduce_op op);
 /* printf on global rank 0 only (stdout); other ranks print nothing. */
 FG_API void fg_fabric_print(fg_fabric *f, const char *fmt, ...) FG_PRINTF(2, 3);
 
-/* Seeds everything the run draws from: the fabric's seed for models,
- * samplers and loaders, with per-rank and per-worker streams derived from
- * it (fg_fabric_rank_seed). */
+/* Lightning's seed_everything: `seed` becomes the process's default seed
+ * (fg_set_default_seed), which whatever is built afterwards with a seed
+ * left at 0 uses: model initialisation (fg_mlp_config.seed,
+ * fg_gpt_config.seed, fg_module_set_seed), data loaders (fg_loader_opts.seed:
+ * the shuffle order, the same on every rank, so the distributed sampler
+ * splits one order; worker seeds derived per rank and worker). Streams that
+ * must differ per rank derive from fg_fabric_rank_seed: fg_fabric_setup
+ * gives each rank's Dropout modules their own. So the same seed gives the
+ * same initial weights and batch order, run after run. Call it before
+ * building models and loaders (cfg.seed does it in fg_fabric_new, and so
+ * in every rank). Process-wide and lasting, as Lightning's; not
+ * thread-safe against building models on other threads. */
 FG_API void fg_fabric_seed_everything(fg_fabric *f, uint64_t seed);
+/* The seed set by seed_everything (0 if none). */
 FG_API uint64_t fg_fabric_seed(const fg_fabric *f);
-/* A seed for this rank's own stream (dropout masks that must differ per rank). */
+/* A seed for this rank's own stream (dropout masks that must differ per
+ * rank): fg_rng_derive(seed, global rank + 1). */
 FG_API uint64_t fg_fabric_rank_seed(const fg_fabric *f);
 
 /* rank_zero_first: rank 0 runs the block first (downloads, preprocessing),
@@ -133,9 +173,12 @@ FG_API uint64_t fg_fabric_rank_seed(const fg_fabric *f);
 FG_API fg_status fg_fabric_rank_zero_first_begin(fg_fabric *f);
 FG_API fg_status fg_fabric_rank_zero_first_end(fg_fabric *f);
 
-/* Ends a training step: frees its tensors (fg_step_reset); under ddp_spawn,
- * rank 0 also keeps a copy of its state for the parent. */
-FG_API void fg_step_end(fg_fabric *f);
+/* Ends a training step: frees this thread's step tensors (fg_step_reset);
+ * under ddp_spawn/ddp_fork, rank 0 also keeps a copy of its parameters and
+ * optimizer state for the parent (fg_fabric_spawn_result). Call it once per
+ * step on every rank. f may be NULL (then only the tensors are freed). Not
+ * collective. */
+FG_API void fg_fabric_step_end(fg_fabric *f);
 
 /* ------------------------------------------------------------ save, load */
 
@@ -181,10 +224,15 @@ FG_API const char *fg_fabric_loaded_meta(const fg_fabric *f, const char *key);
 
 /* ------------------------------------------------------------ properties */
 
+/* The launch plan: fg_fabric_new's, then the one fg_fabric_launch followed
+ * (fg_launch_plan_format writes it as one line). Borrowed, valid as long as
+ * f. */
+FG_API const fg_launch_plan *fg_fabric_plan(const fg_fabric *f);
+
 /* The parameter dtype the precision setting asks for (f32 for "32", f64 for
  * "64"): models built inside run() should use it. */
 FG_API fg_dtype fg_fabric_dtype(const fg_fabric *f);
-/* Kernel threads of each rank (set on every rank at launch). */
+/* Kernel threads of each rank (the plan's, set on every rank at launch). */
 FG_API int fg_fabric_threads(const fg_fabric *f);
 
 FG_API int fg_fabric_world_size(const fg_fabric *f);

@@ -13,8 +13,6 @@
 #include "fulgur/ckpt.h"
 #include "fulgur/strategy.h"
 #include "fulgur/fabric.h"
-#if __has_include("fulgur/launch.h")
 #include "fulgur/launch.h"
-#endif
 
 #endif

@@ -51,6 +51,7 @@
 
 #include "fulgur/comm.h"
 #include "fulgur/core.h"
+#include "fulgur/strategy.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -113,31 +114,47 @@ FG_API char *fg_devices_format(const fg_devices *d, char *buf, size_t cap);
  * variable is not a number in range (the message names it). Thread-safe. */
 FG_API fg_status fg_launch_cpu_devices(int *out);
 
-/* Strategies, as far as launching goes (the strategy layer does the rest). */
-typedef enum fg_launch_strategy {
-    FG_LAUNCH_SINGLE = 0, /* one rank, one device */
-    FG_LAUNCH_DP,         /* one process; the batch split over worker threads */
-    FG_LAUNCH_DDP,        /* one process per device: re-exec, or already launched */
-    FG_LAUNCH_DDP_SPAWN,  /* one process per device, forked from inside the program */
-    FG_LAUNCH_DDP_FORK,   /* the same as ddp_spawn here (fork is how fulgur spawns) */
-    FG_LAUNCH_STRATEGY_COUNT
-} fg_launch_strategy;
-
-/* Parses a strategy name. "auto" (or NULL) means ddp when devices x num_nodes
- * is more than 1, else single; the choice needs `ndevices` and `num_nodes`
- * (pass 1 and 1 if unknown). Built: single (also "single_device"), dp, ddp,
- * ddp_spawn, ddp_fork. Recognised but not built yet (FG_EUNSUPPORTED,
+/* Parses a strategy name into fulgur's one list of strategies
+ * (fg_strategy_kind, strategy.h; fg_strategy_kind_name gives the canonical
+ * name back). Case does not matter. "auto" (or NULL) means ddp when devices
+ * x num_nodes is more than 1, else single; the choice needs `ndevices` and
+ * `num_nodes` (pass 1 and 1 if unknown). Built: single (also
+ * "single_device"), dp, ddp, ddp_spawn, ddp_fork (also "ddp_notebook",
+ * Lightning's name for it). Recognised but not built yet (FG_EUNSUPPORTED,
  * "not built yet"): ddp2, hybrid, horovod, bagua, fsdp, fsdp_cpu_offload,
- * fsdp_full_shard, fsdp_shard_grad_op, fsdp_hybrid_shard, ddp_sharded,
- * deepspeed, deepspeed_stage_1, deepspeed_stage_2, deepspeed_stage_2_offload,
- * deepspeed_stage_3, deepspeed_stage_3_offload,
- * deepspeed_stage_3_offload_nvme. Anything else: FG_EINVAL listing the valid
- * names. Thread-safe. */
+ * fsdp_full_shard, fsdp_shard_grad_op, fsdp_hybrid_shard, fsdp_no_shard,
+ * ddp_sharded, ddp_sharded_spawn, deepspeed, deepspeed_stage_1,
+ * deepspeed_stage_2, deepspeed_stage_2_offload, deepspeed_stage_3,
+ * deepspeed_stage_3_offload, deepspeed_stage_3_offload_nvme. single with
+ * several devices, single or dp with several nodes: FG_EINVAL saying what
+ * to use. Anything else: FG_EINVAL listing the valid names. Thread-safe. */
 FG_API fg_status fg_launch_parse_strategy(const char *s, int ndevices, int num_nodes,
-                                          fg_launch_strategy *out);
+                                          fg_strategy_kind *out);
 
-/* The canonical name of a strategy ("ddp_spawn"); "?" if invalid. */
-FG_API const char *fg_launch_strategy_name(fg_launch_strategy s);
+/* Lightning's six precision settings. Only the first two are built; the
+ * others are recognised so that their error says so (a later precision
+ * layer builds them). */
+typedef enum fg_precision_kind {
+    FG_PRECISION_32_TRUE = 0, /* "32-true", "32": f32 parameters and compute (default) */
+    FG_PRECISION_64_TRUE,     /* "64-true", "64": f64 */
+    FG_PRECISION_16_MIXED,    /* "16-mixed", "16": f16 autocast, f32 weights (not built yet) */
+    FG_PRECISION_BF16_MIXED,  /* "bf16-mixed", "bf16": bf16 autocast, f32 weights (not built yet) */
+    FG_PRECISION_16_TRUE,     /* "16-true": f16 throughout (not built yet) */
+    FG_PRECISION_BF16_TRUE,   /* "bf16-true": bf16 throughout (not built yet) */
+    FG_PRECISION_COUNT
+} fg_precision_kind;
+
+/* Parses a precision setting: the six names of fg_precision_kind and their
+ * short forms "64", "32", "16", "bf16"; NULL means "32-true". Case does not
+ * matter. Errors: FG_EUNSUPPORTED for the four not built yet, naming the
+ * value and what is available (`precision="bf16-mixed": not built yet in
+ * this fulgur; available: 32-true (32), 64-true (64)`); FG_EINVAL for
+ * anything else, listing the valid names. *out is set only on FG_OK.
+ * Thread-safe. */
+FG_API fg_status fg_launch_parse_precision(const char *s, fg_precision_kind *out);
+
+/* The canonical name of a precision ("bf16-mixed"); "?" if out of range. */
+FG_API const char *fg_precision_kind_name(fg_precision_kind p);
 
 /* ---------------------------------------------------------------- plan */
 
@@ -154,9 +171,10 @@ FG_API const char *fg_launcher_name(fg_launcher l);
 /* What the user asked for. All-zero (or NULL) means the defaults. */
 typedef struct fg_launch_opts {
     const char *accelerator; /* NULL = "auto" */
-    const char *devices;     /* NULL = "auto" (one device) */
+    const char *devices;     /* NULL = "auto" (one device, or the launcher's ranks on this node) */
     const char *strategy;    /* NULL = "auto" */
-    int num_nodes;           /* 0 = 1 */
+    const char *precision;   /* NULL = "32-true" */
+    int num_nodes;           /* 0 = 1, or the launcher's nodes */
     int threads_per_rank;    /* 0 = FULGUR_NUM_THREADS, else cores / local ranks */
 } fg_launch_opts;
 
@@ -164,7 +182,8 @@ typedef struct fg_launch_opts {
 typedef struct fg_launch_plan {
     fg_accelerator accelerator;
     fg_devices devices;          /* per node */
-    fg_launch_strategy strategy; /* "auto" resolved */
+    fg_strategy_kind strategy;   /* "auto" resolved */
+    fg_precision_kind precision;
     int num_nodes;
     fg_launcher launcher;
     bool launched;         /* the environment says a launcher already started this process */
@@ -215,8 +234,10 @@ FG_API fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluste
  * "FULGUR_NUM_THREADS" or "cores / local ranks". Thread-safe. */
 FG_API fg_status fg_launch_threads_per_rank(int local_ranks, int *out, const char **from);
 
-/* Writes one line describing the plan into buf ("ddp, 2 ranks (2 devices x
- * 1 node), re-exec, 1 thread per rank"). Returns buf. */
+/* Writes one line describing the plan into buf ("ddp on cpu, 2 ranks (2 per
+ * node x 1 node, devices [0, 1]), not launched, this process is rank 0,
+ * launcher re-exec, 1 thread per rank (cores / local ranks), precision
+ * 32-true"). Returns buf. */
 FG_API char *fg_launch_plan_format(const fg_launch_plan *p, char *buf, size_t cap);
 
 /* ------------------------------------------------------- the contract */
@@ -319,6 +340,20 @@ FG_API fg_status fg_launch_reexec(const fg_launch_plan *plan, const fg_job_opts 
  * first that failed ("rank 2 (pid 4242) was killed by signal 9 (SIGKILL)").
  * Never blocks. Thread-safe. */
 FG_API fg_status fg_job_check(fg_job *j);
+
+/* fg_comm_init for a process whose fellow ranks are this job's (the
+ * re-exec launcher's rank 0): the same, except that it gives up as soon as
+ * one of the job's processes fails, instead of waiting at the rendezvous
+ * for the comm timeout for a rank that will never come (a rank that dies
+ * after joining is the comm layer's dead-peer detection's, or
+ * fg_job_opts.on_failure's, to report). The init runs on a helper thread;
+ * given up on, it finishes on its own and frees what it made.
+ *   j: the job (NULL: plain fg_comm_init). info, opts, out: as fg_comm_init.
+ * Errors: fg_comm_init's; FG_EPEER naming the rank that failed ("joining the
+ * communicator: rank 2 (pid 4242) exited with code 3"), noticed within
+ * about 20 ms. Collective with the job's ranks, as fg_comm_init. */
+FG_API fg_status fg_job_comm_init(fg_job *j, const fg_cluster_info *info,
+                                  const fg_comm_opts *opts, fg_comm **out);
 
 /* Waits until every process has ended, or timeout_s passed (< 0: no limit).
  * Does not stop anything on its own, except that a failure makes the

@@ -130,7 +130,8 @@ FG_API fg_status fg_module_add_tied(fg_module *m, const char *name, fg_tensor *p
 FG_API fg_status fg_module_set_init(fg_module *m, const char *name, const fg_init *init);
 
 /* Sets the seed the root's finalize initialises parameters with (default
- * 0) and from which each Dropout module's seed is derived. Before finalize
+ * and 0: fg_default_seed(), itself 0 unless fg_fabric_seed_everything set
+ * it) and from which each Dropout module's seed is derived. Before finalize
  * only (FG_ESTATE after: use fg_module_reset_parameters). */
 FG_API fg_status fg_module_set_seed(fg_module *root, uint64_t seed);
 
@@ -241,7 +242,7 @@ FG_API fg_status fg_module_load_state(fg_module *m, const fg_state_entry *entrie
 
 /* ---------------------------------------------------------------- built-ins */
 /* Each returns a new root, not yet finalized: add it as a child of a bigger
- * tree, or use it on its own (it is finalized with seed 0 on first use, or
+ * tree, or use it on its own (it is finalized with the default seed on first use, or
  * set a seed first). NULL with fg_last_error on a bad argument or out of
  * memory. The models further down (MLP, GPT) come back finalized.
  * A `dt` argument is the parameters' dtype: FG_F32 (or 0, the default) or
@@ -297,7 +298,7 @@ typedef struct fg_mlp_config {
     fg_activation activation;             /* default ReLU */
     double dropout;                       /* after each activation when > 0 */
     bool no_bias;                         /* Linear layers without bias */
-    uint64_t seed;                        /* initialisation seed */
+    uint64_t seed;                        /* initialisation seed; 0 = fg_default_seed() */
     fg_dtype dtype;                       /* FG_F32 (default, 0) or FG_F64 */
 } fg_mlp_config;
 
@@ -329,15 +330,16 @@ typedef struct fg_gpt_config {
     int64_t embd;      /* a multiple of heads */
     double dropout;    /* in [0, 1) */
     bool no_bias;      /* Linears and LayerNorms without bias (nanoGPT's bias=False) */
-    uint64_t seed;     /* initialisation seed (dropout seeds derive from it) */
+    uint64_t seed;     /* initialisation seed (dropout seeds derive from it);
+                          0 = fg_default_seed() */
     fg_dtype dtype;    /* FG_F32 (default, 0) or FG_F64 */
 } fg_gpt_config;
 
 /* Builds and finalizes a GPT. Its forward takes idx i32 (B, T) with
  * T <= ctx and every id in [0, vocab), and returns logits (B, T, vocab).
  * Errors: FG_EINVAL naming the bad field (a size <= 0, embd not a multiple
- * of heads, dropout outside [0, 1), a dtype as for fg_mlp_new); forward: FG_EINVAL for
- * T > ctx, a wrong dtype or ndim, or an id out of range. */
+ * of heads, dropout outside [0, 1), a dtype as for fg_mlp_new); forward:
+ * FG_EINVAL for T > ctx, a wrong dtype or ndim, or an id out of range. */
 FG_API fg_module *fg_gpt_new(const fg_gpt_config *c);
 /* The config a GPT module was built with, its dtype filled in (FG_F32 for
  * a 0); NULL if m is not one. */

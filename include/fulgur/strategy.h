@@ -2,7 +2,11 @@
  * between ranks. single (one rank), dp (one process, the batch split across
  * threads holding replicas), ddp (one process per rank, gradients averaged
  * in buckets that overlap backward). ddp_spawn and ddp_fork are ddp with
- * another launcher (launch.h). Most programs use these through fabric.h. */
+ * another launcher (launch.h). Most programs use these through fabric.h.
+ *
+ * fg_strategy_kind is fulgur's one list of strategies: the launch layer
+ * parses the names into it (fg_launch_parse_strategy) and picks a launcher
+ * for each, this layer runs the ranks once they exist. */
 #ifndef FULGUR_STRATEGY_H
 #define FULGUR_STRATEGY_H
 
@@ -14,7 +18,22 @@
 extern "C" {
 #endif
 
-typedef enum fg_strategy_kind { FG_STRATEGY_SINGLE, FG_STRATEGY_DP, FG_STRATEGY_DDP } fg_strategy_kind;
+typedef enum fg_strategy_kind {
+    FG_STRATEGY_SINGLE = 0, /* "single": one rank, one device */
+    FG_STRATEGY_DP,         /* "dp": one process; the batch split over worker threads */
+    FG_STRATEGY_DDP,        /* "ddp": one process per device (re-exec, or already launched) */
+    FG_STRATEGY_DDP_SPAWN,  /* "ddp_spawn": ddp with ranks forked from inside the program */
+    FG_STRATEGY_DDP_FORK,   /* "ddp_fork": the same as ddp_spawn here (fork is how fulgur spawns) */
+    FG_STRATEGY_COUNT
+} fg_strategy_kind;
+
+/* The canonical name of a kind ("ddp_spawn"); "?" if out of range.
+ * Thread-safe. */
+FG_API const char *fg_strategy_kind_name(fg_strategy_kind k);
+
+/* True for ddp, ddp_spawn and ddp_fork: one process per device, gradients
+ * averaged over ranks. Thread-safe. */
+FG_API bool fg_strategy_kind_is_ddp(fg_strategy_kind k);
 
 /* DDP's options (PyTorch's DistributedDataParallel arguments). */
 typedef struct fg_ddp_opts {
@@ -26,9 +45,11 @@ typedef struct fg_ddp_opts {
 typedef struct fg_strategy fg_strategy;
 
 /* A strategy for `model` (and `opt`, may be NULL), both borrowed for its
- * life. ddp needs comm (borrowed); single and dp ignore it. dp_threads is
- * the number of replicas of dp (0 = 2). Setup is collective under ddp: rank
- * 0's parameters are broadcast to every rank. */
+ * life. The ddp kinds (ddp, ddp_spawn, ddp_fork: the same once the ranks
+ * exist) need comm (borrowed); single and dp ignore it. dp_threads is the
+ * number of replicas of dp (0 = 2). Setup is collective under ddp: rank 0's
+ * parameters are broadcast to every rank. Errors: FG_EINVAL (NULL model, a
+ * kind out of range, ddp without comm), the broadcast's, FG_ENOMEM. */
 FG_API fg_status fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *model,
                                  fg_optimizer *opt, const fg_ddp_opts *ddp, int dp_threads,
                                  fg_strategy **out);

@@ -6,7 +6,7 @@
  *   step tensors  - made by fg_empty/fg_zeros/... and by every op; they live
  *                   in this thread's step arena and die together at
  *                   fg_step_reset() (which the training loop calls once per
- *                   step, through fg_step_end in the fabric layer).
+ *                   step, through fg_fabric_step_end in the fabric layer).
  *   persistent    - made by fg_tensor_new/fg_tensor_wrap; live until
  *                   fg_tensor_free. Parameters, gradients, optimizer state,
  *                   loader batches.

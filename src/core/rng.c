@@ -74,6 +74,11 @@ void fg_rng_fill_normal(uint64_t seed, uint64_t offset, float *out, int64_t n, f
     }
 }
 
+static _Atomic uint64_t g_default_seed;
+
+void fg_set_default_seed(uint64_t seed) { g_default_seed = seed; }
+uint64_t fg_default_seed(void) { return g_default_seed; }
+
 uint64_t fg_rng_derive(uint64_t seed, uint64_t stream) {
     uint32_t b[4];
     fg_philox(seed ^ 0x5DEECE66DULL, stream ^ 0xA5A5A5A5A5A5A5A5ULL, b);

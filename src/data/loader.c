@@ -346,6 +346,7 @@ const fg_sampler *fg_dataloader_sampler(const fg_dataloader *dl) {
 
 fg_dataloader *fg_dataloader_new(fg_dataset *ds, const fg_loader_opts *o) {
     fg_loader_opts opts = o ? *o : (fg_loader_opts){0};
+    if (!opts.seed) opts.seed = fg_default_seed();
     if (!ds) {
         fg_error(FG_EINVAL, "fg_dataloader_new: NULL dataset");
         return NULL;

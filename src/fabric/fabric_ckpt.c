@@ -96,7 +96,7 @@ static fg_status write_file(fg_fabric *f, const char *path, const fg_train_state
     META("seed", num);
     snprintf(num, sizeof num, "%d", f->world_size);
     META("world_size", num);
-    META("strategy", f->strategy_name);
+    META("strategy", fg_fabric_strategy_name(f));
     if (st->optimizer) {
         snprintf(num, sizeof num, "%" PRId64, fg_optimizer_step_count(st->optimizer));
         META("optimizer_steps", num);

@@ -9,7 +9,13 @@
 fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt) {
     if (!model) return fg_error(FG_EINVAL, "fabric setup: NULL model");
     if (f->strategy) return fg_error(FG_ESTATE, "fabric setup: already set up (one model per fabric)");
-    FG_TRY(fg_strategy_new(f->kind, f->comm, model, opt, &f->cfg.ddp, f->ndevices, &f->strategy));
+    /* ddp of one rank has no communicator: it is a single-device run */
+    fg_strategy_kind kind = f->plan.strategy;
+    if (fg_strategy_kind_is_ddp(kind) && !f->comm) kind = FG_STRATEGY_SINGLE;
+    FG_TRY(fg_strategy_new(kind, f->comm, model, opt, &f->cfg.ddp, f->plan.devices.count,
+                           &f->strategy));
+    /* dropout masks must differ between ranks: each rank its own stream */
+    if (f->seeded) fg_module_seed_dropout(model, fg_fabric_rank_seed(f));
     f->model = model;
     f->opt = opt;
     return FG_OK;
@@ -25,10 +31,10 @@ fg_dataloader *fg_fabric_setup_dataloader(fg_fabric *f, fg_dataloader *dl, bool 
         if (fg_dataloader_set_sampler(dl, s) != FG_OK) return NULL;
     }
     int64_t per = o->batch ? o->batch : 1;
-    int64_t eff = f->kind == FG_STRATEGY_DP ? per * f->num_nodes : per * f->world_size;
+    bool dp = f->plan.strategy == FG_STRATEGY_DP;
+    int64_t eff = dp ? per * f->plan.num_nodes : per * f->world_size;
     fg_log(FG_LOG_INFO, "effective batch size %lld (%lld per %s x %d)", (long long)eff,
-           (long long)per, f->kind == FG_STRATEGY_DP ? "node" : "rank",
-           f->kind == FG_STRATEGY_DP ? f->num_nodes : f->world_size);
+           (long long)per, dp ? "node" : "rank", dp ? f->plan.num_nodes : f->world_size);
     return dl;
 }
 
@@ -123,7 +129,11 @@ void fg_fabric_print(fg_fabric *f, const char *fmt, ...) {
     fflush(stdout);
 }
 
-void fg_fabric_seed_everything(fg_fabric *f, uint64_t seed) { f->seed = seed; }
+void fg_fabric_seed_everything(fg_fabric *f, uint64_t seed) {
+    f->seed = seed;
+    f->seeded = true;
+    fg_set_default_seed(seed);
+}
 uint64_t fg_fabric_seed(const fg_fabric *f) { return f->seed; }
 uint64_t fg_fabric_rank_seed(const fg_fabric *f) {
     return fg_rng_derive(f->seed, (uint64_t)f->global_rank + 1);
@@ -136,7 +146,7 @@ fg_status fg_fabric_rank_zero_first_end(fg_fabric *f) {
     return f->global_rank == 0 ? fg_fabric_barrier(f) : FG_OK;
 }
 
-void fg_step_end(fg_fabric *f) {
+void fg_fabric_step_end(fg_fabric *f) {
     if (f) fg__spawn_snapshot(f);
     fg_step_reset();
 }
@@ -146,5 +156,7 @@ int fg_fabric_global_rank(const fg_fabric *f) { return f->global_rank; }
 int fg_fabric_local_rank(const fg_fabric *f) { return f->local_rank; }
 int fg_fabric_node_rank(const fg_fabric *f) { return f->node_rank; }
 bool fg_fabric_is_global_zero(const fg_fabric *f) { return f->global_rank == 0; }
-const char *fg_fabric_strategy_name(const fg_fabric *f) { return f->strategy_name; }
+const char *fg_fabric_strategy_name(const fg_fabric *f) {
+    return fg_strategy_kind_name(f->plan.strategy);
+}
 fg_comm *fg_fabric_comm(const fg_fabric *f) { return f->comm; }

@@ -460,6 +460,106 @@ fg_status fg_job_check(fg_job *j) {
     return fg_error(FG_EPEER, "%s", fg_rank_exit_format(&e, buf, sizeof buf));
 }
 
+/* ------------------------------------------------------ joining the ranks */
+
+/* fg_comm_init on a helper thread, so that the caller can stop waiting when
+ * a rank of the job dies before it joins. Freed by whichever of the two
+ * lets go last. */
+typedef struct comm_init_call {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    fg_cluster_info info;
+    fg_comm_opts opts;
+    bool have_opts, done;
+    fg_comm *comm;
+    fg_status status;
+    char msg[512];
+    int refs;
+} comm_init_call;
+
+static void call_release(comm_init_call *c) {
+    pthread_mutex_lock(&c->mu);
+    bool last = --c->refs == 0;
+    pthread_mutex_unlock(&c->mu);
+    if (!last) return;
+    fg_comm_free(c->comm);
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    fg_free(c);
+}
+
+static void *comm_init_thread(void *arg) {
+    comm_init_call *c = arg;
+    fg_comm *comm = NULL;
+    fg_status s = fg_comm_init(&c->info, c->have_opts ? &c->opts : NULL, &comm);
+    pthread_mutex_lock(&c->mu);
+    c->status = s;
+    c->comm = comm;
+    snprintf(c->msg, sizeof c->msg, "%s", fg_last_error());
+    c->done = true;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    call_release(c);
+    return NULL;
+}
+
+fg_status fg_job_comm_init(fg_job *j, const fg_cluster_info *info, const fg_comm_opts *opts,
+                           fg_comm **out) {
+    if (!out) return fg_error(FG_EINVAL, "job comm init: NULL output");
+    *out = NULL;
+    if (!j) return fg_comm_init(info, opts, out);
+    if (fg_job_check(j) != FG_OK) return fg_error_wrap(FG_EPEER, "joining the communicator");
+    comm_init_call *c = fg_calloc(1, sizeof *c);
+    if (!c) return FG_ENOMEM;
+    fg_status s = FG_OK;
+    if (info) c->info = *info;
+    else if ((s = fg_cluster_detect(&c->info)) != FG_OK) {
+        fg_free(c);
+        return s;
+    }
+    if (opts) c->opts = *opts;
+    c->have_opts = opts != NULL;
+    c->refs = 2;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_t t;
+    if (pthread_create(&t, NULL, comm_init_thread, c) != 0) comm_init_thread(c); /* wait here */
+    else pthread_detach(t);
+    bool dead = false;
+    pthread_mutex_lock(&c->mu);
+    while (!c->done && !dead) {
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_nsec += 20 * 1000 * 1000;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&c->cv, &c->mu, &until);
+        if (c->done) break;
+        pthread_mutex_unlock(&c->mu); /* fg_job_check takes the job's lock */
+        dead = fg_job_check(j) != FG_OK;
+        pthread_mutex_lock(&c->mu);
+    }
+    if (c->done) {
+        s = c->status;
+        *out = c->comm;
+        c->comm = NULL;
+        if (s != FG_OK) fg_error(s, "%s", c->msg);
+    }
+    pthread_mutex_unlock(&c->mu);
+    call_release(c);
+    if (!*out && s == FG_OK) { /* gave up: a rank died */
+        fg_job_check(j);
+        s = fg_error_wrap(FG_EPEER, "joining the communicator");
+    }
+    return s;
+}
+
 fg_status fg_job_wait(fg_job *j, double timeout_s) {
     if (!j) return FG_OK;
     struct timespec until;

@@ -10,9 +10,6 @@
 #include "core/core_impl.h"
 #include "fulgur/launch.h"
 
-#ifndef FULGUR_HAVE_NCCL_BUILT
-#define FULGUR_HAVE_NCCL_BUILT 0
-#endif
 #ifndef FULGUR_HAVE_MPI_BUILT
 #define FULGUR_HAVE_MPI_BUILT 0
 #endif

@@ -1,5 +1,5 @@
 /* Parsing of what the user types: accelerator, devices (every form of the
- * seeds' table) and strategy names. Each error names the value as given and
+ * seeds' table), strategy names and precision settings. Each error names the value as given and
  * says what is allowed; nothing is guessed. */
 #include <ctype.h>
 #include <errno.h>
@@ -18,15 +18,9 @@ fg_status fg_launch_parse_accelerator(const char *s, fg_accelerator *out) {
         *out = FG_ACCELERATOR_CPU; /* auto: no GPU support is built in, so the CPU */
         return FG_OK;
     }
-    if (!strcasecmp(s, "gpu") || !strcasecmp(s, "cuda")) {
-        if (FULGUR_HAVE_NCCL_BUILT)
-            return fg_error(FG_EUNSUPPORTED,
-                            "accelerator=\"%s\": this fulgur has NCCL but no GPU kernels yet; use "
-                            "\"cpu\" or \"auto\"",
-                            s);
+    if (!strcasecmp(s, "gpu") || !strcasecmp(s, "cuda"))
         return fg_error(FG_EUNSUPPORTED,
                         "accelerator=\"%s\": no GPU support built in; use \"cpu\" or \"auto\"", s);
-    }
     static const char *const k_other[] = {"tpu", "ipu", "hpu", "mps", "xla", NULL};
     for (int i = 0; k_other[i]; i++)
         if (!strcasecmp(s, k_other[i]))
@@ -251,17 +245,17 @@ char *fg_devices_format(const fg_devices *d, char *buf, size_t cap) {
 
 static const struct {
     const char *name;
-    fg_launch_strategy s;
+    fg_strategy_kind s;
 } k_strategies[] = {
-    {"single", FG_LAUNCH_SINGLE},       {"single_device", FG_LAUNCH_SINGLE},
-    {"dp", FG_LAUNCH_DP},               {"ddp", FG_LAUNCH_DDP},
-    {"ddp_spawn", FG_LAUNCH_DDP_SPAWN}, {"ddp_fork", FG_LAUNCH_DDP_FORK},
-    {"ddp_notebook", FG_LAUNCH_DDP_FORK}, /* Lightning's name for ddp_fork */
+    {"single", FG_STRATEGY_SINGLE},       {"single_device", FG_STRATEGY_SINGLE},
+    {"dp", FG_STRATEGY_DP},               {"ddp", FG_STRATEGY_DDP},
+    {"ddp_spawn", FG_STRATEGY_DDP_SPAWN}, {"ddp_fork", FG_STRATEGY_DDP_FORK},
+    {"ddp_notebook", FG_STRATEGY_DDP_FORK}, /* Lightning's name for ddp_fork */
 };
 
 static const char *const k_valid = "auto, single, dp, ddp, ddp_spawn, ddp_fork";
 
-/* FEATURES.md's strategies that are not built yet. */
+/* Strategies of Lightning and DeepSpeed that fulgur plans but has not built yet. */
 static const char *const k_later[] = {
     "ddp2", "hybrid", "horovod", "bagua", "fsdp", "fsdp_cpu_offload", "fsdp_full_shard",
     "fsdp_shard_grad_op", "fsdp_hybrid_shard", "fsdp_no_shard", "ddp_sharded",
@@ -270,22 +264,22 @@ static const char *const k_later[] = {
     "deepspeed_stage_3_offload_nvme", NULL};
 
 fg_status fg_launch_parse_strategy(const char *s, int ndevices, int num_nodes,
-                                   fg_launch_strategy *out) {
+                                   fg_strategy_kind *out) {
     if (!out) return fg_error(FG_EINVAL, "strategy: NULL output");
     if (ndevices < 1) ndevices = 1;
     if (num_nodes < 1) num_nodes = 1;
     if (!s || !strcasecmp(s, "auto")) {
-        *out = ndevices * (long)num_nodes > 1 ? FG_LAUNCH_DDP : FG_LAUNCH_SINGLE;
+        *out = ndevices * (long)num_nodes > 1 ? FG_STRATEGY_DDP : FG_STRATEGY_SINGLE;
         return FG_OK;
     }
     for (size_t i = 0; i < sizeof k_strategies / sizeof k_strategies[0]; i++) {
         if (strcasecmp(s, k_strategies[i].name)) continue;
-        fg_launch_strategy st = k_strategies[i].s;
-        if (st == FG_LAUNCH_SINGLE && ndevices > 1)
+        fg_strategy_kind st = k_strategies[i].s;
+        if (st == FG_STRATEGY_SINGLE && ndevices > 1)
             return fg_error(FG_EINVAL, "strategy=\"%s\" runs on one device, but devices gives %d; "
                                        "use ddp (or dp) for several",
                             s, ndevices);
-        if ((st == FG_LAUNCH_SINGLE || st == FG_LAUNCH_DP) && num_nodes > 1)
+        if ((st == FG_STRATEGY_SINGLE || st == FG_STRATEGY_DP) && num_nodes > 1)
             return fg_error(FG_EINVAL, "strategy=\"%s\" runs in one process, but num_nodes=%d; use "
                                        "ddp across nodes",
                             s, num_nodes);
@@ -300,8 +294,41 @@ fg_status fg_launch_parse_strategy(const char *s, int ndevices, int num_nodes,
     return fg_error(FG_EINVAL, "strategy=\"%s\": unknown; expected one of %s", s, k_valid);
 }
 
-const char *fg_launch_strategy_name(fg_launch_strategy s) {
-    static const char *const names[FG_LAUNCH_STRATEGY_COUNT] = {"single", "dp", "ddp", "ddp_spawn",
-                                                                "ddp_fork"};
-    return (int)s >= 0 && s < FG_LAUNCH_STRATEGY_COUNT ? names[s] : "?";
+/* ------------------------------------------------------------ precision */
+
+static const struct {
+    const char *name, *alias;
+    bool built;
+} k_precisions[FG_PRECISION_COUNT] = {
+    [FG_PRECISION_32_TRUE] = {"32-true", "32", true},
+    [FG_PRECISION_64_TRUE] = {"64-true", "64", true},
+    [FG_PRECISION_16_MIXED] = {"16-mixed", "16", false},
+    [FG_PRECISION_BF16_MIXED] = {"bf16-mixed", "bf16", false},
+    [FG_PRECISION_16_TRUE] = {"16-true", NULL, false},
+    [FG_PRECISION_BF16_TRUE] = {"bf16-true", NULL, false},
+};
+
+fg_status fg_launch_parse_precision(const char *s, fg_precision_kind *out) {
+    if (!out) return fg_error(FG_EINVAL, "precision: NULL output");
+    if (!s) {
+        *out = FG_PRECISION_32_TRUE;
+        return FG_OK;
+    }
+    for (int i = 0; i < FG_PRECISION_COUNT; i++) {
+        const char *alias = k_precisions[i].alias;
+        if (strcasecmp(s, k_precisions[i].name) && (!alias || strcasecmp(s, alias))) continue;
+        if (!k_precisions[i].built)
+            return fg_error(FG_EUNSUPPORTED, "precision=\"%s\": not built yet in this fulgur; "
+                                             "available: 32-true (32), 64-true (64)",
+                            s);
+        *out = (fg_precision_kind)i;
+        return FG_OK;
+    }
+    return fg_error(FG_EINVAL, "precision=\"%s\": unknown; expected one of 32-true (32), 64-true "
+                               "(64), 16-mixed (16), bf16-mixed (bf16), 16-true, bf16-true",
+                    s);
+}
+
+const char *fg_precision_kind_name(fg_precision_kind p) {
+    return (int)p >= 0 && p < FG_PRECISION_COUNT ? k_precisions[p].name : "?";
 }

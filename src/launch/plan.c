@@ -93,10 +93,6 @@ static bool is_auto(const char *d) {
     return !*d;
 }
 
-static bool is_ddp_family(fg_launch_strategy s) {
-    return s == FG_LAUNCH_DDP || s == FG_LAUNCH_DDP_SPAWN || s == FG_LAUNCH_DDP_FORK;
-}
-
 fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluster_info *env,
                               fg_launch_plan *out) {
     if (!out) return fg_error(FG_EINVAL, "launch plan: NULL output");
@@ -118,6 +114,7 @@ fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluster_info 
     out->launched = strcmp(source, "none") != 0;
 
     FG_TRY(fg_launch_parse_accelerator(o.accelerator, &out->accelerator));
+    FG_TRY(fg_launch_parse_precision(o.precision, &out->precision));
     int available;
     FG_TRY(fg_launch_cpu_devices(&available));
     const char *what = getenv("FULGUR_CPU_DEVICES") && *getenv("FULGUR_CPU_DEVICES")
@@ -134,9 +131,9 @@ fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluster_info 
     }
     FG_TRY(fg_launch_parse_strategy(o.strategy, out->devices.count, num_nodes, &out->strategy));
     out->num_nodes = num_nodes;
-    const char *sname = fg_launch_strategy_name(out->strategy);
-    bool ddp = is_ddp_family(out->strategy);
-    bool spawn = out->strategy == FG_LAUNCH_DDP_SPAWN || out->strategy == FG_LAUNCH_DDP_FORK;
+    const char *sname = fg_strategy_kind_name(out->strategy);
+    bool ddp = fg_strategy_kind_is_ddp(out->strategy);
+    bool spawn = out->strategy == FG_STRATEGY_DDP_SPAWN || out->strategy == FG_STRATEGY_DDP_FORK;
     int want = ddp ? out->devices.count * num_nodes : 1;
     fg_cluster_info *c = &out->cluster;
 
@@ -159,7 +156,7 @@ fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluster_info 
         if (!spawn || env->world_size > 1) {
             *c = *env;
             c->source = source;
-            out->launcher = out->strategy == FG_LAUNCH_DP ? FG_LAUNCHER_THREADS : FG_LAUNCHER_NONE;
+            out->launcher = out->strategy == FG_STRATEGY_DP ? FG_LAUNCHER_THREADS : FG_LAUNCHER_NONE;
             out->world_size = env->world_size;
             out->local_world_size = env->local_world_size;
             out->rank = env->rank;
@@ -190,7 +187,7 @@ fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluster_info 
     out->local_rank = 0;
     if (spawn) {
         out->launcher = FG_LAUNCHER_FORK;
-    } else if (out->strategy == FG_LAUNCH_DP) {
+    } else if (out->strategy == FG_STRATEGY_DP) {
         out->launcher = FG_LAUNCHER_THREADS;
     } else if (want > 1) {
         out->launcher = FG_LAUNCHER_REEXEC;
@@ -226,21 +223,22 @@ char *fg_launch_plan_format(const fg_launch_plan *p, char *buf, size_t cap) {
     char devs[128];
     fg_devices_format(&p->devices, devs, sizeof devs);
     const char *how = p->launched ? p->cluster.source : "not launched";
-    if (p->strategy == FG_LAUNCH_DP)
+    if (p->strategy == FG_STRATEGY_DP)
         snprintf(buf, cap, "dp, 1 process with %d worker threads (devices %s), %s, launcher %s, "
-                           "%d kernel thread%s",
+                           "%d kernel thread%s, precision %s",
                  p->devices.count, devs, how, fg_launcher_name(p->launcher), p->threads_per_rank,
-                 p->threads_per_rank == 1 ? "" : "s");
+                 p->threads_per_rank == 1 ? "" : "s", fg_precision_kind_name(p->precision));
     else {
         char me[48] = "";
         if (p->rank >= 0) snprintf(me, sizeof me, ", this process is rank %d", p->rank);
         else snprintf(me, sizeof me, ", this process is the parent");
         snprintf(buf, cap, "%s on %s, %d rank%s (%d per node x %d node%s, devices %s), %s%s, "
-                           "launcher %s, %d thread%s per rank (%s)",
-                 fg_launch_strategy_name(p->strategy), fg_accelerator_name(p->accelerator),
+                           "launcher %s, %d thread%s per rank (%s), precision %s",
+                 fg_strategy_kind_name(p->strategy), fg_accelerator_name(p->accelerator),
                  p->world_size, p->world_size == 1 ? "" : "s", p->local_world_size, p->num_nodes,
                  p->num_nodes == 1 ? "" : "s", devs, how, me, fg_launcher_name(p->launcher),
-                 p->threads_per_rank, p->threads_per_rank == 1 ? "" : "s", p->threads_from);
+                 p->threads_per_rank, p->threads_per_rank == 1 ? "" : "s", p->threads_from,
+                 fg_precision_kind_name(p->precision));
     }
     return buf;
 }

@@ -238,7 +238,7 @@ fg_status fg_module_finalize(fg_module *root) {
     if (!f)
         goto nomem;
     f->dtype = dt;
-    f->seed = root->seed;
+    f->seed = root->seed ? root->seed : fg_default_seed();
     f->np = c.np;
     f->nb = c.nb;
     size_t es = fg_dtype_size(dt);

@@ -8,6 +8,18 @@
 #include "strategy_impl.h"
 
 fg_strategy_kind fg_strategy_kind_of(const fg_strategy *s) { return s->kind; }
+
+const char *fg_strategy_kind_name(fg_strategy_kind k) {
+    static const char *const names[FG_STRATEGY_COUNT] = {
+        [FG_STRATEGY_SINGLE] = "single",       [FG_STRATEGY_DP] = "dp",
+        [FG_STRATEGY_DDP] = "ddp",             [FG_STRATEGY_DDP_SPAWN] = "ddp_spawn",
+        [FG_STRATEGY_DDP_FORK] = "ddp_fork"};
+    return (int)k >= 0 && k < FG_STRATEGY_COUNT ? names[k] : "?";
+}
+
+bool fg_strategy_kind_is_ddp(fg_strategy_kind k) {
+    return k == FG_STRATEGY_DDP || k == FG_STRATEGY_DDP_SPAWN || k == FG_STRATEGY_DDP_FORK;
+}
 void fg_strategy_set_sync(fg_strategy *s, bool sync) { s->sync = sync; }
 
 void fg_strategy_free(fg_strategy *s) {
@@ -51,8 +63,10 @@ fg_status fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *model
                           fg_strategy **out) {
     *out = NULL;
     if (!model) return fg_error(FG_EINVAL, "strategy: NULL model");
-    if (kind == FG_STRATEGY_DDP && !comm)
-        return fg_error(FG_EINVAL, "strategy ddp: needs a communicator");
+    if ((int)kind < 0 || kind >= FG_STRATEGY_COUNT)
+        return fg_error(FG_EINVAL, "strategy: kind %d: expected one of fg_strategy_kind", (int)kind);
+    if (fg_strategy_kind_is_ddp(kind) && !comm)
+        return fg_error(FG_EINVAL, "strategy %s: needs a communicator", fg_strategy_kind_name(kind));
     fg_strategy *s = fg_calloc(1, sizeof *s);
     if (!s) return FG_ENOMEM;
     s->kind = kind;
@@ -61,7 +75,7 @@ fg_status fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *model
     s->opt = opt;
     s->sync = true;
     fg_status st = FG_OK;
-    if (kind == FG_STRATEGY_DDP) st = setup_ddp(s, ddp);
+    if (fg_strategy_kind_is_ddp(kind)) st = setup_ddp(s, ddp);
     else if (kind == FG_STRATEGY_DP) st = fg__dp_setup(s, dp_threads > 0 ? dp_threads : 2);
     if (st != FG_OK) {
         fg_strategy_free(s);
@@ -72,7 +86,7 @@ fg_status fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *model
 }
 
 fg_status fg_strategy_backward(fg_strategy *s, fg_tensor *loss) {
-    if (s->kind == FG_STRATEGY_DDP) return fg_ddp_reducer_backward(s->reducer, loss, s->sync);
+    if (fg_strategy_kind_is_ddp(s->kind)) return fg_ddp_reducer_backward(s->reducer, loss, s->sync);
     return fg_backward(loss);
 }
 

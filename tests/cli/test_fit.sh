@@ -19,12 +19,6 @@ TINY=(--model gpt --data "$TXT" --layers 1 --heads 2 --embd 32 --ctx 32 --batch-
       --lr 3e-3 --warmup-steps 5 --limit-val-batches 2 --log-every 5 --progress lines
       --num-workers 0 --sample-tokens 40)
 
-run probe "$FULGUR" fit "${TINY[@]}" --max-steps 1 --default-root-dir "$T_TMP/probe"
-if grep -q "lacks the fabric layer" "$T_TMP/probe"; then
-    skip "fit (this build lacks the fabric layer)"
-    finish
-fi
-
 # --- a tiny fit: loss down, outputs in place
 R="$T_TMP/run1"
 run fit1 "$FULGUR" fit "${TINY[@]}" --max-steps 40 --val-check-interval 20 --default-root-dir "$R"

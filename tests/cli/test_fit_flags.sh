@@ -59,17 +59,13 @@ expect_grep "--resume last names the folder" res 'no checkpoint yet in .*empty-c
 
 # devices/strategy/precision strings are checked by the fabric layer
 run dev "$FULGUR" fit --data "$TXT" --devices abc
-if grep -q "lacks the fabric layer" "$T_TMP/dev"; then
-    skip "devices/strategy checks (this build lacks the fabric layer)"
-else
-    expect_rc "bad devices" 2 dev
-    expect_grep "bad devices named" dev 'abc'
-    run strat "$FULGUR" fit --data "$TXT" --strategy zzz
-    expect_rc "bad strategy" 2 strat
-    expect_grep "bad strategy named with the valid ones" strat 'zzz.*ddp'
-    run prec "$FULGUR" fit --data "$TXT" --precision 12
-    expect_rc "bad precision" 2 prec
-    expect_grep "bad precision named" prec '12'
-fi
+expect_rc "bad devices" 2 dev
+expect_grep "bad devices named" dev 'abc'
+run strat "$FULGUR" fit --data "$TXT" --strategy zzz
+expect_rc "bad strategy" 2 strat
+expect_grep "bad strategy named with the valid ones" strat 'zzz.*ddp'
+run prec "$FULGUR" fit --data "$TXT" --precision 12
+expect_rc "bad precision" 2 prec
+expect_grep "bad precision named" prec '12'
 [ -e runs ] && fail "a usage error created runs/" || pass "usage errors leave no run folder"
 finish

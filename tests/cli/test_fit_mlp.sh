@@ -21,12 +21,6 @@ bytes() { awk '{ printf "\\%03o", $1 }' "$1" | xargs -0 printf; }
 bytes "$T_TMP/x.txt" | write_npy "$T_TMP/x.npy" "($N, $D)"
 bytes "$T_TMP/y.txt" | write_npy "$T_TMP/y.npy" "($N,)"
 
-run probe "$FULGUR" fit --model mlp --data "$T_TMP/x.npy" --labels "$T_TMP/y.npy" --max-steps 1 \
-    --default-root-dir "$T_TMP/probe"
-if grep -q "lacks the fabric layer" "$T_TMP/probe"; then
-    skip "fit (this build lacks the fabric layer)"
-    finish
-fi
 R="$T_TMP/mlp"
 run fit "$FULGUR" fit --model mlp --data "$T_TMP/x.npy" --labels "$T_TMP/y.npy" --hidden 32 \
     --batch-size 32 --max-steps 120 --lr 3e-3 --warmup-steps 10 --weight-decay 0 \

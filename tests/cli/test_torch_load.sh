@@ -6,7 +6,7 @@
 # missing (the suite never needs them).
 source "$(dirname "$0")/lib.sh"
 echo "test_torch_load: a fit checkpoint in PyTorch"
-# Debian's torch imports only with /usr/bin/python3 (NOTES.md).
+# Debian's torch (python3-torch) imports only with /usr/bin/python3, the interpreter it is packaged for.
 PY=${FULGUR_PYTHON:-/usr/bin/python3}
 if ! "$PY" -c "import torch, safetensors.torch" >/dev/null 2>&1; then
     skip "python3 with torch and safetensors not installed"

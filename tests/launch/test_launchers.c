@@ -5,8 +5,9 @@
  *     constructor, before the harness starts): each child reports the
  *     contract it sees; a child that is SIGKILLed makes the supervisor stop
  *     the rest within seconds and the failure names it; the comm layer's
- *     next collective on rank 0 fails naming the dead rank; nothing is left
- *     running, even when the launcher itself is killed;
+ *     next collective on rank 0 fails naming the dead rank; fg_job_comm_init
+ *     joins, and gives up naming a rank that died before joining; nothing
+ *     is left running, even when the launcher itself is killed;
  *   programs: fg_job_start with a shell command, a missing program, a file
  *     that cannot be executed, signals, stop, wait with a timeout;
  *   fork: N children run a function, rank 0's blob comes back to the
@@ -293,6 +294,49 @@ TEST(reexec_rank0_collective_names_the_dead_rank) {
     CHECK_STATUS(fg_job_wait(j, 20), FG_EPEER);
     CHECK_CONTAINS(fg_last_error(), "rank 2 (pid");
     fg_job_free(j);
+    reset_env();
+    remove_dir();
+}
+
+/* fg_job_comm_init: joins like fg_comm_init; a rank that dies before it
+ * joins ends rank 0's wait at the rendezvous with its name, instead of the
+ * comm timeout. */
+TEST(reexec_job_comm_init) {
+    make_dir();
+    reset_env();
+    setenv("FG_TEST_LAUNCH_CHILD", "comm", 1); /* no victim: join, meet twice */
+    fg_launch_plan p;
+    CHECK_OK(plan_ddp(3, &p));
+    fg_job *j = NULL;
+    CHECK_OK(fg_launch_reexec(&p, NULL, &j));
+    fg_comm *c = NULL;
+    CHECK_OK(fg_job_comm_init(j, NULL, NULL, &c));
+    if (c) {
+        CHECK(fg_comm_size(c) == 3 && fg_comm_rank(c) == 0);
+        CHECK_OK(fg_comm_barrier(c));
+        CHECK_OK(fg_comm_barrier(c));
+    }
+    fg_comm_free(c);
+    CHECK_OK(fg_job_wait(j, -1));
+    fg_job_free(j);
+    /* rank 2 exits with code 3 without joining; rank 1 never joins either */
+    reset_env();
+    setenv("FG_TEST_LAUNCH_CHILD", "exit3", 1);
+    setenv("FG_TEST_VICTIM", "2", 1);
+    CHECK_OK(plan_ddp(3, &p));
+    CHECK_OK(fg_launch_reexec(&p, NULL, &j));
+    c = NULL;
+    CHECK_STATUS(fg_job_comm_init(j, NULL, NULL, &c), FG_EPEER);
+    CHECK(c == NULL);
+    CHECK_CONTAINS(fg_last_error(), "joining the communicator: rank 2 (pid ");
+    CHECK_CONTAINS(fg_last_error(), "exited with code 3");
+    /* once failed, it says so at once */
+    CHECK_STATUS(fg_job_comm_init(j, NULL, NULL, &c), FG_EPEER);
+    CHECK_STATUS(fg_job_wait(j, -1), FG_EPEER);
+    fg_job_free(j);
+    /* no job: plain fg_comm_init */
+    reset_env();
+    CHECK_STATUS(fg_job_comm_init(NULL, NULL, NULL, NULL), FG_EINVAL);
     reset_env();
     remove_dir();
 }

@@ -1,5 +1,5 @@
 /* launch: parsing of accelerator, devices (every row of the seeds' table and
- * every error case), strategy names, the launch plan (launcher, world size,
+ * every error case), strategy names, precision settings, the launch plan (launcher, world size,
  * ranks, threads per rank) for launched and not-launched environments, and
  * the environment contract read back by fg_cluster_detect. */
 #include <stdlib.h>
@@ -176,34 +176,34 @@ TEST(accelerator) {
 /* ---------------------------------------------------------- strategy */
 
 TEST(strategy_names) {
-    fg_launch_strategy s;
+    fg_strategy_kind s;
     static const struct {
         const char *name;
-        fg_launch_strategy want;
-    } ok[] = {{"single", FG_LAUNCH_SINGLE},       {"single_device", FG_LAUNCH_SINGLE},
-              {"dp", FG_LAUNCH_DP},               {"ddp", FG_LAUNCH_DDP},
-              {"ddp_spawn", FG_LAUNCH_DDP_SPAWN}, {"ddp_fork", FG_LAUNCH_DDP_FORK},
-              {"DDP", FG_LAUNCH_DDP},             {"ddp_notebook", FG_LAUNCH_DDP_FORK}};
+        fg_strategy_kind want;
+    } ok[] = {{"single", FG_STRATEGY_SINGLE},       {"single_device", FG_STRATEGY_SINGLE},
+              {"dp", FG_STRATEGY_DP},               {"ddp", FG_STRATEGY_DDP},
+              {"ddp_spawn", FG_STRATEGY_DDP_SPAWN}, {"ddp_fork", FG_STRATEGY_DDP_FORK},
+              {"DDP", FG_STRATEGY_DDP},             {"ddp_notebook", FG_STRATEGY_DDP_FORK}};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         CHECK_OK(fg_launch_parse_strategy(ok[i].name, 1, 1, &s));
         CHECK_MSG(s == ok[i].want, "%s -> %d", ok[i].name, (int)s);
     }
-    for (int k = 0; k < FG_LAUNCH_STRATEGY_COUNT; k++) {
-        CHECK_OK(fg_launch_parse_strategy(fg_launch_strategy_name((fg_launch_strategy)k), 1, 1, &s));
-        CHECK(s == (fg_launch_strategy)k);
+    for (int k = 0; k < FG_STRATEGY_COUNT; k++) {
+        CHECK_OK(fg_launch_parse_strategy(fg_strategy_kind_name((fg_strategy_kind)k), 1, 1, &s));
+        CHECK(s == (fg_strategy_kind)k);
     }
-    CHECK(!strcmp(fg_launch_strategy_name((fg_launch_strategy)99), "?"));
+    CHECK(!strcmp(fg_strategy_kind_name((fg_strategy_kind)99), "?"));
     /* auto */
     CHECK_OK(fg_launch_parse_strategy("auto", 1, 1, &s));
-    CHECK(s == FG_LAUNCH_SINGLE);
+    CHECK(s == FG_STRATEGY_SINGLE);
     CHECK_OK(fg_launch_parse_strategy(NULL, 2, 1, &s));
-    CHECK(s == FG_LAUNCH_DDP);
+    CHECK(s == FG_STRATEGY_DDP);
     CHECK_OK(fg_launch_parse_strategy("auto", 1, 2, &s));
-    CHECK(s == FG_LAUNCH_DDP);
+    CHECK(s == FG_STRATEGY_DDP);
 }
 
 TEST(strategy_errors) {
-    fg_launch_strategy s;
+    fg_strategy_kind s;
     CHECK_STATUS(fg_launch_parse_strategy("single", 2, 1, &s), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "strategy=\"single\" runs on one device, but devices gives 2");
     CHECK_STATUS(fg_launch_parse_strategy("dp", 2, 2, &s), FG_EINVAL);
@@ -221,6 +221,51 @@ TEST(strategy_errors) {
     CHECK_CONTAINS(fg_last_error(), "strategy=\"dpp\": unknown; expected one of auto, single, dp, "
                                     "ddp, ddp_spawn, ddp_fork");
     CHECK_STATUS(fg_launch_parse_strategy("", 2, 1, &s), FG_EINVAL);
+}
+
+/* --------------------------------------------------------- precision */
+
+TEST(precision_names) {
+    static const struct {
+        const char *name;
+        fg_precision_kind want;
+    } ok[] = {{NULL, FG_PRECISION_32_TRUE},   {"32-true", FG_PRECISION_32_TRUE},
+              {"32", FG_PRECISION_32_TRUE},   {"64-true", FG_PRECISION_64_TRUE},
+              {"64", FG_PRECISION_64_TRUE},   {"64-TRUE", FG_PRECISION_64_TRUE}};
+    fg_precision_kind p;
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        p = FG_PRECISION_COUNT;
+        CHECK_OK(fg_launch_parse_precision(ok[i].name, &p));
+        CHECK_MSG(p == ok[i].want, "%s -> %d", ok[i].name ? ok[i].name : "NULL", (int)p);
+    }
+    CHECK(!strcmp(fg_precision_kind_name(FG_PRECISION_32_TRUE), "32-true"));
+    CHECK(!strcmp(fg_precision_kind_name(FG_PRECISION_BF16_TRUE), "bf16-true"));
+    CHECK(!strcmp(fg_precision_kind_name((fg_precision_kind)99), "?"));
+    /* Lightning's four others: recognised, not built yet, named with what is */
+    static const char *const later[] = {"16-mixed", "16", "bf16-mixed", "bf16", "16-true",
+                                        "bf16-true", NULL};
+    for (int i = 0; later[i]; i++) {
+        p = FG_PRECISION_64_TRUE;
+        CHECK_STATUS(fg_launch_parse_precision(later[i], &p), FG_EUNSUPPORTED);
+        char want[64];
+        snprintf(want, sizeof want, "precision=\"%s\": not built yet", later[i]);
+        CHECK_CONTAINS(fg_last_error(), want);
+        CHECK_CONTAINS(fg_last_error(), "available: 32-true (32), 64-true (64)");
+        CHECK(p == FG_PRECISION_64_TRUE); /* untouched */
+    }
+    CHECK_STATUS(fg_launch_parse_precision("12", &p), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "precision=\"12\": unknown; expected one of 32-true (32)");
+    CHECK_STATUS(fg_launch_parse_precision("", &p), FG_EINVAL);
+    CHECK_STATUS(fg_launch_parse_precision("32", NULL), FG_EINVAL);
+    /* the plan carries it, and its line names it */
+    fg_cluster_info env = {.world_size = 1, .local_world_size = 1, .num_nodes = 1, .source = "none"};
+    fg_launch_plan plan;
+    CHECK_OK(fg_launch_plan_make(&(fg_launch_opts){.precision = "64"}, &env, &plan));
+    CHECK(plan.precision == FG_PRECISION_64_TRUE);
+    char line[512];
+    CHECK_CONTAINS(fg_launch_plan_format(&plan, line, sizeof line), "precision 64-true");
+    CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.precision = "bf16"}, &env, &plan),
+                 FG_EUNSUPPORTED);
 }
 
 /* -------------------------------------------------------------- plan */
@@ -258,7 +303,7 @@ TEST(plan_not_launched) {
     CHECK_CONTAINS(line, "launcher re-exec");
     /* auto with 3 devices is ddp too */
     CHECK_OK(fg_launch_plan_make(&(fg_launch_opts){.devices = "[0, 1, 3]"}, &env, &p));
-    CHECK(p.strategy == FG_LAUNCH_DDP && p.launcher == FG_LAUNCHER_REEXEC && p.world_size == 3);
+    CHECK(p.strategy == FG_STRATEGY_DDP && p.launcher == FG_LAUNCHER_REEXEC && p.world_size == 3);
     CHECK(p.threads_per_rank == cores_over(3));
     /* ddp on one device: nothing to start */
     CHECK_OK(fg_launch_plan_make(&(fg_launch_opts){.devices = "1", .strategy = "ddp"}, &env, &p));
@@ -266,7 +311,7 @@ TEST(plan_not_launched) {
     CHECK(p.threads_per_rank == fg_num_cores());
     /* defaults: one device, single */
     CHECK_OK(fg_launch_plan_make(NULL, &env, &p));
-    CHECK(p.strategy == FG_LAUNCH_SINGLE && p.launcher == FG_LAUNCHER_NONE && p.world_size == 1);
+    CHECK(p.strategy == FG_STRATEGY_SINGLE && p.launcher == FG_LAUNCHER_NONE && p.world_size == 1);
     CHECK(p.accelerator == FG_ACCELERATOR_CPU && p.devices.count == 1 && p.num_nodes == 1);
     /* ddp_spawn / ddp_fork: fork; the parent is no rank */
     CHECK_OK(fg_launch_plan_make(&(fg_launch_opts){.devices = "3", .strategy = "ddp_spawn"}, &env, &p));
@@ -359,11 +404,11 @@ TEST(plan_launched) {
     /* mpirun -np 2 with devices=2 */
     env = launched_env(1, 2, 1, 2, 0, 1, "openmpi");
     CHECK_OK(fg_launch_plan_make(&(fg_launch_opts){.devices = "2"}, &env, &p));
-    CHECK(p.launcher == FG_LAUNCHER_NONE && p.rank == 1 && p.strategy == FG_LAUNCH_DDP);
+    CHECK(p.launcher == FG_LAUNCHER_NONE && p.rank == 1 && p.strategy == FG_STRATEGY_DDP);
     /* devices left to fulgur: the launcher's ranks on this node, and its nodes */
     env = launched_env(5, 6, 2, 3, 1, 2, "torchrun");
     CHECK_OK(fg_launch_plan_make(NULL, &env, &p));
-    CHECK(p.strategy == FG_LAUNCH_DDP && p.launcher == FG_LAUNCHER_NONE && p.rank == 5);
+    CHECK(p.strategy == FG_STRATEGY_DDP && p.launcher == FG_LAUNCHER_NONE && p.rank == 5);
     CHECK(p.devices.count == 3 && p.num_nodes == 2 && p.world_size == 6);
     CHECK_OK(fg_launch_plan_make(&(fg_launch_opts){.devices = " auto "}, &env, &p));
     CHECK(p.devices.count == 3);

@@ -11,14 +11,11 @@
 #define FG_EXIT_FAIL 1
 #define FG_EXIT_USAGE 2
 
-/* Commands are weak so that the tool links while a subcommand's file is
- * absent from a build; main reports such a command as not built in. */
-#define FG_CMD(name) int cmd_##name(int argc, char **argv) __attribute__((weak))
-FG_CMD(fit);
-FG_CMD(run);
-FG_CMD(env);
-FG_CMD(ckpt);
-FG_CMD(sample);
+int cmd_fit(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_env(int argc, char **argv);
+int cmd_ckpt(int argc, char **argv);
+int cmd_sample(int argc, char **argv);
 
 /* "fulgur: " + message on stderr. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -1,6 +1,7 @@
 /* fulgur env: what fulgur detects here: version, cores, CPU devices and
  * threads per rank, the cluster environment and its rank variables, the
- * launch plan for given (or default) accelerator/devices/strategy/num_nodes,
+ * launch plan for given (or default) accelerator/devices/strategy/precision/
+ * num_nodes (the plan `fulgur fit` prints for the same flags),
  * the backends and kernels built in. Exit 0, 1 when the environment is
  * inconsistent (the line says why), 2 for bad flags or a plan that fails. */
 #include <stdio.h>
@@ -11,10 +12,10 @@
 #include "cli_flags.h"
 
 static const char *const k_usage =
-    "fulgur env [--accelerator A] [--devices D] [--strategy S] [--num-nodes N]";
+    "fulgur env [--accelerator A] [--devices D] [--strategy S] [--precision P] [--num-nodes N]";
 
 int cmd_env(int argc, char **argv) {
-    const char *accel, *devices, *strategy;
+    const char *accel, *devices, *strategy, *precision;
     int64_t num_nodes;
     cli_flag flags[] = {
         {.name = "Launch plan for these settings",
@@ -25,6 +26,8 @@ int cmd_env(int argc, char **argv) {
          .help = "a count (\"2\"), -1 for all, or ids (\"0,2\", \"[1, 3]\")"},
         {.name = "strategy", .type = CLI_STR, .dst = &strategy, .def = "auto",
          .help = "auto, single, dp, ddp, ddp_spawn, ddp_fork"},
+        {.name = "precision", .type = CLI_STR, .dst = &precision, .def = "32-true",
+         .help = "32-true (32), 64-true (64)"},
         {.name = "num-nodes", .type = CLI_INT, .dst = &num_nodes, .def = "0", .min = 0,
          .max = 65536, .help = "machines in the job; 0: 1, or the launcher's"},
     };
@@ -79,7 +82,7 @@ int cmd_env(int argc, char **argv) {
     }
 
     fg_launch_opts o = {.accelerator = accel, .devices = devices, .strategy = strategy,
-                        .num_nodes = (int)num_nodes};
+                        .precision = precision, .num_nodes = (int)num_nodes};
     fg_launch_plan plan;
     if (have_env || planned) {
         if (fg_launch_plan_make(&o, have_env ? &info : NULL, &plan) == FG_OK) {

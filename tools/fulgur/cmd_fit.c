@@ -2,24 +2,20 @@
  * Lightning's Trainer flags. Everything checkable is checked here, in the
  * process the user started, before any rank exists: flags and values
  * (fit_args.c), files, and the devices/strategy/precision strings
- * (fg_fabric_new). Then fg_fabric_launch runs fit_run on every rank; under
- * ddp the launcher re-executes this same command line for the other ranks,
- * which repeat the checks (cheap) and join.
+ * (fg_fabric_new: the launch plan, the same as `fulgur env` prints for these
+ * flags; the process the user started prints it). Then fg_fabric_launch runs
+ * fit_run on every rank; under ddp the launcher re-executes this same
+ * command line for the other ranks, which repeat the checks (cheap) and join.
  * Exit codes: 0 done; 1 failed while running (including a checkpoint that
  * does not fit the model, named tensor by tensor); 2 bad usage. */
 #include <string.h>
 
 #include "fit.h"
 
-#if __has_include("fulgur/fabric.h") && __has_include("fulgur/optim.h")
-#define FIT_HAVE_FABRIC 1
-#endif
-
 int cmd_fit(int argc, char **argv) {
     static fit_opts o; /* static: ranks launched by fork keep it */
     int rc = fit_args_parse(&o, argc, argv);
     if (rc) return rc < 0 ? FG_EXIT_OK : rc;
-#ifdef FIT_HAVE_FABRIC
     fg_fabric *f = fg_fabric_new(&(fg_fabric_config){
         .accelerator = o.accelerator,
         .devices = o.devices,
@@ -32,6 +28,12 @@ int cmd_fit(int argc, char **argv) {
         cli_error("%s", fg_last_error());
         return FG_EXIT_USAGE;
     }
+    const fg_launch_plan *plan = fg_fabric_plan(f);
+    if (plan->rank <= 0) { /* rank 0, or the parent of forked ranks */
+        char line[512];
+        printf("launch plan: %s\n", fg_launch_plan_format(plan, line, sizeof line));
+        fflush(stdout);
+    }
     rc = fg_fabric_launch(f, fit_run, &o);
     if (rc != 0) {
         /* fit_run printed its own errors (and returns 1); anything else is
@@ -42,8 +44,4 @@ int cmd_fit(int argc, char **argv) {
     }
     fg_fabric_free(f);
     return rc;
-#else
-    cli_error("fit: this build lacks the fabric layer (include/fulgur/fabric.h, optim.h)");
-    return FG_EXIT_FAIL;
-#endif
 }

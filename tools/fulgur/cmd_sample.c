@@ -11,8 +11,6 @@
 #include "cli_flags.h"
 #include "fit_model.h"
 
-#ifdef FIT_HAVE_NN
-
 /* Copies every parameter of m from f by name; a missing or misshapen one is
  * an error naming it. */
 static bool load_weights(fg_module *m, const fg_st_file *f, const char *path) {
@@ -160,5 +158,3 @@ out:
     fg_st_close(f);
     return rc;
 }
-
-#endif

@@ -15,10 +15,6 @@
 
 #include "cli.h"
 
-/* fabric.h's handle (declared here too while the fit loop is built against
- * the draft API; C11 allows the repeated typedef). */
-typedef struct fg_fabric fg_fabric;
-
 typedef enum fit_model_kind { FIT_GPT, FIT_MLP } fit_model_kind;
 
 /* Every option of `fulgur fit`, as parsed (see fit_args.c for defaults). */

@@ -1,7 +1,8 @@
 /* fulgur fit's flags: the table (names after Lightning's Trainer), their
  * defaults, and every check that can be made before a rank starts, so that a
- * typo costs exit code 2 and one line, not a launched job. Devices, strategy
- * and precision strings are checked by fg_fabric_new in cmd_fit.c. */
+ * typo costs exit code 2 and one line, not a launched job. Accelerator,
+ * devices, strategy, precision and num-nodes are checked by fg_fabric_new in
+ * cmd_fit.c (the launch layer's plan, as `fulgur env` makes it). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,14 +54,16 @@ static int build_flags(fit_opts *o, cli_flag *t) {
     SEC("devices (Lightning's Trainer arguments)");
     F(.name = "accelerator", .type = CLI_STR, .dst = &o->accelerator, .def = "auto",
       .help = "auto, cpu (gpu/cuda: not built in)");
-    F(.name = "devices", .type = CLI_STR, .dst = &o->devices, .def = "1",
-      .help = "ranks on this node: N, -1 (one per core), or ids \"0,2\"");
+    F(.name = "devices", .type = CLI_STR, .dst = &o->devices, .def = "auto",
+      .help = "ranks on this node: auto (1, or the launcher's), N, -1 (one per CPU device), or "
+              "ids \"0,2\" / \"[0, 2]\"");
     F(.name = "strategy", .type = CLI_STR, .dst = &o->strategy, .def = "auto",
       .help = "auto, single, dp, ddp, ddp_spawn, ddp_fork");
     F(.name = "precision", .type = CLI_STR, .dst = &o->precision, .def = "32-true",
-      .help = "32-true (32), 64-true (64)");
-    F(.name = "num-nodes", .type = CLI_INT, .dst = &o->num_nodes, .def = "1", .min = 1,
-      .max = 1 << 20, .help = "machines (launch each with mpirun, srun or fulgur run)");
+      .help = "32-true (32), 64-true (64); 16-mixed, bf16-mixed, 16-true, bf16-true not built yet");
+    F(.name = "num-nodes", .type = CLI_INT, .dst = &o->num_nodes, .def = "0", .min = 0,
+      .max = 65536, .help = "machines (launch each with mpirun, srun or fulgur run); 0: 1, or "
+                            "the launcher's");
     SEC("loop");
     F(.name = "max-epochs", .type = CLI_INT, .dst = &o->max_epochs, .def = "-1", .min = -1,
       .max = INT64_MAX / 2, .help = "stop after this many epochs (-1: no limit)");

@@ -27,8 +27,6 @@
         if (s_ != FG_OK) return s_;                                                                \
     } while (0)
 
-#if defined(FIT_HAVE_OPTIM) && __has_include("fulgur/fabric.h")
-
 typedef struct fit_ctx {
     fg_fabric *f;
     const fit_opts *o;
@@ -110,7 +108,7 @@ static fg_status validate(fit_ctx *c, double *out) {
         double n = (double)fg_tensor_numel(y);
         sum += fg_item(loss) * n;
         count += n;
-        fg_step_end(c->f);
+        fg_fabric_step_end(c->f);
     }
     if (s == FG_OK) s = fg_dataloader_status(c->val);
     fg_module_train(c->model, true);
@@ -225,7 +223,7 @@ static fg_status train_step(fit_ctx *c, double *loss_out, double *items, bool *d
         TRY(fg_fabric_training_step(c->f, b, micro_step, NULL, c, &part_loss));
         loss_sum += part_loss * (double)o->accumulate;
         samples += b->size;
-        fg_step_end(c->f);
+        fg_fabric_step_end(c->f);
     }
     if (micro == 0) {
         *done = true;
@@ -240,7 +238,7 @@ static fg_status train_step(fit_ctx *c, double *loss_out, double *items, bool *d
     if (o->clip > 0) TRY(fg_fabric_clip_gradients(c->f, o->clip, NULL));
     fg_optimizer_set_lr(c->opt, fit_lr_at(o, c->step));
     TRY(fg_optimizer_step(c->opt));
-    fg_step_end(c->f);
+    fg_fabric_step_end(c->f);
     c->step++;
     double mean = loss_sum / (double)micro;
     *loss_out = c->world > 1 ? fg_fabric_reduce_scalar(c->f, mean, FG_AVG) : mean;
@@ -467,5 +465,3 @@ out:
     free_ctx(&c);
     return rc;
 }
-
-#endif

@@ -10,8 +10,6 @@
 
 #include "fit_model.h"
 
-#ifdef FIT_HAVE_NN
-
 fg_module *fit_model_new(const fit_model_cfg *c) {
     if (c->kind == FIT_GPT)
         return fg_gpt_new(&(fg_gpt_config){.vocab = c->vocab,
@@ -28,9 +26,6 @@ fg_module *fit_model_new(const fit_model_cfg *c) {
                                        .dtype = c->f64 ? FG_F64 : FG_F32});
 }
 
-#endif
-
-#ifdef FIT_HAVE_OPTIM
 fg_optimizer *fit_optimizer_new(const fit_opts *o, fg_module *m) {
     if (!strcmp(o->optimizer, "sgd"))
         return fg_sgd_new(m, &(fg_sgd_opts){.lr = o->lr,
@@ -42,8 +37,6 @@ fg_optimizer *fit_optimizer_new(const fit_opts *o, fg_module *m) {
                                             .weight_decay = o->weight_decay,
                                             .no_weight_decay = o->weight_decay == 0});
 }
-
-#endif
 
 void fit_model_cfg_from_opts(const fit_opts *o, const fit_data *d, fit_model_cfg *c) {
     memset(c, 0, sizeof *c);
@@ -60,7 +53,6 @@ void fit_model_cfg_from_opts(const fit_opts *o, const fit_data *d, fit_model_cfg
     c->seed = (uint64_t)o->seed;
 }
 
-#ifdef FIT_HAVE_OPTIM
 double fit_lr_at(const fit_opts *o, int64_t step) {
     int64_t end = o->lr_decay_steps ? o->lr_decay_steps : o->max_steps;
     fg_lr_schedule s = {.kind = end > o->warmup_steps ? FG_LR_COSINE : FG_LR_CONSTANT,
@@ -70,7 +62,6 @@ double fit_lr_at(const fit_opts *o, int64_t step) {
                         .decay_steps = end};
     return fg_lr_at(&s, step);
 }
-#endif
 
 /* Sets o[k] = v, taking v (json_object_set_new drops it on failure too);
  * false when out of memory, or when v could not be made (NULL). */

@@ -7,13 +7,6 @@
 #include "ckpt_meta.h"
 #include "fit.h"
 
-#if __has_include("fulgur/nn.h")
-#define FIT_HAVE_NN 1
-#endif
-#if __has_include("fulgur/optim.h")
-#define FIT_HAVE_OPTIM 1
-#endif
-
 typedef struct fit_model_cfg {
     fit_model_kind kind;
     int64_t vocab, ctx, layers, heads, embd; /* gpt */
@@ -32,18 +25,14 @@ char *fit_model_cfg_json(const fit_model_cfg *c, const fit_opts *o);
  * older fulgur too); false with a reason in err. */
 bool fit_model_cfg_parse(const char *json, fit_model_cfg *c, char *err, size_t errcap);
 
-
-#ifdef FIT_HAVE_NN
+/* The built-in model c describes; NULL with fg_last_error on failure. */
 fg_module *fit_model_new(const fit_model_cfg *c);
-#endif
-#ifdef FIT_HAVE_OPTIM
+
 /* The learning rate of optimizer step `step` (0-based), fg_lr_at's: linear
  * warm-up over --warmup-steps, then a cosine from --lr down to --lr x
  * --min-lr-ratio at --lr-decay-steps (or --max-steps), flat after. A pure
  * function of the step, so a resumed run continues the same curve. */
 double fit_lr_at(const fit_opts *o, int64_t step);
 fg_optimizer *fit_optimizer_new(const fit_opts *o, fg_module *m);
-
-#endif
 
 #endif

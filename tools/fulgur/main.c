@@ -44,10 +44,6 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < sizeof k_cmds / sizeof k_cmds[0]; i++) {
         if (strcmp(argv[1], k_cmds[i].name)) continue;
-        if (!k_cmds[i].fn) {
-            cli_error("command \"%s\" is not built into this fulgur", argv[1]);
-            return FG_EXIT_USAGE;
-        }
         return k_cmds[i].fn(argc - 1, argv + 1);
     }
     cli_error("unknown command \"%s\"", argv[1]);
