@@ -14,7 +14,7 @@
  *
  * Reading: fg_st_open maps a file and checks every byte of its header before
  * it believes any number in it; a truncated, corrupted or hostile file gives
- * FG_EFORMAT with a message naming the file, the tensor and the problem.
+ * NULL, FG_EFORMAT and a message naming the file, the tensor and the problem.
  *
  * Memory goes through fg_alloc/fg_free, jansson's included: on first use this
  * layer routes jansson's allocations through fg_alloc (json_set_alloc_funcs,
@@ -39,6 +39,13 @@ extern "C" {
 #define FG_ST_MAX_HEADER 100000000u
 /* The most dimensions an entry may have. */
 #define FG_ST_MAX_NDIM 64
+
+/* One metadata entry, as the layers above pass metadata around: a key and
+ * its value, both UTF-8 strings (the format's metadata maps str to str).
+ * Plain pointers; who owns them is said where an fg_kv is passed. */
+typedef struct fg_kv {
+    const char *key, *value;
+} fg_kv;
 
 /* --------------------------------------------------------------- writing */
 
@@ -119,7 +126,7 @@ typedef struct fg_st_file fg_st_file;
 typedef struct fg_st_info {
     const char *name;
     const char *dtype_name; /* as in the file: "F32", "BF16", "BOOL", ... */
-    fg_dtype dtype;         /* meaningful only if has_dtype */
+    fg_dtype dtype;         /* FG_DTYPE_DEFAULT when fulgur lacks the file's dtype */
     bool has_dtype;         /* false for safetensors dtypes fulgur lacks (BOOL, I8, U32, F8_*, ...) */
     size_t elem_size;       /* bytes per element */
     int ndim;               /* 0..FG_ST_MAX_NDIM */
@@ -136,19 +143,19 @@ typedef struct fg_st_info {
  * and equal in size to shape x dtype, entries that tile the buffer exactly
  * (no gap, no overlap, no trailing bytes, as the reference implementation
  * requires), unique non-empty names, string-valued metadata.
- * On success *out owns the mapping; close it with fg_st_close.
- * Returns FG_OK; FG_EIO naming the path (missing, unreadable, not a regular
- * file); FG_EFORMAT naming the path, the entry and the problem; FG_ENOMEM;
- * FG_EINVAL for NULL arguments. *out is NULL on failure.
+ * Returns the open file, which owns the mapping (close it with fg_st_close),
+ * or NULL with fg_last_status() FG_EIO naming the path (missing, unreadable,
+ * not a regular file); FG_EFORMAT naming the path, the entry and the
+ * problem; FG_ENOMEM; FG_EINVAL for a NULL path.
  * The mapping assumes the file is not truncated while open: files written
  * by fg_st_writer_write are replaced by rename, never modified in place. */
-FG_API fg_status fg_st_open(const char *path, fg_st_file **out);
+FG_API fg_st_file *fg_st_open(const char *path);
 
 /* As fg_st_open, over `len` bytes at `buf`, BORROWED until fg_st_close (no
  * copy is made). `label` names the buffer in messages (NULL: "<memory>");
- * it is copied. For tests and fuzzers, and files already in memory. */
-FG_API fg_status fg_st_reader_from_memory(const void *buf, size_t len, const char *label,
-                                          fg_st_file **out);
+ * it is copied. For tests and fuzzers, and files already in memory. NULL
+ * on failure, as fg_st_open (FG_EINVAL for a NULL buf with len > 0). */
+FG_API fg_st_file *fg_st_open_memory(const void *buf, size_t len, const char *label);
 
 /* Unmaps and frees. fg_st_close(NULL) is a no-op. */
 FG_API void fg_st_close(fg_st_file *f);

@@ -3,7 +3,48 @@
  *
  * Everything above builds on this header. Nothing here prints or exits:
  * errors come back as fg_status with a per-thread message (fg_last_error),
- * and log lines go to a hook the program sets (fg_set_log). */
+ * and log lines go to a hook the program sets (fg_set_log).
+ *
+ * CONVENTIONS
+ *
+ * These hold for every public header of fulgur. Where a function departs
+ * from one, its comment says so.
+ *
+ * Errors. A function that can fail returns fg_status, FG_OK (0) on success.
+ * On failure it leaves a message in fg_last_error() that names the bad value
+ * and what to do about it, and the same status in fg_last_status(). Both
+ * belong to the calling thread and describe its most recent failure; after a
+ * call that succeeded they mean nothing.
+ *
+ * Constructors. A function that makes an object (fg_x_new, fg_x_open, ...)
+ * returns it, or NULL on failure with the message in fg_last_error() and the
+ * status in fg_last_status(). It does not hand the object back through an
+ * out-parameter. The caller owns what it gets and releases it with the
+ * matching fg_x_free (fg_x_close for what fg_x_open opened); releasing NULL
+ * does nothing. Three kinds of call keep the status form, returning
+ * fg_status and setting out-parameters (to NULL on failure): one that makes
+ * two objects (fg_dataset_split), one for which NULL is a success
+ * (fg_comm_split, for a rank in no group), and one that starts an operation
+ * rather than makes an object (fg_comm_iallreduce and its kin, whose
+ * out-parameter is a request).
+ *
+ * Ownership. A pointer argument is borrowed: the callee reads or writes it
+ * during the call, or until the point its comment names ("borrowed until
+ * fg_st_close"), and the caller keeps it. An argument documented as
+ * "consumed" passes to the callee, also when the call fails: the callee
+ * frees it on that path, so the caller never frees it after the call,
+ * whatever the call returned. A NULL where a consumed object is expected
+ * fails with the status and message the failed constructor left, so that
+ * fg_x_add(parent, fg_y_new(...)) reports the real cause.
+ *
+ * Options and defaults. Options come in by const pointer to a plain struct;
+ * NULL, or a field left zero, means the documented default. A zero fg_dtype
+ * is FG_DTYPE_DEFAULT: f32 wherever a dtype is an option. A tensor always
+ * has a real dtype: the tensor constructors refuse 0.
+ *
+ * Threads. Distinct objects may be used on distinct threads at once; one
+ * object is used by one thread at a time unless its comment says otherwise.
+ * A call marked collective must be made by every rank, in the same order. */
 #ifndef FULGUR_CORE_H
 #define FULGUR_CORE_H
 
@@ -56,17 +97,24 @@ FG_API const char *fg_status_str(fg_status s);
  * Valid until the next fulgur call on the same thread. Thread-safe. */
 FG_API const char *fg_last_error(void);
 
-/* Sets this thread's error message (printf-style) and returns `s`, so that
- * `return fg_error(FG_EINVAL, "devices=%s: ...", v);` reads naturally. User
- * callbacks (datasets, cluster environments) may use it as well. */
+/* The status of the last failing call on this thread (FG_OK if none, or
+ * after fg_clear_error): what a constructor that returned NULL would have
+ * returned. Set together with the message by fg_error, fg_verror and
+ * fg_error_wrap. Thread-safe. */
+FG_API fg_status fg_last_status(void);
+
+/* Sets this thread's error message (printf-style) and status, and returns
+ * `s`, so that `return fg_error(FG_EINVAL, "devices=%s: ...", v);` reads
+ * naturally. User callbacks (datasets, cluster environments) may use it as
+ * well. */
 FG_API fg_status fg_error(fg_status s, const char *fmt, ...) FG_PRINTF(2, 3);
 FG_API fg_status fg_verror(fg_status s, const char *fmt, va_list ap);
 
 /* Prefixes this thread's current message with `prefix: ` (context while
- * passing an error up). Returns `s`. */
+ * passing an error up), sets the status to `s` and returns `s`. */
 FG_API fg_status fg_error_wrap(fg_status s, const char *fmt, ...) FG_PRINTF(2, 3);
 
-/* Clears this thread's error message. */
+/* Clears this thread's error message and status (to "" and FG_OK). */
 FG_API void fg_clear_error(void);
 
 /* --------------------------------------------------------------- logging */
@@ -154,7 +202,13 @@ FG_API uint64_t fg_default_seed(void);
 
 /* ---------------------------------------------------------------- dtypes */
 
+/* Element types. 0 is not a type but FG_DTYPE_DEFAULT, "none chosen": an
+ * option struct left zero, or a dtype argument of a model or layer
+ * constructor, means f32. Data always has a real type: the tensor
+ * constructors, the communicator, fg_convert and the checkpoint layer refuse
+ * FG_DTYPE_DEFAULT with FG_EINVAL. */
 typedef enum fg_dtype {
+    FG_DTYPE_DEFAULT = 0,
     FG_F64,
     FG_F32,
     FG_BF16,
@@ -166,12 +220,18 @@ typedef enum fg_dtype {
     FG_DTYPE_COUNT
 } fg_dtype;
 
+/* True for a real dtype (FG_F64 .. FG_U16); false for FG_DTYPE_DEFAULT and
+ * anything out of range. */
 FG_API bool fg_dtype_valid(int dtype);
-FG_API size_t fg_dtype_size(fg_dtype dt);      /* 0 for an invalid dtype */
-FG_API const char *fg_dtype_name(fg_dtype dt); /* "f32", ...; "?" if invalid */
-/* safetensors names ("F64","F32","BF16","F16","I32","I64","U8","U16"). */
+FG_API size_t fg_dtype_size(fg_dtype dt); /* 0 for FG_DTYPE_DEFAULT or an invalid dtype */
+/* "f32", ...; "default" for FG_DTYPE_DEFAULT, "?" if invalid. */
+FG_API const char *fg_dtype_name(fg_dtype dt);
+/* safetensors names ("F64","F32","BF16","F16","I32","I64","U8","U16"); "?"
+ * for FG_DTYPE_DEFAULT or an invalid dtype. */
 FG_API const char *fg_dtype_st_name(fg_dtype dt);
-/* Parses either form; returns FG_EINVAL for an unknown name. */
+/* Parses a real dtype by either name, case-insensitively ("f32", "BF16").
+ * Returns FG_OK, or FG_EINVAL naming the unknown name (NULL and "" too: a
+ * caller whose setting is optional maps those to FG_DTYPE_DEFAULT itself). */
 FG_API fg_status fg_dtype_parse(const char *name, fg_dtype *out);
 FG_API bool fg_dtype_is_float(fg_dtype dt);
 

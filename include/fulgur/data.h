@@ -52,8 +52,9 @@ extern "C" {
 /* ================================================================ datasets */
 
 /* The dtype and shape of one sample's x or y (without the batch dimension).
- * ndim 0 is a scalar (one element); at most FG_MAX_DIMS - 1 dims, so that a
- * batch fits in a tensor. */
+ * dtype FG_DTYPE_DEFAULT (0) means f32: fg_dataset_new fills it in, so the
+ * specs a dataset reports always name a real dtype. ndim 0 is a scalar (one
+ * element); at most FG_MAX_DIMS - 1 dims, so that a batch fits in a tensor. */
 typedef struct fg_sample_spec {
     fg_dtype dtype;
     int ndim;
@@ -90,8 +91,9 @@ typedef struct fg_dataset fg_dataset;
 
 /* A dataset over the user's table (the callback dataset).
  *   ops:  copied; len, spec and get must be set.
- *   ud:   OWNED from this call on: ops->free(ud) runs in fg_dataset_free, or
- *         before this call returns NULL.
+ *   ud:   consumed (also on failure): ops->free(ud) runs once, in
+ *         fg_dataset_free or before this call returns NULL (with no ops or
+ *         no ops->free there is nothing to free it with).
  *   name: a short label for messages ("cifar-train"); copied; NULL = "user".
  * Returns NULL with FG_EINVAL (a missing function, a negative length, a bad
  * spec: invalid dtype, ndim outside 0..FG_MAX_DIMS-1, negative or
@@ -131,7 +133,8 @@ FG_API fg_dataset *fg_dataset_subset(fg_dataset *base, int64_t start, int64_t le
  *   val_fraction: in [0, 1); 0 gives an empty val.
  * Returns FG_OK; FG_EINVAL if val_fraction is outside [0, 1) or train would
  * be empty (the message gives the counts); FG_ENOMEM. On failure *train and
- * *val are NULL. */
+ * *val are NULL. (The status form, as core.h's conventions allow a call
+ * that makes two objects.) */
 FG_API fg_status fg_dataset_split(fg_dataset *base, double val_fraction, fg_dataset **train,
                                   fg_dataset **val);
 
@@ -260,9 +263,11 @@ typedef struct fg_sampler_ops {
 
 typedef struct fg_sampler fg_sampler;
 
-/* A sampler over the user's table. ops copied, ud OWNED (freed by
- * fg_sampler_free, or before this returns NULL). Its rank is 0, world 1, and
- * every index counts as real (not padding). NULL with FG_EINVAL or FG_ENOMEM. */
+/* A sampler over the user's table. ops copied; ud consumed (also on
+ * failure): ops->free(ud) runs once, in fg_sampler_free or before this
+ * returns NULL. Its rank is 0, world 1, and every index counts as real (not
+ * padding). NULL with FG_EINVAL (a missing len or indices, a negative
+ * length) or FG_ENOMEM. */
 FG_API fg_sampler *fg_sampler_new(const fg_sampler_ops *ops, void *ud);
 
 /* 0, 1, ..., n - 1 every epoch. NULL with FG_EINVAL (n < 0) or FG_ENOMEM. */
@@ -341,7 +346,8 @@ typedef struct fg_batch {
 
 typedef struct fg_dataloader fg_dataloader;
 
-/* A loader over `ds` (BORROWED: it must outlive the loader). Positioned at
+/* A loader over `ds` (borrowed, not consumed: it must outlive the loader,
+ * and the caller frees it after fg_dataloader_free). Positioned at
  * (epoch 0, batch 0); worker threads, if any, start at once and begin reading
  * the first batches. Returns NULL with FG_EINVAL (batch < 0, num_workers or
  * prefetch < 0 or absurdly large), FG_EIO (a thread could not be started) or
@@ -353,12 +359,14 @@ FG_API fg_dataloader *fg_dataloader_new(fg_dataset *ds, const fg_loader_opts *o)
 FG_API void fg_dataloader_free(fg_dataloader *dl);
 
 /* Replaces the sampler (how the DDP strategy installs
- * fg_sampler_distributed). s is CONSUMED, even on failure. The position goes
- * to (current epoch, batch 0). Returns FG_OK; FG_EINVAL (NULL, or an index
- * outside the dataset, naming it; a NULL s keeps the message its failed
- * constructor left, so fg_dataloader_set_sampler(dl, fg_sampler_...(...))
- * reports the real cause); what the sampler returns; FG_ENOMEM (the
- * loader then keeps its previous sampler). */
+ * fg_sampler_distributed). s is consumed (also on failure): the loader owns
+ * it from now on, and a call that fails frees it (the loader then keeps its
+ * previous sampler). The position goes to (current epoch, batch 0).
+ * Returns FG_OK; FG_EINVAL (a NULL dl, or an index outside the dataset,
+ * naming it); what the sampler returns; FG_ENOMEM. A NULL s (its
+ * constructor failed) returns that failure's status with its message kept,
+ * so fg_dataloader_set_sampler(dl, fg_sampler_...(...)) reports the real
+ * cause. */
 FG_API fg_status fg_dataloader_set_sampler(fg_dataloader *dl, fg_sampler *s);
 
 /* Goes to batch 0 of `epoch` (>= 0), whose order the sampler gives (with

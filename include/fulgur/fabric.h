@@ -182,26 +182,45 @@ FG_API void fg_fabric_step_end(fg_fabric *f);
 
 /* ------------------------------------------------------------ save, load */
 
-/* The state a checkpoint holds. model is required; the rest optional. */
+/* The state a checkpoint holds. model is required; the rest optional. The
+ * model and optimizer are borrowed for the call. */
 typedef struct fg_train_state {
     fg_module *model;
     fg_optimizer *optimizer;
     int64_t step, epoch, batch_in_epoch; /* trainer counters */
     uint64_t seed;
-    const char *config_json; /* the model/run configuration, stored as metadata */
-    const char *vocab_b64;   /* text vocabulary (for sampling), may be NULL */
+    /* The program's own metadata (a model config, a vocabulary, ...): nmeta
+     * key/value strings stored in the file's __metadata__ beside the
+     * fabric's keys, so `fulgur ckpt show` and Python's safetensors read
+     * them. Borrowed for fg_fabric_save; after fg_fabric_load, every
+     * metadata entry of the file, owned by the fabric. */
+    const fg_kv *meta;
+    int64_t nmeta;
 } fg_train_state;
 
+/* The metadata keys the fabric writes itself, which st->meta may not use:
+ * format, fulgur_version, step, epoch, batch_in_epoch, seed, world_size,
+ * strategy, optimizer_steps, lr. */
+
 /* Saves weights under PyTorch's dotted names, optimizer state as
- * "optimizer.<state>.<param>", and the counters as metadata, in one
+ * "optimizer.<state>.<param>", the counters and st->meta as metadata, in one
  * safetensors file written atomically by global rank 0 (collective: the
- * others wait). */
+ * others wait). Errors: FG_EINVAL (no path or model; an st->meta key that is
+ * empty, NULL, repeated or one of the fabric's own, or a value that is NULL
+ * or not UTF-8: nothing is written), the ckpt layer's write errors; on the
+ * other ranks FG_EIO saying rank 0 could not write. */
 FG_API fg_status fg_fabric_save(fg_fabric *f, const char *path, const fg_train_state *st);
 /* Loads a checkpoint into st->model (and st->optimizer, counters) on every
  * rank. A checkpoint that does not fit the model is FG_EMISMATCH naming the
- * tensors that differ. Strings in st (config_json, vocab_b64) come back
- * owned by the fabric until the next load. */
+ * tensors that differ. On success st->meta and st->nmeta are every metadata
+ * entry of the file, in file order (the fabric's keys included), owned by
+ * the fabric until its next successful load or fg_fabric_free; a failed
+ * load leaves st's counters and meta, and the fabric's copy, as they were. */
 FG_API fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st);
+/* The value of metadata `key` in the checkpoint the last successful
+ * fg_fabric_load read, or NULL (no such key, or no load yet); owned by the
+ * fabric as st->meta is. */
+FG_API const char *fg_fabric_loaded_meta(const fg_fabric *f, const char *key);
 
 /* ------------------------------------------------------------ properties */
 

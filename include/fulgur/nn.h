@@ -77,9 +77,11 @@ typedef struct fg_init {
  *   type:    a short type name for messages ("Linear", "Block"); copied.
  *   forward: may be NULL for a pure container (ModuleDict, ModuleList):
  *            fg_module_forward on it is then FG_EUNSUPPORTED.
- *   ud:      user data handed to forward, owned by the module when free_ud
- *            is given (called once from fg_module_free).
- * Returns NULL with FG_ENOMEM (free_ud is then called on ud). */
+ *   ud:      user data handed to forward. With free_ud it is consumed (also
+ *            on failure): free_ud(ud) runs once, from fg_module_free, or
+ *            before this returns NULL. Without free_ud it is borrowed for
+ *            the module's life.
+ * Returns NULL with FG_ENOMEM. */
 FG_API fg_module *fg_module_new(const char *type, fg_module_forward_fn forward, void *ud,
                                 void (*free_ud)(void *ud));
 
@@ -88,12 +90,14 @@ FG_API fg_module *fg_module_new(const char *type, fg_module_forward_fn forward, 
 FG_API void fg_module_free(fg_module *m);
 
 /* Adds `child` under `name` (non-empty, no '.', unique among m's children
- * and parameters; copied). The child is consumed: it belongs to m from now
- * on, also when the call fails (it is then freed), except when it already
- * belongs to another module (left alone). Errors: FG_EINVAL (bad or
- * duplicate name, child already has a parent, child is NULL: an earlier
- * constructor failed, and its message is kept), FG_ESTATE (m's tree or the
- * child is already finalized), FG_ENOMEM. */
+ * and parameters; copied). child is consumed (also on failure): it belongs
+ * to m from now on, and a call that fails frees it. Two children are not
+ * the caller's to give and are left alone, with FG_EINVAL: one that already
+ * belongs to a module, and the root of m's own tree.
+ * Errors: FG_EINVAL (bad or duplicate name, NULL m, the two children
+ * above), FG_ESTATE (m's tree or the child is already finalized),
+ * FG_ENOMEM. A NULL child (an earlier constructor failed) returns that
+ * failure's status, its message kept and prefixed. */
 FG_API fg_status fg_module_add_child(fg_module *m, const char *name, fg_module *child);
 
 /* Adds a parameter `name` (rules as for children) of dtype dt (f32 or f64;
@@ -102,7 +106,9 @@ FG_API fg_status fg_module_add_child(fg_module *m, const char *name, fg_module *
  * a persistent tensor borrowed from m (its pointer stays valid after
  * finalize, which moves its data into the flat buffer; values written before
  * finalize are kept only with FG_INIT_KEEP). NULL on error (FG_EINVAL,
- * FG_ESTATE after finalize, FG_ENOMEM). */
+ * FG_ESTATE after finalize, FG_ENOMEM; FG_EUNSUPPORTED for a dtype other
+ * than FG_F32 and FG_F64: a parameter is a tensor, so 0 is not taken as
+ * f32 here). */
 FG_API fg_tensor *fg_module_add_param(fg_module *m, const char *name, fg_dtype dt, int ndim,
                                       const int64_t *shape, const fg_init *init);
 
@@ -238,7 +244,9 @@ FG_API fg_status fg_module_load_state(fg_module *m, const fg_state_entry *entrie
 /* Each returns a new root, not yet finalized: add it as a child of a bigger
  * tree, or use it on its own (it is finalized with the default seed on first use, or
  * set a seed first). NULL with fg_last_error on a bad argument or out of
- * memory. The models further down (MLP, GPT) come back finalized. */
+ * memory. The models further down (MLP, GPT) come back finalized.
+ * A `dt` argument is the parameters' dtype: FG_F32 (or 0, the default) or
+ * FG_F64; FG_BF16 and FG_F16 are FG_EUNSUPPORTED, other dtypes FG_EINVAL. */
 
 /* y = x @ weight^T + bias: weight (out, in), bias (out) when `bias`, as
  * torch.nn.Linear, initialised as PyTorch does (U(-1/sqrt(in), 1/sqrt(in))
@@ -267,8 +275,9 @@ FG_API fg_module *fg_gelu_new(void);
 FG_API fg_module *fg_relu_new(void);
 
 /* A container that runs its children in order (torch.nn.Sequential): the
- * children are named "0", "1", ... by fg_sequential_append, which consumes
- * `child` as fg_module_add_child does. FG_EINVAL if seq is not a Sequential. */
+ * children are named "0", "1", ... by fg_sequential_append. child is
+ * consumed (also on failure), as by fg_module_add_child; FG_EINVAL if seq is
+ * not a Sequential (child freed). */
 FG_API fg_module *fg_sequential_new(void);
 FG_API fg_status fg_sequential_append(fg_module *seq, fg_module *child);
 
@@ -290,14 +299,15 @@ typedef struct fg_mlp_config {
     double dropout;                       /* after each activation when > 0 */
     bool no_bias;                         /* Linear layers without bias */
     uint64_t seed;                        /* initialisation seed; 0 = fg_default_seed() */
-    const char *dtype;                    /* "f32" (default, NULL) or "f64" */
+    fg_dtype dtype;                       /* FG_F32 (default, 0) or FG_F64 */
 } fg_mlp_config;
 
 /* Builds and finalizes an MLP. Its forward takes x (B, sizes[0]), or
  * (B, d1, d2, ...) with d1*d2*... == sizes[0] (flattened, as nn.Flatten),
  * and returns logits (B, sizes[nlayers]). Errors: FG_EINVAL naming the bad
- * field (nlayers out of 1..FG_MLP_MAX_LAYERS, a size <= 0, unknown dtype,
- * dropout outside [0, 1)). */
+ * field (nlayers out of 1..FG_MLP_MAX_LAYERS, a size <= 0, a dtype other
+ * than 0, FG_F32 and FG_F64 (FG_EUNSUPPORTED for bf16 and f16), dropout
+ * outside [0, 1)). */
 FG_API fg_module *fg_mlp_new(const fg_mlp_config *c);
 
 /* -------------------------------------------------------------------- GPT */
@@ -322,16 +332,17 @@ typedef struct fg_gpt_config {
     bool no_bias;      /* Linears and LayerNorms without bias (nanoGPT's bias=False) */
     uint64_t seed;     /* initialisation seed (dropout seeds derive from it);
                           0 = fg_default_seed() */
-    const char *dtype; /* "f32" (default, NULL) or "f64" */
+    fg_dtype dtype;    /* FG_F32 (default, 0) or FG_F64 */
 } fg_gpt_config;
 
 /* Builds and finalizes a GPT. Its forward takes idx i32 (B, T) with
  * T <= ctx and every id in [0, vocab), and returns logits (B, T, vocab).
  * Errors: FG_EINVAL naming the bad field (a size <= 0, embd not a multiple
- * of heads, dropout outside [0, 1), unknown dtype); forward: FG_EINVAL for
- * T > ctx, a wrong dtype or ndim, or an id out of range. */
+ * of heads, dropout outside [0, 1), a dtype as for fg_mlp_new); forward:
+ * FG_EINVAL for T > ctx, a wrong dtype or ndim, or an id out of range. */
 FG_API fg_module *fg_gpt_new(const fg_gpt_config *c);
-/* The config a GPT module was built with (NULL if m is not one). */
+/* The config a GPT module was built with, its dtype filled in (FG_F32 for
+ * a 0); NULL if m is not one. */
 FG_API const fg_gpt_config *fg_gpt_get_config(const fg_module *m);
 
 typedef struct fg_sample_opts {

@@ -31,8 +31,10 @@ typedef struct fg_tensor fg_tensor;
 
 /* A new contiguous step tensor, uninitialised (fg_empty), zero (fg_zeros),
  * filled with v (fg_full) or copied from `data` (fg_from_data, which reads
- * numel * dtype size bytes). NULL on a bad shape (negative dims, more than
- * FG_MAX_DIMS, overflowing size) or out of memory, with fg_last_error set. */
+ * numel * dtype size bytes). NULL with fg_last_error set on a dtype that
+ * is not a real one (FG_DTYPE_DEFAULT included: a tensor's dtype is never
+ * implied, FG_EINVAL says to name one), a bad shape (negative dims, more
+ * than FG_MAX_DIMS, overflowing size) or out of memory. */
 FG_API fg_tensor *fg_empty(fg_dtype dt, int ndim, const int64_t *shape);
 FG_API fg_tensor *fg_zeros(fg_dtype dt, int ndim, const int64_t *shape);
 FG_API fg_tensor *fg_full(fg_dtype dt, int ndim, const int64_t *shape, double v);
@@ -59,10 +61,12 @@ FG_API void *fg_step_alloc(size_t bytes);
 
 /* ------------------------------------------------------ persistent tensors */
 
-/* A new persistent, contiguous, zeroed tensor owning its memory. */
+/* A new persistent, contiguous, zeroed tensor owning its memory. NULL on
+ * the errors of fg_empty. */
 FG_API fg_tensor *fg_tensor_new(fg_dtype dt, int ndim, const int64_t *shape);
 /* A persistent tensor header over memory the caller owns (`data`, borrowed
- * for the tensor's life): how parameters view a flat buffer. */
+ * for the tensor's life): how parameters view a flat buffer. NULL on the
+ * errors of fg_empty, or a NULL data with elements. */
 FG_API fg_tensor *fg_tensor_wrap(void *data, fg_dtype dt, int ndim, const int64_t *shape);
 /* Frees a persistent tensor (and its gradient if autograd made one).
  * NULL is a no-op; a step tensor is ignored (it dies with its step). */

@@ -10,7 +10,7 @@
 typedef struct fg__st_dtype {
     const char *name; /* "F32" */
     size_t size;      /* bytes per element */
-    int fg;           /* fg_dtype, or -1 if fulgur lacks it */
+    fg_dtype fg;      /* FG_DTYPE_DEFAULT if fulgur lacks it */
 } fg__st_dtype;
 
 /* The entry for a safetensors dtype name (exact, case-sensitive, as the

@@ -319,22 +319,23 @@ static fg_status finish(fg_st_file *f, fg_st_file **out) {
     return FG_OK;
 }
 
-fg_status fg_st_reader_from_memory(const void *buf, size_t len, const char *label,
-                                   fg_st_file **out) {
-    if (!out) return fg_error(FG_EINVAL, "fg_st_reader_from_memory: NULL out");
-    *out = NULL;
-    if (!buf && len) return fg_error(FG_EINVAL, "fg_st_reader_from_memory: NULL buffer");
-    fg_st_file *f;
-    FG_TRY(new_file(label ? label : "<memory>", &f));
+fg_st_file *fg_st_open_memory(const void *buf, size_t len, const char *label) {
+    if (!buf && len) {
+        fg_error(FG_EINVAL, "fg_st_open_memory: NULL buffer with %zu bytes", len);
+        return NULL;
+    }
+    fg_st_file *f, *out = NULL;
+    if (new_file(label ? label : "<memory>", &f) != FG_OK) return NULL;
     f->base = buf ? buf : (const unsigned char *)"";
     f->len = len;
-    return finish(f, out);
+    finish(f, &out);
+    return out;
 }
 
-fg_status fg_st_open(const char *path, fg_st_file **out) {
+/* fg_st_open's work, in the status form that FG_TRY and the early returns
+ * read best in. */
+static fg_status open_path(const char *path, fg_st_file **out) {
     char eb[128];
-    if (!out) return fg_error(FG_EINVAL, "fg_st_open: NULL out");
-    *out = NULL;
     if (!path) return fg_error(FG_EINVAL, "fg_st_open: NULL path");
     /* O_NONBLOCK so that a FIFO in the checkpoint's place cannot hang us. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -378,6 +379,12 @@ fg_status fg_st_open(const char *path, fg_st_file **out) {
     return finish(f, out);
 }
 
+fg_st_file *fg_st_open(const char *path) {
+    fg_st_file *f = NULL;
+    open_path(path, &f);
+    return f;
+}
+
 void fg_st_close(fg_st_file *f) {
     if (!f) return;
     if (f->map) munmap(f->map, f->len);
@@ -404,8 +411,8 @@ fg_status fg_st_info_at(const fg_st_file *f, int64_t i, fg_st_info *out) {
     *out = (fg_st_info){
         .name = e->name,
         .dtype_name = e->dt->name,
-        .dtype = e->dt->fg >= 0 ? (fg_dtype)e->dt->fg : FG_U8,
-        .has_dtype = e->dt->fg >= 0,
+        .dtype = e->dt->fg,
+        .has_dtype = e->dt->fg != FG_DTYPE_DEFAULT,
         .elem_size = e->dt->size,
         .ndim = e->ndim,
         .shape = e->shape,
@@ -442,9 +449,11 @@ fg_status fg_st_read(const fg_st_file *f, int64_t i, void *dst, fg_dtype dst_dty
                         (long long)i, (long long)f->n);
     const st_entry *e = &f->e[i];
     if (!fg_dtype_valid((int)dst_dtype))
-        return fg_error(FG_EINVAL, "%s: tensor \"%.200s\": invalid destination dtype %d", f->label,
-                        e->name, (int)dst_dtype);
-    if (e->dt->fg < 0)
+        return fg_error(FG_EINVAL,
+                        "%s: tensor \"%.200s\": destination dtype %d (%s): expected a real dtype, "
+                        "FG_F64 .. FG_U16",
+                        f->label, e->name, (int)dst_dtype, fg_dtype_name(dst_dtype));
+    if (e->dt->fg == FG_DTYPE_DEFAULT)
         return fg_error(FG_EUNSUPPORTED,
                         "%s: tensor \"%.200s\" has dtype %s, which fulgur cannot convert (its raw "
                         "bytes are at fg_st_data)",
@@ -456,7 +465,7 @@ fg_status fg_st_read(const fg_st_file *f, int64_t i, void *dst, fg_dtype dst_dty
         return fg_error(FG_EINVAL, "%s: tensor \"%.200s\": NULL destination", f->label, e->name);
     if (numel == 0) return FG_OK;
     const unsigned char *src = f->data + e->begin;
-    fg_dtype sdt = (fg_dtype)e->dt->fg;
+    fg_dtype sdt = e->dt->fg;
     if (sdt == dst_dtype) {
         memcpy(dst, src, e->nbytes);
         return FG_OK;

@@ -89,7 +89,9 @@ fg_status fg_st_writer_add(fg_st_writer *w, const char *name, fg_dtype dtype, in
     if (!strcmp(name, "__metadata__"))
         return fg_error(FG_EINVAL, "entry \"__metadata__\": the name is reserved for metadata");
     if (!fg_dtype_valid((int)dtype))
-        return fg_error(FG_EINVAL, "entry \"%.200s\": invalid dtype %d", name, (int)dtype);
+        return fg_error(FG_EINVAL,
+                        "entry \"%.200s\": dtype %d (%s): expected a real dtype, FG_F64 .. FG_U16",
+                        name, (int)dtype, fg_dtype_name(dtype));
     if (ndim < 0 || ndim > FG_ST_MAX_NDIM)
         return fg_error(FG_EINVAL, "entry \"%.200s\": ndim %d, expected 0..%d", name, ndim,
                         FG_ST_MAX_NDIM);

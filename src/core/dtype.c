@@ -1,4 +1,5 @@
-/* dtypes: sizes, names and round-to-nearest-even conversions. */
+/* dtypes: sizes, names and round-to-nearest-even conversions. Index 0 of
+ * the table is FG_DTYPE_DEFAULT, which is no type: size 0, never valid. */
 #include <math.h>
 #include <string.h>
 #include <strings.h>
@@ -10,20 +11,23 @@ static const struct {
     size_t size;
     bool is_float;
 } k_dt[FG_DTYPE_COUNT] = {
+    [FG_DTYPE_DEFAULT] = {"default", "?", 0, false},
     [FG_F64] = {"f64", "F64", 8, true},  [FG_F32] = {"f32", "F32", 4, true},
     [FG_BF16] = {"bf16", "BF16", 2, true}, [FG_F16] = {"f16", "F16", 2, true},
     [FG_I32] = {"i32", "I32", 4, false}, [FG_I64] = {"i64", "I64", 8, false},
     [FG_U8] = {"u8", "U8", 1, false},    [FG_U16] = {"u16", "U16", 2, false},
 };
 
-bool fg_dtype_valid(int dt) { return dt >= 0 && dt < FG_DTYPE_COUNT; }
+bool fg_dtype_valid(int dt) { return dt > FG_DTYPE_DEFAULT && dt < FG_DTYPE_COUNT; }
 size_t fg_dtype_size(fg_dtype dt) { return fg_dtype_valid(dt) ? k_dt[dt].size : 0; }
-const char *fg_dtype_name(fg_dtype dt) { return fg_dtype_valid(dt) ? k_dt[dt].name : "?"; }
+const char *fg_dtype_name(fg_dtype dt) {
+    return dt == FG_DTYPE_DEFAULT ? k_dt[0].name : fg_dtype_valid(dt) ? k_dt[dt].name : "?";
+}
 const char *fg_dtype_st_name(fg_dtype dt) { return fg_dtype_valid(dt) ? k_dt[dt].st : "?"; }
 bool fg_dtype_is_float(fg_dtype dt) { return fg_dtype_valid(dt) && k_dt[dt].is_float; }
 
 fg_status fg_dtype_parse(const char *name, fg_dtype *out) {
-    for (int i = 0; name && i < FG_DTYPE_COUNT; i++)
+    for (int i = FG_DTYPE_DEFAULT + 1; name && i < FG_DTYPE_COUNT; i++)
         if (!strcasecmp(name, k_dt[i].name)) {
             *out = (fg_dtype)i;
             return FG_OK;
@@ -113,7 +117,10 @@ static void store(void *p, fg_dtype dt, int64_t i, double v) {
 
 fg_status fg_convert(void *dst, fg_dtype ddt, const void *src, fg_dtype sdt, int64_t n) {
     if (!fg_dtype_valid(ddt) || !fg_dtype_valid(sdt))
-        return fg_error(FG_EINVAL, "fg_convert: invalid dtype %d or %d", (int)ddt, (int)sdt);
+        return fg_error(FG_EINVAL,
+                        "fg_convert: dtypes %d (%s) and %d (%s): both must be real dtypes "
+                        "(FG_F64 .. FG_U16)",
+                        (int)ddt, fg_dtype_name(ddt), (int)sdt, fg_dtype_name(sdt));
     if (n < 0) return fg_error(FG_EINVAL, "fg_convert: negative count %lld", (long long)n);
     if (n && (!dst || !src)) return fg_error(FG_EINVAL, "fg_convert: NULL buffer with count %lld", (long long)n);
     if (ddt == sdt) {

@@ -1,5 +1,6 @@
-/* Status strings and the per-thread error message. Each thread owns its
- * buffer, so concurrent failures on different threads never mix messages. */
+/* Status strings and the per-thread error message and status. Each thread
+ * owns its own, so concurrent failures on different threads never mix. The
+ * status is always set with the message, so the two describe one failure. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #define FG_ERRMSG_MAX 1024
 
 static _Thread_local char tl_msg[FG_ERRMSG_MAX];
+static _Thread_local fg_status tl_status;
 
 const char *fg_version(void) { return FG_VERSION_STRING; }
 
@@ -33,13 +35,19 @@ const char *fg_status_str(fg_status s) {
 
 const char *fg_last_error(void) { return tl_msg; }
 
-void fg_clear_error(void) { tl_msg[0] = '\0'; }
+fg_status fg_last_status(void) { return tl_status; }
+
+void fg_clear_error(void) {
+    tl_msg[0] = '\0';
+    tl_status = FG_OK;
+}
 
 fg_status fg_verror(fg_status s, const char *fmt, va_list ap) {
     /* Format aside first: callers may pass fg_last_error() as an argument. */
     char tmp[FG_ERRMSG_MAX];
     vsnprintf(tmp, sizeof tmp, fmt, ap);
     memcpy(tl_msg, tmp, sizeof tl_msg);
+    tl_status = s;
     return s;
 }
 
@@ -59,6 +67,7 @@ fg_status fg_error_wrap(fg_status s, const char *fmt, ...) {
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     snprintf(tl_msg, sizeof tl_msg, "%.255s: %.760s", prefix, prev[0] ? prev : fg_status_str(s));
+    tl_status = s;
     return s;
 }
 

@@ -20,13 +20,15 @@ int64_t fg_sample_spec_numel(const fg_sample_spec *s) {
 }
 
 size_t fg_sample_spec_bytes(const fg_sample_spec *s) {
-    return (size_t)fg_sample_spec_numel(s) * fg_dtype_size(s->dtype);
+    fg_dtype dt = s->dtype == FG_DTYPE_DEFAULT ? FG_F32 : s->dtype;
+    return (size_t)fg_sample_spec_numel(s) * fg_dtype_size(dt);
 }
 
 fg_status fg__spec_check(const fg_sample_spec *s, const char *who, const char *what,
                          size_t *bytes) {
     if (!fg_dtype_valid((int)s->dtype))
-        return fg_error(FG_EINVAL, "dataset %s: %s has invalid dtype %d", who, what, (int)s->dtype);
+        return fg_error(FG_EINVAL, "dataset %s: %s has invalid dtype %d: expected FG_F64 .. FG_U16",
+                        who, what, (int)s->dtype);
     if (s->ndim < 0 || s->ndim > FG_MAX_DIMS - 1)
         return fg_error(FG_EINVAL,
                         "dataset %s: %s has %d dims (expected 0..%d: the batch adds one)", who,
@@ -67,6 +69,10 @@ fg_dataset *fg_dataset_new(const fg_dataset_ops *ops, void *ud, const char *name
         goto fail;
     }
     ops->spec(ud, &ds->x, &ds->y);
+    if (ds->x.dtype == FG_DTYPE_DEFAULT)
+        ds->x.dtype = FG_F32;
+    if (ds->y.dtype == FG_DTYPE_DEFAULT)
+        ds->y.dtype = FG_F32;
     if (fg__spec_check(&ds->x, name, "x", &ds->xbytes) != FG_OK ||
         fg__spec_check(&ds->y, name, "y", &ds->ybytes) != FG_OK)
         goto fail;

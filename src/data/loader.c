@@ -256,7 +256,8 @@ fg_status fg_dataloader_set_sampler(fg_dataloader *dl, fg_sampler *s) {
         return fg_error(FG_EINVAL, "fg_dataloader_set_sampler: NULL loader");
     }
     if (!s) /* keeps the message of the sampler constructor that failed */
-        return fg_error_wrap(FG_EINVAL, "fg_dataloader_set_sampler: NULL sampler");
+        return fg_error_wrap(fg_last_status() ? fg_last_status() : FG_EINVAL,
+                             "fg_dataloader_set_sampler: NULL sampler");
     int64_t *order = NULL;
     fg_status st = make_order(dl, s, dl->epoch, &order);
     if (st != FG_OK) {

@@ -50,8 +50,7 @@ void fg_fabric_free(fg_fabric *f) {
     pthread_mutex_destroy(&f->comm_mu);
     for (int i = 0; i < 4; i++) fg_free(f->strings[i]);
     fg_free(f->spawn_blob);
-    fg_free(f->loaded_config);
-    fg_free(f->loaded_vocab);
+    fg_free(f->loaded_meta);
     fg_free(f);
 }
 

@@ -1,8 +1,10 @@
 /* fabric save/load: one safetensors file holding the weights under the
  * model's dotted names (loadable by PyTorch's safetensors), the optimizer's
  * state as "optimizer.<state>.<param>" slices of its flat buffers, and the
- * trainer counters as metadata. Rank 0 writes (atomically, ckpt layer); all
- * ranks read. */
+ * trainer counters and the program's own key/value strings as metadata.
+ * Rank 0 writes (atomically, ckpt layer); all ranks read. A load keeps the
+ * file's metadata in the fabric (f->loaded_meta: one block, the fg_kv array
+ * followed by the strings it points at) until the next successful load. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +13,44 @@
 #include "fabric_impl.h"
 
 #define FORMAT_NAME "fulgur-checkpoint-1"
+
+/* The keys write_file sets itself; st->meta may not use them. */
+static const char *const k_own_keys[] = {"format",         "fulgur_version", "step",
+                                         "epoch",          "batch_in_epoch", "seed",
+                                         "world_size",     "strategy",       "optimizer_steps",
+                                         "lr"};
+
+/* Checks st->meta before anything is written: every key non-empty, unique
+ * and not one of the fabric's; every value a string (the writer checks
+ * UTF-8). */
+static fg_status check_meta(const fg_kv *meta, int64_t n) {
+    if (n < 0 || (n > 0 && !meta))
+        return fg_error(FG_EINVAL,
+                        "save: meta = %p with nmeta = %lld: expected an array of nmeta >= 0 "
+                        "entries",
+                        (const void *)meta, (long long)n);
+    for (int64_t i = 0; i < n; i++) {
+        const char *k = meta[i].key;
+        if (!k || !k[0])
+            return fg_error(FG_EINVAL, "save: meta[%lld] has %s key", (long long)i,
+                            k ? "an empty" : "a NULL");
+        if (!meta[i].value)
+            return fg_error(FG_EINVAL, "save: meta[%lld] (\"%.100s\") has a NULL value",
+                            (long long)i, k);
+        for (size_t j = 0; j < sizeof k_own_keys / sizeof k_own_keys[0]; j++)
+            if (!strcmp(k, k_own_keys[j]))
+                return fg_error(FG_EINVAL,
+                                "save: meta key \"%s\" is one the fabric writes itself: choose "
+                                "another name",
+                                k);
+        for (int64_t j = 0; j < i; j++)
+            if (!strcmp(k, meta[j].key))
+                return fg_error(FG_EINVAL,
+                                "save: meta key \"%.100s\" is given twice (entries %lld and %lld)",
+                                k, (long long)j, (long long)i);
+    }
+    return FG_OK;
+}
 
 static fg_status add_param_views(fg_st_writer *w, fg_module *m, const char *prefix,
                                  fg_tensor *flat, char names[][256]) {
@@ -29,6 +69,7 @@ static fg_status add_param_views(fg_st_writer *w, fg_module *m, const char *pref
 
 static fg_status write_file(fg_fabric *f, const char *path, const fg_train_state *st) {
     fg_module *m = st->model;
+    FG_TRY(check_meta(st->meta, st->nmeta));
     int n = fg_module_num_params(m);
     int nstates = st->optimizer ? fg_optimizer_num_states(st->optimizer) : 0;
     fg_st_writer *w = fg_st_writer_new();
@@ -62,8 +103,7 @@ static fg_status write_file(fg_fabric *f, const char *path, const fg_train_state
         snprintf(num, sizeof num, "%.17g", fg_optimizer_lr(st->optimizer));
         META("lr", num);
     }
-    if (st->config_json) META("config", st->config_json);
-    if (st->vocab_b64) META("vocab_b64", st->vocab_b64);
+    for (int64_t i = 0; i < st->nmeta; i++) META(st->meta[i].key, st->meta[i].value);
 #undef META
     if (s == FG_OK) s = fg_st_writer_write(w, path);
     fg_st_writer_free(w);
@@ -132,10 +172,41 @@ static int64_t meta_int(fg_st_file *file, const char *key, int64_t def) {
     return v ? strtoll(v, NULL, 10) : def;
 }
 
+/* A copy of the file's metadata in one block: the fg_kv array, then the
+ * strings. NULL with FG_ENOMEM. */
+static fg_kv *copy_meta(const fg_st_file *file, int64_t *n_out) {
+    int64_t n = fg_st_meta_count(file);
+    size_t bytes = (size_t)n * sizeof(fg_kv);
+    for (int64_t i = 0; i < n; i++) {
+        const char *k, *v;
+        if (fg_st_meta_at(file, i, &k, &v) != FG_OK) return NULL;
+        bytes += strlen(k) + strlen(v) + 2;
+    }
+    fg_kv *kv = fg_alloc(bytes);
+    if (!kv) return NULL;
+    char *p = (char *)(kv + n);
+    for (int64_t i = 0; i < n; i++) {
+        const char *k, *v;
+        fg_st_meta_at(file, i, &k, &v);
+        size_t kl = strlen(k) + 1, vl = strlen(v) + 1;
+        kv[i].key = memcpy(p, k, kl);
+        kv[i].value = memcpy(p + kl, v, vl);
+        p += kl + vl;
+    }
+    *n_out = n;
+    return kv;
+}
+
+const char *fg_fabric_loaded_meta(const fg_fabric *f, const char *key) {
+    for (int64_t i = 0; f && key && i < f->nloaded_meta; i++)
+        if (!strcmp(f->loaded_meta[i].key, key)) return f->loaded_meta[i].value;
+    return NULL;
+}
+
 fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st) {
     if (!st || !st->model || !path) return fg_error(FG_EINVAL, "load: needs a path and a model");
-    fg_st_file *file = NULL;
-    FG_TRY(fg_st_open(path, &file));
+    fg_st_file *file = fg_st_open(path);
+    if (!file) return fg_last_status();
     const char *fmt = fg_st_meta_get(file, "format");
     if (!fmt || strcmp(fmt, FORMAT_NAME)) {
         fg_st_close(file);
@@ -171,6 +242,12 @@ fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st) {
         return fg_error(FG_EMISMATCH, "%s does not fit the model (%d tensor%s differ%s)%s", path,
                         nbad, nbad == 1 ? "" : "s", nbad == 1 ? "s" : "", msg);
     }
+    int64_t nmeta = 0;
+    fg_kv *meta = copy_meta(file, &nmeta);
+    if (!meta) {
+        fg_st_close(file);
+        return fg_error_wrap(FG_ENOMEM, "load %s: metadata", path);
+    }
     st->step = meta_int(file, "step", 0);
     st->epoch = meta_int(file, "epoch", 0);
     st->batch_in_epoch = meta_int(file, "batch_in_epoch", 0);
@@ -180,12 +257,11 @@ fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st) {
         const char *lr = fg_st_meta_get(file, "lr");
         if (lr) fg_optimizer_set_lr(opt, strtod(lr, NULL));
     }
-    fg_free(f->loaded_config);
-    fg_free(f->loaded_vocab);
-    f->loaded_config = fg_strdup(fg_st_meta_get(file, "config"));
-    f->loaded_vocab = fg_strdup(fg_st_meta_get(file, "vocab_b64"));
-    st->config_json = f->loaded_config;
-    st->vocab_b64 = f->loaded_vocab;
+    fg_free(f->loaded_meta);
+    f->loaded_meta = meta;
+    f->nloaded_meta = nmeta;
+    st->meta = meta;
+    st->nmeta = nmeta;
     fg_st_close(file);
     return FG_OK;
 }

@@ -31,7 +31,8 @@ struct fg_fabric {
     bool forked_rank;
     void *spawn_blob;
     size_t spawn_blob_len;
-    char *loaded_config, *loaded_vocab;
+    fg_kv *loaded_meta; /* fabric_ckpt.c: the last load's metadata, one block */
+    int64_t nloaded_meta;
 };
 
 /* config.c: the plan for f's configuration in this environment (or the

@@ -226,7 +226,7 @@ fg_module *fg_gpt_new(const fg_gpt_config *c) {
         return NULL;
     }
     fg_dtype dt;
-    if (check_config(c) || fg__parse_model_dtype(c->dtype, "gpt_new", &dt))
+    if (check_config(c) || fg__model_dtype(c->dtype, "gpt_new", &dt))
         return NULL;
     gpt *g = fg_calloc(1, sizeof *g);
     if (g)
@@ -240,7 +240,7 @@ fg_module *fg_gpt_new(const fg_gpt_config *c) {
         return NULL;
     m->kind = fg__kind_gpt;
     g->c = *c;
-    g->c.dtype = dt == FG_F64 ? "f64" : "f32";
+    g->c.dtype = dt;
     int64_t C = c->embd;
     fg_module *tr, *h;
     fg_init w02 = {FG_INIT_NORMAL, 0, 0.02};
@@ -266,7 +266,8 @@ fg_module *fg_gpt_new(const fg_gpt_config *c) {
         goto fail;
     return m;
 fail:
-    fg_error_wrap(FG_EINVAL, "gpt_new");
+    /* keep the cause's status (FG_ENOMEM stays FG_ENOMEM) */
+    fg_error_wrap(fg_last_status() ? fg_last_status() : FG_EINVAL, "gpt_new");
     fg_module_free(m);
     return NULL;
 }
@@ -366,7 +367,7 @@ fg_status fg_gpt_sample_next(fg_module *m, fg_tensor *idx, const fg_sample_opts 
     fg_tensor *logits = x ? fg_module_forward(g->lm_head, x) : NULL; /* (B, 1, V) */
     fg_set_grad_enabled(prev);
     if (!logits)
-        return fg_error_wrap(FG_EINVAL, "gpt_sample_next");
+        return fg_error_wrap(fg_last_status() ? fg_last_status() : FG_EINVAL, "gpt_sample_next");
     for (int64_t b = 0; b < B; b++) {
         fg_tensor *row = fg_tensor_narrow_view(logits, 0, b, 1);
         if (!row)

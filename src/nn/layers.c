@@ -20,11 +20,15 @@ static void *new_wb(void) {
     return fg_calloc(1, sizeof(wb));
 }
 
-static bool float_dtype(fg_dtype dt, const char *what) {
-    if (dt == FG_F32 || dt == FG_F64)
-        return true;
-    fg_error(FG_EUNSUPPORTED, "%s: dtype %s: modules are f32 or f64", what, fg_dtype_name(dt));
-    return false;
+fg_status fg__model_dtype(fg_dtype dt, const char *what, fg_dtype *out) {
+    if (dt == FG_DTYPE_DEFAULT)
+        dt = FG_F32;
+    if (dt != FG_F32 && dt != FG_F64)
+        return fg_error(fg_dtype_is_float(dt) ? FG_EUNSUPPORTED : FG_EINVAL,
+                        "%s: dtype %d (%s): modules are FG_F32 (or 0, the default) or FG_F64",
+                        what, (int)dt, fg_dtype_name(dt));
+    *out = dt;
+    return FG_OK;
 }
 
 /* ------------------------------------------------------------ Linear */
@@ -41,7 +45,7 @@ fg_module *fg_linear_new(int64_t in, int64_t out, bool bias, fg_dtype dt) {
                  (long long)out);
         return NULL;
     }
-    if (!float_dtype(dt, "linear_new"))
+    if (fg__model_dtype(dt, "linear_new", &dt) != FG_OK)
         return NULL;
     wb *p = new_wb();
     fg_module *m = p ? fg_module_new("Linear", linear_fwd, p, fg_free) : NULL;
@@ -74,7 +78,7 @@ fg_module *fg_embedding_new(int64_t num, int64_t dim, fg_dtype dt) {
                  (long long)num, (long long)dim);
         return NULL;
     }
-    if (!float_dtype(dt, "embedding_new"))
+    if (fg__model_dtype(dt, "embedding_new", &dt) != FG_OK)
         return NULL;
     wb *p = new_wb();
     fg_module *m = p ? fg_module_new("Embedding", embedding_fwd, p, fg_free) : NULL;
@@ -102,7 +106,7 @@ fg_module *fg_layer_norm_new(int64_t dim, double eps, bool bias, fg_dtype dt) {
         fg_error(FG_EINVAL, "layer_norm_new: dim = %lld: expected > 0", (long long)dim);
         return NULL;
     }
-    if (!float_dtype(dt, "layer_norm_new"))
+    if (fg__model_dtype(dt, "layer_norm_new", &dt) != FG_OK)
         return NULL;
     wb *p = new_wb();
     fg_module *m = p ? fg_module_new("LayerNorm", layer_norm_fwd, p, fg_free) : NULL;

@@ -7,18 +7,6 @@
 
 #include "nn_impl.h"
 
-fg_status fg__parse_model_dtype(const char *s, const char *what, fg_dtype *out) {
-    if (!s || !s[0]) {
-        *out = FG_F32;
-        return FG_OK;
-    }
-    fg_dtype dt;
-    if (fg_dtype_parse(s, &dt) != FG_OK || (dt != FG_F32 && dt != FG_F64))
-        return fg_error(FG_EINVAL, "%s: dtype \"%s\": expected \"f32\" or \"f64\"", what, s);
-    *out = dt;
-    return FG_OK;
-}
-
 typedef struct mlp {
     int64_t in;
 } mlp;
@@ -78,7 +66,7 @@ fg_module *fg_mlp_new(const fg_mlp_config *c) {
         return NULL;
     }
     fg_dtype dt;
-    if (fg__parse_model_dtype(c->dtype, "mlp_new", &dt))
+    if (fg__model_dtype(c->dtype, "mlp_new", &dt))
         return NULL;
     mlp *p = fg_calloc(1, sizeof *p);
     fg_module *m = p ? fg_module_new("MLP", mlp_fwd, p, fg_free) : NULL;
@@ -109,7 +97,8 @@ fg_module *fg_mlp_new(const fg_mlp_config *c) {
         goto fail;
     return m;
 fail:
-    fg_error_wrap(FG_EINVAL, "mlp_new");
+    /* keep the cause's status (FG_ENOMEM stays FG_ENOMEM) */
+    fg_error_wrap(fg_last_status() ? fg_last_status() : FG_EINVAL, "mlp_new");
     fg_module_free(m);
     return NULL;
 }

@@ -140,7 +140,8 @@ void fg_module_free(fg_module *m) {
 fg_status fg_module_add_child(fg_module *m, const char *name, fg_module *child) {
     fg_status s = FG_OK;
     if (!child)
-        return fg_error_wrap(FG_EINVAL, "add_child(%s): NULL child (an earlier constructor failed)",
+        return fg_error_wrap(fg_last_status() ? fg_last_status() : FG_EINVAL,
+                             "add_child(%s): NULL child (an earlier constructor failed)",
                              name ? name : "?");
     if (!m) {
         s = fg_error(FG_EINVAL, "add_child(%s): NULL parent", name ? name : "?");
@@ -163,10 +164,8 @@ fg_status fg_module_add_child(fg_module *m, const char *name, fg_module *child) 
                      name, child->type);
         goto fail;
     }
-    if (root_of(m) == child) {
-        s = fg_error(FG_EINVAL, "add_child(%s): a module cannot contain its own root", name);
-        goto fail;
-    }
+    if (root_of(m) == child) /* m's own tree: freeing it would free m */
+        return fg_error(FG_EINVAL, "add_child(%s): a module cannot contain its own root", name);
     if (name_taken(m, name)) {
         s = fg_error(FG_EINVAL, "add_child: module %s already has a child or parameter \"%s\"",
                      m->type, name);

@@ -110,7 +110,7 @@ typedef struct fg_dropout_state {
 /* Seeds the Dropout modules of a finalized tree from `seed`. */
 void fg__seed_dropouts(fg_module *m, uint64_t seed);
 
-/* "f32" (also NULL or "") or "f64" -> dtype; FG_EINVAL naming `what`. */
-fg_status fg__parse_model_dtype(const char *s, const char *what, fg_dtype *out);
+/* A model's dtype: FG_F32 (also FG_DTYPE_DEFAULT) or FG_F64; else an error naming `what`. */
+fg_status fg__model_dtype(fg_dtype dt, const char *what, fg_dtype *out);
 
 #endif

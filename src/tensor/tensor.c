@@ -35,6 +35,9 @@ size_t fg_step_bytes(void) { return fg_arena_used(tl_arena); }
 size_t fg_step_peak_bytes(void) { return fg_arena_peak(tl_arena); }
 
 fg_status fg__tensor_init_shape(fg_tensor *t, fg_dtype dt, int ndim, const int64_t *shape) {
+    if (dt == FG_DTYPE_DEFAULT)
+        return fg_error(FG_EINVAL, "tensor: dtype 0 (FG_DTYPE_DEFAULT): a tensor needs a real "
+                                   "dtype; pass FG_F32 (or FG_F64, FG_I32, ...)");
     if (!fg_dtype_valid(dt)) return fg_error(FG_EINVAL, "tensor: invalid dtype %d", (int)dt);
     if (ndim < 0 || ndim > FG_MAX_DIMS)
         return fg_error(FG_EINVAL, "tensor: %d dimensions (expected 0..%d)", ndim, FG_MAX_DIMS);

@@ -1,4 +1,6 @@
 /* core: errors, allocator hook, arena, RNG, dtype conversions, threads. */
+#include <pthread.h>
+
 #include "harness.h"
 
 TEST(error_messages_are_per_thread_and_wrapped) {
@@ -10,6 +12,36 @@ TEST(error_messages_are_per_thread_and_wrapped) {
     CHECK(fg_last_error()[0] == '\0');
     CHECK_CONTAINS(fg_status_str(FG_EPEER), "peer");
     CHECK_CONTAINS(fg_status_str((fg_status)999), "unknown");
+}
+
+static void *fail_on_thread(void *arg) {
+    (void)arg;
+    fg_error(FG_EIO, "on the other thread");
+    return fg_last_status() == FG_EIO ? arg : NULL;
+}
+
+TEST(last_status_goes_with_the_message) {
+    fg_clear_error();
+    CHECK(fg_last_status() == FG_OK);
+    fg_error(FG_EFORMAT, "bad file");
+    CHECK(fg_last_status() == FG_EFORMAT);
+    fg_error_wrap(FG_EMISMATCH, "load");
+    CHECK(fg_last_status() == FG_EMISMATCH);
+    CHECK_CONTAINS(fg_last_error(), "load: bad file");
+    /* a failed constructor leaves its status: fg_alloc's FG_ENOMEM */
+    CHECK(fg_calloc(SIZE_MAX / 2, 4) == NULL);
+    CHECK(fg_last_status() == FG_ENOMEM);
+    /* per thread: another thread's failure does not touch this one's */
+    static int token;
+    pthread_t t;
+    void *ret = NULL;
+    CHECK(pthread_create(&t, NULL, fail_on_thread, &token) == 0);
+    pthread_join(t, &ret);
+    CHECK(ret == &token);
+    CHECK(fg_last_status() == FG_ENOMEM);
+    CHECK_CONTAINS(fg_last_error(), "overflows");
+    fg_clear_error();
+    CHECK(fg_last_status() == FG_OK);
 }
 
 static int g_fail_at, g_count;
@@ -137,6 +169,34 @@ TEST(convert_and_dtype_names) {
     CHECK(dt == FG_BF16 && fg_dtype_size(dt) == 2);
     CHECK_STATUS(fg_dtype_parse("f8", &dt), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "\"f8\"");
+}
+
+TEST(dtype_zero_is_the_default_not_a_type) {
+    CHECK(FG_DTYPE_DEFAULT == 0);
+    CHECK(!fg_dtype_valid(FG_DTYPE_DEFAULT) && !fg_dtype_valid(-1));
+    CHECK(!fg_dtype_valid(FG_DTYPE_COUNT));
+    CHECK(fg_dtype_size(FG_DTYPE_DEFAULT) == 0);
+    CHECK(!fg_dtype_is_float(FG_DTYPE_DEFAULT));
+    CHECK(!strcmp(fg_dtype_name(FG_DTYPE_DEFAULT), "default"));
+    CHECK(!strcmp(fg_dtype_st_name(FG_DTYPE_DEFAULT), "?"));
+    CHECK(!strcmp(fg_dtype_name((fg_dtype)99), "?"));
+    /* every real dtype: valid, sized, and its two names parse back to it */
+    for (int i = FG_DTYPE_DEFAULT + 1; i < FG_DTYPE_COUNT; i++) {
+        fg_dtype dt = (fg_dtype)i, a = FG_DTYPE_DEFAULT, b = FG_DTYPE_DEFAULT;
+        CHECK(fg_dtype_valid(i) && fg_dtype_size(dt) > 0);
+        CHECK_OK(fg_dtype_parse(fg_dtype_name(dt), &a));
+        CHECK_OK(fg_dtype_parse(fg_dtype_st_name(dt), &b));
+        CHECK(a == dt && b == dt);
+    }
+    fg_dtype dt = FG_F16;
+    CHECK_STATUS(fg_dtype_parse("default", &dt), FG_EINVAL);
+    CHECK_STATUS(fg_dtype_parse(NULL, &dt), FG_EINVAL);
+    CHECK_STATUS(fg_dtype_parse("", &dt), FG_EINVAL);
+    CHECK(dt == FG_F16);
+    float src[2] = {1, 2}, dst[2];
+    CHECK_STATUS(fg_convert(dst, FG_DTYPE_DEFAULT, src, FG_F32, 2), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "default");
+    CHECK_STATUS(fg_convert(dst, FG_F32, src, FG_DTYPE_DEFAULT, 2), FG_EINVAL);
 }
 
 TEST(threads_setting) {

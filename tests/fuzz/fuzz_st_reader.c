@@ -10,9 +10,9 @@
 #include "fulgur/ckpt.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    fg_st_file *f = NULL;
-    if (fg_st_reader_from_memory(data, size, "fuzz", &f) != FG_OK) {
-        if (!fg_last_error()[0]) abort(); /* a failure must say why */
+    fg_st_file *f = fg_st_open_memory(data, size, "fuzz");
+    if (!f) {
+        if (!fg_last_error()[0] || fg_last_status() == FG_OK) abort(); /* a failure must say why */
         return 0;
     }
     volatile uint64_t sink = 0;

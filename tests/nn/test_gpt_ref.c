@@ -26,7 +26,7 @@ static double rel_err(const fg_tensor *a, const ref_array *b) {
     return num / (den + 1e-30);
 }
 
-static void run(const char *dtype, double rtol) {
+static void run(fg_dtype dtype, double rtol) {
     ref_file *r = ref_open(fg_test_path("ref/gpt_ref.bin"));
     CHECK(r != NULL);
     if (!r)
@@ -68,15 +68,15 @@ static void run(const char *dtype, double rtol) {
     double worst = 0;
     const char *worst_name = "logits";
     double el = rel_err(logits, ref_get(r, "logits"));
-    CHECK_MSG(el <= rtol, "%s logits: max rel err %.3g > %g", dtype, el, rtol);
+    CHECK_MSG(el <= rtol, "%s logits: max rel err %.3g > %g", fg_dtype_name(dtype), el, rtol);
     worst = el;
     double lref = ref_at(ref_get(r, "loss"), 0);
     double eloss = fabs(fg_item(loss) - lref) / fabs(lref);
-    CHECK_MSG(eloss <= rtol, "%s loss %.10f vs %.10f: rel err %.3g", dtype, fg_item(loss), lref,
-              eloss);
-    printf("  %s: loss %.10f (ref %.10f, rel err %.2e), logits rel err %.2e\n", dtype,
-           fg_item(loss), lref, eloss, el);
-    if (!strcmp(dtype, "f32")) { /* and PyTorch's own f32 run */
+    CHECK_MSG(eloss <= rtol, "%s loss %.10f vs %.10f: rel err %.3g", fg_dtype_name(dtype),
+              fg_item(loss), lref, eloss);
+    printf("  %s: loss %.10f (ref %.10f, rel err %.2e), logits rel err %.2e\n",
+           fg_dtype_name(dtype), fg_item(loss), lref, eloss, el);
+    if (dtype == FG_F32) { /* and PyTorch's own f32 run */
         double e32 = rel_err(logits, ref_get(r, "logits_f32"));
         double l32 = ref_at(ref_get(r, "loss_f32"), 0);
         CHECK_MSG(e32 <= 1e-5, "logits vs torch f32: %.3g", e32);
@@ -93,13 +93,13 @@ static void run(const char *dtype, double rtol) {
         if (!g || !ours)
             continue;
         double eg = rel_err(ours, g);
-        CHECK_MSG(eg <= rtol, "%s grad %s: max rel err %.3g > %g", dtype,
+        CHECK_MSG(eg <= rtol, "%s grad %s: max rel err %.3g > %g", fg_dtype_name(dtype),
                   fg_module_param_name(m, i), eg, rtol);
         if (eg > worst)
             worst = eg, worst_name = fg_module_param_name(m, i);
     }
-    printf("  %s: largest norm-relative error %.2e (%s) over logits and %lld gradients\n", dtype,
-           worst, worst_name, (long long)np);
+    printf("  %s: largest norm-relative error %.2e (%s) over logits and %lld gradients\n",
+           fg_dtype_name(dtype), worst, worst_name, (long long)np);
 out:
     free(e);
     fg_step_reset();
@@ -108,10 +108,10 @@ out:
 }
 
 TEST(gpt_matches_pytorch_f32) {
-    run("f32", 1e-5);
+    run(FG_F32, 1e-5);
 }
 TEST(gpt_matches_pytorch_f64) {
-    run("f64", 1e-6);
+    run(FG_F64, 1e-6);
 }
 
 /* Two backward passes accumulate (gradient accumulation) into the flat buffer. */
@@ -122,7 +122,7 @@ TEST(gpt_grad_accumulates) {
         return;
     }
     fg_module *m = fg_gpt_new(&(fg_gpt_config){
-        .vocab = 65, .ctx = 16, .layers = 2, .heads = 2, .embd = 32, .dtype = "f64", .seed = 8});
+        .vocab = 65, .ctx = 16, .layers = 2, .heads = 2, .embd = 32, .dtype = FG_F64, .seed = 8});
     const ref_array *idx = ref_get(r, "idx"), *tg = ref_get(r, "targets");
     double *g1 = malloc(sizeof(double) * (size_t)fg_module_numel(m));
     for (int pass = 0; pass < 2; pass++) {

@@ -10,7 +10,7 @@
 #include "fulgur/nn.h"
 #include "harness.h"
 
-static fg_module *tiny_gpt(uint64_t seed, const char *dtype) {
+static fg_module *tiny_gpt(uint64_t seed, fg_dtype dtype) {
     return fg_gpt_new(&(fg_gpt_config){
         .vocab = 65, .ctx = 16, .layers = 2, .heads = 2, .embd = 32, .seed = seed, .dtype = dtype});
 }
@@ -38,7 +38,7 @@ static fg_tensor *tokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
 }
 
 TEST(gpt_names_and_order) {
-    fg_module *m = tiny_gpt(1, NULL);
+    fg_module *m = tiny_gpt(1, 0);
     CHECK(m != NULL);
     if (!m)
         return;
@@ -131,13 +131,30 @@ TEST(mlp_names_and_forward) {
     fg_module_free(g);
     CHECK(fg_mlp_new(&(fg_mlp_config){.sizes = {4}}) == NULL);
     CHECK_CONTAINS(fg_last_error(), "nlayers");
-    CHECK(fg_mlp_new(&(fg_mlp_config){.sizes = {4, 8}, .dtype = "bf16"}) == NULL);
+    CHECK(fg_mlp_new(&(fg_mlp_config){.sizes = {4, 8}, .dtype = FG_BF16}) == NULL);
+    CHECK(fg_last_status() == FG_EUNSUPPORTED);
     CHECK_CONTAINS(fg_last_error(), "bf16");
+    CHECK(fg_mlp_new(&(fg_mlp_config){.sizes = {4, 8}, .dtype = FG_I32}) == NULL);
+    CHECK(fg_last_status() == FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "i32");
+    CHECK(fg_mlp_new(&(fg_mlp_config){.sizes = {4, 8}, .dtype = (fg_dtype)77}) == NULL);
+    CHECK(fg_last_status() == FG_EINVAL);
+    /* 0 is the default, f32; FG_F64 is taken as given */
+    fg_module *d32 = fg_mlp_new(&(fg_mlp_config){.sizes = {4, 8}});
+    fg_module *d64 = fg_mlp_new(&(fg_mlp_config){.sizes = {4, 8}, .dtype = FG_F64});
+    CHECK(d32 && fg_module_dtype(d32) == FG_F32);
+    CHECK(d64 && fg_module_dtype(d64) == FG_F64);
+    fg_module_free(d32);
+    fg_module_free(d64);
+    fg_module *lin = fg_linear_new(3, 2, true, FG_DTYPE_DEFAULT);
+    CHECK(lin && fg_module_dtype(lin) == FG_F32);
+    fg_module_free(lin);
+    CHECK(fg_layer_norm_new(3, 0, true, FG_F16) == NULL && fg_last_status() == FG_EUNSUPPORTED);
     fg_module_free(m);
 }
 
 TEST(flat_buffers) {
-    fg_module *m = tiny_gpt(2, NULL);
+    fg_module *m = tiny_gpt(2, 0);
     if (!m) {
         CHECK(0);
         return;
@@ -248,8 +265,8 @@ TEST(init_statistics) {
 }
 
 TEST(same_seed_same_weights) {
-    fg_module *a = tiny_gpt(42, NULL), *b = tiny_gpt(42, NULL), *c = tiny_gpt(43, NULL);
-    fg_module *d = tiny_gpt(42, "f64");
+    fg_module *a = tiny_gpt(42, 0), *b = tiny_gpt(42, 0), *c = tiny_gpt(43, 0);
+    fg_module *d = tiny_gpt(42, FG_F64);
     if (!a || !b || !c || !d) {
         CHECK(0);
         return;
@@ -301,7 +318,7 @@ static int64_t state_of(fg_module *m, fg_state_entry *e, int64_t cap) {
 }
 
 TEST(load_state) {
-    fg_module *a = tiny_gpt(1, NULL), *b = tiny_gpt(2, NULL);
+    fg_module *a = tiny_gpt(1, 0), *b = tiny_gpt(2, 0);
     if (!a || !b) {
         CHECK(0);
         return;
@@ -488,7 +505,7 @@ TEST(dropout_state) {
 }
 
 TEST(gpt_forward_checks) {
-    fg_module *m = tiny_gpt(1, NULL);
+    fg_module *m = tiny_gpt(1, 0);
     if (!m) {
         CHECK(0);
         return;
@@ -509,7 +526,7 @@ TEST(gpt_forward_checks) {
     CHECK(fg_gpt_new(&(fg_gpt_config){
               .vocab = 65, .ctx = 16, .layers = 2, .heads = 2, .embd = 32, .dropout = 1.5}) ==
           NULL);
-    CHECK(fg_gpt_get_config(m)->embd == 32 && !strcmp(fg_gpt_get_config(m)->dtype, "f32"));
+    CHECK(fg_gpt_get_config(m)->embd == 32 && fg_gpt_get_config(m)->dtype == FG_F32);
     /* causal: logits at position t do not depend on later tokens */
     int32_t s1[8] = {1, 2, 3, 4, 5, 6, 7, 8}, s2[8] = {1, 2, 3, 4, 9, 9, 9, 9};
     fg_tensor *l1 = fg_module_forward(m, fg_from_data(FG_I32, 2, (int64_t[]){1, 8}, s1));
@@ -521,7 +538,7 @@ TEST(gpt_forward_checks) {
 }
 
 TEST(gpt_sampling) {
-    fg_module *m = tiny_gpt(3, NULL);
+    fg_module *m = tiny_gpt(3, 0);
     if (!m) {
         CHECK(0);
         return;
@@ -599,7 +616,7 @@ TEST(allocation_failures) {
         atomic_store(&fa_live, 0);
         fg_set_allocator(fa_alloc, NULL);
         fg_clear_error();
-        fg_module *m = tiny_gpt(1, NULL);
+        fg_module *m = tiny_gpt(1, 0);
         if (m) {
             built = true;
             CHECK(fg_module_num_params(m) == 28);
@@ -648,7 +665,7 @@ TEST(gpt_dropout_modes) {
      * or without it, so in evaluation mode the logits are equal */
     fg_module *d = fg_gpt_new(&(fg_gpt_config){
         .vocab = 65, .ctx = 16, .layers = 2, .heads = 2, .embd = 32, .dropout = 0.2, .seed = 6});
-    fg_module *n = tiny_gpt(6, NULL);
+    fg_module *n = tiny_gpt(6, 0);
     if (!d || !n) {
         CHECK(0);
         return;
@@ -679,4 +696,110 @@ TEST(gpt_dropout_modes) {
     fg_step_reset();
     fg_module_free(d);
     fg_module_free(n);
+}
+
+/* ------------------------------------------------------------- ownership */
+
+/* fg_module_add_child and fg_sequential_append consume the child, also when
+ * they fail; fg_module_new consumes ud (with free_ud). Every path below is
+ * run under the counting allocator (and ASan's leak check): each consumed
+ * object is freed exactly once, and nothing else is left. */
+static int ud_frees;
+static void ud_free(void *p) {
+    ud_frees++;
+    fg_free(p);
+}
+
+static long live_blocks_after(void (*fn)(void)) {
+    fa_limit = 1L << 40;
+    atomic_store(&fa_count, 0);
+    atomic_store(&fa_live, 0);
+    fg_set_allocator(fa_alloc, NULL);
+    fn();
+    fg_set_allocator(NULL, NULL);
+    return atomic_load(&fa_live);
+}
+
+/* Each failing add leaves the child freed: the Linear's ud counts it. */
+static void failing_adds(void) {
+    fg_module *m = fg_module_new("M", NULL, NULL, NULL);
+    fg_module *ok = fg_relu_new();
+    CHECK_OK(fg_module_add_child(m, "a", ok));
+    int before = ud_frees;
+    CHECK_STATUS(fg_module_add_child(m, "a.b", fg_module_new("C", NULL, fg_alloc(8), ud_free)),
+                 FG_EINVAL); /* a dotted name */
+    CHECK_STATUS(fg_module_add_child(m, "a", fg_module_new("C", NULL, fg_alloc(8), ud_free)),
+                 FG_EINVAL); /* a duplicate name */
+    CHECK_STATUS(fg_module_add_child(NULL, "x", fg_module_new("C", NULL, fg_alloc(8), ud_free)),
+                 FG_EINVAL); /* no parent */
+    fg_module *done = fg_module_new("C", NULL, fg_alloc(8), ud_free);
+    CHECK_OK(fg_module_finalize(done));
+    CHECK_STATUS(fg_module_add_child(m, "done", done), FG_ESTATE); /* finalized */
+    CHECK_STATUS(fg_sequential_append(m, fg_module_new("C", NULL, fg_alloc(8), ud_free)),
+                 FG_EINVAL); /* m is not a Sequential */
+    CHECK_STATUS(fg_sequential_append(NULL, fg_module_new("C", NULL, fg_alloc(8), ud_free)),
+                 FG_EINVAL);
+    CHECK(ud_frees == before + 6);
+    /* not the caller's to give, so left alone: a child of another module,
+     * and m's own root */
+    CHECK_STATUS(fg_module_add_child(m, "again", ok), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "already belongs");
+    CHECK_STATUS(fg_module_add_child(fg_module_child(m, "a"), "up", m), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "own root");
+    CHECK(fg_module_num_children(m) == 1 && fg_module_child(m, "a") == ok);
+    CHECK(ud_frees == before + 6);
+    fg_module_free(m);
+}
+
+/* A NULL child (a failed constructor) keeps that constructor's status. */
+static void null_child_keeps_the_cause(void) {
+    fg_module *m = fg_sequential_new();
+    fa_limit = atomic_load(&fa_count); /* the next allocation fails */
+    fg_module *c = fg_linear_new(2, 3, true, FG_F32);
+    fa_limit = 1L << 40;
+    CHECK(c == NULL && fg_last_status() == FG_ENOMEM);
+    fg_status s = fg_sequential_append(m, c);
+    CHECK(s != FG_OK);
+    CHECK_CONTAINS(fg_last_error(), "out of memory");
+    fg_module_free(m);
+}
+
+TEST(consumed_children_are_freed_on_every_failure) {
+    ud_frees = 0;
+    long live = live_blocks_after(failing_adds);
+    CHECK_MSG(live == 0, "%ld blocks leaked", live);
+    live = live_blocks_after(null_child_keeps_the_cause);
+    CHECK_MSG(live == 0, "%ld blocks leaked", live);
+    /* fg_module_new's ud, and add_child's own allocations, failing one by one */
+    int fails = 0;
+    for (long limit = 0; limit < 1000; limit++) {
+        fa_limit = 1L << 40;
+        atomic_store(&fa_count, 0);
+        atomic_store(&fa_live, 0);
+        fg_set_allocator(fa_alloc, NULL);
+        int before = ud_frees;
+        fg_module *m = fg_module_new("M", NULL, NULL, NULL);
+        void *ud = fg_alloc(8);
+        fa_limit = atomic_load(&fa_count) + limit;
+        fg_module *c = fg_module_new("C", NULL, ud, ud_free);
+        fg_status s = fg_module_add_child(m, "c", c);
+        fa_limit = 1L << 40;
+        if (s != FG_OK) {
+            CHECK(ud_frees == before + 1); /* freed by whichever call failed */
+            CHECK(fg_last_status() == FG_ENOMEM);
+            CHECK(fg_module_num_children(m) == 0);
+            fails++;
+        } else {
+            CHECK(ud_frees == before && fg_module_child(m, "c") == c);
+        }
+        fg_module_free(m);
+        fg_set_allocator(NULL, NULL);
+        CHECK_MSG(atomic_load(&fa_live) == 0, "limit %ld: %ld blocks leaked", limit,
+                  (long)atomic_load(&fa_live));
+        if (s == FG_OK) {
+            CHECK(ud_frees == before + 1); /* by fg_module_free */
+            break;
+        }
+    }
+    CHECK(fails >= 3); /* fg_module_new's two allocations and the name copy at least */
 }

@@ -1,6 +1,5 @@
-/* base64 and a flat-JSON reader for the metadata the tool stores (see
- * ckpt_meta.h). The JSON here is only what fit_model.c writes: one flat
- * object of numbers and plain strings; anything else reads as absent. */
+/* base64 for the vocabulary the tool stores in checkpoints (see
+ * ckpt_meta.h). */
 #include "ckpt_meta.h"
 
 #include <stdlib.h>
@@ -40,40 +39,4 @@ long b64_decode(const char *s, uint8_t *out, size_t cap) {
         }
     }
     return (long)n;
-}
-
-/* Points just after "key": (whitespace skipped), or NULL. */
-static const char *find_value(const char *json, const char *key) {
-    size_t kl = strlen(key);
-    for (const char *p = json; p && (p = strchr(p, '"')); p++) {
-        if (!strncmp(p + 1, key, kl) && p[1 + kl] == '"') {
-            const char *q = p + 2 + kl;
-            while (*q == ' ') q++;
-            if (*q != ':') continue;
-            q++;
-            while (*q == ' ') q++;
-            return q;
-        }
-    }
-    return NULL;
-}
-
-bool json_get_num(const char *json, const char *key, double *out) {
-    const char *v = json ? find_value(json, key) : NULL;
-    if (!v) return false;
-    char *end;
-    double d = strtod(v, &end);
-    if (end == v) return false;
-    *out = d;
-    return true;
-}
-
-bool json_get_str(const char *json, const char *key, char *out, size_t cap) {
-    const char *v = json ? find_value(json, key) : NULL;
-    if (!v || *v != '"') return false;
-    const char *e = strchr(v + 1, '"');
-    if (!e || (size_t)(e - v - 1) >= cap) return false;
-    memcpy(out, v + 1, (size_t)(e - v - 1));
-    out[e - v - 1] = '\0';
-    return true;
 }

@@ -36,7 +36,7 @@ static void print_value(const char *v, bool full) {
 
 static int open_ckpt(const char *arg, fg_st_file **f, char *path, size_t cap) {
     if (ckpt_resolve(arg, NULL, path, cap) != 0) return FG_EXIT_USAGE;
-    if (fg_st_open(path, f) != FG_OK) {
+    if (!(*f = fg_st_open(path))) {
         cli_error("%s", fg_last_error());
         return FG_EXIT_FAIL;
     }

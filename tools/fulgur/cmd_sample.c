@@ -1,8 +1,9 @@
 /* fulgur sample: text from a GPT checkpoint written by `fulgur fit`. The
- * model is rebuilt from the checkpoint's "config" metadata, its weights
- * read by their dotted names (fg_st_read, so any float dtype in the file
- * works), and the character vocabulary from "vocab_b64". Exit codes: 0, 1 (a
- * checkpoint that is damaged, not a gpt, or does not fit), 2 (bad usage). */
+ * model is rebuilt from the checkpoint's "config" metadata (JSON, read with
+ * jansson), its weights read by their dotted names (fg_st_read, so any float
+ * dtype in the file works), and the character vocabulary from "vocab_b64".
+ * Exit codes: 0, 1 (a checkpoint that is damaged, not a gpt, or does not
+ * fit), 2 (bad usage). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,12 +90,12 @@ int cmd_sample(int argc, char **argv) {
     fg_text_vocab *v = NULL;
     int32_t *ids = NULL, *pids = NULL;
     char *text = NULL;
-    if (fg_st_open(path, &f) != FG_OK) {
+    if (!(f = fg_st_open(path))) {
         cli_error("%s", fg_last_error());
         goto out;
     }
-    const char *cfg_json = fg_st_meta_get(f, "config");
-    const char *vocab_b64 = fg_st_meta_get(f, "vocab_b64");
+    const char *cfg_json = fg_st_meta_get(f, CKPT_META_CONFIG);
+    const char *vocab_b64 = fg_st_meta_get(f, CKPT_META_VOCAB);
     fit_model_cfg cfg;
     char err[256];
     if (!cfg_json || !fit_model_cfg_parse(cfg_json, &cfg, err, sizeof err)) {

@@ -53,10 +53,6 @@ typedef struct fit_opts {
  * FG_EXIT_USAGE after printing the error. */
 int fit_args_parse(fit_opts *o, int argc, char **argv);
 
-/* The options as one JSON object (stored in the checkpoint metadata as
- * "fulgur.fit"); malloc'ed. */
-char *fit_opts_json(const fit_opts *o);
-
 /* The datasets of a run. train and val are views of base (or val of
  * val_base); text_vocab is borrowed from the text dataset (NULL otherwise). */
 typedef struct fit_data {

@@ -222,39 +222,3 @@ int fit_args_parse(fit_opts *o, int argc, char **argv) {
     }
     return 0;
 }
-
-/* JSON string escaping for the few free-text options (paths). */
-static void put_json_str(char **p, size_t *left, const char *s) {
-    int k = snprintf(*p, *left, "\"");
-    *p += k, *left -= (size_t)k;
-    for (; s && *s && *left > 8; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') k = snprintf(*p, *left, "\\%c", c);
-        else if (c < 0x20) k = snprintf(*p, *left, "\\u%04x", c);
-        else k = snprintf(*p, *left, "%c", c);
-        *p += k, *left -= (size_t)k;
-    }
-    k = snprintf(*p, *left, "\"");
-    *p += k, *left -= (size_t)k;
-}
-
-char *fit_opts_json(const fit_opts *o) {
-    size_t cap = 8192, left = cap;
-    char *buf = malloc(cap), *p = buf;
-    if (!buf) return NULL;
-    int k = snprintf(p, left, "{\"data\":");
-    p += k, left -= (size_t)k;
-    put_json_str(&p, &left, o->data);
-    k = snprintf(p, left,
-                 ",\"batch_size\":%lld,\"accumulate_grad_batches\":%lld,\"lr\":%.17g,"
-                 "\"warmup_steps\":%lld,\"lr_decay_steps\":%lld,\"min_lr_ratio\":%.17g,"
-                 "\"weight_decay\":%.17g,\"optimizer\":\"%s\",\"momentum\":%.17g,"
-                 "\"gradient_clip_val\":%.17g,\"seed\":%lld,\"max_steps\":%lld,"
-                 "\"max_epochs\":%lld,\"devices\":\"%s\",\"strategy\":\"%s\"}",
-                 (long long)o->batch_size, (long long)o->accumulate, o->lr,
-                 (long long)o->warmup_steps, (long long)o->lr_decay_steps, o->min_lr_ratio,
-                 o->weight_decay, o->optimizer, o->momentum, o->clip, (long long)o->seed,
-                 (long long)o->max_steps, (long long)o->max_epochs, o->devices, o->strategy);
-    (void)k;
-    return buf;
-}

@@ -132,14 +132,15 @@ static fg_status save(fit_ctx *c) {
     ckpt_step_path(c->o->ckpt_dir, c->step, path, sizeof path);
     ckpt_step_name(c->step, name, sizeof name);
     ckpt_last_path(c->o->ckpt_dir, last, sizeof last);
+    fg_kv meta[] = {{CKPT_META_CONFIG, c->config_json}, {CKPT_META_VOCAB, c->vocab_b64}};
     fg_train_state st = {.model = c->model,
                          .optimizer = c->opt,
                          .step = c->step,
                          .epoch = epoch,
                          .batch_in_epoch = batch,
                          .seed = (uint64_t)c->o->seed,
-                         .config_json = c->config_json,
-                         .vocab_b64 = c->vocab_b64};
+                         .meta = meta,
+                         .nmeta = c->vocab_b64 ? 2 : 1};
     fg_status s = fg_fabric_save(c->f, path, &st);
     if (s != FG_OK) return s;
     if (c->rank0 && (s = fg_st_set_last(last, name)) != FG_OK) return s;
@@ -316,6 +317,11 @@ int fit_run(fg_fabric *f, void *arg) {
     if (c.d.text_vocab)
         c.vocab_b64 = b64_encode(fg_text_vocab_bytes(c.d.text_vocab),
                                  (size_t)fg_text_vocab_size(c.d.text_vocab));
+    if (!c.config_json || (c.d.text_vocab && !c.vocab_b64)) {
+        fg_error(FG_ENOMEM, "out of memory");
+        rc = rank_error(&c, "checkpoint metadata");
+        goto out;
+    }
     if (fg_fabric_setup(f, c.model, c.opt) != FG_OK) {
         rc = rank_error(&c, "setup");
         goto out;

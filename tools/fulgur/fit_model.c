@@ -1,8 +1,10 @@
 /* fulgur fit's model, optimizer and learning-rate schedule, and the config
- * stored in every checkpoint's "config" metadata: a flat JSON object whose
- * model keys (model, vocab, ctx, layers, heads, embd, dropout; in_dim,
- * hidden, classes) let `fulgur sample` rebuild the same model, followed by
- * the run's options for the record. */
+ * stored in every checkpoint's "config" metadata: a flat JSON object, made
+ * and read with jansson, whose model keys (model, vocab, ctx, layers, heads,
+ * embd, dropout; in_dim, hidden, classes; init_seed) let `fulgur sample`
+ * rebuild the same model, followed by the run's options for the record. */
+#include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,11 +19,11 @@ fg_module *fit_model_new(const fit_model_cfg *c) {
                                            .embd = c->embd,
                                            .dropout = c->dropout,
                                            .seed = c->seed,
-                                           .dtype = c->f64 ? "f64" : "f32"});
+                                           .dtype = c->f64 ? FG_F64 : FG_F32});
     return fg_mlp_new(&(fg_mlp_config){.sizes = {c->in_dim, c->hidden, c->classes},
                                        .nlayers = 2,
                                        .seed = c->seed,
-                                       .dtype = c->f64 ? "f64" : "f32"});
+                                       .dtype = c->f64 ? FG_F64 : FG_F32});
 }
 
 fg_optimizer *fit_optimizer_new(const fit_opts *o, fg_module *m) {
@@ -61,48 +63,97 @@ double fit_lr_at(const fit_opts *o, int64_t step) {
     return fg_lr_at(&s, step);
 }
 
-char *fit_model_cfg_json(const fit_model_cfg *c, const fit_opts *o) {
-    char *run = o ? fit_opts_json(o) : NULL;
-    size_t cap = 512 + (run ? strlen(run) : 0);
-    char *buf = malloc(cap);
-    if (!buf) {
-        free(run);
-        return NULL;
-    }
-    int n;
-    if (c->kind == FIT_GPT)
-        n = snprintf(buf, cap,
-                     "{\"model\":\"gpt\",\"vocab\":%lld,\"ctx\":%lld,\"layers\":%lld,"
-                     "\"heads\":%lld,\"embd\":%lld,\"dropout\":%.17g,\"init_seed\":%llu",
-                     (long long)c->vocab, (long long)c->ctx, (long long)c->layers,
-                     (long long)c->heads, (long long)c->embd, c->dropout,
-                     (unsigned long long)c->seed);
-    else
-        n = snprintf(buf, cap,
-                     "{\"model\":\"mlp\",\"in_dim\":%lld,\"hidden\":%lld,\"classes\":%lld,"
-                     "\"init_seed\":%llu",
-                     (long long)c->in_dim, (long long)c->hidden, (long long)c->classes,
-                     (unsigned long long)c->seed);
-    /* the run's options follow, for the record (their object's braces dropped) */
-    if (run && strlen(run) > 2) snprintf(buf + n, cap - (size_t)n, ",%s", run + 1);
-    else snprintf(buf + n, cap - (size_t)n, "}");
-    free(run);
-    return buf;
+/* Sets o[k] = v, taking v (json_object_set_new drops it on failure too);
+ * false when out of memory, or when v could not be made (NULL). */
+static bool put(json_t *o, const char *k, json_t *v) {
+    return v && json_object_set_new(o, k, v) == 0;
 }
 
-bool fit_model_cfg_parse(const char *json, fit_model_cfg *c, char *err, size_t errcap) {
+/* A string value; a path that is not UTF-8 (JSON strings must be) is
+ * stored with every non-ASCII byte as U+FFFD, for the record only. */
+static json_t *str(const char *s) {
+    json_t *j = json_string(s ? s : "");
+    if (j || !s) return j;
+    char *fixed = malloc(3 * strlen(s) + 1), *p = fixed;
+    if (!fixed) return NULL;
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c < 0x80) {
+            *p++ = (char)*c;
+        } else {
+            memcpy(p, "\xef\xbf\xbd", 3);
+            p += 3;
+        }
+    }
+    *p = '\0';
+    j = json_string(fixed);
+    free(fixed);
+    return j;
+}
+
+/* The run's options, for the record (Lightning's names where it has them). */
+static bool put_run(json_t *j, const fit_opts *o) {
+    return put(j, "data", str(o->data)) && put(j, "batch_size", json_integer(o->batch_size)) &&
+           put(j, "accumulate_grad_batches", json_integer(o->accumulate)) &&
+           put(j, "lr", json_real(o->lr)) &&
+           put(j, "warmup_steps", json_integer(o->warmup_steps)) &&
+           put(j, "lr_decay_steps", json_integer(o->lr_decay_steps)) &&
+           put(j, "min_lr_ratio", json_real(o->min_lr_ratio)) &&
+           put(j, "weight_decay", json_real(o->weight_decay)) &&
+           put(j, "optimizer", str(o->optimizer)) && put(j, "momentum", json_real(o->momentum)) &&
+           put(j, "gradient_clip_val", json_real(o->clip)) &&
+           put(j, "seed", json_integer(o->seed)) &&
+           put(j, "max_steps", json_integer(o->max_steps)) &&
+           put(j, "max_epochs", json_integer(o->max_epochs)) &&
+           put(j, "devices", str(o->devices)) && put(j, "strategy", str(o->strategy));
+}
+
+char *fit_model_cfg_json(const fit_model_cfg *c, const fit_opts *o) {
+    json_t *j = json_object();
+    bool ok = j != NULL;
+    if (ok && c->kind == FIT_GPT)
+        ok = put(j, "model", json_string("gpt")) && put(j, "vocab", json_integer(c->vocab)) &&
+             put(j, "ctx", json_integer(c->ctx)) && put(j, "layers", json_integer(c->layers)) &&
+             put(j, "heads", json_integer(c->heads)) && put(j, "embd", json_integer(c->embd)) &&
+             put(j, "dropout", json_real(c->dropout));
+    else if (ok)
+        ok = put(j, "model", json_string("mlp")) && put(j, "in_dim", json_integer(c->in_dim)) &&
+             put(j, "hidden", json_integer(c->hidden)) &&
+             put(j, "classes", json_integer(c->classes));
+    /* a seed above INT64_MAX goes in as its two's complement; read back alike */
+    ok = ok && put(j, "init_seed", json_integer((json_int_t)c->seed));
+    if (ok && o) ok = put_run(j, o);
+    char *out = NULL;
+    size_t flags = JSON_COMPACT | JSON_PRESERVE_ORDER, n = ok ? json_dumpb(j, NULL, 0, flags) : 0;
+    /* json_dumpb into our own buffer: the caller frees it with free(),
+     * whichever allocator jansson was given */
+    if (n && (out = malloc(n + 1)) != NULL) {
+        json_dumpb(j, out, n, flags);
+        out[n] = '\0';
+    }
+    json_decref(j);
+    return out;
+}
+
+bool fit_model_cfg_parse(const char *text, fit_model_cfg *c, char *err, size_t errcap) {
     memset(c, 0, sizeof *c);
-    char model[16];
-    double v;
-    if (!json_get_str(json, "model", model, sizeof model)) {
+    json_error_t je;
+    json_t *j = json_loads(text, JSON_REJECT_DUPLICATES, &je);
+    bool ok = false;
+    if (!j || !json_is_object(j)) {
+        snprintf(err, errcap, "the \"%s\" metadata is not a JSON object (%s)", CKPT_META_CONFIG,
+                 j ? "another JSON value" : je.text);
+        goto out;
+    }
+    const char *model = json_string_value(json_object_get(j, "model"));
+    if (!model) {
         snprintf(err, errcap, "no \"model\" in the checkpoint's config metadata");
-        return false;
+        goto out;
+    }
+    if (strcmp(model, "gpt") && strcmp(model, "mlp")) {
+        snprintf(err, errcap, "config names model \"%.40s\": expected gpt or mlp", model);
+        goto out;
     }
     c->kind = !strcmp(model, "mlp") ? FIT_MLP : FIT_GPT;
-    if (strcmp(model, "gpt") && strcmp(model, "mlp")) {
-        snprintf(err, errcap, "config names model \"%s\": expected gpt or mlp", model);
-        return false;
-    }
     static const char *const gpt_keys[] = {"vocab", "ctx", "layers", "heads", "embd"};
     static const char *const mlp_keys[] = {"in_dim", "hidden", "classes"};
     int64_t *gpt_dst[] = {&c->vocab, &c->ctx, &c->layers, &c->heads, &c->embd};
@@ -111,13 +162,23 @@ bool fit_model_cfg_parse(const char *json, fit_model_cfg *c, char *err, size_t e
     int64_t **dst = c->kind == FIT_GPT ? gpt_dst : mlp_dst;
     int nk = c->kind == FIT_GPT ? 5 : 3;
     for (int i = 0; i < nk; i++) {
-        if (!json_get_num(json, keys[i], &v) || v < 1 || v > 1e9) {
-            snprintf(err, errcap, "config lacks a valid \"%s\"", keys[i]);
-            return false;
+        /* json_number_value: integers, and reals such as 65.0 from other writers */
+        json_t *v = json_object_get(j, keys[i]);
+        double d = json_number_value(v);
+        if (!json_is_number(v) || !(d >= 1 && d <= 1e9) || d != (double)(int64_t)d) {
+            snprintf(err, errcap, "config lacks a valid \"%s\" (a whole number in 1..1e9)",
+                     keys[i]);
+            goto out;
         }
-        *dst[i] = (int64_t)v;
+        *dst[i] = (int64_t)d;
     }
-    if (json_get_num(json, "dropout", &v)) c->dropout = v;
-    if (json_get_num(json, "init_seed", &v)) c->seed = (uint64_t)v;
-    return true;
+    json_t *v = json_object_get(j, "dropout");
+    if (json_is_number(v)) c->dropout = json_number_value(v);
+    v = json_object_get(j, "init_seed");
+    if (json_is_integer(v)) c->seed = (uint64_t)json_integer_value(v);
+    else if (json_is_number(v)) c->seed = (uint64_t)json_number_value(v);
+    ok = true;
+out:
+    json_decref(j);
+    return ok;
 }

@@ -17,10 +17,12 @@ typedef struct fit_model_cfg {
 } fit_model_cfg;
 
 void fit_model_cfg_from_opts(const fit_opts *o, const fit_data *d, fit_model_cfg *c);
-/* The "config" metadata: model keys, then o's options (o may be NULL).
- * malloc'ed. */
+/* The "config" metadata: a compact JSON object of the model keys, then o's
+ * options (o may be NULL), made with jansson. malloc'ed; NULL when out of
+ * memory. */
 char *fit_model_cfg_json(const fit_model_cfg *c, const fit_opts *o);
-/* Reads the model keys back; false with a reason in err. */
+/* Reads the model keys back from such an object (any valid JSON: one of an
+ * older fulgur too); false with a reason in err. */
 bool fit_model_cfg_parse(const char *json, fit_model_cfg *c, char *err, size_t errcap);
 
 /* The built-in model c describes; NULL with fg_last_error on failure. */

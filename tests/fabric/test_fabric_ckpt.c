@@ -1,0 +1,117 @@
+/* fabric save/load of a program's own metadata (fg_train_state.meta): the
+ * pairs land in the file's __metadata__ beside the fabric's keys, come back
+ * from fg_fabric_load as st.meta and through fg_fabric_loaded_meta, owned by
+ * the fabric until the next successful load; keys the fabric writes itself,
+ * empty, NULL and repeated keys are refused before anything is written. One
+ * rank, strategy single (the run function runs in this process). */
+#include <stdio.h>
+#include <sys/stat.h>
+
+#include "fulgur/fabric.h"
+#include "fulgur/optim.h"
+#include "harness.h"
+
+static char g_dir[256];
+
+static const char *tmp_path(const char *name) {
+    static char buf[512];
+    if (!g_dir[0]) {
+        snprintf(g_dir, sizeof g_dir, "/tmp/fulgur-fabric-ckpt-%d", (int)getpid());
+        mkdir(g_dir, 0700);
+    }
+    snprintf(buf, sizeof buf, "%s/%s", g_dir, name);
+    return buf;
+}
+
+static fg_module *tiny_mlp(uint64_t seed) {
+    return fg_mlp_new(&(fg_mlp_config){.sizes = {3, 4, 2}, .seed = seed});
+}
+
+static int meta_round_trip(fg_fabric *f, void *arg) {
+    (void)arg;
+    fg_module *m = tiny_mlp(1);
+    fg_optimizer *opt = fg_sgd_new(m, &(fg_sgd_opts){.lr = 0.1});
+    CHECK(m && opt);
+    if (!m || !opt) return 1;
+    char path[512], path2[512];
+    snprintf(path, sizeof path, "%s", tmp_path("a.safetensors"));
+    snprintf(path2, sizeof path2, "%s", tmp_path("b.safetensors"));
+    fg_kv meta[] = {{"config", "{\"model\":\"mlp\",\"in_dim\":3}"}, {"note", "caf\xc3\xa9"}};
+    CHECK_OK(fg_fabric_save(f, path, &(fg_train_state){.model = m, .optimizer = opt, .step = 7,
+                                                        .meta = meta, .nmeta = 2}));
+    /* in the file, as plain safetensors metadata */
+    fg_st_file *file = fg_st_open(path);
+    CHECK_MSG(file != NULL, "%s", fg_last_error());
+    if (file) {
+        CHECK(!strcmp(fg_st_meta_get(file, "config"), meta[0].value));
+        CHECK(!strcmp(fg_st_meta_get(file, "note"), "caf\xc3\xa9"));
+        CHECK(!strcmp(fg_st_meta_get(file, "step"), "7"));
+        fg_st_close(file);
+    }
+    /* refused, and nothing written */
+    fg_kv own[] = {{"note", "x"}, {"step", "9"}};
+    fg_kv twice[] = {{"a", "1"}, {"a", "2"}};
+    fg_kv empty[] = {{"", "1"}};
+    fg_kv null_value[] = {{"a", NULL}};
+    fg_kv bad_utf8[] = {{"a", "\xff"}};
+    struct {
+        const fg_kv *kv;
+        int64_t n;
+        const char *words;
+    } bad[] = {{own, 2, "\"step\" is one the fabric writes itself"},
+               {twice, 2, "given twice"},
+               {empty, 1, "empty key"},
+               {null_value, 1, "NULL value"},
+               {NULL, 1, "nmeta"},
+               {meta, -1, "nmeta"},
+               {bad_utf8, 1, "UTF-8"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        fg_status s = fg_fabric_save(
+            f, path2, &(fg_train_state){.model = m, .meta = bad[i].kv, .nmeta = bad[i].n});
+        CHECK_MSG(s == FG_EINVAL, "case %zu: %s (%s)", i, fg_status_str(s), fg_last_error());
+        CHECK_CONTAINS(fg_last_error(), bad[i].words);
+        struct stat sb;
+        CHECK_MSG(stat(path2, &sb) != 0, "case %zu wrote the file", i);
+    }
+    /* load: st.meta is the whole metadata, owned by the fabric */
+    CHECK(fg_fabric_loaded_meta(f, "note") == NULL); /* no load yet */
+    fg_module *m2 = tiny_mlp(2);
+    fg_train_state st = {.model = m2};
+    CHECK_OK(fg_fabric_load(f, path, &st));
+    CHECK(st.step == 7 && st.nmeta >= 2);
+    int found = 0;
+    for (int64_t i = 0; i < st.nmeta; i++) {
+        if (!strcmp(st.meta[i].key, "note")) found += !strcmp(st.meta[i].value, "caf\xc3\xa9");
+        if (!strcmp(st.meta[i].key, "format")) found++;
+    }
+    CHECK(found == 2);
+    const char *note = fg_fabric_loaded_meta(f, "note");
+    CHECK(note && !strcmp(note, "caf\xc3\xa9"));
+    CHECK(fg_fabric_loaded_meta(f, "absent") == NULL);
+    CHECK(fg_fabric_loaded_meta(f, NULL) == NULL);
+    /* a failed load keeps the previous metadata and st as they were */
+    fg_train_state st2 = st;
+    CHECK(fg_fabric_load(f, tmp_path("missing.safetensors"), &st2) == FG_EIO);
+    CHECK(st2.meta == st.meta && st2.nmeta == st.nmeta && st2.step == 7);
+    CHECK(fg_fabric_loaded_meta(f, "note") == note);
+    /* a checkpoint saved without meta loads with the fabric's keys only */
+    CHECK_OK(fg_fabric_save(f, path2, &(fg_train_state){.model = m}));
+    CHECK_OK(fg_fabric_load(f, path2, &st));
+    CHECK(fg_fabric_loaded_meta(f, "note") == NULL);
+    CHECK(fg_fabric_loaded_meta(f, "format") != NULL);
+    fg_optimizer_free(opt);
+    fg_module_free(m);
+    fg_module_free(m2);
+    remove(path);
+    remove(path2);
+    return 0;
+}
+
+TEST(meta_round_trip_and_refusals) {
+    fg_fabric *f = fg_fabric_new(&(fg_fabric_config){.devices = "1", .strategy = "single"});
+    CHECK_MSG(f != NULL, "%s", fg_last_error());
+    if (!f) return;
+    CHECK(fg_fabric_launch(f, meta_round_trip, NULL) == 0);
+    fg_fabric_free(f);
+    rmdir(g_dir);
+}
