@@ -297,9 +297,9 @@ static int fg_time_sizes(const opts *o, fg_comm *c) {
 }
 
 static int shm_rank(const opts *o, const fg_cluster_info *info) {
-    fg_comm *c;
     fg_comm_opts co = {.backend = FG_COMM_SHM};
-    if (fg_comm_init(info, &co, &c) != FG_OK) {
+    fg_comm *c = fg_comm_new(info, &co);
+    if (!c) {
         fprintf(stderr, "comm_bench: %s\n", fg_last_error());
         return 1;
     }
@@ -310,9 +310,9 @@ static int shm_rank(const opts *o, const fg_cluster_info *info) {
 
 /* fulgur's mpi backend, under mpirun */
 static int run_fgmpi(const opts *o) {
-    fg_comm *c;
     fg_comm_opts co = {.backend = FG_COMM_MPI};
-    if (fg_comm_init(NULL, &co, &c) != FG_OK) {
+    fg_comm *c = fg_comm_new(NULL, &co);
+    if (!c) {
         fprintf(stderr, "comm_bench: %s\n", fg_last_error());
         return 1;
     }

@@ -5,7 +5,7 @@
  * with the same count, dtype, op and root; it moves plain buffers of
  * `count` elements of an fg_dtype and knows nothing of tensors.
  *
- * Backends (chosen at fg_comm_init, the same for the whole group):
+ * Backends (chosen at fg_comm_new, the same for the whole group):
  *   shm  the embedded default when every rank runs on one machine: one
  *        shared-memory segment per group, chunked and pipelined
  *        reduce-scatter + allgather, deterministic results;
@@ -100,9 +100,9 @@ typedef enum fg_comm_backend_kind {
     FG_COMM_BACKEND_COUNT
 } fg_comm_backend_kind;
 
-/* Options of fg_comm_init; all-zero (or NULL) means the defaults. */
+/* Options of fg_comm_new; all-zero (or NULL) means the defaults. */
 typedef struct fg_comm_opts {
-    fg_comm_backend_kind backend; /* FG_COMM_AUTO: see fg_comm_init */
+    fg_comm_backend_kind backend; /* FG_COMM_AUTO: see fg_comm_new */
     double timeout_s;             /* every wait; <= 0: FULGUR_COMM_TIMEOUT_S, else 300 */
     int check;                    /* 1 on, -1 off, 0: FULGUR_COMM_CHECK (default off) */
 } fg_comm_opts;
@@ -110,7 +110,8 @@ typedef struct fg_comm_opts {
 /* Creates the world communicator. Collective over all ranks of `info`.
  *   info: where this process stands; NULL = fg_cluster_detect(). Borrowed.
  *   opts: NULL = defaults.
- *   out:  the communicator, owned by the caller (fg_comm_free).
+ * Returns the communicator, owned by the caller (fg_comm_free), or NULL on
+ * failure (fg_last_error, fg_last_status).
  * Backend auto: FULGUR_BACKEND (auto|shm|mpi|nccl) if set; else mpi when
  * launched by mpirun (info->source "openmpi") and fulgur was built with MPI;
  * else shm when num_nodes == 1; else FG_EUNSUPPORTED (across machines needs
@@ -124,8 +125,7 @@ typedef struct fg_comm_opts {
  * on one machine need different job ids (FULGUR_JOB_ID or MASTER_PORT).
  * Errors: FG_EINVAL (bad info or options), FG_ETIMEOUT (a rank did not come:
  * the message names it), FG_EPEER, FG_EUNSUPPORTED, FG_EIO, FG_ENOMEM. */
-FG_API fg_status fg_comm_init(const fg_cluster_info *info, const fg_comm_opts *opts,
-                              fg_comm **out);
+FG_API fg_comm *fg_comm_new(const fg_cluster_info *info, const fg_comm_opts *opts);
 
 /* Frees a communicator after waiting for its pending requests (each up to
  * the timeout). Not collective: peers that still wait on this rank get

@@ -316,44 +316,46 @@ typedef struct fg_job_spec {
  * them end, they are killed.
  *   spec: what to start. Borrowed for the call.
  *   opts: NULL = defaults. Copied.
- *   out:  the job, owned by the caller (fg_job_free).
+ * Returns the job, owned by the caller (fg_job_free), or NULL on failure
+ * (fg_last_error, fg_last_status).
  * Each process gets this process's environment plus the contract for its
  * rank, default signal dispositions, an empty signal mask, and its own
  * process group. The job's master port and job id are fg_job_info's.
  * Errors: FG_EINVAL (bad spec, program not found), FG_EIO (fork, thread),
  * FG_ENOMEM; nothing is left running on failure. Call from one thread at a
  * time; the job's functions below are thread-safe. */
-FG_API fg_status fg_job_start(const fg_job_spec *spec, const fg_job_opts *opts, fg_job **out);
+FG_API fg_job *fg_job_start(const fg_job_spec *spec, const fg_job_opts *opts);
 
 /* The re-exec launcher (plan->launcher FG_LAUNCHER_REEXEC): starts local
  * ranks 1 .. local_world_size-1 running this program again with the same
  * arguments, then exports the contract for rank 0 into this process's own
  * environment (fg_launch_export: not thread-safe), so that this process
- * goes on as rank 0 and fg_cluster_detect()/fg_comm_init(NULL, ...) find
+ * goes on as rank 0 and fg_cluster_detect()/fg_comm_new(NULL, ...) find
  * the job. plan->cluster's master and job id are used when set, else a free
- * port and a fresh id. Errors: FG_EINVAL (the plan is not a re-exec plan),
- * and fg_job_start's. */
-FG_API fg_status fg_launch_reexec(const fg_launch_plan *plan, const fg_job_opts *opts,
-                                  fg_job **out);
+ * port and a fresh id. Returns the job of the other ranks, owned by the
+ * caller (fg_job_free), or NULL on failure (fg_last_error, fg_last_status:
+ * FG_EINVAL when the plan is not a re-exec plan, and fg_job_start's). */
+FG_API fg_job *fg_launch_reexec(const fg_launch_plan *plan, const fg_job_opts *opts);
 
 /* FG_OK while no rank has failed; else FG_EPEER with a message naming the
  * first that failed ("rank 2 (pid 4242) was killed by signal 9 (SIGKILL)").
  * Never blocks. Thread-safe. */
 FG_API fg_status fg_job_check(fg_job *j);
 
-/* fg_comm_init for a process whose fellow ranks are this job's (the
+/* fg_comm_new for a process whose fellow ranks are this job's (the
  * re-exec launcher's rank 0): the same, except that it gives up as soon as
  * one of the job's processes fails, instead of waiting at the rendezvous
  * for the comm timeout for a rank that will never come (a rank that dies
  * after joining is the comm layer's dead-peer detection's, or
  * fg_job_opts.on_failure's, to report). The init runs on a helper thread;
  * given up on, it finishes on its own and frees what it made.
- *   j: the job (NULL: plain fg_comm_init). info, opts, out: as fg_comm_init.
- * Errors: fg_comm_init's; FG_EPEER naming the rank that failed ("joining the
- * communicator: rank 2 (pid 4242) exited with code 3"), noticed within
- * about 20 ms. Collective with the job's ranks, as fg_comm_init. */
-FG_API fg_status fg_job_comm_init(fg_job *j, const fg_cluster_info *info,
-                                  const fg_comm_opts *opts, fg_comm **out);
+ *   j: the job (NULL: plain fg_comm_new). info, opts: as fg_comm_new.
+ * Returns the communicator, owned by the caller (fg_comm_free), or NULL on
+ * failure (fg_last_error, fg_last_status): fg_comm_new's errors; FG_EPEER
+ * naming the rank that failed ("joining the communicator: rank 2 (pid 4242)
+ * exited with code 3"), noticed within about 20 ms. Collective with the
+ * job's ranks, as fg_comm_new. */
+FG_API fg_comm *fg_job_comm_new(fg_job *j, const fg_cluster_info *info, const fg_comm_opts *opts);
 
 /* Waits until every process has ended, or timeout_s passed (< 0: no limit).
  * Does not stop anything on its own, except that a failure makes the
@@ -419,7 +421,7 @@ typedef struct fg_fork_result {
 
 /* The fork launcher (ddp_spawn, ddp_fork): forks nprocs children; child r
  * exports the contract for rank r of nprocs on this machine (so that
- * fg_comm_init(NULL, ...) joins the group), sets its log rank, calls
+ * fg_comm_new(NULL, ...) joins the group), sets its log rank, calls
  * fn(r, nprocs, arg) and exits with its return value (0 = success). Rank 0
  * may hand a byte blob back with fg_launch_send_result. The parent, which
  * is no rank, waits for all; when one fails it stops the others.

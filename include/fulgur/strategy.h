@@ -48,11 +48,12 @@ typedef struct fg_strategy fg_strategy;
  * life. The ddp kinds (ddp, ddp_spawn, ddp_fork: the same once the ranks
  * exist) need comm (borrowed); single and dp ignore it. dp_threads is the
  * number of replicas of dp (0 = 2). Setup is collective under ddp: rank 0's
- * parameters are broadcast to every rank. Errors: FG_EINVAL (NULL model, a
- * kind out of range, ddp without comm), the broadcast's, FG_ENOMEM. */
-FG_API fg_status fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *model,
-                                 fg_optimizer *opt, const fg_ddp_opts *ddp, int dp_threads,
-                                 fg_strategy **out);
+ * parameters are broadcast to every rank. Returns the strategy, owned by
+ * the caller (fg_strategy_free), or NULL on failure (fg_last_error,
+ * fg_last_status): FG_EINVAL (NULL model, a kind out of range, ddp without
+ * comm), the broadcast's, FG_ENOMEM. */
+FG_API fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *model,
+                                    fg_optimizer *opt, const fg_ddp_opts *ddp, int dp_threads);
 FG_API void fg_strategy_free(fg_strategy *s);
 FG_API fg_strategy_kind fg_strategy_kind_of(const fg_strategy *s);
 

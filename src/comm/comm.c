@@ -65,7 +65,7 @@ bool fg_comm_backend_built(fg_comm_backend_kind kind) {
 static fg_status pick_backend(const fg_cluster_info *info, fg_comm_backend_kind want,
                               const fg_comm_backend **out) {
     if ((int)want < 0 || want >= FG_COMM_BACKEND_COUNT)
-        return fg_error(FG_EINVAL, "fg_comm_init: backend=%d: unknown", (int)want);
+        return fg_error(FG_EINVAL, "fg_comm_new: backend=%d: unknown", (int)want);
     const char *env = getenv("FULGUR_BACKEND");
     if (want == FG_COMM_AUTO && env && *env) {
         int k = -1;
@@ -145,8 +145,7 @@ static void comm_delete(fg_comm *c) {
     fg_free(c);
 }
 
-fg_status fg_comm_init(const fg_cluster_info *info, const fg_comm_opts *opts, fg_comm **out) {
-    if (!out) return fg_error(FG_EINVAL, "fg_comm_init: out is NULL");
+static fg_status comm_create(const fg_cluster_info *info, const fg_comm_opts *opts, fg_comm **out) {
     *out = NULL;
     fg_cluster_info detected;
     if (!info) {
@@ -173,7 +172,7 @@ fg_status fg_comm_init(const fg_cluster_info *info, const fg_comm_opts *opts, fg
     }
 
     fg_comm *c = comm_new();
-    if (!c) return FG_ENOMEM;
+    if (!c) return fg_error_wrap(FG_ENOMEM, "fg_comm_new");
     c->be = be;
     c->rank = info->rank;
     c->size = info->world_size;
@@ -189,7 +188,7 @@ fg_status fg_comm_init(const fg_cluster_info *info, const fg_comm_opts *opts, fg
     c->world_of = fg_calloc((size_t)c->size, sizeof(int));
     if (!c->node_of || !c->world_of) {
         comm_delete(c);
-        return FG_ENOMEM;
+        return fg_error_wrap(FG_ENOMEM, "fg_comm_new");
     }
     for (int i = 0; i < c->size; i++) {
         c->world_of[i] = i;
@@ -198,11 +197,16 @@ fg_status fg_comm_init(const fg_cluster_info *info, const fg_comm_opts *opts, fg
     fg_status st = be->init(c, info);
     if (st != FG_OK) {
         comm_delete(c);
-        return fg_error_wrap(st, "fg_comm_init (backend %s, rank %d of %d)", be->name, info->rank,
+        return fg_error_wrap(st, "fg_comm_new (backend %s, rank %d of %d)", be->name, info->rank,
                              info->world_size);
     }
     *out = c;
     return FG_OK;
+}
+
+fg_comm *fg_comm_new(const fg_cluster_info *info, const fg_comm_opts *opts) {
+    fg_comm *c;
+    return comm_create(info, opts, &c) == FG_OK ? c : NULL;
 }
 
 int fg_comm_rank(const fg_comm *c) { return c ? c->rank : -1; }

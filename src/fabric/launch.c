@@ -4,7 +4,7 @@
  *            mpirun, srun or torchrun): join and run here;
  *   threads  (dp): run here, the strategy splits each batch over threads;
  *   re-exec  (ddp): fg_launch_reexec starts local ranks 1..N-1; this
- *            process goes on as rank 0 and joins with fg_job_comm_init (a
+ *            process goes on as rank 0 and joins with fg_job_comm_new (a
  *            rank that dies before it joins ends the wait). Its supervisor
  *            aborts our communicator when a rank dies, so rank 0 leaves a
  *            collective at once and the error names the dead rank;
@@ -32,9 +32,9 @@ static fg_status join(fg_fabric *f, const fg_cluster_info *info) {
     f->threads = f->plan.threads_per_rank;
     FG_TRY(fg_set_num_threads(f->threads));
     if (info->world_size < 2 || !fg_strategy_kind_is_ddp(f->plan.strategy)) return FG_OK;
-    fg_comm *c = NULL;
     /* re-exec: rank 0 stops waiting for the others if one of them dies first */
-    FG_TRY(fg_job_comm_init(f->job, info, NULL, &c));
+    fg_comm *c = fg_job_comm_new(f->job, info, NULL);
+    if (!c) return fg_last_status();
     pthread_mutex_lock(&f->comm_mu);
     f->comm = c;
     pthread_mutex_unlock(&f->comm_mu);
@@ -79,7 +79,7 @@ static void abort_comm(void *ud, const fg_rank_exit *e) {
 
 static int launch_reexec(fg_fabric *f, int (*run)(fg_fabric *, void *), void *arg) {
     fg_job_opts jo = {.on_failure = abort_comm, .ud = f};
-    if (fg_launch_reexec(&f->plan, &jo, &f->job) != FG_OK) return 1;
+    if (!(f->job = fg_launch_reexec(&f->plan, &jo))) return 1;
     fg_cluster_info me;
     int rc = fg_cluster_detect(&me) == FG_OK ? run_rank(f, &me, run, arg) : 1;
     fg_status own = rc ? FG_EINVAL : FG_OK;

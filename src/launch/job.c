@@ -319,13 +319,12 @@ static fg_status check_spec(const fg_job_spec *sp, int *local_world, int *num_no
     return FG_OK;
 }
 
-fg_status fg_job_start(const fg_job_spec *sp, const fg_job_opts *opts, fg_job **out) {
-    if (!out) return fg_error(FG_EINVAL, "launch: NULL output");
+static fg_status job_start(const fg_job_spec *sp, const fg_job_opts *opts, fg_job **out) {
     *out = NULL;
     int local_world = 0, num_nodes = 0;
     FG_TRY(check_spec(sp, &local_world, &num_nodes));
     fg_job *j = fg_calloc(1, sizeof *j);
-    if (!j) return FG_ENOMEM;
+    if (!j) return fg_error_wrap(FG_ENOMEM, "launch");
     j->wake_fd = -1;
     pthread_mutex_init(&j->mu, NULL);
     pthread_condattr_t ca;
@@ -358,7 +357,7 @@ fg_status fg_job_start(const fg_job_spec *sp, const fg_job_opts *opts, fg_job **
         }
         FG_TRY_GOTO(find_program(sp->argv[0], j->path, sizeof j->path), s, fail);
         if (!(j->argv = dup_argv(sp->argv))) {
-            s = FG_ENOMEM;
+            s = fg_error_wrap(FG_ENOMEM, "launch");
             goto fail;
         }
     } else {
@@ -369,7 +368,7 @@ fg_status fg_job_start(const fg_job_spec *sp, const fg_job_opts *opts, fg_job **
     j->procs = fg_calloc((size_t)j->n, sizeof *j->procs);
     j->envs = fg_calloc((size_t)j->n, sizeof *j->envs);
     if (!j->procs || !j->envs) {
-        s = FG_ENOMEM;
+        s = fg_error_wrap(FG_ENOMEM, "launch");
         goto fail;
     }
     for (int i = 0; i < j->n; i++) {
@@ -416,15 +415,21 @@ fail:
     return s;
 }
 
-fg_status fg_launch_reexec(const fg_launch_plan *plan, const fg_job_opts *opts, fg_job **out) {
-    if (!out) return fg_error(FG_EINVAL, "re-exec: NULL output");
-    *out = NULL;
-    if (!plan || plan->launcher != FG_LAUNCHER_REEXEC)
-        return fg_error(FG_EINVAL, "re-exec: the plan's launcher is %s, not re-exec",
-                        plan ? fg_launcher_name(plan->launcher) : "missing");
-    if (plan->local_world_size < 2)
-        return fg_error(FG_EINVAL, "re-exec: %d local rank(s): nothing to start",
-                        plan->local_world_size);
+fg_job *fg_job_start(const fg_job_spec *sp, const fg_job_opts *opts) {
+    fg_job *j;
+    return job_start(sp, opts, &j) == FG_OK ? j : NULL;
+}
+
+fg_job *fg_launch_reexec(const fg_launch_plan *plan, const fg_job_opts *opts) {
+    if (!plan || plan->launcher != FG_LAUNCHER_REEXEC) {
+        fg_error(FG_EINVAL, "re-exec: the plan's launcher is %s, not re-exec",
+                 plan ? fg_launcher_name(plan->launcher) : "missing");
+        return NULL;
+    }
+    if (plan->local_world_size < 2) {
+        fg_error(FG_EINVAL, "re-exec: %d local rank(s): nothing to start", plan->local_world_size);
+        return NULL;
+    }
     const fg_cluster_info *c = &plan->cluster;
     fg_job_spec sp = {.argv = NULL,
                       .nprocs = plan->local_world_size - 1,
@@ -435,19 +440,17 @@ fg_status fg_launch_reexec(const fg_launch_plan *plan, const fg_job_opts *opts, 
                       .master_addr = c->master_addr[0] ? c->master_addr : NULL,
                       .master_port = c->master_port,
                       .job_id = c->job_id[0] ? c->job_id : NULL};
-    fg_job *j;
-    FG_TRY(fg_job_start(&sp, opts, &j));
+    fg_job *j = fg_job_start(&sp, opts);
+    if (!j) return NULL;
     fg_cluster_info me;
     fg_job_info(j, &me);
     me.local_rank = 0;
     me.rank = plan->node_rank * plan->local_world_size;
-    fg_status s = fg_launch_export(&me);
-    if (s != FG_OK) {
-        fg_job_free(j);
-        return s;
+    if (fg_launch_export(&me) != FG_OK) {
+        fg_job_free(j); /* leaves this thread's message (the export's) alone */
+        return NULL;
     }
-    *out = j;
-    return FG_OK;
+    return j;
 }
 
 fg_status fg_job_check(fg_job *j) {
@@ -462,10 +465,10 @@ fg_status fg_job_check(fg_job *j) {
 
 /* ------------------------------------------------------ joining the ranks */
 
-/* fg_comm_init on a helper thread, so that the caller can stop waiting when
+/* fg_comm_new on a helper thread, so that the caller can stop waiting when
  * a rank of the job dies before it joins. Freed by whichever of the two
  * lets go last. */
-typedef struct comm_init_call {
+typedef struct comm_new_call {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     fg_cluster_info info;
@@ -475,9 +478,9 @@ typedef struct comm_init_call {
     fg_status status;
     char msg[512];
     int refs;
-} comm_init_call;
+} comm_new_call;
 
-static void call_release(comm_init_call *c) {
+static void call_release(comm_new_call *c) {
     pthread_mutex_lock(&c->mu);
     bool last = --c->refs == 0;
     pthread_mutex_unlock(&c->mu);
@@ -488,12 +491,11 @@ static void call_release(comm_init_call *c) {
     fg_free(c);
 }
 
-static void *comm_init_thread(void *arg) {
-    comm_init_call *c = arg;
-    fg_comm *comm = NULL;
-    fg_status s = fg_comm_init(&c->info, c->have_opts ? &c->opts : NULL, &comm);
+static void *comm_new_thread(void *arg) {
+    comm_new_call *c = arg;
+    fg_comm *comm = fg_comm_new(&c->info, c->have_opts ? &c->opts : NULL);
     pthread_mutex_lock(&c->mu);
-    c->status = s;
+    c->status = comm ? FG_OK : fg_last_status();
     c->comm = comm;
     snprintf(c->msg, sizeof c->msg, "%s", fg_last_error());
     c->done = true;
@@ -503,19 +505,19 @@ static void *comm_init_thread(void *arg) {
     return NULL;
 }
 
-fg_status fg_job_comm_init(fg_job *j, const fg_cluster_info *info, const fg_comm_opts *opts,
-                           fg_comm **out) {
-    if (!out) return fg_error(FG_EINVAL, "job comm init: NULL output");
-    *out = NULL;
-    if (!j) return fg_comm_init(info, opts, out);
-    if (fg_job_check(j) != FG_OK) return fg_error_wrap(FG_EPEER, "joining the communicator");
-    comm_init_call *c = fg_calloc(1, sizeof *c);
-    if (!c) return FG_ENOMEM;
+fg_comm *fg_job_comm_new(fg_job *j, const fg_cluster_info *info, const fg_comm_opts *opts) {
+    if (!j) return fg_comm_new(info, opts);
+    if (fg_job_check(j) != FG_OK) {
+        fg_error_wrap(FG_EPEER, "joining the communicator");
+        return NULL;
+    }
+    comm_new_call *c = fg_calloc(1, sizeof *c);
+    if (!c) return NULL; /* fg_calloc left FG_ENOMEM */
     fg_status s = FG_OK;
     if (info) c->info = *info;
-    else if ((s = fg_cluster_detect(&c->info)) != FG_OK) {
+    else if (fg_cluster_detect(&c->info) != FG_OK) {
         fg_free(c);
-        return s;
+        return NULL;
     }
     if (opts) c->opts = *opts;
     c->have_opts = opts != NULL;
@@ -527,7 +529,7 @@ fg_status fg_job_comm_init(fg_job *j, const fg_cluster_info *info, const fg_comm
     pthread_cond_init(&c->cv, &ca);
     pthread_condattr_destroy(&ca);
     pthread_t t;
-    if (pthread_create(&t, NULL, comm_init_thread, c) != 0) comm_init_thread(c); /* wait here */
+    if (pthread_create(&t, NULL, comm_new_thread, c) != 0) comm_new_thread(c); /* wait here */
     else pthread_detach(t);
     bool dead = false;
     pthread_mutex_lock(&c->mu);
@@ -545,19 +547,20 @@ fg_status fg_job_comm_init(fg_job *j, const fg_cluster_info *info, const fg_comm
         dead = fg_job_check(j) != FG_OK;
         pthread_mutex_lock(&c->mu);
     }
+    fg_comm *comm = NULL;
     if (c->done) {
         s = c->status;
-        *out = c->comm;
+        comm = c->comm;
         c->comm = NULL;
         if (s != FG_OK) fg_error(s, "%s", c->msg);
     }
     pthread_mutex_unlock(&c->mu);
     call_release(c);
-    if (!*out && s == FG_OK) { /* gave up: a rank died */
+    if (!comm && s == FG_OK) { /* gave up: a rank died */
         fg_job_check(j);
-        s = fg_error_wrap(FG_EPEER, "joining the communicator");
+        fg_error_wrap(FG_EPEER, "joining the communicator");
     }
-    return s;
+    return comm;
 }
 
 fg_status fg_job_wait(fg_job *j, double timeout_s) {

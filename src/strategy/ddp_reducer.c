@@ -59,7 +59,7 @@ fg_status fg_ddp_reducer_new(fg_comm *comm, fg_tensor *flat, int n, fg_tensor *c
     double first = (d.first_bucket_mb > 0 ? d.first_bucket_mb : 1.0) * 1048576.0;
     size_t es = fg_dtype_size(flat->dtype);
     fg_ddp_reducer *r = fg_calloc(1, sizeof *r);
-    if (!r) return FG_ENOMEM;
+    if (!r) return fg_error_wrap(FG_ENOMEM, "ddp setup");
     r->comm = comm;
     r->flat = flat;
     r->n = n;
@@ -72,7 +72,7 @@ fg_status fg_ddp_reducer_new(fg_comm *comm, fg_tensor *flat, int n, fg_tensor *c
     r->b = fg_calloc((size_t)n + 1, sizeof *r->b);
     if (!r->params || !r->offs || !r->bucket_of || !r->ready || !r->b) {
         fg_ddp_reducer_free(r);
-        return FG_ENOMEM;
+        return fg_error_wrap(FG_ENOMEM, "ddp setup");
     }
     for (int i = 0; i < n; i++) {
         r->params[i] = params[i];

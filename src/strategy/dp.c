@@ -31,14 +31,14 @@ fg_status fg__dp_setup(fg_strategy *s, int threads) {
     fg_tensor *g = fg_module_flat_grads(s->model);
     if (!g) return fg_error(FG_EINVAL, "dp: the model has no flat gradient buffer");
     fg_dp_state *d = fg_calloc(1, sizeof *d);
-    if (!d) return FG_ENOMEM;
+    if (!d) return fg_error_wrap(FG_ENOMEM, "dp setup");
     s->dp = d;
     d->n = threads;
     d->grads = fg_calloc((size_t)threads, sizeof *d->grads);
-    if (!d->grads) return FG_ENOMEM;
+    if (!d->grads) return fg_error_wrap(FG_ENOMEM, "dp setup");
     for (int r = 0; r < threads; r++) {
         d->grads[r] = fg_tensor_new(fg_tensor_dtype(g), 1, fg_tensor_shape(g));
-        if (!d->grads[r]) return FG_ENOMEM;
+        if (!d->grads[r]) return fg_error_wrap(fg_last_status(), "dp setup");
     }
     return FG_OK;
 }

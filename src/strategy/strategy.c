@@ -43,7 +43,7 @@ static fg_status setup_ddp(fg_strategy *s, const fg_ddp_opts *o) {
     if (!params || !offs) {
         fg_free(params);
         fg_free(offs);
-        return FG_ENOMEM;
+        return fg_error_wrap(FG_ENOMEM, "ddp setup");
     }
     for (int i = 0; i < n; i++) {
         params[i] = fg_module_param(m, i);
@@ -58,17 +58,22 @@ static fg_status setup_ddp(fg_strategy *s, const fg_ddp_opts *o) {
     return st;
 }
 
-fg_status fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *model,
-                          fg_optimizer *opt, const fg_ddp_opts *ddp, int dp_threads,
-                          fg_strategy **out) {
-    *out = NULL;
-    if (!model) return fg_error(FG_EINVAL, "strategy: NULL model");
-    if ((int)kind < 0 || kind >= FG_STRATEGY_COUNT)
-        return fg_error(FG_EINVAL, "strategy: kind %d: expected one of fg_strategy_kind", (int)kind);
-    if (fg_strategy_kind_is_ddp(kind) && !comm)
-        return fg_error(FG_EINVAL, "strategy %s: needs a communicator", fg_strategy_kind_name(kind));
+fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *model,
+                             fg_optimizer *opt, const fg_ddp_opts *ddp, int dp_threads) {
+    if (!model) {
+        fg_error(FG_EINVAL, "strategy: NULL model");
+        return NULL;
+    }
+    if ((int)kind < 0 || kind >= FG_STRATEGY_COUNT) {
+        fg_error(FG_EINVAL, "strategy: kind %d: expected one of fg_strategy_kind", (int)kind);
+        return NULL;
+    }
+    if (fg_strategy_kind_is_ddp(kind) && !comm) {
+        fg_error(FG_EINVAL, "strategy %s: needs a communicator", fg_strategy_kind_name(kind));
+        return NULL;
+    }
     fg_strategy *s = fg_calloc(1, sizeof *s);
-    if (!s) return FG_ENOMEM;
+    if (!s) return NULL; /* fg_calloc left FG_ENOMEM */
     s->kind = kind;
     s->comm = comm;
     s->model = model;
@@ -78,11 +83,10 @@ fg_status fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *model
     if (fg_strategy_kind_is_ddp(kind)) st = setup_ddp(s, ddp);
     else if (kind == FG_STRATEGY_DP) st = fg__dp_setup(s, dp_threads > 0 ? dp_threads : 2);
     if (st != FG_OK) {
-        fg_strategy_free(s);
-        return st;
+        fg_strategy_free(s); /* leaves this thread's message alone */
+        return NULL;
     }
-    *out = s;
-    return FG_OK;
+    return s;
 }
 
 fg_status fg_strategy_backward(fg_strategy *s, fg_tensor *loss) {

@@ -5,7 +5,7 @@
  *     constructor, before the harness starts): each child reports the
  *     contract it sees; a child that is SIGKILLed makes the supervisor stop
  *     the rest within seconds and the failure names it; the comm layer's
- *     next collective on rank 0 fails naming the dead rank; fg_job_comm_init
+ *     next collective on rank 0 fails naming the dead rank; fg_job_comm_new
  *     joins, and gives up naming a rank that died before joining; nothing
  *     is left running, even when the launcher itself is killed;
  *   programs: fg_job_start with a shell command, a missing program, a file
@@ -85,8 +85,8 @@ __attribute__((constructor)) static void launched_child(void) {
     if (!strcmp(mode, "stubborn")) signal(SIGTERM, SIG_IGN);
     if (!strcmp(mode, "comm")) {
         /* the real thing: join the group, meet once, then the victim dies */
-        fg_comm *c = NULL;
-        if (fg_comm_init(NULL, NULL, &c) != FG_OK || fg_comm_barrier(c) != FG_OK) _exit(1);
+        fg_comm *c = fg_comm_new(NULL, NULL);
+        if (!c || fg_comm_barrier(c) != FG_OK) _exit(1);
         if (rank == victim) {
             usleep(100000);
             raise(SIGKILL);
@@ -156,8 +156,8 @@ TEST(reexec_children_see_the_contract) {
     fg_launch_plan p;
     CHECK_OK(plan_ddp(3, &p));
     CHECK(p.launcher == FG_LAUNCHER_REEXEC);
-    fg_job *j = NULL;
-    CHECK_OK(fg_launch_reexec(&p, NULL, &j));
+    fg_job *j = fg_launch_reexec(&p, NULL);
+    CHECK_MSG(j, "fg_launch_reexec: %s", fg_last_error());
     if (!j) return;
     /* this process goes on as rank 0 */
     CHECK(!strcmp(getenv("FULGUR_RANK"), "0") && !strcmp(getenv("FULGUR_WORLD_SIZE"), "3"));
@@ -188,7 +188,8 @@ TEST(reexec_children_see_the_contract) {
     fg_job_free(j);
     /* a plan that is not re-exec is refused */
     CHECK_OK(plan_ddp(1, &p));
-    CHECK_STATUS(fg_launch_reexec(&p, NULL, &j), FG_EINVAL);
+    CHECK(fg_launch_reexec(&p, NULL) == NULL);
+    CHECK(fg_last_status() == FG_EINVAL);
     reset_env();
     remove_dir();
 }
@@ -214,8 +215,7 @@ static fg_status run_victim_job(const char *mode, int n, int victim, double grac
     atomic_store(&g_hook_rank, -1);
     fg_job_opts o = {.grace_s = grace, .on_failure = on_failure};
     double t0 = fg_time();
-    s = fg_launch_reexec(&p, &o, out);
-    if (s != FG_OK) return s;
+    if (!(*out = fg_launch_reexec(&p, &o))) return fg_last_status();
     s = fg_job_wait(*out, 30);
     *secs = fg_time() - t0;
     return s;
@@ -279,10 +279,10 @@ TEST(reexec_rank0_collective_names_the_dead_rank) {
     setenv("FG_TEST_VICTIM", "2", 1);
     fg_launch_plan p;
     CHECK_OK(plan_ddp(3, &p));
-    fg_job *j = NULL;
-    CHECK_OK(fg_launch_reexec(&p, NULL, &j));
-    fg_comm *c = NULL;
-    CHECK_OK(fg_comm_init(NULL, NULL, &c));
+    fg_job *j = fg_launch_reexec(&p, NULL);
+    CHECK_MSG(j, "fg_launch_reexec: %s", fg_last_error());
+    fg_comm *c = j ? fg_comm_new(NULL, NULL) : NULL;
+    CHECK_MSG(c, "fg_comm_new: %s", fg_last_error());
     if (c) {
         CHECK_OK(fg_comm_barrier(c));
         double t0 = fg_time();
@@ -298,19 +298,19 @@ TEST(reexec_rank0_collective_names_the_dead_rank) {
     remove_dir();
 }
 
-/* fg_job_comm_init: joins like fg_comm_init; a rank that dies before it
+/* fg_job_comm_new: joins like fg_comm_new; a rank that dies before it
  * joins ends rank 0's wait at the rendezvous with its name, instead of the
  * comm timeout. */
-TEST(reexec_job_comm_init) {
+TEST(reexec_job_comm_new) {
     make_dir();
     reset_env();
     setenv("FG_TEST_LAUNCH_CHILD", "comm", 1); /* no victim: join, meet twice */
     fg_launch_plan p;
     CHECK_OK(plan_ddp(3, &p));
-    fg_job *j = NULL;
-    CHECK_OK(fg_launch_reexec(&p, NULL, &j));
-    fg_comm *c = NULL;
-    CHECK_OK(fg_job_comm_init(j, NULL, NULL, &c));
+    fg_job *j = fg_launch_reexec(&p, NULL);
+    CHECK_MSG(j, "fg_launch_reexec: %s", fg_last_error());
+    fg_comm *c = j ? fg_job_comm_new(j, NULL, NULL) : NULL;
+    CHECK_MSG(c, "fg_job_comm_new: %s", fg_last_error());
     if (c) {
         CHECK(fg_comm_size(c) == 3 && fg_comm_rank(c) == 0);
         CHECK_OK(fg_comm_barrier(c));
@@ -324,19 +324,24 @@ TEST(reexec_job_comm_init) {
     setenv("FG_TEST_LAUNCH_CHILD", "exit3", 1);
     setenv("FG_TEST_VICTIM", "2", 1);
     CHECK_OK(plan_ddp(3, &p));
-    CHECK_OK(fg_launch_reexec(&p, NULL, &j));
-    c = NULL;
-    CHECK_STATUS(fg_job_comm_init(j, NULL, NULL, &c), FG_EPEER);
-    CHECK(c == NULL);
-    CHECK_CONTAINS(fg_last_error(), "joining the communicator: rank 2 (pid ");
-    CHECK_CONTAINS(fg_last_error(), "exited with code 3");
-    /* once failed, it says so at once */
-    CHECK_STATUS(fg_job_comm_init(j, NULL, NULL, &c), FG_EPEER);
-    CHECK_STATUS(fg_job_wait(j, -1), FG_EPEER);
+    j = fg_launch_reexec(&p, NULL);
+    CHECK_MSG(j, "fg_launch_reexec: %s", fg_last_error());
+    if (j) {
+        CHECK(fg_job_comm_new(j, NULL, NULL) == NULL);
+        CHECK(fg_last_status() == FG_EPEER);
+        CHECK_CONTAINS(fg_last_error(), "joining the communicator: rank 2 (pid ");
+        CHECK_CONTAINS(fg_last_error(), "exited with code 3");
+        /* once failed, it says so at once */
+        CHECK(fg_job_comm_new(j, NULL, NULL) == NULL);
+        CHECK(fg_last_status() == FG_EPEER);
+        CHECK_STATUS(fg_job_wait(j, -1), FG_EPEER);
+    }
     fg_job_free(j);
-    /* no job: plain fg_comm_init */
+    /* no job: plain fg_comm_new (a world of one here) */
     reset_env();
-    CHECK_STATUS(fg_job_comm_init(NULL, NULL, NULL, NULL), FG_EINVAL);
+    c = fg_job_comm_new(NULL, NULL, NULL);
+    CHECK_MSG(c && fg_comm_size(c) == 1, "fg_job_comm_new(NULL, ...): %s", fg_last_error());
+    fg_comm_free(c);
     reset_env();
     remove_dir();
 }
@@ -351,8 +356,8 @@ TEST(no_orphans_when_the_launcher_dies) {
     if (launcher == 0) {
         close(fds[0]);
         const char *argv[] = {"sleep", "30", NULL};
-        fg_job *j;
-        if (fg_job_start(&(fg_job_spec){.argv = argv, .nprocs = 3}, NULL, &j) != FG_OK) _exit(1);
+        fg_job *j = fg_job_start(&(fg_job_spec){.argv = argv, .nprocs = 3}, NULL);
+        if (!j) _exit(1);
         for (int i = 0; i < 3; i++) {
             int pid = fg_job_proc(j, i, NULL);
             if (write(fds[1], &pid, sizeof pid) != sizeof pid) _exit(1);
@@ -394,11 +399,12 @@ TEST(job_runs_a_program_on_a_node) {
                           "$FULGUR_WORLD_SIZE $NODE_RANK $GROUP_WORLD_SIZE $MASTER_ADDR:$MASTER_PORT "
                           "$FULGUR_JOB_ID\" > \"$FG_TEST_DIR/out.$FULGUR_RANK\"",
                           NULL};
-    fg_job *j = NULL;
-    CHECK_OK(fg_job_start(&(fg_job_spec){.argv = argv, .nprocs = 3, .node_rank = 1, .num_nodes = 2,
-                                         .master_addr = "10.9.8.7", .master_port = 4321,
-                                         .job_id = "jobby"},
-                          NULL, &j));
+    fg_job *j = fg_job_start(&(fg_job_spec){.argv = argv, .nprocs = 3, .node_rank = 1,
+                                            .num_nodes = 2, .master_addr = "10.9.8.7",
+                                            .master_port = 4321, .job_id = "jobby"},
+                             NULL);
+    CHECK_MSG(j, "fg_job_start: %s", fg_last_error());
+    if (!j) return;
     CHECK_OK(fg_job_wait(j, 20));
     for (int r = 3; r < 6; r++) {
         char name[32], got[256], want[256];
@@ -415,13 +421,13 @@ TEST(job_runs_a_program_on_a_node) {
 
 TEST(job_start_errors) {
     reset_env();
-    fg_job *j = (fg_job *)1;
     const char *missing[] = {"no-such-program-fulgur", NULL};
-    CHECK_STATUS(fg_job_start(&(fg_job_spec){.argv = missing, .nprocs = 2}, NULL, &j), FG_EINVAL);
+    CHECK(fg_job_start(&(fg_job_spec){.argv = missing, .nprocs = 2}, NULL) == NULL);
+    CHECK(fg_last_status() == FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "program \"no-such-program-fulgur\": not found in PATH");
-    CHECK(j == NULL);
     const char *nofile[] = {"./no/such/file", NULL};
-    CHECK_STATUS(fg_job_start(&(fg_job_spec){.argv = nofile, .nprocs = 1}, NULL, &j), FG_EINVAL);
+    CHECK(fg_job_start(&(fg_job_spec){.argv = nofile, .nprocs = 1}, NULL) == NULL);
+    CHECK(fg_last_status() == FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "No such file");
     /* a file without the execute bit */
     make_dir();
@@ -432,7 +438,8 @@ TEST(job_start_errors) {
     chmod(plain, 0644);
     const char *notexe[] = {plain, NULL};
     if (geteuid() != 0 || access(plain, X_OK) != 0) {
-        CHECK_STATUS(fg_job_start(&(fg_job_spec){.argv = notexe, .nprocs = 1}, NULL, &j), FG_EINVAL);
+        CHECK(fg_job_start(&(fg_job_spec){.argv = notexe, .nprocs = 1}, NULL) == NULL);
+    CHECK(fg_last_status() == FG_EINVAL);
         CHECK_CONTAINS(fg_last_error(), "not an executable file");
     }
     remove_dir();
@@ -447,19 +454,22 @@ TEST(job_start_errors) {
     }
     chmod(path, 0755);
     const char *bad[] = {path, NULL};
-    CHECK_STATUS(fg_job_start(&(fg_job_spec){.argv = bad, .nprocs = 2}, NULL, &j), FG_EINVAL);
+    CHECK(fg_job_start(&(fg_job_spec){.argv = bad, .nprocs = 2}, NULL) == NULL);
+    CHECK(fg_last_status() == FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "rank 0: cannot execute");
     CHECK_CONTAINS(fg_last_error(), "Exec format error");
     remove_dir();
     const char *ok[] = {"true", NULL};
-    CHECK_STATUS(fg_job_start(&(fg_job_spec){.argv = ok, .nprocs = 0}, NULL, &j), FG_EINVAL);
-    CHECK_STATUS(fg_job_start(&(fg_job_spec){.argv = ok, .nprocs = 2, .node_rank = 1}, NULL, &j),
-                 FG_EINVAL);
-    CHECK_STATUS(fg_job_start(&(fg_job_spec){.argv = ok, .nprocs = 2, .first_local_rank = 1,
-                                             .local_world_size = 2},
-                              NULL, &j),
-                 FG_EINVAL);
-    CHECK_STATUS(fg_job_start(NULL, NULL, &j), FG_EINVAL);
+    CHECK(fg_job_start(&(fg_job_spec){.argv = ok, .nprocs = 0}, NULL) == NULL);
+    CHECK(fg_last_status() == FG_EINVAL);
+    CHECK(fg_job_start(&(fg_job_spec){.argv = ok, .nprocs = 2, .node_rank = 1}, NULL) == NULL);
+    CHECK(fg_last_status() == FG_EINVAL);
+    CHECK(fg_job_start(&(fg_job_spec){.argv = ok, .nprocs = 2, .first_local_rank = 1,
+                                      .local_world_size = 2},
+                       NULL) == NULL);
+    CHECK(fg_last_status() == FG_EINVAL);
+    CHECK(fg_job_start(NULL, NULL) == NULL);
+    CHECK(fg_last_status() == FG_EINVAL);
     fg_job_free(NULL);
 }
 
@@ -468,7 +478,9 @@ TEST(job_signal_stop_and_timeout) {
     const char *argv[] = {"sleep", "30", NULL};
     fg_job *j = NULL;
     /* a forwarded signal: every rank gets it, nothing is stopped on top */
-    CHECK_OK(fg_job_start(&(fg_job_spec){.argv = argv, .nprocs = 3}, NULL, &j));
+    j = fg_job_start(&(fg_job_spec){.argv = argv, .nprocs = 3}, NULL);
+    CHECK_MSG(j, "fg_job_start: %s", fg_last_error());
+    if (!j) return;
     CHECK_STATUS(fg_job_wait(j, 0.2), FG_ETIMEOUT);
     CHECK_CONTAINS(fg_last_error(), "still running after 0.2 s (3 ranks left)");
     CHECK(fg_job_signal(j, SIGINT) == 3);
@@ -480,7 +492,9 @@ TEST(job_signal_stop_and_timeout) {
     CHECK(fg_job_signal(j, SIGINT) == 0);
     fg_job_free(j);
     /* a stop asked for is no failure */
-    CHECK_OK(fg_job_start(&(fg_job_spec){.argv = argv, .nprocs = 3}, NULL, &j));
+    j = fg_job_start(&(fg_job_spec){.argv = argv, .nprocs = 3}, NULL);
+    CHECK_MSG(j, "fg_job_start: %s", fg_last_error());
+    if (!j) return;
     double t0 = fg_time();
     CHECK(fg_job_stop(j) == 3);
     CHECK_MSG(fg_time() - t0 < 2, "stop took %.1f s", fg_time() - t0);
@@ -491,14 +505,18 @@ TEST(job_signal_stop_and_timeout) {
     CHECK(fg_job_stop(j) == 0);
     fg_job_free(j);
     /* free stops what still runs */
-    CHECK_OK(fg_job_start(&(fg_job_spec){.argv = argv, .nprocs = 2}, NULL, &j));
+    j = fg_job_start(&(fg_job_spec){.argv = argv, .nprocs = 2}, NULL);
+    CHECK_MSG(j, "fg_job_start: %s", fg_last_error());
+    if (!j) return;
     int pid = fg_job_proc(j, 0, NULL);
     fg_job_free(j);
     CHECK(gone(pid));
     /* a shell's children are stopped with it (each rank is a process group) */
     make_dir();
     const char *sh[] = {"sh", "-c", "sleep 30 & echo $! > \"$FG_TEST_DIR/bg\"; wait", NULL};
-    CHECK_OK(fg_job_start(&(fg_job_spec){.argv = sh, .nprocs = 1}, NULL, &j));
+    j = fg_job_start(&(fg_job_spec){.argv = sh, .nprocs = 1}, NULL);
+    CHECK_MSG(j, "fg_job_start: %s", fg_last_error());
+    if (!j) return;
     char got[64] = "";
     for (int i = 0; i < 1000 && !read_file("bg", got, sizeof got); i++) usleep(10000); /* up to 10 s under load */
     usleep(50000);

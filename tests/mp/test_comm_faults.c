@@ -37,7 +37,8 @@ static fg_status join(int rank, int n, double timeout, int check, fg_comm **c) {
                             .local_world_size = n, .num_nodes = 1, .source = "test"};
     snprintf(info.job_id, sizeof info.job_id, "f%d-%d", (int)getppid(), g_case);
     fg_comm_opts o = {.backend = FG_COMM_SHM, .timeout_s = timeout, .check = check};
-    return fg_comm_init(&info, &o, c);
+    *c = fg_comm_new(&info, &o);
+    return *c ? FG_OK : fg_last_status();
 }
 
 /* Forks n ranks running fn; waits up to `limit` s, then kills what is left

@@ -15,8 +15,8 @@
 __attribute__((constructor)) static void mpi_rank_main(void) {
     const char *mode = getenv(CHILD_VAR);
     if (!mode || !getenv("OMPI_COMM_WORLD_RANK")) return;
-    fg_comm *c;
-    if (fg_comm_init(NULL, NULL, &c) != FG_OK) {
+    fg_comm *c = fg_comm_new(NULL, NULL);
+    if (!c) {
         fprintf(stderr, "  mpi rank: init: %s\n", fg_last_error());
         exit(1);
     }

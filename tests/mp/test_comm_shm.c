@@ -13,7 +13,8 @@ static fg_status init_rank(int rank, int n, const char *tag, fg_comm **c) {
                             .source = "test"};
     snprintf(info.job_id, sizeof info.job_id, "t%d-%s-%d", (int)getppid(), tag, n);
     fg_comm_opts o = {.backend = FG_COMM_SHM, .timeout_s = 60};
-    fg_status s = fg_comm_init(&info, &o, c);
+    *c = fg_comm_new(&info, &o);
+    fg_status s = *c ? FG_OK : fg_last_status();
     if (s) fprintf(stderr, "  rank %d: init: %s\n", rank, fg_last_error());
     return s;
 }

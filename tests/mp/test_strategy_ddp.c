@@ -107,9 +107,9 @@ static int ddp_rank(int rank, int n, void *arg) {
     fg_cluster_info info = {.rank = rank, .world_size = n, .local_rank = rank,
                             .local_world_size = n, .num_nodes = 1, .source = "explicit"};
     snprintf(info.job_id, sizeof info.job_id, "%s", sh->job);
-    fg_comm *c = NULL;
     fg_comm_opts co = {.backend = FG_COMM_SHM, .timeout_s = 60};
-    if (fg_comm_init(&info, &co, &c) != FG_OK) {
+    fg_comm *c = fg_comm_new(&info, &co);
+    if (!c) {
         fprintf(stderr, "rank %d: %s\n", rank, fg_last_error());
         return 1;
     }
@@ -118,9 +118,9 @@ static int ddp_rank(int rank, int n, void *arg) {
     /* Other initial weights on ranks 1..: setup must broadcast rank 0's. */
     if (rank) fg_tensor_fill(fg_module_flat_params(m), 0.25 * rank);
     fg_optimizer *o = make_opt(s, m);
-    fg_strategy *st = NULL;
     fg_ddp_opts dopt = {.bucket_cap_mb = s->bucket_mb};
-    if (fg_strategy_new(FG_STRATEGY_DDP, c, m, o, &dopt, 0, &st) != FG_OK) {
+    fg_strategy *st = fg_strategy_new(FG_STRATEGY_DDP, c, m, o, &dopt, 0);
+    if (!st) {
         fprintf(stderr, "rank %d: %s\n", rank, fg_last_error());
         return 1;
     }
@@ -209,14 +209,31 @@ static fg_tensor *dp_step_fn(fg_module *replica, fg_batch *part, void *ud) {
     return loss_of(replica, part->x, part->y);
 }
 
+TEST(strategy_new_errors) {
+    setup s = {.world = 1, .B = 6};
+    fg_module *m = make_model(&s);
+    CHECK(fg_strategy_new(FG_STRATEGY_SINGLE, NULL, NULL, NULL, NULL, 0) == NULL);
+    CHECK(fg_last_status() == FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "NULL model");
+    CHECK(fg_strategy_new((fg_strategy_kind)99, NULL, m, NULL, NULL, 0) == NULL);
+    CHECK(fg_last_status() == FG_EINVAL);
+    CHECK(fg_strategy_new(FG_STRATEGY_DDP, NULL, m, NULL, NULL, 0) == NULL);
+    CHECK(fg_last_status() == FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "needs a communicator");
+    fg_strategy *st = fg_strategy_new(FG_STRATEGY_SINGLE, NULL, m, NULL, NULL, 0);
+    CHECK_MSG(st && fg_strategy_kind_of(st) == FG_STRATEGY_SINGLE, "%s", fg_last_error());
+    fg_strategy_free(st);
+    fg_module_free(m);
+}
+
 TEST(dp_equals_single_process) {
     for (int gpt = 0; gpt < 2; gpt++) {
         setup s = {.gpt = gpt, .world = 1, .B = 6};
         fg_tensor *ref = train_single(&s);
         fg_module *m = make_model(&s);
         fg_optimizer *o = make_opt(&s, m);
-        fg_strategy *st = NULL;
-        CHECK_OK(fg_strategy_new(FG_STRATEGY_DP, NULL, m, o, NULL, 2, &st));
+        fg_strategy *st = fg_strategy_new(FG_STRATEGY_DP, NULL, m, o, NULL, 2);
+        CHECK_MSG(st, "fg_strategy_new(dp): %s", fg_last_error());
         for (int step = 0; step < STEPS && st; step++) {
             fg_optimizer_zero_grad(o);
             fg_tensor *x, *y;
@@ -252,9 +269,9 @@ static int unused_rank(int rank, int n, void *arg) {
     fg_cluster_info info = {.rank = rank, .world_size = n, .local_rank = rank,
                             .local_world_size = n, .num_nodes = 1, .source = "explicit"};
     snprintf(info.job_id, sizeof info.job_id, "%s", job);
-    fg_comm *c = NULL;
     fg_comm_opts co = {.backend = FG_COMM_SHM, .timeout_s = 30};
-    if (fg_comm_init(&info, &co, &c) != FG_OK) return 1;
+    fg_comm *c = fg_comm_new(&info, &co);
+    if (!c) return 1;
     int bad = 0;
     for (int find = 0; find < 2; find++) {
         /* two heads; the loss uses only the first */
@@ -263,9 +280,9 @@ static int unused_rank(int rank, int n, void *arg) {
         fg_module_add_child(root, "a", a);
         fg_module_add_child(root, "b", b);
         fg_module_finalize(root);
-        fg_strategy *st = NULL;
         fg_ddp_opts o = {.find_unused_parameters = find};
-        if (fg_strategy_new(FG_STRATEGY_DDP, c, root, NULL, &o, 0, &st) != FG_OK) return 1;
+        fg_strategy *st = fg_strategy_new(FG_STRATEGY_DDP, c, root, NULL, &o, 0);
+        if (!st) return 1;
         int64_t sx[2] = {2, 4};
         fg_tensor *x = fg_full(FG_F32, 2, sx, 1.0);
         fg_status s = fg_strategy_backward(st, fg_sum(fg_module_forward(a, x)));
@@ -282,7 +299,7 @@ static int unused_rank(int rank, int n, void *arg) {
         if (!find) { /* the communicator saw a partial round; start a fresh one */
             fg_comm_free(c);
             snprintf(info.job_id, sizeof info.job_id, "%s-b", job);
-            if (fg_comm_init(&info, &co, &c) != FG_OK) return 1;
+            if (!(c = fg_comm_new(&info, &co))) return 1;
         }
     }
     fg_comm_free(c);

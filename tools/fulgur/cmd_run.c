@@ -239,17 +239,16 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
                             .master_addr = addr,
                             .master_port = (int)port,
                             .job_id = use_id};
-        fg_job *job = NULL;
         pthread_mutex_lock(&g_mu);
         int got = g_got;
-        fg_status s = got ? FG_OK : fg_job_start(&spec, &(fg_job_opts){.grace_s = grace}, &job);
+        fg_job *job = got ? NULL : fg_job_start(&spec, &(fg_job_opts){.grace_s = grace});
         g_job = job;
         pthread_mutex_unlock(&g_mu);
         if (got) { /* a signal came between two groups: no restart */
             exit_code = 128 + got;
             break;
         }
-        if (s != FG_OK) {
+        if (!job) {
             fprintf(stderr, "fulgur run: %s\n", fg_last_error());
             exit_code = attempt ? FG_EXIT_FAIL : 127;
             break;
