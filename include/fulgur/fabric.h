@@ -111,8 +111,11 @@ FG_API fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *o
  * the epoch's order, shuffled as dl's options say with dl's seed: the
  * fabric's when dl was made with seed 0 after seed_everything) unless
  * use_distributed is false, and logs the effective batch size. The loader's
- * worker seeds then derive from (seed, rank, worker). Returns dl (NULL on
- * error). */
+ * worker seeds then derive from (seed, rank, worker). dl is borrowed: it
+ * stays the caller's, also on failure, so keep the pointer and free it
+ * (fg_dataloader_free) whatever this returns. Returns dl, or NULL on failure
+ * (fg_last_error, fg_last_status): FG_EINVAL for a NULL dl, the sampler's
+ * errors. */
 FG_API fg_dataloader *fg_fabric_setup_dataloader(fg_fabric *f, fg_dataloader *dl,
                                                  bool use_distributed);
 

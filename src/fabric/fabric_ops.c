@@ -22,7 +22,10 @@ fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt) {
 }
 
 fg_dataloader *fg_fabric_setup_dataloader(fg_fabric *f, fg_dataloader *dl, bool use_distributed) {
-    if (!dl) return NULL;
+    if (!dl) {
+        fg_error(FG_EINVAL, "fabric setup_dataloader: NULL loader");
+        return NULL;
+    }
     const fg_loader_opts *o = fg_dataloader_opts(dl);
     if (use_distributed && f->world_size > 1) {
         fg_distributed_opts d = {.shuffle = o->shuffle, .seed = o->seed, .drop_last = o->drop_last};

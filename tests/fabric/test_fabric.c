@@ -149,6 +149,9 @@ TEST(config_devices_table) {
     fg_fabric_free(f);
     f = fg_fabric_new(NULL);
     CHECK(f && fg_fabric_dtype(f) == FG_F32 && !strcmp(fg_fabric_strategy_name(f), "single"));
+    /* the loader is borrowed: a NULL one is a bad argument */
+    if (f) CHECK(fg_fabric_setup_dataloader(f, NULL, true) == NULL);
+    if (f) CHECK(fg_last_status() == FG_EINVAL);
     fg_fabric_free(f);
 }
 

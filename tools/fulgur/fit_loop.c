@@ -326,19 +326,18 @@ int fit_run(fg_fabric *f, void *arg) {
         rc = rank_error(&c, "setup");
         goto out;
     }
-    c.train = fg_fabric_setup_dataloader(
-        f,
-        fg_dataloader_new(c.d.train, &(fg_loader_opts){.batch = o->batch_size,
-                                                       .shuffle = true,
-                                                       .seed = (uint64_t)o->seed,
-                                                       .drop_last = true,
-                                                       .num_workers = (int)o->num_workers}),
-        true);
-    c.val = fg_fabric_setup_dataloader(
-        f, fg_dataloader_new(c.d.val, &(fg_loader_opts){.batch = o->batch_size,
-                                                        .num_workers = (int)o->num_workers}),
-        true);
-    if (!c.train || !c.val) {
+    /* the loaders stay ours (setup_dataloader borrows them): freed at out */
+    c.train = fg_dataloader_new(c.d.train, &(fg_loader_opts){.batch = o->batch_size,
+                                                             .shuffle = true,
+                                                             .seed = (uint64_t)o->seed,
+                                                             .drop_last = true,
+                                                             .num_workers = (int)o->num_workers});
+    c.val = c.train ? fg_dataloader_new(c.d.val, &(fg_loader_opts){.batch = o->batch_size,
+                                                                    .num_workers =
+                                                                        (int)o->num_workers})
+                    : NULL;
+    if (!c.train || !c.val || !fg_fabric_setup_dataloader(f, c.train, true) ||
+        !fg_fabric_setup_dataloader(f, c.val, true)) {
         rc = rank_error(&c, "data loader");
         goto out;
     }
