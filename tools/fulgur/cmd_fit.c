@@ -7,7 +7,9 @@
  * fit_run on every rank; under ddp the launcher re-executes this same
  * command line for the other ranks, which repeat the checks (cheap) and join.
  * Exit codes: 0 done; 1 failed while running (including a checkpoint that
- * does not fit the model, named tensor by tensor); 2 bad usage. */
+ * does not fit the model, named tensor by tensor) or for want of memory or
+ * I/O before; 2 bad usage (flags, or devices/strategy/precision that
+ * fg_fabric_new refuses as invalid, unsupported or mismatched). */
 #include <string.h>
 
 #include "fit.h"
@@ -25,8 +27,11 @@ int cmd_fit(int argc, char **argv) {
         .seed = (uint64_t)o.seed,
     });
     if (!f) {
+        /* bad devices/strategy/precision: usage; anything else (memory, I/O) a failure */
+        fg_status s = fg_last_status();
         cli_error("%s", fg_last_error());
-        return FG_EXIT_USAGE;
+        bool usage = s == FG_EINVAL || s == FG_EUNSUPPORTED || s == FG_EMISMATCH;
+        return usage ? FG_EXIT_USAGE : FG_EXIT_FAIL;
     }
     const fg_launch_plan *plan = fg_fabric_plan(f);
     if (plan->rank <= 0) { /* rank 0, or the parent of forked ranks */
