@@ -117,7 +117,8 @@ static void value_range(fg_dtype dt, int64_t *lo, int64_t *span) {
 static int64_t g_lo, g_span; /* value_range of the run's dtype */
 
 static double value(int r, size_t i) {
-    uint64_t h = ((uint64_t)i + 1) * 0x9E3779B97F4A7C15ull ^ ((uint64_t)r + 1) * 0xC2B2AE3D27D4EB4Full;
+    uint64_t h =
+        ((uint64_t)i + 1) * 0x9E3779B97F4A7C15ull ^ ((uint64_t)r + 1) * 0xC2B2AE3D27D4EB4Full;
     h ^= h >> 29;
     h *= 0xBF58476D1CE4E5B9ull;
     h ^= h >> 32;
@@ -179,8 +180,8 @@ static long check(const opts *o, const void *out, size_t n, size_t k, int rank, 
                 "comm_bench: %s %s%s%s, %zu bytes, %d ranks: rank %d has %ld of %zu elements "
                 "wrong (first: element %zu is %.17g, expected %.17g)\n",
                 o->op, fg_dtype_name(g_dt), is_reduction(o->op) ? " " : "",
-                is_reduction(o->op) ? fg_reduce_op_name(g_redop) : "", bytes, size, rank, wrong,
-                n, first, first_got, first_want);
+                is_reduction(o->op) ? fg_reduce_op_name(g_redop) : "", bytes, size, rank, wrong, n,
+                first, first_got, first_want);
     return wrong;
 }
 
@@ -284,12 +285,14 @@ static int fg_bc(void *c, long *v) { return fg_failed(fg_comm_broadcast(c, v, v,
 static int fg_mx(void *c, double *v) {
     return fg_failed(fg_comm_allreduce(c, v, v, 1, FG_F64, FG_MAX));
 }
-static int fg_sum(void *c, long *v) { return fg_failed(fg_comm_allreduce(c, v, v, 1, FG_I64, FG_SUM)); }
+static int fg_sum(void *c, long *v) {
+    return fg_failed(fg_comm_allreduce(c, v, v, 1, FG_I64, FG_SUM));
+}
 static int fg_bar(void *c) { return fg_failed(fg_comm_barrier(c)); }
 
 static int fg_time_sizes(const opts *o, fg_comm *c) {
-    runner r = {fg_ar, fg_ar, fg_bc, fg_mx, fg_sum, fg_bar, c, fg_comm_rank(c), fg_comm_size(c),
-                false};
+    runner r = {fg_ar,  fg_ar, fg_bc,           fg_mx,           fg_sum,
+                fg_bar, c,     fg_comm_rank(c), fg_comm_size(c), false};
     if (!strcmp(o->op, "reduce_scatter")) r.run = fg_rs;
     if (!strcmp(o->op, "allgather")) r.run = fg_ag;
     if (!strcmp(o->op, "broadcast")) r.run = fg_bcast;
@@ -337,8 +340,12 @@ static int run_shm(const opts *o) {
     for (int r = 0; r < n; r++) {
         pids[r] = fork();
         if (pids[r] == 0) {
-            fg_cluster_info mine = {.rank = r, .world_size = n, .local_rank = r,
-                                    .local_world_size = n, .node_rank = 0, .num_nodes = 1,
+            fg_cluster_info mine = {.rank = r,
+                                    .world_size = n,
+                                    .local_rank = r,
+                                    .local_world_size = n,
+                                    .node_rank = 0,
+                                    .num_nodes = 1,
                                     .source = "comm_bench"};
             snprintf(mine.job_id, sizeof mine.job_id, "bench-%d", (int)getppid());
             if (r != 0) { /* only rank 0 prints */
@@ -371,7 +378,9 @@ static MPI_Datatype mpi_dtype(void) {
     default: return MPI_DATATYPE_NULL; /* bf16, f16: refused in main */
     }
 }
-static MPI_Op mpi_op(void) { return g_redop == FG_MIN ? MPI_MIN : g_redop == FG_MAX ? MPI_MAX : MPI_SUM; }
+static MPI_Op mpi_op(void) {
+    return g_redop == FG_MIN ? MPI_MIN : g_redop == FG_MAX ? MPI_MAX : MPI_SUM;
+}
 static int mpi_ar(void *c, void *s, void *r, size_t n) {
     return MPI_Allreduce(s, r, (int)n, mpi_dtype(), mpi_op(), *(MPI_Comm *)c) != MPI_SUCCESS;
 }
@@ -392,7 +401,9 @@ static int mpi_bcast(void *c, void *s, void *r, size_t n) {
     (void)s;
     return MPI_Bcast(r, (int)n, mpi_dtype(), 0, *(MPI_Comm *)c) != MPI_SUCCESS;
 }
-static int mpi_bc(void *c, long *v) { return MPI_Bcast(v, 1, MPI_LONG, 0, *(MPI_Comm *)c) != MPI_SUCCESS; }
+static int mpi_bc(void *c, long *v) {
+    return MPI_Bcast(v, 1, MPI_LONG, 0, *(MPI_Comm *)c) != MPI_SUCCESS;
+}
 static int mpi_mx(void *c, double *v) {
     return MPI_Allreduce(MPI_IN_PLACE, v, 1, MPI_DOUBLE, MPI_MAX, *(MPI_Comm *)c) != MPI_SUCCESS;
 }
@@ -429,7 +440,8 @@ static int run_mpi(const opts *o) {
  * bytes of the copy that differ from the source. */
 static int run_memcpy(const opts *o) {
     int n = o->ranks;
-    volatile int *flag = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    volatile int *flag =
+        mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     double *times = (double *)(flag + 16);
     volatile long *wrongs = (volatile long *)(times + 64);
     long all_wrong = 0;
@@ -481,8 +493,14 @@ static int run_memcpy(const opts *o) {
 }
 
 int main(int argc, char **argv) {
-    opts o = {.backend = "shm", .ranks = 2, .min = 8, .max = 16u << 20, .time_s = 0.1,
-              .op = "allreduce", .dt = FG_F32, .redop = FG_SUM};
+    opts o = {.backend = "shm",
+              .ranks = 2,
+              .min = 8,
+              .max = 16u << 20,
+              .time_s = 0.1,
+              .op = "allreduce",
+              .dt = FG_F32,
+              .redop = FG_SUM};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json")) o.json = true;
@@ -494,8 +512,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--op") && v) o.op = argv[++i];
         else if (!strcmp(a, "--dtype") && v) {
             if (fg_dtype_parse(argv[++i], &o.dt) != FG_OK) {
-                fprintf(stderr, "comm_bench: --dtype %s: expected f64, f32, bf16, f16, i32, i64, "
-                                "u8 or u16\n", argv[i]);
+                fprintf(stderr,
+                        "comm_bench: --dtype %s: expected f64, f32, bf16, f16, i32, i64, "
+                        "u8 or u16\n",
+                        argv[i]);
                 return 2;
             }
         } else if (!strcmp(a, "--redop") && v) {
@@ -508,11 +528,10 @@ int main(int argc, char **argv) {
                 return 2;
             }
         } else {
-            fprintf(stderr,
-                    "usage: comm_bench [--backend shm|mpi|fulgur-mpi|memcpy] [--ranks N] "
-                    "[--op allreduce|reduce_scatter|allgather|broadcast] "
-                    "[--dtype f64|f32|bf16|f16|i32|i64|u8|u16] [--redop sum|min|max] "
-                    "[--min BYTES] [--max BYTES] [--time SECONDS_PER_SIZE] [--json]\n");
+            fprintf(stderr, "usage: comm_bench [--backend shm|mpi|fulgur-mpi|memcpy] [--ranks N] "
+                            "[--op allreduce|reduce_scatter|allgather|broadcast] "
+                            "[--dtype f64|f32|bf16|f16|i32|i64|u8|u16] [--redop sum|min|max] "
+                            "[--min BYTES] [--max BYTES] [--time SECONDS_PER_SIZE] [--json]\n");
             return 2;
         }
     }

@@ -34,9 +34,10 @@ static float *frand(int64_t n, uint64_t seed) {
 static void emit(const char *name, const char *shape, double flops, double tf, double tb,
                  const char *extra) {
     double gf = flops / tf * 1e-9, gb = flops / tb * 1e-9;
-    printf("{\"name\": \"%s\", \"shape\": \"%s\", \"fulgur\": %.1f, \"baseline\": %.1f, "
-           "\"unit\": \"GFLOP/s\", \"ratio\": %.3f, \"fulgur_ms\": %.3f, \"baseline_ms\": %.3f%s}\n",
-           name, shape, gf, gb, gf / gb, tf * 1e3, tb * 1e3, extra ? extra : "");
+    printf(
+        "{\"name\": \"%s\", \"shape\": \"%s\", \"fulgur\": %.1f, \"baseline\": %.1f, "
+        "\"unit\": \"GFLOP/s\", \"ratio\": %.3f, \"fulgur_ms\": %.3f, \"baseline_ms\": %.3f%s}\n",
+        name, shape, gf, gb, gf / gb, tf * 1e3, tb * 1e3, extra ? extra : "");
     fflush(stdout);
 }
 
@@ -51,8 +52,8 @@ typedef struct {
 static double run_raw_linear(lin_case *c) {
     double t0 = fg_time();
     int R = (int)c->R, in = (int)c->in, out = (int)c->out;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, out, in, 1, c->x, in, c->w, in, 0,
-                c->y, out);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, out, in, 1, c->x, in, c->w, in, 0, c->y,
+                out);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, in, out, 1, c->dy, out, c->w, in, 1,
                 c->dx, in);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, R, 1, c->dy, out, c->x, in, 1,
@@ -72,8 +73,16 @@ static double run_seed_only(const fg_tensor *seed) {
 }
 
 static void bench_linear(int64_t R, int64_t in, int64_t out, bool matmul) {
-    lin_case c = {R, in, out, frand(R * in, 1), frand(out * in, 2), frand(out, 3),
-                  frand(R * out, 4), frand(R * in, 5), frand(out * in, 6), frand(out, 7),
+    lin_case c = {R,
+                  in,
+                  out,
+                  frand(R * in, 1),
+                  frand(out * in, 2),
+                  frand(out, 3),
+                  frand(R * out, 4),
+                  frand(R * in, 5),
+                  frand(out * in, 6),
+                  frand(out, 7),
                   frand(R * out, 8)};
     int64_t xs[] = {R / 128, 128, in}, ws[] = {out, in}, wts[] = {in, out}, bs[] = {out},
             ys[] = {R / 128, 128, out};
@@ -148,15 +157,19 @@ static double run_unfused_attention(const float *qkv, const float *dy, float *y,
         for (int h = 0; h < H; h++) {
             const float *q = qkv + (int64_t)b * T * ld + h * hs, *k = q + C, *v = q + 2 * C;
             float *dq = dqkv + (int64_t)b * T * ld + h * hs, *dk = dq + C, *dv = dq + 2 * C;
-            const float *g = dy + (int64_t)b * T * C + h * hs, *yb = y + (int64_t)b * T * C + h * hs;
+            const float *g = dy + (int64_t)b * T * C + h * hs,
+                        *yb = y + (int64_t)b * T * C + h * hs;
             const float *p = P + ((int64_t)b * H + h) * T * T;
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1, p, T, g, C, 1, dv, ld);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1, g, C, v, ld, 0, dP, T);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1, p, T, g, C, 1, dv,
+                        ld);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1, g, C, v, ld, 0, dP,
+                        T);
             for (int t = 0; t < T; t++) {
                 float d = 0;
                 for (int c = 0; c < hs; c++) d += g[(int64_t)t * C + c] * yb[(int64_t)t * C + c];
                 for (int j = 0; j < T; j++)
-                    dP[(int64_t)t * T + j] = p[(int64_t)t * T + j] * (dP[(int64_t)t * T + j] - d) * sc;
+                    dP[(int64_t)t * T + j] =
+                        p[(int64_t)t * T + j] * (dP[(int64_t)t * T + j] - d) * sc;
             }
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1, dP, T, k, ld, 1, dq,
                         ld);
@@ -258,7 +271,8 @@ static void bench_dnnl(int64_t M, int64_t K, int64_t N, bool at, bool bt, const 
     DN(dnnl_memory_create(&cm, &cmd, eng, c));
     dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
     int64_t ash[] = {at ? K : M, at ? M : K}, bsh[] = {bt ? N : K, bt ? K : N}, csh[] = {M, N};
-    fg_tensor *ta = fg_tensor_wrap(a16, FG_BF16, 2, ash), *tb = fg_tensor_wrap(b16, FG_BF16, 2, bsh);
+    fg_tensor *ta = fg_tensor_wrap(a16, FG_BF16, 2, ash),
+              *tb = fg_tensor_wrap(b16, FG_BF16, 2, bsh);
     fg_tensor *tc = fg_tensor_wrap(c, FG_F32, 2, csh);
     double best_d = 1e30, best_s = 1e30, best_cv = 1e30, best_f = 1e30;
     int lda = at ? (int)M : (int)K, ldb = bt ? (int)K : (int)N;
@@ -319,8 +333,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "gemm_bench: %d thread(s), %s, OPENBLAS_CORETYPE=%s, %s\n", threads,
             fg_ops_blas_info(), getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "unset",
             openblas_get_config());
-    static const int64_t shapes[][3] = {{2048, 256, 768}, {2048, 256, 1024}, {2048, 1024, 256},
-                                        {2048, 256, 256}};
+    static const int64_t shapes[][3] = {
+        {2048, 256, 768}, {2048, 256, 1024}, {2048, 1024, 256}, {2048, 256, 256}};
     const char *only = argc > 2 ? argv[2] : "";
 #define WANT(s) (strstr(s, only) != NULL)
     for (int i = 0; WANT("linear") && i < 4; i++)

@@ -116,8 +116,14 @@ static void ln_bwd_base(void *p) {
     }
 }
 
-static void gelu_fwd(void *p) { ctx *c = p; ops->gelu_fwd(c->x, c->y); }
-static void gelu_bwd(void *p) { ctx *c = p; ops->gelu_bwd(c->x, c->dy, c->dx); }
+static void gelu_fwd(void *p) {
+    ctx *c = p;
+    ops->gelu_fwd(c->x, c->y);
+}
+static void gelu_bwd(void *p) {
+    ctx *c = p;
+    ops->gelu_bwd(c->x, c->dy, c->dx);
+}
 #define GS 0.7978845608f
 static void gelu_fwd_base(void *p) {
     ctx *c = p;
@@ -166,7 +172,10 @@ static void ce_base(void *p) {
     *F(c->loss) = (float)(loss / N);
 }
 
-static void sm_fwd(void *p) { ctx *c = p; ops->softmax_fwd(c->x, c->y); }
+static void sm_fwd(void *p) {
+    ctx *c = p;
+    ops->softmax_fwd(c->x, c->y);
+}
 static void sm_fwd_base(void *p) {
     ctx *c = p;
     int64_t N = c->N, C = c->C;
@@ -180,8 +189,14 @@ static void sm_fwd_base(void *p) {
     }
 }
 
-static void emb_fwd(void *p) { ctx *c = p; ops->embedding_fwd(c->idx, c->wte, c->y); }
-static void emb_bwd(void *p) { ctx *c = p; ops->embedding_bwd(c->idx, c->dy, c->dw); }
+static void emb_fwd(void *p) {
+    ctx *c = p;
+    ops->embedding_fwd(c->idx, c->wte, c->y);
+}
+static void emb_bwd(void *p) {
+    ctx *c = p;
+    ops->embedding_bwd(c->idx, c->dy, c->dw);
+}
 static void emb_fwd_base(void *p) {
     ctx *c = p;
     const int32_t *ix = fg_tensor_data(c->idx);
@@ -196,7 +211,10 @@ static void emb_bwd_base(void *p) {
         for (int64_t j = 0; j < c->C; j++) dw[ix[i] * c->C + j] += dy[i * c->C + j];
 }
 
-static void drop_fwd(void *p) { ctx *c = p; ops->dropout_fwd(c->x, 0.1, 42, 1000, c->y); }
+static void drop_fwd(void *p) {
+    ctx *c = p;
+    ops->dropout_fwd(c->x, 0.1, 42, 1000, c->y);
+}
 static void drop_fwd_base(void *p) {
     ctx *c = p;
     int64_t n = fg_tensor_numel(c->x);
@@ -206,7 +224,10 @@ static void drop_fwd_base(void *p) {
         y[i] = fg_rng_u32_at(42, 1000 + (uint64_t)i) >= 429496730u ? x[i] * sc : 0.0f;
 }
 
-static void sum0(void *p) { ctx *c = p; ops->sum_dim(c->x, 0, c->db, 1.0); }
+static void sum0(void *p) {
+    ctx *c = p;
+    ops->sum_dim(c->x, 0, c->db, 1.0);
+}
 static void sum0_base(void *p) {
     ctx *c = p;
     float *x = F(c->x), *o = F(c->db);

@@ -31,8 +31,8 @@ static int run(fg_fabric *f, void *arg) {
     int64_t B = a->batch ? a->batch : gpt ? 16 : 256, T = 128, V = 65;
     fg_tensor *x, *y;
     if (gpt) {
-        model = fg_gpt_new(&(fg_gpt_config){.vocab = V, .ctx = T, .layers = 4, .heads = 4,
-                                            .embd = 256, .seed = 0});
+        model = fg_gpt_new(&(fg_gpt_config){
+            .vocab = V, .ctx = T, .layers = 4, .heads = 4, .embd = 256, .seed = 0});
         opt = fg_adamw_new(model, &(fg_adamw_opts){.lr = 3e-4, .weight_decay = 0.1});
         int64_t shape[2] = {B, T};
         x = fg_tensor_new(FG_I32, 2, shape);
@@ -43,14 +43,16 @@ static int run(fg_fabric *f, void *arg) {
             ((int32_t *)fg_tensor_data(y))[i] = (int32_t)fg_rng_below(&r, (uint64_t)V);
         }
     } else {
-        model = fg_mlp_new(&(fg_mlp_config){.sizes = {784, 1024, 1024, 10}, .nlayers = 3, .seed = 0});
+        model =
+            fg_mlp_new(&(fg_mlp_config){.sizes = {784, 1024, 1024, 10}, .nlayers = 3, .seed = 0});
         opt = fg_sgd_new(model, &(fg_sgd_opts){.lr = 0.01, .momentum = 0.9});
         int64_t xs[2] = {B, 784}, ys[1] = {B};
         x = fg_tensor_new(FG_F32, 2, xs);
         y = fg_tensor_new(FG_I32, 1, ys);
         fg_rng_fill_normal(1, 0, fg_tensor_data(x), B * 784, 0, 1);
         fg_rng r = {2, 0};
-        for (int64_t i = 0; i < B; i++) ((int32_t *)fg_tensor_data(y))[i] = (int32_t)fg_rng_below(&r, 10);
+        for (int64_t i = 0; i < B; i++)
+            ((int32_t *)fg_tensor_data(y))[i] = (int32_t)fg_rng_below(&r, 10);
     }
     if (!model || !opt || fg_fabric_setup(f, model, opt) != FG_OK) {
         fprintf(stderr, "train_bench: %s\n", fg_last_error());
@@ -62,7 +64,8 @@ static int run(fg_fabric *f, void *arg) {
         fg_optimizer_zero_grad(opt);
         fg_tensor *loss = fg_cross_entropy(fg_module_forward(model, x), y, -100);
         if (!loss || fg_fabric_backward(f, loss) != FG_OK || fg_optimizer_step(opt) != FG_OK) {
-            fprintf(stderr, "train_bench: rank %d: %s\n", fg_fabric_global_rank(f), fg_last_error());
+            fprintf(stderr, "train_bench: rank %d: %s\n", fg_fabric_global_rank(f),
+                    fg_last_error());
             return 1;
         }
         fg_fabric_step_end(f);
@@ -76,11 +79,12 @@ static int run(fg_fabric *f, void *arg) {
     getrusage(RUSAGE_SELF, &ru);
     double items = (double)(gpt ? B * T : B) * fg_fabric_world_size(f);
     if (fg_fabric_is_global_zero(f))
-        printf("{\"model\": \"%s\", \"mode\": \"%s%d\", \"ms_per_step\": %.3f, \"items_per_s\": %.1f, "
-               "\"unit\": \"%s\", \"peak_rss_mb\": %.1f, \"blas\": \"%s\"}\n",
-               a->model, fg_fabric_world_size(f) > 1 ? "ddp" : "single", fg_fabric_world_size(f), ms,
-               items / (ms / 1e3), gpt ? "tokens/s" : "samples/s", ru.ru_maxrss / 1024.0,
-               fg_ops_blas_info());
+        printf(
+            "{\"model\": \"%s\", \"mode\": \"%s%d\", \"ms_per_step\": %.3f, \"items_per_s\": %.1f, "
+            "\"unit\": \"%s\", \"peak_rss_mb\": %.1f, \"blas\": \"%s\"}\n",
+            a->model, fg_fabric_world_size(f) > 1 ? "ddp" : "single", fg_fabric_world_size(f), ms,
+            items / (ms / 1e3), gpt ? "tokens/s" : "samples/s", ru.ru_maxrss / 1024.0,
+            fg_ops_blas_info());
     free(times);
     fg_tensor_free(x);
     fg_tensor_free(y);
@@ -111,8 +115,9 @@ int main(int argc, char **argv) {
     }
     char dev[16];
     snprintf(dev, sizeof dev, "%d", a.devices);
-    fg_fabric *f = fg_fabric_new(&(fg_fabric_config){
-        .devices = dev, .strategy = a.devices > 1 ? "ddp" : "single", .threads_per_rank = a.threads});
+    fg_fabric *f = fg_fabric_new(&(fg_fabric_config){.devices = dev,
+                                                     .strategy = a.devices > 1 ? "ddp" : "single",
+                                                     .threads_per_rank = a.threads});
     if (!f) {
         fprintf(stderr, "train_bench: %s\n", fg_last_error());
         return 2;

@@ -39,7 +39,10 @@ static fg_status sample(void *ud, int64_t i, void *x_out, void *y_out) {
     }
     return FG_OK;
 }
-static int64_t length(void *ud) { (void)ud; return 4096; }
+static int64_t length(void *ud) {
+    (void)ud;
+    return 4096;
+}
 static void spec(void *ud, fg_sample_spec *x, fg_sample_spec *y) {
     (void)ud;
     *x = (fg_sample_spec){.dtype = FG_F32, .ndim = 1, .shape = {DIM}};
@@ -59,9 +62,10 @@ static int run(fg_fabric *f, void *arg) {
     opts *o = arg;
     fg_module *model = make_model();
     fg_optimizer *opt = fg_sgd_new(model, &(fg_sgd_opts){.lr = 0.1, .momentum = 0.9});
-    fg_dataset *ds = fg_dataset_new(&(fg_dataset_ops){length, spec, sample, NULL}, NULL, "synthetic");
-    fg_dataloader *dl = fg_dataloader_new(ds, &(fg_loader_opts){.batch = o->batch, .shuffle = true,
-                                                                .seed = 7, .drop_last = true});
+    fg_dataset *ds =
+        fg_dataset_new(&(fg_dataset_ops){length, spec, sample, NULL}, NULL, "synthetic");
+    fg_dataloader *dl = fg_dataloader_new(
+        ds, &(fg_loader_opts){.batch = o->batch, .shuffle = true, .seed = 7, .drop_last = true});
     if (!model || !opt || !dl || fg_fabric_setup(f, model, opt) != FG_OK ||
         !fg_fabric_setup_dataloader(f, dl, true))
         return 1;
@@ -75,7 +79,8 @@ static int run(fg_fabric *f, void *arg) {
             if (fg_fabric_training_step(f, b, step_loss, NULL, model, &loss) != FG_OK) return 1;
             fg_optimizer_step(opt);
             loss = fg_fabric_reduce_scalar(f, loss, FG_AVG);
-            if (step % 50 == 0) fg_fabric_print(f, "step %3lld  loss %.4f\n", (long long)step, loss);
+            if (step % 50 == 0)
+                fg_fabric_print(f, "step %3lld  loss %.4f\n", (long long)step, loss);
             fg_fabric_step_end(f);
         }
         if (fg_dataloader_status(dl) != FG_OK) return 1;
@@ -101,8 +106,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--steps") && v) o.steps = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--save") && v) o.save = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--devices D] [--strategy S] [--batch B] [--steps N] "
-                            "[--save FILE]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--devices D] [--strategy S] [--batch B] [--steps N] "
+                    "[--save FILE]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -118,9 +125,9 @@ int main(int argc, char **argv) {
         /* The parent holds the trained model, unlike Lightning's ddp_spawn. */
         fg_module *model = make_model();
         if (fg_fabric_spawn_result(f, model, NULL) == FG_OK)
-            rc = fg_fabric_save(f, o.save, &(fg_train_state){.model = model, .step = o.steps}) != FG_OK;
-        else
-            rc = 1;
+            rc = fg_fabric_save(f, o.save, &(fg_train_state){.model = model, .step = o.steps}) !=
+                 FG_OK;
+        else rc = 1;
         if (rc) fprintf(stderr, "fabric_mlp: %s\n", fg_last_error());
         fg_module_free(model);
     }

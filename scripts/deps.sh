@@ -45,5 +45,7 @@ fg_need_packages() {
 # What the library builds against (OpenBLAS's OpenMP flavour: one threading
 # runtime for OpenBLAS and fulgur's kernels), and what the tests use.
 FG_BUILD_PACKAGES="libopenblas-openmp-dev libdnnl-dev libopenmpi-dev openmpi-bin libjansson-dev pkg-config"
+# What only the test suite needs beyond that (the formatting check).
+FG_TEST_PACKAGES="clang-format"
 
 fg_jobs() { nproc 2>/dev/null || echo 2; }

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/deps.sh
-fg_need_packages $FG_BUILD_PACKAGES
+fg_need_packages $FG_BUILD_PACKAGES $FG_TEST_PACKAGES
 
 # mpirun refuses root without these (CI runs as root).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -67,8 +67,7 @@ static inline void fg_test_register_(const char *name, fg_test_fn fn) {
 #define CHECK_OK(expr)                                                                             \
     do {                                                                                           \
         fg_status s_ = (expr);                                                                     \
-        if (s_ != FG_OK)                                                                           \
-            FG_FAIL_("%s -> %s: %s", #expr, fg_status_str(s_), fg_last_error());                   \
+        if (s_ != FG_OK) FG_FAIL_("%s -> %s: %s", #expr, fg_status_str(s_), fg_last_error());      \
     } while (0)
 
 /* Checks that an expression returns a given status (and a message was left). */
@@ -141,8 +140,7 @@ static inline int fg_test_fork_ranks(int n, int (*fn)(int rank, int n, void *arg
                     failed++;
                     if (WIFSIGNALED(st))
                         fprintf(stderr, "  rank %d killed by signal %d\n", r, WTERMSIG(st));
-                    else
-                        fprintf(stderr, "  rank %d exited with %d\n", r, WEXITSTATUS(st));
+                    else fprintf(stderr, "  rank %d exited with %d\n", r, WEXITSTATUS(st));
                 }
             }
         }
@@ -166,10 +164,8 @@ static inline int fg_test_fork_ranks(int n, int (*fn)(int rank, int n, void *arg
 static inline const char *fg_test_path(const char *rel) {
     static char buf[4096];
     const char *src = getenv("FULGUR_SOURCE_DIR");
-    if (src)
-        snprintf(buf, sizeof buf, "%s/tests/%s", src, rel);
-    else
-        snprintf(buf, sizeof buf, "%s", rel);
+    if (src) snprintf(buf, sizeof buf, "%s/tests/%s", src, rel);
+    else snprintf(buf, sizeof buf, "%s", rel);
     return buf;
 }
 

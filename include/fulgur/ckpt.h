@@ -127,13 +127,13 @@ typedef struct fg_st_info {
     const char *name;
     const char *dtype_name; /* as in the file: "F32", "BF16", "BOOL", ... */
     fg_dtype dtype;         /* FG_DTYPE_DEFAULT when fulgur lacks the file's dtype */
-    bool has_dtype;         /* false for safetensors dtypes fulgur lacks (BOOL, I8, U32, F8_*, ...) */
-    size_t elem_size;       /* bytes per element */
-    int ndim;               /* 0..FG_ST_MAX_NDIM */
-    const int64_t *shape;   /* ndim entries */
-    int64_t numel;          /* product of shape (1 for ndim 0) */
-    size_t nbytes;          /* numel * elem_size */
-    size_t offset;          /* of the bytes, from the start of the data buffer */
+    bool has_dtype;       /* false for safetensors dtypes fulgur lacks (BOOL, I8, U32, F8_*, ...) */
+    size_t elem_size;     /* bytes per element */
+    int ndim;             /* 0..FG_ST_MAX_NDIM */
+    const int64_t *shape; /* ndim entries */
+    int64_t numel;        /* product of shape (1 for ndim 0) */
+    size_t nbytes;        /* numel * elem_size */
+    size_t offset;        /* of the bytes, from the start of the data buffer */
 } fg_st_info;
 
 /* Opens and checks the safetensors file at `path` (memory-mapped read-only).

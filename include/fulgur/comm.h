@@ -43,12 +43,12 @@ extern "C" {
 /* Where this process stands in the job: a plain value, filled by
  * fg_cluster_detect or by a launcher (custom cluster environments). */
 typedef struct fg_cluster_info {
-    int rank;             /* 0 .. world_size-1 */
-    int world_size;       /* >= 1 */
-    int local_rank;       /* rank among the processes of this machine */
-    int local_world_size; /* processes on this machine */
-    int node_rank;        /* 0 .. num_nodes-1 */
-    int num_nodes;        /* >= 1 */
+    int rank;                              /* 0 .. world_size-1 */
+    int world_size;                        /* >= 1 */
+    int local_rank;                        /* rank among the processes of this machine */
+    int local_world_size;                  /* processes on this machine */
+    int node_rank;                         /* 0 .. num_nodes-1 */
+    int num_nodes;                         /* >= 1 */
     char master_addr[FG_CLUSTER_ADDR_MAX]; /* "" if unknown */
     int master_port;                       /* 0 if unknown */
     char job_id[FG_CLUSTER_JOB_MAX];       /* "" if unknown; names shm segments */
@@ -160,7 +160,7 @@ FG_API const char *fg_comm_backend_name(const fg_comm *c); /* "shm", "mpi", "ncc
 /* Whether this build of fulgur has the backend (shm always; mpi when built
  * with Open MPI; nccl not yet). Thread-safe. */
 FG_API bool fg_comm_backend_built(fg_comm_backend_kind kind);
-FG_API const char *fg_reduce_op_name(fg_reduce_op op);     /* "sum", ...; "?" if invalid */
+FG_API const char *fg_reduce_op_name(fg_reduce_op op); /* "sum", ...; "?" if invalid */
 
 /* ---------------------------------------------------------- collectives
  *
@@ -191,8 +191,8 @@ FG_API fg_status fg_comm_allreduce(fg_comm *c, const void *send, void *recv, int
 /* send has size*recvcount elements; rank r receives the reduction of block r
  * (elements r*recvcount .. (r+1)*recvcount-1) in recv (recvcount elements).
  * In place: recv == send + rank*recvcount elements (NCCL's convention). */
-FG_API fg_status fg_comm_reduce_scatter(fg_comm *c, const void *send, void *recv,
-                                        int64_t recvcount, fg_dtype dt, fg_reduce_op op);
+FG_API fg_status fg_comm_reduce_scatter(fg_comm *c, const void *send, void *recv, int64_t recvcount,
+                                        fg_dtype dt, fg_reduce_op op);
 
 /* recv (size*sendcount elements) gets every rank's send (sendcount
  * elements) in rank order. In place: send == recv + rank*sendcount elements. */

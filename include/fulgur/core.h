@@ -165,10 +165,10 @@ typedef struct fg_arena fg_arena;
 
 FG_API fg_arena *fg_arena_new(size_t chunk_bytes); /* 0 = 4 MiB chunks */
 FG_API void fg_arena_free(fg_arena *a);
-FG_API void *fg_arena_alloc(fg_arena *a, size_t size);   /* NULL + FG_ENOMEM */
-FG_API void fg_arena_reset(fg_arena *a);                  /* keeps one chunk for reuse */
-FG_API size_t fg_arena_used(const fg_arena *a);           /* bytes handed out since reset */
-FG_API size_t fg_arena_peak(const fg_arena *a);           /* high-water mark of fg_arena_used */
+FG_API void *fg_arena_alloc(fg_arena *a, size_t size); /* NULL + FG_ENOMEM */
+FG_API void fg_arena_reset(fg_arena *a);               /* keeps one chunk for reuse */
+FG_API size_t fg_arena_used(const fg_arena *a);        /* bytes handed out since reset */
+FG_API size_t fg_arena_peak(const fg_arena *a);        /* high-water mark of fg_arena_used */
 
 /* ------------------------------------------------------------------- rng */
 
@@ -184,8 +184,8 @@ FG_API void fg_philox(uint64_t seed, uint64_t counter, uint32_t out[4]);
 /* The 32-bit draw number `index` of stream `seed`. */
 FG_API uint32_t fg_rng_u32_at(uint64_t seed, uint64_t index);
 FG_API uint32_t fg_rng_u32(fg_rng *r);
-FG_API float fg_rng_uniform(fg_rng *r);            /* [0, 1) */
-FG_API double fg_rng_normal(fg_rng *r);            /* mean 0, std 1 (Box-Muller) */
+FG_API float fg_rng_uniform(fg_rng *r);              /* [0, 1) */
+FG_API double fg_rng_normal(fg_rng *r);              /* mean 0, std 1 (Box-Muller) */
 FG_API uint64_t fg_rng_below(fg_rng *r, uint64_t n); /* uniform in [0, n), n > 0 */
 /* Fills n floats: element i is a pure function of (seed, offset + i). */
 FG_API void fg_rng_fill_uniform(uint64_t seed, uint64_t offset, float *out, int64_t n);

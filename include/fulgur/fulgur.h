@@ -2,17 +2,17 @@
 #ifndef FULGUR_H
 #define FULGUR_H
 
-#include "fulgur/core.h"
-#include "fulgur/tensor.h"
-#include "fulgur/ops.h"
 #include "fulgur/autograd.h"
-#include "fulgur/nn.h"
-#include "fulgur/optim.h"
-#include "fulgur/data.h"
-#include "fulgur/comm.h"
 #include "fulgur/ckpt.h"
-#include "fulgur/strategy.h"
+#include "fulgur/comm.h"
+#include "fulgur/core.h"
+#include "fulgur/data.h"
 #include "fulgur/fabric.h"
 #include "fulgur/launch.h"
+#include "fulgur/nn.h"
+#include "fulgur/ops.h"
+#include "fulgur/optim.h"
+#include "fulgur/strategy.h"
+#include "fulgur/tensor.h"
 
 #endif

@@ -181,23 +181,24 @@ typedef struct fg_launch_opts {
 /* How the job runs, from fg_launch_plan_make. */
 typedef struct fg_launch_plan {
     fg_accelerator accelerator;
-    fg_devices devices;          /* per node */
-    fg_strategy_kind strategy;   /* "auto" resolved */
+    fg_devices devices;        /* per node */
+    fg_strategy_kind strategy; /* "auto" resolved */
     fg_precision_kind precision;
     int num_nodes;
     fg_launcher launcher;
-    bool launched;         /* the environment says a launcher already started this process */
-    int world_size;        /* ranks in the job (1 for single and dp) */
-    int local_world_size;  /* ranks on this node */
-    int rank;              /* this process's global rank once launched; -1 for the
-                              parent of a fork launch, which is no rank */
-    int local_rank;        /* likewise, on this node */
+    bool launched;        /* the environment says a launcher already started this process */
+    int world_size;       /* ranks in the job (1 for single and dp) */
+    int local_world_size; /* ranks on this node */
+    int rank;             /* this process's global rank once launched; -1 for the
+                             parent of a fork launch, which is no rank */
+    int local_rank;       /* likewise, on this node */
     int node_rank;
-    int threads_per_rank;  /* kernel threads of each rank (dp: of the one process) */
-    const char *threads_from; /* "threads_per_rank", "FULGUR_NUM_THREADS" or "cores / local ranks" */
-    fg_cluster_info cluster;  /* what this process will be: the environment's
-                                 when launched, else what the launcher gives it
-                                 (job_id "" and master_port 0 until it launches) */
+    int threads_per_rank; /* kernel threads of each rank (dp: of the one process) */
+    const char
+        *threads_from;       /* "threads_per_rank", "FULGUR_NUM_THREADS" or "cores / local ranks" */
+    fg_cluster_info cluster; /* what this process will be: the environment's
+                                when launched, else what the launcher gives it
+                                (job_id "" and master_port 0 until it launches) */
 } fg_launch_plan;
 
 /* Makes the plan.
@@ -259,7 +260,7 @@ FG_API void fg_launch_new_job_id(char *buf, size_t cap);
 
 /* How one rank's process ended. */
 typedef struct fg_rank_exit {
-    int rank;   /* global rank; -1 when this describes nothing */
+    int rank; /* global rank; -1 when this describes nothing */
     int pid;
     int code;   /* exit code, or -1 when it was killed by a signal */
     int signal; /* the signal that killed it, else 0 */
@@ -301,11 +302,11 @@ typedef struct fg_job_spec {
      * NULL: this program again (/proc/self/exe) with this process's
      * arguments (/proc/self/cmdline), the re-exec launcher. Borrowed. */
     const char *const *argv;
-    int nprocs;           /* processes to start, >= 1 */
-    int first_local_rank; /* local rank of the first; 1 when the caller is local rank 0 */
-    int local_world_size; /* ranks on this node in all; 0 = first_local_rank + nprocs */
-    int node_rank;        /* 0 .. num_nodes-1 */
-    int num_nodes;        /* 0 = 1 */
+    int nprocs;              /* processes to start, >= 1 */
+    int first_local_rank;    /* local rank of the first; 1 when the caller is local rank 0 */
+    int local_world_size;    /* ranks on this node in all; 0 = first_local_rank + nprocs */
+    int node_rank;           /* 0 .. num_nodes-1 */
+    int num_nodes;           /* 0 = 1 */
     const char *master_addr; /* NULL = "127.0.0.1" */
     int master_port;         /* 0 = a free port of this machine */
     const char *job_id;      /* NULL = a fresh one (fg_launch_new_job_id) */
@@ -413,8 +414,8 @@ typedef struct fg_fork_opts {
 
 /* What fg_launch_fork hands back to the parent. */
 typedef struct fg_fork_result {
-    void *data;          /* rank 0's last fg_launch_send_result blob (fg_alloc'd, the
-                            caller frees it with fg_free), NULL if it sent none */
+    void *data; /* rank 0's last fg_launch_send_result blob (fg_alloc'd, the
+                   caller frees it with fg_free), NULL if it sent none */
     size_t len;
     fg_rank_exit failed; /* the first rank that failed; rank -1 if none */
 } fg_fork_result;

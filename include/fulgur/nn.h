@@ -327,12 +327,12 @@ FG_API fg_module *fg_mlp_new(const fg_mlp_config *c);
 typedef struct fg_gpt_config {
     int64_t vocab, ctx; /* vocabulary size, longest sequence (block_size) */
     int layers, heads;
-    int64_t embd;      /* a multiple of heads */
-    double dropout;    /* in [0, 1) */
-    bool no_bias;      /* Linears and LayerNorms without bias (nanoGPT's bias=False) */
-    uint64_t seed;     /* initialisation seed (dropout seeds derive from it);
-                          0 = fg_default_seed() */
-    fg_dtype dtype;    /* FG_F32 (default, 0) or FG_F64 */
+    int64_t embd;   /* a multiple of heads */
+    double dropout; /* in [0, 1) */
+    bool no_bias;   /* Linears and LayerNorms without bias (nanoGPT's bias=False) */
+    uint64_t seed;  /* initialisation seed (dropout seeds derive from it);
+                       0 = fg_default_seed() */
+    fg_dtype dtype; /* FG_F32 (default, 0) or FG_F64 */
 } fg_gpt_config;
 
 /* Builds and finalizes a GPT. Its forward takes idx i32 (B, T) with

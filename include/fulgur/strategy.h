@@ -38,7 +38,8 @@ FG_API bool fg_strategy_kind_is_ddp(fg_strategy_kind k);
 /* DDP's options (PyTorch's DistributedDataParallel arguments). */
 typedef struct fg_ddp_opts {
     double bucket_cap_mb;        /* 0 = 25; the first bucket is 1 MiB, as PyTorch */
-    bool find_unused_parameters; /* parameters without a gradient count as zero instead of an error */
+    bool find_unused_parameters; /* parameters without a gradient count as zero instead of an error
+                                  */
     bool static_graph;           /* the same parameters are used every step (no check) */
 } fg_ddp_opts;
 

@@ -58,9 +58,9 @@ const fg_op_table *fg__ops(const fg_tensor *t);
 
 /* Checks that a table entry exists, or sets FG_EUNSUPPORTED naming it. */
 #define FG_OP(ops, entry)                                                                          \
-    ((ops)->entry ? FG_OK                                                                          \
-                  : fg_error(FG_EUNSUPPORTED, "op %s is not available on %s", #entry,             \
-                             (ops)->device))
+    ((ops)->entry                                                                                  \
+         ? FG_OK                                                                                   \
+         : fg_error(FG_EUNSUPPORTED, "op %s is not available on %s", #entry, (ops)->device))
 
 /* The common checks at the top of a differentiable function: non-NULL and
  * float inputs on one device. */

@@ -16,8 +16,9 @@ fg_tensor *fg_causal_attention(fg_tensor *qkv, int heads) {
     char s[96];
     if (qkv->ndim != 3 || qkv->shape[2] % 3 != 0 || heads <= 0 ||
         (qkv->shape[2] / 3) % heads != 0 || qkv->shape[2] == 0) {
-        fg_error(FG_EINVAL, "causal_attention: qkv %s with %d heads: expected (B, T, 3C) with C a "
-                            "positive multiple of heads",
+        fg_error(FG_EINVAL,
+                 "causal_attention: qkv %s with %d heads: expected (B, T, 3C) with C a "
+                 "positive multiple of heads",
                  fg_tensor_describe(qkv, s, sizeof s), heads);
         return NULL;
     }

@@ -20,8 +20,9 @@ fg_tensor *fg_embedding(fg_tensor *idx, fg_tensor *weight) {
     if (fg__check_float("embedding", weight)) return NULL;
     char si[96], sw[96];
     if (idx->dtype != FG_I32 || weight->ndim != 2 || idx->ndim >= FG_MAX_DIMS) {
-        fg_error(FG_EINVAL, "embedding: idx %s, weight %s: expected i32 idx (...) with fewer than "
-                            "%d dims and weight (V, C)",
+        fg_error(FG_EINVAL,
+                 "embedding: idx %s, weight %s: expected i32 idx (...) with fewer than "
+                 "%d dims and weight (V, C)",
                  fg_tensor_describe(idx, si, sizeof si), fg_tensor_describe(weight, sw, sizeof sw),
                  FG_MAX_DIMS);
         return NULL;
@@ -32,7 +33,7 @@ fg_tensor *fg_embedding(fg_tensor *idx, fg_tensor *weight) {
     for (int d = 0; d < idx->ndim; d++) shape[d] = idx->shape[d];
     shape[idx->ndim] = C;
     fg_tensor *ic = fg_tensor_contiguous(idx), *wc = fg_tensor_contiguous(weight);
-    fg_tensor *i1 = ic && wc ? fg_tensor_reshape_view(ic, 1, &N) : NULL; /* (N) */
+    fg_tensor *i1 = ic && wc ? fg_tensor_reshape_view(ic, 1, &N) : NULL;      /* (N) */
     fg_tensor *y = i1 ? fg_empty(weight->dtype, idx->ndim + 1, shape) : NULL; /* (..., C) */
     fg_tensor *y2 = y ? fg_tensor_reshape_view(y, 2, (int64_t[]){N, C}) : NULL;
     if (!y2 || ops->embedding_fwd(i1, wc, y2)) return NULL;

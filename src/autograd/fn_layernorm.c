@@ -22,8 +22,8 @@ static fg_status layer_norm_bw(fg_node *n, const fg_tensor *g) {
 }
 
 static bool vec_ok(const fg_tensor *v, const fg_tensor *x, int64_t C) {
-    return !v || (v->ndim == 1 && v->shape[0] == C && v->dtype == x->dtype &&
-                  v->device == x->device);
+    return !v ||
+           (v->ndim == 1 && v->shape[0] == C && v->dtype == x->dtype && v->device == x->device);
 }
 
 fg_tensor *fg_layer_norm(fg_tensor *x, fg_tensor *w, fg_tensor *b, double eps) {
@@ -31,8 +31,9 @@ fg_tensor *fg_layer_norm(fg_tensor *x, fg_tensor *w, fg_tensor *b, double eps) {
     char sx[96], sw[96], sb[96];
     int64_t C = x->ndim ? x->shape[x->ndim - 1] : 0;
     if (x->ndim < 1 || !vec_ok(w, x, C) || !vec_ok(b, x, C) || !(eps >= 0)) {
-        fg_error(FG_EINVAL, "layer_norm: x %s, weight %s, bias %s, eps %g: expected x (..., C), "
-                            "weight and bias (C) of x's dtype or NULL, eps >= 0",
+        fg_error(FG_EINVAL,
+                 "layer_norm: x %s, weight %s, bias %s, eps %g: expected x (..., C), "
+                 "weight and bias (C) of x's dtype or NULL, eps >= 0",
                  fg_tensor_describe(x, sx, sizeof sx),
                  w ? fg_tensor_describe(w, sw, sizeof sw) : "none",
                  b ? fg_tensor_describe(b, sb, sizeof sb) : "none", eps);

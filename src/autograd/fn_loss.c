@@ -24,8 +24,9 @@ fg_tensor *fg_cross_entropy(fg_tensor *logits, fg_tensor *targets, int64_t ignor
     bool ok = logits->ndim >= 1 && targets->dtype == FG_I32 && targets->ndim == logits->ndim - 1;
     for (int d = 0; ok && d < targets->ndim; d++) ok = targets->shape[d] == logits->shape[d];
     if (!ok) {
-        fg_error(FG_EINVAL, "cross_entropy: logits %s and targets %s: expected logits (..., V) "
-                            "and i32 targets (...) with the same leading dims",
+        fg_error(FG_EINVAL,
+                 "cross_entropy: logits %s and targets %s: expected logits (..., V) "
+                 "and i32 targets (...) with the same leading dims",
                  fg_tensor_describe(logits, sl, sizeof sl),
                  fg_tensor_describe(targets, st, sizeof st));
         return NULL;
@@ -35,7 +36,7 @@ fg_tensor *fg_cross_entropy(fg_tensor *logits, fg_tensor *targets, int64_t ignor
     int64_t V = logits->shape[logits->ndim - 1], N = targets->numel;
     fg_tensor *lc = fg_tensor_contiguous(logits), *tc = fg_tensor_contiguous(targets);
     fg_tensor *l2 = lc ? fg_tensor_reshape_view(lc, 2, (int64_t[]){N, V}) : NULL; /* (N, V) */
-    fg_tensor *t1 = tc ? fg_tensor_reshape_view(tc, 1, &N) : NULL;                 /* (N) */
+    fg_tensor *t1 = tc ? fg_tensor_reshape_view(tc, 1, &N) : NULL;                /* (N) */
     fg_tensor *loss = l2 && t1 ? fg_empty(logits->dtype, 0, NULL) : NULL;
     int64_t count = 0;
     if (!loss || ops->cross_entropy_fwd(l2, t1, ignore_index, loss, &count)) return NULL;

@@ -111,8 +111,9 @@ fg_tensor *fg_linear(fg_tensor *x, fg_tensor *w, fg_tensor *b) {
     int64_t in = x->ndim ? x->shape[x->ndim - 1] : -1;
     if (x->ndim < 1 || w->ndim != 2 || w->shape[1] != in ||
         (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))) {
-        fg_error(FG_EINVAL, "linear: x %s, weight %s, bias %s: expected x (..., in), weight "
-                            "(out, in), bias (out)",
+        fg_error(FG_EINVAL,
+                 "linear: x %s, weight %s, bias %s: expected x (..., in), weight "
+                 "(out, in), bias (out)",
                  fg_tensor_describe(x, sx, sizeof sx), fg_tensor_describe(w, sw, sizeof sw),
                  b ? fg_tensor_describe(b, sb, sizeof sb) : "none");
         return NULL;

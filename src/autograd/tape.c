@@ -173,7 +173,8 @@ fg_status fg_backward_with(fg_tensor *out, const fg_tensor *seed) {
         return fg_error(FG_EINVAL, "backward: the output does not require grad (no parameter "
                                    "took part, or it was computed in no-grad mode)");
     if (seed && (!fg_tensor_same_shape(seed, out) || seed->dtype != out->dtype))
-        return fg_error(FG_EINVAL, "backward: seed gradient shape or dtype differs from the output");
+        return fg_error(FG_EINVAL,
+                        "backward: seed gradient shape or dtype differs from the output");
     tape_sync();
     fg_tensor *g = fg__grad_of(out);
     if (!g) return FG_ENOMEM;
@@ -212,8 +213,10 @@ fg_status fg_backward_with(fg_tensor *out, const fg_tensor *seed) {
     for (fg_node *n = tl_tail; n; n = n->prev) {
         if (n->mark != pass) continue;
         if (n->consumed)
-            return fg_error(FG_ESTATE, "backward: node %s was already back-propagated; run the "
-                                       "forward again", n->name);
+            return fg_error(FG_ESTATE,
+                            "backward: node %s was already back-propagated; run the "
+                            "forward again",
+                            n->name);
         if (n->out->grad) {
             fg_status s = n->backward(n, n->out->grad);
             if (s != FG_OK) return fg_error_wrap(s, "backward of %s", n->name);
@@ -227,8 +230,9 @@ fg_status fg_backward_with(fg_tensor *out, const fg_tensor *seed) {
 
 fg_status fg_backward(fg_tensor *loss) {
     if (loss && loss->numel != 1)
-        return fg_error(FG_EINVAL, "backward: the output has %lld elements; give a seed gradient "
-                                   "with fg_backward_with for non-scalar outputs",
+        return fg_error(FG_EINVAL,
+                        "backward: the output has %lld elements; give a seed gradient "
+                        "with fg_backward_with for non-scalar outputs",
                         (long long)loss->numel);
     return fg_backward_with(loss, NULL);
 }

@@ -256,8 +256,7 @@ fg_status fg_st_get_last(const char *link_path, char *out, size_t cap) {
     if (len >= cap)
         st = fg_error(FG_EINVAL, "%s: resolved path \"%s\" needs %zu bytes, buffer has %zu",
                       link_path, full, len + 1, cap);
-    else
-        memcpy(out, full, len + 1);
+    else memcpy(out, full, len + 1);
     fg_free(full);
     return st;
 }

@@ -11,14 +11,22 @@
  * are left out: they are not whole bytes per element, and fulgur has no use
  * for them; a file using them is refused with a message naming the dtype. */
 static const fg__st_dtype k_st_dtypes[] = {
-    {"BOOL", 1, FG_DTYPE_DEFAULT},    {"U8", 1, FG_U8},
-    {"I8", 1, FG_DTYPE_DEFAULT},      {"F8_E5M2", 1, FG_DTYPE_DEFAULT},
-    {"F8_E4M3", 1, FG_DTYPE_DEFAULT}, {"F8_E8M0", 1, FG_DTYPE_DEFAULT},
-    {"I16", 2, FG_DTYPE_DEFAULT},     {"U16", 2, FG_U16},
-    {"F16", 2, FG_F16},               {"BF16", 2, FG_BF16},
-    {"I32", 4, FG_I32},               {"U32", 4, FG_DTYPE_DEFAULT},
-    {"F32", 4, FG_F32},               {"C64", 8, FG_DTYPE_DEFAULT},
-    {"F64", 8, FG_F64},               {"I64", 8, FG_I64},
+    {"BOOL", 1, FG_DTYPE_DEFAULT},
+    {"U8", 1, FG_U8},
+    {"I8", 1, FG_DTYPE_DEFAULT},
+    {"F8_E5M2", 1, FG_DTYPE_DEFAULT},
+    {"F8_E4M3", 1, FG_DTYPE_DEFAULT},
+    {"F8_E8M0", 1, FG_DTYPE_DEFAULT},
+    {"I16", 2, FG_DTYPE_DEFAULT},
+    {"U16", 2, FG_U16},
+    {"F16", 2, FG_F16},
+    {"BF16", 2, FG_BF16},
+    {"I32", 4, FG_I32},
+    {"U32", 4, FG_DTYPE_DEFAULT},
+    {"F32", 4, FG_F32},
+    {"C64", 8, FG_DTYPE_DEFAULT},
+    {"F64", 8, FG_F64},
+    {"I64", 8, FG_I64},
     {"U64", 8, FG_DTYPE_DEFAULT},
 };
 

@@ -57,8 +57,7 @@ struct fg_st_file {
 
 /* ---------------------------------------------------------------- errors */
 
-static fg_status bad(const fg_st_file *f, const char *entry, const char *fmt, ...)
-    FG_PRINTF(3, 4);
+static fg_status bad(const fg_st_file *f, const char *entry, const char *fmt, ...) FG_PRINTF(3, 4);
 static fg_status bad(const fg_st_file *f, const char *entry, const char *fmt, ...) {
     char msg[768];
     va_list ap;
@@ -110,11 +109,13 @@ static fg_status parse_entry(fg_st_file *f, const char *name, json_t *v, st_entr
         return bad(f, name, "\"dtype\" is %s, expected a string like \"F32\"", json_kind(dt));
     e->dt = fg__st_dtype_lookup(json_string_value(dt));
     if (!e->dt)
-        return bad(f, name, "unknown dtype \"%.40s\" (expected F64, F32, BF16, F16, I64, I32, "
-                            "U16, U8 or another safetensors dtype)",
+        return bad(f, name,
+                   "unknown dtype \"%.40s\" (expected F64, F32, BF16, F16, I64, I32, "
+                   "U16, U8 or another safetensors dtype)",
                    json_string_value(dt));
     if (!sh) return bad(f, name, "missing \"shape\"");
-    if (!json_is_array(sh)) return bad(f, name, "\"shape\" is %s, expected an array", json_kind(sh));
+    if (!json_is_array(sh))
+        return bad(f, name, "\"shape\" is %s, expected an array", json_kind(sh));
     if (json_array_size(sh) > FG_ST_MAX_NDIM)
         return bad(f, name, "shape has %zu dimensions, more than the %d fulgur accepts",
                    json_array_size(sh), FG_ST_MAX_NDIM);
@@ -152,7 +153,8 @@ static fg_status parse_entry(fg_st_file *f, const char *name, json_t *v, st_entr
         return bad(f, name, "data_offsets [%lld, %lld] end before they begin", (long long)b,
                    (long long)en);
     if ((uint64_t)en > f->data_len)
-        return bad(f, name, "data_offsets [%lld, %lld] run past the end of the %zu-byte data buffer",
+        return bad(f, name,
+                   "data_offsets [%lld, %lld] run past the end of the %zu-byte data buffer",
                    (long long)b, (long long)en, f->data_len);
     if ((uint64_t)(en - b) != nbytes)
         return bad(f, name, "data_offsets [%lld, %lld] but shape %s of %s needs %llu bytes",
@@ -215,7 +217,8 @@ static fg_status check_layout(fg_st_file *f) {
                        (unsigned long long)pos, (unsigned long long)e->begin,
                        i ? ", after tensor \"" : "", i ? f->e[i - 1].name : "", i ? "\"" : "");
         if (e->begin < pos)
-            return bad(f, e->name, "data_offsets [%llu, %llu] overlap tensor \"%.200s\" [%llu, %llu]",
+            return bad(f, e->name,
+                       "data_offsets [%llu, %llu] overlap tensor \"%.200s\" [%llu, %llu]",
                        (unsigned long long)e->begin, (unsigned long long)e->end, f->e[i - 1].name,
                        (unsigned long long)f->e[i - 1].begin, (unsigned long long)f->e[i - 1].end);
         pos = e->end;
@@ -240,7 +243,8 @@ static fg_status parse(fg_st_file *f) {
                    "file)",
                    (unsigned long long)hlen, FG_ST_MAX_HEADER);
     if (hlen > f->len - 8)
-        return bad(f, NULL, "header length %llu runs past the end of the %zu-byte file (truncated?)",
+        return bad(f, NULL,
+                   "header length %llu runs past the end of the %zu-byte file (truncated?)",
                    (unsigned long long)hlen, f->len);
     const char *hdr = (const char *)f->base + 8;
     if (hlen == 0 || hdr[0] != '{')
@@ -441,8 +445,7 @@ const void *fg_st_data(const fg_st_file *f, int64_t i) {
     return f->data + f->e[i].begin;
 }
 
-fg_status fg_st_read(const fg_st_file *f, int64_t i, void *dst, fg_dtype dst_dtype,
-                     int64_t numel) {
+fg_status fg_st_read(const fg_st_file *f, int64_t i, void *dst, fg_dtype dst_dtype, int64_t numel) {
     if (!f) return fg_error(FG_EINVAL, "fg_st_read: NULL file");
     if (i < 0 || i >= f->n)
         return fg_error(FG_EINVAL, "%s: entry index %lld out of range [0, %lld)", f->label,

@@ -22,9 +22,9 @@ typedef struct st_item {
 struct fg_st_writer {
     st_item *items;
     int64_t n, cap;
-    size_t total;   /* bytes of data so far */
-    json_t *names;  /* name -> null, to refuse duplicates in O(1) */
-    json_t *meta;   /* key -> value, in order of first setting */
+    size_t total;  /* bytes of data so far */
+    json_t *names; /* name -> null, to refuse duplicates in O(1) */
+    json_t *meta;  /* key -> value, in order of first setting */
 };
 
 fg_st_writer *fg_st_writer_new(void) {
@@ -55,8 +55,7 @@ void fg_st_writer_free(fg_st_writer *w) {
 
 int64_t fg_st_writer_count(const fg_st_writer *w) { return w ? w->n : 0; }
 
-static json_t *make_desc(fg_dtype dtype, int ndim, const int64_t *shape, size_t begin,
-                         size_t end) {
+static json_t *make_desc(fg_dtype dtype, int ndim, const int64_t *shape, size_t begin, size_t end) {
     json_t *d = json_object(), *sh = json_array(), *off = json_array();
     if (!d || !sh || !off) goto fail;
     for (int k = 0; k < ndim; k++)
@@ -170,8 +169,9 @@ fg_status fg_st_writer_write(fg_st_writer *w, const char *path) {
     size_t hlen = strlen(hdr), padded = (hlen + 7) & ~(size_t)7;
     if (padded > FG_ST_MAX_HEADER) {
         fg_free(hdr);
-        return fg_error(FG_EINVAL, "%s: header of %zu bytes exceeds the %u-byte limit of the format",
-                        path, padded, FG_ST_MAX_HEADER);
+        return fg_error(FG_EINVAL,
+                        "%s: header of %zu bytes exceeds the %u-byte limit of the format", path,
+                        padded, FG_ST_MAX_HEADER);
     }
     unsigned char len8[8], spaces[8] = "        ";
     for (int k = 0; k < 8; k++) len8[k] = (unsigned char)((uint64_t)padded >> (8 * k));

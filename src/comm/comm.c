@@ -13,12 +13,12 @@
 #include "comm_impl.h"
 
 const char *const fg__comm_op_names[FG_OP_COUNT] = {
-    [FG_OP_ALLREDUCE] = "allreduce",  [FG_OP_REDUCE_SCATTER] = "reduce_scatter",
-    [FG_OP_ALLGATHER] = "allgather",  [FG_OP_ALLGATHERV] = "allgatherv",
-    [FG_OP_BROADCAST] = "broadcast",  [FG_OP_REDUCE] = "reduce",
-    [FG_OP_BARRIER] = "barrier",      [FG_OP_ALLTOALL] = "alltoall",
-    [FG_OP_SEND] = "send",            [FG_OP_RECV] = "recv",
-    [FG_OP_SPLIT] = "split",          [FG_OP_CHECK] = "check",
+    [FG_OP_ALLREDUCE] = "allreduce", [FG_OP_REDUCE_SCATTER] = "reduce_scatter",
+    [FG_OP_ALLGATHER] = "allgather", [FG_OP_ALLGATHERV] = "allgatherv",
+    [FG_OP_BROADCAST] = "broadcast", [FG_OP_REDUCE] = "reduce",
+    [FG_OP_BARRIER] = "barrier",     [FG_OP_ALLTOALL] = "alltoall",
+    [FG_OP_SEND] = "send",           [FG_OP_RECV] = "recv",
+    [FG_OP_SPLIT] = "split",         [FG_OP_CHECK] = "check",
 };
 
 static const char *const k_rop_names[FG_REDUCE_OP_COUNT] = {"sum", "avg", "min", "max", "prod"};
@@ -72,7 +72,8 @@ static fg_status pick_backend(const fg_cluster_info *info, fg_comm_backend_kind 
         for (int i = 0; i < FG_COMM_BACKEND_COUNT; i++)
             if (!strcmp(env, k_backends[i].name)) k = i;
         if (k < 0)
-            return fg_error(FG_EINVAL, "FULGUR_BACKEND=\"%s\": expected auto, shm, mpi or nccl", env);
+            return fg_error(FG_EINVAL, "FULGUR_BACKEND=\"%s\": expected auto, shm, mpi or nccl",
+                            env);
         want = (fg_comm_backend_kind)k;
     }
     if (want == FG_COMM_AUTO) {
@@ -119,8 +120,8 @@ static void make_job_key(const fg_cluster_info *info, char *out, size_t cap) {
     }
     for (size_t i = 0; i <= n; i++) {
         char ch = raw[i];
-        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-                  ch == '-' || ch == '_' || ch == '.' || ch == 0;
+        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                  (ch >= '0' && ch <= '9') || ch == '-' || ch == '_' || ch == '.' || ch == 0;
         out[i] = ok ? ch : '_';
     }
 }
@@ -161,7 +162,8 @@ static fg_status comm_create(const fg_cluster_info *info, const fg_comm_opts *op
     if (timeout <= 0) {
         FG_TRY(fg__env_double("FULGUR_COMM_TIMEOUT_S", 300.0, &timeout));
         if (!(timeout > 0))
-            return fg_error(FG_EINVAL, "FULGUR_COMM_TIMEOUT_S=%s: must be a positive number of seconds",
+            return fg_error(FG_EINVAL,
+                            "FULGUR_COMM_TIMEOUT_S=%s: must be a positive number of seconds",
                             getenv("FULGUR_COMM_TIMEOUT_S"));
     }
     bool check = o.check > 0;
@@ -259,9 +261,7 @@ static void describe(const call_sig *s, char *buf, size_t cap) {
     const char *name = s->op >= 0 && s->op < FG_OP_COUNT ? fg__comm_op_names[s->op] : "?";
     const char *dt = fg_dtype_name((fg_dtype)s->dt);
     switch (s->op) {
-    case FG_OP_BARRIER:
-        snprintf(buf, cap, "barrier #%llu", (unsigned long long)s->seq);
-        break;
+    case FG_OP_BARRIER: snprintf(buf, cap, "barrier #%llu", (unsigned long long)s->seq); break;
     case FG_OP_ALLREDUCE:
     case FG_OP_REDUCE_SCATTER:
         snprintf(buf, cap, "%s #%llu (count %lld, %s, %s)", name, (unsigned long long)s->seq,
@@ -293,8 +293,13 @@ static fg_status check_call(fg_comm *c, const fg_comm_args *a) {
     call_sig mine = sig_of(c, a);
     call_sig *all = fg_alloc(sizeof(call_sig) * (size_t)n);
     if (!all) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory");
-    fg_comm_args ca = {.op = FG_OP_CHECK, .name = a->name, .send = &mine, .recv = all,
-                       .count = (int64_t)sizeof mine, .dt = FG_U8, .seq = a->seq};
+    fg_comm_args ca = {.op = FG_OP_CHECK,
+                       .name = a->name,
+                       .send = &mine,
+                       .recv = all,
+                       .count = (int64_t)sizeof mine,
+                       .dt = FG_U8,
+                       .seq = a->seq};
     fg_status st = c->be->allgather(c, &ca);
     if (st != FG_OK) {
         fg_free(all);
@@ -320,7 +325,8 @@ static fg_status check_call(fg_comm *c, const fg_comm_args *a) {
     for (int j = 0; j < n; j++)
         if (memcmp(&all[best], &all[j], sizeof mine)) {
             if (first_odd < 0) first_odd = j;
-            if (k < sizeof ranks - 12) k += (size_t)snprintf(ranks + k, sizeof ranks - k, "%s%d", k ? ", " : "", j);
+            if (k < sizeof ranks - 12)
+                k += (size_t)snprintf(ranks + k, sizeof ranks - k, "%s%d", k ? ", " : "", j);
         }
     describe(&all[first_odd], odd, sizeof odd);
     fg_free(all);
@@ -328,9 +334,10 @@ static fg_status check_call(fg_comm *c, const fg_comm_args *a) {
         return fg__comm_fail(c, a, FG_EMISMATCH,
                              "rank %s called %s but the other ranks called %s (FULGUR_COMM_CHECK)",
                              ranks, odd, ref);
-    return fg__comm_fail(c, a, FG_EMISMATCH,
-                         "ranks disagree: rank %d called %s but rank %d called %s (FULGUR_COMM_CHECK)",
-                         first_odd, odd, best, ref);
+    return fg__comm_fail(
+        c, a, FG_EMISMATCH,
+        "ranks disagree: rank %d called %s but rank %d called %s (FULGUR_COMM_CHECK)", first_odd,
+        odd, best, ref);
 }
 
 static fg_status exec_op(fg_comm *c, const fg_comm_args *a) {
@@ -552,8 +559,13 @@ static fg_status prep_allreduce(fg_comm *c, const void *send, void *recv, int64_
     FG_TRY(check_rop(n, op));
     FG_TRY(check_buf(n, "send", send, count));
     FG_TRY(check_buf(n, "recv", recv, count));
-    *a = (fg_comm_args){.op = FG_OP_ALLREDUCE, .name = n, .send = send, .recv = recv,
-                        .count = count, .dt = dt, .rop = op};
+    *a = (fg_comm_args){.op = FG_OP_ALLREDUCE,
+                        .name = n,
+                        .send = send,
+                        .recv = recv,
+                        .count = count,
+                        .dt = dt,
+                        .rop = op};
     return FG_OK;
 }
 
@@ -564,8 +576,13 @@ static fg_status prep_reduce_scatter(fg_comm *c, const void *send, void *recv, i
     FG_TRY(check_rop(n, op));
     FG_TRY(check_buf(n, "send", send, recvcount));
     FG_TRY(check_buf(n, "recv", recv, recvcount));
-    *a = (fg_comm_args){.op = FG_OP_REDUCE_SCATTER, .name = n, .send = send, .recv = recv,
-                        .count = recvcount, .dt = dt, .rop = op};
+    *a = (fg_comm_args){.op = FG_OP_REDUCE_SCATTER,
+                        .name = n,
+                        .send = send,
+                        .recv = recv,
+                        .count = recvcount,
+                        .dt = dt,
+                        .rop = op};
     return FG_OK;
 }
 
@@ -575,8 +592,8 @@ static fg_status prep_allgather(fg_comm *c, const void *send, void *recv, int64_
     FG_TRY(check_common(c, n, sendcount, dt));
     FG_TRY(check_buf(n, "send", send, sendcount));
     FG_TRY(check_buf(n, "recv", recv, sendcount));
-    *a = (fg_comm_args){.op = FG_OP_ALLGATHER, .name = n, .send = send, .recv = recv,
-                        .count = sendcount, .dt = dt};
+    *a = (fg_comm_args){
+        .op = FG_OP_ALLGATHER, .name = n, .send = send, .recv = recv, .count = sendcount, .dt = dt};
     return FG_OK;
 }
 
@@ -587,8 +604,13 @@ static fg_status prep_broadcast(fg_comm *c, const void *send, void *recv, int64_
     FG_TRY(check_root(c, n, "root", root));
     if (c->rank == root) FG_TRY(check_buf(n, "send (on the root)", send, count));
     FG_TRY(check_buf(n, "recv", recv, count));
-    *a = (fg_comm_args){.op = FG_OP_BROADCAST, .name = n, .send = send, .recv = recv,
-                        .count = count, .dt = dt, .root = root};
+    *a = (fg_comm_args){.op = FG_OP_BROADCAST,
+                        .name = n,
+                        .send = send,
+                        .recv = recv,
+                        .count = count,
+                        .dt = dt,
+                        .root = root};
     return FG_OK;
 }
 
@@ -600,8 +622,14 @@ static fg_status prep_reduce(fg_comm *c, const void *send, void *recv, int64_t c
     FG_TRY(check_root(c, n, "root", root));
     FG_TRY(check_buf(n, "send", send, count));
     if (c->rank == root) FG_TRY(check_buf(n, "recv (on the root)", recv, count));
-    *a = (fg_comm_args){.op = FG_OP_REDUCE, .name = n, .send = send, .recv = recv, .count = count,
-                        .dt = dt, .rop = op, .root = root};
+    *a = (fg_comm_args){.op = FG_OP_REDUCE,
+                        .name = n,
+                        .send = send,
+                        .recv = recv,
+                        .count = count,
+                        .dt = dt,
+                        .rop = op,
+                        .root = root};
     return FG_OK;
 }
 
@@ -659,8 +687,13 @@ fg_status fg_comm_allgatherv(fg_comm *c, const void *send, int64_t sendcount, vo
         st = bad(n, "recv is NULL with a total count of %lld", (long long)total);
         goto out;
     }
-    fg_comm_args a = {.op = FG_OP_ALLGATHERV, .name = n, .send = send, .recv = recv,
-                      .count = sendcount, .dt = dt, .counts = counts,
+    fg_comm_args a = {.op = FG_OP_ALLGATHERV,
+                      .name = n,
+                      .send = send,
+                      .recv = recv,
+                      .count = sendcount,
+                      .dt = dt,
+                      .counts = counts,
                       .displs = displs ? displs : packed};
     st = run(c, &a);
 out:
@@ -693,8 +726,8 @@ fg_status fg_comm_alltoall(fg_comm *c, const void *send, void *recv, int64_t cou
     FG_TRY(check_common(c, n, count, dt));
     FG_TRY(check_buf(n, "send", send, count));
     FG_TRY(check_buf(n, "recv", recv, count));
-    fg_comm_args a = {.op = FG_OP_ALLTOALL, .name = n, .send = send, .recv = recv, .count = count,
-                      .dt = dt};
+    fg_comm_args a = {
+        .op = FG_OP_ALLTOALL, .name = n, .send = send, .recv = recv, .count = count, .dt = dt};
     return run(c, &a);
 }
 
@@ -705,8 +738,8 @@ static fg_status p2p(fg_comm *c, fg_comm_opcode op, void *buf, int64_t count, fg
     FG_TRY(check_buf(n, "buf", buf, count));
     FG_TRY(check_root(c, n, "peer", peer));
     if (peer == c->rank) return bad(n, "peer=%d is this rank: a rank cannot message itself", peer);
-    fg_comm_args a = {.op = op, .name = n, .send = buf, .recv = buf, .count = count, .dt = dt,
-                      .root = peer};
+    fg_comm_args a = {
+        .op = op, .name = n, .send = buf, .recv = buf, .count = count, .dt = dt, .root = peer};
     return run(c, &a);
 }
 
@@ -792,8 +825,12 @@ fg_status fg_comm_split(fg_comm *c, int color, int key, fg_comm **out) {
     split_entry mine = {color, key, c->node_of[c->rank], c->rank};
     split_entry *all = fg_alloc(sizeof(split_entry) * (size_t)n);
     if (!all) return FG_ENOMEM;
-    fg_comm_args a = {.op = FG_OP_SPLIT, .name = "split", .send = &mine, .recv = all,
-                      .count = (int64_t)sizeof mine, .dt = FG_U8};
+    fg_comm_args a = {.op = FG_OP_SPLIT,
+                      .name = "split",
+                      .send = &mine,
+                      .recv = all,
+                      .count = (int64_t)sizeof mine,
+                      .dt = FG_U8};
     fg_status st = run(c, &a);
     if (st != FG_OK) {
         fg_free(all);
@@ -820,7 +857,8 @@ fg_status fg_comm_split(fg_comm *c, int color, int key, fg_comm **out) {
             if (strlen(gid) >= sizeof child->group_id - 1) {
                 uint64_t h = 1469598103934665603ull;
                 for (const char *p = gid; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
-                snprintf(child->group_id, sizeof child->group_id, "g%016llx", (unsigned long long)h);
+                snprintf(child->group_id, sizeof child->group_id, "g%016llx",
+                         (unsigned long long)h);
             } else {
                 memcpy(child->group_id, gid, strlen(gid) + 1);
             }

@@ -40,10 +40,10 @@ typedef struct fg_comm_args {
                       recvcount; allgather(v): sendcount; alltoall: per peer; send/recv */
     fg_dtype dt;
     fg_reduce_op rop;
-    int root;               /* broadcast/reduce root, send/recv peer */
-    const int64_t *counts;  /* allgatherv: size entries */
-    const int64_t *displs;  /* allgatherv: size entries, always filled */
-    uint64_t seq;           /* number of this operation on the communicator (from 1) */
+    int root;              /* broadcast/reduce root, send/recv peer */
+    const int64_t *counts; /* allgatherv: size entries */
+    const int64_t *displs; /* allgatherv: size entries, always filled */
+    uint64_t seq;          /* number of this operation on the communicator (from 1) */
 } fg_comm_args;
 
 typedef struct fg_comm_backend {
@@ -88,11 +88,11 @@ struct fg_comm {
     const fg_comm_backend *be;
     void *impl;
     int rank, size, local_rank, local_size, node_rank, num_nodes;
-    int *node_of; /* node rank of each member, size entries */
+    int *node_of;  /* node rank of each member, size entries */
     int *world_of; /* rank in the world group of each member */
     double timeout_s;
     bool check;
-    bool no_async; /* the backend cannot run on another thread: i-forms run at once */
+    bool no_async;     /* the backend cannot run on another thread: i-forms run at once */
     char job_key[80];  /* sanitized job id: names shm segments */
     char group_id[96]; /* "w" for the world, parent id + ".s<n>c<color>" below */
     uint64_t seq;      /* operations issued (caller thread) */

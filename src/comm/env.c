@@ -61,11 +61,13 @@ fg_status fg_cluster_validate(const fg_cluster_info *in) {
         return fg_error(FG_EINVAL, "cluster (%s): rank=%d: must be in [0, world_size=%d)", src,
                         in->rank, in->world_size);
     if (in->local_world_size < 1 || in->local_world_size > in->world_size)
-        return fg_error(FG_EINVAL, "cluster (%s): local_world_size=%d: must be in [1, world_size=%d]",
-                        src, in->local_world_size, in->world_size);
+        return fg_error(FG_EINVAL,
+                        "cluster (%s): local_world_size=%d: must be in [1, world_size=%d]", src,
+                        in->local_world_size, in->world_size);
     if (in->local_rank < 0 || in->local_rank >= in->local_world_size)
-        return fg_error(FG_EINVAL, "cluster (%s): local_rank=%d: must be in [0, local_world_size=%d)",
-                        src, in->local_rank, in->local_world_size);
+        return fg_error(FG_EINVAL,
+                        "cluster (%s): local_rank=%d: must be in [0, local_world_size=%d)", src,
+                        in->local_rank, in->local_world_size);
     if (in->num_nodes < 1 || in->num_nodes > in->world_size)
         return fg_error(FG_EINVAL, "cluster (%s): num_nodes=%d: must be in [1, world_size=%d]", src,
                         in->num_nodes, in->world_size);
@@ -115,7 +117,8 @@ static fg_status detect_from(const env_names *e, fg_cluster_info *o) {
     int lr_set = 0, lw_set = 0;
     if (e->local_rank) FG_TRY(env_nonneg(e->local_rank, o->rank, &o->local_rank, &lr_set));
     else o->local_rank = o->rank;
-    if (e->local_world) FG_TRY(env_nonneg(e->local_world, o->world_size, &o->local_world_size, &lw_set));
+    if (e->local_world)
+        FG_TRY(env_nonneg(e->local_world, o->world_size, &o->local_world_size, &lw_set));
     else o->local_world_size = o->world_size;
     if (!strcmp(e->source, "slurm")) {
         const char *tpn = getenv("SLURM_TASKS_PER_NODE");
@@ -126,8 +129,8 @@ static fg_status detect_from(const env_names *e, fg_cluster_info *o) {
             o->local_world_size = n;
             lw_set = 1;
         } else if (tpn && *tpn) {
-            return fg_error(FG_EINVAL, "SLURM_TASKS_PER_NODE=\"%s\": expected a list like \"2(x3),1\"",
-                            tpn);
+            return fg_error(FG_EINVAL,
+                            "SLURM_TASKS_PER_NODE=\"%s\": expected a list like \"2(x3),1\"", tpn);
         }
     }
     if (lr_set && !lw_set) o->local_world_size = o->world_size;
@@ -154,8 +157,9 @@ static fg_status detect_from(const env_names *e, fg_cluster_info *o) {
     if (!nn_set) o->num_nodes = uniform ? o->world_size / o->local_world_size : o->node_rank + 1;
     if (!nr_set) o->node_rank = uniform ? o->rank / o->local_world_size : 0;
     if (o->num_nodes < 1 || o->num_nodes > o->world_size)
-        return fg_error(FG_EINVAL, "%s=%d: must be in [1, %s=%d]", e->num_nodes ? e->num_nodes : "nodes",
-                        o->num_nodes, e->world, o->world_size);
+        return fg_error(FG_EINVAL, "%s=%d: must be in [1, %s=%d]",
+                        e->num_nodes ? e->num_nodes : "nodes", o->num_nodes, e->world,
+                        o->world_size);
     if (o->node_rank >= o->num_nodes)
         return fg_error(FG_EINVAL, "%s=%d: must be below the number of nodes %d",
                         nr_name ? nr_name : "node rank", o->node_rank, o->num_nodes);

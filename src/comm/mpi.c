@@ -106,10 +106,10 @@ static void divide(void *buf, int64_t n, fg_dtype dt, int size) {
         for (int64_t i = 0; i < n; i++) ((uint8_t *)buf)[i] = (uint8_t)(((uint8_t *)buf)[i] / size);
         break;
     case FG_U16:
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)buf)[i] = (uint16_t)(((uint16_t *)buf)[i] / size);
+        for (int64_t i = 0; i < n; i++)
+            ((uint16_t *)buf)[i] = (uint16_t)(((uint16_t *)buf)[i] / size);
         break;
-    default:
-        break;
+    default: break;
     }
 }
 
@@ -158,13 +158,17 @@ out:
     return st;
 }
 
-static fg_status mpi_allreduce(fg_comm *c, const fg_comm_args *a) { return reduce_common(c, a, true); }
-static fg_status mpi_reduce(fg_comm *c, const fg_comm_args *a) { return reduce_common(c, a, false); }
+static fg_status mpi_allreduce(fg_comm *c, const fg_comm_args *a) {
+    return reduce_common(c, a, true);
+}
+static fg_status mpi_reduce(fg_comm *c, const fg_comm_args *a) {
+    return reduce_common(c, a, false);
+}
 
 static fg_status too_big(fg_comm *c, const fg_comm_args *a, int64_t n) {
     if (n <= INT_MAX) return FG_OK;
-    return fg__comm_fail(c, a, FG_EUNSUPPORTED, "count %lld exceeds the mpi backend's limit of 2^31-1",
-                         (long long)n);
+    return fg__comm_fail(c, a, FG_EUNSUPPORTED,
+                         "count %lld exceeds the mpi backend's limit of 2^31-1", (long long)n);
 }
 
 static fg_status mpi_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
@@ -190,7 +194,8 @@ static fg_status mpi_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
         if (!out) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory");
     }
     MPI_Request req;
-    int rc = MPI_Ireduce_scatter_block(send, out, (int)n, mpi_type(dt), mpi_op(a->rop), m->comm, &req);
+    int rc =
+        MPI_Ireduce_scatter_block(send, out, (int)n, mpi_type(dt), mpi_op(a->rop), m->comm, &req);
     if (rc != MPI_SUCCESS) st = mpi_err(c, a, rc, "MPI_Ireduce_scatter_block");
     else st = mpi_wait(c, a, &req, "MPI_Ireduce_scatter_block");
     if (st == FG_OK) {
@@ -238,7 +243,8 @@ static fg_status mpi_allgather(fg_comm *c, const fg_comm_args *a) {
     const char *mine = (const char *)a->recv + (int64_t)c->rank * bytes;
     const void *sarg = a->send == mine ? MPI_IN_PLACE : a->send;
     MPI_Request req;
-    int rc = MPI_Iallgather(sarg, (int)bytes, MPI_BYTE, a->recv, (int)bytes, MPI_BYTE, m->comm, &req);
+    int rc =
+        MPI_Iallgather(sarg, (int)bytes, MPI_BYTE, a->recv, (int)bytes, MPI_BYTE, m->comm, &req);
     if (rc != MPI_SUCCESS) return mpi_err(c, a, rc, "MPI_Iallgather");
     return mpi_wait(c, a, &req, "MPI_Iallgather");
 }
@@ -246,8 +252,7 @@ static fg_status mpi_allgather(fg_comm *c, const fg_comm_args *a) {
 static fg_status mpi_broadcast(fg_comm *c, const fg_comm_args *a) {
     mpi_state *m = c->impl;
     size_t esz = fg_dtype_size(a->dt);
-    if (c->rank == a->root && a->send != a->recv)
-        memcpy(a->recv, a->send, (size_t)a->count * esz);
+    if (c->rank == a->root && a->send != a->recv) memcpy(a->recv, a->send, (size_t)a->count * esz);
     int64_t bytes = a->count * (int64_t)esz;
     for (int64_t off = 0; off < bytes; off += PIECE) {
         MPI_Request req;
@@ -281,8 +286,10 @@ static fg_status mpi_alltoall(fg_comm *c, const fg_comm_args *a) {
     }
     MPI_Request req;
     fg_status st;
-    int rc = MPI_Ialltoall(send, (int)bytes, MPI_BYTE, a->recv, (int)bytes, MPI_BYTE, m->comm, &req);
-    st = rc != MPI_SUCCESS ? mpi_err(c, a, rc, "MPI_Ialltoall") : mpi_wait(c, a, &req, "MPI_Ialltoall");
+    int rc =
+        MPI_Ialltoall(send, (int)bytes, MPI_BYTE, a->recv, (int)bytes, MPI_BYTE, m->comm, &req);
+    st = rc != MPI_SUCCESS ? mpi_err(c, a, rc, "MPI_Ialltoall")
+                           : mpi_wait(c, a, &req, "MPI_Ialltoall");
     fg_free(tmp);
     return st;
 }
@@ -311,8 +318,9 @@ static fg_status mpi_recv(fg_comm *c, const fg_comm_args *a) {
         if (rc != MPI_SUCCESS) return mpi_err(c, a, rc, "MPI_Improbe");
         if (flag) break;
         if ((i & 255) == 0 && fg_time() - t0 > c->timeout_s)
-            return fg__comm_fail(c, a, FG_ETIMEOUT, "timed out after %.3g s waiting for rank %d to send",
-                                 c->timeout_s, a->root);
+            return fg__comm_fail(c, a, FG_ETIMEOUT,
+                                 "timed out after %.3g s waiting for rank %d to send", c->timeout_s,
+                                 a->root);
         if (i > 1000 && fg_time() - t0 > 0.1) {
             struct timespec ts = {0, 100000};
             nanosleep(&ts, NULL);
@@ -321,11 +329,11 @@ static fg_status mpi_recv(fg_comm *c, const fg_comm_args *a) {
     int got = 0;
     MPI_Get_count(&status, MPI_BYTE, &got);
     if (got != bytes) {
-        return fg__comm_fail(c, a, FG_EMISMATCH,
-                             "rank %d sent %d bytes but this rank (%d) receives %lld elements of %s "
-                             "(%lld bytes)",
-                             a->root, got, c->rank, (long long)a->count, fg_dtype_name(a->dt),
-                             (long long)bytes);
+        return fg__comm_fail(
+            c, a, FG_EMISMATCH,
+            "rank %d sent %d bytes but this rank (%d) receives %lld elements of %s "
+            "(%lld bytes)",
+            a->root, got, c->rank, (long long)a->count, fg_dtype_name(a->dt), (long long)bytes);
     }
     MPI_Request req;
     int rc = MPI_Imrecv(a->recv, (int)bytes, MPI_BYTE, &msg, &req);
@@ -337,7 +345,8 @@ static fg_status mpi_recv(fg_comm *c, const fg_comm_args *a) {
  * are numbered in the order of their lowest rank. */
 static fg_status node_layout(fg_comm *c, MPI_Comm comm) {
     MPI_Comm local;
-    if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &local) != MPI_SUCCESS)
+    if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &local) !=
+        MPI_SUCCESS)
         return fg_error(FG_EIO, "mpi: MPI_Comm_split_type failed");
     int lr, ls, leader = c->rank;
     MPI_Comm_rank(local, &lr);
@@ -425,7 +434,9 @@ static void mpi_destroy(fg_comm *c) {
     c->impl = NULL;
 }
 
-static void mpi_abort_(fg_comm *c) { (void)c; /* MPI has no way to tell peers without killing them */ }
+static void mpi_abort_(fg_comm *c) {
+    (void)c; /* MPI has no way to tell peers without killing them */
+}
 
 const fg_comm_backend fg__comm_mpi_backend = {
     .name = "mpi",

@@ -83,8 +83,7 @@ static inline uint16_t f32_f16(float f) { return fg_f32_to_f16(f); }
                         acc[i] = x > acc[i] ? x : acc[i];                                          \
                     }                                                                              \
                     break;                                                                         \
-                default:                                                                           \
-                    break;                                                                         \
+                default: break;                                                                    \
                 }                                                                                  \
             }                                                                                      \
             if (op == FG_AVG) AVG_##NAME(acc, m, div);                                             \
@@ -181,32 +180,15 @@ void fg__reduce(fg_dtype dt, fg_reduce_op op, void *dst, void *dst2, const void 
                 int nsrc, int64_t n, int divisor) {
     if (n <= 0) return;
     switch (dt) {
-    case FG_F64:
-        red_f64(op, dst, dst2, (const double *const *)srcs, nsrc, n, divisor);
-        break;
-    case FG_F32:
-        red_f32(op, dst, dst2, (const float *const *)srcs, nsrc, n, divisor);
-        break;
-    case FG_BF16:
-        red_bf16(op, dst, dst2, (const uint16_t *const *)srcs, nsrc, n, divisor);
-        break;
-    case FG_F16:
-        red_f16(op, dst, dst2, (const uint16_t *const *)srcs, nsrc, n, divisor);
-        break;
-    case FG_I32:
-        red_i32(op, dst, dst2, (const int32_t *const *)srcs, nsrc, n, divisor);
-        break;
-    case FG_I64:
-        red_i64(op, dst, dst2, (const int64_t *const *)srcs, nsrc, n, divisor);
-        break;
-    case FG_U8:
-        red_u8(op, dst, dst2, (const uint8_t *const *)srcs, nsrc, n, divisor);
-        break;
-    case FG_U16:
-        red_u16(op, dst, dst2, (const uint16_t *const *)srcs, nsrc, n, divisor);
-        break;
-    default:
-        break;
+    case FG_F64: red_f64(op, dst, dst2, (const double *const *)srcs, nsrc, n, divisor); break;
+    case FG_F32: red_f32(op, dst, dst2, (const float *const *)srcs, nsrc, n, divisor); break;
+    case FG_BF16: red_bf16(op, dst, dst2, (const uint16_t *const *)srcs, nsrc, n, divisor); break;
+    case FG_F16: red_f16(op, dst, dst2, (const uint16_t *const *)srcs, nsrc, n, divisor); break;
+    case FG_I32: red_i32(op, dst, dst2, (const int32_t *const *)srcs, nsrc, n, divisor); break;
+    case FG_I64: red_i64(op, dst, dst2, (const int64_t *const *)srcs, nsrc, n, divisor); break;
+    case FG_U8: red_u8(op, dst, dst2, (const uint8_t *const *)srcs, nsrc, n, divisor); break;
+    case FG_U16: red_u16(op, dst, dst2, (const uint16_t *const *)srcs, nsrc, n, divisor); break;
+    default: break;
     }
 }
 

@@ -56,7 +56,7 @@ static void layout(shm_state *s, int n, size_t slot_bytes, size_t p2p_slot) {
     size_t chan_off = round_up(ctl_off + (size_t)n * CTL_BYTES, 4096);
     size_t data_off = round_up(chan_off + (size_t)n * (size_t)n * s->chan_bytes, 4096);
     s->len = data_off + (size_t)n * NSLOTS * slot_bytes;
-    s->ctl_base = (char *)(uintptr_t)ctl_off;   /* offsets until mapped */
+    s->ctl_base = (char *)(uintptr_t)ctl_off; /* offsets until mapped */
     s->chan_base = (char *)(uintptr_t)chan_off;
     s->data = (char *)(uintptr_t)data_off;
 }
@@ -128,9 +128,10 @@ static fg_status create_segment(fg_comm *c, shm_state *s, double deadline) {
         int e = errno;
         st = fg_error(e == EADDRINUSE ? FG_EINVAL : FG_EIO,
                       "shm: cannot open the rendezvous point %s: %s%s", s->name, strerror(e),
-                      e == EADDRINUSE ? " (another job with the same job id is running on this "
-                                        "machine: set FULGUR_JOB_ID or MASTER_PORT to tell them apart)"
-                                      : "");
+                      e == EADDRINUSE
+                          ? " (another job with the same job id is running on this "
+                            "machine: set FULGUR_JOB_ID or MASTER_PORT to tell them apart)"
+                          : "");
         goto out;
     }
     for (int served = 0; served < s->n - 1;) {
@@ -160,7 +161,9 @@ static fg_status create_segment(fg_comm *c, shm_state *s, double deadline) {
             memset(cmsgbuf, 0, sizeof cmsgbuf);
             uint64_t len = s->len;
             struct iovec iov = {.iov_base = &len, .iov_len = sizeof len};
-            struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cmsgbuf,
+            struct msghdr mh = {.msg_iov = &iov,
+                                .msg_iovlen = 1,
+                                .msg_control = cmsgbuf,
                                 .msg_controllen = sizeof cmsgbuf};
             struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
             cm->cmsg_level = SOL_SOCKET;
@@ -193,7 +196,9 @@ static fg_status open_segment(fg_comm *c, shm_state *s, double deadline) {
             uint64_t len = 0;
             char cmsgbuf[CMSG_SPACE(sizeof(int))];
             struct iovec iov = {.iov_base = &len, .iov_len = sizeof len};
-            struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cmsgbuf,
+            struct msghdr mh = {.msg_iov = &iov,
+                                .msg_iovlen = 1,
+                                .msg_control = cmsgbuf,
                                 .msg_controllen = sizeof cmsgbuf};
             ssize_t k = pf.revents ? recvmsg(sk, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC) : -1;
             close(sk);
@@ -284,15 +289,16 @@ static fg_status shm_join(fg_comm *c) {
         s->watch[q] = true;
     }
     long chunk, spin_us;
-    FG_TRY_GOTO(env_size("FULGUR_SHM_CHUNK_BYTES", DEFAULT_CHUNK, 4096, 64 << 20, &chunk), st, fail);
+    FG_TRY_GOTO(env_size("FULGUR_SHM_CHUNK_BYTES", DEFAULT_CHUNK, 4096, 64 << 20, &chunk), st,
+                fail);
     chunk = chunk / 4096 * 4096;
     if (n > 16 && chunk > (8L << 20) / n) chunk = FG_MAX(32768L, (8L << 20) / n / 4096 * 4096);
     int ncores = fg_num_cores();
     s->oversub = n > ncores;
     long yield_us;
-    FG_TRY_GOTO(env_size("FULGUR_SHM_SPIN_US", s->oversub ? 1 : 50, 0, 10000000, &spin_us), st, fail);
-    FG_TRY_GOTO(env_size("FULGUR_SHM_YIELD_US", 1000, 0, 10000000, &yield_us), st,
+    FG_TRY_GOTO(env_size("FULGUR_SHM_SPIN_US", s->oversub ? 1 : 50, 0, 10000000, &spin_us), st,
                 fail);
+    FG_TRY_GOTO(env_size("FULGUR_SHM_YIELD_US", 1000, 0, 10000000, &yield_us), st, fail);
     s->spin_s = s->spin_cur = (double)spin_us * 1e-6;
     s->yield_s = (double)yield_us * 1e-6;
     long ntb;
@@ -353,7 +359,8 @@ static fg_status shm_join(fg_comm *c) {
         if (fg_time() > deadline) {
             char miss[256];
             missing_ranks(s, miss, sizeof miss);
-            st = fg_error(FG_ETIMEOUT, "shm: timed out after %.3g s waiting for rank(s) %s to map %s",
+            st = fg_error(FG_ETIMEOUT,
+                          "shm: timed out after %.3g s waiting for rank(s) %s to map %s",
                           c->timeout_s, miss, s->name);
             goto fail;
         }

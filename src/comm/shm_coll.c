@@ -33,8 +33,7 @@ static void sig_of(const fg_comm_args *a, int n, uint32_t out[3]) {
     int64_t count = a->count;
     if (a->op == FG_OP_ALLGATHERV) {
         count = 0;
-        for (int q = 0; q < n; q++)
-            count += a->counts[q];
+        for (int q = 0; q < n; q++) count += a->counts[q];
     }
     out[0] = (uint32_t)a->seq;
     out[1] = (uint32_t)a->op | (uint32_t)a->dt << 8 | (uint32_t)a->rop << 16 |
@@ -70,8 +69,7 @@ static fg_status check_sigs(fg_comm *c, shm_state *s, const fg_comm_args *a, con
                             int only) {
     uint32_t g = s->g;
     for (int q = 0; q < s->n; q++) {
-        if (q == s->me || (only >= 0 && q != only))
-            continue;
+        if (q == s->me || (only >= 0 && q != only)) continue;
         uint32_t theirs[3];
         for (int k = 0; k < 3; k++)
             theirs[k] = atomic_load_explicit(&ctl(s, q)->sig[g % SIGRING][k], memory_order_relaxed);
@@ -94,8 +92,7 @@ static fg_status check_sigs(fg_comm *c, shm_state *s, const fg_comm_args *a, con
 static fg_status chunk_wait_ready(fg_comm *c, shm_state *s, const fg_comm_args *a,
                                   const uint32_t sig[3], bool first, int only) {
     FG_TRY(fg__shm_wait_all(c, s, a, W_READY, s->g + 1, only));
-    if (first)
-        FG_TRY(check_sigs(c, s, a, sig, only));
+    if (first) FG_TRY(check_sigs(c, s, a, sig, only));
     return FG_OK;
 }
 
@@ -115,8 +112,7 @@ static void chunk_end(shm_state *s) {
 static int64_t chunk_elems(shm_state *s, size_t esz, int parts) {
     int64_t e = (int64_t)(s->slot_bytes / (size_t)parts / esz);
     int64_t line = (int64_t)(64 / esz);
-    if (line > 1 && e > line)
-        e -= e % line;
+    if (line > 1 && e > line) e -= e % line;
     return e > 0 ? e : 1; /* slot_bytes >= 8 * size: one element always fits */
 }
 
@@ -141,8 +137,7 @@ fg_status fg__shm_allreduce(fg_comm *c, const fg_comm_args *a) {
     sig_of(a, s->n, sig);
     const void *srcs[64];
     const void **sp = s->n <= 64 ? srcs : fg_alloc(sizeof(void *) * (size_t)s->n);
-    if (!sp)
-        return fg__comm_fail(c, a, FG_ENOMEM, "out of memory");
+    if (!sp) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory");
     fg_status st = FG_OK;
     size_t bytes = (size_t)a->count * esz;
     /* outputs beyond the caches: stream them (no read-for-ownership) */
@@ -152,8 +147,7 @@ fg_status fg__shm_allreduce(fg_comm *c, const fg_comm_args *a) {
         FG_TRY_GOTO(chunk_begin(c, s, a, sig), st, out);
         memcpy(slot(s, s->me, s->g), send, bytes);
         FG_TRY_GOTO(chunk_ready(c, s, a, sig, true, -1), st, out);
-        for (int q = 0; q < s->n; q++)
-            sp[q] = slot(s, q, s->g);
+        for (int q = 0; q < s->n; q++) sp[q] = slot(s, q, s->g);
         fg__reduce(a->dt, a->rop, recv, NULL, sp, s->n, a->count, s->n);
         chunk_end(s);
         goto out;
@@ -171,15 +165,13 @@ fg_status fg__shm_allreduce(fg_comm *c, const fg_comm_args *a) {
         memcpy(base, in, (size_t)lo * esz);
         memcpy(base + hi * (int64_t)esz, in + hi * (int64_t)esz, (size_t)(m - hi) * esz);
         FG_TRY_GOTO(chunk_ready(c, s, a, sig, off == 0, -1), st, out);
-        for (int q = 0; q < s->n; q++)
-            sp[q] = slot(s, q, s->g) + lo * (int64_t)esz;
+        for (int q = 0; q < s->n; q++) sp[q] = slot(s, q, s->g) + lo * (int64_t)esz;
         sp[s->me] = in + lo * (int64_t)esz;
         char *mine = base + lo * (int64_t)esz;
         fg__reduce(a->dt, a->rop, mine, nt ? NULL : recv + (off + lo) * (int64_t)esz, sp, s->n,
                    hi - lo, s->n);
         post(s, W_MID, s->g + 1);
-        if (nt)
-            fg__copy(recv + (off + lo) * (int64_t)esz, mine, (size_t)(hi - lo) * esz, true);
+        if (nt) fg__copy(recv + (off + lo) * (int64_t)esz, mine, (size_t)(hi - lo) * esz, true);
         for (int k = 1; k < s->n; k++) {
             int q = (s->me + k) % s->n; /* start at the next rank: spread the readers */
             FG_TRY_GOTO(fg__shm_wait_all(c, s, a, W_MID, s->g + 1, q), st, out);
@@ -190,8 +182,7 @@ fg_status fg__shm_allreduce(fg_comm *c, const fg_comm_args *a) {
         chunk_end(s);
     }
 out:
-    if (sp != srcs)
-        fg_free(sp);
+    if (sp != srcs) fg_free(sp);
     return st;
 }
 
@@ -205,8 +196,7 @@ fg_status fg__shm_reduce(fg_comm *c, const fg_comm_args *a) {
     sig_of(a, s->n, sig);
     const void *srcs[64];
     const void **sp = s->n <= 64 ? srcs : fg_alloc(sizeof(void *) * (size_t)s->n);
-    if (!sp)
-        return fg__comm_fail(c, a, FG_ENOMEM, "out of memory");
+    if (!sp) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory");
     fg_status st = FG_OK;
     int64_t per = chunk_elems(s, esz, 1);
     for (int64_t off = 0; off < a->count; off += per) {
@@ -216,8 +206,7 @@ fg_status fg__shm_reduce(fg_comm *c, const fg_comm_args *a) {
         FG_TRY_GOTO(chunk_ready(c, s, a, sig, off == 0, -1), st, out);
         int64_t lo, hi;
         slice_of(m, s->n, s->me, esz, &lo, &hi);
-        for (int q = 0; q < s->n; q++)
-            sp[q] = slot(s, q, s->g) + lo * (int64_t)esz;
+        for (int q = 0; q < s->n; q++) sp[q] = slot(s, q, s->g) + lo * (int64_t)esz;
         fg__reduce(a->dt, a->rop, slot(s, s->me, s->g) + lo * (int64_t)esz,
                    root ? recv + (off + lo) * (int64_t)esz : NULL, sp, s->n, hi - lo, s->n);
         post(s, W_MID, s->g + 1);
@@ -233,8 +222,7 @@ fg_status fg__shm_reduce(fg_comm *c, const fg_comm_args *a) {
         chunk_end(s);
     }
 out:
-    if (sp != srcs)
-        fg_free(sp);
+    if (sp != srcs) fg_free(sp);
     return st;
 }
 
@@ -248,8 +236,7 @@ fg_status fg__shm_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
     sig_of(a, s->n, sig);
     const void *srcs[64];
     const void **sp = s->n <= 64 ? srcs : fg_alloc(sizeof(void *) * (size_t)s->n);
-    if (!sp)
-        return fg__comm_fail(c, a, FG_ENOMEM, "out of memory");
+    if (!sp) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory");
     fg_status st = FG_OK;
     int64_t per = chunk_elems(s, esz, s->n);
     for (int64_t off = 0; off < rc; off += per) {
@@ -260,14 +247,12 @@ fg_status fg__shm_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
             memcpy(mine + (size_t)b * (size_t)per * esz,
                    send + ((int64_t)b * rc + off) * (int64_t)esz, (size_t)m * esz);
         FG_TRY_GOTO(chunk_ready(c, s, a, sig, off == 0, -1), st, out);
-        for (int q = 0; q < s->n; q++)
-            sp[q] = slot(s, q, s->g) + (size_t)s->me * (size_t)per * esz;
+        for (int q = 0; q < s->n; q++) sp[q] = slot(s, q, s->g) + (size_t)s->me * (size_t)per * esz;
         fg__reduce(a->dt, a->rop, recv + off * (int64_t)esz, NULL, sp, s->n, m, s->n);
         chunk_end(s);
     }
 out:
-    if (sp != srcs)
-        fg_free(sp);
+    if (sp != srcs) fg_free(sp);
     return st;
 }
 
@@ -284,15 +269,13 @@ static fg_status gatherv(fg_comm *c, const fg_comm_args *a, const int64_t *count
 #define CNT(q) (counts ? counts[q] : a->count)
 #define DSP(q) (displs ? displs[q] : (int64_t)(q)*a->count)
     int64_t maxc = 0;
-    for (int q = 0; q < s->n; q++)
-        maxc = FG_MAX(maxc, CNT(q));
+    for (int q = 0; q < s->n; q++) maxc = FG_MAX(maxc, CNT(q));
     bool inplace = send == recv + DSP(s->me) * (int64_t)esz;
     int64_t per = chunk_elems(s, esz, 1);
     for (int64_t off = 0; off < maxc; off += per) {
         FG_TRY(chunk_begin(c, s, a, sig));
         int64_t m = FG_MIN(per, CNT(s->me) - off);
-        if (m > 0)
-            memcpy(slot(s, s->me, s->g), send + off * (int64_t)esz, (size_t)m * esz);
+        if (m > 0) memcpy(slot(s, s->me, s->g), send + off * (int64_t)esz, (size_t)m * esz);
         post(s, W_READY, s->g + 1);
         /* this rank's own piece while the peers copy theirs in */
         if (m > 0 && !inplace)
@@ -312,9 +295,7 @@ static fg_status gatherv(fg_comm *c, const fg_comm_args *a, const int64_t *count
     return FG_OK;
 }
 
-fg_status fg__shm_allgather(fg_comm *c, const fg_comm_args *a) {
-    return gatherv(c, a, NULL, NULL);
-}
+fg_status fg__shm_allgather(fg_comm *c, const fg_comm_args *a) { return gatherv(c, a, NULL, NULL); }
 
 fg_status fg__shm_allgatherv(fg_comm *c, const fg_comm_args *a) {
     return gatherv(c, a, a->counts, a->displs);

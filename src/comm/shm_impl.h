@@ -107,9 +107,7 @@ static inline char *chan_slot(shm_state *s, shm_chan *ch, uint32_t i) {
 static inline char *slot(shm_state *s, int r, uint32_t g) {
     return s->data + ((size_t)r * NSLOTS + g % NSLOTS) * s->slot_bytes;
 }
-static inline bool reached(uint32_t v, uint32_t target) {
-    return (int32_t)(v - target) >= 0;
-}
+static inline bool reached(uint32_t v, uint32_t target) { return (int32_t)(v - target) >= 0; }
 
 /* ------------------------------------------------------------- posting */
 
@@ -122,8 +120,7 @@ static inline void futex_wake_all(_Atomic uint32_t *w) {
  * sleeper's increment and re-check: one side always sees the other. */
 static inline void post_word(_Atomic uint32_t *w, _Atomic uint32_t *sleepers, uint32_t v) {
     atomic_store_explicit(w, v, memory_order_seq_cst);
-    if (atomic_load_explicit(sleepers, memory_order_seq_cst))
-        futex_wake_all(w);
+    if (atomic_load_explicit(sleepers, memory_order_seq_cst)) futex_wake_all(w);
 }
 
 static inline void post(shm_state *s, int which, uint32_t v) {

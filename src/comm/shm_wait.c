@@ -40,8 +40,7 @@ static void futex_wait(_Atomic uint32_t *w, uint32_t val, double seconds) {
 
 void fg__shm_wake_everyone(shm_state *s) {
     for (int r = 0; r < s->n; r++) {
-        for (int k = 0; k < 3; k++)
-            futex_wake_all(&ctl(s, r)->w[k]);
+        for (int k = 0; k < 3; k++) futex_wake_all(&ctl(s, r)->w[k]);
         for (int d = 0; d < s->n; d++) {
             futex_wake_all(&chan(s, r, d)->head);
             futex_wake_all(&chan(s, r, d)->tail);
@@ -66,26 +65,22 @@ static char proc_state(int pid) {
     char path[64], buf[512];
     snprintf(path, sizeof path, "/proc/%d/stat", pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
+    if (fd < 0) return 0;
     ssize_t k = read(fd, buf, sizeof buf - 1);
     close(fd);
-    if (k <= 0)
-        return 0;
+    if (k <= 0) return 0;
     buf[k] = 0;
     char *p = strrchr(buf, ')');
     return p && p[1] == ' ' ? p[2] : 0;
 }
 
 bool fg__shm_pid_dead(int pid, int pidfd) {
-    if (pid <= 0)
-        return false;
+    if (pid <= 0) return false;
     if (pidfd >= 0) {
         struct pollfd pf = {.fd = pidfd, .events = POLLIN};
         return poll(&pf, 1, 0) > 0;
     }
-    if (kill(pid, 0) != 0 && errno == ESRCH)
-        return true;
+    if (kill(pid, 0) != 0 && errno == ESRCH) return true;
     char st = proc_state(pid);
     return st == 'Z' || st == 'X';
 }
@@ -95,8 +90,7 @@ bool fg__shm_pid_dead(int pid, int pidfd) {
 bool fg__shm_publish_abort(shm_state *s, fg_status st, const char *op, uint64_t seq,
                            const char *msg) {
     int32_t none = -1;
-    if (!atomic_compare_exchange_strong(&s->hdr->abort_rank, &none, s->me))
-        return false;
+    if (!atomic_compare_exchange_strong(&s->hdr->abort_rank, &none, s->me)) return false;
     shm_hdr *h = s->hdr;
     h->abort_status = (int32_t)st;
     h->abort_seq = seq;
@@ -124,8 +118,7 @@ fg_status fg__shm_aborted_elsewhere(fg_comm *c, shm_state *s, const fg_comm_args
     for (int i = 0; i < 100000 && !atomic_load_explicit(&h->abort_ready, memory_order_acquire); i++)
         CPU_RELAX();
     fg_status st = (fg_status)h->abort_status;
-    if (st != FG_ETIMEOUT && st != FG_EMISMATCH)
-        st = FG_EPEER;
+    if (st != FG_ETIMEOUT && st != FG_EMISMATCH) st = FG_EPEER;
     if (!h->abort_op[0] || r == s->me) /* an abort: the message says who */
         return fg__comm_fail(c, a, st, "%s", h->abort_msg);
     if (h->abort_seq == a->seq && !strcmp(h->abort_op, a->name))
@@ -139,8 +132,7 @@ fg_status fg__shm_aborted_elsewhere(fg_comm *c, shm_state *s, const fg_comm_args
 fg_status fg__shm_wait_word(fg_comm *c, shm_state *s, const fg_comm_args *a, int q,
                             _Atomic uint32_t *w, _Atomic uint32_t *sleepers, uint32_t target,
                             const char *what) {
-    if (reached(atomic_load_explicit(w, memory_order_acquire), target))
-        return FG_OK;
+    if (reached(atomic_load_explicit(w, memory_order_acquire), target)) return FG_OK;
     double t0 = fg_time(), now = t0, next_check = t0 + 0.05;
     /* spin: the peer is usually a few microseconds away. The budget adapts:
      * it shrinks when spinning did not pay (the peer was not running: more
@@ -153,8 +145,7 @@ fg_status fg__shm_wait_word(fg_comm *c, shm_state *s, const fg_comm_args *a, int
         }
         if ((i & 63) == 0) {
             now = fg_time();
-            if (now - t0 > s->spin_cur)
-                break;
+            if (now - t0 > s->spin_cur) break;
             if (atomic_load_explicit(&s->hdr->abort_rank, memory_order_relaxed) >= 0)
                 return fg__shm_aborted_elsewhere(c, s, a);
         }
@@ -163,8 +154,7 @@ fg_status fg__shm_wait_word(fg_comm *c, shm_state *s, const fg_comm_args *a, int
     /* yield: the peer may need this core */
     while (now - t0 < s->spin_cur + s->yield_s) {
         sched_yield();
-        if (reached(atomic_load_explicit(w, memory_order_acquire), target))
-            return FG_OK;
+        if (reached(atomic_load_explicit(w, memory_order_acquire), target)) return FG_OK;
         if (atomic_load_explicit(&s->hdr->abort_rank, memory_order_relaxed) >= 0)
             return fg__shm_aborted_elsewhere(c, s, a);
         now = fg_time();
@@ -173,13 +163,10 @@ fg_status fg__shm_wait_word(fg_comm *c, shm_state *s, const fg_comm_args *a, int
     for (;;) {
         atomic_fetch_add_explicit(sleepers, 1, memory_order_seq_cst);
         uint32_t v = atomic_load_explicit(w, memory_order_seq_cst);
-        if (!reached(v, target) && atomic_load(&s->hdr->abort_rank) < 0)
-            futex_wait(w, v, 0.05);
+        if (!reached(v, target) && atomic_load(&s->hdr->abort_rank) < 0) futex_wait(w, v, 0.05);
         atomic_fetch_sub_explicit(sleepers, 1, memory_order_seq_cst);
-        if (reached(atomic_load_explicit(w, memory_order_acquire), target))
-            return FG_OK;
-        if (atomic_load(&s->hdr->abort_rank) >= 0)
-            return fg__shm_aborted_elsewhere(c, s, a);
+        if (reached(atomic_load_explicit(w, memory_order_acquire), target)) return FG_OK;
+        if (atomic_load(&s->hdr->abort_rank) >= 0) return fg__shm_aborted_elsewhere(c, s, a);
         now = fg_time();
         if (now >= next_check) {
             next_check = now + 0.05;
@@ -194,8 +181,7 @@ fg_status fg__shm_wait_word(fg_comm *c, shm_state *s, const fg_comm_args *a, int
                     return fg__shm_group_fail(c, s, a, FG_EPEER, "rank %d (pid %d) died", q,
                                               s->pids[q]);
             }
-            if (c->aborted)
-                return fg__shm_aborted_elsewhere(c, s, a);
+            if (c->aborted) return fg__shm_aborted_elsewhere(c, s, a);
             if (now - t0 > c->timeout_s) {
                 char st = q >= 0 ? proc_state(s->pids[q]) : 0;
                 return fg__shm_group_fail(
@@ -214,17 +200,14 @@ static const char *const k_word_names[3] = {"input", "reduced slice", "completio
 fg_status fg__shm_wait_all(fg_comm *c, shm_state *s, const fg_comm_args *a, int which,
                            uint32_t target, int only) {
     for (int q = 0; q < s->n; q++) {
-        if (q == s->me || (only >= 0 && q != only))
-            continue;
-        if (which == W_DONE && reached(s->lb_done[q], target))
-            continue;
+        if (q == s->me || (only >= 0 && q != only)) continue;
+        if (which == W_DONE && reached(s->lb_done[q], target)) continue;
         shm_ctl *p = ctl(s, q);
         FG_TRY(
             fg__shm_wait_word(c, s, a, q, &p->w[which], &p->sleepers, target, k_word_names[which]));
         uint32_t v = atomic_load_explicit(&p->w[which], memory_order_relaxed);
         uint32_t lb = which == W_DONE ? v : v - 1; /* ready/mid of g imply done of g-1 */
-        if (reached(lb, s->lb_done[q]))
-            s->lb_done[q] = lb;
+        if (reached(lb, s->lb_done[q])) s->lb_done[q] = lb;
     }
     return FG_OK;
 }

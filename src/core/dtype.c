@@ -12,10 +12,14 @@ static const struct {
     bool is_float;
 } k_dt[FG_DTYPE_COUNT] = {
     [FG_DTYPE_DEFAULT] = {"default", "?", 0, false},
-    [FG_F64] = {"f64", "F64", 8, true},  [FG_F32] = {"f32", "F32", 4, true},
-    [FG_BF16] = {"bf16", "BF16", 2, true}, [FG_F16] = {"f16", "F16", 2, true},
-    [FG_I32] = {"i32", "I32", 4, false}, [FG_I64] = {"i64", "I64", 8, false},
-    [FG_U8] = {"u8", "U8", 1, false},    [FG_U16] = {"u16", "U16", 2, false},
+    [FG_F64] = {"f64", "F64", 8, true},
+    [FG_F32] = {"f32", "F32", 4, true},
+    [FG_BF16] = {"bf16", "BF16", 2, true},
+    [FG_F16] = {"f16", "F16", 2, true},
+    [FG_I32] = {"i32", "I32", 4, false},
+    [FG_I64] = {"i64", "I64", 8, false},
+    [FG_U8] = {"u8", "U8", 1, false},
+    [FG_U16] = {"u16", "U16", 2, false},
 };
 
 bool fg_dtype_valid(int dt) { return dt > FG_DTYPE_DEFAULT && dt < FG_DTYPE_COUNT; }
@@ -61,10 +65,10 @@ uint16_t fg_f32_to_f16(float f) {
     uint32_t u = f2u(f);
     uint32_t sign = (u >> 16) & 0x8000u;
     uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);      /* NaN */
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);     /* rounds to inf */
-    if (a < 0x38800000u) {                                        /* subnormal or zero */
-        if (a < 0x33000000u) return (uint16_t)sign;               /* below half the least */
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);  /* NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to inf */
+    if (a < 0x38800000u) {                                   /* subnormal or zero */
+        if (a < 0x33000000u) return (uint16_t)sign;          /* below half the least */
         uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u;
         uint32_t shift = 126 - e; /* 14..24 */
         uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
@@ -122,20 +126,25 @@ fg_status fg_convert(void *dst, fg_dtype ddt, const void *src, fg_dtype sdt, int
                         "(FG_F64 .. FG_U16)",
                         (int)ddt, fg_dtype_name(ddt), (int)sdt, fg_dtype_name(sdt));
     if (n < 0) return fg_error(FG_EINVAL, "fg_convert: negative count %lld", (long long)n);
-    if (n && (!dst || !src)) return fg_error(FG_EINVAL, "fg_convert: NULL buffer with count %lld", (long long)n);
+    if (n && (!dst || !src))
+        return fg_error(FG_EINVAL, "fg_convert: NULL buffer with count %lld", (long long)n);
     if (ddt == sdt) {
         if (dst != src) memmove(dst, src, (size_t)n * fg_dtype_size(ddt));
         return FG_OK;
     }
     /* The hot pairs get direct loops; the rest go through double. */
     if (sdt == FG_F32 && ddt == FG_BF16) {
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = fg_f32_to_bf16(((const float *)src)[i]);
+        for (int64_t i = 0; i < n; i++)
+            ((uint16_t *)dst)[i] = fg_f32_to_bf16(((const float *)src)[i]);
     } else if (sdt == FG_BF16 && ddt == FG_F32) {
-        for (int64_t i = 0; i < n; i++) ((float *)dst)[i] = fg_bf16_to_f32(((const uint16_t *)src)[i]);
+        for (int64_t i = 0; i < n; i++)
+            ((float *)dst)[i] = fg_bf16_to_f32(((const uint16_t *)src)[i]);
     } else if (sdt == FG_F32 && ddt == FG_F16) {
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = fg_f32_to_f16(((const float *)src)[i]);
+        for (int64_t i = 0; i < n; i++)
+            ((uint16_t *)dst)[i] = fg_f32_to_f16(((const float *)src)[i]);
     } else if (sdt == FG_F16 && ddt == FG_F32) {
-        for (int64_t i = 0; i < n; i++) ((float *)dst)[i] = fg_f16_to_f32(((const uint16_t *)src)[i]);
+        for (int64_t i = 0; i < n; i++)
+            ((float *)dst)[i] = fg_f16_to_f32(((const uint16_t *)src)[i]);
     } else {
         for (int64_t i = 0; i < n; i++) store(dst, ddt, i, load(src, sdt, i));
     }

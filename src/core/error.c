@@ -85,8 +85,7 @@ fg_status fg__env_int(const char *name, long def, long *out) {
     errno = 0;
     long x = strtol(v, &end, 10);
     while (*end == ' ') end++;
-    if (errno || *end)
-        return fg_error(FG_EINVAL, "%s=\"%s\": expected an integer", name, v);
+    if (errno || *end) return fg_error(FG_EINVAL, "%s=\"%s\": expected an integer", name, v);
     *out = x;
     return FG_OK;
 }

@@ -31,8 +31,6 @@ void fg_log_stderr(void *ud, fg_log_level level, int rank, const char *msg) {
     (void)ud;
     static const char *const names[] = {"debug", "info", "warning", "error"};
     /* This is the sink a program opts into; printing is its whole job. */
-    if (rank >= 0)
-        fprintf(stderr, "[fulgur rank %d] %s: %s\n", rank, names[level], msg);
-    else
-        fprintf(stderr, "[fulgur] %s: %s\n", names[level], msg);
+    if (rank >= 0) fprintf(stderr, "[fulgur rank %d] %s: %s\n", rank, names[level], msg);
+    else fprintf(stderr, "[fulgur] %s: %s\n", names[level], msg);
 }

@@ -45,9 +45,7 @@ fg_status fg__npy_dataset_open(const char *x_path, const char *y_path, fg_datase
 fg_status fg__idx_dataset_open(const char *images_path, const char *labels_path, fg_dataset **out);
 
 /* Little-endian reads that never assume alignment. */
-static inline uint16_t fg__le16(const uint8_t *p) {
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
+static inline uint16_t fg__le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 static inline uint32_t fg__le32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }

@@ -14,8 +14,7 @@
 
 int64_t fg_sample_spec_numel(const fg_sample_spec *s) {
     int64_t n = 1;
-    for (int i = 0; i < s->ndim; i++)
-        n *= s->shape[i];
+    for (int i = 0; i < s->ndim; i++) n *= s->shape[i];
     return n;
 }
 
@@ -49,74 +48,54 @@ fg_status fg__spec_check(const fg_sample_spec *s, const char *who, const char *w
 
 fg_dataset *fg_dataset_new(const fg_dataset_ops *ops, void *ud, const char *name) {
     fg_dataset *ds = NULL;
-    if (!name)
-        name = "user";
+    if (!name) name = "user";
     if (!ops || !ops->len || !ops->spec || !ops->get) {
         fg_error(FG_EINVAL, "fg_dataset_new(%s): ops and its len, spec and get must be set", name);
         goto fail;
     }
     ds = fg_calloc(1, sizeof *ds);
-    if (!ds)
-        goto fail;
+    if (!ds) goto fail;
     ds->ops = *ops;
     ds->ud = ud;
     ds->name = fg_strdup(name);
-    if (!ds->name)
-        goto fail;
+    if (!ds->name) goto fail;
     ds->len = ops->len(ud);
     if (ds->len < 0) {
         fg_error(FG_EINVAL, "dataset %s: length %lld (must be >= 0)", name, (long long)ds->len);
         goto fail;
     }
     ops->spec(ud, &ds->x, &ds->y);
-    if (ds->x.dtype == FG_DTYPE_DEFAULT)
-        ds->x.dtype = FG_F32;
-    if (ds->y.dtype == FG_DTYPE_DEFAULT)
-        ds->y.dtype = FG_F32;
+    if (ds->x.dtype == FG_DTYPE_DEFAULT) ds->x.dtype = FG_F32;
+    if (ds->y.dtype == FG_DTYPE_DEFAULT) ds->y.dtype = FG_F32;
     if (fg__spec_check(&ds->x, name, "x", &ds->xbytes) != FG_OK ||
         fg__spec_check(&ds->y, name, "y", &ds->ybytes) != FG_OK)
         goto fail;
     return ds;
 fail:
-    if (ds)
-        fg_free(ds->name);
+    if (ds) fg_free(ds->name);
     fg_free(ds);
-    if (ops && ops->free)
-        ops->free(ud);
+    if (ops && ops->free) ops->free(ud);
     return NULL;
 }
 
 void fg_dataset_free(fg_dataset *ds) {
-    if (!ds)
-        return;
-    if (ds->ops.free)
-        ds->ops.free(ds->ud);
+    if (!ds) return;
+    if (ds->ops.free) ds->ops.free(ds->ud);
     fg_free(ds->name);
     fg_free(ds);
 }
 
-int64_t fg_dataset_len(const fg_dataset *ds) {
-    return ds->len;
-}
-const fg_sample_spec *fg_dataset_x_spec(const fg_dataset *ds) {
-    return &ds->x;
-}
-const fg_sample_spec *fg_dataset_y_spec(const fg_dataset *ds) {
-    return &ds->y;
-}
-const char *fg_dataset_name(const fg_dataset *ds) {
-    return ds->name;
-}
-int64_t fg_dataset_vocab_size(const fg_dataset *ds) {
-    return ds ? ds->vocab_size : 0;
-}
+int64_t fg_dataset_len(const fg_dataset *ds) { return ds->len; }
+const fg_sample_spec *fg_dataset_x_spec(const fg_dataset *ds) { return &ds->x; }
+const fg_sample_spec *fg_dataset_y_spec(const fg_dataset *ds) { return &ds->y; }
+const char *fg_dataset_name(const fg_dataset *ds) { return ds->name; }
+int64_t fg_dataset_vocab_size(const fg_dataset *ds) { return ds ? ds->vocab_size : 0; }
 const fg_text_vocab *fg_text_dataset_vocab(const fg_dataset *ds) {
     return ds ? ds->text_vocab : NULL;
 }
 
 fg_status fg_dataset_get(const fg_dataset *ds, int64_t i, void *x_out, void *y_out) {
-    if (!ds)
-        return fg_error(FG_EINVAL, "fg_dataset_get: NULL dataset");
+    if (!ds) return fg_error(FG_EINVAL, "fg_dataset_get: NULL dataset");
     if (i < 0 || i >= ds->len)
         return fg_error(FG_EINVAL, "dataset %s: sample %lld is outside [0, %lld)", ds->name,
                         (long long)i, (long long)ds->len);
@@ -133,9 +112,7 @@ typedef struct subset {
     int64_t start, len;
 } subset;
 
-static int64_t subset_len(void *ud) {
-    return ((subset *)ud)->len;
-}
+static int64_t subset_len(void *ud) { return ((subset *)ud)->len; }
 static void subset_spec(void *ud, fg_sample_spec *x, fg_sample_spec *y) {
     *x = ((subset *)ud)->base->x;
     *y = ((subset *)ud)->base->y;
@@ -144,9 +121,7 @@ static fg_status subset_get(void *ud, int64_t i, void *x, void *y) {
     subset *s = ud;
     return s->base->ops.get(s->base->ud, s->start + i, x, y);
 }
-static void subset_free(void *ud) {
-    fg_free(ud);
-}
+static void subset_free(void *ud) { fg_free(ud); }
 
 fg_dataset *fg_dataset_subset(fg_dataset *base, int64_t start, int64_t len) {
     if (!base) {
@@ -160,13 +135,11 @@ fg_dataset *fg_dataset_subset(fg_dataset *base, int64_t start, int64_t len) {
         return NULL;
     }
     subset *s = fg_alloc(sizeof *s);
-    if (!s)
-        return NULL;
+    if (!s) return NULL;
     *s = (subset){base, start, len};
     static const fg_dataset_ops ops = {subset_len, subset_spec, subset_get, subset_free};
     fg_dataset *ds = fg_dataset_new(&ops, s, "subset");
-    if (!ds)
-        return NULL;
+    if (!ds) return NULL;
     ds->vocab_size = base->vocab_size;
     ds->text_vocab = base->text_vocab;
     return ds;
@@ -174,27 +147,22 @@ fg_dataset *fg_dataset_subset(fg_dataset *base, int64_t start, int64_t len) {
 
 fg_status fg_dataset_split(fg_dataset *base, double val_fraction, fg_dataset **train,
                            fg_dataset **val) {
-    if (train)
-        *train = NULL;
-    if (val)
-        *val = NULL;
-    if (!base || !train || !val)
-        return fg_error(FG_EINVAL, "fg_dataset_split: NULL argument");
+    if (train) *train = NULL;
+    if (val) *val = NULL;
+    if (!base || !train || !val) return fg_error(FG_EINVAL, "fg_dataset_split: NULL argument");
     if (!(val_fraction >= 0.0 && val_fraction < 1.0))
         return fg_error(FG_EINVAL, "dataset %s: val_fraction=%g: expected a value in [0, 1)",
                         base->name, val_fraction);
     int64_t n = base->len;
     int64_t nval = (int64_t)ceil(val_fraction * (double)n);
-    if (nval > n)
-        nval = n;
+    if (nval > n) nval = n;
     if (n - nval < 1)
         return fg_error(FG_EINVAL,
                         "dataset %s: splitting %lld samples with val_fraction=%g leaves no "
                         "training sample: use more data or a smaller fraction",
                         base->name, (long long)n, val_fraction);
     *train = fg_dataset_subset(base, 0, n - nval);
-    if (!*train)
-        return FG_ENOMEM;
+    if (!*train) return FG_ENOMEM;
     *val = fg_dataset_subset(base, n - nval, nval);
     if (!*val) {
         fg_dataset_free(*train);
@@ -209,8 +177,7 @@ fg_status fg_dataset_split(fg_dataset *base, double val_fraction, fg_dataset **t
 fg_status fg__map_file(const char *path, fg__map *m) {
     *m = (fg__map){0};
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return fg_error(FG_EIO, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return fg_error(FG_EIO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
@@ -228,15 +195,13 @@ fg_status fg__map_file(const char *path, fg__map *m) {
     void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);
-    if (p == MAP_FAILED)
-        return fg_error(FG_EIO, "%s: cannot map: %s", path, strerror(e));
+    if (p == MAP_FAILED) return fg_error(FG_EIO, "%s: cannot map: %s", path, strerror(e));
     m->p = p;
     m->len = (size_t)st.st_size;
     return FG_OK;
 }
 
 void fg__unmap(fg__map *m) {
-    if (m->p)
-        munmap((void *)m->p, m->len);
+    if (m->p) munmap((void *)m->p, m->len);
     *m = (fg__map){0};
 }

@@ -74,9 +74,7 @@ typedef struct idx_ds {
     int64_t row;
 } idx_ds;
 
-static int64_t idx_len(void *ud) {
-    return ((idx_ds *)ud)->img.dims[0];
-}
+static int64_t idx_len(void *ud) { return ((idx_ds *)ud)->img.dims[0]; }
 
 static void idx_spec(void *ud, fg_sample_spec *x, fg_sample_spec *y) {
     idx_ds *d = ud;
@@ -88,16 +86,14 @@ static fg_status idx_get(void *ud, int64_t i, void *x_out, void *y_out) {
     idx_ds *d = ud;
     const uint8_t *p = d->img.data + i * d->row;
     float *x = x_out;
-    for (int64_t k = 0; k < d->row; k++)
-        x[k] = (float)p[k] * (1.0f / 255.0f);
+    for (int64_t k = 0; k < d->row; k++) x[k] = (float)p[k] * (1.0f / 255.0f);
     *(int32_t *)y_out = d->lab.data[i];
     return FG_OK;
 }
 
 static void idx_free(void *ud) {
     idx_ds *d = ud;
-    if (!d)
-        return;
+    if (!d) return;
     fg__unmap(&d->img.map);
     fg__unmap(&d->lab.map);
     fg_free(d);
@@ -111,12 +107,9 @@ fg_status fg__idx_dataset_open(const char *images_path, const char *labels_path,
     *out = NULL;
     fg_status st;
     idx_ds *d = fg_calloc(1, sizeof *d);
-    if (!d)
-        return FG_ENOMEM;
-    if ((st = idx_open(images_path, &d->img, 2, FG_MAX_DIMS, "images")) != FG_OK)
-        goto fail;
-    if ((st = idx_open(labels_path, &d->lab, 1, 1, "labels")) != FG_OK)
-        goto fail;
+    if (!d) return FG_ENOMEM;
+    if ((st = idx_open(images_path, &d->img, 2, FG_MAX_DIMS, "images")) != FG_OK) goto fail;
+    if ((st = idx_open(labels_path, &d->lab, 1, 1, "labels")) != FG_OK) goto fail;
     if (d->lab.dims[0] != d->img.dims[0]) {
         st = fg_error(FG_EFORMAT, "%s: %lld labels, but %s has %lld images", labels_path,
                       (long long)d->lab.dims[0], images_path, (long long)d->img.dims[0]);

@@ -72,9 +72,7 @@ struct fg_dataloader {
 
 static _Thread_local const fg_worker_info *tl_info;
 
-const fg_worker_info *fg_data_worker_info(void) {
-    return tl_info;
-}
+const fg_worker_info *fg_data_worker_info(void) { return tl_info; }
 
 /* --------------------------------------------------------------- filling */
 
@@ -144,8 +142,7 @@ static void *worker_main(void *arg) {
             dl->busy--;
             s->st = st;
             s->state = st == FG_OK ? SLOT_READY : SLOT_FAILED;
-            if (st != FG_OK)
-                dl->failed = true;
+            if (st != FG_OK) dl->failed = true;
             pthread_cond_broadcast(&dl->cv_done);
         } else {
             pthread_cond_wait(&dl->cv_work, &dl->mu);
@@ -161,8 +158,7 @@ static void *worker_main(void *arg) {
 static fg_status make_order(fg_dataloader *dl, fg_sampler *s, int64_t epoch, int64_t **out) {
     int64_t n = fg_sampler_len(s);
     int64_t *o = fg_alloc((size_t)(n ? n : 1) * sizeof *o);
-    if (!o)
-        return FG_ENOMEM;
+    if (!o) return FG_ENOMEM;
     fg_status st = fg_sampler_indices(s, epoch, o);
     if (st != FG_OK) {
         fg_free(o);
@@ -189,8 +185,7 @@ static void reposition(fg_dataloader *dl, int64_t epoch, int64_t batch, int64_t 
     if (dl->nworkers) {
         pthread_mutex_lock(&dl->mu);
         dl->pausing = true;
-        while (dl->busy > 0)
-            pthread_cond_wait(&dl->cv_done, &dl->mu);
+        while (dl->busy > 0) pthread_cond_wait(&dl->cv_done, &dl->mu);
     }
     if (s) {
         fg_sampler_free(dl->sampler);
@@ -220,8 +215,7 @@ static void reposition(fg_dataloader *dl, int64_t epoch, int64_t batch, int64_t 
 }
 
 fg_status fg_dataloader_set_position(fg_dataloader *dl, int64_t epoch, int64_t batch) {
-    if (!dl)
-        return fg_error(FG_EINVAL, "fg_dataloader_set_position: NULL loader");
+    if (!dl) return fg_error(FG_EINVAL, "fg_dataloader_set_position: NULL loader");
     if (epoch < 0)
         return fg_error(FG_EINVAL, "dataloader: epoch %lld (must be >= 0)", (long long)epoch);
     if (batch < 0 || batch > dl->nbatches)
@@ -231,11 +225,9 @@ fg_status fg_dataloader_set_position(fg_dataloader *dl, int64_t epoch, int64_t b
                         (long long)batch, (long long)epoch, (long long)dl->nbatches);
     /* already there (set_epoch(0) right after creation): keep what the
      * workers prepared */
-    if (epoch == dl->epoch && batch == dl->cur && dl->status == FG_OK)
-        return FG_OK;
+    if (epoch == dl->epoch && batch == dl->cur && dl->status == FG_OK) return FG_OK;
     int64_t *order = NULL;
-    if (epoch != dl->epoch)
-        FG_TRY(make_order(dl, dl->sampler, epoch, &order));
+    if (epoch != dl->epoch) FG_TRY(make_order(dl, dl->sampler, epoch, &order));
     reposition(dl, epoch, batch, order, NULL);
     return FG_OK;
 }
@@ -245,8 +237,7 @@ fg_status fg_dataloader_set_epoch(fg_dataloader *dl, int64_t epoch) {
 }
 
 fg_status fg_dataloader_reset(fg_dataloader *dl) {
-    if (!dl)
-        return fg_error(FG_EINVAL, "fg_dataloader_reset: NULL loader");
+    if (!dl) return fg_error(FG_EINVAL, "fg_dataloader_reset: NULL loader");
     return fg_dataloader_set_position(dl, dl->epoch, 0);
 }
 
@@ -269,10 +260,8 @@ fg_status fg_dataloader_set_sampler(fg_dataloader *dl, fg_sampler *s) {
 }
 
 void fg_dataloader_position(const fg_dataloader *dl, int64_t *epoch, int64_t *batch) {
-    if (epoch)
-        *epoch = dl->epoch;
-    if (batch)
-        *batch = dl->cur;
+    if (epoch) *epoch = dl->epoch;
+    if (batch) *batch = dl->cur;
 }
 
 /* ------------------------------------------------------------- next */
@@ -287,11 +276,9 @@ fg_batch *fg_dataloader_next(fg_dataloader *dl) {
         fg_error(FG_EINVAL, "fg_dataloader_next: NULL loader");
         return NULL;
     }
-    if (dl->status != FG_OK)
-        return failed(dl);
+    if (dl->status != FG_OK) return failed(dl);
     if (!dl->nworkers) {
-        if (dl->cur >= dl->nbatches)
-            return NULL;
+        if (dl->cur >= dl->nbatches) return NULL;
         slot *s = &dl->slots[0];
         fg_status st = fill(dl, s, dl->cur, 0);
         if (st != FG_OK) {
@@ -310,8 +297,7 @@ fg_batch *fg_dataloader_next(fg_dataloader *dl) {
         return NULL;
     }
     slot *s = &dl->slots[dl->cur % dl->nslots];
-    while (s->batch != dl->cur || s->state == SLOT_EMPTY)
-        pthread_cond_wait(&dl->cv_done, &dl->mu);
+    while (s->batch != dl->cur || s->state == SLOT_EMPTY) pthread_cond_wait(&dl->cv_done, &dl->mu);
     if (s->state == SLOT_FAILED) {
         dl->status = s->st;
         snprintf(dl->errmsg, sizeof dl->errmsg, "%s", s->msg);
@@ -323,24 +309,12 @@ fg_batch *fg_dataloader_next(fg_dataloader *dl) {
     return &s->b;
 }
 
-fg_status fg_dataloader_status(const fg_dataloader *dl) {
-    return dl ? dl->status : FG_EINVAL;
-}
-int64_t fg_dataloader_len(const fg_dataloader *dl) {
-    return dl->nbatches;
-}
-int64_t fg_dataloader_num_samples(const fg_dataloader *dl) {
-    return dl->n;
-}
-fg_dataset *fg_dataloader_dataset(const fg_dataloader *dl) {
-    return dl->ds;
-}
-const fg_loader_opts *fg_dataloader_opts(const fg_dataloader *dl) {
-    return &dl->opts;
-}
-const fg_sampler *fg_dataloader_sampler(const fg_dataloader *dl) {
-    return dl->sampler;
-}
+fg_status fg_dataloader_status(const fg_dataloader *dl) { return dl ? dl->status : FG_EINVAL; }
+int64_t fg_dataloader_len(const fg_dataloader *dl) { return dl->nbatches; }
+int64_t fg_dataloader_num_samples(const fg_dataloader *dl) { return dl->n; }
+fg_dataset *fg_dataloader_dataset(const fg_dataloader *dl) { return dl->ds; }
+const fg_loader_opts *fg_dataloader_opts(const fg_dataloader *dl) { return &dl->opts; }
+const fg_sampler *fg_dataloader_sampler(const fg_dataloader *dl) { return dl->sampler; }
 
 /* ------------------------------------------------------- new and free */
 
@@ -366,8 +340,7 @@ fg_dataloader *fg_dataloader_new(fg_dataset *ds, const fg_loader_opts *o) {
         return NULL;
     }
     fg_dataloader *dl = fg_calloc(1, sizeof *dl);
-    if (!dl)
-        return NULL;
+    if (!dl) return NULL;
     dl->ds = ds;
     dl->opts = opts;
     dl->B = opts.batch ? opts.batch : 1;
@@ -375,32 +348,25 @@ fg_dataloader *fg_dataloader_new(fg_dataset *ds, const fg_loader_opts *o) {
     dl->nslots = dl->nworkers ? (opts.prefetch ? opts.prefetch : 2 * dl->nworkers) + 1 : 1;
     fg_sampler *s =
         opts.shuffle ? fg_sampler_random(ds->len, opts.seed) : fg_sampler_sequential(ds->len);
-    if (!s)
-        goto fail;
+    if (!s) goto fail;
     dl->sampler = s;
     dl->n = fg_sampler_len(s);
     dl->nreal = fg_sampler_num_real(s);
     dl->nbatches = opts.drop_last ? dl->n / dl->B : (dl->n + dl->B - 1) / dl->B;
-    if (make_order(dl, s, 0, &dl->order) != FG_OK)
-        goto fail;
-    if (!(dl->slots = fg_calloc((size_t)dl->nslots, sizeof *dl->slots)))
-        goto fail;
+    if (make_order(dl, s, 0, &dl->order) != FG_OK) goto fail;
+    if (!(dl->slots = fg_calloc((size_t)dl->nslots, sizeof *dl->slots))) goto fail;
     for (int i = 0; i < dl->nslots; i++) {
         slot *sl = &dl->slots[i];
         int64_t shape[FG_MAX_DIMS] = {dl->B};
         memcpy(shape + 1, ds->x.shape, (size_t)ds->x.ndim * sizeof(int64_t));
-        if (!(sl->x = fg_tensor_new(ds->x.dtype, ds->x.ndim + 1, shape)))
-            goto fail;
+        if (!(sl->x = fg_tensor_new(ds->x.dtype, ds->x.ndim + 1, shape))) goto fail;
         memcpy(shape + 1, ds->y.shape, (size_t)ds->y.ndim * sizeof(int64_t));
-        if (!(sl->y = fg_tensor_new(ds->y.dtype, ds->y.ndim + 1, shape)))
-            goto fail;
-        if (!(sl->idx = fg_alloc((size_t)dl->B * sizeof(int64_t))))
-            goto fail;
+        if (!(sl->y = fg_tensor_new(ds->y.dtype, ds->y.ndim + 1, shape))) goto fail;
+        if (!(sl->idx = fg_alloc((size_t)dl->B * sizeof(int64_t)))) goto fail;
         sl->batch = -1;
     }
     if (dl->nworkers) {
-        if (pthread_mutex_init(&dl->mu, NULL) != 0)
-            goto fail_sync;
+        if (pthread_mutex_init(&dl->mu, NULL) != 0) goto fail_sync;
         if (pthread_cond_init(&dl->cv_work, NULL) != 0) {
             pthread_mutex_destroy(&dl->mu);
             goto fail_sync;
@@ -413,8 +379,7 @@ fg_dataloader *fg_dataloader_new(fg_dataset *ds, const fg_loader_opts *o) {
         dl->sync_init = true;
         dl->th = fg_calloc((size_t)dl->nworkers, sizeof *dl->th);
         dl->wk = fg_calloc((size_t)dl->nworkers, sizeof *dl->wk);
-        if (!dl->th || !dl->wk)
-            goto fail;
+        if (!dl->th || !dl->wk) goto fail;
         for (int i = 0; i < dl->nworkers; i++) {
             dl->wk[i] = (worker){dl, i};
             int e = pthread_create(&dl->th[i], NULL, worker_main, &dl->wk[i]);
@@ -435,15 +400,13 @@ fail:
 }
 
 void fg_dataloader_free(fg_dataloader *dl) {
-    if (!dl)
-        return;
+    if (!dl) return;
     if (dl->sync_init) {
         pthread_mutex_lock(&dl->mu);
         dl->stop = true;
         pthread_cond_broadcast(&dl->cv_work);
         pthread_mutex_unlock(&dl->mu);
-        for (int i = 0; i < dl->nstarted; i++)
-            pthread_join(dl->th[i], NULL);
+        for (int i = 0; i < dl->nstarted; i++) pthread_join(dl->th[i], NULL);
         pthread_cond_destroy(&dl->cv_done);
         pthread_cond_destroy(&dl->cv_work);
         pthread_mutex_destroy(&dl->mu);

@@ -58,17 +58,14 @@ static bool eat(cur *c, char ch) {
 /* A quoted string without escapes into out (cap bytes). */
 static bool str_lit(cur *c, char *out, size_t cap) {
     ws(c);
-    if (c->p >= c->end || (*c->p != '\'' && *c->p != '"'))
-        return false;
+    if (c->p >= c->end || (*c->p != '\'' && *c->p != '"')) return false;
     char q = *c->p++;
     size_t n = 0;
     while (c->p < c->end && *c->p != q) {
-        if (*c->p == '\\' || n + 1 >= cap)
-            return false;
+        if (*c->p == '\\' || n + 1 >= cap) return false;
         out[n++] = *c->p++;
     }
-    if (c->p >= c->end)
-        return false;
+    if (c->p >= c->end) return false;
     c->p++;
     out[n] = '\0';
     return true;
@@ -77,8 +74,7 @@ static bool str_lit(cur *c, char *out, size_t cap) {
 static bool word(cur *c, const char *w) {
     ws(c);
     size_t n = strlen(w);
-    if ((size_t)(c->end - c->p) < n || memcmp(c->p, w, n) != 0)
-        return false;
+    if ((size_t)(c->end - c->p) < n || memcmp(c->p, w, n) != 0) return false;
     const char *after = c->p + n;
     if (after < c->end && ((*after >= 'a' && *after <= 'z') || (*after >= 'A' && *after <= 'Z') ||
                            (*after >= '0' && *after <= '9') || *after == '_'))
@@ -88,11 +84,9 @@ static bool word(cur *c, const char *w) {
 }
 
 static fg_status parse_shape(cur *c, npy *a) {
-    if (!eat(c, '('))
-        return npy_bad(a, "'shape' is not a tuple");
+    if (!eat(c, '(')) return npy_bad(a, "'shape' is not a tuple");
     a->ndim = 0;
-    if (eat(c, ')'))
-        return FG_OK;
+    if (eat(c, ')')) return FG_OK;
     for (;;) {
         ws(c);
         if (c->p >= c->end || *c->p < '0' || *c->p > '9')
@@ -100,8 +94,7 @@ static fg_status parse_shape(cur *c, npy *a) {
         int64_t v = 0;
         while (c->p < c->end && *c->p >= '0' && *c->p <= '9') {
             int d = *c->p++ - '0';
-            if (v > (INT64_MAX - d) / 10)
-                return npy_bad(a, "a dimension of 'shape' overflows");
+            if (v > (INT64_MAX - d) / 10) return npy_bad(a, "a dimension of 'shape' overflows");
             v = v * 10 + d;
         }
         if (a->ndim == FG_MAX_DIMS)
@@ -114,15 +107,13 @@ static fg_status parse_shape(cur *c, npy *a) {
                                (long long)v, (long long)v);
             return FG_OK;
         }
-        if (!comma)
-            return npy_bad(a, "'shape' is not a well-formed tuple");
+        if (!comma) return npy_bad(a, "'shape' is not a well-formed tuple");
     }
 }
 
 static fg_status parse_descr(npy *a, const char *d) {
     size_t n = strlen(d);
-    if (n < 3)
-        return npy_bad(a, "dtype '%s' is not understood", d);
+    if (n < 3) return npy_bad(a, "dtype '%s' is not understood", d);
     char order = d[0], kind = d[1];
     int size = 0;
     for (size_t i = 2; i < n; i++) {
@@ -148,45 +139,35 @@ static fg_status parse_header(npy *a, const char *h, size_t n) {
     cur c = {h, h + n};
     char key[64], descr[64];
     bool have_descr = false, have_fortran = false, have_shape = false, fortran = false;
-    if (!eat(&c, '{'))
-        return npy_bad(a, "the header is not a dict");
+    if (!eat(&c, '{')) return npy_bad(a, "the header is not a dict");
     while (!eat(&c, '}')) {
-        if (!str_lit(&c, key, sizeof key))
-            return npy_bad(a, "the header dict has a bad key");
-        if (!eat(&c, ':'))
-            return npy_bad(a, "the header dict lacks ':' after '%s'", key);
+        if (!str_lit(&c, key, sizeof key)) return npy_bad(a, "the header dict has a bad key");
+        if (!eat(&c, ':')) return npy_bad(a, "the header dict lacks ':' after '%s'", key);
         if (strcmp(key, "descr") == 0) {
-            if (have_descr)
-                return npy_bad(a, "the header repeats 'descr'");
+            if (have_descr) return npy_bad(a, "the header repeats 'descr'");
             if (!str_lit(&c, descr, sizeof descr))
                 return npy_bad(a, "'descr' is not a simple dtype string (structured arrays are "
                                   "not supported)");
             have_descr = true;
         } else if (strcmp(key, "fortran_order") == 0) {
-            if (have_fortran)
-                return npy_bad(a, "the header repeats 'fortran_order'");
-            if (word(&c, "True"))
-                fortran = true;
-            else if (!word(&c, "False"))
-                return npy_bad(a, "'fortran_order' is not True or False");
+            if (have_fortran) return npy_bad(a, "the header repeats 'fortran_order'");
+            if (word(&c, "True")) fortran = true;
+            else if (!word(&c, "False")) return npy_bad(a, "'fortran_order' is not True or False");
             have_fortran = true;
         } else if (strcmp(key, "shape") == 0) {
-            if (have_shape)
-                return npy_bad(a, "the header repeats 'shape'");
+            if (have_shape) return npy_bad(a, "the header repeats 'shape'");
             FG_TRY(parse_shape(&c, a));
             have_shape = true;
         } else {
             return npy_bad(a, "the header has an unexpected key '%s'", key);
         }
         if (!eat(&c, ',')) {
-            if (!eat(&c, '}'))
-                return npy_bad(a, "the header dict is not well formed");
+            if (!eat(&c, '}')) return npy_bad(a, "the header dict is not well formed");
             break;
         }
     }
     ws(&c);
-    if (c.p != c.end)
-        return npy_bad(a, "unexpected text after the header dict");
+    if (c.p != c.end) return npy_bad(a, "unexpected text after the header dict");
     if (!have_descr || !have_fortran || !have_shape)
         return npy_bad(a, "the header lacks '%s'",
                        !have_descr     ? "descr"
@@ -225,8 +206,7 @@ static fg_status npy_open(const char *path, npy *a) {
                      len);
         goto fail;
     }
-    if ((st = parse_header(a, (const char *)p + start, hlen)) != FG_OK)
-        goto fail;
+    if ((st = parse_header(a, (const char *)p + start, hlen)) != FG_OK) goto fail;
     int64_t numel = 1;
     for (int i = 0; i < a->ndim; i++) {
         if (a->shape[i] && numel > INT64_MAX / a->itemsize / a->shape[i]) {
@@ -256,8 +236,7 @@ static const char *shape_str(const npy *a, char *buf, size_t cap) {
     size_t n = (size_t)snprintf(buf, cap, "(");
     for (int i = 0; i < a->ndim && n < cap; i++)
         n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? ", " : "", (long long)a->shape[i]);
-    if (n < cap)
-        snprintf(buf + n, cap - n, ")");
+    if (n < cap) snprintf(buf + n, cap - n, ")");
     return buf;
 }
 
@@ -269,15 +248,12 @@ typedef struct npy_ds {
     int32_t *labels;
 } npy_ds;
 
-static int64_t npy_len(void *ud) {
-    return ((npy_ds *)ud)->x.shape[0];
-}
+static int64_t npy_len(void *ud) { return ((npy_ds *)ud)->x.shape[0]; }
 
 static void npy_spec(void *ud, fg_sample_spec *x, fg_sample_spec *y) {
     npy_ds *d = ud;
     *x = (fg_sample_spec){.dtype = FG_F32, .ndim = d->x.ndim - 1};
-    for (int i = 1; i < d->x.ndim; i++)
-        x->shape[i - 1] = d->x.shape[i];
+    for (int i = 1; i < d->x.ndim; i++) x->shape[i - 1] = d->x.shape[i];
     *y = (fg_sample_spec){.dtype = FG_I32, .ndim = 0};
 }
 
@@ -298,8 +274,7 @@ static fg_status npy_get(void *ud, int64_t i, void *x_out, void *y_out) {
             x[k] = (float)v;
         }
     } else {
-        for (int64_t k = 0; k < d->row; k++)
-            x[k] = (float)p[k];
+        for (int64_t k = 0; k < d->row; k++) x[k] = (float)p[k];
     }
     *(int32_t *)y_out = d->labels[i];
     return FG_OK;
@@ -307,8 +282,7 @@ static fg_status npy_get(void *ud, int64_t i, void *x_out, void *y_out) {
 
 static void npy_free(void *ud) {
     npy_ds *d = ud;
-    if (!d)
-        return;
+    if (!d) return;
     fg__unmap(&d->x.map);
     fg_free(d->labels);
     fg_free(d);
@@ -319,8 +293,7 @@ static void npy_free(void *ud) {
 static int64_t int_at(const npy *a, int64_t i) {
     const uint8_t *p = a->data + (size_t)i * (size_t)a->itemsize;
     uint64_t u = 0;
-    for (int b = a->itemsize - 1; b >= 0; b--)
-        u = (u << 8) | p[b];
+    for (int b = a->itemsize - 1; b >= 0; b--) u = (u << 8) | p[b];
     if (a->kind == 'i' && a->itemsize < 8 && (u >> (8 * a->itemsize - 1)) & 1)
         u |= ~(uint64_t)0 << (8 * a->itemsize); /* sign-extend */
     if (a->kind == 'u' && a->itemsize == 8 && u > (uint64_t)INT64_MAX)
@@ -337,10 +310,8 @@ fg_status fg__npy_dataset_open(const char *x_path, const char *y_path, fg_datase
     npy y = {0};
     char sb[256];
     fg_status st = FG_ENOMEM;
-    if (!d)
-        return FG_ENOMEM;
-    if ((st = npy_open(x_path, &d->x)) != FG_OK)
-        goto fail;
+    if (!d) return FG_ENOMEM;
+    if ((st = npy_open(x_path, &d->x)) != FG_OK) goto fail;
     if (d->x.ndim < 1) {
         st = npy_bad(&d->x, "inputs must have shape (N, ...), this array is a scalar");
         goto fail;
@@ -357,8 +328,7 @@ fg_status fg__npy_dataset_open(const char *x_path, const char *y_path, fg_datase
         }
         d->row *= d->x.shape[i];
     }
-    if ((st = npy_open(y_path, &y)) != FG_OK)
-        goto fail;
+    if ((st = npy_open(y_path, &y)) != FG_OK) goto fail;
     if (y.kind == 'f') {
         st = npy_bad(&y, "labels must have an integer dtype, not f%d", y.itemsize);
         goto fail;

@@ -28,40 +28,27 @@ fg_sampler *fg_sampler_new(const fg_sampler_ops *ops, void *ud) {
         goto fail;
     }
     fg_sampler *s = fg_calloc(1, sizeof *s);
-    if (!s)
-        goto fail;
+    if (!s) goto fail;
     *s = (fg_sampler){.ops = *ops, .ud = ud, .len = len, .real = len, .rank = 0, .world = 1};
     return s;
 fail:
-    if (ops && ops->free)
-        ops->free(ud);
+    if (ops && ops->free) ops->free(ud);
     return NULL;
 }
 
 void fg_sampler_free(fg_sampler *s) {
-    if (!s)
-        return;
-    if (s->ops.free)
-        s->ops.free(s->ud);
+    if (!s) return;
+    if (s->ops.free) s->ops.free(s->ud);
     fg_free(s);
 }
 
-int64_t fg_sampler_len(const fg_sampler *s) {
-    return s->len;
-}
-int64_t fg_sampler_num_real(const fg_sampler *s) {
-    return s->real;
-}
-int fg_sampler_rank(const fg_sampler *s) {
-    return s->rank;
-}
-int fg_sampler_world(const fg_sampler *s) {
-    return s->world;
-}
+int64_t fg_sampler_len(const fg_sampler *s) { return s->len; }
+int64_t fg_sampler_num_real(const fg_sampler *s) { return s->real; }
+int fg_sampler_rank(const fg_sampler *s) { return s->rank; }
+int fg_sampler_world(const fg_sampler *s) { return s->world; }
 
 fg_status fg_sampler_indices(fg_sampler *s, int64_t epoch, int64_t *out) {
-    if (!s || (!out && s->len))
-        return fg_error(FG_EINVAL, "fg_sampler_indices: NULL argument");
+    if (!s || (!out && s->len)) return fg_error(FG_EINVAL, "fg_sampler_indices: NULL argument");
     if (epoch < 0)
         return fg_error(FG_EINVAL, "fg_sampler_indices: epoch %lld (must be >= 0)",
                         (long long)epoch);
@@ -79,8 +66,7 @@ typedef struct builtin {
 } builtin;
 
 static void permutation(int64_t n, uint64_t seed, int64_t epoch, int64_t *out) {
-    for (int64_t i = 0; i < n; i++)
-        out[i] = i;
+    for (int64_t i = 0; i < n; i++) out[i] = i;
     fg_rng r = {fg_rng_derive(seed, (uint64_t)epoch), 0};
     for (int64_t i = n - 1; i > 0; i--) {
         int64_t j = (int64_t)fg_rng_below(&r, (uint64_t)i + 1);
@@ -90,27 +76,20 @@ static void permutation(int64_t n, uint64_t seed, int64_t epoch, int64_t *out) {
     }
 }
 
-static int64_t builtin_len(void *ud) {
-    return ((builtin *)ud)->per_rank;
-}
-static void builtin_free(void *ud) {
-    fg_free(ud);
-}
+static int64_t builtin_len(void *ud) { return ((builtin *)ud)->per_rank; }
+static void builtin_free(void *ud) { fg_free(ud); }
 
 static fg_status builtin_indices(void *ud, int64_t epoch, int64_t *out) {
     builtin *b = ud;
     if (b->world == 1 && b->per_rank == b->n) { /* sequential and random: no padding */
-        if (b->shuffle)
-            permutation(b->n, b->seed, epoch, out);
+        if (b->shuffle) permutation(b->n, b->seed, epoch, out);
         else
-            for (int64_t i = 0; i < b->n; i++)
-                out[i] = i;
+            for (int64_t i = 0; i < b->n; i++) out[i] = i;
         return FG_OK;
     }
     int64_t *list = NULL;
     if (b->shuffle && b->per_rank) {
-        if (!(list = fg_alloc((size_t)b->n * sizeof *list)))
-            return FG_ENOMEM;
+        if (!(list = fg_alloc((size_t)b->n * sizeof *list))) return FG_ENOMEM;
         permutation(b->n, b->seed, epoch, list);
     }
     for (int64_t j = 0; j < b->per_rank; j++) {
@@ -123,13 +102,11 @@ static fg_status builtin_indices(void *ud, int64_t epoch, int64_t *out) {
 
 static fg_sampler *builtin_new(const builtin *b, int64_t real) {
     builtin *ud = fg_alloc(sizeof *ud);
-    if (!ud)
-        return NULL;
+    if (!ud) return NULL;
     *ud = *b;
     static const fg_sampler_ops ops = {builtin_len, builtin_indices, builtin_free};
     fg_sampler *s = fg_sampler_new(&ops, ud);
-    if (!s)
-        return NULL;
+    if (!s) return NULL;
     s->real = real;
     s->rank = b->rank;
     s->world = b->world;
@@ -167,13 +144,11 @@ fg_sampler *fg_sampler_distributed(int64_t n, int rank, int world, const fg_dist
         return NULL;
     }
     int64_t per = d.drop_last ? n / world : (n + world - 1) / world;
-    if (n == 0)
-        per = 0;
+    if (n == 0) per = 0;
     int64_t real = per;
     if (!d.drop_last) { /* positions r + j*W >= n are padding */
         real = n > rank ? (n - rank + world - 1) / world : 0;
-        if (real > per)
-            real = per;
+        if (real > per) real = per;
     }
     builtin b = {.n = n,
                  .seed = d.seed,

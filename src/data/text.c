@@ -22,10 +22,8 @@ struct fg_text_vocab {
 };
 
 static void vocab_index(fg_text_vocab *v) {
-    for (int b = 0; b < 256; b++)
-        v->id[b] = -1;
-    for (int k = 0; k < v->n; k++)
-        v->id[v->bytes[k]] = (int16_t)k;
+    for (int b = 0; b < 256; b++) v->id[b] = -1;
+    for (int k = 0; k < v->n; k++) v->id[v->bytes[k]] = (int16_t)k;
 }
 
 fg_text_vocab *fg_text_vocab_new(const uint8_t *bytes, int n) {
@@ -43,8 +41,7 @@ fg_text_vocab *fg_text_vocab_new(const uint8_t *bytes, int n) {
         seen[bytes[k]] = true;
     }
     fg_text_vocab *v = fg_calloc(1, sizeof *v);
-    if (!v)
-        return NULL;
+    if (!v) return NULL;
     v->n = n;
     memcpy(v->bytes, bytes, (size_t)n);
     vocab_index(v);
@@ -54,8 +51,7 @@ fg_text_vocab *fg_text_vocab_new(const uint8_t *bytes, int n) {
 static void vocab_of_counts(fg_text_vocab *v, const bool seen[256]) {
     v->n = 0;
     for (int b = 0; b < 256; b++)
-        if (seen[b])
-            v->bytes[v->n++] = (uint8_t)b;
+        if (seen[b]) v->bytes[v->n++] = (uint8_t)b;
     vocab_index(v);
 }
 
@@ -66,32 +62,20 @@ fg_text_vocab *fg_text_vocab_from_text(const void *text, size_t n) {
     }
     bool seen[256] = {false};
     const uint8_t *p = text;
-    for (size_t i = 0; i < n; i++)
-        seen[p[i]] = true;
+    for (size_t i = 0; i < n; i++) seen[p[i]] = true;
     fg_text_vocab *v = fg_calloc(1, sizeof *v);
-    if (v)
-        vocab_of_counts(v, seen);
+    if (v) vocab_of_counts(v, seen);
     return v;
 }
 
-void fg_text_vocab_free(fg_text_vocab *v) {
-    fg_free(v);
-}
-int fg_text_vocab_size(const fg_text_vocab *v) {
-    return v->n;
-}
-const uint8_t *fg_text_vocab_bytes(const fg_text_vocab *v) {
-    return v->bytes;
-}
-int32_t fg_text_vocab_id(const fg_text_vocab *v, uint8_t byte) {
-    return v->id[byte];
-}
+void fg_text_vocab_free(fg_text_vocab *v) { fg_free(v); }
+int fg_text_vocab_size(const fg_text_vocab *v) { return v->n; }
+const uint8_t *fg_text_vocab_bytes(const fg_text_vocab *v) { return v->bytes; }
+int32_t fg_text_vocab_id(const fg_text_vocab *v, uint8_t byte) { return v->id[byte]; }
 
 static const char *byte_desc(uint8_t b, char buf[16]) {
-    if (b >= 0x20 && b < 0x7f && b != '\'')
-        snprintf(buf, 16, "'%c'", b);
-    else
-        snprintf(buf, 16, "0x%02x", b);
+    if (b >= 0x20 && b < 0x7f && b != '\'') snprintf(buf, 16, "'%c'", b);
+    else snprintf(buf, 16, "0x%02x", b);
     return buf;
 }
 
@@ -136,8 +120,7 @@ typedef struct buf {
 
 static fg_status read_append(buf *b, const char *path) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return fg_error(FG_EIO, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return fg_error(FG_EIO, "%s: cannot open: %s", path, strerror(errno));
     fg_status st = FG_OK;
     for (;;) {
         if (b->cap - b->n < 65536) {
@@ -152,13 +135,11 @@ static fg_status read_append(buf *b, const char *path) {
         }
         ssize_t r = read(fd, b->p + b->n, b->cap - b->n);
         if (r < 0) {
-            if (errno == EINTR)
-                continue;
+            if (errno == EINTR) continue;
             st = fg_error(FG_EIO, "%s: read failed: %s", path, strerror(errno));
             break;
         }
-        if (r == 0)
-            break;
+        if (r == 0) break;
         b->n += (size_t)r;
     }
     close(fd);
@@ -177,8 +158,7 @@ static bool ends_with(const char *s, const char *suf) {
 /* Appends the regular files of folder `dir` in name order. */
 static fg_status read_dir(buf *b, const char *dir, int *nfiles) {
     DIR *d = opendir(dir);
-    if (!d)
-        return fg_error(FG_EIO, "%s: cannot open folder: %s", dir, strerror(errno));
+    if (!d) return fg_error(FG_EIO, "%s: cannot open folder: %s", dir, strerror(errno));
     char **names = NULL;
     size_t n = 0, cap = 0;
     fg_status st = FG_OK;
@@ -201,8 +181,7 @@ static fg_status read_dir(buf *b, const char *dir, int *nfiles) {
         }
         n++;
     }
-    if (n)
-        qsort(names, n, sizeof *names, cmp_str);
+    if (n) qsort(names, n, sizeof *names, cmp_str);
     size_t dl = strlen(dir);
     for (size_t i = 0; i < n; i++) {
         size_t need = dl + strlen(names[i]) + 2;
@@ -213,16 +192,13 @@ static fg_status read_dir(buf *b, const char *dir, int *nfiles) {
         }
         snprintf(path, need, "%s/%s", dir, names[i]);
         struct stat sb;
-        if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
-            continue; /* folders, broken links */
-        if ((st = read_append(b, path)) != FG_OK)
-            goto done;
+        if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue; /* folders, broken links */
+        if ((st = read_append(b, path)) != FG_OK) goto done;
         (*nfiles)++;
     }
 done:
     fg_free(path);
-    for (size_t i = 0; i < n; i++)
-        fg_free(names[i]);
+    for (size_t i = 0; i < n; i++) fg_free(names[i]);
     fg_free(names);
     closedir(d);
     return st;
@@ -260,8 +236,7 @@ static fg_status text_get(void *ud, int64_t i, void *x_out, void *y_out) {
 
 static void text_free(void *ud) {
     text_ds *t = ud;
-    if (!t)
-        return;
+    if (!t) return;
     fg_free(t->ids);
     fg_free(t);
 }
@@ -285,8 +260,7 @@ fg_status fg__text_dataset_open(const char *path, int64_t ctx, const fg_text_voc
     }
     if (S_ISDIR(sb.st_mode)) {
         int nfiles = 0;
-        if ((st = read_dir(&b, path, &nfiles)) != FG_OK)
-            goto fail;
+        if ((st = read_dir(&b, path, &nfiles)) != FG_OK) goto fail;
         if (nfiles == 0) {
             st = fg_error(FG_EINVAL, "text dataset %s: the folder holds no text file", path);
             goto fail;
@@ -309,8 +283,7 @@ fg_status fg__text_dataset_open(const char *path, int64_t ctx, const fg_text_voc
         t->vocab = *vocab;
     } else {
         bool seen[256] = {false};
-        for (size_t i = 0; i < b.n; i++)
-            seen[b.p[i]] = true;
+        for (size_t i = 0; i < b.n; i++) seen[b.p[i]] = true;
         vocab_of_counts(&t->vocab, seen);
     }
     for (size_t i = 0; i < b.n; i++) {
@@ -332,8 +305,7 @@ fg_status fg__text_dataset_open(const char *path, int64_t ctx, const fg_text_voc
     t->ctx = ctx;
     static const fg_dataset_ops ops = {text_len, text_spec, text_get, text_free};
     fg_dataset *ds = fg_dataset_new(&ops, t, "text"); /* frees t on failure */
-    if (!ds)
-        return FG_ENOMEM;
+    if (!ds) return FG_ENOMEM;
     ds->vocab_size = t->vocab.n;
     ds->text_vocab = &t->vocab;
     *out = ds;

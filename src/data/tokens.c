@@ -38,8 +38,7 @@ static fg_status tok_get(void *ud, int64_t i, void *x_out, void *y_out) {
 
 static void tok_free(void *ud) {
     tok_ds *t = ud;
-    if (!t)
-        return;
+    if (!t) return;
     fg__unmap(&t->map);
     fg_free(t);
 }
@@ -60,10 +59,8 @@ fg_status fg__token_dataset_open(const char *path, int64_t ctx, int64_t vocab, f
     *out = NULL;
     fg_status st;
     tok_ds *t = fg_calloc(1, sizeof *t);
-    if (!t)
-        return FG_ENOMEM;
-    if ((st = fg__map_file(path, &t->map)) != FG_OK)
-        goto fail;
+    if (!t) return FG_ENOMEM;
+    if ((st = fg__map_file(path, &t->map)) != FG_OK) goto fail;
     const uint8_t *p = t->map.p;
     size_t n = t->map.len;
     if (n >= 4 && fg__le32(p) == FG_LLMC_TOKEN_MAGIC) {
@@ -121,14 +118,12 @@ fg_status fg__token_dataset_open(const char *path, int64_t ctx, int64_t vocab, f
                 path, (long long)i, (long long)id, (long long)vocab);
             goto fail;
         }
-        if (id > maxid)
-            maxid = id;
+        if (id > maxid) maxid = id;
     }
     t->ctx = ctx;
     static const fg_dataset_ops ops = {tok_len, tok_spec, tok_get, tok_free};
     fg_dataset *ds = fg_dataset_new(&ops, t, "tokens"); /* frees t on failure */
-    if (!ds)
-        return FG_ENOMEM;
+    if (!ds) return FG_ENOMEM;
     ds->vocab_size = vocab ? vocab : maxid + 1;
     *out = ds;
     return FG_OK;

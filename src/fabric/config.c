@@ -26,8 +26,7 @@ fg_fabric *fg_fabric_new(const fg_fabric_config *cfg) {
     fg_fabric *f = fg_calloc(1, sizeof *f);
     if (!f) return NULL;
     f->cfg = cfg ? *cfg : (fg_fabric_config){0};
-    const char **s[4] = {&f->cfg.accelerator, &f->cfg.devices, &f->cfg.strategy,
-                         &f->cfg.precision};
+    const char **s[4] = {&f->cfg.accelerator, &f->cfg.devices, &f->cfg.strategy, &f->cfg.precision};
     for (int i = 0; i < 4; i++)
         if (*s[i] && !(*s[i] = f->strings[i] = fg_strdup(*s[i]))) goto fail;
     if (fg__fabric_plan(f, &f->plan) != FG_OK) goto fail;

@@ -15,10 +15,9 @@
 #define FORMAT_NAME "fulgur-checkpoint-1"
 
 /* The keys write_file sets itself; st->meta may not use them. */
-static const char *const k_own_keys[] = {"format",         "fulgur_version", "step",
-                                         "epoch",          "batch_in_epoch", "seed",
-                                         "world_size",     "strategy",       "optimizer_steps",
-                                         "lr"};
+static const char *const k_own_keys[] = {
+    "format", "fulgur_version", "step",     "epoch",           "batch_in_epoch",
+    "seed",   "world_size",     "strategy", "optimizer_steps", "lr"};
 
 /* Checks st->meta before anything is written: every key non-empty, unique
  * and not one of the fabric's; every value a string (the writer checks
@@ -52,15 +51,16 @@ static fg_status check_meta(const fg_kv *meta, int64_t n) {
     return FG_OK;
 }
 
-static fg_status add_param_views(fg_st_writer *w, fg_module *m, const char *prefix,
-                                 fg_tensor *flat, char names[][256]) {
+static fg_status add_param_views(fg_st_writer *w, fg_module *m, const char *prefix, fg_tensor *flat,
+                                 char names[][256]) {
     int n = fg_module_num_params(m);
     size_t es = fg_dtype_size(fg_tensor_dtype(flat));
     for (int i = 0; i < n; i++) {
         fg_tensor *p = fg_module_param(m, i);
         char *name = names[i];
         snprintf(name, 256, "%s%s", prefix, fg_module_param_name(m, i));
-        const char *data = (const char *)fg_tensor_data(flat) + (size_t)fg_module_param_offset(m, i) * es;
+        const char *data =
+            (const char *)fg_tensor_data(flat) + (size_t)fg_module_param_offset(m, i) * es;
         FG_TRY(fg_st_writer_add(w, name, fg_tensor_dtype(p), fg_tensor_ndim(p), fg_tensor_shape(p),
                                 data));
     }
@@ -79,7 +79,8 @@ static fg_status write_file(fg_fabric *f, const char *path, const fg_train_state
     for (int k = 0; k < nstates && s == FG_OK; k++) {
         char prefix[96];
         snprintf(prefix, sizeof prefix, "optimizer.%s.", fg_optimizer_state_name(st->optimizer, k));
-        s = add_param_views(w, m, prefix, fg_optimizer_state(st->optimizer, k), names + n * (k + 1));
+        s = add_param_views(w, m, prefix, fg_optimizer_state(st->optimizer, k),
+                            names + n * (k + 1));
     }
     char num[64];
 #define META(k, v)                                                                                 \

@@ -8,7 +8,8 @@
 
 fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt) {
     if (!model) return fg_error(FG_EINVAL, "fabric setup: NULL model");
-    if (f->strategy) return fg_error(FG_ESTATE, "fabric setup: already set up (one model per fabric)");
+    if (f->strategy)
+        return fg_error(FG_ESTATE, "fabric setup: already set up (one model per fabric)");
     /* ddp of one rank has no communicator: it is a single-device run */
     fg_strategy_kind kind = f->plan.strategy;
     if (fg_strategy_kind_is_ddp(kind) && !f->comm) kind = FG_STRATEGY_SINGLE;
@@ -80,7 +81,8 @@ fg_status fg_fabric_clip_gradients(fg_fabric *f, double max_norm, double *total_
 
 static fg_status need_contiguous(const char *fn, const fg_tensor *t) {
     if (!t) return fg_error(FG_EINVAL, "%s: NULL tensor", fn);
-    if (!fg_tensor_is_contiguous(t)) return fg_error(FG_EINVAL, "%s: the tensor must be contiguous", fn);
+    if (!fg_tensor_is_contiguous(t))
+        return fg_error(FG_EINVAL, "%s: the tensor must be contiguous", fn);
     return FG_OK;
 }
 
@@ -105,13 +107,15 @@ fg_status fg_fabric_all_gather(fg_fabric *f, const fg_tensor *t, fg_tensor *out)
 
 fg_status fg_fabric_broadcast(fg_fabric *f, fg_tensor *t, int root) {
     FG_TRY(need_contiguous("broadcast", t));
-    if (!f->comm) return root == 0 ? FG_OK : fg_error(FG_EINVAL, "broadcast: root %d of 1 rank", root);
+    if (!f->comm)
+        return root == 0 ? FG_OK : fg_error(FG_EINVAL, "broadcast: root %d of 1 rank", root);
     return fg_comm_broadcast(f->comm, fg_tensor_data(t), fg_tensor_data(t), fg_tensor_numel(t),
                              fg_tensor_dtype(t), root);
 }
 
 fg_status fg_fabric_broadcast_bytes(fg_fabric *f, void *buf, size_t n, int root) {
-    if (!f->comm) return root == 0 ? FG_OK : fg_error(FG_EINVAL, "broadcast: root %d of 1 rank", root);
+    if (!f->comm)
+        return root == 0 ? FG_OK : fg_error(FG_EINVAL, "broadcast: root %d of 1 rank", root);
     return fg_comm_broadcast(f->comm, buf, buf, (int64_t)n, FG_U8, root);
 }
 

@@ -41,8 +41,8 @@ static fg_status join(fg_fabric *f, const fg_cluster_info *info) {
     return FG_OK;
 }
 
-static int run_rank(fg_fabric *f, const fg_cluster_info *info,
-                    int (*run)(fg_fabric *, void *), void *arg) {
+static int run_rank(fg_fabric *f, const fg_cluster_info *info, int (*run)(fg_fabric *, void *),
+                    void *arg) {
     if (join(f, info) != FG_OK) return 1;
     int rc = run(f, arg);
     if (rc == 0 && f->comm && fg_comm_barrier(f->comm) != FG_OK) rc = 1;
@@ -182,8 +182,9 @@ fg_status fg_fabric_spawn_result(fg_fabric *f, fg_module *model, fg_optimizer *o
     memcpy(hdr, f->spawn_blob, sizeof hdr);
     fg_tensor *flat = fg_module_flat_params(model);
     if (!flat || hdr[0] != fg_tensor_nbytes(flat))
-        return fg_error(FG_EMISMATCH, "spawn_result: the ranks trained %llu bytes of parameters, "
-                                      "this model has %zu",
+        return fg_error(FG_EMISMATCH,
+                        "spawn_result: the ranks trained %llu bytes of parameters, "
+                        "this model has %zu",
                         (unsigned long long)hdr[0], flat ? fg_tensor_nbytes(flat) : 0);
     const char *p = (const char *)f->spawn_blob + sizeof hdr;
     memcpy(fg_tensor_data(flat), p, hdr[0]);

@@ -17,11 +17,25 @@
 extern char **environ;
 
 /* Every variable the contract sets, in the order they are written. */
-static const char *const k_vars[] = {
-    "FULGUR_RANK", "FULGUR_WORLD_SIZE", "FULGUR_LOCAL_RANK", "FULGUR_LOCAL_WORLD_SIZE",
-    "FULGUR_NODE_RANK", "FULGUR_NUM_NODES", "FULGUR_MASTER_ADDR", "FULGUR_MASTER_PORT",
-    "FULGUR_JOB_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
-    "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", NULL};
+static const char *const k_vars[] = {"FULGUR_RANK",
+                                     "FULGUR_WORLD_SIZE",
+                                     "FULGUR_LOCAL_RANK",
+                                     "FULGUR_LOCAL_WORLD_SIZE",
+                                     "FULGUR_NODE_RANK",
+                                     "FULGUR_NUM_NODES",
+                                     "FULGUR_MASTER_ADDR",
+                                     "FULGUR_MASTER_PORT",
+                                     "FULGUR_JOB_ID",
+                                     "RANK",
+                                     "WORLD_SIZE",
+                                     "LOCAL_RANK",
+                                     "LOCAL_WORLD_SIZE",
+                                     "NODE_RANK",
+                                     "GROUP_RANK",
+                                     "GROUP_WORLD_SIZE",
+                                     "MASTER_ADDR",
+                                     "MASTER_PORT",
+                                     NULL};
 
 #define NVARS 18
 #define VALMAX (FG_CLUSTER_ADDR_MAX + 8)
@@ -30,19 +44,27 @@ static const char *const k_vars[] = {
  * unset (the master and the job id when unknown). */
 static void contract_values(const fg_cluster_info *info, char vals[NVARS][VALMAX]) {
     const int nums[NVARS] = {
-        [0] = info->rank,        [1] = info->world_size,  [2] = info->local_rank,
-        [3] = info->local_world_size, [4] = info->node_rank, [5] = info->num_nodes,
-        [7] = info->master_port, [9] = info->rank,        [10] = info->world_size,
-        [11] = info->local_rank, [12] = info->local_world_size,
+        [0] = info->rank,
+        [1] = info->world_size,
+        [2] = info->local_rank,
+        [3] = info->local_world_size,
+        [4] = info->node_rank,
+        [5] = info->num_nodes,
+        [7] = info->master_port,
+        [9] = info->rank,
+        [10] = info->world_size,
+        [11] = info->local_rank,
+        [12] = info->local_world_size,
         [13] = info->node_rank, /* torchrun: NODE_RANK and GROUP_RANK are both the node */
-        [14] = info->node_rank,  [15] = info->num_nodes,  [17] = info->master_port};
+        [14] = info->node_rank,
+        [15] = info->num_nodes,
+        [17] = info->master_port};
     for (int i = 0; i < NVARS; i++) snprintf(vals[i], VALMAX, "%d", nums[i]);
     snprintf(vals[6], VALMAX, "%s", info->master_addr);
     snprintf(vals[16], VALMAX, "%s", info->master_addr);
     snprintf(vals[8], VALMAX, "%s", info->job_id);
     if (info->master_port <= 0) vals[7][0] = vals[17][0] = '\0';
 }
-
 
 fg_status fg_launch_export(const fg_cluster_info *info) {
     if (!info) return fg_error(FG_EINVAL, "launch export: NULL cluster info");
@@ -103,7 +125,8 @@ nomem:
 void fg_launch_new_job_id(char *buf, size_t cap) {
     struct timeval tv;
     gettimeofday(&tv, NULL);
-    unsigned long long us = (unsigned long long)tv.tv_sec * 1000000ull + (unsigned long long)tv.tv_usec;
+    unsigned long long us =
+        (unsigned long long)tv.tv_sec * 1000000ull + (unsigned long long)tv.tv_usec;
     /* a counter too: two launches in one microsecond from one process differ */
     static _Atomic unsigned seq;
     snprintf(buf, cap, "fg-%d-%llx-%u", (int)getpid(), us, seq++);

@@ -31,8 +31,7 @@ fg_status fg_launch_send_result(const void *data, size_t len) {
         return fg_error(FG_ESTATE, "send_result: only rank 0 sends the result (this is rank %d)",
                         g_rank);
     if (!data && len) return fg_error(FG_EINVAL, "send_result: NULL data with %zu bytes", len);
-    if (ftruncate(g_result_fd, 0) != 0)
-        return fg_error(FG_EIO, "send_result: %s", strerror(errno));
+    if (ftruncate(g_result_fd, 0) != 0) return fg_error(FG_EIO, "send_result: %s", strerror(errno));
     const char *p = data;
     size_t done = 0;
     while (done < len) {
@@ -47,15 +46,20 @@ fg_status fg_launch_send_result(const void *data, size_t len) {
 }
 
 /* In the child: becomes rank r of n and runs fn. Never returns. */
-static void child_run(int r, int n, int (*fn)(int, int, void *), void *arg,
-                      const fg_fork_opts *o, const char *job_id, pid_t parent, int fd, char *msgs) {
+static void child_run(int r, int n, int (*fn)(int, int, void *), void *arg, const fg_fork_opts *o,
+                      const char *job_id, pid_t parent, int fd, char *msgs) {
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
     g_result_fd = fd;
     g_rank = r;
-    fg_cluster_info info = {.rank = r, .world_size = n, .local_rank = r, .local_world_size = n,
-                            .node_rank = 0, .num_nodes = 1, .master_port = o->master_port,
+    fg_cluster_info info = {.rank = r,
+                            .world_size = n,
+                            .local_rank = r,
+                            .local_world_size = n,
+                            .node_rank = 0,
+                            .num_nodes = 1,
+                            .master_port = o->master_port,
                             .source = "fulgur"};
     snprintf(info.master_addr, sizeof info.master_addr, "127.0.0.1");
     snprintf(info.job_id, sizeof info.job_id, "%s", job_id);
@@ -77,7 +81,8 @@ fg_status fg_launch_fork(int nprocs, int (*fn)(int rank, int world_size, void *a
     if (out) *out = (fg_fork_result){.failed = {.rank = -1}};
     if (!fn) return fg_error(FG_EINVAL, "fork launch: NULL function");
     if (nprocs < 1 || nprocs > FG_DEVICES_MAX)
-        return fg_error(FG_EINVAL, "fork launch: nprocs=%d: expected 1..%d", nprocs, FG_DEVICES_MAX);
+        return fg_error(FG_EINVAL, "fork launch: nprocs=%d: expected 1..%d", nprocs,
+                        FG_DEVICES_MAX);
     if (g_rank >= 0)
         return fg_error(FG_ESTATE, "fork launch: called inside rank %d of a fork launch", g_rank);
     fg_fork_opts o = opts ? *opts : (fg_fork_opts){0};
@@ -145,8 +150,7 @@ fg_status fg_launch_fork(int nprocs, int (*fn)(int rank, int world_size, void *a
         if (stopped)
             s = fg_error(FG_EPEER, "%s%s; stopped the other %d rank%s", how, why, stopped,
                          stopped == 1 ? "" : "s");
-        else
-            s = fg_error(FG_EPEER, "%s%s", how, why);
+        else s = fg_error(FG_EPEER, "%s%s", how, why);
         goto done;
     }
     off_t size = lseek(fd, 0, SEEK_END);
@@ -166,7 +170,8 @@ fg_status fg_launch_fork(int nprocs, int (*fn)(int rank, int world_size, void *a
         if (got != (size_t)size) {
             fg_free(out->data);
             out->data = NULL;
-            s = fg_error(FG_EIO, "fork launch: reading rank 0's result (%lld bytes)", (long long)size);
+            s = fg_error(FG_EIO, "fork launch: reading rank 0's result (%lld bytes)",
+                         (long long)size);
             goto done;
         }
         out->len = (size_t)size;

@@ -43,7 +43,7 @@ struct fg_job {
 
     /* what to start, freed once started */
     char path[PATH_MAX];
-    char **argv; /* owned copy */
+    char **argv;  /* owned copy */
     char ***envs; /* one environment per process */
 
     fg__proc *procs;
@@ -159,10 +159,11 @@ static void child_exec(const fg_job *j, int i, pid_t parent, int err_fd) {
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127); /* the launcher died before prctl */
-    static const int k_reset[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE, SIGUSR1,
-                                  SIGUSR2};
+    static const int k_reset[] = {SIGINT,  SIGTERM, SIGHUP,  SIGQUIT,
+                                  SIGCHLD, SIGPIPE, SIGUSR1, SIGUSR2};
     struct sigaction dfl = {.sa_handler = SIG_DFL};
-    for (size_t k = 0; k < sizeof k_reset / sizeof k_reset[0]; k++) sigaction(k_reset[k], &dfl, NULL);
+    for (size_t k = 0; k < sizeof k_reset / sizeof k_reset[0]; k++)
+        sigaction(k_reset[k], &dfl, NULL);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
@@ -176,8 +177,7 @@ static void child_exec(const fg_job *j, int i, pid_t parent, int err_fd) {
 /* Starts process i; on failure sets j->start_msg and returns its status. */
 static fg_status start_one(fg_job *j, int i) {
     int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0)
-        return fg_error(FG_EIO, "launch: pipe: %s", strerror(errno));
+    if (pipe2(fds, O_CLOEXEC) != 0) return fg_error(FG_EIO, "launch: pipe: %s", strerror(errno));
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
@@ -305,15 +305,18 @@ static fg_status check_spec(const fg_job_spec *sp, int *local_world, int *num_no
                         sp->first_local_rank, sp->first_local_rank + sp->nprocs - 1, *local_world);
     *num_nodes = sp->num_nodes ? sp->num_nodes : 1;
     if (*num_nodes < 1 || sp->node_rank < 0 || sp->node_rank >= *num_nodes)
-        return fg_error(FG_EINVAL, "launch: node_rank=%d, num_nodes=%d: expected 0 <= node_rank < "
-                                   "num_nodes",
+        return fg_error(FG_EINVAL,
+                        "launch: node_rank=%d, num_nodes=%d: expected 0 <= node_rank < "
+                        "num_nodes",
                         sp->node_rank, *num_nodes);
     if ((long)*local_world * *num_nodes > 1L << 24)
-        return fg_error(FG_EINVAL, "launch: %d ranks x %d nodes: too many", *local_world, *num_nodes);
+        return fg_error(FG_EINVAL, "launch: %d ranks x %d nodes: too many", *local_world,
+                        *num_nodes);
     if (sp->master_port < 0 || sp->master_port > 65535)
         return fg_error(FG_EINVAL, "launch: master_port=%d: expected 0..65535", sp->master_port);
     if (sp->master_addr && strlen(sp->master_addr) >= FG_CLUSTER_ADDR_MAX)
-        return fg_error(FG_EINVAL, "launch: master address longer than %d bytes", FG_CLUSTER_ADDR_MAX - 1);
+        return fg_error(FG_EINVAL, "launch: master address longer than %d bytes",
+                        FG_CLUSTER_ADDR_MAX - 1);
     if (sp->job_id && strlen(sp->job_id) >= FG_CLUSTER_JOB_MAX)
         return fg_error(FG_EINVAL, "launch: job id longer than %d bytes", FG_CLUSTER_JOB_MAX - 1);
     return FG_OK;

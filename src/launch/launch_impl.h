@@ -16,16 +16,15 @@
 
 /* fg_launch_parse_devices with the words for "devices here" in errors (the
  * plan says "CPU devices here (cores)" and adds how to run more ranks). */
-fg_status fg__launch_parse_devices(const char *s, int available, const char *what,
-                                   fg_devices *out);
+fg_status fg__launch_parse_devices(const char *s, int available, const char *what, fg_devices *out);
 
 /* One process a launcher started. A pid is signalled only while it is not
  * yet reaped, so that a reused pid is never hit. */
 typedef struct fg__proc {
     pid_t pid;
     int rank;
-    int pidfd;    /* readable once the process ends; -1 when pidfd_open is missing */
-    int status;   /* waitpid status, once reaped */
+    int pidfd;  /* readable once the process ends; -1 when pidfd_open is missing */
+    int status; /* waitpid status, once reaped */
     bool reaped;
     bool stopped; /* signalled by a stop */
     bool noted;   /* its end was accounted for (job.c) */

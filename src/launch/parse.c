@@ -71,8 +71,9 @@ static fg_status devices_count(long k, const char *given, int available, const c
         out->all = true;
         out->count = available;
     } else if (k == 0) {
-        return fg_error(FG_EINVAL, "devices=%s: at least one device is needed; use 1..%d or -1 "
-                                   "(all %d)",
+        return fg_error(FG_EINVAL,
+                        "devices=%s: at least one device is needed; use 1..%d or -1 "
+                        "(all %d)",
                         given, available, available);
     } else if (k < 0) {
         return fg_error(FG_EINVAL, "devices=%s: a count must be positive, or -1 for all; %s", given,
@@ -91,16 +92,19 @@ static fg_status devices_list(const long *ids, int n, const char *given, int ava
     memset(out, 0, sizeof *out);
     out->available = available;
     out->listed = true;
-    if (n < 1) return fg_error(FG_EINVAL, "devices=%s: no device given; %s", given, k_devices_forms);
+    if (n < 1)
+        return fg_error(FG_EINVAL, "devices=%s: no device given; %s", given, k_devices_forms);
     for (int i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= available) {
             char one[96];
             if (available == 1)
-                return fg_error(FG_EINVAL, "devices=%s: device %ld does not exist; the only one "
-                                           "is 0 (1 %s)",
+                return fg_error(FG_EINVAL,
+                                "devices=%s: device %ld does not exist; the only one "
+                                "is 0 (1 %s)",
                                 given, ids[i], singular(what, one, sizeof one));
-            return fg_error(FG_EINVAL, "devices=%s: device %ld does not exist; ids go 0..%d (%d %s)",
-                            given, ids[i], available - 1, available, what);
+            return fg_error(FG_EINVAL,
+                            "devices=%s: device %ld does not exist; ids go 0..%d (%d %s)", given,
+                            ids[i], available - 1, available, what);
         }
         for (int j = 0; j < i; j++)
             if (ids[j] == ids[i])
@@ -141,7 +145,8 @@ static const char *skip_space(const char *p) {
 
 /* The parser behind fg_launch_parse_devices, with the words for "devices
  * here" (the plan says "CPU devices here (cores)"). */
-fg_status fg__launch_parse_devices(const char *s, int available, const char *what, fg_devices *out) {
+fg_status fg__launch_parse_devices(const char *s, int available, const char *what,
+                                   fg_devices *out) {
     FG_TRY(check_available(available));
     if (!out) return fg_error(FG_EINVAL, "devices: NULL output");
     char given[96];
@@ -149,7 +154,8 @@ fg_status fg__launch_parse_devices(const char *s, int available, const char *wha
     snprintf(given, sizeof given, "\"%.90s\"", s);
     const char *p = skip_space(s);
     if (!*p) return fg_error(FG_EINVAL, "devices=\"%s\": no device given; %s", s, k_devices_forms);
-    if (!strncasecmp(p, "auto", 4) && !*skip_space(p + 4)) return devices_count(1, given, available, what, out);
+    if (!strncasecmp(p, "auto", 4) && !*skip_space(p + 4))
+        return devices_count(1, given, available, what, out);
     bool bracket = *p == '[';
     bool list = bracket || strchr(p, ',') != NULL;
     if (!list) {
@@ -171,8 +177,9 @@ fg_status fg__launch_parse_devices(const char *s, int available, const char *wha
             return fg_error(FG_EINVAL, "devices=\"%s\": %s", s, k_devices_forms);
         }
         if (v < 0)
-            return fg_error(FG_EINVAL, "devices=\"%s\": device %ld: ids are 0 or more (-1 means all "
-                                       "only on its own)",
+            return fg_error(FG_EINVAL,
+                            "devices=\"%s\": device %ld: ids are 0 or more (-1 means all "
+                            "only on its own)",
                             s, v);
         if (n == FG_DEVICES_MAX)
             return fg_error(FG_EINVAL, "devices=\"%s\": more than %d ids", s, FG_DEVICES_MAX);
@@ -186,7 +193,8 @@ fg_status fg__launch_parse_devices(const char *s, int available, const char *wha
         return fg_error(FG_EINVAL, "devices=\"%s\": %s", s, k_devices_forms);
     }
     if (bracket) {
-        if (*p != ']') return fg_error(FG_EINVAL, "devices=\"%s\": missing \"]\"; %s", s, k_devices_forms);
+        if (*p != ']')
+            return fg_error(FG_EINVAL, "devices=\"%s\": missing \"]\"; %s", s, k_devices_forms);
         p++;
     } else if (*p == ']') {
         return fg_error(FG_EINVAL, "devices=\"%s\": \"]\" without \"[\"; %s", s, k_devices_forms);
@@ -214,7 +222,8 @@ fg_status fg_launch_devices_count(int k, int available, fg_devices *out) {
 fg_status fg_launch_devices_list(const int *ids, int n, int available, fg_devices *out) {
     FG_TRY(check_available(available));
     if (!out || (!ids && n > 0)) return fg_error(FG_EINVAL, "devices: NULL list or output");
-    if (n > FG_DEVICES_MAX) return fg_error(FG_EINVAL, "devices: %d ids, at most %d", n, FG_DEVICES_MAX);
+    if (n > FG_DEVICES_MAX)
+        return fg_error(FG_EINVAL, "devices: %d ids, at most %d", n, FG_DEVICES_MAX);
     static _Thread_local long l[FG_DEVICES_MAX];
     char given[96];
     size_t len = (size_t)snprintf(given, sizeof given, "[");
@@ -248,21 +257,38 @@ static const struct {
     const char *name;
     fg_strategy_kind s;
 } k_strategies[] = {
-    {"single", FG_STRATEGY_SINGLE},       {"single_device", FG_STRATEGY_SINGLE},
-    {"dp", FG_STRATEGY_DP},               {"ddp", FG_STRATEGY_DDP},
-    {"ddp_spawn", FG_STRATEGY_DDP_SPAWN}, {"ddp_fork", FG_STRATEGY_DDP_FORK},
+    {"single", FG_STRATEGY_SINGLE},
+    {"single_device", FG_STRATEGY_SINGLE},
+    {"dp", FG_STRATEGY_DP},
+    {"ddp", FG_STRATEGY_DDP},
+    {"ddp_spawn", FG_STRATEGY_DDP_SPAWN},
+    {"ddp_fork", FG_STRATEGY_DDP_FORK},
     {"ddp_notebook", FG_STRATEGY_DDP_FORK}, /* Lightning's name for ddp_fork */
 };
 
 static const char *const k_valid = "auto, single, dp, ddp, ddp_spawn, ddp_fork";
 
 /* Strategies of Lightning and DeepSpeed that fulgur plans but has not built yet. */
-static const char *const k_later[] = {
-    "ddp2", "hybrid", "horovod", "bagua", "fsdp", "fsdp_cpu_offload", "fsdp_full_shard",
-    "fsdp_shard_grad_op", "fsdp_hybrid_shard", "fsdp_no_shard", "ddp_sharded",
-    "ddp_sharded_spawn", "deepspeed", "deepspeed_stage_1", "deepspeed_stage_2",
-    "deepspeed_stage_2_offload", "deepspeed_stage_3", "deepspeed_stage_3_offload",
-    "deepspeed_stage_3_offload_nvme", NULL};
+static const char *const k_later[] = {"ddp2",
+                                      "hybrid",
+                                      "horovod",
+                                      "bagua",
+                                      "fsdp",
+                                      "fsdp_cpu_offload",
+                                      "fsdp_full_shard",
+                                      "fsdp_shard_grad_op",
+                                      "fsdp_hybrid_shard",
+                                      "fsdp_no_shard",
+                                      "ddp_sharded",
+                                      "ddp_sharded_spawn",
+                                      "deepspeed",
+                                      "deepspeed_stage_1",
+                                      "deepspeed_stage_2",
+                                      "deepspeed_stage_2_offload",
+                                      "deepspeed_stage_3",
+                                      "deepspeed_stage_3_offload",
+                                      "deepspeed_stage_3_offload_nvme",
+                                      NULL};
 
 fg_status fg_launch_parse_strategy(const char *s, int ndevices, int num_nodes,
                                    fg_strategy_kind *out) {
@@ -277,20 +303,23 @@ fg_status fg_launch_parse_strategy(const char *s, int ndevices, int num_nodes,
         if (strcasecmp(s, k_strategies[i].name)) continue;
         fg_strategy_kind st = k_strategies[i].s;
         if (st == FG_STRATEGY_SINGLE && ndevices > 1)
-            return fg_error(FG_EINVAL, "strategy=\"%s\" runs on one device, but devices gives %d; "
-                                       "use ddp (or dp) for several",
+            return fg_error(FG_EINVAL,
+                            "strategy=\"%s\" runs on one device, but devices gives %d; "
+                            "use ddp (or dp) for several",
                             s, ndevices);
         if ((st == FG_STRATEGY_SINGLE || st == FG_STRATEGY_DP) && num_nodes > 1)
-            return fg_error(FG_EINVAL, "strategy=\"%s\" runs in one process, but num_nodes=%d; use "
-                                       "ddp across nodes",
+            return fg_error(FG_EINVAL,
+                            "strategy=\"%s\" runs in one process, but num_nodes=%d; use "
+                            "ddp across nodes",
                             s, num_nodes);
         *out = st;
         return FG_OK;
     }
     for (int i = 0; k_later[i]; i++)
         if (!strcasecmp(s, k_later[i]))
-            return fg_error(FG_EUNSUPPORTED, "strategy=\"%s\": not built yet in this fulgur; "
-                                             "available: %s",
+            return fg_error(FG_EUNSUPPORTED,
+                            "strategy=\"%s\": not built yet in this fulgur; "
+                            "available: %s",
                             s, k_valid);
     return fg_error(FG_EINVAL, "strategy=\"%s\": unknown; expected one of %s", s, k_valid);
 }
@@ -319,14 +348,16 @@ fg_status fg_launch_parse_precision(const char *s, fg_precision_kind *out) {
         const char *alias = k_precisions[i].alias;
         if (strcasecmp(s, k_precisions[i].name) && (!alias || strcasecmp(s, alias))) continue;
         if (!k_precisions[i].built)
-            return fg_error(FG_EUNSUPPORTED, "precision=\"%s\": not built yet in this fulgur; "
-                                             "available: 32-true (32), 64-true (64)",
+            return fg_error(FG_EUNSUPPORTED,
+                            "precision=\"%s\": not built yet in this fulgur; "
+                            "available: 32-true (32), 64-true (64)",
                             s);
         *out = (fg_precision_kind)i;
         return FG_OK;
     }
-    return fg_error(FG_EINVAL, "precision=\"%s\": unknown; expected one of 32-true (32), 64-true "
-                               "(64), 16-mixed (16), bf16-mixed (bf16), 16-true, bf16-true",
+    return fg_error(FG_EINVAL,
+                    "precision=\"%s\": unknown; expected one of 32-true (32), 64-true "
+                    "(64), 16-mixed (16), bf16-mixed (bf16), 16-true, bf16-true",
                     s);
 }
 

@@ -74,11 +74,15 @@ static fg_status manual_nodes(int num_nodes, fg_cluster_info *c) {
     const char *addr = fg__getenv_any(k_addr, NULL);
     FG_TRY(env_int_any(k_port, 1, 65535, &c->master_port, &have_port));
     if (!have_node || !addr || !have_port)
-        return fg_error(FG_EINVAL, "num_nodes=%d, but this process was not started by a launcher "
-                                   "and %s is not set; on each node set NODE_RANK (0..%d), "
-                                   "MASTER_ADDR and MASTER_PORT, or start it with `fulgur run "
-                                   "--nnodes %d --node-rank R ...`, mpirun or srun",
-                        num_nodes, !have_node ? "NODE_RANK" : !addr ? "MASTER_ADDR" : "MASTER_PORT",
+        return fg_error(FG_EINVAL,
+                        "num_nodes=%d, but this process was not started by a launcher "
+                        "and %s is not set; on each node set NODE_RANK (0..%d), "
+                        "MASTER_ADDR and MASTER_PORT, or start it with `fulgur run "
+                        "--nnodes %d --node-rank R ...`, mpirun or srun",
+                        num_nodes,
+                        !have_node ? "NODE_RANK"
+                        : !addr    ? "MASTER_ADDR"
+                                   : "MASTER_PORT",
                         num_nodes - 1, num_nodes);
     snprintf(c->master_addr, sizeof c->master_addr, "%s", addr);
     return FG_OK;
@@ -89,7 +93,8 @@ static bool is_auto(const char *d) {
     if (!d) return true;
     while (*d == ' ') d++;
     if (strncasecmp(d, "auto", 4)) return false;
-    for (d += 4; *d == ' '; d++) {}
+    for (d += 4; *d == ' '; d++) {
+    }
     return !*d;
 }
 
@@ -140,23 +145,27 @@ fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluster_info 
     if (out->launched) {
         FG_TRY(fg_cluster_validate(env));
         if (spawn && env->world_size > 1)
-            return fg_error(FG_EINVAL, "strategy=\"%s\" forks its own ranks, but this process was "
-                                       "already launched as rank %d of %d (%s); use strategy "
-                                       "\"ddp\"",
+            return fg_error(FG_EINVAL,
+                            "strategy=\"%s\" forks its own ranks, but this process was "
+                            "already launched as rank %d of %d (%s); use strategy "
+                            "\"ddp\"",
                             sname, env->rank, env->world_size, source);
         if (!ddp && env->world_size > 1)
-            return fg_error(FG_EINVAL, "strategy=\"%s\" runs in one process, but the launcher "
-                                       "(%s) started %d ranks; use strategy \"ddp\"",
+            return fg_error(FG_EINVAL,
+                            "strategy=\"%s\" runs in one process, but the launcher "
+                            "(%s) started %d ranks; use strategy \"ddp\"",
                             sname, source, env->world_size);
         if (ddp && !spawn && env->world_size != want)
-            return fg_error(FG_EMISMATCH, "the launcher (%s) started %d rank%s, but devices x "
-                                          "num_nodes = %d x %d = %d; make them agree",
+            return fg_error(FG_EMISMATCH,
+                            "the launcher (%s) started %d rank%s, but devices x "
+                            "num_nodes = %d x %d = %d; make them agree",
                             source, env->world_size, env->world_size == 1 ? "" : "s",
                             out->devices.count, num_nodes, want);
         if (!spawn || env->world_size > 1) {
             *c = *env;
             c->source = source;
-            out->launcher = out->strategy == FG_STRATEGY_DP ? FG_LAUNCHER_THREADS : FG_LAUNCHER_NONE;
+            out->launcher =
+                out->strategy == FG_STRATEGY_DP ? FG_LAUNCHER_THREADS : FG_LAUNCHER_NONE;
             out->world_size = env->world_size;
             out->local_world_size = env->local_world_size;
             out->rank = env->rank;
@@ -172,8 +181,9 @@ fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluster_info 
     snprintf(c->master_addr, sizeof c->master_addr, "127.0.0.1");
     if (ddp && num_nodes > 1) {
         if (spawn)
-            return fg_error(FG_EINVAL, "strategy=\"%s\" forks its ranks on one machine, but "
-                                       "num_nodes=%d; use strategy \"ddp\" across nodes",
+            return fg_error(FG_EINVAL,
+                            "strategy=\"%s\" forks its ranks on one machine, but "
+                            "num_nodes=%d; use strategy \"ddp\" across nodes",
                             sname, num_nodes);
         FG_TRY(manual_nodes(num_nodes, c));
     } else {
@@ -224,16 +234,18 @@ char *fg_launch_plan_format(const fg_launch_plan *p, char *buf, size_t cap) {
     fg_devices_format(&p->devices, devs, sizeof devs);
     const char *how = p->launched ? p->cluster.source : "not launched";
     if (p->strategy == FG_STRATEGY_DP)
-        snprintf(buf, cap, "dp, 1 process with %d worker threads (devices %s), %s, launcher %s, "
-                           "%d kernel thread%s, precision %s",
+        snprintf(buf, cap,
+                 "dp, 1 process with %d worker threads (devices %s), %s, launcher %s, "
+                 "%d kernel thread%s, precision %s",
                  p->devices.count, devs, how, fg_launcher_name(p->launcher), p->threads_per_rank,
                  p->threads_per_rank == 1 ? "" : "s", fg_precision_kind_name(p->precision));
     else {
         char me[48] = "";
         if (p->rank >= 0) snprintf(me, sizeof me, ", this process is rank %d", p->rank);
         else snprintf(me, sizeof me, ", this process is the parent");
-        snprintf(buf, cap, "%s on %s, %d rank%s (%d per node x %d node%s, devices %s), %s%s, "
-                           "launcher %s, %d thread%s per rank (%s), precision %s",
+        snprintf(buf, cap,
+                 "%s on %s, %d rank%s (%d per node x %d node%s, devices %s), %s%s, "
+                 "launcher %s, %d thread%s per rank (%s), precision %s",
                  fg_strategy_kind_name(p->strategy), fg_accelerator_name(p->accelerator),
                  p->world_size, p->world_size == 1 ? "" : "s", p->local_world_size, p->num_nodes,
                  p->num_nodes == 1 ? "" : "s", devs, how, me, fg_launcher_name(p->launcher),

@@ -41,8 +41,7 @@ typedef struct gpt {
 
 static void gpt_free(void *ud) {
     gpt *g = ud;
-    if (g)
-        fg_free(g->blocks);
+    if (g) fg_free(g->blocks);
     fg_free(g);
 }
 
@@ -91,21 +90,17 @@ static fg_status check_idx(const gpt *g, const fg_tensor *idx) {
 
 /* Everything up to ln_f: (B, T) -> (B, T, C). */
 static fg_tensor *gpt_trunk(gpt *g, fg_tensor *idx) {
-    if (check_idx(g, idx))
-        return NULL;
+    if (check_idx(g, idx)) return NULL;
     int64_t T = fg_tensor_dim(idx, 1);
     fg_tensor *pos = fg_empty(FG_I32, 1, &T);
-    if (!pos)
-        return NULL;
+    if (!pos) return NULL;
     int32_t *pp = fg_tensor_data(pos);
-    for (int64_t t = 0; t < T; t++)
-        pp[t] = (int32_t)t;
+    for (int64_t t = 0; t < T; t++) pp[t] = (int32_t)t;
     fg_tensor *tok = fg_module_forward(g->wte, idx);             /* (B, T, C) */
     fg_tensor *pe = tok ? fg_module_forward(g->wpe, pos) : NULL; /* (T, C) */
     fg_tensor *x = pe ? fg_add(tok, pe) : NULL;
     x = x ? fg_module_forward(g->drop, x) : NULL;
-    for (int l = 0; l < g->c.layers && x; l++)
-        x = fg_module_forward(g->blocks[l], x);
+    for (int l = 0; l < g->c.layers && x; l++) x = fg_module_forward(g->blocks[l], x);
     return x ? fg_module_forward(g->ln_f, x) : NULL;
 }
 
@@ -128,9 +123,7 @@ static fg_status add(fg_module *parent, const char *name, fg_module *child, fg_m
     return fg_module_add_child(parent, name, child);
 }
 
-static fg_module *container(const char *type) {
-    return fg_module_new(type, NULL, NULL, NULL);
-}
+static fg_module *container(const char *type) { return fg_module_new(type, NULL, NULL, NULL); }
 
 /* nanoGPT's _init_weights for a Linear: N(0, std) weight, zero bias */
 static fg_status gpt_linear_init(fg_module *lin, double std, bool bias) {
@@ -145,8 +138,7 @@ static fg_module *new_attn(const fg_gpt_config *c, fg_dtype dt) {
     double sp = 0.02 / sqrt(2.0 * c->layers); /* the scaled init of c_proj */
     attn *a = fg_calloc(1, sizeof *a);
     fg_module *m = a ? fg_module_new("CausalSelfAttention", attn_fwd, a, fg_free) : NULL;
-    if (!m)
-        return NULL;
+    if (!m) return NULL;
     a->heads = c->heads;
     if (add(m, "c_attn", fg_linear_new(C, 3 * C, bias, dt), &a->c_attn) ||
         add(m, "c_proj", fg_linear_new(C, C, bias, dt), &a->c_proj) ||
@@ -165,8 +157,7 @@ static fg_module *new_mlp(const fg_gpt_config *c, fg_dtype dt) {
     double sp = 0.02 / sqrt(2.0 * c->layers);
     gmlp *p = fg_calloc(1, sizeof *p);
     fg_module *m = p ? fg_module_new("MLP", gmlp_fwd, p, fg_free) : NULL;
-    if (!m)
-        return NULL;
+    if (!m) return NULL;
     if (add(m, "c_fc", fg_linear_new(C, 4 * C, bias, dt), &p->c_fc) ||
         add(m, "gelu", fg_gelu_new(), &p->gelu) ||
         add(m, "c_proj", fg_linear_new(4 * C, C, bias, dt), &p->c_proj) ||
@@ -226,18 +217,15 @@ fg_module *fg_gpt_new(const fg_gpt_config *c) {
         return NULL;
     }
     fg_dtype dt;
-    if (check_config(c) || fg__model_dtype(c->dtype, "gpt_new", &dt))
-        return NULL;
+    if (check_config(c) || fg__model_dtype(c->dtype, "gpt_new", &dt)) return NULL;
     gpt *g = fg_calloc(1, sizeof *g);
-    if (g)
-        g->blocks = fg_calloc((size_t)c->layers, sizeof *g->blocks);
+    if (g) g->blocks = fg_calloc((size_t)c->layers, sizeof *g->blocks);
     if (g && !g->blocks) {
         fg_free(g);
         g = NULL;
     }
     fg_module *m = g ? fg_module_new("GPT", gpt_fwd, g, gpt_free) : NULL;
-    if (!m)
-        return NULL;
+    if (!m) return NULL;
     m->kind = fg__kind_gpt;
     g->c = *c;
     g->c.dtype = dt;
@@ -253,17 +241,14 @@ fg_module *fg_gpt_new(const fg_gpt_config *c) {
     if (fg_module_set_init(g->wte, "weight", &w02) || fg_module_set_init(g->wpe, "weight", &w02))
         goto fail;
     for (int l = 0; l < c->layers; l++)
-        if (build_block(g, h, l, dt, &g->blocks[l]))
-            goto fail;
-    if (add(tr, "ln_f", fg_layer_norm_new(C, 1e-5, !c->no_bias, dt), &g->ln_f))
-        goto fail;
+        if (build_block(g, h, l, dt, &g->blocks[l])) goto fail;
+    if (add(tr, "ln_f", fg_layer_norm_new(C, 1e-5, !c->no_bias, dt), &g->ln_f)) goto fail;
     /* lm_head: a bias-free Linear whose weight is wte's */
     g->wte_w = fg_module_own_param(g->wte, "weight");
     fg_module *head = fg_module_new("Linear", head_fwd, g->wte_w, NULL);
     if (add(m, "lm_head", head, &g->lm_head) || fg_module_add_tied(head, "weight", g->wte_w))
         goto fail;
-    if (fg_module_set_seed(m, c->seed) || fg_module_finalize(m))
-        goto fail;
+    if (fg_module_set_seed(m, c->seed) || fg_module_finalize(m)) goto fail;
     return m;
 fail:
     /* keep the cause's status (FG_ENOMEM stays FG_ENOMEM) */
@@ -293,17 +278,14 @@ static int cmp_desc(const void *x, const void *y) {
 static fg_status pick(const fg_tensor *row, int64_t V, const fg_sample_opts *o, double u,
                       int32_t *out) {
     double *l = fg_step_alloc(sizeof(double) * (size_t)V * 2);
-    if (!l)
-        return FG_ENOMEM;
+    if (!l) return FG_ENOMEM;
     double mx = -INFINITY;
     int64_t arg = 0;
     for (int64_t v = 0; v < V; v++) {
         l[v] = fg_tensor_get(row, v);
-        if (l[v] > mx)
-            mx = l[v], arg = v;
+        if (l[v] > mx) mx = l[v], arg = v;
     }
-    if (!isfinite(mx))
-        return fg_error(FG_EINVAL, "sample: the logits are not finite (%g)", mx);
+    if (!isfinite(mx)) return fg_error(FG_EINVAL, "sample: the logits are not finite (%g)", mx);
     if (o->greedy) {
         *out = (int32_t)arg;
         return FG_OK;
@@ -324,12 +306,10 @@ static fg_status pick(const fg_tensor *row, int64_t V, const fg_sample_opts *o, 
     double target = u * total, acc = 0;
     int64_t last = arg;
     for (int64_t v = 0; v < V; v++) {
-        if (l[v] == 0)
-            continue;
+        if (l[v] == 0) continue;
         acc += l[v];
         last = v;
-        if (acc > target)
-            break;
+        if (acc > target) break;
     }
     *out = (int32_t)last;
     return FG_OK;
@@ -341,10 +321,8 @@ fg_status fg_gpt_sample_next(fg_module *m, fg_tensor *idx, const fg_sample_opts 
     if (!m || m->kind != fg__kind_gpt)
         return fg_error(FG_EINVAL, "gpt_sample_next: module %s is not a GPT",
                         m ? m->type : "(null)");
-    if (!idx || !out)
-        return fg_error_wrap(FG_EINVAL, "gpt_sample_next: NULL idx or out");
-    if (!o)
-        o = &defaults;
+    if (!idx || !out) return fg_error_wrap(FG_EINVAL, "gpt_sample_next: NULL idx or out");
+    if (!o) o = &defaults;
     if (o->temperature < 0 || o->top_k < 0)
         return fg_error(FG_EINVAL,
                         "gpt_sample_next: temperature = %g, top_k = %lld: expected "
@@ -355,11 +333,9 @@ fg_status fg_gpt_sample_next(fg_module *m, fg_tensor *idx, const fg_sample_opts 
         return check_idx(g, idx) ? FG_EINVAL
                                  : fg_error(FG_EINVAL, "gpt_sample_next: empty sequence");
     int64_t B = fg_tensor_dim(idx, 0), T = fg_tensor_dim(idx, 1), V = g->c.vocab;
-    if (T > g->c.ctx)
-        idx = fg_tensor_narrow_view(idx, 1, T - g->c.ctx, g->c.ctx);
+    if (T > g->c.ctx) idx = fg_tensor_narrow_view(idx, 1, T - g->c.ctx, g->c.ctx);
     fg_tensor *w = idx ? fg_tensor_contiguous(idx) : NULL;
-    if (!w)
-        return fg_error_wrap(FG_ENOMEM, "gpt_sample_next");
+    if (!w) return fg_error_wrap(FG_ENOMEM, "gpt_sample_next");
     T = fg_tensor_dim(w, 1);
     bool prev = fg_set_grad_enabled(false);
     fg_tensor *x = fg__module_ready(m) ? NULL : gpt_trunk(g, w);     /* (B, T, C) */
@@ -370,8 +346,7 @@ fg_status fg_gpt_sample_next(fg_module *m, fg_tensor *idx, const fg_sample_opts 
         return fg_error_wrap(fg_last_status() ? fg_last_status() : FG_EINVAL, "gpt_sample_next");
     for (int64_t b = 0; b < B; b++) {
         fg_tensor *row = fg_tensor_narrow_view(logits, 0, b, 1);
-        if (!row)
-            return FG_ENOMEM;
+        if (!row) return FG_ENOMEM;
         FG_TRY(pick(row, V, o, draw_unit(o->seed, draw * (uint64_t)B + (uint64_t)b), &out[b]));
     }
     return FG_OK;
@@ -426,8 +401,7 @@ fg_status fg_gpt_generate(fg_module *m, const int32_t *prompt, int64_t n_prompt,
                             (long long)i, prompt[i], (long long)V);
     FG_TRY(fg__module_ready(m));
     memmove(out, prompt, sizeof *out * (size_t)n_prompt);
-    if (n_new == 0)
-        return FG_OK;
+    if (n_new == 0) return FG_OK;
     gen_job j = {.m = m,
                  .n_prompt = n_prompt,
                  .n_new = n_new,
@@ -440,10 +414,8 @@ fg_status fg_gpt_generate(fg_module *m, const int32_t *prompt, int64_t n_prompt,
     pthread_attr_setstacksize(&at, (size_t)8 << 20);
     int rc = pthread_create(&th, &at, gen_main, &j);
     pthread_attr_destroy(&at);
-    if (rc)
-        return fg_error(FG_ENOMEM, "gpt_generate: cannot start a thread (error %d)", rc);
+    if (rc) return fg_error(FG_ENOMEM, "gpt_generate: cannot start a thread (error %d)", rc);
     pthread_join(th, NULL);
-    if (j.st != FG_OK)
-        return fg_error(j.st, "gpt_generate: %s", j.msg);
+    if (j.st != FG_OK) return fg_error(j.st, "gpt_generate: %s", j.msg);
     return FG_OK;
 }

@@ -16,17 +16,14 @@ typedef struct wb {
     double eps;
 } wb;
 
-static void *new_wb(void) {
-    return fg_calloc(1, sizeof(wb));
-}
+static void *new_wb(void) { return fg_calloc(1, sizeof(wb)); }
 
 fg_status fg__model_dtype(fg_dtype dt, const char *what, fg_dtype *out) {
-    if (dt == FG_DTYPE_DEFAULT)
-        dt = FG_F32;
+    if (dt == FG_DTYPE_DEFAULT) dt = FG_F32;
     if (dt != FG_F32 && dt != FG_F64)
         return fg_error(fg_dtype_is_float(dt) ? FG_EUNSUPPORTED : FG_EINVAL,
-                        "%s: dtype %d (%s): modules are FG_F32 (or 0, the default) or FG_F64",
-                        what, (int)dt, fg_dtype_name(dt));
+                        "%s: dtype %d (%s): modules are FG_F32 (or 0, the default) or FG_F64", what,
+                        (int)dt, fg_dtype_name(dt));
     *out = dt;
     return FG_OK;
 }
@@ -45,19 +42,16 @@ fg_module *fg_linear_new(int64_t in, int64_t out, bool bias, fg_dtype dt) {
                  (long long)out);
         return NULL;
     }
-    if (fg__model_dtype(dt, "linear_new", &dt) != FG_OK)
-        return NULL;
+    if (fg__model_dtype(dt, "linear_new", &dt) != FG_OK) return NULL;
     wb *p = new_wb();
     fg_module *m = p ? fg_module_new("Linear", linear_fwd, p, fg_free) : NULL;
-    if (!m)
-        return NULL;
+    if (!m) return NULL;
     /* PyTorch: kaiming_uniform_(a=sqrt(5)) gives bound 1/sqrt(fan_in); the
      * bias uses the same bound */
     double bound = 1.0 / sqrt((double)in);
     fg_init u = {FG_INIT_UNIFORM, -bound, bound};
     p->w = fg_module_add_param(m, "weight", dt, 2, (int64_t[]){out, in}, &u);
-    if (p->w && bias)
-        p->b = fg_module_add_param(m, "bias", dt, 1, &out, &u);
+    if (p->w && bias) p->b = fg_module_add_param(m, "bias", dt, 1, &out, &u);
     if (!p->w || (bias && !p->b)) {
         fg_module_free(m);
         return NULL;
@@ -78,12 +72,10 @@ fg_module *fg_embedding_new(int64_t num, int64_t dim, fg_dtype dt) {
                  (long long)num, (long long)dim);
         return NULL;
     }
-    if (fg__model_dtype(dt, "embedding_new", &dt) != FG_OK)
-        return NULL;
+    if (fg__model_dtype(dt, "embedding_new", &dt) != FG_OK) return NULL;
     wb *p = new_wb();
     fg_module *m = p ? fg_module_new("Embedding", embedding_fwd, p, fg_free) : NULL;
-    if (!m)
-        return NULL;
+    if (!m) return NULL;
     p->w = fg_module_add_param(m, "weight", dt, 2, (int64_t[]){num, dim},
                                &(fg_init){FG_INIT_NORMAL, 0, 1});
     if (!p->w) {
@@ -106,16 +98,13 @@ fg_module *fg_layer_norm_new(int64_t dim, double eps, bool bias, fg_dtype dt) {
         fg_error(FG_EINVAL, "layer_norm_new: dim = %lld: expected > 0", (long long)dim);
         return NULL;
     }
-    if (fg__model_dtype(dt, "layer_norm_new", &dt) != FG_OK)
-        return NULL;
+    if (fg__model_dtype(dt, "layer_norm_new", &dt) != FG_OK) return NULL;
     wb *p = new_wb();
     fg_module *m = p ? fg_module_new("LayerNorm", layer_norm_fwd, p, fg_free) : NULL;
-    if (!m)
-        return NULL;
+    if (!m) return NULL;
     p->eps = eps > 0 ? eps : 1e-5;
     p->w = fg_module_add_param(m, "weight", dt, 1, &dim, &(fg_init){FG_INIT_ONES, 0, 0});
-    if (p->w && bias)
-        p->b = fg_module_add_param(m, "bias", dt, 1, &dim, NULL);
+    if (p->w && bias) p->b = fg_module_add_param(m, "bias", dt, 1, &dim, NULL);
     if (!p->w || (bias && !p->b)) {
         fg_module_free(m);
         return NULL;
@@ -127,8 +116,7 @@ fg_module *fg_layer_norm_new(int64_t dim, double eps, bool bias, fg_dtype dt) {
 
 static fg_tensor *dropout_fwd(fg_module *m, fg_tensor *x, void *ud) {
     fg_dropout_state *d = ud;
-    if (!m->training || d->p == 0)
-        return x;
+    if (!m->training || d->p == 0) return x;
     uint64_t off = atomic_fetch_add(&d->offset, (uint64_t)fg_tensor_numel(x));
     return fg_dropout(x, d->p, d->seed, off);
 }
@@ -140,8 +128,7 @@ fg_module *fg_dropout_new(double p) {
     }
     fg_dropout_state *d = fg_calloc(1, sizeof *d);
     fg_module *m = d ? fg_module_new("Dropout", dropout_fwd, d, fg_free) : NULL;
-    if (!m)
-        return NULL;
+    if (!m) return NULL;
     d->p = p;
     atomic_init(&d->offset, 0);
     m->kind = fg__kind_dropout;
@@ -153,10 +140,8 @@ fg_status fg_dropout_get_state(const fg_module *m, uint64_t *seed, uint64_t *off
         return fg_error(FG_EINVAL, "dropout_get_state: module %s is not a Dropout",
                         m ? m->type : "(null)");
     fg_dropout_state *d = m->ud;
-    if (seed)
-        *seed = d->seed;
-    if (offset)
-        *offset = atomic_load(&d->offset);
+    if (seed) *seed = d->seed;
+    if (offset) *offset = atomic_load(&d->offset);
     return FG_OK;
 }
 
@@ -171,8 +156,7 @@ fg_status fg_dropout_set_state(fg_module *m, uint64_t seed, uint64_t offset) {
 }
 
 void fg_module_seed_dropout(fg_module *m, uint64_t seed) {
-    if (m && fg__module_ready(m) == FG_OK)
-        fg__seed_dropouts(m, seed);
+    if (m && fg__module_ready(m) == FG_OK) fg__seed_dropouts(m, seed);
 }
 
 /* ------------------------------------------------------------ activations */
@@ -189,26 +173,20 @@ static fg_tensor *relu_fwd(fg_module *m, fg_tensor *x, void *ud) {
     return fg_relu(x);
 }
 
-fg_module *fg_gelu_new(void) {
-    return fg_module_new("GELU", gelu_fwd, NULL, NULL);
-}
-fg_module *fg_relu_new(void) {
-    return fg_module_new("ReLU", relu_fwd, NULL, NULL);
-}
+fg_module *fg_gelu_new(void) { return fg_module_new("GELU", gelu_fwd, NULL, NULL); }
+fg_module *fg_relu_new(void) { return fg_module_new("ReLU", relu_fwd, NULL, NULL); }
 
 /* ------------------------------------------------------------ Sequential */
 
 static fg_tensor *sequential_fwd(fg_module *m, fg_tensor *x, void *ud) {
     (void)ud;
-    for (int i = 0; i < m->nchild && x; i++)
-        x = fg_module_forward(m->child[i], x);
+    for (int i = 0; i < m->nchild && x; i++) x = fg_module_forward(m->child[i], x);
     return x;
 }
 
 fg_module *fg_sequential_new(void) {
     fg_module *m = fg_module_new("Sequential", sequential_fwd, NULL, NULL);
-    if (m)
-        m->kind = fg__kind_sequential;
+    if (m) m->kind = fg__kind_sequential;
     return m;
 }
 

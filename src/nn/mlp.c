@@ -26,8 +26,7 @@ static fg_tensor *mlp_fwd(fg_module *m, fg_tensor *x, void *ud) {
         }
         x = fg_reshape(x, 2, (int64_t[]){fg_tensor_dim(x, 0), p->in});
     }
-    for (int i = 0; i < m->nchild && x; i++)
-        x = fg_module_forward(m->child[i], x);
+    for (int i = 0; i < m->nchild && x; i++) x = fg_module_forward(m->child[i], x);
     return x;
 }
 
@@ -39,8 +38,7 @@ fg_module *fg_mlp_new(const fg_mlp_config *c) {
     int n = c->nlayers;
     if (n == 0) { /* the sizes given, up to the first zero */
         int k = 0;
-        while (k <= FG_MLP_MAX_LAYERS && c->sizes[k] > 0)
-            k++;
+        while (k <= FG_MLP_MAX_LAYERS && c->sizes[k] > 0) k++;
         n = k - 1;
     }
     if (n < 1 || n > FG_MLP_MAX_LAYERS) {
@@ -66,12 +64,10 @@ fg_module *fg_mlp_new(const fg_mlp_config *c) {
         return NULL;
     }
     fg_dtype dt;
-    if (fg__model_dtype(c->dtype, "mlp_new", &dt))
-        return NULL;
+    if (fg__model_dtype(c->dtype, "mlp_new", &dt)) return NULL;
     mlp *p = fg_calloc(1, sizeof *p);
     fg_module *m = p ? fg_module_new("MLP", mlp_fwd, p, fg_free) : NULL;
-    if (!m)
-        return NULL;
+    if (!m) return NULL;
     p->in = c->sizes[0];
     m->kind = fg__kind_mlp;
     int k = 0;
@@ -81,20 +77,17 @@ fg_module *fg_mlp_new(const fg_mlp_config *c) {
         if (fg_module_add_child(m, name,
                                 fg_linear_new(c->sizes[i], c->sizes[i + 1], !c->no_bias, dt)))
             goto fail;
-        if (i == n - 1)
-            break;
+        if (i == n - 1) break;
         snprintf(name, sizeof name, "%d", k++);
         if (fg_module_add_child(m, name,
                                 c->activation == FG_ACT_GELU ? fg_gelu_new() : fg_relu_new()))
             goto fail;
         if (c->dropout > 0) {
             snprintf(name, sizeof name, "%d", k++);
-            if (fg_module_add_child(m, name, fg_dropout_new(c->dropout)))
-                goto fail;
+            if (fg_module_add_child(m, name, fg_dropout_new(c->dropout))) goto fail;
         }
     }
-    if (fg_module_set_seed(m, c->seed) || fg_module_finalize(m))
-        goto fail;
+    if (fg_module_set_seed(m, c->seed) || fg_module_finalize(m)) goto fail;
     return m;
 fail:
     /* keep the cause's status (FG_ENOMEM stays FG_ENOMEM) */

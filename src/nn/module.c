@@ -16,30 +16,22 @@
 
 /* ------------------------------------------------------------ small helpers */
 
-static bool valid_name(const char *name) {
-    return name && name[0] && !strchr(name, '.');
-}
+static bool valid_name(const char *name) { return name && name[0] && !strchr(name, '.'); }
 
 static fg_module *root_of(const fg_module *m) {
-    while (m->parent)
-        m = m->parent;
+    while (m->parent) m = m->parent;
     return (fg_module *)m;
 }
 
-fg_module *fg__module_root(const fg_module *m) {
-    return root_of(m);
-}
+fg_module *fg__module_root(const fg_module *m) { return root_of(m); }
 
 static bool name_taken(const fg_module *m, const char *name) {
     for (int i = 0; i < m->nchild; i++)
-        if (!strcmp(m->child[i]->name, name))
-            return true;
+        if (!strcmp(m->child[i]->name, name)) return true;
     for (int i = 0; i < m->params.n; i++)
-        if (!strcmp(m->params.e[i].name, name))
-            return true;
+        if (!strcmp(m->params.e[i].name, name)) return true;
     for (int i = 0; i < m->buffers.n; i++)
-        if (!strcmp(m->buffers.e[i].name, name))
-            return true;
+        if (!strcmp(m->buffers.e[i].name, name)) return true;
     return false;
 }
 
@@ -51,14 +43,12 @@ const char *fg__module_path(const fg_module *m, char *buf, size_t n) {
     /* before finalize: walk up */
     const fg_module *chain[64];
     int k = 0;
-    for (const fg_module *p = m; p->parent && k < 64; p = p->parent)
-        chain[k++] = p;
+    for (const fg_module *p = m; p->parent && k < 64; p = p->parent) chain[k++] = p;
     size_t len = 0;
     buf[0] = 0;
     for (int i = k - 1; i >= 0 && len < n; i--)
         len += (size_t)snprintf(buf + len, n - len, "%s%s", i == k - 1 ? "" : ".", chain[i]->name);
-    if (!k)
-        snprintf(buf, n, "(root)");
+    if (!k) snprintf(buf, n, "(root)");
     return buf;
 }
 
@@ -80,12 +70,10 @@ static fg_status check_open(const fg_module *m, const char *what) {
 fg_module *fg_module_new(const char *type, fg_module_forward_fn forward, void *ud,
                          void (*free_ud)(void *ud)) {
     fg_module *m = fg_calloc(1, sizeof *m);
-    if (!m)
-        goto fail;
+    if (!m) goto fail;
     m->type = fg_strdup(type ? type : "Module");
     m->name = fg_strdup("");
-    if (!m->type || !m->name)
-        goto fail;
+    if (!m->type || !m->name) goto fail;
     m->forward = forward;
     m->ud = ud;
     m->free_ud = free_ud;
@@ -97,18 +85,15 @@ fail:
         fg_free(m->name);
         fg_free(m);
     }
-    if (free_ud)
-        free_ud(ud);
+    if (free_ud) free_ud(ud);
     fg_error_wrap(FG_ENOMEM, "fg_module_new(%s)", type ? type : "Module");
     return NULL;
 }
 
 static void free_tree(fg_module *m) {
-    for (int i = 0; i < m->nchild; i++)
-        free_tree(m->child[i]);
+    for (int i = 0; i < m->nchild; i++) free_tree(m->child[i]);
     for (int i = 0; i < m->params.n; i++) {
-        if (!m->params.e[i].alias)
-            fg_tensor_free(m->params.e[i].t);
+        if (!m->params.e[i].alias) fg_tensor_free(m->params.e[i].t);
         fg_free(m->params.e[i].name);
     }
     for (int i = 0; i < m->buffers.n; i++) {
@@ -122,16 +107,14 @@ static void free_tree(fg_module *m) {
     fg_tensor_free(m->flat_g);
     fg_tensor_free(m->flat_b);
     fg_free(m->path);
-    if (m->free_ud)
-        m->free_ud(m->ud);
+    if (m->free_ud) m->free_ud(m->ud);
     fg_free(m->type);
     fg_free(m->name);
     fg_free(m);
 }
 
 void fg_module_free(fg_module *m) {
-    if (!m || m->parent)
-        return;
+    if (!m || m->parent) return;
     fg_flat *f = m->flat;
     free_tree(m);
     fg__module_flat_free(f);
@@ -155,8 +138,7 @@ fg_status fg_module_add_child(fg_module *m, const char *name, fg_module *child) 
                      name ? name : "(null)");
         goto fail;
     }
-    if ((s = check_open(m, "add_child")) != FG_OK)
-        goto fail;
+    if ((s = check_open(m, "add_child")) != FG_OK) goto fail;
     if (child->flat) {
         s = fg_error(FG_ESTATE,
                      "add_child(%s): the child %s is already finalized (add modules "
@@ -200,8 +182,7 @@ static fg_status plist_push(fg_plist *l, fg_pentry e) {
     if (l->n == l->cap) {
         int cap = l->cap ? 2 * l->cap : 4;
         fg_pentry *p = fg_realloc(l->e, sizeof *p * (size_t)cap);
-        if (!p)
-            return FG_ENOMEM;
+        if (!p) return FG_ENOMEM;
         l->e = p;
         l->cap = cap;
     }
@@ -220,8 +201,7 @@ static fg_tensor *add_tensor(fg_module *m, fg_plist *l, const char *what, const 
                  name ? name : "(null)");
         return NULL;
     }
-    if (check_open(m, what))
-        return NULL;
+    if (check_open(m, what)) return NULL;
     if (name_taken(m, name)) {
         fg_error(FG_EINVAL, "%s: module %s already has a child or parameter \"%s\"", what, m->type,
                  name);
@@ -252,8 +232,7 @@ static fg_tensor *add_tensor(fg_module *m, fg_plist *l, const char *what, const 
 fg_tensor *fg_module_add_param(fg_module *m, const char *name, fg_dtype dt, int ndim,
                                const int64_t *shape, const fg_init *init) {
     fg_tensor *t = add_tensor(m, &m->params, "add_param", name, dt, ndim, shape, init);
-    if (t)
-        t->requires_grad = true;
+    if (t) t->requires_grad = true;
     return t;
 }
 
@@ -274,8 +253,7 @@ fg_status fg_module_add_tied(fg_module *m, const char *name, fg_tensor *param) {
         return fg_error(FG_EINVAL, "add_tied: module %s already has a child or parameter \"%s\"",
                         m->type, name);
     char *nm = fg_strdup(name);
-    if (!nm)
-        return FG_ENOMEM;
+    if (!nm) return FG_ENOMEM;
     if (plist_push(&m->params, (fg_pentry){nm, param, {FG_INIT_KEEP, 0, 0}, true}) != FG_OK) {
         fg_free(nm);
         return FG_ENOMEM;
@@ -286,17 +264,14 @@ fg_status fg_module_add_tied(fg_module *m, const char *name, fg_tensor *param) {
 static fg_pentry *own_entry(const fg_module *m, const char *name, bool buffers) {
     const fg_plist *l = buffers ? &m->buffers : &m->params;
     for (int i = 0; i < l->n; i++)
-        if (!strcmp(l->e[i].name, name))
-            return &l->e[i];
+        if (!strcmp(l->e[i].name, name)) return &l->e[i];
     return NULL;
 }
 
 fg_status fg_module_set_init(fg_module *m, const char *name, const fg_init *init) {
-    if (!m || !name)
-        return fg_error(FG_EINVAL, "set_init: NULL module or name");
+    if (!m || !name) return fg_error(FG_EINVAL, "set_init: NULL module or name");
     fg_pentry *e = own_entry(m, name, false);
-    if (!e)
-        e = own_entry(m, name, true);
+    if (!e) e = own_entry(m, name, true);
     if (!e || e->alias)
         return fg_error(FG_EINVAL, "set_init: module %s has no own parameter \"%s\"", m->type,
                         name);
@@ -307,8 +282,7 @@ fg_status fg_module_set_init(fg_module *m, const char *name, const fg_init *init
 }
 
 fg_status fg_module_set_seed(fg_module *root, uint64_t seed) {
-    if (!root)
-        return fg_error(FG_EINVAL, "set_seed: NULL module");
+    if (!root) return fg_error(FG_EINVAL, "set_seed: NULL module");
     if (root->parent)
         return fg_error(FG_EINVAL, "set_seed: module %s is not a root (set the seed of its root)",
                         root->type);
@@ -319,21 +293,11 @@ fg_status fg_module_set_seed(fg_module *root, uint64_t seed) {
 
 /* ------------------------------------------------------------ accessors */
 
-void *fg_module_data(const fg_module *m) {
-    return m ? m->ud : NULL;
-}
-const char *fg_module_type(const fg_module *m) {
-    return m ? m->type : "(null)";
-}
-const char *fg_module_name(const fg_module *m) {
-    return m ? m->name : "";
-}
-fg_module *fg_module_parent(const fg_module *m) {
-    return m ? m->parent : NULL;
-}
-int fg_module_num_children(const fg_module *m) {
-    return m ? m->nchild : 0;
-}
+void *fg_module_data(const fg_module *m) { return m ? m->ud : NULL; }
+const char *fg_module_type(const fg_module *m) { return m ? m->type : "(null)"; }
+const char *fg_module_name(const fg_module *m) { return m ? m->name : ""; }
+fg_module *fg_module_parent(const fg_module *m) { return m ? m->parent : NULL; }
+int fg_module_num_children(const fg_module *m) { return m ? m->nchild : 0; }
 fg_module *fg_module_child_at(const fg_module *m, int i) {
     return m && i >= 0 && i < m->nchild ? m->child[i] : NULL;
 }
@@ -363,8 +327,7 @@ fg_module *fg_module_child(const fg_module *m, const char *name) {
 }
 
 fg_tensor *fg_module_own_param(const fg_module *m, const char *name) {
-    if (!m || !name)
-        return NULL;
+    if (!m || !name) return NULL;
     fg_pentry *e = own_entry(m, name, false);
     return e ? e->t : NULL;
 }
@@ -383,16 +346,14 @@ fg_tensor *fg_module_forward(fg_module *m, fg_tensor *x) {
         fg_error_wrap(FG_EINVAL, "forward of %s: NULL input (an earlier call failed)", m->type);
         return NULL;
     }
-    if (fg__module_ready(m))
-        return NULL;
+    if (fg__module_ready(m)) return NULL;
     if (!m->forward) {
         char b[256];
         fg_error(FG_EUNSUPPORTED, "module %s (%s) is a container without a forward",
                  fg__module_path(m, b, sizeof b), m->type);
         return NULL;
     }
-    if (tl_depth++ == 0)
-        tl_wrapped = false;
+    if (tl_depth++ == 0) tl_wrapped = false;
     fg_tensor *y = m->forward(m, x, m->ud);
     if (!y && !tl_wrapped) { /* name the innermost module once */
         char b[256];
@@ -404,13 +365,9 @@ fg_tensor *fg_module_forward(fg_module *m, fg_tensor *x) {
 }
 
 void fg_module_train(fg_module *m, bool on) {
-    if (!m)
-        return;
+    if (!m) return;
     m->training = on;
-    for (int i = 0; i < m->nchild; i++)
-        fg_module_train(m->child[i], on);
+    for (int i = 0; i < m->nchild; i++) fg_module_train(m->child[i], on);
 }
 
-bool fg_module_is_training(const fg_module *m) {
-    return m && m->training;
-}
+bool fg_module_is_training(const fg_module *m) { return m && m->training; }

@@ -17,8 +17,7 @@
 #include "nn_impl.h"
 
 void fg__module_flat_free(fg_flat *f) {
-    if (!f)
-        return;
+    if (!f) return;
     fg_free(f->pdata);
     fg_free(f->gdata);
     fg_free(f->bdata);
@@ -26,8 +25,7 @@ void fg__module_flat_free(fg_flat *f) {
         fg_tensor_free(f->slot[i].grad);
         fg_free(f->slot[i].name);
     }
-    for (int64_t i = 0; i < f->nalias; i++)
-        fg_free(f->alias_name[i]);
+    for (int64_t i = 0; i < f->nalias; i++) fg_free(f->alias_name[i]);
     fg_free(f->slot);
     fg_free(f->alias_name);
     fg_free(f->alias_idx);
@@ -51,14 +49,11 @@ typedef struct collect {
 } collect;
 
 static fg_status grow(void **p, int64_t *cap, int64_t need, size_t elem) {
-    if (need <= *cap)
-        return FG_OK;
+    if (need <= *cap) return FG_OK;
     int64_t c = *cap ? *cap * 2 : 16;
-    while (c < need)
-        c *= 2;
+    while (c < need) c *= 2;
     void *q = fg_realloc(*p, elem * (size_t)c);
-    if (!q)
-        return FG_ENOMEM;
+    if (!q) return FG_ENOMEM;
     *p = q;
     *cap = c;
     return FG_OK;
@@ -67,8 +62,7 @@ static fg_status grow(void **p, int64_t *cap, int64_t need, size_t elem) {
 static char *join(const char *path, const char *name) {
     size_t a = strlen(path), b = strlen(name);
     char *s = fg_alloc(a + b + 2);
-    if (!s)
-        return NULL;
+    if (!s) return NULL;
     if (a) {
         memcpy(s, path, a);
         s[a] = '.';
@@ -89,8 +83,7 @@ static fg_status collect_tree(fg_module *m, const char *path, collect *c, char *
     int64_t idx = c->nmod++;
     c->mods[idx] = m;
     (*paths)[idx] = fg_strdup(path);
-    if (!(*paths)[idx])
-        return FG_ENOMEM;
+    if (!(*paths)[idx]) return FG_ENOMEM;
     m->index = idx;
     m->p_first = c->np;
     m->b_first = c->nb;
@@ -100,8 +93,7 @@ static fg_status collect_tree(fg_module *m, const char *path, collect *c, char *
             FG_TRY(grow((void **)&c->al, &c->capal, c->nal + 1, sizeof *c->al));
             FG_TRY(grow((void **)&c->alname, &c->capaln, c->nal + 1, sizeof *c->alname));
             c->alname[c->nal] = join(path, e->name);
-            if (!c->alname[c->nal])
-                return FG_ENOMEM;
+            if (!c->alname[c->nal]) return FG_ENOMEM;
             c->al[c->nal++] = e;
             continue;
         }
@@ -114,8 +106,7 @@ static fg_status collect_tree(fg_module *m, const char *path, collect *c, char *
     }
     for (int i = 0; i < m->nchild; i++) {
         char *sub = join(path, m->child[i]->name);
-        if (!sub)
-            return FG_ENOMEM;
+        if (!sub) return FG_ENOMEM;
         fg_status s = collect_tree(m->child[i], sub, c, paths, cappaths);
         fg_free(sub);
         FG_TRY(s);
@@ -131,28 +122,23 @@ static fg_status collect_tree(fg_module *m, const char *path, collect *c, char *
  * block serves two elements; a uniform init uses draw i (four per block). */
 static double init_value(const fg_init *in, const uint32_t blk[4], int64_t i) {
     switch (in->kind) {
-    case FG_INIT_ONES:
-        return 1;
-    case FG_INIT_CONST:
-        return in->a;
+    case FG_INIT_ONES: return 1;
+    case FG_INIT_CONST: return in->a;
     case FG_INIT_NORMAL: {
         int w = (int)(i & 1) * 2;
         double u1 = ((double)(blk[w] >> 8) + 1.0) / 16777216.0;
         double u2 = (double)(blk[w + 1] >> 8) / 16777216.0;
         return in->a + in->b * (sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
     }
-    case FG_INIT_UNIFORM:
-        return in->a + (in->b - in->a) * ((double)(blk[i & 3] >> 8) / 16777216.0);
-    default:
-        return 0;
+    case FG_INIT_UNIFORM: return in->a + (in->b - in->a) * ((double)(blk[i & 3] >> 8) / 16777216.0);
+    default: return 0;
     }
 }
 
 /* Fills n elements of a parameter from its init and stream `seed`. Chunks
  * run in parallel: element i is a function of (seed, i) alone. */
 static void init_fill(void *data, fg_dtype dt, int64_t n, const fg_init *in, uint64_t seed) {
-    if (in->kind == FG_INIT_KEEP)
-        return;
+    if (in->kind == FG_INIT_KEEP) return;
     bool random = in->kind == FG_INIT_NORMAL || in->kind == FG_INIT_UNIFORM;
     int per_block = in->kind == FG_INIT_NORMAL ? 2 : 4; /* elements per Philox block */
     const int64_t chunk = 1 << 14;                      /* a multiple of per_block */
@@ -162,13 +148,10 @@ static void init_fill(void *data, fg_dtype dt, int64_t n, const fg_init *in, uin
         int64_t lo = c * chunk, hi = FG_MIN(n, lo + chunk);
         uint32_t blk[4] = {0};
         for (int64_t i = lo; i < hi; i++) {
-            if (random && i % per_block == 0)
-                fg_philox(seed, (uint64_t)(i / per_block), blk);
+            if (random && i % per_block == 0) fg_philox(seed, (uint64_t)(i / per_block), blk);
             double v = init_value(in, blk, i);
-            if (dt == FG_F64)
-                ((double *)data)[i] = v;
-            else
-                ((float *)data)[i] = (float)v;
+            if (dt == FG_F64) ((double *)data)[i] = v;
+            else ((float *)data)[i] = (float)v;
         }
     }
 }
@@ -196,15 +179,12 @@ void fg__seed_dropouts(fg_module *m, uint64_t seed) {
         d->seed = fg_rng_derive(fg_rng_derive(seed, DROPOUT_STREAM), (uint64_t)m->index);
         atomic_store(&d->offset, 0);
     }
-    for (int i = 0; i < m->nchild; i++)
-        fg__seed_dropouts(m->child[i], seed);
+    for (int i = 0; i < m->nchild; i++) fg__seed_dropouts(m->child[i], seed);
 }
 
 fg_status fg_module_finalize(fg_module *root) {
-    if (!root)
-        return fg_error(FG_EINVAL, "finalize: NULL module");
-    if (root->flat)
-        return FG_OK;
+    if (!root) return fg_error(FG_EINVAL, "finalize: NULL module");
+    if (root->flat) return FG_OK;
     if (root->parent)
         return fg_error(FG_EINVAL, "finalize: module %s has a parent: finalize its root",
                         root->type);
@@ -214,8 +194,7 @@ fg_status fg_module_finalize(fg_module *root) {
     int64_t cappaths = 0;
     fg_flat *f = NULL;
     fg_tensor **mviews = NULL; /* 3 per module */
-    if ((s = collect_tree(root, "", &c, &paths, &cappaths)) != FG_OK)
-        goto fail;
+    if ((s = collect_tree(root, "", &c, &paths, &cappaths)) != FG_OK) goto fail;
 
     /* one float dtype for everything */
     fg_dtype dt = FG_F32;
@@ -235,8 +214,7 @@ fg_status fg_module_finalize(fg_module *root) {
         }
     }
     f = fg_calloc(1, sizeof *f);
-    if (!f)
-        goto nomem;
+    if (!f) goto nomem;
     f->dtype = dt;
     f->seed = root->seed ? root->seed : fg_default_seed();
     f->np = c.np;
@@ -246,8 +224,7 @@ fg_status fg_module_finalize(fg_module *root) {
     f->alias_name = fg_calloc((size_t)c.nal + 1, sizeof *f->alias_name);
     f->alias_idx = fg_calloc((size_t)c.nal + 1, sizeof *f->alias_idx);
     mviews = fg_calloc((size_t)c.nmod * 3 + 1, sizeof *mviews);
-    if (!f->slot || !f->alias_name || !f->alias_idx || !mviews)
-        goto nomem;
+    if (!f->slot || !f->alias_name || !f->alias_idx || !mviews) goto nomem;
     f->mods = c.mods;
     f->nmod = c.nmod;
     c.mods = NULL;
@@ -272,18 +249,15 @@ fg_status fg_module_finalize(fg_module *root) {
         int64_t pi = m->p_first, bi = m->b_first;
         for (int i = 0; i < m->params.n; i++)
             if (!m->params.e[i].alias)
-                if (!(f->slot[pi++].name = join(paths[k], m->params.e[i].name)))
-                    goto nomem;
+                if (!(f->slot[pi++].name = join(paths[k], m->params.e[i].name))) goto nomem;
         for (int i = 0; i < m->buffers.n; i++)
-            if (!(f->slot[f->np + bi++].name = join(paths[k], m->buffers.e[i].name)))
-                goto nomem;
+            if (!(f->slot[f->np + bi++].name = join(paths[k], m->buffers.e[i].name))) goto nomem;
     }
     /* aliases must name a parameter of this tree */
     for (int64_t a = 0; a < c.nal; a++) {
         int64_t found = -1;
         for (int64_t i = 0; i < f->np && found < 0; i++)
-            if (f->slot[i].t == c.al[a]->t)
-                found = i;
+            if (f->slot[i].t == c.al[a]->t) found = i;
         if (found < 0) {
             s = fg_error(FG_EINVAL,
                          "finalize: tied weight \"%s\" does not point at a parameter "
@@ -301,14 +275,12 @@ fg_status fg_module_finalize(fg_module *root) {
     f->pdata = fg_alloc(es * (size_t)f->pnumel + 64);
     f->gdata = fg_calloc(1, es * (size_t)f->pnumel + 64);
     f->bdata = fg_alloc(es * (size_t)f->bnumel + 64);
-    if (!f->pdata || !f->gdata || !f->bdata)
-        goto nomem;
+    if (!f->pdata || !f->gdata || !f->bdata) goto nomem;
     for (int64_t i = 0; i < f->np; i++) {
         fg_slot *sl = &f->slot[i];
         sl->grad =
             fg_tensor_wrap((char *)f->gdata + es * (size_t)sl->off, dt, sl->t->ndim, sl->t->shape);
-        if (!sl->grad)
-            goto nomem;
+        if (!sl->grad) goto nomem;
     }
     for (int64_t k = 0; k < f->nmod; k++) {
         fg_module *m = f->mods[k];
@@ -326,8 +298,7 @@ fg_status fg_module_finalize(fg_module *root) {
             fg_tensor_wrap((char *)f->gdata + es * (size_t)m->p_off, dt, 1, &m->p_numel);
         mviews[3 * k + 2] =
             fg_tensor_wrap((char *)f->bdata + es * (size_t)m->b_off, dt, 1, &m->b_numel);
-        if (!mviews[3 * k] || !mviews[3 * k + 1] || !mviews[3 * k + 2])
-            goto nomem;
+        if (!mviews[3 * k] || !mviews[3 * k + 1] || !mviews[3 * k + 2]) goto nomem;
     }
 
     /* nothing can fail from here on: move the data */
@@ -335,8 +306,7 @@ fg_status fg_module_finalize(fg_module *root) {
         fg_tensor *t = f->slot[i].t;
         void *dst = (char *)f->pdata + es * (size_t)f->slot[i].off;
         memcpy(dst, t->data, fg_tensor_nbytes(t)); /* FG_INIT_KEEP values */
-        if (t->flags & FG_T_OWNS_DATA)
-            fg_free(t->data);
+        if (t->flags & FG_T_OWNS_DATA) fg_free(t->data);
         t->data = dst;
         t->flags &= ~(uint32_t)FG_T_OWNS_DATA;
         fg_tensor_set_grad(t, f->slot[i].grad);
@@ -348,8 +318,7 @@ fg_status fg_module_finalize(fg_module *root) {
         fg_tensor *t = f->slot[f->np + i].t;
         void *dst = (char *)f->bdata + es * (size_t)f->slot[f->np + i].off;
         memcpy(dst, t->data, fg_tensor_nbytes(t));
-        if (t->flags & FG_T_OWNS_DATA)
-            fg_free(t->data);
+        if (t->flags & FG_T_OWNS_DATA) fg_free(t->data);
         t->data = dst;
         t->flags &= ~(uint32_t)FG_T_OWNS_DATA;
         t->requires_grad = false;
@@ -368,8 +337,7 @@ fg_status fg_module_finalize(fg_module *root) {
     }
     init_range(f, 0, f->np, 0, f->nb, f->seed);
     fg__seed_dropouts(root, f->seed);
-    for (int64_t k = 0; k < cappaths && k < f->nmod; k++)
-        fg_free(paths[k]);
+    for (int64_t k = 0; k < cappaths && k < f->nmod; k++) fg_free(paths[k]);
     fg_free(paths);
     fg_free(mviews);
     fg_free(c.al);
@@ -383,14 +351,11 @@ nomem:
 fail: /* the modules were not touched beyond their (recomputed) ranges */
     fg__module_flat_free(f);
     if (mviews)
-        for (int64_t k = 0; k < 3 * c.nmod; k++)
-            fg_tensor_free(mviews[k]);
+        for (int64_t k = 0; k < 3 * c.nmod; k++) fg_tensor_free(mviews[k]);
     fg_free(mviews);
-    for (int64_t k = 0; k < c.nmod && paths; k++)
-        fg_free(paths[k]);
+    for (int64_t k = 0; k < c.nmod && paths; k++) fg_free(paths[k]);
     fg_free(paths);
-    for (int64_t a = 0; a < c.nal; a++)
-        fg_free(c.alname ? c.alname[a] : NULL);
+    for (int64_t a = 0; a < c.nal; a++) fg_free(c.alname ? c.alname[a] : NULL);
     fg_free(c.alname);
     fg_free(c.al);
     fg_free(c.pe);
@@ -399,15 +364,11 @@ fail: /* the modules were not touched beyond their (recomputed) ranges */
     return s;
 }
 
-bool fg_module_is_finalized(const fg_module *m) {
-    return m && fg__module_root(m)->flat;
-}
+bool fg_module_is_finalized(const fg_module *m) { return m && fg__module_root(m)->flat; }
 
 fg_status fg__module_ready(fg_module *m) {
-    if (!m)
-        return fg_error(FG_EINVAL, "NULL module");
-    if (m->flat)
-        return FG_OK;
+    if (!m) return fg_error(FG_EINVAL, "NULL module");
+    if (m->flat) return FG_OK;
     return fg_module_finalize(fg__module_root(m));
 }
 
@@ -415,40 +376,30 @@ fg_status fg_module_reset_parameters(fg_module *m, uint64_t seed) {
     FG_TRY(fg__module_ready(m));
     fg_flat *f = m->flat;
     init_range(f, m->p_first, m->p_first + m->p_count, m->b_first, m->b_first + m->b_count, seed);
-    if (!m->parent)
-        f->seed = seed;
+    if (!m->parent) f->seed = seed;
     return FG_OK;
 }
 
 /* ------------------------------------------------------------ parameters */
 
 fg_flat *fg__module_flat(fg_module *m) {
-    if (fg__module_ready(m))
-        return NULL;
+    if (fg__module_ready(m)) return NULL;
     return m->flat;
 }
 
-int64_t fg_module_num_params(fg_module *m) {
-    return fg__module_flat(m) ? m->p_count : -1;
-}
-int64_t fg_module_numel(fg_module *m) {
-    return fg__module_flat(m) ? m->p_numel : -1;
-}
-fg_dtype fg_module_dtype(fg_module *m) {
-    return fg__module_flat(m) ? m->flat->dtype : FG_F32;
-}
+int64_t fg_module_num_params(fg_module *m) { return fg__module_flat(m) ? m->p_count : -1; }
+int64_t fg_module_numel(fg_module *m) { return fg__module_flat(m) ? m->p_numel : -1; }
+fg_dtype fg_module_dtype(fg_module *m) { return fg__module_flat(m) ? m->flat->dtype : FG_F32; }
 
 bool fg__module_index_ok(fg_module *m, int64_t i, int64_t n, const char *what) {
-    if (i >= 0 && i < n)
-        return true;
+    if (i >= 0 && i < n) return true;
     fg_error(FG_EINVAL, "%s: index %lld out of range (module %s has %lld)", what, (long long)i,
              m->type, (long long)n);
     return false;
 }
 
 fg_tensor *fg_module_param(fg_module *m, int64_t i) {
-    if (!fg__module_flat(m) || !fg__module_index_ok(m, i, m->p_count, "module_param"))
-        return NULL;
+    if (!fg__module_flat(m) || !fg__module_index_ok(m, i, m->p_count, "module_param")) return NULL;
     return m->flat->slot[m->p_first + i].t;
 }
 
@@ -464,29 +415,21 @@ int64_t fg_module_param_offset(fg_module *m, int64_t i) {
     return m->flat->slot[m->p_first + i].off - m->p_off;
 }
 
-fg_tensor *fg_module_flat_params(fg_module *m) {
-    return fg__module_flat(m) ? m->flat_p : NULL;
-}
-fg_tensor *fg_module_flat_grads(fg_module *m) {
-    return fg__module_flat(m) ? m->flat_g : NULL;
-}
+fg_tensor *fg_module_flat_params(fg_module *m) { return fg__module_flat(m) ? m->flat_p : NULL; }
+fg_tensor *fg_module_flat_grads(fg_module *m) { return fg__module_flat(m) ? m->flat_g : NULL; }
 
 /* Does the full name `full` lie under m (and what is its relative part)? */
 static const char *relative(const fg_module *m, const char *full) {
-    if (!m->prefix_len)
-        return full;
-    if (strncmp(full, m->path, m->prefix_len - 1) || full[m->prefix_len - 1] != '.')
-        return NULL;
+    if (!m->prefix_len) return full;
+    if (strncmp(full, m->path, m->prefix_len - 1) || full[m->prefix_len - 1] != '.') return NULL;
     return full + m->prefix_len;
 }
 
 int64_t fg_module_find_param(fg_module *m, const char *name) {
-    if (!name || !fg__module_flat(m))
-        return -1;
+    if (!name || !fg__module_flat(m)) return -1;
     fg_flat *f = m->flat;
     for (int64_t i = m->p_first; i < m->p_first + m->p_count; i++)
-        if (!strcmp(f->slot[i].name + m->prefix_len, name))
-            return i - m->p_first;
+        if (!strcmp(f->slot[i].name + m->prefix_len, name)) return i - m->p_first;
     for (int64_t a = 0; a < f->nalias; a++) {
         const char *rel = relative(m, f->alias_name[a]);
         int64_t i = f->alias_idx[a];
@@ -497,8 +440,7 @@ int64_t fg_module_find_param(fg_module *m, const char *name) {
 }
 
 void fg_module_zero_grad(fg_module *m) {
-    if (!fg__module_flat(m))
-        return;
+    if (!fg__module_flat(m)) return;
     size_t es = fg_dtype_size(m->flat->dtype);
     char *g = (char *)m->flat->gdata + es * (size_t)m->p_off;
     size_t bytes = es * (size_t)m->p_numel;
@@ -511,13 +453,10 @@ void fg_module_zero_grad(fg_module *m) {
     }
 }
 
-int64_t fg_module_num_buffers(fg_module *m) {
-    return fg__module_flat(m) ? m->b_count : -1;
-}
+int64_t fg_module_num_buffers(fg_module *m) { return fg__module_flat(m) ? m->b_count : -1; }
 
 fg_tensor *fg_module_buffer(fg_module *m, int64_t i) {
-    if (!fg__module_flat(m) || !fg__module_index_ok(m, i, m->b_count, "module_buffer"))
-        return NULL;
+    if (!fg__module_flat(m) || !fg__module_index_ok(m, i, m->b_count, "module_buffer")) return NULL;
     return m->flat->slot[m->flat->np + m->b_first + i].t;
 }
 

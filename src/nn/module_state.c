@@ -32,8 +32,7 @@ fg_tensor *fg_module_state_tensor(fg_module *m, int64_t i) {
 /* State entry k of m (params then buffers) whose name is `name`, or -1. */
 static int64_t find_state(fg_module *m, const char *name) {
     int64_t i = fg_module_find_param(m, name);
-    if (i >= 0)
-        return i;
+    if (i >= 0) return i;
     for (int64_t b = 0; b < m->b_count; b++)
         if (!strcmp(m->flat->slot[m->flat->np + m->b_first + b].name + m->prefix_len, name))
             return m->p_count + b;
@@ -48,22 +47,19 @@ typedef struct msgbuf {
 
 static void msg_add(msgbuf *b, const char *fmt, ...) FG_PRINTF(2, 3);
 static void msg_add(msgbuf *b, const char *fmt, ...) {
-    if (b->len >= sizeof b->s - 1)
-        return;
+    if (b->len >= sizeof b->s - 1) return;
     va_list ap;
     va_start(ap, fmt);
     int k = vsnprintf(b->s + b->len, sizeof b->s - b->len, fmt, ap);
     va_end(ap);
-    if (k > 0)
-        b->len = FG_MIN(sizeof b->s - 1, b->len + (size_t)k);
+    if (k > 0) b->len = FG_MIN(sizeof b->s - 1, b->len + (size_t)k);
 }
 
 static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
     size_t k = (size_t)snprintf(buf, n, "[");
     for (int i = 0; i < ndim && k < n; i++)
         k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    if (k < n)
-        snprintf(buf + k, n - k, "]");
+    if (k < n) snprintf(buf + k, n - k, "]");
 }
 
 #define LIST_MAX 8
@@ -100,8 +96,7 @@ fg_status fg_module_load_state(fg_module *m, const fg_state_entry *entries, int6
         int64_t i = find_state(m, e->name);
         target[k] = i;
         if (i < 0) {
-            if (nunexp < LIST_MAX)
-                msg_add(&unexp, "%s%s", nunexp ? ", " : "", e->name);
+            if (nunexp < LIST_MAX) msg_add(&unexp, "%s%s", nunexp ? ", " : "", e->name);
             nunexp++;
             continue;
         }
@@ -114,8 +109,7 @@ fg_status fg_module_load_state(fg_module *m, const fg_state_entry *entries, int6
         }
         fg_tensor *t = fg_module_state_tensor(m, i);
         bool same = e->ndim == t->ndim;
-        for (int d = 0; same && d < t->ndim; d++)
-            same = e->shape[d] == t->shape[d];
+        for (int d = 0; same && d < t->ndim; d++) same = e->shape[d] == t->shape[d];
         if (!same) {
             char a[128], b[128];
             shape_str(a, sizeof a, e->ndim, e->shape);
@@ -132,16 +126,12 @@ fg_status fg_module_load_state(fg_module *m, const fg_state_entry *entries, int6
         seen[i] = true;
     }
     for (int64_t i = 0; i < ns; i++) {
-        if (seen[i])
-            continue;
+        if (seen[i]) continue;
         /* a shape mismatch already reports it */
         bool reported = false;
-        for (int64_t k = 0; k < n && !reported; k++)
-            reported = target[k] == i;
-        if (reported)
-            continue;
-        if (nmiss < LIST_MAX)
-            msg_add(&miss, "%s%s", nmiss ? ", " : "", fg_module_state_name(m, i));
+        for (int64_t k = 0; k < n && !reported; k++) reported = target[k] == i;
+        if (reported) continue;
+        if (nmiss < LIST_MAX) msg_add(&miss, "%s%s", nmiss ? ", " : "", fg_module_state_name(m, i));
         nmiss++;
     }
     if (nshape || (strict && (nmiss || nunexp))) {
@@ -160,12 +150,10 @@ fg_status fg_module_load_state(fg_module *m, const fg_state_entry *entries, int6
         goto done;
     }
     for (int64_t k = 0; k < n; k++) {
-        if (target[k] < 0)
-            continue;
+        if (target[k] < 0) continue;
         fg_tensor *t = fg_module_state_tensor(m, target[k]);
         s = fg_convert(t->data, t->dtype, entries[k].data, entries[k].dtype, t->numel);
-        if (s != FG_OK)
-            goto done; /* cannot happen: dtypes were checked */
+        if (s != FG_OK) goto done; /* cannot happen: dtypes were checked */
     }
 done:
     fg_free(target);

@@ -13,8 +13,7 @@ static fg_status adamw_step_range(fg_optimizer *o, int64_t begin, int64_t end, v
     size_t es = fg_dtype_size(o->dt);
     for (int64_t k = 0; k < o->nseg; k++) {
         int64_t lo = FG_MAX(begin, o->seg_begin[k]), hi = FG_MIN(end, o->seg_begin[k + 1]);
-        if (lo >= hi)
-            continue;
+        if (lo >= hi) continue;
         size_t at = es * (size_t)(lo - begin), st = es * (size_t)(lo - o->state_begin);
         fg__k_adamw(o->dt, (char *)param + at, (const char *)grad + at,
                     (char *)fg_tensor_data(o->state[0]) + st,
@@ -28,18 +27,12 @@ static const fg_optim_vt adamw_vt = {.name = "AdamW", .step_range = adamw_step_r
 
 fg_optimizer *fg_adamw_new(fg_module *m, const fg_adamw_opts *opts) {
     fg_adamw_opts o = opts ? *opts : (fg_adamw_opts){0};
-    if (o.lr == 0)
-        o.lr = 1e-3;
-    if (o.beta1 == 0)
-        o.beta1 = 0.9;
-    if (o.beta2 == 0)
-        o.beta2 = 0.999;
-    if (o.eps == 0)
-        o.eps = 1e-8;
-    if (o.weight_decay == 0)
-        o.weight_decay = 0.01;
-    if (o.no_weight_decay)
-        o.weight_decay = 0;
+    if (o.lr == 0) o.lr = 1e-3;
+    if (o.beta1 == 0) o.beta1 = 0.9;
+    if (o.beta2 == 0) o.beta2 = 0.999;
+    if (o.eps == 0) o.eps = 1e-8;
+    if (o.weight_decay == 0) o.weight_decay = 0.01;
+    if (o.no_weight_decay) o.weight_decay = 0;
     if (!(o.lr > 0) || !(o.beta1 > 0 && o.beta1 < 1) || !(o.beta2 > 0 && o.beta2 < 1) ||
         !(o.eps > 0) || !(o.weight_decay >= 0)) {
         fg_error(FG_EINVAL,
@@ -51,7 +44,6 @@ fg_optimizer *fg_adamw_new(fg_module *m, const fg_adamw_opts *opts) {
     static const char *const names[] = {"exp_avg", "exp_avg_sq"};
     fg_optimizer *opt =
         fg__optimizer_new(&adamw_vt, m, o.lr, 2, names, o.weight_decay, !o.decay_all);
-    if (opt)
-        opt->o.adamw = o;
+    if (opt) opt->o.adamw = o;
     return opt;
 }

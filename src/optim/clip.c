@@ -10,15 +10,13 @@
 #include "optim_impl.h"
 
 fg_status fg_grad_sumsq(fg_module *m, double *sumsq) {
-    if (!m || !sumsq)
-        return fg_error(FG_EINVAL, "grad_sumsq: NULL module or output");
+    if (!m || !sumsq) return fg_error(FG_EINVAL, "grad_sumsq: NULL module or output");
     FG_TRY(fg__module_ready(m));
     return fg__sumsq(fg_tensor_data(m->flat_g), m->flat->dtype, m->p_numel, sumsq);
 }
 
 fg_status fg_grad_scale(fg_module *m, double s) {
-    if (!m)
-        return fg_error(FG_EINVAL, "grad_scale: NULL module");
+    if (!m) return fg_error(FG_EINVAL, "grad_scale: NULL module");
     FG_TRY(fg__module_ready(m));
     return fg__scale(fg_tensor_data(m->flat_g), m->flat->dtype, m->p_numel, s);
 }
@@ -29,15 +27,13 @@ double fg_clip_coef(double total_norm, double max_norm) {
 }
 
 fg_status fg_clip_grad_norm(fg_module *m, double max_norm, double *total_norm) {
-    if (!m)
-        return fg_error(FG_EINVAL, "clip_grad_norm: NULL module");
+    if (!m) return fg_error(FG_EINVAL, "clip_grad_norm: NULL module");
     if (!(max_norm > 0))
         return fg_error(FG_EINVAL, "clip_grad_norm: max_norm = %g: expected > 0", max_norm);
     double ss;
     FG_TRY(fg_grad_sumsq(m, &ss));
     double norm = sqrt(ss);
-    if (total_norm)
-        *total_norm = norm;
+    if (total_norm) *total_norm = norm;
     double c = fg_clip_coef(norm, max_norm);
     return c < 1 ? fg_grad_scale(m, c) : FG_OK;
 }

@@ -14,8 +14,7 @@ static void FN(sgd)(T *restrict p, const T *restrict g, T *restrict buf, int64_t
                     T mu, T damp, bool first, bool nesterov) {
     if (!buf) {
 #pragma omp parallel for simd schedule(static) if (n > FG_OPTIM_PAR_MIN)
-        for (int64_t i = 0; i < n; i++)
-            p[i] -= lr * (g[i] + wd * p[i]);
+        for (int64_t i = 0; i < n; i++) p[i] -= lr * (g[i] + wd * p[i]);
         return;
     }
     /* four loops rather than tests inside one: each vectorises */
@@ -75,18 +74,15 @@ static void FN(sumsq_blocks)(const T *restrict x, int64_t n, double *restrict pa
         int64_t lo = b * FG_OPTIM_BLOCK, hi = FG_MIN(n, lo + FG_OPTIM_BLOCK), i = lo;
         double acc[8] = {0};
         for (; i + 8 <= hi; i += 8)
-            for (int k = 0; k < 8; k++)
-                acc[k] += (double)x[i + k] * (double)x[i + k];
-        for (; i < hi; i++)
-            acc[0] += (double)x[i] * (double)x[i];
+            for (int k = 0; k < 8; k++) acc[k] += (double)x[i + k] * (double)x[i + k];
+        for (; i < hi; i++) acc[0] += (double)x[i] * (double)x[i];
         part[b] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
     }
 }
 
 static void FN(scale)(T *restrict x, int64_t n, T s) {
 #pragma omp parallel for simd schedule(static) if (n > FG_OPTIM_PAR_MIN)
-    for (int64_t i = 0; i < n; i++)
-        x[i] *= s;
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
 #undef FN

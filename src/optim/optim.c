@@ -16,8 +16,7 @@ fg_optimizer *fg__optimizer_new(const fg_optim_vt *vt, fg_module *m, double lr, 
         return NULL;
     }
     fg_optimizer *o = fg_calloc(1, sizeof *o);
-    if (!o)
-        return NULL;
+    if (!o) return NULL;
     o->vt = vt;
     o->m = m;
     o->dt = m->flat->dtype;
@@ -30,21 +29,18 @@ fg_optimizer *fg__optimizer_new(const fg_optim_vt *vt, fg_module *m, double lr, 
     for (int i = 0; i < nstates; i++) {
         o->state_name[i] = names[i];
         o->state[i] = fg_tensor_new(o->dt, 1, &o->numel);
-        if (!o->state[i])
-            goto fail;
+        if (!o->state[i]) goto fail;
     }
     /* weight-decay segments: runs of parameters with the same decay */
     int64_t np = m->p_count;
     o->seg_begin = fg_calloc((size_t)np + 2, sizeof *o->seg_begin);
     o->seg_wd = fg_calloc((size_t)np + 1, sizeof *o->seg_wd);
-    if (!o->seg_begin || !o->seg_wd)
-        goto fail;
+    if (!o->seg_begin || !o->seg_wd) goto fail;
     for (int64_t i = 0; i < np; i++) {
         fg_tensor *p = m->flat->slot[m->p_first + i].t;
         double d = matrices_only && p->ndim < 2 ? 0 : wd;
         int64_t off = m->flat->slot[m->p_first + i].off - m->p_off;
-        if (p->numel == 0)
-            continue;
+        if (p->numel == 0) continue;
         if (o->nseg == 0 || o->seg_wd[o->nseg - 1] != d) {
             o->seg_begin[o->nseg] = off;
             o->seg_wd[o->nseg++] = d;
@@ -59,10 +55,8 @@ fail:
 }
 
 void fg_optimizer_free(fg_optimizer *o) {
-    if (!o)
-        return;
-    for (int i = 0; i < o->nstates; i++)
-        fg_tensor_free(o->state[i]);
+    if (!o) return;
+    for (int i = 0; i < o->nstates; i++) fg_tensor_free(o->state[i]);
     fg_free(o->seg_begin);
     fg_free(o->seg_wd);
     fg_free(o);
@@ -70,17 +64,14 @@ void fg_optimizer_free(fg_optimizer *o) {
 
 fg_status fg__optimizer_step_range(fg_optimizer *o, int64_t begin, int64_t end, void *param,
                                    const void *grad) {
-    if (!o)
-        return fg_error(FG_EINVAL, "optimizer step: NULL optimizer");
+    if (!o) return fg_error(FG_EINVAL, "optimizer step: NULL optimizer");
     if (begin < o->state_begin || end < begin || end > o->state_end)
         return fg_error(FG_EINVAL, "%s step: range [%lld, %lld) outside the state's [%lld, %lld)",
                         o->vt->name, (long long)begin, (long long)end, (long long)o->state_begin,
                         (long long)o->state_end);
     size_t at = fg_dtype_size(o->dt) * (size_t)begin;
-    if (!param)
-        param = (char *)o->param + at;
-    if (!grad)
-        grad = (const char *)o->grad + at;
+    if (!param) param = (char *)o->param + at;
+    if (!grad) grad = (const char *)o->grad + at;
     return o->vt->step_range(o, begin, end, param, grad, o->steps + 1);
 }
 
@@ -92,8 +83,7 @@ fg_status fg__optimizer_shard_state(fg_optimizer *o, int64_t begin, int64_t end)
     int64_t n = end - begin;
     for (int i = 0; i < o->nstates; i++)
         if (!(fresh[i] = fg_tensor_new(o->dt, 1, &n))) {
-            for (int k = 0; k < i; k++)
-                fg_tensor_free(fresh[k]);
+            for (int k = 0; k < i; k++) fg_tensor_free(fresh[k]);
             return fg_error_wrap(FG_ENOMEM, "optimizer shard of %lld elements", (long long)n);
         }
     int64_t lo = FG_MAX(begin, o->state_begin), hi = FG_MIN(end, o->state_end);
@@ -111,58 +101,42 @@ fg_status fg__optimizer_shard_state(fg_optimizer *o, int64_t begin, int64_t end)
     return FG_OK;
 }
 
-void fg__optimizer_advance(fg_optimizer *o) {
-    o->steps++;
-}
+void fg__optimizer_advance(fg_optimizer *o) { o->steps++; }
 
 fg_status fg_optimizer_step(fg_optimizer *o) {
-    if (!o)
-        return fg_error(FG_EINVAL, "optimizer step: NULL optimizer");
+    if (!o) return fg_error(FG_EINVAL, "optimizer step: NULL optimizer");
     FG_TRY(fg__optimizer_step_range(o, o->state_begin, o->state_end, NULL, NULL));
     fg__optimizer_advance(o);
     return FG_OK;
 }
 
 void fg_optimizer_zero_grad(fg_optimizer *o) {
-    if (o)
-        fg_module_zero_grad(o->m);
+    if (o) fg_module_zero_grad(o->m);
 }
 
-double fg_optimizer_lr(const fg_optimizer *o) {
-    return o ? o->lr : 0;
-}
+double fg_optimizer_lr(const fg_optimizer *o) { return o ? o->lr : 0; }
 
 fg_status fg_optimizer_set_lr(fg_optimizer *o, double lr) {
-    if (!o)
-        return fg_error(FG_EINVAL, "set_lr: NULL optimizer");
+    if (!o) return fg_error(FG_EINVAL, "set_lr: NULL optimizer");
     if (!(lr >= 0) || !isfinite(lr))
         return fg_error(FG_EINVAL, "set_lr: lr = %g: expected a finite value >= 0", lr);
     o->lr = lr;
     return FG_OK;
 }
 
-int64_t fg_optimizer_step_count(const fg_optimizer *o) {
-    return o ? o->steps : 0;
-}
+int64_t fg_optimizer_step_count(const fg_optimizer *o) { return o ? o->steps : 0; }
 
 fg_status fg_optimizer_set_step_count(fg_optimizer *o, int64_t steps) {
-    if (!o)
-        return fg_error(FG_EINVAL, "set_step_count: NULL optimizer");
+    if (!o) return fg_error(FG_EINVAL, "set_step_count: NULL optimizer");
     if (steps < 0)
         return fg_error(FG_EINVAL, "set_step_count: %lld: expected >= 0", (long long)steps);
     o->steps = steps;
     return FG_OK;
 }
 
-const char *fg_optimizer_name(const fg_optimizer *o) {
-    return o ? o->vt->name : "(null)";
-}
-fg_module *fg_optimizer_module(const fg_optimizer *o) {
-    return o ? o->m : NULL;
-}
-int fg_optimizer_num_states(const fg_optimizer *o) {
-    return o ? o->nstates : 0;
-}
+const char *fg_optimizer_name(const fg_optimizer *o) { return o ? o->vt->name : "(null)"; }
+fg_module *fg_optimizer_module(const fg_optimizer *o) { return o ? o->m : NULL; }
+int fg_optimizer_num_states(const fg_optimizer *o) { return o ? o->nstates : 0; }
 
 const char *fg_optimizer_state_name(const fg_optimizer *o, int i) {
     return o && i >= 0 && i < o->nstates ? o->state_name[i] : NULL;
@@ -180,16 +154,11 @@ fg_tensor *fg_optimizer_state(fg_optimizer *o, int i) {
 /* ------------------------------------------------------------ schedules */
 
 double fg_lr_at(const fg_lr_schedule *s, int64_t step) {
-    if (!s)
-        return 0;
-    if (step < 0)
-        step = 0;
-    if (step < s->warmup_steps)
-        return s->lr * (double)(step + 1) / (double)(s->warmup_steps + 1);
-    if (s->kind != FG_LR_COSINE)
-        return s->lr;
-    if (s->decay_steps <= s->warmup_steps || step >= s->decay_steps)
-        return s->min_lr;
+    if (!s) return 0;
+    if (step < 0) step = 0;
+    if (step < s->warmup_steps) return s->lr * (double)(step + 1) / (double)(s->warmup_steps + 1);
+    if (s->kind != FG_LR_COSINE) return s->lr;
+    if (s->decay_steps <= s->warmup_steps || step >= s->decay_steps) return s->min_lr;
     double r = (double)(step - s->warmup_steps) / (double)(s->decay_steps - s->warmup_steps);
     return s->min_lr + 0.5 * (1.0 + cos(3.14159265358979323846 * r)) * (s->lr - s->min_lr);
 }

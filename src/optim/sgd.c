@@ -11,8 +11,7 @@ static fg_status sgd_step_range(fg_optimizer *o, int64_t begin, int64_t end, voi
     size_t es = fg_dtype_size(o->dt);
     for (int64_t k = 0; k < o->nseg; k++) {
         int64_t lo = FG_MAX(begin, o->seg_begin[k]), hi = FG_MIN(end, o->seg_begin[k + 1]);
-        if (lo >= hi)
-            continue;
+        if (lo >= hi) continue;
         size_t at = es * (size_t)(lo - begin);
         void *buf = so->momentum != 0
                         ? (char *)fg_tensor_data(o->state[0]) + es * (size_t)(lo - o->state_begin)
@@ -27,8 +26,7 @@ static const fg_optim_vt sgd_vt = {.name = "SGD", .step_range = sgd_step_range};
 
 fg_optimizer *fg_sgd_new(fg_module *m, const fg_sgd_opts *opts) {
     fg_sgd_opts o = opts ? *opts : (fg_sgd_opts){0};
-    if (o.lr == 0)
-        o.lr = 0.01;
+    if (o.lr == 0) o.lr = 0.01;
     if (!(o.lr > 0) || !(o.momentum >= 0) || !(o.dampening >= 0) || !(o.weight_decay >= 0)) {
         fg_error(FG_EINVAL,
                  "sgd_new: lr = %g, momentum = %g, dampening = %g, weight_decay = %g: "
@@ -46,7 +44,6 @@ fg_optimizer *fg_sgd_new(fg_module *m, const fg_sgd_opts *opts) {
     static const char *const names[] = {"momentum_buffer"};
     fg_optimizer *opt =
         fg__optimizer_new(&sgd_vt, m, o.lr, o.momentum != 0 ? 1 : 0, names, o.weight_decay, false);
-    if (opt)
-        opt->o.sgd = o;
+    if (opt) opt->o.sgd = o;
     return opt;
 }

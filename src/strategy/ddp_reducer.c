@@ -120,8 +120,8 @@ static void launch_ready(fg_ddp_reducer *r) {
     while (r->next < r->nb && r->b[r->next].pending == 0 && r->err == FG_OK) {
         bucket *bk = &r->b[r->next++];
         void *p = (char *)r->flat->data + (size_t)bk->begin * es;
-        fg_status s = fg_comm_iallreduce(r->comm, p, p, bk->end - bk->begin, r->flat->dtype,
-                                         FG_AVG, &bk->req);
+        fg_status s = fg_comm_iallreduce(r->comm, p, p, bk->end - bk->begin, r->flat->dtype, FG_AVG,
+                                         &bk->req);
         if (s != FG_OK) set_err(r, fg_error_wrap(s, "ddp: bucket %d", r->next - 1));
     }
 }

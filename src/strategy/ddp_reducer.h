@@ -9,8 +9,8 @@
 typedef struct fg_ddp_reducer fg_ddp_reducer;
 
 typedef struct fg_ddp_reducer_opts {
-    double bucket_cap_mb;       /* <= 0: 25 */
-    double first_bucket_mb;     /* the first bucket (last parameters) <= 0: 1, as PyTorch */
+    double bucket_cap_mb;   /* <= 0: 25 */
+    double first_bucket_mb; /* the first bucket (last parameters) <= 0: 1, as PyTorch */
     bool find_unused_parameters;
     bool static_graph;
 } fg_ddp_reducer_opts;

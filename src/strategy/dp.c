@@ -62,8 +62,8 @@ static void *worker(void *arg) {
         j->st = FG_EINVAL;
     } else {
         j->loss = fg_item(loss);
-        fg_tensor *seed = fg_full(fg_tensor_dtype(loss), fg_tensor_ndim(loss),
-                                  fg_tensor_shape(loss), j->weight);
+        fg_tensor *seed =
+            fg_full(fg_tensor_dtype(loss), fg_tensor_ndim(loss), fg_tensor_shape(loss), j->weight);
         j->st = seed ? fg_backward_with(loss, seed) : FG_ENOMEM;
     }
     if (j->st != FG_OK) snprintf(j->err, sizeof j->err, "%s", fg_last_error());
@@ -102,7 +102,8 @@ fg_status fg__dp_step(fg_strategy *s, fg_batch *b, fg_strategy_step_fn fn, void 
         j->part.x = rows(b->x, start, len);
         j->part.y = rows(b->y, start, len);
         j->part.size = len;
-        j->part.valid = b->valid - start < 0 ? 0 : (b->valid - start > len ? len : b->valid - start);
+        j->part.valid =
+            b->valid - start < 0 ? 0 : (b->valid - start > len ? len : b->valid - start);
         j->part.indices = b->indices ? b->indices + start : NULL;
         j->weight = (double)len / (double)B; /* parts' mean losses weigh by their share */
         if (!j->part.x || !j->part.y) return FG_ENOMEM;

@@ -10,10 +10,11 @@
 fg_strategy_kind fg_strategy_kind_of(const fg_strategy *s) { return s->kind; }
 
 const char *fg_strategy_kind_name(fg_strategy_kind k) {
-    static const char *const names[FG_STRATEGY_COUNT] = {
-        [FG_STRATEGY_SINGLE] = "single",       [FG_STRATEGY_DP] = "dp",
-        [FG_STRATEGY_DDP] = "ddp",             [FG_STRATEGY_DDP_SPAWN] = "ddp_spawn",
-        [FG_STRATEGY_DDP_FORK] = "ddp_fork"};
+    static const char *const names[FG_STRATEGY_COUNT] = {[FG_STRATEGY_SINGLE] = "single",
+                                                         [FG_STRATEGY_DP] = "dp",
+                                                         [FG_STRATEGY_DDP] = "ddp",
+                                                         [FG_STRATEGY_DDP_SPAWN] = "ddp_spawn",
+                                                         [FG_STRATEGY_DDP_FORK] = "ddp_fork"};
     return (int)k >= 0 && k < FG_STRATEGY_COUNT ? names[k] : "?";
 }
 

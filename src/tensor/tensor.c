@@ -183,8 +183,8 @@ static int64_t strided_offset(const fg_tensor *t, int64_t i) {
 
 static double load_at(const fg_tensor *t, int64_t off) {
     double v = 0;
-    fg_convert(&v, FG_F64, (const char *)t->data + off * (int64_t)fg_dtype_size(t->dtype),
-               t->dtype, 1);
+    fg_convert(&v, FG_F64, (const char *)t->data + off * (int64_t)fg_dtype_size(t->dtype), t->dtype,
+               1);
     return v;
 }
 
@@ -218,7 +218,8 @@ fg_tensor *fg__tensor_header_like(const fg_tensor *t) {
 
 fg_tensor *fg_tensor_reshape_view(const fg_tensor *t, int ndim, const int64_t *shape) {
     if (!fg_tensor_is_contiguous(t)) {
-        fg_error(FG_EINVAL, "reshape_view: the tensor is not contiguous (call fg_tensor_contiguous)");
+        fg_error(FG_EINVAL,
+                 "reshape_view: the tensor is not contiguous (call fg_tensor_contiguous)");
         return NULL;
     }
     if (ndim < 0 || ndim > FG_MAX_DIMS) {
@@ -304,10 +305,12 @@ fg_tensor *fg_tensor_narrow_view(const fg_tensor *t, int dim, int64_t start, int
                 int64_t a1 = FG_MIN(A, a0 + COPY_TILE), b1 = FG_MIN(B, b0 + COPY_TILE);            \
                 if (a_inner)                                                                       \
                     for (int64_t b = b0; b < b1; b++)                                              \
-                        for (int64_t a = a0; a < a1; a++) d_[a * da + b * db] = s_[a * sa + b * sb]; \
+                        for (int64_t a = a0; a < a1; a++)                                          \
+                            d_[a * da + b * db] = s_[a * sa + b * sb];                             \
                 else                                                                               \
                     for (int64_t a = a0; a < a1; a++)                                              \
-                        for (int64_t b = b0; b < b1; b++) d_[a * da + b * db] = s_[a * sa + b * sb]; \
+                        for (int64_t b = b0; b < b1; b++)                                          \
+                            d_[a * da + b * db] = s_[a * sa + b * sb];                             \
             }                                                                                      \
     } while (0)
 
@@ -389,7 +392,8 @@ fg_tensor *fg_tensor_contiguous(const fg_tensor *t) {
 fg_status fg_tensor_fill(fg_tensor *t, double v) {
     if (!fg_tensor_is_contiguous(t)) {
         for (int64_t i = 0; i < t->numel; i++)
-            FG_TRY(fg_convert((char *)t->data + strided_offset(t, i) * (int64_t)fg_dtype_size(t->dtype),
+            FG_TRY(fg_convert((char *)t->data +
+                                  strided_offset(t, i) * (int64_t)fg_dtype_size(t->dtype),
                               t->dtype, &v, FG_F64, 1));
         return FG_OK;
     }

@@ -83,8 +83,8 @@ TEST(linear_gradients) {
         fg_tensor *in[3] = {gc_randn(cases[c].xn, cases[c].xs, 30 + c, 1),
                             gc_randn(2, ws, 40 + c, 1), gc_randn(1, bs, 50 + c, 1)};
         all_require_grad(in, 3);
-        CHECK_MSG(gradcheck(cases[c].what, f_linear, in, 3, NULL, 1e-6, 1e-8) == 0,
-                  "linear %s", cases[c].what);
+        CHECK_MSG(gradcheck(cases[c].what, f_linear, in, 3, NULL, 1e-6, 1e-8) == 0, "linear %s",
+                  cases[c].what);
         CHECK_MSG(gradcheck(cases[c].what, f_linear_nobias, in, 2, NULL, 1e-6, 1e-8) == 0,
                   "linear %s without bias", cases[c].what);
         fg_tensor_set_requires_grad(in[0], false); /* parameters only, as in training */
@@ -96,7 +96,7 @@ TEST(linear_gradients) {
 
 TEST(causal_attention_gradients) {
     static const int64_t cases[][4] = {/* B, T, C, H */
-                                       {1, 1, 4, 1}, {2, 1, 4, 2}, {1, 2, 2, 1}, {2, 5, 6, 3},
+                                       {1, 1, 4, 1}, {2, 1, 4, 2},  {1, 2, 2, 1}, {2, 5, 6, 3},
                                        {1, 7, 8, 2}, {1, 35, 4, 2}, {3, 4, 8, 4}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         int64_t s[] = {cases[c][0], cases[c][1], 3 * cases[c][2]};

@@ -28,8 +28,14 @@ static fg_tensor *ints(int nd, const int64_t *shape, const int32_t *v) {
 
 /* ------------------------------------------------------------------ reductions */
 
-static fg_tensor *f_sum(fg_tensor **in, void *arg) { (void)arg; return fg_sum(in[0]); }
-static fg_tensor *f_mean(fg_tensor **in, void *arg) { (void)arg; return fg_mean(in[0]); }
+static fg_tensor *f_sum(fg_tensor **in, void *arg) {
+    (void)arg;
+    return fg_sum(in[0]);
+}
+static fg_tensor *f_mean(fg_tensor **in, void *arg) {
+    (void)arg;
+    return fg_mean(in[0]);
+}
 
 typedef struct {
     int dim;
@@ -84,7 +90,9 @@ TEST(sum_dim_and_mean_dim_gradients_every_dim_keepdim_both_ways) {
     CHECK(y && fg_tensor_ndim(y) == 2 && fg_tensor_dim(y, 1) == 4);
     CHECK_CLOSE(fg_tensor_get(y, 0),
                 (fg_tensor_get(x, 0) + fg_tensor_get(x, 1) + fg_tensor_get(x, 2) +
-                 fg_tensor_get(x, 3) + fg_tensor_get(x, 4)) / 5, 1e-14, 1e-14);
+                 fg_tensor_get(x, 3) + fg_tensor_get(x, 4)) /
+                    5,
+                1e-14, 1e-14);
     y = fg_sum_dim(v, 0, false);
     CHECK(y && fg_tensor_ndim(y) == 0);
     CHECK(fg_sum_dim(x, 3, false) == NULL);
@@ -120,9 +128,9 @@ static fg_tensor *f_transpose(fg_tensor **in, void *arg) {
  * weighs every element differently */
 static fg_tensor *f_shape_chain(fg_tensor **in, void *arg) {
     (void)arg;
-    fg_tensor *t = fg_transpose(in[0], 0, 2);                       /* (4, 3, 2) */
-    fg_tensor *r = fg_reshape(t, 2, (int64_t[]){-1, 6});            /* (4, 6) */
-    return fg_mul(r, fg_reshape(in[1], 2, (int64_t[]){4, 6}));       /* (4, 6) */
+    fg_tensor *t = fg_transpose(in[0], 0, 2);                  /* (4, 3, 2) */
+    fg_tensor *r = fg_reshape(t, 2, (int64_t[]){-1, 6});       /* (4, 6) */
+    return fg_mul(r, fg_reshape(in[1], 2, (int64_t[]){4, 6})); /* (4, 6) */
 }
 
 TEST(reshape_and_transpose_gradients) {
@@ -189,9 +197,18 @@ TEST(transpose_copies_in_logical_order_any_dtype) {
 
 /* ------------------------------------------------------------------ activations */
 
-static fg_tensor *f_relu(fg_tensor **in, void *arg) { (void)arg; return fg_relu(in[0]); }
-static fg_tensor *f_gelu(fg_tensor **in, void *arg) { (void)arg; return fg_gelu(in[0]); }
-static fg_tensor *f_softmax(fg_tensor **in, void *arg) { (void)arg; return fg_softmax(in[0]); }
+static fg_tensor *f_relu(fg_tensor **in, void *arg) {
+    (void)arg;
+    return fg_relu(in[0]);
+}
+static fg_tensor *f_gelu(fg_tensor **in, void *arg) {
+    (void)arg;
+    return fg_gelu(in[0]);
+}
+static fg_tensor *f_softmax(fg_tensor **in, void *arg) {
+    (void)arg;
+    return fg_softmax(in[0]);
+}
 static fg_tensor *f_log_softmax(fg_tensor **in, void *arg) {
     (void)arg;
     return fg_log_softmax(in[0]);
@@ -298,8 +315,8 @@ TEST(layer_norm_gradients_weight_and_bias_optional) {
     } cases[] = {{2, {4, 6}}, {3, {2, 3, 5}}, {1, {7}}, {2, {3, 1}}};
     for (int c = 0; c < 4; c++) {
         int64_t C = cases[c].s[cases[c].nd - 1];
-        fg_tensor *in[3] = {gc_randn(cases[c].nd, cases[c].s, 40 + c, 1.5),
-                            gc_randn(1, &C, 41, 1), gc_randn(1, &C, 42, 1)};
+        fg_tensor *in[3] = {gc_randn(cases[c].nd, cases[c].s, 40 + c, 1.5), gc_randn(1, &C, 41, 1),
+                            gc_randn(1, &C, 42, 1)};
         req(in, 3);
         for (int mode = 0; mode < 4; mode++)
             CHECK_MSG(GC("layer_norm", f_ln, in, 3, &mode) == 0, "layer_norm case %d mode %d", c,
@@ -384,12 +401,12 @@ static fg_tensor *f_ln_gelu_mean(fg_tensor **in, void *arg) {
 /* a tiny language model: embedding -> layer_norm -> linear -> cross_entropy,
  * plus dropout and a softmax side branch summed in */
 static fg_tensor *f_tiny_lm(fg_tensor **in, void *arg) {
-    fg_tensor **ints_ = arg; /* idx (2, 3), targets (2, 3) */
-    fg_tensor *h = fg_embedding(ints_[0], in[0]);                 /* (2, 3, 4) */
-    h = fg_layer_norm(h, in[1], in[2], 1e-5);                     /* (2, 3, 4) */
-    h = fg_dropout(fg_gelu(h), 0.25, 77, 0);                      /* (2, 3, 4) */
-    fg_tensor *logits = fg_linear(h, in[3], NULL);                /* (2, 3, 5) */
-    fg_tensor *ce = fg_cross_entropy(logits, ints_[1], -100);     /* () */
+    fg_tensor **ints_ = arg;                                  /* idx (2, 3), targets (2, 3) */
+    fg_tensor *h = fg_embedding(ints_[0], in[0]);             /* (2, 3, 4) */
+    h = fg_layer_norm(h, in[1], in[2], 1e-5);                 /* (2, 3, 4) */
+    h = fg_dropout(fg_gelu(h), 0.25, 77, 0);                  /* (2, 3, 4) */
+    fg_tensor *logits = fg_linear(h, in[3], NULL);            /* (2, 3, 5) */
+    fg_tensor *ce = fg_cross_entropy(logits, ints_[1], -100); /* () */
     fg_tensor *side = fg_mean(fg_sum_dim(fg_softmax(fg_transpose(logits, 1, 2)), 1, false));
     return fg_add(ce, fg_scale(side, 0.5));
 }

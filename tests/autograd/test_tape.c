@@ -2,11 +2,26 @@
  * gradient-ready hook, broadcasting gradients by finite differences. */
 #include "gradcheck.h"
 
-static fg_tensor *f_add(fg_tensor **in, void *arg) { (void)arg; return fg_add(in[0], in[1]); }
-static fg_tensor *f_sub(fg_tensor **in, void *arg) { (void)arg; return fg_sub(in[0], in[1]); }
-static fg_tensor *f_mul(fg_tensor **in, void *arg) { (void)arg; return fg_mul(in[0], in[1]); }
-static fg_tensor *f_scale(fg_tensor **in, void *arg) { (void)arg; return fg_scale(in[0], -2.5); }
-static fg_tensor *f_square(fg_tensor **in, void *arg) { (void)arg; return fg_mul(in[0], in[0]); }
+static fg_tensor *f_add(fg_tensor **in, void *arg) {
+    (void)arg;
+    return fg_add(in[0], in[1]);
+}
+static fg_tensor *f_sub(fg_tensor **in, void *arg) {
+    (void)arg;
+    return fg_sub(in[0], in[1]);
+}
+static fg_tensor *f_mul(fg_tensor **in, void *arg) {
+    (void)arg;
+    return fg_mul(in[0], in[1]);
+}
+static fg_tensor *f_scale(fg_tensor **in, void *arg) {
+    (void)arg;
+    return fg_scale(in[0], -2.5);
+}
+static fg_tensor *f_square(fg_tensor **in, void *arg) {
+    (void)arg;
+    return fg_mul(in[0], in[0]);
+}
 
 TEST(binary_ops_gradients_with_broadcasting) {
     int64_t s34[] = {3, 4}, s4[] = {4}, s31[] = {3, 1}, s234[] = {2, 3, 4};

@@ -95,11 +95,12 @@ TEST(crafted_files_open_or_fail_with_the_expected_message) {
         if (!strcmp(want, "OK")) {
             CHECK_MSG(f != NULL, "%s: %s", line, fg_last_error());
         } else {
-            CHECK_MSG(s == FG_EFORMAT, "%s: status %s (%s)", line, fg_status_str(s), fg_last_error());
+            CHECK_MSG(s == FG_EFORMAT, "%s: status %s (%s)", line, fg_status_str(s),
+                      fg_last_error());
             CHECK_MSG(strstr(fg_last_error(), want) != NULL, "%s: \"%s\" lacks \"%s\"", line,
                       fg_last_error(), want);
-            CHECK_MSG(strstr(fg_last_error(), line) != NULL, "%s: message does not name the file: %s",
-                      line, fg_last_error());
+            CHECK_MSG(strstr(fg_last_error(), line) != NULL,
+                      "%s: message does not name the file: %s", line, fg_last_error());
             CHECK(f == NULL);
         }
         fg_st_close(f);
@@ -174,7 +175,8 @@ TEST(bit_flips_never_crash) {
         int flips = 1 + (int)fg_rng_below(&r, 3);
         /* most flips in the header, where the parser works */
         for (int k = 0; k < flips; k++) {
-            size_t at = fg_rng_below(&r, 4) ? fg_rng_below(&r, len < 200 ? len : 200) : fg_rng_below(&r, len);
+            size_t at = fg_rng_below(&r, 4) ? fg_rng_below(&r, len < 200 ? len : 200)
+                                            : fg_rng_below(&r, len);
             buf[at] ^= (uint8_t)(1u << fg_rng_below(&r, 8));
         }
         fg_st_file *f = fg_st_open_memory(buf, len, "flipped");

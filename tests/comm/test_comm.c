@@ -5,16 +5,42 @@
 #include "comm/comm_impl.h"
 #include "harness.h"
 
-static const char *const k_vars[] = {
-    "FULGUR_RANK", "FULGUR_WORLD_SIZE", "FULGUR_LOCAL_RANK", "FULGUR_LOCAL_WORLD_SIZE",
-    "FULGUR_NODE_RANK", "FULGUR_NUM_NODES", "FULGUR_MASTER_ADDR", "FULGUR_MASTER_PORT",
-    "FULGUR_JOB_ID", "FULGUR_BACKEND", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-    "GROUP_RANK", "NODE_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK",
-    "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-    "SLURM_NODEID", "SLURM_NNODES", "SLURM_JOB_ID", "SLURM_TASKS_PER_NODE",
-    "FULGUR_COMM_TIMEOUT_S", "FULGUR_COMM_CHECK"};
+static const char *const k_vars[] = {"FULGUR_RANK",
+                                     "FULGUR_WORLD_SIZE",
+                                     "FULGUR_LOCAL_RANK",
+                                     "FULGUR_LOCAL_WORLD_SIZE",
+                                     "FULGUR_NODE_RANK",
+                                     "FULGUR_NUM_NODES",
+                                     "FULGUR_MASTER_ADDR",
+                                     "FULGUR_MASTER_PORT",
+                                     "FULGUR_JOB_ID",
+                                     "FULGUR_BACKEND",
+                                     "RANK",
+                                     "WORLD_SIZE",
+                                     "LOCAL_RANK",
+                                     "LOCAL_WORLD_SIZE",
+                                     "GROUP_RANK",
+                                     "NODE_RANK",
+                                     "GROUP_WORLD_SIZE",
+                                     "MASTER_ADDR",
+                                     "MASTER_PORT",
+                                     "TORCHELASTIC_RUN_ID",
+                                     "OMPI_COMM_WORLD_RANK",
+                                     "OMPI_COMM_WORLD_SIZE",
+                                     "OMPI_COMM_WORLD_LOCAL_RANK",
+                                     "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                     "OMPI_COMM_WORLD_NODE_RANK",
+                                     "OMPI_MCA_ess_base_jobid",
+                                     "PMIX_NAMESPACE",
+                                     "SLURM_PROCID",
+                                     "SLURM_NTASKS",
+                                     "SLURM_LOCALID",
+                                     "SLURM_NODEID",
+                                     "SLURM_NNODES",
+                                     "SLURM_JOB_ID",
+                                     "SLURM_TASKS_PER_NODE",
+                                     "FULGUR_COMM_TIMEOUT_S",
+                                     "FULGUR_COMM_CHECK"};
 
 static void clear_env(void) {
     for (size_t i = 0; i < sizeof k_vars / sizeof k_vars[0]; i++) unsetenv(k_vars[i]);
@@ -182,8 +208,8 @@ TEST(backend_choice) {
     CHECK(fg_last_status() == FG_EUNSUPPORTED);
     CHECK_CONTAINS(fg_last_error(), "nccl");
     clear_env();
-    fg_cluster_info two_nodes = {.rank = 0, .world_size = 2, .local_world_size = 1,
-                                 .num_nodes = 2, .source = "fulgur"};
+    fg_cluster_info two_nodes = {
+        .rank = 0, .world_size = 2, .local_world_size = 1, .num_nodes = 2, .source = "fulgur"};
     CHECK(fg_comm_new(&two_nodes, NULL) == NULL);
     CHECK(fg_last_status() == FG_EUNSUPPORTED);
     CHECK_CONTAINS(fg_last_error(), "mpirun");
@@ -388,8 +414,8 @@ TEST(kernels_match_scalar_references) {
                 wrong += ho[i] != fg_f32_to_f16(fh);
                 wrong += io[i] != iw || lo[i] != lw || uo[i] != uw;
             }
-            CHECK_MSG(wrong == 0, "op %s, %d sources: %ld wrong", fg_reduce_op_name((fg_reduce_op)op),
-                      ns, wrong);
+            CHECK_MSG(wrong == 0, "op %s, %d sources: %ld wrong",
+                      fg_reduce_op_name((fg_reduce_op)op), ns, wrong);
         }
 }
 
@@ -406,7 +432,7 @@ TEST(half_sums_round_like_core_for_random_bit_patterns) {
                 a[i] = (uint16_t)fg_rng_u32(&r);
                 b[i] = (uint16_t)fg_rng_u32(&r);
                 if (i % 4 == 1) b[i] = (uint16_t)(a[i] ^ 0x8001); /* near-cancellation */
-                if (i % 4 == 2) b[i] &= 0x83ff;                  /* tiny */
+                if (i % 4 == 2) b[i] &= 0x83ff;                   /* tiny */
             } while (k ? ((a[i] & 0x7c00) == 0x7c00 || (b[i] & 0x7c00) == 0x7c00)
                        : ((a[i] & 0x7f80) == 0x7f80 || (b[i] & 0x7f80) == 0x7f80));
         }
@@ -421,6 +447,7 @@ TEST(half_sums_round_like_core_for_random_bit_patterns) {
                 fprintf(stderr, "  %s %04x + %04x: got %04x want %04x\n", fg_dtype_name(dt), a[i],
                         b[i], o[i], want);
         }
-        CHECK_MSG(wrong == 0, "%s: %ld of %d sums rounded differently", fg_dtype_name(dt), wrong, N);
+        CHECK_MSG(wrong == 0, "%s: %ld of %d sums rounded differently", fg_dtype_name(dt), wrong,
+                  N);
     }
 }

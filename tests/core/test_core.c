@@ -137,7 +137,7 @@ TEST(bf16_and_f16_round_to_nearest_even) {
     CHECK(fg_bf16_to_f32(fg_f32_to_bf16(-2.5f)) == -2.5f);
     CHECK(fg_f32_to_f16(1.0f) == 0x3c00);
     CHECK(fg_f32_to_f16(65504.0f) == 0x7bff);
-    CHECK(fg_f32_to_f16(65520.0f) == 0x7c00); /* rounds to inf */
+    CHECK(fg_f32_to_f16(65520.0f) == 0x7c00);           /* rounds to inf */
     CHECK(fg_f32_to_f16(1.0f + 1.0f / 2048) == 0x3c00); /* tie to even */
     CHECK(fg_f32_to_f16(1.0f + 3.0f / 2048) == 0x3c02);
     CHECK(fg_f16_to_f32(0x0001) == ldexpf(1, -24)); /* least subnormal */

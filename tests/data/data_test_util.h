@@ -37,8 +37,7 @@ static void tmp_write(const char *name, const void *data, size_t n) {
         perror(name);
         exit(2);
     }
-    if (n)
-        fwrite(data, 1, n, f);
+    if (n) fwrite(data, 1, n, f);
     fclose(f);
 }
 
@@ -50,8 +49,7 @@ static int rm_one_(const char *p, const struct stat *sb, int flag, struct FTW *f
 }
 
 static void tmp_done(void) {
-    if (tmp_dir_[0])
-        nftw(tmp_dir_, rm_one_, 16, FTW_DEPTH | FTW_PHYS);
+    if (tmp_dir_[0]) nftw(tmp_dir_, rm_one_, 16, FTW_DEPTH | FTW_PHYS);
     tmp_dir_[0] = '\0';
 }
 
@@ -63,18 +61,14 @@ static long fa_limit_;
 static void *fa_alloc_(void *ud, void *ptr, size_t size, size_t align) {
     (void)ud;
     if (size == 0) {
-        if (ptr)
-            atomic_fetch_sub(&fa_live_, 1);
+        if (ptr) atomic_fetch_sub(&fa_live_, 1);
         free(ptr);
         return NULL;
     }
-    if (atomic_fetch_add(&fa_count_, 1) >= fa_limit_)
-        return NULL;
-    if (ptr)
-        return realloc(ptr, size);
+    if (atomic_fetch_add(&fa_count_, 1) >= fa_limit_) return NULL;
+    if (ptr) return realloc(ptr, size);
     void *p = NULL;
-    if (posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size) != 0)
-        return NULL;
+    if (posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size) != 0) return NULL;
     atomic_fetch_add(&fa_live_, 1);
     return p;
 }

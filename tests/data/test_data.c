@@ -20,8 +20,7 @@ TEST(text_windows_and_vocab) {
     int64_t ctx = 5;
     fg_dataset *ds = fg_text_dataset_new(tmp_path("t.txt"), ctx, NULL);
     CHECK(ds != NULL);
-    if (!ds)
-        goto out;
+    if (!ds) goto out;
     CHECK(fg_dataset_len(ds) == (int64_t)(n - 1) / ctx);
     const fg_sample_spec *xs = fg_dataset_x_spec(ds), *ys = fg_dataset_y_spec(ds);
     CHECK(xs->dtype == FG_I32 && xs->ndim == 1 && xs->shape[0] == ctx);
@@ -34,13 +33,11 @@ TEST(text_windows_and_vocab) {
     bool seen[256] = {false};
     int distinct = 0;
     for (size_t i = 0; i < n; i++)
-        if (!seen[(uint8_t)TEXT[i]])
-            seen[(uint8_t)TEXT[i]] = true, distinct++;
+        if (!seen[(uint8_t)TEXT[i]]) seen[(uint8_t)TEXT[i]] = true, distinct++;
     CHECK(fg_text_vocab_size(v) == distinct);
     CHECK(fg_dataset_vocab_size(ds) == distinct);
     const uint8_t *bytes = fg_text_vocab_bytes(v);
-    for (int k = 1; k < distinct; k++)
-        CHECK(bytes[k - 1] < bytes[k]);
+    for (int k = 1; k < distinct; k++) CHECK(bytes[k - 1] < bytes[k]);
     CHECK(bytes[0] == '\n');
 
     /* every window: x = tokens[s, s+ctx), y = tokens[s+1, s+ctx+1), s = i*ctx */
@@ -97,8 +94,7 @@ TEST(text_folder_concatenates_sorted) {
         for (int i = 0; i < 3; i++) {
             CHECK_OK(fg_dataset_get(ds, i, x, y));
             memcpy(ids + 3 * i, x, sizeof x);
-            if (i == 2)
-                ids[9] = y[2];
+            if (i == 2) ids[9] = y[2];
         }
         CHECK_OK(fg_text_vocab_decode(v, ids, 10, text));
         CHECK(strcmp(text, "aaaa\nBBBB\n") == 0);
@@ -116,8 +112,7 @@ TEST(text_vocab_encode_decode) {
     const char *s = "to be, or not to be";
     fg_text_vocab *v = fg_text_vocab_from_text(s, strlen(s));
     CHECK(v != NULL);
-    if (!v)
-        return;
+    if (!v) return;
     int32_t ids[64];
     char back[65];
     CHECK_OK(fg_text_vocab_encode(v, s, strlen(s), ids));
@@ -134,8 +129,7 @@ TEST(text_vocab_encode_decode) {
     fg_text_vocab *r = fg_text_vocab_new(fg_text_vocab_bytes(v), fg_text_vocab_size(v));
     CHECK(r && fg_text_vocab_size(r) == fg_text_vocab_size(v));
     int32_t ids2[64];
-    if (r)
-        CHECK_OK(fg_text_vocab_encode(r, s, strlen(s), ids2));
+    if (r) CHECK_OK(fg_text_vocab_encode(r, s, strlen(s), ids2));
     CHECK(r && memcmp(ids, ids2, strlen(s) * sizeof(int32_t)) == 0);
     fg_text_vocab_free(r);
     /* any order of distinct bytes; duplicates and sizes are checked */
@@ -162,8 +156,7 @@ TEST(text_with_given_vocab_and_errors) {
         fg_dataset *va = fg_text_dataset_new(tmp_path("val.txt"), 2, v);
         CHECK(va && fg_dataset_len(va) == 1);
         int32_t x[2], y[2];
-        if (va)
-            CHECK_OK(fg_dataset_get(va, 0, x, y));
+        if (va) CHECK_OK(fg_dataset_get(va, 0, x, y));
         CHECK(va && x[0] == 2 && x[1] == 0 && y[1] == 1);
         fg_dataset_free(va);
         CHECK(fg_text_dataset_new(tmp_path("other.txt"), 2, v) == NULL);
@@ -184,12 +177,10 @@ TEST(text_with_given_vocab_and_errors) {
 TEST(text_fortunes) {
     const char *dir = "/usr/share/games/fortunes";
     struct stat sb;
-    if (stat(dir, &sb) != 0)
-        SKIP("%s not installed (apt-get install fortunes)", dir);
+    if (stat(dir, &sb) != 0) SKIP("%s not installed (apt-get install fortunes)", dir);
     fg_dataset *ds = fg_text_dataset_new(dir, 64, NULL);
     CHECK(ds != NULL);
-    if (!ds)
-        return;
+    if (!ds) return;
     CHECK(fg_dataset_len(ds) > 1000);
     const fg_text_vocab *v = fg_text_dataset_vocab(ds);
     CHECK(fg_text_vocab_size(v) > 60 && fg_text_vocab_size(v) <= 256);
@@ -214,20 +205,17 @@ static void put16(uint8_t *p, unsigned v) {
     p[1] = (uint8_t)(v >> 8);
 }
 static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
 TEST(tokens_raw_and_llmc) {
     tmp_new();
     enum { N = 23 };
     unsigned ids[N];
-    for (int i = 0; i < N; i++)
-        ids[i] = (unsigned)(i * 2851) % 50257;
+    for (int i = 0; i < N; i++) ids[i] = (unsigned)(i * 2851) % 50257;
     uint8_t raw[2 * N], llmc[1024 + 2 * N];
     memset(llmc, 0, sizeof llmc);
-    for (int i = 0; i < N; i++)
-        put16(raw + 2 * i, ids[i]);
+    for (int i = 0; i < N; i++) put16(raw + 2 * i, ids[i]);
     put32(llmc, FG_LLMC_TOKEN_MAGIC);
     put32(llmc + 4, 1);
     put32(llmc + 8, N);
@@ -235,14 +223,12 @@ TEST(tokens_raw_and_llmc) {
     tmp_write("train.bin", raw, sizeof raw);
     tmp_write("train_llmc.bin", llmc, sizeof llmc);
     unsigned maxid = 0;
-    for (int i = 0; i < N; i++)
-        maxid = ids[i] > maxid ? ids[i] : maxid;
+    for (int i = 0; i < N; i++) maxid = ids[i] > maxid ? ids[i] : maxid;
     const char *names[2] = {"train.bin", "train_llmc.bin"};
     for (int f = 0; f < 2; f++) {
         fg_dataset *ds = fg_token_dataset_new(tmp_path(names[f]), 4, 0);
         CHECK_MSG(ds != NULL, "%s: %s", names[f], fg_last_error());
-        if (!ds)
-            continue;
+        if (!ds) continue;
         CHECK(fg_dataset_len(ds) == (N - 1) / 4);
         CHECK(fg_dataset_vocab_size(ds) == maxid + 1);
         int32_t x[4], y[4];
@@ -296,9 +282,7 @@ typedef struct cb {
     int delay_us;
 } cb;
 
-static int64_t cb_len(void *ud) {
-    return ((cb *)ud)->n;
-}
+static int64_t cb_len(void *ud) { return ((cb *)ud)->n; }
 static void cb_spec(void *ud, fg_sample_spec *x, fg_sample_spec *y) {
     (void)ud;
     *x = (fg_sample_spec){.dtype = FG_F32, .ndim = 1, .shape = {2}};
@@ -306,10 +290,8 @@ static void cb_spec(void *ud, fg_sample_spec *x, fg_sample_spec *y) {
 }
 static fg_status cb_get(void *ud, int64_t i, void *xo, void *yo) {
     cb *c = ud;
-    if (c->delay_us)
-        usleep((useconds_t)c->delay_us);
-    if (i == c->fail_at)
-        return fg_error(FG_EIO, "disk on fire at %lld", (long long)i);
+    if (c->delay_us) usleep((useconds_t)c->delay_us);
+    if (i == c->fail_at) return fg_error(FG_EIO, "disk on fire at %lld", (long long)i);
     float *x = xo;
     x[0] = (float)i;
     x[1] = (float)i + 0.5f;
@@ -374,8 +356,7 @@ TEST(callback_dataset_subset_split) {
 
     fg_dataset *sub = fg_dataset_subset(ds, 2, 5);
     CHECK(sub && fg_dataset_len(sub) == 5);
-    if (sub)
-        CHECK_OK(fg_dataset_get(sub, 4, x, &y));
+    if (sub) CHECK_OK(fg_dataset_get(sub, 4, x, &y));
     CHECK(y == 60);
     CHECK_STATUS(fg_dataset_get(sub, 5, x, &y), FG_EINVAL);
     fg_dataset_free(sub);
@@ -385,8 +366,7 @@ TEST(callback_dataset_subset_split) {
     fg_dataset *tr, *va;
     CHECK_OK(fg_dataset_split(ds, 0.1, &tr, &va));
     CHECK(tr && va && fg_dataset_len(tr) == 9 && fg_dataset_len(va) == 1);
-    if (va)
-        CHECK_OK(fg_dataset_get(va, 0, x, &y));
+    if (va) CHECK_OK(fg_dataset_get(va, 0, x, &y));
     CHECK(y == 90);
     fg_dataset_free(tr);
     fg_dataset_free(va);
@@ -426,8 +406,7 @@ TEST(text_split_keeps_vocab) {
     tmp_write("t.txt", TEXT, strlen(TEXT));
     fg_dataset *ds = fg_text_dataset_new(tmp_path("t.txt"), 4, NULL), *tr = NULL, *va = NULL;
     CHECK(ds != NULL);
-    if (ds)
-        CHECK_OK(fg_dataset_split(ds, 0.1, &tr, &va));
+    if (ds) CHECK_OK(fg_dataset_split(ds, 0.1, &tr, &va));
     if (tr && va) {
         int64_t n = fg_dataset_len(ds);
         CHECK(fg_dataset_len(va) == (n + 9) / 10 && fg_dataset_len(tr) + fg_dataset_len(va) == n);
@@ -452,12 +431,10 @@ TEST(idx_mnist_layout) {
     uint8_t img[16 + N * R * C], lab[8 + N];
     uint8_t hdr[16] = {0, 0, 8, 3, 0, 0, 0, N, 0, 0, 0, R, 0, 0, 0, C};
     memcpy(img, hdr, 16);
-    for (int i = 0; i < N * R * C; i++)
-        img[16 + i] = (uint8_t)(i * 15);
+    for (int i = 0; i < N * R * C; i++) img[16 + i] = (uint8_t)(i * 15);
     uint8_t lh[8] = {0, 0, 8, 1, 0, 0, 0, N};
     memcpy(lab, lh, 8);
-    for (int i = 0; i < N; i++)
-        lab[8 + i] = (uint8_t)(7 - i);
+    for (int i = 0; i < N; i++) lab[8 + i] = (uint8_t)(7 - i);
     tmp_write("img", img, sizeof img);
     tmp_write("lab", lab, sizeof lab);
     fg_dataset *ds = fg_idx_dataset_new(tmp_path("img"), tmp_path("lab"));
@@ -469,8 +446,7 @@ TEST(idx_mnist_layout) {
         int32_t y;
         CHECK_OK(fg_dataset_get(ds, 2, x, &y));
         CHECK(y == 5);
-        for (int k = 0; k < R * C; k++)
-            CHECK_CLOSE(x[k], (2 * R * C + k) * 15 / 255.0, 1e-6, 0);
+        for (int k = 0; k < R * C; k++) CHECK_CLOSE(x[k], (2 * R * C + k) * 15 / 255.0, 1e-6, 0);
     }
     fg_dataset_free(ds);
     tmp_write("short", img, sizeof img - 1);
@@ -493,10 +469,8 @@ static bool is_permutation(const int64_t *a, int64_t n) {
     bool *seen = calloc((size_t)n + 1, 1);
     bool ok = true;
     for (int64_t i = 0; i < n && ok; i++) {
-        if (a[i] < 0 || a[i] >= n || seen[a[i]])
-            ok = false;
-        else
-            seen[a[i]] = true;
+        if (a[i] < 0 || a[i] >= n || seen[a[i]]) ok = false;
+        else seen[a[i]] = true;
     }
     free(seen);
     return ok;
@@ -508,8 +482,7 @@ TEST(sampler_sequential_and_random) {
     fg_sampler *s = fg_sampler_sequential(N);
     CHECK(fg_sampler_len(s) == N && fg_sampler_num_real(s) == N);
     CHECK_OK(fg_sampler_indices(s, 3, a));
-    for (int i = 0; i < N; i++)
-        CHECK(a[i] == i);
+    for (int i = 0; i < N; i++) CHECK(a[i] == i);
     fg_sampler_free(s);
 
     fg_sampler *r1 = fg_sampler_random(N, 42), *r2 = fg_sampler_random(N, 42),
@@ -522,8 +495,7 @@ TEST(sampler_sequential_and_random) {
     CHECK(memcmp(a, b, sizeof a) == 0);                                /* same seed, epoch */
     CHECK(memcmp(a, c, sizeof a) != 0 && memcmp(a, d, sizeof a) != 0); /* epoch, seed */
     int fixed = 0;
-    for (int i = 0; i < N; i++)
-        fixed += a[i] == i;
+    for (int i = 0; i < N; i++) fixed += a[i] == i;
     CHECK(fixed < 10);
     /* a fresh sampler asked for epoch 1 directly: depends on (seed, epoch) only */
     CHECK_OK(fg_sampler_indices(r2, 1, b));
@@ -534,8 +506,7 @@ TEST(sampler_sequential_and_random) {
     fg_sampler_free(r3);
     fg_sampler *e = fg_sampler_random(0, 1);
     CHECK(e && fg_sampler_len(e) == 0);
-    if (e)
-        CHECK_OK(fg_sampler_indices(e, 0, NULL));
+    if (e) CHECK_OK(fg_sampler_indices(e, 0, NULL));
     fg_sampler_free(e);
     CHECK(fg_sampler_random(-1, 0) == NULL);
     fg_sampler_free(NULL);
@@ -565,8 +536,7 @@ TEST(sampler_distributed_matches_pytorch_unshuffled) {
             CHECK(s && fg_sampler_len(s) == cases[c].per);
             CHECK(fg_sampler_rank(s) == r && fg_sampler_world(s) == cases[c].world);
             int64_t got[8];
-            if (s)
-                CHECK_OK(fg_sampler_indices(s, 5, got));
+            if (s) CHECK_OK(fg_sampler_indices(s, 5, got));
             for (int j = 0; j < cases[c].per; j++)
                 CHECK_MSG(got[j] == cases[c].want[r][j], "case %zu rank %d [%d]: %lld, want %lld",
                           c, r, j, (long long)got[j], (long long)cases[c].want[r][j]);
@@ -601,8 +571,7 @@ TEST(sampler_distributed_structure) {
                 for (int r = 0; r < world; r++) {
                     fg_sampler *s = fg_sampler_distributed(n, r, world, &o);
                     CHECK(s && fg_sampler_len(s) == per); /* equal counts on every rank */
-                    if (!s)
-                        continue;
+                    if (!s) continue;
                     int64_t *got = malloc(sizeof(int64_t) * (size_t)(per + 1));
                     CHECK_OK(fg_sampler_indices(s, 3, got));
                     int64_t real = 0;
@@ -662,8 +631,7 @@ TEST(loader_sequential_batches) {
     fg_dataset *ds = cb_new(10, -1, 0);
     fg_dataloader *dl = fg_dataloader_new(ds, &(fg_loader_opts){.batch = 4});
     CHECK(dl && fg_dataloader_len(dl) == 3 && fg_dataloader_num_samples(dl) == 10);
-    if (!dl)
-        return;
+    if (!dl) return;
     fg_batch *b = fg_dataloader_next(dl);
     CHECK(b && b->size == 4 && b->valid == 4 && b->index == 0 && b->epoch == 0);
     if (b) {
@@ -720,8 +688,7 @@ TEST(loader_text_batch_shapes) {
         CHECK(fg_tensor_dim(b->y, 0) == 2 && fg_tensor_dim(b->y, 1) == 8);
         /* row 1 is window 1: y[1][k] == x[1][k+1] and x[1][0] == y[0][7] */
         const int32_t *x = fg_tensor_data(b->x), *y = fg_tensor_data(b->y);
-        for (int k = 0; k < 7; k++)
-            CHECK(y[8 + k] == x[8 + k + 1]);
+        for (int k = 0; k < 7; k++) CHECK(y[8 + k] == x[8 + k + 1]);
         CHECK(x[8] == y[7]);
     }
     fg_dataloader_free(dl);
@@ -758,8 +725,7 @@ TEST(loader_shuffle_reproducible_and_workers_equal_sync) {
         o.prefetch = cfg[c].prefetch;
         fg_dataloader *dl = fg_dataloader_new(d2, &o);
         CHECK(dl != NULL);
-        if (!dl)
-            continue;
+        if (!dl) continue;
         CHECK_OK(run_epoch(dl, &r));
         CHECK_MSG(r.nb == e0.nb && memcmp(r.idx, e0.idx, sizeof r.idx) == 0 &&
                       memcmp(r.y, e0.y, sizeof r.y) == 0,
@@ -775,8 +741,7 @@ TEST(loader_shuffle_reproducible_and_workers_equal_sync) {
         CHECK_OK(run_epoch(dl, &r));
         CHECK(memcmp(r.idx, e1.idx, sizeof r.idx) == 0);
         fg_dataloader_free(dl);
-        if (d2 != ds)
-            fg_dataset_free(d2);
+        if (d2 != ds) fg_dataset_free(d2);
     }
     /* free while workers are mid-epoch: joins without hanging */
     fg_loader_opts o = base;
@@ -797,8 +762,7 @@ TEST(loader_resume_same_batches) {
         CHECK_OK(run_epoch(a, &full));
         /* the first loader stops after 3 batches of epoch 2 and saves its position */
         CHECK_OK(fg_dataloader_set_epoch(a, 2));
-        for (int i = 0; i < 3; i++)
-            CHECK(fg_dataloader_next(a) != NULL);
+        for (int i = 0; i < 3; i++) CHECK(fg_dataloader_next(a) != NULL);
         int64_t e, k;
         fg_dataloader_position(a, &e, &k);
         CHECK(e == 2 && k == 3);
@@ -835,13 +799,11 @@ TEST(loader_rank_shards_cover_epoch) {
         CHECK_OK(fg_dataloader_set_epoch(dl, 4));
         CHECK(fg_sampler_rank(fg_dataloader_sampler(dl)) == r);
         CHECK(fg_dataloader_num_samples(dl) == 10); /* ceil(37 / 4) */
-        if (len0 < 0)
-            len0 = fg_dataloader_len(dl);
+        if (len0 < 0) len0 = fg_dataloader_len(dl);
         CHECK(fg_dataloader_len(dl) == len0 && len0 == 4); /* same steps on every rank */
         int64_t nb = 0, valid = 0;
         for (fg_batch *b; (b = fg_dataloader_next(dl)) != NULL; nb++) {
-            for (int64_t j = 0; j < b->valid; j++)
-                count[b->indices[j]]++;
+            for (int64_t j = 0; j < b->valid; j++) count[b->indices[j]]++;
             valid += b->valid;
             CHECK(b->valid == b->size || b->index == len0 - 1);
         }
@@ -849,8 +811,7 @@ TEST(loader_rank_shards_cover_epoch) {
         CHECK(valid == (r == 0 ? 10 : 9)); /* 37 = 10 + 9 + 9 + 9: 3 padding samples */
         fg_dataloader_free(dl);
     }
-    for (int i = 0; i < N; i++)
-        CHECK_MSG(count[i] == 1, "index %d seen %d times", i, count[i]);
+    for (int i = 0; i < N; i++) CHECK_MSG(count[i] == 1, "index %d seen %d times", i, count[i]);
     fg_dataset_free(ds);
 }
 
@@ -887,8 +848,7 @@ TEST(loader_worker_error_reaches_caller) {
             ds, &(fg_loader_opts){.batch = 4, .num_workers = workers, .prefetch = 4});
         int got = 0;
         fg_batch *b;
-        while ((b = fg_dataloader_next(dl)) != NULL)
-            got++;
+        while ((b = fg_dataloader_next(dl)) != NULL) got++;
         CHECK_MSG(got == 3, "workers %d: %d batches before the failing one", workers, got);
         CHECK(fg_dataloader_status(dl) == FG_EIO);
         CHECK_CONTAINS(fg_last_error(), "disk on fire at 13");
@@ -910,8 +870,7 @@ static uint64_t info_seed[64];
 static int info_id[64];
 static fg_status info_get(void *ud, int64_t i, void *xo, void *yo) {
     const fg_worker_info *w = fg_data_worker_info();
-    if (!w)
-        return fg_error(FG_EINTERNAL, "no worker info inside get");
+    if (!w) return fg_error(FG_EINTERNAL, "no worker info inside get");
     info_sample_seed[i] = w->sample_seed;
     info_seed[i] = w->seed;
     info_id[i] = w->id;
@@ -930,8 +889,7 @@ TEST(loader_worker_info_seeds) {
             ds, &(fg_loader_opts){.batch = 4, .seed = 77, .num_workers = workers});
         epoch_rec r;
         CHECK_OK(run_epoch(dl, &r));
-        if (workers == 0)
-            memcpy(ref, info_sample_seed, sizeof ref);
+        if (workers == 0) memcpy(ref, info_sample_seed, sizeof ref);
         CHECK(memcmp(ref, info_sample_seed, sizeof ref) == 0); /* any worker count */
         for (int i = 0; i < 64; i++) {
             CHECK(info_id[i] >= 0 && info_id[i] < (workers ? workers : 1));
@@ -957,10 +915,8 @@ static fg_status alloc_run(void) {
     fg_dataset *ds = fg_text_dataset_new(tmp_path("t.txt"), 4, NULL), *tr = NULL, *va = NULL;
     fg_dataset *tok = fg_token_dataset_new(tmp_path("tok.bin"), 4, 0);
     fg_dataloader *dl = NULL;
-    if (!ds || !tok)
-        goto fail;
-    if ((st = fg_dataset_split(ds, 0.2, &tr, &va)) != FG_OK)
-        goto fail;
+    if (!ds || !tok) goto fail;
+    if ((st = fg_dataset_split(ds, 0.2, &tr, &va)) != FG_OK) goto fail;
     if (!(dl = fg_dataloader_new(tr,
                                  &(fg_loader_opts){.batch = 2, .shuffle = true, .num_workers = 2})))
         goto fail;
@@ -968,8 +924,7 @@ static fg_status alloc_run(void) {
              dl, fg_sampler_distributed(fg_dataset_len(tr), 1, 2,
                                         &(fg_distributed_opts){.shuffle = true}))) != FG_OK)
         goto fail;
-    if ((st = fg_dataloader_set_epoch(dl, 1)) != FG_OK)
-        goto fail;
+    if ((st = fg_dataloader_set_epoch(dl, 1)) != FG_OK) goto fail;
     while (fg_dataloader_next(dl)) {
     }
     st = fg_dataloader_status(dl);
@@ -980,8 +935,7 @@ static fg_status alloc_run(void) {
     fg_dataset_free(tok);
     return st;
 fail:
-    if (fg_last_error()[0] == '\0')
-        st = FG_EINTERNAL; /* a failure must leave a message */
+    if (fg_last_error()[0] == '\0') st = FG_EINTERNAL; /* a failure must leave a message */
     fg_dataloader_free(dl);
     fg_dataset_free(tr);
     fg_dataset_free(va);
@@ -994,8 +948,7 @@ TEST(alloc_failures_never_leak) {
     tmp_new();
     tmp_write("t.txt", TEXT, strlen(TEXT));
     uint8_t raw[64];
-    for (int i = 0; i < 64; i++)
-        raw[i] = (uint8_t)(i % 7);
+    for (int i = 0; i < 64; i++) raw[i] = (uint8_t)(i % 7);
     tmp_write("tok.bin", raw, sizeof raw);
     int fails = 0;
     for (long n = 0; n < 10000; n++) {
@@ -1007,8 +960,7 @@ TEST(alloc_failures_never_leak) {
         bool passed_up = st == FG_ENOMEM && strstr(fg_last_error(), "NULL sampler: out of memory");
         CHECK_MSG(st == FG_OK || st == FG_ENOMEM || passed_up, "failing allocation %ld: %s (%s)", n,
                   fg_status_str(st), fg_last_error());
-        if (st == FG_OK)
-            break;
+        if (st == FG_OK) break;
         fails++;
     }
     CHECK(fails > 10);
@@ -1044,8 +996,7 @@ static int64_t negative_len(void *ud) {
 static fg_status reversed(void *ud, int64_t epoch, int64_t *out) {
     (void)ud;
     (void)epoch;
-    for (int i = 0; i < 4; i++)
-        out[i] = 3 - i;
+    for (int i = 0; i < 4; i++) out[i] = 3 - i;
     return FG_OK;
 }
 
@@ -1100,8 +1051,7 @@ TEST(consumed_arguments_are_freed_on_every_failure) {
                       which ? "sampler" : "dataset", n, live);
             CHECK_MSG(g_ud_frees == before + 1, "%s, failing allocation %ld: ud freed %d times",
                       which ? "sampler" : "dataset", n, g_ud_frees - before);
-            if (obj)
-                break;
+            if (obj) break;
             CHECK(fg_last_status() == FG_ENOMEM);
             fails++;
         }

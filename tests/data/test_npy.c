@@ -21,14 +21,12 @@ static void write_npy(const char *name, int major, const char *dict, const void 
         buf[8] = (uint8_t)hlen;
         buf[9] = (uint8_t)(hlen >> 8);
     } else {
-        for (int i = 0; i < 4; i++)
-            buf[8 + i] = (uint8_t)(hlen >> (8 * i));
+        for (int i = 0; i < 4; i++) buf[8 + i] = (uint8_t)(hlen >> (8 * i));
     }
     memcpy(buf + pre, dict, dl);
     memset(buf + pre + dl, ' ', hlen - dl - 1);
     buf[total - 1] = '\n';
-    if (n)
-        memcpy(buf + total, data, n);
+    if (n) memcpy(buf + total, data, n);
     tmp_write(name, buf, total + n);
     free(buf);
 }
@@ -47,8 +45,7 @@ static void check_rows(fg_dataset *ds, const float *want, int64_t d) {
     for (int64_t i = 0; i < fg_dataset_len(ds); i++) {
         CHECK_OK(fg_dataset_get(ds, i, x, &y));
         CHECK(y == Y3[i]);
-        for (int64_t k = 0; k < d; k++)
-            CHECK_CLOSE(x[k], want[i * d + k], 1e-7, 0);
+        for (int64_t k = 0; k < d; k++) CHECK_CLOSE(x[k], want[i * d + k], 1e-7, 0);
     }
 }
 
@@ -107,13 +104,11 @@ TEST(npy_valid_variants) {
               sizeof xu);
     ds = fg_npy_dataset_new(tmp_path("xd.npy"), tmp_path("y.npy"));
     CHECK_MSG(ds != NULL, "%s", fg_last_error());
-    if (ds)
-        check_rows(ds, X3x2, 2);
+    if (ds) check_rows(ds, X3x2, 2);
     fg_dataset_free(ds);
     ds = fg_npy_dataset_new(tmp_path("xu.npy"), tmp_path("y.npy"));
     CHECK_MSG(ds != NULL, "%s", fg_last_error());
-    if (ds)
-        check_rows(ds, xu_f, 2);
+    if (ds) check_rows(ds, xu_f, 2);
     fg_dataset_free(ds);
 
     /* labels of every integer dtype become i32 (with sign) */
@@ -123,16 +118,14 @@ TEST(npy_valid_variants) {
     } lt[] = {{"|i1", 1}, {"|u1", 1}, {"<i2", 2}, {"<u2", 2}, {"<i4", 4}, {"<u4", 4}, {"<u8", 8}};
     for (size_t t = 0; t < sizeof lt / sizeof lt[0]; t++) {
         uint8_t raw[24] = {0};
-        for (int i = 0; i < 3; i++)
-            raw[i * lt[t].size] = (uint8_t)Y3[i];
+        for (int i = 0; i < 3; i++) raw[i * lt[t].size] = (uint8_t)Y3[i];
         char dict[128];
         snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (3,), }",
                  lt[t].descr);
         write_npy("yt.npy", 1, dict, raw, (size_t)(3 * lt[t].size));
         ds = fg_npy_dataset_new(tmp_path("x2.npy"), tmp_path("yt.npy"));
         CHECK_MSG(ds != NULL, "%s: %s", lt[t].descr, fg_last_error());
-        if (ds)
-            check_rows(ds, X3x2, 2);
+        if (ds) check_rows(ds, X3x2, 2);
         fg_dataset_free(ds);
     }
     int16_t neg[3] = {-1, 5, -300};
@@ -141,8 +134,7 @@ TEST(npy_valid_variants) {
     ds = fg_npy_dataset_new(tmp_path("x2.npy"), tmp_path("yn.npy"));
     float x[2];
     int32_t y;
-    if (ds)
-        CHECK_OK(fg_dataset_get(ds, 2, x, &y));
+    if (ds) CHECK_OK(fg_dataset_get(ds, 2, x, &y));
     CHECK(ds && y == -300);
     fg_dataset_free(ds);
 
@@ -157,8 +149,7 @@ TEST(npy_valid_variants) {
               sizeof x1);
     ds = fg_npy_dataset_new(tmp_path("x1.npy"), tmp_path("y.npy"));
     CHECK(ds && fg_dataset_x_spec(ds)->ndim == 0);
-    if (ds)
-        CHECK_OK(fg_dataset_get(ds, 1, x, &y));
+    if (ds) CHECK_OK(fg_dataset_get(ds, 1, x, &y));
     CHECK(x[0] == 2.0f);
     fg_dataset_free(ds);
     tmp_done();
@@ -326,8 +317,7 @@ TEST(npy_alloc_failures_never_leak) {
         long live = fa_end();
         CHECK_MSG(live == 0, "failing allocation %ld: %ld blocks leaked", n, live);
         CHECK(st == FG_OK || (st == FG_ENOMEM && ds == NULL));
-        if (st == FG_OK)
-            break;
+        if (st == FG_OK) break;
         fails++;
     }
     CHECK(fails >= 3);

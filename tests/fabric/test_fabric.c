@@ -28,9 +28,13 @@
 /* Every variable a launcher or the tests below may have set. */
 static void clean_env(void) {
     fg_launch_unexport();
-    static const char *const more[] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                       "SLURM_PROCID", "SLURM_NTASKS", "TORCHELASTIC_RUN_ID",
-                                       "FG_TEST_FABRIC_CHILD", NULL};
+    static const char *const more[] = {"OMPI_COMM_WORLD_RANK",
+                                       "OMPI_COMM_WORLD_SIZE",
+                                       "SLURM_PROCID",
+                                       "SLURM_NTASKS",
+                                       "TORCHELASTIC_RUN_ID",
+                                       "FG_TEST_FABRIC_CHILD",
+                                       NULL};
     for (int i = 0; more[i]; i++) unsetenv(more[i]);
     setenv("FULGUR_CPU_DEVICES", "4", 1);
     setenv("FULGUR_NUM_THREADS", "1", 1); /* forks must not meet a thread pool */
@@ -86,8 +90,10 @@ typedef struct config_case {
 } config_case;
 
 static void check_case(const config_case *c) {
-    fg_fabric_config cfg = {.accelerator = c->accelerator, .devices = c->devices,
-                            .strategy = c->strategy, .precision = c->precision,
+    fg_fabric_config cfg = {.accelerator = c->accelerator,
+                            .devices = c->devices,
+                            .strategy = c->strategy,
+                            .precision = c->precision,
                             .num_nodes = c->num_nodes};
     fg_clear_error();
     fg_fabric *f = fg_fabric_new(&cfg);
@@ -118,15 +124,22 @@ static void check_case(const config_case *c) {
 TEST(config_devices_table) {
     clean_env();
     static const config_case ok[] = {
-        {NULL, NULL, NULL, NULL, 0, FG_OK, "single on cpu, 1 rank (1 per node x 1 node, devices [0])"},
-        {NULL, "auto", NULL, NULL, 0, FG_OK, "single on cpu, 1 rank (1 per node x 1 node, devices [0])"},
+        {NULL, NULL, NULL, NULL, 0, FG_OK,
+         "single on cpu, 1 rank (1 per node x 1 node, devices [0])"},
+        {NULL, "auto", NULL, NULL, 0, FG_OK,
+         "single on cpu, 1 rank (1 per node x 1 node, devices [0])"},
         {NULL, "1", NULL, NULL, 0, FG_OK, "single on cpu, 1 rank"},
-        {NULL, "2", NULL, NULL, 0, FG_OK, "ddp on cpu, 2 ranks (2 per node x 1 node, devices [0, 1])"},
-        {NULL, "-1", NULL, NULL, 0, FG_OK, "ddp on cpu, 4 ranks (4 per node x 1 node, devices [0, 1, 2, 3])"},
-        {NULL, "0,1", NULL, NULL, 0, FG_OK, "ddp on cpu, 2 ranks (2 per node x 1 node, devices [0, 1])"},
+        {NULL, "2", NULL, NULL, 0, FG_OK,
+         "ddp on cpu, 2 ranks (2 per node x 1 node, devices [0, 1])"},
+        {NULL, "-1", NULL, NULL, 0, FG_OK,
+         "ddp on cpu, 4 ranks (4 per node x 1 node, devices [0, 1, 2, 3])"},
+        {NULL, "0,1", NULL, NULL, 0, FG_OK,
+         "ddp on cpu, 2 ranks (2 per node x 1 node, devices [0, 1])"},
         {NULL, "[0, 1]", NULL, NULL, 0, FG_OK, "devices [0, 1]"},
-        {NULL, "[1, 3]", NULL, NULL, 0, FG_OK, "ddp on cpu, 2 ranks (2 per node x 1 node, devices [1, 3])"},
-        {NULL, "1,", NULL, NULL, 0, FG_OK, "single on cpu, 1 rank (1 per node x 1 node, devices [1])"},
+        {NULL, "[1, 3]", NULL, NULL, 0, FG_OK,
+         "ddp on cpu, 2 ranks (2 per node x 1 node, devices [1, 3])"},
+        {NULL, "1,", NULL, NULL, 0, FG_OK,
+         "single on cpu, 1 rank (1 per node x 1 node, devices [1])"},
         {NULL, " 3 ", NULL, NULL, 0, FG_OK, "ddp on cpu, 3 ranks"},
         {"cpu", "2", "ddp", "32-true", 1, FG_OK, "launcher re-exec"},
         {"CPU", "2", "DDP", NULL, 0, FG_OK, "ddp on cpu, 2 ranks"},
@@ -163,23 +176,33 @@ TEST(config_errors) {
         {NULL, "abc", NULL, NULL, 0, FG_EINVAL, "devices=\"abc\": expected a count like \"2\""},
         {NULL, "[1, 1]", NULL, NULL, 0, FG_EINVAL, "devices=\"[1, 1]\": device 1 is listed twice"},
         {NULL, "0,9", NULL, NULL, 0, FG_EINVAL, "device 9 does not exist; ids go 0..3"},
-        {NULL, "5", NULL, NULL, 0, FG_EINVAL, "devices=\"5\": only 4 CPU devices here (FULGUR_CPU_DEVICES)"},
+        {NULL, "5", NULL, NULL, 0, FG_EINVAL,
+         "devices=\"5\": only 4 CPU devices here (FULGUR_CPU_DEVICES)"},
         {NULL, "-2", NULL, NULL, 0, FG_EINVAL, "devices=\"-2\": a count must be positive"},
         {NULL, "[0, 1", NULL, NULL, 0, FG_EINVAL, "missing \"]\""},
-        {"ipu", NULL, NULL, NULL, 0, FG_EUNSUPPORTED, "accelerator=\"ipu\": fulgur does not support it"},
-        {"hpu", NULL, NULL, NULL, 0, FG_EUNSUPPORTED, "accelerator=\"hpu\": fulgur does not support it"},
+        {"ipu", NULL, NULL, NULL, 0, FG_EUNSUPPORTED,
+         "accelerator=\"ipu\": fulgur does not support it"},
+        {"hpu", NULL, NULL, NULL, 0, FG_EUNSUPPORTED,
+         "accelerator=\"hpu\": fulgur does not support it"},
         {"gpu", NULL, NULL, NULL, 0, FG_EUNSUPPORTED, "accelerator=\"gpu\""},
-        {"quantum", NULL, NULL, NULL, 0, FG_EINVAL, "accelerator=\"quantum\": expected one of auto, cpu"},
-        {NULL, "2", "single", NULL, 0, FG_EINVAL, "strategy=\"single\" runs on one device, but devices gives 2"},
-        {NULL, "2", "fsdp", NULL, 0, FG_EUNSUPPORTED, "strategy=\"fsdp\": not built yet in this fulgur"},
+        {"quantum", NULL, NULL, NULL, 0, FG_EINVAL,
+         "accelerator=\"quantum\": expected one of auto, cpu"},
+        {NULL, "2", "single", NULL, 0, FG_EINVAL,
+         "strategy=\"single\" runs on one device, but devices gives 2"},
+        {NULL, "2", "fsdp", NULL, 0, FG_EUNSUPPORTED,
+         "strategy=\"fsdp\": not built yet in this fulgur"},
         {NULL, "2", "DeepSpeed_Stage_3", NULL, 0, FG_EUNSUPPORTED, "not built yet"},
-        {NULL, "2", "ddp3", NULL, 0, FG_EINVAL, "strategy=\"ddp3\": unknown; expected one of auto, single, dp, ddp, ddp_spawn, ddp_fork"},
-        {NULL, NULL, NULL, "bf16-mixed", 0, FG_EUNSUPPORTED, "precision=\"bf16-mixed\": not built yet in this fulgur; available: 32-true (32), 64-true (64)"},
+        {NULL, "2", "ddp3", NULL, 0, FG_EINVAL,
+         "strategy=\"ddp3\": unknown; expected one of auto, single, dp, ddp, ddp_spawn, ddp_fork"},
+        {NULL, NULL, NULL, "bf16-mixed", 0, FG_EUNSUPPORTED,
+         "precision=\"bf16-mixed\": not built yet in this fulgur; available: 32-true (32), 64-true "
+         "(64)"},
         {NULL, NULL, NULL, "16", 0, FG_EUNSUPPORTED, "precision=\"16\": not built yet"},
         {NULL, NULL, NULL, "12", 0, FG_EINVAL, "precision=\"12\": unknown"},
         {NULL, NULL, NULL, NULL, -1, FG_EINVAL, "num_nodes=-1"},
         {NULL, "2", "ddp_spawn", NULL, 2, FG_EINVAL, "num_nodes=2"},
-        {NULL, "2", "dp", NULL, 2, FG_EINVAL, "strategy=\"dp\" runs in one process, but num_nodes=2"},
+        {NULL, "2", "dp", NULL, 2, FG_EINVAL,
+         "strategy=\"dp\" runs in one process, but num_nodes=2"},
         {NULL, "2", "ddp", NULL, 2, FG_EINVAL, "NODE_RANK"},
     };
     unsetenv("NODE_RANK");
@@ -258,8 +281,12 @@ TEST(launched_default_is_ddp) {
 
 static fg_status custom_env(void *ud, fg_cluster_info *out) {
     (void)ud;
-    *out = (fg_cluster_info){.rank = 2, .world_size = 3, .local_rank = 2, .local_world_size = 3,
-                             .num_nodes = 1, .source = "my-cluster"};
+    *out = (fg_cluster_info){.rank = 2,
+                             .world_size = 3,
+                             .local_rank = 2,
+                             .local_world_size = 3,
+                             .num_nodes = 1,
+                             .source = "my-cluster"};
     return FG_OK;
 }
 
@@ -382,9 +409,9 @@ TEST(ddp_spawn_returns_rank0_state) {
         CHECK_OK(fg_fabric_spawn_result(f, m, o));
         CHECK(read_file("params", want, bytes) == bytes);
         CHECK(read_file("momentum", want_mom, bytes) == bytes);
-        CHECK(memcmp(fg_tensor_data(p), want, bytes) == 0);          /* rank 0's, exactly */
+        CHECK(memcmp(fg_tensor_data(p), want, bytes) == 0); /* rank 0's, exactly */
         CHECK(memcmp(fg_tensor_data(mom), want_mom, bytes) == 0);
-        CHECK(memcmp(fg_tensor_data(p), init, bytes) != 0);          /* and trained */
+        CHECK(memcmp(fg_tensor_data(p), init, bytes) != 0); /* and trained */
         CHECK(fg_optimizer_step_count(o) == STEPS);
         /* one process on the whole batch trains the same model (ddp averages) */
         char one_dir[256];

@@ -37,8 +37,9 @@ static int meta_round_trip(fg_fabric *f, void *arg) {
     snprintf(path, sizeof path, "%s", tmp_path("a.safetensors"));
     snprintf(path2, sizeof path2, "%s", tmp_path("b.safetensors"));
     fg_kv meta[] = {{"config", "{\"model\":\"mlp\",\"in_dim\":3}"}, {"note", "caf\xc3\xa9"}};
-    CHECK_OK(fg_fabric_save(f, path, &(fg_train_state){.model = m, .optimizer = opt, .step = 7,
-                                                        .meta = meta, .nmeta = 2}));
+    CHECK_OK(fg_fabric_save(
+        f, path,
+        &(fg_train_state){.model = m, .optimizer = opt, .step = 7, .meta = meta, .nmeta = 2}));
     /* in the file, as plain safetensors metadata */
     fg_st_file *file = fg_st_open(path);
     CHECK_MSG(file != NULL, "%s", fg_last_error());

@@ -11,9 +11,9 @@
 #include "fulgur/fabric.h"
 #include "harness.h"
 
-#define N 64  /* samples */
-#define B 8   /* batch */
-#define IN 5  /* model input */
+#define N 64 /* samples */
+#define B 8  /* batch */
+#define IN 5 /* model input */
 
 static void clean_env(void) {
     fg_launch_unexport();
@@ -33,7 +33,10 @@ static fg_status sample(void *ud, int64_t i, void *x, void *y) {
     if (w) g_worker_seed = w->seed;
     return FG_OK;
 }
-static int64_t length(void *ud) { (void)ud; return N; }
+static int64_t length(void *ud) {
+    (void)ud;
+    return N;
+}
 static void spec(void *ud, fg_sample_spec *x, fg_sample_spec *y) {
     (void)ud;
     *x = (fg_sample_spec){.dtype = FG_I32, .ndim = 0};
@@ -110,7 +113,7 @@ TEST(seed_reaches_model_and_loader) {
     int64_t order[N];
     seen a = run_single(5), again = run_single(5), other = run_single(6), none = run_single(0);
     explicit(5, w, order);
-    CHECK(memcmp(a.w, w, sizeof w) == 0);             /* init from the fabric's seed */
+    CHECK(memcmp(a.w, w, sizeof w) == 0);                         /* init from the fabric's seed */
     CHECK(a.n == N && memcmp(a.order, order, sizeof order) == 0); /* shuffled by it */
     CHECK(a.worker_seed == fg_rng_derive(fg_rng_derive(5, 0), 0));
     CHECK(a.dropout_seed != 0);
@@ -165,8 +168,8 @@ static bool read_seen(int r, seen *s) {
 }
 
 static void run_ranks(uint64_t seed, seen out[2]) {
-    fg_fabric *f = fg_fabric_new(&(fg_fabric_config){.devices = "2", .strategy = "ddp_spawn",
-                                                     .seed = seed});
+    fg_fabric *f =
+        fg_fabric_new(&(fg_fabric_config){.devices = "2", .strategy = "ddp_spawn", .seed = seed});
     CHECK(f && fg_fabric_launch(f, rank_run, NULL) == 0);
     fg_fabric_free(f);
     fg_set_default_seed(0);
@@ -189,8 +192,8 @@ TEST(seed_per_rank) {
         CHECK(s[r].rank == r);
         CHECK(memcmp(s[r].w, w, sizeof w) == 0); /* every rank: the fabric's seed */
         /* rank r takes r, r + 2, ... of the one order */
-        fg_sampler *d = fg_sampler_distributed(N, r, 2, &(fg_distributed_opts){.shuffle = true,
-                                                                                .seed = 5});
+        fg_sampler *d =
+            fg_sampler_distributed(N, r, 2, &(fg_distributed_opts){.shuffle = true, .seed = 5});
         int64_t mine[N];
         fg_sampler_indices(d, 0, mine);
         CHECK(s[r].n == N / 2 && memcmp(s[r].order, mine, sizeof(int64_t) * N / 2) == 0);

@@ -109,7 +109,8 @@ __attribute__((constructor)) static void launched_child(void) {
 static char g_dir[256];
 
 static void make_dir(void) {
-    snprintf(g_dir, sizeof g_dir, "%s/fulgur-launch-test.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    snprintf(g_dir, sizeof g_dir, "%s/fulgur-launch-test.XXXXXX",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(g_dir)) g_dir[0] = '\0';
     setenv("FG_TEST_DIR", g_dir, 1);
 }
@@ -145,7 +146,8 @@ static bool gone(int pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRC
 static fg_status plan_ddp(int n, fg_launch_plan *p) {
     char devs[16];
     snprintf(devs, sizeof devs, "%d", n);
-    fg_cluster_info none = {.world_size = 1, .local_world_size = 1, .num_nodes = 1, .source = "none"};
+    fg_cluster_info none = {
+        .world_size = 1, .local_world_size = 1, .num_nodes = 1, .source = "none"};
     return fg_launch_plan_make(&(fg_launch_opts){.devices = devs, .strategy = "ddp"}, &none, p);
 }
 
@@ -394,14 +396,19 @@ TEST(no_orphans_when_the_launcher_dies) {
 TEST(job_runs_a_program_on_a_node) {
     reset_env();
     make_dir();
-    const char *argv[] = {"sh", "-c",
-                          "echo \"$FULGUR_RANK $RANK $LOCAL_RANK/$LOCAL_WORLD_SIZE "
-                          "$FULGUR_WORLD_SIZE $NODE_RANK $GROUP_WORLD_SIZE $MASTER_ADDR:$MASTER_PORT "
-                          "$FULGUR_JOB_ID\" > \"$FG_TEST_DIR/out.$FULGUR_RANK\"",
-                          NULL};
-    fg_job *j = fg_job_start(&(fg_job_spec){.argv = argv, .nprocs = 3, .node_rank = 1,
-                                            .num_nodes = 2, .master_addr = "10.9.8.7",
-                                            .master_port = 4321, .job_id = "jobby"},
+    const char *argv[] = {
+        "sh", "-c",
+        "echo \"$FULGUR_RANK $RANK $LOCAL_RANK/$LOCAL_WORLD_SIZE "
+        "$FULGUR_WORLD_SIZE $NODE_RANK $GROUP_WORLD_SIZE $MASTER_ADDR:$MASTER_PORT "
+        "$FULGUR_JOB_ID\" > \"$FG_TEST_DIR/out.$FULGUR_RANK\"",
+        NULL};
+    fg_job *j = fg_job_start(&(fg_job_spec){.argv = argv,
+                                            .nprocs = 3,
+                                            .node_rank = 1,
+                                            .num_nodes = 2,
+                                            .master_addr = "10.9.8.7",
+                                            .master_port = 4321,
+                                            .job_id = "jobby"},
                              NULL);
     CHECK_MSG(j, "fg_job_start: %s", fg_last_error());
     if (!j) return;
@@ -439,7 +446,7 @@ TEST(job_start_errors) {
     const char *notexe[] = {plain, NULL};
     if (geteuid() != 0 || access(plain, X_OK) != 0) {
         CHECK(fg_job_start(&(fg_job_spec){.argv = notexe, .nprocs = 1}, NULL) == NULL);
-    CHECK(fg_last_status() == FG_EINVAL);
+        CHECK(fg_last_status() == FG_EINVAL);
         CHECK_CONTAINS(fg_last_error(), "not an executable file");
     }
     remove_dir();
@@ -464,9 +471,9 @@ TEST(job_start_errors) {
     CHECK(fg_last_status() == FG_EINVAL);
     CHECK(fg_job_start(&(fg_job_spec){.argv = ok, .nprocs = 2, .node_rank = 1}, NULL) == NULL);
     CHECK(fg_last_status() == FG_EINVAL);
-    CHECK(fg_job_start(&(fg_job_spec){.argv = ok, .nprocs = 2, .first_local_rank = 1,
-                                      .local_world_size = 2},
-                       NULL) == NULL);
+    CHECK(fg_job_start(
+              &(fg_job_spec){.argv = ok, .nprocs = 2, .first_local_rank = 1, .local_world_size = 2},
+              NULL) == NULL);
     CHECK(fg_last_status() == FG_EINVAL);
     CHECK(fg_job_start(NULL, NULL) == NULL);
     CHECK(fg_last_status() == FG_EINVAL);
@@ -518,7 +525,8 @@ TEST(job_signal_stop_and_timeout) {
     CHECK_MSG(j, "fg_job_start: %s", fg_last_error());
     if (!j) return;
     char got[64] = "";
-    for (int i = 0; i < 1000 && !read_file("bg", got, sizeof got); i++) usleep(10000); /* up to 10 s under load */
+    for (int i = 0; i < 1000 && !read_file("bg", got, sizeof got); i++)
+        usleep(10000); /* up to 10 s under load */
     usleep(50000);
     fg_job_free(j);
     int bg = atoi(got);
@@ -543,7 +551,7 @@ TEST(job_signal_stop_and_timeout) {
 typedef struct {
     _Atomic int *seen; /* shared: bit r set by rank r */
     int fail_rank;
-    const char *how;   /* "error", "kill", "ok" */
+    const char *how; /* "error", "kill", "ok" */
 } fork_arg;
 
 static int fork_fn(int rank, int world, void *argp) {
@@ -577,8 +585,8 @@ static int fork_fn(int rank, int world, void *argp) {
 }
 
 static _Atomic int *shared_int(void) {
-    void *p = mmap(NULL, sizeof(_Atomic int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                   -1, 0);
+    void *p =
+        mmap(NULL, sizeof(_Atomic int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? NULL : p;
 }
 
@@ -666,7 +674,8 @@ TEST(fork_failing_rank_is_named) {
     CHECK_STATUS(fg_launch_fork(4, fork_fn, &a, &(fg_fork_opts){.grace_s = 0.5}, &r), FG_EPEER);
     CHECK_CONTAINS(fg_last_error(), "rank 2 (pid ");
     CHECK_CONTAINS(fg_last_error(), "was killed by signal 9 (SIGKILL); stopped the other 3 ranks");
-    CHECK(r.failed.rank == 2 && r.failed.signal == SIGKILL && fg_rank_exit_status(&r.failed) == 137);
+    CHECK(r.failed.rank == 2 && r.failed.signal == SIGKILL &&
+          fg_rank_exit_status(&r.failed) == 137);
     CHECK_MSG(fg_time() - t0 < 5, "took %.1f s", fg_time() - t0);
     CHECK(gone(r.failed.pid));
     munmap((void *)seen, sizeof *seen);

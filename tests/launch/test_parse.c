@@ -11,9 +11,13 @@
 /* A clean environment: no launcher variables, 4 CPU devices, no thread setting. */
 static void clean_env(void) {
     fg_launch_unexport();
-    static const char *const more[] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                       "SLURM_PROCID", "SLURM_NTASKS", "FULGUR_NUM_THREADS",
-                                       "TORCHELASTIC_RUN_ID", NULL};
+    static const char *const more[] = {"OMPI_COMM_WORLD_RANK",
+                                       "OMPI_COMM_WORLD_SIZE",
+                                       "SLURM_PROCID",
+                                       "SLURM_NTASKS",
+                                       "FULGUR_NUM_THREADS",
+                                       "TORCHELASTIC_RUN_ID",
+                                       NULL};
     for (int i = 0; more[i]; i++) unsetenv(more[i]);
     setenv("FULGUR_CPU_DEVICES", "4", 1);
 }
@@ -129,8 +133,9 @@ TEST(devices_errors) {
     CHECK_STATUS(fg_launch_devices_list((int[]){0, 7}, 2, 4, &d), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "device 7 does not exist");
     /* not a number or list */
-    CHECK_DEV_ERR("abc", 2, "devices=\"abc\": expected a count like \"2\", \"-1\" for all, or ids "
-                            "like \"1, 3\" / \"[1, 3]\"");
+    CHECK_DEV_ERR("abc", 2,
+                  "devices=\"abc\": expected a count like \"2\", \"-1\" for all, or ids "
+                  "like \"1, 3\" / \"[1, 3]\"");
     CHECK_DEV_ERR("1,,3", 2, "devices=\"1,,3\": expected");
     CHECK_DEV_ERR("[1, 3", 2, "missing \"]\"");
     CHECK_DEV_ERR("1, 3]", 2, "\"]\" without \"[\"");
@@ -180,10 +185,14 @@ TEST(strategy_names) {
     static const struct {
         const char *name;
         fg_strategy_kind want;
-    } ok[] = {{"single", FG_STRATEGY_SINGLE},       {"single_device", FG_STRATEGY_SINGLE},
-              {"dp", FG_STRATEGY_DP},               {"ddp", FG_STRATEGY_DDP},
-              {"ddp_spawn", FG_STRATEGY_DDP_SPAWN}, {"ddp_fork", FG_STRATEGY_DDP_FORK},
-              {"DDP", FG_STRATEGY_DDP},             {"ddp_notebook", FG_STRATEGY_DDP_FORK}};
+    } ok[] = {{"single", FG_STRATEGY_SINGLE},
+              {"single_device", FG_STRATEGY_SINGLE},
+              {"dp", FG_STRATEGY_DP},
+              {"ddp", FG_STRATEGY_DDP},
+              {"ddp_spawn", FG_STRATEGY_DDP_SPAWN},
+              {"ddp_fork", FG_STRATEGY_DDP_FORK},
+              {"DDP", FG_STRATEGY_DDP},
+              {"ddp_notebook", FG_STRATEGY_DDP_FORK}};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         CHECK_OK(fg_launch_parse_strategy(ok[i].name, 1, 1, &s));
         CHECK_MSG(s == ok[i].want, "%s -> %d", ok[i].name, (int)s);
@@ -208,10 +217,19 @@ TEST(strategy_errors) {
     CHECK_CONTAINS(fg_last_error(), "strategy=\"single\" runs on one device, but devices gives 2");
     CHECK_STATUS(fg_launch_parse_strategy("dp", 2, 2, &s), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "num_nodes=2");
-    static const char *const later[] = {"ddp2", "horovod", "bagua", "fsdp", "fsdp_cpu_offload",
-                                        "deepspeed", "deepspeed_stage_1", "deepspeed_stage_2",
-                                        "deepspeed_stage_2_offload", "deepspeed_stage_3",
-                                        "deepspeed_stage_3_offload", "hybrid", NULL};
+    static const char *const later[] = {"ddp2",
+                                        "horovod",
+                                        "bagua",
+                                        "fsdp",
+                                        "fsdp_cpu_offload",
+                                        "deepspeed",
+                                        "deepspeed_stage_1",
+                                        "deepspeed_stage_2",
+                                        "deepspeed_stage_2_offload",
+                                        "deepspeed_stage_3",
+                                        "deepspeed_stage_3_offload",
+                                        "hybrid",
+                                        NULL};
     for (int i = 0; later[i]; i++) {
         CHECK_STATUS(fg_launch_parse_strategy(later[i], 2, 1, &s), FG_EUNSUPPORTED);
         CHECK_CONTAINS(fg_last_error(), "not built yet");
@@ -229,9 +247,9 @@ TEST(precision_names) {
     static const struct {
         const char *name;
         fg_precision_kind want;
-    } ok[] = {{NULL, FG_PRECISION_32_TRUE},   {"32-true", FG_PRECISION_32_TRUE},
-              {"32", FG_PRECISION_32_TRUE},   {"64-true", FG_PRECISION_64_TRUE},
-              {"64", FG_PRECISION_64_TRUE},   {"64-TRUE", FG_PRECISION_64_TRUE}};
+    } ok[] = {{NULL, FG_PRECISION_32_TRUE}, {"32-true", FG_PRECISION_32_TRUE},
+              {"32", FG_PRECISION_32_TRUE}, {"64-true", FG_PRECISION_64_TRUE},
+              {"64", FG_PRECISION_64_TRUE}, {"64-TRUE", FG_PRECISION_64_TRUE}};
     fg_precision_kind p;
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         p = FG_PRECISION_COUNT;
@@ -242,8 +260,8 @@ TEST(precision_names) {
     CHECK(!strcmp(fg_precision_kind_name(FG_PRECISION_BF16_TRUE), "bf16-true"));
     CHECK(!strcmp(fg_precision_kind_name((fg_precision_kind)99), "?"));
     /* Lightning's four others: recognised, not built yet, named with what is */
-    static const char *const later[] = {"16-mixed", "16", "bf16-mixed", "bf16", "16-true",
-                                        "bf16-true", NULL};
+    static const char *const later[] = {"16-mixed", "16",        "bf16-mixed", "bf16",
+                                        "16-true",  "bf16-true", NULL};
     for (int i = 0; later[i]; i++) {
         p = FG_PRECISION_64_TRUE;
         CHECK_STATUS(fg_launch_parse_precision(later[i], &p), FG_EUNSUPPORTED);
@@ -258,7 +276,8 @@ TEST(precision_names) {
     CHECK_STATUS(fg_launch_parse_precision("", &p), FG_EINVAL);
     CHECK_STATUS(fg_launch_parse_precision("32", NULL), FG_EINVAL);
     /* the plan carries it, and its line names it */
-    fg_cluster_info env = {.world_size = 1, .local_world_size = 1, .num_nodes = 1, .source = "none"};
+    fg_cluster_info env = {
+        .world_size = 1, .local_world_size = 1, .num_nodes = 1, .source = "none"};
     fg_launch_plan plan;
     CHECK_OK(fg_launch_plan_make(&(fg_launch_opts){.precision = "64"}, &env, &plan));
     CHECK(plan.precision == FG_PRECISION_64_TRUE);
@@ -271,15 +290,20 @@ TEST(precision_names) {
 /* -------------------------------------------------------------- plan */
 
 static fg_cluster_info none_env(void) {
-    return (fg_cluster_info){.world_size = 1, .local_world_size = 1, .num_nodes = 1,
-                             .source = "none"};
+    return (fg_cluster_info){
+        .world_size = 1, .local_world_size = 1, .num_nodes = 1, .source = "none"};
 }
 
-static fg_cluster_info launched_env(int rank, int world, int local_rank, int local_world,
-                                    int node, int nodes, const char *source) {
-    fg_cluster_info c = {.rank = rank, .world_size = world, .local_rank = local_rank,
-                         .local_world_size = local_world, .node_rank = node, .num_nodes = nodes,
-                         .master_port = 29500, .source = source};
+static fg_cluster_info launched_env(int rank, int world, int local_rank, int local_world, int node,
+                                    int nodes, const char *source) {
+    fg_cluster_info c = {.rank = rank,
+                         .world_size = world,
+                         .local_rank = local_rank,
+                         .local_world_size = local_world,
+                         .node_rank = node,
+                         .num_nodes = nodes,
+                         .master_port = 29500,
+                         .source = source};
     strcpy(c.master_addr, "10.0.0.1");
     return c;
 }
@@ -314,17 +338,21 @@ TEST(plan_not_launched) {
     CHECK(p.strategy == FG_STRATEGY_SINGLE && p.launcher == FG_LAUNCHER_NONE && p.world_size == 1);
     CHECK(p.accelerator == FG_ACCELERATOR_CPU && p.devices.count == 1 && p.num_nodes == 1);
     /* ddp_spawn / ddp_fork: fork; the parent is no rank */
-    CHECK_OK(fg_launch_plan_make(&(fg_launch_opts){.devices = "3", .strategy = "ddp_spawn"}, &env, &p));
-    CHECK(p.launcher == FG_LAUNCHER_FORK && p.world_size == 3 && p.rank == -1 && p.local_rank == -1);
+    CHECK_OK(
+        fg_launch_plan_make(&(fg_launch_opts){.devices = "3", .strategy = "ddp_spawn"}, &env, &p));
+    CHECK(p.launcher == FG_LAUNCHER_FORK && p.world_size == 3 && p.rank == -1 &&
+          p.local_rank == -1);
     CHECK(p.cluster.rank == 0 && p.cluster.world_size == 3);
-    CHECK_OK(fg_launch_plan_make(&(fg_launch_opts){.devices = "1", .strategy = "ddp_fork"}, &env, &p));
+    CHECK_OK(
+        fg_launch_plan_make(&(fg_launch_opts){.devices = "1", .strategy = "ddp_fork"}, &env, &p));
     CHECK(p.launcher == FG_LAUNCHER_FORK && p.world_size == 1);
     /* dp: one process, threads; kernel threads are the whole machine's */
     CHECK_OK(fg_launch_plan_make(&(fg_launch_opts){.devices = "-1", .strategy = "dp"}, &env, &p));
     CHECK(p.launcher == FG_LAUNCHER_THREADS && p.world_size == 1 && p.devices.count == 4);
     CHECK(p.threads_per_rank == fg_num_cores());
     /* single */
-    CHECK_OK(fg_launch_plan_make(&(fg_launch_opts){.strategy = "single", .accelerator = "cpu"}, &env, &p));
+    CHECK_OK(fg_launch_plan_make(&(fg_launch_opts){.strategy = "single", .accelerator = "cpu"},
+                                 &env, &p));
     CHECK(p.launcher == FG_LAUNCHER_NONE);
 }
 
@@ -335,7 +363,8 @@ TEST(plan_threads) {
     setenv("FULGUR_NUM_THREADS", "3", 1);
     CHECK_OK(fg_launch_plan_make(&(fg_launch_opts){.devices = "2"}, &env, &p));
     CHECK(p.threads_per_rank == 3 && !strcmp(p.threads_from, "FULGUR_NUM_THREADS"));
-    CHECK_OK(fg_launch_plan_make(&(fg_launch_opts){.devices = "2", .threads_per_rank = 5}, &env, &p));
+    CHECK_OK(
+        fg_launch_plan_make(&(fg_launch_opts){.devices = "2", .threads_per_rank = 5}, &env, &p));
     CHECK(p.threads_per_rank == 5 && !strcmp(p.threads_from, "threads_per_rank"));
     setenv("FULGUR_NUM_THREADS", "lots", 1);
     CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.devices = "2"}, &env, &p), FG_EINVAL);
@@ -347,7 +376,8 @@ TEST(plan_threads) {
     const char *from;
     CHECK_OK(fg_launch_threads_per_rank(1000000, &t, &from));
     CHECK(t == 1); /* never below one */
-    CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.threads_per_rank = -1}, &env, &p), FG_EINVAL);
+    CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.threads_per_rank = -1}, &env, &p),
+                 FG_EINVAL);
 }
 
 TEST(plan_devices_are_cores) {
@@ -360,8 +390,9 @@ TEST(plan_devices_are_cores) {
     snprintf(too_many, sizeof too_many, "%d", cores + 3);
     CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.devices = too_many}, &env, &p), FG_EINVAL);
     if (cores > 1)
-        snprintf(want, sizeof want, "devices=\"%d\": only %d CPU devices here (cores); use 1..%d or -1",
-                 cores + 3, cores, cores);
+        snprintf(want, sizeof want,
+                 "devices=\"%d\": only %d CPU devices here (cores); use 1..%d or -1", cores + 3,
+                 cores, cores);
     else
         snprintf(want, sizeof want, "devices=\"%d\": only 1 CPU device here (cores); use 1 or -1",
                  cores + 3);
@@ -384,8 +415,9 @@ TEST(plan_devices_are_cores) {
     CHECK_CONTAINS(fg_last_error(), "devices=\"[1, 1]\": device 1 is listed twice");
     CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.accelerator = "gpu"}, &env, &p),
                  FG_EUNSUPPORTED);
-    CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.strategy = "fsdp", .devices = "2"}, &env, &p),
-                 FG_EUNSUPPORTED);
+    CHECK_STATUS(
+        fg_launch_plan_make(&(fg_launch_opts){.strategy = "fsdp", .devices = "2"}, &env, &p),
+        FG_EUNSUPPORTED);
     CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.num_nodes = -1}, &env, &p), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "num_nodes=-1");
 }
@@ -395,8 +427,8 @@ TEST(plan_launched) {
     fg_launch_plan p;
     /* node 1 of 2, 2 ranks each, under fulgur run: join as rank 2 */
     fg_cluster_info env = launched_env(2, 4, 0, 2, 1, 2, "fulgur");
-    CHECK_OK(fg_launch_plan_make(&(fg_launch_opts){.devices = "2", .strategy = "ddp", .num_nodes = 2},
-                                 &env, &p));
+    CHECK_OK(fg_launch_plan_make(
+        &(fg_launch_opts){.devices = "2", .strategy = "ddp", .num_nodes = 2}, &env, &p));
     CHECK(p.launched && p.launcher == FG_LAUNCHER_NONE);
     CHECK(p.world_size == 4 && p.rank == 2 && p.local_rank == 0 && p.node_rank == 1);
     CHECK(p.local_world_size == 2 && p.threads_per_rank == cores_over(2));
@@ -425,23 +457,27 @@ TEST(plan_launched_disagrees) {
     clean_env();
     fg_launch_plan p;
     fg_cluster_info env = launched_env(0, 4, 0, 4, 0, 1, "torchrun");
-    CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.devices = "2", .strategy = "ddp"}, &env, &p),
-                 FG_EMISMATCH);
+    CHECK_STATUS(
+        fg_launch_plan_make(&(fg_launch_opts){.devices = "2", .strategy = "ddp"}, &env, &p),
+        FG_EMISMATCH);
     CHECK_CONTAINS(fg_last_error(), "the launcher (torchrun) started 4 ranks, but devices x "
                                     "num_nodes = 2 x 1 = 2");
     env = launched_env(0, 1, 0, 1, 0, 1, "fulgur");
-    CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.devices = "2", .strategy = "ddp"}, &env, &p),
-                 FG_EMISMATCH);
+    CHECK_STATUS(
+        fg_launch_plan_make(&(fg_launch_opts){.devices = "2", .strategy = "ddp"}, &env, &p),
+        FG_EMISMATCH);
     CHECK_CONTAINS(fg_last_error(), "started 1 rank, but");
     env = launched_env(1, 2, 1, 2, 0, 1, "fulgur");
-    CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.devices = "2", .strategy = "ddp_spawn"}, &env,
-                                     &p),
-                 FG_EINVAL);
-    CHECK_CONTAINS(fg_last_error(), "already launched as rank 1 of 2 (fulgur); use strategy \"ddp\"");
+    CHECK_STATUS(
+        fg_launch_plan_make(&(fg_launch_opts){.devices = "2", .strategy = "ddp_spawn"}, &env, &p),
+        FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(),
+                   "already launched as rank 1 of 2 (fulgur); use strategy \"ddp\"");
     CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.devices = "2", .strategy = "dp"}, &env, &p),
                  FG_EINVAL);
-    CHECK_CONTAINS(fg_last_error(), "strategy=\"dp\" runs in one process, but the launcher (fulgur) "
-                                    "started 2 ranks");
+    CHECK_CONTAINS(fg_last_error(),
+                   "strategy=\"dp\" runs in one process, but the launcher (fulgur) "
+                   "started 2 ranks");
     CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.devices = "1"}, &env, &p), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "strategy=\"single\" runs in one process");
     /* a broken environment */

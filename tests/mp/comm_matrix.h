@@ -28,7 +28,8 @@
 #define MX_BIG 1048579
 
 static const int64_t mx_counts[] = {0, 1, 7, 1023, MX_BIG};
-static const fg_dtype mx_dtypes[] = {FG_F64, FG_F32, FG_BF16, FG_F16, FG_I32, FG_I64, FG_U8, FG_U16};
+static const fg_dtype mx_dtypes[] = {FG_F64, FG_F32, FG_BF16, FG_F16,
+                                     FG_I32, FG_I64, FG_U8,   FG_U16};
 #define MX_NCOUNTS 5
 #define MX_NDTYPES 8
 
@@ -231,7 +232,8 @@ static mx_stats mx_run(fg_comm *c, int64_t max_count) {
                 memset(b, 0xAB, (size_t)n * esz);
                 char *out = inpl ? a : b;
                 s = fg_comm_broadcast(c, a, out, n, dt, root);
-                mx_report(&st, me, "broadcast", dt, n, inpl, s, s ? 0 : mx_check_rank(dt, root, out, 0, n));
+                mx_report(&st, me, "broadcast", dt, n, inpl, s,
+                          s ? 0 : mx_check_rank(dt, root, out, 0, n));
                 /* alltoall: block q of my send goes to rank q */
                 mx_fill(dt, FG_SUM, me, a, 0, blk * w);
                 memset(b, 0xAB, (size_t)(blk * w) * esz);

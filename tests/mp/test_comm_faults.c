@@ -21,8 +21,8 @@ static int g_case;
 static int leftovers(void);
 
 __attribute__((constructor)) static void map_outcomes(void) {
-    g_out = mmap(NULL, sizeof(outcome) * 16, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                 -1, 0);
+    g_out =
+        mmap(NULL, sizeof(outcome) * 16, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 }
 
 static void record(int rank, fg_status s, double t0) {
@@ -33,8 +33,12 @@ static void record(int rank, fg_status s, double t0) {
 }
 
 static fg_status join(int rank, int n, double timeout, int check, fg_comm **c) {
-    fg_cluster_info info = {.rank = rank, .world_size = n, .local_rank = rank,
-                            .local_world_size = n, .num_nodes = 1, .source = "test"};
+    fg_cluster_info info = {.rank = rank,
+                            .world_size = n,
+                            .local_rank = rank,
+                            .local_world_size = n,
+                            .num_nodes = 1,
+                            .source = "test"};
     snprintf(info.job_id, sizeof info.job_id, "f%d-%d", (int)getppid(), g_case);
     fg_comm_opts o = {.backend = FG_COMM_SHM, .timeout_s = timeout, .check = check};
     *c = fg_comm_new(&info, &o);
@@ -216,8 +220,9 @@ static void expect_mismatch(int n, int mode, const char *odd) {
 }
 
 TEST(mismatched_calls_name_the_odd_rank_with_check) {
-    expect_mismatch(3, 0, "rank 1 called broadcast #1 (count 10, f32, root 0) but the other ranks "
-                          "called allreduce #1 (count 10, f32, sum)");
+    expect_mismatch(3, 0,
+                    "rank 1 called broadcast #1 (count 10, f32, root 0) but the other ranks "
+                    "called allreduce #1 (count 10, f32, sum)");
     expect_mismatch(3, 1, "rank 2 called allreduce #1 (count 11");
     expect_mismatch(3, 2, "rank 0 called allreduce #1 (count 4, i32");
     CHECK_CONTAINS(g_out[1].msg, "FULGUR_COMM_CHECK");
@@ -296,7 +301,8 @@ TEST(abort_from_another_thread_unblocks_a_waiting_call) {
     CHECK(g_out[0].elapsed < 0.5);
     CHECK_CONTAINS(g_out[0].msg, "rank 0 aborted the group (fg_comm_abort)");
     CHECK_CONTAINS(g_out[1].msg, "rank 0 aborted the group");
-    printf("  rank 0 after %.3f s: %s\n  rank 1: %s\n", g_out[0].elapsed, g_out[0].msg, g_out[1].msg);
+    printf("  rank 0 after %.3f s: %s\n  rank 1: %s\n", g_out[0].elapsed, g_out[0].msg,
+           g_out[1].msg);
 }
 
 /* ------------------------------------------------------------ rendezvous */

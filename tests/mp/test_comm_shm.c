@@ -6,10 +6,13 @@
 #include "comm_matrix.h"
 #include "harness.h"
 
-
 static fg_status init_rank(int rank, int n, const char *tag, fg_comm **c) {
-    fg_cluster_info info = {.rank = rank, .world_size = n, .local_rank = rank,
-                            .local_world_size = n, .node_rank = 0, .num_nodes = 1,
+    fg_cluster_info info = {.rank = rank,
+                            .world_size = n,
+                            .local_rank = rank,
+                            .local_world_size = n,
+                            .node_rank = 0,
+                            .num_nodes = 1,
                             .source = "test"};
     snprintf(info.job_id, sizeof info.job_id, "t%d-%s-%d", (int)getppid(), tag, n);
     fg_comm_opts o = {.backend = FG_COMM_SHM, .timeout_s = 60};
@@ -133,7 +136,8 @@ TEST(allreduce_is_bitwise_deterministic) {
             CHECK(fg_test_fork_ranks(n, determinism_rank, NULL, 120) == 0);
         for (int ci = 0; ci < 4; ci++)
             for (int r = 0; r < n; r++) {
-                CHECK_MSG(g_hashes[ci * 8 + r] == g_hashes[ci * 8], "world %d count #%d: rank %d differs from rank 0", n, ci, r);
+                CHECK_MSG(g_hashes[ci * 8 + r] == g_hashes[ci * 8],
+                          "world %d count #%d: rank %d differs from rank 0", n, ci, r);
                 CHECK_MSG(g_hashes[(4 + ci) * 8 + r] == g_hashes[ci * 8],
                           "world %d count #%d: run 2 differs from run 1 on rank %d", n, ci, r);
             }

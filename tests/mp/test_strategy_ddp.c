@@ -16,18 +16,18 @@
 
 typedef struct setup {
     bool gpt;
-    int world;     /* ranks (ddp) or replicas (dp) */
-    int64_t B;     /* per-rank batch */
-    int accum;     /* micro-batches per step under no_sync */
+    int world; /* ranks (ddp) or replicas (dp) */
+    int64_t B; /* per-rank batch */
+    int accum; /* micro-batches per step under no_sync */
     double bucket_mb;
-    bool adamw;    /* else SGD with momentum */
-    double tol;    /* relative; 0 = 1e-5 */
+    bool adamw; /* else SGD with momentum */
+    double tol; /* relative; 0 = 1e-5 */
 } setup;
 
 static fg_module *make_model(const setup *s) {
     if (s->gpt)
-        return fg_gpt_new(&(fg_gpt_config){.vocab = 17, .ctx = 8, .layers = 2, .heads = 2,
-                                           .embd = 16, .seed = 5});
+        return fg_gpt_new(&(fg_gpt_config){
+            .vocab = 17, .ctx = 8, .layers = 2, .heads = 2, .embd = 16, .seed = 5});
     return fg_mlp_new(&(fg_mlp_config){.sizes = {12, 32, 32, 5}, .nlayers = 3, .seed = 5});
 }
 
@@ -52,8 +52,8 @@ static void batch_rows(const setup *s, int step, int64_t r0, int64_t n, fg_tenso
         int64_t sx[2] = {n, 12}, sy[1] = {n};
         *x = fg_empty(FG_F32, 2, sx);
         *y = fg_empty(FG_I32, 1, sy);
-        fg_rng_fill_normal(13, (uint64_t)step * 100000u + (uint64_t)r0 * 12,
-                           fg_tensor_data(*x), n * 12, 0, 1);
+        fg_rng_fill_normal(13, (uint64_t)step * 100000u + (uint64_t)r0 * 12, fg_tensor_data(*x),
+                           n * 12, 0, 1);
         for (int64_t i = 0; i < n; i++)
             ((int32_t *)fg_tensor_data(*y))[i] =
                 (int32_t)(fg_rng_u32_at(14, (uint64_t)step * 1000u + (uint64_t)(r0 + i)) % 5);
@@ -104,8 +104,12 @@ typedef struct shared {
 static int ddp_rank(int rank, int n, void *arg) {
     shared *sh = arg;
     const setup *s = &sh->s;
-    fg_cluster_info info = {.rank = rank, .world_size = n, .local_rank = rank,
-                            .local_world_size = n, .num_nodes = 1, .source = "explicit"};
+    fg_cluster_info info = {.rank = rank,
+                            .world_size = n,
+                            .local_rank = rank,
+                            .local_world_size = n,
+                            .num_nodes = 1,
+                            .source = "explicit"};
     snprintf(info.job_id, sizeof info.job_id, "%s", sh->job);
     fg_comm_opts co = {.backend = FG_COMM_SHM, .timeout_s = 60};
     fg_comm *c = fg_comm_new(&info, &co);
@@ -239,8 +243,10 @@ TEST(dp_equals_single_process) {
             fg_tensor *x, *y;
             batch_rows(&s, step, 0, s.B, &x, &y);
             /* the loader's batches are persistent tensors */
-            fg_tensor *px = fg_tensor_new(fg_tensor_dtype(x), fg_tensor_ndim(x), fg_tensor_shape(x));
-            fg_tensor *py = fg_tensor_new(fg_tensor_dtype(y), fg_tensor_ndim(y), fg_tensor_shape(y));
+            fg_tensor *px =
+                fg_tensor_new(fg_tensor_dtype(x), fg_tensor_ndim(x), fg_tensor_shape(x));
+            fg_tensor *py =
+                fg_tensor_new(fg_tensor_dtype(y), fg_tensor_ndim(y), fg_tensor_shape(y));
             fg_tensor_copy(px, x);
             fg_tensor_copy(py, y);
             fg_batch b = {.x = px, .y = py, .size = s.B, .valid = s.B};
@@ -256,7 +262,8 @@ TEST(dp_equals_single_process) {
         }
         double d = rel_diff(fg_tensor_data(fg_module_flat_params(m)), fg_tensor_data(ref),
                             fg_tensor_numel(ref));
-        CHECK_MSG(d <= 1e-5, "dp (%s): parameters differ from one process by %.3g", gpt ? "gpt" : "mlp", d);
+        CHECK_MSG(d <= 1e-5, "dp (%s): parameters differ from one process by %.3g",
+                  gpt ? "gpt" : "mlp", d);
         fg_strategy_free(st);
         fg_optimizer_free(o);
         fg_module_free(m);
@@ -266,8 +273,12 @@ TEST(dp_equals_single_process) {
 
 static int unused_rank(int rank, int n, void *arg) {
     const char *job = arg;
-    fg_cluster_info info = {.rank = rank, .world_size = n, .local_rank = rank,
-                            .local_world_size = n, .num_nodes = 1, .source = "explicit"};
+    fg_cluster_info info = {.rank = rank,
+                            .world_size = n,
+                            .local_rank = rank,
+                            .local_world_size = n,
+                            .num_nodes = 1,
+                            .source = "explicit"};
     snprintf(info.job_id, sizeof info.job_id, "%s", job);
     fg_comm_opts co = {.backend = FG_COMM_SHM, .timeout_s = 30};
     fg_comm *c = fg_comm_new(&info, &co);

@@ -29,8 +29,7 @@ static double rel_err(const fg_tensor *a, const ref_array *b) {
 static void run(fg_dtype dtype, double rtol) {
     ref_file *r = ref_open(fg_test_path("ref/gpt_ref.bin"));
     CHECK(r != NULL);
-    if (!r)
-        return;
+    if (!r) return;
     const ref_array *cfg = ref_get(r, "config");
     fg_gpt_config c = {.vocab = (int64_t)ref_at(cfg, 0),
                        .ctx = (int64_t)ref_at(cfg, 1),
@@ -52,8 +51,7 @@ static void run(fg_dtype dtype, double rtol) {
         snprintf(name, sizeof name, "param.%s", fg_module_param_name(m, i));
         const ref_array *a = ref_get(r, name);
         CHECK(a != NULL);
-        if (!a)
-            goto out;
+        if (!a) goto out;
         e[i] = (fg_state_entry){fg_module_param_name(m, i), a->dtype, a->ndim, a->shape, a->data};
     }
     CHECK_OK(fg_module_load_state(m, e, np, true));
@@ -63,8 +61,7 @@ static void run(fg_dtype dtype, double rtol) {
     fg_tensor *logits = fg_module_forward(m, x);
     fg_tensor *loss = fg_cross_entropy(logits, y, -100);
     CHECK_OK(fg_backward(loss));
-    if (!loss)
-        goto out;
+    if (!loss) goto out;
     double worst = 0;
     const char *worst_name = "logits";
     double el = rel_err(logits, ref_get(r, "logits"));
@@ -90,13 +87,11 @@ static void run(fg_dtype dtype, double rtol) {
         const ref_array *g = ref_get(r, name);
         fg_tensor *ours = fg_tensor_grad(fg_module_param(m, i));
         CHECK(g && ours && g->numel == fg_tensor_numel(ours));
-        if (!g || !ours)
-            continue;
+        if (!g || !ours) continue;
         double eg = rel_err(ours, g);
         CHECK_MSG(eg <= rtol, "%s grad %s: max rel err %.3g > %g", fg_dtype_name(dtype),
                   fg_module_param_name(m, i), eg, rtol);
-        if (eg > worst)
-            worst = eg, worst_name = fg_module_param_name(m, i);
+        if (eg > worst) worst = eg, worst_name = fg_module_param_name(m, i);
     }
     printf("  %s: largest norm-relative error %.2e (%s) over logits and %lld gradients\n",
            fg_dtype_name(dtype), worst, worst_name, (long long)np);
@@ -107,12 +102,8 @@ out:
     ref_close(r);
 }
 
-TEST(gpt_matches_pytorch_f32) {
-    run(FG_F32, 1e-5);
-}
-TEST(gpt_matches_pytorch_f64) {
-    run(FG_F64, 1e-6);
-}
+TEST(gpt_matches_pytorch_f32) { run(FG_F32, 1e-5); }
+TEST(gpt_matches_pytorch_f64) { run(FG_F64, 1e-6); }
 
 /* Two backward passes accumulate (gradient accumulation) into the flat buffer. */
 TEST(gpt_grad_accumulates) {
@@ -136,8 +127,7 @@ TEST(gpt_grad_accumulates) {
     }
     const double *g2 = fg_tensor_data(fg_module_flat_grads(m));
     double md = 0;
-    for (int64_t i = 0; i < fg_module_numel(m); i++)
-        md = fmax(md, fabs(g2[i] - 2 * g1[i]));
+    for (int64_t i = 0; i < fg_module_numel(m); i++) md = fmax(md, fabs(g2[i] - 2 * g1[i]));
     CHECK(md < 1e-12);
     free(g1);
     fg_module_free(m);

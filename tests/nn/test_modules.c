@@ -24,24 +24,21 @@ static double tensor_std(const fg_tensor *t, double *mean_out) {
         ss += v * v;
     }
     double mean = s / (double)n;
-    if (mean_out)
-        *mean_out = mean;
+    if (mean_out) *mean_out = mean;
     return sqrt(ss / (double)n - mean * mean);
 }
 
 static fg_tensor *tokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
     int32_t buf[4096];
     fg_rng r = {seed, 0};
-    for (int64_t i = 0; i < B * T; i++)
-        buf[i] = (int32_t)fg_rng_below(&r, (uint64_t)V);
+    for (int64_t i = 0; i < B * T; i++) buf[i] = (int32_t)fg_rng_below(&r, (uint64_t)V);
     return fg_from_data(FG_I32, 2, (int64_t[]){B, T}, buf);
 }
 
 TEST(gpt_names_and_order) {
     fg_module *m = tiny_gpt(1, 0);
     CHECK(m != NULL);
-    if (!m)
-        return;
+    if (!m) return;
     const char *want[] = {"transformer.wte.weight", "transformer.wpe.weight"};
     const char *blk[] = {"ln_1.weight",      "ln_1.bias",          "attn.c_attn.weight",
                          "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
@@ -50,8 +47,7 @@ TEST(gpt_names_and_order) {
     int64_t blk_shape[12][2] = {{32, 0}, {32, 0}, {96, 32},  {96, 0},  {32, 32},  {32, 0},
                                 {32, 0}, {32, 0}, {128, 32}, {128, 0}, {32, 128}, {32, 0}};
     CHECK(fg_module_num_params(m) == 2 + 2 * 12 + 2);
-    for (int i = 0; i < 2; i++)
-        CHECK(!strcmp(fg_module_param_name(m, i), want[i]));
+    for (int i = 0; i < 2; i++) CHECK(!strcmp(fg_module_param_name(m, i), want[i]));
     CHECK(fg_tensor_dim(fg_module_param(m, 0), 0) == 65);
     CHECK(fg_tensor_dim(fg_module_param(m, 1), 0) == 16);
     int64_t numel = 65 * 32 + 16 * 32;
@@ -67,8 +63,7 @@ TEST(gpt_names_and_order) {
             int nd = blk_shape[k][1] ? 2 : 1;
             CHECK(fg_tensor_ndim(t) == nd);
             CHECK(fg_tensor_dim(t, 0) == blk_shape[k][0]);
-            if (nd == 2)
-                CHECK(fg_tensor_dim(t, 1) == blk_shape[k][1]);
+            if (nd == 2) CHECK(fg_tensor_dim(t, 1) == blk_shape[k][1]);
             numel += fg_tensor_numel(t);
         }
     CHECK(!strcmp(fg_module_param_name(m, 26), "transformer.ln_f.weight"));
@@ -103,8 +98,7 @@ TEST(gpt_names_and_order) {
 TEST(mlp_names_and_forward) {
     fg_module *m = fg_mlp_new(&(fg_mlp_config){.sizes = {784, 1024, 1024, 10}, .seed = 3});
     CHECK(m != NULL);
-    if (!m)
-        return;
+    if (!m) return;
     const char *want[] = {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"};
     int64_t rows[] = {1024, 1024, 1024, 1024, 10, 10};
     CHECK(fg_module_num_params(m) == 6);
@@ -183,26 +177,22 @@ TEST(flat_buffers) {
     fg_tensor *loss = fg_cross_entropy(fg_module_forward(m, idx), tokens(2, 8, 65, 8), -100);
     CHECK_OK(fg_backward(loss));
     double nz = 0;
-    for (int64_t i = 0; i < fg_module_numel(m); i++)
-        nz += gbase[i] != 0;
+    for (int64_t i = 0; i < fg_module_numel(m); i++) nz += gbase[i] != 0;
     CHECK(nz > 0.9 * (double)fg_module_numel(m));
     for (int64_t i = 0; i < fg_module_num_params(m); i++) {
         fg_tensor *g = fg_tensor_grad(fg_module_param(m, i));
         double s = 0;
-        for (int64_t k = 0; k < fg_tensor_numel(g); k++)
-            s += fabs(fg_tensor_get(g, k));
+        for (int64_t k = 0; k < fg_tensor_numel(g); k++) s += fabs(fg_tensor_get(g, k));
         CHECK_MSG(s > 0, "gradient of %s is zero", fg_module_param_name(m, i));
     }
     /* the tied head: token 62 never appears in idx, yet its wte row has a
      * gradient, from the output projection */
     double head_only = 0;
-    for (int c = 0; c < 32; c++)
-        head_only += fabs(gbase[62 * 32 + c]);
+    for (int c = 0; c < 32; c++) head_only += fabs(gbase[62 * 32 + c]);
     CHECK(head_only > 0);
     fg_module_zero_grad(m);
     double left = 0;
-    for (int64_t i = 0; i < fg_module_numel(m); i++)
-        left += fabs(gbase[i]);
+    for (int64_t i = 0; i < fg_module_numel(m); i++) left += fabs(gbase[i]);
     CHECK(left == 0);
     fg_step_reset();
     fg_module_free(m);
@@ -248,13 +238,11 @@ TEST(init_statistics) {
     CHECK_OK(fg_module_set_seed(lin, 9));
     fg_tensor *w = fg_module_param(lin, 0), *b = fg_module_param(lin, 1);
     double bound = 1.0 / 20.0, mx = 0;
-    for (int64_t i = 0; i < fg_tensor_numel(w); i++)
-        mx = fmax(mx, fabs(fg_tensor_get(w, i)));
+    for (int64_t i = 0; i < fg_tensor_numel(w); i++) mx = fmax(mx, fabs(fg_tensor_get(w, i)));
     CHECK(mx <= bound && mx > 0.99 * bound);
     CHECK_CLOSE(tensor_std(w, &mean), bound / sqrt(3.0), 0.01, 0);
     CHECK(fabs(mean) < 1e-3);
-    for (int64_t i = 0; i < 300; i++)
-        CHECK(fabs(fg_tensor_get(b, i)) <= bound);
+    for (int64_t i = 0; i < 300; i++) CHECK(fabs(fg_tensor_get(b, i)) <= bound);
     CHECK(tensor_std(b, NULL) > 0.5 * bound / sqrt(3.0));
     CHECK_STATUS(fg_module_set_seed(lin, 9), FG_ESTATE); /* already finalized on use */
     fg_module_free(lin);
@@ -277,8 +265,7 @@ TEST(same_seed_same_weights) {
     /* a different seed changes every random tensor */
     for (int64_t i = 0; i < fg_module_num_params(a); i++) {
         fg_tensor *pa = fg_module_param(a, i), *pc = fg_module_param(c, i);
-        if (tensor_std(pa, NULL) == 0)
-            continue; /* constant init */
+        if (tensor_std(pa, NULL) == 0) continue; /* constant init */
         CHECK_MSG(memcmp(fg_tensor_data(pa), fg_tensor_data(pc), fg_tensor_nbytes(pa)),
                   "%s unchanged by the seed", fg_module_param_name(a, i));
     }
@@ -355,8 +342,7 @@ TEST(load_state) {
     CHECK(memcmp(pb, pa, bytes)); /* c_attn.weight of block 0 was not loaded */
     /* everything, in f64, through the alias name of the tied weight */
     double *d64 = malloc(bytes * 2);
-    for (int64_t i = 0; i < fg_module_numel(a); i++)
-        d64[i] = ((float *)pa)[i];
+    for (int64_t i = 0; i < fg_module_numel(a); i++) d64[i] = ((float *)pa)[i];
     memcpy(bad, e, sizeof e);
     int64_t offs = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -370,8 +356,7 @@ TEST(load_state) {
     /* into a sub-module, with names relative to it */
     fg_module *blk = fg_module_child(b, "transformer.h.0");
     float ones[96 * 32];
-    for (int i = 0; i < 96 * 32; i++)
-        ones[i] = 1;
+    for (int i = 0; i < 96 * 32; i++) ones[i] = 1;
     fg_state_entry one = {"attn.c_attn.weight", FG_F32, 2, (int64_t[]){96, 32}, ones};
     CHECK_OK(fg_module_load_state(blk, &one, 1, false));
     CHECK(fg_tensor_get(fg_module_param(b, 4), 17) == 1);
@@ -549,8 +534,7 @@ TEST(gpt_sampling) {
     CHECK_OK(fg_gpt_generate(m, prompt, 3, 37, &o, b));
     CHECK(!memcmp(a, b, sizeof a));
     CHECK(a[0] == 5 && a[2] == 7);
-    for (int i = 0; i < 40; i++)
-        CHECK(a[i] >= 0 && a[i] < 65);
+    for (int i = 0; i < 40; i++) CHECK(a[i] >= 0 && a[i] < 65);
     o.seed = 2;
     CHECK_OK(fg_gpt_generate(m, prompt, 3, 37, &o, c));
     CHECK(memcmp(a, c, sizeof a));
@@ -559,8 +543,7 @@ TEST(gpt_sampling) {
     fg_tensor *l = fg_module_forward(m, fg_from_data(FG_I32, 2, (int64_t[]){1, 3}, prompt));
     int best = 0;
     for (int v = 1; v < 65; v++)
-        if (fg_tensor_get(l, 2 * 65 + v) > fg_tensor_get(l, 2 * 65 + best))
-            best = v;
+        if (fg_tensor_get(l, 2 * 65 + v) > fg_tensor_get(l, 2 * 65 + best)) best = v;
     CHECK(g[3] == best);
     /* top_k = 1 is greedy too */
     CHECK_OK(fg_gpt_generate(m, prompt, 3, 1, &(fg_sample_opts){.top_k = 1, .seed = 5}, c));
@@ -590,18 +573,14 @@ static long fa_limit;
 static void *fa_alloc(void *ud, void *ptr, size_t size, size_t align) {
     (void)ud;
     if (size == 0) {
-        if (ptr)
-            atomic_fetch_sub(&fa_live, 1);
+        if (ptr) atomic_fetch_sub(&fa_live, 1);
         free(ptr);
         return NULL;
     }
-    if (atomic_fetch_add(&fa_count, 1) >= fa_limit)
-        return NULL;
-    if (ptr)
-        return realloc(ptr, size);
+    if (atomic_fetch_add(&fa_count, 1) >= fa_limit) return NULL;
+    if (ptr) return realloc(ptr, size);
     void *p = NULL;
-    if (posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size) != 0)
-        return NULL;
+    if (posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size) != 0) return NULL;
     atomic_fetch_add(&fa_live, 1);
     return p;
 }
@@ -623,8 +602,7 @@ TEST(allocation_failures) {
             fg_module_free(m);
         } else {
             failures++;
-            if (!fg_last_error()[0])
-                CHECK_MSG(0, "limit %ld: NULL without a message", limit);
+            if (!fg_last_error()[0]) CHECK_MSG(0, "limit %ld: NULL without a message", limit);
         }
         fg_set_allocator(NULL, NULL);
         CHECK_MSG(atomic_load(&fa_live) == 0, "limit %ld: %ld blocks leaked", limit,
@@ -647,16 +625,14 @@ TEST(allocation_failures) {
         fa_limit = atomic_load(&fa_count) + limit;
         fg_status s = fg_module_finalize(m);
         fa_limit = 1L << 40;
-        if (s != FG_OK)
-            CHECK(!fg_module_is_finalized(m));
+        if (s != FG_OK) CHECK(!fg_module_is_finalized(m));
         CHECK_OK(fg_module_finalize(m));
         CHECK(fg_module_num_params(m) == 4 && fg_module_find_param(m, "3.w") == 0);
         fg_module_free(m);
         fg_set_allocator(NULL, NULL);
         CHECK_MSG(atomic_load(&fa_live) == 0, "finalize limit %ld: %ld blocks leaked", limit,
                   (long)atomic_load(&fa_live));
-        if (s == FG_OK)
-            break;
+        if (s == FG_OK) break;
     }
 }
 
@@ -680,8 +656,7 @@ TEST(gpt_dropout_modes) {
     for (int64_t i = 0; i < fg_module_num_params(d); i++) {
         fg_tensor *g = fg_tensor_grad(fg_module_param(d, i));
         double s = 0;
-        for (int64_t k = 0; k < fg_tensor_numel(g); k++)
-            s += fabs(fg_tensor_get(g, k));
+        for (int64_t k = 0; k < fg_tensor_numel(g); k++) s += fabs(fg_tensor_get(g, k));
         CHECK_MSG(s > 0, "no gradient for %s", fg_module_param_name(d, i));
     }
     fg_module_train(d, false);

@@ -11,8 +11,8 @@
  * the same result on 1 and 2 threads. */
 #include <math.h>
 
-#include "harness.h"
 #include "fulgur/ops.h"
+#include "harness.h"
 
 static const fg_op_table *ops(void) { return fg_ops_get(FG_CPU); }
 
@@ -72,8 +72,8 @@ TEST(sum_dim_every_dim_and_backward_accumulates) {
     struct {
         int nd;
         int64_t s[3];
-    } cases[] = {{3, {3, 5, 7}}, {2, {4, 1}}, {1, {37}}, {3, {2, 3, 300}}, {3, {2, 0, 3}},
-                 {2, {5, 513}}};
+    } cases[] = {{3, {3, 5, 7}},   {2, {4, 1}},    {1, {37}},
+                 {3, {2, 3, 300}}, {3, {2, 0, 3}}, {2, {5, 513}}};
     for (int di = 0; di < 2; di++)
         for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
             for (int dim = -cases[c].nd; dim < cases[c].nd; dim++) {
@@ -231,8 +231,8 @@ TEST(softmax_and_log_softmax_match_references) {
             CHECK_OK(ops()->softmax_fwd(x, y));
             CHECK_OK(ops()->log_softmax_fwd(x, l));
             /* log-softmax values near 1000 * eps are what f32 can hold */
-            CHECK_MSG(max_err(y, sm) <= 2 * tol(dt), "softmax %s case %d: %g", fg_dtype_name(dt),
-                      c, max_err(y, sm));
+            CHECK_MSG(max_err(y, sm) <= 2 * tol(dt), "softmax %s case %d: %g", fg_dtype_name(dt), c,
+                      max_err(y, sm));
             CHECK_MSG(max_err(l, ls) <= 4 * tol(dt), "log_softmax %s case %d: %g",
                       fg_dtype_name(dt), c, max_err(l, ls));
 
@@ -294,8 +294,7 @@ TEST(cross_entropy_matches_reference_with_ignore_index) {
             int64_t N = sizes[c][0], V = sizes[c][1];
             fg_tensor *x = randn(dt, 2, sizes[c], 21 + c, 3.0);
             if (c == 2) /* huge logits: needs the max subtracted */
-                for (int64_t i = 0; i < N * V; i++)
-                    put(x, i, 1e4 * fg_tensor_get(x, i));
+                for (int64_t i = 0; i < N * V; i++) put(x, i, 1e4 * fg_tensor_get(x, i));
             fg_tensor *t = fg_empty(FG_I32, 1, &N);
             int32_t *tp = fg_tensor_data(t);
             fg_rng r = {5 + (uint64_t)c, 0};
@@ -310,8 +309,8 @@ TEST(cross_entropy_matches_reference_with_ignore_index) {
             double lw = ce_ref(xv, tp, N, V, -100, 0.7, want);
             CHECK(count == cw);
             CHECK_MSG(fabs(fg_item(loss) - lw) <= tol(dt) * (1 + fabs(lw)) * (c == 2 ? 10 : 1),
-                      "cross_entropy %s case %d: %.9g vs %.9g", fg_dtype_name(dt), c,
-                      fg_item(loss), lw);
+                      "cross_entropy %s case %d: %.9g vs %.9g", fg_dtype_name(dt), c, fg_item(loss),
+                      lw);
             CHECK_OK(ops()->cross_entropy_bwd(x, t, -100, 0.7, count, dl));
             CHECK_MSG(max_err(dl, want) <= 2 * tol(dt), "cross_entropy_bwd %s case %d: %g",
                       fg_dtype_name(dt), c, max_err(dl, want));
@@ -382,8 +381,8 @@ TEST(layernorm_matches_reference_with_and_without_affine) {
                     mw[i] = mu;
                     rw[i] = 1 / sqrt(var + eps);
                     for (int64_t j = 0; j < C; j++)
-                        yw[i * C + j] = (xv[i * C + j] - mu) * rw[i] * (wv ? wv[j] : 1) +
-                                        (bv ? bv[j] : 0);
+                        yw[i * C + j] =
+                            (xv[i * C + j] - mu) * rw[i] * (wv ? wv[j] : 1) + (bv ? bv[j] : 0);
                 }
                 CHECK_MSG(max_err(y, yw) <= 4 * tol(dt), "layernorm %s case %d aff %d: %g",
                           fg_dtype_name(dt), c, aff, max_err(y, yw));
@@ -541,9 +540,8 @@ TEST(dropout_mask_is_the_philox_stream) {
                     int bad = 0;
                     for (int64_t i = 0; i < n; i++) {
                         double sc = dt == FG_F32 ? (float)(1 / (1 - p)) : 1 / (1 - p);
-                        double want = kept(seed, offsets[oi] + (uint64_t)i, p)
-                                          ? fg_tensor_get(x, i) * sc
-                                          : 0;
+                        double want =
+                            kept(seed, offsets[oi] + (uint64_t)i, p) ? fg_tensor_get(x, i) * sc : 0;
                         if (dt == FG_F32) want = (float)want;
                         bad += fg_tensor_get(y, i) != want;
                     }

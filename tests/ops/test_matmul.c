@@ -5,8 +5,8 @@
  * against an unfused reference, and the errors they report. */
 #include <math.h>
 
-#include "harness.h"
 #include "fulgur/ops.h"
+#include "harness.h"
 
 #define FG_MAX_T(a, b) ((a) > (b) ? (a) : (b))
 
@@ -92,8 +92,9 @@ static void check_product(fg_dtype dt, int bd, const int64_t *bdims, int64_t M, 
     CHECK_OK(ops()->matmul(a, ta, b, tb, c, alpha, beta));
     double tol = dt == FG_F64 ? 1e-12 : 2e-6 * sqrt((double)K + 1);
     double e = max_err(c, want);
-    CHECK_MSG(e <= tol, "%s batch %d M %lld K %lld N %lld ta %d tb %d shared %d alpha %g beta %g: "
-                        "error %g",
+    CHECK_MSG(e <= tol,
+              "%s batch %d M %lld K %lld N %lld ta %d tb %d shared %d alpha %g beta %g: "
+              "error %g",
               fg_dtype_name(dt), bd, (long long)M, (long long)K, (long long)N, ta, tb, shared,
               alpha, beta, e);
     free(want);
@@ -109,8 +110,8 @@ TEST(matmul_paths_named) {
 }
 
 TEST(matmul_2d_every_transpose_and_scale) {
-    static const int64_t sizes[][3] = {{1, 1, 1}, {3, 5, 7}, {17, 31, 13}, {64, 33, 65},
-                                       {2, 130, 3}, {129, 7, 1}};
+    static const int64_t sizes[][3] = {{1, 1, 1},    {3, 5, 7},   {17, 31, 13},
+                                       {64, 33, 65}, {2, 130, 3}, {129, 7, 1}};
     static const double ab[][2] = {{1, 0}, {0.5, -1.5}, {-2, 1}};
     fg_dtype dts[] = {FG_F64, FG_F32};
     uint64_t seed = 10;
@@ -205,9 +206,10 @@ TEST(matmul_errors_name_the_shapes) {
     CHECK_STATUS(ops()->matmul(a, false, fg_zeros(FG_F64, 2, s43), true, c, 1, 0), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "dtypes differ");
     CHECK_STATUS(ops()->matmul(fg_zeros(FG_F32, 1, s3), false, b, true, c, 1, 0), FG_EINVAL);
-    CHECK_STATUS(ops()->matmul(a, false, b, true, fg_tensor_transpose_view(
-                                   fg_zeros(FG_F32, 2, (int64_t[]){4, 2}), 0, 1), 1, 0),
-                 FG_EINVAL);
+    CHECK_STATUS(
+        ops()->matmul(a, false, b, true,
+                      fg_tensor_transpose_view(fg_zeros(FG_F32, 2, (int64_t[]){4, 2}), 0, 1), 1, 0),
+        FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "transposed");
     CHECK_STATUS(ops()->matmul(fg_zeros(FG_BF16, 2, s23), false, fg_zeros(FG_BF16, 2, s43), true,
                                fg_zeros(FG_BF16, 2, s24), 1, 0),
@@ -267,7 +269,8 @@ static att_ref ref_attention(const fg_tensor *qkv, const fg_tensor *dy, int H) {
     att_ref r = {calloc((size_t)(B * T * C), sizeof(double)),
                  calloc((size_t)(B * H * T), sizeof(double)),
                  calloc((size_t)(B * T * 3 * C), sizeof(double))};
-    double *P = malloc(sizeof(double) * (size_t)(T * T)), *dP = malloc(sizeof(double) * (size_t)(T * T));
+    double *P = malloc(sizeof(double) * (size_t)(T * T)),
+           *dP = malloc(sizeof(double) * (size_t)(T * T));
 #define Q(t, d) fg_tensor_get(qkv, (b * T + (t)) * 3 * C + h * hs + (d))
 #define K(t, d) fg_tensor_get(qkv, (b * T + (t)) * 3 * C + C + h * hs + (d))
 #define V(t, d) fg_tensor_get(qkv, (b * T + (t)) * 3 * C + 2 * C + h * hs + (d))
@@ -301,7 +304,8 @@ static att_ref ref_attention(const fg_tensor *qkv, const fg_tensor *dy, int H) {
                     dP[t * T + j] = s;
                     dot += s * P[t * T + j];
                 }
-                for (int64_t j = 0; j < T; j++) dP[t * T + j] = P[t * T + j] * (dP[t * T + j] - dot);
+                for (int64_t j = 0; j < T; j++)
+                    dP[t * T + j] = P[t * T + j] * (dP[t * T + j] - dot);
             }
             for (int64_t t = 0; t < T; t++)
                 for (int64_t d = 0; d < hs; d++) {
@@ -350,7 +354,7 @@ static void check_attention(fg_dtype dt, int64_t B, int64_t T, int64_t C, int H,
 
 TEST(attention_matches_unfused_reference) {
     static const int64_t cases[][4] = {/* B, T, C, H */
-                                       {1, 1, 4, 1},  {2, 1, 6, 3},  {1, 5, 8, 2}, {2, 7, 12, 3},
+                                       {1, 1, 4, 1},   {2, 1, 6, 3},  {1, 5, 8, 2},  {2, 7, 12, 3},
                                        {3, 33, 16, 4}, {1, 70, 8, 1}, {2, 64, 32, 2}};
     for (int di = 0; di < 2; di++)
         for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)

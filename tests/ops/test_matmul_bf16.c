@@ -17,8 +17,8 @@
 #include "ops/cpu/cpu_impl.h"
 
 typedef struct {
-    fg_tensor *t;  /* bf16 */
-    float *exact;  /* the f32 values before rounding */
+    fg_tensor *t; /* bf16 */
+    float *exact; /* the f32 values before rounding */
     float *rounded;
 } bf_operand;
 
@@ -81,9 +81,8 @@ static void check_bf16(int bd, const int64_t *bdims, int64_t M, int64_t K, int64
                     double got = fg_tensor_get(c, ci), out_ulp = cdt == FG_BF16 ? 0x1p-8 : 0x1p-23;
                     double want_r = alpha * sr + old, want_e = alpha * se + old;
                     /* rounded inputs: f32 accumulation, plus the output's own rounding */
-                    double er = fabs(got - want_r) /
-                                (1e-5 * sqrt((double)K) * fabs(alpha) * mag + out_ulp * fabs(want_r) +
-                                 1e-30);
+                    double er = fabs(got - want_r) / (1e-5 * sqrt((double)K) * fabs(alpha) * mag +
+                                                      out_ulp * fabs(want_r) + 1e-30);
                     /* exact inputs: bf16 rounding of both inputs bounds the error */
                     double ee = fabs(got - want_e) /
                                 (2 * 0x1p-8 * fabs(alpha) * mag + 2 * out_ulp * fabs(want_e) +
@@ -103,8 +102,8 @@ static void check_bf16(int bd, const int64_t *bdims, int64_t M, int64_t K, int64
 }
 
 static void check_all_cases(void) {
-    static const int64_t sizes[][3] = {{1, 1, 1}, {3, 5, 7}, {17, 31, 13}, {64, 96, 48},
-                                       {33, 257, 20}};
+    static const int64_t sizes[][3] = {
+        {1, 1, 1}, {3, 5, 7}, {17, 31, 13}, {64, 96, 48}, {33, 257, 20}};
     uint64_t seed = 1;
     for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
         for (int t = 0; t < 4; t++)
@@ -168,8 +167,8 @@ TEST(matmul_bf16_path_fits_the_machine) {
         int64_t s22[] = {2, 2};
         CHECK_MSG(starts_with(path, "none ("), "path \"%s\"", path);
         CHECK_STATUS(fg__cpu_matmul_bf16(fg_zeros(FG_BF16, 2, s22), false,
-                                         fg_zeros(FG_BF16, 2, s22), false,
-                                         fg_zeros(FG_F32, 2, s22), 1, 0),
+                                         fg_zeros(FG_BF16, 2, s22), false, fg_zeros(FG_F32, 2, s22),
+                                         1, 0),
                      FG_EINVAL);
         CHECK_CONTAINS(fg_last_error(), "FULGUR_MATMUL_BF16=\"");
         fg_step_reset();
@@ -211,8 +210,8 @@ TEST(matmul_bf16_onednn_matches_f32_within_bf16_rounding) {
         /* then a product must fail, saying why, rather than compute garbage */
         int64_t s22[] = {2, 2};
         CHECK_STATUS(fg__cpu_matmul_bf16(fg_zeros(FG_BF16, 2, s22), false,
-                                         fg_zeros(FG_BF16, 2, s22), false,
-                                         fg_zeros(FG_F32, 2, s22), 1, 0),
+                                         fg_zeros(FG_BF16, 2, s22), false, fg_zeros(FG_F32, 2, s22),
+                                         1, 0),
                      FG_EUNSUPPORTED);
         CHECK_CONTAINS(fg_last_error(), "FULGUR_MATMUL_BF16=onednn, but");
         char why[400];
@@ -295,8 +294,8 @@ TEST(matmul_bf16_mode_names) {
 TEST(matmul_bf16_edges_and_errors) {
     int64_t s23[] = {2, 3}, s34[] = {3, 4}, s24[] = {2, 4}, s20[] = {2, 0}, s04[] = {0, 4};
     fg_tensor *c = fg_full(FG_F32, 2, s24, 2.0);
-    CHECK_OK(fg__cpu_matmul_bf16(fg_zeros(FG_BF16, 2, s20), false, fg_zeros(FG_BF16, 2, s04),
-                                 false, c, 1, 0.5)); /* K = 0: c = beta c, on any path */
+    CHECK_OK(fg__cpu_matmul_bf16(fg_zeros(FG_BF16, 2, s20), false, fg_zeros(FG_BF16, 2, s04), false,
+                                 c, 1, 0.5)); /* K = 0: c = beta c, on any path */
     for (int i = 0; i < 8; i++) CHECK(fg_tensor_get(c, i) == 1.0);
     CHECK_STATUS(fg__cpu_matmul_bf16(fg_zeros(FG_F32, 2, s23), false, fg_zeros(FG_BF16, 2, s34),
                                      false, c, 1, 0),

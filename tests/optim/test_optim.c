@@ -18,13 +18,10 @@
 
 static ref_file *ref;
 
-__attribute__((destructor)) static void close_ref(void) {
-    ref_close(ref);
-}
+__attribute__((destructor)) static void close_ref(void) { ref_close(ref); }
 
 static ref_file *get_ref(void) {
-    if (!ref)
-        ref = ref_open(fg_test_path("ref/optim_ref.bin"));
+    if (!ref) ref = ref_open(fg_test_path("ref/optim_ref.bin"));
     return ref;
 }
 
@@ -68,8 +65,7 @@ static double err_vs(fg_module *m, const ref_array *want) {
 }
 
 static fg_optimizer *make(const char *c, fg_module *m) {
-    if (!strcmp(c, "sgd_plain"))
-        return fg_sgd_new(m, &(fg_sgd_opts){.lr = 0.1});
+    if (!strcmp(c, "sgd_plain")) return fg_sgd_new(m, &(fg_sgd_opts){.lr = 0.1});
     if (!strcmp(c, "sgd_momentum"))
         return fg_sgd_new(
             m, &(fg_sgd_opts){.lr = 0.05, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01});
@@ -101,8 +97,7 @@ static void trajectory(fg_dtype dt, double rtol) {
         }
         double worst = 0;
         for (int k = 0; k < 6; k++) {
-            if (!strcmp(cases[c], "adamw_lr") && k == 3)
-                CHECK_OK(fg_optimizer_set_lr(o, 0.005));
+            if (!strcmp(cases[c], "adamw_lr") && k == 3) CHECK_OK(fg_optimizer_set_lr(o, 0.005));
             set_grad(m, k);
             CHECK_OK(fg_optimizer_step(o));
             char name[64];
@@ -119,12 +114,8 @@ static void trajectory(fg_dtype dt, double rtol) {
     }
 }
 
-TEST(trajectories_f64) {
-    trajectory(FG_F64, 1e-12);
-}
-TEST(trajectories_f32) {
-    trajectory(FG_F32, 1e-5);
-}
+TEST(trajectories_f64) { trajectory(FG_F64, 1e-12); }
+TEST(trajectories_f32) { trajectory(FG_F32, 1e-5); }
 
 TEST(no_decay_on_vectors) {
     /* zero gradients: only decay moves the parameters (AdamW's update is
@@ -141,8 +132,7 @@ TEST(no_decay_on_vectors) {
         memcpy(before, fg_tensor_data(fg_module_flat_params(m)), sizeof before);
         CHECK_OK(fg_optimizer_step(o));
         const double *after = fg_tensor_data(fg_module_flat_params(m));
-        for (int i = 0; i < 12; i++)
-            CHECK_CLOSE(after[i], before[i] * 0.95, 1e-15, 0);
+        for (int i = 0; i < 12; i++) CHECK_CLOSE(after[i], before[i] * 0.95, 1e-15, 0);
         for (int i = 12; i < NEL; i++)
             CHECK_CLOSE(after[i], all ? before[i] * 0.95 : before[i], 1e-15, 0);
         fg_optimizer_free(o);
@@ -309,8 +299,7 @@ TEST(schedules) {
     CHECK_CLOSE(fg_lr_at(&s, 350), 6e-5 + 5.4e-4 * (1 + cos(M_PI / 4)) / 2, 1e-14, 0);
     CHECK_CLOSE(fg_lr_at(&s, 1100), 6e-5, 1e-15, 0); /* end */
     CHECK_CLOSE(fg_lr_at(&s, 5000), 6e-5, 1e-15, 0); /* after */
-    for (int64_t t = 100; t < 1100; t++)
-        CHECK(fg_lr_at(&s, t + 1) <= fg_lr_at(&s, t));
+    for (int64_t t = 100; t < 1100; t++) CHECK(fg_lr_at(&s, t + 1) <= fg_lr_at(&s, t));
     fg_lr_schedule c = {.lr = 0.1, .warmup_steps = 9};
     CHECK_CLOSE(fg_lr_at(&c, 4), 0.05, 1e-15, 0);
     CHECK(fg_lr_at(&c, 9) == 0.1 && fg_lr_at(&c, 100000) == 0.1);
@@ -388,10 +377,8 @@ static void make_batch(uint64_t seed, int64_t n, float *x, int32_t *y) {
         double bv = -1e30;
         for (int c = 0; c < 4; c++) {
             double v = 0;
-            for (int k = 0; k < 8; k++)
-                v += wstar[c][k] * x[i * 8 + k];
-            if (v > bv)
-                bv = v, best = c;
+            for (int k = 0; k < 8; k++) v += wstar[c][k] * x[i * 8 + k];
+            if (v > bv) bv = v, best = c;
         }
         y[i] = best;
     }
@@ -410,8 +397,7 @@ static void train(const char *which, double *first, double *last, double *acc) {
         fg_tensor *ty = fg_from_data(FG_I32, 1, (int64_t[]){64}, y);
         fg_tensor *loss = fg_cross_entropy(fg_module_forward(m, tx), ty, -100);
         CHECK_OK(fg_backward(loss));
-        if (step == 0)
-            *first = fg_item(loss);
+        if (step == 0) *first = fg_item(loss);
         CHECK_OK(fg_clip_grad_norm(m, 5.0, NULL));
         CHECK_OK(fg_optimizer_step(o));
         fg_optimizer_zero_grad(o);
@@ -430,8 +416,7 @@ static void train(const char *which, double *first, double *last, double *acc) {
     for (int i = 0; i < 512; i++) {
         int best = 0;
         for (int c = 1; c < 4; c++)
-            if (fg_tensor_get(logits, i * 4 + c) > fg_tensor_get(logits, i * 4 + best))
-                best = c;
+            if (fg_tensor_get(logits, i * 4 + c) > fg_tensor_get(logits, i * 4 + best)) best = c;
         right += best == hy[i];
     }
     *acc = right / 512.0;

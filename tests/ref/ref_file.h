@@ -32,10 +32,8 @@ typedef struct ref_file {
 } ref_file;
 
 static inline void ref_close(ref_file *r) {
-    if (!r)
-        return;
-    for (int i = 0; i < r->n; i++)
-        free((void *)r->a[i].data);
+    if (!r) return;
+    for (int i = 0; i < r->n; i++) free((void *)r->a[i].data);
     free(r->buf);
     free(r);
 }
@@ -51,28 +49,23 @@ static inline ref_file *ref_open(const char *path) {
     fseek(f, 0, SEEK_SET);
     ref_file *r = calloc(1, sizeof *r);
     r->buf = malloc((size_t)size + 1);
-    if (fread(r->buf, 1, (size_t)size, f) != (size_t)size)
-        size = -1;
+    if (fread(r->buf, 1, (size_t)size, f) != (size_t)size) size = -1;
     fclose(f);
-    if (size < 0)
-        goto bad;
+    if (size < 0) goto bad;
     r->buf[size] = 0;
     char *p = r->buf, *end = r->buf + size;
     char *nl = memchr(p, '\n', (size_t)(end - p));
-    if (!nl || strncmp(p, "fulgur-ref 1\n", 13))
-        goto bad;
+    if (!nl || strncmp(p, "fulgur-ref 1\n", 13)) goto bad;
     p = nl + 1;
     for (;;) {
         nl = memchr(p, '\n', (size_t)(end - p));
-        if (!nl)
-            goto bad;
+        if (!nl) goto bad;
         *nl = 0;
         if (!strcmp(p, "end")) {
             p = nl + 1;
             break;
         }
-        if (r->n == REF_MAX)
-            goto bad;
+        if (r->n == REF_MAX) goto bad;
         ref_array *a = &r->a[r->n++];
         char dt[8];
         int used = 0;
@@ -85,8 +78,7 @@ static inline ref_file *ref_open(const char *path) {
         for (int d = 0; d < a->ndim; d++) {
             long long v;
             int k;
-            if (sscanf(q, "%lld%n", &v, &k) != 1 || v < 0)
-                goto bad;
+            if (sscanf(q, "%lld%n", &v, &k) != 1 || v < 0) goto bad;
             a->shape[d] = v;
             a->numel *= v;
             q += k;
@@ -95,15 +87,13 @@ static inline ref_file *ref_open(const char *path) {
     }
     for (int i = 0; i < r->n; i++) {
         size_t bytes = (size_t)r->a[i].numel * fg_dtype_size(r->a[i].dtype);
-        if ((size_t)(end - p) < bytes)
-            goto bad;
+        if ((size_t)(end - p) < bytes) goto bad;
         void *copy = malloc(bytes ? bytes : 1); /* aligned for its dtype */
         memcpy(copy, p, bytes);
         r->a[i].data = copy;
         p += bytes;
     }
-    if (p != end)
-        goto bad;
+    if (p != end) goto bad;
     return r;
 bad:
     fprintf(stderr, "  ref_open: %s is malformed\n", path);
@@ -114,8 +104,7 @@ bad:
 /* The array `name`, or NULL (with a message on stderr). */
 static inline const ref_array *ref_get(const ref_file *r, const char *name) {
     for (int i = 0; r && i < r->n; i++)
-        if (!strcmp(r->a[i].name, name))
-            return &r->a[i];
+        if (!strcmp(r->a[i].name, name)) return &r->a[i];
     fprintf(stderr, "  ref_get: no array \"%s\"\n", name);
     return NULL;
 }
@@ -123,12 +112,9 @@ static inline const ref_array *ref_get(const ref_file *r, const char *name) {
 /* Element i of an array as double. */
 static inline double ref_at(const ref_array *a, int64_t i) {
     switch (a->dtype) {
-    case FG_F32:
-        return ((const float *)a->data)[i];
-    case FG_F64:
-        return ((const double *)a->data)[i];
-    default:
-        return ((const int32_t *)a->data)[i];
+    case FG_F32: return ((const float *)a->data)[i];
+    case FG_F64: return ((const double *)a->data)[i];
+    default: return ((const int32_t *)a->data)[i];
     }
 }
 

@@ -18,8 +18,7 @@ TEST(constructors_refuse_dtype_zero) {
     fg_clear_error();
     CHECK(fg_zeros(FG_DTYPE_DEFAULT, 2, shape) == NULL && fg_last_status() == FG_EINVAL);
     fg_clear_error();
-    CHECK(fg_from_data(FG_DTYPE_DEFAULT, 2, shape, data) == NULL &&
-          fg_last_status() == FG_EINVAL);
+    CHECK(fg_from_data(FG_DTYPE_DEFAULT, 2, shape, data) == NULL && fg_last_status() == FG_EINVAL);
     fg_clear_error();
     CHECK(fg_scalar(FG_DTYPE_DEFAULT, 1.0) == NULL && fg_last_status() == FG_EINVAL);
     fg_clear_error();

@@ -35,8 +35,7 @@ int ckpt_resolve(const char *arg, const char *ckpt_dir, char *out, size_t cap) {
     if (lstat(path, &lst) != 0) {
         if (ckpt_dir && !strcmp(arg, "last"))
             cli_error("--resume last: no checkpoint yet in %s (no %s)", ckpt_dir, path);
-        else
-            cli_error("checkpoint \"%s\": no such file", path);
+        else cli_error("checkpoint \"%s\": no such file", path);
         return -1;
     }
     if (S_ISLNK(lst.st_mode)) {

@@ -67,8 +67,7 @@ static void unknown_flag(const cli_flag *flags, int nflags, const char *name, co
     if (best && bd <= 3 && bd < (int)strlen(name))
         cli_error("unknown flag \"--%s\"; did you mean --%s? (%.*s --help lists them)", name, best,
                   cmdlen, usage);
-    else
-        cli_error("unknown flag \"--%s\" (%.*s --help lists them)", name, cmdlen, usage);
+    else cli_error("unknown flag \"--%s\" (%.*s --help lists them)", name, cmdlen, usage);
 }
 
 cli_flag *cli_flags_find(cli_flag *flags, int nflags, const char *name) {
@@ -137,8 +136,7 @@ static bool set_value(cli_flag *f, const char *v, bool from_default) {
             return false;
         }
         return true;
-    default:
-        return true;
+    default: return true;
     }
 }
 
@@ -156,8 +154,8 @@ void cli_flags_help(FILE *out, const cli_flag *flags, int nflags, const char *us
         if (f->choices && n < sizeof text) {
             n += (size_t)snprintf(text + n, sizeof text - n, " (");
             for (const char *const *c = f->choices; *c && n < sizeof text; c++)
-                n += (size_t)snprintf(text + n, sizeof text - n, "%s%s", c == f->choices ? "" : ", ",
-                                      *c);
+                n += (size_t)snprintf(text + n, sizeof text - n, "%s%s",
+                                      c == f->choices ? "" : ", ", *c);
             if (n < sizeof text) n += (size_t)snprintf(text + n, sizeof text - n, ")");
         }
         if (f->def && *f->def && n < sizeof text)

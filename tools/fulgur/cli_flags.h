@@ -22,14 +22,14 @@ typedef enum cli_flag_type {
 } cli_flag_type;
 
 typedef struct cli_flag {
-    const char *name;  /* without the leading "--" */
+    const char *name; /* without the leading "--" */
     cli_flag_type type;
     void *dst;
-    const char *def;   /* default as text ("" or NULL = none); written to dst first */
-    const char *help;  /* one line; may mention valid values */
-    int64_t min, max;  /* CLI_INT: inclusive range when min < max */
+    const char *def;            /* default as text ("" or NULL = none); written to dst first */
+    const char *help;           /* one line; may mention valid values */
+    int64_t min, max;           /* CLI_INT: inclusive range when min < max */
     const char *const *choices; /* CLI_STR: NULL-terminated valid values, or NULL */
-    bool seen;         /* set by the parser when given on the command line */
+    bool seen;                  /* set by the parser when given on the command line */
 } cli_flag;
 
 /* Sets every flag to its default, then parses argv[1..argc) (argv[0] is the

@@ -46,7 +46,10 @@ static int open_ckpt(const char *arg, fg_st_file **f, char *path, size_t cap) {
 static int ckpt_show(int argc, char **argv) {
     bool full = false;
     cli_flag flags[] = {
-        {.name = "full", .type = CLI_BOOL, .dst = &full, .help = "print long metadata values whole"},
+        {.name = "full",
+         .type = CLI_BOOL,
+         .dst = &full,
+         .help = "print long metadata values whole"},
     };
     const char *pos[1];
     int npos = 0;
@@ -140,13 +143,15 @@ static double entry_diff(const fg_st_file *a, int64_t ia, const fg_st_file *b, i
 static int ckpt_diff(int argc, char **argv) {
     bool exit_code = false;
     cli_flag flags[] = {
-        {.name = "exit-code", .type = CLI_BOOL, .dst = &exit_code,
+        {.name = "exit-code",
+         .type = CLI_BOOL,
+         .dst = &exit_code,
          .help = "exit 1 when the files differ (tensors, names or shapes), as git diff"},
     };
     const char *pos[2];
     int npos = 0;
-    int rc = cli_flags_parse(flags, 1, argc, argv, "fulgur ckpt diff A B [--exit-code]", pos, 2,
-                             &npos);
+    int rc =
+        cli_flags_parse(flags, 1, argc, argv, "fulgur ckpt diff A B [--exit-code]", pos, 2, &npos);
     if (rc) return rc < 0 ? FG_EXIT_OK : rc;
     if (npos != 2) {
         cli_error("ckpt diff: expected two checkpoint files A and B");

@@ -18,18 +18,34 @@ int cmd_env(int argc, char **argv) {
     const char *accel, *devices, *strategy, *precision;
     int64_t num_nodes;
     cli_flag flags[] = {
-        {.name = "Launch plan for these settings",
-         .type = CLI_SECTION},
-        {.name = "accelerator", .type = CLI_STR, .dst = &accel, .def = "auto",
+        {.name = "Launch plan for these settings", .type = CLI_SECTION},
+        {.name = "accelerator",
+         .type = CLI_STR,
+         .dst = &accel,
+         .def = "auto",
          .help = "auto, cpu, gpu, cuda"},
-        {.name = "devices", .type = CLI_STR, .dst = &devices, .def = "auto",
+        {.name = "devices",
+         .type = CLI_STR,
+         .dst = &devices,
+         .def = "auto",
          .help = "a count (\"2\"), -1 for all, or ids (\"0,2\", \"[1, 3]\")"},
-        {.name = "strategy", .type = CLI_STR, .dst = &strategy, .def = "auto",
+        {.name = "strategy",
+         .type = CLI_STR,
+         .dst = &strategy,
+         .def = "auto",
          .help = "auto, single, dp, ddp, ddp_spawn, ddp_fork"},
-        {.name = "precision", .type = CLI_STR, .dst = &precision, .def = "32-true",
+        {.name = "precision",
+         .type = CLI_STR,
+         .dst = &precision,
+         .def = "32-true",
          .help = "32-true (32), 64-true (64)"},
-        {.name = "num-nodes", .type = CLI_INT, .dst = &num_nodes, .def = "0", .min = 0,
-         .max = 65536, .help = "machines in the job; 0: 1, or the launcher's"},
+        {.name = "num-nodes",
+         .type = CLI_INT,
+         .dst = &num_nodes,
+         .def = "0",
+         .min = 0,
+         .max = 65536,
+         .help = "machines in the job; 0: 1, or the launcher's"},
     };
     int nflags = (int)(sizeof flags / sizeof flags[0]);
     int rc = cli_flags_parse(flags, nflags, argc, argv, k_usage, NULL, 0, NULL);
@@ -81,8 +97,11 @@ int cmd_env(int argc, char **argv) {
         if (info.job_id[0]) printf("    job id %s\n", info.job_id);
     }
 
-    fg_launch_opts o = {.accelerator = accel, .devices = devices, .strategy = strategy,
-                        .precision = precision, .num_nodes = (int)num_nodes};
+    fg_launch_opts o = {.accelerator = accel,
+                        .devices = devices,
+                        .strategy = strategy,
+                        .precision = precision,
+                        .num_nodes = (int)num_nodes};
     fg_launch_plan plan;
     if (have_env || planned) {
         if (fg_launch_plan_make(&o, have_env ? &info : NULL, &plan) == FG_OK) {
@@ -94,17 +113,46 @@ int cmd_env(int argc, char **argv) {
         }
     }
 
-    static const char *const vars[] = {
-        "FULGUR_RANK", "FULGUR_WORLD_SIZE", "FULGUR_LOCAL_RANK", "FULGUR_LOCAL_WORLD_SIZE",
-        "FULGUR_NODE_RANK", "FULGUR_NUM_NODES", "FULGUR_MASTER_ADDR", "FULGUR_MASTER_PORT",
-        "FULGUR_JOB_ID", "FULGUR_BACKEND", "FULGUR_NUM_THREADS", "FULGUR_CPU_DEVICES",
-        "FULGUR_KILL_GRACE_S", "FULGUR_COMM_TIMEOUT_S", "FULGUR_COMM_CHECK",
-        "FULGUR_RESTART_COUNT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-        "NODE_RANK", "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-        "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-        "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID",
-        "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NNODES", "SLURM_JOB_ID",
-        "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", NULL};
+    static const char *const vars[] = {"FULGUR_RANK",
+                                       "FULGUR_WORLD_SIZE",
+                                       "FULGUR_LOCAL_RANK",
+                                       "FULGUR_LOCAL_WORLD_SIZE",
+                                       "FULGUR_NODE_RANK",
+                                       "FULGUR_NUM_NODES",
+                                       "FULGUR_MASTER_ADDR",
+                                       "FULGUR_MASTER_PORT",
+                                       "FULGUR_JOB_ID",
+                                       "FULGUR_BACKEND",
+                                       "FULGUR_NUM_THREADS",
+                                       "FULGUR_CPU_DEVICES",
+                                       "FULGUR_KILL_GRACE_S",
+                                       "FULGUR_COMM_TIMEOUT_S",
+                                       "FULGUR_COMM_CHECK",
+                                       "FULGUR_RESTART_COUNT",
+                                       "RANK",
+                                       "WORLD_SIZE",
+                                       "LOCAL_RANK",
+                                       "LOCAL_WORLD_SIZE",
+                                       "NODE_RANK",
+                                       "GROUP_RANK",
+                                       "GROUP_WORLD_SIZE",
+                                       "MASTER_ADDR",
+                                       "MASTER_PORT",
+                                       "TORCHELASTIC_RUN_ID",
+                                       "OMPI_COMM_WORLD_RANK",
+                                       "OMPI_COMM_WORLD_SIZE",
+                                       "OMPI_COMM_WORLD_LOCAL_RANK",
+                                       "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                       "SLURM_PROCID",
+                                       "SLURM_NTASKS",
+                                       "SLURM_LOCALID",
+                                       "SLURM_NODEID",
+                                       "SLURM_NNODES",
+                                       "SLURM_JOB_ID",
+                                       "OMP_NUM_THREADS",
+                                       "OPENBLAS_NUM_THREADS",
+                                       "OPENBLAS_CORETYPE",
+                                       NULL};
     int shown = 0;
     printf("variables set:%s\n", "");
     for (int i = 0; vars[i]; i++) {

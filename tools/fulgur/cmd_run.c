@@ -35,7 +35,8 @@ static const int k_forward[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 
 static void forward_set(sigset_t *set) {
     sigemptyset(set);
-    for (size_t i = 0; i < sizeof k_forward / sizeof k_forward[0]; i++) sigaddset(set, k_forward[i]);
+    for (size_t i = 0; i < sizeof k_forward / sizeof k_forward[0]; i++)
+        sigaddset(set, k_forward[i]);
 }
 
 static void *signal_thread(void *arg) {
@@ -107,28 +108,59 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
     double grace;
     bool standalone;
     cli_flag flags[] = {
-        {.name = "nproc-per-node", .type = CLI_STR, .dst = &nproc_s, .def = "1",
+        {.name = "nproc-per-node",
+         .type = CLI_STR,
+         .dst = &nproc_s,
+         .def = "1",
          .help = "ranks to start on this machine: a number, or auto (one per CPU device: the "
                  "cores, or FULGUR_CPU_DEVICES)"},
-        {.name = "nnodes", .type = CLI_STR, .dst = &nnodes_s, .def = "1",
+        {.name = "nnodes",
+         .type = CLI_STR,
+         .dst = &nnodes_s,
+         .def = "1",
          .help = "machines in the job; run this command once on each (torchrun's MIN:MAX elastic "
                  "ranges are not built yet)"},
-        {.name = "node-rank", .type = CLI_INT, .dst = &node_rank, .def = "0", .min = 0,
-         .max = 65535, .help = "this machine's index, 0 .. nnodes-1"},
-        {.name = "master-addr", .type = CLI_STR, .dst = &addr, .def = "127.0.0.1",
+        {.name = "node-rank",
+         .type = CLI_INT,
+         .dst = &node_rank,
+         .def = "0",
+         .min = 0,
+         .max = 65535,
+         .help = "this machine's index, 0 .. nnodes-1"},
+        {.name = "master-addr",
+         .type = CLI_STR,
+         .dst = &addr,
+         .def = "127.0.0.1",
          .help = "address of node 0 (MASTER_ADDR)"},
-        {.name = "master-port", .type = CLI_INT, .dst = &port, .def = "0", .min = 0, .max = 65535,
+        {.name = "master-port",
+         .type = CLI_INT,
+         .dst = &port,
+         .def = "0",
+         .min = 0,
+         .max = 65535,
          .help = "port on node 0 (MASTER_PORT); 0: a free port on one node, 29500 with several"},
-        {.name = "job-id", .type = CLI_STR, .dst = &job_id,
+        {.name = "job-id",
+         .type = CLI_STR,
+         .dst = &job_id,
          .help = "FULGUR_JOB_ID of the ranks (names the shared memory) [default: fresh on one "
                  "node; master-addr:master-port with several, so that all nodes agree]"},
-        {.name = "max-restarts", .type = CLI_INT, .dst = &restarts, .def = "0", .min = 0,
-         .max = 1000, .help = "start the ranks of this node again after a failure, up to N times "
-                              "(they see FULGUR_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT)"},
-        {.name = "grace", .type = CLI_DOUBLE, .dst = &grace, .def = "0",
+        {.name = "max-restarts",
+         .type = CLI_INT,
+         .dst = &restarts,
+         .def = "0",
+         .min = 0,
+         .max = 1000,
+         .help = "start the ranks of this node again after a failure, up to N times "
+                 "(they see FULGUR_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT)"},
+        {.name = "grace",
+         .type = CLI_DOUBLE,
+         .dst = &grace,
+         .def = "0",
          .help = "seconds between SIGTERM and SIGKILL when ranks are stopped; 0: "
                  "FULGUR_KILL_GRACE_S, else 3"},
-        {.name = "standalone", .type = CLI_BOOL, .dst = &standalone,
+        {.name = "standalone",
+         .type = CLI_BOOL,
+         .dst = &standalone,
          .help = "one machine on its own (torchrun's flag; the default here)"},
     };
     int nflags = (int)(sizeof flags / sizeof flags[0]);
@@ -279,13 +311,11 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
         if (st.stopped)
             snprintf(others, sizeof others, "stopped the other %d rank%s", st.stopped,
                      st.stopped == 1 ? "" : "s");
-        else
-            snprintf(others, sizeof others, "no other rank was running");
+        else snprintf(others, sizeof others, "no other rank was running");
         if (attempt < restarts)
             fprintf(stderr, "fulgur run: %s; %s; restarting the %lld ranks (restart %d of %lld)\n",
                     how, others, (long long)nproc, attempt + 1, (long long)restarts);
-        else
-            fprintf(stderr, "fulgur run: %s; %s\n", how, others);
+        else fprintf(stderr, "fulgur run: %s; %s\n", how, others);
         if (attempt >= restarts) break;
     }
     return exit_code;

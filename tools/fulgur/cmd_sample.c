@@ -45,15 +45,33 @@ int cmd_sample(int argc, char **argv) {
     int64_t tokens, seed;
     double temperature;
     cli_flag flags[] = {
-        {.name = "ckpt", .type = CLI_STR, .dst = &ckpt,
+        {.name = "ckpt",
+         .type = CLI_STR,
+         .dst = &ckpt,
          .help = "checkpoint file, or a folder (its last.safetensors) (required)"},
-        {.name = "prompt", .type = CLI_STR, .dst = &prompt, .def = "\\n",
+        {.name = "prompt",
+         .type = CLI_STR,
+         .dst = &prompt,
+         .def = "\\n",
          .help = "text to continue (\\n is a newline)"},
-        {.name = "tokens", .type = CLI_INT, .dst = &tokens, .def = "500", .min = 1,
-         .max = 1 << 24, .help = "characters to generate"},
-        {.name = "temperature", .type = CLI_DOUBLE, .dst = &temperature, .def = "0.8",
+        {.name = "tokens",
+         .type = CLI_INT,
+         .dst = &tokens,
+         .def = "500",
+         .min = 1,
+         .max = 1 << 24,
+         .help = "characters to generate"},
+        {.name = "temperature",
+         .type = CLI_DOUBLE,
+         .dst = &temperature,
+         .def = "0.8",
          .help = "softmax temperature (0: always the likeliest)"},
-        {.name = "seed", .type = CLI_INT, .dst = &seed, .def = "1", .min = 0, .max = INT64_MAX,
+        {.name = "seed",
+         .type = CLI_INT,
+         .dst = &seed,
+         .def = "1",
+         .min = 0,
+         .max = INT64_MAX,
          .help = "seed of the draws (the same seed gives the same text)"},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
@@ -99,7 +117,8 @@ int cmd_sample(int argc, char **argv) {
     fit_model_cfg cfg;
     char err[256];
     if (!cfg_json || !fit_model_cfg_parse(cfg_json, &cfg, err, sizeof err)) {
-        cli_error("%s: %s", path, cfg_json ? err : "no \"config\" metadata: not written by fulgur fit");
+        cli_error("%s: %s", path,
+                  cfg_json ? err : "no \"config\" metadata: not written by fulgur fit");
         goto out;
     }
     if (cfg.kind != FIT_GPT) {
@@ -110,7 +129,8 @@ int cmd_sample(int argc, char **argv) {
     long nb = vocab_b64 ? b64_decode(vocab_b64, bytes, sizeof bytes) : -1;
     if (nb <= 0 || nb != cfg.vocab) {
         cli_error("%s: no text vocabulary of %lld characters in the metadata (trained on a token "
-                  "file? sample decodes characters only)", path, (long long)cfg.vocab);
+                  "file? sample decodes characters only)",
+                  path, (long long)cfg.vocab);
         goto out;
     }
     v = fg_text_vocab_new(bytes, (int)nb);

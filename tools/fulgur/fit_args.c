@@ -22,7 +22,8 @@ static const char *const k_progress[] = {"auto", "bar", "lines", "none", NULL};
 static int build_flags(fit_opts *o, cli_flag *t) {
     int n = 0;
 #define SEC(title) t[n++] = (cli_flag){.name = title, .type = CLI_SECTION}
-#define F(...) t[n++] = (cli_flag){__VA_ARGS__}
+#define F(...)                                                                                     \
+    t[n++] = (cli_flag) { __VA_ARGS__ }
     SEC("model and data");
     F(.name = "model", .type = CLI_STR, .dst = &o->model, .def = "gpt", .choices = k_models,
       .help = "built-in model");
@@ -62,8 +63,9 @@ static int build_flags(fit_opts *o, cli_flag *t) {
     F(.name = "precision", .type = CLI_STR, .dst = &o->precision, .def = "32-true",
       .help = "32-true (32), 64-true (64); 16-mixed, bf16-mixed, 16-true, bf16-true not built yet");
     F(.name = "num-nodes", .type = CLI_INT, .dst = &o->num_nodes, .def = "0", .min = 0,
-      .max = 65536, .help = "machines (launch each with mpirun, srun or fulgur run); 0: 1, or "
-                            "the launcher's");
+      .max = 65536,
+      .help = "machines (launch each with mpirun, srun or fulgur run); 0: 1, or "
+              "the launcher's");
     SEC("loop");
     F(.name = "max-epochs", .type = CLI_INT, .dst = &o->max_epochs, .def = "-1", .min = -1,
       .max = INT64_MAX / 2, .help = "stop after this many epochs (-1: no limit)");
@@ -88,13 +90,14 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .help = "AdamW's decoupled weight decay (matrices only) / SGD's L2");
     F(.name = "momentum", .type = CLI_DOUBLE, .dst = &o->momentum, .def = "0.9",
       .help = "SGD momentum");
-    F(.name = "seed", .type = CLI_INT, .dst = &o->seed, .def = "1337", .min = 0,
-      .max = INT64_MAX, .help = "seed of the weights, the data order and dropout");
+    F(.name = "seed", .type = CLI_INT, .dst = &o->seed, .def = "1337", .min = 0, .max = INT64_MAX,
+      .help = "seed of the weights, the data order and dropout");
     F(.name = "num-workers", .type = CLI_INT, .dst = &o->num_workers, .def = "1", .min = 0,
       .max = 64, .help = "data loader threads per rank");
     SEC("validation");
     F(.name = "val-check-interval", .type = CLI_INT, .dst = &o->val_check_interval, .def = "250",
-      .min = 0, .max = INT64_MAX / 2, .help = "validate every N steps and at the end (0: end only)");
+      .min = 0, .max = INT64_MAX / 2,
+      .help = "validate every N steps and at the end (0: end only)");
     F(.name = "limit-val-batches", .type = CLI_INT, .dst = &o->limit_val_batches, .def = "20",
       .min = 0, .max = INT64_MAX / 2, .help = "batches per rank per validation (0: all)");
     SEC("checkpoints and output");
@@ -163,8 +166,7 @@ int fit_args_parse(fit_opts *o, int argc, char **argv) {
             cli_error("--val-data needs --val-labels with --model mlp");
             return FG_EXIT_USAGE;
         }
-        if (o->val_labels && !file_exists("val-labels", o->val_labels, false))
-            return FG_EXIT_USAGE;
+        if (o->val_labels && !file_exists("val-labels", o->val_labels, false)) return FG_EXIT_USAGE;
     } else {
         const char *bad = o->labels ? "labels" : o->val_labels ? "val-labels" : NULL;
         if (bad) {
@@ -191,10 +193,13 @@ int fit_args_parse(fit_opts *o, int argc, char **argv) {
     }
     if (o->clip < 0 || o->weight_decay < 0 || o->momentum < 0 || o->momentum >= 1 ||
         o->min_lr_ratio < 0 || o->min_lr_ratio > 1) {
-        const char *f = o->clip < 0 ? "gradient-clip-val" : o->weight_decay < 0 ? "weight-decay"
-                        : (o->momentum < 0 || o->momentum >= 1) ? "momentum" : "min-lr-ratio";
+        const char *f = o->clip < 0                             ? "gradient-clip-val"
+                        : o->weight_decay < 0                   ? "weight-decay"
+                        : (o->momentum < 0 || o->momentum >= 1) ? "momentum"
+                                                                : "min-lr-ratio";
         cli_error("--%s: out of range (clip and weight decay >= 0, momentum in [0, 1), "
-                  "min-lr-ratio in [0, 1])", f);
+                  "min-lr-ratio in [0, 1])",
+                  f);
         return FG_EXIT_USAGE;
     }
     if (o->max_steps < 0 && o->max_epochs < 0) {

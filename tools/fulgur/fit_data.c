@@ -25,8 +25,10 @@ static fg_status max_class(fg_dataset *ds, int64_t *classes) {
         }
         if (y < 0) {
             fg_free(x);
-            return fg_error(FG_EFORMAT, "label %d of sample %lld is negative: mlp labels are "
-                            "class ids 0..C-1", (int)y, (long long)i);
+            return fg_error(FG_EFORMAT,
+                            "label %d of sample %lld is negative: mlp labels are "
+                            "class ids 0..C-1",
+                            (int)y, (long long)i);
         }
         if (y + 1 > *classes) *classes = y + 1;
     }

@@ -45,7 +45,8 @@ typedef struct fit_ctx {
 } fit_ctx;
 
 static int rank_error(const fit_ctx *c, const char *what) {
-    if (c->world > 1) cli_error("rank %d: %s: %s", fg_fabric_global_rank(c->f), what, fg_last_error());
+    if (c->world > 1)
+        cli_error("rank %d: %s: %s", fg_fabric_global_rank(c->f), what, fg_last_error());
     else cli_error("%s: %s", what, fg_last_error());
     return FG_EXIT_FAIL;
 }
@@ -153,9 +154,10 @@ static fg_status resume(fit_ctx *c) {
     fg_train_state st = {.model = c->model, .optimizer = c->opt};
     TRY(fg_fabric_load(c->f, c->o->resume_path, &st));
     if (st.seed != (uint64_t)c->o->seed && c->rank0)
-        fit_progress_note(c->prog, "note: the checkpoint was trained with --seed %llu, this run "
-                          "uses %lld: the data order changes", (unsigned long long)st.seed,
-                          (long long)c->o->seed);
+        fit_progress_note(c->prog,
+                          "note: the checkpoint was trained with --seed %llu, this run "
+                          "uses %lld: the data order changes",
+                          (unsigned long long)st.seed, (long long)c->o->seed);
     c->step = st.step;
     c->last_saved = st.step;
     TRY(fg_dataloader_set_position(c->train, st.epoch, st.batch_in_epoch));
@@ -205,10 +207,10 @@ static fg_status train_step(fit_ctx *c, double *loss_out, double *items, bool *d
     /* dropout masks as a function of (seed, rank, step) only, so that a
      * resumed run draws the masks the uninterrupted one would have */
     if (c->cfg.dropout > 0)
-        fg_module_seed_dropout(c->model,
-                               fg_rng_derive(fg_rng_derive((uint64_t)o->seed,
-                                                           (uint64_t)fg_fabric_global_rank(c->f) + 1),
-                                             (uint64_t)c->step));
+        fg_module_seed_dropout(
+            c->model, fg_rng_derive(fg_rng_derive((uint64_t)o->seed,
+                                                  (uint64_t)fg_fabric_global_rank(c->f) + 1),
+                                    (uint64_t)c->step));
     fg_optimizer_zero_grad(c->opt);
     for (; micro < o->accumulate; micro++) {
         fg_status s;
@@ -296,8 +298,8 @@ static void free_ctx(fit_ctx *c) {
 }
 
 int fit_run(fg_fabric *f, void *arg) {
-    fit_ctx c = {.f = f, .o = arg, .rank0 = fg_fabric_is_global_zero(f),
-                 .world = fg_fabric_world_size(f)};
+    fit_ctx c = {
+        .f = f, .o = arg, .rank0 = fg_fabric_is_global_zero(f), .world = fg_fabric_world_size(f)};
     const fit_opts *o = c.o;
     int rc = FG_EXIT_FAIL;
     double t_start = fg_time();
@@ -332,19 +334,20 @@ int fit_run(fg_fabric *f, void *arg) {
                                                              .seed = (uint64_t)o->seed,
                                                              .drop_last = true,
                                                              .num_workers = (int)o->num_workers});
-    c.val = c.train ? fg_dataloader_new(c.d.val, &(fg_loader_opts){.batch = o->batch_size,
-                                                                    .num_workers =
-                                                                        (int)o->num_workers})
-                    : NULL;
+    c.val = c.train
+                ? fg_dataloader_new(c.d.val, &(fg_loader_opts){.batch = o->batch_size,
+                                                               .num_workers = (int)o->num_workers})
+                : NULL;
     if (!c.train || !c.val || !fg_fabric_setup_dataloader(f, c.train, true) ||
         !fg_fabric_setup_dataloader(f, c.val, true)) {
         rc = rank_error(&c, "data loader");
         goto out;
     }
     if (fg_dataloader_len(c.train) == 0) {
-        fg_error(FG_EINVAL, "--data=%s: %lld training samples make no batch of --batch-size %lld "
-                 "per rank on %d ranks", o->data, (long long)fg_dataset_len(c.d.train),
-                 (long long)o->batch_size, c.world);
+        fg_error(FG_EINVAL,
+                 "--data=%s: %lld training samples make no batch of --batch-size %lld "
+                 "per rank on %d ranks",
+                 o->data, (long long)fg_dataset_len(c.d.train), (long long)o->batch_size, c.world);
         rc = rank_error(&c, "data");
         goto out;
     }

@@ -28,9 +28,9 @@ fg_module *fit_model_new(const fit_model_cfg *c) {
 
 fg_optimizer *fit_optimizer_new(const fit_opts *o, fg_module *m) {
     if (!strcmp(o->optimizer, "sgd"))
-        return fg_sgd_new(m, &(fg_sgd_opts){.lr = o->lr,
-                                            .momentum = o->momentum,
-                                            .weight_decay = o->weight_decay});
+        return fg_sgd_new(
+            m,
+            &(fg_sgd_opts){.lr = o->lr, .momentum = o->momentum, .weight_decay = o->weight_decay});
     /* beta2 0.99 as nanoGPT's small character models; decay on matrices only */
     return fg_adamw_new(m, &(fg_adamw_opts){.lr = o->lr,
                                             .beta2 = 0.99,

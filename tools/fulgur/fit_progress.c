@@ -13,9 +13,9 @@
 struct fit_progress {
     const fit_opts *o;
     FILE *csv;
-    bool bar;        /* redraw a bar on stderr */
-    bool lines;      /* plain lines on stdout */
-    bool bar_drawn;  /* the bar occupies the current stderr line */
+    bool bar;       /* redraw a bar on stderr */
+    bool lines;     /* plain lines on stdout */
+    bool bar_drawn; /* the bar occupies the current stderr line */
     int64_t total, start;
     const char *unit;
     double t0, t_last_draw;

@@ -40,7 +40,7 @@ fg_status fg__cpu_relu_fwd(const fg_tensor *x, fg_tensor *y) {
         const T *px = x->data;
         T *py = y->data;
         /* x < 0 ? 0 : x lets NaN through, as PyTorch's relu does */
-FG_PRAGMA(omp parallel for simd if (parallel: n > FG_PAR_MIN) schedule(static))
+        FG_PRAGMA(omp parallel for simd if (parallel: n > FG_PAR_MIN) schedule(static))
         for (int64_t i = 0; i < n; i++) py[i] = px[i] < 0 ? (T)0 : px[i];
     });
     return FG_OK;
@@ -52,7 +52,7 @@ fg_status fg__cpu_relu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *d
     FG_FLOAT_DISPATCH("relu_bwd", x->dtype, {
         const T *px = x->data, *pg = dy->data;
         T *pd = dx->data;
-FG_PRAGMA(omp parallel for simd if (parallel: n > FG_PAR_MIN) schedule(static))
+        FG_PRAGMA(omp parallel for simd if (parallel: n > FG_PAR_MIN) schedule(static))
         for (int64_t i = 0; i < n; i++) pd[i] += px[i] > 0 ? pg[i] : (T)0;
     });
     return FG_OK;
@@ -65,7 +65,7 @@ fg_status fg__cpu_gelu_fwd(const fg_tensor *x, fg_tensor *y) {
         const T *px = x->data;
         T *py = y->data;
         const T k0 = (T)GELU_K0, k1 = (T)GELU_K1;
-FG_PRAGMA(omp parallel for simd if (parallel: n > FG_PAR_MIN) schedule(static))
+        FG_PRAGMA(omp parallel for simd if (parallel: n > FG_PAR_MIN) schedule(static))
         for (int64_t i = 0; i < n; i++) {
             T v = px[i], c = v < -30 ? (T)-30 : v > 30 ? (T)30 : v;
             T u = k0 * (c + k1 * c * c * c);
@@ -82,7 +82,7 @@ fg_status fg__cpu_gelu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *d
         const T *px = x->data, *pg = dy->data;
         T *pd = dx->data;
         const T k0 = (T)GELU_K0, k1 = (T)GELU_K1, k13 = (T)(3 * GELU_K1);
-FG_PRAGMA(omp parallel for simd if (parallel: n > FG_PAR_MIN) schedule(static))
+        FG_PRAGMA(omp parallel for simd if (parallel: n > FG_PAR_MIN) schedule(static))
         for (int64_t i = 0; i < n; i++) {
             T v = px[i], c = v < -30 ? (T)-30 : v > 30 ? (T)30 : v, c2 = c * c;
             T u = k0 * (c + k1 * c2 * c);

@@ -94,21 +94,23 @@ static float row_softmax_f32(float *s, int lds, int n) {
     float m = _mm512_reduce_max_ps(vm);
     __m512 vs = _mm512_setzero_ps(), bm = _mm512_set1_ps(m);
     for (int j = 0; j < lds; j += 16) {
-        __m512 e = _mm512_maskz_mov_ps(live(j, n), exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), bm)));
+        __m512 e =
+            _mm512_maskz_mov_ps(live(j, n), exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), bm)));
         _mm512_storeu_ps(s + j, e);
         vs = _mm512_add_ps(vs, e);
     }
     float sum = _mm512_reduce_add_ps(vs);
     __m512 inv = _mm512_set1_ps(1.0f / sum);
-    for (int j = 0; j < n; j += 16) _mm512_storeu_ps(s + j, _mm512_mul_ps(_mm512_loadu_ps(s + j), inv));
+    for (int j = 0; j < n; j += 16)
+        _mm512_storeu_ps(s + j, _mm512_mul_ps(_mm512_loadu_ps(s + j), inv));
     return m + logf(sum);
 }
 
 static void row_exp_f32(float *s, int lds, int n, float l) {
     __m512 bl = _mm512_set1_ps(l);
     for (int j = 0; j < lds; j += 16)
-        _mm512_storeu_ps(s + j, _mm512_maskz_mov_ps(live(j, n), exp512(_mm512_sub_ps(
-                                                                    _mm512_loadu_ps(s + j), bl))));
+        _mm512_storeu_ps(s + j, _mm512_maskz_mov_ps(
+                                    live(j, n), exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), bl))));
 }
 #else
 static float row_softmax_f32(float *s, int lds, int n) {
@@ -127,8 +129,8 @@ static void row_exp_f32(float *s, int lds, int n, float l) {
 }
 #endif
 
-#define ROW_SOFTMAX(T) _Generic((T)0, float: row_softmax_f32, double: row_softmax_f64)
-#define ROW_EXP(T) _Generic((T)0, float: row_exp_f32, double: row_exp_f64)
+#define ROW_SOFTMAX(T) _Generic((T)0, float : row_softmax_f32, double : row_softmax_f64)
+#define ROW_EXP(T) _Generic((T)0, float : row_exp_f32, double : row_exp_f64)
 
 static fg_status check_qkv(const char *kernel, const fg_tensor *qkv, int heads, int64_t *B,
                            int64_t *nt, int64_t *C) {
@@ -149,8 +151,8 @@ static fg_status check_qkv(const char *kernel, const fg_tensor *qkv, int heads, 
     return FG_OK;
 }
 
-static fg_status check_like(const char *kernel, const char *what, const fg_tensor *t,
-                            fg_dtype dt, int ndim, const int64_t *shape) {
+static fg_status check_like(const char *kernel, const char *what, const fg_tensor *t, fg_dtype dt,
+                            int ndim, const int64_t *shape) {
     char s[96];
     bool ok = t->dtype == dt && t->ndim == ndim;
     for (int d = 0; ok && d < ndim; d++) ok = t->shape[d] == shape[d];
@@ -158,7 +160,8 @@ static fg_status check_like(const char *kernel, const char *what, const fg_tenso
         char w[96];
         int k = snprintf(w, sizeof w, "%s[", fg_dtype_name(dt));
         for (int d = 0; d < ndim; d++)
-            k += snprintf(w + k, sizeof w - (size_t)k, "%s%lld", d ? ", " : "", (long long)shape[d]);
+            k +=
+                snprintf(w + k, sizeof w - (size_t)k, "%s%lld", d ? ", " : "", (long long)shape[d]);
         snprintf(w + k, sizeof w - (size_t)k, "]");
         return fg_error(FG_EINVAL, "%s: %s is %s, expected %s", kernel, what,
                         fg_tensor_describe(t, s, sizeof s), w);
@@ -186,10 +189,10 @@ fg_status fg__cpu_attention_fwd(const fg_tensor *qkv, int heads, fg_tensor *y, f
         const T *pqkv = qkv->data;
         T *py = y->data, *plse = lse->data;
         size_t scratch = sizeof(T) * (size_t)FG_MIN(ATT_BR, nt) * (size_t)pad_up(nt);
-FG_PRAGMA(omp parallel if (par))
+        FG_PRAGMA(omp parallel if (par))
         {
             T *S = fg_calloc(1, scratch); /* (br, lds) scores, then probabilities */
-FG_PRAGMA(omp for schedule(static))
+            FG_PRAGMA(omp for schedule(static))
             for (int64_t bh = 0; bh < nbh; bh++) {
                 if (!S) {
                     failed = 1;
@@ -202,13 +205,15 @@ FG_PRAGMA(omp for schedule(static))
                     int br = (int)FG_MIN(ATT_BR, nt - r0), kend = (int)(r0 + br);
                     int lds = (int)pad_up(kend);
                     /* S (br, kend) = scale * q[r0:r0+br] @ k[0:kend]^T */
-                    FG_GEMM(T)(CblasRowMajor, CblasNoTrans, CblasTrans, br, kend, ihs, (T)scale,
-                               q + r0 * ld, ld, k, ld, (T)0, S, lds);
+                    FG_GEMM(T)
+                    (CblasRowMajor, CblasNoTrans, CblasTrans, br, kend, ihs, (T)scale, q + r0 * ld,
+                     ld, k, ld, (T)0, S, lds);
                     for (int i = 0; i < br; i++) /* row t = r0 + i sees keys 0..t */
                         lb[r0 + i] = ROW_SOFTMAX(T)(S + (int64_t)i * lds, lds, (int)r0 + i + 1);
                     /* y[r0:r0+br] (br, hs) = P (br, kend) @ v[0:kend] (kend, hs) */
-                    FG_GEMM(T)(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, ihs, kend, (T)1, S,
-                               lds, v, ld, (T)0, yb + r0 * ldy, ldy);
+                    FG_GEMM(T)
+                    (CblasRowMajor, CblasNoTrans, CblasNoTrans, br, ihs, kend, (T)1, S, lds, v, ld,
+                     (T)0, yb + r0 * ldy, ldy);
                 }
             }
             fg_free(S);
@@ -238,12 +243,12 @@ fg_status fg__cpu_attention_bwd(const fg_tensor *qkv, int heads, const fg_tensor
         T *pdqkv = dqkv->data;
         int64_t rows = FG_MIN(ATT_BR, nt), cols = pad_up(nt);
         size_t scratch = sizeof(T) * (size_t)(2 * rows * cols + rows);
-FG_PRAGMA(omp parallel if (par))
+        FG_PRAGMA(omp parallel if (par))
         {
-            T *P = fg_calloc(1, scratch); /* (br, lds) probabilities */
+            T *P = fg_calloc(1, scratch);       /* (br, lds) probabilities */
             T *dS = P ? P + rows * cols : NULL; /* (br, lds) dP, then dS */
             T *D = P ? dS + rows * cols : NULL; /* (br) rowsum(dy * y) */
-FG_PRAGMA(omp for schedule(static))
+            FG_PRAGMA(omp for schedule(static))
             for (int64_t bh = 0; bh < nbh; bh++) {
                 if (!P) {
                     failed = 1;
@@ -257,36 +262,41 @@ FG_PRAGMA(omp for schedule(static))
                 for (int64_t r0 = 0; r0 < nt; r0 += ATT_BR) {
                     int br = (int)FG_MIN(ATT_BR, nt - r0), kend = (int)(r0 + br);
                     int lds = (int)pad_up(kend);
-                    FG_GEMM(T)(CblasRowMajor, CblasNoTrans, CblasTrans, br, kend, ihs, (T)scale,
-                               q + r0 * ld, ld, k, ld, (T)0, P, lds);
+                    FG_GEMM(T)
+                    (CblasRowMajor, CblasNoTrans, CblasTrans, br, kend, ihs, (T)scale, q + r0 * ld,
+                     ld, k, ld, (T)0, P, lds);
                     for (int i = 0; i < br; i++) {
                         ROW_EXP(T)(P + (int64_t)i * lds, lds, (int)r0 + i + 1, lb[r0 + i]);
                         const T *yr = yb + (r0 + i) * ldy, *gr = gb + (r0 + i) * ldy;
                         T d = 0;
-FG_PRAGMA(omp simd reduction(+ : d))
+                        FG_PRAGMA(omp simd reduction(+ : d))
                         for (int c = 0; c < ihs; c++) d += yr[c] * gr[c];
                         D[i] = d;
                     }
                     /* dv[0:kend] += P^T (kend, br) @ dy[r0:r0+br] (br, hs) */
-                    FG_GEMM(T)(CblasRowMajor, CblasTrans, CblasNoTrans, kend, ihs, br, (T)1, P,
-                               lds, gb + r0 * ldy, ldy, (T)1, dv, ld);
+                    FG_GEMM(T)
+                    (CblasRowMajor, CblasTrans, CblasNoTrans, kend, ihs, br, (T)1, P, lds,
+                     gb + r0 * ldy, ldy, (T)1, dv, ld);
                     /* dP (br, kend) = dy[r0:r0+br] @ v[0:kend]^T */
-                    FG_GEMM(T)(CblasRowMajor, CblasNoTrans, CblasTrans, br, kend, ihs, (T)1,
-                               gb + r0 * ldy, ldy, v, ld, (T)0, dS, lds);
+                    FG_GEMM(T)
+                    (CblasRowMajor, CblasNoTrans, CblasTrans, br, kend, ihs, (T)1, gb + r0 * ldy,
+                     ldy, v, ld, (T)0, dS, lds);
                     /* dS = P * (dP - D) * scale; masked entries stay 0 through P */
                     for (int i = 0; i < br; i++) {
                         T *ds = dS + (int64_t)i * lds;
                         const T *p = P + (int64_t)i * lds;
                         T di = D[i], sc = (T)scale;
-FG_PRAGMA(omp simd)
+                        FG_PRAGMA(omp simd)
                         for (int j = 0; j < lds; j++) ds[j] = p[j] * (ds[j] - di) * sc;
                     }
                     /* dq[r0:r0+br] += dS (br, kend) @ k[0:kend] (kend, hs) */
-                    FG_GEMM(T)(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, ihs, kend, (T)1, dS,
-                               lds, k, ld, (T)1, dq + r0 * ld, ld);
+                    FG_GEMM(T)
+                    (CblasRowMajor, CblasNoTrans, CblasNoTrans, br, ihs, kend, (T)1, dS, lds, k, ld,
+                     (T)1, dq + r0 * ld, ld);
                     /* dk[0:kend] += dS^T (kend, br) @ q[r0:r0+br] (br, hs) */
-                    FG_GEMM(T)(CblasRowMajor, CblasTrans, CblasNoTrans, kend, ihs, br, (T)1, dS,
-                               lds, q + r0 * ld, ld, (T)1, dk, ld);
+                    FG_GEMM(T)
+                    (CblasRowMajor, CblasTrans, CblasNoTrans, kend, ihs, br, (T)1, dS, lds,
+                     q + r0 * ld, ld, (T)1, dk, ld);
                 }
             }
             fg_free(P);

@@ -9,7 +9,7 @@
 #include <cblas.h>
 #include <limits.h>
 
-#define FG_GEMM(T) _Generic((T)0, float: cblas_sgemm, double: cblas_dgemm)
+#define FG_GEMM(T) _Generic((T)0, float : cblas_sgemm, double : cblas_dgemm)
 
 /* Below this many multiply-adds per product, a batch of products is split
  * across OpenMP threads (each gemm on one thread: OpenBLAS's OpenMP build

@@ -21,7 +21,7 @@ extern const fg_op_table fg__cpu_ops;
             typedef double T;                                                                      \
             __VA_ARGS__;                                                                           \
         } else {                                                                                   \
-            return fg_error(FG_EUNSUPPORTED, "%s: dtype %s not supported on cpu", kernel,         \
+            return fg_error(FG_EUNSUPPORTED, "%s: dtype %s not supported on cpu", kernel,          \
                             fg_dtype_name(dt));                                                    \
         }                                                                                          \
     } while (0)

@@ -55,9 +55,9 @@ static void philox_chunk(uint64_t seed, uint64_t ctr0, uint32_t *restrict u) {
     __m512i base = _mm512_set1_epi32((int)(uint32_t)ctr0);
     __m512i a0 = _mm512_add_epi32(base, iota);
     __mmask16 carry = _mm512_cmplt_epu32_mask(a0, base); /* the low word wrapped */
-    __m512i a1 = _mm512_mask_add_epi32(_mm512_set1_epi32((int)(uint32_t)(ctr0 >> 32)), carry,
-                                       _mm512_set1_epi32((int)(uint32_t)(ctr0 >> 32)),
-                                       _mm512_set1_epi32(1));
+    __m512i a1 =
+        _mm512_mask_add_epi32(_mm512_set1_epi32((int)(uint32_t)(ctr0 >> 32)), carry,
+                              _mm512_set1_epi32((int)(uint32_t)(ctr0 >> 32)), _mm512_set1_epi32(1));
     __m512i a2 = _mm512_setzero_si512(), a3 = _mm512_setzero_si512();
     uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
     const __m512i m0 = _mm512_set1_epi32((int)PHILOX_M0), m1 = _mm512_set1_epi32((int)PHILOX_M1);
@@ -140,7 +140,7 @@ static fg_status apply(const char *kernel, const fg_tensor *x, double p, uint64_
         const T *px = x->data;
         T *py = y->data;
         const T scale = (T)(1 / (1 - p));
-FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
+        FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
         for (int64_t c = 0; c < chunks; c++) {
             uint32_t u[CHUNK];
             uint64_t d0 = 4 * (first + (uint64_t)c * PHILOX_LANES); /* draw of u[0] */

@@ -41,7 +41,10 @@ static fg_status broadcast_strides(const fg_tensor *t, const fg_tensor *y, int64
 }
 
 #define BIN_APPLY(op, x, z)                                                                        \
-    ((op) == FG_BIN_ADD ? (x) + (z) : (op) == FG_BIN_SUB ? (x) - (z) : (op) == FG_BIN_MUL ? (x) * (z) : (x) / (z))
+    ((op) == FG_BIN_ADD   ? (x) + (z)                                                              \
+     : (op) == FG_BIN_SUB ? (x) - (z)                                                              \
+     : (op) == FG_BIN_MUL ? (x) * (z)                                                              \
+                          : (x) / (z))
 
 fg_status fg__cpu_binary(fg_binary_op op, const fg_tensor *a, const fg_tensor *b, fg_tensor *y) {
     if (a->dtype != y->dtype || b->dtype != y->dtype)
@@ -55,19 +58,19 @@ fg_status fg__cpu_binary(fg_binary_op op, const fg_tensor *a, const fg_tensor *b
             T *py = y->data;
             switch (op) {
             case FG_BIN_ADD:
-FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
+                FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
                 for (int64_t i = 0; i < n; i++) py[i] = pa[i] + pb[i];
                 break;
             case FG_BIN_SUB:
-FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
+                FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
                 for (int64_t i = 0; i < n; i++) py[i] = pa[i] - pb[i];
                 break;
             case FG_BIN_MUL:
-FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
+                FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
                 for (int64_t i = 0; i < n; i++) py[i] = pa[i] * pb[i];
                 break;
             case FG_BIN_DIV:
-FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
+                FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
                 for (int64_t i = 0; i < n; i++) py[i] = pa[i] / pb[i];
                 break;
             }
@@ -121,7 +124,7 @@ fg_status fg__cpu_sum_to(const fg_tensor *x, fg_tensor *y, double alpha, double 
                 memcpy(py, px, sizeof(T) * (size_t)n);
             } else if (beta == 1 && (alpha == 1 || alpha == -1)) {
                 T a = (T)alpha;
-FG_PRAGMA(omp parallel for simd if (parallel: n > FG_PAR_MIN) schedule(static))
+                FG_PRAGMA(omp parallel for simd if (parallel: n > FG_PAR_MIN) schedule(static))
                 for (int64_t i = 0; i < n; i++) py[i] += a * px[i];
             } else if (beta == 0) {
                 for (int64_t i = 0; i < n; i++) py[i] = (T)(alpha * px[i]);
@@ -169,13 +172,13 @@ fg_status fg__cpu_axpby(double alpha, const fg_tensor *x, double beta, fg_tensor
         T *py = y->data;
         T al = (T)alpha, be = (T)beta;
         if (be == 1) {
-FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
+            FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
             for (int64_t i = 0; i < n; i++) py[i] += al * px[i];
         } else if (be == 0) {
-FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
+            FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
             for (int64_t i = 0; i < n; i++) py[i] = al * px[i];
         } else {
-FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
+            FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
             for (int64_t i = 0; i < n; i++) py[i] = al * px[i] + be * py[i];
         }
     });

@@ -26,8 +26,9 @@ static fg_status check(const char *kernel, const fg_tensor *idx, const fg_tensor
     FG_TRY(fg__expect_contiguous(kernel, rows));
     if (idx->dtype != FG_I32 || weight->ndim != 2 || rows->dtype != weight->dtype ||
         rows->ndim != 2 || rows->shape[0] != idx->numel || rows->shape[1] != weight->shape[1])
-        return fg_error(FG_EINVAL, "%s: idx %s, weight %s, rows %s: expected i32 idx (N), "
-                                   "weight (V, C) and rows (N, C)",
+        return fg_error(FG_EINVAL,
+                        "%s: idx %s, weight %s, rows %s: expected i32 idx (N), "
+                        "weight (V, C) and rows (N, C)",
                         kernel, fg_tensor_describe(idx, a, sizeof a),
                         fg_tensor_describe(weight, b, sizeof b),
                         fg_tensor_describe(rows, c, sizeof c));
@@ -35,8 +36,9 @@ static fg_status check(const char *kernel, const fg_tensor *idx, const fg_tensor
     const int32_t *p = idx->data;
     for (int64_t i = 0; i < idx->numel; i++)
         if (p[i] < 0 || p[i] >= V)
-            return fg_error(FG_EINVAL, "%s: index %d at position %lld is out of range for a "
-                                       "vocabulary of %lld (expected 0..%lld)",
+            return fg_error(FG_EINVAL,
+                            "%s: index %d at position %lld is out of range for a "
+                            "vocabulary of %lld (expected 0..%lld)",
                             kernel, (int)p[i], (long long)i, (long long)V, (long long)V - 1);
     return FG_OK;
 }
@@ -48,7 +50,7 @@ fg_status fg__cpu_embedding_fwd(const fg_tensor *idx, const fg_tensor *weight, f
     size_t esz = fg_dtype_size(y->dtype), row = esz * (size_t)C;
     const char *pw = weight->data;
     char *py = y->data;
-FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+    FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
     for (int64_t i = 0; i < N; i++) memcpy(py + (size_t)i * row, pw + (size_t)p[i] * row, row);
     return FG_OK;
 }
@@ -61,7 +63,7 @@ fg_status fg__cpu_embedding_bwd(const fg_tensor *idx, const fg_tensor *dy, fg_te
     FG_FLOAT_DISPATCH("embedding_bwd", dy->dtype, {
         const T *pg = dy->data;
         T *pd = dweight->data;
-FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+        FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
         for (int64_t blk = 0; blk < nb; blk++) {
             int64_t c0 = blk * EMB_COLS, nc = FG_MIN(EMB_COLS, C - c0);
             for (int64_t i = 0; i < N; i++) {

@@ -31,9 +31,9 @@ static fg_status check_vec(const char *kernel, const char *what, const fg_tensor
     if (!v) return FG_OK;
     if (v->dtype != x->dtype || v->numel != n) {
         char a[96], b[96];
-        return fg_error(FG_EINVAL, "%s: %s is %s, expected %lld %s elements for x %s", kernel,
-                        what, fg_tensor_describe(v, a, sizeof a), (long long)n,
-                        fg_dtype_name(x->dtype), fg_tensor_describe(x, b, sizeof b));
+        return fg_error(FG_EINVAL, "%s: %s is %s, expected %lld %s elements for x %s", kernel, what,
+                        fg_tensor_describe(v, a, sizeof a), (long long)n, fg_dtype_name(x->dtype),
+                        fg_tensor_describe(x, b, sizeof b));
     }
     return fg__expect_contiguous(kernel, v);
 }
@@ -65,17 +65,17 @@ fg_status fg__cpu_layernorm_fwd(const fg_tensor *x, const fg_tensor *w, const fg
     FG_FLOAT_DISPATCH("layernorm_fwd", x->dtype, {
         const T *px = x->data, *pw = w ? w->data : NULL, *pb = b ? b->data : NULL;
         T *py = y->data, *pm = mean->data, *pr = rstd->data;
-FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+        FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
         for (int64_t i = 0; i < N; i++) {
             const T *xr = px + i * C; /* (C) */
             T *yr = py + i * C;
             /* shifted by x[0]: the float lanes then add values of the row's
              * spread, not of its offset (a row at 1e4 +- 1 keeps its digits) */
             T x0 = C ? xr[0] : 0, s = 0, v = 0;
-FG_PRAGMA(omp simd reduction(+:s))
+            FG_PRAGMA(omp simd reduction(+ : s))
             for (int64_t j = 0; j < C; j++) s += xr[j] - x0;
             T m = x0 + s / (T)C;
-FG_PRAGMA(omp simd reduction(+:v))
+            FG_PRAGMA(omp simd reduction(+ : v))
             for (int64_t j = 0; j < C; j++) {
                 T d = xr[j] - m;
                 v += d * d;
@@ -135,7 +135,7 @@ fg_status fg__cpu_layernorm_bwd(const fg_tensor *x, const fg_tensor *w, const fg
             for (int64_t j = 0; j < C; j++) ones[j] = 1;
             pw = ones;
         }
-FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+        FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
         for (int64_t ch = 0; ch < nch; ch++) {
             T *aw = part ? part + ch * 2 * C : NULL, *ab = aw ? aw + C : NULL;
             for (int64_t j = 0; aw && j < 2 * C; j++) aw[j] = 0;
@@ -151,7 +151,7 @@ FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
                     continue;
                 }
                 T *dr = pd + i * C, s1 = 0, s2 = 0;
-FG_PRAGMA(omp simd reduction(+:s1, s2))
+                FG_PRAGMA(omp simd reduction(+ : s1, s2))
                 for (int64_t j = 0; j < C; j++) {
                     T g = gr[j] * pw[j];
                     s1 += g;

@@ -20,8 +20,9 @@ static fg_status check(const char *kernel, const fg_tensor *logits, const fg_ten
     FG_TRY(fg__expect_contiguous(kernel, targets));
     if (logits->ndim != 2 || targets->dtype != FG_I32 || targets->ndim != 1 ||
         targets->shape[0] != logits->shape[0])
-        return fg_error(FG_EINVAL, "%s: logits %s and targets %s: expected logits (N, V) and "
-                                   "i32 targets (N)",
+        return fg_error(FG_EINVAL,
+                        "%s: logits %s and targets %s: expected logits (N, V) and "
+                        "i32 targets (N)",
                         kernel, fg_tensor_describe(logits, a, sizeof a),
                         fg_tensor_describe(targets, b, sizeof b));
     int64_t N = logits->shape[0], V = logits->shape[1], c = 0;
@@ -29,8 +30,9 @@ static fg_status check(const char *kernel, const fg_tensor *logits, const fg_ten
     for (int64_t i = 0; i < N; i++) {
         if (t[i] == ignore_index) continue;
         if (t[i] < 0 || t[i] >= V)
-            return fg_error(FG_EINVAL, "%s: target %d at row %lld is out of range for %lld classes "
-                                       "(expected 0..%lld, or ignore_index %lld)",
+            return fg_error(FG_EINVAL,
+                            "%s: target %d at row %lld is out of range for %lld classes "
+                            "(expected 0..%lld, or ignore_index %lld)",
                             kernel, (int)t[i], (long long)i, (long long)V, (long long)V - 1,
                             (long long)ignore_index);
         c++;
@@ -54,7 +56,7 @@ fg_status fg__cpu_cross_entropy_fwd(const fg_tensor *logits, const fg_tensor *ta
     if (!row) return fg_error_wrap(FG_ENOMEM, "cross_entropy_fwd: %lld row losses", (long long)N);
     FG_FLOAT_DISPATCH("cross_entropy_fwd", logits->dtype, {
         const T *px = logits->data;
-FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+        FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
         for (int64_t i = 0; i < N; i++) {
             if (t[i] == ignore_index) {
                 row[i] = 0;
@@ -62,7 +64,7 @@ FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
             }
             const T *xr = px + i * V; /* (V) */
             T m = xr[0];
-FG_PRAGMA(omp simd reduction(max:m))
+            FG_PRAGMA(omp simd reduction(max : m))
             for (int64_t j = 1; j < V; j++) m = xr[j] > m ? xr[j] : m;
             double s = FG_EXPSUM(xr, V, m, (T *)NULL);
             row[i] = (double)m + log(s) - (double)xr[t[i]];
@@ -91,12 +93,12 @@ fg_status fg__cpu_cross_entropy_bwd(const fg_tensor *logits, const fg_tensor *ta
     FG_FLOAT_DISPATCH("cross_entropy_bwd", logits->dtype, {
         const T *px = logits->data;
         T *pd = dlogits->data;
-FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+        FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
         for (int64_t i = 0; i < N; i++) { /* dx += scale * (softmax(x) - onehot(t)) */
             if (t[i] == ignore_index) continue;
             const T *xr = px + i * V;
             T *dr = pd + i * V, m = xr[0];
-FG_PRAGMA(omp simd reduction(max:m))
+            FG_PRAGMA(omp simd reduction(max : m))
             for (int64_t j = 1; j < V; j++) m = xr[j] > m ? xr[j] : m;
             double s = FG_EXPSUM(xr, V, m, (T *)NULL);
             T k = (T)(scale / s);

@@ -136,14 +136,12 @@ fg_status fg__cpu_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool t
         M *= batch;
         batch = 1;
     }
-    int im = (int)M, in = (int)N, ik = (int)K, lda = (int)va.ld, ldb = (int)vb.ld,
-        ldc = (int)vc.ld;
+    int im = (int)M, in = (int)N, ik = (int)K, lda = (int)va.ld, ldb = (int)vb.ld, ldc = (int)vc.ld;
     bool big = (double)M * (double)N * (double)K >= FG_GEMM_DNNL_MIN;
     if (c->dtype == FG_F32 && batch == 1 && big && (beta == 0 || K >= 512 || N < 512)) {
-        fg_status s = fg__cpu_gemm_dnnl_f32(opa == CblasTrans, opb == CblasTrans, M, N, K,
-                                            (float)alpha, (const float *)va.data, lda,
-                                            (const float *)vb.data, ldb, (float)beta,
-                                            (float *)vc.data, ldc);
+        fg_status s = fg__cpu_gemm_dnnl_f32(
+            opa == CblasTrans, opb == CblasTrans, M, N, K, (float)alpha, (const float *)va.data,
+            lda, (const float *)vb.data, ldb, (float)beta, (float *)vc.data, ldc);
         if (s != FG_EUNSUPPORTED) return s;
     }
     int64_t bsa = va.bstride, bsb = shared_b ? 0 : vb.bstride, bsc = vc.bstride;
@@ -151,10 +149,10 @@ fg_status fg__cpu_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool t
     FG_FLOAT_DISPATCH("matmul", c->dtype, {
         const T *pa = (const T *)va.data, *pb = (const T *)vb.data;
         T *pc = (T *)vc.data;
-FG_PRAGMA(omp parallel for if (par) schedule(static))
-        for (int64_t i = 0; i < batch; i++)
-            FG_GEMM(T)(CblasRowMajor, opa, opb, im, in, ik, (T)alpha, pa + i * bsa, lda,
-                       pb + i * bsb, ldb, (T)beta, pc + i * bsc, ldc);
+        FG_PRAGMA(omp parallel for if (par) schedule(static))
+        for (int64_t i = 0; i < batch; i++) FG_GEMM(T)
+        (CblasRowMajor, opa, opb, im, in, ik, (T)alpha, pa + i * bsa, lda, pb + i * bsb, ldb,
+         (T)beta, pc + i * bsc, ldc);
     });
     return FG_OK;
 }
@@ -164,8 +162,8 @@ static fg_status bias_shape(const char *kernel, const fg_tensor *y, const fg_ten
                             int64_t *rows, int64_t *cols) {
     char sy[96], sbias[96];
     if (y->dtype != bias->dtype)
-        return fg_error(FG_EINVAL, "%s: dtypes differ (%s and %s)", kernel,
-                        fg_dtype_name(y->dtype), fg_dtype_name(bias->dtype));
+        return fg_error(FG_EINVAL, "%s: dtypes differ (%s and %s)", kernel, fg_dtype_name(y->dtype),
+                        fg_dtype_name(bias->dtype));
     FG_TRY(fg__expect_contiguous(kernel, y));
     FG_TRY(fg__expect_contiguous(kernel, bias));
     int64_t C = bias->numel;
@@ -185,10 +183,10 @@ fg_status fg__cpu_bias_add(fg_tensor *y, const fg_tensor *bias) {
     FG_FLOAT_DISPATCH("bias_add", y->dtype, {
         const T *pb = bias->data;
         T *py = y->data;
-FG_PRAGMA(omp parallel for if (par) schedule(static))
+        FG_PRAGMA(omp parallel for if (par) schedule(static))
         for (int64_t r = 0; r < R; r++) {
             T *row = py + r * C;
-FG_PRAGMA(omp simd)
+            FG_PRAGMA(omp simd)
             for (int64_t j = 0; j < C; j++) row[j] += pb[j];
         }
     });
@@ -215,13 +213,13 @@ fg_status fg__cpu_bias_grad(const fg_tensor *dy, fg_tensor *dbias) {
     FG_FLOAT_DISPATCH("bias_grad", dy->dtype, {
         const T *pg = dy->data;
         T *pd = dbias->data;
-FG_PRAGMA(omp parallel for if (par) schedule(static))
+        FG_PRAGMA(omp parallel for if (par) schedule(static))
         for (int64_t blk = 0; blk < nblocks; blk++) {
             int64_t j0 = blk * w, n = FG_MIN(w, C - j0);
             double acc[BIAS_BLOCK] = {0};
             for (int64_t r = 0; r < R; r++) {
                 const T *row = pg + r * C + j0;
-FG_PRAGMA(omp simd)
+                FG_PRAGMA(omp simd)
                 for (int64_t j = 0; j < n; j++) acc[j] += row[j];
             }
             for (int64_t j = 0; j < n; j++) pd[j0 + j] = (T)(pd[j0 + j] + acc[j]);

@@ -43,26 +43,21 @@ static char g_env_value[64];      /* the value, when it does not parse */
 static _Atomic int g_forced = -1; /* fg__matmul_bf16_set_mode; -1: the environment's */
 
 static int parse_mode(const char *v) {
-    if (!v || !*v || strcmp(v, "auto") == 0)
-        return MODE_AUTO;
-    if (strcmp(v, "onednn") == 0)
-        return MODE_ONEDNN;
-    if (strcmp(v, "fallback") == 0)
-        return MODE_FALLBACK;
+    if (!v || !*v || strcmp(v, "auto") == 0) return MODE_AUTO;
+    if (strcmp(v, "onednn") == 0) return MODE_ONEDNN;
+    if (strcmp(v, "fallback") == 0) return MODE_FALLBACK;
     return MODE_BAD;
 }
 
 static void read_env(void) {
     const char *v = getenv(MODE_ENV);
     g_env_mode = parse_mode(v);
-    if (g_env_mode == MODE_BAD)
-        snprintf(g_env_value, sizeof g_env_value, "%s", v);
+    if (g_env_mode == MODE_BAD) snprintf(g_env_value, sizeof g_env_value, "%s", v);
 }
 
 static int mode(void) {
     int f = atomic_load(&g_forced);
-    if (f >= 0)
-        return f;
+    if (f >= 0) return f;
     pthread_once(&g_env_once, read_env);
     return g_env_mode;
 }
@@ -91,11 +86,9 @@ static char g_probe_msg[320]; /* why not, without the "matmul_bf16: " */
 
 static void probe(void) {
     g_probe = fg__dnnl_bf16_probe();
-    if (g_probe == FG_OK)
-        return;
+    if (g_probe == FG_OK) return;
     const char *msg = fg_last_error(), *pre = "matmul_bf16: ";
-    if (strncmp(msg, pre, strlen(pre)) == 0)
-        msg += strlen(pre);
+    if (strncmp(msg, pre, strlen(pre)) == 0) msg += strlen(pre);
     snprintf(g_probe_msg, sizeof g_probe_msg, "%s", msg);
 }
 
@@ -122,8 +115,7 @@ const char *fg_matmul_bf16_path(void) {
                  g_env_value);
         return buf;
     }
-    if (m == MODE_FALLBACK)
-        return "f32-fallback (" MODE_ENV "=fallback)";
+    if (m == MODE_FALLBACK) return "f32-fallback (" MODE_ENV "=fallback)";
     const char *isa = fg__dnnl_isa();
     if (!dnnl_usable()) {
         const char *why = !isa                         ? "no oneDNN in this build"
@@ -158,22 +150,21 @@ static void scale_output(fg_tensor *c, double beta) {
 /* f32 dst (n) = bf16 src (n), exactly. */
 static void widen(float *restrict dst, const uint16_t *restrict src, int64_t n) {
     bool par = n > FG_PAR_MIN;
-FG_PRAGMA(omp parallel for simd if (par) schedule(static))
-for (int64_t i = 0; i < n; i++) {
-    union {
-        uint32_t u;
-        float f;
-    } x = {.u = (uint32_t)src[i] << 16};
-    dst[i] = x.f;
-}
+    FG_PRAGMA(omp parallel for simd if (par) schedule(static))
+    for (int64_t i = 0; i < n; i++) {
+        union {
+            uint32_t u;
+            float f;
+        } x = {.u = (uint32_t)src[i] << 16};
+        dst[i] = x.f;
+    }
 }
 
 /* bf16 dst (n) = f32 src (n), rounded to nearest even. */
 static void narrow(uint16_t *restrict dst, const float *restrict src, int64_t n) {
     bool par = n > FG_PAR_MIN;
-FG_PRAGMA(omp parallel for if (par) schedule(static))
-for (int64_t i = 0; i < n; i++)
-    dst[i] = fg_f32_to_bf16(src[i]);
+    FG_PRAGMA(omp parallel for if (par) schedule(static))
+    for (int64_t i = 0; i < n; i++) dst[i] = fg_f32_to_bf16(src[i]);
 }
 
 /* An f32 tensor of t's shape over data (contiguous). */
@@ -194,19 +185,14 @@ static fg_status fallback(const fg_tensor *a, bool ta, const fg_tensor *b, bool 
         return fg_error(FG_ENOMEM, "matmul_bf16: %zu bytes for the f32 copies of a and b", bytes);
     fg_tensor a32, b32, c32;
     fg_status st = f32_view(&a32, a, buf);
-    if (st == FG_OK)
-        st = f32_view(&b32, b, buf + na);
-    if (st == FG_OK && nc)
-        st = f32_view(&c32, c, buf + na + nb);
-    if (st != FG_OK)
-        goto fail;
+    if (st == FG_OK) st = f32_view(&b32, b, buf + na);
+    if (st == FG_OK && nc) st = f32_view(&c32, c, buf + na + nb);
+    if (st != FG_OK) goto fail;
     widen(buf, a->data, na);
     widen(buf + na, b->data, nb);
-    if (nc && beta != 0)
-        widen(c32.data, c->data, nc);
+    if (nc && beta != 0) widen(c32.data, c->data, nc);
     st = fg__cpu_matmul(&a32, ta, &b32, tb, nc ? &c32 : c, alpha, beta);
-    if (st == FG_OK && nc)
-        narrow(c->data, c32.data, nc);
+    if (st == FG_OK && nc) narrow(c->data, c32.data, nc);
 fail:
     fg_free(buf);
     return st;
@@ -242,18 +228,15 @@ fg_status fg__cpu_matmul_bf16(const fg_tensor *a, bool ta, const fg_tensor *b, b
                         fg_tensor_describe(b, sb, sizeof sb), tb ? "^T" : "",
                         fg_tensor_describe(c, sc, sizeof sc));
     int64_t batch = 1;
-    for (int d = 0; d < a->ndim - 2; d++)
-        batch *= a->shape[d];
-    if (batch == 0 || M == 0 || N == 0)
-        return FG_OK;
+    for (int d = 0; d < a->ndim - 2; d++) batch *= a->shape[d];
+    if (batch == 0 || M == 0 || N == 0) return FG_OK;
     if (K == 0) { /* oneDNN rejects empty dims; nothing to multiply anyway */
         scale_output(c, beta);
         return FG_OK;
     }
 
     int m = mode();
-    if (m == MODE_BAD)
-        return bad_mode();
+    if (m == MODE_BAD) return bad_mode();
     if (m == MODE_ONEDNN) {
         if (!dnnl_usable())
             return fg_error(g_probe,
@@ -266,8 +249,7 @@ fg_status fg__cpu_matmul_bf16(const fg_tensor *a, bool ta, const fg_tensor *b, b
         int v = variant(b, c, ta, tb, alpha, beta, batch);
         if (!atomic_load_explicit(&g_refused[v], memory_order_relaxed)) {
             fg_status st = fg__dnnl_matmul_bf16(a, ta, b, tb, c, alpha, beta, batch, M, K, N);
-            if (st != FG_EUNSUPPORTED)
-                return st;
+            if (st != FG_EUNSUPPORTED) return st;
             atomic_store_explicit(&g_refused[v], 1, memory_order_relaxed);
             atomic_store_explicit(&g_any_refused, true, memory_order_relaxed);
         }

@@ -92,9 +92,8 @@ fail:
 }
 
 /* Runs the primitive of pd on a, b, c with a scratchpad from fg_alloc. */
-static fg_status run_pd(const char *kernel, dnnl_primitive_desc_t pd,
-                        const dnnl_memory_desc_t *amd, const void *a,
-                        const dnnl_memory_desc_t *bmd, const void *b,
+static fg_status run_pd(const char *kernel, dnnl_primitive_desc_t pd, const dnnl_memory_desc_t *amd,
+                        const void *a, const dnnl_memory_desc_t *bmd, const void *b,
                         const dnnl_memory_desc_t *cmd, void *c) {
     fg_status st = FG_OK;
     dnnl_primitive_t prim = NULL;
@@ -116,8 +115,8 @@ static fg_status run_pd(const char *kernel, dnnl_primitive_desc_t pd,
     DN(dnnl_memory_create(&bm, bmd, g_engine, (void *)b), "memory");
     DN(dnnl_memory_create(&cm, cmd, g_engine, c), "memory");
     DN(dnnl_stream_create(&stream, g_engine, dnnl_stream_default_flags), "stream");
-    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm},
-                               {DNNL_ARG_SCRATCHPAD, sm}};
+    dnnl_exec_arg_t args[4] = {
+        {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}};
     DN(dnnl_primitive_execute(prim, stream, sm ? 4 : 3, args), "execute");
     DN(dnnl_stream_wait(stream), "stream wait");
 fail:
@@ -215,8 +214,7 @@ fg_status fg__cpu_gemm_dnnl_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t 
     st = make_pd(kernel, &pd, &amd, &bmd, &cmd, alpha, beta);
     if (st == FG_EUNSUPPORTED) /* OpenBLAS does it, now and from now on */
         atomic_fetch_or_explicit(&g_f32_refused, bit, memory_order_relaxed);
-    else if (st == FG_OK)
-        st = run_pd(kernel, pd, &amd, a, &bmd, b, &cmd, c);
+    else if (st == FG_OK) st = run_pd(kernel, pd, &amd, a, &bmd, b, &cmd, c);
 fail:
     dnnl_primitive_desc_destroy(pd);
     return st;

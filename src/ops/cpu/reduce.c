@@ -43,8 +43,9 @@ static fg_status check_pair(const char *kernel, const fg_tensor *big, int dim,
     FG_TRY(fg__expect_contiguous(kernel, small));
     if (big->dtype != small->dtype || small->numel != *outer * *inner) {
         char a[96], b[96];
-        return fg_error(FG_EINVAL, "%s: %s summed over dim %d gives %lld elements, but the other "
-                                   "tensor is %s",
+        return fg_error(FG_EINVAL,
+                        "%s: %s summed over dim %d gives %lld elements, but the other "
+                        "tensor is %s",
                         kernel, fg_tensor_describe(big, a, sizeof a), dim,
                         (long long)(*outer * *inner), fg_tensor_describe(small, b, sizeof b));
     }
@@ -59,17 +60,17 @@ fg_status fg__cpu_sum_dim(const fg_tensor *x, int dim, fg_tensor *y, double alph
         const T *px = x->data;
         T *py = y->data;
         if (inner == 1) { /* (outer, n): one row sum per output */
-FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+            FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
             for (int64_t o = 0; o < outer; o++) {
                 const T *r = px + o * n;
                 double s = 0;
-FG_PRAGMA(omp simd reduction(+:s))
+                FG_PRAGMA(omp simd reduction(+ : s))
                 for (int64_t j = 0; j < n; j++) s += r[j];
                 py[o] = (T)(alpha * s);
             }
         } else { /* tasks: (o, column block); rows j added into a double block */
             int64_t nb = (inner + SUM_BLOCK - 1) / SUM_BLOCK, tasks = outer * nb;
-FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+            FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
             for (int64_t t = 0; t < tasks; t++) {
                 int64_t o = t / nb, k0 = (t % nb) * SUM_BLOCK;
                 int64_t m = FG_MIN(SUM_BLOCK, inner - k0);
@@ -97,10 +98,10 @@ fg_status fg__cpu_sum_dim_bwd(const fg_tensor *dy, int dim, fg_tensor *dx, doubl
         T *pd = dx->data;
         if (outer == 1 && inner == 1) { /* the sum of everything: one flat loop */
             T v = (T)(alpha * pg[0]);
-FG_PRAGMA(omp parallel for simd if (parallel: work > FG_PAR_MIN) schedule(static))
+            FG_PRAGMA(omp parallel for simd if (parallel: work > FG_PAR_MIN) schedule(static))
             for (int64_t j = 0; j < n; j++) pd[j] += v;
         } else if (inner == 1) { /* (outer, n) += dy (outer, 1) */
-FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+            FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
             for (int64_t o = 0; o < outer; o++) {
                 T v = (T)(alpha * pg[o]), *d = pd + o * n;
                 FG_SIMD
@@ -108,7 +109,7 @@ FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
             }
         } else { /* (outer, n, inner) += dy (outer, 1, inner) */
             T a = (T)alpha;
-FG_PRAGMA(omp parallel for collapse(2) if (work > FG_PAR_MIN) schedule(static))
+            FG_PRAGMA(omp parallel for collapse(2) if (work > FG_PAR_MIN) schedule(static))
             for (int64_t o = 0; o < outer; o++)
                 for (int64_t j = 0; j < n; j++) {
                     const T *g = pg + o * inner;

@@ -22,7 +22,7 @@ static fg_status check2(const char *kernel, const fg_tensor *a, const fg_tensor 
 }
 
 /* The max of a row of n >= 1 values. */
-#define ROW_MAX(r, n, m)                                                                        \
+#define ROW_MAX(r, n, m)                                                                           \
     do {                                                                                           \
         m = (r)[0];                                                                                \
         FG_PRAGMA(omp simd reduction(max : m))                                                     \
@@ -36,7 +36,7 @@ fg_status fg__cpu_softmax_fwd(const fg_tensor *x, fg_tensor *y) {
     FG_FLOAT_DISPATCH("softmax_fwd", x->dtype, {
         const T *px = x->data;
         T *py = y->data;
-FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+        FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
         for (int64_t r = 0; r < rows; r++) { /* (C) */
             const T *xr = px + r * C;
             T *yr = py + r * C, m;
@@ -57,12 +57,12 @@ fg_status fg__cpu_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_tensor
     FG_FLOAT_DISPATCH("softmax_bwd", y->dtype, {
         const T *py = y->data, *pg = dy->data;
         T *pd = dx->data;
-FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+        FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
         for (int64_t r = 0; r < rows; r++) { /* dx += y * (dy - sum(dy * y)) */
             const T *yr = py + r * C, *gr = pg + r * C;
             T *dr = pd + r * C;
             double s = 0;
-FG_PRAGMA(omp simd reduction(+:s))
+            FG_PRAGMA(omp simd reduction(+ : s))
             for (int64_t j = 0; j < C; j++) s += (double)gr[j] * yr[j];
             T dot = (T)s;
             FG_SIMD
@@ -79,7 +79,7 @@ fg_status fg__cpu_log_softmax_fwd(const fg_tensor *x, fg_tensor *y) {
     FG_FLOAT_DISPATCH("log_softmax_fwd", x->dtype, {
         const T *px = x->data;
         T *py = y->data;
-FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+        FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
         for (int64_t r = 0; r < rows; r++) { /* y = x - max - log sum exp(x - max) */
             const T *xr = px + r * C;
             T *yr = py + r * C, m;
@@ -102,12 +102,12 @@ fg_status fg__cpu_log_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_te
     FG_FLOAT_DISPATCH("log_softmax_bwd", y->dtype, {
         const T *py = y->data, *pg = dy->data;
         T *pd = dx->data;
-FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+        FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
         for (int64_t r = 0; r < rows; r++) { /* dx += dy - exp(y) * sum(dy) */
             const T *yr = py + r * C, *gr = pg + r * C;
             T *dr = pd + r * C;
             double s = 0;
-FG_PRAGMA(omp simd reduction(+:s))
+            FG_PRAGMA(omp simd reduction(+ : s))
             for (int64_t j = 0; j < C; j++) s += gr[j];
             T gs = (T)s;
             FG_SIMD

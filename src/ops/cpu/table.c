@@ -51,8 +51,7 @@ static void make_blas_info(void) {
                  "f32: openblas, onednn (%s) from %d multiply-adds; bf16: %s", isa,
                  FG_GEMM_DNNL_MIN, fg_matmul_bf16_path());
     else
-        snprintf(g_blas_info, sizeof g_blas_info, "f32: openblas; bf16: %s",
-                 fg_matmul_bf16_path());
+        snprintf(g_blas_info, sizeof g_blas_info, "f32: openblas; bf16: %s", fg_matmul_bf16_path());
 }
 
 const char *fg_ops_blas_info(void) {

@@ -49,8 +49,8 @@ static inline float fg__expf(float xin) {
     return xin > 88.7228394f ? INFINITY : p * s; /* past log(FLT_MAX) */
 }
 
-#define FG_EXP(x) _Generic((x), float: fg__expf, default: exp)(x)
-#define FG_LOG(x) _Generic((x), float: logf, default: log)(x)
+#define FG_EXP(x) _Generic((x), float : fg__expf, default : exp)(x)
+#define FG_LOG(x) _Generic((x), float : logf, default : log)(x)
 
 /* sum_j exp(x[j] - m) over j < n in double, also storing each exp in y[j]
  * when y is not NULL (softmax rows, cross-entropy, log-softmax). In f32 the
@@ -65,15 +65,14 @@ static inline double fg__expsum_f32(const float *x, int64_t n, float m, float *y
         int64_t j1 = n - j0 < FG_EXPSUM_BLOCK ? n : j0 + FG_EXPSUM_BLOCK;
         float s = 0;
         if (y) {
-            _Pragma("omp simd reduction(+:s)")
-            for (int64_t j = j0; j < j1; j++) {
+            _Pragma("omp simd reduction(+:s)") for (int64_t j = j0; j < j1; j++) {
                 float e = fg__expf(x[j] - m);
                 y[j] = e;
                 s += e;
             }
         } else {
-            _Pragma("omp simd reduction(+:s)")
-            for (int64_t j = j0; j < j1; j++) s += fg__expf(x[j] - m);
+            _Pragma("omp simd reduction(+:s)") for (int64_t j = j0; j < j1; j++) s +=
+                fg__expf(x[j] - m);
         }
         total += s;
     }
