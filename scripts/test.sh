@@ -18,7 +18,8 @@ run_suite() { # build-dir cmake-args...
     (cd "$dir" && ctest --output-on-failure -j "$(fg_jobs)" --timeout 900)
     # Which product paths this machine ran (the tests print them; ctest keeps
     # the output of passing tests only in its log).
-    grep -h '^matmul[a-z0-9_]* path' "$dir/Testing/Temporary/LastTest.log" | sort | uniq -c || true
+    echo "matrix product paths this suite ran:"
+    grep -h '^matmul[a-z0-9_]* path' "$dir/Testing/Temporary/LastTest.log" | sort -u | sed 's/^/  /' || true
 }
 
 echo "== release build"
