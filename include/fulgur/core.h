@@ -258,6 +258,18 @@ FG_API int fg_num_cores(void);
 /* Monotonic clock in seconds. */
 FG_API double fg_time(void);
 
+/* The vector ISA the CPU kernels run at, chosen at run time: FG_ISA_AVX2 is
+ * AVX2 with FMA and F16C, FG_ISA_AVX512 is AVX-512 F, BW, DQ and VL. */
+typedef enum fg_isa { FG_ISA_AUTO, FG_ISA_SCALAR, FG_ISA_AVX2, FG_ISA_AVX512, FG_ISA_COUNT } fg_isa;
+/* The ISA in use: the best this CPU has, capped by FULGUR_CPU_ISA, unless
+ * fg_set_cpu_isa chose one. Never FG_ISA_AUTO. Thread-safe. */
+FG_API fg_isa fg_cpu_isa(void);
+/* Runs the kernels at `isa` from now on (FG_ISA_AUTO: back to the default);
+ * FG_EUNSUPPORTED naming what the CPU lacks. Call between kernels, not
+ * while one runs on another thread (tests, benchmarks). */
+FG_API fg_status fg_set_cpu_isa(fg_isa isa);
+FG_API const char *fg_isa_name(fg_isa isa); /* "auto", "scalar", "avx2", "avx512"; "?" */
+
 #ifdef __cplusplus
 }
 #endif

@@ -58,9 +58,20 @@ fg_status fg__cpu_relu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *d
     return FG_OK;
 }
 
+/* f32 through the vector kernels, in pieces split across threads */
 fg_status fg__cpu_gelu_fwd(const fg_tensor *x, fg_tensor *y) {
     FG_TRY(check_fwd("gelu_fwd", x, y));
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
     int64_t n = x->numel;
+    if (x->dtype == FG_F32 && vk->gelu_fwd) {
+        const float *px = x->data;
+        float *py = y->data;
+FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
+for (int64_t i = 0; i < n; i += FG_VK_PIECE)
+    vk->gelu_fwd(px + i, py + i, FG_MIN(FG_VK_PIECE, n - i));
+return FG_OK;
+    }
     FG_FLOAT_DISPATCH("gelu_fwd", x->dtype, {
         const T *px = x->data;
         T *py = y->data;
@@ -77,7 +88,17 @@ fg_status fg__cpu_gelu_fwd(const fg_tensor *x, fg_tensor *y) {
 
 fg_status fg__cpu_gelu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx) {
     FG_TRY(check_bwd("gelu_bwd", x, dy, dx));
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
     int64_t n = x->numel;
+    if (x->dtype == FG_F32 && vk->gelu_bwd) {
+        const float *px = x->data, *pg = dy->data;
+        float *pd = dx->data;
+FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
+for (int64_t i = 0; i < n; i += FG_VK_PIECE)
+    vk->gelu_bwd(px + i, pg + i, pd + i, FG_MIN(FG_VK_PIECE, n - i));
+return FG_OK;
+    }
     FG_FLOAT_DISPATCH("gelu_bwd", x->dtype, {
         const T *px = x->data, *pg = dy->data;
         T *pd = dx->data;

@@ -21,6 +21,7 @@
 
 #include "blas.h"
 #include "cpu_impl.h"
+#include "vmath.h"
 
 /* Query rows per block: small blocks skip more of the masked triangle, big
  * ones make better gemms (tuned at T=128, head size 64 with bench/gemm_bench). */
@@ -40,12 +41,10 @@ static inline int64_t pad_up(int64_t n) { return (n + ATT_PAD - 1) / ATT_PAD * A
 /* The two row operations, over s[0, lds) with keys j < n unmasked:
  *   row_softmax: s = softmax(s[0, n)), zero after; returns log sum exp;
  *   row_exp:     s = exp(s - l) on [0, n), zero after.
- * In double they are plain loops over exp(). In float they are the hot
- * loop of the whole op (one exp per score, twice per step), so with
- * AVX-512 they use a vector exp: x = n ln2 + r, |r| <= ln2/2, a degree-6
- * polynomial for e^r (relative error under 2e-7) and scalef for 2^n. GCC
- * does not vectorise a scalar exp written in C here (the bit cast for 2^n
- * defeats it), and glibc's vector expf needs -ffast-math. */
+ * They are the hot loop of the whole op in f32 (one exp per score, twice
+ * per step): f32 takes them from the vector kernels of the ISA in use
+ * (cpu_impl.h's fg__vk), and the loops here are the f64 kernels and the
+ * scalar path (vmath.h's exp, which the compiler vectorises). */
 static double row_softmax_f64(double *s, int lds, int n) {
     double m = s[0], sum = 0;
     for (int j = 1; j < n; j++) m = s[j] > m ? s[j] : m;
@@ -61,76 +60,32 @@ static void row_exp_f64(double *s, int lds, int n, double l) {
     for (int j = n; j < lds; j++) s[j] = 0;
 }
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
-/* lanes j0 + l < n */
-static inline __mmask16 live(int j0, int n) {
-    int k = n - j0;
-    return k >= 16 ? (__mmask16)0xffff : k <= 0 ? 0 : (__mmask16)((1u << k) - 1);
-}
-
 static float row_softmax_f32(float *s, int lds, int n) {
-    __m512 vm = _mm512_set1_ps(-INFINITY);
-    for (int j = 0; j < n; j += 16)
-        vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), live(j, n), s + j));
-    float m = _mm512_reduce_max_ps(vm);
-    __m512 vs = _mm512_setzero_ps(), bm = _mm512_set1_ps(m);
-    for (int j = 0; j < lds; j += 16) {
-        __m512 e =
-            _mm512_maskz_mov_ps(live(j, n), exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), bm)));
-        _mm512_storeu_ps(s + j, e);
-        vs = _mm512_add_ps(vs, e);
-    }
-    float sum = _mm512_reduce_add_ps(vs);
-    __m512 inv = _mm512_set1_ps(1.0f / sum);
-    for (int j = 0; j < n; j += 16)
-        _mm512_storeu_ps(s + j, _mm512_mul_ps(_mm512_loadu_ps(s + j), inv));
-    return m + logf(sum);
-}
-
-static void row_exp_f32(float *s, int lds, int n, float l) {
-    __m512 bl = _mm512_set1_ps(l);
-    for (int j = 0; j < lds; j += 16)
-        _mm512_storeu_ps(s + j, _mm512_maskz_mov_ps(
-                                    live(j, n), exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), bl))));
-}
-#else
-static float row_softmax_f32(float *s, int lds, int n) {
-    float m = s[0], sum = 0;
+    float m = s[0];
+    FG_PRAGMA(omp simd reduction(max : m))
     for (int j = 1; j < n; j++) m = s[j] > m ? s[j] : m;
-    for (int j = 0; j < n; j++) sum += s[j] = expf(s[j] - m);
-    float inv = 1 / sum;
+    float sum = (float)fg__expsum_f32(s, n, m, s), inv = 1 / sum;
+    FG_SIMD
     for (int j = 0; j < n; j++) s[j] *= inv;
     for (int j = n; j < lds; j++) s[j] = 0;
     return m + logf(sum);
 }
 
 static void row_exp_f32(float *s, int lds, int n, float l) {
-    for (int j = 0; j < n; j++) s[j] = expf(s[j] - l);
+    FG_SIMD
+    for (int j = 0; j < n; j++) s[j] = fg__expf(s[j] - l);
     for (int j = n; j < lds; j++) s[j] = 0;
 }
-#endif
 
-#define ROW_SOFTMAX(T) _Generic((T)0, float : row_softmax_f32, double : row_softmax_f64)
-#define ROW_EXP(T) _Generic((T)0, float : row_exp_f32, double : row_exp_f64)
+/* The row functions for T: the ISA's vector kernel in f32 where it has one. */
+#define ROW_SOFTMAX(T, vk)                                                                         \
+    _Generic((T)0, float                                                                           \
+             : (vk)->att_softmax_row ? (vk)->att_softmax_row : row_softmax_f32, double             \
+             : row_softmax_f64)
+#define ROW_EXP(T, vk)                                                                             \
+    _Generic((T)0, float                                                                           \
+             : (vk)->att_exp_row ? (vk)->att_exp_row : row_exp_f32, double                         \
+             : row_exp_f64)
 
 static fg_status check_qkv(const char *kernel, const fg_tensor *qkv, int heads, int64_t *B,
                            int64_t *nt, int64_t *C) {
@@ -185,6 +140,8 @@ fg_status fg__cpu_attention_fwd(const fg_tensor *qkv, int heads, fg_tensor *y, f
     double scale = 1.0 / sqrt((double)hs);
     bool par = nbh > 1 && fg_get_num_threads() > 1;
     int failed = 0;
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
     FG_FLOAT_DISPATCH("attention_fwd", qkv->dtype, {
         const T *pqkv = qkv->data;
         T *py = y->data, *plse = lse->data;
@@ -192,31 +149,31 @@ fg_status fg__cpu_attention_fwd(const fg_tensor *qkv, int heads, fg_tensor *y, f
         FG_PRAGMA(omp parallel if (par))
         {
             T *S = fg_calloc(1, scratch); /* (br, lds) scores, then probabilities */
-            FG_PRAGMA(omp for schedule(static))
-            for (int64_t bh = 0; bh < nbh; bh++) {
-                if (!S) {
-                    failed = 1;
-                    continue;
-                }
-                int64_t b = bh / H, h = bh % H;
-                const T *q = pqkv + b * nt * 3 * C + h * hs, *k = q + C, *v = q + 2 * C;
-                T *yb = py + b * nt * C + h * hs, *lb = plse + bh * nt;
-                for (int64_t r0 = 0; r0 < nt; r0 += ATT_BR) {
-                    int br = (int)FG_MIN(ATT_BR, nt - r0), kend = (int)(r0 + br);
-                    int lds = (int)pad_up(kend);
-                    /* S (br, kend) = scale * q[r0:r0+br] @ k[0:kend]^T */
-                    FG_GEMM(T)
-                    (CblasRowMajor, CblasNoTrans, CblasTrans, br, kend, ihs, (T)scale, q + r0 * ld,
-                     ld, k, ld, (T)0, S, lds);
-                    for (int i = 0; i < br; i++) /* row t = r0 + i sees keys 0..t */
-                        lb[r0 + i] = ROW_SOFTMAX(T)(S + (int64_t)i * lds, lds, (int)r0 + i + 1);
-                    /* y[r0:r0+br] (br, hs) = P (br, kend) @ v[0:kend] (kend, hs) */
-                    FG_GEMM(T)
-                    (CblasRowMajor, CblasNoTrans, CblasNoTrans, br, ihs, kend, (T)1, S, lds, v, ld,
-                     (T)0, yb + r0 * ldy, ldy);
-                }
-            }
-            fg_free(S);
+FG_PRAGMA(omp for schedule(static))
+for (int64_t bh = 0; bh < nbh; bh++) {
+    if (!S) {
+        failed = 1;
+        continue;
+    }
+    int64_t b = bh / H, h = bh % H;
+    const T *q = pqkv + b * nt * 3 * C + h * hs, *k = q + C, *v = q + 2 * C;
+    T *yb = py + b * nt * C + h * hs, *lb = plse + bh * nt;
+    for (int64_t r0 = 0; r0 < nt; r0 += ATT_BR) {
+        int br = (int)FG_MIN(ATT_BR, nt - r0), kend = (int)(r0 + br);
+        int lds = (int)pad_up(kend);
+        /* S (br, kend) = scale * q[r0:r0+br] @ k[0:kend]^T */
+        FG_GEMM(T)
+        (CblasRowMajor, CblasNoTrans, CblasTrans, br, kend, ihs, (T)scale, q + r0 * ld, ld, k, ld,
+         (T)0, S, lds);
+        for (int i = 0; i < br; i++) /* row t = r0 + i sees keys 0..t */
+            lb[r0 + i] = ROW_SOFTMAX(T, vk)(S + (int64_t)i * lds, lds, (int)r0 + i + 1);
+        /* y[r0:r0+br] (br, hs) = P (br, kend) @ v[0:kend] (kend, hs) */
+        FG_GEMM(T)
+        (CblasRowMajor, CblasNoTrans, CblasNoTrans, br, ihs, kend, (T)1, S, lds, v, ld, (T)0,
+         yb + r0 * ldy, ldy);
+    }
+}
+fg_free(S);
         }
     });
     if (failed) return fg_error(FG_ENOMEM, "attention_fwd: no memory for the score blocks");
@@ -238,6 +195,8 @@ fg_status fg__cpu_attention_bwd(const fg_tensor *qkv, int heads, const fg_tensor
     double scale = 1.0 / sqrt((double)hs);
     bool par = nbh > 1 && fg_get_num_threads() > 1;
     int failed = 0;
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
     FG_FLOAT_DISPATCH("attention_bwd", qkv->dtype, {
         const T *pqkv = qkv->data, *py = y->data, *pdy = dy->data, *plse = lse->data;
         T *pdqkv = dqkv->data;
@@ -248,58 +207,58 @@ fg_status fg__cpu_attention_bwd(const fg_tensor *qkv, int heads, const fg_tensor
             T *P = fg_calloc(1, scratch);       /* (br, lds) probabilities */
             T *dS = P ? P + rows * cols : NULL; /* (br, lds) dP, then dS */
             T *D = P ? dS + rows * cols : NULL; /* (br) rowsum(dy * y) */
-            FG_PRAGMA(omp for schedule(static))
-            for (int64_t bh = 0; bh < nbh; bh++) {
-                if (!P) {
-                    failed = 1;
-                    continue;
-                }
-                int64_t b = bh / H, h = bh % H, off = b * nt * 3 * C + h * hs;
-                const T *q = pqkv + off, *k = q + C, *v = q + 2 * C;
-                T *dq = pdqkv + off, *dk = dq + C, *dv = dq + 2 * C;
-                const T *yb = py + b * nt * C + h * hs, *gb = pdy + b * nt * C + h * hs;
-                const T *lb = plse + bh * nt;
-                for (int64_t r0 = 0; r0 < nt; r0 += ATT_BR) {
-                    int br = (int)FG_MIN(ATT_BR, nt - r0), kend = (int)(r0 + br);
-                    int lds = (int)pad_up(kend);
-                    FG_GEMM(T)
-                    (CblasRowMajor, CblasNoTrans, CblasTrans, br, kend, ihs, (T)scale, q + r0 * ld,
-                     ld, k, ld, (T)0, P, lds);
-                    for (int i = 0; i < br; i++) {
-                        ROW_EXP(T)(P + (int64_t)i * lds, lds, (int)r0 + i + 1, lb[r0 + i]);
-                        const T *yr = yb + (r0 + i) * ldy, *gr = gb + (r0 + i) * ldy;
-                        T d = 0;
-                        FG_PRAGMA(omp simd reduction(+ : d))
-                        for (int c = 0; c < ihs; c++) d += yr[c] * gr[c];
-                        D[i] = d;
-                    }
-                    /* dv[0:kend] += P^T (kend, br) @ dy[r0:r0+br] (br, hs) */
-                    FG_GEMM(T)
-                    (CblasRowMajor, CblasTrans, CblasNoTrans, kend, ihs, br, (T)1, P, lds,
-                     gb + r0 * ldy, ldy, (T)1, dv, ld);
-                    /* dP (br, kend) = dy[r0:r0+br] @ v[0:kend]^T */
-                    FG_GEMM(T)
-                    (CblasRowMajor, CblasNoTrans, CblasTrans, br, kend, ihs, (T)1, gb + r0 * ldy,
-                     ldy, v, ld, (T)0, dS, lds);
-                    /* dS = P * (dP - D) * scale; masked entries stay 0 through P */
-                    for (int i = 0; i < br; i++) {
-                        T *ds = dS + (int64_t)i * lds;
-                        const T *p = P + (int64_t)i * lds;
-                        T di = D[i], sc = (T)scale;
-                        FG_PRAGMA(omp simd)
-                        for (int j = 0; j < lds; j++) ds[j] = p[j] * (ds[j] - di) * sc;
-                    }
-                    /* dq[r0:r0+br] += dS (br, kend) @ k[0:kend] (kend, hs) */
-                    FG_GEMM(T)
-                    (CblasRowMajor, CblasNoTrans, CblasNoTrans, br, ihs, kend, (T)1, dS, lds, k, ld,
-                     (T)1, dq + r0 * ld, ld);
-                    /* dk[0:kend] += dS^T (kend, br) @ q[r0:r0+br] (br, hs) */
-                    FG_GEMM(T)
-                    (CblasRowMajor, CblasTrans, CblasNoTrans, kend, ihs, br, (T)1, dS, lds,
-                     q + r0 * ld, ld, (T)1, dk, ld);
-                }
-            }
-            fg_free(P);
+FG_PRAGMA(omp for schedule(static))
+for (int64_t bh = 0; bh < nbh; bh++) {
+    if (!P) {
+        failed = 1;
+        continue;
+    }
+    int64_t b = bh / H, h = bh % H, off = b * nt * 3 * C + h * hs;
+    const T *q = pqkv + off, *k = q + C, *v = q + 2 * C;
+    T *dq = pdqkv + off, *dk = dq + C, *dv = dq + 2 * C;
+    const T *yb = py + b * nt * C + h * hs, *gb = pdy + b * nt * C + h * hs;
+    const T *lb = plse + bh * nt;
+    for (int64_t r0 = 0; r0 < nt; r0 += ATT_BR) {
+        int br = (int)FG_MIN(ATT_BR, nt - r0), kend = (int)(r0 + br);
+        int lds = (int)pad_up(kend);
+        FG_GEMM(T)
+        (CblasRowMajor, CblasNoTrans, CblasTrans, br, kend, ihs, (T)scale, q + r0 * ld, ld, k, ld,
+         (T)0, P, lds);
+        for (int i = 0; i < br; i++) {
+            ROW_EXP(T, vk)(P + (int64_t)i * lds, lds, (int)r0 + i + 1, lb[r0 + i]);
+            const T *yr = yb + (r0 + i) * ldy, *gr = gb + (r0 + i) * ldy;
+            T d = 0;
+            FG_PRAGMA(omp simd reduction(+ : d))
+            for (int c = 0; c < ihs; c++) d += yr[c] * gr[c];
+            D[i] = d;
+        }
+        /* dv[0:kend] += P^T (kend, br) @ dy[r0:r0+br] (br, hs) */
+        FG_GEMM(T)
+        (CblasRowMajor, CblasTrans, CblasNoTrans, kend, ihs, br, (T)1, P, lds, gb + r0 * ldy, ldy,
+         (T)1, dv, ld);
+        /* dP (br, kend) = dy[r0:r0+br] @ v[0:kend]^T */
+        FG_GEMM(T)
+        (CblasRowMajor, CblasNoTrans, CblasTrans, br, kend, ihs, (T)1, gb + r0 * ldy, ldy, v, ld,
+         (T)0, dS, lds);
+        /* dS = P * (dP - D) * scale; masked entries stay 0 through P */
+        for (int i = 0; i < br; i++) {
+            T *ds = dS + (int64_t)i * lds;
+            const T *p = P + (int64_t)i * lds;
+            T di = D[i], sc = (T)scale;
+            FG_PRAGMA(omp simd)
+            for (int j = 0; j < lds; j++) ds[j] = p[j] * (ds[j] - di) * sc;
+        }
+        /* dq[r0:r0+br] += dS (br, kend) @ k[0:kend] (kend, hs) */
+        FG_GEMM(T)
+        (CblasRowMajor, CblasNoTrans, CblasNoTrans, br, ihs, kend, (T)1, dS, lds, k, ld, (T)1,
+         dq + r0 * ld, ld);
+        /* dk[0:kend] += dS^T (kend, br) @ q[r0:r0+br] (br, hs) */
+        FG_GEMM(T)
+        (CblasRowMajor, CblasTrans, CblasNoTrans, kend, ihs, br, (T)1, dS, lds, q + r0 * ld, ld,
+         (T)1, dk, ld);
+    }
+}
+fg_free(P);
         }
     });
     if (failed) return fg_error(FG_ENOMEM, "attention_bwd: no memory for the score blocks");

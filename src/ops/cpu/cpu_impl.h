@@ -30,6 +30,55 @@ extern const fg_op_table fg__cpu_ops;
 /* Work below this many elements stays on one thread. */
 #define FG_PAR_MIN 65536
 
+/* isa.c: the f32 kernels of one vector ISA, written once in vk_t.h and
+ * compiled per ISA (vk_avx2.c, vk_avx512.c). An op takes the table of the
+ * ISA in use (fg_cpu_isa) at each call and runs its f32 rows through it.
+ * The scalar table's entries are all NULL: the op then runs its portable
+ * loop, the one it runs for f64 (compiled for the build's -march), which is
+ * the reference the vector paths are tested against. Rows have n >= 1. */
+typedef struct fg__vk {
+    fg_isa isa;
+    /* activation.c, over n elements: y = gelu(x); dx += dy gelu'(x) */
+    void (*gelu_fwd)(const float *x, float *y, int64_t n);
+    void (*gelu_bwd)(const float *x, const float *dy, float *dx, int64_t n);
+    /* softmax.c, one row of n: y = softmax(x), y = log_softmax(x) and their
+     * backward, adding into dx */
+    void (*softmax_row)(const float *x, float *y, int64_t n);
+    void (*softmax_bwd_row)(const float *y, const float *dy, float *dx, int64_t n);
+    void (*log_softmax_row)(const float *x, float *y, int64_t n);
+    void (*log_softmax_bwd_row)(const float *y, const float *dy, float *dx, int64_t n);
+    /* loss.c, one row of n logits with target t: returns logsumexp(x) - x[t];
+     * dx += scale (softmax(x) - onehot(t)) */
+    double (*ce_fwd_row)(const float *x, int64_t n, int64_t t);
+    void (*ce_bwd_row)(const float *x, float *dx, int64_t n, int64_t t, double scale);
+    /* attention.c, a score row s[0, lds) (lds a multiple of 16) with keys
+     * j < n live: s = softmax, returning log sum exp; s = exp(s - l). Both
+     * write zeros on [n, lds). */
+    float (*att_softmax_row)(float *s, int lds, int n);
+    void (*att_exp_row)(float *s, int lds, int n, float l);
+    /* layernorm.c, one row of C: forward (w, b may be NULL), and backward
+     * adding into dx (NULL: weight gradients only, and then w may be NULL)
+     * and into the chunk sums aw, ab (NULL: none) */
+    void (*ln_fwd_row)(const float *x, const float *w, const float *b, int64_t C, double eps,
+                       float *y, float *mean, float *rstd);
+    void (*ln_bwd_row)(const float *x, const float *dy, const float *w, float mean, float rstd,
+                       int64_t C, float *dx, float *aw, float *ab);
+    /* dropout.c, elements [0, n) with draws offset .. offset + n - 1 of
+     * stream seed: y = x keep scale (acc: y +=), keep = draw >= thr */
+    void (*dropout)(const float *x, float *y, int64_t n, uint64_t seed, uint64_t offset,
+                    uint32_t thr, float scale, bool acc);
+} fg__vk;
+
+extern const fg__vk fg__vk_avx2, fg__vk_avx512;
+
+/* The table of the ISA in use; FG_EINVAL naming FULGUR_CPU_ISA when its
+ * value is not a name (see core/cpu_isa.h). */
+fg_status fg__vk_get(const fg__vk **vk);
+
+/* Elementwise f32 work goes to the vector kernels in pieces of this many
+ * elements, the pieces split across threads. */
+#define FG_VK_PIECE 16384
+
 /* Shape checks that name the tensors. */
 fg_status fg__expect_same_shape(const char *kernel, const fg_tensor *a, const fg_tensor *b);
 fg_status fg__expect_contiguous(const char *kernel, const fg_tensor *t);

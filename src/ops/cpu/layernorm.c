@@ -17,7 +17,10 @@
  * slices are added in chunk order in double after the parallel loop, so
  * the weight gradients are the same on any thread count and no two threads
  * write one element. Sums within a row or a chunk are in T: 64 rows, or a
- * row of gradients (no offset to lose digits to). */
+ * row of gradients (no offset to lose digits to).
+ *
+ * f32 rows go through the vector kernels of the ISA in use (cpu_impl.h's
+ * fg__vk); the loops below are the f64 kernels and the scalar path. */
 #include "cpu_impl.h"
 #include "vmath.h"
 
@@ -25,6 +28,10 @@
  * task order at the end. A fixed count, not one per thread, so the sums do
  * not depend on the thread count. */
 #define LN_ROWS 64
+
+/* Whether the rows of a kernel body written over T go to the ISA's vector
+ * kernel (vk, set by the caller; NULL or an entry NULL: the loop here). */
+#define F32_ROWS(T) (sizeof(T) == sizeof(float) && vk && vk->ln_bwd_row)
 
 static fg_status check_vec(const char *kernel, const char *what, const fg_tensor *v,
                            const fg_tensor *x, int64_t n) {
@@ -62,6 +69,16 @@ fg_status fg__cpu_layernorm_fwd(const fg_tensor *x, const fg_tensor *w, const fg
     FG_TRY(check_vec("layernorm_fwd", "mean", mean, x, N));
     FG_TRY(check_vec("layernorm_fwd", "rstd", rstd, x, N));
     int64_t work = x->numel;
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    if (x->dtype == FG_F32 && vk->ln_fwd_row) {
+        const float *px = x->data, *pw = w ? w->data : NULL, *pb = b ? b->data : NULL;
+        float *py = y->data, *pm = mean->data, *pr = rstd->data;
+FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+for (int64_t i = 0; i < N; i++)
+    vk->ln_fwd_row(px + i * C, pw, pb, C, eps, py + i * C, pm + i, pr + i);
+return FG_OK;
+    }
     FG_FLOAT_DISPATCH("layernorm_fwd", x->dtype, {
         const T *px = x->data, *pw = w ? w->data : NULL, *pb = b ? b->data : NULL;
         T *py = y->data, *pm = mean->data, *pr = rstd->data;
@@ -120,6 +137,9 @@ fg_status fg__cpu_layernorm_bwd(const fg_tensor *x, const fg_tensor *w, const fg
     FG_TRY(check_vec("layernorm_bwd", "dbias", db, x, C));
     int64_t work = x->numel, nch = (N + LN_ROWS - 1) / LN_ROWS;
     bool wb = (dw || db) && N > 0 && C > 0;
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    if (C == 0) vk = NULL; /* the vector rows want C >= 1 */
     FG_FLOAT_DISPATCH("layernorm_bwd", x->dtype, {
         const T *px = x->data, *pg = dy->data, *pm = mean->data, *pr = rstd->data;
         const T *pw = w ? w->data : NULL;
@@ -142,6 +162,12 @@ fg_status fg__cpu_layernorm_bwd(const fg_tensor *x, const fg_tensor *w, const fg
             for (int64_t i = ch * LN_ROWS; i < FG_MIN(N, (ch + 1) * LN_ROWS); i++) {
                 const T *xr = px + i * C, *gr = pg + i * C; /* (C) */
                 T m = pm[i], r = pr[i];
+                if (F32_ROWS(T)) { /* the vector kernel of the ISA in use */
+                    vk->ln_bwd_row((const float *)xr, (const float *)gr, (const float *)pw,
+                                   (float)m, (float)r, C, pd ? (float *)pd + i * C : NULL,
+                                   (float *)aw, (float *)ab);
+                    continue;
+                }
                 if (!pd) { /* weight gradients only */
                     FG_SIMD
                     for (int64_t j = 0; j < C; j++) {

@@ -9,7 +9,9 @@
  * when none does (PyTorch would give NaN; the table's contract says 0).
  *
  * Row losses go into a scratch array and are summed in row order in double
- * after the parallel loop, so the loss is the same on any thread count. */
+ * after the parallel loop, so the loss is the same on any thread count.
+ * f32 rows go through the vector kernels of the ISA in use (cpu_impl.h's
+ * fg__vk); the loops below are the f64 kernels and the scalar path. */
 #include "cpu_impl.h"
 #include "vmath.h"
 
@@ -52,10 +54,18 @@ fg_status fg__cpu_cross_entropy_fwd(const fg_tensor *logits, const fg_tensor *ta
     }
     int64_t N = logits->shape[0], V = logits->shape[1], work = logits->numel;
     const int32_t *t = targets->data;
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
     double *row = fg_step_alloc(sizeof(double) * (size_t)(N ? N : 1)); /* (N) */
     if (!row) return fg_error_wrap(FG_ENOMEM, "cross_entropy_fwd: %lld row losses", (long long)N);
-    FG_FLOAT_DISPATCH("cross_entropy_fwd", logits->dtype, {
-        const T *px = logits->data;
+    if (logits->dtype == FG_F32 && vk->ce_fwd_row) {
+        const float *px = logits->data;
+FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+for (int64_t i = 0; i < N; i++)
+    row[i] = t[i] == ignore_index ? 0 : vk->ce_fwd_row(px + i * V, V, t[i]);
+    } else
+        FG_FLOAT_DISPATCH("cross_entropy_fwd", logits->dtype, {
+            const T *px = logits->data;
         FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
         for (int64_t i = 0; i < N; i++) {
             if (t[i] == ignore_index) {
@@ -69,7 +79,7 @@ fg_status fg__cpu_cross_entropy_fwd(const fg_tensor *logits, const fg_tensor *ta
             double s = FG_EXPSUM(xr, V, m, (T *)NULL);
             row[i] = (double)m + log(s) - (double)xr[t[i]];
         }
-    });
+        });
     double sum = 0;
     for (int64_t i = 0; i < N; i++) sum += row[i];
     double v = c ? sum / (double)c : 0.0;
@@ -90,6 +100,16 @@ fg_status fg__cpu_cross_entropy_bwd(const fg_tensor *logits, const fg_tensor *ta
     int64_t N = logits->shape[0], V = logits->shape[1], work = logits->numel;
     const int32_t *t = targets->data;
     double scale = dloss / (double)count;
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    if (logits->dtype == FG_F32 && vk->ce_bwd_row) {
+        const float *px = logits->data;
+        float *pd = dlogits->data;
+FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+for (int64_t i = 0; i < N; i++)
+    if (t[i] != ignore_index) vk->ce_bwd_row(px + i * V, pd + i * V, V, t[i], scale);
+return FG_OK;
+    }
     FG_FLOAT_DISPATCH("cross_entropy_bwd", logits->dtype, {
         const T *px = logits->data;
         T *pd = dlogits->data;

@@ -5,7 +5,10 @@
  * Every row subtracts its max before exp (no overflow for any finite
  * input); the row sums (of exp, of dy * y, of dy) accumulate in double, so
  * a long f32 row keeps the digits a naive float sum would lose. A row with
- * a NaN gives NaN, and a row of -inf gives NaN (0/0), as in PyTorch. */
+ * a NaN gives NaN, and a row of -inf gives NaN (0/0), as in PyTorch.
+ *
+ * f32 rows go through the vector kernels of the ISA in use (cpu_impl.h's
+ * fg__vk); the loops below are the f64 kernels and the scalar path. */
 #include "cpu_impl.h"
 #include "vmath.h"
 
@@ -33,6 +36,15 @@ fg_status fg__cpu_softmax_fwd(const fg_tensor *x, fg_tensor *y) {
     FG_TRY(check2("softmax_fwd", x, y));
     int64_t rows, C, work = x->numel;
     rows_of(x, &rows, &C);
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    if (x->dtype == FG_F32 && vk->softmax_row) {
+        const float *px = x->data;
+        float *py = y->data;
+FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+for (int64_t r = 0; r < rows; r++) vk->softmax_row(px + r * C, py + r * C, C);
+return FG_OK;
+    }
     FG_FLOAT_DISPATCH("softmax_fwd", x->dtype, {
         const T *px = x->data;
         T *py = y->data;
@@ -54,6 +66,15 @@ fg_status fg__cpu_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_tensor
     FG_TRY(check2("softmax_bwd", y, dx));
     int64_t rows, C, work = y->numel;
     rows_of(y, &rows, &C);
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    if (y->dtype == FG_F32 && vk->softmax_bwd_row) {
+        const float *py = y->data, *pg = dy->data;
+        float *pd = dx->data;
+FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+for (int64_t r = 0; r < rows; r++) vk->softmax_bwd_row(py + r * C, pg + r * C, pd + r * C, C);
+return FG_OK;
+    }
     FG_FLOAT_DISPATCH("softmax_bwd", y->dtype, {
         const T *py = y->data, *pg = dy->data;
         T *pd = dx->data;
@@ -76,6 +97,15 @@ fg_status fg__cpu_log_softmax_fwd(const fg_tensor *x, fg_tensor *y) {
     FG_TRY(check2("log_softmax_fwd", x, y));
     int64_t rows, C, work = x->numel;
     rows_of(x, &rows, &C);
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    if (x->dtype == FG_F32 && vk->log_softmax_row) {
+        const float *px = x->data;
+        float *py = y->data;
+FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+for (int64_t r = 0; r < rows; r++) vk->log_softmax_row(px + r * C, py + r * C, C);
+return FG_OK;
+    }
     FG_FLOAT_DISPATCH("log_softmax_fwd", x->dtype, {
         const T *px = x->data;
         T *py = y->data;
@@ -99,6 +129,15 @@ fg_status fg__cpu_log_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_te
     FG_TRY(check2("log_softmax_bwd", y, dx));
     int64_t rows, C, work = y->numel;
     rows_of(y, &rows, &C);
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    if (y->dtype == FG_F32 && vk->log_softmax_bwd_row) {
+        const float *py = y->data, *pg = dy->data;
+        float *pd = dx->data;
+FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+for (int64_t r = 0; r < rows; r++) vk->log_softmax_bwd_row(py + r * C, pg + r * C, pd + r * C, C);
+return FG_OK;
+    }
     FG_FLOAT_DISPATCH("log_softmax_bwd", y->dtype, {
         const T *py = y->data, *pg = dy->data;
         T *pd = dx->data;

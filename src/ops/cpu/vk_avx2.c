@@ -1,0 +1,19 @@
+/* The fg__vk kernels for AVX2 + FMA (8 floats a vector): vk_t.h compiled
+ * for that ISA whatever -march the build uses. isa.c hands this table out
+ * only when fg_cpu_isa() is FG_ISA_AVX2. */
+#include <math.h>
+
+#include "core/cpu_isa.h"
+#include "cpu_impl.h"
+
+#if FG_HAVE_ISA_TARGETS
+#include <immintrin.h>
+
+FG_TARGET_AVX2_BEGIN
+#define VK_W 8
+#include "simd.h"
+#include "vk_t.h"
+
+const fg__vk fg__vk_avx2 = {.isa = FG_ISA_AVX2, VK_ENTRIES};
+FG_TARGET_END
+#endif

@@ -1,0 +1,461 @@
+/* The f32 kernels of the fg__vk table, written once over simd.h's vectors
+ * and compiled once per ISA (vk_avx2.c, vk_avx512.c). Each computes what
+ * the portable loop of its op computes (activation.c, softmax.c, loss.c,
+ * attention.c, layernorm.c, dropout.c: the scalar path), in the same order
+ * of operations where the portable loop has one per element, with FMA where
+ * GCC contracts the portable loop at -march with FMA. Sums over a row go
+ * lane by lane and the lanes are added at the end: the order of the
+ * additions differs from the scalar path's, so row results agree with it
+ * to rounding only (tests/ops/test_isa.c has the tolerances). The dropout
+ * mask is integer arithmetic: the same bits on every path.
+ *
+ * Every loop runs whole vectors, then one masked vector for the tail. */
+#ifndef FULGUR_CPU_VK_T_H
+#define FULGUR_CPU_VK_T_H
+
+/* ------------------------------------------------------------------ exp */
+
+/* vmath.h's fg__expf lane by lane: the same clamp, the same Cephes
+ * polynomial, 2^n from the bits of the rounding sum; NaN stays NaN (the
+ * clamps return their second operand for a NaN, and x is it). */
+static inline vf v_exp(vf xin) {
+    vf x = v_min(v_set1(88.0f), v_max(v_set1(-88.0f), xin));
+    vf t = v_fma(x, v_set1(1.44269504088896341f), v_set1(12582912.0f));
+    vf n = v_sub(t, v_set1(12582912.0f));
+    vf r = v_fnma(n, v_set1(0.693359375f), x);
+    r = v_fma(n, v_set1(2.12194440e-4f), r);
+    vf z = v_mul(r, r);
+    vf p = v_set1(1.9875691500e-4f);
+    p = v_fma(p, r, v_set1(1.3981999507e-3f));
+    p = v_fma(p, r, v_set1(8.3334519073e-3f));
+    p = v_fma(p, r, v_set1(4.1665795894e-2f));
+    p = v_fma(p, r, v_set1(1.6666665459e-1f));
+    p = v_fma(p, r, v_set1(5.0000001201e-1f));
+    p = v_add(v_fma(p, z, r), v_set1(1.0f));
+    vf s = v_as_f(v_u_shl23(v_u_sub(v_as_u(t), v_u_set1(0x4B400000u - 127u))));
+    return v_select(v_gt(xin, v_set1(88.7228394f)), v_set1(INFINITY), v_mul(p, s));
+}
+
+/* ------------------------------------------------------------------ gelu */
+
+#define VK_GELU_K0 0.7978845608028654f /* sqrt(2 / pi) */
+#define VK_GELU_K1 0.044715f
+
+static inline vf v_clamp30(vf v) { return v_min(v_set1(30.0f), v_max(v_set1(-30.0f), v)); }
+
+static inline vf gelu1(vf v) {
+    vf c = v_clamp30(v);
+    vf u = v_mul(v_set1(VK_GELU_K0), v_fma(v_mul(v_mul(v_set1(VK_GELU_K1), c), c), c, c));
+    return v_div(v, v_add(v_set1(1.0f), v_exp(v_mul(v_set1(-2.0f), u))));
+}
+
+/* dx + dy gelu'(x) */
+static inline vf gelu_grad1(vf v, vf g, vf d) {
+    vf c = v_clamp30(v), c2 = v_mul(c, c);
+    vf u = v_mul(v_set1(VK_GELU_K0), v_fma(v_mul(v_set1(VK_GELU_K1), c2), c, c));
+    vf s = v_div(v_set1(1.0f), v_add(v_set1(1.0f), v_exp(v_mul(v_set1(-2.0f), u))));
+    vf du = v_mul(v_set1(VK_GELU_K0), v_fma(v_set1(3 * VK_GELU_K1), c2, v_set1(1.0f)));
+    vf k = v_mul(v_mul(v_mul(v_set1(2.0f), c), s), v_sub(v_set1(1.0f), s));
+    return v_fma(g, v_fma(k, du, s), d);
+}
+
+static void vk_gelu_fwd(const float *x, float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + VK_W <= n; i += VK_W) v_store(y + i, gelu1(v_load(x + i)));
+    vmask m = v_first(n - i);
+    v_store_n(y + i, m, gelu1(v_load_n(x + i, m)));
+}
+
+static void vk_gelu_bwd(const float *x, const float *dy, float *dx, int64_t n) {
+    int64_t i = 0;
+    for (; i + VK_W <= n; i += VK_W)
+        v_store(dx + i, gelu_grad1(v_load(x + i), v_load(dy + i), v_load(dx + i)));
+    vmask m = v_first(n - i);
+    v_store_n(dx + i, m, gelu_grad1(v_load_n(x + i, m), v_load_n(dy + i, m), v_load_n(dx + i, m)));
+}
+
+/* ------------------------------------------------------------------ rows */
+
+/* The max of x (n >= 1), as softmax.c's ROW_MAX: a NaN is never taken over
+ * a number, but a NaN x[0] stays. */
+static float row_max(const float *x, int64_t n) {
+    vf m = v_set1(x[0]);
+    int64_t j = 0;
+    for (; j + VK_W <= n; j += VK_W) m = v_max(v_load(x + j), m);
+    vmask k = v_first(n - j);
+    m = v_max(v_load_n_or(x + j, k, m), m);
+    return v_hmax(m);
+}
+
+/* sum_j exp(x[j] - m) in double, storing each exp in y[j] when y is not
+ * NULL: vmath.h's fg__expsum_f32 (float lanes within blocks of
+ * FG_EXPSUM_BLOCK, the blocks added in double). */
+static double exp_sum(const float *x, int64_t n, float m, float *y) {
+    double total = 0;
+    vf bm = v_set1(m);
+    for (int64_t j0 = 0; j0 < n; j0 += 1024) {
+        int64_t j1 = n - j0 < 1024 ? n : j0 + 1024, j = j0;
+        vf s = v_zero();
+        for (; j + VK_W <= j1; j += VK_W) {
+            vf e = v_exp(v_sub(v_load(x + j), bm));
+            if (y) v_store(y + j, e);
+            s = v_add(s, e);
+        }
+        if (j < j1) {
+            vmask k = v_first(j1 - j);
+            vf e = v_keep(k, v_exp(v_sub(v_load_n(x + j, k), bm)));
+            if (y) v_store_n(y + j, k, e);
+            s = v_add(s, e);
+        }
+        total += (double)v_hsum(s);
+    }
+    return total;
+}
+
+/* y *= s */
+static void scale_row(float *y, int64_t n, float s) {
+    vf bs = v_set1(s);
+    int64_t j = 0;
+    for (; j + VK_W <= n; j += VK_W) v_store(y + j, v_mul(v_load(y + j), bs));
+    vmask k = v_first(n - j);
+    v_store_n(y + j, k, v_mul(v_load_n(y + j, k), bs));
+}
+
+/* sum_j a[j] b[j] (b NULL: sum_j a[j]) in double lanes */
+static double dot_d(const float *a, const float *b, int64_t n) {
+    vd s0 = vd_zero(), s1 = vd_zero();
+    int64_t j = 0;
+    for (; j + VK_W <= n; j += VK_W) {
+        vf x = v_load(a + j);
+        if (b) {
+            vf z = v_load(b + j);
+            s0 = vd_fma(vd_lo(x), vd_lo(z), s0);
+            s1 = vd_fma(vd_hi(x), vd_hi(z), s1);
+        } else {
+            s0 = vd_add(s0, vd_lo(x));
+            s1 = vd_add(s1, vd_hi(x));
+        }
+    }
+    vmask k = v_first(n - j);
+    vf x = v_load_n(a + j, k); /* zero past the end: adds nothing */
+    if (b) {
+        vf z = v_load_n(b + j, k);
+        s0 = vd_fma(vd_lo(x), vd_lo(z), s0);
+        s1 = vd_fma(vd_hi(x), vd_hi(z), s1);
+    } else {
+        s0 = vd_add(s0, vd_lo(x));
+        s1 = vd_add(s1, vd_hi(x));
+    }
+    return vd_hsum(vd_add(s0, s1));
+}
+
+/* softmax.c's rows (C = n >= 1) */
+static void vk_softmax_row(const float *x, float *y, int64_t n) {
+    float m = row_max(x, n);
+    scale_row(y, n, (float)(1 / exp_sum(x, n, m, y)));
+}
+
+static void vk_log_softmax_row(const float *x, float *y, int64_t n) {
+    float m = row_max(x, n), ls = (float)log(exp_sum(x, n, m, NULL));
+    vf bm = v_set1(m), bl = v_set1(ls);
+    int64_t j = 0;
+    for (; j + VK_W <= n; j += VK_W) v_store(y + j, v_sub(v_sub(v_load(x + j), bm), bl));
+    vmask k = v_first(n - j);
+    v_store_n(y + j, k, v_sub(v_sub(v_load_n(x + j, k), bm), bl));
+}
+
+/* dx += y (dy - sum(dy y)) */
+static void vk_softmax_bwd_row(const float *y, const float *dy, float *dx, int64_t n) {
+    vf dot = v_set1((float)dot_d(dy, y, n));
+    int64_t j = 0;
+    for (; j + VK_W <= n; j += VK_W)
+        v_store(dx + j, v_fma(v_load(y + j), v_sub(v_load(dy + j), dot), v_load(dx + j)));
+    vmask k = v_first(n - j);
+    v_store_n(dx + j, k,
+              v_fma(v_load_n(y + j, k), v_sub(v_load_n(dy + j, k), dot), v_load_n(dx + j, k)));
+}
+
+/* dx += dy - exp(y) sum(dy) */
+static void vk_log_softmax_bwd_row(const float *y, const float *dy, float *dx, int64_t n) {
+    vf gs = v_set1((float)dot_d(dy, NULL, n));
+    int64_t j = 0;
+    for (; j + VK_W <= n; j += VK_W)
+        v_store(dx + j, v_add(v_load(dx + j), v_fnma(v_exp(v_load(y + j)), gs, v_load(dy + j))));
+    vmask k = v_first(n - j);
+    v_store_n(
+        dx + j, k,
+        v_add(v_load_n(dx + j, k), v_fnma(v_exp(v_load_n(y + j, k)), gs, v_load_n(dy + j, k))));
+}
+
+/* loss.c's rows: logsumexp(x) - x[t]; dx += scale (softmax(x) - onehot(t)) */
+static double vk_ce_fwd_row(const float *x, int64_t n, int64_t t) {
+    float m = row_max(x, n);
+    return (double)m + log(exp_sum(x, n, m, NULL)) - (double)x[t];
+}
+
+static void vk_ce_bwd_row(const float *x, float *dx, int64_t n, int64_t t, double scale) {
+    float m = row_max(x, n);
+    vf k = v_set1((float)(scale / exp_sum(x, n, m, NULL))), bm = v_set1(m);
+    int64_t j = 0;
+    for (; j + VK_W <= n; j += VK_W)
+        v_store(dx + j, v_fma(k, v_exp(v_sub(v_load(x + j), bm)), v_load(dx + j)));
+    vmask km = v_first(n - j);
+    v_store_n(dx + j, km, v_fma(k, v_exp(v_sub(v_load_n(x + j, km), bm)), v_load_n(dx + j, km)));
+    dx[t] -= (float)scale;
+}
+
+/* attention.c's score rows: s[0, lds) with keys j < n live, lds a multiple
+ * of the vector width (ATT_PAD). s = softmax(s[0, n)) and zero after;
+ * returns log sum exp. */
+static float vk_att_softmax_row(float *s, int lds, int n) {
+    float m = row_max(s, n);
+    vf bm = v_set1(m), sum = v_zero();
+    for (int j = 0; j < lds; j += VK_W) {
+        vf e = v_keep(v_first(n - j), v_exp(v_sub(v_load(s + j), bm)));
+        v_store(s + j, e);
+        sum = v_add(sum, e);
+    }
+    float total = v_hsum(sum);
+    vf inv = v_set1(1.0f / total);
+    for (int j = 0; j < n; j += VK_W) v_store(s + j, v_mul(v_load(s + j), inv));
+    return m + logf(total);
+}
+
+/* s = exp(s - l) on [0, n), zero after */
+static void vk_att_exp_row(float *s, int lds, int n, float l) {
+    vf bl = v_set1(l);
+    for (int j = 0; j < lds; j += VK_W)
+        v_store(s + j, v_keep(v_first(n - j), v_exp(v_sub(v_load(s + j), bl))));
+}
+
+/* ------------------------------------------------------------- layernorm */
+
+/* layernorm.c's forward row: x, y (C), w and b (C) or NULL */
+static void vk_ln_fwd_row(const float *x, const float *w, const float *b, int64_t C, double eps,
+                          float *y, float *mean, float *rstd) {
+    float x0 = C ? x[0] : 0;
+    vf b0 = v_set1(x0), s = v_zero();
+    int64_t j = 0;
+    for (; j + VK_W <= C; j += VK_W) s = v_add(s, v_sub(v_load(x + j), b0));
+    vmask k = v_first(C - j);
+    s = v_add(s, v_keep(k, v_sub(v_load_n(x + j, k), b0)));
+    float m = x0 + v_hsum(s) / (float)C;
+    vf bm = v_set1(m), v = v_zero();
+    for (j = 0; j + VK_W <= C; j += VK_W) {
+        vf d = v_sub(v_load(x + j), bm);
+        v = v_fma(d, d, v);
+    }
+    vf d = v_keep(k, v_sub(v_load_n(x + j, k), bm));
+    v = v_fma(d, d, v);
+    float r = (float)(1 / sqrt((double)v_hsum(v) / (double)C + eps));
+    *mean = m;
+    *rstd = r;
+    vf br = v_set1(r), one = v_set1(1.0f), zero = v_zero();
+    for (j = 0; j + VK_W <= C; j += VK_W) {
+        vf wv = w ? v_load(w + j) : one, bv = b ? v_load(b + j) : zero;
+        v_store(y + j, v_fma(v_mul(v_sub(v_load(x + j), bm), br), wv, bv));
+    }
+    vf wv = w ? v_load_n(w + j, k) : one, bv = b ? v_load_n(b + j, k) : zero;
+    v_store_n(y + j, k, v_fma(v_mul(v_sub(v_load_n(x + j, k), bm), br), wv, bv));
+}
+
+/* One vector of layernorm.c's backward row: dx += r (g w - a - xh c) with
+ * xh = (x - m) r, and aw += g xh, ab += g when aw is not NULL. */
+static inline void ln_bwd_vec(vf x, vf g, vf w, vf bm, vf br, vf a, vf c, float *dx, float *aw,
+                              float *ab, vmask k, bool tail) {
+    vf xh = v_mul(v_sub(x, bm), br);
+    vf e = v_fnma(xh, c, v_fms(g, w, a));
+    if (tail) {
+        v_store_n(dx, k, v_fma(br, e, v_load_n(dx, k)));
+        if (aw) {
+            v_store_n(aw, k, v_fma(g, xh, v_load_n(aw, k)));
+            v_store_n(ab, k, v_add(v_load_n(ab, k), g));
+        }
+    } else {
+        v_store(dx, v_fma(br, e, v_load(dx)));
+        if (aw) {
+            v_store(aw, v_fma(g, xh, v_load(aw)));
+            v_store(ab, v_add(v_load(ab), g));
+        }
+    }
+}
+
+/* layernorm.c's backward row: x, dy (C); w (C), or NULL when dx is NULL
+ * (weight gradients only); aw and ab (C) the chunk's dw and db sums, or NULL
+ * (no weight gradients). */
+static void vk_ln_bwd_row(const float *x, const float *dy, const float *w, float m, float r,
+                          int64_t C, float *dx, float *aw, float *ab) {
+    vf bm = v_set1(m), br = v_set1(r);
+    int64_t j = 0;
+    vmask k;
+    if (!dx) {
+        for (; j + VK_W <= C; j += VK_W) {
+            vf g = v_load(dy + j), xh = v_mul(v_sub(v_load(x + j), bm), br);
+            v_store(aw + j, v_fma(g, xh, v_load(aw + j)));
+            v_store(ab + j, v_add(v_load(ab + j), g));
+        }
+        k = v_first(C - j);
+        vf g = v_load_n(dy + j, k), xh = v_mul(v_sub(v_load_n(x + j, k), bm), br);
+        v_store_n(aw + j, k, v_fma(g, xh, v_load_n(aw + j, k)));
+        v_store_n(ab + j, k, v_add(v_load_n(ab + j, k), g));
+        return;
+    }
+    vf s1 = v_zero(), s2 = v_zero();
+    for (; j + VK_W <= C; j += VK_W) {
+        vf g = v_mul(v_load(dy + j), v_load(w + j));
+        s1 = v_add(s1, g);
+        s2 = v_fma(g, v_mul(v_sub(v_load(x + j), bm), br), s2);
+    }
+    k = v_first(C - j);
+    vf g = v_mul(v_load_n(dy + j, k), v_load_n(w + j, k)); /* zero past the end */
+    s1 = v_add(s1, g);
+    s2 = v_fma(g, v_mul(v_sub(v_load_n(x + j, k), bm), br), s2);
+    vf a = v_set1(v_hsum(s1) / (float)C), c = v_set1(v_hsum(s2) / (float)C);
+    for (j = 0; j + VK_W <= C; j += VK_W)
+        ln_bwd_vec(v_load(x + j), v_load(dy + j), v_load(w + j), bm, br, a, c, dx + j,
+                   aw ? aw + j : NULL, ab ? ab + j : NULL, k, false);
+    ln_bwd_vec(v_load_n(x + j, k), v_load_n(dy + j, k), v_load_n(w + j, k), bm, br, a, c, dx + j,
+               aw ? aw + j : NULL, ab ? ab + j : NULL, k, true);
+}
+
+/* --------------------------------------------------------------- dropout */
+
+#define VK_PHILOX_M0 0xD2511F53u
+#define VK_PHILOX_M1 0xCD9E8D57u
+#define VK_PHILOX_W0 0x9E3779B9u
+#define VK_PHILOX_W1 0xBB67AE85u
+
+#if VK_W == 16
+/* hi and lo words of a * m in 16 u32 lanes. vpmuludq multiplies the even
+ * lanes; the odd ones are shifted down for a second one. (Left to itself,
+ * GCC widens to 64-bit lanes and uses vpmullq with permutes around it, at
+ * about twice the cost.) */
+static inline void mulhilo(__m512i a, __m512i m, __m512i *hi, __m512i *lo) {
+    __m512i pe = _mm512_mul_epu32(a, m);
+    __m512i po = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);
+    *hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(pe, 32), po);
+    *lo = _mm512_mask_blend_epi32(0xAAAA, pe, _mm512_slli_epi64(po, 32));
+}
+
+/* u[k] = draw 4 ctr0 + k of stream seed, k < 64 (16 blocks: block ctr0 + l
+ * in lane l, then a 4 x 16 transpose into draw order) */
+static void philox64(uint64_t seed, uint64_t ctr0, uint32_t *restrict u) {
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512i base = _mm512_set1_epi32((int)(uint32_t)ctr0);
+    __m512i a0 = _mm512_add_epi32(base, iota);
+    __mmask16 carry = _mm512_cmplt_epu32_mask(a0, base); /* the low word wrapped */
+    __m512i hi = _mm512_set1_epi32((int)(uint32_t)(ctr0 >> 32));
+    __m512i a1 = _mm512_mask_add_epi32(hi, carry, hi, _mm512_set1_epi32(1));
+    __m512i a2 = _mm512_setzero_si512(), a3 = _mm512_setzero_si512();
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    const __m512i m0 = _mm512_set1_epi32((int)VK_PHILOX_M0),
+                  m1 = _mm512_set1_epi32((int)VK_PHILOX_M1);
+    for (int r = 0; r < 10; r++) {
+        __m512i hi0, lo0, hi1, lo1;
+        mulhilo(a0, m0, &hi0, &lo0);
+        mulhilo(a2, m1, &hi1, &lo1);
+        a0 = _mm512_ternarylogic_epi32(hi1, a1, _mm512_set1_epi32((int)k0), 0x96); /* xor3 */
+        a2 = _mm512_ternarylogic_epi32(hi0, a3, _mm512_set1_epi32((int)k1), 0x96);
+        a1 = lo1;
+        a3 = lo0;
+        k0 += VK_PHILOX_W0;
+        k1 += VK_PHILOX_W1;
+    }
+    __m512i t0 = _mm512_unpacklo_epi32(a0, a1), t1 = _mm512_unpackhi_epi32(a0, a1);
+    __m512i t2 = _mm512_unpacklo_epi32(a2, a3), t3 = _mm512_unpackhi_epi32(a2, a3);
+    __m512i r0 = _mm512_unpacklo_epi64(t0, t2), r1 = _mm512_unpackhi_epi64(t0, t2);
+    __m512i r2 = _mm512_unpacklo_epi64(t1, t3), r3 = _mm512_unpackhi_epi64(t1, t3);
+    /* r_j holds blocks j, j+4, j+8, j+12 in its 128-bit lanes */
+    __m512i s0 = _mm512_shuffle_i32x4(r0, r1, 0x44), s1 = _mm512_shuffle_i32x4(r2, r3, 0x44);
+    __m512i s2 = _mm512_shuffle_i32x4(r0, r1, 0xEE), s3 = _mm512_shuffle_i32x4(r2, r3, 0xEE);
+    _mm512_storeu_si512(u, _mm512_shuffle_i32x4(s0, s1, 0x88));
+    _mm512_storeu_si512(u + 16, _mm512_shuffle_i32x4(s0, s1, 0xDD));
+    _mm512_storeu_si512(u + 32, _mm512_shuffle_i32x4(s2, s3, 0x88));
+    _mm512_storeu_si512(u + 48, _mm512_shuffle_i32x4(s2, s3, 0xDD));
+}
+#else
+/* hi and lo words of a * m in 8 u32 lanes (as the AVX-512 one) */
+static inline void mulhilo(__m256i a, __m256i m, __m256i *hi, __m256i *lo) {
+    __m256i pe = _mm256_mul_epu32(a, m);
+    __m256i po = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);
+    *hi = _mm256_blend_epi32(_mm256_srli_epi64(pe, 32), po, 0xAA);
+    *lo = _mm256_blend_epi32(pe, _mm256_slli_epi64(po, 32), 0xAA);
+}
+
+/* 8 blocks ctr0 .. ctr0 + 7 (lane l: block ctr0 + l) into u[32] in draw
+ * order: the two halves of each 128-bit pair are blocks l and l + 4. */
+static inline void philox32(uint64_t seed, uint64_t ctr0, uint32_t *restrict u) {
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256i base = _mm256_set1_epi32((int)(uint32_t)ctr0);
+    __m256i a0 = _mm256_add_epi32(base, iota);
+    /* the low word wrapped iff a0 < base (unsigned), i.e. min(a0, base) != base */
+    __m256i nowrap = _mm256_cmpeq_epi32(_mm256_min_epu32(a0, base), base);
+    __m256i a1 = _mm256_add_epi32(_mm256_set1_epi32((int)(uint32_t)(ctr0 >> 32)),
+                                  _mm256_andnot_si256(nowrap, _mm256_set1_epi32(1)));
+    __m256i a2 = _mm256_setzero_si256(), a3 = _mm256_setzero_si256();
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    const __m256i m0 = _mm256_set1_epi32((int)VK_PHILOX_M0),
+                  m1 = _mm256_set1_epi32((int)VK_PHILOX_M1);
+    for (int r = 0; r < 10; r++) {
+        __m256i hi0, lo0, hi1, lo1;
+        mulhilo(a0, m0, &hi0, &lo0);
+        mulhilo(a2, m1, &hi1, &lo1);
+        a0 = _mm256_xor_si256(_mm256_xor_si256(hi1, a1), _mm256_set1_epi32((int)k0));
+        a2 = _mm256_xor_si256(_mm256_xor_si256(hi0, a3), _mm256_set1_epi32((int)k1));
+        a1 = lo1;
+        a3 = lo0;
+        k0 += VK_PHILOX_W0;
+        k1 += VK_PHILOX_W1;
+    }
+    __m256i t0 = _mm256_unpacklo_epi32(a0, a1), t1 = _mm256_unpackhi_epi32(a0, a1);
+    __m256i t2 = _mm256_unpacklo_epi32(a2, a3), t3 = _mm256_unpackhi_epi32(a2, a3);
+    __m256i r0 = _mm256_unpacklo_epi64(t0, t2), r1 = _mm256_unpackhi_epi64(t0, t2);
+    __m256i r2 = _mm256_unpacklo_epi64(t1, t3), r3 = _mm256_unpackhi_epi64(t1, t3);
+    /* r_j holds blocks j and j + 4 */
+    _mm256_storeu_si256((__m256i *)u, _mm256_permute2x128_si256(r0, r1, 0x20));
+    _mm256_storeu_si256((__m256i *)(u + 8), _mm256_permute2x128_si256(r2, r3, 0x20));
+    _mm256_storeu_si256((__m256i *)(u + 16), _mm256_permute2x128_si256(r0, r1, 0x31));
+    _mm256_storeu_si256((__m256i *)(u + 24), _mm256_permute2x128_si256(r2, r3, 0x31));
+}
+
+/* u[k] = draw 4 ctr0 + k of stream seed, k < 64 */
+static void philox64(uint64_t seed, uint64_t ctr0, uint32_t *restrict u) {
+    philox32(seed, ctr0, u);
+    philox32(seed, ctr0 + 8, u + 32);
+}
+#endif
+
+/* dropout.c's mask on elements [0, n) whose draws are offset .. offset+n-1:
+ * y = x keep scale, or y += x keep scale (acc), keep = draw >= thr. */
+static void vk_dropout(const float *x, float *y, int64_t n, uint64_t seed, uint64_t offset,
+                       uint32_t thr, float scale, bool acc) {
+    uint32_t u[64 + VK_W] = {0}; /* a vector from any k < 64 stays inside */
+    vu bt = v_u_set1(thr);
+    vf bs = v_set1(scale);
+    uint64_t end = offset + (uint64_t)n;
+    /* chunks of 64 draws from the block holding draw `offset` */
+    for (uint64_t d0 = offset & ~(uint64_t)3; d0 < end; d0 += 64) {
+        philox64(seed, d0 >> 2, u);
+        /* draws d0 + k for k in [k0, k1) are elements d0 + k - offset */
+        int64_t k0 = d0 < offset ? (int64_t)(offset - d0) : 0;
+        int64_t k1 = end - d0 < 64 ? (int64_t)(end - d0) : 64;
+        for (int64_t k = k0; k < k1; k += VK_W) {
+            int64_t i = (int64_t)(d0 + (uint64_t)k - offset);
+            vmask live = v_first(k1 - k);
+            vf z = v_keep_ge(v_u_load(u + k), bt, v_mul(v_load_n(x + i, live), bs));
+            if (acc) z = v_add(v_load_n(y + i, live), z);
+            v_store_n(y + i, live, z);
+        }
+    }
+}
+
+/* The table's entries, for `const fg__vk fg__vk_<isa> = {.isa = ..., VK_ENTRIES};` */
+#define VK_ENTRIES                                                                                 \
+    .gelu_fwd = vk_gelu_fwd, .gelu_bwd = vk_gelu_bwd, .softmax_row = vk_softmax_row,               \
+    .softmax_bwd_row = vk_softmax_bwd_row, .log_softmax_row = vk_log_softmax_row,                  \
+    .log_softmax_bwd_row = vk_log_softmax_bwd_row, .ce_fwd_row = vk_ce_fwd_row,                    \
+    .ce_bwd_row = vk_ce_bwd_row, .att_softmax_row = vk_att_softmax_row,                            \
+    .att_exp_row = vk_att_exp_row, .ln_fwd_row = vk_ln_fwd_row, .ln_bwd_row = vk_ln_bwd_row,       \
+    .dropout = vk_dropout
+
+#endif
