@@ -264,9 +264,9 @@ typedef enum fg_isa { FG_ISA_AUTO, FG_ISA_SCALAR, FG_ISA_AVX2, FG_ISA_AVX512, FG
 /* The ISA in use: the best this CPU has, capped by FULGUR_CPU_ISA, unless
  * fg_set_cpu_isa chose one. Never FG_ISA_AUTO. Thread-safe. */
 FG_API fg_isa fg_cpu_isa(void);
-/* Runs the kernels at `isa` from now on (FG_ISA_AUTO: back to the default);
- * FG_EUNSUPPORTED naming what the CPU lacks. Call between kernels, not
- * while one runs on another thread (tests, benchmarks). */
+/* Runs the kernels at `isa` from now on (FG_ISA_AUTO: the default, with
+ * FULGUR_CPU_ISA read again); FG_EUNSUPPORTED naming what the CPU lacks.
+ * Call between kernels, not while one runs on another thread. */
 FG_API fg_status fg_set_cpu_isa(fg_isa isa);
 FG_API const char *fg_isa_name(fg_isa isa); /* "auto", "scalar", "avx2", "avx512"; "?" */
 

@@ -1,9 +1,10 @@
 /* Which vector ISA the CPU kernels run at. The CPU is asked once
  * (__builtin_cpu_supports, which also checks that the OS saves the wide
- * registers); FULGUR_CPU_ISA caps the choice, so that one setting fits a
- * mix of machines: avx512 on a CPU with AVX2 only runs AVX2. The kernels of
- * ops, optim and comm read fg_cpu_isa() at each call and index their tables
- * with it, so fg_set_cpu_isa takes effect at the next kernel. */
+ * registers); FULGUR_CPU_ISA, read at the first query, caps the choice, so
+ * that one setting fits a mix of machines: avx512 on a CPU with AVX2 only
+ * runs AVX2. The kernels of ops, optim and comm read fg_cpu_isa() at each
+ * call and index their tables with it, so fg_set_cpu_isa takes effect at
+ * the next kernel. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -61,55 +62,67 @@ static void missing(fg_isa isa, char *buf, size_t size) {
 #endif
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static fg_isa g_best;        /* the CPU's */
-static fg_isa g_env;         /* FG_ISA_AUTO's choice: g_best capped by the variable */
-static char g_env_bad[64];   /* the variable's value when it is not a name */
-static _Atomic int g_forced; /* fg_set_cpu_isa; FG_ISA_AUTO: none */
+static fg_isa g_best; /* the CPU's, set once by detect() */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int g_isa;      /* in use; FG_ISA_AUTO until chosen */
+static _Atomic bool g_isa_bad; /* chosen from a FULGUR_CPU_ISA that is not a name */
+static char g_env_bad[64];     /* that value (under g_lock) */
 
-static void init(void) {
+static void detect(void) {
+    g_best = FG_ISA_SCALAR;
 #if FG_HAVE_ISA_TARGETS
     __builtin_cpu_init();
     char m[128];
-    g_best = FG_ISA_SCALAR;
     for (int l = FG_ISA_AVX2; l < FG_ISA_COUNT; l++) {
         missing((fg_isa)l, m, sizeof m);
         if (m[0]) break;
         g_best = (fg_isa)l;
     }
-#else
-    g_best = FG_ISA_SCALAR;
 #endif
-    g_env = g_best;
-    const char *v = getenv(ISA_ENV);
-    if (!v || !*v) return;
-    for (int l = FG_ISA_AUTO; l < FG_ISA_COUNT; l++)
-        if (strcmp(v, g_names[l]) == 0) {
-            if (l != FG_ISA_AUTO && l < (int)g_best) g_env = (fg_isa)l;
-            return;
-        }
-    snprintf(g_env_bad, sizeof g_env_bad, "%s", v);
+}
+
+/* The default: the CPU's best capped by FULGUR_CPU_ISA, read now. */
+static fg_isa choose(void) {
+    pthread_once(&g_once, detect);
+    pthread_mutex_lock(&g_lock);
+    int isa = atomic_load(&g_isa);
+    if (isa == FG_ISA_AUTO) {
+        const char *v = getenv(ISA_ENV);
+        bool bad = v && *v;
+        isa = g_best;
+        for (int l = FG_ISA_AUTO; bad && l < FG_ISA_COUNT; l++)
+            if (strcmp(v, g_names[l]) == 0) {
+                bad = false;
+                if (l != FG_ISA_AUTO && l < (int)g_best) isa = l;
+            }
+        if (bad) snprintf(g_env_bad, sizeof g_env_bad, "%s", v);
+        atomic_store(&g_isa_bad, bad);
+        atomic_store(&g_isa, isa);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return (fg_isa)isa;
 }
 
 fg_isa fg_cpu_isa(void) {
-    int f = atomic_load_explicit(&g_forced, memory_order_relaxed);
-    if (f != FG_ISA_AUTO) return (fg_isa)f;
-    pthread_once(&g_once, init);
-    return g_env;
+    int isa = atomic_load_explicit(&g_isa, memory_order_acquire);
+    return isa != FG_ISA_AUTO ? (fg_isa)isa : choose();
 }
 
 fg_status fg__cpu_isa_checked(fg_isa *isa) {
     *isa = fg_cpu_isa();
-    if (atomic_load_explicit(&g_forced, memory_order_relaxed) == FG_ISA_AUTO && g_env_bad[0])
-        return fg_error(FG_EINVAL, "%s=\"%s\": expected auto, scalar, avx2 or avx512", ISA_ENV,
-                        g_env_bad);
-    return FG_OK;
+    if (!atomic_load(&g_isa_bad)) return FG_OK;
+    char v[sizeof g_env_bad];
+    pthread_mutex_lock(&g_lock);
+    memcpy(v, g_env_bad, sizeof v);
+    pthread_mutex_unlock(&g_lock);
+    return fg_error(FG_EINVAL, "%s=\"%s\": expected auto, scalar, avx2 or avx512", ISA_ENV, v);
 }
 
 fg_status fg_set_cpu_isa(fg_isa isa) {
     if ((int)isa < FG_ISA_AUTO || isa >= FG_ISA_COUNT)
         return fg_error(FG_EINVAL, "set_cpu_isa: isa = %d: expected FG_ISA_AUTO .. FG_ISA_AVX512",
                         (int)isa);
-    pthread_once(&g_once, init);
+    pthread_once(&g_once, detect);
     if (isa > g_best) {
 #if FG_HAVE_ISA_TARGETS
         char m[128];
@@ -121,7 +134,10 @@ fg_status fg_set_cpu_isa(fg_isa isa) {
                         g_names[isa]);
 #endif
     }
-    atomic_store_explicit(&g_forced, isa, memory_order_relaxed);
+    pthread_mutex_lock(&g_lock); /* FG_ISA_AUTO: the next query reads the variable again */
+    atomic_store(&g_isa_bad, false);
+    atomic_store(&g_isa, isa);
+    pthread_mutex_unlock(&g_lock);
     return FG_OK;
 }
 

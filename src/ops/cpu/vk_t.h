@@ -79,12 +79,16 @@ static void vk_gelu_bwd(const float *x, const float *dy, float *dx, int64_t n) {
 /* The max of x (n >= 1), as softmax.c's ROW_MAX: a NaN is never taken over
  * a number, but a NaN x[0] stays. */
 static float row_max(const float *x, int64_t n) {
-    vf m = v_set1(x[0]);
+    vf m0 = v_set1(x[0]), m1 = m0; /* two chains: a max waits for the one before */
     int64_t j = 0;
-    for (; j + VK_W <= n; j += VK_W) m = v_max(v_load(x + j), m);
+    for (; j + 2 * VK_W <= n; j += 2 * VK_W) {
+        m0 = v_max(v_load(x + j), m0);
+        m1 = v_max(v_load(x + j + VK_W), m1);
+    }
+    for (; j + VK_W <= n; j += VK_W) m0 = v_max(v_load(x + j), m0);
     vmask k = v_first(n - j);
-    m = v_max(v_load_n_or(x + j, k, m), m);
-    return v_hmax(m);
+    m0 = v_max(v_load_n_or(x + j, k, m0), m0);
+    return v_hmax(v_max(m0, m1));
 }
 
 /* sum_j exp(x[j] - m) in double, storing each exp in y[j] when y is not
@@ -233,21 +237,31 @@ static void vk_att_exp_row(float *s, int lds, int n, float l) {
 /* layernorm.c's forward row: x, y (C), w and b (C) or NULL */
 static void vk_ln_fwd_row(const float *x, const float *w, const float *b, int64_t C, double eps,
                           float *y, float *mean, float *rstd) {
-    float x0 = C ? x[0] : 0;
-    vf b0 = v_set1(x0), s = v_zero();
+    /* two accumulators per sum: the adds of a row wait on each other */
+    float x0 = x[0];
+    vf b0 = v_set1(x0), s0 = v_zero(), s1 = v_zero();
     int64_t j = 0;
-    for (; j + VK_W <= C; j += VK_W) s = v_add(s, v_sub(v_load(x + j), b0));
+    for (; j + 2 * VK_W <= C; j += 2 * VK_W) {
+        s0 = v_add(s0, v_sub(v_load(x + j), b0));
+        s1 = v_add(s1, v_sub(v_load(x + j + VK_W), b0));
+    }
+    for (; j + VK_W <= C; j += VK_W) s0 = v_add(s0, v_sub(v_load(x + j), b0));
     vmask k = v_first(C - j);
-    s = v_add(s, v_keep(k, v_sub(v_load_n(x + j, k), b0)));
-    float m = x0 + v_hsum(s) / (float)C;
-    vf bm = v_set1(m), v = v_zero();
-    for (j = 0; j + VK_W <= C; j += VK_W) {
+    s0 = v_add(s0, v_keep(k, v_sub(v_load_n(x + j, k), b0)));
+    float m = x0 + v_hsum(v_add(s0, s1)) / (float)C;
+    vf bm = v_set1(m), v0 = v_zero(), v1 = v_zero();
+    for (j = 0; j + 2 * VK_W <= C; j += 2 * VK_W) {
+        vf d0 = v_sub(v_load(x + j), bm), d1 = v_sub(v_load(x + j + VK_W), bm);
+        v0 = v_fma(d0, d0, v0);
+        v1 = v_fma(d1, d1, v1);
+    }
+    for (; j + VK_W <= C; j += VK_W) {
         vf d = v_sub(v_load(x + j), bm);
-        v = v_fma(d, d, v);
+        v0 = v_fma(d, d, v0);
     }
     vf d = v_keep(k, v_sub(v_load_n(x + j, k), bm));
-    v = v_fma(d, d, v);
-    float r = (float)(1 / sqrt((double)v_hsum(v) / (double)C + eps));
+    v0 = v_fma(d, d, v0);
+    float r = (float)(1 / sqrt((double)v_hsum(v_add(v0, v1)) / (double)C + eps));
     *mean = m;
     *rstd = r;
     vf br = v_set1(r), one = v_set1(1.0f), zero = v_zero();
@@ -300,7 +314,15 @@ static void vk_ln_bwd_row(const float *x, const float *dy, const float *w, float
         v_store_n(ab + j, k, v_add(v_load_n(ab + j, k), g));
         return;
     }
-    vf s1 = v_zero(), s2 = v_zero();
+    vf s1 = v_zero(), s2 = v_zero(), t1 = v_zero(), t2 = v_zero(); /* two chains each */
+    for (; j + 2 * VK_W <= C; j += 2 * VK_W) {
+        vf g = v_mul(v_load(dy + j), v_load(w + j));
+        vf h = v_mul(v_load(dy + j + VK_W), v_load(w + j + VK_W));
+        s1 = v_add(s1, g);
+        t1 = v_add(t1, h);
+        s2 = v_fma(g, v_mul(v_sub(v_load(x + j), bm), br), s2);
+        t2 = v_fma(h, v_mul(v_sub(v_load(x + j + VK_W), bm), br), t2);
+    }
     for (; j + VK_W <= C; j += VK_W) {
         vf g = v_mul(v_load(dy + j), v_load(w + j));
         s1 = v_add(s1, g);
@@ -310,7 +332,8 @@ static void vk_ln_bwd_row(const float *x, const float *dy, const float *w, float
     vf g = v_mul(v_load_n(dy + j, k), v_load_n(w + j, k)); /* zero past the end */
     s1 = v_add(s1, g);
     s2 = v_fma(g, v_mul(v_sub(v_load_n(x + j, k), bm), br), s2);
-    vf a = v_set1(v_hsum(s1) / (float)C), c = v_set1(v_hsum(s2) / (float)C);
+    vf a = v_set1(v_hsum(v_add(s1, t1)) / (float)C);
+    vf c = v_set1(v_hsum(v_add(s2, t2)) / (float)C);
     for (j = 0; j + VK_W <= C; j += VK_W)
         ln_bwd_vec(v_load(x + j), v_load(dy + j), v_load(w + j), bm, br, a, c, dx + j,
                    aw ? aw + j : NULL, ab ? ab + j : NULL, k, false);
@@ -439,12 +462,15 @@ static void vk_dropout(const float *x, float *y, int64_t n, uint64_t seed, uint6
         /* draws d0 + k for k in [k0, k1) are elements d0 + k - offset */
         int64_t k0 = d0 < offset ? (int64_t)(offset - d0) : 0;
         int64_t k1 = end - d0 < 64 ? (int64_t)(end - d0) : 64;
-        for (int64_t k = k0; k < k1; k += VK_W) {
-            int64_t i = (int64_t)(d0 + (uint64_t)k - offset);
+        int64_t k = k0, i = (int64_t)(d0 + (uint64_t)k0 - offset);
+        for (; k + VK_W <= k1; k += VK_W, i += VK_W) {
+            vf z = v_keep_ge(v_u_load(u + k), bt, v_mul(v_load(x + i), bs));
+            v_store(y + i, acc ? v_add(v_load(y + i), z) : z);
+        }
+        if (k < k1) {
             vmask live = v_first(k1 - k);
             vf z = v_keep_ge(v_u_load(u + k), bt, v_mul(v_load_n(x + i, live), bs));
-            if (acc) z = v_add(v_load_n(y + i, live), z);
-            v_store_n(y + i, live, z);
+            v_store_n(y + i, live, acc ? v_add(v_load_n(y + i, live), z) : z);
         }
     }
 }

@@ -1,0 +1,516 @@
+/* The f32 kernels with a vector path per ISA (cpu_impl.h's fg__vk: GELU,
+ * softmax and log_softmax, cross-entropy, causal attention, layernorm,
+ * dropout), each run on every path this CPU can run, forced through
+ * fg_set_cpu_isa: tests named <kernel>_scalar, _avx2 and _avx512, the ones
+ * the CPU lacks skipped with the reason. Each path is checked against a
+ * reference in double and against the scalar path (the portable loops, the
+ * same code as f64), at sizes around every vector width and block edge, on
+ * inputs with NaN, infinities and huge values, and on 1 and 2 threads
+ * (bitwise the same). The dropout mask is checked bit for bit against
+ * fg_rng_u32_at on every path, across the 2^32 wrap of Philox's counter.
+ *
+ * Tolerances, |got - want| <= atol + rtol |want|, and infinities and NaN
+ * where the other side has the same:
+ *   against the scalar path: elementwise (GELU) 1e-6 relative, rows
+ *   (softmax, cross-entropy, attention) 2e-6, layernorm 2e-6 of the row's
+ *   scale (sums in a different order); dropout: bitwise.
+ *   against double: 4e-6 (GELU 2e-6, its gradient 8e-6).
+ * The paths share the exp (vmath.h's, lane by lane) and differ only by
+ * FMA contraction and the order of row sums. */
+#include <math.h>
+
+#include "fulgur/ops.h"
+#include "harness.h"
+
+static const fg_op_table *ops(void) { return fg_ops_get(FG_CPU); }
+
+static const int64_t SIZES[] = {1,    2,    3,    7,    8,    9,    15,    16,   17,  31,
+                                32,   33,   63,   64,   65,   100,  127,   129,  255, 257,
+                                1000, 1023, 1024, 1025, 2049, 3001, 16389, 70001};
+#define NSIZES ((int)(sizeof SIZES / sizeof SIZES[0]))
+
+/* A float tensor (n) or (r, c) filled with normal values of the given scale. */
+static fg_tensor *randn(int nd, const int64_t *shape, uint64_t seed, double scale) {
+    fg_tensor *t = fg_empty(FG_F32, nd, shape);
+    fg_rng r = {seed, 0};
+    float *p = fg_tensor_data(t);
+    for (int64_t i = 0; i < fg_tensor_numel(t); i++) p[i] = (float)(scale * fg_rng_normal(&r));
+    return t;
+}
+
+static fg_tensor *copy_of(const fg_tensor *t) {
+    fg_tensor *c = fg_empty_like(t);
+    fg_tensor_copy(c, t);
+    return c;
+}
+
+static float *F(const fg_tensor *t) { return fg_tensor_data(t); }
+
+static bool same_bits(const fg_tensor *a, const fg_tensor *b) {
+    return fg_tensor_nbytes(a) == fg_tensor_nbytes(b) &&
+           memcmp(fg_tensor_data(a), fg_tensor_data(b), fg_tensor_nbytes(a)) == 0;
+}
+
+/* Elements of got that are not within atol + rtol |want| of want (NaN and
+ * infinities must match); the first few are printed, prefixed by what. */
+static long far(const char *what, const float *got, const double *want, int64_t n, double rtol,
+                double atol) {
+    long bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double g = got[i], w = want[i];
+        bool ok = isnan(w) ? isnan(g) : isinf(w) ? g == w : fabs(g - w) <= atol + rtol * fabs(w);
+        if (!ok && bad++ < 3)
+            fprintf(stderr, "    %s[%lld] = %.9g, want %.9g\n", what, (long long)i, g, w);
+    }
+    return bad;
+}
+
+/* The same with a float reference (another path's output). */
+static long far_f(const char *what, const float *got, const float *want, int64_t n, double rtol,
+                  double atol) {
+    double *w = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    for (int64_t i = 0; i < n; i++) w[i] = want[i];
+    long bad = far(what, got, w, n, rtol, atol);
+    free(w);
+    return bad;
+}
+
+/* Runs fn on path isa, or skips saying why the CPU cannot; back to the
+ * default path after. */
+static void on_path(fg_isa isa, void (*fn)(fg_isa)) {
+    if (fg_set_cpu_isa(isa) != FG_OK) SKIP("%s path: %s", fg_isa_name(isa), fg_last_error());
+    CHECK(fg_cpu_isa() == isa);
+    fn(isa);
+    CHECK_OK(fg_set_cpu_isa(FG_ISA_AUTO));
+    fg_step_reset();
+}
+
+/* Runs an op on the scalar path, then back on `isa`. */
+#define ON_SCALAR(isa, expr)                                                                       \
+    do {                                                                                           \
+        CHECK_OK(fg_set_cpu_isa(FG_ISA_SCALAR));                                                   \
+        CHECK_OK(expr);                                                                            \
+        CHECK_OK(fg_set_cpu_isa(isa));                                                             \
+    } while (0)
+
+#define ISA_TEST(name)                                                                             \
+    static void name(fg_isa isa);                                                                  \
+    TEST(name##_scalar) { on_path(FG_ISA_SCALAR, name); }                                          \
+    TEST(name##_avx2) { on_path(FG_ISA_AVX2, name); }                                              \
+    TEST(name##_avx512) { on_path(FG_ISA_AVX512, name); }                                          \
+    static void name(fg_isa isa)
+
+/* ------------------------------------------------------------------ paths */
+
+TEST(paths_this_cpu_runs) {
+    char ran[64] = "", lacks[512] = "";
+    for (int l = FG_ISA_SCALAR; l < FG_ISA_COUNT; l++) {
+        fg_isa isa = (fg_isa)l;
+        if (fg_set_cpu_isa(isa) == FG_OK) {
+            CHECK(fg_cpu_isa() == isa);
+            snprintf(ran + strlen(ran), sizeof ran - strlen(ran), " %s", fg_isa_name(isa));
+        } else {
+            CHECK_CONTAINS(fg_last_error(), "lacks");
+            snprintf(lacks + strlen(lacks), sizeof lacks - strlen(lacks), "; %s", fg_last_error());
+        }
+    }
+    CHECK_OK(fg_set_cpu_isa(FG_ISA_AUTO));
+    printf("  paths run here:%s%s\n", ran, lacks);
+    CHECK(fg_cpu_isa() != FG_ISA_AUTO);
+    CHECK_STATUS(fg_set_cpu_isa((fg_isa)99), FG_EINVAL);
+    CHECK(strcmp(fg_isa_name(FG_ISA_AVX2), "avx2") == 0);
+    CHECK(strcmp(fg_isa_name((fg_isa)-1), "?") == 0);
+}
+
+TEST(fulgur_cpu_isa_caps_and_names_a_bad_value) {
+    fg_isa best;
+    CHECK_OK(fg_set_cpu_isa(FG_ISA_AUTO));
+    unsetenv("FULGUR_CPU_ISA");
+    CHECK_OK(fg_set_cpu_isa(FG_ISA_AUTO)); /* reads the variable again */
+    best = fg_cpu_isa();
+    const char *names[] = {"scalar", "avx2", "avx512", "auto", ""};
+    fg_isa want[] = {FG_ISA_SCALAR, FG_ISA_AVX2, FG_ISA_AVX512, best, best};
+    for (int i = 0; i < 5; i++) {
+        setenv("FULGUR_CPU_ISA", names[i], 1);
+        CHECK_OK(fg_set_cpu_isa(FG_ISA_AUTO));
+        fg_isa w = want[i] < best ? want[i] : best; /* capped at the CPU's */
+        CHECK_MSG(fg_cpu_isa() == w, "FULGUR_CPU_ISA=%s: %s, want %s", names[i],
+                  fg_isa_name(fg_cpu_isa()), fg_isa_name(w));
+    }
+    /* a value that is no name: the kernels fail naming it, at the CPU's best */
+    setenv("FULGUR_CPU_ISA", "avx3", 1);
+    CHECK_OK(fg_set_cpu_isa(FG_ISA_AUTO));
+    CHECK(fg_cpu_isa() == best);
+    int64_t n = 5;
+    fg_tensor *x = fg_zeros(FG_F32, 1, &n), *y = fg_empty_like(x);
+    CHECK_STATUS(ops()->gelu_fwd(x, y), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "FULGUR_CPU_ISA=\"avx3\"");
+    CHECK_STATUS(ops()->softmax_fwd(x, y), FG_EINVAL);
+    /* a path set by hand overrides it */
+    CHECK_OK(fg_set_cpu_isa(FG_ISA_SCALAR));
+    CHECK_OK(ops()->gelu_fwd(x, y));
+    unsetenv("FULGUR_CPU_ISA");
+    CHECK_OK(fg_set_cpu_isa(FG_ISA_AUTO));
+    CHECK_OK(ops()->gelu_fwd(x, y));
+    CHECK(fg_cpu_isa() == best);
+    fg_step_reset();
+}
+
+/* ------------------------------------------------------------------ gelu */
+
+static double gelu_ref(double x) {
+    double u = sqrt(2 / M_PI) * (x + 0.044715 * x * x * x);
+    return 0.5 * x * (1 + tanh(u));
+}
+
+static double gelu_grad_ref(double x) {
+    double kb = M_SQRT2 * M_2_SQRTPI * 0.5, kk = 0.044715;
+    double inner = kb * (x + kk * x * x * x), t = tanh(inner);
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * kb * (1 + 3 * kk * x * x);
+}
+
+static const float SPECIAL[] = {0.0f,    -0.0f,    1e-30f, -1e-30f, 5.0f,     -5.0f,
+                                29.9f,   -29.9f,   30.0f,  -30.0f,  31.0f,    -31.0f,
+                                100.f,   -100.f,   1e30f,  -1e30f,  NAN,      -NAN,
+                                3.4e38f, -3.4e38f, 9.0f,   -9.0f,   INFINITY, -INFINITY};
+#define NSPECIAL ((int)(sizeof SPECIAL / sizeof SPECIAL[0]))
+
+ISA_TEST(gelu) {
+    for (int si = 0; si < NSIZES; si++) {
+        int64_t n = SIZES[si];
+        fg_tensor *x = randn(1, &n, 10 + (uint64_t)si, 3.0), *dy = randn(1, &n, 20, 1.0);
+        fg_tensor *d0 = randn(1, &n, 30, 1.0);
+        /* every few elements a special value, at every position in a vector */
+        for (int64_t i = 0; i < n; i += 5) F(x)[i] = SPECIAL[(i / 5) % NSPECIAL];
+        fg_tensor *y = fg_empty_like(x), *ys = fg_empty_like(x);
+        fg_tensor *dx = copy_of(d0), *dxs = copy_of(d0);
+        CHECK_OK(ops()->gelu_fwd(x, y));
+        CHECK_OK(ops()->gelu_bwd(x, dy, dx));
+        ON_SCALAR(isa, ops()->gelu_fwd(x, ys));
+        ON_SCALAR(isa, ops()->gelu_bwd(x, dy, dxs));
+        CHECK_MSG(far_f("gelu", F(y), F(ys), n, 1e-6, 1e-30) == 0, "gelu %s n %lld vs scalar",
+                  fg_isa_name(isa), (long long)n);
+        CHECK_MSG(far_f("gelu'", F(dx), F(dxs), n, 1e-6, 1e-6) == 0, "gelu_bwd %s n %lld vs scalar",
+                  fg_isa_name(isa), (long long)n);
+        /* finite inputs against double */
+        double *w = malloc(sizeof(double) * (size_t)n), *wd = malloc(sizeof(double) * (size_t)n);
+        float *yf = malloc(sizeof(float) * (size_t)n), *df = malloc(sizeof(float) * (size_t)n);
+        int64_t m = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double xi = F(x)[i];
+            if (!(fabs(xi) < 1e4)) continue;
+            w[m] = gelu_ref(xi);
+            wd[m] = F(d0)[i] + (double)F(dy)[i] * gelu_grad_ref(xi);
+            yf[m] = F(y)[i];
+            df[m++] = F(dx)[i];
+        }
+        CHECK_MSG(far("gelu", yf, w, m, 2e-6, 2e-6) == 0, "gelu %s n %lld vs double",
+                  fg_isa_name(isa), (long long)n);
+        CHECK_MSG(far("gelu'", df, wd, m, 8e-6, 8e-6) == 0, "gelu_bwd %s n %lld vs double",
+                  fg_isa_name(isa), (long long)n);
+        free(w);
+        free(wd);
+        free(yf);
+        free(df);
+        fg_step_reset();
+    }
+}
+
+/* ------------------------------------------------------------------ softmax */
+
+/* rows of x (r, c): y = softmax or log_softmax in double */
+static void softmax_ref(const float *x, int64_t r, int64_t c, bool lg, double *y) {
+    for (int64_t i = 0; i < r; i++) {
+        const float *xr = x + i * c;
+        double m = -INFINITY, s = 0;
+        for (int64_t j = 0; j < c; j++) m = xr[j] > m ? xr[j] : m;
+        for (int64_t j = 0; j < c; j++) s += exp(xr[j] - m);
+        for (int64_t j = 0; j < c; j++) y[i * c + j] = lg ? xr[j] - m - log(s) : exp(xr[j] - m) / s;
+    }
+}
+
+ISA_TEST(softmax) {
+    for (int si = 0; si < NSIZES - 1; si++) {
+        int64_t c = SIZES[si], r = c > 3000 ? 2 : 5, s[] = {r, c}, n = r * c;
+        fg_tensor *x = randn(2, s, 40 + (uint64_t)si, 4.0), *dy = randn(2, s, 41, 1.0);
+        fg_tensor *d0 = randn(2, s, 42, 1.0);
+        /* row 1 sits at 1e4 (the max is subtracted), row 2 has -inf logits */
+        for (int64_t j = 0; j < c; j++) F(x)[c + j] += 1e4f;
+        for (int64_t j = 0; r > 2 && j + 1 < c; j += 3) F(x)[2 * c + j] = -INFINITY;
+        double *w = malloc(sizeof(double) * (size_t)n);
+        for (int lg = 0; lg < 2; lg++) {
+            fg_tensor *y = fg_empty_like(x), *ys = fg_empty_like(x);
+            fg_tensor *dx = copy_of(d0), *dxs = copy_of(d0);
+            fg_status (*fwd)(const fg_tensor *, fg_tensor *) =
+                lg ? ops()->log_softmax_fwd : ops()->softmax_fwd;
+            fg_status (*bwd)(const fg_tensor *, const fg_tensor *, fg_tensor *) =
+                lg ? ops()->log_softmax_bwd : ops()->softmax_bwd;
+            CHECK_OK(fwd(x, y));
+            CHECK_OK(bwd(y, dy, dx));
+            ON_SCALAR(isa, fwd(x, ys));
+            ON_SCALAR(isa, bwd(ys, dy, dxs));
+            /* log_softmax (x - m) - log s: ulp-sized errors of log s, up to 20 */
+            const char *what = lg ? "log_softmax" : "softmax";
+            double at = lg ? 4e-6 : 1e-7;
+            CHECK_MSG(far_f(what, F(y), F(ys), n, 2e-6, at) == 0, "%s %s c %lld vs scalar", what,
+                      fg_isa_name(isa), (long long)c);
+            CHECK_MSG(far_f(what, F(dx), F(dxs), n, 2e-6, 1e-6) == 0, "%s_bwd %s c %lld vs scalar",
+                      what, fg_isa_name(isa), (long long)c);
+            softmax_ref(F(x), r, c, lg, w);
+            CHECK_MSG(far(what, F(y), w, n, 4e-6, at) == 0, "%s %s c %lld vs double", what,
+                      fg_isa_name(isa), (long long)c);
+        }
+        /* a NaN makes its row NaN on every path */
+        F(x)[c / 2] = NAN;
+        fg_tensor *y = fg_empty_like(x);
+        CHECK_OK(ops()->softmax_fwd(x, y));
+        long nan = 0;
+        for (int64_t j = 0; j < c; j++) nan += isnan(F(y)[j]);
+        CHECK_MSG(nan == c, "softmax %s c %lld: %ld of the NaN row's values NaN", fg_isa_name(isa),
+                  (long long)c, nan);
+        free(w);
+        fg_step_reset();
+    }
+}
+
+/* ------------------------------------------------------------------ cross-entropy */
+
+ISA_TEST(cross_entropy) {
+    for (int si = 0; si < NSIZES - 1; si++) {
+        int64_t V = SIZES[si], N = V > 3000 ? 3 : 37, s[] = {N, V};
+        fg_tensor *x = randn(2, s, 50 + (uint64_t)si, 3.0), *t = fg_empty(FG_I32, 1, &N);
+        int32_t *pt = fg_tensor_data(t);
+        for (int64_t i = 0; i < N; i++) pt[i] = i % 7 == 3 ? -100 : (int32_t)((i * 31) % V);
+        for (int64_t j = 0; j < V; j++) F(x)[j] += 1e4f; /* a row far from 0 */
+        fg_tensor *loss = fg_empty(FG_F32, 0, NULL), *ls = fg_empty(FG_F32, 0, NULL);
+        fg_tensor *d0 = randn(2, s, 51, 1.0), *dx = copy_of(d0), *dxs = copy_of(d0);
+        int64_t cnt, cnts;
+        CHECK_OK(ops()->cross_entropy_fwd(x, t, -100, loss, &cnt));
+        CHECK_OK(ops()->cross_entropy_bwd(x, t, -100, 0.75, cnt, dx));
+        ON_SCALAR(isa, ops()->cross_entropy_fwd(x, t, -100, ls, &cnts));
+        ON_SCALAR(isa, ops()->cross_entropy_bwd(x, t, -100, 0.75, cnts, dxs));
+        CHECK(cnt == cnts);
+        CHECK_CLOSE(F(loss)[0], F(ls)[0], 2e-6, 0);
+        CHECK_MSG(far_f("dlogits", F(dx), F(dxs), N * V, 2e-6, 1e-7) == 0,
+                  "cross_entropy_bwd %s V %lld vs scalar", fg_isa_name(isa), (long long)V);
+        /* against double */
+        double want = 0;
+        double *wd = malloc(sizeof(double) * (size_t)(N * V));
+        for (int64_t i = 0; i < N; i++) {
+            const float *xr = F(x) + i * V;
+            double m = -INFINITY, se = 0;
+            for (int64_t j = 0; j < V; j++) m = xr[j] > m ? xr[j] : m;
+            for (int64_t j = 0; j < V; j++) se += exp(xr[j] - m);
+            for (int64_t j = 0; j < V; j++) {
+                double g = pt[i] == -100 ? 0 : 0.75 / (double)cnt * (exp(xr[j] - m) / se);
+                if (j == pt[i]) g -= 0.75 / (double)cnt;
+                wd[i * V + j] = F(d0)[i * V + j] + g;
+            }
+            if (pt[i] != -100) want += m + log(se) - xr[pt[i]];
+        }
+        CHECK_CLOSE(F(loss)[0], want / (double)cnt, 4e-6, 1e-6);
+        CHECK_MSG(far("dlogits", F(dx), wd, N * V, 4e-6, 1e-7) == 0,
+                  "cross_entropy_bwd %s V %lld vs double", fg_isa_name(isa), (long long)V);
+        free(wd);
+        fg_step_reset();
+    }
+}
+
+/* ------------------------------------------------------------------ attention */
+
+/* y (B, T, C) and lse (B, H, T) of causal attention on qkv (B, T, 3C), in double */
+static void attention_ref(const float *qkv, int64_t B, int64_t T, int64_t C, int64_t H, double *y,
+                          double *lse) {
+    int64_t hs = C / H;
+    double *p = malloc(sizeof(double) * (size_t)T);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t t = 0; t < T; t++) {
+                const float *q = qkv + (b * T + t) * 3 * C + h * hs;
+                double m = -INFINITY, s = 0;
+                for (int64_t j = 0; j <= t; j++) {
+                    const float *k = qkv + (b * T + j) * 3 * C + C + h * hs;
+                    double d = 0;
+                    for (int64_t e = 0; e < hs; e++) d += (double)q[e] * k[e];
+                    p[j] = d / sqrt((double)hs);
+                    m = p[j] > m ? p[j] : m;
+                }
+                for (int64_t j = 0; j <= t; j++) s += p[j] = exp(p[j] - m);
+                lse[(b * H + h) * T + t] = m + log(s);
+                for (int64_t e = 0; e < hs; e++) {
+                    double a = 0;
+                    for (int64_t j = 0; j <= t; j++)
+                        a += p[j] / s * qkv[(b * T + j) * 3 * C + 2 * C + h * hs + e];
+                    y[(b * T + t) * C + h * hs + e] = a;
+                }
+            }
+    free(p);
+}
+
+ISA_TEST(attention) {
+    int64_t shapes[][4] = {
+        {1, 1, 8, 1}, {2, 5, 12, 3}, {1, 33, 16, 2}, {2, 70, 32, 4}, {1, 129, 16, 1}};
+    for (int k = 0; k < 5; k++) {
+        int64_t B = shapes[k][0], T = shapes[k][1], C = shapes[k][2], H = shapes[k][3];
+        int64_t sq[] = {B, T, 3 * C}, sy[] = {B, T, C}, sl[] = {B, H, T};
+        fg_tensor *qkv = randn(3, sq, 60 + (uint64_t)k, 1.5), *dy = randn(3, sy, 61, 1.0);
+        fg_tensor *y = fg_empty(FG_F32, 3, sy), *ys = fg_empty(FG_F32, 3, sy);
+        fg_tensor *lse = fg_empty(FG_F32, 3, sl), *lses = fg_empty(FG_F32, 3, sl);
+        fg_tensor *d0 = randn(3, sq, 62, 1.0), *dq = copy_of(d0), *dqs = copy_of(d0);
+        CHECK_OK(ops()->attention_fwd(qkv, (int)H, y, lse));
+        CHECK_OK(ops()->attention_bwd(qkv, (int)H, y, lse, dy, dq));
+        ON_SCALAR(isa, ops()->attention_fwd(qkv, (int)H, ys, lses));
+        ON_SCALAR(isa, ops()->attention_bwd(qkv, (int)H, ys, lses, dy, dqs));
+        int64_t ny = B * T * C, nl = B * H * T;
+        CHECK_MSG(far_f("y", F(y), F(ys), ny, 2e-6, 2e-6) == 0, "attention %s T %lld vs scalar",
+                  fg_isa_name(isa), (long long)T);
+        CHECK_MSG(far_f("lse", F(lse), F(lses), nl, 2e-6, 2e-6) == 0,
+                  "attention lse %s T %lld vs scalar", fg_isa_name(isa), (long long)T);
+        CHECK_MSG(far_f("dqkv", F(dq), F(dqs), 3 * ny, 1e-5, 1e-5) == 0,
+                  "attention_bwd %s T %lld vs scalar", fg_isa_name(isa), (long long)T);
+        double *wy = malloc(sizeof(double) * (size_t)ny), *wl = malloc(sizeof(double) * (size_t)nl);
+        attention_ref(F(qkv), B, T, C, H, wy, wl);
+        CHECK_MSG(far("y", F(y), wy, ny, 1e-5, 1e-5) == 0, "attention %s T %lld vs double",
+                  fg_isa_name(isa), (long long)T);
+        CHECK_MSG(far("lse", F(lse), wl, nl, 4e-6, 4e-6) == 0, "attention lse %s T %lld vs double",
+                  fg_isa_name(isa), (long long)T);
+        free(wy);
+        free(wl);
+        fg_step_reset();
+    }
+}
+
+/* ------------------------------------------------------------------ layernorm */
+
+ISA_TEST(layernorm) {
+    for (int si = 0; si < NSIZES - 1; si++) {
+        int64_t C = SIZES[si], N = C > 3000 ? 3 : 70, s[] = {N, C}, n = N * C;
+        fg_tensor *x = randn(2, s, 70 + (uint64_t)si, 2.0), *dy = randn(2, s, 71, 1.0);
+        for (int64_t j = 0; j < C; j++) F(x)[C + j] += 1e3f; /* a row far from 0 */
+        fg_tensor *w = randn(1, &C, 72, 1.0), *b = randn(1, &C, 73, 1.0);
+        for (int aff = 0; aff < 2; aff++) {
+            const fg_tensor *pw = aff ? w : NULL, *pb = aff ? b : NULL;
+            fg_tensor *y = fg_empty_like(x), *ys = fg_empty_like(x);
+            fg_tensor *m = fg_empty(FG_F32, 1, &N), *r = fg_empty(FG_F32, 1, &N);
+            fg_tensor *ms = fg_empty(FG_F32, 1, &N), *rs = fg_empty(FG_F32, 1, &N);
+            fg_tensor *d0 = randn(2, s, 74, 1.0), *dx = copy_of(d0), *dxs = copy_of(d0);
+            fg_tensor *w0 = randn(1, &C, 75, 1.0), *dw = copy_of(w0), *dws = copy_of(w0);
+            fg_tensor *db = copy_of(w0), *dbs = copy_of(w0);
+            CHECK_OK(ops()->layernorm_fwd(x, pw, pb, 1e-5, y, m, r));
+            CHECK_OK(ops()->layernorm_bwd(x, pw, m, r, dy, dx, aff ? dw : NULL, aff ? db : NULL));
+            ON_SCALAR(isa, ops()->layernorm_fwd(x, pw, pb, 1e-5, ys, ms, rs));
+            ON_SCALAR(isa, ops()->layernorm_bwd(x, pw, ms, rs, dy, dxs, aff ? dws : NULL,
+                                                aff ? dbs : NULL));
+            /* y, dx and dw are O(1) per element: 2e-6 of 1 + |value| */
+            CHECK_MSG(far_f("y", F(y), F(ys), n, 2e-6, 2e-6) == 0, "layernorm %s C %lld vs scalar",
+                      fg_isa_name(isa), (long long)C);
+            CHECK_MSG(far_f("mean", F(m), F(ms), N, 1e-6, 1e-6) == 0, "mean %s C %lld",
+                      fg_isa_name(isa), (long long)C);
+            CHECK_MSG(far_f("rstd", F(r), F(rs), N, 2e-6, 0) == 0, "rstd %s C %lld",
+                      fg_isa_name(isa), (long long)C);
+            CHECK_MSG(far_f("dx", F(dx), F(dxs), n, 1e-5, 1e-5) == 0,
+                      "layernorm_bwd %s C %lld vs scalar", fg_isa_name(isa), (long long)C);
+            if (aff) {
+                /* sums over N = 70 rows of O(1) */
+                CHECK_MSG(far_f("dw", F(dw), F(dws), C, 1e-5, 1e-4) == 0, "dw %s C %lld",
+                          fg_isa_name(isa), (long long)C);
+                CHECK_MSG(far_f("db", F(db), F(dbs), C, 1e-5, 1e-4) == 0, "db %s C %lld",
+                          fg_isa_name(isa), (long long)C);
+                /* weight gradients alone (dx NULL) */
+                fg_tensor *dw2 = copy_of(w0), *db2 = copy_of(w0);
+                CHECK_OK(ops()->layernorm_bwd(x, w, m, r, dy, NULL, dw2, db2));
+                CHECK(same_bits(dw2, dw) && same_bits(db2, db));
+            }
+            /* forward against double */
+            double *want = malloc(sizeof(double) * (size_t)n);
+            for (int64_t i = 0; i < N; i++) {
+                const float *xr = F(x) + i * C;
+                double mu = 0, v = 0;
+                for (int64_t j = 0; j < C; j++) mu += xr[j];
+                mu /= (double)C;
+                for (int64_t j = 0; j < C; j++) v += (xr[j] - mu) * (xr[j] - mu);
+                double rr = 1 / sqrt(v / (double)C + 1e-5);
+                for (int64_t j = 0; j < C; j++)
+                    want[i * C + j] = (xr[j] - mu) * rr * (aff ? F(w)[j] : 1) + (aff ? F(b)[j] : 0);
+            }
+            /* row 1 sits at 1e3: its f32 mean is good to ulp(1e3) ~ 6e-5 */
+            CHECK_MSG(far("y", F(y), want, n, 1e-5, 2e-4) == 0, "layernorm %s C %lld vs double",
+                      fg_isa_name(isa), (long long)C);
+            free(want);
+        }
+        fg_step_reset();
+    }
+}
+
+/* ------------------------------------------------------------------ dropout */
+
+ISA_TEST(dropout) {
+    /* the last offsets put Philox's counter (offset / 4) across 2^32 */
+    uint64_t offsets[] = {0, 1, 3, 5, 64, 1000003, (4ull << 32) - 40, (4ull << 32) - 1};
+    double ps[] = {0.0, 0.1, 0.5, 0.97};
+    for (int oi = 0; oi < 8; oi++)
+        for (int si = 0; si < NSIZES; si += 2)
+            for (int pi = 0; pi < 4; pi++) {
+                int64_t n = SIZES[si];
+                double p = ps[pi];
+                uint64_t seed = 0xfeedull + (uint64_t)oi, off = offsets[oi];
+                fg_tensor *x = randn(1, &n, 80, 1.0), *y = fg_empty_like(x);
+                F(x)[n / 2] = NAN;
+                CHECK_OK(ops()->dropout_fwd(x, p, seed, off, y));
+                float sc = (float)(1 / (1 - p));
+                uint64_t thr = (uint64_t)ceil(p * 4294967296.0);
+                long bad = 0;
+                for (int64_t i = 0; i < n; i++) {
+                    bool keep = fg_rng_u32_at(seed, off + (uint64_t)i) >= thr;
+                    float want = keep ? F(x)[i] * sc : 0.0f;
+                    bad += memcmp(&F(y)[i], &want, 4) != 0;
+                }
+                CHECK_MSG(bad == 0, "dropout %s offset %llu n %lld p %g: %ld wrong",
+                          fg_isa_name(isa), (unsigned long long)off, (long long)n, p, bad);
+                /* backward: the same mask, added in */
+                fg_tensor *d0 = randn(1, &n, 81, 1.0), *dx = copy_of(d0);
+                CHECK_OK(ops()->dropout_bwd(x, p, seed, off, dx));
+                bad = 0;
+                for (int64_t i = 0; i < n; i++) {
+                    float want = F(d0)[i] + F(y)[i];
+                    bad += memcmp(&F(dx)[i], &want, 4) != 0;
+                }
+                CHECK_MSG(bad == 0, "dropout_bwd %s offset %llu n %lld p %g: %ld wrong",
+                          fg_isa_name(isa), (unsigned long long)off, (long long)n, p, bad);
+                fg_step_reset();
+            }
+}
+
+/* ------------------------------------------------------------------ threads */
+
+ISA_TEST(one_and_two_threads_give_the_same_bits) {
+    int prev = fg_get_num_threads();
+    int64_t N = 301, C = 1031, s[] = {N, C}, n = N * C;
+    fg_tensor *x = randn(2, s, 90, 2.0), *dy = randn(2, s, 91, 1.0);
+    fg_tensor *w = randn(1, &C, 92, 1.0), *b = randn(1, &C, 93, 1.0);
+    fg_tensor *t = fg_empty(FG_I32, 1, &N);
+    for (int64_t i = 0; i < N; i++) ((int32_t *)fg_tensor_data(t))[i] = (int32_t)(i * 7 % C);
+    fg_tensor *out[2][9];
+    for (int th = 0; th < 2; th++) {
+        CHECK_OK(fg_set_num_threads(th + 1));
+        fg_tensor *g = fg_empty_like(x), *sm = fg_empty_like(x), *ln = fg_empty_like(x);
+        fg_tensor *m = fg_empty(FG_F32, 1, &N), *r = fg_empty(FG_F32, 1, &N);
+        fg_tensor *dx = fg_zeros_like(x), *dw = fg_zeros_like(w), *db = fg_zeros_like(b);
+        fg_tensor *dr = fg_empty_like(x), *loss = fg_empty(FG_F32, 0, NULL);
+        fg_tensor *dl = fg_zeros_like(x);
+        int64_t cnt;
+        CHECK_OK(ops()->gelu_fwd(x, g));
+        CHECK_OK(ops()->softmax_fwd(x, sm));
+        CHECK_OK(ops()->layernorm_fwd(x, w, b, 1e-5, ln, m, r));
+        CHECK_OK(ops()->layernorm_bwd(x, w, m, r, dy, dx, dw, db));
+        CHECK_OK(ops()->dropout_fwd(x, 0.2, 5, 7, dr));
+        CHECK_OK(ops()->cross_entropy_fwd(x, t, -100, loss, &cnt));
+        CHECK_OK(ops()->cross_entropy_bwd(x, t, -100, 1.0, cnt, dl));
+        fg_tensor *res[9] = {g, sm, ln, dx, dw, db, dr, loss, dl};
+        memcpy(out[th], res, sizeof res);
+    }
+    for (int k = 0; k < 9; k++)
+        CHECK_MSG(same_bits(out[0][k], out[1][k]), "%s: result %d differs", fg_isa_name(isa), k);
+    CHECK_OK(fg_set_num_threads(prev));
+    (void)n;
+}
