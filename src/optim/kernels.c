@@ -1,20 +1,42 @@
-/* Instantiates kernels_t.h for f32 and f64 and dispatches on the dtype. */
-#include <math.h>
-
-#include "optim_impl.h"
-
-/* CMakeLists.txt compiles this file with -fno-math-errno: AdamW's sqrt(v)
+/* Instantiates kernels_t.h for f32 and f64 and dispatches on the dtype.
+ * f32 is instantiated once more for AVX2 + FMA and once for AVX-512
+ * (core/cpu_isa.h's target pragmas, whatever -march the build uses), and
+ * each call runs the one of fg_cpu_isa(): the same loops, vectorised by the
+ * compiler for that ISA.
+ *
+ * CMakeLists.txt compiles this file with -fno-math-errno: AdamW's sqrt(v)
  * sees v >= 0 only, and with errno GCC keeps a scalar libm call per element
  * instead of vsqrtps (#pragma GCC optimize does not reach the OpenMP
- * outlined loop). No other kernel here calls libm. */
+ * outlined loop). And with -ffp-contract=off: no multiply-add is fused, so
+ * that every path rounds each operation once, as the scalar loop does, and
+ * the updates are the same bits on every ISA (sqrt and division are
+ * correctly rounded in every vector unit). No other kernel here calls libm. */
+#include <math.h>
+
+#include "core/cpu_isa.h"
+#include "optim_impl.h"
 
 #define T float
 #define SQRT sqrtf
 #define SUF f32
 #include "kernels_t.h"
+#undef SUF
+
+#if FG_HAVE_ISA_TARGETS
+FG_TARGET_AVX2_BEGIN
+#define SUF f32_avx2
+#include "kernels_t.h"
+#undef SUF
+FG_TARGET_END
+
+FG_TARGET_AVX512_BEGIN
+#define SUF f32_avx512
+#include "kernels_t.h"
+#undef SUF
+FG_TARGET_END
+#endif
 #undef T
 #undef SQRT
-#undef SUF
 
 #define T double
 #define SQRT sqrt
@@ -24,18 +46,48 @@
 #undef SQRT
 #undef SUF
 
+/* The f32 kernels of one ISA. */
+typedef struct {
+    void (*sgd)(float *restrict p, const float *restrict g, float *restrict buf, int64_t n,
+                float lr, float wd, float mu, float damp, bool first, bool nesterov);
+    void (*adamw)(float *restrict p, const float *restrict g, float *restrict m1,
+                  float *restrict m2, int64_t n, float decay, float b1, float c1, float b2,
+                  float c2, float step, float rb, float eps);
+    void (*sumsq_blocks)(const float *restrict x, int64_t n, double *restrict part);
+    void (*scale)(float *restrict x, int64_t n, float s);
+} f32_kernels;
+
+#define F32_KERNELS(suf)                                                                           \
+    {                                                                                              \
+        .sgd = sgd_##suf, .adamw = adamw_##suf, .sumsq_blocks = sumsq_blocks_##suf,                \
+        .scale = scale_##suf                                                                       \
+    }
+
+static const f32_kernels g_f32[FG_ISA_COUNT] = {
+    [FG_ISA_SCALAR] = F32_KERNELS(f32),
+#if FG_HAVE_ISA_TARGETS
+    [FG_ISA_AVX2] = F32_KERNELS(f32_avx2),
+    [FG_ISA_AVX512] = F32_KERNELS(f32_avx512),
+#else
+    [FG_ISA_AVX2] = F32_KERNELS(f32),
+    [FG_ISA_AVX512] = F32_KERNELS(f32),
+#endif
+};
+
+static const f32_kernels *f32k(void) { return &g_f32[fg_cpu_isa()]; }
+
 void fg__k_sgd(fg_dtype dt, void *p, const void *g, void *buf, int64_t n, double lr, double wd,
                double mu, double damp, bool first, bool nesterov) {
     if (dt == FG_F32)
-        sgd_f32(p, g, buf, n, (float)lr, (float)wd, (float)mu, (float)damp, first, nesterov);
+        f32k()->sgd(p, g, buf, n, (float)lr, (float)wd, (float)mu, (float)damp, first, nesterov);
     else sgd_f64(p, g, buf, n, lr, wd, mu, damp, first, nesterov);
 }
 
 void fg__k_adamw(fg_dtype dt, void *p, const void *g, void *m1, void *m2, int64_t n, double decay,
                  double beta1, double beta2, double step, double bc2_sqrt, double eps) {
     if (dt == FG_F32)
-        adamw_f32(p, g, m1, m2, n, (float)decay, (float)beta1, (float)(1 - beta1), (float)beta2,
-                  (float)(1 - beta2), (float)step, (float)bc2_sqrt, (float)eps);
+        f32k()->adamw(p, g, m1, m2, n, (float)decay, (float)beta1, (float)(1 - beta1), (float)beta2,
+                      (float)(1 - beta2), (float)step, (float)bc2_sqrt, (float)eps);
     else adamw_f64(p, g, m1, m2, n, decay, beta1, 1 - beta1, beta2, 1 - beta2, step, bc2_sqrt, eps);
 }
 
@@ -45,7 +97,7 @@ fg_status fg__sumsq(const void *x, fg_dtype dt, int64_t n, double *out) {
     int64_t nb = (n + FG_OPTIM_BLOCK - 1) / FG_OPTIM_BLOCK;
     double stack[64], *part = nb <= 64 ? stack : fg_alloc(sizeof(double) * (size_t)nb);
     if (!part) return FG_ENOMEM;
-    if (dt == FG_F32) sumsq_blocks_f32(x, n, part);
+    if (dt == FG_F32) f32k()->sumsq_blocks(x, n, part);
     else sumsq_blocks_f64(x, n, part);
     double s = 0;
     for (int64_t b = 0; b < nb; b++) s += part[b];
@@ -55,7 +107,7 @@ fg_status fg__sumsq(const void *x, fg_dtype dt, int64_t n, double *out) {
 }
 
 fg_status fg__scale(void *x, fg_dtype dt, int64_t n, double s) {
-    if (dt == FG_F32) scale_f32(x, n, (float)s);
+    if (dt == FG_F32) f32k()->scale(x, n, (float)s);
     else if (dt == FG_F64) scale_f64(x, n, s);
     else return fg_error(FG_EUNSUPPORTED, "scale: dtype %s (f32, f64)", fg_dtype_name(dt));
     return FG_OK;
