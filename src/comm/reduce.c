@@ -3,13 +3,17 @@
  * the kernel. Blocks of BLK elements are accumulated in a small stack buffer
  * (f32 for bf16/f16, a wider integer where a sum could overflow before the
  * final wrap) and written once; the loops are plain C that the compiler
- * vectorises (the file is built at O3). */
+ * vectorises (the file is built at O3), compiled once per ISA (reduce_t.h
+ * under core/cpu_isa.h's target pragmas) and run at fg_cpu_isa()'s: the
+ * same operations per element on every path, so the same bits on any CPU
+ * (ranks on different machines included). */
 #pragma GCC optimize("O3")
 #include <string.h>
 
 #include "comm_impl.h"
+#include "core/cpu_isa.h"
 
-#if defined(__x86_64__)
+#if FG_HAVE_ISA_TARGETS
 #include <immintrin.h>
 #endif
 
@@ -50,169 +54,93 @@ static inline uint16_t f32_f16(float f) { return fg_f32_to_f16(f); }
 #endif
 
 #define IDENT(x) (x)
-
-/* One kernel per (element type, accumulator type). COMBINE(acc, x) folds one
- * more source; FIN(acc) finishes (avg). */
-#define DEFINE_KERNEL(NAME, ET, AT, LOAD, STORE)                                                   \
-    static void NAME(fg_reduce_op op, ET *dst, ET *dst2, const ET *const *s, int ns, int64_t n,    \
-                     int div) {                                                                    \
-        AT acc[BLK];                                                                               \
-        for (int64_t b = 0; b < n; b += BLK) {                                                     \
-            int m = n - b < BLK ? (int)(n - b) : BLK;                                              \
-            const ET *s0 = s[0] + b;                                                               \
-            for (int i = 0; i < m; i++) acc[i] = (AT)LOAD(s0[i]);                                  \
-            for (int q = 1; q < ns; q++) {                                                         \
-                const ET *sq = s[q] + b;                                                           \
-                switch (op) {                                                                      \
-                case FG_SUM:                                                                       \
-                case FG_AVG:                                                                       \
-                    for (int i = 0; i < m; i++) acc[i] = (AT)(acc[i] + (AT)LOAD(sq[i]));           \
-                    break;                                                                         \
-                case FG_PROD:                                                                      \
-                    for (int i = 0; i < m; i++) acc[i] = (AT)(acc[i] * (AT)LOAD(sq[i]));           \
-                    break;                                                                         \
-                case FG_MIN:                                                                       \
-                    for (int i = 0; i < m; i++) {                                                  \
-                        AT x = (AT)LOAD(sq[i]);                                                    \
-                        acc[i] = x < acc[i] ? x : acc[i];                                          \
-                    }                                                                              \
-                    break;                                                                         \
-                case FG_MAX:                                                                       \
-                    for (int i = 0; i < m; i++) {                                                  \
-                        AT x = (AT)LOAD(sq[i]);                                                    \
-                        acc[i] = x > acc[i] ? x : acc[i];                                          \
-                    }                                                                              \
-                    break;                                                                         \
-                default: break;                                                                    \
-                }                                                                                  \
-            }                                                                                      \
-            if (op == FG_AVG) AVG_##NAME(acc, m, div);                                             \
-            ET *d = dst + b;                                                                       \
-            for (int i = 0; i < m; i++) d[i] = STORE(acc[i]);                                      \
-            if (dst2) {                                                                            \
-                ET *d2 = dst2 + b;                                                                 \
-                for (int i = 0; i < m; i++) d2[i] = STORE(acc[i]);                                 \
-            }                                                                                      \
-        }                                                                                          \
-    }
-
-/* avg: floats divide (correctly rounded); integers divide truncating toward
- * zero after the (wrapped) sum in the element type. */
-static inline void AVG_red_f64(double *a, int m, int div) {
-    for (int i = 0; i < m; i++) a[i] /= (double)div;
-}
-static inline void AVG_red_f32(float *a, int m, int div) {
-    for (int i = 0; i < m; i++) a[i] /= (float)div;
-}
-#define AVG_red_bf16 AVG_red_f32
-#define AVG_red_f16 AVG_red_f32
-static inline void AVG_red_u8(uint32_t *a, int m, int div) {
-    for (int i = 0; i < m; i++) a[i] = (uint8_t)a[i] / (uint32_t)div;
-}
-static inline void AVG_red_u16(uint32_t *a, int m, int div) {
-    for (int i = 0; i < m; i++) a[i] = (uint16_t)a[i] / (uint32_t)div;
-}
-
-#define I32_STORE(x) ((int32_t)(uint32_t)(uint64_t)(x))
-#define I64_LOAD(x) ((uint64_t)(x))
-#define I64_STORE(x) ((int64_t)(x))
 #define U8_STORE(x) ((uint8_t)(x))
-
-DEFINE_KERNEL(red_f64, double, double, IDENT, IDENT)
-DEFINE_KERNEL(red_f32, float, float, IDENT, IDENT)
-DEFINE_KERNEL(red_bf16, uint16_t, float, bf16_f32, f32_bf16)
-DEFINE_KERNEL(red_f16, uint16_t, float, f16_f32, f32_f16)
-DEFINE_KERNEL(red_u8, uint8_t, uint32_t, IDENT, U8_STORE)
 #define U16_STORE(x) ((uint16_t)(x))
-DEFINE_KERNEL(red_u16, uint16_t, uint32_t, IDENT, U16_STORE)
 
-/* Signed integers: min/max compare signed values, sum/prod wrap. The sum
- * and product are done in unsigned arithmetic (no undefined overflow). */
-static void red_i32(fg_reduce_op op, int32_t *dst, int32_t *dst2, const int32_t *const *s, int ns,
-                    int64_t n, int div) {
-    int32_t acc[BLK];
-    for (int64_t b = 0; b < n; b += BLK) {
-        int m = n - b < BLK ? (int)(n - b) : BLK;
-        for (int i = 0; i < m; i++) acc[i] = s[0][b + i];
-        for (int q = 1; q < ns; q++) {
-            const int32_t *sq = s[q] + b;
-            if (op == FG_SUM || op == FG_AVG)
-                for (int i = 0; i < m; i++) acc[i] = (int32_t)((uint32_t)acc[i] + (uint32_t)sq[i]);
-            else if (op == FG_PROD)
-                for (int i = 0; i < m; i++) acc[i] = (int32_t)((uint32_t)acc[i] * (uint32_t)sq[i]);
-            else if (op == FG_MIN)
-                for (int i = 0; i < m; i++) acc[i] = sq[i] < acc[i] ? sq[i] : acc[i];
-            else
-                for (int i = 0; i < m; i++) acc[i] = sq[i] > acc[i] ? sq[i] : acc[i];
-        }
-        if (op == FG_AVG)
-            for (int i = 0; i < m; i++) acc[i] /= div;
-        memcpy(dst + b, acc, (size_t)m * 4);
-        if (dst2) memcpy(dst2 + b, acc, (size_t)m * 4);
-    }
-}
+typedef void (*reduce_fn)(fg_reduce_op op, void *dst, void *dst2, const void *const *srcs, int ns,
+                          int64_t n, int div);
 
-static void red_i64(fg_reduce_op op, int64_t *dst, int64_t *dst2, const int64_t *const *s, int ns,
-                    int64_t n, int div) {
-    int64_t acc[BLK];
-    for (int64_t b = 0; b < n; b += BLK) {
-        int m = n - b < BLK ? (int)(n - b) : BLK;
-        for (int i = 0; i < m; i++) acc[i] = s[0][b + i];
-        for (int q = 1; q < ns; q++) {
-            const int64_t *sq = s[q] + b;
-            if (op == FG_SUM || op == FG_AVG)
-                for (int i = 0; i < m; i++) acc[i] = (int64_t)((uint64_t)acc[i] + (uint64_t)sq[i]);
-            else if (op == FG_PROD)
-                for (int i = 0; i < m; i++) acc[i] = (int64_t)((uint64_t)acc[i] * (uint64_t)sq[i]);
-            else if (op == FG_MIN)
-                for (int i = 0; i < m; i++) acc[i] = sq[i] < acc[i] ? sq[i] : acc[i];
-            else
-                for (int i = 0; i < m; i++) acc[i] = sq[i] > acc[i] ? sq[i] : acc[i];
-        }
-        if (op == FG_AVG)
-            for (int i = 0; i < m; i++) acc[i] /= div;
-        memcpy(dst + b, acc, (size_t)m * 8);
-        if (dst2) memcpy(dst2 + b, acc, (size_t)m * 8);
-    }
-}
+/* The kernels once per ISA (reduce_t.h): g_reduce_scalar, _avx2, _avx512 */
+#define SUF scalar
+#include "reduce_t.h"
+#undef SUF
+#if FG_HAVE_ISA_TARGETS
+FG_TARGET_AVX2_BEGIN
+#define SUF avx2
+#include "reduce_t.h"
+#undef SUF
+FG_TARGET_END
+FG_TARGET_AVX512_BEGIN
+#define SUF avx512
+#include "reduce_t.h"
+#undef SUF
+FG_TARGET_END
+#endif
+
+static const reduce_fn *const g_reduce[FG_ISA_COUNT] = {
+    [FG_ISA_SCALAR] = g_reduce_scalar,
+#if FG_HAVE_ISA_TARGETS
+    [FG_ISA_AVX2] = g_reduce_avx2,
+    [FG_ISA_AVX512] = g_reduce_avx512,
+#else
+    [FG_ISA_AVX2] = g_reduce_scalar,
+    [FG_ISA_AVX512] = g_reduce_scalar,
+#endif
+};
 
 void fg__reduce(fg_dtype dt, fg_reduce_op op, void *dst, void *dst2, const void *const *srcs,
                 int nsrc, int64_t n, int divisor) {
-    if (n <= 0) return;
-    switch (dt) {
-    case FG_F64: red_f64(op, dst, dst2, (const double *const *)srcs, nsrc, n, divisor); break;
-    case FG_F32: red_f32(op, dst, dst2, (const float *const *)srcs, nsrc, n, divisor); break;
-    case FG_BF16: red_bf16(op, dst, dst2, (const uint16_t *const *)srcs, nsrc, n, divisor); break;
-    case FG_F16: red_f16(op, dst, dst2, (const uint16_t *const *)srcs, nsrc, n, divisor); break;
-    case FG_I32: red_i32(op, dst, dst2, (const int32_t *const *)srcs, nsrc, n, divisor); break;
-    case FG_I64: red_i64(op, dst, dst2, (const int64_t *const *)srcs, nsrc, n, divisor); break;
-    case FG_U8: red_u8(op, dst, dst2, (const uint8_t *const *)srcs, nsrc, n, divisor); break;
-    case FG_U16: red_u16(op, dst, dst2, (const uint16_t *const *)srcs, nsrc, n, divisor); break;
-    default: break;
-    }
+    reduce_fn f = (int)dt >= 0 && dt < FG_DTYPE_COUNT ? g_reduce[fg_cpu_isa()][dt] : NULL;
+    if (n > 0 && f) f(op, dst, dst2, srcs, nsrc, n, divisor);
 }
 
 /* Copies with non-temporal stores when `nt`: for outputs too large to stay
  * in cache, skipping the destination's read-for-ownership saves a third of
- * the memory traffic of a plain memcpy. */
+ * the memory traffic of a plain memcpy. Stores of 16 bytes (SSE2, in every
+ * x86-64), 32 (AVX2) or 64 (AVX-512) by the ISA in use: the loop is
+ * memory-bound on each, the wider stores only take fewer instructions.
+ * NT_COPY(name, V, load, stream) defines name(d, s, body): body bytes, a
+ * multiple of 4 vectors, d aligned to a vector. */
+#define NT_COPY(name, V, load, stream)                                                             \
+    static void name(char *d, const char *s, size_t body) {                                        \
+        for (size_t i = 0; i < body; i += 4 * sizeof(V)) {                                         \
+            V a = load((const V *)(s + i)), b = load((const V *)(s + i + sizeof(V)));              \
+            V c = load((const V *)(s + i + 2 * sizeof(V)));                                        \
+            V e = load((const V *)(s + i + 3 * sizeof(V)));                                        \
+            stream((V *)(d + i), a);                                                               \
+            stream((V *)(d + i + sizeof(V)), b);                                                   \
+            stream((V *)(d + i + 2 * sizeof(V)), c);                                               \
+            stream((V *)(d + i + 3 * sizeof(V)), e);                                               \
+        }                                                                                          \
+    }
+
+#if FG_HAVE_ISA_TARGETS
+NT_COPY(nt_copy_sse2, __m128i, _mm_loadu_si128, _mm_stream_si128)
+FG_TARGET_AVX2_BEGIN
+NT_COPY(nt_copy_avx2, __m256i, _mm256_loadu_si256, _mm256_stream_si256)
+FG_TARGET_END
+FG_TARGET_AVX512_BEGIN
+static inline __m512i load512(const __m512i *p) { return _mm512_loadu_si512((const void *)p); }
+static inline void stream512(__m512i *p, __m512i v) { _mm512_stream_si512((void *)p, v); }
+NT_COPY(nt_copy_avx512, __m512i, load512, stream512)
+FG_TARGET_END
+
+static void (*const g_nt_copy[FG_ISA_COUNT])(char *, const char *, size_t) = {
+    [FG_ISA_SCALAR] = nt_copy_sse2,
+    [FG_ISA_AVX2] = nt_copy_avx2,
+    [FG_ISA_AVX512] = nt_copy_avx512,
+};
+#endif
+
 void fg__copy(void *dst, const void *src, size_t n, bool nt) {
-#if defined(__AVX512F__)
+#if FG_HAVE_ISA_TARGETS
     if (nt && n >= 4096) {
         size_t head = (64 - ((uintptr_t)dst & 63)) & 63;
         memcpy(dst, src, head);
         char *d = (char *)dst + head;
         const char *s = (const char *)src + head;
         size_t body = (n - head) & ~(size_t)255;
-        for (size_t i = 0; i < body; i += 256) {
-            __m512i a = _mm512_loadu_si512((const void *)(s + i));
-            __m512i b = _mm512_loadu_si512((const void *)(s + i + 64));
-            __m512i c = _mm512_loadu_si512((const void *)(s + i + 128));
-            __m512i e = _mm512_loadu_si512((const void *)(s + i + 192));
-            _mm512_stream_si512((void *)(d + i), a);
-            _mm512_stream_si512((void *)(d + i + 64), b);
-            _mm512_stream_si512((void *)(d + i + 128), c);
-            _mm512_stream_si512((void *)(d + i + 192), e);
-        }
+        g_nt_copy[fg_cpu_isa()](d, s, body);
         _mm_sfence();
         memcpy(d + body, s + body, n - head - body);
         return;
