@@ -9,14 +9,21 @@
  * (bitwise the same). The dropout mask is checked bit for bit against
  * fg_rng_u32_at on every path, across the 2^32 wrap of Philox's counter.
  *
- * Tolerances, |got - want| <= atol + rtol |want|, and infinities and NaN
- * where the other side has the same:
- *   against the scalar path: elementwise (GELU) 1e-6 relative, rows
- *   (softmax, cross-entropy, attention) 2e-6, layernorm 2e-6 of the row's
- *   scale (sums in a different order); dropout: bitwise.
- *   against double: 4e-6 (GELU 2e-6, its gradient 8e-6).
- * The paths share the exp (vmath.h's, lane by lane) and differ only by
- * FMA contraction and the order of row sums. */
+ * Tolerances, |got - want| <= atol + rtol |want| (infinities and NaN must
+ * match), against the scalar path:
+ *   GELU 1e-6 (1 + |2u|) relative: exp turns u's rounding into a relative
+ *     error |2u| times larger where x < 0; its gradient 1e-6;
+ *   softmax, log_softmax (4e-6 absolute: (x - m) - log s), cross-entropy,
+ *     attention: 2e-6 relative (row sums in another order), attention's
+ *     backward 1e-5;
+ *   layernorm 2e-6 (1 + sqrt(C) / 16) of the row's O(1) scale (float sums
+ *     of C values in lanes of 4 to 16), dx 1e-5 plus 5e-7 rstd (its terms
+ *     cancel over a row: rounding comes out times rstd);
+ *   dropout: bitwise.
+ * Against double: 2e-6 to 1e-5 (see each test). The scalar path is
+ * compiled for the build's -march: with FMA contracted by GCC (native,
+ * x86-64-v3) or without (x86-64); the vector paths fuse exactly where they
+ * say (vk_t.h's v_fma). */
 #include <math.h>
 
 #include "fulgur/ops.h"
@@ -175,6 +182,22 @@ static const float SPECIAL[] = {0.0f,    -0.0f,    1e-30f, -1e-30f, 5.0f,     -5
                                 3.4e38f, -3.4e38f, 9.0f,   -9.0f,   INFINITY, -INFINITY};
 #define NSPECIAL ((int)(sizeof SPECIAL / sizeof SPECIAL[0]))
 
+/* GELU against another path: x / (1 + exp(-2u)) moves by |2u| times the
+ * rounding of u where x < 0 (exp turns u's absolute error into a relative
+ * one), so the tolerance is 1e-6 (1 + |2u|) of the value. */
+static long gelu_far(const float *x, const float *got, const float *want, int64_t n) {
+    long bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double c = fmin(30, fmax(-30, x[i])), u = 0.7978845608 * (c + 0.044715 * c * c * c);
+        double g = got[i], w = want[i];
+        bool ok = isnan(w)   ? isnan(g)
+                  : isinf(w) ? g == w
+                             : fabs(g - w) <= 1e-6 * (1 + 2 * fabs(u)) * fabs(w);
+        if (!ok && bad++ < 3) fprintf(stderr, "    gelu(%.9g) = %.9g, want %.9g\n", x[i], g, w);
+    }
+    return bad;
+}
+
 ISA_TEST(gelu) {
     for (int si = 0; si < NSIZES; si++) {
         int64_t n = SIZES[si];
@@ -188,8 +211,8 @@ ISA_TEST(gelu) {
         CHECK_OK(ops()->gelu_bwd(x, dy, dx));
         ON_SCALAR(isa, ops()->gelu_fwd(x, ys));
         ON_SCALAR(isa, ops()->gelu_bwd(x, dy, dxs));
-        CHECK_MSG(far_f("gelu", F(y), F(ys), n, 1e-6, 1e-30) == 0, "gelu %s n %lld vs scalar",
-                  fg_isa_name(isa), (long long)n);
+        CHECK_MSG(gelu_far(F(x), F(y), F(ys), n) == 0, "gelu %s n %lld vs scalar", fg_isa_name(isa),
+                  (long long)n);
         CHECK_MSG(far_f("gelu'", F(dx), F(dxs), n, 1e-6, 1e-6) == 0, "gelu_bwd %s n %lld vs scalar",
                   fg_isa_name(isa), (long long)n);
         /* finite inputs against double */
@@ -245,9 +268,9 @@ ISA_TEST(softmax) {
                 lg ? ops()->log_softmax_fwd : ops()->softmax_fwd;
             fg_status (*bwd)(const fg_tensor *, const fg_tensor *, fg_tensor *) =
                 lg ? ops()->log_softmax_bwd : ops()->softmax_bwd;
-            CHECK_OK(fwd(x, y));
-            CHECK_OK(bwd(y, dy, dx));
             ON_SCALAR(isa, fwd(x, ys));
+            CHECK_OK(fwd(x, y));
+            CHECK_OK(bwd(ys, dy, dx)); /* from the same y: the backward alone */
             ON_SCALAR(isa, bwd(ys, dy, dxs));
             /* log_softmax (x - m) - log s: ulp-sized errors of log s, up to 20 */
             const char *what = lg ? "log_softmax" : "softmax";
@@ -401,15 +424,24 @@ ISA_TEST(layernorm) {
             ON_SCALAR(isa, ops()->layernorm_fwd(x, pw, pb, 1e-5, ys, ms, rs));
             ON_SCALAR(isa, ops()->layernorm_bwd(x, pw, ms, rs, dy, dxs, aff ? dws : NULL,
                                                 aff ? dbs : NULL));
-            /* y, dx and dw are O(1) per element: 2e-6 of 1 + |value| */
-            CHECK_MSG(far_f("y", F(y), F(ys), n, 2e-6, 2e-6) == 0, "layernorm %s C %lld vs scalar",
+            /* y, dx and dw are O(1) per element; the mean and variance are
+             * float sums of C values (lanes of 4 to 16 by path): 2e-6 of 1 +
+             * |value|, growing as sqrt(C) */
+            double t = 2e-6 * (1 + sqrt((double)C) / 16);
+            CHECK_MSG(far_f("y", F(y), F(ys), n, t, t) == 0, "layernorm %s C %lld vs scalar",
                       fg_isa_name(isa), (long long)C);
-            CHECK_MSG(far_f("mean", F(m), F(ms), N, 1e-6, 1e-6) == 0, "mean %s C %lld",
-                      fg_isa_name(isa), (long long)C);
-            CHECK_MSG(far_f("rstd", F(r), F(rs), N, 2e-6, 0) == 0, "rstd %s C %lld",
-                      fg_isa_name(isa), (long long)C);
-            CHECK_MSG(far_f("dx", F(dx), F(dxs), n, 1e-5, 1e-5) == 0,
-                      "layernorm_bwd %s C %lld vs scalar", fg_isa_name(isa), (long long)C);
+            CHECK_MSG(far_f("mean", F(m), F(ms), N, t, t) == 0, "mean %s C %lld", fg_isa_name(isa),
+                      (long long)C);
+            CHECK_MSG(far_f("rstd", F(r), F(rs), N, t, 0) == 0, "rstd %s C %lld", fg_isa_name(isa),
+                      (long long)C);
+            /* dx = rstd (g w - mean(g w) - ...): the terms cancel over a row,
+             * so their rounding (fused or not by path) comes out times rstd,
+             * which is 316 in a row of C = 1 (variance 0, eps 1e-5) */
+            long bad = 0;
+            for (int64_t i = 0; i < N; i++)
+                bad += far_f("dx", F(dx) + i * C, F(dxs) + i * C, C, 1e-5, 1e-5 + 5e-7 * F(rs)[i]);
+            CHECK_MSG(bad == 0, "layernorm_bwd %s C %lld vs scalar", fg_isa_name(isa),
+                      (long long)C);
             if (aff) {
                 /* sums over N = 70 rows of O(1) */
                 CHECK_MSG(far_f("dw", F(dw), F(dws), C, 1e-5, 1e-4) == 0, "dw %s C %lld",

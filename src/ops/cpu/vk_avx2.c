@@ -5,6 +5,7 @@
 
 #include "core/cpu_isa.h"
 #include "cpu_impl.h"
+#include "vmath.h"
 
 #if FG_HAVE_ISA_TARGETS
 #include <immintrin.h>

@@ -2,12 +2,14 @@
  * and compiled once per ISA (vk_avx2.c, vk_avx512.c). Each computes what
  * the portable loop of its op computes (activation.c, softmax.c, loss.c,
  * attention.c, layernorm.c, dropout.c: the scalar path), in the same order
- * of operations where the portable loop has one per element, with FMA where
- * GCC contracts the portable loop at -march with FMA. Sums over a row go
- * lane by lane and the lanes are added at the end: the order of the
- * additions differs from the scalar path's, so row results agree with it
- * to rounding only (tests/ops/test_isa.c has the tolerances). The dropout
- * mask is integer arithmetic: the same bits on every path.
+ * of operations per element, fusing a multiply-add exactly where it says
+ * v_fma (the files are compiled with -ffp-contract=off), which is where
+ * GCC fuses the portable loop at an -march with FMA. Sums over a row go
+ * lane by lane, in two chains where a chain would wait on add latency, and
+ * the lanes are added at the end: the order of the additions differs from
+ * the scalar path's, so row results agree with it to rounding only
+ * (tests/ops/test_isa.c has the tolerances). The dropout mask is integer
+ * arithmetic: the same bits on every path.
  *
  * Every loop runs whole vectors, then one masked vector for the tail. */
 #ifndef FULGUR_CPU_VK_T_H
@@ -53,9 +55,10 @@ static inline vf gelu1(vf v) {
 static inline vf gelu_grad1(vf v, vf g, vf d) {
     vf c = v_clamp30(v), c2 = v_mul(c, c);
     vf u = v_mul(v_set1(VK_GELU_K0), v_fma(v_mul(v_set1(VK_GELU_K1), c2), c, c));
-    vf s = v_div(v_set1(1.0f), v_add(v_set1(1.0f), v_exp(v_mul(v_set1(-2.0f), u))));
+    vf e = v_exp(v_min(v_set1(80.0f), v_mul(v_set1(-2.0f), u)));
+    vf s = v_div(v_set1(1.0f), v_add(v_set1(1.0f), e));
     vf du = v_mul(v_set1(VK_GELU_K0), v_fma(v_set1(3 * VK_GELU_K1), c2, v_set1(1.0f)));
-    vf k = v_mul(v_mul(v_mul(v_set1(2.0f), c), s), v_sub(v_set1(1.0f), s));
+    vf k = v_mul(v_mul(v_mul(v_set1(2.0f), c), v_mul(e, s)), s); /* e s = 1 - s */
     return v_fma(g, v_fma(k, du, s), d);
 }
 
@@ -93,12 +96,12 @@ static float row_max(const float *x, int64_t n) {
 
 /* sum_j exp(x[j] - m) in double, storing each exp in y[j] when y is not
  * NULL: vmath.h's fg__expsum_f32 (float lanes within blocks of
- * FG_EXPSUM_BLOCK, the blocks added in double). */
+ * FG_EXPSUM_BLOCK, the blocks added in double; vk_avx*.c include vmath.h). */
 static double exp_sum(const float *x, int64_t n, float m, float *y) {
     double total = 0;
     vf bm = v_set1(m);
-    for (int64_t j0 = 0; j0 < n; j0 += 1024) {
-        int64_t j1 = n - j0 < 1024 ? n : j0 + 1024, j = j0;
+    for (int64_t j0 = 0; j0 < n; j0 += FG_EXPSUM_BLOCK) {
+        int64_t j1 = n - j0 < FG_EXPSUM_BLOCK ? n : j0 + FG_EXPSUM_BLOCK, j = j0;
         vf s = v_zero();
         for (; j + VK_W <= j1; j += VK_W) {
             vf e = v_exp(v_sub(v_load(x + j), bm));
@@ -126,31 +129,29 @@ static void scale_row(float *y, int64_t n, float s) {
 }
 
 /* sum_j a[j] b[j] (b NULL: sum_j a[j]) in double lanes */
-static double dot_d(const float *a, const float *b, int64_t n) {
-    vd s0 = vd_zero(), s1 = vd_zero();
-    int64_t j = 0;
-    for (; j + VK_W <= n; j += VK_W) {
-        vf x = v_load(a + j);
-        if (b) {
-            vf z = v_load(b + j);
-            s0 = vd_fma(vd_lo(x), vd_lo(z), s0);
-            s1 = vd_fma(vd_hi(x), vd_hi(z), s1);
-        } else {
-            s0 = vd_add(s0, vd_lo(x));
-            s1 = vd_add(s1, vd_hi(x));
-        }
-    }
-    vmask k = v_first(n - j);
-    vf x = v_load_n(a + j, k); /* zero past the end: adds nothing */
+/* s0, s1 += the halves of x z in double (b false: of x) */
+static inline void dot_step(vd *s0, vd *s1, vf x, vf z, bool b) {
     if (b) {
-        vf z = v_load_n(b + j, k);
-        s0 = vd_fma(vd_lo(x), vd_lo(z), s0);
-        s1 = vd_fma(vd_hi(x), vd_hi(z), s1);
+        *s0 = vd_fma(vd_lo(x), vd_lo(z), *s0);
+        *s1 = vd_fma(vd_hi(x), vd_hi(z), *s1);
     } else {
-        s0 = vd_add(s0, vd_lo(x));
-        s1 = vd_add(s1, vd_hi(x));
+        *s0 = vd_add(*s0, vd_lo(x));
+        *s1 = vd_add(*s1, vd_hi(x));
     }
-    return vd_hsum(vd_add(s0, s1));
+}
+
+static double dot_d(const float *a, const float *b, int64_t n) {
+    vd s0 = vd_zero(), s1 = vd_zero(), s2 = vd_zero(), s3 = vd_zero(); /* four chains */
+    vf one = v_set1(1.0f);
+    int64_t j = 0;
+    for (; j + 2 * VK_W <= n; j += 2 * VK_W) {
+        dot_step(&s0, &s1, v_load(a + j), b ? v_load(b + j) : one, b);
+        dot_step(&s2, &s3, v_load(a + j + VK_W), b ? v_load(b + j + VK_W) : one, b);
+    }
+    for (; j + VK_W <= n; j += VK_W) dot_step(&s0, &s1, v_load(a + j), b ? v_load(b + j) : one, b);
+    vmask k = v_first(n - j); /* zero past the end: adds nothing */
+    dot_step(&s2, &s3, v_load_n(a + j, k), b ? v_load_n(b + j, k) : one, b);
+    return vd_hsum(vd_add(vd_add(s0, s1), vd_add(s2, s3)));
 }
 
 /* softmax.c's rows (C = n >= 1) */
@@ -277,8 +278,9 @@ static void vk_ln_fwd_row(const float *x, const float *w, const float *b, int64_
  * xh = (x - m) r, and aw += g xh, ab += g when aw is not NULL. */
 static inline void ln_bwd_vec(vf x, vf g, vf w, vf bm, vf br, vf a, vf c, float *dx, float *aw,
                               float *ab, vmask k, bool tail) {
+    /* g w rounded, as in the sum that made a: a row of C = 1 gives 0 */
     vf xh = v_mul(v_sub(x, bm), br);
-    vf e = v_fnma(xh, c, v_fms(g, w, a));
+    vf e = v_fnma(xh, c, v_sub(v_mul(g, w), a));
     if (tail) {
         v_store_n(dx, k, v_fma(br, e, v_load_n(dx, k)));
         if (aw) {
