@@ -60,17 +60,71 @@ static inline uint16_t f32_f16(float f) { return fg_f32_to_f16(f); }
 typedef void (*reduce_fn)(fg_reduce_op op, void *dst, void *dst2, const void *const *srcs, int ns,
                           int64_t n, int div);
 
-/* The kernels once per ISA (reduce_t.h): g_reduce_scalar, _avx2, _avx512 */
+/* The kernels once per ISA (reduce_t.h): g_reduce_scalar, _avx2, _avx512,
+ * each after its f16 block conversions (f16_in_<ISA>: m halves to floats;
+ * f16_out_<ISA>: m floats to halves, rounded to nearest even). The AVX
+ * ones convert a whole vector at a time, the tail through a zeroed one. */
+static void f16_in_scalar(const uint16_t *s, float *d, int m) {
+    for (int i = 0; i < m; i++)
+        d[i] = f16_f32(s[i]);
+}
+static void f16_out_scalar(const float *a, uint16_t *d, int m) {
+    for (int i = 0; i < m; i++)
+        d[i] = f32_f16(a[i]);
+}
 #define SUF scalar
 #include "reduce_t.h"
 #undef SUF
+
 #if FG_HAVE_ISA_TARGETS
+/* F16_BLOCKS(isa, V, H, W, cvt_in, cvt_out): the two conversions with
+ * vectors V of W floats and H of W halves */
+#define F16_BLOCKS(isa, V, H, W, cvt_in, cvt_out)                                                  \
+    static inline V isa##_in1(const uint16_t *s) {                                                 \
+        H h;                                                                                       \
+        memcpy(&h, s, sizeof h);                                                                   \
+        return cvt_in(h);                                                                          \
+    }                                                                                              \
+    static void f16_in_##isa(const uint16_t *s, float *d, int m) {                                 \
+        int i = 0;                                                                                 \
+        for (; i + W <= m; i += W) {                                                               \
+            V v = isa##_in1(s + i);                                                                \
+            memcpy(d + i, &v, sizeof v);                                                           \
+        }                                                                                          \
+        if (i < m) {                                                                               \
+            uint16_t t[W] = {0};                                                                   \
+            memcpy(t, s + i, sizeof(uint16_t) * (size_t)(m - i));                                  \
+            V v = isa##_in1(t);                                                                    \
+            memcpy(d + i, &v, sizeof(float) * (size_t)(m - i));                                    \
+        }                                                                                          \
+    }                                                                                              \
+    static void f16_out_##isa(const float *a, uint16_t *d, int m) {                                \
+        int i = 0;                                                                                 \
+        for (; i + W <= m; i += W) {                                                               \
+            V v;                                                                                   \
+            memcpy(&v, a + i, sizeof v);                                                           \
+            H h = cvt_out(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);                       \
+            memcpy(d + i, &h, sizeof h);                                                           \
+        }                                                                                          \
+        if (i < m) {                                                                               \
+            float t[W] = {0};                                                                      \
+            memcpy(t, a + i, sizeof(float) * (size_t)(m - i));                                     \
+            V v;                                                                                   \
+            memcpy(&v, t, sizeof v);                                                               \
+            H h = cvt_out(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);                       \
+            memcpy(d + i, &h, sizeof(uint16_t) * (size_t)(m - i));                                 \
+        }                                                                                          \
+    }
+
 FG_TARGET_AVX2_BEGIN
+F16_BLOCKS(avx2, __m256, __m128i, 8, _mm256_cvtph_ps, _mm256_cvtps_ph)
 #define SUF avx2
 #include "reduce_t.h"
 #undef SUF
 FG_TARGET_END
+
 FG_TARGET_AVX512_BEGIN
+F16_BLOCKS(avx512, __m512, __m256i, 16, _mm512_cvtph_ps, _mm512_cvtps_ph)
 #define SUF avx512
 #include "reduce_t.h"
 #undef SUF

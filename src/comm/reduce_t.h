@@ -64,9 +64,43 @@ static inline void RN(avg_u16)(uint32_t *a, int m, int div) {
 DEFINE_KERNEL(red_f64, double, double, IDENT, IDENT, RN(avg_f64))
 DEFINE_KERNEL(red_f32, float, float, IDENT, IDENT, RN(avg_f32))
 DEFINE_KERNEL(red_bf16, uint16_t, float, bf16_f32, f32_bf16, RN(avg_f32))
-DEFINE_KERNEL(red_f16, uint16_t, float, f16_f32, f32_f16, RN(avg_f32))
 DEFINE_KERNEL(red_u8, uint8_t, uint32_t, IDENT, U8_STORE, RN(avg_u8))
 DEFINE_KERNEL(red_u16, uint16_t, uint32_t, IDENT, U16_STORE, RN(avg_u16))
+
+/* f16: each block of a source is widened into f32 by f16_in_<SUF> (F16C
+ * on the AVX paths, as GCC does not vectorise _Float16 conversions), the
+ * op runs on floats, and f16_out_<SUF> rounds the block back (to nearest
+ * even, as the scalar conversion does). */
+static void RN(red_f16)(fg_reduce_op op, void *dst_, void *dst2_, const void *const *s_, int ns,
+                        int64_t n, int div) {
+    uint16_t *dst = dst_, *dst2 = dst2_;
+    const uint16_t *const *s = (const uint16_t *const *)s_;
+    float acc[BLK], x[BLK];
+    for (int64_t b = 0; b < n; b += BLK) {
+        int m = n - b < BLK ? (int)(n - b) : BLK;
+        RN(f16_in)(s[0] + b, acc, m);
+        for (int q = 1; q < ns; q++) {
+            RN(f16_in)(s[q] + b, x, m);
+            if (op == FG_SUM || op == FG_AVG)
+                for (int i = 0; i < m; i++)
+                    acc[i] = acc[i] + x[i];
+            else if (op == FG_PROD)
+                for (int i = 0; i < m; i++)
+                    acc[i] = acc[i] * x[i];
+            else if (op == FG_MIN)
+                for (int i = 0; i < m; i++)
+                    acc[i] = x[i] < acc[i] ? x[i] : acc[i];
+            else if (op == FG_MAX)
+                for (int i = 0; i < m; i++)
+                    acc[i] = x[i] > acc[i] ? x[i] : acc[i];
+        }
+        if (op == FG_AVG)
+            RN(avg_f32)(acc, m, div);
+        RN(f16_out)(acc, dst + b, m);
+        if (dst2)
+            memcpy(dst2 + b, dst + b, sizeof(uint16_t) * (size_t)m);
+    }
+}
 
 /* i32 and i64 accumulate in the unsigned type of their width (sums and
  * products wrap); min and max compare as signed. */
