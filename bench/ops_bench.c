@@ -1,26 +1,48 @@
 /* Speed of the non-matmul kernels at GPT training sizes ((B*T) = 2048 rows,
- * C = 256, 4C = 1024, V = 65 and 512) against the same ops written the
- * plain way, as llm.c's CPU reference does them (scalar tanhf/expf/logf,
- * float sums, one fg_rng_u32_at per dropout element), built with the same
- * flags. Both sides run on the same thread count (OpenMP over rows where
- * llm.c has it; the baselines get `omp parallel for` over rows too).
+ * C = 256, 4C = 1024, V = 65 and 512; attention at B 16, T 128, C 256, 4
+ * heads; AdamW over 1 Mi and 8 Mi parameters; the collectives' reduction
+ * over 1 Mi elements) on every
+ * vector ISA path this CPU runs (fg_set_cpu_isa: scalar, avx2, avx512),
+ * against the same ops written the plain way, as llm.c's CPU reference does
+ * them (scalar tanhf/expf/logf, float sums, one fg_rng_u32_at per dropout
+ * element), built with the same flags. Both sides run on the same thread
+ * count (OpenMP over rows where llm.c has it; the baselines get `omp
+ * parallel for` over rows too).
  *
- *   ops_bench [threads [filter]]   (default 1 thread, every case)
+ *   ops_bench [--isa scalar|avx2|avx512|all] [threads [filter]]
  *
- * Prints one JSON line per case:
- *   {"name": ..., "fulgur_ms": ..., "baseline_ms": ..., "speedup": b/f, "GB/s": ...}
- * GB/s counts the bytes the fulgur kernel must read and write once. Each
- * side runs REPS times alternating with the other; the best run counts. */
+ * Defaults: every path the CPU has, 1 thread, every case. Prints one JSON
+ * line per case and path:
+ *   {"name": ..., "isa": ..., "fulgur_ms": ..., "GB/s": ..., "baseline_ms": ..., "speedup": b/f}
+ * ("isa": "-" for a kernel with one path only), then a table of GB/s by
+ * path, each line starting with '#'. GB/s counts the bytes the kernel must
+ * read and write once. The paths and the baseline take turns, REPS rounds;
+ * the best run of each counts (a busy machine only ever adds time). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/comm_impl.h"
 #include "fulgur/fulgur.h"
+#include "optim/optim_impl.h"
 
 #define REPS 15
 
 static const fg_op_table *ops;
+
+/* the paths to time, in order */
+static fg_isa g_paths[FG_ISA_COUNT];
+static int g_npaths;
+
+/* the table printed at the end: GB/s of each case on each path */
+typedef struct {
+    char name[32], shape[32];
+    double gbs[FG_ISA_COUNT]; /* 0: not run */
+    bool one_path;
+} row;
+static row g_rows[64];
+static int g_nrows;
 
 static fg_tensor *randn(int nd, const int64_t *s, uint64_t seed, float scale) {
     fg_tensor *t = fg_tensor_new(FG_F32, nd, s);
@@ -31,32 +53,61 @@ static float *F(fg_tensor *t) { return fg_tensor_data(t); }
 
 typedef void (*run_fn)(void *ctx);
 
-static double best(run_fn f, void *ctx, double *acc) {
+static void timed(run_fn f, void *ctx, double *best) {
     double t0 = fg_time();
     f(ctx);
     double dt = fg_time() - t0;
-    if (dt < *acc) *acc = dt;
-    return dt;
+    if (dt < *best)
+        *best = dt;
+}
+
+/* Times fu on every path (one_path: once, on the default path) and base
+ * (may be NULL), taking turns; prints a JSON line per path and keeps a row
+ * of the table. */
+static void emit_paths(const char *name, const char *shape, run_fn fu, run_fn base, void *ctx,
+                       double bytes, bool one_path) {
+    int np = one_path ? 1 : g_npaths;
+    double tf[FG_ISA_COUNT], tb = 1e30;
+    for (int k = 0; k < np; k++) {
+        tf[k] = 1e30;
+        fg_set_cpu_isa(one_path ? FG_ISA_AUTO : g_paths[k]);
+        fu(ctx); /* warm-up: first touch, thread start */
+    }
+    if (base)
+        base(ctx);
+    for (int r = 0; r < REPS; r++) {
+        for (int k = 0; k < np; k++) {
+            fg_set_cpu_isa(one_path ? FG_ISA_AUTO : g_paths[k]);
+            timed(fu, ctx, &tf[k]);
+        }
+        if (base)
+            timed(base, ctx, &tb);
+    }
+    fg_set_cpu_isa(FG_ISA_AUTO);
+    row *w = g_nrows < 64 ? &g_rows[g_nrows++] : NULL;
+    if (w) {
+        memset(w, 0, sizeof *w);
+        snprintf(w->name, sizeof w->name, "%s", name);
+        snprintf(w->shape, sizeof w->shape, "%s", shape);
+        w->one_path = one_path;
+    }
+    for (int k = 0; k < np; k++) {
+        const char *isa = one_path ? "-" : fg_isa_name(g_paths[k]);
+        printf("{\"name\": \"%s\", \"shape\": \"%s\", \"isa\": \"%s\", \"threads\": %d, "
+               "\"fulgur_ms\": %.4f, \"GB/s\": %.1f",
+               name, shape, isa, fg_get_num_threads(), tf[k] * 1e3, bytes / tf[k] * 1e-9);
+        if (base)
+            printf(", \"baseline_ms\": %.4f, \"speedup\": %.2f", tb * 1e3, tb / tf[k]);
+        printf("}\n");
+        if (w)
+            w->gbs[one_path ? 0 : g_paths[k]] = bytes / tf[k] * 1e-9;
+    }
+    fflush(stdout);
 }
 
 static void emit(const char *name, const char *shape, run_fn fu, run_fn base, void *ctx,
                  double bytes) {
-    double tf = 1e30, tb = 1e30;
-    fu(ctx); /* warm-up: first touch, thread start */
-    if (base) base(ctx);
-    for (int r = 0; r < REPS; r++) {
-        best(fu, ctx, &tf);
-        if (base) best(base, ctx, &tb);
-    }
-    if (base)
-        printf("{\"name\": \"%s\", \"shape\": \"%s\", \"threads\": %d, \"fulgur_ms\": %.4f, "
-               "\"baseline_ms\": %.4f, \"speedup\": %.2f, \"GB/s\": %.1f}\n",
-               name, shape, fg_get_num_threads(), tf * 1e3, tb * 1e3, tb / tf, bytes / tf * 1e-9);
-    else
-        printf("{\"name\": \"%s\", \"shape\": \"%s\", \"threads\": %d, \"fulgur_ms\": %.4f, "
-               "\"GB/s\": %.1f}\n",
-               name, shape, fg_get_num_threads(), tf * 1e3, bytes / tf * 1e-9);
-    fflush(stdout);
+    emit_paths(name, shape, fu, base, ctx, bytes, false);
 }
 
 /* ------------------------------------------------------------------ cases */
@@ -236,11 +287,97 @@ static void sum0_base(void *p) {
         for (int64_t j = 0; j < c->C; j++) o[j] += x[i * c->C + j];
 }
 
+static void sm_bwd(void *p) { ctx *c = p; ops->softmax_bwd(c->y, c->dy, c->dx); }
+static void lsm_fwd(void *p) { ctx *c = p; ops->log_softmax_fwd(c->x, c->y); }
+static void lsm_bwd(void *p) { ctx *c = p; ops->log_softmax_bwd(c->y, c->dy, c->dx); }
+static void drop_bwd(void *p) { ctx *c = p; ops->dropout_bwd(c->dy, 0.1, 42, 1000, c->dx); }
+
+/* causal attention on qkv (B, T, 3C) */
+typedef struct {
+    int heads;
+    fg_tensor *qkv, *y, *lse, *dy, *dqkv;
+} att_ctx;
+static void att_fwd(void *p) { att_ctx *a = p; ops->attention_fwd(a->qkv, a->heads, a->y, a->lse); }
+static void att_bwd(void *p) {
+    att_ctx *a = p;
+    ops->attention_bwd(a->qkv, a->heads, a->y, a->lse, a->dy, a->dqkv);
+}
+
+/* AdamW over n f32 parameters (optim/kernels.c) */
+typedef struct {
+    int64_t n;
+    float *p, *g, *m, *v;
+} adam_ctx;
+static void adamw(void *p) {
+    adam_ctx *a = p;
+    fg__k_adamw(FG_F32, a->p, a->g, a->m, a->v, a->n, 0.999, 0.9, 0.999, 1e-3, 0.1, 1e-8);
+}
+
+/* the collectives' reduction of 2 sources of n elements (comm/reduce.c) */
+typedef struct {
+    fg_dtype dt;
+    int64_t n;
+    void *a, *b, *out;
+} red_ctx;
+static void reduce2(void *p) {
+    red_ctx *r = p;
+    const void *src[2] = {r->a, r->b};
+    fg__reduce(r->dt, FG_SUM, r->out, NULL, src, 2, r->n, 2);
+}
+
 static bool want(const char *filter, const char *name) { return !filter || strstr(name, filter); }
 
+static bool parse_isa(const char *v) {
+    g_npaths = 0;
+    for (int l = FG_ISA_SCALAR; l < FG_ISA_COUNT; l++) {
+        fg_isa isa = (fg_isa)l;
+        if (strcmp(v, "all") && strcmp(v, fg_isa_name(isa)))
+            continue;
+        if (fg_set_cpu_isa(isa) != FG_OK) {
+            fprintf(stderr, "ops_bench: %s\n", fg_last_error());
+            if (strcmp(v, "all"))
+                return false;
+            continue;
+        }
+        g_paths[g_npaths++] = isa;
+    }
+    fg_set_cpu_isa(FG_ISA_AUTO);
+    if (!g_npaths)
+        fprintf(stderr, "ops_bench: --isa %s: expected scalar, avx2, avx512 or all\n", v);
+    return g_npaths > 0;
+}
+
+static void print_table(void) {
+    printf("# GB/s, best of %d, %d thread(s); a kernel with one path only shows it under %s\n",
+           REPS, fg_get_num_threads(), fg_isa_name(g_paths[0]));
+    printf("# %-22s %-14s", "kernel", "shape");
+    for (int k = 0; k < g_npaths; k++)
+        printf(" %8s", fg_isa_name(g_paths[k]));
+    printf("\n");
+    for (int i = 0; i < g_nrows; i++) {
+        const row *w = &g_rows[i];
+        printf("# %-22s %-14s", w->name, w->shape);
+        for (int k = 0; k < g_npaths; k++)
+            if (w->one_path && k)
+                printf(" %8s", "-");
+            else
+                printf(" %8.1f", w->gbs[w->one_path ? 0 : g_paths[k]]);
+        printf("\n");
+    }
+}
+
 int main(int argc, char **argv) {
-    int threads = argc > 1 ? atoi(argv[1]) : 1;
-    const char *filter = argc > 2 ? argv[2] : NULL;
+    const char *pos[2] = {NULL, NULL}, *isa = "all";
+    for (int i = 1, np = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc)
+            isa = argv[++i];
+        else if (np < 2)
+            pos[np++] = argv[i];
+    }
+    if (!parse_isa(isa))
+        return 2;
+    int threads = pos[0] ? atoi(pos[0]) : 1;
+    const char *filter = pos[1];
     if (fg_set_num_threads(threads) != FG_OK) {
         fprintf(stderr, "%s\n", fg_last_error());
         return 1;
@@ -271,10 +408,18 @@ int main(int argc, char **argv) {
             emit("gelu_fwd", shape, gelu_fwd, gelu_fwd_base, &c, 2 * nb);
             emit("gelu_bwd", shape, gelu_bwd, gelu_bwd_base, &c, 4 * nb);
         }
-        if (want(filter, "softmax")) emit("softmax_fwd", shape, sm_fwd, sm_fwd_base, &c, 2 * nb);
-        if (want(filter, "dropout"))
+        if (want(filter, "softmax")) {
+            emit("softmax_fwd", shape, sm_fwd, sm_fwd_base, &c, 2 * nb);
+            emit("softmax_bwd", shape, sm_bwd, NULL, &c, 4 * nb);
+            emit("log_softmax_fwd", shape, lsm_fwd, NULL, &c, 2 * nb);
+            emit("log_softmax_bwd", shape, lsm_bwd, NULL, &c, 4 * nb);
+        }
+        if (want(filter, "dropout")) {
             emit("dropout_fwd", shape, drop_fwd, drop_fwd_base, &c, 2 * nb);
-        if (want(filter, "sum_dim")) emit("sum_dim0", shape, sum0, sum0_base, &c, nb);
+            emit("dropout_bwd", shape, drop_bwd, NULL, &c, 3 * nb);
+        }
+        if (want(filter, "sum_dim"))
+            emit_paths("sum_dim0", shape, sum0, sum0_base, &c, nb, true);
         if (!k && want(filter, "embedding")) {
             int64_t V = 65, es[] = {V, C};
             c.wte = randn(2, es, 11, 1);
@@ -282,8 +427,8 @@ int main(int argc, char **argv) {
             c.idx = fg_tensor_new(FG_I32, 1, &N);
             int32_t *ix = fg_tensor_data(c.idx);
             for (int64_t i = 0; i < N; i++) ix[i] = (int32_t)(i * 7919 % V);
-            emit("embedding_fwd", shape, emb_fwd, emb_fwd_base, &c, 2 * nb);
-            emit("embedding_bwd", shape, emb_bwd, emb_bwd_base, &c, 2 * nb);
+            emit_paths("embedding_fwd", shape, emb_fwd, emb_fwd_base, &c, 2 * nb, true);
+            emit_paths("embedding_bwd", shape, emb_bwd, emb_bwd_base, &c, 2 * nb, true);
         }
     }
     for (int k = 0; k < 2 && want(filter, "cross_entropy"); k++) {
@@ -300,5 +445,52 @@ int main(int argc, char **argv) {
         snprintf(shape, sizeof shape, "(%lld, %lld)", (long long)N, (long long)V);
         emit("cross_entropy_fwd_bwd", shape, ce, ce_base, &c, 3 * 4.0 * (double)(N * V));
     }
+    if (want(filter, "attention")) { /* GB/s of qkv in and y out: the gemms dominate */
+        int64_t B = 16, T = 128, C = 256, sq[] = {B, T, 3 * C}, sy[] = {B, T, C}, sl[] = {B, 4, T};
+        att_ctx a = {.heads = 4};
+        a.qkv = randn(3, sq, 1, 1);
+        a.dqkv = randn(3, sq, 2, 1);
+        a.y = fg_tensor_new(FG_F32, 3, sy);
+        a.dy = randn(3, sy, 3, 1);
+        a.lse = fg_tensor_new(FG_F32, 3, sl);
+        double nb = 4.0 * (double)(B * T * 4 * C);
+        emit("attention_fwd", "(16, 128, 768)", att_fwd, NULL, &a, nb);
+        emit("attention_bwd", "(16, 128, 768)", att_bwd, NULL, &a, 2 * nb);
+    }
+    for (int k = 0; k < 2 && want(filter, "adamw"); k++) { /* in L3, and well past it */
+        int64_t n = k ? 1 << 23 : 1 << 20;
+        adam_ctx a = {.n = n};
+        fg_tensor *t[4];
+        for (int i = 0; i < 4; i++)
+            t[i] = randn(1, &n, 20 + (uint64_t)i, i == 3 ? 0.01f : 1);
+        a.p = F(t[0]), a.g = F(t[1]), a.m = F(t[2]), a.v = F(t[3]);
+        for (int64_t i = 0; i < n; i++)
+            a.v[i] = fabsf(a.v[i]);
+        char shape[64];
+        snprintf(shape, sizeof shape, "(%lld)", (long long)n);
+        emit("adamw", shape, adamw, NULL, &a, 7 * 4.0 * (double)n);
+        for (int i = 0; i < 4; i++)
+            fg_tensor_free(t[i]);
+    }
+    if (want(filter, "reduce")) {
+        fg_dtype dts[] = {FG_F32, FG_BF16, FG_F16};
+        for (int k = 0; k < 3; k++) {
+            int64_t n = 1 << 20;
+            size_t es = fg_dtype_size(dts[k]);
+            red_ctx r = {.dt = dts[k], .n = n};
+            r.a = calloc((size_t)n, es), r.b = calloc((size_t)n, es), r.out = calloc((size_t)n, es);
+            float *tmp = malloc(sizeof(float) * (size_t)n);
+            fg_rng_fill_normal(1, 0, tmp, n, 0, 1);
+            fg_convert(r.a, dts[k], tmp, FG_F32, n);
+            fg_rng_fill_normal(2, 0, tmp, n, 0, 1);
+            fg_convert(r.b, dts[k], tmp, FG_F32, n);
+            free(tmp);
+            char name[32];
+            snprintf(name, sizeof name, "reduce_sum2_%s", fg_dtype_name(dts[k]));
+            emit(name, "(1048576)", reduce2, NULL, &r, 3.0 * (double)es * (double)n);
+            free(r.a), free(r.b), free(r.out);
+        }
+    }
+    print_table();
     return 0;
 }
