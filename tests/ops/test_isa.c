@@ -131,7 +131,10 @@ TEST(paths_this_cpu_runs) {
 
 TEST(fulgur_cpu_isa_caps_and_names_a_bad_value) {
     fg_isa best;
-    CHECK_OK(fg_set_cpu_isa(FG_ISA_AUTO));
+    const char *outer = getenv("FULGUR_CPU_ISA"); /* put back at the end */
+    char saved[64] = "";
+    if (outer)
+        snprintf(saved, sizeof saved, "%s", outer);
     unsetenv("FULGUR_CPU_ISA");
     CHECK_OK(fg_set_cpu_isa(FG_ISA_AUTO)); /* reads the variable again */
     best = fg_cpu_isa();
@@ -160,6 +163,9 @@ TEST(fulgur_cpu_isa_caps_and_names_a_bad_value) {
     CHECK_OK(fg_set_cpu_isa(FG_ISA_AUTO));
     CHECK_OK(ops()->gelu_fwd(x, y));
     CHECK(fg_cpu_isa() == best);
+    if (outer)
+        setenv("FULGUR_CPU_ISA", saved, 1);
+    CHECK_OK(fg_set_cpu_isa(FG_ISA_AUTO));
     fg_step_reset();
 }
 
