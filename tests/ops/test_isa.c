@@ -16,9 +16,10 @@
  *   softmax, log_softmax (4e-6 absolute: (x - m) - log s), cross-entropy,
  *     attention: 2e-6 relative (row sums in another order), attention's
  *     backward 1e-5;
- *   layernorm 2e-6 (1 + sqrt(C) / 16) of the row's O(1) scale (float sums
- *     of C values in lanes of 4 to 16), dx 1e-5 plus 5e-7 rstd (its terms
- *     cancel over a row: rounding comes out times rstd);
+ *   layernorm 4e-6 (1 + sqrt(C) / 8) of the row's O(1) scale (float sums
+ *     of C values, in lanes of 4 to 16, or in one chain in a Debug build's
+ *     scalar path), dx 1e-5 plus 5e-7 rstd (its terms cancel over a row:
+ *     rounding comes out times rstd);
  *   dropout: bitwise.
  * Against double: 2e-6 to 1e-5 (see each test). The scalar path is
  * compiled for the build's -march: with FMA contracted by GCC (native,
@@ -431,9 +432,10 @@ ISA_TEST(layernorm) {
             ON_SCALAR(isa, ops()->layernorm_bwd(x, pw, ms, rs, dy, dxs, aff ? dws : NULL,
                                                 aff ? dbs : NULL));
             /* y, dx and dw are O(1) per element; the mean and variance are
-             * float sums of C values (lanes of 4 to 16 by path): 2e-6 of 1 +
+             * float sums of C values, in lanes of 4 to 16 by path, in one
+             * chain in an unoptimised build's scalar path: 4e-6 of 1 +
              * |value|, growing as sqrt(C) */
-            double t = 2e-6 * (1 + sqrt((double)C) / 16);
+            double t = 4e-6 * (1 + sqrt((double)C) / 8);
             CHECK_MSG(far_f("y", F(y), F(ys), n, t, t) == 0, "layernorm %s C %lld vs scalar",
                       fg_isa_name(isa), (long long)C);
             CHECK_MSG(far_f("mean", F(m), F(ms), N, t, t) == 0, "mean %s C %lld", fg_isa_name(isa),
