@@ -57,8 +57,7 @@ static void timed(run_fn f, void *ctx, double *best) {
     double t0 = fg_time();
     f(ctx);
     double dt = fg_time() - t0;
-    if (dt < *best)
-        *best = dt;
+    if (dt < *best) *best = dt;
 }
 
 /* Times fu on every path (one_path: once, on the default path) and base
@@ -73,15 +72,13 @@ static void emit_paths(const char *name, const char *shape, run_fn fu, run_fn ba
         fg_set_cpu_isa(one_path ? FG_ISA_AUTO : g_paths[k]);
         fu(ctx); /* warm-up: first touch, thread start */
     }
-    if (base)
-        base(ctx);
+    if (base) base(ctx);
     for (int r = 0; r < REPS; r++) {
         for (int k = 0; k < np; k++) {
             fg_set_cpu_isa(one_path ? FG_ISA_AUTO : g_paths[k]);
             timed(fu, ctx, &tf[k]);
         }
-        if (base)
-            timed(base, ctx, &tb);
+        if (base) timed(base, ctx, &tb);
     }
     fg_set_cpu_isa(FG_ISA_AUTO);
     row *w = g_nrows < 64 ? &g_rows[g_nrows++] : NULL;
@@ -96,11 +93,9 @@ static void emit_paths(const char *name, const char *shape, run_fn fu, run_fn ba
         printf("{\"name\": \"%s\", \"shape\": \"%s\", \"isa\": \"%s\", \"threads\": %d, "
                "\"fulgur_ms\": %.4f, \"GB/s\": %.1f",
                name, shape, isa, fg_get_num_threads(), tf[k] * 1e3, bytes / tf[k] * 1e-9);
-        if (base)
-            printf(", \"baseline_ms\": %.4f, \"speedup\": %.2f", tb * 1e3, tb / tf[k]);
+        if (base) printf(", \"baseline_ms\": %.4f, \"speedup\": %.2f", tb * 1e3, tb / tf[k]);
         printf("}\n");
-        if (w)
-            w->gbs[one_path ? 0 : g_paths[k]] = bytes / tf[k] * 1e-9;
+        if (w) w->gbs[one_path ? 0 : g_paths[k]] = bytes / tf[k] * 1e-9;
     }
     fflush(stdout);
 }
@@ -287,17 +282,32 @@ static void sum0_base(void *p) {
         for (int64_t j = 0; j < c->C; j++) o[j] += x[i * c->C + j];
 }
 
-static void sm_bwd(void *p) { ctx *c = p; ops->softmax_bwd(c->y, c->dy, c->dx); }
-static void lsm_fwd(void *p) { ctx *c = p; ops->log_softmax_fwd(c->x, c->y); }
-static void lsm_bwd(void *p) { ctx *c = p; ops->log_softmax_bwd(c->y, c->dy, c->dx); }
-static void drop_bwd(void *p) { ctx *c = p; ops->dropout_bwd(c->dy, 0.1, 42, 1000, c->dx); }
+static void sm_bwd(void *p) {
+    ctx *c = p;
+    ops->softmax_bwd(c->y, c->dy, c->dx);
+}
+static void lsm_fwd(void *p) {
+    ctx *c = p;
+    ops->log_softmax_fwd(c->x, c->y);
+}
+static void lsm_bwd(void *p) {
+    ctx *c = p;
+    ops->log_softmax_bwd(c->y, c->dy, c->dx);
+}
+static void drop_bwd(void *p) {
+    ctx *c = p;
+    ops->dropout_bwd(c->dy, 0.1, 42, 1000, c->dx);
+}
 
 /* causal attention on qkv (B, T, 3C) */
 typedef struct {
     int heads;
     fg_tensor *qkv, *y, *lse, *dy, *dqkv;
 } att_ctx;
-static void att_fwd(void *p) { att_ctx *a = p; ops->attention_fwd(a->qkv, a->heads, a->y, a->lse); }
+static void att_fwd(void *p) {
+    att_ctx *a = p;
+    ops->attention_fwd(a->qkv, a->heads, a->y, a->lse);
+}
 static void att_bwd(void *p) {
     att_ctx *a = p;
     ops->attention_bwd(a->qkv, a->heads, a->y, a->lse, a->dy, a->dqkv);
@@ -331,12 +341,10 @@ static bool parse_isa(const char *v) {
     g_npaths = 0;
     for (int l = FG_ISA_SCALAR; l < FG_ISA_COUNT; l++) {
         fg_isa isa = (fg_isa)l;
-        if (strcmp(v, "all") && strcmp(v, fg_isa_name(isa)))
-            continue;
+        if (strcmp(v, "all") && strcmp(v, fg_isa_name(isa))) continue;
         if (fg_set_cpu_isa(isa) != FG_OK) {
             fprintf(stderr, "ops_bench: %s\n", fg_last_error());
-            if (strcmp(v, "all"))
-                return false;
+            if (strcmp(v, "all")) return false;
             continue;
         }
         g_paths[g_npaths++] = isa;
@@ -351,17 +359,14 @@ static void print_table(void) {
     printf("# GB/s, best of %d, %d thread(s); a kernel with one path only shows it under %s\n",
            REPS, fg_get_num_threads(), fg_isa_name(g_paths[0]));
     printf("# %-22s %-14s", "kernel", "shape");
-    for (int k = 0; k < g_npaths; k++)
-        printf(" %8s", fg_isa_name(g_paths[k]));
+    for (int k = 0; k < g_npaths; k++) printf(" %8s", fg_isa_name(g_paths[k]));
     printf("\n");
     for (int i = 0; i < g_nrows; i++) {
         const row *w = &g_rows[i];
         printf("# %-22s %-14s", w->name, w->shape);
         for (int k = 0; k < g_npaths; k++)
-            if (w->one_path && k)
-                printf(" %8s", "-");
-            else
-                printf(" %8.1f", w->gbs[w->one_path ? 0 : g_paths[k]]);
+            if (w->one_path && k) printf(" %8s", "-");
+            else printf(" %8.1f", w->gbs[w->one_path ? 0 : g_paths[k]]);
         printf("\n");
     }
 }
@@ -369,13 +374,10 @@ static void print_table(void) {
 int main(int argc, char **argv) {
     const char *pos[2] = {NULL, NULL}, *isa = "all";
     for (int i = 1, np = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc)
-            isa = argv[++i];
-        else if (np < 2)
-            pos[np++] = argv[i];
+        if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc) isa = argv[++i];
+        else if (np < 2) pos[np++] = argv[i];
     }
-    if (!parse_isa(isa))
-        return 2;
+    if (!parse_isa(isa)) return 2;
     int threads = pos[0] ? atoi(pos[0]) : 1;
     const char *filter = pos[1];
     if (fg_set_num_threads(threads) != FG_OK) {
@@ -418,8 +420,7 @@ int main(int argc, char **argv) {
             emit("dropout_fwd", shape, drop_fwd, drop_fwd_base, &c, 2 * nb);
             emit("dropout_bwd", shape, drop_bwd, NULL, &c, 3 * nb);
         }
-        if (want(filter, "sum_dim"))
-            emit_paths("sum_dim0", shape, sum0, sum0_base, &c, nb, true);
+        if (want(filter, "sum_dim")) emit_paths("sum_dim0", shape, sum0, sum0_base, &c, nb, true);
         if (!k && want(filter, "embedding")) {
             int64_t V = 65, es[] = {V, C};
             c.wte = randn(2, es, 11, 1);
@@ -461,16 +462,13 @@ int main(int argc, char **argv) {
         int64_t n = k ? 1 << 23 : 1 << 20;
         adam_ctx a = {.n = n};
         fg_tensor *t[4];
-        for (int i = 0; i < 4; i++)
-            t[i] = randn(1, &n, 20 + (uint64_t)i, i == 3 ? 0.01f : 1);
+        for (int i = 0; i < 4; i++) t[i] = randn(1, &n, 20 + (uint64_t)i, i == 3 ? 0.01f : 1);
         a.p = F(t[0]), a.g = F(t[1]), a.m = F(t[2]), a.v = F(t[3]);
-        for (int64_t i = 0; i < n; i++)
-            a.v[i] = fabsf(a.v[i]);
+        for (int64_t i = 0; i < n; i++) a.v[i] = fabsf(a.v[i]);
         char shape[64];
         snprintf(shape, sizeof shape, "(%lld)", (long long)n);
         emit("adamw", shape, adamw, NULL, &a, 7 * 4.0 * (double)n);
-        for (int i = 0; i < 4; i++)
-            fg_tensor_free(t[i]);
+        for (int i = 0; i < 4; i++) fg_tensor_free(t[i]);
     }
     if (want(filter, "reduce")) {
         fg_dtype dts[] = {FG_F32, FG_BF16, FG_F16};

@@ -65,12 +65,10 @@ typedef void (*reduce_fn)(fg_reduce_op op, void *dst, void *dst2, const void *co
  * f16_out_<ISA>: m floats to halves, rounded to nearest even). The AVX
  * ones convert a whole vector at a time, the tail through a zeroed one. */
 static void f16_in_scalar(const uint16_t *s, float *d, int m) {
-    for (int i = 0; i < m; i++)
-        d[i] = f16_f32(s[i]);
+    for (int i = 0; i < m; i++) d[i] = f16_f32(s[i]);
 }
 static void f16_out_scalar(const float *a, uint16_t *d, int m) {
-    for (int i = 0; i < m; i++)
-        d[i] = f32_f16(a[i]);
+    for (int i = 0; i < m; i++) d[i] = f32_f16(a[i]);
 }
 #define SUF scalar
 #include "reduce_t.h"

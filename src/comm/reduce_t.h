@@ -82,23 +82,17 @@ static void RN(red_f16)(fg_reduce_op op, void *dst_, void *dst2_, const void *co
         for (int q = 1; q < ns; q++) {
             RN(f16_in)(s[q] + b, x, m);
             if (op == FG_SUM || op == FG_AVG)
-                for (int i = 0; i < m; i++)
-                    acc[i] = acc[i] + x[i];
+                for (int i = 0; i < m; i++) acc[i] = acc[i] + x[i];
             else if (op == FG_PROD)
-                for (int i = 0; i < m; i++)
-                    acc[i] = acc[i] * x[i];
+                for (int i = 0; i < m; i++) acc[i] = acc[i] * x[i];
             else if (op == FG_MIN)
-                for (int i = 0; i < m; i++)
-                    acc[i] = x[i] < acc[i] ? x[i] : acc[i];
+                for (int i = 0; i < m; i++) acc[i] = x[i] < acc[i] ? x[i] : acc[i];
             else if (op == FG_MAX)
-                for (int i = 0; i < m; i++)
-                    acc[i] = x[i] > acc[i] ? x[i] : acc[i];
+                for (int i = 0; i < m; i++) acc[i] = x[i] > acc[i] ? x[i] : acc[i];
         }
-        if (op == FG_AVG)
-            RN(avg_f32)(acc, m, div);
+        if (op == FG_AVG) RN(avg_f32)(acc, m, div);
         RN(f16_out)(acc, dst + b, m);
-        if (dst2)
-            memcpy(dst2 + b, dst + b, sizeof(uint16_t) * (size_t)m);
+        if (dst2) memcpy(dst2 + b, dst + b, sizeof(uint16_t) * (size_t)m);
     }
 }
 

@@ -134,8 +134,7 @@ TEST(fulgur_cpu_isa_caps_and_names_a_bad_value) {
     fg_isa best;
     const char *outer = getenv("FULGUR_CPU_ISA"); /* put back at the end */
     char saved[64] = "";
-    if (outer)
-        snprintf(saved, sizeof saved, "%s", outer);
+    if (outer) snprintf(saved, sizeof saved, "%s", outer);
     unsetenv("FULGUR_CPU_ISA");
     CHECK_OK(fg_set_cpu_isa(FG_ISA_AUTO)); /* reads the variable again */
     best = fg_cpu_isa();
@@ -164,8 +163,7 @@ TEST(fulgur_cpu_isa_caps_and_names_a_bad_value) {
     CHECK_OK(fg_set_cpu_isa(FG_ISA_AUTO));
     CHECK_OK(ops()->gelu_fwd(x, y));
     CHECK(fg_cpu_isa() == best);
-    if (outer)
-        setenv("FULGUR_CPU_ISA", saved, 1);
+    if (outer) setenv("FULGUR_CPU_ISA", saved, 1);
     CHECK_OK(fg_set_cpu_isa(FG_ISA_AUTO));
     fg_step_reset();
 }
