@@ -1,8 +1,7 @@
 /* Speed of the non-matmul kernels at GPT training sizes ((B*T) = 2048 rows,
  * C = 256, 4C = 1024, V = 65 and 512; attention at B 16, T 128, C 256, 4
- * heads; AdamW over 1 Mi and 8 Mi parameters; the collectives' reduction
- * over 1 Mi elements) on every
- * vector ISA path this CPU runs (fg_set_cpu_isa: scalar, avx2, avx512),
+ * heads; an AdamW step over 1 Mi and 8 Mi parameters) on every vector ISA
+ * path this CPU runs (fg_set_cpu_isa: scalar, avx2, avx512),
  * against the same ops written the plain way, as llm.c's CPU reference does
  * them (scalar tanhf/expf/logf, float sums, one fg_rng_u32_at per dropout
  * element), built with the same flags. Both sides run on the same thread
@@ -23,9 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm_impl.h"
 #include "fulgur/fulgur.h"
-#include "optim/optim_impl.h"
 
 #define REPS 15
 
@@ -313,27 +310,9 @@ static void att_bwd(void *p) {
     ops->attention_bwd(a->qkv, a->heads, a->y, a->lse, a->dy, a->dqkv);
 }
 
-/* AdamW over n f32 parameters (optim/kernels.c) */
-typedef struct {
-    int64_t n;
-    float *p, *g, *m, *v;
-} adam_ctx;
-static void adamw(void *p) {
-    adam_ctx *a = p;
-    fg__k_adamw(FG_F32, a->p, a->g, a->m, a->v, a->n, 0.999, 0.9, 0.999, 1e-3, 0.1, 1e-8);
-}
-
-/* the collectives' reduction of 2 sources of n elements (comm/reduce.c) */
-typedef struct {
-    fg_dtype dt;
-    int64_t n;
-    void *a, *b, *out;
-} red_ctx;
-static void reduce2(void *p) {
-    red_ctx *r = p;
-    const void *src[2] = {r->a, r->b};
-    fg__reduce(r->dt, FG_SUM, r->out, NULL, src, 2, r->n, 2);
-}
+/* One AdamW step over a linear layer's weight: the update kernel
+ * (optim/kernels.c) over the flat buffers, through the public API */
+static void adamw(void *p) { fg_optimizer_step(p); }
 
 static bool want(const char *filter, const char *name) { return !filter || strstr(name, filter); }
 
@@ -459,35 +438,17 @@ int main(int argc, char **argv) {
         emit("attention_bwd", "(16, 128, 768)", att_bwd, NULL, &a, 2 * nb);
     }
     for (int k = 0; k < 2 && want(filter, "adamw"); k++) { /* in L3, and well past it */
-        int64_t n = k ? 1 << 23 : 1 << 20;
-        adam_ctx a = {.n = n};
-        fg_tensor *t[4];
-        for (int i = 0; i < 4; i++) t[i] = randn(1, &n, 20 + (uint64_t)i, i == 3 ? 0.01f : 1);
-        a.p = F(t[0]), a.g = F(t[1]), a.m = F(t[2]), a.v = F(t[3]);
-        for (int64_t i = 0; i < n; i++) a.v[i] = fabsf(a.v[i]);
+        int64_t in = k ? 2048 : 1024, out = k ? 4096 : 1024, n = in * out;
+        fg_module *m = fg_linear_new(in, out, false, FG_F32);
+        fg_tensor *g = fg_module_flat_grads(m);
+        fg_rng_fill_normal(7, 0, fg_tensor_data(g), fg_tensor_numel(g), 0, 1);
+        fg_optimizer *opt = fg_adamw_new(m, NULL);
         char shape[64];
         snprintf(shape, sizeof shape, "(%lld)", (long long)n);
-        emit("adamw", shape, adamw, NULL, &a, 7 * 4.0 * (double)n);
-        for (int i = 0; i < 4; i++) fg_tensor_free(t[i]);
-    }
-    if (want(filter, "reduce")) {
-        fg_dtype dts[] = {FG_F32, FG_BF16, FG_F16};
-        for (int k = 0; k < 3; k++) {
-            int64_t n = 1 << 20;
-            size_t es = fg_dtype_size(dts[k]);
-            red_ctx r = {.dt = dts[k], .n = n};
-            r.a = calloc((size_t)n, es), r.b = calloc((size_t)n, es), r.out = calloc((size_t)n, es);
-            float *tmp = malloc(sizeof(float) * (size_t)n);
-            fg_rng_fill_normal(1, 0, tmp, n, 0, 1);
-            fg_convert(r.a, dts[k], tmp, FG_F32, n);
-            fg_rng_fill_normal(2, 0, tmp, n, 0, 1);
-            fg_convert(r.b, dts[k], tmp, FG_F32, n);
-            free(tmp);
-            char name[32];
-            snprintf(name, sizeof name, "reduce_sum2_%s", fg_dtype_name(dts[k]));
-            emit(name, "(1048576)", reduce2, NULL, &r, 3.0 * (double)es * (double)n);
-            free(r.a), free(r.b), free(r.out);
-        }
+        /* p, g, m, v read; p, m, v written */
+        emit("adamw", shape, adamw, NULL, opt, 7 * 4.0 * (double)n);
+        fg_optimizer_free(opt);
+        fg_module_free(m);
     }
     print_table();
     return 0;
