@@ -18,8 +18,9 @@ run_suite() { # build-dir cmake-args...
     (cd "$dir" && ctest --output-on-failure -j "$(fg_jobs)" --timeout 900)
     # Which product paths this machine ran (the tests print them; ctest keeps
     # the output of passing tests only in its log).
-    echo "matrix product paths this suite ran:"
-    grep -h '^matmul[a-z0-9_]* path' "$dir/Testing/Temporary/LastTest.log" | sort -u | sed 's/^/  /' || true
+    echo "kernel paths this suite ran:"
+    grep -h '^matmul[a-z0-9_]* path\|^vector kernel paths' "$dir/Testing/Temporary/LastTest.log" |
+        sort -u | sed 's/^/  /' || true
 }
 
 echo "== release build"
@@ -27,10 +28,11 @@ run_suite build -DCMAKE_BUILD_TYPE=Release
 if [ "${1:-}" != "--no-sanitize" ]; then
     echo "== ASan + UBSan build"
     # Not -march=native: x86-64-v3 (AVX2 + FMA), the ISA of the CPUs without
-    # AVX-512 that CI also runs on, so that the kernels' generic paths (what
-    # an #if __AVX512F__ leaves out) run under the sanitizers on every
-    # machine, built as such a CPU builds them; plain x86-64 on a CPU
-    # without the v3 set.
+    # AVX-512 that CI also runs on, so that everything the compiler
+    # vectorises on its own is built as such a CPU builds it, and the
+    # run-time dispatched kernels (scalar, AVX2, AVX-512: test_isa runs each
+    # the CPU has) run under the sanitizers on every machine; plain x86-64 on
+    # a CPU without the v3 set.
     march=x86-64-v3
     for f in avx2 fma bmi2 f16c movbe; do
         grep -qw "$f" /proc/cpuinfo || march=x86-64

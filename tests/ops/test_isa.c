@@ -123,7 +123,7 @@ TEST(paths_this_cpu_runs) {
         }
     }
     CHECK_OK(fg_set_cpu_isa(FG_ISA_AUTO));
-    printf("  paths run here:%s%s\n", ran, lacks);
+    printf("vector kernel paths run here:%s%s\n", ran, lacks);
     CHECK(fg_cpu_isa() != FG_ISA_AUTO);
     CHECK_STATUS(fg_set_cpu_isa((fg_isa)99), FG_EINVAL);
     CHECK(strcmp(fg_isa_name(FG_ISA_AVX2), "avx2") == 0);
