@@ -60,6 +60,31 @@ FG_API void fg_set_grad_ready_hook(fg_grad_ready_fn fn, void *ud);
 /* Number of nodes on this thread's tape (tests, debugging). */
 FG_API int64_t fg_tape_size(void);
 
+/* ---------------------------------------------------------------- autocast */
+
+/* Autocast of the calling thread, as PyTorch's CPU autocast. While it is
+ * FG_BF16 or FG_F16, fg_matmul and fg_linear on f32 inputs multiply in that
+ * dtype: their operands (and, in backward, the output's gradient) are
+ * rounded to it, the products accumulate in f32, and the output and every
+ * gradient stay f32 (PyTorch returns bf16 from an autocast linear; f32 here
+ * costs nothing, as the bf16 product accumulates in f32 anyway, and keeps
+ * the next op's input exact). bf16 products run on oneDNN's bf16 matmul or
+ * its f32 fallback (fg_matmul_bf16_path); f16 has no GEMM here: the
+ * operands are rounded to f16 and multiplied in f32, for f16's numerics
+ * (range and rounding, which the 16-mixed loss scaler is for), not speed.
+ * Every other function (layer norm, softmax, log-softmax, cross-entropy,
+ * reductions, elementwise, the fused attention, the optimizers) runs in its
+ * inputs' dtype, f32. The setting is read when a function runs forward;
+ * its backward uses the dtype of that forward, whatever the setting is by
+ * then. FG_DTYPE_DEFAULT or FG_F32 turns it off (the default). *prev (may
+ * be NULL) gets the previous setting, so that
+ *   fg_dtype prev; fg_autocast_set(FG_BF16, &prev); ...; fg_autocast_set(prev, NULL);
+ * is a region. FG_EINVAL for any other dtype (nothing changes). */
+FG_API fg_status fg_autocast_set(fg_dtype dt, fg_dtype *prev);
+/* The calling thread's autocast dtype: FG_BF16, FG_F16, or
+ * FG_DTYPE_DEFAULT when off. */
+FG_API fg_dtype fg_autocast_dtype(void);
+
 /* ------------------------------------------------------- differentiable ops */
 
 /* (..., M, K) @ (K, N) -> (..., M, N); or batched (..., M, K) @ (..., K, N). */
@@ -107,6 +132,12 @@ FG_API fg_tensor *fg_embedding(fg_tensor *idx, fg_tensor *weight);
  * count; callers advance offset by numel between calls. Returns x itself
  * when p == 0; p outside [0, 1) is FG_EINVAL. */
 FG_API fg_tensor *fg_dropout(fg_tensor *x, double p, uint64_t seed, uint64_t offset);
+/* A copy of a converted to dt (a float dtype: f64, f32, bf16, f16),
+ * rounded to nearest even; the gradient flows back converted to a's dtype.
+ * Returns a itself when it already has dt. Not a kernel of autocast's
+ * products (they round their operands inside, see fg_autocast_set): for
+ * programs that want a tensor in another dtype. */
+FG_API fg_tensor *fg_cast(fg_tensor *a, fg_dtype dt);
 /* Causal self-attention of qkv (B, T, 3C) with `heads` heads -> (B, T, C). */
 FG_API fg_tensor *fg_causal_attention(fg_tensor *qkv, int heads);
 

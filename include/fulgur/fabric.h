@@ -10,7 +10,7 @@
  *       for (fg_batch *b; (b = fg_dataloader_next(dl)); ) {
  *           fg_tensor *loss = fg_cross_entropy(fg_module_forward(model, b->x), b->y, -100);
  *           fg_fabric_backward(f, loss);           // DDP buckets overlap here
- *           fg_optimizer_step(opt);
+ *           fg_fabric_optimizer_step(f, opt);      // 16-mixed: the loss scaler
  *           fg_optimizer_zero_grad(opt);
  *           fg_fabric_step_end(f);                 // frees the step's tensors
  *       }
@@ -51,8 +51,10 @@ typedef struct fg_fabric_config {
                                 device is a rank on CPU */
     const char *strategy;    /* NULL = "auto" (single for one device, else ddp), "single",
                                 "dp", "ddp", "ddp_spawn", "ddp_fork" (fg_launch_parse_strategy) */
-    const char *precision;   /* NULL = "32-true" ("32"), "64-true" ("64"); Lightning's four
-                                others are FG_EUNSUPPORTED (fg_launch_parse_precision) */
+    const char *precision;   /* NULL = "32-true" ("32"), "64-true" ("64"), "bf16-mixed"
+                                ("bf16"), "16-mixed" ("16"): precision.h's table;
+                                "bf16-true" and "16-true" are FG_EUNSUPPORTED
+                                (fg_launch_parse_precision) */
     int num_nodes;           /* 0 = 1, or the launcher's nodes */
     int threads_per_rank;    /* 0 = FULGUR_NUM_THREADS, else cores / local ranks */
     uint64_t seed;           /* non-zero: fg_fabric_seed_everything(f, seed) at fg_fabric_new */
@@ -104,7 +106,10 @@ FG_API fg_status fg_fabric_spawn_result(fg_fabric *f, fg_module *model, fg_optim
  * rank 0's parameters and builds the gradient buckets; dp makes the thread
  * replicas. After seed_everything, the model's Dropout modules get this
  * rank's own stream (fg_fabric_rank_seed), so masks differ between ranks.
- * Both stay owned by the caller. One model per fabric. */
+ * Both stay owned by the caller. One model per fabric. Under bf16-mixed
+ * and 16-mixed it also turns on the calling thread's autocast
+ * (fg_fabric_autocast_begin), as Lightning's setup wraps the model's
+ * forward in autocast; it stays on until fg_fabric_launch's run returns. */
 FG_API fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt);
 
 /* Puts the distributed sampler into `dl` (rank r of N takes r, r+N, ... of
@@ -120,7 +125,12 @@ FG_API fg_dataloader *fg_fabric_setup_dataloader(fg_fabric *f, fg_dataloader *dl
                                                  bool use_distributed);
 
 /* loss.backward(): under ddp the gradients are averaged over ranks when it
- * returns (unless no_backward_sync is on). Collective under ddp. */
+ * returns (unless no_backward_sync is on). Collective under ddp. Under
+ * 16-mixed the loss is multiplied by the loss scale first, so the
+ * gradients are scaled until fg_fabric_optimizer_step (or
+ * fg_fabric_clip_gradients) divides them again; FG_ESTATE if the optimizer
+ * stepped since the last backward other than through
+ * fg_fabric_optimizer_step. */
 FG_API fg_status fg_fabric_backward(fg_fabric *f, fg_tensor *loss);
 
 /* Gradient accumulation: while on, backward does not synchronise (ddp's
@@ -130,14 +140,42 @@ FG_API void fg_fabric_set_no_backward_sync(fg_fabric *f, bool on);
 /* One training step that the dp strategy can split: step(f, part, ud) is
  * called on each part of the batch (one part unless dp), returning that
  * part's loss; step_end (may be NULL) sees every part's loss, as Lightning's
- * training_step_end. Runs forward+backward; *loss gets the batch's mean loss. */
+ * training_step_end. Runs forward+backward; *loss gets the batch's mean loss.
+ * step runs under the precision's autocast (on every dp replica's thread
+ * too); under 16-mixed the fabric scales the loss for backward and reports
+ * the unscaled losses. */
 typedef fg_tensor *(*fg_step_fn)(fg_fabric *f, fg_batch *part, void *ud);
 typedef void (*fg_step_end_fn)(fg_fabric *f, const double *part_losses, int nparts, void *ud);
 FG_API fg_status fg_fabric_training_step(fg_fabric *f, fg_batch *b, fg_step_fn step,
                                          fg_step_end_fn step_end, void *ud, double *loss);
 
+/* The optimizer step, Lightning's wrapped optimizer.step(): under 16-mixed
+ * PyTorch's GradScaler step and update (fg_scaler_step): the gradients are
+ * unscaled (unless fg_fabric_clip_gradients did), checked for inf/NaN on
+ * every rank (one allreduce: collective under ddp), and the step is taken,
+ * or skipped on every rank with the scale halved and a warning logged;
+ * after 2000 clean steps the scale doubles. Under the other settings it is
+ * fg_optimizer_step. Under 16-mixed a program must step through this call:
+ * fg_optimizer_step would apply scaled gradients (the next backward refuses
+ * to run, see fg_fabric_backward). Errors: FG_EINVAL (NULL), the
+ * optimizer's and the allreduce's. */
+FG_API fg_status fg_fabric_optimizer_step(fg_fabric *f, fg_optimizer *opt);
+
+/* Lightning's fabric.autocast(): turns the calling thread's autocast
+ * (autograd.h, fg_autocast_set) to the precision setting's: bf16 under
+ * bf16-mixed, f16 under 16-mixed, off otherwise. Returns the previous
+ * setting for fg_fabric_autocast_end, which restores it:
+ *   fg_dtype prev = fg_fabric_autocast_begin(f); ...; fg_fabric_autocast_end(f, prev);
+ * fg_fabric_setup turns it on for its thread, and fg_fabric_training_step
+ * for each dp replica's thread: this is for other threads and for code
+ * outside those. Thread-safe (each thread its own setting). */
+FG_API fg_dtype fg_fabric_autocast_begin(fg_fabric *f);
+FG_API void fg_fabric_autocast_end(fg_fabric *f, fg_dtype prev);
+
 /* Clips gradients by their global norm over all ranks (collective);
- * *total_norm (may be NULL) gets the norm before clipping. */
+ * *total_norm (may be NULL) gets the norm before clipping. Under 16-mixed
+ * the gradients are unscaled first (fg_scaler_unscale), as PyTorch wants
+ * before clipping. */
 FG_API fg_status fg_fabric_clip_gradients(fg_fabric *f, double max_norm, double *total_norm);
 
 /* Collectives on tensors (in place) and bytes. Collective. */
@@ -203,7 +241,9 @@ typedef struct fg_train_state {
 
 /* The metadata keys the fabric writes itself, which st->meta may not use:
  * format, fulgur_version, step, epoch, batch_in_epoch, seed, world_size,
- * strategy, optimizer_steps, lr. */
+ * strategy, optimizer_steps, lr, and under 16-mixed the loss scaler's
+ * loss_scale, loss_scale_growth_tracker, loss_scale_skipped (restored by
+ * fg_fabric_load, so a resumed run scales as the uninterrupted one). */
 
 /* Saves weights under PyTorch's dotted names, optimizer state as
  * "optimizer.<state>.<param>", the counters and st->meta as metadata, in one
@@ -232,9 +272,14 @@ FG_API const char *fg_fabric_loaded_meta(const fg_fabric *f, const char *key);
  * f. */
 FG_API const fg_launch_plan *fg_fabric_plan(const fg_fabric *f);
 
-/* The parameter dtype the precision setting asks for (f32 for "32", f64 for
- * "64"): models built inside run() should use it. */
+/* The parameter dtype the precision setting asks for (f32 for "32" and the
+ * mixed settings, f64 for "64"): models built inside run() should use it. */
 FG_API fg_dtype fg_fabric_dtype(const fg_fabric *f);
+/* The precision setting (precision.h). */
+FG_API fg_precision_kind fg_fabric_precision(const fg_fabric *f);
+/* The loss scaler of 16-mixed (its scale and skipped steps:
+ * fg_scaler_get_state), NULL under the other settings. Borrowed. */
+FG_API const fg_scaler *fg_fabric_scaler(const fg_fabric *f);
 /* Kernel threads of each rank (the plan's, set on every rank at launch). */
 FG_API int fg_fabric_threads(const fg_fabric *f);
 

@@ -12,6 +12,7 @@
 #include "fulgur/nn.h"
 #include "fulgur/ops.h"
 #include "fulgur/optim.h"
+#include "fulgur/precision.h"
 #include "fulgur/strategy.h"
 #include "fulgur/tensor.h"
 

@@ -51,6 +51,7 @@
 
 #include "fulgur/comm.h"
 #include "fulgur/core.h"
+#include "fulgur/precision.h"
 #include "fulgur/strategy.h"
 
 #ifdef __cplusplus
@@ -131,30 +132,16 @@ FG_API fg_status fg_launch_cpu_devices(int *out);
 FG_API fg_status fg_launch_parse_strategy(const char *s, int ndevices, int num_nodes,
                                           fg_strategy_kind *out);
 
-/* Lightning's six precision settings. Only the first two are built; the
- * others are recognised so that their error says so (a later precision
- * layer builds them). */
-typedef enum fg_precision_kind {
-    FG_PRECISION_32_TRUE = 0, /* "32-true", "32": f32 parameters and compute (default) */
-    FG_PRECISION_64_TRUE,     /* "64-true", "64": f64 */
-    FG_PRECISION_16_MIXED,    /* "16-mixed", "16": f16 autocast, f32 weights (not built yet) */
-    FG_PRECISION_BF16_MIXED,  /* "bf16-mixed", "bf16": bf16 autocast, f32 weights (not built yet) */
-    FG_PRECISION_16_TRUE,     /* "16-true": f16 throughout (not built yet) */
-    FG_PRECISION_BF16_TRUE,   /* "bf16-true": bf16 throughout (not built yet) */
-    FG_PRECISION_COUNT
-} fg_precision_kind;
-
-/* Parses a precision setting: the six names of fg_precision_kind and their
- * short forms "64", "32", "16", "bf16"; NULL means "32-true". Case does not
- * matter. Errors: FG_EUNSUPPORTED for the four not built yet, naming the
- * value and what is available (`precision="bf16-mixed": not built yet in
- * this fulgur; available: 32-true (32), 64-true (64)`); FG_EINVAL for
+/* Parses a precision setting into fg_precision_kind (precision.h, which
+ * holds what each means): the six names and their short forms "64", "32",
+ * "16", "bf16"; NULL means "32-true". Case does not matter. Errors:
+ * FG_EUNSUPPORTED for a setting this fulgur does not run yet (16-true,
+ * bf16-true), naming the value and what is available
+ * (`precision="bf16-true": not built yet in this fulgur; available: 32-true
+ * (32), 64-true (64), 16-mixed (16), bf16-mixed (bf16)`); FG_EINVAL for
  * anything else, listing the valid names. *out is set only on FG_OK.
  * Thread-safe. */
 FG_API fg_status fg_launch_parse_precision(const char *s, fg_precision_kind *out);
-
-/* The canonical name of a precision ("bf16-mixed"); "?" if out of range. */
-FG_API const char *fg_precision_kind_name(fg_precision_kind p);
 
 /* ---------------------------------------------------------------- plan */
 

@@ -7,6 +7,7 @@
 #define FULGUR_AUTOGRAD_IMPL_H
 
 #include "fulgur/autograd.h"
+#include "ops/ops_impl.h"
 #include "tensor/tensor_impl.h"
 
 #define FG_NODE_MAX_IN 4
@@ -66,5 +67,18 @@ const fg_op_table *fg__ops(const fg_tensor *t);
  * float inputs on one device. */
 fg_status fg__check_float(const char *fn, const fg_tensor *t);
 fg_status fg__check_same_dtype(const char *fn, const fg_tensor *a, const fg_tensor *b);
+
+/* Autocast (fn_cast.c, fn_autocast.c). fg__autocast_applies: the thread's
+ * autocast is on and a and b are f32, so fg_matmul/fg_linear take the
+ * autocast path. fg__autocast_operand: t rounded for a product in dt (bf16
+ * data for bf16; f32 data holding f16-rounded values for f16), a new
+ * contiguous step tensor. fg__autocast_matmul: c (f32) = op(a) op(b) +
+ * beta c on such operands. */
+bool fg__autocast_applies(const fg_tensor *a, const fg_tensor *b);
+fg_tensor *fg__autocast_operand(const fg_tensor *t, fg_dtype dt);
+fg_status fg__autocast_matmul(fg_dtype dt, const fg_tensor *a, bool ta, const fg_tensor *b, bool tb,
+                              fg_tensor *c, double beta);
+fg_tensor *fg__autocast_linear(fg_tensor *x, fg_tensor *w, fg_tensor *b);
+fg_tensor *fg__autocast_mm(fg_tensor *a, fg_tensor *b);
 
 #endif

@@ -10,7 +10,8 @@
  * the caller's tensor. When b (or w) is shared by every row, the batch folds
  * into the rows: linear is one gemm over all (..., in) rows, and the weight
  * gradient is one gemm over them too (the sum over the batch is the K of
- * that product). */
+ * that product). Under autocast (fg_autocast_set) both hand over to
+ * fn_autocast.c once their inputs are checked. */
 #include "autograd_impl.h"
 
 /* saved[0] = contiguous a, saved[1] = contiguous b */
@@ -55,6 +56,7 @@ fg_tensor *fg_matmul(fg_tensor *a, fg_tensor *b) {
                  fg_tensor_describe(a, sa, sizeof sa), fg_tensor_describe(b, sb, sizeof sb));
         return NULL;
     }
+    if (fg__autocast_applies(a, b)) return fg__autocast_mm(a, b);
     const fg_op_table *ops = fg__ops(a);
     if (!ops || FG_OP(ops, matmul)) return NULL;
     fg_tensor *ac = fg_tensor_contiguous(a), *bc = fg_tensor_contiguous(b);
@@ -118,6 +120,7 @@ fg_tensor *fg_linear(fg_tensor *x, fg_tensor *w, fg_tensor *b) {
                  b ? fg_tensor_describe(b, sb, sizeof sb) : "none");
         return NULL;
     }
+    if (fg__autocast_applies(x, w)) return fg__autocast_linear(x, w, b);
     const fg_op_table *ops = fg__ops(x);
     if (!ops || FG_OP(ops, matmul) || (b && FG_OP(ops, bias_add))) return NULL;
     int64_t out = w->shape[0], R = 1; /* rows: every leading dim of x */

@@ -30,12 +30,13 @@ fg_fabric *fg_fabric_new(const fg_fabric_config *cfg) {
     for (int i = 0; i < 4; i++)
         if (*s[i] && !(*s[i] = f->strings[i] = fg_strdup(*s[i]))) goto fail;
     if (fg__fabric_plan(f, &f->plan) != FG_OK) goto fail;
+    if (fg__fabric_precision_init(f) != FG_OK) goto fail;
     pthread_mutex_init(&f->comm_mu, NULL);
-    f->dtype = f->plan.precision == FG_PRECISION_64_TRUE ? FG_F64 : FG_F32;
     f->world_size = 1;
     if (f->cfg.seed) fg_fabric_seed_everything(f, f->cfg.seed);
     return f;
 fail:
+    fg_scaler_free(f->scaler);
     for (int i = 0; i < 4; i++) fg_free(f->strings[i]);
     fg_free(f);
     return NULL;
@@ -50,6 +51,7 @@ void fg_fabric_free(fg_fabric *f) {
     for (int i = 0; i < 4; i++) fg_free(f->strings[i]);
     fg_free(f->spawn_blob);
     fg_free(f->loaded_meta);
+    fg_scaler_free(f->scaler);
     fg_free(f);
 }
 

@@ -15,9 +15,19 @@
 #define FORMAT_NAME "fulgur-checkpoint-1"
 
 /* The keys write_file sets itself; st->meta may not use them. */
-static const char *const k_own_keys[] = {
-    "format", "fulgur_version", "step",     "epoch",           "batch_in_epoch",
-    "seed",   "world_size",     "strategy", "optimizer_steps", "lr"};
+static const char *const k_own_keys[] = {"format",
+                                         "fulgur_version",
+                                         "step",
+                                         "epoch",
+                                         "batch_in_epoch",
+                                         "seed",
+                                         "world_size",
+                                         "strategy",
+                                         "optimizer_steps",
+                                         "lr",
+                                         "loss_scale",
+                                         "loss_scale_growth_tracker",
+                                         "loss_scale_skipped"};
 
 /* Checks st->meta before anything is written: every key non-empty, unique
  * and not one of the fabric's; every value a string (the writer checks
@@ -104,6 +114,7 @@ static fg_status write_file(fg_fabric *f, const char *path, const fg_train_state
         snprintf(num, sizeof num, "%.17g", fg_optimizer_lr(st->optimizer));
         META("lr", num);
     }
+    if (s == FG_OK) s = fg__fabric_scaler_save(f, w);
     for (int64_t i = 0; i < st->nmeta; i++) META(st->meta[i].key, st->meta[i].value);
 #undef META
     if (s == FG_OK) s = fg_st_writer_write(w, path);
@@ -242,6 +253,11 @@ fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st) {
         fg_st_close(file);
         return fg_error(FG_EMISMATCH, "%s does not fit the model (%d tensor%s differ%s)%s", path,
                         nbad, nbad == 1 ? "" : "s", nbad == 1 ? "s" : "", msg);
+    }
+    fg_status ss = fg__fabric_scaler_load(f, file);
+    if (ss != FG_OK) {
+        fg_st_close(file);
+        return fg_error_wrap(ss, "load %s: the loss scaler", path);
     }
     int64_t nmeta = 0;
     fg_kv *meta = copy_meta(file, &nmeta);

@@ -31,7 +31,10 @@ struct fg_fabric {
     bool forked_rank;
     void *spawn_blob;
     size_t spawn_blob_len;
-    fg_kv *loaded_meta; /* fabric_ckpt.c: the last load's metadata, one block */
+    fg_dtype autocast;     /* fabric_precision.c: the setting's autocast dtype, or off */
+    fg_scaler *scaler;     /* 16-mixed's loss scaler, else NULL */
+    int64_t scaler_expect; /* the optimizer's step count the scaler saw last; -1: unknown */
+    fg_kv *loaded_meta;    /* fabric_ckpt.c: the last load's metadata, one block */
     int64_t nloaded_meta;
 };
 
@@ -41,5 +44,17 @@ fg_status fg__fabric_plan(fg_fabric *f, fg_launch_plan *out);
 
 /* launch.c: ddp_spawn's copy of rank 0's state at the end of each step */
 void fg__spawn_snapshot(fg_fabric *f);
+
+/* fabric_precision.c: the precision plugin. _init sets dtype, autocast and
+ * the scaler from the plan (fg_fabric_new); _check refuses a backward after
+ * an optimizer step that bypassed the scaler; _scale_loss multiplies a loss
+ * by the scale (the loss itself without a scaler); _unscale before
+ * clipping; _save/_load put the scaler's state in a checkpoint's metadata. */
+fg_status fg__fabric_precision_init(fg_fabric *f);
+fg_status fg__fabric_scaler_check(fg_fabric *f);
+fg_tensor *fg__fabric_scale_loss(fg_fabric *f, fg_tensor *loss);
+fg_status fg__fabric_scaler_unscale(fg_fabric *f);
+fg_status fg__fabric_scaler_save(fg_fabric *f, fg_st_writer *w);
+fg_status fg__fabric_scaler_load(fg_fabric *f, fg_st_file *file);
 
 #endif

@@ -19,6 +19,9 @@ fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt) {
     if (f->seeded) fg_module_seed_dropout(model, fg_fabric_rank_seed(f));
     f->model = model;
     f->opt = opt;
+    /* Lightning's setup wraps the model's forward in autocast: here the
+     * thread's autocast is the setting's from now on (off for *-true) */
+    (void)fg_fabric_autocast_begin(f);
     return FG_OK;
 }
 
@@ -43,6 +46,8 @@ fg_dataloader *fg_fabric_setup_dataloader(fg_fabric *f, fg_dataloader *dl, bool 
 }
 
 fg_status fg_fabric_backward(fg_fabric *f, fg_tensor *loss) {
+    FG_TRY(fg__fabric_scaler_check(f));
+    loss = fg__fabric_scale_loss(f, loss);
     if (!f->strategy) return fg_backward(loss);
     fg_strategy_set_sync(f->strategy, !f->no_sync);
     return fg_strategy_backward(f->strategy, loss);
@@ -56,10 +61,15 @@ struct step_ctx {
     void *ud;
 };
 
+/* On each replica's thread under dp: the setting's autocast, and the loss
+ * scaled for the backward the strategy runs */
 static fg_tensor *call_step(fg_module *replica, fg_batch *part, void *ud) {
     (void)replica;
     struct step_ctx *c = ud;
-    return c->fn(c->f, part, c->ud);
+    fg_dtype prev = fg_fabric_autocast_begin(c->f);
+    fg_tensor *loss = c->fn(c->f, part, c->ud);
+    fg_fabric_autocast_end(c->f, prev);
+    return fg__fabric_scale_loss(c->f, loss);
 }
 
 fg_status fg_fabric_training_step(fg_fabric *f, fg_batch *b, fg_step_fn step,
@@ -68,14 +78,19 @@ fg_status fg_fabric_training_step(fg_fabric *f, fg_batch *b, fg_step_fn step,
     double parts[64];
     int n = 0;
     struct step_ctx c = {f, step, ud};
+    FG_TRY(fg__fabric_scaler_check(f));
     fg_strategy_set_sync(f->strategy, !f->no_sync);
     FG_TRY(fg_strategy_step(f->strategy, b, call_step, &c, parts, 64, &n, loss));
+    double scale = fg_scaler_scale(f->scaler); /* 1 without one; a power of 2: exact */
+    for (int i = 0; i < n && i < 64; i++) parts[i] /= scale;
+    if (loss) *loss /= scale;
     if (step_end) step_end(f, parts, n, ud);
     return FG_OK;
 }
 
 fg_status fg_fabric_clip_gradients(fg_fabric *f, double max_norm, double *total_norm) {
     if (!f->strategy) return fg_error(FG_ESTATE, "clip_gradients: call fg_fabric_setup first");
+    FG_TRY(fg__fabric_scaler_unscale(f)); /* as PyTorch: unscale before clipping */
     return fg_strategy_clip_grad_norm(f->strategy, max_norm, total_norm);
 }
 

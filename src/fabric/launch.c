@@ -55,6 +55,7 @@ static void leave(fg_fabric *f) {
     snprintf(msg, sizeof msg, "%s", fg_last_error());
     fg_strategy_free(f->strategy);
     f->strategy = NULL;
+    (void)fg_autocast_set(FG_DTYPE_DEFAULT, NULL); /* fg_fabric_setup's, on this thread */
     f->model = NULL;
     f->opt = NULL;
     pthread_mutex_lock(&f->comm_mu);

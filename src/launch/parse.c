@@ -326,41 +326,14 @@ fg_status fg_launch_parse_strategy(const char *s, int ndevices, int num_nodes,
 
 /* ------------------------------------------------------------ precision */
 
-static const struct {
-    const char *name, *alias;
-    bool built;
-} k_precisions[FG_PRECISION_COUNT] = {
-    [FG_PRECISION_32_TRUE] = {"32-true", "32", true},
-    [FG_PRECISION_64_TRUE] = {"64-true", "64", true},
-    [FG_PRECISION_16_MIXED] = {"16-mixed", "16", false},
-    [FG_PRECISION_BF16_MIXED] = {"bf16-mixed", "bf16", false},
-    [FG_PRECISION_16_TRUE] = {"16-true", NULL, false},
-    [FG_PRECISION_BF16_TRUE] = {"bf16-true", NULL, false},
-};
-
 fg_status fg_launch_parse_precision(const char *s, fg_precision_kind *out) {
     if (!out) return fg_error(FG_EINVAL, "precision: NULL output");
-    if (!s) {
-        *out = FG_PRECISION_32_TRUE;
-        return FG_OK;
-    }
-    for (int i = 0; i < FG_PRECISION_COUNT; i++) {
-        const char *alias = k_precisions[i].alias;
-        if (strcasecmp(s, k_precisions[i].name) && (!alias || strcasecmp(s, alias))) continue;
-        if (!k_precisions[i].built)
-            return fg_error(FG_EUNSUPPORTED,
-                            "precision=\"%s\": not built yet in this fulgur; "
-                            "available: 32-true (32), 64-true (64)",
-                            s);
-        *out = (fg_precision_kind)i;
-        return FG_OK;
-    }
-    return fg_error(FG_EINVAL,
-                    "precision=\"%s\": unknown; expected one of 32-true (32), 64-true "
-                    "(64), 16-mixed (16), bf16-mixed (bf16), 16-true, bf16-true",
-                    s);
-}
-
-const char *fg_precision_kind_name(fg_precision_kind p) {
-    return (int)p >= 0 && p < FG_PRECISION_COUNT ? k_precisions[p].name : "?";
+    fg_precision_kind k;
+    FG_TRY(fg_precision_parse(s, &k));
+    if (!fg_precision_policy_of(k)->built)
+        return fg_error(FG_EUNSUPPORTED,
+                        "precision=\"%s\": not built yet in this fulgur; available: %s", s,
+                        fg_precision_available());
+    *out = k;
+    return FG_OK;
 }

@@ -247,9 +247,16 @@ TEST(precision_names) {
     static const struct {
         const char *name;
         fg_precision_kind want;
-    } ok[] = {{NULL, FG_PRECISION_32_TRUE}, {"32-true", FG_PRECISION_32_TRUE},
-              {"32", FG_PRECISION_32_TRUE}, {"64-true", FG_PRECISION_64_TRUE},
-              {"64", FG_PRECISION_64_TRUE}, {"64-TRUE", FG_PRECISION_64_TRUE}};
+    } ok[] = {{NULL, FG_PRECISION_32_TRUE},
+              {"32-true", FG_PRECISION_32_TRUE},
+              {"32", FG_PRECISION_32_TRUE},
+              {"64-true", FG_PRECISION_64_TRUE},
+              {"64", FG_PRECISION_64_TRUE},
+              {"64-TRUE", FG_PRECISION_64_TRUE},
+              {"bf16-mixed", FG_PRECISION_BF16_MIXED},
+              {"bf16", FG_PRECISION_BF16_MIXED},
+              {"16-mixed", FG_PRECISION_16_MIXED},
+              {"16", FG_PRECISION_16_MIXED}};
     fg_precision_kind p;
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         p = FG_PRECISION_COUNT;
@@ -259,16 +266,16 @@ TEST(precision_names) {
     CHECK(!strcmp(fg_precision_kind_name(FG_PRECISION_32_TRUE), "32-true"));
     CHECK(!strcmp(fg_precision_kind_name(FG_PRECISION_BF16_TRUE), "bf16-true"));
     CHECK(!strcmp(fg_precision_kind_name((fg_precision_kind)99), "?"));
-    /* Lightning's four others: recognised, not built yet, named with what is */
-    static const char *const later[] = {"16-mixed", "16",        "bf16-mixed", "bf16",
-                                        "16-true",  "bf16-true", NULL};
+    /* Lightning's true-half settings: recognised, not built yet, named with what is */
+    static const char *const later[] = {"16-true", "bf16-true", "BF16-True", NULL};
     for (int i = 0; later[i]; i++) {
         p = FG_PRECISION_64_TRUE;
         CHECK_STATUS(fg_launch_parse_precision(later[i], &p), FG_EUNSUPPORTED);
         char want[64];
         snprintf(want, sizeof want, "precision=\"%s\": not built yet", later[i]);
         CHECK_CONTAINS(fg_last_error(), want);
-        CHECK_CONTAINS(fg_last_error(), "available: 32-true (32), 64-true (64)");
+        CHECK_CONTAINS(fg_last_error(),
+                       "available: 32-true (32), 64-true (64), 16-mixed (16), bf16-mixed (bf16)");
         CHECK(p == FG_PRECISION_64_TRUE); /* untouched */
     }
     CHECK_STATUS(fg_launch_parse_precision("12", &p), FG_EINVAL);
@@ -283,7 +290,7 @@ TEST(precision_names) {
     CHECK(plan.precision == FG_PRECISION_64_TRUE);
     char line[512];
     CHECK_CONTAINS(fg_launch_plan_format(&plan, line, sizeof line), "precision 64-true");
-    CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.precision = "bf16"}, &env, &plan),
+    CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.precision = "bf16-true"}, &env, &plan),
                  FG_EUNSUPPORTED);
 }
 

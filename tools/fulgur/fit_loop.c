@@ -239,7 +239,7 @@ static fg_status train_step(fit_ctx *c, double *loss_out, double *items, bool *d
     }
     if (o->clip > 0) TRY(fg_fabric_clip_gradients(c->f, o->clip, NULL));
     fg_optimizer_set_lr(c->opt, fit_lr_at(o, c->step));
-    TRY(fg_optimizer_step(c->opt));
+    TRY(fg_fabric_optimizer_step(c->f, c->opt)); /* 16-mixed: the loss scaler */
     fg_fabric_step_end(c->f);
     c->step++;
     double mean = loss_sum / (double)micro;
