@@ -152,6 +152,8 @@ int cmd_env(int argc, char **argv) {
                                        "OMP_NUM_THREADS",
                                        "OPENBLAS_NUM_THREADS",
                                        "OPENBLAS_CORETYPE",
+                                       "FULGUR_MATMUL_BF16",
+                                       "FULGUR_CPU_ISA",
                                        NULL};
     int shown = 0;
     printf("variables set:%s\n", "");
@@ -171,5 +173,11 @@ int cmd_env(int argc, char **argv) {
     fg_clear_error();
     printf("accelerators:          cpu%s\n", gpu ? ", gpu" : " (no GPU support built in)");
     printf("kernels:               %s\n", fg_ops_blas_info());
+    printf("vector kernels:        %s\n", fg_isa_name(fg_cpu_isa()));
+    /* what each precision's matrix products run on, on this CPU */
+    printf("precisions:\n");
+    for (int p = 0; p < FG_PRECISION_COUNT; p++)
+        printf("    %-12s %s\n", fg_precision_kind_name((fg_precision_kind)p),
+               fg_precision_kernel_path((fg_precision_kind)p));
     return status;
 }
