@@ -34,6 +34,7 @@ for p in bf16-mixed 16-mixed; do
         fail "$p val loss ${v:-?} vs 32-true ${v32:-?}"
     fi
 done
+expect_grep "16-mixed: the end says what the scaler did" p-16-mixed '^loss scale 65536; 0 steps skipped on inf/NaN gradients$'
 run show "$FULGUR" ckpt show "$T_TMP/r16-mixed/checkpoints"
 expect_grep "16-mixed: the checkpoint holds the loss scale" show '^  loss_scale = 65536$'
 expect_grep "16-mixed: and its clean-step count" show '^  loss_scale_growth_tracker = 60$'

@@ -459,6 +459,11 @@ int fit_run(fg_fabric *f, void *arg) {
         if (!isnan(c.last_val)) snprintf(val, sizeof val, "%.4f", c.last_val);
         printf("done: %lld steps in %.1f s; val loss %s; checkpoint %s\n", (long long)c.step,
                fg_time() - t_start, val, c.last_ckpt);
+        const fg_scaler *sc = fg_fabric_scaler(f);
+        if (sc) /* 16-mixed: what the loss scaler did */
+            printf("loss scale %g; %lld step%s skipped on inf/NaN gradients\n",
+                   fg_scaler_get_state(sc).scale, (long long)fg_scaler_get_state(sc).skipped,
+                   fg_scaler_get_state(sc).skipped == 1 ? "" : "s");
         fflush(stdout);
         final_sample(&c);
     }
