@@ -50,7 +50,8 @@ typedef struct fg_fabric_config {
                                 "3", "-1", "0,2", "[0, 2]" (fg_launch_parse_devices); a
                                 device is a rank on CPU */
     const char *strategy;    /* NULL = "auto" (single for one device, else ddp), "single",
-                                "dp", "ddp", "ddp_spawn", "ddp_fork" (fg_launch_parse_strategy) */
+                                "dp", "ddp", "ddp_spawn", "ddp_fork", "deepspeed_stage_1",
+                                "deepspeed_stage_2", "fsdp" (fg_launch_parse_strategy) */
     const char *precision;   /* NULL = "32-true" ("32"), "64-true" ("64"), "bf16-mixed"
                                 ("bf16"), "16-mixed" ("16"): precision.h's table;
                                 "bf16-true" and "16-true" are FG_EUNSUPPORTED
@@ -59,13 +60,17 @@ typedef struct fg_fabric_config {
     int threads_per_rank;    /* 0 = FULGUR_NUM_THREADS, else cores / local ranks */
     uint64_t seed;           /* non-zero: fg_fabric_seed_everything(f, seed) at fg_fabric_new */
     fg_ddp_opts ddp;         /* bucket_cap_mb, find_unused_parameters, static_graph */
+    fg_sharded_opts sharded; /* the sharded strategies: reduce_bucket_size,
+                                allgather_bucket_size, sharding_strategy (fsdp: SHARD_GRAD_OP
+                                or NO_SHARD; the zero value FULL_SHARD is not built yet) */
     fg_cluster_fn cluster;   /* custom cluster environment, NULL = detect (fg_cluster_detect) */
     void *cluster_ud;
 } fg_fabric_config;
 
 /* Makes the launch plan for cfg (NULL = defaults) in this environment
  * (fg_launch_plan_make, or cfg->cluster's environment) without starting
- * anything: every value is checked here. NULL with fg_last_error naming the
+ * anything: every value is checked here, the sharded options too
+ * (fg_strategy_check_sharded). NULL with fg_last_error naming the
  * bad value and the valid ones (FG_EINVAL, FG_EUNSUPPORTED, FG_EMISMATCH
  * when a launcher's world size disagrees with devices x num_nodes, FG_ENOMEM);
  * the CLI turns that into exit code 2. Free with fg_fabric_free. */
@@ -104,7 +109,10 @@ FG_API fg_status fg_fabric_spawn_result(fg_fabric *f, fg_module *model, fg_optim
 
 /* Prepares model and optimizer for the strategy (collective): ddp broadcasts
  * rank 0's parameters and builds the gradient buckets; dp makes the thread
- * replicas. After seed_everything, the model's Dropout modules get this
+ * replicas; the sharded strategies broadcast, build their buckets and cut
+ * the optimizer's state to this rank's shard, after which
+ * fg_optimizer_step is collective (it all-gathers the parameters; strategy.h
+ * and docs/sharding.md). After seed_everything, the model's Dropout modules get this
  * rank's own stream (fg_fabric_rank_seed), so masks differ between ranks.
  * Both stay owned by the caller. One model per fabric. Under bf16-mixed
  * and 16-mixed it also turns on the calling thread's autocast
@@ -175,7 +183,9 @@ FG_API void fg_fabric_autocast_end(fg_fabric *f, fg_dtype prev);
 /* Clips gradients by their global norm over all ranks (collective);
  * *total_norm (may be NULL) gets the norm before clipping. Under 16-mixed
  * the gradients are unscaled first (fg_scaler_unscale), as PyTorch wants
- * before clipping. */
+ * before clipping. Under the sharded strategies each rank holds the
+ * averaged gradient of its shard only: the norm sums the shards' squares
+ * over ranks, and each rank scales its shard (fg_strategy_clip_grad_norm). */
 FG_API fg_status fg_fabric_clip_gradients(fg_fabric *f, double max_norm, double *total_norm);
 
 /* Collectives on tensors (in place) and bytes. Collective. */

@@ -121,11 +121,14 @@ FG_API fg_status fg_launch_cpu_devices(int *out);
  * x num_nodes is more than 1, else single; the choice needs `ndevices` and
  * `num_nodes` (pass 1 and 1 if unknown). Built: single (also
  * "single_device"), dp, ddp, ddp_spawn, ddp_fork (also "ddp_notebook",
- * Lightning's name for it). Recognised but not built yet (FG_EUNSUPPORTED,
- * "not built yet"): ddp2, hybrid, horovod, bagua, fsdp, fsdp_cpu_offload,
- * fsdp_full_shard, fsdp_shard_grad_op, fsdp_hybrid_shard, fsdp_no_shard,
- * ddp_sharded, ddp_sharded_spawn, deepspeed, deepspeed_stage_1,
- * deepspeed_stage_2, deepspeed_stage_2_offload, deepspeed_stage_3,
+ * Lightning's name for it), deepspeed_stage_1, deepspeed_stage_2 (also
+ * "deepspeed", Lightning's DeepSpeedStrategy, whose default stage is 2),
+ * fsdp (its sharding strategy is an option: fg_sharded_opts).
+ * fsdp_shard_grad_op and fsdp_no_shard: FG_EINVAL naming the spelling
+ * above. Recognised but not built yet (FG_EUNSUPPORTED, "not built yet"):
+ * ddp2, hybrid, horovod, bagua, fsdp_cpu_offload, fsdp_full_shard,
+ * fsdp_hybrid_shard, ddp_sharded, ddp_sharded_spawn,
+ * deepspeed_stage_2_offload, deepspeed_stage_3,
  * deepspeed_stage_3_offload, deepspeed_stage_3_offload_nvme. single with
  * several devices, single or dp with several nodes: FG_EINVAL saying what
  * to use. Anything else: FG_EINVAL listing the valid names. Thread-safe. */

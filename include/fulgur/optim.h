@@ -68,7 +68,11 @@ FG_API fg_optimizer *fg_adamw_new(fg_module *m, const fg_adamw_opts *o);
 FG_API void fg_optimizer_free(fg_optimizer *opt);
 
 /* One update of every parameter from its current gradient; increments the
- * step count. Errors: FG_EINVAL for a NULL optimizer. */
+ * step count. Under a sharding strategy (deepspeed_stage_1/2, fsdp with
+ * SHARD_GRAD_OP: strategy.h) it updates this rank's shard only, then
+ * all-gathers the parameters from every rank's shard: the call is then
+ * collective, and a failure of the all-gather is its error. Errors:
+ * FG_EINVAL for a NULL optimizer. */
 FG_API fg_status fg_optimizer_step(fg_optimizer *opt);
 /* Zeroes the module's gradients (fg_module_zero_grad). */
 FG_API void fg_optimizer_zero_grad(fg_optimizer *opt);
@@ -89,13 +93,20 @@ FG_API fg_module *fg_optimizer_module(const fg_optimizer *opt);
  * when momentum != 0), AdamW "exp_avg" and "exp_avg_sq". Each is a 1-D
  * persistent tensor (borrowed from the optimizer) of fg_module_numel
  * elements in the layout of fg_module_flat_params: the state of parameter i
- * starts at fg_module_param_offset(m, i) (under a ZeRO strategy, a rank
- * holds only its shard's range). Writing them sets the state. Note
+ * starts at fg_module_param_offset(m, i). Under a sharding strategy a rank
+ * holds only its shard's range: the tensors are then end - begin elements
+ * long, element 0 being element `begin` of the layout
+ * (fg_optimizer_state_range). Writing them sets the state. Note
  * that a SGD momentum buffer is only used from the second step on, so set
  * the step count too when restoring it. */
 FG_API int fg_optimizer_num_states(const fg_optimizer *opt);
 FG_API const char *fg_optimizer_state_name(const fg_optimizer *opt, int i);
 FG_API fg_tensor *fg_optimizer_state(fg_optimizer *opt, int i);
+/* The elements [*begin, *end) of the flat layout that the state tensors
+ * hold and fg_optimizer_step updates: [0, fg_module_numel) unless a
+ * sharding strategy gave the optimizer a shard. Either pointer may be
+ * NULL; a NULL optimizer gives [0, 0). */
+FG_API void fg_optimizer_state_range(const fg_optimizer *opt, int64_t *begin, int64_t *end);
 
 /* ---------------------------------------------------------------- schedules */
 

@@ -10,10 +10,12 @@ fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt) {
     if (!model) return fg_error(FG_EINVAL, "fabric setup: NULL model");
     if (f->strategy)
         return fg_error(FG_ESTATE, "fabric setup: already set up (one model per fabric)");
-    /* ddp of one rank has no communicator: it is a single-device run */
+    /* ddp (or a sharded kind) of one rank has no communicator: it is a
+     * single-device run, with nothing to shard */
     fg_strategy_kind kind = f->plan.strategy;
     if (fg_strategy_kind_is_ddp(kind) && !f->comm) kind = FG_STRATEGY_SINGLE;
-    f->strategy = fg_strategy_new(kind, f->comm, model, opt, &f->cfg.ddp, f->plan.devices.count);
+    f->strategy = fg_strategy_new(kind, f->comm, model, opt, &f->cfg.ddp, &f->cfg.sharded,
+                                  f->plan.devices.count);
     if (!f->strategy) return fg_last_status();
     /* dropout masks must differ between ranks: each rank its own stream */
     if (f->seeded) fg_module_seed_dropout(model, fg_fabric_rank_seed(f));

@@ -264,31 +264,39 @@ static const struct {
     {"ddp_spawn", FG_STRATEGY_DDP_SPAWN},
     {"ddp_fork", FG_STRATEGY_DDP_FORK},
     {"ddp_notebook", FG_STRATEGY_DDP_FORK}, /* Lightning's name for ddp_fork */
+    {"deepspeed_stage_1", FG_STRATEGY_DEEPSPEED_STAGE_1},
+    {"deepspeed_stage_2", FG_STRATEGY_DEEPSPEED_STAGE_2},
+    {"deepspeed", FG_STRATEGY_DEEPSPEED_STAGE_2}, /* Lightning's DeepSpeedStrategy: stage 2 */
+    {"fsdp", FG_STRATEGY_FSDP}, /* the sharding strategy is an option (fg_sharded_opts) */
 };
 
-static const char *const k_valid = "auto, single, dp, ddp, ddp_spawn, ddp_fork";
+static const char *const k_valid =
+    "auto, single, dp, ddp, ddp_spawn, ddp_fork, deepspeed_stage_1, deepspeed_stage_2, fsdp";
 
 /* Strategies of Lightning and DeepSpeed that fulgur plans but has not built yet. */
 static const char *const k_later[] = {"ddp2",
                                       "hybrid",
                                       "horovod",
                                       "bagua",
-                                      "fsdp",
                                       "fsdp_cpu_offload",
                                       "fsdp_full_shard",
-                                      "fsdp_shard_grad_op",
                                       "fsdp_hybrid_shard",
-                                      "fsdp_no_shard",
                                       "ddp_sharded",
                                       "ddp_sharded_spawn",
-                                      "deepspeed",
-                                      "deepspeed_stage_1",
-                                      "deepspeed_stage_2",
                                       "deepspeed_stage_2_offload",
                                       "deepspeed_stage_3",
                                       "deepspeed_stage_3_offload",
                                       "deepspeed_stage_3_offload_nvme",
                                       NULL};
+
+/* Names for what fulgur builds under another spelling: fsdp's sharding
+ * strategy is an option of "fsdp", as in Lightning's FSDPStrategy. */
+static const struct {
+    const char *name, *use;
+} k_spelled[] = {
+    {"fsdp_shard_grad_op", "strategy \"fsdp\" with sharding_strategy SHARD_GRAD_OP"},
+    {"fsdp_no_shard", "strategy \"fsdp\" with sharding_strategy NO_SHARD"},
+};
 
 fg_status fg_launch_parse_strategy(const char *s, int ndevices, int num_nodes,
                                    fg_strategy_kind *out) {
@@ -315,6 +323,9 @@ fg_status fg_launch_parse_strategy(const char *s, int ndevices, int num_nodes,
         *out = st;
         return FG_OK;
     }
+    for (size_t i = 0; i < sizeof k_spelled / sizeof k_spelled[0]; i++)
+        if (!strcasecmp(s, k_spelled[i].name))
+            return fg_error(FG_EINVAL, "strategy=\"%s\": fulgur spells it %s", s, k_spelled[i].use);
     for (int i = 0; k_later[i]; i++)
         if (!strcasecmp(s, k_later[i]))
             return fg_error(FG_EUNSUPPORTED,

@@ -56,6 +56,7 @@ fail:
 
 void fg_optimizer_free(fg_optimizer *o) {
     if (!o) return;
+    if (o->hook.detach) o->hook.detach(o->hook.ud);
     for (int i = 0; i < o->nstates; i++) fg_tensor_free(o->state[i]);
     fg_free(o->seg_begin);
     fg_free(o->seg_wd);
@@ -103,11 +104,15 @@ fg_status fg__optimizer_shard_state(fg_optimizer *o, int64_t begin, int64_t end)
 
 void fg__optimizer_advance(fg_optimizer *o) { o->steps++; }
 
+void fg__optimizer_set_hook(fg_optimizer *o, const fg_optim_hook *h) {
+    o->hook = h ? *h : (fg_optim_hook){0};
+}
+
 fg_status fg_optimizer_step(fg_optimizer *o) {
     if (!o) return fg_error(FG_EINVAL, "optimizer step: NULL optimizer");
     FG_TRY(fg__optimizer_step_range(o, o->state_begin, o->state_end, NULL, NULL));
     fg__optimizer_advance(o);
-    return FG_OK;
+    return o->hook.post_step ? o->hook.post_step(o->hook.ud, o) : FG_OK;
 }
 
 void fg_optimizer_zero_grad(fg_optimizer *o) {
@@ -140,6 +145,11 @@ int fg_optimizer_num_states(const fg_optimizer *o) { return o ? o->nstates : 0; 
 
 const char *fg_optimizer_state_name(const fg_optimizer *o, int i) {
     return o && i >= 0 && i < o->nstates ? o->state_name[i] : NULL;
+}
+
+void fg_optimizer_state_range(const fg_optimizer *o, int64_t *begin, int64_t *end) {
+    if (begin) *begin = o ? o->state_begin : 0;
+    if (end) *end = o ? o->state_end : 0;
 }
 
 fg_tensor *fg_optimizer_state(fg_optimizer *o, int i) {

@@ -14,6 +14,17 @@
 
 #define FG_OPTIM_MAX_STATES 2
 
+/* What a sharding strategy hangs on an optimizer (ZeRO): post_step runs at
+ * the end of every fg_optimizer_step, after the update and the step count,
+ * and its failure is the step's (the strategy all-gathers the parameters
+ * there); detach runs in fg_optimizer_free, so that the strategy forgets an
+ * optimizer freed before it. */
+typedef struct fg_optim_hook {
+    fg_status (*post_step)(void *ud, fg_optimizer *opt);
+    void (*detach)(void *ud);
+    void *ud;
+} fg_optim_hook;
+
 typedef struct fg_optim_vt {
     const char *name;
     /* Updates elements [begin, end) (inside the state's range) with step
@@ -37,6 +48,7 @@ struct fg_optimizer {
     int64_t nseg;
     int64_t *seg_begin; /* nseg + 1 entries, the last = numel */
     double *seg_wd;
+    fg_optim_hook hook; /* all NULL unless a sharding strategy set one */
     union {
         fg_sgd_opts sgd;
         fg_adamw_opts adamw;
@@ -64,6 +76,9 @@ fg_status fg__optimizer_step_range(fg_optimizer *opt, int64_t begin, int64_t end
  * they held none). fg_optimizer_step then updates that range only. */
 fg_status fg__optimizer_shard_state(fg_optimizer *opt, int64_t begin, int64_t end);
 void fg__optimizer_advance(fg_optimizer *opt);
+/* Sets the hook (NULL clears it). The strategy that sets one clears it
+ * when it is freed first; the optimizer calls detach when it is. */
+void fg__optimizer_set_hook(fg_optimizer *opt, const fg_optim_hook *hook);
 
 /* Ranges of at least this many elements are split over OpenMP threads. */
 #define FG_OPTIM_PAR_MIN 32768

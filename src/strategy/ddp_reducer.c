@@ -1,11 +1,19 @@
-/* DDP's reducer. Parameters are grouped, last first, into buckets of about
- * bucket_cap_mb (the first one smaller, so communication starts early); a
- * bucket is a contiguous slice of the flat gradient (gradient_as_bucket_view:
- * nothing is copied). The autograd "gradient ready" hook counts down each
- * bucket; a bucket whose parameters are all final is all-reduced (average)
- * in place on the communicator's progress thread while backward goes on.
- * Buckets start strictly in index order so that every rank issues the same
- * collectives in the same order, whatever order its gradients finished in. */
+/* DDP's reducer, and ZeRO's. Parameters are grouped, last first, into
+ * buckets of about bucket_cap_mb (the first one smaller, so communication
+ * starts early); a bucket is a contiguous slice of the flat gradient
+ * (gradient_as_bucket_view: nothing is copied). The autograd "gradient
+ * ready" hook counts down each bucket; a bucket whose parameters are all
+ * final is all-reduced (average) in place on the communicator's progress
+ * thread while backward goes on. Buckets start strictly in index order so
+ * that every rank issues the same collectives in the same order, whatever
+ * order its gradients finished in.
+ *
+ * ZeRO (owner bounds given): a bucket is reduce-scattered instead, each
+ * piece of it that lies in rank q's shard reduced (average) to rank q
+ * alone, pieces in rank order. The shm backend reduces every element in
+ * rank order whichever collective carries it, so a shard gets the bits an
+ * allreduce would have given it. With after_backward (ZeRO-1) nothing
+ * starts during backward: every bucket goes once backward is over. */
 #include <stdio.h>
 #include <string.h>
 
@@ -14,7 +22,6 @@
 typedef struct bucket {
     int64_t begin, end; /* elements of the flat gradient */
     int nparams, pending;
-    fg_comm_req *req;
 } bucket;
 
 struct fg_ddp_reducer {
@@ -28,7 +35,12 @@ struct fg_ddp_reducer {
     int nb;
     bucket *b;
     int next; /* next bucket to start */
-    bool find_unused, static_graph, in_backward;
+    bool find_unused, static_graph, after_backward;
+    const char *name;
+    int world;          /* ZeRO: shards, and their bounds (world + 1) */
+    int64_t *bounds;    /* NULL under ddp */
+    fg_comm_req **reqs; /* started in this backward, in order */
+    int nreqs, reqs_cap;
     fg_status err;
     char errmsg[512];
 };
@@ -41,7 +53,9 @@ void fg_ddp_reducer_bucket_range(const fg_ddp_reducer *r, int b, int64_t *begin,
 
 void fg_ddp_reducer_free(fg_ddp_reducer *r) {
     if (!r) return;
-    for (int i = 0; i < r->nb; i++) fg_comm_wait(r->b[i].req);
+    for (int i = 0; i < r->nreqs; i++) fg_comm_wait(r->reqs[i]);
+    fg_free(r->reqs);
+    fg_free(r->bounds);
     fg_free(r->params);
     fg_free(r->offs);
     fg_free(r->bucket_of);
@@ -65,6 +79,17 @@ fg_status fg_ddp_reducer_new(fg_comm *comm, fg_tensor *flat, int n, fg_tensor *c
     r->n = n;
     r->find_unused = d.find_unused_parameters;
     r->static_graph = d.static_graph;
+    r->after_backward = d.after_backward;
+    r->name = d.name ? d.name : "ddp";
+    if (d.owner_bounds) {
+        r->world = d.world;
+        r->bounds = fg_calloc((size_t)d.world + 1, sizeof *r->bounds);
+        if (!r->bounds) {
+            fg_ddp_reducer_free(r);
+            return fg_error_wrap(FG_ENOMEM, "%s setup", r->name);
+        }
+        memcpy(r->bounds, d.owner_bounds, sizeof *r->bounds * ((size_t)d.world + 1));
+    }
     r->params = fg_calloc((size_t)n + 1, sizeof *r->params);
     r->offs = fg_calloc((size_t)n + 1, sizeof *r->offs);
     r->bucket_of = fg_calloc((size_t)n + 1, sizeof *r->bucket_of);
@@ -104,6 +129,15 @@ fg_status fg_ddp_reducer_new(fg_comm *comm, fg_tensor *flat, int n, fg_tensor *c
         bytes += (double)fg_tensor_numel(params[i]) * (double)es;
     }
     r->nb = cur + 1;
+    /* one request per bucket, or under ZeRO one per piece: a bucket has one
+     * piece per shard it meets, and consecutive buckets share at most one
+     * shard, so nb + world pieces in all */
+    r->reqs_cap = r->nb + (r->bounds ? r->world : 0);
+    r->reqs = fg_calloc((size_t)r->reqs_cap, sizeof *r->reqs);
+    if (!r->reqs) {
+        fg_ddp_reducer_free(r);
+        return fg_error_wrap(FG_ENOMEM, "%s setup", r->name);
+    }
     *out = r;
     return FG_OK;
 }
@@ -115,14 +149,46 @@ static void set_err(fg_ddp_reducer *r, fg_status s) {
     }
 }
 
-static void launch_ready(fg_ddp_reducer *r) {
+/* The shard holding element i (bounds are increasing; empty shards are
+ * skipped by taking the last q with bounds[q] <= i). */
+static int owner_of(const fg_ddp_reducer *r, int64_t i) {
+    int lo = 0, hi = r->world - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (r->bounds[mid] <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Starts bucket bk: one allreduce, or under ZeRO one reduce per shard it
+ * meets, to that shard's rank. */
+static fg_status start_bucket(fg_ddp_reducer *r, const bucket *bk) {
     size_t es = fg_dtype_size(r->flat->dtype);
+    fg_dtype dt = r->flat->dtype;
+    char *base = r->flat->data;
+    if (!r->bounds) {
+        void *p = base + (size_t)bk->begin * es;
+        return fg_comm_iallreduce(r->comm, p, p, bk->end - bk->begin, dt, FG_AVG,
+                                  &r->reqs[r->nreqs++]);
+    }
+    if (bk->end <= bk->begin) return FG_OK;
+    for (int q = owner_of(r, bk->begin); q < r->world && r->bounds[q] < bk->end; q++) {
+        int64_t lo = FG_MAX(bk->begin, r->bounds[q]), hi = FG_MIN(bk->end, r->bounds[q + 1]);
+        if (lo >= hi) continue;
+        if (r->nreqs == r->reqs_cap)
+            return fg_error(FG_EINTERNAL, "%s: more reductions than planned (%d)", r->name,
+                            r->reqs_cap);
+        void *p = base + (size_t)lo * es;
+        FG_TRY(fg_comm_ireduce(r->comm, p, p, hi - lo, dt, FG_AVG, q, &r->reqs[r->nreqs++]));
+    }
+    return FG_OK;
+}
+
+static void launch_ready(fg_ddp_reducer *r) {
     while (r->next < r->nb && r->b[r->next].pending == 0 && r->err == FG_OK) {
-        bucket *bk = &r->b[r->next++];
-        void *p = (char *)r->flat->data + (size_t)bk->begin * es;
-        fg_status s = fg_comm_iallreduce(r->comm, p, p, bk->end - bk->begin, r->flat->dtype, FG_AVG,
-                                         &bk->req);
-        if (s != FG_OK) set_err(r, fg_error_wrap(s, "ddp: bucket %d", r->next - 1));
+        fg_status s = start_bucket(r, &r->b[r->next++]);
+        if (s != FG_OK) set_err(r, fg_error_wrap(s, "%s: bucket %d", r->name, r->next - 1));
     }
 }
 
@@ -143,6 +209,19 @@ static int find_param(const fg_ddp_reducer *r, const fg_tensor *t) {
     return -1;
 }
 
+/* Waits for every request started, even after an error, so that no request
+ * outlives the buffers it works on; then the first error, if any. */
+static fg_status wait_all(fg_ddp_reducer *r) {
+    for (int i = 0; i < r->nreqs; i++) {
+        fg_status ws = fg_comm_wait(r->reqs[i]);
+        r->reqs[i] = NULL;
+        if (ws != FG_OK) set_err(r, ws);
+    }
+    r->nreqs = 0;
+    if (r->err != FG_OK) return fg_error(r->err, "%s", r->errmsg);
+    return FG_OK;
+}
+
 static void on_ready(void *ud, fg_tensor *leaf) {
     fg_ddp_reducer *r = ud;
     int i = find_param(r, leaf);
@@ -156,6 +235,12 @@ fg_status fg_ddp_reducer_backward(fg_ddp_reducer *r, fg_tensor *loss, bool sync)
     if (!sync) return fg_backward(loss);
     r->err = FG_OK;
     r->next = 0;
+    r->nreqs = 0;
+    if (r->after_backward) {
+        fg_status s = fg_backward(loss);
+        if (s != FG_OK) return s;
+        return fg_ddp_reducer_reduce(r);
+    }
     for (int b = 0; b < r->nb; b++) r->b[b].pending = r->b[b].nparams;
     memset(r->ready, 0, sizeof *r->ready * (size_t)r->n);
     fg_set_grad_ready_hook(on_ready, r);
@@ -168,10 +253,10 @@ fg_status fg_ddp_reducer_backward(fg_ddp_reducer *r, fg_tensor *loss, bool sync)
             if (!r->ready[i]) unused = i;
         if (!r->find_unused && !r->static_graph) {
             s = fg_error(FG_ESTATE,
-                         "ddp: parameter \"%s\" received no gradient in this backward; if the "
+                         "%s: parameter \"%s\" received no gradient in this backward; if the "
                          "model does not use every parameter in every step, set "
                          "find_unused_parameters",
-                         fg_tensor_name(r->params[unused]));
+                         r->name, fg_tensor_name(r->params[unused]));
         } else {
             /* Their gradients count as they are (zero after zero_grad), as
              * PyTorch's find_unused_parameters marks them ready. */
@@ -179,14 +264,15 @@ fg_status fg_ddp_reducer_backward(fg_ddp_reducer *r, fg_tensor *loss, bool sync)
             launch_ready(r);
         }
     }
-    /* Wait for everything started, even after an error, so that no request
-     * outlives the buffers it works on. */
-    for (int b = 0; b < r->next; b++) {
-        fg_status ws = fg_comm_wait(r->b[b].req);
-        r->b[b].req = NULL;
-        if (ws != FG_OK) set_err(r, ws);
-    }
-    if (s != FG_OK) return s;
-    if (r->err != FG_OK) return fg_error(r->err, "%s", r->errmsg);
-    return FG_OK;
+    fg_status ws = wait_all(r);
+    return s != FG_OK ? s : ws;
+}
+
+fg_status fg_ddp_reducer_reduce(fg_ddp_reducer *r) {
+    r->err = FG_OK;
+    r->next = 0;
+    r->nreqs = 0;
+    for (int b = 0; b < r->nb; b++) r->b[b].pending = 0;
+    launch_ready(r);
+    return wait_all(r);
 }

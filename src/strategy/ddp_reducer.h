@@ -1,5 +1,6 @@
 /* The DDP gradient reducer: buckets over one flat gradient buffer, reduced
- * asynchronously as backward produces them. Private to the strategy layer. */
+ * asynchronously as backward produces them; under ZeRO reduce-scattered to
+ * the shards' ranks instead. Private to the strategy layer. */
 #ifndef FULGUR_DDP_REDUCER_H
 #define FULGUR_DDP_REDUCER_H
 
@@ -13,6 +14,14 @@ typedef struct fg_ddp_reducer_opts {
     double first_bucket_mb; /* the first bucket (last parameters) <= 0: 1, as PyTorch */
     bool find_unused_parameters;
     bool static_graph;
+    const char *name; /* in messages; NULL: "ddp" */
+    /* ZeRO: world + 1 increasing offsets of the shards (owner_bounds[0] = 0,
+     * owner_bounds[world] = the flat gradient's numel; copied). Each bucket
+     * is then reduced (average) to the ranks owning its elements, and the
+     * other ranks' elements are left as they were. NULL: allreduce (ddp). */
+    const int64_t *owner_bounds;
+    int world;
+    bool after_backward; /* no overlap: every bucket starts once backward is over */
 } fg_ddp_reducer_opts;
 
 /* params[i] are the parameter tensors, whose gradients are views into
@@ -25,8 +34,12 @@ void fg_ddp_reducer_free(fg_ddp_reducer *r);
 
 /* Runs backward from loss with bucket reductions overlapping it (when sync),
  * then waits for every bucket: the flat gradient holds the average over
- * ranks. With sync false it is a plain local backward (no_backward_sync). */
+ * ranks (under ZeRO, in this rank's shard). With sync false it is a plain
+ * local backward (no_backward_sync). */
 fg_status fg_ddp_reducer_backward(fg_ddp_reducer *r, fg_tensor *loss, bool sync);
+/* Reduces every bucket of the flat gradient as it stands, in bucket order,
+ * and waits: what a backward with sync does once backward is over. */
+fg_status fg_ddp_reducer_reduce(fg_ddp_reducer *r);
 
 int fg_ddp_reducer_num_buckets(const fg_ddp_reducer *r);
 /* Element range [begin, end) of bucket b in the flat gradient. */

@@ -1,66 +1,180 @@
 /* The strategies behind one object: single (plain backward), ddp (bucketed,
- * overlapped gradient averaging: ddp_reducer.c) and dp (thread replicas:
- * dp.c). The model's parameters and gradients live in its flat buffers,
- * so every strategy works on plain slices of them. */
+ * overlapped gradient averaging: ddp_reducer.c), dp (thread replicas:
+ * dp.c) and ZeRO stages 1 and 2 (sharded optimizer state and gradients:
+ * zero.c). The model's parameters and gradients live in its flat buffers,
+ * so every strategy works on plain slices of them. A kind resolves to a
+ * mode once at fg_strategy_new (fsdp by its sharding strategy); everything
+ * after dispatches on the mode. */
 #include <math.h>
 #include <string.h>
+#include <strings.h>
 
 #include "strategy_impl.h"
 
 fg_strategy_kind fg_strategy_kind_of(const fg_strategy *s) { return s->kind; }
 
 const char *fg_strategy_kind_name(fg_strategy_kind k) {
-    static const char *const names[FG_STRATEGY_COUNT] = {[FG_STRATEGY_SINGLE] = "single",
-                                                         [FG_STRATEGY_DP] = "dp",
-                                                         [FG_STRATEGY_DDP] = "ddp",
-                                                         [FG_STRATEGY_DDP_SPAWN] = "ddp_spawn",
-                                                         [FG_STRATEGY_DDP_FORK] = "ddp_fork"};
+    static const char *const names[FG_STRATEGY_COUNT] = {
+        [FG_STRATEGY_SINGLE] = "single",
+        [FG_STRATEGY_DP] = "dp",
+        [FG_STRATEGY_DDP] = "ddp",
+        [FG_STRATEGY_DDP_SPAWN] = "ddp_spawn",
+        [FG_STRATEGY_DDP_FORK] = "ddp_fork",
+        [FG_STRATEGY_DEEPSPEED_STAGE_1] = "deepspeed_stage_1",
+        [FG_STRATEGY_DEEPSPEED_STAGE_2] = "deepspeed_stage_2",
+        [FG_STRATEGY_FSDP] = "fsdp"};
     return (int)k >= 0 && k < FG_STRATEGY_COUNT ? names[k] : "?";
 }
 
-bool fg_strategy_kind_is_ddp(fg_strategy_kind k) {
-    return k == FG_STRATEGY_DDP || k == FG_STRATEGY_DDP_SPAWN || k == FG_STRATEGY_DDP_FORK;
+bool fg_strategy_kind_is_sharded(fg_strategy_kind k) {
+    return k == FG_STRATEGY_DEEPSPEED_STAGE_1 || k == FG_STRATEGY_DEEPSPEED_STAGE_2 ||
+           k == FG_STRATEGY_FSDP;
 }
+
+bool fg_strategy_kind_is_ddp(fg_strategy_kind k) {
+    return k == FG_STRATEGY_DDP || k == FG_STRATEGY_DDP_SPAWN || k == FG_STRATEGY_DDP_FORK ||
+           fg_strategy_kind_is_sharded(k);
+}
+
+static const char *const k_sharding_names[FG_SHARDING_COUNT] = {
+    [FG_SHARDING_FULL_SHARD] = "FULL_SHARD",
+    [FG_SHARDING_SHARD_GRAD_OP] = "SHARD_GRAD_OP",
+    [FG_SHARDING_NO_SHARD] = "NO_SHARD",
+    [FG_SHARDING_HYBRID_SHARD] = "HYBRID_SHARD"};
+
+const char *fg_sharding_strategy_name(fg_sharding_strategy s) {
+    return (int)s >= 0 && s < FG_SHARDING_COUNT ? k_sharding_names[s] : "?";
+}
+
+fg_status fg_sharding_strategy_parse(const char *name, fg_sharding_strategy *out) {
+    for (int i = 0; name && i < FG_SHARDING_COUNT; i++)
+        if (!strcasecmp(name, k_sharding_names[i])) {
+            if (out) *out = (fg_sharding_strategy)i;
+            return FG_OK;
+        }
+    return fg_error(FG_EINVAL,
+                    "sharding_strategy=\"%s\": expected one of FULL_SHARD, SHARD_GRAD_OP, "
+                    "NO_SHARD, HYBRID_SHARD",
+                    name ? name : "(null)");
+}
+
+fg_status fg_strategy_check_sharded(fg_strategy_kind kind, const fg_sharded_opts *o) {
+    fg_sharded_opts d = o ? *o : (fg_sharded_opts){0};
+    if (!fg_strategy_kind_is_sharded(kind)) return FG_OK;
+    if (d.reduce_bucket_size < 0 || d.allgather_bucket_size < 0)
+        return fg_error(FG_EINVAL,
+                        "%s: reduce_bucket_size = %lld, allgather_bucket_size = %lld: expected "
+                        "element counts > 0, or 0 for the default (200000000)",
+                        fg_strategy_kind_name(kind), (long long)d.reduce_bucket_size,
+                        (long long)d.allgather_bucket_size);
+    if (kind != FG_STRATEGY_FSDP) return FG_OK;
+    switch (d.sharding_strategy) {
+    case FG_SHARDING_SHARD_GRAD_OP:
+    case FG_SHARDING_NO_SHARD: return FG_OK;
+    case FG_SHARDING_FULL_SHARD:
+    case FG_SHARDING_HYBRID_SHARD:
+        return fg_error(FG_EUNSUPPORTED,
+                        "strategy=\"fsdp\": not built yet in this fulgur with sharding_strategy "
+                        "%s%s (parameters sharded too, as deepspeed_stage_3); built: "
+                        "SHARD_GRAD_OP (= deepspeed_stage_2), NO_SHARD (= ddp)",
+                        fg_sharding_strategy_name(d.sharding_strategy),
+                        d.sharding_strategy == FG_SHARDING_FULL_SHARD ? ", fsdp's default" : "");
+    default:
+        return fg_error(FG_EINVAL,
+                        "fsdp: sharding_strategy %d: expected one of fg_sharding_strategy "
+                        "(FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD)",
+                        (int)d.sharding_strategy);
+    }
+}
+
 void fg_strategy_set_sync(fg_strategy *s, bool sync) { s->sync = sync; }
+
+bool fg_strategy_is_sharded(const fg_strategy *s) {
+    return s && (s->mode == FG_MODE_ZERO1 || s->mode == FG_MODE_ZERO2);
+}
+
+fg_status fg_strategy_shard_range(const fg_strategy *s, int rank, int64_t *begin, int64_t *end) {
+    if (!s || !begin || !end) return fg_error(FG_EINVAL, "shard_range: NULL argument");
+    int world = s->comm ? fg_comm_size(s->comm) : 1;
+    if (rank < 0 || rank >= world)
+        return fg_error(FG_EINVAL, "shard_range: rank %d: expected 0..%d", rank, world - 1);
+    if (fg_strategy_is_sharded(s)) {
+        fg__zero_range(s, rank, begin, end);
+    } else {
+        *begin = 0;
+        *end = fg_module_numel(s->model);
+    }
+    return FG_OK;
+}
 
 void fg_strategy_free(fg_strategy *s) {
     if (!s) return;
     fg_ddp_reducer_free(s->reducer);
+    fg__zero_free(s);
     fg__dp_free(s);
     fg_free(s);
 }
 
-static fg_status setup_ddp(fg_strategy *s, const fg_ddp_opts *o) {
-    fg_module *m = s->model;
-    fg_tensor *flat = fg_module_flat_params(m), *grads = fg_module_flat_grads(m);
-    if (!flat || !grads) return fg_error(FG_EINVAL, "ddp: the model has no flat parameter buffer");
+fg_status fg__strategy_broadcast_params(fg_strategy *s) {
+    fg_tensor *flat = fg_module_flat_params(s->model);
+    if (!flat || !fg_module_flat_grads(s->model))
+        return fg_error(FG_EINVAL, "%s: the model has no flat parameter buffer",
+                        fg_strategy_kind_name(s->kind));
     /* Every rank starts from rank 0's weights, as PyTorch's DDP constructor. */
     fg_status st = fg_comm_broadcast(s->comm, fg_tensor_data(flat), fg_tensor_data(flat),
                                      fg_tensor_numel(flat), fg_tensor_dtype(flat), 0);
-    if (st != FG_OK) return fg_error_wrap(st, "ddp setup: broadcasting the parameters from rank 0");
-    int n = fg_module_num_params(m);
+    if (st != FG_OK)
+        return fg_error_wrap(st, "%s setup: broadcasting the parameters from rank 0",
+                             fg_strategy_kind_name(s->kind));
+    return FG_OK;
+}
+
+fg_status fg__strategy_reducer_new(fg_strategy *s, const fg_ddp_reducer_opts *ro) {
+    fg_module *m = s->model;
+    int n = (int)fg_module_num_params(m);
     fg_tensor **params = fg_calloc((size_t)n + 1, sizeof *params);
     int64_t *offs = fg_calloc((size_t)n + 1, sizeof *offs);
     if (!params || !offs) {
         fg_free(params);
         fg_free(offs);
-        return fg_error_wrap(FG_ENOMEM, "ddp setup");
+        return fg_error_wrap(FG_ENOMEM, "%s setup", fg_strategy_kind_name(s->kind));
     }
     for (int i = 0; i < n; i++) {
         params[i] = fg_module_param(m, i);
         offs[i] = fg_module_param_offset(m, i);
     }
-    fg_ddp_reducer_opts ro = {.bucket_cap_mb = o ? o->bucket_cap_mb : 0,
-                              .find_unused_parameters = o && o->find_unused_parameters,
-                              .static_graph = o && o->static_graph};
-    st = fg_ddp_reducer_new(s->comm, grads, n, params, offs, &ro, &s->reducer);
+    fg_status st =
+        fg_ddp_reducer_new(s->comm, fg_module_flat_grads(m), n, params, offs, ro, &s->reducer);
     fg_free(params);
     fg_free(offs);
     return st;
 }
 
+static fg_status setup_ddp(fg_strategy *s, const fg_ddp_opts *o) {
+    FG_TRY(fg__strategy_broadcast_params(s));
+    fg_ddp_reducer_opts ro = {.bucket_cap_mb = o ? o->bucket_cap_mb : 0,
+                              .find_unused_parameters = o && o->find_unused_parameters,
+                              .static_graph = o && o->static_graph,
+                              .name = fg_strategy_kind_name(s->kind)};
+    return fg__strategy_reducer_new(s, &ro);
+}
+
+/* The mode of a kind with its options (checked already). */
+static fg_strategy_mode mode_of(fg_strategy_kind kind, const fg_sharded_opts *o) {
+    switch (kind) {
+    case FG_STRATEGY_SINGLE: return FG_MODE_SINGLE;
+    case FG_STRATEGY_DP: return FG_MODE_DP;
+    case FG_STRATEGY_DEEPSPEED_STAGE_1: return FG_MODE_ZERO1;
+    case FG_STRATEGY_DEEPSPEED_STAGE_2: return FG_MODE_ZERO2;
+    case FG_STRATEGY_FSDP:
+        return o && o->sharding_strategy == FG_SHARDING_NO_SHARD ? FG_MODE_DDP : FG_MODE_ZERO2;
+    default: return FG_MODE_DDP;
+    }
+}
+
 fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *model,
-                             fg_optimizer *opt, const fg_ddp_opts *ddp, int dp_threads) {
+                             fg_optimizer *opt, const fg_ddp_opts *ddp,
+                             const fg_sharded_opts *sharded, int dp_threads) {
     if (!model) {
         fg_error(FG_EINVAL, "strategy: NULL model");
         return NULL;
@@ -73,16 +187,23 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
         fg_error(FG_EINVAL, "strategy %s: needs a communicator", fg_strategy_kind_name(kind));
         return NULL;
     }
+    if (fg_strategy_check_sharded(kind, sharded) != FG_OK) return NULL;
     fg_strategy *s = fg_calloc(1, sizeof *s);
     if (!s) return NULL; /* fg_calloc left FG_ENOMEM */
     s->kind = kind;
+    s->mode = mode_of(kind, sharded);
     s->comm = comm;
     s->model = model;
     s->opt = opt;
     s->sync = true;
     fg_status st = FG_OK;
-    if (fg_strategy_kind_is_ddp(kind)) st = setup_ddp(s, ddp);
-    else if (kind == FG_STRATEGY_DP) st = fg__dp_setup(s, dp_threads > 0 ? dp_threads : 2);
+    switch (s->mode) {
+    case FG_MODE_DDP: st = setup_ddp(s, ddp); break;
+    case FG_MODE_DP: st = fg__dp_setup(s, dp_threads > 0 ? dp_threads : 2); break;
+    case FG_MODE_ZERO1:
+    case FG_MODE_ZERO2: st = fg__zero_setup(s, sharded); break;
+    case FG_MODE_SINGLE: break;
+    }
     if (st != FG_OK) {
         fg_strategy_free(s); /* leaves this thread's message alone */
         return NULL;
@@ -91,13 +212,13 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
 }
 
 fg_status fg_strategy_backward(fg_strategy *s, fg_tensor *loss) {
-    if (fg_strategy_kind_is_ddp(s->kind)) return fg_ddp_reducer_backward(s->reducer, loss, s->sync);
+    if (s->reducer) return fg_ddp_reducer_backward(s->reducer, loss, s->sync);
     return fg_backward(loss);
 }
 
 fg_status fg_strategy_step(fg_strategy *s, fg_batch *b, fg_strategy_step_fn fn, void *ud,
                            double *part_losses, int max_parts, int *nparts, double *loss) {
-    if (s->kind == FG_STRATEGY_DP)
+    if (s->mode == FG_MODE_DP)
         return fg__dp_step(s, b, fn, ud, part_losses, max_parts, nparts, loss);
     fg_tensor *l = fn(s->model, b, ud);
     if (!l) return fg_error_wrap(FG_EINVAL, "training step returned no loss");
@@ -110,6 +231,7 @@ fg_status fg_strategy_step(fg_strategy *s, fg_batch *b, fg_strategy_step_fn fn, 
 }
 
 fg_status fg_strategy_clip_grad_norm(fg_strategy *s, double max_norm, double *total_norm) {
+    if (fg_strategy_is_sharded(s)) return fg__zero_clip(s, max_norm, total_norm);
     /* Under ddp every rank holds the same averaged gradient after backward,
      * so the local norm is the global one; no communication is needed. */
     fg_tensor *g = fg_module_flat_grads(s->model);

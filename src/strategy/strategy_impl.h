@@ -6,21 +6,46 @@
 #include "fulgur/strategy.h"
 
 typedef struct fg_dp_state fg_dp_state;
+typedef struct fg_zero_state fg_zero_state;
+
+/* What a strategy does once its kind and options are resolved: fsdp with
+ * NO_SHARD runs as ddp, with SHARD_GRAD_OP as ZeRO-2, and the ddp and
+ * sharded kinds of one rank (no communicator) as single. */
+typedef enum fg_strategy_mode {
+    FG_MODE_SINGLE,
+    FG_MODE_DP,
+    FG_MODE_DDP,
+    FG_MODE_ZERO1,
+    FG_MODE_ZERO2
+} fg_strategy_mode;
 
 struct fg_strategy {
     fg_strategy_kind kind;
+    fg_strategy_mode mode;
     fg_comm *comm;
     fg_module *model;
     fg_optimizer *opt;
     bool sync;
-    fg_ddp_reducer *reducer; /* ddp */
+    fg_ddp_reducer *reducer; /* ddp, zero */
     fg_dp_state *dp;         /* dp */
+    fg_zero_state *zero;     /* zero */
 };
+
+/* strategy.c: rank 0's parameters to every rank; the reducer over the
+ * model's parameters (s->reducer) */
+fg_status fg__strategy_broadcast_params(fg_strategy *s);
+fg_status fg__strategy_reducer_new(fg_strategy *s, const fg_ddp_reducer_opts *ro);
 
 /* dp.c */
 fg_status fg__dp_setup(fg_strategy *s, int threads);
 void fg__dp_free(fg_strategy *s);
 fg_status fg__dp_step(fg_strategy *s, fg_batch *b, fg_strategy_step_fn fn, void *ud,
                       double *part_losses, int max_parts, int *nparts, double *loss);
+
+/* zero.c: ZeRO stages 1 and 2 (s->mode FG_MODE_ZERO1 or _ZERO2 is set) */
+fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o);
+void fg__zero_free(fg_strategy *s);
+fg_status fg__zero_clip(fg_strategy *s, double max_norm, double *total_norm);
+void fg__zero_range(const fg_strategy *s, int rank, int64_t *begin, int64_t *end);
 
 #endif

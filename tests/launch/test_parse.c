@@ -192,7 +192,11 @@ TEST(strategy_names) {
               {"ddp_spawn", FG_STRATEGY_DDP_SPAWN},
               {"ddp_fork", FG_STRATEGY_DDP_FORK},
               {"DDP", FG_STRATEGY_DDP},
-              {"ddp_notebook", FG_STRATEGY_DDP_FORK}};
+              {"ddp_notebook", FG_STRATEGY_DDP_FORK},
+              {"deepspeed_stage_1", FG_STRATEGY_DEEPSPEED_STAGE_1},
+              {"deepspeed_stage_2", FG_STRATEGY_DEEPSPEED_STAGE_2},
+              {"DeepSpeed", FG_STRATEGY_DEEPSPEED_STAGE_2},
+              {"fsdp", FG_STRATEGY_FSDP}};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         CHECK_OK(fg_launch_parse_strategy(ok[i].name, 1, 1, &s));
         CHECK_MSG(s == ok[i].want, "%s -> %d", ok[i].name, (int)s);
@@ -220,11 +224,8 @@ TEST(strategy_errors) {
     static const char *const later[] = {"ddp2",
                                         "horovod",
                                         "bagua",
-                                        "fsdp",
                                         "fsdp_cpu_offload",
-                                        "deepspeed",
-                                        "deepspeed_stage_1",
-                                        "deepspeed_stage_2",
+                                        "fsdp_full_shard",
                                         "deepspeed_stage_2_offload",
                                         "deepspeed_stage_3",
                                         "deepspeed_stage_3_offload",
@@ -235,6 +236,9 @@ TEST(strategy_errors) {
         CHECK_CONTAINS(fg_last_error(), "not built yet");
         CHECK_CONTAINS(fg_last_error(), later[i]);
     }
+    /* what fulgur builds under another spelling says which */
+    CHECK_STATUS(fg_launch_parse_strategy("fsdp_shard_grad_op", 2, 1, &s), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "strategy \"fsdp\" with sharding_strategy SHARD_GRAD_OP");
     CHECK_STATUS(fg_launch_parse_strategy("dpp", 2, 1, &s), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "strategy=\"dpp\": unknown; expected one of auto, single, dp, "
                                     "ddp, ddp_spawn, ddp_fork");
@@ -422,9 +426,9 @@ TEST(plan_devices_are_cores) {
     CHECK_CONTAINS(fg_last_error(), "devices=\"[1, 1]\": device 1 is listed twice");
     CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.accelerator = "gpu"}, &env, &p),
                  FG_EUNSUPPORTED);
-    CHECK_STATUS(
-        fg_launch_plan_make(&(fg_launch_opts){.strategy = "fsdp", .devices = "2"}, &env, &p),
-        FG_EUNSUPPORTED);
+    CHECK_STATUS(fg_launch_plan_make(
+                     &(fg_launch_opts){.strategy = "deepspeed_stage_3", .devices = "2"}, &env, &p),
+                 FG_EUNSUPPORTED);
     CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.num_nodes = -1}, &env, &p), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "num_nodes=-1");
 }

@@ -123,7 +123,7 @@ static int ddp_rank(int rank, int n, void *arg) {
     if (rank) fg_tensor_fill(fg_module_flat_params(m), 0.25 * rank);
     fg_optimizer *o = make_opt(s, m);
     fg_ddp_opts dopt = {.bucket_cap_mb = s->bucket_mb};
-    fg_strategy *st = fg_strategy_new(FG_STRATEGY_DDP, c, m, o, &dopt, 0);
+    fg_strategy *st = fg_strategy_new(FG_STRATEGY_DDP, c, m, o, &dopt, NULL, 0);
     if (!st) {
         fprintf(stderr, "rank %d: %s\n", rank, fg_last_error());
         return 1;
@@ -216,15 +216,15 @@ static fg_tensor *dp_step_fn(fg_module *replica, fg_batch *part, void *ud) {
 TEST(strategy_new_errors) {
     setup s = {.world = 1, .B = 6};
     fg_module *m = make_model(&s);
-    CHECK(fg_strategy_new(FG_STRATEGY_SINGLE, NULL, NULL, NULL, NULL, 0) == NULL);
+    CHECK(fg_strategy_new(FG_STRATEGY_SINGLE, NULL, NULL, NULL, NULL, NULL, 0) == NULL);
     CHECK(fg_last_status() == FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "NULL model");
-    CHECK(fg_strategy_new((fg_strategy_kind)99, NULL, m, NULL, NULL, 0) == NULL);
+    CHECK(fg_strategy_new((fg_strategy_kind)99, NULL, m, NULL, NULL, NULL, 0) == NULL);
     CHECK(fg_last_status() == FG_EINVAL);
-    CHECK(fg_strategy_new(FG_STRATEGY_DDP, NULL, m, NULL, NULL, 0) == NULL);
+    CHECK(fg_strategy_new(FG_STRATEGY_DDP, NULL, m, NULL, NULL, NULL, 0) == NULL);
     CHECK(fg_last_status() == FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "needs a communicator");
-    fg_strategy *st = fg_strategy_new(FG_STRATEGY_SINGLE, NULL, m, NULL, NULL, 0);
+    fg_strategy *st = fg_strategy_new(FG_STRATEGY_SINGLE, NULL, m, NULL, NULL, NULL, 0);
     CHECK_MSG(st && fg_strategy_kind_of(st) == FG_STRATEGY_SINGLE, "%s", fg_last_error());
     fg_strategy_free(st);
     fg_module_free(m);
@@ -236,7 +236,7 @@ TEST(dp_equals_single_process) {
         fg_tensor *ref = train_single(&s);
         fg_module *m = make_model(&s);
         fg_optimizer *o = make_opt(&s, m);
-        fg_strategy *st = fg_strategy_new(FG_STRATEGY_DP, NULL, m, o, NULL, 2);
+        fg_strategy *st = fg_strategy_new(FG_STRATEGY_DP, NULL, m, o, NULL, NULL, 2);
         CHECK_MSG(st, "fg_strategy_new(dp): %s", fg_last_error());
         for (int step = 0; step < STEPS && st; step++) {
             fg_optimizer_zero_grad(o);
@@ -292,7 +292,7 @@ static int unused_rank(int rank, int n, void *arg) {
         fg_module_add_child(root, "b", b);
         fg_module_finalize(root);
         fg_ddp_opts o = {.find_unused_parameters = find};
-        fg_strategy *st = fg_strategy_new(FG_STRATEGY_DDP, c, root, NULL, &o, 0);
+        fg_strategy *st = fg_strategy_new(FG_STRATEGY_DDP, c, root, NULL, &o, NULL, 0);
         if (!st) return 1;
         int64_t sx[2] = {2, 4};
         fg_tensor *x = fg_full(FG_F32, 2, sx, 1.0);

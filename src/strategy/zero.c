@@ -1,0 +1,151 @@
+/* ZeRO stages 1 and 2, as DeepSpeed names them (fsdp's SHARD_GRAD_OP is
+ * stage 2).
+ *
+ * The flat parameter vector is cut into world_size contiguous shards in
+ * rank order, on 64-byte lines and without padding (they differ by at most
+ * one line). Rank r keeps the optimizer state of shard r only: setup cuts
+ * the optimizer's state tensors to that range (fg__optimizer_shard_state).
+ * A backward with sync reduce-scatters the flat gradient through the
+ * reducer in owner mode, so that shard r of rank r's flat gradient holds
+ * the average over ranks: stage 1 once backward is over, stage 2 bucket by
+ * bucket while backward runs. The user's fg_optimizer_step then updates
+ * shard r alone, and the post-step hook set here all-gathers the parameters
+ * in place (allgatherv, in pieces of allgather_bucket_size elements), so
+ * every rank holds the whole updated model again.
+ *
+ * Invariants: bounds[0] = 0 <= bounds[1] <= ... <= bounds[world] = numel;
+ * while z->opt is set, the optimizer's state range is [bounds[rank],
+ * bounds[rank + 1]) and its hook points here. Whichever of optimizer and
+ * strategy is freed first unhooks the other (detach / fg__zero_free). */
+#include <math.h>
+#include <string.h>
+
+#include "optim/optim_impl.h"
+#include "strategy_impl.h"
+
+#define DEFAULT_BUCKET 200000000 /* elements: Lightning's DeepSpeedStrategy default */
+
+struct fg_zero_state {
+    int world, rank;
+    int64_t *bounds;          /* world + 1 */
+    int64_t *counts, *displs; /* world each: one all-gather piece */
+    int64_t piece;            /* elements per rank per all-gather piece */
+    fg_optimizer *opt;        /* NULL once the optimizer was freed */
+};
+
+/* Shards of numel elements of es bytes over world ranks: whole 64-byte
+ * lines each, as even as that allows. */
+static void cut(int64_t numel, int world, size_t es, int64_t *bounds) {
+    int64_t line = es < 64 ? (int64_t)(64 / es) : 1;
+    int64_t lines = (numel + line - 1) / line;
+    for (int q = 0; q <= world; q++) bounds[q] = FG_MIN(numel, lines * q / world * line);
+}
+
+void fg__zero_range(const fg_strategy *s, int rank, int64_t *begin, int64_t *end) {
+    *begin = s->zero->bounds[rank];
+    *end = s->zero->bounds[rank + 1];
+}
+
+/* The post-step hook: every rank's updated shard to every rank, in place. */
+static fg_status gather_params(void *ud, fg_optimizer *o) {
+    (void)o;
+    fg_strategy *s = ud;
+    fg_zero_state *z = s->zero;
+    fg_tensor *flat = fg_module_flat_params(s->model);
+    fg_dtype dt = fg_tensor_dtype(flat);
+    char *base = fg_tensor_data(flat);
+    size_t es = fg_dtype_size(dt);
+    int64_t longest = 0;
+    for (int q = 0; q < z->world; q++) longest = FG_MAX(longest, z->bounds[q + 1] - z->bounds[q]);
+    for (int64_t off = 0; off < longest; off += z->piece) {
+        for (int q = 0; q < z->world; q++) {
+            int64_t lo = FG_MIN(z->bounds[q] + off, z->bounds[q + 1]);
+            z->displs[q] = lo;
+            z->counts[q] = FG_MIN(z->piece, z->bounds[q + 1] - lo);
+        }
+        fg_status st = fg_comm_allgatherv(s->comm, base + (size_t)z->displs[z->rank] * es,
+                                          z->counts[z->rank], base, z->counts, z->displs, dt);
+        if (st != FG_OK)
+            return fg_error_wrap(st, "%s: all-gathering the parameters after the optimizer step",
+                                 fg_strategy_kind_name(s->kind));
+    }
+    return FG_OK;
+}
+
+static void detach(void *ud) {
+    fg_strategy *s = ud;
+    s->zero->opt = NULL;
+    s->opt = NULL;
+}
+
+fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o) {
+    fg_sharded_opts d = o ? *o : (fg_sharded_opts){0};
+    const char *name = fg_strategy_kind_name(s->kind);
+    fg_module *m = s->model;
+    if (!s->opt || fg_optimizer_module(s->opt) != m)
+        return fg_error(FG_EINVAL,
+                        "%s: needs the optimizer over the whole model (it shards the optimizer's "
+                        "state); got %s",
+                        name, s->opt ? "one over another module" : "none");
+    FG_TRY(fg__strategy_broadcast_params(s));
+    fg_zero_state *z = fg_calloc(1, sizeof *z);
+    if (!z) return fg_error_wrap(FG_ENOMEM, "%s setup", name);
+    s->zero = z;
+    z->world = fg_comm_size(s->comm);
+    z->rank = fg_comm_rank(s->comm);
+    z->bounds = fg_calloc((size_t)z->world + 1, sizeof *z->bounds);
+    z->counts = fg_calloc((size_t)z->world, sizeof *z->counts);
+    z->displs = fg_calloc((size_t)z->world, sizeof *z->displs);
+    if (!z->bounds || !z->counts || !z->displs) return fg_error_wrap(FG_ENOMEM, "%s setup", name);
+    fg_tensor *grads = fg_module_flat_grads(m);
+    size_t es = fg_dtype_size(fg_tensor_dtype(grads));
+    cut(fg_tensor_numel(grads), z->world, es, z->bounds);
+    int64_t gather = d.allgather_bucket_size ? d.allgather_bucket_size : DEFAULT_BUCKET;
+    z->piece = FG_MAX(1, gather / z->world);
+    int64_t reduce = d.reduce_bucket_size ? d.reduce_bucket_size : DEFAULT_BUCKET;
+    double mb = (double)reduce * (double)es / 1048576.0;
+    /* Parameters no backward reached count with the gradient they hold
+     * (zero after zero_grad), as DeepSpeed reduces every bucket. */
+    fg_ddp_reducer_opts ro = {.bucket_cap_mb = mb,
+                              .first_bucket_mb = mb,
+                              .find_unused_parameters = true,
+                              .name = name,
+                              .owner_bounds = z->bounds,
+                              .world = z->world,
+                              .after_backward = s->mode == FG_MODE_ZERO1};
+    FG_TRY(fg__strategy_reducer_new(s, &ro));
+    /* last: a failure before leaves the optimizer as it was */
+    FG_TRY(fg__optimizer_shard_state(s->opt, z->bounds[z->rank], z->bounds[z->rank + 1]));
+    z->opt = s->opt;
+    fg__optimizer_set_hook(z->opt, &(fg_optim_hook){gather_params, detach, s});
+    return FG_OK;
+}
+
+void fg__zero_free(fg_strategy *s) {
+    fg_zero_state *z = s->zero;
+    if (!z) return;
+    if (z->opt) fg__optimizer_set_hook(z->opt, NULL);
+    fg_free(z->bounds);
+    fg_free(z->counts);
+    fg_free(z->displs);
+    fg_free(z);
+    s->zero = NULL;
+}
+
+fg_status fg__zero_clip(fg_strategy *s, double max_norm, double *total_norm) {
+    fg_zero_state *z = s->zero;
+    fg_tensor *g = fg_module_flat_grads(s->model);
+    fg_dtype dt = fg_tensor_dtype(g);
+    int64_t lo = z->bounds[z->rank], n = z->bounds[z->rank + 1] - lo;
+    char *mine = (char *)fg_tensor_data(g) + (size_t)lo * fg_dtype_size(dt);
+    double sq = 0;
+    FG_TRY(fg__sumsq(mine, dt, n, &sq));
+    fg_status st = fg_comm_allreduce(s->comm, &sq, &sq, 1, FG_F64, FG_SUM);
+    if (st != FG_OK)
+        return fg_error_wrap(st, "%s: clip_gradients: summing the shards' squares",
+                             fg_strategy_kind_name(s->kind));
+    double norm = sqrt(sq);
+    if (total_norm) *total_norm = norm;
+    if (max_norm > 0 && norm > max_norm) FG_TRY(fg__scale(mine, dt, n, max_norm / (norm + 1e-6)));
+    return FG_OK;
+}
