@@ -4,7 +4,10 @@
  * trainer counters and the program's own key/value strings as metadata.
  * Rank 0 writes (atomically, ckpt layer); all ranks read. A load keeps the
  * file's metadata in the fabric (f->loaded_meta: one block, the fg_kv array
- * followed by the strings it points at) until the next successful load. */
+ * followed by the strings it points at) until the next successful load.
+ * Under a sharding strategy the file is the same: rank 0 gathers the
+ * optimizer state first, and each rank loads its shard's range of it
+ * (fabric_shard.c). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,7 +80,10 @@ static fg_status add_param_views(fg_st_writer *w, fg_module *m, const char *pref
     return FG_OK;
 }
 
-static fg_status write_file(fg_fabric *f, const char *path, const fg_train_state *st) {
+/* states: the optimizer's state buffers, whole (NULL entries: the
+ * optimizer's own, which are then whole). */
+static fg_status write_file(fg_fabric *f, const char *path, const fg_train_state *st,
+                            fg_tensor *const *states) {
     fg_module *m = st->model;
     FG_TRY(check_meta(st->meta, st->nmeta));
     int n = fg_module_num_params(m);
@@ -89,8 +95,8 @@ static fg_status write_file(fg_fabric *f, const char *path, const fg_train_state
     for (int k = 0; k < nstates && s == FG_OK; k++) {
         char prefix[96];
         snprintf(prefix, sizeof prefix, "optimizer.%s.", fg_optimizer_state_name(st->optimizer, k));
-        s = add_param_views(w, m, prefix, fg_optimizer_state(st->optimizer, k),
-                            names + n * (k + 1));
+        fg_tensor *state = states[k] ? states[k] : fg_optimizer_state(st->optimizer, k);
+        s = add_param_views(w, m, prefix, state, names + n * (k + 1));
     }
     char num[64];
 #define META(k, v)                                                                                 \
@@ -125,8 +131,15 @@ static fg_status write_file(fg_fabric *f, const char *path, const fg_train_state
 
 fg_status fg_fabric_save(fg_fabric *f, const char *path, const fg_train_state *st) {
     if (!st || !st->model || !path) return fg_error(FG_EINVAL, "save: needs a path and a model");
+    int nstates = st->optimizer ? fg_optimizer_num_states(st->optimizer) : 0;
+    fg_tensor *full[FG_FABRIC_MAX_STATES] = {0};
+    if (nstates > FG_FABRIC_MAX_STATES)
+        return fg_error(FG_EINTERNAL, "save: %d optimizer states, at most %d", nstates,
+                        FG_FABRIC_MAX_STATES);
+    if (st->optimizer) FG_TRY(fg__fabric_gather_states(f, st->optimizer, full));
     fg_status s = FG_OK;
-    if (f->global_rank == 0) s = write_file(f, path, st);
+    if (f->global_rank == 0) s = write_file(f, path, st, full);
+    fg__fabric_free_states(full, nstates);
     /* Tell every rank whether the file is whole before anyone goes on. */
     int32_t ok = s == FG_OK;
     if (f->comm) {
@@ -138,10 +151,30 @@ fg_status fg_fabric_save(fg_fabric *f, const char *path, const fg_train_state *s
     return FG_OK;
 }
 
-/* Reads each parameter (or optimizer slice) by name into `flat`, collecting
- * every mismatch in msg. */
+/* Copies elements [lo, hi) of entry k (a parameter of pn elements) into
+ * dst: straight from the mapping when the dtypes agree, else through a
+ * converted copy of the whole entry. */
+static fg_status read_part(fg_st_file *file, int64_t k, const fg_st_info *info, void *dst,
+                           fg_dtype dt, int64_t pn, int64_t lo, int64_t hi) {
+    size_t es = fg_dtype_size(dt);
+    if (lo == 0 && hi == pn) return fg_st_read(file, k, dst, dt, pn);
+    if (info->has_dtype && info->dtype == dt) {
+        memcpy(dst, (const char *)fg_st_data(file, k) + (size_t)lo * es, (size_t)(hi - lo) * es);
+        return FG_OK;
+    }
+    void *tmp = fg_alloc((size_t)pn * es + 1);
+    if (!tmp) return fg_error_wrap(FG_ENOMEM, "reading \"%s\"", info->name);
+    fg_status s = fg_st_read(file, k, tmp, dt, pn);
+    if (s == FG_OK) memcpy(dst, (char *)tmp + (size_t)lo * es, (size_t)(hi - lo) * es);
+    fg_free(tmp);
+    return s;
+}
+
+/* Reads each parameter (or optimizer slice) by name into `flat`, which
+ * holds elements [rlo, rhi) of the flat layout (an optimizer's shard; all of
+ * it for the parameters), collecting every mismatch in msg. */
 static void read_views(fg_st_file *file, fg_module *m, const char *prefix, fg_tensor *flat,
-                       char *msg, size_t cap, int *nbad, bool *used) {
+                       int64_t rlo, int64_t rhi, char *msg, size_t cap, int *nbad, bool *used) {
     int n = fg_module_num_params(m);
     size_t es = fg_dtype_size(fg_tensor_dtype(flat));
     for (int i = 0; i < n; i++) {
@@ -171,8 +204,12 @@ static void read_views(fg_st_file *file, fg_module *m, const char *prefix, fg_te
             }
             continue;
         }
-        void *dst = (char *)fg_tensor_data(flat) + (size_t)fg_module_param_offset(m, i) * es;
-        if (fg_st_read(file, k, dst, fg_tensor_dtype(flat), fg_tensor_numel(p)) != FG_OK) {
+        int64_t off = fg_module_param_offset(m, i), pn = fg_tensor_numel(p);
+        int64_t lo = FG_MAX(off, rlo), hi = FG_MIN(off + pn, rhi);
+        if (lo >= hi) continue; /* another rank's shard */
+        void *dst = (char *)fg_tensor_data(flat) + (size_t)(lo - rlo) * es;
+        if (read_part(file, k, &info, dst, fg_tensor_dtype(flat), pn, lo - off, hi - off) !=
+            FG_OK) {
             len = strlen(msg);
             if ((*nbad)++ < 8) snprintf(msg + len, cap - len, "; %s", fg_last_error());
         }
@@ -234,12 +271,16 @@ fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st) {
         return FG_ENOMEM;
     }
     fg_module *m = st->model;
-    read_views(file, m, "", fg_module_flat_params(m), msg, sizeof msg, &nbad, used);
+    read_views(file, m, "", fg_module_flat_params(m), 0, fg_module_numel(m), msg, sizeof msg, &nbad,
+               used);
     fg_optimizer *opt = st->optimizer;
+    int64_t slo = 0, shi = 0;
+    fg_optimizer_state_range(opt, &slo, &shi);
     for (int k = 0; opt && k < fg_optimizer_num_states(opt); k++) {
         char prefix[96];
         snprintf(prefix, sizeof prefix, "optimizer.%s.", fg_optimizer_state_name(opt, k));
-        read_views(file, m, prefix, fg_optimizer_state(opt, k), msg, sizeof msg, &nbad, used);
+        read_views(file, m, prefix, fg_optimizer_state(opt, k), slo, shi, msg, sizeof msg, &nbad,
+                   used);
     }
     for (int64_t k = 0; k < count; k++) {
         fg_st_info info;

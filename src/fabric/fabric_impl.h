@@ -57,4 +57,12 @@ fg_status fg__fabric_scaler_unscale(fg_fabric *f);
 fg_status fg__fabric_scaler_save(fg_fabric *f, fg_st_writer *w);
 fg_status fg__fabric_scaler_load(fg_fabric *f, fg_st_file *file);
 
+/* fabric_shard.c: when the ranks' optimizers hold shards of their state
+ * (a sharding strategy), whole copies of opt's state buffers on rank 0 in
+ * full[0 .. nstates) (collective; NULL entries on the other ranks, and on
+ * every rank when no state is sharded); fg__fabric_free_states frees them. */
+#define FG_FABRIC_MAX_STATES 8
+fg_status fg__fabric_gather_states(fg_fabric *f, fg_optimizer *opt, fg_tensor **full);
+void fg__fabric_free_states(fg_tensor **full, int n);
+
 #endif

@@ -117,7 +117,11 @@ static int launch_reexec(fg_fabric *f, int (*run)(fg_fabric *, void *), void *ar
 void fg__spawn_snapshot(fg_fabric *f) {
     if (!f->forked_rank || f->global_rank != 0 || !f->model) return;
     fg_tensor *flat = fg_module_flat_params(f->model);
-    uint64_t nstate = f->opt ? (uint64_t)fg_optimizer_num_states(f->opt) : 0;
+    int64_t sb = 0, se = 0;
+    fg_optimizer_state_range(f->opt, &sb, &se);
+    /* a sharded state (not a strategy fork launches) is not rank 0's alone */
+    bool whole = f->opt && sb == 0 && se == fg_tensor_numel(flat);
+    uint64_t nstate = whole ? (uint64_t)fg_optimizer_num_states(f->opt) : 0;
     uint64_t bytes = fg_tensor_nbytes(flat);
     uint64_t hdr[3] = {bytes, nstate, f->opt ? (uint64_t)fg_optimizer_step_count(f->opt) : 0};
     size_t need = sizeof hdr + (size_t)bytes * (size_t)(1 + nstate);
@@ -189,7 +193,10 @@ fg_status fg_fabric_spawn_result(fg_fabric *f, fg_module *model, fg_optimizer *o
                         (unsigned long long)hdr[0], flat ? fg_tensor_nbytes(flat) : 0);
     const char *p = (const char *)f->spawn_blob + sizeof hdr;
     memcpy(fg_tensor_data(flat), p, hdr[0]);
-    if (opt && (uint64_t)fg_optimizer_num_states(opt) == hdr[1]) {
+    int64_t sb = 0, se = 0;
+    fg_optimizer_state_range(opt, &sb, &se);
+    if (opt && (uint64_t)fg_optimizer_num_states(opt) == hdr[1] && sb == 0 &&
+        se == fg_tensor_numel(flat)) {
         for (uint64_t k = 0; k < hdr[1]; k++)
             memcpy(fg_tensor_data(fg_optimizer_state(opt, (int)k)), p + (k + 1) * hdr[0], hdr[0]);
         fg_optimizer_set_step_count(opt, (int64_t)hdr[2]);

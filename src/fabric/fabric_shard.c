@@ -1,0 +1,90 @@
+/* Consolidated checkpoints under a sharding strategy. At save, rank 0
+ * gathers every rank's optimizer state shard into whole buffers (point to
+ * point, rank after rank) and writes one file, the same as ddp's; at load,
+ * every rank reads its own shard's range of each state tensor from that
+ * file, so a run resumes at another world size or under another strategy
+ * (the shards are cut again by the strategy of the run that loads).
+ * Sharded saves (a file per rank and an index) come with stage 3, whose
+ * parameters never exist whole on one rank.
+ *
+ * The shards are whatever the optimizers say they hold
+ * (fg_optimizer_state_range): the ranks agree on them first, and they must
+ * tile the flat layout in rank order. */
+#include <stdio.h>
+#include <string.h>
+
+#include "fabric_impl.h"
+
+void fg__fabric_free_states(fg_tensor **full, int n) {
+    for (int k = 0; k < n; k++) {
+        fg_tensor_free(full[k]);
+        full[k] = NULL;
+    }
+}
+
+/* Every rank's state range, in rank order, into ranges (2 x world). */
+static fg_status all_ranges(fg_fabric *f, const fg_optimizer *opt, int64_t *ranges) {
+    int64_t mine[2];
+    fg_optimizer_state_range(opt, &mine[0], &mine[1]);
+    if (!f->comm) {
+        memcpy(ranges, mine, sizeof mine);
+        return FG_OK;
+    }
+    return fg_comm_allgather(f->comm, mine, ranges, 2, FG_I64);
+}
+
+fg_status fg__fabric_gather_states(fg_fabric *f, fg_optimizer *opt, fg_tensor **full) {
+    int nstates = fg_optimizer_num_states(opt);
+    int world = f->comm ? fg_comm_size(f->comm) : 1, rank = f->comm ? fg_comm_rank(f->comm) : 0;
+    int64_t numel = fg_module_numel(fg_optimizer_module(opt));
+    for (int k = 0; k < nstates; k++) full[k] = NULL;
+    int64_t stackr[2 * 16], *ranges = world <= 16 ? stackr : fg_calloc(2 * (size_t)world, 8);
+    if (!ranges) return fg_error_wrap(FG_ENOMEM, "save: gathering the optimizer state");
+    fg_status s = all_ranges(f, opt, ranges);
+    bool whole = true, tiled = true;
+    for (int q = 0; s == FG_OK && q < world; q++) {
+        whole = whole && ranges[2 * q] == 0 && ranges[2 * q + 1] == numel;
+        tiled = tiled && ranges[2 * q] == (q ? ranges[2 * q - 1] : 0) &&
+                ranges[2 * q + 1] >= ranges[2 * q] && (q < world - 1 || ranges[2 * q + 1] == numel);
+    }
+    if (s != FG_OK || whole || nstates == 0) goto out; /* each rank holds it all, as ddp */
+    if (!tiled) {
+        s = fg_error(FG_EMISMATCH,
+                     "save: the ranks' optimizer state shards do not tile the %lld parameter "
+                     "elements in rank order (rank 0 holds [%lld, %lld))",
+                     (long long)numel, (long long)ranges[0], (long long)ranges[1]);
+        goto out;
+    }
+    fg_dtype dt = fg_tensor_dtype(fg_optimizer_state(opt, 0));
+    size_t es = fg_dtype_size(dt);
+    int32_t ok = 1;
+    if (rank == 0)
+        for (int k = 0; k < nstates && ok; k++) ok = (full[k] = fg_tensor_new(dt, 1, &numel)) != 0;
+    char msg[512] = "";
+    if (!ok) snprintf(msg, sizeof msg, "%s", fg_last_error());
+    if ((s = fg_comm_broadcast(f->comm, &ok, &ok, 1, FG_I32, 0)) != FG_OK) goto out;
+    if (!ok) {
+        s = rank == 0 ? fg_error(FG_ENOMEM, "save: rank 0 gathering the optimizer state: %s", msg)
+                      : fg_error(FG_ENOMEM, "save: rank 0 could not hold the optimizer state");
+        goto out;
+    }
+    for (int k = 0; k < nstates && s == FG_OK; k++) {
+        const char *mine = fg_tensor_data(fg_optimizer_state(opt, k));
+        int64_t n0 = ranges[2 * rank + 1] - ranges[2 * rank];
+        if (rank != 0) {
+            if (n0 > 0) s = fg_comm_send(f->comm, mine, n0, dt, 0);
+            continue;
+        }
+        char *dst = fg_tensor_data(full[k]);
+        memcpy(dst, mine, (size_t)n0 * es);
+        for (int q = 1; q < world && s == FG_OK; q++) {
+            int64_t nq = ranges[2 * q + 1] - ranges[2 * q];
+            if (nq > 0) s = fg_comm_recv(f->comm, dst + (size_t)ranges[2 * q] * es, nq, dt, q);
+        }
+    }
+    if (s != FG_OK) s = fg_error_wrap(s, "save: gathering the optimizer state on rank 0");
+out:
+    if (s != FG_OK) fg__fabric_free_states(full, nstates);
+    if (ranges != stackr) fg_free(ranges);
+    return s;
+}

@@ -1,0 +1,188 @@
+/* Checkpoints under the sharded strategies, through the fabric (ranks are
+ * forked processes that a custom cluster environment places): a save under
+ * deepspeed_stage_2 on 2 ranks is one whole file (rank 0 gathers the
+ * optimizer state); loading it and going on gives bitwise the parameters
+ * and optimizer state of the uninterrupted run, under stage 2 and under
+ * stage 1; and on 3 ranks the shards are cut again on load: stage 2,
+ * stage 1 and fsdp SHARD_GRAD_OP continue bitwise as ddp does from the same
+ * file. Clipping goes through fg_fabric_clip_gradients. */
+#include <math.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include "fulgur/fabric.h"
+#include "harness.h"
+
+#define STEPS 8
+#define SAVE_AT 4
+#define MAXN 8192
+
+typedef struct job {
+    const char *strategy;
+    fg_sharding_strategy sharding;
+    int world;
+    double clip;
+    bool save, load; /* save at SAVE_AT; start from the file */
+    char path[256], id[96];
+    /* results */
+    int64_t n;
+    float params[MAXN];   /* rank 0's final parameters */
+    float state[2][MAXN]; /* the optimizer state, each rank writing its range */
+    int64_t start_step;
+} job;
+
+static fg_module *make_model(void) {
+    return fg_gpt_new(
+        &(fg_gpt_config){.vocab = 17, .ctx = 8, .layers = 2, .heads = 2, .embd = 16, .seed = 5});
+}
+
+static void batch_rows(int step, int64_t r0, int64_t n, fg_tensor **x, fg_tensor **y) {
+    int64_t sh[2] = {n, 8};
+    *x = fg_empty(FG_I32, 2, sh);
+    *y = fg_empty(FG_I32, 2, sh);
+    for (int64_t i = 0; i < n * 8; i++) {
+        uint64_t k = (uint64_t)step * 1000003u + (uint64_t)(r0 * 8 + i);
+        ((int32_t *)fg_tensor_data(*x))[i] = (int32_t)(fg_rng_u32_at(11, k) % 17);
+        ((int32_t *)fg_tensor_data(*y))[i] = (int32_t)(fg_rng_u32_at(12, k) % 17);
+    }
+}
+
+static int g_rank; /* this forked process's rank, for the cluster callback */
+
+static fg_status cluster(void *ud, fg_cluster_info *out) {
+    const job *j = ud;
+    *out = (fg_cluster_info){.rank = g_rank,
+                             .world_size = j->world,
+                             .local_rank = g_rank,
+                             .local_world_size = j->world,
+                             .num_nodes = 1,
+                             .source = "test"};
+    snprintf(out->job_id, sizeof out->job_id, "%s", j->id);
+    return FG_OK;
+}
+
+static int train(fg_fabric *f, void *arg) {
+    job *j = arg;
+    int rank = fg_fabric_global_rank(f);
+    fg_module *m = make_model();
+    fg_optimizer *o = fg_adamw_new(m, &(fg_adamw_opts){.lr = 1e-2, .weight_decay = 0.1});
+    int bad = fg_fabric_setup(f, m, o) != FG_OK;
+    int start = 0;
+    if (!bad && j->load) {
+        fg_train_state st = {.model = m, .optimizer = o};
+        bad |= fg_fabric_load(f, j->path, &st) != FG_OK;
+        start = (int)st.step;
+        j->start_step = st.step;
+    }
+    for (int step = start; step < STEPS && !bad; step++) {
+        fg_optimizer_zero_grad(o);
+        fg_tensor *x, *y;
+        batch_rows(step, rank * 2, 2, &x, &y);
+        bad |= fg_fabric_backward(f, fg_cross_entropy(fg_module_forward(m, x), y, -100)) != FG_OK;
+        if (!bad && j->clip > 0) bad |= fg_fabric_clip_gradients(f, j->clip, NULL) != FG_OK;
+        if (!bad) bad |= fg_optimizer_step(o) != FG_OK;
+        fg_fabric_step_end(f);
+        if (!bad && j->save && step + 1 == SAVE_AT) {
+            fg_train_state st = {.model = m, .optimizer = o, .step = SAVE_AT};
+            bad |= fg_fabric_save(f, j->path, &st) != FG_OK;
+        }
+    }
+    if (bad) fprintf(stderr, "rank %d (%s): %s\n", rank, j->strategy, fg_last_error());
+    fg_tensor *flat = fg_module_flat_params(m);
+    j->n = fg_tensor_numel(flat);
+    if (rank == 0) memcpy(j->params, fg_tensor_data(flat), sizeof(float) * (size_t)j->n);
+    int64_t b, e;
+    fg_optimizer_state_range(o, &b, &e);
+    for (int k = 0; k < 2 && rank < j->world; k++)
+        memcpy(j->state[k] + b, fg_tensor_data(fg_optimizer_state(o, k)),
+               sizeof(float) * (size_t)(e - b));
+    fg_optimizer_free(o);
+    fg_module_free(m);
+    return bad;
+}
+
+static int rank_main(int rank, int n, void *arg) {
+    (void)n;
+    job *j = arg;
+    g_rank = rank;
+    fg_fabric *f = fg_fabric_new(&(fg_fabric_config){.strategy = j->strategy,
+                                                     .threads_per_rank = 1,
+                                                     .sharded.sharding_strategy = j->sharding,
+                                                     .sharded.reduce_bucket_size = 700,
+                                                     .cluster = cluster,
+                                                     .cluster_ud = j});
+    if (!f) {
+        fprintf(stderr, "rank %d: %s\n", rank, fg_last_error());
+        return 1;
+    }
+    int rc = fg_fabric_launch(f, train, j);
+    fg_fabric_free(f);
+    return rc;
+}
+
+static job *run_job(const char *strategy, fg_sharding_strategy sharding, int world, double clip,
+                    bool save, bool load, const char *path) {
+    job *j = mmap(NULL, sizeof *j, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    memset(j, 0, sizeof *j);
+    j->strategy = strategy;
+    j->sharding = sharding;
+    j->world = world;
+    j->clip = clip;
+    j->save = save;
+    j->load = load;
+    snprintf(j->path, sizeof j->path, "%s", path);
+    static int seq;
+    snprintf(j->id, sizeof j->id, "t-fzero-%d-%d", getpid(), seq++);
+    int failed = fg_test_fork_ranks(world, rank_main, j, 120);
+    CHECK_MSG(failed == 0, "%s on %d ranks: %d ranks failed", strategy, world, failed);
+    if (failed) j->n = 0;
+    return j;
+}
+
+static void check_same(const job *a, const job *b, const char *what) {
+    if (!a->n || !b->n) return;
+    CHECK(a->n == b->n);
+    CHECK_MSG(!memcmp(a->params, b->params, sizeof(float) * (size_t)a->n), "%s: parameters differ",
+              what);
+    for (int k = 0; k < 2; k++)
+        CHECK_MSG(!memcmp(a->state[k], b->state[k], sizeof(float) * (size_t)a->n),
+                  "%s: optimizer state %d differs", what, k);
+}
+
+static void release(job *j) { munmap(j, sizeof *j); }
+
+TEST(zero_save_load_continue_bitwise) {
+    char dir[] = "/tmp/fg-zero-ckpt-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[256];
+    snprintf(path, sizeof path, "%s/step-%d.safetensors", dir, SAVE_AT);
+    /* uninterrupted, saving on the way */
+    job *u = run_job("deepspeed_stage_2", 0, 2, 0.5, true, false, path);
+    struct stat sb;
+    CHECK(stat(path, &sb) == 0);
+    /* the same world size: stage 2 and stage 1 go on as the run that saved */
+    job *r2 = run_job("deepspeed_stage_2", 0, 2, 0.5, false, true, path);
+    CHECK(r2->start_step == SAVE_AT);
+    check_same(u, r2, "stage 2 resumed on 2 ranks vs uninterrupted");
+    job *r1 = run_job("deepspeed_stage_1", 0, 2, 0.5, false, true, path);
+    check_same(u, r1, "stage 1 resumed on 2 ranks vs stage 2 uninterrupted");
+    /* 3 ranks: the shards are cut again; each sharded strategy goes on as
+     * ddp does from the same file */
+    job *d3 = run_job("ddp", 0, 3, 0, false, true, path);
+    job *z3 = run_job("deepspeed_stage_2", 0, 3, 0, false, true, path);
+    job *o3 = run_job("deepspeed_stage_1", 0, 3, 0, false, true, path);
+    job *f3 = run_job("fsdp", FG_SHARDING_SHARD_GRAD_OP, 3, 0, false, true, path);
+    check_same(d3, z3, "stage 2 resumed on 3 ranks vs ddp");
+    check_same(d3, o3, "stage 1 resumed on 3 ranks vs ddp");
+    check_same(d3, f3, "fsdp SHARD_GRAD_OP resumed on 3 ranks vs ddp");
+    /* and the sharded file is the one ddp writes: ddp on 2 ranks resumes it
+     * as stage 2 does (no clipping: ddp's norm sums in another order) */
+    job *u0 = run_job("deepspeed_stage_2", 0, 2, 0, true, false, path);
+    job *dd = run_job("ddp", 0, 2, 0, false, true, path);
+    check_same(u0, dd, "ddp resumed from a stage 2 file vs stage 2 uninterrupted");
+    job *all[] = {u, r2, r1, d3, z3, o3, f3, u0, dd};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(all[i]);
+    unlink(path);
+    rmdir(dir);
+}
