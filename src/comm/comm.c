@@ -3,7 +3,11 @@
  *
  * Invariants: backends see only valid arguments; every operation gets the
  * next sequence number at issue, in the caller's thread, so blocking and
- * asynchronous calls share one numbering; at most one thread runs backend
+ * asynchronous calls share one numbering; collectives and point to point
+ * are numbered apart (a collective's number is part of the signature the
+ * ranks compare, and only two ranks take part in a send/recv, so a rank
+ * that sent or received more than another must still meet it at the next
+ * collective); at most one thread runs backend
  * code of a communicator at a time (the caller when nothing is queued, else
  * the progress thread), so operations run in issue order. */
 #include <stdio.h>
@@ -422,7 +426,7 @@ static fg_status wait_req(fg_comm_req *r) {
 /* Runs an operation in issue order: at once on this thread when nothing is
  * queued, else behind the queued requests. */
 static fg_status run(fg_comm *c, fg_comm_args *a) {
-    a->seq = ++c->seq;
+    a->seq = is_collective(a->op) ? ++c->seq : ++c->p2p_seq;
     pthread_mutex_lock(&c->mu);
     if (c->pending == 0) {
         pthread_mutex_unlock(&c->mu);
@@ -441,7 +445,7 @@ static fg_status submit(fg_comm *c, fg_comm_args *a, fg_comm_req **req) {
     *req = NULL;
     fg_comm_req *r = fg_calloc(1, sizeof *r);
     if (!r) return FG_ENOMEM;
-    a->seq = ++c->seq;
+    a->seq = is_collective(a->op) ? ++c->seq : ++c->p2p_seq;
     r->a = *a;
     if (a->op == FG_OP_ALLGATHERV) {
         r->vec = fg_alloc(sizeof(int64_t) * 2 * (size_t)c->size);

@@ -95,7 +95,8 @@ struct fg_comm {
     bool no_async;     /* the backend cannot run on another thread: i-forms run at once */
     char job_key[80];  /* sanitized job id: names shm segments */
     char group_id[96]; /* "w" for the world, parent id + ".s<n>c<color>" below */
-    uint64_t seq;      /* operations issued (caller thread) */
+    uint64_t seq;      /* collectives issued (caller thread) */
+    uint64_t p2p_seq;  /* sends and receives issued, numbered apart */
     int nsplit;
 
     /* broken state: the first error that broke the group, then every call fails */

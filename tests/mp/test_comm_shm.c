@@ -280,3 +280,37 @@ static int split_rank(int rank, int n, void *arg) {
 }
 
 TEST(split_by_color_and_key) { CHECK(fg_test_fork_ranks(6, split_rank, NULL, 120) == 0); }
+
+/* Rank 0 gathers by point to point, as a consolidated checkpoint does: it
+ * receives once from each other rank, which send once each, so rank 0 makes
+ * more sends and receives than any other. The next collectives still meet
+ * (collectives are numbered apart from point to point), with and without
+ * FULGUR_COMM_CHECK's comparison of the calls. */
+static int gather_p2p_rank(int rank, int n, void *arg) {
+    bool check = arg != NULL;
+    if (check) setenv("FULGUR_COMM_CHECK", "1", 1);
+    fg_comm *c;
+    if (init_rank(rank, n, check ? "p2pc" : "p2p", &c)) return 1;
+    for (int round = 0; round < 3; round++) {
+        int64_t mine[2] = {rank, 100 * round + rank}, got[2];
+        if (rank == 0) {
+            for (int q = 1; q < n; q++) {
+                CHECK_OK(fg_comm_recv(c, got, 2, FG_I64, q));
+                CHECK(got[0] == q && got[1] == 100 * round + q);
+            }
+        } else {
+            CHECK_OK(fg_comm_send(c, mine, 2, FG_I64, 0));
+        }
+        int64_t s = 0;
+        CHECK_OK(fg_comm_allreduce(c, &mine[0], &s, 1, FG_I64, FG_SUM));
+        CHECK(s == (int64_t)n * (n - 1) / 2);
+        CHECK_OK(fg_comm_broadcast(c, &s, &s, 1, FG_I64, 0));
+    }
+    fg_comm_free(c);
+    return 0;
+}
+
+TEST(collectives_after_uneven_point_to_point) {
+    CHECK(fg_test_fork_ranks(3, gather_p2p_rank, NULL, 60) == 0);
+    CHECK(fg_test_fork_ranks(3, gather_p2p_rank, "check", 60) == 0);
+}
