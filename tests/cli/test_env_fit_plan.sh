@@ -88,6 +88,8 @@ same 'ddp_spawn on 2' "" --devices 2 --strategy ddp_spawn
 same 'ddp_fork on 2' "" --devices "0,1" --strategy ddp_fork
 same 'ddp_notebook on 2' "" --devices 2 --strategy ddp_notebook
 same 'dp on 2' "" --devices 2 --strategy dp
+same 'deepspeed_stage_1 on 2' "" --devices 2 --strategy deepspeed_stage_1
+same 'deepspeed (stage 2) on 3' "" --devices 3 --strategy deepspeed
 same 'single' "" --devices 1 --strategy single
 same 'upper-case names' "" --accelerator CPU --devices 2 --strategy DDP
 same 'precision 64' "" --devices 1 --precision 64
@@ -113,7 +115,7 @@ refused 'accelerator ipu' 'accelerator="ipu": fulgur does not support it' "" --a
 refused 'accelerator hpu' 'accelerator="hpu": fulgur does not support it' "" --accelerator hpu
 refused 'accelerator gpu' 'accelerator="gpu": .*use "cpu" or "auto"' "" --accelerator gpu
 refused 'unknown strategy' 'strategy="ddp3": unknown; expected one of auto, single, dp, ddp' "" --strategy ddp3
-refused 'strategy not built yet' 'strategy="FSDP": not built yet' "" --devices 2 --strategy FSDP
+refused 'strategy not built yet' 'strategy="DeepSpeed_Stage_3": not built yet' "" --devices 2 --strategy DeepSpeed_Stage_3
 refused 'single on 2 devices' 'runs on one device, but devices gives 2' "" --devices 2 --strategy single
 refused 'precision not built yet' 'precision="bf16-true": not built yet.*available: 32-true.*bf16-mixed' "" --precision bf16-true
 refused 'unknown precision' 'precision="12": unknown' "" --precision 12

@@ -25,6 +25,7 @@ typedef struct job {
     double clip;
     bool save, load; /* save at SAVE_AT; start from the file */
     char path[256], id[96];
+    char save_end[256]; /* if set: save there after the last step */
     /* results */
     int64_t n;
     float params[MAXN];   /* rank 0's final parameters */
@@ -88,6 +89,10 @@ static int train(fg_fabric *f, void *arg) {
             bad |= fg_fabric_save(f, j->path, &st) != FG_OK;
         }
     }
+    if (!bad && j->save_end[0]) {
+        fg_train_state st = {.model = m, .optimizer = o, .step = STEPS};
+        bad |= fg_fabric_save(f, j->save_end, &st) != FG_OK;
+    }
     if (bad) fprintf(stderr, "rank %d (%s): %s\n", rank, j->strategy, fg_last_error());
     fg_tensor *flat = fg_module_flat_params(m);
     j->n = fg_tensor_numel(flat);
@@ -122,7 +127,7 @@ static int rank_main(int rank, int n, void *arg) {
 }
 
 static job *run_job(const char *strategy, fg_sharding_strategy sharding, int world, double clip,
-                    bool save, bool load, const char *path) {
+                    bool save, bool load, const char *path, const char *save_end) {
     job *j = mmap(NULL, sizeof *j, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     memset(j, 0, sizeof *j);
     j->strategy = strategy;
@@ -132,6 +137,7 @@ static job *run_job(const char *strategy, fg_sharding_strategy sharding, int wor
     j->save = save;
     j->load = load;
     snprintf(j->path, sizeof j->path, "%s", path);
+    snprintf(j->save_end, sizeof j->save_end, "%s", save_end ? save_end : "");
     static int seq;
     snprintf(j->id, sizeof j->id, "t-fzero-%d-%d", getpid(), seq++);
     int failed = fg_test_fork_ranks(world, rank_main, j, 120);
@@ -152,37 +158,69 @@ static void check_same(const job *a, const job *b, const char *what) {
 
 static void release(job *j) { munmap(j, sizeof *j); }
 
+/* The file at path holds j's final parameters and optimizer state, bitwise. */
+static void check_file(const char *path, const job *j) {
+    if (!j->n) return;
+    fg_st_file *file = fg_st_open(path);
+    CHECK_MSG(file, "%s", fg_last_error());
+    if (!file) return;
+    fg_module *m = make_model();
+    static const char *const prefix[3] = {"", "optimizer.exp_avg.", "optimizer.exp_avg_sq."};
+    const float *want[3] = {j->params, j->state[0], j->state[1]};
+    int bad = 0;
+    float *buf = malloc(sizeof(float) * MAXN);
+    for (int k = 0; k < 3; k++)
+        for (int64_t i = 0; i < fg_module_num_params(m); i++) {
+            char name[256];
+            snprintf(name, sizeof name, "%s%s", prefix[k], fg_module_param_name(m, i));
+            int64_t e = fg_st_find(file, name), n = fg_tensor_numel(fg_module_param(m, i));
+            if (e < 0 || fg_st_read(file, e, buf, FG_F32, n) != FG_OK ||
+                memcmp(buf, want[k] + fg_module_param_offset(m, i), sizeof(float) * (size_t)n))
+                bad++;
+        }
+    CHECK_MSG(bad == 0, "%s: %d tensors differ from what the ranks held", path, bad);
+    free(buf);
+    fg_module_free(m);
+    fg_st_close(file);
+}
+
 TEST(zero_save_load_continue_bitwise) {
     char dir[] = "/tmp/fg-zero-ckpt-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     char path[256];
     snprintf(path, sizeof path, "%s/step-%d.safetensors", dir, SAVE_AT);
     /* uninterrupted, saving on the way */
-    job *u = run_job("deepspeed_stage_2", 0, 2, 0.5, true, false, path);
+    job *u = run_job("deepspeed_stage_2", 0, 2, 0.5, true, false, path, NULL);
     struct stat sb;
     CHECK(stat(path, &sb) == 0);
     /* the same world size: stage 2 and stage 1 go on as the run that saved */
-    job *r2 = run_job("deepspeed_stage_2", 0, 2, 0.5, false, true, path);
+    job *r2 = run_job("deepspeed_stage_2", 0, 2, 0.5, false, true, path, NULL);
     CHECK(r2->start_step == SAVE_AT);
     check_same(u, r2, "stage 2 resumed on 2 ranks vs uninterrupted");
-    job *r1 = run_job("deepspeed_stage_1", 0, 2, 0.5, false, true, path);
+    job *r1 = run_job("deepspeed_stage_1", 0, 2, 0.5, false, true, path, NULL);
     check_same(u, r1, "stage 1 resumed on 2 ranks vs stage 2 uninterrupted");
     /* 3 ranks: the shards are cut again; each sharded strategy goes on as
      * ddp does from the same file */
-    job *d3 = run_job("ddp", 0, 3, 0, false, true, path);
-    job *z3 = run_job("deepspeed_stage_2", 0, 3, 0, false, true, path);
-    job *o3 = run_job("deepspeed_stage_1", 0, 3, 0, false, true, path);
-    job *f3 = run_job("fsdp", FG_SHARDING_SHARD_GRAD_OP, 3, 0, false, true, path);
+    job *d3 = run_job("ddp", 0, 3, 0, false, true, path, NULL);
+    char end3[256];
+    snprintf(end3, sizeof end3, "%s/end3.safetensors", dir);
+    job *z3 = run_job("deepspeed_stage_2", 0, 3, 0, false, true, path, end3);
+    job *o3 = run_job("deepspeed_stage_1", 0, 3, 0, false, true, path, NULL);
+    job *f3 = run_job("fsdp", FG_SHARDING_SHARD_GRAD_OP, 3, 0, false, true, path, NULL);
     check_same(d3, z3, "stage 2 resumed on 3 ranks vs ddp");
     check_same(d3, o3, "stage 1 resumed on 3 ranks vs ddp");
     check_same(d3, f3, "fsdp SHARD_GRAD_OP resumed on 3 ranks vs ddp");
+    /* a save on 3 ranks (rank 0 gathers from two others): the file holds
+     * what the ranks held, whole */
+    check_file(end3, z3);
     /* and the sharded file is the one ddp writes: ddp on 2 ranks resumes it
      * as stage 2 does (no clipping: ddp's norm sums in another order) */
-    job *u0 = run_job("deepspeed_stage_2", 0, 2, 0, true, false, path);
-    job *dd = run_job("ddp", 0, 2, 0, false, true, path);
+    job *u0 = run_job("deepspeed_stage_2", 0, 2, 0, true, false, path, NULL);
+    job *dd = run_job("ddp", 0, 2, 0, false, true, path, NULL);
     check_same(u0, dd, "ddp resumed from a stage 2 file vs stage 2 uninterrupted");
     job *all[] = {u, r2, r1, d3, z3, o3, f3, u0, dd};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(all[i]);
     unlink(path);
+    unlink(end3);
     rmdir(dir);
 }

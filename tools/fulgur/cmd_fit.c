@@ -25,6 +25,7 @@ int cmd_fit(int argc, char **argv) {
         .precision = o.precision,
         .num_nodes = (int)o.num_nodes,
         .seed = (uint64_t)o.seed,
+        .sharded = o.sharded,
     });
     if (!f) {
         /* bad devices/strategy/precision: usage; anything else (memory, I/O) a failure */

@@ -32,6 +32,10 @@ typedef struct fit_opts {
     /* devices and strategy (Lightning's names) */
     const char *accelerator, *devices, *strategy, *precision;
     int64_t num_nodes;
+    /* the sharded strategies (Lightning's DeepSpeedStrategy / FSDPStrategy) */
+    const char *sharding_strategy; /* fsdp: as given; parsed into `sharded` */
+    int64_t reduce_bucket_size, allgather_bucket_size;
+    fg_sharded_opts sharded;
     /* loop */
     int64_t max_epochs, max_steps, batch_size, accumulate, num_workers;
     double clip, lr, min_lr_ratio, weight_decay, momentum;

@@ -2,7 +2,9 @@
  * defaults, and every check that can be made before a rank starts, so that a
  * typo costs exit code 2 and one line, not a launched job. Accelerator,
  * devices, strategy, precision and num-nodes are checked by fg_fabric_new in
- * cmd_fit.c (the launch layer's plan, as `fulgur env` makes it). */
+ * cmd_fit.c (the launch layer's plan, as `fulgur env` makes it), and so are
+ * the sharded strategies' options (fsdp's default FULL_SHARD is refused
+ * there); here only that they parse and go with a sharded strategy. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,7 +61,18 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .help = "ranks on this node: auto (1, or the launcher's), N, -1 (one per CPU device), or "
               "ids \"0,2\" / \"[0, 2]\"");
     F(.name = "strategy", .type = CLI_STR, .dst = &o->strategy, .def = "auto",
-      .help = "auto, single, dp, ddp, ddp_spawn, ddp_fork");
+      .help = "auto, single, dp, ddp, ddp_spawn, ddp_fork, deepspeed_stage_1, deepspeed_stage_2, "
+              "fsdp (with --sharding-strategy)");
+    F(.name = "sharding-strategy", .type = CLI_STR, .dst = &o->sharding_strategy,
+      .help = "fsdp: SHARD_GRAD_OP (= deepspeed_stage_2) or NO_SHARD (= ddp); FULL_SHARD "
+              "(fsdp's default) and HYBRID_SHARD not built yet");
+    F(.name = "reduce-bucket-size", .type = CLI_INT, .dst = &o->reduce_bucket_size, .def = "0",
+      .min = 0, .max = INT64_MAX / 2,
+      .help = "sharded strategies: elements per gradient reduce-scatter bucket (0: 200000000)");
+    F(.name = "allgather-bucket-size", .type = CLI_INT, .dst = &o->allgather_bucket_size,
+      .def = "0", .min = 0, .max = INT64_MAX / 2,
+      .help = "sharded strategies: elements per parameter all-gather after each step "
+              "(0: 200000000)");
     F(.name = "precision", .type = CLI_STR, .dst = &o->precision, .def = "32-true",
       .help = "32-true (32), 64-true (64); 16-mixed, bf16-mixed, 16-true, bf16-true not built yet");
     F(.name = "num-nodes", .type = CLI_INT, .dst = &o->num_nodes, .def = "0", .min = 0,
@@ -138,12 +151,48 @@ static bool ends_with(const char *s, const char *suffix) {
     return a >= b && !strcmp(s + a - b, suffix);
 }
 
+/* The sharded strategies' flags: parsed, and refused with a strategy they
+ * do not belong to (one that does not parse is fg_fabric_new's to report). */
+static int sharded_args(fit_opts *o, cli_flag *flags, int n) {
+    fg_strategy_kind kind;
+    bool known = fg_launch_parse_strategy(o->strategy, 1, 1, &kind) == FG_OK;
+    fg_clear_error();
+    if (o->sharding_strategy) {
+        if (fg_sharding_strategy_parse(o->sharding_strategy, &o->sharded.sharding_strategy) !=
+            FG_OK) {
+            cli_error("--sharding-strategy=\"%s\": expected one of FULL_SHARD, SHARD_GRAD_OP, "
+                      "NO_SHARD, HYBRID_SHARD (any case)",
+                      o->sharding_strategy);
+            return FG_EXIT_USAGE;
+        }
+        if (known && kind != FG_STRATEGY_FSDP) {
+            cli_error("--sharding-strategy is fsdp's (Lightning's FSDPStrategy); --strategy=%s "
+                      "takes none",
+                      o->strategy);
+            return FG_EXIT_USAGE;
+        }
+    }
+    static const char *const k_buckets[] = {"reduce-bucket-size", "allgather-bucket-size", NULL};
+    for (int i = 0; k_buckets[i]; i++)
+        if (known && !fg_strategy_kind_is_sharded(kind) &&
+            cli_flags_find(flags, n, k_buckets[i])->seen) {
+            cli_error("--%s is for the sharded strategies (deepspeed_stage_1, deepspeed_stage_2, "
+                      "fsdp); --strategy=%s has no such buckets",
+                      k_buckets[i], o->strategy);
+            return FG_EXIT_USAGE;
+        }
+    o->sharded.reduce_bucket_size = o->reduce_bucket_size;
+    o->sharded.allgather_bucket_size = o->allgather_bucket_size;
+    return 0;
+}
+
 int fit_args_parse(fit_opts *o, int argc, char **argv) {
     memset(o, 0, sizeof *o);
     cli_flag flags[64];
     int n = build_flags(o, flags);
     int rc = cli_flags_parse(flags, n, argc, argv, USAGE, NULL, 0, NULL);
     if (rc) return rc;
+    if ((rc = sharded_args(o, flags, n))) return rc;
     o->kind = !strcmp(o->model, "mlp") ? FIT_MLP : FIT_GPT;
     if (!o->data) {
         cli_error("--data is required: a text file or folder, a .bin token file, or (mlp) a .npy");

@@ -403,6 +403,13 @@ int fit_run(fg_fabric *f, void *arg) {
                c.world, c.world == 1 ? "" : "s", fg_fabric_strategy_name(f),
                (long long)o->batch_size, c.world, c.world == 1 ? "" : "s", (long long)o->accumulate,
                (long long)(o->batch_size * c.world * o->accumulate), (long long)total, o->root_dir);
+        int64_t sb, se;
+        fg_optimizer_state_range(c.opt, &sb, &se);
+        if (se - sb < nparams) /* a sharding strategy cut the optimizer's state */
+            printf("optimizer state sharded: rank 0 holds %lld of %lld elements per state "
+                   "buffer (%s x %d)\n",
+                   (long long)(se - sb), (long long)nparams, fg_optimizer_name(c.opt),
+                   fg_optimizer_num_states(c.opt));
         fflush(stdout);
     }
     c.last_val = NAN;

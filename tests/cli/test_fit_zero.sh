@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# fulgur fit with the sharded strategies on 2 and 3 ranks of a tiny GPT:
+# deepspeed_stage_2, deepspeed_stage_1 and fsdp --sharding-strategy
+# SHARD_GRAD_OP write bitwise ddp's checkpoint (clipping off; small buckets);
+# the checkpoint is whole (optimizer state at the parameters' shapes); a
+# stage-2 run resumes bitwise (40 == 20 + resume + 20, clipping on), and on
+# 3 ranks under stage 1 as ddp does from the same file; fsdp without a
+# sharding strategy (FULL_SHARD) and the sharded flags with another strategy
+# are usage errors. FULGUR_CPU_DEVICES=4 makes 3 ranks possible on 2 cores.
+source "$(dirname "$0")/lib.sh"
+echo "test_fit_zero: fulgur fit --strategy deepspeed_stage_1|deepspeed_stage_2|fsdp"
+export FULGUR_CPU_DEVICES=4
+TXT="$T_TMP/tiny.txt"
+for i in $(seq 1 12); do
+    echo "to be or not to be, that is the question."
+    echo "whether tis nobler in the mind to suffer"
+done >"$TXT"
+TINY=(--model gpt --data "$TXT" --layers 1 --heads 2 --embd 32 --ctx 32 --batch-size 2
+      --lr 3e-3 --warmup-steps 5 --limit-val-batches 1 --val-check-interval 0 --progress none
+      --num-workers 0 --sample-tokens 0 --ckpt-every 0)
+
+# fits NAME EXTRA...: a run of 12 steps without clipping into $T_TMP/run-NAME
+fits() {
+    local name=$1; shift
+    run "$name" "$FULGUR" fit "${TINY[@]}" --max-steps 12 --gradient-clip-val 0 \
+        --default-root-dir "$T_TMP/run-$name" "$@"
+}
+# same_ckpt LABEL A B: every tensor of runs A's and B's last checkpoints bitwise equal
+same_ckpt() {
+    run "diff-$1" "$FULGUR" ckpt diff "$T_TMP/run-$2/checkpoints/last.safetensors" \
+        "$T_TMP/run-$3/checkpoints/last.safetensors" --exit-code
+    expect_rc "$1 (ckpt diff --exit-code)" 0 "diff-$1"
+    expect_grep "$1: every tensor bitwise equal" "diff-$1" \
+        '^overall max \|A-B\| = 0 over [0-9]+ common tensors \([0-9]+ bitwise equal, 0 with other shapes, 0 in one file only'
+}
+
+fits ddp --devices 2 --strategy ddp
+expect_rc "ddp on 2 ranks" 0 ddp
+fits z2 --devices 2 --strategy deepspeed_stage_2 --reduce-bucket-size 2000 --allgather-bucket-size 3000
+expect_rc "deepspeed_stage_2 on 2 ranks" 0 z2
+expect_grep "the plan names the strategy" z2 '^launch plan: deepspeed_stage_2 on cpu, 2 ranks'
+expect_grep "rank 0 holds half the optimizer state" z2 \
+    '^optimizer state sharded: rank 0 holds [0-9]+ of [0-9]+ elements per state buffer \(AdamW x 2\)'
+same_ckpt "deepspeed_stage_2 == ddp" ddp z2
+fits z1 --devices 2 --strategy deepspeed_stage_1
+expect_rc "deepspeed_stage_1 on 2 ranks" 0 z1
+same_ckpt "deepspeed_stage_1 == ddp" ddp z1
+fits fsdp --devices 2 --strategy fsdp --sharding-strategy shard_grad_op --reduce-bucket-size 5000
+expect_rc "fsdp SHARD_GRAD_OP on 2 ranks" 0 fsdp
+same_ckpt "fsdp SHARD_GRAD_OP == ddp" ddp fsdp
+fits noshard --devices 2 --strategy fsdp --sharding-strategy NO_SHARD
+expect_rc "fsdp NO_SHARD on 2 ranks" 0 noshard
+same_ckpt "fsdp NO_SHARD == ddp" ddp noshard
+
+# the checkpoint is whole: the optimizer state at the parameters' shapes
+run show "$FULGUR" ckpt show "$T_TMP/run-z2/checkpoints"
+expect_grep "whole optimizer state in the file" show \
+    '^  optimizer\.exp_avg\.transformer\.h\.0\.mlp\.c_fc\.weight +F32 +\[128, 32\]'
+expect_grep "the file says which strategy wrote it" show '^  strategy = deepspeed_stage_2$'
+
+# resume: 40 straight == 20 + resume + 20, bitwise, clipping on
+common=("${TINY[@]}" --devices 2 --strategy deepspeed_stage_2 --lr-decay-steps 40)
+run ra "$FULGUR" fit "${common[@]}" --max-steps 40 --default-root-dir "$T_TMP/run-A"
+run rb1 "$FULGUR" fit "${common[@]}" --max-steps 20 --default-root-dir "$T_TMP/run-B"
+run rb2 "$FULGUR" fit "${common[@]}" --max-steps 40 --default-root-dir "$T_TMP/run-B" --resume last
+expect_rc "stage 2 resumed" 0 rb2
+expect_grep "the resumed run says so" rb2 'resumed from .*step-00000020.safetensors at step 20'
+same_ckpt "stage 2: 40 steps == 20 + resume + 20" A B
+# on 3 ranks, stage 1 goes on from that file as ddp does (the shards cut again)
+three=("${TINY[@]}" --devices 3 --max-steps 30 --gradient-clip-val 0 --lr-decay-steps 40
+       --resume "$T_TMP/run-B/checkpoints/step-00000020.safetensors")
+run r3d "$FULGUR" fit "${three[@]}" --strategy ddp --default-root-dir "$T_TMP/run-C3"
+run r3z "$FULGUR" fit "${three[@]}" --strategy deepspeed_stage_1 --default-root-dir "$T_TMP/run-Z3"
+expect_rc "stage 1 on 3 ranks resumes a 2-rank stage 2 checkpoint" 0 r3z
+same_ckpt "stage 1 on 3 ranks == ddp on 3 ranks from the same file" C3 Z3
+
+# usage errors: exit 2 before any rank starts
+run full "$FULGUR" fit "${TINY[@]}" --devices 2 --strategy fsdp
+expect_rc "fsdp without --sharding-strategy" 2 full
+expect_grep "FULL_SHARD is not built yet, says what is" full \
+    'strategy="fsdp": not built yet in this fulgur with sharding_strategy FULL_SHARD, fsdp.s default.*built: SHARD_GRAD_OP'
+run bads "$FULGUR" fit "${TINY[@]}" --devices 2 --strategy fsdp --sharding-strategy ZERO2
+expect_rc "an unknown sharding strategy" 2 bads
+expect_grep "names the value" bads 'sharding-strategy="ZERO2": expected one of FULL_SHARD, SHARD_GRAD_OP'
+run other "$FULGUR" fit "${TINY[@]}" --devices 2 --strategy ddp --sharding-strategy NO_SHARD
+expect_rc "--sharding-strategy with ddp" 2 other
+expect_grep "says whose flag it is" other "sharding-strategy is fsdp's"
+run bucket "$FULGUR" fit "${TINY[@]}" --devices 2 --strategy ddp --reduce-bucket-size 100
+expect_rc "--reduce-bucket-size with ddp" 2 bucket
+expect_grep "names the sharded strategies" bucket 'reduce-bucket-size is for the sharded strategies'
+run s3 "$FULGUR" fit "${TINY[@]}" --devices 2 --strategy deepspeed_stage_3
+expect_rc "deepspeed_stage_3" 2 s3
+expect_grep "stage 3 is not built yet" s3 'strategy="deepspeed_stage_3": not built yet.*deepspeed_stage_2, fsdp'
+finish
