@@ -1,13 +1,34 @@
 /* Heap allocation through one replaceable hook (lua_Alloc's shape), so that
- * tests can fail the N-th allocation and embedders can bring their own. */
+ * tests can fail the N-th allocation and embedders can bring their own.
+ *
+ * The default allocator is the C library's, with one difference: a large
+ * block is shrunk before it is freed. glibc raises its mmap threshold to
+ * the size of any mapped block that is freed (up to 32 MiB); blocks below
+ * the new threshold then come from the heap, and stay resident after they
+ * are freed. Freeing one large buffer (a sharding strategy's full-size
+ * optimizer state, cut to a shard at setup) thus kept every later step
+ * arena chunk resident: 90 MB more peak memory per rank on a 3M-parameter
+ * GPT. A block shrunk first is unmapped but for a page, and freeing that
+ * page leaves the threshold where it was. */
 #include <stdlib.h>
 #include <string.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "core_impl.h"
+
+#define SHRINK_BEFORE_FREE ((size_t)128 << 10) /* glibc's lowest mmap threshold */
 
 static void *default_alloc(void *ud, void *ptr, size_t size, size_t align) {
     (void)ud;
     if (size == 0) {
+#if defined(__GLIBC__)
+        if (ptr && malloc_usable_size(ptr) >= SHRINK_BEFORE_FREE) {
+            void *small = realloc(ptr, 1);
+            if (small) ptr = small;
+        }
+#endif
         free(ptr);
         return NULL;
     }

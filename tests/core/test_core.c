@@ -1,6 +1,10 @@
 /* core: errors, allocator hook, arena, RNG, dtype conversions, threads. */
 #include <pthread.h>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "harness.h"
 
 TEST(error_messages_are_per_thread_and_wrapped) {
@@ -77,6 +81,31 @@ TEST(allocator_hook_fails_the_nth_allocation) {
     fg_free(NULL);
     fg_set_allocator(NULL, NULL);
     CHECK(fg_calloc(SIZE_MAX / 2, 4) == NULL);
+}
+
+/* Freeing a large block must not leave glibc's mmap threshold raised:
+ * a block allocated after it (an arena chunk) is still mapped, so that
+ * freeing it returns its memory. */
+TEST(freeing_a_large_block_keeps_later_ones_mapped) {
+#if defined(__GLIBC__) && defined(__GLIBC_PREREQ)
+#if __GLIBC_PREREQ(2, 33)
+    size_t big = (size_t)12 << 20, mid = (size_t)4 << 20;
+    char *b = fg_alloc(big);
+    CHECK(b != NULL);
+    memset(b, 1, big);
+    fg_free(b);
+    struct mallinfo2 before = mallinfo2();
+    char *m = fg_alloc(mid);
+    struct mallinfo2 after = mallinfo2();
+    CHECK_MSG(after.hblkhd >= before.hblkhd + mid,
+              "a 4 MiB block after freeing a 12 MiB one came from the heap (mapped bytes %zu -> "
+              "%zu)",
+              before.hblkhd, after.hblkhd);
+    fg_free(m);
+    return;
+#endif
+#endif
+    SKIP("glibc 2.33 or later only (mallinfo2)");
 }
 
 TEST(arena_aligns_resets_and_keeps_one_chunk) {
