@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # fulgur fit with the sharded strategies on 2 and 3 ranks of a tiny GPT:
 # deepspeed_stage_2, deepspeed_stage_1 and fsdp --sharding-strategy
-# SHARD_GRAD_OP write bitwise ddp's checkpoint (clipping off; small buckets);
+# SHARD_GRAD_OP write bitwise ddp's checkpoint (clipping off; small buckets;
+# stage 2 under bf16-mixed and 16-mixed too);
 # the checkpoint is whole (optimizer state at the parameters' shapes); a
 # stage-2 run resumes bitwise (40 == 20 + resume + 20, clipping on), and on
 # 3 ranks under stage 1 as ddp does from the same file; fsdp without a
@@ -51,6 +52,14 @@ same_ckpt "fsdp SHARD_GRAD_OP == ddp" ddp fsdp
 fits noshard --devices 2 --strategy fsdp --sharding-strategy NO_SHARD
 expect_rc "fsdp NO_SHARD on 2 ranks" 0 noshard
 same_ckpt "fsdp NO_SHARD == ddp" ddp noshard
+
+# under the mixed precisions too (16-mixed: the scaler's skip decided alike)
+for prec in bf16-mixed 16-mixed; do
+    fits "ddp-$prec" --devices 2 --strategy ddp --precision "$prec"
+    fits "z2-$prec" --devices 2 --strategy deepspeed_stage_2 --precision "$prec"
+    expect_rc "deepspeed_stage_2 under $prec" 0 "z2-$prec"
+    same_ckpt "deepspeed_stage_2 == ddp under $prec" "ddp-$prec" "z2-$prec"
+done
 
 # the checkpoint is whole: the optimizer state at the parameters' shapes
 run show "$FULGUR" ckpt show "$T_TMP/run-z2/checkpoints"
