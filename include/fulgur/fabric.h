@@ -114,10 +114,15 @@ FG_API fg_status fg_fabric_spawn_result(fg_fabric *f, fg_module *model, fg_optim
  * fg_optimizer_step is collective (it all-gathers the parameters; strategy.h
  * and docs/sharding.md). After seed_everything, the model's Dropout modules get this
  * rank's own stream (fg_fabric_rank_seed), so masks differ between ranks.
- * Both stay owned by the caller. One model per fabric. Under bf16-mixed
- * and 16-mixed it also turns on the calling thread's autocast
- * (fg_fabric_autocast_begin), as Lightning's setup wraps the model's
- * forward in autocast; it stays on until fg_fabric_launch's run returns. */
+ * Both stay owned by the caller. One model per fabric and launch: setting
+ * up the model already set up again only replaces the optimizer (not
+ * collective then; a Trainer's fit after its validate in one run; under
+ * the sharded strategies, which shard the optimizer at setup, it must be
+ * the same optimizer or NULL, else FG_ESTATE), another model is FG_ESTATE;
+ * the launch's end forgets the setup. Under bf16-mixed and 16-mixed it
+ * also turns on the calling thread's autocast (fg_fabric_autocast_begin),
+ * as Lightning's setup wraps the model's forward in autocast; it stays on
+ * until fg_fabric_launch's run returns. */
 FG_API fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt);
 
 /* Puts the distributed sampler into `dl` (rank r of N takes r, r+N, ... of
@@ -306,6 +311,13 @@ FG_API bool fg_fabric_is_global_zero(const fg_fabric *f);
 FG_API const char *fg_fabric_strategy_name(const fg_fabric *f);
 /* The communicator (NULL for single and dp). Borrowed. */
 FG_API fg_comm *fg_fabric_comm(const fg_fabric *f);
+/* True inside fg_fabric_launch (in run, on a rank), false before and after:
+ * code that may be called either way (a Trainer handed a fabric) launches
+ * only when this is false. NULL gives false. */
+FG_API bool fg_fabric_running(const fg_fabric *f);
+/* The model fg_fabric_setup prepared in this launch, or NULL (none yet, or
+ * after the launch ended, or NULL f). Borrowed: the caller's. */
+FG_API fg_module *fg_fabric_model(const fg_fabric *f);
 
 #ifdef __cplusplus
 }

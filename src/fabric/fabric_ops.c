@@ -8,8 +8,21 @@
 
 fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt) {
     if (!model) return fg_error(FG_EINVAL, "fabric setup: NULL model");
+    if (f->strategy && model == f->model) {
+        /* the same model again (a Trainer's fit after its validate): keep the
+         * strategy and its buckets, take the new optimizer; a sharded one cut
+         * the optimizer it was given into shards, and only that one */
+        if (opt && opt != f->opt && fg_strategy_is_sharded(f->strategy))
+            return fg_error(FG_ESTATE,
+                            "fabric setup: strategy %s shards the optimizer given at the first "
+                            "setup; another optimizer needs another launch",
+                            fg_fabric_strategy_name(f));
+        if (opt) f->opt = opt;
+        return FG_OK;
+    }
     if (f->strategy)
-        return fg_error(FG_ESTATE, "fabric setup: already set up (one model per fabric)");
+        return fg_error(FG_ESTATE, "fabric setup: already set up with another model (one model "
+                                   "per fabric and launch)");
     /* ddp (or a sharded kind) of one rank has no communicator: it is a
      * single-device run, with nothing to shard */
     fg_strategy_kind kind = f->plan.strategy;
@@ -184,3 +197,5 @@ const char *fg_fabric_strategy_name(const fg_fabric *f) {
     return fg_strategy_kind_name(f->plan.strategy);
 }
 fg_comm *fg_fabric_comm(const fg_fabric *f) { return f->comm; }
+bool fg_fabric_running(const fg_fabric *f) { return f && f->running; }
+fg_module *fg_fabric_model(const fg_fabric *f) { return f ? f->model : NULL; }
