@@ -15,5 +15,6 @@
 #include "fulgur/precision.h"
 #include "fulgur/strategy.h"
 #include "fulgur/tensor.h"
+#include "fulgur/trainer.h"
 
 #endif

@@ -1,0 +1,331 @@
+/* Checkpoints of the trainer: what fg_trainer_save_checkpoint writes
+ * beside the fabric's weights, optimizer and counters (fg_fabric_save),
+ * as metadata key/value strings:
+ *
+ *   trainer.*                the loop's position: the batch of the epoch and
+ *                            of the run, batches that stepped, whether the
+ *                            last batch's validation check is pending and
+ *                            which batch's validation ran, whether the epoch
+ *                            end was reached, and the epoch's logged values
+ *                            (exactly: hex floats);
+ *   callbacks.<state key>.*  each callback's state_dict;
+ *   anything else            the module's on_save_checkpoint pairs.
+ *
+ * Resolving ckpt_path ("last", "best", a file) and loading: weights only
+ * for validate/test/predict, everything for fit. */
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "trainer_impl.h"
+
+/* ------------------------------------------------------------- state dict */
+
+/* The fabric's own keys (fabric.h), which no one else may use. */
+static const char *const k_fabric_keys[] = {
+    "format", "fulgur_version", "step",     "epoch",           "batch_in_epoch",
+    "seed",   "world_size",     "strategy", "optimizer_steps", "lr"};
+
+static bool reserved(const char *key) {
+    if (!strncmp(key, "trainer.", 8) || !strncmp(key, "callbacks.", 10)) return true;
+    for (size_t i = 0; i < sizeof k_fabric_keys / sizeof k_fabric_keys[0]; i++)
+        if (!strcmp(key, k_fabric_keys[i])) return true;
+    return false;
+}
+
+fg_status fg__sd_put(fg_state_dict *sd, const char *key, const char *value) {
+    size_t pl = strlen(sd->prefix ? sd->prefix : "");
+    char *k = fg_alloc(pl + strlen(key) + 1);
+    char *v = fg_strdup(value);
+    if (!k || !v) {
+        fg_free(k);
+        fg_free(v);
+        return FG_ENOMEM;
+    }
+    memcpy(k, sd->prefix ? sd->prefix : "", pl);
+    strcpy(k + pl, key);
+    for (int64_t i = 0; i < sd->n; i++)
+        if (!strcmp(sd->kv[i].key, k)) {
+            fg_free(k);
+            fg_free((char *)sd->kv[i].value);
+            sd->kv[i].value = v;
+            return FG_OK;
+        }
+    if (sd->n == sd->cap) {
+        int64_t cap = sd->cap ? 2 * sd->cap : 32;
+        fg_kv *p = fg_realloc(sd->kv, (size_t)cap * sizeof *p);
+        if (!p) {
+            fg_free(k);
+            fg_free(v);
+            return FG_ENOMEM;
+        }
+        sd->kv = p;
+        sd->cap = cap;
+    }
+    sd->kv[sd->n++] = (fg_kv){k, v};
+    return FG_OK;
+}
+
+void fg__sd_free(fg_state_dict *sd) {
+    for (int64_t i = 0; i < sd->n; i++) {
+        fg_free((char *)sd->kv[i].key);
+        fg_free((char *)sd->kv[i].value);
+    }
+    fg_free(sd->kv);
+    sd->kv = NULL;
+    sd->n = sd->cap = 0;
+}
+
+fg_status fg_state_dict_set(fg_state_dict *sd, const char *key, const char *value) {
+    if (!sd || !key || !key[0] || !value)
+        return fg_error(FG_EINVAL, "state_dict set: needs a state dict, a non-empty key and a "
+                                   "value");
+    if (sd->readonly)
+        return fg_error(FG_ESTATE,
+                        "state_dict set(\"%s\"): this state dict is being read (a "
+                        "checkpoint load)",
+                        key);
+    if ((!sd->prefix || !sd->prefix[0]) && reserved(key))
+        return fg_error(FG_EINVAL,
+                        "state_dict set(\"%s\"): the key is the trainer's or the fabric's "
+                        "(trainer.*, callbacks.*, %s, ...): choose another",
+                        key, k_fabric_keys[2]);
+    return fg__sd_put(sd, key, value);
+}
+
+fg_status fg_state_dict_set_f64(fg_state_dict *sd, const char *key, double v) {
+    char buf[64];
+    snprintf(buf, sizeof buf, "%.17g", v);
+    return fg_state_dict_set(sd, key, buf);
+}
+
+fg_status fg_state_dict_set_i64(fg_state_dict *sd, const char *key, int64_t v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%lld", (long long)v);
+    return fg_state_dict_set(sd, key, buf);
+}
+
+const char *fg_state_dict_get(const fg_state_dict *sd, const char *key) {
+    if (!sd || !key) return NULL;
+    size_t pl = strlen(sd->prefix ? sd->prefix : "");
+    const fg_kv *kv = sd->readonly ? sd->src : sd->kv;
+    int64_t n = sd->readonly ? sd->nsrc : sd->n;
+    for (int64_t i = 0; i < n; i++)
+        if (!strncmp(kv[i].key, sd->prefix ? sd->prefix : "", pl) && !strcmp(kv[i].key + pl, key))
+            return kv[i].value;
+    return NULL;
+}
+
+bool fg_state_dict_get_f64(const fg_state_dict *sd, const char *key, double *out) {
+    const char *v = fg_state_dict_get(sd, key);
+    if (!v || !v[0]) return false;
+    char *end;
+    double d = strtod(v, &end);
+    if (*end) return false;
+    if (out) *out = d;
+    return true;
+}
+
+bool fg_state_dict_get_i64(const fg_state_dict *sd, const char *key, int64_t *out) {
+    const char *v = fg_state_dict_get(sd, key);
+    if (!v || !v[0]) return false;
+    char *end;
+    long long d = strtoll(v, &end, 10);
+    if (*end) return false;
+    if (out) *out = d;
+    return true;
+}
+
+/* -------------------------------------------------------------------- save */
+
+static fg_status put_i64(fg_state_dict *sd, const char *key, int64_t v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%lld", (long long)v);
+    return fg__sd_put(sd, key, buf);
+}
+
+static fg_status parent_dir(const char *path) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) return FG_OK;
+    *slash = '\0';
+    return fg__mkdirs(dir);
+}
+
+fg_status fg__save_checkpoint(fg_trainer *t, const char *path) {
+    fg_state_dict sd = {0};
+    /* while a window is open, the state at its start (weights unchanged) */
+    bool snap = t->mid_window && t->fn == FG_FIT;
+    int64_t batch_idx = snap ? t->snap_batch_idx : t->batch_idx;
+    fg_status s = put_i64(&sd, "trainer.total_batch_idx",
+                          snap ? t->snap_total_batch_idx : t->total_batch_idx);
+    if (s == FG_OK)
+        s = put_i64(&sd, "trainer.batches_that_stepped",
+                    snap ? t->snap_batches_that_stepped : t->batches_that_stepped);
+    if (s == FG_OK) s = put_i64(&sd, "trainer.pending_advance", !snap && t->pending_advance);
+    if (s == FG_OK) s = put_i64(&sd, "trainer.pending_stepped", !t->mid_window);
+    if (s == FG_OK) s = put_i64(&sd, "trainer.val_done_at", t->val_done_at);
+    if (s == FG_OK) s = put_i64(&sd, "trainer.epoch_end", t->in_epoch_end);
+    if (s == FG_OK) {
+        char *res = fg__results_encode(snap ? &t->snap_res : &t->train_res);
+        s = res ? fg__sd_put(&sd, "trainer.results", res) : FG_ENOMEM;
+        fg_free(res);
+    }
+    for (int i = 0; i < t->ncbs && s == FG_OK; i++) {
+        fg_callback *cb = t->cbs[i];
+        if (!cb->ops.state_dict) continue;
+        size_t len = strlen(cb->state_key) + 12;
+        char *prefix = fg_alloc(len);
+        if (!prefix) {
+            s = FG_ENOMEM;
+            break;
+        }
+        snprintf(prefix, len, "callbacks.%s.", cb->state_key);
+        sd.prefix = prefix;
+        s = cb->ops.state_dict(cb->ud, t, &sd);
+        if (s != FG_OK) s = fg_error_wrap(s, "%s: state_dict", cb->state_key);
+        sd.prefix = NULL;
+        fg_free(prefix);
+    }
+    if (s == FG_OK && t->m.on_save_checkpoint) {
+        s = t->m.on_save_checkpoint(t->m.ud, t, &sd);
+        if (s != FG_OK) s = fg_error_wrap(s, "module on_save_checkpoint");
+    }
+    if (s == FG_OK && fg_fabric_is_global_zero(t->f)) s = parent_dir(path);
+    /* every rank reaches the save (collective) even after a local failure */
+    fg_train_state st = {.model = t->model,
+                         .optimizer = t->fn == FG_FIT ? t->opt : NULL,
+                         .step = t->global_step,
+                         .epoch = t->current_epoch,
+                         .batch_in_epoch = batch_idx,
+                         .meta = sd.kv,
+                         .nmeta = sd.n};
+    double ok = fg_fabric_reduce_scalar(t->f, s == FG_OK ? 1 : 0, FG_MIN);
+    if (s == FG_OK && ok != 1)
+        s = fg_error(FG_EPEER, "save_checkpoint %s: another rank failed before the save", path);
+    if (s == FG_OK) s = fg_fabric_save(t->f, path, &st);
+    fg__sd_free(&sd);
+    return s;
+}
+
+/* -------------------------------------------------------------------- load */
+
+/* Every rank uses rank 0's answer: one 4 KiB broadcast. Collective. */
+static fg_status bcast_path(fg_trainer *t, char *buf, size_t cap) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", buf);
+    FG_TRY(fg_fabric_broadcast_bytes(t->f, tmp, sizeof tmp, 0));
+    tmp[sizeof tmp - 1] = '\0';
+    snprintf(buf, cap, "%s", tmp);
+    return FG_OK;
+}
+
+fg_status fg__resolve_ckpt_path(fg_trainer *t, const char *p) {
+    t->ckpt_path[0] = '\0';
+    if (!p) return FG_OK;
+    if (!strcmp(p, "best")) {
+        fg_callback *cb = fg_trainer_checkpoint_callback(t);
+        const char *best = cb ? fg_model_checkpoint_best_path(cb) : NULL;
+        if (!best || !best[0])
+            return fg_error(FG_EINVAL,
+                            "ckpt_path=\"best\": %s: fit with a ModelCheckpoint first (in "
+                            "this process: under ddp_spawn/ddp_fork the ranks' state stays "
+                            "theirs), or give a path",
+                            cb ? "the ModelCheckpoint has saved no best checkpoint yet"
+                               : "the trainer has no ModelCheckpoint");
+        snprintf(t->ckpt_path, sizeof t->ckpt_path, "%s", best);
+        return bcast_path(t, t->ckpt_path, sizeof t->ckpt_path);
+    }
+    if (!strcmp(p, "last")) {
+        /* the newest last*.safetensors of the checkpoint callbacks' folders */
+        double newest = -1;
+        if (fg_fabric_is_global_zero(t->f)) {
+            for (int i = 0; i < t->ncbs; i++) {
+                if (t->cbs[i]->kind != FG__CB_CHECKPOINT) continue;
+                if (!fg_model_checkpoint_dirpath(t->cbs[i])[0])
+                    FG_TRY(fg__checkpoint_resolve_dir(t->cbs[i], t));
+                char found[4096];
+                double mt;
+                if (fg__checkpoint_find_last(t->cbs[i], found, sizeof found, &mt) == FG_OK &&
+                    mt > newest) {
+                    newest = mt;
+                    snprintf(t->ckpt_path, sizeof t->ckpt_path, "%s", found);
+                }
+            }
+        }
+        /* none found: from scratch, as Lightning */
+        return bcast_path(t, t->ckpt_path, sizeof t->ckpt_path);
+    }
+    snprintf(t->ckpt_path, sizeof t->ckpt_path, "%s", p);
+    return FG_OK;
+}
+
+static int64_t meta_i64(const fg_state_dict *sd, const char *key, int64_t def) {
+    int64_t v;
+    return fg_state_dict_get_i64(sd, key, &v) ? v : def;
+}
+
+fg_status fg__load_checkpoint(fg_trainer *t, bool full) {
+    const char *path = t->ckpt_path;
+    fg_train_state st = {.model = t->model, .optimizer = full ? t->opt : NULL};
+    fg_status s = fg_fabric_load(t->f, path, &st);
+    if (s != FG_OK) return fg_error_wrap(s, "ckpt_path=\"%s\"", path);
+    fg_state_dict sd = {.readonly = true, .prefix = "", .src = st.meta, .nsrc = st.nmeta};
+    if (!full) {
+        if (t->m.on_load_checkpoint) {
+            s = t->m.on_load_checkpoint(t->m.ud, t, &sd);
+            if (s != FG_OK) return fg_error_wrap(s, "module on_load_checkpoint");
+        }
+        return FG_OK;
+    }
+    t->global_step = st.step;
+    t->current_epoch = st.epoch;
+    t->batch_idx = st.batch_in_epoch;
+    t->total_batch_idx = meta_i64(&sd, "trainer.total_batch_idx", 0);
+    t->batches_that_stepped = meta_i64(&sd, "trainer.batches_that_stepped", st.step);
+    t->pending_advance = meta_i64(&sd, "trainer.pending_advance", 0) != 0;
+    t->pending_stepped = meta_i64(&sd, "trainer.pending_stepped", 1) != 0;
+    t->val_done_at = meta_i64(&sd, "trainer.val_done_at", -1);
+    bool epoch_end = meta_i64(&sd, "trainer.epoch_end", 0) != 0;
+    FG_TRY(fg__results_decode(&t->train_res, fg_state_dict_get(&sd, "trainer.results")));
+    if (t->batch_idx > fg_dataloader_len(t->train))
+        return fg_error(FG_EMISMATCH,
+                        "ckpt_path=\"%s\": it stopped at batch %lld of epoch %lld, but an epoch "
+                        "of this training data has %lld batches",
+                        path, (long long)t->batch_idx, (long long)t->current_epoch,
+                        (long long)fg_dataloader_len(t->train));
+    if (epoch_end && t->batch_idx >= t->num_training_batches) {
+        /* saved at the end of a whole epoch: go on with the next */
+        t->current_epoch++;
+        t->batch_idx = 0;
+        t->pending_advance = false;
+        fg__results_reset(&t->train_res);
+    } else {
+        FG_TRY(fg_dataloader_set_position(t->train, t->current_epoch, t->batch_idx));
+        t->resumed_mid_epoch = true;
+    }
+    t->resumed = true;
+    for (int i = 0; i < t->ncbs; i++) {
+        fg_callback *cb = t->cbs[i];
+        if (!cb->ops.load_state_dict) continue;
+        size_t len = strlen(cb->state_key) + 12;
+        char *prefix = fg_alloc(len);
+        if (!prefix) return FG_ENOMEM;
+        snprintf(prefix, len, "callbacks.%s.", cb->state_key);
+        fg_state_dict csd = {.readonly = true, .prefix = prefix, .src = st.meta, .nsrc = st.nmeta};
+        bool present = false;
+        for (int64_t k = 0; k < st.nmeta && !present; k++)
+            present = !strncmp(st.meta[k].key, prefix, strlen(prefix));
+        s = present ? cb->ops.load_state_dict(cb->ud, t, &csd) : FG_OK;
+        fg_free(prefix);
+        if (s != FG_OK) return fg_error_wrap(s, "%s: load_state_dict", cb->state_key);
+    }
+    if (t->m.on_load_checkpoint) {
+        s = t->m.on_load_checkpoint(t->m.ud, t, &sd);
+        if (s != FG_OK) return fg_error_wrap(s, "module on_load_checkpoint");
+    }
+    return FG_OK;
+}

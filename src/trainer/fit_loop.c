@@ -1,0 +1,349 @@
+/* The fit loop, as Lightning's _FitLoop and _TrainingEpochLoop count:
+ *
+ *   fit:    epochs until max_steps optimizer steps, max_epochs epochs, or
+ *           should_stop once min_epochs and min_steps are met;
+ *   epoch:  batches until the epoch's limit_train_batches, max_steps, or
+ *           should_stop (min_* permitting); each batch: training_step,
+ *           backward (without ddp's sync while accumulating), and on the
+ *           last batch of a window of accumulate_grad_batches (or of the
+ *           epoch) the optimizer step: global_step counts these;
+ *   after a batch: validation when it is a val_check_batch (every
+ *           val_check_interval batches of the epoch, or of the run with
+ *           check_val_every_n_epoch None) in an epoch whose number is a
+ *           multiple of check_val_every_n_epoch, or when should_stop;
+ *   epoch end: epoch values, on_train_epoch_end (callbacks that monitor a
+ *           metric last), the loggers' epoch row.
+ *
+ * Exact resume: everything a batch depends on is a function of what a
+ * checkpoint holds. The lr is a pure function of the counters, dropout
+ * masks are reseeded per optimizer step from (seed, rank, step), the
+ * loader's batches are a function of (seed, epoch, rank, world) and its
+ * position. A checkpoint written while an accumulation window is open
+ * records the state at the window's start (the weights have not moved
+ * since), so the resumed run recomputes the window's gradients; one
+ * written between a batch and its validation check records that the check
+ * is pending (pending_advance), and one written in a validation records
+ * that it ran (val_done_at), so neither is run twice or skipped. */
+#include <math.h>
+#include <string.h>
+
+#include "trainer_impl.h"
+
+static bool can_stop_early(const fg_trainer *t) {
+    bool epochs = t->min_epochs ? t->current_epoch >= t->min_epochs : true;
+    bool steps = t->min_steps ? t->global_step >= t->min_steps : true;
+    return epochs && steps;
+}
+
+static bool fit_done(const fg_trainer *t) {
+    if (t->num_training_batches == 0) return true;
+    if (t->max_steps != -1 && t->global_step >= t->max_steps) return true;
+    if (t->max_epochs != -1 && t->current_epoch >= t->max_epochs) return true;
+    return t->should_stop && can_stop_early(t);
+}
+
+static bool epoch_done(const fg_trainer *t) {
+    if (t->batch_idx >= t->num_training_batches) return true;
+    if (t->max_steps != -1 && t->global_step >= t->max_steps) return true;
+    return t->should_stop && can_stop_early(t);
+}
+
+static bool should_check_val(const fg_trainer *t) {
+    if (!t->enable_validation) return false;
+    if (t->check_val_every != -1 && (t->current_epoch + 1) % t->check_val_every != 0) return false;
+    if (t->should_stop && can_stop_early(t)) return true;
+    /* batch_idx and total_batch_idx already count the batch just run */
+    int64_t cur = t->check_val_every == -1 ? t->total_batch_idx : t->batch_idx;
+    return cur % t->val_check_batch == 0;
+}
+
+static void set_lr(fg_trainer *t) {
+    const fg_optimizer_config *oc = &t->oc;
+    if (!oc->schedule && !oc->lr_at) return;
+    int64_t base = oc->interval == FG_INTERVAL_STEP ? t->global_step : t->current_epoch;
+    int64_t i = base / oc->frequency;
+    double lr = oc->schedule ? fg_lr_at(oc->schedule, i) : oc->lr_at(oc->lr_ud, i);
+    fg_optimizer_set_lr(t->opt, lr);
+}
+
+/* ------------------------------------------------------------ one batch */
+
+typedef struct step_ctx {
+    fg_trainer *t;
+    int64_t batch_idx;
+    fg_status err; /* set by the step when it fails: its own status and message */
+    char msg[1024];
+} step_ctx;
+
+static fg_tensor *step_fail(step_ctx *c, fg_status s) {
+    if (c->err == FG_OK) {
+        c->err = s;
+        snprintf(c->msg, sizeof c->msg, "%s", fg_last_error());
+    }
+    return NULL;
+}
+
+/* fg_fabric_training_step's step: training_step on one part of the batch
+ * (dp: on each thread's part), the loss scaled for accumulation. */
+static fg_tensor *micro_step(fg_fabric *f, fg_batch *part, void *ud) {
+    (void)f;
+    step_ctx *c = ud;
+    fg_trainer *t = c->t;
+    fg__cur_batch_size = part->size;
+    fg_tensor *loss = t->m.training_step(t->m.ud, t, part, c->batch_idx);
+    if (!loss) {
+        fg_status s = fg_last_status() != FG_OK ? fg_last_status() : FG_EINVAL;
+        fg_error_wrap(s, "training_step returned no loss at epoch %lld, batch %lld",
+                      (long long)t->current_epoch, (long long)c->batch_idx);
+        return step_fail(c, s);
+    }
+    if (t->o.detect_anomaly) {
+        double v = fg_item(loss);
+        if (!isfinite(v)) {
+            fg_error(FG_EINVAL,
+                     "detect_anomaly: training_step returned a loss of %g at global step %lld "
+                     "(epoch %lld, batch %lld)",
+                     v, (long long)t->global_step, (long long)t->current_epoch,
+                     (long long)c->batch_idx);
+            return step_fail(c, FG_EINVAL);
+        }
+    }
+    return t->accumulate > 1 ? fg_scale(loss, 1.0 / (double)t->accumulate) : loss;
+}
+
+static void step_end(fg_fabric *f, const double *part_losses, int nparts, void *ud) {
+    (void)f;
+    step_ctx *c = ud;
+    fg_trainer *t = c->t;
+    if (!t->m.training_step_end || c->err != FG_OK) return;
+    fg__fx_save prev = fg__fx_set(t, FG__FX_TRAIN_STEP, "training_step_end");
+    fg_status s = t->m.training_step_end(t->m.ud, t, part_losses, nparts);
+    fg__fx_restore(t, prev);
+    if (s != FG_OK) {
+        fg_error_wrap(s, "training_step_end");
+        step_fail(c, s);
+    }
+}
+
+/* detect_anomaly: the first parameter whose gradient holds a non-finite
+ * value, by name. */
+static fg_status check_grads(fg_trainer *t, int64_t batch_idx, const char *when) {
+    fg_module *m = t->model;
+    fg_tensor *g = fg_module_flat_grads(m);
+    fg_dtype dt = fg_tensor_dtype(g);
+    const char *data = fg_tensor_data(g);
+    for (int64_t i = 0; i < fg_module_num_params(m); i++) {
+        int64_t off = fg_module_param_offset(m, i), n = fg_tensor_numel(fg_module_param(m, i));
+        for (int64_t k = 0; k < n; k++) {
+            double v = dt == FG_F64 ? ((const double *)data)[off + k]
+                                    : (double)((const float *)data)[off + k];
+            if (!isfinite(v))
+                return fg_error(FG_EINVAL,
+                                "detect_anomaly: the gradient of \"%s\" holds %g (element %lld) "
+                                "%s at global step %lld (epoch %lld, batch %lld)",
+                                fg_module_param_name(m, i), v, (long long)k, when,
+                                (long long)t->global_step, (long long)t->current_epoch,
+                                (long long)batch_idx);
+        }
+    }
+    return FG_OK;
+}
+
+static void clip_by_value(fg_module *m, double v) {
+    fg_tensor *g = fg_module_flat_grads(m);
+    int64_t n = fg_tensor_numel(g);
+    if (fg_tensor_dtype(g) == FG_F64) {
+        double *p = fg_tensor_data(g);
+        for (int64_t i = 0; i < n; i++) p[i] = p[i] > v ? v : p[i] < -v ? -v : p[i];
+    } else {
+        float *p = fg_tensor_data(g), hi = (float)v;
+        for (int64_t i = 0; i < n; i++) p[i] = p[i] > hi ? hi : p[i] < -hi ? -hi : p[i];
+    }
+}
+
+static fg_status optimizer_step(fg_trainer *t, int64_t batch_idx) {
+    FG_TRY(fg__hook_all(t, FG__H_BEFORE_OPT_STEP));
+    if (t->o.detect_anomaly) FG_TRY(check_grads(t, batch_idx, "before the optimizer step"));
+    if (t->clip_val > 0) {
+        if (t->o.gradient_clip_algorithm == FG_CLIP_VALUE) clip_by_value(t->model, t->clip_val);
+        else FG_TRY(fg_fabric_clip_gradients(t->f, t->clip_val, NULL));
+    }
+    FG_TRY(fg_optimizer_step(t->opt));
+    t->global_step++;
+    return FG_OK;
+}
+
+/* What follows a batch (Lightning's on_advance_end): validation when due
+ * (not twice for one batch), then the count of batches that stepped. */
+static fg_status advance_end(fg_trainer *t, bool stepped) {
+    if (should_check_val(t) && t->val_done_at != t->total_batch_idx - 1) {
+        t->val_done_at = t->total_batch_idx - 1;
+        FG_TRY(fg__validation_run(t, false));
+        t->stage = FG_STAGE_TRAIN;
+    }
+    if (stepped) t->batches_that_stepped++;
+    t->pending_advance = false;
+    return FG_OK;
+}
+
+static fg_status run_batch(fg_trainer *t) {
+    int64_t k = t->batch_idx;
+    fg_batch *b = fg_dataloader_next(t->train);
+    if (!b) {
+        fg_status s = fg_dataloader_status(t->train);
+        return s != FG_OK ? s
+                          : fg_error(FG_EINTERNAL,
+                                     "the training loader ended at batch %lld of "
+                                     "%lld",
+                                     (long long)k, (long long)t->num_training_batches);
+    }
+    bool window_start = k % t->accumulate == 0;
+    if (window_start) {
+        /* the state a checkpoint records while this window is open */
+        t->snap_batch_idx = k;
+        t->snap_total_batch_idx = t->total_batch_idx;
+        t->snap_batches_that_stepped = t->batches_that_stepped;
+        FG_TRY(fg__results_copy(&t->snap_res, &t->train_res));
+        fg_optimizer_zero_grad(t->opt);
+        fg_module_seed_dropout(t->model,
+                               fg_rng_derive(fg_fabric_rank_seed(t->f), (uint64_t)t->global_step));
+        set_lr(t);
+    }
+    fg__results_batch_start(&t->train_res);
+    fg__cur_batch_size = b->size;
+    FG_TRY(fg__batch_hook_all(t, FG__B_TRAIN_START, b, k));
+    bool stepped = (k + 1) % t->accumulate == 0 || k + 1 == t->num_training_batches;
+    fg_fabric_set_no_backward_sync(t->f, !stepped);
+    step_ctx c = {.t = t, .batch_idx = k};
+    fg__fx_save prev = fg__fx_set(t, FG__FX_TRAIN_STEP, "training_step");
+    fg_status s = fg_fabric_training_step(t->f, b, micro_step, step_end, &c, NULL);
+    fg__fx_restore(t, prev);
+    fg__cur_batch_size = b->size;
+    if (c.err != FG_OK) return fg_error(c.err, "%s", c.msg);
+    if (s != FG_OK) return s;
+    if (t->o.detect_anomaly) FG_TRY(check_grads(t, k, "after backward"));
+    t->mid_window = !stepped;
+    if (stepped) FG_TRY(optimizer_step(t, k));
+    t->batch_idx++;
+    t->total_batch_idx++;
+    t->pending_advance = true;
+    FG_TRY(fg__batch_hook_all(t, FG__B_TRAIN_END, b, k));
+    fg__metric_map row = {0};
+    s = fg__results_batch_end(t, &t->train_res, &row);
+    if (s == FG_OK && stepped && fg__should_update_logs(t))
+        s = fg__loggers_log(t, &row, t->batches_that_stepped, true);
+    fg__map_free(&row);
+    fg_fabric_step_end(t->f);
+    FG_TRY(s);
+    return advance_end(t, stepped);
+}
+
+/* ------------------------------------------------------------ one epoch */
+
+static fg_status epoch_end(fg_trainer *t) {
+    t->in_epoch_end = true;
+    t->stage = FG_STAGE_TRAIN;
+    fg__metric_map row = {0};
+    fg__fx_save prev = fg__fx_set(t, FG__FX_TRAIN_EPOCH, "on_train_epoch_end");
+    fg_status s = fg__results_epoch_compute(t, &t->train_res, &row);
+    fg__fx_restore(t, prev);
+    if (s == FG_OK) s = fg__callbacks_hook(t, FG__H_TRAIN_EPOCH_END, 1);
+    if (s == FG_OK) s = fg__module_hook(t, FG__H_TRAIN_EPOCH_END);
+    if (s == FG_OK) s = fg__results_epoch_compute(t, &t->train_res, &row);
+    if (s == FG_OK) s = fg__callbacks_hook(t, FG__H_TRAIN_EPOCH_END, 2);
+    if (s == FG_OK) s = fg__results_epoch_compute(t, &t->train_res, &row);
+    /* the epoch row is logged at the step of the epoch's last batch */
+    if (s == FG_OK) s = fg__loggers_log(t, &row, t->batches_that_stepped - 1, true);
+    fg__map_free(&row);
+    t->in_epoch_end = false;
+    FG_TRY(s);
+    t->current_epoch++;
+    t->batch_idx = 0;
+    return FG_OK;
+}
+
+static fg_status run_epoch(fg_trainer *t) {
+    if (!t->resumed_mid_epoch) {
+        FG_TRY(fg_dataloader_set_epoch(t->train, t->current_epoch));
+        t->batch_idx = 0;
+        fg__results_reset(&t->train_res);
+    }
+    t->resumed_mid_epoch = false;
+    t->stage = FG_STAGE_TRAIN;
+    t->mid_window = false;
+    set_lr(t);
+    FG_TRY(fg__hook_all(t, FG__H_TRAIN_EPOCH_START));
+    if (t->pending_advance) FG_TRY(advance_end(t, t->pending_stepped));
+    while (!epoch_done(t)) FG_TRY(run_batch(t));
+    return epoch_end(t);
+}
+
+/* ------------------------------------------------------------------- fit */
+
+static fg_status setup_counts(fg_trainer *t) {
+    fg_status s;
+    t->num_training_batches =
+        fg__limit_batches(t->limit_train, fg_dataloader_len(t->train), "limit_train_batches", &s);
+    FG_TRY(s);
+    t->num_val_batches = 0;
+    if (t->val) {
+        t->num_val_batches =
+            fg__limit_batches(t->limit_val, fg_dataloader_len(t->val), "limit_val_batches", &s);
+        FG_TRY(s);
+    }
+    t->enable_validation = t->val && t->m.validation_step && t->num_val_batches > 0;
+    if (t->val_check_interval.kind == FG_BATCHES_COUNT) {
+        t->val_check_batch = (int64_t)t->val_check_interval.value;
+        if (t->val_check_batch > t->num_training_batches && t->check_val_every != -1 &&
+            t->enable_validation)
+            return fg_error(FG_EINVAL,
+                            "val_check_interval=FG_COUNT(%lld) must be at most the %lld training "
+                            "batches of an epoch: lower it, turn validation off with "
+                            "limit_val_batches=FG_COUNT(0), or set check_val_every_n_epoch=-1 to "
+                            "count batches across epochs",
+                            (long long)t->val_check_batch, (long long)t->num_training_batches);
+    } else {
+        t->val_check_batch =
+            (int64_t)((double)t->num_training_batches * t->val_check_interval.value);
+        if (t->val_check_batch < 1) t->val_check_batch = 1;
+    }
+    return FG_OK;
+}
+
+static fg_status sanity_check(fg_trainer *t) {
+    int64_t want = (int64_t)t->num_sanity.value;
+    if (!t->enable_validation || want == 0 || t->resumed) return FG_OK;
+    FG_TRY(fg__callbacks_hook(t, FG__H_SANITY_START, 0));
+    FG_TRY(fg__validation_run(t, true));
+    FG_TRY(fg__callbacks_hook(t, FG__H_SANITY_END, 0));
+    /* what the sanity check logged is forgotten (Lightning's reset_metrics) */
+    fg__results_reset(&t->eval_res);
+    fg__metrics_reset(t);
+    return FG_OK;
+}
+
+fg_status fg__fit_body(fg_trainer *t) {
+    t->global_step = t->current_epoch = t->batch_idx = t->total_batch_idx = 0;
+    t->batches_that_stepped = 0;
+    t->val_done_at = -1;
+    t->resumed = t->resumed_mid_epoch = t->pending_advance = false;
+    t->val_runs = 0;
+    fg__results_reset(&t->train_res);
+    FG_TRY(setup_counts(t));
+    for (int i = 0; i < t->ncbs; i++)
+        if (t->cbs[i]->kind == FG__CB_CHECKPOINT) FG_TRY(fg__checkpoint_resolve_dir(t->cbs[i], t));
+    if (t->ckpt_path[0]) FG_TRY(fg__load_checkpoint(t, true));
+    FG_TRY(fg__hook_all(t, FG__H_FIT_START));
+    FG_TRY(fg__loggers_hparams(t));
+    FG_TRY(sanity_check(t));
+    if (t->num_training_batches > 0) {
+        t->stage = FG_STAGE_TRAIN;
+        FG_TRY(fg__hook_all(t, FG__H_TRAIN_START));
+        while (!fit_done(t)) FG_TRY(run_epoch(t));
+        t->stage = FG_STAGE_TRAIN;
+        FG_TRY(fg__hook_all(t, FG__H_TRAIN_END));
+    }
+    t->stage = FG_STAGE_NONE;
+    FG_TRY(fg__loggers_finalize(t, "success"));
+    return fg__hook_all(t, FG__H_FIT_END);
+}

@@ -1,0 +1,275 @@
+/* Private state of the trainer layer, shared by its files:
+ *   trainer.c      options, the object, properties, entry points, launching
+ *   hooks.c        calling the module's and the callbacks' hooks in order
+ *   results.c      fg_trainer_log, epoch reductions, the metric sets, loggers
+ *   fit_loop.c     the fit loop: epochs, accumulation, steps, validation checks
+ *   eval_loop.c    validation, sanity check, test and predict loops
+ *   ckpt_state.c   checkpoints: the state dict, save, load, ckpt_path
+ *   callback.c     the callback and logger objects
+ *   model_checkpoint.c, early_stopping.c, lr_monitor.c, timer.c,
+ *   progress_bar.c, csv_logger.c: the built-in callbacks and logger */
+#ifndef FULGUR_TRAINER_IMPL_H
+#define FULGUR_TRAINER_IMPL_H
+
+#include <pthread.h>
+
+#include "core/core_impl.h"
+#include "fulgur/trainer.h"
+
+/* ------------------------------------------------------- callbacks, loggers */
+
+/* The built-in kinds: the trainer finds its checkpoint callback, orders
+ * the monitoring ones last, and the accessors check the kind. */
+typedef enum fg__cb_kind {
+    FG__CB_USER = 0,
+    FG__CB_CHECKPOINT,
+    FG__CB_EARLY_STOPPING,
+    FG__CB_LR_MONITOR,
+    FG__CB_TIMER,
+    FG__CB_PROGRESS,
+} fg__cb_kind;
+
+struct fg_callback {
+    fg_callback_ops ops;
+    void *ud;
+    fg__cb_kind kind;
+    char *state_key;
+};
+
+/* A built-in callback: ops filled by its file, ud its own state. */
+fg_callback *fg__callback_make(const fg_callback_ops *ops, void *ud, fg__cb_kind kind,
+                               const char *state_key);
+
+struct fg_logger {
+    fg_logger_ops ops;
+    void *ud;
+    bool is_csv;
+};
+
+/* ------------------------------------------------------------- state dicts */
+
+struct fg_state_dict {
+    bool readonly;
+    const char *prefix; /* keys are stored as prefix + key */
+    /* writing: owned copies */
+    fg_kv *kv;
+    int64_t n, cap;
+    /* reading: the loaded metadata (borrowed) */
+    const fg_kv *src;
+    int64_t nsrc;
+};
+
+fg_status fg__sd_put(fg_state_dict *sd, const char *key, const char *value); /* no checks */
+void fg__sd_free(fg_state_dict *sd);
+
+/* ------------------------------------------------------------------ results */
+
+/* Where a value was logged from, for Lightning's defaults and rules. */
+typedef enum fg__fx_kind {
+    FG__FX_NONE = 0,    /* logging not allowed here */
+    FG__FX_TRAIN_STEP,  /* training_step, train batch hooks, on_before_optimizer_step */
+    FG__FX_TRAIN_EPOCH, /* on_train_start, on_train_epoch_start/end */
+    FG__FX_EVAL_STEP,   /* validation/test steps and batch hooks */
+    FG__FX_EVAL_EPOCH,  /* on_validation/test_start, _epoch_start/_end */
+} fg__fx_kind;
+
+typedef struct fg__result {
+    char *name;
+    const char *hook; /* a static string: results are keyed by (hook, name) */
+    bool on_step, on_epoch, prog_bar, logger, sync, rank_zero_only;
+    fg_reduce_fx reduce;
+    /* this batch */
+    bool step_set;
+    int step_n;
+    double step_last, step_acc, step_w, step_value;
+    /* this epoch: acc is sum(v * bs) for mean, else the running reduction */
+    bool epoch_set, dirty;
+    double acc, w, computed;
+} fg__result;
+
+typedef struct fg__results {
+    fg__result *r;
+    int64_t n, cap;
+} fg__results;
+
+/* A metric set: name -> value, in insertion order. */
+typedef struct fg__metric_map {
+    fg_metric *m;
+    int64_t n, cap;
+} fg__metric_map;
+
+/* ------------------------------------------------------------------ trainer */
+
+struct fg_trainer {
+    fg_trainer_opts o; /* as given; the arrays point at cbs/loggers below */
+    /* resolved options */
+    int64_t max_epochs, min_epochs, max_steps, min_steps, accumulate, log_every, check_val_every;
+    int64_t fast_dev_run;
+    fg_batches val_check_interval, num_sanity, limit_train, limit_val, limit_test, limit_predict;
+    double clip_val;
+    char *root_dir;
+    fg_fabric *f;
+    bool own_fabric;
+    /* callbacks in call order (the user's, then the trainer's own;
+     * checkpoint callbacks last), and the trainer's own to free */
+    fg_callback **cbs;
+    int ncbs;
+    fg_callback *own_cbs[4];
+    int nown;
+    fg_logger **loggers;
+    int nloggers;
+    fg_logger *own_logger;
+    char *log_dir;
+
+    /* during an entry point */
+    fg_lightning_module m;
+    fg_module *model;
+    fg_optimizer *opt;
+    fg_optimizer_config oc;
+    fg_lr_schedule sched;
+    fg_trainer_fn fn;
+    fg_stage stage;
+    bool in_run; /* inside the per-rank body of an entry point */
+    bool dp;     /* the strategy splits batches over threads */
+    fg_dataloader *train, *val;
+    int64_t global_step, current_epoch, batch_idx, total_batch_idx, batches_that_stepped;
+    int64_t epochs_processed;
+    int64_t num_training_batches, num_val_batches, val_check_batch;
+    bool enable_validation, should_stop;
+    int64_t eval_step_counter; /* eval batches logged so far, for their step rows */
+    /* exact resume: the state at the start of the current accumulation
+     * window, written instead of the live one while a window is open */
+    bool mid_window, in_epoch_end;
+    int64_t snap_batch_idx, snap_total_batch_idx, snap_batches_that_stepped;
+    fg__results snap_res;
+    int64_t val_done_at; /* total_batch_idx whose validation has run, -1 */
+    /* a batch whose validation check (Lightning's on_advance_end) has not
+     * run yet, and whether it stepped */
+    bool pending_advance, pending_stepped;
+    int64_t val_runs; /* validation runs of this fit (sanity checks not counted) */
+    /* resuming */
+    bool resumed, resumed_mid_epoch;
+    char ckpt_path[4096];
+
+    /* logging */
+    pthread_mutex_t log_mu;
+    fg__fx_kind fx;
+    const char *hook;
+    fg__results train_res, eval_res;
+    fg__metric_map callback_m, logged_m, pbar_m;
+
+    fg_status run_status; /* the per-rank body's status, for the caller */
+};
+
+/* Per-thread: the size of the batch (or dp part) being stepped, for
+ * fg_trainer_log's default batch_size. */
+extern _Thread_local int64_t fg__cur_batch_size;
+
+/* hooks.c: the static name of a hook a value may be logged from, or NULL */
+const char *fg__intern_hook(const char *name);
+
+/* trainer.c */
+fg_status fg__trainer_resolve_root(fg_trainer *t);
+int64_t fg__limit_batches(fg_batches lim, int64_t len, const char *what, fg_status *st);
+
+/* hooks.c: calls hook `h` of every callback (monitoring: 0 = all, 1 = the
+ * non-monitoring ones, 2 = the monitoring ones), then of the module */
+typedef enum fg__hook {
+    FG__H_FIT_START,
+    FG__H_FIT_END,
+    FG__H_SANITY_START,
+    FG__H_SANITY_END,
+    FG__H_TRAIN_START,
+    FG__H_TRAIN_END,
+    FG__H_TRAIN_EPOCH_START,
+    FG__H_TRAIN_EPOCH_END,
+    FG__H_VAL_START,
+    FG__H_VAL_END,
+    FG__H_VAL_EPOCH_START,
+    FG__H_VAL_EPOCH_END,
+    FG__H_TEST_START,
+    FG__H_TEST_END,
+    FG__H_TEST_EPOCH_START,
+    FG__H_TEST_EPOCH_END,
+    FG__H_PREDICT_START,
+    FG__H_PREDICT_END,
+    FG__H_BEFORE_OPT_STEP,
+    FG__H_COUNT
+} fg__hook;
+typedef enum fg__batch_hook {
+    FG__B_TRAIN_START,
+    FG__B_TRAIN_END,
+    FG__B_VAL_END,
+    FG__B_TEST_END,
+    FG__B_PREDICT_END,
+} fg__batch_hook;
+fg_status fg__callbacks_hook(fg_trainer *t, fg__hook h, int monitoring);
+fg_status fg__module_hook(fg_trainer *t, fg__hook h);
+fg_status fg__hook_all(fg_trainer *t, fg__hook h); /* callbacks then module */
+fg_status fg__batch_hook_all(fg_trainer *t, fg__batch_hook h, fg_batch *b, int64_t idx);
+/* Sets the logging context; returns the previous one for fg__fx_restore. */
+typedef struct fg__fx_save {
+    fg__fx_kind fx;
+    const char *hook;
+} fg__fx_save;
+fg__fx_save fg__fx_set(fg_trainer *t, fg__fx_kind fx, const char *hook);
+void fg__fx_restore(fg_trainer *t, fg__fx_save s);
+bool fg__is_monitoring(const fg_callback *cb);
+
+/* results.c */
+void fg__results_free(fg__results *r);
+void fg__results_reset(fg__results *r);
+fg_status fg__results_copy(fg__results *dst, const fg__results *src);
+void fg__results_batch_start(fg__results *r);
+/* After a batch: the step values into the metric sets; `row` gets the
+ * logger values (rank 0 sends them when due). */
+fg_status fg__results_batch_end(fg_trainer *t, fg__results *r, fg__metric_map *row);
+/* The epoch values of what was logged since the last call (collective for
+ * sync_dist), into the metric sets and `row` (may be NULL). */
+fg_status fg__results_epoch_compute(fg_trainer *t, fg__results *r, fg__metric_map *row);
+void fg__map_free(fg__metric_map *m);
+void fg__map_clear(fg__metric_map *m);
+fg_status fg__map_set(fg__metric_map *m, const char *name, double v);
+const fg_metric *fg__map_get(const fg__metric_map *m, const char *name);
+void fg__metrics_reset(fg_trainer *t);
+/* Sends `row` (plus "epoch" when add_epoch) to every logger at step, then
+ * save (rank 0 only; nothing without loggers or with fast_dev_run). */
+fg_status fg__loggers_log(fg_trainer *t, fg__metric_map *row, int64_t step, bool add_epoch);
+fg_status fg__loggers_hparams(fg_trainer *t);
+fg_status fg__loggers_finalize(fg_trainer *t, const char *status);
+bool fg__should_update_logs(const fg_trainer *t);
+/* Serialise/restore a result set for checkpoints (exact: hex floats). */
+char *fg__results_encode(const fg__results *r);
+fg_status fg__results_decode(fg__results *r, const char *s);
+
+/* fit_loop.c, eval_loop.c */
+fg_status fg__fit_body(fg_trainer *t);
+fg_status fg__eval_body(fg_trainer *t, fg_trainer_fn fn, fg_dataloader *dl);
+/* One validation run inside fit (or the sanity check when sanity). */
+fg_status fg__validation_run(fg_trainer *t, bool sanity);
+
+/* ckpt_state.c */
+fg_status fg__save_checkpoint(fg_trainer *t, const char *path);
+/* Resolves "last"/"best"/a path into t->ckpt_path ("" when "last" finds
+ * none); FG_EINVAL when "best" has no best. */
+fg_status fg__resolve_ckpt_path(fg_trainer *t, const char *ckpt_path);
+/* Loads t->ckpt_path: weights (and, for fit, the optimizer, counters and
+ * the callbacks' and module's state). */
+fg_status fg__load_checkpoint(fg_trainer *t, bool full);
+
+/* model_checkpoint.c: the checkpoint folder, resolved at fit start
+ * (collective); the file a removal must spare */
+fg_status fg__checkpoint_resolve_dir(fg_callback *cb, fg_trainer *t);
+fg_status fg__checkpoint_find_last(const fg_callback *cb, char *out, size_t cap, double *mtime);
+
+/* lr_monitor.c uses the loggers directly */
+const char *fg__logger_version(const fg_trainer *t);
+
+/* small helpers (trainer.c) */
+fg_status fg__mkdirs(const char *path);
+/* Python's repr of a float: the shortest string that reads back exactly,
+ * with ".0" on integral values ("100.0", "0.1", "1e-05", "nan", "inf"). */
+void fg__fmt_float(char *buf, size_t cap, double v);
+bool fg__is_sorted_monitor(const fg_callback *cb);
+
+#endif
