@@ -73,7 +73,7 @@ typedef struct tu_module {
     int64_t stop_after_epoch;    /* > 0: should_stop at the end of that many epochs */
     bool log_train, log_val;     /* log "loss"/"val_loss" */
     double val_offset_per_epoch; /* val_loss += this * epoch: a controlled curve */
-    const double *val_curve;     /* val_loss per validation run (overrides the real one) */
+    const double *val_curve;     /* val_loss by epoch (overrides the real one) */
     int64_t val_curve_n;
     char extra_key[64], extra_value[64]; /* on_save_checkpoint's pair */
     char loaded_extra[64];
@@ -103,7 +103,8 @@ static fg_tensor *tu_training_step(void *ud, fg_trainer *t, fg_batch *b, int64_t
     fg_tensor *loss = tu_loss(m, b);
     if (loss) m->c.last_loss = fg_item(loss);
     if (loss && m->log_train)
-        fg_trainer_log(t, "loss", fg_item(loss), &(fg_log_opts){.prog_bar = true});
+        fg_trainer_log(t, "loss", fg_item(loss),
+                       &(fg_log_opts){.on_epoch = FG_ON, .prog_bar = true});
     return loss;
 }
 
@@ -117,8 +118,8 @@ static fg_status tu_validation_step(void *ud, fg_trainer *t, fg_batch *b, int64_
     if (!loss) return fg_last_status();
     double v = fg_item(loss);
     if (m->val_curve) {
-        int64_t k = m->c.val_runs < m->val_curve_n ? m->c.val_runs : m->val_curve_n - 1;
-        v = m->val_curve[k];
+        int64_t e = fg_trainer_current_epoch(t);
+        v = m->val_curve[e < m->val_curve_n ? e : m->val_curve_n - 1];
     }
     v += m->val_offset_per_epoch * (double)fg_trainer_current_epoch(t);
     return fg_trainer_log(t, "val_loss", v, NULL);
