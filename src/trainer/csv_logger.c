@@ -21,6 +21,7 @@ typedef struct row {
     int64_t n;
     char **names;
     double *values;
+    bool *ints; /* written as integers: step, and the epoch the trainer adds */
 } row;
 
 typedef struct csv_logger {
@@ -40,6 +41,7 @@ static void free_row(row *r) {
     for (int64_t i = 0; i < r->n; i++) fg_free(r->names[i]);
     fg_free(r->names);
     fg_free(r->values);
+    fg_free(r->ints);
 }
 
 static void csv_free(void *ud) {
@@ -119,7 +121,8 @@ static fg_status csv_log_metrics(void *ud, const fg_metric *m, int64_t n, int64_
     row r = {0};
     r.names = fg_calloc((size_t)n + 1, sizeof *r.names);
     r.values = fg_calloc((size_t)n + 1, sizeof *r.values);
-    if (!r.names || !r.values) {
+    r.ints = fg_calloc((size_t)n + 1, sizeof *r.ints);
+    if (!r.names || !r.values || !r.ints) {
         free_row(&r);
         return FG_ENOMEM;
     }
@@ -134,6 +137,7 @@ static fg_status csv_log_metrics(void *ud, const fg_metric *m, int64_t n, int64_
         if (pl) snprintf(name, len, "%s-%s", c->prefix, m[i].name);
         else snprintf(name, len, "%s", m[i].name);
         r.names[r.n] = name;
+        r.ints[r.n] = !strcmp(m[i].name, "epoch") && m[i].value == (double)(int64_t)m[i].value;
         r.values[r.n++] = m[i].value;
     }
     r.names[r.n] = fg_strdup("step");
@@ -141,6 +145,7 @@ static fg_status csv_log_metrics(void *ud, const fg_metric *m, int64_t n, int64_
         free_row(&r);
         return FG_ENOMEM;
     }
+    r.ints[r.n] = true;
     r.values[r.n++] = (double)step;
     c->rows[c->nrows++] = r;
     return FG_OK;
@@ -160,10 +165,9 @@ static void put_field(FILE *fp, const char *s) {
     fputc('"', fp);
 }
 
-static void put_value(FILE *fp, const char *name, double v) {
+static void put_value(FILE *fp, bool is_int, double v) {
     char buf[64];
-    if ((!strcmp(name, "step") || !strcmp(name, "epoch")) && v == (double)(int64_t)v)
-        snprintf(buf, sizeof buf, "%lld", (long long)v);
+    if (is_int) snprintf(buf, sizeof buf, "%lld", (long long)v);
     else fg__fmt_float(buf, sizeof buf, v);
     fputs(buf, fp);
 }
@@ -323,7 +327,7 @@ static fg_status flush_rows(csv_logger *c) {
             if (i) fputc(',', fp);
             for (int64_t j = rw->n - 1; j >= 0; j--) /* the last value of a name wins */
                 if (!strcmp(rw->names[j], c->keys[i])) {
-                    put_value(fp, c->keys[i], rw->values[j]);
+                    put_value(fp, rw->ints[j], rw->values[j]);
                     break;
                 }
         }
