@@ -652,16 +652,18 @@ FG_API void fg_logger_free(fg_logger *lg); /* NULL is a no-op */
  * Lightning lays them out: one row per log_metrics call, the columns the
  * sorted union of every name logged (the file is rewritten when a new one
  * appears), "step" among them, empty cells for names a row lacks, numbers
- * as Python writes floats; hparams.yaml holds the hyperparameters ("{}"
- * when none). Written by global rank 0 only; rows are flushed every
- * flush_logs_every_n_steps steps and at the end. Folders are made as
- * needed. */
+ * as Python writes floats, rows ending in "\r\n" as Python's csv module
+ * writes them; hparams.yaml holds the hyperparameters, sorted ("{}" when
+ * none; values that read as numbers stay plain). Written by global rank 0
+ * only; rows are flushed every flush_logs_every_n_steps steps and at the
+ * end of each entry point. The run folder is made when it is chosen (at
+ * the first fit, validate or test). */
 typedef struct fg_csv_logger_opts {
     const char *save_dir; /* NULL = the trainer's default_root_dir */
     const char *name;     /* NULL = "lightning_logs"; "" = no such folder level */
     /* NULL = "version_N" for the next free N in <save_dir>/<name>; else the
-     * folder name itself ("version_3", "run-a"): a folder that exists is
-     * reused and its metrics.csv appended to (resuming a run). */
+     * folder name itself ("version_3", "run-a"). A metrics.csv already in
+     * the folder is replaced, as Lightning's writer does. */
     const char *version;
     const char *prefix;               /* NULL = ""; else "prefix-" before every name */
     int64_t flush_logs_every_n_steps; /* 0 = 100 */

@@ -261,23 +261,16 @@ static fg_status flush_rows(csv_logger *c) {
     snprintf(path, sizeof path, "%s/metrics.csv", c->log_dir);
     /* new names widen the header */
     int64_t old_n = c->nkeys;
-    char **old_keys = NULL;
     bool widen = false;
     for (int64_t r = 0; r < c->nrows; r++)
         for (int64_t i = 0; i < c->rows[r].n; i++)
             if (key_index(c, c->rows[r].names[i]) < 0) {
-                if (!widen) {
-                    old_keys = fg_calloc((size_t)old_n + 1, sizeof *old_keys);
-                    if (!old_keys) return FG_ENOMEM;
-                    memcpy(old_keys, c->keys, (size_t)old_n * sizeof *old_keys);
-                }
                 widen = true;
                 char **p = fg_realloc(c->keys, (size_t)(c->nkeys + 1) * sizeof *p);
                 char *k = fg_strdup(c->rows[r].names[i]);
                 if (!p || !k) {
                     if (p) c->keys = p;
                     fg_free(k);
-                    fg_free(old_keys);
                     return FG_ENOMEM;
                 }
                 c->keys = p;
@@ -289,13 +282,11 @@ static fg_status flush_rows(csv_logger *c) {
     if (widen && c->file_written) {
         old = read_csv(path, &width, &nrec);
         if (!old) {
-            fg_free(old_keys);
             return fg_error(FG_EIO, "CSVLogger: cannot read %s back to widen its header", path);
         }
     }
     FILE *fp = fopen(path, (c->file_written && !widen) ? "ab" : "wb");
     if (!fp) {
-        fg_free(old_keys);
         for (int64_t i = 0; old && i < width * nrec; i++) fg_free(old[i]);
         fg_free(old);
         return fg_error(FG_EIO, "CSVLogger: cannot write %s: %s", path, strerror(errno));
@@ -320,7 +311,6 @@ static fg_status flush_rows(csv_logger *c) {
         for (int64_t i = 0; i < width * nrec; i++) fg_free(old[i]);
         fg_free(old);
     }
-    fg_free(old_keys);
     for (int64_t r = 0; r < c->nrows; r++) {
         const row *rw = &c->rows[r];
         for (int64_t i = 0; i < c->nkeys; i++) {
@@ -389,7 +379,7 @@ static fg_status write_hparams(csv_logger *c) {
     FILE *fp = fopen(path, "wb");
     if (!fp) return fg_error(FG_EIO, "CSVLogger: cannot write %s: %s", path, strerror(errno));
     if (!c->nhp) fputs("{}\n", fp);
-    qsort(c->hp, (size_t)c->nhp, sizeof *c->hp, cmp_kv);
+    if (c->nhp) qsort(c->hp, (size_t)c->nhp, sizeof *c->hp, cmp_kv);
     for (int64_t i = 0; i < c->nhp; i++) {
         put_yaml(fp, c->hp[i].key);
         fputs(": ", fp);

@@ -103,8 +103,12 @@ TEST(csv_logger_named_version_and_empty_hparams) {
     fixture f = {.m = {.log_train = true}};
     fx_init(&f, 8);
     const char *root = tu_subdir("csv2");
-    fg_logger *lg = fg_csv_logger_new(
-        &(fg_csv_logger_opts){.save_dir = root, .name = "", .version = "run-a", .prefix = "tr"});
+    fg_logger *lg = fg_csv_logger_new(&(fg_csv_logger_opts){
+        .save_dir = root,
+        .name = "",
+        .version = "run-a",
+        .prefix = "tr",
+        .flush_logs_every_n_steps = 1}); /* each row written at once: the header widens */
     fg_trainer *t = fg_trainer_new(&(fg_trainer_opts){.max_epochs = 1,
                                                       .devices = "1",
                                                       .log_every_n_steps = 1,
@@ -126,6 +130,11 @@ TEST(csv_logger_named_version_and_empty_hparams) {
     CHECK_MSG(csv && !strncmp(csv, "step,tr-epoch,tr-loss_epoch,tr-loss_step\r\n0,0,,", 47), "%s",
               csv ? csv : "");
     CHECK(csv && count_lines(csv) == 4); /* steps 0, 1 and the epoch row */
+    /* the rows written before tr-loss_epoch came got its empty column */
+    char *row2 = csv ? strchr(strchr(csv, '\n') + 1, '\n') + 1 : NULL;
+    CHECK(row2 && !strncmp(row2, "1,0,,", 5));
+    char *row3 = row2 ? strchr(row2, '\n') + 1 : NULL;
+    CHECK(row3 && !strncmp(row3, "1,0,", 4) && row3[4] != ',' && strstr(row3, ",\r\n"));
     free(csv);
     fg_trainer_free(t);
     fg_logger_free(lg);
