@@ -286,9 +286,12 @@ typedef struct exact_out {
     int64_t step, epoch, train_steps;
 } exact_out;
 
-static void exact_run(const char *save_dir, const char *ckpt, exact_out *out, int *saved) {
-    tu_clean_env();
-    fg_dataset *tr = tu_dataset(40, 11), *va = tu_dataset(12, 12);
+/* One process, or (launched) one rank of ranks a faked launcher started. */
+static void exact_run_on(bool launched, const char *save_dir, const char *ckpt, exact_out *out,
+                         int *saved) {
+    if (!launched) tu_clean_env();
+    /* 10 batches of 4 an epoch on each rank */
+    fg_dataset *tr = tu_dataset(launched ? 80 : 40, 11), *va = tu_dataset(12, 12);
     fg_dataloader *tl = tu_loader(tr, 4, true), *vl = tu_loader(va, 4, false);
     tu_module m = {.log_val = true,
                    .log_train = true,
@@ -314,7 +317,7 @@ static void exact_run(const char *save_dir, const char *ckpt, exact_out *out, in
                                                       .val_check_interval = FG_COUNT(3),
                                                       .gradient_clip_val = 0.5,
                                                       .seed = 42,
-                                                      .devices = "1",
+                                                      .devices = launched ? NULL : "1",
                                                       .callbacks = save_dir ? &cb : NULL,
                                                       .ncallbacks = save_dir ? 1 : 0,
                                                       .enable_progress_bar = FG_OFF,
@@ -338,6 +341,10 @@ static void exact_run(const char *save_dir, const char *ckpt, exact_out *out, in
     fg_dataset_free(tr);
     fg_dataset_free(va);
     fg_module_free(m.net);
+}
+
+static void exact_run(const char *save_dir, const char *ckpt, exact_out *out, int *saved) {
+    exact_run_on(false, save_dir, ckpt, out, saved);
 }
 
 TEST(resume_anywhere_is_bitwise) {
@@ -374,6 +381,35 @@ TEST(resume_anywhere_is_bitwise) {
         free(r.params);
     }
     free(whole.params);
+}
+
+/* the same under ddp on 2 ranks: each rank ends with the bits it had */
+static int ddp_resume_rank(int rank, int world, void *arg) {
+    const char *dir = arg;
+    tu_fake_launcher(rank, world, 7);
+    exact_out whole;
+    int saved = 0;
+    exact_run_on(true, dir, NULL, &whole, &saved);
+    CHECK(saved == 6 && whole.step == 13);
+    static const char *const names[] = {"b-val-mid-window", "c-before-val", "f-mid-window"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s.safetensors", dir, names[i]);
+        exact_out r;
+        exact_run_on(true, NULL, path, &r, NULL);
+        CHECK_MSG(r.bytes == whole.bytes && !memcmp(r.params, whole.params, whole.bytes),
+                  "rank %d resumed from %s: other weights", rank, names[i]);
+        CHECK(r.loss_epoch == whole.loss_epoch && r.val_loss == whole.val_loss);
+        free(r.params);
+    }
+    free(whole.params);
+    return 0;
+}
+
+TEST(ddp_resume_is_bitwise) {
+    const char *dir = tu_subdir("exact-ddp");
+    CHECK(fg_test_fork_ranks(2, ddp_resume_rank, (void *)dir, 300) == 0);
+    tu_clean_env();
 }
 
 /* the module's own pairs travel in the checkpoint; "best" loads for test */
