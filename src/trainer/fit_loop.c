@@ -203,7 +203,8 @@ static fg_status run_batch(fg_trainer *t) {
         t->snap_batch_idx = k;
         t->snap_total_batch_idx = t->total_batch_idx;
         t->snap_batches_that_stepped = t->batches_that_stepped;
-        FG_TRY(fg__results_copy(&t->snap_res, &t->train_res));
+        /* a window of one batch is never open at a checkpoint: nothing to keep */
+        if (t->accumulate > 1) FG_TRY(fg__results_copy(&t->snap_res, &t->train_res));
         fg_optimizer_zero_grad(t->opt);
         fg_module_seed_dropout(t->model,
                                fg_rng_derive(fg_fabric_rank_seed(t->f), (uint64_t)t->global_step));

@@ -418,3 +418,62 @@ TEST(validate_test_predict) {
     fg_dataset_free(va);
     fg_module_free(m.net);
 }
+
+/* one launch, several entry points: fg_trainer_launch, and a handed fabric */
+typedef struct launch_arg {
+    tu_module *m;
+    fg_dataloader *tl, *vl;
+} launch_arg;
+
+static int fit_then_test(fg_trainer *t, void *arg) {
+    launch_arg *a = arg;
+    fg_lightning_module lm = tu_lm(a->m);
+    CHECK(fg_fabric_running(fg_trainer_fabric(t)));
+    if (fg_trainer_fit(t, &lm, a->tl, a->vl, NULL) != FG_OK) return 1;
+    if (fg_trainer_test(t, &lm, a->vl, NULL) != FG_OK) return 1;
+    return fg_trainer_validate(t, &lm, a->vl, NULL) != FG_OK;
+}
+
+static int fabric_run(fg_fabric *f, void *arg) {
+    launch_arg *a = arg;
+    fg_trainer *t = fg_trainer_new(&(fg_trainer_opts){.fabric = f,
+                                                      .max_epochs = 1,
+                                                      .enable_progress_bar = FG_OFF,
+                                                      .enable_checkpointing = FG_OFF,
+                                                      .logger = FG_OFF});
+    int rc = t ? fit_then_test(t, a) : 1;
+    fg_trainer_free(t);
+    return rc;
+}
+
+TEST(launch_once_fit_then_test) {
+    tu_clean_env();
+    fg_dataset *tr = tu_dataset(40, 11), *va = tu_dataset(12, 12);
+    fg_dataloader *tl = tu_loader(tr, 4, true), *vl = tu_loader(va, 4, false);
+    for (int handed = 0; handed < 2; handed++) {
+        tu_module m = {.log_val = true};
+        tu_module_init(&m);
+        launch_arg a = {&m, tl, vl};
+        int rc;
+        if (handed) {
+            fg_fabric *f = fg_fabric_new(&(fg_fabric_config){.devices = "1"});
+            rc = fg_fabric_launch(f, fabric_run, &a);
+            fg_fabric_free(f);
+        } else {
+            fg_trainer *t = fg_trainer_new(&(fg_trainer_opts){.max_epochs = 1,
+                                                              .devices = "1",
+                                                              .enable_progress_bar = FG_OFF,
+                                                              .enable_checkpointing = FG_OFF,
+                                                              .logger = FG_OFF});
+            rc = fg_trainer_launch(t, fit_then_test, &a);
+            fg_trainer_free(t);
+        }
+        CHECK_MSG(rc == 0, "%s", fg_last_error());
+        CHECK(m.c.opt_steps == 10 && m.c.test_steps == 3 && m.c.val_runs == 2);
+        fg_module_free(m.net);
+    }
+    fg_dataloader_free(tl);
+    fg_dataloader_free(vl);
+    fg_dataset_free(tr);
+    fg_dataset_free(va);
+}
