@@ -74,11 +74,7 @@ static fg_status run(fg_trainer *t, const eval_kind *k, fg_dataloader *dl, int64
         fg_step_reset();
     }
     fg__metric_map row = {0};
-    if (s == FG_OK && !predict) {
-        fg__fx_save prev = fg__fx_set(t, FG__FX_EVAL_EPOCH, "epoch end");
-        s = fg__results_epoch_compute(t, &t->eval_res, &row);
-        fg__fx_restore(t, prev);
-    }
+    if (s == FG_OK && !predict) s = fg__results_epoch_compute(t, &t->eval_res, &row);
     if (s == FG_OK && k->epoch_end != FG__H_COUNT) s = fg__hook_all(t, k->epoch_end);
     if (s == FG_OK && !predict) s = fg__results_epoch_compute(t, &t->eval_res, &row);
     if (s == FG_OK && !sanity && !predict)

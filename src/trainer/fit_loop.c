@@ -245,9 +245,7 @@ static fg_status epoch_end(fg_trainer *t) {
     t->in_epoch_end = true;
     t->stage = FG_STAGE_TRAIN;
     fg__metric_map row = {0};
-    fg__fx_save prev = fg__fx_set(t, FG__FX_TRAIN_EPOCH, "on_train_epoch_end");
     fg_status s = fg__results_epoch_compute(t, &t->train_res, &row);
-    fg__fx_restore(t, prev);
     if (s == FG_OK) s = fg__callbacks_hook(t, FG__H_TRAIN_EPOCH_END, 1);
     if (s == FG_OK) s = fg__module_hook(t, FG__H_TRAIN_EPOCH_END);
     if (s == FG_OK) s = fg__results_epoch_compute(t, &t->train_res, &row);

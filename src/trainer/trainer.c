@@ -459,7 +459,11 @@ static fg_status prepare(entry *e) {
     t->model = model;
     if (e->fn == FG_FIT) {
         fg_optimizer_config oc = {0};
-        FG_TRY(m->configure_optimizers(m->ud, t, &oc));
+        fg_status cs = m->configure_optimizers(m->ud, t, &oc);
+        if (cs != FG_OK) {
+            fg_optimizer_free(oc.optimizer); /* consumed, also when the hook fails */
+            return fg_error_wrap(cs, "configure_optimizers");
+        }
         if (!oc.optimizer)
             return fg_error(FG_EINVAL, "configure_optimizers gave no optimizer (out->optimizer)");
         if (oc.frequency < 0 || oc.interval < FG_INTERVAL_EPOCH || oc.interval > FG_INTERVAL_STEP) {
@@ -490,7 +494,8 @@ static fg_status prepare(entry *e) {
     }
     const char *sname = fg_fabric_strategy_name(t->f);
     t->dp = !strcmp(sname, "dp");
-    return resolve_log_dir(t);
+    /* predict logs nothing: it makes no run folder */
+    return e->fn == FG_PREDICT ? FG_OK : resolve_log_dir(t);
 }
 
 static fg_status body(entry *e) {
