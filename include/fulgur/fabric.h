@@ -192,6 +192,13 @@ FG_API void fg_fabric_autocast_end(fg_fabric *f, fg_dtype prev);
  * averaged gradient of its shard only: the norm sums the shards' squares
  * over ranks, and each rank scales its shard (fg_strategy_clip_grad_norm). */
 FG_API fg_status fg_fabric_clip_gradients(fg_fabric *f, double max_norm, double *total_norm);
+/* Lightning's precision plugin unscale_gradients: under 16-mixed divides
+ * the gradients by the loss scale and agrees over the ranks whether any is
+ * inf or NaN (collective under ddp), once before a step (a second call, and
+ * the step's own unscale, then do nothing), so that code between backward
+ * and fg_fabric_optimizer_step sees true gradients (clipping by value, a
+ * Trainer's on_before_optimizer_step). Nothing under the other settings. */
+FG_API fg_status fg_fabric_unscale_gradients(fg_fabric *f);
 
 /* Collectives on tensors (in place) and bytes. Collective. */
 FG_API fg_status fg_fabric_all_reduce(fg_fabric *f, fg_tensor *t, fg_reduce_op op);

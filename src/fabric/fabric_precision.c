@@ -69,6 +69,11 @@ fg_status fg__fabric_scaler_unscale(fg_fabric *f) {
     return f->scaler && f->model ? fg_scaler_unscale(f->scaler, f->model, f->comm) : FG_OK;
 }
 
+fg_status fg_fabric_unscale_gradients(fg_fabric *f) {
+    if (!f) return fg_error(FG_EINVAL, "fabric unscale_gradients: NULL fabric");
+    return fg__fabric_scaler_unscale(f);
+}
+
 /* ------------------------------------------------------------ checkpoint */
 
 fg_status fg__fabric_scaler_save(fg_fabric *f, fg_st_writer *w) {

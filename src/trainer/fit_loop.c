@@ -161,14 +161,24 @@ static void clip_by_value(fg_module *m, double v) {
     }
 }
 
+/* Under 16-mixed the loss scaler owns non-finite gradients (it skips the
+ * step and lowers the scale): detect_anomaly checks the loss only. */
+static bool check_grads_on(const fg_trainer *t) {
+    return t->o.detect_anomaly && !fg_fabric_scaler(t->f);
+}
+
+/* The step through the fabric: the precision's loss scaler and the sharded
+ * strategies (whose step is collective) take part. Hooks and clipping by
+ * value see unscaled gradients, as Lightning's. */
 static fg_status optimizer_step(fg_trainer *t, int64_t batch_idx) {
+    FG_TRY(fg_fabric_unscale_gradients(t->f));
     FG_TRY(fg__hook_all(t, FG__H_BEFORE_OPT_STEP));
-    if (t->o.detect_anomaly) FG_TRY(check_grads(t, batch_idx, "before the optimizer step"));
+    if (check_grads_on(t)) FG_TRY(check_grads(t, batch_idx, "before the optimizer step"));
     if (t->clip_val > 0) {
         if (t->o.gradient_clip_algorithm == FG_CLIP_VALUE) clip_by_value(t->model, t->clip_val);
         else FG_TRY(fg_fabric_clip_gradients(t->f, t->clip_val, NULL));
     }
-    FG_TRY(fg_optimizer_step(t->opt));
+    FG_TRY(fg_fabric_optimizer_step(t->f, t->opt));
     t->global_step++;
     return FG_OK;
 }
@@ -222,7 +232,7 @@ static fg_status run_batch(fg_trainer *t) {
     fg__cur_batch_size = b->size;
     if (c.err != FG_OK) return fg_error(c.err, "%s", c.msg);
     if (s != FG_OK) return s;
-    if (t->o.detect_anomaly) FG_TRY(check_grads(t, k, "after backward"));
+    if (check_grads_on(t)) FG_TRY(check_grads(t, k, "after backward"));
     t->mid_window = !stepped;
     if (stepped) FG_TRY(optimizer_step(t, k));
     t->batch_idx++;

@@ -377,8 +377,12 @@ static fg_status plain_sgd(void *ud, fg_trainer *t, fg_optimizer_config *out) {
     return FG_OK;
 }
 
+/* by value and by norm, on true gradients also under 16-mixed (the loss scaler's gradients are
+ * unscaled before on_before_optimizer_step and the clipping, as Lightning's) */
 TEST(gradient_clipping) {
-    for (int alg = 0; alg < 2; alg++) {
+    for (int k = 0; k < 4; k++) {
+        int alg = k % 2;
+        const char *precision = k < 2 ? NULL : "16-mixed";
         fixture f = {0};
         fx_init(&f, 40);
         f.lm.configure_optimizers = plain_sgd;
@@ -395,6 +399,7 @@ TEST(gradient_clipping) {
                                .gradient_clip_val = clip,
                                .gradient_clip_algorithm = alg ? FG_CLIP_NORM : FG_CLIP_VALUE,
                                .devices = "1",
+                               .precision = precision,
                                .callbacks = &cb,
                                .ncallbacks = 1,
                                .logger = FG_OFF,
@@ -412,7 +417,8 @@ TEST(gradient_clipping) {
                               : fmax(-clip, fmin(clip, (double)g.grads[i]));
             if (fabs((before[i] - after[i]) - want) > 1e-6) wrong++;
         }
-        CHECK_MSG(wrong == 0, "%s: %d elements", alg ? "norm" : "value", wrong);
+        CHECK_MSG(wrong == 0, "%s %s: %d elements", alg ? "norm" : "value",
+                  precision ? precision : "32-true", wrong);
         fg_trainer_free(t);
         fg_callback_free(cb);
         free(g.grads);

@@ -287,8 +287,14 @@ typedef struct exact_out {
 } exact_out;
 
 /* One process, or (launched) one rank of ranks a faked launcher started. */
-static void exact_run_on(bool launched, const char *save_dir, const char *ckpt, exact_out *out,
+typedef struct exact_cfg {
+    bool launched;
+    const char *strategy, *precision;
+} exact_cfg;
+
+static void exact_run_on(exact_cfg cfg, const char *save_dir, const char *ckpt, exact_out *out,
                          int *saved) {
+    bool launched = cfg.launched;
     if (!launched) tu_clean_env();
     /* 10 batches of 4 an epoch on each rank */
     fg_dataset *tr = tu_dataset(launched ? 80 : 40, 11), *va = tu_dataset(12, 12);
@@ -318,12 +324,16 @@ static void exact_run_on(bool launched, const char *save_dir, const char *ckpt, 
                                                       .gradient_clip_val = 0.5,
                                                       .seed = 42,
                                                       .devices = launched ? NULL : "1",
+                                                      .strategy = cfg.strategy,
+                                                      .precision = cfg.precision,
                                                       .callbacks = save_dir ? &cb : NULL,
                                                       .ncallbacks = save_dir ? 1 : 0,
                                                       .enable_progress_bar = FG_OFF,
                                                       .enable_checkpointing = FG_OFF,
                                                       .logger = FG_OFF});
     CHECK_OK(fg_trainer_fit(t, &lm, tl, vl, ckpt));
+    if (cfg.strategy) CHECK(!strcmp(fg_fabric_strategy_name(fg_trainer_fabric(t)), cfg.strategy));
+    if (cfg.launched) CHECK(fg_trainer_world_size(t) == 2);
     fg_tensor *p = fg_module_flat_params(m.net);
     out->bytes = fg_tensor_nbytes(p);
     out->params = malloc(out->bytes);
@@ -344,7 +354,7 @@ static void exact_run_on(bool launched, const char *save_dir, const char *ckpt, 
 }
 
 static void exact_run(const char *save_dir, const char *ckpt, exact_out *out, int *saved) {
-    exact_run_on(false, save_dir, ckpt, out, saved);
+    exact_run_on((exact_cfg){0}, save_dir, ckpt, out, saved);
 }
 
 TEST(resume_anywhere_is_bitwise) {
@@ -383,33 +393,49 @@ TEST(resume_anywhere_is_bitwise) {
     free(whole.params);
 }
 
-/* the same under ddp on 2 ranks: each rank ends with the bits it had */
-static int ddp_resume_rank(int rank, int world, void *arg) {
-    const char *dir = arg;
-    tu_fake_launcher(rank, world, 7);
+/* the same under ddp and deepspeed_stage_2 (optimizer state sharded) on 2
+ * ranks, and under 16-mixed (the loss scaler's state travels with the
+ * fabric's checkpoint): each run ends with the bits it had */
+static void resume_points(exact_cfg cfg, const char *dir, const char *what) {
     exact_out whole;
     int saved = 0;
-    exact_run_on(true, dir, NULL, &whole, &saved);
+    exact_run_on(cfg, dir, NULL, &whole, &saved);
     CHECK(saved == 6 && whole.step == 13);
     static const char *const names[] = {"b-val-mid-window", "c-before-val", "f-mid-window"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char path[1024];
         snprintf(path, sizeof path, "%s/%s.safetensors", dir, names[i]);
         exact_out r;
-        exact_run_on(true, NULL, path, &r, NULL);
+        exact_run_on(cfg, NULL, path, &r, NULL);
         CHECK_MSG(r.bytes == whole.bytes && !memcmp(r.params, whole.params, whole.bytes),
-                  "rank %d resumed from %s: other weights", rank, names[i]);
+                  "%s: resumed from %s: other weights", what, names[i]);
         CHECK(r.loss_epoch == whole.loss_epoch && r.val_loss == whole.val_loss);
         free(r.params);
     }
     free(whole.params);
+}
+
+static int sharded_resume_rank(int rank, int world, void *arg) {
+    const char *dir = arg;
+    static const char *const strategies[] = {"ddp", "deepspeed_stage_2"};
+    for (int k = 0; k < 2; k++) {
+        tu_fake_launcher(rank, world, 7 + k);
+        char what[64];
+        snprintf(what, sizeof what, "rank %d, %s", rank, strategies[k]);
+        resume_points((exact_cfg){.launched = true, .strategy = strategies[k]}, dir, what);
+    }
     return 0;
 }
 
-TEST(ddp_resume_is_bitwise) {
+TEST(ddp_and_sharded_resume_is_bitwise) {
     const char *dir = tu_subdir("exact-ddp");
-    CHECK(fg_test_fork_ranks(2, ddp_resume_rank, (void *)dir, 300) == 0);
+    CHECK(fg_test_fork_ranks(2, sharded_resume_rank, (void *)dir, 300) == 0);
     tu_clean_env();
+}
+
+TEST(mixed_precision_resume_is_bitwise) {
+    resume_points((exact_cfg){.precision = "16-mixed"}, tu_subdir("exact-16"), "16-mixed");
+    resume_points((exact_cfg){.precision = "bf16-mixed"}, tu_subdir("exact-bf16"), "bf16-mixed");
 }
 
 /* the module's own pairs travel in the checkpoint; "best" loads for test */
