@@ -6,9 +6,9 @@
  *   example_trainer_mlp --devices 2 --strategy dp        2 threads in one process
  *   example_trainer_mlp --resume last                    on from the last checkpoint
  *
- * Writes RUN/lightning_logs/version_N/{metrics.csv, hparams.yaml,
- * checkpoints/} (RUN: --root, default "runs"). Exit 2 for bad flags, 1 if
- * training failed. */
+ * Writes RUN/lightning_logs/version_N/{metrics.csv, hparams.yaml} and
+ * RUN/checkpoints/ (RUN: --root, default "runs"). Exit 2 for bad flags, 1
+ * if training failed. */
 #include <fulgur/fulgur.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,8 +99,11 @@ int main(int argc, char **argv) {
     fg_dataset *va = fg_dataset_new(&(fg_dataset_ops){length, spec, sample, NULL}, va_ud, "val");
     fg_dataloader *tl = fg_dataloader_new(tr, &(fg_loader_opts){.batch = 64, .shuffle = true});
     fg_dataloader *vl = fg_dataloader_new(va, &(fg_loader_opts){.batch = 128});
+    char ckdir[4096]; /* one folder for every run, so that --resume last finds the last */
+    snprintf(ckdir, sizeof ckdir, "%s/checkpoints", root);
     fg_callback *ckpt =
-        fg_model_checkpoint_new(&(fg_checkpoint_opts){.monitor = "val_loss",
+        fg_model_checkpoint_new(&(fg_checkpoint_opts){.dirpath = ckdir,
+                                                      .monitor = "val_loss",
                                                       .save_top_k = 2,
                                                       .save_last = true,
                                                       .filename = "{epoch}-{val_loss:.3f}"});
