@@ -51,13 +51,162 @@ FG_API bool fg_strategy_kind_is_ddp(fg_strategy_kind k);
 /* True for deepspeed_stage_1, deepspeed_stage_2 and fsdp. Thread-safe. */
 FG_API bool fg_strategy_kind_is_sharded(fg_strategy_kind k);
 
+/* ---------------------------------------------------- DDP communication hooks
+ *
+ * PyTorch's DistributedDataParallel.register_comm_hook (Lightning's
+ * DDPStrategy(ddp_comm_hook=, ddp_comm_state=, ddp_comm_wrapper=)): a hook
+ * replaces the plain averaging allreduce of each gradient bucket. It is
+ * called once per bucket of every backward with sync on, buckets in index
+ * order (the same on every rank), on the thread running backward, as soon
+ * as the bucket's gradients are final; it returns once the bucket holds the
+ * gradient to apply (the average over ranks, or its approximation). Without
+ * a hook the buckets are averaged by asynchronous allreduces overlapping
+ * backward; a hook communicates with blocking calls, so backward waits
+ * while it runs (no overlap yet under a hook).
+ *
+ * The built-in hooks, with PyTorch's semantics (docs/comm-hooks.md):
+ *   fp16_compress, bf16_compress: the bucket divided by the world size, cast
+ *     to f16 / bf16, summed over ranks in that dtype, cast back to f32;
+ *   powersgd: PowerSGD (Vogels et al. 2019) as torch's powerSGD_hook, on
+ *     each parameter of the bucket seen as a matrix (fg_powersgd_opts);
+ *   post_localsgd: plain averaging for the first start_localSGD_iter
+ *     backwards, then none (each rank steps on its own gradient) and the
+ *     parameters averaged over ranks after every `period`-th optimizer step
+ *     (fg_post_localsgd_opts).
+ * A wrapper (ddp_comm_wrapper: fp16_compress_wrapper, bf16_compress_wrapper)
+ * rounds the bucket to f16 / bf16 and makes every allreduce of the hook it
+ * wraps travel in that dtype (PowerSGD's P and Q in half precision). */
+typedef enum fg_ddp_comm_hook {
+    FG_DDP_HOOK_NONE = 0,      /* plain averaging allreduce, overlapped with backward */
+    FG_DDP_HOOK_FP16_COMPRESS, /* "fp16_compress" */
+    FG_DDP_HOOK_BF16_COMPRESS, /* "bf16_compress" */
+    FG_DDP_HOOK_POWERSGD,      /* "powersgd" */
+    FG_DDP_HOOK_POST_LOCALSGD, /* "post_localsgd" */
+    FG_DDP_HOOK_COUNT
+} fg_ddp_comm_hook;
+
+typedef enum fg_ddp_comm_wrapper {
+    FG_DDP_WRAPPER_NONE = 0,
+    FG_DDP_WRAPPER_FP16, /* "fp16": torch's fp16_compress_wrapper */
+    FG_DDP_WRAPPER_BF16, /* "bf16": torch's bf16_compress_wrapper */
+    FG_DDP_WRAPPER_COUNT
+} fg_ddp_comm_wrapper;
+
+/* "none", "fp16_compress", "bf16_compress", "powersgd", "post_localsgd";
+ * "?" if out of range. Thread-safe. */
+FG_API const char *fg_ddp_comm_hook_name(fg_ddp_comm_hook h);
+/* Parses one of those names ("none" too). FG_EINVAL naming the value and
+ * the valid names otherwise (NULL too); *out is set only on FG_OK. */
+FG_API fg_status fg_ddp_comm_hook_parse(const char *name, fg_ddp_comm_hook *out);
+/* "none", "fp16", "bf16"; "?" if out of range. */
+FG_API const char *fg_ddp_comm_wrapper_name(fg_ddp_comm_wrapper w);
+/* Parses "none", "fp16" or "bf16" (also "fp16_compress_wrapper",
+ * "bf16_compress_wrapper"); FG_EINVAL naming the value and the valid ones. */
+FG_API fg_status fg_ddp_comm_wrapper_parse(const char *name, fg_ddp_comm_wrapper *out);
+
+/* torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook.PowerSGDState.
+ * All-zero means PyTorch's defaults.
+ *
+ * Each parameter of a bucket with 2 or more dims is a matrix M of
+ * (shape[0], numel / shape[0]), (n, m); with r = min(rank, n, m) it is
+ * compressed when r (n + m) * min_compression_rate < n m, else it goes with
+ * the 1-dim parameters (biases, norms) into one plain averaging allreduce,
+ * as PyTorch does. For the compressed ones, per backward:
+ *   M += e (error feedback: the residual this rank kept last time);
+ *   Q: (m, r) random N(0, 1) the first time (or every time without warm
+ *      start) from a seed that is the same on every rank, else last time's Q;
+ *      with warm start a reused Q is orthogonalised (Gram-Schmidt) first;
+ *   P = M Q; P summed over ranks (one allreduce for the bucket's Ps);
+ *   P orthogonalised (Gram-Schmidt over its columns);
+ *   Q = M^T P; Q summed over ranks (one allreduce), divided by world size;
+ *   M' = P Q^T, the gradient applied; e = (M + e) - M' over the whole
+ *   bucket (for the uncompressed parameters too, as PyTorch).
+ * Bytes handed to the communicator: r (n + m) floats per compressed matrix
+ * instead of n m. The first start_powerSGD_iter backwards are plain
+ * averaging allreduces (bitwise those of ddp without a hook). */
+typedef struct fg_powersgd_opts {
+    int matrix_approximation_rank; /* 0 = 1 */
+    /* Backwards (with sync) run as plain ddp before compression starts.
+     * 0 = 1000 (PyTorch's default); < 0 = compress from the first one. PyTorch
+     * asks for > 1 when error feedback or warm start is on (its buckets are
+     * rebuilt after the first step); fulgur's buckets are fixed, so any
+     * value works. */
+    int64_t start_powerSGD_iter;
+    double min_compression_rate;      /* 0 = 2 */
+    bool no_error_feedback;           /* PyTorch's use_error_feedback=False */
+    bool no_warm_start;               /* PyTorch's warm_start=False */
+    double orthogonalization_epsilon; /* added to each column's norm before dividing; 0 */
+    uint64_t random_seed;             /* seeds Q's draws, the same on every rank (0 = 0) */
+} fg_powersgd_opts;
+
+/* post_localSGD_hook with PostLocalSGDState, and the PeriodicModelAverager
+ * of PostLocalSGDOptimizer that Lightning adds when model_averaging_period
+ * is set: backwards before start_localSGD_iter average the gradients as
+ * plain ddp; from then on the gradients stay local (PyTorch's
+ * post_local_gradient_allreduce=False; its default allreduces inside each
+ * node's subgroup, which on one node would be plain ddp) and the parameters
+ * are averaged over ranks right after optimizer step k (0-based) whenever
+ * k >= start_localSGD_iter and (k - start_localSGD_iter) % period == 0.
+ * Needs the optimizer given to fg_strategy_new. */
+typedef struct fg_post_localsgd_opts {
+    int64_t start_localSGD_iter; /* 0 = 0: local SGD from the first step */
+    int64_t period;              /* model averaging period in optimizer steps; 0 = 4 */
+} fg_post_localsgd_opts;
+
+/* One bucket as a hook sees it. Everything is borrowed for the call. */
+typedef struct fg_ddp_bucket {
+    int index; /* 0 .. num_buckets-1, 0 holds the last parameters */
+    int num_buckets;
+    float *grad; /* the bucket's slice of the flat gradient (f32), numel elements: the
+                    hook reads this rank's gradient here and leaves the result here */
+    int64_t numel;
+    int64_t offset;           /* element offset of grad[0] in the flat gradient */
+    int nparams;              /* the parameters in the bucket, in model order */
+    fg_tensor *const *params; /* their gradients start at grad + param_offsets[i] */
+    const int64_t *param_offsets;
+    int64_t iter;  /* backwards with sync finished before this one (PyTorch's state.iter) */
+    fg_comm *comm; /* the strategy's communicator */
+    int world_size;
+    void *impl; /* fulgur's: the byte counter and the wrapper's dtype */
+} fg_ddp_bucket;
+
+/* A user hook: leaves in b->grad what the optimizer should apply (usually
+ * the average over ranks). It must make the same collectives on every rank
+ * in the same order, and should make them through fg_ddp_bucket_allreduce
+ * so that fg_strategy_comm_bytes counts them. Returns FG_OK or a status with
+ * fg_error's message; backward then fails with it. */
+typedef fg_status (*fg_ddp_hook_fn)(void *state, const fg_ddp_bucket *b);
+
+/* The allreduce for hooks: buf (count f32 elements, may be b->grad or any
+ * buffer of the hook) becomes op over ranks of buf; counted in
+ * fg_strategy_comm_bytes. Under a wrapper the data travel as f16 / bf16
+ * (rounded once there; the sum computed in f32 and rounded once, then widened
+ * back in place), else as f32. Collective. */
+FG_API fg_status fg_ddp_bucket_allreduce(const fg_ddp_bucket *b, float *buf, int64_t count,
+                                         fg_reduce_op op);
+
 /* DDP's options (PyTorch's DistributedDataParallel arguments). */
 typedef struct fg_ddp_opts {
     double bucket_cap_mb;        /* 0 = 25; the first bucket is 1 MiB, as PyTorch */
     bool find_unused_parameters; /* parameters without a gradient count as zero instead of an error
                                   */
     bool static_graph;           /* the same parameters are used every step (no check) */
+    /* Communication hooks (above). At most one of comm_hook and user_hook;
+     * a wrapper goes around either (or, alone, around the plain average).
+     * Hooks need f32 gradients (FG_EUNSUPPORTED under 64-true). */
+    fg_ddp_comm_hook comm_hook;
+    fg_ddp_comm_wrapper comm_wrapper;
+    fg_powersgd_opts powersgd;           /* comm_hook powersgd */
+    fg_post_localsgd_opts post_localsgd; /* comm_hook post_localsgd */
+    fg_ddp_hook_fn user_hook;            /* a user hook and its state (borrowed for the */
+    void *user_state;                    /* strategy's life) */
 } fg_ddp_opts;
+
+/* Checks ddp's options (o may be NULL): FG_EINVAL naming a hook or wrapper
+ * out of range, both a built-in and a user hook, a negative rank, period,
+ * compression rate or bucket size. The fabric checks its configuration with
+ * it. Thread-safe. */
+FG_API fg_status fg_strategy_check_ddp(const fg_ddp_opts *o);
 
 /* FSDP's sharding strategies (torch.distributed.fsdp.ShardingStrategy).
  * FULL_SHARD is the zero value: PyTorch's and Lightning's default. */
@@ -164,6 +313,21 @@ FG_API void fg_strategy_set_sync(fg_strategy *s, bool sync);
 typedef fg_tensor *(*fg_strategy_step_fn)(fg_module *replica, fg_batch *part, void *ud);
 FG_API fg_status fg_strategy_step(fg_strategy *s, fg_batch *b, fg_strategy_step_fn fn, void *ud,
                                   double *part_losses, int max_parts, int *nparts, double *loss);
+
+/* Bytes this rank handed to the communicator to synchronise gradients
+ * (and, under post_localsgd, to average the parameters): counted at each
+ * call, count x the dtype's size of what was reduced, not the traffic of
+ * the algorithm underneath (a ring allreduce moves about twice that). */
+typedef struct fg_comm_bytes {
+    int64_t steps;       /* backwards with sync so far */
+    uint64_t total;      /* over all of them */
+    uint64_t last_step;  /* in the latest, with the parameter averaging after its step */
+    uint64_t dense_step; /* plain ddp's per step: every gradient element in its dtype */
+} fg_comm_bytes;
+
+/* The byte counts of s (all zero for single and dp). FG_EINVAL for NULL.
+ * Call between steps. */
+FG_API fg_status fg_strategy_comm_bytes(const fg_strategy *s, fg_comm_bytes *out);
 
 /* Global gradient norm and clipping to max_norm (max_norm <= 0: the norm
  * only): when the norm exceeds max_norm, the gradients are scaled by

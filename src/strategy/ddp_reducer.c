@@ -13,7 +13,13 @@
  * alone, pieces in rank order. The shm backend reduces every element in
  * rank order whichever collective carries it, so a shard gets the bits an
  * allreduce would have given it. With after_backward (ZeRO-1) nothing
- * starts during backward: every bucket goes once backward is over. */
+ * starts during backward: every bucket goes once backward is over.
+ *
+ * Communication hooks (ddp only): a ready bucket is handed to the hook
+ * instead, on the backward thread, and the hook's blocking collectives run
+ * before backward goes on (no requests are pending under a hook, so
+ * nothing else is in flight on the communicator). Every element handed to
+ * the communicator, with or without a hook, is counted in bytes. */
 #include <stdio.h>
 #include <string.h>
 
@@ -22,6 +28,7 @@
 typedef struct bucket {
     int64_t begin, end; /* elements of the flat gradient */
     int nparams, pending;
+    int p0; /* its lowest parameter: it holds p0 .. p0 + nparams - 1 */
 } bucket;
 
 struct fg_ddp_reducer {
@@ -43,6 +50,13 @@ struct fg_ddp_reducer {
     int nreqs, reqs_cap;
     fg_status err;
     char errmsg[512];
+    fg_ddp_hook_fn hook; /* ddp with a communication hook */
+    void *hook_state;
+    fg_dtype wire;     /* f32, or a wrapper's f16 / bf16 */
+    int64_t *rel_offs; /* parameter offsets from their bucket's begin (hooks) */
+    uint16_t *half;    /* the wire buffer of a half-precision allreduce */
+    int64_t half_cap;
+    fg_comm_bytes bytes;
 };
 
 int fg_ddp_reducer_num_buckets(const fg_ddp_reducer *r) { return r->nb; }
@@ -55,6 +69,8 @@ void fg_ddp_reducer_free(fg_ddp_reducer *r) {
     if (!r) return;
     for (int i = 0; i < r->nreqs; i++) fg_comm_wait(r->reqs[i]);
     fg_free(r->reqs);
+    fg_free(r->rel_offs);
+    fg_free(r->half);
     fg_free(r->bounds);
     fg_free(r->params);
     fg_free(r->offs);
@@ -81,6 +97,9 @@ fg_status fg_ddp_reducer_new(fg_comm *comm, fg_tensor *flat, int n, fg_tensor *c
     r->static_graph = d.static_graph;
     r->after_backward = d.after_backward;
     r->name = d.name ? d.name : "ddp";
+    r->hook = d.hook;
+    r->hook_state = d.hook_state;
+    r->wire = d.wire ? d.wire : FG_F32;
     if (d.owner_bounds) {
         r->world = d.world;
         r->bounds = fg_calloc((size_t)d.world + 1, sizeof *r->bounds);
@@ -95,7 +114,8 @@ fg_status fg_ddp_reducer_new(fg_comm *comm, fg_tensor *flat, int n, fg_tensor *c
     r->bucket_of = fg_calloc((size_t)n + 1, sizeof *r->bucket_of);
     r->ready = fg_calloc((size_t)n + 1, sizeof *r->ready);
     r->b = fg_calloc((size_t)n + 1, sizeof *r->b);
-    if (!r->params || !r->offs || !r->bucket_of || !r->ready || !r->b) {
+    r->rel_offs = fg_calloc((size_t)n + 1, sizeof *r->rel_offs);
+    if (!r->params || !r->offs || !r->bucket_of || !r->ready || !r->b || !r->rel_offs) {
         fg_ddp_reducer_free(r);
         return fg_error_wrap(FG_ENOMEM, "ddp setup");
     }
@@ -125,10 +145,13 @@ fg_status fg_ddp_reducer_new(fg_comm *comm, fg_tensor *flat, int n, fg_tensor *c
         }
         r->b[cur].begin = i == 0 ? 0 : offs[i];
         r->b[cur].nparams++;
+        r->b[cur].p0 = i;
         r->bucket_of[i] = cur;
         bytes += (double)fg_tensor_numel(params[i]) * (double)es;
     }
     r->nb = cur + 1;
+    for (int i = 0; i < n; i++) r->rel_offs[i] = offs[i] - r->b[r->bucket_of[i]].begin;
+    r->bytes.dense_step = (uint64_t)flat->numel * es;
     /* one request per bucket, or under ZeRO one per piece: a bucket has one
      * piece per shard it meets, and consecutive buckets share at most one
      * shard, so nb + world pieces in all */
@@ -161,14 +184,72 @@ static int owner_of(const fg_ddp_reducer *r, int64_t i) {
     return lo;
 }
 
+/* Rounds n floats to dt (f16 or bf16) and back, in place. */
+static void round_to(float *x, int64_t n, fg_dtype dt) {
+    for (int64_t i = 0; i < n; i++)
+        x[i] = dt == FG_F16 ? fg_f16_to_f32(fg_f32_to_f16(x[i]))
+                            : fg_bf16_to_f32(fg_f32_to_bf16(x[i]));
+}
+
+fg_status fg__ddp_bucket_allreduce_as(const fg_ddp_bucket *b, float *buf, int64_t count,
+                                      fg_dtype wire, fg_reduce_op op) {
+    fg_ddp_reducer *r = b->impl;
+    if (count < 0 || (count > 0 && !buf))
+        return fg_error(FG_EINVAL, "%s: bucket %d: allreduce of %lld elements at %p", r->name,
+                        b->index, (long long)count, (void *)buf);
+    r->bytes.last_step += (uint64_t)count * fg_dtype_size(wire);
+    if (wire == FG_F32) return fg_comm_allreduce(r->comm, buf, buf, count, FG_F32, op);
+    if (count > r->half_cap) {
+        uint16_t *h = fg_realloc(r->half, (size_t)count * sizeof *h);
+        if (!h) return fg_error_wrap(FG_ENOMEM, "%s: bucket %d", r->name, b->index);
+        r->half = h;
+        r->half_cap = count;
+    }
+    FG_TRY(fg_convert(r->half, wire, buf, FG_F32, count));
+    FG_TRY(fg_comm_allreduce(r->comm, r->half, r->half, count, wire, op));
+    return fg_convert(buf, FG_F32, r->half, wire, count);
+}
+
+fg_status fg_ddp_bucket_allreduce(const fg_ddp_bucket *b, float *buf, int64_t count,
+                                  fg_reduce_op op) {
+    if (!b || !b->impl) return fg_error(FG_EINVAL, "ddp_bucket_allreduce: NULL bucket");
+    fg_ddp_reducer *r = b->impl;
+    return fg__ddp_bucket_allreduce_as(b, buf, count, r->wire, op);
+}
+
+/* Bucket bk through the hook (blocking): under a wrapper the bucket is
+ * rounded to its dtype first, and without a hook the wrapper wraps the
+ * plain average. */
+static fg_status run_hook(fg_ddp_reducer *r, const bucket *bk) {
+    fg_ddp_bucket b = {.index = (int)(bk - r->b),
+                       .num_buckets = r->nb,
+                       .grad = (float *)r->flat->data + bk->begin,
+                       .numel = bk->end - bk->begin,
+                       .offset = bk->begin,
+                       .nparams = bk->nparams,
+                       .params = r->params + bk->p0,
+                       .param_offsets = r->rel_offs + bk->p0,
+                       .iter = r->bytes.steps,
+                       .comm = r->comm,
+                       .world_size = fg_comm_size(r->comm),
+                       .impl = r};
+    if (r->wire != FG_F32) round_to(b.grad, b.numel, r->wire);
+    if (!r->hook) return fg_ddp_bucket_allreduce(&b, b.grad, b.numel, FG_AVG);
+    fg_status s = r->hook(r->hook_state, &b);
+    if (s != FG_OK) return fg_error_wrap(s, "%s: communication hook", r->name);
+    return FG_OK;
+}
+
 /* Starts bucket bk: one allreduce, or under ZeRO one reduce per shard it
  * meets, to that shard's rank. */
 static fg_status start_bucket(fg_ddp_reducer *r, const bucket *bk) {
     size_t es = fg_dtype_size(r->flat->dtype);
     fg_dtype dt = r->flat->dtype;
     char *base = r->flat->data;
+    if (r->hook || r->wire != FG_F32) return run_hook(r, bk);
     if (!r->bounds) {
         void *p = base + (size_t)bk->begin * es;
+        r->bytes.last_step += (uint64_t)(bk->end - bk->begin) * es;
         return fg_comm_iallreduce(r->comm, p, p, bk->end - bk->begin, dt, FG_AVG,
                                   &r->reqs[r->nreqs++]);
     }
@@ -180,6 +261,7 @@ static fg_status start_bucket(fg_ddp_reducer *r, const bucket *bk) {
             return fg_error(FG_EINTERNAL, "%s: more reductions than planned (%d)", r->name,
                             r->reqs_cap);
         void *p = base + (size_t)lo * es;
+        r->bytes.last_step += (uint64_t)(hi - lo) * es;
         FG_TRY(fg_comm_ireduce(r->comm, p, p, hi - lo, dt, FG_AVG, q, &r->reqs[r->nreqs++]));
     }
     return FG_OK;
@@ -231,11 +313,25 @@ static void on_ready(void *ud, fg_tensor *leaf) {
     launch_ready(r);
 }
 
+void fg_ddp_reducer_bytes(const fg_ddp_reducer *r, fg_comm_bytes *out) { *out = r->bytes; }
+void fg_ddp_reducer_add_bytes(fg_ddp_reducer *r, uint64_t bytes) {
+    r->bytes.last_step += bytes;
+    r->bytes.total += bytes;
+}
+
+/* Counts a synchronisation that ended with status s. */
+static fg_status count_step(fg_ddp_reducer *r, fg_status s) {
+    r->bytes.total += r->bytes.last_step;
+    if (s == FG_OK) r->bytes.steps++;
+    return s;
+}
+
 fg_status fg_ddp_reducer_backward(fg_ddp_reducer *r, fg_tensor *loss, bool sync) {
     if (!sync) return fg_backward(loss);
     r->err = FG_OK;
     r->next = 0;
     r->nreqs = 0;
+    r->bytes.last_step = 0;
     if (r->after_backward) {
         fg_status s = fg_backward(loss);
         if (s != FG_OK) return s;
@@ -265,14 +361,15 @@ fg_status fg_ddp_reducer_backward(fg_ddp_reducer *r, fg_tensor *loss, bool sync)
         }
     }
     fg_status ws = wait_all(r);
-    return s != FG_OK ? s : ws;
+    return count_step(r, s != FG_OK ? s : ws);
 }
 
 fg_status fg_ddp_reducer_reduce(fg_ddp_reducer *r) {
     r->err = FG_OK;
     r->next = 0;
     r->nreqs = 0;
+    r->bytes.last_step = 0;
     for (int b = 0; b < r->nb; b++) r->b[b].pending = 0;
     launch_ready(r);
-    return wait_all(r);
+    return count_step(r, wait_all(r));
 }

@@ -6,6 +6,7 @@
 
 #include "autograd/autograd_impl.h"
 #include "fulgur/comm.h"
+#include "fulgur/strategy.h"
 
 typedef struct fg_ddp_reducer fg_ddp_reducer;
 
@@ -22,6 +23,14 @@ typedef struct fg_ddp_reducer_opts {
     const int64_t *owner_bounds;
     int world;
     bool after_backward; /* no overlap: every bucket starts once backward is over */
+    /* ddp only: a communication hook run on each bucket instead of the
+     * averaging allreduce (blocking, on the backward thread), with its
+     * state; wire is the dtype of fg_ddp_bucket_allreduce (0: f32, else the
+     * wrapper's f16 / bf16, which also rounds each bucket to it first). A
+     * wire without a hook wraps the plain average. */
+    fg_ddp_hook_fn hook;
+    void *hook_state;
+    fg_dtype wire;
 } fg_ddp_reducer_opts;
 
 /* params[i] are the parameter tensors, whose gradients are views into
@@ -42,6 +51,15 @@ fg_status fg_ddp_reducer_backward(fg_ddp_reducer *r, fg_tensor *loss, bool sync)
 fg_status fg_ddp_reducer_reduce(fg_ddp_reducer *r);
 
 int fg_ddp_reducer_num_buckets(const fg_ddp_reducer *r);
+/* The byte counts (fg_strategy_comm_bytes); add_bytes counts what the
+ * strategy hands the communicator itself (post_localsgd's averaging) into
+ * the latest step. */
+void fg_ddp_reducer_bytes(const fg_ddp_reducer *r, fg_comm_bytes *out);
+void fg_ddp_reducer_add_bytes(fg_ddp_reducer *r, uint64_t bytes);
+/* Sums (op) buf over ranks as fg_ddp_bucket_allreduce, in dtype wire
+ * (f16, bf16 or f32) whatever the reducer's wire: the compress hooks. */
+fg_status fg__ddp_bucket_allreduce_as(const fg_ddp_bucket *b, float *buf, int64_t count,
+                                      fg_dtype wire, fg_reduce_op op);
 /* Element range [begin, end) of bucket b in the flat gradient. */
 void fg_ddp_reducer_bucket_range(const fg_ddp_reducer *r, int b, int64_t *begin, int64_t *end);
 

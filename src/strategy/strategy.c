@@ -9,6 +9,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "ddp_hooks.h"
 #include "strategy_impl.h"
 
 fg_strategy_kind fg_strategy_kind_of(const fg_strategy *s) { return s->kind; }
@@ -109,6 +110,7 @@ fg_status fg_strategy_shard_range(const fg_strategy *s, int rank, int64_t *begin
 
 void fg_strategy_free(fg_strategy *s) {
     if (!s) return;
+    fg__ddp_hooks_free(s);
     fg_ddp_reducer_free(s->reducer);
     fg__zero_free(s);
     fg__dp_free(s);
@@ -156,7 +158,16 @@ static fg_status setup_ddp(fg_strategy *s, const fg_ddp_opts *o) {
                               .find_unused_parameters = o && o->find_unused_parameters,
                               .static_graph = o && o->static_graph,
                               .name = fg_strategy_kind_name(s->kind)};
-    return fg__strategy_reducer_new(s, &ro);
+    FG_TRY(fg__ddp_hooks_setup(s, o, &ro));
+    FG_TRY(fg__strategy_reducer_new(s, &ro));
+    return fg__ddp_hooks_attach(s);
+}
+
+fg_status fg_strategy_comm_bytes(const fg_strategy *s, fg_comm_bytes *out) {
+    if (!s || !out) return fg_error(FG_EINVAL, "strategy_comm_bytes: NULL argument");
+    *out = (fg_comm_bytes){0};
+    if (s->reducer) fg_ddp_reducer_bytes(s->reducer, out);
+    return FG_OK;
 }
 
 /* The mode of a kind with its options (checked already). */
@@ -188,6 +199,7 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
         return NULL;
     }
     if (fg_strategy_check_sharded(kind, sharded) != FG_OK) return NULL;
+    if (fg_strategy_check_ddp(ddp) != FG_OK) return NULL;
     fg_strategy *s = fg_calloc(1, sizeof *s);
     if (!s) return NULL; /* fg_calloc left FG_ENOMEM */
     s->kind = kind;

@@ -26,9 +26,11 @@ struct fg_strategy {
     fg_module *model;
     fg_optimizer *opt;
     bool sync;
-    fg_ddp_reducer *reducer; /* ddp, zero */
-    fg_dp_state *dp;         /* dp */
-    fg_zero_state *zero;     /* zero */
+    fg_ddp_reducer *reducer;           /* ddp, zero */
+    fg_dp_state *dp;                   /* dp */
+    fg_zero_state *zero;               /* zero */
+    const struct fg_ddp_hook_vt *hook; /* ddp with a built-in comm hook */
+    void *hook_state;
 };
 
 /* strategy.c: rank 0's parameters to every rank; the reducer over the

@@ -1,0 +1,235 @@
+/* PowerSGD (Vogels, Karimireddy and Jaggi 2019) as torch's powerSGD_hook:
+ * each parameter of a bucket with 2 or more dims is a matrix M (n, m) =
+ * (shape[0], numel / shape[0]), approximated by P Q^T of rank r, where only
+ * P (n, r) and Q (m, r) travel. The parameters too small to gain (r (n + m)
+ * * min_compression_rate >= n m) and the 1-dim ones go through one plain
+ * averaging allreduce. fg_powersgd_opts in strategy.h has the steps.
+ *
+ * State, per bucket: the error-feedback residual (the bucket's size) and
+ * the Qs of its compressed parameters (warm start), both made at the first
+ * compressed backward. The random Qs come from fg_rng_fill_normal with a
+ * seed derived from (random_seed, draws so far): every rank draws the same
+ * numbers in the same order, as PyTorch seeds torch.randn from a numpy RNG
+ * seeded alike on every rank. Products run in double accumulators. */
+#include <math.h>
+#include <string.h>
+
+#include "ddp_hooks.h"
+
+typedef struct pbucket {
+    float *err; /* numel: residual, NULL until the first compressed backward */
+    float *q;   /* the Qs of the compressed parameters, packed; NULL until then */
+} pbucket;
+
+typedef struct psgd {
+    int rank;
+    int64_t start;
+    double min_rate, eps;
+    bool ef, warm;
+    uint64_t seed, draws;
+    int nb;
+    pbucket *b;
+    float *scratch; /* the input copy, packed Ps and the uncompressed elements */
+    int64_t scratch_cap;
+} psgd;
+
+static fg_status state_new(fg_strategy *s, const fg_ddp_opts *o, void **out) {
+    (void)s;
+    const fg_powersgd_opts *po = &o->powersgd;
+    psgd *p = fg_calloc(1, sizeof *p);
+    if (!p) return fg_error_wrap(FG_ENOMEM, "powersgd setup");
+    p->rank = po->matrix_approximation_rank > 0 ? po->matrix_approximation_rank : 1;
+    p->start = po->start_powerSGD_iter == 0 ? 1000 : FG_MAX(0, po->start_powerSGD_iter);
+    p->min_rate = po->min_compression_rate > 0 ? po->min_compression_rate : 2.0;
+    p->eps = po->orthogonalization_epsilon;
+    p->ef = !po->no_error_feedback;
+    p->warm = !po->no_warm_start;
+    p->seed = po->random_seed;
+    *out = p;
+    return FG_OK;
+}
+
+static void state_free(void *state) {
+    psgd *p = state;
+    if (!p) return;
+    for (int i = 0; i < p->nb; i++) {
+        fg_free(p->b[i].err);
+        fg_free(p->b[i].q);
+    }
+    fg_free(p->b);
+    fg_free(p->scratch);
+    fg_free(p);
+}
+
+/* The matrix view of parameter t and its rank; false when it goes
+ * uncompressed. */
+static bool as_matrix(const psgd *p, const fg_tensor *t, int64_t *n, int64_t *m, int64_t *r) {
+    int64_t numel = fg_tensor_numel(t);
+    if (fg_tensor_ndim(t) < 2 || numel == 0) return false;
+    *n = fg_tensor_shape(t)[0];
+    *m = numel / *n;
+    *r = FG_MIN((int64_t)p->rank, FG_MIN(*n, *m));
+    return (double)(*r * (*n + *m)) * p->min_rate < (double)(*n * *m);
+}
+
+/* Modified Gram-Schmidt over the `cols` columns of a (rows, cols)
+ * row-major matrix, as torch's _orthogonalize_gram_schmidt; a zero column
+ * stays zero (PyTorch would make it NaN). */
+static void orthogonalize(float *a, int64_t rows, int64_t cols, double eps) {
+    for (int64_t i = 0; i < cols; i++) {
+        double nn = 0;
+        for (int64_t k = 0; k < rows; k++) nn += (double)a[k * cols + i] * a[k * cols + i];
+        double d = sqrt(nn) + eps;
+        float inv = d > 0 ? (float)(1.0 / d) : 0.0f;
+        for (int64_t k = 0; k < rows; k++) a[k * cols + i] *= inv;
+        for (int64_t j = i + 1; j < cols; j++) {
+            double dot = 0;
+            for (int64_t k = 0; k < rows; k++) dot += (double)a[k * cols + i] * a[k * cols + j];
+            for (int64_t k = 0; k < rows; k++) a[k * cols + j] -= (float)dot * a[k * cols + i];
+        }
+    }
+}
+
+/* out (n, r) = M (n, m) Q (m, r) */
+static void mul_mq(const float *M, const float *Q, float *out, int64_t n, int64_t m, int64_t r) {
+    for (int64_t a = 0; a < n; a++)
+        for (int64_t k = 0; k < r; k++) {
+            double acc = 0;
+            for (int64_t c = 0; c < m; c++) acc += (double)M[a * m + c] * Q[c * r + k];
+            out[a * r + k] = (float)acc;
+        }
+}
+
+/* out (m, r) = M^T (m, n) P (n, r) */
+static void mul_mtp(const float *M, const float *P, float *out, int64_t n, int64_t m, int64_t r) {
+    for (int64_t c = 0; c < m; c++)
+        for (int64_t k = 0; k < r; k++) {
+            double acc = 0;
+            for (int64_t a = 0; a < n; a++) acc += (double)M[a * m + c] * P[a * r + k];
+            out[c * r + k] = (float)acc;
+        }
+}
+
+/* M (n, m) = P (n, r) Q^T */
+static void mul_pqt(const float *P, const float *Q, float *M, int64_t n, int64_t m, int64_t r) {
+    for (int64_t a = 0; a < n; a++)
+        for (int64_t c = 0; c < m; c++) {
+            double acc = 0;
+            for (int64_t k = 0; k < r; k++) acc += (double)P[a * r + k] * Q[c * r + k];
+            M[a * m + c] = (float)acc;
+        }
+}
+
+static fg_status grow(psgd *p, int64_t n) {
+    if (n <= p->scratch_cap) return FG_OK;
+    float *s = fg_realloc(p->scratch, (size_t)n * sizeof *s);
+    if (!s) return fg_error_wrap(FG_ENOMEM, "powersgd");
+    p->scratch = s;
+    p->scratch_cap = n;
+    return FG_OK;
+}
+
+/* Copies the bucket's elements outside the compressed parameters (1-dim
+ * and small parameters, and any gap between parameters) to U, packed in
+ * bucket order, or (back) from U to the bucket. Returns their count. */
+static int64_t pack(const psgd *p, const fg_ddp_bucket *b, float *U, bool back) {
+    int64_t pos = 0, u = 0;
+    for (int i = 0; i <= b->nparams; i++) {
+        int64_t n, m, r, lo = b->numel, hi = b->numel;
+        if (i < b->nparams) {
+            if (!as_matrix(p, b->params[i], &n, &m, &r)) continue;
+            lo = b->param_offsets[i];
+            hi = lo + n * m;
+        }
+        if (lo > pos) {
+            size_t bytes = (size_t)(lo - pos) * sizeof *U;
+            if (back) memcpy(b->grad + pos, U + u, bytes);
+            else memcpy(U + u, b->grad + pos, bytes);
+            u += lo - pos;
+        }
+        pos = hi;
+    }
+    return u;
+}
+
+static fg_status run(void *state, const fg_ddp_bucket *b) {
+    psgd *p = state;
+    if (b->iter < p->start) return fg_ddp_bucket_allreduce(b, b->grad, b->numel, FG_AVG);
+    if (!p->b) {
+        p->b = fg_calloc((size_t)b->num_buckets, sizeof *p->b);
+        if (!p->b) return fg_error_wrap(FG_ENOMEM, "powersgd");
+        p->nb = b->num_buckets;
+    }
+    pbucket *pb = &p->b[b->index];
+    /* sizes: compressed elements, Ps and Qs */
+    int64_t nc = 0, np = 0, nq = 0;
+    for (int i = 0; i < b->nparams; i++) {
+        int64_t n, m, r;
+        if (!as_matrix(p, b->params[i], &n, &m, &r)) continue;
+        nc += n * m;
+        np += n * r;
+        nq += m * r;
+    }
+    int64_t nu = b->numel - nc;
+    /* scratch: [input copy (numel) | Ps (np) | uncompressed (nu)] */
+    FG_TRY(grow(p, b->numel + np + nu));
+    float *cp = p->scratch, *P = cp + b->numel, *U = P + np;
+    if (p->ef) {
+        if (!pb->err) {
+            pb->err = fg_calloc((size_t)b->numel + 1, sizeof *pb->err);
+            if (!pb->err) return fg_error_wrap(FG_ENOMEM, "powersgd");
+        }
+        for (int64_t i = 0; i < b->numel; i++) b->grad[i] += pb->err[i];
+        memcpy(cp, b->grad, (size_t)b->numel * sizeof *cp);
+    }
+    bool fresh = !pb->q || !p->warm;
+    if (!pb->q) {
+        pb->q = fg_calloc((size_t)nq + 1, sizeof *pb->q);
+        if (!pb->q) return fg_error_wrap(FG_ENOMEM, "powersgd");
+    }
+    if (fresh) fg_rng_fill_normal(fg_rng_derive(p->seed, p->draws++), 0, pb->q, nq, 0, 1);
+    if (pack(p, b, U, false) != nu)
+        return fg_error(FG_EINTERNAL, "powersgd: bucket %d: parameters overlap", b->index);
+    FG_TRY(fg_ddp_bucket_allreduce(b, U, nu, FG_AVG));
+    /* P = M Q for each compressed parameter (reused Qs orthogonalised first) */
+    int64_t po = 0, qo = 0;
+    for (int i = 0; i < b->nparams; i++) {
+        int64_t n, m, r;
+        if (!as_matrix(p, b->params[i], &n, &m, &r)) continue;
+        float *Q = pb->q + qo;
+        if (!fresh) orthogonalize(Q, m, r, p->eps);
+        mul_mq(b->grad + b->param_offsets[i], Q, P + po, n, m, r);
+        po += n * r;
+        qo += m * r;
+    }
+    FG_TRY(fg_ddp_bucket_allreduce(b, P, np, FG_SUM));
+    /* orthogonal P; Q = M^T P */
+    po = qo = 0;
+    for (int i = 0; i < b->nparams; i++) {
+        int64_t n, m, r;
+        if (!as_matrix(p, b->params[i], &n, &m, &r)) continue;
+        orthogonalize(P + po, n, r, p->eps);
+        mul_mtp(b->grad + b->param_offsets[i], P + po, pb->q + qo, n, m, r);
+        po += n * r;
+        qo += m * r;
+    }
+    FG_TRY(fg_ddp_bucket_allreduce(b, pb->q, nq, FG_SUM));
+    float w = (float)b->world_size;
+    for (int64_t i = 0; i < nq; i++) pb->q[i] /= w;
+    /* M' = P Q^T in place; the averaged uncompressed elements back */
+    po = qo = 0;
+    for (int i = 0; i < b->nparams; i++) {
+        int64_t n, m, r;
+        if (!as_matrix(p, b->params[i], &n, &m, &r)) continue;
+        mul_pqt(P + po, pb->q + qo, b->grad + b->param_offsets[i], n, m, r);
+        po += n * r;
+        qo += m * r;
+    }
+    pack(p, b, U, true);
+    if (p->ef)
+        for (int64_t i = 0; i < b->numel; i++) pb->err[i] = cp[i] - b->grad[i];
+    return FG_OK;
+}
+
+const fg_ddp_hook_vt fg__hook_powersgd = {
+    .name = "powersgd", .state_new = state_new, .state_free = state_free, .run = run};
