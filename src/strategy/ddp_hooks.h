@@ -27,4 +27,9 @@ void fg__ddp_hooks_free(fg_strategy *s);
 /* The entries of hook_compress.c, hook_powersgd.c, hook_localsgd.c. */
 extern const fg_ddp_hook_vt fg__hook_fp16, fg__hook_bf16, fg__hook_powersgd, fg__hook_localsgd;
 
+/* hook_powersgd.c, for the tests: bucket b's error-feedback residual
+ * (its numel elements), NULL before the first compressed backward or
+ * without powersgd. */
+const float *fg__powersgd_residual(const fg_strategy *s, int b);
+
 #endif

@@ -72,21 +72,37 @@ static bool as_matrix(const psgd *p, const fg_tensor *t, int64_t *n, int64_t *m,
     return (double)(*r * (*n + *m)) * p->min_rate < (double)(*n * *m);
 }
 
-/* Modified Gram-Schmidt over the `cols` columns of a (rows, cols)
- * row-major matrix, as torch's _orthogonalize_gram_schmidt; a zero column
- * stays zero (PyTorch would make it NaN). */
+/* Gram-Schmidt over the `cols` columns of a (rows, cols) row-major
+ * matrix, as torch's _orthogonalize_gram_schmidt (each column made
+ * orthogonal to the ones before, then divided by its norm + eps), with two
+ * additions for a P of more columns than the rank of the summed gradient
+ * (rank = min(n, m) on a rank-deficient matrix), where PyTorch's columns
+ * past the rank are normalised rounding noise, not orthogonal to the others,
+ * and P P^T M is no longer M: a column that lost more than 1 - 1/sqrt(2) of
+ * its norm to the projections is projected once more ("twice is enough",
+ * Kahan and Parlett), and one left with less than 1e-5 of its norm is
+ * numerically dependent and set to zero. A zero column stays zero (PyTorch
+ * would make it NaN). Columns of full-rank P are PyTorch's up to
+ * rounding. */
 static void orthogonalize(float *a, int64_t rows, int64_t cols, double eps) {
-    for (int64_t i = 0; i < cols; i++) {
-        double nn = 0;
-        for (int64_t k = 0; k < rows; k++) nn += (double)a[k * cols + i] * a[k * cols + i];
-        double d = sqrt(nn) + eps;
-        float inv = d > 0 ? (float)(1.0 / d) : 0.0f;
-        for (int64_t k = 0; k < rows; k++) a[k * cols + i] *= inv;
-        for (int64_t j = i + 1; j < cols; j++) {
-            double dot = 0;
-            for (int64_t k = 0; k < rows; k++) dot += (double)a[k * cols + i] * a[k * cols + j];
-            for (int64_t k = 0; k < rows; k++) a[k * cols + j] -= (float)dot * a[k * cols + i];
+    for (int64_t j = 0; j < cols; j++) {
+        double orig = 0;
+        for (int64_t k = 0; k < rows; k++) orig += (double)a[k * cols + j] * a[k * cols + j];
+        double before = orig, after = orig;
+        for (int pass = 0; pass < 2 && j > 0; pass++) {
+            if (pass == 1 && after >= 0.5 * before) break;
+            before = after;
+            for (int64_t i = 0; i < j; i++) {
+                double dot = 0;
+                for (int64_t k = 0; k < rows; k++) dot += (double)a[k * cols + i] * a[k * cols + j];
+                for (int64_t k = 0; k < rows; k++) a[k * cols + j] -= (float)dot * a[k * cols + i];
+            }
+            after = 0;
+            for (int64_t k = 0; k < rows; k++) after += (double)a[k * cols + j] * a[k * cols + j];
         }
+        double d = sqrt(after) + eps;
+        float inv = d > 0 && after > 1e-10 * orig ? (float)(1.0 / d) : 0.0f;
+        for (int64_t k = 0; k < rows; k++) a[k * cols + j] *= inv;
     }
 }
 
@@ -229,6 +245,12 @@ static fg_status run(void *state, const fg_ddp_bucket *b) {
     if (p->ef)
         for (int64_t i = 0; i < b->numel; i++) pb->err[i] = cp[i] - b->grad[i];
     return FG_OK;
+}
+
+const float *fg__powersgd_residual(const fg_strategy *s, int b) {
+    if (s->hook != &fg__hook_powersgd) return NULL;
+    const psgd *p = s->hook_state;
+    return p->b && b >= 0 && b < p->nb ? p->b[b].err : NULL;
 }
 
 const fg_ddp_hook_vt fg__hook_powersgd = {
