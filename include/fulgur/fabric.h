@@ -59,7 +59,8 @@ typedef struct fg_fabric_config {
     int num_nodes;           /* 0 = 1, or the launcher's nodes */
     int threads_per_rank;    /* 0 = FULGUR_NUM_THREADS, else cores / local ranks */
     uint64_t seed;           /* non-zero: fg_fabric_seed_everything(f, seed) at fg_fabric_new */
-    fg_ddp_opts ddp;         /* bucket_cap_mb, find_unused_parameters, static_graph */
+    fg_ddp_opts ddp;         /* bucket_cap_mb, find_unused_parameters, static_graph, the
+                                communication hooks (checked by fg_strategy_check_ddp) */
     fg_sharded_opts sharded; /* the sharded strategies: reduce_bucket_size,
                                 allgather_bucket_size, sharding_strategy (fsdp: SHARD_GRAD_OP
                                 or NO_SHARD; the zero value FULL_SHARD is not built yet) */
@@ -325,6 +326,10 @@ FG_API bool fg_fabric_running(const fg_fabric *f);
 /* The model fg_fabric_setup prepared in this launch, or NULL (none yet, or
  * after the launch ended, or NULL f). Borrowed: the caller's. */
 FG_API fg_module *fg_fabric_model(const fg_fabric *f);
+/* The strategy fg_fabric_setup made (NULL before it): its byte counts
+ * (fg_strategy_comm_bytes), its shards. Borrowed until the launch's run
+ * returns. */
+FG_API const fg_strategy *fg_fabric_strategy(const fg_fabric *f);
 
 #ifdef __cplusplus
 }

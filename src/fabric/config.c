@@ -32,6 +32,7 @@ fg_fabric *fg_fabric_new(const fg_fabric_config *cfg) {
     if (fg__fabric_plan(f, &f->plan) != FG_OK) goto fail;
     if (fg__fabric_precision_init(f) != FG_OK) goto fail;
     if (fg_strategy_check_sharded(f->plan.strategy, &f->cfg.sharded) != FG_OK) goto fail;
+    if (fg_strategy_check_ddp(&f->cfg.ddp) != FG_OK) goto fail;
     pthread_mutex_init(&f->comm_mu, NULL);
     f->world_size = 1;
     if (f->cfg.seed) fg_fabric_seed_everything(f, f->cfg.seed);

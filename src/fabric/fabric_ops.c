@@ -199,3 +199,4 @@ const char *fg_fabric_strategy_name(const fg_fabric *f) {
 fg_comm *fg_fabric_comm(const fg_fabric *f) { return f->comm; }
 bool fg_fabric_running(const fg_fabric *f) { return f && f->running; }
 fg_module *fg_fabric_model(const fg_fabric *f) { return f ? f->model : NULL; }
+const fg_strategy *fg_fabric_strategy(const fg_fabric *f) { return f ? f->strategy : NULL; }

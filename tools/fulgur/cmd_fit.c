@@ -26,6 +26,7 @@ int cmd_fit(int argc, char **argv) {
         .num_nodes = (int)o.num_nodes,
         .seed = (uint64_t)o.seed,
         .sharded = o.sharded,
+        .ddp = o.ddp,
     });
     if (!f) {
         /* bad devices/strategy/precision: usage; anything else (memory, I/O) a failure */

@@ -36,6 +36,10 @@ typedef struct fit_opts {
     const char *sharding_strategy; /* fsdp: as given; parsed into `sharded` */
     int64_t reduce_bucket_size, allgather_bucket_size;
     fg_sharded_opts sharded;
+    /* ddp's communication hooks (Lightning's DDPStrategy ddp_comm_hook) */
+    const char *comm_hook, *comm_wrapper; /* as given; parsed into `ddp` */
+    int64_t powersgd_rank, start_powersgd_iter, start_localsgd_iter, localsgd_period;
+    fg_ddp_opts ddp;
     /* loop */
     int64_t max_epochs, max_steps, batch_size, accumulate, num_workers;
     double clip, lr, min_lr_ratio, weight_decay, momentum;

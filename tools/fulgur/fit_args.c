@@ -17,6 +17,9 @@
 static const char *const k_models[] = {"gpt", "mlp", NULL};
 static const char *const k_optims[] = {"adamw", "sgd", NULL};
 static const char *const k_progress[] = {"auto", "bar", "lines", "none", NULL};
+static const char *const k_hooks[] = {"none",     "fp16_compress", "bf16_compress",
+                                      "powersgd", "post_localsgd", NULL};
+static const char *const k_wrappers[] = {"none", "fp16", "bf16", NULL};
 
 #define USAGE "fulgur fit --model {gpt,mlp} --data PATH [--val-data PATH] [FLAGS]"
 
@@ -73,6 +76,20 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .def = "0", .min = 0, .max = INT64_MAX / 2,
       .help = "sharded strategies: elements per parameter all-gather after each step "
               "(0: 200000000)");
+    F(.name = "ddp-comm-hook", .type = CLI_STR, .dst = &o->comm_hook, .def = "none",
+      .choices = k_hooks, .help = "ddp: gradient communication hook (docs/comm-hooks.md)");
+    F(.name = "ddp-comm-wrapper", .type = CLI_STR, .dst = &o->comm_wrapper, .def = "none",
+      .choices = k_wrappers, .help = "ddp: send the hook's data as fp16 or bf16");
+    F(.name = "powersgd-rank", .type = CLI_INT, .dst = &o->powersgd_rank, .def = "1", .min = 1,
+      .max = 1 << 20, .help = "powersgd: matrix_approximation_rank");
+    F(.name = "start-powersgd-iter", .type = CLI_INT, .dst = &o->start_powersgd_iter, .def = "1000",
+      .min = 0, .max = INT64_MAX / 2,
+      .help = "powersgd: steps of plain ddp before compression starts");
+    F(.name = "start-localsgd-iter", .type = CLI_INT, .dst = &o->start_localsgd_iter, .def = "0",
+      .min = 0, .max = INT64_MAX / 2,
+      .help = "post_localsgd: steps of plain ddp before local SGD starts");
+    F(.name = "localsgd-period", .type = CLI_INT, .dst = &o->localsgd_period, .def = "4", .min = 1,
+      .max = INT64_MAX / 2, .help = "post_localsgd: average the weights over ranks every N steps");
     F(.name = "precision", .type = CLI_STR, .dst = &o->precision, .def = "32-true",
       .help = "32-true (32), 64-true (64); 16-mixed, bf16-mixed, 16-true, bf16-true not built yet");
     F(.name = "num-nodes", .type = CLI_INT, .dst = &o->num_nodes, .def = "0", .min = 0,
@@ -186,13 +203,57 @@ static int sharded_args(fit_opts *o, cli_flag *flags, int n) {
     return 0;
 }
 
+/* The communication hook flags: parsed into o->ddp, and refused where
+ * they mean nothing (another hook's flag, a strategy without ddp's
+ * buckets). */
+static int hook_args(fit_opts *o, cli_flag *flags, int n) {
+    fg_ddp_opts *d = &o->ddp;
+    if (fg_ddp_comm_hook_parse(o->comm_hook, &d->comm_hook) != FG_OK ||
+        fg_ddp_comm_wrapper_parse(o->comm_wrapper, &d->comm_wrapper) != FG_OK) {
+        cli_error("%s", fg_last_error()); /* the table's choices caught these already */
+        return FG_EXIT_USAGE;
+    }
+    static const struct {
+        const char *flag;
+        fg_ddp_comm_hook hook;
+    } k_own[] = {{"powersgd-rank", FG_DDP_HOOK_POWERSGD},
+                 {"start-powersgd-iter", FG_DDP_HOOK_POWERSGD},
+                 {"start-localsgd-iter", FG_DDP_HOOK_POST_LOCALSGD},
+                 {"localsgd-period", FG_DDP_HOOK_POST_LOCALSGD}};
+    for (size_t i = 0; i < sizeof k_own / sizeof k_own[0]; i++)
+        if (cli_flags_find(flags, n, k_own[i].flag)->seen && d->comm_hook != k_own[i].hook) {
+            cli_error("--%s is for --ddp-comm-hook %s; got --ddp-comm-hook %s", k_own[i].flag,
+                      fg_ddp_comm_hook_name(k_own[i].hook), o->comm_hook);
+            return FG_EXIT_USAGE;
+        }
+    fg_strategy_kind kind;
+    bool known = fg_launch_parse_strategy(o->strategy, 1, 1, &kind) == FG_OK;
+    fg_clear_error();
+    bool hooked = d->comm_hook != FG_DDP_HOOK_NONE || d->comm_wrapper != FG_DDP_WRAPPER_NONE;
+    if (hooked && known &&
+        (!fg_strategy_kind_is_ddp(kind) ||
+         (fg_strategy_kind_is_sharded(kind) &&
+          !(kind == FG_STRATEGY_FSDP && o->sharded.sharding_strategy == FG_SHARDING_NO_SHARD)))) {
+        cli_error("--ddp-comm-hook and --ddp-comm-wrapper are ddp's (ddp, ddp_spawn, ddp_fork, "
+                  "fsdp with NO_SHARD); --strategy=%s has no gradient buckets to hook",
+                  o->strategy);
+        return FG_EXIT_USAGE;
+    }
+    d->powersgd.matrix_approximation_rank = (int)o->powersgd_rank;
+    d->powersgd.start_powerSGD_iter = o->start_powersgd_iter ? o->start_powersgd_iter : -1;
+    d->post_localsgd.start_localSGD_iter = o->start_localsgd_iter;
+    d->post_localsgd.period = o->localsgd_period;
+    return 0;
+}
+
 int fit_args_parse(fit_opts *o, int argc, char **argv) {
     memset(o, 0, sizeof *o);
-    cli_flag flags[64];
+    cli_flag flags[80];
     int n = build_flags(o, flags);
     int rc = cli_flags_parse(flags, n, argc, argv, USAGE, NULL, 0, NULL);
     if (rc) return rc;
     if ((rc = sharded_args(o, flags, n))) return rc;
+    if ((rc = hook_args(o, flags, n))) return rc;
     o->kind = !strcmp(o->model, "mlp") ? FIT_MLP : FIT_GPT;
     if (!o->data) {
         cli_error("--data is required: a text file or folder, a .bin token file, or (mlp) a .npy");

@@ -466,6 +466,14 @@ int fit_run(fg_fabric *f, void *arg) {
         if (!isnan(c.last_val)) snprintf(val, sizeof val, "%.4f", c.last_val);
         printf("done: %lld steps in %.1f s; val loss %s; checkpoint %s\n", (long long)c.step,
                fg_time() - t_start, val, c.last_ckpt);
+        fg_comm_bytes cb;
+        if (c.world > 1 && fg_strategy_comm_bytes(fg_fabric_strategy(f), &cb) == FG_OK &&
+            cb.steps > 0) /* counted by the strategy, not assumed */
+            printf("comm: %.0f bytes per step handed to the communicator by rank 0 (%lld "
+                   "synchronised backwards, %.4g of plain ddp's %llu)\n",
+                   (double)cb.total / (double)cb.steps, (long long)cb.steps,
+                   (double)cb.total / (double)cb.steps / (double)cb.dense_step,
+                   (unsigned long long)cb.dense_step);
         const fg_scaler *sc = fg_fabric_scaler(f);
         if (sc) /* 16-mixed: what the loss scaler did */
             printf("loss scale %g; %lld step%s skipped on inf/NaN gradients\n",
