@@ -670,7 +670,46 @@ typedef struct fg_csv_logger_opts {
 } fg_csv_logger_opts;
 
 FG_API fg_logger *fg_csv_logger_new(const fg_csv_logger_opts *opts);
-/* The run folder, once resolved (the first fit, rank 0), else NULL. */
+
+/* TensorBoardLogger: event files that `tensorboard --logdir <save_dir>`
+ * shows, laid out as Lightning's: <save_dir>/<name>/<version>/
+ * events.out.tfevents.<time>.<host>.<pid>.<n> and hparams.yaml. An event
+ * file is TFRecords (length, masked CRC-32C of the length, data, masked
+ * CRC-32C of the data) of TensorFlow Event protos: "brain.Event:2" first,
+ * then one Event per logged value, a scalar (simple_value, a float) tagged
+ * with its name at the row's step. With hparams, log_hyperparams writes
+ * the hparams plugin's session start info (TensorBoard's HPARAMS tab;
+ * values that read as numbers or true/false are typed so) and, unless
+ * default_hp_metric is FG_OFF, the scalar "hp_metric" = -1 at step 0, as
+ * Lightning's. Written by global rank 0 only; events are flushed every
+ * max_queue events and at the end of each entry point. The run folder is
+ * made when it is chosen (the first fit, validate or test), the event file
+ * at the first event.
+ *
+ * Several loggers at once each make their own run folder: a CSV and a
+ * TensorBoard logger under one save_dir and name take version_0 and
+ * version_1 (as Lightning's do); give them the same `version` to share one
+ * folder, or different names. */
+typedef struct fg_tensorboard_logger_opts {
+    const char *name;          /* NULL = "lightning_logs"; "" = no such folder level */
+    const char *version;       /* NULL = "version_N", the next free N; else the folder name */
+    const char *prefix;        /* NULL = ""; else "prefix-" before every tag */
+    fg_flag default_hp_metric; /* default on: "hp_metric" = -1 with the hparams */
+    int64_t max_queue;         /* 0 = 10: events between flushes of the file */
+} fg_tensorboard_logger_opts;
+
+/* save_dir NULL = the trainer's default_root_dir (Lightning's save_dir is
+ * required; "." is the usual one). Copied, as the options' strings. NULL
+ * with FG_EINVAL naming the bad option (a version that is empty or holds a
+ * '/', a negative max_queue) or FG_ENOMEM. */
+FG_API fg_logger *fg_tensorboard_logger_new(const char *save_dir,
+                                            const fg_tensorboard_logger_opts *opts);
+/* The event file's path, once opened (the first event), else NULL (and for
+ * a logger of another kind). */
+FG_API const char *fg_tensorboard_logger_file(const fg_logger *lg);
+
+/* The run folder of a built-in logger (CSV, TensorBoard), once resolved
+ * (the first fit, rank 0), else NULL. */
 FG_API const char *fg_logger_log_dir(const fg_logger *lg);
 
 #ifdef __cplusplus

@@ -64,7 +64,7 @@ static void csv_free(void *ud) {
     fg_free(c);
 }
 
-static int64_t next_version(const char *root) {
+int64_t fg__next_version(const char *root) {
     DIR *d = opendir(root);
     int64_t best = -1;
     if (!d) return 0;
@@ -88,7 +88,7 @@ static const char *csv_log_dir(void *ud, const char *default_root_dir) {
     else snprintf(root, sizeof root, "%s", save);
     const char *ver = c->version;
     if (!ver) {
-        int64_t n = next_version(root);
+        int64_t n = fg__next_version(root);
         snprintf(vbuf, sizeof vbuf, "version_%lld", (long long)n);
         ver = vbuf;
         c->vnum = fg_alloc(32);
@@ -373,51 +373,54 @@ static int cmp_kv(const void *a, const void *b) {
     return strcmp(((const fg_kv *)a)->key, ((const fg_kv *)b)->key);
 }
 
-static fg_status write_hparams(csv_logger *c) {
+fg_status fg__hparams_yaml_write(const char *dir, fg_kv *hp, int64_t n, const char *who) {
     char path[4200];
-    snprintf(path, sizeof path, "%s/hparams.yaml", c->log_dir);
+    snprintf(path, sizeof path, "%s/hparams.yaml", dir);
     FILE *fp = fopen(path, "wb");
-    if (!fp) return fg_error(FG_EIO, "CSVLogger: cannot write %s: %s", path, strerror(errno));
-    if (!c->nhp) fputs("{}\n", fp);
-    if (c->nhp) qsort(c->hp, (size_t)c->nhp, sizeof *c->hp, cmp_kv);
-    for (int64_t i = 0; i < c->nhp; i++) {
-        put_yaml(fp, c->hp[i].key);
+    if (!fp) return fg_error(FG_EIO, "%s: cannot write %s: %s", who, path, strerror(errno));
+    if (!n) fputs("{}\n", fp);
+    if (n) qsort(hp, (size_t)n, sizeof *hp, cmp_kv);
+    for (int64_t i = 0; i < n; i++) {
+        put_yaml(fp, hp[i].key);
         fputs(": ", fp);
-        put_yaml(fp, c->hp[i].value);
+        put_yaml(fp, hp[i].value);
         fputc('\n', fp);
     }
-    if (fclose(fp) != 0)
-        return fg_error(FG_EIO, "CSVLogger: writing %s: %s", path, strerror(errno));
+    if (fclose(fp) != 0) return fg_error(FG_EIO, "%s: writing %s: %s", who, path, strerror(errno));
+    return FG_OK;
+}
+
+fg_status fg__hparams_merge(fg_kv **into, int64_t *ninto, const fg_kv *hp, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        if (!hp[i].key || !hp[i].value)
+            return fg_error(FG_EINVAL, "hparams[%lld]: NULL key or value", (long long)i);
+        int64_t at = -1;
+        for (int64_t j = 0; j < *ninto && at < 0; j++)
+            if (!strcmp((*into)[j].key, hp[i].key)) at = j;
+        char *v = fg_strdup(hp[i].value);
+        if (!v) return FG_ENOMEM;
+        if (at >= 0) {
+            fg_free((char *)(*into)[at].value);
+            (*into)[at].value = v;
+            continue;
+        }
+        fg_kv *p = fg_realloc(*into, (size_t)(*ninto + 1) * sizeof *p);
+        char *k = fg_strdup(hp[i].key);
+        if (!p || !k) {
+            if (p) *into = p;
+            fg_free(k);
+            fg_free(v);
+            return FG_ENOMEM;
+        }
+        *into = p;
+        (*into)[(*ninto)++] = (fg_kv){k, v};
+    }
     return FG_OK;
 }
 
 static fg_status csv_log_hparams(void *ud, const fg_kv *hp, int64_t n) {
     csv_logger *c = ud;
-    for (int64_t i = 0; i < n; i++) {
-        if (!hp[i].key || !hp[i].value)
-            return fg_error(FG_EINVAL, "hparams[%lld]: NULL key or value", (long long)i);
-        int64_t at = -1;
-        for (int64_t j = 0; j < c->nhp && at < 0; j++)
-            if (!strcmp(c->hp[j].key, hp[i].key)) at = j;
-        char *v = fg_strdup(hp[i].value);
-        if (!v) return FG_ENOMEM;
-        if (at >= 0) {
-            fg_free((char *)c->hp[at].value);
-            c->hp[at].value = v;
-            continue;
-        }
-        fg_kv *p = fg_realloc(c->hp, (size_t)(c->nhp + 1) * sizeof *p);
-        char *k = fg_strdup(hp[i].key);
-        if (!p || !k) {
-            if (p) c->hp = p;
-            fg_free(k);
-            fg_free(v);
-            return FG_ENOMEM;
-        }
-        c->hp = p;
-        c->hp[c->nhp++] = (fg_kv){k, v};
-    }
-    return FG_OK;
+    return fg__hparams_merge(&c->hp, &c->nhp, hp, n);
 }
 
 static fg_status csv_save(void *ud) {
@@ -433,8 +436,10 @@ static fg_status csv_finalize(void *ud, const char *status) {
     csv_logger *c = ud;
     if (!c->log_dir) return FG_OK;
     FG_TRY(flush_rows(c));
-    return write_hparams(c);
+    return fg__hparams_yaml_write(c->log_dir, c->hp, c->nhp, "CSVLogger");
 }
+
+static const char *csv_dir_of(const void *ud) { return ((const csv_logger *)ud)->log_dir; }
 
 fg_logger *fg_csv_logger_new(const fg_csv_logger_opts *opts) {
     fg_csv_logger_opts o = opts ? *opts : (fg_csv_logger_opts){0};
@@ -470,11 +475,10 @@ fg_logger *fg_csv_logger_new(const fg_csv_logger_opts *opts) {
                          .version = csv_version,
                          .free = csv_free};
     fg_logger *lg = fg_logger_new(&ops, c);
-    if (lg) lg->is_csv = true;
+    if (lg) lg->dir_of = csv_dir_of;
     return lg;
 }
 
 const char *fg_logger_log_dir(const fg_logger *lg) {
-    if (!lg || !lg->is_csv) return NULL;
-    return ((const csv_logger *)lg->ud)->log_dir;
+    return lg && lg->dir_of ? lg->dir_of(lg->ud) : NULL;
 }

@@ -416,14 +416,19 @@ static const char *fn_name(fg_trainer_fn fn) {
     return names[fn];
 }
 
-/* The log folder: rank 0 asks the first logger, every rank gets its
- * answer. Collective. */
+/* The log folder: rank 0 asks every logger for its folder (each makes
+ * its own there), the first one's is the trainer's; every rank gets it.
+ * Collective. */
 static fg_status resolve_log_dir(fg_trainer *t) {
     char buf[4096] = "";
     if (fg_fabric_is_global_zero(t->f)) {
         const char *d = NULL;
-        if (t->nloggers && !t->fast_dev_run && t->loggers[0]->ops.log_dir)
-            d = t->loggers[0]->ops.log_dir(t->loggers[0]->ud, t->root_dir);
+        for (int i = 0; i < t->nloggers && !t->fast_dev_run; i++) {
+            const char *di = t->loggers[i]->ops.log_dir
+                                 ? t->loggers[i]->ops.log_dir(t->loggers[i]->ud, t->root_dir)
+                                 : NULL;
+            if (i == 0) d = di;
+        }
         snprintf(buf, sizeof buf, "%s", d ? d : t->root_dir);
     }
     FG_TRY(fg_fabric_broadcast_bytes(t->f, buf, sizeof buf, 0));

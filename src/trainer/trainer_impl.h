@@ -7,7 +7,8 @@
  *   ckpt_state.c   checkpoints: the state dict, save, load, ckpt_path
  *   callback.c     the callback and logger objects
  *   model_checkpoint.c, early_stopping.c, lr_monitor.c, timer.c,
- *   progress_bar.c, csv_logger.c: the built-in callbacks and logger */
+ *   progress_bar.c, csv_logger.c, tb_logger.c: the built-in callbacks and
+ *   loggers (tb_record.c: the TFRecord framing of event files) */
 #ifndef FULGUR_TRAINER_IMPL_H
 #define FULGUR_TRAINER_IMPL_H
 
@@ -43,7 +44,8 @@ fg_callback *fg__callback_make(const fg_callback_ops *ops, void *ud, fg__cb_kind
 struct fg_logger {
     fg_logger_ops ops;
     void *ud;
-    bool is_csv;
+    /* the built-in loggers' resolved run folder (fg_logger_log_dir), else NULL */
+    const char *(*dir_of)(const void *ud);
 };
 
 /* ------------------------------------------------------------- state dicts */
@@ -261,6 +263,21 @@ fg_status fg__load_checkpoint(fg_trainer *t, bool full);
  * (collective); the file a removal must spare */
 fg_status fg__checkpoint_resolve_dir(fg_callback *cb, fg_trainer *t);
 fg_status fg__checkpoint_find_last(const fg_callback *cb, char *out, size_t cap, double *mtime);
+
+/* csv_logger.c, shared with the TensorBoard logger: the next free
+ * version_N under root (0 when none or no folder); hparams merged into an
+ * owned array (a key given again replaces its value); hparams.yaml in dir
+ * (sorts hp), errors prefixed with who. */
+int64_t fg__next_version(const char *root);
+fg_status fg__hparams_merge(fg_kv **into, int64_t *ninto, const fg_kv *hp, int64_t n);
+fg_status fg__hparams_yaml_write(const char *dir, fg_kv *hp, int64_t n, const char *who);
+
+/* tb_record.c: TFRecord framing. The CRC-32C (Castagnoli) of n bytes and
+ * its masked form as TFRecord stores it; one record (length, masked CRC of
+ * the length, data, masked CRC of the data, little-endian) appended to fp. */
+uint32_t fg__crc32c(const void *data, size_t n);
+uint32_t fg__crc32c_masked(const void *data, size_t n);
+fg_status fg__tfrecord_write(FILE *fp, const void *data, size_t n);
 
 /* lr_monitor.c uses the loggers directly */
 const char *fg__logger_version(const fg_trainer *t);
