@@ -30,8 +30,7 @@ bool cli_parse_double(const char *s, double *out) {
     return true;
 }
 
-/* Edit distance (Levenshtein) of two short strings, for "did you mean". */
-static int edit_distance(const char *a, const char *b) {
+int cli_edit_distance(const char *a, const char *b) {
     int la = (int)strlen(a), lb = (int)strlen(b);
     if (la > 63 || lb > 63) return 99;
     int row[64];
@@ -56,7 +55,7 @@ static void unknown_flag(const cli_flag *flags, int nflags, const char *name, co
     int bd = 99;
     for (int i = 0; i < nflags; i++) {
         if (flags[i].type == CLI_SECTION) continue;
-        int d = edit_distance(name, flags[i].name);
+        int d = cli_edit_distance(name, flags[i].name);
         if (d < bd) bd = d, best = flags[i].name;
     }
     /* the command's name: usage up to its first argument ("fulgur fit --model ...") */

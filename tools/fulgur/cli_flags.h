@@ -51,4 +51,8 @@ cli_flag *cli_flags_find(cli_flag *flags, int nflags, const char *name);
 bool cli_parse_int(const char *s, int64_t *out);
 bool cli_parse_double(const char *s, double *out);
 
+/* Edit distance (Levenshtein) of two short strings (99 beyond 63
+ * characters), for "did you mean". */
+int cli_edit_distance(const char *a, const char *b);
+
 #endif

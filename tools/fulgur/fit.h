@@ -5,6 +5,7 @@
  *                   the model config stored in checkpoints (read back by `sample`)
  *   fit_progress.c  rank 0's progress bar / periodic lines and the CSV
  *   fit_loop.c      the training loop each rank runs (fabric API)
+ *   fit_config.c    --config run.yaml (LightningCLI's sections) and --print-config
  *   cmd_fit.c       the command: parse, check, fg_fabric_new, launch */
 #ifndef FULGUR_FIT_H
 #define FULGUR_FIT_H
@@ -51,14 +52,18 @@ typedef struct fit_opts {
     const char *root_dir, *ckpt_dir, *resume;
     int64_t ckpt_every, log_every, sample_tokens;
     const char *progress; /* "auto", "bar", "lines", "none" */
+    /* --config files (read by fit_config.c before the flags) and --print-config */
+    const char *config;
+    bool print_config;
     /* derived */
     char ckpt_dir_buf[4096];
     char resume_path[4096]; /* resolved checkpoint to resume from, "" = none */
 } fit_opts;
 
-/* Parses argv into o and checks everything that can be checked before any
- * rank starts (values, files). Returns 0, -1 after --help (exit 0), or
- * FG_EXIT_USAGE after printing the error. */
+/* Parses argv into o (after the --config files' settings, so that flags
+ * win) and checks everything that can be checked before any rank starts
+ * (values, files). Returns 0, -1 after --help or --print-config (exit 0),
+ * or FG_EXIT_USAGE after printing the error. */
 int fit_args_parse(fit_opts *o, int argc, char **argv);
 
 /* The datasets of a run. train and val are views of base (or val of

@@ -13,6 +13,7 @@
 #include "ckpt_paths.h"
 #include "cli_flags.h"
 #include "fit.h"
+#include "fit_config.h"
 
 static const char *const k_models[] = {"gpt", "mlp", NULL};
 static const char *const k_optims[] = {"adamw", "sgd", NULL};
@@ -145,6 +146,12 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .choices = k_progress, .help = "auto: a bar on a terminal, lines otherwise");
     F(.name = "sample-tokens", .type = CLI_INT, .dst = &o->sample_tokens, .def = "200", .min = 0,
       .max = 1 << 20, .help = "gpt: characters generated at the end");
+    SEC("config file (LightningCLI's)");
+    F(.name = "config", .type = CLI_STR, .dst = &o->config,
+      .help = "read settings from a YAML file with sections trainer:, model:, data:, optimizer: "
+              "(keys: these flags' names with underscores); flags given here win over it");
+    F(.name = "print-config", .type = CLI_BOOL, .dst = &o->print_config,
+      .help = "print the merged settings as such a YAML file and exit");
 #undef F
 #undef SEC
     return n;
@@ -250,8 +257,13 @@ int fit_args_parse(fit_opts *o, int argc, char **argv) {
     memset(o, 0, sizeof *o);
     cli_flag flags[80];
     int n = build_flags(o, flags);
-    int rc = cli_flags_parse(flags, n, argc, argv, USAGE, NULL, 0, NULL);
+    int rc = fit_config_expand(flags, n, &argc, &argv);
+    if (!rc) rc = cli_flags_parse(flags, n, argc, argv, USAGE, NULL, 0, NULL);
     if (rc) return rc;
+    if (o->print_config) {
+        fit_config_print(stdout, flags, n);
+        return -1;
+    }
     if ((rc = sharded_args(o, flags, n))) return rc;
     if ((rc = hook_args(o, flags, n))) return rc;
     o->kind = !strcmp(o->model, "mlp") ? FIT_MLP : FIT_GPT;

@@ -1,0 +1,451 @@
+/* fulgur fit --config: a YAML file laid out as LightningCLI's,
+ *
+ *   seed_everything: 42
+ *   trainer: {max_steps: 200, devices: 2, strategy: ddp}
+ *   model: {model: mlp, hidden: 64}          # or class_path + init_args
+ *   data: {data: x.npy, labels: y.npy, batch_size: 32}
+ *   optimizer: {class_path: torch.optim.AdamW, init_args: {lr: 0.001}}
+ *
+ * read through libyaml's document API and turned into fit's flags: each key
+ * is a flag's name with dashes or underscores. The flag table is the one
+ * source of keys: model:, data: and optimizer: hold the flags listed below,
+ * trainer: every other flag (so a flag added to the table is a trainer key
+ * at once), and two keys sit at the top as LightningCLI's do
+ * (seed_everything = --seed, ckpt_path = --resume). A plain null, ~ or
+ * empty value leaves the flag's default; a list is joined by commas
+ * (devices: [0, 2] is --devices 0,2). */
+#include "fit_config.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#include "cli.h"
+
+typedef struct section_keys {
+    const char *section;
+    const char *const *flags;
+} section_keys;
+
+static const char *const k_model[] = {"model", "layers",  "heads",  "embd",
+                                      "ctx",   "dropout", "hidden", NULL};
+static const char *const k_data[] = {"data",         "labels",     "val-data",    "val-labels",
+                                     "val-fraction", "batch-size", "num-workers", NULL};
+static const char *const k_optimizer[] = {
+    "optimizer",    "lr",           "warmup-steps", "lr-decay-steps",
+    "min-lr-ratio", "weight-decay", "momentum",     NULL};
+static const section_keys k_sections[] = {
+    {"model", k_model}, {"data", k_data}, {"optimizer", k_optimizer}};
+
+/* Top-level keys (LightningCLI's) and their flags. */
+static const struct {
+    const char *key, *flag;
+} k_top[] = {{"seed_everything", "seed"}, {"ckpt_path", "resume"}};
+
+/* Flags that are not settings. */
+static bool not_setting(const char *flag) {
+    return !strcmp(flag, "config") || !strcmp(flag, "print-config");
+}
+
+static const char *section_of(const char *flag) {
+    for (size_t i = 0; i < sizeof k_top / sizeof k_top[0]; i++)
+        if (!strcmp(flag, k_top[i].flag)) return "";
+    for (size_t s = 0; s < sizeof k_sections / sizeof k_sections[0]; s++)
+        for (const char *const *k = k_sections[s].flags; *k; k++)
+            if (!strcmp(flag, *k)) return k_sections[s].section;
+    return "trainer";
+}
+
+/* A flag name as a YAML key: dashes become underscores. */
+static void key_of(const char *flag, char *out, size_t cap) {
+    snprintf(out, cap, "%s", flag);
+    for (char *p = out; *p; p++)
+        if (*p == '-') *p = '_';
+}
+
+/* ---------------------------------------------------------------- reading */
+
+typedef struct reader {
+    const char *file;
+    yaml_document_t doc;
+    cli_flag *flags;
+    int nflags;
+    char **out; /* "--flag=value" strings */
+    int nout, cap;
+} reader;
+
+static void where(const reader *r, const yaml_node_t *n, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s:%zu:%zu", r->file, n->start_mark.line + 1, n->start_mark.column + 1);
+}
+
+static const char *scalar(const yaml_node_t *n) { return (const char *)n->data.scalar.value; }
+
+static bool is_null(const yaml_node_t *n) {
+    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+        return false;
+    const char *s = scalar(n);
+    return !*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") || !strcmp(s, "NULL");
+}
+
+static int oom(const reader *r) {
+    cli_error("out of memory reading %s", r->file);
+    return FG_EXIT_FAIL;
+}
+
+static int add(reader *r, const char *flag, const char *value) {
+    if (r->nout == r->cap) {
+        int cap = r->cap ? 2 * r->cap : 32;
+        char **p = realloc(r->out, (size_t)cap * sizeof *p);
+        if (!p) return oom(r);
+        r->out = p;
+        r->cap = cap;
+    }
+    size_t len = strlen(flag) + strlen(value) + 4;
+    char *s = malloc(len);
+    if (!s) return oom(r);
+    snprintf(s, len, "--%s=%s", flag, value);
+    r->out[r->nout++] = s;
+    return 0;
+}
+
+/* The value of one setting: a scalar, or a list of scalars joined by ",". */
+static int set(reader *r, const char *section, const char *key, const cli_flag *f, yaml_node_t *v) {
+    char at[512];
+    where(r, v, at, sizeof at);
+    if (is_null(v)) return 0;
+    if (v->type == YAML_SCALAR_NODE) {
+        const char *s = scalar(v);
+        if (f->type == CLI_BOOL && v->data.scalar.style == YAML_PLAIN_SCALAR_STYLE) {
+            /* YAML 1.1's booleans, as LightningCLI's loader reads them */
+            static const char *const yes[] = {"true", "True", "TRUE", "yes", "Yes", "on", "On"};
+            static const char *const no[] = {"false", "False", "FALSE", "no", "No", "off", "Off"};
+            for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++)
+                if (!strcmp(s, yes[i])) s = "true";
+            for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+                if (!strcmp(s, no[i])) s = "false";
+        }
+        /* numbers are checked here to name the file's line; ranges are the flag's */
+        int64_t i64;
+        double f64;
+        if ((f->type == CLI_INT && !cli_parse_int(s, &i64)) ||
+            (f->type == CLI_DOUBLE && !cli_parse_double(s, &f64))) {
+            cli_error("%s: %s%s%s=\"%s\": expected %s", at, section, *section ? "." : "", key, s,
+                      f->type == CLI_INT ? "an integer" : "a number");
+            return FG_EXIT_USAGE;
+        }
+        return add(r, f->name, s);
+    }
+    if (v->type == YAML_SEQUENCE_NODE) {
+        size_t len = 1;
+        for (yaml_node_item_t *i = v->data.sequence.items.start; i < v->data.sequence.items.top;
+             i++) {
+            yaml_node_t *e = yaml_document_get_node(&r->doc, *i);
+            if (e->type != YAML_SCALAR_NODE) {
+                where(r, e, at, sizeof at);
+                cli_error("%s: %s%s%s: expected a value or a list of values, not a nested %s", at,
+                          section, *section ? "." : "", key,
+                          e->type == YAML_MAPPING_NODE ? "mapping" : "list");
+                return FG_EXIT_USAGE;
+            }
+            len += strlen(scalar(e)) + 1;
+        }
+        char *joined = calloc(1, len);
+        if (!joined) return oom(r);
+        for (yaml_node_item_t *i = v->data.sequence.items.start; i < v->data.sequence.items.top;
+             i++) {
+            if (i != v->data.sequence.items.start) strcat(joined, ",");
+            strcat(joined, scalar(yaml_document_get_node(&r->doc, *i)));
+        }
+        int rc = add(r, f->name, joined);
+        free(joined);
+        return rc;
+    }
+    cli_error("%s: %s%s%s: expected a value (or a list), not a mapping", at, section,
+              *section ? "." : "", key);
+    return FG_EXIT_USAGE;
+}
+
+/* The flag a key names in a section ("" = the top level), or NULL. */
+static cli_flag *lookup(reader *r, const char *section, const char *key) {
+    char name[128];
+    snprintf(name, sizeof name, "%s", key);
+    for (char *p = name; *p; p++)
+        if (*p == '_') *p = '-';
+    if (!*section) {
+        for (size_t i = 0; i < sizeof k_top / sizeof k_top[0]; i++)
+            if (!strcmp(key, k_top[i].key))
+                return cli_flags_find(r->flags, r->nflags, k_top[i].flag);
+        return NULL;
+    }
+    /* LightningCLI's class_path names the model's or the optimizer's class */
+    if (!strcmp(name, "class-path") && (!strcmp(section, "model") || !strcmp(section, "optimizer")))
+        return cli_flags_find(r->flags, r->nflags, section);
+    if (!strcmp(section, "trainer") && !strcmp(name, "log-every-n-steps"))
+        snprintf(name, sizeof name, "log-every"); /* Lightning's name for it */
+    cli_flag *f = cli_flags_find(r->flags, r->nflags, name);
+    if (!f || not_setting(f->name) || strcmp(section_of(f->name), section)) return NULL;
+    return f;
+}
+
+/* "unknown key" with the nearest valid key of the section, or the section
+ * the key belongs to. */
+static int unknown_key(reader *r, const char *section, const char *key, const yaml_node_t *kn) {
+    char at[512], best[128] = "", k[128];
+    where(r, kn, at, sizeof at);
+    int bd = 99;
+    for (int i = 0; i < r->nflags; i++) {
+        const cli_flag *f = &r->flags[i];
+        if (f->type == CLI_SECTION || not_setting(f->name)) continue;
+        key_of(f->name, k, sizeof k);
+        const char *sec = section_of(f->name);
+        if (!strcmp(k, key) || !strcmp(f->name, key)) {
+            if (!*sec)
+                for (size_t t = 0; t < sizeof k_top / sizeof k_top[0]; t++)
+                    if (!strcmp(f->name, k_top[t].flag)) {
+                        cli_error("%s: key \"%s\" is not in section %s:; --%s is the top-level "
+                                  "key %s",
+                                  at, key, section, f->name, k_top[t].key);
+                        return FG_EXIT_USAGE;
+                    }
+            cli_error("%s: key \"%s\" is not in section %s:; it belongs in %s:", at, key, section,
+                      sec);
+            return FG_EXIT_USAGE;
+        }
+        if (strcmp(sec, section)) continue;
+        int d = cli_edit_distance(key, k);
+        if (d < bd) bd = d, snprintf(best, sizeof best, "%s", k);
+    }
+    if (best[0] && bd <= 3 && bd < (int)strlen(key))
+        cli_error("%s: unknown key \"%s\" in section %s:; did you mean %s?", at, key, section,
+                  best);
+    else
+        cli_error("%s: unknown key \"%s\" in section %s: (the nearest is %s; fulgur fit "
+                  "--print-config lists every key)",
+                  at, key, section, best);
+    return FG_EXIT_USAGE;
+}
+
+static int read_section(reader *r, const char *section, yaml_node_t *m) {
+    char at[512];
+    if (is_null(m)) return 0;
+    if (m->type != YAML_MAPPING_NODE) {
+        where(r, m, at, sizeof at);
+        cli_error("%s: section %s: expected a mapping of keys to values", at, section);
+        return FG_EXIT_USAGE;
+    }
+    for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
+        yaml_node_t *kn = yaml_document_get_node(&r->doc, p->key);
+        yaml_node_t *vn = yaml_document_get_node(&r->doc, p->value);
+        if (kn->type != YAML_SCALAR_NODE) {
+            where(r, kn, at, sizeof at);
+            cli_error("%s: section %s: keys are names, not lists or mappings", at, section);
+            return FG_EXIT_USAGE;
+        }
+        const char *key = scalar(kn);
+        int rc;
+        if (!strcmp(key, "init_args") && strcmp(section, "trainer")) {
+            rc = read_section(r, section, vn); /* LightningCLI's class_path + init_args */
+        } else {
+            cli_flag *f = lookup(r, section, key);
+            if (f && !strcmp(key, "class_path") && vn->type == YAML_SCALAR_NODE) {
+                /* "torch.optim.AdamW" -> adamw: the class's name, in fulgur's spelling */
+                const char *dot = strrchr(scalar(vn), '.');
+                char name[128];
+                snprintf(name, sizeof name, "%s", dot ? dot + 1 : scalar(vn));
+                for (char *c = name; *c; c++)
+                    if (*c >= 'A' && *c <= 'Z') *c = (char)(*c - 'A' + 'a');
+                rc = add(r, f->name, name);
+            } else rc = f ? set(r, section, key, f, vn) : unknown_key(r, section, key, kn);
+        }
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static const char *const k_top_sections[] = {"trainer", "model", "data", "optimizer"};
+
+static int read_top(reader *r, yaml_node_t *root) {
+    char at[512];
+    if (!root || is_null(root)) return 0; /* an empty file */
+    if (root->type != YAML_MAPPING_NODE) {
+        where(r, root, at, sizeof at);
+        cli_error("%s: expected a mapping with sections trainer:, model:, data:, optimizer:", at);
+        return FG_EXIT_USAGE;
+    }
+    for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top;
+         p++) {
+        yaml_node_t *kn = yaml_document_get_node(&r->doc, p->key);
+        yaml_node_t *vn = yaml_document_get_node(&r->doc, p->value);
+        const char *key = kn->type == YAML_SCALAR_NODE ? scalar(kn) : "";
+        int rc = -1;
+        for (size_t s = 0; s < 4 && rc < 0; s++)
+            if (!strcmp(key, k_top_sections[s])) rc = read_section(r, key, vn);
+        if (rc < 0) {
+            cli_flag *f = lookup(r, "", key);
+            if (f) rc = set(r, "", key, f, vn);
+        }
+        if (rc < 0) {
+            /* the nearest section or top-level key */
+            const char *best = NULL;
+            int bd = 99;
+            const char *names[4 + sizeof k_top / sizeof k_top[0]];
+            size_t nn = 0;
+            for (size_t s = 0; s < 4; s++) names[nn++] = k_top_sections[s];
+            for (size_t t = 0; t < sizeof k_top / sizeof k_top[0]; t++) names[nn++] = k_top[t].key;
+            for (size_t i = 0; i < nn; i++) {
+                int d = cli_edit_distance(key, names[i]);
+                if (d < bd) bd = d, best = names[i];
+            }
+            where(r, kn, at, sizeof at);
+            if (best && bd <= 3 && bd < (int)strlen(key))
+                cli_error("%s: unknown section \"%s\"; did you mean %s?", at, key, best);
+            else
+                cli_error("%s: unknown section \"%s\": expected trainer, model, data, optimizer, "
+                          "seed_everything or ckpt_path",
+                          at, key);
+            rc = FG_EXIT_USAGE;
+        }
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static int read_file(reader *r, const char *path) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        cli_error("--config=\"%s\": %s", path, strerror(errno));
+        return FG_EXIT_USAGE;
+    }
+    r->file = path;
+    yaml_parser_t parser;
+    yaml_parser_initialize(&parser);
+    yaml_parser_set_input_file(&parser, fp);
+    int rc = 0;
+    if (!yaml_parser_load(&parser, &r->doc)) {
+        const yaml_mark_t *m = &parser.problem_mark;
+        if (parser.context)
+            cli_error("%s:%zu:%zu: malformed YAML: %s (%s at line %zu)", path, m->line + 1,
+                      m->column + 1, parser.problem, parser.context, parser.context_mark.line + 1);
+        else
+            cli_error("%s:%zu:%zu: malformed YAML: %s", path, m->line + 1, m->column + 1,
+                      parser.problem ? parser.problem : "unreadable");
+        rc = FG_EXIT_USAGE;
+    } else {
+        rc = read_top(r, yaml_document_get_root_node(&r->doc));
+        yaml_document_delete(&r->doc);
+    }
+    yaml_parser_delete(&parser);
+    fclose(fp);
+    return rc;
+}
+
+int fit_config_expand(cli_flag *flags, int nflags, int *argc, char ***argv) {
+    reader r = {.flags = flags, .nflags = nflags};
+    char **av = *argv;
+    int ac = *argc, rc = 0;
+    for (int i = 1; i < ac && !rc; i++) {
+        if (!strcmp(av[i], "--")) break;
+        if (!strncmp(av[i], "--config=", 9)) rc = read_file(&r, av[i] + 9);
+        else if (!strcmp(av[i], "--config")) {
+            if (i + 1 >= ac) break; /* the flag parser names the missing value */
+            rc = read_file(&r, av[++i]);
+        }
+    }
+    if (!rc && r.nout) {
+        char **out = malloc((size_t)(ac + r.nout + 1) * sizeof *out);
+        if (!out) {
+            cli_error("out of memory");
+            rc = FG_EXIT_FAIL;
+        } else {
+            out[0] = av[0];
+            memcpy(out + 1, r.out, (size_t)r.nout * sizeof *out);
+            memcpy(out + 1 + r.nout, av + 1, (size_t)(ac - 1) * sizeof *out);
+            out[ac + r.nout] = NULL;
+            *argc = ac + r.nout;
+            *argv = out; /* kept: the flags' values point into it */
+            free(r.out);
+            return 0;
+        }
+    }
+    for (int i = 0; i < r.nout; i++) free(r.out[i]);
+    free(r.out);
+    return rc;
+}
+
+/* --------------------------------------------------------------- printing */
+
+/* A string as a YAML scalar: plain when it reads back as itself, else in
+ * single quotes. */
+static void put_str(FILE *out, const char *s) {
+    static const char *const words[] = {"~",    "null",  "Null",  "NULL",  "true", "True",
+                                        "TRUE", "false", "False", "FALSE", "yes",  "Yes",
+                                        "no",   "No",    "on",    "On",    "off",  "Off"};
+    bool plain = *s &&
+                 strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                           "0123456789_./,+-=") == strlen(s) &&
+                 s[0] != '-' && s[0] != ',';
+    for (size_t i = 0; plain && i < sizeof words / sizeof words[0]; i++)
+        plain = strcmp(s, words[i]) != 0;
+    if (plain || (s[0] == '-' && strtod(s, NULL) != 0 && !strchr(s, ','))) {
+        fputs(s, out);
+        return;
+    }
+    fputc('\'', out);
+    for (; *s; s++) {
+        if (*s == '\'') fputc('\'', out);
+        fputc(*s, out);
+    }
+    fputc('\'', out);
+}
+
+static void put_value(FILE *out, const cli_flag *f) {
+    switch (f->type) {
+    case CLI_STR: {
+        const char *s = *(const char **)f->dst;
+        if (s) put_str(out, s);
+        else fputs("null", out);
+        break;
+    }
+    case CLI_INT: fprintf(out, "%lld", (long long)*(int64_t *)f->dst); break;
+    case CLI_DOUBLE: {
+        double v = *(double *)f->dst;
+        char buf[64];
+        for (int prec = 1; prec <= 17; prec++) { /* the shortest that reads back exactly */
+            snprintf(buf, sizeof buf, "%.*g", prec, v);
+            if (strtod(buf, NULL) == v) break;
+        }
+        fputs(buf, out);
+        break;
+    }
+    case CLI_BOOL: fputs(*(bool *)f->dst ? "true" : "false", out); break;
+    default: break;
+    }
+}
+
+void fit_config_print(FILE *out, cli_flag *flags, int nflags) {
+    char key[128];
+    fputs("# fulgur fit --print-config: the defaults, the --config files, then the flags; "
+          "read back by --config\n",
+          out);
+    for (size_t t = 0; t < sizeof k_top / sizeof k_top[0]; t++) {
+        cli_flag *f = cli_flags_find(flags, nflags, k_top[t].flag);
+        if (!f) continue;
+        fprintf(out, "%s: ", k_top[t].key);
+        put_value(out, f);
+        fputc('\n', out);
+    }
+    for (size_t s = 0; s < 4; s++) {
+        fprintf(out, "%s:\n", k_top_sections[s]);
+        for (int i = 0; i < nflags; i++) {
+            const cli_flag *f = &flags[i];
+            if (f->type == CLI_SECTION || not_setting(f->name) ||
+                strcmp(section_of(f->name), k_top_sections[s]))
+                continue;
+            key_of(f->name, key, sizeof key);
+            fprintf(out, "  %s: ", key);
+            put_value(out, f);
+            fputc('\n', out);
+        }
+    }
+}
