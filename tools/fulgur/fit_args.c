@@ -255,7 +255,7 @@ static int hook_args(fit_opts *o, cli_flag *flags, int n) {
 
 int fit_args_parse(fit_opts *o, int argc, char **argv) {
     memset(o, 0, sizeof *o);
-    cli_flag flags[80];
+    cli_flag flags[96]; /* build_flags does not bound-check: room for the table to grow */
     int n = build_flags(o, flags);
     int rc = fit_config_expand(flags, n, &argc, &argv);
     if (!rc) rc = cli_flags_parse(flags, n, argc, argv, USAGE, NULL, 0, NULL);

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# fulgur fit --config FILE and --print-config: LightningCLI's sections
+# (trainer:, model:, data:, optimizer:, class_path + init_args, top-level
+# seed_everything and ckpt_path) read into fit's flags, dashes or
+# underscores; flags on the command line win over the file, and a later
+# file over an earlier one; --print-config writes the merged settings as a
+# file that reads back to the same settings; unknown sections and keys,
+# values of the wrong kind and malformed YAML exit 2 naming the line and
+# column (and the nearest valid key); and a run trained from a file.
+source "$(dirname "$0")/lib.sh"
+echo "test_fit_config: fulgur fit --config / --print-config"
+C="$T_TMP/cfg"
+mkdir -p "$C"
+TXT="$T_TMP/tiny.txt"
+for i in $(seq 1 40); do echo "the quick brown fox jumps over the lazy dog $i"; done >"$TXT"
+
+# value KEY OUT: the value of "  KEY:" (or top-level "KEY:") in a printed config
+value() { sed -n "s/^ *$1: //p" "$T_TMP/$2" | head -1; }
+# expect_value NAME OUT KEY WANT
+expect_value() {
+    local got
+    got=$(value "$3" "$2")
+    if [ "$got" = "$4" ]; then pass "$1"; else fail "$1: $3 is \"$got\", want \"$4\""; fi
+}
+
+cat >"$C/run.yaml" <<'YAML'
+# LightningCLI's layout
+seed_everything: 7
+trainer:
+  max_steps: 20
+  devices: [0, 1]
+  strategy: ddp
+  accumulate-grad-batches: 2     # dashes work too
+  log_every_n_steps: 5           # Lightning's name for --log-every
+model:
+  class_path: mlp
+  init_args:
+    hidden: 64
+data:
+  batch_size: 8
+  val_fraction: 0.25
+optimizer:
+  class_path: torch.optim.SGD
+  init_args:
+    lr: 0.01
+    momentum: 0.5
+YAML
+run p1 "$FULGUR" fit --config "$C/run.yaml" --print-config
+expect_rc "--print-config" 0 p1
+expect_value "seed_everything is --seed" p1 seed_everything 7
+expect_value "trainer.max_steps" p1 max_steps 20
+expect_value "a list joined by commas" p1 devices 0,1
+expect_value "trainer.strategy" p1 strategy ddp
+expect_value "a key with dashes" p1 accumulate_grad_batches 2
+expect_value "log_every_n_steps is --log-every" p1 log_every 5
+expect_value "model class_path" p1 model mlp
+expect_value "model init_args" p1 hidden 64
+expect_value "data.batch_size" p1 batch_size 8
+expect_value "data.val_fraction" p1 val_fraction 0.25
+expect_value "optimizer class_path torch.optim.SGD is sgd" p1 optimizer sgd
+expect_value "optimizer init_args lr" p1 lr 0.01
+expect_value "an unset flag is null" p1 ckpt_path null
+expect_value "a default stays" p1 precision 32-true
+expect_grep "sections in LightningCLI's order" p1 '^trainer:$'
+for s in model data optimizer; do
+    grep -q "^$s:\$" "$T_TMP/p1" || fail "no section $s: in --print-config"
+done
+
+# flags win over the file, wherever they stand on the line
+run p2 "$FULGUR" fit --max-steps 3 --config "$C/run.yaml" --lr=0.5 --devices 2 --print-config
+expect_rc "flags with --config" 0 p2
+expect_value "a flag before --config wins" p2 max_steps 3
+expect_value "a flag after --config wins" p2 lr 0.5
+expect_value "--devices wins over the list" p2 devices 2
+expect_value "what no flag sets stays the file's" p2 momentum 0.5
+
+# a later file wins over an earlier one
+printf 'optimizer:\n  lr: 0.03\ntrainer:\n  max_steps: ~\n' >"$C/over.yaml"
+run p3 "$FULGUR" fit --config "$C/run.yaml" --config="$C/over.yaml" --print-config
+expect_value "the later file wins" p3 lr 0.03
+expect_value "null leaves the earlier value" p3 max_steps 20
+
+# --print-config's output reads back to itself
+cp "$T_TMP/p2" "$C/printed.yaml"
+run p4 "$FULGUR" fit --config "$C/printed.yaml" --print-config
+if diff -q "$T_TMP/p2" "$T_TMP/p4" >/dev/null; then pass "--print-config reads back to the same settings"; else
+    fail "--print-config does not read back"; diff "$T_TMP/p2" "$T_TMP/p4" | head; fi
+run p5 "$FULGUR" fit --print-config
+expect_rc "--print-config without a file: the defaults" 0 p5
+expect_value "the default max_steps" p5 max_steps 1500
+printf '\n# nothing\n' >"$C/empty.yaml"
+run p6 "$FULGUR" fit --config "$C/empty.yaml" --print-config
+expect_rc "an empty file" 0 p6
+printf "model:\n  model: 'mlp'\n  data: x\n" >"$C/misplaced.yaml"
+
+# errors: exit 2, the line and column, the section and the nearest key
+printf 'trainer:\n  max_steps: 5\n  max_step: 3\n' >"$C/e1.yaml"
+run e1 "$FULGUR" fit --data "$TXT" --config "$C/e1.yaml"
+expect_rc "unknown key" 2 e1
+expect_grep "unknown key named with its section and the nearest" e1 \
+    'e1.yaml:3:3: unknown key "max_step" in section trainer:; did you mean max_steps\?'
+printf 'trainer:\n  zzzzzzzz: 1\n' >"$C/e2.yaml"
+run e2 "$FULGUR" fit --data "$TXT" --config "$C/e2.yaml"
+expect_rc "unknown key, nothing near" 2 e2
+expect_grep "a far key still names the nearest" e2 'e2.yaml:2:3: unknown key "zzzzzzzz" in section trainer: \(the nearest is [a-z_]+'
+run e3 "$FULGUR" fit --data "$TXT" --config "$C/misplaced.yaml"
+expect_rc "a key in the wrong section" 2 e3
+expect_grep "the section it belongs in" e3 'misplaced.yaml:3:3: key "data" is not in section model:; it belongs in data:'
+printf 'trainr:\n  max_steps: 3\n' >"$C/e4.yaml"
+run e4 "$FULGUR" fit --data "$TXT" --config "$C/e4.yaml"
+expect_rc "unknown section" 2 e4
+expect_grep "unknown section named with the nearest" e4 'e4.yaml:1:1: unknown section "trainr"; did you mean trainer\?'
+printf 'trainer:\n  max_steps: 3\n   devices: 2\n' >"$C/e5.yaml"
+run e5 "$FULGUR" fit --data "$TXT" --config "$C/e5.yaml"
+expect_rc "malformed YAML" 2 e5
+expect_grep "malformed YAML: line and column" e5 'e5.yaml:3:11: malformed YAML: '
+printf 'trainer: [1, 2\n' >"$C/e6.yaml"
+run e6 "$FULGUR" fit --data "$TXT" --config "$C/e6.yaml"
+expect_rc "unclosed list" 2 e6
+expect_grep "unclosed list: line and column" e6 'e6.yaml:2:1: malformed YAML: .*line 1'
+printf 'trainer:\n  max_steps: abc\n' >"$C/e7.yaml"
+run e7 "$FULGUR" fit --data "$TXT" --config "$C/e7.yaml"
+expect_rc "not a number" 2 e7
+expect_grep "a bad number named at its line" e7 'e7.yaml:2:14: trainer.max_steps="abc": expected an integer'
+printf 'model:\n  hidden: {a: 1}\n' >"$C/e8.yaml"
+run e8 "$FULGUR" fit --data "$TXT" --config "$C/e8.yaml"
+expect_rc "a mapping where a value goes" 2 e8
+expect_grep "a mapping value named" e8 'e8.yaml:2:11: model.hidden: expected a value'
+printf -- '- trainer\n' >"$C/e9.yaml"
+run e9 "$FULGUR" fit --data "$TXT" --config "$C/e9.yaml"
+expect_rc "a list at the top" 2 e9
+expect_grep "the top must be a mapping" e9 'e9.yaml:1:1: expected a mapping with sections'
+printf 'trainer:\n  seed: 3\n' >"$C/e10.yaml"
+run e10 "$FULGUR" fit --data "$TXT" --config "$C/e10.yaml"
+expect_rc "seed under trainer" 2 e10
+expect_grep "seed is seed_everything" e10 'key "seed" is not in section trainer:; --seed is the top-level key seed_everything'
+printf 'trainer:\n  config: x.yaml\n' >"$C/e11.yaml"
+run e11 "$FULGUR" fit --data "$TXT" --config "$C/e11.yaml"
+expect_rc "config is no setting" 2 e11
+run e12 "$FULGUR" fit --data "$TXT" --config "$C/no-such.yaml"
+expect_rc "a missing file" 2 e12
+expect_grep "a missing file named" e12 -- '--config=".*no-such.yaml": No such file or directory'
+printf 'trainer:\n  max_steps: 0\n' >"$C/e13.yaml"
+run e13 "$FULGUR" fit --data "$TXT" --config "$C/e13.yaml"
+expect_rc "a value the flag refuses" 2 e13
+expect_grep "refused as the flag refuses it" e13 -- '--max-steps=0: nothing to train'
+
+# a run trained from a file, a flag overriding it
+cat >"$C/gpt.yaml" <<YAML
+trainer:
+  devices: 1
+  max_steps: 50
+  val_check_interval: 0
+  limit_val_batches: 1
+  default_root_dir: $T_TMP/run
+  progress: lines
+  sample_tokens: 0
+model:
+  model: gpt
+  layers: 1
+  heads: 2
+  embd: 16
+  ctx: 8
+data:
+  data: $TXT
+  batch_size: 2
+YAML
+run fit "$FULGUR" fit --config "$C/gpt.yaml" --max-steps 3
+expect_rc "fit from a config file" 0 fit
+expect_grep "the flag's max_steps ran, not the file's" fit '^done: 3 steps'
+finish
