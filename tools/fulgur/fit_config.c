@@ -340,6 +340,9 @@ static int read_file(reader *r, const char *path) {
     return rc;
 }
 
+/* The expanded command line: the flags' values point into it until exit. */
+static char **g_expanded;
+
 int fit_config_expand(cli_flag *flags, int nflags, int *argc, char ***argv) {
     reader r = {.flags = flags, .nflags = nflags};
     char **av = *argv;
@@ -363,7 +366,7 @@ int fit_config_expand(cli_flag *flags, int nflags, int *argc, char ***argv) {
             memcpy(out + 1 + r.nout, av + 1, (size_t)(ac - 1) * sizeof *out);
             out[ac + r.nout] = NULL;
             *argc = ac + r.nout;
-            *argv = out; /* kept: the flags' values point into it */
+            *argv = g_expanded = out; /* fit parses its command line once */
             free(r.out);
             return 0;
         }
