@@ -43,10 +43,12 @@ int cmd_fit(int argc, char **argv) {
     }
     rc = fg_fabric_launch(f, fit_run, &o);
     if (rc != 0) {
-        /* fit_run printed its own errors (and returns 1); anything else is
-         * the launcher's (a rank that died, a failed start) */
+        /* fit_run printed its own errors; the fabric's (a launch that
+         * failed, a peer that never joined, a rank that died) are printed
+         * here, whatever the code, unless this process said them already */
         const char *msg = fg_last_error();
-        if (rc != FG_EXIT_FAIL && msg && *msg) cli_error("fit: %s", msg);
+        if (msg && *msg && !fit_reported(msg)) cli_error("fit: %s", msg);
+        else if (!msg || !*msg) cli_error("fit: failed (exit code %d) without a message", rc);
         rc = FG_EXIT_FAIL;
     }
     fg_fabric_free(f);

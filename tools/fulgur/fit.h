@@ -103,6 +103,10 @@ void fit_progress_free(fit_progress *p);
 /* Seconds since fit_progress_new. */
 double fit_progress_elapsed(const fit_progress *p);
 
+/* True when this process already printed an error containing msg
+ * (fit_loop.c's rank_error), so that cmd_fit does not print it twice. */
+bool fit_reported(const char *msg);
+
 /* The training loop of one rank (fg_fabric_launch's run). arg is fit_opts. */
 int fit_run(fg_fabric *f, void *arg);
 

@@ -44,10 +44,17 @@ typedef struct fit_ctx {
     char last_ckpt[4096];
 } fit_ctx;
 
+/* what this process printed last (fit_reported) */
+static char g_reported[2048];
+
+bool fit_reported(const char *msg) { return msg && *msg && strstr(g_reported, msg) != NULL; }
+
 static int rank_error(const fit_ctx *c, const char *what) {
     if (c->world > 1)
-        cli_error("rank %d: %s: %s", fg_fabric_global_rank(c->f), what, fg_last_error());
-    else cli_error("%s: %s", what, fg_last_error());
+        snprintf(g_reported, sizeof g_reported, "rank %d: %s: %s", fg_fabric_global_rank(c->f),
+                 what, fg_last_error());
+    else snprintf(g_reported, sizeof g_reported, "%s: %s", what, fg_last_error());
+    cli_error("%s", g_reported);
     return FG_EXIT_FAIL;
 }
 

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# fulgur fit when things go wrong, as a new user meets them: a launch that
+# fails says why (bad FULGUR_COMM_TIMEOUT_S / FULGUR_BACKEND, a peer that
+# never joins, a killed ddp_spawn child), a rank killed with SIGKILL under
+# ddp is named with its signal, sizes are checked before anything is
+# allocated, the checkpoint folder is checked before training, stale
+# temporaries are removed, --save-top-k keeps the newest checkpoints.
+source "$(dirname "$0")/lib.sh"
+echo "test_fit_faults: fulgur fit's faults and what it says"
+TXT="$T_TMP/tiny.txt"
+for i in $(seq 1 12); do
+    echo "to be or not to be, that is the question."
+    echo "whether tis nobler in the mind to suffer"
+done >"$TXT"
+TINY=(--model gpt --data "$TXT" --layers 1 --heads 1 --embd 16 --ctx 8 --batch-size 4
+      --warmup-steps 2 --limit-val-batches 1 --progress none --num-workers 0 --sample-tokens 0)
+
+# wait_for FILE PATTERN: until the output shows PATTERN (a generous deadline: a hang)
+wait_for() {
+    for _ in $(seq 1 600); do grep -Eq -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+    return 1
+}
+
+# --- the fabric's errors are printed, whatever the exit code
+run badtimeout env FULGUR_COMM_TIMEOUT_S=abc "$FULGUR" fit "${TINY[@]}" --devices 2 \
+    --max-steps 2 --default-root-dir "$T_TMP/r"
+expect_rc "bad FULGUR_COMM_TIMEOUT_S" 1 badtimeout
+expect_grep "says which variable" badtimeout '^fulgur: fit: FULGUR_COMM_TIMEOUT_S="abc": expected a number'
+run badbackend env FULGUR_BACKEND=xyz "$FULGUR" fit "${TINY[@]}" --devices 2 --max-steps 2 \
+    --default-root-dir "$T_TMP/r"
+expect_rc "bad FULGUR_BACKEND" 1 badbackend
+expect_grep "says which backends exist" badbackend '^fulgur: fit: FULGUR_BACKEND="xyz": expected auto, shm'
+run nojoin env FULGUR_COMM_TIMEOUT_S=1 FULGUR_RANK=0 FULGUR_WORLD_SIZE=2 FULGUR_LOCAL_RANK=0 \
+    FULGUR_LOCAL_WORLD_SIZE=2 FULGUR_JOB_ID="nojoin-$$" "$FULGUR" fit "${TINY[@]}" --max-steps 2 \
+    --default-root-dir "$T_TMP/r"
+expect_rc "a peer that never joins" 1 nojoin
+expect_grep "names the rank that did not join" nojoin '^fulgur: fit: .*waiting for rank\(s\) 1 to join'
+run rank3 env RANK=3 WORLD_SIZE=2 "$FULGUR" fit "${TINY[@]}" --max-steps 2 --default-root-dir "$T_TMP/r"
+expect_rc "RANK=3 WORLD_SIZE=2" 2 rank3
+expect_grep "says the rank is out of range" rank3 'RANK=3: must be below WORLD_SIZE=2'
+run nodes2 "$FULGUR" fit "${TINY[@]}" --num-nodes 2 --max-steps 2 --default-root-dir "$T_TMP/r"
+expect_rc "--num-nodes 2 without a launcher" 2 nodes2
+expect_grep "says what to set" nodes2 'num_nodes=2, but this process was not started by a launcher'
+
+finish
