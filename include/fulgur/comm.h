@@ -140,6 +140,13 @@ FG_API void fg_comm_free(fg_comm *c);
  * freed. */
 FG_API void fg_comm_abort(fg_comm *c);
 
+/* fg_comm_abort with the reason (a launcher's "rank 1 (pid 4242) was killed
+ * by signal 9 (SIGKILL)"): the errors this rank's calls return from then on
+ * end with it, so that they name the cause rather than the abort. why may
+ * be NULL (then as fg_comm_abort); it is copied (up to 255 bytes). Safe to
+ * call from another thread, as fg_comm_abort. */
+FG_API void fg_comm_abort_reason(fg_comm *c, const char *why);
+
 /* Splits `c` into sub-groups: ranks with the same `color` form one group,
  * ordered by `key`, ties by rank in `c`. Collective over `c`. color < 0
  * (FG_COMM_SPLIT_NONE) joins no group and gets *out = NULL. Local ranks and

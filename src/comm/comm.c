@@ -37,6 +37,11 @@ fg_status fg__comm_fail(fg_comm *c, const fg_comm_args *a, fg_status st, const c
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    /* after an abort with a reason, say the reason (not only who aborted) */
+    if (atomic_load(&c->aborted) && c->abort_why[0] && !strstr(msg, c->abort_why)) {
+        size_t n = strlen(msg);
+        snprintf(msg + n, sizeof msg - n, ": %s", c->abort_why);
+    }
     fg_error(st, "%s #%llu: %s", a->name, (unsigned long long)a->seq, msg);
     int zero = 0;
     if (atomic_compare_exchange_strong(&c->broken, &zero, 1)) {
@@ -496,8 +501,11 @@ fg_status fg_comm_test(fg_comm_req *req, bool *done) {
     return FG_OK;
 }
 
-void fg_comm_abort(fg_comm *c) {
+void fg_comm_abort(fg_comm *c) { fg_comm_abort_reason(c, NULL); }
+
+void fg_comm_abort_reason(fg_comm *c, const char *why) {
     if (!c) return;
+    if (why && !atomic_load(&c->aborted)) snprintf(c->abort_why, sizeof c->abort_why, "%s", why);
     c->aborted = 1;
     c->be->abort(c);
 }

@@ -104,6 +104,7 @@ struct fg_comm {
     fg_status broken_status;
     char broken_msg[512];
     _Atomic int aborted;
+    char abort_why[256]; /* fg_comm_abort_reason's, written before aborted is set */
 
     /* asynchronous queue, run in order by the progress thread */
     pthread_mutex_t mu;

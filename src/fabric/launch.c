@@ -71,10 +71,11 @@ static void leave(fg_fabric *f) {
 /* On the supervisor thread, when a rank has died: rank 0 may be waiting on
  * it in a collective. */
 static void abort_comm(void *ud, const fg_rank_exit *e) {
-    (void)e;
     fg_fabric *f = ud;
+    char why[160];
+    if (e) fg_rank_exit_format(e, why, sizeof why); /* the dead rank and its signal or code */
     pthread_mutex_lock(&f->comm_mu);
-    if (f->comm) fg_comm_abort(f->comm);
+    if (f->comm) fg_comm_abort_reason(f->comm, e ? why : NULL);
     pthread_mutex_unlock(&f->comm_mu);
 }
 

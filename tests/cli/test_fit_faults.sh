@@ -42,4 +42,30 @@ run nodes2 "$FULGUR" fit "${TINY[@]}" --num-nodes 2 --max-steps 2 --default-root
 expect_rc "--num-nodes 2 without a launcher" 2 nodes2
 expect_grep "says what to set" nodes2 'num_nodes=2, but this process was not started by a launcher'
 
+# --- a rank killed with SIGKILL: named, with the signal
+# kill_rank1 NAME STRATEGY: starts a long fit on 2 ranks, kills the second
+# rank once training runs, expects exit 1 and the dead rank named
+kill_rank1() {
+    local name=$1 strategy=$2
+    "$FULGUR" fit "${TINY[@]}" --devices 2 --strategy "$strategy" --max-steps 1000000 \
+        --val-check-interval 0 --ckpt-every 0 --default-root-dir "$T_TMP/$name.d" \
+        >"$T_TMP/$name" 2>&1 &
+    local pid=$!
+    if wait_for "$T_TMP/$name" '^2 ranks'; then
+        sleep 0.3
+        local victim
+        victim=$(pgrep -P "$pid" | tail -1)
+        kill -9 "$victim"
+    fi
+    wait "$pid"
+    RC=$?
+    expect_rc "$strategy: rank 1 killed" 1 "$name"
+    expect_grep "$strategy: names the dead rank and the signal" "$name" \
+        'rank 1 \(pid [0-9]+\) was killed by signal 9 \(SIGKILL\)'
+}
+kill_rank1 kill_ddp ddp
+if grep -q 'loss is nan' "$T_TMP/kill_ddp"; then fail "ddp: a dead peer read as a NaN loss"; else
+    pass "ddp: a dead peer is not reported as a NaN loss"; fi
+kill_rank1 kill_spawn ddp_spawn
+
 finish

@@ -250,7 +250,11 @@ static fg_status train_step(fit_ctx *c, double *loss_out, double *items, bool *d
     fg_fabric_step_end(c->f);
     c->step++;
     double mean = loss_sum / (double)micro;
-    *loss_out = c->world > 1 ? fg_fabric_reduce_scalar(c->f, mean, FG_AVG) : mean;
+    /* not fg_fabric_reduce_scalar: its NaN on a failed allreduce would read
+     * as a non-finite loss, hiding the peer that broke the group */
+    fg_comm *comm = fg_fabric_comm(c->f);
+    if (comm && c->world > 1) TRY(fg_comm_allreduce(comm, &mean, &mean, 1, FG_F64, FG_AVG));
+    *loss_out = mean;
     *items = (double)samples * (c->cfg.kind == FIT_GPT ? (double)c->cfg.ctx : 1.0) * c->world;
     return FG_OK;
 }
