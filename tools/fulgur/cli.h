@@ -1,7 +1,8 @@
 /* The fulgur command-line tool: one file per subcommand, each a
  * `int cmd_NAME(int argc, char **argv)` (argv[0] is the subcommand) that
  * returns the process exit code: 0 success, 1 failure while running, 2 bad
- * usage (unknown flag, bad value, missing file), printed before any work. */
+ * usage (unknown flag, bad value, missing file), printed before any work,
+ * 75 stopped by a signal with a checkpoint to resume from (fulgur fit). */
 #ifndef FULGUR_CLI_H
 #define FULGUR_CLI_H
 
@@ -10,6 +11,8 @@
 #define FG_EXIT_OK 0
 #define FG_EXIT_FAIL 1
 #define FG_EXIT_USAGE 2
+/* stopped on a signal with a checkpoint to resume from (sysexits' EX_TEMPFAIL) */
+#define FG_EXIT_RESUMABLE 75
 
 int cmd_fit(int argc, char **argv);
 int cmd_run(int argc, char **argv);

@@ -2,10 +2,13 @@
  *
  * Starts --nproc-per-node copies of a program on this machine with the
  * environment contract (global rank = node_rank * nproc + local rank),
- * forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT to them, stops the rest when
- * one fails, and exits with that rank's code (128 + signal when it was
- * killed), printing one line that names the rank and why. With
- * --max-restarts K a failed group is started again, up to K times.
+ * forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGUSR1 to them (SIGKILL
+ * after the grace period to a rank still running after one of the first
+ * four), stops the rest when one fails, and exits with that rank's code (128
+ * + signal when it was killed), printing one line that names the rank and
+ * why. With --max-restarts K a failed group is started again, up to K
+ * times; a rank that exits 75 (EX_TEMPFAIL: stopped with a checkpoint to
+ * resume from, as fulgur fit after SIGUSR1) is not restarted here.
  *
  * Signals: they are blocked in every thread before the ranks start (a rank
  * resets its mask before exec) and taken by one thread with sigwait, which
@@ -27,11 +30,14 @@ static const char *const k_usage =
 /* --------------------------------------------------- signal forwarding */
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static fg_job *g_job;   /* the running group, NULL between groups */
-static int g_got;       /* the last signal received, 0 if none */
-static int g_forwarded; /* ranks it was forwarded to */
+static fg_job *g_job;     /* the running group, NULL between groups */
+static int g_got;         /* the last signal that ends the job, 0 if none */
+static double g_got_time; /* when the first such signal came (fg_time) */
+static int g_forwarded;   /* ranks it was forwarded to */
 
-static const int k_forward[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+/* SIGUSR1 (SLURM's "time is nearly up": checkpoint and stop) is forwarded
+ * too, but does not end the job by itself: ranks that ignore it run on. */
+static const int k_forward[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1};
 
 static void forward_set(sigset_t *set) {
     sigemptyset(set);
@@ -47,7 +53,10 @@ static void *signal_thread(void *arg) {
         int sig;
         if (sigwait(&set, &sig) != 0) continue;
         pthread_mutex_lock(&g_mu);
-        g_got = sig;
+        if (sig != SIGUSR1) {
+            if (!g_got) g_got_time = fg_time();
+            g_got = sig;
+        }
         if (g_job) g_forwarded = fg_job_signal(g_job, sig);
         pthread_mutex_unlock(&g_mu);
     }
@@ -90,14 +99,18 @@ static void more_help(void) {
            "already set. Each rank is its own process group and dies if fulgur run dies.\n"
            "Several machines: run the same command on each with its --node-rank.\n"
            "\n"
-           "SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to every rank. When a rank\n"
-           "fails (non-zero exit or a signal), the others get SIGTERM, then SIGKILL after\n"
-           "FULGUR_KILL_GRACE_S seconds (default 3), and fulgur run prints which rank failed\n"
-           "and why.\n"
+           "SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGUSR1 are forwarded to every rank; a rank\n"
+           "still running --grace seconds after one of the first four gets SIGKILL. When a\n"
+           "rank fails (non-zero exit or a signal), the others get SIGTERM, then SIGKILL\n"
+           "after FULGUR_KILL_GRACE_S seconds (default 3; at once for a stopped rank), and\n"
+           "fulgur run prints which rank failed and why. What a rank started (a script's\n"
+           "children) is killed with it, also when fulgur run itself is killed.\n"
            "\n"
            "Exit status: 0 when every rank exits 0; the failed rank's code, or 128 + signal\n"
-           "when it was killed; 128 + signal after a forwarded signal; 2 for bad flags\n"
-           "(nothing started); 127 when the program cannot be found or executed.\n");
+           "when it was killed; 128 + signal after a forwarded signal; 75 when a rank\n"
+           "stopped with a checkpoint to resume from (fulgur fit after SIGUSR1; no restart);\n"
+           "2 for bad flags (nothing started); 127 when the program cannot be found or\n"
+           "executed.\n");
 }
 
 /* Runs the command once the flags (fa[1..split), dashed) are split from
@@ -249,6 +262,13 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
     char max_s[16];
     snprintf(max_s, sizeof max_s, "%lld", (long long)restarts);
     setenv("TORCHELASTIC_MAX_RESTARTS", max_s, 1);
+    double kill_grace = grace;
+    if (kill_grace <= 0) {
+        const char *g = getenv("FULGUR_KILL_GRACE_S");
+        char *end = NULL;
+        kill_grace = g && *g ? strtod(g, &end) : 0;
+        if (!end || *end || !(kill_grace > 0)) kill_grace = 3;
+    }
     int exit_code = 0;
     for (int attempt = 0;; attempt++) {
         char count[16], jid[FG_CLUSTER_JOB_MAX];
@@ -285,7 +305,23 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
             exit_code = attempt ? FG_EXIT_FAIL : 127;
             break;
         }
-        fg_job_wait(job, -1);
+        /* After a forwarded signal the ranks get the grace period to finish
+         * (a fit saves a checkpoint), then SIGKILL: a rank that ignores
+         * SIGTERM does not hold the job forever. */
+        bool killed = false;
+        while (fg_job_wait(job, 0.1) == FG_ETIMEOUT) {
+            pthread_mutex_lock(&g_mu);
+            bool late = g_got && fg_time() - g_got_time >= kill_grace;
+            pthread_mutex_unlock(&g_mu);
+            if (late && !killed) {
+                int n = fg_job_signal(job, SIGKILL);
+                fprintf(stderr,
+                        "fulgur run: %d rank%s still running %.3g s after the signal: "
+                        "sent SIGKILL\n",
+                        n, n == 1 ? "" : "s", kill_grace);
+                killed = true;
+            }
+        }
         fg_job_status st;
         fg_job_get_status(job, &st);
         pthread_mutex_lock(&g_mu);
@@ -308,6 +344,12 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
         char how[160], others[64];
         fg_rank_exit_format(&st.failed, how, sizeof how);
         exit_code = fg_rank_exit_status(&st.failed);
+        if (exit_code == FG_EXIT_RESUMABLE) { /* stopped on purpose: resume later, not now */
+            fprintf(stderr,
+                    "fulgur run: %s (stopped with a checkpoint to resume from); not restarting\n",
+                    how);
+            break;
+        }
         if (st.stopped)
             snprintf(others, sizeof others, "stopped the other %d rank%s", st.stopped,
                      st.stopped == 1 ? "" : "s");
