@@ -27,9 +27,11 @@
  * Processes: each rank a launcher starts gets its own process group (so that
  * stopping a rank, or a rank dying abnormally, ends whatever it started,
  * e.g. a shell's children) and SIGKILL when the launcher dies
- * (PR_SET_PDEATHSIG), so no rank is orphaned. (A launcher killed with
- * SIGKILL cannot reach what its ranks started in turn: fulgur programs
- * are ranks themselves, a shell script rank should exec its program.)
+ * (PR_SET_PDEATHSIG), so no rank is orphaned. What a rank started in turn
+ * (the children of a shell script rank) is ended too when a launcher is
+ * killed with SIGKILL: a small guard process ("fulgur-guard", a child of
+ * the launcher, one per job while it runs) SIGKILLs each rank's process
+ * group when the launcher dies.
  * A launcher reaps its own children by pid: a program that sets SIGCHLD to
  * SIG_IGN or calls waitpid(-1) takes their exit status away from it.
  *
@@ -268,9 +270,9 @@ FG_API char *fg_rank_exit_format(const fg_rank_exit *e, char *buf, size_t cap);
 /* A group of rank processes started on this machine by a launcher and
  * watched by a supervisor thread. When one dies abnormally (a non-zero exit
  * or a signal) the supervisor calls on_failure and stops the others: SIGTERM
- * to each rank's process group, SIGKILL after the grace period. Until the
- * job is freed, its processes die with the thread that supervises them
- * (PR_SET_PDEATHSIG), so a crash of this program leaves no orphans. */
+ * to each rank's process group, SIGKILL after the grace period (at once to a stopped one). Until
+ * the job is freed, its processes die with the thread that supervises them (PR_SET_PDEATHSIG), so a
+ * crash of this program leaves no orphans. */
 typedef struct fg_job fg_job;
 
 /* Options of a job; all-zero (or NULL) means the defaults. */
@@ -362,8 +364,8 @@ FG_API fg_status fg_job_wait(fg_job *j, double timeout_s);
  * Returns how many ranks it was sent to. Thread-safe. */
 FG_API int fg_job_signal(fg_job *j, int sig);
 
-/* Stops every running rank: SIGTERM, then SIGKILL after the grace period;
- * returns once all have ended, with how many it stopped. Thread-safe. */
+/* Stops every running rank: SIGTERM, then SIGKILL after the grace period (at once to a stopped
+ * rank); returns once all have ended, with how many it stopped. Thread-safe. */
 FG_API int fg_job_stop(fg_job *j);
 
 /* The state of a job. */

@@ -57,6 +57,8 @@ struct fg_job {
     fg_rank_exit failed;
     int stopped;
     int signaled;
+    int guard_fd; /* guard.c: kills the ranks' groups if this process dies */
+    pid_t guard_pid;
 };
 
 /* ------------------------------------------------------------ helpers */
@@ -192,6 +194,7 @@ static fg_status start_one(fg_job *j, int i) {
     }
     close(fds[1]);
     setpgid(pid, pid); /* also here: no window where -pid names no group */
+    fg__guard_add(j->guard_fd, (int)pid);
     pthread_mutex_lock(&j->mu);
     j->procs[i].pid = pid;
     j->procs[i].pidfd = -1;
@@ -244,6 +247,7 @@ static void reap_and_react(fg_job *j) {
 static void *supervise(void *arg) {
     fg_job *j = arg;
     fg_status s = FG_OK;
+    j->guard_fd = fg__guard_start(&j->guard_pid);
     for (int i = 0; i < j->n && s == FG_OK; i++) s = start_one(j, i);
     pthread_mutex_lock(&j->mu);
     if (s != FG_OK) {
@@ -269,6 +273,10 @@ static void *supervise(void *arg) {
         (void)r;
         pthread_mutex_lock(&j->mu);
     }
+    pthread_mutex_unlock(&j->mu);
+    fg__guard_release(j->guard_fd, j->guard_pid); /* every rank ended: nothing to guard */
+    j->guard_fd = -1;
+    pthread_mutex_lock(&j->mu);
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
     return NULL;

@@ -55,11 +55,25 @@ void fg__proc_exit(const fg__proc *p, fg_rank_exit *e);
 /* True when a reaped process ended abnormally (a signal or a non-zero code). */
 bool fg__proc_failed(const fg__proc *p);
 
+/* True when p runs no more but is stopped (SIGSTOP, a debugger): its
+ * /proc state is T or t. */
+bool fg__proc_is_stopped(const fg__proc *p);
+
 /* Stops the unreaped processes: SIGTERM to each, SIGKILL to those left
- * after grace_s; returns once all are reaped, with how many it signalled.
- * With mu, the mutex is held (as on entry) while signalling and reaping and
- * released while sleeping. */
+ * after grace_s, and at once to one that is stopped; returns once all are reaped, with how many it
+ * signalled. With mu, the mutex is held (as on entry) while signalling and reaping and released
+ * while sleeping. */
 int fg__procs_stop(fg__proc *ps, int n, double grace_s, pthread_mutex_t *mu);
+
+/* guard.c: the guard process of a job, which SIGKILLs the ranks' process
+ * groups if the launcher dies (what PR_SET_PDEATHSIG cannot reach: a
+ * rank's own children). _start forks it and returns the write end of its
+ * pipe (-1 if it could not start: the job runs unguarded); _add tells it a
+ * rank's process group; _release ends it without killing anything and
+ * reaps it. */
+int fg__guard_start(pid_t *guard_pid);
+void fg__guard_add(int wfd, int pgid);
+void fg__guard_release(int wfd, pid_t guard_pid);
 
 /* The grace period: g > 0, else FULGUR_KILL_GRACE_S, else 3 s. */
 double fg__grace(double g);

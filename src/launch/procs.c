@@ -1,7 +1,8 @@
 /* Process bookkeeping shared by the launchers: watching a child through its
  * pidfd (so waiting costs nothing and wakes at once), reaping it by pid,
  * signalling its process group, describing how it ended, and stopping a set
- * of children with SIGTERM then SIGKILL.
+ * of children with SIGTERM then SIGKILL (at once for a stopped child, which
+ * cannot act on SIGTERM).
  *
  * Invariant: a pid is signalled only while it is not reaped (its zombie
  * holds the pid and the process group id), so a reused pid is never hit. */
@@ -103,6 +104,27 @@ static int reap_all(fg__proc *ps, int n) {
     return left;
 }
 
+bool fg__proc_is_stopped(const fg__proc *p) {
+    if (p->reaped || p->pid <= 0) return false;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)p->pid);
+    FILE *f = fopen(path, "re");
+    if (!f) return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    /* "pid (comm) S ...": the state follows the last ')' (comm may hold one) */
+    const char *rp = strrchr(buf, ')');
+    return rp && rp[1] == ' ' && (rp[2] == 'T' || rp[2] == 't');
+}
+
+/* SIGKILL to the stopped ones: SIGTERM stays pending in a stopped process,
+ * so waiting a grace period for it would only waste the period. */
+static void kill_stopped(fg__proc *ps, int n) {
+    for (int i = 0; i < n; i++)
+        if (fg__proc_is_stopped(&ps[i])) fg__proc_kill(&ps[i], SIGKILL);
+}
+
 int fg__procs_stop(fg__proc *ps, int n, double grace_s, pthread_mutex_t *mu) {
     int signalled = 0;
     for (int i = 0; i < n; i++) {
@@ -111,8 +133,10 @@ int fg__procs_stop(fg__proc *ps, int n, double grace_s, pthread_mutex_t *mu) {
         ps[i].stopped = true;
         signalled++;
     }
+    kill_stopped(ps, n);
     double t0 = fg_time();
     while (reap_all(ps, n) > 0) {
+        kill_stopped(ps, n); /* also one stopped during the grace period */
         double left = grace_s - (fg_time() - t0);
         if (left <= 0) {
             for (int i = 0; i < n; i++) fg__proc_kill(&ps[i], SIGKILL);
@@ -129,7 +153,7 @@ int fg__procs_stop(fg__proc *ps, int n, double grace_s, pthread_mutex_t *mu) {
             break;
         }
         if (mu) pthread_mutex_unlock(mu);
-        fg__procs_poll(ps, n, -1, left);
+        fg__procs_poll(ps, n, -1, left < 0.1 ? left : 0.1); /* 0.1: look for stopped ones */
         if (mu) pthread_mutex_lock(mu);
     }
     return signalled;

@@ -2,7 +2,10 @@
 # fulgur run and fulgur env, from the outside: every rank of a small shell
 # program sees the environment contract; a rank exiting 3 makes fulgur run
 # exit 3 naming it; a rank SIGKILLing itself stops the rest at once (exit
-# 137) and leaves nothing running; forwarded signals; restarts; bad flags
+# 137) and leaves nothing running, nor does a SIGKILLed fulgur run (the
+# children of script ranks included); a rank that ignores SIGTERM gets
+# SIGKILL after the grace period; a stopped rank is killed without waiting
+# for it; exit 75 is not restarted; forwarded signals; restarts; bad flags
 # exit 2 before anything starts; --help names every flag; fulgur env.
 # Ends with "N passed, N failed, 0 skipped"; exits 1 on any failure.
 set -u
@@ -82,8 +85,10 @@ n=$(alive "$TMP"/pid.* "$TMP"/bg.*)
 # --- fulgur run itself SIGKILLed: its ranks die with it
 "$FULGUR" run --nproc-per-node 3 sleep 30 >"$TMP/orphans" 2>&1 &
 pid=$!
-for _ in $(seq 50); do [ "$(ps -o pid= --ppid $pid | wc -l)" -ge 3 ] && break; sleep 0.1; done
-ps -o pid= --ppid $pid | tr -d ' ' > "$TMP/ranks"
+# its children: the ranks, and the guard (which is no rank)
+ranks_of() { ps -o pid=,comm= --ppid "$1" | awk '$2 != "fulgur-guard" { print $1 }'; }
+for _ in $(seq 50); do [ "$(ranks_of $pid | wc -l)" -ge 3 ] && break; sleep 0.1; done
+ranks_of $pid > "$TMP/ranks"
 kill -KILL $pid
 wait $pid 2>/dev/null
 sleep 0.3
@@ -94,6 +99,52 @@ for p in $(cat "$TMP/ranks"); do
 done
 if [ "$(wc -l < "$TMP/ranks")" = 3 ] && [ $left = 0 ]; then pass "ranks die with a SIGKILLed fulgur run";
 else fail "$left of $(wc -l < "$TMP/ranks") ranks outlived fulgur run"; fi
+
+# --- fulgur run SIGKILLed: what a script rank started dies too (the guard)
+rm -f "$TMP"/wbg.*
+"$FULGUR" run --nproc-per-node 2 bash -c \
+    'sleep 30 & echo $! > "'"$TMP"'/wbg.$RANK"; wait' >"$TMP/wrapper" 2>&1 &
+pid=$!
+for _ in $(seq 100); do [ "$(ls "$TMP"/wbg.* 2>/dev/null | wc -l)" = 2 ] && break; sleep 0.1; done
+kill -KILL $pid
+wait $pid 2>/dev/null
+sleep 0.5
+n=$(alive "$TMP"/wbg.*)
+[ "$(ls "$TMP"/wbg.* | wc -l)" = 2 ] && [ "$n" = 0 ] && pass "a script rank's children die with a SIGKILLed fulgur run" \
+    || fail "$n children of script ranks outlived a SIGKILLed fulgur run"
+
+# --- a rank that ignores SIGTERM: SIGKILL after the grace period
+"$FULGUR" run --nproc-per-node 2 --grace 1 bash -c \
+    'trap "" TERM; echo $$ > "'"$TMP"'/deaf.$RANK"; while :; do sleep 0.1; done' >"$TMP/deaf" 2>&1 &
+pid=$!
+sleep 0.5
+kill -TERM $pid
+for _ in $(seq 300); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done # a hang, not a speed bound
+if kill -0 $pid 2>/dev/null; then fail "ranks that ignore SIGTERM hold fulgur run"; kill -9 $pid; else
+    wait $pid; RC=$?
+    expect_rc "SIGTERM ignored by the ranks" 143 deaf
+    expect_grep "says it escalated" deaf 'fulgur run: 2 ranks still running 1 s after the signal: sent SIGKILL'
+    n=$(alive "$TMP"/deaf.*)
+    [ "$n" = 0 ] && pass "no rank left after the SIGKILL" || fail "$n ranks left"
+fi
+
+# --- a stopped rank: killed at once when the others are stopped, no grace period
+"$FULGUR" run --nproc-per-node 2 --grace 60 bash -c \
+    'echo $$ > "'"$TMP"'/stop.$RANK"; [ "$RANK" = 1 ] && kill -STOP $$; sleep 1; exit 3' >"$TMP/stopped" 2>&1 &
+pid=$!
+for _ in $(seq 300); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done # well inside the 60 s grace
+if kill -0 $pid 2>/dev/null; then fail "a stopped rank held fulgur run into its grace period"; kill -9 $pid; else
+    wait $pid; RC=$?
+    expect_rc "rank 0 fails while rank 1 is stopped" 3 stopped
+    expect_grep "the stopped rank was stopped" stopped 'rank 0 \(pid [0-9]+\) exited with code 3; stopped the other 1 rank'
+fi
+
+# --- a rank exiting 75 (stopped, resumable): no restart
+run tempfail "$FULGUR" run --max-restarts 3 --nproc-per-node 2 bash -c \
+    'echo "try $FULGUR_RESTART_COUNT"; [ "$RANK" = 0 ] && exit 75; exit 0'
+expect_rc "exit 75 passes through" 75 tempfail
+expect_grep "is not restarted" tempfail 'rank 0 \(pid [0-9]+\) exited with code 75 \(stopped with a checkpoint to resume from\); not restarting'
+grep -q '^try [1-9]' "$TMP/tempfail" && fail "restarted after exit 75" || pass "one try only"
 
 # --- signals reach every rank
 "$FULGUR" run --nproc-per-node 3 bash -c \
