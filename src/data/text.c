@@ -118,22 +118,49 @@ typedef struct buf {
     size_t n, cap;
 } buf;
 
+/* Text is held in memory whole (one byte per character): a file larger
+ * than this is refused before anything is allocated, as is anything that is
+ * not a regular file (/dev/zero, a pipe), which could be read forever. */
+#define TEXT_MAX_BYTES ((size_t)1 << 34) /* 16 GiB */
+
 static fg_status read_append(buf *b, const char *path) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return fg_error(FG_EIO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return fg_error(FG_EIO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return fg_error(FG_EINVAL,
+                        "%s: not a regular file (a device, pipe or socket): give a text file or "
+                        "a folder of them",
+                        path);
+    }
+    size_t size = (size_t)sb.st_size;
+    if (size > TEXT_MAX_BYTES || b->n + size > TEXT_MAX_BYTES) {
+        close(fd);
+        return fg_error(FG_EINVAL,
+                        "%s: %zu bytes of text (%zu with the files before it) is more than the "
+                        "%zu a text dataset holds in memory: tokenize it into a .bin token file",
+                        path, size, b->n + size, TEXT_MAX_BYTES);
+    }
     fg_status st = FG_OK;
-    for (;;) {
-        if (b->cap - b->n < 65536) {
-            size_t cap = b->cap ? b->cap * 2 : 1 << 20;
-            uint8_t *p = fg_realloc(b->p, cap);
-            if (!p) {
-                st = FG_ENOMEM;
-                break;
-            }
-            b->p = p;
-            b->cap = cap;
+    if (b->cap - b->n < size + 1) {
+        size_t cap = b->n + size + 1;
+        uint8_t *p = fg_realloc(b->p, cap);
+        if (!p) {
+            close(fd);
+            return FG_ENOMEM;
         }
-        ssize_t r = read(fd, b->p + b->n, b->cap - b->n);
+        b->p = p;
+        b->cap = cap;
+    }
+    /* at most the size seen at open: a file that grows meanwhile is cut there */
+    for (size_t want = size; want > 0;) {
+        ssize_t r = read(fd, b->p + b->n, want);
         if (r < 0) {
             if (errno == EINTR) continue;
             st = fg_error(FG_EIO, "%s: read failed: %s", path, strerror(errno));
@@ -141,6 +168,7 @@ static fg_status read_append(buf *b, const char *path) {
         }
         if (r == 0) break;
         b->n += (size_t)r;
+        want -= (size_t)r;
     }
     close(fd);
     return st;

@@ -42,6 +42,20 @@ run nodes2 "$FULGUR" fit "${TINY[@]}" --num-nodes 2 --max-steps 2 --default-root
 expect_rc "--num-nodes 2 without a launcher" 2 nodes2
 expect_grep "says what to set" nodes2 'num_nodes=2, but this process was not started by a launcher'
 
+# --- one bad value, unbounded resources: refused before anything is allocated
+run dev999 "$FULGUR" fit "${TINY[@]}" --devices 999 --max-steps 2 --default-root-dir "$T_TMP/r"
+expect_rc "--devices 999" 2 dev999
+expect_grep "says how many devices there are" dev999 'devices="999": only [0-9]+ CPU devices here'
+run bigbatch "$FULGUR" fit "${TINY[@]}" --batch-size 16000000 --max-steps 2 --default-root-dir "$T_TMP/r"
+expect_rc "--batch-size past the data" 1 bigbatch
+expect_grep "says the largest batch that fits" bigbatch 'make no batch of --batch-size 16000000 per rank on 1 rank: use --batch-size [0-9]+ or less'
+run zero "$FULGUR" fit "${TINY[@]}" --data /dev/zero --max-steps 2 --default-root-dir "$T_TMP/r"
+expect_rc "--data /dev/zero" 2 zero
+expect_grep "not a regular file" zero '^fulgur: --data="/dev/zero": not a regular file'
+mkfifo "$T_TMP/pipe"
+run fifo "$FULGUR" fit "${TINY[@]}" --val-data "$T_TMP/pipe" --max-steps 2 --default-root-dir "$T_TMP/r"
+expect_rc "--val-data a pipe" 2 fifo
+
 # --- a rank killed with SIGKILL: named, with the signal
 # kill_rank1 NAME STRATEGY: starts a long fit on 2 ranks, kills the second
 # rank once training runs, expects exit 1 and the dead rank named

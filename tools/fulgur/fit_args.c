@@ -167,6 +167,11 @@ static bool file_exists(const char *flag, const char *path, bool dir_ok) {
         cli_error("--%s=\"%s\": is a folder, expected a file", flag, path);
         return false;
     }
+    if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
+        /* /dev/zero or a pipe would be read until memory runs out */
+        cli_error("--%s=\"%s\": not a regular file (a device, pipe or socket)", flag, path);
+        return false;
+    }
     return true;
 }
 

@@ -339,6 +339,23 @@ int fit_run(fg_fabric *f, void *arg) {
         rc = rank_error(&c, "setup");
         goto out;
     }
+    /* sizes against what exists before the loaders allocate their batches:
+     * a --batch-size past the data would cost gigabytes before "no batch" */
+    int64_t per_rank = (fg_dataset_len(c.d.train) + c.world - 1) / c.world;
+    if (per_rank < o->batch_size) {
+        fg_error(FG_EINVAL,
+                 "--data=%s: %lld training samples make no batch of --batch-size %lld "
+                 "per rank on %d rank%s: use --batch-size %lld or less",
+                 o->data, (long long)fg_dataset_len(c.d.train), (long long)o->batch_size, c.world,
+                 c.world == 1 ? "" : "s", (long long)(per_rank > 0 ? per_rank : 1));
+        rc = rank_error(&c, "data");
+        goto out;
+    }
+    /* validation averages by token count, so a batch no larger than a
+     * rank's share of the val set gives the same loss */
+    int64_t val_per_rank = (fg_dataset_len(c.d.val) + c.world - 1) / c.world;
+    int64_t val_batch = o->batch_size < val_per_rank ? o->batch_size : val_per_rank;
+    if (val_batch < 1) val_batch = 1;
     /* the loaders stay ours (setup_dataloader borrows them): freed at out */
     c.train = fg_dataloader_new(c.d.train, &(fg_loader_opts){.batch = o->batch_size,
                                                              .shuffle = true,
@@ -346,7 +363,7 @@ int fit_run(fg_fabric *f, void *arg) {
                                                              .drop_last = true,
                                                              .num_workers = (int)o->num_workers});
     c.val = c.train
-                ? fg_dataloader_new(c.d.val, &(fg_loader_opts){.batch = o->batch_size,
+                ? fg_dataloader_new(c.d.val, &(fg_loader_opts){.batch = val_batch,
                                                                .num_workers = (int)o->num_workers})
                 : NULL;
     if (!c.train || !c.val || !fg_fabric_setup_dataloader(f, c.train, true) ||
