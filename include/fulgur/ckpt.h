@@ -118,6 +118,17 @@ FG_API fg_status fg_st_set_last(const char *link_path, const char *target);
  * symlink; FG_EINVAL if out is too small. */
 FG_API fg_status fg_st_get_last(const char *link_path, char *out, size_t cap);
 
+/* Removes the temporary files that writes into folder `dir` left behind
+ * when their process was killed mid-write: names of the form
+ * ".<name>.tmp-<pid>-<n>" (the only ones this layer makes) whose pid runs no
+ * more on this machine. A temporary of a live process (a save going on) is
+ * left alone, and so is anything else. *removed (may be NULL) gets how many
+ * were removed. Call it where one program owns the folder (rank 0 at the
+ * start of a run): a writer on another machine sharing the folder is not
+ * seen as alive. Errors: FG_EINVAL (NULL dir), FG_EIO naming the folder
+ * (cannot list it) or the file (cannot remove it). */
+FG_API fg_status fg_st_remove_stale_tmp(const char *dir, int *removed);
+
 /* --------------------------------------------------------------- reading */
 
 typedef struct fg_st_file fg_st_file;

@@ -5,10 +5,14 @@
  * the folder is fsync'ed so that the rename itself survives a power loss.
  * Until the rename the target is untouched; after it the target is the new
  * file in full. Temporary names start with '.' and end in ".tmp-<pid>-<n>",
- * so no listing of "*.safetensors" ever picks one up. */
+ * so no listing of "*.safetensors" ever picks one up; fg_st_remove_stale_tmp
+ * removes those of processes that died mid-write. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -258,5 +262,45 @@ fg_status fg_st_get_last(const char *link_path, char *out, size_t cap) {
                       link_path, full, len + 1, cap);
     else memcpy(out, full, len + 1);
     fg_free(full);
+    return st;
+}
+
+/* "<.name>.tmp-<pid>-<n>": the pid, or -1 when the name is not one of ours. */
+static long tmp_owner(const char *name) {
+    if (name[0] != '.') return -1;
+    const char *p = strrchr(name, '.');
+    if (p <= name + 1 || strncmp(p, ".tmp-", 5)) return -1; /* also "." itself, ".." */
+    char *end;
+    long pid = strtol(p + 5, &end, 10);
+    if (end == p + 5 || *end != '-' || pid <= 0 || !end[1]) return -1;
+    for (const char *k = end + 1; *k; k++)
+        if (*k < '0' || *k > '9') return -1;
+    return pid;
+}
+
+fg_status fg_st_remove_stale_tmp(const char *dir, int *removed) {
+    char eb[128];
+    if (removed) *removed = 0;
+    if (!dir) return fg_error(FG_EINVAL, "remove_stale_tmp: NULL folder");
+    DIR *d = opendir(dir);
+    if (!d)
+        return fg_error(FG_EIO, "folder \"%s\": cannot list it: %s", dir,
+                        fg__errstr(errno, eb, sizeof eb));
+    fg_status st = FG_OK;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        long pid = tmp_owner(e->d_name);
+        if (pid < 0) continue;
+        if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue; /* its writer may still run (EPERM: someone else's process) */
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (unlink(path) != 0 && errno != ENOENT) {
+            st = fg_error(FG_EIO, "%s: cannot remove a stale temporary file: %s", path,
+                          fg__errstr(errno, eb, sizeof eb));
+            break;
+        }
+        if (removed) (*removed)++;
+    }
+    closedir(d);
     return st;
 }

@@ -56,6 +56,49 @@ mkfifo "$T_TMP/pipe"
 run fifo "$FULGUR" fit "${TINY[@]}" --val-data "$T_TMP/pipe" --max-steps 2 --default-root-dir "$T_TMP/r"
 expect_rc "--val-data a pipe" 2 fifo
 
+# --- the checkpoint folder is checked before training
+mkdir -p "$T_TMP/ro"
+chmod 555 "$T_TMP/ro"
+run proc "$FULGUR" fit "${TINY[@]}" --max-steps 2 --ckpt-dir /proc/fulgur-ck --default-root-dir "$T_TMP/r"
+expect_rc "a checkpoint folder that cannot be made" 2 proc
+expect_grep "names the folder" proc '^fulgur: --ckpt-dir="/proc/fulgur-ck": cannot write checkpoints there'
+if [ -w "$T_TMP/ro" ]; then skip "a read-only folder (running as a user who writes anywhere)"; else
+    run ro "$FULGUR" fit "${TINY[@]}" --max-steps 2 --ckpt-dir "$T_TMP/ro/ck" --default-root-dir "$T_TMP/r"
+    expect_rc "an unwritable checkpoint folder" 2 ro
+    expect_grep "names the folder" ro "^fulgur: --ckpt-dir=\"$T_TMP/ro/ck\": cannot write checkpoints there"
+fi
+touch "$T_TMP/afile"
+run notdir "$FULGUR" fit "${TINY[@]}" --max-steps 2 --default-root-dir "$T_TMP/afile"
+expect_rc "a run folder that is a file" 2 notdir
+expect_grep "names it" notdir "^fulgur: --default-root-dir=\"$T_TMP/afile/checkpoints\": cannot write checkpoints there"
+if grep -q '^fit gpt' "$T_TMP/notdir"; then fail "trained before finding the folder"; else pass "nothing trained"; fi
+
+# --- stale temporaries of a killed save are removed; live ones are kept
+CK="$T_TMP/stale/checkpoints"
+mkdir -p "$CK"
+sleep 60 & live=$!
+bash -c 'exit 0' & dead=$!; wait $dead
+touch "$CK/.step-00000004.safetensors.tmp-$dead-0" "$CK/.last.safetensors.tmp-$dead-3" \
+      "$CK/.step-00000008.safetensors.tmp-$live-1" "$CK/.notours.tmp-x" "$CK/keep.tmp-$dead-0"
+run stale.out "$FULGUR" fit "${TINY[@]}" --max-steps 2 --default-root-dir "$T_TMP/stale"
+kill $live
+expect_rc "a fit over stale temporaries" 0 stale.out
+expect_grep "says it removed them" stale.out '^removed 2 temporary checkpoint files left by a run killed while saving$'
+left=$(cd "$CK" && ls -A | grep tmp | sort | tr '\n' ' ')
+[ "$left" = ".notours.tmp-x .step-00000008.safetensors.tmp-$live-1 keep.tmp-$dead-0 " ] \
+    && pass "only fulgur's temporaries of dead processes went" || fail "left: $left"
+
+# --- --save-top-k keeps the newest N
+run topk.out "$FULGUR" fit "${TINY[@]}" --max-steps 10 --ckpt-every 2 --save-top-k 2 --default-root-dir "$T_TMP/topk"
+expect_rc "fit --save-top-k 2" 0 topk.out
+kept=$(cd "$T_TMP/topk/checkpoints" && ls step-*.safetensors | tr '\n' ' ')
+[ "$kept" = "step-00000008.safetensors step-00000010.safetensors " ] && pass "the newest 2 are kept" \
+    || fail "kept: $kept"
+[ "$(readlink "$T_TMP/topk/checkpoints/last.safetensors")" = step-00000010.safetensors ] \
+    && pass "last names the newest" || fail "last is $(readlink "$T_TMP/topk/checkpoints/last.safetensors")"
+run topk0 "$FULGUR" fit "${TINY[@]}" --save-top-k 0 --default-root-dir "$T_TMP/topk"
+expect_rc "--save-top-k 0" 2 topk0
+
 # --- a rank killed with SIGKILL: named, with the signal
 # kill_rank1 NAME STRATEGY: starts a long fit on 2 ranks, kills the second
 # rank once training runs, expects exit 1 and the dead rank named

@@ -51,6 +51,7 @@ typedef struct fit_opts {
     /* outputs */
     const char *root_dir, *ckpt_dir, *resume;
     int64_t ckpt_every, log_every, sample_tokens;
+    int64_t save_top_k;   /* keep the newest N step checkpoints; -1: all */
     const char *progress; /* "auto", "bar", "lines", "none" */
     /* --config files (read by fit_config.c before the flags) and --print-config */
     const char *config;

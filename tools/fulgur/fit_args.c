@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "ckpt_paths.h"
 #include "cli_flags.h"
@@ -138,6 +139,10 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .help = "checkpoint folder [default: DEFAULT_ROOT_DIR/checkpoints]");
     F(.name = "ckpt-every", .type = CLI_INT, .dst = &o->ckpt_every, .def = "500", .min = 0,
       .max = INT64_MAX / 2, .help = "save every N steps (0: only at the end)");
+    F(.name = "save-top-k", .type = CLI_INT, .dst = &o->save_top_k, .def = "-1", .min = -1,
+      .max = INT64_MAX / 2,
+      .help = "keep the newest N step checkpoints, removing older ones after each save (-1: "
+              "keep all)");
     F(.name = "resume", .type = CLI_STR, .dst = &o->resume,
       .help = "continue from a checkpoint file, a folder, or \"last\" (the newest in --ckpt-dir)");
     F(.name = "log-every", .type = CLI_INT, .dst = &o->log_every, .def = "10", .min = 1,
@@ -172,6 +177,36 @@ static bool file_exists(const char *flag, const char *path, bool dir_ok) {
         cli_error("--%s=\"%s\": not a regular file (a device, pipe or socket)", flag, path);
         return false;
     }
+    return true;
+}
+
+/* mkdir -p */
+static int make_dirs(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(buf, 0777) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* The checkpoint folder exists (made if need be) and takes a file: found
+ * now, not at the first save after the steps are spent. */
+static bool dir_writable(const char *flag, const char *dir) {
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/.fulgur-write-test-XXXXXX", dir);
+    int fd = make_dirs(dir) == 0 ? mkstemp(probe) : -1;
+    if (fd < 0) {
+        cli_error("--%s=\"%s\": cannot write checkpoints there: %s (choose a writable folder "
+                  "with --ckpt-dir or --default-root-dir)",
+                  flag, dir, strerror(errno));
+        return false;
+    }
+    close(fd);
+    unlink(probe);
     return true;
 }
 
@@ -347,6 +382,14 @@ int fit_args_parse(fit_opts *o, int argc, char **argv) {
         snprintf(o->ckpt_dir_buf, sizeof o->ckpt_dir_buf, "%s/checkpoints", o->root_dir);
         o->ckpt_dir = o->ckpt_dir_buf;
     }
+    if (o->save_top_k == 0) {
+        cli_error("--save-top-k=0: would keep no checkpoint to resume from; give N >= 1, or -1 "
+                  "to keep all");
+        return FG_EXIT_USAGE;
+    }
+    if (!dir_writable(o->ckpt_dir == o->ckpt_dir_buf ? "default-root-dir" : "ckpt-dir",
+                      o->ckpt_dir))
+        return FG_EXIT_USAGE;
     if (o->resume) {
         /* "last" without a checkpoint yet is an error, as a missing file */
         if (ckpt_resolve(o->resume, o->ckpt_dir, o->resume_path, sizeof o->resume_path) != 0)

@@ -11,11 +11,13 @@
  * function of (seed, epoch, rank, world). So 40 steps straight and 20 +
  * resume + 20 give the same bits, on any strategy whose reductions are
  * deterministic. */
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "ckpt_paths.h"
 #include "fit_model.h"
@@ -131,6 +133,47 @@ static fg_status validate(fit_ctx *c, double *out) {
     return FG_OK;
 }
 
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Rank 0, --save-top-k N: removes step checkpoints older than the newest
+ * N of the folder (the one just saved, which "last" names, is the newest).
+ * A file it cannot remove is a note, not a failure of the run. */
+static void prune(fit_ctx *c) {
+    DIR *d = opendir(c->o->ckpt_dir);
+    if (!d) return;
+    int64_t *steps = NULL;
+    size_t n = 0, cap = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        long long st;
+        int used = 0;
+        if (sscanf(e->d_name, "step-%lld.safetensors%n", &st, &used) != 1 ||
+            e->d_name[used] != '\0' || st < 0)
+            continue;
+        if (n == cap) {
+            int64_t *p = realloc(steps, (cap = cap ? cap * 2 : 64) * sizeof *steps);
+            if (!p) break;
+            steps = p;
+        }
+        steps[n++] = st;
+    }
+    closedir(d);
+    if (steps && n > (size_t)c->o->save_top_k) {
+        qsort(steps, n, sizeof *steps, cmp_i64);
+        for (size_t i = 0; i + (size_t)c->o->save_top_k < n; i++) {
+            if (steps[i] >= c->step) continue; /* never the newest */
+            char path[4096];
+            ckpt_step_path(c->o->ckpt_dir, steps[i], path, sizeof path);
+            if (unlink(path) != 0 && errno != ENOENT)
+                fit_progress_note(c->prog, "note: --save-top-k: cannot remove %s: %s", path,
+                                  strerror(errno));
+        }
+    }
+    free(steps);
+}
+
 /* Collective: fg_fabric_save writes on rank 0; rank 0 then points "last"
  * at the new file (only after the save returned whole). */
 static fg_status save(fit_ctx *c) {
@@ -154,6 +197,7 @@ static fg_status save(fit_ctx *c) {
     if (c->rank0 && (s = fg_st_set_last(last, name)) != FG_OK) return s;
     snprintf(c->last_ckpt, sizeof c->last_ckpt, "%s", path);
     c->last_saved = c->step;
+    if (c->rank0 && c->o->save_top_k > 0) prune(c);
     return FG_OK;
 }
 
@@ -387,6 +431,14 @@ int fit_run(fg_fabric *f, void *arg) {
             rc = rank_error(&c, "output");
             goto out;
         }
+        int stale = 0;
+        if (fg_st_remove_stale_tmp(o->ckpt_dir, &stale) != FG_OK) {
+            rc = rank_error(&c, "checkpoint folder");
+            goto out;
+        }
+        if (stale)
+            printf("removed %d temporary checkpoint file%s left by a run killed while saving\n",
+                   stale, stale == 1 ? "" : "s");
         snprintf(csv, sizeof csv, "%s/metrics.csv", o->root_dir);
         c.prog = fit_progress_new(o, 0, 0, c.cfg.kind == FIT_GPT ? "tok" : "samples", csv,
                                   o->resume != NULL);
