@@ -244,6 +244,22 @@ FG_API fg_status fg_fabric_rank_zero_first_end(fg_fabric *f);
  * collective. */
 FG_API void fg_fabric_step_end(fg_fabric *f);
 
+/* ------------------------------------------------------- stopping early */
+
+/* Asks for a stop at the next step boundary (a resumable stop: finish the
+ * step, save, exit), and returns how many stops were asked so far on this
+ * rank, 1 for the first. Async-signal-safe: a program's SIGTERM, SIGINT or
+ * SIGUSR1 handler calls it (the library installs no handler of its own).
+ * Only this rank knows until fg_fabric_should_stop. f must not be NULL. */
+FG_API int fg_fabric_request_stop(fg_fabric *f);
+
+/* Collective, once per step at the same point on every rank (after the
+ * optimizer step): *stop is true on every rank when any rank asked for a
+ * stop (one allreduce of a flag), so that all stop after the same step.
+ * Under single and dp, whether this process asked. Errors: FG_EINVAL
+ * (NULL), the allreduce's (*stop is then false). */
+FG_API fg_status fg_fabric_should_stop(fg_fabric *f, bool *stop);
+
 /* ------------------------------------------------------------ save, load */
 
 /* The state a checkpoint holds. model is required; the rest optional. The

@@ -3,6 +3,7 @@
 #define FULGUR_FABRIC_IMPL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "core/core_impl.h"
 #include "fulgur/fabric.h"
@@ -31,10 +32,11 @@ struct fg_fabric {
     bool forked_rank;
     void *spawn_blob;
     size_t spawn_blob_len;
-    fg_dtype autocast;     /* fabric_precision.c: the setting's autocast dtype, or off */
-    fg_scaler *scaler;     /* 16-mixed's loss scaler, else NULL */
-    int64_t scaler_expect; /* the optimizer's step count the scaler saw last; -1: unknown */
-    fg_kv *loaded_meta;    /* fabric_ckpt.c: the last load's metadata, one block */
+    fg_dtype autocast;        /* fabric_precision.c: the setting's autocast dtype, or off */
+    fg_scaler *scaler;        /* 16-mixed's loss scaler, else NULL */
+    int64_t scaler_expect;    /* the optimizer's step count the scaler saw last; -1: unknown */
+    atomic_int stop_requests; /* fabric_stop.c: fg_fabric_request_stop's count */
+    fg_kv *loaded_meta;       /* fabric_ckpt.c: the last load's metadata, one block */
     int64_t nloaded_meta;
 };
 

@@ -9,10 +9,37 @@
  * Exit codes: 0 done; 1 failed while running (including a checkpoint that
  * does not fit the model, named tensor by tensor) or for want of memory or
  * I/O before; 2 bad usage (flags, or devices/strategy/precision that
- * fg_fabric_new refuses as invalid, unsupported or mismatched). */
+ * fg_fabric_new refuses as invalid, unsupported or mismatched); 75 stopped
+ * by SIGTERM, SIGINT or SIGUSR1 after saving a checkpoint at a step
+ * boundary (rank 0; other ranks exit 0). */
+#include <signal.h>
 #include <string.h>
 
 #include "fit.h"
+
+/* ------------------------------------------------- resumable stops
+ * SIGTERM, SIGINT and SIGUSR1 ask the fabric for a stop at the next step
+ * boundary (all ranks agree there, save, and exit 75); a second one ends
+ * the process at once, by that signal; once the stop's checkpoint is saved
+ * further signals are ignored (the ranks are leaving). */
+static fg_fabric *g_fabric;
+volatile int fit_stopped;
+
+static void on_stop_signal(int sig) {
+    if (fit_stopped || !g_fabric) return;
+    if (fg_fabric_request_stop(g_fabric) < 2) return;
+    struct sigaction dfl = {.sa_handler = SIG_DFL};
+    sigaction(sig, &dfl, NULL);
+    raise(sig);
+}
+
+static void install_stop_handlers(fg_fabric *f) {
+    g_fabric = f;
+    struct sigaction sa = {.sa_handler = on_stop_signal, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    static const int k_sigs[] = {SIGTERM, SIGINT, SIGUSR1};
+    for (size_t i = 0; i < sizeof k_sigs / sizeof k_sigs[0]; i++) sigaction(k_sigs[i], &sa, NULL);
+}
 
 int cmd_fit(int argc, char **argv) {
     static fit_opts o; /* static: ranks launched by fork keep it */
@@ -41,6 +68,7 @@ int cmd_fit(int argc, char **argv) {
         printf("launch plan: %s\n", fg_launch_plan_format(plan, line, sizeof line));
         fflush(stdout);
     }
+    install_stop_handlers(f);
     rc = fg_fabric_launch(f, fit_run, &o);
     if (rc != 0) {
         /* fit_run printed its own errors; the fabric's (a launch that
@@ -51,6 +79,11 @@ int cmd_fit(int argc, char **argv) {
         else if (!msg || !*msg) cli_error("fit: failed (exit code %d) without a message", rc);
         rc = FG_EXIT_FAIL;
     }
+    /* a resumable stop: the process the user started (rank 0) says so with
+     * its exit status; the other ranks exit 0, so that no launcher takes
+     * them for failed ranks */
+    if (rc == 0 && fit_stopped && plan->rank <= 0) rc = FG_EXIT_RESUMABLE;
+    g_fabric = NULL;
     fg_fabric_free(f);
     return rc;
 }

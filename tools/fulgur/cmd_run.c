@@ -334,7 +334,9 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
             const char *abbrev = sigabbrev_np(got);
             fprintf(stderr, "fulgur run: got SIG%s; forwarded it to %d rank%s\n",
                     abbrev ? abbrev : "?", forwarded, forwarded == 1 ? "" : "s");
-            exit_code = 128 + got;
+            /* a rank that stopped resumably (fulgur fit saved a checkpoint) says so */
+            exit_code = fg_rank_exit_status(&st.failed) == FG_EXIT_RESUMABLE ? FG_EXIT_RESUMABLE
+                                                                             : 128 + got;
             break;
         }
         if (st.failed.rank < 0) {

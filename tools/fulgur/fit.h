@@ -51,8 +51,10 @@ typedef struct fit_opts {
     /* outputs */
     const char *root_dir, *ckpt_dir, *resume;
     int64_t ckpt_every, log_every, sample_tokens;
-    int64_t save_top_k;   /* keep the newest N step checkpoints; -1: all */
-    const char *progress; /* "auto", "bar", "lines", "none" */
+    int64_t save_top_k;    /* keep the newest N step checkpoints; -1: all */
+    int64_t restart_count; /* FULGUR_RESTART_COUNT, TORCHELASTIC_RESTART_COUNT or
+                              SLURM_RESTART_COUNT: > 0 in a restarted job */
+    const char *progress;  /* "auto", "bar", "lines", "none" */
     /* --config files (read by fit_config.c before the flags) and --print-config */
     const char *config;
     bool print_config;
@@ -107,6 +109,11 @@ double fit_progress_elapsed(const fit_progress *p);
 /* True when this process already printed an error containing msg
  * (fit_loop.c's rank_error), so that cmd_fit does not print it twice. */
 bool fit_reported(const char *msg);
+
+/* Set by fit_run when it stopped early on a signal after saving a
+ * checkpoint at a step boundary (it then returns 0 so that the ranks leave
+ * together); cmd_fit turns it into exit 75 on rank 0. */
+extern volatile int fit_stopped;
 
 /* The training loop of one rank (fg_fabric_launch's run). arg is fit_opts. */
 int fit_run(fg_fabric *f, void *arg);

@@ -390,6 +390,20 @@ int fit_args_parse(fit_opts *o, int argc, char **argv) {
     if (!dir_writable(o->ckpt_dir == o->ckpt_dir_buf ? "default-root-dir" : "ckpt-dir",
                       o->ckpt_dir))
         return FG_EXIT_USAGE;
+    /* A restarted job (fulgur run --max-restarts, torchrun, a requeued SLURM
+     * job) continues from its newest complete checkpoint by itself, with the
+     * command line unchanged; without a checkpoint yet it starts afresh. */
+    static const char *const k_restart[] = {"FULGUR_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT",
+                                            "SLURM_RESTART_COUNT"};
+    for (size_t i = 0; i < sizeof k_restart / sizeof k_restart[0] && !o->restart_count; i++) {
+        const char *v = getenv(k_restart[i]);
+        int64_t count;
+        if (v && cli_parse_int(v, &count) && count > 0) o->restart_count = count;
+    }
+    char last_link[4200];
+    struct stat lst;
+    snprintf(last_link, sizeof last_link, "%s/%s", o->ckpt_dir, CKPT_LAST_NAME);
+    if (!o->resume && o->restart_count > 0 && lstat(last_link, &lst) == 0) o->resume = "last";
     if (o->resume) {
         /* "last" without a checkpoint yet is an error, as a missing file */
         if (ckpt_resolve(o->resume, o->ckpt_dir, o->resume_path, sizeof o->resume_path) != 0)

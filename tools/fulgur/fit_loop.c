@@ -448,6 +448,9 @@ int fit_run(fg_fabric *f, void *arg) {
         }
     }
     if (o->resume) {
+        if (c.rank0 && o->restart_count > 0 && !strcmp(o->resume, "last"))
+            fit_progress_note(c.prog, "restart %lld: resuming from the newest checkpoint",
+                              (long long)o->restart_count);
         if (resume(&c) != FG_OK) {
             rc = rank_error(&c, "--resume");
             goto out;
@@ -521,6 +524,29 @@ int fit_run(fg_fabric *f, void *arg) {
         }
         if (o->ckpt_every && c.step % o->ckpt_every == 0 && save(&c) != FG_OK) {
             rc = rank_error(&c, "checkpoint");
+            goto out;
+        }
+        /* a signal on any rank: all agree here, after the same step */
+        bool stop = false;
+        if (fg_fabric_should_stop(f, &stop) != FG_OK) {
+            rc = rank_error(&c, "training");
+            goto out;
+        }
+        if (stop) {
+            if (c.last_saved != c.step && save(&c) != FG_OK) {
+                rc = rank_error(&c, "checkpoint");
+                goto out;
+            }
+            fit_stopped = 1; /* saved: further signals are ignored */
+            if (c.rank0) {
+                fit_progress_free(c.prog);
+                c.prog = NULL;
+                printf("stopped by a signal after step %lld (of %lld); checkpoint %s; run the "
+                       "same command with --resume last to continue (exit status %d)\n",
+                       (long long)c.step, (long long)total, c.last_ckpt, FG_EXIT_RESUMABLE);
+                fflush(stdout);
+            }
+            rc = FG_EXIT_OK;
             goto out;
         }
     }
