@@ -51,7 +51,9 @@ typedef struct fit_opts {
     /* outputs */
     const char *root_dir, *ckpt_dir, *resume;
     int64_t ckpt_every, log_every, sample_tokens;
-    int64_t save_top_k;    /* keep the newest N step checkpoints; -1: all */
+    int64_t save_top_k;       /* keep the newest N step checkpoints; -1: all */
+    const char *on_nonfinite; /* "stop" or "skip" */
+    bool on_nonfinite_skip;
     int64_t restart_count; /* FULGUR_RESTART_COUNT, TORCHELASTIC_RESTART_COUNT or
                               SLURM_RESTART_COUNT: > 0 in a restarted job */
     const char *progress;  /* "auto", "bar", "lines", "none" */

@@ -22,6 +22,7 @@ static const char *const k_progress[] = {"auto", "bar", "lines", "none", NULL};
 static const char *const k_hooks[] = {"none",     "fp16_compress", "bf16_compress",
                                       "powersgd", "post_localsgd", NULL};
 static const char *const k_wrappers[] = {"none", "fp16", "bf16", NULL};
+static const char *const k_nonfinite[] = {"stop", "skip", NULL};
 
 #define USAGE "fulgur fit --model {gpt,mlp} --data PATH [--val-data PATH] [FLAGS]"
 
@@ -109,6 +110,10 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .min = 1, .max = 1 << 20, .help = "micro-batches per optimizer step");
     F(.name = "gradient-clip-val", .type = CLI_DOUBLE, .dst = &o->clip, .def = "1.0",
       .help = "clip the global gradient norm to this (0: off)");
+    F(.name = "on-nonfinite", .type = CLI_STR, .dst = &o->on_nonfinite, .def = "stop",
+      .choices = k_nonfinite,
+      .help = "a non-finite loss or gradient on any rank: stop (naming the step, the tensor and "
+              "the last good checkpoint) or skip the optimizer step on every rank (counted)");
     F(.name = "optimizer", .type = CLI_STR, .dst = &o->optimizer, .def = "adamw",
       .choices = k_optims, .help = "adamw, or sgd with --momentum");
     F(.name = "lr", .type = CLI_DOUBLE, .dst = &o->lr, .def = "2e-3", .help = "peak learning rate");
@@ -307,6 +312,7 @@ int fit_args_parse(fit_opts *o, int argc, char **argv) {
     if ((rc = sharded_args(o, flags, n))) return rc;
     if ((rc = hook_args(o, flags, n))) return rc;
     o->kind = !strcmp(o->model, "mlp") ? FIT_MLP : FIT_GPT;
+    o->on_nonfinite_skip = !strcmp(o->on_nonfinite, "skip");
     if (!o->data) {
         cli_error("--data is required: a text file or folder, a .bin token file, or (mlp) a .npy");
         return FG_EXIT_USAGE;

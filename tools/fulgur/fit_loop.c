@@ -42,6 +42,8 @@ typedef struct fit_ctx {
     int world;
     char *config_json, *vocab_b64;
     int64_t step, last_saved, last_val_step;
+    int64_t skipped, skipped_in_row; /* --on-nonfinite skip: optimizer steps skipped */
+    char nonfinite[512];             /* what train_step found non-finite, "" if nothing */
     double last_val;
     char last_ckpt[4096];
 } fit_ctx;
@@ -248,6 +250,50 @@ static fg_tensor *micro_step(fg_fabric *f, fg_batch *part, void *ud) {
     return c->o->accumulate > 1 ? fg_scale(loss, 1.0 / (double)c->o->accumulate) : loss;
 }
 
+/* The first parameter whose gradient holds an inf or NaN, or -1. */
+static int64_t first_nonfinite_grad(fit_ctx *c) {
+    for (int64_t i = 0; i < fg_module_num_params(c->model); i++) {
+        fg_tensor *g = fg_tensor_grad(fg_module_param(c->model, i));
+        if (!g) continue;
+        int64_t n = fg_tensor_numel(g);
+        const void *d = fg_tensor_data(g);
+        if (fg_tensor_dtype(g) == FG_F64) {
+            const double *x = d;
+            for (int64_t k = 0; k < n; k++)
+                if (!isfinite(x[k])) return i;
+        } else if (fg_tensor_dtype(g) == FG_F32) {
+            const float *x = d;
+            for (int64_t k = 0; k < n; k++)
+                if (!isfinite(x[k])) return i;
+        }
+    }
+    return -1;
+}
+
+/* --on-nonfinite: a non-finite loss on any rank, or gradient, is noticed by
+ * every rank at once (one allreduce of two flags) and written into
+ * c->nonfinite (the step, the loss or the parameter). Under 16-mixed the
+ * loss scaler owns inf/NaN gradients (it skips the step and lowers the
+ * scale): only the loss is checked then. Collective. */
+static fg_status check_finite(fit_ctx *c, double loss_sum) {
+    c->nonfinite[0] = '\0';
+    int64_t bad_param = fg_fabric_scaler(c->f) ? -1 : first_nonfinite_grad(c);
+    /* [0]: a rank's loss is not finite; [1]: minus the first bad parameter
+     * (MAX over ranks = the first), -1e18 for none */
+    double v[2] = {isfinite(loss_sum) ? 0.0 : 1.0, bad_param >= 0 ? -(double)bad_param : -1e18};
+    fg_comm *comm = fg_fabric_comm(c->f);
+    if (comm && c->world > 1) TRY(fg_comm_allreduce(comm, v, v, 2, FG_F64, FG_MAX));
+    if (v[0] == 0 && v[1] < -1e17) return FG_OK;
+    if (v[0] > 0)
+        snprintf(c->nonfinite, sizeof c->nonfinite, "step %lld: the loss is not finite%s",
+                 (long long)c->step + 1,
+                 c->world > 1 && isfinite(loss_sum) ? " (on another rank)" : "");
+    else
+        snprintf(c->nonfinite, sizeof c->nonfinite, "step %lld: the gradient of %s is not finite",
+                 (long long)c->step + 1, fg_module_param_name(c->model, (int64_t)-v[1]));
+    return FG_OK;
+}
+
 /* One optimizer step over --accumulate-grad-batches micro-batches.
  * *done is set when the epochs ran out before any micro-batch. */
 static fg_status train_step(fit_ctx *c, double *loss_out, double *items, bool *done) {
@@ -287,6 +333,14 @@ static fg_status train_step(fit_ctx *c, double *loss_out, double *items, bool *d
          * last backward ran without sync, so average the gradients here */
         fg_fabric_set_no_backward_sync(c->f, false);
         TRY(fg_fabric_all_reduce(c->f, fg_module_flat_grads(c->model), FG_AVG));
+    }
+    TRY(check_finite(c, loss_sum));
+    if (c->nonfinite[0]) { /* every rank alike: skip the optimizer step, or stop */
+        fg_optimizer_zero_grad(c->opt);
+        fg_fabric_step_end(c->f);
+        *loss_out = NAN;
+        *items = 0;
+        return FG_OK;
     }
     if (o->clip > 0) TRY(fg_fabric_clip_gradients(c->f, o->clip, NULL));
     fg_optimizer_set_lr(c->opt, fit_lr_at(o, c->step));
@@ -505,14 +559,35 @@ int fit_run(fg_fabric *f, void *arg) {
             goto out;
         }
         if (done) break;
-        if (!isfinite(loss)) {
-            fg_error(FG_EINVAL, "loss is %g at step %lld: lower --lr or set --gradient-clip-val",
-                     loss, (long long)c.step);
+        if (c.nonfinite[0] && o->on_nonfinite_skip) {
+            c.skipped++;
+            if (++c.skipped_in_row >= 1000) {
+                fg_error(FG_EINVAL,
+                         "%s; 1000 optimizer steps in a row skipped: lower --lr or "
+                         "set --gradient-clip-val",
+                         c.nonfinite);
+                rc = rank_error(&c, "training");
+                goto out;
+            }
+            if (c.rank0)
+                fit_progress_note(c.prog, "%s: optimizer step skipped on every rank (%lld so far)",
+                                  c.nonfinite, (long long)c.skipped);
+        } else if (c.nonfinite[0]) {
+            char last[4200] = "none yet";
+            if (c.last_ckpt[0]) snprintf(last, sizeof last, "%s", c.last_ckpt);
+            else if (o->resume) snprintf(last, sizeof last, "%s", o->resume_path);
+            fg_error(FG_EINVAL,
+                     "%s; stopped on every rank (last good checkpoint: %s); lower --lr, set "
+                     "--gradient-clip-val, or --on-nonfinite skip",
+                     c.nonfinite, last);
             rc = rank_error(&c, "training");
             goto out;
+        } else {
+            c.skipped_in_row = 0;
         }
         int64_t epoch, batch;
         fg_dataloader_position(c.train, &epoch, &batch);
+        if (c.nonfinite[0]) goto boundary; /* a skipped step: nothing to log, validate or save */
         fit_progress_step(c.prog, c.step, epoch, loss, fit_lr_at(o, c.step - 1), items);
         if (o->val_check_interval && c.step % o->val_check_interval == 0) {
             if (validate(&c, &c.last_val) != FG_OK) {
@@ -526,7 +601,7 @@ int fit_run(fg_fabric *f, void *arg) {
             rc = rank_error(&c, "checkpoint");
             goto out;
         }
-        /* a signal on any rank: all agree here, after the same step */
+    boundary:; /* a signal on any rank: all agree here, after the same step */
         bool stop = false;
         if (fg_fabric_should_stop(f, &stop) != FG_OK) {
             rc = rank_error(&c, "training");
@@ -580,6 +655,10 @@ int fit_run(fg_fabric *f, void *arg) {
                    (double)cb.total / (double)cb.steps, (long long)cb.steps,
                    (double)cb.total / (double)cb.steps / (double)cb.dense_step,
                    (unsigned long long)cb.dense_step);
+        if (o->on_nonfinite_skip)
+            printf("%lld optimizer step%s skipped on a non-finite loss or gradient "
+                   "(--on-nonfinite skip)\n",
+                   (long long)c.skipped, c.skipped == 1 ? "" : "s");
         const fg_scaler *sc = fg_fabric_scaler(f);
         if (sc) /* 16-mixed: what the loss scaler did */
             printf("loss scale %g; %lld step%s skipped on inf/NaN gradients\n",
