@@ -62,6 +62,10 @@ int cmd_fit(int argc, char **argv) {
         bool usage = s == FG_EINVAL || s == FG_EUNSUPPORTED || s == FG_EMISMATCH;
         return usage ? FG_EXIT_USAGE : FG_EXIT_FAIL;
     }
+    if ((rc = fit_check_ckpt_dir(&o)) != 0) {
+        fg_fabric_free(f);
+        return rc;
+    }
     const fg_launch_plan *plan = fg_fabric_plan(f);
     if (plan->rank <= 0) { /* rank 0, or the parent of forked ranks */
         char line[512];

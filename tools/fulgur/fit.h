@@ -71,6 +71,12 @@ typedef struct fit_opts {
  * or FG_EXIT_USAGE after printing the error. */
 int fit_args_parse(fit_opts *o, int argc, char **argv);
 
+/* The checkpoint folder exists (made if need be) and takes a file: found
+ * before training, not at the first save after the steps are spent. Called
+ * once every flag is known good, so that a usage error leaves no folder.
+ * Returns 0, or FG_EXIT_USAGE after printing the folder and the reason. */
+int fit_check_ckpt_dir(const fit_opts *o);
+
 /* The datasets of a run. train and val are views of base (or val of
  * val_base); text_vocab is borrowed from the text dataset (NULL otherwise). */
 typedef struct fit_data {

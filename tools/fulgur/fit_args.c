@@ -198,8 +198,6 @@ static int make_dirs(const char *path) {
     return mkdir(buf, 0777) != 0 && errno != EEXIST ? -1 : 0;
 }
 
-/* The checkpoint folder exists (made if need be) and takes a file: found
- * now, not at the first save after the steps are spent. */
 static bool dir_writable(const char *flag, const char *dir) {
     char probe[4200];
     snprintf(probe, sizeof probe, "%s/.fulgur-write-test-XXXXXX", dir);
@@ -213,6 +211,13 @@ static bool dir_writable(const char *flag, const char *dir) {
     close(fd);
     unlink(probe);
     return true;
+}
+
+int fit_check_ckpt_dir(const fit_opts *o) {
+    return dir_writable(o->ckpt_dir == o->ckpt_dir_buf ? "default-root-dir" : "ckpt-dir",
+                        o->ckpt_dir)
+               ? 0
+               : FG_EXIT_USAGE;
 }
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -393,9 +398,6 @@ int fit_args_parse(fit_opts *o, int argc, char **argv) {
                   "to keep all");
         return FG_EXIT_USAGE;
     }
-    if (!dir_writable(o->ckpt_dir == o->ckpt_dir_buf ? "default-root-dir" : "ckpt-dir",
-                      o->ckpt_dir))
-        return FG_EXIT_USAGE;
     /* A restarted job (fulgur run --max-restarts, torchrun, a requeued SLURM
      * job) continues from its newest complete checkpoint by itself, with the
      * command line unchanged; without a checkpoint yet it starts afresh. */
