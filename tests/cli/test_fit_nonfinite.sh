@@ -39,8 +39,9 @@ grep -q "last good checkpoint: .*/$want)" "$T_TMP/stop1" && pass "the last good 
 run stop2 "$FULGUR" fit "${MLP[@]}" --devices 2 --default-root-dir "$T_TMP/d-stop2"
 expect_rc "ddp: a NaN input on one rank stops both" 1 stop2
 n=$(grep -c 'the loss is not finite' "$T_TMP/stop2")
-s0=$(sed -n 's/^fulgur: rank 0: training: step \([0-9]*\): .*/\1/p' "$T_TMP/stop2")
-s1=$(sed -n 's/^fulgur: rank 1: training: step \([0-9]*\): .*/\1/p' "$T_TMP/stop2")
+# the two ranks write stderr at once: their lines may interleave
+s0=$(grep -o 'rank 0: training: step [0-9]*' "$T_TMP/stop2" | sed 's/.* //')
+s1=$(grep -o 'rank 1: training: step [0-9]*' "$T_TMP/stop2" | sed 's/.* //')
 [ "$n" = 2 ] && [ -n "$s0" ] && [ "$s0" = "$s1" ] && pass "both ranks stop at step $s0" \
     || { fail "the ranks did not stop together ($s0, $s1)"; sed 's/^/       | /' "$T_TMP/stop2" | tail -5; }
 expect_grep "the other rank says where it was seen" stop2 'the loss is not finite \(on another rank\)'
