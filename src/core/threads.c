@@ -53,11 +53,11 @@ void openblas_set_num_threads(int num_threads);
 #define POLL_S 0.25  /* a load window */
 #define FIRST_S 0.05 /* the first window, so that a short run adapts too */
 
-static _Atomic int g_threads;        /* the setting; 0 until set */
-static _Atomic int g_adapt = -1;     /* FULGUR_ADAPT_THREADS, -1 until read */
-static _Atomic int g_allowed;        /* the count the load allows; 0 until measured */
-                                     /* (kernels use the lower of it and the setting) */
-static _Thread_local int t_applied;  /* what this thread last gave OpenMP and OpenBLAS */
+static _Atomic int g_threads;       /* the setting; 0 until set */
+static _Atomic int g_adapt = -1;    /* FULGUR_ADAPT_THREADS, -1 until read */
+static _Atomic int g_allowed;       /* the count the load allows; 0 until measured */
+                                    /* (kernels use the lower of it and the setting) */
+static _Thread_local int t_applied; /* what this thread last gave OpenMP and OpenBLAS */
 
 /* ------------------------------------------------------------ cores */
 
@@ -274,7 +274,8 @@ static void poll_load(void) {
         atomic_store(&g_others, others);
         /* a window run below the allowed count (the setting was lower)
          * says nothing about the allowed count: keep it */
-        if (!cur || cur <= cap) atomic_store(&g_allowed, next_count(cap, cur ? cur : cap, D, others, now));
+        if (!cur || cur <= cap)
+            atomic_store(&g_allowed, next_count(cap, cur ? cur : cap, D, others, now));
         atomic_store(&g_next_poll, now + POLL_S);
         g_last = s;
     }
@@ -300,8 +301,9 @@ fg_status fg_set_num_threads(int n) {
     long adapt;
     FG_TRY(fg__env_int(ADAPT_ENV, 1, &adapt));
     if (adapt != 0 && adapt != 1)
-        return fg_error(FG_EINVAL, "%s=%ld: expected 1 (fewer threads while other processes keep "
-                                   "cores busy) or 0",
+        return fg_error(FG_EINVAL,
+                        "%s=%ld: expected 1 (fewer threads while other processes keep "
+                        "cores busy) or 0",
                         ADAPT_ENV, adapt);
     atomic_store(&g_adapt, (int)adapt);
     if (n <= 0) {

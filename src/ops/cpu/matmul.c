@@ -13,8 +13,8 @@
  * a loop of gemms, split across OpenMP threads when each product is small.
  * A single f32 product (one gemm) runs on the engine gemm_pick.c measured
  * fastest for its class (OpenBLAS, or oneDNN's matmul in matmul_dnnl.c),
- * on one thread where one thread was faster. bias_grad sums each column in row order in double, so
- * the result does not depend on the thread count. */
+ * on one thread where one thread was faster. bias_grad sums each column in
+ * row order in double, so the result does not depend on the thread count. */
 #include <string.h>
 
 #include "blas.h"
@@ -156,11 +156,10 @@ fg_status fg__cpu_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool t
     FG_FLOAT_DISPATCH("matmul", c->dtype, {
         const T *pa = (const T *)va.data, *pb = (const T *)vb.data;
         T *pc = (T *)vc.data;
-FG_PRAGMA(omp parallel for if (par) schedule(static))
-for (int64_t i = 0; i < batch; i++)
-    FG_GEMM(T)
-    (CblasRowMajor, opa, opb, im, in, ik, (T)alpha, pa + i * bsa, lda, pb + i * bsb, ldb, (T)beta,
-     pc + i * bsc, ldc);
+        FG_PRAGMA(omp parallel for if (par) schedule(static))
+        for (int64_t i = 0; i < batch; i++) FG_GEMM(T)
+        (CblasRowMajor, opa, opb, im, in, ik, (T)alpha, pa + i * bsa, lda, pb + i * bsb, ldb,
+         (T)beta, pc + i * bsc, ldc);
     });
     return FG_OK;
 }
@@ -191,12 +190,12 @@ fg_status fg__cpu_bias_add(fg_tensor *y, const fg_tensor *bias) {
     FG_FLOAT_DISPATCH("bias_add", y->dtype, {
         const T *pb = bias->data;
         T *py = y->data;
-FG_PRAGMA(omp parallel for if (par) schedule(static))
-for (int64_t r = 0; r < R; r++) {
-    T *row = py + r * C;
-    FG_PRAGMA(omp simd)
-    for (int64_t j = 0; j < C; j++) row[j] += pb[j];
-}
+        FG_PRAGMA(omp parallel for if (par) schedule(static))
+        for (int64_t r = 0; r < R; r++) {
+            T *row = py + r * C;
+            FG_PRAGMA(omp simd)
+            for (int64_t j = 0; j < C; j++) row[j] += pb[j];
+        }
     });
     return FG_OK;
 }
@@ -221,17 +220,17 @@ fg_status fg__cpu_bias_grad(const fg_tensor *dy, fg_tensor *dbias) {
     FG_FLOAT_DISPATCH("bias_grad", dy->dtype, {
         const T *pg = dy->data;
         T *pd = dbias->data;
-FG_PRAGMA(omp parallel for if (par) schedule(static))
-for (int64_t blk = 0; blk < nblocks; blk++) {
-    int64_t j0 = blk * w, n = FG_MIN(w, C - j0);
-    double acc[BIAS_BLOCK] = {0};
-    for (int64_t r = 0; r < R; r++) {
-        const T *row = pg + r * C + j0;
-        FG_PRAGMA(omp simd)
-        for (int64_t j = 0; j < n; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < n; j++) pd[j0 + j] = (T)(pd[j0 + j] + acc[j]);
-}
+        FG_PRAGMA(omp parallel for if (par) schedule(static))
+        for (int64_t blk = 0; blk < nblocks; blk++) {
+            int64_t j0 = blk * w, n = FG_MIN(w, C - j0);
+            double acc[BIAS_BLOCK] = {0};
+            for (int64_t r = 0; r < R; r++) {
+                const T *row = pg + r * C + j0;
+                FG_PRAGMA(omp simd)
+                for (int64_t j = 0; j < n; j++) acc[j] += row[j];
+            }
+            for (int64_t j = 0; j < n; j++) pd[j0 + j] = (T)(pd[j0 + j] + acc[j]);
+        }
     });
     return FG_OK;
 }
