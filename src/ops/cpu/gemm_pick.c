@@ -114,7 +114,7 @@ static uint64_t fnv64(const void *p, size_t n, uint64_t h) {
 /* What the choices depend on: CPU model, its ISA flags, OpenBLAS and its
  * kernel core, oneDNN and its ISA, the file format. */
 static void make_key(char *key, size_t cap) {
-    char model[128] = "?", fam[64] = "", flags[256] = "", line[4096];
+    char model[128] = "?", fam[64] = "", flags[256] = "", line[16384]; /* flags lines run long */
     FILE *f = fopen("/proc/cpuinfo", "re");
     while (f && fgets(line, sizeof line, f)) {
         char *v = strchr(line, ':');

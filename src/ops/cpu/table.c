@@ -41,8 +41,8 @@ const fg_op_table fg__cpu_ops = {
 
 /* The f32 line changes as classes are measured: built at each call. */
 const char *fg_ops_blas_info(void) {
-    static _Thread_local char buf[2048];
-    char f32[1600];
+    static _Thread_local char buf[4608];
+    char f32[4096];
     snprintf(buf, sizeof buf, "f32: %s; bf16: %s", fg__gemm_info(f32, sizeof f32),
              fg_matmul_bf16_path());
     return buf;
