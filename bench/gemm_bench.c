@@ -10,7 +10,10 @@
  * Prints one JSON line per case:
  *   {"name": ..., "fulgur": GFLOP/s, "baseline": GFLOP/s, "unit": "GFLOP/s", "ratio": f/b, ...}
  * Each side runs REPS times, alternating with the other so that load from
- * other processes hits both alike; the best run of each counts. */
+ * other processes hits both alike; the best run of each counts (the first
+ * run of a new shape class also calibrates fulgur's engine choice).
+ * FULGUR_GEMM=openblas or onednn forces fulgur's engine; the engines and
+ * the choices made go to stderr at the start and the end. */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -349,5 +352,6 @@ int main(int argc, char **argv) {
         bench_dnnl(out, R, in, true, false, "bwd dw=dy^T@x");
     }
 #endif
+    fprintf(stderr, "gemm_bench: chosen: %s\n", fg_ops_blas_info());
     return 0;
 }

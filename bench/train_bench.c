@@ -3,7 +3,11 @@
  * ranks), timed per step after warm-up; prints one JSON line from rank 0:
  *   {"model", "mode", "ms_per_step", "items_per_s", "unit", "peak_rss_mb"}
  *
- *   train_bench --model gpt [--steps 10] [--threads 1] [--devices 2] [--batch B] */
+ *   train_bench --model gpt [--steps 10] [--threads 1] [--devices 2] [--batch B]
+ *
+ * --threads 0 is the default thread count (the cores over the ranks, fewer
+ * while other processes keep cores busy); "threads" in the output is the
+ * setting, "blas" the engines each product class took. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,10 +85,10 @@ static int run(fg_fabric *f, void *arg) {
     if (fg_fabric_is_global_zero(f))
         printf(
             "{\"model\": \"%s\", \"mode\": \"%s%d\", \"ms_per_step\": %.3f, \"items_per_s\": %.1f, "
-            "\"unit\": \"%s\", \"peak_rss_mb\": %.1f, \"blas\": \"%s\"}\n",
+            "\"unit\": \"%s\", \"peak_rss_mb\": %.1f, \"threads\": %d, \"blas\": \"%s\"}\n",
             a->model, fg_fabric_world_size(f) > 1 ? "ddp" : "single", fg_fabric_world_size(f), ms,
             items / (ms / 1e3), gpt ? "tokens/s" : "samples/s", ru.ru_maxrss / 1024.0,
-            fg_ops_blas_info());
+            fg_get_num_threads(), fg_ops_blas_info());
     free(times);
     fg_tensor_free(x);
     fg_tensor_free(y);

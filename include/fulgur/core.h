@@ -249,7 +249,10 @@ FG_API fg_status fg_convert(void *dst, fg_dtype dst_dt, const void *src, fg_dtyp
 
 /* Sets the kernel threads of this process: OpenMP and OpenBLAS both obey it,
  * so ranks never oversubscribe the cores. n <= 0 means the default:
- * FULGUR_NUM_THREADS if set, else all online cores. Not thread-safe. */
+ * FULGUR_NUM_THREADS if set, else the cores this process may use (affinity
+ * mask, cgroup quota). Kernels use fewer while other processes keep those
+ * cores busy (FULGUR_ADAPT_THREADS); fg_get_num_threads returns the
+ * setting. Not thread-safe. */
 FG_API fg_status fg_set_num_threads(int n);
 FG_API int fg_get_num_threads(void);
 /* Online cores of the machine (sysconf), at least 1. */

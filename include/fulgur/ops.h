@@ -119,9 +119,12 @@ typedef struct fg_op_table {
  * device not built in. Thread-safe. */
 FG_API const fg_op_table *fg_ops_get(fg_device device);
 
-/* Which library does the matrix products of each dtype, one line:
- * "f32: openblas, onednn (avx512_core) from 4194304 multiply-adds; bf16:
- * onednn-bf16 (avx512_core_bf16)". Thread-safe. */
+/* Which library does the matrix products of each dtype, one line: "f32:
+ * auto: openblas or onednn (avx512_core_bf16), measured per shape class,
+ * ...; nt= 128M+ K<=N: onednn (2t), ...; bf16: onednn-bf16
+ * (avx512_core_bf16)". The f32 part lists the shape classes measured so
+ * far and the engine each took (FULGUR_GEMM, docs/env.md). Thread-safe;
+ * the string stays valid on the calling thread until its next call. */
 FG_API const char *fg_ops_blas_info(void);
 
 /* Which path the bf16 matrix products (bf16 a and b, f32 accumulation) take

@@ -8,6 +8,13 @@
  * died (pidfd), left, or the group was aborted, and giving up after the
  * timeout.
  *
+ * When cores are short (other processes, the peers included, leave this
+ * rank less than SHORT_CORES of a core: fg__cores_free), a peer that has
+ * not posted is most likely waiting for a core, and a rank that spins or
+ * yields keeps its own core busy, so the scheduler never moves the peer
+ * there. Then a wait whose spin did not pay drops its budget to the minimum
+ * at once (not by halves) and yields only SHORT_YIELD_S before it sleeps.
+ *
  * No wake-up is lost: a sleeper counts itself in the poster's sleepers
  * before it re-reads the word, the poster stores the word before it reads
  * the count, all sequentially consistent. The abort word is claimed once
@@ -30,6 +37,9 @@
 #else
 #define CPU_RELAX() ((void)0)
 #endif
+
+#define SHORT_CORES 0.75
+#define SHORT_YIELD_S 20e-6
 
 /* ------------------------------------------------------------- futexes */
 
@@ -150,9 +160,11 @@ fg_status fg__shm_wait_word(fg_comm *c, shm_state *s, const fg_comm_args *a, int
                 return fg__shm_aborted_elsewhere(c, s, a);
         }
     }
-    s->spin_cur = FG_MAX(1e-6, s->spin_cur * 0.5);
+    bool cores_short = fg__cores_free() < SHORT_CORES;
+    s->spin_cur = cores_short ? 1e-6 : FG_MAX(1e-6, s->spin_cur * 0.5);
+    double yield_s = cores_short ? FG_MIN(s->yield_s, SHORT_YIELD_S) : s->yield_s;
     /* yield: the peer may need this core */
-    while (now - t0 < s->spin_cur + s->yield_s) {
+    while (now - t0 < s->spin_cur + yield_s) {
         sched_yield();
         if (reached(atomic_load_explicit(w, memory_order_acquire), target)) return FG_OK;
         if (atomic_load_explicit(&s->hdr->abort_rank, memory_order_relaxed) >= 0)

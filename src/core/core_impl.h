@@ -35,6 +35,20 @@ void fg__assert_fail(const char *expr, const char *file, int line);
 fg_status fg__env_int(const char *name, long def, long *out);
 fg_status fg__env_double(const char *name, double def, double *out);
 
+/* The threads kernels use now, on this thread: fg_get_num_threads's
+ * setting, or fewer while other processes keep cores busy (threads.c);
+ * applies the count to OpenMP and OpenBLAS for this thread. Thread-safe. */
+int fg__threads_now(void);
+/* Runs this thread's next kernels on n threads, until fg__threads_now (the
+ * next product) applies the load's count again. */
+void fg__threads_use(int n);
+/* The cores this process may use: its affinity mask, capped by a cgroup
+ * CPU quota; at least 1. Thread-safe. */
+int fg__cores_usable(void);
+/* Of those, the ones other processes left free over the last load window
+ * (>= 0); measured at most every 0.25 s. Thread-safe. */
+double fg__cores_free(void);
+
 #define FG_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define FG_MAX(a, b) ((a) > (b) ? (a) : (b))
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # fulgur run and fulgur env, from the outside: every rank of a small shell
-# program sees the environment contract; a rank exiting 3 makes fulgur run
+# program sees the environment contract, and GOMP_SPINCOUNT=30000 unless the
+# user set it or OMP_WAIT_POLICY; a rank exiting 3 makes fulgur run
 # exit 3 naming it; a rank SIGKILLing itself stops the rest at once (exit
 # 137) and leaves nothing running, nor does a SIGKILLed fulgur run (the
 # children of script ranks included); a rank that ignores SIGTERM gets
@@ -54,6 +55,14 @@ jobs=$(sed -n 's/.* job=//p' "$TMP/env3" | sort -u | wc -l)
 run again "$FULGUR" run --nproc-per-node 1 bash -c 'echo "job=$FULGUR_JOB_ID"'
 if [ "$(sed -n 's/.* job=//p' "$TMP/env3" | head -1)" != "$(sed -n 's/^job=//p' "$TMP/again")" ]; then
     pass "a fresh job id per run"; else fail "the job id was reused"; fi
+# --- OpenMP's wait: a short spin unless the user chose a policy
+run spin "$FULGUR" run --nproc-per-node 1 -- bash -c 'echo "spin=${GOMP_SPINCOUNT-unset}"'
+expect_grep "ranks get a short OpenMP spin" spin '^spin=30000$'
+run spin_own env GOMP_SPINCOUNT=7 "$FULGUR" run --nproc-per-node 1 -- bash -c 'echo "spin=$GOMP_SPINCOUNT"'
+expect_grep "the user's GOMP_SPINCOUNT stays" spin_own '^spin=7$'
+run spin_policy env OMP_WAIT_POLICY=active "$FULGUR" run --nproc-per-node 1 -- bash -c \
+    'echo "spin=${GOMP_SPINCOUNT-unset} policy=$OMP_WAIT_POLICY"'
+expect_grep "a chosen OMP_WAIT_POLICY adds no spin count" spin_policy '^spin=unset policy=active$'
 run args "$FULGUR" run --nproc-per-node 2 printf '%s|' 'a b' c
 expect_grep "arguments pass through as given" args '^a b\|c\|a b\|c\|$'
 

@@ -1,12 +1,18 @@
 /* The dense kernels against naive references computed here in double:
  * matmul (every transpose, alpha/beta, odd sizes, batched, shared b folded
- * and looped, transposed and sliced views, empty sizes, threads), bias_add
- * and bias_grad (accumulating), causal attention forward and backward
- * against an unfused reference, and the errors they report. */
+ * and looped, transposed and sliced views, empty sizes, threads; on every
+ * engine FULGUR_GEMM can force, and on a choice of one thread read from the
+ * calibration file), bias_add and bias_grad (accumulating), causal
+ * attention forward and backward against an unfused reference, and the
+ * errors they report. The calibration file round-trips, and a file that
+ * fails any check (garbage, truncated, a changed byte, another key, a line
+ * out of range) is refused whole. */
+#include <fcntl.h>
 #include <math.h>
 
 #include "fulgur/ops.h"
 #include "harness.h"
+#include "ops/cpu/blas.h"
 
 #define FG_MAX_T(a, b) ((a) > (b) ? (a) : (b))
 
@@ -105,8 +111,8 @@ static void check_product(fg_dtype dt, int bd, const int64_t *bdims, int64_t M, 
 TEST(matmul_paths_named) {
     const char *info = fg_ops_blas_info();
     printf("matmul path: %s\n", info);
-    CHECK_CONTAINS(info, "f32: openblas");
-    CHECK_CONTAINS(info, "bf16: ");
+    CHECK_CONTAINS(info, "f32: ");
+    CHECK_CONTAINS(info, "; bf16: ");
 }
 
 TEST(matmul_2d_every_transpose_and_scale) {
@@ -414,5 +420,189 @@ TEST(matmul_large_products_every_path) {
     int64_t bd[1] = {2};
     check_product(FG_F32, 1, bd, 128, 256, 160, false, true, false, 1, 0, seed += 3);
     check_product(FG_F32, 0, NULL, 64, 256, 640, false, false, true, 1, 1, seed += 3);
+    fg_step_reset();
+}
+
+/* ---- the engines of single f32 products ---- */
+
+/* Products of every band the calibration measures (and below it), every
+ * transpose, overwriting and accumulating. */
+static void check_engine_products(uint64_t seed) {
+    static const int64_t sizes[][3] = {
+        {17, 31, 13}, {64, 64, 64}, {96, 80, 72}, {160, 128, 96}, {192, 160, 144}};
+    static const double ab[][2] = {{1, 0}, {1, 1}, {-0.5, 2}};
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+        for (int t = 0; t < 4; t++)
+            check_product(FG_F32, 0, NULL, sizes[s][0], sizes[s][1], sizes[s][2], t & 1, t & 2,
+                          true, ab[(s + t) % 3][0], ab[(s + t) % 3][1], seed += 3);
+    check_product(FG_F32, 0, NULL, 256, 256, 256, false, true, true, 1, 0, seed += 3); /* 16M */
+    fg_step_reset();
+}
+
+/* Two threads stay two whatever the load (FULGUR_ADAPT_THREADS=0), so that
+ * the 2-thread paths run on a busy machine too. */
+static void set_threads_fixed(int n) {
+    setenv("FULGUR_ADAPT_THREADS", "0", 1);
+    CHECK_OK(fg_set_num_threads(n));
+}
+
+static void set_threads_back(int n) {
+    unsetenv("FULGUR_ADAPT_THREADS");
+    CHECK_OK(fg_set_num_threads(n));
+}
+
+TEST(matmul_every_engine_forced) {
+    static const char *const modes[] = {"openblas", "onednn", "auto"};
+    bool dnnl = fg__dnnl_isa() != NULL;
+    fg__gemm_forget(); /* measure here, without the user's calibration file */
+    for (int th = 1; th <= 2; th++) {
+        int prev = fg_get_num_threads();
+        set_threads_fixed(th);
+        for (int m = 0; m < 3; m++) {
+            CHECK_OK(fg__gemm_set_mode(modes[m]));
+            char f32[1600];
+            printf("threads %d, FULGUR_GEMM=%s: %s\n", th, modes[m],
+                   fg__gemm_info(f32, sizeof f32));
+            if (m == 1 && !dnnl) {
+                int64_t s2[] = {2, 2};
+                fg_tensor *x = fg_zeros(FG_F32, 2, s2);
+                CHECK_STATUS(ops()->matmul(x, false, x, false, x, 1, 0), FG_EUNSUPPORTED);
+                CHECK_CONTAINS(fg_last_error(), "FULGUR_GEMM=onednn");
+                continue;
+            }
+            check_engine_products(2000 + 100 * (uint64_t)m);
+        }
+        set_threads_back(prev);
+    }
+    CHECK_OK(fg__gemm_set_mode(NULL));
+    CHECK_STATUS(fg__gemm_set_mode("mkl"), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "expected auto, openblas or onednn");
+}
+
+/* ---- the calibration file ---- */
+
+static char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = malloc(1 << 17);
+    *len = fread(buf, 1, (1 << 17) - 1, f);
+    buf[*len] = 0;
+    fclose(f);
+    return buf;
+}
+
+static void spit(const char *path, const char *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return;
+    fwrite(data, 1, len, f);
+    fclose(f);
+}
+
+/* The file's body (header, key, entries) with its checksum line appended,
+ * as the library writes it: FNV-1a 64 of every byte before "sum ". */
+static void spit_summed(const char *path, const char *body) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *p = body; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    size_t n = strlen(body);
+    char *buf = malloc(n + 32);
+    memcpy(buf, body, n);
+    n += (size_t)snprintf(buf + n, 32, "sum %016llx\n", (unsigned long long)h);
+    spit(path, buf, n);
+    free(buf);
+}
+
+TEST(matmul_calibration_file_round_trips) {
+    if (!fg__dnnl_isa()) SKIP("no oneDNN in this build: nothing is calibrated");
+    char dir[] = "/tmp/fulgur-gemm-test.XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[128], body_path[128];
+    snprintf(path, sizeof path, "%s/gemm.txt", dir);
+    snprintf(body_path, sizeof body_path, "%s/crafted.txt", dir);
+    CHECK_OK(fg__gemm_set_mode("auto"));
+    fg__gemm_forget();
+    /* measure a few classes, then save, forget and load them */
+    check_product(FG_F32, 0, NULL, 256, 300, 200, false, true, true, 1, 0, 31);
+    check_product(FG_F32, 0, NULL, 256, 300, 200, true, false, true, 1, 1, 32);
+    check_product(FG_F32, 0, NULL, 64, 64, 64, false, false, true, 1, 0, 33);
+    int dn = 0, n = fg__gemm_classes(&dn);
+    CHECK(n == 3);
+    CHECK_OK(fg__gemm_cache_save(path));
+    fg__gemm_forget();
+    CHECK(fg__gemm_classes(NULL) == 0);
+    CHECK_OK(fg__gemm_cache_load(path));
+    int dn2 = 0;
+    CHECK(fg__gemm_classes(&dn2) == n && dn2 == dn);
+    char f32[1600];
+    CHECK_CONTAINS(fg__gemm_info(f32, sizeof f32), ", cached)");
+    size_t len = 0;
+    char *good = slurp(path, &len);
+    CHECK(good && len > 40 && !strncmp(good, "fulgur gemm choices 3\nkey ", 26));
+    if (!good) return;
+
+    /* each damaged copy is refused whole and adds nothing */
+    char *bad = malloc(len + 64);
+    struct {
+        const char *what;
+        size_t n;
+    } cases[4] = {{"truncated", len / 2},
+                  {"one byte changed", len},
+                  {"checksum line gone", 0},
+                  {"garbage", 200}};
+    for (int i = 0; i < 4; i++) {
+        memcpy(bad, good, len);
+        size_t bl = cases[i].n;
+        if (i == 1) bad[len / 3] ^= 1;
+        if (i == 2) bl = (size_t)(strstr(good, "\nsum ") - good) + 1;
+        if (i == 3)
+            for (size_t k = 0; k < bl; k++) bad[k] = (char)(k * 131 + 7);
+        spit(path, bad, bl);
+        fg__gemm_forget();
+        CHECK_STATUS(fg__gemm_cache_load(path), FG_EFORMAT);
+        CHECK_MSG(fg__gemm_classes(NULL) == 0, "%s: loaded %d classes", cases[i].what,
+                  fg__gemm_classes(NULL));
+    }
+    /* a well-summed file with another key, or a line out of range */
+    char *key_end = strchr(strchr(good, '\n') + 1, '\n') + 1, *body = malloc(len + 256);
+    size_t head = (size_t)(key_end - good);
+    snprintf(body, len + 256, "fulgur gemm choices 3\nkey another cpu\n");
+    spit_summed(body_path, body);
+    fg__gemm_forget();
+    CHECK_STATUS(fg__gemm_cache_load(body_path), FG_EFORMAT);
+    CHECK_CONTAINS(fg_last_error(), "another CPU");
+    static const char *const lines[] = {"200 1 1 64 64 64 1 1 0 0\n", "1 1 3 64 64 64 1 1 0 0\n",
+                                        "1 2 1 64 64 64 nan 1 0 0\n", "1 2 1 64 64 0 1 1 0 0\n",
+                                        "1 2 1 64 64 64 1 1 0 0 extra\n"};
+    for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) {
+        memcpy(body, good, head);
+        snprintf(body + head, len + 256 - head, "%s", lines[i]);
+        spit_summed(body_path, body);
+        fg__gemm_forget();
+        CHECK_STATUS(fg__gemm_cache_load(body_path), FG_EFORMAT);
+        CHECK_MSG(fg__gemm_classes(NULL) == 0, "line %s", lines[i]);
+    }
+    /* a crafted file that picks oneDNN on one thread for a 2-thread class:
+     * products in that class run so, and still give the reference's numbers */
+    memcpy(body, good, head);
+    snprintf(body + head, len + 256 - head, "%d 2 3 96 80 72 1 1 1 1\n%d 2 2 96 80 72 1 1 1 1\n",
+             1 | 0 << 2 | 1 << 3 | 0 << 4 | 1 << 5, 1 | 1 << 2 | 0 << 3 | 1 << 4 | 1 << 5);
+    spit_summed(body_path, body);
+    fg__gemm_forget();
+    CHECK_OK(fg__gemm_cache_load(body_path));
+    CHECK(fg__gemm_classes(&dn) == 2 && dn == 1);
+    int prev = fg_get_num_threads();
+    set_threads_fixed(2);
+    /* M 300, K 200, N 100: 2M-16M, K > N */
+    check_product(FG_F32, 0, NULL, 300, 200, 100, false, true, true, 1, 0, 41); /* nt= */
+    check_product(FG_F32, 0, NULL, 300, 200, 100, true, false, true, 1, 1, 42); /* tn+= */
+    CHECK(fg__gemm_classes(NULL) == 2); /* both ran as the file said, unmeasured */
+    set_threads_back(prev);
+    fg__gemm_forget();
+    CHECK_OK(fg__gemm_set_mode(NULL));
+    unlink(path);
+    unlink(body_path);
+    rmdir(dir);
+    free(good);
+    free(bad);
+    free(body);
     fg_step_reset();
 }

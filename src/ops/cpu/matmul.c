@@ -11,13 +11,10 @@
  * Batches run as one big gemm when b is shared and a and c are row-major
  * with no gap between batch entries (the batch folds into M); otherwise as
  * a loop of gemms, split across OpenMP threads when each product is small.
- * A single f32 product of FG_GEMM_DNNL_MIN multiply-adds or more goes to
- * oneDNN when the build has it (matmul_dnnl.c), except an accumulating one
- * (beta != 0) with K < 512 and N >= 512: there oneDNN's sum post-op, which
- * reads c in a pass of its own, loses to OpenBLAS (measured at (2048, 1024,
- * 256): 96 against 101 GFLOP/s); with beta = 0 oneDNN wins there too.
- * bias_grad sums each column in row order in double, so the result does
- * not depend on the thread count. */
+ * A single f32 product (one gemm) runs on the engine gemm_pick.c measured
+ * fastest for its class (OpenBLAS, or oneDNN's matmul in matmul_dnnl.c),
+ * on one thread where one thread was faster. bias_grad sums each column in
+ * row order in double, so the result does not depend on the thread count. */
 #include <string.h>
 
 #include "blas.h"
@@ -113,7 +110,7 @@ fg_status fg__cpu_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool t
         return bad_layout("c", c, "is transposed (the output needs unit stride along its rows)");
     int64_t batch = va.batch;
     if (batch == 0 || M == 0 || N == 0) return FG_OK;
-    fg_get_num_threads(); /* applies the thread setting to OpenBLAS on first use */
+    int nth = fg__threads_now(); /* applies the thread count to OpenMP and OpenBLAS */
 
     if (K == 0) { /* no products: c = beta * c (BLAS would reject ld = 0 here) */
         FG_FLOAT_DISPATCH("matmul", c->dtype, {
@@ -137,15 +134,25 @@ fg_status fg__cpu_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool t
         batch = 1;
     }
     int im = (int)M, in = (int)N, ik = (int)K, lda = (int)va.ld, ldb = (int)vb.ld, ldc = (int)vc.ld;
-    bool big = (double)M * (double)N * (double)K >= FG_GEMM_DNNL_MIN;
-    if (c->dtype == FG_F32 && batch == 1 && big && (beta == 0 || K >= 512 || N < 512)) {
-        fg_status s = fg__cpu_gemm_dnnl_f32(
-            opa == CblasTrans, opb == CblasTrans, M, N, K, (float)alpha, (const float *)va.data,
-            lda, (const float *)vb.data, ldb, (float)beta, (float *)vc.data, ldc);
-        if (s != FG_EUNSUPPORTED) return s;
+    if (c->dtype == FG_F32 && batch == 1) {
+        fg_gemm_choice ch;
+        FG_TRY(fg__gemm_choose(opa == CblasTrans, opb == CblasTrans, beta != 0, M, N, K, nth, &ch));
+        if (ch.threads != nth) fg__threads_use(ch.threads);
+        fg_status s = FG_EUNSUPPORTED;
+        if (ch.engine == FG_GEMM_ONEDNN)
+            s = fg__cpu_gemm_dnnl_f32(opa == CblasTrans, opb == CblasTrans, M, N, K, (float)alpha,
+                                      (const float *)va.data, lda, (const float *)vb.data, ldb,
+                                      (float)beta, (float *)vc.data, ldc);
+        if (s == FG_EUNSUPPORTED) { /* OpenBLAS's, or a variant oneDNN refuses */
+            cblas_sgemm(CblasRowMajor, opa, opb, im, in, ik, (float)alpha, (const float *)va.data,
+                        lda, (const float *)vb.data, ldb, (float)beta, (float *)vc.data, ldc);
+            s = FG_OK;
+        }
+        if (ch.threads != nth) fg__threads_use(nth);
+        return s;
     }
     int64_t bsa = va.bstride, bsb = shared_b ? 0 : vb.bstride, bsc = vc.bstride;
-    bool par = batch > 1 && fg_get_num_threads() > 1 && M * N * K < FG_GEMM_SMALL;
+    bool par = batch > 1 && nth > 1 && M * N * K < FG_GEMM_SMALL;
     FG_FLOAT_DISPATCH("matmul", c->dtype, {
         const T *pa = (const T *)va.data, *pb = (const T *)vb.data;
         T *pc = (T *)vc.data;

@@ -6,9 +6,9 @@
  *                 on an AVX2-only CPU creating the primitive fails with
  *                 dnnl_unimplemented.
  *   f32-fallback  a and b widened to f32 (exact: a bf16 is the top half of
- *                 an f32), the f32 product of matmul.c (OpenBLAS, or
- *                 oneDNN's f32 matmul for large products), c rounded back
- *                 once when it is bf16. Works on every CPU and build.
+ *                 an f32), the f32 product of matmul.c (on the engine
+ *                 gemm_pick.c measured fastest for its class), c rounded
+ *                 back once when it is bf16. Works on every CPU and build.
  *
  * Both accumulate in f32 and round the output once, so they differ only in
  * the order of the f32 sums, far inside bf16 rounding.

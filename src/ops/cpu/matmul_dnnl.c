@@ -9,12 +9,12 @@
  * dnnl_unimplemented, which comes back as FG_EUNSUPPORTED, and
  * matmul_bf16.c, which owns the choice, takes its f32 fallback.
  *
- * f32 (fg__cpu_gemm_dnnl_f32): the products of fg__cpu_matmul from
- * FG_GEMM_DNNL_MIN multiply-adds up: on the GPT's linear layers on an
- * AVX-512 CPU oneDNN's brg:avx512_core f32 kernels run 100-110 GFLOP/s
- * against OpenBLAS's 92-100, and with beta = 0 they write c without
- * OpenBLAS's zeroing pass. A variant oneDNN refuses is remembered and goes
- * to OpenBLAS from then on without asking oneDNN again.
+ * f32 (fg__cpu_gemm_dnnl_f32): the single products of fg__cpu_matmul for
+ * which gemm_pick.c measured oneDNN faster (on an AVX-512 CPU its
+ * brg:avx512_core f32 kernels beat OpenBLAS's on the GPT's linear layers,
+ * and with beta = 0 they write c without OpenBLAS's zeroing pass; on AVX2
+ * they lose). A variant oneDNN refuses is remembered and goes to OpenBLAS
+ * from then on without asking oneDNN again.
  *
  * A transpose is a stride swap in the memory descriptor, never a copy; a
  * shared b with an untransposed a folds the batch into M. Primitives are
@@ -22,8 +22,10 @@
  * scratchpad comes from fg_alloc. The engine is made once per process; a
  * stream per call (streams are not thread-safe). */
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
+#include "blas.h"
 #include "cpu_impl.h"
 
 #ifdef FULGUR_HAVE_DNNL
@@ -40,6 +42,19 @@ static void make_engine(void) { g_engine_status = dnnl_engine_create(&g_engine, 
 const char *fg__dnnl_isa(void) {
     const char *s = dnnl_cpu_isa2str(dnnl_get_effective_cpu_isa());
     return strncmp(s, "cpu_isa_", 8) == 0 ? s + 8 : s;
+}
+
+static char g_version[64];
+static pthread_once_t g_version_once = PTHREAD_ONCE_INIT;
+
+static void make_version(void) {
+    const dnnl_version_t *v = dnnl_version();
+    snprintf(g_version, sizeof g_version, "%d.%d.%d (%s)", v->major, v->minor, v->patch, v->hash);
+}
+
+const char *fg__dnnl_version(void) {
+    pthread_once(&g_version_once, make_version);
+    return g_version;
 }
 
 static fg_status dnnl_fail(dnnl_status_t s, const char *kernel, const char *what) {
@@ -223,6 +238,8 @@ fail:
 #else /* no oneDNN in this build */
 
 const char *fg__dnnl_isa(void) { return NULL; }
+
+const char *fg__dnnl_version(void) { return "none"; }
 
 fg_status fg__dnnl_bf16_probe(void) {
     return fg_error(FG_EUNSUPPORTED, "matmul_bf16: no oneDNN in this build");

@@ -1,7 +1,6 @@
 /* The CPU op table: every entry a kernel from one of the files beside it.
  * An entry left out reads as NULL, which the autograd layer reports as
  * "op X is not available on cpu". */
-#include <pthread.h>
 #include <stdio.h>
 
 #include "blas.h"
@@ -40,21 +39,11 @@ const fg_op_table fg__cpu_ops = {
     .dropout_bwd = fg__cpu_dropout_bwd,
 };
 
-/* Built once: the bf16 path is fixed for the life of the process. */
-static char g_blas_info[192];
-static pthread_once_t g_blas_info_once = PTHREAD_ONCE_INIT;
-
-static void make_blas_info(void) {
-    const char *isa = fg__dnnl_isa();
-    if (isa)
-        snprintf(g_blas_info, sizeof g_blas_info,
-                 "f32: openblas, onednn (%s) from %d multiply-adds; bf16: %s", isa,
-                 FG_GEMM_DNNL_MIN, fg_matmul_bf16_path());
-    else
-        snprintf(g_blas_info, sizeof g_blas_info, "f32: openblas; bf16: %s", fg_matmul_bf16_path());
-}
-
+/* The f32 line changes as classes are measured: built at each call. */
 const char *fg_ops_blas_info(void) {
-    pthread_once(&g_blas_info_once, make_blas_info);
-    return g_blas_info;
+    static _Thread_local char buf[4608];
+    char f32[4096];
+    snprintf(buf, sizeof buf, "f32: %s; bf16: %s", fg__gemm_info(f32, sizeof f32),
+             fg_matmul_bf16_path());
+    return buf;
 }
