@@ -113,7 +113,8 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    fg_fabric *f = fg_fabric_new(&(fg_fabric_config){.devices = o.devices, .strategy = o.strategy});
+    fg_fabric *f = fg_fabric_new(
+        &(fg_fabric_config){.devices = o.devices, .strategy = o.strategy, .print_to = stdout});
     if (!f) {
         fprintf(stderr, "fabric_mlp: %s\n", fg_last_error());
         return 2;

@@ -126,10 +126,11 @@ typedef enum fg_log_level { FG_LOG_DEBUG, FG_LOG_INFO, FG_LOG_WARN, FG_LOG_ERROR
 typedef void (*fg_log_fn)(void *ud, fg_log_level level, int rank, const char *msg);
 
 /* Sets the process's log sink and the lowest level passed to it. With no
- * sink (the default) the library is silent. fg_log_stderr is a ready sink
- * that writes "[fulgur rank R] LEVEL: msg" lines to stderr. */
+ * sink (the default) the library is silent. fg_log_file is a ready sink
+ * that writes "[fulgur rank R] LEVEL: msg" lines to the FILE * given as ud:
+ * fg_set_log(fg_log_file, stderr, FG_LOG_INFO). */
 FG_API void fg_set_log(fg_log_fn fn, void *ud, fg_log_level min_level);
-FG_API void fg_log_stderr(void *ud, fg_log_level level, int rank, const char *msg);
+FG_API void fg_log_file(void *ud, fg_log_level level, int rank, const char *msg);
 FG_API void fg_log(fg_log_level level, const char *fmt, ...) FG_PRINTF(2, 3);
 /* The rank stamped on log lines of this process (set by the launcher). */
 FG_API void fg_set_log_rank(int rank);

@@ -25,6 +25,8 @@
 #ifndef FULGUR_FABRIC_H
 #define FULGUR_FABRIC_H
 
+#include <stdio.h>
+
 #include "fulgur/ckpt.h"
 #include "fulgur/launch.h"
 #include "fulgur/strategy.h"
@@ -58,6 +60,8 @@ typedef struct fg_fabric_config {
                                 (fg_launch_parse_precision) */
     int num_nodes;           /* 0 = 1, or the launcher's nodes */
     int threads_per_rank;    /* 0 = FULGUR_NUM_THREADS, else cores / local ranks */
+    FILE *print_to;          /* where fg_fabric_print writes (e.g. stdout); NULL = the log
+                                hook at FG_LOG_INFO */
     uint64_t seed;           /* non-zero: fg_fabric_seed_everything(f, seed) at fg_fabric_new */
     fg_ddp_opts ddp;         /* bucket_cap_mb, find_unused_parameters, static_graph, the
                                 communication hooks (checked by fg_strategy_check_ddp) */
@@ -210,7 +214,9 @@ FG_API fg_status fg_fabric_broadcast_bytes(fg_fabric *f, void *buf, size_t n, in
 FG_API fg_status fg_fabric_barrier(fg_fabric *f);
 FG_API double fg_fabric_reduce_scalar(fg_fabric *f, double v, fg_reduce_op op);
 
-/* printf on global rank 0 only (stdout); other ranks print nothing. */
+/* printf on global rank 0 only, to cfg.print_to (flushed), or through the
+ * log hook at FG_LOG_INFO when that is NULL: the fabric picks no stream
+ * itself. Other ranks write nothing. */
 FG_API void fg_fabric_print(fg_fabric *f, const char *fmt, ...) FG_PRINTF(2, 3);
 
 /* Lightning's seed_everything: `seed` becomes the process's default seed

@@ -18,18 +18,6 @@
         if ((st) != FG_OK) goto label;                                                             \
     } while (0)
 
-/* Internal invariants only, never user input: reports and aborts in debug
- * builds, is compiled out with NDEBUG. */
-#ifndef NDEBUG
-#define FG_ASSERT(c)                                                                               \
-    do {                                                                                           \
-        if (!(c)) fg__assert_fail(#c, __FILE__, __LINE__);                                         \
-    } while (0)
-#else
-#define FG_ASSERT(c) ((void)0)
-#endif
-void fg__assert_fail(const char *expr, const char *file, int line);
-
 /* Reads an environment variable as an integer; returns `def` if unset and
  * FG_EINVAL (naming the variable) if set but not an integer. */
 fg_status fg__env_int(const char *name, long def, long *out);

@@ -71,12 +71,6 @@ fg_status fg_error_wrap(fg_status s, const char *fmt, ...) {
     return s;
 }
 
-void fg__assert_fail(const char *expr, const char *file, int line) {
-    fg_log(FG_LOG_ERROR, "internal assertion failed: %s at %s:%d", expr, file, line);
-    fprintf(stderr, "fulgur: internal assertion failed: %s at %s:%d\n", expr, file, line);
-    abort();
-}
-
 fg_status fg__env_int(const char *name, long def, long *out) {
     const char *v = getenv(name);
     *out = def;

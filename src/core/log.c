@@ -27,10 +27,10 @@ void fg_log(fg_log_level level, const char *fmt, ...) {
     g_fn(g_ud, level, g_rank, buf);
 }
 
-void fg_log_stderr(void *ud, fg_log_level level, int rank, const char *msg) {
-    (void)ud;
+void fg_log_file(void *ud, fg_log_level level, int rank, const char *msg) {
     static const char *const names[] = {"debug", "info", "warning", "error"};
-    /* This is the sink a program opts into; printing is its whole job. */
-    if (rank >= 0) fprintf(stderr, "[fulgur rank %d] %s: %s\n", rank, names[level], msg);
-    else fprintf(stderr, "[fulgur] %s: %s\n", names[level], msg);
+    FILE *out = ud; /* the program's stream: the library picks none itself */
+    if (!out) return;
+    if (rank >= 0) fprintf(out, "[fulgur rank %d] %s: %s\n", rank, names[level], msg);
+    else fprintf(out, "[fulgur] %s: %s\n", names[level], msg);
 }

@@ -160,10 +160,18 @@ void fg_fabric_print(fg_fabric *f, const char *fmt, ...) {
     if (f->global_rank != 0) return;
     va_list ap;
     va_start(ap, fmt);
-    /* Printing is what the caller asked for here; the library prints nothing on its own. */
-    vfprintf(stdout, fmt, ap);
+    FILE *out = f->cfg.print_to;
+    if (out) {
+        vfprintf(out, fmt, ap);
+        fflush(out);
+    } else {
+        char line[2048];
+        vsnprintf(line, sizeof line, fmt, ap);
+        size_t n = strlen(line);
+        if (n && line[n - 1] == '\n') line[n - 1] = '\0'; /* a log line has no newline */
+        fg_log(FG_LOG_INFO, "%s", line);
+    }
     va_end(ap);
-    fflush(stdout);
 }
 
 void fg_fabric_seed_everything(fg_fabric *f, uint64_t seed) {
