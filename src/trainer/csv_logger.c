@@ -64,7 +64,7 @@ static void csv_free(void *ud) {
     fg_free(c);
 }
 
-int64_t fg__next_version(const char *root) {
+static int64_t next_version(const char *root) {
     DIR *d = opendir(root);
     int64_t best = -1;
     if (!d) return 0;
@@ -79,29 +79,34 @@ int64_t fg__next_version(const char *root) {
     return best + 1;
 }
 
+char *fg__logger_make_dir(const char *save_dir, const char *name, const char *version,
+                          char **vnum) {
+    char root[4096], dir[4096], vbuf[64];
+    if (name[0]) snprintf(root, sizeof root, "%s/%s", save_dir, name);
+    else snprintf(root, sizeof root, "%s", save_dir);
+    fg_free(*vnum);
+    if (version) {
+        *vnum = fg_strdup(version);
+    } else {
+        int64_t n = next_version(root);
+        snprintf(vbuf, sizeof vbuf, "version_%lld", (long long)n);
+        version = vbuf;
+        *vnum = fg_alloc(32);
+        if (*vnum) snprintf(*vnum, 32, "%lld", (long long)n);
+    }
+    if (snprintf(dir, sizeof dir, "%s/%s", root, version) >= (int)sizeof dir) return NULL;
+    if (fg__mkdirs(dir) != FG_OK) return NULL;
+    return fg_strdup(dir);
+}
+
 static const char *csv_log_dir(void *ud, const char *default_root_dir) {
     csv_logger *c = ud;
     if (c->log_dir) return c->log_dir;
-    const char *save = c->save_dir ? c->save_dir : default_root_dir;
-    char root[4096], dir[4096], vbuf[64];
-    if (c->name[0]) snprintf(root, sizeof root, "%s/%s", save, c->name);
-    else snprintf(root, sizeof root, "%s", save);
-    const char *ver = c->version;
-    if (!ver) {
-        int64_t n = fg__next_version(root);
-        snprintf(vbuf, sizeof vbuf, "version_%lld", (long long)n);
-        ver = vbuf;
-        c->vnum = fg_alloc(32);
-        if (c->vnum) snprintf(c->vnum, 32, "%lld", (long long)n);
-    } else {
-        c->vnum = fg_strdup(ver);
-    }
-    if (snprintf(dir, sizeof dir, "%s/%s", root, ver) >= (int)sizeof dir) return NULL;
-    if (fg__mkdirs(dir) != FG_OK) return NULL;
-    c->log_dir = fg_strdup(dir);
+    c->log_dir = fg__logger_make_dir(c->save_dir ? c->save_dir : default_root_dir, c->name,
+                                     c->version, &c->vnum);
     if (c->log_dir) {
         char path[4200];
-        snprintf(path, sizeof path, "%s/metrics.csv", dir);
+        snprintf(path, sizeof path, "%s/metrics.csv", c->log_dir);
         remove(path); /* Lightning's writer starts the file afresh */
     }
     return c->log_dir;

@@ -53,24 +53,8 @@ static void tb_free(void *ud) {
 static const char *tb_log_dir(void *ud, const char *default_root_dir) {
     tb_logger *c = ud;
     if (c->log_dir) return c->log_dir;
-    const char *save = c->save_dir ? c->save_dir : default_root_dir;
-    char root[4096], dir[4096], vbuf[64];
-    if (c->name[0]) snprintf(root, sizeof root, "%s/%s", save, c->name);
-    else snprintf(root, sizeof root, "%s", save);
-    const char *ver = c->version;
-    if (!ver) {
-        int64_t n = fg__next_version(root);
-        snprintf(vbuf, sizeof vbuf, "version_%lld", (long long)n);
-        ver = vbuf;
-        fg_free(c->vnum);
-        c->vnum = fg_alloc(32);
-        if (c->vnum) snprintf(c->vnum, 32, "%lld", (long long)n);
-    } else if (!c->vnum) {
-        c->vnum = fg_strdup(ver);
-    }
-    if (snprintf(dir, sizeof dir, "%s/%s", root, ver) >= (int)sizeof dir) return NULL;
-    if (fg__mkdirs(dir) != FG_OK) return NULL;
-    c->log_dir = fg_strdup(dir);
+    c->log_dir = fg__logger_make_dir(c->save_dir ? c->save_dir : default_root_dir, c->name,
+                                     c->version, &c->vnum);
     return c->log_dir;
 }
 

@@ -264,11 +264,13 @@ fg_status fg__load_checkpoint(fg_trainer *t, bool full);
 fg_status fg__checkpoint_resolve_dir(fg_callback *cb, fg_trainer *t);
 fg_status fg__checkpoint_find_last(const fg_callback *cb, char *out, size_t cap, double *mtime);
 
-/* csv_logger.c, shared with the TensorBoard logger: the next free
- * version_N under root (0 when none or no folder); hparams merged into an
+/* csv_logger.c, shared with the TensorBoard logger: a logger's run folder
+ * <save_dir>/<name>/<version>, made; version NULL = the next free version_N
+ * (0 when none or no folder); *vnum gets the version's name (replacing it);
+ * returns the folder (owned) or NULL. Hparams merged into an
  * owned array (a key given again replaces its value); hparams.yaml in dir
  * (sorts hp), errors prefixed with who. */
-int64_t fg__next_version(const char *root);
+char *fg__logger_make_dir(const char *save_dir, const char *name, const char *version, char **vnum);
 fg_status fg__hparams_merge(fg_kv **into, int64_t *ninto, const fg_kv *hp, int64_t n);
 fg_status fg__hparams_yaml_write(const char *dir, fg_kv *hp, int64_t n, const char *who);
 
