@@ -222,10 +222,14 @@ static fg_status start_one(fg_job *j, int i) {
 
 /* Notes every process that has ended (lock held); on the first failure
  * calls the hook and stops the rest, unless a signal was forwarded to all.
- * A stop reaps others, so the scan repeats until nothing changes. */
+ * Of the failures one scan finds, a rank killed by a signal is named before
+ * one that exited with a code: a rank whose collective failed on a killed
+ * peer exits right after it, and may be found in the same scan. A stop
+ * reaps others, so the scan repeats until nothing changes. */
 static void reap_and_react(fg_job *j) {
     for (bool again = true; again;) {
         again = false;
+        fg__proc *first = NULL;
         for (int i = 0; i < j->n; i++) {
             fg__proc *p = &j->procs[i];
             if (p->pid <= 0) continue;
@@ -235,17 +239,19 @@ static void reap_and_react(fg_job *j) {
             j->running--;
             pthread_cond_broadcast(&j->cv);
             if (!fg__proc_failed(p) || j->failed.rank >= 0 || p->stopped) continue;
-            fg__proc_exit(p, &j->failed);
-            if (j->opts.on_failure) {
-                fg_rank_exit e = j->failed;
-                pthread_mutex_unlock(&j->mu);
-                j->opts.on_failure(j->opts.ud, &e);
-                pthread_mutex_lock(&j->mu);
-            }
-            if (!j->signaled) {
-                j->stopped += fg__procs_stop(j->procs, j->n, j->grace, &j->mu);
-                again = true;
-            }
+            if (!first || (WIFSIGNALED(p->status) && !WIFSIGNALED(first->status))) first = p;
+        }
+        if (!first) break;
+        fg__proc_exit(first, &j->failed);
+        if (j->opts.on_failure) {
+            fg_rank_exit e = j->failed;
+            pthread_mutex_unlock(&j->mu);
+            j->opts.on_failure(j->opts.ud, &e);
+            pthread_mutex_lock(&j->mu);
+        }
+        if (!j->signaled) {
+            j->stopped += fg__procs_stop(j->procs, j->n, j->grace, &j->mu);
+            again = true;
         }
     }
 }
@@ -626,6 +632,12 @@ fg_status fg_job_wait(fg_job *j, double timeout_s) {
         }
     pthread_mutex_unlock(&j->mu);
     char buf[160];
+    /* Still running first: after a failure the supervisor is stopping the
+     * rest (the lock is free while it waits for them), and the count of
+     * stopped ranks is known only once they are all reaped. */
+    if (running > 0)
+        return fg_error(FG_ETIMEOUT, "rank %d (pid %d) still running after %.3g s (%d rank%s left)",
+                        still.rank, (int)still.pid, timeout_s, running, running == 1 ? "" : "s");
     if (failed.rank >= 0) {
         fg_rank_exit_format(&failed, buf, sizeof buf);
         if (stopped > 0)
@@ -633,9 +645,6 @@ fg_status fg_job_wait(fg_job *j, double timeout_s) {
                             stopped == 1 ? "" : "s");
         return fg_error(FG_EPEER, "%s", buf);
     }
-    if (running > 0)
-        return fg_error(FG_ETIMEOUT, "rank %d (pid %d) still running after %.3g s (%d rank%s left)",
-                        still.rank, (int)still.pid, timeout_s, running, running == 1 ? "" : "s");
     return FG_OK;
 }
 

@@ -84,10 +84,7 @@ run kill9 "$FULGUR" run --nproc-per-node 4 bash -c \
     'echo $$ > "'"$TMP"'/pid.$RANK"; sleep 30 & echo $! > "'"$TMP"'/bg.$RANK"; [ "$RANK" = 2 ] && { sleep 0.3; kill -9 $$; }; wait'
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 expect_rc "a rank killed by SIGKILL" 137 kill9
-# The count of stopped ranks races with their reaping under load (seen
-# under ASan about one run in three: the others are gone, uncounted); that
-# they are stopped at once and leave nothing is asserted below.
-expect_grep "names the rank and the signal" kill9 '^fulgur run: rank 2 \(pid [0-9]+\) was killed by signal 9 \(SIGKILL\); (stopped the other 3 ranks|no other rank was running)$'
+expect_grep "names the rank and the signal" kill9 '^fulgur run: rank 2 \(pid [0-9]+\) was killed by signal 9 \(SIGKILL\); stopped the other 3 ranks$'
 if [ "$ms" -lt 5000 ]; then pass "the others stopped at once (${ms} ms)"; else fail "took ${ms} ms"; fi
 sleep 0.2
 n=$(alive "$TMP"/pid.* "$TMP"/bg.*)
@@ -148,7 +145,7 @@ for _ in $(seq 300); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done # wel
 if kill -0 $pid 2>/dev/null; then fail "a stopped rank held fulgur run into its grace period"; kill -9 $pid; else
     wait $pid; RC=$?
     expect_rc "rank 0 fails while rank 1 is stopped" 3 stopped
-    expect_grep "the stopped rank was stopped" stopped 'rank 0 \(pid [0-9]+\) exited with code 3; (stopped the other 1 rank|no other rank was running)'
+    expect_grep "the stopped rank was stopped" stopped 'rank 0 \(pid [0-9]+\) exited with code 3; stopped the other 1 rank'
 fi
 
 # --- a rank exiting 75 (stopped, resumable): no restart

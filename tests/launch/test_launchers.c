@@ -294,11 +294,9 @@ TEST(reexec_rank0_collective_names_the_dead_rank) {
     }
     fg_comm_free(c);
     CHECK_STATUS(fg_job_wait(j, 20), FG_EPEER);
-    /* The job names the first rank it reaped: the victim, or rank 1, whose
-     * own collective failed on the victim and which may exit first under
-     * load. Rank 0's collective above named the victim either way. */
-    const char *why = fg_last_error();
-    CHECK_MSG(strstr(why, "rank 2 (pid") || strstr(why, "rank 1 (pid"), "job wait: %s", why);
+    /* the victim, though rank 1 (whose own collective failed on it) may
+     * exit in the same moment: a killed rank is named first */
+    CHECK_CONTAINS(fg_last_error(), "rank 2 (pid");
     fg_job_free(j);
     reset_env();
     remove_dir();
