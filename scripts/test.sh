@@ -24,7 +24,7 @@ run_suite() { # build-dir cmake-args...
 }
 
 echo "== release build"
-run_suite build -DCMAKE_BUILD_TYPE=Release
+run_suite build -DCMAKE_BUILD_TYPE=Release -DFULGUR_NATIVE=OFF # the portable build, as installed
 if [ "${1:-}" != "--no-sanitize" ]; then
     echo "== ASan + UBSan build"
     # Not -march=native: x86-64-v3 (AVX2 + FMA), the ISA of the CPUs without

@@ -37,7 +37,7 @@ static fg_status check_bwd(const char *kernel, const fg_tensor *x, const fg_tens
     return check_fwd(kernel, x, dx);
 }
 
-fg_status fg__cpu_relu_fwd(const fg_tensor *x, fg_tensor *y) {
+FG_CLONES fg_status fg__cpu_relu_fwd(const fg_tensor *x, fg_tensor *y) {
     FG_TRY(check_fwd("relu_fwd", x, y));
     int64_t n = x->numel;
     FG_FLOAT_DISPATCH("relu_fwd", x->dtype, {
@@ -50,7 +50,7 @@ fg_status fg__cpu_relu_fwd(const fg_tensor *x, fg_tensor *y) {
     return FG_OK;
 }
 
-fg_status fg__cpu_relu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx) {
+FG_CLONES fg_status fg__cpu_relu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx) {
     FG_TRY(check_bwd("relu_bwd", x, dy, dx));
     int64_t n = x->numel;
     FG_FLOAT_DISPATCH("relu_bwd", x->dtype, {

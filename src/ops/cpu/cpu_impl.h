@@ -27,6 +27,20 @@ extern const fg_op_table fg__cpu_ops;
     } while (0)
 #define FG_PRAGMA(x) _Pragma(#x)
 
+/* Loops the compiler vectorises on its own, whose results do not depend on
+ * the vector width (elementwise, or sums that run along rows in row order),
+ * are compiled once per x86-64 level when the build's baseline lacks AVX2,
+ * and the loader picks the one this CPU runs (GCC's target_clones; the
+ * outlined OpenMP bodies are cloned with them): a portable build runs them
+ * at AVX-512 or AVX2 width. A build for one -march (FULGUR_NATIVE,
+ * FULGUR_MARCH) compiles them once, for it. The clone with FMA may fuse a
+ * multiply-add that the baseline clone rounds twice. */
+#if defined(__x86_64__) && !defined(__AVX2__) && !defined(__clang__) && __GNUC__ >= 12
+#define FG_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define FG_CLONES
+#endif
+
 /* Work below this many elements stays on one thread. */
 #define FG_PAR_MIN 65536
 

@@ -46,7 +46,8 @@ static fg_status broadcast_strides(const fg_tensor *t, const fg_tensor *y, int64
      : (op) == FG_BIN_MUL ? (x) * (z)                                                              \
                           : (x) / (z))
 
-fg_status fg__cpu_binary(fg_binary_op op, const fg_tensor *a, const fg_tensor *b, fg_tensor *y) {
+FG_CLONES fg_status fg__cpu_binary(fg_binary_op op, const fg_tensor *a, const fg_tensor *b,
+                                   fg_tensor *y) {
     if (a->dtype != y->dtype || b->dtype != y->dtype)
         return fg_error(FG_EINVAL, "binary: dtypes differ");
     FG_TRY(fg__expect_contiguous("binary", y));
@@ -162,7 +163,7 @@ fg_status fg__cpu_sum_to(const fg_tensor *x, fg_tensor *y, double alpha, double 
     return FG_OK;
 }
 
-fg_status fg__cpu_axpby(double alpha, const fg_tensor *x, double beta, fg_tensor *y) {
+FG_CLONES fg_status fg__cpu_axpby(double alpha, const fg_tensor *x, double beta, fg_tensor *y) {
     if (x->numel != y->numel || x->dtype != y->dtype) return fg__expect_same_shape("axpby", x, y);
     FG_TRY(fg__expect_contiguous("axpby", x));
     FG_TRY(fg__expect_contiguous("axpby", y));

@@ -43,7 +43,8 @@ static fg_status check(const char *kernel, const fg_tensor *idx, const fg_tensor
     return FG_OK;
 }
 
-fg_status fg__cpu_embedding_fwd(const fg_tensor *idx, const fg_tensor *weight, fg_tensor *y) {
+FG_CLONES fg_status fg__cpu_embedding_fwd(const fg_tensor *idx, const fg_tensor *weight,
+                                          fg_tensor *y) {
     FG_TRY(check("embedding_fwd", idx, weight, y));
     int64_t N = y->shape[0], C = y->shape[1], work = y->numel;
     const int32_t *p = idx->data;
@@ -55,7 +56,8 @@ fg_status fg__cpu_embedding_fwd(const fg_tensor *idx, const fg_tensor *weight, f
     return FG_OK;
 }
 
-fg_status fg__cpu_embedding_bwd(const fg_tensor *idx, const fg_tensor *dy, fg_tensor *dweight) {
+FG_CLONES fg_status fg__cpu_embedding_bwd(const fg_tensor *idx, const fg_tensor *dy,
+                                          fg_tensor *dweight) {
     FG_TRY(check("embedding_bwd", idx, dweight, dy));
     int64_t N = dy->shape[0], C = dy->shape[1], work = dy->numel;
     int64_t nb = (C + EMB_COLS - 1) / EMB_COLS;

@@ -183,7 +183,7 @@ static fg_status bias_shape(const char *kernel, const fg_tensor *y, const fg_ten
     return FG_OK;
 }
 
-fg_status fg__cpu_bias_add(fg_tensor *y, const fg_tensor *bias) {
+FG_CLONES fg_status fg__cpu_bias_add(fg_tensor *y, const fg_tensor *bias) {
     int64_t R, C;
     FG_TRY(bias_shape("bias_add", y, bias, &R, &C));
     bool par = y->numel > FG_PAR_MIN;
@@ -208,7 +208,7 @@ fg_status fg__cpu_bias_add(fg_tensor *y, const fg_tensor *bias) {
  * order in double, so the block split changes no bit. */
 #define BIAS_BLOCK 512
 
-fg_status fg__cpu_bias_grad(const fg_tensor *dy, fg_tensor *dbias) {
+FG_CLONES fg_status fg__cpu_bias_grad(const fg_tensor *dy, fg_tensor *dbias) {
     int64_t R, C;
     FG_TRY(bias_shape("bias_grad", dy, dbias, &R, &C));
     if (C == 0) return FG_OK;
