@@ -84,6 +84,14 @@ FG_API fg_status fg_st_writer_set_meta(fg_st_writer *w, const char *key, const c
 /* Number of entries added so far. */
 FG_API int64_t fg_st_writer_count(const fg_st_writer *w);
 
+/* Number of metadata keys set so far, and key i (0 <= i < count) with its
+ * value, in the order they were first set; borrowed until the writer
+ * changes or is freed. fg_st_writer_meta_at returns FG_EINVAL if i is out
+ * of range. */
+FG_API int64_t fg_st_writer_meta_count(const fg_st_writer *w);
+FG_API fg_status fg_st_writer_meta_at(const fg_st_writer *w, int64_t i, const char **key,
+                                      const char **value);
+
 /* Writes everything added so far to `path`, atomically:
  *   1. a temporary file "<dir>/.<name>.tmp-<pid>-<n>" in the target's folder
  *      (hidden, and not ending in .safetensors, so that nothing takes it for
@@ -118,8 +126,9 @@ FG_API fg_status fg_st_set_last(const char *link_path, const char *target);
  * symlink; FG_EINVAL if out is too small. */
 FG_API fg_status fg_st_get_last(const char *link_path, char *out, size_t cap);
 
-/* Removes the temporary files that writes into folder `dir` left behind
- * when their process was killed mid-write: names of the form
+/* Removes the temporary files (and the temporary folders of
+ * fg_st_folder_begin, with the files in them) that writes into folder `dir`
+ * left behind when their process was killed mid-write: names of the form
  * ".<name>.tmp-<pid>-<n>" (the only ones this layer makes) whose pid runs no
  * more on this machine. A temporary of a live process (a save going on) is
  * left alone, and so is anything else. *removed (may be NULL) gets how many
@@ -128,6 +137,56 @@ FG_API fg_status fg_st_get_last(const char *link_path, char *out, size_t cap);
  * seen as alive. Errors: FG_EINVAL (NULL dir), FG_EIO naming the folder
  * (cannot list it) or the file (cannot remove it). */
 FG_API fg_status fg_st_remove_stale_tmp(const char *dir, int *removed);
+
+/* ----------------------------------------------------- sharded checkpoints
+ *
+ * A sharded checkpoint is a folder holding safetensors files and an index
+ * named FG_ST_INDEX_NAME, the layout of Hugging Face's sharded weights:
+ *   {"metadata": {"total_size": <bytes of all tensors>, "<key>": "<value>", ...},
+ *    "weight_map": {"<tensor name>": "<file name in the folder>", ...}}
+ * Each tensor lies whole in the one file the weight map names. fg_st_open
+ * reads such a folder (or its index) as one file; the folder is written as
+ * a whole: every file into a temporary folder (fg_st_folder_begin), then
+ * the temporary folder moved into place (fg_st_folder_commit). */
+#define FG_ST_INDEX_NAME "model.safetensors.index.json"
+
+/* Writes the index of a sharded checkpoint at `path` (normally
+ * "<folder>/" FG_ST_INDEX_NAME), atomically as fg_st_writer_write does:
+ * tensor names[i] lies in the file files[i] (a plain name in the index's
+ * folder: no '/', not starting with '.'), n entries in the order given;
+ * metadata total_size (the bytes of all the tensors) and then meta[0..nmeta)
+ * as strings. Returns FG_OK; FG_EINVAL (NULL arguments, an empty or
+ * repeated name, a file name with a '/' or a leading '.', a key
+ * "total_size" in meta, text that is not UTF-8); FG_EIO naming the path;
+ * FG_ENOMEM. */
+FG_API fg_status fg_st_write_index(const char *path, int64_t n, const char *const *names,
+                                   const char *const *files, uint64_t total_size, const fg_kv *meta,
+                                   int64_t nmeta);
+
+/* Starts writing a checkpoint folder that will be `path`: makes an empty
+ * temporary folder beside it, "<dir>/.<name>.tmp-<pid>-<n>" (hidden, named
+ * as the writer's temporary files, so fg_st_remove_stale_tmp removes it if
+ * this process dies), and writes its path to tmp (cap bytes). Write every
+ * file of the checkpoint into tmp, then fg_st_folder_commit, or
+ * fg_st_remove(tmp) to give up. Returns FG_OK; FG_EINVAL (NULL or empty
+ * path, a path ending in '/', tmp too small); FG_EIO naming the folder and
+ * the system's reason. */
+FG_API fg_status fg_st_folder_begin(const char *path, char *tmp, size_t cap);
+
+/* Moves the finished temporary folder tmp to `path` atomically: tmp is
+ * fsync'ed, renamed to path (exchanged with what was there, a previous
+ * checkpoint file or folder, which is then removed) and the parent folder
+ * fsync'ed. A kill at any moment leaves `path` as it was or as the new
+ * folder, whole. Returns FG_OK; FG_EINVAL for NULL; FG_EIO naming the paths
+ * and the system's reason (tmp is then left for the caller to remove). */
+FG_API fg_status fg_st_folder_commit(const char *tmp, const char *path);
+
+/* Removes a checkpoint: a file, or a folder of files (a sharded checkpoint,
+ * or a temporary folder of fg_st_folder_begin) with the files in it. Only
+ * one level: a folder inside it is an error, and nothing is followed
+ * through symlinks. A missing path is FG_OK. FG_EIO naming the path and
+ * the reason otherwise; FG_EINVAL for NULL. */
+FG_API fg_status fg_st_remove(const char *path);
 
 /* --------------------------------------------------------------- reading */
 
@@ -147,7 +206,16 @@ typedef struct fg_st_info {
     size_t offset;        /* of the bytes, from the start of the data buffer */
 } fg_st_info;
 
-/* Opens and checks the safetensors file at `path` (memory-mapped read-only).
+/* Opens and checks the safetensors file at `path` (memory-mapped read-only),
+ * or a sharded checkpoint: `path` a folder holding FG_ST_INDEX_NAME, or an
+ * index file whose name ends in ".json". A sharded checkpoint reads as one
+ * file whose entries are the weight map's, in its order, and whose metadata
+ * are the index's string-valued "metadata" entries; each file the map names
+ * is opened and checked as below, every tensor the map names must be in the
+ * file it names, every tensor of those files must be in the map for that
+ * file, and a total_size must equal the bytes of all the tensors (else
+ * FG_EFORMAT naming the index, the tensor and the file). An entry's
+ * fg_st_info.offset is then from the start of its own file's data buffer.
  * Every header field is checked before use: header length against the file
  * size and FG_ST_MAX_HEADER, JSON validity, field types, dtype names, shapes
  * (non-negative, product without overflow), data_offsets inside the buffer

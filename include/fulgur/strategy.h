@@ -226,6 +226,21 @@ FG_API const char *fg_sharding_strategy_name(fg_sharding_strategy s);
  * Thread-safe. */
 FG_API fg_status fg_sharding_strategy_parse(const char *name, fg_sharding_strategy *out);
 
+/* What fg_fabric_save writes (FSDPStrategy's state_dict_type): FULL, one
+ * safetensors file (rank 0 gathers the sharded state), or SHARDED, a folder
+ * with a file per rank and an index (ckpt.h, docs/checkpoints.md). */
+typedef enum fg_state_dict_type {
+    FG_STATE_DICT_FULL = 0, /* "full" */
+    FG_STATE_DICT_SHARDED,  /* "sharded" */
+    FG_STATE_DICT_COUNT
+} fg_state_dict_type;
+
+/* "full", "sharded"; "?" if out of range. Thread-safe. */
+FG_API const char *fg_state_dict_type_name(fg_state_dict_type t);
+/* Parses "full" or "sharded" (any case). FG_EINVAL naming the value and the
+ * valid ones otherwise (NULL too); *out is set only on FG_OK. */
+FG_API fg_status fg_state_dict_type_parse(const char *name, fg_state_dict_type *out);
+
 /* Options of the sharded kinds (Lightning's DeepSpeedStrategy and
  * FSDPStrategy arguments). All-zero means the defaults. */
 typedef struct fg_sharded_opts {
@@ -242,6 +257,10 @@ typedef struct fg_sharded_opts {
     /* fsdp only (ignored by the deepspeed kinds): SHARD_GRAD_OP or NO_SHARD;
      * FULL_SHARD (the zero value) and HYBRID_SHARD are FG_EUNSUPPORTED. */
     fg_sharding_strategy sharding_strategy;
+    /* What a checkpoint save writes, under every strategy (the fabric reads
+     * it): FULL (the zero value, one file) or SHARDED (a file per rank and
+     * an index). */
+    fg_state_dict_type state_dict_type;
 } fg_sharded_opts;
 
 /* Checks the sharded options for `kind` (o may be NULL: the defaults):

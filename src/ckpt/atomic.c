@@ -294,9 +294,8 @@ fg_status fg_st_remove_stale_tmp(const char *dir, int *removed) {
             continue; /* its writer may still run (EPERM: someone else's process) */
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        if (unlink(path) != 0 && errno != ENOENT) {
-            st = fg_error(FG_EIO, "%s: cannot remove a stale temporary file: %s", path,
-                          fg__errstr(errno, eb, sizeof eb));
+        if (fg_st_remove(path) != FG_OK) { /* a file, or a checkpoint folder begun */
+            st = fg_error_wrap(FG_EIO, "removing a stale temporary file");
             break;
         }
         if (removed) (*removed)++;

@@ -55,4 +55,50 @@ char *fg__path_tmp(const char *path, unsigned attempt);
 /* fsyncs a folder; EINVAL/ENOTSUP (file systems that cannot) count as done. */
 int fg__fsync_dir(const char *dir);
 
+/* ---------------------------------------------------------- open files */
+
+#include <jansson.h>
+
+typedef struct st_entry {
+    const char *name;
+    const fg__st_dtype *dt;
+    int ndim;
+    const int64_t *shape;
+    json_t *shape_json; /* during parsing only */
+    int64_t numel;
+    size_t nbytes;
+    uint64_t begin, end;
+    int64_t order;            /* position in the JSON object, to break ties of empty entries */
+    const unsigned char *src; /* the bytes: data + begin of the file holding them */
+} st_entry;
+
+struct fg_st_file {
+    char *label; /* path or caller's label, for messages */
+    const unsigned char *base;
+    size_t len;
+    void *map; /* mmap'ed region (== base), NULL for memory buffers */
+    const unsigned char *data;
+    size_t data_len;
+    json_t *root;
+    st_entry *e;
+    int64_t n;
+    int64_t *by_name; /* indices into e, sorted by name */
+    int64_t *shapes;
+    json_t *meta; /* the "__metadata__" object, borrowed from root; NULL if none */
+    const char **meta_k, **meta_v;
+    int64_t nmeta;
+    /* a sharded checkpoint (st_index.c): the files it reads, each entry's
+     * src pointing into one of them; NULL for one file */
+    fg_st_file **parts;
+    int64_t nparts;
+};
+
+/* st_reader.c: opens one safetensors file (not an index) at path. */
+fg_status fg__st_open_file(const char *path, fg_st_file **out);
+/* st_reader.c: sorts f->by_name (indices 0..n) by entry name. */
+void fg__st_sort_names(fg_st_file *f);
+/* st_index.c: opens the sharded checkpoint whose index is at `index`
+ * (a model.safetensors.index.json); `label` names it in messages. */
+fg_status fg__st_open_index(const char *index, fg_st_file **out);
+
 #endif

@@ -26,35 +26,6 @@
 
 #include "ckpt_impl.h"
 
-typedef struct st_entry {
-    const char *name;
-    const fg__st_dtype *dt;
-    int ndim;
-    const int64_t *shape;
-    json_t *shape_json; /* during parsing only */
-    int64_t numel;
-    size_t nbytes;
-    uint64_t begin, end;
-    int64_t order; /* position in the JSON object, to break ties of empty entries */
-} st_entry;
-
-struct fg_st_file {
-    char *label; /* path or caller's label, for messages */
-    const unsigned char *base;
-    size_t len;
-    void *map; /* mmap'ed region (== base), NULL for memory buffers */
-    const unsigned char *data;
-    size_t data_len;
-    json_t *root;
-    st_entry *e;
-    int64_t n;
-    int64_t *by_name; /* indices into e, sorted by name */
-    int64_t *shapes;
-    json_t *meta; /* the "__metadata__" object, borrowed from root; NULL if none */
-    const char **meta_k, **meta_v;
-    int64_t nmeta;
-};
-
 /* ---------------------------------------------------------------- errors */
 
 static fg_status bad(const fg_st_file *f, const char *entry, const char *fmt, ...) FG_PRINTF(3, 4);
@@ -291,11 +262,16 @@ static fg_status parse(fg_st_file *f) {
             s[k] = (int64_t)json_integer_value(json_array_get(e->shape_json, (size_t)k));
         e->shape = s;
         e->shape_json = NULL;
+        e->src = f->data + e->begin;
         s += e->ndim;
-        f->by_name[i] = i;
     }
-    qsort_r(f->by_name, (size_t)f->n, sizeof *f->by_name, cmp_name_r, f->e);
+    fg__st_sort_names(f);
     return FG_OK;
+}
+
+void fg__st_sort_names(fg_st_file *f) {
+    for (int64_t i = 0; i < f->n; i++) f->by_name[i] = i;
+    qsort_r(f->by_name, (size_t)f->n, sizeof *f->by_name, cmp_name_r, f->e);
 }
 
 /* --------------------------------------------------------------- opening */
@@ -336,9 +312,9 @@ fg_st_file *fg_st_open_memory(const void *buf, size_t len, const char *label) {
     return out;
 }
 
-/* fg_st_open's work, in the status form that FG_TRY and the early returns
- * read best in. */
-static fg_status open_path(const char *path, fg_st_file **out) {
+/* One safetensors file, in the status form that FG_TRY and the early
+ * returns read best in. */
+fg_status fg__st_open_file(const char *path, fg_st_file **out) {
     char eb[128];
     if (!path) return fg_error(FG_EINVAL, "fg_st_open: NULL path");
     /* O_NONBLOCK so that a FIFO in the checkpoint's place cannot hang us. */
@@ -383,14 +359,39 @@ static fg_status open_path(const char *path, fg_st_file **out) {
     return finish(f, out);
 }
 
+static bool ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+/* A folder is a sharded checkpoint through the index in it, a ".json"
+ * file is such an index, anything else one safetensors file. */
 fg_st_file *fg_st_open(const char *path) {
     fg_st_file *f = NULL;
-    open_path(path, &f);
+    struct stat sb;
+    if (path && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        size_t n = strlen(path) + sizeof "/" FG_ST_INDEX_NAME;
+        char *index = fg_alloc(n);
+        if (!index) return NULL;
+        snprintf(index, n, "%s/%s", path, FG_ST_INDEX_NAME);
+        if (stat(index, &sb) != 0)
+            fg_error(FG_EIO,
+                     "%s: a folder without %s: not a sharded checkpoint (a checkpoint folder of "
+                     "a run names its newest checkpoint last.safetensors)",
+                     path, FG_ST_INDEX_NAME);
+        else fg__st_open_index(index, &f);
+        fg_free(index);
+        return f;
+    }
+    if (path && ends_with(path, ".json")) fg__st_open_index(path, &f);
+    else fg__st_open_file(path, &f);
     return f;
 }
 
 void fg_st_close(fg_st_file *f) {
     if (!f) return;
+    for (int64_t k = 0; k < f->nparts; k++) fg_st_close(f->parts[k]);
+    fg_free(f->parts);
     if (f->map) munmap(f->map, f->len);
     json_decref(f->root);
     fg_free(f->e);
@@ -442,7 +443,7 @@ int64_t fg_st_find(const fg_st_file *f, const char *name) {
 
 const void *fg_st_data(const fg_st_file *f, int64_t i) {
     if (!f || i < 0 || i >= f->n) return NULL;
-    return f->data + f->e[i].begin;
+    return f->e[i].src;
 }
 
 fg_status fg_st_read(const fg_st_file *f, int64_t i, void *dst, fg_dtype dst_dtype, int64_t numel) {
@@ -467,7 +468,7 @@ fg_status fg_st_read(const fg_st_file *f, int64_t i, void *dst, fg_dtype dst_dty
     if (numel > 0 && !dst)
         return fg_error(FG_EINVAL, "%s: tensor \"%.200s\": NULL destination", f->label, e->name);
     if (numel == 0) return FG_OK;
-    const unsigned char *src = f->data + e->begin;
+    const unsigned char *src = e->src;
     fg_dtype sdt = e->dt->fg;
     if (sdt == dst_dtype) {
         memcpy(dst, src, e->nbytes);

@@ -55,6 +55,26 @@ void fg_st_writer_free(fg_st_writer *w) {
 
 int64_t fg_st_writer_count(const fg_st_writer *w) { return w ? w->n : 0; }
 
+int64_t fg_st_writer_meta_count(const fg_st_writer *w) {
+    return w ? (int64_t)json_object_size(w->meta) : 0;
+}
+
+fg_status fg_st_writer_meta_at(const fg_st_writer *w, int64_t i, const char **key,
+                               const char **value) {
+    if (!w || !key || !value) return fg_error(FG_EINVAL, "writer_meta_at: NULL argument");
+    int64_t k = 0;
+    const char *name;
+    json_t *v;
+    json_object_foreach(w->meta, name, v) {
+        if (k++ != i) continue;
+        *key = name;
+        *value = json_string_value(v);
+        return FG_OK;
+    }
+    return fg_error(FG_EINVAL, "writer_meta_at: index %lld out of range [0, %lld)", (long long)i,
+                    (long long)json_object_size(w->meta));
+}
+
 static json_t *make_desc(fg_dtype dtype, int ndim, const int64_t *shape, size_t begin, size_t end) {
     json_t *d = json_object(), *sh = json_array(), *off = json_array();
     if (!d || !sh || !off) goto fail;

@@ -33,6 +33,13 @@ fg_fabric *fg_fabric_new(const fg_fabric_config *cfg) {
     if (fg__fabric_precision_init(f) != FG_OK) goto fail;
     if (fg_strategy_check_sharded(f->plan.strategy, &f->cfg.sharded) != FG_OK) goto fail;
     if (fg_strategy_check_ddp(&f->cfg.ddp) != FG_OK) goto fail;
+    if ((unsigned)f->cfg.sharded.state_dict_type >= FG_STATE_DICT_COUNT) {
+        fg_error(FG_EINVAL,
+                 "sharded.state_dict_type = %d: expected FG_STATE_DICT_FULL or "
+                 "FG_STATE_DICT_SHARDED",
+                 (int)f->cfg.sharded.state_dict_type);
+        goto fail;
+    }
     pthread_mutex_init(&f->comm_mu, NULL);
     f->world_size = 1;
     if (f->cfg.seed) fg_fabric_seed_everything(f, f->cfg.seed);

@@ -80,24 +80,11 @@ static fg_status add_param_views(fg_st_writer *w, fg_module *m, const char *pref
     return FG_OK;
 }
 
-/* states: the optimizer's state buffers, whole (NULL entries: the
- * optimizer's own, which are then whole). */
-static fg_status write_file(fg_fabric *f, const char *path, const fg_train_state *st,
-                            fg_tensor *const *states) {
-    fg_module *m = st->model;
+/* The checkpoint's metadata into w: the fabric's keys, the loss scaler's,
+ * then st->meta (checked first). */
+fg_status fg__fabric_ckpt_meta(fg_fabric *f, const fg_train_state *st, fg_st_writer *w) {
     FG_TRY(check_meta(st->meta, st->nmeta));
-    int n = fg_module_num_params(m);
-    int nstates = st->optimizer ? fg_optimizer_num_states(st->optimizer) : 0;
-    fg_st_writer *w = fg_st_writer_new();
-    char(*names)[256] = fg_calloc((size_t)(n * (1 + nstates) + 1), 256);
-    fg_status s = (!w || !names) ? FG_ENOMEM : FG_OK;
-    if (s == FG_OK) s = add_param_views(w, m, "", fg_module_flat_params(m), names);
-    for (int k = 0; k < nstates && s == FG_OK; k++) {
-        char prefix[96];
-        snprintf(prefix, sizeof prefix, "optimizer.%s.", fg_optimizer_state_name(st->optimizer, k));
-        fg_tensor *state = states[k] ? states[k] : fg_optimizer_state(st->optimizer, k);
-        s = add_param_views(w, m, prefix, state, names + n * (k + 1));
-    }
+    fg_status s = FG_OK;
     char num[64];
 #define META(k, v)                                                                                 \
     if (s == FG_OK) s = fg_st_writer_set_meta(w, k, v)
@@ -123,6 +110,28 @@ static fg_status write_file(fg_fabric *f, const char *path, const fg_train_state
     if (s == FG_OK) s = fg__fabric_scaler_save(f, w);
     for (int64_t i = 0; i < st->nmeta; i++) META(st->meta[i].key, st->meta[i].value);
 #undef META
+    return s;
+}
+
+/* states: the optimizer's state buffers, whole (NULL entries: the
+ * optimizer's own, which are then whole). */
+static fg_status write_file(fg_fabric *f, const char *path, const fg_train_state *st,
+                            fg_tensor *const *states) {
+    fg_module *m = st->model;
+    FG_TRY(check_meta(st->meta, st->nmeta));
+    int n = fg_module_num_params(m);
+    int nstates = st->optimizer ? fg_optimizer_num_states(st->optimizer) : 0;
+    fg_st_writer *w = fg_st_writer_new();
+    char(*names)[256] = fg_calloc((size_t)(n * (1 + nstates) + 1), 256);
+    fg_status s = (!w || !names) ? FG_ENOMEM : FG_OK;
+    if (s == FG_OK) s = add_param_views(w, m, "", fg_module_flat_params(m), names);
+    for (int k = 0; k < nstates && s == FG_OK; k++) {
+        char prefix[96];
+        snprintf(prefix, sizeof prefix, "optimizer.%s.", fg_optimizer_state_name(st->optimizer, k));
+        fg_tensor *state = states[k] ? states[k] : fg_optimizer_state(st->optimizer, k);
+        s = add_param_views(w, m, prefix, state, names + n * (k + 1));
+    }
+    if (s == FG_OK) s = fg__fabric_ckpt_meta(f, st, w);
     if (s == FG_OK) s = fg_st_writer_write(w, path);
     fg_st_writer_free(w);
     fg_free(names);
@@ -131,6 +140,8 @@ static fg_status write_file(fg_fabric *f, const char *path, const fg_train_state
 
 fg_status fg_fabric_save(fg_fabric *f, const char *path, const fg_train_state *st) {
     if (!st || !st->model || !path) return fg_error(FG_EINVAL, "save: needs a path and a model");
+    if (f->cfg.sharded.state_dict_type == FG_STATE_DICT_SHARDED)
+        return fg__fabric_save_sharded(f, path, st);
     int nstates = st->optimizer ? fg_optimizer_num_states(st->optimizer) : 0;
     fg_tensor *full[FG_FABRIC_MAX_STATES] = {0};
     if (nstates > FG_FABRIC_MAX_STATES)
@@ -170,13 +181,13 @@ static fg_status read_part(fg_st_file *file, int64_t k, const fg_st_info *info, 
     return s;
 }
 
-/* Reads each parameter (or optimizer slice) by name into `flat`, which
- * holds elements [rlo, rhi) of the flat layout (an optimizer's shard; all of
- * it for the parameters), collecting every mismatch in msg. */
-static void read_views(fg_st_file *file, fg_module *m, const char *prefix, fg_tensor *flat,
+/* Reads each parameter (or optimizer slice) by name into `base`, which
+ * holds elements [rlo, rhi) of the flat layout in dtype dt (what this rank
+ * holds: fg__fabric_held), collecting every mismatch in msg. */
+static void read_views(fg_st_file *file, fg_module *m, const char *prefix, char *base, fg_dtype dt,
                        int64_t rlo, int64_t rhi, char *msg, size_t cap, int *nbad, bool *used) {
     int n = fg_module_num_params(m);
-    size_t es = fg_dtype_size(fg_tensor_dtype(flat));
+    size_t es = fg_dtype_size(dt);
     for (int i = 0; i < n; i++) {
         fg_tensor *p = fg_module_param(m, i);
         char name[256];
@@ -207,9 +218,8 @@ static void read_views(fg_st_file *file, fg_module *m, const char *prefix, fg_te
         int64_t off = fg_module_param_offset(m, i), pn = fg_tensor_numel(p);
         int64_t lo = FG_MAX(off, rlo), hi = FG_MIN(off + pn, rhi);
         if (lo >= hi) continue; /* another rank's shard */
-        void *dst = (char *)fg_tensor_data(flat) + (size_t)(lo - rlo) * es;
-        if (read_part(file, k, &info, dst, fg_tensor_dtype(flat), pn, lo - off, hi - off) !=
-            FG_OK) {
+        void *dst = base + (size_t)(lo - rlo) * es;
+        if (read_part(file, k, &info, dst, dt, pn, lo - off, hi - off) != FG_OK) {
             len = strlen(msg);
             if ((*nbad)++ < 8) snprintf(msg + len, cap - len, "; %s", fg_last_error());
         }
@@ -271,16 +281,19 @@ fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st) {
         return FG_ENOMEM;
     }
     fg_module *m = st->model;
-    read_views(file, m, "", fg_module_flat_params(m), 0, fg_module_numel(m), msg, sizeof msg, &nbad,
-               used);
+    fg__held h;
+    fg_status hs = fg__fabric_held(f, st, &h);
+    if (hs != FG_OK) {
+        fg_free(used);
+        fg_st_close(file);
+        return hs;
+    }
+    read_views(file, m, "", h.params, h.pdt, h.plo, h.phi, msg, sizeof msg, &nbad, used);
     fg_optimizer *opt = st->optimizer;
-    int64_t slo = 0, shi = 0;
-    fg_optimizer_state_range(opt, &slo, &shi);
-    for (int k = 0; opt && k < fg_optimizer_num_states(opt); k++) {
+    for (int k = 0; k < h.nstates; k++) {
         char prefix[96];
         snprintf(prefix, sizeof prefix, "optimizer.%s.", fg_optimizer_state_name(opt, k));
-        read_views(file, m, prefix, fg_optimizer_state(opt, k), slo, shi, msg, sizeof msg, &nbad,
-                   used);
+        read_views(file, m, prefix, h.states[k], h.sdt, h.slo, h.shi, msg, sizeof msg, &nbad, used);
     }
     for (int64_t k = 0; k < count; k++) {
         fg_st_info info;

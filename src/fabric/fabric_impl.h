@@ -67,4 +67,31 @@ fg_status fg__fabric_scaler_load(fg_fabric *f, fg_st_file *file);
 fg_status fg__fabric_gather_states(fg_fabric *f, fg_optimizer *opt, fg_tensor **full);
 void fg__fabric_free_states(fg_tensor **full, int n);
 
+/* fabric_shard.c: what this rank holds of the flat layout of st's model,
+ * the one place the checkpoint code asks: elements [plo, phi) of the
+ * parameters at `params` (its element plo; today every strategy holds them
+ * whole, [0, numel), a strategy that shards the parameters gives its range
+ * here) and elements [slo, shi) of each optimizer state at states[k]
+ * (the optimizer's range: its shard under a sharding strategy). Not
+ * collective. */
+typedef struct fg__held {
+    int64_t numel;
+    fg_dtype pdt, sdt;
+    int64_t plo, phi;
+    char *params;
+    int nstates;
+    int64_t slo, shi;
+    char *states[FG_FABRIC_MAX_STATES];
+} fg__held;
+fg_status fg__fabric_held(fg_fabric *f, const fg_train_state *st, fg__held *h);
+
+/* fabric_ckpt.c: the checkpoint's metadata (the fabric's keys, the loss
+ * scaler's, st->meta after checking it) into w. */
+fg_status fg__fabric_ckpt_meta(fg_fabric *f, const fg_train_state *st, fg_st_writer *w);
+
+/* fabric_save_sharded.c: fg_fabric_save with state_dict_type sharded: a
+ * folder `path` of one safetensors file per rank holding tensors and the
+ * index (collective). */
+fg_status fg__fabric_save_sharded(fg_fabric *f, const char *path, const fg_train_state *st);
+
 #endif

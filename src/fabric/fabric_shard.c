@@ -88,3 +88,26 @@ out:
     if (ranges != stackr) fg_free(ranges);
     return s;
 }
+
+fg_status fg__fabric_held(fg_fabric *f, const fg_train_state *st, fg__held *h) {
+    (void)f;
+    fg_module *m = st->model;
+    fg_tensor *flat = fg_module_flat_params(m);
+    if (!flat) return fg_error(FG_ESTATE, "checkpoint: the model is not finalized");
+    *h = (fg__held){.numel = fg_module_numel(m), .pdt = fg_tensor_dtype(flat)};
+    h->phi = h->numel;
+    h->params = fg_tensor_data(flat);
+    fg_optimizer *opt = st->optimizer;
+    if (!opt) return FG_OK;
+    h->nstates = fg_optimizer_num_states(opt);
+    if (h->nstates > FG_FABRIC_MAX_STATES)
+        return fg_error(FG_EINTERNAL, "checkpoint: %d optimizer states, at most %d", h->nstates,
+                        FG_FABRIC_MAX_STATES);
+    fg_optimizer_state_range(opt, &h->slo, &h->shi);
+    for (int k = 0; k < h->nstates; k++) {
+        fg_tensor *t = fg_optimizer_state(opt, k);
+        h->sdt = fg_tensor_dtype(t);
+        h->states[k] = fg_tensor_data(t);
+    }
+    return FG_OK;
+}
