@@ -2,7 +2,10 @@
  *   fulgur ckpt show FILE        tensors (name, dtype, shape), sizes, metadata
  *   fulgur ckpt diff A B         largest |A - B| per tensor and overall, names
  *                                only in one file, metadata that differs
- * FILE may be a folder (its last.safetensors) or the "last" symlink. Reading
+ *   fulgur ckpt consolidate DIR OUT.safetensors
+ *                                a sharded checkpoint into one file
+ * FILE may be a sharded checkpoint's folder, a run's checkpoint folder (its
+ * last.safetensors) or the "last" symlink. Reading
  * goes through fg_st_open, which checks the whole header first: a damaged
  * file is reported (exit 1), never trusted. */
 #include <inttypes.h>
@@ -244,13 +247,75 @@ static int ckpt_diff(int argc, char **argv) {
     return exit_code && differ ? FG_EXIT_FAIL : FG_EXIT_OK;
 }
 
+/* One file from a sharded checkpoint (or a copy of a single file): every
+ * tensor in the index's order, the metadata, written atomically. The
+ * result is the file a full save of the same state writes, byte for
+ * byte. --weights-only leaves out "optimizer.*": the model's state_dict,
+ * for PyTorch's load_state_dict(strict=True). */
+static int ckpt_consolidate(int argc, char **argv) {
+    bool weights_only = false;
+    cli_flag flags[] = {
+        {.name = "weights-only",
+         .type = CLI_BOOL,
+         .dst = &weights_only,
+         .help = "only the model's weights (no optimizer.* state): PyTorch's state_dict"},
+    };
+    const char *pos[2];
+    int npos = 0;
+    int rc = cli_flags_parse(flags, 1, argc, argv,
+                             "fulgur ckpt consolidate DIR OUT.safetensors [--weights-only]", pos, 2,
+                             &npos);
+    if (rc) return rc < 0 ? FG_EXIT_OK : rc;
+    if (npos != 2) {
+        cli_error("ckpt consolidate: expected a sharded checkpoint DIR and an output file OUT");
+        return FG_EXIT_USAGE;
+    }
+    fg_st_file *f;
+    char path[4096];
+    if ((rc = open_ckpt(pos[0], &f, path, sizeof path))) return rc;
+    fg_st_writer *w = fg_st_writer_new();
+    fg_status s = w ? FG_OK : FG_ENOMEM;
+    int64_t kept = 0;
+    for (int64_t i = 0; s == FG_OK && i < fg_st_count(f); i++) {
+        fg_st_info in;
+        fg_st_info_at(f, i, &in);
+        if (weights_only && !strncmp(in.name, "optimizer.", 10)) continue;
+        if (!in.has_dtype) {
+            s = fg_error(FG_EUNSUPPORTED,
+                         "%s: tensor \"%s\" has dtype %s, which fulgur cannot write", path, in.name,
+                         in.dtype_name);
+            break;
+        }
+        s = fg_st_writer_add(w, in.name, in.dtype, in.ndim, in.shape, fg_st_data(f, i));
+        kept++;
+    }
+    for (int64_t i = 0; s == FG_OK && i < fg_st_meta_count(f); i++) {
+        const char *k, *v;
+        fg_st_meta_at(f, i, &k, &v);
+        s = fg_st_writer_set_meta(w, k, v);
+    }
+    if (s == FG_OK) s = fg_st_writer_write(w, pos[1]);
+    if (s == FG_OK)
+        printf("consolidated %s: %" PRId64 " tensors%s into %s\n", path, kept,
+               weights_only ? " (weights only)" : "", pos[1]);
+    else cli_error("ckpt consolidate: %s", fg_last_error());
+    fg_st_writer_free(w);
+    fg_st_close(f);
+    return s == FG_OK ? FG_EXIT_OK : FG_EXIT_FAIL;
+}
+
 static void usage(FILE *f) {
     fprintf(f, "usage: fulgur ckpt show FILE [--full]\n"
-               "       fulgur ckpt diff A B [--exit-code]\n\n"
+               "       fulgur ckpt diff A B [--exit-code]\n"
+               "       fulgur ckpt consolidate DIR OUT.safetensors [--weights-only]\n\n"
                "  show   list the tensors (name, dtype, shape, elements) and the metadata\n"
                "  diff   largest absolute difference per tensor and overall; tensors in\n"
-               "         only one file, other shapes and differing metadata are listed\n\n"
-               "FILE may be a checkpoint folder (its last.safetensors is used).\n"
+               "         only one file, other shapes and differing metadata are listed\n"
+               "  consolidate  one safetensors file from a sharded checkpoint (a folder of\n"
+               "         a file per rank and model.safetensors.index.json): the file a full\n"
+               "         save writes; --weights-only keeps the model's weights alone\n\n"
+               "FILE may be a sharded checkpoint's folder, or a run's checkpoint folder\n"
+               "(its last.safetensors is used).\n"
                "Exit codes: 0 done, 1 unreadable or damaged file (or, with --exit-code,\n"
                "files that differ), 2 bad usage or missing file.\n");
 }
@@ -266,7 +331,8 @@ int cmd_ckpt(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "show")) return ckpt_show(argc - 1, argv + 1);
     if (!strcmp(argv[1], "diff")) return ckpt_diff(argc - 1, argv + 1);
-    cli_error("ckpt: unknown action \"%s\": expected show or diff", argv[1]);
+    if (!strcmp(argv[1], "consolidate")) return ckpt_consolidate(argc - 1, argv + 1);
+    cli_error("ckpt: unknown action \"%s\": expected show, diff or consolidate", argv[1]);
     usage(stderr);
     return FG_EXIT_USAGE;
 }

@@ -23,6 +23,7 @@ static const char *const k_hooks[] = {"none",     "fp16_compress", "bf16_compres
                                       "powersgd", "post_localsgd", NULL};
 static const char *const k_wrappers[] = {"none", "fp16", "bf16", NULL};
 static const char *const k_nonfinite[] = {"stop", "skip", NULL};
+static const char *const k_state_dict[] = {"full", "sharded", NULL};
 
 #define USAGE "fulgur fit --model {gpt,mlp} --data PATH [--val-data PATH] [FLAGS]"
 
@@ -79,6 +80,13 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .def = "0", .min = 0, .max = INT64_MAX / 2,
       .help = "sharded strategies: elements per parameter all-gather after each step "
               "(0: 200000000)");
+    F(.name = "state-dict-type", .type = CLI_STR, .dst = &o->state_dict_type, .def = "full",
+      .choices = k_state_dict,
+      .help = "checkpoints: full (one file) or sharded (a folder: a file per rank and "
+              "model.safetensors.index.json)");
+    F(.name = "deepspeed-config", .type = CLI_STR, .dst = &o->deepspeed_config,
+      .help = "deepspeed strategies: a DeepSpeed JSON config; its zero_optimization keys set "
+              "the stage and options (a key fulgur does not honour is an error)");
     F(.name = "ddp-comm-hook", .type = CLI_STR, .dst = &o->comm_hook, .def = "none",
       .choices = k_hooks, .help = "ddp: gradient communication hook (docs/comm-hooks.md)");
     F(.name = "ddp-comm-wrapper", .type = CLI_STR, .dst = &o->comm_wrapper, .def = "none",
@@ -257,6 +265,10 @@ static int sharded_args(fit_opts *o, cli_flag *flags, int n) {
         }
     o->sharded.reduce_bucket_size = o->reduce_bucket_size;
     o->sharded.allgather_bucket_size = o->allgather_bucket_size;
+    if (fg_state_dict_type_parse(o->state_dict_type, &o->sharded.state_dict_type) != FG_OK) {
+        cli_error("--state-dict-type: %s", fg_last_error()); /* the choices caught it already */
+        return FG_EXIT_USAGE;
+    }
     return 0;
 }
 

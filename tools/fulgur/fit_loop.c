@@ -149,11 +149,8 @@ static void prune(fit_ctx *c) {
     int64_t *steps = NULL;
     size_t n = 0, cap = 0;
     for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        long long st;
-        int used = 0;
-        if (sscanf(e->d_name, "step-%lld.safetensors%n", &st, &used) != 1 ||
-            e->d_name[used] != '\0' || st < 0)
-            continue;
+        int64_t st = ckpt_step_of(e->d_name);
+        if (st < 0) continue;
         if (n == cap) {
             int64_t *p = realloc(steps, (cap = cap ? cap * 2 : 64) * sizeof *steps);
             if (!p) break;
@@ -165,12 +162,13 @@ static void prune(fit_ctx *c) {
     if (steps && n > (size_t)c->o->save_top_k) {
         qsort(steps, n, sizeof *steps, cmp_i64);
         for (size_t i = 0; i + (size_t)c->o->save_top_k < n; i++) {
-            if (steps[i] >= c->step) continue; /* never the newest */
-            char path[4096];
-            ckpt_step_path(c->o->ckpt_dir, steps[i], path, sizeof path);
-            if (unlink(path) != 0 && errno != ENOENT)
-                fit_progress_note(c->prog, "note: --save-top-k: cannot remove %s: %s", path,
-                                  strerror(errno));
+            if (steps[i] >= c->step) continue;              /* never the newest */
+            for (int sharded = 0; sharded < 2; sharded++) { /* a file, or a sharded folder */
+                char path[4096];
+                ckpt_step_path(c->o->ckpt_dir, steps[i], sharded, path, sizeof path);
+                if (fg_st_remove(path) != FG_OK)
+                    fit_progress_note(c->prog, "note: --save-top-k: %s", fg_last_error());
+            }
         }
     }
     free(steps);
@@ -182,8 +180,9 @@ static fg_status save(fit_ctx *c) {
     int64_t epoch, batch;
     fg_dataloader_position(c->train, &epoch, &batch);
     char path[4096], name[128], last[4096];
-    ckpt_step_path(c->o->ckpt_dir, c->step, path, sizeof path);
-    ckpt_step_name(c->step, name, sizeof name);
+    bool sharded = c->o->sharded.state_dict_type == FG_STATE_DICT_SHARDED;
+    ckpt_step_path(c->o->ckpt_dir, c->step, sharded, path, sizeof path);
+    ckpt_step_name(c->step, sharded, name, sizeof name);
     ckpt_last_path(c->o->ckpt_dir, last, sizeof last);
     fg_kv meta[] = {{CKPT_META_CONFIG, c->config_json}, {CKPT_META_VOCAB, c->vocab_b64}};
     fg_train_state st = {.model = c->model,
