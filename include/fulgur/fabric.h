@@ -68,9 +68,33 @@ typedef struct fg_fabric_config {
     fg_sharded_opts sharded; /* the sharded strategies: reduce_bucket_size,
                                 allgather_bucket_size, sharding_strategy (fsdp: SHARD_GRAD_OP
                                 or NO_SHARD; the zero value FULL_SHARD is not built yet) */
-    fg_cluster_fn cluster;   /* custom cluster environment, NULL = detect (fg_cluster_detect) */
+    const char *deepspeed_config; /* DeepSpeedStrategy(config=): a DeepSpeed JSON file read at
+                                fg_fabric_new (fg_deepspeed_config_read) with strategy NULL,
+                                "auto", "deepspeed" or "deepspeed_stage_N": its
+                                zero_optimization.stage picks the stage, its bucket sizes fill
+                                `sharded`; any key fulgur does not honour is an error */
+    fg_cluster_fn cluster; /* custom cluster environment, NULL = detect (fg_cluster_detect) */
     void *cluster_ud;
 } fg_fabric_config;
+
+/* Reads a DeepSpeed JSON configuration (the file of Lightning's
+ * DeepSpeedStrategy(config=...)) into *stage (zero_optimization.stage: 1, 2
+ * or 3; 0 when the file gives none) and *out (allgather_bucket_size,
+ * reduce_bucket_size; the rest zero). The keys fulgur honours:
+ * zero_allow_untested_optimizer, and in zero_optimization: stage,
+ * allgather_bucket_size, reduce_bucket_size (positive element counts, 5e8
+ * allowed), overlap_comm (true under stage 2 and 3, false under stage 1:
+ * what fulgur does), contiguous_gradients, reduce_scatter,
+ * allgather_partitions, ignore_unused_parameters (true: what fulgur does),
+ * cpu_offload (false), offload_optimizer and offload_param with device
+ * "none" (offload is not built: "cpu" and "nvme" are FG_EUNSUPPORTED).
+ * Any other key, at the top or inside, is FG_EINVAL naming it: a DeepSpeed
+ * key fulgur does not honour says what to do instead (gradient_clipping:
+ * fg_fabric_clip_gradients), an unknown key names the nearest honoured
+ * one. FG_EIO if the file cannot be read, FG_EINVAL for invalid JSON
+ * (with its line and column) or a value of the wrong kind; stage 0 is
+ * FG_EINVAL (ZeRO off is ddp). Thread-safe. */
+FG_API fg_status fg_deepspeed_config_read(const char *path, int *stage, fg_sharded_opts *out);
 
 /* Makes the launch plan for cfg (NULL = defaults) in this environment
  * (fg_launch_plan_make, or cfg->cluster's environment) without starting

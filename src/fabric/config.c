@@ -29,6 +29,8 @@ fg_fabric *fg_fabric_new(const fg_fabric_config *cfg) {
     const char **s[4] = {&f->cfg.accelerator, &f->cfg.devices, &f->cfg.strategy, &f->cfg.precision};
     for (int i = 0; i < 4; i++)
         if (*s[i] && !(*s[i] = f->strings[i] = fg_strdup(*s[i]))) goto fail;
+    if (f->cfg.deepspeed_config && fg__fabric_apply_deepspeed_config(f) != FG_OK) goto fail;
+    f->cfg.deepspeed_config = NULL; /* read: the strategy and options hold it now */
     if (fg__fabric_plan(f, &f->plan) != FG_OK) goto fail;
     if (fg__fabric_precision_init(f) != FG_OK) goto fail;
     if (fg_strategy_check_sharded(f->plan.strategy, &f->cfg.sharded) != FG_OK) goto fail;

@@ -53,6 +53,7 @@ int cmd_fit(int argc, char **argv) {
         .num_nodes = (int)o.num_nodes,
         .seed = (uint64_t)o.seed,
         .sharded = o.sharded,
+        .deepspeed_config = o.deepspeed_config,
         .ddp = o.ddp,
     });
     if (!f) {

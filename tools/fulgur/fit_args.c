@@ -265,6 +265,8 @@ static int sharded_args(fit_opts *o, cli_flag *flags, int n) {
         }
     o->sharded.reduce_bucket_size = o->reduce_bucket_size;
     o->sharded.allgather_bucket_size = o->allgather_bucket_size;
+    if (o->deepspeed_config && !file_exists("deepspeed-config", o->deepspeed_config, false))
+        return FG_EXIT_USAGE; /* its keys and the strategy are fg_fabric_new's to check */
     if (fg_state_dict_type_parse(o->state_dict_type, &o->sharded.state_dict_type) != FG_OK) {
         cli_error("--state-dict-type: %s", fg_last_error()); /* the choices caught it already */
         return FG_EXIT_USAGE;

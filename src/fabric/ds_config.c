@@ -1,0 +1,321 @@
+/* DeepSpeed's JSON configuration (Lightning's DeepSpeedStrategy(config=)):
+ * the zero_optimization keys fulgur honours are read into fg_sharded_opts
+ * and the stage; every other key is an error that names it, says what
+ * fulgur does instead where it does something, and for a key it does not
+ * know offers the nearest one it does. Nothing is silently ignored.
+ *
+ * A key is "honoured" when fulgur does what it asks: bucket sizes are
+ * used as given; overlap_comm, contiguous_gradients, reduce_scatter,
+ * allgather_partitions and ignore_unused_parameters are accepted with the
+ * value that describes what fulgur always does, refused with the other. */
+#include <stdio.h>
+#include <string.h>
+
+#include "ckpt/ckpt_impl.h"
+#include "fabric_impl.h"
+
+typedef struct key_info {
+    const char *name;
+    const char *hint; /* NULL: honoured here; else why not, and what to do */
+} key_info;
+
+static const key_info k_top[] = {
+    {"zero_optimization", NULL},
+    {"zero_allow_untested_optimizer", NULL},
+    {"train_batch_size", "set the batch size of the loader (fulgur fit --batch-size)"},
+    {"train_micro_batch_size_per_gpu",
+     "set the batch size of the loader (fulgur fit --batch-size)"},
+    {"gradient_accumulation_steps",
+     "accumulate with fg_fabric_set_no_backward_sync (fulgur fit --accumulate-grad-batches)"},
+    {"gradient_clipping", "clip with fg_fabric_clip_gradients (fulgur fit --gradient-clip-val)"},
+    {"fp16", "choose the precision (precision=\"16-mixed\", fulgur fit --precision)"},
+    {"bf16", "choose the precision (precision=\"bf16-mixed\", fulgur fit --precision)"},
+    {"amp", "choose the precision (fulgur fit --precision)"},
+    {"optimizer",
+     "build the optimizer in the program (fg_adamw_new; fulgur fit --optimizer, --lr)"},
+    {"scheduler", "set the learning rate in the program (fulgur fit --warmup-steps, --lr)"},
+    {"activation_checkpointing", "not read from the config file by this fulgur"},
+    {"aio", "not read from the config file by this fulgur"},
+    {"steps_per_print", "fulgur logs through its progress and loggers"},
+    {"wall_clock_breakdown", "fulgur logs through its progress and loggers"},
+    {"prescale_gradients", "fulgur averages gradients in f32 after summing"},
+    {"gradient_predivide_factor", "fulgur averages gradients in f32 after summing"},
+    {"communication_data_type", "fulgur reduces gradients in their own dtype"},
+    {"sparse_gradients", "fulgur's gradients are dense"},
+    {"flops_profiler", "no profiler is read from the config file"},
+    {"tensorboard", "use the trainer's TensorBoard logger"},
+    {"wandb", "not built in"},
+    {"csv_monitor", "use the trainer's CSV logger"},
+    {"checkpoint", "checkpoints are fulgur's own (state_dict_type, docs/checkpoints.md)"},
+    {"data_efficiency", "not built in"},
+    {"compression_training", "not built in"},
+    {"elasticity", "not built in"},
+};
+
+static const key_info k_zero[] = {
+    {"stage", NULL},
+    {"allgather_bucket_size", NULL},
+    {"reduce_bucket_size", NULL},
+    {"overlap_comm", NULL},
+    {"contiguous_gradients", NULL},
+    {"reduce_scatter", NULL},
+    {"allgather_partitions", NULL},
+    {"ignore_unused_parameters", NULL},
+    {"offload_optimizer", NULL},
+    {"offload_param", NULL},
+    {"cpu_offload", NULL},
+    {"sub_group_size", "fulgur updates a rank's whole shard at once"},
+    {"round_robin_gradients", "fulgur's shards are contiguous ranges"},
+    {"elastic_checkpoint", "every fulgur checkpoint resumes at any world size"},
+    {"load_from_fp32_weights", "fulgur's checkpoints hold the f32 master weights"},
+    {"legacy_stage1", "not built in"},
+    {"stage3_prefetch_bucket_size", "not read from the config file by this fulgur"},
+    {"stage3_param_persistence_threshold", "not read from the config file by this fulgur"},
+    {"stage3_max_live_parameters", "not read from the config file by this fulgur"},
+    {"stage3_max_reuse_distance", "not read from the config file by this fulgur"},
+    {"stage3_gather_16bit_weights_on_model_save", "use state_dict_type full or sharded"},
+    {"gather_16bit_weights_on_model_save", "use state_dict_type full or sharded"},
+    {"zero_hpz_partition_size", "not built in"},
+    {"zero_quantized_weights", "not built in"},
+    {"zero_quantized_gradients", "not built in"},
+    {"mics_shard_size", "not built in"},
+    {"memory_efficient_linear", "not built in"},
+};
+
+static const key_info k_offload[] = {
+    {"device", NULL},
+    {"nvme_path", "offload to nvme is not built in this fulgur"},
+    {"pin_memory", "pinned memory is a GPU matter: nothing to pin on a CPU"},
+    {"buffer_count", "offload to nvme is not built in this fulgur"},
+    {"buffer_size", "offload to nvme is not built in this fulgur"},
+    {"max_in_cpu", "offload to nvme is not built in this fulgur"},
+    {"fast_init", "offload to nvme is not built in this fulgur"},
+    {"pipeline_read", "offload to nvme is not built in this fulgur"},
+    {"pipeline_write", "offload to nvme is not built in this fulgur"},
+    {"ratio", "offload to nvme is not built in this fulgur"},
+};
+
+/* Edit distance, for "did you mean". */
+static int distance(const char *a, const char *b) {
+    int la = (int)strlen(a), lb = (int)strlen(b);
+    if (la > 63 || lb > 63) return 99;
+    int row[64];
+    for (int j = 0; j <= lb; j++) row[j] = j;
+    for (int i = 1; i <= la; i++) {
+        int prev = row[0];
+        row[0] = i;
+        for (int j = 1; j <= lb; j++) {
+            int cur = row[j];
+            int sub = prev + (a[i - 1] != b[j - 1]);
+            row[j] = FG_MIN(FG_MIN(row[j] + 1, row[j - 1] + 1), sub);
+            prev = cur;
+        }
+    }
+    return row[lb];
+}
+
+/* Checks every key of obj against the table: FG_OK when all are honoured
+ * ones; else the error naming the first other. */
+static fg_status check_keys(const char *path, const char *where, json_t *obj, const key_info *t,
+                            size_t n) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(obj, key, v) {
+        const key_info *hit = NULL;
+        for (size_t i = 0; i < n && !hit; i++)
+            if (!strcmp(key, t[i].name)) hit = &t[i];
+        if (hit && !hit->hint) continue;
+        if (hit)
+            return fg_error(FG_EINVAL, "%s: \"%s%s\" is not honoured by fulgur: %s", path, where,
+                            key, hit->hint);
+        const char *best = NULL;
+        int bd = 99;
+        for (size_t i = 0; i < n; i++) {
+            if (t[i].hint) continue;
+            int d = distance(key, t[i].name);
+            if (d < bd) bd = d, best = t[i].name;
+        }
+        return fg_error(FG_EINVAL,
+                        "%s: unknown key \"%s%s\" (the nearest key fulgur honours there is "
+                        "\"%s%s\")",
+                        path, where, key, where, best ? best : "?");
+    }
+    return FG_OK;
+}
+
+/* A positive element count: an integer, or a real with an integral value
+ * (DeepSpeed configs often write 5e8). */
+static fg_status count_of(const char *path, const char *key, json_t *v, int64_t *out) {
+    double d = json_is_integer(v) ? (double)json_integer_value(v)
+               : json_is_real(v)  ? json_real_value(v)
+                                  : -1;
+    if (!(d >= 1 && d <= 9e18) || d != (double)(int64_t)d)
+        return fg_error(FG_EINVAL,
+                        "%s: \"zero_optimization.%s\" must be a positive whole number of "
+                        "elements (DeepSpeed counts elements, not bytes)",
+                        path, key);
+    *out = (int64_t)d;
+    return FG_OK;
+}
+
+/* A boolean key that fulgur honours only with the value `want`. */
+static fg_status flag(const char *path, json_t *zero, const char *key, bool want, const char *why) {
+    json_t *v = json_object_get(zero, key);
+    if (!v) return FG_OK;
+    if (!json_is_boolean(v))
+        return fg_error(FG_EINVAL, "%s: \"zero_optimization.%s\" must be true or false", path, key);
+    if (json_is_true(v) != want)
+        return fg_error(FG_EINVAL, "%s: \"zero_optimization.%s\": %s is not honoured by fulgur: %s",
+                        path, key, want ? "false" : "true", why);
+    return FG_OK;
+}
+
+static fg_status offload(const char *path, json_t *zero, const char *key) {
+    json_t *o = json_object_get(zero, key);
+    if (!o) return FG_OK;
+    char where[64];
+    snprintf(where, sizeof where, "zero_optimization.%s.", key);
+    if (!json_is_object(o))
+        return fg_error(FG_EINVAL, "%s: \"zero_optimization.%s\" must be an object", path, key);
+    FG_TRY(check_keys(path, where, o, k_offload, sizeof k_offload / sizeof k_offload[0]));
+    json_t *d = json_object_get(o, "device");
+    if (!d) return FG_OK;
+    const char *dev = json_is_string(d) ? json_string_value(d) : "";
+    if (!strcmp(dev, "none")) return FG_OK;
+    if (!strcmp(dev, "cpu") || !strcmp(dev, "nvme"))
+        return fg_error(FG_EUNSUPPORTED,
+                        "%s: \"zero_optimization.%s.device\" = \"%s\": offload is not built in "
+                        "this fulgur (on a CPU, \"cpu\" would have nothing to move); use "
+                        "\"none\"",
+                        path, key, dev);
+    return fg_error(FG_EINVAL,
+                    "%s: \"zero_optimization.%s.device\": expected \"none\", \"cpu\" or "
+                    "\"nvme\"",
+                    path, key);
+}
+
+static fg_status parse(const char *path, json_t *root, int *stage, fg_sharded_opts *out) {
+    if (!json_is_object(root))
+        return fg_error(FG_EINVAL, "%s: expected a JSON object (DeepSpeed's configuration)", path);
+    FG_TRY(check_keys(path, "", root, k_top, sizeof k_top / sizeof k_top[0]));
+    json_t *u = json_object_get(root, "zero_allow_untested_optimizer");
+    if (u && !json_is_boolean(u))
+        return fg_error(FG_EINVAL, "%s: \"zero_allow_untested_optimizer\" must be true or false",
+                        path);
+    json_t *zero = json_object_get(root, "zero_optimization");
+    if (!zero) return FG_OK;
+    if (!json_is_object(zero))
+        return fg_error(FG_EINVAL, "%s: \"zero_optimization\" must be an object", path);
+    FG_TRY(check_keys(path, "zero_optimization.", zero, k_zero, sizeof k_zero / sizeof k_zero[0]));
+    json_t *v = json_object_get(zero, "stage");
+    if (v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 3)
+            return fg_error(FG_EINVAL, "%s: \"zero_optimization.stage\" must be 0, 1, 2 or 3",
+                            path);
+        *stage = (int)json_integer_value(v);
+        if (*stage == 0)
+            return fg_error(FG_EINVAL,
+                            "%s: \"zero_optimization.stage\" = 0 is plain data parallelism: use "
+                            "the strategy ddp without a DeepSpeed config",
+                            path);
+    }
+    if ((v = json_object_get(zero, "allgather_bucket_size")))
+        FG_TRY(count_of(path, "allgather_bucket_size", v, &out->allgather_bucket_size));
+    if ((v = json_object_get(zero, "reduce_bucket_size")))
+        FG_TRY(count_of(path, "reduce_bucket_size", v, &out->reduce_bucket_size));
+    int st = *stage ? *stage : 2;
+    if (st == 1)
+        FG_TRY(flag(path, zero, "overlap_comm", false,
+                    "under stage 1 fulgur reduce-scatters once backward is over (stage 2 "
+                    "overlaps the reductions with backward)"));
+    else
+        FG_TRY(flag(path, zero, "overlap_comm", true,
+                    "under stage 2 fulgur always overlaps the reductions with backward (stage 1 "
+                    "reduces after it)"));
+    FG_TRY(flag(path, zero, "contiguous_gradients", true,
+                "fulgur's gradients are always one contiguous flat buffer"));
+    FG_TRY(flag(path, zero, "reduce_scatter", true, "fulgur always reduce-scatters the gradients"));
+    FG_TRY(flag(path, zero, "allgather_partitions", true,
+                "fulgur always all-gathers the updated shards"));
+    FG_TRY(flag(path, zero, "ignore_unused_parameters", true,
+                "a parameter backward did not reach counts with the gradient it holds (zero "
+                "after zero_grad), as DeepSpeed's default"));
+    FG_TRY(flag(path, zero, "cpu_offload", false,
+                "offload is not built in this fulgur (on a CPU it would have nothing to move)"));
+    FG_TRY(offload(path, zero, "offload_optimizer"));
+    FG_TRY(offload(path, zero, "offload_param"));
+    return FG_OK;
+}
+
+fg_status fg_deepspeed_config_read(const char *path, int *stage, fg_sharded_opts *out) {
+    if (!path || !stage || !out) return fg_error(FG_EINVAL, "deepspeed config: NULL argument");
+    *stage = 0;
+    *out = (fg_sharded_opts){0};
+    fg__st_json_init();
+    json_error_t err;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    if (!root) {
+        FILE *probe = fopen(path, "r");
+        if (!probe) return fg_error(FG_EIO, "deepspeed config %s: cannot read it (missing?)", path);
+        fclose(probe);
+        return fg_error(FG_EINVAL, "deepspeed config %s: not valid JSON: %s (line %d, column %d)",
+                        path, err.text, err.line, err.column);
+    }
+    fg_sharded_opts o = {0};
+    int s0 = 0;
+    fg_status s = parse(path, root, &s0, &o);
+    json_decref(root);
+    if (s != FG_OK) return s;
+    *stage = s0;
+    *out = o;
+    return FG_OK;
+}
+
+/* The file's stage and options into f's configuration: the strategy
+ * becomes deepspeed_stage_<stage> (the name's own stage, or Lightning's
+ * default 2, when the file gives none), and each option the file sets
+ * fills the field, which the program may have set only to the same value. */
+fg_status fg__fabric_apply_deepspeed_config(fg_fabric *f) {
+    const char *path = f->cfg.deepspeed_config;
+    int stage = 0;
+    fg_sharded_opts o;
+    FG_TRY(fg_deepspeed_config_read(path, &stage, &o));
+    const char *name = f->cfg.strategy ? f->cfg.strategy : "auto";
+    int named = 0; /* the stage the strategy's name says, 0: none */
+    if (!strcmp(name, "deepspeed_stage_1")) named = 1;
+    else if (!strcmp(name, "deepspeed_stage_2")) named = 2;
+    else if (!strcmp(name, "deepspeed_stage_3")) named = 3;
+    else if (strcmp(name, "deepspeed") && strcmp(name, "auto"))
+        return fg_error(FG_EINVAL,
+                        "deepspeed_config=%s is DeepSpeed's configuration: strategy=\"%s\" takes "
+                        "none (use deepspeed, or deepspeed_stage_1/2/3)",
+                        path, name);
+    if (named && stage && named != stage)
+        return fg_error(FG_EINVAL,
+                        "strategy=\"%s\" but %s says \"zero_optimization.stage\" = %d: make them "
+                        "agree (or use strategy deepspeed, whose stage the file chooses)",
+                        name, path, stage);
+    if (!stage) stage = named ? named : 2;
+    struct {
+        const char *key;
+        int64_t *have, want;
+    } k[] = {
+        {"allgather_bucket_size", &f->cfg.sharded.allgather_bucket_size, o.allgather_bucket_size},
+        {"reduce_bucket_size", &f->cfg.sharded.reduce_bucket_size, o.reduce_bucket_size}};
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        if (!k[i].want) continue;
+        if (*k[i].have && *k[i].have != k[i].want)
+            return fg_error(FG_EINVAL,
+                            "%s = %lld in the configuration but %lld in %s: set it in one place",
+                            k[i].key, (long long)*k[i].have, (long long)k[i].want, path);
+        *k[i].have = k[i].want;
+    }
+    char strategy[32];
+    snprintf(strategy, sizeof strategy, "deepspeed_stage_%d", stage);
+    char *copy = fg_strdup(strategy);
+    if (!copy) return FG_ENOMEM;
+    fg_free(f->strings[2]);
+    f->strings[2] = copy;
+    f->cfg.strategy = copy;
+    return FG_OK;
+}

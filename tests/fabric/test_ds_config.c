@@ -1,0 +1,146 @@
+/* DeepSpeed JSON configurations (fg_deepspeed_config_read and the fabric's
+ * deepspeed_config): the honoured keys land in the stage and the sharded
+ * options; every key fulgur does not honour is an error naming it, an
+ * unknown one with the nearest honoured key; the fabric picks the stage
+ * from the file and refuses a strategy or an option that disagrees. */
+#include <stdio.h>
+
+#include "fabric/fabric_impl.h"
+#include "harness.h"
+
+static char g_dir[] = "/tmp/fg-dsconfig-XXXXXX";
+
+static const char *write_json(const char *name, const char *text) {
+    static char path[256];
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    FILE *f = fopen(path, "w");
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+TEST(honoured_keys) {
+    CHECK(mkdtemp(g_dir) != NULL);
+    const char *p =
+        write_json("ok.json", "{\"zero_allow_untested_optimizer\": true,\n"
+                              " \"zero_optimization\": {\"stage\": 1,\n"
+                              "   \"allgather_bucket_size\": 5e8,\n"
+                              "   \"reduce_bucket_size\": 12345,\n"
+                              "   \"overlap_comm\": false, \"contiguous_gradients\": true,\n"
+                              "   \"reduce_scatter\": true, \"allgather_partitions\": true,\n"
+                              "   \"ignore_unused_parameters\": true, \"cpu_offload\": false,\n"
+                              "   \"offload_optimizer\": {\"device\": \"none\"},\n"
+                              "   \"offload_param\": {\"device\": \"none\"}}}");
+    int stage = -1;
+    fg_sharded_opts o = {.reduce_bucket_size = 7};
+    CHECK_OK(fg_deepspeed_config_read(p, &stage, &o));
+    CHECK(stage == 1);
+    CHECK(o.allgather_bucket_size == 500000000);
+    CHECK(o.reduce_bucket_size == 12345);
+    p = write_json("empty.json", "{}");
+    CHECK_OK(fg_deepspeed_config_read(p, &stage, &o));
+    CHECK(stage == 0 && o.reduce_bucket_size == 0 && o.allgather_bucket_size == 0);
+    p = write_json("s2.json", "{\"zero_optimization\": {\"stage\": 2, \"overlap_comm\": true}}");
+    CHECK_OK(fg_deepspeed_config_read(p, &stage, &o));
+    CHECK(stage == 2);
+}
+
+/* file text -> the status and words of the error */
+static void refused(const char *text, fg_status want, const char *words) {
+    const char *p = write_json("bad.json", text);
+    int stage = 0;
+    fg_sharded_opts o;
+    fg_status s = fg_deepspeed_config_read(p, &stage, &o);
+    CHECK_MSG(s == want, "%s: status %d, want %d (%s)", text, (int)s, (int)want, fg_last_error());
+    CHECK_MSG(strstr(fg_last_error(), words), "%s: \"%s\" lacks \"%s\"", text, fg_last_error(),
+              words);
+}
+
+TEST(other_keys_are_errors_that_name_them) {
+    refused("{\"zero_optimization\": {\"reduce_bucket_sise\": 5}}", FG_EINVAL,
+            "unknown key \"zero_optimization.reduce_bucket_sise\" (the nearest key fulgur "
+            "honours there is \"zero_optimization.reduce_bucket_size\")");
+    refused("{\"zero_optimizaton\": {}}", FG_EINVAL,
+            "unknown key \"zero_optimizaton\" (the nearest key fulgur honours there is "
+            "\"zero_optimization\")");
+    refused("{\"gradient_clipping\": 1.0}", FG_EINVAL,
+            "\"gradient_clipping\" is not honoured by fulgur: clip with fg_fabric_clip_gradients");
+    refused("{\"train_micro_batch_size_per_gpu\": 4}", FG_EINVAL,
+            "\"train_micro_batch_size_per_gpu\" is not honoured");
+    refused("{\"fp16\": {\"enabled\": true}}", FG_EINVAL, "precision");
+    refused("{\"zero_optimization\": {\"stage3_max_live_parameters\": 1e9}}", FG_EINVAL,
+            "\"zero_optimization.stage3_max_live_parameters\" is not honoured");
+    refused("{\"zero_optimization\": {\"stage\": 2, \"overlap_comm\": false}}", FG_EINVAL,
+            "\"zero_optimization.overlap_comm\": false is not honoured");
+    refused("{\"zero_optimization\": {\"stage\": 1, \"overlap_comm\": true}}", FG_EINVAL,
+            "\"zero_optimization.overlap_comm\": true is not honoured");
+    refused("{\"zero_optimization\": {\"contiguous_gradients\": false}}", FG_EINVAL,
+            "contiguous_gradients\": false is not honoured");
+    refused("{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"cpu\"}}}",
+            FG_EUNSUPPORTED, "offload_optimizer.device\" = \"cpu\": offload is not built");
+    refused("{\"zero_optimization\": {\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": "
+            "\"/x\"}}}",
+            FG_EINVAL, "\"zero_optimization.offload_param.nvme_path\" is not honoured");
+    refused("{\"zero_optimization\": {\"offload_optimizer\": {\"devcie\": \"none\"}}}", FG_EINVAL,
+            "nearest key fulgur honours there is \"zero_optimization.offload_optimizer.device\"");
+    refused("{\"zero_optimization\": {\"stage\": 0}}", FG_EINVAL, "use the strategy ddp");
+    refused("{\"zero_optimization\": {\"stage\": 4}}", FG_EINVAL, "must be 0, 1, 2 or 3");
+    refused("{\"zero_optimization\": {\"reduce_bucket_size\": 2.5}}", FG_EINVAL,
+            "positive whole number");
+    refused("{\"zero_optimization\": {\"reduce_bucket_size\": \"auto\"}}", FG_EINVAL,
+            "positive whole number");
+    refused("{\"zero_optimization\": {\"stage\": 1, \"stage\": 2}}", FG_EINVAL, "not valid JSON");
+    refused("[1, 2]", FG_EINVAL, "expected a JSON object");
+    refused("{\"zero_optimization\": {\"stage\": 2,}}", FG_EINVAL, "line 1");
+    int stage;
+    fg_sharded_opts o;
+    CHECK_STATUS(fg_deepspeed_config_read("/nonexistent/ds.json", &stage, &o), FG_EIO);
+}
+
+static fg_fabric *fabric(const char *strategy, const char *config, int64_t reduce) {
+    return fg_fabric_new(&(fg_fabric_config){
+        .strategy = strategy, .deepspeed_config = config, .sharded.reduce_bucket_size = reduce});
+}
+
+TEST(the_fabric_takes_the_stage_and_options) {
+    const char *p = write_json("s1.json", "{\"zero_optimization\": {\"stage\": 1, "
+                                          "\"reduce_bucket_size\": 700, "
+                                          "\"allgather_bucket_size\": 900}}");
+    char path[256];
+    snprintf(path, sizeof path, "%s", p);
+    const char *ok[] = {"deepspeed", NULL, "auto", "deepspeed_stage_1"};
+    for (int i = 0; i < 4; i++) {
+        fg_fabric *f = fabric(ok[i], path, i == 3 ? 700 : 0);
+        CHECK_MSG(f, "%s: %s", ok[i] ? ok[i] : "NULL", fg_last_error());
+        if (!f) continue;
+        CHECK(fg_fabric_plan(f)->strategy == FG_STRATEGY_DEEPSPEED_STAGE_1);
+        CHECK(!strcmp(fg_fabric_strategy_name(f), "deepspeed_stage_1"));
+        CHECK(f->cfg.sharded.reduce_bucket_size == 700);
+        CHECK(f->cfg.sharded.allgather_bucket_size == 900);
+        fg_fabric_free(f);
+    }
+    /* no stage in the file: the name's, or Lightning's default 2 */
+    p = write_json("nostage.json", "{\"zero_optimization\": {\"reduce_bucket_size\": 10}}");
+    snprintf(path, sizeof path, "%s", p);
+    fg_fabric *f = fabric("deepspeed", path, 0);
+    CHECK(f && fg_fabric_plan(f)->strategy == FG_STRATEGY_DEEPSPEED_STAGE_2);
+    fg_fabric_free(f);
+    f = fabric("deepspeed_stage_1", path, 0);
+    CHECK(f && fg_fabric_plan(f)->strategy == FG_STRATEGY_DEEPSPEED_STAGE_1);
+    fg_fabric_free(f);
+    /* disagreements */
+    snprintf(path, sizeof path, "%s/s1.json", g_dir);
+    CHECK(!fabric("deepspeed_stage_2", path, 0));
+    CHECK_CONTAINS(fg_last_error(), "strategy=\"deepspeed_stage_2\" but");
+    CHECK(!fabric("ddp", path, 0));
+    CHECK_CONTAINS(fg_last_error(), "strategy=\"ddp\" takes none");
+    CHECK(!fabric("deepspeed", path, 5));
+    CHECK_CONTAINS(fg_last_error(), "reduce_bucket_size = 5 in the configuration but 700 in");
+    p = write_json("typo.json", "{\"zero_optimization\": {\"stag\": 1}}");
+    snprintf(path, sizeof path, "%s", p);
+    CHECK(!fabric("deepspeed", path, 0));
+    CHECK_CONTAINS(fg_last_error(), "unknown key \"zero_optimization.stag\"");
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    CHECK(system(cmd) == 0);
+}
