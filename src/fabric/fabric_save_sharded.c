@@ -44,7 +44,7 @@ static fg_status plan_alloc(fg_fabric *f, fg_module *m, plan *p) {
     p->world = f->comm ? fg_comm_size(f->comm) : 1;
     p->rank = f->comm ? fg_comm_rank(f->comm) : 0;
     p->ntens = (int)fg_module_num_params(m);
-    p->lo = fg_calloc(4 * (size_t)p->world, sizeof *p->lo); /* lo, hi, gathered pairs */
+    p->lo = fg_calloc(6 * (size_t)p->world, sizeof *p->lo); /* lo, hi, gathered ranges */
     p->owner = fg_calloc((size_t)p->ntens + 1, sizeof *p->owner);
     p->tail_hi = fg_calloc((size_t)p->world, sizeof *p->tail_hi);
     p->file = fg_calloc((size_t)p->world, sizeof *p->file);
@@ -54,30 +54,54 @@ static fg_status plan_alloc(fg_fabric *f, fg_module *m, plan *p) {
     return FG_OK;
 }
 
-/* The ranks' ranges: the optimizer's shards when they tile the layout and
- * differ between ranks, else an even cut. Collective; every rank reaches
- * the same result. */
+/* The ranks' ranges: the parameter shards when the strategy shards the
+ * parameters, else the optimizer's state shards when it shards those (the
+ * first ranks whose shards tile the layout in rank order write; ranks after
+ * them, holding copies as HYBRID_SHARD's other groups do, get an empty
+ * range), else an even cut (every rank holds everything). Collective;
+ * every rank reaches the same result. */
 static fg_status cut(fg_fabric *f, const fg__held *h, bool has_opt, plan *p) {
-    int64_t *r = p->lo + 2 * p->world;
-    int64_t mine[2] = {h->slo, h->shi};
-    if (has_opt) {
-        if (f->comm) FG_TRY(fg_comm_allgather(f->comm, mine, r, 2, FG_I64));
-        else memcpy(r, mine, sizeof mine);
-    }
-    bool tiled = has_opt, whole = true;
-    for (int q = 0; tiled && q < p->world; q++) {
-        tiled = r[2 * q] == (q ? r[2 * q - 1] : 0) && r[2 * q + 1] >= r[2 * q] &&
-                (q < p->world - 1 || r[2 * q + 1] == h->numel);
-        whole = whole && r[2 * q] == 0 && r[2 * q + 1] == h->numel;
-    }
-    if (has_opt && !tiled)
-        return fg_error(FG_EMISMATCH,
-                        "save: the ranks' optimizer state shards do not tile the %lld parameter "
-                        "elements in rank order (rank 0 holds [%lld, %lld))",
-                        (long long)h->numel, (long long)r[0], (long long)r[1]);
+    int64_t *all = p->lo + 2 * p->world, *r = all;
+    int64_t mine[4] = {h->plo, h->phi, has_opt ? h->slo : 0, has_opt ? h->shi : h->numel};
+    if (f->comm) FG_TRY(fg_comm_allgather(f->comm, mine, all, 4, FG_I64));
+    else memcpy(all, mine, sizeof mine);
+    bool pwhole = true, swhole = true;
     for (int q = 0; q < p->world; q++) {
-        p->lo[q] = tiled && !whole ? r[2 * q] : h->numel * q / p->world;
-        p->hi[q] = tiled && !whole ? r[2 * q + 1] : h->numel * (q + 1) / p->world;
+        pwhole = pwhole && all[4 * q] == 0 && all[4 * q + 1] == h->numel;
+        swhole = swhole && all[4 * q + 2] == 0 && all[4 * q + 3] == h->numel;
+    }
+    if (pwhole && swhole) {
+        for (int q = 0; q < p->world; q++) {
+            p->lo[q] = h->numel * q / p->world;
+            p->hi[q] = h->numel * (q + 1) / p->world;
+        }
+        return FG_OK;
+    }
+    /* the pairs to follow, packed in place as (lo, hi) per rank */
+    int off = pwhole ? 2 : 0;
+    for (int q = 0; q < p->world; q++) {
+        int64_t lo = all[4 * q + off], hi = all[4 * q + off + 1];
+        r[2 * q] = lo;
+        r[2 * q + 1] = hi;
+    }
+    int64_t covered = 0;
+    int g = -1; /* the last rank of the tiling prefix */
+    for (int q = 0; q < p->world && r[2 * q] == covered && r[2 * q + 1] >= covered; q++) {
+        covered = r[2 * q + 1];
+        if (covered == h->numel) {
+            g = q;
+            break;
+        }
+    }
+    if (g < 0)
+        return fg_error(FG_EMISMATCH,
+                        "save: the ranks' %s shards do not tile the %lld parameter elements in "
+                        "rank order (rank 0 holds [%lld, %lld))",
+                        pwhole ? "optimizer state" : "parameter", (long long)h->numel,
+                        (long long)r[0], (long long)r[1]);
+    for (int q = 0; q < p->world; q++) {
+        p->lo[q] = q <= g ? r[2 * q] : h->numel;
+        p->hi[q] = q <= g ? r[2 * q + 1] : h->numel;
     }
     return FG_OK;
 }
@@ -274,8 +298,8 @@ fg_status fg__fabric_save_sharded(fg_fabric *f, const char *path, const fg_train
     }
     /* the plan: the same on every rank, so a mismatch fails everywhere */
     if ((s = make_plan(f, st->model, &h, st->optimizer != NULL, &pl)) != FG_OK) goto out;
-    bool held = h.plo <= pl.lo[r] && pl.hi[r] <= h.phi &&
-                (!h.nstates || (h.slo <= pl.lo[r] && pl.hi[r] <= h.shi));
+    bool held = pl.lo[r] == pl.hi[r] || (h.plo <= pl.lo[r] && pl.hi[r] <= h.phi &&
+                                         (!h.nstates || (h.slo <= pl.lo[r] && pl.hi[r] <= h.shi)));
     if (!held)
         snprintf(msg, sizeof msg,
                  "rank %d holds [%lld, %lld) of the parameters, not its range [%lld, %lld)", r,
