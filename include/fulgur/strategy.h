@@ -270,6 +270,24 @@ typedef struct fg_sharded_opts {
  * it at fg_fabric_new, before any rank starts. Thread-safe. */
 FG_API fg_status fg_strategy_check_sharded(fg_strategy_kind kind, const fg_sharded_opts *o);
 
+/* The model-state bytes one rank holds under a strategy, what `fulgur env`
+ * prints: the parameters, their gradients and the optimizer's state
+ * (nstates buffers of the parameters' layout: AdamW 2, SGD with momentum 1). */
+typedef struct fg_strategy_memory {
+    int64_t param_bytes, grad_bytes, optim_bytes;
+} fg_strategy_memory;
+
+/* The model state rank `rank` of `world` holds under `kind` (o: the sharded
+ * options, may be NULL) for a model of numel parameters of `dtype` with an
+ * optimizer of nstates state buffers: everything under single, dp and the
+ * ddp kinds (and fsdp NO_SHARD); under deepspeed_stage_1/2 and fsdp
+ * SHARD_GRAD_OP the parameters and gradients whole and the state of this
+ * rank's shard (fg_strategy_shard_range's cut). FG_EINVAL for values out of
+ * range, FG_EUNSUPPORTED for a kind this build does not run. Thread-safe. */
+FG_API fg_status fg_strategy_memory_of(fg_strategy_kind kind, const fg_sharded_opts *o, int world,
+                                       int rank, int64_t numel, fg_dtype dtype, int nstates,
+                                       fg_strategy_memory *out);
+
 typedef struct fg_strategy fg_strategy;
 
 /* A strategy for `model` (and `opt`, may be NULL except under the sharded

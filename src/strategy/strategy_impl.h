@@ -49,5 +49,8 @@ fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o);
 void fg__zero_free(fg_strategy *s);
 fg_status fg__zero_clip(fg_strategy *s, double max_norm, double *total_norm);
 void fg__zero_range(const fg_strategy *s, int rank, int64_t *begin, int64_t *end);
+/* The shards of numel elements of es bytes over world ranks (bounds:
+ * world + 1 entries): whole 64-byte lines each, as even as that allows. */
+void fg__zero_cut(int64_t numel, int world, size_t es, int64_t *bounds);
 
 #endif

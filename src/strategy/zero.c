@@ -35,7 +35,7 @@ struct fg_zero_state {
 
 /* Shards of numel elements of es bytes over world ranks: whole 64-byte
  * lines each, as even as that allows. */
-static void cut(int64_t numel, int world, size_t es, int64_t *bounds) {
+void fg__zero_cut(int64_t numel, int world, size_t es, int64_t *bounds) {
     int64_t line = es < 64 ? (int64_t)(64 / es) : 1;
     int64_t lines = (numel + line - 1) / line;
     for (int q = 0; q <= world; q++) bounds[q] = FG_MIN(numel, lines * q / world * line);
@@ -99,7 +99,7 @@ fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o) {
     if (!z->bounds || !z->counts || !z->displs) return fg_error_wrap(FG_ENOMEM, "%s setup", name);
     fg_tensor *grads = fg_module_flat_grads(m);
     size_t es = fg_dtype_size(fg_tensor_dtype(grads));
-    cut(fg_tensor_numel(grads), z->world, es, z->bounds);
+    fg__zero_cut(fg_tensor_numel(grads), z->world, es, z->bounds);
     int64_t gather = d.allgather_bucket_size ? d.allgather_bucket_size : DEFAULT_BUCKET;
     z->piece = FG_MAX(1, gather / z->world);
     int64_t reduce = d.reduce_bucket_size ? d.reduce_bucket_size : DEFAULT_BUCKET;

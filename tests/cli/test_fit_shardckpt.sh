@@ -53,6 +53,21 @@ same_ckpt "sharded save == full save" "$FULL" "$SH"
 run show "$FULGUR" ckpt show "$SH"
 expect_grep "ckpt show reads the folder" show '^  optimizer\.exp_avg\.transformer\.h\.0\.mlp\.c_fc\.weight +F32 +\[128, 32\]'
 
+# fulgur env: the state each rank holds under a sharded strategy, as the run held it
+n=$(sed -n 's/^fit gpt: \([0-9]*\) parameters.*/\1/p' "$T_TMP/full")
+held=$(sed -n 's/^optimizer state sharded: rank 0 holds \([0-9]*\) of.*/\1/p' "$T_TMP/full")
+run env "$FULGUR" env --devices 2 --strategy deepspeed_stage_2 --params "$n"
+expect_rc "fulgur env --params" 0 env
+expect_grep "env: ddp's line, every element per state" env "^ +ddp +each .* 1\.00x +$n\$"
+expect_grep "env: rank 0 under stage 2 holds the state elements the run held ($held)" env \
+    "^ +deepspeed_stage_2 +0 .* 0\.[0-9]+x +$held\$"
+run env3 "$FULGUR" env --devices 3 --params 1000000
+expect_grep "env: each sharded strategy, 3 ranks, 64-byte lines" env3 '^ +2 +3\.81 MiB +3\.81 MiB +2\.54 MiB .* 333344$'
+expect_grep "env: fsdp as SHARD_GRAD_OP" env3 '^ +fsdp SHARD_GRAD_OP +0 '
+vocab=$(sed -n 's/^fit gpt: .* vocab \([0-9]*\)).*/\1/p' "$T_TMP/full")
+run envg "$FULGUR" env --devices 2 --strategy deepspeed_stage_1 --layers 1 --embd 32 --vocab "$vocab" --ctx 32
+expect_grep "env: a GPT's shape counts its parameters as fit does" envg "^model state per rank: $n parameters"
+
 # consolidate: the full save's file, byte for byte
 run cons "$FULGUR" ckpt consolidate "$SH" "$T_TMP/cons.safetensors"
 expect_rc "ckpt consolidate" 0 cons

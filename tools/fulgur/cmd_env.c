@@ -10,13 +10,15 @@
 
 #include "cli.h"
 #include "cli_flags.h"
+#include "env_memory.h"
 
 static const char *const k_usage =
-    "fulgur env [--accelerator A] [--devices D] [--strategy S] [--precision P] [--num-nodes N]";
+    "fulgur env [--accelerator A] [--devices D] [--strategy S] [--precision P] [--num-nodes N]\n"
+    "           [--params N | --layers L --embd C --vocab V --ctx T] [--sharding-strategy S]";
 
 int cmd_env(int argc, char **argv) {
-    const char *accel, *devices, *strategy, *precision;
-    int64_t num_nodes;
+    const char *accel, *devices, *strategy, *precision, *sharding;
+    int64_t num_nodes, params, layers, embd, vocab, ctx;
     cli_flag flags[] = {
         {.name = "Launch plan for these settings", .type = CLI_SECTION},
         {.name = "accelerator",
@@ -46,6 +48,46 @@ int cmd_env(int argc, char **argv) {
          .min = 0,
          .max = 65536,
          .help = "machines in the job; 0: 1, or the launcher's"},
+        {.name = "Model state per rank (for a model of this size)", .type = CLI_SECTION},
+        {.name = "params",
+         .type = CLI_INT,
+         .dst = &params,
+         .def = "0",
+         .min = 0,
+         .max = INT64_MAX / 64,
+         .help = "parameters of the model"},
+        {.name = "layers",
+         .type = CLI_INT,
+         .dst = &layers,
+         .def = "0",
+         .min = 0,
+         .max = 1 << 20,
+         .help = "or a GPT's shape: transformer blocks"},
+        {.name = "embd",
+         .type = CLI_INT,
+         .dst = &embd,
+         .def = "768",
+         .min = 1,
+         .max = 1 << 20,
+         .help = "GPT embedding width"},
+        {.name = "vocab",
+         .type = CLI_INT,
+         .dst = &vocab,
+         .def = "50304",
+         .min = 1,
+         .max = 1 << 30,
+         .help = "GPT vocabulary"},
+        {.name = "ctx",
+         .type = CLI_INT,
+         .dst = &ctx,
+         .def = "1024",
+         .min = 1,
+         .max = 1 << 24,
+         .help = "GPT context length"},
+        {.name = "sharding-strategy",
+         .type = CLI_STR,
+         .dst = &sharding,
+         .help = "fsdp: SHARD_GRAD_OP or NO_SHARD"},
     };
     int nflags = (int)(sizeof flags / sizeof flags[0]);
     int rc = cli_flags_parse(flags, nflags, argc, argv, k_usage, NULL, 0, NULL);
@@ -58,7 +100,7 @@ int cmd_env(int argc, char **argv) {
     }
     if (rc) return rc;
     bool planned = false;
-    for (int i = 0; i < nflags; i++) planned |= flags[i].seen;
+    for (int i = 1; i < 6; i++) planned |= flags[i].seen; /* the launch plan's five */
     int status = FG_EXIT_OK;
 
     printf("fulgur %s\n", fg_version());
@@ -103,14 +145,24 @@ int cmd_env(int argc, char **argv) {
                         .precision = precision,
                         .num_nodes = (int)num_nodes};
     fg_launch_plan plan;
+    bool plan_ok = false;
     if (have_env || planned) {
         if (fg_launch_plan_make(&o, have_env ? &info : NULL, &plan) == FG_OK) {
+            plan_ok = true;
             char line[512];
             printf("launch plan:           %s\n", fg_launch_plan_format(&plan, line, sizeof line));
         } else {
             printf("launch plan:           error: %s\n", fg_last_error());
             if (planned) status = FG_EXIT_USAGE;
         }
+    }
+
+    if (params || layers) {
+        int world = plan_ok && plan.world_size > 0 ? plan.world_size : 1;
+        int64_t n = params ? params : env_gpt_params(layers, embd, vocab, ctx);
+        fg_dtype dt = !strcmp(precision, "64-true") || !strcmp(precision, "64") ? FG_F64 : FG_F32;
+        int mrc = env_memory_print(strategy, sharding, world, n, dt);
+        if (mrc) status = mrc;
     }
 
     static const char *const vars[] = {"FULGUR_RANK",
