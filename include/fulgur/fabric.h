@@ -320,19 +320,25 @@ typedef struct fg_train_state {
  * others wait). Under a sharding strategy the file is the same, whole:
  * rank 0 first gathers every rank's optimizer state shard (holding the
  * whole state for the time of the save, as every rank does under ddp), so
- * st->optimizer must be given on every rank or on none. Errors: FG_EINVAL (no path or model; an
- * st->meta key that is empty, NULL, repeated or one of the fabric's own, or a value that is NULL or
- * not UTF-8: nothing is written), the ckpt layer's write errors; on the other ranks FG_EIO saying
- * rank 0 could not write. */
+ * st->optimizer must be given on every rank or on none. With
+ * sharded.state_dict_type FG_STATE_DICT_SHARDED, `path` is instead a folder
+ * written as a whole: one safetensors file per rank holding the tensors
+ * whose first element lies in its range and model.safetensors.index.json
+ * (ckpt.h, docs/checkpoints.md); it appears (replacing what was at path)
+ * only once every rank's file is on disk, and a rank's failure fails the
+ * save on every rank, naming it, with nothing at path changed. Errors: FG_EINVAL (no path or model;
+ * an st->meta key that is empty, NULL, repeated or one of the fabric's own, or a value that is NULL
+ * or not UTF-8: nothing is written), the ckpt layer's write errors; on the other ranks FG_EIO
+ * saying rank 0 could not write. */
 FG_API fg_status fg_fabric_save(fg_fabric *f, const char *path, const fg_train_state *st);
 /* Loads a checkpoint into st->model (and st->optimizer, counters) on every
- * rank. A rank whose optimizer holds a shard of the state (a sharding
- * strategy) reads that range of it only, so a checkpoint resumes at any
- * world size and under any strategy, whatever wrote it. A checkpoint that does not fit the model is
- * FG_EMISMATCH naming the tensors that differ. On success st->meta and st->nmeta are every metadata
- * entry of the file, in file order (the fabric's keys included), owned by
- * the fabric until its next successful load or fg_fabric_free; a failed
- * load leaves st's counters and meta, and the fabric's copy, as they were. */
+ * rank: a file, or a sharded checkpoint's folder (fg_st_open reads both). A rank whose optimizer
+ * holds a shard of the state (a sharding strategy) reads that range of it only, so a checkpoint
+ * resumes at any world size and under any strategy, whatever wrote it. A checkpoint that does not
+ * fit the model is FG_EMISMATCH naming the tensors that differ. On success st->meta and st->nmeta
+ * are every metadata entry of the file, in file order (the fabric's keys included), owned by the
+ * fabric until its next successful load or fg_fabric_free; a failed load leaves st's counters and
+ * meta, and the fabric's copy, as they were. */
 FG_API fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st);
 /* The value of metadata `key` in the checkpoint the last successful
  * fg_fabric_load read, or NULL (no such key, or no load yet); owned by the

@@ -7,7 +7,10 @@
  * followed by the strings it points at) until the next successful load.
  * Under a sharding strategy the file is the same: rank 0 gathers the
  * optimizer state first, and each rank loads its shard's range of it
- * (fabric_shard.c). */
+ * (fabric_shard.c). With state_dict_type sharded the save is a folder of a
+ * file per rank and an index (fabric_save_sharded.c); fg_st_open reads
+ * such a folder as one file, so the load below takes either. What a rank
+ * holds comes from fg__fabric_held. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>

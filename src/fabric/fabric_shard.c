@@ -4,8 +4,9 @@
  * every rank reads its own shard's range of each state tensor from that
  * file, so a run resumes at another world size or under another strategy
  * (the shards are cut again by the strategy of the run that loads).
- * Sharded saves (a file per rank and an index) come with stage 3, whose
- * parameters never exist whole on one rank.
+ * Sharded saves (a file per rank and an index) are fabric_save_sharded.c.
+ * fg__fabric_held, at the end, is where the checkpoint code asks what this
+ * rank holds of the flat layout.
  *
  * The shards are whatever the optimizers say they hold
  * (fg_optimizer_state_range): the ranks agree on them first, and they must
