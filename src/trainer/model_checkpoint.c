@@ -226,7 +226,7 @@ static bool should_remove(const fg_trainer *t, const ckpt_cb *c, const char *pre
 }
 
 static void remove_file(const fg_trainer *t, const char *path) {
-    if (fg_trainer_is_global_zero(t)) unlink(path);
+    if (fg_trainer_is_global_zero(t)) fg_st_remove(path); /* a file, or a sharded save's folder */
 }
 
 static bool better(const ckpt_cb *c, double a, double b) {
