@@ -51,8 +51,28 @@ fg_status fg_st_folder_commit(const char *tmp, const char *path) {
             return fg_error(FG_EIO, "%s: cannot rename the temporary folder %s to it: %s", path,
                             tmp, fg__errstr(errno, eb, sizeof eb));
     } else if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_EXCHANGE) != 0) {
-        return fg_error(FG_EIO, "%s: cannot exchange it with the temporary folder %s: %s", path,
-                        tmp, fg__errstr(errno, eb, sizeof eb));
+        int e = errno;
+        if (e != EINVAL && e != ENOSYS && e != ENOTSUP)
+            return fg_error(FG_EIO, "%s: cannot exchange it with the temporary folder %s: %s", path,
+                            tmp, fg__errstr(e, eb, sizeof eb));
+        /* a file system without the exchange: the old one aside, the new
+         * one in, so that for a moment nothing is at path (a "last" link
+         * still names the previous checkpoint, which is not this one) */
+        char *old = fg__path_tmp(path, 0);
+        if (!old) return FG_ENOMEM;
+        fg_status st = FG_OK;
+        if (rename(path, old) != 0)
+            st = fg_error(FG_EIO, "%s: cannot move it aside to %s: %s", path, old,
+                          fg__errstr(errno, eb, sizeof eb));
+        else if (rename(tmp, path) != 0) {
+            st = fg_error(FG_EIO, "%s: cannot rename the temporary folder %s to it: %s", path, tmp,
+                          fg__errstr(errno, eb, sizeof eb));
+            rename(old, path);              /* put the previous one back */
+        } else if (rename(old, tmp) != 0) { /* where the exchange would have left it */
+            fg_st_remove(old);
+        }
+        fg_free(old);
+        if (st != FG_OK) return st;
     }
     char *dir = fg__path_dir(path);
     if (!dir) return FG_ENOMEM;
