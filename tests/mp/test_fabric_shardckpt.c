@@ -30,10 +30,11 @@ typedef struct job {
     fg_sharding_strategy sharding;
     fg_state_dict_type sdt;
     int world;
-    bool mlp;       /* the MLP whose first weight spans all 3 shards, else the GPT */
-    int fail_rank;  /* >= 0: that rank's file writes fail at the save (RLIMIT_FSIZE) */
-    char save[256]; /* save there at SAVE_AT */
-    char load[256]; /* start from there */
+    bool mlp;          /* the MLP whose first weight spans all 3 shards, else the GPT */
+    int fail_rank;     /* >= 0: that rank's file writes fail at the save (RLIMIT_FSIZE) */
+    bool weights_only; /* save without the optimizer */
+    char save[256];    /* save there at SAVE_AT */
+    char load[256];    /* start from there */
     char id[96];
     /* results */
     int64_t n;
@@ -121,8 +122,11 @@ static int train(fg_fabric *f, void *arg) {
                           &(struct rlimit){.rlim_cur = 100, .rlim_max = RLIM_INFINITY});
             }
             fg_kv meta[] = {{"config", "{\"layers\": 2}"}};
-            fg_train_state st = {
-                .model = m, .optimizer = o, .step = SAVE_AT, .meta = meta, .nmeta = 1};
+            fg_train_state st = {.model = m,
+                                 .optimizer = j->weights_only ? NULL : o,
+                                 .step = SAVE_AT,
+                                 .meta = meta,
+                                 .nmeta = 1};
             if (fg_fabric_save(f, j->save, &st) != FG_OK) {
                 __atomic_fetch_add(&j->save_failed, 1, __ATOMIC_SEQ_CST);
                 if (rank == 0) snprintf(j->save_error, sizeof j->save_error, "%s", fg_last_error());
@@ -164,13 +168,15 @@ static int rank_main(int rank, int n, void *arg) {
     return rc;
 }
 
-static bool g_mlp; /* run_job's jobs train the MLP */
+static bool g_mlp;          /* run_job's jobs train the MLP */
+static bool g_weights_only; /* and save without the optimizer */
 
 static job *run_job(const char *strategy, fg_sharding_strategy sharding, int world,
                     fg_state_dict_type sdt, const char *save, const char *load, int fail_rank) {
     job *j = mmap(NULL, sizeof *j, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     memset(j, 0, sizeof *j);
     j->mlp = g_mlp;
+    j->weights_only = g_weights_only;
     j->strategy = strategy;
     j->sharding = sharding;
     j->world = world;
@@ -397,4 +403,42 @@ TEST(a_tensor_across_three_shards) {
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);
     g_mlp = false;
+}
+
+/* Without the optimizer: the weights alone, cut evenly over the ranks. */
+TEST(weights_only_sharded_save) {
+    char dir[] = "/tmp/fg-shardw-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char full[256], sh[256];
+    snprintf(full, sizeof full, "%s/full.safetensors", dir);
+    snprintf(sh, sizeof sh, "%s/sharded", dir);
+    job *a = run_job("deepspeed_stage_2", 0, 3, FG_STATE_DICT_FULL, full, NULL, -1);
+    g_weights_only = true;
+    job *b = run_job("deepspeed_stage_2", 0, 3, FG_STATE_DICT_SHARDED, sh, NULL, -1);
+    g_weights_only = false;
+    fg_st_file *x = fg_st_open(sh), *y = fg_st_open(full);
+    CHECK_MSG(x && y, "%s", fg_last_error());
+    if (x && y) {
+        fg_module *m = make_model();
+        CHECK(fg_st_count(x) == fg_module_num_params(m));
+        int bad = 0;
+        for (int64_t i = 0; i < fg_st_count(x); i++) {
+            fg_st_info in, jn;
+            fg_st_info_at(x, i, &in);
+            int64_t k = fg_st_find(y, in.name);
+            if (k < 0 || fg_st_info_at(y, k, &jn) != FG_OK || jn.nbytes != in.nbytes ||
+                memcmp(fg_st_data(x, i), fg_st_data(y, k), in.nbytes) ||
+                strcmp(in.name, fg_module_param_name(m, i)))
+                bad++;
+        }
+        CHECK_MSG(bad == 0, "%d weights differ from the full save's", bad);
+        fg_module_free(m);
+    }
+    fg_st_close(x);
+    fg_st_close(y);
+    release(a);
+    release(b);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
 }
