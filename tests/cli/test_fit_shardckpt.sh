@@ -53,6 +53,14 @@ same_ckpt "sharded save == full save" "$FULL" "$SH"
 run show "$FULGUR" ckpt show "$SH"
 expect_grep "ckpt show reads the folder" show '^  optimizer\.exp_avg\.transformer\.h\.0\.mlp\.c_fc\.weight +F32 +\[128, 32\]'
 
+for what in "$SH/step-00000012" "$SH"; do
+    run samp "$FULGUR" sample --ckpt "$what" --tokens 20 --seed 3
+    run sampf "$FULGUR" sample --ckpt "$FULL" --tokens 20 --seed 3
+    expect_rc "fulgur sample --ckpt $(basename "$what")" 0 samp
+    if cmp -s "$T_TMP/samp" "$T_TMP/sampf"; then pass "sample from the sharded save == from the full file"
+    else fail "sample from the sharded save == from the full file"; diff "$T_TMP/samp" "$T_TMP/sampf" | head -5; fi
+done
+
 # fulgur env: the state each rank holds under a sharded strategy, as the run held it
 n=$(sed -n 's/^fit gpt: \([0-9]*\) parameters.*/\1/p' "$T_TMP/full")
 held=$(sed -n 's/^optimizer state sharded: rank 0 holds \([0-9]*\) of.*/\1/p' "$T_TMP/full")
