@@ -325,10 +325,12 @@ fg_status fg__fabric_save_sharded(fg_fabric *f, const char *path, const fg_train
     if (f->comm && (s = fg_comm_broadcast(f->comm, tmp, tmp, sizeof tmp, FG_U8, 0)) != FG_OK)
         goto out;
     /* the tail of the tensor that runs past this rank's range */
-    int64_t ntail = pl.tail_hi[r] - pl.hi[r], nwhole = 0;
-    for (int i = 0; i < pl.ntens; i++)
-        if (pl.owner[i] == r)
-            nwhole = FG_MAX(nwhole, fg_tensor_numel(fg_module_param(st->model, i)));
+    int64_t ntail = pl.tail_hi[r] - pl.hi[r], nwhole = 0; /* the one tensor crossing hi[r] */
+    for (int i = 0; i < pl.ntens; i++) {
+        int64_t a = fg_module_param_offset(st->model, i);
+        int64_t n = fg_tensor_numel(fg_module_param(st->model, i));
+        if (pl.owner[i] == r && a + n > pl.hi[r]) nwhole = n;
+    }
     ok = true;
     for (int k = 0; ntail > 0 && k < nbuf && ok; k++) {
         size_t es = fg_dtype_size(buf_dtype(&h, k));
