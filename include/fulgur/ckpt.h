@@ -16,6 +16,11 @@
  * it believes any number in it; a truncated, corrupted or hostile file gives
  * NULL, FG_EFORMAT and a message naming the file, the tensor and the problem.
  *
+ * Sharded checkpoints: a folder of safetensors files and an index in Hugging
+ * Face's model.safetensors.index.json layout, written as a whole
+ * (fg_st_folder_begin, fg_st_write_index, fg_st_folder_commit) and read by
+ * fg_st_open as one file (below, "sharded checkpoints").
+ *
  * Memory goes through fg_alloc/fg_free, jansson's included: on first use this
  * layer routes jansson's allocations through fg_alloc (json_set_alloc_funcs,
  * process-wide). A program that uses jansson itself with a non-default
