@@ -33,7 +33,8 @@ typedef enum fg_strategy_kind {
     FG_STRATEGY_DDP_FORK,   /* "ddp_fork": the same as ddp_spawn here (fork is how fulgur spawns) */
     FG_STRATEGY_DEEPSPEED_STAGE_1, /* "deepspeed_stage_1": ZeRO-1, optimizer state sharded */
     FG_STRATEGY_DEEPSPEED_STAGE_2, /* "deepspeed_stage_2": ZeRO-2, gradients reduce-scattered too */
-    FG_STRATEGY_FSDP, /* "fsdp": by fg_sharded_opts.sharding_strategy (SHARD_GRAD_OP, NO_SHARD) */
+    FG_STRATEGY_FSDP,  /* "fsdp": by fg_sharded_opts.sharding_strategy (SHARD_GRAD_OP, NO_SHARD) */
+    FG_STRATEGY_BAGUA, /* "bagua": Bagua's algorithms, by fg_ddp_opts.bagua (docs/bagua.md) */
     FG_STRATEGY_COUNT
 } fg_strategy_kind;
 
@@ -42,9 +43,10 @@ typedef enum fg_strategy_kind {
 FG_API const char *fg_strategy_kind_name(fg_strategy_kind k);
 
 /* True for the kinds that run one process per device and average the
- * gradients over ranks: ddp, ddp_spawn, ddp_fork, and the sharded kinds
- * (deepspeed_stage_1, deepspeed_stage_2, fsdp), which Lightning builds on
- * DDP as well and which the launch layer starts the way it starts ddp.
+ * gradients over ranks: ddp, ddp_spawn, ddp_fork, the sharded kinds
+ * (deepspeed_stage_1, deepspeed_stage_2, fsdp) and bagua, which Lightning
+ * builds on DDP as well and which the launch layer starts the way it starts
+ * ddp.
  * Thread-safe. */
 FG_API bool fg_strategy_kind_is_ddp(fg_strategy_kind k);
 
@@ -185,6 +187,81 @@ typedef fg_status (*fg_ddp_hook_fn)(void *state, const fg_ddp_bucket *b);
 FG_API fg_status fg_ddp_bucket_allreduce(const fg_ddp_bucket *b, float *buf, int64_t count,
                                          fg_reduce_op op);
 
+/* ------------------------------------------------------------ Bagua
+ *
+ * Lightning's BaguaStrategy(algorithm=..., **algorithm options): Bagua's
+ * algorithms over fulgur's communicators (docs/bagua.md has each one's
+ * update, its bytes and where fulgur departs from Bagua's code):
+ *   gradient_allreduce: gradients averaged bucket by bucket, as ddp (bitwise
+ *     ddp when flat); hierarchical: averaged inside each node onto its first
+ *     rank, averaged over those leaders, broadcast inside the node;
+ *   bytegrad: each bucket's average through 8-bit min-max quantised chunks
+ *     (a chunk: its min and max as f32, then one byte per element): every
+ *     rank quantises its bucket into one chunk per rank, the chunks are
+ *     exchanged (alltoall), each rank dequantises, sums and averages its
+ *     slice, quantises it again, and the slices are all-gathered and
+ *     dequantised;
+ *   decentralized: no gradient communication; at every
+ *     communication_interval-th step the weights the step's gradient was
+ *     computed at are replaced, before the optimizer step, by their average
+ *     with the peers' (peer_selection_mode all: every rank; shift_one: one
+ *     peer per step, paired as Bagua pairs them);
+ *   low_precision_decentralized: after the optimizer step each rank sends
+ *     8-bit compressed differences of its weights to its ring neighbours and
+ *     moves to (left + self + right) / 3 plus its own progress, tracking the
+ *     neighbours' weights from the differences (Tang et al. 2018, DCD-PSGD);
+ *   qadam: QAdam over the optimizer (AdamW): warmup_steps steps of plain
+ *     Adam on averaged gradients, then the variance frozen and each rank's
+ *     momentum (beta1 m + (1 - beta1) g) averaged as bytegrad averages;
+ *   async: warmup_steps steps of averaged gradients, then local steps while
+ *     a background thread, on a communicator of its own, averages the
+ *     weights about every sync_interval_ms (each rank adds the average of
+ *     the snapshots minus its own snapshot at its next step end). */
+typedef enum fg_bagua_algorithm {
+    FG_BAGUA_GRADIENT_ALLREDUCE = 0,      /* "gradient_allreduce" */
+    FG_BAGUA_BYTEGRAD,                    /* "bytegrad" */
+    FG_BAGUA_DECENTRALIZED,               /* "decentralized" */
+    FG_BAGUA_LOW_PRECISION_DECENTRALIZED, /* "low_precision_decentralized" */
+    FG_BAGUA_QADAM,                       /* "qadam" */
+    FG_BAGUA_ASYNC,                       /* "async" */
+    FG_BAGUA_ALGORITHM_COUNT
+} fg_bagua_algorithm;
+
+typedef enum fg_bagua_peer_selection {
+    FG_BAGUA_PEERS_ALL = 0,   /* "all": every rank's weights averaged */
+    FG_BAGUA_PEERS_SHIFT_ONE, /* "shift_one": one peer per communication (even world) */
+    FG_BAGUA_PEERS_COUNT
+} fg_bagua_peer_selection;
+
+/* Bagua's algorithm options, by their Bagua names. All-zero means
+ * gradient_allreduce with Bagua's defaults. */
+typedef struct fg_bagua_opts {
+    fg_bagua_algorithm algorithm;
+    /* 1 on, -1 off, 0 the default: off for gradient_allreduce (Bagua's), and
+     * for bytegrad, decentralized, low_precision_decentralized and qadam on
+     * when the job spans several nodes with several ranks on a node (Bagua
+     * turns it on always; with one node it would average everything inside
+     * the node in full precision and leave nothing to compress or to
+     * decentralise). async is never hierarchical. */
+    int hierarchical;
+    fg_bagua_peer_selection peer_selection_mode; /* decentralized */
+    int64_t communication_interval; /* the decentralized ones: steps per communication; 0 = 1 */
+    /* qadam: 0 = 100; async: 0 = 0; < 0 = none (qadam needs at least 1) */
+    int64_t warmup_steps;
+    int64_t sync_interval_ms; /* async: 0 = 500 */
+} fg_bagua_opts;
+
+/* "gradient_allreduce", "bytegrad", "decentralized",
+ * "low_precision_decentralized", "qadam", "async"; "?" if out of range.
+ * Thread-safe. */
+FG_API const char *fg_bagua_algorithm_name(fg_bagua_algorithm a);
+/* Parses one of those names (case-insensitive). FG_EINVAL naming the value
+ * and the valid names otherwise (NULL too); *out is set only on FG_OK. */
+FG_API fg_status fg_bagua_algorithm_parse(const char *name, fg_bagua_algorithm *out);
+/* "all" or "shift_one"; parse: FG_EINVAL naming the value otherwise. */
+FG_API const char *fg_bagua_peer_selection_name(fg_bagua_peer_selection p);
+FG_API fg_status fg_bagua_peer_selection_parse(const char *name, fg_bagua_peer_selection *out);
+
 /* DDP's options (PyTorch's DistributedDataParallel arguments). */
 typedef struct fg_ddp_opts {
     double bucket_cap_mb;        /* 0 = 25; the first bucket is 1 MiB, as PyTorch */
@@ -200,11 +277,14 @@ typedef struct fg_ddp_opts {
     fg_post_localsgd_opts post_localsgd; /* comm_hook post_localsgd */
     fg_ddp_hook_fn user_hook;            /* a user hook and its state (borrowed for the */
     void *user_state;                    /* strategy's life) */
+    fg_bagua_opts bagua;                 /* strategy bagua only (Lightning's BaguaStrategy is a
+                                            DDPStrategy); no hooks under it */
 } fg_ddp_opts;
 
 /* Checks ddp's options (o may be NULL): FG_EINVAL naming a hook or wrapper
  * out of range, both a built-in and a user hook, a negative rank, period,
- * compression rate or bucket size. The fabric checks its configuration with
+ * compression rate or bucket size, a Bagua algorithm, peer selection or
+ * hierarchical setting out of range, a negative interval. The fabric checks its configuration with
  * it. Thread-safe. */
 FG_API fg_status fg_strategy_check_ddp(const fg_ddp_opts *o);
 
@@ -352,9 +432,11 @@ FG_API fg_status fg_strategy_step(fg_strategy *s, fg_batch *b, fg_strategy_step_
                                   double *part_losses, int max_parts, int *nparts, double *loss);
 
 /* Bytes this rank handed to the communicator to synchronise gradients
- * (and, under post_localsgd, to average the parameters): counted at each
- * call, count x the dtype's size of what was reduced, not the traffic of
- * the algorithm underneath (a ring allreduce moves about twice that). */
+ * (and, under post_localsgd and Bagua's decentralized, qadam and async, the
+ * weights or momenta): counted at each call, count x the dtype's size of
+ * what was reduced or sent, not the traffic of the algorithm underneath (a
+ * ring allreduce moves about twice that); docs/bagua.md gives each Bagua
+ * algorithm's formula. */
 typedef struct fg_comm_bytes {
     int64_t steps;       /* backwards with sync so far */
     uint64_t total;      /* over all of them */

@@ -267,17 +267,18 @@ static const struct {
     {"deepspeed_stage_1", FG_STRATEGY_DEEPSPEED_STAGE_1},
     {"deepspeed_stage_2", FG_STRATEGY_DEEPSPEED_STAGE_2},
     {"deepspeed", FG_STRATEGY_DEEPSPEED_STAGE_2}, /* Lightning's DeepSpeedStrategy: stage 2 */
-    {"fsdp", FG_STRATEGY_FSDP}, /* the sharding strategy is an option (fg_sharded_opts) */
+    {"fsdp", FG_STRATEGY_FSDP},   /* the sharding strategy is an option (fg_sharded_opts) */
+    {"bagua", FG_STRATEGY_BAGUA}, /* the algorithm is an option (fg_ddp_opts.bagua) */
 };
 
 static const char *const k_valid =
-    "auto, single, dp, ddp, ddp_spawn, ddp_fork, deepspeed_stage_1, deepspeed_stage_2, fsdp";
+    "auto, single, dp, ddp, ddp_spawn, ddp_fork, deepspeed_stage_1, deepspeed_stage_2, fsdp, "
+    "bagua";
 
 /* Strategies of Lightning and DeepSpeed that fulgur plans but has not built yet. */
 static const char *const k_later[] = {"ddp2",
                                       "hybrid",
                                       "horovod",
-                                      "bagua",
                                       "fsdp_cpu_offload",
                                       "fsdp_full_shard",
                                       "fsdp_hybrid_shard",

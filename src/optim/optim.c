@@ -110,7 +110,9 @@ void fg__optimizer_set_hook(fg_optimizer *o, const fg_optim_hook *h) {
 
 fg_status fg_optimizer_step(fg_optimizer *o) {
     if (!o) return fg_error(FG_EINVAL, "optimizer step: NULL optimizer");
-    FG_TRY(fg__optimizer_step_range(o, o->state_begin, o->state_end, NULL, NULL));
+    bool skip = false;
+    if (o->hook.pre_step) FG_TRY(o->hook.pre_step(o->hook.ud, o, &skip));
+    if (!skip) FG_TRY(fg__optimizer_step_range(o, o->state_begin, o->state_end, NULL, NULL));
     fg__optimizer_advance(o);
     return o->hook.post_step ? o->hook.post_step(o->hook.ud, o) : FG_OK;
 }

@@ -20,6 +20,10 @@
  * there); detach runs in fg_optimizer_free, so that the strategy forgets an
  * optimizer freed before it. */
 typedef struct fg_optim_hook {
+    /* Before the update (may be NULL): setting *skip makes the hook's own
+     * update replace the optimizer's (QAdam after its warm-up); the step
+     * count still advances and post_step still runs. */
+    fg_status (*pre_step)(void *ud, fg_optimizer *opt, bool *skip);
     fg_status (*post_step)(void *ud, fg_optimizer *opt);
     void (*detach)(void *ud);
     void *ud;

@@ -59,7 +59,8 @@ static void detach(void *ud) {
 static fg_status attach(fg_strategy *s, void *state) {
     localsgd *l = state;
     l->opt = s->opt;
-    fg__optimizer_set_hook(l->opt, &(fg_optim_hook){average, detach, l});
+    fg__optimizer_set_hook(l->opt,
+                           &(fg_optim_hook){.post_step = average, .detach = detach, .ud = l});
     return FG_OK;
 }
 

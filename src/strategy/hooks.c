@@ -82,7 +82,7 @@ fg_status fg_strategy_check_ddp(const fg_ddp_opts *o) {
                         p->orthogonalization_epsilon,
                         (long long)o->post_localsgd.start_localSGD_iter,
                         (long long)o->post_localsgd.period);
-    return FG_OK;
+    return fg__bagua_check(&o->bagua);
 }
 
 fg_status fg__ddp_hooks_setup(fg_strategy *s, const fg_ddp_opts *o, fg_ddp_reducer_opts *ro) {

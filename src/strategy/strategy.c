@@ -1,10 +1,9 @@
 /* The strategies behind one object: single (plain backward), ddp (bucketed,
  * overlapped gradient averaging: ddp_reducer.c), dp (thread replicas:
- * dp.c) and ZeRO stages 1 and 2 (sharded optimizer state and gradients:
- * zero.c). The model's parameters and gradients live in its flat buffers,
- * so every strategy works on plain slices of them. A kind resolves to a
- * mode once at fg_strategy_new (fsdp by its sharding strategy); everything
- * after dispatches on the mode. */
+ * dp.c), ZeRO stages 1 and 2 (sharded optimizer state and gradients:
+ * zero.c) and Bagua's algorithms (bagua*.c). The model's parameters and gradients live in its flat
+ * buffers, so every strategy works on plain slices of them. A kind resolves to a mode once at
+ * fg_strategy_new (fsdp by its sharding strategy); everything after dispatches on the mode. */
 #include <math.h>
 #include <string.h>
 #include <strings.h>
@@ -23,7 +22,8 @@ const char *fg_strategy_kind_name(fg_strategy_kind k) {
         [FG_STRATEGY_DDP_FORK] = "ddp_fork",
         [FG_STRATEGY_DEEPSPEED_STAGE_1] = "deepspeed_stage_1",
         [FG_STRATEGY_DEEPSPEED_STAGE_2] = "deepspeed_stage_2",
-        [FG_STRATEGY_FSDP] = "fsdp"};
+        [FG_STRATEGY_FSDP] = "fsdp",
+        [FG_STRATEGY_BAGUA] = "bagua"};
     return (int)k >= 0 && k < FG_STRATEGY_COUNT ? names[k] : "?";
 }
 
@@ -34,7 +34,7 @@ bool fg_strategy_kind_is_sharded(fg_strategy_kind k) {
 
 bool fg_strategy_kind_is_ddp(fg_strategy_kind k) {
     return k == FG_STRATEGY_DDP || k == FG_STRATEGY_DDP_SPAWN || k == FG_STRATEGY_DDP_FORK ||
-           fg_strategy_kind_is_sharded(k);
+           k == FG_STRATEGY_BAGUA || fg_strategy_kind_is_sharded(k);
 }
 
 static const char *const k_sharding_names[FG_SHARDING_COUNT] = {
@@ -110,6 +110,7 @@ fg_status fg_strategy_shard_range(const fg_strategy *s, int rank, int64_t *begin
 
 void fg_strategy_free(fg_strategy *s) {
     if (!s) return;
+    fg__bagua_free(s); /* first: its background thread, its hook on the optimizer */
     fg__ddp_hooks_free(s);
     fg_ddp_reducer_free(s->reducer);
     fg__zero_free(s);
@@ -166,7 +167,8 @@ static fg_status setup_ddp(fg_strategy *s, const fg_ddp_opts *o) {
 fg_status fg_strategy_comm_bytes(const fg_strategy *s, fg_comm_bytes *out) {
     if (!s || !out) return fg_error(FG_EINVAL, "strategy_comm_bytes: NULL argument");
     *out = (fg_comm_bytes){0};
-    if (s->reducer) fg_ddp_reducer_bytes(s->reducer, out);
+    if (s->bagua) fg__bagua_bytes(s, out);
+    else if (s->reducer) fg_ddp_reducer_bytes(s->reducer, out);
     return FG_OK;
 }
 
@@ -179,6 +181,7 @@ static fg_strategy_mode mode_of(fg_strategy_kind kind, const fg_sharded_opts *o)
     case FG_STRATEGY_DEEPSPEED_STAGE_2: return FG_MODE_ZERO2;
     case FG_STRATEGY_FSDP:
         return o && o->sharding_strategy == FG_SHARDING_NO_SHARD ? FG_MODE_DDP : FG_MODE_ZERO2;
+    case FG_STRATEGY_BAGUA: return FG_MODE_BAGUA;
     default: return FG_MODE_DDP;
     }
 }
@@ -211,6 +214,7 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
     fg_status st = FG_OK;
     switch (s->mode) {
     case FG_MODE_DDP: st = setup_ddp(s, ddp); break;
+    case FG_MODE_BAGUA: st = fg__bagua_setup(s, ddp); break;
     case FG_MODE_DP: st = fg__dp_setup(s, dp_threads > 0 ? dp_threads : 2); break;
     case FG_MODE_ZERO1:
     case FG_MODE_ZERO2: st = fg__zero_setup(s, sharded); break;
@@ -224,6 +228,7 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
 }
 
 fg_status fg_strategy_backward(fg_strategy *s, fg_tensor *loss) {
+    if (s->bagua) return fg__bagua_backward(s, loss);
     if (s->reducer) return fg_ddp_reducer_backward(s->reducer, loss, s->sync);
     return fg_backward(loss);
 }

@@ -7,6 +7,7 @@
 
 typedef struct fg_dp_state fg_dp_state;
 typedef struct fg_zero_state fg_zero_state;
+typedef struct fg_bagua_state fg_bagua_state;
 
 /* What a strategy does once its kind and options are resolved: fsdp with
  * NO_SHARD runs as ddp, with SHARD_GRAD_OP as ZeRO-2, and the ddp and
@@ -16,7 +17,8 @@ typedef enum fg_strategy_mode {
     FG_MODE_DP,
     FG_MODE_DDP,
     FG_MODE_ZERO1,
-    FG_MODE_ZERO2
+    FG_MODE_ZERO2,
+    FG_MODE_BAGUA
 } fg_strategy_mode;
 
 struct fg_strategy {
@@ -29,6 +31,7 @@ struct fg_strategy {
     fg_ddp_reducer *reducer;           /* ddp, zero */
     fg_dp_state *dp;                   /* dp */
     fg_zero_state *zero;               /* zero */
+    fg_bagua_state *bagua;             /* bagua (bagua_impl.h) */
     const struct fg_ddp_hook_vt *hook; /* ddp with a built-in comm hook */
     void *hook_state;
 };
@@ -52,5 +55,13 @@ void fg__zero_range(const fg_strategy *s, int rank, int64_t *begin, int64_t *end
 /* The shards of numel elements of es bytes over world ranks (bounds:
  * world + 1 entries): whole 64-byte lines each, as even as that allows. */
 void fg__zero_cut(int64_t numel, int world, size_t es, int64_t *bounds);
+
+/* bagua.c: Bagua's options (fg_strategy_check_ddp); setup, backward,
+ * bytes and free of strategy bagua */
+fg_status fg__bagua_check(const fg_bagua_opts *o);
+fg_status fg__bagua_setup(fg_strategy *s, const fg_ddp_opts *o);
+void fg__bagua_free(fg_strategy *s);
+fg_status fg__bagua_backward(fg_strategy *s, fg_tensor *loss);
+void fg__bagua_bytes(const fg_strategy *s, fg_comm_bytes *out);
 
 #endif

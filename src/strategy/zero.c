@@ -117,7 +117,8 @@ fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o) {
     /* last: a failure before leaves the optimizer as it was */
     FG_TRY(fg__optimizer_shard_state(s->opt, z->bounds[z->rank], z->bounds[z->rank + 1]));
     z->opt = s->opt;
-    fg__optimizer_set_hook(z->opt, &(fg_optim_hook){gather_params, detach, s});
+    fg__optimizer_set_hook(z->opt,
+                           &(fg_optim_hook){.post_step = gather_params, .detach = detach, .ud = s});
     return FG_OK;
 }
 

@@ -196,7 +196,8 @@ TEST(strategy_names) {
               {"deepspeed_stage_1", FG_STRATEGY_DEEPSPEED_STAGE_1},
               {"deepspeed_stage_2", FG_STRATEGY_DEEPSPEED_STAGE_2},
               {"DeepSpeed", FG_STRATEGY_DEEPSPEED_STAGE_2},
-              {"fsdp", FG_STRATEGY_FSDP}};
+              {"fsdp", FG_STRATEGY_FSDP},
+              {"bagua", FG_STRATEGY_BAGUA}};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         CHECK_OK(fg_launch_parse_strategy(ok[i].name, 1, 1, &s));
         CHECK_MSG(s == ok[i].want, "%s -> %d", ok[i].name, (int)s);
@@ -223,7 +224,6 @@ TEST(strategy_errors) {
     CHECK_CONTAINS(fg_last_error(), "num_nodes=2");
     static const char *const later[] = {"ddp2",
                                         "horovod",
-                                        "bagua",
                                         "fsdp_cpu_offload",
                                         "fsdp_full_shard",
                                         "deepspeed_stage_2_offload",

@@ -43,6 +43,9 @@ typedef struct fit_opts {
     const char *comm_hook, *comm_wrapper; /* as given; parsed into `ddp` */
     int64_t powersgd_rank, start_powersgd_iter, start_localsgd_iter, localsgd_period;
     fg_ddp_opts ddp;
+    /* strategy bagua (Lightning's BaguaStrategy): parsed into ddp.bagua by fit_bagua.c */
+    const char *bagua_algorithm, *hierarchical, *peer_selection_mode;
+    int64_t communication_interval, bagua_warmup_steps, sync_interval_ms;
     /* loop */
     int64_t max_epochs, max_steps, batch_size, accumulate, num_workers;
     double clip, lr, min_lr_ratio, weight_decay, momentum;
@@ -72,6 +75,12 @@ typedef struct fit_opts {
  * (values, files). Returns 0, -1 after --help or --print-config (exit 0),
  * or FG_EXIT_USAGE after printing the error. */
 int fit_args_parse(fit_opts *o, int argc, char **argv);
+
+/* The Bagua flags (fit_bagua.c): parsed into o->ddp.bagua, and refused
+ * without --strategy bagua or with an algorithm they do not belong to.
+ * Returns 0 or FG_EXIT_USAGE after printing why. */
+struct cli_flag;
+int fit_bagua_args(fit_opts *o, struct cli_flag *flags, int n);
 
 /* The checkpoint folder exists (made if need be) and takes a file: found
  * before training, not at the first save after the steps are spent. Called

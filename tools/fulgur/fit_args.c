@@ -22,6 +22,15 @@ static const char *const k_progress[] = {"auto", "bar", "lines", "none", NULL};
 static const char *const k_hooks[] = {"none",     "fp16_compress", "bf16_compress",
                                       "powersgd", "post_localsgd", NULL};
 static const char *const k_wrappers[] = {"none", "fp16", "bf16", NULL};
+static const char *const k_bagua[] = {"gradient_allreduce",
+                                      "bytegrad",
+                                      "decentralized",
+                                      "low_precision_decentralized",
+                                      "qadam",
+                                      "async",
+                                      NULL};
+static const char *const k_hier[] = {"auto", "true", "false", NULL};
+static const char *const k_peer[] = {"all", "shift_one", NULL};
 static const char *const k_nonfinite[] = {"stop", "skip", NULL};
 static const char *const k_state_dict[] = {"full", "sharded", NULL};
 
@@ -69,7 +78,7 @@ static int build_flags(fit_opts *o, cli_flag *t) {
               "ids \"0,2\" / \"[0, 2]\"");
     F(.name = "strategy", .type = CLI_STR, .dst = &o->strategy, .def = "auto",
       .help = "auto, single, dp, ddp, ddp_spawn, ddp_fork, deepspeed_stage_1, deepspeed_stage_2, "
-              "fsdp (with --sharding-strategy)");
+              "fsdp (with --sharding-strategy), bagua (with --bagua-algorithm)");
     F(.name = "sharding-strategy", .type = CLI_STR, .dst = &o->sharding_strategy,
       .help = "fsdp: SHARD_GRAD_OP (= deepspeed_stage_2) or NO_SHARD (= ddp); FULL_SHARD "
               "(fsdp's default) and HYBRID_SHARD not built yet");
@@ -101,6 +110,21 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .help = "post_localsgd: steps of plain ddp before local SGD starts");
     F(.name = "localsgd-period", .type = CLI_INT, .dst = &o->localsgd_period, .def = "4", .min = 1,
       .max = INT64_MAX / 2, .help = "post_localsgd: average the weights over ranks every N steps");
+    F(.name = "bagua-algorithm", .type = CLI_STR, .dst = &o->bagua_algorithm,
+      .def = "gradient_allreduce", .choices = k_bagua,
+      .help = "bagua: the algorithm (docs/bagua.md)");
+    F(.name = "hierarchical", .type = CLI_STR, .dst = &o->hierarchical, .def = "auto",
+      .choices = k_hier, .help = "bagua: inside each node, then across (auto: the algorithm's)");
+    F(.name = "peer-selection-mode", .type = CLI_STR, .dst = &o->peer_selection_mode, .def = "all",
+      .choices = k_peer, .help = "bagua decentralized: all or shift_one");
+    F(.name = "communication-interval", .type = CLI_INT, .dst = &o->communication_interval,
+      .def = "1", .min = 1, .max = INT64_MAX / 2,
+      .help = "bagua decentralized ones: steps per weight exchange");
+    F(.name = "bagua-warmup-steps", .type = CLI_INT, .dst = &o->bagua_warmup_steps, .def = "-1",
+      .min = -1, .max = INT64_MAX / 2,
+      .help = "bagua qadam / async: Bagua's warmup_steps (-1: 100 for qadam, 0 for async)");
+    F(.name = "sync-interval-ms", .type = CLI_INT, .dst = &o->sync_interval_ms, .def = "500",
+      .min = 1, .max = INT64_MAX / 2, .help = "bagua async: milliseconds between averagings");
     F(.name = "precision", .type = CLI_STR, .dst = &o->precision, .def = "32-true",
       .help = "32-true (32), 64-true (64); 16-mixed, bf16-mixed, 16-true, bf16-true not built yet");
     F(.name = "num-nodes", .type = CLI_INT, .dst = &o->num_nodes, .def = "0", .min = 0,
@@ -330,6 +354,7 @@ int fit_args_parse(fit_opts *o, int argc, char **argv) {
     }
     if ((rc = sharded_args(o, flags, n))) return rc;
     if ((rc = hook_args(o, flags, n))) return rc;
+    if ((rc = fit_bagua_args(o, flags, n))) return rc;
     o->kind = !strcmp(o->model, "mlp") ? FIT_MLP : FIT_GPT;
     o->on_nonfinite_skip = !strcmp(o->on_nonfinite, "skip");
     if (!o->data) {
