@@ -126,14 +126,15 @@ fg_status fg__bagua_centralized(fg_bagua_state *st, float *buf, int64_t n, fg_ba
 
 /* The node groups: ranks with the same node id (the machine's, or
  * fg__bagua_node_size consecutive ranks in tests) inside, their first
- * ranks across. */
-static fg_status make_groups(fg_bagua_state *st, int *nodes, int *local) {
+ * ranks across. *nodes and *world_out: the node count and the world size,
+ * the same on every rank (a node holds several ranks when world > nodes). */
+static fg_status make_groups(fg_bagua_state *st, int *nodes, int *world_out) {
     fg_comm *c = st->s->comm;
     int rank = fg_comm_rank(c), world = fg_comm_size(c);
     int node = fg__bagua_node_size > 0 ? rank / fg__bagua_node_size : fg_comm_node_rank(c);
     *nodes = fg__bagua_node_size > 0 ? (world + fg__bagua_node_size - 1) / fg__bagua_node_size
                                      : fg_comm_num_nodes(c);
-    *local = fg__bagua_node_size > 0 ? FG_MIN(fg__bagua_node_size, world) : fg_comm_local_size(c);
+    *world_out = world;
     if (!st->hier) return FG_OK;
     FG_TRY(fg_comm_split(c, node, rank, &st->intra));
     bool leader = fg_comm_rank(st->intra) == 0;
@@ -151,7 +152,8 @@ static fg_status bucket_hook(void *state, const fg_ddp_bucket *b) {
     case FG_BAGUA_QADAM: return fg__qadam_bucket(st, b);
     case FG_BAGUA_ASYNC:
         /* warm-up: plain ddp; then the gradients stay local */
-        if (b->iter < st->o.warmup_steps)
+        if (!st->opt) return fg_error(FG_ESTATE, "bagua async: its optimizer was freed");
+        if (fg_optimizer_step_count(st->opt) < st->o.warmup_steps)
             return fg_ddp_bucket_allreduce(b, b->grad, b->numel, FG_AVG);
         return FG_OK;
     default:
@@ -191,12 +193,12 @@ static fg_status hook_optimizer(fg_bagua_state *st) {
 
 /* ---------------------------------------------------------------- setup */
 
-static bool default_hier(fg_bagua_algorithm a, int nodes, int local) {
+static bool default_hier(fg_bagua_algorithm a, int nodes, int world) {
     switch (a) {
     case FG_BAGUA_BYTEGRAD:
     case FG_BAGUA_DECENTRALIZED:
     case FG_BAGUA_LOW_PRECISION_DECENTRALIZED:
-    case FG_BAGUA_QADAM: return nodes > 1 && local > 1;
+    case FG_BAGUA_QADAM: return nodes > 1 && world > nodes;
     default: return false;
     }
 }
@@ -232,12 +234,12 @@ fg_status fg__bagua_setup(fg_strategy *s, const fg_ddp_opts *o) {
     if (st->o.warmup_steps < 0) st->o.warmup_steps = 0;
     st->bytes.dense_step = (uint64_t)st->n * fg_dtype_size(st->dt);
     FG_TRY(fg__strategy_broadcast_params(s));
-    int nodes = 1, local = 1;
+    int nodes = 1, world = 1;          /* the same on every rank, so is the default below */
     st->hier = st->o.hierarchical > 0; /* groups first, to know the default */
-    FG_TRY(make_groups(st, &nodes, &local));
-    if (st->o.hierarchical == 0 && default_hier(a, nodes, local)) {
+    FG_TRY(make_groups(st, &nodes, &world));
+    if (st->o.hierarchical == 0 && default_hier(a, nodes, world)) {
         st->hier = true;
-        FG_TRY(make_groups(st, &nodes, &local));
+        FG_TRY(make_groups(st, &nodes, &world));
     }
     fg_ddp_reducer_opts ro = {.bucket_cap_mb = d.bucket_cap_mb,
                               .find_unused_parameters = d.find_unused_parameters,
@@ -288,7 +290,19 @@ fg_status fg__bagua_backward(fg_strategy *s, fg_tensor *loss) {
     fg_status rc;
     switch (st->o.algorithm) {
     case FG_BAGUA_DECENTRALIZED: rc = fg__decent_backward(st, loss); break;
-    case FG_BAGUA_LOW_PRECISION_DECENTRALIZED: rc = fg_backward(loss); break;
+    case FG_BAGUA_LOW_PRECISION_DECENTRALIZED:
+        /* the neighbours' copies start from the weights of the first step
+         * (rank 0's on every rank: the start, or a loaded checkpoint) */
+        if (!st->lpd_started) {
+            size_t bytes = sizeof(float) * (size_t)st->n;
+            const float *x = fg_tensor_data(fg_module_flat_params(s->model));
+            memcpy(st->w, x, bytes);
+            memcpy(st->left, x, bytes);
+            memcpy(st->right, x, bytes);
+            st->lpd_started = true;
+        }
+        rc = fg_backward(loss);
+        break;
     default: {
         fg_comm_bytes before, after;
         fg_ddp_reducer_bytes(s->reducer, &before);

@@ -141,7 +141,7 @@ void fg__async_free(fg_bagua_state *st) {
 
 fg_status fg__async_after_step(fg_bagua_state *st) {
     fg_bagua_async *a = st->async;
-    if (st->steps <= st->o.warmup_steps) return FG_OK;
+    if (fg_optimizer_step_count(st->opt) <= st->o.warmup_steps) return FG_OK;
     float *x = fg_tensor_data(fg_module_flat_params(st->s->model));
     size_t bytes = sizeof(float) * (size_t)st->n;
     pthread_mutex_lock(&a->mu);

@@ -35,6 +35,7 @@ struct fg_bagua_state {
     float *peer; /* decentralized: the peers' average of the weights (n) */
     fg_comm_req *req;
     float *w, *left, *right; /* low_precision_decentralized: own, left and right weights (n) */
+    bool lpd_started;        /* w, left, right set from the first backward's weights */
     float *diff;             /* low_precision_decentralized: scratch (n) */
     fg_optimizer *opt;       /* hooked (qadam, low_precision_decentralized, async) */
     fg_bagua_async *async;

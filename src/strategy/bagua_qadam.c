@@ -10,6 +10,9 @@
  * AdamW's: Bagua's QAdamOptimizer takes a weight_decay it never applies,
  * so weight_decay 0 gives Bagua's update).
  *
+ * The phase follows the optimizer's step count (restored from a
+ * checkpoint), so a resumed run goes on where it stopped.
+ *
  * Departure from Bagua's code: its optimizer updates the moments on steps
  * 1 .. warmup_steps - 1 only, so the gradient averaged in backward
  * warmup_steps is never used; here steps 1 .. warmup_steps are plain Adam,
@@ -35,8 +38,8 @@ fg_status fg__qadam_setup(fg_bagua_state *st) {
 }
 
 fg_status fg__qadam_bucket(fg_bagua_state *st, const fg_ddp_bucket *b) {
-    if (b->iter < st->o.warmup_steps) return fg_ddp_bucket_allreduce(b, b->grad, b->numel, FG_AVG);
     fg_optimizer *o = st->s->opt;
+    if (o->steps < st->o.warmup_steps) return fg_ddp_bucket_allreduce(b, b->grad, b->numel, FG_AVG);
     float *m = (float *)fg_tensor_data(o->state[0]) + b->offset;
     const float b1 = (float)o->o.adamw.beta1, c1 = (float)(1 - o->o.adamw.beta1);
     for (int64_t i = 0; i < b->numel; i++) m[i] = m[i] * b1 + c1 * b->grad[i];
@@ -45,7 +48,7 @@ fg_status fg__qadam_bucket(fg_bagua_state *st, const fg_ddp_bucket *b) {
 
 fg_status fg__qadam_pre_step(void *ud, fg_optimizer *o, bool *skip) {
     fg_bagua_state *st = ud;
-    if (st->steps <= st->o.warmup_steps) return FG_OK; /* AdamW's own step */
+    if (o->steps < st->o.warmup_steps) return FG_OK; /* AdamW's own step */
     *skip = true;
     const fg_adamw_opts *ao = &o->o.adamw;
     double t = (double)(o->steps + 1);
