@@ -1,22 +1,28 @@
-/* qadam: Bagua's QAdam (QAdamAlgorithm with QAdamOptimizer) over fulgur's
- * AdamW. The first warmup_steps synchronising backwards average the
- * gradients (as ddp) and the optimizer steps after them are AdamW's own.
- * From then on each bucket's momentum is updated from this rank's gradient,
- * m = beta1 m + (1 - beta1) g, and averaged over the ranks through 8-bit
- * chunks (bytegrad's scatter-gather, hierarchical or flat); the optimizer
- * step keeps the variance v of the last warm-up step and applies
- * p = p (1 - lr wd) - lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps), the
+/* qadam: Bagua's QAdam (QAdamAlgorithm with QAdamOptimizer; Tang et al.
+ * 2020, APMSqueeze) over fulgur's AdamW. The first warmup_steps
+ * synchronising backwards average the gradients (as ddp) and the optimizer
+ * steps after them are AdamW's own. From then on the gradients stay local;
+ * at each optimizer step the momentum is updated from this rank's
+ * gradient, m = beta1 m + (1 - beta1) g, averaged over the ranks through
+ * 8-bit chunks bucket by bucket (bytegrad's scatter-gather, hierarchical or
+ * flat), and the step keeps the variance v of the last warm-up step W:
+ * p = p (1 - lr wd) - lr / bc1(t) * m / (sqrt(v) / sqrt(bc2(W)) + eps), the
  * AdamW update without its moment updates (the decoupled weight decay is
- * AdamW's: Bagua's QAdamOptimizer takes a weight_decay it never applies,
- * so weight_decay 0 gives Bagua's update).
+ * AdamW's: Bagua's QAdamOptimizer takes a weight_decay it never applies, so
+ * weight_decay 0 gives Bagua's update). The phase follows the optimizer's
+ * step count (restored from a checkpoint).
  *
- * The phase follows the optimizer's step count (restored from a
- * checkpoint), so a resumed run goes on where it stopped.
- *
- * Departure from Bagua's code: its optimizer updates the moments on steps
+ * Departures from Bagua's code, each to the paper's algorithm or to
+ * Lightning's loop: its optimizer updates the moments on steps
  * 1 .. warmup_steps - 1 only, so the gradient averaged in backward
- * warmup_steps is never used; here steps 1 .. warmup_steps are plain Adam,
- * as the paper's warm-up. */
+ * warmup_steps is never used (here steps 1 .. warmup_steps are plain Adam);
+ * it corrects the frozen variance by 1 - beta2^t of the current step t,
+ * which grows while v stays, so its steps grow up to 1 / sqrt(1 - beta2^W)
+ * times Adam's (3.2x for W = 100; here the variance as it froze,
+ * bias-corrected at W); and it updates the momentum in backward, before
+ * gradient clipping and loss unscaling, which would then apply to the
+ * warm-up's moments and not to the later ones (here at the step, from the
+ * gradient as clipped and unscaled). */
 #include <math.h>
 #include <string.h>
 
@@ -38,12 +44,9 @@ fg_status fg__qadam_setup(fg_bagua_state *st) {
 }
 
 fg_status fg__qadam_bucket(fg_bagua_state *st, const fg_ddp_bucket *b) {
-    fg_optimizer *o = st->s->opt;
-    if (o->steps < st->o.warmup_steps) return fg_ddp_bucket_allreduce(b, b->grad, b->numel, FG_AVG);
-    float *m = (float *)fg_tensor_data(o->state[0]) + b->offset;
-    const float b1 = (float)o->o.adamw.beta1, c1 = (float)(1 - o->o.adamw.beta1);
-    for (int64_t i = 0; i < b->numel; i++) m[i] = m[i] * b1 + c1 * b->grad[i];
-    return fg__bagua_centralized(st, m, b->numel, fg__q8_average);
+    if (st->s->opt->steps < st->o.warmup_steps)
+        return fg_ddp_bucket_allreduce(b, b->grad, b->numel, FG_AVG);
+    return FG_OK; /* the gradient stays local: the momentum travels at the step */
 }
 
 fg_status fg__qadam_pre_step(void *ud, fg_optimizer *o, bool *skip) {
@@ -51,11 +54,26 @@ fg_status fg__qadam_pre_step(void *ud, fg_optimizer *o, bool *skip) {
     if (o->steps < st->o.warmup_steps) return FG_OK; /* AdamW's own step */
     *skip = true;
     const fg_adamw_opts *ao = &o->o.adamw;
-    double t = (double)(o->steps + 1);
-    double bc1 = 1 - pow(ao->beta1, t), bc2 = 1 - pow(ao->beta2, t);
+    float *p = o->param, *m = fg_tensor_data(o->state[0]);
+    const float *g = o->grad, *v = fg_tensor_data(o->state[1]);
+    const float b1 = (float)ao->beta1, c1 = (float)(1 - ao->beta1);
+    for (int64_t i = 0; i < st->n; i++) m[i] = m[i] * b1 + c1 * g[i];
+    /* bucket by bucket, as ddp's buckets (the same on every rank) */
+    int nb = fg_ddp_reducer_num_buckets(st->s->reducer);
+    for (int k = 0; k < nb; k++) {
+        int64_t lo, hi;
+        fg_ddp_reducer_bucket_range(st->s->reducer, k, &lo, &hi);
+        fg_status rc = fg__bagua_centralized(st, m + lo, hi - lo, fg__q8_average);
+        if (rc != FG_OK)
+            return fg_error_wrap(rc,
+                                 "bagua qadam: averaging the momentum of bucket %d at step %lld", k,
+                                 (long long)o->steps + 1);
+    }
+    /* the momentum's bias correction of this step; the variance's of the
+     * step it froze at */
+    double t = (double)(o->steps + 1), t2 = (double)st->o.warmup_steps;
+    double bc1 = 1 - pow(ao->beta1, t), bc2 = 1 - pow(ao->beta2, t2);
     const float step = (float)(o->lr / bc1), rb = (float)sqrt(bc2), eps = (float)ao->eps;
-    float *p = o->param;
-    const float *m = fg_tensor_data(o->state[0]), *v = fg_tensor_data(o->state[1]);
     for (int64_t k = 0; k < o->nseg; k++) {
         const float decay = (float)(1 - o->lr * o->seg_wd[k]);
         for (int64_t i = o->seg_begin[k]; i < o->seg_begin[k + 1]; i++)
