@@ -53,7 +53,8 @@ typedef struct fg_fabric_config {
                                 device is a rank on CPU */
     const char *strategy;    /* NULL = "auto" (single for one device, else ddp), "single",
                                 "dp", "ddp", "ddp_spawn", "ddp_fork", "deepspeed_stage_1",
-                                "deepspeed_stage_2", "fsdp" (fg_launch_parse_strategy) */
+                                "deepspeed_stage_2", "fsdp", "bagua" (its algorithm in
+                                ddp.bagua) (fg_launch_parse_strategy) */
     const char *precision;   /* NULL = "32-true" ("32"), "64-true" ("64"), "bf16-mixed"
                                 ("bf16"), "16-mixed" ("16"): precision.h's table;
                                 "bf16-true" and "16-true" are FG_EUNSUPPORTED
