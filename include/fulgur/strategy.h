@@ -7,7 +7,8 @@
  * gradients reduce-scattered after backward, each rank updates its shard,
  * parameters all-gathered after the step), deepspeed_stage_2 (the same with
  * the reduce-scatter bucket by bucket while backward runs), and fsdp with a
- * sharding strategy (SHARD_GRAD_OP = stage 2, NO_SHARD = ddp). ddp_spawn
+ * sharding strategy (SHARD_GRAD_OP = stage 2, NO_SHARD = ddp), and bagua
+ * (Bagua's six communication algorithms, by fg_ddp_opts.bagua). ddp_spawn
  * and ddp_fork are ddp with another launcher (launch.h). Most programs use
  * these through fabric.h.
  *
@@ -371,7 +372,8 @@ FG_API fg_status fg_strategy_memory_of(fg_strategy_kind kind, const fg_sharded_o
 typedef struct fg_strategy fg_strategy;
 
 /* A strategy for `model` (and `opt`, may be NULL except under the sharded
- * kinds), both borrowed for the strategy's life. The ddp kinds (ddp,
+ * kinds, post_localsgd and bagua's low_precision_decentralized, qadam
+ * (AdamW) and async), both borrowed for the strategy's life. The ddp kinds (ddp,
  * ddp_spawn, ddp_fork: the same once the ranks exist) and the sharded kinds
  * need comm (borrowed); single and dp ignore it. ddp (may be NULL) holds
  * ddp's options, also those of fsdp with NO_SHARD; sharded (may be NULL) the
