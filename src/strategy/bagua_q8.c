@@ -3,7 +3,9 @@
  * [len bytes]; element i is q = round((x - min) * 255 / (max - min)) and
  * comes back as min + q * ((max - min) / 255), within (max - min) / 510 of
  * x. Decompression is a pure function of the record, so every rank that
- * holds a record gets the same floats from it. */
+ * holds a record gets the same floats from it. A chunk holding a NaN or an
+ * infinity (or whose range overflows) comes back all NaN, so that a
+ * non-finite gradient is not quantised away unseen. */
 #include <math.h>
 #include <string.h>
 
@@ -11,18 +13,21 @@
 
 void fg__q8_compress(const float *x, int64_t m, int64_t len, uint8_t *rec) {
     float lo = 0, hi = 0;
+    bool finite = true;
     if (m > 0) lo = hi = x[0];
-    for (int64_t i = 1; i < m; i++) {
+    for (int64_t i = 0; i < m; i++) {
         lo = fminf(lo, x[i]);
         hi = fmaxf(hi, x[i]);
+        finite &= isfinite(x[i]) != 0;
     }
+    if (!finite || !isfinite(hi - lo)) lo = hi = NAN; /* the whole chunk comes back NaN */
     memcpy(rec, &lo, 4);
     memcpy(rec + 4, &hi, 4);
     uint8_t *q = rec + FG_Q8_HEADER;
     float scale = hi > lo ? 255.0f / (hi - lo) : 0.0f;
     for (int64_t i = 0; i < m; i++) {
         float l = rintf((x[i] - lo) * scale);
-        q[i] = (uint8_t)(l < 0 ? 0 : l > 255 ? 255 : l);
+        q[i] = l >= 0 && l <= 255 ? (uint8_t)l : l > 255 ? 255 : 0;
     }
     memset(q + m, 0, (size_t)(len - m));
 }

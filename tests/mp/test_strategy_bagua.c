@@ -12,7 +12,9 @@
  * 8-bit bound of the exact update; qadam is AdamW on ddp bitwise during
  * warm-up, then freezes the variance and keeps the momentum equal on every
  * rank; async is ddp bitwise during warm-up and then leaves every rank with
- * the average of the ranks' weights (learning rate 0). */
+ * the average of the ranks' weights (learning rate 0). The 8-bit chunks
+ * round-trip within half a step, exactly for a constant chunk, and a NaN or
+ * infinity turns its whole chunk into NaN. */
 #include <math.h>
 #include <stdio.h>
 #include <sys/mman.h>
@@ -533,6 +535,33 @@ TEST(async_warmup_is_ddp_then_weights_are_averaged) {
         CHECK_MSG(bad == 0, "%d ranks: %d weights are not the average", w, bad);
         drop(sh);
     }
+}
+
+TEST(q8_chunks_round_trip_within_half_a_step) {
+    enum { N = 1000 };
+    float x[N], y[N];
+    uint8_t rec[FG_Q8_HEADER + N + 8];
+    fg_rng_fill_normal(3, 0, x, N, 0.5, 2);
+    fg__q8_compress(x, N, N + 8, rec);
+    fg__q8_decompress(rec, N, y);
+    float lo = x[0], hi = x[0];
+    for (int i = 0; i < N; i++) lo = fminf(lo, x[i]), hi = fmaxf(hi, x[i]);
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += fabs((double)y[i] - x[i]) > (hi - lo) / 510.0 * 1.0001;
+    CHECK_MSG(bad == 0, "%d elements beyond (max - min) / 510", bad);
+    CHECK(y[0] != x[0] || y[1] != x[1]);      /* quantised, not copied */
+    for (int i = 0; i < N; i++) x[i] = 0.25f; /* a constant chunk comes back exactly */
+    fg__q8_compress(x, N, N, rec);
+    fg__q8_decompress(rec, N, y);
+    CHECK(!memcmp(x, y, sizeof x));
+    x[17] = NAN; /* a non-finite element poisons its chunk instead of vanishing */
+    fg__q8_compress(x, N, N, rec);
+    fg__q8_decompress(rec, N, y);
+    CHECK(isnan(y[0]) && isnan(y[17]) && isnan(y[N - 1]));
+    x[17] = INFINITY;
+    fg__q8_compress(x, N, N, rec);
+    fg__q8_decompress(rec, N, y);
+    CHECK(isnan(y[3]));
 }
 
 TEST(options_are_checked) {
