@@ -94,7 +94,7 @@ expect_rc "a ddp hook under bagua" 2 hook
 run sgd "$FULGUR" fit "${COMMON[@]}" --strategy bagua --bagua-algorithm qadam --optimizer sgd
 expect_rc "qadam with sgd" 2 sgd
 expect_grep "says qadam needs adamw" sgd 'needs --optimizer adamw'
-run odd env FULGUR_CPU_DEVICES=3 "$FULGUR" fit "${COMMON[@]}" --devices 3 --strategy bagua --bagua-algorithm decentralized \
+run odd env FULGUR_CPU_DEVICES=3 "$FULGUR" fit "${COMMON[@]}" --default-root-dir "$T_TMP/run-odd" --devices 3 --strategy bagua --bagua-algorithm decentralized \
     --peer-selection-mode shift_one
 expect_rc "shift_one on 3 ranks" 1 odd
 expect_grep "says it needs an even number" odd 'shift_one pairs the ranks, and there are 3'
