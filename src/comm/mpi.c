@@ -5,9 +5,12 @@
  * bf16 and f16 reductions go through an f32 copy so that they accumulate in
  * f32 as on shm. avg is a sum divided afterwards. MPI counts are int: the
  * rooted and element-wise operations are cut into pieces below 2^31; the
- * others refuse larger counts. MPI is initialised here (thread level
- * SERIALIZED: one thread at a time, which the api guarantees) unless the
- * program did it, and finalised at exit if fulgur initialised it. */
+ * others refuse larger counts. MPI is initialised here unless the program
+ * did it, and finalised at exit if fulgur initialised it, at thread level
+ * MULTIPLE: the api keeps one thread at a time on a communicator, but
+ * different communicators may be used from different threads at once
+ * (strategy bagua's async averaging thread has its own), which MPI's
+ * SERIALIZED level forbids process-wide. */
 #ifdef FULGUR_HAVE_MPI
 #include <limits.h>
 #include <mpi.h>
@@ -376,7 +379,7 @@ static fg_status mpi_init_(fg_comm *c, const fg_cluster_info *info) {
     int inited = 0, provided = 0;
     MPI_Initialized(&inited);
     if (!inited) {
-        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
             return fg_error(FG_EIO, "mpi: MPI_Init_thread failed");
         if (!g_we_initialized) atexit(finalize_at_exit);
         g_we_initialized = 1;
