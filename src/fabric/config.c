@@ -13,6 +13,8 @@ fg_status fg__fabric_plan(fg_fabric *f, fg_launch_plan *out) {
                         .precision = f->cfg.precision,
                         .num_nodes = f->cfg.num_nodes,
                         .threads_per_rank = f->cfg.threads_per_rank};
+    /* deterministic: a fixed thread count, whatever the ranks per node */
+    if (f->cfg.deterministic && !o.threads_per_rank) o.threads_per_rank = 1;
     if (!f->cfg.cluster) return fg_launch_plan_make(&o, NULL, out);
     fg_cluster_info env;
     memset(&env, 0, sizeof env);

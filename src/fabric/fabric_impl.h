@@ -44,6 +44,10 @@ struct fg_fabric {
  * custom cluster's). */
 fg_status fg__fabric_plan(fg_fabric *f, fg_launch_plan *out);
 
+/* fabric_determ.c: what a micro-batch's gradient must not depend on, pinned
+ * for the process (the matrix product engine) */
+fg_status fg__fabric_deterministic_pin(fg_fabric *f);
+
 /* launch.c: ddp_spawn's copy of rank 0's state at the end of each step */
 void fg__spawn_snapshot(fg_fabric *f);
 

@@ -54,6 +54,7 @@ int cmd_fit(int argc, char **argv) {
         .seed = (uint64_t)o.seed,
         .sharded = o.sharded,
         .ddp = o.ddp,
+        .deterministic = o.deterministic,
     });
     if (!f) {
         /* bad devices/strategy/precision: usage; anything else (memory, I/O) a failure */

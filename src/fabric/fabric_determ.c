@@ -1,0 +1,85 @@
+/* The deterministic mode's fabric side (the sums themselves are the
+ * strategy's: strategy/deterministic.c) and the global batch kept across
+ * a resume on another world size (elastic training). */
+#include "fabric_impl.h"
+#include "ops/cpu/blas.h"
+
+bool fg_fabric_deterministic(const fg_fabric *f) { return f && f->cfg.deterministic; }
+
+fg_status fg__fabric_deterministic_pin(fg_fabric *f) {
+    (void)f;
+    /* the engine per shape class is measured per machine: one engine for
+     * every product, so nothing but the shape decides the bits */
+    fg_status s = fg__gemm_set_mode("openblas");
+    return s == FG_OK ? FG_OK : fg_error_wrap(s, "deterministic");
+}
+
+fg_status fg_fabric_step_loss(fg_fabric *f, double *loss) {
+    if (!f || !loss) return fg_error(FG_EINVAL, "step_loss: NULL argument");
+    if (!f->strategy) return fg_error(FG_ESTATE, "step_loss: call fg_fabric_setup first");
+    FG_TRY(fg_strategy_step_loss(f->strategy, loss));
+    *loss /= fg_scaler_scale(f->scaler); /* 1 without one; a power of 2: exact */
+    return FG_OK;
+}
+
+fg_status fg_fabric_setup_global_batch(fg_fabric *f, fg_dataloader *dl, int64_t *accumulate,
+                                       const fg_train_state *resumed) {
+    if (!f || !dl || !accumulate)
+        return fg_error(FG_EINVAL, "setup_global_batch: NULL argument");
+    if (*accumulate < 1)
+        return fg_error(FG_EINVAL, "setup_global_batch: accumulate %lld (must be >= 1)",
+                        (long long)*accumulate);
+    const fg_loader_opts *o = fg_dataloader_opts(dl);
+    int64_t B = o->batch ? o->batch : 1, W = f->world_size;
+    int64_t G = B * W * *accumulate;
+    bool kept = resumed && resumed->global_batch > 0;
+    if (kept) {
+        G = resumed->global_batch;
+        if (G % (B * W) != 0) {
+            /* the batch sizes that would keep it on this world size */
+            char fits[256] = "";
+            size_t len = 0;
+            for (int64_t b = 1; b <= G / W && len + 24 < sizeof fits; b++)
+                if (G % (b * W) == 0)
+                    len += (size_t)snprintf(fits + len, sizeof fits - len, "%s%lld",
+                                            len ? ", " : "", (long long)b);
+            return fg_error(FG_EINVAL,
+                            "the checkpoint's global batch is %lld samples per step, which %lld "
+                            "rank%s with batch size %lld cannot make (%lld is no multiple of "
+                            "%lld x %lld); on %lld rank%s use a batch size of %s, or another "
+                            "number of ranks",
+                            (long long)G, (long long)W, W == 1 ? "" : "s", (long long)B,
+                            (long long)G, (long long)B, (long long)W, (long long)W,
+                            W == 1 ? "" : "s", len ? fits : "(none: fewer ranks)");
+        }
+        *accumulate = G / (B * W);
+    }
+    if (f->cfg.deterministic) {
+        /* blocks of one micro-batch, the epoch cut to whole global batches */
+        fg_distributed_opts d = {.shuffle = o->shuffle,
+                                 .seed = o->seed,
+                                 .drop_last = true,
+                                 .block = B,
+                                 .round = G};
+        fg_sampler *s = fg_sampler_distributed(fg_dataset_len(fg_dataloader_dataset(dl)),
+                                               f->global_rank, (int)W, &d);
+        FG_TRY(fg_dataloader_set_sampler(dl, s));
+        int64_t n = fg_dataset_len(fg_dataloader_dataset(dl));
+        if (fg_dataloader_len(dl) == 0)
+            return fg_error(FG_EINVAL,
+                            "deterministic: %lld samples make no global batch of %lld (batch %lld "
+                            "x %lld rank%s x %lld accumulated): lower the batch size or the "
+                            "accumulation",
+                            (long long)n, (long long)G, (long long)B, (long long)W,
+                            W == 1 ? "" : "s", (long long)*accumulate);
+    }
+    if (!resumed) return fg_dataloader_set_epoch(dl, 0);
+    if (kept && resumed->samples_in_epoch >= 0) {
+        fg_status s =
+            fg_dataloader_set_sample_position(dl, resumed->epoch, resumed->samples_in_epoch);
+        return s == FG_OK ? FG_OK
+                          : fg_error_wrap(s, "resume on %lld rank%s", (long long)W,
+                                          W == 1 ? "" : "s");
+    }
+    return fg_dataloader_set_position(dl, resumed->epoch, resumed->batch_in_epoch);
+}
