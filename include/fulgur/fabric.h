@@ -70,8 +70,8 @@ typedef struct fg_fabric_config {
                                 or NO_SHARD; the zero value FULL_SHARD is not built yet) */
     fg_cluster_fn cluster;   /* custom cluster environment, NULL = detect (fg_cluster_detect) */
     void *cluster_ud;
-    bool deterministic;      /* Lightning's `deterministic`: bitwise the same parameters on
-                                any number of ranks for the same global batch (below) */
+    bool deterministic; /* Lightning's `deterministic`: bitwise the same parameters on
+                           any number of ranks for the same global batch (below) */
 } fg_fabric_config;
 
 /* Makes the launch plan for cfg (NULL = defaults) in this environment
@@ -350,8 +350,8 @@ typedef struct fg_train_state {
 
 /* The metadata keys the fabric writes itself, which st->meta may not use:
  * format, fulgur_version, step, epoch, batch_in_epoch, seed, world_size,
- * strategy, optimizer_steps, lr, samples_in_epoch, global_batch, deterministic, and under 16-mixed the loss scaler's
- * loss_scale, loss_scale_growth_tracker, loss_scale_skipped (restored by
+ * strategy, optimizer_steps, lr, samples_in_epoch, global_batch, deterministic, and under 16-mixed
+ * the loss scaler's loss_scale, loss_scale_growth_tracker, loss_scale_skipped (restored by
  * fg_fabric_load, so a resumed run scales as the uninterrupted one). */
 
 /* Saves weights under PyTorch's dotted names, optimizer state as

@@ -129,7 +129,8 @@ fg_sampler *fg_sampler_random(int64_t n, uint64_t seed) {
         return NULL;
     }
     return builtin_new(
-        &(builtin){.n = n, .seed = seed, .shuffle = true, .world = 1, .block = 1, .per_rank = n}, n);
+        &(builtin){.n = n, .seed = seed, .shuffle = true, .world = 1, .block = 1, .per_rank = n},
+        n);
 }
 
 fg_sampler *fg_sampler_distributed(int64_t n, int rank, int world, const fg_distributed_opts *o) {

@@ -24,8 +24,7 @@ fg_status fg_fabric_step_loss(fg_fabric *f, double *loss) {
 
 fg_status fg_fabric_setup_global_batch(fg_fabric *f, fg_dataloader *dl, int64_t *accumulate,
                                        const fg_train_state *resumed) {
-    if (!f || !dl || !accumulate)
-        return fg_error(FG_EINVAL, "setup_global_batch: NULL argument");
+    if (!f || !dl || !accumulate) return fg_error(FG_EINVAL, "setup_global_batch: NULL argument");
     if (*accumulate < 1)
         return fg_error(FG_EINVAL, "setup_global_batch: accumulate %lld (must be >= 1)",
                         (long long)*accumulate);
@@ -56,11 +55,8 @@ fg_status fg_fabric_setup_global_batch(fg_fabric *f, fg_dataloader *dl, int64_t 
     }
     if (f->cfg.deterministic) {
         /* blocks of one micro-batch, the epoch cut to whole global batches */
-        fg_distributed_opts d = {.shuffle = o->shuffle,
-                                 .seed = o->seed,
-                                 .drop_last = true,
-                                 .block = B,
-                                 .round = G};
+        fg_distributed_opts d = {
+            .shuffle = o->shuffle, .seed = o->seed, .drop_last = true, .block = B, .round = G};
         fg_sampler *s = fg_sampler_distributed(fg_dataset_len(fg_dataloader_dataset(dl)),
                                                f->global_rank, (int)W, &d);
         FG_TRY(fg_dataloader_set_sampler(dl, s));
@@ -77,9 +73,9 @@ fg_status fg_fabric_setup_global_batch(fg_fabric *f, fg_dataloader *dl, int64_t 
     if (kept && resumed->samples_in_epoch >= 0) {
         fg_status s =
             fg_dataloader_set_sample_position(dl, resumed->epoch, resumed->samples_in_epoch);
-        return s == FG_OK ? FG_OK
-                          : fg_error_wrap(s, "resume on %lld rank%s", (long long)W,
-                                          W == 1 ? "" : "s");
+        return s == FG_OK
+                   ? FG_OK
+                   : fg_error_wrap(s, "resume on %lld rank%s", (long long)W, W == 1 ? "" : "s");
     }
     return fg_dataloader_set_position(dl, resumed->epoch, resumed->batch_in_epoch);
 }

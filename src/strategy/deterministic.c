@@ -207,8 +207,7 @@ fg_status fg__det_backward(fg_strategy *s, fg_tensor *loss, bool sync) {
     memset(fg_tensor_data(g), 0, (size_t)d->P * d->es);
     d->loss[d->A] = fg_item(loss);
     FG_TRY(fg_backward(loss));
-    memcpy(d->slots + (size_t)d->A * (size_t)d->P * d->es, fg_tensor_data(g),
-           (size_t)d->P * d->es);
+    memcpy(d->slots + (size_t)d->A * (size_t)d->P * d->es, fg_tensor_data(g), (size_t)d->P * d->es);
     d->A++;
     if (!sync) return FG_OK;
     return synchronise(s);
