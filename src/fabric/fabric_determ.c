@@ -1,6 +1,9 @@
 /* The deterministic mode's fabric side (the sums themselves are the
  * strategy's: strategy/deterministic.c) and the global batch kept across
  * a resume on another world size (elastic training). */
+#include <stdlib.h>
+#include <string.h>
+
 #include "fabric_impl.h"
 #include "ops/cpu/blas.h"
 
@@ -9,7 +12,10 @@ bool fg_fabric_deterministic(const fg_fabric *f) { return f && f->cfg.determinis
 fg_status fg__fabric_deterministic_pin(fg_fabric *f) {
     (void)f;
     /* the engine per shape class is measured per machine: one engine for
-     * every product, so nothing but the shape decides the bits */
+     * every product, so nothing but the shape decides the bits. An engine
+     * the user fixed (FULGUR_GEMM=onednn or openblas) is fixed already. */
+    const char *e = getenv("FULGUR_GEMM");
+    if (e && (!strcmp(e, "onednn") || !strcmp(e, "openblas"))) return FG_OK;
     fg_status s = fg__gemm_set_mode("openblas");
     return s == FG_OK ? FG_OK : fg_error_wrap(s, "deterministic");
 }
