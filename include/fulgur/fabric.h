@@ -308,9 +308,11 @@ FG_API fg_status fg_fabric_step_loss(fg_fabric *f, double *loss);
  *   accumulate: in: the micro-batches per rank and step the program asks
  *               for (>= 1); out: the ones that keep the global batch.
  *   resumed:    NULL for a fresh start (dl goes to epoch 0); else the state
- *               fg_fabric_load filled in. Its global_batch (when the
- *               checkpoint has one) is kept: *accumulate becomes
- *               global_batch / (batch x world), and dl goes to the sample
+ *               fg_fabric_load filled in. When the checkpoint was saved on
+ *               another world size, its global_batch (when it has one) is
+ *               kept: *accumulate becomes global_batch / (batch x world)
+ *               (on the same world size *accumulate is taken as asked).
+ *               dl goes to the sample
  *               position of the checkpoint (samples_in_epoch: every rank
  *               together took that prefix of the epoch's order), so that
  *               the remaining samples of the epoch are dealt to this run's

@@ -35,6 +35,18 @@ fg_fabric *fg_fabric_new(const fg_fabric_config *cfg) {
     if (fg__fabric_precision_init(f) != FG_OK) goto fail;
     if (fg_strategy_check_sharded(f->plan.strategy, &f->cfg.sharded) != FG_OK) goto fail;
     if (fg_strategy_check_ddp(&f->cfg.ddp) != FG_OK) goto fail;
+    if (f->cfg.deterministic &&
+        (f->plan.strategy == FG_STRATEGY_DP || fg_strategy_kind_is_sharded(f->plan.strategy) ||
+         f->cfg.ddp.comm_hook || f->cfg.ddp.comm_wrapper || f->cfg.ddp.user_hook)) {
+        fg_error(FG_EUNSUPPORTED,
+                 "deterministic: built for the single and ddp strategies (ddp_spawn, ddp_fork) "
+                 "without a communication hook; strategy=\"%s\"%s is not built yet in this mode",
+                 fg_strategy_kind_name(f->plan.strategy),
+                 f->cfg.ddp.comm_hook || f->cfg.ddp.comm_wrapper || f->cfg.ddp.user_hook
+                     ? " with a communication hook"
+                     : "");
+        goto fail;
+    }
     pthread_mutex_init(&f->comm_mu, NULL);
     f->world_size = 1;
     if (f->cfg.seed) fg_fabric_seed_everything(f, f->cfg.seed);

@@ -37,7 +37,11 @@ fg_status fg_fabric_setup_global_batch(fg_fabric *f, fg_dataloader *dl, int64_t 
     const fg_loader_opts *o = fg_dataloader_opts(dl);
     int64_t B = o->batch ? o->batch : 1, W = f->world_size;
     int64_t G = B * W * *accumulate;
-    bool kept = resumed && resumed->global_batch > 0;
+    /* on another world size the checkpoint's global batch rules; on the
+     * same, the program's (a changed accumulation is taken as asked) */
+    const char *ws = resumed ? fg_fabric_loaded_meta(f, "world_size") : NULL;
+    bool resized = ws && strtoll(ws, NULL, 10) != W;
+    bool kept = resized && resumed->global_batch > 0;
     if (kept) {
         G = resumed->global_batch;
         if (G % (B * W) != 0) {
@@ -76,7 +80,7 @@ fg_status fg_fabric_setup_global_batch(fg_fabric *f, fg_dataloader *dl, int64_t 
                             W == 1 ? "" : "s", (long long)*accumulate);
     }
     if (!resumed) return fg_dataloader_set_epoch(dl, 0);
-    if (kept && resumed->samples_in_epoch >= 0) {
+    if (resumed->global_batch > 0 && resumed->samples_in_epoch >= 0) {
         fg_status s =
             fg_dataloader_set_sample_position(dl, resumed->epoch, resumed->samples_in_epoch);
         return s == FG_OK

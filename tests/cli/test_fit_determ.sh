@@ -6,8 +6,8 @@
 # uninterrupted run; a run resumed 2 ranks -> 1 rank -> 3 ranks keeps the
 # global batch (the accumulation recomputed and said) and ends bitwise
 # equal too; a global batch the new world size cannot make is refused
-# naming the batch sizes that can; --dropout with --deterministic is a
-# usage error.
+# naming the batch sizes that can; --dropout with --deterministic, and a
+# strategy the mode is not built for, are usage errors.
 source "$(dirname "$0")/lib.sh"
 echo "test_fit_determ: --deterministic, elastic resume"
 TXT="$T_TMP/tiny.txt"
@@ -86,6 +86,11 @@ expect_grep "and says which batch sizes can" bad.out \
 run drop.out "$FULGUR" fit "${TINY[@]}" --dropout 0.1 --max-steps 1 --default-root-dir "$T_TMP/d"
 expect_rc "--deterministic with --dropout is a usage error" 2 drop.out
 expect_grep "naming why" drop.out 'dropout draws its masks per rank'
+
+run zero.out "$FULGUR" fit "${TINY[@]}" --strategy deepspeed_stage_2 --devices 2 --max-steps 1 \
+    --default-root-dir "$T_TMP/z"
+expect_rc "--deterministic under a sharded strategy is refused before any rank starts" 2 zero.out
+expect_grep "naming the strategy" zero.out 'deterministic: built for the single and ddp.*strategy="deepspeed_stage_2"'
 
 # --- SIGKILL of a rank at a random step, fulgur run --max-restarts 1
 wait_for() {
