@@ -322,10 +322,14 @@ FG_API fg_status fg_fabric_step_loss(fg_fabric *f, double *loss);
  * the epoch in blocks of one batch (each a micro-batch, the same samples on
  * any world size) and cuts it to whole global batches, so an epoch is whole
  * steps. Collective only in that it must be called on every rank alike.
- * Errors: FG_EINVAL when the global batch cannot be kept on this world size
- * (not a multiple of batch x world: the message names the sizes that
- * would), or the position cannot (the checkpoint's samples are no multiple
- * of batch x world), a NULL dl or accumulate, the loader's errors. */
+ * When the global batch cannot be kept on this world size (not a multiple
+ * of batch x world), or the position falls between two batches of this
+ * world size: under deterministic FG_EINVAL (naming the batch sizes that
+ * would keep it); otherwise the run goes on with *accumulate as asked, or
+ * from the batch boundary before the position (the samples between are
+ * taken again), with an FG_LOG_WARN line saying so, and the caller can
+ * tell by comparing global batches and fg_dataloader_sample_position.
+ * Errors: also FG_EINVAL for a NULL dl or accumulate, the loader's errors. */
 FG_API fg_status fg_fabric_setup_global_batch(fg_fabric *f, fg_dataloader *dl, int64_t *accumulate,
                                               const struct fg_train_state *resumed);
 

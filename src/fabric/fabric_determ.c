@@ -42,25 +42,31 @@ fg_status fg_fabric_setup_global_batch(fg_fabric *f, fg_dataloader *dl, int64_t 
     const char *ws = resumed ? fg_fabric_loaded_meta(f, "world_size") : NULL;
     bool resized = ws && strtoll(ws, NULL, 10) != W;
     bool kept = resized && resumed->global_batch > 0;
+    if (kept && resumed->global_batch % (B * W) != 0) {
+        /* the batch sizes that would keep it on this world size */
+        int64_t Gc = resumed->global_batch;
+        char fits[256] = "";
+        size_t len = 0;
+        for (int64_t b = 1; b <= Gc / W && len + 24 < sizeof fits; b++)
+            if (Gc % (b * W) == 0)
+                len += (size_t)snprintf(fits + len, sizeof fits - len, "%s%lld", len ? ", " : "",
+                                        (long long)b);
+        char why[768];
+        snprintf(why, sizeof why,
+                 "the checkpoint's global batch is %lld samples per step, which %lld rank%s with "
+                 "batch size %lld cannot make (%lld is no multiple of %lld x %lld); on %lld "
+                 "rank%s use a batch size of %s, or another number of ranks",
+                 (long long)Gc, (long long)W, W == 1 ? "" : "s", (long long)B, (long long)Gc,
+                 (long long)B, (long long)W, (long long)W, W == 1 ? "" : "s",
+                 len ? fits : "(none: fewer ranks)");
+        /* the deterministic contract needs it; otherwise the run goes on
+         * with the global batch asked for, and says so */
+        if (f->cfg.deterministic) return fg_error(FG_EINVAL, "%s", why);
+        fg_log(FG_LOG_WARN, "%s; this run's global batch is %lld", why, (long long)G);
+        kept = false;
+    }
     if (kept) {
         G = resumed->global_batch;
-        if (G % (B * W) != 0) {
-            /* the batch sizes that would keep it on this world size */
-            char fits[256] = "";
-            size_t len = 0;
-            for (int64_t b = 1; b <= G / W && len + 24 < sizeof fits; b++)
-                if (G % (b * W) == 0)
-                    len += (size_t)snprintf(fits + len, sizeof fits - len, "%s%lld",
-                                            len ? ", " : "", (long long)b);
-            return fg_error(FG_EINVAL,
-                            "the checkpoint's global batch is %lld samples per step, which %lld "
-                            "rank%s with batch size %lld cannot make (%lld is no multiple of "
-                            "%lld x %lld); on %lld rank%s use a batch size of %s, or another "
-                            "number of ranks",
-                            (long long)G, (long long)W, W == 1 ? "" : "s", (long long)B,
-                            (long long)G, (long long)B, (long long)W, (long long)W,
-                            W == 1 ? "" : "s", len ? fits : "(none: fewer ranks)");
-        }
         *accumulate = G / (B * W);
     }
     if (f->cfg.deterministic) {
@@ -81,8 +87,21 @@ fg_status fg_fabric_setup_global_batch(fg_fabric *f, fg_dataloader *dl, int64_t 
     }
     if (!resumed) return fg_dataloader_set_epoch(dl, 0);
     if (resumed->global_batch > 0 && resumed->samples_in_epoch >= 0) {
-        fg_status s =
-            fg_dataloader_set_sample_position(dl, resumed->epoch, resumed->samples_in_epoch);
+        int64_t P = resumed->samples_in_epoch, step = B * W, end = fg_dataloader_len(dl) * step;
+        /* past what this world size keeps of the epoch (its dropped tail is
+         * longer): the epoch is over */
+        if (P > end && P <= fg_dataset_len(fg_dataloader_dataset(dl))) P = end;
+        if (P % step != 0 && !f->cfg.deterministic) {
+            /* no batch boundary here: go back to the last one, and say how
+             * many samples are taken again */
+            fg_log(FG_LOG_WARN,
+                   "resume on %lld rank%s with batch %lld: %lld samples into epoch %lld is no "
+                   "multiple of %lld; %lld samples of it are taken again",
+                   (long long)W, W == 1 ? "" : "s", (long long)B, (long long)P,
+                   (long long)resumed->epoch, (long long)step, (long long)(P % step));
+            P -= P % step;
+        }
+        fg_status s = fg_dataloader_set_sample_position(dl, resumed->epoch, P);
         return s == FG_OK
                    ? FG_OK
                    : fg_error_wrap(s, "resume on %lld rank%s", (long long)W, W == 1 ? "" : "s");

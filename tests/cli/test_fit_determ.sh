@@ -51,6 +51,13 @@ run plain.diff "$FULGUR" ckpt diff "$T_TMP/w1/checkpoints/last.safetensors" \
 [ "$RC" = 1 ] && pass "plain ddp on 2 ranks differs from 1 rank (exit $RC)" ||
     fail "plain ddp on 2 ranks is bitwise 1 rank's: the test proves nothing"
 
+# without the mode, a global batch that cannot be kept is a note, and the run goes on
+run plain3.out "$FULGUR" fit "${PLAIN[@]}" --devices 3 --batch-size 5 --accumulate-grad-batches 6 \
+    --max-steps 42 --resume last --default-root-dir "$T_TMP/plain"
+expect_rc "plain ddp resumed on 3 ranks with another batch size" 0 plain3.out
+expect_grep "says the global batch changed" plain3.out \
+    "^note: the checkpoint's global batch 24 cannot be kept on 3 ranks with --batch-size 5; this run's is 90"
+
 # --- resumed 2 ranks -> 1 rank -> 3 ranks, the command line unchanged but --devices
 E="$T_TMP/elastic"
 run e1.out "$FULGUR" fit "${TINY[@]}" --devices 2 --accumulate-grad-batches 6 --max-steps 13 \

@@ -222,11 +222,27 @@ static fg_status resume(fit_ctx *c) {
      * recomputed), the epoch's remaining samples dealt to these ranks */
     int64_t was = c->o->accumulate;
     TRY(fg_fabric_setup_global_batch(c->f, c->train, c->accumulate, &st));
-    if (c->rank0 && *c->accumulate != was)
+    int64_t global = c->o->batch_size * c->world * *c->accumulate, at;
+    fg_dataloader_sample_position(c->train, NULL, &at);
+    const char *ws = fg_fabric_loaded_meta(c->f, "world_size");
+    bool resized = ws && atoll(ws) != c->world;
+    if (c->rank0 && resized && st.global_batch > 0 && global != st.global_batch)
+        fit_progress_note(c->prog,
+                          "note: the checkpoint's global batch %lld cannot be kept on %d rank%s "
+                          "with --batch-size %lld; this run's is %lld",
+                          (long long)st.global_batch, c->world, c->world == 1 ? "" : "s",
+                          (long long)c->o->batch_size, (long long)global);
+    else if (c->rank0 && *c->accumulate != was)
         fit_progress_note(c->prog,
                           "global batch %lld kept on %d rank%s: --accumulate-grad-batches %lld",
                           (long long)st.global_batch, c->world, c->world == 1 ? "" : "s",
                           (long long)*c->accumulate);
+    if (c->rank0 && st.global_batch > 0 && at < st.samples_in_epoch)
+        fit_progress_note(c->prog,
+                          "note: %lld samples of epoch %lld are taken again (no batch boundary "
+                          "of %d rank%s where the checkpoint stopped)",
+                          (long long)(st.samples_in_epoch - at), (long long)st.epoch, c->world,
+                          c->world == 1 ? "" : "s");
     if (c->rank0)
         fit_progress_note(c->prog, "resumed from %s at step %lld (epoch %lld, batch %lld)",
                           c->o->resume_path, (long long)st.step, (long long)st.epoch,
