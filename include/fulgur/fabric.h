@@ -283,9 +283,10 @@ FG_API fg_status fg_fabric_should_stop(fg_fabric *f, bool *stop);
  * fg_fabric_set_no_backward_sync(f, true) for every micro-batch but the
  * last of a step, as for accumulation. What else a micro-batch's gradient
  * could depend on is pinned: one kernel thread per rank unless
- * cfg.threads_per_rank says otherwise (a fixed count either way), and
- * OpenBLAS for every f32 matrix product (no per-machine engine choice;
- * FULGUR_GEMM=onednn keeps oneDNN, a fixed engine too).
+ * cfg.threads_per_rank says otherwise (a fixed count either way), and one
+ * engine for every f32 matrix product, chosen by the machine's type instead
+ * of measured per shape: oneDNN on a CPU with AVX-512 (when built in),
+ * OpenBLAS otherwise; FULGUR_GEMM=openblas or onednn fixes another.
  * Built for single and ddp without communication hooks (fg_fabric_setup
  * fails with FG_EUNSUPPORTED otherwise). Dropout draws per rank
  * (fg_fabric_rank_seed): keep it off for bitwise equality across world

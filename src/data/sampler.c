@@ -5,7 +5,9 @@
  * rank computes the same permutation without talking to the others. The
  * distributed sampler applies PyTorch's DistributedSampler rule to it:
  * position p of the padded list is list[p % n] (padding repeats from the
- * start, cyclically when needed), and rank r takes positions r, r + W, ... */
+ * start, cyclically when needed), and rank r takes positions r, r + W, ...
+ * (with a block of k > 1, blocks of k positions: rank r takes blocks r,
+ * r + W, ..., the deterministic mode's micro-batches). */
 #include <stdint.h>
 #include <string.h>
 

@@ -111,7 +111,7 @@ static void tree_sum(fg_det_state *d, void **v, int m, int64_t n, void *out) {
 }
 
 /* The losses of the step: every rank's A, in the tree's order. */
-static fg_status reduce_losses(fg_strategy *s, int world, int rank) {
+static fg_status reduce_losses(fg_strategy *s, int world) {
     fg_det_state *d = s->det;
     int m = d->A * world;
     if (m > d->lcap) {
@@ -120,7 +120,6 @@ static fg_status reduce_losses(fg_strategy *s, int world, int rank) {
     }
     if (s->comm) FG_TRY(fg_comm_allgather(s->comm, d->loss, d->lossv, d->A, FG_F64));
     else memcpy(d->lossv, d->loss, (size_t)d->A * sizeof(double));
-    (void)rank;
     /* lossv is [p][k]; the tree wants j = k * world + p */
     double tmp[256], *t = m <= 256 ? tmp : fg_alloc((size_t)m * sizeof *t);
     if (!t) return fg_error_wrap(FG_ENOMEM, "deterministic: losses");
@@ -149,7 +148,7 @@ static fg_status synchronise(fg_strategy *s) {
                             "run the same number (the sampler's blocks make that so)",
                             -v[1], v[0], d->A);
     }
-    FG_TRY(reduce_losses(s, world, rank));
+    FG_TRY(reduce_losses(s, world));
     int m = d->A * world;
     void *ptrs[256], **v = m <= 256 ? ptrs : fg_alloc((size_t)m * sizeof *v);
     if (!v) return fg_error_wrap(FG_ENOMEM, "deterministic: micro-batches");
