@@ -4,6 +4,11 @@
  *   {"model", "mode", "ms_per_step", "items_per_s", "unit", "peak_rss_mb"}
  *
  *   train_bench --model gpt [--steps 10] [--threads 1] [--devices 2] [--batch B]
+ *               [--accumulate A] [--deterministic]
+ *
+ * --accumulate A runs A micro-batches of B per rank and optimizer step
+ * (the mode "ddp2xA"); --deterministic turns on the fabric's deterministic
+ * mode (the mode gets "-det"): bench/determ_cost compares the two.
  *
  * --threads 0 is the default thread count (the cores over the ranks, fewer
  * while other processes keep cores busy); "threads" in the output is the
@@ -17,8 +22,9 @@
 
 typedef struct args {
     const char *model;
-    int steps, warmup, threads, devices;
+    int steps, warmup, threads, devices, accumulate;
     int64_t batch;
+    bool deterministic;
 } args;
 
 static int cmp_double(const void *a, const void *b) {
@@ -66,8 +72,17 @@ static int run(fg_fabric *f, void *arg) {
     for (int s = 0; s < a->warmup + a->steps; s++) {
         double t0 = fg_time();
         fg_optimizer_zero_grad(opt);
-        fg_tensor *loss = fg_cross_entropy(fg_module_forward(model, x), y, -100);
-        if (!loss || fg_fabric_backward(f, loss) != FG_OK || fg_optimizer_step(opt) != FG_OK) {
+        bool ok = true;
+        for (int k = 0; ok && k < a->accumulate; k++) {
+            fg_fabric_set_no_backward_sync(f, k + 1 < a->accumulate);
+            fg_tensor *loss = fg_cross_entropy(fg_module_forward(model, x), y, -100);
+            /* deterministic: the fabric averages the micro-batches itself */
+            if (loss && a->accumulate > 1 && !a->deterministic)
+                loss = fg_scale(loss, 1.0 / a->accumulate);
+            ok = loss && fg_fabric_backward(f, loss) == FG_OK;
+            if (k + 1 < a->accumulate) fg_fabric_step_end(f);
+        }
+        if (!ok || fg_optimizer_step(opt) != FG_OK) {
             fprintf(stderr, "train_bench: rank %d: %s\n", fg_fabric_global_rank(f),
                     fg_last_error());
             return 1;
@@ -81,14 +96,16 @@ static int run(fg_fabric *f, void *arg) {
     ms = fg_fabric_reduce_scalar(f, ms, FG_MAX);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    double items = (double)(gpt ? B * T : B) * fg_fabric_world_size(f);
+    double items = (double)(gpt ? B * T : B) * fg_fabric_world_size(f) * a->accumulate;
+    char acc[32] = "";
+    if (a->accumulate > 1) snprintf(acc, sizeof acc, "x%d", a->accumulate);
     if (fg_fabric_is_global_zero(f))
         printf(
-            "{\"model\": \"%s\", \"mode\": \"%s%d\", \"ms_per_step\": %.3f, \"items_per_s\": %.1f, "
-            "\"unit\": \"%s\", \"peak_rss_mb\": %.1f, \"threads\": %d, \"blas\": \"%s\"}\n",
-            a->model, fg_fabric_world_size(f) > 1 ? "ddp" : "single", fg_fabric_world_size(f), ms,
-            items / (ms / 1e3), gpt ? "tokens/s" : "samples/s", ru.ru_maxrss / 1024.0,
-            fg_get_num_threads(), fg_ops_blas_info());
+            "{\"model\": \"%s\", \"mode\": \"%s%d%s%s\", \"ms_per_step\": %.3f, \"items_per_s\": "
+            "%.1f, \"unit\": \"%s\", \"peak_rss_mb\": %.1f, \"threads\": %d, \"blas\": \"%s\"}\n",
+            a->model, fg_fabric_world_size(f) > 1 ? "ddp" : "single", fg_fabric_world_size(f), acc,
+            a->deterministic ? "-det" : "", ms, items / (ms / 1e3), gpt ? "tokens/s" : "samples/s",
+            ru.ru_maxrss / 1024.0, fg_get_num_threads(), fg_ops_blas_info());
     free(times);
     fg_tensor_free(x);
     fg_tensor_free(y);
@@ -98,7 +115,8 @@ static int run(fg_fabric *f, void *arg) {
 }
 
 int main(int argc, char **argv) {
-    args a = {.model = "gpt", .steps = 10, .warmup = 3, .threads = 1, .devices = 1};
+    args a = {
+        .model = "gpt", .steps = 10, .warmup = 3, .threads = 1, .devices = 1, .accumulate = 1};
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--model") && v) a.model = argv[++i];
@@ -107,9 +125,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--threads") && v) a.threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--devices") && v) a.devices = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--batch") && v) a.batch = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--accumulate") && v) a.accumulate = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--deterministic")) a.deterministic = true;
         else {
             fprintf(stderr, "usage: train_bench --model mlp|gpt [--steps N] [--warmup N] "
-                            "[--threads N] [--devices N] [--batch B]\n");
+                            "[--threads N] [--devices N] [--batch B] [--accumulate A] "
+                            "[--deterministic]\n");
             return 2;
         }
     }
@@ -117,11 +138,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "train_bench: --model %s: expected mlp or gpt\n", a.model);
         return 2;
     }
+    if (a.accumulate < 1) {
+        fprintf(stderr, "train_bench: --accumulate %d: expected >= 1\n", a.accumulate);
+        return 2;
+    }
     char dev[16];
     snprintf(dev, sizeof dev, "%d", a.devices);
     fg_fabric *f = fg_fabric_new(&(fg_fabric_config){.devices = dev,
                                                      .strategy = a.devices > 1 ? "ddp" : "single",
-                                                     .threads_per_rank = a.threads});
+                                                     .threads_per_rank = a.threads,
+                                                     .deterministic = a.deterministic});
     if (!f) {
         fprintf(stderr, "train_bench: %s\n", fg_last_error());
         return 2;

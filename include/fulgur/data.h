@@ -284,6 +284,10 @@ typedef struct fg_distributed_opts {
     bool shuffle;   /* permute by (seed, epoch) as fg_sampler_random; else 0..n-1 */
     uint64_t seed;  /* the same on every rank */
     bool drop_last; /* drop the tail to a multiple of world instead of padding */
+    int64_t block;  /* consecutive positions dealt to a rank at a time; 0 = 1 (PyTorch's rule) */
+    int64_t round;  /* with drop_last: cut the list to a multiple of this many samples (0 =
+                       block * world; else a multiple of block * world): the deterministic
+                       mode's global batch, so that an epoch holds whole optimizer steps */
 } fg_distributed_opts;
 
 /* PyTorch's DistributedSampler, with fulgur's permutation:
@@ -293,12 +297,23 @@ typedef struct fg_distributed_opts {
  *      repeating the list from its start (cyclically if n < total - n);
  *      with drop_last, cut to total = floor(n / world) * world;
  *   3. rank r takes positions r, r + world, r + 2 world, ... < total.
+ * With o->block = k > 1 the list is dealt in blocks of k consecutive
+ * positions instead: rank r takes blocks r, r + world, ... (positions
+ * ((j / k) * world + r) * k + j % k for its j-th index), the total is a
+ * multiple of k * world (o->round with drop_last), and each block is a
+ * micro-batch whose samples do not depend on the world size (the
+ * deterministic mode, fabric.h). Either way, after every rank took j
+ * indices (j a multiple of k), what they took together is the prefix of
+ * the list of length j * world: a position in samples that maps onto any
+ * other world size (fg_dataloader_set_sample_position).
  * Every rank gets total / world indices, so DDP ranks run the same number of
  * steps and never wait on each other. Padding samples are the last ones of a
  * rank's list: fg_sampler_num_real tells how many come first, and the
  * loader's fg_batch.valid marks them, so that evaluation can leave them out.
  *   n: dataset length >= 0; rank in [0, world); world >= 1; o: NULL = zeros.
- * NULL with FG_EINVAL naming the bad value, or FG_ENOMEM. Not collective. */
+ * NULL with FG_EINVAL naming the bad value (a negative block or round, a
+ * round that is no multiple of block * world), or FG_ENOMEM. Not
+ * collective. */
 FG_API fg_sampler *fg_sampler_distributed(int64_t n, int rank, int world,
                                           const fg_distributed_opts *o);
 
@@ -404,6 +419,22 @@ FG_API void fg_dataloader_position(const fg_dataloader *dl, int64_t *epoch, int6
 /* Goes to (epoch >= 0, batch in [0, len]). Clears an error. FG_EINVAL naming
  * the bad value, or a sampler's error. */
 FG_API fg_status fg_dataloader_set_position(fg_dataloader *dl, int64_t epoch, int64_t batch);
+
+/* The position as a count of samples of the epoch's order that every rank
+ * together has taken: batch * batch size * the sampler's world. Under the
+ * distributed sampler these are the leading samples of the epoch's order
+ * (the prefix property above), so the count means the same on any world
+ * size: the elastic resume saves it. */
+FG_API void fg_dataloader_sample_position(const fg_dataloader *dl, int64_t *epoch,
+                                          int64_t *samples);
+/* Goes to the batch after which every rank together has taken `samples`
+ * samples of epoch's order, on this loader's world size: the remaining
+ * samples of the epoch are dealt to this loader's ranks, none skipped, none
+ * twice. FG_EINVAL when samples is negative, past the epoch, or not a
+ * multiple of batch size * world (naming them and what would fit), or what
+ * fg_dataloader_set_position returns. */
+FG_API fg_status fg_dataloader_set_sample_position(fg_dataloader *dl, int64_t epoch,
+                                                   int64_t samples);
 
 /* The dataset, options (as given, defaults not filled in except a seed of 0,
  * which reads as the fg_default_seed() it stood for) and sampler of a

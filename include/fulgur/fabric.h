@@ -76,6 +76,8 @@ typedef struct fg_fabric_config {
                                 `sharded`; any key fulgur does not honour is an error */
     fg_cluster_fn cluster; /* custom cluster environment, NULL = detect (fg_cluster_detect) */
     void *cluster_ud;
+    bool deterministic; /* Lightning's `deterministic`: bitwise the same parameters on
+                           any number of ranks for the same global batch (below) */
 } fg_fabric_config;
 
 /* Reads a DeepSpeed JSON configuration (the file of Lightning's
@@ -291,6 +293,72 @@ FG_API int fg_fabric_request_stop(fg_fabric *f);
  * (NULL), the allreduce's (*stop is then false). */
 FG_API fg_status fg_fabric_should_stop(fg_fabric *f, bool *stop);
 
+/* ------------------------------------------- deterministic, elastic */
+
+/* The deterministic mode (cfg.deterministic, Lightning's name): ddp on 1,
+ * 2, 3, 4 ... ranks gives bitwise the same parameters, and the same step
+ * loss, as one process, for the same global batch. The global batch is cut
+ * into micro-batches of the loader's batch size, whose samples do not
+ * depend on the world size (fg_fabric_setup_global_batch installs the
+ * sampler that deals them); each backward computes one micro-batch's
+ * gradient alone, and the synchronising backward sums all of them, of
+ * every rank, in one fixed pairwise tree and divides by their count
+ * (ddp_opts.deterministic, strategy.h). So: do not divide the loss by the
+ * accumulation in this mode (the fabric averages), and call
+ * fg_fabric_set_no_backward_sync(f, true) for every micro-batch but the
+ * last of a step, as for accumulation. What else a micro-batch's gradient
+ * could depend on is pinned: one kernel thread per rank unless
+ * cfg.threads_per_rank says otherwise (a fixed count either way), and one
+ * engine for every f32 matrix product, chosen by the machine's type instead
+ * of measured per shape: oneDNN on a CPU with AVX-512 (when built in),
+ * OpenBLAS otherwise; FULGUR_GEMM=openblas or onednn fixes another.
+ * Built for single and ddp without communication hooks (fg_fabric_setup
+ * fails with FG_EUNSUPPORTED otherwise). Dropout draws per rank
+ * (fg_fabric_rank_seed): keep it off for bitwise equality across world
+ * sizes. The price: about A times ddp's gradient traffic (A = the rank's
+ * micro-batches per step) and A + 2 gradient-sized buffers; the step rate
+ * on one thread per rank (docs/fault-tolerance.md has the figures). */
+FG_API bool fg_fabric_deterministic(const fg_fabric *f);
+struct fg_train_state; /* below: save, load */
+
+/* Under deterministic: the mean loss over every micro-batch of every rank
+ * of the latest synchronised step, summed in the gradients' tree order (the
+ * same bits on any world size), unscaled under 16-mixed. Not collective.
+ * FG_ESTATE outside the mode or before the first synchronised backward. */
+FG_API fg_status fg_fabric_step_loss(fg_fabric *f, double *loss);
+
+/* The global batch of the training loader dl (after
+ * fg_fabric_setup_dataloader): samples per optimizer step over all ranks,
+ * batch size x world x *accumulate, kept across a resume on another world
+ * size (elastic training).
+ *   accumulate: in: the micro-batches per rank and step the program asks
+ *               for (>= 1); out: the ones that keep the global batch.
+ *   resumed:    NULL for a fresh start (dl goes to epoch 0); else the state
+ *               fg_fabric_load filled in. When the checkpoint was saved on
+ *               another world size, its global_batch (when it has one) is
+ *               kept: *accumulate becomes global_batch / (batch x world)
+ *               (on the same world size *accumulate is taken as asked).
+ *               dl goes to the sample
+ *               position of the checkpoint (samples_in_epoch: every rank
+ *               together took that prefix of the epoch's order), so that
+ *               the remaining samples of the epoch are dealt to this run's
+ *               ranks, none skipped and none twice. A checkpoint without
+ *               them (an older one) resumes at its (epoch, batch_in_epoch).
+ * Under deterministic it also installs the distributed sampler that deals
+ * the epoch in blocks of one batch (each a micro-batch, the same samples on
+ * any world size) and cuts it to whole global batches, so an epoch is whole
+ * steps. Collective only in that it must be called on every rank alike.
+ * When the global batch cannot be kept on this world size (not a multiple
+ * of batch x world), or the position falls between two batches of this
+ * world size: under deterministic FG_EINVAL (naming the batch sizes that
+ * would keep it); otherwise the run goes on with *accumulate as asked, or
+ * from the batch boundary before the position (the samples between are
+ * taken again), with an FG_LOG_WARN line saying so, and the caller can
+ * tell by comparing global batches and fg_dataloader_sample_position.
+ * Errors: also FG_EINVAL for a NULL dl or accumulate, the loader's errors. */
+FG_API fg_status fg_fabric_setup_global_batch(fg_fabric *f, fg_dataloader *dl, int64_t *accumulate,
+                                              const struct fg_train_state *resumed);
+
 /* ------------------------------------------------------------ save, load */
 
 /* The state a checkpoint holds. model is required; the rest optional. The
@@ -300,6 +368,10 @@ typedef struct fg_train_state {
     fg_optimizer *optimizer;
     int64_t step, epoch, batch_in_epoch; /* trainer counters */
     uint64_t seed;
+    /* elastic resume: samples of the epoch's order every rank together took
+     * (fg_dataloader_sample_position) and the global batch; saved when
+     * global_batch > 0; after a load -1 and 0 when the file has none */
+    int64_t samples_in_epoch, global_batch;
     /* The program's own metadata (a model config, a vocabulary, ...): nmeta
      * key/value strings stored in the file's __metadata__ beside the
      * fabric's keys, so `fulgur ckpt show` and Python's safetensors read
@@ -311,8 +383,8 @@ typedef struct fg_train_state {
 
 /* The metadata keys the fabric writes itself, which st->meta may not use:
  * format, fulgur_version, step, epoch, batch_in_epoch, seed, world_size,
- * strategy, optimizer_steps, lr, and under 16-mixed the loss scaler's
- * loss_scale, loss_scale_growth_tracker, loss_scale_skipped (restored by
+ * strategy, optimizer_steps, lr, samples_in_epoch, global_batch, deterministic, and under 16-mixed
+ * the loss scaler's loss_scale, loss_scale_growth_tracker, loss_scale_skipped (restored by
  * fg_fabric_load, so a resumed run scales as the uninterrupted one). */
 
 /* Saves weights under PyTorch's dotted names, optimizer state as

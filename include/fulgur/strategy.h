@@ -280,6 +280,16 @@ typedef struct fg_ddp_opts {
     void *user_state;                    /* strategy's life) */
     fg_bagua_opts bagua;                 /* strategy bagua only (Lightning's BaguaStrategy is a
                                             DDPStrategy); no hooks under it */
+    /* Lightning's `deterministic`: bitwise the same gradients on any number
+     * of ranks for the same global batch. Each backward's gradient (one
+     * micro-batch) is kept alone; the synchronising backward sums every
+     * micro-batch of every rank in one fixed pairwise tree over the
+     * micro-batch's global index (rank r's k-th of A is index k * world + r,
+     * as fg_sampler_distributed's blocks deal them) and divides by their
+     * count. Built for single and ddp without hooks (FG_EUNSUPPORTED
+     * otherwise). The caller must not divide the loss by the accumulation:
+     * the average over micro-batches is the strategy's. */
+    bool deterministic;
 } fg_ddp_opts;
 
 /* Checks ddp's options (o may be NULL): FG_EINVAL naming a hook or wrapper
@@ -432,6 +442,13 @@ FG_API void fg_strategy_set_sync(fg_strategy *s, bool sync);
 typedef fg_tensor *(*fg_strategy_step_fn)(fg_module *replica, fg_batch *part, void *ud);
 FG_API fg_status fg_strategy_step(fg_strategy *s, fg_batch *b, fg_strategy_step_fn fn, void *ud,
                                   double *part_losses, int max_parts, int *nparts, double *loss);
+
+/* Under ddp_opts.deterministic: the mean of the losses of every micro-batch
+ * of every rank in the latest synchronising backward, summed in the
+ * gradients' fixed tree order (the same bits on any world size).
+ * FG_ESTATE when the strategy is not deterministic or nothing was
+ * synchronised yet; FG_EINVAL for NULL. */
+FG_API fg_status fg_strategy_step_loss(const fg_strategy *s, double *loss);
 
 /* Bytes this rank handed to the communicator to synchronise gradients
  * (and, under post_localsgd and Bagua's decentralized, qadam and async, the

@@ -266,8 +266,14 @@ typedef struct fg_trainer_opts {
     fg_flag enable_progress_bar;  /* default on: a progress bar on stdout, rank 0 */
     fg_flag enable_checkpointing; /* default on: a ModelCheckpoint when none is given */
     const char *default_root_dir; /* NULL = "." (Lightning's os.getcwd()) */
-    /* Accepted for Lightning's sake: fulgur's kernels, reductions and data
-     * order are deterministic whatever it says (docs/design.md). */
+    /* Lightning's deterministic. fulgur's kernels, reductions and data
+     * order are deterministic for one world size whatever it says
+     * (docs/design.md); on, the fabric's mode (fabric.h) makes the weights
+     * bitwise the same on any number of ranks for the same global batch:
+     * the loss is then not divided by accumulate_grad_batches (the fabric
+     * averages the micro-batches), the training loader is dealt in
+     * micro-batches and cut to whole global batches, and one kernel thread
+     * runs per rank. With a fabric given, its own setting rules. */
     bool deterministic;
     /* Stop at the first non-finite loss or gradient, naming the step, the
      * batch and the tensor (FG_EINVAL). */

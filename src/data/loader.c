@@ -264,6 +264,25 @@ void fg_dataloader_position(const fg_dataloader *dl, int64_t *epoch, int64_t *ba
     if (batch) *batch = dl->cur;
 }
 
+void fg_dataloader_sample_position(const fg_dataloader *dl, int64_t *epoch, int64_t *samples) {
+    if (epoch) *epoch = dl->epoch;
+    if (samples) *samples = dl->cur * dl->B * (int64_t)fg_sampler_world(dl->sampler);
+}
+
+fg_status fg_dataloader_set_sample_position(fg_dataloader *dl, int64_t epoch, int64_t samples) {
+    if (!dl) return fg_error(FG_EINVAL, "fg_dataloader_set_sample_position: NULL loader");
+    int world = fg_sampler_world(dl->sampler);
+    int64_t step = dl->B * (int64_t)world;
+    if (samples < 0 || samples % step != 0 || samples / step > dl->nbatches)
+        return fg_error(FG_EINVAL,
+                        "dataloader: %lld samples into epoch %lld cannot be a position on %d "
+                        "rank%s with batch %lld: expected a multiple of %lld (batch x ranks) up to "
+                        "%lld; resume with a batch size and world size whose product divides it",
+                        (long long)samples, (long long)epoch, world, world == 1 ? "" : "s",
+                        (long long)dl->B, (long long)step, (long long)(dl->nbatches * step));
+    return fg_dataloader_set_position(dl, epoch, samples / step);
+}
+
 /* ------------------------------------------------------------- next */
 
 static fg_batch *failed(fg_dataloader *dl) {

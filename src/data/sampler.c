@@ -5,7 +5,10 @@
  * rank computes the same permutation without talking to the others. The
  * distributed sampler applies PyTorch's DistributedSampler rule to it:
  * position p of the padded list is list[p % n] (padding repeats from the
- * start, cyclically when needed), and rank r takes positions r, r + W, ... */
+ * start, cyclically when needed), and rank r takes positions r, r + W, ...
+ * (with a block of k > 1, blocks of k positions: rank r takes blocks r,
+ * r + W, ..., the deterministic mode's micro-batches). */
+#include <stdint.h>
 #include <string.h>
 
 #include "data_impl.h"
@@ -62,6 +65,7 @@ typedef struct builtin {
     uint64_t seed;
     bool shuffle;
     int rank, world;
+    int64_t block;    /* consecutive positions dealt at a time (1: PyTorch's rule) */
     int64_t per_rank; /* indices per epoch for this rank */
 } builtin;
 
@@ -93,7 +97,7 @@ static fg_status builtin_indices(void *ud, int64_t epoch, int64_t *out) {
         permutation(b->n, b->seed, epoch, list);
     }
     for (int64_t j = 0; j < b->per_rank; j++) {
-        int64_t p = (b->rank + j * (int64_t)b->world) % b->n;
+        int64_t p = (((j / b->block) * b->world + b->rank) * b->block + j % b->block) % b->n;
         out[j] = list ? list[p] : p;
     }
     fg_free(list);
@@ -118,7 +122,7 @@ fg_sampler *fg_sampler_sequential(int64_t n) {
         fg_error(FG_EINVAL, "fg_sampler_sequential: n=%lld (must be >= 0)", (long long)n);
         return NULL;
     }
-    return builtin_new(&(builtin){.n = n, .world = 1, .per_rank = n}, n);
+    return builtin_new(&(builtin){.n = n, .world = 1, .block = 1, .per_rank = n}, n);
 }
 
 fg_sampler *fg_sampler_random(int64_t n, uint64_t seed) {
@@ -126,8 +130,9 @@ fg_sampler *fg_sampler_random(int64_t n, uint64_t seed) {
         fg_error(FG_EINVAL, "fg_sampler_random: n=%lld (must be >= 0)", (long long)n);
         return NULL;
     }
-    return builtin_new(&(builtin){.n = n, .seed = seed, .shuffle = true, .world = 1, .per_rank = n},
-                       n);
+    return builtin_new(
+        &(builtin){.n = n, .seed = seed, .shuffle = true, .world = 1, .block = 1, .per_rank = n},
+        n);
 }
 
 fg_sampler *fg_sampler_distributed(int64_t n, int rank, int world, const fg_distributed_opts *o) {
@@ -143,18 +148,30 @@ fg_sampler *fg_sampler_distributed(int64_t n, int rank, int world, const fg_dist
                  rank, world);
         return NULL;
     }
-    int64_t per = d.drop_last ? n / world : (n + world - 1) / world;
-    if (n == 0) per = 0;
-    int64_t real = per;
-    if (!d.drop_last) { /* positions r + j*W >= n are padding */
-        real = n > rank ? (n - rank + world - 1) / world : 0;
-        if (real > per) real = per;
+    int64_t k = d.block ? d.block : 1;
+    if (k < 0 || d.round < 0 || k > (INT64_MAX / 2) / world ||
+        (d.round && d.round % (k * world) != 0)) {
+        fg_error(FG_EINVAL,
+                 "fg_sampler_distributed: block=%lld, round=%lld on %d ranks: expected block >= 0 "
+                 "and round a multiple of block * world (or 0)",
+                 (long long)d.block, (long long)d.round, world);
+        return NULL;
     }
+    int64_t rnd = k * world; /* whole rounds: every rank takes a block of each */
+    int64_t cut = d.round ? d.round : rnd;
+    int64_t total = d.drop_last ? n / cut * cut : (n + rnd - 1) / rnd * rnd;
+    int64_t per = total / world;
+    /* positions >= n are padding: whole rounds hold k real ones per rank, and
+     * the last, partial round those of its first n % rnd positions */
+    int64_t rem = n % rnd, mine = rem - (int64_t)rank * k;
+    int64_t real = n / rnd * k + (mine < 0 ? 0 : mine > k ? k : mine);
+    if (real > per) real = per;
     builtin b = {.n = n,
                  .seed = d.seed,
                  .shuffle = d.shuffle,
                  .rank = rank,
                  .world = world,
+                 .block = k,
                  .per_rank = per};
     return builtin_new(&b, real);
 }

@@ -13,6 +13,8 @@ fg_status fg__fabric_plan(fg_fabric *f, fg_launch_plan *out) {
                         .precision = f->cfg.precision,
                         .num_nodes = f->cfg.num_nodes,
                         .threads_per_rank = f->cfg.threads_per_rank};
+    /* deterministic: a fixed thread count, whatever the ranks per node */
+    if (f->cfg.deterministic && !o.threads_per_rank) o.threads_per_rank = 1;
     if (!f->cfg.cluster) return fg_launch_plan_make(&o, NULL, out);
     fg_cluster_info env;
     memset(&env, 0, sizeof env);
@@ -40,6 +42,19 @@ fg_fabric *fg_fabric_new(const fg_fabric_config *cfg) {
                  "sharded.state_dict_type = %d: expected FG_STATE_DICT_FULL or "
                  "FG_STATE_DICT_SHARDED",
                  (int)f->cfg.sharded.state_dict_type);
+        goto fail;
+    }
+    if (f->cfg.deterministic &&
+        (f->plan.strategy == FG_STRATEGY_DP || f->plan.strategy == FG_STRATEGY_BAGUA ||
+         fg_strategy_kind_is_sharded(f->plan.strategy) || f->cfg.ddp.comm_hook ||
+         f->cfg.ddp.comm_wrapper || f->cfg.ddp.user_hook)) {
+        fg_error(FG_EUNSUPPORTED,
+                 "deterministic: built for the single and ddp strategies (ddp_spawn, ddp_fork) "
+                 "without a communication hook; strategy=\"%s\"%s is not built yet in this mode",
+                 fg_strategy_kind_name(f->plan.strategy),
+                 f->cfg.ddp.comm_hook || f->cfg.ddp.comm_wrapper || f->cfg.ddp.user_hook
+                     ? " with a communication hook"
+                     : "");
         goto fail;
     }
     pthread_mutex_init(&f->comm_mu, NULL);

@@ -33,7 +33,10 @@ static const char *const k_own_keys[] = {"format",
                                          "lr",
                                          "loss_scale",
                                          "loss_scale_growth_tracker",
-                                         "loss_scale_skipped"};
+                                         "loss_scale_skipped",
+                                         "samples_in_epoch",
+                                         "global_batch",
+                                         "deterministic"};
 
 /* Checks st->meta before anything is written: every key non-empty, unique
  * and not one of the fabric's; every value a string (the writer checks
@@ -104,6 +107,13 @@ fg_status fg__fabric_ckpt_meta(fg_fabric *f, const fg_train_state *st, fg_st_wri
     snprintf(num, sizeof num, "%d", f->world_size);
     META("world_size", num);
     META("strategy", fg_fabric_strategy_name(f));
+    if (st->global_batch > 0) {
+        snprintf(num, sizeof num, "%" PRId64, st->samples_in_epoch);
+        META("samples_in_epoch", num);
+        snprintf(num, sizeof num, "%" PRId64, st->global_batch);
+        META("global_batch", num);
+    }
+    if (f->cfg.deterministic) META("deterministic", "true");
     if (st->optimizer) {
         snprintf(num, sizeof num, "%" PRId64, fg_optimizer_step_count(st->optimizer));
         META("optimizer_steps", num);
@@ -326,6 +336,8 @@ fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st) {
     st->epoch = meta_int(file, "epoch", 0);
     st->batch_in_epoch = meta_int(file, "batch_in_epoch", 0);
     st->seed = (uint64_t)meta_int(file, "seed", (int64_t)st->seed);
+    st->samples_in_epoch = meta_int(file, "samples_in_epoch", -1);
+    st->global_batch = meta_int(file, "global_batch", 0);
     if (opt) {
         fg_optimizer_set_step_count(opt, meta_int(file, "optimizer_steps", 0));
         const char *lr = fg_st_meta_get(file, "lr");

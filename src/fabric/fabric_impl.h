@@ -47,6 +47,9 @@ fg_status fg__fabric_plan(fg_fabric *f, fg_launch_plan *out);
 /* ds_config.c: cfg.deepspeed_config read into f's strategy name and
  * sharded options (fg_fabric_new). */
 fg_status fg__fabric_apply_deepspeed_config(fg_fabric *f);
+/* fabric_determ.c: what a micro-batch's gradient must not depend on, pinned
+ * for the process (the matrix product engine) */
+fg_status fg__fabric_deterministic_pin(fg_fabric *f);
 
 /* launch.c: ddp_spawn's copy of rank 0's state at the end of each step */
 void fg__spawn_snapshot(fg_fabric *f);

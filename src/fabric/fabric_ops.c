@@ -27,8 +27,10 @@ fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt) {
      * single-device run, with nothing to shard */
     fg_strategy_kind kind = f->plan.strategy;
     if (fg_strategy_kind_is_ddp(kind) && !f->comm) kind = FG_STRATEGY_SINGLE;
-    f->strategy = fg_strategy_new(kind, f->comm, model, opt, &f->cfg.ddp, &f->cfg.sharded,
-                                  f->plan.devices.count);
+    fg_ddp_opts ddp = f->cfg.ddp;
+    ddp.deterministic = ddp.deterministic || f->cfg.deterministic;
+    f->strategy =
+        fg_strategy_new(kind, f->comm, model, opt, &ddp, &f->cfg.sharded, f->plan.devices.count);
     if (!f->strategy) return fg_last_status();
     /* dropout masks must differ between ranks: each rank its own stream */
     if (f->seeded) fg_module_seed_dropout(model, fg_fabric_rank_seed(f));

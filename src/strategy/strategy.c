@@ -112,6 +112,7 @@ void fg_strategy_free(fg_strategy *s) {
     if (!s) return;
     fg__bagua_free(s); /* first: its background thread, its hook on the optimizer */
     fg__ddp_hooks_free(s);
+    fg__det_free(s);
     fg_ddp_reducer_free(s->reducer);
     fg__zero_free(s);
     fg__dp_free(s);
@@ -212,6 +213,24 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
     s->opt = opt;
     s->sync = true;
     fg_status st = FG_OK;
+    if (ddp && ddp->deterministic) {
+        if ((s->mode != FG_MODE_SINGLE && s->mode != FG_MODE_DDP) || ddp->user_hook ||
+            ddp->comm_hook != FG_DDP_HOOK_NONE || ddp->comm_wrapper != FG_DDP_WRAPPER_NONE) {
+            fg_error(FG_EUNSUPPORTED,
+                     "deterministic: built for the single and ddp strategies without a "
+                     "communication hook (this is %s%s)",
+                     fg_strategy_kind_name(kind),
+                     ddp->user_hook || ddp->comm_hook || ddp->comm_wrapper ? " with a hook" : "");
+            fg_free(s);
+            return NULL;
+        }
+        st = fg__det_setup(s);
+        if (st != FG_OK) {
+            fg_strategy_free(s);
+            return NULL;
+        }
+        return s;
+    }
     switch (s->mode) {
     case FG_MODE_DDP: st = setup_ddp(s, ddp); break;
     case FG_MODE_BAGUA: st = fg__bagua_setup(s, ddp); break;
@@ -229,6 +248,7 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
 
 fg_status fg_strategy_backward(fg_strategy *s, fg_tensor *loss) {
     if (s->bagua) return fg__bagua_backward(s, loss);
+    if (s->det) return fg__det_backward(s, loss, s->sync);
     if (s->reducer) return fg_ddp_reducer_backward(s->reducer, loss, s->sync);
     return fg_backward(loss);
 }

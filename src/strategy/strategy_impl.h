@@ -8,6 +8,7 @@
 typedef struct fg_dp_state fg_dp_state;
 typedef struct fg_zero_state fg_zero_state;
 typedef struct fg_bagua_state fg_bagua_state;
+typedef struct fg_det_state fg_det_state;
 
 /* What a strategy does once its kind and options are resolved: fsdp with
  * NO_SHARD runs as ddp, with SHARD_GRAD_OP as ZeRO-2, and the ddp and
@@ -34,12 +35,18 @@ struct fg_strategy {
     fg_bagua_state *bagua;             /* bagua (bagua_impl.h) */
     const struct fg_ddp_hook_vt *hook; /* ddp with a built-in comm hook */
     void *hook_state;
+    fg_det_state *det; /* ddp_opts.deterministic (single, ddp) */
 };
 
 /* strategy.c: rank 0's parameters to every rank; the reducer over the
  * model's parameters (s->reducer) */
 fg_status fg__strategy_broadcast_params(fg_strategy *s);
 fg_status fg__strategy_reducer_new(fg_strategy *s, const fg_ddp_reducer_opts *ro);
+
+/* deterministic.c: per micro-batch gradients summed in a fixed tree */
+fg_status fg__det_setup(fg_strategy *s);
+void fg__det_free(fg_strategy *s);
+fg_status fg__det_backward(fg_strategy *s, fg_tensor *loss, bool sync);
 
 /* dp.c */
 fg_status fg__dp_setup(fg_strategy *s, int threads);

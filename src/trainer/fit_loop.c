@@ -108,7 +108,9 @@ static fg_tensor *micro_step(fg_fabric *f, fg_batch *part, void *ud) {
             return step_fail(c, FG_EINVAL);
         }
     }
-    return t->accumulate > 1 ? fg_scale(loss, 1.0 / (double)t->accumulate) : loss;
+    /* deterministic: the fabric averages the micro-batches itself */
+    bool scale = t->accumulate > 1 && !fg_fabric_deterministic(t->f);
+    return scale ? fg_scale(loss, 1.0 / (double)t->accumulate) : loss;
 }
 
 static void step_end(fg_fabric *f, const double *part_losses, int nparts, void *ud) {

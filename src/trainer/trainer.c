@@ -320,7 +320,8 @@ fg_trainer *fg_trainer_new(const fg_trainer_opts *opts) {
                                                      .strategy = o.strategy,
                                                      .precision = o.precision,
                                                      .num_nodes = o.num_nodes,
-                                                     .seed = o.seed});
+                                                     .seed = o.seed,
+                                                     .deterministic = o.deterministic});
             if (!t->f) s = fg_last_status();
             t->own_fabric = t->f != NULL;
         }
@@ -522,6 +523,9 @@ static fg_status body(entry *e) {
                                         "module's train_dataloader");
             if (s == FG_OK && !fg_fabric_setup_dataloader(t->f, t->train, true))
                 s = fg_last_status();
+            /* deterministic: micro-batches that do not depend on the world size */
+            if (s == FG_OK && fg_fabric_deterministic(t->f))
+                s = fg_fabric_setup_global_batch(t->f, t->train, &t->accumulate, NULL);
             if (s == FG_OK && t->val && !fg_fabric_setup_dataloader(t->f, t->val, true))
                 s = fg_last_status();
             if (s == FG_OK && e->ckpt) s = fg__resolve_ckpt_path(t, e->ckpt);

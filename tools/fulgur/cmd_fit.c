@@ -55,6 +55,7 @@ int cmd_fit(int argc, char **argv) {
         .sharded = o.sharded,
         .deepspeed_config = o.deepspeed_config,
         .ddp = o.ddp,
+        .deterministic = o.deterministic,
     });
     if (!f) {
         /* bad devices/strategy/precision: usage; anything else (memory, I/O) a failure */

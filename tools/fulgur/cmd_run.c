@@ -200,7 +200,8 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
         }
         if (lo != hi) {
             cli_error("--nnodes=\"%s\": elastic ranges (MIN < MAX) are not built yet; give a fixed "
-                      "number of nodes",
+                      "number of nodes (to resize, stop the job and start it with another, "
+                      "--resume last: the checkpoint is re-cut and the global batch kept)",
                       nnodes_s);
             return FG_EXIT_USAGE;
         }

@@ -58,6 +58,7 @@ typedef struct fit_opts {
     int64_t ckpt_every, log_every, sample_tokens;
     int64_t save_top_k;       /* keep the newest N step checkpoints; -1: all */
     const char *on_nonfinite; /* "stop" or "skip" */
+    bool deterministic;       /* Lightning's `deterministic` (fabric.h) */
     bool on_nonfinite_skip;
     int64_t restart_count; /* FULGUR_RESTART_COUNT, TORCHELASTIC_RESTART_COUNT or
                               SLURM_RESTART_COUNT: > 0 in a restarted job */

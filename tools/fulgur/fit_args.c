@@ -146,6 +146,9 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .choices = k_nonfinite,
       .help = "a non-finite loss or gradient on any rank: stop (naming the step, the tensor and "
               "the last good checkpoint) or skip the optimizer step on every rank (counted)");
+    F(.name = "deterministic", .type = CLI_BOOL, .dst = &o->deterministic,
+      .help = "bitwise the same weights on any number of devices for the same global batch "
+              "(one kernel thread per rank; docs/fault-tolerance.md)");
     F(.name = "optimizer", .type = CLI_STR, .dst = &o->optimizer, .def = "adamw",
       .choices = k_optims, .help = "adamw, or sgd with --momentum");
     F(.name = "lr", .type = CLI_DOUBLE, .dst = &o->lr, .def = "2e-3", .help = "peak learning rate");
@@ -393,6 +396,12 @@ int fit_args_parse(fit_opts *o, int argc, char **argv) {
     }
     if (!(o->val_fraction >= 0 && o->val_fraction < 1)) {
         cli_error("--val-fraction=%g: expected a number in [0, 1)", o->val_fraction);
+        return FG_EXIT_USAGE;
+    }
+    if (o->deterministic && o->dropout > 0) {
+        cli_error("--deterministic with --dropout=%g: dropout draws its masks per rank, so the "
+                  "weights would depend on the number of devices; use --dropout 0",
+                  o->dropout);
         return FG_EXIT_USAGE;
     }
     if (!(o->dropout >= 0 && o->dropout < 1)) {

@@ -46,6 +46,7 @@ typedef struct fit_ctx {
     char nonfinite[512];             /* what train_step found non-finite, "" if nothing */
     double last_val;
     char last_ckpt[4096];
+    int64_t *accumulate; /* the run's copy of o->accumulate, which a resume may change */
 } fit_ctx;
 
 /* what this process printed last (fit_reported) */
@@ -179,6 +180,8 @@ static void prune(fit_ctx *c) {
 static fg_status save(fit_ctx *c) {
     int64_t epoch, batch;
     fg_dataloader_position(c->train, &epoch, &batch);
+    int64_t samples;
+    fg_dataloader_sample_position(c->train, NULL, &samples);
     char path[4096], name[128], last[4096];
     bool sharded = c->o->sharded.state_dict_type == FG_STATE_DICT_SHARDED;
     ckpt_step_path(c->o->ckpt_dir, c->step, sharded, path, sizeof path);
@@ -191,6 +194,8 @@ static fg_status save(fit_ctx *c) {
                          .epoch = epoch,
                          .batch_in_epoch = batch,
                          .seed = (uint64_t)c->o->seed,
+                         .samples_in_epoch = samples,
+                         .global_batch = c->o->batch_size * c->world * c->o->accumulate,
                          .meta = meta,
                          .nmeta = c->vocab_b64 ? 2 : 1};
     fg_status s = fg_fabric_save(c->f, path, &st);
@@ -212,7 +217,31 @@ static fg_status resume(fit_ctx *c) {
                           (unsigned long long)st.seed, (long long)c->o->seed);
     c->step = st.step;
     c->last_saved = st.step;
-    TRY(fg_dataloader_set_position(c->train, st.epoch, st.batch_in_epoch));
+    /* the global batch kept on this world size (the accumulation
+     * recomputed), the epoch's remaining samples dealt to these ranks */
+    int64_t was = c->o->accumulate;
+    TRY(fg_fabric_setup_global_batch(c->f, c->train, c->accumulate, &st));
+    int64_t global = c->o->batch_size * c->world * *c->accumulate, at;
+    fg_dataloader_sample_position(c->train, NULL, &at);
+    const char *ws = fg_fabric_loaded_meta(c->f, "world_size");
+    bool resized = ws && atoll(ws) != c->world;
+    if (c->rank0 && resized && st.global_batch > 0 && global != st.global_batch)
+        fit_progress_note(c->prog,
+                          "note: the checkpoint's global batch %lld cannot be kept on %d rank%s "
+                          "with --batch-size %lld; this run's is %lld",
+                          (long long)st.global_batch, c->world, c->world == 1 ? "" : "s",
+                          (long long)c->o->batch_size, (long long)global);
+    else if (c->rank0 && *c->accumulate != was)
+        fit_progress_note(c->prog,
+                          "global batch %lld kept on %d rank%s: --accumulate-grad-batches %lld",
+                          (long long)st.global_batch, c->world, c->world == 1 ? "" : "s",
+                          (long long)*c->accumulate);
+    if (c->rank0 && st.global_batch > 0 && at < st.samples_in_epoch)
+        fit_progress_note(c->prog,
+                          "note: %lld samples of epoch %lld are taken again (no batch boundary "
+                          "of %d rank%s where the checkpoint stopped)",
+                          (long long)(st.samples_in_epoch - at), (long long)st.epoch, c->world,
+                          c->world == 1 ? "" : "s");
     if (c->rank0)
         fit_progress_note(c->prog, "resumed from %s at step %lld (epoch %lld, batch %lld)",
                           c->o->resume_path, (long long)st.step, (long long)st.epoch,
@@ -242,11 +271,12 @@ static fg_batch *next_batch(fit_ctx *c, fg_status *status) {
 /* fg_fabric_training_step's step: the loss of one micro-batch (or, under
  * dp, of one thread's part of it), scaled for accumulation. */
 static fg_tensor *micro_step(fg_fabric *f, fg_batch *part, void *ud) {
-    (void)f;
     fit_ctx *c = ud;
     fg_tensor *loss = forward_loss(c, part->x, part->y);
     if (!loss) fg_error_wrap(FG_EINVAL, "step %lld: forward", (long long)c->step + 1);
-    return c->o->accumulate > 1 ? fg_scale(loss, 1.0 / (double)c->o->accumulate) : loss;
+    /* deterministic: the fabric averages the micro-batches itself */
+    bool scale = c->o->accumulate > 1 && !fg_fabric_deterministic(f);
+    return scale ? fg_scale(loss, 1.0 / (double)c->o->accumulate) : loss;
 }
 
 /* The first parameter whose gradient holds an inf or NaN, or -1. */
@@ -319,7 +349,7 @@ static fg_status train_step(fit_ctx *c, double *loss_out, double *items, bool *d
         fg_fabric_set_no_backward_sync(c->f, micro + 1 < o->accumulate);
         double part_loss;
         TRY(fg_fabric_training_step(c->f, b, micro_step, NULL, c, &part_loss));
-        loss_sum += part_loss * (double)o->accumulate;
+        loss_sum += part_loss * (fg_fabric_deterministic(c->f) ? 1.0 : (double)o->accumulate);
         samples += b->size;
         fg_fabric_step_end(c->f);
     }
@@ -350,7 +380,8 @@ static fg_status train_step(fit_ctx *c, double *loss_out, double *items, bool *d
     /* not fg_fabric_reduce_scalar: its NaN on a failed allreduce would read
      * as a non-finite loss, hiding the peer that broke the group */
     fg_comm *comm = fg_fabric_comm(c->f);
-    if (comm && c->world > 1) TRY(fg_comm_allreduce(comm, &mean, &mean, 1, FG_F64, FG_AVG));
+    if (fg_fabric_deterministic(c->f)) TRY(fg_fabric_step_loss(c->f, &mean));
+    else if (comm && c->world > 1) TRY(fg_comm_allreduce(comm, &mean, &mean, 1, FG_F64, FG_AVG));
     *loss_out = mean;
     *items = (double)samples * (c->cfg.kind == FIT_GPT ? (double)c->cfg.ctx : 1.0) * c->world;
     return FG_OK;
@@ -406,8 +437,12 @@ static void free_ctx(fit_ctx *c) {
 }
 
 int fit_run(fg_fabric *f, void *arg) {
-    fit_ctx c = {
-        .f = f, .o = arg, .rank0 = fg_fabric_is_global_zero(f), .world = fg_fabric_world_size(f)};
+    fit_opts opts = *(const fit_opts *)arg;
+    fit_ctx c = {.f = f,
+                 .o = &opts,
+                 .rank0 = fg_fabric_is_global_zero(f),
+                 .world = fg_fabric_world_size(f),
+                 .accumulate = &opts.accumulate};
     const fit_opts *o = c.o;
     int rc = FG_EXIT_FAIL;
     double t_start = fg_time();
@@ -508,7 +543,7 @@ int fit_run(fg_fabric *f, void *arg) {
             rc = rank_error(&c, "--resume");
             goto out;
         }
-    } else if (fg_dataloader_set_epoch(c.train, 0) != FG_OK) {
+    } else if (fg_fabric_setup_global_batch(f, c.train, c.accumulate, NULL) != FG_OK) {
         rc = rank_error(&c, "data loader");
         goto out;
     }
