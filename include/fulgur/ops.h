@@ -6,8 +6,11 @@
  * in later with the same entries.
  *
  * Conventions for every entry:
- *   - float tensors are all the same dtype, FG_F32 or FG_F64 (bf16/f16 later
- *     through the same entries); index tensors are FG_I32;
+ *   - float tensors are all the same dtype, FG_F32 or FG_F64, or bf16/f16:
+ *     a call with bf16/f16 tensors converts them to f32, runs the f32
+ *     kernel and rounds its outputs once (an entry may mix bf16/f16 with
+ *     f32 tensors: binary, sum_to, axpby, bias_add, bias_grad, the
+ *     attention's and layer norm's f32 statistics); index tensors are FG_I32;
  *   - inputs and outputs are contiguous unless the entry says otherwise;
  *   - "(B, T, C)" comments give shapes; leading dims of ... are flattened;
  *   - forward kernels overwrite their output; backward kernels ACCUMULATE
@@ -145,6 +148,13 @@ FG_API const char *fg_ops_blas_info(void);
  * is kept for the process. Thread-safe; the string is the calling thread's,
  * valid until its next call. */
 FG_API const char *fg_matmul_bf16_path(void);
+
+/* Which path converts bf16/f16 to and from f32 in this process, chosen at
+ * run time from the CPU: "avx512_bf16" (vcvtneps2bf16; f32 subnormals
+ * become a signed zero), "avx512", "avx2" (F16C for f16) or "scalar".
+ * FULGUR_CPU_ISA caps it. The paths give the same bits on every other
+ * input. Thread-safe. */
+FG_API const char *fg_ops_lowp_path(void);
 
 #ifdef __cplusplus
 }

@@ -69,12 +69,16 @@ fg_status fg__check_float(const char *fn, const fg_tensor *t);
 fg_status fg__check_same_dtype(const char *fn, const fg_tensor *a, const fg_tensor *b);
 
 /* Autocast (fn_cast.c, fn_autocast.c). fg__autocast_applies: the thread's
- * autocast is on and a and b are f32, so fg_matmul/fg_linear take the
- * autocast path. fg__autocast_operand: t rounded for a product in dt (bf16
- * data for bf16; f32 data holding f16-rounded values for f16), a new
- * contiguous step tensor. fg__autocast_matmul: c (f32) = op(a) op(b) +
- * beta c on such operands. */
+ * autocast is on and a and b are each f32 or the autocast dtype, so
+ * fg_matmul/fg_linear take the autocast path. fg__autocast_operand: t in
+ * dt (t itself when it has dt and is contiguous, else rounded from f32 into
+ * a new step tensor). fg__autocast_matmul: c (f32 or dt) = op(a) op(b) +
+ * beta c on such operands. fg__autocast_f32: t cast to f32 (fg_cast,
+ * recorded) when autocast is on and t is bf16/f16, else t: the functions
+ * autocast keeps in f32 (layer norm, softmax, log-softmax, cross-entropy,
+ * reductions) call it on their inputs. */
 bool fg__autocast_applies(const fg_tensor *a, const fg_tensor *b);
+fg_tensor *fg__autocast_f32(fg_tensor *t);
 fg_tensor *fg__autocast_operand(const fg_tensor *t, fg_dtype dt);
 fg_status fg__autocast_matmul(fg_dtype dt, const fg_tensor *a, bool ta, const fg_tensor *b, bool tb,
                               fg_tensor *c, double beta);

@@ -73,12 +73,14 @@ fg_tensor *fg_gelu(fg_tensor *a) {
 
 fg_tensor *fg_softmax(fg_tensor *a) {
     const fg_op_table *ops = ops_of("softmax", a);
+    if (ops && !(a = fg__autocast_f32(a))) return NULL; /* autocast keeps softmax in f32 */
     if (!ops || FG_OP(ops, softmax_fwd)) return NULL;
     return unary("softmax", ops, a, ops->softmax_fwd, ops->softmax_bwd != NULL, softmax_bw);
 }
 
 fg_tensor *fg_log_softmax(fg_tensor *a) {
     const fg_op_table *ops = ops_of("log_softmax", a);
+    if (ops && !(a = fg__autocast_f32(a))) return NULL; /* autocast keeps it in f32 */
     if (!ops || FG_OP(ops, log_softmax_fwd)) return NULL;
     return unary("log_softmax", ops, a, ops->log_softmax_fwd, ops->log_softmax_bwd != NULL,
                  log_softmax_bw);

@@ -4,12 +4,18 @@
  * holds O(B H T) extra memory instead of the (B, H, T, T) matrix. */
 #include "autograd_impl.h"
 
-/* saved[0] = contiguous qkv, saved[1] = lse; i[0] = heads */
+/* saved[0] = contiguous qkv (in the autocast dtype under autocast), saved[1]
+ * = lse; i[0] = heads */
 static fg_status attention_bw(fg_node *n, const fg_tensor *g) {
     fg_tensor *gq = fg__grad_of(n->in[0]);
     if (!gq) return FG_ENOMEM;
     return fg__ops(g)->attention_bwd(n->saved[0], (int)n->i[0], n->out, n->saved[1], g, gq);
 }
+
+/* Under autocast, attention is one of the products: an f32 qkv is rounded
+ * to the autocast dtype (its gradient stays f32), the scores and their
+ * softmax are f32 inside the kernel, and y comes out in the autocast dtype.
+ * A bf16/f16 qkv keeps its lse in f32. */
 
 fg_tensor *fg_causal_attention(fg_tensor *qkv, int heads) {
     if (fg__check_float("causal_attention", qkv)) return NULL;
@@ -25,9 +31,12 @@ fg_tensor *fg_causal_attention(fg_tensor *qkv, int heads) {
     const fg_op_table *ops = fg__ops(qkv);
     if (!ops || FG_OP(ops, attention_fwd)) return NULL;
     int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3;
-    fg_tensor *qc = fg_tensor_contiguous(qkv);
-    fg_tensor *y = qc ? fg_empty(qkv->dtype, 3, (int64_t[]){B, T, C}) : NULL;
-    fg_tensor *lse = y ? fg_empty(qkv->dtype, 3, (int64_t[]){B, heads, T}) : NULL;
+    fg_dtype ac = fg_autocast_dtype();
+    fg_tensor *qc = ac != FG_DTYPE_DEFAULT && qkv->dtype == FG_F32 ? fg__autocast_operand(qkv, ac)
+                                                                   : fg_tensor_contiguous(qkv);
+    fg_dtype sdt = qc && (qc->dtype == FG_BF16 || qc->dtype == FG_F16) ? FG_F32 : qkv->dtype;
+    fg_tensor *y = qc ? fg_empty(qc->dtype, 3, (int64_t[]){B, T, C}) : NULL;
+    fg_tensor *lse = y ? fg_empty(sdt, 3, (int64_t[]){B, heads, T}) : NULL;
     if (!lse || ops->attention_fwd(qc, heads, y, lse)) return NULL;
     fg_node *node;
     if (fg__record(&node, "causal_attention", attention_bw, y, 1, &qkv)) return NULL;

@@ -1,11 +1,15 @@
 /* matmul and linear under autocast (fg_autocast_set): one node each, whose
- * inputs are the caller's f32 tensors. Forward rounds the operands to the
- * autocast dtype (fg__autocast_operand) and multiplies them with f32
- * accumulation into an f32 output; backward rounds the output's gradient
- * the same way and multiplies it with the saved rounded operands, writing
- * f32 straight into the inputs' f32 gradients (beta = 1 for leaves: a
- * parameter's gradient accumulates in f32, never rounded to the low dtype).
- * The bias is added, and its gradient summed, in f32.
+ * inputs are the caller's tensors (f32, or already in the autocast dtype).
+ * Forward rounds the f32 operands to the autocast dtype
+ * (fg__autocast_operand) and multiplies them with f32 accumulation into an
+ * output in the autocast dtype, rounded once (PyTorch's CPU autocast
+ * returns bf16 from a linear layer too: the activations that follow, and
+ * those saved for backward, take half the memory). Backward multiplies the
+ * output's gradient (in the autocast dtype) with the saved rounded
+ * operands, writing straight into the inputs' gradients in their own
+ * dtypes (beta = 1 for leaves: an f32 parameter's gradient accumulates in
+ * f32, never rounded to the low dtype). The bias (f32) is added before the
+ * output's rounding, and its gradient summed in f32.
  *
  * fn_matmul.c checks dtypes and shapes first, then hands over here. */
 #include "autograd_impl.h"
@@ -45,7 +49,7 @@ fg_tensor *fg__autocast_mm(fg_tensor *a, fg_tensor *b) {
     int64_t shape[FG_MAX_DIMS];
     for (int d = 0; d < a->ndim; d++) shape[d] = a->shape[d];
     shape[a->ndim - 1] = b->shape[b->ndim - 1];
-    fg_tensor *y = fg_empty(FG_F32, a->ndim, shape); /* (..., M, N) */
+    fg_tensor *y = fg_empty(dt, a->ndim, shape); /* (..., M, N) */
     if (!y || fg__autocast_matmul(dt, al, false, bl, false, y, 0.0)) return NULL;
     fg_node *node;
     fg_tensor *in[2] = {a, b};
@@ -64,7 +68,7 @@ static fg_status linear_bw(fg_node *n, const fg_tensor *g) {
     fg_tensor *xl = n->saved[0], *wl = n->saved[1];
     fg_dtype dt = (fg_dtype)n->i[0];
     int64_t R = xl->shape[0], in = xl->shape[1], out = wl->shape[0];
-    fg_tensor *g2 = fg_tensor_reshape_view(g, 2, (int64_t[]){R, out}); /* (R, out) f32 */
+    fg_tensor *g2 = fg_tensor_reshape_view(g, 2, (int64_t[]){R, out}); /* (R, out) */
     fg_tensor *gl = g2 ? fg__autocast_operand(g2, dt) : NULL;
     if (!gl) return fg_last_status();
     if (fg__needs_grad(x)) { /* dx (R, in) += g (R, out) @ w (out, in) */
@@ -101,10 +105,9 @@ fg_tensor *fg__autocast_linear(fg_tensor *x, fg_tensor *w, fg_tensor *b) {
     int64_t shape[FG_MAX_DIMS];
     for (int d = 0; d < x->ndim; d++) shape[d] = x->shape[d];
     shape[x->ndim - 1] = out;
-    fg_tensor *y = x2 ? fg_empty(FG_F32, x->ndim, shape) : NULL; /* (..., out) */
+    fg_tensor *y = x2 ? fg_empty(dt, x->ndim, shape) : NULL; /* (..., out) */
     fg_tensor *y2 = y ? fg_tensor_reshape_view(y, 2, (int64_t[]){R, out}) : NULL;
-    if (!y2 || fg__autocast_matmul(dt, x2, false, wl, true, y2, 0.0)) return NULL;
-    if (bc && ops->bias_add(y2, bc)) return NULL;
+    if (!y2 || fg__ops_linear_lowp(x2, wl, bc, y2)) return NULL;
     fg_node *node;
     fg_tensor *inputs[3] = {x, w, b};
     if (fg__record(&node, "linear", linear_bw, y, b ? 3 : 2, inputs)) return NULL;

@@ -51,13 +51,31 @@ static fg_status mul_bw(fg_node *n, const fg_tensor *g) {
     return FG_OK;
 }
 
+/* The dtype of a op b: the same, or the wider of two float dtypes (f64 >
+ * f32 > bf16, f16; bf16 with f16 gives f32), as PyTorch promotes. The
+ * kernels read mixed inputs as they are: nothing is cast first. */
+static fg_dtype promote(fg_dtype a, fg_dtype b) {
+    if (a == b) return a;
+    if (a == FG_F64 || b == FG_F64) return FG_F64;
+    return FG_F32;
+}
+
 static fg_tensor *binary(const char *fn, fg_binary_op op, fg_tensor *a, fg_tensor *b) {
-    if (fg__check_float(fn, a) || fg__check_float(fn, b) || fg__check_same_dtype(fn, a, b))
+    if (fg__check_float(fn, a) || fg__check_float(fn, b)) return NULL;
+    fg_dtype dt = promote(a->dtype, b->dtype);
+    if (a->device != b->device) {
+        fg_error(FG_EINVAL, "%s: tensors on different devices", fn);
         return NULL;
+    }
+    if (dt == FG_F64 && a->dtype != b->dtype) { /* f64 with a 16-bit dtype: no kernel mixes them */
+        a = fg_cast(a, FG_F64);
+        b = a ? fg_cast(b, FG_F64) : NULL;
+        if (!b) return NULL;
+    }
     int nd = 0;
     int64_t shape[FG_MAX_DIMS];
     if (broadcast_shape(fn, a, b, &nd, shape)) return NULL;
-    fg_tensor *y = fg_empty(a->dtype, nd, shape);
+    fg_tensor *y = fg_empty(dt, nd, shape);
     if (!y) return NULL;
     const fg_op_table *ops = fg__ops(a);
     if (FG_OP(ops, binary) || ops->binary(op, a, b, y)) return NULL;

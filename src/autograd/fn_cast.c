@@ -1,9 +1,5 @@
 /* The calling thread's autocast setting, the rounding of autocast's
- * operands, and fg_cast, the differentiable dtype conversion.
- *
- * An autocast operand is what a product multiplies: bf16 data for bf16 (the
- * bf16 product reads it), f32 data holding f16-rounded values for f16 (no
- * f16 product exists; the f32 one multiplies the rounded values). */
+ * operands, and fg_cast, the differentiable dtype conversion. */
 #include <string.h>
 
 #include "autograd_impl.h"
@@ -23,59 +19,42 @@ fg_status fg_autocast_set(fg_dtype dt, fg_dtype *prev) {
 
 fg_dtype fg_autocast_dtype(void) { return tl_autocast; }
 
+static bool castable(const fg_tensor *t) {
+    return t && (t->dtype == FG_F32 || t->dtype == tl_autocast);
+}
+
 bool fg__autocast_applies(const fg_tensor *a, const fg_tensor *b) {
-    return tl_autocast != FG_DTYPE_DEFAULT && a && b && a->dtype == FG_F32 && b->dtype == FG_F32;
+    return tl_autocast != FG_DTYPE_DEFAULT && castable(a) && castable(b) &&
+           (a->dtype == FG_F32 || b->dtype == FG_F32 || a->dtype == tl_autocast);
 }
 
-/* f32 -> bf16, round to nearest even, NaN kept quiet (fg_f32_to_bf16's
- * rounding, inlined so that the loop vectorises). */
-static inline uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+fg_tensor *fg__autocast_f32(fg_tensor *t) {
+    if (!t || tl_autocast == FG_DTYPE_DEFAULT || (t->dtype != FG_BF16 && t->dtype != FG_F16))
+        return t;
+    return fg_cast(t, FG_F32);
 }
 
-/* f32 -> f16 -> f32, round to nearest even, overflow to inf: the compiler's
- * _Float16 where it has one (F16C's vcvtps2ph when the target has it, so the
- * loop vectorises), else the library's conversions. */
-#ifdef __FLT16_MAX__
-__extension__ typedef _Float16 half; /* a GCC/Clang extension of C11 */
-#endif
-static inline float round_f16(float f) {
-#ifdef __FLT16_MAX__
-    return (float)(half)f;
-#else
-    return fg_f16_to_f32(fg_f32_to_f16(f));
-#endif
-}
-
+/* An operand of a product in dt is a in dt: a itself when it is already
+ * (and contiguous), else a new contiguous step tensor rounded from f32 to
+ * nearest even on the ops' conversion path (fg_ops_lowp_path). */
 fg_tensor *fg__autocast_operand(const fg_tensor *t, fg_dtype dt) {
+    if (t->dtype == dt && fg_tensor_is_contiguous(t)) return (fg_tensor *)t;
     fg_tensor *c = fg_tensor_contiguous(t);
     if (!c) return NULL;
-    int64_t n = c->numel;
-    bool par = n > 32768;
-    const float *src = c->data;
-    if (dt == FG_BF16) {
-        fg_tensor *o = fg_empty(FG_BF16, c->ndim, c->shape);
-        if (!o) return NULL;
-        uint16_t *dst = o->data;
-#pragma omp parallel for simd if (par) schedule(static)
-        for (int64_t i = 0; i < n; i++) dst[i] = to_bf16(src[i]);
-        return o;
+    if (c->dtype == dt) return c;
+    if (c->dtype != FG_F32) {
+        fg_error(FG_EUNSUPPORTED, "autocast: a %s operand in a %s product; expected f32 or %s",
+                 fg_dtype_name(c->dtype), fg_dtype_name(dt), fg_dtype_name(dt));
+        return NULL;
     }
-    fg_tensor *o = fg_empty(FG_F32, c->ndim, c->shape);
-    if (!o) return NULL;
-    float *dst = o->data;
-#pragma omp parallel for simd if (par) schedule(static)
-    for (int64_t i = 0; i < n; i++) dst[i] = round_f16(src[i]);
+    fg_tensor *o = fg_empty(dt, c->ndim, c->shape);
+    if (!o || fg__ops_round(c, o)) return NULL;
     return o;
 }
 
 fg_status fg__autocast_matmul(fg_dtype dt, const fg_tensor *a, bool ta, const fg_tensor *b, bool tb,
                               fg_tensor *c, double beta) {
-    if (dt == FG_BF16) return fg__ops_matmul_bf16(a, ta, b, tb, c, 1.0, beta);
+    (void)dt; /* a and b have it: the table sends bf16 to the bf16 product */
     const fg_op_table *ops = fg__ops(c);
     if (!ops) return fg_last_status();
     return ops->matmul(a, ta, b, tb, c, 1.0, beta);

@@ -28,6 +28,7 @@ static bool vec_ok(const fg_tensor *v, const fg_tensor *x, int64_t C) {
 
 fg_tensor *fg_layer_norm(fg_tensor *x, fg_tensor *w, fg_tensor *b, double eps) {
     if (fg__check_float("layer_norm", x)) return NULL;
+    if (!(x = fg__autocast_f32(x))) return NULL; /* autocast keeps layer norm in f32 */
     char sx[96], sw[96], sb[96];
     int64_t C = x->ndim ? x->shape[x->ndim - 1] : 0;
     if (x->ndim < 1 || !vec_ok(w, x, C) || !vec_ok(b, x, C) || !(eps >= 0)) {
@@ -49,8 +50,10 @@ fg_tensor *fg_layer_norm(fg_tensor *x, fg_tensor *w, fg_tensor *b, double eps) {
     fg_tensor *x2 = fg_tensor_reshape_view(xc, 2, (int64_t[]){N, C}); /* (N, C) */
     fg_tensor *y = x2 ? fg_empty_like(x) : NULL;                      /* (..., C) */
     fg_tensor *y2 = y ? fg_tensor_reshape_view(y, 2, (int64_t[]){N, C}) : NULL;
-    fg_tensor *mean = y2 ? fg_empty(x->dtype, 1, &N) : NULL; /* (N) */
-    fg_tensor *rstd = mean ? fg_empty(x->dtype, 1, &N) : NULL;
+    /* the statistics of a bf16/f16 x stay f32 */
+    fg_dtype sdt = x->dtype == FG_BF16 || x->dtype == FG_F16 ? FG_F32 : x->dtype;
+    fg_tensor *mean = y2 ? fg_empty(sdt, 1, &N) : NULL; /* (N) */
+    fg_tensor *rstd = mean ? fg_empty(sdt, 1, &N) : NULL;
     if (!rstd || ops->layernorm_fwd(x2, wc, bc, eps, y2, mean, rstd)) return NULL;
     fg_node *node;
     fg_tensor *in[3] = {x, w, b};

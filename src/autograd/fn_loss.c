@@ -16,6 +16,7 @@ static fg_status cross_entropy_bw(fg_node *n, const fg_tensor *g) {
 
 fg_tensor *fg_cross_entropy(fg_tensor *logits, fg_tensor *targets, int64_t ignore_index) {
     if (fg__check_float("cross_entropy", logits)) return NULL;
+    if (!(logits = fg__autocast_f32(logits))) return NULL; /* autocast keeps it in f32 */
     if (!targets) {
         fg_error_wrap(FG_EINVAL, "cross_entropy: NULL targets (an earlier call failed)");
         return NULL;

@@ -43,7 +43,7 @@ static fg_status matmul_bw(fg_node *n, const fg_tensor *g) {
 
 fg_tensor *fg_matmul(fg_tensor *a, fg_tensor *b) {
     if (fg__check_float("matmul", a) || fg__check_float("matmul", b) ||
-        fg__check_same_dtype("matmul", a, b))
+        (!fg__autocast_applies(a, b) && fg__check_same_dtype("matmul", a, b)))
         return NULL;
     char sa[96], sb[96];
     bool ok = a->ndim >= 2 && b->ndim >= 2 && a->shape[a->ndim - 1] == b->shape[b->ndim - 2] &&
@@ -105,10 +105,11 @@ static fg_status linear_bw(fg_node *n, const fg_tensor *g) {
 }
 
 fg_tensor *fg_linear(fg_tensor *x, fg_tensor *w, fg_tensor *b) {
-    if (fg__check_float("linear", x) || fg__check_float("linear", w) ||
-        fg__check_same_dtype("linear", x, w))
-        return NULL;
-    if (b && fg__check_same_dtype("linear", x, b)) return NULL;
+    if (fg__check_float("linear", x) || fg__check_float("linear", w)) return NULL;
+    bool ac = fg__autocast_applies(x, w); /* f32 and/or the autocast dtype: cast inside */
+    if (!ac && fg__check_same_dtype("linear", x, w)) return NULL;
+    if (b && !ac && fg__check_same_dtype("linear", x, b)) return NULL;
+    if (b && ac && (fg__check_float("linear", b) || b->device != x->device)) return NULL;
     char sx[96], sw[96], sb[96];
     int64_t in = x->ndim ? x->shape[x->ndim - 1] : -1;
     if (x->ndim < 1 || w->ndim != 2 || w->shape[1] != in ||
@@ -120,7 +121,7 @@ fg_tensor *fg_linear(fg_tensor *x, fg_tensor *w, fg_tensor *b) {
                  b ? fg_tensor_describe(b, sb, sizeof sb) : "none");
         return NULL;
     }
-    if (fg__autocast_applies(x, w)) return fg__autocast_linear(x, w, b);
+    if (ac) return fg__autocast_linear(x, w, b);
     const fg_op_table *ops = fg__ops(x);
     if (!ops || FG_OP(ops, matmul) || (b && FG_OP(ops, bias_add))) return NULL;
     int64_t out = w->shape[0], R = 1; /* rows: every leading dim of x */

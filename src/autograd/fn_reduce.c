@@ -21,7 +21,7 @@ static fg_status sum_all_bw(fg_node *n, const fg_tensor *g) {
 }
 
 static fg_tensor *reduce_all(const char *fn, fg_tensor *a, bool mean) {
-    if (fg__check_float(fn, a)) return NULL;
+    if (fg__check_float(fn, a) || !(a = fg__autocast_f32(a))) return NULL; /* autocast: f32 */
     const fg_op_table *ops = fg__ops(a);
     if (!ops || FG_OP(ops, sum_dim) || FG_OP(ops, sum_dim_bwd)) return NULL;
     fg_tensor *ac = fg_tensor_contiguous(a);
@@ -40,7 +40,7 @@ fg_tensor *fg_sum(fg_tensor *a) { return reduce_all("sum", a, false); }
 fg_tensor *fg_mean(fg_tensor *a) { return reduce_all("mean", a, true); }
 
 static fg_tensor *reduce_dim(const char *fn, fg_tensor *a, int dim, bool keepdim, bool mean) {
-    if (fg__check_float(fn, a)) return NULL;
+    if (fg__check_float(fn, a) || !(a = fg__autocast_f32(a))) return NULL; /* autocast: f32 */
     int nd = a->ndim, d = dim < 0 ? dim + nd : dim;
     if (nd == 0 ? !(dim == 0 || dim == -1) : (d < 0 || d >= nd)) {
         char s[96];

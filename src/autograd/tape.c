@@ -90,8 +90,8 @@ const fg_op_table *fg__ops(const fg_tensor *t) { return fg_ops_get(t->device); }
 fg_status fg__check_float(const char *fn, const fg_tensor *t) {
     /* wrap, not "%s" of fg_last_error(): that is the buffer fg_error writes */
     if (!t) return fg_error_wrap(FG_EINVAL, "%s: NULL input (an earlier call failed)", fn);
-    if (t->dtype != FG_F32 && t->dtype != FG_F64)
-        return fg_error(FG_EUNSUPPORTED, "%s: dtype %s is not supported (f32, f64)", fn,
+    if (t->dtype != FG_F32 && t->dtype != FG_F64 && t->dtype != FG_BF16 && t->dtype != FG_F16)
+        return fg_error(FG_EUNSUPPORTED, "%s: dtype %s is not supported (f32, f64, bf16, f16)", fn,
                         fg_dtype_name(t->dtype));
     return FG_OK;
 }

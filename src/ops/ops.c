@@ -1,9 +1,10 @@
 /* The op-table registry: one table per device. */
-#include "cpu/cpu_impl.h"
+#include "cpu/lowp.h"
 #include "ops_impl.h"
 
 const fg_op_table *fg_ops_get(fg_device device) {
-    if (device == FG_CPU) return &fg__cpu_ops;
+    if (device == FG_CPU)
+        return &fg__cpu_ops_lowp; /* f32/f64 kernels, bf16/f16 through lowp_ops.c */
     fg_error(FG_EUNSUPPORTED, "device %d: no kernels built in (CPU only in this build)",
              (int)device);
     return NULL;
@@ -15,4 +16,24 @@ fg_status fg__ops_matmul_bf16(const fg_tensor *a, bool ta, const fg_tensor *b, b
         return fg_error(FG_EUNSUPPORTED, "matmul_bf16: device %d: no bf16 product built in",
                         (int)a->device);
     return fg__cpu_matmul_bf16(a, ta, b, tb, c, alpha, beta);
+}
+
+fg_status fg__ops_linear_lowp(const fg_tensor *x, const fg_tensor *w, const fg_tensor *bias,
+                              fg_tensor *y) {
+    if (x->device != FG_CPU)
+        return fg_error(FG_EUNSUPPORTED, "linear_lowp: device %d: no low-precision linear built in",
+                        (int)x->device);
+    return fg__cpu_linear_lowp(x, w, bias, y);
+}
+
+const char *fg_ops_lowp_path(void) { return fg__lowp_path_name(fg__lowp_path_get()); }
+
+fg_status fg__ops_round(const fg_tensor *src, fg_tensor *dst) {
+    if (src->dtype != FG_F32 || !fg__is_lowp(dst->dtype) || src->numel != dst->numel ||
+        !fg_tensor_is_contiguous(src) || !fg_tensor_is_contiguous(dst))
+        return fg_error(FG_EINVAL,
+                        "round: want contiguous f32 -> bf16/f16 of one size, got %s -> %s",
+                        fg_dtype_name(src->dtype), fg_dtype_name(dst->dtype));
+    fg__lowp_narrow(dst->data, src->data, src->numel, dst->dtype);
+    return FG_OK;
 }

@@ -12,4 +12,14 @@
 fg_status fg__ops_matmul_bf16(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb,
                               fg_tensor *c, double alpha, double beta);
 
+/* y (R, out) bf16/f16 = x (R, in) @ w (out, in)^T + bias (out, f32, or
+ * NULL): x and w in y's dtype, accumulated in f32, the bias added before
+ * the one rounding (PyTorch's addmm under autocast). */
+fg_status fg__ops_linear_lowp(const fg_tensor *x, const fg_tensor *w, const fg_tensor *bias,
+                              fg_tensor *y);
+
+/* dst (bf16 or f16) = src (f32) rounded to nearest even, both contiguous
+ * and of one size, on the conversion path of fg_ops_lowp_path. */
+fg_status fg__ops_round(const fg_tensor *src, fg_tensor *dst);
+
 #endif

@@ -217,8 +217,8 @@ TEST(matmul_errors_name_the_shapes) {
                       fg_tensor_transpose_view(fg_zeros(FG_F32, 2, (int64_t[]){4, 2}), 0, 1), 1, 0),
         FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "transposed");
-    CHECK_STATUS(ops()->matmul(fg_zeros(FG_BF16, 2, s23), false, fg_zeros(FG_BF16, 2, s43), true,
-                               fg_zeros(FG_BF16, 2, s24), 1, 0),
+    CHECK_STATUS(ops()->matmul(fg_zeros(FG_I32, 2, s23), false, fg_zeros(FG_I32, 2, s43), true,
+                               fg_zeros(FG_I32, 2, s24), 1, 0),
                  FG_EUNSUPPORTED);
     int64_t s234[] = {2, 3, 4}, s334[] = {3, 3, 4}, s244[] = {2, 4, 4};
     CHECK_STATUS(ops()->matmul(fg_zeros(FG_F32, 3, s234), true, fg_zeros(FG_F32, 3, s334), false,

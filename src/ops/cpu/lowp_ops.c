@@ -1,0 +1,417 @@
+/* The CPU op table as fg_ops_get hands it out: f32 and f64 calls go
+ * straight to the kernels of fg__cpu_ops; a call with bf16 or f16 tensors
+ * converts them (lowp.h): each such input to an f32 copy, each output to
+ * an f32 buffer (holding its current values when the entry accumulates
+ * into it), runs the f32 kernel, and rounds the outputs back once. The
+ * copies are heap scratch freed before the call returns, so a step keeps
+ * only the bf16/f16 tensors themselves.
+ *
+ * bf16 products (matmul with bf16 a and b) go to matmul_bf16.c instead:
+ * oneDNN's bf16 matmul where it runs, its f32 fallback elsewhere. */
+#include <string.h>
+
+#include "lowp.h"
+
+/* ------------------------------------------------------------ stand-ins */
+
+#define LP_MAX 8
+
+typedef struct lp {
+    int n;
+    fg_tensor tmp[LP_MAX];
+    fg_tensor *orig[LP_MAX]; /* the caller's output, written back at the end */
+    bool out[LP_MAX];
+    fg_status st;
+} lp;
+
+static bool lowp(const fg_tensor *t) { return t && fg__is_lowp(t->dtype); }
+
+/* f32 dst = t's elements in row-major order, t any strides */
+static void gather(float *dst, const fg_tensor *t) {
+    if (fg_tensor_is_contiguous(t)) {
+        fg__lowp_widen(dst, t->data, t->numel, t->dtype);
+        return;
+    }
+    int64_t idx[FG_MAX_DIMS] = {0};
+    const uint16_t *p = t->data;
+    for (int64_t i = 0; i < t->numel; i++) {
+        int64_t off = 0;
+        for (int d = 0; d < t->ndim; d++) off += idx[d] * t->strides[d];
+        fg__lowp_widen(dst + i, p + off, 1, t->dtype);
+        for (int d = t->ndim - 1; d >= 0; d--) {
+            if (++idx[d] < t->shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+}
+
+static fg_tensor *stand_in(lp *c, const fg_tensor *t, bool out, bool acc) {
+    if (c->st) return NULL;
+    if (c->n == LP_MAX) {
+        c->st = fg_error(FG_EINVAL, "lowp: too many tensors in one call");
+        return NULL;
+    }
+    if (out && !fg_tensor_is_contiguous(t)) {
+        char s[96];
+        c->st = fg_error(FG_EINVAL, "lowp: output %s is not contiguous",
+                         fg_tensor_describe(t, s, sizeof s));
+        return NULL;
+    }
+    fg_tensor *f = &c->tmp[c->n];
+    memset(f, 0, sizeof *f);
+    c->st = fg__tensor_init_shape(f, FG_F32, t->ndim, t->shape);
+    if (c->st) return NULL;
+    f->device = t->device;
+    f->data = fg_alloc(sizeof(float) * (size_t)(t->numel ? t->numel : 1));
+    if (!f->data) {
+        c->st = fg_error(FG_ENOMEM, "lowp: %lld floats for an f32 copy of a %s tensor",
+                         (long long)t->numel, fg_dtype_name(t->dtype));
+        return NULL;
+    }
+    c->orig[c->n] = (fg_tensor *)t;
+    c->out[c->n] = out;
+    c->n++;
+    if (!out || acc) gather(f->data, t);
+    return f;
+}
+
+/* t itself when it is not bf16/f16 (or NULL), else its f32 copy */
+static const fg_tensor *lp_in(lp *c, const fg_tensor *t) {
+    return lowp(t) ? stand_in(c, t, false, false) : t;
+}
+/* t itself when it is not bf16/f16, else an f32 buffer written back at
+ * lp_end; acc: the buffer starts with t's values */
+static fg_tensor *lp_out(lp *c, fg_tensor *t, bool acc) {
+    return lowp(t) ? stand_in(c, t, true, acc) : t;
+}
+
+static fg_status lp_end(lp *c, fg_status st) {
+    if (!st) st = c->st;
+    for (int i = 0; i < c->n; i++) {
+        if (!st && c->out[i])
+            fg__lowp_narrow(c->orig[i]->data, c->tmp[i].data, c->orig[i]->numel, c->orig[i]->dtype);
+        fg_free(c->tmp[i].data);
+    }
+    return st;
+}
+
+/* The body of an entry: K is the f32 kernel call on the stand-ins. */
+#define LP_RUN(K) return lp_end(&c, c.st ? c.st : (K))
+
+/* ------------------------------------------------------------- products */
+
+static fg_status lp_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb, fg_tensor *c_,
+                           double alpha, double beta) {
+    if (!lowp(a) && !lowp(b) && !lowp(c_)) return fg__cpu_matmul(a, ta, b, tb, c_, alpha, beta);
+    if (a->dtype == FG_BF16 && b->dtype == FG_BF16 && (c_->dtype == FG_F32 || c_->dtype == FG_BF16))
+        return fg__cpu_matmul_bf16(a, ta, b, tb, c_, alpha, beta);
+    lp c = {0};
+    const fg_tensor *af = lp_in(&c, a), *bf = lp_in(&c, b);
+    fg_tensor *cf = lp_out(&c, c_, beta != 0);
+    LP_RUN(fg__cpu_matmul(af, ta, bf, tb, cf, alpha, beta));
+}
+
+static fg_status lp_bias_add(fg_tensor *y, const fg_tensor *bias) {
+    if (!lowp(y) && !lowp(bias)) return fg__cpu_bias_add(y, bias);
+    lp c = {0};
+    fg_tensor *yf = lp_out(&c, y, true);
+    const fg_tensor *bf = lp_in(&c, bias);
+    LP_RUN(fg__cpu_bias_add(yf, bf));
+}
+
+static fg_status lp_bias_grad(const fg_tensor *dy, fg_tensor *db) {
+    if (!lowp(dy) && !lowp(db)) return fg__cpu_bias_grad(dy, db);
+    lp c = {0};
+    const fg_tensor *gf = lp_in(&c, dy);
+    fg_tensor *bf = lp_out(&c, db, true);
+    LP_RUN(fg__cpu_bias_grad(gf, bf));
+}
+
+fg_status fg__cpu_linear_lowp(const fg_tensor *x, const fg_tensor *w, const fg_tensor *bias,
+                              fg_tensor *y) {
+    if (!lowp(y) || x->dtype != y->dtype || w->dtype != y->dtype)
+        return fg_error(FG_EUNSUPPORTED, "linear_lowp: x %s, w %s, y %s: expected one of bf16, f16",
+                        fg_dtype_name(x->dtype), fg_dtype_name(w->dtype), fg_dtype_name(y->dtype));
+    lp c = {0};
+    fg_tensor *yf = lp_out(&c, y, false);
+    if (c.st) return lp_end(&c, c.st);
+    fg_status st;
+    if (y->dtype == FG_BF16) {
+        st = fg__cpu_matmul_bf16(x, false, w, true, yf, 1.0, 0.0);
+    } else {
+        const fg_tensor *xf = lp_in(&c, x), *wf = lp_in(&c, w);
+        st = c.st ? c.st : fg__cpu_matmul(xf, false, wf, true, yf, 1.0, 0.0);
+    }
+    if (!st && bias) {
+        const fg_tensor *bf = lp_in(&c, bias);
+        st = c.st ? c.st : fg__cpu_bias_add(yf, bf);
+    }
+    return lp_end(&c, st);
+}
+
+/* ----------------------------------------------------------- elementwise */
+
+static fg_status lp_binary(fg_binary_op op, const fg_tensor *a, const fg_tensor *b, fg_tensor *y) {
+    if (!lowp(a) && !lowp(b) && !lowp(y)) return fg__cpu_binary(op, a, b, y);
+    lp c = {0};
+    const fg_tensor *af = lp_in(&c, a), *bf = lp_in(&c, b);
+    fg_tensor *yf = lp_out(&c, y, false);
+    LP_RUN(fg__cpu_binary(op, af, bf, yf));
+}
+
+static fg_status lp_sum_to(const fg_tensor *x, fg_tensor *y, double alpha, double beta) {
+    if (!lowp(x) && !lowp(y)) return fg__cpu_sum_to(x, y, alpha, beta);
+    lp c = {0};
+    const fg_tensor *xf = lp_in(&c, x);
+    fg_tensor *yf = lp_out(&c, y, beta != 0);
+    LP_RUN(fg__cpu_sum_to(xf, yf, alpha, beta));
+}
+
+static fg_status lp_axpby(double alpha, const fg_tensor *x, double beta, fg_tensor *y) {
+    if (!lowp(x) && !lowp(y)) return fg__cpu_axpby(alpha, x, beta, y);
+    lp c = {0};
+    const fg_tensor *xf = lp_in(&c, x);
+    fg_tensor *yf = lp_out(&c, y, beta != 0);
+    LP_RUN(fg__cpu_axpby(alpha, xf, beta, yf));
+}
+
+static fg_status lp_scale(const fg_tensor *x, double s, fg_tensor *y) {
+    if (!lowp(x) && !lowp(y)) return fg__cpu_scale(x, s, y);
+    lp c = {0};
+    const fg_tensor *xf = lp_in(&c, x);
+    fg_tensor *yf = lp_out(&c, y, false);
+    LP_RUN(fg__cpu_scale(xf, s, yf));
+}
+
+static fg_status lp_sum_all(const fg_tensor *x, double *out) {
+    if (!lowp(x)) return fg__cpu_sum_all(x, out);
+    lp c = {0};
+    const fg_tensor *xf = lp_in(&c, x);
+    LP_RUN(fg__cpu_sum_all(xf, out));
+}
+
+static fg_status lp_sumsq_all(const fg_tensor *x, double *out) {
+    if (!lowp(x)) return fg__cpu_sumsq_all(x, out);
+    lp c = {0};
+    const fg_tensor *xf = lp_in(&c, x);
+    LP_RUN(fg__cpu_sumsq_all(xf, out));
+}
+
+static fg_status lp_sum_dim(const fg_tensor *x, int dim, fg_tensor *y, double alpha) {
+    if (!lowp(x) && !lowp(y)) return fg__cpu_sum_dim(x, dim, y, alpha);
+    lp c = {0};
+    const fg_tensor *xf = lp_in(&c, x);
+    fg_tensor *yf = lp_out(&c, y, false);
+    LP_RUN(fg__cpu_sum_dim(xf, dim, yf, alpha));
+}
+
+static fg_status lp_sum_dim_bwd(const fg_tensor *dy, int dim, fg_tensor *dx, double alpha) {
+    if (!lowp(dy) && !lowp(dx)) return fg__cpu_sum_dim_bwd(dy, dim, dx, alpha);
+    lp c = {0};
+    const fg_tensor *gf = lp_in(&c, dy);
+    fg_tensor *xf = lp_out(&c, dx, true);
+    LP_RUN(fg__cpu_sum_dim_bwd(gf, dim, xf, alpha));
+}
+
+/* ----------------------------------------------------------- activations */
+
+typedef fg_status (*fwd_fn)(const fg_tensor *, fg_tensor *);
+typedef fg_status (*bwd_fn)(const fg_tensor *, const fg_tensor *, fg_tensor *);
+
+static fg_status unary_fwd(fwd_fn k, const fg_tensor *x, fg_tensor *y) {
+    if (!lowp(x) && !lowp(y)) return k(x, y);
+    lp c = {0};
+    const fg_tensor *xf = lp_in(&c, x);
+    fg_tensor *yf = lp_out(&c, y, false);
+    LP_RUN(k(xf, yf));
+}
+
+static fg_status unary_bwd(bwd_fn k, const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx) {
+    if (!lowp(x) && !lowp(dy) && !lowp(dx)) return k(x, dy, dx);
+    lp c = {0};
+    const fg_tensor *xf = lp_in(&c, x), *gf = lp_in(&c, dy);
+    fg_tensor *df = lp_out(&c, dx, true);
+    LP_RUN(k(xf, gf, df));
+}
+
+static fg_status lp_relu_fwd(const fg_tensor *x, fg_tensor *y) {
+    return unary_fwd(fg__cpu_relu_fwd, x, y);
+}
+static fg_status lp_relu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx) {
+    return unary_bwd(fg__cpu_relu_bwd, x, dy, dx);
+}
+static fg_status lp_gelu_fwd(const fg_tensor *x, fg_tensor *y) {
+    return unary_fwd(fg__cpu_gelu_fwd, x, y);
+}
+static fg_status lp_gelu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx) {
+    return unary_bwd(fg__cpu_gelu_bwd, x, dy, dx);
+}
+static fg_status lp_softmax_fwd(const fg_tensor *x, fg_tensor *y) {
+    return unary_fwd(fg__cpu_softmax_fwd, x, y);
+}
+static fg_status lp_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_tensor *dx) {
+    return unary_bwd(fg__cpu_softmax_bwd, y, dy, dx);
+}
+static fg_status lp_log_softmax_fwd(const fg_tensor *x, fg_tensor *y) {
+    return unary_fwd(fg__cpu_log_softmax_fwd, x, y);
+}
+static fg_status lp_log_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_tensor *dx) {
+    return unary_bwd(fg__cpu_log_softmax_bwd, y, dy, dx);
+}
+
+/* ----------------------------------------------------------------- losses */
+
+static fg_status lp_ce_fwd(const fg_tensor *logits, const fg_tensor *targets, int64_t ignore,
+                           fg_tensor *loss, int64_t *count) {
+    if (!lowp(logits) && !lowp(loss))
+        return fg__cpu_cross_entropy_fwd(logits, targets, ignore, loss, count);
+    lp c = {0};
+    const fg_tensor *lf = lp_in(&c, logits);
+    fg_tensor *of = lp_out(&c, loss, false);
+    LP_RUN(fg__cpu_cross_entropy_fwd(lf, targets, ignore, of, count));
+}
+
+static fg_status lp_ce_bwd(const fg_tensor *logits, const fg_tensor *targets, int64_t ignore,
+                           double dloss, int64_t count, fg_tensor *dlogits) {
+    if (!lowp(logits) && !lowp(dlogits))
+        return fg__cpu_cross_entropy_bwd(logits, targets, ignore, dloss, count, dlogits);
+    lp c = {0};
+    const fg_tensor *lf = lp_in(&c, logits);
+    fg_tensor *df = lp_out(&c, dlogits, true);
+    LP_RUN(fg__cpu_cross_entropy_bwd(lf, targets, ignore, dloss, count, df));
+}
+
+/* --------------------------------------------------------- normalisation */
+
+static fg_status lp_ln_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b, double eps,
+                           fg_tensor *y, fg_tensor *mean, fg_tensor *rstd) {
+    if (!lowp(x) && !lowp(w) && !lowp(b) && !lowp(y) && !lowp(mean) && !lowp(rstd))
+        return fg__cpu_layernorm_fwd(x, w, b, eps, y, mean, rstd);
+    lp c = {0};
+    const fg_tensor *xf = lp_in(&c, x), *wf = lp_in(&c, w), *bf = lp_in(&c, b);
+    fg_tensor *yf = lp_out(&c, y, false), *mf = lp_out(&c, mean, false),
+              *rf = lp_out(&c, rstd, false);
+    LP_RUN(fg__cpu_layernorm_fwd(xf, wf, bf, eps, yf, mf, rf));
+}
+
+static fg_status lp_ln_bwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *mean,
+                           const fg_tensor *rstd, const fg_tensor *dy, fg_tensor *dx, fg_tensor *dw,
+                           fg_tensor *db) {
+    if (!lowp(x) && !lowp(w) && !lowp(mean) && !lowp(rstd) && !lowp(dy) && !lowp(dx) && !lowp(dw) &&
+        !lowp(db))
+        return fg__cpu_layernorm_bwd(x, w, mean, rstd, dy, dx, dw, db);
+    lp c = {0};
+    const fg_tensor *xf = lp_in(&c, x), *wf = lp_in(&c, w), *mf = lp_in(&c, mean),
+                    *rf = lp_in(&c, rstd), *gf = lp_in(&c, dy);
+    fg_tensor *dxf = dx ? lp_out(&c, dx, true) : NULL, *dwf = dw ? lp_out(&c, dw, true) : NULL,
+              *dbf = db ? lp_out(&c, db, true) : NULL;
+    LP_RUN(fg__cpu_layernorm_bwd(xf, wf, mf, rf, gf, dxf, dwf, dbf));
+}
+
+/* ------------------------------------------------- embedding, dropout */
+
+static fg_status lp_emb_fwd(const fg_tensor *idx, const fg_tensor *weight, fg_tensor *y) {
+    if (!lowp(weight) && !lowp(y)) return fg__cpu_embedding_fwd(idx, weight, y);
+    if (weight->dtype == y->dtype && fg_tensor_is_contiguous(weight) &&
+        fg_tensor_is_contiguous(y) && weight->ndim == 2 && y->ndim == 2 && idx->ndim == 1 &&
+        idx->dtype == FG_I32 && y->shape[0] == idx->numel && y->shape[1] == weight->shape[1]) {
+        /* a lookup copies rows: no rounding, so no conversion either */
+        int64_t V = weight->shape[0], C = weight->shape[1];
+        const int32_t *ix = idx->data;
+        for (int64_t i = 0; i < idx->numel; i++)
+            if (ix[i] < 0 || ix[i] >= V)
+                return fg_error(FG_EINVAL,
+                                "embedding_fwd: index %lld at position %lld is out of "
+                                "[0, %lld)",
+                                (long long)ix[i], (long long)i, (long long)V);
+        const uint16_t *w = weight->data;
+        uint16_t *py = y->data;
+        for (int64_t i = 0; i < idx->numel; i++)
+            memcpy(py + i * C, w + (int64_t)ix[i] * C, sizeof(uint16_t) * (size_t)C);
+        return FG_OK;
+    }
+    lp c = {0};
+    const fg_tensor *wf = lp_in(&c, weight);
+    fg_tensor *yf = lp_out(&c, y, false);
+    LP_RUN(fg__cpu_embedding_fwd(idx, wf, yf));
+}
+
+static fg_status lp_emb_bwd(const fg_tensor *idx, const fg_tensor *dy, fg_tensor *dweight) {
+    if (!lowp(dy) && !lowp(dweight)) return fg__cpu_embedding_bwd(idx, dy, dweight);
+    lp c = {0};
+    const fg_tensor *gf = lp_in(&c, dy);
+    fg_tensor *wf = lp_out(&c, dweight, true);
+    LP_RUN(fg__cpu_embedding_bwd(idx, gf, wf));
+}
+
+static fg_status lp_dropout_fwd(const fg_tensor *x, double p, uint64_t seed, uint64_t offset,
+                                fg_tensor *y) {
+    if (!lowp(x) && !lowp(y)) return fg__cpu_dropout_fwd(x, p, seed, offset, y);
+    lp c = {0};
+    const fg_tensor *xf = lp_in(&c, x);
+    fg_tensor *yf = lp_out(&c, y, false);
+    LP_RUN(fg__cpu_dropout_fwd(xf, p, seed, offset, yf));
+}
+
+static fg_status lp_dropout_bwd(const fg_tensor *dy, double p, uint64_t seed, uint64_t offset,
+                                fg_tensor *dx) {
+    if (!lowp(dy) && !lowp(dx)) return fg__cpu_dropout_bwd(dy, p, seed, offset, dx);
+    lp c = {0};
+    const fg_tensor *gf = lp_in(&c, dy);
+    fg_tensor *xf = lp_out(&c, dx, true);
+    LP_RUN(fg__cpu_dropout_bwd(gf, p, seed, offset, xf));
+}
+
+/* -------------------------------------------------------------- attention */
+
+static fg_status lp_att_fwd(const fg_tensor *qkv, int heads, fg_tensor *y, fg_tensor *lse) {
+    if (!lowp(qkv) && !lowp(y) && !lowp(lse)) return fg__cpu_attention_fwd(qkv, heads, y, lse);
+    lp c = {0};
+    const fg_tensor *qf = lp_in(&c, qkv);
+    fg_tensor *yf = lp_out(&c, y, false), *lf = lp_out(&c, lse, false);
+    LP_RUN(fg__cpu_attention_fwd(qf, heads, yf, lf));
+}
+
+static fg_status lp_att_bwd(const fg_tensor *qkv, int heads, const fg_tensor *y,
+                            const fg_tensor *lse, const fg_tensor *dy, fg_tensor *dqkv) {
+    if (!lowp(qkv) && !lowp(y) && !lowp(lse) && !lowp(dy) && !lowp(dqkv))
+        return fg__cpu_attention_bwd(qkv, heads, y, lse, dy, dqkv);
+    lp c = {0};
+    const fg_tensor *qf = lp_in(&c, qkv), *yf = lp_in(&c, y), *lf = lp_in(&c, lse),
+                    *gf = lp_in(&c, dy);
+    fg_tensor *df = lp_out(&c, dqkv, true);
+    LP_RUN(fg__cpu_attention_bwd(qf, heads, yf, lf, gf, df));
+}
+
+const fg_op_table fg__cpu_ops_lowp = {
+    .device = "cpu",
+    .matmul = lp_matmul,
+    .bias_add = lp_bias_add,
+    .bias_grad = lp_bias_grad,
+    .attention_fwd = lp_att_fwd,
+    .attention_bwd = lp_att_bwd,
+    .binary = lp_binary,
+    .sum_to = lp_sum_to,
+    .axpby = lp_axpby,
+    .scale = lp_scale,
+    .sum_all = lp_sum_all,
+    .sumsq_all = lp_sumsq_all,
+    .sum_dim = lp_sum_dim,
+    .sum_dim_bwd = lp_sum_dim_bwd,
+    .relu_fwd = lp_relu_fwd,
+    .relu_bwd = lp_relu_bwd,
+    .gelu_fwd = lp_gelu_fwd,
+    .gelu_bwd = lp_gelu_bwd,
+    .softmax_fwd = lp_softmax_fwd,
+    .softmax_bwd = lp_softmax_bwd,
+    .log_softmax_fwd = lp_log_softmax_fwd,
+    .log_softmax_bwd = lp_log_softmax_bwd,
+    .cross_entropy_fwd = lp_ce_fwd,
+    .cross_entropy_bwd = lp_ce_bwd,
+    .layernorm_fwd = lp_ln_fwd,
+    .layernorm_bwd = lp_ln_bwd,
+    .embedding_fwd = lp_emb_fwd,
+    .embedding_bwd = lp_emb_bwd,
+    .dropout_fwd = lp_dropout_fwd,
+    .dropout_bwd = lp_dropout_bwd,
+};
