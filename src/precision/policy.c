@@ -60,10 +60,16 @@ const char *fg_precision_kernel_path(fg_precision_kind p) {
     if (!pol) return "?";
     if (!pol->built) return "not built yet";
     switch (pol->compute) {
-    case FG_BF16: snprintf(buf, sizeof buf, "bf16 products: %s", fg_matmul_bf16_path()); break;
+    case FG_BF16:
+        snprintf(buf, sizeof buf,
+                 "bf16 products: %s; bf16 activations, conversions %s (f32 kernels between)",
+                 fg_matmul_bf16_path(), fg_ops_lowp_path());
+        break;
     case FG_F16:
         snprintf(buf, sizeof buf,
-                 "f16-rounded operands, f32 products (no f16 GEMM: for numerics, not speed)");
+                 "f16-rounded operands, f32 products (no f16 GEMM: for numerics, not speed); "
+                 "f16 activations, conversions %s",
+                 fg_ops_lowp_path());
         break;
     default: snprintf(buf, sizeof buf, "%s products", fg_dtype_name(pol->param_dtype)); break;
     }
