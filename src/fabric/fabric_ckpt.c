@@ -80,8 +80,9 @@ static fg_status add_param_views(fg_st_writer *w, fg_module *m, const char *pref
         snprintf(name, 256, "%s%s", prefix, fg_module_param_name(m, i));
         const char *data =
             (const char *)fg_tensor_data(flat) + (size_t)fg_module_param_offset(m, i) * es;
-        FG_TRY(fg_st_writer_add(w, name, fg_tensor_dtype(p), fg_tensor_ndim(p), fg_tensor_shape(p),
-                                data));
+        /* the buffer's dtype: an optimizer's f32 state beside bf16 parameters (bf16-true) */
+        FG_TRY(fg_st_writer_add(w, name, fg_tensor_dtype(flat), fg_tensor_ndim(p),
+                                fg_tensor_shape(p), data));
     }
     return FG_OK;
 }

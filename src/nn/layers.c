@@ -20,10 +20,11 @@ static void *new_wb(void) { return fg_calloc(1, sizeof(wb)); }
 
 fg_status fg__model_dtype(fg_dtype dt, const char *what, fg_dtype *out) {
     if (dt == FG_DTYPE_DEFAULT) dt = FG_F32;
-    if (dt != FG_F32 && dt != FG_F64)
+    if (dt != FG_F32 && dt != FG_F64 && dt != FG_BF16 && dt != FG_F16)
         return fg_error(fg_dtype_is_float(dt) ? FG_EUNSUPPORTED : FG_EINVAL,
-                        "%s: dtype %d (%s): modules are FG_F32 (or 0, the default) or FG_F64", what,
-                        (int)dt, fg_dtype_name(dt));
+                        "%s: dtype %d (%s): modules are FG_F32 (or 0, the default), FG_F64, "
+                        "FG_BF16 or FG_F16",
+                        what, (int)dt, fg_dtype_name(dt));
     *out = dt;
     return FG_OK;
 }

@@ -207,9 +207,9 @@ static fg_tensor *add_tensor(fg_module *m, fg_plist *l, const char *what, const 
                  name);
         return NULL;
     }
-    if (dt != FG_F32 && dt != FG_F64) {
-        fg_error(FG_EUNSUPPORTED, "%s(%s): dtype %s: parameters are f32 or f64", what, name,
-                 fg_dtype_name(dt));
+    if (dt != FG_F32 && dt != FG_F64 && dt != FG_BF16 && dt != FG_F16) {
+        fg_error(FG_EUNSUPPORTED, "%s(%s): dtype %s: parameters are f32, f64, bf16 or f16", what,
+                 name, fg_dtype_name(dt));
         return NULL;
     }
     if (init && (init->kind < FG_INIT_ZEROS || init->kind > FG_INIT_KEEP)) {

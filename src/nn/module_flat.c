@@ -151,6 +151,8 @@ static void init_fill(void *data, fg_dtype dt, int64_t n, const fg_init *in, uin
             if (random && i % per_block == 0) fg_philox(seed, (uint64_t)(i / per_block), blk);
             double v = init_value(in, blk, i);
             if (dt == FG_F64) ((double *)data)[i] = v;
+            else if (dt == FG_BF16) ((uint16_t *)data)[i] = fg_f32_to_bf16((float)v);
+            else if (dt == FG_F16) ((uint16_t *)data)[i] = fg_f32_to_f16((float)v);
             else ((float *)data)[i] = (float)v;
         }
     }

@@ -37,3 +37,11 @@ fg_status fg__ops_round(const fg_tensor *src, fg_tensor *dst) {
     fg__lowp_narrow(dst->data, src->data, src->numel, dst->dtype);
     return FG_OK;
 }
+
+void fg__ops_widen(float *dst, const uint16_t *src, int64_t n, fg_dtype dt) {
+    fg__lowp_widen(dst, src, n, dt);
+}
+
+void fg__ops_narrow(uint16_t *dst, const float *src, int64_t n, fg_dtype dt) {
+    fg__lowp_narrow(dst, src, n, dt);
+}

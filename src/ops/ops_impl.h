@@ -18,6 +18,11 @@ fg_status fg__ops_matmul_bf16(const fg_tensor *a, bool ta, const fg_tensor *b, b
 fg_status fg__ops_linear_lowp(const fg_tensor *x, const fg_tensor *w, const fg_tensor *bias,
                               fg_tensor *y);
 
+/* Raw conversions on the same paths: f32 dst (n) = bf16/f16 src, exactly;
+ * bf16/f16 dst (n) = f32 src, rounded to nearest even. */
+void fg__ops_widen(float *dst, const uint16_t *src, int64_t n, fg_dtype dt);
+void fg__ops_narrow(uint16_t *dst, const float *src, int64_t n, fg_dtype dt);
+
 /* dst (bf16 or f16) = src (f32) rounded to nearest even, both contiguous
  * and of one size, on the conversion path of fg_ops_lowp_path. */
 fg_status fg__ops_round(const fg_tensor *src, fg_tensor *dst);

@@ -14,7 +14,8 @@ static fg_status adamw_step_range(fg_optimizer *o, int64_t begin, int64_t end, v
     for (int64_t k = 0; k < o->nseg; k++) {
         int64_t lo = FG_MAX(begin, o->seg_begin[k]), hi = FG_MIN(end, o->seg_begin[k + 1]);
         if (lo >= hi) continue;
-        size_t at = es * (size_t)(lo - begin), st = es * (size_t)(lo - o->state_begin);
+        size_t at = es * (size_t)(lo - begin),
+               st = fg_dtype_size(o->sdt) * (size_t)(lo - o->state_begin);
         fg__k_adamw(o->dt, (char *)param + at, (const char *)grad + at,
                     (char *)fg_tensor_data(o->state[0]) + st,
                     (char *)fg_tensor_data(o->state[1]) + st, hi - lo, 1 - o->lr * o->seg_wd[k],

@@ -14,6 +14,7 @@
 #include <math.h>
 
 #include "core/cpu_isa.h"
+#include "ops/ops_impl.h"
 #include "optim_impl.h"
 
 #define T float
@@ -76,8 +77,26 @@ static const f32_kernels g_f32[FG_ISA_COUNT] = {
 
 static const f32_kernels *f32k(void) { return &g_f32[fg_cpu_isa()]; }
 
+/* bf16/f16 parameters (bf16-true, 16-true): the f32 kernel on pieces of
+ * the parameters and gradients widened to f32, with the f32 state, and the
+ * parameters rounded back once per step. */
+#define LOWP_PIECE 2048
+static bool is_lowp(fg_dtype dt) { return dt == FG_BF16 || dt == FG_F16; }
+
 void fg__k_sgd(fg_dtype dt, void *p, const void *g, void *buf, int64_t n, double lr, double wd,
                double mu, double damp, bool first, bool nesterov) {
+    if (is_lowp(dt)) {
+        float pf[LOWP_PIECE], gf[LOWP_PIECE];
+        for (int64_t i = 0; i < n; i += LOWP_PIECE) {
+            int64_t k = FG_MIN(LOWP_PIECE, n - i);
+            fg__ops_widen(pf, (const uint16_t *)p + i, k, dt);
+            fg__ops_widen(gf, (const uint16_t *)g + i, k, dt);
+            fg__k_sgd(FG_F32, pf, gf, buf ? (float *)buf + i : NULL, k, lr, wd, mu, damp, first,
+                      nesterov);
+            fg__ops_narrow((uint16_t *)p + i, pf, k, dt);
+        }
+        return;
+    }
     if (dt == FG_F32)
         f32k()->sgd(p, g, buf, n, (float)lr, (float)wd, (float)mu, (float)damp, first, nesterov);
     else sgd_f64(p, g, buf, n, lr, wd, mu, damp, first, nesterov);
@@ -85,13 +104,42 @@ void fg__k_sgd(fg_dtype dt, void *p, const void *g, void *buf, int64_t n, double
 
 void fg__k_adamw(fg_dtype dt, void *p, const void *g, void *m1, void *m2, int64_t n, double decay,
                  double beta1, double beta2, double step, double bc2_sqrt, double eps) {
+    if (is_lowp(dt)) {
+        float pf[LOWP_PIECE], gf[LOWP_PIECE];
+        for (int64_t i = 0; i < n; i += LOWP_PIECE) {
+            int64_t k = FG_MIN(LOWP_PIECE, n - i);
+            fg__ops_widen(pf, (const uint16_t *)p + i, k, dt);
+            fg__ops_widen(gf, (const uint16_t *)g + i, k, dt);
+            fg__k_adamw(FG_F32, pf, gf, (float *)m1 + i, (float *)m2 + i, k, decay, beta1, beta2,
+                        step, bc2_sqrt, eps);
+            fg__ops_narrow((uint16_t *)p + i, pf, k, dt);
+        }
+        return;
+    }
     if (dt == FG_F32)
         f32k()->adamw(p, g, m1, m2, n, (float)decay, (float)beta1, (float)(1 - beta1), (float)beta2,
                       (float)(1 - beta2), (float)step, (float)bc2_sqrt, (float)eps);
     else adamw_f64(p, g, m1, m2, n, decay, beta1, 1 - beta1, beta2, 1 - beta2, step, bc2_sqrt, eps);
 }
 
+/* x (n, bf16/f16) widened into a new f32 buffer (fg_free it), or NULL */
+static float *widened(const void *x, fg_dtype dt, int64_t n) {
+    float *f = fg_alloc(sizeof(float) * (size_t)(n ? n : 1));
+    if (f) fg__ops_widen(f, x, n, dt);
+    else
+        fg_error(FG_ENOMEM, "optim: %lld floats for an f32 copy of %s gradients", (long long)n,
+                 fg_dtype_name(dt));
+    return f;
+}
+
 fg_status fg__sumsq(const void *x, fg_dtype dt, int64_t n, double *out) {
+    if (is_lowp(dt)) {
+        float *f = widened(x, dt, n);
+        if (!f) return FG_ENOMEM;
+        fg_status st = fg__sumsq(f, FG_F32, n, out);
+        fg_free(f);
+        return st;
+    }
     if (dt != FG_F32 && dt != FG_F64)
         return fg_error(FG_EUNSUPPORTED, "sumsq: dtype %s (f32, f64)", fg_dtype_name(dt));
     int64_t nb = (n + FG_OPTIM_BLOCK - 1) / FG_OPTIM_BLOCK;
@@ -107,6 +155,14 @@ fg_status fg__sumsq(const void *x, fg_dtype dt, int64_t n, double *out) {
 }
 
 fg_status fg__scale(void *x, fg_dtype dt, int64_t n, double s) {
+    if (is_lowp(dt)) {
+        float *f = widened(x, dt, n);
+        if (!f) return FG_ENOMEM;
+        f32k()->scale(f, n, (float)s);
+        fg__ops_narrow(x, f, n, dt);
+        fg_free(f);
+        return FG_OK;
+    }
     if (dt == FG_F32) f32k()->scale(x, n, (float)s);
     else if (dt == FG_F64) scale_f64(x, n, s);
     else return fg_error(FG_EUNSUPPORTED, "scale: dtype %s (f32, f64)", fg_dtype_name(dt));

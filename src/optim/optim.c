@@ -20,6 +20,7 @@ fg_optimizer *fg__optimizer_new(const fg_optim_vt *vt, fg_module *m, double lr, 
     o->vt = vt;
     o->m = m;
     o->dt = m->flat->dtype;
+    o->sdt = o->dt == FG_BF16 || o->dt == FG_F16 ? FG_F32 : o->dt;
     o->numel = m->p_numel;
     o->param = fg_tensor_data(m->flat_p);
     o->grad = fg_tensor_data(m->flat_g);
@@ -28,7 +29,7 @@ fg_optimizer *fg__optimizer_new(const fg_optim_vt *vt, fg_module *m, double lr, 
     o->nstates = nstates;
     for (int i = 0; i < nstates; i++) {
         o->state_name[i] = names[i];
-        o->state[i] = fg_tensor_new(o->dt, 1, &o->numel);
+        o->state[i] = fg_tensor_new(o->sdt, 1, &o->numel);
         if (!o->state[i]) goto fail;
     }
     /* weight-decay segments: runs of parameters with the same decay */
@@ -83,12 +84,12 @@ fg_status fg__optimizer_shard_state(fg_optimizer *o, int64_t begin, int64_t end)
     fg_tensor *fresh[FG_OPTIM_MAX_STATES] = {0};
     int64_t n = end - begin;
     for (int i = 0; i < o->nstates; i++)
-        if (!(fresh[i] = fg_tensor_new(o->dt, 1, &n))) {
+        if (!(fresh[i] = fg_tensor_new(o->sdt, 1, &n))) {
             for (int k = 0; k < i; k++) fg_tensor_free(fresh[k]);
             return fg_error_wrap(FG_ENOMEM, "optimizer shard of %lld elements", (long long)n);
         }
     int64_t lo = FG_MAX(begin, o->state_begin), hi = FG_MIN(end, o->state_end);
-    size_t es = fg_dtype_size(o->dt);
+    size_t es = fg_dtype_size(o->sdt);
     for (int i = 0; i < o->nstates; i++) {
         if (lo < hi)
             memcpy((char *)fg_tensor_data(fresh[i]) + es * (size_t)(lo - begin),

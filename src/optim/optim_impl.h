@@ -40,7 +40,8 @@ typedef struct fg_optim_vt {
 struct fg_optimizer {
     const fg_optim_vt *vt;
     fg_module *m;
-    fg_dtype dt;
+    fg_dtype dt;  /* the parameters' and gradients' */
+    fg_dtype sdt; /* the state's: dt, or f32 for bf16/f16 parameters (bf16-true, 16-true) */
     int64_t numel;
     void *param, *grad;
     double lr;

@@ -20,8 +20,8 @@ static const fg_precision_policy k_policy[FG_PRECISION_COUNT] = {
                                  true},
     [FG_PRECISION_16_MIXED] = {"16-mixed", "16", FG_F32, FG_F16, FG_F32, FG_F32, true, true, true},
     [FG_PRECISION_BF16_TRUE] = {"bf16-true", NULL, FG_BF16, FG_BF16, FG_BF16, FG_F32, false, false,
-                                false},
-    [FG_PRECISION_16_TRUE] = {"16-true", NULL, FG_F16, FG_F16, FG_F16, FG_F32, false, false, false},
+                                true},
+    [FG_PRECISION_16_TRUE] = {"16-true", NULL, FG_F16, FG_F16, FG_F16, FG_F32, false, false, true},
 };
 
 const fg_precision_policy *fg_precision_policy_of(fg_precision_kind p) {
@@ -51,7 +51,7 @@ fg_status fg_precision_parse(const char *s, fg_precision_kind *out) {
 }
 
 const char *fg_precision_available(void) {
-    return "32-true (32), 64-true (64), 16-mixed (16), bf16-mixed (bf16)";
+    return "32-true (32), 64-true (64), 16-mixed (16), bf16-mixed (bf16), 16-true, bf16-true";
 }
 
 const char *fg_precision_kernel_path(fg_precision_kind p) {
@@ -59,19 +59,24 @@ const char *fg_precision_kernel_path(fg_precision_kind p) {
     const fg_precision_policy *pol = fg_precision_policy_of(p);
     if (!pol) return "?";
     if (!pol->built) return "not built yet";
+    size_t k = 0;
+    if (pol->param_dtype == FG_BF16 || pol->param_dtype == FG_F16)
+        k = (size_t)snprintf(buf, sizeof buf, "%s parameters and gradients, f32 optimizer state; ",
+                             fg_dtype_name(pol->param_dtype));
+    char *b = buf + k;
+    size_t bs = sizeof buf - k;
     switch (pol->compute) {
     case FG_BF16:
-        snprintf(buf, sizeof buf,
-                 "bf16 products: %s; bf16 activations, conversions %s (f32 kernels between)",
+        snprintf(b, bs, "bf16 products: %s; bf16 activations, conversions %s (f32 kernels between)",
                  fg_matmul_bf16_path(), fg_ops_lowp_path());
         break;
     case FG_F16:
-        snprintf(buf, sizeof buf,
+        snprintf(b, bs,
                  "f16-rounded operands, f32 products (no f16 GEMM: for numerics, not speed); "
                  "f16 activations, conversions %s",
                  fg_ops_lowp_path());
         break;
-    default: snprintf(buf, sizeof buf, "%s products", fg_dtype_name(pol->param_dtype)); break;
+    default: snprintf(b, bs, "%s products", fg_dtype_name(pol->param_dtype)); break;
     }
     return buf;
 }

@@ -83,11 +83,12 @@ static fg_tensor *forward_loss(fit_ctx *c, fg_tensor *x, fg_tensor *y) {
         int64_t shape[2] = {fg_tensor_dim(x, 0), c->cfg.in_dim};
         x = fg_reshape(x, 2, shape);
     }
-    if (c->cfg.kind == FIT_MLP && c->cfg.f64 && x && fg_tensor_dtype(x) != FG_F64) {
-        /* inputs come as f32; a 64-true model takes f64 */
-        fg_tensor *x64 = fg_empty(FG_F64, fg_tensor_ndim(x), fg_tensor_shape(x));
-        if (!x64 || fg_tensor_copy(x64, x) != FG_OK) return NULL;
-        x = x64;
+    fg_dtype mdt = fg_module_dtype(c->model);
+    if (c->cfg.kind == FIT_MLP && x && fg_tensor_dtype(x) != mdt) {
+        /* inputs come as f32; a 64-true model takes f64, bf16-true bf16 */
+        fg_tensor *xm = fg_empty(mdt, fg_tensor_ndim(x), fg_tensor_shape(x));
+        if (!xm || fg_tensor_copy(xm, x) != FG_OK) return NULL;
+        x = xm;
     }
     return fg_cross_entropy(fg_module_forward(c->model, x), y, -100);
 }
@@ -294,6 +295,10 @@ static int64_t first_nonfinite_grad(fit_ctx *c) {
             const float *x = d;
             for (int64_t k = 0; k < n; k++)
                 if (!isfinite(x[k])) return i;
+        } else { /* bf16 / f16: the exponent all ones */
+            const uint16_t *x = d, e = fg_tensor_dtype(g) == FG_BF16 ? 0x7f80 : 0x7c00;
+            for (int64_t k = 0; k < n; k++)
+                if ((x[k] & e) == e) return i;
         }
     }
     return -1;
@@ -452,6 +457,7 @@ int fit_run(fg_fabric *f, void *arg) {
     }
     fit_model_cfg_from_opts(o, &c.d, &c.cfg);
     c.cfg.f64 = fg_fabric_dtype(f) == FG_F64;
+    c.cfg.dtype = fg_fabric_dtype(f);
     c.model = fit_model_new(&c.cfg);
     c.opt = c.model ? fit_optimizer_new(o, c.model) : NULL;
     if (!c.model || !c.opt) {

@@ -19,11 +19,15 @@ fg_module *fit_model_new(const fit_model_cfg *c) {
                                            .embd = c->embd,
                                            .dropout = c->dropout,
                                            .seed = c->seed,
-                                           .dtype = c->f64 ? FG_F64 : FG_F32});
+                                           .dtype = c->dtype ? c->dtype
+                                                    : c->f64 ? FG_F64
+                                                             : FG_F32});
     return fg_mlp_new(&(fg_mlp_config){.sizes = {c->in_dim, c->hidden, c->classes},
                                        .nlayers = 2,
                                        .seed = c->seed,
-                                       .dtype = c->f64 ? FG_F64 : FG_F32});
+                                       .dtype = c->dtype ? c->dtype
+                                                : c->f64 ? FG_F64
+                                                         : FG_F32});
 }
 
 fg_optimizer *fit_optimizer_new(const fit_opts *o, fg_module *m) {

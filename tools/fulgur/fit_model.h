@@ -14,6 +14,7 @@ typedef struct fit_model_cfg {
     int64_t in_dim, hidden, classes; /* mlp */
     uint64_t seed;                   /* initialisation seed */
     bool f64;                        /* parameters in f64 (--precision 64-true) */
+    fg_dtype dtype;                  /* the parameters' dtype when set (bf16-true: bf16) */
 } fit_model_cfg;
 
 void fit_model_cfg_from_opts(const fit_opts *o, const fit_data *d, fit_model_cfg *c);
