@@ -117,7 +117,7 @@ refused 'accelerator gpu' 'accelerator="gpu": .*use "cpu" or "auto"' "" --accele
 refused 'unknown strategy' 'strategy="ddp3": unknown; expected one of auto, single, dp, ddp' "" --strategy ddp3
 refused 'strategy not built yet' 'strategy="DeepSpeed_Stage_3": not built yet' "" --devices 2 --strategy DeepSpeed_Stage_3
 refused 'single on 2 devices' 'runs on one device, but devices gives 2' "" --devices 2 --strategy single
-refused 'precision not built yet' 'precision="bf16-true": not built yet.*available: 32-true.*bf16-mixed' "" --precision bf16-true
+refused 'unknown precision names the six' 'precision="bf16-mixd": unknown; expected one of 32-true.*16-true, bf16-true' "" --precision bf16-mixd
 refused 'unknown precision' 'precision="12": unknown' "" --precision 12
 refused 'num-nodes without a launcher' 'num_nodes=2, but this process was not started by a launcher' \
     "" --devices 2 --num-nodes 2

@@ -217,10 +217,9 @@ TEST(config_errors) {
         {NULL, "2", "DeepSpeed_Stage_3", NULL, 0, FG_EUNSUPPORTED, "not built yet"},
         {NULL, "2", "ddp3", NULL, 0, FG_EINVAL,
          "strategy=\"ddp3\": unknown; expected one of auto, single, dp, ddp, ddp_spawn, ddp_fork"},
-        {NULL, NULL, NULL, "bf16-true", 0, FG_EUNSUPPORTED,
-         "precision=\"bf16-true\": not built yet in this fulgur; available: 32-true (32), 64-true "
-         "(64), 16-mixed (16), bf16-mixed (bf16)"},
-        {NULL, NULL, NULL, "16-true", 0, FG_EUNSUPPORTED, "precision=\"16-true\": not built yet"},
+        {NULL, NULL, NULL, "16-bits", 0, FG_EINVAL,
+         "precision=\"16-bits\": unknown; expected one of 32-true (32), 64-true (64), 16-mixed "
+         "(16), bf16-mixed (bf16), 16-true, bf16-true"},
         {NULL, NULL, NULL, "12", 0, FG_EINVAL, "precision=\"12\": unknown"},
         {NULL, NULL, NULL, NULL, -1, FG_EINVAL, "num_nodes=-1"},
         {NULL, "2", "ddp_spawn", NULL, 2, FG_EINVAL, "num_nodes=2"},

@@ -270,18 +270,11 @@ TEST(precision_names) {
     CHECK(!strcmp(fg_precision_kind_name(FG_PRECISION_32_TRUE), "32-true"));
     CHECK(!strcmp(fg_precision_kind_name(FG_PRECISION_BF16_TRUE), "bf16-true"));
     CHECK(!strcmp(fg_precision_kind_name((fg_precision_kind)99), "?"));
-    /* Lightning's true-half settings: recognised, not built yet, named with what is */
-    static const char *const later[] = {"16-true", "bf16-true", "BF16-True", NULL};
-    for (int i = 0; later[i]; i++) {
-        p = FG_PRECISION_64_TRUE;
-        CHECK_STATUS(fg_launch_parse_precision(later[i], &p), FG_EUNSUPPORTED);
-        char want[64];
-        snprintf(want, sizeof want, "precision=\"%s\": not built yet", later[i]);
-        CHECK_CONTAINS(fg_last_error(), want);
-        CHECK_CONTAINS(fg_last_error(),
-                       "available: 32-true (32), 64-true (64), 16-mixed (16), bf16-mixed (bf16)");
-        CHECK(p == FG_PRECISION_64_TRUE); /* untouched */
-    }
+    /* Lightning's true-half settings */
+    CHECK_OK(fg_launch_parse_precision("BF16-True", &p));
+    CHECK(p == FG_PRECISION_BF16_TRUE);
+    CHECK_OK(fg_launch_parse_precision("16-true", &p));
+    CHECK(p == FG_PRECISION_16_TRUE);
     CHECK_STATUS(fg_launch_parse_precision("12", &p), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "precision=\"12\": unknown; expected one of 32-true (32)");
     CHECK_STATUS(fg_launch_parse_precision("", &p), FG_EINVAL);
@@ -294,8 +287,8 @@ TEST(precision_names) {
     CHECK(plan.precision == FG_PRECISION_64_TRUE);
     char line[512];
     CHECK_CONTAINS(fg_launch_plan_format(&plan, line, sizeof line), "precision 64-true");
-    CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.precision = "bf16-true"}, &env, &plan),
-                 FG_EUNSUPPORTED);
+    CHECK_OK(fg_launch_plan_make(&(fg_launch_opts){.precision = "bf16-true"}, &env, &plan));
+    CHECK(plan.precision == FG_PRECISION_BF16_TRUE);
 }
 
 /* -------------------------------------------------------------- plan */

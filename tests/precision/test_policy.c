@@ -20,9 +20,8 @@ TEST(table) {
          false, true},
         {FG_PRECISION_16_MIXED, "16-mixed", "16", FG_F32, FG_F16, FG_F32, FG_F32, true, true, true},
         {FG_PRECISION_BF16_TRUE, "bf16-true", NULL, FG_BF16, FG_BF16, FG_BF16, FG_F32, false, false,
-         false},
-        {FG_PRECISION_16_TRUE, "16-true", NULL, FG_F16, FG_F16, FG_F16, FG_F32, false, false,
-         false},
+         true},
+        {FG_PRECISION_16_TRUE, "16-true", NULL, FG_F16, FG_F16, FG_F16, FG_F32, false, false, true},
     };
     CHECK(sizeof want / sizeof want[0] == FG_PRECISION_COUNT);
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
@@ -71,4 +70,12 @@ TEST(kernel_paths) {
     CHECK_CONTAINS(fg_precision_kernel_path(FG_PRECISION_16_MIXED), "no f16 GEMM");
     CHECK(!strcmp(fg_precision_kernel_path(FG_PRECISION_32_TRUE), "f32 products"));
     CHECK(!strcmp(fg_precision_kernel_path(FG_PRECISION_64_TRUE), "f64 products"));
+    printf("    bf16-true: %s\n", fg_precision_kernel_path(FG_PRECISION_BF16_TRUE));
+    CHECK_CONTAINS(fg_precision_kernel_path(FG_PRECISION_BF16_TRUE),
+                   "bf16 parameters and gradients, f32 optimizer state; bf16 products: ");
+    CHECK_CONTAINS(fg_precision_kernel_path(FG_PRECISION_16_TRUE),
+                   "f16 parameters and gradients, f32 optimizer state; ");
+    CHECK(!strcmp(
+        fg_precision_available(),
+        "32-true (32), 64-true (64), 16-mixed (16), bf16-mixed (bf16), 16-true, bf16-true"));
 }
