@@ -66,25 +66,24 @@ static bool is_float(fg_dtype dt) {
     return dt == FG_F64 || dt == FG_F32 || dt == FG_BF16 || dt == FG_F16;
 }
 
-/* ga (a's dtype) += g converted; through f32/f64 for the 16-bit kinds */
+/* ga (a's dtype) += g: the table's axpby reads and writes bf16/f16 (through
+ * f32, one rounding per element) as well as f32 and f64; a gradient of
+ * another float dtype is converted first. */
 static fg_status cast_bw(fg_node *n, const fg_tensor *g) {
     fg_tensor *a = n->in[0];
     if (!fg__needs_grad(a)) return FG_OK;
     fg_tensor *ga = fg__grad_of(a);
-    fg_tensor *gc = ga ? fg_empty(a->dtype, a->ndim, a->shape) : NULL;
-    fg_tensor *gcont = gc ? fg_tensor_contiguous(g) : NULL;
+    const fg_op_table *ops = ga ? fg__ops(a) : NULL;
+    fg_tensor *gcont = ops ? fg_tensor_contiguous(g) : NULL;
     if (!gcont) return fg_last_status() ? fg_last_status() : FG_ENOMEM;
+    if (FG_OP(ops, axpby)) return fg_last_status();
+    bool mixes = (a->dtype == FG_F32 && g->dtype != FG_F64) ||
+                 (g->dtype == FG_F32 && a->dtype != FG_F64); /* f32 with bf16/f16 */
+    if (mixes) return ops->axpby(1.0, gcont, 1.0, ga);
+    fg_tensor *gc = fg_empty(a->dtype, a->ndim, a->shape);
+    if (!gc) return FG_ENOMEM;
     FG_TRY(fg_convert(gc->data, a->dtype, gcont->data, g->dtype, g->numel));
-    if (a->dtype == FG_F32 || a->dtype == FG_F64) {
-        const fg_op_table *ops = fg__ops(a);
-        if (!ops || FG_OP(ops, axpby)) return fg_last_status();
-        return ops->axpby(1.0, gc, 1.0, ga);
-    }
-    for (int64_t i = 0; i < ga->numel; i++) { /* bf16/f16: one rounding per element */
-        float s = fg_tensor_get(ga, i) + fg_tensor_get(gc, i);
-        ((uint16_t *)ga->data)[i] = a->dtype == FG_BF16 ? fg_f32_to_bf16(s) : fg_f32_to_f16(s);
-    }
-    return FG_OK;
+    return ops->axpby(1.0, gc, 1.0, ga);
 }
 
 fg_tensor *fg_cast(fg_tensor *a, fg_dtype dt) {

@@ -3,11 +3,14 @@
  * converts them (lowp.h): each such input to an f32 copy, each output to
  * an f32 buffer (holding its current values when the entry accumulates
  * into it), runs the f32 kernel, and rounds the outputs back once. The
- * copies are heap scratch freed before the call returns, so a step keeps
- * only the bf16/f16 tensors themselves.
+ * copies live in scratch buffers of the calling thread (fg_alloc'ed, grown
+ * to the largest tensor seen, freed when the thread ends), not in the step
+ * arena, so a step keeps only the bf16/f16 tensors themselves; reusing
+ * them spares a fresh mapping, and its page faults, per call.
  *
  * bf16 products (matmul with bf16 a and b) go to matmul_bf16.c instead:
  * oneDNN's bf16 matmul where it runs, its f32 fallback elsewhere. */
+#include <pthread.h>
 #include <string.h>
 
 #include "lowp.h"
@@ -25,6 +28,50 @@ typedef struct lp {
 } lp;
 
 static bool lowp(const fg_tensor *t) { return t && fg__is_lowp(t->dtype); }
+
+/* The calling thread's scratch: one buffer per stand-in slot. */
+typedef struct lp_cache {
+    void *p[LP_MAX];
+    size_t cap[LP_MAX];
+} lp_cache;
+
+static pthread_key_t g_key;
+static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
+static int g_key_err;
+
+static void cache_free(void *v) {
+    lp_cache *c = v;
+    for (int i = 0; i < LP_MAX; i++) fg_free(c->p[i]);
+    fg_free(c);
+}
+
+static void key_init(void) { g_key_err = pthread_key_create(&g_key, cache_free); }
+
+/* slot's buffer of at least `bytes`, or NULL (FG_ENOMEM set) */
+static void *scratch(int slot, size_t bytes) {
+    pthread_once(&g_key_once, key_init);
+    if (g_key_err) {
+        fg_error(FG_ENOMEM, "lowp: no thread key for the scratch buffers");
+        return NULL;
+    }
+    lp_cache *c = pthread_getspecific(g_key);
+    if (!c) {
+        if (!(c = fg_calloc(1, sizeof *c))) return NULL;
+        if (pthread_setspecific(g_key, c)) {
+            fg_free(c);
+            fg_error(FG_ENOMEM, "lowp: cannot keep the scratch buffers");
+            return NULL;
+        }
+    }
+    if (c->cap[slot] < bytes) {
+        fg_free(c->p[slot]);
+        c->cap[slot] = 0;
+        size_t want = bytes + bytes / 4; /* some room: sizes vary a little */
+        if (!(c->p[slot] = fg_alloc(want))) return NULL;
+        c->cap[slot] = want;
+    }
+    return c->p[slot];
+}
 
 /* f32 dst = t's elements in row-major order, t any strides */
 static void gather(float *dst, const fg_tensor *t) {
@@ -62,7 +109,7 @@ static fg_tensor *stand_in(lp *c, const fg_tensor *t, bool out, bool acc) {
     c->st = fg__tensor_init_shape(f, FG_F32, t->ndim, t->shape);
     if (c->st) return NULL;
     f->device = t->device;
-    f->data = fg_alloc(sizeof(float) * (size_t)(t->numel ? t->numel : 1));
+    f->data = scratch(c->n, sizeof(float) * (size_t)(t->numel ? t->numel : 1));
     if (!f->data) {
         c->st = fg_error(FG_ENOMEM, "lowp: %lld floats for an f32 copy of a %s tensor",
                          (long long)t->numel, fg_dtype_name(t->dtype));
@@ -90,13 +137,123 @@ static fg_status lp_end(lp *c, fg_status st) {
     for (int i = 0; i < c->n; i++) {
         if (!st && c->out[i])
             fg__lowp_narrow(c->orig[i]->data, c->tmp[i].data, c->orig[i]->numel, c->orig[i]->dtype);
-        fg_free(c->tmp[i].data);
-    }
+    } /* the buffers stay with the thread for the next call */
     return st;
 }
 
 /* The body of an entry: K is the f32 kernel call on the stand-ins. */
 #define LP_RUN(K) return lp_end(&c, c.st ? c.st : (K))
+
+/* ----------------------------------------------------- elementwise pieces */
+
+/* Elementwise entries (GELU, ReLU, dropout, same-shape add/mul, axpby,
+ * scale) run in pieces of PIECE elements instead: each piece's bf16/f16
+ * operands are widened into buffers on the stack, the f32 kernel runs on
+ * them and the output piece is rounded back, all while the piece is in the
+ * first-level cache. Pieces are split across threads; a piece is below the
+ * kernels' own threading threshold, so they run it on the calling thread. */
+#define PIECE 2048
+
+/* The f32 kernel on one piece: in[] and out are 1-D f32 views of PIECE or
+ * fewer elements; off is the piece's first element. */
+typedef fg_status (*pw_fn)(const void *ud, const fg_tensor *const *in, fg_tensor *out, int64_t off);
+
+static void view1(fg_tensor *v, float *data, int64_t n) {
+    memset(v, 0, sizeof *v);
+    fg__tensor_init_shape(v, FG_F32, 1, &n);
+    v->data = data;
+    v->device = FG_CPU;
+}
+
+/* Whether piecewise() takes a call: every tensor contiguous, of out's
+ * element count, and f32 or bf16/f16. */
+static bool pw_ok(int nin, const fg_tensor *const *in, const fg_tensor *out) {
+    if (!fg_tensor_is_contiguous(out) || (out->dtype != FG_F32 && !lowp(out))) return false;
+    for (int k = 0; k < nin; k++)
+        if (!fg_tensor_is_contiguous(in[k]) || in[k]->numel != out->numel ||
+            (in[k]->dtype != FG_F32 && !lowp(in[k])))
+            return false;
+    return true;
+}
+
+static fg_status piecewise(int nin, const fg_tensor *const *in, fg_tensor *out, bool acc, pw_fn f,
+                           const void *ud) {
+    int64_t n = out->numel, np = (n + PIECE - 1) / PIECE;
+    fg_status first = FG_OK;
+    bool par = np > 8 && fg_get_num_threads() > 1;
+    FG_PRAGMA(omp parallel for if (par) schedule(static))
+    for (int64_t p = 0; p < np; p++) {
+        float buf[4][PIECE];
+        fg_tensor vin[3], vout;
+        const fg_tensor *pin[3];
+        int64_t off = p * PIECE, k = FG_MIN(PIECE, n - off);
+        for (int j = 0; j < nin; j++) {
+            const fg_tensor *t = in[j];
+            if (lowp(t)) {
+                fg__lowp_widen(buf[j], (const uint16_t *)t->data + off, k, t->dtype);
+                view1(&vin[j], buf[j], k);
+            } else {
+                view1(&vin[j], (float *)t->data + off, k);
+            }
+            pin[j] = &vin[j];
+        }
+        if (lowp(out)) {
+            if (acc) fg__lowp_widen(buf[3], (const uint16_t *)out->data + off, k, out->dtype);
+            view1(&vout, buf[3], k);
+        } else {
+            view1(&vout, (float *)out->data + off, k);
+        }
+        fg_status st = f(ud, pin, &vout, off);
+        if (st != FG_OK) {
+            FG_PRAGMA(omp critical(fg_lowp_piece))
+            if (first == FG_OK) first = st;
+            continue;
+        }
+        if (lowp(out)) fg__lowp_narrow((uint16_t *)out->data + off, buf[3], k, out->dtype);
+    }
+    return first;
+}
+
+typedef struct pw_ud {
+    fg_status (*fwd)(const fg_tensor *, fg_tensor *);
+    fg_status (*bwd)(const fg_tensor *, const fg_tensor *, fg_tensor *);
+    fg_binary_op op;
+    double a, b;
+    uint64_t seed, offset;
+} pw_ud;
+
+static fg_status pw_fwd(const void *u, const fg_tensor *const *in, fg_tensor *out, int64_t off) {
+    (void)off;
+    return ((const pw_ud *)u)->fwd(in[0], out);
+}
+static fg_status pw_bwd(const void *u, const fg_tensor *const *in, fg_tensor *out, int64_t off) {
+    (void)off;
+    return ((const pw_ud *)u)->bwd(in[0], in[1], out);
+}
+static fg_status pw_binary(const void *u, const fg_tensor *const *in, fg_tensor *out, int64_t off) {
+    (void)off;
+    return fg__cpu_binary(((const pw_ud *)u)->op, in[0], in[1], out);
+}
+static fg_status pw_axpby(const void *u, const fg_tensor *const *in, fg_tensor *out, int64_t off) {
+    (void)off;
+    const pw_ud *d = u;
+    return fg__cpu_axpby(d->a, in[0], d->b, out);
+}
+static fg_status pw_scale(const void *u, const fg_tensor *const *in, fg_tensor *out, int64_t off) {
+    (void)off;
+    return fg__cpu_scale(in[0], ((const pw_ud *)u)->a, out);
+}
+/* a piece's mask draws start at the piece's first element */
+static fg_status pw_drop_fwd(const void *u, const fg_tensor *const *in, fg_tensor *out,
+                             int64_t off) {
+    const pw_ud *d = u;
+    return fg__cpu_dropout_fwd(in[0], d->a, d->seed, d->offset + (uint64_t)off, out);
+}
+static fg_status pw_drop_bwd(const void *u, const fg_tensor *const *in, fg_tensor *out,
+                             int64_t off) {
+    const pw_ud *d = u;
+    return fg__cpu_dropout_bwd(in[0], d->a, d->seed, d->offset + (uint64_t)off, out);
+}
 
 /* ------------------------------------------------------------- products */
 
@@ -153,6 +310,9 @@ fg_status fg__cpu_linear_lowp(const fg_tensor *x, const fg_tensor *w, const fg_t
 
 static fg_status lp_binary(fg_binary_op op, const fg_tensor *a, const fg_tensor *b, fg_tensor *y) {
     if (!lowp(a) && !lowp(b) && !lowp(y)) return fg__cpu_binary(op, a, b, y);
+    const fg_tensor *in[2] = {a, b};
+    if (pw_ok(2, in, y) && fg_tensor_same_shape(a, y) && fg_tensor_same_shape(b, y))
+        return piecewise(2, in, y, false, pw_binary, &(pw_ud){.op = op});
     lp c = {0};
     const fg_tensor *af = lp_in(&c, a), *bf = lp_in(&c, b);
     fg_tensor *yf = lp_out(&c, y, false);
@@ -169,6 +329,8 @@ static fg_status lp_sum_to(const fg_tensor *x, fg_tensor *y, double alpha, doubl
 
 static fg_status lp_axpby(double alpha, const fg_tensor *x, double beta, fg_tensor *y) {
     if (!lowp(x) && !lowp(y)) return fg__cpu_axpby(alpha, x, beta, y);
+    if (pw_ok(1, &x, y))
+        return piecewise(1, &x, y, beta != 0, pw_axpby, &(pw_ud){.a = alpha, .b = beta});
     lp c = {0};
     const fg_tensor *xf = lp_in(&c, x);
     fg_tensor *yf = lp_out(&c, y, beta != 0);
@@ -177,6 +339,7 @@ static fg_status lp_axpby(double alpha, const fg_tensor *x, double beta, fg_tens
 
 static fg_status lp_scale(const fg_tensor *x, double s, fg_tensor *y) {
     if (!lowp(x) && !lowp(y)) return fg__cpu_scale(x, s, y);
+    if (pw_ok(1, &x, y)) return piecewise(1, &x, y, false, pw_scale, &(pw_ud){.a = s});
     lp c = {0};
     const fg_tensor *xf = lp_in(&c, x);
     fg_tensor *yf = lp_out(&c, y, false);
@@ -220,14 +383,21 @@ typedef fg_status (*bwd_fn)(const fg_tensor *, const fg_tensor *, fg_tensor *);
 
 static fg_status unary_fwd(fwd_fn k, const fg_tensor *x, fg_tensor *y) {
     if (!lowp(x) && !lowp(y)) return k(x, y);
+    /* softmax's rows are not elementwise: they take the generic path */
+    if (k != fg__cpu_softmax_fwd && k != fg__cpu_log_softmax_fwd && pw_ok(1, &x, y))
+        return piecewise(1, &x, y, false, pw_fwd, &(pw_ud){.fwd = k});
     lp c = {0};
     const fg_tensor *xf = lp_in(&c, x);
     fg_tensor *yf = lp_out(&c, y, false);
     LP_RUN(k(xf, yf));
 }
 
+/* softmax's backward reads whole rows: it takes the generic path */
 static fg_status unary_bwd(bwd_fn k, const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx) {
     if (!lowp(x) && !lowp(dy) && !lowp(dx)) return k(x, dy, dx);
+    const fg_tensor *in[2] = {x, dy};
+    if (k != fg__cpu_softmax_bwd && k != fg__cpu_log_softmax_bwd && pw_ok(2, in, dx))
+        return piecewise(2, in, dx, true, pw_bwd, &(pw_ud){.bwd = k});
     lp c = {0};
     const fg_tensor *xf = lp_in(&c, x), *gf = lp_in(&c, dy);
     fg_tensor *df = lp_out(&c, dx, true);
@@ -347,6 +517,9 @@ static fg_status lp_emb_bwd(const fg_tensor *idx, const fg_tensor *dy, fg_tensor
 static fg_status lp_dropout_fwd(const fg_tensor *x, double p, uint64_t seed, uint64_t offset,
                                 fg_tensor *y) {
     if (!lowp(x) && !lowp(y)) return fg__cpu_dropout_fwd(x, p, seed, offset, y);
+    if (pw_ok(1, &x, y))
+        return piecewise(1, &x, y, false, pw_drop_fwd,
+                         &(pw_ud){.a = p, .seed = seed, .offset = offset});
     lp c = {0};
     const fg_tensor *xf = lp_in(&c, x);
     fg_tensor *yf = lp_out(&c, y, false);
@@ -356,6 +529,9 @@ static fg_status lp_dropout_fwd(const fg_tensor *x, double p, uint64_t seed, uin
 static fg_status lp_dropout_bwd(const fg_tensor *dy, double p, uint64_t seed, uint64_t offset,
                                 fg_tensor *dx) {
     if (!lowp(dy) && !lowp(dx)) return fg__cpu_dropout_bwd(dy, p, seed, offset, dx);
+    if (pw_ok(1, &dy, dx))
+        return piecewise(1, &dy, dx, true, pw_drop_bwd,
+                         &(pw_ud){.a = p, .seed = seed, .offset = offset});
     lp c = {0};
     const fg_tensor *gf = lp_in(&c, dy);
     fg_tensor *xf = lp_out(&c, dx, true);
