@@ -46,7 +46,8 @@ fg_need_packages() {
 # runtime for OpenBLAS and fulgur's kernels), and what the tests use.
 FG_BUILD_PACKAGES="libopenblas-openmp-dev libdnnl-dev libopenmpi-dev openmpi-bin libjansson-dev libprotobuf-c-dev protobuf-c-compiler libyaml-dev pkg-config"
 # What only the test suite needs beyond that (the formatting check; the
-# fortunes text the training tests of strategy bagua read).
-FG_TEST_PACKAGES="clang-format fortunes-min"
+# fortunes text the training tests of strategy bagua and of every precision
+# read: fortunes-min, and fortunes for the full demo text).
+FG_TEST_PACKAGES="clang-format fortunes-min fortunes"
 
 fg_jobs() { nproc 2>/dev/null || echo 2; }
