@@ -63,18 +63,22 @@ FG_API int64_t fg_tape_size(void);
 /* ---------------------------------------------------------------- autocast */
 
 /* Autocast of the calling thread, as PyTorch's CPU autocast. While it is
- * FG_BF16 or FG_F16, fg_matmul and fg_linear on f32 inputs multiply in that
- * dtype: their operands (and, in backward, the output's gradient) are
- * rounded to it, the products accumulate in f32, and the output and every
- * gradient stay f32 (PyTorch returns bf16 from an autocast linear; f32 here
- * costs nothing, as the bf16 product accumulates in f32 anyway, and keeps
- * the next op's input exact). bf16 products run on oneDNN's bf16 matmul or
- * its f32 fallback (fg_matmul_bf16_path); f16 has no GEMM here: the
- * operands are rounded to f16 and multiplied in f32, for f16's numerics
- * (range and rounding, which the 16-mixed loss scaler is for), not speed.
- * Every other function (layer norm, softmax, log-softmax, cross-entropy,
- * reductions, elementwise, the fused attention, the optimizers) runs in its
- * inputs' dtype, f32. The setting is read when a function runs forward;
+ * FG_BF16 or FG_F16:
+ *   - fg_matmul, fg_linear and fg_causal_attention take f32 inputs (or
+ *     inputs already in that dtype) in that dtype: operands rounded to it,
+ *     products accumulated in f32, the output in that dtype, rounded once
+ *     (a bias added in f32 before). Gradients flow back in the dtype of the
+ *     tensor they belong to: an f32 parameter's gradient stays f32. bf16
+ *     products run on oneDNN's bf16 matmul or its f32 fallback
+ *     (fg_matmul_bf16_path); f16 has no GEMM here (f16 operands, f32
+ *     products: f16's numerics, not speed);
+ *   - layer norm, softmax, log-softmax, cross-entropy and the reductions
+ *     cast a bf16/f16 input to f32 first and return f32;
+ *   - everything else (add, mul, GELU, ReLU, dropout, embedding) runs in
+ *     its inputs' dtype: bf16 after a product, so that the activations a
+ *     step keeps take half the memory; a bf16/f16 tensor with an f32 one
+ *     gives f32.
+ * The setting is read when a function runs forward;
  * its backward uses the dtype of that forward, whatever the setting is by
  * then. FG_DTYPE_DEFAULT or FG_F32 turns it off (the default). *prev (may
  * be NULL) gets the previous setting, so that

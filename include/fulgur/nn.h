@@ -11,7 +11,7 @@
  * Flat buffers. Once a root module is complete ("finalized": the built-in
  * constructors finalize what they return; a tree built by hand is finalized
  * by fg_module_finalize or on first use) every parameter is a view into ONE
- * contiguous buffer of the model's dtype (f32 or f64), in the order above
+ * contiguous buffer of the model's dtype (f32, f64, bf16 or f16), in the order above
  * with no padding, and every parameter's gradient is a view into ONE flat
  * gradient buffer of the same layout. A DDP bucket is a slice of the flat
  * gradient, a ZeRO shard a range of elements; fg_module_param_offset gives
@@ -100,7 +100,7 @@ FG_API void fg_module_free(fg_module *m);
  * failure's status, its message kept and prefixed. */
 FG_API fg_status fg_module_add_child(fg_module *m, const char *name, fg_module *child);
 
-/* Adds a parameter `name` (rules as for children) of dtype dt (f32 or f64;
+/* Adds a parameter `name` (rules as for children) of dtype dt (f32, f64, bf16 or f16;
  * every parameter of a tree has the same dtype) and shape, to be initialised
  * by `init` (NULL = zeros) when the tree is finalized. Returns the parameter,
  * a persistent tensor borrowed from m (its pointer stays valid after
@@ -245,8 +245,9 @@ FG_API fg_status fg_module_load_state(fg_module *m, const fg_state_entry *entrie
  * tree, or use it on its own (it is finalized with the default seed on first use, or
  * set a seed first). NULL with fg_last_error on a bad argument or out of
  * memory. The models further down (MLP, GPT) come back finalized.
- * A `dt` argument is the parameters' dtype: FG_F32 (or 0, the default) or
- * FG_F64; FG_BF16 and FG_F16 are FG_EUNSUPPORTED, other dtypes FG_EINVAL. */
+ * A `dt` argument is the parameters' dtype: FG_F32 (or 0, the default),
+ * FG_F64, or FG_BF16 / FG_F16 (bf16-true, 16-true: initialised in f32 and
+ * rounded once); other dtypes are FG_EINVAL. */
 
 /* y = x @ weight^T + bias: weight (out, in), bias (out) when `bias`, as
  * torch.nn.Linear, initialised as PyTorch does (U(-1/sqrt(in), 1/sqrt(in))

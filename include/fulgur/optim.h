@@ -4,7 +4,9 @@
  * An optimizer updates a module's parameters from their gradients, both
  * read as the module's flat buffers (fg_module_flat_params/_grads). Its
  * state (momentum_buffer; exp_avg, exp_avg_sq) is kept in flat buffers of
- * the same layout, one element per parameter element, so that a checkpoint
+ * the same layout, one element per parameter element (f32 for bf16/f16
+ * parameters, whose updates are computed in f32 and rounded once; the
+ * parameters' dtype otherwise), so that a checkpoint
  * or a ZeRO shard of the state is a plain range of elements. The updates are
  * PyTorch's (torch.optim.SGD, torch.optim.AdamW of torch 1.13/2.x with the
  * default foreach=None / non-fused path) element for element.

@@ -8,14 +8,16 @@
  *   32-true (32)        f32         off       f32          f32
  *   bf16-mixed (bf16)   f32 master  bf16      f32          f32
  *   16-mixed (16)       f32 master  f16       f32, scaled  f32
- *   bf16-true           bf16        bf16      bf16         f32     (not built yet)
- *   16-true             f16         f16       f16          f32     (not built yet)
+ *   bf16-true           bf16        bf16      bf16         f32
+ *   16-true             f16         f16       f16          f32
  *
  * Autocast (autograd.h, fg_autocast_set) is what the mixed settings run
- * their forward under: matrix products and linear layers take their inputs
- * in the low dtype; everything else (layer norm, softmax, log-softmax,
- * cross-entropy, reductions, attention's fused kernel, the optimizer step)
- * stays in f32. docs/precision.md has the list and what each CPU gets.
+ * their forward under: matrix products, linear layers and attention run in
+ * the low dtype and return it; layer norm, softmax, log-softmax,
+ * cross-entropy, reductions and the optimizer step stay in f32. The true
+ * settings make the model in the low dtype instead (no autocast), with the
+ * optimizer's state in f32. docs/precision.md has the list and what each
+ * CPU gets.
  *
  * Most programs use this through the fabric (fabric.h: the precision
  * setting, fg_fabric_autocast_begin, fg_fabric_optimizer_step), which
@@ -35,8 +37,8 @@ typedef enum fg_precision_kind {
     FG_PRECISION_64_TRUE,     /* "64-true", "64": f64 */
     FG_PRECISION_16_MIXED,    /* "16-mixed", "16": f16 autocast, f32 weights, loss scaling */
     FG_PRECISION_BF16_MIXED,  /* "bf16-mixed", "bf16": bf16 autocast, f32 weights */
-    FG_PRECISION_16_TRUE,     /* "16-true": f16 throughout (not built yet) */
-    FG_PRECISION_BF16_TRUE,   /* "bf16-true": bf16 throughout (not built yet) */
+    FG_PRECISION_16_TRUE,   /* "16-true": f16 parameters, compute, gradients; f32 optimizer state */
+    FG_PRECISION_BF16_TRUE, /* "bf16-true": bf16 likewise */
     FG_PRECISION_COUNT
 } fg_precision_kind;
 
@@ -69,16 +71,19 @@ FG_API fg_status fg_precision_parse(const char *s, fg_precision_kind *out);
 FG_API const char *fg_precision_kind_name(fg_precision_kind p);
 
 /* The settings this fulgur runs, as a list for messages:
- * "32-true (32), 64-true (64), 16-mixed (16), bf16-mixed (bf16)".
+ * "32-true (32), 64-true (64), 16-mixed (16), bf16-mixed (bf16), 16-true,
+ * bf16-true".
  * Thread-safe. */
 FG_API const char *fg_precision_available(void);
 
-/* Which kernel path the products of setting p take in this process, one
- * line for `fulgur env`: "f32 products", "f64 products", "bf16 products:
- * onednn-bf16 (avx512_core_bf16)" (fg_matmul_bf16_path), "f16-rounded
- * operands, f32 products (no f16 GEMM: for numerics, not speed)", or "not
- * built yet". Thread-safe; the string is the calling thread's, valid until
- * its next call. */
+/* Which kernel paths setting p takes in this process, one line for
+ * `fulgur env`: "f32 products", "f64 products", "bf16 products:
+ * onednn-bf16 (avx512_core_bf16); bf16 activations, conversions
+ * avx512_bf16 (f32 kernels between)" (fg_matmul_bf16_path,
+ * fg_ops_lowp_path), "f16-rounded operands, f32 products (...); f16
+ * activations, conversions ...", each prefixed by "bf16 parameters and
+ * gradients, f32 optimizer state; " for the true settings. Thread-safe; the string is the calling
+ * thread's, valid until its next call. */
 FG_API const char *fg_precision_kernel_path(fg_precision_kind p);
 
 /* ------------------------------------------------------------ loss scaler */
