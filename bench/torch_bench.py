@@ -6,6 +6,9 @@ warm-up). Prints one JSON object: {"model", "mode", "ms_per_step",
 
   /usr/bin/python3 bench/torch_bench.py --model gpt --steps 10
   /usr/bin/python3 bench/torch_bench.py --model mlp --ddp 2     (gloo, 2 processes)
+  /usr/bin/python3 bench/torch_bench.py --model gpt --autocast bf16
+      (forward and loss under torch.autocast("cpu", dtype=torch.bfloat16),
+       f32 weights: PyTorch's bf16-mixed)
 """
 import argparse, json, math, os, resource, statistics, sys, time
 
@@ -81,14 +84,19 @@ def run(args, rank=0, world=1):
     for i in range(args.warmup + args.steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss_fn(model).backward()
+        if args.autocast == "bf16":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = loss_fn(model)
+        else:
+            loss = loss_fn(model)
+        loss.backward()
         opt.step()
         times.append(time.perf_counter() - t0)
     ms = statistics.median(times[args.warmup:]) * 1e3
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"model": args.model, "mode": "ddp%d" % world if world > 1 else "single",
             "ms_per_step": ms, "items_per_s": items * world / (ms / 1e3), "unit": unit,
-            "peak_rss_mb": rss, "torch": torch.__version__}
+            "peak_rss_mb": rss, "torch": torch.__version__, "autocast": args.autocast}
 
 
 def ddp_worker(rank, args):
@@ -112,6 +120,7 @@ def main():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--batch", type=int, default=0)
     p.add_argument("--ddp", type=int, default=1, help="processes (gloo); 1 = single process")
+    p.add_argument("--autocast", choices=["none", "bf16"], default="none")
     args = p.parse_args()
     if args.ddp > 1:
         import torch.multiprocessing as mp

@@ -316,7 +316,7 @@ TEST(bad_options_are_named) {
         {{.max_time = -3}, "max_time=-3"},
         {{.enable_progress_bar = (fg_flag)5}, "enable_progress_bar=5"},
         {{.devices = "abc"}, "devices=\"abc\""},
-        {{.precision = "bf16-true"}, "bf16-true"},
+        {{.precision = "bf16-tru"}, "bf16-tru"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         fg_trainer_opts o = bad[i].o;
