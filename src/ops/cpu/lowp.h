@@ -50,6 +50,11 @@ static inline bool fg__is_lowp(fg_dtype dt) { return dt == FG_BF16 || dt == FG_F
  * the top. */
 extern const fg_op_table fg__cpu_ops_lowp;
 
+/* lowp_ops.c: a buffer of at least `bytes` that the calling thread keeps
+ * (grown as needed, freed when the thread ends), for matmul_bf16.c's f32
+ * copies; valid until the thread's next call. NULL with FG_ENOMEM. */
+void *fg__lowp_scratch(size_t bytes);
+
 /* lowp_ops.c: y (R, out) bf16/f16 = x (R, in) @ w (out, in)^T + bias (out,
  * f32, or NULL), x and w in y's dtype, the product accumulated in f32 and
  * the bias added before the one rounding. */

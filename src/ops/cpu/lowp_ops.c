@@ -29,10 +29,12 @@ typedef struct lp {
 
 static bool lowp(const fg_tensor *t) { return t && fg__is_lowp(t->dtype); }
 
-/* The calling thread's scratch: one buffer per stand-in slot. */
+/* The calling thread's scratch: one buffer per stand-in slot, and one for
+ * matmul_bf16.c's fallback (fg__lowp_scratch). */
+#define LP_SLOTS (LP_MAX + 1)
 typedef struct lp_cache {
-    void *p[LP_MAX];
-    size_t cap[LP_MAX];
+    void *p[LP_SLOTS];
+    size_t cap[LP_SLOTS];
 } lp_cache;
 
 static pthread_key_t g_key;
@@ -41,7 +43,7 @@ static int g_key_err;
 
 static void cache_free(void *v) {
     lp_cache *c = v;
-    for (int i = 0; i < LP_MAX; i++) fg_free(c->p[i]);
+    for (int i = 0; i < LP_SLOTS; i++) fg_free(c->p[i]);
     fg_free(c);
 }
 
@@ -72,6 +74,8 @@ static void *scratch(int slot, size_t bytes) {
     }
     return c->p[slot];
 }
+
+void *fg__lowp_scratch(size_t bytes) { return scratch(LP_MAX, bytes); }
 
 /* f32 dst = t's elements in row-major order, t any strides */
 static void gather(float *dst, const fg_tensor *t) {

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "cpu_impl.h"
+#include "lowp.h"
 
 /* FULGUR_MATMUL_BF16 = auto | onednn | fallback. auto (the default, also
  * when unset or empty): oneDNN where it implements the product, the
@@ -180,7 +181,7 @@ static fg_status fallback(const fg_tensor *a, bool ta, const fg_tensor *b, bool 
                           double alpha, double beta) {
     int64_t na = a->numel, nb = b->numel, nc = c->dtype == FG_BF16 ? c->numel : 0;
     size_t bytes = sizeof(float) * (size_t)(na + nb + nc);
-    float *buf = fg_alloc(bytes);
+    float *buf = fg__lowp_scratch(bytes); /* the thread's: no fresh mapping per product */
     if (!buf)
         return fg_error(FG_ENOMEM, "matmul_bf16: %zu bytes for the f32 copies of a and b", bytes);
     fg_tensor a32, b32, c32;
@@ -194,7 +195,6 @@ static fg_status fallback(const fg_tensor *a, bool ta, const fg_tensor *b, bool 
     st = fg__cpu_matmul(&a32, ta, &b32, tb, nc ? &c32 : c, alpha, beta);
     if (st == FG_OK && nc) narrow(c->data, c32.data, nc);
 fail:
-    fg_free(buf);
     return st;
 }
 
