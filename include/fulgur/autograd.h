@@ -57,6 +57,27 @@ FG_API fg_status fg_backward_with(fg_tensor *out, const fg_tensor *seed_grad);
 typedef void (*fg_grad_ready_fn)(void *ud, fg_tensor *leaf);
 FG_API void fg_set_grad_ready_hook(fg_grad_ready_fn fn, void *ud);
 
+/* Activation checkpointing (torch.utils.checkpoint with preserved RNG
+ * state): returns fn(x, ud) without keeping the step tensors fn made on the
+ * way (they are released at once), and in backward runs fn(x, ud) again to
+ * back-propagate through it, then releases those again. Gradients are
+ * bitwise those of calling fn directly: the recomputation sees the same
+ * input, the same autocast setting and the same dropout masks (a Dropout
+ * module's draws are replayed; fg_dropout with an explicit offset is the
+ * same by itself). fn must compute the same thing both times from x, ud and
+ * the parameters (persistent tensors) it reads, and must not keep pointers
+ * to its step tensors; it may return a view of a tensor it made. The
+ * parameters it uses get their gradients during the recomputation, and are
+ * reported to the "gradient ready" hook then. Without grad mode it is just
+ * fn(x, ud); inside a checkpointed fn, too (the outer one recomputes it).
+ * The cost: fn runs twice; the saving: fn's activations exist for one
+ * checkpoint at a time in backward, none in forward (fg_step_peak_bytes).
+ * NULL with fg_last_error (fn's, wrapped) on failure; a recomputation that
+ * differs (another output shape, another number of random draws) fails the
+ * backward with FG_ESTATE. */
+typedef fg_tensor *(*fg_checkpoint_fn)(fg_tensor *x, void *ud);
+FG_API fg_tensor *fg_checkpoint(fg_checkpoint_fn fn, fg_tensor *x, void *ud);
+
 /* Number of nodes on this thread's tape (tests, debugging). */
 FG_API int64_t fg_tape_size(void);
 

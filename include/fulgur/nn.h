@@ -175,6 +175,18 @@ FG_API fg_tensor *fg_module_forward(fg_module *m, fg_tensor *x);
 /* Training (true, the default) or evaluation mode for m and everything
  * below it: Dropout is the identity in evaluation mode. */
 FG_API void fg_module_train(fg_module *m, bool on);
+
+/* Activation checkpointing (Lightning's activation_checkpointing_policy,
+ * torch.utils.checkpoint around a module's forward): every module of m's
+ * tree (m included) whose type is `type` runs its forward through
+ * fg_checkpoint (autograd.h) while `on`: its activations are dropped after
+ * forward and recomputed in backward, with bitwise the same gradients. A
+ * NULL type means the model's repeated blocks: "Block" (a GPT's
+ * transformer blocks). *count (may be NULL) gets how many modules were
+ * set. FG_EINVAL for a NULL module, or when no module of that type is in
+ * the tree (naming the type and m's). */
+FG_API fg_status fg_module_set_activation_checkpointing(fg_module *m, const char *type, bool on,
+                                                        int *count);
 FG_API bool fg_module_is_training(const fg_module *m);
 
 /* ------------------------------------------- parameters and flat buffers */

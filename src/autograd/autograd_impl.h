@@ -6,6 +6,8 @@
 #ifndef FULGUR_AUTOGRAD_IMPL_H
 #define FULGUR_AUTOGRAD_IMPL_H
 
+#include <stdatomic.h>
+
 #include "fulgur/autograd.h"
 #include "ops/ops_impl.h"
 #include "tensor/tensor_impl.h"
@@ -24,7 +26,10 @@ struct fg_node {
     fg_tensor *saved[4]; /* extra step tensors the backward needs */
     double f[4];         /* scalars the backward needs */
     int64_t i[4];
-    fg_node *prev; /* the node recorded before this one */
+    fg_tensor **xleaf; /* leaves used inside the node (fg_checkpoint), nxleaf of them, */
+    int nxleaf;        /* one entry per use: counted for the "gradient ready" hook */
+    void *ctx;         /* what a function's backward needs beyond the above */
+    fg_node *prev;     /* the node recorded before this one */
     uint64_t mark; /* backward pass that reached it */
     bool consumed;
 };
@@ -34,6 +39,35 @@ struct fg_node {
  * recording. Marks out as requiring grad. */
 fg_status fg__record(fg_node **node, const char *name, fg_backward_fn bw, fg_tensor *out, int nin,
                      fg_tensor *const *in);
+
+/* fg__record that records whenever grad mode is on, even when no input
+ * requires grad (fg_checkpoint: the parameters inside require it). */
+fg_status fg__record_always(fg_node **node, const char *name, fg_backward_fn bw, fg_tensor *out,
+                            int nin, fg_tensor *const *in);
+
+/* The tape's tail and length, to unlink what a recomputation recorded
+ * (fg_checkpoint) before its step memory is released. */
+typedef struct fg_tape_pos {
+    fg_node *tail;
+    int64_t len;
+} fg_tape_pos;
+fg_tape_pos fg__tape_pos(void);
+void fg__tape_restore(fg_tape_pos p);
+/* The persistent leaf tensors (parameters) used by the nodes recorded after p (one entry per use),
+ * in a fg_alloc'ed array the caller frees; *n gets the count. NULL with
+ * *n = 0 when there are none (or FG_ENOMEM, then fg_last_error is set and
+ * the return status in *st). */
+fg_tensor **fg__tape_leaves_since(fg_tape_pos p, int *n, fg_status *st);
+/* Backward from out whose gradient out->grad is already set, without
+ * reporting leaves to the "gradient ready" hook (the node that runs it
+ * reports its leaves itself). */
+fg_status fg__backward_inner(fg_tensor *out);
+
+/* Draws n consecutive indices from a counter of a random function (the
+ * Dropout module's offset), so that fg_checkpoint's recomputation sees the
+ * same draws: inside a checkpointed forward each draw is logged, inside its
+ * recomputation replayed in order; elsewhere it is atomic_fetch_add. */
+uint64_t fg__rng_take(_Atomic uint64_t *counter, uint64_t n);
 
 /* True when t takes part in backward (t requires grad). */
 static inline bool fg__needs_grad(const fg_tensor *t) { return t && t->requires_grad; }

@@ -104,11 +104,11 @@ fg_status fg__check_same_dtype(const char *fn, const fg_tensor *a, const fg_tens
     return FG_OK;
 }
 
-fg_status fg__record(fg_node **node, const char *name, fg_backward_fn bw, fg_tensor *out, int nin,
-                     fg_tensor *const *in) {
+static fg_status record(fg_node **node, const char *name, fg_backward_fn bw, fg_tensor *out,
+                        int nin, fg_tensor *const *in, bool always) {
     *node = NULL;
     if (tl_grad_disabled) return FG_OK;
-    bool any = false;
+    bool any = always;
     for (int k = 0; k < nin; k++) any |= fg__needs_grad(in[k]);
     if (!any) return FG_OK;
     tape_sync();
@@ -128,6 +128,49 @@ fg_status fg__record(fg_node **node, const char *name, fg_backward_fn bw, fg_ten
     out->grad_fn_gen = fg_step_generation();
     *node = n;
     return FG_OK;
+}
+
+fg_status fg__record(fg_node **node, const char *name, fg_backward_fn bw, fg_tensor *out, int nin,
+                     fg_tensor *const *in) {
+    return record(node, name, bw, out, nin, in, false);
+}
+
+fg_status fg__record_always(fg_node **node, const char *name, fg_backward_fn bw, fg_tensor *out,
+                            int nin, fg_tensor *const *in) {
+    return record(node, name, bw, out, nin, in, true);
+}
+
+fg_tape_pos fg__tape_pos(void) {
+    tape_sync();
+    return (fg_tape_pos){tl_tail, tl_tape_len};
+}
+
+void fg__tape_restore(fg_tape_pos p) {
+    tl_tail = p.tail;
+    tl_tape_len = p.len;
+}
+
+/* A parameter (the leaves the "gradient ready" hook is for) */
+static bool persistent_leaf(const fg_tensor *t) {
+    return t && is_leaf(t) && (t->flags & FG_T_PERSISTENT);
+}
+
+fg_tensor **fg__tape_leaves_since(fg_tape_pos p, int *count, fg_status *st) {
+    int n = 0;
+    *st = FG_OK;
+    for (fg_node *q = tl_tail; q && q != p.tail; q = q->prev)
+        for (int k = 0; k < q->nin; k++) n += persistent_leaf(q->in[k]);
+    *count = 0;
+    if (!n) return NULL;
+    fg_tensor **v = fg_alloc(sizeof *v * (size_t)n);
+    if (!v) {
+        *st = fg_error_wrap(FG_ENOMEM, "checkpoint: the list of its %d parameter uses", n);
+        return NULL;
+    }
+    for (fg_node *q = tl_tail; q && q != p.tail; q = q->prev)
+        for (int k = 0; k < q->nin; k++)
+            if (persistent_leaf(q->in[k])) v[(*count)++] = q->in[k];
+    return v;
 }
 
 void fg__set_grad_redirect(const fg_tensor *from, fg_tensor *to) {
@@ -167,24 +210,8 @@ static void leaf_used(fg_tensor *t) {
     if (tl_hook && is_leaf(t) && --t->pending == 0) tl_hook(tl_hook_ud, t);
 }
 
-fg_status fg_backward_with(fg_tensor *out, const fg_tensor *seed) {
-    if (!out) return fg_error_wrap(FG_EINVAL, "backward: NULL output (an earlier call failed)");
-    if (!out->requires_grad)
-        return fg_error(FG_EINVAL, "backward: the output does not require grad (no parameter "
-                                   "took part, or it was computed in no-grad mode)");
-    if (seed && (!fg_tensor_same_shape(seed, out) || seed->dtype != out->dtype))
-        return fg_error(FG_EINVAL,
-                        "backward: seed gradient shape or dtype differs from the output");
-    tape_sync();
-    fg_tensor *g = fg__grad_of(out);
-    if (!g) return FG_ENOMEM;
-    if (seed) {
-        FG_TRY(fg__ops(out)->axpby(1.0, seed, 1.0, g));
-    } else {
-        fg_tensor *one = fg_full(out->dtype, out->ndim, out->shape, 1.0);
-        if (!one) return FG_ENOMEM;
-        FG_TRY(fg__ops(out)->axpby(1.0, one, 1.0, g));
-    }
+/* Runs backward from out, whose gradient is set. */
+static fg_status run_backward(fg_tensor *out) {
     fg_node *root = live_fn(out);
     if (!root) { /* a leaf: its gradient is the seed */
         out->pending = 1;
@@ -205,11 +232,14 @@ fg_status fg_backward_with(fg_tensor *out, const fg_tensor *seed) {
             if (p) p->mark = pass;
             else if (t->requires_grad && tl_hook) t->pending = 0;
         }
+        for (int k = 0; k < n->nxleaf && tl_hook; k++) n->xleaf[k]->pending = 0;
     }
     for (fg_node *n = tl_tail; n && tl_hook; n = n->prev)
-        if (n->mark == pass)
+        if (n->mark == pass) {
             for (int k = 0; k < n->nin; k++)
                 if (n->in[k] && is_leaf(n->in[k])) n->in[k]->pending++;
+            for (int k = 0; k < n->nxleaf; k++) n->xleaf[k]->pending++;
+        }
     for (fg_node *n = tl_tail; n; n = n->prev) {
         if (n->mark != pass) continue;
         if (n->consumed)
@@ -224,8 +254,38 @@ fg_status fg_backward_with(fg_tensor *out, const fg_tensor *seed) {
         n->consumed = true;
         for (int k = 0; k < n->nin; k++)
             if (n->in[k]) leaf_used(n->in[k]);
+        for (int k = 0; k < n->nxleaf; k++) leaf_used(n->xleaf[k]);
     }
     return FG_OK;
+}
+
+fg_status fg__backward_inner(fg_tensor *out) {
+    fg_grad_ready_fn hook = tl_hook;
+    tl_hook = NULL;
+    fg_status s = run_backward(out);
+    tl_hook = hook;
+    return s;
+}
+
+fg_status fg_backward_with(fg_tensor *out, const fg_tensor *seed) {
+    if (!out) return fg_error_wrap(FG_EINVAL, "backward: NULL output (an earlier call failed)");
+    if (!out->requires_grad)
+        return fg_error(FG_EINVAL, "backward: the output does not require grad (no parameter "
+                                   "took part, or it was computed in no-grad mode)");
+    if (seed && (!fg_tensor_same_shape(seed, out) || seed->dtype != out->dtype))
+        return fg_error(FG_EINVAL,
+                        "backward: seed gradient shape or dtype differs from the output");
+    tape_sync();
+    fg_tensor *g = fg__grad_of(out);
+    if (!g) return FG_ENOMEM;
+    if (seed) {
+        FG_TRY(fg__ops(out)->axpby(1.0, seed, 1.0, g));
+    } else {
+        fg_tensor *one = fg_full(out->dtype, out->ndim, out->shape, 1.0);
+        if (!one) return FG_ENOMEM;
+        FG_TRY(fg__ops(out)->axpby(1.0, one, 1.0, g));
+    }
+    return run_backward(out);
 }
 
 fg_status fg_backward(fg_tensor *loss) {

@@ -1,6 +1,9 @@
 /* The step arena: a list of chunks bumped forward; reset keeps the largest
  * chunk and frees the rest, so a steady training loop reaches a fixed
- * footprint after its first step and then allocates nothing. */
+ * footprint after its first step and then allocates nothing. A mark and
+ * release rewind it inside a step; chunks a release drops become the one
+ * spare, reused by the next allocation that needs a chunk and counted into
+ * the chunk that reset keeps. */
 #include <string.h>
 
 #include "core_impl.h"
@@ -14,7 +17,8 @@ typedef struct chunk {
 #define CHUNK_HDR 64
 
 struct fg_arena {
-    chunk *head; /* current chunk first */
+    chunk *head;  /* current chunk first */
+    chunk *spare; /* the largest chunk a release dropped, or NULL */
     size_t chunk_bytes;
     size_t used, peak;
 };
@@ -32,6 +36,7 @@ void fg_arena_free(fg_arena *a) {
         n = c->next;
         fg_free(c);
     }
+    fg_free(a->spare);
     fg_free(a);
 }
 
@@ -44,8 +49,13 @@ void *fg_arena_alloc(fg_arena *a, size_t size) {
     chunk *c = a->head;
     if (!c || c->size - c->used < need) {
         size_t sz = need > a->chunk_bytes ? need : a->chunk_bytes;
-        chunk *nc = fg_alloc(CHUNK_HDR + sz);
-        if (!nc) return NULL;
+        chunk *nc = a->spare && a->spare->size >= need ? a->spare : NULL;
+        if (nc) {
+            a->spare = NULL;
+            sz = nc->size;
+        } else if (!(nc = fg_alloc(CHUNK_HDR + sz))) {
+            return NULL;
+        }
         nc->size = sz;
         nc->used = 0;
         nc->next = c;
@@ -61,13 +71,16 @@ void *fg_arena_alloc(fg_arena *a, size_t size) {
 void fg_arena_reset(fg_arena *a) {
     if (!a || !a->head) return;
     /* Keep one chunk big enough for the whole step, so the next step fits. */
-    size_t total = 0;
+    size_t total = a->spare ? a->spare->size : 0;
+    bool had_spare = a->spare != NULL;
+    fg_free(a->spare);
+    a->spare = NULL;
     chunk *big = a->head;
     for (chunk *c = a->head; c; c = c->next) {
         total += c->size;
         if (c->size > big->size) big = c;
     }
-    if (big->next == NULL && big == a->head) {
+    if (big->next == NULL && big == a->head && !had_spare) {
         big->used = 0;
         a->used = 0;
         return;
@@ -85,6 +98,25 @@ void fg_arena_reset(fg_arena *a) {
         nc->next = NULL;
         a->head = nc;
     }
+}
+
+fg_arena_mark fg__arena_mark(const fg_arena *a) {
+    return (fg_arena_mark){a->head, a->head ? a->head->used : 0, a->used};
+}
+
+void fg__arena_release(fg_arena *a, fg_arena_mark m) {
+    while (a->head && a->head != m.chunk) {
+        chunk *c = a->head;
+        a->head = c->next;
+        if (a->spare && a->spare->size >= c->size) {
+            fg_free(c);
+        } else {
+            fg_free(a->spare);
+            a->spare = c;
+        }
+    }
+    if (a->head) a->head->used = m.chunk_used;
+    a->used = m.used;
 }
 
 size_t fg_arena_used(const fg_arena *a) { return a ? a->used : 0; }

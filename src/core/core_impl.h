@@ -37,6 +37,18 @@ int fg__cores_usable(void);
  * (>= 0); measured at most every 0.25 s. Thread-safe. */
 double fg__cores_free(void);
 
+/* A point of an arena to rewind to (activation checkpointing frees a
+ * block's recomputed activations before the next block's): what the arena
+ * handed out after fg__arena_mark is released by fg__arena_release, and the
+ * chunks it needed are kept as a spare for the next rewind's allocations.
+ * Pointers into the released part are invalid after. */
+typedef struct fg_arena_mark {
+    void *chunk;
+    size_t chunk_used, used;
+} fg_arena_mark;
+fg_arena_mark fg__arena_mark(const fg_arena *a);
+void fg__arena_release(fg_arena *a, fg_arena_mark m);
+
 #define FG_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define FG_MAX(a, b) ((a) > (b) ? (a) : (b))
 

@@ -118,7 +118,7 @@ fg_module *fg_layer_norm_new(int64_t dim, double eps, bool bias, fg_dtype dt) {
 static fg_tensor *dropout_fwd(fg_module *m, fg_tensor *x, void *ud) {
     fg_dropout_state *d = ud;
     if (!m->training || d->p == 0) return x;
-    uint64_t off = atomic_fetch_add(&d->offset, (uint64_t)fg_tensor_numel(x));
+    uint64_t off = fg__rng_take(&d->offset, (uint64_t)fg_tensor_numel(x));
     return fg_dropout(x, d->p, d->seed, off);
 }
 

@@ -337,6 +337,11 @@ fg_tensor *fg_module_own_param(const fg_module *m, const char *name) {
 static _Thread_local int tl_depth;
 static _Thread_local bool tl_wrapped;
 
+static fg_tensor *checkpointed_fwd(fg_tensor *x, void *ud) {
+    fg_module *m = ud;
+    return m->forward(m, x, m->ud);
+}
+
 fg_tensor *fg_module_forward(fg_module *m, fg_tensor *x) {
     if (!m) {
         fg_error(FG_EINVAL, "module_forward: NULL module");
@@ -354,7 +359,7 @@ fg_tensor *fg_module_forward(fg_module *m, fg_tensor *x) {
         return NULL;
     }
     if (tl_depth++ == 0) tl_wrapped = false;
-    fg_tensor *y = m->forward(m, x, m->ud);
+    fg_tensor *y = m->checkpoint ? fg_checkpoint(checkpointed_fwd, x, m) : m->forward(m, x, m->ud);
     if (!y && !tl_wrapped) { /* name the innermost module once */
         char b[256];
         fg_error_wrap(FG_EINVAL, "in module %s (%s)", fg__module_path(m, b, sizeof b), m->type);

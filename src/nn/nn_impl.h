@@ -70,6 +70,7 @@ struct fg_module {
     void (*free_ud)(void *);
     const void *kind; /* identifies built-ins (Dropout, GPT) */
     bool training;
+    bool checkpoint; /* forward through fg_checkpoint (activation checkpointing) */
     uint64_t seed; /* root: initialisation seed */
 
     /* after finalize */

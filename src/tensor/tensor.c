@@ -30,6 +30,15 @@ void fg_step_thread_release(void) {
     tl_gen++;
 }
 
+fg_arena_mark fg__step_mark(void) {
+    fg_arena *a = arena();
+    return a ? fg__arena_mark(a) : (fg_arena_mark){0};
+}
+
+void fg__step_release(fg_arena_mark m) {
+    if (tl_arena) fg__arena_release(tl_arena, m);
+}
+
 uint64_t fg_step_generation(void) { return tl_gen; }
 size_t fg_step_bytes(void) { return fg_arena_used(tl_arena); }
 size_t fg_step_peak_bytes(void) { return fg_arena_peak(tl_arena); }

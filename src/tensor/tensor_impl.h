@@ -43,6 +43,12 @@ fg_status fg__tensor_init_shape(fg_tensor *t, fg_dtype dt, int ndim, const int64
 /* A step tensor header (no data) copied from t's metadata, autograd fields cleared. */
 fg_tensor *fg__tensor_header_like(const fg_tensor *t);
 
+/* Rewinds the calling thread's step arena (fg__arena_mark): step tensors
+ * made after the mark are gone after the release. Activation checkpointing
+ * drops a block's recomputed activations with it. */
+fg_arena_mark fg__step_mark(void);
+void fg__step_release(fg_arena_mark m);
+
 #define FG_F32P(t) ((float *)(t)->data)
 #define FG_F64P(t) ((double *)(t)->data)
 #define FG_I32P(t) ((int32_t *)(t)->data)
