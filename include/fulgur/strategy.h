@@ -332,6 +332,26 @@ FG_API const char *fg_state_dict_type_name(fg_state_dict_type t);
  * valid ones otherwise (NULL too); *out is set only on FG_OK. */
 FG_API fg_status fg_state_dict_type_parse(const char *name, fg_state_dict_type *out);
 
+/* Where DeepSpeed's offload puts the optimizer state or the parameters
+ * (offload_optimizer_device, offload_params_device; FSDP's cpu_offload is
+ * cpu for both). docs/sharding.md has the story on a CPU. */
+typedef enum fg_offload_device {
+    FG_OFFLOAD_NONE = 0, /* not offloaded: where the strategy keeps it */
+    FG_OFFLOAD_CPU,  /* host memory: on a CPU that is where everything lives already, so nothing
+                        moves (accepted for Lightning's names, and said so) */
+    FG_OFFLOAD_NVME, /* files under nvme_path, streamed in blocks with io_uring at each step */
+    FG_OFFLOAD_COUNT
+} fg_offload_device;
+
+/* "none", "cpu", "nvme"; "?" out of range. Thread-safe. */
+FG_API const char *fg_offload_device_name(fg_offload_device d);
+/* Parses "cpu" or "nvme" (any case; "none" too). FG_EINVAL naming the
+ * value otherwise. Thread-safe. */
+FG_API fg_status fg_offload_device_parse(const char *name, fg_offload_device *out);
+/* Whether offload to nvme is built in (liburing found at build time).
+ * Thread-safe. */
+FG_API bool fg_offload_nvme_available(void);
+
 /* Options of the sharded kinds (Lightning's DeepSpeedStrategy and
  * FSDPStrategy arguments). All-zero means the defaults. */
 typedef struct fg_sharded_opts {
@@ -352,12 +372,31 @@ typedef struct fg_sharded_opts {
      * it): FULL (the zero value, one file) or SHARDED (a file per rank and
      * an index). */
     fg_state_dict_type state_dict_type;
+    /* DeepSpeed's offload_optimizer_device: FG_OFFLOAD_NVME keeps this
+     * rank's optimizer state (AdamW's exp_avg and exp_avg_sq, SGD's
+     * momentum) in files under nvme_path, read and written in blocks with
+     * asynchronous I/O around each update: bitwise the in-memory results,
+     * memory freed of the state. FG_OFFLOAD_CPU: nothing to move on a CPU.
+     * deepspeed kinds only for nvme (fsdp offloads to the cpu only). */
+    fg_offload_device offload_optimizer_device;
+    /* DeepSpeed's offload_params_device (ZeRO stage 3 only, as DeepSpeed;
+     * not built yet) and FSDP's cpu_offload: FG_OFFLOAD_CPU under fsdp has
+     * nothing to move. */
+    fg_offload_device offload_params_device;
+    /* The directory for nvme offload (DeepSpeed's nvme_path), on a local
+     * disk; borrowed for fg_strategy_new (the fabric copies it). The files
+     * are unlinked at once: nothing is left there, even after a crash. */
+    const char *nvme_path;
 } fg_sharded_opts;
 
 /* Checks the sharded options for `kind` (o may be NULL: the defaults):
  * FG_EINVAL for a negative bucket size or a sharding strategy out of range,
  * FG_EUNSUPPORTED for fsdp with FULL_SHARD or HYBRID_SHARD, naming what is
- * built. FG_OK for every other kind. The fabric checks a configuration with
+ * built. The offload fields: FG_EINVAL for a device out of range, offload
+ * under a kind that does not shard (single is accepted: a sharded kind on
+ * one rank runs as single), nvme without nvme_path or under fsdp;
+ * FG_EUNSUPPORTED for parameter offload under deepspeed (it needs stage 3)
+ * and for nvme in a build without liburing. FG_OK for every other kind. The fabric checks a configuration with
  * it at fg_fabric_new, before any rank starts. Thread-safe. */
 FG_API fg_status fg_strategy_check_sharded(fg_strategy_kind kind, const fg_sharded_opts *o);
 

@@ -7,19 +7,17 @@
 #include "optim_impl.h"
 
 static fg_status adamw_step_range(fg_optimizer *o, int64_t begin, int64_t end, void *param,
-                                  const void *grad, int64_t t) {
+                                  const void *grad, void *const *state, int64_t t) {
     const fg_adamw_opts *ao = &o->o.adamw;
     double bc1 = 1 - pow(ao->beta1, (double)t), bc2 = 1 - pow(ao->beta2, (double)t);
     size_t es = fg_dtype_size(o->dt);
     for (int64_t k = 0; k < o->nseg; k++) {
         int64_t lo = FG_MAX(begin, o->seg_begin[k]), hi = FG_MIN(end, o->seg_begin[k + 1]);
         if (lo >= hi) continue;
-        size_t at = es * (size_t)(lo - begin),
-               st = fg_dtype_size(o->sdt) * (size_t)(lo - o->state_begin);
-        fg__k_adamw(o->dt, (char *)param + at, (const char *)grad + at,
-                    (char *)fg_tensor_data(o->state[0]) + st,
-                    (char *)fg_tensor_data(o->state[1]) + st, hi - lo, 1 - o->lr * o->seg_wd[k],
-                    ao->beta1, ao->beta2, o->lr / bc1, sqrt(bc2), ao->eps);
+        size_t at = es * (size_t)(lo - begin), st = fg_dtype_size(o->sdt) * (size_t)(lo - begin);
+        fg__k_adamw(o->dt, (char *)param + at, (const char *)grad + at, (char *)state[0] + st,
+                    (char *)state[1] + st, hi - lo, 1 - o->lr * o->seg_wd[k], ao->beta1, ao->beta2,
+                    o->lr / bc1, sqrt(bc2), ao->eps);
     }
     return FG_OK;
 }

@@ -59,6 +59,7 @@ void fg_optimizer_free(fg_optimizer *o) {
     if (!o) return;
     if (o->hook.detach) o->hook.detach(o->hook.ud);
     for (int i = 0; i < o->nstates; i++) fg_tensor_free(o->state[i]);
+    fg__offload_free(o);
     fg_free(o->seg_begin);
     fg_free(o->seg_wd);
     fg_free(o);
@@ -71,16 +72,24 @@ fg_status fg__optimizer_step_range(fg_optimizer *o, int64_t begin, int64_t end, 
         return fg_error(FG_EINVAL, "%s step: range [%lld, %lld) outside the state's [%lld, %lld)",
                         o->vt->name, (long long)begin, (long long)end, (long long)o->state_begin,
                         (long long)o->state_end);
-    size_t at = fg_dtype_size(o->dt) * (size_t)begin;
+    size_t es = fg_dtype_size(o->dt), at = es * (size_t)begin;
     if (!param) param = (char *)o->param + at;
     if (!grad) grad = (const char *)o->grad + at;
-    return o->vt->step_range(o, begin, end, param, grad, o->steps + 1);
+    if (o->offload) return fg__offload_step_range(o, begin, end, param, grad);
+    void *state[FG_OPTIM_MAX_STATES] = {0};
+    for (int i = 0; i < o->nstates; i++)
+        state[i] = (char *)fg_tensor_data(o->state[i]) +
+                   fg_dtype_size(o->sdt) * (size_t)(begin - o->state_begin);
+    return o->vt->step_range(o, begin, end, param, grad, state, o->steps + 1);
 }
 
 fg_status fg__optimizer_shard_state(fg_optimizer *o, int64_t begin, int64_t end) {
     if (!o || begin < 0 || end < begin || end > o->numel)
         return fg_error(FG_EINVAL, "optimizer shard: range [%lld, %lld) outside [0, %lld)",
                         (long long)begin, (long long)end, (long long)(o ? o->numel : 0));
+    if (o->offload)
+        return fg_error(FG_ESTATE, "optimizer shard: the state is offloaded to disk already; shard "
+                                   "it before offloading it");
     fg_tensor *fresh[FG_OPTIM_MAX_STATES] = {0};
     int64_t n = end - begin;
     for (int i = 0; i < o->nstates; i++)

@@ -32,9 +32,10 @@ typedef struct fg_optim_hook {
 typedef struct fg_optim_vt {
     const char *name;
     /* Updates elements [begin, end) (inside the state's range) with step
-     * number t (1-based): param and grad point at element begin. */
+     * number t (1-based): param, grad and each state[i] point at element
+     * begin (the state in memory, or a block of it streamed from disk). */
     fg_status (*step_range)(fg_optimizer *o, int64_t begin, int64_t end, void *param,
-                            const void *grad, int64_t t);
+                            const void *grad, void *const *state, int64_t t);
 } fg_optim_vt;
 
 struct fg_optimizer {
@@ -54,6 +55,7 @@ struct fg_optimizer {
     int64_t *seg_begin; /* nseg + 1 entries, the last = numel */
     double *seg_wd;
     fg_optim_hook hook; /* all NULL unless a sharding strategy set one */
+    struct fg_optim_offload *offload; /* NULL: the state is in memory (offload.c) */
     union {
         fg_sgd_opts sgd;
         fg_adamw_opts adamw;
@@ -84,6 +86,24 @@ void fg__optimizer_advance(fg_optimizer *opt);
 /* Sets the hook (NULL clears it). The strategy that sets one clears it
  * when it is freed first; the optimizer calls detach when it is. */
 void fg__optimizer_set_hook(fg_optimizer *opt, const fg_optim_hook *hook);
+
+/* offload_optimizer_device=nvme (offload.c): moves the state of the
+ * optimizer's range into files under dir (nvme_store.h), streamed through
+ * memory in blocks of `block` bytes per state (0 = the default) at every
+ * step, bitwise the in-memory update. The state tensors then map the files
+ * (fg_optimizer_state still reads and writes them: checkpoints work as
+ * before). On failure the state stays in memory, untouched. FG_ESTATE if
+ * already offloaded. An optimizer without state has nothing to move. */
+fg_status fg__optimizer_offload_nvme(fg_optimizer *opt, const char *dir, size_t block);
+bool fg__optimizer_offloaded(const fg_optimizer *opt);
+/* Bytes the offloaded state moved from and to disk so far (0 in memory). */
+void fg__optimizer_offload_counts(const fg_optimizer *opt, uint64_t *read, uint64_t *written);
+/* Whether the offloaded state is read with O_DIRECT (not on tmpfs). */
+bool fg__optimizer_offload_direct(const fg_optimizer *opt);
+/* offload.c's halves of step_range and free */
+fg_status fg__offload_step_range(fg_optimizer *opt, int64_t begin, int64_t end, void *param,
+                                 const void *grad);
+void fg__offload_free(fg_optimizer *opt);
 
 /* Ranges of at least this many elements are split over OpenMP threads. */
 #define FG_OPTIM_PAR_MIN 32768

@@ -6,16 +6,16 @@
 #include "optim_impl.h"
 
 static fg_status sgd_step_range(fg_optimizer *o, int64_t begin, int64_t end, void *param,
-                                const void *grad, int64_t t) {
+                                const void *grad, void *const *state, int64_t t) {
     const fg_sgd_opts *so = &o->o.sgd;
     size_t es = fg_dtype_size(o->dt);
     for (int64_t k = 0; k < o->nseg; k++) {
         int64_t lo = FG_MAX(begin, o->seg_begin[k]), hi = FG_MIN(end, o->seg_begin[k + 1]);
         if (lo >= hi) continue;
         size_t at = es * (size_t)(lo - begin);
-        void *buf = so->momentum != 0 ? (char *)fg_tensor_data(o->state[0]) +
-                                            fg_dtype_size(o->sdt) * (size_t)(lo - o->state_begin)
-                                      : NULL;
+        void *buf = so->momentum != 0
+                        ? (char *)state[0] + fg_dtype_size(o->sdt) * (size_t)(lo - begin)
+                        : NULL;
         fg__k_sgd(o->dt, (char *)param + at, (const char *)grad + at, buf, hi - lo, o->lr,
                   o->seg_wd[k], so->momentum, 1 - so->dampening, t == 1, so->nesterov);
     }

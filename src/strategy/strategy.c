@@ -61,6 +61,7 @@ fg_status fg_sharding_strategy_parse(const char *name, fg_sharding_strategy *out
 
 fg_status fg_strategy_check_sharded(fg_strategy_kind kind, const fg_sharded_opts *o) {
     fg_sharded_opts d = o ? *o : (fg_sharded_opts){0};
+    FG_TRY(fg__offload_check(kind, &d));
     if (!fg_strategy_kind_is_sharded(kind)) return FG_OK;
     if (d.reduce_bucket_size < 0 || d.allgather_bucket_size < 0)
         return fg_error(FG_EINVAL,
@@ -239,6 +240,8 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
     case FG_MODE_ZERO2: st = fg__zero_setup(s, sharded); break;
     case FG_MODE_SINGLE: break;
     }
+    if (st == FG_OK && sharded && sharded->offload_optimizer_device == FG_OFFLOAD_NVME)
+        st = fg__offload_setup(s, sharded);
     if (st != FG_OK) {
         fg_strategy_free(s); /* leaves this thread's message alone */
         return NULL;

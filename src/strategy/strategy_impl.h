@@ -71,4 +71,9 @@ void fg__bagua_free(fg_strategy *s);
 fg_status fg__bagua_backward(fg_strategy *s, fg_tensor *loss);
 void fg__bagua_bytes(const fg_strategy *s, fg_comm_bytes *out);
 
+/* offload.c: the offload fields' checks (from fg_strategy_check_sharded),
+ * and nvme offload of the optimizer state after the mode's setup */
+fg_status fg__offload_check(fg_strategy_kind kind, const fg_sharded_opts *o);
+fg_status fg__offload_setup(fg_strategy *s, const fg_sharded_opts *o);
+
 #endif

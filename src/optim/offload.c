@@ -1,0 +1,125 @@
+/* offload_optimizer_device=nvme: the optimizer's state (AdamW's exp_avg and
+ * exp_avg_sq, SGD's momentum buffer) of its range lives in files under
+ * nvme_path (nvme_store.h) instead of memory. A step streams the state
+ * through block buffers, the next block's reads overlapping the update of
+ * this one and the writes going behind, and runs the same kernel on the
+ * same elements as the in-memory step: the results are bitwise equal (the
+ * updates are elementwise, so cutting the range into blocks changes
+ * nothing). The state tensors map the files, so fg_optimizer_state, and
+ * with it checkpoints and the ZeRO save's gathering, read and write the
+ * state as before (through the page cache, only when they are used).
+ *
+ * Invariant: with offload set, state[i] is a wrap (not owning) of the
+ * store's mapping of array i, state_end - state_begin elements long. */
+#include <stdio.h>
+#include <string.h>
+
+#include "nvme_store.h"
+#include "optim_impl.h"
+
+struct fg_optim_offload {
+    fg_nvme_store *store;
+};
+
+typedef struct fill {
+    fg_optimizer *o;
+    fg_tensor **from;
+} fill;
+
+/* Copies the in-memory state into the blocks; an all-zero block (a fresh
+ * optimizer's state: pages never touched) is not written, the files being
+ * zero already. */
+static fg_status fill_block(void *ud, size_t off, size_t n, void *const *bufs, bool *write) {
+    fill *f = ud;
+    bool zero = true;
+    for (int i = 0; i < f->o->nstates; i++) {
+        const char *src = (const char *)fg_tensor_data(f->from[i]) + off;
+        memcpy(bufs[i], src, n);
+        for (size_t k = 0; k < n && zero; k += 8) {
+            uint64_t w = 0;
+            memcpy(&w, src + k, FG_MIN(8, n - k));
+            zero = w == 0;
+        }
+    }
+    *write = !zero;
+    return FG_OK;
+}
+
+bool fg__optimizer_offloaded(const fg_optimizer *o) { return o && o->offload; }
+
+fg_status fg__optimizer_offload_nvme(fg_optimizer *o, const char *dir, size_t block) {
+    if (!o) return fg_error(FG_EINVAL, "offload_nvme: NULL optimizer");
+    if (o->offload)
+        return fg_error(FG_ESTATE, "offload_nvme: the optimizer state is on disk already");
+    if (o->nstates == 0) return FG_OK;
+    int64_t n = o->state_end - o->state_begin;
+    size_t bytes = fg_dtype_size(o->sdt) * (size_t)n;
+    char what[96];
+    snprintf(what, sizeof what, "the %s optimizer state", o->vt->name);
+    struct fg_optim_offload *off = fg_calloc(1, sizeof *off);
+    if (!off) return fg_error_wrap(FG_ENOMEM, "offload_nvme");
+    fg_tensor *wrap[FG_OPTIM_MAX_STATES] = {0};
+    fg_status st = fg__nvme_store_new(dir, what, o->nstates, bytes, block, &off->store);
+    if (st == FG_OK)
+        st = fg__nvme_store_stream(off->store, 0, bytes, false, true, fill_block,
+                                   &(fill){o, o->state});
+    for (int i = 0; st == FG_OK && i < o->nstates; i++)
+        if (!(wrap[i] = fg_tensor_wrap(fg__nvme_store_map(off->store, i), o->sdt, 1, &n)))
+            st = fg_error_wrap(FG_ENOMEM, "offload_nvme");
+    if (st != FG_OK) {
+        for (int i = 0; i < o->nstates; i++) fg_tensor_free(wrap[i]);
+        fg__nvme_store_free(off->store);
+        fg_free(off);
+        return fg_error_wrap(st, "offload_optimizer_device=nvme");
+    }
+    for (int i = 0; i < o->nstates; i++) {
+        fg_tensor_free(o->state[i]);
+        o->state[i] = wrap[i];
+    }
+    o->offload = off;
+    return FG_OK;
+}
+
+typedef struct upd {
+    fg_optimizer *o;
+    int64_t base; /* element of byte 0 of the files: state_begin */
+    int64_t begin;
+    char *param;
+    const char *grad;
+} upd;
+
+static fg_status update_block(void *ud, size_t off, size_t n, void *const *bufs, bool *write) {
+    upd *u = ud;
+    fg_optimizer *o = u->o;
+    size_t ss = fg_dtype_size(o->sdt), es = fg_dtype_size(o->dt); /* state, parameters */
+    int64_t lo = u->base + (int64_t)(off / ss), hi = lo + (int64_t)(n / ss);
+    size_t at = es * (size_t)(lo - u->begin);
+    (void)write;
+    return o->vt->step_range(o, lo, hi, u->param + at, u->grad + at, bufs, o->steps + 1);
+}
+
+fg_status fg__offload_step_range(fg_optimizer *o, int64_t begin, int64_t end, void *param,
+                                 const void *grad) {
+    size_t ss = fg_dtype_size(o->sdt);
+    upd u = {o, o->state_begin, begin, param, grad};
+    fg_status st =
+        fg__nvme_store_stream(o->offload->store, ss * (size_t)(begin - o->state_begin),
+                              ss * (size_t)(end - o->state_begin), true, true, update_block, &u);
+    return st == FG_OK ? FG_OK : fg_error_wrap(st, "%s step (offload_nvme)", o->vt->name);
+}
+
+void fg__optimizer_offload_counts(const fg_optimizer *o, uint64_t *read, uint64_t *written) {
+    *read = *written = 0;
+    if (o && o->offload) fg__nvme_store_counts(o->offload->store, read, written);
+}
+
+bool fg__optimizer_offload_direct(const fg_optimizer *o) {
+    return o && o->offload && fg__nvme_store_direct(o->offload->store);
+}
+
+void fg__offload_free(fg_optimizer *o) {
+    if (!o->offload) return;
+    fg__nvme_store_free(o->offload->store);
+    fg_free(o->offload);
+    o->offload = NULL;
+}

@@ -1,0 +1,90 @@
+/* Offload (DeepSpeed's offload_optimizer / offload_param, FSDP's
+ * cpu_offload): the names, the checks of fg_sharded_opts' offload fields,
+ * and the setup of nvme offload once the strategy has cut the optimizer's
+ * state to this rank's shard (the optim layer's offload.c moves it to
+ * disk). cpu offload moves nothing: on a CPU, parameters and state are in
+ * host memory already. */
+#include <strings.h>
+
+#include "optim/nvme_store.h"
+#include "optim/optim_impl.h"
+#include "strategy_impl.h"
+
+static const char *const k_names[FG_OFFLOAD_COUNT] = {
+    [FG_OFFLOAD_NONE] = "none", [FG_OFFLOAD_CPU] = "cpu", [FG_OFFLOAD_NVME] = "nvme"};
+
+const char *fg_offload_device_name(fg_offload_device d) {
+    return (int)d >= 0 && d < FG_OFFLOAD_COUNT ? k_names[d] : "?";
+}
+
+fg_status fg_offload_device_parse(const char *name, fg_offload_device *out) {
+    for (int i = 0; name && i < FG_OFFLOAD_COUNT; i++)
+        if (!strcasecmp(name, k_names[i])) {
+            if (out) *out = (fg_offload_device)i;
+            return FG_OK;
+        }
+    return fg_error(FG_EINVAL, "offload device \"%s\": expected cpu or nvme",
+                    name ? name : "(null)");
+}
+
+bool fg_offload_nvme_available(void) { return fg__nvme_available(); }
+
+fg_status fg__offload_check(fg_strategy_kind kind, const fg_sharded_opts *d) {
+    const char *name = fg_strategy_kind_name(kind);
+    fg_offload_device od = d->offload_optimizer_device, pd = d->offload_params_device;
+    if ((int)od < 0 || od >= FG_OFFLOAD_COUNT || (int)pd < 0 || pd >= FG_OFFLOAD_COUNT)
+        return fg_error(FG_EINVAL,
+                        "%s: offload_optimizer_device %d, offload_params_device %d: expected "
+                        "fg_offload_device values (none, cpu, nvme)",
+                        name, (int)od, (int)pd);
+    if (!od && !pd) return FG_OK;
+    if (!fg_strategy_kind_is_sharded(kind) && kind != FG_STRATEGY_SINGLE)
+        return fg_error(FG_EINVAL,
+                        "strategy \"%s\": offload is an option of the sharded strategies "
+                        "(deepspeed_stage_1, deepspeed_stage_2, fsdp)",
+                        name);
+    if (pd && kind != FG_STRATEGY_FSDP && kind != FG_STRATEGY_SINGLE)
+        return fg_error(FG_EUNSUPPORTED,
+                        "%s: offload_params_device=%s offloads ZeRO stage 3's parameter shards "
+                        "(deepspeed_stage_3_offload, _offload_nvme), not built yet in this fulgur; "
+                        "offload_optimizer_device is built",
+                        name, fg_offload_device_name(pd));
+    if (pd == FG_OFFLOAD_NVME)
+        return fg_error(FG_EINVAL,
+                        "fsdp: its cpu_offload offloads to the cpu only; nvme offload is "
+                        "DeepSpeed's (deepspeed_stage_2 with offload_optimizer_device "
+                        "nvme)");
+    if (od != FG_OFFLOAD_NVME) return FG_OK;
+    if (kind == FG_STRATEGY_FSDP)
+        return fg_error(FG_EINVAL,
+                        "fsdp: its cpu_offload offloads to the cpu only; nvme offload is "
+                        "DeepSpeed's (deepspeed_stage_2 with offload_optimizer_device "
+                        "nvme)");
+    if (!d->nvme_path || !*d->nvme_path)
+        return fg_error(FG_EINVAL,
+                        "%s: offload_optimizer_device=nvme needs nvme_path, a directory "
+                        "on a local disk",
+                        name);
+    if (!fg__nvme_available())
+        return fg_error(FG_EUNSUPPORTED,
+                        "%s: offload_optimizer_device=nvme: offload_nvme is unavailable in this "
+                        "fulgur, built without liburing (install liburing-dev and rebuild)",
+                        name);
+    return FG_OK;
+}
+
+fg_status fg__offload_setup(fg_strategy *s, const fg_sharded_opts *o) {
+    const char *name = fg_strategy_kind_name(s->kind);
+    if (!s->opt)
+        return fg_error(FG_EINVAL, "%s: offload_optimizer_device=nvme needs the optimizer at setup",
+                        name);
+    long block = 0;
+    FG_TRY(fg__env_int("FULGUR_NVME_BLOCK_BYTES", 0, &block));
+    if (block < 0 || block % FG_NVME_ALIGN)
+        return fg_error(FG_EINVAL,
+                        "FULGUR_NVME_BLOCK_BYTES=%ld: expected a positive multiple of %d (bytes "
+                        "per state array per block), or unset for %zu",
+                        block, FG_NVME_ALIGN, FG_NVME_DEFAULT_BLOCK);
+    fg_status st = fg__optimizer_offload_nvme(s->opt, o->nvme_path, (size_t)block);
+    return st == FG_OK ? FG_OK : fg_error_wrap(st, "%s setup", name);
+}
