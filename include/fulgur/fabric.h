@@ -68,7 +68,11 @@ typedef struct fg_fabric_config {
                                 communication hooks (checked by fg_strategy_check_ddp) */
     fg_sharded_opts sharded; /* the sharded strategies: reduce_bucket_size,
                                 allgather_bucket_size, sharding_strategy (fsdp: SHARD_GRAD_OP
-                                or NO_SHARD; the zero value FULL_SHARD is not built yet) */
+                                or NO_SHARD; the zero value FULL_SHARD is not built yet), the
+                                offload (offload_optimizer_device, offload_params_device,
+                                nvme_path, copied); a name such as deepspeed_stage_2_offload
+                                fills an offload device left FG_OFFLOAD_NONE
+                                (fg_launch_strategy_offload) */
     const char *deepspeed_config; /* DeepSpeedStrategy(config=): a DeepSpeed JSON file read at
                                 fg_fabric_new (fg_deepspeed_config_read) with strategy NULL,
                                 "auto", "deepspeed" or "deepspeed_stage_N": its
@@ -78,6 +82,11 @@ typedef struct fg_fabric_config {
     void *cluster_ud;
     bool deterministic; /* Lightning's `deterministic`: bitwise the same parameters on
                            any number of ranks for the same global batch (below) */
+    /* Recompute each transformer block's activations in backward
+     * (fg_module_set_activation_checkpointing of the model's "Block"
+     * modules at fg_fabric_setup; FSDPStrategy's
+     * activation_checkpointing_policy={Block}). */
+    bool activation_checkpointing;
 } fg_fabric_config;
 
 /* Reads a DeepSpeed JSON configuration (the file of Lightning's

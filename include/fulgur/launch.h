@@ -125,17 +125,27 @@ FG_API fg_status fg_launch_cpu_devices(int *out);
  * "single_device"), dp, ddp, ddp_spawn, ddp_fork (also "ddp_notebook",
  * Lightning's name for it), deepspeed_stage_1, deepspeed_stage_2 (also
  * "deepspeed", Lightning's DeepSpeedStrategy, whose default stage is 2),
- * fsdp (its sharding strategy is an option: fg_sharded_opts).
+ * fsdp (its sharding strategy is an option: fg_sharded_opts),
+ * deepspeed_stage_2_offload (deepspeed_stage_2 with the offload that
+ * fg_launch_strategy_offload gives), fsdp_cpu_offload (fsdp, likewise).
  * fsdp_shard_grad_op and fsdp_no_shard: FG_EINVAL naming the spelling
  * above. Recognised but not built yet (FG_EUNSUPPORTED, "not built yet"):
- * ddp2, hybrid, horovod, bagua, fsdp_cpu_offload, fsdp_full_shard,
- * fsdp_hybrid_shard, ddp_sharded, ddp_sharded_spawn,
- * deepspeed_stage_2_offload, deepspeed_stage_3,
+ * ddp2, hybrid, horovod, bagua, fsdp_full_shard,
+ * fsdp_hybrid_shard, ddp_sharded, ddp_sharded_spawn, deepspeed_stage_3,
  * deepspeed_stage_3_offload, deepspeed_stage_3_offload_nvme. single with
  * several devices, single or dp with several nodes: FG_EINVAL saying what
  * to use. Anything else: FG_EINVAL listing the valid names. Thread-safe. */
 FG_API fg_status fg_launch_parse_strategy(const char *s, int ndevices, int num_nodes,
                                           fg_strategy_kind *out);
+
+/* The offload a strategy name implies, as Lightning registers the name:
+ * deepspeed_stage_2_offload and deepspeed_stage_3_offload put the
+ * optimizer state on the cpu (and stage 3's parameters too),
+ * deepspeed_stage_3_offload_nvme both on nvme, fsdp_cpu_offload both on the
+ * cpu (FSDP's cpu_offload); FG_OFFLOAD_NONE for both with every other name
+ * (NULL too). Either pointer may be NULL. Thread-safe. */
+FG_API void fg_launch_strategy_offload(const char *s, fg_offload_device *optimizer,
+                                       fg_offload_device *params);
 
 /* Parses a precision setting into fg_precision_kind (precision.h, which
  * holds what each means): the six names and their short forms "64", "32",

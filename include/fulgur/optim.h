@@ -110,6 +110,14 @@ FG_API fg_tensor *fg_optimizer_state(fg_optimizer *opt, int i);
  * NULL; a NULL optimizer gives [0, 0). */
 FG_API void fg_optimizer_state_range(const fg_optimizer *opt, int64_t *begin, int64_t *end);
 
+/* Whether the state lives in files on disk (nvme offload: strategy.h's
+ * offload_optimizer_device), and the bytes the steps read from and wrote
+ * to those files so far (either pointer may be NULL; 0 in memory). The
+ * state tensors then map the files: reading and writing them works as in
+ * memory. */
+FG_API bool fg_optimizer_state_on_disk(const fg_optimizer *opt, uint64_t *bytes_read,
+                                       uint64_t *bytes_written);
+
 /* ---------------------------------------------------------------- schedules */
 
 typedef enum fg_lr_kind {

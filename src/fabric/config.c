@@ -31,9 +31,16 @@ fg_fabric *fg_fabric_new(const fg_fabric_config *cfg) {
     const char **s[4] = {&f->cfg.accelerator, &f->cfg.devices, &f->cfg.strategy, &f->cfg.precision};
     for (int i = 0; i < 4; i++)
         if (*s[i] && !(*s[i] = f->strings[i] = fg_strdup(*s[i]))) goto fail;
+    if (f->cfg.sharded.nvme_path &&
+        !(f->cfg.sharded.nvme_path = f->nvme_path = fg_strdup(f->cfg.sharded.nvme_path)))
+        goto fail;
     if (f->cfg.deepspeed_config && fg__fabric_apply_deepspeed_config(f) != FG_OK) goto fail;
     f->cfg.deepspeed_config = NULL; /* read: the strategy and options hold it now */
     if (fg__fabric_plan(f, &f->plan) != FG_OK) goto fail;
+    fg_offload_device od, pd; /* what a name like deepspeed_stage_2_offload turns on */
+    fg_launch_strategy_offload(f->cfg.strategy, &od, &pd);
+    if (!f->cfg.sharded.offload_optimizer_device) f->cfg.sharded.offload_optimizer_device = od;
+    if (!f->cfg.sharded.offload_params_device) f->cfg.sharded.offload_params_device = pd;
     if (fg__fabric_precision_init(f) != FG_OK) goto fail;
     if (fg_strategy_check_sharded(f->plan.strategy, &f->cfg.sharded) != FG_OK) goto fail;
     if (fg_strategy_check_ddp(&f->cfg.ddp) != FG_OK) goto fail;
@@ -64,6 +71,7 @@ fg_fabric *fg_fabric_new(const fg_fabric_config *cfg) {
 fail:
     fg_scaler_free(f->scaler);
     for (int i = 0; i < 4; i++) fg_free(f->strings[i]);
+    fg_free(f->nvme_path);
     fg_free(f);
     return NULL;
 }
@@ -75,6 +83,7 @@ void fg_fabric_free(fg_fabric *f) {
     fg_comm_free(f->comm);
     pthread_mutex_destroy(&f->comm_mu);
     for (int i = 0; i < 4; i++) fg_free(f->strings[i]);
+    fg_free(f->nvme_path);
     fg_free(f->spawn_blob);
     fg_free(f->loaded_meta);
     fg_scaler_free(f->scaler);

@@ -27,6 +27,8 @@ fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt) {
      * single-device run, with nothing to shard */
     fg_strategy_kind kind = f->plan.strategy;
     if (fg_strategy_kind_is_ddp(kind) && !f->comm) kind = FG_STRATEGY_SINGLE;
+    if (f->cfg.activation_checkpointing)
+        FG_TRY(fg_module_set_activation_checkpointing(model, NULL, true, NULL));
     fg_ddp_opts ddp = f->cfg.ddp;
     ddp.deterministic = ddp.deterministic || f->cfg.deterministic;
     f->strategy =

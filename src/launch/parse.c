@@ -269,22 +269,23 @@ static const struct {
     {"deepspeed", FG_STRATEGY_DEEPSPEED_STAGE_2}, /* Lightning's DeepSpeedStrategy: stage 2 */
     {"fsdp", FG_STRATEGY_FSDP},   /* the sharding strategy is an option (fg_sharded_opts) */
     {"bagua", FG_STRATEGY_BAGUA}, /* the algorithm is an option (fg_ddp_opts.bagua) */
+    /* with the offload fg_launch_strategy_offload gives */
+    {"deepspeed_stage_2_offload", FG_STRATEGY_DEEPSPEED_STAGE_2},
+    {"fsdp_cpu_offload", FG_STRATEGY_FSDP},
 };
 
 static const char *const k_valid =
     "auto, single, dp, ddp, ddp_spawn, ddp_fork, deepspeed_stage_1, deepspeed_stage_2, fsdp, "
-    "bagua";
+    "bagua, deepspeed_stage_2_offload, fsdp_cpu_offload";
 
 /* Strategies of Lightning and DeepSpeed that fulgur plans but has not built yet. */
 static const char *const k_later[] = {"ddp2",
                                       "hybrid",
                                       "horovod",
-                                      "fsdp_cpu_offload",
                                       "fsdp_full_shard",
                                       "fsdp_hybrid_shard",
                                       "ddp_sharded",
                                       "ddp_sharded_spawn",
-                                      "deepspeed_stage_2_offload",
                                       "deepspeed_stage_3",
                                       "deepspeed_stage_3_offload",
                                       "deepspeed_stage_3_offload_nvme",
@@ -334,6 +335,29 @@ fg_status fg_launch_parse_strategy(const char *s, int ndevices, int num_nodes,
                             "available: %s",
                             s, k_valid);
     return fg_error(FG_EINVAL, "strategy=\"%s\": unknown; expected one of %s", s, k_valid);
+}
+
+/* Lightning's registered names and the offload they turn on */
+static const struct {
+    const char *name;
+    fg_offload_device optimizer, params;
+} k_offload_names[] = {
+    {"deepspeed_stage_2_offload", FG_OFFLOAD_CPU, FG_OFFLOAD_NONE},
+    {"deepspeed_stage_3_offload", FG_OFFLOAD_CPU, FG_OFFLOAD_CPU},
+    {"deepspeed_stage_3_offload_nvme", FG_OFFLOAD_NVME, FG_OFFLOAD_NVME},
+    {"fsdp_cpu_offload", FG_OFFLOAD_CPU, FG_OFFLOAD_CPU},
+};
+
+void fg_launch_strategy_offload(const char *s, fg_offload_device *optimizer,
+                                fg_offload_device *params) {
+    fg_offload_device o = FG_OFFLOAD_NONE, p = FG_OFFLOAD_NONE;
+    for (size_t i = 0; s && i < sizeof k_offload_names / sizeof k_offload_names[0]; i++)
+        if (!strcasecmp(s, k_offload_names[i].name)) {
+            o = k_offload_names[i].optimizer;
+            p = k_offload_names[i].params;
+        }
+    if (optimizer) *optimizer = o;
+    if (params) *params = p;
 }
 
 /* ------------------------------------------------------------ precision */

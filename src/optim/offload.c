@@ -113,6 +113,15 @@ void fg__optimizer_offload_counts(const fg_optimizer *o, uint64_t *read, uint64_
     if (o && o->offload) fg__nvme_store_counts(o->offload->store, read, written);
 }
 
+bool fg_optimizer_state_on_disk(const fg_optimizer *o, uint64_t *bytes_read,
+                                uint64_t *bytes_written) {
+    uint64_t r, w;
+    fg__optimizer_offload_counts(o, &r, &w);
+    if (bytes_read) *bytes_read = r;
+    if (bytes_written) *bytes_written = w;
+    return o && o->offload;
+}
+
 bool fg__optimizer_offload_direct(const fg_optimizer *o) {
     return o && o->offload && fg__nvme_store_direct(o->offload->store);
 }

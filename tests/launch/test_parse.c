@@ -224,9 +224,7 @@ TEST(strategy_errors) {
     CHECK_CONTAINS(fg_last_error(), "num_nodes=2");
     static const char *const later[] = {"ddp2",
                                         "horovod",
-                                        "fsdp_cpu_offload",
                                         "fsdp_full_shard",
-                                        "deepspeed_stage_2_offload",
                                         "deepspeed_stage_3",
                                         "deepspeed_stage_3_offload",
                                         "hybrid",
@@ -243,6 +241,28 @@ TEST(strategy_errors) {
     CHECK_CONTAINS(fg_last_error(), "strategy=\"dpp\": unknown; expected one of auto, single, dp, "
                                     "ddp, ddp_spawn, ddp_fork");
     CHECK_STATUS(fg_launch_parse_strategy("", 2, 1, &s), FG_EINVAL);
+}
+
+/* Lightning's offload names: the kind, and the offload they turn on */
+TEST(strategy_offload_names) {
+    fg_strategy_kind s;
+    fg_offload_device o, p;
+    CHECK_OK(fg_launch_parse_strategy("deepspeed_stage_2_offload", 2, 1, &s));
+    CHECK(s == FG_STRATEGY_DEEPSPEED_STAGE_2);
+    fg_launch_strategy_offload("deepspeed_stage_2_offload", &o, &p);
+    CHECK(o == FG_OFFLOAD_CPU && p == FG_OFFLOAD_NONE);
+    CHECK_OK(fg_launch_parse_strategy("FSDP_CPU_OFFLOAD", 2, 1, &s));
+    CHECK(s == FG_STRATEGY_FSDP);
+    fg_launch_strategy_offload("fsdp_cpu_offload", &o, &p);
+    CHECK(o == FG_OFFLOAD_CPU && p == FG_OFFLOAD_CPU);
+    fg_launch_strategy_offload("deepspeed_stage_3_offload_nvme", &o, &p);
+    CHECK(o == FG_OFFLOAD_NVME && p == FG_OFFLOAD_NVME);
+    fg_launch_strategy_offload("deepspeed_stage_2", &o, &p);
+    CHECK(o == FG_OFFLOAD_NONE && p == FG_OFFLOAD_NONE);
+    fg_launch_strategy_offload(NULL, &o, NULL);
+    CHECK(o == FG_OFFLOAD_NONE);
+    CHECK_STATUS(fg_launch_parse_strategy("deepspeed_stage_3_offload_nvme", 2, 1, &s),
+                 FG_EUNSUPPORTED);
 }
 
 /* --------------------------------------------------------- precision */

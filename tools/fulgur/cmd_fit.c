@@ -54,6 +54,7 @@ int cmd_fit(int argc, char **argv) {
         .seed = (uint64_t)o.seed,
         .sharded = o.sharded,
         .deepspeed_config = o.deepspeed_config,
+        .activation_checkpointing = o.activation_checkpointing,
         .ddp = o.ddp,
         .deterministic = o.deterministic,
     });

@@ -38,6 +38,8 @@ typedef struct fit_opts {
     int64_t reduce_bucket_size, allgather_bucket_size;
     const char *state_dict_type;  /* "full" or "sharded": parsed into `sharded` */
     const char *deepspeed_config; /* a DeepSpeed JSON file (the fabric reads it) */
+    const char *offload_optimizer, *offload_params, *nvme_path; /* parsed into `sharded` */
+    bool activation_checkpointing;
     fg_sharded_opts sharded;
     /* ddp's communication hooks (Lightning's DDPStrategy ddp_comm_hook) */
     const char *comm_hook, *comm_wrapper; /* as given; parsed into `ddp` */

@@ -78,7 +78,8 @@ static int build_flags(fit_opts *o, cli_flag *t) {
               "ids \"0,2\" / \"[0, 2]\"");
     F(.name = "strategy", .type = CLI_STR, .dst = &o->strategy, .def = "auto",
       .help = "auto, single, dp, ddp, ddp_spawn, ddp_fork, deepspeed_stage_1, deepspeed_stage_2, "
-              "fsdp (with --sharding-strategy), bagua (with --bagua-algorithm)");
+              "deepspeed_stage_2_offload, fsdp (with --sharding-strategy), fsdp_cpu_offload, bagua "
+              "(with --bagua-algorithm)");
     F(.name = "sharding-strategy", .type = CLI_STR, .dst = &o->sharding_strategy,
       .help = "fsdp: SHARD_GRAD_OP (= deepspeed_stage_2) or NO_SHARD (= ddp); FULL_SHARD "
               "(fsdp's default) and HYBRID_SHARD not built yet");
@@ -96,6 +97,15 @@ static int build_flags(fit_opts *o, cli_flag *t) {
     F(.name = "deepspeed-config", .type = CLI_STR, .dst = &o->deepspeed_config,
       .help = "deepspeed strategies: a DeepSpeed JSON config; its zero_optimization keys set "
               "the stage and options (a key fulgur does not honour is an error)");
+    F(.name = "offload-optimizer-device", .type = CLI_STR, .dst = &o->offload_optimizer,
+      .help = "deepspeed: cpu (nothing to move on a CPU) or nvme (optimizer state in files under "
+              "--nvme-path)");
+    F(.name = "offload-params-device", .type = CLI_STR, .dst = &o->offload_params,
+      .help = "cpu (fsdp: nothing to move on a CPU); nvme needs ZeRO stage 3 (not built yet)");
+    F(.name = "nvme-path", .type = CLI_STR, .dst = &o->nvme_path,
+      .help = "directory on a local disk for nvme offload");
+    F(.name = "activation-checkpointing", .type = CLI_BOOL, .dst = &o->activation_checkpointing,
+      .help = "gpt: recompute each block's activations in backward (less memory, more compute)");
     F(.name = "ddp-comm-hook", .type = CLI_STR, .dst = &o->comm_hook, .def = "none",
       .choices = k_hooks, .help = "ddp: gradient communication hook (docs/comm-hooks.md)");
     F(.name = "ddp-comm-wrapper", .type = CLI_STR, .dst = &o->comm_wrapper, .def = "none",
@@ -260,6 +270,31 @@ static bool ends_with(const char *s, const char *suffix) {
     return a >= b && !strcmp(s + a - b, suffix);
 }
 
+/* The offload flags into o->sharded (the strategy checks the rest at
+ * fg_fabric_new) */
+static int offload_args(fit_opts *o) {
+    const char *given[2] = {o->offload_optimizer, o->offload_params};
+    fg_offload_device *dst[2] = {&o->sharded.offload_optimizer_device,
+                                 &o->sharded.offload_params_device};
+    const char *flag[2] = {"offload-optimizer-device", "offload-params-device"};
+    for (int i = 0; i < 2; i++)
+        if (given[i] && (fg_offload_device_parse(given[i], dst[i]) != FG_OK || !*dst[i])) {
+            cli_error("--%s=\"%s\": expected cpu or nvme", flag[i], given[i]);
+            return FG_EXIT_USAGE;
+        }
+    if (o->nvme_path && o->sharded.offload_optimizer_device != FG_OFFLOAD_NVME &&
+        o->sharded.offload_params_device != FG_OFFLOAD_NVME) {
+        fg_offload_device od;
+        fg_launch_strategy_offload(o->strategy, &od, NULL);
+        if (od != FG_OFFLOAD_NVME) {
+            cli_error("--nvme-path is for nvme offload: add --offload-optimizer-device nvme");
+            return FG_EXIT_USAGE;
+        }
+    }
+    o->sharded.nvme_path = o->nvme_path;
+    return 0;
+}
+
 /* The sharded strategies' flags: parsed, and refused with a strategy they
  * do not belong to (one that does not parse is fg_fabric_new's to report). */
 static int sharded_args(fit_opts *o, cli_flag *flags, int n) {
@@ -298,7 +333,7 @@ static int sharded_args(fit_opts *o, cli_flag *flags, int n) {
         cli_error("--state-dict-type: %s", fg_last_error()); /* the choices caught it already */
         return FG_EXIT_USAGE;
     }
-    return 0;
+    return offload_args(o);
 }
 
 /* The communication hook flags: parsed into o->ddp, and refused where
@@ -359,6 +394,10 @@ int fit_args_parse(fit_opts *o, int argc, char **argv) {
     if ((rc = hook_args(o, flags, n))) return rc;
     if ((rc = fit_bagua_args(o, flags, n))) return rc;
     o->kind = !strcmp(o->model, "mlp") ? FIT_MLP : FIT_GPT;
+    if (o->activation_checkpointing && o->kind != FIT_GPT) {
+        cli_error("--activation-checkpointing recomputes a gpt's blocks; --model mlp has none");
+        return FG_EXIT_USAGE;
+    }
     o->on_nonfinite_skip = !strcmp(o->on_nonfinite, "skip");
     if (!o->data) {
         cli_error("--data is required: a text file or folder, a .bin token file, or (mlp) a .npy");

@@ -587,6 +587,15 @@ int fit_run(fg_fabric *f, void *arg) {
                    "buffer (%s x %d)\n",
                    (long long)(se - sb), (long long)nparams, fg_optimizer_name(c.opt),
                    fg_optimizer_num_states(c.opt));
+        if (fg_optimizer_state_on_disk(c.opt, NULL, NULL))
+            printf("optimizer state offloaded to nvme: rank 0's %lld elements x %d in files "
+                   "under %s, streamed at each step\n",
+                   (long long)(se - sb), fg_optimizer_num_states(c.opt), o->nvme_path);
+        else if (o->sharded.offload_optimizer_device == FG_OFFLOAD_CPU ||
+                 o->sharded.offload_params_device == FG_OFFLOAD_CPU ||
+                 strstr(o->strategy, "offload"))
+            printf("offload to the cpu: nothing to move (on a CPU the parameters and optimizer "
+                   "state are in host memory already)\n");
         fflush(stdout);
     }
     c.last_val = NAN;

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# fulgur fit with nvme offload of the optimizer state and with activation
+# checkpointing, on a tiny GPT: --offload-optimizer-device nvme writes the
+# in-memory run's checkpoint bitwise on 1 rank and under deepspeed_stage_2
+# on 2 ranks (state streamed in 4 KiB blocks), resumes bitwise from its own
+# checkpoint (the state loaded through the files), and leaves nothing under
+# --nvme-path; deepspeed_stage_2_offload and fsdp_cpu_offload (cpu: nothing
+# to move) write stage 2's checkpoint and say so; --activation-checkpointing
+# writes the plain run's checkpoint bitwise with dropout on, on 1 and 2
+# ranks; a missing nvme path fails naming it; the usage errors.
+source "$(dirname "$0")/lib.sh"
+echo "test_fit_offload: fulgur fit --offload-optimizer-device nvme, --activation-checkpointing"
+TXT="$T_TMP/tiny.txt"
+for i in $(seq 1 12); do
+    echo "to be or not to be, that is the question."
+    echo "whether tis nobler in the mind to suffer"
+done >"$TXT"
+NV="$T_TMP/nvme"
+mkdir -p "$NV"
+export FULGUR_NVME_BLOCK_BYTES=4096
+TINY=(--model gpt --data "$TXT" --layers 2 --heads 2 --embd 32 --ctx 32 --batch-size 2
+      --lr 3e-3 --warmup-steps 5 --limit-val-batches 1 --val-check-interval 0 --progress none
+      --num-workers 0 --sample-tokens 0 --ckpt-every 0)
+NVME=(--offload-optimizer-device nvme --nvme-path "$NV")
+
+fits() {
+    local name=$1; shift
+    run "$name" "$FULGUR" fit "${TINY[@]}" --max-steps 12 --gradient-clip-val 1.0 \
+        --default-root-dir "$T_TMP/run-$name" "$@"
+}
+same_ckpt() {
+    run "diff-$1" "$FULGUR" ckpt diff "$T_TMP/run-$2/checkpoints/last.safetensors" \
+        "$T_TMP/run-$3/checkpoints/last.safetensors" --exit-code
+    expect_rc "$1 (ckpt diff --exit-code)" 0 "diff-$1"
+    expect_grep "$1: every tensor bitwise equal" "diff-$1" \
+        '^overall max \|A-B\| = 0 over [0-9]+ common tensors \([0-9]+ bitwise equal, 0 with other shapes, 0 in one file only'
+}
+empty_nvme() {
+    if [ -z "$(ls -A "$NV")" ]; then pass "$1: nothing left under --nvme-path"; else
+        fail "$1: left under --nvme-path: $(ls -A "$NV")"; fi
+}
+
+# nvme offload on 1 rank and under stage 2 on 2 ranks
+fits one --devices 1 --strategy deepspeed_stage_2
+expect_rc "stage 2 on 1 rank" 0 one
+fits one-nv --devices 1 --strategy deepspeed_stage_2 "${NVME[@]}"
+expect_rc "stage 2 + nvme offload on 1 rank" 0 one-nv
+expect_grep "the run says the state is on disk" one-nv \
+    "^optimizer state offloaded to nvme: rank 0's [0-9]+ elements x 2 in files under $NV"
+same_ckpt "nvme offload == in memory, 1 rank" one one-nv
+empty_nvme "1 rank"
+fits two --devices 2 --strategy deepspeed_stage_2
+fits two-nv --devices 2 --strategy deepspeed_stage_2 "${NVME[@]}"
+expect_rc "stage 2 + nvme offload on 2 ranks" 0 two-nv
+expect_grep "rank 0 offloads its shard" two-nv \
+    "^optimizer state offloaded to nvme: rank 0's [0-9]+ elements x 2"
+same_ckpt "nvme offload == in memory, 2 ranks" two two-nv
+empty_nvme "2 ranks"
+
+# resume: the state loaded into the files; 24 straight == 12 + resume + 12
+common=("${TINY[@]}" --devices 2 --strategy deepspeed_stage_2 "${NVME[@]}" --lr-decay-steps 24)
+run ra "$FULGUR" fit "${common[@]}" --max-steps 24 --default-root-dir "$T_TMP/run-A"
+run rb1 "$FULGUR" fit "${common[@]}" --max-steps 12 --default-root-dir "$T_TMP/run-B"
+run rb2 "$FULGUR" fit "${common[@]}" --max-steps 24 --default-root-dir "$T_TMP/run-B" --resume last
+expect_rc "nvme offload resumed" 0 rb2
+same_ckpt "nvme offload: 24 steps == 12 + resume + 12" A B
+
+# cpu offload: nothing to move, said so
+fits cpu --devices 2 --strategy deepspeed_stage_2_offload
+expect_rc "deepspeed_stage_2_offload" 0 cpu
+expect_grep "the plan runs stage 2" cpu '^launch plan: deepspeed_stage_2 on cpu, 2 ranks'
+expect_grep "says there is nothing to move" cpu '^offload to the cpu: nothing to move'
+same_ckpt "deepspeed_stage_2_offload == deepspeed_stage_2" two cpu
+fits fcpu --devices 2 --strategy fsdp_cpu_offload --sharding-strategy SHARD_GRAD_OP
+expect_rc "fsdp_cpu_offload with SHARD_GRAD_OP" 0 fcpu
+same_ckpt "fsdp_cpu_offload == deepspeed_stage_2" two fcpu
+
+# activation checkpointing, dropout on
+fits drop --devices 1 --dropout 0.2
+fits drop-ac --devices 1 --dropout 0.2 --activation-checkpointing
+expect_rc "--activation-checkpointing" 0 drop-ac
+same_ckpt "activation checkpointing == without, dropout 0.2" drop drop-ac
+fits drop2 --devices 2 --strategy deepspeed_stage_2 --dropout 0.2
+fits drop2-ac --devices 2 --strategy deepspeed_stage_2 --dropout 0.2 --activation-checkpointing \
+    "${NVME[@]}"
+expect_rc "--activation-checkpointing with stage 2 + nvme on 2 ranks" 0 drop2-ac
+same_ckpt "activation checkpointing + nvme == plain stage 2, 2 ranks" drop2 drop2-ac
+
+# a path that is not there: the run fails at setup, naming it and the bytes
+fits gone --devices 1 --strategy deepspeed_stage_2 --offload-optimizer-device nvme \
+    --nvme-path "$T_TMP/no-such-dir"
+expect_rc "a missing nvme path" 1 gone
+expect_grep "names the path and the bytes" gone \
+    "nvme_path=$T_TMP/no-such-dir: No such file or directory; it must be an existing directory.*[0-9]+ bytes"
+
+# usage errors: exit 2 before any rank starts
+run np "$FULGUR" fit "${TINY[@]}" --devices 2 --strategy deepspeed_stage_2 --offload-optimizer-device nvme
+expect_rc "nvme without --nvme-path" 2 np
+expect_grep "says nvme_path is needed" np 'offload_optimizer_device=nvme needs nvme_path'
+run pathonly "$FULGUR" fit "${TINY[@]}" --devices 2 --strategy deepspeed_stage_2 --nvme-path "$NV"
+expect_rc "--nvme-path alone" 2 pathonly
+expect_grep "says what it is for" pathonly 'nvme-path is for nvme offload'
+run baddev "$FULGUR" fit "${TINY[@]}" --devices 2 --strategy deepspeed_stage_2 --offload-optimizer-device gpu
+expect_rc "an unknown device" 2 baddev
+expect_grep "names the value" baddev 'offload-optimizer-device="gpu": expected cpu or nvme'
+run params "$FULGUR" fit "${TINY[@]}" --devices 2 --strategy deepspeed_stage_2 --offload-params-device nvme --nvme-path "$NV"
+expect_rc "parameter offload under stage 2" 2 params
+expect_grep "says it needs stage 3" params 'offload_params_device=nvme offloads ZeRO stage 3'
+run fsdpnv "$FULGUR" fit "${TINY[@]}" --devices 2 --strategy fsdp --sharding-strategy SHARD_GRAD_OP "${NVME[@]}"
+expect_rc "nvme under fsdp" 2 fsdpnv
+expect_grep "says fsdp offloads to the cpu" fsdpnv 'fsdp: its cpu_offload offloads to the cpu only'
+run ddpoff "$FULGUR" fit "${TINY[@]}" --devices 2 --strategy ddp --offload-optimizer-device cpu
+expect_rc "offload under ddp" 2 ddpoff
+expect_grep "names the sharded strategies" ddpoff 'offload is an option of the sharded strategies'
+run mlpac "$FULGUR" fit --model mlp --data x.npy --activation-checkpointing
+expect_rc "--activation-checkpointing with mlp" 2 mlpac
+expect_grep "says the mlp has no blocks" mlpac 'activation-checkpointing recomputes a gpt.s blocks'
+finish
