@@ -115,4 +115,7 @@ expect_grep "names the sharded strategies" ddpoff 'offload is an option of the s
 run mlpac "$FULGUR" fit --model mlp --data x.npy --activation-checkpointing
 expect_rc "--activation-checkpointing with mlp" 2 mlpac
 expect_grep "says the mlp has no blocks" mlpac 'activation-checkpointing recomputes a gpt.s blocks'
+run env "$FULGUR" env
+expect_grep "fulgur env: cpu offload moves nothing" env '^    cpu +nothing to move: on a CPU'
+expect_grep "fulgur env: nvme offload" env '^    nvme +(optimizer state in files under nvme_path|unavailable: built without liburing)'
 finish

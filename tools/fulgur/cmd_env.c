@@ -231,5 +231,13 @@ int cmd_env(int argc, char **argv) {
     for (int p = 0; p < FG_PRECISION_COUNT; p++)
         printf("    %-12s %s\n", fg_precision_kind_name((fg_precision_kind)p),
                fg_precision_kernel_path((fg_precision_kind)p));
+    /* offload (deepspeed_stage_2_offload, fsdp_cpu_offload, nvme) */
+    printf("offload:\n");
+    printf("    cpu          nothing to move: on a CPU the parameters and optimizer state are in "
+           "host memory already\n");
+    printf("    nvme         %s\n",
+           fg_offload_nvme_available()
+               ? "optimizer state in files under nvme_path, streamed with io_uring (liburing)"
+               : "unavailable: built without liburing (apt-get install liburing-dev, rebuild)");
     return status;
 }

@@ -1,0 +1,147 @@
+/* The other side of bench/offload.sh: a GPT trained through the Fabric API
+ * with deepspeed_stage_2, its AdamW state offloaded to nvme (or kept in
+ * memory: --no-offload), activation checkpointing on, on one fixed batch
+ * (so the loss falls within a few steps). Prints a line per step and one
+ * JSON line at the end:
+ *   {"params", "state_bytes", "steps", "first_loss", "last_loss",
+ *    "tokens_per_s", "opt_step_s", "disk_read_bps", "disk_write_bps",
+ *    "peak_rss_mb", "offload"}
+ * tokens/s over the steps after the first; disk bytes/s are the bytes the
+ * optimizer streamed from and to its files over the time of its steps.
+ *
+ *   offload_bench --nvme-path DIR [--layers 4] [--embd 768] [--ctx 64]
+ *                 [--batch 1] [--steps 5] [--threads 0] [--no-offload] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "fulgur/fulgur.h"
+
+typedef struct args {
+    const char *nvme_path;
+    int layers, steps, threads;
+    int64_t embd, ctx, batch;
+    bool offload;
+} args;
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int run(fg_fabric *f, void *arg) {
+    args *a = arg;
+    fg_set_num_threads(a->threads);
+    const char *text = "to be, or not to be, that is the question: whether tis nobler in the "
+                       "mind to suffer the slings and arrows of outrageous fortune, ";
+    int64_t V = 128, B = a->batch, T = a->ctx, L = (int64_t)strlen(text);
+    fg_module *m = fg_gpt_new(&(fg_gpt_config){.vocab = V,
+                                               .ctx = T,
+                                               .layers = a->layers,
+                                               .heads = (int)(a->embd / 64),
+                                               .embd = a->embd,
+                                               .seed = 1});
+    fg_optimizer *o = m ? fg_adamw_new(m, &(fg_adamw_opts){.lr = 5e-5, .weight_decay = 0.1}) : NULL;
+    if (!o || fg_fabric_setup(f, m, o) != FG_OK) {
+        fprintf(stderr, "offload_bench: %s\n", fg_last_error());
+        return 1;
+    }
+    int64_t shape[2] = {B, T};
+    fg_tensor *x = fg_tensor_new(FG_I32, 2, shape), *y = fg_tensor_new(FG_I32, 2, shape);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) {
+            ((int32_t *)fg_tensor_data(x))[b * T + t] = text[(b * 7 + t) % L];
+            ((int32_t *)fg_tensor_data(y))[b * T + t] = text[(b * 7 + t + 1) % L];
+        }
+    int64_t P = fg_module_numel(m);
+    printf("gpt: %lld parameters (%d layers, embd %lld, ctx %lld), batch %lld; training state "
+           "%.0f MiB (16 B per parameter), of which the optimizer state %.0f MiB %s\n",
+           (long long)P, a->layers, (long long)a->embd, (long long)T, (long long)B,
+           16.0 * (double)P / 1048576, 8.0 * (double)P / 1048576,
+           fg_optimizer_state_on_disk(o, NULL, NULL) ? "on disk" : "in memory");
+    fflush(stdout);
+    double first = 0, last = 0, t_train = 0, t_opt = 0;
+    uint64_t rd0 = 0, wr0 = 0, rd = 0, wr = 0;
+    for (int s = 0; s < a->steps; s++) {
+        double t0 = now();
+        fg_optimizer_zero_grad(o);
+        fg_tensor *loss = fg_cross_entropy(fg_module_forward(m, x), y, -100);
+        if (!loss || fg_fabric_backward(f, loss) != FG_OK) {
+            fprintf(stderr, "offload_bench: step %d: %s\n", s, fg_last_error());
+            return 1;
+        }
+        double l = fg_item(loss), t1 = now();
+        fg_optimizer_state_on_disk(o, &rd0, &wr0);
+        if (fg_optimizer_step(o) != FG_OK) {
+            fprintf(stderr, "offload_bench: step %d: %s\n", s, fg_last_error());
+            return 1;
+        }
+        double t2 = now();
+        fg_optimizer_state_on_disk(o, &rd, &wr);
+        fg_fabric_step_end(f);
+        if (s == 0) first = l;
+        last = l;
+        if (s > 0) {
+            t_train += t2 - t0;
+            t_opt += t2 - t1;
+        }
+        printf("step %d: loss %.4f, %.2f s (optimizer %.2f s: %.0f MB read, %.0f MB written)\n", s,
+               l, t2 - t0, t2 - t1, (double)(rd - rd0) / 1e6, (double)(wr - wr0) / 1e6);
+        fflush(stdout);
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    int n = a->steps - 1;
+    printf("{\"params\": %lld, \"state_bytes\": %lld, \"steps\": %d, \"first_loss\": %.4f, "
+           "\"last_loss\": %.4f, \"tokens_per_s\": %.1f, \"opt_step_s\": %.3f, "
+           "\"disk_read_bps\": %.0f, \"disk_write_bps\": %.0f, \"peak_rss_mb\": %.1f, "
+           "\"offload\": %s}\n",
+           (long long)P, (long long)(16 * P), a->steps, first, last,
+           n > 0 ? (double)(B * T * n) / t_train : 0, n > 0 ? t_opt / n : 0,
+           n > 0 && t_opt > 0 ? (double)rd / (t_opt * a->steps / n) : 0,
+           n > 0 && t_opt > 0 ? (double)wr / (t_opt * a->steps / n) : 0,
+           (double)ru.ru_maxrss / 1024, a->offload ? "true" : "false");
+    fg_tensor_free(x);
+    fg_tensor_free(y);
+    fg_optimizer_free(o);
+    fg_module_free(m);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    args a = {.layers = 4, .steps = 5, .embd = 768, .ctx = 64, .batch = 1, .offload = true};
+    for (int i = 1; i < argc; i++) {
+        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(k, "--no-offload")) a.offload = false;
+        else if (!v) break;
+        else if (!strcmp(k, "--nvme-path")) a.nvme_path = v, i++;
+        else if (!strcmp(k, "--layers")) a.layers = atoi(v), i++;
+        else if (!strcmp(k, "--embd")) a.embd = atoll(v), i++;
+        else if (!strcmp(k, "--ctx")) a.ctx = atoll(v), i++;
+        else if (!strcmp(k, "--batch")) a.batch = atoll(v), i++;
+        else if (!strcmp(k, "--steps")) a.steps = atoi(v), i++;
+        else if (!strcmp(k, "--threads")) a.threads = atoi(v), i++;
+    }
+    if (a.offload && !a.nvme_path) {
+        fprintf(stderr, "offload_bench: --nvme-path DIR is required (or --no-offload)\n");
+        return 2;
+    }
+    fg_fabric_config cfg = {
+        .devices = "1", .strategy = "deepspeed_stage_2", .activation_checkpointing = true};
+    if (a.offload) {
+        cfg.sharded.offload_optimizer_device = FG_OFFLOAD_NVME;
+        cfg.sharded.nvme_path = a.nvme_path;
+    }
+    fg_fabric *f = fg_fabric_new(&cfg);
+    if (!f) {
+        fprintf(stderr, "offload_bench: %s\n", fg_last_error());
+        return 2;
+    }
+    int rc = fg_fabric_launch(f, run, &a);
+    if (rc) fprintf(stderr, "offload_bench: %s\n", fg_last_error());
+    fg_fabric_free(f);
+    return rc;
+}
