@@ -44,7 +44,7 @@ static int run(fg_fabric *f, void *arg) {
                                                .heads = (int)(a->embd / 64),
                                                .embd = a->embd,
                                                .seed = 1});
-    fg_optimizer *o = m ? fg_adamw_new(m, &(fg_adamw_opts){.lr = 5e-5, .weight_decay = 0.1}) : NULL;
+    fg_optimizer *o = m ? fg_adamw_new(m, &(fg_adamw_opts){.lr = 2e-5, .weight_decay = 0.1}) : NULL;
     if (!o || fg_fabric_setup(f, m, o) != FG_OK) {
         fprintf(stderr, "offload_bench: %s\n", fg_last_error());
         return 1;
