@@ -9,7 +9,7 @@
 # 1. The disk's own sequential speed under NVME_PATH (dd with O_DIRECT,
 #    4 MiB blocks, as the offload streams them).
 # 2. The offloaded run without a limit: its peak memory.
-# 3. The limit: that peak times MARGIN (1.15; rounded up to a MiB), set as a memory
+# 3. The limit: that peak times MARGIN (1.05; rounded up to a MiB), set as a memory
 #    cgroup (v1 memory controller, or v2 memory.max) made by the script as
 #    root inside its own cgroup. The offloaded run again inside it; then the
 #    in-memory run (the state resident) inside the same limit, which the
@@ -23,7 +23,7 @@ set -u
 BUILD=${1:-build}
 BIN="$BUILD/offload_bench"
 [ -x "$BIN" ] || { echo "no $BIN: cmake --build $BUILD --target offload_bench" >&2; exit 2; }
-LAYERS=${LAYERS:-4} EMBD=${EMBD:-768} CTX=${CTX:-64} STEPS=${STEPS:-5} MARGIN=${MARGIN:-1.15}
+LAYERS=${LAYERS:-4} EMBD=${EMBD:-768} CTX=${CTX:-64} STEPS=${STEPS:-5} MARGIN=${MARGIN:-1.05}
 export FULGUR_NUM_THREADS=${FULGUR_NUM_THREADS:-2}
 OWN_DIR=0
 if [ -z "${NVME_PATH:-}" ]; then
