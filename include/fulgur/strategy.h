@@ -337,9 +337,9 @@ FG_API fg_status fg_state_dict_type_parse(const char *name, fg_state_dict_type *
  * cpu for both). docs/sharding.md has the story on a CPU. */
 typedef enum fg_offload_device {
     FG_OFFLOAD_NONE = 0, /* not offloaded: where the strategy keeps it */
-    FG_OFFLOAD_CPU,  /* host memory: on a CPU that is where everything lives already, so nothing
-                        moves (accepted for Lightning's names, and said so) */
-    FG_OFFLOAD_NVME, /* files under nvme_path, streamed in blocks with io_uring at each step */
+    FG_OFFLOAD_CPU,      /* host memory: on a CPU that is where everything lives already, so nothing
+                            moves (accepted for Lightning's names, and said so) */
+    FG_OFFLOAD_NVME,     /* files under nvme_path, streamed in blocks with io_uring at each step */
     FG_OFFLOAD_COUNT
 } fg_offload_device;
 
@@ -396,8 +396,8 @@ typedef struct fg_sharded_opts {
  * under a kind that does not shard (single is accepted: a sharded kind on
  * one rank runs as single), nvme without nvme_path or under fsdp;
  * FG_EUNSUPPORTED for parameter offload under deepspeed (it needs stage 3)
- * and for nvme in a build without liburing. FG_OK for every other kind. The fabric checks a configuration with
- * it at fg_fabric_new, before any rank starts. Thread-safe. */
+ * and for nvme in a build without liburing. FG_OK for every other kind. The fabric checks a
+ * configuration with it at fg_fabric_new, before any rank starts. Thread-safe. */
 FG_API fg_status fg_strategy_check_sharded(fg_strategy_kind kind, const fg_sharded_opts *o);
 
 /* The model-state bytes one rank holds under a strategy, what `fulgur env`

@@ -30,7 +30,7 @@ struct fg_node {
     int nxleaf;        /* one entry per use: counted for the "gradient ready" hook */
     void *ctx;         /* what a function's backward needs beyond the above */
     fg_node *prev;     /* the node recorded before this one */
-    uint64_t mark; /* backward pass that reached it */
+    uint64_t mark;     /* backward pass that reached it */
     bool consumed;
 };
 

@@ -71,7 +71,7 @@ struct fg_module {
     const void *kind; /* identifies built-ins (Dropout, GPT) */
     bool training;
     bool checkpoint; /* forward through fg_checkpoint (activation checkpointing) */
-    uint64_t seed; /* root: initialisation seed */
+    uint64_t seed;   /* root: initialisation seed */
 
     /* after finalize */
     fg_flat *flat; /* the root's */

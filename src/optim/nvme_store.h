@@ -22,7 +22,7 @@
 #include "fulgur/core.h"
 
 #define FG_NVME_MAX_ARRAYS 4
-#define FG_NVME_ALIGN 4096                     /* O_DIRECT's offsets, sizes and buffers */
+#define FG_NVME_ALIGN 4096                      /* O_DIRECT's offsets, sizes and buffers */
 #define FG_NVME_DEFAULT_BLOCK ((size_t)4 << 20) /* bytes per array per block */
 
 typedef struct fg_nvme_store fg_nvme_store;

@@ -54,7 +54,7 @@ struct fg_optimizer {
     int64_t nseg;
     int64_t *seg_begin; /* nseg + 1 entries, the last = numel */
     double *seg_wd;
-    fg_optim_hook hook; /* all NULL unless a sharding strategy set one */
+    fg_optim_hook hook;               /* all NULL unless a sharding strategy set one */
     struct fg_optim_offload *offload; /* NULL: the state is in memory (offload.c) */
     union {
         fg_sgd_opts sgd;
