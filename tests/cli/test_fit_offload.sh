@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # fulgur fit with nvme offload of the optimizer state and with activation
 # checkpointing, on a tiny GPT: --offload-optimizer-device nvme writes the
-# in-memory run's checkpoint bitwise on 1 rank and under deepspeed_stage_2
+# in-memory run's checkpoint bitwise on 1 rank and under deepspeed_stage_2 and _1
 # on 2 ranks (state streamed in 4 KiB blocks), resumes bitwise from its own
 # checkpoint (the state loaded through the files), and leaves nothing under
 # --nvme-path; deepspeed_stage_2_offload and fsdp_cpu_offload (cpu: nothing
@@ -56,6 +56,11 @@ expect_grep "rank 0 offloads its shard" two-nv \
     "^optimizer state offloaded to nvme: rank 0's [0-9]+ elements x 2"
 same_ckpt "nvme offload == in memory, 2 ranks" two two-nv
 empty_nvme "2 ranks"
+
+fits z1 --devices 2 --strategy deepspeed_stage_1
+fits z1-nv --devices 2 --strategy deepspeed_stage_1 "${NVME[@]}"
+expect_rc "stage 1 + nvme offload on 2 ranks" 0 z1-nv
+same_ckpt "nvme offload == in memory, stage 1, 2 ranks" z1 z1-nv
 
 # resume: the state loaded into the files; 24 straight == 12 + resume + 12
 common=("${TINY[@]}" --devices 2 --strategy deepspeed_stage_2 "${NVME[@]}" --lr-decay-steps 24)
