@@ -3,8 +3,9 @@
  * them back, one checkpoint at a time.
  *
  * Forward runs fn on the tape as usual, then rewinds the tape and the step
- * arena to where they were (fg__step_mark), keeping only a copy of y: the
- * checkpoint's node stands for the whole of fn. Its backward runs fn again
+ * arena to where they were (fg__step_mark), keeping only y, moved down to
+ * the rewound arena's top: the checkpoint's node stands for the whole of
+ * fn. Its backward runs fn again
  * on the same input with the same random draws (a Dropout's offset is taken
  * through fg__rng_take, which logs the draws of the first run and replays
  * them) and the same autocast, back-propagates through that, and rewinds
@@ -160,7 +161,6 @@ fg_tensor *fg_checkpoint(fg_checkpoint_fn fn, fg_tensor *x, void *ud) {
     fg_arena_mark mark = fg__step_mark();
     fg_tensor *xd = detached(x), *y = NULL, *out = NULL;
     fg_tensor **leaves = NULL;
-    void *copy = NULL;
     int nleaves = 0;
     fg_status st = FG_OK;
     if (!xd) goto fail;
@@ -188,18 +188,22 @@ fg_tensor *fg_checkpoint(fg_checkpoint_fn fn, fg_tensor *x, void *ud) {
     }
     leaves = fg__tape_leaves_since(tp, &nleaves, &st);
     fg_tensor *yc = st == FG_OK ? fg_tensor_contiguous(y) : NULL;
-    size_t nb = yc ? fg_tensor_nbytes(yc) : 0;
-    if (!yc || !(copy = fg_alloc(nb ? nb : 1))) goto fail_log;
-    memcpy(copy, yc->data, nb);
-    fg_dtype dt = yc->dtype;
-    int ndim = yc->ndim;
-    int64_t shape[FG_MAX_DIMS];
-    memcpy(shape, yc->shape, sizeof shape);
+    if (!yc) goto fail_log;
+    /* y's data stays where it is through the release (the rewound memory
+     * is not written, dropped chunks stay on the spare list until reset):
+     * the output's data is allocated after it, then y moved in (memmove:
+     * the two may overlap) */
+    fg_tensor meta = *yc;
+    const void *src = yc->data;
+    size_t nb = fg_tensor_nbytes(yc);
     fg__tape_restore(tp);
     fg__step_release(mark);
     /* from here on, step memory made now stays for the step */
+    void *data = fg_step_alloc(nb ? nb : 1);
+    if (data) memmove(data, src, nb);
+    out = data ? fg__tensor_header_like(&meta) : NULL;
+    if (out) out->data = data;
     ckpt *c = fg_step_alloc(sizeof *c);
-    out = fg_empty(dt, ndim, shape);
     fg_tensor **xleaf = nleaves ? fg_step_alloc(sizeof *xleaf * (size_t)nleaves) : NULL;
     uint64_t *draws = nlog ? fg_step_alloc(sizeof *draws * (size_t)nlog) : NULL;
     if (!c || !out || (nleaves && !xleaf) || (nlog && !draws)) {
@@ -207,7 +211,6 @@ fg_tensor *fg_checkpoint(fg_checkpoint_fn fn, fg_tensor *x, void *ud) {
         out = NULL;
         goto done;
     }
-    memcpy(out->data, copy, nb);
     if (nleaves) memcpy(xleaf, leaves, sizeof *xleaf * (size_t)nleaves);
     if (nlog) memcpy(draws, log, sizeof *draws * (size_t)nlog);
     *c = (ckpt){fn, ud, draws, nlog, fg_autocast_dtype()};
@@ -223,7 +226,6 @@ fg_tensor *fg_checkpoint(fg_checkpoint_fn fn, fg_tensor *x, void *ud) {
         node->nxleaf = nleaves;
     }
 done:
-    fg_free(copy);
     fg_free(leaves);
     fg_free(log);
     return out;

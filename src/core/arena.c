@@ -1,9 +1,10 @@
 /* The step arena: a list of chunks bumped forward; reset keeps the largest
  * chunk and frees the rest, so a steady training loop reaches a fixed
  * footprint after its first step and then allocates nothing. A mark and
- * release rewind it inside a step; chunks a release drops become the one
- * spare, reused by the next allocation that needs a chunk and counted into
- * the chunk that reset keeps. */
+ * release rewind it inside a step; the chunks a release drops go to a spare
+ * list (their memory stays valid until reset), reused by the allocations
+ * that need a chunk, and counted into the chunk that reset keeps: after a
+ * step or two of rewinds everything fits that one chunk again. */
 #include <string.h>
 
 #include "core_impl.h"
@@ -18,7 +19,7 @@ typedef struct chunk {
 
 struct fg_arena {
     chunk *head;  /* current chunk first */
-    chunk *spare; /* the largest chunk a release dropped, or NULL */
+    chunk *spare; /* the chunks releases dropped, reused before new ones */
     size_t chunk_bytes;
     size_t used, peak;
 };
@@ -36,7 +37,10 @@ void fg_arena_free(fg_arena *a) {
         n = c->next;
         fg_free(c);
     }
-    fg_free(a->spare);
+    for (chunk *c = a->spare, *n; c; c = n) {
+        n = c->next;
+        fg_free(c);
+    }
     fg_free(a);
 }
 
@@ -49,9 +53,11 @@ void *fg_arena_alloc(fg_arena *a, size_t size) {
     chunk *c = a->head;
     if (!c || c->size - c->used < need) {
         size_t sz = need > a->chunk_bytes ? need : a->chunk_bytes;
-        chunk *nc = a->spare && a->spare->size >= need ? a->spare : NULL;
-        if (nc) {
-            a->spare = NULL;
+        chunk **pp = &a->spare, *nc = NULL;
+        while (*pp && (*pp)->size < need) pp = &(*pp)->next;
+        if (*pp) {
+            nc = *pp;
+            *pp = nc->next;
             sz = nc->size;
         } else if (!(nc = fg_alloc(CHUNK_HDR + sz))) {
             return NULL;
@@ -71,9 +77,13 @@ void *fg_arena_alloc(fg_arena *a, size_t size) {
 void fg_arena_reset(fg_arena *a) {
     if (!a || !a->head) return;
     /* Keep one chunk big enough for the whole step, so the next step fits. */
-    size_t total = a->spare ? a->spare->size : 0;
+    size_t total = 0;
     bool had_spare = a->spare != NULL;
-    fg_free(a->spare);
+    for (chunk *c = a->spare, *n; c; c = n) {
+        n = c->next;
+        total += c->size;
+        fg_free(c);
+    }
     a->spare = NULL;
     chunk *big = a->head;
     for (chunk *c = a->head; c; c = c->next) {
@@ -108,12 +118,8 @@ void fg__arena_release(fg_arena *a, fg_arena_mark m) {
     while (a->head && a->head != m.chunk) {
         chunk *c = a->head;
         a->head = c->next;
-        if (a->spare && a->spare->size >= c->size) {
-            fg_free(c);
-        } else {
-            fg_free(a->spare);
-            a->spare = c;
-        }
+        c->next = a->spare;
+        a->spare = c;
     }
     if (a->head) a->head->used = m.chunk_used;
     a->used = m.used;
