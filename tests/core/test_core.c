@@ -5,6 +5,7 @@
 #include <malloc.h>
 #endif
 
+#include "core/core_impl.h"
 #include "harness.h"
 
 TEST(error_messages_are_per_thread_and_wrapped) {
@@ -122,6 +123,38 @@ TEST(arena_aligns_resets_and_keeps_one_chunk) {
     CHECK(r != NULL);
     fg_arena_free(a);
     fg_arena_free(NULL);
+}
+
+/* A mark and release inside a step (activation checkpointing): the memory
+ * after the mark is handed out again, chunks needed past it are kept for
+ * reuse, and after a reset one chunk holds a whole step of the same shape:
+ * no new chunk in the steps after. */
+TEST(arena_mark_and_release) {
+    fg_arena *a = fg_arena_new(1024);
+    char *base = fg_arena_alloc(a, 100);
+    fg_arena_mark m = fg__arena_mark(a);
+    char *p = fg_arena_alloc(a, 200);
+    char *big = fg_arena_alloc(a, 8000); /* a new chunk */
+    memset(big, 7, 8000);
+    CHECK(fg_arena_used(a) == 128 + 256 + 8000);
+    fg__arena_release(a, m);
+    CHECK(fg_arena_used(a) == 128);
+    CHECK(fg_arena_peak(a) == 128 + 256 + 8000);
+    CHECK(big[7999] == 7);                 /* a dropped chunk stays valid until reset */
+    CHECK(fg_arena_alloc(a, 200) == p);    /* the rewound memory again */
+    CHECK(fg_arena_alloc(a, 7000) == big); /* the dropped chunk again */
+    fg_arena_reset(a);
+    for (int step = 0; step < 3; step++) { /* one chunk now holds it all */
+        char *b0 = fg_arena_alloc(a, 100);
+        fg_arena_mark k = fg__arena_mark(a);
+        CHECK(fg_arena_alloc(a, 200) != NULL && fg_arena_alloc(a, 8000) != NULL);
+        fg__arena_release(a, k);
+        char *again = fg_arena_alloc(a, 8000);
+        CHECK(again != NULL && again > b0 && again < b0 + 100 + 200 + 8000 + 1024);
+        fg_arena_reset(a);
+    }
+    (void)base;
+    fg_arena_free(a);
 }
 
 TEST(rng_is_counter_based) {
