@@ -275,3 +275,41 @@ TEST(store_stream_errors) {
     CHECK_STATUS(fg__nvme_store_new(dir, "a test", 9, 10, BLOCK, &s), FG_EINTERNAL);
     rmdir(dir);
 }
+
+static int g_fail_at, g_count;
+static void *failing_alloc(void *ud, void *ptr, size_t size, size_t align) {
+    (void)ud;
+    if (size == 0) {
+        free(ptr);
+        return NULL;
+    }
+    if (++g_count == g_fail_at) return NULL;
+    if (ptr) return realloc(ptr, size);
+    void *p = NULL;
+    return posix_memalign(&p, align < 16 ? 16 : align, size) ? NULL : p;
+}
+
+/* Each allocation of the offload failing in turn: FG_ENOMEM, the state
+ * still in memory and intact, nothing left in the directory. */
+TEST(every_failed_allocation_is_an_error) {
+    const char *dir = tmpdir();
+    fg_module *m = model();
+    fg_optimizer *o = opt(m, true);
+    grads(m, 0);
+    CHECK_OK(fg_optimizer_step(o));
+    int errors = 0;
+    for (g_fail_at = 1; g_fail_at < 1000; g_fail_at++) {
+        g_count = 0;
+        fg_set_allocator(failing_alloc, NULL);
+        fg_status st = fg__optimizer_offload_nvme(o, dir, BLOCK);
+        fg_set_allocator(NULL, NULL);
+        if (st == FG_OK) break;
+        CHECK_MSG(st == FG_ENOMEM, "failing allocation %d: %s", g_fail_at, fg_last_error());
+        CHECK(!fg__optimizer_offloaded(o) && entries(dir) == 0);
+        errors++;
+    }
+    CHECK(errors > 0 && fg__optimizer_offloaded(o));
+    fg_optimizer_free(o);
+    fg_module_free(m);
+    rmdir(dir);
+}
