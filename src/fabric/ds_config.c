@@ -7,7 +7,9 @@
  * A key is "honoured" when fulgur does what it asks: bucket sizes are
  * used as given; overlap_comm, contiguous_gradients, reduce_scatter,
  * allgather_partitions and ignore_unused_parameters are accepted with the
- * value that describes what fulgur always does, refused with the other. */
+ * value that describes what fulgur always does, refused with the other;
+ * offload_optimizer.device "cpu" (and cpu_offload) is honoured: on a CPU
+ * it moves nothing. */
 #include <stdio.h>
 #include <string.h>
 
@@ -82,17 +84,21 @@ static const key_info k_zero[] = {
     {"memory_efficient_linear", "not built in"},
 };
 
+#define NVME_HINT                                                                                  \
+    "set nvme offload through the strategy's options (offload_optimizer_device=nvme, "             \
+    "nvme_path; fulgur fit --offload-optimizer-device nvme --nvme-path DIR)"
+
 static const key_info k_offload[] = {
     {"device", NULL},
-    {"nvme_path", "offload to nvme is not built in this fulgur"},
+    {"nvme_path", NVME_HINT},
     {"pin_memory", "pinned memory is a GPU matter: nothing to pin on a CPU"},
-    {"buffer_count", "offload to nvme is not built in this fulgur"},
-    {"buffer_size", "offload to nvme is not built in this fulgur"},
-    {"max_in_cpu", "offload to nvme is not built in this fulgur"},
-    {"fast_init", "offload to nvme is not built in this fulgur"},
-    {"pipeline_read", "offload to nvme is not built in this fulgur"},
-    {"pipeline_write", "offload to nvme is not built in this fulgur"},
-    {"ratio", "offload to nvme is not built in this fulgur"},
+    {"buffer_count", "fulgur streams three blocks per state buffer (FULGUR_NVME_BLOCK_BYTES)"},
+    {"buffer_size", "fulgur streams three blocks per state buffer (FULGUR_NVME_BLOCK_BYTES)"},
+    {"max_in_cpu", "not read from the config file by this fulgur"},
+    {"fast_init", "not read from the config file by this fulgur"},
+    {"pipeline_read", "fulgur always reads the next block while it updates this one"},
+    {"pipeline_write", "fulgur always writes behind the update"},
+    {"ratio", "fulgur offloads the whole state of the rank's shard"},
 };
 
 /* Edit distance, for "did you mean". */
@@ -170,7 +176,11 @@ static fg_status flag(const char *path, json_t *zero, const char *key, bool want
     return FG_OK;
 }
 
-static fg_status offload(const char *path, json_t *zero, const char *key) {
+/* offload_optimizer.device "cpu" is honoured (on a CPU it moves nothing:
+ * the strategy's offload_optimizer_device becomes cpu); "nvme" needs a
+ * path, which fulgur takes from the strategy's options, not the file;
+ * parameter offload needs stage 3. */
+static fg_status offload(const char *path, json_t *zero, const char *key, fg_offload_device *out) {
     json_t *o = json_object_get(zero, key);
     if (!o) return FG_OK;
     char where[64];
@@ -182,11 +192,17 @@ static fg_status offload(const char *path, json_t *zero, const char *key) {
     if (!d) return FG_OK;
     const char *dev = json_is_string(d) ? json_string_value(d) : "";
     if (!strcmp(dev, "none")) return FG_OK;
+    if (!strcmp(dev, "cpu") && out) {
+        *out = FG_OFFLOAD_CPU;
+        return FG_OK;
+    }
+    if (!strcmp(dev, "nvme") && out)
+        return fg_error(FG_EUNSUPPORTED, "%s: \"zero_optimization.%s.device\" = \"nvme\": %s", path,
+                        key, NVME_HINT);
     if (!strcmp(dev, "cpu") || !strcmp(dev, "nvme"))
         return fg_error(FG_EUNSUPPORTED,
-                        "%s: \"zero_optimization.%s.device\" = \"%s\": offload is not built in "
-                        "this fulgur (on a CPU, \"cpu\" would have nothing to move); use "
-                        "\"none\"",
+                        "%s: \"zero_optimization.%s.device\" = \"%s\": parameter offload "
+                        "needs ZeRO stage 3, not built yet in this fulgur; use \"none\"",
                         path, key, dev);
     return fg_error(FG_EINVAL,
                     "%s: \"zero_optimization.%s.device\": expected \"none\", \"cpu\" or "
@@ -240,10 +256,13 @@ static fg_status parse(const char *path, json_t *root, int *stage, fg_sharded_op
     FG_TRY(flag(path, zero, "ignore_unused_parameters", true,
                 "a parameter backward did not reach counts with the gradient it holds (zero "
                 "after zero_grad), as DeepSpeed's default"));
-    FG_TRY(flag(path, zero, "cpu_offload", false,
-                "offload is not built in this fulgur (on a CPU it would have nothing to move)"));
-    FG_TRY(offload(path, zero, "offload_optimizer"));
-    FG_TRY(offload(path, zero, "offload_param"));
+    json_t *co = json_object_get(zero, "cpu_offload"); /* DeepSpeed's older offload_optimizer */
+    if (co && !json_is_boolean(co))
+        return fg_error(FG_EINVAL, "%s: \"zero_optimization.cpu_offload\" must be true or false",
+                        path);
+    if (co && json_is_true(co)) out->offload_optimizer_device = FG_OFFLOAD_CPU;
+    FG_TRY(offload(path, zero, "offload_optimizer", &out->offload_optimizer_device));
+    FG_TRY(offload(path, zero, "offload_param", NULL));
     return FG_OK;
 }
 
@@ -310,6 +329,8 @@ fg_status fg__fabric_apply_deepspeed_config(fg_fabric *f) {
                             k[i].key, (long long)*k[i].have, (long long)k[i].want, path);
         *k[i].have = k[i].want;
     }
+    if (o.offload_optimizer_device && !f->cfg.sharded.offload_optimizer_device)
+        f->cfg.sharded.offload_optimizer_device = o.offload_optimizer_device;
     char strategy[32];
     snprintf(strategy, sizeof strategy, "deepspeed_stage_%d", stage);
     char *copy = fg_strdup(strategy);

@@ -76,8 +76,12 @@ TEST(other_keys_are_errors_that_name_them) {
             "\"zero_optimization.overlap_comm\": true is not honoured");
     refused("{\"zero_optimization\": {\"contiguous_gradients\": false}}", FG_EINVAL,
             "contiguous_gradients\": false is not honoured");
-    refused("{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"cpu\"}}}",
-            FG_EUNSUPPORTED, "offload_optimizer.device\" = \"cpu\": offload is not built");
+    refused("{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"nvme\"}}}",
+            FG_EUNSUPPORTED,
+            "offload_optimizer.device\" = \"nvme\": set nvme offload through the "
+            "strategy's options");
+    refused("{\"zero_optimization\": {\"offload_param\": {\"device\": \"cpu\"}}}", FG_EUNSUPPORTED,
+            "parameter offload needs ZeRO stage 3");
     refused("{\"zero_optimization\": {\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": "
             "\"/x\"}}}",
             FG_EINVAL, "\"zero_optimization.offload_param.nvme_path\" is not honoured");
@@ -95,6 +99,13 @@ TEST(other_keys_are_errors_that_name_them) {
     int stage;
     fg_sharded_opts o;
     CHECK_STATUS(fg_deepspeed_config_read("/nonexistent/ds.json", &stage, &o), FG_EIO);
+    /* cpu offload of the optimizer is honoured: on a CPU nothing moves */
+    const char *cpu[] = {"{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"cpu\"}}}",
+                         "{\"zero_optimization\": {\"cpu_offload\": true}}"};
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(fg_deepspeed_config_read(write_json("cpu.json", cpu[i]), &stage, &o));
+        CHECK(o.offload_optimizer_device == FG_OFFLOAD_CPU);
+    }
 }
 
 static fg_fabric *fabric(const char *strategy, const char *config, int64_t reduce) {
