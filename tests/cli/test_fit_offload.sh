@@ -62,6 +62,12 @@ fits z1-nv --devices 2 --strategy deepspeed_stage_1 "${NVME[@]}"
 expect_rc "stage 1 + nvme offload on 2 ranks" 0 z1-nv
 same_ckpt "nvme offload == in memory, stage 1, 2 ranks" z1 z1-nv
 
+# a sharded save (a file per rank) reads each rank's state from its files
+fits sh --devices 2 --strategy deepspeed_stage_2 --state-dict-type sharded
+fits sh-nv --devices 2 --strategy deepspeed_stage_2 --state-dict-type sharded "${NVME[@]}"
+expect_rc "nvme offload with a sharded save" 0 sh-nv
+same_ckpt "nvme offload == in memory, sharded save" sh sh-nv
+
 # resume: the state loaded into the files; 24 straight == 12 + resume + 12
 common=("${TINY[@]}" --devices 2 --strategy deepspeed_stage_2 "${NVME[@]}" --lr-decay-steps 24)
 run ra "$FULGUR" fit "${common[@]}" --max-steps 24 --default-root-dir "$T_TMP/run-A"
