@@ -62,6 +62,13 @@ fits z1-nv --devices 2 --strategy deepspeed_stage_1 "${NVME[@]}"
 expect_rc "stage 1 + nvme offload on 2 ranks" 0 z1-nv
 same_ckpt "nvme offload == in memory, stage 1, 2 ranks" z1 z1-nv
 
+# bf16-true: bf16 parameters, f32 state on disk; with checkpointed blocks
+fits bt --devices 2 --strategy deepspeed_stage_2 --precision bf16-true
+fits bt-nv --devices 2 --strategy deepspeed_stage_2 --precision bf16-true "${NVME[@]}" \
+    --activation-checkpointing
+expect_rc "bf16-true with nvme offload and activation checkpointing" 0 bt-nv
+same_ckpt "bf16-true: nvme offload + checkpointing == in memory" bt bt-nv
+
 # a sharded save (a file per rank) reads each rank's state from its files
 fits sh --devices 2 --strategy deepspeed_stage_2 --state-dict-type sharded
 fits sh-nv --devices 2 --strategy deepspeed_stage_2 --state-dict-type sharded "${NVME[@]}"
