@@ -6,9 +6,13 @@
  * deepspeed_stage_1 (each rank keeps the optimizer state of its shard only;
  * gradients reduce-scattered after backward, each rank updates its shard,
  * parameters all-gathered after the step), deepspeed_stage_2 (the same with
- * the reduce-scatter bucket by bucket while backward runs), and fsdp with a
- * sharding strategy (SHARD_GRAD_OP = stage 2, NO_SHARD = ddp), and bagua
- * (Bagua's six communication algorithms, by fg_ddp_opts.bagua). ddp_spawn
+ * the reduce-scatter bucket by bucket while backward runs),
+ * deepspeed_stage_3 (the parameters sharded too: each wrapped unit's
+ * gathered just before its forward and its backward and released after),
+ * fsdp with a sharding strategy (FULL_SHARD = stage 3, SHARD_GRAD_OP =
+ * stage 2, NO_SHARD = ddp, HYBRID_SHARD = stage 3 inside a group of ranks,
+ * replicated across groups), and bagua (Bagua's six communication
+ * algorithms, by fg_ddp_opts.bagua). ddp_spawn
  * and ddp_fork are ddp with another launcher (launch.h). Most programs use
  * these through fabric.h.
  *
@@ -34,8 +38,9 @@ typedef enum fg_strategy_kind {
     FG_STRATEGY_DDP_FORK,   /* "ddp_fork": the same as ddp_spawn here (fork is how fulgur spawns) */
     FG_STRATEGY_DEEPSPEED_STAGE_1, /* "deepspeed_stage_1": ZeRO-1, optimizer state sharded */
     FG_STRATEGY_DEEPSPEED_STAGE_2, /* "deepspeed_stage_2": ZeRO-2, gradients reduce-scattered too */
-    FG_STRATEGY_FSDP,  /* "fsdp": by fg_sharded_opts.sharding_strategy (SHARD_GRAD_OP, NO_SHARD) */
+    FG_STRATEGY_FSDP, /* "fsdp": by fg_sharded_opts.sharding_strategy (FULL_SHARD = stage 3, ...) */
     FG_STRATEGY_BAGUA, /* "bagua": Bagua's algorithms, by fg_ddp_opts.bagua (docs/bagua.md) */
+    FG_STRATEGY_DEEPSPEED_STAGE_3, /* "deepspeed_stage_3": ZeRO-3, parameters sharded too */
     FG_STRATEGY_COUNT
 } fg_strategy_kind;
 
@@ -51,7 +56,7 @@ FG_API const char *fg_strategy_kind_name(fg_strategy_kind k);
  * Thread-safe. */
 FG_API bool fg_strategy_kind_is_ddp(fg_strategy_kind k);
 
-/* True for deepspeed_stage_1, deepspeed_stage_2 and fsdp. Thread-safe. */
+/* True for deepspeed_stage_1, _2, _3 and fsdp. Thread-safe. */
 FG_API bool fg_strategy_kind_is_sharded(fg_strategy_kind k);
 
 /* ---------------------------------------------------- DDP communication hooks
@@ -302,10 +307,10 @@ FG_API fg_status fg_strategy_check_ddp(const fg_ddp_opts *o);
 /* FSDP's sharding strategies (torch.distributed.fsdp.ShardingStrategy).
  * FULL_SHARD is the zero value: PyTorch's and Lightning's default. */
 typedef enum fg_sharding_strategy {
-    FG_SHARDING_FULL_SHARD = 0, /* parameters sharded too (= ZeRO-3): not built yet */
+    FG_SHARDING_FULL_SHARD = 0, /* parameters sharded too (= deepspeed_stage_3) */
     FG_SHARDING_SHARD_GRAD_OP,  /* gradients and optimizer state (= deepspeed_stage_2) */
     FG_SHARDING_NO_SHARD,       /* nothing sharded (= ddp) */
-    FG_SHARDING_HYBRID_SHARD,   /* full shard in a node, replicas across nodes: not built yet */
+    FG_SHARDING_HYBRID_SHARD, /* full shard in a node (hybrid_shard_size ranks), replicas across */
     FG_SHARDING_COUNT
 } fg_sharding_strategy;
 
@@ -343,15 +348,27 @@ typedef struct fg_sharded_opts {
     int64_t reduce_bucket_size;
     /* Elements per piece of the parameter all-gather after each optimizer
      * step (each rank contributes up to allgather_bucket_size / world_size
-     * elements per piece). 0 = 200,000,000. */
+     * elements per piece); under stage 3, elements per broadcast when a
+     * unit's parameters are gathered. 0 = 200,000,000. */
     int64_t allgather_bucket_size;
-    /* fsdp only (ignored by the deepspeed kinds): SHARD_GRAD_OP or NO_SHARD;
-     * FULL_SHARD (the zero value) and HYBRID_SHARD are FG_EUNSUPPORTED. */
+    /* fsdp only (ignored by the deepspeed kinds): FULL_SHARD (the zero
+     * value, = stage 3), SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD. */
     fg_sharding_strategy sharding_strategy;
     /* What a checkpoint save writes, under every strategy (the fabric reads
      * it): FULL (the zero value, one file) or SHARDED (a file per rank and
      * an index). */
     fg_state_dict_type state_dict_type;
+    /* Stage 3 (FULL_SHARD, HYBRID_SHARD): the auto-wrap policy. 0: a unit
+     * per module of type "Block" (the GPT's transformer blocks); > 0:
+     * PyTorch's size_based_auto_wrap_policy(min_num_params) as fulgur cuts
+     * it: the smallest modules with at least this many parameters (none of
+     * their children has as many) are the units. What no unit holds is the
+     * root's unit, gathered for the whole forward and backward. */
+    int64_t min_num_params;
+    /* HYBRID_SHARD: ranks per shard group, consecutive ranks (Lightning's
+     * device_mesh=(world / size, size)); 0 = the ranks of one node
+     * (fg_comm_local_size). Must divide the world size. */
+    int hybrid_shard_size;
 } fg_sharded_opts;
 
 /* Checks the sharded options for `kind` (o may be NULL: the defaults):
@@ -414,8 +431,36 @@ FG_API void fg_strategy_free(fg_strategy *s);
 FG_API fg_strategy_kind fg_strategy_kind_of(const fg_strategy *s);
 
 /* Whether the strategy shards the optimizer state: deepspeed_stage_1,
- * deepspeed_stage_2 and fsdp with SHARD_GRAD_OP, on more than one rank. */
+ * _2, _3 and fsdp with SHARD_GRAD_OP, FULL_SHARD or HYBRID_SHARD, on more
+ * than one rank. */
 FG_API bool fg_strategy_is_sharded(const fg_strategy *s);
+
+/* Whether it shards the parameters too (deepspeed_stage_3, fsdp FULL_SHARD
+ * and HYBRID_SHARD). Between a forward and the end of its backward the
+ * units in use are gathered; otherwise a rank's flat parameter buffer
+ * holds valid values only in fg_strategy_param_range (the rest of it is
+ * released memory that reads as anything). */
+FG_API bool fg_strategy_shards_params(const fg_strategy *s);
+
+/* The elements [*begin, *end) of the flat parameter vector that rank
+ * `rank` holds between steps: its shard under a strategy that shards the
+ * parameters, everything otherwise. What a consolidated save gathers and
+ * what a load reads on each rank. FG_EINVAL for a rank out of range. */
+FG_API fg_status fg_strategy_param_range(const fg_strategy *s, int rank, int64_t *begin,
+                                         int64_t *end);
+
+/* FSDP's summon_full_params: every rank gathers the whole model into its
+ * flat parameter buffer (collective; a no-op unless the parameters are
+ * sharded). It stays whole until fg_strategy_release_params, or the next
+ * forward releases each unit it runs. */
+FG_API fg_status fg_strategy_gather_params(fg_strategy *s);
+FG_API fg_status fg_strategy_release_params(fg_strategy *s);
+
+/* Stage 3: the most parameter elements outside its shard this rank held
+ * gathered at once so far (the units in use and the one prefetched), and
+ * the number of units (the root's included). 0 otherwise. */
+FG_API int64_t fg_strategy_peak_gathered(const fg_strategy *s);
+FG_API int fg_strategy_num_units(const fg_strategy *s);
 
 /* The shard of `rank` under a sharding strategy: elements [*begin, *end) of
  * the flat parameter vector (fg_module_flat_params) whose optimizer state

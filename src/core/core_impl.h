@@ -37,6 +37,10 @@ int fg__cores_usable(void);
  * (>= 0); measured at most every 0.25 s. Thread-safe. */
 double fg__cores_free(void);
 
+/* Whether fg_alloc is the default allocator (the C library's: its large
+ * blocks are private anonymous memory, which madvise can release). */
+bool fg__alloc_is_default(void);
+
 #define FG_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define FG_MAX(a, b) ((a) > (b) ? (a) : (b))
 

@@ -78,6 +78,7 @@ fg_module *fg_module_new(const char *type, fg_module_forward_fn forward, void *u
     m->ud = ud;
     m->free_ud = free_ud;
     m->training = true;
+    m->wrap_unit = -1;
     return m;
 fail:
     if (m) {
@@ -354,7 +355,8 @@ fg_tensor *fg_module_forward(fg_module *m, fg_tensor *x) {
         return NULL;
     }
     if (tl_depth++ == 0) tl_wrapped = false;
-    fg_tensor *y = m->forward(m, x, m->ud);
+    fg_tensor *y = m->wrap_unit >= 0 && m->flat->wrap ? fg__module_forward_wrapped(m, x)
+                                                      : m->forward(m, x, m->ud);
     if (!y && !tl_wrapped) { /* name the innermost module once */
         char b[256];
         fg_error_wrap(FG_EINVAL, "in module %s (%s)", fg__module_path(m, b, sizeof b), m->type);

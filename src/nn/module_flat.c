@@ -443,6 +443,10 @@ int64_t fg_module_find_param(fg_module *m, const char *name) {
 
 void fg_module_zero_grad(fg_module *m) {
     if (!fg__module_flat(m)) return;
+    if (!m->parent && m->flat->wrap) { /* sharded parameters: only the shard is resident */
+        m->flat->wrap->zero_grad(m->flat->wrap->ud);
+        return;
+    }
     size_t es = fg_dtype_size(m->flat->dtype);
     char *g = (char *)m->flat->gdata + es * (size_t)m->p_off;
     size_t bytes = es * (size_t)m->p_numel;
