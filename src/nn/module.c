@@ -117,6 +117,7 @@ static void free_tree(fg_module *m) {
 void fg_module_free(fg_module *m) {
     if (!m || m->parent) return;
     fg_flat *f = m->flat;
+    if (f && f->wrap) f->wrap->detach(f->wrap->ud); /* a strategy freed after its model */
     free_tree(m);
     fg__module_flat_free(f);
 }

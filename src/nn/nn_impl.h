@@ -53,6 +53,7 @@ typedef struct fg_module_wrap {
     fg_status (*pre_backward)(void *ud, int unit);  /* gather again, before its backward */
     fg_status (*post_backward)(void *ud, int unit); /* its backward is over: release */
     void (*zero_grad)(void *ud);                    /* the root's fg_module_zero_grad */
+    void (*detach)(void *ud); /* the tree is being freed: forget it */
     void *ud;
 } fg_module_wrap;
 

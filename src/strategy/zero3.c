@@ -84,6 +84,7 @@ struct fg_zero3_state {
     fg_module_wrap wrap;
     int64_t grad_released;           /* the gradient suffix released in this backward */
     int64_t peak_gathered, gathered; /* parameter elements outside the shard, resident */
+    bool model_gone;                 /* the model was freed first */
 };
 
 /* ------------------------------------------------------------ pages */
@@ -238,6 +239,13 @@ static void reduced(void *ud, int64_t begin) {
     z->grad_released = begin;
 }
 
+/* The model is being freed before the strategy. */
+static void detach_model(void *ud) {
+    fg_zero3_state *z = ud;
+    for (int k = 0; k < z->nunits; k++) (void)finish(z, &z->units[k]);
+    z->model_gone = true;
+}
+
 /* ------------------------------------------------------------ setup */
 
 static bool is_unit(fg_module *m, int64_t min_params) {
@@ -348,8 +356,13 @@ fg_status fg__zero3_setup(fg_strategy *s, const fg_sharded_opts *o) {
     z->grad_released = z->numel;
     if (make_units(z, m, d.min_num_params) != FG_OK)
         return fg_error_wrap(FG_ENOMEM, "%s setup", fg_strategy_kind_name(s->kind));
-    z->wrap =
-        (fg_module_wrap){pre_forward, post_forward, pre_backward, post_backward, zero_grad, z};
+    z->wrap = (fg_module_wrap){.pre_forward = pre_forward,
+                               .post_forward = post_forward,
+                               .pre_backward = pre_backward,
+                               .post_backward = post_backward,
+                               .zero_grad = zero_grad,
+                               .detach = detach_model,
+                               .ud = z};
     fg__module_set_wrap(m, &z->wrap, z->mods, z->nunits);
     for (int k = 0; k < z->nunits; k++) z->units[k].state = GATHERED;
     z->gathered = z->numel - (z->hi - z->lo);
@@ -400,7 +413,7 @@ void fg__zero3_free(fg_strategy *s) {
         for (int k = 0; k < z->nunits; k++) (void)finish(z, &z->units[k]);
         /* the model goes on whole: every rank gathers what it released */
     }
-    if (z->mods) fg__module_set_wrap(s->model, NULL, NULL, 0);
+    if (z->mods && !z->model_gone) fg__module_set_wrap(s->model, NULL, NULL, 0);
     for (int k = 0; z->units && k < z->nunits; k++) {
         fg_free(z->units[k].r);
         fg_free(z->units[k].reqs);
