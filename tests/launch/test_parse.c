@@ -225,9 +225,7 @@ TEST(strategy_errors) {
     static const char *const later[] = {"ddp2",
                                         "horovod",
                                         "fsdp_cpu_offload",
-                                        "fsdp_full_shard",
                                         "deepspeed_stage_2_offload",
-                                        "deepspeed_stage_3",
                                         "deepspeed_stage_3_offload",
                                         "hybrid",
                                         NULL};
@@ -239,6 +237,10 @@ TEST(strategy_errors) {
     /* what fulgur builds under another spelling says which */
     CHECK_STATUS(fg_launch_parse_strategy("fsdp_shard_grad_op", 2, 1, &s), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "strategy \"fsdp\" with sharding_strategy SHARD_GRAD_OP");
+    CHECK_STATUS(fg_launch_parse_strategy("fsdp_full_shard", 2, 1, &s), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "its default sharding_strategy FULL_SHARD");
+    CHECK_OK(fg_launch_parse_strategy("DeepSpeed_Stage_3", 2, 1, &s));
+    CHECK(s == FG_STRATEGY_DEEPSPEED_STAGE_3);
     CHECK_STATUS(fg_launch_parse_strategy("dpp", 2, 1, &s), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "strategy=\"dpp\": unknown; expected one of auto, single, dp, "
                                     "ddp, ddp_spawn, ddp_fork");
@@ -419,9 +421,10 @@ TEST(plan_devices_are_cores) {
     CHECK_CONTAINS(fg_last_error(), "devices=\"[1, 1]\": device 1 is listed twice");
     CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.accelerator = "gpu"}, &env, &p),
                  FG_EUNSUPPORTED);
-    CHECK_STATUS(fg_launch_plan_make(
-                     &(fg_launch_opts){.strategy = "deepspeed_stage_3", .devices = "2"}, &env, &p),
-                 FG_EUNSUPPORTED);
+    CHECK_STATUS(
+        fg_launch_plan_make(
+            &(fg_launch_opts){.strategy = "deepspeed_stage_3_offload", .devices = "2"}, &env, &p),
+        FG_EUNSUPPORTED);
     CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.num_nodes = -1}, &env, &p), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "num_nodes=-1");
 }
