@@ -36,8 +36,9 @@ typedef struct fit_opts {
     /* the sharded strategies (Lightning's DeepSpeedStrategy / FSDPStrategy) */
     const char *sharding_strategy; /* fsdp: as given; parsed into `sharded` */
     int64_t reduce_bucket_size, allgather_bucket_size;
-    const char *state_dict_type;  /* "full" or "sharded": parsed into `sharded` */
-    const char *deepspeed_config; /* a DeepSpeed JSON file (the fabric reads it) */
+    const char *state_dict_type;               /* "full" or "sharded": parsed into `sharded` */
+    const char *deepspeed_config;              /* a DeepSpeed JSON file (the fabric reads it) */
+    int64_t min_num_params, hybrid_shard_size; /* stage 3: auto-wrap policy; HYBRID_SHARD */
     fg_sharded_opts sharded;
     /* ddp's communication hooks (Lightning's DDPStrategy ddp_comm_hook) */
     const char *comm_hook, *comm_wrapper; /* as given; parsed into `ddp` */

@@ -587,6 +587,13 @@ int fit_run(fg_fabric *f, void *arg) {
                    "buffer (%s x %d)\n",
                    (long long)(se - sb), (long long)nparams, fg_optimizer_name(c.opt),
                    fg_optimizer_num_states(c.opt));
+        const fg_strategy *strat = fg_fabric_strategy(f);
+        int64_t pb, pe;
+        if (fg_strategy_shards_params(strat) &&
+            fg_strategy_param_range(strat, 0, &pb, &pe) == FG_OK)
+            printf("parameters sharded: rank 0 holds %lld of %lld elements between steps; %d "
+                   "units gathered around their forward and backward\n",
+                   (long long)(pe - pb), (long long)nparams, fg_strategy_num_units(strat));
         fflush(stdout);
     }
     c.last_val = NAN;
