@@ -390,8 +390,11 @@ typedef struct fg_strategy_memory {
  * optimizer of nstates state buffers: everything under single, dp and the
  * ddp kinds (and fsdp NO_SHARD); under deepspeed_stage_1/2 and fsdp
  * SHARD_GRAD_OP the parameters and gradients whole and the state of this
- * rank's shard (fg_strategy_shard_range's cut). FG_EINVAL for values out of
- * range, FG_EUNSUPPORTED for a kind this build does not run. Thread-safe. */
+ * rank's shard (fg_strategy_shard_range's cut); under deepspeed_stage_3 and
+ * fsdp FULL_SHARD the shard of all three between steps (the units gathered
+ * during forward and backward come on top); under HYBRID_SHARD the same
+ * over groups of o->hybrid_shard_size ranks (0 here: one group). FG_EINVAL
+ * for values out of range. Thread-safe. */
 FG_API fg_status fg_strategy_memory_of(fg_strategy_kind kind, const fg_sharded_opts *o, int world,
                                        int rank, int64_t numel, fg_dtype dtype, int nstates,
                                        fg_strategy_memory *out);

@@ -120,6 +120,12 @@ run r3ff "$FULGUR" fit "${three3[@]}" --strategy fsdp --default-root-dir "$T_TMP
 expect_rc "FULL_SHARD on 3 ranks resumes a 2-rank stage-3 checkpoint" 0 r3ff
 same_ckpt "FULL_SHARD on 3 ranks == ddp on 3 ranks from a stage-3 file" D33 F33
 
+# fulgur env: what each rank holds under stage 3 (the strategies' own cut)
+run env3 "$FULGUR" env --devices 2 --strategy deepspeed_stage_3 --params 1000
+expect_grep "env: stage 3 shards parameters and gradients too" env3 \
+    '^    deepspeed_stage_3 +0 +1\.94 KiB +1\.94 KiB +3\.88 KiB +7\.75 KiB +0\.50x +496'
+expect_grep "env: rank 1's shard" env3 '^ +1 +1\.97 KiB +1\.97 KiB +3\.94 KiB +7\.88 KiB +0\.50x +504'
+
 # usage errors: exit 2 before any rank starts
 run bads "$FULGUR" fit "${TINY[@]}" --devices 2 --strategy fsdp --sharding-strategy ZERO2
 expect_rc "an unknown sharding strategy" 2 bads
