@@ -192,6 +192,16 @@ static fg_status plist_push(fg_plist *l, fg_pentry e) {
     return FG_OK;
 }
 
+static fg_tensor *empty_tensor(fg_dtype dt, int ndim, const int64_t *shape) {
+    fg_tensor *t = fg_calloc(1, sizeof *t);
+    if (t && fg__tensor_init_shape(t, dt, ndim, shape) != FG_OK) {
+        fg_free(t);
+        return NULL;
+    }
+    if (t) t->flags = FG_T_PERSISTENT;
+    return t;
+}
+
 static fg_tensor *add_tensor(fg_module *m, fg_plist *l, const char *what, const char *name,
                              fg_dtype dt, int ndim, const int64_t *shape, const fg_init *init) {
     if (!m) {
@@ -218,7 +228,8 @@ static fg_tensor *add_tensor(fg_module *m, fg_plist *l, const char *what, const 
         fg_error(FG_EINVAL, "%s(%s): unknown init kind %d", what, name, (int)init->kind);
         return NULL;
     }
-    fg_tensor *t = fg_tensor_new(dt, ndim, shape);
+    /* under empty init a parameter gets no storage before finalize */
+    fg_tensor *t = tl_empty_init ? empty_tensor(dt, ndim, shape) : fg_tensor_new(dt, ndim, shape);
     char *nm = t ? fg_strdup(name) : NULL;
     if (!nm || plist_push(l, (fg_pentry){nm, t, init ? *init : (fg_init){0}, false}) != FG_OK) {
         fg_tensor_free(t);
@@ -349,6 +360,8 @@ fg_tensor *fg_module_forward(fg_module *m, fg_tensor *x) {
         return NULL;
     }
     if (fg__module_ready(m)) return NULL;
+    if (fg__module_deferred(m) && fg__module_materialize(m))
+        return NULL; /* empty init, no strategy */
     if (!m->forward) {
         char b[256];
         fg_error(FG_EUNSUPPORTED, "module %s (%s) is a container without a forward",

@@ -53,7 +53,7 @@ typedef struct fg_module_wrap {
     fg_status (*pre_backward)(void *ud, int unit);  /* gather again, before its backward */
     fg_status (*post_backward)(void *ud, int unit); /* its backward is over: release */
     void (*zero_grad)(void *ud);                    /* the root's fg_module_zero_grad */
-    void (*detach)(void *ud); /* the tree is being freed: forget it */
+    void (*detach)(void *ud);                       /* the tree is being freed: forget it */
     void *ud;
 } fg_module_wrap;
 
@@ -72,6 +72,7 @@ typedef struct fg_flat {
     int64_t nmod;
     fg_module **mods;
     const fg_module_wrap *wrap; /* set by a strategy sharding the parameters; borrowed */
+    bool deferred; /* made under empty init: parameters not initialised, gradients not zeroed */
 } fg_flat;
 
 struct fg_module {
@@ -121,6 +122,17 @@ void fg__module_set_wrap(fg_module *root, const fg_module_wrap *wrap, fg_module 
                          int nunits);
 /* m's forward through its unit's hooks (m->wrap_unit >= 0). */
 fg_tensor *fg__module_forward_wrapped(fg_module *m, fg_tensor *x);
+
+/* Empty init (fg_module_set_empty_init): this thread's setting; whether
+ * m's tree was made under it and is not initialised yet; initialising all
+ * of it (and zeroing the gradients); initialising only elements [lo, hi)
+ * of the flat parameters from `seed`, bitwise that part of a whole
+ * initialisation (a sharding strategy's shard: the rest stays untouched,
+ * the gradients are the strategy's to zero). */
+extern _Thread_local bool tl_empty_init;
+bool fg__module_deferred(const fg_module *m);
+fg_status fg__module_materialize(fg_module *m);
+void fg__module_init_elements(fg_module *m, int64_t lo, int64_t hi, uint64_t seed);
 
 /* Kinds of the built-ins. */
 extern const char fg__kind_dropout[], fg__kind_gpt[], fg__kind_mlp[], fg__kind_sequential[];

@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #include "ddp_hooks.h"
+#include "nn/nn_impl.h"
 #include "strategy_impl.h"
 
 fg_strategy_kind fg_strategy_kind_of(const fg_strategy *s) { return s->kind; }
@@ -241,10 +242,13 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
     }
     if (fg_strategy_check_sharded(kind, sharded) != FG_OK) return NULL;
     if (fg_strategy_check_ddp(ddp) != FG_OK) return NULL;
+    fg_strategy_mode mode = mode_of(kind, sharded);
+    /* empty init: all of the model, unless stage 3 initialises its shards */
+    if (mode != FG_MODE_ZERO3 && fg__module_materialize(model) != FG_OK) return NULL;
     fg_strategy *s = fg_calloc(1, sizeof *s);
     if (!s) return NULL; /* fg_calloc left FG_ENOMEM */
     s->kind = kind;
-    s->mode = mode_of(kind, sharded);
+    s->mode = mode;
     s->comm = comm;
     s->model = model;
     s->opt = opt;

@@ -95,7 +95,16 @@ fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o) {
     bool s3 = s->mode == FG_MODE_ZERO3;
     fg_comm *group = s->comm;
     if (s3) FG_TRY(fg__zero3_groups(s, o, &group));
-    FG_TRY(fg__strategy_broadcast_params(s));
+    /* sharded initialisation (a model made under empty init): rank 0's
+     * seed, each rank initialising its shard alone, below */
+    bool empty = s3 && fg__module_deferred(m);
+    uint64_t seed = empty ? fg__module_root(m)->flat->seed : 0;
+    if (empty) {
+        fg_status st = fg_comm_broadcast(s->comm, &seed, &seed, 1, FG_I64, 0);
+        if (st != FG_OK) return fg_error_wrap(st, "%s setup: broadcasting the seed", name);
+    } else {
+        FG_TRY(fg__strategy_broadcast_params(s));
+    }
     fg_zero_state *z = fg_calloc(1, sizeof *z);
     if (!z) return fg_error_wrap(FG_ENOMEM, "%s setup", name);
     s->zero = z;
@@ -122,6 +131,7 @@ fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o) {
                               .owner_bounds = z->bounds,
                               .world = z->world,
                               .after_backward = s->mode == FG_MODE_ZERO1};
+    if (empty) fg__module_init_elements(m, z->bounds[z->rank], z->bounds[z->rank + 1], seed);
     if (s3) ro = fg__zero3_reducer_opts(s, ro, o);
     FG_TRY(fg__strategy_reducer_new(s, group, &ro));
     if (s3) FG_TRY(fg__zero3_setup(s, o));

@@ -6,8 +6,10 @@
  * small gather and reduce pieces, with gradient accumulation. Memory: the
  * pages of the flat parameter buffer a rank holds (mincore) between steps
  * and after a forward are far fewer than ddp's, and the most it ever
- * gathered stays below the whole model. Sharded initialisation: a rank
- * initialises only its shard, bitwise the matching part of a full one. */
+ * gathered stays below the whole model. Sharded initialisation (a model
+ * made under empty init): a rank initialises only its shard, bitwise the
+ * matching part of a full initialisation, holds no more than that after
+ * setup, and trains to ddp's bits. */
 #include <math.h>
 #include <stdio.h>
 #include <sys/mman.h>
@@ -15,6 +17,7 @@
 
 #include "fulgur/strategy.h"
 #include "harness.h"
+#include "nn/nn_impl.h"
 
 #define STEPS 6
 #define MAXN (1 << 18)
@@ -41,6 +44,7 @@ typedef struct shared {
     int64_t resident[8]; /* per rank: most parameter bytes resident at the sample points */
     int64_t peak_gathered[8];
     int64_t shard[8];
+    int64_t after_setup[8]; /* parameter bytes resident right after setup */
     int units;
 } shared;
 
@@ -114,9 +118,12 @@ static int train_rank(int rank, int n, void *arg) {
     fg_comm *c = join(rank, n, sh->job);
     if (!c) return 1;
     fg_set_num_threads(1);
+    bool was = fg_module_set_empty_init(s->empty_init);
     fg_module *m = make_model(s);
-    /* other initial weights on ranks 1..: setup must take rank 0's */
-    if (rank) fg_tensor_fill(fg_module_flat_params(m), 0.25 * rank);
+    fg_module_set_empty_init(was);
+    /* other initial weights on ranks 1..: setup must take rank 0's (under
+     * empty init nothing exists before setup) */
+    if (rank && !s->empty_init) fg_tensor_fill(fg_module_flat_params(m), 0.25 * rank);
     fg_optimizer *o = s->sgd ? fg_sgd_new(m, &(fg_sgd_opts){.lr = 0.05, .momentum = 0.9})
                              : fg_adamw_new(m, &(fg_adamw_opts){.lr = 1e-2, .weight_decay = 0.1});
     fg_sharded_opts so = {.reduce_bucket_size = s->reduce,
@@ -131,6 +138,7 @@ static int train_rank(int rank, int n, void *arg) {
     }
     int accum = s->accum ? s->accum : 1;
     int64_t micro = s->B / accum, most = param_resident(m);
+    sh->after_setup[rank] = most;
     int bad = 0;
     for (int step = 0; step < STEPS && !bad; step++) {
         fg_optimizer_zero_grad(o);
@@ -317,4 +325,58 @@ TEST(hybrid_shard_2x2_close_to_ddp) {
      * turns rounding in a near-zero gradient into a visible step) */
     kind3 ks[] = {{FG_STRATEGY_FSDP, FG_SHARDING_HYBRID_SHARD, 2, "HYBRID_SHARD (2x2)"}};
     check_against_ddp((setup){.world = 4, .B = 2, .sgd = true}, "hybrid4", 1e-6, ks, 1);
+}
+
+TEST(sharded_init_equals_full_init) {
+    /* the same runs with zero steps would do; training on checks the
+     * shards are what ddp starts from, bitwise */
+    for (int w = 2; w <= 3; w++) {
+        check_against_ddp((setup){.world = w, .B = 2, .empty_init = true}, "empty", 0, k_full, 2);
+        shared *sh = map_shared();
+        if (run(sh,
+                (setup){
+                    .world = w, .B = 2, .empty_init = true, .kind = FG_STRATEGY_DEEPSPEED_STAGE_3},
+                "emptymem"))
+            for (int r = 0; r < w; r++)
+                /* the shard's pages, the two it shares with neighbours, and
+                 * the buffer's first (the allocator's header lives there) */
+                CHECK_MSG(sh->after_setup[r] <=
+                              sh->shard[r] * 4 + 3 * (int64_t)sysconf(_SC_PAGESIZE),
+                          "rank %d holds %lld parameter bytes after a sharded init; its shard is "
+                          "%lld",
+                          r, (long long)sh->after_setup[r], (long long)sh->shard[r] * 4);
+        munmap(sh, sizeof *sh);
+    }
+}
+
+TEST(init_elements_is_part_of_full_init) {
+    /* one process: any split of the flat vector initialised piece by piece
+     * is bitwise the whole initialisation */
+    setup s = {0};
+    fg_module *full = make_model(&s);
+    bool was = fg_module_set_empty_init(true);
+    fg_module *part = make_model(&s);
+    fg_module_set_empty_init(was);
+    int64_t n = fg_module_numel(full);
+    CHECK(fg__module_deferred(part));
+    CHECK(param_resident(part) <= 4096);
+    int64_t cuts[] = {0, 1, 7, 333, 16384, 16385, n / 2, n - 3, n};
+    for (size_t k = 0; k + 1 < sizeof cuts / sizeof cuts[0]; k++)
+        fg__module_init_elements(part, cuts[k], cuts[k + 1], fg__module_root(part)->flat->seed);
+    CHECK(!fg__module_deferred(part));
+    CHECK(!memcmp(fg_tensor_data(fg_module_flat_params(full)),
+                  fg_tensor_data(fg_module_flat_params(part)), sizeof(float) * (size_t)n));
+    /* without a strategy the first forward initialises the whole model */
+    was = fg_module_set_empty_init(true);
+    fg_module *lazy = make_model(&s);
+    fg_module_set_empty_init(was);
+    fg_tensor *x, *y;
+    batch_rows(&s, 0, 0, 1, &x, &y);
+    CHECK(fg_module_forward(lazy, x) != NULL);
+    CHECK(!memcmp(fg_tensor_data(fg_module_flat_params(full)),
+                  fg_tensor_data(fg_module_flat_params(lazy)), sizeof(float) * (size_t)n));
+    fg_step_reset();
+    fg_module_free(full);
+    fg_module_free(part);
+    fg_module_free(lazy);
 }

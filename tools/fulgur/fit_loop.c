@@ -458,7 +458,15 @@ int fit_run(fg_fabric *f, void *arg) {
     fit_model_cfg_from_opts(o, &c.d, &c.cfg);
     c.cfg.f64 = fg_fabric_dtype(f) == FG_F64;
     c.cfg.dtype = fg_fabric_dtype(f);
+    /* stage 3: a sharded initialisation, the model never whole on a rank */
+    fg_strategy_kind kind = fg_fabric_plan(f)->strategy;
+    fg_sharding_strategy ss = o->sharded.sharding_strategy;
+    bool s3 = c.world > 1 && (kind == FG_STRATEGY_DEEPSPEED_STAGE_3 ||
+                              (kind == FG_STRATEGY_FSDP &&
+                               (ss == FG_SHARDING_FULL_SHARD || ss == FG_SHARDING_HYBRID_SHARD)));
+    bool was = fg_module_set_empty_init(s3);
     c.model = fit_model_new(&c.cfg);
+    fg_module_set_empty_init(was);
     c.opt = c.model ? fit_optimizer_new(o, c.model) : NULL;
     if (!c.model || !c.opt) {
         rc = rank_error(&c, "model");
