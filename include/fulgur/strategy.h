@@ -454,8 +454,9 @@ FG_API fg_status fg_strategy_param_range(const fg_strategy *s, int rank, int64_t
 
 /* FSDP's summon_full_params: every rank gathers the whole model into its
  * flat parameter buffer (collective; a no-op unless the parameters are
- * sharded). It stays whole until fg_strategy_release_params, or the next
- * forward releases each unit it runs. */
+ * sharded). It stays whole, forwards (sampling, evaluation) running on it
+ * without communicating, until fg_strategy_release_params (collective only
+ * in that every rank should call it) or the next backward. */
 FG_API fg_status fg_strategy_gather_params(fg_strategy *s);
 FG_API fg_status fg_strategy_release_params(fg_strategy *s);
 

@@ -85,6 +85,7 @@ struct fg_zero3_state {
     int64_t grad_released;           /* the gradient suffix released in this backward */
     int64_t peak_gathered, gathered; /* parameter elements outside the shard, resident */
     bool model_gone;                 /* the model was freed first */
+    bool summoned;                   /* fg_strategy_gather_params: all gathered, the hooks idle */
 };
 
 /* ------------------------------------------------------------ pages */
@@ -196,6 +197,7 @@ static fg_status release_all(fg_zero3_state *z) {
 
 static fg_status pre_forward(void *ud, int k) {
     fg_zero3_state *z = ud;
+    if (z->summoned) return FG_OK;
     int root = z->nunits - 1;
     FG_TRY(ensure(z, k));
     int next = k == root ? 0 : k + 1;
@@ -205,6 +207,7 @@ static fg_status pre_forward(void *ud, int k) {
 
 static fg_status post_forward(void *ud, int k) {
     fg_zero3_state *z = ud;
+    if (z->summoned) return FG_OK;
     if (k != z->nunits - 1) return release(z, k);
     /* the root's stays gathered until backward is over; without a
      * backward to come, everything goes now */
@@ -213,6 +216,7 @@ static fg_status post_forward(void *ud, int k) {
 
 static fg_status pre_backward(void *ud, int k) {
     fg_zero3_state *z = ud;
+    if (z->summoned) return FG_OK;
     int root = z->nunits - 1;
     FG_TRY(ensure(z, k));
     int prev = k == root ? root - 1 : k - 1;
@@ -222,6 +226,7 @@ static fg_status pre_backward(void *ud, int k) {
 
 static fg_status post_backward(void *ud, int k) {
     fg_zero3_state *z = ud;
+    if (z->summoned) return FG_OK;
     return k == z->nunits - 1 ? FG_OK : release(z, k);
 }
 
@@ -392,6 +397,7 @@ fg_ddp_reducer_opts fg__zero3_reducer_opts(fg_strategy *s, fg_ddp_reducer_opts r
 
 fg_status fg__zero3_backward(fg_strategy *s, fg_tensor *loss) {
     fg_zero3_state *z = s->zero3;
+    if (z->summoned) FG_TRY(fg__zero3_release_all(s)); /* the hooks take over again */
     z->grad_released = z->numel;
     fg_status st = fg_ddp_reducer_backward(s->reducer, loss, s->sync);
     fg_status rs = release_all(z);
@@ -435,7 +441,11 @@ int fg__zero3_num_units(const fg_strategy *s) { return s->zero3 ? s->zero3->nuni
 fg_status fg__zero3_gather_all(fg_strategy *s) {
     fg_zero3_state *z = s->zero3;
     for (int k = 0; k < z->nunits; k++) FG_TRY(ensure(z, k));
+    z->summoned = true;
     return FG_OK;
 }
 
-fg_status fg__zero3_release_all(fg_strategy *s) { return release_all(s->zero3); }
+fg_status fg__zero3_release_all(fg_strategy *s) {
+    s->zero3->summoned = false;
+    return release_all(s->zero3);
+}

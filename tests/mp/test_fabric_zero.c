@@ -8,8 +8,9 @@
  * file. Under stage 3 (deepspeed_stage_3, fsdp FULL_SHARD: the parameters
  * sharded too) the save gathers the parameter shards on rank 0 into the
  * same whole file and a load reads each rank's range: a stage-3 run resumes
- * bitwise, on 3 ranks as ddp does, and a 3-rank save holds what the ranks
- * held. Clipping goes through fg_fabric_clip_gradients. */
+ * bitwise, on 3 ranks as ddp does, and a 3-rank save (and a HYBRID_SHARD
+ * save on 2 groups of 2) holds what the ranks held. Clipping goes through fg_fabric_clip_gradients.
+ */
 #include <math.h>
 #include <stdio.h>
 #include <sys/mman.h>
@@ -25,6 +26,7 @@
 typedef struct job {
     const char *strategy;
     fg_sharding_strategy sharding;
+    int hybrid; /* HYBRID_SHARD's shard group size */
     int world;
     double clip;
     bool save, load; /* save at SAVE_AT; start from the file */
@@ -123,6 +125,7 @@ static int rank_main(int rank, int n, void *arg) {
                                                      .threads_per_rank = 1,
                                                      .sharded.sharding_strategy = j->sharding,
                                                      .sharded.reduce_bucket_size = 700,
+                                                     .sharded.hybrid_shard_size = j->hybrid,
                                                      .cluster = cluster,
                                                      .cluster_ud = j});
     if (!f) {
@@ -134,12 +137,15 @@ static int rank_main(int rank, int n, void *arg) {
     return rc;
 }
 
+static int g_hybrid; /* the next run_job's HYBRID_SHARD group size */
+
 static job *run_job(const char *strategy, fg_sharding_strategy sharding, int world, double clip,
                     bool save, bool load, const char *path, const char *save_end) {
     job *j = mmap(NULL, sizeof *j, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     memset(j, 0, sizeof *j);
     j->strategy = strategy;
     j->sharding = sharding;
+    j->hybrid = g_hybrid;
     j->world = world;
     j->clip = clip;
     j->save = save;
@@ -251,7 +257,17 @@ TEST(stage3_save_load_continue_bitwise) {
     job *u0 = run_job("deepspeed_stage_3", 0, 2, 0, true, false, path, NULL);
     job *dd = run_job("ddp", 0, 2, 0, false, true, path, NULL);
     check_same(u0, dd, "ddp resumed from a stage 3 file vs stage 3 uninterrupted");
-    job *all[] = {u, r, d3, f3, u0, dd};
+    /* HYBRID_SHARD on 4 ranks in groups of 2: the first group's shards
+     * make the file, which holds what the ranks held */
+    char endh[256];
+    snprintf(endh, sizeof endh, "%s/endh.safetensors", dir);
+    g_hybrid = 2;
+    job *h4 = run_job("fsdp", FG_SHARDING_HYBRID_SHARD, 4, 0, false, true, path, endh);
+    g_hybrid = 0;
+    CHECK(h4->start_step == SAVE_AT);
+    check_file(endh, h4);
+    unlink(endh);
+    job *all[] = {u, r, d3, f3, u0, dd, h4};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(all[i]);
     unlink(path);
     unlink(end3);

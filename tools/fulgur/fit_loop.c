@@ -695,6 +695,13 @@ int fit_run(fg_fabric *f, void *arg) {
             goto out;
         }
     }
+    /* stage 3: rank 0 samples from the whole model (every rank gathers it) */
+    fg_strategy *strat = (fg_strategy *)fg_fabric_strategy(f);
+    if (c.cfg.kind == FIT_GPT && o->sample_tokens && fg_strategy_shards_params(strat) &&
+        fg_strategy_gather_params(strat) != FG_OK) {
+        rc = rank_error(&c, "gathering the parameters to sample");
+        goto out;
+    }
     if (c.rank0) {
         fit_progress_free(c.prog);
         c.prog = NULL;
