@@ -61,6 +61,9 @@ for prec in bf16-mixed 16-mixed; do
     fits "z2-$prec" --devices 2 --strategy deepspeed_stage_2 --precision "$prec"
     expect_rc "deepspeed_stage_2 under $prec" 0 "z2-$prec"
     same_ckpt "deepspeed_stage_2 == ddp under $prec" "ddp-$prec" "z2-$prec"
+    fits "z3-$prec" --devices 2 --strategy deepspeed_stage_3 --precision "$prec"
+    expect_rc "deepspeed_stage_3 under $prec" 0 "z3-$prec"
+    same_ckpt "deepspeed_stage_3 == ddp under $prec" "ddp-$prec" "z3-$prec"
 done
 
 # the checkpoint is whole: the optimizer state at the parameters' shapes
