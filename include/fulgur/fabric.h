@@ -67,8 +67,9 @@ typedef struct fg_fabric_config {
     fg_ddp_opts ddp;         /* bucket_cap_mb, find_unused_parameters, static_graph, the
                                 communication hooks (checked by fg_strategy_check_ddp) */
     fg_sharded_opts sharded; /* the sharded strategies: reduce_bucket_size,
-                                allgather_bucket_size, sharding_strategy (fsdp: SHARD_GRAD_OP
-                                or NO_SHARD; the zero value FULL_SHARD is not built yet) */
+                                allgather_bucket_size, sharding_strategy (fsdp: FULL_SHARD,
+                                the zero value, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD),
+                                min_num_params, hybrid_shard_size */
     const char *deepspeed_config; /* DeepSpeedStrategy(config=): a DeepSpeed JSON file read at
                                 fg_fabric_new (fg_deepspeed_config_read) with strategy NULL,
                                 "auto", "deepspeed" or "deepspeed_stage_N": its

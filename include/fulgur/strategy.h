@@ -372,10 +372,9 @@ typedef struct fg_sharded_opts {
 } fg_sharded_opts;
 
 /* Checks the sharded options for `kind` (o may be NULL: the defaults):
- * FG_EINVAL for a negative bucket size or a sharding strategy out of range,
- * FG_EUNSUPPORTED for fsdp with FULL_SHARD or HYBRID_SHARD, naming what is
- * built. FG_OK for every other kind. The fabric checks a configuration with
- * it at fg_fabric_new, before any rank starts. Thread-safe. */
+ * FG_EINVAL for a negative bucket size, min_num_params or hybrid_shard_size,
+ * or a sharding strategy out of range; FG_OK for every other kind. The fabric checks a
+ * configuration with it at fg_fabric_new, before any rank starts. Thread-safe. */
 FG_API fg_status fg_strategy_check_sharded(fg_strategy_kind kind, const fg_sharded_opts *o);
 
 /* The model-state bytes one rank holds under a strategy, what `fulgur env`
@@ -422,11 +421,24 @@ typedef struct fg_strategy fg_strategy;
  * only; elsewhere it holds this rank's own gradient. When the strategy is
  * freed first, the optimizer goes on holding and updating its shard alone.
  *
+ * Stage 3 (deepspeed_stage_3, fsdp FULL_SHARD and HYBRID_SHARD) shards the
+ * parameters too (docs/sharding.md): setup hooks the model's units
+ * (sharded.min_num_params) and releases the parts of the flat parameter
+ * and gradient buffers other ranks own; each unit is gathered around its
+ * forward and backward through the model's forward (fg_module_forward on
+ * the root), so forwards and backwards are collective; the optimizer step
+ * gathers nothing; after backward the flat gradient holds the averaged
+ * shard and zeros elsewhere. A model made under empty init
+ * (fg_module_set_empty_init) is initialised shard by shard from rank 0's
+ * seed instead of broadcast. Freeing the strategy leaves the model holding
+ * this rank's shard only (fg_strategy_gather_params first to keep it
+ * whole); a model freed first is forgotten.
+ *
  * Returns the strategy, owned by the caller (fg_strategy_free), or NULL on
  * failure (fg_last_error, fg_last_status): FG_EINVAL (NULL model, a kind
  * out of range, ddp or a sharded kind without comm, a sharded kind without
- * an optimizer over the model, bad sharded options), FG_EUNSUPPORTED (fsdp
- * with FULL_SHARD or HYBRID_SHARD), the broadcast's, FG_ENOMEM. */
+ * an optimizer over the model, bad sharded options, a HYBRID_SHARD group
+ * size that does not divide the world), the broadcast's, FG_ENOMEM. */
 FG_API fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *model,
                                     fg_optimizer *opt, const fg_ddp_opts *ddp,
                                     const fg_sharded_opts *sharded, int dp_threads);
