@@ -71,12 +71,14 @@ const int64_t *fg__zero_bounds(const fg_strategy *s);
 /* zero3.c: the parameters sharded too. _groups makes s->zero3 and the
  * shard group (*group: s->comm, or HYBRID_SHARD's group) before the shards
  * are cut; _reducer_opts adds what stage 3 needs to the reducer's options;
- * _setup (after the reducer) makes the units, hooks them on the model and
- * releases what this rank does not own. */
+ * _setup (after the reducer) makes the units and hooks them on the model. */
 fg_status fg__zero3_groups(fg_strategy *s, const fg_sharded_opts *o, fg_comm **group);
 fg_ddp_reducer_opts fg__zero3_reducer_opts(fg_strategy *s, fg_ddp_reducer_opts ro,
                                            const fg_sharded_opts *o);
 fg_status fg__zero3_setup(fg_strategy *s, const fg_sharded_opts *o);
+/* The last step of setup, which cannot fail: releases what this rank does
+ * not own (a failure before leaves the model whole). */
+void fg__zero3_start(fg_strategy *s);
 fg_status fg__zero3_backward(fg_strategy *s, fg_tensor *loss);
 void fg__zero3_free(fg_strategy *s);
 fg_status fg__zero3_gather_all(fg_strategy *s);

@@ -131,7 +131,6 @@ fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o) {
                               .owner_bounds = z->bounds,
                               .world = z->world,
                               .after_backward = s->mode == FG_MODE_ZERO1};
-    if (empty) fg__module_init_elements(m, z->bounds[z->rank], z->bounds[z->rank + 1], seed);
     if (s3) ro = fg__zero3_reducer_opts(s, ro, o);
     FG_TRY(fg__strategy_reducer_new(s, group, &ro));
     if (s3) FG_TRY(fg__zero3_setup(s, o));
@@ -142,6 +141,9 @@ fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o) {
     fg__optimizer_set_hook(
         z->opt,
         &(fg_optim_hook){.post_step = s3 ? NULL : gather_params, .detach = detach, .ud = s});
+    /* nothing fails from here on: a failed setup left the model as it was */
+    if (empty) fg__module_init_elements(m, z->bounds[z->rank], z->bounds[z->rank + 1], seed);
+    if (s3) fg__zero3_start(s);
     return FG_OK;
 }
 

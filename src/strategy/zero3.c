@@ -46,6 +46,12 @@
  * rank averages its shard of the gradient with the ranks holding the same
  * shard in the other groups (an allreduce over the replica group).
  *
+ * Sharded initialisation: a model made under empty init has never been
+ * touched; zero.c broadcasts rank 0's seed and each rank initialises its
+ * shard alone (fg__module_init_elements), so the model never exists whole.
+ * fg_strategy_gather_params gathers every unit and idles the hooks until
+ * release or the next backward (FSDP's summon_full_params).
+ *
  * Invariants: outside [bounds[rank], bounds[rank+1]) a parameter element
  * is valid only while its unit is GATHERED; requests of a unit are waited
  * before its pages are released; every rank issues the same collectives in
@@ -371,10 +377,14 @@ fg_status fg__zero3_setup(fg_strategy *s, const fg_sharded_opts *o) {
     fg__module_set_wrap(m, &z->wrap, z->mods, z->nunits);
     for (int k = 0; k < z->nunits; k++) z->units[k].state = GATHERED;
     z->gathered = z->numel - (z->hi - z->lo);
-    FG_TRY(release_all(z));
+    return FG_OK;
+}
+
+void fg__zero3_start(fg_strategy *s) {
+    fg_zero3_state *z = s->zero3;
+    (void)release_all(z); /* nothing in flight: nothing to wait for or fail */
     z->peak_gathered = 0;
     zero_grad(z);
-    return FG_OK;
 }
 
 fg_ddp_reducer_opts fg__zero3_reducer_opts(fg_strategy *s, fg_ddp_reducer_opts ro,
