@@ -11,6 +11,7 @@
  * matching part of a full initialisation, holds no more than that after
  * setup, and trains to ddp's bits. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -379,4 +380,70 @@ TEST(init_elements_is_part_of_full_init) {
     fg_module_free(full);
     fg_module_free(part);
     fg_module_free(lazy);
+}
+
+/* ------------------------------------------------------------ failures */
+
+static atomic_long fa_count, fa_live;
+static long fa_limit;
+static void *fa_alloc(void *ud, void *ptr, size_t size, size_t align) {
+    (void)ud;
+    if (size == 0) {
+        if (ptr) atomic_fetch_sub(&fa_live, 1);
+        free(ptr);
+        return NULL;
+    }
+    if (atomic_fetch_add(&fa_count, 1) >= fa_limit) return NULL;
+    if (ptr) return realloc(ptr, size);
+    void *p = NULL;
+    if (posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size) != 0) return NULL;
+    atomic_fetch_add(&fa_live, 1);
+    return p;
+}
+
+static int failing_setup_rank(int rank, int n, void *arg) {
+    fg_comm *c = join(rank, n, arg);
+    if (!c) return 1;
+    setup s = {0};
+    fg_module *m = make_model(&s);
+    fg_optimizer *o = fg_adamw_new(m, NULL);
+    int64_t numel = fg_module_numel(m);
+    float *ref = malloc(sizeof(float) * (size_t)numel);
+    memcpy(ref, fg_tensor_data(fg_module_flat_params(m)), sizeof(float) * (size_t)numel);
+    int bad = 0, failures = 0;
+    fg_strategy *st = NULL;
+    for (long limit = 0; limit < 1000 && !st && !bad; limit++) {
+        atomic_store(&fa_count, 0);
+        atomic_store(&fa_live, 0);
+        fa_limit = limit;
+        fg_set_allocator(fa_alloc, NULL);
+        st = fg_strategy_new(FG_STRATEGY_DEEPSPEED_STAGE_3, c, m, o, NULL, NULL, 0);
+        fg_set_allocator(NULL, NULL);
+        if (st) break;
+        failures++;
+        int64_t b, e;
+        fg_optimizer_state_range(o, &b, &e);
+        /* nothing leaked, the model whole and unhooked, the optimizer uncut */
+        bad |= fg_last_status() != FG_ENOMEM || atomic_load(&fa_live) != 0;
+        bad |= memcmp(ref, fg_tensor_data(fg_module_flat_params(m)), sizeof(float) * (size_t)numel);
+        bad |= b != 0 || e != numel;
+        if (bad)
+            fprintf(stderr, "limit %ld: %s (live %ld)\n", limit, fg_last_error(),
+                    (long)atomic_load(&fa_live));
+    }
+    bad |= !st || failures < 5;
+    fg_strategy_free(st);
+    fg_optimizer_free(o);
+    fg_module_free(m);
+    free(ref);
+    fg_comm_free(c);
+    return bad;
+}
+
+TEST(stage3_setup_allocation_failures) {
+    /* one rank (a communicator of one): setup failing at every allocation
+     * in turn leaves everything as it was, then succeeds */
+    char job[64];
+    snprintf(job, sizeof job, "t-z3-fail-%d", getpid());
+    CHECK(fg_test_fork_ranks(1, failing_setup_rank, job, 120) == 0);
 }
