@@ -468,7 +468,8 @@ FG_API fg_status fg_strategy_param_range(const fg_strategy *s, int rank, int64_t
  * flat parameter buffer (collective; a no-op unless the parameters are
  * sharded). It stays whole, forwards (sampling, evaluation) running on it
  * without communicating, until fg_strategy_release_params (collective only
- * in that every rank should call it) or the next backward. */
+ * in that every rank should call it), the next backward or the next
+ * optimizer step. */
 FG_API fg_status fg_strategy_gather_params(fg_strategy *s);
 FG_API fg_status fg_strategy_release_params(fg_strategy *s);
 

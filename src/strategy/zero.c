@@ -77,6 +77,11 @@ static fg_status gather_params(void *ud, fg_optimizer *o) {
     return FG_OK;
 }
 
+static fg_status after_step3(void *ud, fg_optimizer *o) {
+    (void)o;
+    return fg__zero3_release_all(ud);
+}
+
 static void detach(void *ud) {
     fg_strategy *s = ud;
     s->zero->opt = NULL;
@@ -137,10 +142,11 @@ fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o) {
     /* last: a failure before leaves the optimizer as it was */
     FG_TRY(fg__optimizer_shard_state(s->opt, z->bounds[z->rank], z->bounds[z->rank + 1]));
     z->opt = s->opt;
-    /* stage 3 gathers nothing after the step: the parameters stay sharded */
+    /* stage 3 gathers nothing after the step: the parameters stay sharded
+     * (and copies gathered before it, now stale, are released) */
     fg__optimizer_set_hook(
         z->opt,
-        &(fg_optim_hook){.post_step = s3 ? NULL : gather_params, .detach = detach, .ud = s});
+        &(fg_optim_hook){.post_step = s3 ? after_step3 : gather_params, .detach = detach, .ud = s});
     /* nothing fails from here on: a failed setup left the model as it was */
     if (empty) fg__module_init_elements(m, z->bounds[z->rank], z->bounds[z->rank + 1], seed);
     if (s3) fg__zero3_start(s);
