@@ -38,6 +38,12 @@ static fg_status hook_bw(fg_node *n, const fg_tensor *gout) {
     if (s != FG_OK) return s;
     fg_tensor *in = n->in[0];
     if (!fg__needs_grad(in)) return FG_OK;
+    if (!in->grad && !(in->flags & FG_T_PERSISTENT)) {
+        /* the output's gradient is final and nothing reads it again: it
+         * becomes the input's, no copy (later uses of the input add to it) */
+        in->grad = (fg_tensor *)gout;
+        return FG_OK;
+    }
     fg_tensor *g = fg__grad_of(in);
     if (!g) return fg_last_status();
     return fg__ops(g)->axpby(1.0, gout, 1.0, g);
