@@ -229,7 +229,8 @@ static fg_tensor *add_tensor(fg_module *m, fg_plist *l, const char *what, const 
         return NULL;
     }
     /* under empty init a parameter gets no storage before finalize */
-    fg_tensor *t = tl_empty_init ? empty_tensor(dt, ndim, shape) : fg_tensor_new(dt, ndim, shape);
+    fg_tensor *t =
+        fg__tl_empty_init ? empty_tensor(dt, ndim, shape) : fg_tensor_new(dt, ndim, shape);
     char *nm = t ? fg_strdup(name) : NULL;
     if (!nm || plist_push(l, (fg_pentry){nm, t, init ? *init : (fg_init){0}, false}) != FG_OK) {
         fg_tensor_free(t);
@@ -360,8 +361,7 @@ fg_tensor *fg_module_forward(fg_module *m, fg_tensor *x) {
         return NULL;
     }
     if (fg__module_ready(m)) return NULL;
-    if (fg__module_deferred(m) && fg__module_materialize(m))
-        return NULL; /* empty init, no strategy */
+    if (m->flat->deferred && fg__module_materialize(m)) return NULL; /* empty init, no strategy */
     if (!m->forward) {
         char b[256];
         fg_error(FG_EUNSUPPORTED, "module %s (%s) is a container without a forward",

@@ -285,7 +285,7 @@ fg_status fg_module_finalize(fg_module *root) {
     f->pdata = fg_alloc(es * (size_t)f->pnumel + 64);
     /* under empty init nothing is touched: a strategy initialises its shard
      * (fg__module_init_elements) or the first forward everything */
-    f->deferred = tl_empty_init;
+    f->deferred = fg__tl_empty_init;
     f->gdata = f->deferred ? fg_alloc(es * (size_t)f->pnumel + 64)
                            : fg_calloc(1, es * (size_t)f->pnumel + 64);
     f->bdata = fg_alloc(es * (size_t)f->bnumel + 64);
@@ -387,11 +387,11 @@ fg_status fg__module_ready(fg_module *m) {
     return fg_module_finalize(fg__module_root(m));
 }
 
-_Thread_local bool tl_empty_init;
+_Thread_local bool fg__tl_empty_init;
 
 bool fg_module_set_empty_init(bool on) {
-    bool prev = tl_empty_init;
-    tl_empty_init = on;
+    bool prev = fg__tl_empty_init;
+    fg__tl_empty_init = on;
     return prev;
 }
 

@@ -129,7 +129,7 @@ fg_tensor *fg__module_forward_wrapped(fg_module *m, fg_tensor *x);
  * of the flat parameters from `seed`, bitwise that part of a whole
  * initialisation (a sharding strategy's shard: the rest stays untouched,
  * the gradients are the strategy's to zero). */
-extern _Thread_local bool tl_empty_init;
+extern _Thread_local bool fg__tl_empty_init;
 bool fg__module_deferred(const fg_module *m);
 fg_status fg__module_materialize(fg_module *m);
 void fg__module_init_elements(fg_module *m, int64_t lo, int64_t hi, uint64_t seed);
