@@ -106,6 +106,15 @@ expect_rc "stage 3 with an auto-wrap size" 0 wrap
 # mlp.c_proj (4128); 2 blocks + the root's unit
 expect_grep "the smallest modules of 4000 are the units" wrap 'elements between steps; 7 units'
 same_ckpt "stage 3 (units by size) == ddp" ddp wrap
+# a sharded save under stage 3: each rank writes its own parameter shard;
+# consolidated, it is ddp's file
+fits z3s --devices 2 --strategy deepspeed_stage_3 --state-dict-type sharded
+expect_rc "stage 3 with sharded saves" 0 z3s
+run cons3 "$FULGUR" ckpt consolidate "$T_TMP/run-z3s/checkpoints/step-00000012" "$T_TMP/z3s.safetensors"
+expect_rc "the stage-3 sharded folder consolidates" 0 cons3
+run diff3s "$FULGUR" ckpt diff "$T_TMP/run-ddp/checkpoints/last.safetensors" "$T_TMP/z3s.safetensors" --exit-code
+expect_grep "a consolidated stage-3 sharded save is ddp's checkpoint" diff3s \
+    '^overall max \|A-B\| = 0 over [0-9]+ common tensors \([0-9]+ bitwise equal, 0 with other shapes, 0 in one file only'
 run show3 "$FULGUR" ckpt show "$T_TMP/run-z3/checkpoints"
 expect_grep "whole parameters in a stage-3 file" show3 \
     '^  transformer\.h\.1\.mlp\.c_fc\.weight +F32 +\[128, 32\]'
