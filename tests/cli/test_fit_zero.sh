@@ -65,6 +65,11 @@ for prec in bf16-mixed 16-mixed; do
     expect_rc "deepspeed_stage_3 under $prec" 0 "z3-$prec"
     same_ckpt "deepspeed_stage_3 == ddp under $prec" "ddp-$prec" "z3-$prec"
 done
+# parameters and gradients in bf16 (bf16-true): gathered and released in that dtype
+fits ddp-bt --devices 2 --strategy ddp --precision bf16-true
+fits z3-bt --devices 2 --strategy deepspeed_stage_3 --precision bf16-true
+expect_rc "deepspeed_stage_3 under bf16-true" 0 z3-bt
+same_ckpt "deepspeed_stage_3 == ddp under bf16-true" ddp-bt z3-bt
 
 # the checkpoint is whole: the optimizer state at the parameters' shapes
 run show "$FULGUR" ckpt show "$T_TMP/run-z2/checkpoints"
