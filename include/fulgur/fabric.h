@@ -67,9 +67,10 @@ typedef struct fg_fabric_config {
     fg_ddp_opts ddp;         /* bucket_cap_mb, find_unused_parameters, static_graph, the
                                 communication hooks (checked by fg_strategy_check_ddp) */
     fg_sharded_opts sharded; /* the sharded strategies: reduce_bucket_size,
-                                allgather_bucket_size, sharding_strategy (fsdp: SHARD_GRAD_OP
-                                or NO_SHARD; the zero value FULL_SHARD is not built yet), the
-                                offload (offload_optimizer_device, offload_params_device,
+                                allgather_bucket_size, sharding_strategy (fsdp: FULL_SHARD,
+                                the zero value, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD),
+                                min_num_params, hybrid_shard_size, the offload
+                                (offload_optimizer_device, offload_params_device,
                                 nvme_path, copied); a name such as deepspeed_stage_2_offload
                                 fills an offload device left FG_OFFLOAD_NONE
                                 (fg_launch_strategy_offload) */

@@ -150,6 +150,20 @@ FG_API bool fg_module_is_finalized(const fg_module *m);
  * stream fg_rng_derive(seed, i) whichever sub-module is reset. */
 FG_API fg_status fg_module_reset_parameters(fg_module *m, uint64_t seed);
 
+/* Empty init: Fabric's init_module(empty_init=True), Lightning's
+ * configure_sharded_model. While on (this thread's setting; returns the
+ * previous one), models made and finalized get their flat buffers laid out
+ * but neither touched nor initialised: parameters added meanwhile have no
+ * storage before finalize (values written to them are lost, FG_INIT_KEEP
+ * gives zeros), and no memory is used yet. The model is then initialised
+ * as it would have been (same seed, same bits) by whichever comes first:
+ * a strategy that shards the parameters (deepspeed_stage_3, fsdp
+ * FULL_SHARD, HYBRID_SHARD), which initialises only each rank's shard, so
+ * that the model never exists whole on any rank; another strategy's setup
+ * or the first forward, which initialise all of it; or
+ * fg_module_reset_parameters. Buffers are always initialised whole. */
+FG_API bool fg_module_set_empty_init(bool on);
+
 /* The user data given to fg_module_new. */
 FG_API void *fg_module_data(const fg_module *m);
 FG_API const char *fg_module_type(const fg_module *m);

@@ -73,7 +73,9 @@ FG_API void fg_optimizer_free(fg_optimizer *opt);
  * step count. Under a sharding strategy (deepspeed_stage_1/2, fsdp with
  * SHARD_GRAD_OP: strategy.h) it updates this rank's shard only, then
  * all-gathers the parameters from every rank's shard: the call is then
- * collective, and a failure of the all-gather is its error. Errors:
+ * collective, and a failure of the all-gather is its error. Under stage 3
+ * (deepspeed_stage_3, fsdp FULL_SHARD, HYBRID_SHARD) it updates the shard
+ * and gathers nothing: the parameters stay sharded. Errors:
  * FG_EINVAL for a NULL optimizer. */
 FG_API fg_status fg_optimizer_step(fg_optimizer *opt);
 /* Zeroes the module's gradients (fg_module_zero_grad). */

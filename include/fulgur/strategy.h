@@ -6,9 +6,13 @@
  * deepspeed_stage_1 (each rank keeps the optimizer state of its shard only;
  * gradients reduce-scattered after backward, each rank updates its shard,
  * parameters all-gathered after the step), deepspeed_stage_2 (the same with
- * the reduce-scatter bucket by bucket while backward runs), and fsdp with a
- * sharding strategy (SHARD_GRAD_OP = stage 2, NO_SHARD = ddp), and bagua
- * (Bagua's six communication algorithms, by fg_ddp_opts.bagua). ddp_spawn
+ * the reduce-scatter bucket by bucket while backward runs),
+ * deepspeed_stage_3 (the parameters sharded too: each wrapped unit's
+ * gathered just before its forward and its backward and released after),
+ * fsdp with a sharding strategy (FULL_SHARD = stage 3, SHARD_GRAD_OP =
+ * stage 2, NO_SHARD = ddp, HYBRID_SHARD = stage 3 inside a group of ranks,
+ * replicated across groups), and bagua (Bagua's six communication
+ * algorithms, by fg_ddp_opts.bagua). ddp_spawn
  * and ddp_fork are ddp with another launcher (launch.h). Most programs use
  * these through fabric.h.
  *
@@ -34,8 +38,9 @@ typedef enum fg_strategy_kind {
     FG_STRATEGY_DDP_FORK,   /* "ddp_fork": the same as ddp_spawn here (fork is how fulgur spawns) */
     FG_STRATEGY_DEEPSPEED_STAGE_1, /* "deepspeed_stage_1": ZeRO-1, optimizer state sharded */
     FG_STRATEGY_DEEPSPEED_STAGE_2, /* "deepspeed_stage_2": ZeRO-2, gradients reduce-scattered too */
-    FG_STRATEGY_FSDP,  /* "fsdp": by fg_sharded_opts.sharding_strategy (SHARD_GRAD_OP, NO_SHARD) */
+    FG_STRATEGY_FSDP, /* "fsdp": by fg_sharded_opts.sharding_strategy (FULL_SHARD = stage 3, ...) */
     FG_STRATEGY_BAGUA, /* "bagua": Bagua's algorithms, by fg_ddp_opts.bagua (docs/bagua.md) */
+    FG_STRATEGY_DEEPSPEED_STAGE_3, /* "deepspeed_stage_3": ZeRO-3, parameters sharded too */
     FG_STRATEGY_COUNT
 } fg_strategy_kind;
 
@@ -51,7 +56,7 @@ FG_API const char *fg_strategy_kind_name(fg_strategy_kind k);
  * Thread-safe. */
 FG_API bool fg_strategy_kind_is_ddp(fg_strategy_kind k);
 
-/* True for deepspeed_stage_1, deepspeed_stage_2 and fsdp. Thread-safe. */
+/* True for deepspeed_stage_1, _2, _3 and fsdp. Thread-safe. */
 FG_API bool fg_strategy_kind_is_sharded(fg_strategy_kind k);
 
 /* ---------------------------------------------------- DDP communication hooks
@@ -302,10 +307,10 @@ FG_API fg_status fg_strategy_check_ddp(const fg_ddp_opts *o);
 /* FSDP's sharding strategies (torch.distributed.fsdp.ShardingStrategy).
  * FULL_SHARD is the zero value: PyTorch's and Lightning's default. */
 typedef enum fg_sharding_strategy {
-    FG_SHARDING_FULL_SHARD = 0, /* parameters sharded too (= ZeRO-3): not built yet */
+    FG_SHARDING_FULL_SHARD = 0, /* parameters sharded too (= deepspeed_stage_3) */
     FG_SHARDING_SHARD_GRAD_OP,  /* gradients and optimizer state (= deepspeed_stage_2) */
     FG_SHARDING_NO_SHARD,       /* nothing sharded (= ddp) */
-    FG_SHARDING_HYBRID_SHARD,   /* full shard in a node, replicas across nodes: not built yet */
+    FG_SHARDING_HYBRID_SHARD, /* full shard in a node (hybrid_shard_size ranks), replicas across */
     FG_SHARDING_COUNT
 } fg_sharding_strategy;
 
@@ -363,10 +368,11 @@ typedef struct fg_sharded_opts {
     int64_t reduce_bucket_size;
     /* Elements per piece of the parameter all-gather after each optimizer
      * step (each rank contributes up to allgather_bucket_size / world_size
-     * elements per piece). 0 = 200,000,000. */
+     * elements per piece); under stage 3, elements per broadcast when a
+     * unit's parameters are gathered. 0 = 200,000,000. */
     int64_t allgather_bucket_size;
-    /* fsdp only (ignored by the deepspeed kinds): SHARD_GRAD_OP or NO_SHARD;
-     * FULL_SHARD (the zero value) and HYBRID_SHARD are FG_EUNSUPPORTED. */
+    /* fsdp only (ignored by the deepspeed kinds): FULL_SHARD (the zero
+     * value, = stage 3), SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD. */
     fg_sharding_strategy sharding_strategy;
     /* What a checkpoint save writes, under every strategy (the fabric reads
      * it): FULL (the zero value, one file) or SHARDED (a file per rank and
@@ -387,17 +393,27 @@ typedef struct fg_sharded_opts {
      * disk; borrowed for fg_strategy_new (the fabric copies it). The files
      * are unlinked at once: nothing is left there, even after a crash. */
     const char *nvme_path;
+    /* Stage 3 (FULL_SHARD, HYBRID_SHARD): the auto-wrap policy. 0: a unit
+     * per module of type "Block" (the GPT's transformer blocks); > 0:
+     * PyTorch's size_based_auto_wrap_policy(min_num_params) as fulgur cuts
+     * it: the smallest modules with at least this many parameters (none of
+     * their children has as many) are the units. What no unit holds is the
+     * root's unit, gathered for the whole forward and backward. */
+    int64_t min_num_params;
+    /* HYBRID_SHARD: ranks per shard group, consecutive ranks (Lightning's
+     * device_mesh=(world / size, size)); 0 = the ranks of one node
+     * (fg_comm_local_size). Must divide the world size. */
+    int hybrid_shard_size;
 } fg_sharded_opts;
 
 /* Checks the sharded options for `kind` (o may be NULL: the defaults):
- * FG_EINVAL for a negative bucket size or a sharding strategy out of range,
- * FG_EUNSUPPORTED for fsdp with FULL_SHARD or HYBRID_SHARD, naming what is
- * built. The offload fields: FG_EINVAL for a device out of range, offload
- * under a kind that does not shard (single is accepted: a sharded kind on
- * one rank runs as single), nvme without nvme_path or under fsdp;
- * FG_EUNSUPPORTED for parameter offload under deepspeed (it needs stage 3)
- * and for nvme in a build without liburing. FG_OK for every other kind. The fabric checks a
- * configuration with it at fg_fabric_new, before any rank starts. Thread-safe. */
+ * FG_EINVAL for a negative bucket size, min_num_params or hybrid_shard_size,
+ * or a sharding strategy out of range. The offload fields: FG_EINVAL for a device out of range,
+ * offload under a kind that does not shard (single is accepted: a sharded kind on one rank runs as
+ * single), nvme without nvme_path or under fsdp; FG_EUNSUPPORTED for parameter offload under
+ * deepspeed (it needs stage 3) and for nvme in a build without liburing. FG_OK for every other
+ * kind. The fabric checks a configuration with it at fg_fabric_new, before any rank starts.
+ * Thread-safe. */
 FG_API fg_status fg_strategy_check_sharded(fg_strategy_kind kind, const fg_sharded_opts *o);
 
 /* The model-state bytes one rank holds under a strategy, what `fulgur env`
@@ -412,8 +428,11 @@ typedef struct fg_strategy_memory {
  * optimizer of nstates state buffers: everything under single, dp and the
  * ddp kinds (and fsdp NO_SHARD); under deepspeed_stage_1/2 and fsdp
  * SHARD_GRAD_OP the parameters and gradients whole and the state of this
- * rank's shard (fg_strategy_shard_range's cut). FG_EINVAL for values out of
- * range, FG_EUNSUPPORTED for a kind this build does not run. Thread-safe. */
+ * rank's shard (fg_strategy_shard_range's cut); under deepspeed_stage_3 and
+ * fsdp FULL_SHARD the shard of all three between steps (the units gathered
+ * during forward and backward come on top); under HYBRID_SHARD the same
+ * over groups of o->hybrid_shard_size ranks (0 here: one group). FG_EINVAL
+ * for values out of range. Thread-safe. */
 FG_API fg_status fg_strategy_memory_of(fg_strategy_kind kind, const fg_sharded_opts *o, int world,
                                        int rank, int64_t numel, fg_dtype dtype, int nstates,
                                        fg_strategy_memory *out);
@@ -441,11 +460,24 @@ typedef struct fg_strategy fg_strategy;
  * only; elsewhere it holds this rank's own gradient. When the strategy is
  * freed first, the optimizer goes on holding and updating its shard alone.
  *
+ * Stage 3 (deepspeed_stage_3, fsdp FULL_SHARD and HYBRID_SHARD) shards the
+ * parameters too (docs/sharding.md): setup hooks the model's units
+ * (sharded.min_num_params) and releases the parts of the flat parameter
+ * and gradient buffers other ranks own; each unit is gathered around its
+ * forward and backward through the model's forward (fg_module_forward on
+ * the root), so forwards and backwards are collective; the optimizer step
+ * gathers nothing; after backward the flat gradient holds the averaged
+ * shard and zeros elsewhere. A model made under empty init
+ * (fg_module_set_empty_init) is initialised shard by shard from rank 0's
+ * seed instead of broadcast. Freeing the strategy leaves the model holding
+ * this rank's shard only (fg_strategy_gather_params first to keep it
+ * whole); a model freed first is forgotten.
+ *
  * Returns the strategy, owned by the caller (fg_strategy_free), or NULL on
  * failure (fg_last_error, fg_last_status): FG_EINVAL (NULL model, a kind
  * out of range, ddp or a sharded kind without comm, a sharded kind without
- * an optimizer over the model, bad sharded options), FG_EUNSUPPORTED (fsdp
- * with FULL_SHARD or HYBRID_SHARD), the broadcast's, FG_ENOMEM. */
+ * an optimizer over the model, bad sharded options, a HYBRID_SHARD group
+ * size that does not divide the world), the broadcast's, FG_ENOMEM. */
 FG_API fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *model,
                                     fg_optimizer *opt, const fg_ddp_opts *ddp,
                                     const fg_sharded_opts *sharded, int dp_threads);
@@ -453,8 +485,38 @@ FG_API void fg_strategy_free(fg_strategy *s);
 FG_API fg_strategy_kind fg_strategy_kind_of(const fg_strategy *s);
 
 /* Whether the strategy shards the optimizer state: deepspeed_stage_1,
- * deepspeed_stage_2 and fsdp with SHARD_GRAD_OP, on more than one rank. */
+ * _2, _3 and fsdp with SHARD_GRAD_OP, FULL_SHARD or HYBRID_SHARD, on more
+ * than one rank. */
 FG_API bool fg_strategy_is_sharded(const fg_strategy *s);
+
+/* Whether it shards the parameters too (deepspeed_stage_3, fsdp FULL_SHARD
+ * and HYBRID_SHARD). Between a forward and the end of its backward the
+ * units in use are gathered; otherwise a rank's flat parameter buffer
+ * holds valid values only in fg_strategy_param_range (the rest of it is
+ * released memory that reads as anything). */
+FG_API bool fg_strategy_shards_params(const fg_strategy *s);
+
+/* The elements [*begin, *end) of the flat parameter vector that rank
+ * `rank` holds between steps: its shard under a strategy that shards the
+ * parameters, everything otherwise. What a consolidated save gathers and
+ * what a load reads on each rank. FG_EINVAL for a rank out of range. */
+FG_API fg_status fg_strategy_param_range(const fg_strategy *s, int rank, int64_t *begin,
+                                         int64_t *end);
+
+/* FSDP's summon_full_params: every rank gathers the whole model into its
+ * flat parameter buffer (collective; a no-op unless the parameters are
+ * sharded). It stays whole, forwards (sampling, evaluation) running on it
+ * without communicating, until fg_strategy_release_params (collective only
+ * in that every rank should call it), the next backward or the next
+ * optimizer step. */
+FG_API fg_status fg_strategy_gather_params(fg_strategy *s);
+FG_API fg_status fg_strategy_release_params(fg_strategy *s);
+
+/* Stage 3: the most parameter elements outside its shard this rank held
+ * gathered at once so far (the units in use and the one prefetched), and
+ * the number of units (the root's included). 0 otherwise. */
+FG_API int64_t fg_strategy_peak_gathered(const fg_strategy *s);
+FG_API int fg_strategy_num_units(const fg_strategy *s);
 
 /* The shard of `rank` under a sharding strategy: elements [*begin, *end) of
  * the flat parameter vector (fg_module_flat_params) whose optimizer state

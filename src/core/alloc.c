@@ -55,6 +55,8 @@ void fg_set_allocator(fg_alloc_fn fn, void *ud) {
     g_alloc_ud = fn ? ud : NULL;
 }
 
+bool fg__alloc_is_default(void) { return g_alloc == default_alloc; }
+
 void *fg_alloc(size_t size) {
     if (size == 0) size = 1;
     void *p = g_alloc(g_alloc_ud, NULL, size, 64);

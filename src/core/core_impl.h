@@ -48,6 +48,9 @@ typedef struct fg_arena_mark {
 } fg_arena_mark;
 fg_arena_mark fg__arena_mark(const fg_arena *a);
 void fg__arena_release(fg_arena *a, fg_arena_mark m);
+/* Whether fg_alloc is the default allocator (the C library's: its large
+ * blocks are private anonymous memory, which madvise can release). */
+bool fg__alloc_is_default(void);
 
 #define FG_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define FG_MAX(a, b) ((a) > (b) ? (a) : (b))

@@ -127,10 +127,11 @@ fg_status fg__fabric_ckpt_meta(fg_fabric *f, const fg_train_state *st, fg_st_wri
     return s;
 }
 
-/* states: the optimizer's state buffers, whole (NULL entries: the
- * optimizer's own, which are then whole). */
+/* params: the parameters gathered whole (stage 3), or NULL for the
+ * model's own; states: the optimizer's state buffers, whole (NULL entries:
+ * the optimizer's own, which are then whole). */
 static fg_status write_file(fg_fabric *f, const char *path, const fg_train_state *st,
-                            fg_tensor *const *states) {
+                            fg_tensor *params, fg_tensor *const *states) {
     fg_module *m = st->model;
     FG_TRY(check_meta(st->meta, st->nmeta));
     int n = fg_module_num_params(m);
@@ -138,7 +139,8 @@ static fg_status write_file(fg_fabric *f, const char *path, const fg_train_state
     fg_st_writer *w = fg_st_writer_new();
     char(*names)[256] = fg_calloc((size_t)(n * (1 + nstates) + 1), 256);
     fg_status s = (!w || !names) ? FG_ENOMEM : FG_OK;
-    if (s == FG_OK) s = add_param_views(w, m, "", fg_module_flat_params(m), names);
+    if (s == FG_OK)
+        s = add_param_views(w, m, "", params ? params : fg_module_flat_params(m), names);
     for (int k = 0; k < nstates && s == FG_OK; k++) {
         char prefix[96];
         snprintf(prefix, sizeof prefix, "optimizer.%s.", fg_optimizer_state_name(st->optimizer, k));
@@ -161,9 +163,15 @@ fg_status fg_fabric_save(fg_fabric *f, const char *path, const fg_train_state *s
     if (nstates > FG_FABRIC_MAX_STATES)
         return fg_error(FG_EINTERNAL, "save: %d optimizer states, at most %d", nstates,
                         FG_FABRIC_MAX_STATES);
-    if (st->optimizer) FG_TRY(fg__fabric_gather_states(f, st->optimizer, full));
-    fg_status s = FG_OK;
-    if (f->global_rank == 0) s = write_file(f, path, st, full);
+    fg_tensor *params = NULL; /* stage 3: the parameters gathered on rank 0 */
+    FG_TRY(fg__fabric_gather_params(f, st->model, &params));
+    fg_status s = st->optimizer ? fg__fabric_gather_states(f, st->optimizer, full) : FG_OK;
+    if (s != FG_OK) {
+        fg_tensor_free(params);
+        return s;
+    }
+    if (f->global_rank == 0) s = write_file(f, path, st, params, full);
+    fg_tensor_free(params);
     fg__fabric_free_states(full, nstates);
     /* Tell every rank whether the file is whole before anyone goes on. */
     int32_t ok = s == FG_OK;

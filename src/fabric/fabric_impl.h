@@ -102,4 +102,12 @@ fg_status fg__fabric_ckpt_meta(fg_fabric *f, const fg_train_state *st, fg_st_wri
  * index (collective). */
 fg_status fg__fabric_save_sharded(fg_fabric *f, const char *path, const fg_train_state *st);
 
+/* fabric_params.c: when the strategy shards model's parameters (stage 3),
+ * a whole copy of them on rank 0 in *full (collective; NULL on the other
+ * ranks, and everywhere when they are not sharded); and the range of them
+ * this rank holds ([0, numel) unless they are sharded), for
+ * fg__fabric_held. */
+fg_status fg__fabric_gather_params(fg_fabric *f, fg_module *m, fg_tensor **full);
+void fg__fabric_param_range(fg_fabric *f, fg_module *m, int64_t *lo, int64_t *hi);
+
 #endif

@@ -43,6 +43,15 @@ fg_status fg__fabric_gather_states(fg_fabric *f, fg_optimizer *opt, fg_tensor **
     if (!ranges) return fg_error_wrap(FG_ENOMEM, "save: gathering the optimizer state");
     fg_status s = all_ranges(f, opt, ranges);
     bool whole = true, tiled = true;
+    for (int q = 0; s == FG_OK && q < world; q++)
+        whole = whole && ranges[2 * q] == 0 && ranges[2 * q + 1] == numel;
+    /* HYBRID_SHARD: the first shard group's ranks tile the vector, the
+     * others hold copies of their shards and send nothing */
+    for (int q = 0; s == FG_OK && !whole && q < world; q++)
+        if (ranges[2 * q + 1] == numel) {
+            world = q + 1;
+            break;
+        }
     for (int q = 0; s == FG_OK && q < world; q++) {
         whole = whole && ranges[2 * q] == 0 && ranges[2 * q + 1] == numel;
         tiled = tiled && ranges[2 * q] == (q ? ranges[2 * q - 1] : 0) &&
@@ -71,6 +80,7 @@ fg_status fg__fabric_gather_states(fg_fabric *f, fg_optimizer *opt, fg_tensor **
     }
     for (int k = 0; k < nstates && s == FG_OK; k++) {
         const char *mine = fg_tensor_data(fg_optimizer_state(opt, k));
+        if (rank >= world) continue; /* a copy of a shard the first group sends */
         int64_t n0 = ranges[2 * rank + 1] - ranges[2 * rank];
         if (rank != 0) {
             if (n0 > 0) s = fg_comm_send(f->comm, mine, n0, dt, 0);
@@ -91,13 +101,12 @@ out:
 }
 
 fg_status fg__fabric_held(fg_fabric *f, const fg_train_state *st, fg__held *h) {
-    (void)f;
     fg_module *m = st->model;
     fg_tensor *flat = fg_module_flat_params(m);
     if (!flat) return fg_error(FG_ESTATE, "checkpoint: the model is not finalized");
     *h = (fg__held){.numel = fg_module_numel(m), .pdt = fg_tensor_dtype(flat)};
-    h->phi = h->numel;
-    h->params = fg_tensor_data(flat);
+    fg__fabric_param_range(f, m, &h->plo, &h->phi); /* stage 3: this rank's shard */
+    h->params = (char *)fg_tensor_data(flat) + (size_t)h->plo * fg_dtype_size(h->pdt);
     fg_optimizer *opt = st->optimizer;
     if (!opt) return FG_OK;
     h->nstates = fg_optimizer_num_states(opt);

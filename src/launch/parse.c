@@ -267,6 +267,7 @@ static const struct {
     {"deepspeed_stage_1", FG_STRATEGY_DEEPSPEED_STAGE_1},
     {"deepspeed_stage_2", FG_STRATEGY_DEEPSPEED_STAGE_2},
     {"deepspeed", FG_STRATEGY_DEEPSPEED_STAGE_2}, /* Lightning's DeepSpeedStrategy: stage 2 */
+    {"deepspeed_stage_3", FG_STRATEGY_DEEPSPEED_STAGE_3},
     {"fsdp", FG_STRATEGY_FSDP},   /* the sharding strategy is an option (fg_sharded_opts) */
     {"bagua", FG_STRATEGY_BAGUA}, /* the algorithm is an option (fg_ddp_opts.bagua) */
     /* with the offload fg_launch_strategy_offload gives */
@@ -275,18 +276,15 @@ static const struct {
 };
 
 static const char *const k_valid =
-    "auto, single, dp, ddp, ddp_spawn, ddp_fork, deepspeed_stage_1, deepspeed_stage_2, fsdp, "
-    "bagua, deepspeed_stage_2_offload, fsdp_cpu_offload";
+    "auto, single, dp, ddp, ddp_spawn, ddp_fork, deepspeed_stage_1, deepspeed_stage_2, "
+    "deepspeed_stage_3, fsdp, bagua, deepspeed_stage_2_offload, fsdp_cpu_offload";
 
 /* Strategies of Lightning and DeepSpeed that fulgur plans but has not built yet. */
 static const char *const k_later[] = {"ddp2",
                                       "hybrid",
                                       "horovod",
-                                      "fsdp_full_shard",
-                                      "fsdp_hybrid_shard",
                                       "ddp_sharded",
                                       "ddp_sharded_spawn",
-                                      "deepspeed_stage_3",
                                       "deepspeed_stage_3_offload",
                                       "deepspeed_stage_3_offload_nvme",
                                       NULL};
@@ -298,6 +296,8 @@ static const struct {
 } k_spelled[] = {
     {"fsdp_shard_grad_op", "strategy \"fsdp\" with sharding_strategy SHARD_GRAD_OP"},
     {"fsdp_no_shard", "strategy \"fsdp\" with sharding_strategy NO_SHARD"},
+    {"fsdp_full_shard", "strategy \"fsdp\" (its default sharding_strategy FULL_SHARD)"},
+    {"fsdp_hybrid_shard", "strategy \"fsdp\" with sharding_strategy HYBRID_SHARD"},
 };
 
 fg_status fg_launch_parse_strategy(const char *s, int ndevices, int num_nodes,

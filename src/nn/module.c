@@ -78,6 +78,7 @@ fg_module *fg_module_new(const char *type, fg_module_forward_fn forward, void *u
     m->ud = ud;
     m->free_ud = free_ud;
     m->training = true;
+    m->wrap_unit = -1;
     return m;
 fail:
     if (m) {
@@ -116,6 +117,7 @@ static void free_tree(fg_module *m) {
 void fg_module_free(fg_module *m) {
     if (!m || m->parent) return;
     fg_flat *f = m->flat;
+    if (f && f->wrap) f->wrap->detach(f->wrap->ud); /* a strategy freed after its model */
     free_tree(m);
     fg__module_flat_free(f);
 }
@@ -190,6 +192,16 @@ static fg_status plist_push(fg_plist *l, fg_pentry e) {
     return FG_OK;
 }
 
+static fg_tensor *empty_tensor(fg_dtype dt, int ndim, const int64_t *shape) {
+    fg_tensor *t = fg_calloc(1, sizeof *t);
+    if (t && fg__tensor_init_shape(t, dt, ndim, shape) != FG_OK) {
+        fg_free(t);
+        return NULL;
+    }
+    if (t) t->flags = FG_T_PERSISTENT;
+    return t;
+}
+
 static fg_tensor *add_tensor(fg_module *m, fg_plist *l, const char *what, const char *name,
                              fg_dtype dt, int ndim, const int64_t *shape, const fg_init *init) {
     if (!m) {
@@ -216,7 +228,9 @@ static fg_tensor *add_tensor(fg_module *m, fg_plist *l, const char *what, const 
         fg_error(FG_EINVAL, "%s(%s): unknown init kind %d", what, name, (int)init->kind);
         return NULL;
     }
-    fg_tensor *t = fg_tensor_new(dt, ndim, shape);
+    /* under empty init a parameter gets no storage before finalize */
+    fg_tensor *t =
+        fg__tl_empty_init ? empty_tensor(dt, ndim, shape) : fg_tensor_new(dt, ndim, shape);
     char *nm = t ? fg_strdup(name) : NULL;
     if (!nm || plist_push(l, (fg_pentry){nm, t, init ? *init : (fg_init){0}, false}) != FG_OK) {
         fg_tensor_free(t);
@@ -352,6 +366,7 @@ fg_tensor *fg_module_forward(fg_module *m, fg_tensor *x) {
         return NULL;
     }
     if (fg__module_ready(m)) return NULL;
+    if (m->flat->deferred && fg__module_materialize(m)) return NULL; /* empty init, no strategy */
     if (!m->forward) {
         char b[256];
         fg_error(FG_EUNSUPPORTED, "module %s (%s) is a container without a forward",
@@ -359,7 +374,9 @@ fg_tensor *fg_module_forward(fg_module *m, fg_tensor *x) {
         return NULL;
     }
     if (tl_depth++ == 0) tl_wrapped = false;
-    fg_tensor *y = m->checkpoint ? fg_checkpoint(checkpointed_fwd, x, m) : m->forward(m, x, m->ud);
+    fg_tensor *y = m->wrap_unit >= 0 && m->flat->wrap ? fg__module_forward_wrapped(m, x)
+                   : m->checkpoint                    ? fg_checkpoint(checkpointed_fwd, x, m)
+                                                      : m->forward(m, x, m->ud);
     if (!y && !tl_wrapped) { /* name the innermost module once */
         char b[256];
         fg_error_wrap(FG_EINVAL, "in module %s (%s)", fg__module_path(m, b, sizeof b), m->type);

@@ -135,20 +135,24 @@ static double init_value(const fg_init *in, const uint32_t blk[4], int64_t i) {
     }
 }
 
-/* Fills n elements of a parameter from its init and stream `seed`. Chunks
- * run in parallel: element i is a function of (seed, i) alone. */
-static void init_fill(void *data, fg_dtype dt, int64_t n, const fg_init *in, uint64_t seed) {
-    if (in->kind == FG_INIT_KEEP) return;
+/* Fills elements [i0, i1) of a parameter (data points at its element 0)
+ * from its init and stream `seed`. Chunks run in parallel: element i is a
+ * function of (seed, i) alone, so a part is bitwise that part of a whole
+ * fill (sharded initialisation relies on it). */
+static void init_fill_part(void *data, fg_dtype dt, int64_t i0, int64_t i1, const fg_init *in,
+                           uint64_t seed) {
+    if (in->kind == FG_INIT_KEEP || i1 <= i0) return;
     bool random = in->kind == FG_INIT_NORMAL || in->kind == FG_INIT_UNIFORM;
     int per_block = in->kind == FG_INIT_NORMAL ? 2 : 4; /* elements per Philox block */
     const int64_t chunk = 1 << 14;                      /* a multiple of per_block */
-    int64_t nchunks = (n + chunk - 1) / chunk;
+    int64_t c0 = i0 / chunk, nchunks = (i1 - 1) / chunk + 1 - c0;
 #pragma omp parallel for schedule(static) if (nchunks > 1)
-    for (int64_t c = 0; c < nchunks; c++) {
-        int64_t lo = c * chunk, hi = FG_MIN(n, lo + chunk);
+    for (int64_t c = c0; c < c0 + nchunks; c++) {
+        int64_t lo = FG_MAX(i0, c * chunk), hi = FG_MIN(i1, (c + 1) * chunk);
         uint32_t blk[4] = {0};
         for (int64_t i = lo; i < hi; i++) {
-            if (random && i % per_block == 0) fg_philox(seed, (uint64_t)(i / per_block), blk);
+            if (random && (i % per_block == 0 || i == lo))
+                fg_philox(seed, (uint64_t)(i / per_block), blk);
             double v = init_value(in, blk, i);
             if (dt == FG_F64) ((double *)data)[i] = v;
             else if (dt == FG_BF16) ((uint16_t *)data)[i] = fg_f32_to_bf16((float)v);
@@ -156,6 +160,10 @@ static void init_fill(void *data, fg_dtype dt, int64_t n, const fg_init *in, uin
             else ((float *)data)[i] = (float)v;
         }
     }
+}
+
+static void init_fill(void *data, fg_dtype dt, int64_t n, const fg_init *in, uint64_t seed) {
+    init_fill_part(data, dt, 0, n, in, seed);
 }
 
 /* Stream of buffer i: after every parameter's (derive's stream space is 2^64). */
@@ -275,7 +283,11 @@ fg_status fg_module_finalize(fg_module *root) {
         c.alname[a] = NULL;
     }
     f->pdata = fg_alloc(es * (size_t)f->pnumel + 64);
-    f->gdata = fg_calloc(1, es * (size_t)f->pnumel + 64);
+    /* under empty init nothing is touched: a strategy initialises its shard
+     * (fg__module_init_elements) or the first forward everything */
+    f->deferred = fg__tl_empty_init;
+    f->gdata = f->deferred ? fg_alloc(es * (size_t)f->pnumel + 64)
+                           : fg_calloc(1, es * (size_t)f->pnumel + 64);
     f->bdata = fg_alloc(es * (size_t)f->bnumel + 64);
     if (!f->pdata || !f->gdata || !f->bdata) goto nomem;
     for (int64_t i = 0; i < f->np; i++) {
@@ -307,7 +319,7 @@ fg_status fg_module_finalize(fg_module *root) {
     for (int64_t i = 0; i < f->np; i++) {
         fg_tensor *t = f->slot[i].t;
         void *dst = (char *)f->pdata + es * (size_t)f->slot[i].off;
-        memcpy(dst, t->data, fg_tensor_nbytes(t)); /* FG_INIT_KEEP values */
+        if (t->data) memcpy(dst, t->data, fg_tensor_nbytes(t)); /* FG_INIT_KEEP values */
         if (t->flags & FG_T_OWNS_DATA) fg_free(t->data);
         t->data = dst;
         t->flags &= ~(uint32_t)FG_T_OWNS_DATA;
@@ -319,7 +331,7 @@ fg_status fg_module_finalize(fg_module *root) {
     for (int64_t i = 0; i < f->nb; i++) {
         fg_tensor *t = f->slot[f->np + i].t;
         void *dst = (char *)f->bdata + es * (size_t)f->slot[f->np + i].off;
-        memcpy(dst, t->data, fg_tensor_nbytes(t));
+        if (t->data) memcpy(dst, t->data, fg_tensor_nbytes(t));
         if (t->flags & FG_T_OWNS_DATA) fg_free(t->data);
         t->data = dst;
         t->flags &= ~(uint32_t)FG_T_OWNS_DATA;
@@ -337,7 +349,8 @@ fg_status fg_module_finalize(fg_module *root) {
         m->flat_b = mviews[3 * k + 2];
         fg_tensor_set_grad(m->flat_p, m->flat_g);
     }
-    init_range(f, 0, f->np, 0, f->nb, f->seed);
+    if (f->deferred) init_range(f, f->np, f->np, 0, f->nb, f->seed); /* buffers only */
+    else init_range(f, 0, f->np, 0, f->nb, f->seed);
     fg__seed_dropouts(root, f->seed);
     for (int64_t k = 0; k < cappaths && k < f->nmod; k++) fg_free(paths[k]);
     fg_free(paths);
@@ -374,9 +387,46 @@ fg_status fg__module_ready(fg_module *m) {
     return fg_module_finalize(fg__module_root(m));
 }
 
+_Thread_local bool fg__tl_empty_init;
+
+bool fg_module_set_empty_init(bool on) {
+    bool prev = fg__tl_empty_init;
+    fg__tl_empty_init = on;
+    return prev;
+}
+
+bool fg__module_deferred(const fg_module *m) {
+    const fg_module *r = fg__module_root(m);
+    return r->flat && r->flat->deferred;
+}
+
+fg_status fg__module_materialize(fg_module *m) {
+    fg_module *r = fg__module_root(m);
+    fg_flat *f = r->flat;
+    if (!f || !f->deferred) return FG_OK;
+    init_range(f, 0, f->np, 0, 0, f->seed);
+    memset(f->gdata, 0, fg_dtype_size(f->dtype) * (size_t)f->pnumel);
+    f->deferred = false;
+    return FG_OK;
+}
+
+void fg__module_init_elements(fg_module *m, int64_t lo, int64_t hi, uint64_t seed) {
+    fg_flat *f = fg__module_root(m)->flat;
+    for (int64_t i = 0; i < f->np; i++) {
+        const fg_slot *sl = &f->slot[i];
+        int64_t a = FG_MAX(lo, sl->off), b = FG_MIN(hi, sl->off + sl->t->numel);
+        if (a >= b) continue;
+        init_fill_part(sl->t->data, f->dtype, a - sl->off, b - sl->off, &sl->e->init,
+                       fg_rng_derive(seed, (uint64_t)i));
+    }
+    f->seed = seed;
+    f->deferred = false;
+}
+
 fg_status fg_module_reset_parameters(fg_module *m, uint64_t seed) {
     FG_TRY(fg__module_ready(m));
     fg_flat *f = m->flat;
+    if (f->deferred) FG_TRY(fg__module_materialize(m));
     init_range(f, m->p_first, m->p_first + m->p_count, m->b_first, m->b_first + m->b_count, seed);
     if (!m->parent) f->seed = seed;
     return FG_OK;
@@ -443,6 +493,10 @@ int64_t fg_module_find_param(fg_module *m, const char *name) {
 
 void fg_module_zero_grad(fg_module *m) {
     if (!fg__module_flat(m)) return;
+    if (!m->parent && m->flat->wrap) { /* sharded parameters: only the shard is resident */
+        m->flat->wrap->zero_grad(m->flat->wrap->ud);
+        return;
+    }
     size_t es = fg_dtype_size(m->flat->dtype);
     char *g = (char *)m->flat->gdata + es * (size_t)m->p_off;
     size_t bytes = es * (size_t)m->p_numel;

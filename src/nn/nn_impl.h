@@ -42,6 +42,21 @@ typedef struct fg_slot {
     fg_tensor *grad; /* parameters: the owned view into gdata; buffers: NULL */
 } fg_slot;
 
+/* What a sharding strategy that shards the parameters (ZeRO-3, FSDP's
+ * FULL_SHARD: src/strategy/zero3.c) hangs on the tree: the hooks of its
+ * wrapped units (module_wrap.c calls them around a wrapped module's forward
+ * and, through two identity nodes on the tape, around its backward) and
+ * the root's zero_grad. Each hook gets the unit's index. */
+typedef struct fg_module_wrap {
+    fg_status (*pre_forward)(void *ud, int unit);   /* gather the unit's parameters */
+    fg_status (*post_forward)(void *ud, int unit);  /* release them */
+    fg_status (*pre_backward)(void *ud, int unit);  /* gather again, before its backward */
+    fg_status (*post_backward)(void *ud, int unit); /* its backward is over: release */
+    void (*zero_grad)(void *ud);                    /* the root's fg_module_zero_grad */
+    void (*detach)(void *ud);                       /* the tree is being freed: forget it */
+    void *ud;
+} fg_module_wrap;
+
 typedef struct fg_flat {
     fg_dtype dtype;
     uint64_t seed;
@@ -56,6 +71,8 @@ typedef struct fg_flat {
     /* every module, preorder (for freeing per-module views) */
     int64_t nmod;
     fg_module **mods;
+    const fg_module_wrap *wrap; /* set by a strategy sharding the parameters; borrowed */
+    bool deferred; /* made under empty init: parameters not initialised, gradients not zeroed */
 } fg_flat;
 
 struct fg_module {
@@ -81,6 +98,7 @@ struct fg_module {
     size_t prefix_len; /* strlen of "path." (0 for the root) */
     char *path;        /* full dotted path ("" for the root) */
     fg_tensor *flat_p, *flat_g, *flat_b;
+    int wrap_unit; /* >= 0: a wrapped unit of flat->wrap (its index); -1 otherwise */
 };
 
 /* The root of m's tree. */
@@ -97,6 +115,25 @@ bool fg__module_index_ok(fg_module *m, int64_t i, int64_t n, const char *what);
 void fg__module_flat_free(fg_flat *f);
 /* m's path for messages ("transformer.h.0.attn", or "(root)"). */
 const char *fg__module_path(const fg_module *m, char *buf, size_t n);
+
+/* module_wrap.c: sets (wrap non-NULL) or clears the wrapping of m's tree:
+ * units[k] is unit k's module (a module of the tree, the root included),
+ * nunits of them. Borrowed until cleared. */
+void fg__module_set_wrap(fg_module *root, const fg_module_wrap *wrap, fg_module *const *units,
+                         int nunits);
+/* m's forward through its unit's hooks (m->wrap_unit >= 0). */
+fg_tensor *fg__module_forward_wrapped(fg_module *m, fg_tensor *x);
+
+/* Empty init (fg_module_set_empty_init): this thread's setting; whether
+ * m's tree was made under it and is not initialised yet; initialising all
+ * of it (and zeroing the gradients); initialising only elements [lo, hi)
+ * of the flat parameters from `seed`, bitwise that part of a whole
+ * initialisation (a sharding strategy's shard: the rest stays untouched,
+ * the gradients are the strategy's to zero). */
+extern _Thread_local bool fg__tl_empty_init;
+bool fg__module_deferred(const fg_module *m);
+fg_status fg__module_materialize(fg_module *m);
+void fg__module_init_elements(fg_module *m, int64_t lo, int64_t hi, uint64_t seed);
 
 /* Kinds of the built-ins. */
 extern const char fg__kind_dropout[], fg__kind_gpt[], fg__kind_mlp[], fg__kind_sequential[];

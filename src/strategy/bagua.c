@@ -251,7 +251,7 @@ fg_status fg__bagua_setup(fg_strategy *s, const fg_ddp_opts *o) {
         ro.hook = bucket_hook;
         ro.hook_state = st;
     }
-    FG_TRY(fg__strategy_reducer_new(s, &ro));
+    FG_TRY(fg__strategy_reducer_new(s, s->comm, &ro));
     switch (a) {
     case FG_BAGUA_DECENTRALIZED:
     case FG_BAGUA_LOW_PRECISION_DECENTRALIZED: FG_TRY(fg__decent_setup(st)); break;

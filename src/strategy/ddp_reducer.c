@@ -48,6 +48,11 @@ struct fg_ddp_reducer {
     int64_t *bounds;    /* NULL under ddp */
     fg_comm_req **reqs; /* started in this backward, in order */
     int nreqs, reqs_cap;
+    int64_t *req_suffix; /* ZeRO-3: the finished suffix once reqs[0..i] are done */
+    int ndone;           /* reqs[0..ndone) are known finished */
+    int64_t suffix;      /* the suffix the buckets started so far cover */
+    void (*reduced)(void *ud, int64_t begin);
+    void *reduced_ud;
     fg_status err;
     char errmsg[512];
     fg_ddp_hook_fn hook; /* ddp with a communication hook */
@@ -69,6 +74,7 @@ void fg_ddp_reducer_free(fg_ddp_reducer *r) {
     if (!r) return;
     for (int i = 0; i < r->nreqs; i++) fg_comm_wait(r->reqs[i]);
     fg_free(r->reqs);
+    fg_free(r->req_suffix);
     fg_free(r->rel_offs);
     fg_free(r->half);
     fg_free(r->bounds);
@@ -100,6 +106,8 @@ fg_status fg_ddp_reducer_new(fg_comm *comm, fg_tensor *flat, int n, fg_tensor *c
     r->hook = d.hook;
     r->hook_state = d.hook_state;
     r->wire = d.wire ? d.wire : FG_F32;
+    r->reduced = d.reduced;
+    r->reduced_ud = d.reduced_ud;
     if (d.owner_bounds) {
         r->world = d.world;
         r->bounds = fg_calloc((size_t)d.world + 1, sizeof *r->bounds);
@@ -157,7 +165,8 @@ fg_status fg_ddp_reducer_new(fg_comm *comm, fg_tensor *flat, int n, fg_tensor *c
      * shard, so nb + world pieces in all */
     r->reqs_cap = r->nb + (r->bounds ? r->world : 0);
     r->reqs = fg_calloc((size_t)r->reqs_cap, sizeof *r->reqs);
-    if (!r->reqs) {
+    r->req_suffix = fg_calloc((size_t)r->reqs_cap + 1, sizeof *r->req_suffix);
+    if (!r->reqs || !r->req_suffix) {
         fg_ddp_reducer_free(r);
         return fg_error_wrap(FG_ENOMEM, "%s setup", r->name);
     }
@@ -262,9 +271,23 @@ static fg_status start_bucket(fg_ddp_reducer *r, const bucket *bk) {
                             r->reqs_cap);
         void *p = base + (size_t)lo * es;
         r->bytes.last_step += (uint64_t)(hi - lo) * es;
+        r->req_suffix[r->nreqs] = r->suffix;
         FG_TRY(fg_comm_ireduce(r->comm, p, p, hi - lo, dt, FG_AVG, q, &r->reqs[r->nreqs++]));
     }
+    /* the bucket's range is finished once its last piece is */
+    if (r->nreqs) r->req_suffix[r->nreqs - 1] = r->suffix = bk->begin;
     return FG_OK;
+}
+
+/* ZeRO-3: tells the strategy how far the finished suffix reaches. */
+static void poll_done(fg_ddp_reducer *r) {
+    int before = r->ndone;
+    while (r->ndone < r->nreqs && r->reqs[r->ndone]) {
+        bool done = false;
+        if (fg_comm_test(r->reqs[r->ndone], &done) != FG_OK || !done) break;
+        r->ndone++;
+    }
+    if (r->ndone > before) r->reduced(r->reduced_ud, r->req_suffix[r->ndone - 1]);
 }
 
 static void launch_ready(fg_ddp_reducer *r) {
@@ -272,6 +295,7 @@ static void launch_ready(fg_ddp_reducer *r) {
         fg_status s = start_bucket(r, &r->b[r->next++]);
         if (s != FG_OK) set_err(r, fg_error_wrap(s, "%s: bucket %d", r->name, r->next - 1));
     }
+    if (r->reduced && r->err == FG_OK) poll_done(r);
 }
 
 static int find_param(const fg_ddp_reducer *r, const fg_tensor *t) {
@@ -301,6 +325,7 @@ static fg_status wait_all(fg_ddp_reducer *r) {
     }
     r->nreqs = 0;
     if (r->err != FG_OK) return fg_error(r->err, "%s", r->errmsg);
+    if (r->reduced) r->reduced(r->reduced_ud, r->suffix);
     return FG_OK;
 }
 
@@ -331,6 +356,8 @@ fg_status fg_ddp_reducer_backward(fg_ddp_reducer *r, fg_tensor *loss, bool sync)
     r->err = FG_OK;
     r->next = 0;
     r->nreqs = 0;
+    r->ndone = 0;
+    r->suffix = r->flat->numel;
     r->bytes.last_step = 0;
     if (r->after_backward) {
         fg_status s = fg_backward(loss);
@@ -368,6 +395,8 @@ fg_status fg_ddp_reducer_reduce(fg_ddp_reducer *r) {
     r->err = FG_OK;
     r->next = 0;
     r->nreqs = 0;
+    r->ndone = 0;
+    r->suffix = r->flat->numel;
     r->bytes.last_step = 0;
     for (int b = 0; b < r->nb; b++) r->b[b].pending = 0;
     launch_ready(r);

@@ -23,6 +23,12 @@ typedef struct fg_ddp_reducer_opts {
     const int64_t *owner_bounds;
     int world;
     bool after_backward; /* no overlap: every bucket starts once backward is over */
+    /* ZeRO-3: called on the backward thread whenever the suffix [begin,
+     * numel) of the flat gradient whose reductions have all finished grows
+     * (checked as buckets start, and once every one is waited for), so that
+     * the strategy releases what the other ranks own. NULL: not called. */
+    void (*reduced)(void *ud, int64_t begin);
+    void *reduced_ud;
     /* ddp only: a communication hook run on each bucket instead of the
      * averaging allreduce (blocking, on the backward thread), with its
      * state; wire is the dtype of fg_ddp_bucket_allreduce (0: f32, else the

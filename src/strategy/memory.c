@@ -1,4 +1,6 @@
-/* What each rank holds of a model's state under each strategy, computed
+/* What each rank holds of a model's state under each strategy (under
+ * stage 3, between steps: the units gathered during forward and backward
+ * come on top), computed
  * from the same cut the strategies make (fg__zero_cut), without building
  * anything: `fulgur env` prints it for a model of any size. */
 #include "strategy_impl.h"
@@ -16,17 +18,31 @@ fg_status fg_strategy_memory_of(fg_strategy_kind kind, const fg_sharded_opts *o,
         return fg_error(FG_EINVAL, "strategy_memory: strategy kind %d out of range", (int)kind);
     FG_TRY(fg_strategy_check_sharded(kind, o));
     int64_t es = (int64_t)fg_dtype_size(dtype), state = numel;
-    bool shards =
-        kind == FG_STRATEGY_DEEPSPEED_STAGE_1 || kind == FG_STRATEGY_DEEPSPEED_STAGE_2 ||
-        (kind == FG_STRATEGY_FSDP && o && o->sharding_strategy == FG_SHARDING_SHARD_GRAD_OP);
-    if (shards && world > 1) {
-        int64_t stack[65], *b = world < 65 ? stack : fg_calloc((size_t)world + 1, sizeof *b);
+    fg_sharding_strategy ss = o ? o->sharding_strategy : FG_SHARDING_FULL_SHARD;
+    bool s3 = kind == FG_STRATEGY_DEEPSPEED_STAGE_3 ||
+              (kind == FG_STRATEGY_FSDP &&
+               (ss == FG_SHARDING_FULL_SHARD || ss == FG_SHARDING_HYBRID_SHARD));
+    bool shards = s3 || kind == FG_STRATEGY_DEEPSPEED_STAGE_1 ||
+                  kind == FG_STRATEGY_DEEPSPEED_STAGE_2 ||
+                  (kind == FG_STRATEGY_FSDP && ss == FG_SHARDING_SHARD_GRAD_OP);
+    /* HYBRID_SHARD: shard groups of hybrid_shard_size consecutive ranks
+     * (0 here: one group of all, the ranks of one node) */
+    int group = world;
+    if (kind == FG_STRATEGY_FSDP && ss == FG_SHARDING_HYBRID_SHARD && o && o->hybrid_shard_size)
+        group = o->hybrid_shard_size;
+    if (world % group)
+        return fg_error(FG_EINVAL,
+                        "strategy_memory: HYBRID_SHARD groups of %d ranks do not divide %d ranks",
+                        group, world);
+    if (shards && group > 1) {
+        int64_t stack[65], *b = group < 65 ? stack : fg_calloc((size_t)group + 1, sizeof *b);
         if (!b) return FG_ENOMEM;
-        fg__zero_cut(numel, world, (size_t)es, b);
-        state = b[rank + 1] - b[rank];
+        fg__zero_cut(numel, group, (size_t)es, b);
+        state = b[rank % group + 1] - b[rank % group];
         if (b != stack) fg_free(b);
     }
+    int64_t held = s3 ? state : numel; /* stage 3: parameters and gradients sharded too */
     *out = (fg_strategy_memory){
-        .param_bytes = numel * es, .grad_bytes = numel * es, .optim_bytes = state * es * nstates};
+        .param_bytes = held * es, .grad_bytes = held * es, .optim_bytes = state * es * nstates};
     return FG_OK;
 }

@@ -1,7 +1,8 @@
 /* The strategies behind one object: single (plain backward), ddp (bucketed,
  * overlapped gradient averaging: ddp_reducer.c), dp (thread replicas:
- * dp.c), ZeRO stages 1 and 2 (sharded optimizer state and gradients:
- * zero.c) and Bagua's algorithms (bagua*.c). The model's parameters and gradients live in its flat
+ * dp.c), ZeRO stages 1, 2 and 3 (sharded optimizer state and gradients:
+ * zero.c; the parameters too: zero3.c) and Bagua's algorithms (bagua*.c).
+ * The model's parameters and gradients live in its flat
  * buffers, so every strategy works on plain slices of them. A kind resolves to a mode once at
  * fg_strategy_new (fsdp by its sharding strategy); everything after dispatches on the mode. */
 #include <math.h>
@@ -9,6 +10,7 @@
 #include <strings.h>
 
 #include "ddp_hooks.h"
+#include "nn/nn_impl.h"
 #include "strategy_impl.h"
 
 fg_strategy_kind fg_strategy_kind_of(const fg_strategy *s) { return s->kind; }
@@ -23,13 +25,14 @@ const char *fg_strategy_kind_name(fg_strategy_kind k) {
         [FG_STRATEGY_DEEPSPEED_STAGE_1] = "deepspeed_stage_1",
         [FG_STRATEGY_DEEPSPEED_STAGE_2] = "deepspeed_stage_2",
         [FG_STRATEGY_FSDP] = "fsdp",
-        [FG_STRATEGY_BAGUA] = "bagua"};
+        [FG_STRATEGY_BAGUA] = "bagua",
+        [FG_STRATEGY_DEEPSPEED_STAGE_3] = "deepspeed_stage_3"};
     return (int)k >= 0 && k < FG_STRATEGY_COUNT ? names[k] : "?";
 }
 
 bool fg_strategy_kind_is_sharded(fg_strategy_kind k) {
     return k == FG_STRATEGY_DEEPSPEED_STAGE_1 || k == FG_STRATEGY_DEEPSPEED_STAGE_2 ||
-           k == FG_STRATEGY_FSDP;
+           k == FG_STRATEGY_DEEPSPEED_STAGE_3 || k == FG_STRATEGY_FSDP;
 }
 
 bool fg_strategy_kind_is_ddp(fg_strategy_kind k) {
@@ -63,6 +66,12 @@ fg_status fg_strategy_check_sharded(fg_strategy_kind kind, const fg_sharded_opts
     fg_sharded_opts d = o ? *o : (fg_sharded_opts){0};
     FG_TRY(fg__offload_check(kind, &d));
     if (!fg_strategy_kind_is_sharded(kind)) return FG_OK;
+    if (d.min_num_params < 0 || d.hybrid_shard_size < 0)
+        return fg_error(FG_EINVAL,
+                        "%s: min_num_params = %lld, hybrid_shard_size = %d: expected >= 0 (0: "
+                        "the default)",
+                        fg_strategy_kind_name(kind), (long long)d.min_num_params,
+                        d.hybrid_shard_size);
     if (d.reduce_bucket_size < 0 || d.allgather_bucket_size < 0)
         return fg_error(FG_EINVAL,
                         "%s: reduce_bucket_size = %lld, allgather_bucket_size = %lld: expected "
@@ -72,15 +81,9 @@ fg_status fg_strategy_check_sharded(fg_strategy_kind kind, const fg_sharded_opts
     if (kind != FG_STRATEGY_FSDP) return FG_OK;
     switch (d.sharding_strategy) {
     case FG_SHARDING_SHARD_GRAD_OP:
-    case FG_SHARDING_NO_SHARD: return FG_OK;
+    case FG_SHARDING_NO_SHARD:
     case FG_SHARDING_FULL_SHARD:
-    case FG_SHARDING_HYBRID_SHARD:
-        return fg_error(FG_EUNSUPPORTED,
-                        "strategy=\"fsdp\": not built yet in this fulgur with sharding_strategy "
-                        "%s%s (parameters sharded too, as deepspeed_stage_3); built: "
-                        "SHARD_GRAD_OP (= deepspeed_stage_2), NO_SHARD (= ddp)",
-                        fg_sharding_strategy_name(d.sharding_strategy),
-                        d.sharding_strategy == FG_SHARDING_FULL_SHARD ? ", fsdp's default" : "");
+    case FG_SHARDING_HYBRID_SHARD: return FG_OK;
     default:
         return fg_error(FG_EINVAL,
                         "fsdp: sharding_strategy %d: expected one of fg_sharding_strategy "
@@ -92,8 +95,37 @@ fg_status fg_strategy_check_sharded(fg_strategy_kind kind, const fg_sharded_opts
 void fg_strategy_set_sync(fg_strategy *s, bool sync) { s->sync = sync; }
 
 bool fg_strategy_is_sharded(const fg_strategy *s) {
-    return s && (s->mode == FG_MODE_ZERO1 || s->mode == FG_MODE_ZERO2);
+    return s && (s->mode == FG_MODE_ZERO1 || s->mode == FG_MODE_ZERO2 || s->mode == FG_MODE_ZERO3);
 }
+
+bool fg_strategy_shards_params(const fg_strategy *s) { return s && s->mode == FG_MODE_ZERO3; }
+
+fg_status fg_strategy_param_range(const fg_strategy *s, int rank, int64_t *begin, int64_t *end) {
+    if (!s || !begin || !end) return fg_error(FG_EINVAL, "param_range: NULL argument");
+    if (fg_strategy_shards_params(s)) return fg_strategy_shard_range(s, rank, begin, end);
+    int world = s->comm ? fg_comm_size(s->comm) : 1;
+    if (rank < 0 || rank >= world)
+        return fg_error(FG_EINVAL, "param_range: rank %d: expected 0..%d", rank, world - 1);
+    *begin = 0;
+    *end = fg_module_numel(s->model);
+    return FG_OK;
+}
+
+fg_status fg_strategy_gather_params(fg_strategy *s) {
+    if (!s) return fg_error(FG_EINVAL, "gather_params: NULL strategy");
+    return s->zero3 ? fg__zero3_gather_all(s) : FG_OK;
+}
+
+fg_status fg_strategy_release_params(fg_strategy *s) {
+    if (!s) return fg_error(FG_EINVAL, "release_params: NULL strategy");
+    return s->zero3 ? fg__zero3_release_all(s) : FG_OK;
+}
+
+int64_t fg_strategy_peak_gathered(const fg_strategy *s) {
+    return s ? fg__zero3_peak_gathered(s) : 0;
+}
+
+int fg_strategy_num_units(const fg_strategy *s) { return s ? fg__zero3_num_units(s) : 0; }
 
 fg_status fg_strategy_shard_range(const fg_strategy *s, int rank, int64_t *begin, int64_t *end) {
     if (!s || !begin || !end) return fg_error(FG_EINVAL, "shard_range: NULL argument");
@@ -115,6 +147,7 @@ void fg_strategy_free(fg_strategy *s) {
     fg__ddp_hooks_free(s);
     fg__det_free(s);
     fg_ddp_reducer_free(s->reducer);
+    fg__zero3_free(s);
     fg__zero_free(s);
     fg__dp_free(s);
     fg_free(s);
@@ -134,7 +167,7 @@ fg_status fg__strategy_broadcast_params(fg_strategy *s) {
     return FG_OK;
 }
 
-fg_status fg__strategy_reducer_new(fg_strategy *s, const fg_ddp_reducer_opts *ro) {
+fg_status fg__strategy_reducer_new(fg_strategy *s, fg_comm *comm, const fg_ddp_reducer_opts *ro) {
     fg_module *m = s->model;
     int n = (int)fg_module_num_params(m);
     fg_tensor **params = fg_calloc((size_t)n + 1, sizeof *params);
@@ -149,7 +182,7 @@ fg_status fg__strategy_reducer_new(fg_strategy *s, const fg_ddp_reducer_opts *ro
         offs[i] = fg_module_param_offset(m, i);
     }
     fg_status st =
-        fg_ddp_reducer_new(s->comm, fg_module_flat_grads(m), n, params, offs, ro, &s->reducer);
+        fg_ddp_reducer_new(comm, fg_module_flat_grads(m), n, params, offs, ro, &s->reducer);
     fg_free(params);
     fg_free(offs);
     return st;
@@ -162,7 +195,7 @@ static fg_status setup_ddp(fg_strategy *s, const fg_ddp_opts *o) {
                               .static_graph = o && o->static_graph,
                               .name = fg_strategy_kind_name(s->kind)};
     FG_TRY(fg__ddp_hooks_setup(s, o, &ro));
-    FG_TRY(fg__strategy_reducer_new(s, &ro));
+    FG_TRY(fg__strategy_reducer_new(s, s->comm, &ro));
     return fg__ddp_hooks_attach(s);
 }
 
@@ -181,8 +214,13 @@ static fg_strategy_mode mode_of(fg_strategy_kind kind, const fg_sharded_opts *o)
     case FG_STRATEGY_DP: return FG_MODE_DP;
     case FG_STRATEGY_DEEPSPEED_STAGE_1: return FG_MODE_ZERO1;
     case FG_STRATEGY_DEEPSPEED_STAGE_2: return FG_MODE_ZERO2;
-    case FG_STRATEGY_FSDP:
-        return o && o->sharding_strategy == FG_SHARDING_NO_SHARD ? FG_MODE_DDP : FG_MODE_ZERO2;
+    case FG_STRATEGY_DEEPSPEED_STAGE_3: return FG_MODE_ZERO3;
+    case FG_STRATEGY_FSDP: {
+        fg_sharding_strategy ss = o ? o->sharding_strategy : FG_SHARDING_FULL_SHARD;
+        return ss == FG_SHARDING_NO_SHARD        ? FG_MODE_DDP
+               : ss == FG_SHARDING_SHARD_GRAD_OP ? FG_MODE_ZERO2
+                                                 : FG_MODE_ZERO3;
+    }
     case FG_STRATEGY_BAGUA: return FG_MODE_BAGUA;
     default: return FG_MODE_DDP;
     }
@@ -205,10 +243,13 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
     }
     if (fg_strategy_check_sharded(kind, sharded) != FG_OK) return NULL;
     if (fg_strategy_check_ddp(ddp) != FG_OK) return NULL;
+    fg_strategy_mode mode = mode_of(kind, sharded);
+    /* empty init: all of the model, unless stage 3 initialises its shards */
+    if (mode != FG_MODE_ZERO3 && fg__module_materialize(model) != FG_OK) return NULL;
     fg_strategy *s = fg_calloc(1, sizeof *s);
     if (!s) return NULL; /* fg_calloc left FG_ENOMEM */
     s->kind = kind;
-    s->mode = mode_of(kind, sharded);
+    s->mode = mode;
     s->comm = comm;
     s->model = model;
     s->opt = opt;
@@ -237,7 +278,8 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
     case FG_MODE_BAGUA: st = fg__bagua_setup(s, ddp); break;
     case FG_MODE_DP: st = fg__dp_setup(s, dp_threads > 0 ? dp_threads : 2); break;
     case FG_MODE_ZERO1:
-    case FG_MODE_ZERO2: st = fg__zero_setup(s, sharded); break;
+    case FG_MODE_ZERO2:
+    case FG_MODE_ZERO3: st = fg__zero_setup(s, sharded); break;
     case FG_MODE_SINGLE: break;
     }
     if (st == FG_OK && sharded && sharded->offload_optimizer_device == FG_OFFLOAD_NVME)
@@ -252,6 +294,7 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
 fg_status fg_strategy_backward(fg_strategy *s, fg_tensor *loss) {
     if (s->bagua) return fg__bagua_backward(s, loss);
     if (s->det) return fg__det_backward(s, loss, s->sync);
+    if (s->zero3) return fg__zero3_backward(s, loss);
     if (s->reducer) return fg_ddp_reducer_backward(s->reducer, loss, s->sync);
     return fg_backward(loss);
 }

@@ -9,6 +9,7 @@ typedef struct fg_dp_state fg_dp_state;
 typedef struct fg_zero_state fg_zero_state;
 typedef struct fg_bagua_state fg_bagua_state;
 typedef struct fg_det_state fg_det_state;
+typedef struct fg_zero3_state fg_zero3_state;
 
 /* What a strategy does once its kind and options are resolved: fsdp with
  * NO_SHARD runs as ddp, with SHARD_GRAD_OP as ZeRO-2, and the ddp and
@@ -19,7 +20,8 @@ typedef enum fg_strategy_mode {
     FG_MODE_DDP,
     FG_MODE_ZERO1,
     FG_MODE_ZERO2,
-    FG_MODE_BAGUA
+    FG_MODE_BAGUA,
+    FG_MODE_ZERO3 /* deepspeed_stage_3, fsdp FULL_SHARD and HYBRID_SHARD */
 } fg_strategy_mode;
 
 struct fg_strategy {
@@ -33,6 +35,7 @@ struct fg_strategy {
     fg_dp_state *dp;                   /* dp */
     fg_zero_state *zero;               /* zero */
     fg_bagua_state *bagua;             /* bagua (bagua_impl.h) */
+    fg_zero3_state *zero3;             /* zero, stage 3 */
     const struct fg_ddp_hook_vt *hook; /* ddp with a built-in comm hook */
     void *hook_state;
     fg_det_state *det; /* ddp_opts.deterministic (single, ddp) */
@@ -41,7 +44,7 @@ struct fg_strategy {
 /* strategy.c: rank 0's parameters to every rank; the reducer over the
  * model's parameters (s->reducer) */
 fg_status fg__strategy_broadcast_params(fg_strategy *s);
-fg_status fg__strategy_reducer_new(fg_strategy *s, const fg_ddp_reducer_opts *ro);
+fg_status fg__strategy_reducer_new(fg_strategy *s, fg_comm *comm, const fg_ddp_reducer_opts *ro);
 
 /* deterministic.c: per micro-batch gradients summed in a fixed tree */
 fg_status fg__det_setup(fg_strategy *s);
@@ -54,7 +57,7 @@ void fg__dp_free(fg_strategy *s);
 fg_status fg__dp_step(fg_strategy *s, fg_batch *b, fg_strategy_step_fn fn, void *ud,
                       double *part_losses, int max_parts, int *nparts, double *loss);
 
-/* zero.c: ZeRO stages 1 and 2 (s->mode FG_MODE_ZERO1 or _ZERO2 is set) */
+/* zero.c: ZeRO stages 1, 2 and 3 (s->mode FG_MODE_ZERO1, _ZERO2 or _ZERO3 is set) */
 fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o);
 void fg__zero_free(fg_strategy *s);
 fg_status fg__zero_clip(fg_strategy *s, double max_norm, double *total_norm);
@@ -62,6 +65,26 @@ void fg__zero_range(const fg_strategy *s, int rank, int64_t *begin, int64_t *end
 /* The shards of numel elements of es bytes over world ranks (bounds:
  * world + 1 entries): whole 64-byte lines each, as even as that allows. */
 void fg__zero_cut(int64_t numel, int world, size_t es, int64_t *bounds);
+/* The shard bounds (shard group size + 1 entries). */
+const int64_t *fg__zero_bounds(const fg_strategy *s);
+
+/* zero3.c: the parameters sharded too. _groups makes s->zero3 and the
+ * shard group (*group: s->comm, or HYBRID_SHARD's group) before the shards
+ * are cut; _reducer_opts adds what stage 3 needs to the reducer's options;
+ * _setup (after the reducer) makes the units and hooks them on the model. */
+fg_status fg__zero3_groups(fg_strategy *s, const fg_sharded_opts *o, fg_comm **group);
+fg_ddp_reducer_opts fg__zero3_reducer_opts(fg_strategy *s, fg_ddp_reducer_opts ro,
+                                           const fg_sharded_opts *o);
+fg_status fg__zero3_setup(fg_strategy *s, const fg_sharded_opts *o);
+/* The last step of setup, which cannot fail: releases what this rank does
+ * not own (a failure before leaves the model whole). */
+void fg__zero3_start(fg_strategy *s);
+fg_status fg__zero3_backward(fg_strategy *s, fg_tensor *loss);
+void fg__zero3_free(fg_strategy *s);
+fg_status fg__zero3_gather_all(fg_strategy *s);
+fg_status fg__zero3_release_all(fg_strategy *s);
+int64_t fg__zero3_peak_gathered(const fg_strategy *s);
+int fg__zero3_num_units(const fg_strategy *s);
 
 /* bagua.c: Bagua's options (fg_strategy_check_ddp); setup, backward,
  * bytes and free of strategy bagua */

@@ -1,5 +1,5 @@
 /* ZeRO stages 1 and 2, as DeepSpeed names them (fsdp's SHARD_GRAD_OP is
- * stage 2).
+ * stage 2), and what stage 3 shares with them (its own part: zero3.c).
  *
  * The flat parameter vector is cut into world_size contiguous shards in
  * rank order, on 64-byte lines and without padding (they differ by at most
@@ -26,6 +26,7 @@
 #define DEFAULT_BUCKET 200000000 /* elements: Lightning's DeepSpeedStrategy default */
 
 struct fg_zero_state {
+    fg_comm *comm; /* the shard group: the strategy's, or HYBRID_SHARD's (borrowed) */
     int world, rank;
     int64_t *bounds;          /* world + 1 */
     int64_t *counts, *displs; /* world each: one all-gather piece */
@@ -42,9 +43,13 @@ void fg__zero_cut(int64_t numel, int world, size_t es, int64_t *bounds) {
 }
 
 void fg__zero_range(const fg_strategy *s, int rank, int64_t *begin, int64_t *end) {
-    *begin = s->zero->bounds[rank];
-    *end = s->zero->bounds[rank + 1];
+    /* HYBRID_SHARD: world rank r is rank r % size of its shard group */
+    int q = rank % s->zero->world;
+    *begin = s->zero->bounds[q];
+    *end = s->zero->bounds[q + 1];
 }
+
+const int64_t *fg__zero_bounds(const fg_strategy *s) { return s->zero->bounds; }
 
 /* The post-step hook: every rank's updated shard to every rank, in place. */
 static fg_status gather_params(void *ud, fg_optimizer *o) {
@@ -63,13 +68,18 @@ static fg_status gather_params(void *ud, fg_optimizer *o) {
             z->displs[q] = lo;
             z->counts[q] = FG_MIN(z->piece, z->bounds[q + 1] - lo);
         }
-        fg_status st = fg_comm_allgatherv(s->comm, base + (size_t)z->displs[z->rank] * es,
+        fg_status st = fg_comm_allgatherv(z->comm, base + (size_t)z->displs[z->rank] * es,
                                           z->counts[z->rank], base, z->counts, z->displs, dt);
         if (st != FG_OK)
             return fg_error_wrap(st, "%s: all-gathering the parameters after the optimizer step",
                                  fg_strategy_kind_name(s->kind));
     }
     return FG_OK;
+}
+
+static fg_status after_step3(void *ud, fg_optimizer *o) {
+    (void)o;
+    return fg__zero3_release_all(ud);
 }
 
 static void detach(void *ud) {
@@ -87,12 +97,25 @@ fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o) {
                         "%s: needs the optimizer over the whole model (it shards the optimizer's "
                         "state); got %s",
                         name, s->opt ? "one over another module" : "none");
-    FG_TRY(fg__strategy_broadcast_params(s));
+    bool s3 = s->mode == FG_MODE_ZERO3;
+    fg_comm *group = s->comm;
+    if (s3) FG_TRY(fg__zero3_groups(s, o, &group));
+    /* sharded initialisation (a model made under empty init): rank 0's
+     * seed, each rank initialising its shard alone, below */
+    bool empty = s3 && fg__module_deferred(m);
+    uint64_t seed = empty ? fg__module_root(m)->flat->seed : 0;
+    if (empty) {
+        fg_status st = fg_comm_broadcast(s->comm, &seed, &seed, 1, FG_I64, 0);
+        if (st != FG_OK) return fg_error_wrap(st, "%s setup: broadcasting the seed", name);
+    } else {
+        FG_TRY(fg__strategy_broadcast_params(s));
+    }
     fg_zero_state *z = fg_calloc(1, sizeof *z);
     if (!z) return fg_error_wrap(FG_ENOMEM, "%s setup", name);
     s->zero = z;
-    z->world = fg_comm_size(s->comm);
-    z->rank = fg_comm_rank(s->comm);
+    z->comm = group;
+    z->world = fg_comm_size(group);
+    z->rank = fg_comm_rank(group);
     z->bounds = fg_calloc((size_t)z->world + 1, sizeof *z->bounds);
     z->counts = fg_calloc((size_t)z->world, sizeof *z->counts);
     z->displs = fg_calloc((size_t)z->world, sizeof *z->displs);
@@ -113,12 +136,20 @@ fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o) {
                               .owner_bounds = z->bounds,
                               .world = z->world,
                               .after_backward = s->mode == FG_MODE_ZERO1};
-    FG_TRY(fg__strategy_reducer_new(s, &ro));
+    if (s3) ro = fg__zero3_reducer_opts(s, ro, o);
+    FG_TRY(fg__strategy_reducer_new(s, group, &ro));
+    if (s3) FG_TRY(fg__zero3_setup(s, o));
     /* last: a failure before leaves the optimizer as it was */
     FG_TRY(fg__optimizer_shard_state(s->opt, z->bounds[z->rank], z->bounds[z->rank + 1]));
     z->opt = s->opt;
-    fg__optimizer_set_hook(z->opt,
-                           &(fg_optim_hook){.post_step = gather_params, .detach = detach, .ud = s});
+    /* stage 3 gathers nothing after the step: the parameters stay sharded
+     * (and copies gathered before it, now stale, are released) */
+    fg__optimizer_set_hook(
+        z->opt,
+        &(fg_optim_hook){.post_step = s3 ? after_step3 : gather_params, .detach = detach, .ud = s});
+    /* nothing fails from here on: a failed setup left the model as it was */
+    if (empty) fg__module_init_elements(m, z->bounds[z->rank], z->bounds[z->rank + 1], seed);
+    if (s3) fg__zero3_start(s);
     return FG_OK;
 }
 
@@ -141,7 +172,7 @@ fg_status fg__zero_clip(fg_strategy *s, double max_norm, double *total_norm) {
     char *mine = (char *)fg_tensor_data(g) + (size_t)lo * fg_dtype_size(dt);
     double sq = 0;
     FG_TRY(fg__sumsq(mine, dt, n, &sq));
-    fg_status st = fg_comm_allreduce(s->comm, &sq, &sq, 1, FG_F64, FG_SUM);
+    fg_status st = fg_comm_allreduce(z->comm, &sq, &sq, 1, FG_F64, FG_SUM);
     if (st != FG_OK)
         return fg_error_wrap(st, "%s: clip_gradients: summing the shards' squares",
                              fg_strategy_kind_name(s->kind));

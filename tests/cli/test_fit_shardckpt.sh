@@ -70,7 +70,7 @@ expect_grep "env: rank 0 under stage 2 holds the state elements the run held ($h
     "^ +deepspeed_stage_2 +0 .* 0\.[0-9]+x +$held\$"
 run env3 "$FULGUR" env --devices 3 --params 1000000
 expect_grep "env: each sharded strategy, 3 ranks, 64-byte lines" env3 '^ +2 +3\.81 MiB +3\.81 MiB +2\.54 MiB .* 333344$'
-expect_grep "env: fsdp as SHARD_GRAD_OP" env3 '^ +fsdp SHARD_GRAD_OP +0 '
+expect_grep "env: fsdp as its default, FULL_SHARD (stage 3)" env3 '^ +fsdp FULL_SHARD +0 +1\.27 MiB +1\.27 MiB +2\.54 MiB '
 vocab=$(sed -n 's/^fit gpt: .* vocab \([0-9]*\)).*/\1/p' "$T_TMP/full")
 run envg "$FULGUR" env --devices 2 --strategy deepspeed_stage_1 --layers 1 --embd 32 --vocab "$vocab" --ctx 32
 expect_grep "env: a GPT's shape counts its parameters as fit does" envg "^model state per rank: $n parameters"

@@ -5,18 +5,20 @@
 # stage 2 under bf16-mixed and 16-mixed too);
 # the checkpoint is whole (optimizer state at the parameters' shapes); a
 # stage-2 run resumes bitwise (40 == 20 + resume + 20, clipping on), and on
-# 3 ranks under stage 1 as ddp does from the same file; fsdp without a
-# sharding strategy (FULL_SHARD) and the sharded flags with another strategy
-# are usage errors. FULGUR_CPU_DEVICES=4 makes 3 ranks possible on 2 cores.
+# 3 ranks under stage 1 as ddp does from the same file; deepspeed_stage_3,
+# fsdp (FULL_SHARD, its default) and HYBRID_SHARD write ddp's checkpoint
+# bitwise too, resume bitwise, and a stage-3 file goes on under ddp on 3
+# ranks; the sharded flags with another strategy are usage errors.
+# FULGUR_CPU_DEVICES=4 makes 3 ranks possible on 2 cores.
 source "$(dirname "$0")/lib.sh"
-echo "test_fit_zero: fulgur fit --strategy deepspeed_stage_1|deepspeed_stage_2|fsdp"
+echo "test_fit_zero: fulgur fit --strategy deepspeed_stage_1|deepspeed_stage_2|deepspeed_stage_3|fsdp"
 export FULGUR_CPU_DEVICES=4
 TXT="$T_TMP/tiny.txt"
 for i in $(seq 1 12); do
     echo "to be or not to be, that is the question."
     echo "whether tis nobler in the mind to suffer"
 done >"$TXT"
-TINY=(--model gpt --data "$TXT" --layers 1 --heads 2 --embd 32 --ctx 32 --batch-size 2
+TINY=(--model gpt --data "$TXT" --layers 2 --heads 2 --embd 32 --ctx 32 --batch-size 2
       --lr 3e-3 --warmup-steps 5 --limit-val-batches 1 --val-check-interval 0 --progress none
       --num-workers 0 --sample-tokens 0 --ckpt-every 0)
 
@@ -59,7 +61,15 @@ for prec in bf16-mixed 16-mixed; do
     fits "z2-$prec" --devices 2 --strategy deepspeed_stage_2 --precision "$prec"
     expect_rc "deepspeed_stage_2 under $prec" 0 "z2-$prec"
     same_ckpt "deepspeed_stage_2 == ddp under $prec" "ddp-$prec" "z2-$prec"
+    fits "z3-$prec" --devices 2 --strategy deepspeed_stage_3 --precision "$prec"
+    expect_rc "deepspeed_stage_3 under $prec" 0 "z3-$prec"
+    same_ckpt "deepspeed_stage_3 == ddp under $prec" "ddp-$prec" "z3-$prec"
 done
+# parameters and gradients in bf16 (bf16-true): gathered and released in that dtype
+fits ddp-bt --devices 2 --strategy ddp --precision bf16-true
+fits z3-bt --devices 2 --strategy deepspeed_stage_3 --precision bf16-true
+expect_rc "deepspeed_stage_3 under bf16-true" 0 z3-bt
+same_ckpt "deepspeed_stage_3 == ddp under bf16-true" ddp-bt z3-bt
 
 # the checkpoint is whole: the optimizer state at the parameters' shapes
 run show "$FULGUR" ckpt show "$T_TMP/run-z2/checkpoints"
@@ -83,11 +93,57 @@ run r3z "$FULGUR" fit "${three[@]}" --strategy deepspeed_stage_1 --default-root-
 expect_rc "stage 1 on 3 ranks resumes a 2-rank stage 2 checkpoint" 0 r3z
 same_ckpt "stage 1 on 3 ranks == ddp on 3 ranks from the same file" C3 Z3
 
+# stage 3: the parameters sharded too, ddp's checkpoint bitwise
+fits z3 --devices 2 --strategy deepspeed_stage_3 --reduce-bucket-size 3000 --allgather-bucket-size 2000
+expect_rc "deepspeed_stage_3 on 2 ranks" 0 z3
+expect_grep "says what rank 0 holds" z3 \
+    '^parameters sharded: rank 0 holds [0-9]+ of [0-9]+ elements between steps; 3 units'
+same_ckpt "deepspeed_stage_3 == ddp" ddp z3
+fits full --devices 2 --strategy fsdp
+expect_rc "fsdp (FULL_SHARD) on 2 ranks" 0 full
+same_ckpt "fsdp FULL_SHARD == ddp" ddp full
+fits hyb --devices 2 --strategy fsdp --sharding-strategy hybrid_shard --hybrid-shard-size 1
+expect_rc "fsdp HYBRID_SHARD on 2 ranks" 0 hyb
+same_ckpt "fsdp HYBRID_SHARD (groups of 1) == ddp" ddp hyb
+fits wrap --devices 2 --strategy deepspeed_stage_3 --auto-wrap-min-params 4000
+expect_rc "stage 3 with an auto-wrap size" 0 wrap
+# per block: attn (4224 parameters, no child with 4000), mlp.c_fc (4224),
+# mlp.c_proj (4128); 2 blocks + the root's unit
+expect_grep "the smallest modules of 4000 are the units" wrap 'elements between steps; 7 units'
+same_ckpt "stage 3 (units by size) == ddp" ddp wrap
+# a sharded save under stage 3: each rank writes its own parameter shard;
+# consolidated, it is ddp's file
+fits z3s --devices 2 --strategy deepspeed_stage_3 --state-dict-type sharded
+expect_rc "stage 3 with sharded saves" 0 z3s
+run cons3 "$FULGUR" ckpt consolidate "$T_TMP/run-z3s/checkpoints/step-00000012" "$T_TMP/z3s.safetensors"
+expect_rc "the stage-3 sharded folder consolidates" 0 cons3
+run diff3s "$FULGUR" ckpt diff "$T_TMP/run-ddp/checkpoints/last.safetensors" "$T_TMP/z3s.safetensors" --exit-code
+expect_grep "a consolidated stage-3 sharded save is ddp's checkpoint" diff3s \
+    '^overall max \|A-B\| = 0 over [0-9]+ common tensors \([0-9]+ bitwise equal, 0 with other shapes, 0 in one file only'
+run show3 "$FULGUR" ckpt show "$T_TMP/run-z3/checkpoints"
+expect_grep "whole parameters in a stage-3 file" show3 \
+    '^  transformer\.h\.1\.mlp\.c_fc\.weight +F32 +\[128, 32\]'
+# resume under stage 3, and on 3 ranks under ddp from a stage-3 file
+s3=("${TINY[@]}" --devices 2 --strategy deepspeed_stage_3 --lr-decay-steps 40)
+run s3a "$FULGUR" fit "${s3[@]}" --max-steps 30 --default-root-dir "$T_TMP/run-S3A"
+run s3b1 "$FULGUR" fit "${s3[@]}" --max-steps 15 --default-root-dir "$T_TMP/run-S3B"
+run s3b2 "$FULGUR" fit "${s3[@]}" --max-steps 30 --default-root-dir "$T_TMP/run-S3B" --resume last
+expect_rc "stage 3 resumed" 0 s3b2
+same_ckpt "stage 3: 30 steps == 15 + resume + 15" S3A S3B
+three3=("${TINY[@]}" --devices 3 --max-steps 20 --gradient-clip-val 0 --lr-decay-steps 40
+        --resume "$T_TMP/run-S3B/checkpoints/step-00000015.safetensors")
+run r3dd "$FULGUR" fit "${three3[@]}" --strategy ddp --default-root-dir "$T_TMP/run-D33"
+run r3ff "$FULGUR" fit "${three3[@]}" --strategy fsdp --default-root-dir "$T_TMP/run-F33"
+expect_rc "FULL_SHARD on 3 ranks resumes a 2-rank stage-3 checkpoint" 0 r3ff
+same_ckpt "FULL_SHARD on 3 ranks == ddp on 3 ranks from a stage-3 file" D33 F33
+
+# fulgur env: what each rank holds under stage 3 (the strategies' own cut)
+run env3 "$FULGUR" env --devices 2 --strategy deepspeed_stage_3 --params 1000
+expect_grep "env: stage 3 shards parameters and gradients too" env3 \
+    '^    deepspeed_stage_3 +0 +1\.94 KiB +1\.94 KiB +3\.88 KiB +7\.75 KiB +0\.50x +496'
+expect_grep "env: rank 1's shard" env3 '^ +1 +1\.97 KiB +1\.97 KiB +3\.94 KiB +7\.88 KiB +0\.50x +504'
+
 # usage errors: exit 2 before any rank starts
-run full "$FULGUR" fit "${TINY[@]}" --devices 2 --strategy fsdp
-expect_rc "fsdp without --sharding-strategy" 2 full
-expect_grep "FULL_SHARD is not built yet, says what is" full \
-    'strategy="fsdp": not built yet in this fulgur with sharding_strategy FULL_SHARD, fsdp.s default.*built: SHARD_GRAD_OP'
 run bads "$FULGUR" fit "${TINY[@]}" --devices 2 --strategy fsdp --sharding-strategy ZERO2
 expect_rc "an unknown sharding strategy" 2 bads
 expect_grep "names the value" bads 'sharding-strategy="ZERO2": expected one of FULL_SHARD, SHARD_GRAD_OP'
@@ -97,7 +153,11 @@ expect_grep "says whose flag it is" other "sharding-strategy is fsdp's"
 run bucket "$FULGUR" fit "${TINY[@]}" --devices 2 --strategy ddp --reduce-bucket-size 100
 expect_rc "--reduce-bucket-size with ddp" 2 bucket
 expect_grep "names the sharded strategies" bucket 'reduce-bucket-size is for the sharded strategies'
-run s3 "$FULGUR" fit "${TINY[@]}" --devices 2 --strategy deepspeed_stage_3
-expect_rc "deepspeed_stage_3" 2 s3
-expect_grep "stage 3 is not built yet" s3 'strategy="deepspeed_stage_3": not built yet.*deepspeed_stage_2, fsdp'
+run wrap2 "$FULGUR" fit "${TINY[@]}" --devices 2 --strategy deepspeed_stage_2 --auto-wrap-min-params 10
+expect_rc "--auto-wrap-min-params with stage 2" 2 wrap2
+expect_grep "says it is stage 3's" wrap2 'auto-wrap-min-params picks the units of stage 3'
+run hyb3 "$FULGUR" fit "${TINY[@]}" --devices 3 --strategy fsdp --sharding-strategy HYBRID_SHARD \
+    --hybrid-shard-size 2 --max-steps 1 --default-root-dir "$T_TMP/run-hyb3"
+expect_rc "a shard group that does not divide the ranks" 1 hyb3
+expect_grep "names the sizes" hyb3 'a shard group of 2 ranks does not divide the 3 ranks'
 finish

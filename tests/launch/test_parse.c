@@ -222,9 +222,8 @@ TEST(strategy_errors) {
     CHECK_CONTAINS(fg_last_error(), "strategy=\"single\" runs on one device, but devices gives 2");
     CHECK_STATUS(fg_launch_parse_strategy("dp", 2, 2, &s), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "num_nodes=2");
-    static const char *const later[] = {
-        "ddp2",   "horovod", "fsdp_full_shard", "deepspeed_stage_3", "deepspeed_stage_3_offload",
-        "hybrid", NULL};
+    static const char *const later[] = {"ddp2", "horovod", "deepspeed_stage_3_offload", "hybrid",
+                                        NULL};
     for (int i = 0; later[i]; i++) {
         CHECK_STATUS(fg_launch_parse_strategy(later[i], 2, 1, &s), FG_EUNSUPPORTED);
         CHECK_CONTAINS(fg_last_error(), "not built yet");
@@ -233,6 +232,10 @@ TEST(strategy_errors) {
     /* what fulgur builds under another spelling says which */
     CHECK_STATUS(fg_launch_parse_strategy("fsdp_shard_grad_op", 2, 1, &s), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "strategy \"fsdp\" with sharding_strategy SHARD_GRAD_OP");
+    CHECK_STATUS(fg_launch_parse_strategy("fsdp_full_shard", 2, 1, &s), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "its default sharding_strategy FULL_SHARD");
+    CHECK_OK(fg_launch_parse_strategy("DeepSpeed_Stage_3", 2, 1, &s));
+    CHECK(s == FG_STRATEGY_DEEPSPEED_STAGE_3);
     CHECK_STATUS(fg_launch_parse_strategy("dpp", 2, 1, &s), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "strategy=\"dpp\": unknown; expected one of auto, single, dp, "
                                     "ddp, ddp_spawn, ddp_fork");
@@ -435,9 +438,10 @@ TEST(plan_devices_are_cores) {
     CHECK_CONTAINS(fg_last_error(), "devices=\"[1, 1]\": device 1 is listed twice");
     CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.accelerator = "gpu"}, &env, &p),
                  FG_EUNSUPPORTED);
-    CHECK_STATUS(fg_launch_plan_make(
-                     &(fg_launch_opts){.strategy = "deepspeed_stage_3", .devices = "2"}, &env, &p),
-                 FG_EUNSUPPORTED);
+    CHECK_STATUS(
+        fg_launch_plan_make(
+            &(fg_launch_opts){.strategy = "deepspeed_stage_3_offload", .devices = "2"}, &env, &p),
+        FG_EUNSUPPORTED);
     CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.num_nodes = -1}, &env, &p), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "num_nodes=-1");
 }

@@ -5,7 +5,12 @@
  * and optimizer state of the uninterrupted run, under stage 2 and under
  * stage 1; and on 3 ranks the shards are cut again on load: stage 2,
  * stage 1 and fsdp SHARD_GRAD_OP continue bitwise as ddp does from the same
- * file. Clipping goes through fg_fabric_clip_gradients. */
+ * file. Under stage 3 (deepspeed_stage_3, fsdp FULL_SHARD: the parameters
+ * sharded too) the save gathers the parameter shards on rank 0 into the
+ * same whole file and a load reads each rank's range: a stage-3 run resumes
+ * bitwise, on 3 ranks as ddp does, and a 3-rank save (and a HYBRID_SHARD
+ * save on 2 groups of 2) holds what the ranks held. Clipping goes through fg_fabric_clip_gradients.
+ */
 #include <math.h>
 #include <stdio.h>
 #include <sys/mman.h>
@@ -21,6 +26,7 @@
 typedef struct job {
     const char *strategy;
     fg_sharding_strategy sharding;
+    int hybrid; /* HYBRID_SHARD's shard group size */
     int world;
     double clip;
     bool save, load; /* save at SAVE_AT; start from the file */
@@ -94,6 +100,10 @@ static int train(fg_fabric *f, void *arg) {
         bad |= fg_fabric_save(f, j->save_end, &st) != FG_OK;
     }
     if (bad) fprintf(stderr, "rank %d (%s): %s\n", rank, j->strategy, fg_last_error());
+    /* stage 3: the whole model on every rank to read it */
+    fg_strategy *strat = (fg_strategy *)fg_fabric_strategy(f);
+    if (!bad && strat && fg_strategy_shards_params(strat))
+        bad |= fg_strategy_gather_params(strat) != FG_OK;
     fg_tensor *flat = fg_module_flat_params(m);
     j->n = fg_tensor_numel(flat);
     if (rank == 0) memcpy(j->params, fg_tensor_data(flat), sizeof(float) * (size_t)j->n);
@@ -115,6 +125,7 @@ static int rank_main(int rank, int n, void *arg) {
                                                      .threads_per_rank = 1,
                                                      .sharded.sharding_strategy = j->sharding,
                                                      .sharded.reduce_bucket_size = 700,
+                                                     .sharded.hybrid_shard_size = j->hybrid,
                                                      .cluster = cluster,
                                                      .cluster_ud = j});
     if (!f) {
@@ -126,12 +137,15 @@ static int rank_main(int rank, int n, void *arg) {
     return rc;
 }
 
+static int g_hybrid; /* the next run_job's HYBRID_SHARD group size */
+
 static job *run_job(const char *strategy, fg_sharding_strategy sharding, int world, double clip,
                     bool save, bool load, const char *path, const char *save_end) {
     job *j = mmap(NULL, sizeof *j, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     memset(j, 0, sizeof *j);
     j->strategy = strategy;
     j->sharding = sharding;
+    j->hybrid = g_hybrid;
     j->world = world;
     j->clip = clip;
     j->save = save;
@@ -219,6 +233,41 @@ TEST(zero_save_load_continue_bitwise) {
     job *dd = run_job("ddp", 0, 2, 0, false, true, path, NULL);
     check_same(u0, dd, "ddp resumed from a stage 2 file vs stage 2 uninterrupted");
     job *all[] = {u, r2, r1, d3, z3, o3, f3, u0, dd};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(all[i]);
+    unlink(path);
+    unlink(end3);
+    rmdir(dir);
+}
+
+TEST(stage3_save_load_continue_bitwise) {
+    char dir[] = "/tmp/fg-zero3-ckpt-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[256], end3[256];
+    snprintf(path, sizeof path, "%s/step-%d.safetensors", dir, SAVE_AT);
+    snprintf(end3, sizeof end3, "%s/end3.safetensors", dir);
+    job *u = run_job("deepspeed_stage_3", 0, 2, 0.5, true, false, path, NULL);
+    job *r = run_job("deepspeed_stage_3", 0, 2, 0.5, false, true, path, NULL);
+    CHECK(r->start_step == SAVE_AT);
+    check_same(u, r, "stage 3 resumed on 2 ranks vs uninterrupted");
+    job *d3 = run_job("ddp", 0, 3, 0, false, true, path, NULL);
+    job *f3 = run_job("fsdp", FG_SHARDING_FULL_SHARD, 3, 0, false, true, path, end3);
+    check_same(d3, f3, "fsdp FULL_SHARD resumed on 3 ranks vs ddp");
+    check_file(end3, f3);
+    /* the stage-3 file is ddp's: a ddp run writes the same bits */
+    job *u0 = run_job("deepspeed_stage_3", 0, 2, 0, true, false, path, NULL);
+    job *dd = run_job("ddp", 0, 2, 0, false, true, path, NULL);
+    check_same(u0, dd, "ddp resumed from a stage 3 file vs stage 3 uninterrupted");
+    /* HYBRID_SHARD on 4 ranks in groups of 2: the first group's shards
+     * make the file, which holds what the ranks held */
+    char endh[256];
+    snprintf(endh, sizeof endh, "%s/endh.safetensors", dir);
+    g_hybrid = 2;
+    job *h4 = run_job("fsdp", FG_SHARDING_HYBRID_SHARD, 4, 0, false, true, path, endh);
+    g_hybrid = 0;
+    CHECK(h4->start_step == SAVE_AT);
+    check_file(endh, h4);
+    unlink(endh);
+    job *all[] = {u, r, d3, f3, u0, dd, h4};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(all[i]);
     unlink(path);
     unlink(end3);

@@ -366,9 +366,12 @@ TEST(sharded_errors) {
     CHECK(fg_last_status() == FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "deepspeed_stage_1: needs a communicator");
     /* checks made before anything is set up */
-    CHECK_STATUS(fg_strategy_check_sharded(FG_STRATEGY_FSDP, &fsdp_full), FG_EUNSUPPORTED);
-    CHECK_CONTAINS(fg_last_error(), "FULL_SHARD, fsdp's default");
-    CHECK_STATUS(fg_strategy_check_sharded(FG_STRATEGY_FSDP, NULL), FG_EUNSUPPORTED);
+    CHECK_OK(fg_strategy_check_sharded(FG_STRATEGY_FSDP, &fsdp_full));
+    CHECK_OK(fg_strategy_check_sharded(FG_STRATEGY_FSDP, NULL));
+    CHECK_STATUS(fg_strategy_check_sharded(FG_STRATEGY_DEEPSPEED_STAGE_3,
+                                           &(fg_sharded_opts){.min_num_params = -1}),
+                 FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "min_num_params = -1");
     CHECK_STATUS(
         fg_strategy_check_sharded(FG_STRATEGY_FSDP, &(fg_sharded_opts){.sharding_strategy = 9}),
         FG_EINVAL);

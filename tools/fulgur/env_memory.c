@@ -62,14 +62,13 @@ int env_memory_print(const char *strategy, const char *sharding, int world, int6
         cli_error("--sharding-strategy: %s", fg_last_error());
         return FG_EXIT_USAGE;
     }
-    if (asked == FG_STRATEGY_FSDP && !sharding) o.sharding_strategy = FG_SHARDING_SHARD_GRAD_OP;
     for (int k = 0; k < FG_STRATEGY_COUNT; k++) {
         fg_strategy_kind kind = (fg_strategy_kind)k;
         if (!fg_strategy_kind_is_sharded(kind) || (asked != FG_STRATEGY_COUNT && kind != asked))
             continue;
         fg_sharded_opts ko = o;
         if (kind == FG_STRATEGY_FSDP && asked != FG_STRATEGY_FSDP)
-            ko.sharding_strategy = FG_SHARDING_SHARD_GRAD_OP;
+            ko.sharding_strategy = FG_SHARDING_FULL_SHARD; /* fsdp's default */
         char name[64];
         snprintf(name, sizeof name, "%s%s%s", fg_strategy_kind_name(kind),
                  kind == FG_STRATEGY_FSDP ? " " : "",
@@ -86,8 +85,10 @@ int env_memory_print(const char *strategy, const char *sharding, int world, int6
                 m.optim_bytes / nstates / (int64_t)fg_dtype_size(dtype));
         }
     }
-    printf("    (parameters and gradients stay whole on every rank under stages 1 and 2; the\n"
-           "    optimizer state is cut on 64-byte lines. On a CPU everything lives in host\n"
-           "    memory: there is no device memory to offload from.)\n");
+    printf("    (parameters and gradients stay whole on every rank under stages 1 and 2; under\n"
+           "    stage 3 (fsdp FULL_SHARD) they are sharded too: this is what a rank holds between\n"
+           "    steps, plus the units gathered in use during forward and backward. Shards are\n"
+           "    cut on 64-byte lines. On a CPU everything lives in host memory: there is no\n"
+           "    device memory to offload from.)\n");
     return FG_EXIT_OK;
 }

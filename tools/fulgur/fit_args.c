@@ -3,8 +3,8 @@
  * typo costs exit code 2 and one line, not a launched job. Accelerator,
  * devices, strategy, precision and num-nodes are checked by fg_fabric_new in
  * cmd_fit.c (the launch layer's plan, as `fulgur env` makes it), and so are
- * the sharded strategies' options (fsdp's default FULL_SHARD is refused
- * there); here only that they parse and go with a sharded strategy. */
+ * the sharded strategies' options; here only that they parse and go with a
+ * sharded strategy. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,11 +78,18 @@ static int build_flags(fit_opts *o, cli_flag *t) {
               "ids \"0,2\" / \"[0, 2]\"");
     F(.name = "strategy", .type = CLI_STR, .dst = &o->strategy, .def = "auto",
       .help = "auto, single, dp, ddp, ddp_spawn, ddp_fork, deepspeed_stage_1, deepspeed_stage_2, "
-              "deepspeed_stage_2_offload, fsdp (with --sharding-strategy), fsdp_cpu_offload, bagua "
-              "(with --bagua-algorithm)");
+              "deepspeed_stage_2_offload, deepspeed_stage_3, fsdp (with --sharding-strategy), "
+              "fsdp_cpu_offload, bagua (with --bagua-algorithm)");
     F(.name = "sharding-strategy", .type = CLI_STR, .dst = &o->sharding_strategy,
-      .help = "fsdp: SHARD_GRAD_OP (= deepspeed_stage_2) or NO_SHARD (= ddp); FULL_SHARD "
-              "(fsdp's default) and HYBRID_SHARD not built yet");
+      .help = "fsdp: FULL_SHARD (the default, = deepspeed_stage_3), SHARD_GRAD_OP (= "
+              "deepspeed_stage_2), NO_SHARD (= ddp), HYBRID_SHARD (full shard in a node)");
+    F(.name = "auto-wrap-min-params", .type = CLI_INT, .dst = &o->min_num_params, .def = "0",
+      .min = 0, .max = INT64_MAX / 2,
+      .help = "stage 3: the smallest modules with at least this many parameters are the units "
+              "(0: one per transformer block)");
+    F(.name = "hybrid-shard-size", .type = CLI_INT, .dst = &o->hybrid_shard_size, .def = "0",
+      .min = 0, .max = 1 << 20,
+      .help = "HYBRID_SHARD: ranks per shard group (0: the ranks of a node)");
     F(.name = "reduce-bucket-size", .type = CLI_INT, .dst = &o->reduce_bucket_size, .def = "0",
       .min = 0, .max = INT64_MAX / 2,
       .help = "sharded strategies: elements per gradient reduce-scatter bucket (0: 200000000)");
@@ -321,10 +328,28 @@ static int sharded_args(fit_opts *o, cli_flag *flags, int n) {
         if (known && !fg_strategy_kind_is_sharded(kind) &&
             cli_flags_find(flags, n, k_buckets[i])->seen) {
             cli_error("--%s is for the sharded strategies (deepspeed_stage_1, deepspeed_stage_2, "
-                      "fsdp); --strategy=%s has no such buckets",
+                      "deepspeed_stage_3, fsdp); --strategy=%s has no such buckets",
                       k_buckets[i], o->strategy);
             return FG_EXIT_USAGE;
         }
+    bool s3 =
+        known &&
+        (kind == FG_STRATEGY_DEEPSPEED_STAGE_3 ||
+         (kind == FG_STRATEGY_FSDP && (o->sharded.sharding_strategy == FG_SHARDING_FULL_SHARD ||
+                                       o->sharded.sharding_strategy == FG_SHARDING_HYBRID_SHARD)));
+    if (known && !s3 && cli_flags_find(flags, n, "auto-wrap-min-params")->seen) {
+        cli_error("--auto-wrap-min-params picks the units of stage 3 (deepspeed_stage_3, fsdp "
+                  "FULL_SHARD or HYBRID_SHARD); --strategy=%s%s%s gathers no units",
+                  o->strategy, o->sharding_strategy ? " --sharding-strategy=" : "",
+                  o->sharding_strategy ? o->sharding_strategy : "");
+        return FG_EXIT_USAGE;
+    }
+    if (cli_flags_find(flags, n, "hybrid-shard-size")->seen &&
+        !(known && kind == FG_STRATEGY_FSDP &&
+          o->sharded.sharding_strategy == FG_SHARDING_HYBRID_SHARD)) {
+        cli_error("--hybrid-shard-size is for --strategy fsdp --sharding-strategy HYBRID_SHARD");
+        return FG_EXIT_USAGE;
+    }
     o->sharded.reduce_bucket_size = o->reduce_bucket_size;
     o->sharded.allgather_bucket_size = o->allgather_bucket_size;
     if (o->deepspeed_config && !file_exists("deepspeed-config", o->deepspeed_config, false))
@@ -333,6 +358,8 @@ static int sharded_args(fit_opts *o, cli_flag *flags, int n) {
         cli_error("--state-dict-type: %s", fg_last_error()); /* the choices caught it already */
         return FG_EXIT_USAGE;
     }
+    o->sharded.min_num_params = o->min_num_params;
+    o->sharded.hybrid_shard_size = (int)o->hybrid_shard_size;
     return offload_args(o);
 }
 

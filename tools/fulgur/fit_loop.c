@@ -458,7 +458,15 @@ int fit_run(fg_fabric *f, void *arg) {
     fit_model_cfg_from_opts(o, &c.d, &c.cfg);
     c.cfg.f64 = fg_fabric_dtype(f) == FG_F64;
     c.cfg.dtype = fg_fabric_dtype(f);
+    /* stage 3: a sharded initialisation, the model never whole on a rank */
+    fg_strategy_kind kind = fg_fabric_plan(f)->strategy;
+    fg_sharding_strategy ss = o->sharded.sharding_strategy;
+    bool s3 = c.world > 1 && (kind == FG_STRATEGY_DEEPSPEED_STAGE_3 ||
+                              (kind == FG_STRATEGY_FSDP &&
+                               (ss == FG_SHARDING_FULL_SHARD || ss == FG_SHARDING_HYBRID_SHARD)));
+    bool was = fg_module_set_empty_init(s3);
     c.model = fit_model_new(&c.cfg);
+    fg_module_set_empty_init(was);
     c.opt = c.model ? fit_optimizer_new(o, c.model) : NULL;
     if (!c.model || !c.opt) {
         rc = rank_error(&c, "model");
@@ -587,6 +595,13 @@ int fit_run(fg_fabric *f, void *arg) {
                    "buffer (%s x %d)\n",
                    (long long)(se - sb), (long long)nparams, fg_optimizer_name(c.opt),
                    fg_optimizer_num_states(c.opt));
+        const fg_strategy *strat = fg_fabric_strategy(f);
+        int64_t pb, pe;
+        if (fg_strategy_shards_params(strat) &&
+            fg_strategy_param_range(strat, 0, &pb, &pe) == FG_OK)
+            printf("parameters sharded: rank 0 holds %lld of %lld elements between steps; %d "
+                   "units gathered around their forward and backward\n",
+                   (long long)(pe - pb), (long long)nparams, fg_strategy_num_units(strat));
         if (fg_optimizer_state_on_disk(c.opt, NULL, NULL))
             printf("optimizer state offloaded to nvme: rank 0's %lld elements x %d in files "
                    "under %s, streamed at each step\n",
@@ -688,6 +703,13 @@ int fit_run(fg_fabric *f, void *arg) {
             rc = rank_error(&c, "checkpoint");
             goto out;
         }
+    }
+    /* stage 3: rank 0 samples from the whole model (every rank gathers it) */
+    fg_strategy *strat = (fg_strategy *)fg_fabric_strategy(f);
+    if (c.cfg.kind == FIT_GPT && o->sample_tokens && fg_strategy_shards_params(strat) &&
+        fg_strategy_gather_params(strat) != FG_OK) {
+        rc = rank_error(&c, "gathering the parameters to sample");
+        goto out;
     }
     if (c.rank0) {
         fit_progress_free(c.prog);

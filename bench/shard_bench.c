@@ -1,0 +1,171 @@
+/* Memory and speed of the sharded strategies: a GPT trained for a few
+ * steps through the Fabric API on --devices ranks under --strategy (ddp,
+ * deepspeed_stage_2, deepspeed_stage_3, ...), AdamW in f32. Each rank
+ * measures
+ *   - its peak resident memory (VmHWM) over the whole run, setup included,
+ *     and over the training steps alone (the peak is reset after setup);
+ *   - its model state between steps: the resident bytes of the flat
+ *     parameter and gradient buffers (mincore: released pages do not
+ *     count) and the optimizer state's bytes, beside the ideal 16 / N bytes
+ *     per parameter of a fully sharded rank;
+ *   - the median step time.
+ * Rank 0 prints one JSON line with the largest value over the ranks.
+ * Under stage 3 the model is made under empty init (each rank initialises
+ * its shard only).
+ *
+ *   shard_bench --strategy S [--devices 2] [--steps 6] [--threads 1] [--long]
+ *
+ * The default GPT has 8 layers of width 384 (14M parameters); --long takes
+ * one of about 200M (12 layers of width 1152), minutes per run and several
+ * GB per rank. bench/shard_bench.sh runs ddp, stage 2 and stage 3 and prints
+ * the ratios. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "fulgur/fulgur.h"
+
+typedef struct args {
+    const char *strategy;
+    int steps, warmup, threads, devices;
+    bool longer;
+} args;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* A /proc/self/status field in bytes (kB there). */
+static double status_bytes(const char *key) {
+    FILE *fp = fopen("/proc/self/status", "r");
+    char line[256];
+    double v = 0;
+    size_t n = strlen(key);
+    while (fp && fgets(line, sizeof line, fp))
+        if (!strncmp(line, key, n) && line[n] == ':') v = atof(line + n + 1) * 1024.0;
+    if (fp) fclose(fp);
+    return v;
+}
+
+static void reset_peak(void) {
+    FILE *fp = fopen("/proc/self/clear_refs", "w");
+    if (fp) {
+        fputs("5", fp); /* resets VmHWM to the current RSS */
+        fclose(fp);
+    }
+}
+
+static double resident(const fg_tensor *t) {
+    size_t ps = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)fg_tensor_data(t) & ~(uintptr_t)(ps - 1);
+    uintptr_t b = (uintptr_t)fg_tensor_data(t) + (size_t)fg_tensor_numel(t) * sizeof(float);
+    size_t pages = (b - a + ps - 1) / ps;
+    unsigned char *vec = malloc(pages);
+    double r = 0;
+    if (vec && mincore((void *)a, b - a, vec) == 0)
+        for (size_t i = 0; i < pages; i++) r += (vec[i] & 1) ? (double)ps : 0;
+    free(vec);
+    return r;
+}
+
+static int run(fg_fabric *f, void *arg) {
+    args *a = arg;
+    fg_set_num_threads(a->threads);
+    int64_t B = a->longer ? 2 : 4, T = a->longer ? 256 : 128, V = 65;
+    fg_gpt_config cfg = {.vocab = V, .ctx = T, .layers = 8, .heads = 6, .embd = 384, .seed = 0};
+    if (a->longer)
+        cfg = (fg_gpt_config){
+            .vocab = V, .ctx = T, .layers = 12, .heads = 12, .embd = 1152, .seed = 0};
+    bool s3 = !strcmp(a->strategy, "deepspeed_stage_3") || !strcmp(a->strategy, "fsdp");
+    bool was = fg_module_set_empty_init(s3);
+    fg_module *model = fg_gpt_new(&cfg);
+    fg_module_set_empty_init(was);
+    fg_optimizer *opt =
+        model ? fg_adamw_new(model, &(fg_adamw_opts){.lr = 3e-4, .weight_decay = 0.1}) : NULL;
+    int64_t shape[2] = {B, T};
+    fg_tensor *x = fg_tensor_new(FG_I32, 2, shape), *y = fg_tensor_new(FG_I32, 2, shape);
+    fg_rng r = {1, (uint64_t)fg_fabric_global_rank(f)};
+    for (int64_t i = 0; i < B * T; i++) {
+        ((int32_t *)fg_tensor_data(x))[i] = (int32_t)fg_rng_below(&r, (uint64_t)V);
+        ((int32_t *)fg_tensor_data(y))[i] = (int32_t)fg_rng_below(&r, (uint64_t)V);
+    }
+    if (!model || !opt || fg_fabric_setup(f, model, opt) != FG_OK) {
+        fprintf(stderr, "shard_bench: %s\n", fg_last_error());
+        return 1;
+    }
+    double setup_peak = status_bytes("VmHWM");
+    reset_peak();
+    double *times = calloc((size_t)(a->warmup + a->steps), sizeof *times);
+    double state = 0;
+    for (int s = 0; s < a->warmup + a->steps; s++) {
+        double t0 = fg_time();
+        fg_optimizer_zero_grad(opt);
+        fg_tensor *loss = fg_cross_entropy(fg_module_forward(model, x), y, -100);
+        if (!loss || fg_fabric_backward(f, loss) != FG_OK || fg_optimizer_step(opt) != FG_OK) {
+            fprintf(stderr, "shard_bench: rank %d: %s\n", fg_fabric_global_rank(f),
+                    fg_last_error());
+            return 1;
+        }
+        fg_fabric_step_end(f);
+        times[s] = fg_time() - t0;
+        /* model state between steps (gradients as the step left them) */
+        double st = resident(fg_module_flat_params(model)) + resident(fg_module_flat_grads(model));
+        for (int k = 0; k < fg_optimizer_num_states(opt); k++)
+            st += (double)fg_tensor_numel(fg_optimizer_state(opt, k)) * sizeof(float);
+        if (st > state) state = st;
+    }
+    qsort(times + a->warmup, (size_t)a->steps, sizeof *times, cmp_double);
+    double ms = fg_fabric_reduce_scalar(f, times[a->warmup + a->steps / 2] * 1e3, FG_MAX);
+    double train_peak = fg_fabric_reduce_scalar(f, status_bytes("VmHWM"), FG_MAX);
+    double all_peak =
+        fg_fabric_reduce_scalar(f, setup_peak > train_peak ? setup_peak : train_peak, FG_MAX);
+    state = fg_fabric_reduce_scalar(f, state, FG_MAX);
+    int64_t P = fg_module_numel(model);
+    int N = fg_fabric_world_size(f);
+    if (fg_fabric_is_global_zero(f))
+        printf("{\"strategy\": \"%s\", \"ranks\": %d, \"params\": %lld, \"ms_per_step\": %.1f, "
+               "\"steps_per_s\": %.3f, \"peak_rss_mb\": %.1f, \"peak_rss_train_mb\": %.1f, "
+               "\"model_state_mb\": %.1f, \"ideal_mb\": %.1f, \"ddp_state_mb\": %.1f}\n",
+               a->strategy, N, (long long)P, ms, 1e3 / ms, all_peak / 1048576.0,
+               train_peak / 1048576.0, state / 1048576.0, 16.0 * (double)P / N / 1048576.0,
+               16.0 * (double)P / 1048576.0);
+    free(times);
+    fg_tensor_free(x);
+    fg_tensor_free(y);
+    fg_optimizer_free(opt);
+    fg_module_free(model);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    args a = {.strategy = "ddp", .steps = 6, .warmup = 2, .threads = 1, .devices = 2};
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "--strategy") && v) a.strategy = argv[++i];
+        else if (!strcmp(argv[i], "--steps") && v) a.steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && v) a.threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--devices") && v) a.devices = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--long")) a.longer = true;
+        else {
+            fprintf(stderr, "usage: shard_bench --strategy S [--devices N] [--steps N] "
+                            "[--threads N] [--long]\n");
+            return 2;
+        }
+    }
+    if (a.steps < 1) a.steps = 1;
+    char dev[16];
+    snprintf(dev, sizeof dev, "%d", a.devices);
+    fg_fabric *f = fg_fabric_new(
+        &(fg_fabric_config){.devices = dev, .strategy = a.strategy, .threads_per_rank = a.threads});
+    if (!f) {
+        fprintf(stderr, "shard_bench: %s\n", fg_last_error());
+        return 2;
+    }
+    int rc = fg_fabric_launch(f, run, &a);
+    if (rc) fprintf(stderr, "shard_bench: %s\n", fg_last_error());
+    fg_fabric_free(f);
+    return rc;
+}

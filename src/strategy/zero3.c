@@ -1,0 +1,461 @@
+/* ZeRO stage 3 (deepspeed_stage_3) and FSDP's FULL_SHARD and HYBRID_SHARD:
+ * the parameters are sharded too.
+ *
+ * Design: the flat layout stays. Every parameter is still a view into the
+ * root's one flat parameter buffer and its gradient a view into the flat
+ * gradient, at the offsets of every other strategy; the shards are the
+ * contiguous ranges stages 1 and 2 already cut (zero.c), so the optimizer,
+ * clipping and the reducer work unchanged on [bounds[r], bounds[r+1]).
+ * What changes is which pages of the two buffers are resident: outside its
+ * shard a rank's buffers are released to the kernel (madvise DONTNEED:
+ * private anonymous memory then holds no page there and reads as zero)
+ * and filled again only while a unit needs them. So a rank holds its 1/N
+ * shard persistently, plus the units gathered at that moment, and nothing
+ * above this layer notices that the rest of the buffer is empty.
+ *
+ * Units (FSDP's wrapped modules): by default every module of type "Block"
+ * (the GPT's transformer blocks; Lightning's auto_wrap_policy={Block}), or
+ * with min_num_params the smallest modules holding at least that many
+ * parameters (none of their children does). Each unit is a contiguous
+ * range; what no unit covers (embeddings, final norm) is the root's unit.
+ * nn/module_wrap.c calls the hooks below around a unit's forward and, from
+ * two identity nodes on the tape, around its backward:
+ *   pre_forward   gather the unit (waiting for its prefetch), prefetch the
+ *                 next unit in forward order;
+ *   post_forward  release it (the root's stays until backward is over);
+ *   pre_backward  gather it again, prefetch the previous unit;
+ *   post_backward release it.
+ * Gathering a unit is one broadcast from each rank whose shard meets the
+ * unit (pieces of allgather_bucket_size elements), asynchronous on the
+ * communicator's progress thread, so a prefetch overlaps the compute of the
+ * unit before it. The gradients are reduce-scattered by the reducer in
+ * owner mode as under stage 2 (bucket by bucket during backward); each time
+ * the finished suffix of the flat gradient grows, the part other ranks own
+ * is released. fg_module_zero_grad (root) zeroes the shard and releases the
+ * rest.
+ *
+ * Released pages are only relied on to read as zero for gradients, and
+ * only under fulgur's default allocator (malloc: private anonymous memory);
+ * under another allocator the gradients are zeroed with memset instead and
+ * only the parameter pages are released (their content is never read before
+ * a gather rewrites it). A page shared by two ranges is never released.
+ *
+ * HYBRID_SHARD: the shards are cut over the ranks of one shard group
+ * (consecutive ranks, hybrid_shard_size of them: a node by default), the
+ * gathers and the reduce-scatter run in that group, and after backward each
+ * rank averages its shard of the gradient with the ranks holding the same
+ * shard in the other groups (an allreduce over the replica group).
+ *
+ * Sharded initialisation: a model made under empty init has never been
+ * touched; zero.c broadcasts rank 0's seed and each rank initialises its
+ * shard alone (fg__module_init_elements), so the model never exists whole.
+ * fg_strategy_gather_params gathers every unit and idles the hooks until
+ * release or the next backward (FSDP's summon_full_params).
+ *
+ * Invariants: outside [bounds[rank], bounds[rank+1]) a parameter element
+ * is valid only while its unit is GATHERED; requests of a unit are waited
+ * before its pages are released; every rank issues the same collectives in
+ * the same order (the hooks run at the same tape positions on every rank). */
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "optim/optim_impl.h"
+#include "strategy_impl.h"
+
+enum { RELEASED = 0, IN_FLIGHT, GATHERED };
+
+typedef struct unit {
+    int nr;
+    int64_t (*r)[2]; /* its element ranges: one, or the root's gaps */
+    int state;
+    fg_comm_req **reqs;
+    int nreqs, cap;
+} unit;
+
+struct fg_zero3_state {
+    fg_strategy *s;
+    fg_comm *group, *replicas; /* shard group; HYBRID_SHARD's replica group (else NULL) */
+    fg_comm *own_group;        /* split from s->comm here (freed here) */
+    int world, rank;           /* in the shard group */
+    int64_t lo, hi;            /* this rank's shard */
+    int64_t numel, piece;
+    size_t es;
+    fg_dtype dt;
+    char *pbase, *gbase;
+    bool zero_pages; /* released pages read as zero (the default allocator) */
+    int nunits;      /* units[nunits - 1] is the root's */
+    unit *units;
+    fg_module **mods;
+    fg_module_wrap wrap;
+    int64_t grad_released;           /* the gradient suffix released in this backward */
+    int64_t peak_gathered, gathered; /* parameter elements outside the shard, resident */
+    bool model_gone;                 /* the model was freed first */
+    bool summoned;                   /* fg_strategy_gather_params: all gathered, the hooks idle */
+};
+
+/* ------------------------------------------------------------ pages */
+
+static size_t page_size(void) {
+    static size_t ps;
+    if (!ps) {
+        long v = sysconf(_SC_PAGESIZE);
+        ps = v > 0 ? (size_t)v : 4096;
+    }
+    return ps;
+}
+
+/* Releases the whole pages inside elements [a, b) of base, leaving the
+ * shard alone; with zero, the elements of [a, b) outside the shard read
+ * zero afterwards (the bytes of partial pages are cleared). */
+static void release_range(fg_zero3_state *z, char *base, int64_t a, int64_t b, bool zero) {
+    int64_t cut[2][2] = {{a, FG_MIN(b, z->lo)}, {FG_MAX(a, z->hi), b}};
+    size_t ps = page_size();
+    for (int k = 0; k < 2; k++) {
+        if (cut[k][0] >= cut[k][1]) continue;
+        char *p0 = base + (size_t)cut[k][0] * z->es, *p1 = base + (size_t)cut[k][1] * z->es;
+        uintptr_t q0 = ((uintptr_t)p0 + ps - 1) & ~(uintptr_t)(ps - 1);
+        uintptr_t q1 = (uintptr_t)p1 & ~(uintptr_t)(ps - 1);
+        bool pages = q1 > q0 && (!zero || z->zero_pages);
+        if (pages) madvise((void *)q0, q1 - q0, MADV_DONTNEED);
+        if (!zero) continue;
+        if (!pages) {
+            memset(p0, 0, (size_t)(p1 - p0));
+        } else {
+            memset(p0, 0, (size_t)((char *)q0 - p0));
+            memset((char *)q1, 0, (size_t)(p1 - (char *)q1));
+        }
+    }
+}
+
+static int64_t outside_shard(const fg_zero3_state *z, int64_t a, int64_t b) {
+    int64_t in = FG_MAX(0, FG_MIN(b, z->hi) - FG_MAX(a, z->lo));
+    return b - a - in;
+}
+
+/* ------------------------------------------------------------ units */
+
+static fg_status start(fg_zero3_state *z, unit *u) {
+    if (u->state != RELEASED) return FG_OK;
+    u->nreqs = 0;
+    const int64_t *bounds = fg__zero_bounds(z->s);
+    for (int k = 0; k < u->nr; k++)
+        for (int q = 0; q < z->world; q++) {
+            int64_t lo = FG_MAX(u->r[k][0], bounds[q]), hi = FG_MIN(u->r[k][1], bounds[q + 1]);
+            for (int64_t off = lo; off < hi; off += z->piece) {
+                int64_t n = FG_MIN(z->piece, hi - off);
+                char *p = z->pbase + (size_t)off * z->es;
+                fg_status st = fg_comm_ibroadcast(z->group, p, p, n, z->dt, q, &u->reqs[u->nreqs]);
+                if (st != FG_OK)
+                    return fg_error_wrap(st, "%s: gathering the parameters of a unit",
+                                         fg_strategy_kind_name(z->s->kind));
+                u->nreqs++;
+            }
+        }
+    for (int k = 0; k < u->nr; k++) z->gathered += outside_shard(z, u->r[k][0], u->r[k][1]);
+    z->peak_gathered = FG_MAX(z->peak_gathered, z->gathered);
+    u->state = IN_FLIGHT;
+    return FG_OK;
+}
+
+static fg_status finish(fg_zero3_state *z, unit *u) {
+    fg_status first = FG_OK;
+    for (int i = 0; i < u->nreqs; i++) {
+        fg_status st = fg_comm_wait(u->reqs[i]);
+        if (st != FG_OK && first == FG_OK) first = st;
+    }
+    u->nreqs = 0;
+    if (u->state == IN_FLIGHT) u->state = GATHERED;
+    if (first != FG_OK)
+        return fg_error_wrap(first, "%s: gathering the parameters of a unit",
+                             fg_strategy_kind_name(z->s->kind));
+    return FG_OK;
+}
+
+static fg_status ensure(fg_zero3_state *z, int k) {
+    unit *u = &z->units[k];
+    FG_TRY(start(z, u));
+    return u->state == IN_FLIGHT ? finish(z, u) : FG_OK;
+}
+
+static fg_status release(fg_zero3_state *z, int k) {
+    unit *u = &z->units[k];
+    if (u->state == RELEASED) return FG_OK;
+    fg_status st = finish(z, u); /* nothing may still write into the pages */
+    for (int i = 0; i < u->nr; i++) {
+        release_range(z, z->pbase, u->r[i][0], u->r[i][1], false);
+        z->gathered -= outside_shard(z, u->r[i][0], u->r[i][1]);
+    }
+    u->state = RELEASED;
+    return st;
+}
+
+static fg_status release_all(fg_zero3_state *z) {
+    fg_status first = FG_OK;
+    for (int k = 0; k < z->nunits; k++) {
+        fg_status st = release(z, k);
+        if (first == FG_OK) first = st;
+    }
+    return first;
+}
+
+/* ------------------------------------------------------------ hooks */
+
+static fg_status pre_forward(void *ud, int k) {
+    fg_zero3_state *z = ud;
+    if (z->summoned) return FG_OK;
+    int root = z->nunits - 1;
+    FG_TRY(ensure(z, k));
+    int next = k == root ? 0 : k + 1;
+    if (next < root) FG_TRY(start(z, &z->units[next]));
+    return FG_OK;
+}
+
+static fg_status post_forward(void *ud, int k) {
+    fg_zero3_state *z = ud;
+    if (z->summoned) return FG_OK;
+    if (k != z->nunits - 1) return release(z, k);
+    /* the root's stays gathered until backward is over; without a
+     * backward to come, everything goes now */
+    return fg_is_grad_enabled() ? FG_OK : release_all(z);
+}
+
+static fg_status pre_backward(void *ud, int k) {
+    fg_zero3_state *z = ud;
+    if (z->summoned) return FG_OK;
+    int root = z->nunits - 1;
+    FG_TRY(ensure(z, k));
+    int prev = k == root ? root - 1 : k - 1;
+    if (prev >= 0 && prev != root) FG_TRY(start(z, &z->units[prev]));
+    return FG_OK;
+}
+
+static fg_status post_backward(void *ud, int k) {
+    fg_zero3_state *z = ud;
+    if (z->summoned) return FG_OK;
+    return k == z->nunits - 1 ? FG_OK : release(z, k);
+}
+
+static void zero_grad(void *ud) {
+    fg_zero3_state *z = ud;
+    memset(z->gbase + (size_t)z->lo * z->es, 0, (size_t)(z->hi - z->lo) * z->es);
+    release_range(z, z->gbase, 0, z->numel, true);
+}
+
+/* The reducer's news: gradient elements [begin, numel) are reduced. */
+static void reduced(void *ud, int64_t begin) {
+    fg_zero3_state *z = ud;
+    if (begin >= z->grad_released || !z->zero_pages) return;
+    release_range(z, z->gbase, begin, z->grad_released, true);
+    z->grad_released = begin;
+}
+
+/* The model is being freed before the strategy. */
+static void detach_model(void *ud) {
+    fg_zero3_state *z = ud;
+    for (int k = 0; k < z->nunits; k++) (void)finish(z, &z->units[k]);
+    z->model_gone = true;
+}
+
+/* ------------------------------------------------------------ setup */
+
+static bool is_unit(fg_module *m, int64_t min_params) {
+    if (!m->parent || m->p_numel == 0) return false;
+    if (!min_params) return !strcmp(m->type, "Block");
+    if (m->p_numel < min_params) return false;
+    for (int i = 0; i < m->nchild; i++)
+        if (m->child[i]->p_numel >= min_params) return false;
+    return true;
+}
+
+static void collect_units(fg_module *m, int64_t min_params, fg_module **out, int *n) {
+    if (is_unit(m, min_params)) {
+        if (out) out[*n] = m;
+        (*n)++;
+        return;
+    }
+    for (int i = 0; i < m->nchild; i++) collect_units(m->child[i], min_params, out, n);
+}
+
+static fg_status make_units(fg_zero3_state *z, fg_module *root, int64_t min_params) {
+    int n = 0;
+    collect_units(root, min_params, NULL, &n);
+    z->nunits = n + 1;
+    z->units = fg_calloc((size_t)z->nunits, sizeof *z->units);
+    z->mods = fg_calloc((size_t)z->nunits, sizeof *z->mods);
+    if (!z->units || !z->mods) return FG_ENOMEM;
+    n = 0;
+    collect_units(root, min_params, z->mods, &n);
+    z->mods[n] = root;
+    for (int k = 0; k < n; k++) {
+        unit *u = &z->units[k];
+        u->nr = 1;
+        if (!(u->r = fg_calloc(1, sizeof *u->r))) return FG_ENOMEM;
+        u->r[0][0] = z->mods[k]->p_off;
+        u->r[0][1] = z->mods[k]->p_off + z->mods[k]->p_numel;
+    }
+    /* the root's: the gaps between the units (preorder: increasing offsets) */
+    unit *ru = &z->units[n];
+    if (!(ru->r = fg_calloc((size_t)n + 1, sizeof *ru->r))) return FG_ENOMEM;
+    int64_t at = 0;
+    for (int k = 0; k <= n; k++) {
+        int64_t end = k < n ? z->units[k].r[0][0] : z->numel;
+        if (end > at) {
+            ru->r[ru->nr][0] = at;
+            ru->r[ru->nr][1] = end;
+            ru->nr++;
+        }
+        if (k < n) at = z->units[k].r[0][1];
+    }
+    /* request slots: one per piece per shard a range meets */
+    for (int k = 0; k <= n; k++) {
+        unit *u = &z->units[k];
+        const int64_t *b = fg__zero_bounds(z->s);
+        for (int i = 0; i < u->nr; i++)
+            for (int q = 0; q < z->world; q++) {
+                int64_t lo = FG_MAX(u->r[i][0], b[q]), hi = FG_MIN(u->r[i][1], b[q + 1]);
+                if (hi > lo) u->cap += (int)((hi - lo + z->piece - 1) / z->piece);
+            }
+        if (!(u->reqs = fg_calloc((size_t)u->cap + 1, sizeof *u->reqs))) return FG_ENOMEM;
+    }
+    return FG_OK;
+}
+
+fg_status fg__zero3_groups(fg_strategy *s, const fg_sharded_opts *o, fg_comm **group) {
+    const char *name = fg_strategy_kind_name(s->kind);
+    fg_zero3_state *z = fg_calloc(1, sizeof *z);
+    if (!z) return fg_error_wrap(FG_ENOMEM, "%s setup", name);
+    s->zero3 = z;
+    z->s = s;
+    z->group = s->comm;
+    bool hybrid =
+        s->kind == FG_STRATEGY_FSDP && o && o->sharding_strategy == FG_SHARDING_HYBRID_SHARD;
+    if (hybrid) {
+        int world = fg_comm_size(s->comm), rank = fg_comm_rank(s->comm);
+        int size = o->hybrid_shard_size > 0 ? o->hybrid_shard_size : fg_comm_local_size(s->comm);
+        if (size < 1 || world % size)
+            return fg_error(FG_EINVAL,
+                            "fsdp HYBRID_SHARD: a shard group of %d ranks does not divide the %d "
+                            "ranks: set hybrid_shard_size (--hybrid-shard-size) to a divisor of "
+                            "the world size",
+                            size, world);
+        fg_status st = fg_comm_split(s->comm, rank / size, rank, &z->own_group);
+        if (st == FG_OK) st = fg_comm_split(s->comm, rank % size, rank, &z->replicas);
+        if (st != FG_OK)
+            return fg_error_wrap(st, "fsdp HYBRID_SHARD: making the shard and replica groups");
+        z->group = z->own_group;
+    }
+    *group = z->group;
+    return FG_OK;
+}
+
+fg_status fg__zero3_setup(fg_strategy *s, const fg_sharded_opts *o) {
+    fg_zero3_state *z = s->zero3;
+    fg_module *m = s->model;
+    fg_sharded_opts d = o ? *o : (fg_sharded_opts){0};
+    z->world = fg_comm_size(z->group);
+    z->rank = fg_comm_rank(z->group);
+    fg__zero_range(s, fg_comm_rank(s->comm), &z->lo, &z->hi);
+    fg_tensor *flat = fg_module_flat_params(m);
+    z->dt = fg_tensor_dtype(flat);
+    z->es = fg_dtype_size(z->dt);
+    z->numel = fg_tensor_numel(flat);
+    z->pbase = fg_tensor_data(flat);
+    z->gbase = fg_tensor_data(fg_module_flat_grads(m));
+    z->piece = d.allgather_bucket_size > 0 ? d.allgather_bucket_size : 200000000;
+    z->zero_pages = fg__alloc_is_default();
+    z->grad_released = z->numel;
+    if (make_units(z, m, d.min_num_params) != FG_OK)
+        return fg_error_wrap(FG_ENOMEM, "%s setup", fg_strategy_kind_name(s->kind));
+    z->wrap = (fg_module_wrap){.pre_forward = pre_forward,
+                               .post_forward = post_forward,
+                               .pre_backward = pre_backward,
+                               .post_backward = post_backward,
+                               .zero_grad = zero_grad,
+                               .detach = detach_model,
+                               .ud = z};
+    fg__module_set_wrap(m, &z->wrap, z->mods, z->nunits);
+    for (int k = 0; k < z->nunits; k++) z->units[k].state = GATHERED;
+    z->gathered = z->numel - (z->hi - z->lo);
+    return FG_OK;
+}
+
+void fg__zero3_start(fg_strategy *s) {
+    fg_zero3_state *z = s->zero3;
+    (void)release_all(z); /* nothing in flight: nothing to wait for or fail */
+    z->peak_gathered = 0;
+    zero_grad(z);
+}
+
+fg_ddp_reducer_opts fg__zero3_reducer_opts(fg_strategy *s, fg_ddp_reducer_opts ro,
+                                           const fg_sharded_opts *o) {
+    fg_zero3_state *z = s->zero3;
+    ro.reduced = reduced;
+    ro.reduced_ud = z;
+    /* without a bucket size, one bucket per unit or so: each unit's
+     * gradient is released soon after its backward */
+    if (!o || !o->reduce_bucket_size) {
+        fg_module *m = s->model;
+        int n = 0;
+        collect_units(m, o ? o->min_num_params : 0, NULL, &n);
+        int64_t numel = fg_module_numel(m), each = n ? numel / (n + 1) : numel;
+        double mb = (double)FG_MAX(each, 1) * (double)fg_dtype_size(fg_module_dtype(m)) / 1048576.0;
+        if (mb < ro.bucket_cap_mb) ro.bucket_cap_mb = ro.first_bucket_mb = mb;
+    }
+    return ro;
+}
+
+fg_status fg__zero3_backward(fg_strategy *s, fg_tensor *loss) {
+    fg_zero3_state *z = s->zero3;
+    if (z->summoned) FG_TRY(fg__zero3_release_all(s)); /* the hooks take over again */
+    z->grad_released = z->numel;
+    fg_status st = fg_ddp_reducer_backward(s->reducer, loss, s->sync);
+    fg_status rs = release_all(z);
+    if (st == FG_OK) st = rs;
+    if (st == FG_OK && s->sync && z->replicas && fg_comm_size(z->replicas) > 1) {
+        char *g = z->gbase + (size_t)z->lo * z->es;
+        st = fg_comm_allreduce(z->replicas, g, g, z->hi - z->lo, z->dt, FG_AVG);
+        if (st != FG_OK)
+            st = fg_error_wrap(st, "fsdp HYBRID_SHARD: averaging the gradient shard over the "
+                                   "replica groups");
+    }
+    return st;
+}
+
+void fg__zero3_free(fg_strategy *s) {
+    fg_zero3_state *z = s->zero3;
+    if (!z) return;
+    if (z->units) {
+        for (int k = 0; k < z->nunits; k++) (void)finish(z, &z->units[k]);
+        /* the model goes on whole: every rank gathers what it released */
+    }
+    if (z->mods && !z->model_gone) fg__module_set_wrap(s->model, NULL, NULL, 0);
+    for (int k = 0; z->units && k < z->nunits; k++) {
+        fg_free(z->units[k].r);
+        fg_free(z->units[k].reqs);
+    }
+    fg_free(z->units);
+    fg_free(z->mods);
+    fg_comm_free(z->own_group);
+    fg_comm_free(z->replicas);
+    fg_free(z);
+    s->zero3 = NULL;
+}
+
+int64_t fg__zero3_peak_gathered(const fg_strategy *s) {
+    return s->zero3 ? s->zero3->peak_gathered : 0;
+}
+
+int fg__zero3_num_units(const fg_strategy *s) { return s->zero3 ? s->zero3->nunits : 0; }
+
+fg_status fg__zero3_gather_all(fg_strategy *s) {
+    fg_zero3_state *z = s->zero3;
+    for (int k = 0; k < z->nunits; k++) FG_TRY(ensure(z, k));
+    z->summoned = true;
+    return FG_OK;
+}
+
+fg_status fg__zero3_release_all(fg_strategy *s) {
+    s->zero3->summoned = false;
+    return release_all(s->zero3);
+}
