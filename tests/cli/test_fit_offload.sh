@@ -104,6 +104,17 @@ fits drop2-ac --devices 2 --strategy deepspeed_stage_2 --dropout 0.2 --activatio
 expect_rc "--activation-checkpointing with stage 2 + nvme on 2 ranks" 0 drop2-ac
 same_ckpt "activation checkpointing + nvme == plain stage 2, 2 ranks" drop2 drop2-ac
 
+# stage 3: the optimizer state of its shard on disk too; activation
+# checkpointing inside its units is refused by name, not skipped
+fits three --devices 2 --strategy deepspeed_stage_3
+fits three-nv --devices 2 --strategy deepspeed_stage_3 "${NVME[@]}"
+expect_rc "stage 3 + nvme offload on 2 ranks" 0 three-nv
+same_ckpt "stage 3 + nvme == stage 3, 2 ranks" three three-nv
+fits three-ac --devices 2 --strategy fsdp --activation-checkpointing
+expect_rc "--activation-checkpointing under FULL_SHARD" 2 three-ac
+expect_grep "names the strategy and what is built" three-ac \
+    'activation_checkpointing under strategy "fsdp" with its parameters sharded.*not built yet'
+
 # a path that is not there: the run fails at setup, naming it and the bytes
 fits gone --devices 1 --strategy deepspeed_stage_2 --offload-optimizer-device nvme \
     --nvme-path "$T_TMP/no-such-dir"
