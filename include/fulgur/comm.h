@@ -10,7 +10,11 @@
  *        shared-memory segment per group, chunked and pipelined
  *        reduce-scatter + allgather, deterministic results;
  *   mpi  Open MPI (when fulgur was built with it), the way across machines;
- *   nccl reserved for GPUs (not implemented yet: FG_EUNSUPPORTED).
+ *   nccl reserved for GPUs (not implemented yet: FG_EUNSUPPORTED);
+ *   hybrid shm among the ranks of a node and mpi among nodes (reduce-scatter
+ *        inside the node, allreduce of each shard across nodes, all-gather
+ *        inside the node), chosen by auto under mpirun when the job spans
+ *        several nodes with several ranks on each.
  *
  * Ranks find each other through the environment (fg_cluster_detect): fulgur's
  * own FULGUR_* variables, torchrun's, Open MPI's or SLURM's, so that a program
@@ -97,6 +101,7 @@ typedef enum fg_comm_backend_kind {
     FG_COMM_SHM,
     FG_COMM_MPI,
     FG_COMM_NCCL,
+    FG_COMM_HYBRID, /* shm inside each node, mpi across nodes */
     FG_COMM_BACKEND_COUNT
 } fg_comm_backend_kind;
 
@@ -112,10 +117,12 @@ typedef struct fg_comm_opts {
  *   opts: NULL = defaults.
  * Returns the communicator, owned by the caller (fg_comm_free), or NULL on
  * failure (fg_last_error, fg_last_status).
- * Backend auto: FULGUR_BACKEND (auto|shm|mpi|nccl) if set; else mpi when
- * launched by mpirun (info->source "openmpi") and fulgur was built with MPI;
- * else shm when num_nodes == 1; else FG_EUNSUPPORTED (across machines needs
- * the mpi backend: launch with mpirun).
+ * Backend auto: FULGUR_BACKEND (auto|shm|mpi|hybrid|nccl) if set; else, when
+ * launched by mpirun (info->source "openmpi") and fulgur was built with MPI,
+ * hybrid when num_nodes > 1 and local_world_size > 1, else mpi; else shm
+ * when num_nodes == 1; else FG_EUNSUPPORTED, naming the command that starts
+ * the job across machines (fulgur run --hosts). hybrid without mpirun runs
+ * its inter-node level on shm: nodes simulated on one machine (tests).
  * shm: ranks meet at a rendezvous point named after the uid, the job
  * (job_id and master_port, whichever are set, else "default") and the group: local rank 0
  * creates the group's shared-memory segment and hands it to the others, who
@@ -163,9 +170,9 @@ FG_API int fg_comm_local_rank(const fg_comm *c);
 FG_API int fg_comm_local_size(const fg_comm *c);
 FG_API int fg_comm_node_rank(const fg_comm *c);
 FG_API int fg_comm_num_nodes(const fg_comm *c);
-FG_API const char *fg_comm_backend_name(const fg_comm *c); /* "shm", "mpi", "nccl" */
-/* Whether this build of fulgur has the backend (shm always; mpi when built
- * with Open MPI; nccl not yet). Thread-safe. */
+FG_API const char *fg_comm_backend_name(const fg_comm *c); /* "shm", "mpi", "hybrid", "nccl" */
+/* Whether this build of fulgur has the backend (shm and hybrid always; mpi
+ * when built with Open MPI; nccl not yet). Thread-safe. */
 FG_API bool fg_comm_backend_built(fg_comm_backend_kind kind);
 FG_API const char *fg_reduce_op_name(fg_reduce_op op); /* "sum", ...; "?" if invalid */
 

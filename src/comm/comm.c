@@ -65,10 +65,51 @@ static const struct {
     [FG_COMM_MPI] = {"mpi", NULL},
 #endif
     [FG_COMM_NCCL] = {"nccl", NULL},
+    [FG_COMM_HYBRID] = {"hybrid", &fg__comm_hybrid_backend},
 };
 
 bool fg_comm_backend_built(fg_comm_backend_kind kind) {
     return (int)kind > 0 && kind < FG_COMM_BACKEND_COUNT && k_backends[kind].be != NULL;
+}
+
+/* The command line of this process, quoted for a shell where needed (at
+ * most cap bytes; "PROGRAM" when it cannot be read). */
+static void this_command(char *out, size_t cap) {
+    snprintf(out, cap, "PROGRAM");
+    FILE *f = fopen("/proc/self/cmdline", "rb");
+    if (!f) return;
+    char raw[1024];
+    size_t n = fread(raw, 1, sizeof raw - 1, f);
+    fclose(f);
+    if (!n) return;
+    raw[n] = 0;
+    size_t k = 0;
+    out[0] = 0;
+    for (size_t i = 0; i < n && k + 4 < cap; i += strlen(raw + i) + 1) {
+        const char *w = raw + i;
+        bool plain = *w != 0;
+        for (const char *q = w; *q; q++)
+            plain &= (*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') ||
+                     (*q >= '0' && *q <= '9') || strchr("-_./=:,+@%", *q) != NULL;
+        k += (size_t)snprintf(out + k, cap - k, plain ? "%s%s" : "%s'%s'", k ? " " : "", w);
+    }
+    if (k >= cap) snprintf(out + cap - 4, 4, "...");
+}
+
+/* What to run instead when ranks on several machines have no Open MPI. */
+static fg_status across_machines(const fg_cluster_info *info, const char *why) {
+    char cmd[600], hosts[200];
+    this_command(cmd, sizeof cmd);
+    const char *a0 = info->master_addr[0] ? info->master_addr : "HOST0";
+    int per = info->local_world_size;
+    snprintf(hosts, sizeof hosts, info->num_nodes == 2 ? "%s:%d,HOST1:%d" : "%s:%d,HOST1:%d,...",
+             a0, per, per);
+    return fg_error(FG_EUNSUPPORTED,
+                    "num_nodes=%d: %s; fulgur moves data between machines through Open MPI (fulgur "
+                    "%s built with it), so start the job once, from one machine: fulgur run "
+                    "--hosts %s -- %s (HOST1 = node 1's host name)",
+                    info->num_nodes, why, k_backends[FG_COMM_MPI].be ? "is" : "was not", hosts,
+                    cmd);
 }
 
 static fg_status pick_backend(const fg_cluster_info *info, fg_comm_backend_kind want,
@@ -81,28 +122,25 @@ static fg_status pick_backend(const fg_cluster_info *info, fg_comm_backend_kind 
         for (int i = 0; i < FG_COMM_BACKEND_COUNT; i++)
             if (!strcmp(env, k_backends[i].name)) k = i;
         if (k < 0)
-            return fg_error(FG_EINVAL, "FULGUR_BACKEND=\"%s\": expected auto, shm, mpi or nccl",
-                            env);
+            return fg_error(FG_EINVAL,
+                            "FULGUR_BACKEND=\"%s\": expected auto, shm, mpi, hybrid or nccl", env);
         want = (fg_comm_backend_kind)k;
     }
+    bool mpirun = info->source && !strcmp(info->source, "openmpi");
     if (want == FG_COMM_AUTO) {
-        bool mpirun = info->source && !strcmp(info->source, "openmpi");
-        if (mpirun && k_backends[FG_COMM_MPI].be) want = FG_COMM_MPI;
+        if (mpirun && k_backends[FG_COMM_MPI].be)
+            want = info->num_nodes > 1 && info->local_world_size > 1 ? FG_COMM_HYBRID : FG_COMM_MPI;
         else if (info->num_nodes == 1) want = FG_COMM_SHM;
-        else
-            return fg_error(FG_EUNSUPPORTED,
-                            "num_nodes=%d: across machines fulgur needs the mpi backend: launch "
-                            "with mpirun (fulgur %s built with Open MPI)",
-                            info->num_nodes, k_backends[FG_COMM_MPI].be ? "is" : "was not");
+        else return across_machines(info, "this process was not started by mpirun");
     }
     if (want == FG_COMM_SHM && info->num_nodes > 1)
-        return fg_error(FG_EUNSUPPORTED,
-                        "backend shm works on one machine only, but num_nodes=%d: use the mpi "
-                        "backend (launch with mpirun)",
-                        info->num_nodes);
+        return across_machines(info, "backend shm works on one machine only");
+    if (want == FG_COMM_MPI && !mpirun && k_backends[FG_COMM_MPI].be && info->num_nodes > 1)
+        return across_machines(info, "backend mpi needs the ranks started by mpirun");
     if (!k_backends[want].be) {
         if (want == FG_COMM_NCCL)
-            return fg_error(FG_EUNSUPPORTED, "backend nccl is not implemented yet: use shm or mpi");
+            return fg_error(FG_EUNSUPPORTED,
+                            "backend nccl is not implemented yet: use shm, mpi or hybrid");
         return fg_error(FG_EUNSUPPORTED,
                         "backend mpi: fulgur was built without Open MPI (install libopenmpi-dev "
                         "openmpi-bin and rebuild)");

@@ -70,6 +70,7 @@ typedef struct fg_comm_backend {
 } fg_comm_backend;
 
 extern const fg_comm_backend fg__comm_shm_backend;
+extern const fg_comm_backend fg__comm_hybrid_backend;
 #ifdef FULGUR_HAVE_MPI
 extern const fg_comm_backend fg__comm_mpi_backend;
 #endif

@@ -427,8 +427,10 @@ static void shm_destroy(fg_comm *c) {
 static void shm_abort(fg_comm *c) {
     shm_state *s = c->impl;
     if (!s) return;
-    char msg[64];
-    snprintf(msg, sizeof msg, "rank %d aborted the group (fg_comm_abort)", s->me);
+    char msg[400];
+    if (c->abort_why[0])
+        snprintf(msg, sizeof msg, "rank %d aborted the group: %s", s->me, c->abort_why);
+    else snprintf(msg, sizeof msg, "rank %d aborted the group (fg_comm_abort)", s->me);
     if (!fg__shm_publish_abort(s, FG_EPEER, NULL, 0, msg)) fg__shm_wake_everyone(s);
 }
 

@@ -213,6 +213,7 @@ TEST(backend_choice) {
     CHECK(fg_comm_new(&two_nodes, NULL) == NULL);
     CHECK(fg_last_status() == FG_EUNSUPPORTED);
     CHECK_CONTAINS(fg_last_error(), "mpirun");
+    CHECK_CONTAINS(fg_last_error(), "fulgur run --hosts HOST0:1,HOST1:1 -- ");
     fg_comm_opts shm = {.backend = FG_COMM_SHM};
     CHECK(fg_comm_new(&two_nodes, &shm) == NULL);
     CHECK(fg_last_status() == FG_EUNSUPPORTED);
@@ -224,6 +225,7 @@ TEST(backend_choice) {
     CHECK_CONTAINS(fg_last_error(), "FULGUR_COMM_TIMEOUT_S");
     clear_env();
     CHECK(fg_comm_backend_built(FG_COMM_SHM) && !fg_comm_backend_built(FG_COMM_NCCL));
+    CHECK(fg_comm_backend_built(FG_COMM_HYBRID));
     CHECK(!fg_comm_backend_built(FG_COMM_AUTO) && !fg_comm_backend_built((fg_comm_backend_kind)42));
 }
 

@@ -1,0 +1,437 @@
+/* The hybrid backend: shm among the ranks of a node, Open MPI among nodes.
+ *
+ * A hybrid communicator holds three others: `base`, the whole group on the
+ * flat backend (mpi under mpirun; shm when the nodes are simulated on one
+ * machine through the environment, as the tests do); `intra`, the ranks of
+ * this node on shm; and `inter`, the ranks with this rank's local index on
+ * every node (one per node, ordered by node), split from base.
+ *
+ *   allreduce       reduce-scatter inside the node, allreduce of each shard
+ *                   across nodes (local rank l carries shard l), all-gather
+ *                   inside the node; small buffers: allreduce inside the
+ *                   node, then across nodes (every local rank at once)
+ *   reduce_scatter  inside the node, then across nodes (blocks permuted so
+ *                   that local rank l holds the blocks of every node's l-th
+ *                   rank)
+ *   allgather       across nodes, then inside the node (permuted back)
+ *   broadcast       across nodes among the root's local index, then inside
+ *                   each node from it
+ *   the rest        (allgatherv, reduce, barrier, alltoall, send, recv) on base
+ *
+ * Reductions: sums are summed inside the node first, so a floating-point
+ * sum associates differently from the flat backends' (bitwise equal where
+ * the partial sums are exact: integers, min, max, exact data); the result is
+ * still the same on every rank and from run to run. avg is a sum divided by
+ * the group size once at the end; bf16 and f16 go through f32 so that they
+ * round once, as on the flat backends.
+ *
+ * Hierarchy needs every node to hold the same number of ranks, more than
+ * one node and more than one rank per node; otherwise (and in sub-groups
+ * made by fg_comm_split) every operation runs on base. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm_impl.h"
+
+typedef struct hybrid_state {
+    fg_comm *base, *intra, *inter;
+    bool flat;           /* everything on base */
+    int nodes, per;      /* N nodes x L ranks per node */
+    int *wr;             /* world rank of (node k, local l) at [k * per + l] */
+    int64_t scatter_min; /* allreduce of fewer bytes skips the scatter */
+} hybrid_state;
+
+/* FULGUR_HYBRID_SCATTER_BYTES: an allreduce of at least this many bytes
+ * runs as reduce-scatter / allreduce / all-gather; smaller ones as two
+ * allreduces (default 64 KiB). */
+#define DEFAULT_SCATTER_MIN (64 << 10)
+
+/* A level failed: the hybrid group is broken, and the other levels are
+ * aborted with the reason so that ranks waiting there learn it at once
+ * (rather than at the timeout). */
+static fg_status sub_fail(fg_comm *c, const fg_comm_args *a, fg_status st, const char *level) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", fg_last_error());
+    st = fg__comm_fail(c, a, st, "%s: %s", level, why);
+    hybrid_state *h = c->impl;
+    char reason[256];
+    snprintf(reason, sizeof reason, "%s", fg_last_error());
+    fg_comm *subs[3] = {h->intra, h->inter, h->base};
+    for (int i = 0; i < 3; i++)
+        if (subs[i]) fg_comm_abort_reason(subs[i], reason);
+    fg_error(st, "%s", reason);
+    return st;
+}
+
+static const char *intra_name(const fg_comm *c) {
+    static _Thread_local char buf[64];
+    snprintf(buf, sizeof buf, "inside node %d (shm)", c->node_rank);
+    return buf;
+}
+
+static const char *inter_name(const fg_comm *c) {
+    static _Thread_local char buf[64];
+    snprintf(buf, sizeof buf, "across nodes, local rank %d", c->local_rank);
+    return buf;
+}
+
+#define INTRA(c, a, call)                                                                          \
+    do {                                                                                           \
+        fg_status st_ = (call);                                                                    \
+        if (st_ != FG_OK) return sub_fail(c, a, st_, intra_name(c));                               \
+    } while (0)
+#define INTER(c, a, call)                                                                          \
+    do {                                                                                           \
+        fg_status st_ = (call);                                                                    \
+        if (st_ != FG_OK) return sub_fail(c, a, st_, inter_name(c));                               \
+    } while (0)
+#define BASE(c, a, call)                                                                           \
+    do {                                                                                           \
+        fg_status st_ = (call);                                                                    \
+        if (st_ != FG_OK) return sub_fail(c, a, st_, "flat");                                      \
+    } while (0)
+
+static bool is_half(fg_dtype dt) { return dt == FG_BF16 || dt == FG_F16; }
+
+static void divide(fg_dtype dt, void *buf, int64_t n, int size) {
+    const void *src[1] = {buf};
+    fg__reduce(dt, FG_AVG, buf, NULL, src, 1, n, size);
+}
+
+/* ------------------------------------------------------------ allreduce */
+
+/* The hierarchical allreduce in place on buf (a sum, min, max or prod in a
+ * dtype that needs no widening). */
+static fg_status allreduce_levels(fg_comm *c, const fg_comm_args *a, void *buf, int64_t n,
+                                  fg_dtype dt, fg_reduce_op op) {
+    hybrid_state *h = c->impl;
+    size_t esz = fg_dtype_size(dt);
+    int L = h->per, l = c->local_rank;
+    int64_t b = n / L;
+    if ((int64_t)esz * n < h->scatter_min || b == 0) {
+        INTRA(c, a, fg_comm_allreduce(h->intra, buf, buf, n, dt, op));
+        INTER(c, a, fg_comm_allreduce(h->inter, buf, buf, n, dt, op));
+        return FG_OK;
+    }
+    char *p = buf;
+    char *mine = p + (size_t)(l * b) * esz;
+    INTRA(c, a, fg_comm_reduce_scatter(h->intra, p, mine, b, dt, op));
+    INTER(c, a, fg_comm_allreduce(h->inter, mine, mine, b, dt, op));
+    INTRA(c, a, fg_comm_allgather(h->intra, mine, p, b, dt));
+    int64_t rest = n - b * L;
+    if (rest) {
+        char *tail = p + (size_t)(b * L) * esz;
+        INTRA(c, a, fg_comm_allreduce(h->intra, tail, tail, rest, dt, op));
+        INTER(c, a, fg_comm_allreduce(h->inter, tail, tail, rest, dt, op));
+    }
+    return FG_OK;
+}
+
+static fg_status hy_allreduce(fg_comm *c, const fg_comm_args *a) {
+    hybrid_state *h = c->impl;
+    if (h->flat) {
+        BASE(c, a, fg_comm_allreduce(h->base, a->send, a->recv, a->count, a->dt, a->rop));
+        return FG_OK;
+    }
+    fg_reduce_op op = a->rop == FG_AVG ? FG_SUM : a->rop;
+    if (is_half(a->dt)) {
+        float *tmp = fg_alloc((size_t)a->count * sizeof(float));
+        if (!tmp) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory for the f32 copy");
+        fg_convert(tmp, FG_F32, a->send, a->dt, a->count);
+        fg_status st = allreduce_levels(c, a, tmp, a->count, FG_F32, op);
+        if (st == FG_OK) {
+            if (a->rop == FG_AVG) divide(FG_F32, tmp, a->count, c->size);
+            fg_convert(a->recv, a->dt, tmp, FG_F32, a->count);
+        }
+        fg_free(tmp);
+        return st;
+    }
+    if (a->send != a->recv) memcpy(a->recv, a->send, (size_t)a->count * fg_dtype_size(a->dt));
+    FG_TRY(allreduce_levels(c, a, a->recv, a->count, a->dt, op));
+    if (a->rop == FG_AVG) divide(a->dt, a->recv, a->count, c->size);
+    return FG_OK;
+}
+
+/* ------------------------------------------------------- reduce_scatter */
+
+static fg_status hy_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
+    hybrid_state *h = c->impl;
+    if (h->flat) {
+        BASE(c, a, fg_comm_reduce_scatter(h->base, a->send, a->recv, a->count, a->dt, a->rop));
+        return FG_OK;
+    }
+    int N = h->nodes, L = h->per, l = c->local_rank, k = c->node_rank;
+    int64_t m = a->count;
+    fg_dtype dt = is_half(a->dt) ? FG_F32 : a->dt;
+    size_t esz = fg_dtype_size(dt), isz = fg_dtype_size(a->dt);
+    fg_reduce_op op = a->rop == FG_AVG ? FG_SUM : a->rop;
+    /* [l][k][m]: the blocks local rank l ends with, node by node */
+    char *tmp = fg_alloc((size_t)(m * c->size) * esz + 1);
+    if (!tmp) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory for the staging buffer");
+    for (int kk = 0; kk < N; kk++)
+        for (int ll = 0; ll < L; ll++) {
+            const char *src = (const char *)a->send + (size_t)(h->wr[kk * L + ll] * m) * isz;
+            char *dst = tmp + (size_t)((ll * N + kk) * m) * esz;
+            if (dt != a->dt) fg_convert(dst, dt, src, a->dt, m);
+            else memcpy(dst, src, (size_t)m * esz);
+        }
+    fg_status st = FG_OK;
+    char *mine = tmp + (size_t)(l * N * m) * esz;
+    char *out = mine + (size_t)(k * m) * esz;
+    st = fg_comm_reduce_scatter(h->intra, tmp, mine, N * m, dt, op);
+    if (st != FG_OK) st = sub_fail(c, a, st, intra_name(c));
+    if (st == FG_OK && (st = fg_comm_reduce_scatter(h->inter, mine, out, m, dt, op)) != FG_OK)
+        st = sub_fail(c, a, st, inter_name(c));
+    if (st == FG_OK) {
+        if (a->rop == FG_AVG) divide(dt, out, m, c->size);
+        if (dt != a->dt) fg_convert(a->recv, a->dt, out, dt, m);
+        else memcpy(a->recv, out, (size_t)m * esz);
+    }
+    fg_free(tmp);
+    return st;
+}
+
+/* ------------------------------------------------------------ allgather */
+
+static fg_status hy_allgather(fg_comm *c, const fg_comm_args *a) {
+    hybrid_state *h = c->impl;
+    if (h->flat) {
+        BASE(c, a, fg_comm_allgather(h->base, a->send, a->recv, a->count, a->dt));
+        return FG_OK;
+    }
+    int N = h->nodes, L = h->per, l = c->local_rank;
+    int64_t m = a->count;
+    size_t esz = fg_dtype_size(a->dt);
+    /* [l][k][m], then into rank order */
+    char *tmp = fg_alloc((size_t)(m * c->size) * esz + 1);
+    if (!tmp) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory for the staging buffer");
+    char *mine = tmp + (size_t)(l * N * m) * esz;
+    fg_status st = fg_comm_allgather(h->inter, a->send, mine, m, a->dt);
+    if (st != FG_OK) st = sub_fail(c, a, st, inter_name(c));
+    if (st == FG_OK && (st = fg_comm_allgather(h->intra, mine, tmp, N * m, a->dt)) != FG_OK)
+        st = sub_fail(c, a, st, intra_name(c));
+    if (st == FG_OK)
+        for (int kk = 0; kk < N; kk++)
+            for (int ll = 0; ll < L; ll++)
+                memcpy((char *)a->recv + (size_t)(h->wr[kk * L + ll] * m) * esz,
+                       tmp + (size_t)((ll * N + kk) * m) * esz, (size_t)m * esz);
+    fg_free(tmp);
+    return st;
+}
+
+/* ------------------------------------------------------------ broadcast */
+
+static fg_status hy_broadcast(fg_comm *c, const fg_comm_args *a) {
+    hybrid_state *h = c->impl;
+    if (h->flat) {
+        BASE(c, a, fg_comm_broadcast(h->base, a->send, a->recv, a->count, a->dt, a->root));
+        return FG_OK;
+    }
+    int rk = c->node_of[a->root], rl = 0;
+    for (int i = 0; i < a->root; i++) rl += c->node_of[i] == rk;
+    if (c->rank == a->root && a->send != a->recv)
+        memcpy(a->recv, a->send, (size_t)a->count * fg_dtype_size(a->dt));
+    if (c->local_rank == rl)
+        INTER(c, a, fg_comm_broadcast(h->inter, a->recv, a->recv, a->count, a->dt, rk));
+    INTRA(c, a, fg_comm_broadcast(h->intra, a->recv, a->recv, a->count, a->dt, rl));
+    return FG_OK;
+}
+
+/* ------------------------------------------------------- on base alone */
+
+static fg_status hy_allgatherv(fg_comm *c, const fg_comm_args *a) {
+    hybrid_state *h = c->impl;
+    BASE(c, a,
+         fg_comm_allgatherv(h->base, a->send, a->count, a->recv, a->counts, a->displs, a->dt));
+    return FG_OK;
+}
+
+static fg_status hy_reduce(fg_comm *c, const fg_comm_args *a) {
+    hybrid_state *h = c->impl;
+    BASE(c, a, fg_comm_reduce(h->base, a->send, a->recv, a->count, a->dt, a->rop, a->root));
+    return FG_OK;
+}
+
+static fg_status hy_barrier(fg_comm *c, const fg_comm_args *a) {
+    hybrid_state *h = c->impl;
+    BASE(c, a, fg_comm_barrier(h->base));
+    return FG_OK;
+}
+
+static fg_status hy_alltoall(fg_comm *c, const fg_comm_args *a) {
+    hybrid_state *h = c->impl;
+    BASE(c, a, fg_comm_alltoall(h->base, a->send, a->recv, a->count, a->dt));
+    return FG_OK;
+}
+
+static fg_status hy_send(fg_comm *c, const fg_comm_args *a) {
+    hybrid_state *h = c->impl;
+    BASE(c, a, fg_comm_send(h->base, a->send, a->count, a->dt, a->root));
+    return FG_OK;
+}
+
+static fg_status hy_recv(fg_comm *c, const fg_comm_args *a) {
+    hybrid_state *h = c->impl;
+    BASE(c, a, fg_comm_recv(h->base, a->recv, a->count, a->dt, a->root));
+    return FG_OK;
+}
+
+/* -------------------------------------------------------- construction */
+
+static void state_free(hybrid_state *h) {
+    if (!h) return;
+    fg_comm_free(h->intra);
+    fg_comm_free(h->inter);
+    fg_comm_free(h->base);
+    fg_free(h->wr);
+    fg_free(h);
+}
+
+/* Fills the node layout of c from node_of (one entry per rank) and decides
+ * whether the hierarchy applies. */
+static fg_status layout(fg_comm *c, hybrid_state *h, const int *node_of) {
+    int n = c->size, nodes = 0;
+    for (int i = 0; i < n; i++) nodes = FG_MAX(nodes, node_of[i] + 1);
+    int *count = fg_calloc((size_t)nodes, sizeof(int));
+    if (!count) return FG_ENOMEM;
+    for (int i = 0; i < n; i++) {
+        c->node_of[i] = node_of[i];
+        count[node_of[i]]++;
+    }
+    bool uniform = true;
+    for (int k = 0; k < nodes; k++) uniform &= count[k] == count[0];
+    int per = count[0];
+    c->num_nodes = nodes;
+    c->node_rank = node_of[c->rank];
+    c->local_size = count[c->node_rank];
+    c->local_rank = 0;
+    for (int i = 0; i < c->rank; i++) c->local_rank += node_of[i] == c->node_rank;
+    fg_free(count);
+    h->nodes = nodes;
+    h->per = per;
+    h->flat = !uniform || nodes < 2 || per < 2;
+    if (h->flat) return FG_OK;
+    h->wr = fg_alloc(sizeof(int) * (size_t)n);
+    if (!h->wr) return FG_ENOMEM;
+    int *seen = fg_calloc((size_t)nodes, sizeof(int));
+    if (!seen) return FG_ENOMEM;
+    for (int i = 0; i < n; i++) {
+        int k = node_of[i];
+        h->wr[k * per + seen[k]++] = i;
+    }
+    fg_free(seen);
+    return FG_OK;
+}
+
+static fg_status hy_init(fg_comm *c, const fg_cluster_info *info) {
+    hybrid_state *h = fg_calloc(1, sizeof *h);
+    if (!h) return FG_ENOMEM;
+    long smin;
+    fg_status st = fg__env_int("FULGUR_HYBRID_SCATTER_BYTES", DEFAULT_SCATTER_MIN, &smin);
+    if (st != FG_OK) goto fail;
+    h->scatter_min = smin < 0 ? 0 : smin;
+    fg_comm_opts sub = {.timeout_s = c->timeout_s, .check = -1};
+    bool mpirun = info->source && !strcmp(info->source, "openmpi");
+    int *node_of = NULL;
+    if (mpirun && fg_comm_backend_built(FG_COMM_MPI)) {
+        /* Open MPI knows which ranks share a machine */
+        sub.backend = FG_COMM_MPI;
+        h->base = fg_comm_new(info, &sub);
+        if (!h->base) {
+            st = fg_last_status();
+            goto fail;
+        }
+        node_of = h->base->node_of;
+    } else {
+        /* nodes simulated on one machine: the inter-node level is shm too */
+        fg_cluster_info one = *info;
+        one.local_rank = info->rank;
+        one.local_world_size = info->world_size;
+        one.node_rank = 0;
+        one.num_nodes = 1;
+        sub.backend = FG_COMM_SHM;
+        h->base = fg_comm_new(&one, &sub);
+        if (!h->base) {
+            st = fg_last_status();
+            goto fail;
+        }
+        node_of = c->node_of; /* from the environment's layout (comm.c) */
+    }
+    c->no_async = h->base->no_async;
+    if ((st = layout(c, h, node_of)) != FG_OK) goto fail;
+    if (!h->flat) {
+        if ((st = fg_comm_split(h->base, c->local_rank, c->node_rank, &h->inter)) != FG_OK)
+            goto fail;
+        fg_cluster_info node = {.rank = c->local_rank,
+                                .world_size = c->local_size,
+                                .local_rank = c->local_rank,
+                                .local_world_size = c->local_size,
+                                .node_rank = 0,
+                                .num_nodes = 1,
+                                .master_port = info->master_port,
+                                .source = "hybrid"};
+        snprintf(node.job_id, sizeof node.job_id, "%s.n%d", c->job_key, c->node_rank);
+        sub.backend = FG_COMM_SHM;
+        h->intra = fg_comm_new(&node, &sub);
+        if (!h->intra) {
+            st = fg_error_wrap(fg_last_status(), "hybrid: the shm group inside node %d",
+                               c->node_rank);
+            goto fail;
+        }
+    }
+    c->impl = h;
+    return FG_OK;
+fail:
+    state_free(h);
+    return st;
+}
+
+/* Sub-groups are flat: a split of base. */
+static fg_status hy_split(fg_comm *parent, fg_comm *child, int color, int key) {
+    hybrid_state *ph = parent->impl;
+    fg_comm *cb = NULL;
+    FG_TRY(fg_comm_split(ph->base, child ? color : FG_COMM_SPLIT_NONE, key, &cb));
+    if (!child) return FG_OK;
+    hybrid_state *h = fg_calloc(1, sizeof *h);
+    if (!h) {
+        fg_comm_free(cb);
+        return FG_ENOMEM;
+    }
+    h->base = cb;
+    h->flat = true;
+    child->impl = h;
+    child->no_async = parent->no_async;
+    return FG_OK;
+}
+
+static void hy_destroy(fg_comm *c) {
+    state_free(c->impl);
+    c->impl = NULL;
+}
+
+static void hy_abort(fg_comm *c) {
+    hybrid_state *h = c->impl;
+    if (!h) return;
+    if (h->intra) fg_comm_abort_reason(h->intra, c->abort_why[0] ? c->abort_why : NULL);
+    if (h->inter) fg_comm_abort_reason(h->inter, c->abort_why[0] ? c->abort_why : NULL);
+    fg_comm_abort_reason(h->base, c->abort_why[0] ? c->abort_why : NULL);
+}
+
+const fg_comm_backend fg__comm_hybrid_backend = {
+    .name = "hybrid",
+    .init = hy_init,
+    .split = hy_split,
+    .destroy = hy_destroy,
+    .abort = hy_abort,
+    .allreduce = hy_allreduce,
+    .reduce_scatter = hy_reduce_scatter,
+    .allgather = hy_allgather,
+    .allgatherv = hy_allgatherv,
+    .broadcast = hy_broadcast,
+    .reduce = hy_reduce,
+    .barrier = hy_barrier,
+    .alltoall = hy_alltoall,
+    .send = hy_send,
+    .recv = hy_recv,
+};
