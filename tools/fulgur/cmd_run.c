@@ -22,10 +22,13 @@
 
 #include "cli.h"
 #include "cli_flags.h"
+#include "run_hosts.h"
 
 static const char *const k_usage =
     "fulgur run [--nproc-per-node N] [--nnodes N --node-rank R --master-addr A --master-port P] "
-    "[--max-restarts K] [--] PROGRAM [ARGS...]";
+    "[--max-restarts K] [--] PROGRAM [ARGS...]\n"
+    "       fulgur run --hosts HOST:N,HOST:N,... [--rsh-agent CMD] [--network NET] [--dry-run] "
+    "[--] PROGRAM [ARGS...]";
 
 /* --------------------------------------------------- signal forwarding */
 
@@ -75,7 +78,8 @@ static char *dashed(const char *a) {
 }
 
 static bool is_bool_flag(const char *a) {
-    return !strcmp(a, "--standalone") || !strcmp(a, "--help") || !strcmp(a, "-h");
+    return !strcmp(a, "--standalone") || !strcmp(a, "--help") || !strcmp(a, "-h") ||
+           !strcmp(a, "--dry-run");
 }
 
 /* "4" or "auto"/"cpu" (the CPU devices here) into *n; false on junk. */
@@ -97,7 +101,12 @@ static void more_help(void) {
            "MASTER_ADDR, MASTER_PORT; global rank = node rank x nproc-per-node + local rank.\n"
            "OMP_NUM_THREADS is set to cores / nproc-per-node (or FULGUR_NUM_THREADS) unless\n"
            "already set. Each rank is its own process group and dies if fulgur run dies.\n"
-           "Several machines: run the same command on each with its --node-rank.\n"
+           "Several machines: --hosts h1:2,h2:2 starts the whole job from this machine\n"
+           "through Open MPI's mpirun (and its remote agent, ssh unless --rsh-agent), with\n"
+           "the flags it needs; the ranks of a host are consecutive, shm moves data inside a\n"
+           "host and Open MPI between hosts. Started by hand on each machine (--nnodes,\n"
+           "--node-rank), the ranks have no way to reach the other machines and refuse to\n"
+           "start, naming the --hosts command to use instead.\n"
            "\n"
            "SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGUSR1 are forwarded to every rank; a rank\n"
            "still running --grace seconds after one of the first four gets SIGKILL. When a\n"
@@ -116,11 +125,34 @@ static void more_help(void) {
 /* Runs the command once the flags (fa[1..split), dashed) are split from
  * the program (argv[split..]). */
 static int run_flags(int argc, char **argv, int split, char **fa) {
-    const char *nproc_s, *nnodes_s, *addr, *job_id;
+    const char *nproc_s, *nnodes_s, *addr, *job_id, *hosts, *rsh_agent, *network, *mpirun;
     int64_t node_rank, port, restarts;
     double grace;
-    bool standalone;
+    bool standalone, dry_run;
     cli_flag flags[] = {
+        {.name = "hosts",
+         .type = CLI_STR,
+         .dst = &hosts,
+         .help = "run across machines from here: HOST:N,HOST:N,... (N ranks on each; a HOST "
+                 "without :N gets --nproc-per-node) through Open MPI's mpirun"},
+        {.name = "rsh-agent",
+         .type = CLI_STR,
+         .dst = &rsh_agent,
+         .help = "with --hosts: the command that runs a command on another host (Open MPI's "
+                 "plm_rsh_agent) [default: ssh]"},
+        {.name = "network",
+         .type = CLI_STR,
+         .dst = &network,
+         .help = "with --hosts: the subnet (10.0.0.0/24) or interface Open MPI's traffic uses"},
+        {.name = "mpirun",
+         .type = CLI_STR,
+         .dst = &mpirun,
+         .def = "mpirun",
+         .help = "with --hosts: the mpirun to run"},
+        {.name = "dry-run",
+         .type = CLI_BOOL,
+         .dst = &dry_run,
+         .help = "with --hosts: print the mpirun command instead of running it"},
         {.name = "nproc-per-node",
          .type = CLI_STR,
          .dst = &nproc_s,
@@ -234,6 +266,26 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
     int prog = split < argc && !strcmp(argv[split], "--") ? split + 1 : split;
     if (prog >= argc) {
         cli_error("no program to run\nusage: %s", k_usage);
+        return FG_EXIT_USAGE;
+    }
+    if (hosts) {
+        if (nnodes > 1 || node_rank) {
+            cli_error("--hosts starts every machine's ranks from here: drop --nnodes and "
+                      "--node-rank");
+            return FG_EXIT_USAGE;
+        }
+        run_hosts_opts ho = {.hosts = hosts,
+                             .default_slots = (int)nproc,
+                             .mpirun = mpirun,
+                             .rsh_agent = rsh_agent,
+                             .network = network,
+                             .dry_run = dry_run};
+        return run_hosts(&ho, argv + prog);
+    }
+    if (rsh_agent || network || dry_run) {
+        cli_error("--%s goes with --hosts", rsh_agent ? "rsh-agent"
+                                            : network ? "network"
+                                                      : "dry-run");
         return FG_EXIT_USAGE;
     }
     if (nnodes > 1 && !port) port = 29500;

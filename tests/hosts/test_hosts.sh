@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# fulgur across machines, on test hosts made here (tests/hosts/hosts.sh:
+# network namespaces on a bridge, each with its own /dev/shm and host name,
+# Open MPI's rsh agent entering them), 2 hosts x 2 ranks:
+#   - fulgur run --hosts: the mpirun command it runs (also without root);
+#   - the collectives' correctness matrix through the hybrid backend (picked
+#     by itself: shm inside a host, Open MPI across) and through flat mpi;
+#   - fulgur fit --strategy ddp on the hosts ends with the parameters of the
+#     same run on one machine (4 ranks on shm), within 2e-6;
+#   - a host whose ranks are killed stops the job, and mpirun's message
+#     names the host.
+# Skipped, saying why, when not root or without ip/unshare/mpirun.
+source "$(dirname "$0")/../cli/lib.sh"
+source "$(dirname "$0")/hosts.sh"
+echo "test_hosts: fulgur across network-namespace hosts"
+
+# --- the mpirun command (no hosts needed)
+run dry env FULGUR_NUM_THREADS=1 FULGUR_RANK=3 "$FULGUR" run --hosts h1:2,h2 --nproc-per-node 3 \
+    --rsh-agent /x/agent --network 10.9.0.0/24 --dry-run -- prog --flag
+expect_rc "--hosts --dry-run" 0 dry
+expect_grep "--hosts: mpirun with the hosts and slots" dry '^mpirun .*--host h1:2,h2:3 -np 5 '
+expect_grep "--hosts: the flags the user would need" dry '--bind-to none --mca rtc_hwloc_vmhole none --mca plm_rsh_agent /x/agent --mca oob_tcp_if_include 10.9.0.0/24 --mca btl_tcp_if_include 10.9.0.0/24 '
+expect_grep "--hosts: FULGUR_ settings go to every host" dry ' -x FULGUR_NUM_THREADS .*prog --flag$'
+if grep -q 'FULGUR_RANK' "$T_TMP/dry"; then fail "--hosts passed the rank contract on"; else pass "--hosts leaves the rank contract to Open MPI"; fi
+run badh "$FULGUR" run --hosts "h1:x" prog
+expect_rc "--hosts with a bad count" 2 badh
+expect_grep "--hosts names the bad entry" badh 'h1:x'
+run badn "$FULGUR" run --hosts h1:2 --nnodes 2 prog
+expect_rc "--hosts with --nnodes" 2 badn
+
+# --- by hand on each machine: refused, naming the --hosts command
+run byhand env FULGUR_COMM_TIMEOUT_S=5 "$FULGUR" run --nproc-per-node 2 --nnodes 2 --node-rank 0 \
+    --master-addr 10.1.2.3 -- "$FULGUR" fit --model mlp --devices 2 --num-nodes 2 --strategy ddp \
+    --max-steps 1 --default-root-dir "$T_TMP/byhand"
+if [ "$RC" != 0 ]; then pass "a start by hand on 2 nodes is refused (exit $RC)"; else fail "a start by hand on 2 nodes ran"; fi
+expect_grep "the refusal gives the command that works" byhand 'fulgur run --hosts 10\.1\.2\.3:2,HOST1:2 -- .*fulgur fit --model mlp'
+
+if ! why=$(hosts_can); then
+    skip "network-namespace hosts: $why"
+    finish
+fi
+hosts_up 2 || { fail "could not make the hosts"; hosts_down; finish; }
+trap 'hosts_down; rm -rf "$T_TMP"' EXIT
+HRUN=("$FULGUR" run --hosts h1:2,h2:2 --rsh-agent "$HOSTS_AGENT" --network "$HOSTS_NET")
+export FULGUR_COMM_TIMEOUT_S=120
+
+# --- the correctness matrix across the hosts
+MX="$FG_BIN_DIR/mp_test_comm_mpi"
+if [ -x "$MX" ]; then
+    run mxh env FULGUR_TEST_MPI_CHILD=1023 FULGUR_TEST_MPI_WANT=hybrid timeout 600 "${HRUN[@]}" -- "$MX"
+    expect_rc "matrix on 2 hosts x 2 ranks, hybrid chosen by itself" 0 mxh
+    expect_grep "hybrid matrix: no wrong element" mxh 'hybrid world 4: [0-9]+ calls, 0 wrong elements, 0 errors'
+    run mxf env FULGUR_BACKEND=mpi FULGUR_TEST_MPI_CHILD=1023 FULGUR_TEST_MPI_WANT=mpi timeout 600 "${HRUN[@]}" -- "$MX"
+    expect_rc "matrix on 2 hosts x 2 ranks, flat mpi" 0 mxf
+    expect_grep "flat matrix: no wrong element" mxf 'mpi world 4: [0-9]+ calls, 0 wrong elements, 0 errors'
+else
+    skip "no $MX"
+fi
+
+# --- ddp across the hosts == ddp on one machine
+TXT="$T_TMP/tiny.txt"
+for i in $(seq 1 12); do
+    echo "to be or not to be, that is the question."
+    echo "whether tis nobler in the mind to suffer"
+done >"$TXT"
+FIT=(fit --model gpt --data "$TXT" --layers 1 --heads 2 --embd 32 --ctx 32 --batch-size 2
+     --lr 3e-3 --warmup-steps 2 --limit-val-batches 1 --progress lines --num-workers 0
+     --sample-tokens 0 --max-steps 8 --val-check-interval 8 --strategy ddp --seed 7)
+run one env FULGUR_CPU_DEVICES=4 "$FULGUR" "${FIT[@]}" --devices 4 --default-root-dir "$T_TMP/r-one"
+expect_rc "ddp on one machine, 4 ranks" 0 one
+run two timeout 600 "${HRUN[@]}" -- "$FULGUR" "${FIT[@]}" --devices 2 --num-nodes 2 \
+    --default-root-dir "$T_TMP/r-two"
+expect_rc "ddp on 2 hosts x 2 ranks" 0 two
+A=$(ls "$T_TMP"/r-one/checkpoints/step-*.safetensors 2>/dev/null | tail -1)
+B=$(ls "$T_TMP"/r-two/checkpoints/step-*.safetensors 2>/dev/null | tail -1)
+if [ -n "$A" ] && [ -n "$B" ]; then
+    d=$(python3 "$FG_SRC/tests/hosts/ckpt_diff.py" "$A" "$B")
+    worst=$(echo "$d" | awk '{print $2}')
+    if [ -n "$worst" ] && awk -v w="$worst" 'BEGIN { exit !(w <= 2e-6) }'; then
+        pass "ddp on the hosts ends within 2e-6 of one machine ($d)"
+    else
+        fail "ddp on the hosts vs one machine: $d"
+    fi
+else
+    fail "no checkpoints to compare (${A:-none}, ${B:-none})"
+fi
+
+# --- a host whose ranks die stops the job, named
+LONG=("${FIT[@]}")
+for i in "${!LONG[@]}"; do [ "${LONG[$i]}" = 8 ] && [ "${LONG[$((i-1))]}" = --max-steps ] && LONG[$i]=100000; done
+( "${HRUN[@]}" -- "$FULGUR" "${LONG[@]}" --devices 2 --num-nodes 2 \
+    --default-root-dir "$T_TMP/r-kill" >"$T_TMP/kill" 2>&1; echo $? >"$T_TMP/kill.rc" ) &
+# wait until both ranks of h2 train, then kill them
+for _ in $(seq 1 600); do
+    n=$(ip netns pids "${HOSTS_ID}h2" 2>/dev/null | xargs -r -I{} cat /proc/{}/comm 2>/dev/null | grep -c '^fulgur$')
+    [ "$n" -ge 2 ] && grep -q '^step' "$T_TMP/kill" && break
+    sleep 0.2
+done
+for p in $(ip netns pids "${HOSTS_ID}h2"); do
+    [ "$(cat /proc/$p/comm 2>/dev/null)" = fulgur ] && kill -9 "$p"
+done
+for _ in $(seq 1 600); do [ -f "$T_TMP/kill.rc" ] && break; sleep 0.1; done
+if [ -f "$T_TMP/kill.rc" ]; then
+    rc=$(cat "$T_TMP/kill.rc")
+    [ "$rc" != 0 ] && pass "killing host h2's ranks stops the job (exit $rc)" || fail "the job exited 0 after h2's ranks were killed"
+    expect_grep "the job's end names the host" kill 'on node h2'
+else
+    fail "the job still runs 60 s after h2's ranks were killed"
+    sed 's/^/       | /' "$T_TMP/kill" | tail -20
+fi
+wait
+finish
