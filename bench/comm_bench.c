@@ -5,6 +5,8 @@
  *              [--min 8] [--max 16M] [--time 0.1] [--json]
  *   mpirun -np 2 comm_bench --backend mpi        (Open MPI's own collectives)
  *   mpirun -np 2 comm_bench --backend fulgur-mpi (fulgur's mpi backend)
+ *   mpirun -np 4 --host h1:2,h2:2 comm_bench --backend fulgur-hybrid (fulgur's hybrid backend;
+ *                                bench/comm --hosts makes the hosts and runs it)
  *   comm_bench --backend memcpy --ranks 2        (memory bandwidth: N processes copying at once)
  *
  * shm forks its ranks itself (or uses the rank variables when launched by a
@@ -312,8 +314,8 @@ static int shm_rank(const opts *o, const fg_cluster_info *info) {
 }
 
 /* fulgur's mpi backend, under mpirun */
-static int run_fgmpi(const opts *o) {
-    fg_comm_opts co = {.backend = FG_COMM_MPI};
+static int run_fgmpi(const opts *o, fg_comm_backend_kind kind) {
+    fg_comm_opts co = {.backend = kind};
     fg_comm *c = fg_comm_new(NULL, &co);
     if (!c) {
         fprintf(stderr, "comm_bench: %s\n", fg_last_error());
@@ -528,10 +530,12 @@ int main(int argc, char **argv) {
                 return 2;
             }
         } else {
-            fprintf(stderr, "usage: comm_bench [--backend shm|mpi|fulgur-mpi|memcpy] [--ranks N] "
-                            "[--op allreduce|reduce_scatter|allgather|broadcast] "
-                            "[--dtype f64|f32|bf16|f16|i32|i64|u8|u16] [--redop sum|min|max] "
-                            "[--min BYTES] [--max BYTES] [--time SECONDS_PER_SIZE] [--json]\n");
+            fprintf(
+                stderr,
+                "usage: comm_bench [--backend shm|mpi|fulgur-mpi|fulgur-hybrid|memcpy] [--ranks N] "
+                "[--op allreduce|reduce_scatter|allgather|broadcast] "
+                "[--dtype f64|f32|bf16|f16|i32|i64|u8|u16] [--redop sum|min|max] "
+                "[--min BYTES] [--max BYTES] [--time SECONDS_PER_SIZE] [--json]\n");
             return 2;
         }
     }
@@ -552,7 +556,8 @@ int main(int argc, char **argv) {
         o.op = "memcpy";
         return run_memcpy(&o);
     }
-    if (!strcmp(o.backend, "fulgur-mpi")) return run_fgmpi(&o);
+    if (!strcmp(o.backend, "fulgur-mpi")) return run_fgmpi(&o, FG_COMM_MPI);
+    if (!strcmp(o.backend, "fulgur-hybrid")) return run_fgmpi(&o, FG_COMM_HYBRID);
     if (!strcmp(o.backend, "mpi")) {
 #ifdef FULGUR_HAVE_MPI
         if (o.dt == FG_BF16 || o.dt == FG_F16) {

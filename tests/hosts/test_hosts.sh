@@ -28,12 +28,20 @@ expect_grep "--hosts names the bad entry" badh 'h1:x'
 run badn "$FULGUR" run --hosts h1:2 --nnodes 2 prog
 expect_rc "--hosts with --nnodes" 2 badn
 
+TXT="$T_TMP/tiny.txt"
+for i in $(seq 1 12); do
+    echo "to be or not to be, that is the question."
+    echo "whether tis nobler in the mind to suffer"
+done >"$TXT"
+FIT=(fit --model gpt --data "$TXT" --layers 1 --heads 2 --embd 32 --ctx 32 --batch-size 2
+     --lr 3e-3 --warmup-steps 2 --limit-val-batches 1 --progress lines --num-workers 0
+     --sample-tokens 0 --max-steps 8 --val-check-interval 8 --strategy ddp --seed 7)
 # --- by hand on each machine: refused, naming the --hosts command
 run byhand env FULGUR_COMM_TIMEOUT_S=5 "$FULGUR" run --nproc-per-node 2 --nnodes 2 --node-rank 0 \
-    --master-addr 10.1.2.3 -- "$FULGUR" fit --model mlp --devices 2 --num-nodes 2 --strategy ddp \
-    --max-steps 1 --default-root-dir "$T_TMP/byhand"
+    --master-addr 10.1.2.3 -- "$FULGUR" "${FIT[@]}" --devices 2 --num-nodes 2 \
+    --default-root-dir "$T_TMP/r-byhand"
 if [ "$RC" != 0 ]; then pass "a start by hand on 2 nodes is refused (exit $RC)"; else fail "a start by hand on 2 nodes ran"; fi
-expect_grep "the refusal gives the command that works" byhand 'fulgur run --hosts 10\.1\.2\.3:2,HOST1:2 -- .*fulgur fit --model mlp'
+expect_grep "the refusal gives the command that works" byhand 'fulgur run --hosts 10\.1\.2\.3:2,HOST1:2 -- .*fulgur fit --model gpt'
 
 if ! why=$(hosts_can); then
     skip "network-namespace hosts: $why"
@@ -58,32 +66,48 @@ else
 fi
 
 # --- ddp across the hosts == ddp on one machine
-TXT="$T_TMP/tiny.txt"
-for i in $(seq 1 12); do
-    echo "to be or not to be, that is the question."
-    echo "whether tis nobler in the mind to suffer"
-done >"$TXT"
-FIT=(fit --model gpt --data "$TXT" --layers 1 --heads 2 --embd 32 --ctx 32 --batch-size 2
-     --lr 3e-3 --warmup-steps 2 --limit-val-batches 1 --progress lines --num-workers 0
-     --sample-tokens 0 --max-steps 8 --val-check-interval 8 --strategy ddp --seed 7)
+# one machine: 4 ranks on shm, and the same 2 x 2 layout as the hosts with
+# the hybrid backend on simulated nodes (two fulgur run, node 0 and node 1)
 run one env FULGUR_CPU_DEVICES=4 "$FULGUR" "${FIT[@]}" --devices 4 --default-root-dir "$T_TMP/r-one"
 expect_rc "ddp on one machine, 4 ranks" 0 one
+for k in 1 0; do
+    env FULGUR_BACKEND=hybrid "$FULGUR" run --nproc-per-node 2 --nnodes 2 --node-rank $k \
+        --master-addr 127.0.0.1 --master-port 29999 --job-id "simnodes$$" -- \
+        "$FULGUR" "${FIT[@]}" --devices 2 --num-nodes 2 --default-root-dir "$T_TMP/r-sim" \
+        >"$T_TMP/sim$k" 2>&1 &
+done
+wait
+expect_grep "ddp on one machine, 2 simulated nodes x 2, hybrid" sim0 'val loss [0-9.]+'
 run two timeout 600 "${HRUN[@]}" -- "$FULGUR" "${FIT[@]}" --devices 2 --num-nodes 2 \
     --default-root-dir "$T_TMP/r-two"
-expect_rc "ddp on 2 hosts x 2 ranks" 0 two
-A=$(ls "$T_TMP"/r-one/checkpoints/step-*.safetensors 2>/dev/null | tail -1)
-B=$(ls "$T_TMP"/r-two/checkpoints/step-*.safetensors 2>/dev/null | tail -1)
-if [ -n "$A" ] && [ -n "$B" ]; then
-    d=$(python3 "$FG_SRC/tests/hosts/ckpt_diff.py" "$A" "$B")
-    worst=$(echo "$d" | awk '{print $2}')
-    if [ -n "$worst" ] && awk -v w="$worst" 'BEGIN { exit !(w <= 2e-6) }'; then
-        pass "ddp on the hosts ends within 2e-6 of one machine ($d)"
-    else
-        fail "ddp on the hosts vs one machine: $d"
+expect_rc "ddp on 2 hosts x 2 ranks (hybrid)" 0 two
+run flat env FULGUR_BACKEND=mpi timeout 600 "${HRUN[@]}" -- "$FULGUR" "${FIT[@]}" --devices 2 \
+    --num-nodes 2 --default-root-dir "$T_TMP/r-flat"
+expect_rc "ddp on 2 hosts x 2 ranks (flat mpi)" 0 flat
+last_ckpt() { ls "$T_TMP/$1"/checkpoints/step-*.safetensors 2>/dev/null | tail -1; }
+# compare NAME RUN_A RUN_B BOUND: the runs' last checkpoints within BOUND (0: bitwise)
+compare() {
+    local a b d worst differ
+    a=$(last_ckpt "$2")
+    b=$(last_ckpt "$3")
+    if [ -z "$a" ] || [ -z "$b" ]; then fail "$1: no checkpoints (${a:-none}, ${b:-none})"; return; fi
+    if [ "$4" = 0 ]; then
+        d=$(python3 "$FG_SRC/tests/hosts/ckpt_diff.py" "$a" "$b")
+        differ=$(echo "$d" | awk '{print $4}')
+        [ "$differ" = 0 ] && pass "$1: bitwise ($d)" || fail "$1: not bitwise: $d"
+        return
     fi
-else
-    fail "no checkpoints to compare (${A:-none}, ${B:-none})"
-fi
+    d=$(python3 "$FG_SRC/tests/hosts/ckpt_diff.py" "$a" "$b")
+    worst=$(echo "$d" | awk '{print $2}')
+    if [ -n "$worst" ] && awk -v w="$worst" -v b="$4" 'BEGIN { exit !(w <= b) }'; then
+        pass "$1: within $4 ($d)"
+    else
+        fail "$1: $d (bound $4)"
+    fi
+}
+compare "ddp hybrid on the hosts == the same layout simulated on one machine" r-sim r-two 0
+compare "ddp hybrid on the hosts vs 4 ranks on one machine (reassociated sums)" r-one r-two 1e-5
+compare "ddp flat mpi on the hosts vs 4 ranks on one machine" r-one r-flat 1e-5
 
 # --- a host whose ranks die stops the job, named
 LONG=("${FIT[@]}")
