@@ -13,7 +13,9 @@
  * stage 2, NO_SHARD = ddp, HYBRID_SHARD = stage 3 inside a group of ranks,
  * replicated across groups), and bagua (Bagua's six communication
  * algorithms, by fg_ddp_opts.bagua). ddp_spawn
- * and ddp_fork are ddp with another launcher (launch.h). Most programs use
+ * and ddp_fork are ddp with another launcher (launch.h); ddp2 is dp inside
+ * each process (one per node) with the gradient averaged across the
+ * processes after each step. Most programs use
  * these through fabric.h.
  *
  * fg_strategy_kind is fulgur's one list of strategies: the launch layer
@@ -41,6 +43,8 @@ typedef enum fg_strategy_kind {
     FG_STRATEGY_FSDP, /* "fsdp": by fg_sharded_opts.sharding_strategy (FULL_SHARD = stage 3, ...) */
     FG_STRATEGY_BAGUA, /* "bagua": Bagua's algorithms, by fg_ddp_opts.bagua (docs/bagua.md) */
     FG_STRATEGY_DEEPSPEED_STAGE_3, /* "deepspeed_stage_3": ZeRO-3, parameters sharded too */
+    FG_STRATEGY_DDP2, /* "ddp2": one process per node, its cores dp replicas (threads), the
+                         gradient averaged across the nodes' processes after each step */
     FG_STRATEGY_COUNT
 } fg_strategy_kind;
 
@@ -445,9 +449,14 @@ typedef struct fg_strategy fg_strategy;
  * ddp_spawn, ddp_fork: the same once the ranks exist) and the sharded kinds
  * need comm (borrowed); single and dp ignore it. ddp (may be NULL) holds
  * ddp's options, also those of fsdp with NO_SHARD; sharded (may be NULL) the
- * sharded kinds' options. dp_threads is the number of replicas of dp
- * (0 = 2). Setup is collective under ddp and the sharded kinds: rank 0's
+ * sharded kinds' options. dp_threads is the number of replicas of dp and
+ * ddp2 (0 = 2). Setup is collective under ddp and the sharded kinds: rank 0's
  * parameters are broadcast to every rank.
+ *
+ * ddp2 is dp in each process (one per node) with comm (borrowed; NULL or a
+ * group of one: plain dp) joining the processes: rank 0's parameters at
+ * setup (collective), and after fg_strategy_step (or fg_strategy_backward)
+ * with sync on, the flat gradient averaged over the processes (collective).
  *
  * The sharded kinds (deepspeed_stage_1, deepspeed_stage_2, fsdp with
  * SHARD_GRAD_OP) split the flat parameter vector into world_size contiguous

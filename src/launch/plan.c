@@ -138,8 +138,9 @@ fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluster_info 
     out->num_nodes = num_nodes;
     const char *sname = fg_strategy_kind_name(out->strategy);
     bool ddp = fg_strategy_kind_is_ddp(out->strategy);
+    bool ddp2 = out->strategy == FG_STRATEGY_DDP2; /* one process per node, devices its threads */
     bool spawn = out->strategy == FG_STRATEGY_DDP_SPAWN || out->strategy == FG_STRATEGY_DDP_FORK;
-    int want = ddp ? out->devices.count * num_nodes : 1;
+    int want = ddp ? out->devices.count * num_nodes : ddp2 ? num_nodes : 1;
     fg_cluster_info *c = &out->cluster;
 
     if (out->launched) {
@@ -150,7 +151,13 @@ fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluster_info 
                             "already launched as rank %d of %d (%s); use strategy "
                             "\"ddp\"",
                             sname, env->rank, env->world_size, source);
-        if (!ddp && env->world_size > 1)
+        if (ddp2 && env->world_size != num_nodes)
+            return fg_error(FG_EMISMATCH,
+                            "strategy=\"ddp2\" runs one process per node, but the launcher (%s) "
+                            "started %d ranks for num_nodes=%d; start one per node (fulgur run "
+                            "--hosts h1:1,h2:1, mpirun --map-by node)",
+                            source, env->world_size, num_nodes);
+        if (!ddp && !ddp2 && env->world_size > 1)
             return fg_error(FG_EINVAL,
                             "strategy=\"%s\" runs in one process, but the launcher "
                             "(%s) started %d ranks; use strategy \"ddp\"",
@@ -165,7 +172,7 @@ fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluster_info 
             *c = *env;
             c->source = source;
             out->launcher =
-                out->strategy == FG_STRATEGY_DP ? FG_LAUNCHER_THREADS : FG_LAUNCHER_NONE;
+                out->strategy == FG_STRATEGY_DP || ddp2 ? FG_LAUNCHER_THREADS : FG_LAUNCHER_NONE;
             out->world_size = env->world_size;
             out->local_world_size = env->local_world_size;
             out->rank = env->rank;
@@ -179,7 +186,7 @@ fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluster_info 
     /* not launched: this process starts the job (or is all of it) */
     *c = (fg_cluster_info){.num_nodes = num_nodes, .source = "fulgur"};
     snprintf(c->master_addr, sizeof c->master_addr, "127.0.0.1");
-    if (ddp && num_nodes > 1) {
+    if ((ddp || ddp2) && num_nodes > 1) {
         if (spawn)
             return fg_error(FG_EINVAL,
                             "strategy=\"%s\" forks its ranks on one machine, but "
@@ -197,7 +204,7 @@ fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluster_info 
     out->local_rank = 0;
     if (spawn) {
         out->launcher = FG_LAUNCHER_FORK;
-    } else if (out->strategy == FG_STRATEGY_DP) {
+    } else if (out->strategy == FG_STRATEGY_DP || ddp2) {
         out->launcher = FG_LAUNCHER_THREADS;
     } else if (want > 1) {
         out->launcher = FG_LAUNCHER_REEXEC;

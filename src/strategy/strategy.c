@@ -26,7 +26,8 @@ const char *fg_strategy_kind_name(fg_strategy_kind k) {
         [FG_STRATEGY_DEEPSPEED_STAGE_2] = "deepspeed_stage_2",
         [FG_STRATEGY_FSDP] = "fsdp",
         [FG_STRATEGY_BAGUA] = "bagua",
-        [FG_STRATEGY_DEEPSPEED_STAGE_3] = "deepspeed_stage_3"};
+        [FG_STRATEGY_DEEPSPEED_STAGE_3] = "deepspeed_stage_3",
+        [FG_STRATEGY_DDP2] = "ddp2"};
     return (int)k >= 0 && k < FG_STRATEGY_COUNT ? names[k] : "?";
 }
 
@@ -211,7 +212,8 @@ fg_status fg_strategy_comm_bytes(const fg_strategy *s, fg_comm_bytes *out) {
 static fg_strategy_mode mode_of(fg_strategy_kind kind, const fg_sharded_opts *o) {
     switch (kind) {
     case FG_STRATEGY_SINGLE: return FG_MODE_SINGLE;
-    case FG_STRATEGY_DP: return FG_MODE_DP;
+    case FG_STRATEGY_DP:
+    case FG_STRATEGY_DDP2: return FG_MODE_DP; /* ddp2 adds the cross-node average (ddp2.c) */
     case FG_STRATEGY_DEEPSPEED_STAGE_1: return FG_MODE_ZERO1;
     case FG_STRATEGY_DEEPSPEED_STAGE_2: return FG_MODE_ZERO2;
     case FG_STRATEGY_DEEPSPEED_STAGE_3: return FG_MODE_ZERO3;
@@ -276,7 +278,10 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
     switch (s->mode) {
     case FG_MODE_DDP: st = setup_ddp(s, ddp); break;
     case FG_MODE_BAGUA: st = fg__bagua_setup(s, ddp); break;
-    case FG_MODE_DP: st = fg__dp_setup(s, dp_threads > 0 ? dp_threads : 2); break;
+    case FG_MODE_DP:
+        st = fg__dp_setup(s, dp_threads > 0 ? dp_threads : 2);
+        if (st == FG_OK && kind == FG_STRATEGY_DDP2) st = fg__ddp2_setup(s);
+        break;
     case FG_MODE_ZERO1:
     case FG_MODE_ZERO2:
     case FG_MODE_ZERO3: st = fg__zero_setup(s, sharded); break;
@@ -296,13 +301,16 @@ fg_status fg_strategy_backward(fg_strategy *s, fg_tensor *loss) {
     if (s->det) return fg__det_backward(s, loss, s->sync);
     if (s->zero3) return fg__zero3_backward(s, loss);
     if (s->reducer) return fg_ddp_reducer_backward(s->reducer, loss, s->sync);
-    return fg_backward(loss);
+    FG_TRY(fg_backward(loss));
+    return fg__ddp2_sync(s);
 }
 
 fg_status fg_strategy_step(fg_strategy *s, fg_batch *b, fg_strategy_step_fn fn, void *ud,
                            double *part_losses, int max_parts, int *nparts, double *loss) {
-    if (s->mode == FG_MODE_DP)
-        return fg__dp_step(s, b, fn, ud, part_losses, max_parts, nparts, loss);
+    if (s->mode == FG_MODE_DP) {
+        FG_TRY(fg__dp_step(s, b, fn, ud, part_losses, max_parts, nparts, loss));
+        return fg__ddp2_sync(s);
+    }
     fg_tensor *l = fn(s->model, b, ud);
     if (!l) return fg_error_wrap(FG_EINVAL, "training step returned no loss");
     double v = fg_item(l);

@@ -57,6 +57,12 @@ void fg__dp_free(fg_strategy *s);
 fg_status fg__dp_step(fg_strategy *s, fg_batch *b, fg_strategy_step_fn fn, void *ud,
                       double *part_losses, int max_parts, int *nparts, double *loss);
 
+/* ddp2.c: with kind ddp2 and a communicator of several processes (one per
+ * node), rank 0's parameters at setup and the gradient averaged across the
+ * processes after each dp step (when s->sync); a no-op otherwise */
+fg_status fg__ddp2_setup(fg_strategy *s);
+fg_status fg__ddp2_sync(fg_strategy *s);
+
 /* zero.c: ZeRO stages 1, 2 and 3 (s->mode FG_MODE_ZERO1, _ZERO2 or _ZERO3 is set) */
 fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o);
 void fg__zero_free(fg_strategy *s);

@@ -33,9 +33,10 @@ for i in $(seq 1 12); do
     echo "to be or not to be, that is the question."
     echo "whether tis nobler in the mind to suffer"
 done >"$TXT"
-FIT=(fit --model gpt --data "$TXT" --layers 1 --heads 2 --embd 32 --ctx 32 --batch-size 2
+BASE=(fit --model gpt --data "$TXT" --layers 1 --heads 2 --embd 32 --ctx 32
      --lr 3e-3 --warmup-steps 2 --limit-val-batches 1 --progress lines --num-workers 0
-     --sample-tokens 0 --max-steps 8 --val-check-interval 8 --strategy ddp --seed 7)
+     --sample-tokens 0 --max-steps 8 --val-check-interval 8 --seed 7)
+FIT=("${BASE[@]}" --strategy ddp --batch-size 2)
 # --- by hand on each machine: refused, naming the --hosts command
 run byhand env FULGUR_COMM_TIMEOUT_S=5 "$FULGUR" run --nproc-per-node 2 --nnodes 2 --node-rank 0 \
     --master-addr 10.1.2.3 -- "$FULGUR" "${FIT[@]}" --devices 2 --num-nodes 2 \
@@ -108,6 +109,14 @@ compare() {
 compare "ddp hybrid on the hosts == the same layout simulated on one machine" r-sim r-two 0
 compare "ddp hybrid on the hosts vs 4 ranks on one machine (reassociated sums)" r-one r-two 1e-5
 compare "ddp flat mpi on the hosts vs 4 ranks on one machine" r-one r-flat 1e-5
+
+# ddp2: one process per host, 2 dp threads each, batch 4 per host (= 2 per thread)
+run ddp2 timeout 600 "$FULGUR" run --hosts h1:1,h2:1 --rsh-agent "$HOSTS_AGENT" \
+    --network "$HOSTS_NET" -- "$FULGUR" "${BASE[@]}" --strategy ddp2 --devices 2 --num-nodes 2 \
+    --batch-size 4 --default-root-dir "$T_TMP/r-ddp2"
+expect_rc "ddp2 on 2 hosts x 2 threads" 0 ddp2
+expect_grep "ddp2's plan: one process per host, threads inside" ddp2 'ddp2 on cpu, 2 ranks \(1 per node x 2 nodes'
+compare "ddp2 on the hosts vs ddp on 4 ranks on one machine" r-one r-ddp2 1e-5
 
 # --- a host whose ranks die stops the job, named
 LONG=("${FIT[@]}")

@@ -222,8 +222,7 @@ TEST(strategy_errors) {
     CHECK_CONTAINS(fg_last_error(), "strategy=\"single\" runs on one device, but devices gives 2");
     CHECK_STATUS(fg_launch_parse_strategy("dp", 2, 2, &s), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "num_nodes=2");
-    static const char *const later[] = {"ddp2", "horovod", "deepspeed_stage_3_offload", "hybrid",
-                                        NULL};
+    static const char *const later[] = {"horovod", "deepspeed_stage_3_offload", "hybrid", NULL};
     for (int i = 0; later[i]; i++) {
         CHECK_STATUS(fg_launch_parse_strategy(later[i], 2, 1, &s), FG_EUNSUPPORTED);
         CHECK_CONTAINS(fg_last_error(), "not built yet");
@@ -475,6 +474,28 @@ TEST(plan_launched) {
     CHECK(p.launched && p.launcher == FG_LAUNCHER_NONE && p.world_size == 1);
     CHECK_OK(fg_launch_plan_make(&(fg_launch_opts){.strategy = "dp", .devices = "2"}, &env, &p));
     CHECK(p.launcher == FG_LAUNCHER_THREADS);
+}
+
+TEST(plan_ddp2) {
+    clean_env();
+    fg_launch_plan p;
+    /* one node: one process, devices its dp threads */
+    CHECK_OK(fg_launch_plan_make(&(fg_launch_opts){.strategy = "ddp2", .devices = "2"}, NULL, &p));
+    CHECK(p.strategy == FG_STRATEGY_DDP2 && p.launcher == FG_LAUNCHER_THREADS);
+    CHECK(p.world_size == 1 && p.devices.count == 2 && p.threads_per_rank == cores_over(1));
+    /* mpirun with one process on each of 2 nodes */
+    fg_cluster_info env = launched_env(1, 2, 0, 1, 1, 2, "openmpi");
+    CHECK_OK(fg_launch_plan_make(
+        &(fg_launch_opts){.strategy = "ddp2", .devices = "2", .num_nodes = 2}, &env, &p));
+    CHECK(p.launcher == FG_LAUNCHER_THREADS && p.world_size == 2 && p.rank == 1);
+    CHECK(p.devices.count == 2 && p.node_rank == 1);
+    /* two processes on a node: ddp2 wants one */
+    env = launched_env(1, 4, 1, 2, 0, 2, "openmpi");
+    CHECK_STATUS(
+        fg_launch_plan_make(&(fg_launch_opts){.strategy = "ddp2", .devices = "2", .num_nodes = 2},
+                            &env, &p),
+        FG_EMISMATCH);
+    CHECK_CONTAINS(fg_last_error(), "one process per node");
 }
 
 TEST(plan_launched_disagrees) {
