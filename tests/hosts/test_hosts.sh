@@ -5,8 +5,9 @@
 #   - fulgur run --hosts: the mpirun command it runs (also without root);
 #   - the collectives' correctness matrix through the hybrid backend (picked
 #     by itself: shm inside a host, Open MPI across) and through flat mpi;
-#   - fulgur fit --strategy ddp on the hosts ends with the parameters of the
-#     same run on one machine (4 ranks on shm), within 2e-6;
+#   - ddp with the hybrid backend bitwise equal to the same 2 x 2 layout
+#     simulated on one machine; ddp (hybrid and flat) and ddp2 (one process
+#     per host, 2 threads) within 1e-5 of ddp on 4 ranks on one machine;
 #   - a host whose ranks are killed stops the job, and mpirun's message
 #     names the host.
 # Skipped, saying why, when not root or without ip/unshare/mpirun.
@@ -56,10 +57,14 @@ export FULGUR_COMM_TIMEOUT_S=120
 # --- the correctness matrix across the hosts
 MX="$FG_BIN_DIR/mp_test_comm_mpi"
 if [ -x "$MX" ]; then
-    run mxh env FULGUR_TEST_MPI_CHILD=1023 FULGUR_TEST_MPI_WANT=hybrid timeout 600 "${HRUN[@]}" -- "$MX"
+    # every allreduce through the scatter path (the threshold at 0), the
+    # largest count 1023; flat mpi up to 7 (tests/mp/test_comm_mpi.c runs its
+    # whole matrix on one machine)
+    run mxh env FULGUR_HYBRID_SCATTER_BYTES=0 FULGUR_TEST_MPI_CHILD=1023 FULGUR_TEST_MPI_WANT=hybrid \
+        timeout 600 "${HRUN[@]}" -- "$MX"
     expect_rc "matrix on 2 hosts x 2 ranks, hybrid chosen by itself" 0 mxh
     expect_grep "hybrid matrix: no wrong element" mxh 'hybrid world 4: [0-9]+ calls, 0 wrong elements, 0 errors'
-    run mxf env FULGUR_BACKEND=mpi FULGUR_TEST_MPI_CHILD=1023 FULGUR_TEST_MPI_WANT=mpi timeout 600 "${HRUN[@]}" -- "$MX"
+    run mxf env FULGUR_BACKEND=mpi FULGUR_TEST_MPI_CHILD=7 FULGUR_TEST_MPI_WANT=mpi timeout 600 "${HRUN[@]}" -- "$MX"
     expect_rc "matrix on 2 hosts x 2 ranks, flat mpi" 0 mxf
     expect_grep "flat matrix: no wrong element" mxf 'mpi world 4: [0-9]+ calls, 0 wrong elements, 0 errors'
 else
