@@ -24,6 +24,7 @@ source "$HERE/../tests/hosts/hosts.sh"
 if ! why=$(hosts_can); then echo "bench/comm --hosts: $why" >&2; exit 1; fi
 hosts_up 2 || { hosts_down; exit 1; }
 trap hosts_down EXIT
+trap 'exit 130' INT TERM
 OUT=$(mktemp -d)
 bad=0
 for rate in ${RATES//,/ }; do
