@@ -134,13 +134,16 @@ for _ in $(seq 1 600); do
     [ "$n" -ge 2 ] && grep -q '^step' "$T_TMP/kill" && break
     sleep 0.2
 done
+t_kill=$(date +%s.%N)
 for p in $(ip netns pids "${HOSTS_ID}h2"); do
     [ "$(cat /proc/$p/comm 2>/dev/null)" = fulgur ] && kill -9 "$p"
 done
 for _ in $(seq 1 600); do [ -f "$T_TMP/kill.rc" ] && break; sleep 0.1; done
+t_end=$(date +%s.%N)
 if [ -f "$T_TMP/kill.rc" ]; then
     rc=$(cat "$T_TMP/kill.rc")
-    [ "$rc" != 0 ] && pass "killing host h2's ranks stops the job (exit $rc)" || fail "the job exited 0 after h2's ranks were killed"
+    took=$(awk -v a="$t_kill" -v b="$t_end" 'BEGIN { printf "%.1f", b - a }')
+    [ "$rc" != 0 ] && pass "killing host h2's ranks stops the job (exit $rc, $took s after the kill)" || fail "the job exited 0 after h2's ranks were killed"
     expect_grep "the job's end names the host" kill 'on node h2'
 else
     fail "the job still runs 60 s after h2's ranks were killed"
