@@ -43,8 +43,10 @@ typedef enum fg_strategy_kind {
     FG_STRATEGY_FSDP, /* "fsdp": by fg_sharded_opts.sharding_strategy (FULL_SHARD = stage 3, ...) */
     FG_STRATEGY_BAGUA, /* "bagua": Bagua's algorithms, by fg_ddp_opts.bagua (docs/bagua.md) */
     FG_STRATEGY_DEEPSPEED_STAGE_3, /* "deepspeed_stage_3": ZeRO-3, parameters sharded too */
-    FG_STRATEGY_DDP2, /* "ddp2": one process per node, its cores dp replicas (threads), the
-                         gradient averaged across the nodes' processes after each step */
+    FG_STRATEGY_DDP2,    /* "ddp2": one process per node, its cores dp replicas (threads), the
+                            gradient averaged across the nodes' processes after each step */
+    FG_STRATEGY_HOROVOD, /* "horovod": one process per device; gradients averaged through
+                            Horovod's fusion buffer and cycles (fg_horovod_opts) */
     FG_STRATEGY_COUNT
 } fg_strategy_kind;
 
@@ -273,6 +275,28 @@ FG_API const char *fg_bagua_peer_selection_name(fg_bagua_peer_selection p);
 FG_API fg_status fg_bagua_peer_selection_parse(const char *name, fg_bagua_peer_selection *out);
 
 /* DDP's options (PyTorch's DistributedDataParallel arguments). */
+/* Horovod's DistributedOptimizer and tensor fusion (strategy horovod).
+ * During backward, a background thread wakes every cycle; the ranks agree
+ * (an allreduce of the count) on the gradients ready on all of them, in the
+ * fixed order backward produces them (the last parameter first); those are
+ * packed into the fusion buffer, at most fusion_threshold bytes at a time,
+ * averaged with one allreduce per buffer, and copied back. */
+typedef enum fg_horovod_compression {
+    FG_HOROVOD_COMPRESSION_NONE = 0, /* hvd.Compression.none */
+    FG_HOROVOD_COMPRESSION_FP16,     /* hvd.Compression.fp16: sent as f16, f32 again after */
+    FG_HOROVOD_COMPRESSION_COUNT
+} fg_horovod_compression;
+
+typedef struct fg_horovod_opts {
+    /* bytes of the fusion buffer; 0: HOROVOD_FUSION_THRESHOLD, else 64 MiB;
+     * -1 (or HOROVOD_FUSION_THRESHOLD=0): no fusion, one allreduce per gradient */
+    int64_t fusion_threshold;
+    double cycle_time_ms;         /* 0: HOROVOD_CYCLE_TIME (ms), else 5 */
+    int backward_passes_per_step; /* 0 = 1: gradients accumulate locally over this many
+                                     backward passes; the last one averages them */
+    fg_horovod_compression compression;
+} fg_horovod_opts;
+
 typedef struct fg_ddp_opts {
     double bucket_cap_mb;        /* 0 = 25; the first bucket is 1 MiB, as PyTorch */
     bool find_unused_parameters; /* parameters without a gradient count as zero instead of an error
@@ -299,6 +323,7 @@ typedef struct fg_ddp_opts {
      * otherwise). The caller must not divide the loss by the accumulation:
      * the average over micro-batches is the strategy's. */
     bool deterministic;
+    fg_horovod_opts horovod; /* strategy horovod */
 } fg_ddp_opts;
 
 /* Checks ddp's options (o may be NULL): FG_EINVAL naming a hook or wrapper

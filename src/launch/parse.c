@@ -274,15 +274,15 @@ static const struct {
     {"deepspeed_stage_2_offload", FG_STRATEGY_DEEPSPEED_STAGE_2},
     {"fsdp_cpu_offload", FG_STRATEGY_FSDP},
     {"ddp2", FG_STRATEGY_DDP2},
+    {"horovod", FG_STRATEGY_HOROVOD}, /* started by mpirun, fulgur run or fulgur's re-exec */
 };
 
 static const char *const k_valid =
     "auto, single, dp, ddp, ddp_spawn, ddp_fork, deepspeed_stage_1, deepspeed_stage_2, "
-    "deepspeed_stage_3, fsdp, bagua, deepspeed_stage_2_offload, fsdp_cpu_offload, ddp2";
+    "deepspeed_stage_3, fsdp, bagua, deepspeed_stage_2_offload, fsdp_cpu_offload, ddp2, horovod";
 
 /* Strategies of Lightning and DeepSpeed that fulgur plans but has not built yet. */
 static const char *const k_later[] = {"hybrid",
-                                      "horovod",
                                       "ddp_sharded",
                                       "ddp_sharded_spawn",
                                       "deepspeed_stage_3_offload",

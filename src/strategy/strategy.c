@@ -27,7 +27,8 @@ const char *fg_strategy_kind_name(fg_strategy_kind k) {
         [FG_STRATEGY_FSDP] = "fsdp",
         [FG_STRATEGY_BAGUA] = "bagua",
         [FG_STRATEGY_DEEPSPEED_STAGE_3] = "deepspeed_stage_3",
-        [FG_STRATEGY_DDP2] = "ddp2"};
+        [FG_STRATEGY_DDP2] = "ddp2",
+        [FG_STRATEGY_HOROVOD] = "horovod"};
     return (int)k >= 0 && k < FG_STRATEGY_COUNT ? names[k] : "?";
 }
 
@@ -38,7 +39,7 @@ bool fg_strategy_kind_is_sharded(fg_strategy_kind k) {
 
 bool fg_strategy_kind_is_ddp(fg_strategy_kind k) {
     return k == FG_STRATEGY_DDP || k == FG_STRATEGY_DDP_SPAWN || k == FG_STRATEGY_DDP_FORK ||
-           k == FG_STRATEGY_BAGUA || fg_strategy_kind_is_sharded(k);
+           k == FG_STRATEGY_BAGUA || k == FG_STRATEGY_HOROVOD || fg_strategy_kind_is_sharded(k);
 }
 
 static const char *const k_sharding_names[FG_SHARDING_COUNT] = {
@@ -151,6 +152,7 @@ void fg_strategy_free(fg_strategy *s) {
     fg__zero3_free(s);
     fg__zero_free(s);
     fg__dp_free(s);
+    fg__horovod_free(s);
     fg_free(s);
 }
 
@@ -215,6 +217,7 @@ static fg_strategy_mode mode_of(fg_strategy_kind kind, const fg_sharded_opts *o)
     case FG_STRATEGY_DP:
     case FG_STRATEGY_DDP2: return FG_MODE_DP; /* ddp2 adds the cross-node average (ddp2.c) */
     case FG_STRATEGY_DEEPSPEED_STAGE_1: return FG_MODE_ZERO1;
+    case FG_STRATEGY_HOROVOD: return FG_MODE_HOROVOD;
     case FG_STRATEGY_DEEPSPEED_STAGE_2: return FG_MODE_ZERO2;
     case FG_STRATEGY_DEEPSPEED_STAGE_3: return FG_MODE_ZERO3;
     case FG_STRATEGY_FSDP: {
@@ -285,6 +288,7 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
     case FG_MODE_ZERO1:
     case FG_MODE_ZERO2:
     case FG_MODE_ZERO3: st = fg__zero_setup(s, sharded); break;
+    case FG_MODE_HOROVOD: st = fg__horovod_setup(s, ddp); break;
     case FG_MODE_SINGLE: break;
     }
     if (st == FG_OK && sharded && sharded->offload_optimizer_device == FG_OFFLOAD_NVME)
@@ -301,6 +305,7 @@ fg_status fg_strategy_backward(fg_strategy *s, fg_tensor *loss) {
     if (s->det) return fg__det_backward(s, loss, s->sync);
     if (s->zero3) return fg__zero3_backward(s, loss);
     if (s->reducer) return fg_ddp_reducer_backward(s->reducer, loss, s->sync);
+    if (s->horovod) return fg__horovod_backward(s, loss);
     FG_TRY(fg_backward(loss));
     return fg__ddp2_sync(s);
 }

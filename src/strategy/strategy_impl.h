@@ -10,6 +10,7 @@ typedef struct fg_zero_state fg_zero_state;
 typedef struct fg_bagua_state fg_bagua_state;
 typedef struct fg_det_state fg_det_state;
 typedef struct fg_zero3_state fg_zero3_state;
+typedef struct fg_horovod_state fg_horovod_state;
 
 /* What a strategy does once its kind and options are resolved: fsdp with
  * NO_SHARD runs as ddp, with SHARD_GRAD_OP as ZeRO-2, and the ddp and
@@ -21,7 +22,8 @@ typedef enum fg_strategy_mode {
     FG_MODE_ZERO1,
     FG_MODE_ZERO2,
     FG_MODE_BAGUA,
-    FG_MODE_ZERO3 /* deepspeed_stage_3, fsdp FULL_SHARD and HYBRID_SHARD */
+    FG_MODE_ZERO3, /* deepspeed_stage_3, fsdp FULL_SHARD and HYBRID_SHARD */
+    FG_MODE_HOROVOD
 } fg_strategy_mode;
 
 struct fg_strategy {
@@ -36,6 +38,7 @@ struct fg_strategy {
     fg_zero_state *zero;               /* zero */
     fg_bagua_state *bagua;             /* bagua (bagua_impl.h) */
     fg_zero3_state *zero3;             /* zero, stage 3 */
+    fg_horovod_state *horovod;         /* horovod */
     const struct fg_ddp_hook_vt *hook; /* ddp with a built-in comm hook */
     void *hook_state;
     fg_det_state *det; /* ddp_opts.deterministic (single, ddp) */
@@ -62,6 +65,16 @@ fg_status fg__dp_step(fg_strategy *s, fg_batch *b, fg_strategy_step_fn fn, void 
  * processes after each dp step (when s->sync); a no-op otherwise */
 fg_status fg__ddp2_setup(fg_strategy *s);
 fg_status fg__ddp2_sync(fg_strategy *s);
+
+/* horovod.c: setup (collective: rank 0's parameters and optimizer state),
+ * backward (the fusion-buffer averaging on the last of
+ * backward_passes_per_step passes), free; counters for the tests */
+fg_status fg__horovod_setup(fg_strategy *s, const fg_ddp_opts *o);
+fg_status fg__horovod_backward(fg_strategy *s, fg_tensor *loss);
+void fg__horovod_free(fg_strategy *s);
+int64_t fg__horovod_cycles(const fg_strategy *s);
+int64_t fg__horovod_allreduces(const fg_strategy *s);
+uint64_t fg__horovod_bytes_sent(const fg_strategy *s);
 
 /* zero.c: ZeRO stages 1, 2 and 3 (s->mode FG_MODE_ZERO1, _ZERO2 or _ZERO3 is set) */
 fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o);

@@ -8,6 +8,7 @@
 #   - ddp with the hybrid backend bitwise equal to the same 2 x 2 layout
 #     simulated on one machine; ddp (hybrid and flat) and ddp2 (one process
 #     per host, 2 threads) within 1e-5 of ddp on 4 ranks on one machine;
+#     horovod on the hosts bitwise equal to ddp there;
 #   - a host whose ranks are killed stops the job, and mpirun's message
 #     names the host.
 # Skipped, saying why, when not root or without ip/unshare/mpirun.
@@ -122,6 +123,13 @@ run ddp2 timeout 600 "$FULGUR" run --hosts h1:1,h2:1 --rsh-agent "$HOSTS_AGENT" 
 expect_rc "ddp2 on 2 hosts x 2 threads" 0 ddp2
 expect_grep "ddp2's plan: one process per host, threads inside" ddp2 'ddp2 on cpu, 2 ranks \(1 per node x 2 nodes'
 compare "ddp2 on the hosts vs ddp on 4 ranks on one machine" r-one r-ddp2 1e-5
+
+# horovod: the fusion buffer through the same hybrid allreduce as ddp's buckets
+run hvd env HOROVOD_CYCLE_TIME=1 timeout 600 "${HRUN[@]}" -- "$FULGUR" "${BASE[@]}" \
+    --strategy horovod --devices 2 --num-nodes 2 --batch-size 2 --default-root-dir "$T_TMP/r-hvd"
+expect_rc "horovod on 2 hosts x 2 ranks" 0 hvd
+compare "horovod on the hosts == ddp on the hosts" r-two r-hvd 0
+compare "horovod on the hosts vs ddp on 4 ranks on one machine" r-one r-hvd 1e-5
 
 # --- a host whose ranks die stops the job, named
 LONG=("${FIT[@]}")

@@ -222,7 +222,7 @@ TEST(strategy_errors) {
     CHECK_CONTAINS(fg_last_error(), "strategy=\"single\" runs on one device, but devices gives 2");
     CHECK_STATUS(fg_launch_parse_strategy("dp", 2, 2, &s), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "num_nodes=2");
-    static const char *const later[] = {"horovod", "deepspeed_stage_3_offload", "hybrid", NULL};
+    static const char *const later[] = {"deepspeed_stage_3_offload", "hybrid", NULL};
     for (int i = 0; later[i]; i++) {
         CHECK_STATUS(fg_launch_parse_strategy(later[i], 2, 1, &s), FG_EUNSUPPORTED);
         CHECK_CONTAINS(fg_last_error(), "not built yet");

@@ -7,7 +7,7 @@
  *   --mca rtc_hwloc_vmhole none  Open MPI's daemon crashed inside hwloc at
  *                                start about one time in twelve without it
  *   --allow-run-as-root          when run by root
- *   -x NAME                      every FULGUR_*, OMP_NUM_THREADS and
+ *   -x NAME                      every FULGUR_*, HOROVOD_*, OMP_NUM_THREADS and
  *                                LD_LIBRARY_PATH set here (mpirun sends no
  *                                environment to the other machines unless
  *                                told), minus the rank contract, which
@@ -43,6 +43,7 @@ static bool is_contract(const char *name, size_t n) {
 
 static bool exported(const char *name, size_t n) {
     if (n > 7 && !strncmp(name, "FULGUR_", 7)) return !is_contract(name, n);
+    if (n > 8 && !strncmp(name, "HOROVOD_", 8)) return true;
     return (n == 15 && !strncmp(name, "OMP_NUM_THREADS", n)) ||
            (n == 15 && !strncmp(name, "LD_LIBRARY_PATH", n));
 }
