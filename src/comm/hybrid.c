@@ -7,9 +7,11 @@
  * every node (one per node, ordered by node), split from base.
  *
  *   allreduce       reduce-scatter inside the node, allreduce of each shard
- *                   across nodes (local rank l carries shard l), all-gather
- *                   inside the node; small buffers: allreduce inside the
- *                   node, then across nodes (every local rank at once)
+ *                   across nodes (local rank l carries shard l; itself a
+ *                   reduce-scatter and an all-gather among the nodes),
+ *                   all-gather inside the node; small buffers: allreduce
+ *                   inside the node, then across nodes (every local rank
+ *                   at once)
  *   reduce_scatter  inside the node, then across nodes (blocks permuted so
  *                   that local rank l holds the blocks of every node's l-th
  *                   rank)
@@ -101,6 +103,30 @@ static void divide(fg_dtype dt, void *buf, int64_t n, int size) {
 
 /* ------------------------------------------------------------ allreduce */
 
+/* Allreduce across nodes in place: reduce-scatter then all-gather, so that
+ * each rank sends (N-1)/N of the buffer twice (MPI's nonblocking allreduce
+ * of two ranks sends all of it twice: measured at half the link's rate);
+ * small or indivisible remainders as an allreduce. */
+static fg_status inter_allreduce(fg_comm *c, const fg_comm_args *a, char *p, int64_t n, fg_dtype dt,
+                                 fg_reduce_op op) {
+    hybrid_state *h = c->impl;
+    size_t esz = fg_dtype_size(dt);
+    int N = h->nodes, k = c->node_rank;
+    int64_t b = n / N;
+    if ((int64_t)esz * n < h->scatter_min || b == 0) {
+        INTER(c, a, fg_comm_allreduce(h->inter, p, p, n, dt, op));
+        return FG_OK;
+    }
+    char *mine = p + (size_t)(k * b) * esz;
+    INTER(c, a, fg_comm_reduce_scatter(h->inter, p, mine, b, dt, op));
+    INTER(c, a, fg_comm_allgather(h->inter, mine, p, b, dt));
+    if (n > b * N) {
+        char *tail = p + (size_t)(b * N) * esz;
+        INTER(c, a, fg_comm_allreduce(h->inter, tail, tail, n - b * N, dt, op));
+    }
+    return FG_OK;
+}
+
 /* The hierarchical allreduce in place on buf (a sum, min, max or prod in a
  * dtype that needs no widening). */
 static fg_status allreduce_levels(fg_comm *c, const fg_comm_args *a, void *buf, int64_t n,
@@ -117,7 +143,7 @@ static fg_status allreduce_levels(fg_comm *c, const fg_comm_args *a, void *buf, 
     char *p = buf;
     char *mine = p + (size_t)(l * b) * esz;
     INTRA(c, a, fg_comm_reduce_scatter(h->intra, p, mine, b, dt, op));
-    INTER(c, a, fg_comm_allreduce(h->inter, mine, mine, b, dt, op));
+    FG_TRY(inter_allreduce(c, a, mine, b, dt, op));
     INTRA(c, a, fg_comm_allgather(h->intra, mine, p, b, dt));
     int64_t rest = n - b * L;
     if (rest) {
