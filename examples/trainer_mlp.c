@@ -107,6 +107,9 @@ int main(int argc, char **argv) {
                                                       .save_top_k = 2,
                                                       .save_last = true,
                                                       .filename = "{epoch}-{val_loss:.3f}"});
+    /* the library picks no stream: the program hands the progress bar stdout */
+    fg_callback *bar = fg_progress_bar_new(&(fg_progress_bar_opts){.out = stdout});
+    fg_callback *cbs[] = {ckpt, bar};
     fg_logger *csv = fg_csv_logger_new(&(fg_csv_logger_opts){.save_dir = root});
     fg_trainer *t = fg_trainer_new(&(fg_trainer_opts){.devices = devices,
                                                       .strategy = strategy,
@@ -114,8 +117,8 @@ int main(int argc, char **argv) {
                                                       .max_epochs = epochs,
                                                       .log_every_n_steps = 16,
                                                       .default_root_dir = root,
-                                                      .callbacks = &ckpt,
-                                                      .ncallbacks = 1,
+                                                      .callbacks = cbs,
+                                                      .ncallbacks = 2,
                                                       .loggers = &csv,
                                                       .nloggers = 1});
     if (!t) return fprintf(stderr, "trainer_mlp: %s\n", fg_last_error()), 2; /* a bad option */
@@ -137,6 +140,7 @@ int main(int argc, char **argv) {
     fg_trainer_free(t);
     fg_logger_free(csv);
     fg_callback_free(ckpt);
+    fg_callback_free(bar);
     fg_module_free(net);
     fg_dataloader_free(tl);
     fg_dataloader_free(vl);

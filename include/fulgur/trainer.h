@@ -23,10 +23,11 @@
  * Where it writes: like Lightning, a fit with the default settings writes a
  * CSV logger's run folder <default_root_dir>/lightning_logs/version_N/
  * (metrics.csv, hparams.yaml) and checkpoints under its checkpoints/, and
- * draws a progress bar on stdout (rank 0 only). These are the only outputs
- * the library makes on its own; each is an option (logger, callbacks,
- * enable_checkpointing, enable_progress_bar) and the progress bar writes to
- * the FILE* it is given. Nothing else prints, and nothing calls exit().
+ * sends progress lines to the log hook (rank 0 only). These are the only
+ * outputs the library makes on its own; each is an option (logger,
+ * callbacks, enable_checkpointing, enable_progress_bar) and the progress bar
+ * writes to the FILE* it is given (fg_progress_bar_new), else through the
+ * log hook. Nothing else prints, and nothing calls exit().
  *
  * Ranks and launching. An entry point (fg_trainer_fit, _validate, _test,
  * _predict) called outside a launch launches the trainer's fabric for that
@@ -263,7 +264,7 @@ typedef struct fg_trainer_opts {
     int64_t fast_dev_run;
 
     int64_t log_every_n_steps;    /* 0 = 50: optimizer steps between logger rows */
-    fg_flag enable_progress_bar;  /* default on: a progress bar on stdout, rank 0 */
+    fg_flag enable_progress_bar;  /* default on: progress lines through the log hook, rank 0 */
     fg_flag enable_checkpointing; /* default on: a ModelCheckpoint when none is given */
     const char *default_root_dir; /* NULL = "." (Lightning's os.getcwd()) */
     /* Lightning's deterministic. fulgur's kernels, reductions and data
@@ -614,12 +615,13 @@ FG_API double fg_timer_time_elapsed(const fg_callback *cb, fg_stage stage);
 FG_API double fg_timer_time_remaining(const fg_callback *cb);
 
 /* The progress bar (Lightning's TQDMProgressBar), rank 0 only: on a
- * terminal one line redrawn in place ("Epoch 2: 40/100 [00:03<00:04,
+ * terminal (out given and a tty) one line redrawn in place ("Epoch 2: 40/100 [00:03<00:04,
  * 13.20it/s, v_num=0, train_loss=0.512]"), otherwise plain lines every
  * refresh_rate batches and at the end of each epoch and validation run.
  * Shows the metrics logged with prog_bar and the logger's version. */
 typedef struct fg_progress_bar_opts {
-    FILE *out;            /* NULL = stdout. Borrowed. */
+    FILE *out;            /* borrowed; NULL = plain lines through the log hook at FG_LOG_INFO (the
+                             library picks no stream of its own) */
     int64_t refresh_rate; /* 0 = every batch on a terminal, every log_every_n_steps otherwise */
     fg_flag redraw;       /* default: on when out is a terminal (isatty) */
 } fg_progress_bar_opts;

@@ -1,8 +1,10 @@
 /* The progress bar (Lightning's TQDMProgressBar), on global rank 0 only and
- * only into the FILE* it was given (stdout by default). On a terminal one
- * line is redrawn in place with a bar; elsewhere (a file, a pipe, CI logs)
- * plain lines are written every refresh_rate batches and at the end of
- * each epoch, validation and test run. A line reads
+ * only into the FILE* it was given, or, without one, as lines through the
+ * log hook at info level (the library picks no stream: fg_fabric_print's
+ * rule). On a terminal one line is redrawn in place with a bar; elsewhere
+ * (a file, a pipe, CI logs, the log hook) plain lines are written every
+ * refresh_rate batches and at the end of each epoch, validation and test
+ * run. A line reads
  *   Epoch 2:  40%|########            | 40/100 [00:03<00:04, 13.20it/s, v_num=0, loss=0.512]
  * with the elapsed time, the time left, the rate and the metrics logged
  * with prog_bar. */
@@ -65,8 +67,11 @@ static void draw(pbar_cb *c, fg_trainer *t, const char *desc, int64_t n, int64_t
             fputc('\n', c->out);
             c->last_len = 0;
         }
-    } else {
+    } else if (c->out) {
         fprintf(c->out, "%s\n", line);
+    } else {
+        fg_log(FG_LOG_INFO, "%s", line);
+        return;
     }
     fflush(c->out);
 }
@@ -80,9 +85,9 @@ static void clear_line(pbar_cb *c) {
 
 static void start(pbar_cb *c, fg_trainer *t) {
     c->active = fg_trainer_is_global_zero(t);
-    if (!c->out) c->out = stdout;
-    c->redraw =
-        c->redraw_opt == FG_FLAG_DEFAULT ? isatty(fileno(c->out)) == 1 : c->redraw_opt == FG_ON;
+    /* without a stream the lines go through the log hook: nothing to redraw */
+    c->redraw = c->out && (c->redraw_opt == FG_FLAG_DEFAULT ? isatty(fileno(c->out)) == 1
+                                                            : c->redraw_opt == FG_ON);
     c->refresh = c->refresh_opt ? c->refresh_opt : c->redraw ? 1 : t->log_every;
     c->last_len = 0;
 }

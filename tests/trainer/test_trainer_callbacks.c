@@ -299,6 +299,42 @@ TEST(progress_bar_lines) {
     fx_free(&f);
 }
 
+/* Without a FILE* the bar picks no stream: its lines go through the log
+ * hook at info level (the default trainer's bar too), none to stdout. */
+typedef struct log_lines {
+    int n, epoch_lines;
+} log_lines;
+
+static void collect_log(void *ud, fg_log_level level, int rank, const char *msg) {
+    (void)rank;
+    log_lines *l = ud;
+    if (level != FG_LOG_INFO) return;
+    l->n++;
+    if (!strncmp(msg, "Epoch ", 6) && !strchr(msg, '\r')) l->epoch_lines++;
+}
+
+TEST(progress_bar_no_stream_logs) {
+    fixture f = {.m = {.log_train = true}};
+    fx_init(&f, 40);
+    log_lines l = {0};
+    fg_set_log(collect_log, &l, FG_LOG_INFO);
+    fflush(stdout);
+    long before = ftell(stdout);
+    fg_trainer *t = fg_trainer_new(&(fg_trainer_opts){.max_epochs = 2,
+                                                      .devices = "1",
+                                                      .log_every_n_steps = 5,
+                                                      .logger = FG_OFF,
+                                                      .enable_checkpointing = FG_OFF});
+    CHECK_OK(fg_trainer_fit(t, &f.lm, f.tl, NULL, NULL));
+    fg_trainer_free(t);
+    fg_set_log(NULL, NULL, FG_LOG_WARN);
+    fflush(stdout);
+    /* per epoch: batch 5 and the epoch's end, as plain lines */
+    CHECK_MSG(l.epoch_lines == 4, "%d epoch lines of %d", l.epoch_lines, l.n);
+    if (before >= 0) CHECK(ftell(stdout) == before); /* stdout a file: nothing written */
+    fx_free(&f);
+}
+
 /* ------------------------------------------------- a user callback's state */
 
 typedef struct counter {
