@@ -211,6 +211,11 @@ typedef struct fg_lightning_module {
 /* =========================================================== the trainer */
 
 typedef enum fg_clip_algorithm { FG_CLIP_NORM = 0, FG_CLIP_VALUE } fg_clip_algorithm;
+typedef enum fg_nonfinite {
+    FG_NONFINITE_IGNORE = 0, /* Lightning's: nothing checked */
+    FG_NONFINITE_STOP,
+    FG_NONFINITE_SKIP,
+} fg_nonfinite;
 
 /* The Trainer's arguments, with Lightning's names and meanings. All-zero
  * is Lightning's defaults; where Lightning's value can be zero and zero
@@ -279,6 +284,16 @@ typedef struct fg_trainer_opts {
     /* Stop at the first non-finite loss or gradient, naming the step, the
      * batch and the tensor (FG_EINVAL). */
     bool detect_anomaly;
+    /* A non-finite loss (on any rank) or gradient, checked once per
+     * optimizer step with one allreduce so that every rank decides alike
+     * (fulgur's, beside detect_anomaly's check on each rank):
+     * FG_NONFINITE_STOP ends fit with FG_EINVAL on every rank, naming the
+     * step, the loss or the parameter, and the last good checkpoint;
+     * FG_NONFINITE_SKIP zeroes the gradients and skips the optimizer step on
+     * every rank (global_step does not advance; counted by
+     * fg_trainer_skipped_steps; 1000 in a row is an error). Under 16-mixed
+     * the loss scaler owns non-finite gradients: only the loss is checked. */
+    fg_nonfinite on_nonfinite;
 
     /* Callbacks and loggers, borrowed: they must outlive the trainer (free
      * them after fg_trainer_free). logger = FG_OFF is Lightning's
@@ -431,6 +446,20 @@ FG_API bool fg_trainer_should_stop(const fg_trainer *t);
 FG_API void fg_trainer_set_should_stop(fg_trainer *t, bool stop);
 /* The checkpoint the running entry point loaded ("" if none). */
 FG_API const char *fg_trainer_ckpt_path(const fg_trainer *t);
+/* The file the trainer's latest checkpoint save wrote ("" if none yet). */
+FG_API const char *fg_trainer_last_saved_path(const fg_trainer *t);
+/* Lightning's trainer.interrupted: fit ended at an optimizer step boundary
+ * because a rank asked for a stop (fg_fabric_request_stop, e.g. from a
+ * SIGTERM handler). Every rank agrees after each optimizer step (one
+ * allreduce of a flag under ddp); each ModelCheckpoint then saves that step
+ * (and its "last"), and fit returns FG_OK without its on_train_end and
+ * on_fit_end hooks (the loggers finalize "failed", as Lightning's). Run the
+ * same fit with ckpt_path "last" to continue, bitwise. */
+FG_API bool fg_trainer_interrupted(const fg_trainer *t);
+/* Optimizer steps skipped under on_nonfinite FG_NONFINITE_SKIP in this fit;
+ * *last_reason (may be NULL) gets the latest one's ("step 12: the loss is
+ * not finite"), borrowed, "" if none. */
+FG_API int64_t fg_trainer_skipped_steps(const fg_trainer *t, const char **last_reason);
 /* The first ModelCheckpoint among the callbacks (Lightning's
  * trainer.checkpoint_callback), or NULL. Borrowed. */
 FG_API fg_callback *fg_trainer_checkpoint_callback(const fg_trainer *t);
@@ -541,6 +570,15 @@ typedef struct fg_checkpoint_opts {
     int64_t every_n_epochs;      /* 0 = 1 when every_n_train_steps is 0, else none (Lightning's) */
     fg_flag save_on_train_epoch_end; /* default: decided as above */
     bool no_auto_insert_metric_name; /* auto_insert_metric_name=False */
+    /* Lightning's save_last="link": "last" is a symbolic link to the newest
+     * file this callback saved (replaced atomically, fg_st_set_last; never
+     * versioned), and a full save only while it has saved none. */
+    bool save_last_link;
+    /* fulgur's: also save when fit ends (max_steps or max_epochs reached,
+     * or stopped) unless this step was saved already, so that the end of
+     * every run can be resumed from. A stop request saves so whatever
+     * this says (fg_trainer_interrupted). */
+    bool save_on_fit_end;
 } fg_checkpoint_opts;
 
 /* NULL opts = the defaults. NULL with FG_EINVAL naming the bad option

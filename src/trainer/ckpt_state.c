@@ -207,6 +207,7 @@ fg_status fg__save_checkpoint(fg_trainer *t, const char *path) {
     if (s == FG_OK && ok != 1)
         s = fg_error(FG_EPEER, "save_checkpoint %s: another rank failed before the save", path);
     if (s == FG_OK) s = fg_fabric_save(t->f, path, &st);
+    if (s == FG_OK) snprintf(t->last_saved, sizeof t->last_saved, "%s", path);
     fg__sd_free(&sd);
     return s;
 }

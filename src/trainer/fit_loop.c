@@ -36,20 +36,20 @@ static bool can_stop_early(const fg_trainer *t) {
 }
 
 static bool fit_done(const fg_trainer *t) {
-    if (t->num_training_batches == 0) return true;
+    if (t->num_training_batches == 0 || t->interrupted) return true;
     if (t->max_steps != -1 && t->global_step >= t->max_steps) return true;
     if (t->max_epochs != -1 && t->current_epoch >= t->max_epochs) return true;
     return t->should_stop && can_stop_early(t);
 }
 
 static bool epoch_done(const fg_trainer *t) {
-    if (t->batch_idx >= t->num_training_batches) return true;
+    if (t->batch_idx >= t->num_training_batches || t->interrupted) return true;
     if (t->max_steps != -1 && t->global_step >= t->max_steps) return true;
     return t->should_stop && can_stop_early(t);
 }
 
 static bool should_check_val(const fg_trainer *t) {
-    if (!t->enable_validation) return false;
+    if (!t->enable_validation || t->interrupted) return false;
     if (t->check_val_every != -1 && (t->current_epoch + 1) % t->check_val_every != 0) return false;
     if (t->should_stop && can_stop_early(t)) return true;
     /* batch_idx and total_batch_idx already count the batch just run */
@@ -163,6 +163,75 @@ static void clip_by_value(fg_module *m, double v) {
     }
 }
 
+/* The first parameter whose gradient holds an inf or NaN, or -1. */
+static int64_t first_nonfinite_param(fg_module *m) {
+    fg_tensor *g = fg_module_flat_grads(m);
+    fg_dtype dt = fg_tensor_dtype(g);
+    const char *data = fg_tensor_data(g);
+    for (int64_t i = 0; i < fg_module_num_params(m); i++) {
+        int64_t off = fg_module_param_offset(m, i), n = fg_tensor_numel(fg_module_param(m, i));
+        if (dt == FG_F64) {
+            for (int64_t k = 0; k < n; k++)
+                if (!isfinite(((const double *)data)[off + k])) return i;
+        } else {
+            for (int64_t k = 0; k < n; k++)
+                if (!isfinite(((const float *)data)[off + k])) return i;
+        }
+    }
+    return -1;
+}
+
+/* on_nonfinite: a non-finite loss on any rank, or gradient, is seen by
+ * every rank at once (one allreduce of two flags), so that all stop or all
+ * skip the same step. *skip: the step is skipped (gradients zeroed).
+ * Collective. */
+static fg_status check_nonfinite(fg_trainer *t, bool *skip) {
+    *skip = false;
+    if (t->o.on_nonfinite == FG_NONFINITE_IGNORE) return FG_OK;
+    bool local_loss = t->window_nonfinite;
+    t->window_nonfinite = false;
+    /* under 16-mixed the loss scaler owns inf/NaN gradients */
+    int64_t bad = fg_fabric_scaler(t->f) ? -1 : first_nonfinite_param(t->model);
+    /* [0]: a rank's loss is not finite; [1]: minus the first bad parameter
+     * (MAX over ranks = the first), -1e18 for none */
+    double v[2] = {local_loss ? 1.0 : 0.0, bad >= 0 ? -(double)bad : -1e18};
+    int world = fg_fabric_world_size(t->f);
+    fg_comm *comm = fg_fabric_comm(t->f);
+    if (comm && world > 1) FG_TRY(fg_comm_allreduce(comm, v, v, 2, FG_F64, FG_MAX));
+    if (v[0] == 0 && v[1] < -1e17) {
+        t->skipped_in_row = 0;
+        return FG_OK;
+    }
+    char what[512];
+    long long step = (long long)t->global_step + 1;
+    if (v[0] > 0)
+        snprintf(what, sizeof what, "step %lld: the loss is not finite%s", step,
+                 world > 1 && !local_loss ? " (on another rank)" : "");
+    else
+        snprintf(what, sizeof what, "step %lld: the gradient of %s is not finite", step,
+                 fg_module_param_name(t->model, (int64_t)-v[1]));
+    if (t->o.on_nonfinite == FG_NONFINITE_STOP) {
+        const char *last = t->last_saved[0]  ? t->last_saved
+                           : t->ckpt_path[0] ? t->ckpt_path
+                                             : "none yet";
+        return fg_error(FG_EINVAL,
+                        "%s; stopped on every rank (last good checkpoint: %s); lower the "
+                        "learning rate, clip the gradients (gradient_clip_val) or skip such "
+                        "steps (on_nonfinite skip)",
+                        what, last);
+    }
+    snprintf(t->skip_reason, sizeof t->skip_reason, "%s", what);
+    t->skipped++;
+    if (++t->skipped_in_row >= 1000)
+        return fg_error(FG_EINVAL,
+                        "%s; 1000 optimizer steps in a row skipped: lower the learning rate or "
+                        "clip the gradients (gradient_clip_val)",
+                        what);
+    fg_optimizer_zero_grad(t->opt);
+    *skip = true;
+    return FG_OK;
+}
+
 /* Under 16-mixed the loss scaler owns non-finite gradients (it skips the
  * step and lowers the scale): detect_anomaly checks the loss only. */
 static bool check_grads_on(const fg_trainer *t) {
@@ -173,6 +242,9 @@ static bool check_grads_on(const fg_trainer *t) {
  * strategies (whose step is collective) take part. Hooks and clipping by
  * value see unscaled gradients, as Lightning's. */
 static fg_status optimizer_step(fg_trainer *t, int64_t batch_idx) {
+    bool skip;
+    FG_TRY(check_nonfinite(t, &skip));
+    if (skip) return FG_OK;
     FG_TRY(fg_fabric_unscale_gradients(t->f));
     FG_TRY(fg__hook_all(t, FG__H_BEFORE_OPT_STEP));
     if (check_grads_on(t)) FG_TRY(check_grads(t, batch_idx, "before the optimizer step"));
@@ -182,6 +254,15 @@ static fg_status optimizer_step(fg_trainer *t, int64_t batch_idx) {
     }
     FG_TRY(fg_fabric_optimizer_step(t->f, t->opt));
     t->global_step++;
+    return FG_OK;
+}
+
+/* The checkpoint callbacks' save at the end of fit (save_on_fit_end), or at
+ * a stop (every one of them). */
+static fg_status save_at_end(fg_trainer *t, bool forced) {
+    for (int i = 0; i < t->ncbs; i++)
+        if (t->cbs[i]->kind == FG__CB_CHECKPOINT)
+            FG_TRY(fg__checkpoint_save_now(t->cbs[i], t, forced));
     return FG_OK;
 }
 
@@ -229,7 +310,10 @@ static fg_status run_batch(fg_trainer *t) {
     fg_fabric_set_no_backward_sync(t->f, !stepped);
     step_ctx c = {.t = t, .batch_idx = k};
     fg__fx_save prev = fg__fx_set(t, FG__FX_TRAIN_STEP, "training_step");
-    fg_status s = fg_fabric_training_step(t->f, b, micro_step, step_end, &c, NULL);
+    double batch_loss = 0;
+    fg_status s = fg_fabric_training_step(t->f, b, micro_step, step_end, &c, &batch_loss);
+    if (window_start) t->window_nonfinite = false;
+    if (s == FG_OK && !isfinite(batch_loss)) t->window_nonfinite = true;
     fg__fx_restore(t, prev);
     fg__cur_batch_size = b->size;
     if (c.err != FG_OK) return fg_error(c.err, "%s", c.msg);
@@ -248,7 +332,17 @@ static fg_status run_batch(fg_trainer *t) {
     fg__map_free(&row);
     fg_fabric_step_end(t->f);
     FG_TRY(s);
-    return advance_end(t, stepped);
+    FG_TRY(advance_end(t, stepped));
+    if (!stepped) return FG_OK;
+    /* a stop asked on any rank: all agree here, after the same step, and save it */
+    bool stop = false;
+    FG_TRY(fg_fabric_should_stop(t->f, &stop));
+    if (stop) {
+        t->interrupted = true;
+        return save_at_end(t, true);
+    }
+    if (t->max_steps != -1 && t->global_step >= t->max_steps) return save_at_end(t, false);
+    return FG_OK;
 }
 
 /* ------------------------------------------------------------ one epoch */
@@ -263,6 +357,12 @@ static fg_status epoch_end(fg_trainer *t) {
     if (s == FG_OK) s = fg__results_epoch_compute(t, &t->train_res, &row);
     if (s == FG_OK) s = fg__callbacks_hook(t, FG__H_TRAIN_EPOCH_END, 2);
     if (s == FG_OK) s = fg__results_epoch_compute(t, &t->train_res, &row);
+    /* the last epoch of the fit: the save at its end, inside the epoch end
+     * (a resume goes on with the next epoch) */
+    bool last = (t->max_epochs != -1 && t->current_epoch + 1 >= t->max_epochs) ||
+                (t->max_steps != -1 && t->global_step >= t->max_steps) ||
+                (t->should_stop && can_stop_early(t));
+    if (s == FG_OK && last) s = save_at_end(t, false);
     /* the epoch row is logged at the step of the epoch's last batch */
     if (s == FG_OK) s = fg__loggers_log(t, &row, t->batches_that_stepped - 1, true);
     fg__map_free(&row);
@@ -286,7 +386,8 @@ static fg_status run_epoch(fg_trainer *t) {
     FG_TRY(fg__hook_all(t, FG__H_TRAIN_EPOCH_START));
     if (t->pending_advance) FG_TRY(advance_end(t, t->pending_stepped));
     while (!epoch_done(t)) FG_TRY(run_batch(t));
-    return epoch_end(t);
+    /* a stop leaves the epoch open: its checkpoint resumes inside it */
+    return t->interrupted ? FG_OK : epoch_end(t);
 }
 
 /* ------------------------------------------------------------------- fit */
@@ -339,6 +440,9 @@ fg_status fg__fit_body(fg_trainer *t) {
     t->val_done_at = -1;
     t->resumed = t->resumed_mid_epoch = t->pending_advance = false;
     t->val_runs = 0;
+    t->interrupted = t->window_nonfinite = false;
+    t->skipped = t->skipped_in_row = 0;
+    t->skip_reason[0] = t->last_saved[0] = '\0';
     fg__results_reset(&t->train_res);
     FG_TRY(setup_counts(t));
     for (int i = 0; i < t->ncbs; i++)
@@ -351,6 +455,10 @@ fg_status fg__fit_body(fg_trainer *t) {
         t->stage = FG_STAGE_TRAIN;
         FG_TRY(fg__hook_all(t, FG__H_TRAIN_START));
         while (!fit_done(t)) FG_TRY(run_epoch(t));
+        if (t->interrupted) { /* Lightning's interrupt: no end hooks */
+            t->stage = FG_STAGE_NONE;
+            return fg__loggers_finalize(t, "failed");
+        }
         t->stage = FG_STAGE_TRAIN;
         FG_TRY(fg__hook_all(t, FG__H_TRAIN_END));
     }

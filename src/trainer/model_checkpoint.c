@@ -31,13 +31,14 @@ typedef struct ckpt_cb {
     char *dirpath_opt, *filename, *monitor;
     fg_monitor_mode mode;
     int64_t save_top_k; /* 0 = none, -1 = all, k */
-    bool save_last, auto_insert;
+    bool save_last, auto_insert, save_last_link, save_on_fit_end;
     int64_t every_n_train_steps, every_n_epochs;
     fg_flag save_on_train_epoch_end;
     char dirpath[4096];
     topk *best;
     int64_t nbest, capbest;
     char kth_path[4096], best_path[4096], last_path[4096];
+    char saved_now[4096]; /* the newest file it saved (link mode's target) */
     double kth_value, best_score, current_score;
     int64_t last_global_step_saved;
 } ckpt_cb;
@@ -210,8 +211,12 @@ static fg_status save(ckpt_cb *c, fg_trainer *t, const char *path) {
     int64_t prev = c->last_global_step_saved;
     c->last_global_step_saved = t->global_step; /* part of the state it saves */
     fg_status s = fg__save_checkpoint(t, path);
-    if (s != FG_OK) c->last_global_step_saved = prev;
-    return s;
+    if (s != FG_OK) {
+        c->last_global_step_saved = prev;
+        return s;
+    }
+    snprintf(c->saved_now, sizeof c->saved_now, "%s", path);
+    return FG_OK;
 }
 
 static bool should_remove(const fg_trainer *t, const ckpt_cb *c, const char *prev,
@@ -314,9 +319,41 @@ static fg_status save_topk(ckpt_cb *c, fg_trainer *t) {
     return FG_OK;
 }
 
+/* save_last="link": rank 0 points dirpath/last.safetensors at this step's
+ * file (the link is replaced, never versioned). */
+static fg_status link_last(ckpt_cb *c, fg_trainer *t) {
+    char path[4096];
+    FG_TRY(format_name(c, t, "last", 0, path, sizeof path));
+    char full[4096];
+    if (snprintf(full, sizeof full, "%s/%s" EXT, c->dirpath, path) >= (int)sizeof full)
+        return fg_error(FG_EINVAL, "ModelCheckpoint: path too long in %s", c->dirpath);
+    const char *slash = strrchr(c->saved_now, '/');
+    fg_status s = FG_OK;
+    if (fg_trainer_is_global_zero(t)) s = fg_st_set_last(full, slash ? slash + 1 : c->saved_now);
+    /* every rank learns whether rank 0's link is in place */
+    double ok = fg_fabric_reduce_scalar(fg_trainer_fabric(t), s == FG_OK ? 1 : 0, FG_MIN);
+    if (s != FG_OK) return fg_error_wrap(s, "ModelCheckpoint: save_last=\"link\"");
+    if (ok != 1) return fg_error(FG_EPEER, "ModelCheckpoint: rank 0 could not link %s", full);
+    snprintf(c->last_path, sizeof c->last_path, "%s", full);
+    return FG_OK;
+}
+
 static fg_status save_last(ckpt_cb *c, fg_trainer *t) {
     if (!c->save_last) return FG_OK;
+    /* Lightning's "link": "last" names the newest file this callback saved */
+    if (c->save_last_link && c->saved_now[0] &&
+        !strncmp(c->saved_now, c->dirpath, strlen(c->dirpath)) &&
+        c->saved_now[strlen(c->dirpath)] == '/')
+        return link_last(c, t);
     char path[4096], prev[4096];
+    if (c->save_last_link) { /* a full file in the link's place */
+        char name[2048];
+        FG_TRY(format_name(c, t, "last", 0, name, sizeof name));
+        if (snprintf(path, sizeof path, "%s/%s" EXT, c->dirpath, name) >= (int)sizeof path)
+            return fg_error(FG_EINVAL, "ModelCheckpoint: path too long in %s", c->dirpath);
+        snprintf(c->last_path, sizeof c->last_path, "%s", path);
+        return save(c, t, path);
+    }
     FG_TRY(pick_path(c, t, "last", NULL, path, sizeof path));
     snprintf(prev, sizeof prev, "%s", c->last_path);
     snprintf(c->last_path, sizeof c->last_path, "%s", path);
@@ -337,6 +374,20 @@ static fg_status on_train_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_
         t->global_step % c->every_n_train_steps != 0)
         return FG_OK;
     FG_TRY(save_topk(c, t));
+    return save_last(c, t);
+}
+
+fg_status fg__checkpoint_save_now(fg_callback *cb, fg_trainer *t, bool forced) {
+    ckpt_cb *c = of(cb);
+    if (!c || (!forced && !c->save_on_fit_end) || should_skip(c, t)) return FG_OK;
+    FG_TRY(save_topk(c, t));
+    if (!c->save_last && c->last_global_step_saved != t->global_step) {
+        /* top-k kept nothing at this step (a worse score, or no monitor value
+         * yet): the end of the run is saved all the same */
+        char path[4096];
+        FG_TRY(pick_path(c, t, c->filename, NULL, path, sizeof path));
+        FG_TRY(save(c, t, path));
+    }
     return save_last(c, t);
 }
 
@@ -405,6 +456,13 @@ static fg_status load_state_dict(void *ud, fg_trainer *t, const fg_state_dict *s
         snprintf(c->kth_path, sizeof c->kth_path, "%s", v);
     if ((v = fg_state_dict_get(sd, "last_model_path")))
         snprintf(c->last_path, sizeof c->last_path, "%s", v);
+    char target[2048];
+    ssize_t tn = c->save_last_link ? readlink(c->last_path, target, sizeof target - 1) : -1;
+    if (tn > 0) { /* the newest file saved: what "last" names */
+        target[tn] = '\0';
+        if (strlen(c->dirpath) + (size_t)tn + 2 <= sizeof c->saved_now)
+            snprintf(c->saved_now, sizeof c->saved_now, "%.2047s/%s", c->dirpath, target);
+    }
     clear_best(c);
     const char *list = fg_state_dict_get(sd, "best_k_models");
     for (const char *p = list; p && *p;) {
@@ -502,7 +560,9 @@ fg_callback *fg_model_checkpoint_new(const fg_checkpoint_opts *opts) {
     if (!c) return NULL;
     c->mode = o.mode;
     c->save_top_k = k;
-    c->save_last = o.save_last;
+    c->save_last = o.save_last || o.save_last_link;
+    c->save_last_link = o.save_last_link;
+    c->save_on_fit_end = o.save_on_fit_end;
     c->auto_insert = !o.no_auto_insert_metric_name;
     c->every_n_train_steps = o.every_n_train_steps;
     c->every_n_epochs = o.every_n_epochs ? o.every_n_epochs : (o.every_n_train_steps ? 0 : 1);

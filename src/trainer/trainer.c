@@ -157,6 +157,9 @@ static fg_status check_opts(const fg_trainer_opts *o) {
     NEED(o->check_val_every_n_epoch >= -1,
          "check_val_every_n_epoch=%lld: expected >= 1, 0 (= 1) or -1 (None)",
          (long long)o->check_val_every_n_epoch);
+    NEED(o->on_nonfinite >= FG_NONFINITE_IGNORE && o->on_nonfinite <= FG_NONFINITE_SKIP,
+         "on_nonfinite=%d: expected FG_NONFINITE_IGNORE, FG_NONFINITE_STOP or FG_NONFINITE_SKIP",
+         (int)o->on_nonfinite);
     NEED(o->fast_dev_run >= 0, "fast_dev_run=%lld: expected 0 (off) or a number of batches",
          (long long)o->fast_dev_run);
     NEED(o->log_every_n_steps >= 0, "log_every_n_steps=%lld: expected >= 1 (0 = 50)",
@@ -384,6 +387,12 @@ const char *fg_trainer_log_dir(const fg_trainer *t) {
 bool fg_trainer_should_stop(const fg_trainer *t) { return t->should_stop; }
 void fg_trainer_set_should_stop(fg_trainer *t, bool stop) { t->should_stop = stop; }
 const char *fg_trainer_ckpt_path(const fg_trainer *t) { return t->ckpt_path; }
+const char *fg_trainer_last_saved_path(const fg_trainer *t) { return t->last_saved; }
+bool fg_trainer_interrupted(const fg_trainer *t) { return t->interrupted; }
+int64_t fg_trainer_skipped_steps(const fg_trainer *t, const char **last_reason) {
+    if (last_reason) *last_reason = t->skip_reason;
+    return t->skipped;
+}
 fg_callback *fg_trainer_checkpoint_callback(const fg_trainer *t) {
     for (int i = 0; i < t->ncbs; i++)
         if (t->cbs[i]->kind == FG__CB_CHECKPOINT) return t->cbs[i];

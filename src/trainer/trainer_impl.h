@@ -152,6 +152,12 @@ struct fg_trainer {
     /* resuming */
     bool resumed, resumed_mid_epoch;
     char ckpt_path[4096];
+    /* the file the latest save wrote; a stop request agreed on; on_nonfinite */
+    char last_saved[4096];
+    bool interrupted;
+    bool window_nonfinite; /* a batch of the open window had a non-finite loss here */
+    int64_t skipped, skipped_in_row;
+    char skip_reason[512];
 
     /* logging */
     pthread_mutex_t log_mu;
@@ -263,6 +269,9 @@ fg_status fg__load_checkpoint(fg_trainer *t, bool full);
  * (collective); the file a removal must spare */
 fg_status fg__checkpoint_resolve_dir(fg_callback *cb, fg_trainer *t);
 fg_status fg__checkpoint_find_last(const fg_callback *cb, char *out, size_t cap, double *mtime);
+/* A save at the end of fit (save_on_fit_end) or at a stop (forced): this
+ * step's top-k candidate and "last", unless this step was saved. */
+fg_status fg__checkpoint_save_now(fg_callback *cb, fg_trainer *t, bool forced);
 
 /* csv_logger.c, shared with the TensorBoard logger: a logger's run folder
  * <save_dir>/<name>/<version>, made; version NULL = the next free version_N
