@@ -31,7 +31,7 @@ trainer:
   devices: [0, 1]
   strategy: ddp
   accumulate-grad-batches: 2     # dashes work too
-  log_every_n_steps: 5           # Lightning's name for --log-every
+  log_every: 5                   # the older name of --log-every-n-steps
 model:
   class_path: mlp
   init_args:
@@ -52,7 +52,7 @@ expect_value "trainer.max_steps" p1 max_steps 20
 expect_value "a list joined by commas" p1 devices 0,1
 expect_value "trainer.strategy" p1 strategy ddp
 expect_value "a key with dashes" p1 accumulate_grad_batches 2
-expect_value "log_every_n_steps is --log-every" p1 log_every 5
+expect_value "log_every is log_every_n_steps (an alias)" p1 log_every_n_steps 5
 expect_value "model class_path" p1 model mlp
 expect_value "model init_args" p1 hidden 64
 expect_value "data.batch_size" p1 batch_size 8

@@ -15,6 +15,9 @@
 #define FG_EXIT_RESUMABLE 75
 
 int cmd_fit(int argc, char **argv);
+int cmd_validate(int argc, char **argv);
+int cmd_test(int argc, char **argv);
+int cmd_predict(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_env(int argc, char **argv);
 int cmd_ckpt(int argc, char **argv);

@@ -71,7 +71,9 @@ static void unknown_flag(const cli_flag *flags, int nflags, const char *name, co
 
 cli_flag *cli_flags_find(cli_flag *flags, int nflags, const char *name) {
     for (int i = 0; i < nflags; i++)
-        if (flags[i].type != CLI_SECTION && !strcmp(flags[i].name, name)) return &flags[i];
+        if (flags[i].type != CLI_SECTION &&
+            (!strcmp(flags[i].name, name) || (flags[i].alias && !strcmp(flags[i].alias, name))))
+            return &flags[i];
     return NULL;
 }
 
@@ -157,6 +159,8 @@ void cli_flags_help(FILE *out, const cli_flag *flags, int nflags, const char *us
                                       c == f->choices ? "" : ", ", *c);
             if (n < sizeof text) n += (size_t)snprintf(text + n, sizeof text - n, ")");
         }
+        if (f->alias && n < sizeof text)
+            n += (size_t)snprintf(text + n, sizeof text - n, " (also --%s)", f->alias);
         if (f->def && *f->def && n < sizeof text)
             snprintf(text + n, sizeof text - n, " [default: %s]", f->def);
         /* wrap the text at 100 columns under its own indent */

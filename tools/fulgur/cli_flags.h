@@ -29,6 +29,7 @@ typedef struct cli_flag {
     const char *help;           /* one line; may mention valid values */
     int64_t min, max;           /* CLI_INT: inclusive range when min < max */
     const char *const *choices; /* CLI_STR: NULL-terminated valid values, or NULL */
+    const char *alias;          /* another accepted name (an older one), or NULL */
     bool seen;                  /* set by the parser when given on the command line */
 } cli_flag;
 

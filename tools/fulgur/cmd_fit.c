@@ -1,5 +1,6 @@
-/* fulgur fit: trains a built-in model (gpt, mlp) on a data file with
- * Lightning's Trainer flags. Everything checkable is checked here, in the
+/* fulgur fit, validate, test, predict: the Trainer (fit_trainer.c) on a
+ * built-in model (gpt, mlp) and a data file, with Lightning's Trainer flags
+ * (fit_args.c). Everything checkable is checked here, in the
  * process the user started, before any rank exists: flags and values
  * (fit_args.c), files, and the devices/strategy/precision strings
  * (fg_fabric_new: the launch plan, the same as `fulgur env` prints for these
@@ -41,9 +42,9 @@ static void install_stop_handlers(fg_fabric *f) {
     for (size_t i = 0; i < sizeof k_sigs / sizeof k_sigs[0]; i++) sigaction(k_sigs[i], &sa, NULL);
 }
 
-int cmd_fit(int argc, char **argv) {
+static int run_command(fg_trainer_fn fn, int argc, char **argv) {
     static fit_opts o; /* static: ranks launched by fork keep it */
-    int rc = fit_args_parse(&o, argc, argv);
+    int rc = fit_args_parse(&o, fn, argc, argv);
     if (rc) return rc < 0 ? FG_EXIT_OK : rc;
     fg_fabric *f = fg_fabric_new(&(fg_fabric_config){
         .accelerator = o.accelerator,
@@ -65,7 +66,12 @@ int cmd_fit(int argc, char **argv) {
         bool usage = s == FG_EINVAL || s == FG_EUNSUPPORTED || s == FG_EMISMATCH;
         return usage ? FG_EXIT_USAGE : FG_EXIT_FAIL;
     }
-    if ((rc = fit_check_ckpt_dir(&o)) != 0) {
+    if (fn == FG_FIT && (rc = fit_check_ckpt_dir(&o)) != 0) {
+        fg_fabric_free(f);
+        return rc;
+    }
+    fit_run *r = fit_run_new(&o, f, &rc);
+    if (!r) {
         fg_fabric_free(f);
         return rc;
     }
@@ -75,22 +81,19 @@ int cmd_fit(int argc, char **argv) {
         printf("launch plan: %s\n", fg_launch_plan_format(plan, line, sizeof line));
         fflush(stdout);
     }
-    install_stop_handlers(f);
-    rc = fg_fabric_launch(f, fit_run, &o);
-    if (rc != 0) {
-        /* fit_run printed its own errors; the fabric's (a launch that
-         * failed, a peer that never joined, a rank that died) are printed
-         * here, whatever the code, unless this process said them already */
-        const char *msg = fg_last_error();
-        if (msg && *msg && !fit_reported(msg)) cli_error("fit: %s", msg);
-        else if (!msg || !*msg) cli_error("fit: failed (exit code %d) without a message", rc);
-        rc = FG_EXIT_FAIL;
-    }
+    if (fn == FG_FIT) install_stop_handlers(f);
+    rc = fit_run_launch(r);
     /* a resumable stop: the process the user started (rank 0) says so with
      * its exit status; the other ranks exit 0, so that no launcher takes
      * them for failed ranks */
     if (rc == 0 && fit_stopped && plan->rank <= 0) rc = FG_EXIT_RESUMABLE;
     g_fabric = NULL;
+    fit_run_free(r);
     fg_fabric_free(f);
     return rc;
 }
+
+int cmd_fit(int argc, char **argv) { return run_command(FG_FIT, argc, argv); }
+int cmd_validate(int argc, char **argv) { return run_command(FG_VALIDATE, argc, argv); }
+int cmd_test(int argc, char **argv) { return run_command(FG_TEST, argc, argv); }
+int cmd_predict(int argc, char **argv) { return run_command(FG_PREDICT, argc, argv); }

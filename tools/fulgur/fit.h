@@ -1,12 +1,18 @@
-/* fulgur fit: the pieces of the command, one file each.
- *   fit_args.c      the flag table, defaults, checks made before any rank starts
+/* fulgur fit, validate, test, predict: the pieces of the commands, one file each.
+ *   fit_args.c      the flag table (Lightning's Trainer names), defaults, checks made
+ *                   before any rank starts
  *   fit_data.c      datasets from --data / --val-data / --labels
  *   fit_model.c     the model and optimizer from the options, the lr schedule,
  *                   the model config stored in checkpoints (read back by `sample`)
- *   fit_progress.c  rank 0's progress bar / periodic lines and the CSV
- *   fit_loop.c      the training loop each rank runs (fabric API)
+ *   fit_module.c    the built-in models and data as a user module of the Trainer
+ *                   (fg_lightning_module): steps, loaders, checkpoint metadata
+ *   fit_progress.c  rank 0's progress bar / periodic lines and metrics.csv, a
+ *                   Trainer callback
+ *   fit_trainer.c   the Trainer's options and callbacks from the flags, and what
+ *                   each rank runs: fit (then a last validation), validate, test,
+ *                   predict (fg_trainer_launch)
  *   fit_config.c    --config run.yaml (LightningCLI's sections) and --print-config
- *   cmd_fit.c       the command: parse, check, fg_fabric_new, launch */
+ *   cmd_fit.c       the commands: parse, check, fg_fabric_new, the trainer, launch */
 #ifndef FULGUR_FIT_H
 #define FULGUR_FIT_H
 
@@ -49,17 +55,35 @@ typedef struct fit_opts {
     /* strategy bagua (Lightning's BaguaStrategy): parsed into ddp.bagua by fit_bagua.c */
     const char *bagua_algorithm, *hierarchical, *peer_selection_mode;
     int64_t communication_interval, bagua_warmup_steps, sync_interval_ms;
-    /* loop */
-    int64_t max_epochs, max_steps, batch_size, accumulate, num_workers;
+    /* loop (Lightning's Trainer arguments) */
+    int64_t max_epochs, max_steps, min_epochs, min_steps, batch_size, accumulate, num_workers;
+    const char *max_time_s; /* "DD:HH:MM:SS", parsed into max_time (seconds; 0 = none) */
+    double max_time;
+    int64_t fast_dev_run;
+    const char *clip_algorithm; /* "norm" or "value" */
+    bool detect_anomaly;
     double clip, lr, min_lr_ratio, weight_decay, momentum;
     int64_t warmup_steps, lr_decay_steps;
     const char *optimizer; /* "adamw" or "sgd" */
     int64_t seed;
-    int64_t val_check_interval, limit_val_batches;
+    /* as given ("250" batches, "0.25" of an epoch; "0": only at the end), parsed */
+    const char *val_check_interval_s, *limit_train_s, *limit_val_s, *limit_test_s, *limit_predict_s;
+    fg_batches val_check_interval, limit_train, limit_val, limit_test, limit_predict;
+    bool val_end_only;               /* --val-check-interval 0 */
+    int64_t check_val_every_n_epoch; /* 0: -1 (count across epochs) for a count, else 1 */
+    int64_t num_sanity_val_steps;
+    /* ModelCheckpoint and EarlyStopping */
+    const char *monitor, *mode; /* mode "min" or "max" */
+    bool save_last;
+    int64_t early_stopping_patience; /* 0: no EarlyStopping */
+    double early_stopping_min_delta;
+    const char *logger; /* "none", or a list of csv, tensorboard */
+    /* validate, test, predict */
+    const char *test_data, *test_labels, *predict_data, *predictions;
     /* outputs */
     const char *root_dir, *ckpt_dir, *resume;
     int64_t ckpt_every, log_every, sample_tokens;
-    int64_t save_top_k;       /* keep the newest N step checkpoints; -1: all */
+    int64_t save_top_k;       /* the best N by --monitor, or without one the newest N; -1: all */
     const char *on_nonfinite; /* "stop" or "skip" */
     bool deterministic;       /* Lightning's `deterministic` (fabric.h) */
     bool on_nonfinite_skip;
@@ -69,6 +93,8 @@ typedef struct fit_opts {
     /* --config files (read by fit_config.c before the flags) and --print-config */
     const char *config;
     bool print_config;
+    /* which command: fit, validate, test or predict */
+    fg_trainer_fn fn;
     /* derived */
     char ckpt_dir_buf[4096];
     char resume_path[4096]; /* resolved checkpoint to resume from, "" = none */
@@ -78,7 +104,7 @@ typedef struct fit_opts {
  * win) and checks everything that can be checked before any rank starts
  * (values, files). Returns 0, -1 after --help or --print-config (exit 0),
  * or FG_EXIT_USAGE after printing the error. */
-int fit_args_parse(fit_opts *o, int argc, char **argv);
+int fit_args_parse(fit_opts *o, fg_trainer_fn fn, int argc, char **argv);
 
 /* The Bagua flags (fit_bagua.c): parsed into o->ddp.bagua, and refused
  * without --strategy bagua or with an algorithm they do not belong to.
@@ -107,38 +133,56 @@ typedef struct fit_data {
 fg_status fit_data_open(const fit_opts *o, fit_data *d);
 void fit_data_free(fit_data *d);
 
-/* Rank 0's progress display and metrics CSV. Every function accepts NULL
- * (the other ranks hold NULL) and does nothing then. */
-typedef struct fit_progress fit_progress;
-/* total_steps: the step count the run ends at (for the bar and ETA; 0 if
- * unknown); start_step: where this process starts (a resume); unit: "tok"
- * or "samples"; csv_path: metrics file, appended when resuming. NULL on
- * failure (message in fg_last_error). */
-fit_progress *fit_progress_new(const fit_opts *o, int64_t total_steps, int64_t start_step,
-                               const char *unit, const char *csv_path, bool append);
-/* After optimizer step `step` (1-based count of steps done) with the step's
- * mean loss, the lr used and the items (tokens/samples, all ranks) it took. */
-void fit_progress_step(fit_progress *p, int64_t step, int64_t epoch, double loss, double lr,
-                       double items);
-/* A validation result at `step`. */
-void fit_progress_val(fit_progress *p, int64_t step, int64_t epoch, double val_loss);
-/* A line of text that does not break the bar. */
-void fit_progress_note(fit_progress *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Ends the bar (newline), closes the CSV, frees. */
-void fit_progress_free(fit_progress *p);
-/* Seconds since fit_progress_new. */
-double fit_progress_elapsed(const fit_progress *p);
+/* Rank 0's progress display and metrics.csv, as a Trainer callback (every
+ * rank runs it; rank 0 prints). ud of the module is fit_module (fit_module.c).
+ * NULL with fg_last_error on failure; free with fg_callback_free. */
+typedef struct fit_module fit_module;
+fg_callback *fit_progress_new(const fit_opts *o, fit_module *m);
 
-/* True when this process already printed an error containing msg
- * (fit_loop.c's rank_error), so that cmd_fit does not print it twice. */
+/* The built-in model and data as a Trainer module. fit_module_new opens
+ * nothing: fit_module_open (on each rank, inside the launch) opens the data,
+ * builds the model and the loaders; fit_module_free frees all. */
+fit_module *fit_module_new(const fit_opts *o);
+fg_status fit_module_open(fit_module *m, fg_trainer *t);
+void fit_module_free(fit_module *m);
+fg_lightning_module fit_module_table(fit_module *m);
+/* What the module knows, for the callbacks and the end of the run. */
+const fit_data *fit_module_data(const fit_module *m);
+fg_module *fit_module_model(const fit_module *m);
+fg_dataloader *fit_module_loader(const fit_module *m, fg_trainer_fn fn);
+bool fit_module_is_gpt(const fit_module *m);
+int64_t fit_module_ctx(const fit_module *m);
+/* Training: the mean loss of the optimizer step just taken (over its
+ * micro-batches; this rank's) and the samples it took; reset by the call. */
+void fit_module_take_step(fit_module *m, double *loss, int64_t *samples);
+/* The global step at which validation last ran in fit (-1: none) and its
+ * loss (NAN without validation data). */
+int64_t fit_module_last_val(const fit_module *m, double *loss);
+/* The seed the resumed checkpoint was trained with (0: not resumed). */
+uint64_t fit_module_ckpt_seed(const fit_module *m);
+/* Rank 0, gpt on text: a sample after the run. */
+void fit_module_sample(fit_module *m);
+/* predict: the predictions of this rank, written by rank 0 in dataset order. */
+fg_status fit_module_write_predictions(fit_module *m, fg_trainer *t, const char *path);
+
+/* The trainer for o over fabric f (borrowed), with its callbacks (the
+ * progress display, ModelCheckpoint, EarlyStopping) and loggers, which the
+ * run keeps; NULL after printing the error (FG_EXIT_USAGE in *rc for a bad
+ * setting, else FG_EXIT_FAIL). */
+typedef struct fit_run fit_run;
+fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc);
+void fit_run_free(fit_run *r);
+/* Launches the ranks and runs the command on each. Returns the exit code
+ * for this process: 0, FG_EXIT_FAIL, or FG_EXIT_RESUMABLE (rank 0, a stop). */
+int fit_run_launch(fit_run *r);
+
+/* True when this process already printed an error containing msg, so that
+ * the command does not print it twice. */
 bool fit_reported(const char *msg);
+/* Prints "[rank R: ]what: <fg_last_error>" and remembers it; FG_EXIT_FAIL. */
+int fit_rank_error(fg_trainer *t, const char *what);
 
-/* Set by fit_run when it stopped early on a signal after saving a
- * checkpoint at a step boundary (it then returns 0 so that the ranks leave
- * together); cmd_fit turns it into exit 75 on rank 0. */
+/* Set once a stop's checkpoint is saved (signals are then ignored). */
 extern volatile int fit_stopped;
-
-/* The training loop of one rank (fg_fabric_launch's run). arg is fit_opts. */
-int fit_run(fg_fabric *f, void *arg);
 
 #endif

@@ -13,8 +13,8 @@
 
 #include "ckpt_paths.h"
 #include "cli_flags.h"
-#include "fit.h"
 #include "fit_config.h"
+#include "fit_model.h"
 
 static const char *const k_models[] = {"gpt", "mlp", NULL};
 static const char *const k_optims[] = {"adamw", "sgd", NULL};
@@ -33,8 +33,20 @@ static const char *const k_hier[] = {"auto", "true", "false", NULL};
 static const char *const k_peer[] = {"all", "shift_one", NULL};
 static const char *const k_nonfinite[] = {"stop", "skip", NULL};
 static const char *const k_state_dict[] = {"full", "sharded", NULL};
+static const char *const k_clip[] = {"norm", "value", NULL};
+static const char *const k_modes[] = {"min", "max", NULL};
 
-#define USAGE "fulgur fit --model {gpt,mlp} --data PATH [--val-data PATH] [FLAGS]"
+static const char *usage_of(fg_trainer_fn fn) {
+    switch (fn) {
+    case FG_VALIDATE: return "fulgur validate --data PATH [--ckpt-path last|best|PATH] [FLAGS]";
+    case FG_TEST:
+        return "fulgur test --data PATH [--test-data PATH] [--ckpt-path last|best|PATH] [FLAGS]";
+    case FG_PREDICT:
+        return "fulgur predict --data PATH [--predict-data PATH] [--predictions OUT.csv] "
+               "[--ckpt-path last|best|PATH] [FLAGS]";
+    default: return "fulgur fit --model {gpt,mlp} --data PATH [--val-data PATH] [FLAGS]";
+    }
+}
 
 /* The flag table over o. Kept in one place so that --help shows every flag. */
 static int build_flags(fit_opts *o, cli_flag *t) {
@@ -148,17 +160,33 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .max = 65536,
       .help = "machines (launch each with mpirun, srun or fulgur run); 0: 1, or "
               "the launcher's");
-    SEC("loop");
+    SEC("loop (Lightning's Trainer arguments)");
     F(.name = "max-epochs", .type = CLI_INT, .dst = &o->max_epochs, .def = "-1", .min = -1,
       .max = INT64_MAX / 2, .help = "stop after this many epochs (-1: no limit)");
+    F(.name = "min-epochs", .type = CLI_INT, .dst = &o->min_epochs, .def = "0", .min = 0,
+      .max = INT64_MAX / 2, .help = "no early stop before this many epochs");
     F(.name = "max-steps", .type = CLI_INT, .dst = &o->max_steps, .def = "1500", .min = -1,
       .max = INT64_MAX / 2, .help = "stop after this many optimizer steps (-1: no limit)");
+    F(.name = "min-steps", .type = CLI_INT, .dst = &o->min_steps, .def = "0", .min = 0,
+      .max = INT64_MAX / 2, .help = "no early stop before this many optimizer steps");
+    F(.name = "max-time", .type = CLI_STR, .dst = &o->max_time_s,
+      .help = "stop after this much training time, DD:HH:MM:SS (or HH:MM:SS, MM:SS, seconds); "
+              "the checkpoint at the stop resumes");
+    F(.name = "fast-dev-run", .type = CLI_INT, .dst = &o->fast_dev_run, .def = "0", .min = 0,
+      .max = INT64_MAX / 2,
+      .help = "run N batches of training and validation (one epoch), no checkpoints, no "
+              "loggers: a quick check that everything runs (0: off)");
     F(.name = "batch-size", .type = CLI_INT, .dst = &o->batch_size, .def = "16", .min = 1,
       .max = 1 << 24, .help = "samples per device per micro-batch");
     F(.name = "accumulate-grad-batches", .type = CLI_INT, .dst = &o->accumulate, .def = "1",
       .min = 1, .max = 1 << 20, .help = "micro-batches per optimizer step");
+    F(.name = "limit-train-batches", .type = CLI_STR, .dst = &o->limit_train_s, .def = "1.0",
+      .help = "training batches per epoch per rank: a count (10) or a fraction of the "
+              "epoch (0.25)");
     F(.name = "gradient-clip-val", .type = CLI_DOUBLE, .dst = &o->clip, .def = "1.0",
-      .help = "clip the global gradient norm to this (0: off)");
+      .help = "clip the gradients to this (0: off)");
+    F(.name = "gradient-clip-algorithm", .type = CLI_STR, .dst = &o->clip_algorithm, .def = "norm",
+      .choices = k_clip, .help = "by the global 2-norm, or each element by value");
     F(.name = "on-nonfinite", .type = CLI_STR, .dst = &o->on_nonfinite, .def = "stop",
       .choices = k_nonfinite,
       .help = "a non-finite loss or gradient on any rank: stop (naming the step, the tensor and "
@@ -166,6 +194,9 @@ static int build_flags(fit_opts *o, cli_flag *t) {
     F(.name = "deterministic", .type = CLI_BOOL, .dst = &o->deterministic,
       .help = "bitwise the same weights on any number of devices for the same global batch "
               "(one kernel thread per rank; docs/fault-tolerance.md)");
+    F(.name = "detect-anomaly", .type = CLI_BOOL, .dst = &o->detect_anomaly,
+      .help = "stop at the first non-finite loss or gradient on a rank, after each backward, "
+              "naming the batch and the tensor");
     F(.name = "optimizer", .type = CLI_STR, .dst = &o->optimizer, .def = "adamw",
       .choices = k_optims, .help = "adamw, or sgd with --momentum");
     F(.name = "lr", .type = CLI_DOUBLE, .dst = &o->lr, .def = "2e-3", .help = "peak learning rate");
@@ -184,30 +215,72 @@ static int build_flags(fit_opts *o, cli_flag *t) {
     F(.name = "num-workers", .type = CLI_INT, .dst = &o->num_workers, .def = "1", .min = 0,
       .max = 64, .help = "data loader threads per rank");
     SEC("validation");
-    F(.name = "val-check-interval", .type = CLI_INT, .dst = &o->val_check_interval, .def = "250",
-      .min = 0, .max = INT64_MAX / 2,
-      .help = "validate every N steps and at the end (0: end only)");
-    F(.name = "limit-val-batches", .type = CLI_INT, .dst = &o->limit_val_batches, .def = "20",
-      .min = 0, .max = INT64_MAX / 2, .help = "batches per rank per validation (0: all)");
+    F(.name = "val-check-interval", .type = CLI_STR, .dst = &o->val_check_interval_s, .def = "250",
+      .help = "validate every N training batches, or a fraction of each epoch (0.25), and at "
+              "the end (0: at the end only)");
+    F(.name = "check-val-every-n-epoch", .type = CLI_INT, .dst = &o->check_val_every_n_epoch,
+      .def = "0", .min = -1, .max = INT64_MAX / 2,
+      .help = "validate in every N-th epoch; -1: count --val-check-interval batches across "
+              "epochs (0: -1 when --val-check-interval is a count, else 1)");
+    F(.name = "limit-val-batches", .type = CLI_STR, .dst = &o->limit_val_s, .def = "20",
+      .help = "batches per rank per validation: a count or a fraction (1.0: all; 0: none)");
+    F(.name = "num-sanity-val-steps", .type = CLI_INT, .dst = &o->num_sanity_val_steps, .def = "2",
+      .min = -1, .max = INT64_MAX / 2,
+      .help = "validation batches run before training (-1: all; none when resuming)");
     SEC("checkpoints and output");
     F(.name = "default-root-dir", .type = CLI_STR, .dst = &o->root_dir, .def = "runs/MODEL",
-      .help = "the run's folder: metrics.csv, and checkpoints/ unless --ckpt-dir");
+      .help = "the run's folder: metrics.csv, loggers, and checkpoints/ unless --ckpt-dir");
     F(.name = "ckpt-dir", .type = CLI_STR, .dst = &o->ckpt_dir,
       .help = "checkpoint folder [default: DEFAULT_ROOT_DIR/checkpoints]");
-    F(.name = "ckpt-every", .type = CLI_INT, .dst = &o->ckpt_every, .def = "500", .min = 0,
-      .max = INT64_MAX / 2, .help = "save every N steps (0: only at the end)");
+    F(.name = "every-n-train-steps", .alias = "ckpt-every", .type = CLI_INT, .dst = &o->ckpt_every,
+      .def = "500", .min = 0, .max = INT64_MAX / 2,
+      .help = "save a checkpoint every N optimizer steps; always at the end (0: only there)");
+    F(.name = "monitor", .type = CLI_STR, .dst = &o->monitor,
+      .help = "the metric that ranks checkpoints for --save-top-k and that "
+              "--early-stopping-patience watches (val_loss)");
+    F(.name = "mode", .type = CLI_STR, .dst = &o->mode, .def = "min", .choices = k_modes,
+      .help = "whether a lower or a higher --monitor is better");
     F(.name = "save-top-k", .type = CLI_INT, .dst = &o->save_top_k, .def = "-1", .min = -1,
       .max = INT64_MAX / 2,
-      .help = "keep the newest N step checkpoints, removing older ones after each save (-1: "
+      .help = "keep the best N checkpoints by --monitor, or without one the newest N (-1: "
               "keep all)");
-    F(.name = "resume", .type = CLI_STR, .dst = &o->resume,
-      .help = "continue from a checkpoint file, a folder, or \"last\" (the newest in --ckpt-dir)");
-    F(.name = "log-every", .type = CLI_INT, .dst = &o->log_every, .def = "10", .min = 1,
-      .max = INT64_MAX / 2, .help = "metrics row and progress line every N steps");
+    F(.name = "save-last", .type = CLI_BOOL, .dst = &o->save_last, .def = "true",
+      .help = "last.safetensors: a link to the newest checkpoint (Lightning's save_last=\"link\"), "
+              "which --ckpt-path last reads");
+    F(.name = "early-stopping-patience", .type = CLI_INT, .dst = &o->early_stopping_patience,
+      .def = "0", .min = 0, .max = INT64_MAX / 2,
+      .help = "stop after N validations without an improvement of --monitor (0: no "
+              "EarlyStopping)");
+    F(.name = "early-stopping-min-delta", .type = CLI_DOUBLE, .dst = &o->early_stopping_min_delta,
+      .def = "0", .help = "the least change of --monitor that counts as an improvement");
+    F(.name = "ckpt-path", .alias = "resume", .type = CLI_STR, .dst = &o->resume,
+      .help = "fit: continue from a checkpoint file, a folder, or \"last\" (the newest in "
+              "--ckpt-dir); validate/test/predict: the weights to use: last, best or a path "
+              "[default there: last]");
+    F(.name = "logger", .type = CLI_STR, .dst = &o->logger, .def = "none",
+      .help = "Lightning's loggers, comma-separated: csv (metrics.csv, hparams.yaml), "
+              "tensorboard (event files), in DEFAULT_ROOT_DIR/lightning_logs/version_N");
+    F(.name = "log-every-n-steps", .alias = "log-every", .type = CLI_INT, .dst = &o->log_every,
+      .def = "10", .min = 1, .max = INT64_MAX / 2,
+      .help = "metrics row, logger row and progress line every N steps");
     F(.name = "progress", .type = CLI_STR, .dst = &o->progress, .def = "auto",
       .choices = k_progress, .help = "auto: a bar on a terminal, lines otherwise");
     F(.name = "sample-tokens", .type = CLI_INT, .dst = &o->sample_tokens, .def = "200", .min = 0,
       .max = 1 << 20, .help = "gpt: characters generated at the end");
+    SEC("validate, test, predict");
+    F(.name = "test-data", .type = CLI_STR, .dst = &o->test_data,
+      .help = "test: the data to test on (default: the validation data)");
+    F(.name = "test-labels", .type = CLI_STR, .dst = &o->test_labels,
+      .help = "test, mlp: labels .npy for --test-data");
+    F(.name = "predict-data", .type = CLI_STR, .dst = &o->predict_data,
+      .help = "predict: the inputs (default: the validation data)");
+    F(.name = "predictions", .type = CLI_STR, .dst = &o->predictions,
+      .help = "predict: the CSV written (index and class, or next token) [default: "
+              "DEFAULT_ROOT_DIR/predictions.csv]");
+    F(.name = "limit-test-batches", .type = CLI_STR, .dst = &o->limit_test_s, .def = "1.0",
+      .help = "test: batches per rank, a count or a fraction");
+    F(.name = "limit-predict-batches", .type = CLI_STR, .dst = &o->limit_predict_s, .def = "1.0",
+      .help = "predict: batches per rank, a count or a fraction");
     SEC("config file (LightningCLI's)");
     F(.name = "config", .type = CLI_STR, .dst = &o->config,
       .help = "read settings from a YAML file with sections trainer:, model:, data:, optimizer: "
@@ -406,12 +479,139 @@ static int hook_args(fit_opts *o, cli_flag *flags, int n) {
     return 0;
 }
 
-int fit_args_parse(fit_opts *o, int argc, char **argv) {
+/* "10" (a count of batches) or "0.25" (a fraction of an epoch in [0, 1]):
+ * Lightning's int-or-float arguments. */
+static bool parse_batches(const char *flag, const char *s, fg_batches *out) {
+    int64_t n;
+    double x;
+    if (cli_parse_int(s, &n) && n >= 0) {
+        *out = FG_COUNT(n);
+        return true;
+    }
+    if (cli_parse_double(s, &x) && x >= 0 && x <= 1) {
+        *out = FG_FRACTION(x);
+        return true;
+    }
+    cli_error("--%s=\"%s\": expected a count of batches (10) or a fraction of them in [0, 1] "
+              "(0.25)",
+              flag, s);
+    return false;
+}
+
+/* The Trainer's arguments that come as text. */
+static int trainer_args(fit_opts *o) {
+    if (!parse_batches("limit-train-batches", o->limit_train_s, &o->limit_train) ||
+        !parse_batches("limit-val-batches", o->limit_val_s, &o->limit_val) ||
+        !parse_batches("limit-test-batches", o->limit_test_s, &o->limit_test) ||
+        !parse_batches("limit-predict-batches", o->limit_predict_s, &o->limit_predict) ||
+        !parse_batches("val-check-interval", o->val_check_interval_s, &o->val_check_interval))
+        return FG_EXIT_USAGE;
+    fg_batches *v = &o->val_check_interval;
+    if (v->kind == FG_BATCHES_COUNT && v->value == 0) {
+        /* fulgur's 0: only at the end; a count no run reaches */
+        o->val_end_only = true;
+        *v = FG_COUNT(INT64_MAX / 4);
+        o->check_val_every_n_epoch = -1;
+    } else if (v->kind == FG_BATCHES_FRACTION && v->value == 0) {
+        cli_error("--val-check-interval=%s: a fraction must be above 0 (0: at the end only)",
+                  o->val_check_interval_s);
+        return FG_EXIT_USAGE;
+    }
+    /* a count of batches counts across epochs (Lightning's
+     * check_val_every_n_epoch=None), unless told otherwise */
+    if (!o->check_val_every_n_epoch && v->kind == FG_BATCHES_COUNT) o->check_val_every_n_epoch = -1;
+    if (o->max_time_s && fg_trainer_parse_duration(o->max_time_s, &o->max_time) != FG_OK) {
+        cli_error("--max-time=\"%s\": expected DD:HH:MM:SS (or HH:MM:SS, MM:SS, seconds)",
+                  o->max_time_s);
+        return FG_EXIT_USAGE;
+    }
+    if (o->early_stopping_patience > 0 && !o->monitor) {
+        cli_error("--early-stopping-patience needs --monitor: the metric to watch (val_loss)");
+        return FG_EXIT_USAGE;
+    }
+    if (o->early_stopping_min_delta < 0) {
+        cli_error("--early-stopping-min-delta=%g: expected a number >= 0",
+                  o->early_stopping_min_delta);
+        return FG_EXIT_USAGE;
+    }
+    char list[256];
+    snprintf(list, sizeof list, "%s", o->logger);
+    for (char *save, *w = strtok_r(list, ",", &save); w; w = strtok_r(NULL, ",", &save))
+        if (strcmp(w, "none") && strcmp(w, "csv") && strcmp(w, "tensorboard")) {
+            cli_error("--logger=\"%s\": \"%s\" is none of csv, tensorboard (a list: "
+                      "csv,tensorboard; none: no logger)",
+                      o->logger, w);
+            return FG_EXIT_USAGE;
+        }
+    return 0;
+}
+
+/* validate, test, predict: "last", "best" (the best_model_path the last
+ * checkpoint's ModelCheckpoint state holds) or a file; and the model's
+ * shape from the checkpoint's config, so that the flags need not repeat it. */
+static int eval_ckpt(fit_opts *o) {
+    const char *want = o->resume ? o->resume : "last";
+    bool best = !strcmp(want, "best");
+    if (ckpt_resolve(best ? "last" : want, o->ckpt_dir, o->resume_path, sizeof o->resume_path))
+        return FG_EXIT_USAGE;
+    fg_st_file *f = fg_st_open(o->resume_path);
+    if (!f) {
+        cli_error("--ckpt-path=%s: %s", o->resume_path, fg_last_error());
+        return FG_EXIT_USAGE;
+    }
+    if (best) {
+        const char *bp = NULL;
+        for (int64_t i = 0; i < fg_st_meta_count(f) && !bp; i++) {
+            const char *k, *v, *suffix = ".best_model_path";
+            if (fg_st_meta_at(f, i, &k, &v) != FG_OK) break;
+            size_t kl = strlen(k), sl = strlen(suffix);
+            if (kl > sl && !strncmp(k, "callbacks.ModelCheckpoint", 25) &&
+                !strcmp(k + kl - sl, suffix) && v[0])
+                bp = v;
+        }
+        if (!bp) {
+            cli_error("--ckpt-path best: %s names no best checkpoint (a fit with --monitor "
+                      "keeps one): give a path or last",
+                      o->resume_path);
+            fg_st_close(f);
+            return FG_EXIT_USAGE;
+        }
+        snprintf(o->resume_path, sizeof o->resume_path, "%s", bp);
+        fg_st_close(f);
+        if (!(f = fg_st_open(o->resume_path))) {
+            cli_error("--ckpt-path best: %s: %s", o->resume_path, fg_last_error());
+            return FG_EXIT_USAGE;
+        }
+    }
+    const char *json = fg_st_meta_get(f, CKPT_META_CONFIG);
+    fit_model_cfg cfg = {0};
+    char err[256];
+    if (json && fit_model_cfg_parse(json, &cfg, err, sizeof err)) {
+        static char model[8];
+        snprintf(model, sizeof model, "%s", cfg.kind == FIT_MLP ? "mlp" : "gpt");
+        o->model = model;
+        if (cfg.kind == FIT_GPT) {
+            o->layers = cfg.layers;
+            o->heads = cfg.heads;
+            o->embd = cfg.embd;
+            o->ctx = cfg.ctx;
+            o->dropout = cfg.dropout;
+        } else {
+            o->hidden = cfg.hidden;
+        }
+    }
+    fg_st_close(f);
+    return 0;
+}
+
+int fit_args_parse(fit_opts *o, fg_trainer_fn fn, int argc, char **argv) {
     memset(o, 0, sizeof *o);
-    cli_flag flags[96]; /* build_flags does not bound-check: room for the table to grow */
+    o->fn = fn;
+    const char *usage = usage_of(fn);
+    cli_flag flags[128]; /* build_flags does not bound-check: room for the table to grow */
     int n = build_flags(o, flags);
     int rc = fit_config_expand(flags, n, &argc, &argv);
-    if (!rc) rc = cli_flags_parse(flags, n, argc, argv, USAGE, NULL, 0, NULL);
+    if (!rc) rc = cli_flags_parse(flags, n, argc, argv, usage, NULL, 0, NULL);
     if (rc) return rc;
     if (o->print_config) {
         fit_config_print(stdout, flags, n);
@@ -420,6 +620,7 @@ int fit_args_parse(fit_opts *o, int argc, char **argv) {
     if ((rc = sharded_args(o, flags, n))) return rc;
     if ((rc = hook_args(o, flags, n))) return rc;
     if ((rc = fit_bagua_args(o, flags, n))) return rc;
+    if ((rc = trainer_args(o))) return rc;
     o->kind = !strcmp(o->model, "mlp") ? FIT_MLP : FIT_GPT;
     if (o->activation_checkpointing && o->kind != FIT_GPT) {
         cli_error("--activation-checkpointing recomputes a gpt's blocks; --model mlp has none");
@@ -489,11 +690,25 @@ int fit_args_parse(fit_opts *o, int argc, char **argv) {
                   f);
         return FG_EXIT_USAGE;
     }
-    if (o->max_steps < 0 && o->max_epochs < 0) {
+    if (o->test_data && !file_exists("test-data", o->test_data, o->kind == FIT_GPT))
+        return FG_EXIT_USAGE;
+    if (o->test_labels && !file_exists("test-labels", o->test_labels, false)) return FG_EXIT_USAGE;
+    if (o->kind == FIT_MLP && o->test_data && !o->test_labels) {
+        cli_error("--test-data needs --test-labels with --model mlp");
+        return FG_EXIT_USAGE;
+    }
+    if (o->predict_data && !file_exists("predict-data", o->predict_data, o->kind == FIT_GPT))
+        return FG_EXIT_USAGE;
+    if (o->kind == FIT_MLP && o->predict_data && !o->labels) {
+        cli_error("--predict-data with --model mlp reads its .npy through --labels' "
+                  "shape: give --labels too");
+        return FG_EXIT_USAGE;
+    }
+    if (fn == FG_FIT && o->max_steps < 0 && o->max_epochs < 0) {
         cli_error("--max-steps=-1 and --max-epochs=-1: the run would never end; set one");
         return FG_EXIT_USAGE;
     }
-    if (o->max_steps == 0 || o->max_epochs == 0) {
+    if (fn == FG_FIT && (o->max_steps == 0 || o->max_epochs == 0)) {
         cli_error("--%s=0: nothing to train", o->max_steps == 0 ? "max-steps" : "max-epochs");
         return FG_EXIT_USAGE;
     }
@@ -507,6 +722,12 @@ int fit_args_parse(fit_opts *o, int argc, char **argv) {
         snprintf(o->ckpt_dir_buf, sizeof o->ckpt_dir_buf, "%s/checkpoints", o->root_dir);
         o->ckpt_dir = o->ckpt_dir_buf;
     }
+    if (!o->predictions) {
+        static char pred_buf[4200];
+        snprintf(pred_buf, sizeof pred_buf, "%s/predictions.csv", o->root_dir);
+        o->predictions = pred_buf;
+    }
+    if (fn != FG_FIT) return eval_ckpt(o);
     if (o->save_top_k == 0) {
         cli_error("--save-top-k=0: would keep no checkpoint to resume from; give N >= 1, or -1 "
                   "to keep all");

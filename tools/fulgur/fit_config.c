@@ -41,7 +41,7 @@ static const section_keys k_sections[] = {
 /* Top-level keys (LightningCLI's) and their flags. */
 static const struct {
     const char *key, *flag;
-} k_top[] = {{"seed_everything", "seed"}, {"ckpt_path", "resume"}};
+} k_top[] = {{"seed_everything", "seed"}, {"ckpt_path", "ckpt-path"}};
 
 /* Flags that are not settings. */
 static bool not_setting(const char *flag) {
@@ -181,8 +181,6 @@ static cli_flag *lookup(reader *r, const char *section, const char *key) {
     /* LightningCLI's class_path names the model's or the optimizer's class */
     if (!strcmp(name, "class-path") && (!strcmp(section, "model") || !strcmp(section, "optimizer")))
         return cli_flags_find(r->flags, r->nflags, section);
-    if (!strcmp(section, "trainer") && !strcmp(name, "log-every-n-steps"))
-        snprintf(name, sizeof name, "log-every"); /* Lightning's name for it */
     cli_flag *f = cli_flags_find(r->flags, r->nflags, name);
     if (!f || not_setting(f->name) || strcmp(section_of(f->name), section)) return NULL;
     return f;

@@ -1,22 +1,28 @@
-/* Rank 0's view of a run: a one-line progress bar redrawn on stderr when it
- * is a terminal (at most 10 times a second), plain lines on stdout every
- * --log-every steps otherwise, and metrics.csv (one row per --log-every
- * steps with the window's mean loss and throughput, one per validation).
- * Other ranks pass NULL everywhere and print nothing. */
+/* Rank 0's view of a fit, as a Trainer callback: a one-line progress bar
+ * redrawn on stderr when it is a terminal (at most 10 times a second), plain
+ * lines on stdout every --log-every-n-steps steps otherwise, notes (resume,
+ * skipped steps, validation) that do not break the bar, and metrics.csv in
+ * the run folder (one row per --log-every-n-steps steps with the window's
+ * mean loss and throughput, one per validation). Every rank runs the
+ * callback (the step's loss is averaged over ranks there); only global rank
+ * 0 prints and writes. */
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "fit.h"
+#include "fit_model.h"
 
-struct fit_progress {
+typedef struct fit_progress {
     const fit_opts *o;
+    fit_module *m;
+    bool rank0;
     FILE *csv;
     bool bar;       /* redraw a bar on stderr */
     bool lines;     /* plain lines on stdout */
     bool bar_drawn; /* the bar occupies the current stderr line */
-    int64_t total, start;
+    int64_t total, start, seen_step, seen_skips;
     const char *unit;
     double t0, t_last_draw;
     /* window since the last log row */
@@ -25,41 +31,9 @@ struct fit_progress {
     /* for the bar: the latest values */
     double last_loss, last_rate, last_val;
     int64_t last_epoch;
-    double total_items, run_t0;
-};
+} fit_progress;
 
-fit_progress *fit_progress_new(const fit_opts *o, int64_t total_steps, int64_t start_step,
-                               const char *unit, const char *csv_path, bool append) {
-    fit_progress *p = calloc(1, sizeof *p);
-    if (!p) {
-        fg_error(FG_ENOMEM, "progress: out of memory");
-        return NULL;
-    }
-    p->o = o;
-    p->total = total_steps;
-    p->start = start_step;
-    p->unit = unit;
-    p->t0 = p->win_t0 = p->run_t0 = fg_time();
-    p->last_val = -1;
-    bool tty = isatty(STDERR_FILENO);
-    const char *mode = o->progress;
-    p->bar = !strcmp(mode, "bar") || (!strcmp(mode, "auto") && tty);
-    p->lines = !strcmp(mode, "lines") || (!strcmp(mode, "auto") && !tty);
-    if (csv_path) {
-        bool exists = append && access(csv_path, F_OK) == 0;
-        p->csv = fopen(csv_path, append ? "a" : "w");
-        if (!p->csv) {
-            fg_error(FG_EIO, "metrics file %s: cannot open for writing", csv_path);
-            free(p);
-            return NULL;
-        }
-        if (!exists) fprintf(p->csv, "step,epoch,train_loss,val_loss,lr,throughput,elapsed_s\n");
-        fflush(p->csv);
-    }
-    return p;
-}
-
-double fit_progress_elapsed(const fit_progress *p) { return p ? fg_time() - p->t0 : 0; }
+static void note(fit_progress *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 static void fmt_time(char *buf, size_t n, double s) {
     if (s < 0 || s > 1e8) {
@@ -109,9 +83,8 @@ static void draw_bar(fit_progress *p, int64_t step) {
     p->bar_drawn = true;
 }
 
-void fit_progress_step(fit_progress *p, int64_t step, int64_t epoch, double loss, double lr,
-                       double items) {
-    if (!p) return;
+static void progress_step(fit_progress *p, int64_t step, int64_t epoch, double loss, double lr,
+                          double items) {
     p->win_loss += loss;
     p->win_items += items;
     p->win_steps++;
@@ -151,19 +124,17 @@ void fit_progress_step(fit_progress *p, int64_t step, int64_t epoch, double loss
     }
 }
 
-void fit_progress_val(fit_progress *p, int64_t step, int64_t epoch, double val_loss) {
-    if (!p) return;
+static void progress_val(fit_progress *p, int64_t step, int64_t epoch, double val_loss) {
     p->last_val = val_loss;
     if (p->csv) {
         fprintf(p->csv, "%lld,%lld,,%.6f,,,%.2f\n", (long long)step, (long long)epoch, val_loss,
                 fg_time() - p->t0);
         fflush(p->csv);
     }
-    fit_progress_note(p, "step %lld  val loss %.4f", (long long)step, val_loss);
+    note(p, "step %lld  val loss %.4f", (long long)step, val_loss);
 }
 
-void fit_progress_note(fit_progress *p, const char *fmt, ...) {
-    if (!p) return;
+static void note(fit_progress *p, const char *fmt, ...) {
     clear_bar(p);
     va_list ap;
     va_start(ap, fmt);
@@ -173,9 +144,165 @@ void fit_progress_note(fit_progress *p, const char *fmt, ...) {
     fflush(stdout);
 }
 
-void fit_progress_free(fit_progress *p) {
-    if (!p) return;
+/* ------------------------------------------------------------ the hooks */
+
+static void csv_row(fit_progress *p) {
+    if (!p->csv) return;
+    fprintf(p->csv, "step,epoch,train_loss,val_loss,lr,throughput,elapsed_s\n");
+    fflush(p->csv);
+}
+
+static fg_status setup(void *ud, fg_trainer *t, fg_trainer_fn fn) {
+    fit_progress *p = ud;
+    p->rank0 = fg_trainer_is_global_zero(t);
+    if (fn != FG_FIT || !p->rank0) return FG_OK;
+    bool tty = isatty(STDERR_FILENO);
+    const char *mode = p->o->progress;
+    p->bar = !strcmp(mode, "bar") || (!strcmp(mode, "auto") && tty);
+    p->lines = !strcmp(mode, "lines") || (!strcmp(mode, "auto") && !tty);
+    p->unit = fit_module_is_gpt(p->m) ? "tok" : "samples";
+    p->t0 = p->win_t0 = fg_time();
+    p->last_val = -1;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/metrics.csv", p->o->root_dir);
+    bool append = p->o->resume != NULL;
+    bool exists = append && access(path, F_OK) == 0;
+    p->csv = fopen(path, append ? "a" : "w");
+    if (!p->csv) return fg_error(FG_EIO, "metrics file %s: cannot open for writing", path);
+    if (!exists) csv_row(p);
+    return FG_OK;
+}
+
+static void teardown(void *ud, fg_trainer *t, fg_trainer_fn fn) {
+    (void)t;
+    (void)fn;
+    fit_progress *p = ud;
     if (p->bar_drawn) fputc('\n', stderr);
+    p->bar_drawn = false;
+    if (p->csv) fclose(p->csv);
+    p->csv = NULL;
+}
+
+/* After the checkpoint (if any) is loaded: what is resumed, what runs. */
+static fg_status on_fit_start(void *ud, fg_trainer *t) {
+    fit_progress *p = ud;
+    const fit_opts *o = p->o;
+    int64_t per_epoch = (fg_trainer_num_training_batches(t) + o->accumulate - 1) / o->accumulate;
+    int64_t max_steps = fg_trainer_max_steps(t), max_epochs = fg_trainer_max_epochs(t);
+    p->total = max_steps;
+    if (max_epochs > 0 && (p->total < 0 || per_epoch * max_epochs < p->total))
+        p->total = per_epoch * max_epochs;
+    p->start = p->seen_step = fg_trainer_global_step(t);
+    p->seen_skips = 0;
+    if (!p->rank0) return FG_OK;
+    if (fg_trainer_ckpt_path(t)[0]) {
+        uint64_t seed = fit_module_ckpt_seed(p->m);
+        if (seed && seed != (uint64_t)o->seed)
+            note(p,
+                 "note: the checkpoint was trained with --seed %llu, this run uses %lld: the "
+                 "data order changes",
+                 (unsigned long long)seed, (long long)o->seed);
+        note(p, "resumed from %s at step %lld (epoch %lld)", fg_trainer_ckpt_path(t),
+             (long long)fg_trainer_global_step(t), (long long)fg_trainer_current_epoch(t));
+    }
+    fg_module *model = fg_trainer_model(t);
+    const fit_data *d = fit_module_data(p->m);
+    int64_t nparams = 0;
+    for (int64_t i = 0; i < fg_module_num_params(model); i++)
+        nparams += fg_tensor_numel(fg_module_param(model, i));
+    if (fit_module_is_gpt(p->m))
+        printf("fit gpt: %lld parameters (layers %lld, heads %lld, embd %lld, ctx %lld, vocab "
+               "%lld); %lld train / %lld val windows\n",
+               (long long)nparams, (long long)o->layers, (long long)o->heads, (long long)o->embd,
+               (long long)o->ctx, (long long)d->vocab, (long long)fg_dataset_len(d->train),
+               (long long)fg_dataset_len(d->val));
+    else
+        printf("fit mlp: %lld parameters (%lld -> %lld -> %lld); %lld train / %lld val "
+               "samples\n",
+               (long long)nparams, (long long)d->in_dim, (long long)o->hidden,
+               (long long)d->classes, (long long)fg_dataset_len(d->train),
+               (long long)fg_dataset_len(d->val));
+    int world = fg_trainer_world_size(t);
+    printf("%d rank%s (%s), batch %lld x %d rank%s x %lld accumulated = %lld per step; "
+           "%lld steps; run folder %s\n",
+           world, world == 1 ? "" : "s", fg_fabric_strategy_name(fg_trainer_fabric(t)),
+           (long long)o->batch_size, world, world == 1 ? "" : "s", (long long)o->accumulate,
+           (long long)(o->batch_size * world * o->accumulate), (long long)p->total, o->root_dir);
+    fg_optimizer *opt = fg_trainer_optimizer(t);
+    int64_t sb, se;
+    fg_optimizer_state_range(opt, &sb, &se);
+    if (se - sb < nparams) /* a sharding strategy cut the optimizer's state */
+        printf("optimizer state sharded: rank 0 holds %lld of %lld elements per state "
+               "buffer (%s x %d)\n",
+               (long long)(se - sb), (long long)nparams, fg_optimizer_name(opt),
+               fg_optimizer_num_states(opt));
+    fflush(stdout);
+    return FG_OK;
+}
+
+/* After each batch: once an optimizer step was taken (or skipped), its
+ * loss averaged over ranks, then rank 0's line, bar and row. Collective
+ * at those batches (every rank runs its callbacks). */
+static fg_status on_train_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
+    (void)b;
+    (void)i;
+    fit_progress *p = ud;
+    const char *why;
+    int64_t step = fg_trainer_global_step(t), skips = fg_trainer_skipped_steps(t, &why);
+    if (step == p->seen_step && skips == p->seen_skips) return FG_OK; /* mid-accumulation */
+    double loss;
+    int64_t samples;
+    fit_module_take_step(p->m, &loss, &samples);
+    if (skips != p->seen_skips) {
+        p->seen_skips = skips;
+        if (p->rank0)
+            note(p, "%s: optimizer step skipped on every rank (%lld so far)", why,
+                 (long long)skips);
+        return FG_OK;
+    }
+    p->seen_step = step;
+    int world = fg_trainer_world_size(t);
+    fg_comm *comm = fg_fabric_comm(fg_trainer_fabric(t));
+    /* not fg_fabric_reduce_scalar: its NaN on a failed allreduce would read
+     * as a non-finite loss, hiding the peer that broke the group */
+    if (comm && world > 1) FG_TRY(fg_comm_allreduce(comm, &loss, &loss, 1, FG_F64, FG_AVG));
+    if (!p->rank0) return FG_OK;
+    double items =
+        (double)samples * (fit_module_is_gpt(p->m) ? (double)fit_module_ctx(p->m) : 1.0) * world;
+    progress_step(p, step, fg_trainer_current_epoch(t), loss, fit_lr_at(p->o, step - 1), items);
+    return FG_OK;
+}
+
+static fg_status on_validation_end(void *ud, fg_trainer *t) {
+    fit_progress *p = ud;
+    double v;
+    if (!p->rank0 || fg_trainer_state_fn(t) != FG_FIT || fg_trainer_stage(t) != FG_STAGE_VALIDATE ||
+        !fg_trainer_callback_metric(t, "val_loss", &v))
+        return FG_OK;
+    progress_val(p, fg_trainer_global_step(t), fg_trainer_current_epoch(t), v);
+    return FG_OK;
+}
+
+static void progress_free(void *ud) {
+    fit_progress *p = ud;
     if (p->csv) fclose(p->csv);
     free(p);
+}
+
+fg_callback *fit_progress_new(const fit_opts *o, fit_module *m) {
+    fit_progress *p = calloc(1, sizeof *p);
+    if (!p) {
+        fg_error(FG_ENOMEM, "progress: out of memory");
+        return NULL;
+    }
+    p->o = o;
+    p->m = m;
+    return fg_callback_new(&(fg_callback_ops){.name = "fulgur-progress",
+                                              .setup = setup,
+                                              .teardown = teardown,
+                                              .on_fit_start = on_fit_start,
+                                              .on_train_batch_end = on_train_batch_end,
+                                              .on_validation_end = on_validation_end,
+                                              .free = progress_free},
+                           p);
 }

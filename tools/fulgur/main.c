@@ -20,6 +20,9 @@ static const struct {
     const char *help;
 } k_cmds[] = {
     {"fit", cmd_fit, "train a built-in model (gpt, mlp) on a data file"},
+    {"validate", cmd_validate, "the validation loss of a checkpoint (--ckpt-path)"},
+    {"test", cmd_test, "the test loss of a checkpoint on --test-data"},
+    {"predict", cmd_predict, "write a checkpoint's predictions to a file"},
     {"run", cmd_run, "launch a program on N ranks (torchrun's job)"},
     {"sample", cmd_sample, "generate text from a trained GPT checkpoint"},
     {"ckpt", cmd_ckpt, "inspect and compare checkpoints (show, diff)"},

@@ -1,0 +1,392 @@
+/* The built-in models (gpt, mlp) and their data as a user module of the
+ * Trainer (Lightning's LightningModule): what one training, validation,
+ * test and predict step computes, the optimizer and its per-step schedule,
+ * the loaders, and the metadata a checkpoint carries for `fulgur sample`
+ * (the model's config and the text vocabulary). The loop is the Trainer's. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fit_model.h"
+
+struct fit_module {
+    const fit_opts *o;
+    fit_data d;
+    fg_dataset *extra; /* --test-data / --predict-data, when given */
+    fit_model_cfg cfg;
+    fg_module *model;
+    fg_dataloader *train, *val, *eval; /* eval: test or predict's own data */
+    char *config_json, *vocab_b64;
+    /* the optimizer step being accumulated on this rank */
+    double win_loss;
+    int64_t win_micro, win_samples;
+    double step_loss;
+    int64_t step_samples;
+    int64_t last_val_step;
+    double last_val;
+    uint64_t ckpt_seed;
+    /* predict: this rank's predictions in its sampler's order */
+    double *pred;
+    int64_t npred, cappred;
+};
+
+fit_module *fit_module_new(const fit_opts *o) {
+    fit_module *m = calloc(1, sizeof *m);
+    if (!m) {
+        fg_error(FG_ENOMEM, "out of memory");
+        return NULL;
+    }
+    m->o = o;
+    m->last_val_step = -1;
+    m->last_val = NAN;
+    return m;
+}
+
+void fit_module_free(fit_module *m) {
+    if (!m) return;
+    fg_dataloader_free(m->train);
+    fg_dataloader_free(m->val);
+    fg_dataloader_free(m->eval);
+    fg_module_free(m->model);
+    fit_data_free(&m->d);
+    fg_dataset_free(m->extra);
+    free(m->config_json);
+    free(m->vocab_b64);
+    free(m->pred);
+    free(m);
+}
+
+const fit_data *fit_module_data(const fit_module *m) { return &m->d; }
+fg_module *fit_module_model(const fit_module *m) { return m->model; }
+bool fit_module_is_gpt(const fit_module *m) { return m->cfg.kind == FIT_GPT; }
+int64_t fit_module_ctx(const fit_module *m) { return m->cfg.ctx; }
+uint64_t fit_module_ckpt_seed(const fit_module *m) { return m->ckpt_seed; }
+
+fg_dataloader *fit_module_loader(const fit_module *m, fg_trainer_fn fn) {
+    switch (fn) {
+    case FG_FIT: return m->train;
+    case FG_VALIDATE: return m->val;
+    default: return m->eval ? m->eval : m->val;
+    }
+}
+
+void fit_module_take_step(fit_module *m, double *loss, int64_t *samples) {
+    *loss = m->win_micro ? m->win_loss / (double)m->win_micro : NAN;
+    *samples = m->win_samples;
+    m->win_loss = 0;
+    m->win_micro = m->win_samples = 0;
+}
+
+int64_t fit_module_last_val(const fit_module *m, double *loss) {
+    *loss = m->last_val;
+    return m->last_val_step;
+}
+
+/* --test-data / --predict-data: the same kind of file as --data, read with
+ * its vocabulary (text) or its input width (mlp). */
+static fg_status open_extra(fit_module *m, const char *data, const char *labels) {
+    const fit_opts *o = m->o;
+    size_t n = strlen(data);
+    if (o->kind == FIT_MLP) m->extra = fg_npy_dataset_new(data, labels);
+    else if (n > 4 && !strcmp(data + n - 4, ".bin"))
+        m->extra = fg_token_dataset_new(data, o->ctx, m->d.vocab);
+    else m->extra = fg_text_dataset_new(data, o->ctx, m->d.text_vocab);
+    if (!m->extra) return fg_error_wrap(FG_EINVAL, "%s", data);
+    return FG_OK;
+}
+
+fg_status fit_module_open(fit_module *m, fg_trainer *t) {
+    const fit_opts *o = m->o;
+    int world = fg_trainer_world_size(t);
+    fg_status s = fit_data_open(o, &m->d);
+    if (s != FG_OK) return s;
+    if (o->fn == FG_TEST && o->test_data) FG_TRY(open_extra(m, o->test_data, o->test_labels));
+    if (o->fn == FG_PREDICT && o->predict_data) FG_TRY(open_extra(m, o->predict_data, NULL));
+    fit_model_cfg_from_opts(o, &m->d, &m->cfg);
+    m->cfg.f64 = fg_fabric_dtype(fg_trainer_fabric(t)) == FG_F64;
+    /* stage 3: a sharded initialisation, the model never whole on a rank */
+    fg_fabric *f = fg_trainer_fabric(t);
+    fg_strategy_kind kind = fg_fabric_plan(f)->strategy;
+    fg_sharding_strategy ss = o->sharded.sharding_strategy;
+    bool s3 = world > 1 && (kind == FG_STRATEGY_DEEPSPEED_STAGE_3 ||
+                            (kind == FG_STRATEGY_FSDP &&
+                             (ss == FG_SHARDING_FULL_SHARD || ss == FG_SHARDING_HYBRID_SHARD)));
+    bool was = fg_module_set_empty_init(s3);
+    m->model = fit_model_new(&m->cfg);
+    fg_module_set_empty_init(was);
+    if (!m->model) return fg_last_status();
+    m->config_json = fit_model_cfg_json(&m->cfg, o);
+    if (m->d.text_vocab)
+        m->vocab_b64 = b64_encode(fg_text_vocab_bytes(m->d.text_vocab),
+                                  (size_t)fg_text_vocab_size(m->d.text_vocab));
+    if (!m->config_json || (m->d.text_vocab && !m->vocab_b64))
+        return fg_error(FG_ENOMEM, "checkpoint metadata: out of memory");
+    /* validation averages by token count, so a batch no larger than a
+     * rank's share of the val set gives the same loss */
+    fg_dataset *eval_ds = m->extra ? m->extra : m->d.val;
+    int64_t per_rank = (fg_dataset_len(eval_ds) + world - 1) / world;
+    int64_t eval_batch = o->batch_size < per_rank ? o->batch_size : per_rank;
+    if (eval_batch < 1) eval_batch = 1;
+    if (o->fn == FG_FIT) {
+        /* sizes against what exists before the loaders allocate their batches:
+         * a --batch-size past the data would cost gigabytes before "no batch" */
+        int64_t train_per_rank = (fg_dataset_len(m->d.train) + world - 1) / world;
+        if (train_per_rank < o->batch_size)
+            return fg_error(FG_EINVAL,
+                            "--data=%s: %lld training samples make no batch of --batch-size "
+                            "%lld per rank on %d rank%s: use --batch-size %lld or less",
+                            o->data, (long long)fg_dataset_len(m->d.train),
+                            (long long)o->batch_size, world, world == 1 ? "" : "s",
+                            (long long)(train_per_rank > 0 ? train_per_rank : 1));
+        m->train =
+            fg_dataloader_new(m->d.train, &(fg_loader_opts){.batch = o->batch_size,
+                                                            .shuffle = true,
+                                                            .seed = (uint64_t)o->seed,
+                                                            .drop_last = true,
+                                                            .num_workers = (int)o->num_workers});
+        if (!m->train) return fg_last_status();
+    }
+    int64_t val_per_rank = (fg_dataset_len(m->d.val) + world - 1) / world;
+    int64_t val_batch = o->batch_size < val_per_rank ? o->batch_size : val_per_rank;
+    m->val = fg_dataloader_new(m->d.val, &(fg_loader_opts){.batch = val_batch < 1 ? 1 : val_batch,
+                                                           .num_workers = (int)o->num_workers});
+    if (!m->val) return fg_last_status();
+    if (m->extra) {
+        m->eval = fg_dataloader_new(
+            m->extra, &(fg_loader_opts){.batch = eval_batch, .num_workers = (int)o->num_workers});
+        if (!m->eval) return fg_last_status();
+    }
+    return FG_OK;
+}
+
+/* ---------------------------------------------------------------- steps */
+
+/* Model input for a batch: gpt takes (B, T) ids as they are; mlp flattens
+ * (B, D...) to (B, D) (and a 64-true model takes f64). */
+static fg_tensor *forward(fit_module *m, fg_tensor *x) {
+    if (m->cfg.kind == FIT_MLP && fg_tensor_ndim(x) != 2) {
+        int64_t shape[2] = {fg_tensor_dim(x, 0), m->cfg.in_dim};
+        x = fg_reshape(x, 2, shape);
+    }
+    if (m->cfg.kind == FIT_MLP && m->cfg.f64 && x && fg_tensor_dtype(x) != FG_F64) {
+        fg_tensor *x64 = fg_empty(FG_F64, fg_tensor_ndim(x), fg_tensor_shape(x));
+        if (!x64 || fg_tensor_copy(x64, x) != FG_OK) return NULL;
+        x = x64;
+    }
+    return x ? fg_module_forward(m->model, x) : NULL;
+}
+
+static fg_tensor *training_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
+    (void)t;
+    (void)i;
+    fit_module *m = ud;
+    fg_tensor *out = forward(m, b->x);
+    return out ? fg_cross_entropy(out, b->y, -100) : NULL;
+}
+
+/* the losses of the batch's parts (dp: one per thread), scaled by the
+ * trainer for accumulation: the batch's mean loss, unscaled */
+static fg_status training_step_end(void *ud, fg_trainer *t, const double *part_losses, int nparts) {
+    fit_module *m = ud;
+    double sum = 0;
+    for (int i = 0; i < nparts; i++) sum += part_losses[i];
+    m->win_loss += sum / (double)nparts * (double)fg_trainer_accumulate_grad_batches(t);
+    m->win_micro++;
+    return FG_OK;
+}
+
+static fg_status on_train_batch_start(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
+    (void)t;
+    (void)i;
+    ((fit_module *)ud)->win_samples += b->size;
+    return FG_OK;
+}
+
+/* The mean loss of the batch's real samples (distributed padding left
+ * out), logged as `name` weighted by their targets' count and averaged over
+ * ranks: the token-weighted mean of the whole set. */
+static fg_status eval_loss(fit_module *m, fg_trainer *t, fg_batch *b, const char *name) {
+    if (b->valid == 0) return FG_OK;
+    fg_tensor *x = b->x, *y = b->y;
+    if (b->valid < b->size) {
+        x = fg_tensor_narrow_view(x, 0, 0, b->valid);
+        y = fg_tensor_narrow_view(y, 0, 0, b->valid);
+    }
+    fg_tensor *out = forward(m, x);
+    fg_tensor *loss = out ? fg_cross_entropy(out, y, -100) : NULL;
+    if (!loss) return fg_last_status() ? fg_last_status() : FG_EINVAL;
+    return fg_trainer_log(
+        t, name, fg_item(loss),
+        &(fg_log_opts){.sync_dist = true, .prog_bar = true, .batch_size = fg_tensor_numel(y)});
+}
+
+static fg_status validation_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
+    (void)i;
+    return eval_loss(ud, t, b, "val_loss");
+}
+
+static fg_status test_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
+    (void)i;
+    return eval_loss(ud, t, b, "test_loss");
+}
+
+static fg_status on_validation_epoch_end(void *ud, fg_trainer *t) {
+    fit_module *m = ud;
+    if (fg_trainer_stage(t) != FG_STAGE_VALIDATE) return FG_OK; /* not the sanity check */
+    m->last_val_step = fg_trainer_global_step(t);
+    if (!fg_trainer_callback_metric(t, "val_loss", &m->last_val)) m->last_val = NAN;
+    return FG_OK;
+}
+
+/* mlp: the class of each real sample; gpt: the next token after each
+ * window (the argmax at its last position). */
+static fg_status predict_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
+    (void)t;
+    (void)i;
+    fit_module *m = ud;
+    fg_tensor *out = forward(m, b->x);
+    if (!out) return fg_last_status() ? fg_last_status() : FG_EINVAL;
+    int64_t classes = fg_tensor_dim(out, fg_tensor_ndim(out) - 1);
+    int64_t rows = fg_tensor_numel(out) / classes, per = rows / b->size;
+    fg_tensor *o64 = fg_empty(FG_F64, fg_tensor_ndim(out), fg_tensor_shape(out));
+    if (!o64 || fg_tensor_copy(o64, out) != FG_OK) return fg_last_status();
+    const double *v = fg_tensor_data(o64);
+    if (m->npred + b->size > m->cappred) {
+        int64_t cap = (m->cappred + b->size) * 2;
+        double *p = realloc(m->pred, (size_t)cap * sizeof *p);
+        if (!p) return fg_error(FG_ENOMEM, "predict: out of memory");
+        m->pred = p;
+        m->cappred = cap;
+    }
+    for (int64_t s = 0; s < b->size; s++) {
+        const double *row = v + ((s + 1) * per - 1) * classes; /* the last position */
+        int64_t best = 0;
+        for (int64_t c = 1; c < classes; c++)
+            if (row[c] > row[best]) best = c;
+        m->pred[m->npred++] = s < b->valid ? (double)best : -1; /* -1: distributed padding */
+    }
+    return FG_OK;
+}
+
+fg_status fit_module_write_predictions(fit_module *m, fg_trainer *t, const char *path) {
+    fg_fabric *f = fg_trainer_fabric(t);
+    int world = fg_trainer_world_size(t);
+    int64_t len = fg_dataset_len(m->extra ? m->extra : m->d.val);
+    int64_t slots = (len + world - 1) / world;
+    int64_t shape1[1] = {slots}, shapew[1] = {slots * world};
+    fg_tensor *mine = fg_empty(FG_F64, 1, shape1), *all = fg_empty(FG_F64, 1, shapew);
+    if (!mine || !all) return fg_last_status();
+    double *p = fg_tensor_data(mine);
+    for (int64_t j = 0; j < slots; j++) p[j] = j < m->npred ? m->pred[j] : -1;
+    if (world > 1) FG_TRY(fg_fabric_all_gather(f, mine, all));
+    else memcpy(fg_tensor_data(all), p, (size_t)slots * sizeof *p);
+    fg_status s = FG_OK;
+    if (fg_trainer_is_global_zero(t)) {
+        FILE *fp = fopen(path, "w");
+        if (!fp) return fg_error(FG_EIO, "--predictions=%s: cannot write there", path);
+        const double *a = fg_tensor_data(all);
+        bool text = m->cfg.kind == FIT_GPT && m->d.text_vocab;
+        fprintf(fp, "%s\n", m->cfg.kind == FIT_GPT ? "index,next_token" : "index,class");
+        int64_t written = 0;
+        /* rank r's j-th sample is the dataset's r + j * world */
+        for (int64_t idx = 0; idx < len; idx++) {
+            double v = a[(idx % world) * slots + idx / world];
+            if (v < 0) continue; /* past --limit-predict-batches */
+            written++;
+            if (text) {
+                char ch = 0;
+                int32_t id = (int32_t)v;
+                fg_text_vocab_decode(m->d.text_vocab, &id, 1, &ch);
+                fprintf(fp, "%lld,%d,%s\n", (long long)idx, id,
+                        ch == '\n'  ? "\\n"
+                        : ch == ',' ? "\",\""
+                                    : (char[]){ch, 0});
+            } else {
+                fprintf(fp, "%lld,%d\n", (long long)idx, (int)v);
+            }
+        }
+        if (fclose(fp) != 0) s = fg_error(FG_EIO, "--predictions=%s: write failed", path);
+        if (s == FG_OK)
+            printf("predict: %lld predictions written to %s\n", (long long)written, path);
+    }
+    return s;
+}
+
+/* ------------------------------------------------------- the optimizer */
+
+static double lr_at(void *ud, int64_t step) { return fit_lr_at(((fit_module *)ud)->o, step); }
+
+static fg_status configure_optimizers(void *ud, fg_trainer *t, fg_optimizer_config *out) {
+    (void)t;
+    fit_module *m = ud;
+    out->optimizer = fit_optimizer_new(m->o, m->model);
+    if (!out->optimizer) return fg_last_status();
+    /* a pure function of the step: a resumed run continues the same curve */
+    out->lr_at = lr_at;
+    out->lr_ud = m;
+    out->interval = FG_INTERVAL_STEP;
+    return FG_OK;
+}
+
+/* ------------------------------------------------------- checkpoints */
+
+static fg_status on_save_checkpoint(void *ud, fg_trainer *t, fg_state_dict *sd) {
+    (void)t;
+    fit_module *m = ud;
+    FG_TRY(fg_state_dict_set(sd, CKPT_META_CONFIG, m->config_json));
+    return m->vocab_b64 ? fg_state_dict_set(sd, CKPT_META_VOCAB, m->vocab_b64) : FG_OK;
+}
+
+static fg_status on_load_checkpoint(void *ud, fg_trainer *t, const fg_state_dict *sd) {
+    (void)t;
+    fit_module *m = ud;
+    int64_t seed;
+    if (fg_state_dict_get_i64(sd, "seed", &seed)) m->ckpt_seed = (uint64_t)seed;
+    return FG_OK;
+}
+
+/* --------------------------------------------------------------- sample */
+
+void fit_module_sample(fit_module *m) {
+    if (m->cfg.kind != FIT_GPT || !m->o->sample_tokens) return;
+    int64_t n = m->o->sample_tokens;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n + 1));
+    char *text = malloc((size_t)n + 2);
+    if (!ids || !text) goto out;
+    /* the prompt: a newline if the vocabulary has one, else its first character */
+    int32_t start = 0;
+    if (m->d.text_vocab && fg_text_vocab_id(m->d.text_vocab, '\n') >= 0)
+        start = fg_text_vocab_id(m->d.text_vocab, '\n');
+    fg_module_train(m->model, false);
+    fg_sample_opts so = {.temperature = 0.8, .seed = (uint64_t)m->o->seed};
+    if (fg_gpt_generate(m->model, &start, 1, n, &so, ids) != FG_OK) {
+        cli_error("sample: %s", fg_last_error());
+        goto out;
+    }
+    printf("sample (temperature 0.8, seed %lld):\n", (long long)m->o->seed);
+    if (m->d.text_vocab && fg_text_vocab_decode(m->d.text_vocab, ids + 1, n, text) == FG_OK) {
+        fwrite(text, 1, (size_t)n, stdout);
+        putchar('\n');
+    } else {
+        for (int64_t i = 1; i <= n; i++) printf("%d%c", ids[i], i == n ? '\n' : ' ');
+    }
+    fflush(stdout);
+out:
+    free(ids);
+    free(text);
+}
+
+fg_lightning_module fit_module_table(fit_module *m) {
+    return (fg_lightning_module){.ud = m,
+                                 .model = m->model,
+                                 .configure_optimizers = configure_optimizers,
+                                 .training_step = training_step,
+                                 .training_step_end = training_step_end,
+                                 .on_train_batch_start = on_train_batch_start,
+                                 .validation_step = validation_step,
+                                 .test_step = test_step,
+                                 .predict_step = predict_step,
+                                 .on_validation_epoch_end = on_validation_epoch_end,
+                                 .on_save_checkpoint = on_save_checkpoint,
+                                 .on_load_checkpoint = on_load_checkpoint};
+}

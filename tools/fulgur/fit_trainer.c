@@ -1,0 +1,340 @@
+/* fulgur fit, validate, test and predict on the Trainer: its options from
+ * the flags (Lightning's names), its callbacks (the progress display,
+ * ModelCheckpoint, EarlyStopping) and loggers (csv, tensorboard), and what
+ * every rank runs inside one launch (fg_trainer_launch): the built-in module
+ * (fit_module.c) and the entry point, then what the command prints.
+ *
+ * Checkpoints of fit: <ckpt_dir>/step-00000040.safetensors (ModelCheckpoint
+ * with filename "step-{step:08d}", every --ckpt-every steps, at the end of
+ * the run and at a stop), --save-top-k of them kept (the best by --monitor,
+ * or without one the newest), and last.safetensors a link to the newest
+ * (save_last="link"), which `--resume last` and `fulgur sample` read. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt_paths.h"
+#include "fit_model.h"
+
+struct fit_run {
+    const fit_opts *o;
+    fit_module *m;
+    fg_callback *cbs[4];
+    int ncbs;
+    fg_logger *loggers[2];
+    int nloggers;
+    fg_trainer *t;
+};
+
+/* ------------------------------------------------------------- errors */
+
+static char g_reported[2048]; /* what this process printed last */
+
+bool fit_reported(const char *msg) { return msg && *msg && strstr(g_reported, msg) != NULL; }
+
+int fit_rank_error(fg_trainer *t, const char *what) {
+    if (fg_trainer_world_size(t) > 1)
+        snprintf(g_reported, sizeof g_reported, "rank %d: %s: %s", fg_trainer_global_rank(t), what,
+                 fg_last_error());
+    else snprintf(g_reported, sizeof g_reported, "%s: %s", what, fg_last_error());
+    cli_error("%s", g_reported);
+    return FG_EXIT_FAIL;
+}
+
+/* mkdir -p */
+static int make_dirs(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(buf, 0777) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* ------------------------------------------------------ the trainer */
+
+static void free_parts(fit_run *r) {
+    fg_trainer_free(r->t);
+    for (int i = 0; i < r->ncbs; i++) fg_callback_free(r->cbs[i]);
+    for (int i = 0; i < r->nloggers; i++) fg_logger_free(r->loggers[i]);
+    fit_module_free(r->m);
+}
+
+void fit_run_free(fit_run *r) {
+    if (!r) return;
+    free_parts(r);
+    free(r);
+}
+
+static bool add_cb(fit_run *r, fg_callback *cb) {
+    if (!cb) return false;
+    r->cbs[r->ncbs++] = cb;
+    return true;
+}
+
+/* --logger: "none", or csv and tensorboard separated by commas */
+static bool add_loggers(fit_run *r, const char *list) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save, *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+        fg_logger *lg = NULL;
+        if (!strcmp(w, "none")) continue;
+        if (!strcmp(w, "csv")) lg = fg_csv_logger_new(&(fg_csv_logger_opts){0});
+        else if (!strcmp(w, "tensorboard")) lg = fg_tensorboard_logger_new(NULL, NULL);
+        if (!lg || r->nloggers == 2) {
+            fg_logger_free(lg);
+            return false;
+        }
+        r->loggers[r->nloggers++] = lg;
+    }
+    return true;
+}
+
+fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc) {
+    *rc = FG_EXIT_FAIL;
+    fit_run *r = calloc(1, sizeof *r);
+    if (!r || !(r->m = fit_module_new(o))) {
+        cli_error("out of memory");
+        free(r);
+        return NULL;
+    }
+    r->o = o;
+    bool fit = o->fn == FG_FIT, ok = true;
+    fg_monitor_mode mode = o->mode && !strcmp(o->mode, "max") ? FG_MODE_MAX : FG_MODE_MIN;
+    if (fit) {
+        ok = add_cb(r, fit_progress_new(o, r->m));
+        /* without --monitor, --save-top-k N keeps the newest N: top-k by step */
+        const char *monitor = o->monitor ? o->monitor : o->save_top_k > 0 ? "step" : NULL;
+        if (ok)
+            ok = add_cb(r, fg_model_checkpoint_new(&(fg_checkpoint_opts){
+                               .dirpath = o->ckpt_dir,
+                               .filename = "step-{step:08d}",
+                               .no_auto_insert_metric_name = true,
+                               .monitor = monitor,
+                               .mode = o->monitor ? mode : FG_MODE_MAX,
+                               .save_top_k = o->save_top_k,
+                               .save_last_link = o->save_last,
+                               .every_n_train_steps = o->ckpt_every,
+                               /* --ckpt-every 0: only at the end */
+                               .every_n_epochs = o->ckpt_every ? 0 : INT64_MAX / 4,
+                               .save_on_fit_end = true}));
+        if (ok && o->early_stopping_patience > 0)
+            ok = add_cb(r, fg_early_stopping_new(
+                               &(fg_early_stopping_opts){.monitor = o->monitor,
+                                                         .patience = o->early_stopping_patience,
+                                                         .min_delta = o->early_stopping_min_delta,
+                                                         .mode = mode}));
+    } else if (strcmp(o->progress, "none") != 0) {
+        /* the library picks no stream: the command hands its bar stdout */
+        ok = add_cb(r, fg_progress_bar_new(&(fg_progress_bar_opts){
+                           .out = stdout,
+                           .redraw = !strcmp(o->progress, "bar")     ? FG_ON
+                                     : !strcmp(o->progress, "lines") ? FG_OFF
+                                                                     : FG_FLAG_DEFAULT}));
+    }
+    if (ok) ok = add_loggers(r, o->logger);
+    if (!ok) {
+        cli_error("%s: %s", o->fn == FG_FIT ? "fit" : "trainer", fg_last_error());
+        fit_run_free(r);
+        return NULL;
+    }
+    r->t = fg_trainer_new(&(fg_trainer_opts){
+        .fabric = f,
+        .max_epochs = o->max_epochs,
+        .min_epochs = o->min_epochs,
+        .max_steps = o->max_steps,
+        .min_steps = o->min_steps,
+        .max_time = o->max_time,
+        .accumulate_grad_batches = o->accumulate,
+        .gradient_clip_val = o->clip,
+        .gradient_clip_algorithm =
+            !strcmp(o->clip_algorithm, "value") ? FG_CLIP_VALUE : FG_CLIP_NORM,
+        .val_check_interval = o->val_check_interval,
+        .check_val_every_n_epoch = o->check_val_every_n_epoch,
+        .num_sanity_val_steps = FG_COUNT(o->num_sanity_val_steps),
+        .limit_train_batches = o->limit_train,
+        .limit_val_batches = o->limit_val,
+        .limit_test_batches = o->limit_test,
+        .limit_predict_batches = o->limit_predict,
+        .fast_dev_run = o->fast_dev_run,
+        .log_every_n_steps = o->log_every,
+        /* fit: its own display; the other commands: the bar above, or none */
+        .enable_progress_bar = fit || r->ncbs == 0 ? FG_OFF : FG_FLAG_DEFAULT,
+        .enable_checkpointing = fit ? FG_FLAG_DEFAULT : FG_OFF,
+        .default_root_dir = o->root_dir,
+        .detect_anomaly = o->detect_anomaly,
+        .on_nonfinite = o->on_nonfinite_skip ? FG_NONFINITE_SKIP : FG_NONFINITE_STOP,
+        .callbacks = r->cbs,
+        .ncallbacks = r->ncbs,
+        .loggers = r->loggers,
+        .nloggers = r->nloggers,
+        .logger = r->nloggers ? FG_FLAG_DEFAULT : FG_OFF});
+    if (!r->t) {
+        /* a combination of settings the Trainer refuses, as Lightning does */
+        cli_error("%s", fg_last_error());
+        *rc = fg_last_status() == FG_ENOMEM ? FG_EXIT_FAIL : FG_EXIT_USAGE;
+        fit_run_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* -------------------------------------------------------------- fit */
+
+/* the step count the run ends at, for the lines and the ETA */
+static int64_t total_steps(fg_trainer *t, const fit_opts *o) {
+    int64_t per_epoch = (fg_trainer_num_training_batches(t) + o->accumulate - 1) / o->accumulate;
+    int64_t total = fg_trainer_max_steps(t), epochs = fg_trainer_max_epochs(t);
+    if (epochs > 0 && (total < 0 || per_epoch * epochs < total)) total = per_epoch * epochs;
+    return total;
+}
+
+/* Rank 0, before the ranks train: the run and checkpoint folders, and the
+ * temporaries a killed save left. */
+static fg_status prepare_dirs(const fit_opts *o) {
+    if (make_dirs(o->root_dir) != 0 || make_dirs(o->ckpt_dir) != 0)
+        return fg_error(FG_EIO, "cannot create %s or %s: %s", o->root_dir, o->ckpt_dir,
+                        strerror(errno));
+    int stale = 0;
+    FG_TRY(fg_st_remove_stale_tmp(o->ckpt_dir, &stale));
+    if (stale)
+        printf("removed %d temporary checkpoint file%s left by a run killed while saving\n", stale,
+               stale == 1 ? "" : "s");
+    if (o->resume && o->restart_count > 0 && !strcmp(o->resume, "last"))
+        printf("restart %lld: resuming from the newest checkpoint\n", (long long)o->restart_count);
+    fflush(stdout);
+    return FG_OK;
+}
+
+static int run_fit(fit_run *r, fg_trainer *t, const fg_lightning_module *lm) {
+    const fit_opts *o = r->o;
+    fit_module *m = r->m;
+    double t0 = fg_time();
+    bool rank0 = fg_trainer_is_global_zero(t);
+    /* every rank learns whether rank 0's folders are there */
+    fg_status s = rank0 ? prepare_dirs(o) : FG_OK;
+    double ok = fg_fabric_reduce_scalar(fg_trainer_fabric(t), s == FG_OK ? 1 : 0, FG_MIN);
+    if (s != FG_OK) return fit_rank_error(t, "output");
+    if (ok != 1) {
+        fg_error(FG_EPEER, "rank 0 could not prepare %s", o->ckpt_dir);
+        return fit_rank_error(t, "output");
+    }
+    s = fg_trainer_fit(t, lm, fit_module_loader(m, FG_FIT), fit_module_loader(m, FG_VALIDATE),
+                       o->resume ? o->resume_path : NULL);
+    if (s != FG_OK) return fit_rank_error(t, "training");
+    int64_t step = fg_trainer_global_step(t), total = total_steps(t, o);
+    if (fg_trainer_interrupted(t)) {
+        fit_stopped = 1; /* saved: further signals are ignored */
+        if (rank0) {
+            printf("stopped by a signal after step %lld (of %lld); checkpoint %s; run the "
+                   "same command with --resume last to continue (exit status %d)\n",
+                   (long long)step, (long long)total, fg_trainer_last_saved_path(t),
+                   FG_EXIT_RESUMABLE);
+            fflush(stdout);
+        }
+        return FG_EXIT_OK;
+    }
+    /* validation at the end, unless it just ran (Lightning's trainer.validate) */
+    double val;
+    int64_t val_step = fit_module_last_val(m, &val);
+    if (val_step != step && fg_dataset_len(fit_module_data(m)->val) > 0 && !o->fast_dev_run) {
+        if (fg_trainer_validate(t, lm, fit_module_loader(m, FG_VALIDATE), NULL) != FG_OK)
+            return fit_rank_error(t, "validation");
+        fit_module_last_val(m, &val);
+        if (rank0 && !isnan(val)) {
+            printf("step %lld  val loss %.4f\n", (long long)step, val);
+            fflush(stdout);
+        }
+    }
+    if (!rank0) return FG_EXIT_OK;
+    char vbuf[32] = "n/a (no validation data)";
+    if (!isnan(val)) snprintf(vbuf, sizeof vbuf, "%.4f", val);
+    printf("done: %lld steps in %.1f s; val loss %s; checkpoint %s\n", (long long)step,
+           fg_time() - t0, vbuf,
+           fg_trainer_last_saved_path(t)[0] ? fg_trainer_last_saved_path(t) : "none");
+    fg_fabric *f = fg_trainer_fabric(t);
+    fg_comm_bytes cb;
+    if (fg_trainer_world_size(t) > 1 &&
+        fg_strategy_comm_bytes(fg_fabric_strategy(f), &cb) == FG_OK &&
+        cb.steps > 0) /* counted by the strategy, not assumed */
+        printf("comm: %.0f bytes per step handed to the communicator by rank 0 (%lld "
+               "synchronised backwards, %.4g of plain ddp's %llu)\n",
+               (double)cb.total / (double)cb.steps, (long long)cb.steps,
+               (double)cb.total / (double)cb.steps / (double)cb.dense_step,
+               (unsigned long long)cb.dense_step);
+    if (o->on_nonfinite_skip) {
+        int64_t k = fg_trainer_skipped_steps(t, NULL);
+        printf("%lld optimizer step%s skipped on a non-finite loss or gradient "
+               "(--on-nonfinite skip)\n",
+               (long long)k, k == 1 ? "" : "s");
+    }
+    const fg_scaler *sc = fg_fabric_scaler(f);
+    if (sc) /* 16-mixed: what the loss scaler did */
+        printf("loss scale %g; %lld step%s skipped on inf/NaN gradients\n",
+               fg_scaler_get_state(sc).scale, (long long)fg_scaler_get_state(sc).skipped,
+               fg_scaler_get_state(sc).skipped == 1 ? "" : "s");
+    fflush(stdout);
+    fit_module_sample(m);
+    return FG_EXIT_OK;
+}
+
+/* ------------------------------------------ validate, test, predict */
+
+static int run_eval(fit_run *r, fg_trainer *t, const fg_lightning_module *lm) {
+    const fit_opts *o = r->o;
+    const char *ckpt = o->resume_path[0] ? o->resume_path : NULL;
+    fg_dataloader *dl = fit_module_loader(r->m, o->fn);
+    fg_status s;
+    const char *name = o->fn == FG_VALIDATE ? "validate" : o->fn == FG_TEST ? "test" : "predict";
+    if (o->fn == FG_VALIDATE) s = fg_trainer_validate(t, lm, dl, ckpt);
+    else if (o->fn == FG_TEST) s = fg_trainer_test(t, lm, dl, ckpt);
+    else s = fg_trainer_predict(t, lm, dl, ckpt);
+    if (s != FG_OK) return fit_rank_error(t, name);
+    if (o->fn == FG_PREDICT) {
+        if (fit_module_write_predictions(r->m, t, o->predictions) != FG_OK)
+            return fit_rank_error(t, name);
+        return FG_EXIT_OK;
+    }
+    if (!fg_trainer_is_global_zero(t)) return FG_EXIT_OK;
+    /* Lightning's results table, one metric a line */
+    const fg_metric *mt;
+    int64_t n = fg_trainer_metrics(t, FG_CALLBACK_METRICS, &mt);
+    printf("%s: checkpoint %s (step %lld), %lld samples\n", name, ckpt ? ckpt : "none",
+           (long long)fg_trainer_global_step(t),
+           (long long)fg_dataset_len(fg_dataloader_dataset(dl)));
+    for (int64_t i = 0; i < n; i++) printf("  %s = %.6f\n", mt[i].name, mt[i].value);
+    if (n == 0) printf("  (no metric: the data made no batch)\n");
+    fflush(stdout);
+    return FG_EXIT_OK;
+}
+
+static int run_rank(fg_trainer *t, void *arg) {
+    fit_run *r = arg;
+    if (fit_module_open(r->m, t) != FG_OK) return fit_rank_error(t, "data");
+    fg_lightning_module lm = fit_module_table(r->m);
+    return r->o->fn == FG_FIT ? run_fit(r, t, &lm) : run_eval(r, t, &lm);
+}
+
+int fit_run_launch(fit_run *r) {
+    int rc = fg_trainer_launch(r->t, run_rank, r);
+    if (rc != 0) {
+        /* the ranks printed their own errors; the fabric's (a launch that
+         * failed, a peer that never joined, a rank that died) are printed
+         * here, whatever the code, unless this process said them already */
+        const char *msg = fg_last_error();
+        const char *cmd = r->o->fn == FG_FIT        ? "fit"
+                          : r->o->fn == FG_VALIDATE ? "validate"
+                          : r->o->fn == FG_TEST     ? "test"
+                                                    : "predict";
+        if (msg && *msg && !fit_reported(msg)) cli_error("%s: %s", cmd, msg);
+        else if (!msg || !*msg) cli_error("%s: failed (exit code %d) without a message", cmd, rc);
+        return FG_EXIT_FAIL;
+    }
+    return FG_EXIT_OK;
+}
