@@ -572,12 +572,14 @@ typedef struct fg_checkpoint_opts {
     bool no_auto_insert_metric_name; /* auto_insert_metric_name=False */
     /* Lightning's save_last="link": "last" is a symbolic link to the newest
      * file this callback saved (replaced atomically, fg_st_set_last; never
-     * versioned), and a full save only while it has saved none. */
+     * versioned); unlike Lightning's, never a full copy (none before the
+     * first file). */
     bool save_last_link;
     /* fulgur's: also save when fit ends (max_steps or max_epochs reached,
      * or stopped) unless this step was saved already, so that the end of
-     * every run can be resumed from. A stop request saves so whatever
-     * this says (fg_trainer_interrupted). */
+     * every run can be resumed from: the top-k candidate, or (when top-k
+     * keeps it not) a file by the same template all the same. A stop
+     * request saves so whatever this says (fg_trainer_interrupted). */
     bool save_on_fit_end;
 } fg_checkpoint_opts;
 

@@ -340,20 +340,10 @@ static fg_status link_last(ckpt_cb *c, fg_trainer *t) {
 
 static fg_status save_last(ckpt_cb *c, fg_trainer *t) {
     if (!c->save_last) return FG_OK;
-    /* Lightning's "link": "last" names the newest file this callback saved */
-    if (c->save_last_link && c->saved_now[0] &&
-        !strncmp(c->saved_now, c->dirpath, strlen(c->dirpath)) &&
-        c->saved_now[strlen(c->dirpath)] == '/')
-        return link_last(c, t);
+    /* "link": "last" names the newest file this callback saved; before the
+     * first there is nothing to name (never a full copy) */
+    if (c->save_last_link) return c->saved_now[0] ? link_last(c, t) : FG_OK;
     char path[4096], prev[4096];
-    if (c->save_last_link) { /* a full file in the link's place */
-        char name[2048];
-        FG_TRY(format_name(c, t, "last", 0, name, sizeof name));
-        if (snprintf(path, sizeof path, "%s/%s" EXT, c->dirpath, name) >= (int)sizeof path)
-            return fg_error(FG_EINVAL, "ModelCheckpoint: path too long in %s", c->dirpath);
-        snprintf(c->last_path, sizeof c->last_path, "%s", path);
-        return save(c, t, path);
-    }
     FG_TRY(pick_path(c, t, "last", NULL, path, sizeof path));
     snprintf(prev, sizeof prev, "%s", c->last_path);
     snprintf(c->last_path, sizeof c->last_path, "%s", path);
@@ -381,7 +371,7 @@ fg_status fg__checkpoint_save_now(fg_callback *cb, fg_trainer *t, bool forced) {
     ckpt_cb *c = of(cb);
     if (!c || (!forced && !c->save_on_fit_end) || should_skip(c, t)) return FG_OK;
     FG_TRY(save_topk(c, t));
-    if (!c->save_last && c->last_global_step_saved != t->global_step) {
+    if (c->last_global_step_saved != t->global_step) {
         /* top-k kept nothing at this step (a worse score, or no monitor value
          * yet): the end of the run is saved all the same */
         char path[4096];
@@ -423,8 +413,11 @@ static fg_status state_dict(void *ud, fg_trainer *t, fg_state_dict *sd) {
     fg_status s = fg_state_dict_set(sd, "monitor", c->monitor ? c->monitor : "");
     if (s == FG_OK) s = fg_state_dict_set(sd, "dirpath", c->dirpath);
     if (s == FG_OK) s = fg_state_dict_set(sd, "best_model_path", c->best_path);
-    if (s == FG_OK) s = fg_state_dict_set_f64(sd, "best_model_score", c->best_score);
-    if (s == FG_OK) s = fg_state_dict_set_f64(sd, "current_score", c->current_score);
+    /* no score yet (no monitor): no key, as Lightning's None */
+    if (s == FG_OK && !isnan(c->best_score))
+        s = fg_state_dict_set_f64(sd, "best_model_score", c->best_score);
+    if (s == FG_OK && !isnan(c->current_score))
+        s = fg_state_dict_set_f64(sd, "current_score", c->current_score);
     if (s == FG_OK) s = fg_state_dict_set(sd, "best_k_models", list);
     if (s == FG_OK) s = fg_state_dict_set(sd, "kth_best_model_path", c->kth_path);
     if (s == FG_OK) s = fg_state_dict_set_f64(sd, "kth_value", c->kth_value);

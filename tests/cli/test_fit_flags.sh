@@ -10,11 +10,20 @@ for i in $(seq 1 40); do echo "the quick brown fox jumps over the lazy dog $i"; 
 run help "$FULGUR" fit --help
 expect_rc "--help" 0 help
 for flag in model data val-data accelerator devices strategy precision num-nodes max-epochs \
-    max-steps batch-size accumulate-grad-batches gradient-clip-val lr seed val-check-interval \
-    ckpt-dir ckpt-every resume log-every layers heads embd ctx hidden; do
+    min-epochs max-steps min-steps max-time fast-dev-run batch-size accumulate-grad-batches \
+    limit-train-batches gradient-clip-val gradient-clip-algorithm detect-anomaly lr seed \
+    val-check-interval check-val-every-n-epoch limit-val-batches num-sanity-val-steps ckpt-dir \
+    every-n-train-steps monitor mode save-top-k save-last early-stopping-patience ckpt-path \
+    logger log-every-n-steps default-root-dir layers heads embd ctx hidden; do
     if grep -q -- "^  --$flag " "$T_TMP/help"; then :; else fail "--help lacks --$flag"; fi
 done
 pass "--help lists the Lightning-named flags"
+# the older names stay, as aliases the help names
+for alias in ckpt-every:every-n-train-steps resume:ckpt-path log-every:log-every-n-steps; do
+    grep -A3 -- "^  --${alias#*:} " "$T_TMP/help" | tr -s " \n" " " | grep -q -- "(also --${alias%%:*})" \
+        || fail "--help does not give --${alias%%:*} as --${alias#*:}'s alias"
+done
+pass "--ckpt-every, --resume and --log-every are aliases"
 expect_grep "--help gives defaults" help 'max-steps N .*\[default: [0-9]+\]'
 
 run unk "$FULGUR" fit --data "$TXT" --max-stepz 3

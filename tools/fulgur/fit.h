@@ -22,6 +22,13 @@
 
 #include "cli.h"
 
+/* passes a failure up (FG_TRY is the library's private twin) */
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        fg_status s_ = (expr);                                                                     \
+        if (s_ != FG_OK) return s_;                                                                \
+    } while (0)
+
 typedef enum fit_model_kind { FIT_GPT, FIT_MLP } fit_model_kind;
 
 /* Every option of `fulgur fit`, as parsed (see fit_args.c for defaults). */

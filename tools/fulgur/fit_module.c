@@ -100,8 +100,8 @@ fg_status fit_module_open(fit_module *m, fg_trainer *t) {
     int world = fg_trainer_world_size(t);
     fg_status s = fit_data_open(o, &m->d);
     if (s != FG_OK) return s;
-    if (o->fn == FG_TEST && o->test_data) FG_TRY(open_extra(m, o->test_data, o->test_labels));
-    if (o->fn == FG_PREDICT && o->predict_data) FG_TRY(open_extra(m, o->predict_data, NULL));
+    if (o->fn == FG_TEST && o->test_data) TRY(open_extra(m, o->test_data, o->test_labels));
+    if (o->fn == FG_PREDICT && o->predict_data) TRY(open_extra(m, o->predict_data, NULL));
     fit_model_cfg_from_opts(o, &m->d, &m->cfg);
     m->cfg.f64 = fg_fabric_dtype(fg_trainer_fabric(t)) == FG_F64;
     /* stage 3: a sharded initialisation, the model never whole on a rank */
@@ -278,7 +278,7 @@ fg_status fit_module_write_predictions(fit_module *m, fg_trainer *t, const char 
     if (!mine || !all) return fg_last_status();
     double *p = fg_tensor_data(mine);
     for (int64_t j = 0; j < slots; j++) p[j] = j < m->npred ? m->pred[j] : -1;
-    if (world > 1) FG_TRY(fg_fabric_all_gather(f, mine, all));
+    if (world > 1) TRY(fg_fabric_all_gather(f, mine, all));
     else memcpy(fg_tensor_data(all), p, (size_t)slots * sizeof *p);
     fg_status s = FG_OK;
     if (fg_trainer_is_global_zero(t)) {
@@ -333,7 +333,7 @@ static fg_status configure_optimizers(void *ud, fg_trainer *t, fg_optimizer_conf
 static fg_status on_save_checkpoint(void *ud, fg_trainer *t, fg_state_dict *sd) {
     (void)t;
     fit_module *m = ud;
-    FG_TRY(fg_state_dict_set(sd, CKPT_META_CONFIG, m->config_json));
+    TRY(fg_state_dict_set(sd, CKPT_META_CONFIG, m->config_json));
     return m->vocab_b64 ? fg_state_dict_set(sd, CKPT_META_VOCAB, m->vocab_b64) : FG_OK;
 }
 

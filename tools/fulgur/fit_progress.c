@@ -265,7 +265,7 @@ static fg_status on_train_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_
     fg_comm *comm = fg_fabric_comm(fg_trainer_fabric(t));
     /* not fg_fabric_reduce_scalar: its NaN on a failed allreduce would read
      * as a non-finite loss, hiding the peer that broke the group */
-    if (comm && world > 1) FG_TRY(fg_comm_allreduce(comm, &loss, &loss, 1, FG_F64, FG_AVG));
+    if (comm && world > 1) TRY(fg_comm_allreduce(comm, &loss, &loss, 1, FG_F64, FG_AVG));
     if (!p->rank0) return FG_OK;
     double items =
         (double)samples * (fit_module_is_gpt(p->m) ? (double)fit_module_ctx(p->m) : 1.0) * world;

@@ -202,7 +202,7 @@ static fg_status prepare_dirs(const fit_opts *o) {
         return fg_error(FG_EIO, "cannot create %s or %s: %s", o->root_dir, o->ckpt_dir,
                         strerror(errno));
     int stale = 0;
-    FG_TRY(fg_st_remove_stale_tmp(o->ckpt_dir, &stale));
+    TRY(fg_st_remove_stale_tmp(o->ckpt_dir, &stale));
     if (stale)
         printf("removed %d temporary checkpoint file%s left by a run killed while saving\n", stale,
                stale == 1 ? "" : "s");
