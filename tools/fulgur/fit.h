@@ -87,6 +87,7 @@ typedef struct fit_opts {
     const char *logger; /* "none", or a list of csv, tensorboard */
     /* validate, test, predict */
     const char *test_data, *test_labels, *predict_data, *predictions;
+    int64_t ckpt_step; /* the optimizer step the checkpoint was saved at */
     /* outputs */
     const char *root_dir, *ckpt_dir, *resume;
     int64_t ckpt_every, log_every, sample_tokens;

@@ -583,6 +583,8 @@ static int eval_ckpt(fit_opts *o) {
             return FG_EXIT_USAGE;
         }
     }
+    const char *step = fg_st_meta_get(f, "step");
+    if (!step || !cli_parse_int(step, &o->ckpt_step)) o->ckpt_step = -1;
     const char *json = fg_st_meta_get(f, CKPT_META_CONFIG);
     fit_model_cfg cfg = {0};
     char err[256];

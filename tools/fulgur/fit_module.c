@@ -4,6 +4,7 @@
  * the loaders, and the metadata a checkpoint carries for `fulgur sample`
  * (the model's config and the text vocabulary). The loop is the Trainer's. */
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +26,10 @@ struct fit_module {
     int64_t last_val_step;
     double last_val;
     uint64_t ckpt_seed;
+    /* Lightning's hparams (hparams.yaml of the loggers) */
+    fg_kv hparams[12];
+    char hp_val[12][64];
+    int64_t nhparams;
     /* predict: this rank's predictions in its sampler's order */
     double *pred;
     int64_t npred, cappred;
@@ -95,6 +100,36 @@ static fg_status open_extra(fit_module *m, const char *data, const char *labels)
     return FG_OK;
 }
 
+static void hparam(fit_module *m, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void hparam(fit_module *m, const char *key, const char *fmt, ...) {
+    int64_t i = m->nhparams++;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m->hp_val[i], sizeof m->hp_val[i], fmt, ap);
+    va_end(ap);
+    m->hparams[i] = (fg_kv){key, m->hp_val[i]};
+}
+
+static void set_hparams(fit_module *m) {
+    const fit_opts *o = m->o;
+    hparam(m, "model", "%s", o->model);
+    if (o->kind == FIT_GPT) {
+        hparam(m, "n_layer", "%lld", (long long)o->layers);
+        hparam(m, "n_head", "%lld", (long long)o->heads);
+        hparam(m, "n_embd", "%lld", (long long)o->embd);
+        hparam(m, "block_size", "%lld", (long long)o->ctx);
+        hparam(m, "dropout", "%g", o->dropout);
+    } else {
+        hparam(m, "hidden", "%lld", (long long)o->hidden);
+    }
+    hparam(m, "optimizer", "%s", o->optimizer);
+    hparam(m, "lr", "%g", o->lr);
+    hparam(m, "weight_decay", "%g", o->weight_decay);
+    hparam(m, "batch_size", "%lld", (long long)o->batch_size);
+    hparam(m, "seed", "%lld", (long long)o->seed);
+}
+
 fg_status fit_module_open(fit_module *m, fg_trainer *t) {
     const fit_opts *o = m->o;
     int world = fg_trainer_world_size(t);
@@ -103,6 +138,7 @@ fg_status fit_module_open(fit_module *m, fg_trainer *t) {
     if (o->fn == FG_TEST && o->test_data) TRY(open_extra(m, o->test_data, o->test_labels));
     if (o->fn == FG_PREDICT && o->predict_data) TRY(open_extra(m, o->predict_data, NULL));
     fit_model_cfg_from_opts(o, &m->d, &m->cfg);
+    if (!m->nhparams) set_hparams(m);
     m->cfg.f64 = fg_fabric_dtype(fg_trainer_fabric(t)) == FG_F64;
     /* stage 3: a sharded initialisation, the model never whole on a rank */
     fg_fabric *f = fg_trainer_fabric(t);
@@ -177,11 +213,14 @@ static fg_tensor *forward(fit_module *m, fg_tensor *x) {
 }
 
 static fg_tensor *training_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
-    (void)t;
     (void)i;
     fit_module *m = ud;
     fg_tensor *out = forward(m, b->x);
-    return out ? fg_cross_entropy(out, b->y, -100) : NULL;
+    fg_tensor *loss = out ? fg_cross_entropy(out, b->y, -100) : NULL;
+    /* for the loggers (--logger): this rank's loss, every log_every_n_steps */
+    if (loss && fg_trainer_log(t, "train_loss", fg_item(loss), &(fg_log_opts){.prog_bar = true}))
+        return NULL;
+    return loss;
 }
 
 /* the losses of the batch's parts (dp: one per thread), scaled by the
@@ -379,6 +418,8 @@ out:
 fg_lightning_module fit_module_table(fit_module *m) {
     return (fg_lightning_module){.ud = m,
                                  .model = m->model,
+                                 .hparams = m->hparams,
+                                 .nhparams = m->nhparams,
                                  .configure_optimizers = configure_optimizers,
                                  .training_step = training_step,
                                  .training_step_end = training_step_end,

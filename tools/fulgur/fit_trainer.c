@@ -306,8 +306,7 @@ static int run_eval(fit_run *r, fg_trainer *t, const fg_lightning_module *lm) {
     const fg_metric *mt;
     int64_t n = fg_trainer_metrics(t, FG_CALLBACK_METRICS, &mt);
     printf("%s: checkpoint %s (step %lld), %lld samples\n", name, ckpt ? ckpt : "none",
-           (long long)fg_trainer_global_step(t),
-           (long long)fg_dataset_len(fg_dataloader_dataset(dl)));
+           (long long)o->ckpt_step, (long long)fg_dataset_len(fg_dataloader_dataset(dl)));
     for (int64_t i = 0; i < n; i++) printf("  %s = %.6f\n", mt[i].name, mt[i].value);
     if (n == 0) printf("  (no metric: the data made no batch)\n");
     fflush(stdout);
