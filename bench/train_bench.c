@@ -5,6 +5,7 @@
  *
  *   train_bench --model gpt [--steps 10] [--threads 1] [--devices 2] [--batch B]
  *               [--accumulate A] [--deterministic] [--precision bf16-mixed]
+ *               [--loop plain|fabric|trainer]
  *
  * --accumulate A runs A micro-batches of B per rank and optimizer step
  * (the mode "ddp2xA"); --deterministic turns on the fabric's deterministic
@@ -13,6 +14,16 @@
  * --precision is Lightning's setting (the fabric's: autocast from setup on,
  * the optimizer step through fg_fabric_optimizer_step, the model made in
  * the setting's parameter dtype).
+ *
+ * --loop plain (the default) steps on one fixed batch; fabric and trainer
+ * read the same batch's rows through a data loader, fabric in a bare loop
+ * over the fabric (zero_grad, training_step, optimizer step, step_end) and
+ * trainer through fg_trainer_fit (no logger, checkpoint, progress bar or
+ * validation, as Lightning's bench runs it): the two differ by the
+ * Trainer's own work only. Both time a step from one step's end to the
+ * next, so the loader's fetch counts in both.
+ * (--loop fabric|trainer take neither --accumulate nor --deterministic.)
+ *
  * --threads 0 is the default thread count (the cores over the ranks, fewer
  * while other processes keep cores busy); "threads" in the output is the
  * setting, "blas" the engines each product class took. */
@@ -24,11 +35,124 @@
 #include "fulgur/fulgur.h"
 
 typedef struct args {
-    const char *model, *precision;
+    const char *model, *precision, *loop;
     int steps, warmup, threads, devices, accumulate;
     int64_t batch;
     bool deterministic;
 } args;
+
+/* ------------------------------------------ the loader modes' dataset */
+
+typedef struct rows {
+    fg_tensor *x, *y;
+    int64_t n, b; /* samples, and rows of x to cycle through */
+} rows;
+
+static int64_t rows_len(void *ud) { return ((rows *)ud)->n; }
+static void rows_spec(void *ud, fg_sample_spec *xs, fg_sample_spec *ys) {
+    rows *r = ud;
+    *xs = (fg_sample_spec){.dtype = fg_tensor_dtype(r->x), .ndim = 1};
+    xs->shape[0] = fg_tensor_dim(r->x, 1);
+    *ys = (fg_sample_spec){.dtype = FG_I32, .ndim = fg_tensor_ndim(r->y) - 1};
+    if (ys->ndim) ys->shape[0] = fg_tensor_dim(r->y, 1);
+}
+static fg_status rows_get(void *ud, int64_t i, void *x, void *y) {
+    rows *r = ud;
+    int64_t k = i % r->b;
+    size_t xb = fg_tensor_nbytes(r->x) / (size_t)r->b, yb = fg_tensor_nbytes(r->y) / (size_t)r->b;
+    memcpy(x, (const char *)fg_tensor_data(r->x) + (size_t)k * xb, xb);
+    memcpy(y, (const char *)fg_tensor_data(r->y) + (size_t)k * yb, yb);
+    return FG_OK;
+}
+
+typedef struct bench_module {
+    fg_module *model;
+    fg_optimizer *opt;
+    double *ends; /* the time each step ended */
+    int n;
+} bench_module;
+
+static fg_tensor *loss_of(fg_module *m, fg_batch *b) {
+    return fg_cross_entropy(fg_module_forward(m, b->x), b->y, -100);
+}
+static fg_tensor *bm_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
+    (void)t;
+    (void)i;
+    return loss_of(((bench_module *)ud)->model, b);
+}
+static fg_status bm_opt(void *ud, fg_trainer *t, fg_optimizer_config *out) {
+    (void)t;
+    out->optimizer = ((bench_module *)ud)->opt; /* consumed by the trainer */
+    ((bench_module *)ud)->opt = NULL;
+    return FG_OK;
+}
+static fg_status bm_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
+    (void)t;
+    (void)b;
+    (void)i;
+    bench_module *m = ud;
+    m->ends[m->n++] = fg_time();
+    return FG_OK;
+}
+static fg_tensor *fabric_step(fg_fabric *f, fg_batch *part, void *ud) {
+    (void)f;
+    return loss_of(ud, part);
+}
+
+/* Step times (end to end) of the fabric or trainer loop over a loader of
+ * x's rows, into times[0..warmup+steps-1]. */
+static int loader_loop(fg_fabric *f, args *a, fg_module *model, fg_optimizer **opt, fg_tensor *x,
+                       fg_tensor *y, int64_t B, double *times) {
+    int total = a->warmup + a->steps;
+    rows r = {x, y, B * (total + 1) * fg_fabric_world_size(f), B};
+    fg_dataset *ds =
+        fg_dataset_new(&(fg_dataset_ops){rows_len, rows_spec, rows_get, NULL}, &r, "rows");
+    fg_dataloader *dl = ds ? fg_dataloader_new(ds, &(fg_loader_opts){.batch = B}) : NULL;
+    double *ends = calloc((size_t)total + 1, sizeof *ends);
+    int rc = 1;
+    if (!dl || !ends) goto out;
+    if (!strcmp(a->loop, "trainer")) {
+        bench_module bm = {.model = model, .opt = *opt, .ends = ends + 1};
+        *opt = NULL;
+        fg_lightning_module lm = {.ud = &bm,
+                                  .model = model,
+                                  .configure_optimizers = bm_opt,
+                                  .training_step = bm_step,
+                                  .on_train_batch_end = bm_batch_end,
+                                  .on_train_batch_start = NULL};
+        fg_trainer *t = fg_trainer_new(&(fg_trainer_opts){.fabric = f,
+                                                          .max_steps = total,
+                                                          .enable_progress_bar = FG_OFF,
+                                                          .enable_checkpointing = FG_OFF,
+                                                          .logger = FG_OFF,
+                                                          .num_sanity_val_steps = FG_COUNT(0)});
+        ends[0] = fg_time();
+        fg_status s = t ? fg_trainer_fit(t, &lm, dl, NULL, NULL) : fg_last_status();
+        fg_trainer_free(t); /* frees the optimizer it was handed */
+        if (s != FG_OK) goto out;
+    } else {
+        if (!fg_fabric_setup_dataloader(f, dl, true) || fg_dataloader_set_epoch(dl, 0)) goto out;
+        ends[0] = fg_time();
+        for (int s = 0; s < total; s++) {
+            fg_batch *b = fg_dataloader_next(dl);
+            fg_optimizer_zero_grad(*opt);
+            if (!b || fg_fabric_training_step(f, b, fabric_step, NULL, model, NULL) != FG_OK ||
+                fg_fabric_optimizer_step(f, *opt) != FG_OK)
+                goto out;
+            fg_fabric_step_end(f);
+            ends[s + 1] = fg_time();
+        }
+    }
+    for (int s = 0; s < total; s++) times[s] = ends[s + 1] - ends[s];
+    rc = 0;
+out:
+    if (rc)
+        fprintf(stderr, "train_bench: rank %d: %s\n", fg_fabric_global_rank(f), fg_last_error());
+    free(ends);
+    fg_dataloader_free(dl);
+    fg_dataset_free(ds);
+    return rc;
+}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -75,12 +199,14 @@ static int run(fg_fabric *f, void *arg) {
         for (int64_t i = 0; i < B; i++)
             ((int32_t *)fg_tensor_data(y))[i] = (int32_t)fg_rng_below(&r, 10);
     }
-    if (!model || !opt || fg_fabric_setup(f, model, opt) != FG_OK) {
+    bool trainer = !strcmp(a->loop, "trainer");
+    if (!model || !opt || (!trainer && fg_fabric_setup(f, model, opt) != FG_OK)) {
         fprintf(stderr, "train_bench: %s\n", fg_last_error());
         return 1;
     }
     double *times = calloc((size_t)(a->warmup + a->steps), sizeof *times);
-    for (int s = 0; s < a->warmup + a->steps; s++) {
+    if (strcmp(a->loop, "plain") && loader_loop(f, a, model, &opt, x, y, B, times)) return 1;
+    for (int s = 0; !strcmp(a->loop, "plain") && s < a->warmup + a->steps; s++) {
         double t0 = fg_time();
         fg_optimizer_zero_grad(opt);
         bool ok = true;
@@ -112,13 +238,12 @@ static int run(fg_fabric *f, void *arg) {
     if (a->accumulate > 1) snprintf(acc, sizeof acc, "x%d", a->accumulate);
     if (fg_fabric_is_global_zero(f))
         printf(
-            "{\"model\": \"%s\", \"mode\": \"%s%d%s%s\", \"ms_per_step\": %.3f, \"items_per_s\": "
-            "%.1f, \"unit\": \"%s\", \"peak_rss_mb\": %.1f, \"threads\": %d, \"precision\": "
-            "\"%s\", "
-            "\"blas\": \"%s\"}\n",
+            "{\"model\": \"%s\", \"mode\": \"%s%d%s%s\", \"loop\": \"%s\", \"ms_per_step\": %.3f, "
+            "\"items_per_s\": %.1f, \"unit\": \"%s\", \"peak_rss_mb\": %.1f, \"threads\": %d, "
+            "\"precision\": \"%s\", \"blas\": \"%s\"}\n",
             a->model, fg_fabric_world_size(f) > 1 ? "ddp" : "single", fg_fabric_world_size(f), acc,
-            a->deterministic ? "-det" : "", ms, items / (ms / 1e3), gpt ? "tokens/s" : "samples/s",
-            ru.ru_maxrss / 1024.0, fg_get_num_threads(),
+            a->deterministic ? "-det" : "", a->loop, ms, items / (ms / 1e3),
+            gpt ? "tokens/s" : "samples/s", ru.ru_maxrss / 1024.0, fg_get_num_threads(),
             fg_precision_kind_name(fg_fabric_precision(f)), fg_ops_blas_info());
     free(times);
     fg_tensor_free(x);
@@ -129,8 +254,13 @@ static int run(fg_fabric *f, void *arg) {
 }
 
 int main(int argc, char **argv) {
-    args a = {
-        .model = "gpt", .steps = 10, .warmup = 3, .threads = 1, .devices = 1, .accumulate = 1};
+    args a = {.model = "gpt",
+              .loop = "plain",
+              .steps = 10,
+              .warmup = 3,
+              .threads = 1,
+              .devices = 1,
+              .accumulate = 1};
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--model") && v) a.model = argv[++i];
@@ -142,12 +272,17 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--accumulate") && v) a.accumulate = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--deterministic")) a.deterministic = true;
         else if (!strcmp(argv[i], "--precision") && v) a.precision = argv[++i];
+        else if (!strcmp(argv[i], "--loop") && v) a.loop = argv[++i];
         else {
             fprintf(stderr, "usage: train_bench --model mlp|gpt [--steps N] [--warmup N] "
                             "[--threads N] [--devices N] [--batch B] [--accumulate A] "
-                            "[--deterministic] [--precision S]\n");
+                            "[--deterministic] [--precision S] [--loop plain|fabric|trainer]\n");
             return 2;
         }
+    }
+    if (strcmp(a.loop, "plain") && strcmp(a.loop, "fabric") && strcmp(a.loop, "trainer")) {
+        fprintf(stderr, "train_bench: --loop %s: expected plain, fabric or trainer\n", a.loop);
+        return 2;
     }
     if (strcmp(a.model, "gpt") && strcmp(a.model, "mlp")) {
         fprintf(stderr, "train_bench: --model %s: expected mlp or gpt\n", a.model);

@@ -47,7 +47,7 @@ int ckpt_resolve(const char *arg, const char *ckpt_dir, char *out, size_t cap) {
     struct stat lst;
     if (lstat(path, &lst) != 0) {
         if (ckpt_dir && !strcmp(arg, "last"))
-            cli_error("--resume last: no checkpoint yet in %s (no %s)", ckpt_dir, path);
+            cli_error("--ckpt-path last: no checkpoint yet in %s (no %s)", ckpt_dir, path);
         else cli_error("checkpoint \"%s\": no such file", path);
         return -1;
     }

@@ -11,7 +11,7 @@
  * source of keys: model:, data: and optimizer: hold the flags listed below,
  * trainer: every other flag (so a flag added to the table is a trainer key
  * at once), and two keys sit at the top as LightningCLI's do
- * (seed_everything = --seed, ckpt_path = --resume). A plain null, ~ or
+ * (seed_everything = --seed, ckpt_path = --ckpt-path). A plain null, ~ or
  * empty value leaves the flag's default; a list is joined by commas
  * (devices: [0, 2] is --devices 0,2). */
 #include "fit_config.h"

@@ -233,7 +233,7 @@ static int run_fit(fit_run *r, fg_trainer *t, const fg_lightning_module *lm) {
         fit_stopped = 1; /* saved: further signals are ignored */
         if (rank0) {
             printf("stopped by a signal after step %lld (of %lld); checkpoint %s; run the "
-                   "same command with --resume last to continue (exit status %d)\n",
+                   "same command with --ckpt-path last to continue (exit status %d)\n",
                    (long long)step, (long long)total, fg_trainer_last_saved_path(t),
                    FG_EXIT_RESUMABLE);
             fflush(stdout);
