@@ -68,6 +68,37 @@ run pd "$FULGUR" predict "${DATA[@]}" --predict-data "$TEST_TXT" --limit-predict
 expect_rc "predict --predict-data --limit-predict-batches 1" 0 pd
 expect_grep "one batch of 4" pd '^predict: 4 predictions written to .*/predictions\.csv$'
 
+# --- mlp: the class of each sample, the same on 1 and 2 ranks
+write_npy() {
+    local hdr="{'descr': '$2', 'fortran_order': False, 'shape': $3, }"
+    local total=$(( (10 + ${#hdr} + 1 + 63) / 64 * 64 ))
+    local pad=$(( total - 10 - ${#hdr} - 1 ))
+    local hlen=$(( total - 10 ))
+    { printf '\x93NUMPY\x01\x00'; printf "\\x$(printf %02x $((hlen & 255)))\\x$(printf %02x $((hlen >> 8)))"
+      printf '%s%*s\n' "$hdr" "$pad" ""; cat; } >"$1"
+}
+N=40 # x = (+-1, 1) as f32, the label its first sign
+for i in $(seq 0 $((N - 1))); do
+    if [ $((i % 2)) = 0 ]; then printf '\x00\x00\x80\x3f'; else printf '\x00\x00\x80\xbf'; fi
+    printf '\x00\x00\x80\x3f'
+done | write_npy "$T_TMP/x.npy" '<f4' "($N, 2)"
+for i in $(seq 0 $((N - 1))); do printf "\\x0$((i % 2))"; done | write_npy "$T_TMP/y.npy" '|u1' "($N,)"
+MLP=(--model mlp --data "$T_TMP/x.npy" --labels "$T_TMP/y.npy" --batch-size 4 --num-workers 0
+     --default-root-dir "$T_TMP/mlp" --progress none --val-fraction 0.25)
+run mf "$FULGUR" fit "${MLP[@]}" --hidden 8 --max-steps 60 --lr 0.05 --warmup-steps 0
+expect_rc "fit mlp" 0 mf
+run mp1 "$FULGUR" predict "${MLP[@]}" --predictions "$T_TMP/m1.csv"
+run mp2 "$FULGUR" predict "${MLP[@]}" --devices 2 --predictions "$T_TMP/m2.csv"
+expect_rc "predict mlp on 2 ranks" 0 mp2
+head -1 "$T_TMP/m1.csv" | grep -q '^index,class$' && [ "$(wc -l <"$T_TMP/m1.csv")" = 11 ] &&
+    pass "mlp: a header and the 10 validation samples' classes" || fail "mlp: m1.csv is not that"
+cmp -s "$T_TMP/m1.csv" "$T_TMP/m2.csv" && pass "mlp: 2 ranks write the same file" ||
+    fail "mlp: 2 ranks wrote another file"
+# the validation samples are the last 10 (30..39): even ones class 0, odd ones 1
+want=$(for i in $(seq 0 9); do echo "$i,$(( (30 + i) % 2 ))"; done)
+[ "$(tail -n +2 "$T_TMP/m1.csv")" = "$want" ] && pass "mlp: every class right (a separable set)" ||
+    fail "mlp: classes $(tail -n +2 "$T_TMP/m1.csv" | tr '\n' ' ')"
+
 # --- what is refused
 run nb "$FULGUR" validate --data "$TXT" --default-root-dir "$T_TMP/none" --num-workers 0
 expect_rc "validate without a checkpoint" 2 nb
