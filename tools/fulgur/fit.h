@@ -181,7 +181,8 @@ typedef struct fit_run fit_run;
 fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc);
 void fit_run_free(fit_run *r);
 /* Launches the ranks and runs the command on each. Returns the exit code
- * for this process: 0, FG_EXIT_FAIL, or FG_EXIT_RESUMABLE (rank 0, a stop). */
+ * for this process, 0 or FG_EXIT_FAIL; after a stop fit_stopped is set (the
+ * command turns it into FG_EXIT_RESUMABLE on rank 0). */
 int fit_run_launch(fit_run *r);
 
 /* True when this process already printed an error containing msg, so that
