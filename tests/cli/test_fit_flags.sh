@@ -14,7 +14,8 @@ for flag in model data val-data accelerator devices strategy precision num-nodes
     limit-train-batches gradient-clip-val gradient-clip-algorithm detect-anomaly lr seed \
     val-check-interval check-val-every-n-epoch limit-val-batches num-sanity-val-steps ckpt-dir \
     every-n-train-steps monitor mode save-top-k save-last early-stopping-patience ckpt-path \
-    logger log-every-n-steps default-root-dir layers heads embd ctx hidden; do
+    logger log-every-n-steps default-root-dir enable-progress-bar enable-checkpointing layers \
+    heads embd ctx hidden; do
     if grep -q -- "^  --$flag " "$T_TMP/help"; then :; else fail "--help lacks --$flag"; fi
 done
 pass "--help lists the Lightning-named flags"

@@ -93,6 +93,13 @@ run clip "$FULGUR" fit "${TINY[@]}" --max-steps 4 --gradient-clip-algorithm valu
     --default-root-dir "$T_TMP/d-clip"
 expect_rc "clip by value, detect_anomaly, no sanity check" 0 clip
 
+run nock "$FULGUR" fit "${TINY[@]}" --max-steps 4 --enable-checkpointing=false \
+    --enable-progress-bar=false --default-root-dir "$T_TMP/d-nock"
+expect_rc "--enable-checkpointing=false --enable-progress-bar=false" 0 nock
+n=$(find "$T_TMP/d-nock/checkpoints" -name '*.safetensors' | wc -l)
+[ "$n" = 0 ] && ! grep -q '^step [0-9]*/' "$T_TMP/nock" && expect_grep "no checkpoint, no progress" nock '^done: 4 steps.*checkpoint none$' ||
+    fail "saved $n files or printed progress lines"
+
 # --- refused values, named
 run b1 "$FULGUR" fit "${TINY[@]}" --val-check-interval 1.5
 expect_rc "--val-check-interval 1.5" 2 b1

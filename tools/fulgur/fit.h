@@ -81,7 +81,7 @@ typedef struct fit_opts {
     int64_t num_sanity_val_steps;
     /* ModelCheckpoint and EarlyStopping */
     const char *monitor, *mode; /* mode "min" or "max" */
-    bool save_last;
+    bool save_last, enable_checkpointing, enable_progress_bar;
     int64_t early_stopping_patience; /* 0: no EarlyStopping */
     double early_stopping_min_delta;
     const char *logger; /* "none", or a list of csv, tensorboard */

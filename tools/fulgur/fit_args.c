@@ -265,6 +265,10 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .help = "metrics row, logger row and progress line every N steps");
     F(.name = "progress", .type = CLI_STR, .dst = &o->progress, .def = "auto",
       .choices = k_progress, .help = "auto: a bar on a terminal, lines otherwise");
+    F(.name = "enable-progress-bar", .type = CLI_BOOL, .dst = &o->enable_progress_bar,
+      .def = "true", .help = "false: no progress display (--progress none)");
+    F(.name = "enable-checkpointing", .type = CLI_BOOL, .dst = &o->enable_checkpointing,
+      .def = "true", .help = "false: no checkpoint at all (no ModelCheckpoint; nothing to resume)");
     F(.name = "sample-tokens", .type = CLI_INT, .dst = &o->sample_tokens, .def = "200", .min = 0,
       .max = 1 << 20, .help = "gpt: characters generated at the end");
     SEC("validate, test, predict");
@@ -623,6 +627,7 @@ int fit_args_parse(fit_opts *o, fg_trainer_fn fn, int argc, char **argv) {
     if ((rc = hook_args(o, flags, n))) return rc;
     if ((rc = fit_bagua_args(o, flags, n))) return rc;
     if ((rc = trainer_args(o))) return rc;
+    if (!o->enable_progress_bar) o->progress = "none";
     o->kind = !strcmp(o->model, "mlp") ? FIT_MLP : FIT_GPT;
     if (o->activation_checkpointing && o->kind != FIT_GPT) {
         cli_error("--activation-checkpointing recomputes a gpt's blocks; --model mlp has none");

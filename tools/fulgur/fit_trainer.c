@@ -111,7 +111,7 @@ fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc) {
         ok = add_cb(r, fit_progress_new(o, r->m));
         /* without --monitor, --save-top-k N keeps the newest N: top-k by step */
         const char *monitor = o->monitor ? o->monitor : o->save_top_k > 0 ? "step" : NULL;
-        if (ok)
+        if (ok && o->enable_checkpointing)
             ok = add_cb(r, fg_model_checkpoint_new(&(fg_checkpoint_opts){
                                .dirpath = o->ckpt_dir,
                                .filename = "step-{step:08d}",
@@ -166,7 +166,7 @@ fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc) {
         .log_every_n_steps = o->log_every,
         /* fit: its own display; the other commands: the bar above, or none */
         .enable_progress_bar = fit || r->ncbs == 0 ? FG_OFF : FG_FLAG_DEFAULT,
-        .enable_checkpointing = fit ? FG_FLAG_DEFAULT : FG_OFF,
+        .enable_checkpointing = fit && o->enable_checkpointing ? FG_FLAG_DEFAULT : FG_OFF,
         .default_root_dir = o->root_dir,
         .detect_anomaly = o->detect_anomaly,
         .on_nonfinite = o->on_nonfinite_skip ? FG_NONFINITE_SKIP : FG_NONFINITE_STOP,
