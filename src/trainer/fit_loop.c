@@ -173,9 +173,13 @@ static int64_t first_nonfinite_param(fg_module *m) {
         if (dt == FG_F64) {
             for (int64_t k = 0; k < n; k++)
                 if (!isfinite(((const double *)data)[off + k])) return i;
-        } else {
+        } else if (dt == FG_F32) {
             for (int64_t k = 0; k < n; k++)
                 if (!isfinite(((const float *)data)[off + k])) return i;
+        } else { /* bf16 / f16: the exponent all ones */
+            const uint16_t *x = (const uint16_t *)data, e = dt == FG_BF16 ? 0x7f80 : 0x7c00;
+            for (int64_t k = 0; k < n; k++)
+                if ((x[off + k] & e) == e) return i;
         }
     }
     return -1;

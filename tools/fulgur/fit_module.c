@@ -198,16 +198,18 @@ fg_status fit_module_open(fit_module *m, fg_trainer *t) {
 /* ---------------------------------------------------------------- steps */
 
 /* Model input for a batch: gpt takes (B, T) ids as they are; mlp flattens
- * (B, D...) to (B, D) (and a 64-true model takes f64). */
+ * (B, D...) to (B, D) in the model's dtype. */
 static fg_tensor *forward(fit_module *m, fg_tensor *x) {
     if (m->cfg.kind == FIT_MLP && fg_tensor_ndim(x) != 2) {
         int64_t shape[2] = {fg_tensor_dim(x, 0), m->cfg.in_dim};
         x = fg_reshape(x, 2, shape);
     }
-    if (m->cfg.kind == FIT_MLP && m->cfg.f64 && x && fg_tensor_dtype(x) != FG_F64) {
-        fg_tensor *x64 = fg_empty(FG_F64, fg_tensor_ndim(x), fg_tensor_shape(x));
-        if (!x64 || fg_tensor_copy(x64, x) != FG_OK) return NULL;
-        x = x64;
+    fg_dtype mdt = fg_module_dtype(m->model);
+    if (m->cfg.kind == FIT_MLP && x && fg_tensor_dtype(x) != mdt) {
+        /* inputs come as f32; a 64-true model takes f64 */
+        fg_tensor *xm = fg_empty(mdt, fg_tensor_ndim(x), fg_tensor_shape(x));
+        if (!xm || fg_tensor_copy(xm, x) != FG_OK) return NULL;
+        x = xm;
     }
     return x ? fg_module_forward(m->model, x) : NULL;
 }
