@@ -75,10 +75,19 @@ vocab=$(sed -n 's/^fit gpt: .* vocab \([0-9]*\)).*/\1/p' "$T_TMP/full")
 run envg "$FULGUR" env --devices 2 --strategy deepspeed_stage_1 --layers 1 --embd 32 --vocab "$vocab" --ctx 32
 expect_grep "env: a GPT's shape counts its parameters as fit does" envg "^model state per rank: $n parameters"
 
-# consolidate: the full save's file, byte for byte
-run cons "$FULGUR" ckpt consolidate "$SH" "$T_TMP/cons.safetensors"
+# consolidate: the full save's file, byte for byte. A checkpoint holds its
+# ModelCheckpoint's state (its folder, best and last paths, as Lightning's),
+# so the two runs compared save into the same folder, one after the other.
+run cmpfull "$FULGUR" fit "${TINY[@]}" --max-steps 12 --default-root-dir "$T_TMP/run-cmp" \
+    --devices 2 --strategy deepspeed_stage_2
+mv "$T_TMP/run-cmp" "$T_TMP/run-cmp-full"
+run cmpsh "$FULGUR" fit "${TINY[@]}" --max-steps 12 --default-root-dir "$T_TMP/run-cmp" \
+    --devices 2 --strategy deepspeed_stage_2 --state-dict-type sharded
+C="$T_TMP/run-cmp/checkpoints"
+run cons "$FULGUR" ckpt consolidate "$C" "$T_TMP/cons.safetensors"
 expect_rc "ckpt consolidate" 0 cons
-if cmp -s "$T_TMP/cons.safetensors" "$FULL"; then pass "consolidated file == the full save's file, byte for byte"
+if cmp -s "$T_TMP/cons.safetensors" "$T_TMP/run-cmp-full/checkpoints/$(readlink "$C/last.safetensors")"; then
+    pass "consolidated file == the full save's file, byte for byte"
 else fail "consolidated file == the full save's file, byte for byte"; fi
 run consw "$FULGUR" ckpt consolidate "$SH/$SHN" "$T_TMP/weights.safetensors" --weights-only
 expect_rc "ckpt consolidate --weights-only" 0 consw
