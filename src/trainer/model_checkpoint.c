@@ -504,7 +504,8 @@ fg_status fg__checkpoint_find_last(const fg_callback *cb, char *out, size_t cap,
         if (snprintf(path, sizeof path, "%s/%s", c->dirpath, e->d_name) >= (int)sizeof path)
             continue;
         struct stat sb;
-        if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
+        /* a file, or a sharded save's folder (followed through a "link" last) */
+        if (stat(path, &sb) != 0 || !(S_ISREG(sb.st_mode) || S_ISDIR(sb.st_mode))) continue;
         double mt = (double)sb.st_mtim.tv_sec + 1e-9 * (double)sb.st_mtim.tv_nsec;
         if (mt > newest) {
             newest = mt;

@@ -3,6 +3,7 @@
  * ModelCheckpoint's save_last="link" and save_on_fit_end; on_nonfinite stop
  * and skip. */
 #include <math.h>
+#include <sys/stat.h>
 
 #include "trainer_test_util.h"
 
@@ -23,6 +24,7 @@ static fg_status end_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_t i) 
 }
 
 static ender *g_ender;
+static bool g_sharded; /* the fabric saves sharded folders (state_dict_type sharded) */
 
 static fg_tensor *nan_training_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
     fg_tensor *loss = tu_training_step(ud, t, b, i);
@@ -65,9 +67,15 @@ static void run(const char *dir, int64_t max_steps, int64_t every, bool fit_end,
                                                       .save_on_fit_end = fit_end}),
         fg_callback_new(&(fg_callback_ops){.name = "ender", .on_train_batch_end = end_batch_end},
                         e)};
+    fg_fabric *f =
+        g_sharded
+            ? fg_fabric_new(&(fg_fabric_config){
+                  .devices = "1", .seed = 5, .sharded.state_dict_type = FG_STATE_DICT_SHARDED})
+            : NULL;
     fg_trainer *t = fg_trainer_new(&(fg_trainer_opts){.max_steps = max_steps,
-                                                      .seed = 5,
-                                                      .devices = "1",
+                                                      .seed = f ? 0 : 5,
+                                                      .devices = f ? NULL : "1",
+                                                      .fabric = f,
                                                       .on_nonfinite = nonfinite,
                                                       .callbacks = cbs,
                                                       .ncallbacks = 2,
@@ -88,6 +96,7 @@ static void run(const char *dir, int64_t max_steps, int64_t every, bool fit_end,
     out->params = malloc(out->bytes);
     memcpy(out->params, fg_tensor_data(p), out->bytes);
     fg_trainer_free(t);
+    fg_fabric_free(f);
     fg_callback_free(cbs[0]);
     fg_callback_free(cbs[1]);
     fg_dataloader_free(tl);
@@ -129,6 +138,31 @@ TEST(stop_request_saves_and_resumes_bitwise) {
     CHECK(resumed.step == 14 && !resumed.interrupted);
     CHECK(resumed.bytes == whole.bytes && !memcmp(resumed.params, whole.params, whole.bytes));
     CHECK(link_names(dir, "step-014.safetensors"));
+    free(whole.params);
+    free(stopped.params);
+    free(resumed.params);
+}
+
+/* The same through sharded saves: "last" links a folder, and ckpt_path
+ * "last" finds it. */
+TEST(stop_and_resume_through_sharded_folders) {
+    run_out whole = {0}, stopped = {0}, resumed = {0};
+    ender none = {0}, stop = {.request_at = 6}, none2 = {0};
+    run(tu_subdir("whole-sh"), 14, 0, true, &none, FG_NONFINITE_IGNORE, NULL, &whole);
+    g_sharded = true;
+    const char *dir = tu_subdir("stopped-sh");
+    run(dir, 14, 0, true, &stop, FG_NONFINITE_IGNORE, NULL, &stopped);
+    CHECK_OK(stopped.status);
+    CHECK(stopped.interrupted && stopped.step == 6 && link_names(dir, "step-006.safetensors"));
+    char folder[600];
+    snprintf(folder, sizeof folder, "%s/step-006.safetensors", dir);
+    struct stat sb;
+    CHECK(stat(folder, &sb) == 0 && S_ISDIR(sb.st_mode));
+    run(dir, 14, 0, true, &none2, FG_NONFINITE_IGNORE, "last", &resumed);
+    g_sharded = false;
+    CHECK_OK(resumed.status);
+    CHECK(resumed.step == 14);
+    CHECK(resumed.bytes == whole.bytes && !memcmp(resumed.params, whole.params, whole.bytes));
     free(whole.params);
     free(stopped.params);
     free(resumed.params);
