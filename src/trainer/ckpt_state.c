@@ -196,11 +196,22 @@ fg_status fg__save_checkpoint(fg_trainer *t, const char *path) {
     }
     if (s == FG_OK && fg_fabric_is_global_zero(t->f)) s = parent_dir(path);
     /* every rank reaches the save (collective) even after a local failure */
+    /* the elastic resume's position: samples of the epoch every rank together
+     * took, and the global batch (fg_fabric_setup_global_batch) */
+    int64_t samples = 0, global_batch = 0;
+    if (t->fn == FG_FIT && t->train) {
+        fg_dataloader_sample_position(t->train, NULL, &samples);
+        if (snap) samples = t->snap_samples;
+        int64_t bs = fg_dataloader_opts(t->train)->batch;
+        global_batch = (bs ? bs : 1) * fg_fabric_world_size(t->f) * t->accumulate;
+    }
     fg_train_state st = {.model = t->model,
                          .optimizer = t->fn == FG_FIT ? t->opt : NULL,
                          .step = t->global_step,
                          .epoch = t->current_epoch,
                          .batch_in_epoch = batch_idx,
+                         .samples_in_epoch = samples,
+                         .global_batch = global_batch,
                          .meta = sd.kv,
                          .nmeta = sd.n};
     double ok = fg_fabric_reduce_scalar(t->f, s == FG_OK ? 1 : 0, FG_MIN);
@@ -292,12 +303,21 @@ fg_status fg__load_checkpoint(fg_trainer *t, bool full) {
     t->val_done_at = meta_i64(&sd, "trainer.val_done_at", -1);
     bool epoch_end = meta_i64(&sd, "trainer.epoch_end", 0) != 0;
     FG_TRY(fg__results_decode(&t->train_res, fg_state_dict_get(&sd, "trainer.results")));
-    if (t->batch_idx > fg_dataloader_len(t->train))
+    /* a checkpoint with the sample position resumes on any world size (the
+     * batch index is then this world size's); an older one at its batch */
+    bool by_samples = st.samples_in_epoch >= 0 && st.global_batch > 0;
+    if (!by_samples && t->batch_idx > fg_dataloader_len(t->train))
         return fg_error(FG_EMISMATCH,
                         "ckpt_path=\"%s\": it stopped at batch %lld of epoch %lld, but an epoch "
                         "of this training data has %lld batches",
                         path, (long long)t->batch_idx, (long long)t->current_epoch,
                         (long long)fg_dataloader_len(t->train));
+    /* the global batch kept on this world size (the accumulation
+     * recomputed) and the epoch's remaining samples dealt to these ranks
+     * (fg_fabric_setup_global_batch); the batch index follows */
+    FG_TRY(fg_fabric_setup_global_batch(t->f, t->train, &t->accumulate, &st));
+    int64_t e;
+    fg_dataloader_position(t->train, &e, &t->batch_idx);
     if (epoch_end && t->batch_idx >= t->num_training_batches) {
         /* saved at the end of a whole epoch: go on with the next */
         t->current_epoch++;
@@ -305,7 +325,6 @@ fg_status fg__load_checkpoint(fg_trainer *t, bool full) {
         t->pending_advance = false;
         fg__results_reset(&t->train_res);
     } else {
-        FG_TRY(fg_dataloader_set_position(t->train, t->current_epoch, t->batch_idx));
         t->resumed_mid_epoch = true;
     }
     t->resumed = true;

@@ -298,6 +298,10 @@ static fg_status run_batch(fg_trainer *t) {
     if (window_start) {
         /* the state a checkpoint records while this window is open */
         t->snap_batch_idx = k;
+        fg_dataloader_sample_position(t->train, NULL, &t->snap_samples);
+        /* the batch just taken is the window's first: its start is before it */
+        int64_t bs = fg_dataloader_opts(t->train)->batch;
+        t->snap_samples -= (bs ? bs : 1) * (int64_t)fg_fabric_world_size(t->f);
         t->snap_total_batch_idx = t->total_batch_idx;
         t->snap_batches_that_stepped = t->batches_that_stepped;
         /* a window of one batch is never open at a checkpoint: nothing to keep */
@@ -451,7 +455,10 @@ fg_status fg__fit_body(fg_trainer *t) {
     FG_TRY(setup_counts(t));
     for (int i = 0; i < t->ncbs; i++)
         if (t->cbs[i]->kind == FG__CB_CHECKPOINT) FG_TRY(fg__checkpoint_resolve_dir(t->cbs[i], t));
-    if (t->ckpt_path[0]) FG_TRY(fg__load_checkpoint(t, true));
+    if (t->ckpt_path[0]) {
+        FG_TRY(fg__load_checkpoint(t, true));
+        FG_TRY(setup_counts(t)); /* an elastic resume may change the accumulation */
+    }
     FG_TRY(fg__hook_all(t, FG__H_FIT_START));
     FG_TRY(fg__loggers_hparams(t));
     FG_TRY(sanity_check(t));

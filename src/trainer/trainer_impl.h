@@ -143,6 +143,7 @@ struct fg_trainer {
      * window, written instead of the live one while a window is open */
     bool mid_window, in_epoch_end;
     int64_t snap_batch_idx, snap_total_batch_idx, snap_batches_that_stepped;
+    int64_t snap_samples; /* the loader's sample position at the window's start */
     fg__results snap_res;
     int64_t val_done_at; /* total_batch_idx whose validation has run, -1 */
     /* a batch whose validation check (Lightning's on_advance_end) has not

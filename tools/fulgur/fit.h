@@ -168,6 +168,10 @@ void fit_module_take_step(fit_module *m, double *loss, int64_t *samples);
 int64_t fit_module_last_val(const fit_module *m, double *loss);
 /* The seed the resumed checkpoint was trained with (0: not resumed). */
 uint64_t fit_module_ckpt_seed(const fit_module *m);
+/* The resumed checkpoint's world size, global batch and sample position in
+ * its epoch (-1 each when it has none). */
+void fit_module_ckpt_batch(const fit_module *m, int64_t *world, int64_t *global_batch,
+                           int64_t *samples);
 /* Rank 0, gpt on text: a sample after the run. */
 void fit_module_sample(fit_module *m);
 /* predict: the predictions of this rank, written by rank 0 in dataset order. */

@@ -21,11 +21,10 @@ struct fit_module {
     /* the optimizer step being accumulated on this rank */
     double win_loss;
     int64_t win_micro, win_samples;
-    double step_loss;
-    int64_t step_samples;
     int64_t last_val_step;
     double last_val;
     uint64_t ckpt_seed;
+    int64_t ckpt_world, ckpt_global_batch, ckpt_samples; /* the elastic resume's (-1: none) */
     /* Lightning's hparams (hparams.yaml of the loggers) */
     fg_kv hparams[12];
     char hp_val[12][64];
@@ -44,6 +43,7 @@ fit_module *fit_module_new(const fit_opts *o) {
     m->o = o;
     m->last_val_step = -1;
     m->last_val = NAN;
+    m->ckpt_world = m->ckpt_global_batch = m->ckpt_samples = -1;
     return m;
 }
 
@@ -66,6 +66,12 @@ fg_module *fit_module_model(const fit_module *m) { return m->model; }
 bool fit_module_is_gpt(const fit_module *m) { return m->cfg.kind == FIT_GPT; }
 int64_t fit_module_ctx(const fit_module *m) { return m->cfg.ctx; }
 uint64_t fit_module_ckpt_seed(const fit_module *m) { return m->ckpt_seed; }
+void fit_module_ckpt_batch(const fit_module *m, int64_t *world, int64_t *global_batch,
+                           int64_t *samples) {
+    *world = m->ckpt_world;
+    *global_batch = m->ckpt_global_batch;
+    *samples = m->ckpt_samples;
+}
 
 fg_dataloader *fit_module_loader(const fit_module *m, fg_trainer_fn fn) {
     switch (fn) {
@@ -231,7 +237,10 @@ static fg_status training_step_end(void *ud, fg_trainer *t, const double *part_l
     fit_module *m = ud;
     double sum = 0;
     for (int i = 0; i < nparts; i++) sum += part_losses[i];
-    m->win_loss += sum / (double)nparts * (double)fg_trainer_accumulate_grad_batches(t);
+    /* deterministic: the fabric averages the micro-batches itself (no 1/A) */
+    bool det = fg_fabric_deterministic(fg_trainer_fabric(t));
+    m->win_loss +=
+        sum / (double)nparts * (det ? 1.0 : (double)fg_trainer_accumulate_grad_batches(t));
     m->win_micro++;
     return FG_OK;
 }
@@ -383,6 +392,10 @@ static fg_status on_load_checkpoint(void *ud, fg_trainer *t, const fg_state_dict
     fit_module *m = ud;
     int64_t seed;
     if (fg_state_dict_get_i64(sd, "seed", &seed)) m->ckpt_seed = (uint64_t)seed;
+    if (!fg_state_dict_get_i64(sd, "world_size", &m->ckpt_world)) m->ckpt_world = -1;
+    if (!fg_state_dict_get_i64(sd, "global_batch", &m->ckpt_global_batch))
+        m->ckpt_global_batch = -1;
+    if (!fg_state_dict_get_i64(sd, "samples_in_epoch", &m->ckpt_samples)) m->ckpt_samples = -1;
     return FG_OK;
 }
 

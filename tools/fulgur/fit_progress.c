@@ -187,7 +187,8 @@ static void teardown(void *ud, fg_trainer *t, fg_trainer_fn fn) {
 static fg_status on_fit_start(void *ud, fg_trainer *t) {
     fit_progress *p = ud;
     const fit_opts *o = p->o;
-    int64_t per_epoch = (fg_trainer_num_training_batches(t) + o->accumulate - 1) / o->accumulate;
+    int64_t acc = fg_trainer_accumulate_grad_batches(t); /* an elastic resume may change it */
+    int64_t per_epoch = (fg_trainer_num_training_batches(t) + acc - 1) / acc;
     int64_t max_steps = fg_trainer_max_steps(t), max_epochs = fg_trainer_max_epochs(t);
     p->total = max_steps;
     if (max_epochs > 0 && (p->total < 0 || per_epoch * max_epochs < p->total))
@@ -202,6 +203,26 @@ static fg_status on_fit_start(void *ud, fg_trainer *t) {
                  "note: the checkpoint was trained with --seed %llu, this run uses %lld: the "
                  "data order changes",
                  (unsigned long long)seed, (long long)o->seed);
+        int64_t cworld, cglobal, csamples, at;
+        fit_module_ckpt_batch(p->m, &cworld, &cglobal, &csamples);
+        int world = fg_trainer_world_size(t);
+        int64_t global = o->batch_size * world * acc;
+        fg_dataloader_sample_position(fit_module_loader(p->m, FG_FIT), NULL, &at);
+        if (cworld > 0 && cworld != world && cglobal > 0 && global != cglobal)
+            note(p,
+                 "note: the checkpoint's global batch %lld cannot be kept on %d rank%s with "
+                 "--batch-size %lld; this run's is %lld",
+                 (long long)cglobal, world, world == 1 ? "" : "s", (long long)o->batch_size,
+                 (long long)global);
+        else if (acc != o->accumulate)
+            note(p, "global batch %lld kept on %d rank%s: --accumulate-grad-batches %lld",
+                 (long long)cglobal, world, world == 1 ? "" : "s", (long long)acc);
+        if (cglobal > 0 && csamples >= 0 && at < csamples)
+            note(p,
+                 "note: %lld samples of epoch %lld are taken again (no batch boundary of %d "
+                 "rank%s where the checkpoint stopped)",
+                 (long long)(csamples - at), (long long)fg_trainer_current_epoch(t), world,
+                 world == 1 ? "" : "s");
         note(p, "resumed from %s at step %lld (epoch %lld)", fg_trainer_ckpt_path(t),
              (long long)fg_trainer_global_step(t), (long long)fg_trainer_current_epoch(t));
     }
@@ -226,8 +247,8 @@ static fg_status on_fit_start(void *ud, fg_trainer *t) {
     printf("%d rank%s (%s), batch %lld x %d rank%s x %lld accumulated = %lld per step; "
            "%lld steps; run folder %s\n",
            world, world == 1 ? "" : "s", fg_fabric_strategy_name(fg_trainer_fabric(t)),
-           (long long)o->batch_size, world, world == 1 ? "" : "s", (long long)o->accumulate,
-           (long long)(o->batch_size * world * o->accumulate), (long long)p->total, o->root_dir);
+           (long long)o->batch_size, world, world == 1 ? "" : "s", (long long)acc,
+           (long long)(o->batch_size * world * acc), (long long)p->total, o->root_dir);
     fg_optimizer *opt = fg_trainer_optimizer(t);
     int64_t sb, se;
     fg_optimizer_state_range(opt, &sb, &se);
@@ -265,7 +286,10 @@ static fg_status on_train_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_
     fg_comm *comm = fg_fabric_comm(fg_trainer_fabric(t));
     /* not fg_fabric_reduce_scalar: its NaN on a failed allreduce would read
      * as a non-finite loss, hiding the peer that broke the group */
-    if (comm && world > 1) TRY(fg_comm_allreduce(comm, &loss, &loss, 1, FG_F64, FG_AVG));
+    /* deterministic: the fabric's loss, the same bits on any world size */
+    if (fg_fabric_deterministic(fg_trainer_fabric(t)))
+        TRY(fg_fabric_step_loss(fg_trainer_fabric(t), &loss));
+    else if (comm && world > 1) TRY(fg_comm_allreduce(comm, &loss, &loss, 1, FG_F64, FG_AVG));
     if (!p->rank0) return FG_OK;
     double items =
         (double)samples * (fit_module_is_gpt(p->m) ? (double)fit_module_ctx(p->m) : 1.0) * world;

@@ -189,7 +189,9 @@ fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc) {
 
 /* the step count the run ends at, for the lines and the ETA */
 static int64_t total_steps(fg_trainer *t, const fit_opts *o) {
-    int64_t per_epoch = (fg_trainer_num_training_batches(t) + o->accumulate - 1) / o->accumulate;
+    int64_t acc = fg_trainer_accumulate_grad_batches(t);
+    int64_t per_epoch = (fg_trainer_num_training_batches(t) + acc - 1) / acc;
+    (void)o;
     int64_t total = fg_trainer_max_steps(t), epochs = fg_trainer_max_epochs(t);
     if (epochs > 0 && (total < 0 || per_epoch * epochs < total)) total = per_epoch * epochs;
     return total;
