@@ -146,6 +146,7 @@ fg_status fit_module_open(fit_module *m, fg_trainer *t) {
     fit_model_cfg_from_opts(o, &m->d, &m->cfg);
     if (!m->nhparams) set_hparams(m);
     m->cfg.f64 = fg_fabric_dtype(fg_trainer_fabric(t)) == FG_F64;
+    m->cfg.dtype = fg_fabric_dtype(fg_trainer_fabric(t)); /* bf16-true: bf16 parameters */
     /* stage 3: a sharded initialisation, the model never whole on a rank */
     fg_fabric *f = fg_trainer_fabric(t);
     fg_strategy_kind kind = fg_fabric_plan(f)->strategy;
