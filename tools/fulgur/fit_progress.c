@@ -257,6 +257,14 @@ static fg_status on_fit_start(void *ud, fg_trainer *t) {
                "buffer (%s x %d)\n",
                (long long)(se - sb), (long long)nparams, fg_optimizer_name(opt),
                fg_optimizer_num_states(opt));
+    if (fg_optimizer_state_on_disk(opt, NULL, NULL))
+        printf("optimizer state offloaded to nvme: rank 0's %lld elements x %d in files "
+               "under %s, streamed at each step\n",
+               (long long)(se - sb), fg_optimizer_num_states(opt), o->nvme_path);
+    else if (o->sharded.offload_optimizer_device == FG_OFFLOAD_CPU ||
+             o->sharded.offload_params_device == FG_OFFLOAD_CPU || strstr(o->strategy, "offload"))
+        printf("offload to the cpu: nothing to move (on a CPU the parameters and optimizer "
+               "state are in host memory already)\n");
     fflush(stdout);
     return FG_OK;
 }
