@@ -257,6 +257,12 @@ static fg_status on_fit_start(void *ud, fg_trainer *t) {
                "buffer (%s x %d)\n",
                (long long)(se - sb), (long long)nparams, fg_optimizer_name(opt),
                fg_optimizer_num_states(opt));
+    const fg_strategy *strat = fg_fabric_strategy(fg_trainer_fabric(t));
+    int64_t pb, pe;
+    if (fg_strategy_shards_params(strat) && fg_strategy_param_range(strat, 0, &pb, &pe) == FG_OK)
+        printf("parameters sharded: rank 0 holds %lld of %lld elements between steps; %d "
+               "units gathered around their forward and backward\n",
+               (long long)(pe - pb), (long long)nparams, fg_strategy_num_units(strat));
     if (fg_optimizer_state_on_disk(opt, NULL, NULL))
         printf("optimizer state offloaded to nvme: rank 0's %lld elements x %d in files "
                "under %s, streamed at each step\n",

@@ -254,6 +254,11 @@ static int run_fit(fit_run *r, fg_trainer *t, const fg_lightning_module *lm) {
             fflush(stdout);
         }
     }
+    /* stage 3: rank 0 samples from the whole model (every rank gathers it) */
+    fg_strategy *strat = (fg_strategy *)fg_fabric_strategy(fg_trainer_fabric(t));
+    if (fit_module_is_gpt(m) && o->sample_tokens && fg_strategy_shards_params(strat) &&
+        fg_strategy_gather_params(strat) != FG_OK)
+        return fit_rank_error(t, "gathering the parameters to sample");
     if (!rank0) return FG_EXIT_OK;
     char vbuf[32] = "n/a (no validation data)";
     if (!isnan(val)) snprintf(vbuf, sizeof vbuf, "%.4f", val);
