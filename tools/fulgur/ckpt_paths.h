@@ -1,6 +1,6 @@
 /* Where `fulgur fit` puts its checkpoints and how the commands find them:
  *   <ckpt-dir>/step-<8 digits>.safetensors   one per save (state_dict_type full)
- *   <ckpt-dir>/step-<8 digits>/              one per save (sharded: a file per
+ *   <ckpt-dir>/step-<8 digits>.safetensors/  one per save (sharded: a file per
  *                                            rank and model.safetensors.index.json)
  *   <ckpt-dir>/last.safetensors              symlink to the newest whole one
  * A user may name a checkpoint by its file, by a sharded checkpoint's
