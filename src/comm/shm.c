@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 
@@ -39,6 +40,12 @@
 #define DEFAULT_CHUNK (512 << 10)
 
 /* ------------------------------------------------------- rendezvous */
+
+/* The inode of this process's pid namespace (0 when /proc does not say). */
+static uint64_t pid_namespace(void) {
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
 
 static void sleep_s(double t) {
     struct timespec ts = {(time_t)t, (long)((t - (double)(time_t)t) * 1e9)};
@@ -339,6 +346,7 @@ static fg_status shm_join(fg_comm *c) {
                       s->me, s->name, zero);
         goto fail;
     }
+    atomic_store(&m->pidns, pid_namespace());
     atomic_store(&m->state, ST_ATTACHED);
     atomic_fetch_add(&h->attached, 1);
     /* wait until everybody has mapped the memory */
@@ -367,13 +375,17 @@ static fg_status shm_join(fg_comm *c) {
         sleep_s(pause);
     }
     /* Watch each peer through a pidfd. A peer whose pid is not a live
-     * process here although it just attached lives in another pid namespace
-     * (containers sharing memory): it cannot be watched, and its death shows
-     * as the timeout instead. */
+     * process here although it just attached either died since (it is then
+     * in this pid namespace: watched, so the first wait on it says it died)
+     * or lives in another pid namespace (containers sharing memory): it
+     * cannot be watched, and its death shows as the timeout instead. */
+    uint64_t my_ns = pid_namespace();
     for (int q = 0; q < n; q++) {
         s->pids[q] = atomic_load(&ctl(s, q)->pid);
         if (q == s->me) continue;
         s->pidfd[q] = fg__shm_pidfd_open(s->pids[q]);
+        bool here = my_ns && atomic_load(&ctl(s, q)->pidns) == my_ns;
+        if (s->pidfd[q] < 0 && errno == ESRCH && here) continue; /* died: pid_dead says so */
         if (s->pidfd[q] < 0 && errno != ENOSYS) s->watch[q] = false;
         else if (s->pidfd[q] < 0 && fg__shm_pid_dead(s->pids[q], -1)) s->watch[q] = false;
         if (!s->watch[q])

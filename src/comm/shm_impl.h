@@ -59,6 +59,7 @@ typedef struct shm_ctl {
     _Atomic int32_t pid;
     _Atomic int32_t state;
     _Atomic uint32_t sleepers; /* peers sleeping on this rank's words */
+    _Atomic uint64_t pidns;    /* the owner's pid namespace (inode), set before state */
 } shm_ctl;
 
 typedef struct shm_chan {
