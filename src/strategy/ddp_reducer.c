@@ -112,8 +112,9 @@ fg_status fg_ddp_reducer_new(fg_comm *comm, fg_tensor *flat, int n, fg_tensor *c
         r->world = d.world;
         r->bounds = fg_calloc((size_t)d.world + 1, sizeof *r->bounds);
         if (!r->bounds) {
+            const char *name = r->name; /* the caller's string, not r's */
             fg_ddp_reducer_free(r);
-            return fg_error_wrap(FG_ENOMEM, "%s setup", r->name);
+            return fg_error_wrap(FG_ENOMEM, "%s setup", name);
         }
         memcpy(r->bounds, d.owner_bounds, sizeof *r->bounds * ((size_t)d.world + 1));
     }
@@ -167,8 +168,9 @@ fg_status fg_ddp_reducer_new(fg_comm *comm, fg_tensor *flat, int n, fg_tensor *c
     r->reqs = fg_calloc((size_t)r->reqs_cap, sizeof *r->reqs);
     r->req_suffix = fg_calloc((size_t)r->reqs_cap + 1, sizeof *r->req_suffix);
     if (!r->reqs || !r->req_suffix) {
+        const char *name = r->name;
         fg_ddp_reducer_free(r);
-        return fg_error_wrap(FG_ENOMEM, "%s setup", r->name);
+        return fg_error_wrap(FG_ENOMEM, "%s setup", name);
     }
     *out = r;
     return FG_OK;

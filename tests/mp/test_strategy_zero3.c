@@ -108,6 +108,22 @@ static int64_t resident_bytes(const void *buf, size_t n) {
     return res;
 }
 
+/* AddressSanitizer's allocator hands out recycled, already resident blocks
+ * and writes into fresh ones: there, which pages a rank holds after a
+ * sharded init says nothing about fulgur, and those checks are left out
+ * (said in the output); the bitwise ones run everywhere. */
+#if defined(__SANITIZE_ADDRESS__)
+#define RESIDENCY_KNOWN false
+#else
+#define RESIDENCY_KNOWN true
+#endif
+
+static void residency_note(void) {
+    if (!RESIDENCY_KNOWN)
+        fprintf(stderr, "  note: pages held after a sharded init not checked under "
+                        "AddressSanitizer (its allocator recycles resident memory)\n");
+}
+
 static int64_t param_resident(fg_module *m) {
     fg_tensor *f = fg_module_flat_params(m);
     return resident_bytes(fg_tensor_data(f), (size_t)fg_tensor_numel(f) * sizeof(float));
@@ -338,7 +354,7 @@ TEST(sharded_init_equals_full_init) {
                 (setup){
                     .world = w, .B = 2, .empty_init = true, .kind = FG_STRATEGY_DEEPSPEED_STAGE_3},
                 "emptymem"))
-            for (int r = 0; r < w; r++)
+            for (int r = 0; r < w && RESIDENCY_KNOWN; r++)
                 /* the shard's pages, the two it shares with neighbours, and
                  * the buffer's first (the allocator's header lives there) */
                 CHECK_MSG(sh->after_setup[r] <=
@@ -360,7 +376,8 @@ TEST(init_elements_is_part_of_full_init) {
     fg_module_set_empty_init(was);
     int64_t n = fg_module_numel(full);
     CHECK(fg__module_deferred(part));
-    CHECK(param_resident(part) <= 4096);
+    if (RESIDENCY_KNOWN) CHECK(param_resident(part) <= 4096);
+    residency_note();
     int64_t cuts[] = {0, 1, 7, 333, 16384, 16385, n / 2, n - 3, n};
     for (size_t k = 0; k + 1 < sizeof cuts / sizeof cuts[0]; k++)
         fg__module_init_elements(part, cuts[k], cuts[k + 1], fg__module_root(part)->flat->seed);

@@ -52,6 +52,7 @@ static void fit(fg_state_dict_type sdt, const char *dir, const char *ckpt_path, 
     fg_dataloader_free(vl);
     fg_dataset_free(tr);
     fg_dataset_free(va);
+    fg_module_free(m.net);
 }
 
 static bool is_sharded(const char *path) {

@@ -345,9 +345,10 @@ fg_status fit_module_write_predictions(fit_module *m, fg_trainer *t, const char 
             if (v < 0) continue; /* past --limit-predict-batches */
             written++;
             if (text) {
-                char ch = 0;
+                char one[2] = {0}; /* the character and decode's NUL */
                 int32_t id = (int32_t)v;
-                fg_text_vocab_decode(m->d.text_vocab, &id, 1, &ch);
+                fg_text_vocab_decode(m->d.text_vocab, &id, 1, one);
+                char ch = one[0];
                 fprintf(fp, "%lld,%d,%s\n", (long long)idx, id,
                         ch == '\n'  ? "\\n"
                         : ch == ',' ? "\",\""
