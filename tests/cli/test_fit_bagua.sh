@@ -24,7 +24,7 @@ fits() {
     run "$name" "$FULGUR" fit "${COMMON[@]}" --default-root-dir "$T_TMP/run-$name" "$@"
 }
 val() { sed -n 's/^done: .* val loss \([0-9.]*\);.*/\1/p' "$T_TMP/$1"; }
-frac() { sed -n 's/^comm: .*, \([0-9.e-]*\) of plain ddp.s.*/\1/p' "$T_TMP/$1"; }
+frac() { sed -n 's/^comm: .*, \([0-9.e-]*\)x plain ddp.s.*/\1/p' "$T_TMP/$1"; }
 # within NAME: val loss <= 1.05 x ddp's
 within() {
     local v r

@@ -26,7 +26,7 @@ bytes() { sed -n 's/^comm: \([0-9]*\) bytes per step.*/\1/p' "$T_TMP/$1"; }
 
 fits ddp
 expect_rc "ddp" 0 ddp
-expect_grep "ddp prints its bytes: 1 of plain ddp's" ddp '^comm: [0-9]+ bytes per step .* 1 of plain ddp.s'
+expect_grep "ddp prints its bytes: 1x plain ddp's" ddp '^comm: [0-9]+ bytes per step .* 1x plain ddp.s'
 fits psgd --ddp-comm-hook powersgd --powersgd-rank 2 --start-powersgd-iter 3
 expect_rc "powersgd rank 2" 0 psgd
 expect_grep "powersgd trains to the end" psgd '^done: 8 steps'

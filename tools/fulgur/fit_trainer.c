@@ -271,7 +271,7 @@ static int run_fit(fit_run *r, fg_trainer *t, const fg_lightning_module *lm) {
         fg_strategy_comm_bytes(fg_fabric_strategy(f), &cb) == FG_OK &&
         cb.steps > 0) /* counted by the strategy, not assumed */
         printf("comm: %.0f bytes per step handed to the communicator by rank 0 (%lld "
-               "synchronised backwards, %.4g of plain ddp's %llu)\n",
+               "synchronised backwards, %.4gx plain ddp's %llu)\n",
                (double)cb.total / (double)cb.steps, (long long)cb.steps,
                (double)cb.total / (double)cb.steps / (double)cb.dense_step,
                (unsigned long long)cb.dense_step);
