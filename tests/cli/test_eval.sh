@@ -60,7 +60,7 @@ run p2 "$FULGUR" predict "${DATA[@]}" --devices 2 --predictions "$T_TMP/p2.csv"
 expect_rc "predict on 2 ranks" 0 p2
 lines=$(wc -l <"$T_TMP/p1.csv")
 nval=$(sed -n 's/^predict: \([0-9]*\) predictions.*/\1/p' "$T_TMP/p1")
-head -1 "$T_TMP/p1.csv" | grep -q '^index,next_token$' && [ "$lines" = $((nval + 1)) ] &&
+head -1 "$T_TMP/p1.csv" | grep -q '^index,next_token,char$' && [ "$lines" = $((nval + 1)) ] &&
     pass "a header and $nval predictions" || fail "p1.csv: $lines lines for ${nval:-?} predictions"
 cmp -s "$T_TMP/p1.csv" "$T_TMP/p2.csv" && pass "2 ranks write the same file, in dataset order" ||
     fail "2 ranks wrote another file"

@@ -337,7 +337,10 @@ fg_status fit_module_write_predictions(fit_module *m, fg_trainer *t, const char 
         if (!fp) return fg_error(FG_EIO, "--predictions=%s: cannot write there", path);
         const double *a = fg_tensor_data(all);
         bool text = m->cfg.kind == FIT_GPT && m->d.text_vocab;
-        fprintf(fp, "%s\n", m->cfg.kind == FIT_GPT ? "index,next_token" : "index,class");
+        fprintf(fp, "%s\n",
+                m->cfg.kind != FIT_GPT ? "index,class"
+                : text                 ? "index,next_token,char"
+                                       : "index,next_token");
         int64_t written = 0;
         /* rank r's j-th sample is the dataset's r + j * world */
         for (int64_t idx = 0; idx < len; idx++) {
