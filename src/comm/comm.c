@@ -545,7 +545,7 @@ void fg_comm_abort_reason(fg_comm *c, const char *why) {
     if (!c) return;
     if (why && !atomic_load(&c->aborted)) snprintf(c->abort_why, sizeof c->abort_why, "%s", why);
     c->aborted = 1;
-    c->be->abort(c);
+    c->be->tell_peers(c);
 }
 
 void fg_comm_free(fg_comm *c) {

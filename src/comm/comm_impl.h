@@ -56,7 +56,7 @@ typedef struct fg_comm_backend {
     fg_status (*split)(fg_comm *parent, fg_comm *child, int color, int key);
     void (*destroy)(fg_comm *c);
     /* Tells peers this rank gave up (may run on another thread). */
-    void (*abort)(fg_comm *c);
+    void (*tell_peers)(fg_comm *c);
     fg_status (*allreduce)(fg_comm *c, const fg_comm_args *a);
     fg_status (*reduce_scatter)(fg_comm *c, const fg_comm_args *a);
     fg_status (*allgather)(fg_comm *c, const fg_comm_args *a);

@@ -436,7 +436,7 @@ static void hy_destroy(fg_comm *c) {
     c->impl = NULL;
 }
 
-static void hy_abort(fg_comm *c) {
+static void hy_tell_peers(fg_comm *c) {
     hybrid_state *h = c->impl;
     if (!h) return;
     if (h->intra) fg_comm_abort_reason(h->intra, c->abort_why[0] ? c->abort_why : NULL);
@@ -449,7 +449,7 @@ const fg_comm_backend fg__comm_hybrid_backend = {
     .init = hy_init,
     .split = hy_split,
     .destroy = hy_destroy,
-    .abort = hy_abort,
+    .tell_peers = hy_tell_peers,
     .allreduce = hy_allreduce,
     .reduce_scatter = hy_reduce_scatter,
     .allgather = hy_allgather,

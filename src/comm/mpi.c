@@ -437,7 +437,7 @@ static void mpi_destroy(fg_comm *c) {
     c->impl = NULL;
 }
 
-static void mpi_abort_(fg_comm *c) {
+static void mpi_tell_peers(fg_comm *c) {
     (void)c; /* MPI has no way to tell peers without killing them */
 }
 
@@ -446,7 +446,7 @@ const fg_comm_backend fg__comm_mpi_backend = {
     .init = mpi_init_,
     .split = mpi_split,
     .destroy = mpi_destroy,
-    .abort = mpi_abort_,
+    .tell_peers = mpi_tell_peers,
     .allreduce = mpi_allreduce,
     .reduce_scatter = mpi_reduce_scatter,
     .allgather = mpi_allgather,

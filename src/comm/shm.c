@@ -436,7 +436,7 @@ static void shm_destroy(fg_comm *c) {
     c->impl = NULL;
 }
 
-static void shm_abort(fg_comm *c) {
+static void shm_tell_peers(fg_comm *c) {
     shm_state *s = c->impl;
     if (!s) return;
     char msg[400];
@@ -451,7 +451,7 @@ const fg_comm_backend fg__comm_shm_backend = {
     .init = shm_init,
     .split = shm_split,
     .destroy = shm_destroy,
-    .abort = shm_abort,
+    .tell_peers = shm_tell_peers,
     .allreduce = fg__shm_allreduce,
     .reduce_scatter = fg__shm_reduce_scatter,
     .allgather = fg__shm_allgather,
