@@ -9,8 +9,6 @@
  * flush: every flush_logs_every_n_steps steps and at finalize. The run
  * folder is chosen on first use (the next free version_N) and made then;
  * a metrics.csv already there is replaced, as Lightning's. */
-#include <ctype.h>
-#include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,16 +23,13 @@ typedef struct row {
 } row;
 
 typedef struct csv_logger {
-    char *save_dir, *name, *version, *prefix;
+    fg__run_folder f;
     int64_t flush_every;
-    char *log_dir, *vnum;
     char **keys; /* the file's header, sorted */
     int64_t nkeys;
     bool file_written;
     row *rows; /* not yet written */
     int64_t nrows, caprows;
-    fg_kv *hp; /* owned copies */
-    int64_t nhp;
 } csv_logger;
 
 static void free_row(row *r) {
@@ -46,73 +41,27 @@ static void free_row(row *r) {
 
 static void csv_free(void *ud) {
     csv_logger *c = ud;
-    fg_free(c->save_dir);
-    fg_free(c->name);
-    fg_free(c->version);
-    fg_free(c->prefix);
-    fg_free(c->log_dir);
-    fg_free(c->vnum);
+    fg__run_folder_free(&c->f);
     for (int64_t i = 0; i < c->nkeys; i++) fg_free(c->keys[i]);
     fg_free(c->keys);
     for (int64_t i = 0; i < c->nrows; i++) free_row(&c->rows[i]);
     fg_free(c->rows);
-    for (int64_t i = 0; i < c->nhp; i++) {
-        fg_free((char *)c->hp[i].key);
-        fg_free((char *)c->hp[i].value);
-    }
-    fg_free(c->hp);
     fg_free(c);
-}
-
-static int64_t next_version(const char *root) {
-    DIR *d = opendir(root);
-    int64_t best = -1;
-    if (!d) return 0;
-    for (struct dirent *e; (e = readdir(d));) {
-        if (strncmp(e->d_name, "version_", 8)) continue;
-        const char *num = e->d_name + 8;
-        bool digits = *num != '\0';
-        for (const char *p = num; *p; p++) digits = digits && isdigit((unsigned char)*p);
-        if (digits && atoll(num) > best) best = atoll(num);
-    }
-    closedir(d);
-    return best + 1;
-}
-
-char *fg__logger_make_dir(const char *save_dir, const char *name, const char *version,
-                          char **vnum) {
-    char root[4096], dir[4096], vbuf[64];
-    if (name[0]) snprintf(root, sizeof root, "%s/%s", save_dir, name);
-    else snprintf(root, sizeof root, "%s", save_dir);
-    fg_free(*vnum);
-    if (version) {
-        *vnum = fg_strdup(version);
-    } else {
-        int64_t n = next_version(root);
-        snprintf(vbuf, sizeof vbuf, "version_%lld", (long long)n);
-        version = vbuf;
-        *vnum = fg_alloc(32);
-        if (*vnum) snprintf(*vnum, 32, "%lld", (long long)n);
-    }
-    if (snprintf(dir, sizeof dir, "%s/%s", root, version) >= (int)sizeof dir) return NULL;
-    if (fg__mkdirs(dir) != FG_OK) return NULL;
-    return fg_strdup(dir);
 }
 
 static const char *csv_log_dir(void *ud, const char *default_root_dir) {
     csv_logger *c = ud;
-    if (c->log_dir) return c->log_dir;
-    c->log_dir = fg__logger_make_dir(c->save_dir ? c->save_dir : default_root_dir, c->name,
-                                     c->version, &c->vnum);
-    if (c->log_dir) {
+    if (c->f.log_dir) return c->f.log_dir;
+    const char *dir = fg__run_folder_dir(&c->f, default_root_dir);
+    if (dir) {
         char path[4200];
-        snprintf(path, sizeof path, "%s/metrics.csv", c->log_dir);
+        snprintf(path, sizeof path, "%s/metrics.csv", dir);
         remove(path); /* Lightning's writer starts the file afresh */
     }
-    return c->log_dir;
+    return dir;
 }
 
-static const char *csv_version(void *ud) { return ((csv_logger *)ud)->vnum; }
+static const char *csv_version(void *ud) { return ((csv_logger *)ud)->f.vnum; }
 
 static fg_status csv_log_metrics(void *ud, const fg_metric *m, int64_t n, int64_t step) {
     csv_logger *c = ud;
@@ -131,16 +80,12 @@ static fg_status csv_log_metrics(void *ud, const fg_metric *m, int64_t n, int64_
         free_row(&r);
         return FG_ENOMEM;
     }
-    size_t pl = strlen(c->prefix);
     for (int64_t i = 0; i < n; i++) {
-        size_t len = pl + 1 + strlen(m[i].name) + 1;
-        char *name = fg_alloc(len);
+        char *name = fg__run_folder_key(&c->f, m[i].name);
         if (!name) {
             free_row(&r);
             return FG_ENOMEM;
         }
-        if (pl) snprintf(name, len, "%s-%s", c->prefix, m[i].name);
-        else snprintf(name, len, "%s", m[i].name);
         r.names[r.n] = name;
         r.ints[r.n] = !strcmp(m[i].name, "epoch") && m[i].value == (double)(int64_t)m[i].value;
         r.values[r.n++] = m[i].value;
@@ -261,9 +206,9 @@ static char **read_csv(const char *path, int64_t *nfields_per, int64_t *nrec) {
 }
 
 static fg_status flush_rows(csv_logger *c) {
-    if (!c->log_dir) return fg_error(FG_ESTATE, "CSVLogger: no run folder yet");
+    if (!c->f.log_dir) return fg_error(FG_ESTATE, "CSVLogger: no run folder yet");
     char path[4200];
-    snprintf(path, sizeof path, "%s/metrics.csv", c->log_dir);
+    snprintf(path, sizeof path, "%s/metrics.csv", c->f.log_dir);
     /* new names widen the header */
     int64_t old_n = c->nkeys;
     bool widen = false;
@@ -336,96 +281,9 @@ static fg_status flush_rows(csv_logger *c) {
     return FG_OK;
 }
 
-/* A YAML scalar: plain when YAML reads it back as written, else quoted. */
-static void put_yaml(FILE *fp, const char *s) {
-    static const char *const words[] = {"null", "Null", "NULL", "~",  "yes", "Yes", "YES", "no",
-                                        "No",   "NO",   "on",   "On", "ON",  "off", "Off", "OFF"};
-    bool plain = s[0] && !isspace((unsigned char)s[0]) &&
-                 !isspace((unsigned char)s[strlen(s) - 1]) &&
-                 !strchr("-?:,[]{}#&*!|>'\"%@`", s[0]) && !strstr(s, ": ") && !strstr(s, " #") &&
-                 !strpbrk(s, "\n\r\t") && s[strlen(s) - 1] != ':';
-    for (size_t i = 0; plain && i < sizeof words / sizeof words[0]; i++)
-        plain = strcmp(s, words[i]) != 0;
-    /* numbers and true/false stay plain: they are what the user meant */
-    if (!plain && s[0] == '-' && strtod(s, NULL) != 0) plain = true;
-    if (plain) {
-        fputs(s, fp);
-        return;
-    }
-    if (strpbrk(s, "\n\r\t")) {
-        fputc('"', fp);
-        for (; *s; s++) {
-            if (*s == '\n') fputs("\\n", fp);
-            else if (*s == '\r') fputs("\\r", fp);
-            else if (*s == '\t') fputs("\\t", fp);
-            else {
-                if (*s == '"' || *s == '\\') fputc('\\', fp);
-                fputc(*s, fp);
-            }
-        }
-        fputc('"', fp);
-        return;
-    }
-    fputc('\'', fp);
-    for (; *s; s++) {
-        if (*s == '\'') fputc('\'', fp);
-        fputc(*s, fp);
-    }
-    fputc('\'', fp);
-}
-
-static int cmp_kv(const void *a, const void *b) {
-    return strcmp(((const fg_kv *)a)->key, ((const fg_kv *)b)->key);
-}
-
-fg_status fg__hparams_yaml_write(const char *dir, fg_kv *hp, int64_t n, const char *who) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/hparams.yaml", dir);
-    FILE *fp = fopen(path, "wb");
-    if (!fp) return fg_error(FG_EIO, "%s: cannot write %s: %s", who, path, strerror(errno));
-    if (!n) fputs("{}\n", fp);
-    if (n) qsort(hp, (size_t)n, sizeof *hp, cmp_kv);
-    for (int64_t i = 0; i < n; i++) {
-        put_yaml(fp, hp[i].key);
-        fputs(": ", fp);
-        put_yaml(fp, hp[i].value);
-        fputc('\n', fp);
-    }
-    if (fclose(fp) != 0) return fg_error(FG_EIO, "%s: writing %s: %s", who, path, strerror(errno));
-    return FG_OK;
-}
-
-fg_status fg__hparams_merge(fg_kv **into, int64_t *ninto, const fg_kv *hp, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        if (!hp[i].key || !hp[i].value)
-            return fg_error(FG_EINVAL, "hparams[%lld]: NULL key or value", (long long)i);
-        int64_t at = -1;
-        for (int64_t j = 0; j < *ninto && at < 0; j++)
-            if (!strcmp((*into)[j].key, hp[i].key)) at = j;
-        char *v = fg_strdup(hp[i].value);
-        if (!v) return FG_ENOMEM;
-        if (at >= 0) {
-            fg_free((char *)(*into)[at].value);
-            (*into)[at].value = v;
-            continue;
-        }
-        fg_kv *p = fg_realloc(*into, (size_t)(*ninto + 1) * sizeof *p);
-        char *k = fg_strdup(hp[i].key);
-        if (!p || !k) {
-            if (p) *into = p;
-            fg_free(k);
-            fg_free(v);
-            return FG_ENOMEM;
-        }
-        *into = p;
-        (*into)[(*ninto)++] = (fg_kv){k, v};
-    }
-    return FG_OK;
-}
-
 static fg_status csv_log_hparams(void *ud, const fg_kv *hp, int64_t n) {
     csv_logger *c = ud;
-    return fg__hparams_merge(&c->hp, &c->nhp, hp, n);
+    return fg__run_folder_add_hparams(&c->f, hp, n);
 }
 
 static fg_status csv_save(void *ud) {
@@ -439,12 +297,12 @@ static fg_status csv_save(void *ud) {
 static fg_status csv_finalize(void *ud, const char *status) {
     (void)status;
     csv_logger *c = ud;
-    if (!c->log_dir) return FG_OK;
+    if (!c->f.log_dir) return FG_OK;
     FG_TRY(flush_rows(c));
-    return fg__hparams_yaml_write(c->log_dir, c->hp, c->nhp, "CSVLogger");
+    return fg__run_folder_write_hparams(&c->f);
 }
 
-static const char *csv_dir_of(const void *ud) { return ((const csv_logger *)ud)->log_dir; }
+static const char *csv_dir_of(const void *ud) { return ((const csv_logger *)ud)->f.log_dir; }
 
 fg_logger *fg_csv_logger_new(const fg_csv_logger_opts *opts) {
     fg_csv_logger_opts o = opts ? *opts : (fg_csv_logger_opts){0};
@@ -453,21 +311,10 @@ fg_logger *fg_csv_logger_new(const fg_csv_logger_opts *opts) {
                  (long long)o.flush_logs_every_n_steps);
         return NULL;
     }
-    if (o.version && (!o.version[0] || strchr(o.version, '/'))) {
-        fg_error(FG_EINVAL,
-                 "CSVLogger: version=\"%s\": expected a folder name (or NULL for the "
-                 "next version_N)",
-                 o.version);
-        return NULL;
-    }
     csv_logger *c = fg_calloc(1, sizeof *c);
     if (!c) return NULL;
     c->flush_every = o.flush_logs_every_n_steps ? o.flush_logs_every_n_steps : 100;
-    bool ok = (!o.save_dir || (c->save_dir = fg_strdup(o.save_dir))) &&
-              (c->name = fg_strdup(o.name ? o.name : "lightning_logs")) &&
-              (!o.version || (c->version = fg_strdup(o.version))) &&
-              (c->prefix = fg_strdup(o.prefix ? o.prefix : ""));
-    if (!ok) {
+    if (fg__run_folder_init(&c->f, "CSVLogger", o.save_dir, o.name, o.version, o.prefix) != FG_OK) {
         csv_free(c);
         return NULL;
     }

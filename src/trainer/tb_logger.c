@@ -22,43 +22,28 @@
 #include "trainer_impl.h"
 
 typedef struct tb_logger {
-    char *save_dir, *name, *version, *prefix;
+    fg__run_folder f;
     bool hp_metric;
     int64_t max_queue, pending;
-    char *log_dir, *vnum, *file;
+    char *file;
     FILE *fp;
     fg_status failed; /* a write failed: every later call reports it */
-    fg_kv *hp;        /* owned copies */
-    int64_t nhp;
 } tb_logger;
 
 static void tb_free(void *ud) {
     tb_logger *c = ud;
     if (c->fp) fclose(c->fp);
-    fg_free(c->save_dir);
-    fg_free(c->name);
-    fg_free(c->version);
-    fg_free(c->prefix);
-    fg_free(c->log_dir);
-    fg_free(c->vnum);
+    fg__run_folder_free(&c->f);
     fg_free(c->file);
-    for (int64_t i = 0; i < c->nhp; i++) {
-        fg_free((char *)c->hp[i].key);
-        fg_free((char *)c->hp[i].value);
-    }
-    fg_free(c->hp);
     fg_free(c);
 }
 
 static const char *tb_log_dir(void *ud, const char *default_root_dir) {
     tb_logger *c = ud;
-    if (c->log_dir) return c->log_dir;
-    c->log_dir = fg__logger_make_dir(c->save_dir ? c->save_dir : default_root_dir, c->name,
-                                     c->version, &c->vnum);
-    return c->log_dir;
+    return fg__run_folder_dir(&c->f, default_root_dir);
 }
 
-static const char *tb_version(void *ud) { return ((tb_logger *)ud)->vnum; }
+static const char *tb_version(void *ud) { return ((tb_logger *)ud)->f.vnum; }
 
 static double wall_time(void) {
     struct timespec ts;
@@ -92,16 +77,16 @@ static fg_status put_event(tb_logger *c, FgTb__Event *ev) {
 static fg_status open_events(tb_logger *c) {
     if (c->failed) return fg_error(c->failed, "TensorBoardLogger: an earlier write failed");
     if (c->fp) return FG_OK;
-    if (!c->log_dir) return fg_error(FG_ESTATE, "TensorBoardLogger: no run folder yet");
+    if (!c->f.log_dir) return fg_error(FG_ESTATE, "TensorBoardLogger: no run folder yet");
     static atomic_int uid;
     char host[256] = "localhost";
     if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "localhost");
     host[sizeof host - 1] = '\0';
     double now = wall_time();
-    size_t cap = strlen(c->log_dir) + strlen(host) + 96;
+    size_t cap = strlen(c->f.log_dir) + strlen(host) + 96;
     c->file = fg_alloc(cap);
     if (!c->file) return FG_ENOMEM;
-    snprintf(c->file, cap, "%s/events.out.tfevents.%010lld.%s.%d.%d", c->log_dir, (long long)now,
+    snprintf(c->file, cap, "%s/events.out.tfevents.%010lld.%s.%d.%d", c->f.log_dir, (long long)now,
              host, (int)getpid(), atomic_fetch_add(&uid, 1));
     c->fp = fopen(c->file, "wb");
     if (!c->fp) {
@@ -135,15 +120,11 @@ static fg_status scalar(tb_logger *c, const char *tag, double v, int64_t step) {
 static fg_status tb_log_metrics(void *ud, const fg_metric *m, int64_t n, int64_t step) {
     tb_logger *c = ud;
     FG_TRY(open_events(c));
-    size_t pl = strlen(c->prefix);
     for (int64_t i = 0; i < n; i++) {
-        char small[256], *tag = small;
-        size_t len = pl + 1 + strlen(m[i].name) + 1;
-        if (len > sizeof small && !(tag = fg_alloc(len))) return FG_ENOMEM;
-        if (pl) snprintf(tag, len, "%s-%s", c->prefix, m[i].name);
-        else snprintf(tag, len, "%s", m[i].name);
+        char *tag = fg__run_folder_key(&c->f, m[i].name);
+        if (!tag) return FG_ENOMEM;
         fg_status s = scalar(c, tag, m[i].value, step);
-        if (tag != small) fg_free(tag);
+        fg_free(tag);
         FG_TRY(s);
     }
     return FG_OK;
@@ -152,7 +133,7 @@ static fg_status tb_log_metrics(void *ud, const fg_metric *m, int64_t n, int64_t
 /* The hparams plugin's session start info: what TensorBoard's HPARAMS tab
  * shows for this run. Values that read as numbers or booleans are typed. */
 static fg_status hparams_summary(tb_logger *c) {
-    int64_t n = c->nhp;
+    int64_t n = c->f.nhp;
     FgTb__HParamEntry *ents = fg_calloc((size_t)n + 1, sizeof *ents);
     FgTb__HParamEntry **pents = fg_calloc((size_t)n + 1, sizeof *pents);
     FgTb__ProtoValue *vals = fg_calloc((size_t)n + 1, sizeof *vals);
@@ -160,7 +141,7 @@ static fg_status hparams_summary(tb_logger *c) {
     fg_status s = FG_ENOMEM;
     if (!ents || !pents || !vals) goto fail;
     for (int64_t i = 0; i < n; i++) {
-        const char *v = c->hp[i].value;
+        const char *v = c->f.hp[i].value;
         char *end;
         double x = strtod(v, &end);
         fg_tb__proto_value__init(&vals[i]);
@@ -176,7 +157,7 @@ static fg_status hparams_summary(tb_logger *c) {
             vals[i].string_value = (char *)v;
         }
         fg_tb__hparam_entry__init(&ents[i]);
-        ents[i].key = (char *)c->hp[i].key;
+        ents[i].key = (char *)c->f.hp[i].key;
         ents[i].value = &vals[i];
         pents[i] = &ents[i];
     }
@@ -219,7 +200,7 @@ fail:
 
 static fg_status tb_log_hparams(void *ud, const fg_kv *hp, int64_t n) {
     tb_logger *c = ud;
-    FG_TRY(fg__hparams_merge(&c->hp, &c->nhp, hp, n));
+    FG_TRY(fg__run_folder_add_hparams(&c->f, hp, n));
     if (n == 0) return FG_OK;
     FG_TRY(open_events(c));
     if (c->hp_metric) FG_TRY(scalar(c, "hp_metric", -1, 0));
@@ -229,30 +210,23 @@ static fg_status tb_log_hparams(void *ud, const fg_kv *hp, int64_t n) {
 static fg_status tb_finalize(void *ud, const char *status) {
     (void)status;
     tb_logger *c = ud;
-    if (!c->log_dir) return FG_OK;
+    if (!c->f.log_dir) return FG_OK;
     FG_TRY(open_events(c));
     c->pending = 0;
     if (fflush(c->fp) != 0) {
         c->failed = FG_EIO;
         return fg_error(FG_EIO, "TensorBoardLogger: writing %s: %s", c->file, strerror(errno));
     }
-    return fg__hparams_yaml_write(c->log_dir, c->hp, c->nhp, "TensorBoardLogger");
+    return fg__run_folder_write_hparams(&c->f);
 }
 
-static const char *tb_dir_of(const void *ud) { return ((const tb_logger *)ud)->log_dir; }
+static const char *tb_dir_of(const void *ud) { return ((const tb_logger *)ud)->f.log_dir; }
 
 fg_logger *fg_tensorboard_logger_new(const char *save_dir, const fg_tensorboard_logger_opts *opts) {
     fg_tensorboard_logger_opts o = opts ? *opts : (fg_tensorboard_logger_opts){0};
     if (o.max_queue < 0) {
         fg_error(FG_EINVAL, "TensorBoardLogger: max_queue=%lld: expected >= 1 (0 = 10)",
                  (long long)o.max_queue);
-        return NULL;
-    }
-    if (o.version && (!o.version[0] || strchr(o.version, '/'))) {
-        fg_error(FG_EINVAL,
-                 "TensorBoardLogger: version=\"%s\": expected a folder name (or NULL for the "
-                 "next version_N)",
-                 o.version);
         return NULL;
     }
     if (o.default_hp_metric != FG_FLAG_DEFAULT && o.default_hp_metric != FG_ON &&
@@ -265,11 +239,8 @@ fg_logger *fg_tensorboard_logger_new(const char *save_dir, const fg_tensorboard_
     if (!c) return NULL;
     c->max_queue = o.max_queue ? o.max_queue : 10;
     c->hp_metric = o.default_hp_metric != FG_OFF;
-    bool ok = (!save_dir || (c->save_dir = fg_strdup(save_dir))) &&
-              (c->name = fg_strdup(o.name ? o.name : "lightning_logs")) &&
-              (!o.version || (c->version = fg_strdup(o.version))) &&
-              (c->prefix = fg_strdup(o.prefix ? o.prefix : ""));
-    if (!ok) {
+    if (fg__run_folder_init(&c->f, "TensorBoardLogger", save_dir, o.name, o.version, o.prefix) !=
+        FG_OK) {
         tb_free(c);
         return NULL;
     }

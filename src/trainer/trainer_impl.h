@@ -274,15 +274,28 @@ fg_status fg__checkpoint_find_last(const fg_callback *cb, char *out, size_t cap,
  * step's top-k candidate and "last", unless this step was saved. */
 fg_status fg__checkpoint_save_now(fg_callback *cb, fg_trainer *t, bool forced);
 
-/* csv_logger.c, shared with the TensorBoard logger: a logger's run folder
- * <save_dir>/<name>/<version>, made; version NULL = the next free version_N
- * (0 when none or no folder); *vnum gets the version's name (replacing it);
- * returns the folder (owned) or NULL. Hparams merged into an
- * owned array (a key given again replaces its value); hparams.yaml in dir
- * (sorts hp), errors prefixed with who. */
-char *fg__logger_make_dir(const char *save_dir, const char *name, const char *version, char **vnum);
-fg_status fg__hparams_merge(fg_kv **into, int64_t *ninto, const fg_kv *hp, int64_t n);
-fg_status fg__hparams_yaml_write(const char *dir, fg_kv *hp, int64_t n, const char *who);
+/* run_folder.c: a logger's run folder <save_dir>/<name>/<version>, shared
+ * by the CSV and TensorBoard loggers. init validates the version (errors
+ * prefixed with who) and copies the strings; dir makes the folder on first
+ * call (version NULL = the next free version_N; vnum then holds its number)
+ * and returns it, or NULL; key is a metric's name with the prefix
+ * ("prefix-name"), owned by the caller; the hyperparameters are merged (a
+ * key given again replaces its value) and written as hparams.yaml in the
+ * folder (nothing when no folder was made). */
+typedef struct fg__run_folder {
+    const char *who;
+    char *save_dir, *name, *version, *prefix; /* as given */
+    char *log_dir, *vnum;                     /* once made */
+    fg_kv *hp;                                /* owned copies */
+    int64_t nhp;
+} fg__run_folder;
+fg_status fg__run_folder_init(fg__run_folder *f, const char *who, const char *save_dir,
+                              const char *name, const char *version, const char *prefix);
+const char *fg__run_folder_dir(fg__run_folder *f, const char *default_root_dir);
+char *fg__run_folder_key(const fg__run_folder *f, const char *metric);
+fg_status fg__run_folder_add_hparams(fg__run_folder *f, const fg_kv *hp, int64_t n);
+fg_status fg__run_folder_write_hparams(fg__run_folder *f);
+void fg__run_folder_free(fg__run_folder *f);
 
 /* tb_record.c: TFRecord framing. The CRC-32C (Castagnoli) of n bytes and
  * its masked form as TFRecord stores it; one record (length, masked CRC of
