@@ -69,6 +69,11 @@ fg_status fg__backward_inner(fg_tensor *out);
  * recomputation replayed in order; elsewhere it is atomic_fetch_add. */
 uint64_t fg__rng_take(_Atomic uint64_t *counter, uint64_t n);
 
+/* True while fg_checkpoint's backward runs the checkpointed function again
+ * on this thread (its output's backward follows at once): a sharded
+ * strategy keeps what the recomputation gathers until then. */
+bool fg__checkpoint_recomputing(void);
+
 /* True when t takes part in backward (t requires grad). */
 static inline bool fg__needs_grad(const fg_tensor *t) { return t && t->requires_grad; }
 

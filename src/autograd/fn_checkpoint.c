@@ -61,6 +61,8 @@ uint64_t fg__rng_take(_Atomic uint64_t *counter, uint64_t n) {
     return v;
 }
 
+bool fg__checkpoint_recomputing(void) { return tl_mode == RUN_REPLAY; }
+
 /* A header for x's data with no history: fn's input, so that what fn
  * records ends at it. */
 static fg_tensor *detached(fg_tensor *x) {

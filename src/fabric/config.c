@@ -64,18 +64,6 @@ fg_fabric *fg_fabric_new(const fg_fabric_config *cfg) {
                      : "");
         goto fail;
     }
-    fg_sharding_strategy ss = f->cfg.sharded.sharding_strategy;
-    if (f->cfg.activation_checkpointing &&
-        (f->plan.strategy == FG_STRATEGY_DEEPSPEED_STAGE_3 ||
-         (f->plan.strategy == FG_STRATEGY_FSDP &&
-          (ss == FG_SHARDING_FULL_SHARD || ss == FG_SHARDING_HYBRID_SHARD)))) {
-        fg_error(FG_EUNSUPPORTED,
-                 "activation_checkpointing under strategy \"%s\" with its parameters sharded "
-                 "(stage 3, FULL_SHARD, HYBRID_SHARD): not built yet (a unit's forward runs "
-                 "whole); it is built under single, ddp, deepspeed_stage_1/2 and SHARD_GRAD_OP",
-                 fg_strategy_kind_name(f->plan.strategy));
-        goto fail;
-    }
     pthread_mutex_init(&f->comm_mu, NULL);
     f->world_size = 1;
     if (f->cfg.seed) fg_fabric_seed_everything(f, f->cfg.seed);

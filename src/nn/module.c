@@ -356,6 +356,10 @@ static fg_tensor *checkpointed_fwd(fg_tensor *x, void *ud) {
     return m->forward(m, x, m->ud);
 }
 
+fg_tensor *fg__module_forward_body(fg_module *m, fg_tensor *x) {
+    return m->checkpoint ? fg_checkpoint(checkpointed_fwd, x, m) : m->forward(m, x, m->ud);
+}
+
 fg_tensor *fg_module_forward(fg_module *m, fg_tensor *x) {
     if (!m) {
         fg_error(FG_EINVAL, "module_forward: NULL module");
@@ -375,8 +379,7 @@ fg_tensor *fg_module_forward(fg_module *m, fg_tensor *x) {
     }
     if (tl_depth++ == 0) tl_wrapped = false;
     fg_tensor *y = m->wrap_unit >= 0 && m->flat->wrap ? fg__module_forward_wrapped(m, x)
-                   : m->checkpoint                    ? fg_checkpoint(checkpointed_fwd, x, m)
-                                                      : m->forward(m, x, m->ud);
+                                                      : fg__module_forward_body(m, x);
     if (!y && !tl_wrapped) { /* name the innermost module once */
         char b[256];
         fg_error_wrap(FG_EINVAL, "in module %s (%s)", fg__module_path(m, b, sizeof b), m->type);

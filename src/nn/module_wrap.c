@@ -14,6 +14,14 @@
  * grad); a unit whose input needs no gradient gets no post_backward call
  * (the strategy releases what is left once backward is over).
  *
+ * Activation checkpointing: a checkpointed unit runs fg_checkpoint between
+ * the two hooks, so its node lies between them on the tape and its
+ * recomputation runs after pre_backward, with the unit gathered. A
+ * checkpointed module holding units (units smaller than the module) runs
+ * their forwards again inside its backward, hooks and all: the strategy
+ * keeps each gathered from that forward to its backward
+ * (fg__checkpoint_recomputing).
+ *
  * The flat layout is untouched: parameters stay views into the root's flat
  * buffer, and what the strategy gathers and releases are ranges of it. */
 #include <stdint.h>
@@ -72,7 +80,7 @@ fg_tensor *fg__module_forward_wrapped(fg_module *m, fg_tensor *x) {
     int u = m->wrap_unit;
     if (w->pre_forward(w->ud, u) != FG_OK) return NULL;
     fg_tensor *xi = hook(x, w, u, POST_BACKWARD);
-    fg_tensor *y = xi ? m->forward(m, xi, m->ud) : NULL;
+    fg_tensor *y = xi ? fg__module_forward_body(m, xi) : NULL;
     /* released even when forward failed, so that nothing stays gathered */
     if (w->post_forward(w->ud, u) != FG_OK || !y) return NULL;
     return hook(y, w, u, PRE_BACKWARD);

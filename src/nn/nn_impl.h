@@ -121,7 +121,11 @@ const char *fg__module_path(const fg_module *m, char *buf, size_t n);
  * nunits of them. Borrowed until cleared. */
 void fg__module_set_wrap(fg_module *root, const fg_module_wrap *wrap, fg_module *const *units,
                          int nunits);
-/* m's forward through its unit's hooks (m->wrap_unit >= 0). */
+/* m's own forward, through fg_checkpoint when m->checkpoint is set
+ * (module.c). */
+fg_tensor *fg__module_forward_body(fg_module *m, fg_tensor *x);
+/* m's forward through its unit's hooks (m->wrap_unit >= 0), its body
+ * (fg__module_forward_body) between them. */
 fg_tensor *fg__module_forward_wrapped(fg_module *m, fg_tensor *x);
 
 /* Empty init (fg_module_set_empty_init): this thread's setting; whether

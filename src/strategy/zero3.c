@@ -34,6 +34,12 @@
  * is released. fg_module_zero_grad (root) zeroes the shard and releases the
  * rest.
  *
+ * Activation checkpointing: a checkpointed unit's recomputation runs
+ * between its pre_backward and post_backward (module_wrap.c), gathered.
+ * Units inside a checkpointed module run their forward again in its
+ * backward: there pre_forward prefetches nothing and post_forward keeps
+ * the unit for its backward, which follows at once.
+ *
  * Released pages are only relied on to read as zero for gradients, and
  * only under fulgur's default allocator (malloc: private anonymous memory);
  * under another allocator the gradients are zeroed with memset instead and
@@ -60,6 +66,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "autograd/autograd_impl.h"
 #include "optim/optim_impl.h"
 #include "strategy_impl.h"
 
@@ -206,6 +213,9 @@ static fg_status pre_forward(void *ud, int k) {
     if (z->summoned) return FG_OK;
     int root = z->nunits - 1;
     FG_TRY(ensure(z, k));
+    /* a checkpoint's recomputation in backward: the next unit's backward
+     * is over */
+    if (fg__checkpoint_recomputing()) return FG_OK;
     int next = k == root ? 0 : k + 1;
     if (next < root) FG_TRY(start(z, &z->units[next]));
     return FG_OK;
@@ -214,6 +224,9 @@ static fg_status pre_forward(void *ud, int k) {
 static fg_status post_forward(void *ud, int k) {
     fg_zero3_state *z = ud;
     if (z->summoned) return FG_OK;
+    /* in a checkpoint's recomputation the unit's backward comes next:
+     * post_backward releases it */
+    if (fg__checkpoint_recomputing()) return FG_OK;
     if (k != z->nunits - 1) return release(z, k);
     /* the root's stays gathered until backward is over; without a
      * backward to come, everything goes now */

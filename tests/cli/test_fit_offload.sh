@@ -7,7 +7,8 @@
 # --nvme-path; deepspeed_stage_2_offload and fsdp_cpu_offload (cpu: nothing
 # to move) write stage 2's checkpoint and say so; --activation-checkpointing
 # writes the plain run's checkpoint bitwise with dropout on, on 1 and 2
-# ranks; a missing nvme path fails naming it; the usage errors.
+# ranks, and under stage 3, FULL_SHARD and HYBRID_SHARD (units per block,
+# and units inside the checkpointed blocks); a missing nvme path fails naming it; the usage errors.
 source "$(dirname "$0")/lib.sh"
 echo "test_fit_offload: fulgur fit --offload-optimizer-device nvme, --activation-checkpointing"
 TXT="$T_TMP/tiny.txt"
@@ -104,16 +105,23 @@ fits drop2-ac --devices 2 --strategy deepspeed_stage_2 --dropout 0.2 --activatio
 expect_rc "--activation-checkpointing with stage 2 + nvme on 2 ranks" 0 drop2-ac
 same_ckpt "activation checkpointing + nvme == plain stage 2, 2 ranks" drop2 drop2-ac
 
-# stage 3: the optimizer state of its shard on disk too; activation
-# checkpointing inside its units is refused by name, not skipped
+# stage 3: the optimizer state of its shard on disk too
 fits three --devices 2 --strategy deepspeed_stage_3
 fits three-nv --devices 2 --strategy deepspeed_stage_3 "${NVME[@]}"
 expect_rc "stage 3 + nvme offload on 2 ranks" 0 three-nv
 same_ckpt "stage 3 + nvme == stage 3, 2 ranks" three three-nv
-fits three-ac --devices 2 --strategy fsdp --activation-checkpointing
-expect_rc "--activation-checkpointing under FULL_SHARD" 2 three-ac
-expect_grep "names the strategy and what is built" three-ac \
-    'activation_checkpointing under strategy "fsdp" with its parameters sharded.*not built yet'
+
+# activation checkpointing inside stage 3's units (each block recomputed
+# while its unit is gathered), dropout on: the plain stage-3 run's bits
+fits three-drop --devices 2 --strategy deepspeed_stage_3 --dropout 0.2
+for v in "deepspeed_stage_3" "fsdp" "fsdp --sharding-strategy HYBRID_SHARD --hybrid-shard-size 2" \
+    "deepspeed_stage_3 --auto-wrap-min-params 3000"; do
+    name="three-ac-$(echo "$v" | tr -c 'a-z0-9' '-')"
+    # shellcheck disable=SC2086 # the strategy and its options, word-split on purpose
+    fits "$name" --devices 2 --strategy $v --dropout 0.2 --activation-checkpointing
+    expect_rc "--activation-checkpointing under $v on 2 ranks" 0 "$name"
+    same_ckpt "activation checkpointing under $v == plain stage 3" three-drop "$name"
+done
 
 # a path that is not there: the run fails at setup, naming it and the bytes
 fits gone --devices 1 --strategy deepspeed_stage_2 --offload-optimizer-device nvme \
