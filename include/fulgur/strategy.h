@@ -433,6 +433,19 @@ typedef struct fg_sharded_opts {
      * device_mesh=(world / size, size)); 0 = the ranks of one node
      * (fg_comm_local_size). Must divide the world size. */
     int hybrid_shard_size;
+    /* DeepSpeed's activation checkpointing options (Lightning's
+     * DeepSpeedStrategy(partition_activations=, cpu_checkpointing=); the
+     * deepspeed kinds only). They say how the checkpoints that activation
+     * checkpointing keeps (each checkpointed block's input) are stored;
+     * neither has anything to do in fulgur, and the docs say so:
+     * partition_activations splits each checkpoint over the model-parallel
+     * ranks, and fulgur has data parallelism only (a model-parallel group
+     * of one rank, as DeepSpeed without a model-parallel unit, which is how
+     * Lightning configures it): each rank keeps its own checkpoints whole;
+     * cpu_checkpointing moves the checkpoints to host memory, where on a
+     * CPU they are already. */
+    bool partition_activations;
+    bool cpu_checkpointing;
 } fg_sharded_opts;
 
 /* Checks the sharded options for `kind` (o may be NULL: the defaults):
@@ -440,7 +453,9 @@ typedef struct fg_sharded_opts {
  * or a sharding strategy out of range. The offload fields: FG_EINVAL for a device out of range,
  * offload under a kind that does not shard (single is accepted: a sharded kind on one rank runs as
  * single), nvme without nvme_path or under fsdp; FG_EUNSUPPORTED for parameter offload under
- * deepspeed (it needs stage 3) and for nvme in a build without liburing. FG_OK for every other
+ * deepspeed (it needs stage 3) and for nvme in a build without liburing; FG_EINVAL for
+ * partition_activations or cpu_checkpointing under a kind other than the deepspeed ones and
+ * single. FG_OK for every other
  * kind. The fabric checks a configuration with it at fg_fabric_new, before any rank starts.
  * Thread-safe. */
 FG_API fg_status fg_strategy_check_sharded(fg_strategy_kind kind, const fg_sharded_opts *o);

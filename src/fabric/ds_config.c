@@ -9,7 +9,12 @@
  * allgather_partitions and ignore_unused_parameters are accepted with the
  * value that describes what fulgur always does, refused with the other;
  * offload_optimizer.device "cpu" (and cpu_offload) is honoured: on a CPU
- * it moves nothing. */
+ * it moves nothing. In activation_checkpointing, partition_activations and
+ * cpu_checkpointing land in the options (with data parallelism only there
+ * is nothing to partition, and on a CPU nothing to move: docs/sharding.md),
+ * contiguous_memory_optimization is what the step arena always does (and
+ * needs partition_activations, as in DeepSpeed), and
+ * synchronize_checkpoint_boundary has nothing to wait for on a CPU. */
 #include <stdio.h>
 #include <string.h>
 
@@ -36,7 +41,7 @@ static const key_info k_top[] = {
     {"optimizer",
      "build the optimizer in the program (fg_adamw_new; fulgur fit --optimizer, --lr)"},
     {"scheduler", "set the learning rate in the program (fulgur fit --warmup-steps, --lr)"},
-    {"activation_checkpointing", "not read from the config file by this fulgur"},
+    {"activation_checkpointing", NULL},
     {"aio", "not read from the config file by this fulgur"},
     {"steps_per_print", "fulgur logs through its progress and loggers"},
     {"wall_clock_breakdown", "fulgur logs through its progress and loggers"},
@@ -82,6 +87,17 @@ static const key_info k_zero[] = {
     {"zero_quantized_gradients", "not built in"},
     {"mics_shard_size", "not built in"},
     {"memory_efficient_linear", "not built in"},
+};
+
+/* the four booleans first, in the order act_section reads them */
+static const key_info k_act[] = {
+    {"partition_activations", NULL},
+    {"cpu_checkpointing", NULL},
+    {"contiguous_memory_optimization", NULL},
+    {"synchronize_checkpoint_boundary", NULL},
+    {"number_checkpoints", "it sizes DeepSpeed's contiguous buffer; fulgur keeps the checkpoints "
+                           "in the step arena, which grows to hold any number"},
+    {"profile", "time a run with the trainer's progress and loggers"},
 };
 
 #define NVME_HINT                                                                                  \
@@ -210,6 +226,35 @@ static fg_status offload(const char *path, json_t *zero, const char *key, fg_off
                     path, key);
 }
 
+/* The activation_checkpointing section: how DeepSpeed keeps the
+ * checkpoints. Turning checkpointing on is the program's (in DeepSpeed the
+ * model calls deepspeed.checkpointing.checkpoint; here
+ * activation_checkpointing = true). */
+static fg_status act_section(const char *path, json_t *root, fg_sharded_opts *out) {
+    json_t *a = json_object_get(root, "activation_checkpointing");
+    if (!a) return FG_OK;
+    if (!json_is_object(a))
+        return fg_error(FG_EINVAL, "%s: \"activation_checkpointing\" must be an object", path);
+    FG_TRY(check_keys(path, "activation_checkpointing.", a, k_act, sizeof k_act / sizeof k_act[0]));
+    bool on[4] = {false};
+    for (int i = 0; i < 4; i++) {
+        json_t *v = json_object_get(a, k_act[i].name);
+        if (v && !json_is_boolean(v))
+            return fg_error(FG_EINVAL, "%s: \"activation_checkpointing.%s\" must be true or false",
+                            path, k_act[i].name);
+        on[i] = v && json_is_true(v);
+    }
+    if (on[2] && !on[0]) /* DeepSpeed's configure asserts the same */
+        return fg_error(FG_EINVAL,
+                        "%s: \"activation_checkpointing.contiguous_memory_optimization\" works "
+                        "on partitioned activations only: set \"partition_activations\" too (as "
+                        "DeepSpeed requires)",
+                        path);
+    out->partition_activations = on[0];
+    out->cpu_checkpointing = on[1];
+    return FG_OK;
+}
+
 static fg_status parse(const char *path, json_t *root, int *stage, fg_sharded_opts *out) {
     if (!json_is_object(root))
         return fg_error(FG_EINVAL, "%s: expected a JSON object (DeepSpeed's configuration)", path);
@@ -218,6 +263,7 @@ static fg_status parse(const char *path, json_t *root, int *stage, fg_sharded_op
     if (u && !json_is_boolean(u))
         return fg_error(FG_EINVAL, "%s: \"zero_allow_untested_optimizer\" must be true or false",
                         path);
+    FG_TRY(act_section(path, root, out));
     json_t *zero = json_object_get(root, "zero_optimization");
     if (!zero) return FG_OK;
     if (!json_is_object(zero))
@@ -331,6 +377,8 @@ fg_status fg__fabric_apply_deepspeed_config(fg_fabric *f) {
     }
     if (o.offload_optimizer_device && !f->cfg.sharded.offload_optimizer_device)
         f->cfg.sharded.offload_optimizer_device = o.offload_optimizer_device;
+    f->cfg.sharded.partition_activations |= o.partition_activations;
+    f->cfg.sharded.cpu_checkpointing |= o.cpu_checkpointing;
     char strategy[32];
     snprintf(strategy, sizeof strategy, "deepspeed_stage_%d", stage);
     char *copy = fg_strdup(strategy);

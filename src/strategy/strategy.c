@@ -67,6 +67,15 @@ fg_status fg_sharding_strategy_parse(const char *name, fg_sharding_strategy *out
 fg_status fg_strategy_check_sharded(fg_strategy_kind kind, const fg_sharded_opts *o) {
     fg_sharded_opts d = o ? *o : (fg_sharded_opts){0};
     FG_TRY(fg__offload_check(kind, &d));
+    bool deepspeed = kind == FG_STRATEGY_DEEPSPEED_STAGE_1 ||
+                     kind == FG_STRATEGY_DEEPSPEED_STAGE_2 ||
+                     kind == FG_STRATEGY_DEEPSPEED_STAGE_3 || kind == FG_STRATEGY_SINGLE;
+    if ((d.partition_activations || d.cpu_checkpointing) && !deepspeed)
+        return fg_error(FG_EINVAL,
+                        "strategy \"%s\": %s is an option of DeepSpeed's strategies "
+                        "(deepspeed_stage_1, deepspeed_stage_2, deepspeed_stage_3)",
+                        fg_strategy_kind_name(kind),
+                        d.partition_activations ? "partition_activations" : "cpu_checkpointing");
     if (!fg_strategy_kind_is_sharded(kind)) return FG_OK;
     if (d.min_num_params < 0 || d.hybrid_shard_size < 0)
         return fg_error(FG_EINVAL,

@@ -8,7 +8,9 @@
 # to move) write stage 2's checkpoint and say so; --activation-checkpointing
 # writes the plain run's checkpoint bitwise with dropout on, on 1 and 2
 # ranks, and under stage 3, FULL_SHARD and HYBRID_SHARD (units per block,
-# and units inside the checkpointed blocks); a missing nvme path fails naming it; the usage errors.
+# and units inside the checkpointed blocks); --partition-activations and
+# --cpu-checkpointing (and a DeepSpeed config's activation_checkpointing)
+# say they have nothing to do and change no bit; a missing nvme path fails naming it; the usage errors.
 source "$(dirname "$0")/lib.sh"
 echo "test_fit_offload: fulgur fit --offload-optimizer-device nvme, --activation-checkpointing"
 TXT="$T_TMP/tiny.txt"
@@ -123,6 +125,39 @@ for v in "deepspeed_stage_3" "fsdp" "fsdp --sharding-strategy HYBRID_SHARD --hyb
     same_ckpt "activation checkpointing under $v == plain stage 3" three-drop "$name"
 done
 
+# DeepSpeed's partition_activations and cpu_checkpointing: nothing to
+# partition (no model parallelism) and nothing to move (a CPU), said so,
+# the same bits; from the flags and from a DeepSpeed config file
+fits three-pa --devices 2 --strategy deepspeed_stage_3 --dropout 0.2 --activation-checkpointing \
+    --partition-activations --cpu-checkpointing
+expect_rc "--partition-activations --cpu-checkpointing under stage 3" 0 three-pa
+same_ckpt "partition_activations + cpu_checkpointing == plain stage 3" three-drop three-pa
+expect_grep "says there is nothing to partition" three-pa \
+    '^partition_activations: nothing to partition \(no model parallelism'
+expect_grep "says there is nothing to move" three-pa \
+    '^cpu_checkpointing: nothing to move \(on a CPU the checkpoints are in host memory'
+DS="$T_TMP/ds-act.json"
+cat >"$DS" <<'JSON'
+{"zero_optimization": {"stage": 3},
+ "activation_checkpointing": {"partition_activations": true, "cpu_checkpointing": true,
+   "contiguous_memory_optimization": true, "synchronize_checkpoint_boundary": false}}
+JSON
+fits three-ds --devices 2 --strategy deepspeed --deepspeed-config "$DS" --dropout 0.2 \
+    --activation-checkpointing
+expect_rc "a DeepSpeed config's activation_checkpointing section" 0 three-ds
+same_ckpt "the config's activation_checkpointing == plain stage 3" three-drop three-ds
+expect_grep "the config's partition_activations is said to do nothing" three-ds \
+    '^partition_activations: nothing to partition'
+echo '{"activation_checkpointing": {"number_checkpoints": 8}}' >"$DS"
+fits dsnum --devices 2 --strategy deepspeed --deepspeed-config "$DS"
+expect_rc "number_checkpoints in the config" 2 dsnum
+expect_grep "names number_checkpoints" dsnum \
+    '"activation_checkpointing.number_checkpoints" is not honoured by fulgur'
+run pafsdp "$FULGUR" fit "${TINY[@]}" --devices 2 --strategy fsdp --partition-activations
+expect_rc "--partition-activations under fsdp" 2 pafsdp
+expect_grep "says it is DeepSpeed's" pafsdp \
+    'partition-activations is an option of DeepSpeed.s strategies.*--strategy=fsdp takes none'
+
 # a path that is not there: the run fails at setup, naming it and the bytes
 fits gone --devices 1 --strategy deepspeed_stage_2 --offload-optimizer-device nvme \
     --nvme-path "$T_TMP/no-such-dir"
@@ -154,5 +189,7 @@ expect_rc "--activation-checkpointing with mlp" 2 mlpac
 expect_grep "says the mlp has no blocks" mlpac 'activation-checkpointing recomputes a gpt.s blocks'
 run env "$FULGUR" env
 expect_grep "fulgur env: cpu offload moves nothing" env '^    cpu +nothing to move: on a CPU'
+expect_grep "fulgur env: partition_activations" env '^    partition_activations +nothing to partition'
+expect_grep "fulgur env: cpu_checkpointing" env '^    cpu_checkpointing +nothing to move: on a CPU'
 expect_grep "fulgur env: nvme offload" env '^    nvme +(optimizer state in files under nvme_path|unavailable: built without liburing)'
 finish

@@ -2,7 +2,10 @@
  * deepspeed_config): the honoured keys land in the stage and the sharded
  * options; every key fulgur does not honour is an error naming it, an
  * unknown one with the nearest honoured key; the fabric picks the stage
- * from the file and refuses a strategy or an option that disagrees. */
+ * from the file and refuses a strategy or an option that disagrees. The
+ * activation_checkpointing section: Lightning's four keys honoured
+ * (partition_activations and cpu_checkpointing into the options, which
+ * only the deepspeed strategies take), the others refused by name. */
 #include <stdio.h>
 
 #include "fabric/fabric_impl.h"
@@ -151,6 +154,80 @@ TEST(the_fabric_takes_the_stage_and_options) {
     snprintf(path, sizeof path, "%s", p);
     CHECK(!fabric("deepspeed", path, 0));
     CHECK_CONTAINS(fg_last_error(), "unknown key \"zero_optimization.stag\"");
+}
+
+TEST(activation_checkpointing_section) {
+    /* Lightning's DeepSpeedStrategy writes these four: all honoured */
+    const char *p = write_json(
+        "act.json", "{\"zero_optimization\": {\"stage\": 3},\n"
+                    " \"activation_checkpointing\": {\"partition_activations\": true,\n"
+                    "   \"cpu_checkpointing\": true, \"contiguous_memory_optimization\": true,\n"
+                    "   \"synchronize_checkpoint_boundary\": false}}");
+    int stage = 0;
+    fg_sharded_opts o = {0};
+    CHECK_OK(fg_deepspeed_config_read(p, &stage, &o));
+    CHECK(stage == 3 && o.partition_activations && o.cpu_checkpointing);
+    p = write_json("act0.json", "{\"activation_checkpointing\": {\"partition_activations\": "
+                                "false, \"cpu_checkpointing\": false, "
+                                "\"synchronize_checkpoint_boundary\": true}}");
+    CHECK_OK(fg_deepspeed_config_read(p, &stage, &o));
+    CHECK(!o.partition_activations && !o.cpu_checkpointing);
+    p = write_json("act1.json", "{\"activation_checkpointing\": {\"cpu_checkpointing\": true}}");
+    CHECK_OK(fg_deepspeed_config_read(p, &stage, &o));
+    CHECK(!o.partition_activations && o.cpu_checkpointing);
+    /* the others by name */
+    refused("{\"activation_checkpointing\": {\"number_checkpoints\": 12}}", FG_EINVAL,
+            "\"activation_checkpointing.number_checkpoints\" is not honoured by fulgur: it sizes "
+            "DeepSpeed's contiguous buffer");
+    refused("{\"activation_checkpointing\": {\"profile\": true}}", FG_EINVAL,
+            "\"activation_checkpointing.profile\" is not honoured");
+    refused("{\"activation_checkpointing\": {\"partition_activation\": true}}", FG_EINVAL,
+            "unknown key \"activation_checkpointing.partition_activation\" (the nearest key "
+            "fulgur honours there is \"activation_checkpointing.partition_activations\")");
+    refused("{\"activation_checkpointing\": {\"cpu_checkpointing\": 1}}", FG_EINVAL,
+            "\"activation_checkpointing.cpu_checkpointing\" must be true or false");
+    refused("{\"activation_checkpointing\": true}", FG_EINVAL,
+            "\"activation_checkpointing\" must be an object");
+    /* DeepSpeed asserts the same: contiguous copies of partitions */
+    refused("{\"activation_checkpointing\": {\"contiguous_memory_optimization\": true}}", FG_EINVAL,
+            "set \"partition_activations\" too");
+}
+
+TEST(activation_options_are_deepspeeds) {
+    /* from the file into the fabric's options */
+    char path[256];
+    snprintf(path, sizeof path, "%s/act.json", g_dir);
+    fg_fabric *f = fabric("deepspeed", path, 0);
+    CHECK_MSG(f, "%s", fg_last_error());
+    if (f) {
+        CHECK(fg_fabric_plan(f)->strategy == FG_STRATEGY_DEEPSPEED_STAGE_3);
+        CHECK(f->cfg.sharded.partition_activations && f->cfg.sharded.cpu_checkpointing);
+        fg_fabric_free(f);
+    }
+    /* set directly: deepspeed kinds (and single) only */
+    fg_sharded_opts o = {.partition_activations = true};
+    for (int k = 0; k < FG_STRATEGY_COUNT; k++) {
+        bool ds = k == FG_STRATEGY_DEEPSPEED_STAGE_1 || k == FG_STRATEGY_DEEPSPEED_STAGE_2 ||
+                  k == FG_STRATEGY_DEEPSPEED_STAGE_3 || k == FG_STRATEGY_SINGLE;
+        fg_status st = fg_strategy_check_sharded((fg_strategy_kind)k, &o);
+        CHECK_MSG(ds ? st == FG_OK : st == FG_EINVAL, "%s: status %d",
+                  fg_strategy_kind_name((fg_strategy_kind)k), (int)st);
+    }
+    o = (fg_sharded_opts){.cpu_checkpointing = true};
+    CHECK_STATUS(fg_strategy_check_sharded(FG_STRATEGY_FSDP, &o), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "strategy \"fsdp\": cpu_checkpointing is an option of "
+                                    "DeepSpeed's strategies");
+    f = fg_fabric_new(&(fg_fabric_config){.strategy = "fsdp",
+                                          .activation_checkpointing = true,
+                                          .sharded.partition_activations = true});
+    CHECK(!f);
+    CHECK_CONTAINS(fg_last_error(), "partition_activations is an option of DeepSpeed's");
+    f = fg_fabric_new(
+        &(fg_fabric_config){.strategy = "deepspeed_stage_3",
+                            .activation_checkpointing = true,
+                            .sharded = {.partition_activations = true, .cpu_checkpointing = true}});
+    CHECK_MSG(f, "%s", fg_last_error());
+    fg_fabric_free(f);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     CHECK(system(cmd) == 0);

@@ -239,5 +239,11 @@ int cmd_env(int argc, char **argv) {
            fg_offload_nvme_available()
                ? "optimizer state in files under nvme_path, streamed with io_uring (liburing)"
                : "unavailable: built without liburing (apt-get install liburing-dev, rebuild)");
+    /* DeepSpeed's activation checkpointing options (deepspeed strategies) */
+    printf("activation checkpoints (--activation-checkpointing):\n");
+    printf("    partition_activations  nothing to partition: with data parallelism only each "
+           "rank keeps its own checkpoints whole (a model-parallel group of one)\n");
+    printf("    cpu_checkpointing      nothing to move: on a CPU the checkpoints are in host "
+           "memory already\n");
     return status;
 }

@@ -53,7 +53,8 @@ typedef struct fit_opts {
     const char *deepspeed_config; /* a DeepSpeed JSON file (the fabric reads it) */
     const char *offload_optimizer, *offload_params, *nvme_path; /* parsed into `sharded` */
     bool activation_checkpointing;
-    int64_t min_num_params, hybrid_shard_size; /* stage 3: auto-wrap policy; HYBRID_SHARD */
+    bool partition_activations, cpu_checkpointing; /* deepspeed: into `sharded` */
+    int64_t min_num_params, hybrid_shard_size;     /* stage 3: auto-wrap policy; HYBRID_SHARD */
     fg_sharded_opts sharded;
     /* ddp's communication hooks (Lightning's DDPStrategy ddp_comm_hook) */
     const char *comm_hook, *comm_wrapper; /* as given; parsed into `ddp` */

@@ -125,6 +125,12 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .help = "directory on a local disk for nvme offload");
     F(.name = "activation-checkpointing", .type = CLI_BOOL, .dst = &o->activation_checkpointing,
       .help = "gpt: recompute each block's activations in backward (less memory, more compute)");
+    F(.name = "partition-activations", .type = CLI_BOOL, .dst = &o->partition_activations,
+      .help = "deepspeed: split the checkpoints over the model-parallel ranks (none in fulgur: "
+              "nothing to partition)");
+    F(.name = "cpu-checkpointing", .type = CLI_BOOL, .dst = &o->cpu_checkpointing,
+      .help = "deepspeed: keep the checkpoints in host memory (on a CPU they are: nothing to "
+              "move)");
     F(.name = "ddp-comm-hook", .type = CLI_STR, .dst = &o->comm_hook, .def = "none",
       .choices = k_hooks, .help = "ddp: gradient communication hook (docs/comm-hooks.md)");
     F(.name = "ddp-comm-wrapper", .type = CLI_STR, .dst = &o->comm_wrapper, .def = "none",
@@ -435,6 +441,18 @@ static int sharded_args(fit_opts *o, cli_flag *flags, int n) {
         cli_error("--state-dict-type: %s", fg_last_error()); /* the choices caught it already */
         return FG_EXIT_USAGE;
     }
+    static const char *const k_act[] = {"partition-activations", "cpu-checkpointing", NULL};
+    bool ds = !strncmp(o->strategy, "deepspeed", 9) ||
+              (o->deepspeed_config && !strcmp(o->strategy, "auto"));
+    for (int i = 0; k_act[i]; i++)
+        if (!ds && cli_flags_find(flags, n, k_act[i])->seen) {
+            cli_error("--%s is an option of DeepSpeed's strategies (deepspeed_stage_1, "
+                      "deepspeed_stage_2, deepspeed_stage_3); --strategy=%s takes none",
+                      k_act[i], o->strategy);
+            return FG_EXIT_USAGE;
+        }
+    o->sharded.partition_activations = o->partition_activations;
+    o->sharded.cpu_checkpointing = o->cpu_checkpointing;
     o->sharded.min_num_params = o->min_num_params;
     o->sharded.hybrid_shard_size = (int)o->hybrid_shard_size;
     return offload_args(o);

@@ -271,6 +271,17 @@ static fg_status on_fit_start(void *ud, fg_trainer *t) {
              o->sharded.offload_params_device == FG_OFFLOAD_CPU || strstr(o->strategy, "offload"))
         printf("offload to the cpu: nothing to move (on a CPU the parameters and optimizer "
                "state are in host memory already)\n");
+    fg_sharded_opts fo = {0};
+    int fs;
+    if (o->deepspeed_config && fg_deepspeed_config_read(o->deepspeed_config, &fs, &fo) != FG_OK)
+        fg_clear_error(); /* the fabric read it already */
+    if (o->sharded.partition_activations || fo.partition_activations)
+        printf("partition_activations: nothing to partition (no model parallelism: each rank "
+               "keeps its own checkpoints whole, as DeepSpeed with a model-parallel group of "
+               "one)\n");
+    if (o->sharded.cpu_checkpointing || fo.cpu_checkpointing)
+        printf("cpu_checkpointing: nothing to move (on a CPU the checkpoints are in host memory "
+               "already)\n");
     fflush(stdout);
     return FG_OK;
 }
