@@ -14,11 +14,13 @@
  * its shard only).
  *
  *   shard_bench --strategy S [--devices 2] [--steps 6] [--threads 1] [--long]
+ *               [--activation-checkpointing]
  *
  * The default GPT has 8 layers of width 384 (14M parameters); --long takes
  * one of about 200M (12 layers of width 1152), minutes per run and several
- * GB per rank. bench/shard_bench.sh runs ddp, stage 2 and stage 3 and prints
- * the ratios. */
+ * GB per rank. --activation-checkpointing recomputes each block in backward
+ * (the fabric's option). bench/shard_bench.sh runs ddp, stage 2, stage 3
+ * and stage 3 with activation checkpointing and prints the ratios. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +32,7 @@
 typedef struct args {
     const char *strategy;
     int steps, warmup, threads, devices;
-    bool longer;
+    bool longer, ac; /* --long; --activation-checkpointing */
 } args;
 
 static int cmp_double(const void *a, const void *b) {
@@ -126,10 +128,10 @@ static int run(fg_fabric *f, void *arg) {
     int64_t P = fg_module_numel(model);
     int N = fg_fabric_world_size(f);
     if (fg_fabric_is_global_zero(f))
-        printf("{\"strategy\": \"%s\", \"ranks\": %d, \"params\": %lld, \"ms_per_step\": %.1f, "
+        printf("{\"strategy\": \"%s%s\", \"ranks\": %d, \"params\": %lld, \"ms_per_step\": %.1f, "
                "\"steps_per_s\": %.3f, \"peak_rss_mb\": %.1f, \"peak_rss_train_mb\": %.1f, "
                "\"model_state_mb\": %.1f, \"ideal_mb\": %.1f, \"ddp_state_mb\": %.1f}\n",
-               a->strategy, N, (long long)P, ms, 1e3 / ms, all_peak / 1048576.0,
+               a->strategy, a->ac ? "+ac" : "", N, (long long)P, ms, 1e3 / ms, all_peak / 1048576.0,
                train_peak / 1048576.0, state / 1048576.0, 16.0 * (double)P / N / 1048576.0,
                16.0 * (double)P / 1048576.0);
     free(times);
@@ -149,17 +151,20 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--threads") && v) a.threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--devices") && v) a.devices = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--long")) a.longer = true;
+        else if (!strcmp(argv[i], "--activation-checkpointing")) a.ac = true;
         else {
             fprintf(stderr, "usage: shard_bench --strategy S [--devices N] [--steps N] "
-                            "[--threads N] [--long]\n");
+                            "[--threads N] [--long] [--activation-checkpointing]\n");
             return 2;
         }
     }
     if (a.steps < 1) a.steps = 1;
     char dev[16];
     snprintf(dev, sizeof dev, "%d", a.devices);
-    fg_fabric *f = fg_fabric_new(
-        &(fg_fabric_config){.devices = dev, .strategy = a.strategy, .threads_per_rank = a.threads});
+    fg_fabric *f = fg_fabric_new(&(fg_fabric_config){.devices = dev,
+                                                     .strategy = a.strategy,
+                                                     .threads_per_rank = a.threads,
+                                                     .activation_checkpointing = a.ac});
     if (!f) {
         fprintf(stderr, "shard_bench: %s\n", fg_last_error());
         return 2;
