@@ -8,7 +8,7 @@
 # to move) write stage 2's checkpoint and say so; --activation-checkpointing
 # writes the plain run's checkpoint bitwise with dropout on, on 1 and 2
 # ranks, and under stage 3, FULL_SHARD and HYBRID_SHARD (units per block,
-# and units inside the checkpointed blocks); --partition-activations and
+# units inside the checkpointed blocks, bf16-true); --partition-activations and
 # --cpu-checkpointing (and a DeepSpeed config's activation_checkpointing)
 # say they have nothing to do and change no bit; a missing nvme path fails naming it; the usage errors.
 source "$(dirname "$0")/lib.sh"
@@ -124,6 +124,12 @@ for v in "deepspeed_stage_3" "fsdp" "fsdp --sharding-strategy HYBRID_SHARD --hyb
     expect_rc "--activation-checkpointing under $v on 2 ranks" 0 "$name"
     same_ckpt "activation checkpointing under $v == plain stage 3" three-drop "$name"
 done
+# bf16-true: the units gathered and recomputed in bf16
+fits three-bf --devices 2 --strategy deepspeed_stage_3 --dropout 0.2 --precision bf16-true
+fits three-bf-ac --devices 2 --strategy deepspeed_stage_3 --dropout 0.2 --precision bf16-true \
+    --activation-checkpointing
+expect_rc "--activation-checkpointing under stage 3, bf16-true" 0 three-bf-ac
+same_ckpt "activation checkpointing under stage 3, bf16-true == without" three-bf three-bf-ac
 
 # DeepSpeed's partition_activations and cpu_checkpointing: nothing to
 # partition (no model parallelism) and nothing to move (a CPU), said so,
