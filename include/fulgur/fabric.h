@@ -86,7 +86,8 @@ typedef struct fg_fabric_config {
     /* Recompute each transformer block's activations in backward
      * (fg_module_set_activation_checkpointing of the model's "Block"
      * modules at fg_fabric_setup; FSDPStrategy's
-     * activation_checkpointing_policy={Block}). */
+     * activation_checkpointing_policy={Block}), under every strategy; under
+     * stage 3 a block is recomputed while its unit is gathered. */
     bool activation_checkpointing;
 } fg_fabric_config;
 
