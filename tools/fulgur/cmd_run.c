@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "cli_flags.h"
@@ -27,8 +28,8 @@
 static const char *const k_usage =
     "fulgur run [--nproc-per-node N] [--nnodes N --node-rank R --master-addr A --master-port P] "
     "[--max-restarts K] [--] PROGRAM [ARGS...]\n"
-    "       fulgur run --hosts HOST:N,HOST:N,... [--rsh-agent CMD] [--network NET] [--dry-run] "
-    "[--] PROGRAM [ARGS...]";
+    "       fulgur run --hosts HOST:N,HOST:N,... [--nnodes MIN:MAX] [--max-restarts K] "
+    "[--rsh-agent CMD] [--network NET] [--dry-run] [--] PROGRAM [ARGS...]";
 
 /* --------------------------------------------------- signal forwarding */
 
@@ -122,6 +123,33 @@ static void more_help(void) {
            "executed.\n");
 }
 
+/* --nnodes MIN:MAX with MIN > 1 (or a --node-rank) without --hosts: torchrun
+ * would wait for other machines to join; here they join only through
+ * --hosts, started from one machine. Prints the command that works. */
+static void elastic_refusal(const char *nnodes_s, int64_t nproc, int64_t restarts, char **prog) {
+    char me[256] = "THIS_HOST", cmd[2048];
+    gethostname(me, sizeof me - 1);
+    const char *colon = strchr(nnodes_s, ':');
+    int max = atoi(colon + 1);
+    size_t k = 0;
+    k += (size_t)snprintf(cmd + k, sizeof cmd - k, "fulgur run --hosts %s:%lld", me,
+                          (long long)nproc);
+    for (int i = 1; i < max && i < 4 && k < sizeof cmd; i++)
+        k += (size_t)snprintf(cmd + k, sizeof cmd - k, ",HOST%d:%lld", i, (long long)nproc);
+    if (max > 4 && k < sizeof cmd) k += (size_t)snprintf(cmd + k, sizeof cmd - k, ",...");
+    if (k < sizeof cmd) k += (size_t)snprintf(cmd + k, sizeof cmd - k, " --nnodes %s", nnodes_s);
+    if (restarts && k < sizeof cmd)
+        k += (size_t)snprintf(cmd + k, sizeof cmd - k, " --max-restarts %lld", (long long)restarts);
+    if (k < sizeof cmd) k += (size_t)snprintf(cmd + k, sizeof cmd - k, " --");
+    for (int i = 0; prog[i] && k < sizeof cmd; i++)
+        k += (size_t)snprintf(cmd + k, sizeof cmd - k, " %s", prog[i]);
+    if (k >= sizeof cmd) strcpy(cmd + sizeof cmd - 5, "...");
+    cli_error("--nnodes=\"%s\": the other machines of an elastic job are started from this one; "
+              "started on its own, this machine is one node, below the minimum. Run once, here:\n"
+              "  %s\n(HOST1, ... = the other machines)",
+              nnodes_s, cmd);
+}
+
 /* Runs the command once the flags (fa[1..split), dashed) are split from
  * the program (argv[split..]). */
 static int run_flags(int argc, char **argv, int split, char **fa) {
@@ -163,8 +191,9 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
          .type = CLI_STR,
          .dst = &nnodes_s,
          .def = "1",
-         .help = "machines in the job; run this command once on each (torchrun's MIN:MAX elastic "
-                 "ranges are not built yet)"},
+         .help = "machines in the job, or MIN:MAX with --hosts (elastic: the job runs on the "
+                 "hosts that answer, at least MIN, and goes on without a host whose ranks "
+                 "failed while --max-restarts allows)"},
         {.name = "node-rank",
          .type = CLI_INT,
          .dst = &node_rank,
@@ -195,8 +224,8 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
          .def = "0",
          .min = 0,
          .max = 1000,
-         .help = "start the ranks of this node again after a failure, up to N times "
-                 "(they see FULGUR_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT)"},
+         .help = "start the ranks again after a failure, up to N times (with --hosts: the "
+                 "whole job; they see FULGUR_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT)"},
         {.name = "grace",
          .type = CLI_DOUBLE,
          .dst = &grace,
@@ -217,6 +246,8 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
     if (rc) return rc;
 
     int64_t nproc, nnodes;
+    bool elastic = false; /* --nnodes MIN:MAX with MIN < MAX */
+    int min_nodes = 1, max_nodes = 1;
     if (!parse_nproc(nproc_s, &nproc) || nproc < 1 || nproc > FG_DEVICES_MAX) {
         cli_error("--nproc-per-node=\"%s\": expected 1..%d or auto", nproc_s, FG_DEVICES_MAX);
         return FG_EXIT_USAGE;
@@ -230,14 +261,16 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
             cli_error("--nnodes=\"%s\": expected N, or MIN:MAX with 1 <= MIN <= MAX", nnodes_s);
             return FG_EXIT_USAGE;
         }
-        if (lo != hi) {
-            cli_error("--nnodes=\"%s\": elastic ranges (MIN < MAX) are not built yet; give a fixed "
-                      "number of nodes (to resize, stop the job and start it with another, "
-                      "--resume last: the checkpoint is re-cut and the global batch kept)",
-                      nnodes_s);
+        if (hi > RUN_HOSTS_MAX) {
+            cli_error("--nnodes=\"%s\": at most %d nodes", nnodes_s, RUN_HOSTS_MAX);
             return FG_EXIT_USAGE;
         }
         nnodes = lo;
+        if (lo != hi) {
+            elastic = true;
+            min_nodes = (int)lo;
+            max_nodes = (int)hi;
+        }
     } else if (!cli_parse_int(nnodes_s, &nnodes) || nnodes < 1 || nnodes > 65536) {
         cli_error("--nnodes=\"%s\": expected a number of nodes, 1..65536", nnodes_s);
         return FG_EXIT_USAGE;
@@ -268,8 +301,20 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
         cli_error("no program to run\nusage: %s", k_usage);
         return FG_EXIT_USAGE;
     }
+    if (elastic && !hosts) {
+        if (min_nodes > 1 || node_rank) {
+            elastic_refusal(nnodes_s, nproc, restarts, argv + prog);
+            return FG_EXIT_USAGE;
+        }
+        /* torchrun on one machine: its agent is the only node that joins */
+        fprintf(stderr,
+                "fulgur run: --nnodes %s without --hosts: this machine is the only node (%lld "
+                "rank%s); other machines join through --hosts\n",
+                nnodes_s, (long long)nproc, nproc == 1 ? "" : "s");
+        nnodes = 1;
+    }
     if (hosts) {
-        if (nnodes > 1 || node_rank) {
+        if (!elastic && (nnodes > 1 || node_rank)) {
             cli_error("--hosts starts every machine's ranks from here: drop --nnodes and "
                       "--node-rank");
             return FG_EXIT_USAGE;
@@ -280,6 +325,13 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
                              .rsh_agent = rsh_agent,
                              .network = network,
                              .dry_run = dry_run};
+        if (elastic && node_rank) {
+            cli_error("--hosts starts every machine's ranks from here: drop --node-rank");
+            return FG_EXIT_USAGE;
+        }
+        if (elastic || restarts)
+            return run_hosts_elastic(&ho, min_nodes, max_nodes, elastic, (int)restarts,
+                                     argv + prog);
         return run_hosts(&ho, argv + prog);
     }
     if (rsh_agent || network || dry_run) {

@@ -48,18 +48,15 @@ static bool exported(const char *name, size_t n) {
            (n == 15 && !strncmp(name, "LD_LIBRARY_PATH", n));
 }
 
-/* "h1:2,h2:2" or "h1,h2" (each with default_slots) into mpirun's --host
- * value (always with counts) and the total; false with a message on junk. */
-static bool parse_hosts(const char *spec, int default_slots, char *out, size_t cap, int *total) {
-    *total = 0;
-    size_t k = 0;
-    out[0] = 0;
+/* "h1:2,h2:2" or "h1,h2" (each with default_slots) into hosts[0..*n) (at
+ * most cap); false with a message on junk. */
+bool run_hosts_parse(const char *spec, int default_slots, run_host *hosts, int cap, int *n) {
+    *n = 0;
     const char *p = spec;
-    int nhosts = 0;
     while (*p) {
         const char *end = strchr(p, ',');
         size_t len = end ? (size_t)(end - p) : strlen(p);
-        char item[300];
+        char item[sizeof hosts->name + 8];
         if (len == 0 || len >= sizeof item) {
             cli_error("--hosts=\"%s\": expected HOST:N,HOST:N,... (an empty or too long entry)",
                       spec);
@@ -79,58 +76,75 @@ static bool parse_hosts(const char *spec, int default_slots, char *out, size_t c
             }
             *colon = 0;
         }
-        if (!item[0] || strspn(item, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                     "0123456789.-_") != strlen(item)) {
+        if (!item[0] || strlen(item) >= sizeof hosts->name ||
+            strspn(item, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                         "0123456789.-_") != strlen(item)) {
             cli_error("--hosts=\"%s\": \"%s\" is not a host name or address", spec, item);
             return false;
         }
-        int w = snprintf(out + k, cap - k, "%s%s:%ld", k ? "," : "", item, slots);
-        if (w < 0 || (size_t)w >= cap - k) {
-            cli_error("--hosts=\"%s\": too long", spec);
+        if (*n == cap) {
+            cli_error("--hosts=\"%s\": more than %d hosts", spec, cap);
             return false;
         }
-        k += (size_t)w;
-        *total += (int)slots;
-        nhosts++;
+        snprintf(hosts[*n].name, sizeof hosts[*n].name, "%s", item);
+        hosts[*n].slots = (int)slots;
+        (*n)++;
         p = end ? end + 1 : p + len;
         if (end && !*p) {
             cli_error("--hosts=\"%s\": ends with ','", spec);
             return false;
         }
     }
-    if (!nhosts) {
+    if (!*n) {
         cli_error("--hosts=\"\": expected HOST:N,HOST:N,...");
         return false;
     }
     return true;
 }
 
-int run_hosts(const run_hosts_opts *o, char **prog) {
-    char host_arg[4096], np[16];
-    int total;
-    if (!parse_hosts(o->hosts, o->default_slots, host_arg, sizeof host_arg, &total))
-        return FG_EXIT_USAGE;
-    snprintf(np, sizeof np, "%d", total);
+/* mpirun's --host value (always with counts) and the total; false when too long. */
+static bool host_value(const run_host *hosts, int n, char *out, size_t cap, int *total) {
+    size_t k = 0;
+    *total = 0;
+    out[0] = 0;
+    for (int i = 0; i < n; i++) {
+        int w = snprintf(out + k, cap - k, "%s%s:%d", k ? "," : "", hosts[i].name, hosts[i].slots);
+        if (w < 0 || (size_t)w >= cap - k) return false;
+        k += (size_t)w;
+        *total += hosts[i].slots;
+    }
+    return true;
+}
 
-    int nprog = 0;
+bool run_hosts_cmd_make(const run_hosts_opts *o, const run_host *hosts, int nhosts,
+                        char *const *extra_env, char **prog, run_hosts_cmd *cmd) {
+    *cmd = (run_hosts_cmd){0};
+    int total;
+    if (!host_value(hosts, nhosts, cmd->host_arg, sizeof cmd->host_arg, &total)) {
+        cli_error("--hosts=\"%s\": too long", o->hosts);
+        return false;
+    }
+    snprintf(cmd->np, sizeof cmd->np, "%d", total);
+    int nprog = 0, nextra = 0;
     while (prog[nprog]) nprog++;
+    while (extra_env && extra_env[nextra]) nextra++;
     int nenv = 0;
     for (char **e = environ; *e; e++) nenv++;
-    const char **argv = calloc((size_t)(32 + 2 * nenv + nprog), sizeof *argv);
+    const char **argv = calloc((size_t)(32 + 2 * (nenv + nextra) + nprog), sizeof *argv);
     char **names = calloc((size_t)nenv + 1, sizeof *names);
     if (!argv || !names) {
         cli_error("out of memory");
         free(argv);
         free(names);
-        return FG_EXIT_FAIL;
+        return false;
     }
     int k = 0, nn = 0;
     argv[k++] = o->mpirun;
     if (geteuid() == 0) argv[k++] = "--allow-run-as-root";
     argv[k++] = "--host";
-    argv[k++] = host_arg;
+    argv[k++] = cmd->host_arg;
     argv[k++] = "-np";
-    argv[k++] = np;
+    argv[k++] = cmd->np;
     argv[k++] = "--bind-to";
     argv[k++] = "none";
     argv[k++] = "--mca";
@@ -157,24 +171,45 @@ int run_hosts(const run_hosts_opts *o, char **prog) {
         argv[k++] = "-x";
         argv[k++] = names[nn++];
     }
+    for (int i = 0; i < nextra; i++) {
+        argv[k++] = "-x";
+        argv[k++] = extra_env[i];
+    }
     for (int i = 0; i < nprog; i++) argv[k++] = prog[i];
     argv[k] = NULL;
+    cmd->argv = argv;
+    cmd->names = names;
+    cmd->nnames = nn;
+    return true;
+}
 
+void run_hosts_cmd_free(run_hosts_cmd *cmd) {
+    for (int i = 0; i < cmd->nnames; i++) free(cmd->names[i]);
+    free(cmd->names);
+    free(cmd->argv);
+    *cmd = (run_hosts_cmd){0};
+}
+
+int run_hosts(const run_hosts_opts *o, char **prog) {
+    run_host hosts[RUN_HOSTS_MAX];
+    int nhosts;
+    run_hosts_cmd cmd;
+    if (!run_hosts_parse(o->hosts, o->default_slots, hosts, RUN_HOSTS_MAX, &nhosts))
+        return FG_EXIT_USAGE;
+    if (!run_hosts_cmd_make(o, hosts, nhosts, NULL, prog, &cmd)) return FG_EXIT_USAGE;
     int rc = FG_EXIT_OK;
     if (o->dry_run) {
-        for (int i = 0; i < k; i++) printf("%s%s", i ? " " : "", argv[i]);
+        for (int i = 0; cmd.argv[i]; i++) printf("%s%s", i ? " " : "", cmd.argv[i]);
         printf("\n");
     } else {
         fflush(stdout);
         fflush(stderr);
-        execvp(o->mpirun, (char *const *)argv);
+        execvp(o->mpirun, (char *const *)cmd.argv);
         cli_error("--hosts: cannot run %s (%s): install Open MPI (apt-get install openmpi-bin) "
                   "or give its path with --mpirun",
                   o->mpirun, strerror(errno));
         rc = 127;
     }
-    for (int i = 0; i < nn; i++) free(names[i]);
-    free(names);
-    free(argv);
+    run_hosts_cmd_free(&cmd);
     return rc;
 }
