@@ -11,12 +11,17 @@
 #     to the uninterrupted one-process run: every step's loss is the
 #     reference's and the sample count is steps x global batch (none lost
 #     or repeated); the failure names the host;
+#   - a spare: --hosts h1:2,h2:2,h3:2 --nnodes 1:2, h2's ranks killed: h3
+#     takes its place at the restart (4 ranks again), bitwise the reference;
+#     --hosts h1:2,h2:2 --max-restarts 1 (no range): the same hosts again;
 #   - --nnodes 2:3 with a host that does not answer: a clear error naming
 #     it and the minimum, nothing started; h2's ranks killed under
 #     --nnodes 2:3 --max-restarts 3 (MIN not left): the job stops naming h2
 #     and the minimum, without a restart.
 # Without root (or ip/unshare/mpirun) only the parts without hosts run: the
-# one-machine meaning of --nnodes MIN:MAX and its refusal, the flags.
+# one-machine meaning of --nnodes MIN:MAX and its refusal, the flags, and
+# the elastic loop with a stand-in mpirun (which host it drops from what
+# mpirun reports, what each start is given).
 source "$(dirname "$0")/../cli/lib.sh"
 source "$(dirname "$0")/hosts.sh"
 echo "test_hosts_elastic: fulgur run --nnodes MIN:MAX, --deterministic across hosts"
@@ -37,11 +42,65 @@ run dry "$FULGUR" run --hosts h1:2,h2:2,h3:2 --nnodes 1:2 --max-restarts 2 --dry
 expect_rc "--nnodes 1:2 --dry-run" 0 dry
 expect_grep "the first MAX hosts that answer" dry '^mpirun .*--host h1:2,h2:2 -np 4 .*prog$'
 
+# --- the elastic loop with a stand-in mpirun (no hosts needed): what it is
+# given at each start, and which host it drops from what mpirun reports.
+# The stand-in logs its arguments, prints $FAKE_SAY (first start only) and
+# exits $FAKE_RC then 0; the agent answers for every host but "down".
+FAKE="$T_TMP/fake-mpirun"
+cat >"$FAKE" <<'EOS'
+#!/bin/sh
+n=$(cat "$FAKE_STATE" 2>/dev/null || echo 0)
+echo $((n + 1)) >"$FAKE_STATE"
+echo "$*" >>"$FAKE_LOG"
+[ "$n" = 0 ] || exit 0
+printf '%b\n' "$FAKE_SAY" >&2
+exit "$FAKE_RC"
+EOS
+printf '#!/bin/sh\n[ "$1" = down ] && exit 255\nexit 0\n' >"$T_TMP/fake-agent"
+chmod +x "$FAKE" "$T_TMP/fake-agent"
+# fake NAME SAY RC FLAGS...: runs fulgur run with the stand-ins into NAME.out
+fake() {
+    local name=$1 say=$2 rc=$3
+    shift 3
+    rm -f "$T_TMP/$name.state"
+    run "$name.out" env FAKE_STATE="$T_TMP/$name.state" FAKE_LOG="$T_TMP/$name.log" FAKE_SAY="$say" \
+        FAKE_RC="$rc" "$FULGUR" run --mpirun "$FAKE" --rsh-agent "$T_TMP/fake-agent" "$@" -- prog
+}
+# a rank on a that lost its peer exits 1 first; the peer host b is to blame
+fake peer "Primary job  terminated normally, but 1 process returned\na non-zero exit code.\n  Local host: a\n  Peer host:  b\nThe first process to do so was:\n\n  Process name: [[4242,1],0]\n  Exit code:    1" 1 \
+    --hosts a:2,b:2,c:2 --nnodes 1:2 --max-restarts 1
+expect_rc "stand-in: restarted after a failure" 0 peer.out
+expect_grep "stand-in: the disconnected peer's host is blamed, not the rank that exited first" peer.out \
+    'fulgur run: host b failed; b leaves the job \(restart 1 of 1\)'
+if sed -n 1p "$T_TMP/peer.log" | grep -q -- '--host a:2,b:2 -np 4 .*-x FULGUR_RESTART_COUNT=0 -x TORCHELASTIC_RESTART_COUNT=0 -x TORCHELASTIC_MAX_RESTARTS=1 prog$' &&
+    sed -n 2p "$T_TMP/peer.log" | grep -q -- '--host a:2,c:2 -np 4 .*-x FULGUR_RESTART_COUNT=1 -x TORCHELASTIC_RESTART_COUNT=1 '; then
+    pass "stand-in: first a and b, then a and the spare c, with the restart count"
+else fail "stand-in: mpirun was given"; sed 's/^/       | /' "$T_TMP/peer.log"; fi
+fake sig "mpirun noticed that process rank 3 with PID 77 on node b exited on signal 9 (Killed)." 137 \
+    --hosts a:2,b:2 --nnodes 2:2 --max-restarts 2
+expect_rc "stand-in: --nnodes 2:2 is a fixed number" 2 sig.out
+fake sig "mpirun noticed that process rank 3 with PID 77 on node b exited on signal 9 (Killed)." 137 \
+    --hosts a:2,b:2 --nnodes 2:3 --max-restarts 2
+expect_rc "stand-in: below MIN after a failure, mpirun's status" 137 sig.out
+expect_grep "stand-in: names the rank, the host and MIN" sig.out \
+    'rank 3 on host b failed; without b 1 host is left, below --nnodes 2:3.s minimum 2: stopping'
+fake down "" 0 --hosts a:2,down:2,c:1 --nnodes 1:3
+expect_rc "stand-in: a host that does not answer is left out" 0 down.out
+expect_grep "stand-in: said at the start" down.out \
+    'fulgur run: starting on 2 hosts \(a, c\), 3 ranks; not answering: down \(the agent exited with code 255\)'
+fake stop "" 75 --hosts a:2,b:2 --nnodes 1:2 --max-restarts 3
+expect_rc "stand-in: a resumable stop (75) is passed on" 75 stop.out
+expect_grep "stand-in: and not restarted" stop.out 'a rank stopped with a checkpoint to resume from; not restarting'
+fake last "mpirun noticed that process rank 0 with PID 77 on node a exited on signal 6 (Aborted)." 134 \
+    --hosts a:2,b:2 --nnodes 1:2
+expect_rc "stand-in: no restart left, mpirun's status" 134 last.out
+expect_grep "stand-in: says so" last.out 'rank 0 on host a failed; no restart left \(--max-restarts 0\)'
+
 if ! why=$(hosts_can); then
     skip "network-namespace hosts: $why"
     finish
 fi
-hosts_up 2 || { fail "could not make the hosts"; hosts_down; finish; }
+hosts_up 3 || { fail "could not make the hosts"; hosts_down; finish; }
 trap 'hosts_down; rm -rf "$T_TMP"' EXIT
 HOSTS_FLAGS=(--rsh-agent "$HOSTS_AGENT" --network "$HOSTS_NET")
 export FULGUR_COMM_TIMEOUT_S=120
@@ -59,7 +118,7 @@ losses() { grep -h '^step [0-9]*/' "$@" | sed 's/ lr .*//; s/\/[0-9]*//'; }
 
 # --- --deterministic across machines: 2 hosts x 2 ranks == 1 process, bitwise
 run one.out "$FULGUR" "${TINY[@]}" --devices 1 --accumulate-grad-batches 12 --max-steps 60 \
-    --default-root-dir "$T_TMP/one"
+    --every-n-train-steps 10 --default-root-dir "$T_TMP/one"
 expect_rc "one process, global batch 24" 0 one.out
 run two.out timeout 600 "$FULGUR" run --hosts h1:2,h2:2 "${HOSTS_FLAGS[@]}" -- "$FULGUR" "${TINY[@]}" \
     --accumulate-grad-batches 3 --max-steps 20 --default-root-dir "$T_TMP/two"
@@ -78,21 +137,42 @@ else fail "2 hosts x 2 ranks print other losses than 1 process"; fi
 # ckpt_meta FILE KEY: a metadata value of a checkpoint
 ckpt_meta() { "$FULGUR" ckpt show "$1" | awk -v k="$2" '$1 == k && $2 == "=" { print $3 }'; }
 
+# kill_h2_run NAME WAIT_RE FULGUR_RUN_FLAGS... -- FIT_FLAGS...: runs fulgur run
+# --hosts FULGUR_RUN_FLAGS -- fulgur fit FIT_FLAGS in the background into
+# $T_TMP/NAME.out; once a checkpoint is written and a step matching WAIT_RE
+# printed, kills h2's ranks; waits for the end and sets RC and KILLED_AT.
+kill_h2_run() {
+    local name=$1 wait_re=$2 flags=() p
+    shift 2
+    while [ "$1" != -- ]; do flags+=("$1"); shift; done
+    shift
+    ( timeout 600 "$FULGUR" run "${flags[@]}" "${HOSTS_FLAGS[@]}" -- "$FULGUR" "${TINY[@]}" "$@" \
+        --default-root-dir "$T_TMP/$name" >"$T_TMP/$name.out" 2>&1; echo $? >"$T_TMP/$name.rc" ) &
+    for _ in $(seq 1 1200); do
+        ls "$T_TMP/$name"/checkpoints/step-*.safetensors >/dev/null 2>&1 &&
+            grep -Eq "$wait_re" "$T_TMP/$name.out" && break
+        sleep 0.1
+    done
+    KILLED_AT=$(grep -Eo '^step [0-9]+' "$T_TMP/$name.out" | tail -1)
+    for p in $(ip netns pids "${HOSTS_ID}h2"); do
+        [ "$(cat /proc/$p/comm 2>/dev/null)" = fulgur ] && kill -9 "$p"
+    done
+    wait
+    RC=$(cat "$T_TMP/$name.rc" 2>/dev/null || echo none)
+}
+# last_losses FILE: the losses printed, the last one of each step (the steps
+# after the checkpoint are printed before the kill and again after the resume)
+last_losses() {
+    losses "$1" | awk '{ s[$2] = $0; if (!($2 in o)) { o[$2] = ++n; k[n] = $2 } }
+        END { for (i = 1; i <= n; i++) print s[k[i]] }'
+}
+
 # --- elastic: h2's ranks killed mid-run, the job goes on on h1
 E="$T_TMP/el"
-( timeout 600 "$FULGUR" run --hosts h1:2,h2:2 "${HOSTS_FLAGS[@]}" --nnodes 1:2 --max-restarts 1 -- \
-    "$FULGUR" "${TINY[@]}" --accumulate-grad-batches 3 --max-steps 60 --every-n-train-steps 10 \
-    --default-root-dir "$E" >"$T_TMP/el.out" 2>&1; echo $? >"$T_TMP/el.rc" ) &
-# once a checkpoint is written and a few steps more are done, kill h2's ranks
-for _ in $(seq 1 1200); do
-    ls "$E"/checkpoints/step-*.safetensors >/dev/null 2>&1 && grep -Eq '^step (1[3-9]|[2-9][0-9])/' "$T_TMP/el.out" && break
-    sleep 0.1
-done
-killed_at=$(grep -Eo '^step [0-9]+/' "$T_TMP/el.out" | tail -1)
-for p in $(ip netns pids "${HOSTS_ID}h2"); do
-    [ "$(cat /proc/$p/comm 2>/dev/null)" = fulgur ] && kill -9 "$p"
-done
-wait
+LATE='^step (1[3-9]|[2-9][0-9])/'
+kill_h2_run el "$LATE" --hosts h1:2,h2:2 --nnodes 1:2 --max-restarts 1 -- \
+    --accumulate-grad-batches 3 --max-steps 60 --every-n-train-steps 10
+killed_at=$KILLED_AT
 RC=$(cat "$T_TMP/el.rc" 2>/dev/null || echo none)
 expect_rc "--nnodes 1:2 --max-restarts 1, h2's ranks killed at ${killed_at:-?}: the job finishes" 0 el.out
 expect_grep "the failure names the host" el.out 'fulgur run: rank [23] on host h2 failed; h2 leaves the job \(restart 1 of 1\)'
@@ -102,9 +182,8 @@ expect_grep "on 2 ranks, the global batch kept" el.out 'global batch 24 kept on 
 expect_grep "the last attempt ran 2 ranks on 1 node" el.out '2 ranks \(2 per node x 1 node'
 run d3 "$FULGUR" ckpt diff "$T_TMP/one/checkpoints/last.safetensors" "$E/checkpoints/last.safetensors" --exit-code
 expect_rc "killed on 2 hosts, finished on 1: bitwise the uninterrupted 1-process run" 0 d3
-# every step's loss is the reference's (the steps after the checkpoint are
-# printed twice: before the kill and again after the resume; the last counts)
-if diff <(losses "$T_TMP/one.out") <(losses "$T_TMP/el.out" | awk '{ s[$2] = $0; if (!($2 in o)) { o[$2] = ++n; k[n] = $2 } } END { for (i = 1; i <= n; i++) print s[k[i]] }') >/dev/null; then
+# every step's loss is the reference's
+if diff <(losses "$T_TMP/one.out") <(last_losses "$T_TMP/el.out") >/dev/null; then
     pass "every step's loss is the uninterrupted run's"
 else fail "the elastic run printed other losses than the uninterrupted one"; fi
 # the samples taken: 60 steps x 24, in both runs
@@ -118,6 +197,26 @@ ref=$(count "$T_TMP/one/checkpoints/last.safetensors")
 got=$(count "$E/checkpoints/last.safetensors")
 [ "$got" = 1440 ] && [ "$ref" = 1440 ] && pass "samples taken: $got = 60 steps x 24, none lost or repeated" ||
     fail "samples taken: $got (reference $ref), want 1440"
+
+# --- a spare: h3, listed beyond MAX, takes h2's place at the restart
+kill_h2_run spare "$LATE" --hosts h1:2,h2:2,h3:2 --nnodes 1:2 --max-restarts 1 -- \
+    --accumulate-grad-batches 3 --max-steps 30 --every-n-train-steps 10
+expect_rc "--nnodes 1:2 on 3 hosts listed, h2's ranks killed at ${KILLED_AT:-?}" 0 spare.out
+expect_grep "started on the first 2" spare.out 'fulgur run: starting on 2 hosts \(h1, h2\), 4 ranks'
+expect_grep "restarted on h1 and the spare h3" spare.out 'fulgur run: restarting on 2 hosts \(h1, h3\), 4 ranks'
+run d4 "$FULGUR" ckpt diff "$T_TMP/one/checkpoints/step-00000030.safetensors" \
+    "$T_TMP/spare/checkpoints/last.safetensors" --exit-code
+expect_rc "h2 replaced by h3 mid-run: bitwise the uninterrupted run" 0 d4
+
+# --- --max-restarts with a fixed list: the same hosts start again
+kill_h2_run fixed "$LATE" --hosts h1:2,h2:2 --max-restarts 1 -- \
+    --accumulate-grad-batches 3 --max-steps 30 --every-n-train-steps 10
+expect_rc "--hosts h1:2,h2:2 --max-restarts 1, h2's ranks killed at ${KILLED_AT:-?}" 0 fixed.out
+expect_grep "restarted on the same hosts" fixed.out 'fulgur run: rank [23] on host h2 failed; restarting \(restart 1 of 1\)'
+expect_grep "4 ranks again" fixed.out 'fulgur run: restarting on 2 hosts \(h1, h2\), 4 ranks'
+run d5 "$FULGUR" ckpt diff "$T_TMP/one/checkpoints/step-00000030.safetensors" \
+    "$T_TMP/fixed/checkpoints/last.safetensors" --exit-code
+expect_rc "restarted on the same hosts: bitwise the uninterrupted run" 0 d5
 
 # --- MIN not met: a host that does not answer (h9 is no host of the agent's)
 run nomin.out "$FULGUR" run --hosts h1:2,h9:2 "${HOSTS_FLAGS[@]}" --nnodes 2:3 -- "$FULGUR" "${TINY[@]}" \

@@ -116,8 +116,10 @@ static void probe_hosts(const run_hosts_opts *o, const run_host *h, const bool *
 }
 
 /* What mpirun's report says about the first failure: the rank (-1 unknown)
- * and the node it names ("" unknown); a rank killed by a signal counts
- * before a non-zero exit, a lost daemon before both. */
+ * and the node it names ("" unknown). Ranks that lose a peer often exit
+ * non-zero before the peer's death reaches mpirun, so the evidence is
+ * ranked: a lost daemon, then a rank killed by a signal, then the peer
+ * host a rank saw disconnect, then a non-zero exit. */
 typedef struct failure {
     int rank, prio;
     char node[256];
@@ -137,7 +139,9 @@ static void note_failure(failure *f, int prio, int rank, const char *node, size_
 /* One line of mpirun's output. Open MPI 4 writes:
  *   mpirun noticed that process rank 2 with PID 0 on node h2 exited on signal 9 (Killed).
  *     Process name: [[14545,1],1]        (after "The first process to do so was:")
- *     Remote daemon: [[61541,0],1] on node h2   (after "lost communication") */
+ *     Remote daemon: [[61541,0],1] on node h2   (after "lost communication")
+ *     Peer host:  h2          (after "An MPI communication peer process has
+ *                              unexpectedly disconnected") */
 static void scan_line(const char *line, failure *f) {
     const char *node = strstr(line, " on node ");
     size_t nlen = 0;
@@ -149,9 +153,13 @@ static void scan_line(const char *line, failure *f) {
     const char *p;
     if ((p = strstr(line, "noticed that process rank "))) {
         int rank = atoi(p + 26);
-        note_failure(f, strstr(line, "on signal") ? 3 : 2, rank, node, nlen);
+        note_failure(f, strstr(line, "on signal") ? 4 : 2, rank, node, nlen);
     } else if ((p = strstr(line, "Remote daemon:")) && node) {
-        note_failure(f, 4, -1, node, nlen);
+        note_failure(f, 5, -1, node, nlen);
+    } else if ((p = strstr(line, "Peer host:"))) {
+        p += 10;
+        p += strspn(p, " \t");
+        note_failure(f, 3, -1, p, strcspn(p, " \t\r\n"));
     } else if ((p = strstr(line, "Process name: [["))) {
         const char *c = strstr(p, "],");
         if (c) note_failure(f, 1, atoi(c + 2), NULL, 0);
@@ -181,9 +189,9 @@ static int failed_host(const failure *f, const run_host *hosts, int n) {
 
 /* Runs argv with its stderr through a pipe (relayed to ours line by line
  * and scanned into *f), forwarding the signals read from sfd; returns the
- * wait status and sets *got to the last signal that ends the job. */
-static int run_mpirun(const char *const *argv, int sfd, const sigset_t *old, failure *f, int *got,
-                      pid_t *started) {
+ * wait status (-1 when it cannot start) and sets *got to the last signal
+ * that ends the job. */
+static int run_mpirun(const char *const *argv, int sfd, const sigset_t *old, failure *f, int *got) {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) return -1;
     fflush(stdout);
@@ -203,7 +211,6 @@ static int run_mpirun(const char *const *argv, int sfd, const sigset_t *old, fai
         fprintf(stderr, "fulgur run: --hosts: cannot run %s (%s)\n", argv[0], strerror(errno));
         _exit(127);
     }
-    *started = pid;
     close(fds[1]);
     char buf[8192];
     size_t have = 0;
@@ -222,28 +229,32 @@ static int run_mpirun(const char *const *argv, int sfd, const sigset_t *old, fai
             }
         }
         if (pf[0].revents & (POLLIN | POLLHUP)) {
-            ssize_t r = read(fds[0], buf + have, sizeof buf - 1 - have);
+            char in[4096];
+            ssize_t r = read(fds[0], in, sizeof in);
+            if (r < 0 && errno == EINTR) continue;
             if (r <= 0) {
-                if (r < 0 && errno == EINTR) continue;
                 open_pipe = false;
                 r = 0;
             }
-            have += (size_t)r;
-            buf[have] = 0;
-            char *start = buf, *nl;
-            while ((nl = memchr(start, '\n', have - (size_t)(start - buf)))) {
-                *nl = 0;
-                scan_line(start, f);
-                fprintf(stderr, "%s\n", start);
-                start = nl + 1;
+            /* passed on at once (a progress bar's \r lines too), read by line */
+            for (ssize_t w = 0; w < r;) {
+                ssize_t d = write(2, in + w, (size_t)(r - w));
+                if (d < 0 && errno == EINTR) continue;
+                if (d <= 0) break;
+                w += d;
             }
-            have -= (size_t)(start - buf);
-            memmove(buf, start, have);
-            if (have == sizeof buf - 1 || (!open_pipe && have)) { /* a very long line, or the end */
+            for (ssize_t i = 0; i < r; i++) {
+                if (in[i] != '\n' && have < sizeof buf - 1) {
+                    buf[have++] = in[i];
+                    continue;
+                }
                 buf[have] = 0;
                 scan_line(buf, f);
-                fprintf(stderr, "%s\n", buf);
                 have = 0;
+            }
+            if (!open_pipe && have) {
+                buf[have] = 0;
+                scan_line(buf, f);
             }
         }
     }
@@ -341,9 +352,19 @@ int run_hosts_elastic(const run_hosts_opts *o, int min_nodes, int max_nodes, boo
             names_of(h, pick, n, names, sizeof names);
             int world = 0;
             for (int i = 0; i < k; i++) world += job[i].slots;
-            fprintf(stderr, "fulgur run: %s on %d host%s (%s), %d rank%s\n",
+            char missing[2048];
+            size_t m = 0;
+            missing[0] = 0;
+            for (int i = 0; i < n && m < sizeof missing; i++) {
+                if (ok[i] || gone[i]) continue;
+                int w = snprintf(missing + m, sizeof missing - m, "%s%s (%s)",
+                                 m ? ", " : "; not answering: ", h[i].name, why[i]);
+                if (w < 0) break;
+                m += (size_t)w;
+            }
+            fprintf(stderr, "fulgur run: %s on %d host%s (%s), %d rank%s%s\n",
                     attempt ? "restarting" : "starting", k, k == 1 ? "" : "s", names, world,
-                    world == 1 ? "" : "s");
+                    world == 1 ? "" : "s", missing);
         }
         char count[48], tcount[48], tmax[48];
         snprintf(count, sizeof count, "FULGUR_RESTART_COUNT=%d", attempt);
@@ -356,8 +377,7 @@ int run_hosts_elastic(const run_hosts_opts *o, int min_nodes, int max_nodes, boo
             break;
         }
         failure f = {.rank = -1};
-        pid_t pid = 0;
-        int st = run_mpirun(cmd.argv, sfd, &old, &f, &got, &pid);
+        int st = run_mpirun(cmd.argv, sfd, &old, &f, &got);
         run_hosts_cmd_free(&cmd);
         if (st < 0) {
             cli_error("--hosts: cannot start %s: %s", o->mpirun, strerror(errno));
