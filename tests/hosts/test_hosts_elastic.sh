@@ -95,6 +95,21 @@ fake last "mpirun noticed that process rank 0 with PID 77 on node a exited on si
     --hosts a:2,b:2 --nnodes 1:2
 expect_rc "stand-in: no restart left, mpirun's status" 134 last.out
 expect_grep "stand-in: says so" last.out 'rank 0 on host a failed; no restart left \(--max-restarts 0\)'
+# SIGTERM to fulgur run reaches mpirun, and the job is not restarted
+printf '#!/bin/sh\necho start >>"$FAKE_LOG"\ntrap "echo TERM >>\\"\\$FAKE_LOG\\"; exit 5" TERM\nwhile :; do sleep 0.05; done\n' \
+    >"$T_TMP/fake-wait"
+chmod +x "$T_TMP/fake-wait"
+env FAKE_LOG="$T_TMP/term.log" "$FULGUR" run --mpirun "$T_TMP/fake-wait" --rsh-agent "$T_TMP/fake-agent" \
+    --hosts a:2,b:2 --nnodes 1:2 --max-restarts 3 -- prog >"$T_TMP/term.out" 2>&1 &
+pid=$!
+for _ in $(seq 1 200); do [ -s "$T_TMP/term.log" ] && break; sleep 0.05; done
+kill -TERM $pid
+wait $pid
+RC=$?
+expect_rc "stand-in: SIGTERM ends the job with 128 + 15" 143 term.out
+[ "$(cat "$T_TMP/term.log" 2>/dev/null | tr '\n' ' ')" = "start TERM " ] &&
+    pass "stand-in: mpirun got the SIGTERM, and no restart followed" ||
+    fail "stand-in: mpirun's log: $(cat "$T_TMP/term.log" 2>/dev/null | tr '\n' ' ')"
 
 if ! why=$(hosts_can); then
     skip "network-namespace hosts: $why"
