@@ -195,7 +195,8 @@ bad nproc0 'nproc-per-node="0"' --nproc-per-node 0
 bad nprocx 'nproc-per-node="x"' --nproc-per-node x
 bad unknown 'unknown flag "--nprocs"' --nprocs 2
 bad nnodes0 'nnodes="0"' --nnodes 0
-bad elastic 'nnodes="1:4": elastic ranges' --nnodes 1:4
+bad elastic 'nnodes="2:4": the other machines of an elastic job are started from this one' --nnodes 2:4
+bad range 'nnodes="4:2": expected N, or MIN:MAX with 1 <= MIN <= MAX' --nnodes 4:2
 bad noderank 'node-rank=2: must be below --nnodes 2' --nnodes 2 --node-rank 2
 bad port 'master-port=70000' --master-port 70000
 bad grace 'grace' --grace -1
