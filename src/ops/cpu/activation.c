@@ -37,9 +37,19 @@ static fg_status check_bwd(const char *kernel, const fg_tensor *x, const fg_tens
     return check_fwd(kernel, x, dx);
 }
 
-FG_CLONES fg_status fg__cpu_relu_fwd(const fg_tensor *x, fg_tensor *y) {
+fg_status fg__cpu_relu_fwd(const fg_tensor *x, fg_tensor *y) {
     FG_TRY(check_fwd("relu_fwd", x, y));
     int64_t n = x->numel;
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    if (x->dtype == FG_F32 && vk->relu_fwd) {
+        const float *px = x->data;
+        float *py = y->data;
+        FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
+        for (int64_t i = 0; i < n; i += FG_VK_PIECE)
+            vk->relu_fwd(px + i, py + i, FG_MIN(FG_VK_PIECE, n - i));
+        return FG_OK;
+    }
     FG_FLOAT_DISPATCH("relu_fwd", x->dtype, {
         const T *px = x->data;
         T *py = y->data;
@@ -50,9 +60,19 @@ FG_CLONES fg_status fg__cpu_relu_fwd(const fg_tensor *x, fg_tensor *y) {
     return FG_OK;
 }
 
-FG_CLONES fg_status fg__cpu_relu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx) {
+fg_status fg__cpu_relu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx) {
     FG_TRY(check_bwd("relu_bwd", x, dy, dx));
     int64_t n = x->numel;
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    if (x->dtype == FG_F32 && vk->relu_bwd) {
+        const float *px = x->data, *pg = dy->data;
+        float *pd = dx->data;
+        FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
+        for (int64_t i = 0; i < n; i += FG_VK_PIECE)
+            vk->relu_bwd(px + i, pg + i, pd + i, FG_MIN(FG_VK_PIECE, n - i));
+        return FG_OK;
+    }
     FG_FLOAT_DISPATCH("relu_bwd", x->dtype, {
         const T *px = x->data, *pg = dy->data;
         T *pd = dx->data;

@@ -27,20 +27,6 @@ extern const fg_op_table fg__cpu_ops;
     } while (0)
 #define FG_PRAGMA(x) _Pragma(#x)
 
-/* Loops the compiler vectorises on its own, whose results do not depend on
- * the vector width (elementwise, or sums that run along rows in row order),
- * are compiled once per x86-64 level when the build's baseline lacks AVX2,
- * and the loader picks the one this CPU runs (GCC's target_clones; the
- * outlined OpenMP bodies are cloned with them): a portable build runs them
- * at AVX-512 or AVX2 width. A build for one -march (FULGUR_NATIVE,
- * FULGUR_MARCH) compiles them once, for it. The clone with FMA may fuse a
- * multiply-add that the baseline clone rounds twice. */
-#if defined(__x86_64__) && !defined(__AVX2__) && !defined(__clang__) && __GNUC__ >= 12
-#define FG_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define FG_CLONES
-#endif
-
 /* Work below this many elements stays on one thread. */
 #define FG_PAR_MIN 65536
 
@@ -81,6 +67,20 @@ typedef struct fg__vk {
      * stream seed: y = x keep scale (acc: y +=), keep = draw >= thr */
     void (*dropout)(const float *x, float *y, int64_t n, uint64_t seed, uint64_t offset,
                     uint32_t thr, float scale, bool acc);
+    /* vk_ew_t.h, over n elements, on one thread (the ops split the work):
+     * elementwise.c's same-shape binary op and axpby (y = alpha x + beta y;
+     * beta 0: y is not read), activation.c's relu and its backward (dx +=),
+     * y += b (matmul.c's bias_add rows, embedding.c's backward), y += v
+     * (reduce.c's sum_dim_bwd), acc += x in double (column sums: bias_grad,
+     * sum_to, sum_dim), the sum of x in double (row sums: sum_dim) */
+    void (*binary)(fg_binary_op op, const float *a, const float *b, float *y, int64_t n);
+    void (*axpby)(float alpha, const float *x, float beta, float *y, int64_t n);
+    void (*relu_fwd)(const float *x, float *y, int64_t n);
+    void (*relu_bwd)(const float *x, const float *dy, float *dx, int64_t n);
+    void (*add_row)(float *y, const float *b, int64_t n);
+    void (*add_const)(float *y, float v, int64_t n);
+    void (*acc_row_d)(double *acc, const float *x, int64_t n);
+    double (*sum_d)(const float *x, int64_t n);
 } fg__vk;
 
 extern const fg__vk fg__vk_avx2, fg__vk_avx512;

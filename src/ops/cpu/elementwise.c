@@ -46,14 +46,23 @@ static fg_status broadcast_strides(const fg_tensor *t, const fg_tensor *y, int64
      : (op) == FG_BIN_MUL ? (x) * (z)                                                              \
                           : (x) / (z))
 
-FG_CLONES fg_status fg__cpu_binary(fg_binary_op op, const fg_tensor *a, const fg_tensor *b,
-                                   fg_tensor *y) {
+fg_status fg__cpu_binary(fg_binary_op op, const fg_tensor *a, const fg_tensor *b, fg_tensor *y) {
     if (a->dtype != y->dtype || b->dtype != y->dtype)
         return fg_error(FG_EINVAL, "binary: dtypes differ");
     FG_TRY(fg__expect_contiguous("binary", y));
     int64_t n = y->numel;
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
     if (fg_tensor_same_shape(a, y) && fg_tensor_same_shape(b, y) && fg_tensor_is_contiguous(a) &&
         fg_tensor_is_contiguous(b)) {
+        if (y->dtype == FG_F32 && vk->binary) {
+            const float *pa = a->data, *pb = b->data;
+            float *py = y->data;
+            FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
+            for (int64_t i = 0; i < n; i += FG_VK_PIECE)
+                vk->binary(op, pa + i, pb + i, py + i, FG_MIN(FG_VK_PIECE, n - i));
+            return FG_OK;
+        }
         FG_FLOAT_DISPATCH("binary", y->dtype, {
             const T *pa = a->data, *pb = b->data;
             T *py = y->data;
@@ -117,6 +126,18 @@ fg_status fg__cpu_sum_to(const fg_tensor *x, fg_tensor *y, double alpha, double 
     bool trailing = y->numel > 0;
     for (int d = 0; trailing && d < y->ndim; d++) trailing = y->shape[d] == x->shape[d + off];
     int64_t n = x->numel;
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    if (x->dtype == FG_F32 && vk->axpby && fg_tensor_same_shape(x, y) && beta == 1 &&
+        (alpha == 1 || alpha == -1)) {
+        const float *px = x->data;
+        float *py = y->data;
+        FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
+        for (int64_t i = 0; i < n; i += FG_VK_PIECE)
+            vk->axpby((float)alpha, px + i, 1.0f, py + i, FG_MIN(FG_VK_PIECE, n - i));
+        return FG_OK;
+    }
+    bool vacc = x->dtype == FG_F32 && vk->acc_row_d;
     FG_FLOAT_DISPATCH("sum_to", x->dtype, {
         const T *px = x->data;
         T *py = y->data;
@@ -141,6 +162,10 @@ fg_status fg__cpu_sum_to(const fg_tensor *x, fg_tensor *y, double alpha, double 
                 int64_t inner = y->numel;
                 for (int64_t o = 0; o < n / inner; o++) {
                     const T *xo = px + o * inner;
+                    if (vacc) {
+                        vk->acc_row_d(acc, (const float *)xo, inner);
+                        continue;
+                    }
                     FG_SIMD
                     for (int64_t j = 0; j < inner; j++) acc[j] += xo[j];
                 }
@@ -163,11 +188,22 @@ fg_status fg__cpu_sum_to(const fg_tensor *x, fg_tensor *y, double alpha, double 
     return FG_OK;
 }
 
-FG_CLONES fg_status fg__cpu_axpby(double alpha, const fg_tensor *x, double beta, fg_tensor *y) {
+fg_status fg__cpu_axpby(double alpha, const fg_tensor *x, double beta, fg_tensor *y) {
     if (x->numel != y->numel || x->dtype != y->dtype) return fg__expect_same_shape("axpby", x, y);
     FG_TRY(fg__expect_contiguous("axpby", x));
     FG_TRY(fg__expect_contiguous("axpby", y));
     int64_t n = y->numel;
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    if (y->dtype == FG_F32 && vk->axpby) {
+        const float *px = x->data;
+        float *py = y->data;
+        float al = (float)alpha, be = (float)beta;
+        FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
+        for (int64_t i = 0; i < n; i += FG_VK_PIECE)
+            vk->axpby(al, px + i, be, py + i, FG_MIN(FG_VK_PIECE, n - i));
+        return FG_OK;
+    }
     FG_FLOAT_DISPATCH("axpby", y->dtype, {
         const T *px = x->data;
         T *py = y->data;

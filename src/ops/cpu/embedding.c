@@ -43,8 +43,7 @@ static fg_status check(const char *kernel, const fg_tensor *idx, const fg_tensor
     return FG_OK;
 }
 
-FG_CLONES fg_status fg__cpu_embedding_fwd(const fg_tensor *idx, const fg_tensor *weight,
-                                          fg_tensor *y) {
+fg_status fg__cpu_embedding_fwd(const fg_tensor *idx, const fg_tensor *weight, fg_tensor *y) {
     FG_TRY(check("embedding_fwd", idx, weight, y));
     int64_t N = y->shape[0], C = y->shape[1], work = y->numel;
     const int32_t *p = idx->data;
@@ -56,12 +55,14 @@ FG_CLONES fg_status fg__cpu_embedding_fwd(const fg_tensor *idx, const fg_tensor 
     return FG_OK;
 }
 
-FG_CLONES fg_status fg__cpu_embedding_bwd(const fg_tensor *idx, const fg_tensor *dy,
-                                          fg_tensor *dweight) {
+fg_status fg__cpu_embedding_bwd(const fg_tensor *idx, const fg_tensor *dy, fg_tensor *dweight) {
     FG_TRY(check("embedding_bwd", idx, dweight, dy));
     int64_t N = dy->shape[0], C = dy->shape[1], work = dy->numel;
     int64_t nb = (C + EMB_COLS - 1) / EMB_COLS;
     const int32_t *p = idx->data;
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    bool vadd = dy->dtype == FG_F32 && vk->add_row;
     FG_FLOAT_DISPATCH("embedding_bwd", dy->dtype, {
         const T *pg = dy->data;
         T *pd = dweight->data;
@@ -71,6 +72,10 @@ FG_CLONES fg_status fg__cpu_embedding_bwd(const fg_tensor *idx, const fg_tensor 
             for (int64_t i = 0; i < N; i++) {
                 const T *g = pg + i * C + c0;
                 T *d = pd + (int64_t)p[i] * C + c0;
+                if (vadd) {
+                    vk->add_row((float *)d, (const float *)g, nc);
+                    continue;
+                }
                 FG_SIMD
                 for (int64_t k = 0; k < nc; k++) d[k] += g[k];
             }

@@ -183,10 +183,19 @@ static fg_status bias_shape(const char *kernel, const fg_tensor *y, const fg_ten
     return FG_OK;
 }
 
-FG_CLONES fg_status fg__cpu_bias_add(fg_tensor *y, const fg_tensor *bias) {
+fg_status fg__cpu_bias_add(fg_tensor *y, const fg_tensor *bias) {
     int64_t R, C;
     FG_TRY(bias_shape("bias_add", y, bias, &R, &C));
     bool par = y->numel > FG_PAR_MIN;
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    if (y->dtype == FG_F32 && vk->add_row) {
+        const float *pb = bias->data;
+        float *py = y->data;
+        FG_PRAGMA(omp parallel for if (par) schedule(static))
+        for (int64_t r = 0; r < R; r++) vk->add_row(py + r * C, pb, C);
+        return FG_OK;
+    }
     FG_FLOAT_DISPATCH("bias_add", y->dtype, {
         const T *pb = bias->data;
         T *py = y->data;
@@ -208,7 +217,7 @@ FG_CLONES fg_status fg__cpu_bias_add(fg_tensor *y, const fg_tensor *bias) {
  * order in double, so the block split changes no bit. */
 #define BIAS_BLOCK 512
 
-FG_CLONES fg_status fg__cpu_bias_grad(const fg_tensor *dy, fg_tensor *dbias) {
+fg_status fg__cpu_bias_grad(const fg_tensor *dy, fg_tensor *dbias) {
     int64_t R, C;
     FG_TRY(bias_shape("bias_grad", dy, dbias, &R, &C));
     if (C == 0) return FG_OK;
@@ -217,6 +226,9 @@ FG_CLONES fg_status fg__cpu_bias_grad(const fg_tensor *dy, fg_tensor *dbias) {
     int64_t w = FG_MIN(BIAS_BLOCK, ((C + nth - 1) / nth + 15) / 16 * 16);
     int64_t nblocks = (C + w - 1) / w;
     par = par && nblocks > 1;
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    bool vacc = dy->dtype == FG_F32 && vk->acc_row_d;
     FG_FLOAT_DISPATCH("bias_grad", dy->dtype, {
         const T *pg = dy->data;
         T *pd = dbias->data;
@@ -226,6 +238,10 @@ FG_CLONES fg_status fg__cpu_bias_grad(const fg_tensor *dy, fg_tensor *dbias) {
             double acc[BIAS_BLOCK] = {0};
             for (int64_t r = 0; r < R; r++) {
                 const T *row = pg + r * C + j0;
+                if (vacc) {
+                    vk->acc_row_d(acc, (const float *)row, n);
+                    continue;
+                }
                 FG_PRAGMA(omp simd)
                 for (int64_t j = 0; j < n; j++) acc[j] += row[j];
             }

@@ -3,8 +3,9 @@
  * dims say (keepdim or not: only the element count is checked).
  *
  * Sums accumulate in double, each output element in a fixed order (rows j =
- * 0..n-1, vector lanes fixed by the compiled code), so the result does not
- * depend on the thread count. Work is split across threads by output
+ * 0..n-1; a row's sum in the lanes of the ISA in use: the f32 loops are
+ * cpu_impl.h's fg__vk entries), so the result does not depend on the thread
+ * count. Work is split across threads by output
  * elements, never inside one sum. */
 #include "cpu_impl.h"
 #include "vmath.h"
@@ -56,6 +57,9 @@ fg_status fg__cpu_sum_dim(const fg_tensor *x, int dim, fg_tensor *y, double alph
     int64_t outer, n, inner;
     FG_TRY(check_pair("sum_dim", x, dim, y, &outer, &n, &inner));
     int64_t work = x->numel;
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    bool vec = x->dtype == FG_F32 && vk->sum_d && vk->acc_row_d;
     FG_FLOAT_DISPATCH("sum_dim", x->dtype, {
         const T *px = x->data;
         T *py = y->data;
@@ -64,8 +68,12 @@ fg_status fg__cpu_sum_dim(const fg_tensor *x, int dim, fg_tensor *y, double alph
             for (int64_t o = 0; o < outer; o++) {
                 const T *r = px + o * n;
                 double s = 0;
-                FG_PRAGMA(omp simd reduction(+ : s))
-                for (int64_t j = 0; j < n; j++) s += r[j];
+                if (vec) {
+                    s = vk->sum_d((const float *)r, n);
+                } else {
+                    FG_PRAGMA(omp simd reduction(+ : s))
+                    for (int64_t j = 0; j < n; j++) s += r[j];
+                }
                 py[o] = (T)(alpha * s);
             }
         } else { /* tasks: (o, column block); rows j added into a double block */
@@ -78,6 +86,10 @@ fg_status fg__cpu_sum_dim(const fg_tensor *x, int dim, fg_tensor *y, double alph
                 for (int64_t k = 0; k < m; k++) acc[k] = 0;
                 for (int64_t j = 0; j < n; j++) {
                     const T *r = px + (o * n + j) * inner + k0;
+                    if (vec) {
+                        vk->acc_row_d(acc, (const float *)r, m);
+                        continue;
+                    }
                     FG_SIMD
                     for (int64_t k = 0; k < m; k++) acc[k] += r[k];
                 }
@@ -93,17 +105,30 @@ fg_status fg__cpu_sum_dim_bwd(const fg_tensor *dy, int dim, fg_tensor *dx, doubl
     int64_t outer, n, inner;
     FG_TRY(check_pair("sum_dim_bwd", dx, dim, dy, &outer, &n, &inner));
     int64_t work = dx->numel;
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    bool vec = dx->dtype == FG_F32 && vk->add_const && vk->axpby;
     FG_FLOAT_DISPATCH("sum_dim_bwd", dx->dtype, {
         const T *pg = dy->data;
         T *pd = dx->data;
         if (outer == 1 && inner == 1) { /* the sum of everything: one flat loop */
             T v = (T)(alpha * pg[0]);
+            if (vec) {
+                FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+                for (int64_t j = 0; j < n; j += FG_VK_PIECE)
+                    vk->add_const((float *)pd + j, (float)v, FG_MIN(FG_VK_PIECE, n - j));
+                return FG_OK;
+            }
             FG_PRAGMA(omp parallel for simd if (parallel: work > FG_PAR_MIN) schedule(static))
             for (int64_t j = 0; j < n; j++) pd[j] += v;
         } else if (inner == 1) { /* (outer, n) += dy (outer, 1) */
             FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
             for (int64_t o = 0; o < outer; o++) {
                 T v = (T)(alpha * pg[o]), *d = pd + o * n;
+                if (vec) {
+                    vk->add_const((float *)d, (float)v, n);
+                    continue;
+                }
                 FG_SIMD
                 for (int64_t j = 0; j < n; j++) d[j] += v;
             }
@@ -114,6 +139,10 @@ fg_status fg__cpu_sum_dim_bwd(const fg_tensor *dy, int dim, fg_tensor *dx, doubl
                 for (int64_t j = 0; j < n; j++) {
                     const T *g = pg + o * inner;
                     T *d = pd + (o * n + j) * inner;
+                    if (vec) {
+                        vk->axpby((float)a, (const float *)g, 1.0f, (float *)d, inner);
+                        continue;
+                    }
                     FG_SIMD
                     for (int64_t k = 0; k < inner; k++) d[k] += a * g[k];
                 }

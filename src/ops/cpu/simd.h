@@ -63,6 +63,8 @@ static inline vf v_keep_ge(vu u, vu t, vf x) {
 }
 
 static inline vd vd_zero(void) { return _mm512_setzero_pd(); }
+static inline vd vd_load(const double *p) { return _mm512_loadu_pd(p); }
+static inline void vd_store(double *p, vd x) { _mm512_storeu_pd(p, x); }
 static inline vd vd_lo(vf x) { return _mm512_cvtps_pd(_mm512_castps512_ps256(x)); }
 static inline vd vd_hi(vf x) { return _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)); }
 static inline vd vd_add(vd a, vd b) { return _mm512_add_pd(a, b); }
@@ -131,6 +133,8 @@ static inline vf v_keep_ge(vu u, vu t, vf x) { /* u >= t iff max(u, t) == u */
 }
 
 static inline vd vd_zero(void) { return _mm256_setzero_pd(); }
+static inline vd vd_load(const double *p) { return _mm256_loadu_pd(p); }
+static inline void vd_store(double *p, vd x) { _mm256_storeu_pd(p, x); }
 static inline vd vd_lo(vf x) { return _mm256_cvtps_pd(_mm256_castps256_ps128(x)); }
 static inline vd vd_hi(vf x) { return _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)); }
 static inline vd vd_add(vd a, vd b) { return _mm256_add_pd(a, b); }

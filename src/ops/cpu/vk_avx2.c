@@ -14,7 +14,9 @@ FG_TARGET_AVX2_BEGIN
 #define VK_W 8
 #include "simd.h"
 #include "vk_t.h"
+/* after vk_t.h: uses its dot_d */
+#include "vk_ew_t.h"
 
-const fg__vk fg__vk_avx2 = {.isa = FG_ISA_AVX2, VK_ENTRIES};
+const fg__vk fg__vk_avx2 = {.isa = FG_ISA_AVX2, VK_ENTRIES, VK_EW_ENTRIES};
 FG_TARGET_END
 #endif

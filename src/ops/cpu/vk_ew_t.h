@@ -1,0 +1,67 @@
+/* The elementwise f32 loops of the fg__vk table (binary ops, axpby, relu,
+ * row and constant adds, sums in double), compiled once per ISA beside
+ * vk_t.h (vk_avx2.c, vk_avx512.c), so that they run at the width of
+ * fg_cpu_isa() like every other kernel (a compiler's target_clones would
+ * follow the CPU alone, whatever FULGUR_CPU_ISA says, and could not be
+ * tested path by path). Each is the portable loop of its op, element for
+ * element: with -ffp-contract=off nothing is fused, so every entry but
+ * sum_d gives the scalar path's bits (acc_row_d adds each column in row
+ * order, as the scalar loop); sum_d adds in double lanes, which only
+ * reorders the sum. Loops run on one thread: the ops split the work. */
+#ifndef FULGUR_CPU_VK_EW_T_H
+#define FULGUR_CPU_VK_EW_T_H
+
+static void vk_binary(fg_binary_op op, const float *a, const float *b, float *y, int64_t n) {
+    switch (op) {
+    case FG_BIN_ADD: FG_SIMD for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i]; break;
+    case FG_BIN_SUB: FG_SIMD for (int64_t i = 0; i < n; i++) y[i] = a[i] - b[i]; break;
+    case FG_BIN_MUL: FG_SIMD for (int64_t i = 0; i < n; i++) y[i] = a[i] * b[i]; break;
+    case FG_BIN_DIV: FG_SIMD for (int64_t i = 0; i < n; i++) y[i] = a[i] / b[i]; break;
+    }
+}
+
+static void vk_axpby(float al, const float *x, float be, float *y, int64_t n) {
+    if (be == 1) {
+        FG_SIMD for (int64_t i = 0; i < n; i++) y[i] += al * x[i];
+    } else if (be == 0) {
+        FG_SIMD for (int64_t i = 0; i < n; i++) y[i] = al * x[i];
+    } else {
+        FG_SIMD for (int64_t i = 0; i < n; i++) y[i] = al * x[i] + be * y[i];
+    }
+}
+
+/* x < 0 ? 0 : x lets NaN through, as PyTorch's relu does */
+static void vk_relu_fwd(const float *x, float *y, int64_t n) {
+    FG_SIMD for (int64_t i = 0; i < n; i++) y[i] = x[i] < 0 ? 0.0f : x[i];
+}
+
+static void vk_relu_bwd(const float *x, const float *dy, float *dx, int64_t n) {
+    FG_SIMD for (int64_t i = 0; i < n; i++) dx[i] += x[i] > 0 ? dy[i] : 0.0f;
+}
+
+static void vk_add_row(float *y, const float *b, int64_t n) {
+    FG_SIMD for (int64_t i = 0; i < n; i++) y[i] += b[i];
+}
+
+static void vk_add_const(float *y, float v, int64_t n) {
+    FG_SIMD for (int64_t i = 0; i < n; i++) y[i] += v;
+}
+
+/* acc[j] += x[j] in double, a vector of floats widened in two halves */
+static void vk_acc_row_d(double *acc, const float *x, int64_t n) {
+    int64_t j = 0;
+    for (; j + VK_W <= n; j += VK_W) {
+        vf v = v_load(x + j);
+        vd_store(acc + j, vd_add(vd_load(acc + j), vd_lo(v)));
+        vd_store(acc + j + VK_W / 2, vd_add(vd_load(acc + j + VK_W / 2), vd_hi(v)));
+    }
+    for (; j < n; j++) acc[j] += (double)x[j];
+}
+
+static double vk_sum_d(const float *x, int64_t n) { return dot_d(x, NULL, n); }
+
+#define VK_EW_ENTRIES                                                                              \
+    .binary = vk_binary, .axpby = vk_axpby, .relu_fwd = vk_relu_fwd, .relu_bwd = vk_relu_bwd,      \
+    .add_row = vk_add_row, .add_const = vk_add_const, .acc_row_d = vk_acc_row_d, .sum_d = vk_sum_d
+
+#endif
