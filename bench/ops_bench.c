@@ -16,7 +16,12 @@
  * ("isa": "-" for a kernel with one path only), then a table of GB/s by
  * path, each line starting with '#'. GB/s counts the bytes the kernel must
  * read and write once. The paths and the baseline take turns, REPS rounds;
- * the best run of each counts (a busy machine only ever adds time). */
+ * the best run of each counts (a busy machine only ever adds time).
+ *
+ * The memory bandwidth each case is held to: a copy of half its bytes
+ * (memcpy: as many bytes read as written, from buffers as large as the
+ * case's), on the same threads, timed in the same rounds; the table gives
+ * it ("copy") and each path's share of it. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +41,7 @@ static int g_npaths;
 typedef struct {
     char name[32], shape[32];
     double gbs[FG_ISA_COUNT]; /* 0: not run */
+    double copy_gbs;          /* the memory bandwidth at this size */
     bool one_path;
 } row;
 static row g_rows[64];
@@ -50,6 +56,20 @@ static float *F(fg_tensor *t) { return fg_tensor_data(t); }
 
 typedef void (*run_fn)(void *ctx);
 
+/* the copy that measures memory bandwidth: bytes / 2 from src to dst, the
+ * threads each copying a slice */
+static char *g_src, *g_dst;
+static size_t g_copy_cap;
+static void copy_ref(void *p) {
+    size_t half = *(const size_t *)p, nth = (size_t)fg_get_num_threads();
+    size_t part = (half / nth + 63) / 64 * 64;
+#pragma omp parallel for num_threads(nth) schedule(static)
+    for (size_t t = 0; t < nth; t++) {
+        size_t a = t * part, b = a + part < half ? a + part : half;
+        if (a < b) memcpy(g_dst + a, g_src + a, b - a);
+    }
+}
+
 static void timed(run_fn f, void *ctx, double *best) {
     double t0 = fg_time();
     f(ctx);
@@ -63,7 +83,18 @@ static void timed(run_fn f, void *ctx, double *best) {
 static void emit_paths(const char *name, const char *shape, run_fn fu, run_fn base, void *ctx,
                        double bytes, bool one_path) {
     int np = one_path ? 1 : g_npaths;
-    double tf[FG_ISA_COUNT], tb = 1e30;
+    double tf[FG_ISA_COUNT], tb = 1e30, tc = 1e30;
+    size_t half = (size_t)(bytes / 2);
+    if (half > g_copy_cap) {
+        free(g_src);
+        free(g_dst);
+        g_src = malloc(half);
+        g_dst = malloc(half);
+        memset(g_src, 1, half);
+        memset(g_dst, 2, half);
+        g_copy_cap = half;
+    }
+    copy_ref(&half);
     for (int k = 0; k < np; k++) {
         tf[k] = 1e30;
         fg_set_cpu_isa(one_path ? FG_ISA_AUTO : g_paths[k]);
@@ -76,6 +107,7 @@ static void emit_paths(const char *name, const char *shape, run_fn fu, run_fn ba
             timed(fu, ctx, &tf[k]);
         }
         if (base) timed(base, ctx, &tb);
+        timed(copy_ref, &half, &tc);
     }
     fg_set_cpu_isa(FG_ISA_AUTO);
     row *w = g_nrows < 64 ? &g_rows[g_nrows++] : NULL;
@@ -84,6 +116,7 @@ static void emit_paths(const char *name, const char *shape, run_fn fu, run_fn ba
         snprintf(w->name, sizeof w->name, "%s", name);
         snprintf(w->shape, sizeof w->shape, "%s", shape);
         w->one_path = one_path;
+        w->copy_gbs = bytes / tc * 1e-9;
     }
     for (int k = 0; k < np; k++) {
         const char *isa = one_path ? "-" : fg_isa_name(g_paths[k]);
@@ -91,6 +124,7 @@ static void emit_paths(const char *name, const char *shape, run_fn fu, run_fn ba
                "\"fulgur_ms\": %.4f, \"GB/s\": %.1f",
                name, shape, isa, fg_get_num_threads(), tf[k] * 1e3, bytes / tf[k] * 1e-9);
         if (base) printf(", \"baseline_ms\": %.4f, \"speedup\": %.2f", tb * 1e3, tb / tf[k]);
+        printf(", \"copy_GB/s\": %.1f, \"of_copy\": %.2f", bytes / tc * 1e-9, tc / tf[k]);
         printf("}\n");
         if (w) w->gbs[one_path ? 0 : g_paths[k]] = bytes / tf[k] * 1e-9;
     }
@@ -279,6 +313,26 @@ static void sum0_base(void *p) {
         for (int64_t j = 0; j < c->C; j++) o[j] += x[i * c->C + j];
 }
 
+static void bias_add(void *p) {
+    ctx *c = p;
+    ops->bias_add(c->y, c->b);
+}
+static void bias_grad(void *p) {
+    ctx *c = p;
+    ops->bias_grad(c->dy, c->db);
+}
+static void add(void *p) {
+    ctx *c = p;
+    ops->binary(FG_BIN_ADD, c->x, c->dy, c->y);
+}
+static void axpy(void *p) {
+    ctx *c = p;
+    ops->axpby(0.5, c->dy, 1.0, c->y);
+}
+static void relu_fwd(void *p) {
+    ctx *c = p;
+    ops->relu_fwd(c->x, c->y);
+}
 static void sm_bwd(void *p) {
     ctx *c = p;
     ops->softmax_bwd(c->y, c->dy, c->dx);
@@ -335,17 +389,20 @@ static bool parse_isa(const char *v) {
 }
 
 static void print_table(void) {
-    printf("# GB/s, best of %d, %d thread(s); a kernel with one path only shows it under %s\n",
+    printf("# GB/s (%% of the copy's), best of %d, %d thread(s); a kernel with one path only "
+           "shows it under %s\n",
            REPS, fg_get_num_threads(), fg_isa_name(g_paths[0]));
-    printf("# %-22s %-14s", "kernel", "shape");
-    for (int k = 0; k < g_npaths; k++) printf(" %8s", fg_isa_name(g_paths[k]));
+    printf("# %-22s %-14s %6s", "kernel", "shape", "copy");
+    for (int k = 0; k < g_npaths; k++) printf(" %13s", fg_isa_name(g_paths[k]));
     printf("\n");
     for (int i = 0; i < g_nrows; i++) {
         const row *w = &g_rows[i];
-        printf("# %-22s %-14s", w->name, w->shape);
-        for (int k = 0; k < g_npaths; k++)
-            if (w->one_path && k) printf(" %8s", "-");
-            else printf(" %8.1f", w->gbs[w->one_path ? 0 : g_paths[k]]);
+        printf("# %-22s %-14s %6.1f", w->name, w->shape, w->copy_gbs);
+        for (int k = 0; k < g_npaths; k++) {
+            double g = w->gbs[w->one_path ? 0 : g_paths[k]];
+            if (w->one_path && k) printf(" %13s", "-");
+            else printf(" %6.1f (%3.0f%%)", g, 100 * g / w->copy_gbs);
+        }
         printf("\n");
     }
 }
@@ -399,7 +456,14 @@ int main(int argc, char **argv) {
             emit("dropout_fwd", shape, drop_fwd, drop_fwd_base, &c, 2 * nb);
             emit("dropout_bwd", shape, drop_bwd, NULL, &c, 3 * nb);
         }
-        if (want(filter, "sum_dim")) emit_paths("sum_dim0", shape, sum0, sum0_base, &c, nb, true);
+        if (want(filter, "sum_dim")) emit("sum_dim0", shape, sum0, sum0_base, &c, nb);
+        if (want(filter, "elementwise")) {
+            emit("bias_add", shape, bias_add, NULL, &c, 2 * nb);
+            emit("bias_grad", shape, bias_grad, NULL, &c, nb);
+            emit("add", shape, add, NULL, &c, 3 * nb);
+            emit("axpy", shape, axpy, NULL, &c, 3 * nb);
+            emit("relu_fwd", shape, relu_fwd, NULL, &c, 2 * nb);
+        }
         if (!k && want(filter, "embedding")) {
             int64_t V = 65, es[] = {V, C};
             c.wte = randn(2, es, 11, 1);
@@ -408,7 +472,7 @@ int main(int argc, char **argv) {
             int32_t *ix = fg_tensor_data(c.idx);
             for (int64_t i = 0; i < N; i++) ix[i] = (int32_t)(i * 7919 % V);
             emit_paths("embedding_fwd", shape, emb_fwd, emb_fwd_base, &c, 2 * nb, true);
-            emit_paths("embedding_bwd", shape, emb_bwd, emb_bwd_base, &c, 2 * nb, true);
+            emit("embedding_bwd", shape, emb_bwd, emb_bwd_base, &c, 2 * nb);
         }
     }
     for (int k = 0; k < 2 && want(filter, "cross_entropy"); k++) {

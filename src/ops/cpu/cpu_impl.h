@@ -71,15 +71,16 @@ typedef struct fg__vk {
      * elementwise.c's same-shape binary op and axpby (y = alpha x + beta y;
      * beta 0: y is not read), activation.c's relu and its backward (dx +=),
      * y += b (matmul.c's bias_add rows, embedding.c's backward), y += v
-     * (reduce.c's sum_dim_bwd), acc += x in double (column sums: bias_grad,
-     * sum_to, sum_dim), the sum of x in double (row sums: sum_dim) */
+     * (reduce.c's sum_dim_bwd), acc[j] += x[r ld + j] over rows r in order,
+     * in double (column sums: bias_grad, sum_to, sum_dim), the sum of x in
+     * double (row sums: sum_dim) */
     void (*binary)(fg_binary_op op, const float *a, const float *b, float *y, int64_t n);
     void (*axpby)(float alpha, const float *x, float beta, float *y, int64_t n);
     void (*relu_fwd)(const float *x, float *y, int64_t n);
     void (*relu_bwd)(const float *x, const float *dy, float *dx, int64_t n);
     void (*add_row)(float *y, const float *b, int64_t n);
     void (*add_const)(float *y, float v, int64_t n);
-    void (*acc_row_d)(double *acc, const float *x, int64_t n);
+    void (*acc_rows_d)(double *acc, const float *x, int64_t ld, int64_t rows, int64_t n);
     double (*sum_d)(const float *x, int64_t n);
 } fg__vk;
 

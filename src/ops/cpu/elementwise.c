@@ -137,7 +137,7 @@ fg_status fg__cpu_sum_to(const fg_tensor *x, fg_tensor *y, double alpha, double 
             vk->axpby((float)alpha, px + i, 1.0f, py + i, FG_MIN(FG_VK_PIECE, n - i));
         return FG_OK;
     }
-    bool vacc = x->dtype == FG_F32 && vk->acc_row_d;
+    bool vacc = x->dtype == FG_F32 && vk->acc_rows_d;
     FG_FLOAT_DISPATCH("sum_to", x->dtype, {
         const T *px = x->data;
         T *py = y->data;
@@ -160,12 +160,9 @@ fg_status fg__cpu_sum_to(const fg_tensor *x, fg_tensor *y, double alpha, double 
             memset(acc, 0, sizeof(double) * (size_t)y->numel);
             if (trailing) { /* x is (outer, y->numel) */
                 int64_t inner = y->numel;
-                for (int64_t o = 0; o < n / inner; o++) {
+                if (vacc) vk->acc_rows_d(acc, (const float *)px, inner, n / inner, inner);
+                for (int64_t o = 0; !vacc && o < n / inner; o++) {
                     const T *xo = px + o * inner;
-                    if (vacc) {
-                        vk->acc_row_d(acc, (const float *)xo, inner);
-                        continue;
-                    }
                     FG_SIMD
                     for (int64_t j = 0; j < inner; j++) acc[j] += xo[j];
                 }

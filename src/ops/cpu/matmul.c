@@ -228,7 +228,7 @@ fg_status fg__cpu_bias_grad(const fg_tensor *dy, fg_tensor *dbias) {
     par = par && nblocks > 1;
     const fg__vk *vk;
     FG_TRY(fg__vk_get(&vk));
-    bool vacc = dy->dtype == FG_F32 && vk->acc_row_d;
+    bool vacc = dy->dtype == FG_F32 && vk->acc_rows_d;
     FG_FLOAT_DISPATCH("bias_grad", dy->dtype, {
         const T *pg = dy->data;
         T *pd = dbias->data;
@@ -236,12 +236,9 @@ fg_status fg__cpu_bias_grad(const fg_tensor *dy, fg_tensor *dbias) {
         for (int64_t blk = 0; blk < nblocks; blk++) {
             int64_t j0 = blk * w, n = FG_MIN(w, C - j0);
             double acc[BIAS_BLOCK] = {0};
-            for (int64_t r = 0; r < R; r++) {
+            if (vacc) vk->acc_rows_d(acc, (const float *)pg + j0, C, R, n);
+            for (int64_t r = 0; !vacc && r < R; r++) {
                 const T *row = pg + r * C + j0;
-                if (vacc) {
-                    vk->acc_row_d(acc, (const float *)row, n);
-                    continue;
-                }
                 FG_PRAGMA(omp simd)
                 for (int64_t j = 0; j < n; j++) acc[j] += row[j];
             }

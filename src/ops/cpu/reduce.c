@@ -59,7 +59,7 @@ fg_status fg__cpu_sum_dim(const fg_tensor *x, int dim, fg_tensor *y, double alph
     int64_t work = x->numel;
     const fg__vk *vk;
     FG_TRY(fg__vk_get(&vk));
-    bool vec = x->dtype == FG_F32 && vk->sum_d && vk->acc_row_d;
+    bool vec = x->dtype == FG_F32 && vk->sum_d && vk->acc_rows_d;
     FG_FLOAT_DISPATCH("sum_dim", x->dtype, {
         const T *px = x->data;
         T *py = y->data;
@@ -84,12 +84,9 @@ fg_status fg__cpu_sum_dim(const fg_tensor *x, int dim, fg_tensor *y, double alph
                 int64_t m = FG_MIN(SUM_BLOCK, inner - k0);
                 double acc[SUM_BLOCK];
                 for (int64_t k = 0; k < m; k++) acc[k] = 0;
-                for (int64_t j = 0; j < n; j++) {
+                if (vec) vk->acc_rows_d(acc, (const float *)px + o * n * inner + k0, inner, n, m);
+                for (int64_t j = 0; !vec && j < n; j++) {
                     const T *r = px + (o * n + j) * inner + k0;
-                    if (vec) {
-                        vk->acc_row_d(acc, (const float *)r, m);
-                        continue;
-                    }
                     FG_SIMD
                     for (int64_t k = 0; k < m; k++) acc[k] += r[k];
                 }

@@ -5,7 +5,7 @@
  * follow the CPU alone, whatever FULGUR_CPU_ISA says, and could not be
  * tested path by path). Each is the portable loop of its op, element for
  * element: with -ffp-contract=off nothing is fused, so every entry but
- * sum_d gives the scalar path's bits (acc_row_d adds each column in row
+ * sum_d gives the scalar path's bits (acc_rows_d adds each column in row
  * order, as the scalar loop); sum_d adds in double lanes, which only
  * reorders the sum. Loops run on one thread: the ops split the work. */
 #ifndef FULGUR_CPU_VK_EW_T_H
@@ -47,21 +47,43 @@ static void vk_add_const(float *y, float v, int64_t n) {
     FG_SIMD for (int64_t i = 0; i < n; i++) y[i] += v;
 }
 
-/* acc[j] += x[j] in double, a vector of floats widened in two halves */
-static void vk_acc_row_d(double *acc, const float *x, int64_t n) {
-    int64_t j = 0;
-    for (; j + VK_W <= n; j += VK_W) {
-        vf v = v_load(x + j);
-        vd_store(acc + j, vd_add(vd_load(acc + j), vd_lo(v)));
-        vd_store(acc + j + VK_W / 2, vd_add(vd_load(acc + j + VK_W / 2), vd_hi(v)));
+/* acc[j] += x[r ld + j] for the rows r < rows in order, in double: four
+ * rows a pass over acc (a vector of floats widened in two halves), so acc
+ * is loaded and stored once for four rows; each column still adds its rows
+ * one by one, in row order (the bits of the one-row loop). */
+static void vk_acc_rows_d(double *acc, const float *x, int64_t ld, int64_t rows, int64_t n) {
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        const float *x0 = x + r * ld, *x1 = x0 + ld, *x2 = x1 + ld, *x3 = x2 + ld;
+        int64_t j = 0;
+        for (; j + VK_W <= n; j += VK_W) {
+            vd lo = vd_load(acc + j), hi = vd_load(acc + j + VK_W / 2);
+            vf v0 = v_load(x0 + j), v1 = v_load(x1 + j), v2 = v_load(x2 + j), v3 = v_load(x3 + j);
+            lo = vd_add(vd_add(vd_add(vd_add(lo, vd_lo(v0)), vd_lo(v1)), vd_lo(v2)), vd_lo(v3));
+            hi = vd_add(vd_add(vd_add(vd_add(hi, vd_hi(v0)), vd_hi(v1)), vd_hi(v2)), vd_hi(v3));
+            vd_store(acc + j, lo);
+            vd_store(acc + j + VK_W / 2, hi);
+        }
+        for (; j < n; j++)
+            acc[j] = (((acc[j] + (double)x0[j]) + (double)x1[j]) + (double)x2[j]) + (double)x3[j];
     }
-    for (; j < n; j++) acc[j] += (double)x[j];
+    for (; r < rows; r++) {
+        const float *x0 = x + r * ld;
+        int64_t j = 0;
+        for (; j + VK_W <= n; j += VK_W) {
+            vf v = v_load(x0 + j);
+            vd_store(acc + j, vd_add(vd_load(acc + j), vd_lo(v)));
+            vd_store(acc + j + VK_W / 2, vd_add(vd_load(acc + j + VK_W / 2), vd_hi(v)));
+        }
+        for (; j < n; j++) acc[j] += (double)x0[j];
+    }
 }
 
 static double vk_sum_d(const float *x, int64_t n) { return dot_d(x, NULL, n); }
 
 #define VK_EW_ENTRIES                                                                              \
     .binary = vk_binary, .axpby = vk_axpby, .relu_fwd = vk_relu_fwd, .relu_bwd = vk_relu_bwd,      \
-    .add_row = vk_add_row, .add_const = vk_add_const, .acc_row_d = vk_acc_row_d, .sum_d = vk_sum_d
+    .add_row = vk_add_row, .add_const = vk_add_const, .acc_rows_d = vk_acc_rows_d,                 \
+    .sum_d = vk_sum_d
 
 #endif

@@ -198,8 +198,22 @@ static double vk_ce_fwd_row(const float *x, int64_t n, int64_t t) {
     return (double)m + log(exp_sum(x, n, m, NULL)) - (double)x[t];
 }
 
+/* Rows up to CE_KEEP keep their exps on the stack from the sum to the
+ * update (one exp an element, not two: the same values either way). */
+#define CE_KEEP 2048
+
 static void vk_ce_bwd_row(const float *x, float *dx, int64_t n, int64_t t, double scale) {
     float m = row_max(x, n);
+    if (n <= CE_KEEP) {
+        float e[CE_KEEP];
+        vf k = v_set1((float)(scale / exp_sum(x, n, m, e)));
+        int64_t j = 0;
+        for (; j + VK_W <= n; j += VK_W) v_store(dx + j, v_fma(k, v_load(e + j), v_load(dx + j)));
+        vmask km = v_first(n - j);
+        v_store_n(dx + j, km, v_fma(k, v_load_n(e + j, km), v_load_n(dx + j, km)));
+        dx[t] -= (float)scale;
+        return;
+    }
     vf k = v_set1((float)(scale / exp_sum(x, n, m, NULL))), bm = v_set1(m);
     int64_t j = 0;
     for (; j + VK_W <= n; j += VK_W)
@@ -238,31 +252,38 @@ static void vk_att_exp_row(float *s, int lds, int n, float l) {
 /* layernorm.c's forward row: x, y (C), w and b (C) or NULL */
 static void vk_ln_fwd_row(const float *x, const float *w, const float *b, int64_t C, double eps,
                           float *y, float *mean, float *rstd) {
-    /* two accumulators per sum: the adds of a row wait on each other */
+    /* four accumulators per sum: the adds of a row wait on each other, and
+     * at C = 256 on AVX2 two chains left the row's latency the bound */
     float x0 = x[0];
-    vf b0 = v_set1(x0), s0 = v_zero(), s1 = v_zero();
+    vf b0 = v_set1(x0), s0 = v_zero(), s1 = v_zero(), s2 = v_zero(), s3 = v_zero();
     int64_t j = 0;
-    for (; j + 2 * VK_W <= C; j += 2 * VK_W) {
+    for (; j + 4 * VK_W <= C; j += 4 * VK_W) {
         s0 = v_add(s0, v_sub(v_load(x + j), b0));
         s1 = v_add(s1, v_sub(v_load(x + j + VK_W), b0));
+        s2 = v_add(s2, v_sub(v_load(x + j + 2 * VK_W), b0));
+        s3 = v_add(s3, v_sub(v_load(x + j + 3 * VK_W), b0));
     }
     for (; j + VK_W <= C; j += VK_W) s0 = v_add(s0, v_sub(v_load(x + j), b0));
     vmask k = v_first(C - j);
-    s0 = v_add(s0, v_keep(k, v_sub(v_load_n(x + j, k), b0)));
-    float m = x0 + v_hsum(v_add(s0, s1)) / (float)C;
-    vf bm = v_set1(m), v0 = v_zero(), v1 = v_zero();
-    for (j = 0; j + 2 * VK_W <= C; j += 2 * VK_W) {
+    s1 = v_add(s1, v_keep(k, v_sub(v_load_n(x + j, k), b0)));
+    float m = x0 + v_hsum(v_add(v_add(s0, s1), v_add(s2, s3))) / (float)C;
+    vf bm = v_set1(m), v0 = v_zero(), v1 = v_zero(), v2 = v_zero(), v3 = v_zero();
+    for (j = 0; j + 4 * VK_W <= C; j += 4 * VK_W) {
         vf d0 = v_sub(v_load(x + j), bm), d1 = v_sub(v_load(x + j + VK_W), bm);
+        vf d2 = v_sub(v_load(x + j + 2 * VK_W), bm), d3 = v_sub(v_load(x + j + 3 * VK_W), bm);
         v0 = v_fma(d0, d0, v0);
         v1 = v_fma(d1, d1, v1);
+        v2 = v_fma(d2, d2, v2);
+        v3 = v_fma(d3, d3, v3);
     }
     for (; j + VK_W <= C; j += VK_W) {
         vf d = v_sub(v_load(x + j), bm);
         v0 = v_fma(d, d, v0);
     }
     vf d = v_keep(k, v_sub(v_load_n(x + j, k), bm));
-    v0 = v_fma(d, d, v0);
-    float r = (float)(1 / sqrt((double)v_hsum(v_add(v0, v1)) / (double)C + eps));
+    v1 = v_fma(d, d, v1);
+    v0 = v_add(v_add(v0, v1), v_add(v2, v3));
+    float r = (float)(1 / sqrt((double)v_hsum(v0) / (double)C + eps));
     *mean = m;
     *rstd = r;
     vf br = v_set1(r), one = v_set1(1.0f), zero = v_zero();
