@@ -414,9 +414,13 @@ typedef struct fg_sharded_opts {
      * memory freed of the state. FG_OFFLOAD_CPU: nothing to move on a CPU.
      * deepspeed kinds only for nvme (fsdp offloads to the cpu only). */
     fg_offload_device offload_optimizer_device;
-    /* DeepSpeed's offload_params_device (ZeRO stage 3 only, as DeepSpeed;
-     * not built yet) and FSDP's cpu_offload: FG_OFFLOAD_CPU under fsdp has
-     * nothing to move. */
+    /* DeepSpeed's offload_params_device (ZeRO stage 3 only, as DeepSpeed)
+     * and FSDP's cpu_offload: FG_OFFLOAD_CPU has nothing to move on a CPU.
+     * FG_OFFLOAD_NVME (deepspeed_stage_3, 2 or more ranks, f32 or f64
+     * parameters): this rank's parameter shard lives in a file under
+     * nvme_path with its optimizer state (which then goes to nvme too),
+     * updated there block by block at each step, and each unit's part is
+     * read back asynchronously when the unit is prefetched. */
     fg_offload_device offload_params_device;
     /* The directory for nvme offload (DeepSpeed's nvme_path), on a local
      * disk; borrowed for fg_strategy_new (the fabric copies it). The files
@@ -551,6 +555,13 @@ FG_API bool fg_strategy_shards_params(const fg_strategy *s);
  * what a load reads on each rank. FG_EINVAL for a rank out of range. */
 FG_API fg_status fg_strategy_param_range(const fg_strategy *s, int rank, int64_t *begin,
                                          int64_t *end);
+
+/* Where this rank's range of fg_strategy_param_range lives between steps,
+ * at its first element, for reading or writing it whole (checkpoints): the
+ * model's flat parameter buffer, or, with offload_params_device nvme, the
+ * mapping of the file that holds the shard (what is written there is what
+ * the next forward gathers). NULL for a NULL strategy. */
+FG_API void *fg_strategy_param_data(fg_strategy *s);
 
 /* FSDP's summon_full_params: every rank gathers the whole model into its
  * flat parameter buffer (collective; a no-op unless the parameters are

@@ -109,5 +109,9 @@ fg_status fg__fabric_save_sharded(fg_fabric *f, const char *path, const fg_train
  * fg__fabric_held. */
 fg_status fg__fabric_gather_params(fg_fabric *f, fg_module *m, fg_tensor **full);
 void fg__fabric_param_range(fg_fabric *f, fg_module *m, int64_t *lo, int64_t *hi);
+/* Where this rank's range of model's parameters lives, at element lo: the
+ * flat buffer, or under stage 3 with nvme parameter offload the file's
+ * mapping (fg_strategy_param_data). */
+char *fg__fabric_param_data(fg_fabric *f, fg_module *m, int64_t lo);
 
 #endif

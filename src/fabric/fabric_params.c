@@ -52,7 +52,7 @@ fg_status fg__fabric_gather_params(fg_fabric *f, fg_module *m, fg_tensor **full)
         if (ranges[2 * q] != covered) continue;
         int64_t lo = ranges[2 * q], n = ranges[2 * q + 1] - lo;
         covered = ranges[2 * q + 1];
-        const char *src = (const char *)fg_tensor_data(flat) + (size_t)lo * es;
+        const char *src = rank == q ? fg__fabric_param_data(f, m, lo) : NULL;
         if (n <= 0) continue;
         if (rank == 0) {
             char *dst = (char *)fg_tensor_data(*full) + (size_t)lo * es;
@@ -79,4 +79,10 @@ void fg__fabric_param_range(fg_fabric *f, fg_module *m, int64_t *lo, int64_t *hi
         *lo = 0;
         *hi = fg_module_numel(m);
     }
+}
+
+char *fg__fabric_param_data(fg_fabric *f, fg_module *m, int64_t lo) {
+    if (sharded(f, m)) return fg_strategy_param_data(f->strategy);
+    fg_tensor *flat = fg_module_flat_params(m);
+    return (char *)fg_tensor_data(flat) + (size_t)lo * fg_dtype_size(fg_tensor_dtype(flat));
 }

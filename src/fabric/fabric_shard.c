@@ -106,7 +106,7 @@ fg_status fg__fabric_held(fg_fabric *f, const fg_train_state *st, fg__held *h) {
     if (!flat) return fg_error(FG_ESTATE, "checkpoint: the model is not finalized");
     *h = (fg__held){.numel = fg_module_numel(m), .pdt = fg_tensor_dtype(flat)};
     fg__fabric_param_range(f, m, &h->plo, &h->phi); /* stage 3: this rank's shard */
-    h->params = (char *)fg_tensor_data(flat) + (size_t)h->plo * fg_dtype_size(h->pdt);
+    h->params = fg__fabric_param_data(f, m, h->plo);
     fg_optimizer *opt = st->optimizer;
     if (!opt) return FG_OK;
     h->nstates = fg_optimizer_num_states(opt);

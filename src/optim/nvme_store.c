@@ -60,6 +60,16 @@ bool fg__nvme_store_direct(const fg_nvme_store *s) {
     (void)s;
     return false;
 }
+fg_status fg__nvme_store_read_start(fg_nvme_store *s, int i, size_t off, size_t n,
+                                    fg_nvme_read **out) {
+    (void)s, (void)i, (void)off, (void)n;
+    *out = NULL;
+    return fg_error(FG_EUNSUPPORTED, "offload_nvme is unavailable in this fulgur (no liburing)");
+}
+fg_status fg__nvme_store_read_finish(fg_nvme_read *r, void *dst) {
+    (void)r, (void)dst;
+    return FG_OK;
+}
 
 #else
 
@@ -79,8 +89,8 @@ struct fg_nvme_store {
     int fd[FG_NVME_MAX_ARRAYS];
     void *map[FG_NVME_MAX_ARRAYS];
     bool direct;
-    struct io_uring ring;
-    bool ring_ok;
+    struct io_uring ring, rring; /* the streams'; the asynchronous reads' (made on first use) */
+    bool ring_ok, rring_ok;
     void *raw[NSETS][FG_NVME_MAX_ARRAYS]; /* fg_alloc'ed, buf aligned inside */
     char *buf[NSETS][FG_NVME_MAX_ARRAYS];
     uint64_t nread, nwritten;
@@ -120,6 +130,7 @@ static int open_unlinked(const char *dir, bool *direct) {
 void fg__nvme_store_free(fg_nvme_store *s) {
     if (!s) return;
     if (s->ring_ok) io_uring_queue_exit(&s->ring);
+    if (s->rring_ok) io_uring_queue_exit(&s->rring);
     for (int i = 0; i < s->n; i++) {
         if (s->map[i]) munmap(s->map[i], s->padded);
         if (s->fd[i] >= 0) close(s->fd[i]);
@@ -250,6 +261,102 @@ void fg__nvme_store_counts(const fg_nvme_store *s, uint64_t *read, uint64_t *wri
 }
 
 bool fg__nvme_store_direct(const fg_nvme_store *s) { return s && s->direct; }
+
+/* ------------------------------------------------------------ reads */
+
+#define RREAD_DEPTH 64
+#define RREAD_CHUNK ((size_t)16 << 20)
+
+struct fg_nvme_read {
+    fg_nvme_store *s;
+    void *raw;
+    char *buf;         /* aligned; holds file bytes [at, at + len) */
+    size_t at, len, off, n;
+    size_t got;        /* bytes read so far */
+    int pending, err;  /* requests not completed; first errno */
+    size_t err_at;
+};
+
+/* Waits for one completion on the read ring and books it to its read. */
+static fg_status rreap(fg_nvme_store *s) {
+    struct io_uring_cqe *c;
+    int rc;
+    do rc = io_uring_wait_cqe(&s->rring, &c);
+    while (rc == -EINTR);
+    if (rc < 0) return fg_error(FG_EIO, "offload_nvme: io_uring_wait_cqe: %s", strerror(-rc));
+    fg_nvme_read *r = io_uring_cqe_get_data(c);
+    int res = c->res;
+    io_uring_cqe_seen(&s->rring, c);
+    r->pending--;
+    if (res < 0 && !r->err) r->err = -res;
+    if (res >= 0) {
+        s->nread += (uint64_t)res;
+        r->got += (size_t)res;
+    }
+    return FG_OK;
+}
+
+fg_status fg__nvme_store_read_start(fg_nvme_store *s, int i, size_t off, size_t n,
+                                    fg_nvme_read **out) {
+    *out = NULL;
+    if (!s || i < 0 || i >= s->n || off + n > s->bytes)
+        return fg_error(FG_EINTERNAL, "nvme store: read of [%zu, %zu) outside the array", off,
+                        off + n);
+    if (!s->rring_ok) {
+        int rc = io_uring_queue_init(RREAD_DEPTH, &s->rring, 0);
+        if (rc < 0)
+            return fg_error(FG_EUNSUPPORTED, "offload_nvme: the kernel refused io_uring (%s)",
+                            strerror(-rc));
+        s->rring_ok = true;
+    }
+    fg_nvme_read *r = fg_calloc(1, sizeof *r);
+    if (!r) return fg_error_wrap(FG_ENOMEM, "offload_nvme: a read");
+    r->s = s;
+    r->off = off;
+    r->n = n;
+    r->at = off / FG_NVME_ALIGN * FG_NVME_ALIGN;
+    r->len = round_up(off + n, FG_NVME_ALIGN) - r->at;
+    if (n && !(r->raw = fg_alloc(r->len + FG_NVME_ALIGN))) {
+        fg_free(r);
+        return fg_error_wrap(FG_ENOMEM, "offload_nvme: a read buffer of %zu bytes", r->len);
+    }
+    r->buf = (char *)round_up((size_t)r->raw, FG_NVME_ALIGN);
+    for (size_t a = 0; n && a < r->len; a += RREAD_CHUNK) {
+        struct io_uring_sqe *q;
+        while (!(q = io_uring_get_sqe(&s->rring))) {
+            int rc = io_uring_submit(&s->rring);
+            if (rc < 0) {
+                r->err = -rc;
+                break;
+            }
+        }
+        if (!q) break;
+        size_t len = FG_MIN(RREAD_CHUNK, r->len - a);
+        io_uring_prep_read(q, s->fd[i], r->buf + a, (unsigned)len, (off_t)(r->at + a));
+        io_uring_sqe_set_data(q, r);
+        r->pending++;
+    }
+    int rc = io_uring_submit(&s->rring);
+    if (rc < 0 && !r->err) r->err = -rc;
+    *out = r;
+    return FG_OK;
+}
+
+fg_status fg__nvme_store_read_finish(fg_nvme_read *r, void *dst) {
+    if (!r) return FG_OK;
+    fg_nvme_store *s = r->s;
+    fg_status st = FG_OK;
+    while (r->pending && st == FG_OK) st = rreap(s);
+    if (st == FG_OK && (r->err || (r->n && r->got != r->len)))
+        st = fg_error(FG_EIO, "nvme_path=%s: reading %s at byte %zu: %s", s->dir, s->what, r->at,
+                      r->err ? strerror(r->err) : "a short transfer");
+    if (st == FG_OK && dst && r->n) memcpy(dst, r->buf + (r->off - r->at), r->n);
+    if (st == FG_OK || !r->pending) { /* else the ring is gone: leak rather than free under it */
+        fg_free(r->raw);
+        fg_free(r);
+    }
+    return st;
+}
 
 /* ------------------------------------------------------------ streaming */
 

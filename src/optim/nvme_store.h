@@ -63,6 +63,18 @@ typedef fg_status (*fg_nvme_block_fn)(void *ud, size_t off, size_t n, void *cons
 fg_status fg__nvme_store_stream(fg_nvme_store *s, size_t begin, size_t end, bool read, bool write,
                                 fg_nvme_block_fn fn, void *ud);
 
+/* An asynchronous read of bytes [off, off + n) of array i into memory of
+ * any alignment (ZeRO stage 3's parameter offload fetches a unit's shard
+ * ahead of its compute): _start submits it on the store's own ring for
+ * reads (separate from the streams'), _finish waits for it, copies the
+ * bytes to dst (NULL: drop them) and frees it. A failed read is an error
+ * naming the directory, what and the offset. Several may be in flight;
+ * each must be finished before the store is freed. */
+typedef struct fg_nvme_read fg_nvme_read;
+fg_status fg__nvme_store_read_start(fg_nvme_store *s, int i, size_t off, size_t n,
+                                    fg_nvme_read **out);
+fg_status fg__nvme_store_read_finish(fg_nvme_read *r, void *dst);
+
 /* Bytes read from and written to the files by streams so far. */
 void fg__nvme_store_counts(const fg_nvme_store *s, uint64_t *read, uint64_t *written);
 /* Whether the files are read with O_DIRECT (false on tmpfs and the like). */

@@ -9,8 +9,16 @@
  * with it checkpoints and the ZeRO save's gathering, read and write the
  * state as before (through the page cache, only when they are used).
  *
+ * With the parameters too (ZeRO stage 3's offload_params_device=nvme) the
+ * store holds one more array, the parameters of the range (f32 or f64: the
+ * master copy is the parameters themselves), and a step updates them in the
+ * streamed blocks with their state: the module's flat buffer is not read
+ * or written there (stage 3 keeps those pages released and fetches units
+ * from the file).
+ *
  * Invariant: with offload set, state[i] is a wrap (not owning) of the
- * store's mapping of array i, state_end - state_begin elements long. */
+ * store's mapping of array i, state_end - state_begin elements long; with
+ * params, array nstates is the parameters of the same range. */
 #include <stdio.h>
 #include <string.h>
 
@@ -19,11 +27,13 @@
 
 struct fg_optim_offload {
     fg_nvme_store *store;
+    bool params; /* array nstates holds the parameters of the range */
 };
 
 typedef struct fill {
     fg_optimizer *o;
     fg_tensor **from;
+    bool params;
 } fill;
 
 /* Copies the in-memory state into the blocks; an all-zero block (a fresh
@@ -41,28 +51,42 @@ static fg_status fill_block(void *ud, size_t off, size_t n, void *const *bufs, b
             zero = w == 0;
         }
     }
+    if (f->params) { /* the parameters are written whatever they are */
+        memcpy(bufs[f->o->nstates],
+               (const char *)f->o->param + fg_dtype_size(f->o->dt) * (size_t)f->o->state_begin + off,
+               n);
+        zero = false;
+    }
     *write = !zero;
     return FG_OK;
 }
 
 bool fg__optimizer_offloaded(const fg_optimizer *o) { return o && o->offload; }
 
-fg_status fg__optimizer_offload_nvme(fg_optimizer *o, const char *dir, size_t block) {
+static fg_status offload(fg_optimizer *o, const char *dir, size_t block, bool params) {
     if (!o) return fg_error(FG_EINVAL, "offload_nvme: NULL optimizer");
     if (o->offload)
         return fg_error(FG_ESTATE, "offload_nvme: the optimizer state is on disk already");
-    if (o->nstates == 0) return FG_OK;
+    if (params && o->dt != o->sdt)
+        return fg_error(FG_EUNSUPPORTED,
+                        "offload_params_device=nvme: the parameters are %s and %s keeps its state "
+                        "in %s; parameter offload is built for f32 (or f64) parameters, which are "
+                        "their own master copy (precision 32-true, bf16-mixed or 16-mixed)",
+                        fg_dtype_name(o->dt), o->vt->name, fg_dtype_name(o->sdt));
+    if (o->nstates == 0 && !params) return FG_OK;
     int64_t n = o->state_end - o->state_begin;
     size_t bytes = fg_dtype_size(o->sdt) * (size_t)n;
     char what[96];
-    snprintf(what, sizeof what, "the %s optimizer state", o->vt->name);
+    snprintf(what, sizeof what, "the %s optimizer state%s", o->vt->name,
+             params ? " and the parameters" : "");
     struct fg_optim_offload *off = fg_calloc(1, sizeof *off);
     if (!off) return fg_error_wrap(FG_ENOMEM, "offload_nvme");
     fg_tensor *wrap[FG_OPTIM_MAX_STATES] = {0};
-    fg_status st = fg__nvme_store_new(dir, what, o->nstates, bytes, block, &off->store);
+    fg_status st =
+        fg__nvme_store_new(dir, what, o->nstates + (params ? 1 : 0), bytes, block, &off->store);
     if (st == FG_OK)
         st = fg__nvme_store_stream(off->store, 0, bytes, false, true, fill_block,
-                                   &(fill){o, o->state});
+                                   &(fill){o, o->state, params});
     for (int i = 0; st == FG_OK && i < o->nstates; i++)
         if (!(wrap[i] = fg_tensor_wrap(fg__nvme_store_map(off->store, i), o->sdt, 1, &n)))
             st = fg_error_wrap(FG_ENOMEM, "offload_nvme");
@@ -70,14 +94,39 @@ fg_status fg__optimizer_offload_nvme(fg_optimizer *o, const char *dir, size_t bl
         for (int i = 0; i < o->nstates; i++) fg_tensor_free(wrap[i]);
         fg__nvme_store_free(off->store);
         fg_free(off);
-        return fg_error_wrap(st, "offload_optimizer_device=nvme");
+        return fg_error_wrap(st, params ? "offload_params_device=nvme"
+                                        : "offload_optimizer_device=nvme");
     }
     for (int i = 0; i < o->nstates; i++) {
         fg_tensor_free(o->state[i]);
         o->state[i] = wrap[i];
     }
+    off->params = params;
     o->offload = off;
     return FG_OK;
+}
+
+fg_status fg__optimizer_offload_nvme(fg_optimizer *o, const char *dir, size_t block) {
+    return offload(o, dir, block, false);
+}
+
+fg_status fg__optimizer_offload_nvme_params(fg_optimizer *o, const char *dir, size_t block) {
+    return offload(o, dir, block, true);
+}
+
+fg_nvme_store *fg__optimizer_offload_param_store(const fg_optimizer *o, int *array) {
+    if (!o || !o->offload || !o->offload->params) return NULL;
+    if (array) *array = o->nstates;
+    return o->offload->store;
+}
+
+void fg__optimizer_offload_params_home(fg_optimizer *o) {
+    if (!o || !o->offload || !o->offload->params) return;
+    size_t es = fg_dtype_size(o->dt);
+    memcpy((char *)o->param + es * (size_t)o->state_begin,
+           fg__nvme_store_map(o->offload->store, o->nstates),
+           es * (size_t)(o->state_end - o->state_begin));
+    o->offload->params = false;
 }
 
 typedef struct upd {
@@ -95,7 +144,8 @@ static fg_status update_block(void *ud, size_t off, size_t n, void *const *bufs,
     int64_t lo = u->base + (int64_t)(off / ss), hi = lo + (int64_t)(n / ss);
     size_t at = es * (size_t)(lo - u->begin);
     (void)write;
-    return o->vt->step_range(o, lo, hi, u->param + at, u->grad + at, bufs, o->steps + 1);
+    char *param = o->offload->params ? bufs[o->nstates] : u->param + at;
+    return o->vt->step_range(o, lo, hi, param, u->grad + at, bufs, o->steps + 1);
 }
 
 fg_status fg__offload_step_range(fg_optimizer *o, int64_t begin, int64_t end, void *param,

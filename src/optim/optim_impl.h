@@ -96,6 +96,18 @@ void fg__optimizer_set_hook(fg_optimizer *opt, const fg_optim_hook *hook);
  * already offloaded. An optimizer without state has nothing to move. */
 fg_status fg__optimizer_offload_nvme(fg_optimizer *opt, const char *dir, size_t block);
 bool fg__optimizer_offloaded(const fg_optimizer *opt);
+/* The same with the parameters of the range too (ZeRO stage 3's
+ * offload_params_device=nvme): one more array in the store, filled from
+ * the module's flat parameters of [state_begin, state_end), updated in the
+ * streamed blocks at every step (the flat buffer's range is then neither
+ * read nor written by a step). f32/f64 parameters only (FG_EUNSUPPORTED). */
+fg_status fg__optimizer_offload_nvme_params(fg_optimizer *opt, const char *dir, size_t block);
+/* The store holding the parameters and their array index (*array), or
+ * NULL when the parameters are not offloaded. */
+struct fg_nvme_store *fg__optimizer_offload_param_store(const fg_optimizer *opt, int *array);
+/* Copies the offloaded parameters back into the module's flat buffer and
+ * steps them there from now on (the strategy that offloaded them goes). */
+void fg__optimizer_offload_params_home(fg_optimizer *opt);
 /* Bytes the offloaded state moved from and to disk so far (0 in memory). */
 void fg__optimizer_offload_counts(const fg_optimizer *opt, uint64_t *read, uint64_t *written);
 /* Whether the offloaded state is read with O_DIRECT (not on tmpfs). */

@@ -2,8 +2,9 @@
  * cpu_offload): the names, the checks of fg_sharded_opts' offload fields,
  * and the setup of nvme offload once the strategy has cut the optimizer's
  * state to this rank's shard (the optim layer's offload.c moves it to
- * disk). cpu offload moves nothing: on a CPU, parameters and state are in
- * host memory already. */
+ * disk; stage 3's parameters go with it: param_offload.c). cpu offload
+ * moves nothing: on a CPU, parameters and state are in host memory
+ * already. */
 #include <strings.h>
 
 #include "optim/nvme_store.h"
@@ -43,33 +44,42 @@ fg_status fg__offload_check(fg_strategy_kind kind, const fg_sharded_opts *d) {
                         "strategy \"%s\": offload is an option of the sharded strategies "
                         "(deepspeed_stage_1, deepspeed_stage_2, fsdp)",
                         name);
-    if (pd && kind != FG_STRATEGY_FSDP && kind != FG_STRATEGY_SINGLE)
-        return fg_error(FG_EUNSUPPORTED,
-                        "%s: offload_params_device=%s offloads ZeRO stage 3's parameter shards "
-                        "(deepspeed_stage_3_offload, _offload_nvme), not built yet in this fulgur; "
-                        "offload_optimizer_device is built",
-                        name, fg_offload_device_name(pd));
-    if (pd == FG_OFFLOAD_NVME)
+    bool s3 = kind == FG_STRATEGY_DEEPSPEED_STAGE_3;
+    if (pd && !s3 && kind != FG_STRATEGY_FSDP && kind != FG_STRATEGY_SINGLE)
         return fg_error(FG_EINVAL,
-                        "fsdp: its cpu_offload offloads to the cpu only; nvme offload is "
-                        "DeepSpeed's (deepspeed_stage_2 with offload_optimizer_device "
-                        "nvme)");
-    if (od != FG_OFFLOAD_NVME) return FG_OK;
+                        "%s: offload_params_device=%s offloads ZeRO stage 3's parameter shards: it "
+                        "needs deepspeed_stage_3 (deepspeed_stage_3_offload, _offload_nvme), as in "
+                        "DeepSpeed",
+                        name, fg_offload_device_name(pd));
+    if (pd == FG_OFFLOAD_NVME && !s3 && kind != FG_STRATEGY_SINGLE)
+        return fg_error(FG_EINVAL,
+                        "%s: offload_params_device=nvme is DeepSpeed's ZeRO stage 3 offload "
+                        "(deepspeed_stage_3 with offload_params_device nvme, or "
+                        "deepspeed_stage_3_offload_nvme)%s",
+                        name,
+                        kind == FG_STRATEGY_FSDP ? "; fsdp's cpu_offload offloads to the cpu only"
+                                                 : "");
+    if (pd == FG_OFFLOAD_NVME && od == FG_OFFLOAD_CPU)
+        return fg_error(FG_EINVAL,
+                        "%s: offload_params_device=nvme keeps each parameter shard on disk with "
+                        "its optimizer state, which goes to nvme too: offload_optimizer_device "
+                        "must be nvme (or unset), not cpu",
+                        name);
+    if (od != FG_OFFLOAD_NVME && pd != FG_OFFLOAD_NVME) return FG_OK;
     if (kind == FG_STRATEGY_FSDP)
         return fg_error(FG_EINVAL,
                         "fsdp: its cpu_offload offloads to the cpu only; nvme offload is "
                         "DeepSpeed's (deepspeed_stage_2 with offload_optimizer_device "
                         "nvme)");
+    const char *which = od == FG_OFFLOAD_NVME ? "offload_optimizer_device" : "offload_params_device";
     if (!d->nvme_path || !*d->nvme_path)
-        return fg_error(FG_EINVAL,
-                        "%s: offload_optimizer_device=nvme needs nvme_path, a directory "
-                        "on a local disk",
-                        name);
+        return fg_error(FG_EINVAL, "%s: %s=nvme needs nvme_path, a directory on a local disk", name,
+                        which);
     if (!fg__nvme_available())
         return fg_error(FG_EUNSUPPORTED,
-                        "%s: offload_optimizer_device=nvme: offload_nvme is unavailable in this "
-                        "fulgur, built without liburing (install liburing-dev and rebuild)",
-                        name);
+                        "%s: %s=nvme: offload_nvme is unavailable in this fulgur, built without "
+                        "liburing (install liburing-dev and rebuild)",
+                        name, which);
     return FG_OK;
 }
 
@@ -85,6 +95,8 @@ fg_status fg__offload_setup(fg_strategy *s, const fg_sharded_opts *o) {
                         "FULGUR_NVME_BLOCK_BYTES=%ld: expected a positive multiple of %d (bytes "
                         "per state array per block), or unset for %zu",
                         block, FG_NVME_ALIGN, FG_NVME_DEFAULT_BLOCK);
+    if (o->offload_params_device == FG_OFFLOAD_NVME)
+        return fg__poffload_setup(s, o->nvme_path, (size_t)block);
     fg_status st = fg__optimizer_offload_nvme(s->opt, o->nvme_path, (size_t)block);
     return st == FG_OK ? FG_OK : fg_error_wrap(st, "%s setup", name);
 }

@@ -300,7 +300,9 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
     case FG_MODE_HOROVOD: st = fg__horovod_setup(s, ddp); break;
     case FG_MODE_SINGLE: break;
     }
-    if (st == FG_OK && sharded && sharded->offload_optimizer_device == FG_OFFLOAD_NVME)
+    if (st == FG_OK && sharded &&
+        (sharded->offload_optimizer_device == FG_OFFLOAD_NVME ||
+         sharded->offload_params_device == FG_OFFLOAD_NVME))
         st = fg__offload_setup(s, sharded);
     if (st != FG_OK) {
         fg_strategy_free(s); /* leaves this thread's message alone */

@@ -105,6 +105,31 @@ fg_status fg__zero3_release_all(fg_strategy *s);
 int64_t fg__zero3_peak_gathered(const fg_strategy *s);
 int fg__zero3_num_units(const fg_strategy *s);
 
+/* param_offload.c: stage 3's parameter shard in a file (the optimizer's
+ * nvme store): _setup after the strategy's setup; zero3.c fetches unit k's
+ * part of the shard (_fetch: its ranges' parts in [lo, hi), read
+ * asynchronously; _land: waited and copied into the flat buffer; _drop:
+ * waited and thrown away); _home puts the shard back in the flat buffer for
+ * good (the strategy or the optimizer goes); _data is the file's mapping
+ * of the shard (checkpoints read and write it there). */
+typedef struct fg_poffload fg_poffload;
+fg_status fg__poffload_setup(fg_strategy *s, const char *dir, size_t block);
+fg_status fg__poffload_new(fg_optimizer *opt, int64_t lo, int64_t hi, size_t es, int nunits,
+                           const int *nranges, fg_poffload **out);
+fg_status fg__poffload_fetch(fg_poffload *p, int k, int64_t (*r)[2], int nr);
+fg_status fg__poffload_land(fg_poffload *p, int k, char *pbase);
+void fg__poffload_drop(fg_poffload *p, int k);
+void fg__poffload_home(fg_poffload *p);
+void fg__poffload_free(fg_poffload *p);
+void *fg__poffload_data(fg_poffload *p);
+/* zero3.c's side: makes the units' fetcher and releases the shard's pages
+ * (the optimizer's store holds the parameters already); the fetcher or
+ * NULL; puts the shard back in memory and stops offloading (zero.c calls
+ * it when the optimizer is freed first). */
+fg_status fg__zero3_offload_params(fg_strategy *s);
+fg_poffload *fg__zero3_param_offload(const fg_strategy *s);
+void fg__zero3_params_home(fg_strategy *s);
+
 /* bagua.c: Bagua's options (fg_strategy_check_ddp); setup, backward,
  * bytes and free of strategy bagua */
 fg_status fg__bagua_check(const fg_bagua_opts *o);

@@ -84,6 +84,7 @@ static fg_status after_step3(void *ud, fg_optimizer *o) {
 
 static void detach(void *ud) {
     fg_strategy *s = ud;
+    fg__zero3_params_home(s); /* offloaded parameters back before their file goes */
     s->zero->opt = NULL;
     s->opt = NULL;
 }

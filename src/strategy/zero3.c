@@ -70,7 +70,9 @@
 #include "optim/optim_impl.h"
 #include "strategy_impl.h"
 
-enum { RELEASED = 0, IN_FLIGHT, GATHERED };
+/* FETCHING: offloaded parameters (param_offload.c) being read from disk;
+ * the broadcasts go out when the unit is needed */
+enum { RELEASED = 0, FETCHING, IN_FLIGHT, GATHERED };
 
 typedef struct unit {
     int nr;
@@ -99,6 +101,7 @@ struct fg_zero3_state {
     int64_t peak_gathered, gathered; /* parameter elements outside the shard, resident */
     bool model_gone;                 /* the model was freed first */
     bool summoned;                   /* fg_strategy_gather_params: all gathered, the hooks idle */
+    fg_poffload *po;                 /* offload_params_device=nvme (param_offload.c), or NULL */
 };
 
 /* ------------------------------------------------------------ pages */
@@ -142,9 +145,18 @@ static int64_t outside_shard(const fg_zero3_state *z, int64_t a, int64_t b) {
 
 /* ------------------------------------------------------------ units */
 
-static fg_status start(fg_zero3_state *z, unit *u) {
-    if (u->state != RELEASED) return FG_OK;
+/* Releases the whole pages inside elements [a, b) of base (the shard's
+ * too: offloaded parameters). */
+static void drop_pages(fg_zero3_state *z, char *base, int64_t a, int64_t b) {
+    size_t ps = page_size();
+    uintptr_t q0 = ((uintptr_t)(base + (size_t)a * z->es) + ps - 1) & ~(uintptr_t)(ps - 1);
+    uintptr_t q1 = (uintptr_t)(base + (size_t)b * z->es) & ~(uintptr_t)(ps - 1);
+    if (a < b && q1 > q0) madvise((void *)q0, q1 - q0, MADV_DONTNEED);
+}
+
+static fg_status broadcasts(fg_zero3_state *z, unit *u) {
     u->nreqs = 0;
+    u->state = IN_FLIGHT;
     const int64_t *bounds = fg__zero_bounds(z->s);
     for (int k = 0; k < u->nr; k++)
         for (int q = 0; q < z->world; q++) {
@@ -159,14 +171,29 @@ static fg_status start(fg_zero3_state *z, unit *u) {
                 u->nreqs++;
             }
         }
+    return FG_OK;
+}
+
+static fg_status start(fg_zero3_state *z, unit *u) {
+    if (u->state != RELEASED) return FG_OK;
     for (int k = 0; k < u->nr; k++) z->gathered += outside_shard(z, u->r[k][0], u->r[k][1]);
     z->peak_gathered = FG_MAX(z->peak_gathered, z->gathered);
-    u->state = IN_FLIGHT;
-    return FG_OK;
+    if (!z->po) return broadcasts(z, u);
+    /* this rank's part comes from disk first; the broadcasts in finish */
+    u->state = FETCHING;
+    fg_status st = fg__poffload_fetch(z->po, (int)(u - z->units), u->r, u->nr);
+    return st == FG_OK ? FG_OK
+                       : fg_error_wrap(st, "%s: reading the parameters of a unit",
+                                       fg_strategy_kind_name(z->s->kind));
 }
 
 static fg_status finish(fg_zero3_state *z, unit *u) {
     fg_status first = FG_OK;
+    if (u->state == FETCHING) { /* every rank broadcasts, even after a failed read */
+        first = fg__poffload_land(z->po, (int)(u - z->units), z->pbase);
+        fg_status st = broadcasts(z, u);
+        if (first == FG_OK) first = st;
+    }
     for (int i = 0; i < u->nreqs; i++) {
         fg_status st = fg_comm_wait(u->reqs[i]);
         if (st != FG_OK && first == FG_OK) first = st;
@@ -182,15 +209,26 @@ static fg_status finish(fg_zero3_state *z, unit *u) {
 static fg_status ensure(fg_zero3_state *z, int k) {
     unit *u = &z->units[k];
     FG_TRY(start(z, u));
-    return u->state == IN_FLIGHT ? finish(z, u) : FG_OK;
+    return u->state == IN_FLIGHT || u->state == FETCHING ? finish(z, u) : FG_OK;
+}
+
+/* Waits for what is in flight for u; a fetch not yet broadcast (every
+ * rank has it in the same state) is dropped without communicating. */
+static fg_status quiesce(fg_zero3_state *z, unit *u) {
+    if (u->state != FETCHING) return finish(z, u);
+    fg__poffload_drop(z->po, (int)(u - z->units));
+    u->state = GATHERED; /* nothing in flight; what it holds is stale */
+    return FG_OK;
 }
 
 static fg_status release(fg_zero3_state *z, int k) {
     unit *u = &z->units[k];
     if (u->state == RELEASED) return FG_OK;
-    fg_status st = finish(z, u); /* nothing may still write into the pages */
+    fg_status st = quiesce(z, u); /* nothing may still write into the pages */
     for (int i = 0; i < u->nr; i++) {
         release_range(z, z->pbase, u->r[i][0], u->r[i][1], false);
+        if (z->po)
+            drop_pages(z, z->pbase, FG_MAX(u->r[i][0], z->lo), FG_MIN(u->r[i][1], z->hi));
         z->gathered -= outside_shard(z, u->r[i][0], u->r[i][1]);
     }
     u->state = RELEASED;
@@ -266,8 +304,9 @@ static void reduced(void *ud, int64_t begin) {
 /* The model is being freed before the strategy. */
 static void detach_model(void *ud) {
     fg_zero3_state *z = ud;
-    for (int k = 0; k < z->nunits; k++) (void)finish(z, &z->units[k]);
+    for (int k = 0; k < z->nunits; k++) (void)quiesce(z, &z->units[k]);
     z->model_gone = true;
+    fg__zero3_params_home(z->s); /* the module's buffer goes: nothing to copy into */
 }
 
 /* ------------------------------------------------------------ setup */
@@ -438,10 +477,9 @@ fg_status fg__zero3_backward(fg_strategy *s, fg_tensor *loss) {
 void fg__zero3_free(fg_strategy *s) {
     fg_zero3_state *z = s->zero3;
     if (!z) return;
-    if (z->units) {
-        for (int k = 0; k < z->nunits; k++) (void)finish(z, &z->units[k]);
-        /* the model goes on whole: every rank gathers what it released */
-    }
+    if (z->units)
+        for (int k = 0; k < z->nunits; k++) (void)quiesce(z, &z->units[k]);
+    if (!z->model_gone) fg__zero3_params_home(s); /* the model keeps its shard */
     if (z->mods && !z->model_gone) fg__module_set_wrap(s->model, NULL, NULL, 0);
     for (int k = 0; z->units && k < z->nunits; k++) {
         fg_free(z->units[k].r);
@@ -471,4 +509,31 @@ fg_status fg__zero3_gather_all(fg_strategy *s) {
 fg_status fg__zero3_release_all(fg_strategy *s) {
     s->zero3->summoned = false;
     return release_all(s->zero3);
+}
+
+/* ------------------------------------------------------------ nvme parameter offload */
+
+fg_status fg__zero3_offload_params(fg_strategy *s) {
+    fg_zero3_state *z = s->zero3;
+    int *nr = fg_calloc((size_t)z->nunits, sizeof *nr);
+    if (!nr) return FG_ENOMEM;
+    for (int k = 0; k < z->nunits; k++) nr[k] = z->units[k].nr;
+    fg_status st = fg__poffload_new(s->opt, z->lo, z->hi, z->es, z->nunits, nr, &z->po);
+    fg_free(nr);
+    if (st != FG_OK) return st;
+    FG_TRY(release_all(z));
+    drop_pages(z, z->pbase, z->lo, z->hi);
+    return FG_OK;
+}
+
+fg_poffload *fg__zero3_param_offload(const fg_strategy *s) { return s->zero3 ? s->zero3->po : NULL; }
+
+void fg__zero3_params_home(fg_strategy *s) {
+    fg_zero3_state *z = s->zero3;
+    if (!z || !z->po) return;
+    for (int k = 0; k < z->nunits; k++)
+        if (z->units[k].state == FETCHING) (void)release(z, k);
+    if (!z->model_gone) fg__poffload_home(z->po);
+    fg__poffload_free(z->po);
+    z->po = NULL;
 }
