@@ -273,20 +273,21 @@ static const struct {
     /* with the offload fg_launch_strategy_offload gives */
     {"deepspeed_stage_2_offload", FG_STRATEGY_DEEPSPEED_STAGE_2},
     {"fsdp_cpu_offload", FG_STRATEGY_FSDP},
+    {"deepspeed_stage_3_offload", FG_STRATEGY_DEEPSPEED_STAGE_3},
+    {"deepspeed_stage_3_offload_nvme", FG_STRATEGY_DEEPSPEED_STAGE_3},
     {"ddp2", FG_STRATEGY_DDP2},
     {"horovod", FG_STRATEGY_HOROVOD}, /* started by mpirun, fulgur run or fulgur's re-exec */
 };
 
 static const char *const k_valid =
     "auto, single, dp, ddp, ddp_spawn, ddp_fork, deepspeed_stage_1, deepspeed_stage_2, "
-    "deepspeed_stage_3, fsdp, bagua, deepspeed_stage_2_offload, fsdp_cpu_offload, ddp2, horovod";
+    "deepspeed_stage_3, fsdp, bagua, deepspeed_stage_2_offload, deepspeed_stage_3_offload, "
+    "deepspeed_stage_3_offload_nvme, fsdp_cpu_offload, ddp2, horovod";
 
 /* Strategies of Lightning and DeepSpeed that fulgur plans but has not built yet. */
 static const char *const k_later[] = {"hybrid",
                                       "ddp_sharded",
                                       "ddp_sharded_spawn",
-                                      "deepspeed_stage_3_offload",
-                                      "deepspeed_stage_3_offload_nvme",
                                       NULL};
 
 /* Names for what fulgur builds under another spelling: fsdp's sharding

@@ -222,7 +222,7 @@ TEST(strategy_errors) {
     CHECK_CONTAINS(fg_last_error(), "strategy=\"single\" runs on one device, but devices gives 2");
     CHECK_STATUS(fg_launch_parse_strategy("dp", 2, 2, &s), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "num_nodes=2");
-    static const char *const later[] = {"deepspeed_stage_3_offload", "hybrid", NULL};
+    static const char *const later[] = {"ddp_sharded", "hybrid", NULL};
     for (int i = 0; later[i]; i++) {
         CHECK_STATUS(fg_launch_parse_strategy(later[i], 2, 1, &s), FG_EUNSUPPORTED);
         CHECK_CONTAINS(fg_last_error(), "not built yet");
@@ -259,8 +259,12 @@ TEST(strategy_offload_names) {
     CHECK(o == FG_OFFLOAD_NONE && p == FG_OFFLOAD_NONE);
     fg_launch_strategy_offload(NULL, &o, NULL);
     CHECK(o == FG_OFFLOAD_NONE);
-    CHECK_STATUS(fg_launch_parse_strategy("deepspeed_stage_3_offload_nvme", 2, 1, &s),
-                 FG_EUNSUPPORTED);
+    CHECK_OK(fg_launch_parse_strategy("deepspeed_stage_3_offload_nvme", 2, 1, &s));
+    CHECK(s == FG_STRATEGY_DEEPSPEED_STAGE_3);
+    CHECK_OK(fg_launch_parse_strategy("deepspeed_stage_3_offload", 2, 1, &s));
+    CHECK(s == FG_STRATEGY_DEEPSPEED_STAGE_3);
+    fg_launch_strategy_offload("deepspeed_stage_3_offload", &o, &p);
+    CHECK(o == FG_OFFLOAD_CPU && p == FG_OFFLOAD_CPU);
 }
 
 /* --------------------------------------------------------- precision */
@@ -439,7 +443,7 @@ TEST(plan_devices_are_cores) {
                  FG_EUNSUPPORTED);
     CHECK_STATUS(
         fg_launch_plan_make(
-            &(fg_launch_opts){.strategy = "deepspeed_stage_3_offload", .devices = "2"}, &env, &p),
+            &(fg_launch_opts){.strategy = "ddp_sharded", .devices = "2"}, &env, &p),
         FG_EUNSUPPORTED);
     CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.num_nodes = -1}, &env, &p), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "num_nodes=-1");

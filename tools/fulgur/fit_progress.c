@@ -267,7 +267,14 @@ static fg_status on_fit_start(void *ud, fg_trainer *t) {
         printf("optimizer state offloaded to nvme: rank 0's %lld elements x %d in files "
                "under %s, streamed at each step\n",
                (long long)(se - sb), fg_optimizer_num_states(opt), o->nvme_path);
-    else if (o->sharded.offload_optimizer_device == FG_OFFLOAD_CPU ||
+    if (fg_optimizer_state_on_disk(opt, NULL, NULL) &&
+        (o->sharded.offload_params_device == FG_OFFLOAD_NVME ||
+         (o->strategy && strstr(o->strategy, "stage_3_offload_nvme"))))
+        printf("parameters offloaded to nvme: rank 0's shard in a file under %s, read back "
+               "for each unit's forward and backward and updated there by the step\n",
+               o->nvme_path);
+    if (fg_optimizer_state_on_disk(opt, NULL, NULL)) {
+    } else if (o->sharded.offload_optimizer_device == FG_OFFLOAD_CPU ||
              o->sharded.offload_params_device == FG_OFFLOAD_CPU || strstr(o->strategy, "offload"))
         printf("offload to the cpu: nothing to move (on a CPU the parameters and optimizer "
                "state are in host memory already)\n");
