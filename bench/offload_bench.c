@@ -1,16 +1,22 @@
 /* The other side of bench/offload.sh: a GPT trained through the Fabric API
  * with deepspeed_stage_2, its AdamW state offloaded to nvme (or kept in
- * memory: --no-offload), activation checkpointing on, on one fixed batch
- * (so the loss falls within a few steps). Prints a line per step and one
- * JSON line at the end:
+ * memory: --no-offload), or with --params deepspeed_stage_3 on --devices
+ * ranks with the parameter shards offloaded too
+ * (deepspeed_stage_3_offload_nvme); activation checkpointing on, on one
+ * fixed batch per rank (so the loss falls within a few steps). Rank 0
+ * prints a line per step and one JSON line at the end:
  *   {"params", "state_bytes", "steps", "first_loss", "last_loss",
  *    "tokens_per_s", "opt_step_s", "disk_read_bps", "disk_write_bps",
- *    "peak_rss_mb", "offload"}
- * tokens/s over the steps after the first; disk bytes/s are the bytes the
- * optimizer streamed from and to its files over the time of its steps.
+ *    "io_read_bps", "io_write_bps", "peak_rss_mb", "offload", "ranks"}
+ * tokens/s (all ranks) over the steps after the first; disk_*_bps are the
+ * bytes rank 0's optimizer streamed from and to its files over the time of
+ * its steps; io_*_bps all the bytes every rank moved (the parameter
+ * fetches of forward and backward too) over the whole steps; the loss is
+ * rank 0's.
  *
  *   offload_bench --nvme-path DIR [--layers 4] [--embd 768] [--ctx 64]
- *                 [--batch 1] [--steps 5] [--threads 0] [--no-offload] */
+ *                 [--batch 1] [--steps 5] [--threads 0] [--no-offload]
+ *                 [--params] [--devices 1] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,9 +27,9 @@
 
 typedef struct args {
     const char *nvme_path;
-    int layers, steps, threads;
+    int layers, steps, threads, devices;
     int64_t embd, ctx, batch;
-    bool offload;
+    bool offload, params;
 } args;
 
 static double now(void) {
@@ -38,6 +44,8 @@ static int run(fg_fabric *f, void *arg) {
     const char *text = "to be, or not to be, that is the question: whether tis nobler in the "
                        "mind to suffer the slings and arrows of outrageous fortune, ";
     int64_t V = 128, B = a->batch, T = a->ctx, L = (int64_t)strlen(text);
+    int rank = fg_fabric_global_rank(f), world = fg_fabric_world_size(f);
+    if (rank) freopen("/dev/null", "w", stdout);
     fg_module *m = fg_gpt_new(&(fg_gpt_config){.vocab = V,
                                                .ctx = T,
                                                .layers = a->layers,
@@ -53,20 +61,23 @@ static int run(fg_fabric *f, void *arg) {
     fg_tensor *x = fg_tensor_new(FG_I32, 2, shape), *y = fg_tensor_new(FG_I32, 2, shape);
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < T; t++) {
-            ((int32_t *)fg_tensor_data(x))[b * T + t] = text[(b * 7 + t) % L];
-            ((int32_t *)fg_tensor_data(y))[b * T + t] = text[(b * 7 + t + 1) % L];
+            ((int32_t *)fg_tensor_data(x))[b * T + t] = text[((rank * B + b) * 7 + t) % L];
+            ((int32_t *)fg_tensor_data(y))[b * T + t] = text[((rank * B + b) * 7 + t + 1) % L];
         }
     int64_t P = fg_module_numel(m);
-    printf("gpt: %lld parameters (%d layers, embd %lld, ctx %lld), batch %lld; training state "
-           "%.0f MiB (16 B per parameter), of which the optimizer state %.0f MiB %s\n",
-           (long long)P, a->layers, (long long)a->embd, (long long)T, (long long)B,
+    printf("gpt: %lld parameters (%d layers, embd %lld, ctx %lld), batch %lld x %d ranks; "
+           "training state %.0f MiB (16 B per parameter), of which the optimizer state %.0f MiB "
+           "%s%s\n",
+           (long long)P, a->layers, (long long)a->embd, (long long)T, (long long)B, world,
            16.0 * (double)P / 1048576, 8.0 * (double)P / 1048576,
-           fg_optimizer_state_on_disk(o, NULL, NULL) ? "on disk" : "in memory");
+           fg_optimizer_state_on_disk(o, NULL, NULL) ? "on disk" : "in memory",
+           a->params && a->offload ? ", the parameters' shards too" : "");
     fflush(stdout);
     double first = 0, last = 0, t_train = 0, t_opt = 0;
-    uint64_t rd0 = 0, wr0 = 0, rd = 0, wr = 0;
+    uint64_t rd0 = 0, wr0 = 0, rd = 0, wr = 0, io_r0 = 0, io_w0 = 0;
     for (int s = 0; s < a->steps; s++) {
         double t0 = now();
+        if (s == 1) fg_optimizer_state_on_disk(o, &io_r0, &io_w0);
         fg_optimizer_zero_grad(o);
         fg_tensor *loss = fg_cross_entropy(fg_module_forward(m, x), y, -100);
         if (!loss || fg_fabric_backward(f, loss) != FG_OK) {
@@ -95,15 +106,20 @@ static int run(fg_fabric *f, void *arg) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     int n = a->steps - 1;
+    /* every rank's bytes moved over the steps after the first */
+    double io[2] = {(double)(rd - io_r0), (double)(wr - io_w0)};
+    fg_comm *c = fg_fabric_comm(f);
+    if (c && fg_comm_allreduce(c, io, io, 2, FG_F64, FG_SUM) != FG_OK) io[0] = io[1] = 0;
     printf("{\"params\": %lld, \"state_bytes\": %lld, \"steps\": %d, \"first_loss\": %.4f, "
            "\"last_loss\": %.4f, \"tokens_per_s\": %.1f, \"opt_step_s\": %.3f, "
-           "\"disk_read_bps\": %.0f, \"disk_write_bps\": %.0f, \"peak_rss_mb\": %.1f, "
-           "\"offload\": %s}\n",
+           "\"disk_read_bps\": %.0f, \"disk_write_bps\": %.0f, \"io_read_bps\": %.0f, "
+           "\"io_write_bps\": %.0f, \"peak_rss_mb\": %.1f, \"offload\": %s, \"ranks\": %d}\n",
            (long long)P, (long long)(16 * P), a->steps, first, last,
-           n > 0 ? (double)(B * T * n) / t_train : 0, n > 0 ? t_opt / n : 0,
+           n > 0 ? (double)(B * T * n * world) / t_train : 0, n > 0 ? t_opt / n : 0,
            n > 0 && t_opt > 0 ? (double)rd / (t_opt * a->steps / n) : 0,
            n > 0 && t_opt > 0 ? (double)wr / (t_opt * a->steps / n) : 0,
-           (double)ru.ru_maxrss / 1024, a->offload ? "true" : "false");
+           n > 0 ? io[0] / t_train : 0, n > 0 ? io[1] / t_train : 0, (double)ru.ru_maxrss / 1024,
+           a->offload ? "true" : "false", world);
     fg_tensor_free(x);
     fg_tensor_free(y);
     fg_optimizer_free(o);
@@ -112,10 +128,12 @@ static int run(fg_fabric *f, void *arg) {
 }
 
 int main(int argc, char **argv) {
-    args a = {.layers = 4, .steps = 5, .embd = 768, .ctx = 64, .batch = 1, .offload = true};
+    args a = {
+        .layers = 4, .steps = 5, .embd = 768, .ctx = 64, .batch = 1, .offload = true, .devices = 1};
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(k, "--no-offload")) a.offload = false;
+        else if (!strcmp(k, "--params")) a.params = true;
         else if (!v) break;
         else if (!strcmp(k, "--nvme-path")) a.nvme_path = v, i++;
         else if (!strcmp(k, "--layers")) a.layers = atoi(v), i++;
@@ -124,15 +142,22 @@ int main(int argc, char **argv) {
         else if (!strcmp(k, "--batch")) a.batch = atoll(v), i++;
         else if (!strcmp(k, "--steps")) a.steps = atoi(v), i++;
         else if (!strcmp(k, "--threads")) a.threads = atoi(v), i++;
+        else if (!strcmp(k, "--devices")) a.devices = atoi(v), i++;
     }
     if (a.offload && !a.nvme_path) {
         fprintf(stderr, "offload_bench: --nvme-path DIR is required (or --no-offload)\n");
         return 2;
     }
-    fg_fabric_config cfg = {
-        .devices = "1", .strategy = "deepspeed_stage_2", .activation_checkpointing = true};
+    char devices[16];
+    snprintf(devices, sizeof devices, "%d", a.devices);
+    /* activation checkpointing inside stage 3's units is not built: stage 3
+     * runs its blocks whole */
+    fg_fabric_config cfg = {.devices = devices,
+                            .strategy = a.params ? "deepspeed_stage_3" : "deepspeed_stage_2",
+                            .activation_checkpointing = !a.params};
     if (a.offload) {
         cfg.sharded.offload_optimizer_device = FG_OFFLOAD_NVME;
+        if (a.params) cfg.sharded.offload_params_device = FG_OFFLOAD_NVME;
         cfg.sharded.nvme_path = a.nvme_path;
     }
     fg_fabric *f = fg_fabric_new(&cfg);

@@ -285,10 +285,7 @@ static const char *const k_valid =
     "deepspeed_stage_3_offload_nvme, fsdp_cpu_offload, ddp2, horovod";
 
 /* Strategies of Lightning and DeepSpeed that fulgur plans but has not built yet. */
-static const char *const k_later[] = {"hybrid",
-                                      "ddp_sharded",
-                                      "ddp_sharded_spawn",
-                                      NULL};
+static const char *const k_later[] = {"hybrid", "ddp_sharded", "ddp_sharded_spawn", NULL};
 
 /* Names for what fulgur builds under another spelling: fsdp's sharding
  * strategy is an option of "fsdp", as in Lightning's FSDPStrategy. */

@@ -270,10 +270,10 @@ bool fg__nvme_store_direct(const fg_nvme_store *s) { return s && s->direct; }
 struct fg_nvme_read {
     fg_nvme_store *s;
     void *raw;
-    char *buf;         /* aligned; holds file bytes [at, at + len) */
+    char *buf; /* aligned; holds file bytes [at, at + len) */
     size_t at, len, off, n;
-    size_t got;        /* bytes read so far */
-    int pending, err;  /* requests not completed; first errno */
+    size_t got;       /* bytes read so far */
+    int pending, err; /* requests not completed; first errno */
     size_t err_at;
 };
 

@@ -53,7 +53,8 @@ static fg_status fill_block(void *ud, size_t off, size_t n, void *const *bufs, b
     }
     if (f->params) { /* the parameters are written whatever they are */
         memcpy(bufs[f->o->nstates],
-               (const char *)f->o->param + fg_dtype_size(f->o->dt) * (size_t)f->o->state_begin + off,
+               (const char *)f->o->param + fg_dtype_size(f->o->dt) * (size_t)f->o->state_begin +
+                   off,
                n);
         zero = false;
     }

@@ -52,13 +52,12 @@ fg_status fg__offload_check(fg_strategy_kind kind, const fg_sharded_opts *d) {
                         "DeepSpeed",
                         name, fg_offload_device_name(pd));
     if (pd == FG_OFFLOAD_NVME && !s3 && kind != FG_STRATEGY_SINGLE)
-        return fg_error(FG_EINVAL,
-                        "%s: offload_params_device=nvme is DeepSpeed's ZeRO stage 3 offload "
-                        "(deepspeed_stage_3 with offload_params_device nvme, or "
-                        "deepspeed_stage_3_offload_nvme)%s",
-                        name,
-                        kind == FG_STRATEGY_FSDP ? "; fsdp's cpu_offload offloads to the cpu only"
-                                                 : "");
+        return fg_error(
+            FG_EINVAL,
+            "%s: offload_params_device=nvme is DeepSpeed's ZeRO stage 3 offload "
+            "(deepspeed_stage_3 with offload_params_device nvme, or "
+            "deepspeed_stage_3_offload_nvme)%s",
+            name, kind == FG_STRATEGY_FSDP ? "; fsdp's cpu_offload offloads to the cpu only" : "");
     if (pd == FG_OFFLOAD_NVME && od == FG_OFFLOAD_CPU)
         return fg_error(FG_EINVAL,
                         "%s: offload_params_device=nvme keeps each parameter shard on disk with "
@@ -71,7 +70,8 @@ fg_status fg__offload_check(fg_strategy_kind kind, const fg_sharded_opts *d) {
                         "fsdp: its cpu_offload offloads to the cpu only; nvme offload is "
                         "DeepSpeed's (deepspeed_stage_2 with offload_optimizer_device "
                         "nvme)");
-    const char *which = od == FG_OFFLOAD_NVME ? "offload_optimizer_device" : "offload_params_device";
+    const char *which =
+        od == FG_OFFLOAD_NVME ? "offload_optimizer_device" : "offload_params_device";
     if (!d->nvme_path || !*d->nvme_path)
         return fg_error(FG_EINVAL, "%s: %s=nvme needs nvme_path, a directory on a local disk", name,
                         which);

@@ -227,8 +227,7 @@ static fg_status release(fg_zero3_state *z, int k) {
     fg_status st = quiesce(z, u); /* nothing may still write into the pages */
     for (int i = 0; i < u->nr; i++) {
         release_range(z, z->pbase, u->r[i][0], u->r[i][1], false);
-        if (z->po)
-            drop_pages(z, z->pbase, FG_MAX(u->r[i][0], z->lo), FG_MIN(u->r[i][1], z->hi));
+        if (z->po) drop_pages(z, z->pbase, FG_MAX(u->r[i][0], z->lo), FG_MIN(u->r[i][1], z->hi));
         z->gathered -= outside_shard(z, u->r[i][0], u->r[i][1]);
     }
     u->state = RELEASED;
@@ -526,7 +525,9 @@ fg_status fg__zero3_offload_params(fg_strategy *s) {
     return FG_OK;
 }
 
-fg_poffload *fg__zero3_param_offload(const fg_strategy *s) { return s->zero3 ? s->zero3->po : NULL; }
+fg_poffload *fg__zero3_param_offload(const fg_strategy *s) {
+    return s->zero3 ? s->zero3->po : NULL;
+}
 
 void fg__zero3_params_home(fg_strategy *s) {
     fg_zero3_state *z = s->zero3;

@@ -442,8 +442,7 @@ TEST(plan_devices_are_cores) {
     CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.accelerator = "gpu"}, &env, &p),
                  FG_EUNSUPPORTED);
     CHECK_STATUS(
-        fg_launch_plan_make(
-            &(fg_launch_opts){.strategy = "ddp_sharded", .devices = "2"}, &env, &p),
+        fg_launch_plan_make(&(fg_launch_opts){.strategy = "ddp_sharded", .devices = "2"}, &env, &p),
         FG_EUNSUPPORTED);
     CHECK_STATUS(fg_launch_plan_make(&(fg_launch_opts){.num_nodes = -1}, &env, &p), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "num_nodes=-1");

@@ -45,7 +45,8 @@ static fg_module *make_model(bool gpt) {
 /* Resident pages of [p, p + n) that lie wholly inside it. */
 static int resident_pages(const char *p, size_t n) {
     size_t ps = (size_t)sysconf(_SC_PAGESIZE);
-    uintptr_t a = ((uintptr_t)p + ps - 1) & ~(uintptr_t)(ps - 1), b = (uintptr_t)(p + n) & ~(ps - 1);
+    uintptr_t a = ((uintptr_t)p + ps - 1) & ~(uintptr_t)(ps - 1),
+              b = (uintptr_t)(p + n) & ~(ps - 1);
     if (b <= a) return 0;
     size_t np = (b - a) / ps;
     unsigned char v[4096];
@@ -202,12 +203,13 @@ static void compare(bool gpt, int world, bool opt_first, const char *what) {
         uint64_t shard_bytes = (uint64_t)numel * 4 / (uint64_t)world;
         for (int r = 0; r < world; r++) {
             CHECK(b->on_disk[r] == 1 && a->on_disk[r] == 0);
-            CHECK_MSG(b->home_ok[r] && a->home_ok[r], "%s rank %d: the shard after free (%d %d)", what, r, a->home_ok[r], b->home_ok[r]);
+            CHECK_MSG(b->home_ok[r] && a->home_ok[r], "%s rank %d: the shard after free (%d %d)",
+                      what, r, a->home_ok[r], b->home_ok[r]);
             /* between steps: none of the shard's pages but one at most per
              * unit bound (a page two units share is kept); in memory: all */
             CHECK_MSG(b->resident[r] <= 4 && a->resident[r] >= 4 * b->resident[r],
-                      "%s rank %d: %d shard pages resident (%d in memory)", what, r,
-                      b->resident[r], a->resident[r]);
+                      "%s rank %d: %d shard pages resident (%d in memory)", what, r, b->resident[r],
+                      a->resident[r]);
             /* every step read the shard for forward and backward, and the
              * optimizer read it once more with the state */
             CHECK_MSG(b->read[r] >= (uint64_t)STEPS * 2 * shard_bytes * 9 / 10,

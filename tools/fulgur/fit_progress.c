@@ -275,7 +275,7 @@ static fg_status on_fit_start(void *ud, fg_trainer *t) {
                o->nvme_path);
     if (fg_optimizer_state_on_disk(opt, NULL, NULL)) {
     } else if (o->sharded.offload_optimizer_device == FG_OFFLOAD_CPU ||
-             o->sharded.offload_params_device == FG_OFFLOAD_CPU || strstr(o->strategy, "offload"))
+               o->sharded.offload_params_device == FG_OFFLOAD_CPU || strstr(o->strategy, "offload"))
         printf("offload to the cpu: nothing to move (on a CPU the parameters and optimizer "
                "state are in host memory already)\n");
     fg_sharded_opts fo = {0};
