@@ -115,7 +115,7 @@ fi
 echo "$OUT" | head -1
 echo "offloaded, no limit: peak $PEAK MiB ($PEAKHOW)"
 STATE=$(echo "$OUT" | field state_bytes)
-LIMIT=$(awk -v p="$PEAK" -v m="$MARGIN" 'BEGIN{printf "%d", int(p * m + 1) * 1048576}')
+LIMIT=$(awk -v p="$PEAK" -v m="$MARGIN" 'BEGIN{printf "%.0f", int(p * m + 1) * 1048576}')
 
 if [ "$HAVE_CG" = 1 ] && cg_limit "$LIMIT"; then
     echo "memory limit: $((LIMIT / 1048576)) MiB (cgroup v$CGV $CG); full training state $((STATE / 1048576)) MiB = $(awk -v s="$STATE" -v l="$LIMIT" 'BEGIN{printf "%.2f", s / l}')x the limit"

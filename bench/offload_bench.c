@@ -38,6 +38,19 @@ static double now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* This process's resident memory now and at its peak, MiB (/proc). */
+static void rss_mb(double *now_mb, double *peak_mb) {
+    *now_mb = *peak_mb = 0;
+    FILE *fp = fopen("/proc/self/status", "r");
+    char line[256];
+    while (fp && fgets(line, sizeof line, fp)) {
+        long kb;
+        if (sscanf(line, "VmRSS: %ld", &kb) == 1) *now_mb = (double)kb / 1024;
+        if (sscanf(line, "VmHWM: %ld", &kb) == 1) *peak_mb = (double)kb / 1024;
+    }
+    if (fp) fclose(fp);
+}
+
 static int run(fg_fabric *f, void *arg) {
     args *a = arg;
     fg_set_num_threads(a->threads);
@@ -46,12 +59,15 @@ static int run(fg_fabric *f, void *arg) {
     int64_t V = 128, B = a->batch, T = a->ctx, L = (int64_t)strlen(text);
     int rank = fg_fabric_global_rank(f), world = fg_fabric_world_size(f);
     if (rank) freopen("/dev/null", "w", stdout);
+    /* stage 3: each rank initialises its shard only (init_module(empty_init=True)) */
+    fg_module_set_empty_init(a->params);
     fg_module *m = fg_gpt_new(&(fg_gpt_config){.vocab = V,
                                                .ctx = T,
                                                .layers = a->layers,
                                                .heads = (int)(a->embd / 64),
                                                .embd = a->embd,
                                                .seed = 1});
+    fg_module_set_empty_init(false);
     fg_optimizer *o = m ? fg_adamw_new(m, &(fg_adamw_opts){.lr = 2e-5, .weight_decay = 0.1}) : NULL;
     if (!o || fg_fabric_setup(f, m, o) != FG_OK) {
         fprintf(stderr, "offload_bench: %s\n", fg_last_error());
@@ -72,6 +88,9 @@ static int run(fg_fabric *f, void *arg) {
            16.0 * (double)P / 1048576, 8.0 * (double)P / 1048576,
            fg_optimizer_state_on_disk(o, NULL, NULL) ? "on disk" : "in memory",
            a->params && a->offload ? ", the parameters' shards too" : "");
+    double rss0, hwm0;
+    rss_mb(&rss0, &hwm0);
+    printf("after setup: rank 0 resident %.0f MiB, peak %.0f MiB\n", rss0, hwm0);
     fflush(stdout);
     double first = 0, last = 0, t_train = 0, t_opt = 0;
     uint64_t rd0 = 0, wr0 = 0, rd = 0, wr = 0, io_r0 = 0, io_w0 = 0;
@@ -99,8 +118,12 @@ static int run(fg_fabric *f, void *arg) {
             t_train += t2 - t0;
             t_opt += t2 - t1;
         }
-        printf("step %d: loss %.4f, %.2f s (optimizer %.2f s: %.0f MB read, %.0f MB written)\n", s,
-               l, t2 - t0, t2 - t1, (double)(rd - rd0) / 1e6, (double)(wr - wr0) / 1e6);
+        double rss, hwm;
+        rss_mb(&rss, &hwm);
+        printf("step %d: loss %.4f, %.2f s (optimizer %.2f s: %.0f MB read, %.0f MB written); "
+               "rank 0 resident %.0f MiB, peak %.0f MiB\n",
+               s, l, t2 - t0, t2 - t1, (double)(rd - rd0) / 1e6, (double)(wr - wr0) / 1e6, rss,
+               hwm);
         fflush(stdout);
     }
     struct rusage ru;
@@ -122,8 +145,10 @@ static int run(fg_fabric *f, void *arg) {
            a->offload ? "true" : "false", world);
     fg_tensor_free(x);
     fg_tensor_free(y);
-    fg_optimizer_free(o);
+    /* the model first: under parameter offload, freeing the optimizer or
+     * the strategy first would bring the shard back into memory for it */
     fg_module_free(m);
+    fg_optimizer_free(o);
     return 0;
 }
 

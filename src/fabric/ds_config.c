@@ -195,7 +195,8 @@ static fg_status flag(const char *path, json_t *zero, const char *key, bool want
 /* offload_optimizer.device "cpu" is honoured (on a CPU it moves nothing:
  * the strategy's offload_optimizer_device becomes cpu); "nvme" needs a
  * path, which fulgur takes from the strategy's options, not the file;
- * parameter offload needs stage 3. */
+ * offload_param likewise for the parameters (stage 3's: the strategy
+ * checks the stage). */
 static fg_status offload(const char *path, json_t *zero, const char *key, fg_offload_device *out) {
     json_t *o = json_object_get(zero, key);
     if (!o) return FG_OK;
@@ -212,14 +213,14 @@ static fg_status offload(const char *path, json_t *zero, const char *key, fg_off
         *out = FG_OFFLOAD_CPU;
         return FG_OK;
     }
+    bool params = !strcmp(key, "offload_param");
     if (!strcmp(dev, "nvme") && out)
         return fg_error(FG_EUNSUPPORTED, "%s: \"zero_optimization.%s.device\" = \"nvme\": %s", path,
-                        key, NVME_HINT);
-    if (!strcmp(dev, "cpu") || !strcmp(dev, "nvme"))
-        return fg_error(FG_EUNSUPPORTED,
-                        "%s: \"zero_optimization.%s.device\" = \"%s\": parameter offload "
-                        "needs ZeRO stage 3, not built yet in this fulgur; use \"none\"",
-                        path, key, dev);
+                        key,
+                        params ? "set parameter offload through the strategy's options "
+                                 "(offload_params_device=nvme, nvme_path; fulgur fit "
+                                 "--strategy deepspeed_stage_3_offload_nvme --nvme-path DIR)"
+                               : NVME_HINT);
     return fg_error(FG_EINVAL,
                     "%s: \"zero_optimization.%s.device\": expected \"none\", \"cpu\" or "
                     "\"nvme\"",
@@ -308,7 +309,7 @@ static fg_status parse(const char *path, json_t *root, int *stage, fg_sharded_op
                         path);
     if (co && json_is_true(co)) out->offload_optimizer_device = FG_OFFLOAD_CPU;
     FG_TRY(offload(path, zero, "offload_optimizer", &out->offload_optimizer_device));
-    FG_TRY(offload(path, zero, "offload_param", NULL));
+    FG_TRY(offload(path, zero, "offload_param", &out->offload_params_device));
     return FG_OK;
 }
 
@@ -379,6 +380,8 @@ fg_status fg__fabric_apply_deepspeed_config(fg_fabric *f) {
         f->cfg.sharded.offload_optimizer_device = o.offload_optimizer_device;
     f->cfg.sharded.partition_activations |= o.partition_activations;
     f->cfg.sharded.cpu_checkpointing |= o.cpu_checkpointing;
+    if (o.offload_params_device && !f->cfg.sharded.offload_params_device)
+        f->cfg.sharded.offload_params_device = o.offload_params_device;
     char strategy[32];
     snprintf(strategy, sizeof strategy, "deepspeed_stage_%d", stage);
     char *copy = fg_strdup(strategy);

@@ -83,6 +83,20 @@ fg_status fg__optimizer_step_range(fg_optimizer *o, int64_t begin, int64_t end, 
     return o->vt->step_range(o, begin, end, param, grad, state, o->steps + 1);
 }
 
+/* memcpy into zeroed memory, leaving the pages of all-zero parts of src
+ * untouched (a fresh state never written is all zero: cutting it to a
+ * shard then makes no page resident). */
+static void copy_nonzero(char *dst, const char *src, size_t n) {
+    enum { CHUNK = 4096 };
+    for (size_t at = 0; at < n; at += CHUNK) {
+        size_t len = n - at < CHUNK ? n - at : CHUNK;
+        const char *p = src + at;
+        size_t k = 0;
+        while (k < len && !p[k]) k++;
+        if (k < len) memcpy(dst + at, p, len);
+    }
+}
+
 fg_status fg__optimizer_shard_state(fg_optimizer *o, int64_t begin, int64_t end) {
     if (!o || begin < 0 || end < begin || end > o->numel)
         return fg_error(FG_EINVAL, "optimizer shard: range [%lld, %lld) outside [0, %lld)",
@@ -101,9 +115,9 @@ fg_status fg__optimizer_shard_state(fg_optimizer *o, int64_t begin, int64_t end)
     size_t es = fg_dtype_size(o->sdt);
     for (int i = 0; i < o->nstates; i++) {
         if (lo < hi)
-            memcpy((char *)fg_tensor_data(fresh[i]) + es * (size_t)(lo - begin),
-                   (char *)fg_tensor_data(o->state[i]) + es * (size_t)(lo - o->state_begin),
-                   es * (size_t)(hi - lo));
+            copy_nonzero((char *)fg_tensor_data(fresh[i]) + es * (size_t)(lo - begin),
+                         (char *)fg_tensor_data(o->state[i]) + es * (size_t)(lo - o->state_begin),
+                         es * (size_t)(hi - lo));
         fg_tensor_free(o->state[i]);
         o->state[i] = fresh[i];
     }

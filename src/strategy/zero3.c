@@ -102,6 +102,7 @@ struct fg_zero3_state {
     bool model_gone;                 /* the model was freed first */
     bool summoned;                   /* fg_strategy_gather_params: all gathered, the hooks idle */
     fg_poffload *po;                 /* offload_params_device=nvme (param_offload.c), or NULL */
+    bool grad_shard_pages; /* zero_grad releases the shard's pages too (parameter offload) */
 };
 
 /* ------------------------------------------------------------ pages */
@@ -288,7 +289,18 @@ static fg_status post_backward(void *ud, int k) {
 
 static void zero_grad(void *ud) {
     fg_zero3_state *z = ud;
-    memset(z->gbase + (size_t)z->lo * z->es, 0, (size_t)(z->hi - z->lo) * z->es);
+    char *p0 = z->gbase + (size_t)z->lo * z->es, *p1 = z->gbase + (size_t)z->hi * z->es;
+    if (z->grad_shard_pages && z->zero_pages) { /* released pages read zero: only edges to clear */
+        size_t ps = page_size();
+        char *q0 = (char *)(((uintptr_t)p0 + ps - 1) & ~(uintptr_t)(ps - 1));
+        char *q1 = (char *)((uintptr_t)p1 & ~(uintptr_t)(ps - 1));
+        if (q1 > q0) {
+            drop_pages(z, z->gbase, z->lo, z->hi);
+            memset(p0, 0, (size_t)(q0 - p0));
+            p0 = q1;
+        }
+    }
+    memset(p0, 0, (size_t)(p1 - p0));
     release_range(z, z->gbase, 0, z->numel, true);
 }
 
@@ -415,6 +427,9 @@ fg_status fg__zero3_setup(fg_strategy *s, const fg_sharded_opts *o) {
     z->gbase = fg_tensor_data(fg_module_flat_grads(m));
     z->piece = d.allgather_bucket_size > 0 ? d.allgather_bucket_size : 200000000;
     z->zero_pages = fg__alloc_is_default();
+    /* with the parameters on disk nothing of the gradient stays resident
+     * between steps either (and setup does not write the shard) */
+    z->grad_shard_pages = d.offload_params_device == FG_OFFLOAD_NVME;
     z->grad_released = z->numel;
     if (make_units(z, m, d.min_num_params) != FG_OK)
         return fg_error_wrap(FG_ENOMEM, "%s setup", fg_strategy_kind_name(s->kind));

@@ -46,6 +46,11 @@ TEST(honoured_keys) {
     p = write_json("s2.json", "{\"zero_optimization\": {\"stage\": 2, \"overlap_comm\": true}}");
     CHECK_OK(fg_deepspeed_config_read(p, &stage, &o));
     CHECK(stage == 2);
+    /* stage 3's parameter offload to the cpu: nothing to move, the device set */
+    p = write_json("s3.json", "{\"zero_optimization\": {\"stage\": 3,\n"
+                              "   \"offload_param\": {\"device\": \"cpu\"}}}");
+    CHECK_OK(fg_deepspeed_config_read(p, &stage, &o));
+    CHECK(stage == 3 && o.offload_params_device == FG_OFFLOAD_CPU);
 }
 
 /* file text -> the status and words of the error */
@@ -83,8 +88,9 @@ TEST(other_keys_are_errors_that_name_them) {
             FG_EUNSUPPORTED,
             "offload_optimizer.device\" = \"nvme\": set nvme offload through the "
             "strategy's options");
-    refused("{\"zero_optimization\": {\"offload_param\": {\"device\": \"cpu\"}}}", FG_EUNSUPPORTED,
-            "parameter offload needs ZeRO stage 3");
+    refused("{\"zero_optimization\": {\"offload_param\": {\"device\": \"nvme\"}}}", FG_EUNSUPPORTED,
+            "offload_param.device\" = \"nvme\": set parameter offload through the strategy's "
+            "options");
     refused("{\"zero_optimization\": {\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": "
             "\"/x\"}}}",
             FG_EINVAL, "\"zero_optimization.offload_param.nvme_path\" is not honoured");
