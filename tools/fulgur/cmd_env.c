@@ -237,7 +237,8 @@ int cmd_env(int argc, char **argv) {
            "host memory already\n");
     printf("    nvme         %s\n",
            fg_offload_nvme_available()
-               ? "optimizer state in files under nvme_path, streamed with io_uring (liburing)"
+               ? "optimizer state in files under nvme_path, streamed with io_uring (liburing); "
+                 "under deepspeed_stage_3 the parameter shards too"
                : "unavailable: built without liburing (apt-get install liburing-dev, rebuild)");
     /* DeepSpeed's activation checkpointing options (deepspeed strategies) */
     printf("activation checkpoints (--activation-checkpointing):\n");
