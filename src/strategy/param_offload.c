@@ -54,8 +54,9 @@ fg_status fg__poffload_new(fg_optimizer *opt, int64_t lo, int64_t hi, size_t es,
         ok = p->f[k].rd && p->f[k].at;
     }
     if (!ok) {
+        fg_status st = p->store ? FG_ENOMEM : fg_error(FG_EINTERNAL, "parameter offload: no store");
         fg__poffload_free(p);
-        return p->store ? FG_ENOMEM : fg_error(FG_EINTERNAL, "parameter offload: no store");
+        return st;
     }
     *out = p;
     return FG_OK;
