@@ -7,7 +7,7 @@
 # parameter: parameters, gradients, AdamW's two moments), for a few steps
 # with the loss falling.
 #
-#   bench/offload.sh [BUILD_DIR]  (NVME_PATH=dir, STAGE, DEVICES, LAYERS, EMBD, CTX, STEPS)
+#   bench/offload.sh [BUILD_DIR]  (NVME_PATH=dir, STAGE, DEVICES, LAYERS, EMBD, CTX, STEPS, LR)
 #
 # 1. The disk's own sequential speed under NVME_PATH (dd with O_DIRECT,
 #    4 MiB blocks, as the offload streams them).
@@ -31,10 +31,10 @@ BIN="$BUILD/offload_bench"
 [ -x "$BIN" ] || { echo "no $BIN: cmake --build $BUILD --target offload_bench" >&2; exit 2; }
 STAGE=${STAGE:-3}
 if [ "$STAGE" = 3 ]; then
-    DEVICES=${DEVICES:-2} LAYERS=${LAYERS:-16} EMBD=${EMBD:-1024}
+    DEVICES=${DEVICES:-2} LAYERS=${LAYERS:-16} EMBD=${EMBD:-1024} LR=${LR:-5e-6}
     export FULGUR_NUM_THREADS=${FULGUR_NUM_THREADS:-1}
 else
-    DEVICES=1 LAYERS=${LAYERS:-4} EMBD=${EMBD:-768}
+    DEVICES=1 LAYERS=${LAYERS:-4} EMBD=${EMBD:-768} LR=${LR:-2e-5}
     export FULGUR_NUM_THREADS=${FULGUR_NUM_THREADS:-2}
 fi
 CTX=${CTX:-64} STEPS=${STEPS:-5} MARGIN=${MARGIN:-1.05}
@@ -50,7 +50,7 @@ cleanup() {
     [ -n "$CG" ] && rmdir "$CG" 2>/dev/null
 }
 trap cleanup EXIT
-ARGS=(--layers "$LAYERS" --embd "$EMBD" --ctx "$CTX" --steps "$STEPS" --devices "$DEVICES")
+ARGS=(--layers "$LAYERS" --embd "$EMBD" --ctx "$CTX" --steps "$STEPS" --devices "$DEVICES" --lr "$LR")
 [ "$STAGE" = 3 ] && ARGS+=(--params)
 echo "bench/offload: nvme_path $NVME_PATH ($(df -T "$NVME_PATH" | awk 'NR==2{print $2" on "$1}')), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
 

@@ -16,7 +16,7 @@
  *
  *   offload_bench --nvme-path DIR [--layers 4] [--embd 768] [--ctx 64]
  *                 [--batch 1] [--steps 5] [--threads 0] [--no-offload]
- *                 [--params] [--devices 1] */
+ *                 [--params] [--devices 1] [--lr 2e-5] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +29,7 @@ typedef struct args {
     const char *nvme_path;
     int layers, steps, threads, devices;
     int64_t embd, ctx, batch;
+    double lr;
     bool offload, params;
 } args;
 
@@ -68,7 +69,8 @@ static int run(fg_fabric *f, void *arg) {
                                                .embd = a->embd,
                                                .seed = 1});
     fg_module_set_empty_init(false);
-    fg_optimizer *o = m ? fg_adamw_new(m, &(fg_adamw_opts){.lr = 2e-5, .weight_decay = 0.1}) : NULL;
+    fg_optimizer *o =
+        m ? fg_adamw_new(m, &(fg_adamw_opts){.lr = a->lr, .weight_decay = 0.1}) : NULL;
     if (!o || fg_fabric_setup(f, m, o) != FG_OK) {
         fprintf(stderr, "offload_bench: %s\n", fg_last_error());
         return 1;
@@ -153,8 +155,14 @@ static int run(fg_fabric *f, void *arg) {
 }
 
 int main(int argc, char **argv) {
-    args a = {
-        .layers = 4, .steps = 5, .embd = 768, .ctx = 64, .batch = 1, .offload = true, .devices = 1};
+    args a = {.layers = 4,
+              .steps = 5,
+              .embd = 768,
+              .ctx = 64,
+              .batch = 1,
+              .offload = true,
+              .devices = 1,
+              .lr = 2e-5};
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(k, "--no-offload")) a.offload = false;
@@ -168,6 +176,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(k, "--steps")) a.steps = atoi(v), i++;
         else if (!strcmp(k, "--threads")) a.threads = atoi(v), i++;
         else if (!strcmp(k, "--devices")) a.devices = atoi(v), i++;
+        else if (!strcmp(k, "--lr")) a.lr = atof(v), i++;
     }
     if (a.offload && !a.nvme_path) {
         fprintf(stderr, "offload_bench: --nvme-path DIR is required (or --no-offload)\n");
