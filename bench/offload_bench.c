@@ -184,11 +184,9 @@ int main(int argc, char **argv) {
     }
     char devices[16];
     snprintf(devices, sizeof devices, "%d", a.devices);
-    /* activation checkpointing inside stage 3's units is not built: stage 3
-     * runs its blocks whole */
     fg_fabric_config cfg = {.devices = devices,
                             .strategy = a.params ? "deepspeed_stage_3" : "deepspeed_stage_2",
-                            .activation_checkpointing = !a.params};
+                            .activation_checkpointing = true};
     if (a.offload) {
         cfg.sharded.offload_optimizer_device = FG_OFFLOAD_NVME;
         if (a.params) cfg.sharded.offload_params_device = FG_OFFLOAD_NVME;
