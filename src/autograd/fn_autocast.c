@@ -71,25 +71,19 @@ static fg_status linear_bw(fg_node *n, const fg_tensor *g) {
     fg_tensor *g2 = fg_tensor_reshape_view(g, 2, (int64_t[]){R, out}); /* (R, out) */
     fg_tensor *gl = g2 ? fg__autocast_operand(g2, dt) : NULL;
     if (!gl) return fg_last_status();
-    if (fg__needs_grad(x)) { /* dx (R, in) += g (R, out) @ w (out, in) */
-        double beta;
+    /* dx (R, in) = g (R, out) @ w (out, in) (+ dx), dw (out, in) += g^T @ x,
+     * db (out) += column sums of g (before its rounding), in one call: where
+     * the product has no low-precision hardware, g is widened once for all */
+    fg_tensor *gx2 = NULL, *gw = NULL, *gb = NULL;
+    double beta = 0;
+    if (fg__needs_grad(x)) {
         fg_tensor *gx = fg__grad_for_write(x, &beta);
-        fg_tensor *gx2 = gx ? fg_tensor_reshape_view(gx, 2, (int64_t[]){R, in}) : NULL;
+        gx2 = gx ? fg_tensor_reshape_view(gx, 2, (int64_t[]){R, in}) : NULL;
         if (!gx2) return gx ? fg_error_wrap(FG_EINVAL, "linear: gradient of x") : FG_ENOMEM;
-        FG_TRY(fg__autocast_matmul(dt, gl, false, wl, false, gx2, beta));
     }
-    if (fg__needs_grad(w)) { /* dw (out, in) += g^T (out, R) @ x (R, in) */
-        fg_tensor *gw = fg__grad_of(w);
-        if (!gw) return FG_ENOMEM;
-        FG_TRY(fg__autocast_matmul(dt, gl, true, xl, false, gw, 1.0));
-    }
-    if (fg__needs_grad(b)) { /* db (out) += column sums of g (R, out), in f32 */
-        fg_tensor *gb = fg__grad_of(b);
-        const fg_op_table *ops = fg__ops(g);
-        if (!gb || !ops) return FG_ENOMEM;
-        FG_TRY(ops->bias_grad(g2, gb));
-    }
-    return FG_OK;
+    if (fg__needs_grad(w) && !(gw = fg__grad_of(w))) return FG_ENOMEM;
+    if (fg__needs_grad(b) && !(gb = fg__grad_of(b))) return FG_ENOMEM;
+    return fg__ops_linear_lowp_bwd(xl, wl, gl, g2, gx2, beta, gw, gb);
 }
 
 fg_tensor *fg__autocast_linear(fg_tensor *x, fg_tensor *w, fg_tensor *b) {

@@ -26,6 +26,16 @@ fg_status fg__ops_linear_lowp(const fg_tensor *x, const fg_tensor *w, const fg_t
     return fg__cpu_linear_lowp(x, w, bias, y);
 }
 
+fg_status fg__ops_linear_lowp_bwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *g,
+                                  const fg_tensor *gbias, fg_tensor *dx, double beta_dx,
+                                  fg_tensor *dw, fg_tensor *db) {
+    if (g->device != FG_CPU)
+        return fg_error(FG_EUNSUPPORTED,
+                        "linear_lowp_bwd: device %d: no low-precision linear built in",
+                        (int)g->device);
+    return fg__cpu_linear_lowp_bwd(x, w, g, gbias, dx, beta_dx, dw, db);
+}
+
 const char *fg_ops_lowp_path(void) { return fg__lowp_path_name(fg__lowp_path_get()); }
 
 fg_status fg__ops_round(const fg_tensor *src, fg_tensor *dst) {

@@ -18,6 +18,16 @@ fg_status fg__ops_matmul_bf16(const fg_tensor *a, bool ta, const fg_tensor *b, b
 fg_status fg__ops_linear_lowp(const fg_tensor *x, const fg_tensor *w, const fg_tensor *bias,
                               fg_tensor *y);
 
+/* Its backward, for g (R, out) the output's gradient in x's and w's
+ * dtype: dx (R, in) = g @ w + beta_dx dx, dw (out, in) += g^T @ x (f32
+ * accumulation, written in dw's own dtype), db (out) += the column sums of
+ * gbias (R, out: g, or the gradient before its rounding to g's dtype) in
+ * f32; NULL skips one. Where the product has no low-precision hardware, g
+ * is widened once for all three. */
+fg_status fg__ops_linear_lowp_bwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *g,
+                                  const fg_tensor *gbias, fg_tensor *dx, double beta_dx,
+                                  fg_tensor *dw, fg_tensor *db);
+
 /* Raw conversions on the same paths: f32 dst (n) = bf16/f16 src, exactly;
  * bf16/f16 dst (n) = f32 src, rounded to nearest even. */
 void fg__ops_widen(float *dst, const uint16_t *src, int64_t n, fg_dtype dt);

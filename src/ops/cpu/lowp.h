@@ -61,4 +61,19 @@ void *fg__lowp_scratch(size_t bytes);
 fg_status fg__cpu_linear_lowp(const fg_tensor *x, const fg_tensor *w, const fg_tensor *bias,
                               fg_tensor *y);
 
+/* lowp_ops.c: the backward of fg__cpu_linear_lowp, for g (R, out) the
+ * output's gradient in x's and w's dtype: dx (R, in) = g @ w + beta_dx dx,
+ * dw (out, in) += g^T @ x, db (out) += the column sums of gbias (R, out;
+ * g itself, or the gradient before its rounding), each skipped when NULL.
+ * Where the bf16 product has no hardware (fg__matmul_bf16_native false)
+ * and for f16, g is widened to f32 once for all three. */
+fg_status fg__cpu_linear_lowp_bwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *g,
+                                  const fg_tensor *gbias, fg_tensor *dx, double beta_dx,
+                                  fg_tensor *dw, fg_tensor *db);
+
+/* matmul_bf16.c: whether bf16 products run on a bf16 product (oneDNN's)
+ * rather than the f32 fallback: the mode (FULGUR_MATMUL_BF16) is not
+ * fallback and oneDNN has a bf16 matmul on this CPU. */
+bool fg__matmul_bf16_native(void);
+
 #endif

@@ -288,6 +288,13 @@ static fg_status lp_bias_grad(const fg_tensor *dy, fg_tensor *db) {
     LP_RUN(fg__cpu_bias_grad(gf, bf));
 }
 
+/* yf (R, out) f32 = each row the bias (f32 or bf16/f16, widened) */
+static void fill_rows(float *yf, int64_t R, int64_t out, const fg_tensor *bias) {
+    if (lowp(bias)) fg__lowp_widen(yf, bias->data, out, bias->dtype);
+    else memcpy(yf, bias->data, sizeof(float) * (size_t)out);
+    for (int64_t r = 1; r < R; r++) memcpy(yf + r * out, yf, sizeof(float) * (size_t)out);
+}
+
 fg_status fg__cpu_linear_lowp(const fg_tensor *x, const fg_tensor *w, const fg_tensor *bias,
                               fg_tensor *y) {
     if (!lowp(y) || x->dtype != y->dtype || w->dtype != y->dtype)
@@ -297,15 +304,61 @@ fg_status fg__cpu_linear_lowp(const fg_tensor *x, const fg_tensor *w, const fg_t
     fg_tensor *yf = lp_out(&c, y, false);
     if (c.st) return lp_end(&c, c.st);
     fg_status st;
-    if (y->dtype == FG_BF16) {
+    if (y->dtype == FG_BF16 && fg__matmul_bf16_native()) {
         st = fg__cpu_matmul_bf16(x, false, w, true, yf, 1.0, 0.0);
-    } else {
-        const fg_tensor *xf = lp_in(&c, x), *wf = lp_in(&c, w);
-        st = c.st ? c.st : fg__cpu_matmul(xf, false, wf, true, yf, 1.0, 0.0);
+        if (!st && bias) {
+            const fg_tensor *bf = lp_in(&c, bias);
+            st = c.st ? c.st : fg__cpu_bias_add(yf, bf);
+        }
+        return lp_end(&c, st);
     }
-    if (!st && bias) {
+    /* no low-precision product here: the f32 product of the widened
+     * operands, into rows that start as the bias (beta 1: no zeroing pass
+     * and no bias pass after; the bias still enters before the rounding) */
+    const fg_tensor *xf = lp_in(&c, x), *wf = lp_in(&c, w);
+    if (c.st) return lp_end(&c, c.st);
+    bool fill = bias && bias->numel == yf->shape[1] && fg_tensor_is_contiguous(bias) &&
+                (bias->dtype == FG_F32 || bias->dtype == y->dtype);
+    if (fill) fill_rows(yf->data, yf->shape[0], yf->shape[1], bias);
+    st = fg__cpu_matmul(xf, false, wf, true, yf, 1.0, fill ? 1.0 : 0.0);
+    if (!st && bias && !fill) {
         const fg_tensor *bf = lp_in(&c, bias);
         st = c.st ? c.st : fg__cpu_bias_add(yf, bf);
+    }
+    return lp_end(&c, st);
+}
+
+fg_status fg__cpu_linear_lowp_bwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *g,
+                                  const fg_tensor *gbias, fg_tensor *dx, double beta_dx,
+                                  fg_tensor *dw, fg_tensor *db) {
+    if (!lowp(g) || x->dtype != g->dtype || w->dtype != g->dtype)
+        return fg_error(FG_EUNSUPPORTED,
+                        "linear_lowp_bwd: x %s, w %s, g %s: expected one of bf16, f16",
+                        fg_dtype_name(x->dtype), fg_dtype_name(w->dtype), fg_dtype_name(g->dtype));
+    fg_status st = FG_OK;
+    if (g->dtype == FG_BF16 && fg__matmul_bf16_native()) {
+        if (dx) st = fg__cpu_matmul_bf16(g, false, w, false, dx, 1.0, beta_dx);
+        if (!st && dw) st = fg__cpu_matmul_bf16(g, true, x, false, dw, 1.0, 1.0);
+        if (!st && db) st = lp_bias_grad(gbias, db);
+        return st;
+    }
+    /* no low-precision product here: g widened once for all three */
+    lp c = {0};
+    const fg_tensor *gf = lp_in(&c, g);
+    if (dx) {
+        const fg_tensor *wf = lp_in(&c, w);
+        fg_tensor *dxf = lp_out(&c, dx, beta_dx != 0);
+        if (!c.st) st = fg__cpu_matmul(gf, false, wf, false, dxf, 1.0, beta_dx);
+    }
+    if (!st && !c.st && dw) {
+        const fg_tensor *xf = lp_in(&c, x);
+        fg_tensor *dwf = lp_out(&c, dw, true);
+        if (!c.st) st = fg__cpu_matmul(gf, true, xf, false, dwf, 1.0, 1.0);
+    }
+    if (!st && !c.st && db) {
+        const fg_tensor *bsrc = gbias == g ? gf : lp_in(&c, gbias);
+        fg_tensor *dbf = lp_out(&c, db, true);
+        if (!c.st) st = fg__cpu_bias_grad(bsrc, dbf);
     }
     return lp_end(&c, st);
 }

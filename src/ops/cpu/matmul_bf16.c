@@ -108,6 +108,11 @@ static int variant(const fg_tensor *b, const fg_tensor *c, bool ta, bool tb, dou
            (b->ndim == 2) << 5 | (batch > 1) << 6;
 }
 
+bool fg__matmul_bf16_native(void) {
+    int m = mode();
+    return (m == MODE_AUTO || m == MODE_ONEDNN) && dnnl_usable();
+}
+
 const char *fg_matmul_bf16_path(void) {
     static _Thread_local char buf[400];
     int m = mode();
