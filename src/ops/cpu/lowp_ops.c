@@ -597,8 +597,80 @@ static fg_status lp_dropout_bwd(const fg_tensor *dy, double p, uint64_t seed, ui
 
 /* -------------------------------------------------------------- attention */
 
+/* Attention on bf16/f16 tensors runs a few batch entries at a time: each
+ * chunk's operands are widened into the thread's scratch (a chunk of qkv
+ * is T x 3C floats, a few hundred KiB: it stays in the second-level cache
+ * for the kernel), the f32 kernel runs on the chunk, and its outputs are
+ * rounded back before the next chunk. Whole tensors would go through
+ * memory three times (widen, kernel, round) instead of once. */
+#define ATT_CHUNK_BYTES (512 << 10)
+
+/* a chunk of t: batch entries [b0, b0 + nb) of its dim 0, as an f32 tensor
+ * in v: t's own memory when t is f32, else the scratch of slot, widened
+ * unless `fresh` (an output the kernel overwrites) */
+static fg_status att_chunk(fg_tensor *v, const fg_tensor *t, int64_t b0, int64_t nb, int slot,
+                           bool fresh) {
+    int64_t shape[FG_MAX_DIMS], per = t->numel / t->shape[0];
+    for (int d = 0; d < t->ndim; d++) shape[d] = t->shape[d];
+    shape[0] = nb;
+    memset(v, 0, sizeof *v);
+    FG_TRY(fg__tensor_init_shape(v, FG_F32, t->ndim, shape));
+    v->device = t->device;
+    if (!lowp(t)) {
+        v->data = (float *)t->data + b0 * per;
+        return FG_OK;
+    }
+    if (!(v->data = scratch(slot, sizeof(float) * (size_t)(nb * per))))
+        return fg_error(FG_ENOMEM, "attention: %lld floats for a chunk of a %s tensor",
+                        (long long)(nb * per), fg_dtype_name(t->dtype));
+    if (!fresh) fg__lowp_widen(v->data, (const uint16_t *)t->data + b0 * per, nb * per, t->dtype);
+    return FG_OK;
+}
+
+/* v's values back into t's entries from b0, rounded, when t is bf16/f16 */
+static void att_store(fg_tensor *t, const fg_tensor *v, int64_t b0) {
+    if (lowp(t))
+        fg__lowp_narrow((uint16_t *)t->data + b0 * (t->numel / t->shape[0]), v->data, v->numel,
+                        t->dtype);
+}
+
+/* whether the chunked path takes a call: 3-d contiguous f32 or bf16/f16
+ * tensors with one batch dimension, qkv a whole number of (T, 3C) rows */
+static bool att_chunkable(int n, const fg_tensor *const *t) {
+    for (int k = 0; k < n; k++)
+        if (!t[k] || t[k]->ndim != 3 || !fg_tensor_is_contiguous(t[k]) ||
+            t[k]->shape[0] != t[0]->shape[0] || t[k]->shape[0] == 0 ||
+            (t[k]->dtype != FG_F32 && !lowp(t[k])))
+            return false;
+    return true;
+}
+
+/* batch entries per chunk: a chunk of qkv within ATT_CHUNK_BYTES per
+ * thread, at least one entry per thread */
+static int64_t att_nb(const fg_tensor *qkv) {
+    int64_t per = (int64_t)sizeof(float) * (qkv->numel / qkv->shape[0]);
+    int64_t th = fg_get_num_threads() > 1 ? fg_get_num_threads() : 1;
+    int64_t nb = FG_MAX(th, th * (ATT_CHUNK_BYTES / FG_MAX(per, 1)));
+    return FG_MIN(nb, qkv->shape[0]);
+}
+
 static fg_status lp_att_fwd(const fg_tensor *qkv, int heads, fg_tensor *y, fg_tensor *lse) {
     if (!lowp(qkv) && !lowp(y) && !lowp(lse)) return fg__cpu_attention_fwd(qkv, heads, y, lse);
+    const fg_tensor *all[3] = {qkv, y, lse};
+    if (att_chunkable(3, all)) {
+        int64_t B = qkv->shape[0], nb = att_nb(qkv);
+        for (int64_t b0 = 0; b0 < B; b0 += nb) {
+            int64_t k = FG_MIN(nb, B - b0);
+            fg_tensor q, yv, lv;
+            FG_TRY(att_chunk(&q, qkv, b0, k, 0, false));
+            FG_TRY(att_chunk(&yv, y, b0, k, 1, true));
+            FG_TRY(att_chunk(&lv, lse, b0, k, 2, true));
+            FG_TRY(fg__cpu_attention_fwd(&q, heads, &yv, &lv));
+            att_store(y, &yv, b0);
+            att_store(lse, &lv, b0);
+        }
+        return FG_OK;
+    }
     lp c = {0};
     const fg_tensor *qf = lp_in(&c, qkv);
     fg_tensor *yf = lp_out(&c, y, false), *lf = lp_out(&c, lse, false);
@@ -609,6 +681,22 @@ static fg_status lp_att_bwd(const fg_tensor *qkv, int heads, const fg_tensor *y,
                             const fg_tensor *lse, const fg_tensor *dy, fg_tensor *dqkv) {
     if (!lowp(qkv) && !lowp(y) && !lowp(lse) && !lowp(dy) && !lowp(dqkv))
         return fg__cpu_attention_bwd(qkv, heads, y, lse, dy, dqkv);
+    const fg_tensor *all[5] = {qkv, y, lse, dy, dqkv};
+    if (att_chunkable(5, all)) {
+        int64_t B = qkv->shape[0], nb = att_nb(qkv);
+        for (int64_t b0 = 0; b0 < B; b0 += nb) {
+            int64_t k = FG_MIN(nb, B - b0);
+            fg_tensor q, yv, lv, gv, dv;
+            FG_TRY(att_chunk(&q, qkv, b0, k, 0, false));
+            FG_TRY(att_chunk(&yv, y, b0, k, 1, false));
+            FG_TRY(att_chunk(&lv, lse, b0, k, 2, false));
+            FG_TRY(att_chunk(&gv, dy, b0, k, 3, false));
+            FG_TRY(att_chunk(&dv, dqkv, b0, k, 4, false)); /* the kernel accumulates */
+            FG_TRY(fg__cpu_attention_bwd(&q, heads, &yv, &lv, &gv, &dv));
+            att_store(dqkv, &dv, b0);
+        }
+        return FG_OK;
+    }
     lp c = {0};
     const fg_tensor *qf = lp_in(&c, qkv), *yf = lp_in(&c, y), *lf = lp_in(&c, lse),
                     *gf = lp_in(&c, dy);
