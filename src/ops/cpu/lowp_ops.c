@@ -288,6 +288,12 @@ static fg_status lp_bias_grad(const fg_tensor *dy, fg_tensor *db) {
     LP_RUN(fg__cpu_bias_grad(gf, bf));
 }
 
+/* Rows per block of the linear forward without a low-precision product:
+ * a block of x and of y in f32 within this many bytes. */
+#ifndef LIN_BLOCK_BYTES
+#define LIN_BLOCK_BYTES (1 << 20)
+#endif
+
 /* yf (R, out) f32 = each row the bias (f32 or bf16/f16, widened) */
 static void fill_rows(float *yf, int64_t R, int64_t out, const fg_tensor *bias) {
     if (lowp(bias)) fg__lowp_widen(yf, bias->data, out, bias->dtype);
@@ -303,7 +309,7 @@ fg_status fg__cpu_linear_lowp(const fg_tensor *x, const fg_tensor *w, const fg_t
     lp c = {0};
     fg_tensor *yf = lp_out(&c, y, false);
     if (c.st) return lp_end(&c, c.st);
-    fg_status st;
+    fg_status st = FG_OK;
     if (y->dtype == FG_BF16 && fg__matmul_bf16_native()) {
         st = fg__cpu_matmul_bf16(x, false, w, true, yf, 1.0, 0.0);
         if (!st && bias) {
@@ -313,18 +319,41 @@ fg_status fg__cpu_linear_lowp(const fg_tensor *x, const fg_tensor *w, const fg_t
         return lp_end(&c, st);
     }
     /* no low-precision product here: the f32 product of the widened
-     * operands, into rows that start as the bias (beta 1: no zeroing pass
-     * and no bias pass after; the bias still enters before the rounding) */
-    const fg_tensor *xf = lp_in(&c, x), *wf = lp_in(&c, w);
+     * operands, a block of rows at a time (x's rows widened, y's computed
+     * and rounded back while they are in cache), into rows that start as
+     * the bias (beta 1: no zeroing pass and no bias pass after; the bias
+     * still enters before the rounding) */
+    const fg_tensor *wf = lp_in(&c, w);
     if (c.st) return lp_end(&c, c.st);
-    bool fill = bias && bias->numel == yf->shape[1] && fg_tensor_is_contiguous(bias) &&
-                (bias->dtype == FG_F32 || bias->dtype == y->dtype);
-    if (fill) fill_rows(yf->data, yf->shape[0], yf->shape[1], bias);
-    st = fg__cpu_matmul(xf, false, wf, true, yf, 1.0, fill ? 1.0 : 0.0);
-    if (!st && bias && !fill) {
-        const fg_tensor *bf = lp_in(&c, bias);
-        st = c.st ? c.st : fg__cpu_bias_add(yf, bf);
+    int64_t R = x->shape[0], in = x->shape[1], out = w->shape[0];
+    bool fill = bias && bias->numel == out && fg_tensor_is_contiguous(bias) &&
+                (bias->dtype == FG_F32 || bias->dtype == y->dtype) && fg_tensor_is_contiguous(x);
+    if (!fill) { /* whole tensors */
+        const fg_tensor *xf = lp_in(&c, x);
+        st = c.st ? c.st : fg__cpu_matmul(xf, false, wf, true, yf, 1.0, 0.0);
+        if (!st && bias) {
+            const fg_tensor *bf = lp_in(&c, bias);
+            st = c.st ? c.st : fg__cpu_bias_add(yf, bf);
+        }
+        return lp_end(&c, st);
     }
+    int64_t mb = FG_MAX(64, LIN_BLOCK_BYTES / ((int64_t)sizeof(float) * (in + out)));
+    float *xb = scratch(c.n, sizeof(float) * (size_t)(FG_MIN(mb, R) * in));
+    if (!xb) return lp_end(&c, FG_ENOMEM);
+    for (int64_t r0 = 0; r0 < R && !st; r0 += mb) {
+        int64_t k = FG_MIN(mb, R - r0);
+        fg_tensor xv, yv;
+        float *yb = (float *)yf->data + r0 * out; /* yf: y's f32 stand-in */
+        view1(&xv, xb, k * in);
+        view1(&yv, yb, k * out);
+        fg__tensor_init_shape(&xv, FG_F32, 2, (int64_t[]){k, in});
+        fg__tensor_init_shape(&yv, FG_F32, 2, (int64_t[]){k, out});
+        fg__lowp_widen(xb, (const uint16_t *)x->data + r0 * in, k * in, x->dtype);
+        fill_rows(yb, k, out, bias);
+        st = fg__cpu_matmul(&xv, false, wf, true, &yv, 1.0, 1.0);
+        if (!st) fg__lowp_narrow((uint16_t *)y->data + r0 * out, yb, k * out, y->dtype);
+    }
+    c.n = 0; /* written back above */
     return lp_end(&c, st);
 }
 
