@@ -294,6 +294,12 @@ static fg_status lp_bias_grad(const fg_tensor *dy, fg_tensor *db) {
 #define LIN_BLOCK_BYTES (1 << 20)
 #endif
 
+/* Rows per block of its backward: a block of g and of x in f32 within
+ * this many bytes (dw gathers over the blocks, beta 1). */
+#ifndef LIN_BWD_BLOCK_BYTES
+#define LIN_BWD_BLOCK_BYTES (1 << 20)
+#endif
+
 /* yf (R, out) f32 = each row the bias (f32 or bf16/f16, widened) */
 static void fill_rows(float *yf, int64_t R, int64_t out, const fg_tensor *bias) {
     if (lowp(bias)) fg__lowp_widen(yf, bias->data, out, bias->dtype);
@@ -371,23 +377,51 @@ fg_status fg__cpu_linear_lowp_bwd(const fg_tensor *x, const fg_tensor *w, const 
         if (!st && db) st = lp_bias_grad(gbias, db);
         return st;
     }
-    /* no low-precision product here: g widened once for all three */
+    /* no low-precision product here: a block of rows at a time, g's and
+     * x's rows widened once for the three products while in cache */
+    if (!fg_tensor_is_contiguous(x) || !fg_tensor_is_contiguous(g) || x->ndim != 2 ||
+        g->ndim != 2 || (dx && !fg_tensor_is_contiguous(dx)))
+        return fg_error(FG_EINVAL, "linear_lowp_bwd: x, g and dx must be contiguous (R, n)");
+    int64_t R = g->shape[0], out = g->shape[1], in = x->shape[1];
     lp c = {0};
-    const fg_tensor *gf = lp_in(&c, g);
-    if (dx) {
-        const fg_tensor *wf = lp_in(&c, w);
-        fg_tensor *dxf = lp_out(&c, dx, beta_dx != 0);
-        if (!c.st) st = fg__cpu_matmul(gf, false, wf, false, dxf, 1.0, beta_dx);
+    const fg_tensor *wf = dx ? lp_in(&c, w) : NULL;
+    fg_tensor *dwf = dw ? lp_out(&c, dw, true) : NULL;
+    bool bias_blocks = db && gbias == g;
+    fg_tensor *dbf = db ? lp_out(&c, db, true) : NULL;
+    if (c.st) return lp_end(&c, c.st);
+    if (db && !bias_blocks) { /* the f32 gradient before its rounding: as it is */
+        const fg_tensor *gsrc = lp_in(&c, gbias);
+        st = c.st ? c.st : fg__cpu_bias_grad(gsrc, dbf);
     }
-    if (!st && !c.st && dw) {
-        const fg_tensor *xf = lp_in(&c, x);
-        fg_tensor *dwf = lp_out(&c, dw, true);
-        if (!c.st) st = fg__cpu_matmul(gf, true, xf, false, dwf, 1.0, 1.0);
-    }
-    if (!st && !c.st && db) {
-        const fg_tensor *bsrc = gbias == g ? gf : lp_in(&c, gbias);
-        fg_tensor *dbf = lp_out(&c, db, true);
-        if (!c.st) st = fg__cpu_bias_grad(bsrc, dbf);
+    int64_t mb = FG_MAX(64, LIN_BWD_BLOCK_BYTES / ((int64_t)sizeof(float) * (in + out)));
+    mb = FG_MIN(mb, R);
+    float *gb = scratch(LP_MAX - 3, sizeof(float) * (size_t)(mb * out));
+    float *xb = dw ? scratch(LP_MAX - 2, sizeof(float) * (size_t)(mb * in)) : NULL;
+    float *db_ = dx && lowp(dx) ? scratch(LP_MAX - 1, sizeof(float) * (size_t)(mb * in)) : NULL;
+    if (!gb || (dw && !xb) || (dx && lowp(dx) && !db_)) return lp_end(&c, FG_ENOMEM);
+    for (int64_t r0 = 0; r0 < R && !st; r0 += mb) {
+        int64_t k = FG_MIN(mb, R - r0);
+        fg_tensor gv, xv, dv;
+        view1(&gv, gb, k * out);
+        fg__tensor_init_shape(&gv, FG_F32, 2, (int64_t[]){k, out});
+        fg__lowp_widen(gb, (const uint16_t *)g->data + r0 * out, k * out, g->dtype);
+        if (dx) {
+            float *d = lowp(dx) ? db_ : (float *)dx->data + r0 * in;
+            view1(&dv, d, k * in);
+            fg__tensor_init_shape(&dv, FG_F32, 2, (int64_t[]){k, in});
+            if (lowp(dx) && beta_dx != 0)
+                fg__lowp_widen(d, (const uint16_t *)dx->data + r0 * in, k * in, dx->dtype);
+            st = fg__cpu_matmul(&gv, false, wf, false, &dv, 1.0, beta_dx);
+            if (!st && lowp(dx))
+                fg__lowp_narrow((uint16_t *)dx->data + r0 * in, d, k * in, dx->dtype);
+        }
+        if (!st && dw) {
+            view1(&xv, xb, k * in);
+            fg__tensor_init_shape(&xv, FG_F32, 2, (int64_t[]){k, in});
+            fg__lowp_widen(xb, (const uint16_t *)x->data + r0 * in, k * in, x->dtype);
+            st = fg__cpu_matmul(&gv, true, &xv, false, dwf, 1.0, 1.0);
+        }
+        if (!st && bias_blocks) st = fg__cpu_bias_grad(&gv, dbf);
     }
     return lp_end(&c, st);
 }
