@@ -62,7 +62,8 @@ fg_tensor *fg__autocast_mm(fg_tensor *a, fg_tensor *b) {
     return y;
 }
 
-/* saved[0] = rounded x as (R, in), saved[1] = rounded w (out, in); i[0] = dtype */
+/* saved[0] = rounded x as (R, in), saved[1] = rounded w (out, in: in dt, or
+ * in f32 with dt's values, weight_operand); i[0] = dtype */
 static fg_status linear_bw(fg_node *n, const fg_tensor *g) {
     fg_tensor *x = n->in[0], *w = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
     fg_tensor *xl = n->saved[0], *wl = n->saved[1];
@@ -86,13 +87,27 @@ static fg_status linear_bw(fg_node *n, const fg_tensor *g) {
     return fg__ops_linear_lowp_bwd(xl, wl, gl, g2, gx2, beta, gw, gb);
 }
 
+/* A linear layer's weight in dt's values: in dt where the product runs on
+ * low-precision hardware; elsewhere (the product widens its operands to
+ * f32 anyway) an f32 weight is rounded to dt's values and kept in f32,
+ * once per forward, instead of being rounded to dt and widened back by the
+ * forward and again by the backward. The values are the same. */
+static fg_tensor *weight_operand(const fg_tensor *w, fg_dtype dt) {
+    if (w->dtype != FG_F32 || fg__ops_lowp_product_native(w->device, dt))
+        return fg__autocast_operand(w, dt);
+    fg_tensor *c = fg_tensor_contiguous(w);
+    fg_tensor *o = c ? fg_empty(FG_F32, c->ndim, c->shape) : NULL;
+    if (!o || fg__ops_round_f32(c, o, dt)) return NULL;
+    return o;
+}
+
 fg_tensor *fg__autocast_linear(fg_tensor *x, fg_tensor *w, fg_tensor *b) {
     fg_dtype dt = fg_autocast_dtype();
     const fg_op_table *ops = fg__ops(x);
     if (!ops) return NULL;
     int64_t in = x->shape[x->ndim - 1], out = w->shape[0], R = 1;
     for (int d = 0; d < x->ndim - 1; d++) R *= x->shape[d];
-    fg_tensor *xl = fg__autocast_operand(x, dt), *wl = xl ? fg__autocast_operand(w, dt) : NULL;
+    fg_tensor *xl = fg__autocast_operand(x, dt), *wl = xl ? weight_operand(w, dt) : NULL;
     fg_tensor *bc = b ? fg_tensor_contiguous(b) : NULL;
     if (!wl || (b && !bc)) return NULL;
     fg_tensor *x2 = fg_tensor_reshape_view(xl, 2, (int64_t[]){R, in}); /* (R, in) */

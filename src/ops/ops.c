@@ -48,6 +48,22 @@ fg_status fg__ops_round(const fg_tensor *src, fg_tensor *dst) {
     return FG_OK;
 }
 
+bool fg__ops_lowp_product_native(fg_device device, fg_dtype dt) {
+    return device == FG_CPU && dt == FG_BF16 && fg__matmul_bf16_native();
+}
+
+fg_status fg__ops_round_f32(const fg_tensor *src, fg_tensor *dst, fg_dtype dt) {
+    if (src->dtype != FG_F32 || dst->dtype != FG_F32 || !fg__is_lowp(dt) ||
+        src->numel != dst->numel || !fg_tensor_is_contiguous(src) || !fg_tensor_is_contiguous(dst))
+        return fg_error(
+            FG_EINVAL,
+            "round_f32: want contiguous f32 -> f32 of one size rounded to bf16/f16, got "
+            "%s -> %s (%s)",
+            fg_dtype_name(src->dtype), fg_dtype_name(dst->dtype), fg_dtype_name(dt));
+    fg__lowp_round_f32(dst->data, src->data, src->numel, dt);
+    return FG_OK;
+}
+
 void fg__ops_widen(float *dst, const uint16_t *src, int64_t n, fg_dtype dt) {
     fg__lowp_widen(dst, src, n, dt);
 }

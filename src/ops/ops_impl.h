@@ -37,4 +37,13 @@ void fg__ops_narrow(uint16_t *dst, const float *src, int64_t n, fg_dtype dt);
  * and of one size, on the conversion path of fg_ops_lowp_path. */
 fg_status fg__ops_round(const fg_tensor *src, fg_tensor *dst);
 
+/* Whether products in dt run on low-precision hardware on device (oneDNN's
+ * bf16 matmul); false: they widen their operands to f32, so an operand kept
+ * in f32 with dt's values (fg__ops_round_f32) spares the widening. */
+bool fg__ops_lowp_product_native(fg_device device, fg_dtype dt);
+
+/* dst (f32) = src (f32) rounded to dt (bf16 or f16) to nearest even, kept
+ * in f32; both contiguous and of one size. */
+fg_status fg__ops_round_f32(const fg_tensor *src, fg_tensor *dst, fg_dtype dt);
+
 #endif

@@ -89,6 +89,16 @@ TEST(conversions_agree_on_every_path) {
             }
             CHECK_MSG(bad == 0, "path %s, %s: %d values differ from the scalar rounding",
                       fg__lowp_path_name((fg__lowp_path)p), fg_dtype_name(dts[d]), bad);
+            /* rounding in f32 (the weights of a product without low-precision
+             * hardware): the widened rounding of this path, bit for bit */
+            fg__lowp_round_f32(back, src, NCVT, dts[d]);
+            int rbad = 0;
+            for (int i = 0; i < NCVT; i++) {
+                float w = dts[d] == FG_BF16 ? fg_bf16_to_f32(got[i]) : fg_f16_to_f32(got[i]);
+                if (!(f2u(w) == f2u(back[i]) || (isnan(w) && isnan(back[i])))) rbad++;
+            }
+            CHECK_MSG(rbad == 0, "path %s, %s: %d values rounded in f32 differ",
+                      fg__lowp_path_name((fg__lowp_path)p), fg_dtype_name(dts[d]), rbad);
             /* widening: exact, the same bits on every path */
             fg__lowp_widen(back, ref[d], NCVT, dts[d]);
             int wbad = 0;

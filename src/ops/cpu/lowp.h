@@ -41,6 +41,10 @@ void fg__lowp_widen(float *dst, const uint16_t *src, int64_t n, fg_dtype dt);
  * (quiet) NaN, f16 overflows to inf. */
 void fg__lowp_narrow(uint16_t *dst, const float *src, int64_t n, fg_dtype dt);
 
+/* dst (n) f32 = src (n) f32 rounded to dt (bf16 or f16) and widened back:
+ * fg__lowp_narrow then fg__lowp_widen, in one pass. dst may be src. */
+void fg__lowp_round_f32(float *dst, const float *src, int64_t n, fg_dtype dt);
+
 static inline bool fg__is_lowp(fg_dtype dt) { return dt == FG_BF16 || dt == FG_F16; }
 
 /* lowp_ops.c: the op table's CPU entries for every dtype: f32/f64 tensors

@@ -73,6 +73,18 @@ static inline __m256i bf16x16(__m256 lo, __m256 hi) {
     return _mm256_permute4x64_epi64(p, 0xd8);
 }
 
+/* n f32 rounded to bf16's values in place of a narrow and a widen */
+static void round_bf16_avx2(float *dst, const float *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_si256((__m256i *)(dst + i),
+                            _mm256_slli_epi32(bf16x8_lanes(_mm256_loadu_ps(src + i)), 16));
+    for (; i < n; i++) {
+        uint32_t u = (uint32_t)bf16_scalar(src[i]) << 16;
+        memcpy(dst + i, &u, sizeof u);
+    }
+}
+
 static void widen_avx2(float *dst, const uint16_t *src, int64_t n, fg_dtype dt) {
     int64_t i = 0;
     if (dt == FG_BF16) {
@@ -266,5 +278,23 @@ void fg__lowp_narrow(uint16_t *dst, const float *src, int64_t n, fg_dtype dt) {
     for (int64_t p = 0; p < pieces; p++) {
         int64_t i = p * CVT_PIECE;
         f(dst + i, src + i, FG_MIN(CVT_PIECE, n - i), dt);
+    }
+}
+
+void fg__lowp_round_f32(float *dst, const float *src, int64_t n, fg_dtype dt) {
+#if FG_HAVE_ISA_TARGETS
+    fg__lowp_path p = fg__lowp_path_get();
+    if (dt == FG_BF16 && (p == FG_LOWP_AVX2 || p == FG_LOWP_AVX512)) {
+        round_bf16_avx2(dst, src, n); /* those paths' rounding, in one step */
+        return;
+    }
+#endif
+    /* through the stack in first-level-cache pieces, on the path's own
+     * conversions: one pass over memory, the same bits as narrow + widen */
+    uint16_t tmp[1024];
+    for (int64_t i = 0; i < n; i += 1024) {
+        int64_t k = FG_MIN(1024, n - i);
+        fg__lowp_narrow(tmp, src + i, k, dt);
+        fg__lowp_widen(dst + i, tmp, k, dt);
     }
 }

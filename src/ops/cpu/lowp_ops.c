@@ -288,6 +288,9 @@ static fg_status lp_bias_grad(const fg_tensor *dy, fg_tensor *db) {
     LP_RUN(fg__cpu_bias_grad(gf, bf));
 }
 
+/* At least this many rows per block: each block's product packs w again. */
+#define LIN_MIN_ROWS 256
+
 /* Rows per block of the linear forward without a low-precision product:
  * a block of x and of y in f32 within this many bytes. */
 #ifndef LIN_BLOCK_BYTES
@@ -309,14 +312,16 @@ static void fill_rows(float *yf, int64_t R, int64_t out, const fg_tensor *bias) 
 
 fg_status fg__cpu_linear_lowp(const fg_tensor *x, const fg_tensor *w, const fg_tensor *bias,
                               fg_tensor *y) {
-    if (!lowp(y) || x->dtype != y->dtype || w->dtype != y->dtype)
-        return fg_error(FG_EUNSUPPORTED, "linear_lowp: x %s, w %s, y %s: expected one of bf16, f16",
+    if (!lowp(y) || x->dtype != y->dtype || (w->dtype != y->dtype && w->dtype != FG_F32))
+        return fg_error(FG_EUNSUPPORTED,
+                        "linear_lowp: x %s, w %s, y %s: expected x and y in one of bf16, f16, w "
+                        "in it or in f32",
                         fg_dtype_name(x->dtype), fg_dtype_name(w->dtype), fg_dtype_name(y->dtype));
     lp c = {0};
     fg_tensor *yf = lp_out(&c, y, false);
     if (c.st) return lp_end(&c, c.st);
     fg_status st = FG_OK;
-    if (y->dtype == FG_BF16 && fg__matmul_bf16_native()) {
+    if (y->dtype == FG_BF16 && w->dtype == FG_BF16 && fg__matmul_bf16_native()) {
         st = fg__cpu_matmul_bf16(x, false, w, true, yf, 1.0, 0.0);
         if (!st && bias) {
             const fg_tensor *bf = lp_in(&c, bias);
@@ -343,7 +348,7 @@ fg_status fg__cpu_linear_lowp(const fg_tensor *x, const fg_tensor *w, const fg_t
         }
         return lp_end(&c, st);
     }
-    int64_t mb = FG_MAX(64, LIN_BLOCK_BYTES / ((int64_t)sizeof(float) * (in + out)));
+    int64_t mb = FG_MAX(LIN_MIN_ROWS, LIN_BLOCK_BYTES / ((int64_t)sizeof(float) * (in + out)));
     float *xb = scratch(c.n, sizeof(float) * (size_t)(FG_MIN(mb, R) * in));
     if (!xb) return lp_end(&c, FG_ENOMEM);
     for (int64_t r0 = 0; r0 < R && !st; r0 += mb) {
@@ -366,12 +371,13 @@ fg_status fg__cpu_linear_lowp(const fg_tensor *x, const fg_tensor *w, const fg_t
 fg_status fg__cpu_linear_lowp_bwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *g,
                                   const fg_tensor *gbias, fg_tensor *dx, double beta_dx,
                                   fg_tensor *dw, fg_tensor *db) {
-    if (!lowp(g) || x->dtype != g->dtype || w->dtype != g->dtype)
+    if (!lowp(g) || x->dtype != g->dtype || (w->dtype != g->dtype && w->dtype != FG_F32))
         return fg_error(FG_EUNSUPPORTED,
-                        "linear_lowp_bwd: x %s, w %s, g %s: expected one of bf16, f16",
+                        "linear_lowp_bwd: x %s, w %s, g %s: expected x and g in one of bf16, f16, "
+                        "w in it or in f32",
                         fg_dtype_name(x->dtype), fg_dtype_name(w->dtype), fg_dtype_name(g->dtype));
     fg_status st = FG_OK;
-    if (g->dtype == FG_BF16 && fg__matmul_bf16_native()) {
+    if (g->dtype == FG_BF16 && w->dtype == FG_BF16 && fg__matmul_bf16_native()) {
         if (dx) st = fg__cpu_matmul_bf16(g, false, w, false, dx, 1.0, beta_dx);
         if (!st && dw) st = fg__cpu_matmul_bf16(g, true, x, false, dw, 1.0, 1.0);
         if (!st && db) st = lp_bias_grad(gbias, db);
@@ -393,7 +399,7 @@ fg_status fg__cpu_linear_lowp_bwd(const fg_tensor *x, const fg_tensor *w, const 
         const fg_tensor *gsrc = lp_in(&c, gbias);
         st = c.st ? c.st : fg__cpu_bias_grad(gsrc, dbf);
     }
-    int64_t mb = FG_MAX(64, LIN_BWD_BLOCK_BYTES / ((int64_t)sizeof(float) * (in + out)));
+    int64_t mb = FG_MAX(LIN_MIN_ROWS, LIN_BWD_BLOCK_BYTES / ((int64_t)sizeof(float) * (in + out)));
     mb = FG_MIN(mb, R);
     float *gb = scratch(LP_MAX - 3, sizeof(float) * (size_t)(mb * out));
     float *xb = dw ? scratch(LP_MAX - 2, sizeof(float) * (size_t)(mb * in)) : NULL;
