@@ -62,7 +62,8 @@ fg_tensor *fg__autocast_mm(fg_tensor *a, fg_tensor *b) {
     return y;
 }
 
-/* saved[0] = rounded x as (R, in), saved[1] = rounded w (out, in); i[0] = dtype */
+/* saved[0] = rounded x as (R, in), saved[1] = rounded w (out, in: in dt, or
+ * in f32 with dt's values, weight_operand); i[0] = dtype */
 static fg_status linear_bw(fg_node *n, const fg_tensor *g) {
     fg_tensor *x = n->in[0], *w = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
     fg_tensor *xl = n->saved[0], *wl = n->saved[1];
@@ -71,25 +72,33 @@ static fg_status linear_bw(fg_node *n, const fg_tensor *g) {
     fg_tensor *g2 = fg_tensor_reshape_view(g, 2, (int64_t[]){R, out}); /* (R, out) */
     fg_tensor *gl = g2 ? fg__autocast_operand(g2, dt) : NULL;
     if (!gl) return fg_last_status();
-    if (fg__needs_grad(x)) { /* dx (R, in) += g (R, out) @ w (out, in) */
-        double beta;
+    /* dx (R, in) = g (R, out) @ w (out, in) (+ dx), dw (out, in) += g^T @ x,
+     * db (out) += column sums of g (before its rounding), in one call: where
+     * the product has no low-precision hardware, g is widened once for all */
+    fg_tensor *gx2 = NULL, *gw = NULL, *gb = NULL;
+    double beta = 0;
+    if (fg__needs_grad(x)) {
         fg_tensor *gx = fg__grad_for_write(x, &beta);
-        fg_tensor *gx2 = gx ? fg_tensor_reshape_view(gx, 2, (int64_t[]){R, in}) : NULL;
+        gx2 = gx ? fg_tensor_reshape_view(gx, 2, (int64_t[]){R, in}) : NULL;
         if (!gx2) return gx ? fg_error_wrap(FG_EINVAL, "linear: gradient of x") : FG_ENOMEM;
-        FG_TRY(fg__autocast_matmul(dt, gl, false, wl, false, gx2, beta));
     }
-    if (fg__needs_grad(w)) { /* dw (out, in) += g^T (out, R) @ x (R, in) */
-        fg_tensor *gw = fg__grad_of(w);
-        if (!gw) return FG_ENOMEM;
-        FG_TRY(fg__autocast_matmul(dt, gl, true, xl, false, gw, 1.0));
-    }
-    if (fg__needs_grad(b)) { /* db (out) += column sums of g (R, out), in f32 */
-        fg_tensor *gb = fg__grad_of(b);
-        const fg_op_table *ops = fg__ops(g);
-        if (!gb || !ops) return FG_ENOMEM;
-        FG_TRY(ops->bias_grad(g2, gb));
-    }
-    return FG_OK;
+    if (fg__needs_grad(w) && !(gw = fg__grad_of(w))) return FG_ENOMEM;
+    if (fg__needs_grad(b) && !(gb = fg__grad_of(b))) return FG_ENOMEM;
+    return fg__ops_linear_lowp_bwd(xl, wl, gl, g2, gx2, beta, gw, gb);
+}
+
+/* A linear layer's weight in dt's values: in dt where the product runs on
+ * low-precision hardware; elsewhere (the product widens its operands to
+ * f32 anyway) an f32 weight is rounded to dt's values and kept in f32,
+ * once per forward, instead of being rounded to dt and widened back by the
+ * forward and again by the backward. The values are the same. */
+static fg_tensor *weight_operand(const fg_tensor *w, fg_dtype dt) {
+    if (w->dtype != FG_F32 || fg__ops_lowp_product_native(w->device, dt))
+        return fg__autocast_operand(w, dt);
+    fg_tensor *c = fg_tensor_contiguous(w);
+    fg_tensor *o = c ? fg_empty(FG_F32, c->ndim, c->shape) : NULL;
+    if (!o || fg__ops_round_f32(c, o, dt)) return NULL;
+    return o;
 }
 
 fg_tensor *fg__autocast_linear(fg_tensor *x, fg_tensor *w, fg_tensor *b) {
@@ -98,7 +107,7 @@ fg_tensor *fg__autocast_linear(fg_tensor *x, fg_tensor *w, fg_tensor *b) {
     if (!ops) return NULL;
     int64_t in = x->shape[x->ndim - 1], out = w->shape[0], R = 1;
     for (int d = 0; d < x->ndim - 1; d++) R *= x->shape[d];
-    fg_tensor *xl = fg__autocast_operand(x, dt), *wl = xl ? fg__autocast_operand(w, dt) : NULL;
+    fg_tensor *xl = fg__autocast_operand(x, dt), *wl = xl ? weight_operand(w, dt) : NULL;
     fg_tensor *bc = b ? fg_tensor_contiguous(b) : NULL;
     if (!wl || (b && !bc)) return NULL;
     fg_tensor *x2 = fg_tensor_reshape_view(xl, 2, (int64_t[]){R, in}); /* (R, in) */

@@ -41,6 +41,10 @@ void fg__lowp_widen(float *dst, const uint16_t *src, int64_t n, fg_dtype dt);
  * (quiet) NaN, f16 overflows to inf. */
 void fg__lowp_narrow(uint16_t *dst, const float *src, int64_t n, fg_dtype dt);
 
+/* dst (n) f32 = src (n) f32 rounded to dt (bf16 or f16) and widened back:
+ * fg__lowp_narrow then fg__lowp_widen, in one pass. dst may be src. */
+void fg__lowp_round_f32(float *dst, const float *src, int64_t n, fg_dtype dt);
+
 static inline bool fg__is_lowp(fg_dtype dt) { return dt == FG_BF16 || dt == FG_F16; }
 
 /* lowp_ops.c: the op table's CPU entries for every dtype: f32/f64 tensors
@@ -60,5 +64,20 @@ void *fg__lowp_scratch(size_t bytes);
  * the bias added before the one rounding. */
 fg_status fg__cpu_linear_lowp(const fg_tensor *x, const fg_tensor *w, const fg_tensor *bias,
                               fg_tensor *y);
+
+/* lowp_ops.c: the backward of fg__cpu_linear_lowp, for g (R, out) the
+ * output's gradient in x's and w's dtype: dx (R, in) = g @ w + beta_dx dx,
+ * dw (out, in) += g^T @ x, db (out) += the column sums of gbias (R, out;
+ * g itself, or the gradient before its rounding), each skipped when NULL.
+ * Where the bf16 product has no hardware (fg__matmul_bf16_native false)
+ * and for f16, g is widened to f32 once for all three. */
+fg_status fg__cpu_linear_lowp_bwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *g,
+                                  const fg_tensor *gbias, fg_tensor *dx, double beta_dx,
+                                  fg_tensor *dw, fg_tensor *db);
+
+/* matmul_bf16.c: whether bf16 products run on a bf16 product (oneDNN's)
+ * rather than the f32 fallback: the mode (FULGUR_MATMUL_BF16) is not
+ * fallback and oneDNN has a bf16 matmul on this CPU. */
+bool fg__matmul_bf16_native(void);
 
 #endif

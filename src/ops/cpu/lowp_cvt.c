@@ -47,22 +47,55 @@ static void narrow_scalar(uint16_t *dst, const float *src, int64_t n, fg_dtype d
 #include <immintrin.h>
 
 FG_TARGET_AVX2_BEGIN
-/* 8 f32 -> 8 bf16, round to nearest even, NaN quiet */
-static inline __m128i bf16x8(__m256 x) {
+/* 8 f32 -> 8 bf16 in the low halves of 8 32-bit lanes: round to nearest
+ * even (add 0x7fff + the kept lsb), a NaN kept quiet (its top bits with the
+ * quiet bit set, as bf16_scalar) */
+static inline __m256i bf16x8_lanes(__m256 x) {
     __m256i u = _mm256_castps_si256(x);
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
-    __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-    __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
+    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
     __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
-    r = _mm256_srli_epi32(_mm256_blendv_epi8(r, q, nan), 16);
-    /* pack the low 16 bits of 8 lanes (values < 2^16: no saturation) */
+    r = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(q), nan));
+    return _mm256_srli_epi32(r, 16);
+}
+
+/* 8 f32 -> 8 bf16 */
+static inline __m128i bf16x8(__m256 x) {
+    __m256i r = bf16x8_lanes(x); /* values < 2^16: the pack does not saturate */
     return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+/* 16 f32 -> 16 bf16, one pack: packus interleaves the 128-bit halves of
+ * its operands, the permute puts them back in order */
+static inline __m256i bf16x16(__m256 lo, __m256 hi) {
+    __m256i p = _mm256_packus_epi32(bf16x8_lanes(lo), bf16x8_lanes(hi));
+    return _mm256_permute4x64_epi64(p, 0xd8);
+}
+
+/* n f32 rounded to bf16's values in place of a narrow and a widen */
+static void round_bf16_avx2(float *dst, const float *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_si256((__m256i *)(dst + i),
+                            _mm256_slli_epi32(bf16x8_lanes(_mm256_loadu_ps(src + i)), 16));
+    for (; i < n; i++) {
+        uint32_t u = (uint32_t)bf16_scalar(src[i]) << 16;
+        memcpy(dst + i, &u, sizeof u);
+    }
 }
 
 static void widen_avx2(float *dst, const uint16_t *src, int64_t n, fg_dtype dt) {
     int64_t i = 0;
     if (dt == FG_BF16) {
+        /* a bf16 is the top half of an f32: interleave zeros below each */
+        const __m256i z = _mm256_setzero_si256();
+        for (; i + 16 <= n; i += 16) {
+            __m256i h =
+                _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i *)(src + i)), 0xd8);
+            _mm256_storeu_si256((__m256i *)(dst + i), _mm256_unpacklo_epi16(z, h));
+            _mm256_storeu_si256((__m256i *)(dst + i + 8), _mm256_unpackhi_epi16(z, h));
+        }
         for (; i + 8 <= n; i += 8) {
             __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
             _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
@@ -77,6 +110,9 @@ static void widen_avx2(float *dst, const uint16_t *src, int64_t n, fg_dtype dt) 
 static void narrow_avx2(uint16_t *dst, const float *src, int64_t n, fg_dtype dt) {
     int64_t i = 0;
     if (dt == FG_BF16) {
+        for (; i + 16 <= n; i += 16)
+            _mm256_storeu_si256((__m256i *)(dst + i),
+                                bf16x16(_mm256_loadu_ps(src + i), _mm256_loadu_ps(src + i + 8)));
         for (; i + 8 <= n; i += 8)
             _mm_storeu_si128((__m128i *)(dst + i), bf16x8(_mm256_loadu_ps(src + i)));
     } else {
@@ -242,5 +278,23 @@ void fg__lowp_narrow(uint16_t *dst, const float *src, int64_t n, fg_dtype dt) {
     for (int64_t p = 0; p < pieces; p++) {
         int64_t i = p * CVT_PIECE;
         f(dst + i, src + i, FG_MIN(CVT_PIECE, n - i), dt);
+    }
+}
+
+void fg__lowp_round_f32(float *dst, const float *src, int64_t n, fg_dtype dt) {
+#if FG_HAVE_ISA_TARGETS
+    fg__lowp_path p = fg__lowp_path_get();
+    if (dt == FG_BF16 && (p == FG_LOWP_AVX2 || p == FG_LOWP_AVX512)) {
+        round_bf16_avx2(dst, src, n); /* those paths' rounding, in one step */
+        return;
+    }
+#endif
+    /* through the stack in first-level-cache pieces, on the path's own
+     * conversions: one pass over memory, the same bits as narrow + widen */
+    uint16_t tmp[1024];
+    for (int64_t i = 0; i < n; i += 1024) {
+        int64_t k = FG_MIN(1024, n - i);
+        fg__lowp_narrow(tmp, src + i, k, dt);
+        fg__lowp_widen(dst + i, tmp, k, dt);
     }
 }

@@ -288,24 +288,146 @@ static fg_status lp_bias_grad(const fg_tensor *dy, fg_tensor *db) {
     LP_RUN(fg__cpu_bias_grad(gf, bf));
 }
 
+/* At least this many rows per block: each block's product packs w again. */
+#define LIN_MIN_ROWS 256
+
+/* Rows per block of the linear forward without a low-precision product:
+ * a block of x and of y in f32 within this many bytes. */
+#ifndef LIN_BLOCK_BYTES
+#define LIN_BLOCK_BYTES (1 << 20)
+#endif
+
+/* Rows per block of its backward: a block of g and of x in f32 within
+ * this many bytes (dw gathers over the blocks, beta 1). */
+#ifndef LIN_BWD_BLOCK_BYTES
+#define LIN_BWD_BLOCK_BYTES (1 << 20)
+#endif
+
+/* yf (R, out) f32 = each row the bias (f32 or bf16/f16, widened) */
+static void fill_rows(float *yf, int64_t R, int64_t out, const fg_tensor *bias) {
+    if (lowp(bias)) fg__lowp_widen(yf, bias->data, out, bias->dtype);
+    else memcpy(yf, bias->data, sizeof(float) * (size_t)out);
+    for (int64_t r = 1; r < R; r++) memcpy(yf + r * out, yf, sizeof(float) * (size_t)out);
+}
+
 fg_status fg__cpu_linear_lowp(const fg_tensor *x, const fg_tensor *w, const fg_tensor *bias,
                               fg_tensor *y) {
-    if (!lowp(y) || x->dtype != y->dtype || w->dtype != y->dtype)
-        return fg_error(FG_EUNSUPPORTED, "linear_lowp: x %s, w %s, y %s: expected one of bf16, f16",
+    if (!lowp(y) || x->dtype != y->dtype || (w->dtype != y->dtype && w->dtype != FG_F32))
+        return fg_error(FG_EUNSUPPORTED,
+                        "linear_lowp: x %s, w %s, y %s: expected x and y in one of bf16, f16, w "
+                        "in it or in f32",
                         fg_dtype_name(x->dtype), fg_dtype_name(w->dtype), fg_dtype_name(y->dtype));
     lp c = {0};
     fg_tensor *yf = lp_out(&c, y, false);
     if (c.st) return lp_end(&c, c.st);
-    fg_status st;
-    if (y->dtype == FG_BF16) {
+    fg_status st = FG_OK;
+    if (y->dtype == FG_BF16 && w->dtype == FG_BF16 && fg__matmul_bf16_native()) {
         st = fg__cpu_matmul_bf16(x, false, w, true, yf, 1.0, 0.0);
-    } else {
-        const fg_tensor *xf = lp_in(&c, x), *wf = lp_in(&c, w);
-        st = c.st ? c.st : fg__cpu_matmul(xf, false, wf, true, yf, 1.0, 0.0);
+        if (!st && bias) {
+            const fg_tensor *bf = lp_in(&c, bias);
+            st = c.st ? c.st : fg__cpu_bias_add(yf, bf);
+        }
+        return lp_end(&c, st);
     }
-    if (!st && bias) {
-        const fg_tensor *bf = lp_in(&c, bias);
-        st = c.st ? c.st : fg__cpu_bias_add(yf, bf);
+    /* no low-precision product here: the f32 product of the widened
+     * operands, a block of rows at a time (x's rows widened, y's computed
+     * and rounded back while they are in cache), into rows that start as
+     * the bias (beta 1: no zeroing pass and no bias pass after; the bias
+     * still enters before the rounding) */
+    const fg_tensor *wf = lp_in(&c, w);
+    if (c.st) return lp_end(&c, c.st);
+    int64_t R = x->shape[0], in = x->shape[1], out = w->shape[0];
+    bool fill = bias && bias->numel == out && fg_tensor_is_contiguous(bias) &&
+                (bias->dtype == FG_F32 || bias->dtype == y->dtype) && fg_tensor_is_contiguous(x);
+    if (!fill) { /* whole tensors */
+        const fg_tensor *xf = lp_in(&c, x);
+        st = c.st ? c.st : fg__cpu_matmul(xf, false, wf, true, yf, 1.0, 0.0);
+        if (!st && bias) {
+            const fg_tensor *bf = lp_in(&c, bias);
+            st = c.st ? c.st : fg__cpu_bias_add(yf, bf);
+        }
+        return lp_end(&c, st);
+    }
+    int64_t mb = FG_MAX(LIN_MIN_ROWS, LIN_BLOCK_BYTES / ((int64_t)sizeof(float) * (in + out)));
+    float *xb = scratch(c.n, sizeof(float) * (size_t)(FG_MIN(mb, R) * in));
+    if (!xb) return lp_end(&c, FG_ENOMEM);
+    for (int64_t r0 = 0; r0 < R && !st; r0 += mb) {
+        int64_t k = FG_MIN(mb, R - r0);
+        fg_tensor xv, yv;
+        float *yb = (float *)yf->data + r0 * out; /* yf: y's f32 stand-in */
+        view1(&xv, xb, k * in);
+        view1(&yv, yb, k * out);
+        fg__tensor_init_shape(&xv, FG_F32, 2, (int64_t[]){k, in});
+        fg__tensor_init_shape(&yv, FG_F32, 2, (int64_t[]){k, out});
+        fg__lowp_widen(xb, (const uint16_t *)x->data + r0 * in, k * in, x->dtype);
+        fill_rows(yb, k, out, bias);
+        st = fg__cpu_matmul(&xv, false, wf, true, &yv, 1.0, 1.0);
+        if (!st) fg__lowp_narrow((uint16_t *)y->data + r0 * out, yb, k * out, y->dtype);
+    }
+    c.n = 0; /* written back above */
+    return lp_end(&c, st);
+}
+
+fg_status fg__cpu_linear_lowp_bwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *g,
+                                  const fg_tensor *gbias, fg_tensor *dx, double beta_dx,
+                                  fg_tensor *dw, fg_tensor *db) {
+    if (!lowp(g) || x->dtype != g->dtype || (w->dtype != g->dtype && w->dtype != FG_F32))
+        return fg_error(FG_EUNSUPPORTED,
+                        "linear_lowp_bwd: x %s, w %s, g %s: expected x and g in one of bf16, f16, "
+                        "w in it or in f32",
+                        fg_dtype_name(x->dtype), fg_dtype_name(w->dtype), fg_dtype_name(g->dtype));
+    fg_status st = FG_OK;
+    if (g->dtype == FG_BF16 && w->dtype == FG_BF16 && fg__matmul_bf16_native()) {
+        if (dx) st = fg__cpu_matmul_bf16(g, false, w, false, dx, 1.0, beta_dx);
+        if (!st && dw) st = fg__cpu_matmul_bf16(g, true, x, false, dw, 1.0, 1.0);
+        if (!st && db) st = lp_bias_grad(gbias, db);
+        return st;
+    }
+    /* no low-precision product here: a block of rows at a time, g's and
+     * x's rows widened once for the three products while in cache */
+    if (!fg_tensor_is_contiguous(x) || !fg_tensor_is_contiguous(g) || x->ndim != 2 ||
+        g->ndim != 2 || (dx && !fg_tensor_is_contiguous(dx)))
+        return fg_error(FG_EINVAL, "linear_lowp_bwd: x, g and dx must be contiguous (R, n)");
+    int64_t R = g->shape[0], out = g->shape[1], in = x->shape[1];
+    lp c = {0};
+    const fg_tensor *wf = dx ? lp_in(&c, w) : NULL;
+    fg_tensor *dwf = dw ? lp_out(&c, dw, true) : NULL;
+    bool bias_blocks = db && gbias == g;
+    fg_tensor *dbf = db ? lp_out(&c, db, true) : NULL;
+    if (c.st) return lp_end(&c, c.st);
+    if (db && !bias_blocks) { /* the f32 gradient before its rounding: as it is */
+        const fg_tensor *gsrc = lp_in(&c, gbias);
+        st = c.st ? c.st : fg__cpu_bias_grad(gsrc, dbf);
+    }
+    int64_t mb = FG_MAX(LIN_MIN_ROWS, LIN_BWD_BLOCK_BYTES / ((int64_t)sizeof(float) * (in + out)));
+    mb = FG_MIN(mb, R);
+    float *gb = scratch(LP_MAX - 3, sizeof(float) * (size_t)(mb * out));
+    float *xb = dw ? scratch(LP_MAX - 2, sizeof(float) * (size_t)(mb * in)) : NULL;
+    float *db_ = dx && lowp(dx) ? scratch(LP_MAX - 1, sizeof(float) * (size_t)(mb * in)) : NULL;
+    if (!gb || (dw && !xb) || (dx && lowp(dx) && !db_)) return lp_end(&c, FG_ENOMEM);
+    for (int64_t r0 = 0; r0 < R && !st; r0 += mb) {
+        int64_t k = FG_MIN(mb, R - r0);
+        fg_tensor gv, xv, dv;
+        view1(&gv, gb, k * out);
+        fg__tensor_init_shape(&gv, FG_F32, 2, (int64_t[]){k, out});
+        fg__lowp_widen(gb, (const uint16_t *)g->data + r0 * out, k * out, g->dtype);
+        if (dx) {
+            float *d = lowp(dx) ? db_ : (float *)dx->data + r0 * in;
+            view1(&dv, d, k * in);
+            fg__tensor_init_shape(&dv, FG_F32, 2, (int64_t[]){k, in});
+            if (lowp(dx) && beta_dx != 0)
+                fg__lowp_widen(d, (const uint16_t *)dx->data + r0 * in, k * in, dx->dtype);
+            st = fg__cpu_matmul(&gv, false, wf, false, &dv, 1.0, beta_dx);
+            if (!st && lowp(dx))
+                fg__lowp_narrow((uint16_t *)dx->data + r0 * in, d, k * in, dx->dtype);
+        }
+        if (!st && dw) {
+            view1(&xv, xb, k * in);
+            fg__tensor_init_shape(&xv, FG_F32, 2, (int64_t[]){k, in});
+            fg__lowp_widen(xb, (const uint16_t *)x->data + r0 * in, k * in, x->dtype);
+            st = fg__cpu_matmul(&gv, true, &xv, false, dwf, 1.0, 1.0);
+        }
+        if (!st && bias_blocks) st = fg__cpu_bias_grad(&gv, dbf);
     }
     return lp_end(&c, st);
 }
@@ -544,8 +666,80 @@ static fg_status lp_dropout_bwd(const fg_tensor *dy, double p, uint64_t seed, ui
 
 /* -------------------------------------------------------------- attention */
 
+/* Attention on bf16/f16 tensors runs a few batch entries at a time: each
+ * chunk's operands are widened into the thread's scratch (a chunk of qkv
+ * is T x 3C floats, a few hundred KiB: it stays in the second-level cache
+ * for the kernel), the f32 kernel runs on the chunk, and its outputs are
+ * rounded back before the next chunk. Whole tensors would go through
+ * memory three times (widen, kernel, round) instead of once. */
+#define ATT_CHUNK_BYTES (512 << 10)
+
+/* a chunk of t: batch entries [b0, b0 + nb) of its dim 0, as an f32 tensor
+ * in v: t's own memory when t is f32, else the scratch of slot, widened
+ * unless `fresh` (an output the kernel overwrites) */
+static fg_status att_chunk(fg_tensor *v, const fg_tensor *t, int64_t b0, int64_t nb, int slot,
+                           bool fresh) {
+    int64_t shape[FG_MAX_DIMS], per = t->numel / t->shape[0];
+    for (int d = 0; d < t->ndim; d++) shape[d] = t->shape[d];
+    shape[0] = nb;
+    memset(v, 0, sizeof *v);
+    FG_TRY(fg__tensor_init_shape(v, FG_F32, t->ndim, shape));
+    v->device = t->device;
+    if (!lowp(t)) {
+        v->data = (float *)t->data + b0 * per;
+        return FG_OK;
+    }
+    if (!(v->data = scratch(slot, sizeof(float) * (size_t)(nb * per))))
+        return fg_error(FG_ENOMEM, "attention: %lld floats for a chunk of a %s tensor",
+                        (long long)(nb * per), fg_dtype_name(t->dtype));
+    if (!fresh) fg__lowp_widen(v->data, (const uint16_t *)t->data + b0 * per, nb * per, t->dtype);
+    return FG_OK;
+}
+
+/* v's values back into t's entries from b0, rounded, when t is bf16/f16 */
+static void att_store(fg_tensor *t, const fg_tensor *v, int64_t b0) {
+    if (lowp(t))
+        fg__lowp_narrow((uint16_t *)t->data + b0 * (t->numel / t->shape[0]), v->data, v->numel,
+                        t->dtype);
+}
+
+/* whether the chunked path takes a call: 3-d contiguous f32 or bf16/f16
+ * tensors with one batch dimension, qkv a whole number of (T, 3C) rows */
+static bool att_chunkable(int n, const fg_tensor *const *t) {
+    for (int k = 0; k < n; k++)
+        if (!t[k] || t[k]->ndim != 3 || !fg_tensor_is_contiguous(t[k]) ||
+            t[k]->shape[0] != t[0]->shape[0] || t[k]->shape[0] == 0 ||
+            (t[k]->dtype != FG_F32 && !lowp(t[k])))
+            return false;
+    return true;
+}
+
+/* batch entries per chunk: a chunk of qkv within ATT_CHUNK_BYTES per
+ * thread, at least one entry per thread */
+static int64_t att_nb(const fg_tensor *qkv) {
+    int64_t per = (int64_t)sizeof(float) * (qkv->numel / qkv->shape[0]);
+    int64_t th = fg_get_num_threads() > 1 ? fg_get_num_threads() : 1;
+    int64_t nb = FG_MAX(th, th * (ATT_CHUNK_BYTES / FG_MAX(per, 1)));
+    return FG_MIN(nb, qkv->shape[0]);
+}
+
 static fg_status lp_att_fwd(const fg_tensor *qkv, int heads, fg_tensor *y, fg_tensor *lse) {
     if (!lowp(qkv) && !lowp(y) && !lowp(lse)) return fg__cpu_attention_fwd(qkv, heads, y, lse);
+    const fg_tensor *all[3] = {qkv, y, lse};
+    if (att_chunkable(3, all)) {
+        int64_t B = qkv->shape[0], nb = att_nb(qkv);
+        for (int64_t b0 = 0; b0 < B; b0 += nb) {
+            int64_t k = FG_MIN(nb, B - b0);
+            fg_tensor q, yv, lv;
+            FG_TRY(att_chunk(&q, qkv, b0, k, 0, false));
+            FG_TRY(att_chunk(&yv, y, b0, k, 1, true));
+            FG_TRY(att_chunk(&lv, lse, b0, k, 2, true));
+            FG_TRY(fg__cpu_attention_fwd(&q, heads, &yv, &lv));
+            att_store(y, &yv, b0);
+            att_store(lse, &lv, b0);
+        }
+        return FG_OK;
+    }
     lp c = {0};
     const fg_tensor *qf = lp_in(&c, qkv);
     fg_tensor *yf = lp_out(&c, y, false), *lf = lp_out(&c, lse, false);
@@ -556,6 +750,22 @@ static fg_status lp_att_bwd(const fg_tensor *qkv, int heads, const fg_tensor *y,
                             const fg_tensor *lse, const fg_tensor *dy, fg_tensor *dqkv) {
     if (!lowp(qkv) && !lowp(y) && !lowp(lse) && !lowp(dy) && !lowp(dqkv))
         return fg__cpu_attention_bwd(qkv, heads, y, lse, dy, dqkv);
+    const fg_tensor *all[5] = {qkv, y, lse, dy, dqkv};
+    if (att_chunkable(5, all)) {
+        int64_t B = qkv->shape[0], nb = att_nb(qkv);
+        for (int64_t b0 = 0; b0 < B; b0 += nb) {
+            int64_t k = FG_MIN(nb, B - b0);
+            fg_tensor q, yv, lv, gv, dv;
+            FG_TRY(att_chunk(&q, qkv, b0, k, 0, false));
+            FG_TRY(att_chunk(&yv, y, b0, k, 1, false));
+            FG_TRY(att_chunk(&lv, lse, b0, k, 2, false));
+            FG_TRY(att_chunk(&gv, dy, b0, k, 3, false));
+            FG_TRY(att_chunk(&dv, dqkv, b0, k, 4, false)); /* the kernel accumulates */
+            FG_TRY(fg__cpu_attention_bwd(&q, heads, &yv, &lv, &gv, &dv));
+            att_store(dqkv, &dv, b0);
+        }
+        return FG_OK;
+    }
     lp c = {0};
     const fg_tensor *qf = lp_in(&c, qkv), *yf = lp_in(&c, y), *lf = lp_in(&c, lse),
                     *gf = lp_in(&c, dy);

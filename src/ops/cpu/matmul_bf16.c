@@ -108,6 +108,11 @@ static int variant(const fg_tensor *b, const fg_tensor *c, bool ta, bool tb, dou
            (b->ndim == 2) << 5 | (batch > 1) << 6;
 }
 
+bool fg__matmul_bf16_native(void) {
+    int m = mode();
+    return (m == MODE_AUTO || m == MODE_ONEDNN) && dnnl_usable();
+}
+
 const char *fg_matmul_bf16_path(void) {
     static _Thread_local char buf[400];
     int m = mode();
@@ -148,26 +153,6 @@ static void scale_output(fg_tensor *c, double beta) {
     }
 }
 
-/* f32 dst (n) = bf16 src (n), exactly. */
-static void widen(float *restrict dst, const uint16_t *restrict src, int64_t n) {
-    bool par = n > FG_PAR_MIN;
-    FG_PRAGMA(omp parallel for simd if (par) schedule(static))
-    for (int64_t i = 0; i < n; i++) {
-        union {
-            uint32_t u;
-            float f;
-        } x = {.u = (uint32_t)src[i] << 16};
-        dst[i] = x.f;
-    }
-}
-
-/* bf16 dst (n) = f32 src (n), rounded to nearest even. */
-static void narrow(uint16_t *restrict dst, const float *restrict src, int64_t n) {
-    bool par = n > FG_PAR_MIN;
-    FG_PRAGMA(omp parallel for if (par) schedule(static))
-    for (int64_t i = 0; i < n; i++) dst[i] = fg_f32_to_bf16(src[i]);
-}
-
 /* An f32 tensor of t's shape over data (contiguous). */
 static fg_status f32_view(fg_tensor *v, const fg_tensor *t, float *data) {
     memset(v, 0, sizeof *v);
@@ -189,11 +174,12 @@ static fg_status fallback(const fg_tensor *a, bool ta, const fg_tensor *b, bool 
     if (st == FG_OK) st = f32_view(&b32, b, buf + na);
     if (st == FG_OK && nc) st = f32_view(&c32, c, buf + na + nb);
     if (st != FG_OK) goto fail;
-    widen(buf, a->data, na);
-    widen(buf + na, b->data, nb);
-    if (nc && beta != 0) widen(c32.data, c->data, nc);
+    /* the conversions' vector path (lowp_cvt.c): the same bits as scalar */
+    fg__lowp_widen(buf, a->data, na, FG_BF16);
+    fg__lowp_widen(buf + na, b->data, nb, FG_BF16);
+    if (nc && beta != 0) fg__lowp_widen(c32.data, c->data, nc, FG_BF16);
     st = fg__cpu_matmul(&a32, ta, &b32, tb, nc ? &c32 : c, alpha, beta);
-    if (st == FG_OK && nc) narrow(c->data, c32.data, nc);
+    if (st == FG_OK && nc) fg__lowp_narrow(c->data, c32.data, nc, FG_BF16);
 fail:
     return st;
 }
