@@ -14,13 +14,16 @@
  * its shard only).
  *
  *   shard_bench --strategy S [--devices 2] [--steps 6] [--threads 1] [--long]
- *               [--activation-checkpointing]
+ *               [--activation-checkpointing] [--phases]
  *
  * The default GPT has 8 layers of width 384 (14M parameters); --long takes
  * one of about 200M (12 layers of width 1152), minutes per run and several
  * GB per rank. --activation-checkpointing recomputes each block in backward
- * (the fabric's option). bench/shard_bench.sh runs ddp, stage 2, stage 3
- * and stage 3 with activation checkpointing and prints the ratios. */
+ * (the fabric's option). --phases samples the resident memory and prints
+ * its peak in each phase of the first and the last step, and the step
+ * arena's size. bench/shard_bench.sh runs the strategies and prints the
+ * ratios. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,8 +35,39 @@
 typedef struct args {
     const char *strategy;
     int steps, warmup, threads, devices;
-    bool longer, ac; /* --long; --activation-checkpointing */
+    bool longer, ac, phases; /* --long; --activation-checkpointing; --phases */
 } args;
+
+/* --phases: a thread samples the resident memory every millisecond and
+ * keeps, per phase of the step, the largest value seen (the peak's phase
+ * is where the memory goes). */
+enum { PH_MODEL, PH_OPTIM, PH_SETUP, PH_FORWARD, PH_BACKWARD, PH_STEP, PH_OTHER, PH_N };
+static const char *const ph_name[PH_N] = {"model new", "optim new", "setup", "forward",
+                                          "backward",  "step",      "other"};
+static volatile int g_phase = PH_MODEL, g_stop;
+static double g_ph_peak[PH_N], g_first_peak[PH_N];
+static double g_act_bytes, g_arena_peak; /* step arena after forward, its peak */
+
+static double statm_rss(void) {
+    FILE *fp = fopen("/proc/self/statm", "r");
+    long size = 0, res = 0;
+    if (fp) {
+        if (fscanf(fp, "%ld %ld", &size, &res) != 2) res = 0;
+        fclose(fp);
+    }
+    return (double)res * (double)sysconf(_SC_PAGESIZE);
+}
+
+static void *sampler(void *arg) {
+    (void)arg;
+    while (!g_stop) {
+        double r = statm_rss();
+        int ph = g_phase;
+        if (r > g_ph_peak[ph]) g_ph_peak[ph] = r;
+        usleep(1000);
+    }
+    return NULL;
+}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -76,6 +110,8 @@ static double resident(const fg_tensor *t) {
 static int run(fg_fabric *f, void *arg) {
     args *a = arg;
     fg_set_num_threads(a->threads);
+    pthread_t th;
+    bool sampling = a->phases && pthread_create(&th, NULL, sampler, NULL) == 0;
     int64_t B = a->longer ? 2 : 4, T = a->longer ? 256 : 128, V = 65;
     fg_gpt_config cfg = {.vocab = V, .ctx = T, .layers = 8, .heads = 6, .embd = 384, .seed = 0};
     if (a->longer)
@@ -85,6 +121,7 @@ static int run(fg_fabric *f, void *arg) {
     bool was = fg_module_set_empty_init(s3);
     fg_module *model = fg_gpt_new(&cfg);
     fg_module_set_empty_init(was);
+    g_phase = PH_OPTIM;
     fg_optimizer *opt =
         model ? fg_adamw_new(model, &(fg_adamw_opts){.lr = 3e-4, .weight_decay = 0.1}) : NULL;
     int64_t shape[2] = {B, T};
@@ -94,6 +131,7 @@ static int run(fg_fabric *f, void *arg) {
         ((int32_t *)fg_tensor_data(x))[i] = (int32_t)fg_rng_below(&r, (uint64_t)V);
         ((int32_t *)fg_tensor_data(y))[i] = (int32_t)fg_rng_below(&r, (uint64_t)V);
     }
+    g_phase = PH_SETUP;
     if (!model || !opt || fg_fabric_setup(f, model, opt) != FG_OK) {
         fprintf(stderr, "shard_bench: %s\n", fg_last_error());
         return 1;
@@ -104,13 +142,24 @@ static int run(fg_fabric *f, void *arg) {
     double state = 0;
     for (int s = 0; s < a->warmup + a->steps; s++) {
         double t0 = fg_time();
+        if (s == 1) memcpy(g_first_peak, g_ph_peak, sizeof g_ph_peak);
+        if (s == a->warmup + a->steps - 1)
+            for (int p = PH_FORWARD; p < PH_N; p++) g_ph_peak[p] = 0;
+        g_phase = PH_OTHER;
         fg_optimizer_zero_grad(opt);
+        g_phase = PH_FORWARD;
         fg_tensor *loss = fg_cross_entropy(fg_module_forward(model, x), y, -100);
-        if (!loss || fg_fabric_backward(f, loss) != FG_OK || fg_optimizer_step(opt) != FG_OK) {
+        g_act_bytes = (double)fg_step_bytes();
+        g_phase = PH_BACKWARD;
+        fg_status bst = loss ? fg_fabric_backward(f, loss) : FG_ENOMEM;
+        g_phase = PH_STEP;
+        if (!loss || bst != FG_OK || fg_optimizer_step(opt) != FG_OK) {
             fprintf(stderr, "shard_bench: rank %d: %s\n", fg_fabric_global_rank(f),
                     fg_last_error());
             return 1;
         }
+        g_phase = PH_OTHER;
+        g_arena_peak = (double)fg_step_peak_bytes();
         fg_fabric_step_end(f);
         times[s] = fg_time() - t0;
         /* model state between steps (gradients as the step left them) */
@@ -134,6 +183,22 @@ static int run(fg_fabric *f, void *arg) {
                a->strategy, a->ac ? "+ac" : "", N, (long long)P, ms, 1e3 / ms, all_peak / 1048576.0,
                train_peak / 1048576.0, state / 1048576.0, 16.0 * (double)P / N / 1048576.0,
                16.0 * (double)P / 1048576.0);
+    if (sampling) {
+        g_stop = 1;
+        pthread_join(th, NULL);
+        for (int p = 0; p < PH_N; p++) {
+            double v = fg_fabric_reduce_scalar(f, g_ph_peak[p], FG_MAX);
+            double w = fg_fabric_reduce_scalar(f, g_first_peak[p], FG_MAX);
+            if (fg_fabric_is_global_zero(f))
+                printf("  peak RSS during %-9s first step %9.1f MiB, last step %9.1f MiB\n",
+                       ph_name[p], w / 1048576.0, v / 1048576.0);
+        }
+        double act = fg_fabric_reduce_scalar(f, g_act_bytes, FG_MAX);
+        double ap = fg_fabric_reduce_scalar(f, g_arena_peak, FG_MAX);
+        if (fg_fabric_is_global_zero(f))
+            printf("  step arena: %.1f MiB after forward, %.1f MiB at its peak\n", act / 1048576.0,
+                   ap / 1048576.0);
+    }
     free(times);
     fg_tensor_free(x);
     fg_tensor_free(y);
@@ -152,9 +217,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--devices") && v) a.devices = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--long")) a.longer = true;
         else if (!strcmp(argv[i], "--activation-checkpointing")) a.ac = true;
+        else if (!strcmp(argv[i], "--phases")) a.phases = true;
         else {
             fprintf(stderr, "usage: shard_bench --strategy S [--devices N] [--steps N] "
-                            "[--threads N] [--long] [--activation-checkpointing]\n");
+                            "[--threads N] [--long] [--activation-checkpointing] [--phases]\n");
             return 2;
         }
     }

@@ -58,6 +58,11 @@ void fg__tape_restore(fg_tape_pos p);
  * *n = 0 when there are none (or FG_ENOMEM, then fg_last_error is set and
  * the return status in *st). */
 fg_tensor **fg__tape_leaves_since(fg_tape_pos p, int *n, fg_status *st);
+/* True when the nodes recorded after p read nothing made before p that
+ * needs a gradient but `input` and persistent leaves (parameters): the
+ * gradients their backward makes are then dead once it is over, except
+ * input's (a stage-3 unit's backward rewinds the step arena on that). */
+bool fg__tape_closed_since(fg_tape_pos p, const fg_tensor *input);
 /* Backward from out whose gradient out->grad is already set, without
  * reporting leaves to the "gradient ready" hook (the node that runs it
  * reports its leaves itself). */

@@ -173,6 +173,18 @@ fg_tensor **fg__tape_leaves_since(fg_tape_pos p, int *count, fg_status *st) {
     return v;
 }
 
+bool fg__tape_closed_since(fg_tape_pos p, const fg_tensor *input) {
+    for (fg_node *q = tl_tail; q && q != p.tail; q = q->prev)
+        for (int k = 0; k < q->nin; k++) {
+            const fg_tensor *t = q->in[k];
+            if (!t || !t->requires_grad || t == input || persistent_leaf(t)) continue;
+            fg_node *f = live_fn(t), *r = tl_tail;
+            while (f && r && r != p.tail && r != f) r = r->prev;
+            if (!f || r != f) return false; /* made before p, or a step leaf */
+        }
+    return true;
+}
+
 void fg__set_grad_redirect(const fg_tensor *from, fg_tensor *to) {
     tl_redir_from = from ? from->data : NULL;
     tl_redir_to = to ? to->data : NULL;

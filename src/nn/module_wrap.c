@@ -23,8 +23,18 @@
  * (fg__checkpoint_recomputing).
  *
  * The flat layout is untouched: parameters stay views into the root's flat
- * buffer, and what the strategy gathers and releases are ranges of it. */
+ * buffer, and what the strategy gathers and releases are ranges of it.
+ *
+ * A unit's backward also rewinds the step arena: the step memory its nodes
+ * make in backward (the gradients of its activations, the kernels' scratch)
+ * is dead once the node on x has run, except x's gradient, which is moved
+ * down to the rewound top. Without that every activation's gradient stays
+ * until the step ends and backward doubles the step's memory. It is done
+ * only for a closed unit: nothing recorded inside it reads a tensor from
+ * outside that needs a gradient but x' and the parameters (checked when its
+ * forward is over), so no gradient made during its backward is read after. */
 #include <stdint.h>
+#include <string.h>
 
 #include "nn_impl.h"
 
@@ -38,13 +48,58 @@ void fg__module_set_wrap(fg_module *root, const fg_module_wrap *wrap, fg_module 
 
 enum { PRE_BACKWARD = 0, POST_BACKWARD = 1 };
 
+/* The backward of a closed unit: the arena's top when it began. */
+typedef struct segment {
+    fg_arena_mark mark;
+    bool marked;
+} segment;
+
+/* The end of a closed unit's backward: the arena back to the mark, with
+ * in's gradient (gout, made in the segment or below it) kept. */
+static fg_status rewind_keeping(segment *sg, fg_tensor *in, const fg_tensor *gout) {
+    sg->marked = false;
+    if (!fg__needs_grad(in)) {
+        fg__step_release(sg->mark);
+        return FG_OK;
+    }
+    if (in->grad || (in->flags & FG_T_PERSISTENT)) { /* made before the unit's backward */
+        fg_tensor *g = fg__grad_of(in);
+        if (!g) return fg_last_status();
+        FG_TRY(fg__ops(g)->axpby(1.0, gout, 1.0, g));
+        fg__step_release(sg->mark);
+        return FG_OK;
+    }
+    fg_tensor *gc = fg_tensor_contiguous(gout);
+    if (!gc) return fg_last_status();
+    /* the released memory is not written before the copy (the dropped
+     * chunks stay valid until the step ends); memmove: they may overlap */
+    fg_tensor meta = *gc;
+    size_t nb = fg_tensor_nbytes(gc);
+    fg__step_release(sg->mark);
+    void *data = fg_step_alloc(nb ? nb : 1);
+    if (!data) return fg_last_status();
+    memmove(data, meta.data, nb);
+    fg_tensor *g = fg__tensor_header_like(&meta);
+    if (!g) return fg_last_status();
+    g->data = data;
+    in->grad = g;
+    return FG_OK;
+}
+
 static fg_status hook_bw(fg_node *n, const fg_tensor *gout) {
     const fg_module_wrap *w = (const fg_module_wrap *)(intptr_t)n->i[2];
     int unit = (int)n->i[0];
     fg_status s =
         n->i[1] == PRE_BACKWARD ? w->pre_backward(w->ud, unit) : w->post_backward(w->ud, unit);
     if (s != FG_OK) return s;
+    segment *sg = n->ctx;
     fg_tensor *in = n->in[0];
+    if (sg && n->i[1] == PRE_BACKWARD) {
+        sg->mark = fg__step_mark();
+        sg->marked = true;
+    } else if (sg && sg->marked) {
+        return rewind_keeping(sg, in, gout);
+    }
     if (!fg__needs_grad(in)) return FG_OK;
     if (!in->grad && !(in->flags & FG_T_PERSISTENT)) {
         /* the output's gradient is final and nothing reads it again: it
@@ -58,8 +113,10 @@ static fg_status hook_bw(fg_node *n, const fg_tensor *gout) {
 }
 
 /* x itself when nothing is recorded, else an identity of x whose backward
- * calls the hook `which` of unit u first. NULL on failure. */
-static fg_tensor *hook(fg_tensor *x, const fg_module_wrap *w, int u, int which) {
+ * calls the hook `which` of unit u first (its node in *node, else NULL).
+ * NULL on failure. */
+static fg_tensor *hook(fg_tensor *x, const fg_module_wrap *w, int u, int which, fg_node **node) {
+    *node = NULL;
     if (!fg_is_grad_enabled() || !fg__needs_grad(x)) return x;
     fg_tensor *y = fg__tensor_header_like(x);
     if (!y) return NULL;
@@ -72,6 +129,7 @@ static fg_tensor *hook(fg_tensor *x, const fg_module_wrap *w, int u, int which) 
         n->i[1] = which;
         n->i[2] = (int64_t)(intptr_t)w;
     }
+    *node = n;
     return y;
 }
 
@@ -79,9 +137,19 @@ fg_tensor *fg__module_forward_wrapped(fg_module *m, fg_tensor *x) {
     const fg_module_wrap *w = m->flat->wrap;
     int u = m->wrap_unit;
     if (w->pre_forward(w->ud, u) != FG_OK) return NULL;
-    fg_tensor *xi = hook(x, w, u, POST_BACKWARD);
+    fg_node *in_node, *out_node;
+    fg_tensor *xi = hook(x, w, u, POST_BACKWARD, &in_node);
+    fg_tape_pos inside = fg__tape_pos();
     fg_tensor *y = xi ? fg__module_forward_body(m, xi) : NULL;
     /* released even when forward failed, so that nothing stays gathered */
     if (w->post_forward(w->ud, u) != FG_OK || !y) return NULL;
-    return hook(y, w, u, PRE_BACKWARD);
+    bool closed = in_node && fg__tape_closed_since(inside, xi);
+    fg_tensor *yo = hook(y, w, u, PRE_BACKWARD, &out_node);
+    if (closed && out_node) {
+        segment *sg = fg_step_alloc(sizeof *sg);
+        if (!sg) return NULL;
+        memset(sg, 0, sizeof *sg);
+        in_node->ctx = out_node->ctx = sg;
+    }
+    return yo;
 }
