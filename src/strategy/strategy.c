@@ -315,6 +315,7 @@ fg_status fg_strategy_backward(fg_strategy *s, fg_tensor *loss) {
     if (s->bagua) return fg__bagua_backward(s, loss);
     if (s->det) return fg__det_backward(s, loss, s->sync);
     if (s->zero3) return fg__zero3_backward(s, loss);
+    fg__zero_before_backward(s);
     if (s->reducer) return fg_ddp_reducer_backward(s->reducer, loss, s->sync);
     if (s->horovod) return fg__horovod_backward(s, loss);
     FG_TRY(fg_backward(loss));

@@ -86,6 +86,8 @@ void fg__zero_range(const fg_strategy *s, int rank, int64_t *begin, int64_t *end
 void fg__zero_cut(int64_t numel, int world, size_t es, int64_t *bounds);
 /* The shard bounds (shard group size + 1 entries). */
 const int64_t *fg__zero_bounds(const fg_strategy *s);
+/* Stage 2: a backward begins (the released gradient suffix restarts). */
+void fg__zero_before_backward(fg_strategy *s);
 
 /* zero3.c: the parameters sharded too. _groups makes s->zero3 and the
  * shard group (*group: s->comm, or HYBRID_SHARD's group) before the shards

@@ -13,12 +13,25 @@
  * in place (allgatherv, in pieces of allgather_bucket_size elements), so
  * every rank holds the whole updated model again.
  *
+ * Stage 2 (and SHARD_GRAD_OP) shards the gradient as DeepSpeed's does: as
+ * soon as a bucket's reduction has ended, the part of it other ranks own
+ * is handed back to the kernel (madvise DONTNEED: it reads zero after), and
+ * fg_module_zero_grad zeroes the shard and releases the rest, so between
+ * steps a rank holds 1/N of the gradient, and during backward the buckets
+ * not reduced yet. Without reduce_bucket_size its buckets are ddp's (25 MiB)
+ * rather than one of the whole model, so that they go while backward runs.
+ * This needs fulgur's default allocator (released pages of private
+ * anonymous memory read as zero); under another one the gradient stays
+ * whole.
+ *
  * Invariants: bounds[0] = 0 <= bounds[1] <= ... <= bounds[world] = numel;
  * while z->opt is set, the optimizer's state range is [bounds[rank],
  * bounds[rank + 1]) and its hook points here. Whichever of optimizer and
  * strategy is freed first unhooks the other (detach / fg__zero_free). */
 #include <math.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "optim/optim_impl.h"
 #include "strategy_impl.h"
@@ -32,7 +45,62 @@ struct fg_zero_state {
     int64_t *counts, *displs; /* world each: one all-gather piece */
     int64_t piece;            /* elements per rank per all-gather piece */
     fg_optimizer *opt;        /* NULL once the optimizer was freed */
+    /* stage 2: the gradient outside the shard released (see the top) */
+    bool release_grads;
+    char *gbase;
+    size_t es;
+    int64_t numel, released; /* [released, numel) released in this backward */
+    fg_module_wrap wrap;     /* its zero_grad only: no units */
+    bool model_gone;
 };
+
+/* Zeroes gradient elements [a, b) outside this rank's shard by handing
+ * their whole pages back to the kernel (they read zero after) and clearing
+ * the bytes of the pages at the ends. */
+static void release_grad(fg_zero_state *z, int64_t a, int64_t b) {
+    int64_t lo = z->bounds[z->rank], hi = z->bounds[z->rank + 1];
+    int64_t cut[2][2] = {{a, FG_MIN(b, lo)}, {FG_MAX(a, hi), b}};
+    long v = sysconf(_SC_PAGESIZE);
+    uintptr_t ps = v > 0 ? (uintptr_t)v : 4096;
+    for (int k = 0; k < 2; k++) {
+        if (cut[k][0] >= cut[k][1]) continue;
+        char *p0 = z->gbase + (size_t)cut[k][0] * z->es, *p1 = z->gbase + (size_t)cut[k][1] * z->es;
+        uintptr_t q0 = ((uintptr_t)p0 + ps - 1) & ~(ps - 1), q1 = (uintptr_t)p1 & ~(ps - 1);
+        if (q1 > q0 && madvise((void *)q0, q1 - q0, MADV_DONTNEED) == 0) {
+            memset(p0, 0, (size_t)((char *)q0 - p0));
+            memset((char *)q1, 0, (size_t)(p1 - (char *)q1));
+        } else {
+            memset(p0, 0, (size_t)(p1 - p0));
+        }
+    }
+}
+
+/* The reducer's news: gradient elements [begin, numel) are reduced. */
+static void grads_reduced(void *ud, int64_t begin) {
+    fg_zero_state *z = ud;
+    if (begin >= z->released) return;
+    release_grad(z, begin, z->released);
+    z->released = begin;
+}
+
+static void zero_grad2(void *ud) {
+    fg_zero_state *z = ud;
+    int64_t lo = z->bounds[z->rank], hi = z->bounds[z->rank + 1];
+    memset(z->gbase + (size_t)lo * z->es, 0, (size_t)(hi - lo) * z->es);
+    release_grad(z, 0, z->numel);
+}
+
+static fg_status no_unit(void *ud, int unit) {
+    (void)ud;
+    (void)unit;
+    return FG_OK;
+}
+
+static void detach_model2(void *ud) { ((fg_zero_state *)ud)->model_gone = true; }
+
+void fg__zero_before_backward(fg_strategy *s) {
+    if (s->zero && s->zero->release_grads) s->zero->released = s->zero->numel;
+}
 
 /* Shards of numel elements of es bytes over world ranks: whole 64-byte
  * lines each, as even as that allows. */
@@ -138,6 +206,18 @@ fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o) {
                               .world = z->world,
                               .after_backward = s->mode == FG_MODE_ZERO1};
     if (s3) ro = fg__zero3_reducer_opts(s, ro, o);
+    z->release_grads = s->mode == FG_MODE_ZERO2 && fg__alloc_is_default();
+    if (z->release_grads) {
+        z->gbase = fg_tensor_data(grads);
+        z->es = es;
+        z->numel = z->released = fg_tensor_numel(grads);
+        ro.reduced = grads_reduced;
+        ro.reduced_ud = z;
+        if (!d.reduce_bucket_size) {
+            ro.bucket_cap_mb = 25;  /* ddp's */
+            ro.first_bucket_mb = 1; /* ddp's: communication starts early */
+        }
+    }
     FG_TRY(fg__strategy_reducer_new(s, group, &ro));
     if (s3) FG_TRY(fg__zero3_setup(s, o));
     /* last: a failure before leaves the optimizer as it was */
@@ -151,6 +231,17 @@ fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o) {
     /* nothing fails from here on: a failed setup left the model as it was */
     if (empty) fg__module_init_elements(m, z->bounds[z->rank], z->bounds[z->rank + 1], seed);
     if (s3) fg__zero3_start(s);
+    if (z->release_grads) {
+        z->wrap = (fg_module_wrap){.pre_forward = no_unit,
+                                   .post_forward = no_unit,
+                                   .pre_backward = no_unit,
+                                   .post_backward = no_unit,
+                                   .zero_grad = zero_grad2,
+                                   .detach = detach_model2,
+                                   .ud = z};
+        fg__module_set_wrap(m, &z->wrap, NULL, 0);
+        zero_grad2(z);
+    }
     return FG_OK;
 }
 
@@ -158,6 +249,7 @@ void fg__zero_free(fg_strategy *s) {
     fg_zero_state *z = s->zero;
     if (!z) return;
     if (z->opt) fg__optimizer_set_hook(z->opt, NULL);
+    if (z->release_grads && !z->model_gone) fg__module_set_wrap(s->model, NULL, NULL, 0);
     fg_free(z->bounds);
     fg_free(z->counts);
     fg_free(z->displs);
