@@ -75,6 +75,7 @@ static fg_status offload(fg_optimizer *o, const char *dir, size_t block, bool pa
                         "their own master copy (precision 32-true, bf16-mixed or 16-mixed)",
                         fg_dtype_name(o->dt), o->vt->name, fg_dtype_name(o->sdt));
     if (o->nstates == 0 && !params) return FG_OK;
+    FG_TRY(fg__optimizer_ensure_state(o));
     int64_t n = o->state_end - o->state_begin;
     size_t bytes = fg_dtype_size(o->sdt) * (size_t)n;
     char what[96];

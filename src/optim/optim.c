@@ -27,11 +27,10 @@ fg_optimizer *fg__optimizer_new(const fg_optim_vt *vt, fg_module *m, double lr, 
     o->lr = lr;
     o->state_end = o->numel;
     o->nstates = nstates;
-    for (int i = 0; i < nstates; i++) {
-        o->state_name[i] = names[i];
-        o->state[i] = fg_tensor_new(o->sdt, 1, &o->numel);
-        if (!o->state[i]) goto fail;
-    }
+    /* the state buffers come at first use (fg__optimizer_ensure_state), so
+     * that an optimizer a sharded strategy cuts at setup only ever holds its
+     * shard */
+    for (int i = 0; i < nstates; i++) o->state_name[i] = names[i];
     /* weight-decay segments: runs of parameters with the same decay */
     int64_t np = m->p_count;
     o->seg_begin = fg_calloc((size_t)np + 2, sizeof *o->seg_begin);
@@ -50,9 +49,24 @@ fg_optimizer *fg__optimizer_new(const fg_optim_vt *vt, fg_module *m, double lr, 
     o->seg_begin[o->nseg] = o->numel;
     return o;
 fail:
-    fg_error_wrap(FG_ENOMEM, "%s: state for %lld parameters", vt->name, (long long)o->numel);
+    fg_error_wrap(FG_ENOMEM, "%s: weight-decay segments of %lld parameters", vt->name,
+                  (long long)np);
     fg_optimizer_free(o);
     return NULL;
+}
+
+fg_status fg__optimizer_ensure_state(fg_optimizer *o) {
+    int64_t n = o->state_end - o->state_begin;
+    for (int i = 0; i < o->nstates; i++)
+        if (!o->state[i] && !(o->state[i] = fg_tensor_new(o->sdt, 1, &n))) {
+            for (int k = 0; k < i; k++) {
+                fg_tensor_free(o->state[k]);
+                o->state[k] = NULL;
+            }
+            return fg_error_wrap(FG_ENOMEM, "%s: state for %lld parameters", o->vt->name,
+                                 (long long)n);
+        }
+    return FG_OK;
 }
 
 void fg_optimizer_free(fg_optimizer *o) {
@@ -76,6 +90,7 @@ fg_status fg__optimizer_step_range(fg_optimizer *o, int64_t begin, int64_t end, 
     if (!param) param = (char *)o->param + at;
     if (!grad) grad = (const char *)o->grad + at;
     if (o->offload) return fg__offload_step_range(o, begin, end, param, grad);
+    FG_TRY(fg__optimizer_ensure_state(o));
     void *state[FG_OPTIM_MAX_STATES] = {0};
     for (int i = 0; i < o->nstates; i++)
         state[i] = (char *)fg_tensor_data(o->state[i]) +
@@ -104,6 +119,17 @@ fg_status fg__optimizer_shard_state(fg_optimizer *o, int64_t begin, int64_t end)
     if (o->offload)
         return fg_error(FG_ESTATE, "optimizer shard: the state is offloaded to disk already; shard "
                                    "it before offloading it");
+    if (o->nstates && !o->state[0]) { /* never used: made at the shard's size */
+        int64_t b = o->state_begin, e = o->state_end;
+        o->state_begin = begin;
+        o->state_end = end;
+        fg_status st = fg__optimizer_ensure_state(o);
+        if (st != FG_OK) {
+            o->state_begin = b;
+            o->state_end = e;
+        }
+        return st;
+    }
     fg_tensor *fresh[FG_OPTIM_MAX_STATES] = {0};
     int64_t n = end - begin;
     for (int i = 0; i < o->nstates; i++)
@@ -184,7 +210,7 @@ fg_tensor *fg_optimizer_state(fg_optimizer *o, int i) {
                  o ? o->nstates : 0);
         return NULL;
     }
-    return o->state[i];
+    return fg__optimizer_ensure_state(o) == FG_OK ? o->state[i] : NULL;
 }
 
 /* ------------------------------------------------------------ schedules */

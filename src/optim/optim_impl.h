@@ -62,7 +62,8 @@ struct fg_optimizer {
     } o;
 };
 
-/* A new optimizer over m with `nstates` zeroed state buffers named `names`;
+/* A new optimizer over m with `nstates` state buffers named `names` (made
+ * zero at first use);
  * weight decay wd on every parameter, or only on those with ndim >= 2 when
  * matrices_only. NULL on error. */
 fg_optimizer *fg__optimizer_new(const fg_optim_vt *vt, fg_module *m, double lr, int nstates,
@@ -82,6 +83,10 @@ fg_status fg__optimizer_step_range(fg_optimizer *opt, int64_t begin, int64_t end
  * elements long, keeping the values they held for that range (zero where
  * they held none). fg_optimizer_step then updates that range only. */
 fg_status fg__optimizer_shard_state(fg_optimizer *opt, int64_t begin, int64_t end);
+/* Makes the state buffers (zero) over [state_begin, state_end) if they are
+ * not made yet: an optimizer makes them at first use (a step, a state
+ * read, a shard cut, offload), not at construction. */
+fg_status fg__optimizer_ensure_state(fg_optimizer *o);
 void fg__optimizer_advance(fg_optimizer *opt);
 /* Sets the hook (NULL clears it). The strategy that sets one clears it
  * when it is freed first; the optimizer calls detach when it is. */

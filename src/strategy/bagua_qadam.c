@@ -52,6 +52,7 @@ fg_status fg__qadam_bucket(fg_bagua_state *st, const fg_ddp_bucket *b) {
 fg_status fg__qadam_pre_step(void *ud, fg_optimizer *o, bool *skip) {
     fg_bagua_state *st = ud;
     if (o->steps < st->o.warmup_steps) return FG_OK; /* AdamW's own step */
+    FG_TRY(fg__optimizer_ensure_state(o));
     *skip = true;
     const fg_adamw_opts *ao = &o->o.adamw;
     float *p = o->param, *m = fg_tensor_data(o->state[0]);
