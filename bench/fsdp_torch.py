@@ -5,7 +5,8 @@ tanh GELU) trained on 2 processes over gloo on the CPU, under DDP or under
 FSDP FULL_SHARD with one unit per transformer Block (Lightning's
 auto_wrap_policy={Block}), AdamW in f32, one thread per process. Prints
 one JSON line like shard_bench's: the median step time and the largest
-per-process peak RSS (ru_maxrss), or {"error": ...} when the mode does not
+per-process peak RSS (ru_maxrss) and RSS before the model was made (the
+interpreter and torch's libraries), or {"error": ...} when the mode does not
 run here (with the exception's last line).
 
   python bench/fsdp_torch.py --mode fsdp|ddp [--long] [--steps N] [--api 1|2]
@@ -76,12 +77,20 @@ def wrap(model, args):
                 device_id=torch.device("cpu"))
 
 
+def rss_now():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def run(args, rank, world):
     torch.set_num_threads(1)
+    base = rss_now()
     V = 65
     L, H, C, T, B = (12, 12, 1152, 256, 2) if args.long else (8, 6, 384, 128, 4)
     torch.manual_seed(0)
-    model = wrap(GPT(V, T, L, H, C), args)
+    model = GPT(V, T, L, H, C)
+    params = sum(p.numel() for p in model.parameters())
+    model = wrap(model, args)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
     g = torch.Generator().manual_seed(1 + rank)
     idx = torch.randint(0, V, (B, T), generator=g)
@@ -96,8 +105,7 @@ def run(args, rank, world):
         times.append(time.perf_counter() - t0)
     ms = statistics.median(times[args.warmup:]) * 1e3
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
-    params = sum(p.numel() for p in model.parameters()) * (world if args.mode == "fsdp" else 1)
-    return ms, rss, params, B * T * world
+    return ms, rss, base, params, B * T * world
 
 
 def worker(rank, args, q):
@@ -105,15 +113,16 @@ def worker(rank, args, q):
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(args.ranks)
     try:
         dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
-        ms, rss, params, tokens = run(args, rank, args.ranks)
-        t = torch.tensor([ms, rss], dtype=torch.float64)
+        ms, rss, base, params, tokens = run(args, rank, args.ranks)
+        t = torch.tensor([ms, rss, base], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         if rank == 0:
             q.put({"strategy": "torch " + args.mode + ("" if args.mode == "ddp" else
                                                        " FULL_SHARD (FSDP%d)" % args.api),
                    "ranks": args.ranks, "params": params, "ms_per_step": t[0].item(),
                    "tokens_per_s": tokens / (t[0].item() / 1e3),
-                   "peak_rss_mb": t[1].item() / 1048576.0, "torch": torch.__version__})
+                   "peak_rss_mb": t[1].item() / 1048576.0,
+                   "base_rss_mb": t[2].item() / 1048576.0, "torch": torch.__version__})
     except Exception as e:
         if rank == 0:
             q.put({"strategy": "torch " + args.mode, "torch": torch.__version__,

@@ -118,6 +118,7 @@ static int run(fg_fabric *f, void *arg) {
         cfg = (fg_gpt_config){
             .vocab = V, .ctx = T, .layers = 12, .heads = 12, .embd = 1152, .seed = 0};
     bool s3 = !strcmp(a->strategy, "deepspeed_stage_3") || !strcmp(a->strategy, "fsdp");
+    double base = statm_rss(); /* before the model: the process itself */
     bool was = fg_module_set_empty_init(s3);
     fg_module *model = fg_gpt_new(&cfg);
     fg_module_set_empty_init(was);
@@ -176,13 +177,16 @@ static int run(fg_fabric *f, void *arg) {
     state = fg_fabric_reduce_scalar(f, state, FG_MAX);
     int64_t P = fg_module_numel(model);
     int N = fg_fabric_world_size(f);
+    double base_max = fg_fabric_reduce_scalar(f, base, FG_MAX);
     if (fg_fabric_is_global_zero(f))
         printf("{\"strategy\": \"%s%s\", \"ranks\": %d, \"params\": %lld, \"ms_per_step\": %.1f, "
                "\"steps_per_s\": %.3f, \"peak_rss_mb\": %.1f, \"peak_rss_train_mb\": %.1f, "
-               "\"model_state_mb\": %.1f, \"ideal_mb\": %.1f, \"ddp_state_mb\": %.1f}\n",
+               "\"model_state_mb\": %.1f, \"ideal_mb\": %.1f, \"ddp_state_mb\": %.1f, "
+               "\"tokens_per_s\": %.1f, \"base_rss_mb\": %.1f}\n",
                a->strategy, a->ac ? "+ac" : "", N, (long long)P, ms, 1e3 / ms, all_peak / 1048576.0,
                train_peak / 1048576.0, state / 1048576.0, 16.0 * (double)P / N / 1048576.0,
-               16.0 * (double)P / 1048576.0);
+               16.0 * (double)P / 1048576.0, (double)(B * T * N) / (ms / 1e3),
+               base_max / 1048576.0);
     if (sampling) {
         g_stop = 1;
         pthread_join(th, NULL);
