@@ -1,6 +1,7 @@
-/* What each rank holds of a model's state under each strategy (under
- * stage 3, between steps: the units gathered during forward and backward
- * come on top), computed
+/* What each rank holds of a model's state under each strategy between
+ * steps (under stage 3 the units gathered during forward and backward come
+ * on top, under stages 2 and 3 the gradient buckets not reduced yet),
+ * computed
  * from the same cut the strategies make (fg__zero_cut), without building
  * anything: `fulgur env` prints it for a model of any size. */
 #include "strategy_impl.h"
@@ -42,7 +43,11 @@ fg_status fg_strategy_memory_of(fg_strategy_kind kind, const fg_sharded_opts *o,
         if (b != stack) fg_free(b);
     }
     int64_t held = s3 ? state : numel; /* stage 3: parameters and gradients sharded too */
-    *out = (fg_strategy_memory){
-        .param_bytes = held * es, .grad_bytes = held * es, .optim_bytes = state * es * nstates};
+    /* stage 2 (SHARD_GRAD_OP): the gradient outside the shard released */
+    bool s2 = kind == FG_STRATEGY_DEEPSPEED_STAGE_2 ||
+              (kind == FG_STRATEGY_FSDP && ss == FG_SHARDING_SHARD_GRAD_OP);
+    *out = (fg_strategy_memory){.param_bytes = held * es,
+                                .grad_bytes = (s3 || s2 ? state : numel) * es,
+                                .optim_bytes = state * es * nstates};
     return FG_OK;
 }

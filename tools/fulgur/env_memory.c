@@ -85,10 +85,12 @@ int env_memory_print(const char *strategy, const char *sharding, int world, int6
                 m.optim_bytes / nstates / (int64_t)fg_dtype_size(dtype));
         }
     }
-    printf("    (parameters and gradients stay whole on every rank under stages 1 and 2; under\n"
-           "    stage 3 (fsdp FULL_SHARD) they are sharded too: this is what a rank holds between\n"
-           "    steps, plus the units gathered in use during forward and backward. Shards are\n"
-           "    cut on 64-byte lines. On a CPU everything lives in host memory: there is no\n"
-           "    device memory to offload from.)\n");
+    printf(
+        "    (parameters stay whole on every rank under stages 1 and 2, gradients under\n"
+        "    stage 1; stage 2 (fsdp SHARD_GRAD_OP) keeps the gradient's shard between steps\n"
+        "    and stage 3 (fsdp FULL_SHARD) the parameters' too: this is what a rank holds\n"
+        "    between steps, plus the gradient buckets not reduced yet during backward and,\n"
+        "    under stage 3, the units gathered in use. Shards are cut on 64-byte lines. On a\n"
+        "    CPU everything lives in host memory: there is no device memory to offload from.)\n");
     return FG_EXIT_OK;
 }
