@@ -1,5 +1,5 @@
-/* The optimizer's state under the sharded strategies is only ever the
- * shard's: on 2 and 3 forked ranks (shm backend), under deepspeed_stage_1,
+/* What a rank holds under the sharded strategies. The optimizer's state is
+ * only ever the shard's: on 2 and 3 forked ranks (shm backend), under deepspeed_stage_1,
  * _2, _3, fsdp SHARD_GRAD_OP and FULL_SHARD, counted by an allocator that
  * keeps the live bytes of the process:
  *   - fg_adamw_new allocates no state at all (well under one state buffer
@@ -12,6 +12,11 @@
  *     shard's elements (fg_strategy_shard_range), so its bytes are
  *     2 x 4 x shard, and the shards tile the model;
  *   - under ddp the state is the whole model's (made at the first step).
+ * And stage 3's units rewind the step arena in backward: the step memory's
+ * high-water mark over the same steps is below ddp's (which keeps every
+ * activation's gradient until the step ends), by at least a quarter of
+ * what a forward makes (2 Blocks of this small GPT: the root's embeddings,
+ * head and loss are most of it).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -97,6 +102,8 @@ typedef struct shared {
     int64_t shard[8][2];    /* fg_strategy_shard_range */
     int64_t state[8][2][2]; /* per state tensor: elements after setup, after 3 steps */
     int64_t range[8][2];    /* fg_optimizer_state_range after the steps */
+    int64_t arena_peak[8];  /* fg_step_peak_bytes after the steps */
+    int64_t forward[8];     /* step bytes after the last forward */
 } shared;
 
 static fg_comm *join(int rank, int n, const char *job) {
@@ -150,13 +157,16 @@ static int state_rank(int rank, int n, void *arg) {
             ((int32_t *)fg_tensor_data(y))[i] = (int32_t)((i * 5 + step) % 17);
         }
         fg_optimizer_zero_grad(o);
+        size_t at = fg_step_bytes();
         fg_tensor *l = fg_cross_entropy(fg_module_forward(m, x), y, -100);
+        sh->forward[rank] = (int64_t)(fg_step_bytes() - at);
         bad |= fg_strategy_backward(st, l) != FG_OK || fg_optimizer_step(o) != FG_OK;
         if (bad) fprintf(stderr, "rank %d step %d: %s\n", rank, step, fg_last_error());
         fg_step_reset();
     }
     for (int k = 0; k < 2; k++) sh->state[rank][k][1] = fg_tensor_numel(fg_optimizer_state(o, k));
     fg_optimizer_state_range(o, &sh->range[rank][0], &sh->range[rank][1]);
+    sh->arena_peak[rank] = (int64_t)fg_step_peak_bytes();
     fg_strategy_free(st);
     fg_optimizer_free(o);
     fg_module_free(m);
@@ -242,4 +252,23 @@ TEST(ddp_optimizer_state_is_whole) {
         CHECK(sh->range[r][0] == 0 && sh->range[r][1] == sh->numel);
     }
     munmap(sh, sizeof *sh);
+}
+
+TEST(stage3_backward_rewinds_the_step_arena) {
+    shared *d = run(FG_STRATEGY_DDP, 0, 2);
+    shared *z = run(FG_STRATEGY_DEEPSPEED_STAGE_3, 0, 2);
+    shared *f = run(FG_STRATEGY_FSDP, FG_SHARDING_FULL_SHARD, 2);
+    if (!d || !z || !f) return;
+    for (int r = 0; r < 2; r++) {
+        CHECK_MSG(d->forward[r] > 0, "rank %d: the forward made no step memory", r);
+        for (shared *s3 = z; s3; s3 = s3 == z ? f : NULL)
+            CHECK_MSG(s3->arena_peak[r] + d->forward[r] / 4 < d->arena_peak[r],
+                      "rank %d: stage 3's step arena peaked at %lld bytes, ddp's at %lld (a "
+                      "forward makes %lld)",
+                      r, (long long)s3->arena_peak[r], (long long)d->arena_peak[r],
+                      (long long)d->forward[r]);
+    }
+    munmap(d, sizeof *d);
+    munmap(z, sizeof *z);
+    munmap(f, sizeof *f);
 }
