@@ -8,7 +8,9 @@
  *     parameter and gradient buffers (mincore: released pages do not
  *     count) and the optimizer state's bytes, beside the ideal 16 / N bytes
  *     per parameter of a fully sharded rank;
- *   - the median step time.
+ *   - the median step time, and the CPU time of a step (every thread of
+ *     the rank, the communicator's progress thread included: on a machine
+ *     shared with other jobs this moves less than the wall time).
  * Rank 0 prints one JSON line with the largest value over the ranks.
  * Under stage 3 the model is made under empty init (each rank initialises
  * its shard only).
@@ -28,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "fulgur/fulgur.h"
@@ -67,6 +70,14 @@ static void *sampler(void *arg) {
         usleep(1000);
     }
     return NULL;
+}
+
+/* CPU seconds this process (every thread) used so far. */
+static double cpu_seconds(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
+           (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -140,8 +151,9 @@ static int run(fg_fabric *f, void *arg) {
     double setup_peak = status_bytes("VmHWM");
     reset_peak();
     double *times = calloc((size_t)(a->warmup + a->steps), sizeof *times);
-    double state = 0;
+    double state = 0, cpu0 = 0;
     for (int s = 0; s < a->warmup + a->steps; s++) {
+        if (s == a->warmup) cpu0 = cpu_seconds();
         double t0 = fg_time();
         if (s == 1) memcpy(g_first_peak, g_ph_peak, sizeof g_ph_peak);
         if (s == a->warmup + a->steps - 1)
@@ -169,6 +181,7 @@ static int run(fg_fabric *f, void *arg) {
             st += (double)fg_tensor_numel(fg_optimizer_state(opt, k)) * sizeof(float);
         if (st > state) state = st;
     }
+    double cpu_ms = fg_fabric_reduce_scalar(f, (cpu_seconds() - cpu0) * 1e3 / a->steps, FG_MAX);
     qsort(times + a->warmup, (size_t)a->steps, sizeof *times, cmp_double);
     double ms = fg_fabric_reduce_scalar(f, times[a->warmup + a->steps / 2] * 1e3, FG_MAX);
     double train_peak = fg_fabric_reduce_scalar(f, status_bytes("VmHWM"), FG_MAX);
@@ -182,11 +195,11 @@ static int run(fg_fabric *f, void *arg) {
         printf("{\"strategy\": \"%s%s\", \"ranks\": %d, \"params\": %lld, \"ms_per_step\": %.1f, "
                "\"steps_per_s\": %.3f, \"peak_rss_mb\": %.1f, \"peak_rss_train_mb\": %.1f, "
                "\"model_state_mb\": %.1f, \"ideal_mb\": %.1f, \"ddp_state_mb\": %.1f, "
-               "\"tokens_per_s\": %.1f, \"base_rss_mb\": %.1f}\n",
+               "\"tokens_per_s\": %.1f, \"base_rss_mb\": %.1f, \"cpu_ms_per_step\": %.1f}\n",
                a->strategy, a->ac ? "+ac" : "", N, (long long)P, ms, 1e3 / ms, all_peak / 1048576.0,
                train_peak / 1048576.0, state / 1048576.0, 16.0 * (double)P / N / 1048576.0,
-               16.0 * (double)P / 1048576.0, (double)(B * T * N) / (ms / 1e3),
-               base_max / 1048576.0);
+               16.0 * (double)P / 1048576.0, (double)(B * T * N) / (ms / 1e3), base_max / 1048576.0,
+               cpu_ms);
     if (sampling) {
         g_stop = 1;
         pthread_join(th, NULL);

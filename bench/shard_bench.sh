@@ -5,8 +5,11 @@
 # rank beside the fully sharded ideal of 16 / N bytes per parameter, and
 # steps per second.
 #
-#   bench/shard_bench.sh [BUILD_DIR] [--long] [--steps N] [--threads N] [--torch]
+#   bench/shard_bench.sh [BUILD_DIR] [--long] [--steps N] [--threads N] [--rounds N] [--torch]
 #
+# --rounds N runs the four strategies N times, interleaved (ddp, stage 1,
+# 2, 3, ddp, ...), and takes each one's median speed: on a machine shared
+# with other jobs the load then moves every strategy alike.
 # --long trains a GPT of about 200M parameters (several GB per rank under
 # ddp, minutes per strategy); without it a 14M one. --torch adds PyTorch's
 # DDP and FSDP (FULL_SHARD, one unit per Block) on gloo with the same model
@@ -17,11 +20,12 @@
 set -euo pipefail
 build=build
 if [[ $# -gt 0 && $1 != --* ]]; then build=$1; shift; fi
-torch=0 long=0 steps=""
+torch=0 long=0 steps="" rounds=1
 args=()
 while [[ $# -gt 0 ]]; do
     case $1 in
         --torch) torch=1 ;;
+        --rounds) rounds=$2; shift ;;
         --long) long=1; args+=("$1") ;;
         --steps) steps=$2; args+=("$1" "$2"); shift ;;
         *) args+=("$1") ;;
@@ -37,9 +41,12 @@ echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 declare -A line
 strategies=(ddp deepspeed_stage_1 deepspeed_stage_2 deepspeed_stage_3)
-for s in "${strategies[@]}"; do
-    line[$s]=$("$bin" --strategy "$s" --devices 2 "${args[@]}")
-    echo "${line[$s]}"
+for ((k = 0; k < rounds; k++)); do
+    for s in "${strategies[@]}"; do
+        out=$("$bin" --strategy "$s" --devices 2 "${args[@]}")
+        echo "$out"
+        line[$s]="${line[$s]:-}$out"$'\n'
+    done
 done
 tline=(null null)
 if [[ $torch == 1 ]]; then
@@ -62,16 +69,32 @@ fi
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 - "${line[ddp]}" "${line[deepspeed_stage_1]}" "${line[deepspeed_stage_2]}" \
     "${line[deepspeed_stage_3]}" "${tline[0]}" "${tline[1]}" <<'PY'
-import json, sys
-d, z1, z2, z3, td, tf = (json.loads(a) for a in sys.argv[1:7])
-print(f"GPT of {d['params']:,} parameters, AdamW f32, {d['ranks']} ranks; per rank:")
+import json, statistics, sys
+def merged(text):
+    """One strategy's rounds: the median speed, the largest memory."""
+    rs = [json.loads(l) for l in text.splitlines() if l.strip()]
+    r = dict(rs[0])
+    for k in ("tokens_per_s", "steps_per_s", "cpu_ms_per_step"):
+        r[k] = statistics.median(x[k] for x in rs)
+    r["ms_per_step"] = statistics.median(x["ms_per_step"] for x in rs)
+    for k in ("peak_rss_mb", "peak_rss_train_mb", "model_state_mb"):
+        r[k] = max(x[k] for x in rs)
+    r["rounds"] = len(rs)
+    return r
+d, z1, z2, z3 = (merged(a) for a in sys.argv[1:5])
+td, tf = (json.loads(a) for a in sys.argv[5:7])
+print(f"GPT of {d['params']:,} parameters, AdamW f32, {d['ranks']} ranks; per rank"
+      + (f" (median speed of {d['rounds']} rounds)" if d["rounds"] > 1 else "") + ":")
 print(f"{'':20}{'peak RSS':>12}{'x ddp':>8}{'train peak':>12}{'x ddp':>8}"
-      f"{'model state':>13}{'ideal 16/N':>12}{'tokens/s':>10}{'x ddp':>7}")
+      f"{'model state':>13}{'ideal 16/N':>12}{'tokens/s':>10}{'x ddp':>7}{'CPU ms/step':>13}{'x ddp':>7}")
 for r in (d, z1, z2, z3):
     print(f"{r['strategy']:20}{r['peak_rss_mb']:>10.1f}MB{r['peak_rss_mb'] / d['peak_rss_mb']:>8.2f}"
           f"{r['peak_rss_train_mb']:>10.1f}MB{r['peak_rss_train_mb'] / d['peak_rss_train_mb']:>8.2f}"
           f"{r['model_state_mb']:>11.1f}MB{r['ideal_mb']:>10.1f}MB"
-          f"{r['tokens_per_s']:>10.1f}{r['tokens_per_s'] / d['tokens_per_s']:>7.2f}")
+          f"{r['tokens_per_s']:>10.1f}{r['tokens_per_s'] / d['tokens_per_s']:>7.2f}"
+          f"{r['cpu_ms_per_step']:>13.0f}{d['cpu_ms_per_step'] / r['cpu_ms_per_step']:>7.2f}")
+print("(x ddp: memory as a fraction of ddp's, speed as a multiple of ddp's; the CPU column is\n"
+      " ddp's CPU time per step over this one's, a speed that other jobs on the machine move less)")
 if td is None:
     sys.exit(0)
 print(f"PyTorch {td.get('torch', '?')} on gloo, the same GPT and batch:")
