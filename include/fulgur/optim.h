@@ -102,7 +102,10 @@ FG_API fg_module *fg_optimizer_module(const fg_optimizer *opt);
  * long, element 0 being element `begin` of the layout
  * (fg_optimizer_state_range). Writing them sets the state. Note
  * that a SGD momentum buffer is only used from the second step on, so set
- * the step count too when restoring it. */
+ * the step count too when restoring it. The buffers are made (zero) at
+ * first use: the first step, the first fg_optimizer_state, or a sharded
+ * strategy's setup, which makes only its shard's; fg_optimizer_state
+ * returns NULL with FG_ENOMEM if they cannot be made. */
 FG_API int fg_optimizer_num_states(const fg_optimizer *opt);
 FG_API const char *fg_optimizer_state_name(const fg_optimizer *opt, int i);
 FG_API fg_tensor *fg_optimizer_state(fg_optimizer *opt, int i);
