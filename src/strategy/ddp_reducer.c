@@ -51,6 +51,7 @@ struct fg_ddp_reducer {
     int64_t *req_suffix; /* ZeRO-3: the finished suffix once reqs[0..i] are done */
     int ndone;           /* reqs[0..ndone) are known finished */
     int64_t suffix;      /* the suffix the buckets started so far cover */
+    int64_t max_pending; /* ZeRO: elements started and not finished, at most */
     void (*reduced)(void *ud, int64_t begin);
     void *reduced_ud;
     fg_status err;
@@ -108,6 +109,7 @@ fg_status fg_ddp_reducer_new(fg_comm *comm, fg_tensor *flat, int n, fg_tensor *c
     r->wire = d.wire ? d.wire : FG_F32;
     r->reduced = d.reduced;
     r->reduced_ud = d.reduced_ud;
+    r->max_pending = d.max_pending;
     if (d.owner_bounds) {
         r->world = d.world;
         r->bounds = fg_calloc((size_t)d.world + 1, sizeof *r->bounds);
@@ -288,6 +290,16 @@ static void poll_done(fg_ddp_reducer *r) {
         bool done = false;
         if (fg_comm_test(r->reqs[r->ndone], &done) != FG_OK || !done) break;
         r->ndone++;
+    }
+    /* too much started and not finished: wait for the oldest */
+    while (r->max_pending > 0 && r->ndone < r->nreqs && r->reqs[r->ndone] &&
+           (r->ndone ? r->req_suffix[r->ndone - 1] : r->flat->numel) - r->suffix > r->max_pending) {
+        fg_status ws = fg_comm_wait(r->reqs[r->ndone]);
+        r->reqs[r->ndone++] = NULL;
+        if (ws != FG_OK) {
+            set_err(r, fg_error_wrap(ws, "%s: a gradient bucket's reduction", r->name));
+            break;
+        }
     }
     if (r->ndone > before) r->reduced(r->reduced_ud, r->req_suffix[r->ndone - 1]);
 }

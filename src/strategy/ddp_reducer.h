@@ -29,6 +29,12 @@ typedef struct fg_ddp_reducer_opts {
      * the strategy releases what the other ranks own. NULL: not called. */
     void (*reduced)(void *ud, int64_t begin);
     void *reduced_ud;
+    /* With reduced: the most gradient elements whose reductions have
+     * started but not finished; past it, backward waits for the oldest
+     * before going on, so that what is released is never far behind (the
+     * memory of a rank does not grow with how late the communication runs).
+     * 0: no bound. */
+    int64_t max_pending;
     /* ddp only: a communication hook run on each bucket instead of the
      * averaging allreduce (blocking, on the backward thread), with its
      * state; wire is the dtype of fg_ddp_bucket_allreduce (0: f32, else the

@@ -22,7 +22,9 @@
  * rather than one of the whole model, so that they go while backward runs.
  * This needs fulgur's default allocator (released pages of private
  * anonymous memory read as zero); under another one the gradient stays
- * whole.
+ * whole. Under stages 2 and 3, backward waits for the oldest reduction once
+ * two buckets' worth are started and not finished, so that the gradient
+ * not released yet stays about two buckets whatever the machine's load.
  *
  * Invariants: bounds[0] = 0 <= bounds[1] <= ... <= bounds[world] = numel;
  * while z->opt is set, the optimizer's state range is [bounds[rank],
@@ -218,6 +220,10 @@ fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o) {
             ro.first_bucket_mb = 1; /* ddp's: communication starts early */
         }
     }
+    /* stages 2 and 3: at most two buckets' worth of reductions started and
+     * not finished, so that the gradient they release is never far behind
+     * backward (on a busy machine the communication lags) */
+    if (ro.reduced) ro.max_pending = (int64_t)(2 * ro.bucket_cap_mb * 1048576.0 / (double)es);
     FG_TRY(fg__strategy_reducer_new(s, group, &ro));
     if (s3) FG_TRY(fg__zero3_setup(s, o));
     /* last: a failure before leaves the optimizer as it was */
