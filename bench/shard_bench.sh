@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Per-rank memory and speed of ddp, deepspeed_stage_1, _2 and _3 on 2 ranks
-# of the same GPT (bench/shard_bench.c), in one run, with the ratios to
-# ddp: peak resident memory (over training and with setup), model state per
+# Per-rank memory and speed of ddp, deepspeed_stage_1, _2, _3 and _3 with
+# activation checkpointing (+ac) on 2 ranks of the same GPT
+# (bench/shard_bench.c), in one run, with the ratios to ddp: peak resident memory (over training and with setup), model state per
 # rank beside the fully sharded ideal of 16 / N bytes per parameter, and
 # steps per second.
 #
 #   bench/shard_bench.sh [BUILD_DIR] [--long] [--steps N] [--threads N] [--rounds N] [--torch]
 #
-# --rounds N runs the four strategies N times, interleaved (ddp, stage 1,
+# --rounds N runs the five strategies N times, interleaved (ddp, stage 1,
 # 2, 3, ddp, ...), and takes each one's median speed: on a machine shared
 # with other jobs the load then moves every strategy alike.
 # --long trains a GPT of about 200M parameters (several GB per rank under
@@ -40,10 +40,12 @@ echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
     "$(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || echo 'no AVX-512')"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 declare -A line
-strategies=(ddp deepspeed_stage_1 deepspeed_stage_2 deepspeed_stage_3)
+strategies=(ddp deepspeed_stage_1 deepspeed_stage_2 deepspeed_stage_3 deepspeed_stage_3+ac)
 for ((k = 0; k < rounds; k++)); do
     for s in "${strategies[@]}"; do
-        out=$("$bin" --strategy "$s" --devices 2 "${args[@]}")
+        flags=(--strategy "${s%+ac}")
+        [[ $s == *+ac ]] && flags+=(--activation-checkpointing)
+        out=$("$bin" "${flags[@]}" --devices 2 "${args[@]}")
         echo "$out"
         line[$s]="${line[$s]:-}$out"$'\n'
     done
@@ -68,7 +70,7 @@ if [[ $torch == 1 ]]; then
 fi
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 - "${line[ddp]}" "${line[deepspeed_stage_1]}" "${line[deepspeed_stage_2]}" \
-    "${line[deepspeed_stage_3]}" "${tline[0]}" "${tline[1]}" <<'PY'
+    "${line[deepspeed_stage_3]}" "${line[deepspeed_stage_3+ac]}" "${tline[0]}" "${tline[1]}" <<'PY'
 import json, statistics, sys
 def merged(text):
     """One strategy's rounds: the median speed, the largest memory."""
@@ -81,13 +83,13 @@ def merged(text):
         r[k] = max(x[k] for x in rs)
     r["rounds"] = len(rs)
     return r
-d, z1, z2, z3 = (merged(a) for a in sys.argv[1:5])
-td, tf = (json.loads(a) for a in sys.argv[5:7])
+d, z1, z2, z3, z3ac = (merged(a) for a in sys.argv[1:6])
+td, tf = (json.loads(a) for a in sys.argv[6:8])
 print(f"GPT of {d['params']:,} parameters, AdamW f32, {d['ranks']} ranks; per rank"
       + (f" (median speed of {d['rounds']} rounds)" if d["rounds"] > 1 else "") + ":")
 print(f"{'':20}{'peak RSS':>12}{'x ddp':>8}{'train peak':>12}{'x ddp':>8}"
       f"{'model state':>13}{'ideal 16/N':>12}{'tokens/s':>10}{'x ddp':>7}{'CPU ms/step':>13}{'x ddp':>7}")
-for r in (d, z1, z2, z3):
+for r in (d, z1, z2, z3, z3ac):
     print(f"{r['strategy']:20}{r['peak_rss_mb']:>10.1f}MB{r['peak_rss_mb'] / d['peak_rss_mb']:>8.2f}"
           f"{r['peak_rss_train_mb']:>10.1f}MB{r['peak_rss_train_mb'] / d['peak_rss_train_mb']:>8.2f}"
           f"{r['model_state_mb']:>11.1f}MB{r['ideal_mb']:>10.1f}MB"
