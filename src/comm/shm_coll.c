@@ -7,15 +7,15 @@
  * chunk g. A rank writes slot g % K only after every rank posted done >=
  * g-K+1, so no rank runs more than K chunks ahead of another, and while one
  * rank reduces chunk g another already copies in chunk g+1: both cores
- * stream memory at once.
+ * stream memory at once. (The allreduce posts ready for g+1 before done for
+ * g: ready of g says only that g-2 is done.)
  *
  * Allreduce of a large buffer (reduce-scatter + allgather per chunk): each
  * rank copies its chunk in, reduces its slice of the chunk over all ranks'
- * slots in rank order 0..N-1 (into its own slot and its output), then copies
- * the other slices out. Every element is reduced once, in a fixed order, by
- * one rank: the result is bitwise the same on every rank and every run.
- * Small buffers take one chunk in which every rank reduces the whole buffer
- * itself, still in rank order.
+ * slots in rank order 0..N-1 (into its own slot and its output), copies the
+ * next chunk in, then copies the other slices of this chunk out. Every element is reduced once, in
+ * a fixed order, by one rank: the result is bitwise the same on every rank and every run. Small
+ * buffers take one chunk in which every rank reduces the whole buffer itself, still in rank order.
  *
  * Point to point: each ordered pair of ranks has a channel of two slots; a
  * message goes in pieces, the sender filling one slot while the receiver
@@ -43,9 +43,8 @@ static void sig_of(const fg_comm_args *a, int n, uint32_t out[3]) {
 
 /* Starts chunk g: waits until every rank is done with chunk g-K (its slots
  * are free), publishes the call's signature for chunk g. */
-static fg_status chunk_begin(fg_comm *c, shm_state *s, const fg_comm_args *a,
-                             const uint32_t sig[3]) {
-    uint32_t g = s->g;
+static fg_status chunk_begin_at(fg_comm *c, shm_state *s, const fg_comm_args *a,
+                                const uint32_t sig[3], uint32_t g) {
     /* a broken group moves no more data, even where a peer's words allow it */
     if (atomic_load_explicit(&s->hdr->abort_rank, memory_order_acquire) >= 0)
         return fg__shm_aborted_elsewhere(c, s, a);
@@ -54,6 +53,11 @@ static fg_status chunk_begin(fg_comm *c, shm_state *s, const fg_comm_args *a,
     for (int k = 0; k < 3; k++)
         atomic_store_explicit(&m->sig[g % SIGRING][k], sig[k], memory_order_relaxed);
     return FG_OK;
+}
+
+static fg_status chunk_begin(fg_comm *c, shm_state *s, const fg_comm_args *a,
+                             const uint32_t sig[3]) {
+    return chunk_begin_at(c, s, a, sig, s->g);
 }
 
 static void describe_sig(const uint32_t sg[3], char *buf, size_t cap) {
@@ -66,8 +70,7 @@ static void describe_sig(const uint32_t sg[3], char *buf, size_t cap) {
  * enter the same call? (Their ring entry for chunk g stays put until this
  * rank is done with g.) */
 static fg_status check_sigs(fg_comm *c, shm_state *s, const fg_comm_args *a, const uint32_t sig[3],
-                            int only) {
-    uint32_t g = s->g;
+                            int only, uint32_t g) {
     for (int q = 0; q < s->n; q++) {
         if (q == s->me || (only >= 0 && q != only)) continue;
         uint32_t theirs[3];
@@ -89,11 +92,16 @@ static fg_status check_sigs(fg_comm *c, shm_state *s, const fg_comm_args *a, con
 
 /* ready of chunk g: publish, wait for the peers (all, or `only`), and on the
  * first chunk of a call compare signatures. */
+static fg_status chunk_wait_ready_at(fg_comm *c, shm_state *s, const fg_comm_args *a,
+                                     const uint32_t sig[3], bool first, int only, uint32_t g) {
+    FG_TRY(fg__shm_wait_all(c, s, a, W_READY, g + 1, only));
+    if (first) FG_TRY(check_sigs(c, s, a, sig, only, g));
+    return FG_OK;
+}
+
 static fg_status chunk_wait_ready(fg_comm *c, shm_state *s, const fg_comm_args *a,
                                   const uint32_t sig[3], bool first, int only) {
-    FG_TRY(fg__shm_wait_all(c, s, a, W_READY, s->g + 1, only));
-    if (first) FG_TRY(check_sigs(c, s, a, sig, only));
-    return FG_OK;
+    return chunk_wait_ready_at(c, s, a, sig, first, only, s->g);
 }
 
 static fg_status chunk_ready(fg_comm *c, shm_state *s, const fg_comm_args *a, const uint32_t sig[3],
@@ -128,6 +136,23 @@ static void slice_of(int64_t m, int n, int r, size_t esz, int64_t *lo, int64_t *
 
 /* ---------------------------------------------------------- collectives */
 
+/* Allreduce: starts chunk g (elements [off, off+m) of the call) and copies
+ * this rank's input in, all of it but its own slice, which it reduces
+ * straight from its send buffer; then posts ready. */
+static fg_status copy_in(fg_comm *c, shm_state *s, const fg_comm_args *a, const uint32_t sig[3],
+                         uint32_t g, int64_t off, int64_t m) {
+    size_t esz = fg_dtype_size(a->dt);
+    FG_TRY(chunk_begin_at(c, s, a, sig, g));
+    int64_t lo, hi;
+    slice_of(m, s->n, s->me, esz, &lo, &hi);
+    char *base = slot(s, s->me, g);
+    const char *in = (const char *)a->send + off * (int64_t)esz;
+    memcpy(base, in, (size_t)lo * esz);
+    memcpy(base + hi * (int64_t)esz, in + hi * (int64_t)esz, (size_t)(m - hi) * esz);
+    post(s, W_READY, g + 1);
+    return FG_OK;
+}
+
 fg_status fg__shm_allreduce(fg_comm *c, const fg_comm_args *a) {
     shm_state *s = c->impl;
     size_t esz = fg_dtype_size(a->dt);
@@ -152,34 +177,38 @@ fg_status fg__shm_allreduce(fg_comm *c, const fg_comm_args *a) {
         chunk_end(s);
         goto out;
     }
+    /* Software-pipelined by one chunk: after reducing its slice of chunk g
+     * a rank copies chunk g+1 in (another slot) before it waits for the
+     * peers' slices of g, so a peer still reducing g costs no idle time. */
     int64_t per = chunk_elems(s, esz, 1);
-    for (int64_t off = 0; off < a->count; off += per) {
-        int64_t m = FG_MIN(per, a->count - off);
-        FG_TRY_GOTO(chunk_begin(c, s, a, sig), st, out);
-        /* the peers read every slice of this rank's input but its own one,
-         * which this rank reduces straight from the send buffer */
+    uint32_t g0 = s->g, nch = (uint32_t)((a->count + per - 1) / per);
+    FG_TRY_GOTO(copy_in(c, s, a, sig, g0, 0, FG_MIN(per, a->count)), st, out);
+    for (uint32_t i = 0; i < nch; i++) {
+        uint32_t g = g0 + i;
+        int64_t off = (int64_t)i * per, m = FG_MIN(per, a->count - off);
+        FG_TRY_GOTO(chunk_wait_ready_at(c, s, a, sig, i == 0, -1, g), st, out);
         int64_t lo, hi;
         slice_of(m, s->n, s->me, esz, &lo, &hi);
-        char *base = slot(s, s->me, s->g);
         const char *in = send + off * (int64_t)esz;
-        memcpy(base, in, (size_t)lo * esz);
-        memcpy(base + hi * (int64_t)esz, in + hi * (int64_t)esz, (size_t)(m - hi) * esz);
-        FG_TRY_GOTO(chunk_ready(c, s, a, sig, off == 0, -1), st, out);
-        for (int q = 0; q < s->n; q++) sp[q] = slot(s, q, s->g) + lo * (int64_t)esz;
+        for (int q = 0; q < s->n; q++) sp[q] = slot(s, q, g) + lo * (int64_t)esz;
         sp[s->me] = in + lo * (int64_t)esz;
-        char *mine = base + lo * (int64_t)esz;
+        char *mine = slot(s, s->me, g) + lo * (int64_t)esz;
         fg__reduce(a->dt, a->rop, mine, nt ? NULL : recv + (off + lo) * (int64_t)esz, sp, s->n,
                    hi - lo, s->n);
-        post(s, W_MID, s->g + 1);
+        post(s, W_MID, g + 1);
         if (nt) fg__copy(recv + (off + lo) * (int64_t)esz, mine, (size_t)(hi - lo) * esz, true);
+        if (i + 1 < nch)
+            FG_TRY_GOTO(copy_in(c, s, a, sig, g + 1, off + per, FG_MIN(per, a->count - off - per)),
+                        st, out);
         for (int k = 1; k < s->n; k++) {
             int q = (s->me + k) % s->n; /* start at the next rank: spread the readers */
-            FG_TRY_GOTO(fg__shm_wait_all(c, s, a, W_MID, s->g + 1, q), st, out);
+            FG_TRY_GOTO(fg__shm_wait_all(c, s, a, W_MID, g + 1, q), st, out);
             slice_of(m, s->n, q, esz, &lo, &hi);
-            fg__copy(recv + (off + lo) * (int64_t)esz, slot(s, q, s->g) + lo * (int64_t)esz,
+            fg__copy(recv + (off + lo) * (int64_t)esz, slot(s, q, g) + lo * (int64_t)esz,
                      (size_t)(hi - lo) * esz, nt);
         }
-        chunk_end(s);
+        post(s, W_DONE, g + 1);
+        s->g = g + 1;
     }
 out:
     if (sp != srcs) fg_free(sp);
