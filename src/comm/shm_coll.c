@@ -7,13 +7,15 @@
  * chunk g. A rank writes slot g % K only after every rank posted done >=
  * g-K+1, so no rank runs more than K chunks ahead of another, and while one
  * rank reduces chunk g another already copies in chunk g+1: both cores
- * stream memory at once. (The allreduce posts ready for g+1 before done for
- * g: ready of g says only that g-2 is done.)
+ * stream memory at once. (The allreduce copies chunks in up to K ahead of
+ * the ones it is done with: its ready and mid of g say only that g-K is
+ * done.)
  *
  * Allreduce of a large buffer (reduce-scatter + allgather per chunk): each
  * rank copies its chunk in, reduces its slice of the chunk over all ranks'
- * slots in rank order 0..N-1 (into its own slot and its output), copies the
- * next chunk in, then copies the other slices of this chunk out. Every element is reduced once, in
+ * slots in rank order 0..N-1 (into its own slot and its output), then copies
+ * the other slices out; the three steps of different chunks interleave as
+ * the peers' words allow. Every element is reduced once, in
  * a fixed order, by one rank: the result is bitwise the same on every rank and every run. Small
  * buffers take one chunk in which every rank reduces the whole buffer itself, still in rank order.
  *
@@ -136,6 +138,15 @@ static void slice_of(int64_t m, int n, int r, size_t esz, int64_t *lo, int64_t *
 
 /* ---------------------------------------------------------- collectives */
 
+/* Has every peer posted word `which` >= target? (No waiting.) */
+static bool peers_reached(shm_state *s, int which, uint32_t target) {
+    for (int q = 0; q < s->n; q++)
+        if (q != s->me &&
+            !reached(atomic_load_explicit(&ctl(s, q)->w[which], memory_order_acquire), target))
+            return false;
+    return true;
+}
+
 /* Allreduce: starts chunk g (elements [off, off+m) of the call) and copies
  * this rank's input in, all of it but its own slice, which it reduces
  * straight from its send buffer; then posts ready. */
@@ -177,39 +188,58 @@ fg_status fg__shm_allreduce(fg_comm *c, const fg_comm_args *a) {
         chunk_end(s);
         goto out;
     }
-    /* Software-pipelined by one chunk: after reducing its slice of chunk g
-     * a rank copies chunk g+1 in (another slot) before it waits for the
-     * peers' slices of g, so a peer still reducing g costs no idle time. */
+    /* Three steps per chunk, run as soon as each can: reduce this rank's
+     * slice (the peers wait for it), copy a chunk in up to K chunks ahead
+     * (the peers wait for it), copy the peers' slices out (only this rank
+     * waits for that). A rank whose peer is late, or off its core on a busy
+     * machine, keeps working instead of waiting, and a peer that gets its
+     * core back finds several chunks to reduce. With nothing to do, it waits
+     * for the oldest step it needs. */
     int64_t per = chunk_elems(s, esz, 1);
     uint32_t g0 = s->g, nch = (uint32_t)((a->count + per - 1) / per);
-    FG_TRY_GOTO(copy_in(c, s, a, sig, g0, 0, FG_MIN(per, a->count)), st, out);
-    for (uint32_t i = 0; i < nch; i++) {
-        uint32_t g = g0 + i;
-        int64_t off = (int64_t)i * per, m = FG_MIN(per, a->count - off);
-        FG_TRY_GOTO(chunk_wait_ready_at(c, s, a, sig, i == 0, -1, g), st, out);
-        int64_t lo, hi;
-        slice_of(m, s->n, s->me, esz, &lo, &hi);
-        const char *in = send + off * (int64_t)esz;
-        for (int q = 0; q < s->n; q++) sp[q] = slot(s, q, g) + lo * (int64_t)esz;
-        sp[s->me] = in + lo * (int64_t)esz;
-        char *mine = slot(s, s->me, g) + lo * (int64_t)esz;
-        fg__reduce(a->dt, a->rop, mine, nt ? NULL : recv + (off + lo) * (int64_t)esz, sp, s->n,
-                   hi - lo, s->n);
-        post(s, W_MID, g + 1);
-        if (nt) fg__copy(recv + (off + lo) * (int64_t)esz, mine, (size_t)(hi - lo) * esz, true);
-        if (i + 1 < nch)
-            FG_TRY_GOTO(copy_in(c, s, a, sig, g + 1, off + per, FG_MIN(per, a->count - off - per)),
-                        st, out);
-        for (int k = 1; k < s->n; k++) {
-            int q = (s->me + k) % s->n; /* start at the next rank: spread the readers */
-            FG_TRY_GOTO(fg__shm_wait_all(c, s, a, W_MID, g + 1, q), st, out);
-            slice_of(m, s->n, q, esz, &lo, &hi);
-            fg__copy(recv + (off + lo) * (int64_t)esz, slot(s, q, g) + lo * (int64_t)esz,
-                     (size_t)(hi - lo) * esz, nt);
+    uint32_t ci = 0, rd = 0, co = 0; /* chunks copied in, reduced, copied out */
+    while (co < nch) {
+        bool moved = false;
+        if (rd < ci && peers_reached(s, W_READY, g0 + rd + 1)) {
+            if (rd == 0) FG_TRY_GOTO(check_sigs(c, s, a, sig, -1, g0), st, out);
+            uint32_t g = g0 + rd;
+            int64_t off = (int64_t)rd * per, m = FG_MIN(per, a->count - off), lo, hi;
+            slice_of(m, s->n, s->me, esz, &lo, &hi);
+            for (int q = 0; q < s->n; q++) sp[q] = slot(s, q, g) + lo * (int64_t)esz;
+            sp[s->me] = send + (off + lo) * (int64_t)esz;
+            char *mine = slot(s, s->me, g) + lo * (int64_t)esz;
+            char *out_ = recv + (off + lo) * (int64_t)esz;
+            fg__reduce(a->dt, a->rop, mine, nt ? NULL : out_, sp, s->n, hi - lo, s->n);
+            post(s, W_MID, g + 1);
+            if (nt) fg__copy(out_, mine, (size_t)(hi - lo) * esz, true);
+            rd++;
+            moved = true;
         }
-        post(s, W_DONE, g + 1);
-        s->g = g + 1;
+        if (ci < nch && ci < co + NSLOTS && peers_reached(s, W_DONE, g0 + ci - NSLOTS + 1)) {
+            int64_t off = (int64_t)ci * per;
+            FG_TRY_GOTO(copy_in(c, s, a, sig, g0 + ci, off, FG_MIN(per, a->count - off)), st, out);
+            ci++;
+            moved = true;
+        }
+        if (co < rd && peers_reached(s, W_MID, g0 + co + 1)) {
+            uint32_t g = g0 + co;
+            int64_t off = (int64_t)co * per, m = FG_MIN(per, a->count - off), lo, hi;
+            for (int k = 1; k < s->n; k++) {
+                int q = (s->me + k) % s->n; /* start at the next rank: spread the readers */
+                slice_of(m, s->n, q, esz, &lo, &hi);
+                fg__copy(recv + (off + lo) * (int64_t)esz, slot(s, q, g) + lo * (int64_t)esz,
+                         (size_t)(hi - lo) * esz, nt);
+            }
+            post(s, W_DONE, g + 1);
+            co++;
+            moved = true;
+        }
+        if (moved) continue;
+        if (co < rd) FG_TRY_GOTO(fg__shm_wait_all(c, s, a, W_MID, g0 + co + 1, -1), st, out);
+        else if (rd < ci) FG_TRY_GOTO(fg__shm_wait_all(c, s, a, W_READY, g0 + rd + 1, -1), st, out);
+        else FG_TRY_GOTO(fg__shm_wait_all(c, s, a, W_DONE, g0 + ci - NSLOTS + 1, -1), st, out);
     }
+    s->g = g0 + nch;
 out:
     if (sp != srcs) fg_free(sp);
     return st;
