@@ -7,14 +7,52 @@
 #define RCAT(a, b) RCAT_(a, b)
 #define RN(name) RCAT(name, SUF)
 
+/* Two sources (two ranks, the common case): one fused pass, each output
+ * element computed in registers as op(s0, s1) (then AVG1 for FG_AVG) and
+ * stored to dst (and dst2): the same operations as the blocked loop below,
+ * without its round trips through the block buffer. The outputs may be the
+ * sources themselves (same index), never shifted copies of them: each
+ * element is read before it is written, so ivdep holds. FUSE2_LOOP(..., EXPR)
+ * runs the loop with x = EXPR (a, b the loaded elements). */
+#define FUSE2_LOOP(ET, AT, LOAD, STORE, EXPR)                                                      \
+    do {                                                                                           \
+        if (dst2) {                                                                                \
+            _Pragma("GCC ivdep") for (int64_t i = 0; i < n; i++) {                                 \
+                AT a = (AT)LOAD(s0[i]), b = (AT)LOAD(s1[i]);                                       \
+                AT x = (AT)(EXPR);                                                                 \
+                ET y = STORE(x);                                                                   \
+                dst[i] = y;                                                                        \
+                dst2[i] = y;                                                                       \
+            }                                                                                      \
+        } else {                                                                                   \
+            _Pragma("GCC ivdep") for (int64_t i = 0; i < n; i++) {                                 \
+                AT a = (AT)LOAD(s0[i]), b = (AT)LOAD(s1[i]);                                       \
+                AT x = (AT)(EXPR);                                                                 \
+                dst[i] = STORE(x);                                                                 \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+#define FUSE2(ET, AT, LOAD, STORE, AVG1, UT)                                                       \
+    if (ns == 2) {                                                                                 \
+        const ET *s0 = s[0], *s1 = s[1];                                                           \
+        if (op == FG_SUM) FUSE2_LOOP(ET, AT, LOAD, STORE, (UT)a + (UT)b);                          \
+        else if (op == FG_AVG) FUSE2_LOOP(ET, AT, LOAD, STORE, AVG1((AT)((UT)a + (UT)b), div));    \
+        else if (op == FG_PROD) FUSE2_LOOP(ET, AT, LOAD, STORE, (UT)a *(UT)b);                     \
+        else if (op == FG_MIN) FUSE2_LOOP(ET, AT, LOAD, STORE, b < a ? b : a);                     \
+        else FUSE2_LOOP(ET, AT, LOAD, STORE, b > a ? b : a);                                       \
+        return;                                                                                    \
+    }
+
 /* One kernel per (element type, accumulator type): acc = LOAD(s0), then
  * acc = op(acc, LOAD(sq)) for q = 1.., then AVG(acc) for FG_AVG, and
- * dst = STORE(acc), per block of BLK elements. */
-#define DEFINE_KERNEL(NAME, ET, AT, LOAD, STORE, AVG)                                              \
+ * dst = STORE(acc), per block of BLK elements (two sources: FUSE2). */
+#define DEFINE_KERNEL(NAME, ET, AT, LOAD, STORE, AVG, AVG1)                                        \
     static void RN(NAME)(fg_reduce_op op, void *dst_, void *dst2_, const void *const *s_, int ns,  \
                          int64_t n, int div) {                                                     \
         ET *dst = dst_, *dst2 = dst2_;                                                             \
         const ET *const *s = (const ET *const *)s_;                                                \
+        FUSE2(ET, AT, LOAD, STORE, AVG1, AT)                                                       \
         AT acc[BLK];                                                                               \
         for (int64_t b = 0; b < n; b += BLK) {                                                     \
             int m = n - b < BLK ? (int)(n - b) : BLK;                                              \
@@ -61,11 +99,17 @@ static inline void RN(avg_u8)(uint32_t *a, int m, int div) {
 static inline void RN(avg_u16)(uint32_t *a, int m, int div) {
     for (int i = 0; i < m; i++) a[i] = (uint16_t)a[i] / (uint32_t)div;
 }
-DEFINE_KERNEL(red_f64, double, double, IDENT, IDENT, RN(avg_f64))
-DEFINE_KERNEL(red_f32, float, float, IDENT, IDENT, RN(avg_f32))
-DEFINE_KERNEL(red_bf16, uint16_t, float, bf16_f32, f32_bf16, RN(avg_f32))
-DEFINE_KERNEL(red_u8, uint8_t, uint32_t, IDENT, U8_STORE, RN(avg_u8))
-DEFINE_KERNEL(red_u16, uint16_t, uint32_t, IDENT, U16_STORE, RN(avg_u16))
+/* the same divisions, one element at a time (FUSE2) */
+#define AVG1_F64(x, d) ((x) / (double)(d))
+#define AVG1_F32(x, d) ((x) / (float)(d))
+#define AVG1_U8(x, d) ((uint32_t)(uint8_t)(x) / (uint32_t)(d))
+#define AVG1_U16(x, d) ((uint32_t)(uint16_t)(x) / (uint32_t)(d))
+#define AVG1_INT(x, d) ((x) / (d))
+DEFINE_KERNEL(red_f64, double, double, IDENT, IDENT, RN(avg_f64), AVG1_F64)
+DEFINE_KERNEL(red_f32, float, float, IDENT, IDENT, RN(avg_f32), AVG1_F32)
+DEFINE_KERNEL(red_bf16, uint16_t, float, bf16_f32, f32_bf16, RN(avg_f32), AVG1_F32)
+DEFINE_KERNEL(red_u8, uint8_t, uint32_t, IDENT, U8_STORE, RN(avg_u8), AVG1_U8)
+DEFINE_KERNEL(red_u16, uint16_t, uint32_t, IDENT, U16_STORE, RN(avg_u16), AVG1_U16)
 
 /* f16: each block of a source is widened into f32 by f16_in_<SUF> (F16C
  * on the AVX paths, as GCC does not vectorise _Float16 conversions), the
@@ -102,6 +146,7 @@ static void RN(red_i32)(fg_reduce_op op, void *dst_, void *dst2_, const void *co
                         int64_t n, int div) {
     int32_t *dst = dst_, *dst2 = dst2_;
     const int32_t *const *s = (const int32_t *const *)s_;
+    FUSE2(int32_t, int32_t, IDENT, IDENT, AVG1_INT, uint32_t)
     int32_t acc[BLK];
     for (int64_t b = 0; b < n; b += BLK) {
         int m = n - b < BLK ? (int)(n - b) : BLK;
@@ -128,6 +173,7 @@ static void RN(red_i64)(fg_reduce_op op, void *dst_, void *dst2_, const void *co
                         int64_t n, int div) {
     int64_t *dst = dst_, *dst2 = dst2_;
     const int64_t *const *s = (const int64_t *const *)s_;
+    FUSE2(int64_t, int64_t, IDENT, IDENT, AVG1_INT, uint64_t)
     int64_t acc[BLK];
     for (int64_t b = 0; b < n; b += BLK) {
         int m = n - b < BLK ? (int)(n - b) : BLK;
@@ -157,6 +203,13 @@ static const reduce_fn RN(g_reduce)[FG_DTYPE_COUNT] = {
 };
 
 #undef DEFINE_KERNEL
+#undef FUSE2
+#undef FUSE2_LOOP
+#undef AVG1_F64
+#undef AVG1_F32
+#undef AVG1_U8
+#undef AVG1_U16
+#undef AVG1_INT
 #undef RN
 #undef RCAT
 #undef RCAT_

@@ -7,15 +7,17 @@
  * chunk g. A rank writes slot g % K only after every rank posted done >=
  * g-K+1, so no rank runs more than K chunks ahead of another, and while one
  * rank reduces chunk g another already copies in chunk g+1: both cores
- * stream memory at once.
+ * stream memory at once. (The allreduce copies chunks in up to K ahead of
+ * the ones it is done with: its ready and mid of g say only that g-K is
+ * done.)
  *
  * Allreduce of a large buffer (reduce-scatter + allgather per chunk): each
  * rank copies its chunk in, reduces its slice of the chunk over all ranks'
  * slots in rank order 0..N-1 (into its own slot and its output), then copies
- * the other slices out. Every element is reduced once, in a fixed order, by
- * one rank: the result is bitwise the same on every rank and every run.
- * Small buffers take one chunk in which every rank reduces the whole buffer
- * itself, still in rank order.
+ * the other slices out; the three steps of different chunks interleave as
+ * the peers' words allow. Every element is reduced once, in
+ * a fixed order, by one rank: the result is bitwise the same on every rank and every run. Small
+ * buffers take one chunk in which every rank reduces the whole buffer itself, still in rank order.
  *
  * Point to point: each ordered pair of ranks has a channel of two slots; a
  * message goes in pieces, the sender filling one slot while the receiver
@@ -43,9 +45,8 @@ static void sig_of(const fg_comm_args *a, int n, uint32_t out[3]) {
 
 /* Starts chunk g: waits until every rank is done with chunk g-K (its slots
  * are free), publishes the call's signature for chunk g. */
-static fg_status chunk_begin(fg_comm *c, shm_state *s, const fg_comm_args *a,
-                             const uint32_t sig[3]) {
-    uint32_t g = s->g;
+static fg_status chunk_begin_at(fg_comm *c, shm_state *s, const fg_comm_args *a,
+                                const uint32_t sig[3], uint32_t g) {
     /* a broken group moves no more data, even where a peer's words allow it */
     if (atomic_load_explicit(&s->hdr->abort_rank, memory_order_acquire) >= 0)
         return fg__shm_aborted_elsewhere(c, s, a);
@@ -54,6 +55,11 @@ static fg_status chunk_begin(fg_comm *c, shm_state *s, const fg_comm_args *a,
     for (int k = 0; k < 3; k++)
         atomic_store_explicit(&m->sig[g % SIGRING][k], sig[k], memory_order_relaxed);
     return FG_OK;
+}
+
+static fg_status chunk_begin(fg_comm *c, shm_state *s, const fg_comm_args *a,
+                             const uint32_t sig[3]) {
+    return chunk_begin_at(c, s, a, sig, s->g);
 }
 
 static void describe_sig(const uint32_t sg[3], char *buf, size_t cap) {
@@ -66,8 +72,7 @@ static void describe_sig(const uint32_t sg[3], char *buf, size_t cap) {
  * enter the same call? (Their ring entry for chunk g stays put until this
  * rank is done with g.) */
 static fg_status check_sigs(fg_comm *c, shm_state *s, const fg_comm_args *a, const uint32_t sig[3],
-                            int only) {
-    uint32_t g = s->g;
+                            int only, uint32_t g) {
     for (int q = 0; q < s->n; q++) {
         if (q == s->me || (only >= 0 && q != only)) continue;
         uint32_t theirs[3];
@@ -89,11 +94,16 @@ static fg_status check_sigs(fg_comm *c, shm_state *s, const fg_comm_args *a, con
 
 /* ready of chunk g: publish, wait for the peers (all, or `only`), and on the
  * first chunk of a call compare signatures. */
+static fg_status chunk_wait_ready_at(fg_comm *c, shm_state *s, const fg_comm_args *a,
+                                     const uint32_t sig[3], bool first, int only, uint32_t g) {
+    FG_TRY(fg__shm_wait_all(c, s, a, W_READY, g + 1, only));
+    if (first) FG_TRY(check_sigs(c, s, a, sig, only, g));
+    return FG_OK;
+}
+
 static fg_status chunk_wait_ready(fg_comm *c, shm_state *s, const fg_comm_args *a,
                                   const uint32_t sig[3], bool first, int only) {
-    FG_TRY(fg__shm_wait_all(c, s, a, W_READY, s->g + 1, only));
-    if (first) FG_TRY(check_sigs(c, s, a, sig, only));
-    return FG_OK;
+    return chunk_wait_ready_at(c, s, a, sig, first, only, s->g);
 }
 
 static fg_status chunk_ready(fg_comm *c, shm_state *s, const fg_comm_args *a, const uint32_t sig[3],
@@ -128,6 +138,32 @@ static void slice_of(int64_t m, int n, int r, size_t esz, int64_t *lo, int64_t *
 
 /* ---------------------------------------------------------- collectives */
 
+/* Has every peer posted word `which` >= target? (No waiting.) */
+static bool peers_reached(shm_state *s, int which, uint32_t target) {
+    for (int q = 0; q < s->n; q++)
+        if (q != s->me &&
+            !reached(atomic_load_explicit(&ctl(s, q)->w[which], memory_order_acquire), target))
+            return false;
+    return true;
+}
+
+/* Allreduce: starts chunk g (elements [off, off+m) of the call) and copies
+ * this rank's input in, all of it but its own slice, which it reduces
+ * straight from its send buffer; then posts ready. */
+static fg_status copy_in(fg_comm *c, shm_state *s, const fg_comm_args *a, const uint32_t sig[3],
+                         uint32_t g, int64_t off, int64_t m) {
+    size_t esz = fg_dtype_size(a->dt);
+    FG_TRY(chunk_begin_at(c, s, a, sig, g));
+    int64_t lo, hi;
+    slice_of(m, s->n, s->me, esz, &lo, &hi);
+    char *base = slot(s, s->me, g);
+    const char *in = (const char *)a->send + off * (int64_t)esz;
+    memcpy(base, in, (size_t)lo * esz);
+    memcpy(base + hi * (int64_t)esz, in + hi * (int64_t)esz, (size_t)(m - hi) * esz);
+    post(s, W_READY, g + 1);
+    return FG_OK;
+}
+
 fg_status fg__shm_allreduce(fg_comm *c, const fg_comm_args *a) {
     shm_state *s = c->impl;
     size_t esz = fg_dtype_size(a->dt);
@@ -152,35 +188,58 @@ fg_status fg__shm_allreduce(fg_comm *c, const fg_comm_args *a) {
         chunk_end(s);
         goto out;
     }
+    /* Three steps per chunk, run as soon as each can: reduce this rank's
+     * slice (the peers wait for it), copy a chunk in up to K chunks ahead
+     * (the peers wait for it), copy the peers' slices out (only this rank
+     * waits for that). A rank whose peer is late, or off its core on a busy
+     * machine, keeps working instead of waiting, and a peer that gets its
+     * core back finds several chunks to reduce. With nothing to do, it waits
+     * for the oldest step it needs. */
     int64_t per = chunk_elems(s, esz, 1);
-    for (int64_t off = 0; off < a->count; off += per) {
-        int64_t m = FG_MIN(per, a->count - off);
-        FG_TRY_GOTO(chunk_begin(c, s, a, sig), st, out);
-        /* the peers read every slice of this rank's input but its own one,
-         * which this rank reduces straight from the send buffer */
-        int64_t lo, hi;
-        slice_of(m, s->n, s->me, esz, &lo, &hi);
-        char *base = slot(s, s->me, s->g);
-        const char *in = send + off * (int64_t)esz;
-        memcpy(base, in, (size_t)lo * esz);
-        memcpy(base + hi * (int64_t)esz, in + hi * (int64_t)esz, (size_t)(m - hi) * esz);
-        FG_TRY_GOTO(chunk_ready(c, s, a, sig, off == 0, -1), st, out);
-        for (int q = 0; q < s->n; q++) sp[q] = slot(s, q, s->g) + lo * (int64_t)esz;
-        sp[s->me] = in + lo * (int64_t)esz;
-        char *mine = base + lo * (int64_t)esz;
-        fg__reduce(a->dt, a->rop, mine, nt ? NULL : recv + (off + lo) * (int64_t)esz, sp, s->n,
-                   hi - lo, s->n);
-        post(s, W_MID, s->g + 1);
-        if (nt) fg__copy(recv + (off + lo) * (int64_t)esz, mine, (size_t)(hi - lo) * esz, true);
-        for (int k = 1; k < s->n; k++) {
-            int q = (s->me + k) % s->n; /* start at the next rank: spread the readers */
-            FG_TRY_GOTO(fg__shm_wait_all(c, s, a, W_MID, s->g + 1, q), st, out);
-            slice_of(m, s->n, q, esz, &lo, &hi);
-            fg__copy(recv + (off + lo) * (int64_t)esz, slot(s, q, s->g) + lo * (int64_t)esz,
-                     (size_t)(hi - lo) * esz, nt);
+    uint32_t g0 = s->g, nch = (uint32_t)((a->count + per - 1) / per);
+    uint32_t ci = 0, rd = 0, co = 0; /* chunks copied in, reduced, copied out */
+    while (co < nch) {
+        bool moved = false;
+        if (rd < ci && peers_reached(s, W_READY, g0 + rd + 1)) {
+            if (rd == 0) FG_TRY_GOTO(check_sigs(c, s, a, sig, -1, g0), st, out);
+            uint32_t g = g0 + rd;
+            int64_t off = (int64_t)rd * per, m = FG_MIN(per, a->count - off), lo, hi;
+            slice_of(m, s->n, s->me, esz, &lo, &hi);
+            for (int q = 0; q < s->n; q++) sp[q] = slot(s, q, g) + lo * (int64_t)esz;
+            sp[s->me] = send + (off + lo) * (int64_t)esz;
+            char *mine = slot(s, s->me, g) + lo * (int64_t)esz;
+            char *out_ = recv + (off + lo) * (int64_t)esz;
+            fg__reduce(a->dt, a->rop, mine, nt ? NULL : out_, sp, s->n, hi - lo, s->n);
+            post(s, W_MID, g + 1);
+            if (nt) fg__copy(out_, mine, (size_t)(hi - lo) * esz, true);
+            rd++;
+            moved = true;
         }
-        chunk_end(s);
+        if (ci < nch && ci < co + NSLOTS && peers_reached(s, W_DONE, g0 + ci - NSLOTS + 1)) {
+            int64_t off = (int64_t)ci * per;
+            FG_TRY_GOTO(copy_in(c, s, a, sig, g0 + ci, off, FG_MIN(per, a->count - off)), st, out);
+            ci++;
+            moved = true;
+        }
+        if (co < rd && peers_reached(s, W_MID, g0 + co + 1)) {
+            uint32_t g = g0 + co;
+            int64_t off = (int64_t)co * per, m = FG_MIN(per, a->count - off), lo, hi;
+            for (int k = 1; k < s->n; k++) {
+                int q = (s->me + k) % s->n; /* start at the next rank: spread the readers */
+                slice_of(m, s->n, q, esz, &lo, &hi);
+                fg__copy(recv + (off + lo) * (int64_t)esz, slot(s, q, g) + lo * (int64_t)esz,
+                         (size_t)(hi - lo) * esz, nt);
+            }
+            post(s, W_DONE, g + 1);
+            co++;
+            moved = true;
+        }
+        if (moved) continue;
+        if (co < rd) FG_TRY_GOTO(fg__shm_wait_all(c, s, a, W_MID, g0 + co + 1, -1), st, out);
+        else if (rd < ci) FG_TRY_GOTO(fg__shm_wait_all(c, s, a, W_READY, g0 + rd + 1, -1), st, out);
+        else FG_TRY_GOTO(fg__shm_wait_all(c, s, a, W_DONE, g0 + ci - NSLOTS + 1, -1), st, out);
     }
+    s->g = g0 + nch;
 out:
     if (sp != srcs) fg_free(sp);
     return st;

@@ -218,7 +218,9 @@ fg_status fg__shm_wait_all(fg_comm *c, shm_state *s, const fg_comm_args *a, int 
         FG_TRY(
             fg__shm_wait_word(c, s, a, q, &p->w[which], &p->sleepers, target, k_word_names[which]));
         uint32_t v = atomic_load_explicit(&p->w[which], memory_order_relaxed);
-        uint32_t lb = which == W_DONE ? v : v - 1; /* ready/mid of g imply done of g-1 */
+        /* ready and mid of g imply done of g-K only: the allreduce copies
+         * chunks in up to K ahead of the ones it is done with */
+        uint32_t lb = which == W_DONE ? v : v - NSLOTS;
         if (reached(lb, s->lb_done[q])) s->lb_done[q] = lb;
     }
     return FG_OK;
