@@ -86,7 +86,7 @@ bool run_hosts_parse(const char *spec, int default_slots, run_host *hosts, int c
             cli_error("--hosts=\"%s\": more than %d hosts", spec, cap);
             return false;
         }
-        snprintf(hosts[*n].name, sizeof hosts[*n].name, "%s", item);
+        memcpy(hosts[*n].name, item, strlen(item) + 1); /* fits: checked above */
         hosts[*n].slots = (int)slots;
         (*n)++;
         p = end ? end + 1 : p + len;
