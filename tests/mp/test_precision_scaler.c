@@ -9,6 +9,7 @@
 
 #include "fulgur/precision.h"
 #include "harness.h"
+#include "mp_join.h"
 
 typedef struct arg {
     int bad_rank;
@@ -24,18 +25,8 @@ static void capture(void *ud, fg_log_level lv, int rank, const char *msg) {
 
 static int rank_main(int rank, int n, void *p) {
     const arg *a = p;
-    fg_cluster_info info = {.rank = rank,
-                            .world_size = n,
-                            .local_rank = rank,
-                            .local_world_size = n,
-                            .num_nodes = 1,
-                            .source = "explicit"};
-    snprintf(info.job_id, sizeof info.job_id, "%s", a->job);
-    fg_comm *c = fg_comm_new(&info, &(fg_comm_opts){.backend = FG_COMM_SHM, .timeout_s = 60});
-    if (!c) {
-        fprintf(stderr, "rank %d: %s\n", rank, fg_last_error());
-        return 1;
-    }
+    fg_comm *c = mp_join_shm(rank, n, a->job, 60);
+    if (!c) return 1;
     fg_set_num_threads(1);
     fg_set_log(capture, NULL, FG_LOG_WARN);
     fg_module *m = fg_mlp_new(&(fg_mlp_config){.sizes = {3, 4, 2}, .seed = 9});

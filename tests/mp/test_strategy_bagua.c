@@ -21,6 +21,7 @@
 
 #include "fulgur/strategy.h"
 #include "harness.h"
+#include "mp_join.h"
 #include "optim/optim_impl.h"
 #include "strategy/bagua_impl.h"
 
@@ -99,14 +100,7 @@ static int fail(shared *sh, int rank, const char *what) {
 static int bagua_rank(int rank, int world, void *arg) {
     shared *sh = arg;
     const cfg *c = &sh->c;
-    fg_cluster_info info = {.rank = rank,
-                            .world_size = world,
-                            .local_rank = rank,
-                            .local_world_size = world,
-                            .num_nodes = 1,
-                            .source = "explicit"};
-    snprintf(info.job_id, sizeof info.job_id, "%s", sh->job);
-    fg_comm *comm = fg_comm_new(&info, &(fg_comm_opts){.backend = FG_COMM_SHM, .timeout_s = 60});
+    fg_comm *comm = mp_join_shm(rank, world, sh->job, 60);
     if (!comm) return fail(sh, rank, "comm");
     fg_set_num_threads(1);
     fg__bagua_node_size = c->node_size;

@@ -10,6 +10,7 @@
 
 #include "fulgur/strategy.h"
 #include "harness.h"
+#include "mp_join.h"
 #include "strategy/ddp_reducer.h"
 
 #define STEPS 20
@@ -104,19 +105,8 @@ typedef struct shared {
 static int ddp_rank(int rank, int n, void *arg) {
     shared *sh = arg;
     const setup *s = &sh->s;
-    fg_cluster_info info = {.rank = rank,
-                            .world_size = n,
-                            .local_rank = rank,
-                            .local_world_size = n,
-                            .num_nodes = 1,
-                            .source = "explicit"};
-    snprintf(info.job_id, sizeof info.job_id, "%s", sh->job);
-    fg_comm_opts co = {.backend = FG_COMM_SHM, .timeout_s = 60};
-    fg_comm *c = fg_comm_new(&info, &co);
-    if (!c) {
-        fprintf(stderr, "rank %d: %s\n", rank, fg_last_error());
-        return 1;
-    }
+    fg_comm *c = mp_join_shm(rank, n, sh->job, 60);
+    if (!c) return 1;
     fg_set_num_threads(1);
     fg_module *m = make_model(s);
     /* Other initial weights on ranks 1..: setup must broadcast rank 0's. */
@@ -273,15 +263,7 @@ TEST(dp_equals_single_process) {
 
 static int unused_rank(int rank, int n, void *arg) {
     const char *job = arg;
-    fg_cluster_info info = {.rank = rank,
-                            .world_size = n,
-                            .local_rank = rank,
-                            .local_world_size = n,
-                            .num_nodes = 1,
-                            .source = "explicit"};
-    snprintf(info.job_id, sizeof info.job_id, "%s", job);
-    fg_comm_opts co = {.backend = FG_COMM_SHM, .timeout_s = 30};
-    fg_comm *c = fg_comm_new(&info, &co);
+    fg_comm *c = mp_join_shm(rank, n, job, 30);
     if (!c) return 1;
     int bad = 0;
     for (int find = 0; find < 2; find++) {
@@ -309,8 +291,9 @@ static int unused_rank(int rank, int n, void *arg) {
         fg_module_free(root);
         if (!find) { /* the communicator saw a partial round; start a fresh one */
             fg_comm_free(c);
-            snprintf(info.job_id, sizeof info.job_id, "%s-b", job);
-            if (!(c = fg_comm_new(&info, &co))) return 1;
+            char again[80];
+            snprintf(again, sizeof again, "%s-b", job);
+            if (!(c = mp_join_shm(rank, n, again, 30))) return 1;
         }
     }
     fg_comm_free(c);

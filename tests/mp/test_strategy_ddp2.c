@@ -10,6 +10,7 @@
 
 #include "fulgur/strategy.h"
 #include "harness.h"
+#include "mp_join.h"
 
 #define STEPS 20
 #define NX 12
@@ -71,18 +72,8 @@ static int ddp2_rank(int rank, int np, void *arg) {
     shared *sh = arg;
     fg_comm *c = NULL;
     if (!sh->no_comm) {
-        fg_cluster_info info = {.rank = rank,
-                                .world_size = np,
-                                .local_rank = rank,
-                                .local_world_size = np,
-                                .num_nodes = 1,
-                                .source = "explicit"};
-        snprintf(info.job_id, sizeof info.job_id, "%s", sh->job);
-        c = fg_comm_new(&info, &(fg_comm_opts){.backend = FG_COMM_SHM, .timeout_s = 60});
-        if (!c) {
-            fprintf(stderr, "rank %d: %s\n", rank, fg_last_error());
-            return 1;
-        }
+        c = mp_join_shm(rank, np, sh->job, 60);
+        if (!c) return 1;
     }
     fg_module *m = make_model();
     if (rank) fg_tensor_fill(fg_module_flat_params(m), 0.25 * rank); /* setup broadcasts */

@@ -13,6 +13,7 @@
 
 #include "fulgur/strategy.h"
 #include "harness.h"
+#include "mp_join.h"
 #include "strategy/ddp_hooks.h"
 #include "strategy/strategy_impl.h"
 
@@ -101,18 +102,8 @@ static bool all_equal(fg_comm *c, const float *v, int64_t n) {
 static int hook_rank(int rank, int world, void *arg) {
     shared *sh = arg;
     const cfg *c = &sh->c;
-    fg_cluster_info info = {.rank = rank,
-                            .world_size = world,
-                            .local_rank = rank,
-                            .local_world_size = world,
-                            .num_nodes = 1,
-                            .source = "explicit"};
-    snprintf(info.job_id, sizeof info.job_id, "%s", sh->job);
-    fg_comm *comm = fg_comm_new(&info, &(fg_comm_opts){.backend = FG_COMM_SHM, .timeout_s = 60});
-    if (!comm) {
-        fprintf(stderr, "rank %d: %s\n", rank, fg_last_error());
-        return 1;
-    }
+    fg_comm *comm = mp_join_shm(rank, world, sh->job, 60);
+    if (!comm) return 1;
     fg_set_num_threads(1);
     fg_module *m = make_model(c->model);
     fg_optimizer *o = fg_sgd_new(m, &(fg_sgd_opts){.lr = 0.1});

@@ -11,6 +11,7 @@
 
 #include "fulgur/strategy.h"
 #include "harness.h"
+#include "mp_join.h"
 
 #define STEPS 5
 
@@ -33,15 +34,7 @@ static fg_module *make_model(bool gpt) {
 
 static int rank_main(int rank, int n, void *arg) {
     shared *sh = arg;
-    fg_cluster_info info = {.rank = rank,
-                            .world_size = n,
-                            .local_rank = rank,
-                            .local_world_size = n,
-                            .num_nodes = 1,
-                            .source = "explicit"};
-    snprintf(info.job_id, sizeof info.job_id, "%s", sh->job);
-    fg_comm *c =
-        n > 1 ? fg_comm_new(&info, &(fg_comm_opts){.backend = FG_COMM_SHM, .timeout_s = 60}) : NULL;
+    fg_comm *c = n > 1 ? mp_join_shm(rank, n, sh->job, 60) : NULL;
     if (n > 1 && !c) return 1;
     fg_set_num_threads(1);
     setenv("FULGUR_NVME_BLOCK_BYTES", "4096", 1);

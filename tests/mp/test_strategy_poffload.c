@@ -19,6 +19,7 @@
 
 #include "fulgur/strategy.h"
 #include "harness.h"
+#include "mp_join.h"
 
 #define STEPS 4
 
@@ -81,14 +82,7 @@ static fg_tensor *batch(bool gpt, int step, int rank, fg_tensor **y) {
 
 static int rank_main(int rank, int n, void *arg) {
     shared *sh = arg;
-    fg_cluster_info info = {.rank = rank,
-                            .world_size = n,
-                            .local_rank = rank,
-                            .local_world_size = n,
-                            .num_nodes = 1,
-                            .source = "explicit"};
-    snprintf(info.job_id, sizeof info.job_id, "%s", sh->job);
-    fg_comm *c = fg_comm_new(&info, &(fg_comm_opts){.backend = FG_COMM_SHM, .timeout_s = 60});
+    fg_comm *c = mp_join_shm(rank, n, sh->job, 60);
     if (!c) return 1;
     fg_set_num_threads(1);
     setenv("FULGUR_NVME_BLOCK_BYTES", "4096", 1);

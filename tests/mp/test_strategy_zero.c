@@ -15,6 +15,7 @@
 
 #include "fulgur/strategy.h"
 #include "harness.h"
+#include "mp_join.h"
 #include "optim/optim_impl.h"
 
 #define STEPS 8
@@ -78,24 +79,10 @@ static void batch_rows(const setup *s, int step, int64_t r0, int64_t n, fg_tenso
     }
 }
 
-static fg_comm *join(int rank, int n, const char *job) {
-    fg_cluster_info info = {.rank = rank,
-                            .world_size = n,
-                            .local_rank = rank,
-                            .local_world_size = n,
-                            .num_nodes = 1,
-                            .source = "explicit"};
-    snprintf(info.job_id, sizeof info.job_id, "%s", job);
-    fg_comm_opts co = {.backend = FG_COMM_SHM, .timeout_s = 60};
-    fg_comm *c = fg_comm_new(&info, &co);
-    if (!c) fprintf(stderr, "rank %d: %s\n", rank, fg_last_error());
-    return c;
-}
-
 static int train_rank(int rank, int n, void *arg) {
     shared *sh = arg;
     const setup *s = &sh->s;
-    fg_comm *c = join(rank, n, sh->job);
+    fg_comm *c = mp_join_shm(rank, n, sh->job, 60);
     if (!c) return 1;
     fg_set_num_threads(1);
     fg_module *m = make_model(s);
@@ -296,7 +283,7 @@ TEST(fsdp_no_shard_is_ddp) {
 /* ------------------------------------------------------------ one process */
 
 static int ranges_rank(int rank, int n, void *arg) {
-    fg_comm *c = join(rank, n, arg);
+    fg_comm *c = mp_join_shm(rank, n, arg, 60);
     if (!c) return 1;
     int bad = 0;
     /* 8 elements over 3 ranks: one 64-byte line, all on the last rank; the
@@ -399,7 +386,7 @@ TEST(sharded_errors) {
 
 /* a sharded strategy needs the optimizer over the model it is given */
 static int needs_opt_rank(int rank, int n, void *arg) {
-    fg_comm *c = join(rank, n, arg);
+    fg_comm *c = mp_join_shm(rank, n, arg, 60);
     if (!c) return 1;
     setup s = {.gpt = false};
     fg_module *m = make_model(&s), *other = make_model(&s);

@@ -18,6 +18,7 @@
 
 #include "fulgur/strategy.h"
 #include "harness.h"
+#include "mp_join.h"
 #include "nn/nn_impl.h"
 
 #define STEPS 6
@@ -81,20 +82,6 @@ static void batch_rows(const setup *s, int step, int64_t r0, int64_t n, fg_tenso
     }
 }
 
-static fg_comm *join(int rank, int n, const char *job) {
-    fg_cluster_info info = {.rank = rank,
-                            .world_size = n,
-                            .local_rank = rank,
-                            .local_world_size = n,
-                            .num_nodes = 1,
-                            .source = "explicit"};
-    snprintf(info.job_id, sizeof info.job_id, "%s", job);
-    fg_comm_opts co = {.backend = FG_COMM_SHM, .timeout_s = 60};
-    fg_comm *c = fg_comm_new(&info, &co);
-    if (!c) fprintf(stderr, "rank %d: %s\n", rank, fg_last_error());
-    return c;
-}
-
 /* Bytes of buf (n bytes) in resident pages. */
 static int64_t resident_bytes(const void *buf, size_t n) {
     size_t ps = (size_t)sysconf(_SC_PAGESIZE);
@@ -132,7 +119,7 @@ static int64_t param_resident(fg_module *m) {
 static int train_rank(int rank, int n, void *arg) {
     shared *sh = arg;
     const setup *s = &sh->s;
-    fg_comm *c = join(rank, n, sh->job);
+    fg_comm *c = mp_join_shm(rank, n, sh->job, 60);
     if (!c) return 1;
     fg_set_num_threads(1);
     bool was = fg_module_set_empty_init(s->empty_init);
@@ -419,7 +406,7 @@ static void *fa_alloc(void *ud, void *ptr, size_t size, size_t align) {
 }
 
 static int failing_setup_rank(int rank, int n, void *arg) {
-    fg_comm *c = join(rank, n, arg);
+    fg_comm *c = mp_join_shm(rank, n, arg, 60);
     if (!c) return 1;
     setup s = {0};
     fg_module *m = make_model(&s);

@@ -14,6 +14,7 @@
 
 #include "fulgur/strategy.h"
 #include "harness.h"
+#include "mp_join.h"
 
 #define STEPS 4
 #define MAXN (1 << 17)
@@ -56,24 +57,10 @@ static void batch(int step, int64_t r0, int64_t n, fg_tensor **x, fg_tensor **y)
     }
 }
 
-static fg_comm *join(int rank, int n, const char *job) {
-    fg_cluster_info info = {.rank = rank,
-                            .world_size = n,
-                            .local_rank = rank,
-                            .local_world_size = n,
-                            .num_nodes = 1,
-                            .source = "explicit"};
-    snprintf(info.job_id, sizeof info.job_id, "%s", job);
-    fg_comm_opts co = {.backend = FG_COMM_SHM, .timeout_s = 60};
-    fg_comm *c = fg_comm_new(&info, &co);
-    if (!c) fprintf(stderr, "rank %d: %s\n", rank, fg_last_error());
-    return c;
-}
-
 static int train_rank(int rank, int n, void *arg) {
     shared *sh = arg;
     const setup *s = &sh->s;
-    fg_comm *c = join(rank, n, sh->job);
+    fg_comm *c = mp_join_shm(rank, n, sh->job, 60);
     if (!c) return 1;
     fg_set_num_threads(1);
     fg_module *m = make_model();

@@ -26,6 +26,7 @@
 
 #include "fulgur/strategy.h"
 #include "harness.h"
+#include "mp_join.h"
 
 #define SLACK ((int64_t)64 << 10) /* the strategy's own structures */
 
@@ -106,20 +107,6 @@ typedef struct shared {
     int64_t forward[8];     /* step bytes after the last forward */
 } shared;
 
-static fg_comm *join(int rank, int n, const char *job) {
-    fg_cluster_info info = {.rank = rank,
-                            .world_size = n,
-                            .local_rank = rank,
-                            .local_world_size = n,
-                            .num_nodes = 1,
-                            .source = "explicit"};
-    snprintf(info.job_id, sizeof info.job_id, "%s", job);
-    fg_comm_opts co = {.backend = FG_COMM_SHM, .timeout_s = 60};
-    fg_comm *c = fg_comm_new(&info, &co);
-    if (!c) fprintf(stderr, "rank %d: %s\n", rank, fg_last_error());
-    return c;
-}
-
 static fg_module *make_model(void) {
     return fg_gpt_new(
         &(fg_gpt_config){.vocab = 17, .ctx = 8, .layers = 2, .heads = 2, .embd = 64, .seed = 5});
@@ -128,7 +115,7 @@ static fg_module *make_model(void) {
 static int state_rank(int rank, int n, void *arg) {
     shared *sh = arg;
     fg_set_allocator(counting, NULL);
-    fg_comm *c = join(rank, n, sh->job);
+    fg_comm *c = mp_join_shm(rank, n, sh->job, 60);
     if (!c) return 1;
     fg_set_num_threads(1);
     fg_module *m = make_model();
