@@ -7,8 +7,8 @@
  * every node (one per node, ordered by node), split from base.
  *
  *   allreduce       reduce-scatter inside the node, allreduce of each shard
- *                   across nodes (local rank l carries shard l; itself a
- *                   reduce-scatter and an all-gather among the nodes),
+ *                   across nodes (local rank l carries shard l; itself an
+ *                   all-to-all with a local sum, then an all-gather),
  *                   all-gather inside the node; small buffers: allreduce
  *                   inside the node, then across nodes (every local rank
  *                   at once)
@@ -42,12 +42,17 @@ typedef struct hybrid_state {
     int nodes, per;      /* N nodes x L ranks per node */
     int *wr;             /* world rank of (node k, local l) at [k * per + l] */
     int64_t scatter_min; /* allreduce of fewer bytes skips the scatter */
+    void *scratch;       /* the across-nodes exchange's receive buffer */
+    size_t scratch_bytes;
 } hybrid_state;
 
 /* FULGUR_HYBRID_SCATTER_BYTES: an allreduce of at least this many bytes
  * runs as reduce-scatter / allreduce / all-gather; smaller ones as two
  * allreduces (default 64 KiB). */
 #define DEFAULT_SCATTER_MIN (64 << 10)
+
+/* More nodes than this: the across-nodes allreduce without the all-to-all. */
+#define FG_HYBRID_MAX_NODES 64
 
 /* A level failed: the hybrid group is broken, and the other levels are
  * aborted with the reason so that ranks waiting there learn it at once
@@ -103,22 +108,41 @@ static void divide(fg_dtype dt, void *buf, int64_t n, int size) {
 
 /* ------------------------------------------------------------ allreduce */
 
-/* Allreduce across nodes in place: reduce-scatter then all-gather, so that
- * each rank sends (N-1)/N of the buffer twice (MPI's nonblocking allreduce
- * of two ranks sends all of it twice: measured at half the link's rate);
- * small or indivisible remainders as an allreduce. */
+/* Scratch of at least `bytes`, kept between calls (a communicator is used
+ * by one thread at a time). */
+static void *scratch(hybrid_state *h, size_t bytes) {
+    if (bytes <= h->scratch_bytes) return h->scratch;
+    fg_free(h->scratch);
+    h->scratch = fg_alloc(bytes);
+    h->scratch_bytes = h->scratch ? bytes : 0;
+    return h->scratch;
+}
+
+/* Allreduce across nodes in place: a reduce-scatter as an all-to-all (every
+ * node sends block q to node q, all at once, and sums the N copies of its
+ * own block in node order) then an all-gather, so that each rank sends
+ * (N-1)/N of the buffer twice, in both directions of its link at once.
+ * (Open MPI's nonblocking reduce-scatter is a reduce to one rank and a
+ * scatter: with two nodes it sent 3/4 of the buffer one way and 1/4 the
+ * other, one after the other; its nonblocking allreduce of two ranks sends
+ * all of it twice.) Small or indivisible remainders as an allreduce. */
 static fg_status inter_allreduce(fg_comm *c, const fg_comm_args *a, char *p, int64_t n, fg_dtype dt,
                                  fg_reduce_op op) {
     hybrid_state *h = c->impl;
     size_t esz = fg_dtype_size(dt);
     int N = h->nodes, k = c->node_rank;
     int64_t b = n / N;
-    if ((int64_t)esz * n < h->scatter_min || b == 0) {
+    if ((int64_t)esz * n < h->scatter_min || b == 0 || N > FG_HYBRID_MAX_NODES) {
         INTER(c, a, fg_comm_allreduce(h->inter, p, p, n, dt, op));
         return FG_OK;
     }
     char *mine = p + (size_t)(k * b) * esz;
-    INTER(c, a, fg_comm_reduce_scatter(h->inter, p, mine, b, dt, op));
+    char *got = scratch(h, (size_t)(N * b) * esz);
+    if (!got) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory for the exchange buffer");
+    INTER(c, a, fg_comm_alltoall(h->inter, p, got, b, dt));
+    const void *srcs[FG_HYBRID_MAX_NODES];
+    for (int q = 0; q < N; q++) srcs[q] = got + (size_t)(q * b) * esz;
+    fg__reduce(dt, op, mine, NULL, srcs, N, b, 1);
     INTER(c, a, fg_comm_allgather(h->inter, mine, p, b, dt));
     if (n > b * N) {
         char *tail = p + (size_t)(b * N) * esz;
@@ -311,6 +335,7 @@ static void state_free(hybrid_state *h) {
     fg_comm_free(h->inter);
     fg_comm_free(h->base);
     fg_free(h->wr);
+    fg_free(h->scratch);
     fg_free(h);
 }
 
