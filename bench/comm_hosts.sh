@@ -36,14 +36,15 @@ for rate in ${RATES//,/ }; do
     done
     echo
     echo "allreduce f32 sum, 2 hosts x 2 ranks, link $rate (tc tbf each way): bus bandwidth GB/s"
-    printf "%10s %12s %10s %10s %10s %14s\n" link bytes hybrid fg-mpi ompi hybrid/flat
+    printf "%10s %12s %10s %10s %10s %12s %12s\n" link bytes hybrid fg-mpi ompi hybrid/fg-mpi hybrid/ompi
     join -j1 <(awk '$6 ~ /^[0-9]+$/ {print $6, $9, $10}' "$OUT/$rate.fulgur-hybrid" | sort -k1,1) \
              <(awk '$6 ~ /^[0-9]+$/ {print $6, $9, $10}' "$OUT/$rate.fulgur-mpi" | sort -k1,1) |
         join -j1 - <(awk '$6 ~ /^[0-9]+$/ {print $6, $9, $10}' "$OUT/$rate.mpi" | sort -k1,1) |
         sort -n -k1,1 |
         awk -v r="$rate" '{ if ($3 + $5 + $7 > 0) bad = 1;
-            best = $4 > $6 ? $4 : $6;
-            printf "%10s %12d %10.3f %10.3f %10.3f %13.2fx\n", r, $1, $2, $4, $6, best > 0 ? $2 / best : 0 }
+            # (a bare > inside printf's arguments would be a redirection)
+            printf("%10s %12d %10.3f %10.3f %10.3f %11.2fx %11.2fx\n", r, $1, $2, $4, $6,
+                   ($4 > 0 ? $2 / $4 : 0), ($6 > 0 ? $2 / $6 : 0)) }
             END { if (bad) print "wrong elements reported: see comm_bench output" }'
 done
 rm -rf "$OUT"

@@ -7,8 +7,8 @@
  * every node (one per node, ordered by node), split from base.
  *
  *   allreduce       reduce-scatter inside the node, allreduce of each shard
- *                   across nodes (local rank l carries shard l; itself a
- *                   reduce-scatter and an all-gather among the nodes),
+ *                   across nodes (local rank l carries shard l; itself an
+ *                   all-to-all with a local sum, then an all-gather),
  *                   all-gather inside the node; small buffers: allreduce
  *                   inside the node, then across nodes (every local rank
  *                   at once)
@@ -24,8 +24,13 @@
  * sum associates differently from the flat backends' (bitwise equal where
  * the partial sums are exact: integers, min, max, exact data); the result is
  * still the same on every rank and from run to run. avg is a sum divided by
- * the group size once at the end; bf16 and f16 go through f32 so that they
- * round once, as on the flat backends.
+ * the group size once at the end. bf16 and f16 are summed in f32 inside the
+ * node, and cross between nodes as bf16 or f16 (half the bytes of f32 on the
+ * link, which is what a user of fp16 compression asks for): in the scatter
+ * path each node's partial sum rounds to the half once before the exchange
+ * and the sum of the nodes' once after, so an allreduce of halves rounds
+ * twice where the flat backends round once (the same where the partial
+ * sums are exact); avg then rounds once more after the division.
  *
  * Hierarchy needs every node to hold the same number of ranks, more than
  * one node and more than one rank per node; otherwise (and in sub-groups
@@ -42,12 +47,17 @@ typedef struct hybrid_state {
     int nodes, per;      /* N nodes x L ranks per node */
     int *wr;             /* world rank of (node k, local l) at [k * per + l] */
     int64_t scatter_min; /* allreduce of fewer bytes skips the scatter */
+    void *scratch;       /* the across-nodes exchange's receive buffer */
+    size_t scratch_bytes;
 } hybrid_state;
 
 /* FULGUR_HYBRID_SCATTER_BYTES: an allreduce of at least this many bytes
  * runs as reduce-scatter / allreduce / all-gather; smaller ones as two
  * allreduces (default 64 KiB). */
 #define DEFAULT_SCATTER_MIN (64 << 10)
+
+/* More nodes than this: the across-nodes allreduce without the all-to-all. */
+#define FG_HYBRID_MAX_NODES 64
 
 /* A level failed: the hybrid group is broken, and the other levels are
  * aborted with the reason so that ranks waiting there learn it at once
@@ -103,22 +113,69 @@ static void divide(fg_dtype dt, void *buf, int64_t n, int size) {
 
 /* ------------------------------------------------------------ allreduce */
 
-/* Allreduce across nodes in place: reduce-scatter then all-gather, so that
- * each rank sends (N-1)/N of the buffer twice (MPI's nonblocking allreduce
- * of two ranks sends all of it twice: measured at half the link's rate);
- * small or indivisible remainders as an allreduce. */
+/* Scratch of at least `bytes`, kept between calls (a communicator is used
+ * by one thread at a time). */
+static void *scratch(hybrid_state *h, size_t bytes) {
+    if (bytes <= h->scratch_bytes) return h->scratch;
+    fg_free(h->scratch);
+    h->scratch = fg_alloc(bytes);
+    h->scratch_bytes = h->scratch ? bytes : 0;
+    return h->scratch;
+}
+
+/* inter_allreduce of f32 data that are a bf16 or f16 buffer's partial sums,
+ * with the halves on the wire: the shard's blocks rounded to `wire` once,
+ * exchanged, summed in f32 in node order and rounded once, gathered as
+ * halves and widened back (exact). n * esz >= scatter_min and n >= N. */
+static fg_status inter_allreduce_half(fg_comm *c, const fg_comm_args *a, char *p, int64_t n,
+                                      fg_reduce_op op, fg_dtype wire) {
+    hybrid_state *h = c->impl;
+    size_t hsz = fg_dtype_size(wire);
+    int N = h->nodes, k = c->node_rank;
+    int64_t b = n / N;
+    char *hp = scratch(h, (size_t)(n + N * b) * hsz);
+    if (!hp) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory for the exchange buffer");
+    char *got = hp + (size_t)n * hsz, *mine = hp + (size_t)(k * b) * hsz;
+    fg_convert(hp, wire, p, FG_F32, b * N);
+    INTER(c, a, fg_comm_alltoall(h->inter, hp, got, b, wire));
+    const void *srcs[FG_HYBRID_MAX_NODES];
+    for (int q = 0; q < N; q++) srcs[q] = got + (size_t)(q * b) * hsz;
+    fg__reduce(wire, op, mine, NULL, srcs, N, b, 1);
+    INTER(c, a, fg_comm_allgather(h->inter, mine, hp, b, wire));
+    fg_convert(p, FG_F32, hp, wire, b * N);
+    if (n > b * N) {
+        char *tail = p + (size_t)(b * N) * sizeof(float);
+        INTER(c, a, fg_comm_allreduce(h->inter, tail, tail, n - b * N, FG_F32, op));
+    }
+    return FG_OK;
+}
+
+/* Allreduce across nodes in place: a reduce-scatter as an all-to-all (every
+ * node sends block q to node q, all at once, and sums the N copies of its
+ * own block in node order) then an all-gather, so that each rank sends
+ * (N-1)/N of the buffer twice, in both directions of its link at once.
+ * (Open MPI's nonblocking reduce-scatter is a reduce to one rank and a
+ * scatter: with two nodes it sent 3/4 of the buffer one way and 1/4 the
+ * other, one after the other; its nonblocking allreduce of two ranks sends
+ * all of it twice.) Small or indivisible remainders as an allreduce. */
 static fg_status inter_allreduce(fg_comm *c, const fg_comm_args *a, char *p, int64_t n, fg_dtype dt,
-                                 fg_reduce_op op) {
+                                 fg_reduce_op op, fg_dtype wire) {
     hybrid_state *h = c->impl;
     size_t esz = fg_dtype_size(dt);
     int N = h->nodes, k = c->node_rank;
     int64_t b = n / N;
-    if ((int64_t)esz * n < h->scatter_min || b == 0) {
+    if ((int64_t)esz * n < h->scatter_min || b == 0 || N > FG_HYBRID_MAX_NODES) {
         INTER(c, a, fg_comm_allreduce(h->inter, p, p, n, dt, op));
         return FG_OK;
     }
+    if (wire != dt) return inter_allreduce_half(c, a, p, n, op, wire);
     char *mine = p + (size_t)(k * b) * esz;
-    INTER(c, a, fg_comm_reduce_scatter(h->inter, p, mine, b, dt, op));
+    char *got = scratch(h, (size_t)(N * b) * esz);
+    if (!got) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory for the exchange buffer");
+    INTER(c, a, fg_comm_alltoall(h->inter, p, got, b, dt));
+    const void *srcs[FG_HYBRID_MAX_NODES];
+    for (int q = 0; q < N; q++) srcs[q] = got + (size_t)(q * b) * esz;
+    fg__reduce(dt, op, mine, NULL, srcs, N, b, 1);
     INTER(c, a, fg_comm_allgather(h->inter, mine, p, b, dt));
     if (n > b * N) {
         char *tail = p + (size_t)(b * N) * esz;
@@ -128,9 +185,10 @@ static fg_status inter_allreduce(fg_comm *c, const fg_comm_args *a, char *p, int
 }
 
 /* The hierarchical allreduce in place on buf (a sum, min, max or prod in a
- * dtype that needs no widening). */
+ * dtype that needs no widening; `wire` the dtype across nodes: dt, or the
+ * half that f32 buf was widened from). */
 static fg_status allreduce_levels(fg_comm *c, const fg_comm_args *a, void *buf, int64_t n,
-                                  fg_dtype dt, fg_reduce_op op) {
+                                  fg_dtype dt, fg_reduce_op op, fg_dtype wire) {
     hybrid_state *h = c->impl;
     size_t esz = fg_dtype_size(dt);
     int L = h->per, l = c->local_rank;
@@ -143,7 +201,7 @@ static fg_status allreduce_levels(fg_comm *c, const fg_comm_args *a, void *buf, 
     char *p = buf;
     char *mine = p + (size_t)(l * b) * esz;
     INTRA(c, a, fg_comm_reduce_scatter(h->intra, p, mine, b, dt, op));
-    FG_TRY(inter_allreduce(c, a, mine, b, dt, op));
+    FG_TRY(inter_allreduce(c, a, mine, b, dt, op, wire));
     INTRA(c, a, fg_comm_allgather(h->intra, mine, p, b, dt));
     int64_t rest = n - b * L;
     if (rest) {
@@ -165,7 +223,7 @@ static fg_status hy_allreduce(fg_comm *c, const fg_comm_args *a) {
         float *tmp = fg_alloc((size_t)a->count * sizeof(float));
         if (!tmp) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory for the f32 copy");
         fg_convert(tmp, FG_F32, a->send, a->dt, a->count);
-        fg_status st = allreduce_levels(c, a, tmp, a->count, FG_F32, op);
+        fg_status st = allreduce_levels(c, a, tmp, a->count, FG_F32, op, a->dt);
         if (st == FG_OK) {
             if (a->rop == FG_AVG) divide(FG_F32, tmp, a->count, c->size);
             fg_convert(a->recv, a->dt, tmp, FG_F32, a->count);
@@ -174,7 +232,7 @@ static fg_status hy_allreduce(fg_comm *c, const fg_comm_args *a) {
         return st;
     }
     if (a->send != a->recv) memcpy(a->recv, a->send, (size_t)a->count * fg_dtype_size(a->dt));
-    FG_TRY(allreduce_levels(c, a, a->recv, a->count, a->dt, op));
+    FG_TRY(allreduce_levels(c, a, a->recv, a->count, a->dt, op, a->dt));
     if (a->rop == FG_AVG) divide(a->dt, a->recv, a->count, c->size);
     return FG_OK;
 }
@@ -311,6 +369,7 @@ static void state_free(hybrid_state *h) {
     fg_comm_free(h->inter);
     fg_comm_free(h->base);
     fg_free(h->wr);
+    fg_free(h->scratch);
     fg_free(h);
 }
 
