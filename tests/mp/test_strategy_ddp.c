@@ -139,14 +139,7 @@ static int ddp_rank(int rank, int n, void *arg) {
     fg_tensor *flat = fg_module_flat_params(m);
     if (rank == 0) memcpy(sh->result, fg_tensor_data(flat), sizeof(float) * (size_t)sh->n);
     /* every rank must end with the same parameters */
-    int64_t cnt = fg_tensor_numel(flat);
-    float *mine = fg_tensor_data(flat);
-    float *r0 = malloc(sizeof(float) * (size_t)cnt);
-    memcpy(r0, mine, sizeof(float) * (size_t)cnt);
-    fg_comm_broadcast(c, r0, r0, cnt, FG_F32, 0);
-    int bad = memcmp(r0, mine, sizeof(float) * (size_t)cnt) != 0;
-    if (bad) fprintf(stderr, "rank %d: parameters differ from rank 0's\n", rank);
-    free(r0);
+    int bad = mp_differs_from_rank0(c, rank, fg_tensor_data(flat), fg_tensor_numel(flat));
     fg_strategy_free(st);
     fg_optimizer_free(o);
     fg_module_free(m);

@@ -180,14 +180,7 @@ static int train_rank(int rank, int n, void *arg) {
     int64_t cnt = fg_tensor_numel(flat);
     sh->numel = cnt;
     if (rank == 0) memcpy(sh->result, fg_tensor_data(flat), sizeof(float) * (size_t)cnt);
-    float *r0 = malloc(sizeof(float) * (size_t)cnt);
-    memcpy(r0, fg_tensor_data(flat), sizeof(float) * (size_t)cnt);
-    fg_comm_broadcast(c, r0, r0, cnt, FG_F32, 0);
-    if (memcmp(r0, fg_tensor_data(flat), sizeof(float) * (size_t)cnt)) {
-        fprintf(stderr, "rank %d: parameters differ from rank 0's\n", rank);
-        bad = 1;
-    }
-    free(r0);
+    bad |= mp_differs_from_rank0(c, rank, fg_tensor_data(flat), cnt);
     fg_strategy_free(st);
     fg_optimizer_free(o);
     fg_module_free(m);
