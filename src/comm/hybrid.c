@@ -123,33 +123,6 @@ static void *scratch(hybrid_state *h, size_t bytes) {
     return h->scratch;
 }
 
-/* inter_allreduce of f32 data that are a bf16 or f16 buffer's partial sums,
- * with the halves on the wire: the shard's blocks rounded to `wire` once,
- * exchanged, summed in f32 in node order and rounded once, gathered as
- * halves and widened back (exact). n * esz >= scatter_min and n >= N. */
-static fg_status inter_allreduce_half(fg_comm *c, const fg_comm_args *a, char *p, int64_t n,
-                                      fg_reduce_op op, fg_dtype wire) {
-    hybrid_state *h = c->impl;
-    size_t hsz = fg_dtype_size(wire);
-    int N = h->nodes, k = c->node_rank;
-    int64_t b = n / N;
-    char *hp = scratch(h, (size_t)(n + N * b) * hsz);
-    if (!hp) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory for the exchange buffer");
-    char *got = hp + (size_t)n * hsz, *mine = hp + (size_t)(k * b) * hsz;
-    fg_convert(hp, wire, p, FG_F32, b * N);
-    INTER(c, a, fg_comm_alltoall(h->inter, hp, got, b, wire));
-    const void *srcs[FG_HYBRID_MAX_NODES];
-    for (int q = 0; q < N; q++) srcs[q] = got + (size_t)(q * b) * hsz;
-    fg__reduce(wire, op, mine, NULL, srcs, N, b, 1);
-    INTER(c, a, fg_comm_allgather(h->inter, mine, hp, b, wire));
-    fg_convert(p, FG_F32, hp, wire, b * N);
-    if (n > b * N) {
-        char *tail = p + (size_t)(b * N) * sizeof(float);
-        INTER(c, a, fg_comm_allreduce(h->inter, tail, tail, n - b * N, FG_F32, op));
-    }
-    return FG_OK;
-}
-
 /* Allreduce across nodes in place: a reduce-scatter as an all-to-all (every
  * node sends block q to node q, all at once, and sums the N copies of its
  * own block in node order) then an all-gather, so that each rank sends
@@ -157,26 +130,37 @@ static fg_status inter_allreduce_half(fg_comm *c, const fg_comm_args *a, char *p
  * (Open MPI's nonblocking reduce-scatter is a reduce to one rank and a
  * scatter: with two nodes it sent 3/4 of the buffer one way and 1/4 the
  * other, one after the other; its nonblocking allreduce of two ranks sends
- * all of it twice.) Small or indivisible remainders as an allreduce. */
+ * all of it twice.) With wire != dt (f32 partial sums of a bf16 or f16
+ * buffer) the blocks cross as halves: rounded to wire once, summed in f32
+ * in node order and rounded once, gathered and widened back (exact). Small
+ * or indivisible remainders as an allreduce of dt. */
 static fg_status inter_allreduce(fg_comm *c, const fg_comm_args *a, char *p, int64_t n, fg_dtype dt,
                                  fg_reduce_op op, fg_dtype wire) {
     hybrid_state *h = c->impl;
-    size_t esz = fg_dtype_size(dt);
+    size_t esz = fg_dtype_size(dt), wsz = fg_dtype_size(wire);
     int N = h->nodes, k = c->node_rank;
     int64_t b = n / N;
     if ((int64_t)esz * n < h->scatter_min || b == 0 || N > FG_HYBRID_MAX_NODES) {
         INTER(c, a, fg_comm_allreduce(h->inter, p, p, n, dt, op));
         return FG_OK;
     }
-    if (wire != dt) return inter_allreduce_half(c, a, p, n, op, wire);
-    char *mine = p + (size_t)(k * b) * esz;
-    char *got = scratch(h, (size_t)(N * b) * esz);
-    if (!got) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory for the exchange buffer");
-    INTER(c, a, fg_comm_alltoall(h->inter, p, got, b, dt));
+    /* the blocks on the wire: p itself, or its halves ahead of `got` */
+    size_t blocks = (size_t)(N * b) * wsz;
+    char *sx = scratch(h, wire != dt ? 2 * blocks : blocks);
+    if (!sx) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory for the exchange buffer");
+    char *w = p, *got = sx;
+    if (wire != dt) {
+        w = sx;
+        got = sx + blocks;
+        fg_convert(w, wire, p, dt, N * b);
+    }
+    char *mine = w + (size_t)(k * b) * wsz;
+    INTER(c, a, fg_comm_alltoall(h->inter, w, got, b, wire));
     const void *srcs[FG_HYBRID_MAX_NODES];
-    for (int q = 0; q < N; q++) srcs[q] = got + (size_t)(q * b) * esz;
-    fg__reduce(dt, op, mine, NULL, srcs, N, b, 1);
-    INTER(c, a, fg_comm_allgather(h->inter, mine, p, b, dt));
+    for (int q = 0; q < N; q++) srcs[q] = got + (size_t)(q * b) * wsz;
+    fg__reduce(wire, op, mine, NULL, srcs, N, b, 1);
+    INTER(c, a, fg_comm_allgather(h->inter, mine, w, b, wire));
+    if (wire != dt) fg_convert(p, dt, w, wire, N * b);
     if (n > b * N) {
         char *tail = p + (size_t)(b * N) * esz;
         INTER(c, a, fg_comm_allreduce(h->inter, tail, tail, n - b * N, dt, op));
