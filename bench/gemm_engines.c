@@ -24,6 +24,10 @@
  *   pair           2 threads only, backward only: dx on one thread and dw on
  *                  the other at once, against both on 2 threads in turn
  *
+ * And for each forward product with a bias, the bias fused into the
+ * product (c filled with the bias rows, then sgemm with beta = 1) against
+ * fulgur's way (sgemm with beta = 0, then its bias_add kernel): "fused".
+ *
  * Every engine runs each shape REPS times interleaved with the others (so
  * that load from other processes hits all alike); the best run counts (load
  * only ever slows a run, so the best is the nearest to an idle machine's).
@@ -51,6 +55,7 @@ fg_status fg__cpu_gemm_dnnl_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t 
                                 const float *a, int64_t lda, const float *b, int64_t ldb,
                                 float beta, float *c, int64_t ldc);
 const char *fg__dnnl_isa(void);
+fg_status fg__cpu_bias_add(fg_tensor *y, const fg_tensor *bias);
 
 /* BLIS's typed API, as its blis.h declares it on x86-64 (dim_t and inc_t
  * are 64-bit; BLIS_TRANSPOSE is 0x08). */
@@ -295,6 +300,49 @@ static void bench_pairs(const char *set, const shape *shapes) {
     }
 }
 
+/* y = x w^T + bias: sgemm (beta 0) then fulgur's bias_add, against the
+ * bias rows copied into y and sgemm with beta 1. */
+static void bench_bias(const char *set, const shape *shapes) {
+    for (const shape *s = shapes; s->name; s++) {
+        if (strncmp(s->name, "fwd ", 4) != 0 || !strcmp(s->name, "fwd lm_head")) continue;
+        operands o = {.s = s, .lda = s->K, .ldb = s->K};
+        o.a = frand((int64_t)s->M * s->K, 1), o.b = frand((int64_t)s->N * s->K, 2);
+        o.c = frand((int64_t)s->M * s->N, 3);
+        float *bias = frand(s->N, 4);
+        fg_tensor *ty = fg_tensor_wrap(o.c, FG_F32, 2, (int64_t[]){s->M, s->N});
+        fg_tensor *tb = fg_tensor_wrap(bias, FG_F32, 1, (int64_t[]){s->N});
+        shape s1 = *s;
+        double two[REPS], fused[REPS];
+        for (int r = -1; r < REPS; r++) {
+            double t0 = fg_time();
+            s1.beta = 0;
+            o.s = &s1;
+            sgemm1(&o, 0, s->M, 0, s->N);
+            if (fg__cpu_bias_add(ty, tb) != FG_OK) {
+                fprintf(stderr, "gemm_engines: %s\n", fg_last_error());
+                exit(1);
+            }
+            double t1 = fg_time();
+            for (int i = 0; i < s->M; i++)
+                memcpy(o.c + (int64_t)i * s->N, bias, sizeof(float) * (size_t)s->N);
+            s1.beta = 1;
+            sgemm1(&o, 0, s->M, 0, s->N);
+            double t2 = fg_time();
+            if (r >= 0) two[r] = t1 - t0, fused[r] = t2 - t1;
+        }
+        qsort(two, REPS, sizeof(double), cmp_d);
+        qsort(fused, REPS, sizeof(double), cmp_d);
+        printf("{\"name\": \"gemm_engines_bias\", \"set\": \"%s\", \"shape\": \"%s %dx%dx%d\", "
+               "\"threads\": %d, \"sgemm_then_bias_add_ms\": %.3f, \"fused_ms\": %.3f, "
+               "\"saved_ms\": %.3f}\n",
+               set, s->name, s->M, s->N, s->K, fg_get_num_threads(), two[0] * 1e3, fused[0] * 1e3,
+               (two[0] - fused[0]) * 1e3);
+        fflush(stdout);
+        fg_tensor_free(ty), fg_tensor_free(tb);
+        free(o.a), free(o.b), free(o.c), free(bias);
+    }
+}
+
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 1;
     const char *only = argc > 2 ? argv[2] : "";
@@ -315,6 +363,8 @@ int main(int argc, char **argv) {
             getenv("BLIS_ARCH_TYPE") ? getenv("BLIS_ARCH_TYPE") : "unset");
     if (!*only || !strcmp(only, "gpt")) bench_set("gpt", k_gpt, threads);
     if (!*only || !strcmp(only, "mlp")) bench_set("mlp", k_mlp, threads);
+    if (!*only || !strcmp(only, "gpt")) bench_bias("gpt", k_gpt);
+    if (!*only || !strcmp(only, "mlp")) bench_bias("mlp", k_mlp);
     if (threads == 2 && (!*only || !strcmp(only, "gpt"))) bench_pairs("gpt", k_gpt);
     if (threads == 2 && (!*only || !strcmp(only, "mlp"))) bench_pairs("mlp", k_mlp);
     return 0;
