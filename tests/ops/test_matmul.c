@@ -536,7 +536,7 @@ TEST(matmul_calibration_file_round_trips) {
     CHECK_CONTAINS(fg__gemm_info(f32, sizeof f32), ", cached)");
     size_t len = 0;
     char *good = slurp(path, &len);
-    CHECK(good && len > 40 && !strncmp(good, "fulgur gemm choices 3\nkey ", 26));
+    CHECK(good && len > 40 && !strncmp(good, "fulgur gemm choices 4\nkey ", 26));
     if (!good) return;
 
     /* each damaged copy is refused whole and adds nothing */
@@ -564,7 +564,7 @@ TEST(matmul_calibration_file_round_trips) {
     /* a well-summed file with another key, or a line out of range */
     char *key_end = strchr(strchr(good, '\n') + 1, '\n') + 1, *body = malloc(len + 256);
     size_t head = (size_t)(key_end - good);
-    snprintf(body, len + 256, "fulgur gemm choices 3\nkey another cpu\n");
+    snprintf(body, len + 256, "fulgur gemm choices 4\nkey another cpu\n");
     spit_summed(body_path, body);
     fg__gemm_forget();
     CHECK_STATUS(fg__gemm_cache_load(body_path), FG_EFORMAT);

@@ -16,8 +16,15 @@
  * than one thread, each on one thread too -- interleaved, best of
  * CAL_ROUNDS. The fastest wins, but a candidate displaces an earlier one
  * (in that order) only when it is faster by MARGIN, so that near ties come
- * out the same run after run. The user's data is never touched; a class
- * costs 2-30 ms, a GPT's dozen classes about 0.1 s.
+ * out the same run after run. A candidate that would displace OpenBLAS on
+ * all the threads must win again after CONFIRM_ROUNDS more rounds (each
+ * candidate keeping its best of all): on a machine other jobs share, one
+ * side's few timed runs can all fall in other processes' time slices (an
+ * AVX2 calibration file of the development machine had OpenBLAS at 28-49
+ * GFLOP/s on one thread in 3 of its 33 classes, where it runs at 120-135,
+ * and those classes had gone to oneDNN), and a choice is kept on disk. The
+ * user's data is never touched; a class costs 2-30 ms (up to 3x that when
+ * confirmed), a GPT's dozen classes about 0.1 s.
  *
  * A class keeps its engine whatever the thread count does later (threads.c
  * lowers it while other processes hold cores): both engines give the same
@@ -70,10 +77,11 @@
 #define ONE_MAX_BAND 1      /* one thread is a candidate up to this band (16M) */
 #define CAL_BATCH (1 << 22) /* multiply-adds timed at once (small products repeat) */
 #define CAL_ROUNDS 3
+#define CONFIRM_ROUNDS 6 /* more rounds before leaving OpenBLAS on all threads */
 #define MARGIN 0.04
 #define NCLASSES (NBANDS * 16)
-#define LOCK_WAIT_S 5.0 /* then decide without the other processes */
-#define FORMAT "fulgur gemm choices 3"
+#define LOCK_WAIT_S 5.0                /* then decide without the other processes */
+#define FORMAT "fulgur gemm choices 4" /* 4: choices confirmed (CONFIRM_ROUNDS) */
 
 enum { MODE_AUTO, MODE_OPENBLAS, MODE_ONEDNN, MODE_BAD };
 static const char *const k_mode_names[] = {"auto", "openblas", "onednn"};
@@ -396,6 +404,16 @@ static fg_status run_cand(int cand, int T, bool ta, bool tb, float beta, int m, 
     return st;
 }
 
+/* The candidate the times in best say: OpenBLAS on T threads (0) when
+ * nothing could be measured; a later candidate displaces an earlier one
+ * only when faster by MARGIN. */
+static int pick_of(const double *best, int ncand) {
+    int pick = 0;
+    for (int cd = 1; cd < ncand; cd++)
+        if (best[cd] < best[pick] * (1 - MARGIN)) pick = cd;
+    return pick;
+}
+
 /* Measures class cls at T threads on a product shaped like (M, N, K);
  * g_mu held. */
 static void calibrate_locked(int cls, int T, bool ta, bool tb, bool acc, int64_t M, int64_t N,
@@ -424,7 +442,8 @@ static void calibrate_locked(int cls, int T, bool ta, bool tb, bool acc, int64_t
         bool ok[4];
         for (int cd = 0; cd < ncand; cd++) /* warm-up: primitives, buffers, thread pools */
             ok[cd] = run_cand(cd, T, ta, tb, acc ? 1.0f : 0.0f, e.m, e.n, e.k, a, b, c) == FG_OK;
-        for (int round = 0; round < CAL_ROUNDS; round++)
+        for (int round = 0; round < CAL_ROUNDS + CONFIRM_ROUNDS; round++) {
+            if (round == CAL_ROUNDS && pick_of(best, ncand) == 0) break; /* nothing to confirm */
             for (int cd = 0; cd < ncand; cd++) {
                 if (!ok[cd]) continue;
                 double t0 = fg_time();
@@ -432,14 +451,13 @@ static void calibrate_locked(int cls, int T, bool ta, bool tb, bool acc, int64_t
                     run_cand(cd, T, ta, tb, acc ? 1.0f : 0.0f, e.m, e.n, e.k, a, b, c);
                 best[cd] = fmin(best[cd], (fg_time() - t0) / reps);
             }
+        }
         for (int cd = 0; cd < 4; cd++)
             e.gflops[cd] = isfinite(best[cd]) ? (float)(2 * macs / best[cd] * 1e-9) : 0.0f;
         fg_clear_error();
     }
     fg_free(buf);
-    int pick = 0; /* OpenBLAS on T threads when nothing could be measured */
-    for (int cd = 1; cd < ncand; cd++)
-        if (best[cd] < best[pick] * (1 - MARGIN)) pick = cd;
+    int pick = pick_of(best, ncand);
     e.pick = (uint8_t)(T > 1 ? pick : pick & 1);
     put_entry(&e);
 }
