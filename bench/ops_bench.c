@@ -21,7 +21,18 @@
  * The memory bandwidth each case is held to: a copy of half its bytes
  * (memcpy: as many bytes read as written, from buffers as large as the
  * case's), on the same threads, timed in the same rounds; the table gives
- * it ("copy") and each path's share of it. */
+ * it ("copy") and each path's share of it.
+ *
+ * The compute bound of a kernel whose arithmetic, not memory, limits it:
+ * the time its core primitive alone takes on the same path and threads,
+ * for the count the kernel needs, on data in L1 (fg_ops_cpu_exp over 2048
+ * floats a thread, again and again: one exp an element for GELU, softmax,
+ * log_softmax, two for cross-entropy's forward and backward; dropout:
+ * fg_ops_cpu_philox_xor, one Philox draw an element, made in registers and
+ * never stored). The kernel cannot beat the slower of the copy and that
+ * bound, so "held" = max(copy time, bound time) / kernel time is its share
+ * of what it could reach ("bound" alone: of the arithmetic; no bound: held
+ * is the copy's share). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,8 +51,9 @@ static int g_npaths;
 /* the table printed at the end: GB/s of each case on each path */
 typedef struct {
     char name[32], shape[32];
-    double gbs[FG_ISA_COUNT]; /* 0: not run */
-    double copy_gbs;          /* the memory bandwidth at this size */
+    double gbs[FG_ISA_COUNT];  /* 0: not run */
+    double held[FG_ISA_COUNT]; /* max(copy, bound time) / kernel time */
+    double copy_gbs;           /* the memory bandwidth at this size */
     bool one_path;
 } row;
 static row g_rows[64];
@@ -70,6 +82,42 @@ static void copy_ref(void *p) {
     }
 }
 
+/* ------------------------------------------------------- compute bounds */
+
+typedef enum { BOUND_NONE, BOUND_EXP, BOUND_PHILOX } bound_kind;
+static const char *const BOUND_NAME[] = {"-", "exp", "philox"};
+
+/* what a case's bound runs: per primitive of `kind`, `units` of them */
+typedef struct {
+    bound_kind kind;
+    double units;
+} bound;
+
+#define L1_N 2048 /* floats a thread: 8 KiB in, 8 KiB out */
+#define MAX_TH 64
+static float g_l1[MAX_TH][2 * L1_N] __attribute__((aligned(64)));
+static volatile uint32_t g_sink;
+
+static void bound_run(void *p) {
+    const bound *b = p;
+    int nth = fg_get_num_threads();
+    if (nth > MAX_TH) nth = MAX_TH;
+    int64_t per = (int64_t)(b->units / nth + 0.5);
+#pragma omp parallel for num_threads(nth) schedule(static)
+    for (int t = 0; t < nth; t++) {
+        if (b->kind == BOUND_EXP) {
+            for (int64_t d = 0; d < per; d += L1_N) {
+                int64_t k = per - d < L1_N ? per - d : L1_N;
+                if (fg_ops_cpu_exp(g_l1[t], g_l1[t] + L1_N, k) != FG_OK) abort();
+            }
+        } else {
+            uint32_t x = 0;
+            if (fg_ops_cpu_philox_xor(42, (uint64_t)t << 40, per, &x) != FG_OK) abort();
+            g_sink ^= x;
+        }
+    }
+}
+
 static void timed(run_fn f, void *ctx, double *best) {
     double t0 = fg_time();
     f(ctx);
@@ -81,9 +129,9 @@ static void timed(run_fn f, void *ctx, double *best) {
  * (may be NULL), taking turns; prints a JSON line per path and keeps a row
  * of the table. */
 static void emit_paths(const char *name, const char *shape, run_fn fu, run_fn base, void *ctx,
-                       double bytes, bool one_path) {
+                       double bytes, bool one_path, bound bd) {
     int np = one_path ? 1 : g_npaths;
-    double tf[FG_ISA_COUNT], tb = 1e30, tc = 1e30;
+    double tf[FG_ISA_COUNT], tbd[FG_ISA_COUNT], tb = 1e30, tc = 1e30;
     size_t half = (size_t)(bytes / 2);
     if (half > g_copy_cap) {
         free(g_src);
@@ -96,7 +144,7 @@ static void emit_paths(const char *name, const char *shape, run_fn fu, run_fn ba
     }
     copy_ref(&half);
     for (int k = 0; k < np; k++) {
-        tf[k] = 1e30;
+        tf[k] = tbd[k] = 1e30;
         fg_set_cpu_isa(one_path ? FG_ISA_AUTO : g_paths[k]);
         fu(ctx); /* warm-up: first touch, thread start */
     }
@@ -105,6 +153,7 @@ static void emit_paths(const char *name, const char *shape, run_fn fu, run_fn ba
         for (int k = 0; k < np; k++) {
             fg_set_cpu_isa(one_path ? FG_ISA_AUTO : g_paths[k]);
             timed(fu, ctx, &tf[k]);
+            if (bd.kind != BOUND_NONE) timed(bound_run, &bd, &tbd[k]);
         }
         if (base) timed(base, ctx, &tb);
         timed(copy_ref, &half, &tc);
@@ -125,15 +174,30 @@ static void emit_paths(const char *name, const char *shape, run_fn fu, run_fn ba
                name, shape, isa, fg_get_num_threads(), tf[k] * 1e3, bytes / tf[k] * 1e-9);
         if (base) printf(", \"baseline_ms\": %.4f, \"speedup\": %.2f", tb * 1e3, tb / tf[k]);
         printf(", \"copy_GB/s\": %.1f, \"of_copy\": %.2f", bytes / tc * 1e-9, tc / tf[k]);
-        printf("}\n");
-        if (w) w->gbs[one_path ? 0 : g_paths[k]] = bytes / tf[k] * 1e-9;
+        double held = tc / tf[k];
+        if (bd.kind != BOUND_NONE) {
+            printf(", \"bound\": \"%s x %.0f\", \"bound_ms\": %.4f, \"of_bound\": %.2f",
+                   BOUND_NAME[bd.kind], bd.units, tbd[k] * 1e3, tbd[k] / tf[k]);
+            if (tbd[k] > tc) held = tbd[k] / tf[k];
+        }
+        printf(", \"held\": %.2f}\n", held);
+        if (w) {
+            w->gbs[one_path ? 0 : g_paths[k]] = bytes / tf[k] * 1e-9;
+            w->held[one_path ? 0 : g_paths[k]] = held;
+        }
     }
     fflush(stdout);
 }
 
 static void emit(const char *name, const char *shape, run_fn fu, run_fn base, void *ctx,
                  double bytes) {
-    emit_paths(name, shape, fu, base, ctx, bytes, false);
+    emit_paths(name, shape, fu, base, ctx, bytes, false, (bound){BOUND_NONE, 0});
+}
+
+/* the same, held to a compute bound too */
+static void emit_b(const char *name, const char *shape, run_fn fu, run_fn base, void *ctx,
+                   double bytes, bound_kind kind, double units) {
+    emit_paths(name, shape, fu, base, ctx, bytes, false, (bound){kind, units});
 }
 
 /* ------------------------------------------------------------------ cases */
@@ -389,19 +453,20 @@ static bool parse_isa(const char *v) {
 }
 
 static void print_table(void) {
-    printf("# GB/s (%% of the copy's), best of %d, %d thread(s); a kernel with one path only "
-           "shows it under %s\n",
+    printf("# GB/s (%% of the copy's, %% held: of the slower of the copy and the compute "
+           "bound), best of %d, %d thread(s); a kernel with one path only shows it under %s\n",
            REPS, fg_get_num_threads(), fg_isa_name(g_paths[0]));
     printf("# %-22s %-14s %6s", "kernel", "shape", "copy");
-    for (int k = 0; k < g_npaths; k++) printf(" %13s", fg_isa_name(g_paths[k]));
+    for (int k = 0; k < g_npaths; k++) printf(" %19s", fg_isa_name(g_paths[k]));
     printf("\n");
     for (int i = 0; i < g_nrows; i++) {
         const row *w = &g_rows[i];
         printf("# %-22s %-14s %6.1f", w->name, w->shape, w->copy_gbs);
         for (int k = 0; k < g_npaths; k++) {
-            double g = w->gbs[w->one_path ? 0 : g_paths[k]];
-            if (w->one_path && k) printf(" %13s", "-");
-            else printf(" %6.1f (%3.0f%%)", g, 100 * g / w->copy_gbs);
+            int p = w->one_path ? 0 : g_paths[k];
+            double g = w->gbs[p];
+            if (w->one_path && k) printf(" %19s", "-");
+            else printf(" %6.1f (%3.0f%%, %3.0f%%)", g, 100 * g / w->copy_gbs, 100 * w->held[p]);
         }
         printf("\n");
     }
@@ -421,6 +486,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     ops = fg_ops_get(FG_CPU);
+    for (int t = 0; t < MAX_TH; t++) /* exp's inputs: x - max, in [-16, 0) */
+        for (int i = 0; i < L1_N; i++) g_l1[t][i] = -16.0f * (float)((i * 7919) % L1_N) / L1_N;
     int64_t N = 2048;
     for (int k = 0; k < 2; k++) {
         int64_t C = k ? 1024 : 256, s[] = {N, C};
@@ -437,24 +504,24 @@ int main(int argc, char **argv) {
         c.rstd = randn(1, &N, 10, 1);
         char shape[64];
         snprintf(shape, sizeof shape, "(%lld, %lld)", (long long)N, (long long)C);
-        double nb = 4.0 * (double)(N * C);
+        double nb = 4.0 * (double)(N * C), ne = (double)(N * C);
         if (want(filter, "layernorm")) {
             emit("layernorm_fwd", shape, ln_fwd, ln_fwd_base, &c, 2 * nb);
             emit("layernorm_bwd", shape, ln_bwd, ln_bwd_base, &c, 4 * nb);
         }
         if (want(filter, "gelu")) {
-            emit("gelu_fwd", shape, gelu_fwd, gelu_fwd_base, &c, 2 * nb);
-            emit("gelu_bwd", shape, gelu_bwd, gelu_bwd_base, &c, 4 * nb);
+            emit_b("gelu_fwd", shape, gelu_fwd, gelu_fwd_base, &c, 2 * nb, BOUND_EXP, ne);
+            emit_b("gelu_bwd", shape, gelu_bwd, gelu_bwd_base, &c, 4 * nb, BOUND_EXP, ne);
         }
         if (want(filter, "softmax")) {
-            emit("softmax_fwd", shape, sm_fwd, sm_fwd_base, &c, 2 * nb);
+            emit_b("softmax_fwd", shape, sm_fwd, sm_fwd_base, &c, 2 * nb, BOUND_EXP, ne);
             emit("softmax_bwd", shape, sm_bwd, NULL, &c, 4 * nb);
-            emit("log_softmax_fwd", shape, lsm_fwd, NULL, &c, 2 * nb);
-            emit("log_softmax_bwd", shape, lsm_bwd, NULL, &c, 4 * nb);
+            emit_b("log_softmax_fwd", shape, lsm_fwd, NULL, &c, 2 * nb, BOUND_EXP, ne);
+            emit_b("log_softmax_bwd", shape, lsm_bwd, NULL, &c, 4 * nb, BOUND_EXP, ne);
         }
         if (want(filter, "dropout")) {
-            emit("dropout_fwd", shape, drop_fwd, drop_fwd_base, &c, 2 * nb);
-            emit("dropout_bwd", shape, drop_bwd, NULL, &c, 3 * nb);
+            emit_b("dropout_fwd", shape, drop_fwd, drop_fwd_base, &c, 2 * nb, BOUND_PHILOX, ne);
+            emit_b("dropout_bwd", shape, drop_bwd, NULL, &c, 3 * nb, BOUND_PHILOX, ne);
         }
         if (want(filter, "sum_dim")) emit("sum_dim0", shape, sum0, sum0_base, &c, nb);
         if (want(filter, "elementwise")) {
@@ -471,7 +538,8 @@ int main(int argc, char **argv) {
             c.idx = fg_tensor_new(FG_I32, 1, &N);
             int32_t *ix = fg_tensor_data(c.idx);
             for (int64_t i = 0; i < N; i++) ix[i] = (int32_t)(i * 7919 % V);
-            emit_paths("embedding_fwd", shape, emb_fwd, emb_fwd_base, &c, 2 * nb, true);
+            emit_paths("embedding_fwd", shape, emb_fwd, emb_fwd_base, &c, 2 * nb, true,
+                       (bound){BOUND_NONE, 0});
             emit("embedding_bwd", shape, emb_bwd, emb_bwd_base, &c, 2 * nb);
         }
     }
@@ -487,7 +555,9 @@ int main(int argc, char **argv) {
         for (int64_t i = 0; i < N; i++) tg[i] = (int32_t)(i * 31 % V);
         char shape[64];
         snprintf(shape, sizeof shape, "(%lld, %lld)", (long long)N, (long long)V);
-        emit("cross_entropy_fwd_bwd", shape, ce, ce_base, &c, 3 * 4.0 * (double)(N * V));
+        /* one exp an element in the forward's sum, one in the backward's */
+        emit_b("cross_entropy_fwd_bwd", shape, ce, ce_base, &c, 3 * 4.0 * (double)(N * V),
+               BOUND_EXP, 2.0 * (double)(N * V));
     }
     if (want(filter, "attention")) { /* GB/s of qkv in and y out: the gemms dominate */
         int64_t B = 16, T = 128, C = 256, sq[] = {B, T, 3 * C}, sy[] = {B, T, C}, sl[] = {B, 4, T};

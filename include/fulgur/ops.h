@@ -156,6 +156,23 @@ FG_API const char *fg_matmul_bf16_path(void);
  * input. Thread-safe. */
 FG_API const char *fg_ops_lowp_path(void);
 
+/* The arithmetic the speed of the f32 kernels comes down to, alone, on the
+ * vector path of fg_cpu_isa() and the calling thread: bench/ops_bench holds
+ * each kernel that is not bound by memory to these (its compute bound).
+ *   fg_ops_cpu_exp: y = exp(x) over n floats, the exp that softmax,
+ *     log_softmax, cross-entropy, attention and GELU take (of x - max <= 0,
+ *     and of -|2u|): within 2 ulp of expf from -87 to 88; 0 below -88; past
+ *     88.37 it saturates at 2.4e38 on the vector paths (the portable path:
+ *     inf past 88.72); NaN stays NaN. y may be x.
+ *   fg_ops_cpu_philox_xor: *out = the xor of the Philox4x32-10 draws
+ *     offset .. offset + n - 1 of stream seed (fg_rng_u32_at), made as
+ *     dropout makes them (in registers, transposed into draw order), and
+ *     nothing stored.
+ * FG_EINVAL for n < 0, and naming FULGUR_CPU_ISA when its value names no
+ * ISA. Thread-safe. */
+FG_API fg_status fg_ops_cpu_exp(const float *x, float *y, int64_t n);
+FG_API fg_status fg_ops_cpu_philox_xor(uint64_t seed, uint64_t offset, int64_t n, uint32_t *out);
+
 #ifdef __cplusplus
 }
 #endif

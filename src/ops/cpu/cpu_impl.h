@@ -67,6 +67,12 @@ typedef struct fg__vk {
      * stream seed: y = x keep scale (acc: y +=), keep = draw >= thr */
     void (*dropout)(const float *x, float *y, int64_t n, uint64_t seed, uint64_t offset,
                     uint32_t thr, float scale, bool acc);
+    /* the primitives alone (ops.h's fg_ops_cpu_exp and fg_ops_cpu_philox_xor:
+     * prim.c, dropout.c): y = exp(x) as the row kernels and GELU take it,
+     * over n; the xor of draws offset .. offset + n - 1 as dropout makes
+     * them, nothing stored */
+    void (*exp)(const float *x, float *y, int64_t n);
+    uint32_t (*philox_xor)(uint64_t seed, uint64_t offset, int64_t n);
     /* vk_ew_t.h, over n elements, on one thread (the ops split the work):
      * elementwise.c's same-shape binary op and axpby (y = alpha x + beta y;
      * beta 0: y is not read), activation.c's relu and its backward (dx +=),

@@ -68,6 +68,29 @@ static void philox_chunk(uint64_t seed, uint64_t ctr0, uint32_t *restrict u) {
     }
 }
 
+fg_status fg_ops_cpu_philox_xor(uint64_t seed, uint64_t offset, int64_t n, uint32_t *out) {
+    if (n < 0)
+        return fg_error(FG_EINVAL, "fg_ops_cpu_philox_xor: n = %lld: expected >= 0", (long long)n);
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    *out = 0;
+    if (!n) return FG_OK;
+    if (vk->philox_xor) {
+        *out = vk->philox_xor(seed, offset, n);
+        return FG_OK;
+    }
+    uint32_t u[CHUNK], acc = 0;
+    uint64_t end = offset + (uint64_t)n;
+    for (uint64_t d0 = offset & ~(uint64_t)3; d0 < end; d0 += CHUNK) {
+        philox_chunk(seed, d0 >> 2, u);
+        int64_t k0 = d0 < offset ? (int64_t)(offset - d0) : 0;
+        int64_t k1 = end - d0 < CHUNK ? (int64_t)(end - d0) : CHUNK;
+        for (int64_t k = k0; k < k1; k++) acc ^= u[k];
+    }
+    *out = acc;
+    return FG_OK;
+}
+
 /* y = x * keep * scale (fwd) or y += x * keep * scale (bwd): x, y (n). */
 static fg_status apply(const char *kernel, const fg_tensor *x, double p, uint64_t seed,
                        uint64_t offset, fg_tensor *y, bool accumulate) {

@@ -48,6 +48,12 @@ static inline vf v_fms(vf a, vf b, vf c) { return _mm512_fmsub_ps(a, b, c); }   
 static inline vf v_fnma(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); } /* c - a b */
 static inline vf v_max(vf a, vf b) { return _mm512_max_ps(a, b); }
 static inline vf v_min(vf a, vf b) { return _mm512_min_ps(a, b); }
+/* -|x| (the sign bit set) */
+static inline vf v_negabs(vf x) { return _mm512_or_ps(x, _mm512_set1_ps(-0.0f)); }
+/* a where s has its sign bit set (-0, NaN with the bit), else b */
+static inline vf v_select_neg(vf s, vf a, vf b) {
+    return _mm512_mask_blend_ps(_mm512_movepi32_mask(_mm512_castps_si512(s)), b, a);
+}
 static inline float v_hsum(vf x) { return _mm512_reduce_add_ps(x); }
 static inline float v_hmax(vf x) { return _mm512_reduce_max_ps(x); }
 
@@ -57,6 +63,15 @@ static inline vu v_u_set1(uint32_t x) { return _mm512_set1_epi32((int)x); }
 static inline vu v_u_sub(vu a, vu b) { return _mm512_sub_epi32(a, b); }
 static inline vu v_u_shl23(vu a) { return _mm512_slli_epi32(a, 23); }
 static inline vu v_u_load(const uint32_t *p) { return _mm512_loadu_si512((const void *)p); }
+static inline void v_u_store(uint32_t *p, vu x) { _mm512_storeu_si512((void *)p, x); }
+static inline vu v_u_xor(vu a, vu b) { return _mm512_xor_si512(a, b); }
+static inline uint32_t v_u_hxor(vu x) {
+    __m256i h = _mm256_xor_si256(_mm512_castsi512_si256(x), _mm512_extracti64x4_epi64(x, 1));
+    __m128i q = _mm_xor_si128(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    q = _mm_xor_si128(q, _mm_shuffle_epi32(q, 0x4E));
+    q = _mm_xor_si128(q, _mm_shuffle_epi32(q, 0xB1));
+    return (uint32_t)_mm_cvtsi128_si32(q);
+}
 /* x where u >= t (unsigned), else 0 */
 static inline vf v_keep_ge(vu u, vu t, vf x) {
     return _mm512_maskz_mov_ps(_mm512_cmpge_epu32_mask(u, t), x);
@@ -109,6 +124,8 @@ static inline vf v_fms(vf a, vf b, vf c) { return _mm256_fmsub_ps(a, b, c); }
 static inline vf v_fnma(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
 static inline vf v_max(vf a, vf b) { return _mm256_max_ps(a, b); }
 static inline vf v_min(vf a, vf b) { return _mm256_min_ps(a, b); }
+static inline vf v_negabs(vf x) { return _mm256_or_ps(x, _mm256_set1_ps(-0.0f)); }
+static inline vf v_select_neg(vf s, vf a, vf b) { return _mm256_blendv_ps(b, a, s); }
 static inline float v_hsum(vf x) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -128,6 +145,14 @@ static inline vu v_u_set1(uint32_t x) { return _mm256_set1_epi32((int)x); }
 static inline vu v_u_sub(vu a, vu b) { return _mm256_sub_epi32(a, b); }
 static inline vu v_u_shl23(vu a) { return _mm256_slli_epi32(a, 23); }
 static inline vu v_u_load(const uint32_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline void v_u_store(uint32_t *p, vu x) { _mm256_storeu_si256((__m256i *)p, x); }
+static inline vu v_u_xor(vu a, vu b) { return _mm256_xor_si256(a, b); }
+static inline uint32_t v_u_hxor(vu x) {
+    __m128i q = _mm_xor_si128(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    q = _mm_xor_si128(q, _mm_shuffle_epi32(q, 0x4E));
+    q = _mm_xor_si128(q, _mm_shuffle_epi32(q, 0xB1));
+    return (uint32_t)_mm_cvtsi128_si32(q);
+}
 static inline vf v_keep_ge(vu u, vu t, vf x) { /* u >= t iff max(u, t) == u */
     return _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_max_epu32(u, t), u)), x);
 }
