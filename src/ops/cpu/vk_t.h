@@ -445,54 +445,47 @@ static void vk_ln_bwd_row(const float *x, const float *dy, const float *w, float
 #define VK_PHILOX_W1 0xBB67AE85u
 
 #if VK_W == 16
-/* hi and lo words of a * m in 16 u32 lanes. vpmuludq multiplies the even
- * lanes; the odd ones are shifted down for a second one. (Left to itself,
- * GCC widens to 64-bit lanes and uses vpmullq with permutes around it, at
- * about twice the cost.) */
-static inline void mulhilo(__m512i a, __m512i m, __m512i *hi, __m512i *lo) {
-    __m512i pe = _mm512_mul_epu32(a, m);
-    __m512i po = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);
-    *hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(pe, 32), po);
-    *lo = _mm512_mask_blend_epi32(0xAAAA, pe, _mm512_slli_epi64(po, 32));
-}
-
-/* o[q] = draws 4 ctr0 + 16 q .. + 15 of stream seed, q < 4 (16 blocks:
- * block ctr0 + l in lane l, then a 4 x 16 transpose into draw order), in
- * registers */
+/* 16 blocks ctr0 .. ctr0 + 15 as two groups of 8, a block a 64-bit lane, as
+ * the AVX2 one's below (one vpmuludq gives a word pair's hi and lo words;
+ * vpternlogd makes the xor of three): two independent chains, since one
+ * round waits on the multiply before it, and the dropout kernel's loads and
+ * stores left too few of the next batch's rounds in flight to hide that
+ * (16 u32 lanes a block word, as before: the same instructions a draw, one
+ * chain). */
 #define VK_PX 64 /* draws a philox_v call makes */
 static inline void philox_v(uint64_t seed, uint64_t ctr0, __m512i o[4]) {
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __m512i base = _mm512_set1_epi32((int)(uint32_t)ctr0);
-    __m512i a0 = _mm512_add_epi32(base, iota);
-    __mmask16 carry = _mm512_cmplt_epu32_mask(a0, base); /* the low word wrapped */
-    __m512i hi = _mm512_set1_epi32((int)(uint32_t)(ctr0 >> 32));
-    __m512i a1 = _mm512_mask_add_epi32(hi, carry, hi, _mm512_set1_epi32(1));
-    __m512i a2 = _mm512_setzero_si512(), a3 = _mm512_setzero_si512();
+    __m512i c = _mm512_set1_epi64((long long)ctr0);
+    __m512i A0 = _mm512_add_epi64(c, _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
+    __m512i A1 = _mm512_add_epi64(c, _mm512_setr_epi64(8, 9, 10, 11, 12, 13, 14, 15));
+    __m512i B0 = _mm512_setzero_si512(), B1 = B0;
+    const __m512i m0 = _mm512_set1_epi64(VK_PHILOX_M0), m1 = _mm512_set1_epi64(VK_PHILOX_M1);
     uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-    const __m512i m0 = _mm512_set1_epi32((int)VK_PHILOX_M0),
-                  m1 = _mm512_set1_epi32((int)VK_PHILOX_M1);
     for (int r = 0; r < 10; r++) {
-        __m512i hi0, lo0, hi1, lo1;
-        mulhilo(a0, m0, &hi0, &lo0);
-        mulhilo(a2, m1, &hi1, &lo1);
-        a0 = _mm512_ternarylogic_epi32(hi1, a1, _mm512_set1_epi32((int)k0), 0x96); /* xor3 */
-        a2 = _mm512_ternarylogic_epi32(hi0, a3, _mm512_set1_epi32((int)k1), 0x96);
-        a1 = lo1;
-        a3 = lo0;
+        __m512i K0 = _mm512_set1_epi64(k0), K1 = _mm512_set1_epi64(k1);
+        __m512i p0 = _mm512_mul_epu32(A0, m0), q0 = _mm512_mul_epu32(B0, m1);
+        __m512i p1 = _mm512_mul_epu32(A1, m0), q1 = _mm512_mul_epu32(B1, m1);
+        /* a0 = hi(a2 M1) ^ a1 ^ k0, a1 = lo(a2 M1); a2 = hi(a0 M0) ^ a3 ^ k1, a3 = lo(a0 M0) */
+        A0 = _mm512_ternarylogic_epi32(_mm512_shuffle_epi32(q0, 0xB1), _mm512_srli_epi64(A0, 32),
+                                       K0, 0x96);
+        __m512i nB0 = _mm512_ternarylogic_epi32(_mm512_shuffle_epi32(p0, 0xB1),
+                                                _mm512_srli_epi64(B0, 32), K1, 0x96);
+        A1 = _mm512_ternarylogic_epi32(_mm512_shuffle_epi32(q1, 0xB1), _mm512_srli_epi64(A1, 32),
+                                       K0, 0x96);
+        B1 = _mm512_ternarylogic_epi32(_mm512_shuffle_epi32(p1, 0xB1), _mm512_srli_epi64(B1, 32),
+                                       K1, 0x96);
+        B0 = nB0;
         k0 += VK_PHILOX_W0;
         k1 += VK_PHILOX_W1;
     }
-    __m512i t0 = _mm512_unpacklo_epi32(a0, a1), t1 = _mm512_unpackhi_epi32(a0, a1);
-    __m512i t2 = _mm512_unpacklo_epi32(a2, a3), t3 = _mm512_unpackhi_epi32(a2, a3);
-    __m512i r0 = _mm512_unpacklo_epi64(t0, t2), r1 = _mm512_unpackhi_epi64(t0, t2);
-    __m512i r2 = _mm512_unpacklo_epi64(t1, t3), r3 = _mm512_unpackhi_epi64(t1, t3);
-    /* r_j holds blocks j, j+4, j+8, j+12 in its 128-bit lanes */
-    __m512i s0 = _mm512_shuffle_i32x4(r0, r1, 0x44), s1 = _mm512_shuffle_i32x4(r2, r3, 0x44);
-    __m512i s2 = _mm512_shuffle_i32x4(r0, r1, 0xEE), s3 = _mm512_shuffle_i32x4(r2, r3, 0xEE);
-    o[0] = _mm512_shuffle_i32x4(s0, s1, 0x88);
-    o[1] = _mm512_shuffle_i32x4(s0, s1, 0xDD);
-    o[2] = _mm512_shuffle_i32x4(s2, s3, 0x88);
-    o[3] = _mm512_shuffle_i32x4(s2, s3, 0xDD);
+    /* (a0, a1, a2, a3) of blocks 0, 2, 4, 6 (unpacklo: one a 128-bit lane), of 1, 3, 5, 7 */
+    const __m512i lo4 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+    const __m512i hi4 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    __m512i l0 = _mm512_unpacklo_epi64(A0, B0), h0 = _mm512_unpackhi_epi64(A0, B0);
+    __m512i l1 = _mm512_unpacklo_epi64(A1, B1), h1 = _mm512_unpackhi_epi64(A1, B1);
+    o[0] = _mm512_permutex2var_epi64(l0, lo4, h0);
+    o[1] = _mm512_permutex2var_epi64(l0, hi4, h0);
+    o[2] = _mm512_permutex2var_epi64(l1, lo4, h1);
+    o[3] = _mm512_permutex2var_epi64(l1, hi4, h1);
 }
 #else
 /* 8 blocks ctr0 .. ctr0 + 7 as two groups of 4, a block a 64-bit lane:
