@@ -12,7 +12,9 @@
  * the kernel. f32 goes through the vector kernel of the ISA in use
  * (cpu_impl.h's fg__vk: the same blocks in AVX2 or AVX-512 lanes), in
  * pieces that each start their own stream position, so the mask is the
- * same bits on every path and thread count. */
+ * same bits on every path and thread count. fg_ops_cpu_philox_xor (ops.h)
+ * makes the draws alone, as the compute bound bench/ops_bench holds the
+ * kernel to. */
 #include "cpu_impl.h"
 #include "vmath.h"
 

@@ -9,9 +9,10 @@
  * it flushes to 0 (exp(-inf) = 0), past log(FLT_MAX) it is +inf as expf,
  * in between it stays at exp(88) = 1.65e38; NaN stays NaN.
  *
- * vk_t.h's v_exp is the same function on AVX2 and AVX-512 vectors, for the
- * kernels chosen by ISA at run time (this one serves the scalar path). No
- * tanh is needed: GELU's tanh is written as a sigmoid (activation.c).
+ * vk_t.h's v_exp_sat is the vector paths' exp (AVX2 and AVX-512, chosen
+ * at run time): the same range reduction with a degree-6 polynomial in one
+ * Horner chain, four instructions fewer (this one serves the scalar path).
+ * No tanh is needed: GELU's tanh is written as a sigmoid (activation.c).
  *
  * FG_EXP / FG_LOG pick the float or double function by the argument's type,
  * so a kernel body written once over T (FG_FLOAT_DISPATCH) uses fg__expf in
