@@ -7,7 +7,9 @@
  * Invariants: every synchronising backward counts one step and its bytes;
  * the gradients left after backward are the average (gradient_allreduce,
  * bytegrad, the warm-ups of qadam and async) or this rank's own (the
- * others); while st->opt is set its hook points at st. */
+ * others); while st->opt is set its hook points at st; a strategy set up
+ * without an optimizer (eval_only) hooks none and keeps the ranks' weights
+ * where the algorithm lets them differ. */
 #include <string.h>
 #include <strings.h>
 
@@ -233,7 +235,17 @@ fg_status fg__bagua_setup(fg_strategy *s, const fg_ddp_opts *o) {
     if (a == FG_BAGUA_QADAM && st->o.warmup_steps == 0) st->o.warmup_steps = 100;
     if (st->o.warmup_steps < 0) st->o.warmup_steps = 0;
     st->bytes.dense_step = (uint64_t)st->n * fg_dtype_size(st->dt);
-    FG_TRY(fg__strategy_broadcast_params(s));
+    /* Set up without an optimizer (validate, test, predict), nothing will
+     * step: as Lightning, which wraps the model in Bagua's only to fit,
+     * the ranks keep their own weights where the algorithm lets them
+     * differ (a validation after fit in another launch sees each rank's),
+     * and nothing is hooked to an optimizer. */
+    st->eval_only = !s->opt;
+    bool differ = a == FG_BAGUA_DECENTRALIZED || a == FG_BAGUA_LOW_PRECISION_DECENTRALIZED ||
+                  a == FG_BAGUA_ASYNC;
+    bool stepped = a == FG_BAGUA_LOW_PRECISION_DECENTRALIZED || a == FG_BAGUA_QADAM ||
+                   a == FG_BAGUA_ASYNC; /* acts at the optimizer's steps */
+    if (!(st->eval_only && differ)) FG_TRY(fg__strategy_broadcast_params(s));
     int nodes = 1, world = 1;          /* the same on every rank, so is the default below */
     st->hier = st->o.hierarchical > 0; /* groups first, to know the default */
     FG_TRY(make_groups(st, &nodes, &world));
@@ -252,6 +264,7 @@ fg_status fg__bagua_setup(fg_strategy *s, const fg_ddp_opts *o) {
         ro.hook_state = st;
     }
     FG_TRY(fg__strategy_reducer_new(s, s->comm, &ro));
+    if (st->eval_only && stepped) return FG_OK;
     switch (a) {
     case FG_BAGUA_DECENTRALIZED:
     case FG_BAGUA_LOW_PRECISION_DECENTRALIZED: FG_TRY(fg__decent_setup(st)); break;
@@ -259,8 +272,7 @@ fg_status fg__bagua_setup(fg_strategy *s, const fg_ddp_opts *o) {
     case FG_BAGUA_ASYNC: FG_TRY(fg__async_setup(st)); break;
     default: break;
     }
-    if (a == FG_BAGUA_LOW_PRECISION_DECENTRALIZED || a == FG_BAGUA_QADAM || a == FG_BAGUA_ASYNC)
-        FG_TRY(hook_optimizer(st));
+    if (stepped) FG_TRY(hook_optimizer(st));
     return FG_OK;
 }
 
@@ -285,6 +297,14 @@ void fg__bagua_free(fg_strategy *s) {
 
 fg_status fg__bagua_backward(fg_strategy *s, fg_tensor *loss) {
     fg_bagua_state *st = s->bagua;
+    if (st->eval_only && (st->o.algorithm == FG_BAGUA_LOW_PRECISION_DECENTRALIZED ||
+                          st->o.algorithm == FG_BAGUA_QADAM || st->o.algorithm == FG_BAGUA_ASYNC))
+        return fg_error(FG_ESTATE,
+                        "bagua %s: set up without an optimizer (to validate, test or predict), "
+                        "so it cannot train: it acts at the optimizer's steps; set the model up "
+                        "with its optimizer in a launch of its own (a Trainer's fit before its "
+                        "validate, or in another fg_fabric_launch)",
+                        k_algos[st->o.algorithm]);
     if (!s->sync) return fg_backward(loss);
     st->bytes.last_step = 0;
     fg_status rc;

@@ -22,6 +22,7 @@ struct fg_bagua_state {
     int64_t n;       /* elements of the flat parameters */
     fg_dtype dt;
     bool hier;           /* the hierarchical pattern */
+    bool eval_only;      /* set up without an optimizer: nothing hooked */
     fg_comm *intra;      /* hier: the ranks of this node (owned) */
     fg_comm *inter;      /* hier: the nodes' first ranks, NULL on the others (owned) */
     int64_t steps;       /* synchronising backwards done */
