@@ -2,8 +2,13 @@
  *
  * Each operation is started with MPI's nonblocking form and tested in a loop
  * that gives up after the communicator's timeout (MPI itself waits forever).
- * bf16 and f16 reductions go through an f32 copy so that they accumulate in
- * f32 as on shm. avg is a sum divided afterwards. MPI counts are int: the
+ * bf16 and f16 reductions cross the network as halves (half the bytes of
+ * f32, which is what fp16/bf16 compression is for) and are summed here, not
+ * by MPI: an all-to-all hands rank q the q-th block of every rank, which
+ * sums the p blocks in rank order in f32 and rounds once (fg__reduce, the
+ * shm backend's kernel: bitwise its result), and an all-gather (allreduce)
+ * or a gather to the root (reduce) hands the blocks back; reduce_scatter is
+ * the all-to-all and the sum. avg is a sum divided afterwards. MPI counts are int: the
  * rooted and element-wise operations are cut into pieces below 2^31; the
  * others refuse larger counts. MPI is initialised here unless the program
  * did it, and finalised at exit if fulgur initialised it, at thread level
@@ -117,23 +122,62 @@ static void divide(void *buf, int64_t n, fg_dtype dt, int size) {
 }
 
 #define PIECE ((int64_t)1 << 30)
+/* elements of a half reduction per round of exchanges: bounds the scratch
+ * (3 copies of the piece's halves) whatever the count */
+#define HALF_PIECE ((int64_t)1 << 24)
 
-/* allreduce / reduce of one dtype the MPI way; halves go through f32. */
+/* The halves of piece [off, off + n) of a->send: the all-to-all of blocks
+ * of len = ceil(n / p) (the last rank's block padded with zeros), rank
+ * k's block of the p ranks' summed in rank order into `mine` (f32, rounded
+ * once), then gathered into a->recv: by every rank (all) or by the root. */
+static fg_status half_piece(fg_comm *c, const fg_comm_args *a, bool all, int64_t off, int64_t n,
+                            uint16_t *x, const void **srcs) {
+    mpi_state *m = c->impl;
+    int p = c->size;
+    int64_t len = (n + p - 1) / p, span = len * p;
+    uint16_t *got = x + span, *mine = got + span;
+    memcpy(x, (const uint16_t *)a->send + off, (size_t)n * 2);
+    memset(x + n, 0, (size_t)(span - n) * 2);
+    MPI_Request req;
+    int bytes = (int)(len * 2);
+    int rc = MPI_Ialltoall(x, bytes, MPI_BYTE, got, bytes, MPI_BYTE, m->comm, &req);
+    if (rc != MPI_SUCCESS) return mpi_err(c, a, rc, "MPI_Ialltoall");
+    FG_TRY(mpi_wait(c, a, &req, "MPI_Ialltoall"));
+    for (int q = 0; q < p; q++) srcs[q] = got + (int64_t)q * len;
+    fg__reduce(a->dt, a->rop, mine, NULL, srcs, p, len, p);
+    bool here = all || c->rank == a->root;
+    if (all) rc = MPI_Iallgather(mine, bytes, MPI_BYTE, x, bytes, MPI_BYTE, m->comm, &req);
+    else rc = MPI_Igather(mine, bytes, MPI_BYTE, x, bytes, MPI_BYTE, a->root, m->comm, &req);
+    if (rc != MPI_SUCCESS) return mpi_err(c, a, rc, all ? "MPI_Iallgather" : "MPI_Igather");
+    FG_TRY(mpi_wait(c, a, &req, all ? "MPI_Iallgather" : "MPI_Igather"));
+    if (here) memcpy((uint16_t *)a->recv + off, x, (size_t)n * 2);
+    return FG_OK;
+}
+
+/* allreduce / reduce of bf16 or f16, as halves on the wire */
+static fg_status half_reduce(fg_comm *c, const fg_comm_args *a, bool all) {
+    if (a->count == 0) return FG_OK;
+    int64_t piece = FG_MIN(a->count, HALF_PIECE), span = (piece + c->size - 1) / c->size * c->size;
+    uint16_t *x = fg_alloc((size_t)(3 * span) * 2);
+    const void **srcs = fg_alloc(sizeof *srcs * (size_t)c->size);
+    fg_status st = FG_OK;
+    if (!x || !srcs) st = fg__comm_fail(c, a, FG_ENOMEM, "out of memory for the half blocks");
+    for (int64_t off = 0; st == FG_OK && off < a->count; off += HALF_PIECE)
+        st = half_piece(c, a, all, off, FG_MIN(HALF_PIECE, a->count - off), x, srcs);
+    fg_free(srcs);
+    fg_free(x);
+    return st;
+}
+
+/* allreduce / reduce of one dtype the MPI way; halves as halves above. */
 static fg_status reduce_common(fg_comm *c, const fg_comm_args *a, bool all) {
+    if (is_half(a->dt)) return half_reduce(c, a, all);
     mpi_state *m = c->impl;
     bool here = all || c->rank == a->root;
     const void *send = a->send;
     void *recv = a->recv;
     fg_dtype dt = a->dt;
-    float *tmp = NULL;
     fg_status st = FG_OK;
-    if (is_half(dt)) {
-        tmp = fg_alloc((size_t)a->count * sizeof(float));
-        if (!tmp) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory for the f32 copy");
-        fg_convert(tmp, FG_F32, send, dt, a->count);
-        send = recv = tmp;
-        dt = FG_F32;
-    }
     size_t esz = fg_dtype_size(dt);
     for (int64_t off = 0; off < a->count; off += PIECE) {
         int k = (int)FG_MIN(PIECE, a->count - off);
@@ -155,9 +199,7 @@ static fg_status reduce_common(fg_comm *c, const fg_comm_args *a, bool all) {
         if ((st = mpi_wait(c, a, &req, all ? "MPI_Iallreduce" : "MPI_Ireduce")) != FG_OK) goto out;
     }
     if (here && a->rop == FG_AVG) divide(recv, a->count, dt, c->size);
-    if (tmp && here) fg_convert(a->recv, a->dt, tmp, FG_F32, a->count);
 out:
-    fg_free(tmp);
     return st;
 }
 
@@ -174,28 +216,47 @@ static fg_status too_big(fg_comm *c, const fg_comm_args *a, int64_t n) {
                          "count %lld exceeds the mpi backend's limit of 2^31-1", (long long)n);
 }
 
+/* reduce_scatter of bf16 or f16: the all-to-all of the blocks as halves,
+ * then this rank's p blocks summed in rank order in f32, rounded once */
+static fg_status half_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
+    mpi_state *m = c->impl;
+    int p = c->size;
+    int64_t n = a->count;
+    FG_TRY(too_big(c, a, n * 2));
+    if (n == 0) return FG_OK;
+    uint16_t *got = fg_alloc((size_t)(n * p) * 2);
+    const void **srcs = fg_alloc(sizeof *srcs * (size_t)p);
+    fg_status st = FG_OK;
+    if (!got || !srcs) st = fg__comm_fail(c, a, FG_ENOMEM, "out of memory for the half blocks");
+    MPI_Request req;
+    int rc = MPI_SUCCESS;
+    if (st == FG_OK) {
+        rc = MPI_Ialltoall(a->send, (int)(n * 2), MPI_BYTE, got, (int)(n * 2), MPI_BYTE, m->comm,
+                           &req);
+        st = rc != MPI_SUCCESS ? mpi_err(c, a, rc, "MPI_Ialltoall")
+                               : mpi_wait(c, a, &req, "MPI_Ialltoall");
+    }
+    if (st == FG_OK) {
+        for (int q = 0; q < p; q++) srcs[q] = got + (int64_t)q * n;
+        fg__reduce(a->dt, a->rop, a->recv, NULL, srcs, p, n, p);
+    }
+    fg_free(srcs);
+    fg_free(got);
+    return st;
+}
+
 static fg_status mpi_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
     mpi_state *m = c->impl;
     FG_TRY(too_big(c, a, a->count * c->size));
-    int64_t n = a->count, total = n * c->size;
+    if (is_half(a->dt)) return half_reduce_scatter(c, a);
+    int64_t n = a->count;
     fg_dtype dt = a->dt;
     const void *send = a->send;
-    float *tmp = NULL;
-    void *out = NULL;
     fg_status st = FG_OK;
-    if (is_half(dt)) {
-        tmp = fg_alloc((size_t)(total + n) * sizeof(float));
-        if (!tmp) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory for the f32 copy");
-        fg_convert(tmp, FG_F32, send, dt, total);
-        send = tmp;
-        out = tmp + total;
-        dt = FG_F32;
-    } else {
-        /* in place (recv inside send) goes through a copy: MPI's in-place
-         * form puts the result at the start of the buffer */
-        out = fg_alloc((size_t)n * fg_dtype_size(dt));
-        if (!out) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory");
-    }
+    /* in place (recv inside send) goes through a copy: MPI's in-place
+     * form puts the result at the start of the buffer */
+    void *out = fg_alloc((size_t)n * fg_dtype_size(dt));
+    if (!out) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory");
     MPI_Request req;
     int rc =
         MPI_Ireduce_scatter_block(send, out, (int)n, mpi_type(dt), mpi_op(a->rop), m->comm, &req);
@@ -203,11 +264,9 @@ static fg_status mpi_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
     else st = mpi_wait(c, a, &req, "MPI_Ireduce_scatter_block");
     if (st == FG_OK) {
         if (a->rop == FG_AVG) divide(out, n, dt, c->size);
-        if (tmp) fg_convert(a->recv, a->dt, out, FG_F32, n);
-        else memcpy(a->recv, out, (size_t)n * fg_dtype_size(dt));
+        memcpy(a->recv, out, (size_t)n * fg_dtype_size(dt));
     }
-    if (tmp) fg_free(tmp);
-    else fg_free(out);
+    fg_free(out);
     return st;
 }
 

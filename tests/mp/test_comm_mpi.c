@@ -1,11 +1,14 @@
 /* comm on the mpi backend: the test binary starts itself under mpirun
  * (--oversubscribe, and --allow-run-as-root as root) at world sizes 1, 2,
- * 3, 4, 8; each rank runs the correctness matrix, split and asynchronous
+ * 3, 4, 8; each rank runs the correctness matrix, bf16/f16 sums that round
+ * (comm_halves.h: bitwise the shm backend's f32 sum in rank order, rounded
+ * once, although the halves cross as halves), split and asynchronous
  * requests through fulgur's mpi backend and exits non-zero on any wrong
  * element. Skipped when fulgur was built without Open MPI or mpirun is
  * missing. */
 #include <sys/wait.h>
 
+#include "comm_halves.h"
 #include "comm_matrix.h"
 #include "harness.h"
 
@@ -30,6 +33,10 @@ __attribute__((constructor)) static void mpi_rank_main(void) {
     double t0 = fg_time();
     mx_stats st = mx_run(c, atol(mode));
     bad |= st.wrong || st.errors;
+    /* halves whose sums round: bitwise the widen-sum-round of shm (hybrid
+     * rounds each node's partial sum too: docs/comm.md) */
+    long hw = strcmp(fg_comm_backend_name(c), "mpi") ? 0 : mx_halves_exact(c);
+    bad |= hw != 0;
     /* split into halves, reversed */
     fg_comm *sub = NULL;
     if (fg_comm_split(c, me % 2, -me, &sub) != FG_OK || !sub) {
@@ -57,8 +64,9 @@ __attribute__((constructor)) static void mpi_rank_main(void) {
         }
     }
     if (me == 0)
-        printf("  %s world %d: %ld calls, %ld wrong elements, %ld errors (%.2f s)\n", want_be, n,
-               st.calls, st.wrong, st.errors, fg_time() - t0);
+        printf("  %s world %d: %ld calls, %ld wrong elements, %ld errors; %ld wrong rounded "
+               "halves (%.2f s)\n",
+               want_be, n, st.calls, st.wrong, st.errors, hw, fg_time() - t0);
     fflush(stdout);
     fg_comm_free(c);
     exit(bad);
