@@ -9,8 +9,11 @@
  * outside the trainer (each rank's own weights over the loader it was
  * given), checks that the ranks' weights do differ, and that the figure is
  * not the one rank 0's weights give on every shard (the weights a
- * checkpoint holds). gradient_allreduce, whose ranks stay equal, is the
- * control: there both figures are the same. */
+ * checkpoint holds), in the launch that trained and in a launch of its own
+ * (where the strategy is set up again, without an optimizer, and must keep
+ * each rank's weights). gradient_allreduce, whose ranks stay equal, is the
+ * control: there both figures are the same. low_precision_decentralized set
+ * up for a validation refuses to train in the same launch. */
 #include <math.h>
 #include <stdio.h>
 
@@ -187,6 +190,41 @@ static int v_rank(int rank, int world, void *arg) {
     return rc;
 }
 
+/* Validate first, then fit, in one launch: the strategy set up for the
+ * validation (no optimizer) stays, and low_precision_decentralized, which
+ * acts at the optimizer's steps, refuses to train under it, on every rank
+ * at the same backward, with a message saying what to do. */
+static int v_eval_first(fg_fabric *f, void *arg) {
+    vmod *m = arg;
+    fg_lightning_module lm = v_lm(m);
+    fg_trainer *t = v_trainer(f);
+    if (!t) return 1;
+    CHECK_OK(fg_trainer_validate(t, &lm, m->vl, NULL));
+    fg_status s = fg_trainer_fit(t, &lm, m->tl, NULL, NULL);
+    CHECK(s == FG_ESTATE);
+    CHECK_MSG(strstr(fg_last_error(), "set up without an optimizer"), "%s", fg_last_error());
+    fg_trainer_free(t);
+    return 0;
+}
+
+static int v_eval_first_rank(int rank, int world, void *arg) {
+    tu_fake_launcher(rank, world, 9);
+    fg__bagua_node_size = 0;
+    fg_dataset *tr = tu_dataset(64, 41), *va = tu_dataset(22, 42);
+    vmod m = {.net = v_net(), .tl = tu_loader(tr, 4, true), .vl = tu_loader(va, 4, false)};
+    fg_fabric *f = fg_fabric_new(&(fg_fabric_config){
+        .strategy = "bagua", .ddp.bagua = {.algorithm = *(fg_bagua_algorithm *)arg}});
+    int rc = f ? fg_fabric_launch(f, v_eval_first, &m) : 1;
+    CHECK_MSG(rc == 0, "rank %d: %s", rank, fg_last_error());
+    fg_fabric_free(f);
+    fg_module_free(m.net);
+    fg_dataloader_free(m.tl);
+    fg_dataloader_free(m.vl);
+    fg_dataset_free(tr);
+    fg_dataset_free(va);
+    return rc;
+}
+
 static void run(vcfg c) {
     CHECK_MSG(fg_test_fork_ranks(c.world, v_rank, &c, 120) == 0, "%s on %d ranks",
               fg_bagua_algorithm_name(c.algo), c.world);
@@ -209,5 +247,11 @@ TEST(low_precision_decentralized_validates_each_ranks_own_weights) {
     run((vcfg){FG_BAGUA_LOW_PRECISION_DECENTRALIZED, 2, 0, 4, true, false});
     run((vcfg){FG_BAGUA_LOW_PRECISION_DECENTRALIZED, 4, 2, 5, true, false});
     run((vcfg){FG_BAGUA_LOW_PRECISION_DECENTRALIZED, 2, 0, 7, true, true});
+    tu_clean_env();
+}
+
+TEST(validate_then_fit_in_one_launch_is_refused_where_the_optimizer_is_needed) {
+    fg_bagua_algorithm a = FG_BAGUA_LOW_PRECISION_DECENTRALIZED;
+    CHECK(fg_test_fork_ranks(2, v_eval_first_rank, &a, 120) == 0);
     tu_clean_env();
 }
