@@ -106,6 +106,8 @@ fg_status fg__zero3_gather_all(fg_strategy *s);
 fg_status fg__zero3_release_all(fg_strategy *s);
 int64_t fg__zero3_peak_gathered(const fg_strategy *s);
 int fg__zero3_num_units(const fg_strategy *s);
+/* Parameter elements outside the shard gathered now (the units'). */
+int64_t fg__zero3_gathered(const fg_strategy *s);
 
 /* param_offload.c: stage 3's parameter shard in a file (the optimizer's
  * nvme store): _setup after the strategy's setup; zero3.c fetches unit k's
