@@ -456,11 +456,6 @@ static fg_status make_units(fg_zero3_state *z, fg_module *root, int64_t min_para
  * released side of a block whose shard side is resident, for good. Where
  * the kernel has no huge page at hand it faults small pages, as before;
  * FULGUR_STAGE3_HUGE_PAGES=0 asks for small pages only. */
-static bool want_huge_pages(void) {
-    const char *e = getenv("FULGUR_STAGE3_HUGE_PAGES"); /* 0: small pages only */
-    return !e || strcmp(e, "0") != 0;
-}
-
 static void huge_pages(fg_zero3_state *z) {
     const uintptr_t hp = HUGE_PAGE;
     char *bufs[2] = {z->pbase, z->gbase};
@@ -508,6 +503,13 @@ fg_status fg__zero3_setup(fg_strategy *s, const fg_sharded_opts *o) {
     fg_zero3_state *z = s->zero3;
     fg_module *m = s->model;
     fg_sharded_opts d = o ? *o : (fg_sharded_opts){0};
+    long huge;
+    FG_TRY(fg__env_int("FULGUR_STAGE3_HUGE_PAGES", 1, &huge));
+    if (huge != 0 && huge != 1)
+        return fg_error(FG_EINVAL,
+                        "FULGUR_STAGE3_HUGE_PAGES=\"%s\": expected 1 (huge pages for "
+                        "the flat buffers, the default) or 0 (small pages only)",
+                        getenv("FULGUR_STAGE3_HUGE_PAGES"));
     z->world = fg_comm_size(z->group);
     z->rank = fg_comm_rank(z->group);
     fg__zero_range(s, fg_comm_rank(s->comm), &z->lo, &z->hi);
@@ -525,7 +527,7 @@ fg_status fg__zero3_setup(fg_strategy *s, const fg_sharded_opts *o) {
     z->grad_released = z->numel;
     if (make_units(z, m, d.min_num_params) != FG_OK)
         return fg_error_wrap(FG_ENOMEM, "%s setup", fg_strategy_kind_name(s->kind));
-    if (z->zero_pages && want_huge_pages()) huge_pages(z);
+    if (z->zero_pages && huge) huge_pages(z);
     z->wrap = (fg_module_wrap){.pre_forward = pre_forward,
                                .post_forward = post_forward,
                                .pre_backward = pre_backward,

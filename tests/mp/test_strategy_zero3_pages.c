@@ -247,3 +247,30 @@ TEST(stage3_huge_buffers_bitwise_ddp_and_released) {
     }
     unsetenv("FULGUR_STAGE3_HUGE_PAGES");
 }
+
+static int bad_env_rank(int rank, int n, void *arg) {
+    fg_comm *c = mp_join_shm(rank, n, arg, 60);
+    if (!c) return 1;
+    fg_module *m = make_model();
+    fg_optimizer *o = fg_sgd_new(m, &(fg_sgd_opts){.lr = 0.1});
+    setenv("FULGUR_STAGE3_HUGE_PAGES", "yes", 1);
+    fg_strategy *st = fg_strategy_new(FG_STRATEGY_DEEPSPEED_STAGE_3, c, m, o, NULL, NULL, 0);
+    int bad = st != NULL || fg_last_status() != FG_EINVAL ||
+              !strstr(fg_last_error(), "FULGUR_STAGE3_HUGE_PAGES=\"yes\"");
+    if (bad) fprintf(stderr, "setup with a bad setting: %s\n", st ? "succeeded" : fg_last_error());
+    unsetenv("FULGUR_STAGE3_HUGE_PAGES");
+    /* the model is whole and trains under another setup */
+    if (!bad) st = fg_strategy_new(FG_STRATEGY_DEEPSPEED_STAGE_3, c, m, o, NULL, NULL, 0);
+    bad |= st == NULL;
+    fg_strategy_free(st);
+    fg_optimizer_free(o);
+    fg_module_free(m);
+    fg_comm_free(c);
+    return bad;
+}
+
+TEST(stage3_huge_pages_setting_checked) {
+    char job[64];
+    snprintf(job, sizeof job, "t-z3p-env-%d", getpid());
+    CHECK(fg_test_fork_ranks(1, bad_env_rank, job, 120) == 0);
+}
