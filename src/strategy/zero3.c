@@ -22,7 +22,8 @@
  * two identity nodes on the tape, around its backward:
  *   pre_forward   gather the unit (waiting for its prefetch), prefetch the
  *                 next unit in forward order;
- *   post_forward  release it (the root's stays until backward is over);
+ *   post_forward  release it (the root's stays until backward is over,
+ *                 the last unit's until its backward, which comes first);
  *   pre_backward  gather it again, prefetch the previous unit;
  *   post_backward release it.
  * Gathering a unit is one broadcast from each rank whose shard meets the
@@ -45,6 +46,10 @@
  * under another allocator the gradients are zeroed with memset instead and
  * only the parameter pages are released (their content is never read before
  * a gather rewrites it). A page shared by two ranges is never released.
+ *
+ * Pages: the two flat buffers ask for transparent huge pages, so that a
+ * gather faults 2 MiB at a time (huge_pages); a released unit also
+ * releases the pages it shares with released neighbours (edge_pages).
  *
  * HYBRID_SHARD: the shards are cut over the ranks of one shard group
  * (consecutive ranks, hybrid_shard_size of them: a node by default), the
