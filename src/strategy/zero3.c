@@ -240,7 +240,7 @@ static fg_status quiesce(fg_zero3_state *z, unit *u) {
 /* Whether the parameter page holding elements [e0, e1) is unused: outside
  * the shard, and every unit whose range meets it released. */
 static bool page_unused(const fg_zero3_state *z, int64_t e0, int64_t e1) {
-    if (e0 < z->hi && e1 > z->lo) return false;
+    if (!z->spans || (e0 < z->hi && e1 > z->lo)) return false;
     int a = 0, b = z->nspans;
     while (a < b) { /* the first span ending after e0 */
         int mid = (a + b) / 2;
