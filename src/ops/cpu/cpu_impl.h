@@ -36,6 +36,10 @@ extern const fg_op_table fg__cpu_ops;
  * The scalar table's entries are all NULL: the op then runs its portable
  * loop, the one it runs for f64 (compiled for the build's -march), which is
  * the reference the vector paths are tested against. Rows have n >= 1. */
+/* loss.c's blocks of short rows: rows a block, the longest row */
+#define FG_CE_BLOCK 16
+#define FG_CE_BLOCK_N 256
+
 typedef struct fg__vk {
     fg_isa isa;
     /* activation.c, over n elements: y = gelu(x); dx += dy gelu'(x) */
@@ -51,6 +55,12 @@ typedef struct fg__vk {
      * dx += scale (softmax(x) - onehot(t)) */
     double (*ce_fwd_row)(const float *x, int64_t n, int64_t t);
     void (*ce_bwd_row)(const float *x, float *dx, int64_t n, int64_t t, double scale);
+    /* the same over a block of rows rows <= FG_CE_BLOCK of n <= FG_CE_BLOCK_N
+     * logits (the same bits as the row kernels, faster on short rows):
+     * lse[r] = logsumexp(row r); dx += ... on the rows whose t[r] != ignore */
+    void (*ce_lse_rows)(const float *x, int64_t n, int64_t rows, double *lse);
+    void (*ce_bwd_rows)(const float *x, float *dx, int64_t n, int64_t rows, const int32_t *t,
+                        int64_t ignore, double scale);
     /* attention.c, a score row s[0, lds) (lds a multiple of 16) with keys
      * j < n live: s = softmax, returning log sum exp; s = exp(s - l). Both
      * write zeros on [n, lds). */

@@ -11,7 +11,9 @@
  * Row losses go into a scratch array and are summed in row order in double
  * after the parallel loop, so the loss is the same on any thread count.
  * f32 rows go through the vector kernels of the ISA in use (cpu_impl.h's
- * fg__vk); the loops below are the f64 kernels and the scalar path. */
+ * fg__vk), short rows (V <= FG_CE_BLOCK_N) a block of FG_CE_BLOCK at a
+ * call, with the same bits; the loops below are the f64 kernels and the
+ * scalar path. */
 #include "cpu_impl.h"
 #include "vmath.h"
 
@@ -58,7 +60,17 @@ fg_status fg__cpu_cross_entropy_fwd(const fg_tensor *logits, const fg_tensor *ta
     FG_TRY(fg__vk_get(&vk));
     double *row = fg_step_alloc(sizeof(double) * (size_t)(N ? N : 1)); /* (N) */
     if (!row) return fg_error_wrap(FG_ENOMEM, "cross_entropy_fwd: %lld row losses", (long long)N);
-    if (logits->dtype == FG_F32 && vk->ce_fwd_row) {
+    int64_t nb = (N + FG_CE_BLOCK - 1) / FG_CE_BLOCK;
+    if (logits->dtype == FG_F32 && vk->ce_lse_rows && V <= FG_CE_BLOCK_N) {
+        const float *px = logits->data;
+FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+for (int64_t b = 0; b < nb; b++) {
+    int64_t i0 = b * FG_CE_BLOCK, rows = N - i0 < FG_CE_BLOCK ? N - i0 : FG_CE_BLOCK;
+    vk->ce_lse_rows(px + i0 * V, V, rows, row + i0);
+    for (int64_t i = i0; i < i0 + rows; i++)
+        row[i] = t[i] == ignore_index ? 0 : row[i] - (double)px[i * V + t[i]];
+}
+    } else if (logits->dtype == FG_F32 && vk->ce_fwd_row) {
         const float *px = logits->data;
 FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
 for (int64_t i = 0; i < N; i++)
@@ -102,6 +114,17 @@ fg_status fg__cpu_cross_entropy_bwd(const fg_tensor *logits, const fg_tensor *ta
     double scale = dloss / (double)count;
     const fg__vk *vk;
     FG_TRY(fg__vk_get(&vk));
+    if (logits->dtype == FG_F32 && vk->ce_bwd_rows && V <= FG_CE_BLOCK_N) {
+        const float *px = logits->data;
+        float *pd = dlogits->data;
+        int64_t nb = (N + FG_CE_BLOCK - 1) / FG_CE_BLOCK;
+FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+for (int64_t b = 0; b < nb; b++) {
+    int64_t i0 = b * FG_CE_BLOCK, rows = N - i0 < FG_CE_BLOCK ? N - i0 : FG_CE_BLOCK;
+    vk->ce_bwd_rows(px + i0 * V, pd + i0 * V, V, rows, t + i0, ignore_index, scale);
+}
+return FG_OK;
+    }
     if (logits->dtype == FG_F32 && vk->ce_bwd_row) {
         const float *px = logits->data;
         float *pd = dlogits->data;

@@ -273,6 +273,115 @@ static void vk_ce_bwd_row(const float *x, float *dx, int64_t n, int64_t t, doubl
     dx[t] -= (float)scale;
 }
 
+/* loss.c's blocks of short rows (n <= FG_CE_BLOCK_N), VK_W rows at a time.
+ * A short row done alone is a chain of dependent steps with little in each
+ * (the max, its horizontal reduction, exp, the sum's reduction, log), and
+ * its last partial vector costs a whole exp: V = 65 is four vectors and a
+ * tail of one. Here each row runs its whole vectors [0, q) as the row
+ * kernels do, the partial max and sum vectors of the block's rows are
+ * reduced together (v_max_rows, v_add_rows: lane r holds row r), and the
+ * tails [q, n) go column by column with a lane a row (v_gather_n), so a
+ * tail costs one exp per column for the block. The max is the row's max
+ * (exact; a NaN anywhere makes the row NaN either way); the sum adds in
+ * another order than the row kernels' (rounding only). On return: m, s
+ * (lanes r < rows) the rows' max and sum of exp(x - max); e (when not NULL,
+ * rows of n) each row's exps on [0, q); te[j VK_W + r] those of column
+ * q + j. */
+static inline void ce_block(const float *x, int64_t n, int64_t rows, float *e, float *te, vf *m,
+                            vf *s) {
+    int64_t q = n / VK_W * VK_W, nt = n - q;
+    vmask live = v_first(rows);
+    vf p[VK_W], tc[VK_W];
+    for (int64_t r = 0; r < VK_W; r++) {
+        p[r] = v_zero();
+        if (r >= rows) continue;
+        const float *xr = x + r * n;
+        vf m0 = v_set1(xr[0]), m1 = m0; /* two chains */
+        int64_t j = 0;
+        for (; j + 2 * VK_W <= q; j += 2 * VK_W) {
+            m0 = v_max(v_load(xr + j), m0);
+            m1 = v_max(v_load(xr + j + VK_W), m1);
+        }
+        if (j < q) m0 = v_max(v_load(xr + j), m0);
+        p[r] = v_max(m0, m1);
+    }
+    vf bm = v_max_rows(p);
+    for (int64_t j = 0; j < nt; j++) {
+        tc[j] = v_gather_n(x + q + j, n, live);
+        bm = v_max(tc[j], bm);
+    }
+    float mr[VK_W];
+    v_store(mr, bm);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *er = e ? e + r * n : NULL;
+        vf br = v_set1(mr[r]), s0 = v_zero(), s1 = v_zero();
+        int64_t j = 0;
+        for (; j + 2 * VK_W <= q; j += 2 * VK_W) {
+            vf a = v_exp_sat(v_sub(v_load(xr + j), br));
+            vf b = v_exp_sat(v_sub(v_load(xr + j + VK_W), br));
+            if (er) {
+                v_store(er + j, a);
+                v_store(er + j + VK_W, b);
+            }
+            s0 = v_add(s0, a);
+            s1 = v_add(s1, b);
+        }
+        if (j < q) {
+            vf a = v_exp_sat(v_sub(v_load(xr + j), br));
+            if (er) v_store(er + j, a);
+            s0 = v_add(s0, a);
+        }
+        p[r] = v_add(s0, s1);
+    }
+    vf sum = v_add_rows(p), ts = v_zero();
+    for (int64_t j = 0; j < nt; j++) {
+        vf a = v_keep(live, v_exp_sat(v_sub(tc[j], bm)));
+        if (te) v_store(te + j * VK_W, a);
+        ts = v_add(ts, a);
+    }
+    *m = bm;
+    *s = v_add(sum, ts);
+}
+
+/* lse[r] = logsumexp of row r, rows <= FG_CE_BLOCK */
+static void vk_ce_lse_rows(const float *x, int64_t n, int64_t rows, double *lse) {
+    for (int64_t r0 = 0; r0 < rows; r0 += VK_W) {
+        int64_t k = rows - r0 < VK_W ? rows - r0 : VK_W;
+        vf bm, bs;
+        ce_block(x + r0 * n, n, k, NULL, NULL, &bm, &bs);
+        float m[VK_W], s[VK_W];
+        v_store(m, bm);
+        v_store(s, bs);
+        for (int64_t r = 0; r < k; r++) lse[r0 + r] = (double)m[r] + log((double)s[r]);
+    }
+}
+
+/* dx += scale (softmax(x) - onehot(t)) on the rows (<= FG_CE_BLOCK) whose
+ * target is not ignore, the others untouched */
+static void vk_ce_bwd_rows(const float *x, float *dx, int64_t n, int64_t rows, const int32_t *t,
+                           int64_t ignore, double scale) {
+    float e[VK_W * FG_CE_BLOCK_N], te[VK_W * VK_W];
+    int64_t q = n / VK_W * VK_W;
+    for (int64_t r0 = 0; r0 < rows; r0 += VK_W) {
+        int64_t k = rows - r0 < VK_W ? rows - r0 : VK_W;
+        vf bm, bs;
+        ce_block(x + r0 * n, n, k, e, te, &bm, &bs);
+        float s[VK_W];
+        v_store(s, bs);
+        for (int64_t r = 0; r < k; r++) {
+            if (t[r0 + r] == ignore) continue;
+            float kr = (float)(scale / (double)s[r]), *d = dx + (r0 + r) * n;
+            const float *er = e + r * n;
+            vf bk = v_set1(kr);
+            for (int64_t j = 0; j < q; j += VK_W)
+                v_store(d + j, v_fma(bk, v_load(er + j), v_load(d + j)));
+            for (int64_t j = q; j < n; j++) d[j] = fmaf(kr, te[(j - q) * VK_W + r], d[j]);
+            d[t[r0 + r]] -= (float)scale;
+        }
+    }
+}
+
 /* attention.c's score rows: s[0, lds) with keys j < n live, lds a multiple
  * of the vector width (ATT_PAD). s = softmax(s[0, n)) and zero after;
  * returns log sum exp. */
@@ -614,8 +723,9 @@ static uint32_t vk_philox_xor(uint64_t seed, uint64_t offset, int64_t n) {
     .gelu_fwd = vk_gelu_fwd, .gelu_bwd = vk_gelu_bwd, .softmax_row = vk_softmax_row,               \
     .softmax_bwd_row = vk_softmax_bwd_row, .log_softmax_row = vk_log_softmax_row,                  \
     .log_softmax_bwd_row = vk_log_softmax_bwd_row, .ce_fwd_row = vk_ce_fwd_row,                    \
-    .ce_bwd_row = vk_ce_bwd_row, .att_softmax_row = vk_att_softmax_row,                            \
-    .att_exp_row = vk_att_exp_row, .ln_fwd_row = vk_ln_fwd_row, .ln_bwd_row = vk_ln_bwd_row,       \
-    .dropout = vk_dropout, .exp = vk_exp, .philox_xor = vk_philox_xor
+    .ce_bwd_row = vk_ce_bwd_row, .ce_lse_rows = vk_ce_lse_rows, .ce_bwd_rows = vk_ce_bwd_rows,     \
+    .att_softmax_row = vk_att_softmax_row, .att_exp_row = vk_att_exp_row,                          \
+    .ln_fwd_row = vk_ln_fwd_row, .ln_bwd_row = vk_ln_bwd_row, .dropout = vk_dropout,               \
+    .exp = vk_exp, .philox_xor = vk_philox_xor
 
 #endif
