@@ -292,9 +292,8 @@ static inline void ce_block(const float *x, int64_t n, int64_t rows, float *e, f
     int64_t q = n / VK_W * VK_W, nt = n - q;
     vmask live = v_first(rows);
     vf p[VK_W], tc[VK_W];
-    for (int64_t r = 0; r < VK_W; r++) {
-        p[r] = v_zero();
-        if (r >= rows) continue;
+    for (int64_t r = rows; r < VK_W; r++) p[r] = v_zero();
+    for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
         vf m0 = v_set1(xr[0]), m1 = m0; /* two chains */
         int64_t j = 0;
@@ -317,6 +316,20 @@ static inline void ce_block(const float *x, int64_t n, int64_t rows, float *e, f
         float *er = e ? e + r * n : NULL;
         vf br = v_set1(mr[r]), s0 = v_zero(), s1 = v_zero();
         int64_t j = 0;
+        for (; j + 4 * VK_W <= q; j += 4 * VK_W) { /* four exps in flight */
+            vf a = v_exp_sat(v_sub(v_load(xr + j), br));
+            vf b = v_exp_sat(v_sub(v_load(xr + j + VK_W), br));
+            vf c = v_exp_sat(v_sub(v_load(xr + j + 2 * VK_W), br));
+            vf d = v_exp_sat(v_sub(v_load(xr + j + 3 * VK_W), br));
+            if (er) {
+                v_store(er + j, a);
+                v_store(er + j + VK_W, b);
+                v_store(er + j + 2 * VK_W, c);
+                v_store(er + j + 3 * VK_W, d);
+            }
+            s0 = v_add(s0, v_add(a, c));
+            s1 = v_add(s1, v_add(b, d));
+        }
         for (; j + 2 * VK_W <= q; j += 2 * VK_W) {
             vf a = v_exp_sat(v_sub(v_load(xr + j), br));
             vf b = v_exp_sat(v_sub(v_load(xr + j + VK_W), br));
