@@ -349,6 +349,84 @@ ISA_TEST(cross_entropy) {
     }
 }
 
+/* Short rows (V <= 256: loss.c's blocks of rows, their tails a lane a row)
+ * at every tail length around the vector widths, with row counts that are
+ * not a multiple of a block; NaN in ignored rows stays out of the loss and
+ * their dlogits; +inf, -inf and NaN in counted rows (at x[0], in the middle
+ * and in the tail) give the scalar path's values and NaN pattern; 1 and 2
+ * threads give the same bits. */
+ISA_TEST(cross_entropy_short_rows) {
+    static const int64_t VS[] = {1,  2,   15,  16,  17,  31,  33,  63,
+                                 65, 127, 129, 191, 193, 255, 256, 257};
+    static const int64_t NS[] = {1, 5, 17, 40};
+    for (int vi = 0; vi < (int)(sizeof VS / sizeof VS[0]); vi++)
+        for (int ni = 0; ni < 4; ni++) {
+            int64_t V = VS[vi], N = NS[ni], s[] = {N, V};
+            for (int special = 0; special < 2; special++) {
+                fg_tensor *x = randn(2, s, 70 + (uint64_t)(vi * 8 + ni), 3.0);
+                fg_tensor *t = fg_empty(FG_I32, 1, &N);
+                int32_t *pt = fg_tensor_data(t);
+                for (int64_t i = 0; i < N; i++) {
+                    pt[i] = i % 5 == 2 ? -100 : (int32_t)((i * 13) % V);
+                    if (pt[i] == -100) F(x)[i * V + V - 1] = NAN; /* ignored: no effect */
+                }
+                if (special) { /* counted rows 0, 1, 3 */
+                    F(x)[V - 1] = INFINITY;
+                    if (N > 1) F(x)[V] = NAN;
+                    if (N > 3 && V > 1) F(x)[3 * V + V / 2] = -INFINITY; /* not all of it */
+                }
+                fg_tensor *loss = fg_empty(FG_F32, 0, NULL), *ls = fg_empty(FG_F32, 0, NULL);
+                fg_tensor *d0 = randn(2, s, 71, 1.0), *dx = copy_of(d0), *dxs = copy_of(d0);
+                int64_t cnt, cnts;
+                CHECK_OK(ops()->cross_entropy_fwd(x, t, -100, loss, &cnt));
+                CHECK_OK(ops()->cross_entropy_bwd(x, t, -100, 0.5, cnt, dx));
+                ON_SCALAR(isa, ops()->cross_entropy_fwd(x, t, -100, ls, &cnts));
+                ON_SCALAR(isa, ops()->cross_entropy_bwd(x, t, -100, 0.5, cnts, dxs));
+                CHECK(cnt == cnts);
+                if (special) CHECK(isnan(F(loss)[0]) && isnan(F(ls)[0]));
+                else
+                    CHECK_MSG(isfinite(F(loss)[0]) &&
+                                  fabs(F(loss)[0] - F(ls)[0]) <= 2e-6 * fabs(F(ls)[0]) + 1e-7,
+                              "cross_entropy %s V %lld N %lld: loss %.9g, scalar %.9g",
+                              fg_isa_name(isa), (long long)V, (long long)N, F(loss)[0], F(ls)[0]);
+                CHECK_MSG(far_f("dlogits", F(dx), F(dxs), N * V, 2e-6, 1e-7) == 0,
+                          "cross_entropy_bwd %s V %lld N %lld special %d vs scalar",
+                          fg_isa_name(isa), (long long)V, (long long)N, special);
+                long moved = 0, nan = 0;
+                for (int64_t i = 0; i < N; i++)
+                    for (int64_t j = 0; j < V; j++) {
+                        float a = F(dx)[i * V + j], b = F(d0)[i * V + j];
+                        if (pt[i] == -100) moved += memcmp(&a, &b, sizeof a) != 0;
+                        else if (!special || i > 1) nan += isnan(a);
+                    }
+                CHECK_MSG(moved == 0, "%s V %lld: %ld dlogits of ignored rows changed",
+                          fg_isa_name(isa), (long long)V, moved);
+                CHECK_MSG(nan == 0, "%s V %lld: %ld NaN dlogits in finite rows", fg_isa_name(isa),
+                          (long long)V, nan);
+                fg_step_reset();
+            }
+        }
+    /* threads: enough work for the parallel loop */
+    int prev = fg_get_num_threads();
+    int64_t N = 1501, V = 65, s[] = {N, V};
+    fg_tensor *x = randn(2, s, 80, 3.0), *t = fg_empty(FG_I32, 1, &N);
+    for (int64_t i = 0; i < N; i++)
+        ((int32_t *)fg_tensor_data(t))[i] = i % 9 == 4 ? -100 : (int32_t)(i * 7 % V);
+    fg_tensor *loss[2], *dl[2];
+    for (int th = 0; th < 2; th++) {
+        CHECK_OK(fg_set_num_threads(th + 1));
+        int64_t cnt;
+        loss[th] = fg_empty(FG_F32, 0, NULL);
+        dl[th] = fg_zeros_like(x);
+        CHECK_OK(ops()->cross_entropy_fwd(x, t, -100, loss[th], &cnt));
+        CHECK_OK(ops()->cross_entropy_bwd(x, t, -100, 1.0, cnt, dl[th]));
+    }
+    CHECK_MSG(same_bits(loss[0], loss[1]) && same_bits(dl[0], dl[1]),
+              "cross_entropy %s: 1 and 2 threads differ", fg_isa_name(isa));
+    CHECK_OK(fg_set_num_threads(prev));
+    fg_step_reset();
+}
+
 /* ------------------------------------------------------------------ attention */
 
 /* y (B, T, C) and lse (B, H, T) of causal attention on qkv (B, T, 3C), in double */
