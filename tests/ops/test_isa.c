@@ -306,6 +306,28 @@ ISA_TEST(softmax) {
     }
 }
 
+/* log_softmax's blocks of rows (softmax.c, C <= 1024): several blocks and a
+ * partial one, each row as the scalar path's, a NaN row NaN, its
+ * neighbours untouched by it */
+ISA_TEST(log_softmax_row_blocks) {
+    static const int64_t CS[] = {1, 17, 65, 256, 1024, 1025};
+    for (int ci = 0; ci < 6; ci++) {
+        int64_t c = CS[ci], r = 19, s[] = {r, c};
+        fg_tensor *x = randn(2, s, 60 + (uint64_t)ci, 4.0);
+        F(x)[9 * c + c / 2] = NAN;
+        fg_tensor *y = fg_empty_like(x), *ys = fg_empty_like(x);
+        CHECK_OK(ops()->log_softmax_fwd(x, y));
+        ON_SCALAR(isa, ops()->log_softmax_fwd(x, ys));
+        CHECK_MSG(far_f("log_softmax", F(y), F(ys), r * c, 2e-6, 4e-6) == 0,
+                  "log_softmax %s c %lld vs scalar", fg_isa_name(isa), (long long)c);
+        long nan = 0;
+        for (int64_t j = 0; j < r * c; j++) nan += isnan(F(y)[j]);
+        CHECK_MSG(nan == c, "log_softmax %s c %lld: %ld NaN, want the %lld of row 9",
+                  fg_isa_name(isa), (long long)c, nan, (long long)c);
+        fg_step_reset();
+    }
+}
+
 /* ------------------------------------------------------------------ cross-entropy */
 
 ISA_TEST(cross_entropy) {

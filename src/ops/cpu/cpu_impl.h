@@ -39,6 +39,10 @@ extern const fg_op_table fg__cpu_ops;
 /* loss.c's blocks of short rows: rows a block, the longest row */
 #define FG_CE_BLOCK 16
 #define FG_CE_BLOCK_N 256
+/* softmax.c's blocks of log_softmax rows: rows a block, the longest row (a block of
+ * 32 KiB: in L1 between the phases) */
+#define FG_SM_BLOCK 8
+#define FG_SM_BLOCK_N 1024
 
 typedef struct fg__vk {
     fg_isa isa;
@@ -51,6 +55,9 @@ typedef struct fg__vk {
     void (*softmax_bwd_row)(const float *y, const float *dy, float *dx, int64_t n);
     void (*log_softmax_row)(const float *x, float *y, int64_t n);
     void (*log_softmax_bwd_row)(const float *y, const float *dy, float *dx, int64_t n);
+    /* log_softmax over a block of rows <= FG_SM_BLOCK of n <= FG_SM_BLOCK_N
+     * (the same bits as the row kernel, faster on short rows) */
+    void (*log_softmax_rows)(const float *x, float *y, int64_t n, int64_t rows);
     /* loss.c, one row of n logits with target t: returns logsumexp(x) - x[t];
      * dx += scale (softmax(x) - onehot(t)) */
     double (*ce_fwd_row)(const float *x, int64_t n, int64_t t);

@@ -8,7 +8,9 @@
  * a NaN gives NaN, and a row of -inf gives NaN (0/0), as in PyTorch.
  *
  * f32 rows go through the vector kernels of the ISA in use (cpu_impl.h's
- * fg__vk); the loops below are the f64 kernels and the scalar path. */
+ * fg__vk), log_softmax's short rows (C <= FG_SM_BLOCK_N) a block of
+ * FG_SM_BLOCK at a call, with the same bits; the loops below are the f64 kernels and the scalar
+ * path. */
 #include "cpu_impl.h"
 #include "vmath.h"
 
@@ -99,6 +101,17 @@ fg_status fg__cpu_log_softmax_fwd(const fg_tensor *x, fg_tensor *y) {
     rows_of(x, &rows, &C);
     const fg__vk *vk;
     FG_TRY(fg__vk_get(&vk));
+    if (x->dtype == FG_F32 && vk->log_softmax_rows && C <= FG_SM_BLOCK_N) {
+        const float *px = x->data;
+        float *py = y->data;
+        int64_t nb = (rows + FG_SM_BLOCK - 1) / FG_SM_BLOCK;
+FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+for (int64_t b = 0; b < nb; b++) {
+    int64_t r0 = b * FG_SM_BLOCK, k = rows - r0 < FG_SM_BLOCK ? rows - r0 : FG_SM_BLOCK;
+    vk->log_softmax_rows(px + r0 * C, py + r0 * C, C, k);
+}
+return FG_OK;
+    }
     if (x->dtype == FG_F32 && vk->log_softmax_row) {
         const float *px = x->data;
         float *py = y->data;

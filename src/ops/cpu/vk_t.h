@@ -218,6 +218,29 @@ static void vk_log_softmax_row(const float *x, float *y, int64_t n) {
     v_store_n(y + j, k, v_sub(v_sub(v_load_n(x + j, k), bm), bl));
 }
 
+/* softmax.c's log_softmax over a block of rows (rows <= FG_SM_BLOCK, n <=
+ * FG_SM_BLOCK_N): vk_log_softmax_row in phases over the block (every row's
+ * max, then every row's sum and log, then the writes), the same bits: a
+ * row's steps wait on each other, a phase's rows do not, and the block
+ * stays in L1 between the phases. 3-9% faster at n = 256 than a row at a
+ * time; softmax's rows measured no faster so (its write pass follows the
+ * sum's stores), and keep the row kernel. */
+static void vk_log_softmax_rows(const float *x, float *y, int64_t n, int64_t rows) {
+    float m[FG_SM_BLOCK];
+    double s[FG_SM_BLOCK];
+    for (int64_t r = 0; r < rows; r++) m[r] = row_max(x + r * n, n);
+    for (int64_t r = 0; r < rows; r++) s[r] = exp_sum(x + r * n, n, m[r], NULL);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        vf bm = v_set1(m[r]), bl = v_set1((float)log(s[r]));
+        int64_t j = 0;
+        for (; j + VK_W <= n; j += VK_W) v_store(yr + j, v_sub(v_sub(v_load(xr + j), bm), bl));
+        vmask k = v_first(n - j);
+        v_store_n(yr + j, k, v_sub(v_sub(v_load_n(xr + j, k), bm), bl));
+    }
+}
+
 /* dx += y (dy - sum(dy y)) */
 static void vk_softmax_bwd_row(const float *y, const float *dy, float *dx, int64_t n) {
     vf dot = v_set1((float)dot_d(dy, y, n));
@@ -736,7 +759,8 @@ static uint32_t vk_philox_xor(uint64_t seed, uint64_t offset, int64_t n) {
     .gelu_fwd = vk_gelu_fwd, .gelu_bwd = vk_gelu_bwd, .softmax_row = vk_softmax_row,               \
     .softmax_bwd_row = vk_softmax_bwd_row, .log_softmax_row = vk_log_softmax_row,                  \
     .log_softmax_bwd_row = vk_log_softmax_bwd_row, .ce_fwd_row = vk_ce_fwd_row,                    \
-    .ce_bwd_row = vk_ce_bwd_row, .ce_lse_rows = vk_ce_lse_rows, .ce_bwd_rows = vk_ce_bwd_rows,     \
+    .ce_bwd_row = vk_ce_bwd_row, .ce_lse_rows = vk_ce_lse_rows,                                    \
+    .log_softmax_rows = vk_log_softmax_rows, .ce_bwd_rows = vk_ce_bwd_rows,                        \
     .att_softmax_row = vk_att_softmax_row, .att_exp_row = vk_att_exp_row,                          \
     .ln_fwd_row = vk_ln_fwd_row, .ln_bwd_row = vk_ln_bwd_row, .dropout = vk_dropout,               \
     .exp = vk_exp, .philox_xor = vk_philox_xor
