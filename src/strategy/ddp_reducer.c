@@ -337,6 +337,7 @@ static void poll_done(fg_ddp_reducer *r) {
  * order, until told to quit. */
 static void *hook_worker(void *arg) {
     fg_ddp_reducer *r = arg;
+    fg_set_grad_enabled(false); /* a hook's tensors are never differentiated */
     pthread_mutex_lock(&r->mu);
     for (;;) {
         while (!r->quit && r->done == r->queued) pthread_cond_wait(&r->work, &r->mu);
@@ -346,15 +347,19 @@ static void *hook_worker(void *arg) {
         pthread_mutex_unlock(&r->mu);
         fg_status s = skip ? FG_OK : run_hook(r, &r->b[b]);
         if (s != FG_OK) s = fg_error_wrap(s, "%s: bucket %d", r->name, b);
+        char msg[sizeof r->werrmsg];
+        if (s != FG_OK) snprintf(msg, sizeof msg, "%s", fg_last_error());
+        fg_step_reset(); /* the step tensors a hook made, in this thread's arena */
         pthread_mutex_lock(&r->mu);
         if (s != FG_OK && r->werr == FG_OK) {
             r->werr = s;
-            snprintf(r->werrmsg, sizeof r->werrmsg, "%s", fg_last_error());
+            memcpy(r->werrmsg, msg, sizeof msg);
         }
         r->done++;
         if (r->done == r->queued) pthread_cond_signal(&r->idle);
     }
     pthread_mutex_unlock(&r->mu);
+    fg_step_thread_release();
     return NULL;
 }
 
