@@ -70,7 +70,7 @@ struct fg_ddp_reducer {
     uint16_t *half;    /* the wire buffer of a half-precision allreduce */
     int64_t half_cap;
     fg_comm_bytes bytes;
-    /* The hook thread. mu guards queued, done, closed, quit and werr /
+    /* The hook thread. mu guards queued, done, quit and werr /
      * werrmsg; the thread alone touches the buckets' gradients, the hook's
      * state, half and bytes.last_step from queueing until the wait. */
     bool worker_on;
