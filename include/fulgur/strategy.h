@@ -71,12 +71,16 @@ FG_API bool fg_strategy_kind_is_sharded(fg_strategy_kind k);
  * DDPStrategy(ddp_comm_hook=, ddp_comm_state=, ddp_comm_wrapper=)): a hook
  * replaces the plain averaging allreduce of each gradient bucket. It is
  * called once per bucket of every backward with sync on, buckets in index
- * order (the same on every rank), on the thread running backward, as soon
- * as the bucket's gradients are final; it returns once the bucket holds the
- * gradient to apply (the average over ranks, or its approximation). Without
- * a hook the buckets are averaged by asynchronous allreduces overlapping
- * backward; a hook communicates with blocking calls, so backward waits
- * while it runs (no overlap yet under a hook).
+ * order (the same on every rank), as soon as the bucket's gradients are
+ * final; it returns once the bucket holds the gradient to apply (the
+ * average over ranks, or its approximation). As PyTorch's hooks run
+ * asynchronously, a hook runs on a thread of the strategy's own, not the
+ * one running backward: backward goes on while it communicates (with
+ * blocking calls there), and its end waits for every bucket's hook. So a
+ * hook touches only its bucket and its own state (not tensors the training
+ * thread uses); it runs without grad mode, and the step tensors it makes
+ * are freed after each call. Without a hook the buckets are averaged by
+ * asynchronous allreduces, also overlapping backward.
  *
  * The built-in hooks, with PyTorch's semantics (docs/comm-hooks.md):
  *   fp16_compress, bf16_compress: the bucket divided by the world size, cast

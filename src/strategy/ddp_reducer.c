@@ -15,11 +15,18 @@
  * allreduce would have given it. With after_backward (ZeRO-1) nothing
  * starts during backward: every bucket goes once backward is over.
  *
- * Communication hooks (ddp only): a ready bucket is handed to the hook
- * instead, on the backward thread, and the hook's blocking collectives run
- * before backward goes on (no requests are pending under a hook, so
- * nothing else is in flight on the communicator). Every element handed to
- * the communicator, with or without a hook, is counted in bytes. */
+ * Communication hooks (ddp): a ready bucket is handed to the reducer's hook
+ * thread instead, which runs the hook on each bucket in index order (its
+ * collectives blocking there) while backward goes on, as PyTorch's hooks
+ * run asynchronously per bucket; the end of backward waits for the thread
+ * to finish every bucket handed to it. Under a hook the backward thread
+ * starts no request, so the hook thread is the communicator's only caller
+ * until the wait. After a hook's error the thread skips the later buckets
+ * (the same collectives as a blocking hook that stopped there), and the
+ * wait returns the first error. fg_ddp_reducer_reduce (after backward)
+ * runs the hooks on the calling thread. Every element handed to the
+ * communicator, with or without a hook, is counted in bytes. */
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -63,6 +70,18 @@ struct fg_ddp_reducer {
     uint16_t *half;    /* the wire buffer of a half-precision allreduce */
     int64_t half_cap;
     fg_comm_bytes bytes;
+    /* The hook thread. mu guards queued, done, quit and werr /
+     * werrmsg; the thread alone touches the buckets' gradients, the hook's
+     * state, half and bytes.last_step from queueing until the wait. */
+    bool worker_on;
+    pthread_t worker;
+    pthread_mutex_t mu;
+    pthread_cond_t work, idle;
+    int queued, done; /* buckets [0, queued) handed over, [0, done) finished */
+    bool quit;
+    bool threaded_now; /* this backward hands buckets to the thread */
+    fg_status werr;
+    char werrmsg[512];
 };
 
 int fg_ddp_reducer_num_buckets(const fg_ddp_reducer *r) { return r->nb; }
@@ -73,6 +92,16 @@ void fg_ddp_reducer_bucket_range(const fg_ddp_reducer *r, int b, int64_t *begin,
 
 void fg_ddp_reducer_free(fg_ddp_reducer *r) {
     if (!r) return;
+    if (r->worker_on) {
+        pthread_mutex_lock(&r->mu);
+        r->quit = true;
+        pthread_cond_signal(&r->work);
+        pthread_mutex_unlock(&r->mu);
+        pthread_join(r->worker, NULL);
+        pthread_mutex_destroy(&r->mu);
+        pthread_cond_destroy(&r->work);
+        pthread_cond_destroy(&r->idle);
+    }
     for (int i = 0; i < r->nreqs; i++) fg_comm_wait(r->reqs[i]);
     fg_free(r->reqs);
     fg_free(r->req_suffix);
@@ -304,7 +333,93 @@ static void poll_done(fg_ddp_reducer *r) {
     if (r->ndone > before) r->reduced(r->reduced_ud, r->req_suffix[r->ndone - 1]);
 }
 
+/* The hook thread: runs the hook on each bucket handed to it, in index
+ * order, until told to quit. */
+static void *hook_worker(void *arg) {
+    fg_ddp_reducer *r = arg;
+    fg_set_grad_enabled(false); /* a hook's tensors are never differentiated */
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!r->quit && r->done == r->queued) pthread_cond_wait(&r->work, &r->mu);
+        if (r->quit) break;
+        int b = r->done;
+        bool skip = r->werr != FG_OK;
+        pthread_mutex_unlock(&r->mu);
+        fg_status s = skip ? FG_OK : run_hook(r, &r->b[b]);
+        if (s != FG_OK) s = fg_error_wrap(s, "%s: bucket %d", r->name, b);
+        char msg[sizeof r->werrmsg];
+        if (s != FG_OK) snprintf(msg, sizeof msg, "%s", fg_last_error());
+        fg_step_reset(); /* the step tensors a hook made, in this thread's arena */
+        pthread_mutex_lock(&r->mu);
+        if (s != FG_OK && r->werr == FG_OK) {
+            r->werr = s;
+            memcpy(r->werrmsg, msg, sizeof msg);
+        }
+        r->done++;
+        if (r->done == r->queued) pthread_cond_signal(&r->idle);
+    }
+    pthread_mutex_unlock(&r->mu);
+    fg_step_thread_release();
+    return NULL;
+}
+
+static fg_status worker_start(fg_ddp_reducer *r) {
+    if (r->worker_on) return FG_OK;
+    if (pthread_mutex_init(&r->mu, NULL)) return fg_error(FG_ENOMEM, "%s: hook thread", r->name);
+    if (pthread_cond_init(&r->work, NULL)) {
+        pthread_mutex_destroy(&r->mu);
+        return fg_error(FG_ENOMEM, "%s: hook thread", r->name);
+    }
+    if (pthread_cond_init(&r->idle, NULL)) {
+        pthread_cond_destroy(&r->work);
+        pthread_mutex_destroy(&r->mu);
+        return fg_error(FG_ENOMEM, "%s: hook thread", r->name);
+    }
+    r->queued = r->done = 0;
+    r->quit = false;
+    if (pthread_create(&r->worker, NULL, hook_worker, r)) {
+        pthread_cond_destroy(&r->idle);
+        pthread_cond_destroy(&r->work);
+        pthread_mutex_destroy(&r->mu);
+        return fg_error(FG_ENOMEM, "%s: could not start the communication hook's thread", r->name);
+    }
+    r->worker_on = true;
+    return FG_OK;
+}
+
+/* Hands the hook thread every ready bucket not yet handed over. */
+static void queue_ready(fg_ddp_reducer *r) {
+    int next = r->next;
+    while (next < r->nb && r->b[next].pending == 0) next++;
+    if (next == r->next) return;
+    r->next = next;
+    pthread_mutex_lock(&r->mu);
+    r->queued = next;
+    pthread_cond_signal(&r->work);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Waits until the hook thread has finished every bucket handed to it; its
+ * first error (naming the bucket) becomes the reducer's. */
+static void drain(fg_ddp_reducer *r) {
+    pthread_mutex_lock(&r->mu);
+    while (r->done < r->queued) pthread_cond_wait(&r->idle, &r->mu);
+    if (r->werr != FG_OK && r->err == FG_OK) {
+        r->err = r->werr;
+        memcpy(r->errmsg, r->werrmsg, sizeof r->errmsg);
+    }
+    r->werr = FG_OK;
+    r->queued = r->done = 0;
+    pthread_mutex_unlock(&r->mu);
+}
+
+static bool threaded(const fg_ddp_reducer *r) { return r->worker_on && r->threaded_now; }
+
 static void launch_ready(fg_ddp_reducer *r) {
+    if (threaded(r)) {
+        queue_ready(r);
+        return;
+    }
     while (r->next < r->nb && r->b[r->next].pending == 0 && r->err == FG_OK) {
         fg_status s = start_bucket(r, &r->b[r->next++]);
         if (s != FG_OK) set_err(r, fg_error_wrap(s, "%s: bucket %d", r->name, r->next - 1));
@@ -378,6 +493,11 @@ fg_status fg_ddp_reducer_backward(fg_ddp_reducer *r, fg_tensor *loss, bool sync)
         if (s != FG_OK) return s;
         return fg_ddp_reducer_reduce(r);
     }
+    if ((r->hook || r->wire != FG_F32) && !r->bounds) {
+        fg_status ws = worker_start(r);
+        if (ws != FG_OK) return count_step(r, ws);
+        r->threaded_now = true;
+    }
     for (int b = 0; b < r->nb; b++) r->b[b].pending = r->b[b].nparams;
     memset(r->ready, 0, sizeof *r->ready * (size_t)r->n);
     fg_set_grad_ready_hook(on_ready, r);
@@ -400,6 +520,10 @@ fg_status fg_ddp_reducer_backward(fg_ddp_reducer *r, fg_tensor *loss, bool sync)
             for (int b = r->next; b < r->nb; b++) r->b[b].pending = 0;
             launch_ready(r);
         }
+    }
+    if (r->threaded_now) {
+        drain(r);
+        r->threaded_now = false;
     }
     fg_status ws = wait_all(r);
     return count_step(r, s != FG_OK ? s : ws);

@@ -36,10 +36,11 @@ typedef struct fg_ddp_reducer_opts {
      * 0: no bound. */
     int64_t max_pending;
     /* ddp only: a communication hook run on each bucket instead of the
-     * averaging allreduce (blocking, on the backward thread), with its
-     * state; wire is the dtype of fg_ddp_bucket_allreduce (0: f32, else the
-     * wrapper's f16 / bf16, which also rounds each bucket to it first). A
-     * wire without a hook wraps the plain average. */
+     * averaging allreduce, with its state: during a backward on the
+     * reducer's hook thread, one bucket at a time in index order, while
+     * backward goes on (fg_ddp_reducer_reduce: on the calling thread); wire is the dtype of
+     * fg_ddp_bucket_allreduce (0: f32, else the wrapper's f16 / bf16, which also rounds each bucket
+     * to it first). A wire without a hook wraps the plain average. */
     fg_ddp_hook_fn hook;
     void *hook_state;
     fg_dtype wire;
