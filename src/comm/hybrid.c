@@ -9,12 +9,13 @@
  *   allreduce       reduce-scatter inside the node, allreduce of each shard
  *                   across nodes (local rank l carries shard l; itself an
  *                   all-to-all with a local sum, then an all-gather),
- *                   all-gather inside the node; small buffers: allreduce
- *                   inside the node, then across nodes (every local rank
- *                   at once)
- *   reduce_scatter  inside the node, then across nodes (blocks permuted so
- *                   that local rank l holds the blocks of every node's l-th
- *                   rank)
+ *                   all-gather inside the node; large buffers as a
+ *                   pipeline of chunks whose three legs overlap (see
+ *                   pipelined()); small buffers: allreduce inside the node,
+ *                   then across nodes (every local rank at once)
+ *   reduce_scatter  inside the node, then across nodes as an all-to-all and
+ *                   a sum in node order (blocks permuted so that local rank
+ *                   l holds the blocks of every node's l-th rank)
  *   allgather       across nodes, then inside the node (permuted back)
  *   broadcast       across nodes among the root's local index, then inside
  *                   each node from it
@@ -44,12 +45,12 @@
 
 typedef struct hybrid_state {
     fg_comm *base, *intra, *inter;
-    fg_comm *inter2;     /* the same ranks again: the pipeline's second lane */
     bool flat;           /* everything on base */
     int nodes, per;      /* N nodes x L ranks per node */
     int *wr;             /* world rank of (node k, local l) at [k * per + l] */
     int64_t scatter_min; /* allreduce of fewer bytes skips the scatter */
-    int64_t chunk_bytes; /* the pipeline's chunk of the buffer; 0: no pipeline */
+    int64_t chunk_bytes; /* the pipeline's smallest chunk of the buffer; 0: no pipeline */
+    int64_t chunks;      /* the pipeline's chunks when they are larger than that */
     void *scratch;       /* the across-nodes exchange's receive buffer */
     size_t scratch_bytes;
 } hybrid_state;
@@ -60,9 +61,11 @@ typedef struct hybrid_state {
 #define DEFAULT_SCATTER_MIN (64 << 10)
 
 /* FULGUR_HYBRID_CHUNK_BYTES: the scatter path of an allreduce of at least
- * two chunks of this many bytes runs as a pipeline (see pipelined()); 0
- * turns the pipeline off. */
+ * two chunks of this many bytes runs as a pipeline (see pipelined()), in
+ * FULGUR_HYBRID_CHUNKS chunks or in chunks of this size, whichever are
+ * larger; 0 turns the pipeline off. */
 #define DEFAULT_CHUNK_BYTES (4 << 20)
+#define DEFAULT_CHUNKS 4
 
 /* More nodes than this: the across-nodes allreduce without the all-to-all. */
 #define FG_HYBRID_MAX_NODES 64
@@ -77,8 +80,8 @@ static fg_status sub_fail(fg_comm *c, const fg_comm_args *a, fg_status st, const
     hybrid_state *h = c->impl;
     char reason[256];
     snprintf(reason, sizeof reason, "%s", fg_last_error());
-    fg_comm *subs[4] = {h->intra, h->inter, h->inter2, h->base};
-    for (int i = 0; i < 4; i++)
+    fg_comm *subs[3] = {h->intra, h->inter, h->base};
+    for (int i = 0; i < 3; i++)
         if (subs[i]) fg_comm_abort_reason(subs[i], reason);
     fg_error(st, "%s", reason);
     return st;
@@ -179,13 +182,16 @@ static fg_status inter_allreduce(fg_comm *c, const fg_comm_args *a, char *p, int
 /* ------------------------------------------------------------ pipeline */
 
 /* The scatter path of allreduce_levels cut into chunks, so that its legs
- * overlap: while chunks j - 2 and j - 1 cross between nodes (each on a
- * worker thread of its own, hybrid_pipe.c, on a group of its own: inter
- * and inter2, the two lanes), the node reduce-scatters chunk j, then waits
- * for chunk j - 2 and all-gathers it. Two chunks on the link at once keep
- * it busy while one of them waits for its exchange to start. The schedule
- * is fixed, so the ranks of a node call their collectives in the same order
- * whatever the timing.
+ * overlap: while chunk j - 1 crosses between nodes (on a worker thread,
+ * hybrid_pipe.c), the node reduce-scatters chunk j, then waits for chunk
+ * j - 1 and all-gathers it. The schedule is fixed, so the ranks of a node
+ * call their collectives in the same order whatever the timing. The code
+ * is written for PIPE_LANES chunks on the link at once, one worker each,
+ * but each lane needs an across-nodes group of its own (a second split of
+ * base): two lanes measured slower than one, and so did chunks smaller than
+ * a quarter of the buffer (docs/comm.md): every across-nodes exchange pays
+ * a start-up, and every worker polls Open MPI on the cores the node's legs
+ * need.
  *
  * Every element is reduced as without the pipeline, so the results are the
  * same bits: local rank l's shard (b elements) is N blocks of bn and a tail
@@ -195,7 +201,7 @@ static fg_status inter_allreduce(fg_comm *c, const fg_comm_args *a, char *p, int
  * inter_allreduce (all-to-all, the N copies of piece k summed in node
  * order, all-gather). The shards' tails then cross as before (an allreduce
  * of the tail in dt), and allreduce_levels does the buffer's tail. */
-#define PIPE_LANES 2
+#define PIPE_LANES 1 /* more: give each lane its own group in pipe_lane.inter */
 
 typedef struct pipe_ctx pipe_ctx;
 typedef struct pipe_lane {
@@ -211,7 +217,7 @@ struct pipe_ctx {
     int64_t b, bn, cmax; /* shard, block, chunk (elements of each block) */
     fg_dtype dt, wire;
     fg_reduce_op op;
-    char *slot[PIPE_LANES + 1]; /* chunk j staged in slot[j % 3]: L * N * cmax of dt */
+    char *slot[PIPE_LANES + 1]; /* chunk j staged in slot[j % (lanes + 1)]: L N cmax of dt */
     pipe_lane lanes[PIPE_LANES];
 };
 
@@ -221,11 +227,11 @@ struct pipe_ctx {
 static int64_t pipe_chunk(const fg_comm *c, size_t esz, int64_t b) {
     const hybrid_state *h = c->impl;
     int N = h->nodes, L = h->per;
-    if (h->chunk_bytes <= 0 || !h->inter2 || h->inter->no_async || N > FG_HYBRID_MAX_NODES ||
+    if (h->chunk_bytes <= 0 || h->inter->no_async || N > FG_HYBRID_MAX_NODES ||
         (int64_t)esz * b < h->scatter_min)
         return 0;
-    int64_t bn = b / N, cmax = FG_MAX(1, h->chunk_bytes / ((int64_t)esz * L * N));
-    return bn >= 2 * cmax ? cmax : 0;
+    int64_t bn = b / N, cmin = FG_MAX(1, h->chunk_bytes / ((int64_t)esz * L * N));
+    return bn >= 2 * cmin ? FG_MAX(cmin, (bn + h->chunks - 1) / h->chunks) : 0;
 }
 
 static int64_t chunk_len(const pipe_ctx *x, int64_t j) {
@@ -290,7 +296,7 @@ static fg_status pipelined(fg_comm *c, const fg_comm_args *a, char *p, int64_t n
     const char *level = "";
     for (int i = 0; i < PIPE_LANES; i++) {
         pipe_lane *ln = &x.lanes[i];
-        *ln = (pipe_lane){.x = &x, .lane = i, .inter = i ? h->inter2 : h->inter};
+        *ln = (pipe_lane){.x = &x, .lane = i, .inter = h->inter};
         ln->w = sx + (PIPE_LANES + 1) * slot + 2 * i * wbuf;
         ln->got = ln->w + wbuf;
         if (!(pp[i] = fg__hy_pipe_start(pipe_leg, ln))) {
@@ -558,7 +564,6 @@ static void state_free(hybrid_state *h) {
     if (!h) return;
     fg_comm_free(h->intra);
     fg_comm_free(h->inter);
-    fg_comm_free(h->inter2);
     fg_comm_free(h->base);
     fg_free(h->wr);
     fg_free(h->scratch);
@@ -612,6 +617,10 @@ static fg_status hy_init(fg_comm *c, const fg_cluster_info *info) {
     st = fg__env_int("FULGUR_HYBRID_CHUNK_BYTES", DEFAULT_CHUNK_BYTES, &chunk);
     if (st != FG_OK) goto fail;
     h->chunk_bytes = chunk < 0 ? 0 : chunk;
+    long chunks;
+    st = fg__env_int("FULGUR_HYBRID_CHUNKS", DEFAULT_CHUNKS, &chunks);
+    if (st != FG_OK) goto fail;
+    h->chunks = chunks < 2 ? 2 : chunks;
     fg_comm_opts sub = {.timeout_s = c->timeout_s, .check = -1};
     bool mpirun = info->source && !strcmp(info->source, "openmpi");
     int *node_of = NULL;
@@ -643,9 +652,6 @@ static fg_status hy_init(fg_comm *c, const fg_cluster_info *info) {
     if ((st = layout(c, h, node_of)) != FG_OK) goto fail;
     if (!h->flat) {
         if ((st = fg_comm_split(h->base, c->local_rank, c->node_rank, &h->inter)) != FG_OK)
-            goto fail;
-        if (h->chunk_bytes > 0 &&
-            (st = fg_comm_split(h->base, c->local_rank, c->node_rank, &h->inter2)) != FG_OK)
             goto fail;
         fg_cluster_info node = {.rank = c->local_rank,
                                 .world_size = c->local_size,
@@ -699,7 +705,6 @@ static void hy_tell_peers(fg_comm *c) {
     if (!h) return;
     if (h->intra) fg_comm_abort_reason(h->intra, c->abort_why[0] ? c->abort_why : NULL);
     if (h->inter) fg_comm_abort_reason(h->inter, c->abort_why[0] ? c->abort_why : NULL);
-    if (h->inter2) fg_comm_abort_reason(h->inter2, c->abort_why[0] ? c->abort_why : NULL);
     fg_comm_abort_reason(h->base, c->abort_why[0] ? c->abort_why : NULL);
 }
 

@@ -168,13 +168,16 @@ static float hybrid_sum(int64_t i, int64_t off) {
 }
 
 /* A communicator whose allreduce takes the scatter path at every size,
- * pipelined in chunks of chunk_bytes (0: not pipelined). */
+ * pipelined in chunks of chunk_bytes or a thousandth of the buffer (0: not
+ * pipelined). */
 static fg_comm *chunk_comm(int rank, const char *tag, const char *chunk_bytes) {
     setenv("FULGUR_HYBRID_SCATTER_BYTES", "0", 1);
     setenv("FULGUR_HYBRID_CHUNK_BYTES", chunk_bytes, 1);
+    setenv("FULGUR_HYBRID_CHUNKS", "1000", 1);
     fg_comm *c = env_comm(rank, tag, "hybrid");
     unsetenv("FULGUR_HYBRID_SCATTER_BYTES");
     unsetenv("FULGUR_HYBRID_CHUNK_BYTES");
+    unsetenv("FULGUR_HYBRID_CHUNKS");
     return c;
 }
 
