@@ -63,8 +63,10 @@ typedef struct hybrid_state {
 /* FULGUR_HYBRID_CHUNK_BYTES: the scatter path of an allreduce of at least
  * two chunks of this many bytes runs as a pipeline (see pipelined()), in
  * FULGUR_HYBRID_CHUNKS chunks or in chunks of this size, whichever are
- * larger; 0 turns the pipeline off. */
-#define DEFAULT_CHUNK_BYTES (4 << 20)
+ * larger; 0 (the default) turns the pipeline off: on the test hosts, two
+ * "nodes" sharing two cores, it measured slower than the legs one after
+ * the other (docs/comm.md); 4194304 is the size to try on real nodes. */
+#define DEFAULT_CHUNK_BYTES 0
 #define DEFAULT_CHUNKS 4
 
 /* More nodes than this: the across-nodes allreduce without the all-to-all. */
