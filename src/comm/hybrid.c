@@ -9,12 +9,13 @@
  *   allreduce       reduce-scatter inside the node, allreduce of each shard
  *                   across nodes (local rank l carries shard l; itself an
  *                   all-to-all with a local sum, then an all-gather),
- *                   all-gather inside the node; small buffers: allreduce
- *                   inside the node, then across nodes (every local rank
- *                   at once)
- *   reduce_scatter  inside the node, then across nodes (blocks permuted so
- *                   that local rank l holds the blocks of every node's l-th
- *                   rank)
+ *                   all-gather inside the node; large buffers as a
+ *                   pipeline of chunks whose three legs overlap (see
+ *                   pipelined()); small buffers: allreduce inside the node,
+ *                   then across nodes (every local rank at once)
+ *   reduce_scatter  inside the node, then across nodes as an all-to-all and
+ *                   a sum in node order (blocks permuted so that local rank
+ *                   l holds the blocks of every node's l-th rank)
  *   allgather       across nodes, then inside the node (permuted back)
  *   broadcast       across nodes among the root's local index, then inside
  *                   each node from it
@@ -40,6 +41,7 @@
 #include <string.h>
 
 #include "comm_impl.h"
+#include "hybrid_pipe.h"
 
 typedef struct hybrid_state {
     fg_comm *base, *intra, *inter;
@@ -47,6 +49,8 @@ typedef struct hybrid_state {
     int nodes, per;      /* N nodes x L ranks per node */
     int *wr;             /* world rank of (node k, local l) at [k * per + l] */
     int64_t scatter_min; /* allreduce of fewer bytes skips the scatter */
+    int64_t chunk_bytes; /* the pipeline's smallest chunk of the buffer; 0: no pipeline */
+    int64_t chunks;      /* the pipeline's chunks when they are larger than that */
     void *scratch;       /* the across-nodes exchange's receive buffer */
     size_t scratch_bytes;
 } hybrid_state;
@@ -55,6 +59,15 @@ typedef struct hybrid_state {
  * runs as reduce-scatter / allreduce / all-gather; smaller ones as two
  * allreduces (default 64 KiB). */
 #define DEFAULT_SCATTER_MIN (64 << 10)
+
+/* FULGUR_HYBRID_CHUNK_BYTES: the scatter path of an allreduce of at least
+ * two chunks of this many bytes runs as a pipeline (see pipelined()), in
+ * FULGUR_HYBRID_CHUNKS chunks or in chunks of this size, whichever are
+ * larger; 0 (the default) turns the pipeline off: on the test hosts, two
+ * "nodes" sharing two cores, it measured slower than the legs one after
+ * the other (docs/comm.md); 4194304 is the size to try on real nodes. */
+#define DEFAULT_CHUNK_BYTES 0
+#define DEFAULT_CHUNKS 4
 
 /* More nodes than this: the across-nodes allreduce without the all-to-all. */
 #define FG_HYBRID_MAX_NODES 64
@@ -168,6 +181,181 @@ static fg_status inter_allreduce(fg_comm *c, const fg_comm_args *a, char *p, int
     return FG_OK;
 }
 
+/* ------------------------------------------------------------ pipeline */
+
+/* The scatter path of allreduce_levels cut into chunks, so that its legs
+ * overlap: while chunk j - 1 crosses between nodes (on a worker thread,
+ * hybrid_pipe.c), the node reduce-scatters chunk j, then waits for chunk
+ * j - 1 and all-gathers it. The schedule is fixed, so the ranks of a node
+ * call their collectives in the same order whatever the timing. The code
+ * is written for PIPE_LANES chunks on the link at once, one worker each,
+ * but each lane needs an across-nodes group of its own (a second split of
+ * base): two lanes measured slower than one, and so did chunks smaller than
+ * a quarter of the buffer (docs/comm.md): every across-nodes exchange pays
+ * a start-up, and every worker polls Open MPI on the cores the node's legs
+ * need.
+ *
+ * Every element is reduced as without the pipeline, so the results are the
+ * same bits: local rank l's shard (b elements) is N blocks of bn and a tail
+ * of b - N bn; chunk j takes elements [o, o + cnt) of every block of every
+ * shard, staged as [l][q][cnt], so that the node's reduce-scatter leaves
+ * local rank l the N pieces of its shard, which cross as in
+ * inter_allreduce (all-to-all, the N copies of piece k summed in node
+ * order, all-gather). The shards' tails then cross as before (an allreduce
+ * of the tail in dt), and allreduce_levels does the buffer's tail. */
+#define PIPE_LANES 1 /* more: give each lane its own group in pipe_lane.inter */
+
+typedef struct pipe_ctx pipe_ctx;
+typedef struct pipe_lane {
+    pipe_ctx *x;
+    int lane;
+    fg_comm *inter;
+    char *w, *got; /* wire buffers: N * cmax of wire each */
+} pipe_lane;
+
+struct pipe_ctx {
+    fg_comm *c;
+    char *p;             /* the buffer */
+    int64_t b, bn, cmax; /* shard, block, chunk (elements of each block) */
+    fg_dtype dt, wire;
+    fg_reduce_op op;
+    char *slot[PIPE_LANES + 1]; /* chunk j staged in slot[j % (lanes + 1)]: L N cmax of dt */
+    pipe_lane lanes[PIPE_LANES];
+};
+
+/* Elements of each block in a chunk of the pipeline: 0 when it does not
+ * apply (turned off, no worker thread allowed, too small for two chunks, or
+ * the across-nodes leg is not the all-to-all), else the chunk's length. */
+static int64_t pipe_chunk(const fg_comm *c, size_t esz, int64_t b) {
+    const hybrid_state *h = c->impl;
+    int N = h->nodes, L = h->per;
+    if (h->chunk_bytes <= 0 || h->inter->no_async || N > FG_HYBRID_MAX_NODES ||
+        (int64_t)esz * b < h->scatter_min)
+        return 0;
+    int64_t bn = b / N, cmin = FG_MAX(1, h->chunk_bytes / ((int64_t)esz * L * N));
+    return bn >= 2 * cmin ? FG_MAX(cmin, (bn + h->chunks - 1) / h->chunks) : 0;
+}
+
+static int64_t chunk_len(const pipe_ctx *x, int64_t j) {
+    return FG_MIN(x->cmax, x->bn - j * x->cmax);
+}
+
+static char *chunk_slot(const pipe_ctx *x, int64_t j) { return x->slot[j % (PIPE_LANES + 1)]; }
+
+/* Copies chunk j from the buffer into its slot (in) or back (!in). */
+static void stage(const pipe_ctx *x, int64_t j, bool in) {
+    const hybrid_state *h = x->c->impl;
+    size_t esz = fg_dtype_size(x->dt);
+    int64_t o = j * x->cmax, cnt = chunk_len(x, j);
+    char *s = chunk_slot(x, j);
+    for (int l = 0; l < h->per; l++)
+        for (int q = 0; q < h->nodes; q++) {
+            char *at = x->p + (size_t)(l * x->b + q * x->bn + o) * esz;
+            char *st = s + (size_t)((l * h->nodes + q) * cnt) * esz;
+            if (in) memcpy(st, at, (size_t)cnt * esz);
+            else memcpy(at, st, (size_t)cnt * esz);
+        }
+}
+
+/* A lane's worker: this rank's N pieces of its i-th chunk across nodes. */
+static fg_status pipe_leg(void *arg, int64_t i) {
+    pipe_lane *ln = arg;
+    pipe_ctx *x = ln->x;
+    fg_comm *c = x->c;
+    const hybrid_state *h = c->impl;
+    int N = h->nodes, k = c->node_rank;
+    size_t esz = fg_dtype_size(x->dt), wsz = fg_dtype_size(x->wire);
+    int64_t j = i * PIPE_LANES + ln->lane, cnt = chunk_len(x, j);
+    char *mine = chunk_slot(x, j) + (size_t)(c->local_rank * N * cnt) * esz, *w = mine;
+    if (x->wire != x->dt) {
+        w = ln->w;
+        fg_convert(w, x->wire, mine, x->dt, N * cnt);
+    }
+    FG_TRY(fg_comm_alltoall(ln->inter, w, ln->got, cnt, x->wire));
+    const void *srcs[FG_HYBRID_MAX_NODES];
+    for (int q = 0; q < N; q++) srcs[q] = ln->got + (size_t)(q * cnt) * wsz;
+    char *own = w + (size_t)(k * cnt) * wsz;
+    fg__reduce(x->wire, x->op, own, NULL, srcs, N, cnt, 1);
+    FG_TRY(fg_comm_allgather(ln->inter, own, w, cnt, x->wire));
+    if (x->wire != x->dt) fg_convert(mine, x->dt, w, x->wire, N * cnt);
+    return FG_OK;
+}
+
+static fg_status pipelined(fg_comm *c, const fg_comm_args *a, char *p, int64_t n, fg_dtype dt,
+                           fg_reduce_op op, fg_dtype wire, int64_t cmax) {
+    hybrid_state *h = c->impl;
+    int N = h->nodes, L = h->per, l = c->local_rank;
+    size_t esz = fg_dtype_size(dt), wsz = fg_dtype_size(wire);
+    pipe_ctx x = {.c = c, .p = p, .b = n / L, .cmax = cmax, .dt = dt, .wire = wire, .op = op};
+    x.bn = x.b / N;
+    int64_t K = (x.bn + cmax - 1) / cmax;
+    size_t slot = (size_t)(L * N * cmax) * esz, wbuf = (size_t)(N * cmax) * wsz;
+    char *sx = scratch(h, (PIPE_LANES + 1) * slot + 2 * PIPE_LANES * wbuf);
+    if (!sx) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory for the pipeline's buffers");
+    for (int i = 0; i <= PIPE_LANES; i++) x.slot[i] = sx + i * slot;
+    fg_hy_pipe *pp[PIPE_LANES] = {0};
+    fg_status st = FG_OK;
+    const char *level = "";
+    for (int i = 0; i < PIPE_LANES; i++) {
+        pipe_lane *ln = &x.lanes[i];
+        *ln = (pipe_lane){.x = &x, .lane = i, .inter = h->inter};
+        ln->w = sx + (PIPE_LANES + 1) * slot + 2 * i * wbuf;
+        ln->got = ln->w + wbuf;
+        if (!(pp[i] = fg__hy_pipe_start(pipe_leg, ln))) {
+            st = fg_last_status();
+            level = "pipeline";
+        }
+    }
+    for (int64_t s = 0; s < K + PIPE_LANES && st == FG_OK; s++) {
+        if (s < K) {
+            int64_t cnt = chunk_len(&x, s);
+            char *sl = chunk_slot(&x, s);
+            stage(&x, s, true);
+            st = fg_comm_reduce_scatter(h->intra, sl, sl + (size_t)(l * N * cnt) * esz, N * cnt, dt,
+                                        op);
+            if (st != FG_OK) {
+                level = intra_name(c);
+                break;
+            }
+            fg__hy_pipe_post(pp[s % PIPE_LANES], s / PIPE_LANES);
+        }
+        int64_t g = s - PIPE_LANES;
+        if (g >= 0) {
+            int64_t cnt = chunk_len(&x, g);
+            char *sl = chunk_slot(&x, g);
+            if ((st = fg__hy_pipe_wait(pp[g % PIPE_LANES], g / PIPE_LANES)) != FG_OK) {
+                level = inter_name(c);
+                break;
+            }
+            st = fg_comm_allgather(h->intra, sl + (size_t)(l * N * cnt) * esz, sl, N * cnt, dt);
+            if (st != FG_OK) {
+                level = intra_name(c);
+                break;
+            }
+            stage(&x, g, false);
+        }
+    }
+    /* a failure aborts the levels first, so that the workers' legs end */
+    if (st != FG_OK) st = sub_fail(c, a, st, level);
+    for (int i = 0; i < PIPE_LANES; i++) fg__hy_pipe_stop(pp[i]);
+    if (st != FG_OK) return st;
+    int64_t tn = x.b - N * x.bn;
+    if (tn > 0) {
+        /* the shards' tails, staged as [l][tn] (tn < N <= L N cmax) */
+        char *t = x.slot[0], *tm = t + (size_t)(l * tn) * esz;
+        for (int q = 0; q < L; q++)
+            memcpy(t + (size_t)(q * tn) * esz, p + (size_t)(q * x.b + N * x.bn) * esz,
+                   (size_t)tn * esz);
+        INTRA(c, a, fg_comm_reduce_scatter(h->intra, t, tm, tn, dt, op));
+        INTER(c, a, fg_comm_allreduce(h->inter, tm, tm, tn, dt, op));
+        INTRA(c, a, fg_comm_allgather(h->intra, tm, t, tn, dt));
+        for (int q = 0; q < L; q++)
+            memcpy(p + (size_t)(q * x.b + N * x.bn) * esz, t + (size_t)(q * tn) * esz,
+                   (size_t)tn * esz);
+    }
+    return FG_OK;
+}
+
 /* The hierarchical allreduce in place on buf (a sum, min, max or prod in a
  * dtype that needs no widening; `wire` the dtype across nodes: dt, or the
  * half that f32 buf was widened from). */
@@ -183,10 +371,15 @@ static fg_status allreduce_levels(fg_comm *c, const fg_comm_args *a, void *buf, 
         return FG_OK;
     }
     char *p = buf;
-    char *mine = p + (size_t)(l * b) * esz;
-    INTRA(c, a, fg_comm_reduce_scatter(h->intra, p, mine, b, dt, op));
-    FG_TRY(inter_allreduce(c, a, mine, b, dt, op, wire));
-    INTRA(c, a, fg_comm_allgather(h->intra, mine, p, b, dt));
+    int64_t cmax = pipe_chunk(c, esz, b);
+    if (cmax > 0) {
+        FG_TRY(pipelined(c, a, p, n, dt, op, wire, cmax));
+    } else {
+        char *mine = p + (size_t)(l * b) * esz;
+        INTRA(c, a, fg_comm_reduce_scatter(h->intra, p, mine, b, dt, op));
+        FG_TRY(inter_allreduce(c, a, mine, b, dt, op, wire));
+        INTRA(c, a, fg_comm_allgather(h->intra, mine, p, b, dt));
+    }
     int64_t rest = n - b * L;
     if (rest) {
         char *tail = p + (size_t)(b * L) * esz;
@@ -223,6 +416,28 @@ static fg_status hy_allreduce(fg_comm *c, const fg_comm_args *a) {
 
 /* ------------------------------------------------------- reduce_scatter */
 
+/* Reduce-scatter across nodes: `mine` holds N blocks of m, block q for
+ * node q; node k ends with the N nodes' block k summed in node order, in
+ * out (which may be mine's block k). An all-to-all and a local sum, so each
+ * byte crosses once, both directions at once (Open MPI's reduce-scatter is
+ * a reduce and a scatter: with two nodes 3/4 of the buffer one way, then
+ * 1/4 the other). */
+static fg_status inter_reduce_scatter(fg_comm *c, char *mine, char *out, int64_t m, fg_dtype dt,
+                                      fg_reduce_op op) {
+    hybrid_state *h = c->impl;
+    int N = h->nodes;
+    size_t esz = fg_dtype_size(dt);
+    if (N > FG_HYBRID_MAX_NODES || m == 0)
+        return fg_comm_reduce_scatter(h->inter, mine, out, m, dt, op);
+    char *got = scratch(h, (size_t)(N * m) * esz);
+    if (!got) return fg_error(FG_ENOMEM, "out of memory for the exchange buffer");
+    FG_TRY(fg_comm_alltoall(h->inter, mine, got, m, dt));
+    const void *srcs[FG_HYBRID_MAX_NODES];
+    for (int q = 0; q < N; q++) srcs[q] = got + (size_t)(q * m) * esz;
+    fg__reduce(dt, op, out, NULL, srcs, N, m, 1);
+    return FG_OK;
+}
+
 static fg_status hy_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
     hybrid_state *h = c->impl;
     if (h->flat) {
@@ -249,7 +464,7 @@ static fg_status hy_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
     char *out = mine + (size_t)(k * m) * esz;
     st = fg_comm_reduce_scatter(h->intra, tmp, mine, N * m, dt, op);
     if (st != FG_OK) st = sub_fail(c, a, st, intra_name(c));
-    if (st == FG_OK && (st = fg_comm_reduce_scatter(h->inter, mine, out, m, dt, op)) != FG_OK)
+    if (st == FG_OK && (st = inter_reduce_scatter(c, mine, out, m, dt, op)) != FG_OK)
         st = sub_fail(c, a, st, inter_name(c));
     if (st == FG_OK) {
         if (a->rop == FG_AVG) divide(dt, out, m, c->size);
@@ -400,6 +615,14 @@ static fg_status hy_init(fg_comm *c, const fg_cluster_info *info) {
     fg_status st = fg__env_int("FULGUR_HYBRID_SCATTER_BYTES", DEFAULT_SCATTER_MIN, &smin);
     if (st != FG_OK) goto fail;
     h->scatter_min = smin < 0 ? 0 : smin;
+    long chunk;
+    st = fg__env_int("FULGUR_HYBRID_CHUNK_BYTES", DEFAULT_CHUNK_BYTES, &chunk);
+    if (st != FG_OK) goto fail;
+    h->chunk_bytes = chunk < 0 ? 0 : chunk;
+    long chunks;
+    st = fg__env_int("FULGUR_HYBRID_CHUNKS", DEFAULT_CHUNKS, &chunks);
+    if (st != FG_OK) goto fail;
+    h->chunks = chunks < 2 ? 2 : chunks;
     fg_comm_opts sub = {.timeout_s = c->timeout_s, .check = -1};
     bool mpirun = info->source && !strcmp(info->source, "openmpi");
     int *node_of = NULL;

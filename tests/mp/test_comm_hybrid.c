@@ -153,6 +153,140 @@ TEST(float_sums_follow_the_node_order_and_integers_equal_flat) {
     munmap(g_io, sizeof(int32_t) * NF * n);
 }
 
+/* ---------------------------------------------------------- pipeline */
+
+/* The sum of element i the hybrid way: each node's ranks in rank order,
+ * then the nodes in node order. */
+static float hybrid_sum(int64_t i, int64_t off) {
+    float total = 0;
+    for (int k = 0; k < g_nodes; k++) {
+        float node = rank_value(k * g_per, i + off);
+        for (int l = 1; l < g_per; l++) node += rank_value(k * g_per + l, i + off);
+        total = k ? total + node : node;
+    }
+    return total;
+}
+
+/* A communicator whose allreduce takes the scatter path at every size,
+ * pipelined in chunks of chunk_bytes or a thousandth of the buffer (0: not
+ * pipelined). */
+static fg_comm *chunk_comm(int rank, const char *tag, const char *chunk_bytes) {
+    setenv("FULGUR_HYBRID_SCATTER_BYTES", "0", 1);
+    setenv("FULGUR_HYBRID_CHUNK_BYTES", chunk_bytes, 1);
+    setenv("FULGUR_HYBRID_CHUNKS", "1000", 1);
+    fg_comm *c = env_comm(rank, tag, "hybrid");
+    unsetenv("FULGUR_HYBRID_SCATTER_BYTES");
+    unsetenv("FULGUR_HYBRID_CHUNK_BYTES");
+    unsetenv("FULGUR_HYBRID_CHUNKS");
+    return c;
+}
+
+/* Sizes around the chunks (100 bytes: 4 to 6 f32 of each block) and the
+ * blocks: 1 element, fewer than the ranks, not divisible by chunks x ranks. */
+static const int64_t pipe_sizes[] = {1, 2, 3, 5, 13, 47, 48, 49, 97, 1000, 10007, 65537};
+
+static int pipe_rank(int rank, int n, void *arg) {
+    (void)arg;
+    (void)n;
+    fg_comm *cp = chunk_comm(rank, "pp", "100"), *c0 = chunk_comm(rank, "p0", "0");
+    if (!cp || !c0) return 1;
+    enum { MAXN = 65537 };
+    float *x = malloc(sizeof(float) * MAXN), *y = malloc(sizeof(float) * MAXN);
+    uint16_t *h = malloc(2 * MAXN), *k = malloc(2 * MAXN);
+    int32_t *q = malloc(sizeof(int32_t) * MAXN);
+    int64_t wrong = 0, differ = 0;
+    for (size_t si = 0; si < sizeof pipe_sizes / sizeof *pipe_sizes; si++) {
+        int64_t m = pipe_sizes[si];
+        /* f32 sum: the hybrid order exactly, and the same bits unpipelined */
+        for (int64_t i = 0; i < m; i++) x[i] = y[i] = rank_value(rank, i);
+        CHECK_OK(fg_comm_allreduce(cp, x, x, m, FG_F32, FG_SUM));
+        CHECK_OK(fg_comm_allreduce(c0, y, y, m, FG_F32, FG_SUM));
+        for (int64_t i = 0; i < m; i++) {
+            float want = hybrid_sum(i, 0);
+            wrong += memcmp(&x[i], &want, 4) != 0;
+            differ += memcmp(&x[i], &y[i], 4) != 0;
+        }
+        /* bf16 and f16 (halves on the wire between nodes) and avg */
+        for (int dt = 0; dt < 2; dt++) {
+            fg_dtype hd = dt ? FG_F16 : FG_BF16;
+            fg_reduce_op op = dt ? FG_AVG : FG_SUM;
+            for (int64_t i = 0; i < m; i++) x[i] = rank_value(rank, i) * 3.0f;
+            fg_convert(h, hd, x, FG_F32, m);
+            memcpy(k, h, 2 * (size_t)m);
+            CHECK_OK(fg_comm_allreduce(cp, h, h, m, hd, op));
+            CHECK_OK(fg_comm_allreduce(c0, k, k, m, hd, op));
+            differ += m - (memcmp(h, k, 2 * (size_t)m) == 0 ? m : 0);
+        }
+        /* integers: exact */
+        for (int64_t i = 0; i < m; i++) q[i] = (int32_t)(i % 1000) * (rank + 1) - rank;
+        CHECK_OK(fg_comm_allreduce(cp, q, q, m, FG_I32, FG_SUM));
+        int nr = g_nodes * g_per;
+        for (int64_t i = 0; i < m; i++)
+            wrong += q[i] != (int32_t)(i % 1000) * nr * (nr + 1) / 2 - nr * (nr - 1) / 2;
+    }
+    CHECK_MSG(wrong == 0, "rank %d (%d x %d): %lld elements differ from the hybrid-order sum", rank,
+              g_nodes, g_per, (long long)wrong);
+    CHECK_MSG(differ == 0, "rank %d (%d x %d): %lld elements differ from the unpipelined path",
+              rank, g_nodes, g_per, (long long)differ);
+    free(x);
+    free(y);
+    free(h);
+    free(k);
+    free(q);
+    fg_comm_free(cp);
+    fg_comm_free(c0);
+    return 0;
+}
+
+TEST(pipelined_allreduce_at_chunk_boundaries_equals_the_unpipelined_bits) {
+    static const int layouts[][2] = {{2, 2}, {2, 3}, {3, 2}};
+    for (int i = 0; i < 3; i++) {
+        g_nodes = layouts[i][0];
+        g_per = layouts[i][1];
+        CHECK(fg_test_fork_ranks(g_nodes * g_per, pipe_rank, NULL, 300) == 0);
+    }
+}
+
+/* reduce_scatter across nodes as an all-to-all and a sum in node order: the
+ * hybrid order exactly, at block sizes 1, odd and large. */
+static int rs_rank(int rank, int n, void *arg) {
+    (void)arg;
+    fg_comm *c = env_comm(rank, "rs", "hybrid");
+    if (!c) return 1;
+    static const int64_t ms[] = {1, 7, 1001, 70001};
+    float *send = malloc(sizeof(float) * 70001 * (size_t)n), *out = malloc(sizeof(float) * 70001);
+    int64_t wrong = 0;
+    for (int mi = 0; mi < 4; mi++) {
+        int64_t m = ms[mi];
+        for (int64_t i = 0; i < m * n; i++) send[i] = rank_value(rank, i);
+        CHECK_OK(fg_comm_reduce_scatter(c, send, out, m, FG_F32, FG_SUM));
+        for (int64_t i = 0; i < m; i++) {
+            float want = hybrid_sum(i, (int64_t)rank * m);
+            wrong += memcmp(&out[i], &want, 4) != 0;
+        }
+        /* in place: the block of this rank in the send buffer */
+        for (int64_t i = 0; i < m * n; i++) send[i] = rank_value(rank, i);
+        float *mine = send + (size_t)rank * (size_t)m;
+        CHECK_OK(fg_comm_reduce_scatter(c, send, mine, m, FG_F32, FG_SUM));
+        wrong += memcmp(mine, out, sizeof(float) * (size_t)m) != 0;
+    }
+    CHECK_MSG(wrong == 0, "rank %d (%d x %d): %lld elements differ from the hybrid-order sum", rank,
+              g_nodes, g_per, (long long)wrong);
+    free(send);
+    free(out);
+    fg_comm_free(c);
+    return 0;
+}
+
+TEST(reduce_scatter_sums_in_the_hybrid_order) {
+    static const int layouts[][2] = {{2, 2}, {2, 3}, {3, 2}};
+    for (int i = 0; i < 3; i++) {
+        g_nodes = layouts[i][0];
+        g_per = layouts[i][1];
+        CHECK(fg_test_fork_ranks(g_nodes * g_per, rs_rank, NULL, 300) == 0);
+    }
+}
+
 /* ---------------------------------------------------- async and split */
 
 static int async_split_rank(int rank, int n, void *arg) {
