@@ -444,64 +444,41 @@ static void vk_att_exp_row(float *s, int lds, int n, float l) {
 
 /* ------------------------------------------------------------- layernorm */
 
-/* layernorm.c's forward row: x, y (C), w and b (C) or NULL. One pass over
- * x makes the sum of d = x - x[0] and of d^2 (four accumulators each: the
- * adds of a row wait on each other), and the variance is E[d^2] - E[d]^2
- * in double from them: a second pass for the variance, as layernorm.c's
- * loop takes it, only when that difference cancels more than 3/4 of E[d^2]
- * (x[0] far from the mean for the row's spread, or a NaN or infinity),
- * which would multiply the float sums' rounding by more than 4. */
+/* layernorm.c's forward row: x, y (C), w and b (C) or NULL */
 static void vk_ln_fwd_row(const float *x, const float *w, const float *b, int64_t C, double eps,
                           float *y, float *mean, float *rstd) {
+    /* four accumulators per sum: the adds of a row wait on each other, and
+     * at C = 256 on AVX2 two chains left the row's latency the bound */
     float x0 = x[0];
     vf b0 = v_set1(x0), s0 = v_zero(), s1 = v_zero(), s2 = v_zero(), s3 = v_zero();
-    vf q0 = v_zero(), q1 = v_zero(), q2 = v_zero(), q3 = v_zero();
     int64_t j = 0;
     for (; j + 4 * VK_W <= C; j += 4 * VK_W) {
-        vf d0 = v_sub(v_load(x + j), b0), d1 = v_sub(v_load(x + j + VK_W), b0);
-        vf d2 = v_sub(v_load(x + j + 2 * VK_W), b0), d3 = v_sub(v_load(x + j + 3 * VK_W), b0);
-        s0 = v_add(s0, d0);
-        s1 = v_add(s1, d1);
-        s2 = v_add(s2, d2);
-        s3 = v_add(s3, d3);
-        q0 = v_fma(d0, d0, q0);
-        q1 = v_fma(d1, d1, q1);
-        q2 = v_fma(d2, d2, q2);
-        q3 = v_fma(d3, d3, q3);
+        s0 = v_add(s0, v_sub(v_load(x + j), b0));
+        s1 = v_add(s1, v_sub(v_load(x + j + VK_W), b0));
+        s2 = v_add(s2, v_sub(v_load(x + j + 2 * VK_W), b0));
+        s3 = v_add(s3, v_sub(v_load(x + j + 3 * VK_W), b0));
+    }
+    for (; j + VK_W <= C; j += VK_W) s0 = v_add(s0, v_sub(v_load(x + j), b0));
+    vmask k = v_first(C - j);
+    s1 = v_add(s1, v_keep(k, v_sub(v_load_n(x + j, k), b0)));
+    float m = x0 + v_hsum(v_add(v_add(s0, s1), v_add(s2, s3))) / (float)C;
+    vf bm = v_set1(m), v0 = v_zero(), v1 = v_zero(), v2 = v_zero(), v3 = v_zero();
+    for (j = 0; j + 4 * VK_W <= C; j += 4 * VK_W) {
+        vf d0 = v_sub(v_load(x + j), bm), d1 = v_sub(v_load(x + j + VK_W), bm);
+        vf d2 = v_sub(v_load(x + j + 2 * VK_W), bm), d3 = v_sub(v_load(x + j + 3 * VK_W), bm);
+        v0 = v_fma(d0, d0, v0);
+        v1 = v_fma(d1, d1, v1);
+        v2 = v_fma(d2, d2, v2);
+        v3 = v_fma(d3, d3, v3);
     }
     for (; j + VK_W <= C; j += VK_W) {
-        vf d = v_sub(v_load(x + j), b0);
-        s0 = v_add(s0, d);
-        q0 = v_fma(d, d, q0);
+        vf d = v_sub(v_load(x + j), bm);
+        v0 = v_fma(d, d, v0);
     }
-    vmask k = v_first(C - j);
-    vf dt = v_keep(k, v_sub(v_load_n(x + j, k), b0));
-    s1 = v_add(s1, dt);
-    q1 = v_fma(dt, dt, q1);
-    float sd = v_hsum(v_add(v_add(s0, s1), v_add(s2, s3)));
-    double qd = (double)v_hsum(v_add(v_add(q0, q1), v_add(q2, q3))) / (double)C;
-    double md = (double)sd / (double)C, var = qd - md * md;
-    float m = x0 + sd / (float)C;
-    vf bm = v_set1(m);
-    if (!(var >= 0.25 * qd)) { /* cancelled, or not finite: two passes */
-        vf v0 = v_zero(), v1 = v_zero(), v2 = v_zero(), v3 = v_zero();
-        for (j = 0; j + 4 * VK_W <= C; j += 4 * VK_W) {
-            vf d0 = v_sub(v_load(x + j), bm), d1 = v_sub(v_load(x + j + VK_W), bm);
-            vf d2 = v_sub(v_load(x + j + 2 * VK_W), bm), d3 = v_sub(v_load(x + j + 3 * VK_W), bm);
-            v0 = v_fma(d0, d0, v0);
-            v1 = v_fma(d1, d1, v1);
-            v2 = v_fma(d2, d2, v2);
-            v3 = v_fma(d3, d3, v3);
-        }
-        for (; j + VK_W <= C; j += VK_W) {
-            vf d = v_sub(v_load(x + j), bm);
-            v0 = v_fma(d, d, v0);
-        }
-        vf d = v_keep(k, v_sub(v_load_n(x + j, k), bm));
-        v1 = v_fma(d, d, v1);
-        var = (double)v_hsum(v_add(v_add(v0, v1), v_add(v2, v3))) / (double)C;
-    }
-    float r = (float)(1 / sqrt(var + eps));
+    vf d = v_keep(k, v_sub(v_load_n(x + j, k), bm));
+    v1 = v_fma(d, d, v1);
+    v0 = v_add(v_add(v0, v1), v_add(v2, v3));
+    float r = (float)(1 / sqrt((double)v_hsum(v0) / (double)C + eps));
     *mean = m;
     *rstd = r;
     vf br = v_set1(r), one = v_set1(1.0f), zero = v_zero();
