@@ -1,6 +1,7 @@
 /* The f32 kernels with a vector path per ISA (cpu_impl.h's fg__vk: GELU,
  * softmax and log_softmax, cross-entropy, causal attention, layernorm,
- * dropout), each run on every path this CPU can run, forced through
+ * dropout) and their primitives (ops.h's fg_ops_cpu_exp and
+ * fg_ops_cpu_philox_xor), each run on every path this CPU can run, forced through
  * fg_set_cpu_isa: tests named <kernel>_scalar, _avx2 and _avx512, the ones
  * the CPU lacks skipped with the reason. Each path is checked against a
  * reference in double and against the scalar path (the portable loops, the
@@ -621,6 +622,65 @@ ISA_TEST(dropout) {
                           fg_isa_name(isa), (unsigned long long)off, (long long)n, p, bad);
                 fg_step_reset();
             }
+}
+
+/* ------------------------------------------------------------------ primitives */
+
+/* ops.h's fg_ops_cpu_exp (the exp of the row kernels and GELU, alone):
+ * within 2.5e-7 relative (2 ulp) of exp from -87 to 88, 0 (or below
+ * FLT_MIN) under -88, exp(88) or more past 88 (2.4e38 saturated on the
+ * vector paths, inf on the portable one), NaN kept; in place too. */
+ISA_TEST(exp_primitive) {
+    for (int si = 0; si < NSIZES; si++) {
+        int64_t n = SIZES[si];
+        float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) /* -87 .. 88, and specials at every lane */
+            x[i] = i % 7 == 3 ? SPECIAL[(i / 7) % NSPECIAL]
+                              : -87.0f + 175.0f * (float)((i * 7919) % 10007) / 10007.0f;
+        CHECK_OK(fg_ops_cpu_exp(x, y, n));
+        long bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double xi = x[i], g = y[i];
+            bool ok = isnan(xi)    ? isnan(g)
+                      : xi < -88   ? g >= 0 && g < 1.2e-38
+                      : xi > 88    ? g >= 1.6e38
+                      : xi < -87.3 ? fabs(g - exp(xi)) < 1.2e-38
+                                   : fabs(g - exp(xi)) <= 2.5e-7 * exp(xi);
+            if (!ok && bad++ < 3)
+                fprintf(stderr, "    exp(%.9g) = %.9g, want %.9g\n", xi, g, exp(xi));
+        }
+        CHECK_MSG(bad == 0, "exp %s n %lld: %ld wrong", fg_isa_name(isa), (long long)n, bad);
+        CHECK_OK(fg_ops_cpu_exp(x, x, n)); /* in place: the same values */
+        CHECK_MSG(memcmp(x, y, sizeof(float) * (size_t)n) == 0, "exp %s n %lld in place",
+                  fg_isa_name(isa), (long long)n);
+        free(x);
+        free(y);
+    }
+    float z = 0;
+    CHECK_STATUS(fg_ops_cpu_exp(&z, &z, -1), FG_EINVAL);
+    CHECK_OK(fg_ops_cpu_exp(&z, &z, 0));
+    CHECK(z == 0);
+}
+
+/* fg_ops_cpu_philox_xor: the xor of fg_rng_u32_at over the draws asked for,
+ * bit for bit, from every offset mod 4 and across the 2^32 wrap of
+ * Philox's counter */
+ISA_TEST(philox_primitive) {
+    uint64_t offsets[] = {0, 1, 2, 3, 5, 64, 1000003, (4ull << 32) - 40, (4ull << 32) - 1};
+    for (int oi = 0; oi < 9; oi++)
+        for (int si = 0; si < NSIZES; si++) {
+            int64_t n = SIZES[si];
+            uint64_t seed = 0x5eedull * (uint64_t)(oi + 1), off = offsets[oi];
+            uint32_t want = 0, got = 1;
+            for (int64_t i = 0; i < n; i++) want ^= fg_rng_u32_at(seed, off + (uint64_t)i);
+            CHECK_OK(fg_ops_cpu_philox_xor(seed, off, n, &got));
+            CHECK_MSG(got == want, "philox %s offset %llu n %lld: %08x, want %08x",
+                      fg_isa_name(isa), (unsigned long long)off, (long long)n, got, want);
+        }
+    uint32_t o = 1;
+    CHECK_STATUS(fg_ops_cpu_philox_xor(1, 0, -1, &o), FG_EINVAL);
+    CHECK_OK(fg_ops_cpu_philox_xor(1, 0, 0, &o));
+    CHECK(o == 0);
 }
 
 /* ------------------------------------------------------------------ threads */
