@@ -29,13 +29,13 @@
 #                  link: compute-bound, no gain possible here.
 # --batch, --ctx and --embd override the layout's.
 #
-# What bounds the gain: ddp's bucket allreduces run while backward does,
-# the hooks and bytegrad block in backward (the communication hooks are
-# synchronous: docs/comm-hooks.md). With compute c, ddp's link time L and a
+# What bounds the gain: ddp's bucket allreduces, the hooks and Bagua's
+# bucket algorithms all run while backward does (on the reducer's own
+# thread: docs/comm-hooks.md). With compute c, ddp's link time L and a
 # compression that sends a fraction f of ddp's bytes at a cost h of its
 # own, ddp takes about max(c, L) plus its last bucket, the compression
-# c + f L + h: fp16 (f = 1/2) cannot reach 2x unless L is well above c,
-# powersgd (f ~ 0.15) and bytegrad (f ~ 1/4) reach 2x when L >= 2 (c + h).
+# about max(c, f L + h): fp16 (f = 1/2) reaches 2x only when L is well
+# above c, powersgd (f ~ 0.1) and bytegrad (f ~ 1/4) when L >= 2 (c + h).
 #
 #   bench/gpt_hosts.sh [--layout 2x1|2x2] [--rates 1gbit,10gbit] [--rounds 3]
 #                      [--steps N] [--skip N] [--batch N] [--ctx N] [--embd N]
