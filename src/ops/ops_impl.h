@@ -46,4 +46,15 @@ bool fg__ops_lowp_product_native(fg_device device, fg_dtype dt);
  * in f32; both contiguous and of one size. */
 fg_status fg__ops_round_f32(const fg_tensor *src, fg_tensor *dst, fg_dtype dt);
 
+/* c (M, N) = op(a) op(b) + beta c in f32, row-major with leading
+ * dimensions as cblas_sgemm's, on OpenBLAS on the calling thread alone
+ * whatever the thread setting and FULGUR_GEMM: the same bits on every rank
+ * and thread count of one machine type (for results every rank must agree
+ * on, such as PowerSGD's low-rank products). FG_EINVAL for a size or
+ * leading dimension out of range (negative, above INT_MAX, or ld below the
+ * row length). */
+fg_status fg__ops_sgemm_serial(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *a,
+                               int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                               int64_t ldc);
+
 #endif

@@ -10,15 +10,17 @@
  * compressed backward. The random Qs come from fg_rng_fill_normal with a
  * seed derived from (random_seed, draws so far): every rank draws the same
  * numbers in the same order, as PyTorch seeds torch.randn from a numpy RNG
- * seeded alike on every rank. Products run in double accumulators. */
+ * seeded alike on every rank. The products run in f32 on OpenBLAS on one
+ * thread, Gram-Schmidt in f32 with double dots (orthogonalize). */
 #include <math.h>
 #include <string.h>
 
 #include "ddp_hooks.h"
+#include "ops/ops_impl.h"
 
 typedef struct pbucket {
     float *err; /* numel: residual, NULL until the first compressed backward */
-    float *q;   /* the Qs of the compressed parameters, packed; NULL until then */
+    float *q; /* the Qs of the compressed parameters, each as Qt (r, m), packed; NULL until then */
 } pbucket;
 
 typedef struct psgd {
@@ -29,7 +31,7 @@ typedef struct psgd {
     uint64_t seed, draws;
     int nb;
     pbucket *b;
-    float *scratch; /* the input copy, packed Ps and the uncompressed elements */
+    float *scratch; /* the input copy, the Ps (each as Pt (r, n)) and the uncompressed elements */
     int64_t scratch_cap;
 } psgd;
 
@@ -72,68 +74,96 @@ static bool as_matrix(const psgd *p, const fg_tensor *t, int64_t *n, int64_t *m,
     return (double)(*r * (*n + *m)) * p->min_rate < (double)(*n * *m);
 }
 
-/* Gram-Schmidt over the `cols` columns of a (rows, cols) row-major
- * matrix, as torch's _orthogonalize_gram_schmidt (each column made
- * orthogonal to the ones before, then divided by its norm + eps), with two
- * additions for a P of more columns than the rank of the summed gradient
- * (rank = min(n, m) on a rank-deficient matrix), where PyTorch's columns
- * past the rank are normalised rounding noise, not orthogonal to the others,
- * and P P^T M is no longer M: a column that lost more than 1 - 1/sqrt(2) of
- * its norm to the projections is projected once more ("twice is enough",
- * Kahan and Parlett), and one left with less than 1e-5 of its norm is
- * numerically dependent and set to zero. A zero column stays zero (PyTorch
- * would make it NaN). Columns of full-rank P are PyTorch's up to
- * rounding. */
-static void orthogonalize(float *a, int64_t rows, int64_t cols, double eps) {
+/* sum over k < n of x[k] y[k], in double, in a fixed order (8 partial
+ * sums, then added in order): the same bits on every rank. */
+static double dot(const float *x, const float *y, int64_t n) {
+    double acc[8] = {0};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        for (int l = 0; l < 8; l++) acc[l] += (double)x[k + l] * y[k + l];
+    for (; k < n; k++) acc[k & 7] += (double)x[k] * y[k];
+    double s = 0;
+    for (int l = 0; l < 8; l++) s += acc[l];
+    return s;
+}
+
+/* x -= d y, then returns dot(z, x) of the updated x (fused: one pass). */
+static double axpy_dot(float *x, float d, const float *y, const float *z, int64_t n) {
+    double acc[8] = {0};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        for (int l = 0; l < 8; l++) {
+            x[k + l] -= d * y[k + l];
+            acc[l] += (double)z[k + l] * x[k + l];
+        }
+    for (; k < n; k++) {
+        x[k] -= d * y[k];
+        acc[k & 7] += (double)z[k] * x[k];
+    }
+    double s = 0;
+    for (int l = 0; l < 8; l++) s += acc[l];
+    return s;
+}
+
+/* Gram-Schmidt over the `cols` columns of length `len` of a column-major
+ * matrix (column j at a + j len, contiguous), as torch's
+ * _orthogonalize_gram_schmidt (each column made orthogonal to the ones
+ * before, then divided by its norm + eps; modified Gram-Schmidt: each
+ * projection is taken of the column as the previous one left it), in f32
+ * with the dots and norms summed in double, with two additions for a P of
+ * more columns than the rank of the summed gradient (rank = min(n, m) on a
+ * rank-deficient matrix), where PyTorch's columns past the rank are
+ * normalised rounding noise, not orthogonal to the others, and P P^T M is
+ * no longer M: a column that lost more than 1 - 1/sqrt(2) of its norm to
+ * the projections is projected once more ("twice is enough", Kahan and
+ * Parlett), and one left with less than 1e-5 of its norm is numerically
+ * dependent and set to zero. A zero column stays zero (PyTorch would make
+ * it NaN). Columns of full-rank P are PyTorch's up to rounding. One pass
+ * over the column per projection: the update by one column is fused with
+ * the dot of the next. */
+static void orthogonalize(float *a, int64_t len, int64_t cols, double eps) {
     for (int64_t j = 0; j < cols; j++) {
-        double orig = 0;
-        for (int64_t k = 0; k < rows; k++) orig += (double)a[k * cols + j] * a[k * cols + j];
+        float *x = a + j * len;
+        double orig = dot(x, x, len);
         double before = orig, after = orig;
         for (int pass = 0; pass < 2 && j > 0; pass++) {
             if (pass == 1 && after >= 0.5 * before) break;
             before = after;
+            double d = dot(a, x, len); /* with column 0 */
             for (int64_t i = 0; i < j; i++) {
-                double dot = 0;
-                for (int64_t k = 0; k < rows; k++) dot += (double)a[k * cols + i] * a[k * cols + j];
-                for (int64_t k = 0; k < rows; k++) a[k * cols + j] -= (float)dot * a[k * cols + i];
+                const float *next = i + 1 < j ? a + (i + 1) * len : x;
+                d = axpy_dot(x, (float)d, a + i * len, next, len);
             }
-            after = 0;
-            for (int64_t k = 0; k < rows; k++) after += (double)a[k * cols + j] * a[k * cols + j];
+            after = d; /* the last fused dot is x's own norm */
         }
-        double d = sqrt(after) + eps;
-        float inv = d > 0 && after > 1e-10 * orig ? (float)(1.0 / d) : 0.0f;
-        for (int64_t k = 0; k < rows; k++) a[k * cols + j] *= inv;
+        double dn = sqrt(after) + eps;
+        float inv = dn > 0 && after > 1e-10 * orig ? (float)(1.0 / dn) : 0.0f;
+        for (int64_t k = 0; k < len; k++) x[k] *= inv;
     }
 }
 
-/* out (n, r) = M (n, m) Q (m, r) */
-static void mul_mq(const float *M, const float *Q, float *out, int64_t n, int64_t m, int64_t r) {
-    for (int64_t a = 0; a < n; a++)
-        for (int64_t k = 0; k < r; k++) {
-            double acc = 0;
-            for (int64_t c = 0; c < m; c++) acc += (double)M[a * m + c] * Q[c * r + k];
-            out[a * r + k] = (float)acc;
-        }
+/* The low-rank products, in f32 on OpenBLAS on this thread alone (as
+ * PyTorch's torch.matmul in the gradient's dtype; one thread so that every
+ * rank computes P Q^T, which all must agree on, to the same bits). P and Q
+ * are kept transposed, Pt (r, n) and Qt (r, m), so that their columns are
+ * contiguous for orthogonalize. */
+
+/* Pt (r, n) = Qt (r, m) M^T: P = M Q */
+static fg_status mul_mq(const float *M, const float *Qt, float *Pt, int64_t n, int64_t m,
+                        int64_t r) {
+    return fg__ops_sgemm_serial(false, true, r, n, m, Qt, m, M, m, 0.0f, Pt, n);
 }
 
-/* out (m, r) = M^T (m, n) P (n, r) */
-static void mul_mtp(const float *M, const float *P, float *out, int64_t n, int64_t m, int64_t r) {
-    for (int64_t c = 0; c < m; c++)
-        for (int64_t k = 0; k < r; k++) {
-            double acc = 0;
-            for (int64_t a = 0; a < n; a++) acc += (double)M[a * m + c] * P[a * r + k];
-            out[c * r + k] = (float)acc;
-        }
+/* Qt (r, m) = Pt (r, n) M: Q = M^T P */
+static fg_status mul_mtp(const float *M, const float *Pt, float *Qt, int64_t n, int64_t m,
+                         int64_t r) {
+    return fg__ops_sgemm_serial(false, false, r, m, n, Pt, n, M, m, 0.0f, Qt, m);
 }
 
-/* M (n, m) = P (n, r) Q^T */
-static void mul_pqt(const float *P, const float *Q, float *M, int64_t n, int64_t m, int64_t r) {
-    for (int64_t a = 0; a < n; a++)
-        for (int64_t c = 0; c < m; c++) {
-            double acc = 0;
-            for (int64_t k = 0; k < r; k++) acc += (double)P[a * r + k] * Q[c * r + k];
-            M[a * m + c] = (float)acc;
-        }
+/* M (n, m) = Pt^T Qt: M = P Q^T */
+static fg_status mul_pqt(const float *Pt, const float *Qt, float *M, int64_t n, int64_t m,
+                         int64_t r) {
+    return fg__ops_sgemm_serial(true, false, n, m, r, Pt, n, Qt, m, 0.0f, M, m);
 }
 
 static fg_status grow(psgd *p, int64_t n) {
@@ -214,7 +244,7 @@ static fg_status run(void *state, const fg_ddp_bucket *b) {
         if (!as_matrix(p, b->params[i], &n, &m, &r)) continue;
         float *Q = pb->q + qo;
         if (!fresh) orthogonalize(Q, m, r, p->eps);
-        mul_mq(b->grad + b->param_offsets[i], Q, P + po, n, m, r);
+        FG_TRY(mul_mq(b->grad + b->param_offsets[i], Q, P + po, n, m, r));
         po += n * r;
         qo += m * r;
     }
@@ -225,7 +255,7 @@ static fg_status run(void *state, const fg_ddp_bucket *b) {
         int64_t n, m, r;
         if (!as_matrix(p, b->params[i], &n, &m, &r)) continue;
         orthogonalize(P + po, n, r, p->eps);
-        mul_mtp(b->grad + b->param_offsets[i], P + po, pb->q + qo, n, m, r);
+        FG_TRY(mul_mtp(b->grad + b->param_offsets[i], P + po, pb->q + qo, n, m, r));
         po += n * r;
         qo += m * r;
     }
@@ -237,7 +267,7 @@ static fg_status run(void *state, const fg_ddp_bucket *b) {
     for (int i = 0; i < b->nparams; i++) {
         int64_t n, m, r;
         if (!as_matrix(p, b->params[i], &n, &m, &r)) continue;
-        mul_pqt(P + po, pb->q + qo, b->grad + b->param_offsets[i], n, m, r);
+        FG_TRY(mul_pqt(P + po, pb->q + qo, b->grad + b->param_offsets[i], n, m, r));
         po += n * r;
         qo += m * r;
     }

@@ -3,7 +3,8 @@
  * rounding and hand the communicator half the bytes; powersgd is plain ddp
  * bitwise before start_powerSGD_iter, equals it within rounding at full
  * rank, trains an MLP at rank 1 with error feedback keeping (applied +
- * residual) equal to the true sum, and sends r (n + m) / (n m) of the bytes;
+ * residual) equal to the true sum, leaves every rank's weights equal bit for
+ * bit on ranks of different thread counts, and sends r (n + m) / (n m) of the bytes;
  * the fp16 wrapper halves those again; post_localsgd makes the ranks' weights
  * equal right after every period-th step and only then; a user hook runs
  * once per bucket in order; bad options are errors naming them. */
@@ -26,8 +27,9 @@ enum { C_NONE, C_EF, C_LOCALSGD };
 typedef struct cfg {
     int model, world, steps, check;
     int64_t B;
-    bool fixed_data; /* the same batch every step (a loss that can fall) */
-    bool user;       /* the recording user hook */
+    bool fixed_data;      /* the same batch every step (a loss that can fall) */
+    bool user;            /* the recording user hook */
+    bool threads_by_rank; /* rank r runs its kernels on r + 1 threads (else 1) */
     fg_ddp_opts ddp;
 } cfg;
 
@@ -104,7 +106,7 @@ static int hook_rank(int rank, int world, void *arg) {
     const cfg *c = &sh->c;
     fg_comm *comm = mp_join_shm(rank, world, sh->job, 60);
     if (!comm) return 1;
-    fg_set_num_threads(1);
+    fg_set_num_threads(c->threads_by_rank ? rank + 1 : 1);
     fg_module *m = make_model(c->model);
     fg_optimizer *o = fg_sgd_new(m, &(fg_sgd_opts){.lr = 0.1});
     fg_ddp_opts d = c->ddp;
@@ -190,6 +192,9 @@ static shared *run(cfg c) {
     shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     memset(sh, 0, sizeof *sh);
     sh->c = c;
+    /* no OpenMP threads in this process: a rank forked from it with a
+     * thread pool would wait forever on its copy of the pool */
+    fg_set_num_threads(1);
     fg_module *m = make_model(c.model);
     sh->n = fg_module_numel(m);
     fg_module_free(m);
@@ -295,6 +300,23 @@ TEST(powersgd_full_rank_equals_ddp) {
     CHECK(!memcmp(sh->params, sh->params + sh->n, sizeof(float) * (size_t)sh->n));
     done(sh);
     done(ref);
+}
+
+/* P Q^T, which every rank computes from the same P and Q, and the
+ * Gram-Schmidt of the reused Qs must come out the same on every rank
+ * whatever its thread count: products of 600 x 600 matrices, large enough
+ * for OpenBLAS to split across threads, on ranks of 1 and 2 threads. */
+TEST(powersgd_ranks_agree_bitwise_across_thread_counts) {
+    cfg c = k_base;
+    c.model = M_WIDE;
+    c.steps = 3;
+    c.threads_by_rank = true;
+    c.ddp.comm_hook = FG_DDP_HOOK_POWERSGD;
+    c.ddp.powersgd = (fg_powersgd_opts){.matrix_approximation_rank = 4, .start_powerSGD_iter = -1};
+    shared *sh = run(c);
+    CHECK(sh->bytes[0][2].last_step < sh->bytes[0][2].dense_step / 10);
+    CHECK(!memcmp(sh->params, sh->params + sh->n, sizeof(float) * (size_t)sh->n));
+    done(sh);
 }
 
 TEST(powersgd_rank1_trains_and_error_feedback_keeps_the_sum) {
