@@ -31,7 +31,7 @@ typedef struct psgd {
     uint64_t seed, draws;
     int nb;
     pbucket *b;
-    float *scratch; /* the input copy, the Ps (each as Pt (r, n)) and the uncompressed elements */
+    float *scratch; /* the Ps (each as Pt (r, n)) and the uncompressed elements */
     int64_t scratch_cap;
 } psgd;
 
@@ -217,16 +217,18 @@ static fg_status run(void *state, const fg_ddp_bucket *b) {
         nq += m * r;
     }
     int64_t nu = b->numel - nc;
-    /* scratch: [input copy (numel) | Ps (np) | uncompressed (nu)] */
-    FG_TRY(grow(p, b->numel + np + nu));
-    float *cp = p->scratch, *P = cp + b->numel, *U = P + np;
+    /* scratch: [Ps (np) | uncompressed (nu)] */
+    FG_TRY(grow(p, np + nu));
+    float *P = p->scratch, *U = P + np;
     if (p->ef) {
         if (!pb->err) {
             pb->err = fg_calloc((size_t)b->numel + 1, sizeof *pb->err);
             if (!pb->err) return fg_error_wrap(FG_ENOMEM, "powersgd");
         }
-        for (int64_t i = 0; i < b->numel; i++) b->grad[i] += pb->err[i];
-        memcpy(cp, b->grad, (size_t)b->numel * sizeof *cp);
+        /* the input (gradient + residual) in both: err keeps it until the
+         * residual is taken at the end */
+        float *restrict e = pb->err, *restrict g = b->grad;
+        for (int64_t i = 0; i < b->numel; i++) g[i] = e[i] += g[i];
     }
     bool fresh = !pb->q || !p->warm;
     if (!pb->q) {
@@ -272,8 +274,11 @@ static fg_status run(void *state, const fg_ddp_bucket *b) {
         qo += m * r;
     }
     pack(p, b, U, true);
-    if (p->ef)
-        for (int64_t i = 0; i < b->numel; i++) pb->err[i] = cp[i] - b->grad[i];
+    if (p->ef) { /* residual = input - what is applied */
+        float *restrict e = pb->err;
+        const float *restrict g = b->grad;
+        for (int64_t i = 0; i < b->numel; i++) e[i] -= g[i];
+    }
     return FG_OK;
 }
 
