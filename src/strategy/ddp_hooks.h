@@ -31,5 +31,8 @@ extern const fg_ddp_hook_vt fg__hook_fp16, fg__hook_bf16, fg__hook_powersgd, fg_
  * (its numel elements), NULL before the first compressed backward or
  * without powersgd. */
 const float *fg__powersgd_residual(const fg_strategy *s, int b);
+/* hook_powersgd.c, for the tests: the hook's Gram-Schmidt on the `cols`
+ * contiguous columns of length `len` at a (column j at a + j len). */
+void fg__powersgd_orthogonalize(float *a, int64_t len, int64_t cols, double eps);
 
 #endif

@@ -288,5 +288,9 @@ const float *fg__powersgd_residual(const fg_strategy *s, int b) {
     return p->b && b >= 0 && b < p->nb ? p->b[b].err : NULL;
 }
 
+void fg__powersgd_orthogonalize(float *a, int64_t len, int64_t cols, double eps) {
+    orthogonalize(a, len, cols, eps);
+}
+
 const fg_ddp_hook_vt fg__hook_powersgd = {
     .name = "powersgd", .state_new = state_new, .state_free = state_free, .run = run};

@@ -4,10 +4,11 @@
  * bitwise before start_powerSGD_iter, equals it within rounding at full
  * rank, trains an MLP at rank 1 with error feedback keeping (applied +
  * residual) equal to the true sum, leaves every rank's weights equal bit for
- * bit on ranks of different thread counts, and sends r (n + m) / (n m) of the bytes;
- * the fp16 wrapper halves those again; post_localsgd makes the ranks' weights
- * equal right after every period-th step and only then; a user hook runs
- * once per bucket in order; bad options are errors naming them. */
+ * bit on ranks of different thread counts, orthogonalizes as PyTorch's
+ * Gram-Schmidt within f32 rounding (tests/ref/gen_powersgd_ref.py), and sends r (n + m) / (n m) of
+ * the bytes; the fp16 wrapper halves those again; post_localsgd makes the ranks' weights equal
+ * right after every period-th step and only then; a user hook runs once per bucket in order; bad
+ * options are errors naming them. */
 #include <math.h>
 #include <stdio.h>
 #include <sys/mman.h>
@@ -15,6 +16,7 @@
 #include "fulgur/strategy.h"
 #include "harness.h"
 #include "mp_join.h"
+#include "ref/ref_file.h"
 #include "strategy/ddp_hooks.h"
 #include "strategy/strategy_impl.h"
 
@@ -317,6 +319,54 @@ TEST(powersgd_ranks_agree_bitwise_across_thread_counts) {
     CHECK(sh->bytes[0][2].last_step < sh->bytes[0][2].dense_step / 10);
     CHECK(!memcmp(sh->params, sh->params + sh->n, sizeof(float) * (size_t)sh->n));
     done(sh);
+}
+
+/* The hook's Gram-Schmidt against PyTorch's _orthogonalize_gram_schmidt
+ * (tests/ref/gen_powersgd_ref.py): within f32 rounding of PyTorch's float64
+ * result and of its float32 one, also where a column loses most of its norm
+ * to the projections and fulgur projects it twice ("close"). */
+TEST(powersgd_gram_schmidt_matches_pytorch) {
+    ref_file *ref = ref_open(fg_test_path("ref/powersgd_ref.bin"));
+    CHECK(ref);
+    if (!ref) return;
+    const char *cases[] = {"wide", "square", "close"};
+    for (int k = 0; k < 3; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s.in", cases[k]);
+        const ref_array *in = ref_get(ref, name);
+        snprintf(name, sizeof name, "%s.f32", cases[k]);
+        const ref_array *o32 = ref_get(ref, name);
+        snprintf(name, sizeof name, "%s.f64", cases[k]);
+        const ref_array *o64 = ref_get(ref, name);
+        snprintf(name, sizeof name, "%s.eps", cases[k]);
+        const ref_array *eps = ref_get(ref, name);
+        CHECK(in && o32 && o64 && eps);
+        if (!in || !o32 || !o64 || !eps) continue;
+        int64_t n = in->shape[0], r = in->shape[1];
+        float *a = malloc(sizeof *a * (size_t)(n * r)); /* column-major, as the hook keeps P */
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < r; j++) a[j * n + i] = (float)ref_at(in, i * r + j);
+        fg__powersgd_orthogonalize(a, n, r, ref_at(eps, 0));
+        double d32 = 0, d64 = 0, mx = 0;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < r; j++) {
+                double v = a[j * n + i], w = ref_at(o64, i * r + j);
+                d32 = fmax(d32, fabs(v - ref_at(o32, i * r + j)));
+                d64 = fmax(d64, fabs(v - w));
+                mx = fmax(mx, fabs(w));
+            }
+        /* entries are about 1 / sqrt(n); f32 rounding of the projections */
+        CHECK_MSG(d64 <= 1e-5 * mx, "%s: %.3g from PyTorch's float64 (largest entry %.3g)",
+                  cases[k], d64, mx);
+        CHECK_MSG(d32 <= 2e-5 * mx, "%s: %.3g from PyTorch's float32 (largest entry %.3g)",
+                  cases[k], d32, mx);
+        fprintf(stderr,
+                "  %s (%lld x %lld): %.2g of the largest entry from PyTorch's f64, %.2g "
+                "from its f32\n",
+                cases[k], (long long)n, (long long)r, d64 / mx, d32 / mx);
+        free(a);
+    }
+    ref_close(ref);
 }
 
 TEST(powersgd_rank1_trains_and_error_feedback_keeps_the_sum) {
