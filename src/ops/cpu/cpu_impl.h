@@ -43,6 +43,9 @@ extern const fg_op_table fg__cpu_ops;
  * 32 KiB: in L1 between the phases) */
 #define FG_SM_BLOCK 8
 #define FG_SM_BLOCK_N 1024
+/* layernorm.c's forward blocks: rows a block, the longest row (32 KiB) */
+#define FG_LN_BLOCK 8
+#define FG_LN_BLOCK_N 1024
 
 typedef struct fg__vk {
     fg_isa isa;
@@ -78,6 +81,10 @@ typedef struct fg__vk {
      * and into the chunk sums aw, ab (NULL: none) */
     void (*ln_fwd_row)(const float *x, const float *w, const float *b, int64_t C, double eps,
                        float *y, float *mean, float *rstd);
+    /* the same over a block of rows <= FG_LN_BLOCK (the same bits as the
+     * row kernel, faster on short rows) */
+    void (*ln_fwd_rows)(const float *x, const float *w, const float *b, int64_t C, double eps,
+                        float *y, float *mean, float *rstd, int64_t rows);
     void (*ln_bwd_row)(const float *x, const float *dy, const float *w, float mean, float rstd,
                        int64_t C, float *dx, float *aw, float *ab);
     /* dropout.c, elements [0, n) with draws offset .. offset + n - 1 of

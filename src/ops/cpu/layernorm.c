@@ -71,7 +71,18 @@ fg_status fg__cpu_layernorm_fwd(const fg_tensor *x, const fg_tensor *w, const fg
     int64_t work = x->numel;
     const fg__vk *vk;
     FG_TRY(fg__vk_get(&vk));
-    if (x->dtype == FG_F32 && vk->ln_fwd_row) {
+    if (x->dtype == FG_F32 && vk->ln_fwd_rows && C >= 1 && C <= FG_LN_BLOCK_N) {
+        const float *px = x->data, *pw = w ? w->data : NULL, *pb = b ? b->data : NULL;
+        float *py = y->data, *pm = mean->data, *pr = rstd->data;
+        int64_t nb = (N + FG_LN_BLOCK - 1) / FG_LN_BLOCK;
+FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
+for (int64_t bl = 0; bl < nb; bl++) {
+    int64_t i0 = bl * FG_LN_BLOCK, k = N - i0 < FG_LN_BLOCK ? N - i0 : FG_LN_BLOCK;
+    vk->ln_fwd_rows(px + i0 * C, pw, pb, C, eps, py + i0 * C, pm + i0, pr + i0, k);
+}
+return FG_OK;
+    }
+    if (x->dtype == FG_F32 && vk->ln_fwd_row && C >= 1) {
         const float *px = x->data, *pw = w ? w->data : NULL, *pb = b ? b->data : NULL;
         float *py = y->data, *pm = mean->data, *pr = rstd->data;
 FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))

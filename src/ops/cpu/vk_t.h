@@ -444,26 +444,40 @@ static void vk_att_exp_row(float *s, int lds, int n, float l) {
 
 /* ------------------------------------------------------------- layernorm */
 
-/* layernorm.c's forward row: x, y (C), w and b (C) or NULL */
-static void vk_ln_fwd_row(const float *x, const float *w, const float *b, int64_t C, double eps,
-                          float *y, float *mean, float *rstd) {
+/* layernorm.c's forward, in three steps a row: the mean, rstd, the
+ * output. The row kernel runs them in turn; vk_ln_fwd_rows runs each over
+ * a block of rows before the next (the same bits): a row's steps wait on
+ * each other (two sums, each ending in a horizontal reduction, then a
+ * square root and a division in double), a step's rows do not. */
+
+/* the mean of x (C), summed after shifting by x[0] */
+static inline float ln_mean(const float *x, int64_t C) {
     /* four accumulators per sum: the adds of a row wait on each other, and
      * at C = 256 on AVX2 two chains left the row's latency the bound */
     float x0 = x[0];
     vf b0 = v_set1(x0), s0 = v_zero(), s1 = v_zero(), s2 = v_zero(), s3 = v_zero();
+    /* x - x0 as x 1 - x0, one rounding: the same value, from the
+     * multiply-add units, which this pass leaves idle where the adders
+     * are its bound */
+    vf one = v_set1(1.0f), nb0 = v_set1(-x0);
     int64_t j = 0;
     for (; j + 4 * VK_W <= C; j += 4 * VK_W) {
-        s0 = v_add(s0, v_sub(v_load(x + j), b0));
-        s1 = v_add(s1, v_sub(v_load(x + j + VK_W), b0));
-        s2 = v_add(s2, v_sub(v_load(x + j + 2 * VK_W), b0));
-        s3 = v_add(s3, v_sub(v_load(x + j + 3 * VK_W), b0));
+        s0 = v_add(s0, v_fma(v_load(x + j), one, nb0));
+        s1 = v_add(s1, v_fma(v_load(x + j + VK_W), one, nb0));
+        s2 = v_add(s2, v_fma(v_load(x + j + 2 * VK_W), one, nb0));
+        s3 = v_add(s3, v_fma(v_load(x + j + 3 * VK_W), one, nb0));
     }
-    for (; j + VK_W <= C; j += VK_W) s0 = v_add(s0, v_sub(v_load(x + j), b0));
+    for (; j + VK_W <= C; j += VK_W) s0 = v_add(s0, v_fma(v_load(x + j), one, nb0));
     vmask k = v_first(C - j);
     s1 = v_add(s1, v_keep(k, v_sub(v_load_n(x + j, k), b0)));
-    float m = x0 + v_hsum(v_add(v_add(s0, s1), v_add(s2, s3))) / (float)C;
+    return x0 + v_hsum(v_add(v_add(s0, s1), v_add(s2, s3))) / (float)C;
+}
+
+/* 1 / sqrt(var + eps), var the mean of (x - m)^2 */
+static inline float ln_rstd(const float *x, int64_t C, float m, double eps) {
     vf bm = v_set1(m), v0 = v_zero(), v1 = v_zero(), v2 = v_zero(), v3 = v_zero();
-    for (j = 0; j + 4 * VK_W <= C; j += 4 * VK_W) {
+    int64_t j = 0;
+    for (; j + 4 * VK_W <= C; j += 4 * VK_W) {
         vf d0 = v_sub(v_load(x + j), bm), d1 = v_sub(v_load(x + j + VK_W), bm);
         vf d2 = v_sub(v_load(x + j + 2 * VK_W), bm), d3 = v_sub(v_load(x + j + 3 * VK_W), bm);
         v0 = v_fma(d0, d0, v0);
@@ -475,19 +489,52 @@ static void vk_ln_fwd_row(const float *x, const float *w, const float *b, int64_
         vf d = v_sub(v_load(x + j), bm);
         v0 = v_fma(d, d, v0);
     }
+    vmask k = v_first(C - j);
     vf d = v_keep(k, v_sub(v_load_n(x + j, k), bm));
     v1 = v_fma(d, d, v1);
     v0 = v_add(v_add(v0, v1), v_add(v2, v3));
-    float r = (float)(1 / sqrt((double)v_hsum(v0) / (double)C + eps));
-    *mean = m;
-    *rstd = r;
-    vf br = v_set1(r), one = v_set1(1.0f), zero = v_zero();
-    for (j = 0; j + VK_W <= C; j += VK_W) {
+    return (float)(1 / sqrt((double)v_hsum(v0) / (double)C + eps));
+}
+
+/* y = (x - m) r w + b, w and b (C) or NULL */
+static inline void ln_out(const float *x, const float *w, const float *b, int64_t C, float m,
+                          float r, float *y) {
+    vf bm = v_set1(m), br = v_set1(r), one = v_set1(1.0f), zero = v_zero();
+    int64_t j = 0;
+    if (w && b) /* the common case without the tests of w and b in the loop */
+        for (; j + 2 * VK_W <= C; j += 2 * VK_W) {
+            vf a = v_fma(v_mul(v_sub(v_load(x + j), bm), br), v_load(w + j), v_load(b + j));
+            vf c = v_fma(v_mul(v_sub(v_load(x + j + VK_W), bm), br), v_load(w + j + VK_W),
+                         v_load(b + j + VK_W));
+            v_store(y + j, a);
+            v_store(y + j + VK_W, c);
+        }
+    for (; j + VK_W <= C; j += VK_W) {
         vf wv = w ? v_load(w + j) : one, bv = b ? v_load(b + j) : zero;
         v_store(y + j, v_fma(v_mul(v_sub(v_load(x + j), bm), br), wv, bv));
     }
+    vmask k = v_first(C - j);
     vf wv = w ? v_load_n(w + j, k) : one, bv = b ? v_load_n(b + j, k) : zero;
     v_store_n(y + j, k, v_fma(v_mul(v_sub(v_load_n(x + j, k), bm), br), wv, bv));
+}
+
+/* layernorm.c's forward row: x, y (C), w and b (C) or NULL */
+static void vk_ln_fwd_row(const float *x, const float *w, const float *b, int64_t C, double eps,
+                          float *y, float *mean, float *rstd) {
+    float m = ln_mean(x, C), r = ln_rstd(x, C, m, eps);
+    *mean = m;
+    *rstd = r;
+    ln_out(x, w, b, C, m, r, y);
+}
+
+/* the same over rows <= FG_LN_BLOCK rows of C, in steps over the block:
+ * every row's mean, then every row's rstd, then the outputs (the block of
+ * rows stays in L1 for C <= FG_LN_BLOCK_N) */
+static void vk_ln_fwd_rows(const float *x, const float *w, const float *b, int64_t C, double eps,
+                           float *y, float *mean, float *rstd, int64_t rows) {
+    for (int64_t r = 0; r < rows; r++) mean[r] = ln_mean(x + r * C, C);
+    for (int64_t r = 0; r < rows; r++) rstd[r] = ln_rstd(x + r * C, C, mean[r], eps);
+    for (int64_t r = 0; r < rows; r++) ln_out(x + r * C, w, b, C, mean[r], rstd[r], y + r * C);
 }
 
 /* One vector of layernorm.c's backward row: dx += r (g w - a - xh c) with
@@ -739,7 +786,7 @@ static uint32_t vk_philox_xor(uint64_t seed, uint64_t offset, int64_t n) {
     .ce_bwd_row = vk_ce_bwd_row, .ce_lse_rows = vk_ce_lse_rows,                                    \
     .log_softmax_rows = vk_log_softmax_rows, .ce_bwd_rows = vk_ce_bwd_rows,                        \
     .att_softmax_row = vk_att_softmax_row, .att_exp_row = vk_att_exp_row,                          \
-    .ln_fwd_row = vk_ln_fwd_row, .ln_bwd_row = vk_ln_bwd_row, .dropout = vk_dropout,               \
+    .ln_fwd_row = vk_ln_fwd_row, .ln_fwd_rows = vk_ln_fwd_rows, .ln_bwd_row = vk_ln_bwd_row, .dropout = vk_dropout,               \
     .exp = vk_exp, .philox_xor = vk_philox_xor
 
 #endif
