@@ -456,18 +456,14 @@ static inline float ln_mean(const float *x, int64_t C) {
      * at C = 256 on AVX2 two chains left the row's latency the bound */
     float x0 = x[0];
     vf b0 = v_set1(x0), s0 = v_zero(), s1 = v_zero(), s2 = v_zero(), s3 = v_zero();
-    /* x - x0 as x 1 - x0, one rounding: the same value, from the
-     * multiply-add units, which this pass leaves idle where the adders
-     * are its bound */
-    vf one = v_set1(1.0f), nb0 = v_set1(-x0);
     int64_t j = 0;
     for (; j + 4 * VK_W <= C; j += 4 * VK_W) {
-        s0 = v_add(s0, v_fma(v_load(x + j), one, nb0));
-        s1 = v_add(s1, v_fma(v_load(x + j + VK_W), one, nb0));
-        s2 = v_add(s2, v_fma(v_load(x + j + 2 * VK_W), one, nb0));
-        s3 = v_add(s3, v_fma(v_load(x + j + 3 * VK_W), one, nb0));
+        s0 = v_add(s0, v_sub(v_load(x + j), b0));
+        s1 = v_add(s1, v_sub(v_load(x + j + VK_W), b0));
+        s2 = v_add(s2, v_sub(v_load(x + j + 2 * VK_W), b0));
+        s3 = v_add(s3, v_sub(v_load(x + j + 3 * VK_W), b0));
     }
-    for (; j + VK_W <= C; j += VK_W) s0 = v_add(s0, v_fma(v_load(x + j), one, nb0));
+    for (; j + VK_W <= C; j += VK_W) s0 = v_add(s0, v_sub(v_load(x + j), b0));
     vmask k = v_first(C - j);
     s1 = v_add(s1, v_keep(k, v_sub(v_load_n(x + j, k), b0)));
     return x0 + v_hsum(v_add(v_add(s0, s1), v_add(s2, s3))) / (float)C;
