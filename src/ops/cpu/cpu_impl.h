@@ -37,7 +37,7 @@ extern const fg_op_table fg__cpu_ops;
  * loop, the one it runs for f64 (compiled for the build's -march), which is
  * the reference the vector paths are tested against. Rows have n >= 1. */
 /* loss.c's blocks of short rows: rows a block, the longest row */
-#define FG_CE_BLOCK 16
+#define FG_CE_BLOCK 64
 #define FG_CE_BLOCK_N 256
 /* softmax.c's blocks of log_softmax rows: rows a block, the longest row (a block of
  * 32 KiB: in L1 between the phases) */

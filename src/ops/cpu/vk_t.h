@@ -310,23 +310,34 @@ static void vk_ce_bwd_row(const float *x, float *dx, int64_t n, int64_t t, doubl
  * (lanes r < rows) the rows' max and sum of exp(x - max); e (when not NULL,
  * rows of n) each row's exps on [0, q); te[j VK_W + r] those of column
  * q + j. */
+/* the max of a row's whole vectors [0, q) in lanes, x[0] where q = 0 */
+static inline vf ce_pmax(const float *xr, int64_t q) {
+    vf m0 = v_set1(xr[0]), m1 = m0; /* two chains */
+    int64_t j = 0;
+    for (; j + 2 * VK_W <= q; j += 2 * VK_W) {
+        m0 = v_max(v_load(xr + j), m0);
+        m1 = v_max(v_load(xr + j + VK_W), m1);
+    }
+    if (j < q) m0 = v_max(v_load(xr + j), m0);
+    return v_max(m0, m1);
+}
+
+/* ce_pmax of rows [0, rows) of x into p, zero in p[rows, VK_W) */
+static inline void ce_pmax_rows(const float *x, int64_t n, int64_t rows, vf *p) {
+    int64_t q = n / VK_W * VK_W;
+    for (int64_t r = 0; r < VK_W; r++) p[r] = r < rows ? ce_pmax(x + r * n, q) : v_zero();
+}
+
+/* p holds ce_pmax_rows of the block on entry; pn (when xn is not NULL)
+ * gets that of the next block's rn rows, xn: their loads and maxes go
+ * into the loop of this block's exps, where the core has room for them,
+ * instead of into a phase of their own that waits on memory and on the
+ * maxes' chains (the same values either way) */
 static inline void ce_block(const float *x, int64_t n, int64_t rows, float *e, float *te, vf *m,
-                            vf *s) {
+                            vf *s, vf *p, const float *xn, int64_t rn, vf *pn) {
     int64_t q = n / VK_W * VK_W, nt = n - q;
     vmask live = v_first(rows);
-    vf p[VK_W], tc[VK_W];
-    for (int64_t r = rows; r < VK_W; r++) p[r] = v_zero();
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * n;
-        vf m0 = v_set1(xr[0]), m1 = m0; /* two chains */
-        int64_t j = 0;
-        for (; j + 2 * VK_W <= q; j += 2 * VK_W) {
-            m0 = v_max(v_load(xr + j), m0);
-            m1 = v_max(v_load(xr + j + VK_W), m1);
-        }
-        if (j < q) m0 = v_max(v_load(xr + j), m0);
-        p[r] = v_max(m0, m1);
-    }
+    vf tc[VK_W];
     vf bm = v_max_rows(p);
     for (int64_t j = 0; j < nt; j++) {
         tc[j] = v_gather_n(x + q + j, n, live);
@@ -369,7 +380,9 @@ static inline void ce_block(const float *x, int64_t n, int64_t rows, float *e, f
             s0 = v_add(s0, a);
         }
         p[r] = v_add(s0, s1);
+        if (xn) pn[r] = r < rn ? ce_pmax(xn + r * n, q) : v_zero();
     }
+    for (int64_t r = rows; xn && r < VK_W; r++) pn[r] = r < rn ? ce_pmax(xn + r * n, q) : v_zero();
     vf sum = v_add_rows(p), ts = v_zero();
     for (int64_t j = 0; j < nt; j++) {
         vf a = v_keep(live, v_exp_sat(v_sub(tc[j], bm)));
@@ -382,10 +395,14 @@ static inline void ce_block(const float *x, int64_t n, int64_t rows, float *e, f
 
 /* lse[r] = logsumexp of row r, rows <= FG_CE_BLOCK */
 static void vk_ce_lse_rows(const float *x, int64_t n, int64_t rows, double *lse) {
+    vf p[VK_W], pn[VK_W];
+    ce_pmax_rows(x, n, rows < VK_W ? rows : VK_W, p);
     for (int64_t r0 = 0; r0 < rows; r0 += VK_W) {
-        int64_t k = rows - r0 < VK_W ? rows - r0 : VK_W;
+        int64_t k = rows - r0 < VK_W ? rows - r0 : VK_W, r1 = r0 + VK_W;
+        int64_t kn = rows - r1 < VK_W ? rows - r1 : VK_W;
         vf bm, bs;
-        ce_block(x + r0 * n, n, k, NULL, NULL, &bm, &bs);
+        ce_block(x + r0 * n, n, k, NULL, NULL, &bm, &bs, p, kn > 0 ? x + r1 * n : NULL, kn, pn);
+        for (int64_t r = 0; r < VK_W; r++) p[r] = pn[r];
         float m[VK_W], s[VK_W];
         v_store(m, bm);
         v_store(s, bs);
@@ -399,10 +416,14 @@ static void vk_ce_bwd_rows(const float *x, float *dx, int64_t n, int64_t rows, c
                            int64_t ignore, double scale) {
     float e[VK_W * FG_CE_BLOCK_N], te[VK_W * VK_W];
     int64_t q = n / VK_W * VK_W;
+    vf p[VK_W], pn[VK_W];
+    ce_pmax_rows(x, n, rows < VK_W ? rows : VK_W, p);
     for (int64_t r0 = 0; r0 < rows; r0 += VK_W) {
-        int64_t k = rows - r0 < VK_W ? rows - r0 : VK_W;
+        int64_t k = rows - r0 < VK_W ? rows - r0 : VK_W, r1 = r0 + VK_W;
+        int64_t kn = rows - r1 < VK_W ? rows - r1 : VK_W;
         vf bm, bs;
-        ce_block(x + r0 * n, n, k, e, te, &bm, &bs);
+        ce_block(x + r0 * n, n, k, e, te, &bm, &bs, p, kn > 0 ? x + r1 * n : NULL, kn, pn);
+        for (int64_t r = 0; r < VK_W; r++) p[r] = pn[r];
         float s[VK_W];
         v_store(s, bs);
         for (int64_t r = 0; r < k; r++) {
