@@ -39,9 +39,8 @@ extern const fg_op_table fg__cpu_ops;
 /* loss.c's blocks of short rows: rows a block, the longest row */
 #define FG_CE_BLOCK 64
 #define FG_CE_BLOCK_N 256
-/* softmax.c's blocks of log_softmax rows: rows a block, the longest row (a block of
- * 32 KiB: in L1 between the phases) */
-#define FG_SM_BLOCK 8
+/* softmax.c's blocks of log_softmax rows: rows a call, the longest row */
+#define FG_SM_BLOCK 64
 #define FG_SM_BLOCK_N 1024
 /* layernorm.c's forward blocks: rows a block, the longest row (32 KiB) */
 #define FG_LN_BLOCK 8
