@@ -380,9 +380,10 @@ ISA_TEST(cross_entropy) {
 ISA_TEST(cross_entropy_short_rows) {
     static const int64_t VS[] = {1,  2,   15,  16,  17,  31,  33,  63,
                                  65, 127, 129, 191, 193, 255, 256, 257};
-    static const int64_t NS[] = {1, 5, 17, 40};
+    /* 150: calls of 64 rows (loss.c) and a partial one, blocks of 8 or 16 in each */
+    static const int64_t NS[] = {1, 5, 17, 40, 150};
     for (int vi = 0; vi < (int)(sizeof VS / sizeof VS[0]); vi++)
-        for (int ni = 0; ni < 4; ni++) {
+        for (int ni = 0; ni < 5; ni++) {
             int64_t V = VS[vi], N = NS[ni], s[] = {N, V};
             for (int special = 0; special < 2; special++) {
                 fg_tensor *x = randn(2, s, 70 + (uint64_t)(vi * 8 + ni), 3.0);
@@ -586,6 +587,84 @@ ISA_TEST(layernorm) {
 }
 
 /* ------------------------------------------------------------------ dropout */
+
+/* The row kernels that run over blocks of rows (layernorm's forward in
+ * blocks of 8, log_softmax's forward in a pipeline over 64 rows,
+ * cross-entropy in calls of 64 rows, 8 or 16 at a time, the next block's
+ * maxes in this block's loop) give each row what the row alone gives, bit
+ * for bit, wherever it sits (block edges, partial blocks, the last rows of
+ * a call): a recomputed row (activation checkpointing) is the same row. And
+ * layernorm with only a weight or only a bias, against the scalar path. */
+ISA_TEST(rows_do_not_depend_on_their_neighbours) {
+    static const int64_t CS[] = {1, 7, 17, 65, 256, 257, 1024, 1025};
+    static const int64_t PICK[] = {0, 5, 7, 8, 9, 15, 16, 63, 64, 65, 127, 128, 149};
+    const int64_t N = 150, one = 1;
+    for (int ci = 0; ci < 8; ci++) {
+        int64_t C = CS[ci], s[] = {N, C}, s1[] = {1, C};
+        fg_tensor *x = randn(2, s, 90 + (uint64_t)ci, 3.0);
+        for (int64_t j = 0; j < C; j++) F(x)[64 * C + j] += 1e3f; /* a row far from 0 */
+        fg_tensor *w = randn(1, &C, 91, 1.0), *b = randn(1, &C, 92, 1.0);
+        fg_tensor *y = fg_empty_like(x), *m = fg_empty(FG_F32, 1, &N), *r = fg_empty(FG_F32, 1, &N);
+        fg_tensor *ls = fg_empty_like(x), *x1 = fg_empty(FG_F32, 2, s1), *y1 = fg_empty_like(x1);
+        fg_tensor *m1 = fg_empty(FG_F32, 1, &one), *r1 = fg_empty(FG_F32, 1, &one);
+        fg_tensor *ys = fg_empty_like(x), *ms = fg_empty(FG_F32, 1, &N),
+                  *rs = fg_empty(FG_F32, 1, &N);
+        for (int aff = 0; aff < 4; aff++) { /* none, w and b, w, b */
+            const fg_tensor *pw = aff == 1 || aff == 2 ? w : NULL;
+            const fg_tensor *pb = aff == 1 || aff == 3 ? b : NULL;
+            CHECK_OK(ops()->layernorm_fwd(x, pw, pb, 1e-5, y, m, r));
+            ON_SCALAR(isa, ops()->layernorm_fwd(x, pw, pb, 1e-5, ys, ms, rs));
+            double t = 4e-6 * (1 + sqrt((double)C) / 8);
+            CHECK_MSG(far_f("y", F(y), F(ys), N * C, t, t) == 0, "layernorm %s C %lld aff %d",
+                      fg_isa_name(isa), (long long)C, aff);
+            for (int k = 0; k < (int)(sizeof PICK / sizeof PICK[0]); k++) {
+                int64_t i = PICK[k];
+                memcpy(F(x1), F(x) + i * C, sizeof(float) * (size_t)C);
+                CHECK_OK(ops()->layernorm_fwd(x1, pw, pb, 1e-5, y1, m1, r1));
+                CHECK_MSG(memcmp(F(y1), F(y) + i * C, sizeof(float) * (size_t)C) == 0 &&
+                              F(m1)[0] == F(m)[i] && F(r1)[0] == F(r)[i],
+                          "layernorm %s C %lld aff %d: row %lld alone differs", fg_isa_name(isa),
+                          (long long)C, aff, (long long)i);
+            }
+        }
+        CHECK_OK(ops()->log_softmax_fwd(x, ls));
+        for (int k = 0; k < (int)(sizeof PICK / sizeof PICK[0]); k++) {
+            int64_t i = PICK[k];
+            memcpy(F(x1), F(x) + i * C, sizeof(float) * (size_t)C);
+            CHECK_OK(ops()->log_softmax_fwd(x1, y1));
+            CHECK_MSG(memcmp(F(y1), F(ls) + i * C, sizeof(float) * (size_t)C) == 0,
+                      "log_softmax %s C %lld: row %lld alone differs", fg_isa_name(isa),
+                      (long long)C, (long long)i);
+        }
+        /* cross-entropy: a row's loss (the others ignored) and dlogits */
+        fg_tensor *t = fg_empty(FG_I32, 1, &N), *t1 = fg_empty(FG_I32, 1, &one);
+        fg_tensor *loss = fg_empty(FG_F32, 0, NULL), *l1 = fg_empty(FG_F32, 0, NULL);
+        fg_tensor *dx = fg_zeros(FG_F32, 2, s), *dx1 = fg_zeros(FG_F32, 2, s1);
+        int32_t *pt = fg_tensor_data(t);
+        for (int64_t i = 0; i < N; i++) pt[i] = (int32_t)((i * 13) % C);
+        int64_t cnt;
+        CHECK_OK(ops()->cross_entropy_bwd(x, t, -100, 1.0, N, dx));
+        for (int k = 0; k < (int)(sizeof PICK / sizeof PICK[0]); k++) {
+            int64_t i = PICK[k];
+            memcpy(F(x1), F(x) + i * C, sizeof(float) * (size_t)C);
+            ((int32_t *)fg_tensor_data(t1))[0] = pt[i];
+            memset(F(dx1), 0, sizeof(float) * (size_t)C);
+            CHECK_OK(ops()->cross_entropy_bwd(x1, t1, -100, 1.0, N, dx1));
+            CHECK_MSG(memcmp(F(dx1), F(dx) + i * C, sizeof(float) * (size_t)C) == 0,
+                      "cross_entropy_bwd %s V %lld: row %lld alone differs", fg_isa_name(isa),
+                      (long long)C, (long long)i);
+            for (int64_t q = 0; q < N; q++) pt[q] = q == i ? (int32_t)((q * 13) % C) : -100;
+            CHECK_OK(ops()->cross_entropy_fwd(x, t, -100, loss, &cnt));
+            CHECK_OK(ops()->cross_entropy_fwd(x1, t1, -100, l1, &cnt));
+            CHECK_MSG(F(loss)[0] == F(l1)[0],
+                      "cross_entropy %s V %lld: row %lld's loss %.9g, "
+                      "alone %.9g",
+                      fg_isa_name(isa), (long long)C, (long long)i, F(loss)[0], F(l1)[0]);
+            for (int64_t q = 0; q < N; q++) pt[q] = (int32_t)((q * 13) % C);
+        }
+        fg_step_reset();
+    }
+}
 
 ISA_TEST(dropout) {
     /* the last offsets put Philox's counter (offset / 4) across 2^32 */

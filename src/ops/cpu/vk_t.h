@@ -812,7 +812,7 @@ static uint32_t vk_philox_xor(uint64_t seed, uint64_t offset, int64_t n) {
     .ce_bwd_row = vk_ce_bwd_row, .ce_lse_rows = vk_ce_lse_rows,                                    \
     .log_softmax_rows = vk_log_softmax_rows, .ce_bwd_rows = vk_ce_bwd_rows,                        \
     .att_softmax_row = vk_att_softmax_row, .att_exp_row = vk_att_exp_row,                          \
-    .ln_fwd_row = vk_ln_fwd_row, .ln_fwd_rows = vk_ln_fwd_rows, .ln_bwd_row = vk_ln_bwd_row, .dropout = vk_dropout,               \
-    .exp = vk_exp, .philox_xor = vk_philox_xor
+    .ln_fwd_row = vk_ln_fwd_row, .ln_fwd_rows = vk_ln_fwd_rows, .ln_bwd_row = vk_ln_bwd_row,       \
+    .dropout = vk_dropout, .exp = vk_exp, .philox_xor = vk_philox_xor
 
 #endif
