@@ -249,6 +249,26 @@ ISA_TEST(gelu) {
     }
 }
 
+/* GELU's forward runs pieces of 256 elements in two passes and the rest a
+ * vector at a time: an element gives the same bits wherever it sits (x
+ * and x shifted by one to seven places, specials included) */
+ISA_TEST(gelu_same_bits_at_any_place) {
+    int64_t n = 3001;
+    fg_tensor *x = randn(1, &n, 15, 4.0);
+    for (int64_t i = 0; i < n; i += 7) F(x)[i] = SPECIAL[(i / 7) % NSPECIAL];
+    fg_tensor *y = fg_empty_like(x);
+    CHECK_OK(ops()->gelu_fwd(x, y));
+    for (int64_t sh = 1; sh < 8; sh++) {
+        int64_t m = n - sh;
+        fg_tensor *xs = fg_empty(FG_F32, 1, &m), *ys = fg_empty(FG_F32, 1, &m);
+        memcpy(F(xs), F(x) + sh, sizeof(float) * (size_t)m);
+        CHECK_OK(ops()->gelu_fwd(xs, ys));
+        CHECK_MSG(memcmp(F(ys), F(y) + sh, sizeof(float) * (size_t)m) == 0,
+                  "gelu %s: shifted by %lld, other bits", fg_isa_name(isa), (long long)sh);
+    }
+    fg_step_reset();
+}
+
 /* ------------------------------------------------------------------ softmax */
 
 /* rows of x (r, c): y = softmax or log_softmax in double */

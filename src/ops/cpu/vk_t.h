@@ -87,14 +87,35 @@ static inline vf gelu_grad1(vf v, vf g, vf d) {
     return v_fma(g, v_fma(k, du, s), d);
 }
 
-/* Two vectors an iteration: one vector's chain through exp is some 80
- * cycles long, and two independent ones let the core overlap them */
+/* gelu1 in two passes over a piece of GELU_PIECE elements in L1: e =
+ * exp(-|2u|) for the piece (stored), then x e / (1 + e) or x / (1 + e) by
+ * the sign of x (the sign of 2u = x (A + B x^2): A + B x^2 > 0) - the
+ * same operations on the same values as gelu1, the same bits. One vector's
+ * chain through u, exp and the division is some 75 cycles long, and the
+ * core keeps too few vectors in flight to cover it: the exp pass alone
+ * runs near the exp's rate, and the second pass is short. 1.08-1.12x on
+ * both ISAs at (2048, 256); pieces of 512 and 2048 measured no faster. */
+#define GELU_PIECE 256
+static inline vf gelu_e(vf v) {
+    return v_exp_sat(v_negabs(v_mul(v, v_fma(v_mul(v, v), v_set1(VK_GELU_B), v_set1(VK_GELU_A)))));
+}
+static inline vf gelu_y(vf v, vf e) {
+    return v_div(v_mul(v, v_select_neg(v, e, v_set1(1.0f))), v_add(v_set1(1.0f), e));
+}
+
 static void vk_gelu_fwd(const float *x, float *y, int64_t n) {
+    float eb[GELU_PIECE];
     int64_t i = 0;
-    for (; i + 2 * VK_W <= n; i += 2 * VK_W) {
-        vf a = gelu1(v_load(x + i)), b = gelu1(v_load(x + i + VK_W));
-        v_store(y + i, a);
-        v_store(y + i + VK_W, b);
+    for (; i + GELU_PIECE <= n; i += GELU_PIECE) {
+        const float *xp = x + i;
+        float *yp = y + i;
+        for (int j = 0; j < GELU_PIECE; j += 2 * VK_W) {
+            vf a = gelu_e(v_load(xp + j)), b = gelu_e(v_load(xp + j + VK_W));
+            v_store(eb + j, a);
+            v_store(eb + j + VK_W, b);
+        }
+        for (int j = 0; j < GELU_PIECE; j += VK_W)
+            v_store(yp + j, gelu_y(v_load(xp + j), v_load(eb + j)));
     }
     for (; i + VK_W <= n; i += VK_W) v_store(y + i, gelu1(v_load(x + i)));
     vmask m = v_first(n - i);
