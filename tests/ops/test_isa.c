@@ -616,10 +616,10 @@ ISA_TEST(layernorm) {
  * a call): a recomputed row (activation checkpointing) is the same row. And
  * layernorm with only a weight or only a bias, against the scalar path. */
 ISA_TEST(rows_do_not_depend_on_their_neighbours) {
-    static const int64_t CS[] = {1, 7, 17, 65, 256, 257, 1024, 1025};
+    static const int64_t CS[] = {1, 7, 17, 65, 256, 257, 512, 513, 1024, 1025};
     static const int64_t PICK[] = {0, 5, 7, 8, 9, 15, 16, 63, 64, 65, 127, 128, 149};
     const int64_t N = 150, one = 1;
-    for (int ci = 0; ci < 8; ci++) {
+    for (int ci = 0; ci < (int)(sizeof CS / sizeof CS[0]); ci++) {
         int64_t C = CS[ci], s[] = {N, C}, s1[] = {1, C};
         fg_tensor *x = randn(2, s, 90 + (uint64_t)ci, 3.0);
         for (int64_t j = 0; j < C; j++) F(x)[64 * C + j] += 1e3f; /* a row far from 0 */
