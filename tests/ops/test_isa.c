@@ -784,34 +784,42 @@ ISA_TEST(philox_primitive) {
 
 /* ------------------------------------------------------------------ threads */
 
+/* 1 and 2 threads: at C = 1031 the row kernels, at C = 200 and 500 the
+ * block kernels (layernorm, log_softmax, cross-entropy at 200), whose rows
+ * a call follow the thread count (64 on 1 thread and 32 on 2 at N = 150) */
 ISA_TEST(one_and_two_threads_give_the_same_bits) {
     int prev = fg_get_num_threads();
-    int64_t N = 301, C = 1031, s[] = {N, C}, n = N * C;
-    fg_tensor *x = randn(2, s, 90, 2.0), *dy = randn(2, s, 91, 1.0);
-    fg_tensor *w = randn(1, &C, 92, 1.0), *b = randn(1, &C, 93, 1.0);
-    fg_tensor *t = fg_empty(FG_I32, 1, &N);
-    for (int64_t i = 0; i < N; i++) ((int32_t *)fg_tensor_data(t))[i] = (int32_t)(i * 7 % C);
-    fg_tensor *out[2][9];
-    for (int th = 0; th < 2; th++) {
-        CHECK_OK(fg_set_num_threads(th + 1));
-        fg_tensor *g = fg_empty_like(x), *sm = fg_empty_like(x), *ln = fg_empty_like(x);
-        fg_tensor *m = fg_empty(FG_F32, 1, &N), *r = fg_empty(FG_F32, 1, &N);
-        fg_tensor *dx = fg_zeros_like(x), *dw = fg_zeros_like(w), *db = fg_zeros_like(b);
-        fg_tensor *dr = fg_empty_like(x), *loss = fg_empty(FG_F32, 0, NULL);
-        fg_tensor *dl = fg_zeros_like(x);
-        int64_t cnt;
-        CHECK_OK(ops()->gelu_fwd(x, g));
-        CHECK_OK(ops()->softmax_fwd(x, sm));
-        CHECK_OK(ops()->layernorm_fwd(x, w, b, 1e-5, ln, m, r));
-        CHECK_OK(ops()->layernorm_bwd(x, w, m, r, dy, dx, dw, db));
-        CHECK_OK(ops()->dropout_fwd(x, 0.2, 5, 7, dr));
-        CHECK_OK(ops()->cross_entropy_fwd(x, t, -100, loss, &cnt));
-        CHECK_OK(ops()->cross_entropy_bwd(x, t, -100, 1.0, cnt, dl));
-        fg_tensor *res[9] = {g, sm, ln, dx, dw, db, dr, loss, dl};
-        memcpy(out[th], res, sizeof res);
+    static const int64_t NS[] = {301, 150, 150}, CS[] = {1031, 200, 500};
+    for (int ci = 0; ci < 3; ci++) {
+        int64_t N = NS[ci], C = CS[ci], s[] = {N, C};
+        fg_tensor *x = randn(2, s, 90, 2.0), *dy = randn(2, s, 91, 1.0);
+        fg_tensor *w = randn(1, &C, 92, 1.0), *b = randn(1, &C, 93, 1.0);
+        fg_tensor *t = fg_empty(FG_I32, 1, &N);
+        for (int64_t i = 0; i < N; i++) ((int32_t *)fg_tensor_data(t))[i] = (int32_t)(i * 7 % C);
+        fg_tensor *out[2][10];
+        for (int th = 0; th < 2; th++) {
+            CHECK_OK(fg_set_num_threads(th + 1));
+            fg_tensor *g = fg_empty_like(x), *sm = fg_empty_like(x), *ln = fg_empty_like(x);
+            fg_tensor *m = fg_empty(FG_F32, 1, &N), *r = fg_empty(FG_F32, 1, &N);
+            fg_tensor *dx = fg_zeros_like(x), *dw = fg_zeros_like(w), *db = fg_zeros_like(b);
+            fg_tensor *dr = fg_empty_like(x), *loss = fg_empty(FG_F32, 0, NULL);
+            fg_tensor *dl = fg_zeros_like(x), *ls = fg_empty_like(x);
+            int64_t cnt;
+            CHECK_OK(ops()->gelu_fwd(x, g));
+            CHECK_OK(ops()->softmax_fwd(x, sm));
+            CHECK_OK(ops()->layernorm_fwd(x, w, b, 1e-5, ln, m, r));
+            CHECK_OK(ops()->layernorm_bwd(x, w, m, r, dy, dx, dw, db));
+            CHECK_OK(ops()->dropout_fwd(x, 0.2, 5, 7, dr));
+            CHECK_OK(ops()->cross_entropy_fwd(x, t, -100, loss, &cnt));
+            CHECK_OK(ops()->cross_entropy_bwd(x, t, -100, 1.0, cnt, dl));
+            CHECK_OK(ops()->log_softmax_fwd(x, ls));
+            fg_tensor *res[10] = {g, sm, ln, dx, dw, db, dr, loss, dl, ls};
+            memcpy(out[th], res, sizeof res);
+        }
+        for (int k = 0; k < 10; k++)
+            CHECK_MSG(same_bits(out[0][k], out[1][k]), "%s C %lld: result %d differs",
+                      fg_isa_name(isa), (long long)C, k);
+        fg_step_reset();
     }
-    for (int k = 0; k < 9; k++)
-        CHECK_MSG(same_bits(out[0][k], out[1][k]), "%s: result %d differs", fg_isa_name(isa), k);
     CHECK_OK(fg_set_num_threads(prev));
-    (void)n;
 }

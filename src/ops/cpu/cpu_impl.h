@@ -119,6 +119,15 @@ extern const fg__vk fg__vk_avx2, fg__vk_avx512;
  * value is not a name (see core/cpu_isa.h). */
 fg_status fg__vk_get(const fg__vk **vk);
 
+/* Rows a call of a block kernel (at most `most`, at least 8, fewer where
+ * the rows would not give each thread two calls): the kernels give a row
+ * the same bits whatever the block, so this may follow the thread count. */
+static inline int64_t fg__rows_per_call(int64_t rows, int64_t most) {
+    int64_t per = most, calls = 2 * (int64_t)fg_get_num_threads();
+    while (per > 8 && (rows + per - 1) / per < calls) per /= 2;
+    return per;
+}
+
 /* Elementwise f32 work goes to the vector kernels in pieces of this many
  * elements, the pieces split across threads. */
 #define FG_VK_PIECE 16384

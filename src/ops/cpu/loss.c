@@ -60,12 +60,12 @@ fg_status fg__cpu_cross_entropy_fwd(const fg_tensor *logits, const fg_tensor *ta
     FG_TRY(fg__vk_get(&vk));
     double *row = fg_step_alloc(sizeof(double) * (size_t)(N ? N : 1)); /* (N) */
     if (!row) return fg_error_wrap(FG_ENOMEM, "cross_entropy_fwd: %lld row losses", (long long)N);
-    int64_t nb = (N + FG_CE_BLOCK - 1) / FG_CE_BLOCK;
     if (logits->dtype == FG_F32 && vk->ce_lse_rows && V <= FG_CE_BLOCK_N) {
         const float *px = logits->data;
+        int64_t per = fg__rows_per_call(N, FG_CE_BLOCK), nb = (N + per - 1) / per;
 FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
 for (int64_t b = 0; b < nb; b++) {
-    int64_t i0 = b * FG_CE_BLOCK, rows = N - i0 < FG_CE_BLOCK ? N - i0 : FG_CE_BLOCK;
+    int64_t i0 = b * per, rows = N - i0 < per ? N - i0 : per;
     vk->ce_lse_rows(px + i0 * V, V, rows, row + i0);
     for (int64_t i = i0; i < i0 + rows; i++)
         row[i] = t[i] == ignore_index ? 0 : row[i] - (double)px[i * V + t[i]];
@@ -117,10 +117,10 @@ fg_status fg__cpu_cross_entropy_bwd(const fg_tensor *logits, const fg_tensor *ta
     if (logits->dtype == FG_F32 && vk->ce_bwd_rows && V <= FG_CE_BLOCK_N) {
         const float *px = logits->data;
         float *pd = dlogits->data;
-        int64_t nb = (N + FG_CE_BLOCK - 1) / FG_CE_BLOCK;
+        int64_t per = fg__rows_per_call(N, FG_CE_BLOCK), nb = (N + per - 1) / per;
 FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
 for (int64_t b = 0; b < nb; b++) {
-    int64_t i0 = b * FG_CE_BLOCK, rows = N - i0 < FG_CE_BLOCK ? N - i0 : FG_CE_BLOCK;
+    int64_t i0 = b * per, rows = N - i0 < per ? N - i0 : per;
     vk->ce_bwd_rows(px + i0 * V, pd + i0 * V, V, rows, t + i0, ignore_index, scale);
 }
 return FG_OK;

@@ -104,10 +104,10 @@ fg_status fg__cpu_log_softmax_fwd(const fg_tensor *x, fg_tensor *y) {
     if (x->dtype == FG_F32 && vk->log_softmax_rows && C <= FG_SM_BLOCK_N) {
         const float *px = x->data;
         float *py = y->data;
-        int64_t nb = (rows + FG_SM_BLOCK - 1) / FG_SM_BLOCK;
+        int64_t per = fg__rows_per_call(rows, FG_SM_BLOCK), nb = (rows + per - 1) / per;
 FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
 for (int64_t b = 0; b < nb; b++) {
-    int64_t r0 = b * FG_SM_BLOCK, k = rows - r0 < FG_SM_BLOCK ? rows - r0 : FG_SM_BLOCK;
+    int64_t r0 = b * per, k = rows - r0 < per ? rows - r0 : per;
     vk->log_softmax_rows(px + r0 * C, py + r0 * C, C, k);
 }
 return FG_OK;
