@@ -36,10 +36,12 @@ extern const fg_op_table fg__cpu_ops;
  * The scalar table's entries are all NULL: the op then runs its portable
  * loop, the one it runs for f64 (compiled for the build's -march), which is
  * the reference the vector paths are tested against. Rows have n >= 1. */
-/* loss.c's blocks of short rows: rows a block, the longest row */
+/* loss.c's blocks of short rows: rows a call at most (fg__rows_per_call), the
+ * longest row */
 #define FG_CE_BLOCK 64
 #define FG_CE_BLOCK_N 256
-/* softmax.c's blocks of log_softmax rows: rows a call, the longest row */
+/* softmax.c's blocks of log_softmax rows: rows a call at most
+ * (fg__rows_per_call), the longest row */
 #define FG_SM_BLOCK 64
 #define FG_SM_BLOCK_N 1024
 /* layernorm.c's forward blocks: rows a block, the longest row (16 KiB: at 1024, 0.95x) */

@@ -20,7 +20,9 @@
  * row of gradients (no offset to lose digits to).
  *
  * f32 rows go through the vector kernels of the ISA in use (cpu_impl.h's
- * fg__vk); the loops below are the f64 kernels and the scalar path. */
+ * fg__vk), the forward's short rows (C <= FG_LN_BLOCK_N) a block of
+ * FG_LN_BLOCK at a call, with the same bits; the loops below are the f64
+ * kernels and the scalar path. */
 #include "cpu_impl.h"
 #include "vmath.h"
 
