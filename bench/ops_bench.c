@@ -289,10 +289,12 @@ static void gelu_bwd_base(void *p) {
     }
 }
 
+/* the pair training runs (fn_loss.c): the backward from the forward's row
+ * maxes and sums (c->mean, (2, N) f64) */
 static void ce(void *p) {
     ctx *c = p;
-    ops->cross_entropy_fwd(c->x, c->tgt, -100, c->loss, &c->count);
-    ops->cross_entropy_bwd(c->x, c->tgt, -100, 1.0, c->count, c->dx);
+    ops->cross_entropy_fwd_stats(c->x, c->tgt, -100, c->loss, &c->count, c->mean);
+    ops->cross_entropy_bwd_stats(c->x, c->tgt, c->mean, -100, 1.0, c->count, c->dx);
 }
 /* llm.c: softmax into probs, then -log(probs[t]), then dlogits from probs */
 static void ce_base(void *p) {
@@ -550,6 +552,7 @@ int main(int argc, char **argv) {
         c.y = fg_tensor_new(FG_F32, 2, s);
         c.dx = fg_tensor_new(FG_F32, 2, s);
         c.loss = fg_tensor_new(FG_F32, 0, NULL);
+        c.mean = fg_tensor_new(FG_F64, 2, (int64_t[]){2, N});
         c.tgt = fg_tensor_new(FG_I32, 1, &N);
         int32_t *tg = fg_tensor_data(c.tgt);
         for (int64_t i = 0; i < N; i++) tg[i] = (int32_t)(i * 31 % V);

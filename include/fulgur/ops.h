@@ -85,6 +85,18 @@ typedef struct fg_op_table {
     fg_status (*cross_entropy_bwd)(const fg_tensor *logits, const fg_tensor *targets,
                                    int64_t ignore_index, double dloss, int64_t count,
                                    fg_tensor *dlogits);
+    /* The same pair, the forward also saving each row's max m and sum s of
+     * exp(logits - m) (its logsumexp is m + log(s)) into stats (2, N) f64
+     * (stats[0] the maxes), and the backward taking them instead of
+     * recomputing them: dlogits += dloss * (exp(logits - m) / s -
+     * onehot(target)) / count, one exp an element. The same bits as the
+     * pair above. */
+    fg_status (*cross_entropy_fwd_stats)(const fg_tensor *logits, const fg_tensor *targets,
+                                         int64_t ignore_index, fg_tensor *loss, int64_t *count,
+                                         fg_tensor *stats);
+    fg_status (*cross_entropy_bwd_stats)(const fg_tensor *logits, const fg_tensor *targets,
+                                         const fg_tensor *stats, int64_t ignore_index, double dloss,
+                                         int64_t count, fg_tensor *dlogits);
 
     /* ---- normalisation ---- */
     /* x (N, C), weight/bias (C) or NULL; y (N, C); mean, rstd (N) saved. */

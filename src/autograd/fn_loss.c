@@ -1,17 +1,22 @@
 /* Mean cross-entropy of logits (..., V) against i32 targets (...): the
  * leading dims flatten to N rows. The fused table kernels keep no softmax:
- * the node saves the (N, V) logits view, a copy of the (N) targets and the
- * count of rows that counted; the backward recomputes each row's softmax. */
+ * the node saves the (N, V) logits view, a copy of the (N) targets, the
+ * count of rows that counted and each row's max and sum of exps (2, N); the
+ * backward recomputes each row's softmax from them, one exp an element. */
 #include "autograd_impl.h"
 
-/* saved[0] = logits (N, V), saved[1] = targets (N); i[0] = ignore_index,
- * i[1] = count */
+/* saved[0] = logits (N, V), saved[1] = targets (N), saved[2] = the rows'
+ * max and sum of exps (2, N) f64 where the table has the stats pair (NULL:
+ * the backward recomputes them); i[0] = ignore_index, i[1] = count */
 static fg_status cross_entropy_bw(fg_node *n, const fg_tensor *g) {
     fg_tensor *gl = fg__grad_of(n->in[0]);
     fg_tensor *gl2 = gl ? fg_tensor_reshape_view(gl, 2, n->saved[0]->shape) : NULL; /* (N, V) */
     if (!gl2) return FG_ENOMEM;
-    return fg__ops(g)->cross_entropy_bwd(n->saved[0], n->saved[1], n->i[0], fg_item(g), n->i[1],
-                                         gl2);
+    const fg_op_table *ops = fg__ops(g);
+    if (n->saved[2])
+        return ops->cross_entropy_bwd_stats(n->saved[0], n->saved[1], n->saved[2], n->i[0],
+                                            fg_item(g), n->i[1], gl2);
+    return ops->cross_entropy_bwd(n->saved[0], n->saved[1], n->i[0], fg_item(g), n->i[1], gl2);
 }
 
 fg_tensor *fg_cross_entropy(fg_tensor *logits, fg_tensor *targets, int64_t ignore_index) {
@@ -40,7 +45,12 @@ fg_tensor *fg_cross_entropy(fg_tensor *logits, fg_tensor *targets, int64_t ignor
     fg_tensor *t1 = tc ? fg_tensor_reshape_view(tc, 1, &N) : NULL;                /* (N) */
     fg_tensor *loss = l2 && t1 ? fg_empty(logits->dtype, 0, NULL) : NULL;
     int64_t count = 0;
-    if (!loss || ops->cross_entropy_fwd(l2, t1, ignore_index, loss, &count)) return NULL;
+    bool ws = ops->cross_entropy_fwd_stats && ops->cross_entropy_bwd_stats;
+    fg_tensor *stats = ws && loss ? fg_empty(FG_F64, 2, (int64_t[]){2, N}) : NULL; /* (2, N) */
+    if (!loss || (ws && !stats)) return NULL;
+    if (ws ? ops->cross_entropy_fwd_stats(l2, t1, ignore_index, loss, &count, stats)
+           : ops->cross_entropy_fwd(l2, t1, ignore_index, loss, &count))
+        return NULL;
     fg_node *node;
     if (fg__record(&node, "cross_entropy", cross_entropy_bw, loss, 1, &logits)) return NULL;
     if (node) {
@@ -50,6 +60,7 @@ fg_tensor *fg_cross_entropy(fg_tensor *logits, fg_tensor *targets, int64_t ignor
         if (!tk || fg_tensor_copy(tk, t1)) return NULL;
         node->saved[0] = l2;
         node->saved[1] = tk;
+        node->saved[2] = stats;
         node->i[0] = ignore_index;
         node->i[1] = count;
     }

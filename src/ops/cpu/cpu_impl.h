@@ -62,16 +62,16 @@ typedef struct fg__vk {
     /* log_softmax over a block of rows <= FG_SM_BLOCK of n <= FG_SM_BLOCK_N
      * (the same bits as the row kernel, faster on short rows) */
     void (*log_softmax_rows)(const float *x, float *y, int64_t n, int64_t rows);
-    /* loss.c, one row of n logits with target t: returns logsumexp(x) - x[t];
-     * dx += scale (softmax(x) - onehot(t)) */
-    double (*ce_fwd_row)(const float *x, int64_t n, int64_t t);
-    void (*ce_bwd_row)(const float *x, float *dx, int64_t n, int64_t t, double scale);
-    /* the same over a block of rows rows <= FG_CE_BLOCK of n <= FG_CE_BLOCK_N
-     * logits (the same bits as the row kernels, faster on short rows):
-     * lse[r] = logsumexp(row r); dx += ... on the rows whose t[r] != ignore */
-    void (*ce_lse_rows)(const float *x, int64_t n, int64_t rows, double *lse);
+    /* loss.c, one row of n logits: m = max(x), s = sum exp(x - m) (the
+     * row's logsumexp is m + log(s)); the same over a block of rows <=
+     * FG_CE_BLOCK of n <= FG_CE_BLOCK_N (the same bits, faster on short
+     * rows); dx += scale (exp(x - m[r]) / s[r] - onehot(t[r])) on the rows
+     * whose t[r] != ignore (any rows, any n; the bits of the row's softmax
+     * recomputed from m and s) */
+    void (*ce_stats_row)(const float *x, int64_t n, double *m, double *s);
+    void (*ce_stats_rows)(const float *x, int64_t n, int64_t rows, double *m, double *s);
     void (*ce_bwd_rows)(const float *x, float *dx, int64_t n, int64_t rows, const int32_t *t,
-                        int64_t ignore, double scale);
+                        int64_t ignore, double scale, const double *m, const double *s);
     /* attention.c, a score row s[0, lds) (lds a multiple of 16) with keys
      * j < n live: s = softmax, returning log sum exp; s = exp(s - l). Both
      * write zeros on [n, lds). */
@@ -214,6 +214,12 @@ fg_status fg__cpu_cross_entropy_fwd(const fg_tensor *logits, const fg_tensor *ta
 fg_status fg__cpu_cross_entropy_bwd(const fg_tensor *logits, const fg_tensor *targets,
                                     int64_t ignore_index, double dloss, int64_t count,
                                     fg_tensor *dlogits);
+fg_status fg__cpu_cross_entropy_fwd_stats(const fg_tensor *logits, const fg_tensor *targets,
+                                          int64_t ignore_index, fg_tensor *loss, int64_t *count,
+                                          fg_tensor *stats);
+fg_status fg__cpu_cross_entropy_bwd_stats(const fg_tensor *logits, const fg_tensor *targets,
+                                          const fg_tensor *stats, int64_t ignore_index,
+                                          double dloss, int64_t count, fg_tensor *dlogits);
 
 /* layernorm.c */
 fg_status fg__cpu_layernorm_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,

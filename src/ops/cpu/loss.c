@@ -45,53 +45,74 @@ static fg_status check(const char *kernel, const fg_tensor *logits, const fg_ten
     return FG_OK;
 }
 
-fg_status fg__cpu_cross_entropy_fwd(const fg_tensor *logits, const fg_tensor *targets,
-                                    int64_t ignore_index, fg_tensor *loss, int64_t *count) {
-    int64_t c;
-    FG_TRY(check("cross_entropy_fwd", logits, targets, ignore_index, &c));
-    if (loss->numel != 1 || loss->dtype != logits->dtype) {
+/* stats (2, N) f64: expected where the caller gives one */
+static fg_status check_stats(const char *kernel, const fg_tensor *stats, int64_t N) {
+    if (stats->dtype != FG_F64 || stats->ndim != 2 || stats->shape[0] != 2 ||
+        stats->shape[1] != N || !fg_tensor_is_contiguous(stats)) {
         char s[96];
-        return fg_error(FG_EINVAL, "cross_entropy_fwd: loss %s: expected one %s element",
-                        fg_tensor_describe(loss, s, sizeof s), fg_dtype_name(logits->dtype));
+        return fg_error(FG_EINVAL, "%s: stats %s: expected a contiguous f64 (2, %lld)", kernel,
+                        fg_tensor_describe(stats, s, sizeof s), (long long)N);
     }
+    return FG_OK;
+}
+
+/* m[i], s[i] = row i's max and sum of exp(x - max), every row; row[i] (when
+ * not NULL) = its loss m + log(s) - x[t], 0 where t is ignore */
+static fg_status row_stats(const char *kernel, const fg_tensor *logits, const int32_t *t,
+                           int64_t ignore_index, double *m, double *s, double *row) {
     int64_t N = logits->shape[0], V = logits->shape[1], work = logits->numel;
-    const int32_t *t = targets->data;
     const fg__vk *vk;
     FG_TRY(fg__vk_get(&vk));
-    double *row = fg_step_alloc(sizeof(double) * (size_t)(N ? N : 1)); /* (N) */
-    if (!row) return fg_error_wrap(FG_ENOMEM, "cross_entropy_fwd: %lld row losses", (long long)N);
-    if (logits->dtype == FG_F32 && vk->ce_lse_rows && V <= FG_CE_BLOCK_N) {
+    if (logits->dtype == FG_F32 && vk->ce_stats_rows && V <= FG_CE_BLOCK_N) {
         const float *px = logits->data;
         int64_t per = fg__rows_per_call(N, FG_CE_BLOCK), nb = (N + per - 1) / per;
 FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
 for (int64_t b = 0; b < nb; b++) {
     int64_t i0 = b * per, rows = N - i0 < per ? N - i0 : per;
-    vk->ce_lse_rows(px + i0 * V, V, rows, row + i0);
-    for (int64_t i = i0; i < i0 + rows; i++)
-        row[i] = t[i] == ignore_index ? 0 : row[i] - (double)px[i * V + t[i]];
+    vk->ce_stats_rows(px + i0 * V, V, rows, m + i0, s + i0);
+    for (int64_t i = i0; row && i < i0 + rows; i++)
+        row[i] = t[i] == ignore_index ? 0 : m[i] + log(s[i]) - (double)px[i * V + t[i]];
 }
-    } else if (logits->dtype == FG_F32 && vk->ce_fwd_row) {
+    } else if (logits->dtype == FG_F32 && vk->ce_stats_row) {
         const float *px = logits->data;
 FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
-for (int64_t i = 0; i < N; i++)
-    row[i] = t[i] == ignore_index ? 0 : vk->ce_fwd_row(px + i * V, V, t[i]);
+for (int64_t i = 0; i < N; i++) {
+    vk->ce_stats_row(px + i * V, V, m + i, s + i);
+    if (row) row[i] = t[i] == ignore_index ? 0 : m[i] + log(s[i]) - (double)px[i * V + t[i]];
+}
     } else
-        FG_FLOAT_DISPATCH("cross_entropy_fwd", logits->dtype, {
+        FG_FLOAT_DISPATCH(kernel, logits->dtype, {
             const T *px = logits->data;
         FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
         for (int64_t i = 0; i < N; i++) {
-            if (t[i] == ignore_index) {
-                row[i] = 0;
-                continue;
-            }
             const T *xr = px + i * V; /* (V) */
-            T m = xr[0];
-            FG_PRAGMA(omp simd reduction(max : m))
-            for (int64_t j = 1; j < V; j++) m = xr[j] > m ? xr[j] : m;
-            double s = FG_EXPSUM(xr, V, m, (T *)NULL);
-            row[i] = (double)m + log(s) - (double)xr[t[i]];
+            T mm = xr[0];
+            FG_PRAGMA(omp simd reduction(max : mm))
+            for (int64_t j = 1; j < V; j++) mm = xr[j] > mm ? xr[j] : mm;
+            m[i] = (double)mm;
+            s[i] = FG_EXPSUM(xr, V, mm, (T *)NULL);
+            if (row) row[i] = t[i] == ignore_index ? 0 : m[i] + log(s[i]) - (double)xr[t[i]];
         }
         });
+    return FG_OK;
+}
+
+static fg_status ce_fwd(const char *kernel, const fg_tensor *logits, const fg_tensor *targets,
+                        int64_t ignore_index, fg_tensor *loss, int64_t *count, fg_tensor *stats) {
+    int64_t c;
+    FG_TRY(check(kernel, logits, targets, ignore_index, &c));
+    if (loss->numel != 1 || loss->dtype != logits->dtype) {
+        char s[96];
+        return fg_error(FG_EINVAL, "%s: loss %s: expected one %s element", kernel,
+                        fg_tensor_describe(loss, s, sizeof s), fg_dtype_name(logits->dtype));
+    }
+    int64_t N = logits->shape[0];
+    if (stats) FG_TRY(check_stats(kernel, stats, N));
+    size_t n = (size_t)(N ? N : 1);
+    double *row = fg_step_alloc(sizeof(double) * n * (stats ? 1 : 3)); /* (N) [, m, s] */
+    if (!row) return fg_error_wrap(FG_ENOMEM, "%s: %lld row losses", kernel, (long long)N);
+    double *m = stats ? stats->data : row + n, *s = stats ? m + N : row + 2 * n;
+    FG_TRY(row_stats(kernel, logits, targets->data, ignore_index, m, s, row));
     double sum = 0;
     for (int64_t i = 0; i < N; i++) sum += row[i];
     double v = c ? sum / (double)c : 0.0;
@@ -101,54 +122,80 @@ for (int64_t i = 0; i < N; i++)
     return FG_OK;
 }
 
-fg_status fg__cpu_cross_entropy_bwd(const fg_tensor *logits, const fg_tensor *targets,
-                                    int64_t ignore_index, double dloss, int64_t count,
-                                    fg_tensor *dlogits) {
-    int64_t c;
-    FG_TRY(check("cross_entropy_bwd", logits, targets, ignore_index, &c));
-    FG_TRY(fg__expect_same_shape("cross_entropy_bwd", logits, dlogits));
-    FG_TRY(fg__expect_contiguous("cross_entropy_bwd", dlogits));
-    if (count <= 0) return FG_OK; /* no row counted: the loss is the constant 0 */
+fg_status fg__cpu_cross_entropy_fwd(const fg_tensor *logits, const fg_tensor *targets,
+                                    int64_t ignore_index, fg_tensor *loss, int64_t *count) {
+    return ce_fwd("cross_entropy_fwd", logits, targets, ignore_index, loss, count, NULL);
+}
+
+fg_status fg__cpu_cross_entropy_fwd_stats(const fg_tensor *logits, const fg_tensor *targets,
+                                          int64_t ignore_index, fg_tensor *loss, int64_t *count,
+                                          fg_tensor *stats) {
+    return ce_fwd("cross_entropy_fwd_stats", logits, targets, ignore_index, loss, count, stats);
+}
+
+/* dx += scale (exp(x - m) / s - onehot(t)) from the rows' m and s */
+static fg_status ce_bwd(const char *kernel, const fg_tensor *logits, const int32_t *t,
+                        int64_t ignore_index, double scale, const double *m, const double *s,
+                        fg_tensor *dlogits) {
     int64_t N = logits->shape[0], V = logits->shape[1], work = logits->numel;
-    const int32_t *t = targets->data;
-    double scale = dloss / (double)count;
     const fg__vk *vk;
     FG_TRY(fg__vk_get(&vk));
-    if (logits->dtype == FG_F32 && vk->ce_bwd_rows && V <= FG_CE_BLOCK_N) {
+    if (logits->dtype == FG_F32 && vk->ce_bwd_rows) {
         const float *px = logits->data;
         float *pd = dlogits->data;
         int64_t per = fg__rows_per_call(N, FG_CE_BLOCK), nb = (N + per - 1) / per;
 FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
 for (int64_t b = 0; b < nb; b++) {
     int64_t i0 = b * per, rows = N - i0 < per ? N - i0 : per;
-    vk->ce_bwd_rows(px + i0 * V, pd + i0 * V, V, rows, t + i0, ignore_index, scale);
+    vk->ce_bwd_rows(px + i0 * V, pd + i0 * V, V, rows, t + i0, ignore_index, scale, m + i0, s + i0);
 }
 return FG_OK;
     }
-    if (logits->dtype == FG_F32 && vk->ce_bwd_row) {
-        const float *px = logits->data;
-        float *pd = dlogits->data;
-FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
-for (int64_t i = 0; i < N; i++)
-    if (t[i] != ignore_index) vk->ce_bwd_row(px + i * V, pd + i * V, V, t[i], scale);
-return FG_OK;
-    }
-    FG_FLOAT_DISPATCH("cross_entropy_bwd", logits->dtype, {
+    FG_FLOAT_DISPATCH(kernel, logits->dtype, {
         const T *px = logits->data;
         T *pd = dlogits->data;
         FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
         for (int64_t i = 0; i < N; i++) { /* dx += scale * (softmax(x) - onehot(t)) */
             if (t[i] == ignore_index) continue;
             const T *xr = px + i * V;
-            T *dr = pd + i * V, m = xr[0];
-            FG_PRAGMA(omp simd reduction(max : m))
-            for (int64_t j = 1; j < V; j++) m = xr[j] > m ? xr[j] : m;
-            double s = FG_EXPSUM(xr, V, m, (T *)NULL);
-            T k = (T)(scale / s);
+            T *dr = pd + i * V, mm = (T)m[i];
+            T k = (T)(scale / s[i]);
             FG_SIMD
-            for (int64_t j = 0; j < V; j++) dr[j] += k * FG_EXP(xr[j] - m);
+            for (int64_t j = 0; j < V; j++) dr[j] += k * FG_EXP(xr[j] - mm);
             dr[t[i]] -= (T)scale;
         }
     });
     return FG_OK;
+}
+
+fg_status fg__cpu_cross_entropy_bwd(const fg_tensor *logits, const fg_tensor *targets,
+                                    int64_t ignore_index, double dloss, int64_t count,
+                                    fg_tensor *dlogits) {
+    const char *k = "cross_entropy_bwd";
+    int64_t c;
+    FG_TRY(check(k, logits, targets, ignore_index, &c));
+    FG_TRY(fg__expect_same_shape(k, logits, dlogits));
+    FG_TRY(fg__expect_contiguous(k, dlogits));
+    if (count <= 0) return FG_OK; /* no row counted: the loss is the constant 0 */
+    int64_t N = logits->shape[0];
+    size_t n = (size_t)(N ? N : 1);
+    double *m = fg_step_alloc(sizeof(double) * 2 * n); /* (2, N): the softmax recomputed */
+    if (!m) return fg_error_wrap(FG_ENOMEM, "%s: %lld row maxes and sums", k, (long long)N);
+    FG_TRY(row_stats(k, logits, targets->data, ignore_index, m, m + n, NULL));
+    return ce_bwd(k, logits, targets->data, ignore_index, dloss / (double)count, m, m + n, dlogits);
+}
+
+fg_status fg__cpu_cross_entropy_bwd_stats(const fg_tensor *logits, const fg_tensor *targets,
+                                          const fg_tensor *stats, int64_t ignore_index,
+                                          double dloss, int64_t count, fg_tensor *dlogits) {
+    const char *k = "cross_entropy_bwd_stats";
+    int64_t c;
+    FG_TRY(check(k, logits, targets, ignore_index, &c));
+    FG_TRY(fg__expect_same_shape(k, logits, dlogits));
+    FG_TRY(fg__expect_contiguous(k, dlogits));
+    FG_TRY(check_stats(k, stats, logits->shape[0]));
+    if (count <= 0) return FG_OK;
+    const double *m = stats->data;
+    return ce_bwd(k, logits, targets->data, ignore_index, dloss / (double)count, m,
+                  m + logits->shape[0], dlogits);
 }

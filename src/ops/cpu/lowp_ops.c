@@ -577,6 +577,29 @@ static fg_status lp_ce_bwd(const fg_tensor *logits, const fg_tensor *targets, in
     LP_RUN(fg__cpu_cross_entropy_bwd(lf, targets, ignore, dloss, count, df));
 }
 
+/* stats (2, N) f64 stays as it is */
+static fg_status lp_ce_fwd_stats(const fg_tensor *logits, const fg_tensor *targets, int64_t ignore,
+                                 fg_tensor *loss, int64_t *count, fg_tensor *stats) {
+    if (!lowp(logits) && !lowp(loss))
+        return fg__cpu_cross_entropy_fwd_stats(logits, targets, ignore, loss, count, stats);
+    lp c = {0};
+    const fg_tensor *lf = lp_in(&c, logits);
+    fg_tensor *of = lp_out(&c, loss, false);
+    LP_RUN(fg__cpu_cross_entropy_fwd_stats(lf, targets, ignore, of, count, stats));
+}
+
+static fg_status lp_ce_bwd_stats(const fg_tensor *logits, const fg_tensor *targets,
+                                 const fg_tensor *stats, int64_t ignore, double dloss,
+                                 int64_t count, fg_tensor *dlogits) {
+    if (!lowp(logits) && !lowp(dlogits))
+        return fg__cpu_cross_entropy_bwd_stats(logits, targets, stats, ignore, dloss, count,
+                                               dlogits);
+    lp c = {0};
+    const fg_tensor *lf = lp_in(&c, logits);
+    fg_tensor *df = lp_out(&c, dlogits, true);
+    LP_RUN(fg__cpu_cross_entropy_bwd_stats(lf, targets, stats, ignore, dloss, count, df));
+}
+
 /* --------------------------------------------------------- normalisation */
 
 static fg_status lp_ln_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b, double eps,
@@ -798,6 +821,8 @@ const fg_op_table fg__cpu_ops_lowp = {
     .log_softmax_bwd = lp_log_softmax_bwd,
     .cross_entropy_fwd = lp_ce_fwd,
     .cross_entropy_bwd = lp_ce_bwd,
+    .cross_entropy_fwd_stats = lp_ce_fwd_stats,
+    .cross_entropy_bwd_stats = lp_ce_bwd_stats,
     .layernorm_fwd = lp_ln_fwd,
     .layernorm_bwd = lp_ln_bwd,
     .embedding_fwd = lp_emb_fwd,

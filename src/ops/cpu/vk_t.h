@@ -294,36 +294,12 @@ static void vk_log_softmax_bwd_row(const float *y, const float *dy, float *dx, i
         v_add(v_load_n(dx + j, k), v_fnma(v_exp(v_load_n(y + j, k)), gs, v_load_n(dy + j, k))));
 }
 
-/* loss.c's rows: logsumexp(x) - x[t]; dx += scale (softmax(x) - onehot(t)) */
-static double vk_ce_fwd_row(const float *x, int64_t n, int64_t t) {
-    float m = row_max(x, n);
-    return (double)m + log(exp_sum(x, n, m, NULL)) - (double)x[t];
-}
-
-/* Rows up to CE_KEEP keep their exps on the stack from the sum to the
- * update (one exp an element, not two: the same values either way). */
-#define CE_KEEP 2048
-
-static void vk_ce_bwd_row(const float *x, float *dx, int64_t n, int64_t t, double scale) {
-    float m = row_max(x, n);
-    if (n <= CE_KEEP) {
-        float e[CE_KEEP];
-        vf k = v_set1((float)(scale / exp_sum(x, n, m, e)));
-        int64_t j = 0;
-        for (; j + VK_W <= n; j += VK_W) v_store(dx + j, v_fma(k, v_load(e + j), v_load(dx + j)));
-        vmask km = v_first(n - j);
-        v_store_n(dx + j, km, v_fma(k, v_load_n(e + j, km), v_load_n(dx + j, km)));
-        dx[t] -= (float)scale;
-        return;
-    }
-    vf k = v_set1((float)(scale / exp_sum(x, n, m, NULL))), bm = v_set1(m);
-    int64_t j = 0;
-    for (; j + VK_W <= n; j += VK_W)
-        v_store(dx + j, v_fma(k, v_exp_sat(v_sub(v_load(x + j), bm)), v_load(dx + j)));
-    vmask km = v_first(n - j);
-    v_store_n(dx + j, km,
-              v_fma(k, v_exp_sat(v_sub(v_load_n(x + j, km), bm)), v_load_n(dx + j, km)));
-    dx[t] -= (float)scale;
+/* loss.c's rows: the row's max m and sum of exp(x - m) (the forward's
+ * logsumexp is m + log(s)) */
+static void vk_ce_stats_row(const float *x, int64_t n, double *m, double *s) {
+    float mf = row_max(x, n);
+    *m = mf;
+    *s = exp_sum(x, n, mf, NULL);
 }
 
 /* loss.c's blocks of short rows (n <= FG_CE_BLOCK_N), VK_W rows at a time.
@@ -423,8 +399,8 @@ static inline void ce_block(const float *x, int64_t n, int64_t rows, float *e, f
     *s = v_add(sum, ts);
 }
 
-/* lse[r] = logsumexp of row r, rows <= FG_CE_BLOCK */
-static void vk_ce_lse_rows(const float *x, int64_t n, int64_t rows, double *lse) {
+/* m[r], s[r] = row r's max and sum of exp(x - max), rows <= FG_CE_BLOCK */
+static void vk_ce_stats_rows(const float *x, int64_t n, int64_t rows, double *m, double *s) {
     vf p[VK_W], pn[VK_W];
     ce_pmax_rows(x, n, rows < VK_W ? rows : VK_W, p);
     for (int64_t r0 = 0; r0 < rows; r0 += VK_W) {
@@ -433,39 +409,72 @@ static void vk_ce_lse_rows(const float *x, int64_t n, int64_t rows, double *lse)
         vf bm, bs;
         ce_block(x + r0 * n, n, k, NULL, NULL, &bm, &bs, p, kn > 0 ? x + r1 * n : NULL, kn, pn);
         for (int64_t r = 0; r < VK_W; r++) p[r] = pn[r];
-        float m[VK_W], s[VK_W];
-        v_store(m, bm);
-        v_store(s, bs);
-        for (int64_t r = 0; r < k; r++) lse[r0 + r] = (double)m[r] + log((double)s[r]);
+        float mf[VK_W], sf[VK_W];
+        v_store(mf, bm);
+        v_store(sf, bs);
+        for (int64_t r = 0; r < k; r++) {
+            m[r0 + r] = mf[r];
+            s[r0 + r] = sf[r];
+        }
     }
 }
 
-/* dx += scale (softmax(x) - onehot(t)) on the rows (<= FG_CE_BLOCK) whose
- * target is not ignore, the others untouched */
+/* dx += scale (exp(x - m) / s - onehot(t)) on the rows whose target is not
+ * ignore, the others untouched, from the forward's m and s (one exp an
+ * element: no max, no sum). The exps are those of ce_block and exp_sum
+ * (v_exp_sat of x - m, lane by lane) and dx gets k exp + dx with k =
+ * scale / s rounded to float: the bits of recomputing the softmax. Rows of
+ * n <= FG_CE_BLOCK_N take their tails [q, n) column by column with a lane
+ * a row (VK_W rows at a time), as ce_block; longer rows one masked
+ * vector. */
 static void vk_ce_bwd_rows(const float *x, float *dx, int64_t n, int64_t rows, const int32_t *t,
-                           int64_t ignore, double scale) {
-    float e[VK_W * FG_CE_BLOCK_N], te[VK_W * VK_W];
-    int64_t q = n / VK_W * VK_W;
-    vf p[VK_W], pn[VK_W];
-    ce_pmax_rows(x, n, rows < VK_W ? rows : VK_W, p);
+                           int64_t ignore, double scale, const double *m, const double *s) {
+    int64_t q = n / VK_W * VK_W, nt = n - q;
+    bool cols = n <= FG_CE_BLOCK_N;
     for (int64_t r0 = 0; r0 < rows; r0 += VK_W) {
-        int64_t k = rows - r0 < VK_W ? rows - r0 : VK_W, r1 = r0 + VK_W;
-        int64_t kn = rows - r1 < VK_W ? rows - r1 : VK_W;
-        vf bm, bs;
-        ce_block(x + r0 * n, n, k, e, te, &bm, &bs, p, kn > 0 ? x + r1 * n : NULL, kn, pn);
-        for (int64_t r = 0; r < VK_W; r++) p[r] = pn[r];
-        float s[VK_W];
-        v_store(s, bs);
+        int64_t k = rows - r0 < VK_W ? rows - r0 : VK_W;
+        float kr[VK_W], mr[VK_W];
+        for (int64_t r = 0; r < VK_W; r++) {
+            bool on = r < k && t[r0 + r] != ignore;
+            kr[r] = on ? (float)(scale / s[r0 + r]) : 0.0f;
+            mr[r] = on ? (float)m[r0 + r] : 0.0f;
+        }
         for (int64_t r = 0; r < k; r++) {
             if (t[r0 + r] == ignore) continue;
-            float kr = (float)(scale / (double)s[r]), *d = dx + (r0 + r) * n;
-            const float *er = e + r * n;
-            vf bk = v_set1(kr);
-            for (int64_t j = 0; j < q; j += VK_W)
-                v_store(d + j, v_fma(bk, v_load(er + j), v_load(d + j)));
-            for (int64_t j = q; j < n; j++) d[j] = fmaf(kr, te[(j - q) * VK_W + r], d[j]);
-            d[t[r0 + r]] -= (float)scale;
+            const float *xr = x + (r0 + r) * n;
+            float *d = dx + (r0 + r) * n;
+            vf bm = v_set1(mr[r]), bk = v_set1(kr[r]);
+            int64_t j = 0;
+            for (; j + 2 * VK_W <= q; j += 2 * VK_W) {
+                vf a = v_exp_sat(v_sub(v_load(xr + j), bm));
+                vf b = v_exp_sat(v_sub(v_load(xr + j + VK_W), bm));
+                v_store(d + j, v_fma(bk, a, v_load(d + j)));
+                v_store(d + j + VK_W, v_fma(bk, b, v_load(d + j + VK_W)));
+            }
+            if (j < q)
+                v_store(d + j, v_fma(bk, v_exp_sat(v_sub(v_load(xr + j), bm)), v_load(d + j)));
+            if (!cols && nt) {
+                vmask km = v_first(nt);
+                v_store_n(
+                    d + q, km,
+                    v_fma(bk, v_exp_sat(v_sub(v_load_n(xr + q, km), bm)), v_load_n(d + q, km)));
+            }
         }
+        if (cols && nt) {
+            vmask live = v_first(k);
+            vf bm = v_load(mr);
+            float te[VK_W];
+            for (int64_t j = 0; j < nt; j++) {
+                v_store(te, v_exp_sat(v_sub(v_gather_n(x + r0 * n + q + j, n, live), bm)));
+                for (int64_t r = 0; r < k; r++)
+                    if (t[r0 + r] != ignore) {
+                        float *dj = dx + (r0 + r) * n + q + j;
+                        *dj = fmaf(kr[r], te[r], *dj);
+                    }
+            }
+        }
+        for (int64_t r = 0; r < k; r++)
+            if (t[r0 + r] != ignore) dx[(r0 + r) * n + t[r0 + r]] -= (float)scale;
     }
 }
 
@@ -829,11 +838,10 @@ static uint32_t vk_philox_xor(uint64_t seed, uint64_t offset, int64_t n) {
 #define VK_ENTRIES                                                                                 \
     .gelu_fwd = vk_gelu_fwd, .gelu_bwd = vk_gelu_bwd, .softmax_row = vk_softmax_row,               \
     .softmax_bwd_row = vk_softmax_bwd_row, .log_softmax_row = vk_log_softmax_row,                  \
-    .log_softmax_bwd_row = vk_log_softmax_bwd_row, .ce_fwd_row = vk_ce_fwd_row,                    \
-    .ce_bwd_row = vk_ce_bwd_row, .ce_lse_rows = vk_ce_lse_rows,                                    \
-    .log_softmax_rows = vk_log_softmax_rows, .ce_bwd_rows = vk_ce_bwd_rows,                        \
-    .att_softmax_row = vk_att_softmax_row, .att_exp_row = vk_att_exp_row,                          \
-    .ln_fwd_row = vk_ln_fwd_row, .ln_fwd_rows = vk_ln_fwd_rows, .ln_bwd_row = vk_ln_bwd_row,       \
-    .dropout = vk_dropout, .exp = vk_exp, .philox_xor = vk_philox_xor
+    .log_softmax_bwd_row = vk_log_softmax_bwd_row, .ce_stats_row = vk_ce_stats_row,                \
+    .ce_stats_rows = vk_ce_stats_rows, .log_softmax_rows = vk_log_softmax_rows,                    \
+    .ce_bwd_rows = vk_ce_bwd_rows, .att_softmax_row = vk_att_softmax_row,                          \
+    .att_exp_row = vk_att_exp_row, .ln_fwd_row = vk_ln_fwd_row, .ln_fwd_rows = vk_ln_fwd_rows,     \
+    .ln_bwd_row = vk_ln_bwd_row, .dropout = vk_dropout, .exp = vk_exp, .philox_xor = vk_philox_xor
 
 #endif
