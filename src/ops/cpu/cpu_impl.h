@@ -65,11 +65,13 @@ typedef struct fg__vk {
     /* loss.c, one row of n logits: m = max(x), s = sum exp(x - m) (the
      * row's logsumexp is m + log(s)); the same over a block of rows <=
      * FG_CE_BLOCK of n <= FG_CE_BLOCK_N (the same bits, faster on short
-     * rows); dx += scale (exp(x - m[r]) / s[r] - onehot(t[r])) on the rows
+     * rows), with l[r] = log(s[r]) by a vector log (to rounding; l may be
+     * NULL); dx += scale (exp(x - m[r]) / s[r] - onehot(t[r])) on the rows
      * whose t[r] != ignore (any rows, any n; the bits of the row's softmax
      * recomputed from m and s) */
     void (*ce_stats_row)(const float *x, int64_t n, double *m, double *s);
-    void (*ce_stats_rows)(const float *x, int64_t n, int64_t rows, double *m, double *s);
+    void (*ce_stats_rows)(const float *x, int64_t n, int64_t rows, double *m, double *s,
+                          double *l);
     void (*ce_bwd_rows)(const float *x, float *dx, int64_t n, int64_t rows, const int32_t *t,
                         int64_t ignore, double scale, const double *m, const double *s);
     /* attention.c, a score row s[0, lds) (lds a multiple of 16) with keys

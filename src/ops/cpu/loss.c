@@ -69,9 +69,9 @@ static fg_status row_stats(const char *kernel, const fg_tensor *logits, const in
 FG_PRAGMA(omp parallel for if (work > FG_PAR_MIN) schedule(static))
 for (int64_t b = 0; b < nb; b++) {
     int64_t i0 = b * per, rows = N - i0 < per ? N - i0 : per;
-    vk->ce_stats_rows(px + i0 * V, V, rows, m + i0, s + i0);
-    for (int64_t i = i0; row && i < i0 + rows; i++)
-        row[i] = t[i] == ignore_index ? 0 : m[i] + log(s[i]) - (double)px[i * V + t[i]];
+    vk->ce_stats_rows(px + i0 * V, V, rows, m + i0, s + i0, row ? row + i0 : NULL);
+    for (int64_t i = i0; row && i < i0 + rows; i++) /* row[i] = log(s[i]) on entry */
+        row[i] = t[i] == ignore_index ? 0 : m[i] + row[i] - (double)px[i * V + t[i]];
 }
     } else if (logits->dtype == FG_F32 && vk->ce_stats_row) {
         const float *px = logits->data;

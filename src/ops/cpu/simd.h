@@ -88,6 +88,10 @@ static inline vf v_as_f(vu x) { return _mm512_castsi512_ps(x); }
 static inline vu v_u_set1(uint32_t x) { return _mm512_set1_epi32((int)x); }
 static inline vu v_u_sub(vu a, vu b) { return _mm512_sub_epi32(a, b); }
 static inline vu v_u_shl23(vu a) { return _mm512_slli_epi32(a, 23); }
+static inline vu v_u_shr23(vu a) { return _mm512_srli_epi32(a, 23); }
+static inline vu v_u_and(vu a, vu b) { return _mm512_and_si512(a, b); }
+static inline vu v_u_or(vu a, vu b) { return _mm512_or_si512(a, b); }
+static inline vf v_u_tof(vu a) { return _mm512_cvtepi32_ps(a); } /* as signed */
 static inline vu v_u_load(const uint32_t *p) { return _mm512_loadu_si512((const void *)p); }
 static inline void v_u_store(uint32_t *p, vu x) { _mm512_storeu_si512((void *)p, x); }
 static inline vu v_u_xor(vu a, vu b) { return _mm512_xor_si512(a, b); }
@@ -191,6 +195,10 @@ static inline vf v_as_f(vu x) { return _mm256_castsi256_ps(x); }
 static inline vu v_u_set1(uint32_t x) { return _mm256_set1_epi32((int)x); }
 static inline vu v_u_sub(vu a, vu b) { return _mm256_sub_epi32(a, b); }
 static inline vu v_u_shl23(vu a) { return _mm256_slli_epi32(a, 23); }
+static inline vu v_u_shr23(vu a) { return _mm256_srli_epi32(a, 23); }
+static inline vu v_u_and(vu a, vu b) { return _mm256_and_si256(a, b); }
+static inline vu v_u_or(vu a, vu b) { return _mm256_or_si256(a, b); }
+static inline vf v_u_tof(vu a) { return _mm256_cvtepi32_ps(a); } /* as signed */
 static inline vu v_u_load(const uint32_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 static inline void v_u_store(uint32_t *p, vu x) { _mm256_storeu_si256((__m256i *)p, x); }
 static inline vu v_u_xor(vu a, vu b) { return _mm256_xor_si256(a, b); }
