@@ -426,6 +426,15 @@ ISA_TEST(cross_entropy_short_rows) {
                 ON_SCALAR(isa, ops()->cross_entropy_fwd(x, t, -100, ls, &cnts));
                 ON_SCALAR(isa, ops()->cross_entropy_bwd(x, t, -100, 0.5, cnts, dxs));
                 CHECK(cnt == cnts);
+                /* the pair with the forward's row stats: the same bits */
+                fg_tensor *st = fg_empty(FG_F64, 2, (int64_t[]){2, N});
+                fg_tensor *l2 = fg_empty(FG_F32, 0, NULL), *dx2 = copy_of(d0);
+                int64_t cnt2;
+                CHECK_OK(ops()->cross_entropy_fwd_stats(x, t, -100, l2, &cnt2, st));
+                CHECK_OK(ops()->cross_entropy_bwd_stats(x, t, st, -100, 0.5, cnt2, dx2));
+                CHECK_MSG(cnt2 == cnt && same_bits(l2, loss) && same_bits(dx2, dx),
+                          "cross_entropy %s V %lld N %lld special %d: the stats pair differs",
+                          fg_isa_name(isa), (long long)V, (long long)N, special);
                 if (special) CHECK(isnan(F(loss)[0]) && isnan(F(ls)[0]));
                 else
                     CHECK_MSG(isfinite(F(loss)[0]) &&
@@ -455,16 +464,21 @@ ISA_TEST(cross_entropy_short_rows) {
     fg_tensor *x = randn(2, s, 80, 3.0), *t = fg_empty(FG_I32, 1, &N);
     for (int64_t i = 0; i < N; i++)
         ((int32_t *)fg_tensor_data(t))[i] = i % 9 == 4 ? -100 : (int32_t)(i * 7 % V);
-    fg_tensor *loss[2], *dl[2];
+    fg_tensor *loss[2], *dl[2], *st[2], *ds[2];
     for (int th = 0; th < 2; th++) {
         CHECK_OK(fg_set_num_threads(th + 1));
         int64_t cnt;
         loss[th] = fg_empty(FG_F32, 0, NULL);
         dl[th] = fg_zeros_like(x);
+        ds[th] = fg_zeros_like(x);
+        st[th] = fg_empty(FG_F64, 2, (int64_t[]){2, N});
         CHECK_OK(ops()->cross_entropy_fwd(x, t, -100, loss[th], &cnt));
         CHECK_OK(ops()->cross_entropy_bwd(x, t, -100, 1.0, cnt, dl[th]));
+        CHECK_OK(ops()->cross_entropy_fwd_stats(x, t, -100, loss[th], &cnt, st[th]));
+        CHECK_OK(ops()->cross_entropy_bwd_stats(x, t, st[th], -100, 1.0, cnt, ds[th]));
     }
-    CHECK_MSG(same_bits(loss[0], loss[1]) && same_bits(dl[0], dl[1]),
+    CHECK_MSG(same_bits(loss[0], loss[1]) && same_bits(dl[0], dl[1]) && same_bits(st[0], st[1]) &&
+                  same_bits(ds[0], ds[1]) && same_bits(ds[0], dl[0]),
               "cross_entropy %s: 1 and 2 threads differ", fg_isa_name(isa));
     CHECK_OK(fg_set_num_threads(prev));
     fg_step_reset();
@@ -664,6 +678,11 @@ ISA_TEST(rows_do_not_depend_on_their_neighbours) {
         for (int64_t i = 0; i < N; i++) pt[i] = (int32_t)((i * 13) % C);
         int64_t cnt;
         CHECK_OK(ops()->cross_entropy_bwd(x, t, -100, 1.0, N, dx));
+        fg_tensor *st = fg_empty(FG_F64, 2, (int64_t[]){2, N});
+        fg_tensor *st1 = fg_empty(FG_F64, 2, (int64_t[]){2, 1}), *dxs = fg_zeros(FG_F32, 2, s);
+        CHECK_OK(ops()->cross_entropy_fwd_stats(x, t, -100, loss, &cnt, st));
+        CHECK_OK(ops()->cross_entropy_bwd_stats(x, t, st, -100, 1.0, N, dxs));
+        CHECK(same_bits(dxs, dx));
         for (int k = 0; k < (int)(sizeof PICK / sizeof PICK[0]); k++) {
             int64_t i = PICK[k];
             memcpy(F(x1), F(x) + i * C, sizeof(float) * (size_t)C);
@@ -672,6 +691,15 @@ ISA_TEST(rows_do_not_depend_on_their_neighbours) {
             CHECK_OK(ops()->cross_entropy_bwd(x1, t1, -100, 1.0, N, dx1));
             CHECK_MSG(memcmp(F(dx1), F(dx) + i * C, sizeof(float) * (size_t)C) == 0,
                       "cross_entropy_bwd %s V %lld: row %lld alone differs", fg_isa_name(isa),
+                      (long long)C, (long long)i);
+            /* the backward from the forward's stats, the row alone and in place */
+            memset(F(dx1), 0, sizeof(float) * (size_t)C);
+            CHECK_OK(ops()->cross_entropy_fwd_stats(x1, t1, -100, l1, &cnt, st1));
+            CHECK_OK(ops()->cross_entropy_bwd_stats(x1, t1, st1, -100, 1.0, N, dx1));
+            const double *ps = fg_tensor_data(st), *p1 = fg_tensor_data(st1);
+            CHECK_MSG(memcmp(F(dx1), F(dxs) + i * C, sizeof(float) * (size_t)C) == 0 &&
+                          ps[i] == p1[0] && ps[N + i] == p1[1],
+                      "cross_entropy_bwd_stats %s V %lld: row %lld alone differs", fg_isa_name(isa),
                       (long long)C, (long long)i);
             for (int64_t q = 0; q < N; q++) pt[q] = q == i ? (int32_t)((q * 13) % C) : -100;
             CHECK_OK(ops()->cross_entropy_fwd(x, t, -100, loss, &cnt));

@@ -311,9 +311,31 @@ TEST(cross_entropy_matches_reference_with_ignore_index) {
             CHECK_MSG(fabs(fg_item(loss) - lw) <= tol(dt) * (1 + fabs(lw)) * (c == 2 ? 10 : 1),
                       "cross_entropy %s case %d: %.9g vs %.9g", fg_dtype_name(dt), c, fg_item(loss),
                       lw);
+            fg_tensor *dl2 = fg_empty_like(dl), *l2 = fg_empty(dt, 0, NULL);
+            CHECK_OK(fg_tensor_copy(dl2, dl));
             CHECK_OK(ops()->cross_entropy_bwd(x, t, -100, 0.7, count, dl));
             CHECK_MSG(max_err(dl, want) <= 2 * tol(dt), "cross_entropy_bwd %s case %d: %g",
                       fg_dtype_name(dt), c, max_err(dl, want));
+            /* the pair with the forward's row stats: the same bits, and the
+             * stats are each row's max and sum of exps */
+            fg_tensor *st = fg_empty(FG_F64, 2, (int64_t[]){2, N});
+            int64_t c2 = -1;
+            CHECK_OK(ops()->cross_entropy_fwd_stats(x, t, -100, l2, &c2, st));
+            CHECK_OK(ops()->cross_entropy_bwd_stats(x, t, st, -100, 0.7, c2, dl2));
+            CHECK_MSG(
+                c2 == count &&
+                    memcmp(fg_tensor_data(l2), fg_tensor_data(loss), fg_tensor_nbytes(loss)) == 0 &&
+                    memcmp(fg_tensor_data(dl2), fg_tensor_data(dl), fg_tensor_nbytes(dl)) == 0,
+                "cross_entropy stats pair %s case %d differs", fg_dtype_name(dt), c);
+            const double *ps = fg_tensor_data(st);
+            for (int64_t i = 0; i < N; i++) {
+                double m = -INFINITY, se = 0;
+                for (int64_t j = 0; j < V; j++) m = fmax(m, xv[i * V + j]);
+                for (int64_t j = 0; j < V; j++) se += exp(xv[i * V + j] - m);
+                CHECK_MSG(ps[i] == m && fabs(ps[N + i] - se) <= 1e-5 * se,
+                          "cross_entropy_fwd_stats %s case %d row %lld: %g %g, want %g %g",
+                          fg_dtype_name(dt), c, (long long)i, ps[i], ps[N + i], m, se);
+            }
             free(xv);
             free(want);
             fg_step_reset();
@@ -350,6 +372,21 @@ TEST(cross_entropy_all_ignored_and_bad_targets) {
     fg_tensor *t64 = fg_zeros(FG_I64, 1, &N);
     CHECK_STATUS(ops()->cross_entropy_fwd(x, t64, -100, loss, &count), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "i32 targets (N)");
+    /* the stats pair: count 0 leaves dlogits alone; a stats tensor of another
+     * shape or dtype is named */
+    fg_tensor *st = fg_empty(FG_F64, 2, (int64_t[]){2, N});
+    CHECK_OK(ops()->cross_entropy_fwd_stats(x, t, 7, loss, &count, st));
+    CHECK(count == 0 && fg_item(loss) == 0);
+    CHECK_OK(ops()->cross_entropy_bwd_stats(x, t, st, 7, 1.0, 0, dl));
+    for (int i = 0; i < 15; i++) CHECK(fg_tensor_get(dl, i) == 0.25);
+    fg_tensor *sb = fg_empty(FG_F32, 2, (int64_t[]){2, N});
+    CHECK_STATUS(ops()->cross_entropy_fwd_stats(x, t2, 0, loss, &count, sb), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "f64 (2, 3)");
+    sb = fg_empty(FG_F64, 1, (int64_t[]){2 * N});
+    CHECK_STATUS(ops()->cross_entropy_bwd_stats(x, t2, sb, 0, 1.0, 1, dl), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "stats");
+    CHECK_STATUS(ops()->cross_entropy_bwd_stats(x, tb, st, -100, 1.0, 3, dl), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "target -1");
     fg_step_reset();
 }
 

@@ -70,8 +70,7 @@ typedef struct fg__vk {
      * whose t[r] != ignore (any rows, any n; the bits of the row's softmax
      * recomputed from m and s) */
     void (*ce_stats_row)(const float *x, int64_t n, double *m, double *s);
-    void (*ce_stats_rows)(const float *x, int64_t n, int64_t rows, double *m, double *s,
-                          double *l);
+    void (*ce_stats_rows)(const float *x, int64_t n, int64_t rows, double *m, double *s, double *l);
     void (*ce_bwd_rows)(const float *x, float *dx, int64_t n, int64_t rows, const int32_t *t,
                         int64_t ignore, double scale, const double *m, const double *s);
     /* attention.c, a score row s[0, lds) (lds a multiple of 16) with keys
