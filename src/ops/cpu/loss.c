@@ -1,7 +1,10 @@
 /* Cross-entropy of logits (N, V) against i32 targets (N), fused: the loss
  * of a row is logsumexp(x) - x[target], with the max subtracted before exp,
- * so no softmax or log-softmax tensor is ever made, and backward recomputes
- * softmax(x) row by row instead of reading a saved one.
+ * so no softmax or log-softmax tensor is ever made. The backward takes
+ * softmax(x) = exp(x - max) / sum from each row's max and sum, which the
+ * _stats forward saves ((2, N) f64: one exp an element in the backward)
+ * and the plain backward recomputes first (the same values, the same
+ * bits).
  *
  * Targets equal to ignore_index do not count; any other target outside
  * [0, V) is FG_EINVAL naming it (checked before any work, so a bad batch
@@ -12,8 +15,8 @@
  * after the parallel loop, so the loss is the same on any thread count.
  * f32 rows go through the vector kernels of the ISA in use (cpu_impl.h's
  * fg__vk), short rows (V <= FG_CE_BLOCK_N) a block of FG_CE_BLOCK at a
- * call, with the same bits; the loops below are the f64 kernels and the
- * scalar path. */
+ * call, with the same bits (their log of the sum is a vector log's, to
+ * rounding); the loops below are the f64 kernels and the scalar path. */
 #include "cpu_impl.h"
 #include "vmath.h"
 

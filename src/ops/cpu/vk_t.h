@@ -343,9 +343,7 @@ static void vk_ce_stats_row(const float *x, int64_t n, double *m, double *s) {
  * tail costs one exp per column for the block. The max is the row's max
  * (exact; a NaN anywhere makes the row NaN either way); the sum adds in
  * another order than the row kernels' (rounding only). On return: m, s
- * (lanes r < rows) the rows' max and sum of exp(x - max); e (when not NULL,
- * rows of n) each row's exps on [0, q); te[j VK_W + r] those of column
- * q + j. */
+ * (lanes r < rows) the rows' max and sum of exp(x - max). */
 /* the max of a row's whole vectors [0, q) in lanes, x[0] where q = 0 */
 static inline vf ce_pmax(const float *xr, int64_t q) {
     vf m0 = v_set1(xr[0]), m1 = m0; /* two chains */
@@ -369,8 +367,8 @@ static inline void ce_pmax_rows(const float *x, int64_t n, int64_t rows, vf *p) 
  * into the loop of this block's exps, where the core has room for them,
  * instead of into a phase of their own that waits on memory and on the
  * maxes' chains (the same values either way) */
-static inline void ce_block(const float *x, int64_t n, int64_t rows, float *e, float *te, vf *m,
-                            vf *s, vf *p, const float *xn, int64_t rn, vf *pn) {
+static inline void ce_block(const float *x, int64_t n, int64_t rows, vf *m, vf *s, vf *p,
+                            const float *xn, int64_t rn, vf *pn) {
     int64_t q = n / VK_W * VK_W, nt = n - q;
     vmask live = v_first(rows);
     vf tc[VK_W];
@@ -383,7 +381,6 @@ static inline void ce_block(const float *x, int64_t n, int64_t rows, float *e, f
     v_store(mr, bm);
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
-        float *er = e ? e + r * n : NULL;
         vf br = v_set1(mr[r]), s0 = v_zero(), s1 = v_zero();
         int64_t j = 0;
         for (; j + 4 * VK_W <= q; j += 4 * VK_W) { /* four exps in flight */
@@ -391,28 +388,17 @@ static inline void ce_block(const float *x, int64_t n, int64_t rows, float *e, f
             vf b = v_exp_sat(v_sub(v_load(xr + j + VK_W), br));
             vf c = v_exp_sat(v_sub(v_load(xr + j + 2 * VK_W), br));
             vf d = v_exp_sat(v_sub(v_load(xr + j + 3 * VK_W), br));
-            if (er) {
-                v_store(er + j, a);
-                v_store(er + j + VK_W, b);
-                v_store(er + j + 2 * VK_W, c);
-                v_store(er + j + 3 * VK_W, d);
-            }
             s0 = v_add(s0, v_add(a, c));
             s1 = v_add(s1, v_add(b, d));
         }
         for (; j + 2 * VK_W <= q; j += 2 * VK_W) {
             vf a = v_exp_sat(v_sub(v_load(xr + j), br));
             vf b = v_exp_sat(v_sub(v_load(xr + j + VK_W), br));
-            if (er) {
-                v_store(er + j, a);
-                v_store(er + j + VK_W, b);
-            }
             s0 = v_add(s0, a);
             s1 = v_add(s1, b);
         }
         if (j < q) {
             vf a = v_exp_sat(v_sub(v_load(xr + j), br));
-            if (er) v_store(er + j, a);
             s0 = v_add(s0, a);
         }
         p[r] = v_add(s0, s1);
@@ -422,7 +408,6 @@ static inline void ce_block(const float *x, int64_t n, int64_t rows, float *e, f
     vf sum = v_add_rows(p), ts = v_zero();
     for (int64_t j = 0; j < nt; j++) {
         vf a = v_keep(live, v_exp_sat(v_sub(tc[j], bm)));
-        if (te) v_store(te + j * VK_W, a);
         ts = v_add(ts, a);
     }
     *m = bm;
@@ -439,7 +424,7 @@ static void vk_ce_stats_rows(const float *x, int64_t n, int64_t rows, double *m,
         int64_t k = rows - r0 < VK_W ? rows - r0 : VK_W, r1 = r0 + VK_W;
         int64_t kn = rows - r1 < VK_W ? rows - r1 : VK_W;
         vf bm, bs;
-        ce_block(x + r0 * n, n, k, NULL, NULL, &bm, &bs, p, kn > 0 ? x + r1 * n : NULL, kn, pn);
+        ce_block(x + r0 * n, n, k, &bm, &bs, p, kn > 0 ? x + r1 * n : NULL, kn, pn);
         for (int64_t r = 0; r < VK_W; r++) p[r] = pn[r];
         float mf[VK_W], sf[VK_W], lf[VK_W];
         v_store(mf, bm);
