@@ -63,12 +63,12 @@ typedef struct hybrid_state {
 /* FULGUR_HYBRID_CHUNK_BYTES: the scatter path of an allreduce of at least
  * two chunks of this many bytes runs as a pipeline (see pipelined()), in
  * FULGUR_HYBRID_CHUNKS chunks or in chunks of this size, whichever are
- * larger; 0 turns the pipeline off. With 1 MiB and 8 chunks a 16 MiB
- * allreduce on 2 test hosts x 2 ranks at 1 Gbit/s took 140 ms against 184
- * ms with the legs one after the other (the link's bound is 134 ms;
- * docs/comm.md). */
+ * larger; 0 turns the pipeline off. With 1 MiB and 16 chunks a 16 MiB
+ * allreduce on 2 test hosts x 2 ranks at 1 Gbit/s took 140 ms against
+ * 180-235 ms with the legs one after the other (the link's bound is 134
+ * ms), and 64 MiB 580 ms (8 chunks: 620; docs/comm.md). */
 #define DEFAULT_CHUNK_BYTES (1 << 20)
-#define DEFAULT_CHUNKS 8
+#define DEFAULT_CHUNKS 16
 
 /* More nodes than this: the across-nodes allreduce without the all-to-all. */
 #define FG_HYBRID_MAX_NODES 64
