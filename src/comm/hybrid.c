@@ -9,8 +9,8 @@
  *   allreduce       reduce-scatter inside the node, allreduce of each shard
  *                   across nodes (local rank l carries shard l; itself an
  *                   all-to-all with a local sum, then an all-gather),
- *                   all-gather inside the node; large buffers as a
- *                   pipeline of chunks whose three legs overlap (see
+ *                   all-gather inside the node; from two chunks
+ *                   (2 MiB by default) as a pipeline of chunks whose legs overlap (see
  *                   pipelined()); small buffers: allreduce inside the node,
  *                   then across nodes (every local rank at once)
  *   reduce_scatter  inside the node, then across nodes as an all-to-all and
@@ -63,11 +63,12 @@ typedef struct hybrid_state {
 /* FULGUR_HYBRID_CHUNK_BYTES: the scatter path of an allreduce of at least
  * two chunks of this many bytes runs as a pipeline (see pipelined()), in
  * FULGUR_HYBRID_CHUNKS chunks or in chunks of this size, whichever are
- * larger; 0 (the default) turns the pipeline off: on the test hosts, two
- * "nodes" sharing two cores, it measured slower than the legs one after
- * the other (docs/comm.md); 4194304 is the size to try on real nodes. */
-#define DEFAULT_CHUNK_BYTES 0
-#define DEFAULT_CHUNKS 4
+ * larger; 0 turns the pipeline off. With 1 MiB and 16 chunks a 16 MiB
+ * allreduce on 2 test hosts x 2 ranks at 1 Gbit/s took 140 ms against
+ * 180-235 ms with the legs one after the other (the link's bound is 134
+ * ms), and 64 MiB 580 ms (8 chunks: 620; docs/comm.md). */
+#define DEFAULT_CHUNK_BYTES (1 << 20)
+#define DEFAULT_CHUNKS 16
 
 /* More nodes than this: the across-nodes allreduce without the all-to-all. */
 #define FG_HYBRID_MAX_NODES 64
@@ -190,10 +191,11 @@ static fg_status inter_allreduce(fg_comm *c, const fg_comm_args *a, char *p, int
  * call their collectives in the same order whatever the timing. The code
  * is written for PIPE_LANES chunks on the link at once, one worker each,
  * but each lane needs an across-nodes group of its own (a second split of
- * base): two lanes measured slower than one, and so did chunks smaller than
- * a quarter of the buffer (docs/comm.md): every across-nodes exchange pays
- * a start-up, and every worker polls Open MPI on the cores the node's legs
- * need.
+ * base): two lanes measured slower than one (docs/comm.md). The worker's
+ * waits on Open MPI must not spin long (the mpi backend sleeps between
+ * tests after FULGUR_MPI_SPIN_US): a worker polling Open MPI takes the
+ * cores that the node's legs need, which made the pipeline lose when the
+ * waits spun for 100 ms.
  *
  * Every element is reduced as without the pipeline, so the results are the
  * same bits: local rank l's shard (b elements) is N blocks of bn and a tail

@@ -28,7 +28,17 @@
 
 typedef struct mpi_state {
     MPI_Comm comm;
+    double spin_s; /* FULGUR_MPI_SPIN_US: a wait tests back to back this long, then sleeps */
 } mpi_state;
+
+/* FULGUR_MPI_SPIN_US: how long a wait calls MPI_Test back to back before it
+ * sleeps 100 us between tests. 1 ms: an operation over TCP that takes longer
+ * is bound by the network, and spinning on longer only takes the core from
+ * the ranks (and the kernel's TCP work) that have something to do; on 2
+ * test hosts x 2 ranks sharing 2 cores the hybrid's legs across nodes took
+ * 20-40% longer with 100 ms of spinning (docs/comm.md). */
+#define DEFAULT_SPIN_US 1000
+#define SLEEP_NS 100000
 
 static int g_we_initialized;
 
@@ -47,10 +57,12 @@ static fg_status mpi_err(fg_comm *c, const fg_comm_args *a, int rc, const char *
 
 /* Tests the request until done or the timeout. MPI_Test is what drives a
  * nonblocking collective forward, so it is called back to back (as
- * MPI_Wait would poll; Open MPI yields inside when oversubscribed); only a
- * wait longer than 100 ms, a peer that is late anyway, sleeps 100 us
- * between tests. */
+ * MPI_Wait would poll; Open MPI yields inside when oversubscribed) for
+ * FULGUR_MPI_SPIN_US; a longer wait, one bound by the network or by a late
+ * peer, sleeps 100 us between tests (the kernel keeps moving the data that
+ * Open MPI has handed to the sockets meanwhile). */
 static fg_status mpi_wait(fg_comm *c, const fg_comm_args *a, MPI_Request *req, const char *what) {
+    const mpi_state *m = c->impl;
     double t0 = fg_time();
     for (unsigned i = 0;; i++) {
         int flag = 0;
@@ -66,8 +78,8 @@ static fg_status mpi_wait(fg_comm *c, const fg_comm_args *a, MPI_Request *req, c
                                      c->timeout_s, what);
             if (c->aborted) return fg__comm_fail(c, a, FG_EPEER, "aborted (fg_comm_abort)");
         }
-        if (i > 1000 && fg_time() - t0 > 0.1) {
-            struct timespec ts = {0, 100000};
+        if (i > 16 && fg_time() - t0 > m->spin_s) {
+            struct timespec ts = {0, SLEEP_NS};
             nanosleep(&ts, NULL);
         }
     }
@@ -383,8 +395,8 @@ static fg_status mpi_recv(fg_comm *c, const fg_comm_args *a) {
             return fg__comm_fail(c, a, FG_ETIMEOUT,
                                  "timed out after %.3g s waiting for rank %d to send", c->timeout_s,
                                  a->root);
-        if (i > 1000 && fg_time() - t0 > 0.1) {
-            struct timespec ts = {0, 100000};
+        if (i > 16 && fg_time() - t0 > m->spin_s) {
+            struct timespec ts = {0, SLEEP_NS};
             nanosleep(&ts, NULL);
         }
     }
@@ -454,8 +466,11 @@ static fg_status mpi_init_(fg_comm *c, const fg_cluster_info *info) {
                         "mpi: MPI says rank %d of %d but the cluster info (%s) says rank %d of %d: "
                         "launch with mpirun, or leave the rank variables to it",
                         rank, size, info->source ? info->source : "explicit", c->rank, c->size);
+    long spin_us;
+    FG_TRY(fg__env_int("FULGUR_MPI_SPIN_US", DEFAULT_SPIN_US, &spin_us));
     mpi_state *m = fg_calloc(1, sizeof *m);
     if (!m) return FG_ENOMEM;
+    m->spin_s = spin_us < 0 ? 0 : (double)spin_us * 1e-6;
     MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
     fg_status st = node_layout(c, m->comm);
@@ -480,6 +495,7 @@ static fg_status mpi_split(fg_comm *parent, fg_comm *child, int color, int key) 
         return FG_ENOMEM;
     }
     m->comm = nc;
+    m->spin_s = pm->spin_s;
     MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN);
     child->impl = m;
     child->no_async = parent->no_async;
