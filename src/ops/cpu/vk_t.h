@@ -30,8 +30,7 @@
  * degree 7 with two more instructions), and 2^n from t's bits. Past 88.376
  * it saturates at exp(88.376) = 2.4e38; NaN stays NaN (each clamp returns
  * its second operand, x, for a NaN). */
-static inline vf v_exp_sat(vf x) {
-    x = v_min(v_set1(88.3762626647949f), v_max(v_set1(-88.0f), x));
+static inline vf v_exp_core(vf x) {
     vf t = v_fma(x, v_set1(1.44269504088896341f), v_set1(12582912.0f));
     vf n = v_sub(t, v_set1(12582912.0f));
     vf r = v_fnma(n, v_set1(0.693359375f), x);
@@ -46,6 +45,14 @@ static inline vf v_exp_sat(vf x) {
     vf s = v_as_f(v_u_shl23(v_u_sub(v_as_u(t), v_u_set1(0x4B400000u - 127u))));
     return v_mul(p, s);
 }
+static inline vf v_exp_sat(vf x) {
+    return v_exp_core(v_min(v_set1(88.3762626647949f), v_max(v_set1(-88.0f), x)));
+}
+
+/* v_exp_sat of x <= 0 or NaN (x - max of a row that holds x: a NaN where
+ * x and the max are the same infinity), without the upper clamp, which
+ * returns x there: the same bits, one instruction less an exp */
+static inline vf v_exp_le0(vf x) { return v_exp_core(v_max(v_set1(-88.0f), x)); }
 
 /* exp over the whole float range: v_exp_sat, and +inf past log(FLT_MAX)
  * as expf (log_softmax's backward takes exp of a y it is given) */
@@ -193,8 +200,8 @@ static double exp_sum(const float *x, int64_t n, float m, float *y) {
         int64_t j1 = n - j0 < FG_EXPSUM_BLOCK ? n : j0 + FG_EXPSUM_BLOCK, j = j0;
         vf s = v_zero(), s1 = v_zero(); /* two vectors an iteration, as GELU's */
         for (; j + 2 * VK_W <= j1; j += 2 * VK_W) {
-            vf e = v_exp_sat(v_sub(v_load(x + j), bm));
-            vf f = v_exp_sat(v_sub(v_load(x + j + VK_W), bm));
+            vf e = v_exp_le0(v_sub(v_load(x + j), bm));
+            vf f = v_exp_le0(v_sub(v_load(x + j + VK_W), bm));
             if (y) {
                 v_store(y + j, e);
                 v_store(y + j + VK_W, f);
@@ -204,13 +211,13 @@ static double exp_sum(const float *x, int64_t n, float m, float *y) {
         }
         s = v_add(s, s1);
         for (; j + VK_W <= j1; j += VK_W) {
-            vf e = v_exp_sat(v_sub(v_load(x + j), bm));
+            vf e = v_exp_le0(v_sub(v_load(x + j), bm));
             if (y) v_store(y + j, e);
             s = v_add(s, e);
         }
         if (j < j1) {
             vmask k = v_first(j1 - j);
-            vf e = v_keep(k, v_exp_sat(v_sub(v_load_n(x + j, k), bm)));
+            vf e = v_keep(k, v_exp_le0(v_sub(v_load_n(x + j, k), bm)));
             if (y) v_store_n(y + j, k, e);
             s = v_add(s, e);
         }
@@ -384,21 +391,21 @@ static inline void ce_block(const float *x, int64_t n, int64_t rows, vf *m, vf *
         vf br = v_set1(mr[r]), s0 = v_zero(), s1 = v_zero();
         int64_t j = 0;
         for (; j + 4 * VK_W <= q; j += 4 * VK_W) { /* four exps in flight */
-            vf a = v_exp_sat(v_sub(v_load(xr + j), br));
-            vf b = v_exp_sat(v_sub(v_load(xr + j + VK_W), br));
-            vf c = v_exp_sat(v_sub(v_load(xr + j + 2 * VK_W), br));
-            vf d = v_exp_sat(v_sub(v_load(xr + j + 3 * VK_W), br));
+            vf a = v_exp_le0(v_sub(v_load(xr + j), br));
+            vf b = v_exp_le0(v_sub(v_load(xr + j + VK_W), br));
+            vf c = v_exp_le0(v_sub(v_load(xr + j + 2 * VK_W), br));
+            vf d = v_exp_le0(v_sub(v_load(xr + j + 3 * VK_W), br));
             s0 = v_add(s0, v_add(a, c));
             s1 = v_add(s1, v_add(b, d));
         }
         for (; j + 2 * VK_W <= q; j += 2 * VK_W) {
-            vf a = v_exp_sat(v_sub(v_load(xr + j), br));
-            vf b = v_exp_sat(v_sub(v_load(xr + j + VK_W), br));
+            vf a = v_exp_le0(v_sub(v_load(xr + j), br));
+            vf b = v_exp_le0(v_sub(v_load(xr + j + VK_W), br));
             s0 = v_add(s0, a);
             s1 = v_add(s1, b);
         }
         if (j < q) {
-            vf a = v_exp_sat(v_sub(v_load(xr + j), br));
+            vf a = v_exp_le0(v_sub(v_load(xr + j), br));
             s0 = v_add(s0, a);
         }
         p[r] = v_add(s0, s1);
@@ -407,7 +414,7 @@ static inline void ce_block(const float *x, int64_t n, int64_t rows, vf *m, vf *
     for (int64_t r = rows; xn && r < VK_W; r++) pn[r] = r < rn ? ce_pmax(xn + r * n, q) : v_zero();
     vf sum = v_add_rows(p), ts = v_zero();
     for (int64_t j = 0; j < nt; j++) {
-        vf a = v_keep(live, v_exp_sat(v_sub(tc[j], bm)));
+        vf a = v_keep(live, v_exp_le0(v_sub(tc[j], bm)));
         ts = v_add(ts, a);
     }
     *m = bm;
@@ -441,7 +448,9 @@ static void vk_ce_stats_rows(const float *x, int64_t n, int64_t rows, double *m,
 /* dx += scale (exp(x - m) / s - onehot(t)) on the rows whose target is not
  * ignore, the others untouched, from the forward's m and s (one exp an
  * element: no max, no sum). The exps are those of ce_block and exp_sum
- * (v_exp_sat of x - m, lane by lane) and dx gets k exp + dx with k =
+ * (v_exp_le0 of x - m <= 0, lane by lane: m is the forward's row max; a
+ * stats m under a row's max, from another x, gives meaningless values
+ * either way) and dx gets k exp + dx with k =
  * scale / s rounded to float: the bits of recomputing the softmax. Rows of
  * n <= FG_CE_BLOCK_N take their tails [q, n) column by column with a lane
  * a row (VK_W rows at a time), as ce_block; longer rows one masked
@@ -465,18 +474,18 @@ static void vk_ce_bwd_rows(const float *x, float *dx, int64_t n, int64_t rows, c
             vf bm = v_set1(mr[r]), bk = v_set1(kr[r]);
             int64_t j = 0;
             for (; j + 2 * VK_W <= q; j += 2 * VK_W) {
-                vf a = v_exp_sat(v_sub(v_load(xr + j), bm));
-                vf b = v_exp_sat(v_sub(v_load(xr + j + VK_W), bm));
+                vf a = v_exp_le0(v_sub(v_load(xr + j), bm));
+                vf b = v_exp_le0(v_sub(v_load(xr + j + VK_W), bm));
                 v_store(d + j, v_fma(bk, a, v_load(d + j)));
                 v_store(d + j + VK_W, v_fma(bk, b, v_load(d + j + VK_W)));
             }
             if (j < q)
-                v_store(d + j, v_fma(bk, v_exp_sat(v_sub(v_load(xr + j), bm)), v_load(d + j)));
+                v_store(d + j, v_fma(bk, v_exp_le0(v_sub(v_load(xr + j), bm)), v_load(d + j)));
             if (!cols && nt) {
                 vmask km = v_first(nt);
                 v_store_n(
                     d + q, km,
-                    v_fma(bk, v_exp_sat(v_sub(v_load_n(xr + q, km), bm)), v_load_n(d + q, km)));
+                    v_fma(bk, v_exp_le0(v_sub(v_load_n(xr + q, km), bm)), v_load_n(d + q, km)));
             }
         }
         if (cols && nt) {
@@ -484,7 +493,7 @@ static void vk_ce_bwd_rows(const float *x, float *dx, int64_t n, int64_t rows, c
             vf bm = v_load(mr);
             float te[VK_W];
             for (int64_t j = 0; j < nt; j++) {
-                v_store(te, v_exp_sat(v_sub(v_gather_n(x + r0 * n + q + j, n, live), bm)));
+                v_store(te, v_exp_le0(v_sub(v_gather_n(x + r0 * n + q + j, n, live), bm)));
                 for (int64_t r = 0; r < k; r++)
                     if (t[r0 + r] != ignore) {
                         float *dj = dx + (r0 + r) * n + q + j;
