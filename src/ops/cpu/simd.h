@@ -217,6 +217,8 @@ static inline vd vd_load(const double *p) { return _mm256_loadu_pd(p); }
 static inline void vd_store(double *p, vd x) { _mm256_storeu_pd(p, x); }
 static inline vd vd_lo(vf x) { return _mm256_cvtps_pd(_mm256_castps256_ps128(x)); }
 static inline vd vd_hi(vf x) { return _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)); }
+/* W/2 floats at p, widened */
+static inline vd vd_from(const float *p) { return _mm256_cvtps_pd(_mm_loadu_ps(p)); }
 static inline vd vd_add(vd a, vd b) { return _mm256_add_pd(a, b); }
 static inline vd vd_fma(vd a, vd b, vd c) { return _mm256_fmadd_pd(a, b, c); }
 static inline double vd_hsum(vd x) {

@@ -544,16 +544,25 @@ static inline float ln_mean(const float *x, int64_t C) {
      * at C = 256 on AVX2 two chains left the row's latency the bound */
     float x0 = x[0];
     vf b0 = v_set1(x0), s0 = v_zero(), s1 = v_zero(), s2 = v_zero(), s3 = v_zero();
+    /* half the shifts as x 1 + (-x0), one rounding of the same exact value
+     * (the bits of x - x0): they go to the FMA units, the adds to the
+     * others, and the adds' units had the more of the row's work */
+    vf one = v_set1(1.0f), nb0 = v_set1(-x0);
     int64_t j = 0;
     for (; j + 4 * VK_W <= C; j += 4 * VK_W) {
         s0 = v_add(s0, v_sub(v_load(x + j), b0));
         s1 = v_add(s1, v_sub(v_load(x + j + VK_W), b0));
-        s2 = v_add(s2, v_sub(v_load(x + j + 2 * VK_W), b0));
-        s3 = v_add(s3, v_sub(v_load(x + j + 3 * VK_W), b0));
+        s2 = v_add(s2, v_fma(v_load(x + j + 2 * VK_W), one, nb0));
+        s3 = v_add(s3, v_fma(v_load(x + j + 3 * VK_W), one, nb0));
     }
     for (; j + VK_W <= C; j += VK_W) s0 = v_add(s0, v_sub(v_load(x + j), b0));
-    vmask k = v_first(C - j);
-    s1 = v_add(s1, v_keep(k, v_sub(v_load_n(x + j, k), b0)));
+    /* a tail only when there is one: adding the masked +0 changes no bit
+     * (the lanes start at +0 and a sum never turns them to -0), and a row of
+     * whole vectors saves the masked load */
+    if (j < C) {
+        vmask k = v_first(C - j);
+        s1 = v_add(s1, v_keep(k, v_sub(v_load_n(x + j, k), b0)));
+    }
     return x0 + v_hsum(v_add(v_add(s0, s1), v_add(s2, s3))) / (float)C;
 }
 
@@ -573,9 +582,11 @@ static inline float ln_rstd(const float *x, int64_t C, float m, double eps) {
         vf d = v_sub(v_load(x + j), bm);
         v0 = v_fma(d, d, v0);
     }
-    vmask k = v_first(C - j);
-    vf d = v_keep(k, v_sub(v_load_n(x + j, k), bm));
-    v1 = v_fma(d, d, v1);
+    if (j < C) { /* as ln_mean's tail: the lanes of squares stay >= +0 */
+        vmask k = v_first(C - j);
+        vf d = v_keep(k, v_sub(v_load_n(x + j, k), bm));
+        v1 = v_fma(d, d, v1);
+    }
     v0 = v_add(v_add(v0, v1), v_add(v2, v3));
     return (float)(1 / sqrt((double)v_hsum(v0) / (double)C + eps));
 }
@@ -597,6 +608,7 @@ static inline void ln_out(const float *x, const float *w, const float *b, int64_
         vf wv = w ? v_load(w + j) : one, bv = b ? v_load(b + j) : zero;
         v_store(y + j, v_fma(v_mul(v_sub(v_load(x + j), bm), br), wv, bv));
     }
+    if (j == C) return;
     vmask k = v_first(C - j);
     vf wv = w ? v_load_n(w + j, k) : one, bv = b ? v_load_n(b + j, k) : zero;
     v_store_n(y + j, k, v_fma(v_mul(v_sub(v_load_n(x + j, k), bm), br), wv, bv));
