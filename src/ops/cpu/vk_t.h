@@ -821,11 +821,10 @@ static void vk_dropout(const float *x, float *y, int64_t n, uint64_t seed, uint6
         int64_t k1 = end - d0 < VK_PX ? (int64_t)(end - d0) : VK_PX;
         int64_t k = k0, i = (int64_t)(d0 + (uint64_t)k0 - offset);
         if (k0 == 0 && k1 == VK_PX) {
-            /* x's lines 16 KiB ahead: between the Philox rounds the loads
-             * come too seldom for the hardware prefetcher to run ahead, and
-             * a stream from beyond the caches (16 MiB at (2048, 1024)) ran
-             * at half the speed of one in them (past the end: a prefetch
-             * does not fault) */
+            /* x's lines 16 KiB ahead: without it a stream from beyond the
+             * caches (16 MiB at (2048, 1024)) ran at half the speed of one
+             * in them, the loads coming only between Philox rounds (past
+             * the end: a prefetch does not fault) */
             for (int q = 0; q < 4; q++) __builtin_prefetch(x + i + q * VK_W + 4096, 0, 3);
             for (int q = 0; q < 4; q++)
                 drop_vec(x + i + q * VK_W, y + i + q * VK_W, o[q], bt, bs, acc);
