@@ -55,6 +55,15 @@ static fg_status mpi_err(fg_comm *c, const fg_comm_args *a, int rc, const char *
     return fg__comm_fail(c, a, FG_EPEER, "%s failed: %s", what, s);
 }
 
+/* A wait's i-th test, begun at t0, done: after FULGUR_MPI_SPIN_US of
+ * tests back to back, sleeps SLEEP_NS before the next. */
+static void back_off(const mpi_state *m, unsigned i, double t0) {
+    if (i > 16 && fg_time() - t0 > m->spin_s) {
+        struct timespec ts = {0, SLEEP_NS};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* Tests the request until done or the timeout. MPI_Test is what drives a
  * nonblocking collective forward, so it is called back to back (as
  * MPI_Wait would poll; Open MPI yields inside when oversubscribed) for
@@ -78,10 +87,7 @@ static fg_status mpi_wait(fg_comm *c, const fg_comm_args *a, MPI_Request *req, c
                                      c->timeout_s, what);
             if (c->aborted) return fg__comm_fail(c, a, FG_EPEER, "aborted (fg_comm_abort)");
         }
-        if (i > 16 && fg_time() - t0 > m->spin_s) {
-            struct timespec ts = {0, SLEEP_NS};
-            nanosleep(&ts, NULL);
-        }
+        back_off(m, i, t0);
     }
 }
 
@@ -395,10 +401,7 @@ static fg_status mpi_recv(fg_comm *c, const fg_comm_args *a) {
             return fg__comm_fail(c, a, FG_ETIMEOUT,
                                  "timed out after %.3g s waiting for rank %d to send", c->timeout_s,
                                  a->root);
-        if (i > 16 && fg_time() - t0 > m->spin_s) {
-            struct timespec ts = {0, SLEEP_NS};
-            nanosleep(&ts, NULL);
-        }
+        back_off(m, i, t0);
     }
     int got = 0;
     MPI_Get_count(&status, MPI_BYTE, &got);

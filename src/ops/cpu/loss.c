@@ -171,14 +171,20 @@ return FG_OK;
     return FG_OK;
 }
 
+/* the backward's arguments: check()'s, and dlogits contiguous, logits' shape */
+static fg_status check_bwd(const char *kernel, const fg_tensor *logits, const fg_tensor *targets,
+                           int64_t ignore_index, const fg_tensor *dlogits) {
+    int64_t c;
+    FG_TRY(check(kernel, logits, targets, ignore_index, &c));
+    FG_TRY(fg__expect_same_shape(kernel, logits, dlogits));
+    return fg__expect_contiguous(kernel, dlogits);
+}
+
 fg_status fg__cpu_cross_entropy_bwd(const fg_tensor *logits, const fg_tensor *targets,
                                     int64_t ignore_index, double dloss, int64_t count,
                                     fg_tensor *dlogits) {
     const char *k = "cross_entropy_bwd";
-    int64_t c;
-    FG_TRY(check(k, logits, targets, ignore_index, &c));
-    FG_TRY(fg__expect_same_shape(k, logits, dlogits));
-    FG_TRY(fg__expect_contiguous(k, dlogits));
+    FG_TRY(check_bwd(k, logits, targets, ignore_index, dlogits));
     if (count <= 0) return FG_OK; /* no row counted: the loss is the constant 0 */
     int64_t N = logits->shape[0];
     size_t n = (size_t)(N ? N : 1);
@@ -192,10 +198,7 @@ fg_status fg__cpu_cross_entropy_bwd_stats(const fg_tensor *logits, const fg_tens
                                           const fg_tensor *stats, int64_t ignore_index,
                                           double dloss, int64_t count, fg_tensor *dlogits) {
     const char *k = "cross_entropy_bwd_stats";
-    int64_t c;
-    FG_TRY(check(k, logits, targets, ignore_index, &c));
-    FG_TRY(fg__expect_same_shape(k, logits, dlogits));
-    FG_TRY(fg__expect_contiguous(k, dlogits));
+    FG_TRY(check_bwd(k, logits, targets, ignore_index, dlogits));
     FG_TRY(check_stats(k, stats, logits->shape[0]));
     if (count <= 0) return FG_OK;
     const double *m = stats->data;
