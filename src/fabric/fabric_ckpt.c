@@ -19,6 +19,7 @@
 #include "fabric_impl.h"
 
 #define FORMAT_NAME "fulgur-checkpoint-1"
+#define SHARD_FORMAT_NAME "fulgur-checkpoint-shard-1" /* fabric_save_sharded.c */
 
 /* The keys write_file sets itself; st->meta may not use them. */
 static const char *const k_own_keys[] = {"format",
@@ -284,15 +285,36 @@ const char *fg_fabric_loaded_meta(const fg_fabric *f, const char *key) {
     return NULL;
 }
 
+/* The first cap - 4 bytes of s, with "..." when cut and '?' for anything
+ * but printable ASCII, so that a hostile header cannot reach the terminal. */
+static void printable_copy(char *out, size_t cap, const char *s) {
+    size_t n = 0, len = s ? strlen(s) : 0;
+    for (; n < len && n + 4 < cap; n++) out[n] = s[n] >= 0x20 && s[n] < 0x7f ? s[n] : '?';
+    if (n < len) out[n++] = '.', out[n++] = '.', out[n++] = '.';
+    out[n] = '\0';
+}
+
 fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st) {
     if (!st || !st->model || !path) return fg_error(FG_EINVAL, "load: needs a path and a model");
     fg_st_file *file = fg_st_open(path);
     if (!file) return fg_last_status();
     const char *fmt = fg_st_meta_get(file, "format");
     if (!fmt || strcmp(fmt, FORMAT_NAME)) {
+        /* fmt points into the file's header: copy it before the close */
+        char got[72];
+        bool shard = fmt && !strcmp(fmt, SHARD_FORMAT_NAME);
+        printable_copy(got, sizeof got, fmt);
         fg_st_close(file);
-        return fg_error(FG_EFORMAT, "%s: not a fulgur checkpoint (metadata \"format\" is %s%s%s)",
-                        path, fmt ? "\"" : "", fmt ? fmt : "missing", fmt ? "\"" : "");
+        if (shard)
+            return fg_error(FG_EFORMAT,
+                            "%s: one shard of a sharded checkpoint (metadata \"format\" is \"%s\"), "
+                            "not a whole one: pass the folder that holds it and " FG_ST_INDEX_NAME,
+                            path, got);
+        return fg_error(FG_EFORMAT,
+                        "%s: not a fulgur checkpoint (metadata \"format\" is %s%s%s; fulgur "
+                        "writes \"" FORMAT_NAME "\"): pass a checkpoint that fulgur saved, or "
+                        "the folder of a sharded one",
+                        path, fmt ? "\"" : "", fmt ? got : "missing", fmt ? "\"" : "");
     }
     int64_t count = fg_st_count(file);
     bool *used = fg_calloc((size_t)count + 1, 1);

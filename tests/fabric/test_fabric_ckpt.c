@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <sys/stat.h>
 
+#include "fulgur/ckpt.h"
 #include "fulgur/fabric.h"
 #include "fulgur/optim.h"
 #include "harness.h"
@@ -15,10 +16,8 @@ static char g_dir[256];
 
 static const char *tmp_path(const char *name) {
     static char buf[512];
-    if (!g_dir[0]) {
-        snprintf(g_dir, sizeof g_dir, "/tmp/fulgur-fabric-ckpt-%d", (int)getpid());
-        mkdir(g_dir, 0700);
-    }
+    if (!g_dir[0]) snprintf(g_dir, sizeof g_dir, "/tmp/fulgur-fabric-ckpt-%d", (int)getpid());
+    mkdir(g_dir, 0700); /* again after a test removed it */
     snprintf(buf, sizeof buf, "%s/%s", g_dir, name);
     return buf;
 }
@@ -106,6 +105,60 @@ static int meta_round_trip(fg_fabric *f, void *arg) {
     remove(path);
     remove(path2);
     return 0;
+}
+
+/* A safetensors file of another format (Hugging Face writes "pt"; a shard
+ * of a sharded save has its own) is refused with a message that names the
+ * format read from the file and what to pass instead. The format string
+ * lives in the file's header: the message must be built before the close
+ * (AddressSanitizer caught a use after free here). */
+static int foreign_format(fg_fabric *f, void *arg) {
+    (void)arg;
+    fg_module *m = tiny_mlp(1);
+    CHECK(m != NULL);
+    if (!m) return 1;
+    struct {
+        const char *format, *words[3];
+    } cases[] = {
+        {"pt", {"metadata \"format\" is \"pt\"", "fulgur-checkpoint-1", "pass a checkpoint"}},
+        {"fulgur-checkpoint-shard-1",
+         {"one shard of a sharded checkpoint", "\"fulgur-checkpoint-shard-1\"",
+          "pass the folder that holds it and model.safetensors.index.json"}},
+        {NULL, {"\"format\" is missing", "fulgur-checkpoint-1", "pass a checkpoint"}},
+        {"\x1b[2Jxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+         {"\"?[2Jxxx", "xxx...\"", "fulgur-checkpoint-1"}},
+    };
+    const float w[2] = {1, 2};
+    const int64_t shape[1] = {2};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s", tmp_path("foreign.safetensors"));
+        fg_st_writer *wr = fg_st_writer_new();
+        CHECK(wr != NULL);
+        if (!wr) break;
+        CHECK_OK(fg_st_writer_add(wr, "weight", FG_F32, 1, shape, w));
+        if (cases[i].format) CHECK_OK(fg_st_writer_set_meta(wr, "format", cases[i].format));
+        CHECK_OK(fg_st_writer_write(wr, path));
+        fg_st_writer_free(wr);
+        fg_train_state st = {.model = m};
+        fg_status s = fg_fabric_load(f, path, &st);
+        CHECK_MSG(s == FG_EFORMAT, "case %zu: %s (%s)", i, fg_status_str(s), fg_last_error());
+        CHECK_CONTAINS(fg_last_error(), path);
+        for (int k = 0; k < 3; k++) CHECK_CONTAINS(fg_last_error(), cases[i].words[k]);
+        CHECK_MSG(!strchr(fg_last_error(), '\x1b'), "case %zu: %s", i, fg_last_error());
+        remove(path);
+    }
+    fg_module_free(m);
+    return 0;
+}
+
+TEST(foreign_format_is_named_after_the_close) {
+    fg_fabric *f = fg_fabric_new(&(fg_fabric_config){.devices = "1", .strategy = "single"});
+    CHECK_MSG(f != NULL, "%s", fg_last_error());
+    if (!f) return;
+    CHECK(fg_fabric_launch(f, foreign_format, NULL) == 0);
+    fg_fabric_free(f);
+    rmdir(g_dir);
 }
 
 TEST(meta_round_trip_and_refusals) {
