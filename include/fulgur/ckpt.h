@@ -106,9 +106,14 @@ FG_API fg_status fg_st_writer_meta_at(const fg_st_writer *w, int64_t i, const ch
  * A kill at any moment leaves `path` either as it was or as the new file.
  * The writer stays usable (write again, add more). Not collective: with many
  * ranks, write from the ranks that own the data, to distinct paths.
+ * `path` may be a regular file (replaced) or nothing; anything else there (a
+ * folder, symlink, fifo or device node, which rename would replace as
+ * readily) is refused with FG_EINVAL naming what it is, before and again
+ * just before the rename.
  * Returns FG_OK; FG_EIO naming `path` and the system's reason (full disk,
  * missing folder, permission) with the temporary file removed; FG_EINVAL if
- * the header would pass FG_ST_MAX_HEADER; FG_ENOMEM. If only the final
+ * the header would pass FG_ST_MAX_HEADER or `path` is not a regular file;
+ * FG_ENOMEM. If only the final
  * folder fsync fails, the new file is in place and FG_EIO says so. */
 FG_API fg_status fg_st_writer_write(fg_st_writer *w, const char *path);
 

@@ -6,7 +6,9 @@
  * Until the rename the target is untouched; after it the target is the new
  * file in full. Temporary names start with '.' and end in ".tmp-<pid>-<n>",
  * so no listing of "*.safetensors" ever picks one up; fg_st_remove_stale_tmp
- * removes those of processes that died mid-write. */
+ * removes those of processes that died mid-write. The target must be a
+ * regular file or nothing: rename would replace a device node, a fifo or a
+ * symlink as readily. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -57,6 +59,34 @@ int fg__fsync_dir(const char *dir) {
     return rc;
 }
 
+/* rename(2) replaces whatever the target is: a fifo, a device node (as
+ * root, /dev/null would become a regular file for every process), a
+ * symlink instead of its target. Only a regular file, or nothing, may be
+ * replaced; anything else is refused, naming what it is. Checked when the
+ * write begins (so nothing is written for a bad target) and again just
+ * before the rename. */
+static fg_status check_target(const char *path) {
+    char eb[128];
+    struct stat sb;
+    if (lstat(path, &sb) != 0) {
+        if (errno == ENOENT) return FG_OK;
+        return fg_error(FG_EIO, "%s: cannot check what is there: %s", path,
+                        fg__errstr(errno, eb, sizeof eb));
+    }
+    if (S_ISREG(sb.st_mode)) return FG_OK;
+    const char *what = S_ISDIR(sb.st_mode)    ? "a folder"
+                       : S_ISLNK(sb.st_mode)  ? "a symlink"
+                       : S_ISFIFO(sb.st_mode) ? "a fifo"
+                       : S_ISCHR(sb.st_mode)  ? "a character device"
+                       : S_ISBLK(sb.st_mode)  ? "a block device"
+                       : S_ISSOCK(sb.st_mode) ? "a socket"
+                                              : "not a regular file";
+    return fg_error(FG_EINVAL,
+                    "%s: exists and is %s; a checkpoint replaces only a regular file: remove it "
+                    "or write to another path",
+                    path, what);
+}
+
 static void afile_release(fg__afile *a) {
     fg_free(a->path);
     fg_free(a->tmp);
@@ -71,6 +101,7 @@ fg_status fg__afile_open(fg__afile *a, const char *path) {
     const char *slash = strrchr(path, '/');
     if (!*path || (slash && !slash[1]))
         return fg_error(FG_EINVAL, "\"%s\": expected a file path, not a folder", path);
+    FG_TRY(check_target(path));
     a->path = fg_strdup(path);
     a->dir = fg__path_dir(path);
     a->buf = fg_alloc(AFILE_BUF);
@@ -154,6 +185,7 @@ fg_status fg__afile_commit(fg__afile *a) {
         st = fg_error(FG_EIO, "%s: close failed: %s", a->path, fg__errstr(errno, eb, sizeof eb));
         goto fail;
     }
+    if ((st = check_target(a->path)) != FG_OK) goto fail;
     if (rename(a->tmp, a->path) != 0) {
         st = fg_error(FG_EIO, "%s: cannot rename the temporary file \"%s\" over it: %s", a->path,
                       a->tmp, fg__errstr(errno, eb, sizeof eb));

@@ -3,9 +3,11 @@
  * (made by make_crafted.py) opens or fails with FG_EFORMAT and the expected
  * words, naming the file; thousands of bit flips of a valid file never
  * crash; failed allocations at every point give errors, not crashes; the
- * `last` pointer names the newest whole file. */
+ * `last` pointer names the newest whole file; a write refuses a target
+ * that is there and not a regular file. */
 #include <stdio.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "fulgur/ckpt.h"
 #include "harness.h"
@@ -268,6 +270,32 @@ TEST(last_pointer_names_the_newest_whole_file) {
     fg_st_writer_add(w, "w", FG_F32, 1, s, v);
     CHECK_STATUS(fg_st_writer_write(w, "/nonexistent-dir/x.safetensors"), FG_EIO);
     CHECK_CONTAINS(fg_last_error(), "/nonexistent-dir");
+    fg_st_writer_free(w);
+    /* rename(2) would replace a fifo, a symlink (here to /dev/null) or a
+     * folder as readily as a file: each is refused, naming what it is, and
+     * left as it was, with no temporary file behind; a regular file is
+     * replaced */
+    CHECK(mkfifo(tmp_path("fifo"), 0600) == 0);
+    CHECK(symlink("/dev/null", tmp_path("null-link")) == 0);
+    CHECK(mkdir(tmp_path("a-folder"), 0700) == 0);
+    struct {
+        const char *name, *what;
+    } odd[] = {{"fifo", "a fifo"}, {"null-link", "a symlink"}, {"a-folder", "a folder"}};
+    w = fg_st_writer_new();
+    fg_st_writer_add(w, "w", FG_F32, 1, s, v);
+    for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+        char p[512];
+        snprintf(p, sizeof p, "%s", tmp_path(odd[i].name));
+        CHECK_STATUS(fg_st_writer_write(w, p), FG_EINVAL);
+        CHECK_CONTAINS(fg_last_error(), p);
+        CHECK_CONTAINS(fg_last_error(), odd[i].what);
+        struct stat sb;
+        CHECK(lstat(p, &sb) == 0 && !S_ISREG(sb.st_mode));
+    }
+    char tmpl[600];
+    snprintf(tmpl, sizeof tmpl, "ls -a %s | grep -q tmp-", g_dir);
+    CHECK_MSG(system(tmpl) != 0, "a temporary file was left in %s", g_dir);
+    CHECK_OK(fg_st_writer_write(w, target)); /* step-3, a regular file */
     fg_st_writer_free(w);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # fulgur ckpt show / diff on the crafted files of tests/ckpt: listing,
 # metadata, differences per tensor, names in one file only, damaged and
-# missing files (exit codes 1 and 2).
+# missing files (exit codes 1 and 2); consolidate refuses an OUT that its
+# rename would wrongly replace (a symlink, fifo or folder, the input, a
+# path inside a sharded input), and an existing file without --force.
 source "$(dirname "$0")/lib.sh"
 C="$FG_SRC/tests/ckpt/crafted"
 echo "test_ckpt: fulgur ckpt show/diff"
@@ -49,6 +51,71 @@ expect_grep "missing file named" missing 'nope.safetensors'
 run flag "$FULGUR" ckpt show --fulll "$C/good.safetensors"
 expect_rc "unknown flag" 2 flag
 expect_grep "unknown flag named, suggestion" flag 'unknown flag "--fulll"; did you mean --full'
+# consolidate's OUT: rename(2) replaces whatever is there, so only a new
+# file, or a regular file with --force, is written; a symlink (here to
+# /dev/null), a fifo, a folder, a path inside the sharded checkpoint and
+# the input itself are refused (exit 2) and left as they were.
+cons() { run "$1" "$FULGUR" ckpt consolidate "${@:2}"; }
+G="$T_TMP/g.safetensors"
+cp "$C/good.safetensors" "$G"
+ln -s /dev/null "$T_TMP/null-link"
+cons c_link "$G" "$T_TMP/null-link"
+expect_rc "consolidate onto a symlink to /dev/null" 2 c_link
+expect_grep "symlink named" c_link 'null-link exists and is not a regular file \(a symlink\)'
+[ -L "$T_TMP/null-link" ] && pass "the symlink is still a symlink" || fail "the symlink was replaced"
+cons c_linkf "$G" "$T_TMP/null-link" --force
+expect_rc "consolidate onto a symlink, --force" 2 c_linkf
+mkfifo "$T_TMP/fifo"
+cons c_fifo "$G" "$T_TMP/fifo" --force
+expect_rc "consolidate onto a fifo, --force" 2 c_fifo
+expect_grep "fifo named" c_fifo 'fifo exists and is not a regular file \(a fifo\)'
+[ -p "$T_TMP/fifo" ] && pass "the fifo is still a fifo" || fail "the fifo was replaced"
+mkdir "$T_TMP/adir"
+cons c_dir "$G" "$T_TMP/adir" --force
+expect_rc "consolidate onto a folder" 2 c_dir
+cons c_self "$G" "$G" --force
+expect_rc "consolidate onto its own input, --force" 2 c_self
+expect_grep "own input named" c_self 'is the checkpoint being read'
+cmp -s "$G" "$C/good.safetensors" && pass "input unchanged" || fail "input changed"
+echo keep >"$T_TMP/old.safetensors"
+cons c_exist "$G" "$T_TMP/old.safetensors"
+expect_rc "consolidate onto an existing file" 2 c_exist
+expect_grep "asks for --force" c_exist 'old.safetensors exists: pass --force to replace it'
+[ "$(cat "$T_TMP/old.safetensors")" = keep ] && pass "existing file kept" || fail "existing file replaced"
+cons c_force "$G" "$T_TMP/old.safetensors" --force
+expect_rc "consolidate onto an existing file, --force" 0 c_force
+cmp -s "$T_TMP/old.safetensors" "$C/good.safetensors" && pass "--force replaced it" ||
+    fail "--force did not replace it"
+cons c_new "$G" "$T_TMP/new.safetensors"
+expect_rc "consolidate to a new file" 0 c_new
+
+# a sharded checkpoint of a tiny 2-rank run: OUT inside its folder (one of
+# its own shards, the index, a new name there) is refused, --force or not
+TXT="$T_TMP/tiny.txt"
+for i in $(seq 1 20); do echo "all work and no play makes jack a dull boy $i"; done >"$TXT"
+run fit env FULGUR_CPU_DEVICES=2 "$FULGUR" fit --data "$TXT" --layers 1 --heads 2 --embd 16 \
+    --ctx 16 --batch-size 2 --max-steps 1 --progress none --sample-tokens 0 --num-workers 0 \
+    --limit-val-batches 1 --devices 2 --strategy deepspeed_stage_2 --state-dict-type sharded \
+    --default-root-dir "$T_TMP/srun"
+expect_rc "tiny sharded fit" 0 fit
+SD=$(find "$T_TMP/srun" -name model.safetensors.index.json -print -quit)
+SD=${SD%/*}
+SHARD=$(find "$SD" -name 'model-*.safetensors' -print -quit)
+if [ -n "$SD" ] && [ -n "$SHARD" ]; then
+    sum_before=$(cat "$SD"/* | cksum)
+    cons s_shard "$SD" "$SHARD" --force
+    expect_rc "consolidate onto its own shard, --force" 2 s_shard
+    expect_grep "inside named" s_shard 'lies inside the sharded checkpoint'
+    cons s_index "$SD/model.safetensors.index.json" "$SD/model.safetensors.index.json" --force
+    expect_rc "consolidate onto its own index, --force" 2 s_index
+    cons s_new "$SD" "$SD/../$(basename "$SD")/whole.safetensors"
+    expect_rc "consolidate to a new file inside the folder" 2 s_new
+    [ "$(cat "$SD"/* | cksum)" = "$sum_before" ] && [ ! -e "$SD/whole.safetensors" ] &&
+        pass "sharded checkpoint unchanged" || fail "sharded checkpoint changed"
+    cons s_ok "$SD" "$T_TMP/whole.safetensors"
+    expect_rc "consolidate outside the folder" 0 s_ok
+else fail "the sharded fit left no folder with an index"; fi
+
 run act "$FULGUR" ckpt frobnicate
 expect_rc "unknown action" 2 act
 expect_grep "unknown action named" act 'unknown action "frobnicate"'

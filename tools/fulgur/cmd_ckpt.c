@@ -3,16 +3,19 @@
  *   fulgur ckpt diff A B         largest |A - B| per tensor and overall, names
  *                                only in one file, metadata that differs
  *   fulgur ckpt consolidate DIR OUT.safetensors
- *                                a sharded checkpoint into one file
+ *                                a sharded checkpoint into one file (OUT new,
+ *                                or a regular file with --force; not in DIR)
  * FILE may be a sharded checkpoint's folder, a run's checkpoint folder (its
  * last.safetensors) or the "last" symlink. Reading
  * goes through fg_st_open, which checks the whole header first: a damaged
  * file is reported (exit 1), never trusted. */
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "ckpt_paths.h"
 #include "cli.h"
@@ -247,24 +250,91 @@ static int ckpt_diff(int argc, char **argv) {
     return exit_code && differ ? FG_EXIT_FAIL : FG_EXIT_OK;
 }
 
+/* The real path of the folder that holds `path` into out (PATH_MAX bytes);
+ * false when it cannot be resolved (then the writer reports it). */
+static bool parent_real(const char *path, char *out) {
+    char *dir = strdup(path);
+    if (!dir) return false;
+    char *slash = strrchr(dir, '/');
+    const char *d = !slash ? "." : slash == dir ? "/" : (*slash = '\0', dir);
+    bool ok = realpath(d, out) != NULL;
+    free(dir);
+    return ok;
+}
+
+/* Where consolidate may write OUT: nothing there, or a regular file with
+ * --force; never a folder, fifo, device or symlink (rename would replace it
+ * as readily: /dev/null as root), never inside the sharded checkpoint read
+ * (its folder: OUT would be renamed over a shard or the index) and never
+ * the input file itself. Returns 0, or FG_EXIT_USAGE after saying why. */
+static int check_out(const char *in, const char *out, bool force) {
+    struct stat ib, ob, lb;
+    char rin[PATH_MAX], rdir[PATH_MAX];
+    if (stat(in, &ib) != 0) return 0; /* opened already: a race; the writer decides */
+    bool have = lstat(out, &lb) == 0;
+    if (have && !S_ISREG(lb.st_mode)) {
+        cli_error("ckpt consolidate: OUT %s exists and is not a regular file (%s): choose a new "
+                  "file name",
+                  out,
+                  S_ISDIR(lb.st_mode)    ? "a folder"
+                  : S_ISLNK(lb.st_mode)  ? "a symlink"
+                  : S_ISFIFO(lb.st_mode) ? "a fifo"
+                  : S_ISCHR(lb.st_mode) || S_ISBLK(lb.st_mode) ? "a device"
+                                                               : "a special file");
+        return FG_EXIT_USAGE;
+    }
+    if (have && stat(out, &ob) == 0 && ob.st_dev == ib.st_dev && ob.st_ino == ib.st_ino) {
+        cli_error("ckpt consolidate: OUT %s is the checkpoint being read: choose another file", out);
+        return FG_EXIT_USAGE;
+    }
+    size_t inlen = strlen(in);
+    bool index = inlen > 5 && !strcmp(in + inlen - 5, ".json"); /* the shards lie beside it */
+    if (S_ISDIR(ib.st_mode) || index) {
+        /* OUT's folder is the checkpoint's folder or below it */
+        bool inside = false;
+        if (realpath(in, rin) && parent_real(out, rdir)) {
+            if (index) *strrchr(rin, '/') = '\0';
+            size_t n = strlen(rin);
+            inside = !strncmp(rdir, rin, n) && (rdir[n] == '\0' || rdir[n] == '/' || n == 1);
+        }
+        if (inside) {
+            cli_error("ckpt consolidate: OUT %s lies inside the sharded checkpoint %s, which it "
+                      "would change: write it outside that folder",
+                      out, in);
+            return FG_EXIT_USAGE;
+        }
+    }
+    if (have && !force) {
+        cli_error("ckpt consolidate: OUT %s exists: pass --force to replace it, or choose a new "
+                  "file name",
+                  out);
+        return FG_EXIT_USAGE;
+    }
+    return 0;
+}
+
 /* One file from a sharded checkpoint (or a copy of a single file): every
  * tensor in the index's order, the metadata, written atomically. The
  * result is the file a full save of the same state writes, byte for
  * byte. --weights-only leaves out "optimizer.*": the model's state_dict,
  * for PyTorch's load_state_dict(strict=True). */
 static int ckpt_consolidate(int argc, char **argv) {
-    bool weights_only = false;
+    bool weights_only = false, force = false;
     cli_flag flags[] = {
         {.name = "weights-only",
          .type = CLI_BOOL,
          .dst = &weights_only,
          .help = "only the model's weights (no optimizer.* state): PyTorch's state_dict"},
+        {.name = "force",
+         .type = CLI_BOOL,
+         .dst = &force,
+         .help = "replace OUT when it is an existing regular file"},
     };
     const char *pos[2];
     int npos = 0;
-    int rc = cli_flags_parse(flags, 1, argc, argv,
-                             "fulgur ckpt consolidate DIR OUT.safetensors [--weights-only]", pos, 2,
-                             &npos);
+    int rc = cli_flags_parse(flags, 2, argc, argv,
+                             "fulgur ckpt consolidate DIR OUT.safetensors [--weights-only] [--force]",
+                             pos, 2, &npos);
     if (rc) return rc < 0 ? FG_EXIT_OK : rc;
     if (npos != 2) {
         cli_error("ckpt consolidate: expected a sharded checkpoint DIR and an output file OUT");
@@ -273,6 +343,10 @@ static int ckpt_consolidate(int argc, char **argv) {
     fg_st_file *f;
     char path[4096];
     if ((rc = open_ckpt(pos[0], &f, path, sizeof path))) return rc;
+    if ((rc = check_out(path, pos[1], force))) {
+        fg_st_close(f);
+        return rc;
+    }
     fg_st_writer *w = fg_st_writer_new();
     fg_status s = w ? FG_OK : FG_ENOMEM;
     int64_t kept = 0;
@@ -307,13 +381,14 @@ static int ckpt_consolidate(int argc, char **argv) {
 static void usage(FILE *f) {
     fprintf(f, "usage: fulgur ckpt show FILE [--full]\n"
                "       fulgur ckpt diff A B [--exit-code]\n"
-               "       fulgur ckpt consolidate DIR OUT.safetensors [--weights-only]\n\n"
+               "       fulgur ckpt consolidate DIR OUT.safetensors [--weights-only] [--force]\n\n"
                "  show   list the tensors (name, dtype, shape, elements) and the metadata\n"
                "  diff   largest absolute difference per tensor and overall; tensors in\n"
                "         only one file, other shapes and differing metadata are listed\n"
                "  consolidate  one safetensors file from a sharded checkpoint (a folder of\n"
                "         a file per rank and model.safetensors.index.json): the file a full\n"
-               "         save writes; --weights-only keeps the model's weights alone\n\n"
+               "         save writes; --weights-only keeps the model's weights alone;\n"
+               "         OUT must be new (--force replaces a regular file), outside DIR\n\n"
                "FILE may be a sharded checkpoint's folder, or a run's checkpoint folder\n"
                "(its last.safetensors is used).\n"
                "Exit codes: 0 done, 1 unreadable or damaged file (or, with --exit-code,\n"
