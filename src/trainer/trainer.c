@@ -351,6 +351,7 @@ void fg_trainer_free(fg_trainer *t) {
     fg_free(t->root_dir);
     fg_free(t->log_dir);
     fg_optimizer_free(t->opt);
+    fg_optimizer_free(t->eval_opt);
     fg__results_free(&t->train_res);
     fg__results_free(&t->eval_res);
     fg__results_free(&t->snap_res);
@@ -456,6 +457,11 @@ static fg_dataloader *pick_loader(fg_trainer *t, fg_dataloader *given,
     return hook ? hook(t->m.ud, t) : NULL;
 }
 
+/* The kinds whose setup cuts the optimizer into shards (ZeRO, FSDP). */
+static bool needs_opt_at_setup(const fg_trainer *t) {
+    return fg_strategy_kind_is_sharded(fg_fabric_plan(t->f)->strategy);
+}
+
 /* What every entry point does before its loop. */
 static fg_status prepare(entry *e) {
     fg_trainer *t = e->t;
@@ -472,6 +478,12 @@ static fg_status prepare(entry *e) {
                                              ".configure_model",
                                              fn_name(e->fn));
     t->model = model;
+    if (e->fn == FG_FIT && t->eval_opt && fg_fabric_model(t->f) == model)
+        return fg_error(FG_ESTATE,
+                        "fit: strategy %s was set up for evaluation in this launch (it holds "
+                        "evaluation's optimizer, not configure_optimizers'); fit first, or fit in "
+                        "another launch",
+                        fg_fabric_strategy_name(t->f));
     if (e->fn == FG_FIT) {
         fg_optimizer_config oc = {0};
         fg_status cs = m->configure_optimizers(m->ud, t, &oc);
@@ -505,7 +517,21 @@ static fg_status prepare(entry *e) {
         t->oc.schedule = oc.schedule ? &t->sched : NULL;
         if (!t->oc.frequency) t->oc.frequency = 1;
     } else if (fg_fabric_model(t->f) != model) {
-        FG_TRY(fg_fabric_setup(t->f, model, NULL));
+        /* evaluation steps no optimizer, but the sharded kinds cut one into
+         * shards at setup: they get a stateless SGD (no momentum, so no
+         * state to shard) that never steps */
+        fg_optimizer *eo = NULL;
+        if (needs_opt_at_setup(t)) {
+            eo = fg_sgd_new(model, &(fg_sgd_opts){0});
+            if (!eo) return fg_error_wrap(fg_last_status(), "%s: setting up", fn_name(e->fn));
+        }
+        fg_status s = fg_fabric_setup(t->f, model, eo);
+        if (s != FG_OK) {
+            fg_optimizer_free(eo);
+            return s;
+        }
+        fg_optimizer_free(t->eval_opt);
+        t->eval_opt = eo;
     }
     const char *sname = fg_fabric_strategy_name(t->f);
     t->dp = !strcmp(sname, "dp");

@@ -127,6 +127,9 @@ struct fg_trainer {
     fg_lightning_module m;
     fg_module *model;
     fg_optimizer *opt;
+    /* evaluation's stand-in for the kinds that need an optimizer at setup
+     * (they cut or wrap one): a stateless SGD that never steps */
+    fg_optimizer *eval_opt;
     fg_optimizer_config oc;
     fg_lr_schedule sched;
     fg_trainer_fn fn;

@@ -68,6 +68,27 @@ run pd "$FULGUR" predict "${DATA[@]}" --predict-data "$TEST_TXT" --limit-predict
 expect_rc "predict --predict-data --limit-predict-batches 1" 0 pd
 expect_grep "one batch of 4" pd '^predict: 4 predictions written to .*/predictions\.csv$'
 
+# --- every strategy evaluates: the sharded kinds need an optimizer at setup,
+# and validate/test/predict have none of their own (Lightning's
+# Trainer(strategy="deepspeed_stage_3").test(ckpt_path=...))
+for strat in deepspeed_stage_2 deepspeed_stage_3 fsdp; do
+    run "vs_$strat" "$FULGUR" validate "${DATA[@]}" --devices 2 --strategy "$strat" \
+        --limit-val-batches 1.0
+    expect_rc "validate --strategy $strat on 2 ranks" 0 "vs_$strat"
+    vs=$(sed -n 's/^  val_loss = \([0-9.]*\)$/\1/p' "$T_TMP/vs_$strat")
+    awk -v a="$v_val" -v b="$vs" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d < 1e-5) }' &&
+        pass "$strat: the checkpoint's val_loss $vs (1 rank ddp: $v_val)" ||
+        fail "$strat: val_loss ${vs:-?}, 1 rank ${v_val:-?}"
+    run "ts_$strat" "$FULGUR" test "${DATA[@]}" --devices 2 --strategy "$strat" --ckpt-path best
+    expect_rc "test --strategy $strat --ckpt-path best" 0 "ts_$strat"
+    expect_grep "$strat: test_loss" "ts_$strat" '^  test_loss = [0-9.]+$'
+    run "ps_$strat" "$FULGUR" predict "${DATA[@]}" --devices 2 --strategy "$strat" \
+        --predictions "$T_TMP/ps_$strat.csv"
+    expect_rc "predict --strategy $strat" 0 "ps_$strat"
+    cmp -s "$T_TMP/p1.csv" "$T_TMP/ps_$strat.csv" && pass "$strat: predict writes ddp's file" ||
+        fail "$strat: predict wrote another file"
+done
+
 # --- mlp: the class of each sample, the same on 1 and 2 ranks
 write_npy() {
     local hdr="{'descr': '$2', 'fortran_order': False, 'shape': $3, }"

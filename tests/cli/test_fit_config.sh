@@ -168,4 +168,27 @@ YAML
 run fit "$FULGUR" fit --config "$C/gpt.yaml" --max-steps 3
 expect_rc "fit from a config file" 0 fit
 expect_grep "the flag's max_steps ran, not the file's" fit '^done: 3 steps'
+# --- LightningCLI's workflow: FLAGS --print-config > run.yaml, then --config
+# run.yaml runs the same settings. The file holds every key, defaults
+# included: a key at its default never reads as "given" to the checks that
+# tie a flag to a strategy.
+RT=(--data "$TXT" --layers 1 --heads 2 --embd 16 --ctx 8 --batch-size 2 --max-steps 1
+    --num-workers 0 --sample-tokens 0 --progress none)
+i=0
+for flags in "--strategy ddp" "--strategy deepspeed_stage_3 --reduce-bucket-size 1000" \
+    "--strategy fsdp --sharding-strategy SHARD_GRAD_OP" \
+    "--strategy fsdp --sharding-strategy HYBRID_SHARD --hybrid-shard-size 1 --devices 2" \
+    "--strategy ddp --ddp-comm-hook powersgd --powersgd-rank 2 --devices 2" \
+    "--strategy bagua --bagua-algorithm decentralized --devices 2" \
+    "--strategy deepspeed_stage_2 --offload-optimizer-device cpu" --fast-dev-run; do
+    i=$((i + 1))
+    # shellcheck disable=SC2086
+    run "rt$i" "$FULGUR" fit "${RT[@]}" $flags --default-root-dir "$T_TMP/rtd$i" --print-config
+    cp "$T_TMP/rt$i" "$C/rt$i.yaml"
+    run "rt${i}run" "$FULGUR" fit --config "$C/rt$i.yaml"
+    expect_rc "$flags --print-config, then --config: runs" 0 "rt${i}run"
+    run "rt${i}again" "$FULGUR" fit --config "$C/rt$i.yaml" --print-config
+    diff -q "$T_TMP/rt$i" "$T_TMP/rt${i}again" >/dev/null && pass "$flags: the same settings" ||
+        fail "$flags: --config prints other settings"
+done
 finish

@@ -32,6 +32,17 @@ expect_val_steps "fast_dev_run: one validation, at its end" fdr "2 "
 n=$(find "$T_TMP/d-fdr/checkpoints" -name '*.safetensors' | wc -l)
 [ "$n" = 0 ] && pass "fast_dev_run saves no checkpoint" || fail "fast_dev_run saved $n files"
 
+# --fast-dev-run alone is Lightning's fast_dev_run=True: one batch; the next
+# argument stays a flag of its own
+run fdr1 "$FULGUR" fit "${TINY[@]}" --fast-dev-run --default-root-dir "$T_TMP/d-fdr1"
+expect_rc "--fast-dev-run alone, before another flag" 0 fdr1
+expect_grep "one step" fdr1 '^done: 1 steps '
+run fdr2 "$FULGUR" fit "${TINY[@]}" --default-root-dir "$T_TMP/d-fdr2" --fast-dev-run
+expect_rc "--fast-dev-run alone, last" 0 fdr2
+expect_grep "one step" fdr2 '^done: 1 steps '
+run fdr3 "$FULGUR" fit "${TINY[@]}" --default-root-dir "$T_TMP/d-fdr3" --fast-dev-run=true
+expect_grep "--fast-dev-run=true: one step" fdr3 '^done: 1 steps '
+
 # --- epochs, limit_train_batches, a fractional val_check_interval
 run ep "$FULGUR" fit "${TINY[@]}" --max-epochs 2 --max-steps -1 --limit-train-batches 4 \
     --val-check-interval 0.5 --default-root-dir "$T_TMP/d-ep"
@@ -66,6 +77,20 @@ kept=$(cd "$T_TMP/d-topk/checkpoints" && ls step-*.safetensors | wc -l)
     fail "kept $kept step files"
 [ "$(readlink "$T_TMP/d-topk/checkpoints/last.safetensors")" = step-00000030.safetensors ] &&
     pass "last names the newest" || fail "last does not name step 30"
+
+# --- ModelCheckpoint with a monitor and no --every-n-train-steps: a check at
+# the end of every validation (Lightning's), so the best two validations
+# are the two kept (with the end of the run, always saved)
+run tkv "$FULGUR" fit "${TINY[@]}" --max-steps 24 --val-check-interval 4 --monitor val_loss \
+    --save-top-k 2 --lr 3e-3 --default-root-dir "$T_TMP/d-tkv"
+expect_rc "--monitor val_loss --save-top-k 2 without --every-n-train-steps" 0 tkv
+best2=$(sed -n 's/^step \([0-9]*\)  val loss \([0-9.]*\)$/\2 \1/p' "$T_TMP/tkv" | sort -n | head -2 |
+        awk '{ printf "step-%08d.safetensors\n", $2 }' | sort | tr '\n' ' ')
+kept=$(cd "$T_TMP/d-tkv/checkpoints" && ls step-*.safetensors | grep -v step-00000024 | tr '\n' ' ')
+[ -n "$best2" ] && { [ "$kept" = "$best2" ] ||
+    [ "$(cd "$T_TMP/d-tkv/checkpoints" && ls step-*.safetensors | tr '\n' ' ')" = "$best2" ]; } &&
+    pass "the two best validations are kept: $best2" ||
+    fail "kept \"$kept\" (besides the end), the two best validations are \"$best2\""
 
 # --- loggers: Lightning's CSV and TensorBoard run folders
 run lg "$FULGUR" fit "${TINY[@]}" --max-steps 6 --val-check-interval 3 --logger csv,tensorboard \

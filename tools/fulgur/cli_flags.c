@@ -69,6 +69,27 @@ static void unknown_flag(const cli_flag *flags, int nflags, const char *name, co
     else cli_error("unknown flag \"--%s\" (%.*s --help lists them)", name, cmdlen, usage);
 }
 
+bool cli_flag_given(const cli_flag *f) {
+    if (!f || !f->seen) return false;
+    const char *def = f->def ? f->def : "";
+    switch (f->type) {
+    case CLI_STR: {
+        const char *v = *(const char *const *)f->dst;
+        return v ? strcmp(v, def) != 0 : def[0] != '\0';
+    }
+    case CLI_INT: {
+        int64_t d = 0;
+        return !cli_parse_int(def, &d) || *(const int64_t *)f->dst != d;
+    }
+    case CLI_DOUBLE: {
+        double d = 0;
+        return !cli_parse_double(def, &d) || *(const double *)f->dst != d;
+    }
+    case CLI_BOOL: return *(const bool *)f->dst != (!strcmp(def, "true") || !strcmp(def, "1"));
+    default: return false;
+    }
+}
+
 cli_flag *cli_flags_find(cli_flag *flags, int nflags, const char *name) {
     for (int i = 0; i < nflags; i++)
         if (flags[i].type != CLI_SECTION &&
@@ -108,6 +129,8 @@ static bool set_value(cli_flag *f, const char *v, bool from_default) {
         return true;
     case CLI_INT: {
         int64_t x;
+        if (f->bare && v && !strcmp(v, "true")) v = f->bare;
+        else if (f->bare && v && !strcmp(v, "false")) v = "0";
         if (!cli_parse_int(v, &x)) {
             cli_error("%s--%s=\"%s\": expected an integer", who, f->name, v ? v : "");
             return false;
@@ -229,6 +252,10 @@ int cli_flags_parse(cli_flag *flags, int nflags, int argc, char **argv, const ch
             return FG_EXIT_USAGE;
         }
         const char *v = eq ? eq + 1 : NULL;
+        int64_t next;
+        if (!v && f->type == CLI_INT && f->bare &&
+            (i + 1 >= argc || !cli_parse_int(argv[i + 1], &next)))
+            v = f->bare;
         if (!v && f->type != CLI_BOOL) {
             if (i + 1 >= argc) {
                 cli_error("--%s needs a value", name);

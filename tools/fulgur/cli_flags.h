@@ -3,7 +3,8 @@
  * that parsing, --help and the error messages come from one place.
  *
  * Accepted forms: "--name value" and "--name=value"; a bool flag takes no
- * value ("--flag") or an explicit one ("--flag=true|false|1|0"). Every error
+ * value ("--flag") or an explicit one ("--flag=true|false|1|0"); an int flag
+ * with a `bare` value may be given alone. Every error
  * names the flag and the bad value and is printed by cli_flags_parse, which
  * then returns FG_EXIT_USAGE (2). */
 #ifndef FULGUR_CLI_FLAGS_H
@@ -30,7 +31,11 @@ typedef struct cli_flag {
     int64_t min, max;           /* CLI_INT: inclusive range when min < max */
     const char *const *choices; /* CLI_STR: NULL-terminated valid values, or NULL */
     const char *alias;          /* another accepted name (an older one), or NULL */
-    bool seen;                  /* set by the parser when given on the command line */
+    /* CLI_INT: the value of the flag given bare ("--fast-dev-run", Lightning's
+     * True), taken unless the next argument is an integer; "true" and "false"
+     * then read as this and "0". NULL: a value is required. */
+    const char *bare;
+    bool seen; /* set by the parser when given on the command line */
 } cli_flag;
 
 /* Sets every flag to its default, then parses argv[1..argc) (argv[0] is the
@@ -43,6 +48,12 @@ int cli_flags_parse(cli_flag *flags, int nflags, int argc, char **argv, const ch
 
 /* Prints "usage: ...", then every flag with its default and help. */
 void cli_flags_help(FILE *out, const cli_flag *flags, int nflags, const char *usage);
+
+/* Given (on the command line or in a --config file) with a value other
+ * than its default: a settings file written by --print-config holds every
+ * flag at its default, which says nothing, so the checks that refuse a flag
+ * in a setting ask this, not `seen`. */
+bool cli_flag_given(const cli_flag *f);
 
 /* The flag called name (without "--"), or NULL. */
 cli_flag *cli_flags_find(cli_flag *flags, int nflags, const char *name);

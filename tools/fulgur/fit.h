@@ -92,6 +92,7 @@ typedef struct fit_opts {
     /* outputs */
     const char *root_dir, *ckpt_dir, *resume;
     int64_t ckpt_every, log_every, sample_tokens;
+    bool ckpt_every_given;    /* --every-n-train-steps given, other than its default */
     int64_t save_top_k;       /* the best N by --monitor, or without one the newest N; -1: all */
     const char *on_nonfinite; /* "stop" or "skip" */
     bool deterministic;       /* Lightning's `deterministic` (fabric.h) */

@@ -179,9 +179,9 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .help = "stop after this much training time, DD:HH:MM:SS (or HH:MM:SS, MM:SS, seconds); "
               "the checkpoint at the stop resumes");
     F(.name = "fast-dev-run", .type = CLI_INT, .dst = &o->fast_dev_run, .def = "0", .min = 0,
-      .max = INT64_MAX / 2,
+      .max = INT64_MAX / 2, .bare = "1",
       .help = "run N batches of training and validation (one epoch), no checkpoints, no "
-              "loggers: a quick check that everything runs (0: off)");
+              "loggers: a quick check that everything runs (0: off; alone: 1)");
     F(.name = "batch-size", .type = CLI_INT, .dst = &o->batch_size, .def = "16", .min = 1,
       .max = 1 << 24, .help = "samples per device per micro-batch");
     F(.name = "accumulate-grad-batches", .type = CLI_INT, .dst = &o->accumulate, .def = "1",
@@ -240,7 +240,8 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .help = "checkpoint folder [default: DEFAULT_ROOT_DIR/checkpoints]");
     F(.name = "every-n-train-steps", .alias = "ckpt-every", .type = CLI_INT, .dst = &o->ckpt_every,
       .def = "500", .min = 0, .max = INT64_MAX / 2,
-      .help = "save a checkpoint every N optimizer steps; always at the end (0: only there)");
+      .help = "save a checkpoint every N optimizer steps; always at the end (0: only there); "
+              "with --monitor and not given: at the end of every validation, as Lightning");
     F(.name = "monitor", .type = CLI_STR, .dst = &o->monitor,
       .help = "the metric that ranks checkpoints for --save-top-k and that "
               "--early-stopping-patience watches (val_loss)");
@@ -409,7 +410,7 @@ static int sharded_args(fit_opts *o, cli_flag *flags, int n) {
     static const char *const k_buckets[] = {"reduce-bucket-size", "allgather-bucket-size", NULL};
     for (int i = 0; k_buckets[i]; i++)
         if (known && !fg_strategy_kind_is_sharded(kind) &&
-            cli_flags_find(flags, n, k_buckets[i])->seen) {
+            cli_flag_given(cli_flags_find(flags, n, k_buckets[i]))) {
             cli_error("--%s is for the sharded strategies (deepspeed_stage_1, deepspeed_stage_2, "
                       "deepspeed_stage_3, fsdp); --strategy=%s has no such buckets",
                       k_buckets[i], o->strategy);
@@ -420,14 +421,14 @@ static int sharded_args(fit_opts *o, cli_flag *flags, int n) {
         (kind == FG_STRATEGY_DEEPSPEED_STAGE_3 ||
          (kind == FG_STRATEGY_FSDP && (o->sharded.sharding_strategy == FG_SHARDING_FULL_SHARD ||
                                        o->sharded.sharding_strategy == FG_SHARDING_HYBRID_SHARD)));
-    if (known && !s3 && cli_flags_find(flags, n, "auto-wrap-min-params")->seen) {
+    if (known && !s3 && cli_flag_given(cli_flags_find(flags, n, "auto-wrap-min-params"))) {
         cli_error("--auto-wrap-min-params picks the units of stage 3 (deepspeed_stage_3, fsdp "
                   "FULL_SHARD or HYBRID_SHARD); --strategy=%s%s%s gathers no units",
                   o->strategy, o->sharding_strategy ? " --sharding-strategy=" : "",
                   o->sharding_strategy ? o->sharding_strategy : "");
         return FG_EXIT_USAGE;
     }
-    if (cli_flags_find(flags, n, "hybrid-shard-size")->seen &&
+    if (cli_flag_given(cli_flags_find(flags, n, "hybrid-shard-size")) &&
         !(known && kind == FG_STRATEGY_FSDP &&
           o->sharded.sharding_strategy == FG_SHARDING_HYBRID_SHARD)) {
         cli_error("--hybrid-shard-size is for --strategy fsdp --sharding-strategy HYBRID_SHARD");
@@ -445,7 +446,7 @@ static int sharded_args(fit_opts *o, cli_flag *flags, int n) {
     bool ds = !strncmp(o->strategy, "deepspeed", 9) ||
               (o->deepspeed_config && !strcmp(o->strategy, "auto"));
     for (int i = 0; k_act[i]; i++)
-        if (!ds && cli_flags_find(flags, n, k_act[i])->seen) {
+        if (!ds && cli_flag_given(cli_flags_find(flags, n, k_act[i]))) {
             cli_error("--%s is an option of DeepSpeed's strategies (deepspeed_stage_1, "
                       "deepspeed_stage_2, deepspeed_stage_3); --strategy=%s takes none",
                       k_act[i], o->strategy);
@@ -476,7 +477,8 @@ static int hook_args(fit_opts *o, cli_flag *flags, int n) {
                  {"start-localsgd-iter", FG_DDP_HOOK_POST_LOCALSGD},
                  {"localsgd-period", FG_DDP_HOOK_POST_LOCALSGD}};
     for (size_t i = 0; i < sizeof k_own / sizeof k_own[0]; i++)
-        if (cli_flags_find(flags, n, k_own[i].flag)->seen && d->comm_hook != k_own[i].hook) {
+        if (cli_flag_given(cli_flags_find(flags, n, k_own[i].flag)) &&
+            d->comm_hook != k_own[i].hook) {
             cli_error("--%s is for --ddp-comm-hook %s; got --ddp-comm-hook %s", k_own[i].flag,
                       fg_ddp_comm_hook_name(k_own[i].hook), o->comm_hook);
             return FG_EXIT_USAGE;
@@ -641,6 +643,7 @@ int fit_args_parse(fit_opts *o, fg_trainer_fn fn, int argc, char **argv) {
         fit_config_print(stdout, flags, n);
         return -1;
     }
+    o->ckpt_every_given = cli_flag_given(cli_flags_find(flags, n, "every-n-train-steps"));
     if ((rc = sharded_args(o, flags, n))) return rc;
     if ((rc = hook_args(o, flags, n))) return rc;
     if ((rc = fit_bagua_args(o, flags, n))) return rc;

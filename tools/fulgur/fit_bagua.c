@@ -9,14 +9,6 @@
 #include "cli_flags.h"
 #include "fit.h"
 
-/* Given with a value other than its default: a settings file written by
- * --print-config holds every flag at its default, which says nothing. */
-static bool given(cli_flag *f) {
-    if (!f->seen) return false;
-    if (f->type == CLI_STR) return strcmp(*(const char **)f->dst, f->def);
-    return *(const int64_t *)f->dst != strtoll(f->def, NULL, 10);
-}
-
 int fit_bagua_args(fit_opts *o, cli_flag *flags, int n) {
     fg_bagua_opts *b = &o->ddp.bagua;
     if (fg_bagua_algorithm_parse(o->bagua_algorithm, &b->algorithm) != FG_OK ||
@@ -41,7 +33,7 @@ int fit_bagua_args(fit_opts *o, cli_flag *flags, int n) {
         {"sync-interval-ms", 1u << FG_BAGUA_ASYNC},
     };
     for (size_t i = 0; i < sizeof k_own / sizeof k_own[0]; i++) {
-        if (!given(cli_flags_find(flags, n, k_own[i].flag))) continue;
+        if (!cli_flag_given(cli_flags_find(flags, n, k_own[i].flag))) continue;
         if (!bagua) {
             cli_error("--%s is for --strategy bagua; got --strategy %s", k_own[i].flag,
                       o->strategy);

@@ -125,6 +125,13 @@ static int set(reader *r, const char *section, const char *key, const cli_flag *
             for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
                 if (!strcmp(s, no[i])) s = "false";
         }
+        /* Lightning's fast_dev_run: True (the flag's bare value) or a number */
+        if (f->type == CLI_INT && f->bare && v->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+            (!strcmp(s, "true") || !strcmp(s, "True")))
+            s = f->bare;
+        else if (f->type == CLI_INT && f->bare && v->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+                 (!strcmp(s, "false") || !strcmp(s, "False")))
+            s = "0";
         /* numbers are checked here to name the file's line; ranges are the flag's */
         int64_t i64;
         double f64;

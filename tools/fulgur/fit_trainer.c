@@ -5,8 +5,9 @@
  * (fit_module.c) and the entry point, then what the command prints.
  *
  * Checkpoints of fit: <ckpt_dir>/step-00000040.safetensors (ModelCheckpoint
- * with filename "step-{step:08d}", every --ckpt-every steps, at the end of
- * the run and at a stop), --save-top-k of them kept (the best by --monitor,
+ * with filename "step-{step:08d}", every --ckpt-every steps, or with
+ * --monitor and no --ckpt-every at the end of every validation, and at the
+ * end of the run and at a stop), --save-top-k of them kept (the best by --monitor,
  * or without one the newest), and last.safetensors a link to the newest
  * (save_last="link"), which `--resume last` and `fulgur sample` read. */
 #include <errno.h>
@@ -111,6 +112,10 @@ fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc) {
         ok = add_cb(r, fit_progress_new(o, r->m));
         /* without --monitor, --save-top-k N keeps the newest N: top-k by step */
         const char *monitor = o->monitor ? o->monitor : o->save_top_k > 0 ? "step" : NULL;
+        /* Lightning's ModelCheckpoint(monitor=...) without every_n_train_steps
+         * checks at the end of every validation (every_n_epochs=1) */
+        bool by_val = o->monitor && !o->ckpt_every_given;
+        int64_t every_steps = by_val ? 0 : o->ckpt_every;
         if (ok && o->enable_checkpointing)
             ok = add_cb(r, fg_model_checkpoint_new(&(fg_checkpoint_opts){
                                .dirpath = o->ckpt_dir,
@@ -120,9 +125,11 @@ fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc) {
                                .mode = o->monitor ? mode : FG_MODE_MAX,
                                .save_top_k = o->save_top_k,
                                .save_last_link = o->save_last,
-                               .every_n_train_steps = o->ckpt_every,
+                               .every_n_train_steps = every_steps,
                                /* --ckpt-every 0: only at the end */
-                               .every_n_epochs = o->ckpt_every ? 0 : INT64_MAX / 4,
+                               .every_n_epochs = by_val        ? 1
+                                                 : every_steps ? 0
+                                                               : INT64_MAX / 4,
                                .save_on_fit_end = true}));
         if (ok && o->early_stopping_patience > 0)
             ok = add_cb(r, fg_early_stopping_new(
