@@ -30,6 +30,10 @@ extern "C" {
 
 typedef struct fg_optimizer fg_optimizer;
 
+/* Every optimizer's options are a struct whose all-zero value is PyTorch's
+ * defaults (NULL too); weight decay acts on every parameter unless the
+ * optimizer says otherwise (AdamW) or parameter groups change it (below). */
+
 /* torch.optim.SGD. All-zero is lr 0.01 and plain SGD.
  *   p.grad += weight_decay * p                   (coupled L2, as PyTorch)
  *   buf = g at the first step, else momentum * buf + (1 - dampening) * g
@@ -58,6 +62,65 @@ typedef struct fg_adamw_opts {
     bool decay_all;       /* decay every parameter, ndim < 2 too (PyTorch's own default) */
 } fg_adamw_opts;
 
+/* torch.optim.Adam (coupled L2 weight decay, AMSGrad). All-zero is
+ * PyTorch's defaults (weight decay 0, on every parameter):
+ *   g += weight_decay * p
+ *   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+ *   amsgrad: v_max = max(v_max, v), used for v below
+ *   p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+ * State "exp_avg", "exp_avg_sq" (and "max_exp_avg_sq" with amsgrad). */
+typedef struct fg_adam_opts {
+    double lr;           /* > 0; 0 means 1e-3 */
+    double beta1, beta2; /* in [0, 1); 0 means 0.9 and 0.999 */
+    double eps;          /* > 0; 0 means 1e-8 */
+    double weight_decay; /* >= 0 (coupled L2, as PyTorch's Adam) */
+    bool amsgrad;
+} fg_adam_opts;
+
+/* torch.optim.RMSprop. All-zero is PyTorch's defaults:
+ *   g += weight_decay * p
+ *   sq = alpha sq + (1 - alpha) g^2
+ *   centered: ga = alpha ga + (1 - alpha) g; avg = sqrt(sq - ga^2) + eps
+ *   else avg = sqrt(sq) + eps
+ *   momentum > 0: buf = momentum buf + g / avg; p -= lr buf
+ *   else p -= lr g / avg
+ * State "square_avg" (and "momentum_buffer" with momentum > 0, "grad_avg"
+ * when centered, in that order). */
+typedef struct fg_rmsprop_opts {
+    double lr;           /* > 0; 0 means 1e-2 */
+    double alpha;        /* in (0, 1]; 0 means 0.99 */
+    double eps;          /* > 0; 0 means 1e-8 */
+    double weight_decay; /* >= 0 */
+    double momentum;     /* >= 0 */
+    bool centered;
+} fg_rmsprop_opts;
+
+/* torch.optim.Adagrad. All-zero is PyTorch's defaults:
+ *   g += weight_decay * p
+ *   clr = lr / (1 + (t - 1) lr_decay)
+ *   sum += g^2;  p -= clr g / (sqrt(sum) + eps)
+ * State "sum", initial_accumulator_value everywhere at first use. */
+typedef struct fg_adagrad_opts {
+    double lr;                        /* > 0; 0 means 1e-2 */
+    double lr_decay;                  /* >= 0 */
+    double weight_decay;              /* >= 0 */
+    double initial_accumulator_value; /* >= 0 */
+    double eps;                       /* > 0; 0 means 1e-10 */
+} fg_adagrad_opts;
+
+/* Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms";
+ * the update of lucidrains' lion-pytorch and of the paper's code), with
+ * decoupled weight decay. All-zero is their defaults:
+ *   p *= 1 - lr * weight_decay
+ *   p -= lr * sign(beta1 m + (1 - beta1) g)
+ *   m = beta2 m + (1 - beta2) g
+ * State "exp_avg". */
+typedef struct fg_lion_opts {
+    double lr;           /* > 0; 0 means 1e-4 */
+    double beta1, beta2; /* in [0, 1); 0 means 0.9 and 0.99 */
+    double weight_decay; /* >= 0 (decoupled, every parameter) */
+} fg_lion_opts;
+
 /* New optimizers over the parameters of `m` (finalized first if needed; a
  * sub-module means its range of the flat buffers). m is borrowed and must
  * outlive the optimizer. NULL opts means the defaults. Returns NULL with
@@ -66,6 +129,10 @@ typedef struct fg_adamw_opts {
  * FG_ENOMEM. State is zero and the step count 0. */
 FG_API fg_optimizer *fg_sgd_new(fg_module *m, const fg_sgd_opts *o);
 FG_API fg_optimizer *fg_adamw_new(fg_module *m, const fg_adamw_opts *o);
+FG_API fg_optimizer *fg_adam_new(fg_module *m, const fg_adam_opts *o);
+FG_API fg_optimizer *fg_rmsprop_new(fg_module *m, const fg_rmsprop_opts *o);
+FG_API fg_optimizer *fg_adagrad_new(fg_module *m, const fg_adagrad_opts *o);
+FG_API fg_optimizer *fg_lion_new(fg_module *m, const fg_lion_opts *o);
 /* NULL is a no-op. */
 FG_API void fg_optimizer_free(fg_optimizer *opt);
 
@@ -81,20 +148,73 @@ FG_API fg_status fg_optimizer_step(fg_optimizer *opt);
 /* Zeroes the module's gradients (fg_module_zero_grad). */
 FG_API void fg_optimizer_zero_grad(fg_optimizer *opt);
 
+/* The learning rate of group 0 (the optimizer's own). */
 FG_API double fg_optimizer_lr(const fg_optimizer *opt);
-/* Sets the learning rate used by the next steps (schedules call it before
- * each step). FG_EINVAL for lr < 0 or not finite. */
+/* Sets the learning rate of every group, used by the next steps (schedules
+ * call it before each step). FG_EINVAL for lr < 0 or not finite. */
 FG_API fg_status fg_optimizer_set_lr(fg_optimizer *opt, double lr);
+
+/* ------------------------------------------------------- parameter groups */
+
+/* PyTorch's param_groups: each parameter belongs to one group, with the
+ * group's lr and weight_decay. Group 0 holds the parameters no other group
+ * took, with the optimizer's options; fg_optimizer_add_param_group makes
+ * group 1, 2, ... and moves the parameters it names into it (out of the
+ * group that had them). Schedulers (lr_scheduler.h) set every group's lr
+ * from its own initial lr, as PyTorch's do. Groups change what a step does
+ * from the next step on; checkpoints hold every group's lr and weight decay
+ * (fabric.h's save), and the groups themselves must be made again, the same,
+ * before a load (as PyTorch's load_state_dict wants the same groups). */
+typedef struct fg_param_group {
+    /* The parameters, by fg_module_param_name: one or more fnmatch(3)
+     * patterns separated by commas ("*.bias,*ln_*.weight"); every
+     * parameter that matches one is moved. Required; matching no parameter
+     * is an error (FG_EINVAL naming the pattern). */
+    const char *params;
+    double lr;           /* > 0; 0 means the optimizer's lr */
+    double weight_decay; /* >= 0: this group's, used as is (0: no decay) */
+} fg_param_group;
+
+/* Adds a group; returns its index (>= 1), or -1 with fg_last_error. */
+FG_API int fg_optimizer_add_param_group(fg_optimizer *opt, const fg_param_group *g);
+/* The number of groups (1 + the groups added). */
+FG_API int fg_optimizer_num_groups(const fg_optimizer *opt);
+/* Group g's learning rate and weight decay (0 for a bad index). */
+FG_API double fg_optimizer_group_lr(const fg_optimizer *opt, int g);
+FG_API double fg_optimizer_group_weight_decay(const fg_optimizer *opt, int g);
+/* The learning rate the group had when made (PyTorch's group["initial_lr"],
+ * where schedulers start from). */
+FG_API double fg_optimizer_group_initial_lr(const fg_optimizer *opt, int g);
+/* Set group g's lr (>= 0, finite) or weight decay (>= 0). FG_EINVAL else. */
+FG_API fg_status fg_optimizer_set_group_lr(fg_optimizer *opt, int g, double lr);
+FG_API fg_status fg_optimizer_set_group_weight_decay(fg_optimizer *opt, int g, double wd);
+/* The group of parameter i of the module (fg_module_param), or -1. */
+FG_API int fg_optimizer_param_group_of(const fg_optimizer *opt, int64_t i);
+
+/* The usual "no weight decay on biases, norms and embeddings" rule (minGPT's
+ * configure_optimizers, Hugging Face's no_decay = ["bias", "LayerNorm.weight"],
+ * timm's filter_bias_and_bn) in one line: from now on, no weight decay for
+ * every parameter named "bias" and every parameter of a module whose type
+ * contains "Norm" (LayerNorm, RMSNorm, BatchNorm*, GroupNorm...) or is
+ * "Embedding", whatever its group; the other parameters keep their group's
+ * decay. Returns the number of parameters excluded in *count (may be
+ * NULL). The exclusion is part of the optimizer, not of the checkpoint:
+ * call it again before a load. */
+FG_API fg_status fg_optimizer_no_decay_bias_norm_embedding(fg_optimizer *opt, int64_t *count);
+/* Whether parameter i is excluded from weight decay (by that rule, or by
+ * AdamW's default that leaves parameters with ndim < 2 undecayed). */
+FG_API bool fg_optimizer_param_no_decay(const fg_optimizer *opt, int64_t i);
 /* Steps taken (AdamW's bias correction uses it; SGD's first step too). */
 FG_API int64_t fg_optimizer_step_count(const fg_optimizer *opt);
 /* Sets the step count (resuming from a checkpoint). FG_EINVAL if < 0. */
 FG_API fg_status fg_optimizer_set_step_count(fg_optimizer *opt, int64_t steps);
-/* "SGD" or "AdamW". */
+/* "SGD", "AdamW", "Adam", "RMSprop", "Adagrad" or "Lion". */
 FG_API const char *fg_optimizer_name(const fg_optimizer *opt);
 FG_API fg_module *fg_optimizer_module(const fg_optimizer *opt);
 
 /* The state buffers, for checkpoints: SGD has "momentum_buffer" (only
- * when momentum != 0), AdamW "exp_avg" and "exp_avg_sq". Each is a 1-D
+ * when momentum != 0), AdamW "exp_avg" and "exp_avg_sq", the others as
+ * their options say. Each is a 1-D
  * persistent tensor (borrowed from the optimizer) of fg_module_numel
  * elements in the layout of fg_module_flat_params: the state of parameter i
  * starts at fg_module_param_offset(m, i). Under a sharding strategy a rank

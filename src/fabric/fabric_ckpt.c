@@ -121,6 +121,16 @@ fg_status fg__fabric_ckpt_meta(fg_fabric *f, const fg_train_state *st, fg_st_wri
         META("optimizer_steps", num);
         snprintf(num, sizeof num, "%.17g", fg_optimizer_lr(st->optimizer));
         META("lr", num);
+        /* parameter groups past the first: their lr and weight decay */
+        for (int g = 1; g < fg_optimizer_num_groups(st->optimizer); g++) {
+            char key[48];
+            snprintf(key, sizeof key, "lr.%d", g);
+            snprintf(num, sizeof num, "%.17g", fg_optimizer_group_lr(st->optimizer, g));
+            META(key, num);
+            snprintf(key, sizeof key, "weight_decay.%d", g);
+            snprintf(num, sizeof num, "%.17g", fg_optimizer_group_weight_decay(st->optimizer, g));
+            META(key, num);
+        }
     }
     if (s == FG_OK) s = fg__fabric_scaler_save(f, w);
     for (int64_t i = 0; i < st->nmeta; i++) META(st->meta[i].key, st->meta[i].value);
@@ -373,6 +383,15 @@ fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st) {
         fg_optimizer_set_step_count(opt, meta_int(file, "optimizer_steps", 0));
         const char *lr = fg_st_meta_get(file, "lr");
         if (lr) fg_optimizer_set_lr(opt, strtod(lr, NULL));
+        for (int g = 1; g < fg_optimizer_num_groups(opt); g++) {
+            char key[48];
+            snprintf(key, sizeof key, "lr.%d", g);
+            const char *v = fg_st_meta_get(file, key);
+            if (v) fg_optimizer_set_group_lr(opt, g, strtod(v, NULL));
+            snprintf(key, sizeof key, "weight_decay.%d", g);
+            v = fg_st_meta_get(file, key);
+            if (v) fg_optimizer_set_group_weight_decay(opt, g, strtod(v, NULL));
+        }
     }
     fg_free(f->loaded_meta);
     f->loaded_meta = meta;

@@ -31,34 +31,55 @@ fg_optimizer *fg__optimizer_new(const fg_optim_vt *vt, fg_module *m, double lr, 
      * that an optimizer a sharded strategy cuts at setup only ever holds its
      * shard */
     for (int i = 0; i < nstates; i++) o->state_name[i] = names[i];
-    /* weight-decay segments: runs of parameters with the same decay */
+    /* one group, every parameter in it; AdamW's ndim < 2 rule as exclusions */
     int64_t np = m->p_count;
+    o->ngroups = 1;
+    o->group = fg_calloc(1, sizeof *o->group);
+    o->p_group = fg_calloc((size_t)np + 1, sizeof *o->p_group);
+    o->p_nodecay = fg_calloc((size_t)np + 1, sizeof *o->p_nodecay);
     o->seg_begin = fg_calloc((size_t)np + 2, sizeof *o->seg_begin);
     o->seg_wd = fg_calloc((size_t)np + 1, sizeof *o->seg_wd);
-    if (!o->seg_begin || !o->seg_wd) goto fail;
-    for (int64_t i = 0; i < np; i++) {
-        fg_tensor *p = m->flat->slot[m->p_first + i].t;
-        double d = matrices_only && p->ndim < 2 ? 0 : wd;
-        int64_t off = m->flat->slot[m->p_first + i].off - m->p_off;
-        if (p->numel == 0) continue;
-        if (o->nseg == 0 || o->seg_wd[o->nseg - 1] != d) {
-            o->seg_begin[o->nseg] = off;
-            o->seg_wd[o->nseg++] = d;
-        }
-    }
-    o->seg_begin[o->nseg] = o->numel;
+    o->seg_lr = fg_calloc((size_t)np + 1, sizeof *o->seg_lr);
+    if (!o->group || !o->p_group || !o->p_nodecay || !o->seg_begin || !o->seg_wd || !o->seg_lr)
+        goto fail;
+    o->group[0] = (fg__pgroup){.lr = lr, .wd = wd, .initial_lr = lr};
+    for (int64_t i = 0; i < np; i++)
+        o->p_nodecay[i] = matrices_only && m->flat->slot[m->p_first + i].t->ndim < 2;
+    fg__optimizer_segments(o);
     return o;
 fail:
-    fg_error_wrap(FG_ENOMEM, "%s: weight-decay segments of %lld parameters", vt->name,
-                  (long long)np);
+    fg_error_wrap(FG_ENOMEM, "%s: parameter groups of %lld parameters", vt->name, (long long)np);
     fg_optimizer_free(o);
     return NULL;
 }
 
+fg_status fg__optimizer_segments(fg_optimizer *o) {
+    fg_module *m = o->m;
+    o->lr = o->group[0].lr;
+    o->nseg = 0;
+    for (int64_t i = 0; i < m->p_count; i++) {
+        fg_tensor *p = m->flat->slot[m->p_first + i].t;
+        const fg__pgroup *g = &o->group[o->p_group[i]];
+        double d = o->p_nodecay[i] ? 0 : g->wd;
+        int64_t off = m->flat->slot[m->p_first + i].off - m->p_off;
+        if (p->numel == 0) continue;
+        if (o->nseg == 0 || o->seg_wd[o->nseg - 1] != d || o->seg_lr[o->nseg - 1] != g->lr) {
+            o->seg_begin[o->nseg] = off;
+            o->seg_wd[o->nseg] = d;
+            o->seg_lr[o->nseg++] = g->lr;
+        }
+    }
+    o->seg_begin[o->nseg] = o->numel;
+    return FG_OK;
+}
+
 fg_status fg__optimizer_ensure_state(fg_optimizer *o) {
     int64_t n = o->state_end - o->state_begin;
-    for (int i = 0; i < o->nstates; i++)
-        if (!o->state[i] && !(o->state[i] = fg_tensor_new(o->sdt, 1, &n))) {
+    for (int i = 0; i < o->nstates; i++) {
+        if (o->state[i]) continue;
+        o->state[i] = fg_tensor_new(o->sdt, 1, &n);
+        if (o->state[i] && o->state_init[i] != 0) fg_tensor_fill(o->state[i], o->state_init[i]);
+        if (!o->state[i]) {
             for (int k = 0; k < i; k++) {
                 fg_tensor_free(o->state[k]);
                 o->state[k] = NULL;
@@ -66,6 +87,7 @@ fg_status fg__optimizer_ensure_state(fg_optimizer *o) {
             return fg_error_wrap(FG_ENOMEM, "%s: state for %lld parameters", o->vt->name,
                                  (long long)n);
         }
+    }
     return FG_OK;
 }
 
@@ -76,6 +98,10 @@ void fg_optimizer_free(fg_optimizer *o) {
     fg__offload_free(o);
     fg_free(o->seg_begin);
     fg_free(o->seg_wd);
+    fg_free(o->seg_lr);
+    fg_free(o->group);
+    fg_free(o->p_group);
+    fg_free(o->p_nodecay);
     fg_free(o);
 }
 
@@ -136,11 +162,17 @@ fg_status fg__optimizer_shard_state(fg_optimizer *o, int64_t begin, int64_t end)
         if (!(fresh[i] = fg_tensor_new(o->sdt, 1, &n))) {
             for (int k = 0; k < i; k++) fg_tensor_free(fresh[k]);
             return fg_error_wrap(FG_ENOMEM, "optimizer shard of %lld elements", (long long)n);
+        } else if (o->state_init[i] != 0) {
+            fg_tensor_fill(fresh[i], o->state_init[i]);
         }
     int64_t lo = FG_MAX(begin, o->state_begin), hi = FG_MIN(end, o->state_end);
     size_t es = fg_dtype_size(o->sdt);
     for (int i = 0; i < o->nstates; i++) {
-        if (lo < hi)
+        if (lo < hi && o->state_init[i] != 0)
+            memcpy((char *)fg_tensor_data(fresh[i]) + es * (size_t)(lo - begin),
+                   (char *)fg_tensor_data(o->state[i]) + es * (size_t)(lo - o->state_begin),
+                   es * (size_t)(hi - lo));
+        else if (lo < hi)
             copy_nonzero((char *)fg_tensor_data(fresh[i]) + es * (size_t)(lo - begin),
                          (char *)fg_tensor_data(o->state[i]) + es * (size_t)(lo - o->state_begin),
                          es * (size_t)(hi - lo));
@@ -177,8 +209,8 @@ fg_status fg_optimizer_set_lr(fg_optimizer *o, double lr) {
     if (!o) return fg_error(FG_EINVAL, "set_lr: NULL optimizer");
     if (!(lr >= 0) || !isfinite(lr))
         return fg_error(FG_EINVAL, "set_lr: lr = %g: expected a finite value >= 0", lr);
-    o->lr = lr;
-    return FG_OK;
+    for (int g = 0; g < o->ngroups; g++) o->group[g].lr = lr;
+    return fg__optimizer_segments(o);
 }
 
 int64_t fg_optimizer_step_count(const fg_optimizer *o) { return o ? o->steps : 0; }

@@ -5,14 +5,21 @@
  * of dtype dt); each state tensor holds elements [state_begin, state_end)
  * of the same layout (all of it unless a ZeRO strategy sharded it);
  * segments [seg_begin[k], seg_begin[k+1]) cover [0, numel) in order, each
- * with one weight decay. */
+ * with one lr and one weight decay (a run of parameters whose group and
+ * decay exclusion give the same pair; remade by fg__optimizer_segments
+ * whenever a group changes). */
 #ifndef FULGUR_OPTIM_IMPL_H
 #define FULGUR_OPTIM_IMPL_H
 
 #include "fulgur/optim.h"
 #include "nn/nn_impl.h"
 
-#define FG_OPTIM_MAX_STATES 2
+#define FG_OPTIM_MAX_STATES 3
+
+/* A parameter group (optim.h): lr, weight decay, the lr it was made with. */
+typedef struct fg__pgroup {
+    double lr, wd, initial_lr;
+} fg__pgroup;
 
 /* What a sharding strategy hangs on an optimizer (ZeRO): post_step runs at
  * the end of every fg_optimizer_step, after the update and the step count,
@@ -45,20 +52,30 @@ struct fg_optimizer {
     fg_dtype sdt; /* the state's: dt, or f32 for bf16/f16 parameters (bf16-true, 16-true) */
     int64_t numel;
     void *param, *grad;
-    double lr;
+    double lr; /* group 0's (group[0].lr) */
     int64_t steps;
     int nstates;
     const char *state_name[FG_OPTIM_MAX_STATES];
+    double state_init[FG_OPTIM_MAX_STATES]; /* the value a fresh state holds (0 but Adagrad's) */
     fg_tensor *state[FG_OPTIM_MAX_STATES];
+    int ngroups;
+    fg__pgroup *group;  /* ngroups entries */
+    int *p_group;       /* per parameter of the module: its group */
+    bool *p_nodecay;    /* per parameter: excluded from weight decay */
     int64_t state_begin, state_end; /* the elements the state covers */
     int64_t nseg;
     int64_t *seg_begin; /* nseg + 1 entries, the last = numel */
     double *seg_wd;
+    double *seg_lr;
     fg_optim_hook hook;               /* all NULL unless a sharding strategy set one */
     struct fg_optim_offload *offload; /* NULL: the state is in memory (offload.c) */
     union {
         fg_sgd_opts sgd;
         fg_adamw_opts adamw;
+        fg_adam_opts adam;
+        fg_rmsprop_opts rmsprop;
+        fg_adagrad_opts adagrad;
+        fg_lion_opts lion;
     } o;
 };
 
@@ -87,6 +104,8 @@ fg_status fg__optimizer_shard_state(fg_optimizer *opt, int64_t begin, int64_t en
  * not made yet: an optimizer makes them at first use (a step, a state
  * read, a shard cut, offload), not at construction. */
 fg_status fg__optimizer_ensure_state(fg_optimizer *o);
+/* Remakes the segments from the groups and exclusions. */
+fg_status fg__optimizer_segments(fg_optimizer *o);
 void fg__optimizer_advance(fg_optimizer *opt);
 /* Sets the hook (NULL clears it). The strategy that sets one clears it
  * when it is freed first; the optimizer calls detach when it is. */
@@ -133,6 +152,16 @@ void fg__k_sgd(fg_dtype dt, void *p, const void *g, void *buf, int64_t n, double
                double mu, double damp, bool first, bool nesterov);
 void fg__k_adamw(fg_dtype dt, void *p, const void *g, void *m1, void *m2, int64_t n, double decay,
                  double beta1, double beta2, double step, double bc2_sqrt, double eps);
+/* Adam: m3 (max_exp_avg_sq) NULL unless amsgrad */
+void fg__k_adam(fg_dtype dt, void *p, const void *g, void *m1, void *m2, void *m3, int64_t n,
+                double wd, double beta1, double beta2, double step, double bc2_sqrt, double eps);
+/* RMSprop: buf NULL without momentum, ga NULL unless centered */
+void fg__k_rmsprop(fg_dtype dt, void *p, const void *g, void *sq, void *buf, void *ga, int64_t n,
+                   double lr, double wd, double alpha, double eps, double mu);
+void fg__k_adagrad(fg_dtype dt, void *p, const void *g, void *sum, int64_t n, double clr,
+                   double wd, double eps);
+void fg__k_lion(fg_dtype dt, void *p, const void *g, void *m, int64_t n, double lr, double decay,
+                double beta1, double beta2);
 
 /* Sum of squares of n elements of dtype dt (f32/f64) in double, and x *= s:
  * the clipping halves over a plain buffer (a gradient shard). */

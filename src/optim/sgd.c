@@ -16,7 +16,7 @@ static fg_status sgd_step_range(fg_optimizer *o, int64_t begin, int64_t end, voi
         void *buf = so->momentum != 0
                         ? (char *)state[0] + fg_dtype_size(o->sdt) * (size_t)(lo - begin)
                         : NULL;
-        fg__k_sgd(o->dt, (char *)param + at, (const char *)grad + at, buf, hi - lo, o->lr,
+        fg__k_sgd(o->dt, (char *)param + at, (const char *)grad + at, buf, hi - lo, o->seg_lr[k],
                   o->seg_wd[k], so->momentum, 1 - so->dampening, t == 1, so->nesterov);
     }
     return FG_OK;

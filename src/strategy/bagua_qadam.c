@@ -74,9 +74,10 @@ fg_status fg__qadam_pre_step(void *ud, fg_optimizer *o, bool *skip) {
      * step it froze at */
     double t = (double)(o->steps + 1), t2 = (double)st->o.warmup_steps;
     double bc1 = 1 - pow(ao->beta1, t), bc2 = 1 - pow(ao->beta2, t2);
-    const float step = (float)(o->lr / bc1), rb = (float)sqrt(bc2), eps = (float)ao->eps;
+    const float rb = (float)sqrt(bc2), eps = (float)ao->eps;
     for (int64_t k = 0; k < o->nseg; k++) {
-        const float decay = (float)(1 - o->lr * o->seg_wd[k]);
+        const float step = (float)(o->seg_lr[k] / bc1);
+        const float decay = (float)(1 - o->seg_lr[k] * o->seg_wd[k]);
         for (int64_t i = o->seg_begin[k]; i < o->seg_begin[k + 1]; i++)
             p[i] = p[i] * decay - step * (m[i] / (sqrtf(v[i]) / rb + eps));
     }

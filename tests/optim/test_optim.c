@@ -76,11 +76,54 @@ static fg_optimizer *make(const char *c, fg_module *m) {
         return fg_adamw_new(m, &(fg_adamw_opts){.lr = 0.01, .beta2 = 0.95, .weight_decay = 0.1});
     if (!strcmp(c, "adamw_default")) /* PyTorch's defaults, b decayed too */
         return fg_adamw_new(m, &(fg_adamw_opts){.decay_all = true});
-    return fg_adamw_new(m, &(fg_adamw_opts){.lr = 0.02, .weight_decay = 0.5});
+    if (!strcmp(c, "adamw_lr"))
+        return fg_adamw_new(m, &(fg_adamw_opts){.lr = 0.02, .weight_decay = 0.5});
+    if (!strcmp(c, "adam_default")) return fg_adam_new(m, NULL);
+    if (!strcmp(c, "adam_l2_ams"))
+        return fg_adam_new(m, &(fg_adam_opts){.lr = 0.01, .beta1 = 0.8, .beta2 = 0.9, .eps = 1e-6,
+                                              .weight_decay = 0.1, .amsgrad = true});
+    if (!strcmp(c, "adam_lr"))
+        return fg_adam_new(m, &(fg_adam_opts){.lr = 0.02, .weight_decay = 0.05});
+    if (!strcmp(c, "rmsprop_default")) return fg_rmsprop_new(m, NULL);
+    if (!strcmp(c, "rmsprop_full"))
+        return fg_rmsprop_new(m, &(fg_rmsprop_opts){.lr = 0.005, .alpha = 0.9, .eps = 1e-6,
+                                                    .weight_decay = 0.1, .momentum = 0.8,
+                                                    .centered = true});
+    if (!strcmp(c, "rmsprop_centered"))
+        return fg_rmsprop_new(m, &(fg_rmsprop_opts){.lr = 0.003, .centered = true});
+    if (!strcmp(c, "rmsprop_mom"))
+        return fg_rmsprop_new(m,
+                              &(fg_rmsprop_opts){.lr = 0.004, .momentum = 0.5, .weight_decay = 0.01});
+    if (!strcmp(c, "adagrad_default")) return fg_adagrad_new(m, NULL);
+    if (!strcmp(c, "adagrad_full"))
+        return fg_adagrad_new(m, &(fg_adagrad_opts){.lr = 0.1, .lr_decay = 0.05,
+                                                    .weight_decay = 0.2,
+                                                    .initial_accumulator_value = 0.3, .eps = 1e-8});
+    if (!strcmp(c, "lion_default")) return fg_lion_new(m, NULL);
+    if (!strcmp(c, "lion_wd"))
+        return fg_lion_new(
+            m, &(fg_lion_opts){.lr = 0.003, .beta1 = 0.95, .beta2 = 0.98, .weight_decay = 0.5});
+    if (!strcmp(c, "groups_adam")) {
+        fg_optimizer *o = fg_adam_new(m, &(fg_adam_opts){.lr = 0.01});
+        CHECK(fg_optimizer_add_param_group(
+                  o, &(fg_param_group){.params = "W", .lr = 0.02, .weight_decay = 0.1}) == 1);
+        return o;
+    }
+    if (!strcmp(c, "groups_sgd")) {
+        fg_optimizer *o =
+            fg_sgd_new(m, &(fg_sgd_opts){.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
+        CHECK(fg_optimizer_add_param_group(o, &(fg_param_group){.params = "b", .lr = 0.3}) == 1);
+        return o;
+    }
+    CHECK_MSG(0, "no case %s", c);
+    return NULL;
 }
 
-static const char *cases[] = {"sgd_plain",    "sgd_momentum",  "sgd_nesterov",
-                              "adamw_groups", "adamw_default", "adamw_lr"};
+static const char *cases[] = {
+    "sgd_plain",       "sgd_momentum", "sgd_nesterov",    "adamw_groups",     "adamw_default",
+    "adamw_lr",        "adam_default", "adam_l2_ams",     "adam_lr",          "rmsprop_default",
+    "rmsprop_full",    "rmsprop_centered", "rmsprop_mom", "adagrad_default",  "adagrad_full",
+    "lion_default",    "lion_wd",      "groups_adam",     "groups_sgd"};
 
 static void trajectory(fg_dtype dt, double rtol) {
     if (!get_ref()) {
@@ -97,7 +140,8 @@ static void trajectory(fg_dtype dt, double rtol) {
         }
         double worst = 0;
         for (int k = 0; k < 6; k++) {
-            if (!strcmp(cases[c], "adamw_lr") && k == 3) CHECK_OK(fg_optimizer_set_lr(o, 0.005));
+            if ((!strcmp(cases[c], "adamw_lr") || !strcmp(cases[c], "adam_lr")) && k == 3)
+                CHECK_OK(fg_optimizer_set_lr(o, 0.005));
             set_grad(m, k);
             CHECK_OK(fg_optimizer_step(o));
             char name[64];
@@ -108,7 +152,7 @@ static void trajectory(fg_dtype dt, double rtol) {
             worst = fmax(worst, e);
         }
         CHECK(fg_optimizer_step_count(o) == 6);
-        printf("  %s %-13s max rel err over 6 steps %.2e\n", fg_dtype_name(dt), cases[c], worst);
+        printf("  %s %-16s max rel err over 6 steps %.2e\n", fg_dtype_name(dt), cases[c], worst);
         fg_optimizer_free(o);
         fg_module_free(m);
     }
@@ -284,6 +328,120 @@ TEST(option_errors) {
     fg_optimizer_free(o);
     o = fg_sgd_new(m, NULL);
     CHECK(o && fg_optimizer_lr(o) == 0.01 && fg_optimizer_num_states(o) == 0);
+    fg_optimizer_free(o);
+    fg_module_free(m);
+}
+
+TEST(new_optimizer_options) {
+    fg_module *m = fg_linear_new(3, 2, true, FG_F32);
+    CHECK(fg_adam_new(m, &(fg_adam_opts){.beta2 = 1.0}) == NULL);
+    CHECK_CONTAINS(fg_last_error(), "betas = (0.9, 1)");
+    CHECK(fg_rmsprop_new(m, &(fg_rmsprop_opts){.alpha = 1.5}) == NULL);
+    CHECK_CONTAINS(fg_last_error(), "alpha = 1.5");
+    CHECK(fg_adagrad_new(m, &(fg_adagrad_opts){.initial_accumulator_value = -1}) == NULL);
+    CHECK_CONTAINS(fg_last_error(), "initial_accumulator_value = -1");
+    CHECK(fg_lion_new(m, &(fg_lion_opts){.weight_decay = -0.5}) == NULL);
+    CHECK_CONTAINS(fg_last_error(), "weight_decay = -0.5");
+    /* PyTorch's defaults, names and state names */
+    struct {
+        fg_optimizer *o;
+        const char *name;
+        double lr;
+        int nstates;
+        const char *last_state;
+    } want[] = {
+        {fg_adam_new(m, NULL), "Adam", 1e-3, 2, "exp_avg_sq"},
+        {fg_adam_new(m, &(fg_adam_opts){.amsgrad = true}), "Adam", 1e-3, 3, "max_exp_avg_sq"},
+        {fg_rmsprop_new(m, NULL), "RMSprop", 1e-2, 1, "square_avg"},
+        {fg_rmsprop_new(m, &(fg_rmsprop_opts){.momentum = 0.9}), "RMSprop", 1e-2, 2,
+         "momentum_buffer"},
+        {fg_rmsprop_new(m, &(fg_rmsprop_opts){.momentum = 0.9, .centered = true}), "RMSprop", 1e-2,
+         3, "grad_avg"},
+        {fg_adagrad_new(m, NULL), "Adagrad", 1e-2, 1, "sum"},
+        {fg_lion_new(m, NULL), "Lion", 1e-4, 1, "exp_avg"},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        fg_optimizer *o = want[i].o;
+        CHECK(o && !strcmp(fg_optimizer_name(o), want[i].name) && fg_optimizer_lr(o) == want[i].lr);
+        CHECK(fg_optimizer_num_states(o) == want[i].nstates);
+        CHECK(!strcmp(fg_optimizer_state_name(o, want[i].nstates - 1), want[i].last_state));
+        fg_optimizer_free(o);
+    }
+    /* Adagrad's sum starts at initial_accumulator_value, in a shard too */
+    fg_optimizer *o = fg_adagrad_new(m, &(fg_adagrad_opts){.initial_accumulator_value = 0.25});
+    fg_tensor *sum = fg_optimizer_state(o, 0);
+    CHECK(fg_tensor_numel(sum) == 8 && fg_tensor_get(sum, 0) == 0.25 && fg_tensor_get(sum, 7) == 0.25);
+    ((float *)fg_tensor_data(sum))[3] = 2.0f;
+    CHECK_OK(fg__optimizer_shard_state(o, 2, 6));
+    sum = fg_optimizer_state(o, 0);
+    CHECK(fg_tensor_numel(sum) == 4 && fg_tensor_get(sum, 1) == 2.0 && fg_tensor_get(sum, 0) == 0.25);
+    fg_optimizer_free(o);
+    o = fg_adagrad_new(m, &(fg_adagrad_opts){.initial_accumulator_value = 0.5});
+    CHECK_OK(fg__optimizer_shard_state(o, 4, 8)); /* never used: made at the shard's size */
+    sum = fg_optimizer_state(o, 0);
+    CHECK(fg_tensor_numel(sum) == 4 && fg_tensor_get(sum, 3) == 0.5);
+    fg_optimizer_free(o);
+    fg_module_free(m);
+}
+
+TEST(param_groups) {
+    /* a GPT: Embeddings, LayerNorms, Linears with biases */
+    fg_module *m = fg_gpt_new(
+        &(fg_gpt_config){.vocab = 11, .ctx = 4, .layers = 2, .heads = 2, .embd = 8, .seed = 3});
+    fg_optimizer *o = fg_adam_new(m, &(fg_adam_opts){.lr = 0.01, .weight_decay = 0.1});
+    CHECK(fg_optimizer_num_groups(o) == 1 && fg_optimizer_group_weight_decay(o, 0) == 0.1);
+    CHECK(fg_optimizer_add_param_group(o, &(fg_param_group){.params = "nothing.*"}) == -1);
+    CHECK_CONTAINS(fg_last_error(), "\"nothing.*\" matches no parameter");
+    CHECK(fg_optimizer_add_param_group(o, &(fg_param_group){.params = "*", .lr = -1}) == -1);
+    CHECK_CONTAINS(fg_last_error(), "lr = -1");
+    int g = fg_optimizer_add_param_group(
+        o, &(fg_param_group){.params = "*.h.1.*,*h.1.*", .lr = 0.03, .weight_decay = 0.2});
+    CHECK(g == 1 && fg_optimizer_num_groups(o) == 2);
+    CHECK(fg_optimizer_group_lr(o, 1) == 0.03 && fg_optimizer_group_initial_lr(o, 1) == 0.03);
+    int64_t np = fg_module_num_params(m), in1 = 0, excluded = 0;
+    for (int64_t i = 0; i < np; i++) {
+        bool one = strstr(fg_module_param_name(m, i), "h.1.") != NULL;
+        CHECK(fg_optimizer_param_group_of(o, i) == (one ? 1 : 0));
+        in1 += one;
+    }
+    CHECK(in1 > 0);
+    CHECK_OK(fg_optimizer_no_decay_bias_norm_embedding(o, &excluded));
+    int64_t want = 0;
+    for (int64_t i = 0; i < np; i++) {
+        const char *name = fg_module_param_name(m, i);
+        size_t len = strlen(name);
+        bool ex = (len >= 4 && !strcmp(name + len - 4, "bias")) || strstr(name, "ln") ||
+                  strstr(name, "wte") || strstr(name, "wpe");
+        CHECK_MSG(fg_optimizer_param_no_decay(o, i) == ex, "%s: excluded %d", name,
+                  fg_optimizer_param_no_decay(o, i));
+        want += ex;
+    }
+    CHECK(excluded == want && want > 0);
+    /* set_lr sets every group; group setters check their index and value */
+    CHECK_OK(fg_optimizer_set_lr(o, 0.5));
+    CHECK(fg_optimizer_group_lr(o, 0) == 0.5 && fg_optimizer_group_lr(o, 1) == 0.5);
+    CHECK_STATUS(fg_optimizer_set_group_lr(o, 2, 0.1), FG_EINVAL);
+    CHECK_STATUS(fg_optimizer_set_group_weight_decay(o, 1, -1), FG_EINVAL);
+    CHECK_OK(fg_optimizer_set_group_lr(o, 1, 0.25));
+    CHECK(fg_optimizer_lr(o) == 0.5 && fg_optimizer_group_lr(o, 1) == 0.25);
+    /* a step with zero gradients and zero moments moves only the decayed
+     * parameters: Adam's L2 gradient wd p gives a step of about lr */
+    fg_module_zero_grad(m);
+    fg_tensor *flat = fg_module_flat_params(m);
+    int64_t n = fg_tensor_numel(flat);
+    float *before = malloc(sizeof(float) * (size_t)n);
+    memcpy(before, fg_tensor_data(flat), sizeof(float) * (size_t)n);
+    CHECK_OK(fg_optimizer_step(o));
+    const float *after = fg_tensor_data(flat);
+    for (int64_t i = 0; i < np; i++) {
+        fg_tensor *p = fg_module_param(m, i);
+        int64_t off = fg_module_param_offset(m, i), k = fg_tensor_numel(p);
+        bool moved = false;
+        for (int64_t j = 0; j < k; j++) moved |= after[off + j] != before[off + j];
+        CHECK_MSG(moved != fg_optimizer_param_no_decay(o, i), "%s moved %d",
+                  fg_module_param_name(m, i), moved);
+    }
+    free(before);
     fg_optimizer_free(o);
     fg_module_free(m);
 }

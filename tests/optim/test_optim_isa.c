@@ -2,7 +2,8 @@
  * the clipping sum of squares and scale) on every ISA path this CPU can
  * run, forced through fg_set_cpu_isa (a path the CPU lacks is skipped with
  * the reason): the same bits as the scalar path, since no path fuses a
- * multiply-add and sqrt and division are correctly rounded everywhere, at
+ * multiply-add and sqrt and division are correctly rounded everywhere (Adam
+ * with AMSGrad, RMSprop in its forms, Adagrad and Lion too), at
  * sizes around every vector width and past the parallel threshold; and
  * AdamW and SGD against double (1e-6 relative). */
 #include <math.h>
@@ -120,6 +121,53 @@ ISA_TEST(sgd) {
             free(p), free(buf), free(ps), free(bufs);
         }
         free(g);
+    }
+}
+
+/* Adam (plain, AMSGrad), RMSprop (plain, momentum, centred, both), Adagrad
+ * and Lion, three steps each: the same bits as the scalar path. */
+ISA_TEST(other_optimizers) {
+    for (int si = 0; si < NSIZES; si++) {
+        int64_t n = SIZES[si];
+        for (int form = 0; form < 8; form++) {
+            float *p = randf(n, 31, 1.0, false), *s0 = randf(n, 32, 0.1, false);
+            float *s1 = randf(n, 33, 0.01, true), *s2 = randf(n, 34, 0.02, true);
+            float *ps = copyf(p, n), *s0s = copyf(s0, n), *s1s = copyf(s1, n), *s2s = copyf(s2, n);
+            if (form == 5) /* centred RMSprop: sq >= ga^2 */
+                for (int64_t i = 0; i < n; i++) s0[i] = s0s[i] = s1[i] + 1.0f;
+            for (int step = 1; step <= 3; step++) {
+                float *g = randf(n, 40 + (uint64_t)step, 1.0, false);
+                for (int pass = 0; pass < 2; pass++) {
+                    if (pass) CHECK_OK(fg_set_cpu_isa(FG_ISA_SCALAR));
+                    float *P = pass ? ps : p, *A = pass ? s0s : s0, *B = pass ? s1s : s1;
+                    float *C = pass ? s2s : s2;
+                    switch (form) {
+                    case 0: fg__k_adam(FG_F32, P, g, A, B, NULL, n, 0.1, 0.9, 0.99, 0.01, 0.3, 1e-8);
+                        break;
+                    case 1: fg__k_adam(FG_F32, P, g, A, B, C, n, 0.0, 0.8, 0.9, 0.02, 0.5, 1e-6);
+                        break;
+                    case 2:
+                        fg__k_rmsprop(FG_F32, P, g, B, NULL, NULL, n, 0.01, 0.1, 0.99, 1e-8, 0);
+                        break;
+                    case 3: fg__k_rmsprop(FG_F32, P, g, B, A, NULL, n, 0.01, 0, 0.9, 1e-8, 0.5);
+                        break;
+                    case 4: fg__k_rmsprop(FG_F32, P, g, A, NULL, B, n, 0.01, 0, 0.9, 1e-8, 0);
+                        break;
+                    case 5: fg__k_rmsprop(FG_F32, P, g, A, C, B, n, 0.01, 0.01, 0.9, 1e-6, 0.8);
+                        break;
+                    case 6: fg__k_adagrad(FG_F32, P, g, B, n, 0.05, 0.2, 1e-10); break;
+                    default: fg__k_lion(FG_F32, P, g, A, n, 1e-3, 0.999, 0.9, 0.99); break;
+                    }
+                    if (pass) CHECK_OK(fg_set_cpu_isa(isa));
+                }
+                CHECK_MSG(same(p, ps, n) && same(s0, s0s, n) && same(s1, s1s, n) &&
+                              same(s2, s2s, n),
+                          "form %d %s n %lld step %d: not the scalar path's bits", form,
+                          fg_isa_name(isa), (long long)n, step);
+                free(g);
+            }
+            free(p), free(s0), free(s1), free(s2), free(ps), free(s0s), free(s1s), free(s2s);
+        }
     }
 }
 

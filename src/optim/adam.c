@@ -1,0 +1,46 @@
+/* torch.optim.Adam over a range of the flat buffers, in the order of
+ * PyTorch's single-tensor path: the coupled L2 decay into the gradient,
+ * the moments, AMSGrad's running maximum, then
+ * p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps). */
+#include <math.h>
+
+#include "optim_impl.h"
+
+static fg_status adam_step_range(fg_optimizer *o, int64_t begin, int64_t end, void *param,
+                                 const void *grad, void *const *state, int64_t t) {
+    const fg_adam_opts *ao = &o->o.adam;
+    double bc1 = 1 - pow(ao->beta1, (double)t), bc2 = 1 - pow(ao->beta2, (double)t);
+    size_t es = fg_dtype_size(o->dt), ss = fg_dtype_size(o->sdt);
+    for (int64_t k = 0; k < o->nseg; k++) {
+        int64_t lo = FG_MAX(begin, o->seg_begin[k]), hi = FG_MIN(end, o->seg_begin[k + 1]);
+        if (lo >= hi) continue;
+        size_t at = es * (size_t)(lo - begin), st = ss * (size_t)(lo - begin);
+        fg__k_adam(o->dt, (char *)param + at, (const char *)grad + at, (char *)state[0] + st,
+                   (char *)state[1] + st, ao->amsgrad ? (char *)state[2] + st : NULL, hi - lo,
+                   o->seg_wd[k], ao->beta1, ao->beta2, o->seg_lr[k] / bc1, sqrt(bc2), ao->eps);
+    }
+    return FG_OK;
+}
+
+static const fg_optim_vt adam_vt = {.name = "Adam", .step_range = adam_step_range};
+
+fg_optimizer *fg_adam_new(fg_module *m, const fg_adam_opts *opts) {
+    fg_adam_opts o = opts ? *opts : (fg_adam_opts){0};
+    if (o.lr == 0) o.lr = 1e-3;
+    if (o.beta1 == 0) o.beta1 = 0.9;
+    if (o.beta2 == 0) o.beta2 = 0.999;
+    if (o.eps == 0) o.eps = 1e-8;
+    if (!(o.lr > 0) || !(o.beta1 > 0 && o.beta1 < 1) || !(o.beta2 > 0 && o.beta2 < 1) ||
+        !(o.eps > 0) || !(o.weight_decay >= 0)) {
+        fg_error(FG_EINVAL,
+                 "adam_new: lr = %g, betas = (%g, %g), eps = %g, weight_decay = %g: "
+                 "expected lr > 0, betas in [0, 1), eps > 0, weight_decay >= 0",
+                 o.lr, o.beta1, o.beta2, o.eps, o.weight_decay);
+        return NULL;
+    }
+    static const char *const names[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+    fg_optimizer *opt =
+        fg__optimizer_new(&adam_vt, m, o.lr, o.amsgrad ? 3 : 2, names, o.weight_decay, false);
+    if (opt) opt->o.adam = o;
+    return opt;
+}
