@@ -3,7 +3,9 @@
 # metadata, differences per tensor, names in one file only, damaged and
 # missing files (exit codes 1 and 2); consolidate refuses an OUT that its
 # rename would wrongly replace (a symlink, fifo or folder, the input, a
-# path inside a sharded input), and an existing file without --force.
+# path inside a sharded input), and an existing file without --force; fit
+# --ckpt-path on one shard or on a file of format "pt" names the format
+# and what to pass.
 source "$(dirname "$0")/lib.sh"
 C="$FG_SRC/tests/ckpt/crafted"
 echo "test_ckpt: fulgur ckpt show/diff"
@@ -93,10 +95,10 @@ expect_rc "consolidate to a new file" 0 c_new
 # its own shards, the index, a new name there) is refused, --force or not
 TXT="$T_TMP/tiny.txt"
 for i in $(seq 1 20); do echo "all work and no play makes jack a dull boy $i"; done >"$TXT"
-run fit env FULGUR_CPU_DEVICES=2 "$FULGUR" fit --data "$TXT" --layers 1 --heads 2 --embd 16 \
-    --ctx 16 --batch-size 2 --max-steps 1 --progress none --sample-tokens 0 --num-workers 0 \
-    --limit-val-batches 1 --devices 2 --strategy deepspeed_stage_2 --state-dict-type sharded \
-    --default-root-dir "$T_TMP/srun"
+TINYFIT=(--data "$TXT" --layers 1 --heads 2 --embd 16 --ctx 16 --batch-size 2 --max-steps 1
+         --progress none --sample-tokens 0 --num-workers 0 --limit-val-batches 1)
+run fit env FULGUR_CPU_DEVICES=2 "$FULGUR" fit "${TINYFIT[@]}" --devices 2 \
+    --strategy deepspeed_stage_2 --state-dict-type sharded --default-root-dir "$T_TMP/srun"
 expect_rc "tiny sharded fit" 0 fit
 SD=$(find "$T_TMP/srun" -name model.safetensors.index.json -print -quit)
 SD=${SD%/*}
@@ -114,7 +116,22 @@ if [ -n "$SD" ] && [ -n "$SHARD" ]; then
         pass "sharded checkpoint unchanged" || fail "sharded checkpoint changed"
     cons s_ok "$SD" "$T_TMP/whole.safetensors"
     expect_rc "consolidate outside the folder" 0 s_ok
+    # one shard alone is no checkpoint: the message says so and what to pass
+    run s_fit "$FULGUR" fit "${TINYFIT[@]}" --ckpt-path "$SHARD" --default-root-dir "$T_TMP/r2"
+    expect_rc "fit --ckpt-path one shard" 1 s_fit
+    expect_grep "a shard: named, with what to pass" s_fit \
+        'one shard of a sharded checkpoint \(metadata "format" is "fulgur-checkpoint-shard-1"\), not a whole one: pass the folder that holds it and model.safetensors.index.json'
 else fail "the sharded fit left no folder with an index"; fi
+
+# a safetensors file of another format (Hugging Face writes "pt"): the
+# format read from the file (once copied out of it before its close) and
+# what to pass
+hdr='{"__metadata__":{"format":"pt"},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+printf "$(printf '\\x%02x' ${#hdr})\\0\\0\\0\\0\\0\\0\\0%s\\0\\0\\x80\\x3f" "$hdr" >"$T_TMP/hf.safetensors"
+run hf "$FULGUR" fit "${TINYFIT[@]}" --ckpt-path "$T_TMP/hf.safetensors" --default-root-dir "$T_TMP/r3"
+expect_rc "fit --ckpt-path a file of format pt" 1 hf
+expect_grep "format pt: named, with what to pass" hf \
+    'not a fulgur checkpoint \(metadata "format" is "pt"; fulgur writes "fulgur-checkpoint-1"\): pass a checkpoint that fulgur saved'
 
 run act "$FULGUR" ckpt frobnicate
 expect_rc "unknown action" 2 act

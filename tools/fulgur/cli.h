@@ -26,4 +26,15 @@ int cmd_sample(int argc, char **argv);
 /* "fulgur: " + message on stderr. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* Whether everything written to stdout so far reached it: flushes, then
+ * returns 0, or FG_EXIT_FAIL with "stdout (/dev/full): write failed: ...;
+ * the output is incomplete" said once per process: on stderr when `report`,
+ * else left in fg_last_error (FG_EIO) for the caller to report. So lost
+ * output is never an exit 0. main() checks at the end of every command; a
+ * rank that is a forked child (it leaves by _exit) checks itself. */
+int cli_check_stdout(bool report);
+/* Whether this process is a rank forked from the one main() started (it
+ * leaves by _exit, so main()'s checks do not run in it). */
+bool cli_in_forked_rank(void);
+
 #endif

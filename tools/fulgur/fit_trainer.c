@@ -331,7 +331,14 @@ static int run_rank(fg_trainer *t, void *arg) {
     fit_run *r = arg;
     if (fit_module_open(r->m, t) != FG_OK) return fit_rank_error(t, "data");
     fg_lightning_module lm = fit_module_table(r->m);
-    return r->o->fn == FG_FIT ? run_fit(r, t, &lm) : run_eval(r, t, &lm);
+    int rc = r->o->fn == FG_FIT ? run_fit(r, t, &lm) : run_eval(r, t, &lm);
+    /* main() checks stdout at the end, but a forked rank leaves by _exit:
+     * rank 0, the one that prints, checks here then. A resumable stop keeps
+     * its 75 (main() still says the output was lost). */
+    if (rc == FG_EXIT_OK && !fit_stopped && cli_in_forked_rank() &&
+        fg_trainer_is_global_zero(t) && cli_check_stdout(false))
+        rc = fit_rank_error(t, "output");
+    return rc;
 }
 
 int fit_run_launch(fit_run *r) {

@@ -1,7 +1,11 @@
-/* fulgur: dispatches to the subcommands of cli.h. */
+/* fulgur: dispatches to the subcommands of cli.h; a command whose output
+ * did not all reach stdout fails (cli_check_stdout). */
+#include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -12,6 +16,50 @@ void cli_error(const char *fmt, ...) {
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
+}
+
+/* "stdout (/dev/full)": what stdout is, where Linux says */
+static const char *stdout_name(char *buf, size_t cap) {
+    char target[512];
+    ssize_t n = readlink("/proc/self/fd/1", target, sizeof target - 1);
+    if (n <= 0) return "stdout";
+    target[n] = '\0';
+    snprintf(buf, cap, "stdout (%s)", target);
+    return buf;
+}
+
+static pid_t g_main_pid;
+
+bool cli_in_forked_rank(void) { return g_main_pid && getpid() != g_main_pid; }
+
+int cli_check_stdout(bool report) {
+    static bool said;
+    int e = fflush(stdout) != 0 ? errno : 0;
+    if (!ferror(stdout)) return FG_EXIT_OK;
+    if (!said) {
+        char name[600], why[800];
+        snprintf(why, sizeof why, "%s: write failed%s%s; the output is incomplete",
+                 stdout_name(name, sizeof name), e ? ": " : "", e ? strerror(e) : "");
+        if (report) cli_error("%s", why);
+        else fg_error(FG_EIO, "%s", why);
+    }
+    said = true;
+    return FG_EXIT_FAIL;
+}
+
+/* The command's exit code, made a failure (unless it is one already) when
+ * its output did not all reach stdout: checked by the flush, and by the
+ * close that reports what only the close learns (as gnulib's close_stdout). */
+static int finish(int rc) {
+    int wrc = cli_check_stdout(true);
+    if (!wrc && fclose(stdout) != 0) {
+        char name[600];
+        int e = errno;
+        cli_error("%s: closing failed: %s; the output may be incomplete",
+                  stdout_name(name, sizeof name), strerror(e));
+        wrc = FG_EXIT_FAIL;
+    }
+    return rc == FG_EXIT_OK ? wrc : rc;
 }
 
 static const struct {
@@ -37,19 +85,20 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    g_main_pid = getpid();
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? FG_EXIT_USAGE : FG_EXIT_OK;
+        return finish(argc < 2 ? FG_EXIT_USAGE : FG_EXIT_OK);
     }
     if (!strcmp(argv[1], "--version")) {
         printf("fulgur %s\n", fg_version());
-        return FG_EXIT_OK;
+        return finish(FG_EXIT_OK);
     }
     for (size_t i = 0; i < sizeof k_cmds / sizeof k_cmds[0]; i++) {
         if (strcmp(argv[1], k_cmds[i].name)) continue;
-        return k_cmds[i].fn(argc - 1, argv + 1);
+        return finish(k_cmds[i].fn(argc - 1, argv + 1));
     }
     cli_error("unknown command \"%s\"", argv[1]);
     usage(stderr);
-    return FG_EXIT_USAGE;
+    return finish(FG_EXIT_USAGE);
 }
