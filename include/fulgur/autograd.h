@@ -166,6 +166,153 @@ FG_API fg_tensor *fg_cast(fg_tensor *a, fg_dtype dt);
 /* Causal self-attention of qkv (B, T, 3C) with `heads` heads -> (B, T, C). */
 FG_API fg_tensor *fg_causal_attention(fg_tensor *qkv, int heads);
 
+/* ------------------------------------- more ops (PyTorch's names and rules) */
+/* CPU; f32 and f64 (the elementwise functions and losses also bf16/f16,
+ * computed in f32). Every result is a new contiguous tensor, also where
+ * PyTorch returns a view (narrow, slice, permute, expand, split): the
+ * values are copied once and gradients flow as through the view. Index
+ * and mask tensors are i32 (masks also u8; nonzero is true); an index out
+ * of range is FG_EINVAL naming it. dims count from the end when negative. */
+
+/* a / b with numpy broadcasting. */
+FG_API fg_tensor *fg_div(fg_tensor *a, fg_tensor *b);
+FG_API fg_tensor *fg_exp(fg_tensor *a);
+/* torch.log (fg_log is the library's logger, core.h). */
+FG_API fg_tensor *fg_log_tensor(fg_tensor *a);
+FG_API fg_tensor *fg_sqrt(fg_tensor *a);
+FG_API fg_tensor *fg_rsqrt(fg_tensor *a);
+/* a ** exponent; the gradient of exponent 0 is 0, as PyTorch's. */
+FG_API fg_tensor *fg_pow(fg_tensor *a, double exponent);
+/* The gradient at 0 is 0. */
+FG_API fg_tensor *fg_abs(fg_tensor *a);
+/* To [min, max]; NaN (or -INFINITY / INFINITY) for no bound; NaN input
+ * stays NaN; min > max gives max. The gradient passes where min <= a <= max. */
+FG_API fg_tensor *fg_clamp(fg_tensor *a, double min, double max);
+FG_API fg_tensor *fg_sigmoid(fg_tensor *a);
+FG_API fg_tensor *fg_tanh(fg_tensor *a);
+FG_API fg_tensor *fg_silu(fg_tensor *a);
+/* torch.nn.functional.gelu(a, approximate=): "none" (or NULL), the exact
+ * x Phi(x) with erf, PyTorch's default; "tanh", fg_gelu. */
+FG_API fg_tensor *fg_gelu_approximate(fg_tensor *a, const char *approximate);
+/* log(1 + exp(beta a)) / beta, a itself where beta a > threshold
+ * (PyTorch's defaults: beta 1, threshold 20); beta 0 is FG_EINVAL. */
+FG_API fg_tensor *fg_softplus(fg_tensor *a, double beta, double threshold);
+/* PyTorch's default slope 0.01; the gradient at 0 is the slope's. */
+FG_API fg_tensor *fg_leaky_relu(fg_tensor *a, double negative_slope);
+/* alpha (exp(a) - 1) for a <= 0 (PyTorch's default alpha 1). */
+FG_API fg_tensor *fg_elu(fg_tensor *a, double alpha);
+/* Softmax / log-softmax over any dim. */
+FG_API fg_tensor *fg_softmax_dim(fg_tensor *a, int dim);
+FG_API fg_tensor *fg_log_softmax_dim(fg_tensor *a, int dim);
+
+/* Sums and means over ndims dims (every dim when ndims is 0, PyTorch's
+ * dim=None), keepdim as PyTorch's. */
+FG_API fg_tensor *fg_sum_dims(fg_tensor *a, int ndims, const int *dims, bool keepdim);
+FG_API fg_tensor *fg_mean_dims(fg_tensor *a, int ndims, const int *dims, bool keepdim);
+/* Variance / standard deviation over dims as above, divided by N -
+ * correction (torch.var(correction=): 1 is unbiased=True, PyTorch's
+ * default; 0 the biased one); N - correction <= 0 gives inf or NaN. */
+FG_API fg_tensor *fg_var(fg_tensor *a, int ndims, const int *dims, double correction, bool keepdim);
+FG_API fg_tensor *fg_std(fg_tensor *a, int ndims, const int *dims, double correction, bool keepdim);
+/* The running sum along dim (accumulated in double). */
+FG_API fg_tensor *fg_cumsum(fg_tensor *a, int dim);
+
+/* Joins n tensors along an existing dim (cat; one shape but along dim, one
+ * dtype) or a new one (stack; one shape). */
+FG_API fg_tensor *fg_cat(fg_tensor *const *ts, int n, int dim);
+FG_API fg_tensor *fg_stack(fg_tensor *const *ts, int n, int dim);
+/* torch.split: pieces of split_size along dim (the last may be shorter)
+ * into out[0 .. *n_out), at most max_out of them (FG_EINVAL beyond); or
+ * n pieces of the given sizes (summing to the dim's size). */
+FG_API fg_status fg_split(fg_tensor *a, int64_t split_size, int dim, fg_tensor **out, int max_out,
+                          int *n_out);
+FG_API fg_status fg_split_sizes(fg_tensor *a, const int64_t *sizes, int n, int dim,
+                                fg_tensor **out);
+/* Elements [start, start + length) of dim (a negative start counts from
+ * the end); slice: a[..., start:end:step, ...] with Python's rules for
+ * negative and out-of-range bounds, step > 0. */
+FG_API fg_tensor *fg_narrow(fg_tensor *a, int dim, int64_t start, int64_t length);
+FG_API fg_tensor *fg_slice(fg_tensor *a, int dim, int64_t start, int64_t end, int64_t step);
+/* dims: a permutation of a's ndim dims. */
+FG_API fg_tensor *fg_permute(fg_tensor *a, const int *dims);
+/* Dims of size 1 (and new leading dims) repeated to shape; -1 keeps a size. */
+FG_API fg_tensor *fg_expand(fg_tensor *a, int ndim, const int64_t *shape);
+/* torch.flatten: dims start_dim .. end_dim merged into one. */
+FG_API fg_tensor *fg_flatten(fg_tensor *a, int start_dim, int end_dim);
+/* a's slices at index (1-d) along dim. */
+FG_API fg_tensor *fg_index_select(fg_tensor *a, int dim, fg_tensor *index);
+/* out[i][j][k] = a[index[i][j][k]][j][k] (dim 0), index of a's ndim and
+ * no larger than a in the other dims; out has index's shape. */
+FG_API fg_tensor *fg_gather(fg_tensor *a, int dim, fg_tensor *index);
+/* A copy of a with src[i][j][k] added at [index[i][j][k]][j][k] (dim 0);
+ * src at least index's size. Gradients into a and src. */
+FG_API fg_tensor *fg_scatter_add(fg_tensor *a, int dim, fg_tensor *index, fg_tensor *src);
+/* cond ? a : b with broadcasting of all three; gradients into a and b. */
+FG_API fg_tensor *fg_where(fg_tensor *cond, fg_tensor *a, fg_tensor *b);
+/* a with value where mask (broadcast to a's shape) is true. */
+FG_API fg_tensor *fg_masked_fill(fg_tensor *a, fg_tensor *mask, double value);
+/* The largest / smallest value along dim and (*indices, i32, may be NULL)
+ * the first index of it; NaN counts as the largest. The gradient goes to
+ * that index. argmax / argmin: the indices alone (i32, not int64). */
+FG_API fg_tensor *fg_max_dim(fg_tensor *a, int dim, bool keepdim, fg_tensor **indices);
+FG_API fg_tensor *fg_min_dim(fg_tensor *a, int dim, bool keepdim, fg_tensor **indices);
+FG_API fg_tensor *fg_argmax(fg_tensor *a, int dim, bool keepdim);
+FG_API fg_tensor *fg_argmin(fg_tensor *a, int dim, bool keepdim);
+
+/* ------------------------------------------------------------ more losses */
+
+/* PyTorch's reduction=: "mean" (0, the default), "sum", "none";
+ * "batchmean" (the sum over the first dim's size) for kl_div alone. */
+typedef enum fg_reduction {
+    FG_REDUCTION_MEAN = 0,
+    FG_REDUCTION_SUM,
+    FG_REDUCTION_NONE,
+    FG_REDUCTION_BATCHMEAN,
+} fg_reduction;
+
+/* Input and target of one shape and dtype; gradients into both (the
+ * target's where it requires grad). */
+FG_API fg_tensor *fg_mse_loss(fg_tensor *x, fg_tensor *target, fg_reduction r);
+FG_API fg_tensor *fg_l1_loss(fg_tensor *x, fg_tensor *target, fg_reduction r);
+/* beta >= 0 (PyTorch's default 1; 0 is L1). */
+FG_API fg_tensor *fg_smooth_l1_loss(fg_tensor *x, fg_tensor *target, fg_reduction r, double beta);
+/* delta > 0 (PyTorch's default 1). */
+FG_API fg_tensor *fg_huber_loss(fg_tensor *x, fg_tensor *target, fg_reduction r, double delta);
+/* x probabilities in [0, 1]; each log clamped at -100 as PyTorch's; weight
+ * (broadcast to x's shape, may be NULL) rescales each element. */
+FG_API fg_tensor *fg_binary_cross_entropy(fg_tensor *x, fg_tensor *target, fg_tensor *weight,
+                                          fg_reduction r);
+/* x logits; pos_weight (broadcast to x's shape, NULL for 1) weighs the
+ * positive term, weight each element (no gradient into either). */
+FG_API fg_tensor *fg_binary_cross_entropy_with_logits(fg_tensor *x, fg_tensor *target,
+                                                      fg_tensor *weight, fg_tensor *pos_weight,
+                                                      fg_reduction r);
+/* x log-probabilities; target probabilities (log-probabilities with
+ * log_target); pointwise target (log target - x). */
+FG_API fg_tensor *fg_kl_div(fg_tensor *x, fg_tensor *target, fg_reduction r, bool log_target);
+
+/* The options of nll_loss and cross_entropy_ex, PyTorch's: class weights
+ * (C) or NULL, ignore_index (PyTorch's -100), reduction, label_smoothing
+ * in [0, 1]. A zeroed struct is NOT the defaults (ignore_index 0): start
+ * from fg_class_loss_defaults(), or pass NULL. */
+typedef struct fg_class_loss_opts {
+    fg_tensor *weight;
+    int64_t ignore_index;
+    fg_reduction reduction;
+    double label_smoothing;
+} fg_class_loss_opts;
+FG_API fg_class_loss_opts fg_class_loss_defaults(void);
+/* torch.nn.functional.nll_loss / cross_entropy: input (C), (N, C) or (N,
+ * C, d1, ...) (classes in dim 1, as PyTorch's) with i32 targets (), (N) or
+ * (N, d1, ...). The mean divides by the summed weights of the targets that
+ * count, and is 0 when none counts (PyTorch: NaN). cross_entropy_ex with
+ * the defaults (no weight, no smoothing, mean) is fg_cross_entropy: the
+ * same bits; otherwise log_softmax then nll_loss with smoothing:
+ * (1 - eps) nll + eps / C (-sum_c w[c] log p[c]) per row, as PyTorch's. */
+FG_API fg_tensor *fg_nll_loss(fg_tensor *logp, fg_tensor *targets, const fg_class_loss_opts *o);
+FG_API fg_tensor *fg_cross_entropy_ex(fg_tensor *logits, fg_tensor *targets,
+                                      const fg_class_loss_opts *o);
+
 #ifdef __cplusplus
 }
 #endif

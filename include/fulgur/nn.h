@@ -300,6 +300,23 @@ FG_API void fg_module_seed_dropout(fg_module *m, uint64_t seed);
 /* Activations, without parameters. GELU is the tanh form (GPT-2's). */
 FG_API fg_module *fg_gelu_new(void);
 FG_API fg_module *fg_relu_new(void);
+/* torch.nn.GELU(approximate=): "none" (or NULL; PyTorch's default, the
+ * exact erf form) or "tanh" (fg_gelu_new); FG_EINVAL otherwise. */
+FG_API fg_module *fg_gelu_new_approximate(const char *approximate);
+/* Sigmoid, Tanh, SiLU, Identity; Softplus(beta, threshold) (PyTorch: 1,
+ * 20), LeakyReLU(negative_slope) (0.01), ELU(alpha) (1.0), Softmax(dim),
+ * LogSoftmax(dim), Flatten(start_dim, end_dim) (PyTorch: 1, -1): the
+ * functions of autograd.h as modules, without parameters. */
+FG_API fg_module *fg_sigmoid_new(void);
+FG_API fg_module *fg_tanh_new(void);
+FG_API fg_module *fg_silu_new(void);
+FG_API fg_module *fg_identity_new(void);
+FG_API fg_module *fg_softplus_new(double beta, double threshold);
+FG_API fg_module *fg_leaky_relu_new(double negative_slope);
+FG_API fg_module *fg_elu_new(double alpha);
+FG_API fg_module *fg_softmax_new(int dim);
+FG_API fg_module *fg_log_softmax_new(int dim);
+FG_API fg_module *fg_flatten_new(int start_dim, int end_dim);
 
 /* A container that runs its children in order (torch.nn.Sequential): the
  * children are named "0", "1", ... by fg_sequential_append. child is

@@ -29,6 +29,50 @@ extern "C" {
 
 typedef enum fg_binary_op { FG_BIN_ADD, FG_BIN_SUB, FG_BIN_MUL, FG_BIN_DIV } fg_binary_op;
 
+/* The elementwise functions of one tensor behind unary_fwd/unary_bwd, with
+ * their two scalar parameters a, b (unused ones are ignored), as PyTorch's:
+ *   EXP, LOG, SQRT, RSQRT, ABS, SIGMOID, TANH, SILU, GELU_ERF (exact GELU,
+ *   x Phi(x)); POW x^a; CLAMP to [a, b] (a = -inf / b = inf for no bound;
+ *   the gradient passes where a <= x <= b); SOFTPLUS log(1 + exp(a x)) / a,
+ *   x itself where a x > b (beta, threshold); LEAKY_RELU slope a; ELU
+ *   alpha a. */
+typedef enum fg_unary_op {
+    FG_UN_EXP,
+    FG_UN_LOG,
+    FG_UN_SQRT,
+    FG_UN_RSQRT,
+    FG_UN_POW,
+    FG_UN_ABS,
+    FG_UN_CLAMP,
+    FG_UN_SIGMOID,
+    FG_UN_TANH,
+    FG_UN_SILU,
+    FG_UN_GELU_ERF,
+    FG_UN_SOFTPLUS,
+    FG_UN_LEAKY_RELU,
+    FG_UN_ELU,
+} fg_unary_op;
+
+/* The elementwise losses behind pointwise_loss_fwd/bwd, of x against t
+ * (parameter p, optional elementwise tensor w), unreduced:
+ *   MSE (x - t)^2; L1 |x - t|; SMOOTH_L1 0.5 d^2 / p where |d| < p, else
+ *   |d| - 0.5 p (p = beta; p = 0 is L1); HUBER 0.5 d^2 where |d| <= p,
+ *   else p (|d| - 0.5 p) (p = delta); BCE -(t log x + (1 - t) log(1 - x)),
+ *   each log clamped at -100 as PyTorch's; BCE_LOGITS the same of
+ *   sigmoid(x), stably, w (or NULL) the pos_weight: -(w t log s(x) + (1 - t)
+ *   log(1 - s(x))); KL_DIV xlogy(t, t) - t x (0 log 0 = 0; the target's
+ *   gradient where t <= 0 is that of -t x), or with p != 0 (log_target)
+ *   exp(t) (t - x). */
+typedef enum fg_loss_op {
+    FG_LOSS_MSE,
+    FG_LOSS_L1,
+    FG_LOSS_SMOOTH_L1,
+    FG_LOSS_HUBER,
+    FG_LOSS_BCE,
+    FG_LOSS_BCE_LOGITS,
+    FG_LOSS_KL_DIV,
+} fg_loss_op;
+
 typedef struct fg_op_table {
     const char *device; /* "cpu" */
 
@@ -128,6 +172,58 @@ typedef struct fg_op_table {
     /* dqkv (B, T, 3C) += gradient, from qkv, y, lse and dy. */
     fg_status (*attention_bwd)(const fg_tensor *qkv, int heads, const fg_tensor *y,
                                const fg_tensor *lse, const fg_tensor *dy, fg_tensor *dqkv);
+
+    /* ---- elementwise functions (fg_unary_op), x and y of one shape ---- */
+    fg_status (*unary_fwd)(fg_unary_op op, const fg_tensor *x, double a, double b, fg_tensor *y);
+    /* dx += dy op'(x); y = op(x) is given too (EXP, SQRT, RSQRT, SIGMOID,
+     * TANH read it) */
+    fg_status (*unary_bwd)(fg_unary_op op, const fg_tensor *x, const fg_tensor *y,
+                           const fg_tensor *dy, double a, double b, fg_tensor *dx);
+
+    /* ---- layouts ---- */
+    /* y += x elementwise, one shape, any strides on both (y's without
+     * overlap): the backward of the views (slice, cat, permute). */
+    fg_status (*add_strided)(const fg_tensor *x, fg_tensor *y);
+    /* y = cond ? (a ? a : va) : (b ? b : vb); cond u8 or i32 (nonzero is
+     * true), a, b (or NULL: the scalar) and y of one shape. */
+    fg_status (*where)(const fg_tensor *cond, const fg_tensor *a, const fg_tensor *b, double va,
+                       double vb, fg_tensor *y);
+
+    /* ---- indexing along a dim; indices i32, out of range is FG_EINVAL ---- */
+    /* y (outer, k, inner) = x (outer, n, inner) at idx (k) along dim */
+    fg_status (*index_select)(const fg_tensor *x, int dim, const fg_tensor *idx, fg_tensor *y);
+    /* dx (outer, n, inner) += dy (outer, k, inner) at idx (k) */
+    fg_status (*index_add)(const fg_tensor *dy, int dim, const fg_tensor *idx, fg_tensor *dx);
+    /* y = x gathered along dim at idx (y and idx of one shape, of x's ndim,
+     * each other dim no larger than x's) */
+    fg_status (*gather)(const fg_tensor *x, int dim, const fg_tensor *idx, fg_tensor *y);
+    /* y += src scattered along dim at idx (src at least idx's size) */
+    fg_status (*scatter_add)(const fg_tensor *src, int dim, const fg_tensor *idx, fg_tensor *y);
+    /* y (outer, inner) = max (or min) over dim of x (outer, n, inner), the
+     * first index of it in idx (i32; NaN counts as the largest) */
+    fg_status (*max_dim)(const fg_tensor *x, int dim, bool is_min, fg_tensor *y, fg_tensor *idx);
+    /* y = the running sum along dim (from the end when reverse) */
+    fg_status (*cumsum)(const fg_tensor *x, int dim, bool reverse, fg_tensor *y);
+
+    /* ---- losses ---- */
+    /* y = the elementwise loss op (fg_loss_op) of x against t, all of one
+     * shape (w too, or NULL) */
+    fg_status (*pointwise_loss_fwd)(fg_loss_op op, const fg_tensor *x, const fg_tensor *t,
+                                    const fg_tensor *w, double p, fg_tensor *y);
+    /* dx += dy dloss/dx, dt += dy dloss/dt (either may be NULL) */
+    fg_status (*pointwise_loss_bwd)(fg_loss_op op, const fg_tensor *x, const fg_tensor *t,
+                                    const fg_tensor *w, double p, const fg_tensor *dy,
+                                    fg_tensor *dx, fg_tensor *dt);
+    /* Negative log-likelihood rows of logp (M, C) against targets (M) i32,
+     * class weights w (C) or NULL, label smoothing eps: y[m] = (1 - eps)
+     * (-w[t] logp[m, t]) + eps / C (-sum_c w[c] logp[m, c]), 0 where t ==
+     * ignore; *wsum = the sum of w[t] (1 without weights) over the rows that
+     * count. A target outside [0, C) not ignore is FG_EINVAL naming it. */
+    fg_status (*nll_fwd)(const fg_tensor *logp, const fg_tensor *t, const fg_tensor *w,
+                         int64_t ignore, double eps, fg_tensor *y, double *wsum);
+    /* dlogp (M, C) += the gradient of sum_m dy[m] y[m] */
+    fg_status (*nll_bwd)(const fg_tensor *t, const fg_tensor *w, int64_t ignore, double eps,
+                         const fg_tensor *dy, fg_tensor *dlogp);
 } fg_op_table;
 
 /* The table of a device; NULL (and FG_EUNSUPPORTED in fg_last_error) for a

@@ -1,5 +1,5 @@
-/* add, sub, mul (numpy broadcasting) and scale. The backward of a broadcast
- * input sums the gradient down to the input's shape (sum_to). */
+/* add, sub, mul, div (numpy broadcasting) and scale. The backward of a
+ * broadcast input sums the gradient down to the input's shape (sum_to). */
 #include "autograd_impl.h"
 
 /* The broadcast shape of a and b into out (ndim, shape). */
@@ -51,6 +51,26 @@ static fg_status mul_bw(fg_node *n, const fg_tensor *g) {
     return FG_OK;
 }
 
+/* y = a / b: da = g / b, db = -g y / b (y is the node's out) */
+static fg_status div_bw(fg_node *n, const fg_tensor *g) {
+    fg_tensor *a = n->in[0], *b = n->in[1];
+    const fg_op_table *ops = fg__ops(g);
+    fg_tensor *tmp = fg_empty_like(g);
+    if (!tmp) return FG_ENOMEM;
+    if (fg__needs_grad(a)) {
+        FG_TRY(ops->binary(FG_BIN_DIV, g, b, tmp));
+        FG_TRY(accum_reduced(a, tmp, 1.0));
+    }
+    if (fg__needs_grad(b)) {
+        fg_tensor *q = fg_empty_like(g);
+        if (!q) return FG_ENOMEM;
+        FG_TRY(ops->binary(FG_BIN_MUL, g, n->out, tmp));
+        FG_TRY(ops->binary(FG_BIN_DIV, tmp, b, q));
+        FG_TRY(accum_reduced(b, q, -1.0));
+    }
+    return FG_OK;
+}
+
 /* The dtype of a op b: the same, or the wider of two float dtypes (f64 >
  * f32 > bf16, f16; bf16 with f16 gives f32), as PyTorch promotes. The
  * kernels read mixed inputs as they are: nothing is cast first. */
@@ -81,7 +101,8 @@ static fg_tensor *binary(const char *fn, fg_binary_op op, fg_tensor *a, fg_tenso
     if (FG_OP(ops, binary) || ops->binary(op, a, b, y)) return NULL;
     fg_node *node;
     fg_tensor *in[2] = {a, b};
-    if (fg__record(&node, fn, op == FG_BIN_MUL ? mul_bw : add_bw, y, 2, in)) return NULL;
+    fg_backward_fn bw = op == FG_BIN_MUL ? mul_bw : op == FG_BIN_DIV ? div_bw : add_bw;
+    if (fg__record(&node, fn, bw, y, 2, in)) return NULL;
     if (node) node->f[0] = op == FG_BIN_SUB ? -1.0 : 1.0;
     return y;
 }
@@ -89,6 +110,7 @@ static fg_tensor *binary(const char *fn, fg_binary_op op, fg_tensor *a, fg_tenso
 fg_tensor *fg_add(fg_tensor *a, fg_tensor *b) { return binary("add", FG_BIN_ADD, a, b); }
 fg_tensor *fg_sub(fg_tensor *a, fg_tensor *b) { return binary("sub", FG_BIN_SUB, a, b); }
 fg_tensor *fg_mul(fg_tensor *a, fg_tensor *b) { return binary("mul", FG_BIN_MUL, a, b); }
+fg_tensor *fg_div(fg_tensor *a, fg_tensor *b) { return binary("div", FG_BIN_DIV, a, b); }
 
 static fg_status scale_bw(fg_node *n, const fg_tensor *g) {
     fg_tensor *gx = fg__grad_of(n->in[0]);

@@ -14,7 +14,7 @@
 
 #include "fulgur/core.h"
 
-#define REF_MAX 512
+#define REF_MAX 2048
 
 typedef struct ref_array {
     char name[128];

@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "k_ops.h"
 #include "lowp.h"
 
 /* ------------------------------------------------------------ stand-ins */
@@ -796,6 +797,50 @@ static fg_status lp_att_bwd(const fg_tensor *qkv, int heads, const fg_tensor *y,
     LP_RUN(fg__cpu_attention_bwd(qf, heads, yf, lf, gf, df));
 }
 
+/* ------------------------------------------- functions and losses of user models */
+/* bf16/f16 through f32 copies; the layout, index and NLL entries take f32 and
+ * f64 only (index_select any dtype): they go straight to the kernels. */
+
+static fg_status lp_unary_fwd(fg_unary_op op, const fg_tensor *x, double a, double b,
+                              fg_tensor *y) {
+    if (!lowp(x) && !lowp(y)) return fg__cpu_unary_fwd(op, x, a, b, y);
+    lp c = {0};
+    const fg_tensor *xf = lp_in(&c, x);
+    fg_tensor *yf = lp_out(&c, y, false);
+    LP_RUN(fg__cpu_unary_fwd(op, xf, a, b, yf));
+}
+
+static fg_status lp_unary_bwd(fg_unary_op op, const fg_tensor *x, const fg_tensor *y,
+                              const fg_tensor *dy, double a, double b, fg_tensor *dx) {
+    if (!lowp(x) && !lowp(y) && !lowp(dy) && !lowp(dx))
+        return fg__cpu_unary_bwd(op, x, y, dy, a, b, dx);
+    lp c = {0};
+    const fg_tensor *xf = lp_in(&c, x), *yf = lp_in(&c, y), *gf = lp_in(&c, dy);
+    fg_tensor *df = lp_out(&c, dx, true);
+    LP_RUN(fg__cpu_unary_bwd(op, xf, yf, gf, a, b, df));
+}
+
+static fg_status lp_ploss_fwd(fg_loss_op op, const fg_tensor *x, const fg_tensor *t,
+                              const fg_tensor *w, double p, fg_tensor *y) {
+    if (!lowp(x) && !lowp(t) && !lowp(w) && !lowp(y))
+        return fg__cpu_pointwise_loss_fwd(op, x, t, w, p, y);
+    lp c = {0};
+    const fg_tensor *xf = lp_in(&c, x), *tf = lp_in(&c, t), *wf = lp_in(&c, w);
+    fg_tensor *yf = lp_out(&c, y, false);
+    LP_RUN(fg__cpu_pointwise_loss_fwd(op, xf, tf, wf, p, yf));
+}
+
+static fg_status lp_ploss_bwd(fg_loss_op op, const fg_tensor *x, const fg_tensor *t,
+                              const fg_tensor *w, double p, const fg_tensor *dy, fg_tensor *dx,
+                              fg_tensor *dt) {
+    if (!lowp(x) && !lowp(t) && !lowp(w) && !lowp(dy) && !lowp(dx) && !lowp(dt))
+        return fg__cpu_pointwise_loss_bwd(op, x, t, w, p, dy, dx, dt);
+    lp c = {0};
+    const fg_tensor *xf = lp_in(&c, x), *tf = lp_in(&c, t), *wf = lp_in(&c, w), *gf = lp_in(&c, dy);
+    fg_tensor *dxf = dx ? lp_out(&c, dx, true) : NULL, *dtf = dt ? lp_out(&c, dt, true) : NULL;
+    LP_RUN(fg__cpu_pointwise_loss_bwd(op, xf, tf, wf, p, gf, dxf, dtf));
+}
+
 const fg_op_table fg__cpu_ops_lowp = {
     .device = "cpu",
     .matmul = lp_matmul,
@@ -829,4 +874,18 @@ const fg_op_table fg__cpu_ops_lowp = {
     .embedding_bwd = lp_emb_bwd,
     .dropout_fwd = lp_dropout_fwd,
     .dropout_bwd = lp_dropout_bwd,
+    .unary_fwd = lp_unary_fwd,
+    .unary_bwd = lp_unary_bwd,
+    .add_strided = fg__cpu_add_strided,
+    .where = fg__cpu_where,
+    .index_select = fg__cpu_index_select,
+    .index_add = fg__cpu_index_add,
+    .gather = fg__cpu_gather,
+    .scatter_add = fg__cpu_scatter_add,
+    .max_dim = fg__cpu_max_dim,
+    .cumsum = fg__cpu_cumsum,
+    .pointwise_loss_fwd = lp_ploss_fwd,
+    .pointwise_loss_bwd = lp_ploss_bwd,
+    .nll_fwd = fg__cpu_nll_fwd,
+    .nll_bwd = fg__cpu_nll_bwd,
 };

@@ -5,6 +5,7 @@
 
 #include "blas.h"
 #include "cpu_impl.h"
+#include "k_ops.h"
 
 const fg_op_table fg__cpu_ops = {
     .device = "cpu",
@@ -39,6 +40,20 @@ const fg_op_table fg__cpu_ops = {
     .embedding_bwd = fg__cpu_embedding_bwd,
     .dropout_fwd = fg__cpu_dropout_fwd,
     .dropout_bwd = fg__cpu_dropout_bwd,
+    .unary_fwd = fg__cpu_unary_fwd,
+    .unary_bwd = fg__cpu_unary_bwd,
+    .add_strided = fg__cpu_add_strided,
+    .where = fg__cpu_where,
+    .index_select = fg__cpu_index_select,
+    .index_add = fg__cpu_index_add,
+    .gather = fg__cpu_gather,
+    .scatter_add = fg__cpu_scatter_add,
+    .max_dim = fg__cpu_max_dim,
+    .cumsum = fg__cpu_cumsum,
+    .pointwise_loss_fwd = fg__cpu_pointwise_loss_fwd,
+    .pointwise_loss_bwd = fg__cpu_pointwise_loss_bwd,
+    .nll_fwd = fg__cpu_nll_fwd,
+    .nll_bwd = fg__cpu_nll_bwd,
 };
 
 /* The f32 line changes as classes are measured: built at each call. */

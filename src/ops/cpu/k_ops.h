@@ -1,0 +1,37 @@
+/* The CPU kernels of the table entries added for user models (elementwise
+ * functions, layouts, indexing, losses): k_unary.c, k_index.c, k_loss.c.
+ * Plain loops over T (float or double) that the compiler vectorises where
+ * it can; they take no ISA table, so every ISA path runs the same code. */
+#ifndef FULGUR_CPU_K_OPS_H
+#define FULGUR_CPU_K_OPS_H
+
+#include "cpu_impl.h"
+
+/* k_unary.c */
+fg_status fg__cpu_unary_fwd(fg_unary_op op, const fg_tensor *x, double a, double b, fg_tensor *y);
+fg_status fg__cpu_unary_bwd(fg_unary_op op, const fg_tensor *x, const fg_tensor *y,
+                            const fg_tensor *dy, double a, double b, fg_tensor *dx);
+
+/* k_index.c */
+fg_status fg__cpu_add_strided(const fg_tensor *x, fg_tensor *y);
+fg_status fg__cpu_where(const fg_tensor *cond, const fg_tensor *a, const fg_tensor *b, double va,
+                        double vb, fg_tensor *y);
+fg_status fg__cpu_index_select(const fg_tensor *x, int dim, const fg_tensor *idx, fg_tensor *y);
+fg_status fg__cpu_index_add(const fg_tensor *dy, int dim, const fg_tensor *idx, fg_tensor *dx);
+fg_status fg__cpu_gather(const fg_tensor *x, int dim, const fg_tensor *idx, fg_tensor *y);
+fg_status fg__cpu_scatter_add(const fg_tensor *src, int dim, const fg_tensor *idx, fg_tensor *y);
+fg_status fg__cpu_max_dim(const fg_tensor *x, int dim, bool is_min, fg_tensor *y, fg_tensor *idx);
+fg_status fg__cpu_cumsum(const fg_tensor *x, int dim, bool reverse, fg_tensor *y);
+
+/* k_loss.c */
+fg_status fg__cpu_pointwise_loss_fwd(fg_loss_op op, const fg_tensor *x, const fg_tensor *t,
+                                     const fg_tensor *w, double p, fg_tensor *y);
+fg_status fg__cpu_pointwise_loss_bwd(fg_loss_op op, const fg_tensor *x, const fg_tensor *t,
+                                     const fg_tensor *w, double p, const fg_tensor *dy,
+                                     fg_tensor *dx, fg_tensor *dt);
+fg_status fg__cpu_nll_fwd(const fg_tensor *logp, const fg_tensor *t, const fg_tensor *w,
+                          int64_t ignore, double eps, fg_tensor *y, double *wsum);
+fg_status fg__cpu_nll_bwd(const fg_tensor *t, const fg_tensor *w, int64_t ignore, double eps,
+                          const fg_tensor *dy, fg_tensor *dlogp);
+
+#endif

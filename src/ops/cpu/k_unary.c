@@ -1,0 +1,72 @@
+/* The elementwise functions of one tensor (fg_unary_op: exp, log, sqrt,
+ * rsqrt, pow, abs, clamp, sigmoid, tanh, SiLU, exact GELU, softplus, leaky
+ * ReLU, ELU), forward and backward, f32 and f64, over contiguous tensors of
+ * one shape. The formulas and the edge cases (the derivative at a kink,
+ * NaN) are PyTorch's CPU kernels'; the loops are in k_unary_t.h. The
+ * backward accumulates into dx. */
+#include <tgmath.h>
+
+#include "k_ops.h"
+
+#define T float
+#define SUF f32
+#include "k_unary_t.h"
+#undef T
+#undef SUF
+#define T double
+#define SUF f64
+#include "k_unary_t.h"
+#undef T
+#undef SUF
+
+static bool reads_output(fg_unary_op op) {
+    return op == FG_UN_EXP || op == FG_UN_SQRT || op == FG_UN_RSQRT || op == FG_UN_SIGMOID ||
+           op == FG_UN_TANH;
+}
+
+static fg_status check_op(const char *kernel, fg_unary_op op) {
+    if ((int)op < (int)FG_UN_EXP || (int)op > (int)FG_UN_ELU)
+        return fg_error(FG_EINVAL, "%s: op %d is not an fg_unary_op", kernel, (int)op);
+    return FG_OK;
+}
+
+static fg_status check_pair(const char *kernel, const fg_tensor *x, const fg_tensor *y) {
+    FG_TRY(fg__expect_same_shape(kernel, x, y));
+    FG_TRY(fg__expect_contiguous(kernel, x));
+    return fg__expect_contiguous(kernel, y);
+}
+
+fg_status fg__cpu_unary_fwd(fg_unary_op op, const fg_tensor *x, double a, double b, fg_tensor *y) {
+    FG_TRY(check_op("unary_fwd", op));
+    FG_TRY(check_pair("unary_fwd", x, y));
+    if (x->dtype == FG_F32) {
+        un_fwd_f32(op, x->data, (float)a, (float)b, y->data, x->numel);
+    } else if (x->dtype == FG_F64) {
+        un_fwd_f64(op, x->data, a, b, y->data, x->numel);
+    } else {
+        return fg_error(FG_EUNSUPPORTED, "unary_fwd: dtype %s not supported on cpu",
+                        fg_dtype_name(x->dtype));
+    }
+    return FG_OK;
+}
+
+fg_status fg__cpu_unary_bwd(fg_unary_op op, const fg_tensor *x, const fg_tensor *y,
+                            const fg_tensor *dy, double a, double b, fg_tensor *dx) {
+    FG_TRY(check_op("unary_bwd", op));
+    FG_TRY(check_pair("unary_bwd", x, dy));
+    FG_TRY(check_pair("unary_bwd", x, dx));
+    if (reads_output(op)) {
+        if (!y) return fg_error(FG_EINVAL, "unary_bwd: op %d reads its output: y is NULL", (int)op);
+        FG_TRY(check_pair("unary_bwd", x, y));
+    }
+    const void *py = y ? y->data : NULL;
+    if (x->dtype == FG_F32) {
+        un_bwd_f32(op, x->data, py, dy->data, (float)a, (float)b, dx->data, x->numel);
+    } else if (x->dtype == FG_F64) {
+        un_bwd_f64(op, x->data, py, dy->data, a, b, dx->data, x->numel);
+    } else {
+        return fg_error(FG_EUNSUPPORTED, "unary_bwd: dtype %s not supported on cpu",
+                        fg_dtype_name(x->dtype));
+    }
+    return FG_OK;
+}
