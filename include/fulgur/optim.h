@@ -182,8 +182,9 @@ FG_API int fg_optimizer_num_groups(const fg_optimizer *opt);
 /* Group g's learning rate and weight decay (0 for a bad index). */
 FG_API double fg_optimizer_group_lr(const fg_optimizer *opt, int g);
 FG_API double fg_optimizer_group_weight_decay(const fg_optimizer *opt, int g);
-/* The learning rate the group had when made (PyTorch's group["initial_lr"],
- * where schedulers start from). */
+/* PyTorch's group["initial_lr"], where schedulers start from: the group's
+ * lr when the first scheduler was made on the optimizer (OneCycleLR sets
+ * its own); the current lr before any. */
 FG_API double fg_optimizer_group_initial_lr(const fg_optimizer *opt, int g);
 /* Set group g's lr (>= 0, finite) or weight decay (>= 0). FG_EINVAL else. */
 FG_API fg_status fg_optimizer_set_group_lr(fg_optimizer *opt, int g, double lr);

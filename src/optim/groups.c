@@ -57,7 +57,7 @@ int fg_optimizer_add_param_group(fg_optimizer *o, const fg_param_group *g) {
     }
     o->group = grown;
     int k = o->ngroups++;
-    o->group[k] = (fg__pgroup){.lr = lr, .wd = g->weight_decay, .initial_lr = lr};
+    o->group[k] = (fg__pgroup){.lr = lr, .wd = g->weight_decay};
     for (int64_t i = 0; i < m->p_count; i++)
         if (matches(g->params, m->flat->slot[m->p_first + i].name + m->prefix_len))
             o->p_group[i] = k;
@@ -78,7 +78,28 @@ double fg_optimizer_group_weight_decay(const fg_optimizer *o, int g) {
 }
 
 double fg_optimizer_group_initial_lr(const fg_optimizer *o, int g) {
-    return group_ok(o, g) ? o->group[g].initial_lr : 0;
+    if (!group_ok(o, g)) return 0;
+    return o->group[g].has_initial ? o->group[g].initial_lr : o->group[g].lr;
+}
+
+bool fg__optimizer_momentum(const fg_optimizer *o, double *m) {
+    const char *n = o->vt->name;
+    if (!strcmp(n, "SGD") && o->nstates) *m = o->o.sgd.momentum;
+    else if (!strcmp(n, "RMSprop") && o->o.rmsprop.momentum > 0) *m = o->o.rmsprop.momentum;
+    else if (!strcmp(n, "Adam")) *m = o->o.adam.beta1;
+    else if (!strcmp(n, "AdamW")) *m = o->o.adamw.beta1;
+    else if (!strcmp(n, "Lion")) *m = o->o.lion.beta1;
+    else return false;
+    return true;
+}
+
+void fg__optimizer_set_momentum(fg_optimizer *o, double m) {
+    const char *n = o->vt->name;
+    if (!strcmp(n, "SGD")) o->o.sgd.momentum = m;
+    else if (!strcmp(n, "RMSprop")) o->o.rmsprop.momentum = m;
+    else if (!strcmp(n, "Adam")) o->o.adam.beta1 = m;
+    else if (!strcmp(n, "AdamW")) o->o.adamw.beta1 = m;
+    else if (!strcmp(n, "Lion")) o->o.lion.beta1 = m;
 }
 
 fg_status fg_optimizer_set_group_lr(fg_optimizer *o, int g, double lr) {

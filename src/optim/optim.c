@@ -42,7 +42,7 @@ fg_optimizer *fg__optimizer_new(const fg_optim_vt *vt, fg_module *m, double lr, 
     o->seg_lr = fg_calloc((size_t)np + 1, sizeof *o->seg_lr);
     if (!o->group || !o->p_group || !o->p_nodecay || !o->seg_begin || !o->seg_wd || !o->seg_lr)
         goto fail;
-    o->group[0] = (fg__pgroup){.lr = lr, .wd = wd, .initial_lr = lr};
+    o->group[0] = (fg__pgroup){.lr = lr, .wd = wd};
     for (int64_t i = 0; i < np; i++)
         o->p_nodecay[i] = matrices_only && m->flat->slot[m->p_first + i].t->ndim < 2;
     fg__optimizer_segments(o);

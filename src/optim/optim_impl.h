@@ -19,6 +19,7 @@
 /* A parameter group (optim.h): lr, weight decay, the lr it was made with. */
 typedef struct fg__pgroup {
     double lr, wd, initial_lr;
+    bool has_initial; /* initial_lr was set (by the first scheduler), PyTorch's setdefault */
 } fg__pgroup;
 
 /* What a sharding strategy hangs on an optimizer (ZeRO): post_step runs at
@@ -104,6 +105,11 @@ fg_status fg__optimizer_shard_state(fg_optimizer *opt, int64_t begin, int64_t en
  * not made yet: an optimizer makes them at first use (a step, a state
  * read, a shard cut, offload), not at construction. */
 fg_status fg__optimizer_ensure_state(fg_optimizer *o);
+/* The momentum a OneCycleLR cycles: SGD's and RMSprop's momentum (when made
+ * with momentum > 0: their buffer exists), Adam's, AdamW's and Lion's
+ * beta1. false when the optimizer has none. */
+bool fg__optimizer_momentum(const fg_optimizer *o, double *m);
+void fg__optimizer_set_momentum(fg_optimizer *o, double m);
 /* Remakes the segments from the groups and exclusions. */
 fg_status fg__optimizer_segments(fg_optimizer *o);
 void fg__optimizer_advance(fg_optimizer *opt);
