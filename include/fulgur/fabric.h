@@ -411,6 +411,7 @@ typedef struct fg_train_state {
  * (ckpt.h, docs/checkpoints.md); it appears (replacing what was at path)
  * only once every rank's file is on disk, and a rank's failure fails the
  * save on every rank, naming it, with nothing at path changed. Errors: FG_EINVAL (no path or model;
+ * a negative step, epoch or batch_in_epoch;
  * an st->meta key that is empty, NULL, repeated or one of the fabric's own, or a value that is NULL
  * or not UTF-8: nothing is written), the ckpt layer's write errors; on the other ranks FG_EIO
  * saying rank 0 could not write. */
@@ -419,7 +420,11 @@ FG_API fg_status fg_fabric_save(fg_fabric *f, const char *path, const fg_train_s
  * rank: a file, or a sharded checkpoint's folder (fg_st_open reads both). A rank whose optimizer
  * holds a shard of the state (a sharding strategy) reads that range of it only, so a checkpoint
  * resumes at any world size and under any strategy, whatever wrote it. A checkpoint that does not
- * fit the model is FG_EMISMATCH naming the tensors that differ. On success st->meta and st->nmeta
+ * fit the model is FG_EMISMATCH naming the tensors that differ. The fabric's metadata keys are
+ * checked first (digits only for counts, no negative step, epoch or sample count, a global batch
+ * >= 1 and a multiple of world_size, a finite lr >= 0 and loss scale > 0, samples_in_epoch and
+ * global_batch together): a bad one is FG_EFORMAT naming the file, the key and the value, with
+ * nothing loaded. On success st->meta and st->nmeta
  * are every metadata entry of the file, in file order (the fabric's keys included), owned by the
  * fabric until its next successful load or fg_fabric_free; a failed load leaves st's counters and
  * meta, and the fabric's copy, as they were. */

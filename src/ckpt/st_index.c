@@ -8,8 +8,12 @@
  * leading '.': nothing outside the folder is ever opened), each named file
  * is opened and checked by fg__st_open_file, and the map and the files must
  * agree both ways: every mapped tensor is in its file, every tensor of a
- * mapped file is mapped to that file. The aggregate's entries borrow names,
- * shapes and bytes from the parts, which live as long as it does. */
+ * mapped file is mapped to that file. The files must also be of the save
+ * the index describes: the keys a sharded save writes into each file's
+ * metadata (save_id, step, shard, num_shards) are compared with the index's
+ * and with the count of files, before any tensor is read (check_parts).
+ * The aggregate's entries borrow names, shapes and bytes from the parts,
+ * which live as long as it does. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -145,6 +149,103 @@ static fg_status part_of(fg_st_file *f, const char *dir, const char *file, json_
     return FG_OK;
 }
 
+/* A count as a sharded save writes it: decimal digits only, no sign, at
+ * most 18 of them (so no overflow). */
+static bool parse_count(const char *s, int64_t *out) {
+    int64_t v = 0;
+    size_t n = 0;
+    for (; s[n] >= '0' && s[n] <= '9'; n++) v = v * 10 + (s[n] - '0');
+    if (!n || n > 18 || s[n]) return false;
+    *out = v;
+    return true;
+}
+
+static const char *base_name(const char *path) {
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+static fg_status not_of_this_save(const fg_st_file *f, const char *file, const char *field,
+                                  const char *got, const char *want) {
+    return fg_error(FG_EFORMAT,
+                    "%s: %.200s is not a file of the save this index describes: its %s is "
+                    "%.100s%s%s, the index's %.100s%s%s (a file of another save or another run "
+                    "copied into the folder?); put back together the files of one save, or "
+                    "resume from another checkpoint",
+                    f->label, file, field, got ? "\"" : "", got ? got : "missing",
+                    got ? "\"" : "", want ? "\"" : "", want ? want : "missing",
+                    want ? "\"" : "");
+}
+
+/* Every file against the index, before anything is read from it: the same
+ * save_id (one per save; an index without one, as saves before save ids
+ * wrote, needs files without one), the index's step, a num_shards equal to
+ * the number of files the index names, and shard numbers 1..num_shards,
+ * each once, agreeing with a name "model-<i>-of-<n>.safetensors". Keys a
+ * file does not have are not compared (Hugging Face's shards have none),
+ * but a file with a shard number needs a step and a count. */
+static fg_status check_parts(fg_st_file *f, json_t *md) {
+    const char *id = md ? json_string_value(json_object_get(md, "save_id")) : NULL;
+    const char *step = md ? json_string_value(json_object_get(md, "step")) : NULL;
+    bool *seen = fg_calloc((size_t)f->nparts + 1, 1);
+    if (!seen) return FG_ENOMEM;
+    char n_files[32];
+    snprintf(n_files, sizeof n_files, "%lld", (long long)f->nparts);
+    fg_status st = FG_OK;
+    for (int64_t k = 0; st == FG_OK && k < f->nparts; k++) {
+        const fg_st_file *p = f->parts[k];
+        const char *file = base_name(p->label);
+        const char *pid = fg_st_meta_get(p, "save_id"), *pstep = fg_st_meta_get(p, "step");
+        const char *sh = fg_st_meta_get(p, "shard"), *ns = fg_st_meta_get(p, "num_shards");
+        int64_t v = 0, count = 0;
+        if ((id || pid) && (!id || !pid || strcmp(id, pid))) {
+            st = not_of_this_save(f, file, "save_id", pid, id);
+        } else if (pstep && !parse_count(pstep, &v)) {
+            st = bad(f->label,
+                     "%.200s: metadata step \"%.100s\" is not a step (expected a decimal "
+                     "integer >= 0); the file is damaged: resume from another checkpoint",
+                     file, pstep);
+        } else if ((pstep || sh) && (!pstep || !step || strcmp(pstep, step))) {
+            st = not_of_this_save(f, file, "step", pstep, step);
+        } else if ((sh || ns) && (!sh || !ns || !parse_count(ns, &count))) {
+            st = bad(f->label,
+                     "%.200s: metadata shard and num_shards are %s, expected both, as decimal "
+                     "integers; the file is damaged: resume from another checkpoint",
+                     file, sh && ns ? "not numbers" : "not both there");
+        } else if (ns && count != f->nparts) {
+            st = fg_error(FG_EFORMAT,
+                          "%s: %.200s says it is one of num_shards = %s files, but the index "
+                          "names %s (a file of another save copied in, or one missing?); put "
+                          "back together the files of one save, or resume from another "
+                          "checkpoint",
+                          f->label, file, ns, n_files);
+        } else if (sh && (!parse_count(sh, &v) || v < 1 || v > count)) {
+            st = fg_error(FG_EFORMAT,
+                          "%s: %.200s: metadata shard \"%.100s\" is not a shard number of 1 to "
+                          "%s; the file is damaged: resume from another checkpoint",
+                          f->label, file, sh, ns);
+        } else if (sh && seen[v]) {
+            st = fg_error(FG_EFORMAT,
+                          "%s: %.200s is shard %s, as another file the index names is (a file "
+                          "of another save copied in?); put back together the files of one "
+                          "save, or resume from another checkpoint",
+                          f->label, file, sh);
+        } else if (sh) {
+            seen[v] = true;
+            int a = 0, b = 0, end = 0;
+            if (sscanf(file, "model-%5d-of-%5d.safetensors%n", &a, &b, &end) == 2 &&
+                !file[end] && (a != v || b != count))
+                st = fg_error(FG_EFORMAT,
+                              "%s: %.200s holds shard %s of %s, not the one its name says (a "
+                              "file renamed or copied over another?); put back together the "
+                              "files of one save, or resume from another checkpoint",
+                              f->label, file, sh, ns);
+        }
+    }
+    fg_free(seen);
+    return st;
+}
+
 static fg_status parse_index(fg_st_file *f, const char *text, size_t len) {
     json_error_t jerr;
     f->root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
@@ -208,6 +309,7 @@ static fg_status parse_index(fg_st_file *f, const char *text, size_t len) {
                 "%.200s holds tensor \"%.200s\", which the weight_map does not map to that file",
                 slash ? slash + 1 : file, t);
         }
+    if (st == FG_OK) st = check_parts(f, md);
     uint64_t bytes = 0;
     for (int64_t i = 0; st == FG_OK && i < f->n; i++) bytes += f->e[i].nbytes;
     json_t *ts = md ? json_object_get(md, "total_size") : NULL;

@@ -37,7 +37,8 @@ static const char *const k_own_keys[] = {"format",
                                          "loss_scale_skipped",
                                          "samples_in_epoch",
                                          "global_batch",
-                                         "deterministic"};
+                                         "deterministic",
+                                         "save_id"};
 
 /* Checks st->meta before anything is written: every key non-empty, unique
  * and not one of the fabric's; every value a string (the writer checks
@@ -92,6 +93,13 @@ static fg_status add_param_views(fg_st_writer *w, fg_module *m, const char *pref
  * then st->meta (checked first). */
 fg_status fg__fabric_ckpt_meta(fg_fabric *f, const fg_train_state *st, fg_st_writer *w) {
     FG_TRY(check_meta(st->meta, st->nmeta));
+    if (st->step < 0 || st->epoch < 0 || st->batch_in_epoch < 0 ||
+        (st->global_batch > 0 && st->samples_in_epoch < 0))
+        return fg_error(FG_EINVAL,
+                        "save: step %lld, epoch %lld, batch_in_epoch %lld, samples_in_epoch %lld: "
+                        "expected counts >= 0 (a load refuses negative ones)",
+                        (long long)st->step, (long long)st->epoch, (long long)st->batch_in_epoch,
+                        (long long)st->samples_in_epoch);
     fg_status s = FG_OK;
     char num[64];
 #define META(k, v)                                                                                 \
@@ -259,11 +267,6 @@ static void read_views(fg_st_file *file, fg_module *m, const char *prefix, char 
     }
 }
 
-static int64_t meta_int(fg_st_file *file, const char *key, int64_t def) {
-    const char *v = fg_st_meta_get(file, key);
-    return v ? strtoll(v, NULL, 10) : def;
-}
-
 /* A copy of the file's metadata in one block: the fg_kv array, then the
  * strings. NULL with FG_ENOMEM. */
 static fg_kv *copy_meta(const fg_st_file *file, int64_t *n_out) {
@@ -326,6 +329,12 @@ fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st) {
                         "the folder of a sharded one",
                         path, fmt ? "\"" : "", fmt ? got : "missing", fmt ? "\"" : "");
     }
+    fg__ckpt_counters c; /* every counter checked before anything changes */
+    fg_status ms = fg__fabric_meta_read(file, path, &c);
+    if (ms != FG_OK) {
+        fg_st_close(file);
+        return ms;
+    }
     int64_t count = fg_st_count(file);
     bool *used = fg_calloc((size_t)count + 1, 1);
     char msg[2048] = "";
@@ -362,7 +371,7 @@ fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st) {
         return fg_error(FG_EMISMATCH, "%s does not fit the model (%d tensor%s differ%s)%s", path,
                         nbad, nbad == 1 ? "" : "s", nbad == 1 ? "s" : "", msg);
     }
-    fg_status ss = fg__fabric_scaler_load(f, file);
+    fg_status ss = fg__fabric_scaler_load(f, &c);
     if (ss != FG_OK) {
         fg_st_close(file);
         return fg_error_wrap(ss, "load %s: the loss scaler", path);
@@ -373,16 +382,15 @@ fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st) {
         fg_st_close(file);
         return fg_error_wrap(FG_ENOMEM, "load %s: metadata", path);
     }
-    st->step = meta_int(file, "step", 0);
-    st->epoch = meta_int(file, "epoch", 0);
-    st->batch_in_epoch = meta_int(file, "batch_in_epoch", 0);
-    st->seed = (uint64_t)meta_int(file, "seed", (int64_t)st->seed);
-    st->samples_in_epoch = meta_int(file, "samples_in_epoch", -1);
-    st->global_batch = meta_int(file, "global_batch", 0);
+    st->step = c.step;
+    st->epoch = c.epoch;
+    st->batch_in_epoch = c.batch_in_epoch;
+    if (c.has_seed) st->seed = c.seed;
+    st->samples_in_epoch = c.samples_in_epoch;
+    st->global_batch = c.global_batch;
     if (opt) {
-        fg_optimizer_set_step_count(opt, meta_int(file, "optimizer_steps", 0));
-        const char *lr = fg_st_meta_get(file, "lr");
-        if (lr) fg_optimizer_set_lr(opt, strtod(lr, NULL));
+        fg_optimizer_set_step_count(opt, c.optimizer_steps);
+        if (c.has_lr) fg_optimizer_set_lr(opt, c.lr);
         for (int g = 1; g < fg_optimizer_num_groups(opt); g++) {
             char key[48];
             snprintf(key, sizeof key, "lr.%d", g);

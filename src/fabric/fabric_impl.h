@@ -65,7 +65,20 @@ fg_status fg__fabric_scaler_check(fg_fabric *f);
 fg_tensor *fg__fabric_scale_loss(fg_fabric *f, fg_tensor *loss);
 fg_status fg__fabric_scaler_unscale(fg_fabric *f);
 fg_status fg__fabric_scaler_save(fg_fabric *f, fg_st_writer *w);
-fg_status fg__fabric_scaler_load(fg_fabric *f, fg_st_file *file);
+/* fabric_meta.c: a checkpoint's counters, every one checked (type, range,
+ * agreement) before a load changes anything; FG_EFORMAT naming the file,
+ * the key and the value. Absent keys: 0, samples_in_epoch -1, no seed, lr
+ * or scaler. */
+typedef struct fg__ckpt_counters {
+    int64_t step, epoch, batch_in_epoch, optimizer_steps, world_size; /* world_size 0: absent */
+    int64_t samples_in_epoch, global_batch;
+    uint64_t seed;
+    bool has_seed, has_lr, has_scaler;
+    double lr, loss_scale;
+    int64_t growth_tracker, skipped;
+} fg__ckpt_counters;
+fg_status fg__fabric_meta_read(const fg_st_file *file, const char *path, fg__ckpt_counters *c);
+fg_status fg__fabric_scaler_load(fg_fabric *f, const fg__ckpt_counters *c);
 
 /* fabric_shard.c: when the ranks' optimizers hold shards of their state
  * (a sharding strategy), whole copies of opt's state buffers on rank 0 in

@@ -88,14 +88,10 @@ fg_status fg__fabric_scaler_save(fg_fabric *f, fg_st_writer *w) {
     return fg_st_writer_set_meta(w, "loss_scale_skipped", num);
 }
 
-fg_status fg__fabric_scaler_load(fg_fabric *f, fg_st_file *file) {
+fg_status fg__fabric_scaler_load(fg_fabric *f, const fg__ckpt_counters *c) {
     f->scaler_expect = -1; /* the optimizer's step count comes from the file */
-    const char *scale = fg_st_meta_get(file, "loss_scale");
-    if (!f->scaler || !scale) return FG_OK;
-    const char *gt = fg_st_meta_get(file, "loss_scale_growth_tracker");
-    const char *sk = fg_st_meta_get(file, "loss_scale_skipped");
-    fg_scaler_state st = {.scale = strtod(scale, NULL),
-                          .growth_tracker = gt ? strtoll(gt, NULL, 10) : 0,
-                          .skipped = sk ? strtoll(sk, NULL, 10) : 0};
+    if (!f->scaler || !c->has_scaler) return FG_OK;
+    fg_scaler_state st = {
+        .scale = c->loss_scale, .growth_tracker = c->growth_tracker, .skipped = c->skipped};
     return fg_scaler_set_state(f->scaler, &st);
 }

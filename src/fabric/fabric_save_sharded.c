@@ -16,9 +16,16 @@
  * then rank 0 writes the index and moves the folder into place
  * (fg_st_folder_commit). A failure on any rank removes the temporary
  * folder and leaves `path` (and so any "last" link) as it was; a kill
- * leaves the temporary folder for fg_st_remove_stale_tmp. */
+ * leaves the temporary folder for fg_st_remove_stale_tmp.
+ *
+ * One save, one id: rank 0 draws 128 random bits (save_id, in hex), which
+ * go into the index and into every file's metadata beside its step, shard
+ * number and count, so that the reader (st_index.c) refuses a file of
+ * another save or another run put into the folder. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "fabric_impl.h"
 
@@ -131,6 +138,24 @@ static fg_status make_plan(fg_fabric *f, fg_module *m, const fg__held *h, bool h
     return FG_OK;
 }
 
+#define SAVE_ID_BYTES 16
+
+/* 128 random bits in hex into id (2 * SAVE_ID_BYTES + 1 bytes). */
+static fg_status new_save_id(char *id) {
+    unsigned char r[SAVE_ID_BYTES];
+    size_t got = 0;
+    while (got < sizeof r) {
+        ssize_t k = getrandom(r + got, sizeof r - got, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0)
+            return fg_error(FG_EIO, "save: cannot draw the save's id (getrandom failed, errno %d)",
+                            errno);
+        got += (size_t)k;
+    }
+    for (size_t i = 0; i < sizeof r; i++) snprintf(id + 2 * i, 3, "%02x", r[i]);
+    return FG_OK;
+}
+
 static void file_name(const plan *p, int q, char *out, size_t cap) {
     snprintf(out, cap, "model-%05d-of-%05d.safetensors", p->file[q], p->nfiles);
 }
@@ -177,7 +202,8 @@ static fg_status exchange(fg_fabric *f, const plan *pl, const fg__held *h, int n
 /* This rank's file: every tensor it owns, parameters first, then each
  * optimizer state, in the model's order. */
 static fg_status write_shard(fg_fabric *f, const fg_train_state *st, const plan *pl,
-                             const fg__held *h, int nbuf, char **tail, const char *dir) {
+                             const fg__held *h, int nbuf, char **tail, const char *dir,
+                             const char *save_id) {
     fg_module *m = st->model;
     int r = pl->rank;
     fg_st_writer *w = fg_st_writer_new();
@@ -213,6 +239,7 @@ static fg_status write_shard(fg_fabric *f, const fg_train_state *st, const plan 
     if (s == FG_OK) s = fg_st_writer_set_meta(w, "num_shards", num);
     snprintf(num, sizeof num, "%lld", (long long)st->step);
     if (s == FG_OK) s = fg_st_writer_set_meta(w, "step", num);
+    if (s == FG_OK) s = fg_st_writer_set_meta(w, "save_id", save_id);
     file_name(pl, r, fname, sizeof fname);
     snprintf(path, sizeof path, "%s/%s", dir, fname);
     if (s == FG_OK) s = fg_st_writer_write(w, path);
@@ -273,7 +300,7 @@ fg_status fg__fabric_save_sharded(fg_fabric *f, const char *path, const fg_train
     fg__held h;
     plan pl = {0};
     char *tail[2 * (1 + FG_FABRIC_MAX_STATES)] = {0};
-    char tmp[4096] = "", msg[512] = "";
+    char tmp[4096] = "", msg[512] = "", save_id[2 * SAVE_ID_BYTES + 1] = "";
     fg_st_writer *meta = NULL;
     int first = 0, nbuf = 0, r = f->comm ? fg_comm_rank(f->comm) : 0;
     /* local checks, the metadata and the plan's memory; the ranks agree
@@ -313,16 +340,21 @@ fg_status fg__fabric_save_sharded(fg_fabric *f, const char *path, const fg_train
     /* rank 0 makes the temporary folder; every rank learns its name */
     bool ok = true;
 
-    if (r == 0) ok = fg_st_folder_begin(path, tmp, sizeof tmp) == FG_OK;
+    if (r == 0) ok = new_save_id(save_id) == FG_OK;
+    if (r == 0 && ok) ok = fg_st_writer_set_meta(meta, "save_id", save_id) == FG_OK;
+    if (r == 0 && ok) ok = fg_st_folder_begin(path, tmp, sizeof tmp) == FG_OK;
     if (!ok) snprintf(msg, sizeof msg, "%s", fg_last_error());
     int32_t okv = ok;
     if (f->comm && (s = fg_comm_broadcast(f->comm, &okv, &okv, 1, FG_I32, 0)) != FG_OK) goto out;
     if (!okv) {
         s = r == 0 ? fg_error(FG_EIO, "save: %s", msg)
-                   : fg_error(FG_EIO, "save %s: rank 0 could not make the temporary folder", path);
+                   : fg_error(FG_EIO, "save %s: rank 0 could not start the save", path);
         goto out;
     }
     if (f->comm && (s = fg_comm_broadcast(f->comm, tmp, tmp, sizeof tmp, FG_U8, 0)) != FG_OK)
+        goto out;
+    if (f->comm &&
+        (s = fg_comm_broadcast(f->comm, save_id, save_id, sizeof save_id, FG_U8, 0)) != FG_OK)
         goto out;
     /* the tail of the tensor that runs past this rank's range */
     int64_t ntail = pl.tail_hi[r] - pl.hi[r], nwhole = 0; /* the one tensor crossing hi[r] */
@@ -349,7 +381,7 @@ fg_status fg__fabric_save_sharded(fg_fabric *f, const char *path, const fg_train
         goto abort;
     }
     /* every rank its file, then the agreement */
-    fg_status ws = pl.file[r] ? write_shard(f, st, &pl, &h, nbuf, tail, tmp) : FG_OK;
+    fg_status ws = pl.file[r] ? write_shard(f, st, &pl, &h, nbuf, tail, tmp, save_id) : FG_OK;
     if (ws != FG_OK) snprintf(msg, sizeof msg, "%s", fg_last_error());
     if ((s = first_failed(f, &pl, ws == FG_OK, &first)) != FG_OK) goto out;
     if (first < pl.world) {

@@ -26,7 +26,8 @@
 /* The fabric's own keys (fabric.h), which no one else may use. */
 static const char *const k_fabric_keys[] = {
     "format", "fulgur_version", "step",     "epoch",           "batch_in_epoch",
-    "seed",   "world_size",     "strategy", "optimizer_steps", "lr"};
+    "seed",   "world_size",     "strategy", "optimizer_steps", "lr",
+    "save_id"};
 
 static bool reserved(const char *key) {
     if (!strncmp(key, "trainer.", 8) || !strncmp(key, "callbacks.", 10)) return true;
@@ -280,10 +281,65 @@ static int64_t meta_i64(const fg_state_dict *sd, const char *key, int64_t def) {
     return fg_state_dict_get_i64(sd, key, &v) ? v : def;
 }
 
+/* The trainer's keys of a checkpoint: an integer in [lo, hi] (digits, a
+ * leading '-' only where lo < 0), or absent (*out untouched). */
+static fg_status trainer_int(const fg_st_file *file, const char *path, const char *key,
+                             int64_t lo, int64_t hi, int64_t *out) {
+    const char *v = fg_st_meta_get(file, key);
+    if (!v) return FG_OK;
+    const char *p = v + (v[0] == '-' && lo < 0);
+    bool ok = *p >= '0' && *p <= '9' && strlen(p) <= 18;
+    for (const char *q = p; ok && *q; q++) ok = *q >= '0' && *q <= '9';
+    long long x = ok ? strtoll(v, NULL, 10) : 0;
+    if (!ok || x < lo || x > hi)
+        return fg_error(FG_EFORMAT,
+                        "%s: metadata \"%s\" is \"%.80s\": expected an integer from %lld to "
+                        "%lld; the checkpoint is damaged or was edited: resume from another "
+                        "checkpoint",
+                        path, key, v, (long long)lo, (long long)hi);
+    *out = x;
+    return FG_OK;
+}
+
+/* Checks the trainer's keys and their agreement with the fabric's counters
+ * before the load changes anything: every step and every epoch takes a
+ * batch, so neither step, epoch nor the batches that stepped can exceed
+ * the run's batches (trainer.total_batch_idx). The fabric's own keys are
+ * checked by fg_fabric_load; a counter that does not parse here is left to
+ * it. */
+static fg_status check_trainer_meta(const char *path) {
+    fg_st_file *file = fg_st_open(path);
+    if (!file) return fg_last_status();
+    int64_t total = -1, stepped = -1, step = -1, epoch = -1, x = 0;
+    const int64_t big = INT64_MAX / 4;
+    fg_status s = trainer_int(file, path, "trainer.total_batch_idx", 0, big, &total);
+    if (s == FG_OK) s = trainer_int(file, path, "trainer.batches_that_stepped", 0, big, &stepped);
+    if (s == FG_OK) s = trainer_int(file, path, "trainer.pending_advance", 0, 1, &x);
+    if (s == FG_OK) s = trainer_int(file, path, "trainer.pending_stepped", 0, 1, &x);
+    if (s == FG_OK) s = trainer_int(file, path, "trainer.val_done_at", -1, big, &x);
+    if (s == FG_OK) s = trainer_int(file, path, "trainer.epoch_end", 0, 1, &x);
+    if (s == FG_OK && trainer_int(file, path, "step", 0, big, &step) != FG_OK) step = -1;
+    if (s == FG_OK && trainer_int(file, path, "epoch", 0, big, &epoch) != FG_OK) epoch = -1;
+    if (s == FG_OK) fg_clear_error(); /* a bad step or epoch: fg_fabric_load names it */
+    const char *what[] = {"step", "epoch", "trainer.batches_that_stepped"};
+    int64_t val[] = {step, epoch, stepped};
+    for (int i = 0; s == FG_OK && total >= 0 && i < 3; i++)
+        if (val[i] > total)
+            s = fg_error(FG_EFORMAT,
+                         "%s: metadata \"%s\" is %lld, more than the %lld batches "
+                         "the run had taken (trainer.total_batch_idx): every %s takes a batch; "
+                         "the checkpoint is damaged or was edited: resume from another checkpoint",
+                         path, what[i], (long long)val[i], (long long)total,
+                         i == 1 ? "epoch" : "step");
+    fg_st_close(file);
+    return s;
+}
+
 fg_status fg__load_checkpoint(fg_trainer *t, bool full) {
     const char *path = t->ckpt_path;
     fg_train_state st = {.model = t->model, .optimizer = full ? t->opt : NULL};
-    fg_status s = fg_fabric_load(t->f, path, &st);
+    fg_status s = full ? check_trainer_meta(path) : FG_OK;
+    if (s == FG_OK) s = fg_fabric_load(t->f, path, &st);
     if (s != FG_OK) return fg_error_wrap(s, "ckpt_path=\"%s\"", path);
     fg_state_dict sd = {.readonly = true, .prefix = "", .src = st.meta, .nsrc = st.nmeta};
     if (!full) {

@@ -8,7 +8,9 @@
  * wrote in dirpath and has not removed; a file leaves best_k before it is
  * removed, and is removed only after the checkpoint that replaces it was
  * written whole (rank 0 removes; the checkpoint fit resumed from is never
- * removed). Every rank keeps the same state: decisions are reduced over
+ * removed, unless it is one this callback's restored state tracks: then
+ * it leaves as it would have without the stop, so that resumes leak no
+ * file). Every rank keeps the same state: decisions are reduced over
  * ranks and names are rank 0's. */
 #include <dirent.h>
 #include <limits.h>
@@ -41,6 +43,7 @@ typedef struct ckpt_cb {
     char saved_now[4096]; /* the newest file it saved (link mode's target) */
     double kth_value, best_score, current_score;
     int64_t last_global_step_saved;
+    bool resumed_own; /* the checkpoint fit resumed from is one of best (load_state_dict) */
 } ckpt_cb;
 
 static ckpt_cb *of(const fg_callback *cb) {
@@ -224,7 +227,8 @@ static bool should_remove(const fg_trainer *t, const ckpt_cb *c, const char *pre
     if (!prev[0] || !strcmp(prev, cur)) return false;
     char rp[PATH_MAX], rr[PATH_MAX], rd[PATH_MAX];
     if (!realpath(prev, rp)) return false;
-    if (t->ckpt_path[0] && realpath(t->ckpt_path, rr) && !strcmp(rp, rr)) return false;
+    if (!c->resumed_own && t->ckpt_path[0] && realpath(t->ckpt_path, rr) && !strcmp(rp, rr))
+        return false;
     if (!realpath(c->dirpath, rd)) return false;
     size_t dl = strlen(rd);
     return !strncmp(rp, rd, dl) && rp[dl] == '/';
@@ -434,7 +438,6 @@ static void clear_best(ckpt_cb *c) {
 }
 
 static fg_status load_state_dict(void *ud, fg_trainer *t, const fg_state_dict *sd) {
-    (void)t;
     ckpt_cb *c = ud;
     const char *dir = fg_state_dict_get(sd, "dirpath");
     const char *best = fg_state_dict_get(sd, "best_model_path");
@@ -476,6 +479,13 @@ static fg_status load_state_dict(void *ud, fg_trainer *t, const fg_state_dict *s
         c->best[c->nbest++] = (topk){path, strtod(p, NULL)};
         p = nl + 1;
     }
+    /* resumed from one of the files it tracks: top-k may remove it as it
+     * would have had the run not stopped */
+    char rr[PATH_MAX], rb[PATH_MAX];
+    c->resumed_own = false;
+    if (t->ckpt_path[0] && realpath(t->ckpt_path, rr))
+        for (int64_t i = 0; i < c->nbest && !c->resumed_own; i++)
+            c->resumed_own = realpath(c->best[i].path, rb) && !strcmp(rr, rb);
     return FG_OK;
 }
 

@@ -4,6 +4,11 @@
 Each file is small and wrong in one way (or right in an unusual way); the
 list crafted/expect.tsv gives, per file, "OK" for a file the reader must
 accept, or a piece of the FG_EFORMAT message the reader must give. The
+files meta_*.safetensors are whole safetensors files (the reader accepts
+them) holding a fulgur checkpoint's metadata with one field wrong; the
+list crafted/meta_expect.tsv gives the piece of the FG_EFORMAT message
+fg_fabric_load must give (tests/fabric/test_fabric_ckpt.c), or "FITS" for
+metadata it must accept (the load then fails only on the missing tensors). The
 files are committed, so the tests need no Python; run this again after
 changing it:
 
@@ -140,6 +145,60 @@ case("metadata_value_int", pack({"__metadata__": {"step": 40}}), 'metadata "step
 case("metadata_value_object", pack({"__metadata__": {"cfg": {"lr": "1"}}}), 'metadata "cfg" is an object')
 
 
+# Checkpoint metadata (fg_fabric_load): a fulgur checkpoint's keys, one wrong.
+META_CASES = []
+GOOD_META = {"format": "fulgur-checkpoint-1", "fulgur_version": "0.1.0", "step": "12",
+             "epoch": "1", "batch_in_epoch": "2", "seed": "18446744073709551615",
+             "world_size": "2", "strategy": "ddp", "samples_in_epoch": "8",
+             "global_batch": "4", "optimizer_steps": "12", "lr": "0.003",
+             "loss_scale": "65536", "loss_scale_growth_tracker": "3", "loss_scale_skipped": "0"}
+
+
+def meta_case(name, expect, drop=(), **kv):
+    md = {k: v for k, v in GOOD_META.items() if k not in drop}
+    md.update(kv)
+    fname = "meta_" + name + ".safetensors"
+    CASES.append((fname, pack({"__metadata__": md}), "OK"))
+    META_CASES.append((fname, expect))
+
+
+meta_case("good", "FITS")
+meta_case("good_old", "FITS", drop=("samples_in_epoch", "global_batch", "loss_scale",
+                                    "loss_scale_growth_tracker", "loss_scale_skipped", "seed"))
+meta_case("step_abc", '"step" is "abc": expected a decimal integer >= 0', step="abc")
+meta_case("step_negative", '"step" is "-5": expected a decimal integer >= 0', step="-5")
+meta_case("step_plus", '"step" is "+5"', step="+5")
+meta_case("step_blank", '"step" is " 5"', step=" 5")
+meta_case("step_trailing", '"step" is "5x"', step="5x")
+meta_case("step_empty", '"step" is ""', step="")
+meta_case("step_overflow", '"step" is "9223372036854775808"', step="9223372036854775808")
+meta_case("epoch_negative", '"epoch" is "-1"', epoch="-1")
+meta_case("batch_in_epoch_real", '"batch_in_epoch" is "2.5"', batch_in_epoch="2.5")
+meta_case("samples_negative", '"samples_in_epoch" is "-7": expected a decimal integer >= 0',
+          samples_in_epoch="-7")
+meta_case("global_batch_zero", '"global_batch" is "0": expected a decimal integer >= 1',
+          global_batch="0")
+meta_case("global_batch_alone", '"global_batch" is "4": expected it beside a "samples_in_epoch"',
+          drop=("samples_in_epoch",))
+meta_case("global_batch_vs_world", '"global_batch" is "5": expected a multiple of world_size 2',
+          global_batch="5")
+meta_case("world_size_zero", '"world_size" is "0"', world_size="0")
+meta_case("world_size_huge", '"world_size" is "99999999"', world_size="99999999")
+meta_case("seed_overflow", '"seed" is "18446744073709551616"', seed="18446744073709551616")
+meta_case("seed_negative", '"seed" is "-1"', seed="-1")
+meta_case("optimizer_steps_negative", '"optimizer_steps" is "-2"', optimizer_steps="-2")
+meta_case("lr_nan", '"lr" is "nan": expected a finite number >= 0', lr="nan")
+meta_case("lr_inf", '"lr" is "inf"', lr="inf")
+meta_case("lr_negative", '"lr" is "-0.1"', lr="-0.1")
+meta_case("lr_junk", '"lr" is "0.1abc"', lr="0.1abc")
+meta_case("loss_scale_zero", '"loss_scale" is "0": expected a finite number > 0', loss_scale="0")
+meta_case("loss_scale_tracker_negative", '"loss_scale_growth_tracker" is "-1"',
+          loss_scale_growth_tracker="-1")
+meta_case("loss_scale_missing", '"loss_scale_skipped" is "0": expected it beside a "loss_scale"',
+          drop=("loss_scale", "loss_scale_growth_tracker"))
+meta_case("deterministic_yes", '"deterministic" is "yes"', deterministic="yes")
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     for old in os.listdir(OUT):
@@ -150,6 +209,11 @@ def main():
         for name, content, expect in CASES:
             with open(os.path.join(OUT, name), "wb") as g:
                 g.write(content)
+            f.write("%s\t%s\n" % (name, expect))
+    with open(os.path.join(OUT, "meta_expect.tsv"), "w") as f:
+        f.write("# file\texpected from fg_fabric_load: FITS (only the tensors are missing), or a "
+                "piece of the FG_EFORMAT message (make_crafted.py)\n")
+        for name, expect in META_CASES:
             f.write("%s\t%s\n" % (name, expect))
     print("wrote %d files to %s" % (len(CASES), OUT))
 

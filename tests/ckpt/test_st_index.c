@@ -4,7 +4,10 @@
  * metadata; a hostile or inconsistent index is FG_EFORMAT naming the index,
  * the tensor and the file, and nothing outside the folder is opened; a
  * folder written through fg_st_folder_begin/commit replaces a previous one
- * (or a file) whole; fg_st_remove and fg_st_remove_stale_tmp clear folders. */
+ * (or a file) whole; fg_st_remove and fg_st_remove_stale_tmp clear folders;
+ * a file of another save (its save_id, step, shard number or count not the
+ * index's) is refused naming the file, the field and both values, and a
+ * save without ids (as older ones were written) still opens. */
 #include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -201,6 +204,110 @@ TEST(every_failed_allocation_is_an_error) {
     fg_st_file *f = fg_st_open(index);
     CHECK_MSG(f && fg_st_count(f) == 3, "%s", fg_last_error());
     fg_st_close(f);
+}
+
+/* A fulgur-like sharded save in folder `sub` of g_dir: two files with the
+ * metadata a sharded save writes (save_id, step, shard, num_shards) and an
+ * index with the save's id and step. NULL id: a save before save ids. */
+static void write_save(const char *sub, const char *id, const char *step) {
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/%s", g_dir, sub);
+    mkdir(dir, 0777);
+    for (int k = 1; k <= 2; k++) {
+        fg_st_writer *w = fg_st_writer_new();
+        if (k == 1) CHECK_OK(fg_st_writer_add(w, "w", FG_F32, 2, (int64_t[]){2, 3}, g_w));
+        else CHECK_OK(fg_st_writer_add(w, "c", FG_I32, 1, (int64_t[]){2}, g_c));
+        CHECK_OK(fg_st_writer_set_meta(w, "format", "fulgur-checkpoint-shard-1"));
+        CHECK_OK(fg_st_writer_set_meta(w, "shard", k == 1 ? "1" : "2"));
+        CHECK_OK(fg_st_writer_set_meta(w, "num_shards", "2"));
+        CHECK_OK(fg_st_writer_set_meta(w, "step", step));
+        if (id) CHECK_OK(fg_st_writer_set_meta(w, "save_id", id));
+        snprintf(path, sizeof path, "%s/model-0000%d-of-00002.safetensors", dir, k);
+        CHECK_OK(fg_st_writer_write(w, path));
+        fg_st_writer_free(w);
+    }
+    const char *names[] = {"w", "c"},
+               *files[] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
+    fg_kv meta[] = {{"format", "fulgur-checkpoint-1"}, {"step", step}, {"save_id", id}};
+    snprintf(path, sizeof path, "%s/%s", dir, FG_ST_INDEX_NAME);
+    CHECK_OK(fg_st_write_index(path, 2, names, files, 24 + 8, meta, id ? 3 : 2));
+}
+
+/* copies g_dir/<from>/<file> over g_dir/<to>/<as> */
+static void copy_file(const char *from, const char *file, const char *to, const char *as) {
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "cp %s/%s/%s %s/%s/%s", g_dir, from, file, g_dir, to, as);
+    CHECK(system(cmd) == 0);
+}
+
+static void opens(const char *sub) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", g_dir, sub);
+    fg_st_file *f = fg_st_open(dir);
+    CHECK_MSG(f && fg_st_count(f) == 2, "%s: %s", sub, fg_last_error());
+    fg_st_close(f);
+}
+
+/* the folder is refused with FG_EFORMAT and each of the words */
+static void refused_save(const char *sub, const char *w1, const char *w2, const char *w3) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", g_dir, sub);
+    fg_st_file *f = fg_st_open(dir);
+    CHECK_MSG(!f, "%s: opened", sub);
+    fg_st_close(f);
+    CHECK_MSG(fg_last_status() == FG_EFORMAT, "%s: %s", sub, fg_last_error());
+    const char *w[] = {w1, w2, w3, "resume from another checkpoint"};
+    for (int i = 0; i < 4; i++)
+        CHECK_MSG(!w[i] || strstr(fg_last_error(), w[i]), "%s: \"%s\" lacks \"%s\"", sub,
+                  fg_last_error(), w[i]);
+}
+
+TEST(a_file_of_another_save_is_refused) {
+    const char *a = "0123456789abcdef0123456789abcdef", *b = "fedcba9876543210fedcba9876543210";
+    write_save("A", a, "12");
+    write_save("B", b, "12"); /* another run at the same step */
+    write_save("C", a, "8");  /* an earlier save claiming the same id */
+    write_save("old", NULL, "12");
+    opens("A");
+    opens("old"); /* saves before ids: accepted with the other checks */
+    /* B's second file in A: another run at the same step */
+    write_save("x1", a, "12");
+    copy_file("B", "model-00002-of-00002.safetensors", "x1", "model-00002-of-00002.safetensors");
+    refused_save("x1", "model-00002-of-00002.safetensors", "save_id is \"fedcba98",
+                 "the index's \"01234567");
+    /* an earlier save's file: another step */
+    write_save("x2", a, "12");
+    copy_file("C", "model-00001-of-00002.safetensors", "x2", "model-00001-of-00002.safetensors");
+    refused_save("x2", "model-00001-of-00002.safetensors", "its step is \"8\"", "index's \"12\"");
+    /* an old save's file in a save with an id, and the other way */
+    write_save("x3", a, "12");
+    copy_file("old", "model-00002-of-00002.safetensors", "x3", "model-00002-of-00002.safetensors");
+    refused_save("x3", "save_id is missing", "index's \"01234567", NULL);
+    write_save("x4", NULL, "12");
+    copy_file("A", "model-00001-of-00002.safetensors", "x4", "model-00001-of-00002.safetensors");
+    refused_save("x4", "save_id is \"01234567", "index's missing", NULL);
+    /* the first file copied over the second (same id, same step) */
+    write_save("x5", a, "12");
+    copy_file("x5", "model-00001-of-00002.safetensors", "x5", "model-00002-of-00002.safetensors");
+    char idx[600];
+    snprintf(idx, sizeof idx, "%s/x5/%s", g_dir, FG_ST_INDEX_NAME);
+    FILE *fp = fopen(idx, "w"); /* mapped as the files now are, so only the numbers can tell */
+    fprintf(fp, "{\"metadata\": {\"step\": \"12\", \"save_id\": \"%s\"}, \"weight_map\": {\"w\": "
+                "\"model-00002-of-00002.safetensors\"}}",
+            a);
+    fclose(fp);
+    refused_save("x5", "num_shards = 2 files, but the index names 1", NULL, NULL);
+    fp = fopen(idx, "w");
+    fprintf(fp, "{\"metadata\": {\"step\": \"12\", \"save_id\": \"%s\"}, \"weight_map\": {\"w\": "
+                "\"model-00002-of-00002.safetensors\", \"c\": \"model-00003-of-00002.safetensors\"}}",
+            a);
+    fclose(fp);
+    copy_file("A", "model-00002-of-00002.safetensors", "x5", "model-00003-of-00002.safetensors");
+    refused_save("x5", "model-00002-of-00002.safetensors holds shard 1 of 2, not the one its name",
+                 NULL, NULL);
+    /* a step that is no number, in the files and the index alike */
+    write_save("x6", a, "-3");
+    refused_save("x6", "metadata step \"-3\" is not a step", NULL, NULL);
 }
 
 TEST(folders_replace_whole_and_are_removed) {

@@ -9,7 +9,9 @@
 # sharded save resumes on 3 ranks (stage 1) and on 1 rank as the full file
 # does; --save-top-k removes old folders; the whole job killed (SIGKILL)
 # while it saves every step leaves "last" naming a whole checkpoint, which
-# resumes; bad values are usage errors. FULGUR_CPU_DEVICES=4 makes 3 ranks
+# resumes; a save holding a file of another run at the same step is refused
+# by consolidate and by a resume, naming the file and both save ids; bad
+# values are usage errors. FULGUR_CPU_DEVICES=4 makes 3 ranks
 # possible on 2 cores.
 source "$(dirname "$0")/lib.sh"
 echo "test_fit_shardckpt: fulgur fit --state-dict-type sharded, fulgur ckpt consolidate"
@@ -98,6 +100,21 @@ run consx "$FULGUR" ckpt consolidate "$T_TMP/nothing-here" "$T_TMP/x.safetensors
 expect_rc "consolidate of a missing folder" 2 consx
 run consy "$FULGUR" ckpt consolidate "$SH"
 expect_rc "consolidate without OUT" 2 consy
+
+# a file of another run at the same step (run-cmp's, the same bytes but for
+# its save's id) put into a copy of run-sh's last save
+MIX="$T_TMP/mixed.safetensors"
+cp -r "$SH/$SHN" "$MIX"
+cp "$C/$(readlink "$C/last.safetensors")/model-00002-of-00002.safetensors" "$MIX/"
+IDRE='model-00002-of-00002\.safetensors is not a file of the save this index describes: its save_id is "[0-9a-f]{32}", the index.s "[0-9a-f]{32}"'
+run mixc "$FULGUR" ckpt consolidate "$MIX" "$T_TMP/mixed-out.safetensors"
+expect_rc "consolidate of a save holding another run's file" 1 mixc
+expect_grep "consolidate names the file and both save ids" mixc "$IDRE"
+[ -e "$T_TMP/mixed-out.safetensors" ] && fail "consolidate wrote a file" || pass "consolidate wrote nothing"
+run mixr "$FULGUR" fit "${TINY[@]}" --max-steps 14 --default-root-dir "$T_TMP/run-mix" \
+    --devices 2 --strategy deepspeed_stage_2 --ckpt-path "$MIX"
+expect_rc "resume from a save holding another run's file" 1 mixr
+expect_grep "the resume names the file and both save ids" mixr "$IDRE"
 
 PY=${FULGUR_PYTHON:-/usr/bin/python3}
 if "$PY" -c "import torch" >/dev/null 2>&1; then

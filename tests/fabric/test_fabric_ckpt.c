@@ -2,8 +2,13 @@
  * pairs land in the file's __metadata__ beside the fabric's keys, come back
  * from fg_fabric_load as st.meta and through fg_fabric_loaded_meta, owned by
  * the fabric until the next successful load; keys the fabric writes itself,
- * empty, NULL and repeated keys are refused before anything is written. One
- * rank, strategy single (the run function runs in this process). */
+ * empty, NULL and repeated keys are refused before anything is written; a
+ * load checks every counter of the fabric's (type, range, agreement) before
+ * it changes anything: the crafted files of tests/ckpt/crafted/meta_*
+ * (make_crafted.py) fail with the expected message naming the file, and a
+ * real checkpoint with one counter rewritten leaves the model, optimizer
+ * and state as they were. One rank, strategy single (the run function runs
+ * in this process). */
 #include <stdio.h>
 #include <sys/stat.h>
 
@@ -159,6 +164,113 @@ TEST(foreign_format_is_named_after_the_close) {
     CHECK(fg_fabric_launch(f, foreign_format, NULL) == 0);
     fg_fabric_free(f);
     rmdir(g_dir);
+}
+
+/* path's tensors and metadata again at out, with key set to value */
+static void rewrite_with(const char *path, const char *out, const char *key, const char *value) {
+    fg_st_file *in = fg_st_open(path);
+    fg_st_writer *w = fg_st_writer_new();
+    CHECK(in && w);
+    if (!in || !w) return;
+    for (int64_t i = 0; i < fg_st_count(in); i++) {
+        fg_st_info info;
+        CHECK_OK(fg_st_info_at(in, i, &info));
+        CHECK_OK(fg_st_writer_add(w, info.name, info.dtype, info.ndim, info.shape,
+                                  fg_st_data(in, i)));
+    }
+    for (int64_t i = 0; i < fg_st_meta_count(in); i++) {
+        const char *k, *v;
+        CHECK_OK(fg_st_meta_at(in, i, &k, &v));
+        CHECK_OK(fg_st_writer_set_meta(w, k, strcmp(k, key) ? v : value));
+    }
+    CHECK_OK(fg_st_writer_write(w, out));
+    fg_st_writer_free(w);
+    fg_st_close(in);
+}
+
+static int meta_checked(fg_fabric *f, void *arg) {
+    (void)arg;
+    fg_module *m = tiny_mlp(1), *m2 = tiny_mlp(2), *fresh = tiny_mlp(2);
+    fg_optimizer *opt = fg_sgd_new(m, &(fg_sgd_opts){.lr = 0.1});
+    fg_optimizer *opt2 = fg_sgd_new(m2, &(fg_sgd_opts){.lr = 0.5});
+    CHECK(m && m2 && fresh && opt && opt2);
+    if (!m || !m2 || !fresh || !opt || !opt2) return 1;
+    /* the crafted files */
+    FILE *ex = fopen(fg_test_path("ckpt/crafted/meta_expect.tsv"), "r");
+    CHECK(ex != NULL);
+    char line[1024];
+    int n = 0;
+    while (ex && fgets(line, sizeof line, ex)) {
+        if (line[0] == '#' || line[0] == '\n') continue;
+        line[strcspn(line, "\n")] = '\0';
+        char *tab = strchr(line, '\t');
+        if (!tab) continue;
+        *tab = '\0';
+        const char *want = tab + 1;
+        char rel[1100];
+        snprintf(rel, sizeof rel, "ckpt/crafted/%s", line);
+        fg_train_state st = {.model = m2, .optimizer = opt2, .step = 3};
+        fg_status s = fg_fabric_load(f, fg_test_path(rel), &st);
+        if (!strcmp(want, "FITS")) {
+            CHECK_MSG(s == FG_EMISMATCH && strstr(fg_last_error(), "missing"), "%s: %s (%s)",
+                      line, fg_status_str(s), fg_last_error());
+        } else {
+            CHECK_MSG(s == FG_EFORMAT, "%s: %s (%s)", line, fg_status_str(s), fg_last_error());
+            CHECK_MSG(strstr(fg_last_error(), want), "%s: \"%s\" lacks \"%s\"", line,
+                      fg_last_error(), want);
+            CHECK_MSG(strstr(fg_last_error(), line), "%s: the message does not name the file: %s",
+                      line, fg_last_error());
+        }
+        CHECK(st.step == 3 && st.meta == NULL);
+        n++;
+    }
+    if (ex) fclose(ex);
+    CHECK(n >= 25);
+    /* a real checkpoint with one counter rewritten: nothing changes */
+    char path[512], bad[512];
+    snprintf(path, sizeof path, "%s", tmp_path("real.safetensors"));
+    snprintf(bad, sizeof bad, "%s", tmp_path("edited.safetensors"));
+    CHECK_OK(fg_fabric_save(f, path,
+                            &(fg_train_state){.model = m, .optimizer = opt, .step = 7, .epoch = 1,
+                                              .samples_in_epoch = 4, .global_batch = 2}));
+    const char *edits[][3] = {{"step", "-5", "\"step\" is \"-5\""},
+                              {"epoch", "abc", "\"epoch\" is \"abc\""},
+                              {"samples_in_epoch", "-7", "\"samples_in_epoch\" is \"-7\""},
+                              {"global_batch", "0", "\"global_batch\" is \"0\""},
+                              {"lr", "nan", "\"lr\" is \"nan\""}};
+    size_t bytes = (size_t)fg_tensor_numel(fg_module_flat_params(m2)) * sizeof(float);
+    for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+        rewrite_with(path, bad, edits[i][0], edits[i][1]);
+        fg_train_state st = {.model = m2, .optimizer = opt2, .step = 3};
+        CHECK_STATUS(fg_fabric_load(f, bad, &st), FG_EFORMAT);
+        CHECK_CONTAINS(fg_last_error(), edits[i][2]);
+        CHECK(st.step == 3 && st.epoch == 0 && st.meta == NULL);
+        CHECK_MSG(!memcmp(fg_tensor_data(fg_module_flat_params(m2)),
+                          fg_tensor_data(fg_module_flat_params(fresh)), bytes),
+                  "%s = %s: the weights were loaded", edits[i][0], edits[i][1]);
+        CHECK(fg_optimizer_lr(opt2) == 0.5 && fg_optimizer_step_count(opt2) == 0);
+    }
+    /* and a negative counter is not saved */
+    CHECK_STATUS(fg_fabric_save(f, bad, &(fg_train_state){.model = m, .step = -5}), FG_EINVAL);
+    fg_train_state st = {.model = m2, .optimizer = opt2};
+    CHECK_OK(fg_fabric_load(f, path, &st));
+    CHECK(st.step == 7 && st.epoch == 1 && st.samples_in_epoch == 4 && st.global_batch == 2);
+    fg_optimizer_free(opt);
+    fg_optimizer_free(opt2);
+    fg_module_free(m);
+    fg_module_free(m2);
+    fg_module_free(fresh);
+    remove(path);
+    remove(bad);
+    return 0;
+}
+
+TEST(a_load_checks_every_counter_before_it_changes_anything) {
+    fg_fabric *f = fg_fabric_new(&(fg_fabric_config){.devices = "1", .strategy = "single"});
+    CHECK_MSG(f != NULL, "%s", fg_last_error());
+    if (!f) return;
+    CHECK(fg_fabric_launch(f, meta_checked, NULL) == 0);
+    fg_fabric_free(f);
 }
 
 TEST(meta_round_trip_and_refusals) {

@@ -1,9 +1,11 @@
 /* libFuzzer target for the sharded checkpoint reader: the input is written
- * as an index (model.safetensors.index.json) into a folder that holds two
- * small valid safetensors files, and the folder is opened. Any bytes either
- * open (every entry then readable, found by its name) or fail with a
- * message; never a crash, an overread, a leak, or a file opened outside the
- * folder.
+ * as an index (model.safetensors.index.json) into a folder that holds
+ * small valid safetensors files: a and b, shards 1 and 2 of one save (the
+ * metadata a sharded save writes: save_id, step, shard, num_shards), and c,
+ * a shard of another save; then the folder is opened. Any bytes either
+ * open (every entry then readable, found by its name, and every file of
+ * the save the index's save_id names) or fail with a message; never a
+ * crash, an overread, a leak, or a file opened outside the folder.
  *
  * Build and run it with tests/fuzz/run.sh SECONDS st_index. */
 #include <stdint.h>
@@ -16,6 +18,16 @@
 
 static char g_dir[64];
 
+#define SAVE_ID "00112233445566778899aabbccddeeff"
+
+static void shard_meta(fg_st_writer *wr, const char *shard, const char *id) {
+    fg_st_writer_set_meta(wr, "format", "fulgur-checkpoint-shard-1");
+    fg_st_writer_set_meta(wr, "shard", shard);
+    fg_st_writer_set_meta(wr, "num_shards", "2");
+    fg_st_writer_set_meta(wr, "step", "12");
+    fg_st_writer_set_meta(wr, "save_id", id);
+}
+
 static void setup(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/fuzz-st-index-%d", (int)getpid());
     char cmd[128], path[128];
@@ -26,12 +38,20 @@ static void setup(void) {
     fg_st_writer *wr = fg_st_writer_new();
     fg_st_writer_add(wr, "w", FG_F32, 2, (int64_t[]){2, 3}, w);
     fg_st_writer_add(wr, "b", FG_F32, 1, (int64_t[]){3}, b);
+    shard_meta(wr, "1", SAVE_ID);
     snprintf(path, sizeof path, "%s/a.safetensors", g_dir);
     if (fg_st_writer_write(wr, path) != FG_OK) abort();
     fg_st_writer_free(wr);
     wr = fg_st_writer_new();
     fg_st_writer_add(wr, "c", FG_I32, 1, (int64_t[]){2}, c);
+    shard_meta(wr, "2", SAVE_ID);
     snprintf(path, sizeof path, "%s/b.safetensors", g_dir);
+    if (fg_st_writer_write(wr, path) != FG_OK) abort();
+    fg_st_writer_free(wr);
+    wr = fg_st_writer_new(); /* b of another save at the same step */
+    fg_st_writer_add(wr, "c", FG_I32, 1, (int64_t[]){2}, c);
+    shard_meta(wr, "2", "ffeeddccbbaa99887766554433221100");
+    snprintf(path, sizeof path, "%s/c.safetensors", g_dir);
     if (fg_st_writer_write(wr, path) != FG_OK) abort();
     fg_st_writer_free(wr);
 }
@@ -60,6 +80,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         const char *k, *v;
         if (fg_st_meta_at(f, i, &k, &v) != FG_OK || fg_st_meta_get(f, k) != v) abort();
     }
+    /* every part is a shard of the save the index names: only a and b,
+     * which only an index with their save_id and step may open */
+    const char *id = fg_st_meta_get(f, "save_id"), *step = fg_st_meta_get(f, "step");
+    if (fg_st_count(f) > 0 && (!id || strcmp(id, SAVE_ID) || !step || strcmp(step, "12"))) abort();
     fg_st_close(f);
     return 0;
 }

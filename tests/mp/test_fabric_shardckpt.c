@@ -207,7 +207,8 @@ static void check_same(const job *a, const job *b, const char *what) {
 }
 
 /* The sharded folder reads as the full file: the same names in the same
- * order, the same bytes, the same metadata. */
+ * order, the same bytes, the same metadata and then save_id, the save's id
+ * (128 random bits in hex). */
 static void check_equal_files(const char *sharded, const char *full) {
     fg_st_file *a = fg_st_open(sharded), *b = fg_st_open(full);
     CHECK_MSG(a && b, "%s", fg_last_error());
@@ -223,8 +224,12 @@ static void check_equal_files(const char *sharded, const char *full) {
             bad++;
     }
     CHECK_MSG(bad == 0, "%s vs %s: %d tensors differ", sharded, full, bad);
-    CHECK(fg_st_meta_count(a) == fg_st_meta_count(b));
-    for (int64_t i = 0; i < fg_st_meta_count(a) && i < fg_st_meta_count(b); i++) {
+    CHECK(fg_st_meta_count(a) == fg_st_meta_count(b) + 1);
+    const char *id = fg_st_meta_get(a, "save_id"), *k0, *v0;
+    CHECK_MSG(id && strlen(id) == 32 && strspn(id, "0123456789abcdef") == 32, "save_id %s",
+              id ? id : "missing");
+    CHECK(fg_st_meta_at(a, fg_st_meta_count(a) - 1, &k0, &v0) == FG_OK && !strcmp(k0, "save_id"));
+    for (int64_t i = 0; i < fg_st_meta_count(a) - 1 && i < fg_st_meta_count(b); i++) {
         const char *k1, *v1, *k2, *v2;
         fg_st_meta_at(a, i, &k1, &v1);
         fg_st_meta_at(b, i, &k2, &v2);
@@ -238,7 +243,8 @@ out:
 
 /* The index: valid JSON, {"metadata": {"total_size": bytes, ...},
  * "weight_map": {name: file}}, every tensor of the full file once, each in
- * a file of the folder that holds it, and the files hold nothing else. */
+ * a file of the folder that holds it, and the files hold nothing else;
+ * every file has the index's save_id and step and its shard number. */
 static void check_index(const char *dir, const char *full, int want_files) {
     char path[512];
     snprintf(path, sizeof path, "%s/%s", dir, FG_ST_INDEX_NAME);
@@ -273,6 +279,15 @@ static void check_index(const char *dir, const char *full, int want_files) {
         CHECK_MSG(part, "%s", fg_last_error());
         if (part) in_files += fg_st_count(part);
         if (part) CHECK(!strcmp(fg_st_meta_get(part, "format"), "fulgur-checkpoint-shard-1"));
+        const char *id = json_string_value(json_object_get(md, "save_id"));
+        const char *pid = part ? fg_st_meta_get(part, "save_id") : NULL;
+        const char *step = json_string_value(json_object_get(md, "step"));
+        const char *pstep = part ? fg_st_meta_get(part, "step") : NULL;
+        const char *sh = part ? fg_st_meta_get(part, "shard") : NULL;
+        CHECK_MSG(id && pid && !strcmp(id, pid), "%s: save_id %s, the index's %s", path,
+                  pid ? pid : "missing", id ? id : "missing");
+        CHECK(step && pstep && !strcmp(step, pstep));
+        CHECK(sh && atoi(sh) == q);
         fg_st_close(part);
     }
     CHECK_MSG(in_files == fg_st_count(f), "the files hold %lld tensors, the full file %lld",

@@ -1,7 +1,9 @@
 /* Checkpoints under the trainer: ModelCheckpoint keeps exactly the top k
  * by the monitored value plus "last" (and the newest, or every one, without
  * a monitor); EarlyStopping stops at the epoch its rules say; both carry
- * their state through a resume and end where an uninterrupted run ends;
+ * their state through a resume and end where an uninterrupted run ends
+ * (several resumes leave the k files an uninterrupted run leaves: the
+ * checkpoint resumed from leaves top-k as any other);
  * and a run resumed from a checkpoint taken anywhere (after an optimizer
  * step with its validation check pending, inside an accumulation window,
  * in a validation, at an epoch's end) ends with the same bits as one that
@@ -18,6 +20,7 @@ typedef struct run_cfg {
     const double *curve;
     int64_t ncurve;
     const char *ckpt_path;
+    fg_status want; /* what fit returns (FG_OK) */
 } run_cfg;
 
 typedef struct run_out {
@@ -26,6 +29,7 @@ typedef struct run_out {
     double es_best, best_score;
     char best_path[512], files[2048];
     fg_status status;
+    char msg[1024];
 } run_out;
 
 static void run(const run_cfg *cfg, const char *dir, run_out *out) {
@@ -55,7 +59,8 @@ static void run(const run_cfg *cfg, const char *dir, run_out *out) {
     CHECK_MSG(t != NULL, "%s", fg_last_error());
     memset(out, 0, sizeof *out);
     out->status = t ? fg_trainer_fit(t, &lm, tl, vl, cfg->ckpt_path) : fg_last_status();
-    CHECK_MSG(out->status == FG_OK, "fit: %s", fg_last_error());
+    CHECK_MSG(out->status == cfg->want, "fit: %s", fg_last_error());
+    snprintf(out->msg, sizeof out->msg, "%s", out->status ? fg_last_error() : "");
     out->c = m.c;
     if (t) {
         out->global_step = fg_trainer_global_step(t);
@@ -237,6 +242,105 @@ TEST(callbacks_survive_resume) {
     run(&cfg, tu_subdir("empty"), &rest);
     CHECK(rest.status == FG_OK && rest.global_step == whole.global_step &&
           rest.c.epochs_ended == 7);
+}
+
+/* save_top_k 2 by step (fulgur fit --save-top-k 2), a save every step:
+ * three resumes from the newest file (the path "last" names, as fulgur fit
+ * --ckpt-path last gives it) leave the two newest files, as one run does,
+ * where each resume used to leave the file it resumed from behind */
+TEST(resumes_leak_no_checkpoint) {
+    run_cfg cfg = {.o = {.max_steps = 3},
+                   .with_ck = true,
+                   .ck = {.monitor = "step",
+                          .mode = FG_MODE_MAX,
+                          .save_top_k = 2,
+                          .every_n_train_steps = 1,
+                          .filename = "step-{step:02d}",
+                          .no_auto_insert_metric_name = true,
+                          .save_last_link = true}};
+    run_out r;
+    const char *dir = tu_subdir("leak");
+    run(&cfg, dir, &r);
+    CHECK_MSG(!strcmp(r.files, "last.safetensors step-02.safetensors step-03.safetensors"), "%s",
+              r.files);
+    char from[600];
+    cfg.ckpt_path = from;
+    for (int64_t steps = 5; steps <= 9; steps += 2) {
+        snprintf(from, sizeof from, "%s/step-%02lld.safetensors", dir, (long long)steps - 2);
+        cfg.o.max_steps = steps;
+        run(&cfg, dir, &r);
+        char want[256];
+        snprintf(want, sizeof want, "last.safetensors step-%02lld.safetensors step-%02lld.safetensors",
+                 (long long)steps - 1, (long long)steps);
+        CHECK_MSG(!strcmp(r.files, want), "after the resume to step %lld: %s", (long long)steps,
+                  r.files);
+    }
+    /* a checkpoint from elsewhere (not one this callback tracks) is kept */
+    char other[600];
+    snprintf(other, sizeof other, "%s/step-09.safetensors", dir);
+    cfg.ckpt_path = other;
+    cfg.o.max_steps = 12;
+    run(&cfg, tu_subdir("leak-other"), &r);
+    struct stat sb;
+    CHECK(stat(other, &sb) == 0);
+}
+
+/* path's tensors and metadata again at out, with key set to value */
+static void rewrite_with(const char *path, const char *out, const char *key, const char *value) {
+    fg_st_file *in = fg_st_open(path);
+    fg_st_writer *w = fg_st_writer_new();
+    CHECK_MSG(in && w, "%s", fg_last_error());
+    if (!in || !w) return;
+    for (int64_t i = 0; i < fg_st_count(in); i++) {
+        fg_st_info info;
+        CHECK_OK(fg_st_info_at(in, i, &info));
+        CHECK_OK(fg_st_writer_add(w, info.name, info.dtype, info.ndim, info.shape,
+                                  fg_st_data(in, i)));
+    }
+    for (int64_t i = 0; i < fg_st_meta_count(in); i++) {
+        const char *k, *v;
+        CHECK_OK(fg_st_meta_at(in, i, &k, &v));
+        CHECK_OK(fg_st_writer_set_meta(w, k, strcmp(k, key) ? v : value));
+    }
+    CHECK_OK(fg_st_writer_write(w, out));
+    fg_st_writer_free(w);
+    fg_st_close(in);
+}
+
+/* A checkpoint whose trainer counters are out of range, or disagree with
+ * the batches taken (an epoch or a step takes a batch), is refused before
+ * anything is loaded, naming the file, the key and the value */
+TEST(resume_checks_the_trainer_counters) {
+    run_cfg cfg = {.o = {.max_steps = 3},
+                   .with_ck = true,
+                   .ck = {.monitor = "step", .mode = FG_MODE_MAX, .every_n_train_steps = 1,
+                          .filename = "s{step}", .no_auto_insert_metric_name = true}};
+    run_out r;
+    const char *dir = tu_subdir("counters");
+    run(&cfg, dir, &r);
+    char good[600], bad[600];
+    snprintf(good, sizeof good, "%s/s3.safetensors", dir);
+    snprintf(bad, sizeof bad, "%s/edited.safetensors", tu_subdir("counters-edited"));
+    const char *edits[][3] = {
+        {"epoch", "999999", "\"epoch\" is 999999, more than the 3 batches the run had taken"},
+        {"step", "7", "\"step\" is 7, more than the 3 batches"},
+        {"trainer.batches_that_stepped", "4", "\"trainer.batches_that_stepped\" is 4, more"},
+        {"trainer.total_batch_idx", "-1", "\"trainer.total_batch_idx\" is \"-1\": expected an"},
+        {"trainer.pending_advance", "2", "\"trainer.pending_advance\" is \"2\""},
+        {"trainer.val_done_at", "x", "\"trainer.val_done_at\" is \"x\""},
+        {"step", "abc", "\"step\" is \"abc\": expected a decimal integer >= 0"},
+        {"samples_in_epoch", "-7", "\"samples_in_epoch\" is \"-7\""},
+        {"global_batch", "0", "\"global_batch\" is \"0\""}};
+    cfg.want = FG_EFORMAT;
+    cfg.ckpt_path = bad;
+    cfg.o.max_steps = 6;
+    for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+        rewrite_with(good, bad, edits[i][0], edits[i][1]);
+        run(&cfg, tu_subdir("counters-resumed"), &r);
+        CHECK_MSG(strstr(r.msg, edits[i][2]) && strstr(r.msg, bad), "%s = %s: %s", edits[i][0],
+                  edits[i][1], r.msg);
+        CHECK(r.global_step == 0 && r.c.train_steps == 0 && r.c.fit_start == 0);
+    }
 }
 
 /* ------------------------------------------------------- exact resume */

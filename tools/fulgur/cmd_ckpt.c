@@ -366,6 +366,7 @@ static int ckpt_consolidate(int argc, char **argv) {
     for (int64_t i = 0; s == FG_OK && i < fg_st_meta_count(f); i++) {
         const char *k, *v;
         fg_st_meta_at(f, i, &k, &v);
+        if (!strcmp(k, "save_id")) continue; /* names the sharded save, not the state */
         s = fg_st_writer_set_meta(w, k, v);
     }
     if (s == FG_OK) s = fg_st_writer_write(w, pos[1]);
