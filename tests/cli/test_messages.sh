@@ -2,7 +2,8 @@
 # What the commands say, and that they say it whole: an error line is one
 # write(2) (ranks sharing a stderr do not splice), a flag is reported as
 # typed, "--flag false" is a bool's value, a label names its value and row,
-# a model's failure is labelled model:, the done: line is not cut, and a
+# a class count far past the labels seen (or memory) is refused naming the
+# label, a model's failure is labelled model:, the done: line is not cut, and a
 # malformed FULGUR_* number is an error naming the variable. fulgur run does
 # not restart a rank that exits 2 (a usage error would fail again).
 source "$(dirname "$0")/lib.sh"
@@ -70,6 +71,37 @@ npy "$T_TMP/ybig.npy" '<i8' "($N,)" "${ys[@]:0:7}" 5000000000 "${ys[@]:8}"
 run bigint "$FULGUR" fit "${MLP[@]}" --labels "$T_TMP/ybig.npy" --default-root-dir "$T_TMP/r-big"
 expect_rc "a label past int32 fails" 1 bigint
 expect_grep "names the label's value and row" bigint 'label 5000000000 at row 7 does not fit in int32'
+
+# --- a class count the labels do not support: one label of 50,000,000 among 3
+npy "$T_TMP/yfar.npy" '<i4' "($N,)" "${ys[@]:0:7}" 50000000 "${ys[@]:8}"
+run far "$FULGUR" fit "${MLP[@]}" --labels "$T_TMP/yfar.npy" --default-root-dir "$T_TMP/r-far"
+expect_rc "a label of 50,000,000 among 3 classes fails" 1 far
+expect_grep "names the label, its row, the count and the fix" far \
+    'yfar\.npy: label 50000000 at row 7 makes 50000001 classes, but the labels hold only 4 distinct values: .*renumber them densely'
+if ls "$T_TMP/r-far/checkpoints/"*.safetensors >/dev/null 2>&1; then fail "a checkpoint was written"
+else pass "no model built, no checkpoint written"; fi
+# gaps below 4096 classes are fine: labels 0, 1 and 4095
+npy "$T_TMP/ygap.npy" '<i4' "($N,)" "${ys[@]:0:7}" 4095 "${ys[@]:8}"
+run gap "$FULGUR" fit "${MLP[@]}" --labels "$T_TMP/ygap.npy" --default-root-dir "$T_TMP/r-gap"
+expect_rc "4096 classes from 4 labels train" 0 gap
+# dense labels, but an output layer past any machine's memory: 200,000 distinct
+# labels and 400,000 classes at --hidden 1048576 need 6.7 TB
+python3 -c "
+import struct
+n = 200000
+def npy(path, descr, shape, data):
+    hdr = \"{'descr': '%s', 'fortran_order': False, 'shape': %s, }\" % (descr, shape)
+    total = (10 + len(hdr) + 1 + 63) // 64 * 64
+    hdr += ' ' * (total - 10 - len(hdr) - 1) + '\n'
+    open(path, 'wb').write(b'\x93NUMPY\x01\x00' + struct.pack('<H', len(hdr)) + hdr.encode() + data)
+npy('$T_TMP/xmany.npy', '|u1', '(%d, 1)' % n, bytes(n))
+npy('$T_TMP/ymany.npy', '<i4', '(%d,)' % n, struct.pack('<%di' % n, *(list(range(n - 1)) + [2 * n - 1])))
+"
+run mem "$FULGUR" fit --model mlp --data "$T_TMP/xmany.npy" --labels "$T_TMP/ymany.npy" \
+    --hidden 1048576 --max-steps 1 --default-root-dir "$T_TMP/r-mem"
+expect_rc "an output layer past memory fails" 1 mem
+expect_grep "names the label, the count and the memory" mem \
+    'ymany\.npy: label 399999 at row 199999 makes 400000 classes: the output layer.s [0-9]+ parameters need [0-9.]+ GB .* more than this machine.s [0-9.]+ GB; use fewer classes or a smaller --hidden'
 
 # --- a model that cannot be built is a model error, not a data error
 D=100000
