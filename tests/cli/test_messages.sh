@@ -143,6 +143,9 @@ run spawn env FULGUR_KILL_GRACE_S=abc FULGUR_CPU_DEVICES=2 "$FULGUR" fit "${MLP[
     --strategy ddp_spawn --default-root-dir "$T_TMP/r-spawn"
 expect_rc "ddp_spawn with FULGUR_KILL_GRACE_S=abc fails" 1 spawn
 expect_grep "ddp_spawn names the variable" spawn 'FULGUR_KILL_GRACE_S="abc"'
+run restartc env FULGUR_RESTART_COUNT=x "$FULGUR" fit "${MLP[@]}" --default-root-dir "$T_TMP/r-rc"
+expect_rc "FULGUR_RESTART_COUNT=x is a usage error" 2 restartc
+expect_grep "names FULGUR_RESTART_COUNT" restartc 'FULGUR_RESTART_COUNT="x": expected an integer'
 run cpudev env FULGUR_CPU_DEVICES=0 "$FULGUR" run --nproc-per-node auto true
 expect_rc "FULGUR_CPU_DEVICES=0 with auto is a usage error" 2 cpudev
 expect_grep "names FULGUR_CPU_DEVICES" cpudev 'FULGUR_CPU_DEVICES=0'
