@@ -290,10 +290,16 @@ static void npy_free(void *ud) {
 
 /* Reads label i of an integer array as int64 (u8 values above INT64_MAX
  * come back negative and fail the int32 range check like any other). */
-static int64_t int_at(const npy *a, int64_t i) {
+/* The item's bytes as an unsigned number (little-endian). */
+static uint64_t raw_at(const npy *a, int64_t i) {
     const uint8_t *p = a->data + (size_t)i * (size_t)a->itemsize;
     uint64_t u = 0;
     for (int b = a->itemsize - 1; b >= 0; b--) u = (u << 8) | p[b];
+    return u;
+}
+
+static int64_t int_at(const npy *a, int64_t i) {
+    uint64_t u = raw_at(a, i);
     if (a->kind == 'i' && a->itemsize < 8 && (u >> (8 * a->itemsize - 1)) & 1)
         u |= ~(uint64_t)0 << (8 * a->itemsize); /* sign-extend */
     if (a->kind == 'u' && a->itemsize == 8 && u > (uint64_t)INT64_MAX)
@@ -346,7 +352,13 @@ fg_status fg__npy_dataset_open(const char *x_path, const char *y_path, fg_datase
     for (int64_t i = 0; i < n; i++) {
         int64_t v = int_at(&y, i);
         if (v < INT32_MIN || v > INT32_MAX) {
-            st = npy_bad(&y, "label %lld does not fit in int32", (long long)i);
+            char vs[32]; /* the value as stored: a u8 past INT64_MAX too */
+            if (y.kind == 'u') snprintf(vs, sizeof vs, "%llu", (unsigned long long)raw_at(&y, i));
+            else snprintf(vs, sizeof vs, "%lld", (long long)v);
+            st = npy_bad(&y,
+                         "label %s at row %lld does not fit in int32: labels are class ids "
+                         "0..C-1, C at most %d",
+                         vs, (long long)i, INT32_MAX);
             goto fail;
         }
         d->labels[i] = (int32_t)v;

@@ -88,7 +88,8 @@ fg_status fg_launch_fork(int nprocs, int (*fn)(int rank, int world_size, void *a
     fg_fork_opts o = opts ? *opts : (fg_fork_opts){0};
     if (o.master_port < 0 || o.master_port > 65535)
         return fg_error(FG_EINVAL, "fork launch: master_port=%d: expected 0..65535", o.master_port);
-    double grace = fg__grace(o.grace_s);
+    double grace;
+    FG_TRY(fg__grace(o.grace_s, &grace));
     char job_id[FG_CLUSTER_JOB_MAX];
     if (o.job_id) snprintf(job_id, sizeof job_id, "%s", o.job_id);
     else fg_launch_new_job_id(job_id, sizeof job_id);

@@ -377,8 +377,8 @@ static fg_status job_start(const fg_job_spec *sp, const fg_job_opts *opts, fg_jo
     pthread_condattr_destroy(&ca);
     j->failed.rank = -1;
     if (opts) j->opts = *opts;
-    j->grace = fg__grace(j->opts.grace_s);
-    fg_status s = FG_OK;
+    fg_status s = fg__grace(j->opts.grace_s, &j->grace);
+    if (s != FG_OK) goto fail;
 
     /* the contract shared by all: world, node, master, job */
     fg_cluster_info *in = &j->info;

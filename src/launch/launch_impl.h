@@ -75,8 +75,9 @@ int fg__guard_start(pid_t *guard_pid);
 void fg__guard_add(int wfd, int pgid);
 void fg__guard_release(int wfd, pid_t guard_pid);
 
-/* The grace period: g > 0, else FULGUR_KILL_GRACE_S, else 3 s. */
-double fg__grace(double g);
+/* The grace period into *out: g > 0, else FULGUR_KILL_GRACE_S, else 3 s;
+ * FG_EINVAL naming the variable when it is set but not seconds above 0. */
+fg_status fg__grace(double g, double *out);
 
 /* A NULL-terminated environment: this process's, without the contract's
  * variables, plus the contract for info. Free with fg__env_free. */

@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -87,12 +88,16 @@ bool fg__proc_failed(const fg__proc *p) {
     return p->reaped && !(WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0);
 }
 
-double fg__grace(double g) {
-    if (g > 0) return g;
-    double env = 0;
-    if (fg__env_double("FULGUR_KILL_GRACE_S", 0, &env) == FG_OK && env > 0) return env;
-    fg_clear_error();
-    return 3.0;
+fg_status fg__grace(double g, double *out) {
+    *out = g;
+    if (g > 0) return FG_OK;
+    FG_TRY(fg__env_double("FULGUR_KILL_GRACE_S", 3.0, out));
+    if (!(*out > 0))
+        return fg_error(FG_EINVAL,
+                        "FULGUR_KILL_GRACE_S=\"%s\": expected a number of seconds above 0 "
+                        "(unset it for the default, 3)",
+                        getenv("FULGUR_KILL_GRACE_S"));
+    return FG_OK;
 }
 
 static int reap_all(fg__proc *ps, int n) {

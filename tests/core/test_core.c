@@ -1,5 +1,7 @@
 /* core: errors, allocator hook, arena, RNG, dtype conversions, threads. */
 #include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -272,4 +274,34 @@ TEST(threads_setting) {
     CHECK_OK(fg_set_num_threads(2));
     CHECK(fg_get_num_threads() == 2);
     CHECK(fg_num_cores() >= 1);
+}
+
+/* Ranks share one stderr: a line that goes out in several writes can be
+ * spliced with another rank's. A SOCK_SEQPACKET socket keeps the writes
+ * apart, so each recv is one write: each must be one whole line, at once,
+ * whatever the stream's buffering. */
+TEST(log_file_puts_each_line_out_in_one_write) {
+    int sv[2];
+    CHECK(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) == 0);
+    FILE *out = fdopen(sv[0], "w");
+    CHECK(out != NULL);
+    if (!out) return;
+    static char sbuf[256];
+    CHECK(setvbuf(out, sbuf, _IOFBF, sizeof sbuf) == 0); /* smaller than a line */
+    char msg[1000];
+    memset(msg, 'm', sizeof msg - 1);
+    msg[sizeof msg - 1] = '\0';
+    fg_log_file(out, FG_LOG_WARN, 3, msg);
+    fg_log_file(out, FG_LOG_ERROR, -1, "short");
+    char got[4096];
+    ssize_t n = recv(sv[1], got, sizeof got, MSG_DONTWAIT);
+    CHECK_MSG(n == (ssize_t)(strlen("[fulgur rank 3] warning: ") + 999 + 1),
+              "first write: %zd bytes", n);
+    CHECK(n > 0 && strncmp(got, "[fulgur rank 3] warning: mmm", 28) == 0 && got[n - 1] == '\n');
+    n = recv(sv[1], got, sizeof got, MSG_DONTWAIT);
+    CHECK_MSG(n == (ssize_t)strlen("[fulgur] error: short\n"), "second write: %zd bytes", n);
+    CHECK(n > 0 && strncmp(got, "[fulgur] error: short\n", (size_t)n) == 0);
+    CHECK(recv(sv[1], got, sizeof got, MSG_DONTWAIT) < 0); /* nothing more */
+    fclose(out);
+    close(sv[1]);
 }

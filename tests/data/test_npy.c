@@ -292,13 +292,13 @@ TEST(npy_bad_framing) {
               sizeof big);
     CHECK_STATUS(fg__npy_dataset_open(tmp_path("good.npy"), tmp_path("ybig.npy"), &ds), FG_EFORMAT);
     CHECK_CONTAINS(fg_last_error(), "ybig.npy");
-    CHECK_CONTAINS(fg_last_error(), "label 1 does not fit in int32");
+    CHECK_CONTAINS(fg_last_error(), "label 1099511627776 at row 1 does not fit in int32");
     uint64_t ubig[3] = {1, 2, ~0ull};
     write_npy("yubig.npy", 1, "{'descr': '<u8', 'fortran_order': False, 'shape': (3,), }", ubig,
               sizeof ubig);
     CHECK_STATUS(fg__npy_dataset_open(tmp_path("good.npy"), tmp_path("yubig.npy"), &ds),
                  FG_EFORMAT);
-    CHECK_CONTAINS(fg_last_error(), "label 2 does not fit in int32");
+    CHECK_CONTAINS(fg_last_error(), "label 18446744073709551615 at row 2 does not fit in int32");
     tmp_done();
 }
 

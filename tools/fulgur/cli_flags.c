@@ -30,6 +30,28 @@ bool cli_parse_double(const char *s, double *out) {
     return true;
 }
 
+bool cli_env_double(const char *name, double def, double *out) {
+    const char *v = getenv(name);
+    *out = def;
+    if (!v || !*v) return true;
+    if (!cli_parse_double(v, out)) {
+        cli_error("%s=\"%s\": expected a number (unset it for the default)", name, v);
+        return false;
+    }
+    return true;
+}
+
+bool cli_env_int(const char *name, int64_t def, int64_t *out) {
+    const char *v = getenv(name);
+    *out = def;
+    if (!v || !*v) return true;
+    if (!cli_parse_int(v, out)) {
+        cli_error("%s=\"%s\": expected an integer (unset it for the default)", name, v);
+        return false;
+    }
+    return true;
+}
+
 int cli_edit_distance(const char *a, const char *b) {
     int la = (int)strlen(a), lb = (int)strlen(b);
     if (la > 63 || lb > 63) return 99;
@@ -50,7 +72,10 @@ int cli_edit_distance(const char *a, const char *b) {
     return row[lb];
 }
 
-static void unknown_flag(const cli_flag *flags, int nflags, const char *name, const char *usage) {
+/* typed: the flag as the user wrote it ("-x", "--lrr"); name: without the
+ * dashes, for the nearest valid flag. */
+static void unknown_flag(const cli_flag *flags, int nflags, const char *typed, const char *name,
+                         const char *usage) {
     const char *best = NULL;
     int bd = 99;
     for (int i = 0; i < nflags; i++) {
@@ -64,9 +89,9 @@ static void unknown_flag(const cli_flag *flags, int nflags, const char *name, co
         cmdlen++;
     while (cmdlen > 0 && usage[cmdlen - 1] == ' ') cmdlen--;
     if (best && bd <= 3 && bd < (int)strlen(name))
-        cli_error("unknown flag \"--%s\"; did you mean --%s? (%.*s --help lists them)", name, best,
+        cli_error("unknown flag \"%s\"; did you mean --%s? (%.*s --help lists them)", typed, best,
                   cmdlen, usage);
-    else cli_error("unknown flag \"--%s\" (%.*s --help lists them)", name, cmdlen, usage);
+    else cli_error("unknown flag \"%s\" (%.*s --help lists them)", typed, cmdlen, usage);
 }
 
 bool cli_flag_given(const cli_flag *f) {
@@ -107,9 +132,9 @@ static const char *type_word(const cli_flag *f) {
     }
 }
 
-/* Sets one flag from text; prints the error and returns false on a bad value. */
-static bool set_value(cli_flag *f, const char *v, bool from_default) {
-    const char *who = from_default ? "default of " : "";
+/* Parses v for flag f into dst (f->dst's type); on a bad value writes why
+ * into err ("--name=\"v\": expected ...") and returns false. */
+static bool parse_value(const cli_flag *f, const char *v, void *dst, char *err, size_t cap) {
     switch (f->type) {
     case CLI_STR:
         if (f->choices && v && *v) {
@@ -121,47 +146,65 @@ static bool set_value(cli_flag *f, const char *v, bool from_default) {
                     if (c != f->choices) strncat(list, ", ", sizeof list - strlen(list) - 1);
                     strncat(list, *c, sizeof list - strlen(list) - 1);
                 }
-                cli_error("%s--%s=\"%s\": expected one of %s", who, f->name, v, list);
+                snprintf(err, cap, "--%s=\"%s\": expected one of %s", f->name, v, list);
                 return false;
             }
         }
-        *(const char **)f->dst = v;
+        *(const char **)dst = v;
         return true;
     case CLI_INT: {
         int64_t x;
         if (f->bare && v && !strcmp(v, "true")) v = f->bare;
         else if (f->bare && v && !strcmp(v, "false")) v = "0";
         if (!cli_parse_int(v, &x)) {
-            cli_error("%s--%s=\"%s\": expected an integer", who, f->name, v ? v : "");
+            snprintf(err, cap, "--%s=\"%s\": expected an integer", f->name, v ? v : "");
             return false;
         }
         if (f->min < f->max && (x < f->min || x > f->max)) {
-            cli_error("%s--%s=%lld: expected an integer in [%lld, %lld]", who, f->name,
-                      (long long)x, (long long)f->min, (long long)f->max);
+            snprintf(err, cap, "--%s=%lld: expected an integer in [%lld, %lld]", f->name,
+                     (long long)x, (long long)f->min, (long long)f->max);
             return false;
         }
-        *(int64_t *)f->dst = x;
+        *(int64_t *)dst = x;
         return true;
     }
     case CLI_DOUBLE: {
         double x;
         if (!cli_parse_double(v, &x)) {
-            cli_error("%s--%s=\"%s\": expected a number", who, f->name, v ? v : "");
+            snprintf(err, cap, "--%s=\"%s\": expected a number", f->name, v ? v : "");
             return false;
         }
-        *(double *)f->dst = x;
+        *(double *)dst = x;
         return true;
     }
     case CLI_BOOL:
-        if (!v || !strcmp(v, "true") || !strcmp(v, "1")) *(bool *)f->dst = true;
-        else if (!strcmp(v, "false") || !strcmp(v, "0")) *(bool *)f->dst = false;
+        if (!v || !strcmp(v, "true") || !strcmp(v, "1")) *(bool *)dst = true;
+        else if (!strcmp(v, "false") || !strcmp(v, "0")) *(bool *)dst = false;
         else {
-            cli_error("%s--%s=\"%s\": expected true or false", who, f->name, v);
+            snprintf(err, cap, "--%s=\"%s\": expected true or false", f->name, v);
             return false;
         }
         return true;
     default: return true;
     }
+}
+
+bool cli_flag_check(const cli_flag *f, const char *v, char *err, size_t cap) {
+    union {
+        const char *s;
+        int64_t i;
+        double d;
+        bool b;
+    } scratch;
+    return parse_value(f, v, &scratch, err, cap);
+}
+
+/* Sets one flag from text; prints the error and returns false on a bad value. */
+static bool set_value(cli_flag *f, const char *v, bool from_default) {
+    char err[1024];
+    if (parse_value(f, v, f->dst, err, sizeof err)) return true;
+    cli_error("%s%s", from_default ? "default of " : "", err);
+    return false;
 }
 
 void cli_flags_help(FILE *out, const cli_flag *flags, int nflags, const char *usage) {
@@ -230,7 +273,7 @@ int cli_flags_parse(cli_flag *flags, int nflags, int argc, char **argv, const ch
         if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
             if (!strcmp(a, "--")) continue;
             if (a[0] == '-' && a[1] != '\0' && !positional) {
-                unknown_flag(flags, nflags, a + 1, usage);
+                unknown_flag(flags, nflags, a, a + 1, usage);
                 return FG_EXIT_USAGE;
             }
             if (npos >= max_positional) {
@@ -248,7 +291,9 @@ int cli_flags_parse(cli_flag *flags, int nflags, int argc, char **argv, const ch
         name[len] = '\0';
         cli_flag *f = cli_flags_find(flags, nflags, name);
         if (!f) {
-            unknown_flag(flags, nflags, name, usage);
+            char typed[140];
+            snprintf(typed, sizeof typed, "--%s", name);
+            unknown_flag(flags, nflags, typed, name, usage);
             return FG_EXIT_USAGE;
         }
         const char *v = eq ? eq + 1 : NULL;
@@ -256,6 +301,12 @@ int cli_flags_parse(cli_flag *flags, int nflags, int argc, char **argv, const ch
         if (!v && f->type == CLI_INT && f->bare &&
             (i + 1 >= argc || !cli_parse_int(argv[i + 1], &next)))
             v = f->bare;
+        /* "--flag false" as "--flag=false"; only the words true and false are
+         * taken, so that a bare bool flag before a positional or a flag
+         * still means true */
+        if (!v && f->type == CLI_BOOL && i + 1 < argc &&
+            (!strcmp(argv[i + 1], "true") || !strcmp(argv[i + 1], "false")))
+            v = argv[++i];
         if (!v && f->type != CLI_BOOL) {
             if (i + 1 >= argc) {
                 cli_error("--%s needs a value", name);

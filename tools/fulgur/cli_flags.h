@@ -3,7 +3,8 @@
  * that parsing, --help and the error messages come from one place.
  *
  * Accepted forms: "--name value" and "--name=value"; a bool flag takes no
- * value ("--flag") or an explicit one ("--flag=true|false|1|0"); an int flag
+ * value ("--flag") or an explicit one ("--flag=true|false|1|0", or the
+ * words true and false as the next argument: "--flag false"); an int flag
  * with a `bare` value may be given alone. Every error
  * names the flag and the bad value and is printed by cli_flags_parse, which
  * then returns FG_EXIT_USAGE (2). */
@@ -46,6 +47,11 @@ typedef struct cli_flag {
 int cli_flags_parse(cli_flag *flags, int nflags, int argc, char **argv, const char *usage,
                     const char **positional, int max_positional, int *npositional);
 
+/* Whether v is a valid value of flag f (its type, range and choices), as
+ * the parser would judge it; on false, err holds why, naming the flag
+ * ("--name=\"v\": expected ..."). Sets nothing. */
+bool cli_flag_check(const cli_flag *f, const char *v, char *err, size_t cap);
+
 /* Prints "usage: ...", then every flag with its default and help. */
 void cli_flags_help(FILE *out, const cli_flag *flags, int nflags, const char *usage);
 
@@ -62,6 +68,12 @@ cli_flag *cli_flags_find(cli_flag *flags, int nflags, const char *name);
  * number. Return false on junk, overflow or an empty string. */
 bool cli_parse_int(const char *s, int64_t *out);
 bool cli_parse_double(const char *s, double *out);
+
+/* A numeric environment variable: unset or empty leaves *out = def and
+ * returns true; a malformed value prints "NAME=\"value\": expected ..." with
+ * cli_error and returns false (the caller exits FG_EXIT_USAGE). */
+bool cli_env_double(const char *name, double def, double *out);
+bool cli_env_int(const char *name, int64_t def, int64_t *out);
 
 /* Edit distance (Levenshtein) of two short strings (99 beyond 63
  * characters), for "did you mean". */

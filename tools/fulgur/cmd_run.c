@@ -8,7 +8,8 @@
  * + signal when it was killed), printing one line that names the rank and
  * why. With --max-restarts K a failed group is started again, up to K
  * times; a rank that exits 75 (EX_TEMPFAIL: stopped with a checkpoint to
- * resume from, as fulgur fit after SIGUSR1) is not restarted here.
+ * resume from, as fulgur fit after SIGUSR1) is not restarted here, nor one
+ * that exits 2 (a usage error: bad flags or a missing file fail again).
  *
  * Signals: they are blocked in every thread before the ranks start (a rank
  * resets its mask before exec) and taken by one thread with sigwait, which
@@ -85,6 +86,7 @@ static bool is_bool_flag(const char *a) {
 
 /* "4" or "auto"/"cpu" (the CPU devices here) into *n; false on junk. */
 static bool parse_nproc(const char *s, int64_t *n) {
+    fg_clear_error();
     if (!strcmp(s, "auto") || !strcmp(s, "cpu")) {
         int d;
         if (fg_launch_cpu_devices(&d) != FG_OK) return false;
@@ -122,7 +124,8 @@ static void more_help(void) {
            "Exit status: 0 when every rank exits 0; the failed rank's code, or 128 + signal\n"
            "when it was killed; 128 + signal after a forwarded signal; 75 when a rank\n"
            "stopped with a checkpoint to resume from (fulgur fit after SIGUSR1; no restart);\n"
-           "2 for bad flags (nothing started); 127 when the program cannot be found or\n"
+           "2 for bad flags (nothing started; a rank that exits 2, a usage error, is not\n"
+           "restarted either); 127 when the program cannot be found or\n"
            "executed.\n");
 }
 
@@ -251,8 +254,23 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
     int64_t nproc, nnodes;
     bool elastic = false; /* --nnodes MIN:MAX with MIN < MAX */
     int min_nodes = 1, max_nodes = 1;
-    if (!parse_nproc(nproc_s, &nproc) || nproc < 1 || nproc > FG_DEVICES_MAX) {
+    if (!parse_nproc(nproc_s, &nproc)) {
+        if (fg_last_status() != FG_OK) /* auto: FULGUR_CPU_DEVICES is the bad value */
+            cli_error("--nproc-per-node=%s: %s", nproc_s, fg_last_error());
+        else cli_error("--nproc-per-node=\"%s\": expected 1..%d or auto", nproc_s, FG_DEVICES_MAX);
+        return FG_EXIT_USAGE;
+    }
+    if (nproc < 1 || nproc > FG_DEVICES_MAX) {
         cli_error("--nproc-per-node=\"%s\": expected 1..%d or auto", nproc_s, FG_DEVICES_MAX);
+        return FG_EXIT_USAGE;
+    }
+    /* the grace after a forwarded signal; checked before anything starts */
+    double env_grace;
+    if (!cli_env_double("FULGUR_KILL_GRACE_S", 3, &env_grace)) return FG_EXIT_USAGE;
+    if (!(env_grace > 0)) {
+        cli_error("FULGUR_KILL_GRACE_S=\"%s\": expected a number of seconds above 0 (unset it "
+                  "for the default, 3)",
+                  getenv("FULGUR_KILL_GRACE_S"));
         return FG_EXIT_USAGE;
     }
     const char *colon = strchr(nnodes_s, ':');
@@ -370,13 +388,7 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
     char max_s[16];
     snprintf(max_s, sizeof max_s, "%lld", (long long)restarts);
     setenv("TORCHELASTIC_MAX_RESTARTS", max_s, 1);
-    double kill_grace = grace;
-    if (kill_grace <= 0) {
-        const char *g = getenv("FULGUR_KILL_GRACE_S");
-        char *end = NULL;
-        kill_grace = g && *g ? strtod(g, &end) : 0;
-        if (!end || *end || !(kill_grace > 0)) kill_grace = 3;
-    }
+    double kill_grace = grace > 0 ? grace : env_grace;
     int exit_code = 0;
     for (int attempt = 0;; attempt++) {
         char count[16], jid[FG_CLUSTER_JOB_MAX];
@@ -457,6 +469,14 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
         if (exit_code == FG_EXIT_RESUMABLE) { /* stopped on purpose: resume later, not now */
             fprintf(stderr,
                     "fulgur run: %s (stopped with a checkpoint to resume from); not restarting\n",
+                    how);
+            break;
+        }
+        if (exit_code == FG_EXIT_USAGE && attempt < restarts) {
+            /* a usage error (bad flags, a missing file) fails the same way again */
+            fprintf(stderr,
+                    "fulgur run: %s (exit 2: a usage error, which a restart would repeat); not "
+                    "restarting\n",
                     how);
             break;
         }

@@ -153,7 +153,8 @@ fg_callback *fit_progress_new(const fit_opts *o, fit_module *m);
  * nothing: fit_module_open (on each rank, inside the launch) opens the data,
  * builds the model and the loaders; fit_module_free frees all. */
 fit_module *fit_module_new(const fit_opts *o);
-fg_status fit_module_open(fit_module *m, fg_trainer *t);
+/* *what: the part that failed ("data" or "model"), for the message's label. */
+fg_status fit_module_open(fit_module *m, fg_trainer *t, const char **what);
 void fit_module_free(fit_module *m);
 fg_lightning_module fit_module_table(fit_module *m);
 /* What the module knows, for the callbacks and the end of the run. */

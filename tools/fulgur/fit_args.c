@@ -767,9 +767,9 @@ int fit_args_parse(fit_opts *o, fg_trainer_fn fn, int argc, char **argv) {
     static const char *const k_restart[] = {"FULGUR_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT",
                                             "SLURM_RESTART_COUNT"};
     for (size_t i = 0; i < sizeof k_restart / sizeof k_restart[0] && !o->restart_count; i++) {
-        const char *v = getenv(k_restart[i]);
-        int64_t count;
-        if (v && cli_parse_int(v, &count) && count > 0) o->restart_count = count;
+        int64_t count; /* a malformed count is an error, not a fresh start */
+        if (!cli_env_int(k_restart[i], 0, &count)) return FG_EXIT_USAGE;
+        if (count > 0) o->restart_count = count;
     }
     char last_link[4200];
     struct stat lst;

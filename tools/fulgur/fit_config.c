@@ -66,6 +66,14 @@ static void key_of(const char *flag, char *out, size_t cap) {
 
 /* ---------------------------------------------------------------- reading */
 
+/* Where a setting was first given in the file being read: a second key
+ * for it (the same key, another spelling, class_path beside the flag) is an
+ * error, not a silent override. */
+typedef struct seen_at {
+    size_t line; /* 1-based; 0: not given */
+    const char *key;
+} seen_at;
+
 typedef struct reader {
     const char *file;
     yaml_document_t doc;
@@ -73,6 +81,9 @@ typedef struct reader {
     int nflags;
     char **out; /* "--flag=value" strings */
     int nout, cap;
+    seen_at *flag_seen;  /* [nflags], for the file being read */
+    seen_at top_seen[4]; /* trainer, model, data, optimizer */
+    seen_at init_seen[4];
 } reader;
 
 static void where(const reader *r, const yaml_node_t *n, char *buf, size_t cap) {
@@ -80,6 +91,26 @@ static void where(const reader *r, const yaml_node_t *n, char *buf, size_t cap) 
 }
 
 static const char *scalar(const yaml_node_t *n) { return (const char *)n->data.scalar.value; }
+
+/* Records that key (node kn) sets *slot; an error naming both lines if it
+ * was set before in this file. */
+static int mark(const reader *r, seen_at *slot, const yaml_node_t *kn, const char *section) {
+    const char *key = scalar(kn);
+    if (slot->line) {
+        char at[512];
+        where(r, kn, at, sizeof at);
+        if (!strcmp(slot->key, key))
+            cli_error("%s: %s%s%s given twice (first at line %zu): keep one", at, section,
+                      *section ? "." : "", key, slot->line);
+        else
+            cli_error("%s: %s%s%s sets what %s at line %zu set: keep one", at, section,
+                      *section ? "." : "", key, slot->key, slot->line);
+        return FG_EXIT_USAGE;
+    }
+    slot->line = kn->start_mark.line + 1;
+    slot->key = key;
+    return 0;
+}
 
 static bool is_null(const yaml_node_t *n) {
     if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
@@ -107,6 +138,18 @@ static int add(reader *r, const char *flag, const char *value) {
     snprintf(s, len, "--%s=%s", flag, value);
     r->out[r->nout++] = s;
     return 0;
+}
+
+/* Adds the setting after the flag's own check, so that a bad value (a
+ * number's, a bool's, a choice's, a list's) names the file's line. */
+static int add_checked(reader *r, const char *at, const char *section, const char *key,
+                       const cli_flag *f, const char *value) {
+    char err[1024];
+    if (!cli_flag_check(f, value, err, sizeof err)) {
+        cli_error("%s: %s%s%s: %s", at, section, *section ? "." : "", key, err);
+        return FG_EXIT_USAGE;
+    }
+    return add(r, f->name, value);
 }
 
 /* The value of one setting: a scalar, or a list of scalars joined by ",". */
@@ -141,7 +184,7 @@ static int set(reader *r, const char *section, const char *key, const cli_flag *
                       f->type == CLI_INT ? "an integer" : "a number");
             return FG_EXIT_USAGE;
         }
-        return add(r, f->name, s);
+        return add_checked(r, at, section, key, f, s);
     }
     if (v->type == YAML_SEQUENCE_NODE) {
         size_t len = 1;
@@ -164,7 +207,7 @@ static int set(reader *r, const char *section, const char *key, const cli_flag *
             if (i != v->data.sequence.items.start) strcat(joined, ",");
             strcat(joined, scalar(yaml_document_get_node(&r->doc, *i)));
         }
-        int rc = add(r, f->name, joined);
+        int rc = add_checked(r, at, section, key, f, joined);
         free(joined);
         return rc;
     }
@@ -231,6 +274,14 @@ static int unknown_key(reader *r, const char *section, const char *key, const ya
     return FG_EXIT_USAGE;
 }
 
+static const char *const k_top_sections[] = {"trainer", "model", "data", "optimizer"};
+
+static size_t section_index(const char *section) {
+    for (size_t i = 0; i < 4; i++)
+        if (!strcmp(section, k_top_sections[i])) return i;
+    return 0;
+}
+
 static int read_section(reader *r, const char *section, yaml_node_t *m) {
     char at[512];
     if (is_null(m)) return 0;
@@ -250,9 +301,11 @@ static int read_section(reader *r, const char *section, yaml_node_t *m) {
         const char *key = scalar(kn);
         int rc;
         if (!strcmp(key, "init_args") && strcmp(section, "trainer")) {
-            rc = read_section(r, section, vn); /* LightningCLI's class_path + init_args */
+            rc = mark(r, &r->init_seen[section_index(section)], kn, section);
+            if (!rc) rc = read_section(r, section, vn); /* LightningCLI's class_path + init_args */
         } else {
             cli_flag *f = lookup(r, section, key);
+            if (f && (rc = mark(r, &r->flag_seen[f - r->flags], kn, section)) != 0) return rc;
             if (f && !strcmp(key, "class_path") && vn->type == YAML_SCALAR_NODE) {
                 /* "torch.optim.AdamW" -> adamw: the class's name, in fulgur's spelling */
                 const char *dot = strrchr(scalar(vn), '.');
@@ -260,15 +313,15 @@ static int read_section(reader *r, const char *section, yaml_node_t *m) {
                 snprintf(name, sizeof name, "%s", dot ? dot + 1 : scalar(vn));
                 for (char *c = name; *c; c++)
                     if (*c >= 'A' && *c <= 'Z') *c = (char)(*c - 'A' + 'a');
-                rc = add(r, f->name, name);
+                char at2[512];
+                where(r, vn, at2, sizeof at2);
+                rc = add_checked(r, at2, section, key, f, name);
             } else rc = f ? set(r, section, key, f, vn) : unknown_key(r, section, key, kn);
         }
         if (rc) return rc;
     }
     return 0;
 }
-
-static const char *const k_top_sections[] = {"trainer", "model", "data", "optimizer"};
 
 static int read_top(reader *r, yaml_node_t *root) {
     char at[512];
@@ -285,10 +338,16 @@ static int read_top(reader *r, yaml_node_t *root) {
         const char *key = kn->type == YAML_SCALAR_NODE ? scalar(kn) : "";
         int rc = -1;
         for (size_t s = 0; s < 4 && rc < 0; s++)
-            if (!strcmp(key, k_top_sections[s])) rc = read_section(r, key, vn);
+            if (!strcmp(key, k_top_sections[s])) {
+                rc = mark(r, &r->top_seen[s], kn, "");
+                if (!rc) rc = read_section(r, key, vn);
+            }
         if (rc < 0) {
             cli_flag *f = lookup(r, "", key);
-            if (f) rc = set(r, "", key, f, vn);
+            if (f) {
+                rc = mark(r, &r->flag_seen[f - r->flags], kn, "");
+                if (!rc) rc = set(r, "", key, f, vn);
+            }
         }
         if (rc < 0) {
             /* the nearest section or top-level key */
@@ -316,32 +375,148 @@ static int read_top(reader *r, yaml_node_t *root) {
     return 0;
 }
 
-static int read_file(reader *r, const char *path) {
+/* Limits on a config file, checked before and while libyaml parses it:
+ * its loader's time grows with the square of the nesting (a file of
+ * 100,000 "[" takes 40 s), and LightningCLI's layout needs 3 levels. */
+#define CONFIG_MAX_BYTES (16u << 20)
+#define CONFIG_MAX_DEPTH 64
+
+static void yaml_problem(const char *path, const yaml_parser_t *p) {
+    const yaml_mark_t *m = &p->problem_mark;
+    if (p->context)
+        cli_error("%s:%zu:%zu: malformed YAML: %s (%s at line %zu)", path, m->line + 1,
+                  m->column + 1, p->problem, p->context, p->context_mark.line + 1);
+    else
+        cli_error("%s:%zu:%zu: malformed YAML: %s", path, m->line + 1, m->column + 1,
+                  p->problem ? p->problem : "unreadable");
+}
+
+/* The whole file, up to CONFIG_MAX_BYTES, into *buf (malloc'd). Read to
+ * its end rather than by st_size: /proc files say 0, a pipe says nothing. */
+static int slurp(const char *path, unsigned char **buf, size_t *len) {
     FILE *fp = fopen(path, "rb");
     if (!fp) {
         cli_error("--config=\"%s\": %s", path, strerror(errno));
         return FG_EXIT_USAGE;
     }
+    size_t cap = 1 << 16, n = 0;
+    unsigned char *b = malloc(cap);
+    while (b) {
+        if (n == cap) {
+            if (cap > CONFIG_MAX_BYTES) break;
+            unsigned char *nb = realloc(b, 2 * cap);
+            if (!nb) {
+                free(b);
+                b = NULL;
+                break;
+            }
+            b = nb, cap *= 2;
+        }
+        size_t got = fread(b + n, 1, cap - n, fp);
+        n += got;
+        if (got == 0 || n > CONFIG_MAX_BYTES) break;
+    }
+    int err = ferror(fp) ? errno : 0;
+    fclose(fp);
+    if (!b) {
+        cli_error("out of memory reading %s", path);
+        return FG_EXIT_FAIL;
+    }
+    if (err) {
+        free(b);
+        cli_error("--config=\"%s\": %s", path, strerror(err));
+        return FG_EXIT_USAGE;
+    }
+    if (n > CONFIG_MAX_BYTES) {
+        size_t line = 1;
+        for (size_t i = 0; i < CONFIG_MAX_BYTES; i++) line += b[i] == '\n';
+        free(b);
+        cli_error("%s:%zu: the file goes on past %u MiB, the limit of a config file: is it the "
+                  "right file?",
+                  path, line, CONFIG_MAX_BYTES >> 20);
+        return FG_EXIT_USAGE;
+    }
+    *buf = b;
+    *len = n;
+    return 0;
+}
+
+/* The events of the whole stream, before the loader builds the document:
+ * nesting past CONFIG_MAX_DEPTH and a second document are errors here. */
+static int check_events(const char *path, const unsigned char *buf, size_t len) {
+    yaml_parser_t p;
+    if (!yaml_parser_initialize(&p)) {
+        cli_error("out of memory reading %s", path);
+        return FG_EXIT_FAIL;
+    }
+    yaml_parser_set_input_string(&p, buf, len);
+    int rc = 0, depth = 0, docs = 0;
+    for (bool end = false; !end && !rc;) {
+        yaml_event_t e;
+        if (!yaml_parser_parse(&p, &e)) {
+            yaml_problem(path, &p);
+            rc = FG_EXIT_USAGE;
+            break;
+        }
+        const yaml_mark_t *m = &e.start_mark;
+        switch (e.type) {
+        case YAML_SEQUENCE_START_EVENT:
+        case YAML_MAPPING_START_EVENT:
+            if (++depth > CONFIG_MAX_DEPTH) {
+                cli_error("%s:%zu:%zu: nested deeper than %d levels, the limit of a config file "
+                          "(its sections need 3)",
+                          path, m->line + 1, m->column + 1, CONFIG_MAX_DEPTH);
+                rc = FG_EXIT_USAGE;
+            }
+            break;
+        case YAML_SEQUENCE_END_EVENT:
+        case YAML_MAPPING_END_EVENT: depth--; break;
+        case YAML_DOCUMENT_START_EVENT:
+            if (++docs > 1) {
+                cli_error("%s:%zu: a second YAML document (after ---): a config file holds one; "
+                          "put the settings in one document, or give each its own --config",
+                          path, m->line + 1);
+                rc = FG_EXIT_USAGE;
+            }
+            break;
+        case YAML_STREAM_END_EVENT: end = true; break;
+        default: break;
+        }
+        yaml_event_delete(&e);
+    }
+    yaml_parser_delete(&p);
+    return rc;
+}
+
+static int read_file(reader *r, const char *path) {
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    int rc = slurp(path, &buf, &len);
+    if (rc) return rc;
+    if ((rc = check_events(path, buf, len)) != 0) {
+        free(buf);
+        return rc;
+    }
     r->file = path;
+    free(r->flag_seen);
+    r->flag_seen = calloc((size_t)r->nflags + 1, sizeof *r->flag_seen);
+    memset(r->top_seen, 0, sizeof r->top_seen);
+    memset(r->init_seen, 0, sizeof r->init_seen);
     yaml_parser_t parser;
-    yaml_parser_initialize(&parser);
-    yaml_parser_set_input_file(&parser, fp);
-    int rc = 0;
+    if (!r->flag_seen || !yaml_parser_initialize(&parser)) {
+        free(buf);
+        return oom(r);
+    }
+    yaml_parser_set_input_string(&parser, buf, len);
     if (!yaml_parser_load(&parser, &r->doc)) {
-        const yaml_mark_t *m = &parser.problem_mark;
-        if (parser.context)
-            cli_error("%s:%zu:%zu: malformed YAML: %s (%s at line %zu)", path, m->line + 1,
-                      m->column + 1, parser.problem, parser.context, parser.context_mark.line + 1);
-        else
-            cli_error("%s:%zu:%zu: malformed YAML: %s", path, m->line + 1, m->column + 1,
-                      parser.problem ? parser.problem : "unreadable");
+        yaml_problem(path, &parser);
         rc = FG_EXIT_USAGE;
     } else {
         rc = read_top(r, yaml_document_get_root_node(&r->doc));
         yaml_document_delete(&r->doc);
     }
     yaml_parser_delete(&parser);
-    fclose(fp);
+    free(buf);
     return rc;
 }
 
@@ -373,11 +548,13 @@ int fit_config_expand(cli_flag *flags, int nflags, int *argc, char ***argv) {
             *argc = ac + r.nout;
             *argv = g_expanded = out; /* fit parses its command line once */
             free(r.out);
+            free(r.flag_seen);
             return 0;
         }
     }
     for (int i = 0; i < r.nout; i++) free(r.out[i]);
     free(r.out);
+    free(r.flag_seen);
     return rc;
 }
 

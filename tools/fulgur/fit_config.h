@@ -16,7 +16,8 @@
  * --config), or FG_EXIT_USAGE after printing the error: a file that cannot
  * be read, malformed YAML (line and column), an unknown section or key
  * (named with its section and the nearest valid one), a value of the wrong
- * shape. */
+ * shape or that its flag refuses, a key given twice in one file, a second
+ * document, a file past 16 MiB or nested past 64 levels. */
 int fit_config_expand(cli_flag *flags, int nflags, int *argc, char ***argv);
 
 /* Writes the settings in flags (their current values) as a config file

@@ -1,8 +1,12 @@
 /* fulgur fit's datasets: --data (and --val-data, or the last --val-fraction
  * of --data) as a char-level text dataset, a uint16 token file (.bin) or, for
  * mlp, .npy inputs with --labels. Every rank opens the same files the same
- * way, so the splits agree without communication. */
+ * way, so the splits agree without communication. The mlp's class count
+ * (max label + 1) is held to the labels seen (at most twice the distinct
+ * labels past 4096 classes) and to the machine's memory. */
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fit.h"
 
@@ -11,13 +15,35 @@ static bool ends_with(const char *s, const char *suffix) {
     return a >= b && !strcmp(s + a - b, suffix);
 }
 
-/* max label + 1 of an npy dataset (labels are scalar i32). */
-static fg_status max_class(fg_dataset *ds, int64_t *classes) {
+/* The labels of the mlp's datasets, for the class count: max label + 1,
+ * held to what the labels support. */
+typedef struct label_scan {
+    int32_t *v; /* every label seen, train and val */
+    int64_t n, cap;
+    int32_t max; /* the largest label, first at max_row of max_file */
+    int64_t max_row;
+    const char *max_file;
+} label_scan;
+
+static fg_status scan_labels(fg_dataset *ds, const char *file, label_scan *ls) {
     size_t xb = fg_sample_spec_bytes(fg_dataset_x_spec(ds));
     float *x = fg_alloc(xb ? xb : 4);
     if (!x) return FG_ENOMEM;
+    int64_t len = fg_dataset_len(ds);
+    if (ls->n + len > ls->cap) {
+        int64_t cap = ls->n + len;
+        int32_t *v = fg_alloc((size_t)(cap ? cap : 1) * sizeof *v);
+        if (!v) {
+            fg_free(x);
+            return FG_ENOMEM;
+        }
+        if (ls->n) memcpy(v, ls->v, (size_t)ls->n * sizeof *v);
+        fg_free(ls->v);
+        ls->v = v;
+        ls->cap = cap;
+    }
     int32_t y;
-    for (int64_t i = 0; i < fg_dataset_len(ds); i++) {
+    for (int64_t i = 0; i < len; i++) {
         fg_status s = fg_dataset_get(ds, i, x, &y);
         if (s != FG_OK) {
             fg_free(x);
@@ -26,13 +52,56 @@ static fg_status max_class(fg_dataset *ds, int64_t *classes) {
         if (y < 0) {
             fg_free(x);
             return fg_error(FG_EFORMAT,
-                            "label %d of sample %lld is negative: mlp labels are "
-                            "class ids 0..C-1",
-                            (int)y, (long long)i);
+                            "%s: label %d at row %lld is negative: mlp labels are class ids "
+                            "0..C-1",
+                            file, (int)y, (long long)i);
         }
-        if (y + 1 > *classes) *classes = y + 1;
+        if (ls->n == 0 || y > ls->max) ls->max = y, ls->max_row = i, ls->max_file = file;
+        ls->v[ls->n++] = y;
     }
     fg_free(x);
+    return FG_OK;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Past this many classes, the class count must be at most twice the labels
+ * seen: one label of 50,000,000 would otherwise build a model of 450M
+ * parameters for 3 classes. Below it, gaps cost little. */
+#define CLASSES_FLOOR 4096
+
+/* The class count of the labels seen, or an error naming the label that
+ * makes it too many for the labels seen or for this machine's memory. */
+static fg_status class_count(const fit_opts *o, label_scan *ls, int64_t *classes) {
+    if (ls->n == 0) return FG_OK;
+    qsort(ls->v, (size_t)ls->n, sizeof *ls->v, cmp_i32);
+    int64_t distinct = 0;
+    for (int64_t i = 0; i < ls->n; i++) distinct += i == 0 || ls->v[i] != ls->v[i - 1];
+    int64_t c = (int64_t)ls->max + 1;
+    if (c > CLASSES_FLOOR && c > 2 * distinct)
+        return fg_error(FG_EINVAL,
+                        "%s: label %d at row %lld makes %lld classes, but the labels hold only "
+                        "%lld distinct values: mlp labels are class ids 0..C-1; renumber them "
+                        "densely (0..%lld), or check that the file holds labels",
+                        ls->max_file, (int)ls->max, (long long)ls->max_row, (long long)c,
+                        (long long)distinct, (long long)distinct - 1);
+    /* the output layer's weights, gradients and AdamW's two moments, in f32
+     * at least: what the class count alone costs */
+    double params = ((double)o->hidden + 1.0) * (double)c;
+    double need = params * 4.0 * 4.0;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    double have = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+    if (have > 0 && need > have)
+        return fg_error(FG_ENOMEM,
+                        "%s: label %d at row %lld makes %lld classes: the output layer's %.0f "
+                        "parameters need %.1f GB with their gradients and optimizer state, more "
+                        "than this machine's %.1f GB; use fewer classes or a smaller --hidden",
+                        ls->max_file, (int)ls->max, (long long)ls->max_row, (long long)c, params,
+                        need / 1e9, have / 1e9);
+    *classes = c;
     return FG_OK;
 }
 
@@ -86,8 +155,13 @@ fg_status fit_data_open(const fit_opts *o, fit_data *d) {
         goto fail;
     }
     if (o->kind == FIT_MLP) {
-        if ((s = max_class(d->base, &d->classes)) != FG_OK) goto fail;
-        if (d->val_base && (s = max_class(d->val_base, &d->classes)) != FG_OK) goto fail;
+        label_scan ls = {0};
+        s = scan_labels(d->base, o->labels ? o->labels : "--labels", &ls);
+        if (s == FG_OK && d->val_base)
+            s = scan_labels(d->val_base, o->val_labels ? o->val_labels : "--val-labels", &ls);
+        if (s == FG_OK) s = class_count(o, &ls, &d->classes);
+        fg_free(ls.v);
+        if (s != FG_OK) goto fail;
     }
     return FG_OK;
 fail:

@@ -136,9 +136,10 @@ static void set_hparams(fit_module *m) {
     hparam(m, "seed", "%lld", (long long)o->seed);
 }
 
-fg_status fit_module_open(fit_module *m, fg_trainer *t) {
+fg_status fit_module_open(fit_module *m, fg_trainer *t, const char **what) {
     const fit_opts *o = m->o;
     int world = fg_trainer_world_size(t);
+    *what = "data";
     fg_status s = fit_data_open(o, &m->d);
     if (s != FG_OK) return s;
     if (o->fn == FG_TEST && o->test_data) TRY(open_extra(m, o->test_data, o->test_labels));
@@ -154,6 +155,7 @@ fg_status fit_module_open(fit_module *m, fg_trainer *t) {
     bool s3 = world > 1 && (kind == FG_STRATEGY_DEEPSPEED_STAGE_3 ||
                             (kind == FG_STRATEGY_FSDP &&
                              (ss == FG_SHARDING_FULL_SHARD || ss == FG_SHARDING_HYBRID_SHARD)));
+    *what = "model";
     bool was = fg_module_set_empty_init(s3);
     m->model = fit_model_new(&m->cfg);
     fg_module_set_empty_init(was);
@@ -164,6 +166,7 @@ fg_status fit_module_open(fit_module *m, fg_trainer *t) {
                                   (size_t)fg_text_vocab_size(m->d.text_vocab));
     if (!m->config_json || (m->d.text_vocab && !m->vocab_b64))
         return fg_error(FG_ENOMEM, "checkpoint metadata: out of memory");
+    *what = "data";
     /* validation averages by token count, so a batch no larger than a
      * rank's share of the val set gives the same loss */
     fg_dataset *eval_ds = m->extra ? m->extra : m->d.val;

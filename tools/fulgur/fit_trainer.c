@@ -267,10 +267,11 @@ static int run_fit(fit_run *r, fg_trainer *t, const fg_lightning_module *lm) {
         fg_strategy_gather_params(strat) != FG_OK)
         return fit_rank_error(t, "gathering the parameters to sample");
     if (!rank0) return FG_EXIT_OK;
-    char vbuf[32] = "n/a (no validation data)";
-    if (!isnan(val)) snprintf(vbuf, sizeof vbuf, "%.4f", val);
-    printf("done: %lld steps in %.1f s; val loss %s; checkpoint %s\n", (long long)step,
-           fg_time() - t0, vbuf,
+    /* printed whole: a loss of 1e30 in %.4f is 36 characters */
+    printf("done: %lld steps in %.1f s; val loss ", (long long)step, fg_time() - t0);
+    if (isnan(val)) printf("n/a (no validation data)");
+    else printf("%.4f", val);
+    printf("; checkpoint %s\n",
            fg_trainer_last_saved_path(t)[0] ? fg_trainer_last_saved_path(t) : "none");
     fg_fabric *f = fg_trainer_fabric(t);
     fg_comm_bytes cb;
@@ -329,7 +330,8 @@ static int run_eval(fit_run *r, fg_trainer *t, const fg_lightning_module *lm) {
 
 static int run_rank(fg_trainer *t, void *arg) {
     fit_run *r = arg;
-    if (fit_module_open(r->m, t) != FG_OK) return fit_rank_error(t, "data");
+    const char *what = "data";
+    if (fit_module_open(r->m, t, &what) != FG_OK) return fit_rank_error(t, what);
     fg_lightning_module lm = fit_module_table(r->m);
     int rc = r->o->fn == FG_FIT ? run_fit(r, t, &lm) : run_eval(r, t, &lm);
     /* main() checks stdout at the end, but a forked rank leaves by _exit:

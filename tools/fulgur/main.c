@@ -4,18 +4,40 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli.h"
 
 void cli_error(const char *fmt, ...) {
+    /* one write(2) for the whole line: ranks that share a stderr print at
+     * once, and three writes (prefix, message, newline) would splice */
+    char small[4096], *line = small;
     va_list ap;
     va_start(ap, fmt);
-    fputs("fulgur: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    int n = vsnprintf(small + 8, sizeof small - 9, fmt, ap);
     va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n >= sizeof small - 9) {
+        line = malloc((size_t)n + 10);
+        if (!line) return;
+        va_start(ap, fmt);
+        vsnprintf(line + 8, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
+    memcpy(line, "fulgur: ", 8);
+    line[8 + n] = '\n';
+    fflush(stderr);
+    size_t left = (size_t)n + 9;
+    for (const char *p = line; left > 0;) {
+        ssize_t w = write(STDERR_FILENO, p, left);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break;
+        p += w;
+        left -= (size_t)w;
+    }
+    if (line != small) free(line);
 }
 
 /* "stdout (/dev/full)": what stdout is, where Linux says */

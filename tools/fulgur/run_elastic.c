@@ -396,6 +396,11 @@ int run_hosts_elastic(const run_hosts_opts *o, int min_nodes, int max_nodes, boo
                             "restarting\n");
             break;
         }
+        if (exit_code == FG_EXIT_USAGE) { /* bad flags or a missing file fail again */
+            fprintf(stderr, "fulgur run: the job exited 2 (a usage error, which a restart would "
+                            "repeat); not restarting\n");
+            break;
+        }
         int bad = failed_host(&f, job, k);
         int bad_i = -1; /* its index in h */
         for (int i = 0, j = 0; i < n && bad >= 0; i++)
