@@ -29,6 +29,7 @@
 
 #include "fulgur/ckpt.h"
 #include "fulgur/launch.h"
+#include "fulgur/precision.h"
 #include "fulgur/strategy.h"
 
 #ifdef __cplusplus

@@ -8,6 +8,7 @@
 #include "fulgur/core.h"
 #include "fulgur/data.h"
 #include "fulgur/fabric.h"
+#include "fulgur/kinds.h"
 #include "fulgur/launch.h"
 #include "fulgur/nn.h"
 #include "fulgur/ops.h"

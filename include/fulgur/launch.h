@@ -53,8 +53,7 @@
 
 #include "fulgur/comm.h"
 #include "fulgur/core.h"
-#include "fulgur/precision.h"
-#include "fulgur/strategy.h"
+#include "fulgur/kinds.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -118,57 +117,42 @@ FG_API char *fg_devices_format(const fg_devices *d, char *buf, size_t cap);
 FG_API fg_status fg_launch_cpu_devices(int *out);
 
 /* Parses a strategy name into fulgur's one list of strategies
- * (fg_strategy_kind, strategy.h; fg_strategy_kind_name gives the canonical
- * name back). Case does not matter. "auto" (or NULL) means ddp when devices
- * x num_nodes is more than 1, else single; the choice needs `ndevices` and
- * `num_nodes` (pass 1 and 1 if unknown). Built: single (also
- * "single_device"), dp, ddp, ddp_spawn, ddp_fork (also "ddp_notebook",
- * Lightning's name for it), deepspeed_stage_1, deepspeed_stage_2 (also
- * "deepspeed", Lightning's DeepSpeedStrategy, whose default stage is 2),
- * fsdp (its sharding strategy is an option: fg_sharded_opts),
- * deepspeed_stage_2_offload (deepspeed_stage_2 with the offload that
- * fg_launch_strategy_offload gives), fsdp_cpu_offload (fsdp, likewise).
- * fsdp_shard_grad_op and fsdp_no_shard: FG_EINVAL naming the spelling
- * above. Recognised but not built yet (FG_EUNSUPPORTED, "not built yet"):
- * ddp2, hybrid, horovod, bagua, fsdp_full_shard,
- * fsdp_hybrid_shard, ddp_sharded, ddp_sharded_spawn, deepspeed_stage_3,
- * deepspeed_stage_3_offload, deepspeed_stage_3_offload_nvme. single with
- * several devices, single or dp with several nodes: FG_EINVAL saying what
- * to use. Anything else: FG_EINVAL listing the valid names. Thread-safe. */
+ * (fg_strategy_kind): a name or alias of the strategy table (kinds.h,
+ * fg_strategy_kind_parse; fg_strategy_names lists them all), any case.
+ * "auto" (or NULL) means ddp when devices x num_nodes is more than 1, else
+ * single; the choice needs `ndevices` and `num_nodes` (pass 1 and 1 if
+ * unknown). fsdp_shard_grad_op, fsdp_no_shard, fsdp_full_shard,
+ * fsdp_hybrid_shard and hybrid: FG_EINVAL naming fulgur's spelling (fsdp
+ * with a sharding strategy, or ddp2). A kind of one process without
+ * replicas (single) with several devices, a kind of one process (single,
+ * dp) with several nodes: FG_EINVAL saying what to use. Anything else:
+ * FG_EINVAL listing every name. Thread-safe. */
 FG_API fg_status fg_launch_parse_strategy(const char *s, int ndevices, int num_nodes,
                                           fg_strategy_kind *out);
 
-/* The offload a strategy name implies, as Lightning registers the name:
- * deepspeed_stage_2_offload and deepspeed_stage_3_offload put the
- * optimizer state on the cpu (and stage 3's parameters too),
- * deepspeed_stage_3_offload_nvme both on nvme, fsdp_cpu_offload both on the
- * cpu (FSDP's cpu_offload); FG_OFFLOAD_NONE for both with every other name
- * (NULL too). Either pointer may be NULL. Thread-safe. */
+/* The offload a strategy name implies, as Lightning registers the name (the
+ * alias's offload in the strategy table, kinds.h): deepspeed_stage_2_offload
+ * and deepspeed_stage_3_offload put the optimizer state on the cpu (and
+ * stage 3's parameters too), deepspeed_stage_3_offload_nvme both on nvme,
+ * fsdp_cpu_offload both on the cpu (FSDP's cpu_offload); FG_OFFLOAD_NONE for
+ * both with every other name (NULL too). Either pointer may be NULL.
+ * Thread-safe. */
 FG_API void fg_launch_strategy_offload(const char *s, fg_offload_device *optimizer,
                                        fg_offload_device *params);
 
-/* Parses a precision setting into fg_precision_kind (precision.h, which
- * holds what each means): the six names and their short forms "64", "32",
- * "16", "bf16"; NULL means "32-true". Case does not matter. Errors:
- * FG_EUNSUPPORTED for a setting this fulgur does not run yet (16-true,
- * bf16-true), naming the value and what is available
- * (`precision="bf16-true": not built yet in this fulgur; available: 32-true
- * (32), 64-true (64), 16-mixed (16), bf16-mixed (bf16)`); FG_EINVAL for
- * anything else, listing the valid names. *out is set only on FG_OK.
- * Thread-safe. */
+/* Parses a precision setting into fg_precision_kind (the policy table of
+ * kinds.h, which holds what each means): the six names and their short forms
+ * "64", "32", "16", "bf16"; NULL means "32-true". Case does not matter.
+ * Errors: FG_EUNSUPPORTED for a setting whose row says it is not built,
+ * naming the value and what is available (fg_precision_available); FG_EINVAL
+ * for anything else, listing the valid names. Every setting is built today.
+ * *out is set only on FG_OK. Thread-safe. */
 FG_API fg_status fg_launch_parse_precision(const char *s, fg_precision_kind *out);
 
 /* ---------------------------------------------------------------- plan */
 
-typedef enum fg_launcher {
-    FG_LAUNCHER_NONE = 0, /* nothing to start: one rank, or already launched */
-    FG_LAUNCHER_REEXEC,   /* ddp: run this program again for local ranks 1..N-1 */
-    FG_LAUNCHER_FORK,     /* ddp_spawn/ddp_fork: fg_launch_fork */
-    FG_LAUNCHER_THREADS,  /* dp: one process, worker threads; nothing to start */
-} fg_launcher;
-
-/* The name of a launcher: "none", "re-exec", "fork", "threads". */
-FG_API const char *fg_launcher_name(fg_launcher l);
+/* fg_launcher and fg_launcher_name are in kinds.h: each strategy's row names
+ * the launcher a job of more than one rank gets. */
 
 /* What the user asked for. All-zero (or NULL) means the defaults. */
 typedef struct fg_launch_opts {

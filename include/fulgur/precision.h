@@ -25,56 +25,15 @@
 #ifndef FULGUR_PRECISION_H
 #define FULGUR_PRECISION_H
 
+#include "fulgur/kinds.h"
 #include "fulgur/strategy.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Lightning's six precision settings. */
-typedef enum fg_precision_kind {
-    FG_PRECISION_32_TRUE = 0, /* "32-true", "32": f32 parameters and compute (default) */
-    FG_PRECISION_64_TRUE,     /* "64-true", "64": f64 */
-    FG_PRECISION_16_MIXED,    /* "16-mixed", "16": f16 autocast, f32 weights, loss scaling */
-    FG_PRECISION_BF16_MIXED,  /* "bf16-mixed", "bf16": bf16 autocast, f32 weights */
-    FG_PRECISION_16_TRUE,   /* "16-true": f16 parameters, compute, gradients; f32 optimizer state */
-    FG_PRECISION_BF16_TRUE, /* "bf16-true": bf16 likewise */
-    FG_PRECISION_COUNT
-} fg_precision_kind;
-
-/* What a setting means: one row of the table above. */
-typedef struct fg_precision_policy {
-    const char *name;     /* "bf16-mixed" */
-    const char *alias;    /* "bf16", or NULL */
-    fg_dtype param_dtype; /* the parameters the optimizer updates (the master weights) */
-    fg_dtype compute;     /* the autocast dtype of products; FG_DTYPE_DEFAULT: no autocast */
-    fg_dtype grad_dtype;  /* the gradients of the parameters */
-    fg_dtype optim_dtype; /* the optimizer's state */
-    bool master_weights;  /* f32 weights kept beside a lower compute dtype */
-    bool loss_scaling;    /* a loss scaler (fg_scaler) guards the step */
-    bool built;           /* false: recognised, but this fulgur does not run it yet */
-} fg_precision_policy;
-
-/* The row of kind p; NULL for a kind out of range. Thread-safe. */
-FG_API const fg_precision_policy *fg_precision_policy_of(fg_precision_kind p);
-
-/* Parses a precision setting: the six names of fg_precision_kind and their
- * short forms "64", "32", "16", "bf16"; NULL means "32-true". Case does not
- * matter. Recognises every setting, built or not (the policy's `built`
- * says which; fg_launch_parse_precision refuses those not built). Errors:
- * FG_EINVAL for anything else, listing the valid names. *out is set only on
- * FG_OK. Thread-safe. */
-FG_API fg_status fg_precision_parse(const char *s, fg_precision_kind *out);
-
-/* The canonical name of a precision ("bf16-mixed"); "?" if out of range.
- * Thread-safe. */
-FG_API const char *fg_precision_kind_name(fg_precision_kind p);
-
-/* The settings this fulgur runs, as a list for messages:
- * "32-true (32), 64-true (64), 16-mixed (16), bf16-mixed (bf16), 16-true,
- * bf16-true".
- * Thread-safe. */
-FG_API const char *fg_precision_available(void);
+/* fg_precision_kind, its policy (fg_precision_policy_of), names and parsing
+ * are in kinds.h, the table every layer asks. */
 
 /* Which kernel paths setting p takes in this process, one line for
  * `fulgur env`: "f32 products", "f64 products", "bf16 products:

@@ -18,52 +18,24 @@
  * processes after each step. Most programs use
  * these through fabric.h.
  *
- * fg_strategy_kind is fulgur's one list of strategies: the launch layer
- * parses the names into it (fg_launch_parse_strategy) and picks a launcher
- * for each, this layer runs the ranks once they exist. */
+ * fg_strategy_kind is fulgur's one list of strategies, with one row each in
+ * kinds.h: the launch layer parses the names into it (fg_launch_parse_strategy)
+ * and takes the launcher from the row, this layer runs the ranks once they
+ * exist. */
 #ifndef FULGUR_STRATEGY_H
 #define FULGUR_STRATEGY_H
 
 #include "fulgur/comm.h"
 #include "fulgur/data.h"
+#include "fulgur/kinds.h"
 #include "fulgur/optim.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum fg_strategy_kind {
-    FG_STRATEGY_SINGLE = 0, /* "single": one rank, one device */
-    FG_STRATEGY_DP,         /* "dp": one process; the batch split over worker threads */
-    FG_STRATEGY_DDP,        /* "ddp": one process per device (re-exec, or already launched) */
-    FG_STRATEGY_DDP_SPAWN,  /* "ddp_spawn": ddp with ranks forked from inside the program */
-    FG_STRATEGY_DDP_FORK,   /* "ddp_fork": the same as ddp_spawn here (fork is how fulgur spawns) */
-    FG_STRATEGY_DEEPSPEED_STAGE_1, /* "deepspeed_stage_1": ZeRO-1, optimizer state sharded */
-    FG_STRATEGY_DEEPSPEED_STAGE_2, /* "deepspeed_stage_2": ZeRO-2, gradients reduce-scattered too */
-    FG_STRATEGY_FSDP, /* "fsdp": by fg_sharded_opts.sharding_strategy (FULL_SHARD = stage 3, ...) */
-    FG_STRATEGY_BAGUA, /* "bagua": Bagua's algorithms, by fg_ddp_opts.bagua (docs/bagua.md) */
-    FG_STRATEGY_DEEPSPEED_STAGE_3, /* "deepspeed_stage_3": ZeRO-3, parameters sharded too */
-    FG_STRATEGY_DDP2,    /* "ddp2": one process per node, its cores dp replicas (threads), the
-                            gradient averaged across the nodes' processes after each step */
-    FG_STRATEGY_HOROVOD, /* "horovod": one process per device; gradients averaged through
-                            Horovod's fusion buffer and cycles (fg_horovod_opts) */
-    FG_STRATEGY_COUNT
-} fg_strategy_kind;
-
-/* The canonical name of a kind ("ddp_spawn"); "?" if out of range.
- * Thread-safe. */
-FG_API const char *fg_strategy_kind_name(fg_strategy_kind k);
-
-/* True for the kinds that run one process per device and average the
- * gradients over ranks: ddp, ddp_spawn, ddp_fork, the sharded kinds
- * (deepspeed_stage_1, deepspeed_stage_2, fsdp) and bagua, which Lightning
- * builds on DDP as well and which the launch layer starts the way it starts
- * ddp.
- * Thread-safe. */
-FG_API bool fg_strategy_kind_is_ddp(fg_strategy_kind k);
-
-/* True for deepspeed_stage_1, _2, _3 and fsdp. Thread-safe. */
-FG_API bool fg_strategy_kind_is_sharded(fg_strategy_kind k);
+/* fg_strategy_kind, its row (what each kind launches, shards and takes) and
+ * its names are in kinds.h. */
 
 /* ---------------------------------------------------- DDP communication hooks
  *
@@ -337,23 +309,7 @@ typedef struct fg_ddp_opts {
  * it. Thread-safe. */
 FG_API fg_status fg_strategy_check_ddp(const fg_ddp_opts *o);
 
-/* FSDP's sharding strategies (torch.distributed.fsdp.ShardingStrategy).
- * FULL_SHARD is the zero value: PyTorch's and Lightning's default. */
-typedef enum fg_sharding_strategy {
-    FG_SHARDING_FULL_SHARD = 0, /* parameters sharded too (= deepspeed_stage_3) */
-    FG_SHARDING_SHARD_GRAD_OP,  /* gradients and optimizer state (= deepspeed_stage_2) */
-    FG_SHARDING_NO_SHARD,       /* nothing sharded (= ddp) */
-    FG_SHARDING_HYBRID_SHARD, /* full shard in a node (hybrid_shard_size ranks), replicas across */
-    FG_SHARDING_COUNT
-} fg_sharding_strategy;
-
-/* "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"; "?" if out of
- * range. Thread-safe. */
-FG_API const char *fg_sharding_strategy_name(fg_sharding_strategy s);
-/* Parses one of those names, case-insensitively. FG_EINVAL naming the value
- * and the valid names otherwise (NULL too). *out is set only on FG_OK.
- * Thread-safe. */
-FG_API fg_status fg_sharding_strategy_parse(const char *name, fg_sharding_strategy *out);
+/* fg_sharding_strategy and its names are in kinds.h. */
 
 /* What fg_fabric_save writes (FSDPStrategy's state_dict_type): FULL, one
  * safetensors file (rank 0 gathers the sharded state), or SHARDED, a folder
@@ -370,22 +326,7 @@ FG_API const char *fg_state_dict_type_name(fg_state_dict_type t);
  * valid ones otherwise (NULL too); *out is set only on FG_OK. */
 FG_API fg_status fg_state_dict_type_parse(const char *name, fg_state_dict_type *out);
 
-/* Where DeepSpeed's offload puts the optimizer state or the parameters
- * (offload_optimizer_device, offload_params_device; FSDP's cpu_offload is
- * cpu for both). docs/sharding.md has the story on a CPU. */
-typedef enum fg_offload_device {
-    FG_OFFLOAD_NONE = 0, /* not offloaded: where the strategy keeps it */
-    FG_OFFLOAD_CPU,      /* host memory: on a CPU that is where everything lives already, so nothing
-                            moves (accepted for Lightning's names, and said so) */
-    FG_OFFLOAD_NVME,     /* files under nvme_path, streamed in blocks with io_uring at each step */
-    FG_OFFLOAD_COUNT
-} fg_offload_device;
-
-/* "none", "cpu", "nvme"; "?" out of range. Thread-safe. */
-FG_API const char *fg_offload_device_name(fg_offload_device d);
-/* Parses "cpu" or "nvme" (any case; "none" too). FG_EINVAL naming the
- * value otherwise. Thread-safe. */
-FG_API fg_status fg_offload_device_parse(const char *name, fg_offload_device *out);
+/* fg_offload_device and its names are in kinds.h. */
 /* Whether offload to nvme is built in (liburing found at build time).
  * Thread-safe. */
 FG_API bool fg_offload_nvme_available(void);
@@ -467,6 +408,24 @@ typedef struct fg_sharded_opts {
  * kind. The fabric checks a configuration with it at fg_fabric_new, before any rank starts.
  * Thread-safe. */
 FG_API fg_status fg_strategy_check_sharded(fg_strategy_kind kind, const fg_sharded_opts *o);
+
+/* What the ranks' setup would refuse, checked before any rank starts, for
+ * a job of `world` ranks (local_world of them on each of `nodes` nodes)
+ * under `kind` (its row, kinds.h) with the options ddp and sharded (may be
+ * NULL) and a precision whose parameters are param_dtype and gradients
+ * grad_dtype: ddp's communication hooks under a kind that does not take them
+ * (horovod, bagua, the sharded kinds but fsdp NO_SHARD, dp, ddp2) or on
+ * gradients other than f32 (FG_EUNSUPPORTED), horovod on gradients other than
+ * f32 (FG_EUNSUPPORTED), bagua's algorithms but gradient_allreduce on
+ * parameters other than f32 (FG_EUNSUPPORTED), bagua decentralized with
+ * peer_selection_mode shift_one on an odd number of ranks (of nodes, when
+ * hierarchical), fsdp HYBRID_SHARD with a shard group size (0: local_world)
+ * that does not divide the world (FG_EINVAL). A job of one rank under a kind
+ * of a process per device runs as single: FG_OK. The fabric calls it at
+ * fg_fabric_new; setup checks the same again. Thread-safe. */
+FG_API fg_status fg_strategy_check_job(fg_strategy_kind kind, const fg_ddp_opts *ddp,
+                                       const fg_sharded_opts *sharded, fg_dtype param_dtype,
+                                       fg_dtype grad_dtype, int world, int nodes, int local_world);
 
 /* The model-state bytes one rank holds under a strategy, what `fulgur env`
  * prints: the parameters, their gradients and the optimizer's state

@@ -1,7 +1,10 @@
 /* The fabric's configuration is a launch plan: accelerator, devices,
  * strategy, precision and num_nodes are parsed by the launch layer
  * (fg_launch_plan_make), the one place that reads them, so that a program,
- * `fulgur fit` and `fulgur env` accept and refuse the same values. */
+ * `fulgur fit` and `fulgur env` accept and refuse the same values. What the
+ * strategy's row does not take, and what its ranks' setup would refuse on
+ * this plan's world (fg_strategy_check_job), is refused here, before any
+ * rank starts. */
 #include <string.h>
 
 #include "fabric_impl.h"
@@ -51,10 +54,11 @@ fg_fabric *fg_fabric_new(const fg_fabric_config *cfg) {
                  (int)f->cfg.sharded.state_dict_type);
         goto fail;
     }
-    if (f->cfg.deterministic &&
-        (f->plan.strategy == FG_STRATEGY_DP || f->plan.strategy == FG_STRATEGY_BAGUA ||
-         fg_strategy_kind_is_sharded(f->plan.strategy) || f->cfg.ddp.comm_hook ||
-         f->cfg.ddp.comm_wrapper || f->cfg.ddp.user_hook)) {
+    /* what the kind's row does not take is refused here, once, before any
+     * rank starts, rather than by every rank's setup */
+    const fg_strategy_info *row = fg_strategy_info_of(f->plan.strategy);
+    if (f->cfg.deterministic && (!(row->takes & FG_TAKES_DETERMINISTIC) || f->cfg.ddp.comm_hook ||
+                                 f->cfg.ddp.comm_wrapper || f->cfg.ddp.user_hook)) {
         fg_error(FG_EUNSUPPORTED,
                  "deterministic: built for the single and ddp strategies (ddp_spawn, ddp_fork) "
                  "without a communication hook; strategy=\"%s\"%s is not built yet in this mode",
@@ -64,6 +68,11 @@ fg_fabric *fg_fabric_new(const fg_fabric_config *cfg) {
                      : "");
         goto fail;
     }
+    const fg_precision_policy *pol = fg_precision_policy_of(f->plan.precision);
+    if (fg_strategy_check_job(f->plan.strategy, &f->cfg.ddp, &f->cfg.sharded, pol->param_dtype,
+                              pol->grad_dtype, f->plan.world_size, f->plan.num_nodes,
+                              f->plan.local_world_size) != FG_OK)
+        goto fail;
     pthread_mutex_init(&f->comm_mu, NULL);
     f->world_size = 1;
     if (f->cfg.seed) fg_fabric_seed_everything(f, f->cfg.seed);

@@ -253,42 +253,9 @@ char *fg_devices_format(const fg_devices *d, char *buf, size_t cap) {
 
 /* ------------------------------------------------------------- strategy */
 
-static const struct {
-    const char *name;
-    fg_strategy_kind s;
-} k_strategies[] = {
-    {"single", FG_STRATEGY_SINGLE},
-    {"single_device", FG_STRATEGY_SINGLE},
-    {"dp", FG_STRATEGY_DP},
-    {"ddp", FG_STRATEGY_DDP},
-    {"ddp_spawn", FG_STRATEGY_DDP_SPAWN},
-    {"ddp_fork", FG_STRATEGY_DDP_FORK},
-    {"ddp_notebook", FG_STRATEGY_DDP_FORK}, /* Lightning's name for ddp_fork */
-    {"deepspeed_stage_1", FG_STRATEGY_DEEPSPEED_STAGE_1},
-    {"deepspeed_stage_2", FG_STRATEGY_DEEPSPEED_STAGE_2},
-    {"deepspeed", FG_STRATEGY_DEEPSPEED_STAGE_2}, /* Lightning's DeepSpeedStrategy: stage 2 */
-    {"deepspeed_stage_3", FG_STRATEGY_DEEPSPEED_STAGE_3},
-    {"fsdp", FG_STRATEGY_FSDP},   /* the sharding strategy is an option (fg_sharded_opts) */
-    {"bagua", FG_STRATEGY_BAGUA}, /* the algorithm is an option (fg_ddp_opts.bagua) */
-    /* with the offload fg_launch_strategy_offload gives */
-    {"deepspeed_stage_2_offload", FG_STRATEGY_DEEPSPEED_STAGE_2},
-    {"fsdp_cpu_offload", FG_STRATEGY_FSDP},
-    {"deepspeed_stage_3_offload", FG_STRATEGY_DEEPSPEED_STAGE_3},
-    {"deepspeed_stage_3_offload_nvme", FG_STRATEGY_DEEPSPEED_STAGE_3},
-    {"ddp2", FG_STRATEGY_DDP2},
-    {"horovod", FG_STRATEGY_HOROVOD}, /* started by mpirun, fulgur run or fulgur's re-exec */
-};
-
-static const char *const k_valid =
-    "auto, single, dp, ddp, ddp_spawn, ddp_fork, deepspeed_stage_1, deepspeed_stage_2, "
-    "deepspeed_stage_3, fsdp, bagua, deepspeed_stage_2_offload, deepspeed_stage_3_offload, "
-    "deepspeed_stage_3_offload_nvme, fsdp_cpu_offload, ddp2, horovod";
-
-/* Strategies of Lightning and DeepSpeed that fulgur plans but has not built yet. */
-static const char *const k_later[] = {"hybrid", "ddp_sharded", "ddp_sharded_spawn", NULL};
-
-/* Names for what fulgur builds under another spelling: fsdp's sharding
- * strategy is an option of "fsdp", as in Lightning's FSDPStrategy. */
+/* Names fulgur builds under another spelling: fsdp's sharding strategy is
+ * an option of "fsdp", as in Lightning's FSDPStrategy. Every name that is a
+ * kind is in the strategy table (kinds.c). */
 static const struct {
     const char *name, *use;
 } k_spelled[] = {
@@ -296,6 +263,8 @@ static const struct {
     {"fsdp_no_shard", "strategy \"fsdp\" with sharding_strategy NO_SHARD"},
     {"fsdp_full_shard", "strategy \"fsdp\" (its default sharding_strategy FULL_SHARD)"},
     {"fsdp_hybrid_shard", "strategy \"fsdp\" with sharding_strategy HYBRID_SHARD"},
+    {"hybrid", "strategy \"fsdp\" with sharding_strategy HYBRID_SHARD (sharded in a node, "
+               "replicated across), or \"ddp2\" (dp in a node, ddp across)"},
 };
 
 fg_status fg_launch_parse_strategy(const char *s, int ndevices, int num_nodes,
@@ -307,53 +276,33 @@ fg_status fg_launch_parse_strategy(const char *s, int ndevices, int num_nodes,
         *out = ndevices * (long)num_nodes > 1 ? FG_STRATEGY_DDP : FG_STRATEGY_SINGLE;
         return FG_OK;
     }
-    for (size_t i = 0; i < sizeof k_strategies / sizeof k_strategies[0]; i++) {
-        if (strcasecmp(s, k_strategies[i].name)) continue;
-        fg_strategy_kind st = k_strategies[i].s;
-        if (st == FG_STRATEGY_SINGLE && ndevices > 1)
-            return fg_error(FG_EINVAL,
-                            "strategy=\"%s\" runs on one device, but devices gives %d; "
-                            "use ddp (or dp) for several",
-                            s, ndevices);
-        if ((st == FG_STRATEGY_SINGLE || st == FG_STRATEGY_DP) && num_nodes > 1)
-            return fg_error(FG_EINVAL,
-                            "strategy=\"%s\" runs in one process, but num_nodes=%d; use "
-                            "ddp across nodes",
-                            s, num_nodes);
-        *out = st;
-        return FG_OK;
-    }
     for (size_t i = 0; i < sizeof k_spelled / sizeof k_spelled[0]; i++)
         if (!strcasecmp(s, k_spelled[i].name))
             return fg_error(FG_EINVAL, "strategy=\"%s\": fulgur spells it %s", s, k_spelled[i].use);
-    for (int i = 0; k_later[i]; i++)
-        if (!strcasecmp(s, k_later[i]))
-            return fg_error(FG_EUNSUPPORTED,
-                            "strategy=\"%s\": not built yet in this fulgur; "
-                            "available: %s",
-                            s, k_valid);
-    return fg_error(FG_EINVAL, "strategy=\"%s\": unknown; expected one of %s", s, k_valid);
+    fg_strategy_kind st;
+    FG_TRY(fg_strategy_kind_parse(s, &st, NULL, NULL));
+    const fg_strategy_info *row = fg_strategy_info_of(st);
+    if (row->ranks == FG_RANKS_ONE_PROCESS && !row->replica_threads && ndevices > 1)
+        return fg_error(FG_EINVAL,
+                        "strategy=\"%s\" runs on one device, but devices gives %d; "
+                        "use ddp (or dp) for several",
+                        s, ndevices);
+    if (row->ranks == FG_RANKS_ONE_PROCESS && num_nodes > 1)
+        return fg_error(FG_EINVAL,
+                        "strategy=\"%s\" runs in one process, but num_nodes=%d; use "
+                        "ddp across nodes",
+                        s, num_nodes);
+    *out = st;
+    return FG_OK;
 }
-
-/* Lightning's registered names and the offload they turn on */
-static const struct {
-    const char *name;
-    fg_offload_device optimizer, params;
-} k_offload_names[] = {
-    {"deepspeed_stage_2_offload", FG_OFFLOAD_CPU, FG_OFFLOAD_NONE},
-    {"deepspeed_stage_3_offload", FG_OFFLOAD_CPU, FG_OFFLOAD_CPU},
-    {"deepspeed_stage_3_offload_nvme", FG_OFFLOAD_NVME, FG_OFFLOAD_NVME},
-    {"fsdp_cpu_offload", FG_OFFLOAD_CPU, FG_OFFLOAD_CPU},
-};
 
 void fg_launch_strategy_offload(const char *s, fg_offload_device *optimizer,
                                 fg_offload_device *params) {
     fg_offload_device o = FG_OFFLOAD_NONE, p = FG_OFFLOAD_NONE;
-    for (size_t i = 0; s && i < sizeof k_offload_names / sizeof k_offload_names[0]; i++)
-        if (!strcasecmp(s, k_offload_names[i].name)) {
-            o = k_offload_names[i].optimizer;
-            p = k_offload_names[i].params;
-        }
+    if (s && fg_strategy_kind_parse(s, NULL, &o, &p) != FG_OK) {
+        fg_clear_error();
+        o = p = FG_OFFLOAD_NONE;
+    }
     if (optimizer) *optimizer = o;
     if (params) *params = p;
 }

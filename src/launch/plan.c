@@ -10,16 +10,6 @@
 
 #include "launch_impl.h"
 
-const char *fg_launcher_name(fg_launcher l) {
-    switch (l) {
-    case FG_LAUNCHER_NONE: return "none";
-    case FG_LAUNCHER_REEXEC: return "re-exec";
-    case FG_LAUNCHER_FORK: return "fork";
-    case FG_LAUNCHER_THREADS: return "threads";
-    }
-    return "?";
-}
-
 fg_status fg_launch_cpu_devices(int *out) {
     long v = 0;
     FG_TRY(fg__env_int("FULGUR_CPU_DEVICES", 0, &v));
@@ -136,10 +126,13 @@ fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluster_info 
     }
     FG_TRY(fg_launch_parse_strategy(o.strategy, out->devices.count, num_nodes, &out->strategy));
     out->num_nodes = num_nodes;
-    const char *sname = fg_strategy_kind_name(out->strategy);
-    bool ddp = fg_strategy_kind_is_ddp(out->strategy);
-    bool ddp2 = out->strategy == FG_STRATEGY_DDP2; /* one process per node, devices its threads */
-    bool spawn = out->strategy == FG_STRATEGY_DDP_SPAWN || out->strategy == FG_STRATEGY_DDP_FORK;
+    /* the strategy's row says what a process is and what starts the ranks */
+    const fg_strategy_info *row = fg_strategy_info_of(out->strategy);
+    const char *sname = row->name;
+    bool ddp = row->ranks == FG_RANKS_PER_DEVICE;
+    bool ddp2 = row->ranks == FG_RANKS_PER_NODE; /* one process per node, devices its threads */
+    bool spawn = row->launcher == FG_LAUNCHER_FORK;
+    bool threads = row->launcher == FG_LAUNCHER_THREADS; /* dp, ddp2: replicas on threads */
     int want = ddp ? out->devices.count * num_nodes : ddp2 ? num_nodes : 1;
     fg_cluster_info *c = &out->cluster;
 
@@ -171,8 +164,7 @@ fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluster_info 
         if (!spawn || env->world_size > 1) {
             *c = *env;
             c->source = source;
-            out->launcher =
-                out->strategy == FG_STRATEGY_DP || ddp2 ? FG_LAUNCHER_THREADS : FG_LAUNCHER_NONE;
+            out->launcher = threads ? FG_LAUNCHER_THREADS : FG_LAUNCHER_NONE;
             out->world_size = env->world_size;
             out->local_world_size = env->local_world_size;
             out->rank = env->rank;
@@ -202,15 +194,8 @@ fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluster_info 
     out->node_rank = c->node_rank;
     out->rank = out->node_rank * out->local_world_size;
     out->local_rank = 0;
-    if (spawn) {
-        out->launcher = FG_LAUNCHER_FORK;
-    } else if (out->strategy == FG_STRATEGY_DP || ddp2) {
-        out->launcher = FG_LAUNCHER_THREADS;
-    } else if (want > 1) {
-        out->launcher = FG_LAUNCHER_REEXEC;
-    } else {
-        out->launcher = FG_LAUNCHER_NONE;
-    }
+    if (spawn || threads || want > 1) out->launcher = row->launcher;
+    else out->launcher = FG_LAUNCHER_NONE;
     c->world_size = out->world_size;
     c->local_world_size = out->local_world_size;
     c->rank = out->rank;
@@ -240,7 +225,8 @@ char *fg_launch_plan_format(const fg_launch_plan *p, char *buf, size_t cap) {
     char devs[128];
     fg_devices_format(&p->devices, devs, sizeof devs);
     const char *how = p->launched ? p->cluster.source : "not launched";
-    if (p->strategy == FG_STRATEGY_DP)
+    const fg_strategy_info *row = fg_strategy_info_of(p->strategy);
+    if (row && row->ranks == FG_RANKS_ONE_PROCESS && row->replica_threads)
         snprintf(buf, cap,
                  "dp, 1 process with %d worker threads (devices %s), %s, launcher %s, "
                  "%d kernel thread%s, precision %s",

@@ -96,6 +96,28 @@ fg_status fg__bagua_check(const fg_bagua_opts *o) {
     return FG_OK;
 }
 
+static bool default_hier(fg_bagua_algorithm a, int nodes, int world);
+
+fg_status fg__bagua_check_job(const fg_bagua_opts *o, fg_dtype dt, int world, int nodes) {
+    const char *algo = fg_bagua_algorithm_name(o->algorithm);
+    if (dt != FG_F32 && o->algorithm != FG_BAGUA_GRADIENT_ALLREDUCE)
+        return fg_error(FG_EUNSUPPORTED,
+                        "bagua %s: works on f32 weights and gradients; this model's are %s "
+                        "(precision 64-true?): use 32-true or a mixed precision",
+                        algo, fg_dtype_name(dt));
+    bool hier =
+        o->hierarchical > 0 || (o->hierarchical == 0 && default_hier(o->algorithm, nodes, world));
+    int groups = hier ? nodes : world;
+    if (o->algorithm == FG_BAGUA_DECENTRALIZED &&
+        o->peer_selection_mode == FG_BAGUA_PEERS_SHIFT_ONE && groups % 2)
+        return fg_error(FG_EINVAL,
+                        "bagua decentralized: peer_selection_mode shift_one pairs the %s, and "
+                        "there are %d of them: it needs an even number (or use "
+                        "peer_selection_mode all)",
+                        hier ? "nodes (hierarchical)" : "ranks", groups);
+    return FG_OK;
+}
+
 void fg__bagua_count(fg_bagua_state *st, uint64_t b) {
     st->bytes.last_step += b;
     st->bytes.total += b;

@@ -1,32 +1,13 @@
 /* Offload (DeepSpeed's offload_optimizer / offload_param, FSDP's
- * cpu_offload): the names, the checks of fg_sharded_opts' offload fields,
+ * cpu_offload): the checks of fg_sharded_opts' offload fields,
  * and the setup of nvme offload once the strategy has cut the optimizer's
  * state to this rank's shard (the optim layer's offload.c moves it to
  * disk; stage 3's parameters go with it: param_offload.c). cpu offload
  * moves nothing: on a CPU, parameters and state are in host memory
  * already. */
-#include <strings.h>
-
 #include "optim/nvme_store.h"
 #include "optim/optim_impl.h"
 #include "strategy_impl.h"
-
-static const char *const k_names[FG_OFFLOAD_COUNT] = {
-    [FG_OFFLOAD_NONE] = "none", [FG_OFFLOAD_CPU] = "cpu", [FG_OFFLOAD_NVME] = "nvme"};
-
-const char *fg_offload_device_name(fg_offload_device d) {
-    return (int)d >= 0 && d < FG_OFFLOAD_COUNT ? k_names[d] : "?";
-}
-
-fg_status fg_offload_device_parse(const char *name, fg_offload_device *out) {
-    for (int i = 0; name && i < FG_OFFLOAD_COUNT; i++)
-        if (!strcasecmp(name, k_names[i])) {
-            if (out) *out = (fg_offload_device)i;
-            return FG_OK;
-        }
-    return fg_error(FG_EINVAL, "offload device \"%s\": expected cpu or nvme",
-                    name ? name : "(null)");
-}
 
 bool fg_offload_nvme_available(void) { return fg__nvme_available(); }
 
@@ -39,13 +20,15 @@ fg_status fg__offload_check(fg_strategy_kind kind, const fg_sharded_opts *d) {
                         "fg_offload_device values (none, cpu, nvme)",
                         name, (int)od, (int)pd);
     if (!od && !pd) return FG_OK;
-    if (!fg_strategy_kind_is_sharded(kind) && kind != FG_STRATEGY_SINGLE)
+    unsigned takes = fg_strategy_takes(kind, d->sharding_strategy);
+    if (!(takes & FG_TAKES_OFFLOAD) && kind != FG_STRATEGY_SINGLE)
         return fg_error(FG_EINVAL,
                         "strategy \"%s\": offload is an option of the sharded strategies "
                         "(deepspeed_stage_1, deepspeed_stage_2, fsdp)",
                         name);
-    bool s3 = kind == FG_STRATEGY_DEEPSPEED_STAGE_3;
-    if (pd && !s3 && kind != FG_STRATEGY_FSDP && kind != FG_STRATEGY_SINGLE)
+    /* parameters to nvme: ZeRO stage 3's own offload */
+    bool s3 = (takes & FG_TAKES_OFFLOAD_PARAMS) && (takes & FG_TAKES_OFFLOAD_NVME);
+    if (pd && !(takes & FG_TAKES_OFFLOAD_PARAMS) && kind != FG_STRATEGY_SINGLE)
         return fg_error(FG_EINVAL,
                         "%s: offload_params_device=%s offloads ZeRO stage 3's parameter shards: it "
                         "needs deepspeed_stage_3 (deepspeed_stage_3_offload, _offload_nvme), as in "
@@ -65,7 +48,7 @@ fg_status fg__offload_check(fg_strategy_kind kind, const fg_sharded_opts *d) {
                         "must be nvme (or unset), not cpu",
                         name);
     if (od != FG_OFFLOAD_NVME && pd != FG_OFFLOAD_NVME) return FG_OK;
-    if (kind == FG_STRATEGY_FSDP)
+    if (!(takes & FG_TAKES_OFFLOAD_NVME) && kind != FG_STRATEGY_SINGLE)
         return fg_error(FG_EINVAL,
                         "fsdp: its cpu_offload offloads to the cpu only; nvme offload is "
                         "DeepSpeed's (deepspeed_stage_2 with offload_optimizer_device "

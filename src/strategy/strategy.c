@@ -15,61 +15,11 @@
 
 fg_strategy_kind fg_strategy_kind_of(const fg_strategy *s) { return s->kind; }
 
-const char *fg_strategy_kind_name(fg_strategy_kind k) {
-    static const char *const names[FG_STRATEGY_COUNT] = {
-        [FG_STRATEGY_SINGLE] = "single",
-        [FG_STRATEGY_DP] = "dp",
-        [FG_STRATEGY_DDP] = "ddp",
-        [FG_STRATEGY_DDP_SPAWN] = "ddp_spawn",
-        [FG_STRATEGY_DDP_FORK] = "ddp_fork",
-        [FG_STRATEGY_DEEPSPEED_STAGE_1] = "deepspeed_stage_1",
-        [FG_STRATEGY_DEEPSPEED_STAGE_2] = "deepspeed_stage_2",
-        [FG_STRATEGY_FSDP] = "fsdp",
-        [FG_STRATEGY_BAGUA] = "bagua",
-        [FG_STRATEGY_DEEPSPEED_STAGE_3] = "deepspeed_stage_3",
-        [FG_STRATEGY_DDP2] = "ddp2",
-        [FG_STRATEGY_HOROVOD] = "horovod"};
-    return (int)k >= 0 && k < FG_STRATEGY_COUNT ? names[k] : "?";
-}
-
-bool fg_strategy_kind_is_sharded(fg_strategy_kind k) {
-    return k == FG_STRATEGY_DEEPSPEED_STAGE_1 || k == FG_STRATEGY_DEEPSPEED_STAGE_2 ||
-           k == FG_STRATEGY_DEEPSPEED_STAGE_3 || k == FG_STRATEGY_FSDP;
-}
-
-bool fg_strategy_kind_is_ddp(fg_strategy_kind k) {
-    return k == FG_STRATEGY_DDP || k == FG_STRATEGY_DDP_SPAWN || k == FG_STRATEGY_DDP_FORK ||
-           k == FG_STRATEGY_BAGUA || k == FG_STRATEGY_HOROVOD || fg_strategy_kind_is_sharded(k);
-}
-
-static const char *const k_sharding_names[FG_SHARDING_COUNT] = {
-    [FG_SHARDING_FULL_SHARD] = "FULL_SHARD",
-    [FG_SHARDING_SHARD_GRAD_OP] = "SHARD_GRAD_OP",
-    [FG_SHARDING_NO_SHARD] = "NO_SHARD",
-    [FG_SHARDING_HYBRID_SHARD] = "HYBRID_SHARD"};
-
-const char *fg_sharding_strategy_name(fg_sharding_strategy s) {
-    return (int)s >= 0 && s < FG_SHARDING_COUNT ? k_sharding_names[s] : "?";
-}
-
-fg_status fg_sharding_strategy_parse(const char *name, fg_sharding_strategy *out) {
-    for (int i = 0; name && i < FG_SHARDING_COUNT; i++)
-        if (!strcasecmp(name, k_sharding_names[i])) {
-            if (out) *out = (fg_sharding_strategy)i;
-            return FG_OK;
-        }
-    return fg_error(FG_EINVAL,
-                    "sharding_strategy=\"%s\": expected one of FULL_SHARD, SHARD_GRAD_OP, "
-                    "NO_SHARD, HYBRID_SHARD",
-                    name ? name : "(null)");
-}
-
 fg_status fg_strategy_check_sharded(fg_strategy_kind kind, const fg_sharded_opts *o) {
     fg_sharded_opts d = o ? *o : (fg_sharded_opts){0};
     FG_TRY(fg__offload_check(kind, &d));
-    bool deepspeed = kind == FG_STRATEGY_DEEPSPEED_STAGE_1 ||
-                     kind == FG_STRATEGY_DEEPSPEED_STAGE_2 ||
-                     kind == FG_STRATEGY_DEEPSPEED_STAGE_3 || kind == FG_STRATEGY_SINGLE;
+    bool deepspeed = fg_strategy_takes(kind, d.sharding_strategy) & FG_TAKES_DEEPSPEED ||
+                     kind == FG_STRATEGY_SINGLE;
     if ((d.partition_activations || d.cpu_checkpointing) && !deepspeed)
         return fg_error(FG_EINVAL,
                         "strategy \"%s\": %s is an option of DeepSpeed's strategies "
@@ -89,7 +39,7 @@ fg_status fg_strategy_check_sharded(fg_strategy_kind kind, const fg_sharded_opts
                         "element counts > 0, or 0 for the default (200000000)",
                         fg_strategy_kind_name(kind), (long long)d.reduce_bucket_size,
                         (long long)d.allgather_bucket_size);
-    if (kind != FG_STRATEGY_FSDP) return FG_OK;
+    if (!(fg_strategy_takes(kind, 0) & FG_TAKES_SHARDING_STRATEGY)) return FG_OK;
     switch (d.sharding_strategy) {
     case FG_SHARDING_SHARD_GRAD_OP:
     case FG_SHARDING_NO_SHARD:
@@ -101,6 +51,54 @@ fg_status fg_strategy_check_sharded(fg_strategy_kind kind, const fg_sharded_opts
                         "(FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD)",
                         (int)d.sharding_strategy);
     }
+}
+
+fg_status fg_strategy_check_job(fg_strategy_kind kind, const fg_ddp_opts *ddp,
+                                const fg_sharded_opts *sharded, fg_dtype param_dtype,
+                                fg_dtype grad_dtype, int world, int nodes, int local_world) {
+    const fg_strategy_info *row = fg_strategy_info_of(kind);
+    if (!row)
+        return fg_error(FG_EINVAL, "strategy: kind %d: expected one of fg_strategy_kind",
+                        (int)kind);
+    if (world < 2) return FG_OK; /* one rank runs as single, whatever the kind */
+    fg_ddp_opts d = ddp ? *ddp : (fg_ddp_opts){0};
+    fg_sharded_opts sh = sharded ? *sharded : (fg_sharded_opts){0};
+    const char *name = row->name;
+    bool hooked =
+        d.comm_hook != FG_DDP_HOOK_NONE || d.comm_wrapper != FG_DDP_WRAPPER_NONE || d.user_hook;
+    if (hooked && !(fg_strategy_takes(kind, sh.sharding_strategy) & FG_TAKES_COMM_HOOK))
+        return fg_error(FG_EINVAL,
+                        "strategy \"%s\": ddp's communication hooks do not apply (they hook ddp's "
+                        "gradient buckets: %s, fsdp with NO_SHARD)%s",
+                        name, fg_strategy_kinds_taking(FG_TAKES_COMM_HOOK),
+                        row->takes & FG_TAKES_HOROVOD ? "; use fg_horovod_opts.compression "
+                                                        "(none or fp16)"
+                        : row->takes & FG_TAKES_BAGUA ? "; under bagua the algorithm is the "
+                                                        "communication"
+                                                      : "");
+    if (hooked && grad_dtype != FG_F32)
+        return fg_error(FG_EUNSUPPORTED,
+                        "ddp: communication hooks work on f32 gradients; this precision's are %s: "
+                        "use 32-true or a mixed precision, or no hook",
+                        fg_dtype_name(grad_dtype));
+    if (row->takes & FG_TAKES_HOROVOD && grad_dtype != FG_F32)
+        return fg_error(FG_EUNSUPPORTED,
+                        "horovod: needs f32 gradients in one flat buffer; this precision's are "
+                        "%s: use 32-true or a mixed precision",
+                        fg_dtype_name(grad_dtype));
+    if (row->takes & FG_TAKES_BAGUA)
+        FG_TRY(fg__bagua_check_job(&d.bagua, param_dtype, world, nodes > 0 ? nodes : 1));
+    if (row->takes & FG_TAKES_SHARDING_STRATEGY &&
+        sh.sharding_strategy == FG_SHARDING_HYBRID_SHARD) {
+        int size = sh.hybrid_shard_size > 0 ? sh.hybrid_shard_size : local_world;
+        if (size < 1 || world % size)
+            return fg_error(FG_EINVAL,
+                            "fsdp HYBRID_SHARD: a shard group of %d ranks does not divide the %d "
+                            "ranks: set hybrid_shard_size (--hybrid-shard-size) to a divisor of "
+                            "the world size",
+                            size, world);
+    }
+    return FG_OK;
 }
 
 void fg_strategy_set_sync(fg_strategy *s, bool sync) { s->sync = sync; }
@@ -219,25 +217,21 @@ fg_status fg_strategy_comm_bytes(const fg_strategy *s, fg_comm_bytes *out) {
     return FG_OK;
 }
 
-/* The mode of a kind with its options (checked already). */
+/* The mode of a kind with its options (checked already), from the row of
+ * the algorithm it runs (fsdp by its sharding strategy): replicas on
+ * threads are dp (ddp2 adds the cross-node average, ddp2.c), what it shards
+ * its ZeRO stage, Bagua's and Horovod's options their own. */
 static fg_strategy_mode mode_of(fg_strategy_kind kind, const fg_sharded_opts *o) {
-    switch (kind) {
-    case FG_STRATEGY_SINGLE: return FG_MODE_SINGLE;
-    case FG_STRATEGY_DP:
-    case FG_STRATEGY_DDP2: return FG_MODE_DP; /* ddp2 adds the cross-node average (ddp2.c) */
-    case FG_STRATEGY_DEEPSPEED_STAGE_1: return FG_MODE_ZERO1;
-    case FG_STRATEGY_HOROVOD: return FG_MODE_HOROVOD;
-    case FG_STRATEGY_DEEPSPEED_STAGE_2: return FG_MODE_ZERO2;
-    case FG_STRATEGY_DEEPSPEED_STAGE_3: return FG_MODE_ZERO3;
-    case FG_STRATEGY_FSDP: {
-        fg_sharding_strategy ss = o ? o->sharding_strategy : FG_SHARDING_FULL_SHARD;
-        return ss == FG_SHARDING_NO_SHARD        ? FG_MODE_DDP
-               : ss == FG_SHARDING_SHARD_GRAD_OP ? FG_MODE_ZERO2
-                                                 : FG_MODE_ZERO3;
-    }
-    case FG_STRATEGY_BAGUA: return FG_MODE_BAGUA;
-    default: return FG_MODE_DDP;
-    }
+    fg_sharding_strategy ss = o ? o->sharding_strategy : FG_SHARDING_FULL_SHARD;
+    const fg_strategy_info *r = fg_strategy_info_of(fg_strategy_algorithm(kind, ss));
+    if (r->ranks == FG_RANKS_ONE_PROCESS && !r->replica_threads) return FG_MODE_SINGLE;
+    if (r->replica_threads) return FG_MODE_DP;
+    if (r->shards & FG_SHARDS_PARAMS) return FG_MODE_ZERO3;
+    if (r->shards & FG_SHARDS_GRADS) return FG_MODE_ZERO2;
+    if (r->shards & FG_SHARDS_OPTIM_STATE) return FG_MODE_ZERO1;
+    if (r->takes & FG_TAKES_BAGUA) return FG_MODE_BAGUA;
+    if (r->takes & FG_TAKES_HOROVOD) return FG_MODE_HOROVOD;
+    return FG_MODE_DDP;
 }
 
 fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *model,
@@ -269,8 +263,10 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
     s->opt = opt;
     s->sync = true;
     fg_status st = FG_OK;
+    fg_strategy_kind algo =
+        fg_strategy_algorithm(kind, sharded ? sharded->sharding_strategy : FG_SHARDING_FULL_SHARD);
     if (ddp && ddp->deterministic) {
-        if ((s->mode != FG_MODE_SINGLE && s->mode != FG_MODE_DDP) || ddp->user_hook ||
+        if (!(fg_strategy_info_of(algo)->takes & FG_TAKES_DETERMINISTIC) || ddp->user_hook ||
             ddp->comm_hook != FG_DDP_HOOK_NONE || ddp->comm_wrapper != FG_DDP_WRAPPER_NONE) {
             fg_error(FG_EUNSUPPORTED,
                      "deterministic: built for the single and ddp strategies without a "

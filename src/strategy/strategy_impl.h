@@ -137,6 +137,9 @@ void fg__zero3_params_home(fg_strategy *s);
 /* bagua.c: Bagua's options (fg_strategy_check_ddp); setup, backward,
  * bytes and free of strategy bagua */
 fg_status fg__bagua_check(const fg_bagua_opts *o);
+/* What setup would find on a job of `world` ranks on `nodes` nodes with
+ * parameters of dt (fg_strategy_check_job). */
+fg_status fg__bagua_check_job(const fg_bagua_opts *o, fg_dtype dt, int world, int nodes);
 fg_status fg__bagua_setup(fg_strategy *s, const fg_ddp_opts *o);
 void fg__bagua_free(fg_strategy *s);
 fg_status fg__bagua_backward(fg_strategy *s, fg_tensor *loss);

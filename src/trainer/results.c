@@ -162,7 +162,9 @@ fg_status fg_trainer_log(fg_trainer *t, const char *name, double value, const fg
                         name);
     bool sync = o.sync_dist && !o.rank_zero_only && fg_fabric_world_size(t->f) > 1;
     double step_v = value;
-    if (sync && on_step) {
+    /* replicas on threads share one communicator: their step values are
+     * synced once, combined, at the batch end (fg__results_batch_end) */
+    if (sync && on_step && !t->dp) {
         static const fg_reduce_op ops[] = {FG_AVG, FG_SUM, FG_MAX, FG_MIN};
         step_v = fg_fabric_reduce_scalar(t->f, value, ops[o.reduce_fx]);
     }
@@ -262,6 +264,10 @@ fg_status fg__results_batch_end(fg_trainer *t, fg__results *r, fg__metric_map *r
         double v = e->step_last;
         if (t->dp && e->step_n > 1)
             v = e->reduce == FG_REDUCE_MEAN ? e->step_acc / e->step_w : e->step_acc;
+        if (t->dp && e->sync && !e->rank_zero_only && fg_fabric_world_size(t->f) > 1) {
+            static const fg_reduce_op ops[] = {FG_AVG, FG_SUM, FG_MAX, FG_MIN};
+            v = fg_fabric_reduce_scalar(t->f, v, ops[e->reduce]);
+        }
         e->step_value = v;
         FG_TRY(publish(t, e, v, true, row));
     }

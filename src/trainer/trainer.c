@@ -533,8 +533,9 @@ static fg_status prepare(entry *e) {
         fg_optimizer_free(t->eval_opt);
         t->eval_opt = eo;
     }
-    const char *sname = fg_fabric_strategy_name(t->f);
-    t->dp = !strcmp(sname, "dp");
+    /* the strategy's row: replicas on threads (dp, ddp2) run the training
+     * step once per part of the batch, concurrently */
+    t->dp = fg_strategy_info_of(fg_fabric_plan(t->f)->strategy)->replica_threads;
     /* predict logs nothing: it makes no run folder */
     return e->fn == FG_PREDICT ? FG_OK : resolve_log_dir(t);
 }

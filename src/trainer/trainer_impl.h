@@ -135,7 +135,8 @@ struct fg_trainer {
     fg_trainer_fn fn;
     fg_stage stage;
     bool in_run; /* inside the per-rank body of an entry point */
-    bool dp;     /* the strategy splits batches over threads */
+    bool dp;     /* the strategy splits batches over replicas on threads (dp, ddp2): their step
+                    values are combined, and synced over ranks, at the batch end */
     fg_dataloader *train, *val;
     int64_t global_step, current_epoch, batch_idx, total_batch_idx, batches_that_stepped;
     int64_t epochs_processed;

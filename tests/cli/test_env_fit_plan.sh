@@ -115,7 +115,7 @@ refused 'accelerator ipu' 'accelerator="ipu": fulgur does not support it' "" --a
 refused 'accelerator hpu' 'accelerator="hpu": fulgur does not support it' "" --accelerator hpu
 refused 'accelerator gpu' 'accelerator="gpu": .*use "cpu" or "auto"' "" --accelerator gpu
 refused 'unknown strategy' 'strategy="ddp3": unknown; expected one of auto, single, dp, ddp' "" --strategy ddp3
-refused 'strategy not built yet' 'strategy="DDP_Sharded": not built yet' "" --devices 2 --strategy DDP_Sharded
+refused 'hybrid is spelled fsdp HYBRID_SHARD' 'strategy="Hybrid": fulgur spells it strategy "fsdp" with sharding_strategy HYBRID_SHARD' "" --devices 2 --strategy Hybrid
 refused 'single on 2 devices' 'runs on one device, but devices gives 2' "" --devices 2 --strategy single
 refused 'unknown precision names the six' 'precision="bf16-mixd": unknown; expected one of 32-true.*16-true, bf16-true' "" --precision bf16-mixd
 refused 'unknown precision' 'precision="12": unknown' "" --precision 12

@@ -96,6 +96,6 @@ expect_rc "qadam with sgd" 2 sgd
 expect_grep "says qadam needs adamw" sgd 'needs --optimizer adamw'
 run odd env FULGUR_CPU_DEVICES=3 "$FULGUR" fit "${COMMON[@]}" --default-root-dir "$T_TMP/run-odd" --devices 3 --strategy bagua --bagua-algorithm decentralized \
     --peer-selection-mode shift_one
-expect_rc "shift_one on 3 ranks" 1 odd
+expect_rc "shift_one on 3 ranks: refused before launch" 2 odd
 expect_grep "says it needs an even number" odd 'shift_one pairs the ranks, and there are 3'
 finish

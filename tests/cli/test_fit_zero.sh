@@ -159,6 +159,6 @@ expect_rc "--auto-wrap-min-params with stage 2" 2 wrap2
 expect_grep "says it is stage 3's" wrap2 'auto-wrap-min-params picks the units of stage 3'
 run hyb3 "$FULGUR" fit "${TINY[@]}" --devices 3 --strategy fsdp --sharding-strategy HYBRID_SHARD \
     --hybrid-shard-size 2 --max-steps 1 --default-root-dir "$T_TMP/run-hyb3"
-expect_rc "a shard group that does not divide the ranks" 1 hyb3
+expect_rc "a shard group that does not divide the ranks: refused before launch" 2 hyb3
 expect_grep "names the sizes" hyb3 'a shard group of 2 ranks does not divide the 3 ranks'
 finish

@@ -214,9 +214,9 @@ TEST(config_errors) {
          "accelerator=\"quantum\": expected one of auto, cpu"},
         {NULL, "2", "single", NULL, 0, FG_EINVAL,
          "strategy=\"single\" runs on one device, but devices gives 2"},
-        {NULL, "2", "ddp_sharded", NULL, 0, FG_EUNSUPPORTED,
-         "strategy=\"ddp_sharded\": not built yet in this fulgur"},
-        {NULL, "2", "Hybrid", NULL, 0, FG_EUNSUPPORTED, "not built yet"},
+        {NULL, "2", "Hybrid", NULL, 0, FG_EINVAL,
+         "strategy=\"Hybrid\": fulgur spells it strategy \"fsdp\" with sharding_strategy "
+         "HYBRID_SHARD"},
         {NULL, "2", "ddp3", NULL, 0, FG_EINVAL,
          "strategy=\"ddp3\": unknown; expected one of auto, single, dp, ddp, ddp_spawn, ddp_fork"},
         {NULL, NULL, NULL, "16-bits", 0, FG_EINVAL,
@@ -238,6 +238,94 @@ TEST(config_errors) {
     setenv("FULGUR_CPU_DEVICES", "x", 1);
     CHECK(!fg_fabric_new(NULL));
     CHECK_CONTAINS(fg_last_error(), "FULGUR_CPU_DEVICES");
+    clean_env();
+}
+
+/* What the strategy's row does not take, and what the ranks' setup would
+ * refuse on the plan's world, fg_fabric_new refuses before any rank starts
+ * (these once failed on every rank, after the launch). What the row takes
+ * on this world is accepted. */
+TEST(config_refuses_what_the_strategy_does_not_take) {
+    clean_env();
+    static const struct {
+        fg_fabric_config c;
+        fg_status want;
+        const char *msg;
+    } bad[] = {
+        {{.devices = "2", .strategy = "horovod", .deterministic = true},
+         FG_EUNSUPPORTED,
+         "deterministic: built for the single and ddp strategies (ddp_spawn, ddp_fork) without a "
+         "communication hook; strategy=\"horovod\""},
+        {{.devices = "2", .strategy = "ddp2", .deterministic = true},
+         FG_EUNSUPPORTED,
+         "strategy=\"ddp2\""},
+        {{.devices = "2", .strategy = "horovod", .ddp.comm_hook = FG_DDP_HOOK_FP16_COMPRESS},
+         FG_EINVAL,
+         "strategy \"horovod\": ddp's communication hooks do not apply (they hook ddp's "
+         "gradient buckets: ddp, ddp_spawn, ddp_fork, fsdp with NO_SHARD); use "
+         "fg_horovod_opts.compression"},
+        {{.devices = "2", .strategy = "bagua", .ddp.comm_wrapper = FG_DDP_WRAPPER_BF16},
+         FG_EINVAL,
+         "under bagua the algorithm is the communication"},
+        {{.devices = "2", .strategy = "deepspeed_stage_2", .ddp.comm_hook = FG_DDP_HOOK_POWERSGD},
+         FG_EINVAL,
+         "strategy \"deepspeed_stage_2\": ddp's communication hooks do not apply"},
+        {{.devices = "2", .strategy = "horovod", .precision = "bf16-true"},
+         FG_EUNSUPPORTED,
+         "horovod: needs f32 gradients in one flat buffer; this precision's are bf16"},
+        {{.devices = "2",
+          .strategy = "ddp",
+          .precision = "64-true",
+          .ddp.comm_hook = FG_DDP_HOOK_POWERSGD},
+         FG_EUNSUPPORTED,
+         "communication hooks work on f32 gradients; this precision's are f64"},
+        {{.devices = "3",
+          .strategy = "bagua",
+          .ddp.bagua = {.algorithm = FG_BAGUA_DECENTRALIZED,
+                        .peer_selection_mode = FG_BAGUA_PEERS_SHIFT_ONE}},
+         FG_EINVAL,
+         "shift_one pairs the ranks, and there are 3 of them"},
+        {{.devices = "2",
+          .strategy = "bagua",
+          .precision = "64-true",
+          .ddp.bagua = {.algorithm = FG_BAGUA_BYTEGRAD}},
+         FG_EUNSUPPORTED,
+         "bagua bytegrad: works on f32 weights and gradients; this model's are f64"},
+        {{.devices = "4",
+          .strategy = "fsdp",
+          .sharded = {.sharding_strategy = FG_SHARDING_HYBRID_SHARD, .hybrid_shard_size = 3}},
+         FG_EINVAL,
+         "fsdp HYBRID_SHARD: a shard group of 3 ranks does not divide the 4 ranks"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        fg_fabric *f = fg_fabric_new(&bad[i].c);
+        CHECK_MSG(!f, "case %zu: accepted", i);
+        fg_fabric_free(f);
+        CHECK_MSG(fg_last_status() == bad[i].want, "case %zu: %s", i,
+                  fg_status_str(fg_last_status()));
+        CHECK_CONTAINS(fg_last_error(), bad[i].msg);
+    }
+    static const fg_fabric_config good[] = {
+        {.devices = "2", .ddp.comm_hook = FG_DDP_HOOK_POWERSGD}, /* auto: ddp on 2 devices */
+        {.devices = "2",
+         .strategy = "fsdp",
+         .sharded.sharding_strategy = FG_SHARDING_NO_SHARD,
+         .ddp.comm_hook = FG_DDP_HOOK_FP16_COMPRESS},
+        {.devices = "1", .strategy = "horovod", .deterministic = false, .precision = "bf16-true"},
+        {.devices = "2", .strategy = "ddp", .deterministic = true},
+        {.devices = "4",
+         .strategy = "bagua",
+         .ddp.bagua = {.algorithm = FG_BAGUA_DECENTRALIZED,
+                       .peer_selection_mode = FG_BAGUA_PEERS_SHIFT_ONE}},
+        {.devices = "4",
+         .strategy = "fsdp",
+         .sharded = {.sharding_strategy = FG_SHARDING_HYBRID_SHARD, .hybrid_shard_size = 2}},
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        fg_fabric *f = fg_fabric_new(&good[i]);
+        CHECK_MSG(f != NULL, "good case %zu: %s", i, fg_last_error());
+        fg_fabric_free(f);
+    }
     clean_env();
 }
 

@@ -237,6 +237,6 @@ expect_grep "plans a fork launch" envplan 'launch plan: +ddp_spawn on cpu, 2 ran
 run envbad "$FULGUR" env --devices '[1, 1]'
 expect_rc "env with bad devices" 2 envbad
 expect_grep "names the devices" envbad 'devices="\[1, 1\]": device 1 is listed twice'
-run envstrat "$FULGUR" env --strategy ddp_sharded --devices 1
-expect_grep "a future strategy" envstrat 'strategy="ddp_sharded": not built yet'
+run envstrat "$FULGUR" env --strategy ddp_sharded --devices 2
+expect_grep "ddp_sharded is ZeRO stage 2" envstrat 'launch plan: +deepspeed_stage_2 on cpu, 2 ranks'
 finish

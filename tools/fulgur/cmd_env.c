@@ -16,6 +16,55 @@ static const char *const k_usage =
     "fulgur env [--accelerator A] [--devices D] [--strategy S] [--precision P] [--num-nodes N]\n"
     "           [--params N | --layers L --embd C --vocab V --ctx T] [--sharding-strategy S]";
 
+/* The strategy table (kinds.h), row by row: what each kind launches, what
+ * one of its processes is, what it shards and what it takes. */
+static void env_strategies_print(void) {
+    static const char *const k_ranks[] = {[FG_RANKS_ONE_PROCESS] = "one process",
+                                          [FG_RANKS_PER_DEVICE] = "a process per device",
+                                          [FG_RANKS_PER_NODE] = "a process per node"};
+    static const struct {
+        unsigned bit;
+        const char *what;
+    } k_shards[] = {{FG_SHARDS_OPTIM_STATE, "optimizer state"},
+                    {FG_SHARDS_GRADS, "gradients"},
+                    {FG_SHARDS_PARAMS, "parameters"}},
+      k_takes[] = {{FG_TAKES_COMM_HOOK, "comm hooks"},
+                   {FG_TAKES_DETERMINISTIC, "deterministic"},
+                   {FG_TAKES_DDP_BUCKETS, "bucket_cap_mb"},
+                   {FG_TAKES_BUCKET_SIZES, "bucket sizes"},
+                   {FG_TAKES_OFFLOAD, "offload"},
+                   {FG_TAKES_OFFLOAD_NVME, "nvme offload"},
+                   {FG_TAKES_OFFLOAD_PARAMS, "parameter offload"},
+                   {FG_TAKES_WRAP_POLICY, "wrap policy"},
+                   {FG_TAKES_SHARDING_STRATEGY, "sharding strategy"},
+                   {FG_TAKES_DEEPSPEED, "deepspeed config"},
+                   {FG_TAKES_BAGUA, "bagua algorithms"},
+                   {FG_TAKES_HOROVOD, "horovod options"}};
+    printf("strategies:\n");
+    for (int k = 0; k < FG_STRATEGY_COUNT; k++) {
+        const fg_strategy_info *r = fg_strategy_info_of((fg_strategy_kind)k);
+        char shards[128] = "", takes[256] = "", names[256] = "";
+        size_t n = 0;
+        for (size_t i = 0; i < sizeof k_shards / sizeof k_shards[0]; i++)
+            if (r->shards & k_shards[i].bit)
+                n += (size_t)snprintf(shards + n, sizeof shards - n, "%s%s", n ? ", " : "; shards ",
+                                      k_shards[i].what);
+        n = 0;
+        for (size_t i = 0; i < sizeof k_takes / sizeof k_takes[0]; i++)
+            if (r->takes & k_takes[i].bit)
+                n += (size_t)snprintf(takes + n, sizeof takes - n, "%s%s", n ? ", " : "; takes ",
+                                      k_takes[i].what);
+        n = 0;
+        for (int a = 0; a < r->naliases; a++)
+            n += (size_t)snprintf(names + n, sizeof names - n, "%s%s", a ? ", " : " (also ",
+                                  r->aliases[a].name);
+        if (n) snprintf(names + n, sizeof names - n, ")");
+        printf("    %-18s %s, launcher %s%s%s%s%s\n", r->name, k_ranks[r->ranks],
+               fg_launcher_name(r->launcher), r->replica_threads ? ", replicas on threads" : "",
+               shards, takes, names);
+    }
+}
+
 int cmd_env(int argc, char **argv) {
     const char *accel, *devices, *strategy, *precision, *sharding;
     int64_t num_nodes, params, layers, embd, vocab, ctx;
@@ -35,12 +84,12 @@ int cmd_env(int argc, char **argv) {
          .type = CLI_STR,
          .dst = &strategy,
          .def = "auto",
-         .help = "auto, single, dp, ddp, ddp_spawn, ddp_fork"},
+         .help = "auto or a name of the strategy table (below: strategies)"},
         {.name = "precision",
          .type = CLI_STR,
          .dst = &precision,
          .def = "32-true",
-         .help = "32-true (32), 64-true (64)"},
+         .help = "a setting of the precision table (below: precisions)"},
         {.name = "num-nodes",
          .type = CLI_INT,
          .dst = &num_nodes,
@@ -226,6 +275,7 @@ int cmd_env(int argc, char **argv) {
     printf("accelerators:          cpu%s\n", gpu ? ", gpu" : " (no GPU support built in)");
     printf("kernels:               %s\n", fg_ops_blas_info());
     printf("vector kernels:        %s\n", fg_isa_name(fg_cpu_isa()));
+    env_strategies_print();
     /* what each precision's matrix products run on, on this CPU */
     printf("precisions:\n");
     for (int p = 0; p < FG_PRECISION_COUNT; p++)

@@ -121,6 +121,9 @@ int fit_args_parse(fit_opts *o, fg_trainer_fn fn, int argc, char **argv);
  * Returns 0 or FG_EXIT_USAGE after printing why. */
 struct cli_flag;
 int fit_bagua_args(fit_opts *o, struct cli_flag *flags, int n);
+/* The strategy kind the run will have ("auto" resolved by the launch plan,
+ * as fg_fabric_new resolves it); false when the plan fails. */
+bool plan_kind(const fit_opts *o, fg_strategy_kind *kind);
 
 /* The checkpoint folder exists (made if need be) and takes a file: found
  * before training, not at the first save after the steps are spent. Called

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -48,9 +49,17 @@ static const char *usage_of(fg_trainer_fn fn) {
     }
 }
 
-/* The flag table over o. Kept in one place so that --help shows every flag. */
+/* The flag table over o. Kept in one place so that --help shows every flag.
+ * The lists of strategies and precisions are printed from their tables
+ * (kinds.h), so that help says what this fulgur runs. */
 static int build_flags(fit_opts *o, cli_flag *t) {
     int n = 0;
+    static char strategy_help[1280], precision_help[256];
+    snprintf(strategy_help, sizeof strategy_help,
+             "auto (ddp on several devices, else single), %s (fulgur env: what each launches, "
+             "shards and takes)",
+             fg_strategy_names());
+    snprintf(precision_help, sizeof precision_help, "%s", fg_precision_available());
 #define SEC(title) t[n++] = (cli_flag){.name = title, .type = CLI_SECTION}
 #define F(...)                                                                                     \
     t[n++] = (cli_flag) { __VA_ARGS__ }
@@ -89,9 +98,7 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .help = "ranks on this node: auto (1, or the launcher's), N, -1 (one per CPU device), or "
               "ids \"0,2\" / \"[0, 2]\"");
     F(.name = "strategy", .type = CLI_STR, .dst = &o->strategy, .def = "auto",
-      .help = "auto, single, dp, ddp, ddp_spawn, ddp_fork, deepspeed_stage_1, deepspeed_stage_2, "
-              "deepspeed_stage_2_offload, deepspeed_stage_3, fsdp (with --sharding-strategy), "
-              "fsdp_cpu_offload, bagua (with --bagua-algorithm)");
+      .help = strategy_help);
     F(.name = "sharding-strategy", .type = CLI_STR, .dst = &o->sharding_strategy,
       .help = "fsdp: FULL_SHARD (the default, = deepspeed_stage_3), SHARD_GRAD_OP (= "
               "deepspeed_stage_2), NO_SHARD (= ddp), HYBRID_SHARD (full shard in a node)");
@@ -120,7 +127,8 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .help = "deepspeed: cpu (nothing to move on a CPU) or nvme (optimizer state in files under "
               "--nvme-path)");
     F(.name = "offload-params-device", .type = CLI_STR, .dst = &o->offload_params,
-      .help = "cpu (fsdp: nothing to move on a CPU); nvme needs ZeRO stage 3 (not built yet)");
+      .help = "fsdp, deepspeed_stage_3: cpu (nothing to move on a CPU); deepspeed_stage_3: nvme "
+              "(the parameter shards in files under --nvme-path)");
     F(.name = "nvme-path", .type = CLI_STR, .dst = &o->nvme_path,
       .help = "directory on a local disk for nvme offload");
     F(.name = "activation-checkpointing", .type = CLI_BOOL, .dst = &o->activation_checkpointing,
@@ -161,7 +169,7 @@ static int build_flags(fit_opts *o, cli_flag *t) {
     F(.name = "sync-interval-ms", .type = CLI_INT, .dst = &o->sync_interval_ms, .def = "500",
       .min = 1, .max = INT64_MAX / 2, .help = "bagua async: milliseconds between averagings");
     F(.name = "precision", .type = CLI_STR, .dst = &o->precision, .def = "32-true",
-      .help = "32-true (32), 64-true (64); 16-mixed, bf16-mixed, 16-true, bf16-true not built yet");
+      .help = precision_help);
     F(.name = "num-nodes", .type = CLI_INT, .dst = &o->num_nodes, .def = "0", .min = 0,
       .max = 65536,
       .help = "machines (launch each with mpirun, srun or fulgur run); 0: 1, or "
@@ -361,6 +369,25 @@ static bool ends_with(const char *s, const char *suffix) {
     return a >= b && !strcmp(s + a - b, suffix);
 }
 
+/* The kind the run will have: --strategy as the launch plan resolves it,
+ * "auto" by the devices and nodes (and the launcher's ranks) as the run
+ * resolves it. When the plan fails (fg_fabric_new reports why), a name
+ * still means its kind; "auto" then is unknown (false). */
+bool plan_kind(const fit_opts *o, fg_strategy_kind *kind) {
+    fg_launch_plan p;
+    fg_launch_opts lo = {.accelerator = o->accelerator,
+                         .devices = o->devices,
+                         .strategy = o->strategy,
+                         .precision = o->precision,
+                         .num_nodes = (int)o->num_nodes};
+    bool ok = fg_launch_plan_make(&lo, NULL, &p) == FG_OK;
+    if (ok) *kind = p.strategy;
+    else if (o->strategy && strcasecmp(o->strategy, "auto")) /* a name means its kind */
+        ok = fg_launch_parse_strategy(o->strategy, 1, 1, kind) == FG_OK;
+    fg_clear_error();
+    return ok;
+}
+
 /* The offload flags into o->sharded (the strategy checks the rest at
  * fg_fabric_new) */
 static int offload_args(fit_opts *o) {
@@ -390,8 +417,7 @@ static int offload_args(fit_opts *o) {
  * do not belong to (one that does not parse is fg_fabric_new's to report). */
 static int sharded_args(fit_opts *o, cli_flag *flags, int n) {
     fg_strategy_kind kind;
-    bool known = fg_launch_parse_strategy(o->strategy, 1, 1, &kind) == FG_OK;
-    fg_clear_error();
+    bool known = plan_kind(o, &kind);
     if (o->sharding_strategy) {
         if (fg_sharding_strategy_parse(o->sharding_strategy, &o->sharded.sharding_strategy) !=
             FG_OK) {
@@ -400,7 +426,7 @@ static int sharded_args(fit_opts *o, cli_flag *flags, int n) {
                       o->sharding_strategy);
             return FG_EXIT_USAGE;
         }
-        if (known && kind != FG_STRATEGY_FSDP) {
+        if (known && !(fg_strategy_takes(kind, 0) & FG_TAKES_SHARDING_STRATEGY)) {
             cli_error("--sharding-strategy is fsdp's (Lightning's FSDPStrategy); --strategy=%s "
                       "takes none",
                       o->strategy);
@@ -409,18 +435,13 @@ static int sharded_args(fit_opts *o, cli_flag *flags, int n) {
     }
     static const char *const k_buckets[] = {"reduce-bucket-size", "allgather-bucket-size", NULL};
     for (int i = 0; k_buckets[i]; i++)
-        if (known && !fg_strategy_kind_is_sharded(kind) &&
+        if (known && !(fg_strategy_takes(kind, 0) & FG_TAKES_BUCKET_SIZES) &&
             cli_flag_given(cli_flags_find(flags, n, k_buckets[i]))) {
-            cli_error("--%s is for the sharded strategies (deepspeed_stage_1, deepspeed_stage_2, "
-                      "deepspeed_stage_3, fsdp); --strategy=%s has no such buckets",
-                      k_buckets[i], o->strategy);
+            cli_error("--%s is for the sharded strategies (%s); --strategy=%s has no such buckets",
+                      k_buckets[i], fg_strategy_kinds_taking(FG_TAKES_BUCKET_SIZES), o->strategy);
             return FG_EXIT_USAGE;
         }
-    bool s3 =
-        known &&
-        (kind == FG_STRATEGY_DEEPSPEED_STAGE_3 ||
-         (kind == FG_STRATEGY_FSDP && (o->sharded.sharding_strategy == FG_SHARDING_FULL_SHARD ||
-                                       o->sharded.sharding_strategy == FG_SHARDING_HYBRID_SHARD)));
+    bool s3 = known && fg_strategy_takes(kind, o->sharded.sharding_strategy) & FG_TAKES_WRAP_POLICY;
     if (known && !s3 && cli_flag_given(cli_flags_find(flags, n, "auto-wrap-min-params"))) {
         cli_error("--auto-wrap-min-params picks the units of stage 3 (deepspeed_stage_3, fsdp "
                   "FULL_SHARD or HYBRID_SHARD); --strategy=%s%s%s gathers no units",
@@ -429,7 +450,7 @@ static int sharded_args(fit_opts *o, cli_flag *flags, int n) {
         return FG_EXIT_USAGE;
     }
     if (cli_flag_given(cli_flags_find(flags, n, "hybrid-shard-size")) &&
-        !(known && kind == FG_STRATEGY_FSDP &&
+        !(known && fg_strategy_takes(kind, 0) & FG_TAKES_SHARDING_STRATEGY &&
           o->sharded.sharding_strategy == FG_SHARDING_HYBRID_SHARD)) {
         cli_error("--hybrid-shard-size is for --strategy fsdp --sharding-strategy HYBRID_SHARD");
         return FG_EXIT_USAGE;
@@ -443,13 +464,12 @@ static int sharded_args(fit_opts *o, cli_flag *flags, int n) {
         return FG_EXIT_USAGE;
     }
     static const char *const k_act[] = {"partition-activations", "cpu-checkpointing", NULL};
-    bool ds = !strncmp(o->strategy, "deepspeed", 9) ||
+    bool ds = (known && fg_strategy_takes(kind, 0) & FG_TAKES_DEEPSPEED) ||
               (o->deepspeed_config && !strcmp(o->strategy, "auto"));
     for (int i = 0; k_act[i]; i++)
         if (!ds && cli_flag_given(cli_flags_find(flags, n, k_act[i]))) {
-            cli_error("--%s is an option of DeepSpeed's strategies (deepspeed_stage_1, "
-                      "deepspeed_stage_2, deepspeed_stage_3); --strategy=%s takes none",
-                      k_act[i], o->strategy);
+            cli_error("--%s is an option of DeepSpeed's strategies (%s); --strategy=%s takes none",
+                      k_act[i], fg_strategy_kinds_taking(FG_TAKES_DEEPSPEED), o->strategy);
             return FG_EXIT_USAGE;
         }
     o->sharded.partition_activations = o->partition_activations;
@@ -484,16 +504,14 @@ static int hook_args(fit_opts *o, cli_flag *flags, int n) {
             return FG_EXIT_USAGE;
         }
     fg_strategy_kind kind;
-    bool known = fg_launch_parse_strategy(o->strategy, 1, 1, &kind) == FG_OK;
-    fg_clear_error();
+    bool known = plan_kind(o, &kind);
     bool hooked = d->comm_hook != FG_DDP_HOOK_NONE || d->comm_wrapper != FG_DDP_WRAPPER_NONE;
     if (hooked && known &&
-        (!fg_strategy_kind_is_ddp(kind) ||
-         (fg_strategy_kind_is_sharded(kind) &&
-          !(kind == FG_STRATEGY_FSDP && o->sharded.sharding_strategy == FG_SHARDING_NO_SHARD)))) {
-        cli_error("--ddp-comm-hook and --ddp-comm-wrapper are ddp's (ddp, ddp_spawn, ddp_fork, "
-                  "fsdp with NO_SHARD); --strategy=%s has no gradient buckets to hook",
-                  o->strategy);
+        !(fg_strategy_takes(kind, o->sharded.sharding_strategy) & FG_TAKES_COMM_HOOK)) {
+        cli_error("--ddp-comm-hook and --ddp-comm-wrapper are ddp's (%s, fsdp with NO_SHARD); "
+                  "--strategy=%s%s has no gradient buckets to hook",
+                  fg_strategy_kinds_taking(FG_TAKES_COMM_HOOK), o->strategy,
+                  strcmp(o->strategy, "auto") ? "" : " (single on one device)");
         return FG_EXIT_USAGE;
     }
     d->powersgd.matrix_approximation_rank = (int)o->powersgd_rank;

@@ -17,9 +17,7 @@ int fit_bagua_args(fit_opts *o, cli_flag *flags, int n) {
         return FG_EXIT_USAGE;
     }
     fg_strategy_kind kind;
-    bool bagua =
-        fg_launch_parse_strategy(o->strategy, 1, 1, &kind) == FG_OK && kind == FG_STRATEGY_BAGUA;
-    fg_clear_error();
+    bool bagua = plan_kind(o, &kind) && fg_strategy_takes(kind, 0) & FG_TAKES_BAGUA;
     static const struct {
         const char *flag;
         unsigned algos; /* bit per fg_bagua_algorithm; 0: every one */
