@@ -242,6 +242,19 @@ static bool better(const ckpt_cb *c, double a, double b) {
     return c->mode == FG_MODE_MIN ? a < b : a > b;
 }
 
+static fg_status missing_monitor(const ckpt_cb *c, const fg_trainer *t) {
+    char names[1024] = "";
+    const fg_metric *m;
+    int64_t n = fg_trainer_metrics(t, FG_CALLBACK_METRICS, &m);
+    for (int64_t i = 0; i < n && strlen(names) < 900; i++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
+                 m[i].name);
+    return fg_error(FG_EINVAL,
+                    "ModelCheckpoint(monitor=\"%s\") could not find the monitored key among "
+                    "the callback metrics [%s]: log it with fg_trainer_log",
+                    c->monitor, names);
+}
+
 static fg_status save_topk(ckpt_cb *c, fg_trainer *t) {
     if (c->save_top_k == 0) return FG_OK;
     if (!c->monitor) {
@@ -261,17 +274,10 @@ static fg_status save_topk(ckpt_cb *c, fg_trainer *t) {
     double current;
     bool is_int;
     if (!candidate(t, c->monitor, &current, &is_int)) {
-        if (t->val_runs == 0) return FG_OK; /* Lightning only warns before validation ran */
-        char names[1024] = "";
-        const fg_metric *m;
-        int64_t n = fg_trainer_metrics(t, FG_CALLBACK_METRICS, &m);
-        for (int64_t i = 0; i < n && strlen(names) < 900; i++)
-            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
-                     m[i].name);
-        return fg_error(FG_EINVAL,
-                        "ModelCheckpoint(monitor=\"%s\") could not find the monitored key among "
-                        "the callback metrics [%s]: log it with fg_trainer_log",
-                        c->monitor, names);
+        /* Lightning only warns before validation ran; without validation
+         * the key can only come from training, which logged it by now */
+        if (t->val_runs == 0 && t->enable_validation) return FG_OK;
+        return missing_monitor(c, t);
     }
     bool take = c->save_top_k == -1 || c->nbest < c->save_top_k;
     if (!take) {
@@ -399,6 +405,13 @@ static fg_status on_train_epoch_end(void *ud, fg_trainer *t) {
 
 static fg_status on_validation_end(void *ud, fg_trainer *t) {
     ckpt_cb *c = ud;
+    /* a monitor the first validation of a fit did not log (a misspelt
+     * name) would rank nothing: an error now, not at the first save */
+    double v;
+    bool is_int;
+    if (c->monitor && t->val_runs == 1 && t->fn == FG_FIT && !t->fast_dev_run &&
+        t->stage != FG_STAGE_SANITY_CHECK && !candidate(t, c->monitor, &v, &is_int))
+        return missing_monitor(c, t);
     if (should_skip(c, t) || save_on_train_epoch_end(c, t)) return FG_OK;
     return on_epoch_point(c, t);
 }

@@ -3,7 +3,8 @@
 # write(2) (ranks sharing a stderr do not splice), a flag is reported as
 # typed, "--flag false" is a bool's value, a label names its value and row,
 # a class count far past the labels seen (or memory) is refused naming the
-# label, a model's failure is labelled model:, the done: line is not cut, and a
+# label, a misspelt --monitor stops at the first validation, a model's
+# failure is labelled model:, the done: line is not cut, and a
 # malformed FULGUR_* number is an error naming the variable. fulgur run does
 # not restart a rank that exits 2 (a usage error would fail again).
 source "$(dirname "$0")/lib.sh"
@@ -130,6 +131,15 @@ dn=$(sed -n 's/^done: .*; val loss \([^;]*\); checkpoint.*/\1/p' "$T_TMP/done")
 if [ -n "$step" ] && [ "${#step}" -gt 31 ] && [ "$dn" = "$step" ]; then
     pass "done: gives the val loss whole (${#dn} characters)"
 else fail "done: cut the val loss: '$dn' (the step line had '$step')"; fi
+
+# --- a misspelt --monitor stops the run at the first validation, naming the keys logged
+run monitor "$FULGUR" fit "${MLP[@]}" --max-steps 20 --val-check-interval 5 --every-n-train-steps 15 --monitor val_los \
+    --save-top-k 2 --default-root-dir "$T_TMP/r-mon"
+expect_rc "--monitor val_los fails" 1 monitor
+expect_grep "names the monitor and the logged keys" monitor \
+    'monitor="val_los"\) could not find the monitored key among the callback metrics \[.*val_loss.*\]'
+if grep -q '^step 10 ' "$T_TMP/monitor"; then fail "trained past the first validation"
+else pass "stopped at the first validation (step 5)"; fi
 
 # --- malformed FULGUR_* numbers are errors naming the variable
 run grace env FULGUR_KILL_GRACE_S=abc "$FULGUR" run --nproc-per-node 1 true

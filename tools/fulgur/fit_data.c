@@ -77,10 +77,11 @@ static int cmp_i32(const void *a, const void *b) {
  * makes it too many for the labels seen or for this machine's memory. */
 static fg_status class_count(const fit_opts *o, label_scan *ls, int64_t *classes) {
     if (ls->n == 0) return FG_OK;
-    qsort(ls->v, (size_t)ls->n, sizeof *ls->v, cmp_i32);
-    int64_t distinct = 0;
-    for (int64_t i = 0; i < ls->n; i++) distinct += i == 0 || ls->v[i] != ls->v[i - 1];
-    int64_t c = (int64_t)ls->max + 1;
+    int64_t c = (int64_t)ls->max + 1, distinct = 0;
+    if (c > CLASSES_FLOOR) { /* the sort only where the rule needs it */
+        qsort(ls->v, (size_t)ls->n, sizeof *ls->v, cmp_i32);
+        for (int64_t i = 0; i < ls->n; i++) distinct += i == 0 || ls->v[i] != ls->v[i - 1];
+    }
     if (c > CLASSES_FLOOR && c > 2 * distinct)
         return fg_error(FG_EINVAL,
                         "%s: label %d at row %lld makes %lld classes, but the labels hold only "
