@@ -294,7 +294,11 @@ FG_API void fg_fabric_step_end(fg_fabric *f);
 /* Asks for a stop at the next step boundary (a resumable stop: finish the
  * step, save, exit), and returns how many stops were asked so far on this
  * rank, 1 for the first. Async-signal-safe: a program's SIGTERM, SIGINT or
- * SIGUSR1 handler calls it (the library installs no handler of its own).
+ * SIGUSR1 handler may call it (the library installs no handler of its own),
+ * but better a thread that takes those signals with sigwait while every
+ * other thread blocks them, as fulgur fit does: a handler runs on the
+ * interrupted thread's stack, and oneDNN's jit gemm kernels before 3.11
+ * point rsp into the heap while they run (docs/fault-tolerance.md).
  * Only this rank knows until fg_fabric_should_stop. f must not be NULL. */
 FG_API int fg_fabric_request_stop(fg_fabric *f);
 

@@ -13,8 +13,11 @@
  * fg_fabric_new refuses as invalid, unsupported or mismatched); 75 stopped
  * by SIGTERM, SIGINT or SIGUSR1 after saving a checkpoint at a step
  * boundary (rank 0; other ranks exit 0). */
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fit.h"
 
@@ -22,29 +25,84 @@
  * SIGTERM, SIGINT and SIGUSR1 ask the fabric for a stop at the next step
  * boundary (all ranks agree there, save, and exit 75); a second one ends
  * the process at once, by that signal; once the stop's checkpoint is saved
- * further signals are ignored (the ranks are leaving). */
-static fg_fabric *g_fabric;
+ * further signals are ignored (the ranks are leaving). Before the run is
+ * set up one ends the process, as the default action did.
+ *
+ * The signals are taken by a thread of their own, with sigwait, and are
+ * blocked in every other thread (the mask is set before any thread exists,
+ * and threads inherit it): no signal handler ever runs on a thread that
+ * computes. A handler runs on the interrupted thread's stack, at its rsp,
+ * and oneDNN's jit gemm kernels before 3.11 (gemm:jit, jit_avx_gemm_f32 and
+ * jit_avx512_common_gemm_f32; Debian ships 2.6) point rsp into a heap
+ * workspace while they run: the kernel's signal frame (some KB with the
+ * AVX-512 state) was then written over the heap below it. glibc aborted
+ * later ("corrupted size vs. prev_size", "munmap_chunk(): invalid pointer"
+ * in oneDNN's exit handlers), about 1 stop in 13 on the oneDNN path. */
+static const int k_stop_sigs[] = {SIGTERM, SIGINT, SIGUSR1};
+static sigset_t g_stop_set;
+static _Atomic(fg_fabric *) g_fabric;
+static atomic_int g_phase; /* 0: not running yet, a signal ends the process; 1: running; 2: over */
 volatile int fit_stopped;
 
-static void on_stop_signal(int sig) {
-    if (fit_stopped || !g_fabric) return;
-    if (fg_fabric_request_stop(g_fabric) < 2) return;
+/* Ends the process by sig, as its default action does. */
+static void die_by(int sig) {
     struct sigaction dfl = {.sa_handler = SIG_DFL};
+    sigemptyset(&dfl.sa_mask);
     sigaction(sig, &dfl, NULL);
-    raise(sig);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    pthread_sigmask(SIG_UNBLOCK, &one, NULL);
+    raise(sig); /* to this thread, which no longer blocks it */
+    _exit(128 + sig);
 }
 
-static void install_stop_handlers(fg_fabric *f) {
-    g_fabric = f;
-    struct sigaction sa = {.sa_handler = on_stop_signal, .sa_flags = SA_RESTART};
-    sigemptyset(&sa.sa_mask);
-    static const int k_sigs[] = {SIGTERM, SIGINT, SIGUSR1};
-    for (size_t i = 0; i < sizeof k_sigs / sizeof k_sigs[0]; i++) sigaction(k_sigs[i], &sa, NULL);
+static void *stop_signals_main(void *arg) {
+    (void)arg;
+    for (;;) {
+        int sig;
+        if (sigwait(&g_stop_set, &sig) != 0) continue;
+        int phase = atomic_load(&g_phase);
+        fg_fabric *f = atomic_load(&g_fabric);
+        if (phase == 0) die_by(sig);
+        if (phase == 2 || fit_stopped || !f) continue;
+        if (fg_fabric_request_stop(f) >= 2) die_by(sig);
+    }
+    return NULL;
+}
+
+static int start_stop_thread(void) {
+    pthread_t th;
+    if (pthread_create(&th, NULL, stop_signals_main, NULL) != 0) {
+        cli_error("cannot start the thread that takes SIGTERM, SIGINT and SIGUSR1");
+        return FG_EXIT_FAIL;
+    }
+    pthread_detach(th);
+    return FG_EXIT_OK;
+}
+
+/* First thing, while this is the only thread. */
+static int take_stop_signals(void) {
+    sigemptyset(&g_stop_set);
+    for (size_t i = 0; i < sizeof k_stop_sigs / sizeof k_stop_sigs[0]; i++)
+        sigaddset(&g_stop_set, k_stop_sigs[i]);
+    pthread_sigmask(SIG_BLOCK, &g_stop_set, NULL);
+    return start_stop_thread();
+}
+
+/* fork copies only the thread that forks: a forked rank starts its own. */
+int fit_stop_signals_forked(void) { return start_stop_thread(); }
+
+static void arm_stop(fg_fabric *f) {
+    atomic_store(&g_fabric, f);
+    atomic_store(&g_phase, 1);
 }
 
 static int run_command(fg_trainer_fn fn, int argc, char **argv) {
     static fit_opts o; /* static: ranks launched by fork keep it */
-    int rc = fit_args_parse(&o, fn, argc, argv);
+    int rc = take_stop_signals();
+    if (rc) return rc;
+    rc = fit_args_parse(&o, fn, argc, argv);
     if (rc) return rc < 0 ? FG_EXIT_OK : rc;
     fg_fabric *f = fg_fabric_new(&(fg_fabric_config){
         .accelerator = o.accelerator,
@@ -81,13 +139,14 @@ static int run_command(fg_trainer_fn fn, int argc, char **argv) {
         printf("launch plan: %s\n", fg_launch_plan_format(plan, line, sizeof line));
         fflush(stdout);
     }
-    if (fn == FG_FIT) install_stop_handlers(f);
+    if (fn == FG_FIT) arm_stop(f);
     rc = fit_run_launch(r);
     /* a resumable stop: the process the user started (rank 0) says so with
      * its exit status; the other ranks exit 0, so that no launcher takes
      * them for failed ranks */
     if (rc == 0 && fit_stopped && plan->rank <= 0) rc = FG_EXIT_RESUMABLE;
-    g_fabric = NULL;
+    atomic_store(&g_phase, 2); /* signals from here on are ignored */
+    atomic_store(&g_fabric, NULL);
     fit_run_free(r);
     fg_fabric_free(f);
     return rc;

@@ -203,5 +203,9 @@ int fit_rank_error(fg_trainer *t, const char *what);
 
 /* Set once a stop's checkpoint is saved (signals are then ignored). */
 extern volatile int fit_stopped;
+/* In a rank forked by the fork launcher: starts the thread that takes
+ * SIGTERM, SIGINT and SIGUSR1 (blocked in every other thread; fork copies
+ * only the forking thread). 0, or FG_EXIT_FAIL after saying why. */
+int fit_stop_signals_forked(void);
 
 #endif

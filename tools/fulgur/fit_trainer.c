@@ -330,6 +330,7 @@ static int run_eval(fit_run *r, fg_trainer *t, const fg_lightning_module *lm) {
 
 static int run_rank(fg_trainer *t, void *arg) {
     fit_run *r = arg;
+    if (cli_in_forked_rank() && fit_stop_signals_forked() != FG_EXIT_OK) return FG_EXIT_FAIL;
     const char *what = "data";
     if (fit_module_open(r->m, t, &what) != FG_OK) return fit_rank_error(t, what);
     fg_lightning_module lm = fit_module_table(r->m);
