@@ -175,6 +175,17 @@ fg_status fg__strategy_broadcast_params(fg_strategy *s) {
     if (st != FG_OK)
         return fg_error_wrap(st, "%s setup: broadcasting the parameters from rank 0",
                              fg_strategy_kind_name(s->kind));
+    /* and its buffers (register_buffer's), as DDP's constructor broadcasts
+     * the module's buffers too; the built-in models have none */
+    for (int64_t i = 0; i < fg_module_num_buffers(s->model); i++) {
+        fg_tensor *b = fg_module_buffer(s->model, i);
+        st = fg_comm_broadcast(s->comm, fg_tensor_data(b), fg_tensor_data(b), fg_tensor_numel(b),
+                               fg_tensor_dtype(b), 0);
+        if (st != FG_OK)
+            return fg_error_wrap(st, "%s setup: broadcasting buffer \"%s\" from rank 0",
+                                 fg_strategy_kind_name(s->kind),
+                                 fg_module_buffer_name(s->model, i));
+    }
     return FG_OK;
 }
 
