@@ -378,6 +378,19 @@ typedef struct fg_sharded_opts {
      * their children has as many) are the units. What no unit holds is the
      * root's unit, gathered for the whole forward and backward. */
     int64_t min_num_params;
+    /* Stage 3: Lightning's auto_wrap_policy={MyBlock}: every module of this
+     * type (fg_module_type) is a unit (as the default, "Block", is); NULL:
+     * "Block". Used when min_num_params is 0 and wrap_policy NULL. Borrowed
+     * for fg_strategy_new (the fabric copies it). */
+    const char *wrap_module_type;
+    /* Stage 3: a callable auto-wrap policy (Lightning's auto_wrap_policy=fn):
+     * asked of the modules top down (the root excepted, and no module inside
+     * a unit), a module is a unit when it returns true (modules without
+     * parameters never are). It comes before min_num_params and
+     * wrap_module_type. Called at fg_strategy_new only, on the calling
+     * thread; borrowed with its ud. */
+    bool (*wrap_policy)(const fg_module *m, void *ud);
+    void *wrap_policy_ud;
     /* HYBRID_SHARD: ranks per shard group, consecutive ranks (Lightning's
      * device_mesh=(world / size, size)); 0 = the ranks of one node
      * (fg_comm_local_size). Must divide the world size. */

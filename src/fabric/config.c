@@ -37,6 +37,9 @@ fg_fabric *fg_fabric_new(const fg_fabric_config *cfg) {
     if (f->cfg.sharded.nvme_path &&
         !(f->cfg.sharded.nvme_path = f->nvme_path = fg_strdup(f->cfg.sharded.nvme_path)))
         goto fail;
+    if (f->cfg.sharded.wrap_module_type && !(f->cfg.sharded.wrap_module_type = f->wrap_type =
+                                                 fg_strdup(f->cfg.sharded.wrap_module_type)))
+        goto fail;
     if (f->cfg.deepspeed_config && fg__fabric_apply_deepspeed_config(f) != FG_OK) goto fail;
     f->cfg.deepspeed_config = NULL; /* read: the strategy and options hold it now */
     if (fg__fabric_plan(f, &f->plan) != FG_OK) goto fail;
@@ -81,6 +84,7 @@ fail:
     fg_scaler_free(f->scaler);
     for (int i = 0; i < 4; i++) fg_free(f->strings[i]);
     fg_free(f->nvme_path);
+    fg_free(f->wrap_type);
     fg_free(f);
     return NULL;
 }
@@ -93,6 +97,7 @@ void fg_fabric_free(fg_fabric *f) {
     pthread_mutex_destroy(&f->comm_mu);
     for (int i = 0; i < 4; i++) fg_free(f->strings[i]);
     fg_free(f->nvme_path);
+    fg_free(f->wrap_type);
     fg_free(f->spawn_blob);
     fg_free(f->loaded_meta);
     fg_scaler_free(f->scaler);

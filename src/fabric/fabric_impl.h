@@ -12,6 +12,7 @@ struct fg_fabric {
     fg_fabric_config cfg; /* the strings point into `strings` */
     char *strings[4];     /* copies of accelerator, devices, strategy, precision */
     char *nvme_path;      /* copy of cfg.sharded.nvme_path */
+    char *wrap_type;      /* copy of cfg.sharded.wrap_module_type */
     fg_launch_plan plan;  /* fg_fabric_new's, then the one fg_fabric_launch followed */
     fg_dtype dtype;
     uint64_t seed;

@@ -4,7 +4,8 @@
  * zero.c; the parameters too: zero3.c) and Bagua's algorithms (bagua*.c).
  * The model's parameters and gradients live in its flat
  * buffers, so every strategy works on plain slices of them. A kind resolves to a mode once at
- * fg_strategy_new (fsdp by its sharding strategy); everything after dispatches on the mode. */
+ * fg_strategy_new (fsdp by its sharding strategy, from the strategy table's rows), and the mode
+ * to its driver (drivers.c); everything after dispatches through the driver. */
 #include <math.h>
 #include <string.h>
 #include <strings.h>
@@ -122,12 +123,12 @@ fg_status fg_strategy_param_range(const fg_strategy *s, int rank, int64_t *begin
 
 fg_status fg_strategy_gather_params(fg_strategy *s) {
     if (!s) return fg_error(FG_EINVAL, "gather_params: NULL strategy");
-    return s->zero3 ? fg__zero3_gather_all(s) : FG_OK;
+    return s->drv->gather ? s->drv->gather(s) : FG_OK;
 }
 
 fg_status fg_strategy_release_params(fg_strategy *s) {
     if (!s) return fg_error(FG_EINVAL, "release_params: NULL strategy");
-    return s->zero3 ? fg__zero3_release_all(s) : FG_OK;
+    return s->drv->release ? s->drv->release(s) : FG_OK;
 }
 
 int64_t fg_strategy_peak_gathered(const fg_strategy *s) {
@@ -174,6 +175,17 @@ fg_status fg__strategy_broadcast_params(fg_strategy *s) {
     if (st != FG_OK)
         return fg_error_wrap(st, "%s setup: broadcasting the parameters from rank 0",
                              fg_strategy_kind_name(s->kind));
+    /* and its buffers (register_buffer's), as DDP's constructor broadcasts
+     * the module's buffers too; the built-in models have none */
+    for (int64_t i = 0; i < fg_module_num_buffers(s->model); i++) {
+        fg_tensor *b = fg_module_buffer(s->model, i);
+        st = fg_comm_broadcast(s->comm, fg_tensor_data(b), fg_tensor_data(b), fg_tensor_numel(b),
+                               fg_tensor_dtype(b), 0);
+        if (st != FG_OK)
+            return fg_error_wrap(st, "%s setup: broadcasting buffer \"%s\" from rank 0",
+                                 fg_strategy_kind_name(s->kind),
+                                 fg_module_buffer_name(s->model, i));
+    }
     return FG_OK;
 }
 
@@ -198,22 +210,10 @@ fg_status fg__strategy_reducer_new(fg_strategy *s, fg_comm *comm, const fg_ddp_r
     return st;
 }
 
-static fg_status setup_ddp(fg_strategy *s, const fg_ddp_opts *o) {
-    FG_TRY(fg__strategy_broadcast_params(s));
-    fg_ddp_reducer_opts ro = {.bucket_cap_mb = o ? o->bucket_cap_mb : 0,
-                              .find_unused_parameters = o && o->find_unused_parameters,
-                              .static_graph = o && o->static_graph,
-                              .name = fg_strategy_kind_name(s->kind)};
-    FG_TRY(fg__ddp_hooks_setup(s, o, &ro));
-    FG_TRY(fg__strategy_reducer_new(s, s->comm, &ro));
-    return fg__ddp_hooks_attach(s);
-}
-
 fg_status fg_strategy_comm_bytes(const fg_strategy *s, fg_comm_bytes *out) {
     if (!s || !out) return fg_error(FG_EINVAL, "strategy_comm_bytes: NULL argument");
     *out = (fg_comm_bytes){0};
-    if (s->bagua) fg__bagua_bytes(s, out);
-    else if (s->reducer) fg_ddp_reducer_bytes(s->reducer, out);
+    if (s->drv->bytes) s->drv->bytes(s, out);
     return FG_OK;
 }
 
@@ -258,6 +258,7 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
     if (!s) return NULL; /* fg_calloc left FG_ENOMEM */
     s->kind = kind;
     s->mode = mode;
+    s->drv = fg__strategy_driver_of(mode, ddp && ddp->deterministic);
     s->comm = comm;
     s->model = model;
     s->opt = opt;
@@ -276,26 +277,14 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
             fg_free(s);
             return NULL;
         }
-        st = fg__det_setup(s);
+        st = s->drv->setup(s, ddp, sharded, dp_threads);
         if (st != FG_OK) {
             fg_strategy_free(s);
             return NULL;
         }
         return s;
     }
-    switch (s->mode) {
-    case FG_MODE_DDP: st = setup_ddp(s, ddp); break;
-    case FG_MODE_BAGUA: st = fg__bagua_setup(s, ddp); break;
-    case FG_MODE_DP:
-        st = fg__dp_setup(s, dp_threads > 0 ? dp_threads : 2);
-        if (st == FG_OK && kind == FG_STRATEGY_DDP2) st = fg__ddp2_setup(s);
-        break;
-    case FG_MODE_ZERO1:
-    case FG_MODE_ZERO2:
-    case FG_MODE_ZERO3: st = fg__zero_setup(s, sharded); break;
-    case FG_MODE_HOROVOD: st = fg__horovod_setup(s, ddp); break;
-    case FG_MODE_SINGLE: break;
-    }
+    if (s->drv->setup) st = s->drv->setup(s, ddp, sharded, dp_threads);
     if (st == FG_OK && sharded &&
         (sharded->offload_optimizer_device == FG_OFFLOAD_NVME ||
          sharded->offload_params_device == FG_OFFLOAD_NVME))
@@ -308,22 +297,12 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
 }
 
 fg_status fg_strategy_backward(fg_strategy *s, fg_tensor *loss) {
-    if (s->bagua) return fg__bagua_backward(s, loss);
-    if (s->det) return fg__det_backward(s, loss, s->sync);
-    if (s->zero3) return fg__zero3_backward(s, loss);
-    fg__zero_before_backward(s);
-    if (s->reducer) return fg_ddp_reducer_backward(s->reducer, loss, s->sync);
-    if (s->horovod) return fg__horovod_backward(s, loss);
-    FG_TRY(fg_backward(loss));
-    return fg__ddp2_sync(s);
+    return s->drv->backward ? s->drv->backward(s, loss) : fg_backward(loss);
 }
 
 fg_status fg_strategy_step(fg_strategy *s, fg_batch *b, fg_strategy_step_fn fn, void *ud,
                            double *part_losses, int max_parts, int *nparts, double *loss) {
-    if (s->mode == FG_MODE_DP) {
-        FG_TRY(fg__dp_step(s, b, fn, ud, part_losses, max_parts, nparts, loss));
-        return fg__ddp2_sync(s);
-    }
+    if (s->drv->step) return s->drv->step(s, b, fn, ud, part_losses, max_parts, nparts, loss);
     fg_tensor *l = fn(s->model, b, ud);
     if (!l) return fg_error_wrap(FG_EINVAL, "training step returned no loss");
     double v = fg_item(l);
@@ -335,7 +314,7 @@ fg_status fg_strategy_step(fg_strategy *s, fg_batch *b, fg_strategy_step_fn fn, 
 }
 
 fg_status fg_strategy_clip_grad_norm(fg_strategy *s, double max_norm, double *total_norm) {
-    if (fg_strategy_is_sharded(s)) return fg__zero_clip(s, max_norm, total_norm);
+    if (s->drv->clip) return s->drv->clip(s, max_norm, total_norm);
     /* Under ddp every rank holds the same averaged gradient after backward,
      * so the local norm is the global one; no communication is needed. */
     fg_tensor *g = fg_module_flat_grads(s->model);

@@ -26,9 +26,41 @@ typedef enum fg_strategy_mode {
     FG_MODE_HOROVOD
 } fg_strategy_mode;
 
+/* What a mode does (drivers.c), one driver per mode, as ggml's backend
+ * interface: every entry but name may be NULL, and says what NULL means. */
+typedef struct fg__strategy_driver {
+    const char *name;
+    /* Makes the mode's state (collective where it broadcasts the parameters);
+     * NULL: nothing to make (single). On failure the strategy is freed:
+     * everything it made is freed by fg_strategy_free. */
+    fg_status (*setup)(fg_strategy *s, const fg_ddp_opts *ddp, const fg_sharded_opts *sharded,
+                       int dp_threads);
+    /* Backward with s->sync; NULL: fg_backward alone (nothing to average). */
+    fg_status (*backward)(fg_strategy *s, fg_tensor *loss);
+    /* A training step over batch b (fg_strategy_step); NULL: fn once on the
+     * whole batch, then the driver's backward. */
+    fg_status (*step)(fg_strategy *s, fg_batch *b, fg_strategy_step_fn fn, void *ud,
+                      double *part_losses, int max_parts, int *nparts, double *loss);
+    /* Clipping (fg_strategy_clip_grad_norm); NULL: every rank holds the whole
+     * averaged gradient, so the local norm is the global one. */
+    fg_status (*clip)(fg_strategy *s, double max_norm, double *total_norm);
+    /* Adds the bytes handed to the communicator to *out (zeroed); NULL:
+     * none (single, dp, horovod's are its own counters). */
+    void (*bytes)(const fg_strategy *s, fg_comm_bytes *out);
+    /* FSDP's summon_full_params and its end; NULL: the parameters are whole
+     * on every rank, nothing to do. */
+    fg_status (*gather)(fg_strategy *s);
+    fg_status (*release)(fg_strategy *s);
+} fg__strategy_driver;
+
+/* The driver of a mode; the deterministic one for deterministic (single
+ * and ddp with ddp_opts.deterministic). */
+const fg__strategy_driver *fg__strategy_driver_of(fg_strategy_mode mode, bool deterministic);
+
 struct fg_strategy {
     fg_strategy_kind kind;
     fg_strategy_mode mode;
+    const fg__strategy_driver *drv; /* the mode's (drivers.c) */
     fg_comm *comm;
     fg_module *model;
     fg_optimizer *opt;

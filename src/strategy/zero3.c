@@ -15,8 +15,9 @@
  *
  * Units (FSDP's wrapped modules): by default every module of type "Block"
  * (the GPT's transformer blocks; Lightning's auto_wrap_policy={Block}), or
- * with min_num_params the smallest modules holding at least that many
- * parameters (none of their children does). Each unit is a contiguous
+ * of the type wrap_module_type names, or those a callable wrap_policy
+ * picks, or with min_num_params the smallest modules holding at least that
+ * many parameters (none of their children does). Each unit is a contiguous
  * range; what no unit covers (embeddings, final norm) is the root's unit.
  * nn/module_wrap.c calls the hooks below around a unit's forward and, from
  * two identity nodes on the tape, around its backward:
@@ -380,33 +381,37 @@ static void detach_model(void *ud) {
 
 /* ------------------------------------------------------------ setup */
 
-static bool is_unit(fg_module *m, int64_t min_params) {
+/* The auto-wrap policy of the sharded options (NULL: the defaults). */
+static bool is_unit(fg_module *m, const fg_sharded_opts *o) {
     if (!m->parent || m->p_numel == 0) return false;
-    if (!min_params) return !strcmp(m->type, "Block");
+    if (o && o->wrap_policy) return o->wrap_policy(m, o->wrap_policy_ud);
+    int64_t min_params = o ? o->min_num_params : 0;
+    if (!min_params)
+        return !strcmp(m->type, o && o->wrap_module_type ? o->wrap_module_type : "Block");
     if (m->p_numel < min_params) return false;
     for (int i = 0; i < m->nchild; i++)
         if (m->child[i]->p_numel >= min_params) return false;
     return true;
 }
 
-static void collect_units(fg_module *m, int64_t min_params, fg_module **out, int *n) {
-    if (is_unit(m, min_params)) {
+static void collect_units(fg_module *m, const fg_sharded_opts *o, fg_module **out, int *n) {
+    if (is_unit(m, o)) {
         if (out) out[*n] = m;
         (*n)++;
         return;
     }
-    for (int i = 0; i < m->nchild; i++) collect_units(m->child[i], min_params, out, n);
+    for (int i = 0; i < m->nchild; i++) collect_units(m->child[i], o, out, n);
 }
 
-static fg_status make_units(fg_zero3_state *z, fg_module *root, int64_t min_params) {
+static fg_status make_units(fg_zero3_state *z, fg_module *root, const fg_sharded_opts *o) {
     int n = 0;
-    collect_units(root, min_params, NULL, &n);
+    collect_units(root, o, NULL, &n);
     z->nunits = n + 1;
     z->units = fg_calloc((size_t)z->nunits, sizeof *z->units);
     z->mods = fg_calloc((size_t)z->nunits, sizeof *z->mods);
     if (!z->units || !z->mods) return FG_ENOMEM;
     n = 0;
-    collect_units(root, min_params, z->mods, &n);
+    collect_units(root, o, z->mods, &n);
     z->mods[n] = root;
     for (int k = 0; k < n; k++) {
         unit *u = &z->units[k];
@@ -530,7 +535,7 @@ fg_status fg__zero3_setup(fg_strategy *s, const fg_sharded_opts *o) {
      * between steps either (and setup does not write the shard) */
     z->grad_shard_pages = d.offload_params_device == FG_OFFLOAD_NVME;
     z->grad_released = z->numel;
-    if (make_units(z, m, d.min_num_params) != FG_OK)
+    if (make_units(z, m, &d) != FG_OK)
         return fg_error_wrap(FG_ENOMEM, "%s setup", fg_strategy_kind_name(s->kind));
     if (z->zero_pages && huge) huge_pages(z);
     z->wrap = (fg_module_wrap){.pre_forward = pre_forward,
@@ -563,7 +568,7 @@ fg_ddp_reducer_opts fg__zero3_reducer_opts(fg_strategy *s, fg_ddp_reducer_opts r
     if (!o || !o->reduce_bucket_size) {
         fg_module *m = s->model;
         int n = 0;
-        collect_units(m, o ? o->min_num_params : 0, NULL, &n);
+        collect_units(m, o, NULL, &n);
         int64_t numel = fg_module_numel(m), each = n ? numel / (n + 1) : numel;
         double mb = (double)FG_MAX(each, 1) * (double)fg_dtype_size(fg_module_dtype(m)) / 1048576.0;
         if (mb < ro.bucket_cap_mb) ro.bucket_cap_mb = ro.first_bucket_mb = mb;

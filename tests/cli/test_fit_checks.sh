@@ -52,6 +52,7 @@ run auto-hook "$FULGUR" fit "${COMMON[@]}" --default-root-dir "$T_TMP/run-auto-h
     --ddp-comm-hook powersgd
 expect_rc "--ddp-comm-hook powersgd --devices 2 under strategy auto (ddp there)" 0 auto-hook
 expect_grep "auto resolved to ddp on 2 devices" auto-hook '^launch plan: ddp on cpu, 2 ranks'
+expect_grep "the run names its backend and hook" auto-hook '^run details: comm shm, comm hook powersgd$'
 run auto-1 "$FULGUR" fit "${COMMON[@]}" --default-root-dir "$T_TMP/run-auto-1" \
     --ddp-comm-hook powersgd
 expect_rc "a hook under auto on one device (single: nothing to hook)" 2 auto-1
@@ -60,6 +61,36 @@ run sharded "$FULGUR" fit "${COMMON[@]}" --default-root-dir "$T_TMP/run-sharded"
     --strategy ddp_sharded
 expect_rc "ddp_sharded runs" 0 sharded
 expect_grep "as ZeRO stage 2" sharded '^launch plan: deepspeed_stage_2 on cpu, 2 ranks'
+
+# every run says what decides its numbers
+run det "$FULGUR" fit "${COMMON[@]}" --default-root-dir "$T_TMP/run-det" --devices 2 --deterministic
+expect_rc "ddp --deterministic" 0 det
+expect_grep "names deterministic with its micro-batch and the note" det '^run details: comm shm, deterministic \(micro-batch 2: the same bits on any number of devices for this --batch-size; another, as half of it on twice the ranks, gives other bits\)$'
+run bag "$FULGUR" fit "${COMMON[@]}" --default-root-dir "$T_TMP/run-bag" --devices 2 \
+    --strategy bagua --bagua-algorithm decentralized
+expect_grep "names the Bagua algorithm" bag '^run details: comm shm, bagua decentralized \(peers all\)$'
+run fsdp "$FULGUR" fit "${COMMON[@]}" --default-root-dir "$T_TMP/run-fsdp" --devices 2 \
+    --strategy fsdp_cpu_offload --sharding-strategy SHARD_GRAD_OP
+expect_grep "names the sharding strategy and the offload" fsdp '^run details: comm shm, sharding SHARD_GRAD_OP, offload optimizer cpu, parameters cpu$'
+run wrap "$FULGUR" fit "${COMMON[@]}" --default-root-dir "$T_TMP/run-wrap" --devices 2 \
+    --ddp-comm-hook fp16_compress --ddp-comm-wrapper bf16
+expect_grep "names the hook and its wrapper" wrap '^run details: comm shm, comm hook fp16_compress \(wrapper bf16\)$'
+run one "$FULGUR" fit "${COMMON[@]}" --default-root-dir "$T_TMP/run-one"
+if grep -q '^run details:' "$T_TMP/one"; then fail "a plain single run printed run details"
+else pass "a plain single run has no details to name"; fi
+
+# stage 3's units by the user's module type (Lightning's auto_wrap_policy={Linear})
+run wrapb "$FULGUR" fit "${COMMON[@]}" --default-root-dir "$T_TMP/run-wrapb" --devices 2 \
+    --strategy deepspeed_stage_3
+run wrapl "$FULGUR" fit "${COMMON[@]}" --default-root-dir "$T_TMP/run-wrapl" --devices 2 \
+    --strategy deepspeed_stage_3 --auto-wrap-policy Linear
+expect_rc "--auto-wrap-policy Linear under stage 3" 0 wrapl
+vb=$(sed -n 's/^done: .* val loss \([0-9.]*\);.*/\1/p' "$T_TMP/wrapb")
+vl=$(sed -n 's/^done: .* val loss \([0-9.]*\);.*/\1/p' "$T_TMP/wrapl")
+if [ -n "$vb" ] && [ "$vb" = "$vl" ]; then pass "other units, the same val loss ($vl)"
+else fail "val loss by Block units '$vb', by Linear units '$vl'"; fi
+refused wrap-ddp '--auto-wrap-policy picks the units of stage 3' --devices 2 --strategy ddp \
+    --auto-wrap-policy Linear
 
 # help lists what the tables hold, nothing "not built yet"
 run help "$FULGUR" fit --help

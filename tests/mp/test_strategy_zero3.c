@@ -34,6 +34,8 @@ typedef struct setup {
     int64_t reduce, gather, min_params;
     int hybrid; /* HYBRID_SHARD's shard group size (fsdp) */
     bool empty_init;
+    const char *wrap_type; /* fg_sharded_opts.wrap_module_type */
+    bool wrap_fn;          /* wrap_policy: wrap_by_type, picking wrap_type's modules */
     fg_strategy_kind kind;
     fg_sharding_strategy sharding;
 } setup;
@@ -116,6 +118,11 @@ static int64_t param_resident(fg_module *m) {
     return resident_bytes(fg_tensor_data(f), (size_t)fg_tensor_numel(f) * sizeof(float));
 }
 
+/* A callable auto-wrap policy: the modules of the type ud names. */
+static bool wrap_by_type(const fg_module *m, void *ud) {
+    return !strcmp(fg_module_type(m), (const char *)ud);
+}
+
 static int train_rank(int rank, int n, void *arg) {
     shared *sh = arg;
     const setup *s = &sh->s;
@@ -134,7 +141,10 @@ static int train_rank(int rank, int n, void *arg) {
                           .allgather_bucket_size = s->gather,
                           .sharding_strategy = s->sharding,
                           .min_num_params = s->min_params,
-                          .hybrid_shard_size = s->hybrid};
+                          .hybrid_shard_size = s->hybrid,
+                          .wrap_module_type = s->wrap_fn ? NULL : s->wrap_type,
+                          .wrap_policy = s->wrap_fn ? wrap_by_type : NULL,
+                          .wrap_policy_ud = (void *)s->wrap_type};
     fg_strategy *st = fg_strategy_new(s->kind, c, m, o, NULL, &so, 0);
     if (!st) {
         fprintf(stderr, "rank %d: %s\n", rank, fg_last_error());
@@ -292,6 +302,29 @@ TEST(stage3_min_num_params_bitwise_ddp) {
     for (int w = 2; w <= 3; w++)
         check_against_ddp((setup){.mlp = true, .world = w, .B = 4, .min_params = 10000}, "mlp", 0,
                           k_full + 1, 1);
+}
+
+/* Lightning's auto_wrap_policy={Linear} and a callable policy: other units,
+ * ddp's bits all the same; the callable picking "Block" is the default. */
+TEST(stage3_wrap_policy_bitwise_ddp) {
+    check_against_ddp((setup){.world = 2, .B = 2, .wrap_type = "Linear"}, "wrap Linear", 0, k_full,
+                      2);
+    check_against_ddp((setup){.world = 2, .B = 2, .wrap_type = "Linear", .wrap_fn = true},
+                      "wrap fn", 0, k_full, 1);
+    shared *sh = map_shared();
+    setup z = {.world = 2, .B = 2, .kind = FG_STRATEGY_DEEPSPEED_STAGE_3};
+    int units[3] = {0, 0, 0};
+    if (run(sh, z, "units default")) units[0] = sh->units;
+    z.wrap_type = "Linear";
+    if (run(sh, z, "units Linear")) units[1] = sh->units;
+    z.wrap_type = "Block";
+    z.wrap_fn = true;
+    if (run(sh, z, "units fn")) units[2] = sh->units;
+    CHECK_MSG(units[0] == 9, "default: %d units, want 8 blocks + the root's", units[0]);
+    CHECK_MSG(units[1] > units[0], "Linear: %d units, blocks %d", units[1], units[0]);
+    CHECK_MSG(units[2] == units[0], "a callable picking Block: %d units, want %d", units[2],
+              units[0]);
+    munmap(sh, sizeof *sh);
 }
 
 TEST(stage3_accumulation_bitwise_ddp) {

@@ -135,8 +135,11 @@ static int run_command(fg_trainer_fn fn, int argc, char **argv) {
     }
     const fg_launch_plan *plan = fg_fabric_plan(f);
     if (plan->rank <= 0) { /* rank 0, or the parent of forked ranks */
-        char line[512];
+        char line[512], details[768] = "";
         printf("launch plan: %s\n", fg_launch_plan_format(plan, line, sizeof line));
+        /* what else decides the numbers: the backend, hooks, sharding, ... */
+        fit_plan_details(&o, plan, details, sizeof details);
+        if (details[0]) printf("run details: %s\n", details + 2);
         fflush(stdout);
     }
     if (fn == FG_FIT) arm_stop(f);

@@ -48,6 +48,7 @@ typedef struct fit_opts {
     int64_t num_nodes;
     /* the sharded strategies (Lightning's DeepSpeedStrategy / FSDPStrategy) */
     const char *sharding_strategy; /* fsdp: as given; parsed into `sharded` */
+    const char *wrap_policy;       /* stage 3: --auto-wrap-policy, the units' module type */
     int64_t reduce_bucket_size, allgather_bucket_size;
     const char *state_dict_type;  /* "full" or "sharded": parsed into `sharded` */
     const char *deepspeed_config; /* a DeepSpeed JSON file (the fabric reads it) */
@@ -124,6 +125,11 @@ int fit_bagua_args(fit_opts *o, struct cli_flag *flags, int n);
 /* The strategy kind the run will have ("auto" resolved by the launch plan,
  * as fg_fabric_new resolves it); false when the plan fails. */
 bool plan_kind(const fit_opts *o, fg_strategy_kind *kind);
+/* Appends to buf what decides the run's numbers beyond the plan: the comm
+ * backend, the Bagua algorithm, the comm hook and wrapper, the sharding
+ * strategy, the offload, --deterministic with its micro-batch; each item
+ * as ", item" (nothing when none applies). */
+void fit_plan_details(const fit_opts *o, const fg_launch_plan *p, char *buf, size_t cap);
 
 /* The checkpoint folder exists (made if need be) and takes a file: found
  * before training, not at the first save after the steps are spent. Called

@@ -106,6 +106,9 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .min = 0, .max = INT64_MAX / 2,
       .help = "stage 3: the smallest modules with at least this many parameters are the units "
               "(0: one per transformer block)");
+    F(.name = "auto-wrap-policy", .type = CLI_STR, .dst = &o->wrap_policy,
+      .help = "stage 3: the module type whose modules are the units (Lightning's "
+              "auto_wrap_policy={Block}; gpt: Block, Linear, ...) [default: Block]");
     F(.name = "hybrid-shard-size", .type = CLI_INT, .dst = &o->hybrid_shard_size, .def = "0",
       .min = 0, .max = 1 << 20,
       .help = "HYBRID_SHARD: ranks per shard group (0: the ranks of a node)");
@@ -388,6 +391,56 @@ bool plan_kind(const fit_opts *o, fg_strategy_kind *kind) {
     return ok;
 }
 
+/* What decides a run's numbers beyond the plan, for the plan line: the
+ * communication backend the ranks will join (as fg_comm_new picks it), the
+ * Bagua algorithm, the comm hook and wrapper, the sharding strategy and
+ * offload, --deterministic with its micro-batch. Appended to buf. */
+void fit_plan_details(const fit_opts *o, const fg_launch_plan *p, char *buf, size_t cap) {
+    size_t n = strlen(buf);
+#define ADD(...)                                                                                   \
+    do {                                                                                           \
+        if (n < cap) n += (size_t)snprintf(buf + n, cap - n, __VA_ARGS__);                         \
+    } while (0)
+    const fg_strategy_info *row = fg_strategy_info_of(p->strategy);
+    bool several = p->world_size > 1 && row && row->ranks != FG_RANKS_ONE_PROCESS;
+    if (several) {
+        const char *be = getenv("FULGUR_BACKEND");
+        bool mpirun = p->cluster.source && !strcmp(p->cluster.source, "openmpi");
+        if (!be || !*be || !strcmp(be, "auto"))
+            be = !mpirun                                                       ? "shm"
+                 : p->cluster.num_nodes > 1 && p->cluster.local_world_size > 1 ? "hybrid"
+                                                                               : "mpi";
+        ADD(", comm %s", be);
+    }
+    unsigned takes = row ? fg_strategy_takes(p->strategy, o->sharded.sharding_strategy) : 0;
+    if (takes & FG_TAKES_BAGUA) {
+        ADD(", bagua %s", fg_bagua_algorithm_name(o->ddp.bagua.algorithm));
+        if (o->ddp.bagua.algorithm == FG_BAGUA_DECENTRALIZED)
+            ADD(" (peers %s)", fg_bagua_peer_selection_name(o->ddp.bagua.peer_selection_mode));
+    }
+    if (o->ddp.comm_hook != FG_DDP_HOOK_NONE || o->ddp.comm_wrapper != FG_DDP_WRAPPER_NONE)
+        ADD(", comm hook %s%s%s%s", fg_ddp_comm_hook_name(o->ddp.comm_hook),
+            o->ddp.comm_wrapper ? " (wrapper " : "",
+            o->ddp.comm_wrapper ? fg_ddp_comm_wrapper_name(o->ddp.comm_wrapper) : "",
+            o->ddp.comm_wrapper ? ")" : "");
+    if (takes & FG_TAKES_SHARDING_STRATEGY)
+        ADD(", sharding %s", fg_sharding_strategy_name(o->sharded.sharding_strategy));
+    fg_offload_device od = o->sharded.offload_optimizer_device,
+                      pd = o->sharded.offload_params_device;
+    fg_offload_device nod, npd; /* what a name like deepspeed_stage_3_offload turns on */
+    fg_launch_strategy_offload(o->strategy, &nod, &npd);
+    if (!od) od = nod;
+    if (!pd) pd = npd;
+    if (od || pd)
+        ADD(", offload optimizer %s, parameters %s", fg_offload_device_name(od),
+            fg_offload_device_name(pd));
+    if (o->deterministic)
+        ADD(", deterministic (micro-batch %lld: the same bits on any number of devices for this "
+            "--batch-size; another, as half of it on twice the ranks, gives other bits)",
+            (long long)o->batch_size);
+#undef ADD
+}
+
 /* The offload flags into o->sharded (the strategy checks the rest at
  * fg_fabric_new) */
 static int offload_args(fit_opts *o) {
@@ -449,6 +502,17 @@ static int sharded_args(fit_opts *o, cli_flag *flags, int n) {
                   o->sharding_strategy ? o->sharding_strategy : "");
         return FG_EXIT_USAGE;
     }
+    if (o->wrap_policy && known && !s3) {
+        cli_error("--auto-wrap-policy picks the units of stage 3 (deepspeed_stage_3, fsdp "
+                  "FULL_SHARD or HYBRID_SHARD); --strategy=%s gathers no units",
+                  o->strategy);
+        return FG_EXIT_USAGE;
+    }
+    if (o->wrap_policy && o->min_num_params) {
+        cli_error("--auto-wrap-policy and --auto-wrap-min-params are two policies: give one");
+        return FG_EXIT_USAGE;
+    }
+    o->sharded.wrap_module_type = o->wrap_policy;
     if (cli_flag_given(cli_flags_find(flags, n, "hybrid-shard-size")) &&
         !(known && fg_strategy_takes(kind, 0) & FG_TAKES_SHARDING_STRATEGY &&
           o->sharded.sharding_strategy == FG_SHARDING_HYBRID_SHARD)) {
