@@ -888,4 +888,9 @@ const fg_op_table fg__cpu_ops_lowp = {
     .pointwise_loss_bwd = lp_ploss_bwd,
     .nll_fwd = fg__cpu_nll_fwd,
     .nll_bwd = fg__cpu_nll_bwd,
+    .conv2d_fwd = fg__cpu_conv2d_fwd,
+    .conv2d_bwd_data = fg__cpu_conv2d_bwd_data,
+    .conv2d_bwd_weight = fg__cpu_conv2d_bwd_weight,
+    .pool2d_fwd = fg__cpu_pool2d_fwd,
+    .pool2d_bwd = fg__cpu_pool2d_bwd,
 };
