@@ -327,8 +327,8 @@ typedef struct fg_conv2d_opts {
 } fg_conv2d_opts;
 /* x (N, C, H, W), w (O, C / groups, KH, KW), b (O) or NULL -> (N, O, OH,
  * OW); conv1d: x (N, C, L), w (O, C / groups, K). NCHW; f32 runs oneDNN's
- * convolution primitive where it is built in (FULGUR_CONV=direct forces
- * the direct loops, which f64 always takes). */
+ * convolution primitive where it is built in (FULGUR_CONV=im2col forces
+ * im2col and the matrix product, which f64 always takes). */
 FG_API fg_tensor *fg_conv2d(fg_tensor *x, fg_tensor *w, fg_tensor *b, const fg_conv2d_opts *o);
 FG_API fg_tensor *fg_conv1d(fg_tensor *x, fg_tensor *w, fg_tensor *b, const fg_conv2d_opts *o);
 /* x (N, C, H, W). kernel (2 sizes); stride NULL (or a 0) is the kernel,

@@ -1,7 +1,7 @@
 /* conv2d / conv1d (stride, padding, "same", dilation, groups, bias),
  * max / avg / adaptive-avg pooling and batch_norm: gradients by finite
- * differences in f64 (the direct loops), values against a naive
- * convolution, the f32 oneDNN path against the direct one (FULGUR_CONV),
+ * differences in f64 (im2col and the matrix product), values against the
+ * definition, the f32 oneDNN path against im2col (FULGUR_CONV),
  * the output sizes of PyTorch (ceil_mode, "same"), the running statistics
  * and the errors. */
 #include <stdlib.h>
@@ -61,8 +61,9 @@ TEST(conv2d_gradients_and_values_every_option) {
         {1, 3, 6, 5, 3, 2, 4, {{1, 1}, {0, 0}, {1, 2}, 3, true}, 6, 5},
         {1, 6, 5, 5, 4, 1, 1, {{2, 2}, {0, 0}, {1, 1}, 2, false}, 3, 3},
         {3, 1, 4, 5, 2, 4, 5, {{0, 0}, {0, 0}, {0, 0}, 0, false}, 1, 1},
+        {2, 4, 5, 3, 6, 1, 1, {{1, 1}, {0, 0}, {1, 1}, 2, false}, 5, 3}, /* no patch matrix */
     };
-    for (int c = 0; c < 6; c++) {
+    for (int c = 0; c < 7; c++) {
         int64_t G = cases[c].o.groups ? cases[c].o.groups : 1;
         int64_t sx[] = {cases[c].N, cases[c].C, cases[c].H, cases[c].W};
         int64_t sw[] = {cases[c].O, cases[c].C / G, cases[c].KH, cases[c].KW}, sb[] = {cases[c].O};
@@ -95,7 +96,7 @@ TEST(conv2d_gradients_and_values_every_option) {
                    1e-13;
         }
         CHECK_MSG(bad == 0, "case %d: %d values off the definition", c, bad);
-        /* f32: oneDNN (where built in) against the direct loops */
+        /* f32: oneDNN (where built in) against im2col */
         fg_tensor *x32[3];
         for (int k = 0; k < 3; k++) {
             x32[k] = fg_tensor_new(FG_F32, fg_tensor_ndim(in[k]), fg_tensor_shape(in[k]));
@@ -104,7 +105,7 @@ TEST(conv2d_gradients_and_values_every_option) {
         req(x32, 3);
         fg_tensor *grads[2][3], *ys[2];
         for (int path = 0; path < 2; path++) {
-            if (path) setenv("FULGUR_CONV", "direct", 1);
+            if (path) setenv("FULGUR_CONV", "im2col", 1);
             else unsetenv("FULGUR_CONV");
             for (int k = 0; k < 3; k++) fg_tensor_zero_grad(x32[k]);
             ys[path] = f_conv(x32, &a);

@@ -240,6 +240,7 @@ def main():
         (2, 3, (3, 3), (1, 1), (2, 1), (2, 3), 1, 0, 0, (1, 2, 7, 7)),
         (3, 3, (2, 4), (1, 1), (0, 0), (1, 2), 3, 1, 1, (2, 3, 6, 5)),
         (6, 4, (1, 1), (2, 2), (0, 0), (1, 1), 2, 0, 1, (1, 6, 5, 5)),
+        (4, 6, (1, 1), (1, 1), (0, 0), (1, 1), 2, 0, 1, (2, 4, 5, 3)),
     ]
     for i, (cin, cout, ks, st, pd, dl, g, same, bias, xs) in enumerate(convs):
         mod = torch.nn.Conv2d(cin, cout, ks, stride=st, padding="same" if same else pd,

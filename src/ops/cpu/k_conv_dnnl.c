@@ -4,7 +4,7 @@
  * writes its outputs, the table's backward entries accumulate: the
  * gradients land in a scratch buffer first and are added. A shape oneDNN
  * does not implement (or a build without oneDNN) is FG_EUNSUPPORTED, and
- * k_conv.c runs its direct loops. The engine is made once per process, a
+ * k_conv.c runs its im2col path. The engine is made once per process, a
  * stream per call; primitives are found again in oneDNN's primitive
  * cache. */
 #include "k_ops.h"
