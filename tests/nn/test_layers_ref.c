@@ -202,9 +202,20 @@ TEST(cnn_layers_match_pytorch_f32_f64) {
             if (a) e[ne++] = (fg_state_entry){pn[k], a->dtype, a->ndim, a->shape, a->data};
         }
         CHECK_OK(fg_module_finalize(m));
-        if (fg_module_num_buffers(m) == 0) CHECK_OK(fg_module_load_state(m, e, ne, true));
-        else CHECK_OK(fg_module_load_state(m, e, ne, false));
-        CHECK(fg_module_num_params(m) == ne);
+        int np = ne;
+        /* BatchNorm: PyTorch's fresh buffers too, so that the load is strict */
+        int64_t C = (int64_t)ref_at(&r->a[i], 5), one = 1;
+        double zeros[8] = {0}, ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+        fg_state_entry be[5];
+        memcpy(be, e, sizeof(fg_state_entry) * (size_t)ne);
+        if (fg_module_num_buffers(m) == 3 && C <= 8) {
+            be[ne++] = (fg_state_entry){"running_mean", FG_F64, 1, &C, zeros};
+            be[ne++] = (fg_state_entry){"running_var", FG_F64, 1, &C, ones};
+            be[ne++] = (fg_state_entry){"num_batches_tracked", FG_F64, 0, &one, zeros};
+        }
+        CHECK_OK(fg_module_load_state(m, be, ne, true));
+        CHECK(fg_module_num_params(m) == np);
+        ne = np;
         fg_tensor *x = from_ref(rx, true);
         fg_tensor *y = fg_module_forward(m, x);
         CHECK_MSG(y != NULL, "%s: %s", pre, fg_last_error());
