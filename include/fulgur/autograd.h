@@ -167,8 +167,8 @@ FG_API fg_tensor *fg_cast(fg_tensor *a, fg_dtype dt);
 FG_API fg_tensor *fg_causal_attention(fg_tensor *qkv, int heads);
 
 /* ------------------------------------- more ops (PyTorch's names and rules) */
-/* CPU; f32 and f64 (the elementwise functions and losses also bf16/f16,
- * computed in f32). Every result is a new contiguous tensor, also where
+/* CPU; f32 and f64, and bf16/f16 (each kernel in f32, its output rounded
+ * once) but in nll_loss. Every result is a new contiguous tensor, also where
  * PyTorch returns a view (narrow, slice, permute, expand, split): the
  * values are copied once and gradients flow as through the view. Index
  * and mask tensors are i32 (masks also u8; nonzero is true); an index out
