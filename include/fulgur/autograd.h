@@ -167,8 +167,8 @@ FG_API fg_tensor *fg_cast(fg_tensor *a, fg_dtype dt);
 FG_API fg_tensor *fg_causal_attention(fg_tensor *qkv, int heads);
 
 /* ------------------------------------- more ops (PyTorch's names and rules) */
-/* CPU; f32 and f64 (the elementwise functions and losses also bf16/f16,
- * computed in f32). Every result is a new contiguous tensor, also where
+/* CPU; f32 and f64, and bf16/f16 (each kernel in f32, its output rounded
+ * once) but in nll_loss. Every result is a new contiguous tensor, also where
  * PyTorch returns a view (narrow, slice, permute, expand, split): the
  * values are copied once and gradients flow as through the view. Index
  * and mask tensors are i32 (masks also u8; nonzero is true); an index out
@@ -312,6 +312,44 @@ FG_API fg_class_loss_opts fg_class_loss_defaults(void);
 FG_API fg_tensor *fg_nll_loss(fg_tensor *logp, fg_tensor *targets, const fg_class_loss_opts *o);
 FG_API fg_tensor *fg_cross_entropy_ex(fg_tensor *logits, fg_tensor *targets,
                                       const fg_class_loss_opts *o);
+
+/* ----------------------------------------------- convolution and pooling */
+
+/* torch.nn.functional.conv2d's arguments; a zeroed struct (or NULL) is
+ * PyTorch's defaults: stride 1, padding 0, dilation 1, groups 1 (a 0
+ * stride, dilation or groups means 1). same: padding="same" (stride 1;
+ * an odd total padding puts the extra row / column after, as PyTorch).
+ * conv1d reads entry [0] of each pair. */
+typedef struct fg_conv2d_opts {
+    int64_t stride[2], padding[2], dilation[2];
+    int64_t groups;
+    bool same;
+} fg_conv2d_opts;
+/* x (N, C, H, W), w (O, C / groups, KH, KW), b (O) or NULL -> (N, O, OH,
+ * OW); conv1d: x (N, C, L), w (O, C / groups, K). NCHW; f32 runs oneDNN's
+ * convolution primitive where it is built in (FULGUR_CONV=im2col forces
+ * im2col and the matrix product, which f64 always takes). */
+FG_API fg_tensor *fg_conv2d(fg_tensor *x, fg_tensor *w, fg_tensor *b, const fg_conv2d_opts *o);
+FG_API fg_tensor *fg_conv1d(fg_tensor *x, fg_tensor *w, fg_tensor *b, const fg_conv2d_opts *o);
+/* x (N, C, H, W). kernel (2 sizes); stride NULL (or a 0) is the kernel,
+ * padding NULL is 0 (at most half the kernel), dilation NULL is 1;
+ * ceil_mode as PyTorch's. max_pool2d's *indices (may be NULL) get the
+ * index of each maximum in its H x W plane (i32; PyTorch's
+ * return_indices); NaN counts as the largest. */
+FG_API fg_tensor *fg_max_pool2d(fg_tensor *x, const int64_t kernel[2], const int64_t stride[2],
+                                const int64_t padding[2], const int64_t dilation[2], bool ceil_mode,
+                                fg_tensor **indices);
+FG_API fg_tensor *fg_avg_pool2d(fg_tensor *x, const int64_t kernel[2], const int64_t stride[2],
+                                const int64_t padding[2], bool ceil_mode, bool count_include_pad);
+FG_API fg_tensor *fg_adaptive_avg_pool2d(fg_tensor *x, int64_t out_h, int64_t out_w);
+/* torch.nn.functional.batch_norm over x (N, C, ...): in training the
+ * batch's mean and biased variance normalise x, and running_mean /
+ * running_var (C) (may be NULL, then not tracked) become (1 - momentum)
+ * of themselves plus momentum of the batch's mean and unbiased variance
+ * (outside the tape); in evaluation they normalise x. w, b (C) may be NULL. */
+FG_API fg_tensor *fg_batch_norm(fg_tensor *x, fg_tensor *running_mean, fg_tensor *running_var,
+                                fg_tensor *w, fg_tensor *b, bool training, double momentum,
+                                double eps);
 
 #ifdef __cplusplus
 }

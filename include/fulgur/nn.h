@@ -318,6 +318,35 @@ FG_API fg_module *fg_softmax_new(int dim);
 FG_API fg_module *fg_log_softmax_new(int dim);
 FG_API fg_module *fg_flatten_new(int start_dim, int end_dim);
 
+/* torch.nn.Conv2d(in, out, kernel, stride, padding, dilation, groups,
+ * bias) with the options of fg_conv2d (NULL: PyTorch's defaults): weight
+ * (out, in / groups, KH, KW) and bias (out), both U(-1/sqrt(fan_in),
+ * 1/sqrt(fan_in)) as PyTorch initialises them. Conv1d: weight (out, in /
+ * groups, kernel), entry [0] of each option pair. */
+FG_API fg_module *fg_conv2d_new(int64_t in, int64_t out, const int64_t kernel[2],
+                                const fg_conv2d_opts *o, bool bias, fg_dtype dt);
+FG_API fg_module *fg_conv1d_new(int64_t in, int64_t out, int64_t kernel, const fg_conv2d_opts *o,
+                                bool bias, fg_dtype dt);
+/* MaxPool2d, AvgPool2d (the arguments of fg_max_pool2d / fg_avg_pool2d;
+ * NULL stride is the kernel) and AdaptiveAvgPool2d((out_h, out_w)). */
+FG_API fg_module *fg_max_pool2d_new(const int64_t kernel[2], const int64_t stride[2],
+                                    const int64_t padding[2], const int64_t dilation[2],
+                                    bool ceil_mode);
+FG_API fg_module *fg_avg_pool2d_new(const int64_t kernel[2], const int64_t stride[2],
+                                    const int64_t padding[2], bool ceil_mode,
+                                    bool count_include_pad);
+FG_API fg_module *fg_adaptive_avg_pool2d_new(int64_t out_h, int64_t out_w);
+/* BatchNorm2d (N, C, H, W) and BatchNorm1d (N, C) or (N, C, L), as
+ * PyTorch's (eps <= 0 means 1e-5; PyTorch's momentum is 0.1): with affine,
+ * parameters weight (1) and bias (0); with track_running_stats, buffers
+ * running_mean (0), running_var (1) and num_batches_tracked (a float
+ * here), updated in training mode (fg_module_train) and used in
+ * evaluation mode. */
+FG_API fg_module *fg_batch_norm2d_new(int64_t num_features, double eps, double momentum,
+                                      bool affine, bool track_running_stats, fg_dtype dt);
+FG_API fg_module *fg_batch_norm1d_new(int64_t num_features, double eps, double momentum,
+                                      bool affine, bool track_running_stats, fg_dtype dt);
+
 /* A container that runs its children in order (torch.nn.Sequential): the
  * children are named "0", "1", ... by fg_sequential_append. child is
  * consumed (also on failure), as by fg_module_add_child; FG_EINVAL if seq is

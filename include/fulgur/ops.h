@@ -53,6 +53,26 @@ typedef enum fg_unary_op {
     FG_UN_ELU,
 } fg_unary_op;
 
+/* A 2-d convolution's geometry (x (N, C, H, W), w (O, C / groups, KH, KW),
+ * y (N, O, OH, OW)): strides, the padding before the first row and column
+ * (the padding after them follows from the output size the caller gives
+ * y), dilations, groups. */
+typedef struct fg_conv_params {
+    int64_t stride[2], pad[2], dilation[2], groups;
+} fg_conv_params;
+
+/* A 2-d pooling over x (N, C, H, W) into y (N, C, OH, OW): MAX (indices
+ * into each H x W plane, PyTorch's), AVG (count_include_pad as PyTorch's:
+ * windows clipped at the padded border count their padding) or
+ * ADAPTIVE_AVG (window i of rows [floor(i H / OH), ceil((i + 1) H / OH)),
+ * kernel, stride, pad and dilation unused). */
+typedef enum fg_pool_kind { FG_POOL_MAX, FG_POOL_AVG, FG_POOL_ADAPTIVE_AVG } fg_pool_kind;
+typedef struct fg_pool_params {
+    fg_pool_kind kind;
+    int64_t kernel[2], stride[2], pad[2], dilation[2];
+    bool count_include_pad;
+} fg_pool_params;
+
 /* The elementwise losses behind pointwise_loss_fwd/bwd, of x against t
  * (parameter p, optional elementwise tensor w), unreduced:
  *   MSE (x - t)^2; L1 |x - t|; SMOOTH_L1 0.5 d^2 / p where |d| < p, else
@@ -224,6 +244,24 @@ typedef struct fg_op_table {
     /* dlogp (M, C) += the gradient of sum_m dy[m] y[m] */
     fg_status (*nll_bwd)(const fg_tensor *t, const fg_tensor *w, int64_t ignore, double eps,
                          const fg_tensor *dy, fg_tensor *dlogp);
+
+    /* ---- convolution and pooling, NCHW (fg_conv_params, fg_pool_params) ---- */
+    /* y = conv(x, w) + b (b (O) or NULL) */
+    fg_status (*conv2d_fwd)(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
+                            const fg_conv_params *p, fg_tensor *y);
+    /* dx += the gradient of x from dy */
+    fg_status (*conv2d_bwd_data)(const fg_tensor *dy, const fg_tensor *w, const fg_conv_params *p,
+                                 fg_tensor *dx);
+    /* dw += the gradient of w, db += that of b (either may be NULL) */
+    fg_status (*conv2d_bwd_weight)(const fg_tensor *x, const fg_tensor *dy, const fg_conv_params *p,
+                                   fg_tensor *dw, fg_tensor *db);
+    /* y = the pooling of x; idx (i32, y's shape) the argmax of MAX (may be
+     * NULL there; unused otherwise) */
+    fg_status (*pool2d_fwd)(const fg_tensor *x, const fg_pool_params *p, fg_tensor *y,
+                            fg_tensor *idx);
+    /* dx += the gradient from dy (MAX through idx) */
+    fg_status (*pool2d_bwd)(const fg_tensor *dy, const fg_tensor *idx, const fg_pool_params *p,
+                            fg_tensor *dx);
 } fg_op_table;
 
 /* The table of a device; NULL (and FG_EUNSUPPORTED in fg_last_error) for a

@@ -86,7 +86,8 @@ TEST(activations_and_losses_match_pytorch_f32_f64) {
     double worst32 = 0, worst64 = 0;
     for (int i = 0; i < r->n; i++) {
         size_t len = strlen(r->a[i].name);
-        if (len < 4 || strcmp(r->a[i].name + len - 4, ".cfg")) continue;
+        if (len < 4 || strcmp(r->a[i].name + len - 4, ".cfg") || ref_at(&r->a[i], 0) >= 40)
+            continue;
         char pre[128];
         snprintf(pre, sizeof pre, "%.*s", (int)(len - 4), r->a[i].name);
         const ref_array *cfg = &r->a[i];
@@ -141,6 +142,117 @@ TEST(activations_and_losses_match_pytorch_f32_f64) {
     }
     printf("  %d cases; largest gap f32 %.3g, f64 %.3g\n", ncases, worst32, worst64);
     CHECK(ncases >= 150);
+    ref_close(r);
+}
+
+/* the module of a layer case from its cfg (geometry after entry 5) */
+static fg_module *layer_module(const ref_array *cfg, fg_dtype dt) {
+    int kind = (int)ref_at(cfg, 0);
+    double g[16] = {0};
+    for (int k = 0; k < 16 && 5 + k < cfg->numel; k++) g[k] = ref_at(cfg, 5 + k);
+    if (kind == 40 || kind == 41) {
+        fg_conv2d_opts o = {.stride = {(int64_t)g[4], (int64_t)g[5]},
+                            .padding = {(int64_t)g[6], (int64_t)g[7]},
+                            .dilation = {(int64_t)g[8], (int64_t)g[9]},
+                            .groups = (int64_t)g[10],
+                            .same = g[11] != 0};
+        if (kind == 40)
+            return fg_conv2d_new((int64_t)g[0], (int64_t)g[1],
+                                 (int64_t[]){(int64_t)g[2], (int64_t)g[3]}, &o, g[12] != 0, dt);
+        return fg_conv1d_new((int64_t)g[0], (int64_t)g[1], (int64_t)g[2], &o, g[12] != 0, dt);
+    }
+    if (kind == 42 || kind == 43) {
+        int64_t k[2] = {(int64_t)g[0], (int64_t)g[1]}, st[2] = {(int64_t)g[2], (int64_t)g[3]};
+        int64_t pd[2] = {(int64_t)g[4], (int64_t)g[5]}, dl[2] = {(int64_t)g[6], (int64_t)g[7]};
+        if (kind == 42) return fg_max_pool2d_new(k, st, pd, dl, g[8] != 0);
+        return fg_avg_pool2d_new(k, st, pd, g[8] != 0, g[9] != 0);
+    }
+    if (kind == 44) return fg_adaptive_avg_pool2d_new((int64_t)g[0], (int64_t)g[1]);
+    if (kind == 45) return fg_batch_norm2d_new((int64_t)g[0], g[1], g[2], g[3] != 0, true, dt);
+    return fg_batch_norm1d_new((int64_t)g[0], g[1], g[2], g[3] != 0, true, dt);
+}
+
+TEST(cnn_layers_match_pytorch_f32_f64) {
+    ref_file *r = ref_open(fg_test_path("ref/layers_ref.bin"));
+    CHECK(r != NULL);
+    if (!r) return;
+    int ncases = 0;
+    double worst32 = 0, worst64 = 0;
+    for (int i = 0; i < r->n; i++) {
+        size_t len = strlen(r->a[i].name);
+        if (len < 4 || strcmp(r->a[i].name + len - 4, ".cfg") || ref_at(&r->a[i], 0) < 40) continue;
+        char pre[128];
+        snprintf(pre, sizeof pre, "%.*s", (int)(len - 4), r->a[i].name);
+        const ref_array *rx = opt(r, pre, "x"), *rgy = opt(r, pre, "gy"), *ry = opt(r, pre, "y"),
+                        *rgx = opt(r, pre, "gx");
+        CHECK_MSG(rx && rgy && ry && rgx, "%s: arrays missing", pre);
+        if (!rx || !rgy || !ry || !rgx) continue;
+        bool f32 = rx->dtype == FG_F32;
+        double rtol = f32 ? 2e-5 : 1e-11, atol = f32 ? 2e-6 : 1e-13;
+        double *worst = f32 ? &worst32 : &worst64;
+        fg_module *m = layer_module(&r->a[i], rx->dtype);
+        CHECK_MSG(m != NULL, "%s: %s", pre, fg_last_error());
+        if (!m) continue;
+        /* PyTorch's parameters and names: loaded strictly */
+        fg_state_entry e[2];
+        int ne = 0;
+        const char *pn[2] = {"weight", "bias"};
+        for (int k = 0; k < 2; k++) {
+            const ref_array *a = opt(r, pre, pn[k]);
+            if (a) e[ne++] = (fg_state_entry){pn[k], a->dtype, a->ndim, a->shape, a->data};
+        }
+        CHECK_OK(fg_module_finalize(m));
+        int np = ne;
+        /* BatchNorm: PyTorch's fresh buffers too, so that the load is strict */
+        int64_t C = (int64_t)ref_at(&r->a[i], 5), one = 1;
+        double zeros[8] = {0}, ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+        fg_state_entry be[5];
+        memcpy(be, e, sizeof(fg_state_entry) * (size_t)ne);
+        if (fg_module_num_buffers(m) == 3 && C <= 8) {
+            be[ne++] = (fg_state_entry){"running_mean", FG_F64, 1, &C, zeros};
+            be[ne++] = (fg_state_entry){"running_var", FG_F64, 1, &C, ones};
+            be[ne++] = (fg_state_entry){"num_batches_tracked", FG_F64, 0, &one, zeros};
+        }
+        CHECK_OK(fg_module_load_state(m, be, ne, true));
+        CHECK(fg_module_num_params(m) == np);
+        ne = np;
+        fg_tensor *x = from_ref(rx, true);
+        fg_tensor *y = fg_module_forward(m, x);
+        CHECK_MSG(y != NULL, "%s: %s", pre, fg_last_error());
+        if (y && fg_tensor_numel(y) == rgy->numel) {
+            fg_tensor *gy = fg_empty(rgy->dtype, fg_tensor_ndim(y), fg_tensor_shape(y));
+            memcpy(fg_tensor_data(gy), rgy->data, fg_tensor_nbytes(gy));
+            CHECK_OK(fg_backward_with(y, gy));
+            int bad = compare(y, ry, rtol, atol, worst);
+            bad += compare(fg_tensor_grad(x), rgx, rtol, atol, worst);
+            for (int k = 0; k < ne; k++) {
+                char gname[16];
+                snprintf(gname, sizeof gname, "g%s", pn[k]);
+                fg_tensor *pt = fg_module_param(m, fg_module_find_param(m, pn[k]));
+                bad += compare(fg_tensor_grad(pt), opt(r, pre, gname), rtol, atol, worst);
+            }
+            const ref_array *rm = opt(r, pre, "running_mean"), *rv = opt(r, pre, "running_var");
+            if (rm && rv) {
+                bad += compare(fg_module_buffer(m, 0), rm, rtol, atol, worst);
+                bad += compare(fg_module_buffer(m, 1), rv, rtol, atol, worst);
+                CHECK(fg_item(fg_module_buffer(m, 2)) == 1); /* num_batches_tracked */
+                CHECK(strcmp(fg_module_buffer_name(m, 2), "num_batches_tracked") == 0);
+                fg_module_train(m, false);
+                fg_tensor *ye = fg_module_forward(m, x);
+                bad += compare(ye, opt(r, pre, "y_eval"), rtol, atol, worst);
+            }
+            CHECK_MSG(bad == 0, "%s: %d values off", pre, bad);
+        } else {
+            CHECK_MSG(false, "%s: output of %lld elements, want %lld", pre,
+                      y ? (long long)fg_tensor_numel(y) : -1LL, (long long)rgy->numel);
+        }
+        ncases++;
+        fg_step_reset();
+        fg_module_free(m);
+        fg_tensor_free(x);
+    }
+    printf("  %d layer cases; largest gap f32 %.3g, f64 %.3g\n", ncases, worst32, worst64);
+    CHECK(ncases >= 44);
     ref_close(r);
 }
 

@@ -14,6 +14,10 @@ Every case <name>.<dt> (dt f32 or f64) has the arrays
   gy    the gradient the output is back-propagated with
   y     the output (the loss); gx, gt the gradients of the input and, where
         PyTorch gives one, of the target.
+The layers (kinds 40 and up) have their geometry after those five cfg
+entries, their parameters as weight and bias with gradients gweight and
+gbias, and BatchNorm the running_mean and running_var after one training
+step and y_eval, the output in evaluation mode after it.
 """
 import os
 import sys
@@ -30,6 +34,8 @@ KINDS = {
     "leaky_relu": 6, "elu": 7, "softmax": 8, "log_softmax": 9, "relu": 10,
     "mse": 20, "l1": 21, "smooth_l1": 22, "huber": 23, "bce": 24, "bce_logits": 25,
     "kl_div": 26, "nll": 27, "cross_entropy": 28,
+    "conv2d": 40, "conv1d": 41, "max_pool2d": 42, "avg_pool2d": 43, "adaptive_avg_pool2d": 44,
+    "batch_norm2d": 45, "batch_norm1d": 46,
 }
 RED = {"mean": 0, "sum": 1, "none": 2, "batchmean": 3}
 DT = {"f32": torch.float32, "f64": torch.float64}
@@ -199,6 +205,88 @@ def main():
         k += 1
     classes("cls%d_ce1d_mean" % k, "cross_entropy", "mean", (5,))
     k += 1
+
+    def layer(tag, kind, geo, mod, xshape, eval_too=False):
+        x0 = torch.randn(xshape, dtype=torch.float64)
+        params0 = {k: v.detach().clone().double() for k, v in mod.named_parameters()}
+        for dt, tdt in DT.items():
+            m = mod.to(tdt)
+            with torch.no_grad():
+                for k, v in m.named_parameters():
+                    v.copy_(params0[k])
+                if hasattr(m, "reset_running_stats"):
+                    m.reset_running_stats()
+            m.train()
+            for v in m.parameters():
+                v.grad = None
+            x = x0.to(tdt).requires_grad_(True)
+            y = m(x)
+            gy = torch.randn(y.shape, dtype=torch.float64).to(tdt)
+            y.backward(gy)
+            items = {"x": x, "gy": gy, "y": y, "gx": x.grad}
+            for k, v in m.named_parameters():
+                items[k] = v
+                items["g" + k] = v.grad
+            if eval_too:
+                items["running_mean"] = m.running_mean
+                items["running_var"] = m.running_var
+                m.eval()
+                items["y_eval"] = m(x0.to(tdt))
+            case(tag, dt, [KINDS[kind], 0, 0, 0, 0] + geo, items)
+
+    convs = [  # in, out, (kh, kw), stride, padding, dilation, groups, same, bias, x shape
+        (3, 4, (3, 3), (1, 1), (0, 0), (1, 1), 1, 0, 1, (2, 3, 7, 6)),
+        (4, 6, (3, 2), (2, 3), (1, 2), (1, 1), 2, 0, 1, (2, 4, 9, 8)),
+        (2, 3, (3, 3), (1, 1), (2, 1), (2, 3), 1, 0, 0, (1, 2, 7, 7)),
+        (3, 3, (2, 4), (1, 1), (0, 0), (1, 2), 3, 1, 1, (2, 3, 6, 5)),
+        (6, 4, (1, 1), (2, 2), (0, 0), (1, 1), 2, 0, 1, (1, 6, 5, 5)),
+        (4, 6, (1, 1), (1, 1), (0, 0), (1, 1), 2, 0, 1, (2, 4, 5, 3)),
+    ]
+    for i, (cin, cout, ks, st, pd, dl, g, same, bias, xs) in enumerate(convs):
+        mod = torch.nn.Conv2d(cin, cout, ks, stride=st, padding="same" if same else pd,
+                              dilation=dl, groups=g, bias=bool(bias))
+        geo = [cin, cout, ks[0], ks[1], st[0], st[1], pd[0], pd[1], dl[0], dl[1], g, same, bias]
+        layer("conv%d" % i, "conv2d", geo, mod, xs)
+    conv1 = [(4, 6, 3, 2, 1, 2, 2, 0, 1, (2, 4, 11)), (4, 2, 4, 1, 0, 3, 1, 1, 0, (3, 4, 10))]
+    for i, (cin, cout, k, st, pd, dl, g, same, bias, xs) in enumerate(conv1):
+        mod = torch.nn.Conv1d(cin, cout, k, stride=st, padding="same" if same else pd,
+                              dilation=dl, groups=g, bias=bool(bias))
+        geo = [cin, cout, k, 1, st, 1, pd, 0, dl, 1, g, same, bias]
+        layer("conv1d%d" % i, "conv1d", geo, mod, xs)
+    pools = [  # kind, kernel, stride, padding, dilation, ceil, count_include_pad
+        ("max_pool2d", (2, 2), (2, 2), (0, 0), (1, 1), 0, 0),
+        ("max_pool2d", (3, 2), (2, 1), (1, 1), (1, 2), 1, 0),
+        ("max_pool2d", (3, 3), None, (1, 0), (2, 1), 0, 0),
+        ("avg_pool2d", (3, 3), (2, 2), (1, 1), (1, 1), 0, 1),
+        ("avg_pool2d", (3, 3), (2, 2), (1, 1), (1, 1), 1, 0),
+        ("avg_pool2d", (2, 4), (3, 3), (0, 2), (1, 1), 1, 1),
+    ]
+    for i, (kind, k, st, pd, dl, ceil, cip) in enumerate(pools):
+        if kind == "max_pool2d":
+            mod = torch.nn.MaxPool2d(k, stride=st, padding=pd, dilation=dl, ceil_mode=bool(ceil))
+        else:
+            mod = torch.nn.AvgPool2d(k, stride=st, padding=pd, ceil_mode=bool(ceil),
+                                     count_include_pad=bool(cip))
+        st = st or (0, 0)
+        geo = [k[0], k[1], st[0], st[1], pd[0], pd[1], dl[0], dl[1], ceil, cip]
+        layer("pool%d" % i, kind, geo, mod, (2, 3, 7, 9))
+    for i, (oh, ow) in enumerate([(3, 4), (1, 1), (7, 9), (4, 2)]):
+        layer("apool%d" % i, "adaptive_avg_pool2d", [oh, ow],
+              torch.nn.AdaptiveAvgPool2d((oh, ow)), (2, 3, 7, 9))
+    for i, (c, eps, mom, affine, xs) in enumerate([(3, 1e-5, 0.1, 1, (4, 3, 5, 2)),
+                                                    (5, 1e-3, 0.3, 0, (2, 5, 3, 3))]):
+        mod = torch.nn.BatchNorm2d(c, eps=eps, momentum=mom, affine=bool(affine))
+        if affine:
+            with torch.no_grad():
+                mod.weight.copy_(torch.rand(c) + 0.5)
+                mod.bias.copy_(torch.randn(c))
+        layer("bn2d%d" % i, "batch_norm2d", [c, eps, mom, affine], mod, xs, eval_too=True)
+    for i, (c, xs) in enumerate([(4, (6, 4)), (3, (5, 3, 7))]):
+        mod = torch.nn.BatchNorm1d(c)
+        with torch.no_grad():
+            mod.weight.copy_(torch.rand(c) + 0.5)
+            mod.bias.copy_(torch.randn(c))
+        layer("bn1d%d" % i, "batch_norm1d", [c, 1e-5, 0.1, 1], mod, xs, eval_too=True)
 
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "layers_ref.bin")
     reffile.write(out, arrays)

@@ -34,4 +34,31 @@ fg_status fg__cpu_nll_fwd(const fg_tensor *logp, const fg_tensor *t, const fg_te
 fg_status fg__cpu_nll_bwd(const fg_tensor *t, const fg_tensor *w, int64_t ignore, double eps,
                           const fg_tensor *dy, fg_tensor *dlogp);
 
+/* k_conv.c (oneDNN's primitives for f32 where built in, k_conv_dnnl.c;
+ * im2col and the matrix product otherwise, and for f64) */
+fg_status fg__cpu_conv2d_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
+                             const fg_conv_params *p, fg_tensor *y);
+fg_status fg__cpu_conv2d_bwd_data(const fg_tensor *dy, const fg_tensor *w, const fg_conv_params *p,
+                                  fg_tensor *dx);
+fg_status fg__cpu_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
+                                    const fg_conv_params *p, fg_tensor *dw, fg_tensor *db);
+/* k_pool.c */
+fg_status fg__cpu_pool2d_fwd(const fg_tensor *x, const fg_pool_params *p, fg_tensor *y,
+                             fg_tensor *idx);
+fg_status fg__cpu_pool2d_bwd(const fg_tensor *dy, const fg_tensor *idx, const fg_pool_params *p,
+                             fg_tensor *dx);
+
+/* k_conv_dnnl.c: the same three on oneDNN's convolution primitive, f32,
+ * all contiguous; FG_EUNSUPPORTED where oneDNN is not built in or refuses
+ * (the caller then runs its im2col path). */
+fg_status fg__dnnl_conv2d_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
+                              const fg_conv_params *p, fg_tensor *y);
+fg_status fg__dnnl_conv2d_bwd_data(const fg_tensor *dy, const fg_tensor *w, const fg_conv_params *p,
+                                   fg_tensor *dx);
+fg_status fg__dnnl_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
+                                     const fg_conv_params *p, fg_tensor *dw, fg_tensor *db);
+/* Which convolution path runs f32: "onednn" (the default where built in)
+ * or "im2col" (FULGUR_CONV=im2col, or no oneDNN). */
+const char *fg__cpu_conv_path(void);
+
 #endif

@@ -798,8 +798,10 @@ static fg_status lp_att_bwd(const fg_tensor *qkv, int heads, const fg_tensor *y,
 }
 
 /* ------------------------------------------- functions and losses of user models */
-/* bf16/f16 through f32 copies; the layout, index and NLL entries take f32 and
- * f64 only (index_select any dtype): they go straight to the kernels. */
+/* bf16/f16 through f32 copies, as above (add_strided element by element);
+ * index_select copies any dtype and the NLL rows take f32 and f64 (the
+ * losses run after autocast's f32 log_softmax): they go straight to the
+ * kernels. */
 
 static fg_status lp_unary_fwd(fg_unary_op op, const fg_tensor *x, double a, double b,
                               fg_tensor *y) {
@@ -841,6 +843,131 @@ static fg_status lp_ploss_bwd(fg_loss_op op, const fg_tensor *x, const fg_tensor
     LP_RUN(fg__cpu_pointwise_loss_bwd(op, xf, tf, wf, p, gf, dxf, dtf));
 }
 
+/* y += x across layouts: y is a strided view (a gradient's slice), so it
+ * cannot stand in; bf16/f16 elements are widened and rounded one at a
+ * time (the same value as f32 arithmetic rounded once per element). */
+static fg_status lp_add_strided(const fg_tensor *x, fg_tensor *y) {
+    if (!lowp(x) && !lowp(y)) return fg__cpu_add_strided(x, y);
+    if (!fg_tensor_same_shape(x, y) || x->dtype != y->dtype)
+        return fg_error(FG_EINVAL, "add_strided: one shape and dtype expected");
+    int64_t idx[FG_MAX_DIMS] = {0};
+    const uint16_t *px = x->data;
+    uint16_t *py = y->data;
+    for (int64_t i = 0; i < x->numel; i++) {
+        int64_t ox = 0, oy = 0;
+        for (int d = 0; d < x->ndim; d++) {
+            ox += idx[d] * x->strides[d];
+            oy += idx[d] * y->strides[d];
+        }
+        float a, b;
+        fg__lowp_widen(&a, px + ox, 1, x->dtype);
+        fg__lowp_widen(&b, py + oy, 1, y->dtype);
+        b += a;
+        fg__lowp_narrow(py + oy, &b, 1, y->dtype);
+        for (int d = x->ndim - 1; d >= 0; d--) {
+            if (++idx[d] < x->shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+    return FG_OK;
+}
+
+static fg_status lp_where(const fg_tensor *cond, const fg_tensor *a, const fg_tensor *b, double va,
+                          double vb, fg_tensor *y) {
+    if (!lowp(a) && !lowp(b) && !lowp(y)) return fg__cpu_where(cond, a, b, va, vb, y);
+    lp c = {0};
+    const fg_tensor *af = lp_in(&c, a), *bf = lp_in(&c, b);
+    fg_tensor *yf = lp_out(&c, y, false);
+    LP_RUN(fg__cpu_where(cond, af, bf, va, vb, yf));
+}
+
+static fg_status lp_index_add(const fg_tensor *dy, int dim, const fg_tensor *idx, fg_tensor *dx) {
+    if (!lowp(dy) && !lowp(dx)) return fg__cpu_index_add(dy, dim, idx, dx);
+    lp c = {0};
+    const fg_tensor *gf = lp_in(&c, dy);
+    fg_tensor *df = lp_out(&c, dx, true);
+    LP_RUN(fg__cpu_index_add(gf, dim, idx, df));
+}
+
+static fg_status lp_gather(const fg_tensor *x, int dim, const fg_tensor *idx, fg_tensor *y) {
+    if (!lowp(x) && !lowp(y)) return fg__cpu_gather(x, dim, idx, y);
+    lp c = {0};
+    const fg_tensor *xf = lp_in(&c, x);
+    fg_tensor *yf = lp_out(&c, y, false);
+    LP_RUN(fg__cpu_gather(xf, dim, idx, yf));
+}
+
+static fg_status lp_scatter_add(const fg_tensor *src, int dim, const fg_tensor *idx, fg_tensor *y) {
+    if (!lowp(src) && !lowp(y)) return fg__cpu_scatter_add(src, dim, idx, y);
+    lp c = {0};
+    const fg_tensor *sf = lp_in(&c, src);
+    fg_tensor *yf = lp_out(&c, y, true);
+    LP_RUN(fg__cpu_scatter_add(sf, dim, idx, yf));
+}
+
+static fg_status lp_max_dim(const fg_tensor *x, int dim, bool is_min, fg_tensor *y,
+                            fg_tensor *idx) {
+    if (!lowp(x) && !lowp(y)) return fg__cpu_max_dim(x, dim, is_min, y, idx);
+    lp c = {0};
+    const fg_tensor *xf = lp_in(&c, x);
+    fg_tensor *yf = lp_out(&c, y, false);
+    LP_RUN(fg__cpu_max_dim(xf, dim, is_min, yf, idx));
+}
+
+static fg_status lp_cumsum(const fg_tensor *x, int dim, bool reverse, fg_tensor *y) {
+    if (!lowp(x) && !lowp(y)) return fg__cpu_cumsum(x, dim, reverse, y);
+    lp c = {0};
+    const fg_tensor *xf = lp_in(&c, x);
+    fg_tensor *yf = lp_out(&c, y, false);
+    LP_RUN(fg__cpu_cumsum(xf, dim, reverse, yf));
+}
+
+static fg_status lp_conv_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
+                             const fg_conv_params *p, fg_tensor *y) {
+    if (!lowp(x) && !lowp(w) && !lowp(b) && !lowp(y)) return fg__cpu_conv2d_fwd(x, w, b, p, y);
+    lp c = {0};
+    const fg_tensor *xf = lp_in(&c, x), *wf = lp_in(&c, w), *bf = lp_in(&c, b);
+    fg_tensor *yf = lp_out(&c, y, false);
+    LP_RUN(fg__cpu_conv2d_fwd(xf, wf, bf, p, yf));
+}
+
+static fg_status lp_conv_bwd_data(const fg_tensor *dy, const fg_tensor *w, const fg_conv_params *p,
+                                  fg_tensor *dx) {
+    if (!lowp(dy) && !lowp(w) && !lowp(dx)) return fg__cpu_conv2d_bwd_data(dy, w, p, dx);
+    lp c = {0};
+    const fg_tensor *gf = lp_in(&c, dy), *wf = lp_in(&c, w);
+    fg_tensor *df = lp_out(&c, dx, true);
+    LP_RUN(fg__cpu_conv2d_bwd_data(gf, wf, p, df));
+}
+
+static fg_status lp_conv_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
+                                    const fg_conv_params *p, fg_tensor *dw, fg_tensor *db) {
+    if (!lowp(x) && !lowp(dy) && !lowp(dw) && !lowp(db))
+        return fg__cpu_conv2d_bwd_weight(x, dy, p, dw, db);
+    lp c = {0};
+    const fg_tensor *xf = lp_in(&c, x), *gf = lp_in(&c, dy);
+    fg_tensor *dwf = dw ? lp_out(&c, dw, true) : NULL, *dbf = db ? lp_out(&c, db, true) : NULL;
+    LP_RUN(fg__cpu_conv2d_bwd_weight(xf, gf, p, dwf, dbf));
+}
+
+static fg_status lp_pool_fwd(const fg_tensor *x, const fg_pool_params *p, fg_tensor *y,
+                             fg_tensor *idx) {
+    if (!lowp(x) && !lowp(y)) return fg__cpu_pool2d_fwd(x, p, y, idx);
+    lp c = {0};
+    const fg_tensor *xf = lp_in(&c, x);
+    fg_tensor *yf = lp_out(&c, y, false);
+    LP_RUN(fg__cpu_pool2d_fwd(xf, p, yf, idx));
+}
+
+static fg_status lp_pool_bwd(const fg_tensor *dy, const fg_tensor *idx, const fg_pool_params *p,
+                             fg_tensor *dx) {
+    if (!lowp(dy) && !lowp(dx)) return fg__cpu_pool2d_bwd(dy, idx, p, dx);
+    lp c = {0};
+    const fg_tensor *gf = lp_in(&c, dy);
+    fg_tensor *df = lp_out(&c, dx, true);
+    LP_RUN(fg__cpu_pool2d_bwd(gf, idx, p, df));
+}
+
 const fg_op_table fg__cpu_ops_lowp = {
     .device = "cpu",
     .matmul = lp_matmul,
@@ -876,16 +1003,21 @@ const fg_op_table fg__cpu_ops_lowp = {
     .dropout_bwd = lp_dropout_bwd,
     .unary_fwd = lp_unary_fwd,
     .unary_bwd = lp_unary_bwd,
-    .add_strided = fg__cpu_add_strided,
-    .where = fg__cpu_where,
+    .add_strided = lp_add_strided,
+    .where = lp_where,
     .index_select = fg__cpu_index_select,
-    .index_add = fg__cpu_index_add,
-    .gather = fg__cpu_gather,
-    .scatter_add = fg__cpu_scatter_add,
-    .max_dim = fg__cpu_max_dim,
-    .cumsum = fg__cpu_cumsum,
+    .index_add = lp_index_add,
+    .gather = lp_gather,
+    .scatter_add = lp_scatter_add,
+    .max_dim = lp_max_dim,
+    .cumsum = lp_cumsum,
     .pointwise_loss_fwd = lp_ploss_fwd,
     .pointwise_loss_bwd = lp_ploss_bwd,
     .nll_fwd = fg__cpu_nll_fwd,
     .nll_bwd = fg__cpu_nll_bwd,
+    .conv2d_fwd = lp_conv_fwd,
+    .conv2d_bwd_data = lp_conv_bwd_data,
+    .conv2d_bwd_weight = lp_conv_bwd_weight,
+    .pool2d_fwd = lp_pool_fwd,
+    .pool2d_bwd = lp_pool_bwd,
 };

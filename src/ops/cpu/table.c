@@ -54,6 +54,11 @@ const fg_op_table fg__cpu_ops = {
     .pointwise_loss_bwd = fg__cpu_pointwise_loss_bwd,
     .nll_fwd = fg__cpu_nll_fwd,
     .nll_bwd = fg__cpu_nll_bwd,
+    .conv2d_fwd = fg__cpu_conv2d_fwd,
+    .conv2d_bwd_data = fg__cpu_conv2d_bwd_data,
+    .conv2d_bwd_weight = fg__cpu_conv2d_bwd_weight,
+    .pool2d_fwd = fg__cpu_pool2d_fwd,
+    .pool2d_bwd = fg__cpu_pool2d_bwd,
 };
 
 /* The f32 line changes as classes are measured: built at each call. */

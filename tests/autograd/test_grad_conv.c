@@ -1,0 +1,270 @@
+/* conv2d / conv1d (stride, padding, "same", dilation, groups, bias),
+ * max / avg / adaptive-avg pooling and batch_norm: gradients by finite
+ * differences in f64 (im2col and the matrix product), values against the
+ * definition, the f32 oneDNN path against im2col (FULGUR_CONV),
+ * the output sizes of PyTorch (ceil_mode, "same"), the running statistics
+ * and the errors. */
+#include <stdlib.h>
+
+#include "gradcheck.h"
+
+static void req(fg_tensor **t, int n) {
+    for (int i = 0; i < n; i++) fg_tensor_set_requires_grad(t[i], true);
+}
+static void free_all(fg_tensor **t, int n) {
+    for (int i = 0; i < n; i++) fg_tensor_free(t[i]);
+}
+
+#define GC(what, f, in, nin, arg) gradcheck(what, f, in, nin, arg, 1e-6, 1e-8)
+
+typedef struct {
+    fg_conv2d_opts o;
+    bool bias, one_d;
+} cv_arg;
+
+static fg_tensor *f_conv(fg_tensor **in, void *arg) {
+    cv_arg *a = arg;
+    return a->one_d ? fg_conv1d(in[0], in[1], a->bias ? in[2] : NULL, &a->o)
+                    : fg_conv2d(in[0], in[1], a->bias ? in[2] : NULL, &a->o);
+}
+
+/* y[n][o][i][j] by the definition, in double */
+static double naive(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b, const cv_arg *a,
+                    int64_t n, int64_t o, int64_t i, int64_t j, int64_t ph, int64_t pw) {
+    int64_t C = fg_tensor_dim(x, 1), H = fg_tensor_dim(x, 2), W = fg_tensor_dim(x, 3);
+    int64_t G = a->o.groups ? a->o.groups : 1, Cg = C / G, O = fg_tensor_dim(w, 0);
+    int64_t KH = fg_tensor_dim(w, 2), KW = fg_tensor_dim(w, 3), g = o / (O / G);
+    int64_t sh = a->o.stride[0] ? a->o.stride[0] : 1, sw = a->o.stride[1] ? a->o.stride[1] : 1;
+    int64_t dh = a->o.dilation[0] ? a->o.dilation[0] : 1;
+    int64_t dw = a->o.dilation[1] ? a->o.dilation[1] : 1;
+    double s = b ? fg_tensor_get(b, o) : 0;
+    for (int64_t c = 0; c < Cg; c++)
+        for (int64_t kh = 0; kh < KH; kh++)
+            for (int64_t kw = 0; kw < KW; kw++) {
+                int64_t ih = i * sh - ph + kh * dh, iw = j * sw - pw + kw * dw;
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                s += fg_tensor_get(x, ((n * C + g * Cg + c) * H + ih) * W + iw) *
+                     fg_tensor_get(w, ((o * Cg + c) * KH + kh) * KW + kw);
+            }
+    return s;
+}
+
+TEST(conv2d_gradients_and_values_every_option) {
+    struct {
+        int64_t N, C, H, W, O, KH, KW;
+        fg_conv2d_opts o;
+        int64_t oh, ow; /* PyTorch's output size */
+    } cases[] = {
+        {2, 3, 7, 6, 4, 3, 3, {{1, 1}, {0, 0}, {1, 1}, 1, false}, 5, 4},
+        {1, 4, 9, 8, 6, 3, 2, {{2, 3}, {1, 2}, {1, 1}, 2, false}, 5, 4},
+        {2, 2, 7, 7, 3, 3, 3, {{1, 1}, {2, 1}, {2, 3}, 1, false}, 7, 3},
+        {1, 3, 6, 5, 3, 2, 4, {{1, 1}, {0, 0}, {1, 2}, 3, true}, 6, 5},
+        {1, 6, 5, 5, 4, 1, 1, {{2, 2}, {0, 0}, {1, 1}, 2, false}, 3, 3},
+        {3, 1, 4, 5, 2, 4, 5, {{0, 0}, {0, 0}, {0, 0}, 0, false}, 1, 1},
+        {2, 4, 5, 3, 6, 1, 1, {{1, 1}, {0, 0}, {1, 1}, 2, false}, 5, 3}, /* no patch matrix */
+    };
+    for (int c = 0; c < 7; c++) {
+        int64_t G = cases[c].o.groups ? cases[c].o.groups : 1;
+        int64_t sx[] = {cases[c].N, cases[c].C, cases[c].H, cases[c].W};
+        int64_t sw[] = {cases[c].O, cases[c].C / G, cases[c].KH, cases[c].KW}, sb[] = {cases[c].O};
+        fg_tensor *in[3] = {gc_randn(4, sx, 10 + c, 1), gc_randn(4, sw, 20 + c, 0.5),
+                            gc_randn(1, sb, 30 + c, 1)};
+        req(in, 3);
+        for (int bias = 0; bias < 2; bias++) {
+            cv_arg a = {cases[c].o, bias, false};
+            CHECK_MSG(GC("conv2d", f_conv, in, 3, &a) == 0, "case %d bias %d", c, bias);
+        }
+        cv_arg a = {cases[c].o, true, false};
+        fg_tensor *y = f_conv(in, &a);
+        CHECK_MSG(y && fg_tensor_dim(y, 2) == cases[c].oh && fg_tensor_dim(y, 3) == cases[c].ow,
+                  "case %d: output %lld x %lld, want %lld x %lld", c,
+                  y ? (long long)fg_tensor_dim(y, 2) : -1LL,
+                  y ? (long long)fg_tensor_dim(y, 3) : -1LL, (long long)cases[c].oh,
+                  (long long)cases[c].ow);
+        int64_t ph = cases[c].o.padding[0], pw = cases[c].o.padding[1];
+        if (cases[c].o.same) {
+            int64_t dh = cases[c].o.dilation[0] ? cases[c].o.dilation[0] : 1;
+            int64_t dw = cases[c].o.dilation[1] ? cases[c].o.dilation[1] : 1;
+            ph = dh * (cases[c].KH - 1) / 2;
+            pw = dw * (cases[c].KW - 1) / 2;
+        }
+        int bad = 0;
+        for (int64_t i = 0; y && i < fg_tensor_numel(y); i++) {
+            int64_t OH = fg_tensor_dim(y, 2), OW = fg_tensor_dim(y, 3), O = cases[c].O;
+            int64_t n = i / (O * OH * OW), o = i / (OH * OW) % O, r = i / OW % OH, s = i % OW;
+            bad += fabs(fg_tensor_get(y, i) - naive(in[0], in[1], in[2], &a, n, o, r, s, ph, pw)) >
+                   1e-13;
+        }
+        CHECK_MSG(bad == 0, "case %d: %d values off the definition", c, bad);
+        /* f32: oneDNN (where built in) against im2col */
+        fg_tensor *x32[3];
+        for (int k = 0; k < 3; k++) {
+            x32[k] = fg_tensor_new(FG_F32, fg_tensor_ndim(in[k]), fg_tensor_shape(in[k]));
+            CHECK_OK(fg_tensor_copy(x32[k], in[k]));
+        }
+        req(x32, 3);
+        fg_tensor *grads[2][3], *ys[2];
+        for (int path = 0; path < 2; path++) {
+            if (path) setenv("FULGUR_CONV", "im2col", 1);
+            else unsetenv("FULGUR_CONV");
+            for (int k = 0; k < 3; k++) fg_tensor_zero_grad(x32[k]);
+            ys[path] = f_conv(x32, &a);
+            fg_tensor *seed = ys[path] ? fg_full(FG_F32, 4, fg_tensor_shape(ys[path]), 0.5) : NULL;
+            CHECK_OK(fg_backward_with(ys[path], seed));
+            for (int k = 0; k < 3; k++) {
+                grads[path][k] = fg_empty(FG_F32, fg_tensor_ndim(in[k]), fg_tensor_shape(in[k]));
+                CHECK_OK(fg_tensor_copy(grads[path][k], fg_tensor_grad(x32[k])));
+            }
+        }
+        unsetenv("FULGUR_CONV");
+        bad = 0;
+        for (int64_t i = 0; ys[0] && ys[1] && i < fg_tensor_numel(ys[0]); i++)
+            bad += fabs(fg_tensor_get(ys[0], i) - fg_tensor_get(ys[1], i)) > 1e-5;
+        for (int k = 0; k < 3; k++)
+            for (int64_t i = 0; i < fg_tensor_numel(grads[0][k]); i++)
+                bad += fabs(fg_tensor_get(grads[0][k], i) - fg_tensor_get(grads[1][k], i)) >
+                       1e-5 * (1 + fabs(fg_tensor_get(grads[1][k], i)));
+        CHECK_MSG(bad == 0, "case %d: f32 paths differ in %d values", c, bad);
+        fg_step_reset();
+        free_all(in, 3);
+        free_all(x32, 3);
+    }
+    /* errors */
+    fg_tensor *x = fg_zeros(FG_F64, 4, (int64_t[]){1, 4, 5, 5});
+    fg_tensor *w = fg_zeros(FG_F64, 4, (int64_t[]){2, 3, 3, 3});
+    CHECK(fg_conv2d(x, w, NULL, NULL) == NULL);
+    CHECK_CONTAINS(fg_last_error(), "groups 1");
+    w = fg_zeros(FG_F64, 4, (int64_t[]){2, 4, 7, 3});
+    CHECK(fg_conv2d(x, w, NULL, NULL) == NULL);
+    CHECK_CONTAINS(fg_last_error(), "smaller than");
+    CHECK(fg_conv2d(x, w, NULL, &(fg_conv2d_opts){.stride = {2, 2}, .same = true}) == NULL);
+    CHECK_CONTAINS(fg_last_error(), "stride 1");
+    fg_step_reset();
+}
+
+TEST(conv1d_gradients) {
+    int64_t sx[] = {2, 4, 11}, sw[] = {6, 2, 3}, sb[] = {6};
+    fg_tensor *in[3] = {gc_randn(3, sx, 1, 1), gc_randn(3, sw, 2, 0.5), gc_randn(1, sb, 3, 1)};
+    req(in, 3);
+    cv_arg args[] = {{{{2, 0}, {1, 0}, {2, 0}, 2, false}, true, true},
+                     {{{1, 0}, {0, 0}, {3, 0}, 2, true}, false, true}};
+    for (int k = 0; k < 2; k++) CHECK_MSG(GC("conv1d", f_conv, in, 3, &args[k]) == 0, "%d", k);
+    fg_tensor *y = f_conv(in, &args[0]); /* (11 + 2 - 5) / 2 + 1 = 5 */
+    CHECK(y && fg_tensor_ndim(y) == 3 && fg_tensor_dim(y, 2) == 5);
+    y = f_conv(in, &args[1]);
+    CHECK(y && fg_tensor_dim(y, 2) == 11);
+    fg_step_reset();
+    free_all(in, 3);
+}
+
+typedef struct {
+    int kind;
+    int64_t k[2], s[2], p[2], d[2];
+    bool ceil, cip;
+    int64_t oh, ow;
+} pl_arg;
+
+static fg_tensor *f_pool(fg_tensor **in, void *arg) {
+    pl_arg *a = arg;
+    if (a->kind == 0) return fg_max_pool2d(in[0], a->k, a->s, a->p, a->d, a->ceil, NULL);
+    if (a->kind == 1) return fg_avg_pool2d(in[0], a->k, a->s, a->p, a->ceil, a->cip);
+    return fg_adaptive_avg_pool2d(in[0], a->oh, a->ow);
+}
+
+TEST(pooling_gradients_sizes_and_values) {
+    int64_t sx[] = {2, 3, 7, 9};
+    fg_tensor *x = gc_randn(4, sx, 5, 1);
+    req(&x, 1);
+    pl_arg cases[] = {
+        {0, {2, 2}, {2, 2}, {0, 0}, {1, 1}, false, false, 3, 4},
+        {0, {3, 2}, {2, 1}, {1, 1}, {1, 2}, true, false, 4, 9},
+        {0, {3, 3}, {0, 0}, {1, 0}, {2, 1}, false, false, 2, 3},
+        {1, {3, 3}, {2, 2}, {1, 1}, {1, 1}, false, true, 4, 5},
+        {1, {3, 3}, {2, 2}, {1, 1}, {1, 1}, true, false, 4, 5},
+        {1, {2, 4}, {3, 3}, {0, 2}, {1, 1}, true, true, 3, 4},
+        {2, {0, 0}, {0, 0}, {0, 0}, {0, 0}, false, false, 3, 4},
+        {2, {0, 0}, {0, 0}, {0, 0}, {0, 0}, false, false, 1, 1},
+        {2, {0, 0}, {0, 0}, {0, 0}, {0, 0}, false, false, 7, 9},
+    };
+    for (int c = 0; c < 9; c++) {
+        CHECK_MSG(GC("pool", f_pool, &x, 1, &cases[c]) == 0, "case %d", c);
+        fg_tensor *y = f_pool(&x, &cases[c]);
+        CHECK_MSG(y && fg_tensor_dim(y, 2) == cases[c].oh && fg_tensor_dim(y, 3) == cases[c].ow,
+                  "case %d: %lld x %lld", c, y ? (long long)fg_tensor_dim(y, 2) : -1LL,
+                  y ? (long long)fg_tensor_dim(y, 3) : -1LL);
+    }
+    /* values: max with its index; avg with and without the padding counted */
+    fg_tensor *idx = NULL;
+    fg_tensor *y = fg_max_pool2d(x, (int64_t[]){2, 2}, NULL, NULL, NULL, false, &idx);
+    double m = -INFINITY;
+    int best = -1;
+    for (int i = 2; i < 4; i++)
+        for (int j = 4; j < 6; j++)
+            if (fg_tensor_get(x, 63 + i * 9 + j) > m)
+                m = fg_tensor_get(x, 63 + i * 9 + j), best = i * 9 + j;
+    CHECK(y && fg_tensor_get(y, 12 + 1 * 4 + 2) == m && fg_tensor_get(idx, 12 + 6) == best);
+    y = fg_avg_pool2d(x, (int64_t[]){3, 3}, (int64_t[]){2, 2}, (int64_t[]){1, 1}, false, true);
+    double s = 0;
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) s += fg_tensor_get(x, i * 9 + j);
+    CHECK_CLOSE(fg_tensor_get(y, 0), s / 9, 1e-15, 1e-15);
+    y = fg_avg_pool2d(x, (int64_t[]){3, 3}, (int64_t[]){2, 2}, (int64_t[]){1, 1}, false, false);
+    CHECK_CLOSE(fg_tensor_get(y, 0), s / 4, 1e-15, 1e-15);
+    y = fg_adaptive_avg_pool2d(x, 1, 1);
+    s = 0;
+    for (int i = 0; i < 63; i++) s += fg_tensor_get(x, i);
+    CHECK_CLOSE(fg_tensor_get(y, 0), s / 63, 1e-14, 1e-15);
+    CHECK(fg_max_pool2d(x, (int64_t[]){2, 2}, NULL, (int64_t[]){2, 0}, NULL, false, NULL) == NULL);
+    CHECK_CONTAINS(fg_last_error(), "half the kernel");
+    fg_step_reset();
+    fg_tensor_free(x);
+}
+
+typedef struct {
+    bool training;
+    fg_tensor *rm, *rv;
+} bn_arg;
+
+static fg_tensor *f_bn(fg_tensor **in, void *arg) {
+    bn_arg *a = arg;
+    return fg_batch_norm(in[0], a->rm, a->rv, in[1], in[2], a->training, 0.1, 1e-5);
+}
+
+TEST(batch_norm_gradients_and_running_stats) {
+    int64_t sx[] = {4, 3, 5, 2}, sc[] = {3}, s1[] = {6, 3};
+    fg_tensor *in[3] = {gc_randn(4, sx, 7, 2), gc_randn(1, sc, 8, 1), gc_randn(1, sc, 9, 1)};
+    req(in, 3);
+    fg_tensor *rm = fg_tensor_new(FG_F64, 1, sc), *rv = fg_tensor_new(FG_F64, 1, sc);
+    CHECK_OK(fg_tensor_fill(rv, 2));
+    bn_arg tr = {true, NULL, NULL}, ev = {false, rm, rv};
+    CHECK(GC("batch_norm train", f_bn, in, 3, &tr) == 0);
+    CHECK(GC("batch_norm eval", f_bn, in, 3, &ev) == 0);
+    fg_tensor *x1[3] = {gc_randn(2, s1, 10, 1), in[1], in[2]};
+    req(x1, 1);
+    CHECK(GC("batch_norm (N, C)", f_bn, x1, 3, &tr) == 0);
+    /* the running statistics: 0.9 old + 0.1 batch (unbiased variance) */
+    bn_arg up = {true, rm, rv};
+    fg_tensor *y = f_bn(in, &up);
+    CHECK(y != NULL);
+    double m = 0, v = 0;
+    for (int n = 0; n < 4; n++)
+        for (int k = 0; k < 10; k++) m += fg_tensor_get(in[0], n * 30 + 1 * 10 + k);
+    m /= 40;
+    for (int n = 0; n < 4; n++)
+        for (int k = 0; k < 10; k++) {
+            double d = fg_tensor_get(in[0], n * 30 + 10 + k) - m;
+            v += d * d;
+        }
+    CHECK_CLOSE(fg_tensor_get(rm, 1), 0.1 * m, 1e-14, 1e-15);
+    CHECK_CLOSE(fg_tensor_get(rv, 1), 0.9 * 2 + 0.1 * v / 39, 1e-14, 1e-15);
+    /* normalised: channel 1 of y has mean b[1] and biased variance w[1]^2 (to eps) */
+    double ym = 0;
+    for (int n = 0; n < 4; n++)
+        for (int k = 0; k < 10; k++) ym += fg_tensor_get(y, n * 30 + 10 + k);
+    CHECK_CLOSE(ym / 40, fg_tensor_get(in[2], 1), 1e-12, 1e-12);
+    fg_step_reset();
+    free_all(in, 3);
+    fg_tensor_free(x1[0]);
+    fg_tensor_free(rm);
+    fg_tensor_free(rv);
+}
