@@ -68,8 +68,8 @@ FG_API fg_lr_scheduler *fg_linear_lr_new(fg_optimizer *opt, const fg_linear_lr_o
  * base_momentum and max_momentum, for every group. Stepping past
  * total_steps is an error, as in PyTorch. */
 typedef struct fg_one_cycle_opts {
-    double max_lr;           /* > 0, required */
-    int64_t total_steps;     /* or epochs * steps_per_epoch */
+    double max_lr;       /* > 0, required */
+    int64_t total_steps; /* or epochs * steps_per_epoch */
     int64_t epochs, steps_per_epoch;
     double pct_start;        /* in (0, 1); 0 means 0.3 */
     bool anneal_linear;      /* anneal linearly (PyTorch's 'linear'); default 'cos' */
@@ -88,16 +88,16 @@ FG_API fg_lr_scheduler *fg_one_cycle_lr_new(fg_optimizer *opt, const fg_one_cycl
  * relative, cooldown 0, min_lr 0, eps 1e-8). Step it with
  * fg_lr_scheduler_step_value. */
 typedef struct fg_plateau_opts {
-    bool mode_max;         /* PyTorch's mode='max'; default 'min' */
-    double factor;         /* in (0, 1); 0 means 0.1 */
-    int64_t patience;      /* >= 0; 0 means 10 (set patience_zero for 0) */
+    bool mode_max;    /* PyTorch's mode='max'; default 'min' */
+    double factor;    /* in (0, 1); 0 means 0.1 */
+    int64_t patience; /* >= 0; 0 means 10 (set patience_zero for 0) */
     bool patience_zero;
-    double threshold;      /* >= 0; 0 means 1e-4 (set threshold_zero for 0) */
+    double threshold; /* >= 0; 0 means 1e-4 (set threshold_zero for 0) */
     bool threshold_zero;
-    bool threshold_abs;    /* PyTorch's threshold_mode='abs'; default 'rel' */
-    int64_t cooldown;      /* >= 0 */
-    double min_lr;         /* >= 0, every group */
-    double eps;            /* 0 means 1e-8 */
+    bool threshold_abs; /* PyTorch's threshold_mode='abs'; default 'rel' */
+    int64_t cooldown;   /* >= 0 */
+    double min_lr;      /* >= 0, every group */
+    double eps;         /* 0 means 1e-8 */
 } fg_plateau_opts;
 FG_API fg_lr_scheduler *fg_reduce_lr_on_plateau_new(fg_optimizer *opt, const fg_plateau_opts *o);
 

@@ -144,9 +144,7 @@ fg_status fg_lr_scheduler_step(fg_lr_scheduler *s) {
     return step_any(s, -1);
 }
 
-bool fg_lr_scheduler_needs_value(const fg_lr_scheduler *s) {
-    return s && s->kind == FG__S_PLATEAU;
-}
+bool fg_lr_scheduler_needs_value(const fg_lr_scheduler *s) { return s && s->kind == FG__S_PLATEAU; }
 
 /* the parts' checks of SequentialLR and ChainedScheduler; frees them on failure */
 static bool parts_ok(const char *what, fg_optimizer *opt, fg_lr_scheduler *const *scheds, int n) {
@@ -292,8 +290,8 @@ static void save(const fg_lr_scheduler *s, sbuf *b) {
     put(b, "%.17g ", (double)s->ng, NULL);
     for (int g = 0; g < s->ng; g++) put(b, "%.17g ", s->base_lrs[g], NULL);
     for (int g = 0; g < s->ng; g++) put(b, "%.17g ", s->last_lr[g], NULL);
-    double rest[] = {s->T_cur, s->T_i, s->momentum, s->best, (double)s->num_bad,
-                     (double)s->cooldown_counter};
+    double rest[] = {
+        s->T_cur, s->T_i, s->momentum, s->best, (double)s->num_bad, (double)s->cooldown_counter};
     for (size_t i = 0; i < sizeof rest / sizeof *rest; i++) put(b, "%.17g ", rest[i], NULL);
     for (int i = 0; i < s->nsub; i++) save(s->sub[i], b);
 }
@@ -334,8 +332,8 @@ static fg_status load(fg_lr_scheduler *s, const char **p, bool apply) {
         char *end;
         v[i] = strtod(*p, &end);
         if (end == *p)
-            return fg_error(FG_EMISMATCH, "lr_scheduler_state_load: %s: number %d is missing",
-                            name, i);
+            return fg_error(FG_EMISMATCH, "lr_scheduler_state_load: %s: number %d is missing", name,
+                            i);
         *p = end;
         if (i == 2 && v[2] != s->ng)
             return fg_error(FG_EMISMATCH,
