@@ -50,7 +50,6 @@
 #include <stdio.h>
 
 #include "fulgur/fabric.h"
-#include "fulgur/lr_scheduler.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -123,7 +122,7 @@ typedef struct fg_optimizer_config {
     void *lr_ud;                          /* handed to lr_at */
     fg_lr_interval interval;
     int64_t frequency; /* 0 = 1 */
-    /* Or a PyTorch scheduler (lr_scheduler.h), with Lightning's
+    /* Or a PyTorch scheduler (optim.h's fg_lr_scheduler), with Lightning's
      * lr_scheduler_config {"scheduler", "interval", "frequency", "monitor"}:
      * consumed (freed with the optimizer); exclusive with schedule/lr_at.
      * It steps every `frequency` optimizer steps (interval step: when

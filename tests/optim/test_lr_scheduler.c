@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "fulgur/lr_scheduler.h"
+#include "fulgur/optim.h"
 #include "harness.h"
 #include "optim/optim_impl.h"
 #include "ref/ref_file.h"
