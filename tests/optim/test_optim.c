@@ -169,6 +169,9 @@ static void trajectory(fg_dtype dt, double rtol) {
 
 TEST(trajectories_f64) { trajectory(FG_F64, 1e-12); }
 TEST(trajectories_f32) { trajectory(FG_F32, 1e-5); }
+/* bf16 parameters (bf16-true): the f32 update on widened pieces, rounded
+ * once per step: PyTorch's f64 trajectory to bf16's precision */
+TEST(trajectories_bf16) { trajectory(FG_BF16, 2e-2); }
 
 TEST(no_decay_on_vectors) {
     /* zero gradients: only decay moves the parameters (AdamW's update is
