@@ -129,9 +129,9 @@ typedef struct fg_optimizer_config {
      * (batch_idx + 1) % frequency == 0 after a batch that stepped, batch_idx
      * counting in the epoch, as Lightning) or epochs (interval epoch: after
      * the epoch's last batch, when (current_epoch + 1) % frequency == 0).
-     * One difference in order: a non-plateau scheduler steps right after
-     * the optimizer step, before on_train_batch_end (Lightning: after it),
-     * so that a checkpoint saved in that hook holds the stepped state and
+     * A non-plateau scheduler steps right after the optimizer step, before
+     * on_train_batch_end (as Lightning 2's), so a checkpoint saved in that
+     * hook holds the stepped state and
      * resumes bitwise. The scheduler's state is in the trainer's
      * checkpoints ("trainer.lr_scheduler"). */
     fg_lr_scheduler *scheduler;

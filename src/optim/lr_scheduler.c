@@ -39,15 +39,15 @@ fg_lr_scheduler *fg__sched_alloc(fg__sk kind, fg_optimizer *opt, const char *wha
         fg_error(FG_ENOMEM, "%s: %d groups", what, opt->ngroups);
         return NULL;
     }
-    /* group.setdefault('initial_lr', group['lr']) (ReduceLROnPlateau too:
-     * harmless, it never reads them) */
+    /* group.setdefault('initial_lr', group['lr']) (not by ReduceLROnPlateau,
+     * which is no _LRScheduler in PyTorch and never reads them) */
     for (int g = 0; g < s->ng; g++) {
         fg__pgroup *pg = &opt->group[g];
-        if (!pg->has_initial) {
+        if (!pg->has_initial && kind != FG__S_PLATEAU) {
             pg->initial_lr = pg->lr;
             pg->has_initial = true;
         }
-        s->base_lrs[g] = pg->initial_lr;
+        s->base_lrs[g] = pg->has_initial ? pg->initial_lr : pg->lr;
         s->last_lr[g] = pg->lr;
     }
     s->last_epoch = -1;
