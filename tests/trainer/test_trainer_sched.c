@@ -170,6 +170,7 @@ TEST(interval_epoch) {
         CHECK_MSG(m.lr_at_batch[b] == 0.1 * pow(0.5, (double)(b / 10)), "batch %lld: lr %.17g",
                   (long long)b, m.lr_at_batch[b]);
     CHECK(r.lr0 == 0.1 * 0.125);
+    free(r.params);
     /* frequency 2: after epochs 2 and 4 */
     m = (sched_module){.c = {.kind = 1, .interval = FG_INTERVAL_EPOCH, .frequency = 2}};
     run(&m, 4, 0, 0, NULL, 0, NULL, NULL, &r);
