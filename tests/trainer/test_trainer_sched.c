@@ -100,6 +100,8 @@ typedef struct run_out {
     int64_t step;
 } run_out;
 
+static fg_logger *g_logger; /* a test's logger, or none */
+
 /* 10 batches of 4 an epoch; val every val_every batches (0: each epoch) */
 static void run(sched_module *m, int64_t max_epochs, int64_t max_steps, int64_t val_every,
                 const double *val_curve, int64_t ncurve, fg_callback *cb, const char *ckpt,
@@ -128,7 +130,10 @@ static void run(sched_module *m, int64_t max_epochs, int64_t max_steps, int64_t 
                            .ncallbacks = cb ? 1 : 0,
                            .enable_progress_bar = FG_OFF,
                            .enable_checkpointing = FG_OFF,
-                           .logger = FG_OFF});
+                           .log_every_n_steps = 1,
+                           .loggers = g_logger ? &g_logger : NULL,
+                           .nloggers = g_logger ? 1 : 0,
+                           .logger = g_logger ? FG_FLAG_DEFAULT : FG_OFF});
     out->st = fg_trainer_fit(t, &lm, tl, vl, ckpt);
     snprintf(out->err, sizeof out->err, "%s", out->st != FG_OK ? fg_last_error() : "");
     fg_optimizer *o = fg_trainer_optimizer(t);
@@ -228,6 +233,56 @@ TEST(errors) {
     free(r.params);
     fg_optimizer_free(m.c.other);
     fg_module_free(net);
+}
+
+/* LearningRateMonitor: per step with a scheduler by step, one column per
+ * group ("lr-Adam/pg1", "lr-Adam/pg2"), the lrs the batches ran with */
+typedef struct cap_logger {
+    double lr[2][64];
+    int64_t step[2][64];
+    int n[2];
+    bool bad_name;
+} cap_logger;
+
+static fg_status cap_log(void *ud, const fg_metric *m, int64_t n, int64_t step) {
+    cap_logger *c = ud;
+    for (int64_t i = 0; i < n; i++) {
+        if (strncmp(m[i].name, "lr-", 3)) continue;
+        int g = !strcmp(m[i].name, "lr-Adam/pg1") ? 0 : !strcmp(m[i].name, "lr-Adam/pg2") ? 1 : -1;
+        if (g < 0) {
+            c->bad_name = true;
+            continue;
+        }
+        if (c->n[g] < 64) {
+            c->step[g][c->n[g]] = step;
+            c->lr[g][c->n[g]++] = m[i].value;
+        }
+    }
+    return FG_OK;
+}
+
+TEST(lr_monitor_per_group) {
+    cap_logger cap = {0};
+    g_logger = fg_logger_new(&(fg_logger_ops){.log_metrics = cap_log}, &cap);
+    fg_callback *mon = fg_lr_monitor_new(NULL);
+    sched_module m = {.c = {.kind = 4, .interval = FG_INTERVAL_STEP}};
+    run_out r;
+    run(&m, 1, 0, 0, NULL, 0, mon, NULL, &r);
+    CHECK_OK(r.st);
+    CHECK(!cap.bad_name);
+    CHECK_MSG(cap.n[0] == 10 && cap.n[1] == 10, "%d and %d rows", cap.n[0], cap.n[1]);
+    for (int k = 0; k < cap.n[0] && k < 10; k++) {
+        int64_t b = cap.step[0][k];
+        CHECK(b == k && cap.step[1][k] == k);
+        CHECK_MSG(cap.lr[0][k] == m.lr_at_batch[b] && cap.lr[1][k] == m.lr1_at_batch[b],
+                  "step %lld: logged %g/%g, the batch ran with %g/%g", (long long)b, cap.lr[0][k],
+                  cap.lr[1][k], m.lr_at_batch[b], m.lr1_at_batch[b]);
+    }
+    CHECK(m.lr_at_batch[0] != m.lr1_at_batch[0] && m.lr_at_batch[1] != m.lr_at_batch[0]);
+    free(r.params);
+    fg_callback_free(mon);
+    fg_logger_free(g_logger);
+    g_logger = NULL;
 }
 
 /* -------------------------------------------------------------- resume */
