@@ -10,6 +10,7 @@
 #include "fulgur/fabric.h"
 #include "fulgur/kinds.h"
 #include "fulgur/launch.h"
+#include "fulgur/metrics.h"
 #include "fulgur/nn.h"
 #include "fulgur/ops.h"
 #include "fulgur/optim.h"

@@ -122,6 +122,26 @@ typedef struct fg_optimizer_config {
     void *lr_ud;                          /* handed to lr_at */
     fg_lr_interval interval;
     int64_t frequency; /* 0 = 1 */
+    /* Or a PyTorch scheduler (optim.h's fg_lr_scheduler), with Lightning's
+     * lr_scheduler_config {"scheduler", "interval", "frequency", "monitor"}:
+     * consumed (freed with the optimizer); exclusive with schedule/lr_at.
+     * It steps every `frequency` optimizer steps (interval step: when
+     * (batch_idx + 1) % frequency == 0 after a batch that stepped, batch_idx
+     * counting in the epoch, as Lightning) or epochs (interval epoch: after
+     * the epoch's last batch, when (current_epoch + 1) % frequency == 0).
+     * A non-plateau scheduler steps right after the optimizer step, before
+     * on_train_batch_end (as Lightning 2's), so a checkpoint saved in that
+     * hook holds the stepped state and
+     * resumes bitwise. The scheduler's state is in the trainer's
+     * checkpoints ("trainer.lr_scheduler"). */
+    fg_lr_scheduler *scheduler;
+    /* ReduceLROnPlateau: the callback metric it steps on (required for it,
+     * as Lightning's "monitor"); it steps after the batch's validation
+     * (interval step) or at the epoch's end, after its validation and
+     * before the on_train_epoch_end hooks (interval epoch; Lightning: after
+     * them: here a checkpoint saved in them resumes bitwise). A monitor that is not logged is an
+     * error naming the available metrics (Lightning's strict=True). Copied. */
+    const char *monitor;
 } fg_optimizer_config;
 
 /* A hook: returns FG_OK, or an error status with a message (fg_error),

@@ -16,8 +16,8 @@ static fg_status adamw_step_range(fg_optimizer *o, int64_t begin, int64_t end, v
         if (lo >= hi) continue;
         size_t at = es * (size_t)(lo - begin), st = fg_dtype_size(o->sdt) * (size_t)(lo - begin);
         fg__k_adamw(o->dt, (char *)param + at, (const char *)grad + at, (char *)state[0] + st,
-                    (char *)state[1] + st, hi - lo, 1 - o->seg_lr[k] * o->seg_wd[k], ao->beta1, ao->beta2,
-                    o->seg_lr[k] / bc1, sqrt(bc2), ao->eps);
+                    (char *)state[1] + st, hi - lo, 1 - o->seg_lr[k] * o->seg_wd[k], ao->beta1,
+                    ao->beta2, o->seg_lr[k] / bc1, sqrt(bc2), ao->eps);
     }
     return FG_OK;
 }

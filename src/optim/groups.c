@@ -114,8 +114,7 @@ fg_status fg_optimizer_set_group_lr(fg_optimizer *o, int g, double lr) {
 
 fg_status fg_optimizer_set_group_weight_decay(fg_optimizer *o, int g, double wd) {
     if (!group_ok(o, g))
-        return fg_error(FG_EINVAL, "set_group_weight_decay: group %d of %d", g,
-                        o ? o->ngroups : 0);
+        return fg_error(FG_EINVAL, "set_group_weight_decay: group %d of %d", g, o ? o->ngroups : 0);
     if (!(wd >= 0) || !isfinite(wd))
         return fg_error(FG_EINVAL,
                         "set_group_weight_decay: group %d weight_decay = %g: expected >= 0", g, wd);

@@ -54,16 +54,16 @@ typedef struct {
     void (*adamw)(float *restrict p, const float *restrict g, float *restrict m1,
                   float *restrict m2, int64_t n, float decay, float b1, float c1, float b2,
                   float c2, float step, float rb, float eps);
-    void (*adam)(float *restrict p, const float *restrict g, float *restrict m1,
-                 float *restrict m2, float *restrict m3, int64_t n, float wd, float b1, float c1,
-                 float b2, float c2, float step, float rb, float eps);
+    void (*adam)(float *restrict p, const float *restrict g, float *restrict m1, float *restrict m2,
+                 float *restrict m3, int64_t n, float wd, float b1, float c1, float b2, float c2,
+                 float step, float rb, float eps);
     void (*rmsprop)(float *restrict p, const float *restrict g, float *restrict sq,
                     float *restrict buf, float *restrict ga, int64_t n, float lr, float wd,
                     float alpha, float c, float eps, float mu);
     void (*adagrad)(float *restrict p, const float *restrict g, float *restrict sum, int64_t n,
                     float clr, float wd, float eps);
-    void (*lion)(float *restrict p, const float *restrict g, float *restrict m, int64_t n,
-                 float lr, float decay, float b1, float c1, float b2, float c2);
+    void (*lion)(float *restrict p, const float *restrict g, float *restrict m, int64_t n, float lr,
+                 float decay, float b1, float c1, float b2, float c2);
     void (*sumsq_blocks)(const float *restrict x, int64_t n, double *restrict part);
     void (*scale)(float *restrict x, int64_t n, float s);
 } f32_kernels;
@@ -154,24 +154,24 @@ void fg__k_adam(fg_dtype dt, void *p, const void *g, void *m1, void *m2, void *m
         LOWP_LOOP(fg__k_adam(FG_F32, pf, gf, AT(m1), AT(m2), AT(m3), k, wd, beta1, beta2, step,
                              bc2_sqrt, eps));
     else if (dt == FG_F32)
-        f32k()->adam(p, g, m1, m2, m3, n, (float)wd, (float)beta1, (float)(1 - beta1),
-                     (float)beta2, (float)(1 - beta2), (float)step, (float)bc2_sqrt, (float)eps);
-    else
-        adam_f64(p, g, m1, m2, m3, n, wd, beta1, 1 - beta1, beta2, 1 - beta2, step, bc2_sqrt, eps);
+        f32k()->adam(p, g, m1, m2, m3, n, (float)wd, (float)beta1, (float)(1 - beta1), (float)beta2,
+                     (float)(1 - beta2), (float)step, (float)bc2_sqrt, (float)eps);
+    else adam_f64(p, g, m1, m2, m3, n, wd, beta1, 1 - beta1, beta2, 1 - beta2, step, bc2_sqrt, eps);
 }
 
 void fg__k_rmsprop(fg_dtype dt, void *p, const void *g, void *sq, void *buf, void *ga, int64_t n,
                    double lr, double wd, double alpha, double eps, double mu) {
     if (is_lowp(dt))
-        LOWP_LOOP(fg__k_rmsprop(FG_F32, pf, gf, AT(sq), AT(buf), AT(ga), k, lr, wd, alpha, eps, mu));
+        LOWP_LOOP(
+            fg__k_rmsprop(FG_F32, pf, gf, AT(sq), AT(buf), AT(ga), k, lr, wd, alpha, eps, mu));
     else if (dt == FG_F32)
         f32k()->rmsprop(p, g, sq, buf, ga, n, (float)lr, (float)wd, (float)alpha,
                         (float)(1 - alpha), (float)eps, (float)mu);
     else rmsprop_f64(p, g, sq, buf, ga, n, lr, wd, alpha, 1 - alpha, eps, mu);
 }
 
-void fg__k_adagrad(fg_dtype dt, void *p, const void *g, void *sum, int64_t n, double clr,
-                   double wd, double eps) {
+void fg__k_adagrad(fg_dtype dt, void *p, const void *g, void *sum, int64_t n, double clr, double wd,
+                   double eps) {
     if (is_lowp(dt)) LOWP_LOOP(fg__k_adagrad(FG_F32, pf, gf, AT(sum), k, clr, wd, eps));
     else if (dt == FG_F32) f32k()->adagrad(p, g, sum, n, (float)clr, (float)wd, (float)eps);
     else adagrad_f64(p, g, sum, n, clr, wd, eps);

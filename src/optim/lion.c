@@ -15,8 +15,7 @@ static fg_status lion_step_range(fg_optimizer *o, int64_t begin, int64_t end, vo
         if (lo >= hi) continue;
         size_t at = es * (size_t)(lo - begin), st = ss * (size_t)(lo - begin);
         fg__k_lion(o->dt, (char *)param + at, (const char *)grad + at, (char *)state[0] + st,
-                   hi - lo, o->seg_lr[k], 1 - o->seg_lr[k] * o->seg_wd[k], lio->beta1,
-                   lio->beta2);
+                   hi - lo, o->seg_lr[k], 1 - o->seg_lr[k] * o->seg_wd[k], lio->beta1, lio->beta2);
     }
     return FG_OK;
 }

@@ -83,9 +83,7 @@ fg_status fg__sched_get_lr(fg_lr_scheduler *s, double *out) {
     for (int g = 0; g < s->ng; g++) {
         double lr = grp[g].lr, base = s->base_lrs[g];
         switch (s->kind) {
-        case FG__S_STEP:
-            out[g] = le == 0 || le % s->step_size != 0 ? lr : lr * s->gamma;
-            break;
+        case FG__S_STEP: out[g] = le == 0 || le % s->step_size != 0 ? lr : lr * s->gamma; break;
         case FG__S_MULTISTEP: {
             int count = 0;
             for (int i = 0; i < s->nms; i++) count += s->ms[i] == le;
@@ -98,8 +96,9 @@ fg_status fg__sched_get_lr(fg_lr_scheduler *s, double *out) {
             if (le == 0) out[g] = lr * sf;
             else if (le > s->total_iters) out[g] = lr;
             else
-                out[g] = lr * (1. + (ef - sf) / ((double)s->total_iters * sf +
-                                                 (double)(le - 1) * (ef - sf)));
+                out[g] =
+                    lr *
+                    (1. + (ef - sf) / ((double)s->total_iters * sf + (double)(le - 1) * (ef - sf)));
             break;
         }
         case FG__S_COSINE: {
@@ -142,8 +141,8 @@ bool fg__sched_closed_form(const fg_lr_scheduler *s, double *out) {
             break;
         }
         case FG__S_COSINE:
-            out[g] = s->eta_min + (base - s->eta_min) *
-                                      (1 + cos(PI * (double)le / (double)s->T_max)) / 2;
+            out[g] = s->eta_min +
+                     (base - s->eta_min) * (1 + cos(PI * (double)le / (double)s->T_max)) / 2;
             break;
         default: return false;
         }
@@ -186,8 +185,9 @@ fg_status fg__sched_warm_step(fg_lr_scheduler *s, int64_t epoch) {
 fg_lr_scheduler *fg_step_lr_new(fg_optimizer *opt, int64_t step_size, double gamma) {
     if (gamma == 0) gamma = 0.1;
     if (step_size <= 0 || !(gamma > 0) || !isfinite(gamma)) {
-        fg_error(FG_EINVAL, "step_lr_new: step_size = %lld, gamma = %g: expected step_size > 0 "
-                            "and gamma > 0",
+        fg_error(FG_EINVAL,
+                 "step_lr_new: step_size = %lld, gamma = %g: expected step_size > 0 "
+                 "and gamma > 0",
                  (long long)step_size, gamma);
         return NULL;
     }
@@ -207,8 +207,9 @@ fg_lr_scheduler *fg_multistep_lr_new(fg_optimizer *opt, const int64_t *milestone
                                      double gamma) {
     if (gamma == 0) gamma = 0.1;
     if (n < 0 || (n > 0 && !milestones) || !(gamma > 0) || !isfinite(gamma)) {
-        fg_error(FG_EINVAL, "multistep_lr_new: %d milestones (%s), gamma = %g: expected an array "
-                            "and gamma > 0",
+        fg_error(FG_EINVAL,
+                 "multistep_lr_new: %d milestones (%s), gamma = %g: expected an array "
+                 "and gamma > 0",
                  n, milestones ? "given" : "NULL", gamma);
         return NULL;
     }
@@ -238,8 +239,9 @@ fg_lr_scheduler *fg_exponential_lr_new(fg_optimizer *opt, double gamma) {
 
 fg_lr_scheduler *fg_cosine_annealing_lr_new(fg_optimizer *opt, int64_t T_max, double eta_min) {
     if (T_max <= 0 || !(eta_min >= 0)) {
-        fg_error(FG_EINVAL, "cosine_annealing_lr_new: T_max = %lld, eta_min = %g: expected "
-                            "T_max > 0 and eta_min >= 0",
+        fg_error(FG_EINVAL,
+                 "cosine_annealing_lr_new: T_max = %lld, eta_min = %g: expected "
+                 "T_max > 0 and eta_min >= 0",
                  (long long)T_max, eta_min);
         return NULL;
     }
@@ -254,8 +256,9 @@ fg_lr_scheduler *fg_cosine_warm_restarts_new(fg_optimizer *opt, int64_t T_0, int
                                              double eta_min) {
     if (T_mult == 0) T_mult = 1;
     if (T_0 <= 0 || T_mult < 1 || !(eta_min >= 0)) {
-        fg_error(FG_EINVAL, "cosine_warm_restarts_new: T_0 = %lld, T_mult = %lld, eta_min = %g: "
-                            "expected T_0 > 0, T_mult >= 1, eta_min >= 0",
+        fg_error(FG_EINVAL,
+                 "cosine_warm_restarts_new: T_0 = %lld, T_mult = %lld, eta_min = %g: "
+                 "expected T_0 > 0, T_mult >= 1, eta_min >= 0",
                  (long long)T_0, (long long)T_mult, eta_min);
         return NULL;
     }
@@ -274,10 +277,11 @@ fg_lr_scheduler *fg_linear_lr_new(fg_optimizer *opt, const fg_linear_lr_opts *op
     if (o.start_factor == 0) o.start_factor = 1.0 / 3;
     if (o.end_factor == 0 && !o.end_is_zero) o.end_factor = 1.0;
     if (o.total_iters == 0) o.total_iters = 5;
-    if (!(o.start_factor > 0 && o.start_factor <= 1) ||
-        !(o.end_factor >= 0 && o.end_factor <= 1) || o.total_iters < 1) {
-        fg_error(FG_EINVAL, "linear_lr_new: start_factor = %g, end_factor = %g, total_iters = "
-                            "%lld: expected factors in (0, 1] and [0, 1], total_iters > 0",
+    if (!(o.start_factor > 0 && o.start_factor <= 1) || !(o.end_factor >= 0 && o.end_factor <= 1) ||
+        o.total_iters < 1) {
+        fg_error(FG_EINVAL,
+                 "linear_lr_new: start_factor = %g, end_factor = %g, total_iters = "
+                 "%lld: expected factors in (0, 1] and [0, 1], total_iters > 0",
                  o.start_factor, o.end_factor, (long long)o.total_iters);
         return NULL;
     }

@@ -1,4 +1,4 @@
-/* Private header of the learning-rate schedulers (lr_scheduler.h): the
+/* Private header of the learning-rate schedulers (optim.h's schedulers): the
  * scheduler struct, shared by the generic stepping (lr_scheduler.c), the
  * kinds' formulas (lr_kinds.c) and ReduceLROnPlateau (lr_plateau.c).
  *
@@ -8,7 +8,7 @@
 #ifndef FULGUR_LR_SCHED_IMPL_H
 #define FULGUR_LR_SCHED_IMPL_H
 
-#include "fulgur/lr_scheduler.h"
+#include "fulgur/optim.h"
 #include "optim_impl.h"
 
 typedef enum fg__sk {

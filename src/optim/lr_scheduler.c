@@ -39,15 +39,15 @@ fg_lr_scheduler *fg__sched_alloc(fg__sk kind, fg_optimizer *opt, const char *wha
         fg_error(FG_ENOMEM, "%s: %d groups", what, opt->ngroups);
         return NULL;
     }
-    /* group.setdefault('initial_lr', group['lr']) (ReduceLROnPlateau too:
-     * harmless, it never reads them) */
+    /* group.setdefault('initial_lr', group['lr']) (not by ReduceLROnPlateau,
+     * which is no _LRScheduler in PyTorch and never reads them) */
     for (int g = 0; g < s->ng; g++) {
         fg__pgroup *pg = &opt->group[g];
-        if (!pg->has_initial) {
+        if (!pg->has_initial && kind != FG__S_PLATEAU) {
             pg->initial_lr = pg->lr;
             pg->has_initial = true;
         }
-        s->base_lrs[g] = pg->initial_lr;
+        s->base_lrs[g] = pg->has_initial ? pg->initial_lr : pg->lr;
         s->last_lr[g] = pg->lr;
     }
     s->last_epoch = -1;
@@ -144,9 +144,7 @@ fg_status fg_lr_scheduler_step(fg_lr_scheduler *s) {
     return step_any(s, -1);
 }
 
-bool fg_lr_scheduler_needs_value(const fg_lr_scheduler *s) {
-    return s && s->kind == FG__S_PLATEAU;
-}
+bool fg_lr_scheduler_needs_value(const fg_lr_scheduler *s) { return s && s->kind == FG__S_PLATEAU; }
 
 /* the parts' checks of SequentialLR and ChainedScheduler; frees them on failure */
 static bool parts_ok(const char *what, fg_optimizer *opt, fg_lr_scheduler *const *scheds, int n) {
@@ -292,8 +290,8 @@ static void save(const fg_lr_scheduler *s, sbuf *b) {
     put(b, "%.17g ", (double)s->ng, NULL);
     for (int g = 0; g < s->ng; g++) put(b, "%.17g ", s->base_lrs[g], NULL);
     for (int g = 0; g < s->ng; g++) put(b, "%.17g ", s->last_lr[g], NULL);
-    double rest[] = {s->T_cur, s->T_i, s->momentum, s->best, (double)s->num_bad,
-                     (double)s->cooldown_counter};
+    double rest[] = {
+        s->T_cur, s->T_i, s->momentum, s->best, (double)s->num_bad, (double)s->cooldown_counter};
     for (size_t i = 0; i < sizeof rest / sizeof *rest; i++) put(b, "%.17g ", rest[i], NULL);
     for (int i = 0; i < s->nsub; i++) save(s->sub[i], b);
 }
@@ -334,8 +332,8 @@ static fg_status load(fg_lr_scheduler *s, const char **p, bool apply) {
         char *end;
         v[i] = strtod(*p, &end);
         if (end == *p)
-            return fg_error(FG_EMISMATCH, "lr_scheduler_state_load: %s: number %d is missing",
-                            name, i);
+            return fg_error(FG_EMISMATCH, "lr_scheduler_state_load: %s: number %d is missing", name,
+                            i);
         *p = end;
         if (i == 2 && v[2] != s->ng)
             return fg_error(FG_EMISMATCH,

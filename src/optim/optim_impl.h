@@ -60,9 +60,9 @@ struct fg_optimizer {
     double state_init[FG_OPTIM_MAX_STATES]; /* the value a fresh state holds (0 but Adagrad's) */
     fg_tensor *state[FG_OPTIM_MAX_STATES];
     int ngroups;
-    fg__pgroup *group;  /* ngroups entries */
-    int *p_group;       /* per parameter of the module: its group */
-    bool *p_nodecay;    /* per parameter: excluded from weight decay */
+    fg__pgroup *group;              /* ngroups entries */
+    int *p_group;                   /* per parameter of the module: its group */
+    bool *p_nodecay;                /* per parameter: excluded from weight decay */
     int64_t state_begin, state_end; /* the elements the state covers */
     int64_t nseg;
     int64_t *seg_begin; /* nseg + 1 entries, the last = numel */
@@ -164,8 +164,8 @@ void fg__k_adam(fg_dtype dt, void *p, const void *g, void *m1, void *m2, void *m
 /* RMSprop: buf NULL without momentum, ga NULL unless centered */
 void fg__k_rmsprop(fg_dtype dt, void *p, const void *g, void *sq, void *buf, void *ga, int64_t n,
                    double lr, double wd, double alpha, double eps, double mu);
-void fg__k_adagrad(fg_dtype dt, void *p, const void *g, void *sum, int64_t n, double clr,
-                   double wd, double eps);
+void fg__k_adagrad(fg_dtype dt, void *p, const void *g, void *sum, int64_t n, double clr, double wd,
+                   double eps);
 void fg__k_lion(fg_dtype dt, void *p, const void *g, void *m, int64_t n, double lr, double decay,
                 double beta1, double beta2);
 

@@ -19,8 +19,8 @@ static fg_status rmsprop_step_range(fg_optimizer *o, int64_t begin, int64_t end,
         size_t at = es * (size_t)(lo - begin), st = ss * (size_t)(lo - begin);
         fg__k_rmsprop(o->dt, (char *)param + at, (const char *)grad + at, (char *)state[0] + st,
                       ibuf > 0 ? (char *)state[ibuf] + st : NULL,
-                      iga > 0 ? (char *)state[iga] + st : NULL, hi - lo, o->seg_lr[k],
-                      o->seg_wd[k], ro->alpha, ro->eps, ro->momentum);
+                      iga > 0 ? (char *)state[iga] + st : NULL, hi - lo, o->seg_lr[k], o->seg_wd[k],
+                      ro->alpha, ro->eps, ro->momentum);
     }
     return FG_OK;
 }
@@ -32,8 +32,8 @@ fg_optimizer *fg_rmsprop_new(fg_module *m, const fg_rmsprop_opts *opts) {
     if (o.lr == 0) o.lr = 1e-2;
     if (o.alpha == 0) o.alpha = 0.99;
     if (o.eps == 0) o.eps = 1e-8;
-    if (!(o.lr > 0) || !(o.alpha > 0 && o.alpha <= 1) || !(o.eps > 0) ||
-        !(o.weight_decay >= 0) || !(o.momentum >= 0)) {
+    if (!(o.lr > 0) || !(o.alpha > 0 && o.alpha <= 1) || !(o.eps > 0) || !(o.weight_decay >= 0) ||
+        !(o.momentum >= 0)) {
         fg_error(FG_EINVAL,
                  "rmsprop_new: lr = %g, alpha = %g, eps = %g, weight_decay = %g, momentum = %g: "
                  "expected lr > 0, alpha in (0, 1], eps > 0, the others >= 0",

@@ -170,6 +170,7 @@ fg_status fg__save_checkpoint(fg_trainer *t, const char *path) {
     if (s == FG_OK) s = put_i64(&sd, "trainer.pending_stepped", !t->mid_window);
     if (s == FG_OK) s = put_i64(&sd, "trainer.val_done_at", t->val_done_at);
     if (s == FG_OK) s = put_i64(&sd, "trainer.epoch_end", t->in_epoch_end);
+    if (s == FG_OK) s = fg__sched_save(t, &sd);
     if (s == FG_OK) {
         char *res = fg__results_encode(snap ? &t->snap_res : &t->train_res);
         s = res ? fg__sd_put(&sd, "trainer.results", res) : FG_ENOMEM;
@@ -359,6 +360,7 @@ fg_status fg__load_checkpoint(fg_trainer *t, bool full) {
     t->val_done_at = meta_i64(&sd, "trainer.val_done_at", -1);
     bool epoch_end = meta_i64(&sd, "trainer.epoch_end", 0) != 0;
     FG_TRY(fg__results_decode(&t->train_res, fg_state_dict_get(&sd, "trainer.results")));
+    FG_TRY(fg__sched_load(t, &sd));
     /* a checkpoint with the sample position resumes on any world size (the
      * batch index is then this world size's); an older one at its batch */
     bool by_samples = st.samples_in_epoch >= 0 && st.global_batch > 0;

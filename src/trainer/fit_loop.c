@@ -329,6 +329,7 @@ static fg_status run_batch(fg_trainer *t) {
     if (check_grads_on(t)) FG_TRY(check_grads(t, k, "after backward"));
     t->mid_window = !stepped;
     if (stepped) FG_TRY(optimizer_step(t, k));
+    if (stepped) FG_TRY(fg__sched_after_step(t, k + 1 == t->num_training_batches));
     t->batch_idx++;
     t->total_batch_idx++;
     t->pending_advance = true;
@@ -341,6 +342,7 @@ static fg_status run_batch(fg_trainer *t) {
     fg_fabric_step_end(t->f);
     FG_TRY(s);
     FG_TRY(advance_end(t, stepped));
+    FG_TRY(fg__sched_after_val(t, stepped));
     if (!stepped) return FG_OK;
     /* a stop asked on any rank: all agree here, after the same step, and save it */
     bool stop = false;
@@ -360,6 +362,9 @@ static fg_status epoch_end(fg_trainer *t) {
     t->stage = FG_STAGE_TRAIN;
     fg__metric_map row = {0};
     fg_status s = fg__results_epoch_compute(t, &t->train_res, &row);
+    /* a ReduceLROnPlateau by epoch steps before the epoch-end hooks, so that
+     * a checkpoint saved in any of them resumes bitwise */
+    if (s == FG_OK) s = fg__sched_epoch_end(t);
     if (s == FG_OK) s = fg__callbacks_hook(t, FG__H_TRAIN_EPOCH_END, 1);
     if (s == FG_OK) s = fg__module_hook(t, FG__H_TRAIN_EPOCH_END);
     if (s == FG_OK) s = fg__results_epoch_compute(t, &t->train_res, &row);

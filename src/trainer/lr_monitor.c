@@ -1,6 +1,6 @@
 /* LearningRateMonitor, as Lightning's: the optimizer's learning rate as
- * "lr-<optimizer name>", sent straight to the loggers (it is not a callback
- * metric) at the step the trainer's rows use. Per step (at the start of a
+ * "lr-<optimizer name>" ("lr-<name>/pg<k>" per group with several), sent straight to the loggers
+ * (it is not a callback metric) at the step the trainer's rows use. Per step (at the start of a
  * batch that begins an optimizer step, when the logs are due) for a
  * per-step schedule or interval step, else once at the start of each
  * epoch. */
@@ -14,14 +14,19 @@ typedef struct lrm_cb {
 
 static bool per_step(const lrm_cb *c, const fg_trainer *t) {
     if (c->interval != FG_LOG_AUTO) return c->interval == FG_LOG_STEP;
-    return t->oc.interval == FG_INTERVAL_STEP && (t->oc.schedule || t->oc.lr_at);
+    return t->oc.interval == FG_INTERVAL_STEP && (t->oc.schedule || t->oc.lr_at || t->oc.scheduler);
 }
 
 static fg_status log_lr(fg_trainer *t) {
     char name[96];
-    snprintf(name, sizeof name, "lr-%s", fg_optimizer_name(t->opt));
     fg__metric_map row = {0};
-    fg_status s = fg__map_set(&row, name, fg_optimizer_lr(t->opt));
+    fg_status s = FG_OK;
+    int ng = fg_optimizer_num_groups(t->opt);
+    for (int g = 0; g < ng && s == FG_OK; g++) { /* several groups: "/pg1", "/pg2"... */
+        if (ng == 1) snprintf(name, sizeof name, "lr-%s", fg_optimizer_name(t->opt));
+        else snprintf(name, sizeof name, "lr-%s/pg%d", fg_optimizer_name(t->opt), g + 1);
+        s = fg__map_set(&row, name, fg_optimizer_group_lr(t->opt, g));
+    }
     if (s == FG_OK) s = fg__loggers_log(t, &row, t->batches_that_stepped, false);
     fg__map_free(&row);
     return s;

@@ -350,6 +350,7 @@ void fg_trainer_free(fg_trainer *t) {
     fg_free(t->loggers);
     fg_free(t->root_dir);
     fg_free(t->log_dir);
+    fg_lr_scheduler_free(t->oc.scheduler);
     fg_optimizer_free(t->opt);
     fg_optimizer_free(t->eval_opt);
     fg__results_free(&t->train_res);
@@ -488,12 +489,22 @@ static fg_status prepare(entry *e) {
         fg_optimizer_config oc = {0};
         fg_status cs = m->configure_optimizers(m->ud, t, &oc);
         if (cs != FG_OK) {
+            fg_lr_scheduler_free(oc.scheduler);
             fg_optimizer_free(oc.optimizer); /* consumed, also when the hook fails */
             return fg_error_wrap(cs, "configure_optimizers");
         }
-        if (!oc.optimizer)
+        if (!oc.optimizer) {
+            fg_lr_scheduler_free(oc.scheduler);
             return fg_error(FG_EINVAL, "configure_optimizers gave no optimizer (out->optimizer)");
+        }
+        cs = fg__check_scheduler(&oc);
+        if (cs != FG_OK) {
+            fg_lr_scheduler_free(oc.scheduler);
+            fg_optimizer_free(oc.optimizer);
+            return cs;
+        }
         if (oc.frequency < 0 || oc.interval < FG_INTERVAL_EPOCH || oc.interval > FG_INTERVAL_STEP) {
+            fg_lr_scheduler_free(oc.scheduler);
             fg_optimizer_free(oc.optimizer);
             return fg_error(FG_EINVAL,
                             "configure_optimizers: frequency %lld / interval %d: expected "
@@ -501,18 +512,23 @@ static fg_status prepare(entry *e) {
                             (long long)oc.frequency, (int)oc.interval);
         }
         if (fg_optimizer_module(oc.optimizer) != model) {
+            fg_lr_scheduler_free(oc.scheduler);
             fg_optimizer_free(oc.optimizer);
             return fg_error(FG_EINVAL, "configure_optimizers: the optimizer is not over the "
                                        "module's model");
         }
         fg_status s = fg_fabric_setup(t->f, model, oc.optimizer);
         if (s != FG_OK) {
+            fg_lr_scheduler_free(oc.scheduler);
             fg_optimizer_free(oc.optimizer);
             return s;
         }
+        fg_lr_scheduler_free(t->oc.scheduler);
         fg_optimizer_free(t->opt);
         t->opt = oc.optimizer;
         t->oc = oc;
+        snprintf(t->sched_monitor, sizeof t->sched_monitor, "%s", oc.monitor ? oc.monitor : "");
+        t->oc.monitor = oc.monitor ? t->sched_monitor : NULL;
         if (oc.schedule) t->sched = *oc.schedule;
         t->oc.schedule = oc.schedule ? &t->sched : NULL;
         if (!t->oc.frequency) t->oc.frequency = 1;

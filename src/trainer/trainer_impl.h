@@ -132,6 +132,7 @@ struct fg_trainer {
     fg_optimizer *eval_opt;
     fg_optimizer_config oc;
     fg_lr_schedule sched;
+    char sched_monitor[256]; /* oc.monitor points here */
     fg_trainer_fn fn;
     fg_stage stage;
     bool in_run; /* inside the per-rank body of an entry point */
@@ -317,5 +318,17 @@ fg_status fg__mkdirs(const char *path);
  * with ".0" on integral values ("100.0", "0.1", "1e-05", "nan", "inf"). */
 void fg__fmt_float(char *buf, size_t cap, double v);
 bool fg__is_sorted_monitor(const fg_callback *cb);
+
+/* The lr_scheduler_config's scheduler (lr_sched_step.c): the checks of
+ * configure_optimizers' answer; the steps after an optimizer step
+ * (non-plateau; last = the epoch's last batch), after the validation of a
+ * batch (plateau, interval step) and at the epoch's end (plateau, interval
+ * epoch); its state in the trainer's checkpoints. */
+fg_status fg__check_scheduler(const fg_optimizer_config *oc);
+fg_status fg__sched_after_step(fg_trainer *t, bool last);
+fg_status fg__sched_after_val(fg_trainer *t, bool stepped);
+fg_status fg__sched_epoch_end(fg_trainer *t);
+fg_status fg__sched_save(fg_trainer *t, fg_state_dict *sd);
+fg_status fg__sched_load(fg_trainer *t, const fg_state_dict *sd);
 
 #endif

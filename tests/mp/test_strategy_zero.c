@@ -57,17 +57,19 @@ static fg_optimizer *make_opt(const setup *s, fg_module *m) {
     case 1:
         return fg_adam_new(m, &(fg_adam_opts){.lr = 1e-2, .weight_decay = 0.05, .amsgrad = true});
     case 2:
-        return fg_rmsprop_new(m, &(fg_rmsprop_opts){.lr = 1e-3, .momentum = 0.5,
-                                                    .weight_decay = 1e-3, .centered = true});
+        return fg_rmsprop_new(
+            m, &(fg_rmsprop_opts){
+                   .lr = 1e-3, .momentum = 0.5, .weight_decay = 1e-3, .centered = true});
     case 3:
         return fg_adagrad_new(
             m, &(fg_adagrad_opts){.lr = 0.05, .lr_decay = 0.01, .initial_accumulator_value = 0.1});
     case 4: return fg_lion_new(m, &(fg_lion_opts){.lr = 1e-3, .weight_decay = 0.1});
     case 5: {
         fg_optimizer *o = fg_adam_new(m, &(fg_adam_opts){.lr = 1e-2, .weight_decay = 0.05});
-        if (o && (fg_optimizer_add_param_group(
-                      o, &(fg_param_group){.params = "*.1.*", .lr = 3e-2, .weight_decay = 0.2}) < 0 ||
-                  fg_optimizer_no_decay_bias_norm_embedding(o, NULL) != FG_OK)) {
+        if (o &&
+            (fg_optimizer_add_param_group(
+                 o, &(fg_param_group){.params = "*.1.*", .lr = 3e-2, .weight_decay = 0.2}) < 0 ||
+             fg_optimizer_no_decay_bias_norm_embedding(o, NULL) != FG_OK)) {
             fg_optimizer_free(o);
             return NULL;
         }
@@ -263,8 +265,8 @@ TEST(zero_other_optimizers_bitwise_ddp) {
     /* the state of every optimizer is elementwise: sharded, it steps the
      * same bits as ddp's whole state (Adagrad's starts at its initial value
      * in each shard); groups and decay exclusions cut the same segments */
-    static const char *names[] = {"", "mlp-adam", "mlp-rmsprop", "mlp-adagrad", "mlp-lion",
-                                  "gpt-adam-groups"};
+    static const char *names[] = {"",         "mlp-adam",       "mlp-rmsprop", "mlp-adagrad",
+                                  "mlp-lion", "gpt-adam-groups"};
     for (int k = 1; k <= 4; k++)
         check_against_ddp((setup){.world = 2, .B = 4, .other = k, .reduce = 500}, names[k], 0);
     check_against_ddp((setup){.gpt = true, .world = 3, .B = 2, .other = 5}, names[5], 0);

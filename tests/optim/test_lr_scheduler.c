@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "fulgur/lr_scheduler.h"
+#include "fulgur/optim.h"
 #include "harness.h"
 #include "optim/optim_impl.h"
 #include "ref/ref_file.h"
@@ -51,20 +51,25 @@ static fg_lr_scheduler *make(const char *c, fg_optimizer *o) {
     if (!strcmp(c, "onecycle"))
         return fg_one_cycle_lr_new(o, &(fg_one_cycle_opts){.max_lr = 0.5, .total_steps = 25});
     if (!strcmp(c, "onecycle3"))
-        return fg_one_cycle_lr_new(
-            o, &(fg_one_cycle_opts){.max_lr = 0.3, .total_steps = 30, .pct_start = 0.25,
-                                    .anneal_linear = true, .no_cycle_momentum = true,
-                                    .div_factor = 10, .final_div_factor = 100,
-                                    .three_phase = true});
+        return fg_one_cycle_lr_new(o, &(fg_one_cycle_opts){.max_lr = 0.3,
+                                                           .total_steps = 30,
+                                                           .pct_start = 0.25,
+                                                           .anneal_linear = true,
+                                                           .no_cycle_momentum = true,
+                                                           .div_factor = 10,
+                                                           .final_div_factor = 100,
+                                                           .three_phase = true});
     if (!strcmp(c, "linear"))
         return fg_linear_lr_new(o, &(fg_linear_lr_opts){.start_factor = 0.25, .total_iters = 6});
     if (!strcmp(c, "plateau"))
         return fg_reduce_lr_on_plateau_new(
             o, &(fg_plateau_opts){.factor = 0.5, .patience = 2, .threshold = 0.1, .cooldown = 1});
     if (!strcmp(c, "plateau_max"))
-        return fg_reduce_lr_on_plateau_new(
-            o, &(fg_plateau_opts){.mode_max = true, .threshold_abs = true, .threshold = 0.05,
-                                  .patience = 1, .min_lr = 0.02});
+        return fg_reduce_lr_on_plateau_new(o, &(fg_plateau_opts){.mode_max = true,
+                                                                 .threshold_abs = true,
+                                                                 .threshold = 0.05,
+                                                                 .patience = 1,
+                                                                 .min_lr = 0.02});
     if (!strcmp(c, "seq")) {
         fg_lr_scheduler *p[2] = {
             fg_linear_lr_new(o, &(fg_linear_lr_opts){.start_factor = 0.1, .total_iters = 4}),
@@ -91,13 +96,14 @@ static fg_lr_scheduler *make(const char *c, fg_optimizer *o) {
     return NULL;
 }
 
-static const char *cases[] = {"step",      "multistep", "exp",         "cosine", "warm",
-                              "warm1",     "onecycle",  "onecycle3",   "linear", "plateau",
-                              "plateau_max", "seq",     "seq3",        "chained", "chained2"};
+static const char *cases[] = {"step",        "multistep", "exp",       "cosine",  "warm",
+                              "warm1",       "onecycle",  "onecycle3", "linear",  "plateau",
+                              "plateau_max", "seq",       "seq3",      "chained", "chained2"};
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
 static fg_status step(const char *c, fg_lr_scheduler *s, int k) {
-    if (!strncmp(c, "plateau", 7)) return fg_lr_scheduler_step_value(s, ref_at(arr(c, "metric"), k));
+    if (!strncmp(c, "plateau", 7))
+        return fg_lr_scheduler_step_value(s, ref_at(arr(c, "metric"), k));
     return fg_lr_scheduler_step(s);
 }
 
@@ -125,8 +131,8 @@ TEST(against_pytorch) {
             if (k > 0) CHECK_OK(step(cases[c], s, k - 1));
             for (int g = 0; g < 2; g++) {
                 double e = rel(fg_optimizer_group_lr(o, g), ref_at(lr, 2 * k + g));
-                CHECK_MSG(e <= 1e-12, "%s step %d group %d: lr %.17g, PyTorch's %.17g", cases[c],
-                          k, g, fg_optimizer_group_lr(o, g), ref_at(lr, 2 * k + g));
+                CHECK_MSG(e <= 1e-12, "%s step %d group %d: lr %.17g, PyTorch's %.17g", cases[c], k,
+                          g, fg_optimizer_group_lr(o, g), ref_at(lr, 2 * k + g));
                 CHECK(fg_lr_scheduler_last_lr(s, g) == fg_optimizer_group_lr(o, g));
                 worst = fmax(worst, e);
             }
@@ -137,8 +143,8 @@ TEST(against_pytorch) {
                           cases[c], k, mo, ref_at(mom, k));
             }
         }
-        printf("  %-12s %-28s max rel err over %d steps %.2e\n", cases[c],
-               fg_lr_scheduler_name(s), STEPS, worst);
+        printf("  %-12s %-28s max rel err over %d steps %.2e\n", cases[c], fg_lr_scheduler_name(s),
+               STEPS, worst);
         fg_lr_scheduler_free(s);
         fg_optimizer_free(o);
         fg_module_free(m);

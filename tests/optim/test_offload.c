@@ -26,8 +26,14 @@ static fg_module *model(void) {
     return fg_mlp_new(&(fg_mlp_config){.sizes = {40, 96, 64, 7}, .seed = 3});
 }
 
-static fg_optimizer *opt(fg_module *m, bool adamw) {
-    if (adamw) return fg_adamw_new(m, &(fg_adamw_opts){.lr = 1e-2, .weight_decay = 0.1});
+/* 0 SGD, 1 AdamW, 2 Adam with AMSGrad (three states), 3 Adagrad (a state
+ * that starts non-zero), 4 RMSprop centred with momentum (three states) */
+static fg_optimizer *opt(fg_module *m, int kind) {
+    if (kind == 1) return fg_adamw_new(m, &(fg_adamw_opts){.lr = 1e-2, .weight_decay = 0.1});
+    if (kind == 2) return fg_adam_new(m, &(fg_adam_opts){.lr = 1e-2, .amsgrad = true});
+    if (kind == 3)
+        return fg_adagrad_new(m, &(fg_adagrad_opts){.lr = 0.05, .initial_accumulator_value = 0.1});
+    if (kind == 4) return fg_rmsprop_new(m, &(fg_rmsprop_opts){.momentum = 0.5, .centered = true});
     return fg_sgd_new(m, &(fg_sgd_opts){.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3});
 }
 
@@ -71,7 +77,7 @@ static bool same_params(fg_module *a, fg_module *b) {
 
 /* in memory vs offloaded after `before` steps in memory, on [lo, hi) of
  * the layout (a shard) or all of it (hi = 0) */
-static void bitwise(bool adamw, int before, int64_t lo, int64_t hi) {
+static void bitwise(int adamw, int before, int64_t lo, int64_t hi) {
     const char *dir = tmpdir();
     CHECK(dir != NULL);
     fg_module *ma = model(), *mb = model();
@@ -101,7 +107,7 @@ static void bitwise(bool adamw, int before, int64_t lo, int64_t hi) {
     size_t bytes = (size_t)(b1 - b0) * 4 * (size_t)fg_optimizer_num_states(b);
     printf("  %s, %d steps in memory first, range [%lld, %lld): %llu bytes read, %llu written "
            "(%zu of state), %s\n",
-           adamw ? "AdamW" : "SGD", before, (long long)b0, (long long)b1, (unsigned long long)rd,
+           fg_optimizer_name(a), before, (long long)b0, (long long)b1, (unsigned long long)rd,
            (unsigned long long)wr, bytes,
            fg__optimizer_offload_direct(b) ? "O_DIRECT" : "buffered");
     CHECK(rd >= (uint64_t)(8 - before) * bytes);
@@ -113,10 +119,16 @@ static void bitwise(bool adamw, int before, int64_t lo, int64_t hi) {
     rmdir(dir);
 }
 
-TEST(adamw_bitwise) { bitwise(true, 0, 0, 0); }
-TEST(adamw_bitwise_after_steps) { bitwise(true, 3, 0, 0); }
-TEST(adamw_shard_off_block) { bitwise(true, 2, 1040, 9000); }
-TEST(sgd_bitwise) { bitwise(false, 1, 0, 0); }
+TEST(adamw_bitwise) { bitwise(1, 0, 0, 0); }
+TEST(adamw_bitwise_after_steps) { bitwise(1, 3, 0, 0); }
+TEST(adamw_shard_off_block) { bitwise(1, 2, 1040, 9000); }
+TEST(sgd_bitwise) { bitwise(0, 1, 0, 0); }
+TEST(other_optimizers_bitwise) {
+    for (int k = 2; k <= 4; k++) {
+        bitwise(k, 0, 0, 0);
+        bitwise(k, 2, 1040, 9000);
+    }
+}
 
 /* writing the mapped state (as a checkpoint load does) reaches the next step */
 TEST(state_written_through_the_tensors) {

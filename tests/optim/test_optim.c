@@ -80,25 +80,34 @@ static fg_optimizer *make(const char *c, fg_module *m) {
         return fg_adamw_new(m, &(fg_adamw_opts){.lr = 0.02, .weight_decay = 0.5});
     if (!strcmp(c, "adam_default")) return fg_adam_new(m, NULL);
     if (!strcmp(c, "adam_l2_ams"))
-        return fg_adam_new(m, &(fg_adam_opts){.lr = 0.01, .beta1 = 0.8, .beta2 = 0.9, .eps = 1e-6,
-                                              .weight_decay = 0.1, .amsgrad = true});
+        return fg_adam_new(m, &(fg_adam_opts){.lr = 0.01,
+                                              .beta1 = 0.8,
+                                              .beta2 = 0.9,
+                                              .eps = 1e-6,
+                                              .weight_decay = 0.1,
+                                              .amsgrad = true});
     if (!strcmp(c, "adam_lr"))
         return fg_adam_new(m, &(fg_adam_opts){.lr = 0.02, .weight_decay = 0.05});
     if (!strcmp(c, "rmsprop_default")) return fg_rmsprop_new(m, NULL);
     if (!strcmp(c, "rmsprop_full"))
-        return fg_rmsprop_new(m, &(fg_rmsprop_opts){.lr = 0.005, .alpha = 0.9, .eps = 1e-6,
-                                                    .weight_decay = 0.1, .momentum = 0.8,
+        return fg_rmsprop_new(m, &(fg_rmsprop_opts){.lr = 0.005,
+                                                    .alpha = 0.9,
+                                                    .eps = 1e-6,
+                                                    .weight_decay = 0.1,
+                                                    .momentum = 0.8,
                                                     .centered = true});
     if (!strcmp(c, "rmsprop_centered"))
         return fg_rmsprop_new(m, &(fg_rmsprop_opts){.lr = 0.003, .centered = true});
     if (!strcmp(c, "rmsprop_mom"))
-        return fg_rmsprop_new(m,
-                              &(fg_rmsprop_opts){.lr = 0.004, .momentum = 0.5, .weight_decay = 0.01});
+        return fg_rmsprop_new(
+            m, &(fg_rmsprop_opts){.lr = 0.004, .momentum = 0.5, .weight_decay = 0.01});
     if (!strcmp(c, "adagrad_default")) return fg_adagrad_new(m, NULL);
     if (!strcmp(c, "adagrad_full"))
-        return fg_adagrad_new(m, &(fg_adagrad_opts){.lr = 0.1, .lr_decay = 0.05,
+        return fg_adagrad_new(m, &(fg_adagrad_opts){.lr = 0.1,
+                                                    .lr_decay = 0.05,
                                                     .weight_decay = 0.2,
-                                                    .initial_accumulator_value = 0.3, .eps = 1e-8});
+                                                    .initial_accumulator_value = 0.3,
+                                                    .eps = 1e-8});
     if (!strcmp(c, "lion_default")) return fg_lion_new(m, NULL);
     if (!strcmp(c, "lion_wd"))
         return fg_lion_new(
@@ -120,10 +129,10 @@ static fg_optimizer *make(const char *c, fg_module *m) {
 }
 
 static const char *cases[] = {
-    "sgd_plain",       "sgd_momentum", "sgd_nesterov",    "adamw_groups",     "adamw_default",
-    "adamw_lr",        "adam_default", "adam_l2_ams",     "adam_lr",          "rmsprop_default",
-    "rmsprop_full",    "rmsprop_centered", "rmsprop_mom", "adagrad_default",  "adagrad_full",
-    "lion_default",    "lion_wd",      "groups_adam",     "groups_sgd"};
+    "sgd_plain",    "sgd_momentum",     "sgd_nesterov", "adamw_groups",    "adamw_default",
+    "adamw_lr",     "adam_default",     "adam_l2_ams",  "adam_lr",         "rmsprop_default",
+    "rmsprop_full", "rmsprop_centered", "rmsprop_mom",  "adagrad_default", "adagrad_full",
+    "lion_default", "lion_wd",          "groups_adam",  "groups_sgd"};
 
 static void trajectory(fg_dtype dt, double rtol) {
     if (!get_ref()) {
@@ -160,6 +169,9 @@ static void trajectory(fg_dtype dt, double rtol) {
 
 TEST(trajectories_f64) { trajectory(FG_F64, 1e-12); }
 TEST(trajectories_f32) { trajectory(FG_F32, 1e-5); }
+/* bf16 parameters (bf16-true): the f32 update on widened pieces, rounded
+ * once per step: PyTorch's f64 trajectory to bf16's precision */
+TEST(trajectories_bf16) { trajectory(FG_BF16, 2e-2); }
 
 TEST(no_decay_on_vectors) {
     /* zero gradients: only decay moves the parameters (AdamW's update is
@@ -370,11 +382,13 @@ TEST(new_optimizer_options) {
     /* Adagrad's sum starts at initial_accumulator_value, in a shard too */
     fg_optimizer *o = fg_adagrad_new(m, &(fg_adagrad_opts){.initial_accumulator_value = 0.25});
     fg_tensor *sum = fg_optimizer_state(o, 0);
-    CHECK(fg_tensor_numel(sum) == 8 && fg_tensor_get(sum, 0) == 0.25 && fg_tensor_get(sum, 7) == 0.25);
+    CHECK(fg_tensor_numel(sum) == 8 && fg_tensor_get(sum, 0) == 0.25 &&
+          fg_tensor_get(sum, 7) == 0.25);
     ((float *)fg_tensor_data(sum))[3] = 2.0f;
     CHECK_OK(fg__optimizer_shard_state(o, 2, 6));
     sum = fg_optimizer_state(o, 0);
-    CHECK(fg_tensor_numel(sum) == 4 && fg_tensor_get(sum, 1) == 2.0 && fg_tensor_get(sum, 0) == 0.25);
+    CHECK(fg_tensor_numel(sum) == 4 && fg_tensor_get(sum, 1) == 2.0 &&
+          fg_tensor_get(sum, 0) == 0.25);
     fg_optimizer_free(o);
     o = fg_adagrad_new(m, &(fg_adagrad_opts){.initial_accumulator_value = 0.5});
     CHECK_OK(fg__optimizer_shard_state(o, 4, 8)); /* never used: made at the shard's size */

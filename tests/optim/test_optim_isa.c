@@ -142,18 +142,23 @@ ISA_TEST(other_optimizers) {
                     float *P = pass ? ps : p, *A = pass ? s0s : s0, *B = pass ? s1s : s1;
                     float *C = pass ? s2s : s2;
                     switch (form) {
-                    case 0: fg__k_adam(FG_F32, P, g, A, B, NULL, n, 0.1, 0.9, 0.99, 0.01, 0.3, 1e-8);
+                    case 0:
+                        fg__k_adam(FG_F32, P, g, A, B, NULL, n, 0.1, 0.9, 0.99, 0.01, 0.3, 1e-8);
                         break;
-                    case 1: fg__k_adam(FG_F32, P, g, A, B, C, n, 0.0, 0.8, 0.9, 0.02, 0.5, 1e-6);
+                    case 1:
+                        fg__k_adam(FG_F32, P, g, A, B, C, n, 0.0, 0.8, 0.9, 0.02, 0.5, 1e-6);
                         break;
                     case 2:
                         fg__k_rmsprop(FG_F32, P, g, B, NULL, NULL, n, 0.01, 0.1, 0.99, 1e-8, 0);
                         break;
-                    case 3: fg__k_rmsprop(FG_F32, P, g, B, A, NULL, n, 0.01, 0, 0.9, 1e-8, 0.5);
+                    case 3:
+                        fg__k_rmsprop(FG_F32, P, g, B, A, NULL, n, 0.01, 0, 0.9, 1e-8, 0.5);
                         break;
-                    case 4: fg__k_rmsprop(FG_F32, P, g, A, NULL, B, n, 0.01, 0, 0.9, 1e-8, 0);
+                    case 4:
+                        fg__k_rmsprop(FG_F32, P, g, A, NULL, B, n, 0.01, 0, 0.9, 1e-8, 0);
                         break;
-                    case 5: fg__k_rmsprop(FG_F32, P, g, A, C, B, n, 0.01, 0.01, 0.9, 1e-6, 0.8);
+                    case 5:
+                        fg__k_rmsprop(FG_F32, P, g, A, C, B, n, 0.01, 0.01, 0.9, 1e-6, 0.8);
                         break;
                     case 6: fg__k_adagrad(FG_F32, P, g, B, n, 0.05, 0.2, 1e-10); break;
                     default: fg__k_lion(FG_F32, P, g, A, n, 1e-3, 0.999, 0.9, 0.99); break;

@@ -1,0 +1,102 @@
+/* The Trainer's side of a PyTorch scheduler (fg_optimizer_config.scheduler,
+ * Lightning's lr_scheduler_config): when it steps (interval, frequency),
+ * the monitored value a ReduceLROnPlateau steps on, and its state in the
+ * trainer's checkpoints. */
+#include <stdio.h>
+#include <string.h>
+
+#include "trainer_impl.h"
+
+fg_status fg__check_scheduler(const fg_optimizer_config *oc) {
+    if (!oc->scheduler) {
+        if (oc->monitor)
+            return fg_error(FG_EINVAL,
+                            "configure_optimizers: monitor \"%s\" without a scheduler "
+                            "(out->scheduler: a ReduceLROnPlateau)",
+                            oc->monitor);
+        return FG_OK;
+    }
+    if (oc->schedule || oc->lr_at)
+        return fg_error(FG_EINVAL, "configure_optimizers: both a scheduler and a schedule/lr_at: "
+                                   "give one of them");
+    if (fg_lr_scheduler_optimizer(oc->scheduler) != oc->optimizer)
+        return fg_error(FG_EINVAL,
+                        "configure_optimizers: the %s is made on another optimizer "
+                        "than out->optimizer",
+                        fg_lr_scheduler_name(oc->scheduler));
+    if (fg_lr_scheduler_needs_value(oc->scheduler) && (!oc->monitor || !oc->monitor[0]))
+        return fg_error(FG_EINVAL, "configure_optimizers: ReduceLROnPlateau needs out->monitor, "
+                                   "the logged metric it steps on (Lightning's "
+                                   "lr_scheduler_config \"monitor\"), e.g. \"val_loss\"");
+    if (oc->monitor && strlen(oc->monitor) >= 256)
+        return fg_error(FG_EINVAL,
+                        "configure_optimizers: monitor name of %zu characters (at "
+                        "most 255)",
+                        strlen(oc->monitor));
+    return FG_OK;
+}
+
+static bool plateau(const fg_trainer *t) { return fg_lr_scheduler_needs_value(t->oc.scheduler); }
+
+static fg_status step_plateau(fg_trainer *t) {
+    double v;
+    if (!fg_trainer_callback_metric(t, t->oc.monitor, &v)) {
+        char names[1024] = "";
+        const fg_metric *m;
+        int64_t n = fg_trainer_metrics(t, FG_CALLBACK_METRICS, &m);
+        for (int64_t i = 0; i < n && strlen(names) < 900; i++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
+                     m[i].name);
+        return fg_error(FG_EINVAL,
+                        "ReduceLROnPlateau conditioned on metric \"%s\", which is not available. "
+                        "Available metrics are: [%s]. Log it, or set monitor to one of them",
+                        t->oc.monitor, names);
+    }
+    return fg_lr_scheduler_step_value(t->oc.scheduler, v);
+}
+
+fg_status fg__sched_after_step(fg_trainer *t, bool last) {
+    if (!t->oc.scheduler || plateau(t)) return FG_OK;
+    int64_t f = t->oc.frequency;
+    if (t->oc.interval == FG_INTERVAL_STEP) {
+        /* t->batch_idx is the batch's index; Lightning counts it + 1 */
+        if ((t->batch_idx + 1) % f == 0) FG_TRY(fg_lr_scheduler_step(t->oc.scheduler));
+    } else if (last && (t->current_epoch + 1) % f == 0) {
+        FG_TRY(fg_lr_scheduler_step(t->oc.scheduler));
+    }
+    return FG_OK;
+}
+
+fg_status fg__sched_after_val(fg_trainer *t, bool stepped) {
+    if (!t->oc.scheduler || !plateau(t) || t->oc.interval != FG_INTERVAL_STEP || !stepped)
+        return FG_OK;
+    /* after the batch: batch_idx already counts it */
+    return t->batch_idx % t->oc.frequency == 0 ? step_plateau(t) : FG_OK;
+}
+
+fg_status fg__sched_epoch_end(fg_trainer *t) {
+    if (!t->oc.scheduler || !plateau(t) || t->oc.interval != FG_INTERVAL_EPOCH) return FG_OK;
+    if (t->batch_idx < t->num_training_batches) return FG_OK; /* an epoch cut short */
+    return (t->current_epoch + 1) % t->oc.frequency == 0 ? step_plateau(t) : FG_OK;
+}
+
+fg_status fg__sched_save(fg_trainer *t, fg_state_dict *sd) {
+    if (!t->oc.scheduler || t->fn != FG_FIT) return FG_OK;
+    char *st = fg_lr_scheduler_state_save(t->oc.scheduler);
+    if (!st) return fg_last_status();
+    fg_status s = fg__sd_put(sd, "trainer.lr_scheduler", st);
+    fg_free(st);
+    return s;
+}
+
+fg_status fg__sched_load(fg_trainer *t, const fg_state_dict *sd) {
+    if (!t->oc.scheduler) return FG_OK;
+    const char *st = fg_state_dict_get(sd, "trainer.lr_scheduler");
+    if (!st)
+        return fg_error(FG_EMISMATCH,
+                        "the checkpoint has no lr_scheduler state (saved without a scheduler?), "
+                        "and configure_optimizers gives a %s",
+                        fg_lr_scheduler_name(t->oc.scheduler));
+    fg_status s = fg_lr_scheduler_state_load(t->oc.scheduler, st);
+    return s == FG_OK ? FG_OK : fg_error_wrap(s, "the checkpoint's lr_scheduler");
+}
