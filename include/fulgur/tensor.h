@@ -16,14 +16,13 @@
 #define FULGUR_TENSOR_H
 
 #include "fulgur/core.h"
+#include "fulgur/device.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 #define FG_MAX_DIMS 8
-
-typedef enum fg_device { FG_CPU = 0, FG_CUDA = 1 } fg_device;
 
 typedef struct fg_tensor fg_tensor;
 
