@@ -7,6 +7,7 @@
 #include "fulgur/comm.h"
 #include "fulgur/core.h"
 #include "fulgur/data.h"
+#include "fulgur/device.h"
 #include "fulgur/fabric.h"
 #include "fulgur/kinds.h"
 #include "fulgur/launch.h"

@@ -16,14 +16,13 @@
 #define FULGUR_TENSOR_H
 
 #include "fulgur/core.h"
+#include "fulgur/device.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 #define FG_MAX_DIMS 8
-
-typedef enum fg_device { FG_CPU = 0, FG_CUDA = 1 } fg_device;
 
 typedef struct fg_tensor fg_tensor;
 
@@ -73,6 +72,31 @@ FG_API fg_tensor *fg_tensor_wrap(void *data, fg_dtype dt, int ndim, const int64_
 FG_API void fg_tensor_free(fg_tensor *t);
 FG_API bool fg_tensor_is_persistent(const fg_tensor *t);
 
+/* ---------------------------------------------------------- on a device */
+
+/* Tensors in a device's memory (device.h). Their data pointer is an address
+ * on the device: only the device's copy calls and kernels may read or write
+ * it (on the guarded device a host access faults). Free them with
+ * fg_tensor_free before the device closes. A `dev` of NULL is the host, as
+ * fg_tensor_new and fg_tensor_wrap. */
+
+/* A new persistent, contiguous, zeroed tensor on `dev`. NULL on the errors
+ * of fg_empty or the device's out-of-memory. */
+FG_API fg_tensor *fg_tensor_new_on(fg_dev *dev, fg_dtype dt, int ndim, const int64_t *shape);
+/* A persistent tensor header over memory of `dev` the caller owns (from
+ * fg_dev_alloc: a flat buffer's slice), as fg_tensor_wrap. */
+FG_API fg_tensor *fg_tensor_wrap_on(fg_dev *dev, void *data, fg_dtype dt, int ndim,
+                                    const int64_t *shape);
+/* A new persistent, contiguous copy of t on `dev` (NULL: the host), with
+ * t's dtype, shape and bytes, whatever device t is on (a copy even when it
+ * is the same device). t may be strided on the host; on a device it must be
+ * contiguous (FG_EUNSUPPORTED otherwise, until the device's kernels copy
+ * strided views). */
+FG_API fg_tensor *fg_tensor_to(const fg_tensor *t, fg_dev *dev);
+/* The device holding t's memory: NULL for host memory (every tensor not
+ * made on a device). */
+FG_API fg_dev *fg_tensor_dev(const fg_tensor *t);
+
 /* -------------------------------------------------------------- accessors */
 
 FG_API fg_dtype fg_tensor_dtype(const fg_tensor *t);
@@ -87,9 +111,12 @@ FG_API size_t fg_tensor_nbytes(const fg_tensor *t); /* numel * dtype size */
 /* Pointer to the first element (the view's offset already applied). */
 FG_API void *fg_tensor_data(const fg_tensor *t);
 FG_API bool fg_tensor_is_contiguous(const fg_tensor *t);
-/* The value of a one-element tensor, converted to double (NaN if not one element). */
+/* The value of a one-element tensor, converted to double (NaN if not one
+ * element). On a device, the element is copied to the host (synchronizing,
+ * as PyTorch's .item()). */
 FG_API double fg_item(const fg_tensor *t);
-/* Element at flat (row-major logical) index i, converted to double. */
+/* Element at flat (row-major logical) index i, converted to double (on a
+ * device, copied to the host). */
 FG_API double fg_tensor_get(const fg_tensor *t, int64_t i);
 FG_API bool fg_tensor_same_shape(const fg_tensor *a, const fg_tensor *b);
 /* Writes "f32[4, 128, 256]" into buf; returns buf. */
@@ -106,7 +133,10 @@ FG_API fg_tensor *fg_tensor_narrow_view(const fg_tensor *t, int dim, int64_t sta
 
 /* A contiguous step copy of t (t itself if already contiguous). */
 FG_API fg_tensor *fg_tensor_contiguous(const fg_tensor *t);
-/* Copies src into dst elementwise (same numel; any strides; converts dtype). */
+/* Copies src into dst elementwise (same numel; any strides; converts dtype).
+ * Where either is in a device's memory, both must be contiguous and of one
+ * dtype, and the copy goes through the devices' copy calls
+ * (FG_EUNSUPPORTED otherwise). */
 FG_API fg_status fg_tensor_copy(fg_tensor *dst, const fg_tensor *src);
 FG_API fg_status fg_tensor_fill(fg_tensor *t, double v);
 

@@ -1,5 +1,7 @@
 /* Tensor creation, accessors, views and copies. Step tensors come from the
- * calling thread's arena; fg_step_reset releases them all at once. */
+ * calling thread's arena; fg_step_reset releases them all at once. Tensors
+ * on a device (fg_tensor_new_on, fg_tensor_to) keep their memory in the
+ * device's allocator and reach it only through its copy calls. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -144,9 +146,72 @@ fg_tensor *fg_tensor_wrap(void *data, fg_dtype dt, int ndim, const int64_t *shap
 void fg_tensor_free(fg_tensor *t) {
     if (!t || !(t->flags & FG_T_PERSISTENT)) return;
     if (t->flags & FG_T_OWNS_GRAD) fg_tensor_free(t->grad);
-    if (t->flags & FG_T_OWNS_DATA) fg_free(t->data);
+    if (t->flags & FG_T_OWNS_DATA) {
+        if (t->dev) fg_dev_free(t->dev, t->data);
+        else fg_free(t->data);
+    }
     fg_free(t);
 }
+
+/* The device whose memory the host may not touch, for t; NULL for host
+ * memory (no device, or the CPU device). */
+static fg_dev *mem_dev(const fg_tensor *t) {
+    return t->dev && !fg_dev_host_accessible(t->dev) ? t->dev : NULL;
+}
+
+static fg_tensor *new_on(fg_dev *dev, fg_dtype dt, int ndim, const int64_t *shape, bool zero) {
+    fg_tensor tmp = {0};
+    if (fg__tensor_init_shape(&tmp, dt, ndim, shape) != FG_OK) return NULL;
+    fg_tensor *t = fg_alloc(sizeof *t);
+    if (!t) return NULL;
+    *t = tmp;
+    size_t bytes = fg_tensor_nbytes(t);
+    t->data = fg_dev_alloc(dev, bytes, NULL);
+    if (!t->data || (zero && fg_dev_memset(dev, t->data, 0, bytes, NULL) != FG_OK)) {
+        if (t->data) fg_dev_free(dev, t->data);
+        fg_free(t);
+        return NULL;
+    }
+    t->device = fg_dev_kind(dev);
+    t->dev = dev;
+    t->flags = FG_T_PERSISTENT | FG_T_OWNS_DATA;
+    return t;
+}
+
+fg_tensor *fg_tensor_new_on(fg_dev *dev, fg_dtype dt, int ndim, const int64_t *shape) {
+    return dev ? new_on(dev, dt, ndim, shape, true) : fg_tensor_new(dt, ndim, shape);
+}
+
+fg_tensor *fg_tensor_wrap_on(fg_dev *dev, void *data, fg_dtype dt, int ndim, const int64_t *shape) {
+    fg_tensor *t = fg_tensor_wrap(data, dt, ndim, shape);
+    if (t && dev) {
+        t->device = fg_dev_kind(dev);
+        t->dev = dev;
+    }
+    return t;
+}
+
+fg_tensor *fg_tensor_to(const fg_tensor *t, fg_dev *dev) {
+    if (mem_dev(t) && !fg_tensor_is_contiguous(t)) {
+        fg_error(FG_EUNSUPPORTED,
+                 "fg_tensor_to: a strided view on device %s: no device kernel copies strided "
+                 "views yet; copy the whole tensor",
+                 fg_dev_name(t->dev));
+        return NULL;
+    }
+    const fg_tensor *src = fg_tensor_contiguous(t);
+    if (!src) return NULL;
+    fg_tensor *out = dev ? new_on(dev, t->dtype, t->ndim, t->shape, false)
+                         : fg_tensor_new(t->dtype, t->ndim, t->shape);
+    if (!out) return NULL;
+    if (fg_tensor_copy(out, src) != FG_OK) {
+        fg_tensor_free(out);
+        return NULL;
+    }
+    return out;
+}
+
+fg_dev *fg_tensor_dev(const fg_tensor *t) { return t->dev; }
 
 bool fg_tensor_is_persistent(const fg_tensor *t) { return t && (t->flags & FG_T_PERSISTENT); }
 fg_dtype fg_tensor_dtype(const fg_tensor *t) { return t->dtype; }
@@ -192,8 +257,13 @@ static int64_t strided_offset(const fg_tensor *t, int64_t i) {
 
 static double load_at(const fg_tensor *t, int64_t off) {
     double v = 0;
-    fg_convert(&v, FG_F64, (const char *)t->data + off * (int64_t)fg_dtype_size(t->dtype), t->dtype,
-               1);
+    const char *p = (const char *)t->data + off * (int64_t)fg_dtype_size(t->dtype);
+    uint64_t staged;
+    if (mem_dev(t)) {
+        if (fg_dev_copy_d2h(t->dev, &staged, p, fg_dtype_size(t->dtype)) != FG_OK) return NAN;
+        p = (const char *)&staged;
+    }
+    fg_convert(&v, FG_F64, p, t->dtype, 1);
     return v;
 }
 
@@ -363,12 +433,39 @@ static void copy_same_dtype(fg_tensor *dst, const fg_tensor *src) {
     }
 }
 
+/* dst = src where either is in a device's memory: whole contiguous
+ * buffers of one dtype, through the copy calls (staged through pinned host
+ * memory between two devices). */
+static fg_status copy_device(fg_tensor *dst, const fg_tensor *src) {
+    fg_dev *sd = mem_dev(src), *dd = mem_dev(dst);
+    if (src->dtype != dst->dtype || !fg_tensor_is_contiguous(src) ||
+        !fg_tensor_is_contiguous(dst)) {
+        char a[96], b[96];
+        return fg_error(FG_EUNSUPPORTED,
+                        "copy: %s on %s into %s on %s: a copy that converts or is strided needs "
+                        "the device's kernels (not yet built); copy whole tensors of one dtype",
+                        fg_tensor_describe(src, a, sizeof a), sd ? fg_dev_name(sd) : "the host",
+                        fg_tensor_describe(dst, b, sizeof b), dd ? fg_dev_name(dd) : "the host");
+    }
+    size_t bytes = fg_tensor_nbytes(src);
+    if (!sd) return fg_dev_copy_h2d(dd, dst->data, src->data, bytes);
+    if (!dd) return fg_dev_copy_d2h(sd, dst->data, src->data, bytes);
+    if (sd == dd) return fg_dev_copy_d2d(sd, dst->data, src->data, bytes);
+    void *stage = fg_dev_host_alloc(sd, bytes);
+    if (!stage) return fg_last_status();
+    fg_status s = fg_dev_copy_d2h(sd, stage, src->data, bytes);
+    if (s == FG_OK) s = fg_dev_copy_h2d(dd, dst->data, stage, bytes);
+    fg_dev_host_free(sd, stage);
+    return s;
+}
+
 fg_status fg_tensor_copy(fg_tensor *dst, const fg_tensor *src) {
     if (dst->numel != src->numel) {
         char a[96], b[96];
         return fg_error(FG_EINVAL, "copy: %s into %s: element counts differ",
                         fg_tensor_describe(src, a, sizeof a), fg_tensor_describe(dst, b, sizeof b));
     }
+    if ((src->dev || dst->dev) && (mem_dev(src) || mem_dev(dst))) return copy_device(dst, src);
     bool sc = fg_tensor_is_contiguous(src), dc = fg_tensor_is_contiguous(dst);
     if (sc && dc) return fg_convert(dst->data, dst->dtype, src->data, src->dtype, src->numel);
     if (src->dtype == dst->dtype && fg_tensor_same_shape(src, dst)) {
@@ -399,6 +496,11 @@ fg_tensor *fg_tensor_contiguous(const fg_tensor *t) {
 }
 
 fg_status fg_tensor_fill(fg_tensor *t, double v) {
+    if (t->dev && mem_dev(t))
+        return fg_error(FG_EUNSUPPORTED,
+                        "fill: a tensor on device %s: filling needs the device's kernels (not "
+                        "yet built); fill on the host and fg_tensor_copy it over",
+                        fg_dev_name(t->dev));
     if (!fg_tensor_is_contiguous(t)) {
         for (int64_t i = 0; i < t->numel; i++)
             FG_TRY(fg_convert((char *)t->data +

@@ -36,6 +36,9 @@ struct fg_tensor {
     int32_t pending;         /* uses left in the running backward (leaves) */
     int32_t param_index;     /* index given by the module tree, -1 if none */
     const char *name;        /* borrowed; dotted name for parameters */
+
+    /* the device holding data (borrowed); NULL for host memory */
+    fg_dev *dev;
 };
 
 /* Fills shape/strides/numel of a contiguous layout; FG_EINVAL on a bad shape. */

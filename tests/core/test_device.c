@@ -1,0 +1,375 @@
+/* The device model: names, the caching allocator's reuse, stats,
+ * fragmentation bound, out-of-memory message and leak check, the guarded
+ * device's fault on host access and counted copies, streams and events. */
+#include <stdint.h>
+#include <sys/wait.h>
+
+#include "fulgur/device.h"
+#include "harness.h"
+
+#define CHECK_STR_EQ(a, b)                                                                         \
+    do {                                                                                           \
+        const char *a_ = (a), *b_ = (b);                                                           \
+        if (strcmp(a_, b_) != 0) FG_FAIL_("\"%s\" != \"%s\"", a_, b_);                             \
+    } while (0)
+
+#define MiB ((size_t)1 << 20)
+
+static fg_dev *open_guarded(size_t limit) {
+    fg_dev_options o = {.memory_limit = limit};
+    fg_dev *d = fg_dev_open("guarded:0", &o);
+    CHECK_MSG(d != NULL, "open guarded:0: %s", fg_last_error());
+    return d;
+}
+
+TEST(names_parse_and_format_round_trip) {
+    static const char *const good[] = {"cpu",    "cpu:0",   "CPU",       "cuda",       "cuda:1",
+                                       "Cuda:7", "guarded", "guarded:0", "guarded:12", "cuda:1023"};
+    static const char *const canon[] = {"cpu",        "cpu",      "cpu",       "cuda:0",
+                                        "cuda:1",     "cuda:7",   "guarded:0", "guarded:0",
+                                        "guarded:12", "cuda:1023"};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        fg_device_id id = {FG_CPU, -1};
+        CHECK_OK(fg_device_parse(good[i], &id));
+        char buf[FG_DEVICE_NAME_MAX];
+        CHECK_STR_EQ(fg_device_format(id, buf, sizeof buf), canon[i]);
+        fg_device_id back;
+        CHECK_OK(fg_device_parse(buf, &back));
+        CHECK(back.kind == id.kind && back.index == id.index);
+    }
+    fg_device_id id;
+    CHECK_OK(fg_device_parse("cuda:3", &id));
+    CHECK(id.kind == FG_CUDA && id.index == 3);
+    CHECK_STR_EQ(fg_device_kind_name(FG_GUARDED), "guarded");
+    char buf[FG_DEVICE_NAME_MAX];
+    CHECK_STR_EQ(fg_device_format((fg_device_id){FG_CPU, 2}, buf, sizeof buf), "?");
+    CHECK_STR_EQ(fg_device_format((fg_device_id){FG_CUDA, -1}, buf, sizeof buf), "?");
+}
+
+TEST(bad_names_say_what_is_wrong) {
+    fg_device_id id;
+    struct {
+        const char *name, *says;
+    } bad[] = {
+        {"", "empty name"},
+        {NULL, "empty name"},
+        {"tpu:0", "'tpu:0': unknown kind"},
+        {"cuda:", "no index after ':'"},
+        {"cuda:-1", "not a number"},
+        {"cuda:1x", "not a number"},
+        {"cuda: 1", "not a number"},
+        {"cuda:1024", "index past 1023"},
+        {"cuda:99999999999999999999", "index past 1023"},
+        {"cpu:1", "the CPU is one device"},
+        {"gpu", "expected cpu, cuda[:N] or guarded[:N]"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        CHECK_STATUS(fg_device_parse(bad[i].name, &id), FG_EINVAL);
+        CHECK_CONTAINS(fg_last_error(), bad[i].says);
+    }
+    CHECK(fg_dev_open("tpu", NULL) == NULL);
+    CHECK(fg_last_status() == FG_EINVAL);
+}
+
+TEST(cuda_without_the_backend_says_what_to_use) {
+    fg_dev *d = fg_dev_open("cuda:0", NULL);
+    CHECK(d == NULL);
+    CHECK(fg_last_status() == FG_EUNSUPPORTED);
+    CHECK_CONTAINS(fg_last_error(), "cuda:0");
+    CHECK_CONTAINS(fg_last_error(), "FULGUR_CUDA");
+    CHECK_CONTAINS(fg_last_error(), "guarded");
+}
+
+TEST(cpu_device_counts_without_a_cache) {
+    fg_dev *d = fg_dev_open("cpu", NULL);
+    CHECK(d && fg_dev_host_accessible(d) && fg_dev_kind(d) == FG_CPU);
+    CHECK_STR_EQ(fg_dev_name(d), "cpu");
+    float *p = fg_dev_alloc(d, 100 * sizeof(float), NULL);
+    CHECK(p && ((uintptr_t)p % 64) == 0);
+    p[99] = 3.0f; /* host memory: the host may touch it */
+    float src[100], dst[100];
+    for (int i = 0; i < 100; i++) src[i] = (float)i * 0.5f;
+    CHECK_OK(fg_dev_copy_h2d(d, p, src, sizeof src));
+    CHECK_OK(fg_dev_copy_d2h(d, dst, p, sizeof dst));
+    CHECK(memcmp(src, dst, sizeof src) == 0);
+    fg_dev_memory_stats s = fg_dev_memory_stats_get(d);
+    CHECK(s.allocated_bytes == 400 && s.reserved_bytes == 400 && s.active_allocs == 1);
+    CHECK(s.h2d_bytes == 400 && s.d2h_bytes == 400 && s.h2d_copies == 1);
+    CHECK_OK(fg_dev_free(d, p));
+    s = fg_dev_memory_stats_get(d);
+    CHECK(s.allocated_bytes == 0 && s.reserved_bytes == 0 && s.num_frees == 1 &&
+          s.cache_hits == 0 && s.allocated_bytes_peak == 400);
+    CHECK_OK(fg_dev_leak_check(d));
+    fg_dev_close(d);
+}
+
+TEST(allocator_reuses_blocks_per_stream) {
+    fg_dev *d = open_guarded(0);
+    if (!d) return;
+    fg_stream *comp = fg_dev_stream(d, FG_STREAM_COMPUTE), *comm = fg_dev_stream(d, FG_STREAM_COMM);
+    CHECK(comp != comm && fg_stream_dev(comm) == d);
+    void *a = fg_dev_alloc(d, 1000, NULL);
+    CHECK(a && ((uintptr_t)a % 512) == 0);
+    fg_dev_memory_stats s = fg_dev_memory_stats_get(d);
+    CHECK(s.allocated_bytes == 1024 && s.requested_bytes == 1000);
+    CHECK(s.reserved_bytes == 2 * MiB && s.segment_allocs == 1 && s.cache_hits == 0);
+    CHECK_OK(fg_dev_free(d, a));
+    void *b = fg_dev_alloc(d, 900, comp);
+    CHECK(b == a); /* same stream: the cached block comes back */
+    s = fg_dev_memory_stats_get(d);
+    CHECK(s.cache_hits == 1 && s.segment_allocs == 1 && s.num_allocs == 2 && s.num_frees == 1);
+    CHECK_OK(fg_dev_free(d, b));
+    void *c = fg_dev_alloc(d, 900, comm);
+    CHECK(c && c != a); /* another stream: a segment of its own */
+    s = fg_dev_memory_stats_get(d);
+    CHECK(s.segment_allocs == 2 && s.reserved_bytes == 4 * MiB && s.cache_hits == 1);
+    CHECK_OK(fg_dev_free(d, c));
+    /* freed neighbours merge: two blocks freed give one 2 MiB block back */
+    void *x = fg_dev_alloc(d, MiB, NULL), *y = fg_dev_alloc(d, MiB, NULL);
+    CHECK(x && y && x != y);
+    CHECK_OK(fg_dev_free(d, x));
+    CHECK_OK(fg_dev_free(d, y));
+    fg_dev_empty_cache(d);
+    s = fg_dev_memory_stats_get(d);
+    CHECK(s.reserved_bytes == 0 && s.allocated_bytes == 0 && s.segment_frees == 2);
+    CHECK(s.reserved_bytes_peak == 4 * MiB);
+    fg_dev_reset_peak_stats(d);
+    CHECK(fg_dev_memory_stats_get(d).reserved_bytes_peak == 0);
+    /* a bad free is an error, not a crash */
+    int host;
+    CHECK_STATUS(fg_dev_free(d, &host), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "not a live allocation");
+    void *z = fg_dev_alloc(d, 64, NULL);
+    CHECK_OK(fg_dev_free(d, z));
+    CHECK_STATUS(fg_dev_free(d, z), FG_EINVAL);
+    /* zero bytes: a unique pointer */
+    void *e0 = fg_dev_alloc(d, 0, NULL), *e1 = fg_dev_alloc(d, 0, NULL);
+    CHECK(e0 && e1 && e0 != e1);
+    CHECK_OK(fg_dev_free(d, e0));
+    CHECK_OK(fg_dev_free(d, e1));
+    CHECK_OK(fg_dev_leak_check(d));
+    fg_dev_close(d);
+}
+
+TEST(allocator_bounds_fragmentation) {
+    fg_dev_options o = {.max_split_bytes = 32 * MiB, .oversize_cache_bytes = 40 * MiB};
+    fg_dev *d = fg_dev_open("guarded:1", &o);
+    CHECK(d != NULL);
+    if (!d) return;
+    /* a 3 MiB request takes a 20 MiB segment and splits: the 17 MiB left is useful */
+    void *a = fg_dev_alloc(d, 3 * MiB, NULL);
+    fg_dev_memory_stats s = fg_dev_memory_stats_get(d);
+    CHECK(s.reserved_bytes == 20 * MiB && s.allocated_bytes == 3 * MiB);
+    CHECK(s.inactive_split_bytes == 17 * MiB);
+    /* a request that leaves 1 MiB or less is not split: the block wastes < 1 MiB */
+    void *b = fg_dev_alloc(d, 16 * MiB + 512, NULL);
+    s = fg_dev_memory_stats_get(d);
+    CHECK(s.segment_allocs == 1 && s.cache_hits == 1);
+    CHECK(s.allocated_bytes == 20 * MiB && s.inactive_split_bytes == 0);
+    CHECK(s.allocated_bytes - s.requested_bytes < MiB);
+    CHECK_OK(fg_dev_free(d, a));
+    CHECK_OK(fg_dev_free(d, b));
+    s = fg_dev_memory_stats_get(d);
+    CHECK(s.inactive_split_bytes == 0 && s.reserved_bytes == 20 * MiB); /* merged whole */
+    /* oversize requests: a segment each, never split, cached up to 40 MiB */
+    void *o1 = fg_dev_alloc(d, 33 * MiB, NULL), *o2 = fg_dev_alloc(d, 33 * MiB, NULL);
+    s = fg_dev_memory_stats_get(d);
+    CHECK(s.reserved_bytes == 20 * MiB + 2 * 34 * MiB);
+    CHECK(s.allocated_bytes == 2 * 34 * MiB); /* rounded to 2 MiB, never split */
+    CHECK_OK(fg_dev_free(d, o1));
+    CHECK_OK(fg_dev_free(d, o2)); /* past the oversize cache: given back at once */
+    s = fg_dev_memory_stats_get(d);
+    CHECK(s.reserved_bytes == 20 * MiB + 34 * MiB);
+    /* a small request never takes the cached oversize block */
+    void *c = fg_dev_alloc(d, 2 * MiB, NULL);
+    s = fg_dev_memory_stats_get(d);
+    CHECK(s.reserved_bytes == 20 * MiB + 34 * MiB && s.cache_hits == 2);
+    void *o3 = fg_dev_alloc(d, 34 * MiB, NULL); /* the oversize block comes back */
+    s = fg_dev_memory_stats_get(d);
+    CHECK(s.cache_hits == 3 && s.reserved_bytes == 20 * MiB + 34 * MiB);
+    CHECK_OK(fg_dev_free(d, c));
+    CHECK_OK(fg_dev_free(d, o3));
+    CHECK_OK(fg_dev_leak_check(d));
+    fg_dev_close(d);
+}
+
+TEST(out_of_memory_names_request_limit_peak_and_largest) {
+    fg_dev *d = open_guarded(24 * MiB);
+    if (!d) return;
+    CHECK(fg_dev_memory_stats_get(d).memory_limit == 24 * MiB);
+    void *a = fg_dev_alloc(d, 12 * MiB, NULL); /* own 12 MiB segment */
+    void *b = fg_dev_alloc(d, 6 * MiB, NULL);  /* 20 MiB won't fit: a 6 MiB segment */
+    CHECK(a && b);
+    void *small = fg_dev_alloc(d, 1000, NULL); /* a 2 MiB small segment */
+    CHECK(small != NULL);
+    CHECK(fg_dev_memory_stats_get(d).reserved_bytes == 20 * MiB);
+    void *c = fg_dev_alloc(d, 5 * MiB, NULL);
+    CHECK(c == NULL);
+    CHECK(fg_last_status() == FG_ENOMEM);
+    const char *m = fg_last_error();
+    CHECK_CONTAINS(m, "device guarded:0: out of memory");
+    CHECK_CONTAINS(m, "5.00 MiB (5242880 bytes) for the compute stream");
+    CHECK_CONTAINS(m, "limit 24.00 MiB, 20.00 MiB reserved");
+    CHECK_CONTAINS(m, "peak 18.00 MiB allocated");
+    CHECK_CONTAINS(m, "3 allocations");
+    CHECK_CONTAINS(m, "the largest 12.00 MiB, 6.00 MiB, 1000 bytes");
+    CHECK_CONTAINS(m, "FULGUR_DEVICE_MEMORY_LIMIT");
+    CHECK(fg_dev_memory_stats_get(d).num_ooms == 1);
+    /* cached free segments go back before an out-of-memory is declared */
+    CHECK_OK(fg_dev_free(d, b));
+    c = fg_dev_alloc(d, 9 * MiB, NULL);
+    CHECK_MSG(c != NULL, "%s", fg_last_error());
+    CHECK_OK(fg_dev_free(d, a));
+    CHECK_OK(fg_dev_free(d, c));
+    CHECK_OK(fg_dev_free(d, small));
+    fg_dev_close(d);
+}
+
+TEST(memory_limit_from_the_environment) {
+    setenv("FULGUR_DEVICE_MEMORY_LIMIT", "16M", 1);
+    fg_dev *d = fg_dev_open("guarded:0", NULL);
+    CHECK(d && fg_dev_memory_stats_get(d).memory_limit == 16 * MiB);
+    CHECK(fg_dev_alloc(d, 20 * MiB, NULL) == NULL);
+    CHECK_CONTAINS(fg_last_error(), "limit 16.00 MiB");
+    fg_dev_close(d);
+    setenv("FULGUR_DEVICE_MEMORY_LIMIT", "lots", 1);
+    CHECK(fg_dev_open("guarded:0", NULL) == NULL);
+    CHECK_CONTAINS(fg_last_error(), "FULGUR_DEVICE_MEMORY_LIMIT=lots");
+    setenv("FULGUR_DEVICE_MEMORY_LIMIT", "2GiB", 1);
+    d = fg_dev_open("cpu", NULL);
+    CHECK(d && fg_dev_memory_stats_get(d).memory_limit == ((size_t)2 << 30));
+    fg_dev_close(d);
+    unsetenv("FULGUR_DEVICE_MEMORY_LIMIT");
+}
+
+TEST(leak_check_counts_what_is_live) {
+    fg_dev *d = open_guarded(0);
+    if (!d) return;
+    void *a = fg_dev_alloc(d, 1024, NULL), *b = fg_dev_alloc(d, 512, NULL);
+    CHECK_STATUS(fg_dev_leak_check(d), FG_ESTATE);
+    CHECK_CONTAINS(fg_last_error(), "device guarded:0: 2 allocations (1.50 KiB) still live");
+    CHECK_CONTAINS(fg_last_error(), "the largest 1.00 KiB, 512 bytes");
+    CHECK_OK(fg_dev_free(d, a));
+    CHECK_STATUS(fg_dev_leak_check(d), FG_ESTATE);
+    CHECK_CONTAINS(fg_last_error(), "1 allocation (512 bytes) still live");
+    CHECK_OK(fg_dev_free(d, b));
+    CHECK_OK(fg_dev_leak_check(d));
+    fg_dev_close(d);
+}
+
+/* Runs fn(p) in a child process; the child's fate as waitpid saw it. */
+static int child_status(void (*fn)(volatile float *), volatile float *p) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        signal(SIGSEGV, SIG_DFL); /* a sanitizer's handler would exit instead */
+        fn(p);
+        _exit(0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return st;
+}
+
+static void host_read(volatile float *p) {
+    float v = p[3];
+    (void)v;
+}
+static void host_write(volatile float *p) { p[0] = 1.0f; }
+
+TEST(guarded_memory_faults_on_host_access) {
+    fg_dev *d = open_guarded(0);
+    if (!d) return;
+    CHECK(!fg_dev_host_accessible(d));
+    float *p = fg_dev_alloc(d, 64 * sizeof(float), NULL);
+    CHECK(p != NULL);
+    float ones[64];
+    for (int i = 0; i < 64; i++) ones[i] = 1.0f;
+    CHECK_OK(fg_dev_copy_h2d(d, p, ones, sizeof ones)); /* the copy call reaches it */
+    int st = child_status(host_read, p);
+    CHECK_MSG(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV, "host read: status %#x", st);
+    st = child_status(host_write, p);
+    CHECK_MSG(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV, "host write: status %#x", st);
+    /* and the memory is intact */
+    float back[64];
+    CHECK_OK(fg_dev_copy_d2h(d, back, p, sizeof back));
+    CHECK(memcmp(back, ones, sizeof ones) == 0);
+    CHECK_OK(fg_dev_free(d, p));
+    fg_dev_close(d);
+}
+
+TEST(guarded_copies_round_trip_and_are_counted) {
+    fg_dev *d = open_guarded(0);
+    if (!d) return;
+    enum { N = 10000 };
+    static uint32_t src[N], dst[N];
+    for (int i = 0; i < N; i++) src[i] = fg_rng_u32_at(7, (uint64_t)i);
+    uint32_t *a = fg_dev_alloc(d, sizeof src, NULL), *b = fg_dev_alloc(d, sizeof src, NULL);
+    CHECK(a && b);
+    CHECK_OK(fg_dev_copy_h2d(d, a, src, sizeof src));
+    CHECK_OK(fg_dev_copy_d2d(d, b, a, sizeof src));
+    CHECK_OK(fg_dev_memset(d, a, 0, sizeof src, NULL));
+    CHECK_OK(fg_dev_copy_d2h(d, dst, b, sizeof dst));
+    CHECK(memcmp(src, dst, sizeof src) == 0);
+    CHECK_OK(fg_dev_copy_d2h(d, dst, a, sizeof dst));
+    CHECK(dst[0] == 0 && dst[N - 1] == 0);
+    /* a part of a block: element 100..199 */
+    uint32_t part[100];
+    CHECK_OK(fg_dev_copy_d2h(d, part, b + 100, sizeof part));
+    CHECK(memcmp(part, src + 100, sizeof part) == 0);
+    fg_dev_memory_stats s = fg_dev_memory_stats_get(d);
+    CHECK(s.h2d_bytes == sizeof src && s.h2d_copies == 1);
+    CHECK(s.d2d_bytes == sizeof src && s.d2d_copies == 1);
+    CHECK(s.d2h_bytes == 2 * sizeof src + sizeof part && s.d2h_copies == 3);
+    char sum[512];
+    CHECK_CONTAINS(fg_dev_memory_summary(d, sum, sizeof sum), "copied host->device 39.06 KiB");
+    /* ranges outside one live allocation, and host pointers, are refused */
+    CHECK_STATUS(fg_dev_copy_d2h(d, dst, b + 1, sizeof src), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "not inside one live allocation");
+    CHECK_STATUS(fg_dev_copy_h2d(d, src, dst, sizeof src), FG_EINVAL); /* dst a host pointer */
+    CHECK_CONTAINS(fg_last_error(), "copy_h2d destination");
+    CHECK(fg_dev_memory_stats_get(d).d2h_copies == 3); /* refused copies are not counted */
+    fg_dev_reset_copy_stats(d);
+    CHECK(fg_dev_memory_stats_get(d).h2d_bytes == 0);
+    CHECK_OK(fg_dev_free(d, a));
+    CHECK_STATUS(fg_dev_copy_d2h(d, dst, a, 4), FG_EINVAL); /* freed */
+    CHECK_OK(fg_dev_free(d, b));
+    fg_dev_close(d);
+}
+
+TEST(streams_and_events_keep_order) {
+    fg_dev *d = open_guarded(0);
+    fg_dev *d2 = fg_dev_open("guarded:1", NULL);
+    if (!d || !d2) return;
+    fg_stream *comp = fg_dev_stream(d, FG_STREAM_COMPUTE), *comm = fg_dev_stream(d, FG_STREAM_COMM);
+    fg_event *e = fg_event_new(d);
+    CHECK(e && fg_event_query(e) && fg_event_stream(e) == NULL); /* never recorded: complete */
+    CHECK_OK(fg_event_synchronize(e));
+    float *buf = fg_dev_host_alloc(d, 256 * sizeof(float));
+    for (int i = 0; i < 256; i++) buf[i] = (float)i;
+    float *x = fg_dev_alloc(d, 256 * sizeof(float), comm);
+    uint64_t w0 = fg_stream_work_count(comm);
+    CHECK_OK(fg_dev_copy_h2d_async(d, x, buf, 256 * sizeof(float), comm));
+    CHECK(fg_stream_work_count(comm) == w0 + 1);
+    CHECK_OK(fg_event_record(e, comm));
+    CHECK(fg_event_stream(e) == comm && fg_event_point(e) == w0 + 1);
+    CHECK(fg_event_query(e));
+    uint64_t c0 = fg_stream_work_count(comp);
+    CHECK_OK(fg_stream_wait_event(comp, e));
+    CHECK(fg_stream_work_count(comp) == c0 + 1);
+    float out[256];
+    CHECK_OK(fg_dev_copy_d2h_async(d, out, x, sizeof out, comp));
+    CHECK_OK(fg_stream_synchronize(comp));
+    CHECK(memcmp(out, buf, sizeof out) == 0);
+    CHECK_OK(fg_dev_synchronize(d));
+    /* across devices: refused */
+    CHECK_STATUS(fg_stream_wait_event(fg_dev_stream(d2, FG_STREAM_COMPUTE), e), FG_EINVAL);
+    CHECK_STATUS(fg_event_record(e, fg_dev_stream(d2, FG_STREAM_COMM)), FG_EINVAL);
+    CHECK_STATUS(fg_dev_copy_h2d_async(d, x, buf, 4, fg_dev_stream(d2, FG_STREAM_COMM)), FG_EINVAL);
+    CHECK(fg_dev_alloc(d, 16, fg_dev_stream(d2, FG_STREAM_COMM)) == NULL);
+    fg_event_free(e);
+    fg_dev_host_free(d, buf);
+    CHECK_OK(fg_dev_free(d, x));
+    fg_dev_close(d);
+    fg_dev_close(d2);
+}
