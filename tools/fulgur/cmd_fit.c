@@ -22,12 +22,17 @@
  * SIGTERM, SIGINT and SIGUSR1 ask the fabric for a stop at the next step
  * boundary (all ranks agree there, save, and exit 75); a second one ends
  * the process at once, by that signal; once the stop's checkpoint is saved
- * further signals are ignored (the ranks are leaving). */
+ * further signals are ignored (the ranks are leaving). Under ddp_spawn and
+ * ddp_fork this process is the ranks' parent, no rank: it forwards each
+ * signal to the ranks (fg_launch_fork_signal), which stop, save and exit
+ * 0, and it exits 75 itself. */
 static fg_fabric *g_fabric;
 volatile int fit_stopped;
+static volatile sig_atomic_t g_forwarded; /* signals this parent passed to its forked ranks */
 
 static void on_stop_signal(int sig) {
     if (fit_stopped || !g_fabric) return;
+    if (fg_launch_fork_signal(sig) > 0) g_forwarded = 1;
     if (fg_fabric_request_stop(g_fabric) < 2) return;
     struct sigaction dfl = {.sa_handler = SIG_DFL};
     sigaction(sig, &dfl, NULL);
@@ -86,7 +91,7 @@ static int run_command(fg_trainer_fn fn, int argc, char **argv) {
     /* a resumable stop: the process the user started (rank 0) says so with
      * its exit status; the other ranks exit 0, so that no launcher takes
      * them for failed ranks */
-    if (rc == 0 && fit_stopped && plan->rank <= 0) rc = FG_EXIT_RESUMABLE;
+    if (rc == 0 && (fit_stopped || g_forwarded) && plan->rank <= 0) rc = FG_EXIT_RESUMABLE;
     g_fabric = NULL;
     fit_run_free(r);
     fg_fabric_free(f);
