@@ -215,11 +215,14 @@ fg_status fg__save_checkpoint(fg_trainer *t, const char *path) {
                          .global_batch = global_batch,
                          .meta = sd.kv,
                          .nmeta = sd.n};
-    double ok = fg_fabric_reduce_scalar(t->f, s == FG_OK ? 1 : 0, FG_MIN);
-    if (s == FG_OK && ok != 1)
+    /* one reduce: 0 a rank failed, 1 a rank's weights are not all finite, 2 */
+    double ok = fg_fabric_reduce_scalar(t->f, s != FG_OK ? 0 : fg__weights_finite(t) ? 2 : 1,
+                                        FG_MIN);
+    if (s == FG_OK && ok < 1)
         s = fg_error(FG_EPEER, "save_checkpoint %s: another rank failed before the save", path);
     if (s == FG_OK) s = fg_fabric_save(t->f, path, &st);
     if (s == FG_OK) snprintf(t->last_saved, sizeof t->last_saved, "%s", path);
+    if (s == FG_OK && ok == 2) snprintf(t->last_finite, sizeof t->last_finite, "%s", path);
     fg__sd_free(&sd);
     return s;
 }

@@ -159,6 +159,7 @@ struct fg_trainer {
     char ckpt_path[4096];
     /* the file the latest save wrote; a stop request agreed on; on_nonfinite */
     char last_saved[4096];
+    char last_finite[4096]; /* the newest checkpoint of this fit whose weights were all finite */
     bool interrupted;
     bool window_nonfinite; /* a batch of the open window had a non-finite loss here */
     int64_t skipped, skipped_in_row;
@@ -317,5 +318,9 @@ fg_status fg__mkdirs(const char *path);
  * with ".0" on integral values ("100.0", "0.1", "1e-05", "nan", "inf"). */
 void fg__fmt_float(char *buf, size_t cap, double v);
 bool fg__is_sorted_monitor(const fg_callback *cb);
+
+/* fit_loop.c: every weight of this rank's model is finite (true when a
+ * strategy shards the parameters: not known from one rank). Not collective. */
+bool fg__weights_finite(fg_trainer *t);
 
 #endif
