@@ -7,6 +7,7 @@
  * before the load changes anything. A key the file lacks takes the value
  * older checkpoints imply. The error names the file, the key, the value
  * and what to do. */
+#include <ctype.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,7 +64,7 @@ static fg_status get_real(const fg_st_file *file, const char *path, const char *
     *present = v != NULL;
     if (!v) return FG_OK;
     char *end = NULL;
-    double d = v[0] && v[0] != ' ' ? strtod(v, &end) : NAN;
+    double d = v[0] && !isspace((unsigned char)v[0]) ? strtod(v, &end) : NAN;
     if (!end || *end || !isfinite(d) || d < lo || (!closed && d == lo))
         return bad(path, key, v, closed ? "a finite number >= 0" : "a finite number > 0");
     *out = d;
