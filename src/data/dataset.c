@@ -198,8 +198,8 @@ fg_status fg__map_file(const char *path, fg__map *m) {
                 uint8_t *q = nc <= FG__MAP_READ_MAX + 1 ? fg_realloc(p, nc) : NULL;
                 if (!q) {
                     s = nc > FG__MAP_READ_MAX + 1
-                            ? fg_error(FG_EIO, "%s: reports 0 bytes but holds more than %zu",
-                                       path, FG__MAP_READ_MAX)
+                            ? fg_error(FG_EIO, "%s: reports 0 bytes but holds more than %zu", path,
+                                       FG__MAP_READ_MAX)
                             : FG_ENOMEM;
                     break;
                 }

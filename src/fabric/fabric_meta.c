@@ -107,9 +107,9 @@ fg_status fg__fabric_meta_read(const fg_st_file *file, const char *path, fg__ckp
     FG_TRY(get_int(file, path, "loss_scale_growth_tracker", 0, 0, &c->growth_tracker, &has_gt));
     FG_TRY(get_int(file, path, "loss_scale_skipped", 0, 0, &c->skipped, &has_sk));
     if ((has_gt || has_sk) && !c->has_scaler)
-        return bad(path, has_gt ? "loss_scale_growth_tracker" : "loss_scale_skipped",
-                   fg_st_meta_get(file, has_gt ? "loss_scale_growth_tracker"
-                                               : "loss_scale_skipped"),
-                   "it beside a \"loss_scale\", which the file lacks");
+        return bad(
+            path, has_gt ? "loss_scale_growth_tracker" : "loss_scale_skipped",
+            fg_st_meta_get(file, has_gt ? "loss_scale_growth_tracker" : "loss_scale_skipped"),
+            "it beside a \"loss_scale\", which the file lacks");
     return FG_OK;
 }

@@ -292,14 +292,16 @@ TEST(a_file_of_another_save_is_refused) {
     char idx[600];
     snprintf(idx, sizeof idx, "%s/x5/%s", g_dir, FG_ST_INDEX_NAME);
     FILE *fp = fopen(idx, "w"); /* mapped as the files now are, so only the numbers can tell */
-    fprintf(fp, "{\"metadata\": {\"step\": \"12\", \"save_id\": \"%s\"}, \"weight_map\": {\"w\": "
-                "\"model-00002-of-00002.safetensors\"}}",
+    fprintf(fp,
+            "{\"metadata\": {\"step\": \"12\", \"save_id\": \"%s\"}, \"weight_map\": {\"w\": "
+            "\"model-00002-of-00002.safetensors\"}}",
             a);
     fclose(fp);
     refused_save("x5", "num_shards = 2 files, but the index names 1", NULL, NULL);
     fp = fopen(idx, "w");
-    fprintf(fp, "{\"metadata\": {\"step\": \"12\", \"save_id\": \"%s\"}, \"weight_map\": {\"w\": "
-                "\"model-00002-of-00002.safetensors\", \"c\": \"model-00003-of-00002.safetensors\"}}",
+    fprintf(fp,
+            "{\"metadata\": {\"step\": \"12\", \"save_id\": \"%s\"}, \"weight_map\": {\"w\": "
+            "\"model-00002-of-00002.safetensors\", \"c\": \"model-00003-of-00002.safetensors\"}}",
             a);
     fclose(fp);
     copy_file("A", "model-00002-of-00002.safetensors", "x5", "model-00003-of-00002.safetensors");
