@@ -204,6 +204,12 @@ static fg_status check_parts(fg_st_file *f, json_t *md) {
                      "%.200s: metadata step \"%.100s\" is not a step (expected a decimal "
                      "integer >= 0); the file is damaged: resume from another checkpoint",
                      file, pstep);
+        } else if (pstep && step && !parse_count(step, &v)) {
+            st = bad(f->label,
+                     "metadata step \"%.100s\" is not a step (expected a decimal integer >= 0, "
+                     "as %.200s says); the index is damaged or was edited: resume from another "
+                     "checkpoint",
+                     step, file);
         } else if ((pstep || sh) && (!pstep || !step || strcmp(pstep, step))) {
             st = not_of_this_save(f, file, "step", pstep, step);
         } else if ((sh || ns) && (!sh || !ns || !parse_count(ns, &count))) {
