@@ -401,7 +401,8 @@ typedef struct fg_train_state {
  * format, fulgur_version, step, epoch, batch_in_epoch, seed, world_size,
  * strategy, optimizer_steps, lr, samples_in_epoch, global_batch, deterministic, and under 16-mixed
  * the loss scaler's loss_scale, loss_scale_growth_tracker, loss_scale_skipped (restored by
- * fg_fabric_load, so a resumed run scales as the uninterrupted one). */
+ * fg_fabric_load, so a resumed run scales as the uninterrupted one), and in a sharded save
+ * save_id (the save's id, which every file of the save carries). */
 
 /* Saves weights under PyTorch's dotted names, optimizer state as
  * "optimizer.<state>.<param>", the counters and st->meta as metadata, in one

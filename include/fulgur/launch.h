@@ -422,6 +422,13 @@ typedef struct fg_fork_result {
 FG_API fg_status fg_launch_fork(int nprocs, int (*fn)(int rank, int world_size, void *arg),
                                 void *arg, const fg_fork_opts *opts, fg_fork_result *out);
 
+/* In the parent of a fork launch under way (inside fg_launch_fork, e.g.
+ * from a signal handler): sends signal `sig` to every rank still running,
+ * so that a stop asked of the parent (SIGTERM, SIGINT, SIGUSR1) reaches
+ * the ranks, which are process groups of their own. Returns the number of
+ * ranks signalled; 0 outside a fork launch's parent. Async-signal-safe. */
+FG_API int fg_launch_fork_signal(int sig);
+
 /* In a rank started by fg_launch_fork: sends `len` bytes to the parent,
  * replacing what was sent before (call it at every checkpoint of the state
  * the parent wants; the last one before rank 0 exits is delivered, and only

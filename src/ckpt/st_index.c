@@ -172,9 +172,8 @@ static fg_status not_of_this_save(const fg_st_file *f, const char *file, const c
                     "%.100s%s%s, the index's %.100s%s%s (a file of another save or another run "
                     "copied into the folder?); put back together the files of one save, or "
                     "resume from another checkpoint",
-                    f->label, file, field, got ? "\"" : "", got ? got : "missing",
-                    got ? "\"" : "", want ? "\"" : "", want ? want : "missing",
-                    want ? "\"" : "");
+                    f->label, file, field, got ? "\"" : "", got ? got : "missing", got ? "\"" : "",
+                    want ? "\"" : "", want ? want : "missing", want ? "\"" : "");
 }
 
 /* Every file against the index, before anything is read from it: the same
@@ -205,6 +204,12 @@ static fg_status check_parts(fg_st_file *f, json_t *md) {
                      "%.200s: metadata step \"%.100s\" is not a step (expected a decimal "
                      "integer >= 0); the file is damaged: resume from another checkpoint",
                      file, pstep);
+        } else if (pstep && step && !parse_count(step, &v)) {
+            st = bad(f->label,
+                     "metadata step \"%.100s\" is not a step (expected a decimal integer >= 0, "
+                     "as %.200s says); the index is damaged or was edited: resume from another "
+                     "checkpoint",
+                     step, file);
         } else if ((pstep || sh) && (!pstep || !step || strcmp(pstep, step))) {
             st = not_of_this_save(f, file, "step", pstep, step);
         } else if ((sh || ns) && (!sh || !ns || !parse_count(ns, &count))) {
@@ -233,8 +238,8 @@ static fg_status check_parts(fg_st_file *f, json_t *md) {
         } else if (sh) {
             seen[v] = true;
             int a = 0, b = 0, end = 0;
-            if (sscanf(file, "model-%5d-of-%5d.safetensors%n", &a, &b, &end) == 2 &&
-                !file[end] && (a != v || b != count))
+            if (sscanf(file, "model-%5d-of-%5d.safetensors%n", &a, &b, &end) == 2 && !file[end] &&
+                (a != v || b != count))
                 st = fg_error(FG_EFORMAT,
                               "%s: %.200s holds shard %s of %s, not the one its name says (a "
                               "file renamed or copied over another?); put back together the "

@@ -21,13 +21,18 @@ struct fg_dataset {
 };
 
 /* A read-only mapping of a whole file (p == NULL and len == 0 for an empty
- * file). */
+ * file), or a copy of it (`owned`) when the file says it is empty but is
+ * not (the files of /proc and /sys report 0 bytes). */
 typedef struct fg__map {
     const uint8_t *p;
     size_t len;
+    bool owned;
 } fg__map;
 
-/* Maps `path`; FG_EIO naming the path and the system's reason. */
+/* Maps `path` (a file reporting 0 bytes is read to its end instead, at
+ * most FG__MAP_READ_MAX bytes); FG_EIO naming the path and the system's
+ * reason. */
+#define FG__MAP_READ_MAX ((size_t)1 << 30)
 fg_status fg__map_file(const char *path, fg__map *m);
 void fg__unmap(fg__map *m);
 

@@ -188,8 +188,36 @@ fg_status fg__map_file(const char *path, fg__map *m) {
         close(fd);
         return fg_error(FG_EIO, "%s: not a regular file", path);
     }
-    if (st.st_size == 0) {
+    if (st.st_size == 0) { /* empty, or a /proc file that does not say its size */
+        fg_status s = FG_OK;
+        uint8_t *p = NULL;
+        size_t n = 0, cap = 0;
+        for (;;) {
+            if (n == cap) {
+                size_t nc = cap ? 2 * cap : 65536;
+                uint8_t *q = nc <= FG__MAP_READ_MAX + 1 ? fg_realloc(p, nc) : NULL;
+                if (!q) {
+                    s = nc > FG__MAP_READ_MAX + 1
+                            ? fg_error(FG_EIO, "%s: reports 0 bytes but holds more than %zu", path,
+                                       FG__MAP_READ_MAX)
+                            : FG_ENOMEM;
+                    break;
+                }
+                p = q;
+                cap = nc;
+            }
+            ssize_t r = read(fd, p + n, cap - n);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) s = fg_error(FG_EIO, "%s: read failed: %s", path, strerror(errno));
+            if (r <= 0) break;
+            n += (size_t)r;
+        }
         close(fd);
+        if (s != FG_OK || n == 0) {
+            fg_free(p);
+            return s;
+        }
+        *m = (fg__map){.p = p, .len = n, .owned = true};
         return FG_OK;
     }
     void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -202,6 +230,7 @@ fg_status fg__map_file(const char *path, fg__map *m) {
 }
 
 void fg__unmap(fg__map *m) {
-    if (m->p) munmap((void *)m->p, m->len);
+    if (m->p && m->owned) fg_free((void *)m->p);
+    else if (m->p) munmap((void *)m->p, m->len);
     *m = (fg__map){0};
 }

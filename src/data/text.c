@@ -119,9 +119,31 @@ typedef struct buf {
 } buf;
 
 /* Text is held in memory whole (one byte per character): a file larger
- * than this is refused before anything is allocated, as is anything that is
- * not a regular file (/dev/zero, a pipe), which could be read forever. */
+ * than this is refused, as is anything that is not a regular file
+ * (/dev/zero, a pipe), which could be read forever. The size the system
+ * reports is a first guess only: files of /proc and /sys report 0 bytes
+ * and hold text, so every file is read to its end (and at most this). */
 #define TEXT_MAX_BYTES ((size_t)1 << 34) /* 16 GiB */
+
+static fg_status too_big(const char *path, size_t size, size_t total) {
+    return fg_error(FG_EINVAL,
+                    "%s: %zu bytes of text or more (%zu with the files before it) is more than "
+                    "the %zu a text dataset holds in memory: tokenize it into a .bin token file",
+                    path, size, total, TEXT_MAX_BYTES);
+}
+
+/* room for at least `more` bytes after b->n; `grow`: twice the capacity
+ * at least (a file longer than it said), else exactly */
+static fg_status reserve(buf *b, size_t more, bool grow) {
+    if (b->cap - b->n >= more) return FG_OK;
+    size_t cap = b->n + more;
+    if (grow && cap < 2 * b->cap) cap = 2 * b->cap;
+    uint8_t *p = fg_realloc(b->p, cap);
+    if (!p) return FG_ENOMEM;
+    b->p = p;
+    b->cap = cap;
+    return FG_OK;
+}
 
 static fg_status read_append(buf *b, const char *path) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -139,28 +161,18 @@ static fg_status read_append(buf *b, const char *path) {
                         "a folder of them",
                         path);
     }
-    size_t size = (size_t)sb.st_size;
+    size_t size = (size_t)sb.st_size, start = b->n;
     if (size > TEXT_MAX_BYTES || b->n + size > TEXT_MAX_BYTES) {
         close(fd);
-        return fg_error(FG_EINVAL,
-                        "%s: %zu bytes of text (%zu with the files before it) is more than the "
-                        "%zu a text dataset holds in memory: tokenize it into a .bin token file",
-                        path, size, b->n + size, TEXT_MAX_BYTES);
+        return too_big(path, size, b->n + size);
     }
-    fg_status st = FG_OK;
-    if (b->cap - b->n < size + 1) {
-        size_t cap = b->n + size + 1;
-        uint8_t *p = fg_realloc(b->p, cap);
-        if (!p) {
-            close(fd);
-            return FG_ENOMEM;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    /* at most the size seen at open: a file that grows meanwhile is cut there */
-    for (size_t want = size; want > 0;) {
-        ssize_t r = read(fd, b->p + b->n, want);
+    /* the reported size and one byte more (to see the end), then as it comes */
+    fg_status st = reserve(b, size + 1, false);
+    while (st == FG_OK) {
+        if (b->cap == b->n && (st = reserve(b, 65536, true)) != FG_OK) break;
+        size_t room = b->cap - b->n;
+        if (room > TEXT_MAX_BYTES + 1 - b->n) room = TEXT_MAX_BYTES + 1 - b->n;
+        ssize_t r = read(fd, b->p + b->n, room);
         if (r < 0) {
             if (errno == EINTR) continue;
             st = fg_error(FG_EIO, "%s: read failed: %s", path, strerror(errno));
@@ -168,9 +180,10 @@ static fg_status read_append(buf *b, const char *path) {
         }
         if (r == 0) break;
         b->n += (size_t)r;
-        want -= (size_t)r;
+        if (b->n > TEXT_MAX_BYTES) st = too_big(path, b->n - start, b->n);
     }
     close(fd);
+    if (st == FG_OK) st = reserve(b, 1, false); /* the byte the callers may add */
     return st;
 }
 

@@ -7,6 +7,7 @@
  * before the load changes anything. A key the file lacks takes the value
  * older checkpoints imply. The error names the file, the key, the value
  * and what to do. */
+#include <ctype.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,7 +64,7 @@ static fg_status get_real(const fg_st_file *file, const char *path, const char *
     *present = v != NULL;
     if (!v) return FG_OK;
     char *end = NULL;
-    double d = v[0] && v[0] != ' ' ? strtod(v, &end) : NAN;
+    double d = v[0] && !isspace((unsigned char)v[0]) ? strtod(v, &end) : NAN;
     if (!end || *end || !isfinite(d) || d < lo || (!closed && d == lo))
         return bad(path, key, v, closed ? "a finite number >= 0" : "a finite number > 0");
     *out = d;
@@ -106,9 +107,9 @@ fg_status fg__fabric_meta_read(const fg_st_file *file, const char *path, fg__ckp
     FG_TRY(get_int(file, path, "loss_scale_growth_tracker", 0, 0, &c->growth_tracker, &has_gt));
     FG_TRY(get_int(file, path, "loss_scale_skipped", 0, 0, &c->skipped, &has_sk));
     if ((has_gt || has_sk) && !c->has_scaler)
-        return bad(path, has_gt ? "loss_scale_growth_tracker" : "loss_scale_skipped",
-                   fg_st_meta_get(file, has_gt ? "loss_scale_growth_tracker"
-                                               : "loss_scale_skipped"),
-                   "it beside a \"loss_scale\", which the file lacks");
+        return bad(
+            path, has_gt ? "loss_scale_growth_tracker" : "loss_scale_skipped",
+            fg_st_meta_get(file, has_gt ? "loss_scale_growth_tracker" : "loss_scale_skipped"),
+            "it beside a \"loss_scale\", which the file lacks");
     return FG_OK;
 }

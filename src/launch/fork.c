@@ -6,13 +6,20 @@
  * its result blob there (fg_launch_send_result, replacing the previous one)
  * for the parent to read once every rank has succeeded. A shared anonymous
  * mapping holds one message slot per rank, where a child whose function
- * failed leaves its fg_last_error(), so the parent's error says why. */
+ * failed leaves its fg_last_error(), so the parent's error says why.
+ *
+ * The children are process group leaders (a terminal's ^C reaches only the
+ * parent), so the parent's signal handler forwards stop signals with
+ * fg_launch_fork_signal, which reads the ranks of the launch under way
+ * (g_live) and signals each through its pidfd: a rank already reaped is
+ * never confused with a process that took its pid. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +30,28 @@
 /* In a fork-launched child: where the result goes. -1 elsewhere. */
 static int g_result_fd = -1;
 static int g_rank = -1;
+
+/* In the parent, while fg_launch_fork waits: its ranks (NULL otherwise). */
+static fg__proc *volatile g_live;
+static volatile sig_atomic_t g_nlive;
+
+int fg_launch_fork_signal(int sig) {
+    fg__proc *ps = g_live;
+    int n = ps ? (int)g_nlive : 0, sent = 0;
+    if (g_rank >= 0) return 0; /* a rank: it has no ranks of its own */
+    for (int r = 0; r < n; r++) {
+        if (ps[r].reaped || ps[r].pid <= 0) continue;
+        int fd = ps[r].pidfd, rc = -1;
+#ifdef SYS_pidfd_send_signal
+        if (fd >= 0) rc = (int)syscall(SYS_pidfd_send_signal, fd, sig, NULL, 0);
+        else
+#endif
+            rc = kill(ps[r].pid, sig);
+        (void)fd;
+        sent += rc == 0;
+    }
+    return sent;
+}
 
 fg_status fg_launch_send_result(const void *data, size_t len) {
     if (g_result_fd < 0)
@@ -123,6 +152,8 @@ fg_status fg_launch_fork(int nprocs, int (*fn)(int rank, int world_size, void *a
         ps[r].pid = pid;
         ps[r].reaped = false;
         fg__proc_watch(&ps[r]);
+        g_live = ps;
+        g_nlive = r + 1;
     }
 
     /* wait; the first failure stops the others */
@@ -178,6 +209,8 @@ fg_status fg_launch_fork(int nprocs, int (*fn)(int rank, int world_size, void *a
         out->len = (size_t)size;
     }
 done:
+    g_nlive = 0;
+    g_live = NULL;
     if (ps)
         for (int r = 0; r < nprocs; r++)
             if (ps[r].pidfd >= 0) close(ps[r].pidfd);

@@ -25,9 +25,8 @@
 
 /* The fabric's own keys (fabric.h), which no one else may use. */
 static const char *const k_fabric_keys[] = {
-    "format", "fulgur_version", "step",     "epoch",           "batch_in_epoch",
-    "seed",   "world_size",     "strategy", "optimizer_steps", "lr",
-    "save_id"};
+    "format",   "fulgur_version",  "step", "epoch",  "batch_in_epoch", "seed", "world_size",
+    "strategy", "optimizer_steps", "lr",   "save_id"};
 
 static bool reserved(const char *key) {
     if (!strncmp(key, "trainer.", 8) || !strncmp(key, "callbacks.", 10)) return true;
@@ -216,11 +215,17 @@ fg_status fg__save_checkpoint(fg_trainer *t, const char *path) {
                          .global_batch = global_batch,
                          .meta = sd.kv,
                          .nmeta = sd.n};
-    double ok = fg_fabric_reduce_scalar(t->f, s == FG_OK ? 1 : 0, FG_MIN);
-    if (s == FG_OK && ok != 1)
+    /* one reduce: 0 a rank failed, 1 a rank's weights are not all finite, 2 */
+    double ok = fg_fabric_reduce_scalar(t->f,
+                                        s != FG_OK              ? 0
+                                        : fg__weights_finite(t) ? 2
+                                                                : 1,
+                                        FG_MIN);
+    if (s == FG_OK && ok < 1)
         s = fg_error(FG_EPEER, "save_checkpoint %s: another rank failed before the save", path);
     if (s == FG_OK) s = fg_fabric_save(t->f, path, &st);
     if (s == FG_OK) snprintf(t->last_saved, sizeof t->last_saved, "%s", path);
+    if (s == FG_OK && ok == 2) snprintf(t->last_finite, sizeof t->last_finite, "%s", path);
     fg__sd_free(&sd);
     return s;
 }
@@ -284,8 +289,8 @@ static int64_t meta_i64(const fg_state_dict *sd, const char *key, int64_t def) {
 
 /* The trainer's keys of a checkpoint: an integer in [lo, hi] (digits, a
  * leading '-' only where lo < 0), or absent (*out untouched). */
-static fg_status trainer_int(const fg_st_file *file, const char *path, const char *key,
-                             int64_t lo, int64_t hi, int64_t *out) {
+static fg_status trainer_int(const fg_st_file *file, const char *path, const char *key, int64_t lo,
+                             int64_t hi, int64_t *out) {
     const char *v = fg_st_meta_get(file, key);
     if (!v) return FG_OK;
     const char *p = v + (v[0] == '-' && lo < 0);

@@ -163,9 +163,9 @@ static void clip_by_value(fg_module *m, double v) {
     }
 }
 
-/* The first parameter whose gradient holds an inf or NaN, or -1. */
-static int64_t first_nonfinite_param(fg_module *m) {
-    fg_tensor *g = fg_module_flat_grads(m);
+/* The first parameter whose values in the flat buffer g (the gradients or
+ * the weights) hold an inf or NaN, or -1. */
+static int64_t first_nonfinite_in(fg_module *m, fg_tensor *g) {
     fg_dtype dt = fg_tensor_dtype(g);
     const char *data = fg_tensor_data(g);
     for (int64_t i = 0; i < fg_module_num_params(m); i++) {
@@ -183,6 +183,16 @@ static int64_t first_nonfinite_param(fg_module *m) {
         }
     }
     return -1;
+}
+
+static int64_t first_nonfinite_param(fg_module *m) {
+    return first_nonfinite_in(m, fg_module_flat_grads(m));
+}
+
+bool fg__weights_finite(fg_trainer *t) {
+    /* a strategy that shards the parameters holds a part of them: not known here */
+    if (fg_strategy_shards_params(fg_fabric_strategy(t->f))) return true;
+    return first_nonfinite_in(t->model, fg_module_flat_params(t->model)) < 0;
 }
 
 /* on_nonfinite: a non-finite loss on any rank, or gradient, is seen by
@@ -214,22 +224,37 @@ static fg_status check_nonfinite(fg_trainer *t, bool *skip) {
     else
         snprintf(what, sizeof what, "step %lld: the gradient of %s is not finite", step,
                  fg_module_param_name(t->model, (int64_t)-v[1]));
+    /* before any update the learning rate plays no part yet */
+    bool first = t->global_step == 0;
     if (t->o.on_nonfinite == FG_NONFINITE_STOP) {
-        const char *last = t->last_saved[0]  ? t->last_saved
-                           : t->ckpt_path[0] ? t->ckpt_path
-                                             : "none yet";
+        /* never "good": the newest save whose weights were all finite */
+        char last[8400];
+        bool newer_bad = t->last_saved[0] && strcmp(t->last_saved, t->last_finite);
+        snprintf(last, sizeof last, "%s%.4095s%s%.4095s%s",
+                 t->last_finite[0] ? "last checkpoint with finite weights: "
+                                   : "no checkpoint with finite weights yet",
+                 t->last_finite, newer_bad ? (t->last_finite[0] ? "; the newer " : "; ") : "",
+                 newer_bad ? t->last_saved : "", newer_bad ? " holds non-finite weights" : "");
+        if (first)
+            return fg_error(FG_EINVAL,
+                            "%s, before any update; stopped on every rank (%s): the data or the "
+                            "initialisation gives it, not the learning rate: check the inputs "
+                            "for NaN or inf and the model's initial weights",
+                            what, last);
         return fg_error(FG_EINVAL,
-                        "%s; stopped on every rank (last good checkpoint: %s); lower the "
-                        "learning rate, clip the gradients (gradient_clip_val) or skip such "
-                        "steps (on_nonfinite skip)",
+                        "%s; stopped on every rank (%s); lower the learning rate, clip the "
+                        "gradients (gradient_clip_val) or skip such steps (on_nonfinite skip)",
                         what, last);
     }
     snprintf(t->skip_reason, sizeof t->skip_reason, "%s", what);
     t->skipped++;
     if (++t->skipped_in_row >= 1000)
         return fg_error(FG_EINVAL,
-                        "%s; 1000 optimizer steps in a row skipped: lower the learning rate or "
-                        "clip the gradients (gradient_clip_val)",
+                        first ? "%s; 1000 optimizer steps in a row skipped, before any update: "
+                                "the data or the initialisation gives it, not the learning rate: "
+                                "check the inputs for NaN or inf and the model's initial weights"
+                              : "%s; 1000 optimizer steps in a row skipped: lower the learning "
+                                "rate or clip the gradients (gradient_clip_val)",
                         what);
     fg_optimizer_zero_grad(t->opt);
     *skip = true;
@@ -455,13 +480,15 @@ fg_status fg__fit_body(fg_trainer *t) {
     t->val_runs = 0;
     t->interrupted = t->window_nonfinite = false;
     t->skipped = t->skipped_in_row = 0;
-    t->skip_reason[0] = t->last_saved[0] = '\0';
+    t->skip_reason[0] = t->last_saved[0] = t->last_finite[0] = '\0';
     fg__results_reset(&t->train_res);
     FG_TRY(setup_counts(t));
     for (int i = 0; i < t->ncbs; i++)
         if (t->cbs[i]->kind == FG__CB_CHECKPOINT) FG_TRY(fg__checkpoint_resolve_dir(t->cbs[i], t));
     if (t->ckpt_path[0]) {
         FG_TRY(fg__load_checkpoint(t, true));
+        if (fg__weights_finite(t))
+            snprintf(t->last_finite, sizeof t->last_finite, "%s", t->ckpt_path);
         FG_TRY(setup_counts(t)); /* an elastic resume may change the accumulation */
     }
     FG_TRY(fg__hook_all(t, FG__H_FIT_START));

@@ -160,6 +160,7 @@ struct fg_trainer {
     char ckpt_path[4096];
     /* the file the latest save wrote; a stop request agreed on; on_nonfinite */
     char last_saved[4096];
+    char last_finite[4096]; /* the newest checkpoint of this fit whose weights were all finite */
     bool interrupted;
     bool window_nonfinite; /* a batch of the open window had a non-finite loss here */
     int64_t skipped, skipped_in_row;
@@ -330,5 +331,8 @@ fg_status fg__sched_after_val(fg_trainer *t, bool stepped);
 fg_status fg__sched_epoch_end(fg_trainer *t);
 fg_status fg__sched_save(fg_trainer *t, fg_state_dict *sd);
 fg_status fg__sched_load(fg_trainer *t, const fg_state_dict *sd);
+/* fit_loop.c: every weight of this rank's model is finite (true when a
+ * strategy shards the parameters: not known from one rank). Not collective. */
+bool fg__weights_finite(fg_trainer *t);
 
 #endif

@@ -292,19 +292,32 @@ TEST(a_file_of_another_save_is_refused) {
     char idx[600];
     snprintf(idx, sizeof idx, "%s/x5/%s", g_dir, FG_ST_INDEX_NAME);
     FILE *fp = fopen(idx, "w"); /* mapped as the files now are, so only the numbers can tell */
-    fprintf(fp, "{\"metadata\": {\"step\": \"12\", \"save_id\": \"%s\"}, \"weight_map\": {\"w\": "
-                "\"model-00002-of-00002.safetensors\"}}",
+    fprintf(fp,
+            "{\"metadata\": {\"step\": \"12\", \"save_id\": \"%s\"}, \"weight_map\": {\"w\": "
+            "\"model-00002-of-00002.safetensors\"}}",
             a);
     fclose(fp);
     refused_save("x5", "num_shards = 2 files, but the index names 1", NULL, NULL);
     fp = fopen(idx, "w");
-    fprintf(fp, "{\"metadata\": {\"step\": \"12\", \"save_id\": \"%s\"}, \"weight_map\": {\"w\": "
-                "\"model-00002-of-00002.safetensors\", \"c\": \"model-00003-of-00002.safetensors\"}}",
+    fprintf(fp,
+            "{\"metadata\": {\"step\": \"12\", \"save_id\": \"%s\"}, \"weight_map\": {\"w\": "
+            "\"model-00002-of-00002.safetensors\", \"c\": \"model-00003-of-00002.safetensors\"}}",
             a);
     fclose(fp);
     copy_file("A", "model-00002-of-00002.safetensors", "x5", "model-00003-of-00002.safetensors");
     refused_save("x5", "model-00002-of-00002.safetensors holds shard 1 of 2, not the one its name",
                  NULL, NULL);
+    /* an index step that is no number beside files that say 12 */
+    write_save("x7", a, "12");
+    snprintf(idx, sizeof idx, "%s/x7/%s", g_dir, FG_ST_INDEX_NAME);
+    fp = fopen(idx, "w");
+    fprintf(fp,
+            "{\"metadata\": {\"step\": \"-3\", \"save_id\": \"%s\"}, \"weight_map\": {\"w\": "
+            "\"model-00001-of-00002.safetensors\", \"c\": \"model-00002-of-00002.safetensors\"}}",
+            a);
+    fclose(fp);
+    refused_save("x7", "model.safetensors.index.json: metadata step \"-3\" is not a step", NULL,
+                 NULL);
     /* a step that is no number, in the files and the index alike */
     write_save("x6", a, "-3");
     refused_save("x6", "metadata step \"-3\" is not a step", NULL, NULL);

@@ -4,8 +4,9 @@
 # the checkpoint and a sample; fulgur sample continues a prompt by N
 # characters; --resume continues exactly (40 steps == 20 + resume + 20,
 # bitwise, on 1 rank and on ddp 2 ranks); a checkpoint that does not fit the
-# model names the tensors; a fit killed (SIGKILL) while it saves every step
-# leaves a `last` that loads.
+# model names the tensors, and a corpus whose vocabulary differs at the same
+# size names both vocabularies; a fit killed (SIGKILL) while it saves every
+# step leaves a `last` that loads.
 source "$(dirname "$0")/lib.sh"
 echo "test_fit: fulgur fit / sample / resume / atomicity"
 TXT="$T_TMP/tiny.txt"
@@ -120,6 +121,15 @@ run mism "$FULGUR" fit "${TINY[@]}" --embd 48 --max-steps 2 --default-root-dir "
     --resume "$R/checkpoints/last.safetensors"
 expect_rc "resume with another --embd" 1 mism
 expect_grep "mismatch names the tensors" mism 'does not fit the model.*transformer\.wte\.weight'
+
+# --- a corpus of as many characters, but other ones ('q' becomes 'z'): the ids would mean other characters
+tr q z <"$TXT" >"$T_TMP/other.txt"
+OTHER=("${TINY[@]}"); OTHER[3]="$T_TMP/other.txt"
+run vocab "$FULGUR" fit "${OTHER[@]}" --max-steps 42 --sample-tokens 0 --default-root-dir "$T_TMP/vocab-run" \
+    --resume "$R/checkpoints/last.safetensors"
+expect_rc "resume on a corpus with another vocabulary of the same size" 1 vocab
+expect_grep "names both vocabularies and where they differ" vocab \
+    "the checkpoint's vocabulary \(([0-9]+) characters: \"[^\"]*q[^\"]*\"\) is not the one of .*other\.txt \(\1 characters: \"[^\"]*z[^\"]*\"; they differ from id [0-9]+ on\)"
 
 # --- atomicity: SIGKILL while saving every step; last still loads
 K="$T_TMP/kill"

@@ -3,7 +3,9 @@
 # fit, or SIGUSR1 to rank 1 alone, stops every rank after the same step with
 # a checkpoint there and exit 75, and the resume ends bitwise where an
 # uninterrupted run ends; a second signal stops at once (while the first
-# waits for a stopped peer); under fulgur run
+# waits for a stopped peer); under ddp_spawn and ddp_fork the parent (no
+# rank) forwards SIGTERM, SIGINT and SIGUSR1 to the ranks, which save and
+# stop, and exits 75 itself; under fulgur run
 # --max-restarts 1 a rank killed with SIGKILL is restarted and the fit
 # continues from its newest checkpoint with the same command line.
 source "$(dirname "$0")/lib.sh"
@@ -58,6 +60,30 @@ stop_and_resume() {
 }
 stop_and_resume term rank0 TERM
 stop_and_resume usr1 rank1 USR1
+
+# --- ddp_spawn / ddp_fork: the parent forwards the signal to its forked ranks
+for case in ddp_fork:TERM ddp_spawn:INT ddp_fork:USR1; do
+    strat=${case%%:*} sig=${case#*:} name="fork-${case%%:*}-${case#*:}"
+    "$FULGUR" fit "${TINY[@]}" --devices 2 --strategy "$strat" --max-steps 10000000 \
+        --progress lines --log-every 10 --default-root-dir "$T_TMP/$name" >"$T_TMP/$name.out" 2>&1 &
+    pid=$!
+    wait_for "$T_TMP/$name.out" '^step [1-9][0-9]+/' || true
+    kill -"$sig" $pid
+    # a parent that swallows the signal trains on: end it (the deadline detects that hang)
+    wait_for "$T_TMP/$name.out" '^stopped by a signal' || kill -KILL $pid
+    wait $pid
+    RC=$?
+    expect_rc "$strat: SIG$sig to the parent is forwarded: the ranks save, exit 75" 75 "$name.out"
+    expect_grep "$strat: names the stop's checkpoint" "$name.out" \
+        '^stopped by a signal after step [0-9]+ \(of 10000000\); checkpoint .*/step-[0-9]+\.safetensors'
+    step=$(sed -n 's/^stopped by a signal after step \([0-9]*\).*/\1/p' "$T_TMP/$name.out")
+    [ "$(readlink "$T_TMP/$name/checkpoints/last.safetensors")" = "$(printf 'step-%08d.safetensors' "${step:-0}")" ] \
+        && pass "$strat: last names the stop's checkpoint" || fail "$strat: last is not the stop's checkpoint"
+done
+run fork.resume "$FULGUR" fit "${TINY[@]}" --devices 2 --strategy ddp_fork --progress none \
+    --max-steps $((step + 5)) --resume last --default-root-dir "$T_TMP/$name"
+expect_rc "ddp_fork: the resume finishes" 0 fork.resume
+expect_grep "ddp_fork: resumes at the stop's step" fork.resume "resumed from .* at step ${step:-x} "
 
 # --- under fulgur run: a forwarded SIGTERM, exit 75 from fulgur run too
 "$FULGUR" run --nproc-per-node 2 --grace 60 "$FULGUR" fit "${TINY[@]}" --max-steps 10000000 \

@@ -1,6 +1,7 @@
 /* The data layer: text and token datasets, vocabulary, callback datasets,
  * subsets, IDX files, samplers and the loader (order, shuffle, drop_last,
- * workers == synchronous, resume, rank shards, errors from workers). */
+ * workers == synchronous, resume, rank shards, errors from workers); files
+ * that report 0 bytes but hold some (/proc/version) are read to their end. */
 #include <limits.h>
 #include <pthread.h>
 
@@ -55,6 +56,47 @@ TEST(text_windows_and_vocab) {
     fg_dataset_free(ds);
 out:
     tmp_done();
+}
+
+/* /proc/version says it has 0 bytes (st_size) and holds a line of text:
+ * the text reader and the file mapper read it to its end */
+TEST(files_reporting_no_size_are_read_whole) {
+    FILE *fp = fopen("/proc/version", "rb");
+    if (!fp) SKIP("no /proc/version");
+    char want[4096];
+    size_t n = fread(want, 1, sizeof want, fp);
+    fclose(fp);
+    struct stat sb;
+    CHECK(stat("/proc/version", &sb) == 0 && sb.st_size == 0);
+    CHECK(n > 8);
+    fg_dataset *ds = fg_text_dataset_new("/proc/version", 4, NULL);
+    CHECK_MSG(ds != NULL, "%s", fg_last_error());
+    if (ds) {
+        CHECK_MSG(fg_dataset_len(ds) == (int64_t)(n - 1) / 4, "%lld windows of %zu bytes",
+                  (long long)fg_dataset_len(ds), n);
+        const fg_text_vocab *v = fg_text_dataset_vocab(ds);
+        CHECK(v && fg_text_vocab_id(v, (unsigned char)want[0]) >= 0);
+    }
+    fg_dataset_free(ds);
+    fg__map m;
+    CHECK_OK(fg__map_file("/proc/version", &m));
+    CHECK(m.len == n && m.owned && m.p && !memcmp(m.p, want, n));
+    fg__unmap(&m);
+    CHECK(m.p == NULL);
+    /* an empty file stays empty */
+    tmp_new();
+    tmp_write("empty", "", 0);
+    CHECK_OK(fg__map_file(tmp_path("empty"), &m));
+    CHECK(m.p == NULL && m.len == 0);
+    /* a pipe is still refused (it could be read forever) */
+    int pfd[2];
+    CHECK(pipe(pfd) == 0);
+    char pth[64];
+    snprintf(pth, sizeof pth, "/proc/self/fd/%d", pfd[0]);
+    CHECK(fg_text_dataset_new(pth, 4, NULL) == NULL);
+    CHECK_CONTAINS(fg_last_error(), "not a regular file");
+    close(pfd[0]);
+    close(pfd[1]);
 }
 
 TEST(text_exact_fit) {

@@ -175,8 +175,8 @@ static void rewrite_with(const char *path, const char *out, const char *key, con
     for (int64_t i = 0; i < fg_st_count(in); i++) {
         fg_st_info info;
         CHECK_OK(fg_st_info_at(in, i, &info));
-        CHECK_OK(fg_st_writer_add(w, info.name, info.dtype, info.ndim, info.shape,
-                                  fg_st_data(in, i)));
+        CHECK_OK(
+            fg_st_writer_add(w, info.name, info.dtype, info.ndim, info.shape, fg_st_data(in, i)));
     }
     for (int64_t i = 0; i < fg_st_meta_count(in); i++) {
         const char *k, *v;
@@ -212,8 +212,8 @@ static int meta_checked(fg_fabric *f, void *arg) {
         fg_train_state st = {.model = m2, .optimizer = opt2, .step = 3};
         fg_status s = fg_fabric_load(f, fg_test_path(rel), &st);
         if (!strcmp(want, "FITS")) {
-            CHECK_MSG(s == FG_EMISMATCH && strstr(fg_last_error(), "missing"), "%s: %s (%s)",
-                      line, fg_status_str(s), fg_last_error());
+            CHECK_MSG(s == FG_EMISMATCH && strstr(fg_last_error(), "missing"), "%s: %s (%s)", line,
+                      fg_status_str(s), fg_last_error());
         } else {
             CHECK_MSG(s == FG_EFORMAT, "%s: %s (%s)", line, fg_status_str(s), fg_last_error());
             CHECK_MSG(strstr(fg_last_error(), want), "%s: \"%s\" lacks \"%s\"", line,
@@ -231,8 +231,12 @@ static int meta_checked(fg_fabric *f, void *arg) {
     snprintf(path, sizeof path, "%s", tmp_path("real.safetensors"));
     snprintf(bad, sizeof bad, "%s", tmp_path("edited.safetensors"));
     CHECK_OK(fg_fabric_save(f, path,
-                            &(fg_train_state){.model = m, .optimizer = opt, .step = 7, .epoch = 1,
-                                              .samples_in_epoch = 4, .global_batch = 2}));
+                            &(fg_train_state){.model = m,
+                                              .optimizer = opt,
+                                              .step = 7,
+                                              .epoch = 1,
+                                              .samples_in_epoch = 4,
+                                              .global_batch = 2}));
     const char *edits[][3] = {{"step", "-5", "\"step\" is \"-5\""},
                               {"epoch", "abc", "\"epoch\" is \"abc\""},
                               {"samples_in_epoch", "-7", "\"samples_in_epoch\" is \"-7\""},

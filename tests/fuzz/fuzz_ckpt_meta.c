@@ -16,13 +16,21 @@
 
 #include "fabric/fabric_impl.h"
 
-static const char *const k_keys[] = {
-    "step",         "epoch",           "batch_in_epoch",   "seed",
-    "world_size",   "optimizer_steps", "lr",               "samples_in_epoch",
-    "global_batch", "deterministic",   "loss_scale",       "loss_scale_growth_tracker",
-    "loss_scale_skipped"};
-static const char *const k_good[] = {"12", "1", "2", "7", "2", "12", "0.003", "8", "4", "true",
-                                     "65536", "3", "0"};
+static const char *const k_keys[] = {"step",
+                                     "epoch",
+                                     "batch_in_epoch",
+                                     "seed",
+                                     "world_size",
+                                     "optimizer_steps",
+                                     "lr",
+                                     "samples_in_epoch",
+                                     "global_batch",
+                                     "deterministic",
+                                     "loss_scale",
+                                     "loss_scale_growth_tracker",
+                                     "loss_scale_skipped"};
+static const char *const k_good[] = {"12", "1", "2",    "7",     "2", "12", "0.003",
+                                     "8",  "4", "true", "65536", "3", "0"};
 #define NKEYS (sizeof k_keys / sizeof k_keys[0])
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -270,7 +270,8 @@ TEST(resumes_leak_no_checkpoint) {
         cfg.o.max_steps = steps;
         run(&cfg, dir, &r);
         char want[256];
-        snprintf(want, sizeof want, "last.safetensors step-%02lld.safetensors step-%02lld.safetensors",
+        snprintf(want, sizeof want,
+                 "last.safetensors step-%02lld.safetensors step-%02lld.safetensors",
                  (long long)steps - 1, (long long)steps);
         CHECK_MSG(!strcmp(r.files, want), "after the resume to step %lld: %s", (long long)steps,
                   r.files);
@@ -294,8 +295,8 @@ static void rewrite_with(const char *path, const char *out, const char *key, con
     for (int64_t i = 0; i < fg_st_count(in); i++) {
         fg_st_info info;
         CHECK_OK(fg_st_info_at(in, i, &info));
-        CHECK_OK(fg_st_writer_add(w, info.name, info.dtype, info.ndim, info.shape,
-                                  fg_st_data(in, i)));
+        CHECK_OK(
+            fg_st_writer_add(w, info.name, info.dtype, info.ndim, info.shape, fg_st_data(in, i)));
     }
     for (int64_t i = 0; i < fg_st_meta_count(in); i++) {
         const char *k, *v;
@@ -313,8 +314,11 @@ static void rewrite_with(const char *path, const char *out, const char *key, con
 TEST(resume_checks_the_trainer_counters) {
     run_cfg cfg = {.o = {.max_steps = 3},
                    .with_ck = true,
-                   .ck = {.monitor = "step", .mode = FG_MODE_MAX, .every_n_train_steps = 1,
-                          .filename = "s{step}", .no_auto_insert_metric_name = true}};
+                   .ck = {.monitor = "step",
+                          .mode = FG_MODE_MAX,
+                          .every_n_train_steps = 1,
+                          .filename = "s{step}",
+                          .no_auto_insert_metric_name = true}};
     run_out r;
     const char *dir = tu_subdir("counters");
     run(&cfg, dir, &r);

@@ -189,14 +189,14 @@ TEST(save_on_fit_end_and_last_link) {
     free(o.params);
 }
 
-TEST(nonfinite_stop_names_step_and_last_good_checkpoint) {
+TEST(nonfinite_stop_names_step_and_last_finite_checkpoint) {
     const char *dir = tu_subdir("nanstop");
     run_out o = {0};
     ender e = {.nan_at = 3};
     run(dir, 10, 1, true, &e, FG_NONFINITE_STOP, NULL, &o);
     CHECK(o.status == FG_EINVAL);
-    CHECK_MSG(strstr(o.error, "step 4: the loss is not finite; stopped on every rank (last good "
-                              "checkpoint: ") &&
+    CHECK_MSG(strstr(o.error, "step 4: the loss is not finite; stopped on every rank (last "
+                              "checkpoint with finite weights: ") &&
                   strstr(o.error, "/step-003.safetensors)"),
               "%s", o.error);
     CHECK(o.step == 3);

@@ -37,12 +37,17 @@
  * workspace while they run: the kernel's signal frame (some KB with the
  * AVX-512 state) was then written over the heap below it. glibc aborted
  * later ("corrupted size vs. prev_size", "munmap_chunk(): invalid pointer"
- * in oneDNN's exit handlers), about 1 stop in 13 on the oneDNN path. */
+ * in oneDNN's exit handlers), about 1 stop in 13 on the oneDNN path.
+ *
+ * Under ddp_spawn and ddp_fork this process is the ranks' parent, no rank:
+ * it forwards each signal to the ranks (fg_launch_fork_signal), which stop,
+ * save and exit 0, and it exits 75 itself. */
 static const int k_stop_sigs[] = {SIGTERM, SIGINT, SIGUSR1};
 static sigset_t g_stop_set;
 static _Atomic(fg_fabric *) g_fabric;
 static atomic_int g_phase; /* 0: not running yet, a signal ends the process; 1: running; 2: over */
 volatile int fit_stopped;
+static volatile sig_atomic_t g_forwarded; /* signals this parent passed to its forked ranks */
 
 /* Ends the process by sig, as its default action does. */
 static void die_by(int sig) {
@@ -66,6 +71,7 @@ static void *stop_signals_main(void *arg) {
         fg_fabric *f = atomic_load(&g_fabric);
         if (phase == 0) die_by(sig);
         if (phase == 2 || fit_stopped || !f) continue;
+        if (fg_launch_fork_signal(sig) > 0) g_forwarded = 1;
         if (fg_fabric_request_stop(f) >= 2) die_by(sig);
     }
     return NULL;
@@ -147,7 +153,7 @@ static int run_command(fg_trainer_fn fn, int argc, char **argv) {
     /* a resumable stop: the process the user started (rank 0) says so with
      * its exit status; the other ranks exit 0, so that no launcher takes
      * them for failed ranks */
-    if (rc == 0 && fit_stopped && plan->rank <= 0) rc = FG_EXIT_RESUMABLE;
+    if (rc == 0 && (fit_stopped || g_forwarded) && plan->rank <= 0) rc = FG_EXIT_RESUMABLE;
     atomic_store(&g_phase, 2); /* signals from here on are ignored */
     atomic_store(&g_fabric, NULL);
     fit_run_free(r);

@@ -2,8 +2,9 @@
  * model is rebuilt from the checkpoint's "config" metadata (JSON, read with
  * jansson), its weights read by their dotted names (fg_st_read, so any float
  * dtype in the file works), and the character vocabulary from "vocab_b64".
- * Exit codes: 0, 1 (a checkpoint that is damaged, not a gpt, or does not
- * fit), 2 (bad usage). */
+ * Exit codes: 0, 1 (a checkpoint that is damaged, not a gpt, does not fit,
+ * or holds non-finite weights), 2 (bad usage). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +35,18 @@ static bool load_weights(fg_module *m, const fg_st_file *f, const char *path) {
         }
         if (fg_st_read(f, k, fg_tensor_data(p), fg_tensor_dtype(p), fg_tensor_numel(p)) != FG_OK) {
             cli_error("%s", fg_last_error());
+            return false;
+        }
+        /* weights a non-finite run saved sample nothing but noise */
+        double *x = malloc(sizeof(double) * (size_t)(in.numel ? in.numel : 1));
+        bool finite = x && fg_st_read(f, k, x, FG_F64, in.numel) == FG_OK;
+        for (int64_t j = 0; finite && j < in.numel; j++) finite = isfinite(x[j]);
+        free(x);
+        if (!finite) {
+            cli_error("%s: tensor \"%s\" holds non-finite weights (NaN or inf): nothing can be "
+                      "sampled from this checkpoint; sample from one saved before the run went "
+                      "non-finite",
+                      path, name);
             return false;
         }
     }

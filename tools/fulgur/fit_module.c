@@ -395,9 +395,51 @@ static fg_status on_save_checkpoint(void *ud, fg_trainer *t, fg_state_dict *sd) 
     return m->vocab_b64 ? fg_state_dict_set(sd, CKPT_META_VOCAB, m->vocab_b64) : FG_OK;
 }
 
+/* n bytes as text for a message: printable ASCII as is, others as \xNN,
+ * cut at about 60 characters */
+static void show_bytes(const uint8_t *b, size_t n, char *out, size_t cap) {
+    size_t k = 0;
+    for (size_t i = 0; i < n && k + 8 < cap; i++) {
+        if (k > 60) {
+            snprintf(out + k, cap - k, "...");
+            return;
+        }
+        if (b[i] >= 0x20 && b[i] < 0x7f && b[i] != '"' && b[i] != '\\') out[k++] = (char)b[i];
+        else k += (size_t)snprintf(out + k, cap - k, "\\x%02x", b[i]);
+    }
+    out[k] = '\0';
+}
+
+/* A text model's ids mean the characters of the vocabulary it was trained
+ * with: a corpus whose vocabulary differs, even at the same size, would
+ * train or evaluate on other characters without a word. */
+static fg_status check_vocab(const fit_module *m, const fg_state_dict *sd) {
+    const char *saved = fg_state_dict_get(sd, CKPT_META_VOCAB);
+    if (!m->vocab_b64 || !saved || !strcmp(saved, m->vocab_b64)) return FG_OK;
+    uint8_t a[256], b[256];
+    long na = b64_decode(saved, a, sizeof a), nb = b64_decode(m->vocab_b64, b, sizeof b);
+    if (na < 0 || nb < 0)
+        return fg_error(FG_EFORMAT,
+                        "the checkpoint's vocabulary (metadata %s) is not valid base64 of at most "
+                        "256 characters: the checkpoint is damaged",
+                        CKPT_META_VOCAB);
+    long at = 0;
+    while (at < na && at < nb && a[at] == b[at]) at++;
+    char sa[128], sb[128];
+    show_bytes(a, (size_t)na, sa, sizeof sa);
+    show_bytes(b, (size_t)nb, sb, sizeof sb);
+    return fg_error(FG_EMISMATCH,
+                    "the checkpoint's vocabulary (%ld characters: \"%s\") is not the one of %s "
+                    "(%ld characters: \"%s\"; they differ from id %ld on): its ids would mean "
+                    "other characters; use the corpus it was trained on (or one with the same "
+                    "characters), or train anew",
+                    na, sa, m->o->data, nb, sb, at);
+}
+
 static fg_status on_load_checkpoint(void *ud, fg_trainer *t, const fg_state_dict *sd) {
     (void)t;
     fit_module *m = ud;
+    TRY(check_vocab(m, sd));
     int64_t seed;
     if (fg_state_dict_get_i64(sd, "seed", &seed)) m->ckpt_seed = (uint64_t)seed;
     if (!fg_state_dict_get_i64(sd, "world_size", &m->ckpt_world)) m->ckpt_world = -1;
