@@ -664,8 +664,29 @@ typedef struct fg_progress_bar_opts {
                              library picks no stream of its own) */
     int64_t refresh_rate; /* 0 = every batch on a terminal, every log_every_n_steps otherwise */
     fg_flag redraw;       /* default: on when out is a terminal (isatty) */
+    /* By optimizer step over the whole fit, as a command-line run reads:
+     * "step 40/100  epoch 0  train_loss 0.5123  12.3k tok/s  ETA 0:04" every
+     * refresh_rate steps (steps, not batches) and at the last one, or on a
+     * terminal "epoch 0 [######..........] 40/100  train_loss 0.5123  12.3k
+     * tok/s  0:03<0:04" redrawn; the total from max_steps and max_epochs,
+     * counted from the step fit starts at (a resume's); after each
+     * validation of the fit "step 40  val_loss 0.4981" (its progress-bar
+     * metrics). Values: 4 decimals, 3 significant digits below 0.01. */
+    bool by_step;
+    /* by_step's rate: NULL = optimizer steps per second ("it/s"); else the
+     * unit of the batches' samples on every rank (rows of the input x world
+     * size) times unit_per_sample (0 = 1): "tok" with a gpt's context length,
+     * "samples". Copied; at most 31 characters. */
+    const char *unit;
+    int64_t unit_per_sample;
 } fg_progress_bar_opts;
 FG_API fg_callback *fg_progress_bar_new(const fg_progress_bar_opts *opts);
+/* Writes one line (printf's format; a newline is added) to `to`, or to the
+ * bar's stream (its log hook without one) when `to` is NULL, without
+ * breaking the bar: a bar redrawn on a terminal is cleared first and drawn
+ * again below (tqdm.write). cb may be NULL or of another kind: then the line
+ * goes to `to` alone. Rank 0's business: it checks no rank. */
+FG_API void fg_progress_bar_write(fg_callback *cb, FILE *to, const char *fmt, ...) FG_PRINTF(3, 4);
 
 /* =============================================================== loggers */
 
@@ -704,8 +725,10 @@ FG_API void fg_logger_free(fg_logger *lg); /* NULL is a no-op */
  * writes them; hparams.yaml holds the hyperparameters, sorted ("{}" when
  * none; values that read as numbers stay plain). Written by global rank 0
  * only; rows are flushed every flush_logs_every_n_steps steps and at the
- * end of each entry point. The run folder is made when it is chosen (at
- * the first fit, validate or test). */
+ * end of each entry point; rows or hparams that cannot be written (a full
+ * disk) are an FG_EIO naming the file, from the call that flushed them. The
+ * run folder is made when it is chosen (at the first fit, validate or
+ * test). */
 typedef struct fg_csv_logger_opts {
     const char *save_dir; /* NULL = the trainer's default_root_dir */
     const char *name;     /* NULL = "lightning_logs"; "" = no such folder level */
@@ -734,10 +757,11 @@ FG_API fg_logger *fg_csv_logger_new(const fg_csv_logger_opts *opts);
  * made when it is chosen (the first fit, validate or test), the event file
  * at the first event.
  *
- * Several loggers at once each make their own run folder: a CSV and a
- * TensorBoard logger under one save_dir and name take version_0 and
- * version_1 (as Lightning's do); give them the same `version` to share one
- * folder, or different names. */
+ * Several loggers at once share one run folder: a CSV and a TensorBoard
+ * logger under one save_dir and name, neither given a version, both write
+ * the first one's version_N (one run, one folder); give them different
+ * names or versions for folders of their own. A version_N folder is made
+ * by one run only (two runs started together take two numbers). */
 typedef struct fg_tensorboard_logger_opts {
     const char *name;          /* NULL = "lightning_logs"; "" = no such folder level */
     const char *version;       /* NULL = "version_N", the next free N; else the folder name */

@@ -6,8 +6,8 @@
  *                   the model config stored in checkpoints (read back by `sample`)
  *   fit_module.c    the built-in models and data as a user module of the Trainer
  *                   (fg_lightning_module): steps, loaders, checkpoint metadata
- *   fit_progress.c  rank 0's progress bar / periodic lines and metrics.csv, a
- *                   Trainer callback
+ *   fit_notes.c     rank 0's notes beside the progress display (what is resumed,
+ *                   the model and plan, skipped steps), a Trainer callback
  *   fit_trainer.c   the Trainer's options and callbacks from the flags, and what
  *                   each rank runs: fit (then a last validation), validate, test,
  *                   predict (fg_trainer_launch)
@@ -146,11 +146,12 @@ typedef struct fit_data {
 fg_status fit_data_open(const fit_opts *o, fit_data *d);
 void fit_data_free(fit_data *d);
 
-/* Rank 0's progress display and metrics.csv, as a Trainer callback (every
- * rank runs it; rank 0 prints). ud of the module is fit_module (fit_module.c).
- * NULL with fg_last_error on failure; free with fg_callback_free. */
+/* Rank 0's notes beside the progress display, as a Trainer callback (every
+ * rank runs it; rank 0 prints), written through the progress bar `bar`
+ * (borrowed; NULL: none) so that they do not break it. NULL with
+ * fg_last_error on failure; free with fg_callback_free. */
 typedef struct fit_module fit_module;
-fg_callback *fit_progress_new(const fit_opts *o, fit_module *m);
+fg_callback *fit_notes_new(const fit_opts *o, fit_module *m, fg_callback *bar);
 
 /* The built-in model and data as a Trainer module. fit_module_new opens
  * nothing: fit_module_open (on each rank, inside the launch) opens the data,
@@ -166,9 +167,6 @@ fg_module *fit_module_model(const fit_module *m);
 fg_dataloader *fit_module_loader(const fit_module *m, fg_trainer_fn fn);
 bool fit_module_is_gpt(const fit_module *m);
 int64_t fit_module_ctx(const fit_module *m);
-/* Training: the mean loss of the optimizer step just taken (over its
- * micro-batches; this rank's) and the samples it took; reset by the call. */
-void fit_module_take_step(fit_module *m, double *loss, int64_t *samples);
 /* The global step at which validation last ran in fit (-1: none) and its
  * loss (NAN without validation data). */
 int64_t fit_module_last_val(const fit_module *m, double *loss);

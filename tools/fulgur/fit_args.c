@@ -243,7 +243,8 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .help = "validation batches run before training (-1: all; none when resuming)");
     SEC("checkpoints and output");
     F(.name = "default-root-dir", .type = CLI_STR, .dst = &o->root_dir, .def = "runs/MODEL",
-      .help = "the run's folder: metrics.csv, loggers, and checkpoints/ unless --ckpt-dir");
+      .help = "the run's folder: the loggers' lightning_logs/, and checkpoints/ unless "
+              "--ckpt-dir");
     F(.name = "ckpt-dir", .type = CLI_STR, .dst = &o->ckpt_dir,
       .help = "checkpoint folder [default: DEFAULT_ROOT_DIR/checkpoints]");
     F(.name = "every-n-train-steps", .alias = "ckpt-every", .type = CLI_INT, .dst = &o->ckpt_every,
@@ -272,12 +273,13 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .help = "fit: continue from a checkpoint file, a folder, or \"last\" (the newest in "
               "--ckpt-dir); validate/test/predict: the weights to use: last, best or a path "
               "[default there: last]");
-    F(.name = "logger", .type = CLI_STR, .dst = &o->logger, .def = "none",
+    F(.name = "logger", .type = CLI_STR, .dst = &o->logger, .def = "csv",
       .help = "Lightning's loggers, comma-separated: csv (metrics.csv, hparams.yaml), "
-              "tensorboard (event files), in DEFAULT_ROOT_DIR/lightning_logs/version_N");
+              "tensorboard (event files), all in one DEFAULT_ROOT_DIR/lightning_logs/version_N "
+              "per run; none: no logger");
     F(.name = "log-every-n-steps", .alias = "log-every", .type = CLI_INT, .dst = &o->log_every,
       .def = "10", .min = 1, .max = INT64_MAX / 2,
-      .help = "metrics row, logger row and progress line every N steps");
+      .help = "logger row and progress line every N steps");
     F(.name = "progress", .type = CLI_STR, .dst = &o->progress, .def = "auto",
       .choices = k_progress, .help = "auto: a bar on a terminal, lines otherwise");
     F(.name = "enable-progress-bar", .type = CLI_BOOL, .dst = &o->enable_progress_bar,

@@ -81,13 +81,6 @@ fg_dataloader *fit_module_loader(const fit_module *m, fg_trainer_fn fn) {
     }
 }
 
-void fit_module_take_step(fit_module *m, double *loss, int64_t *samples) {
-    *loss = m->win_micro ? m->win_loss / (double)m->win_micro : NAN;
-    *samples = m->win_samples;
-    m->win_loss = 0;
-    m->win_micro = m->win_samples = 0;
-}
-
 int64_t fit_module_last_val(const fit_module *m, double *loss) {
     *loss = m->last_val;
     return m->last_val_step;
@@ -228,11 +221,8 @@ static fg_tensor *training_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i)
     (void)i;
     fit_module *m = ud;
     fg_tensor *out = forward(m, b->x);
-    fg_tensor *loss = out ? fg_cross_entropy(out, b->y, -100) : NULL;
-    /* for the loggers (--logger): this rank's loss, every log_every_n_steps */
-    if (loss && fg_trainer_log(t, "train_loss", fg_item(loss), &(fg_log_opts){.prog_bar = true}))
-        return NULL;
-    return loss;
+    (void)t;
+    return out ? fg_cross_entropy(out, b->y, -100) : NULL;
 }
 
 /* the losses of the batch's parts (dp: one per thread), scaled by the
@@ -250,10 +240,33 @@ static fg_status training_step_end(void *ud, fg_trainer *t, const double *part_l
 }
 
 static fg_status on_train_batch_start(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
-    (void)t;
-    (void)i;
-    ((fit_module *)ud)->win_samples += b->size;
+    fit_module *m = ud;
+    if (i % fg_trainer_accumulate_grad_batches(t) == 0) { /* a new optimizer step's window */
+        m->win_loss = 0;
+        m->win_micro = m->win_samples = 0;
+    }
+    m->win_samples += b->size;
     return FG_OK;
+}
+
+/* Once the step's gradients are reduced: its loss, the mean over its
+ * micro-batches and ranks (deterministic: the fabric's, the same bits on any
+ * world size), and its learning rate, logged for the progress bar and every
+ * logger alike: one value per step. Collective (every rank's hook runs at
+ * the same step). Not called for a step skipped on a non-finite loss. */
+static fg_status on_before_optimizer_step(void *ud, fg_trainer *t) {
+    fit_module *m = ud;
+    double loss = m->win_micro ? m->win_loss / (double)m->win_micro : NAN;
+    fg_fabric *f = fg_trainer_fabric(t);
+    fg_comm *comm = fg_fabric_comm(f);
+    /* not fg_fabric_reduce_scalar: its NaN on a failed allreduce would read
+     * as a non-finite loss, hiding the peer that broke the group */
+    if (fg_fabric_deterministic(f)) TRY(fg_fabric_step_loss(f, &loss));
+    else if (comm && fg_trainer_world_size(t) > 1)
+        TRY(fg_comm_allreduce(comm, &loss, &loss, 1, FG_F64, FG_AVG));
+    TRY(fg_trainer_log(t, "train_loss", loss, &(fg_log_opts){.prog_bar = true}));
+    return fg_trainer_log(t, "lr", fit_lr_at(m->o, fg_trainer_global_step(t)),
+                          &(fg_log_opts){.prog_bar = true});
 }
 
 /* The mean loss of the batch's real samples (distributed padding left
@@ -447,6 +460,7 @@ fg_lightning_module fit_module_table(fit_module *m) {
                                  .training_step = training_step,
                                  .training_step_end = training_step_end,
                                  .on_train_batch_start = on_train_batch_start,
+                                 .on_before_optimizer_step = on_before_optimizer_step,
                                  .validation_step = validation_step,
                                  .test_step = test_step,
                                  .predict_step = predict_step,

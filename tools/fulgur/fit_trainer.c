@@ -11,9 +11,12 @@
  * or without one the newest), and last.safetensors a link to the newest
  * (save_last="link"), which `--resume last` and `fulgur sample` read. */
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -86,7 +89,10 @@ static bool add_loggers(fit_run *r, const char *list) {
     for (char *save, *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
         fg_logger *lg = NULL;
         if (!strcmp(w, "none")) continue;
-        if (!strcmp(w, "csv")) lg = fg_csv_logger_new(&(fg_csv_logger_opts){0});
+        /* rows written as the lines are printed, not every 100 steps */
+        if (!strcmp(w, "csv"))
+            lg = fg_csv_logger_new(
+                &(fg_csv_logger_opts){.flush_logs_every_n_steps = r->o->log_every});
         else if (!strcmp(w, "tensorboard")) lg = fg_tensorboard_logger_new(NULL, NULL);
         if (!lg || r->nloggers == 2) {
             fg_logger_free(lg);
@@ -108,8 +114,27 @@ fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc) {
     r->o = o;
     bool fit = o->fn == FG_FIT, ok = true;
     fg_monitor_mode mode = o->mode && !strcmp(o->mode, "max") ? FG_MODE_MAX : FG_MODE_MIN;
-    if (fit) {
-        ok = add_cb(r, fit_progress_new(o, r->m));
+    /* the library's progress bar: by optimizer step for fit (a bar on
+     * stderr when it is a terminal, lines on stdout otherwise), the
+     * evaluation runs' own lines on stdout; --progress none: no display */
+    fg_callback *bar = NULL;
+    if (strcmp(o->progress, "none") != 0) {
+        bool gpt = strcmp(o->model, "mlp") != 0;
+        bool on_tty =
+            !strcmp(o->progress, "bar") || (!strcmp(o->progress, "auto") && isatty(STDERR_FILENO));
+        fg_flag redraw = !strcmp(o->progress, "bar")     ? FG_ON
+                         : !strcmp(o->progress, "lines") ? FG_OFF
+                                                         : FG_FLAG_DEFAULT;
+        /* the library picks no stream: the command hands its bar one */
+        ok = add_cb(r, bar = fg_progress_bar_new(&(fg_progress_bar_opts){
+                           .out = fit && on_tty ? stderr : stdout,
+                           .redraw = fit ? (on_tty ? FG_ON : FG_OFF) : redraw,
+                           .by_step = fit,
+                           .unit = gpt ? "tok" : "samples",
+                           .unit_per_sample = gpt ? o->ctx : 1}));
+    }
+    if (ok && fit) {
+        ok = add_cb(r, fit_notes_new(o, r->m, bar));
         /* without --monitor, --save-top-k N keeps the newest N: top-k by step */
         const char *monitor = o->monitor ? o->monitor : o->save_top_k > 0 ? "step" : NULL;
         /* Lightning's ModelCheckpoint(monitor=...) without every_n_train_steps
@@ -137,13 +162,6 @@ fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc) {
                                                          .patience = o->early_stopping_patience,
                                                          .min_delta = o->early_stopping_min_delta,
                                                          .mode = mode}));
-    } else if (strcmp(o->progress, "none") != 0) {
-        /* the library picks no stream: the command hands its bar stdout */
-        ok = add_cb(r, fg_progress_bar_new(&(fg_progress_bar_opts){
-                           .out = stdout,
-                           .redraw = !strcmp(o->progress, "bar")     ? FG_ON
-                                     : !strcmp(o->progress, "lines") ? FG_OFF
-                                                                     : FG_FLAG_DEFAULT}));
     }
     if (ok) ok = add_loggers(r, o->logger);
     if (!ok) {
@@ -171,8 +189,8 @@ fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc) {
         .limit_predict_batches = o->limit_predict,
         .fast_dev_run = o->fast_dev_run,
         .log_every_n_steps = o->log_every,
-        /* fit: its own display; the other commands: the bar above, or none */
-        .enable_progress_bar = fit || r->ncbs == 0 ? FG_OFF : FG_FLAG_DEFAULT,
+        /* the bar above, or none */
+        .enable_progress_bar = bar ? FG_FLAG_DEFAULT : FG_OFF,
         .enable_checkpointing = fit && o->enable_checkpointing ? FG_FLAG_DEFAULT : FG_OFF,
         .default_root_dir = o->root_dir,
         .detect_anomaly = o->detect_anomaly,
@@ -204,12 +222,62 @@ static int64_t total_steps(fg_trainer *t, const fit_opts *o) {
     return total;
 }
 
-/* Rank 0, before the ranks train: the run and checkpoint folders, and the
- * temporaries a killed save left. */
+/* One fit per run folder: rank 0 holds an flock on DIR/.fulgur.lock for
+ * the life of its process (released by the kernel however it ends), the
+ * file naming its pid; a second fit there refuses, naming the first, before
+ * it touches a file (two would interleave their checkpoints, top-k and
+ * `last`). */
+static int g_lock_fd[2] = {-1, -1};
+
+static fg_status lock_folder(const char *dir, int slot) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/.fulgur.lock", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return fg_error(FG_EIO, "cannot open %s, the run folder's lock: %s", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        char pid[32] = "";
+        ssize_t n = pread(fd, pid, sizeof pid - 1, 0);
+        pid[n > 0 ? n : 0] = '\0';
+        pid[strcspn(pid, "\n")] = '\0';
+        close(fd);
+        if (e == EWOULDBLOCK)
+            return fg_error(FG_ESTATE,
+                            "the run folder %s is in use by another fit (pid %s, lock %s): two "
+                            "runs in one folder would mix their checkpoints and `last`; wait "
+                            "for it to end, or give this one another --default-root-dir "
+                            "(or --ckpt-dir)",
+                            dir, pid[0] ? pid : "?", path);
+        return fg_error(FG_EIO, "cannot lock %s: %s", path, strerror(e));
+    }
+    char line[32];
+    int len = snprintf(line, sizeof line, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)len, 0) != len) {
+        int e = errno;
+        close(fd);
+        return fg_error(FG_EIO, "cannot write %s: %s", path, strerror(e));
+    }
+    g_lock_fd[slot] = fd;
+    return FG_OK;
+}
+
+/* Whether dir lies inside root (or is it), by their real paths. */
+static bool inside(const char *dir, const char *root) {
+    char rd[PATH_MAX], rr[PATH_MAX];
+    if (!realpath(dir, rd) || !realpath(root, rr)) return false;
+    size_t n = strlen(rr);
+    return !strncmp(rd, rr, n) && (rd[n] == '\0' || rd[n] == '/');
+}
+
+/* Rank 0, before the ranks train: the run and checkpoint folders, their
+ * lock, and the temporaries a killed save left. */
 static fg_status prepare_dirs(const fit_opts *o) {
     if (make_dirs(o->root_dir) != 0 || make_dirs(o->ckpt_dir) != 0)
         return fg_error(FG_EIO, "cannot create %s or %s: %s", o->root_dir, o->ckpt_dir,
                         strerror(errno));
+    if (g_lock_fd[0] < 0) TRY(lock_folder(o->root_dir, 0));
+    if (g_lock_fd[1] < 0 && !inside(o->ckpt_dir, o->root_dir)) TRY(lock_folder(o->ckpt_dir, 1));
     int stale = 0;
     TRY(fg_st_remove_stale_tmp(o->ckpt_dir, &stale));
     if (stale)
@@ -257,7 +325,7 @@ static int run_fit(fit_run *r, fg_trainer *t, const fg_lightning_module *lm) {
             return fit_rank_error(t, "validation");
         fit_module_last_val(m, &val);
         if (rank0 && !isnan(val)) {
-            printf("step %lld  val loss %.4f\n", (long long)step, val);
+            printf("step %lld  val_loss %.4f\n", (long long)step, val);
             fflush(stdout);
         }
     }
