@@ -142,8 +142,12 @@ typedef struct fg_lightning_module {
     /* Builds the network on each rank inside the run (Lightning's
      * configure_model, sharded-friendly construction) and returns it,
      * borrowed: it stays the module's. Called at the start of every entry
-     * point: return the same model when it already exists. NULL: model is
-     * used; one of the two is required. */
+     * point: return the same model when it already exists. Where setup
+     * shards the parameters (deepspeed_stage_3, fsdp FULL_SHARD or
+     * HYBRID_SHARD on more than one rank: fg_fabric_shards_params) it runs
+     * under empty init (fg_module_set_empty_init), so that a model built
+     * here is initialised shard by shard, never whole on a rank. NULL:
+     * model is used; one of the two is required. */
     fg_module *(*configure_model)(void *ud, fg_trainer *t);
     /* Fills *out. Called at the start of fit (only). Required by fit. */
     fg_status (*configure_optimizers)(void *ud, fg_trainer *t, fg_optimizer_config *out);

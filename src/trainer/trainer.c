@@ -492,7 +492,13 @@ static fg_status prepare(entry *e) {
     if (m->setup) FG_TRY(m->setup(m->ud, t, e->fn));
     for (int i = 0; i < t->ncbs; i++)
         if (t->cbs[i]->ops.setup) FG_TRY(t->cbs[i]->ops.setup(t->cbs[i]->ud, t, e->fn));
+    /* Lightning's sharded-model context: configure_model runs under empty
+     * init where setup shards the parameters (stage 3), so that the model
+     * it builds is initialised shard by shard and never whole on a rank */
+    bool empty = m->configure_model && !fg_fabric_model(t->f) && fg_fabric_shards_params(t->f);
+    bool was = empty ? fg_module_set_empty_init(true) : false;
     fg_module *model = m->configure_model ? m->configure_model(m->ud, t) : m->model;
+    if (empty) fg_module_set_empty_init(was);
     if (!model)
         return m->configure_model ? fg_error_wrap(fg_last_status() ? fg_last_status() : FG_EINVAL,
                                                   "configure_model returned no model")

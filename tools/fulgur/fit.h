@@ -154,8 +154,10 @@ typedef struct fit_module fit_module;
 fg_callback *fit_notes_new(const fit_opts *o, fit_module *m, fg_callback *bar);
 
 /* The built-in model and data as a Trainer module. fit_module_new opens
- * nothing: fit_module_open (on each rank, inside the launch) opens the data,
- * builds the model and the loaders; fit_module_free frees all. */
+ * nothing: fit_module_open (on each rank, inside the launch) opens the data
+ * and builds the loaders, the module's configure_model the model (under
+ * empty init where the Trainer's setup shards it); fit_module_free frees
+ * all. */
 fit_module *fit_module_new(const fit_opts *o);
 /* *what: the part that failed ("data" or "model"), for the message's label. */
 fg_status fit_module_open(fit_module *m, fg_trainer *t, const char **what);
@@ -164,6 +166,8 @@ fg_lightning_module fit_module_table(fit_module *m);
 /* What the module knows, for the callbacks and the end of the run. */
 const fit_data *fit_module_data(const fit_module *m);
 fg_module *fit_module_model(const fit_module *m);
+/* configure_model could not build the model (its error is a model error). */
+bool fit_module_model_failed(const fit_module *m);
 fg_dataloader *fit_module_loader(const fit_module *m, fg_trainer_fn fn);
 bool fit_module_is_gpt(const fit_module *m);
 int64_t fit_module_ctx(const fit_module *m);

@@ -23,6 +23,7 @@ struct fit_module {
     int64_t win_micro, win_samples;
     int64_t last_val_step;
     double last_val;
+    bool model_failed; /* configure_model could not build the model */
     uint64_t ckpt_seed;
     int64_t ckpt_world, ckpt_global_batch, ckpt_samples; /* the elastic resume's (-1: none) */
     /* Lightning's hparams (hparams.yaml of the loggers) */
@@ -63,6 +64,7 @@ void fit_module_free(fit_module *m) {
 
 const fit_data *fit_module_data(const fit_module *m) { return &m->d; }
 fg_module *fit_module_model(const fit_module *m) { return m->model; }
+bool fit_module_model_failed(const fit_module *m) { return m->model_failed; }
 bool fit_module_is_gpt(const fit_module *m) { return m->cfg.kind == FIT_GPT; }
 int64_t fit_module_ctx(const fit_module *m) { return m->cfg.ctx; }
 uint64_t fit_module_ckpt_seed(const fit_module *m) { return m->ckpt_seed; }
@@ -141,18 +143,7 @@ fg_status fit_module_open(fit_module *m, fg_trainer *t, const char **what) {
     if (!m->nhparams) set_hparams(m);
     m->cfg.f64 = fg_fabric_dtype(fg_trainer_fabric(t)) == FG_F64;
     m->cfg.dtype = fg_fabric_dtype(fg_trainer_fabric(t)); /* bf16-true: bf16 parameters */
-    /* stage 3: a sharded initialisation, the model never whole on a rank */
-    fg_fabric *f = fg_trainer_fabric(t);
-    fg_strategy_kind kind = fg_fabric_plan(f)->strategy;
-    fg_sharding_strategy ss = o->sharded.sharding_strategy;
-    bool s3 = world > 1 && (kind == FG_STRATEGY_DEEPSPEED_STAGE_3 ||
-                            (kind == FG_STRATEGY_FSDP &&
-                             (ss == FG_SHARDING_FULL_SHARD || ss == FG_SHARDING_HYBRID_SHARD)));
-    *what = "model";
-    bool was = fg_module_set_empty_init(s3);
-    m->model = fit_model_new(&m->cfg);
-    fg_module_set_empty_init(was);
-    if (!m->model) return fg_last_status();
+    /* the model itself: configure_model, inside the entry point */
     m->config_json = fit_model_cfg_json(&m->cfg, o);
     if (m->d.text_vocab)
         m->vocab_b64 = b64_encode(fg_text_vocab_bytes(m->d.text_vocab),
@@ -451,9 +442,20 @@ out:
     free(text);
 }
 
+/* Lightning's configure_model: the model, built at the first entry point
+ * (under stage 3 the Trainer runs this under empty init: a sharded
+ * initialisation, the model never whole on a rank), the same one after. */
+static fg_module *configure_model(void *ud, fg_trainer *t) {
+    (void)t;
+    fit_module *m = ud;
+    if (!m->model) m->model = fit_model_new(&m->cfg);
+    m->model_failed = !m->model;
+    return m->model;
+}
+
 fg_lightning_module fit_module_table(fit_module *m) {
     return (fg_lightning_module){.ud = m,
-                                 .model = m->model,
+                                 .configure_model = configure_model,
                                  .hparams = m->hparams,
                                  .nhparams = m->nhparams,
                                  .configure_optimizers = configure_optimizers,

@@ -304,7 +304,7 @@ static int run_fit(fit_run *r, fg_trainer *t, const fg_lightning_module *lm) {
     }
     s = fg_trainer_fit(t, lm, fit_module_loader(m, FG_FIT), fit_module_loader(m, FG_VALIDATE),
                        o->resume ? o->resume_path : NULL);
-    if (s != FG_OK) return fit_rank_error(t, "training");
+    if (s != FG_OK) return fit_rank_error(t, fit_module_model_failed(m) ? "model" : "training");
     int64_t step = fg_trainer_global_step(t), total = total_steps(t, o);
     if (fg_trainer_interrupted(t)) {
         fit_stopped = 1; /* saved: further signals are ignored */
@@ -378,7 +378,7 @@ static int run_eval(fit_run *r, fg_trainer *t, const fg_lightning_module *lm) {
     if (o->fn == FG_VALIDATE) s = fg_trainer_validate(t, lm, dl, ckpt);
     else if (o->fn == FG_TEST) s = fg_trainer_test(t, lm, dl, ckpt);
     else s = fg_trainer_predict(t, lm, dl, ckpt);
-    if (s != FG_OK) return fit_rank_error(t, name);
+    if (s != FG_OK) return fit_rank_error(t, fit_module_model_failed(r->m) ? "model" : name);
     if (o->fn == FG_PREDICT) {
         if (fit_module_write_predictions(r->m, t, o->predictions) != FG_OK)
             return fit_rank_error(t, name);
