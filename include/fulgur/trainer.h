@@ -450,6 +450,20 @@ FG_API bool fg_trainer_should_stop(const fg_trainer *t);
 FG_API void fg_trainer_set_should_stop(fg_trainer *t, bool stop);
 /* The checkpoint the running entry point loaded ("" if none). */
 FG_API const char *fg_trainer_ckpt_path(const fg_trainer *t);
+/* Lightning's ckpt_path resolution, as the entry points do it, into out:
+ * "last": the newest last*.safetensors in the folders of the trainer's
+ * ModelCheckpoints (their dirpath, or the default one), its link followed
+ * to the file it names; "" (FG_OK) when there is none (fit then starts from
+ * scratch, as Lightning's). "best": the ModelCheckpoint's best_model_path,
+ * or, when this process has none yet (a new process after the fit), the
+ * one its newest "last" recorded; FG_EINVAL when neither names one. A path:
+ * a sharded checkpoint's folder is itself, another folder its
+ * last.safetensors, a link is followed; FG_EIO when nothing is there. NULL
+ * or "": "". Not collective: it reads this process's callbacks and files
+ * (the entry points use rank 0's answer); callable before any launch, so
+ * that a program can refuse a missing checkpoint before ranks start. */
+FG_API fg_status fg_trainer_resolve_ckpt_path(fg_trainer *t, const char *ckpt_path, char *out,
+                                              size_t cap);
 /* The file the trainer's latest checkpoint save wrote ("" if none yet). */
 FG_API const char *fg_trainer_last_saved_path(const fg_trainer *t);
 /* Lightning's trainer.interrupted: fit ended at an optimizer step boundary

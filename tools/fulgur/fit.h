@@ -187,10 +187,14 @@ fg_status fit_module_write_predictions(fit_module *m, fg_trainer *t, const char 
 
 /* The trainer for o over fabric f (borrowed), with its callbacks (the
  * progress display, ModelCheckpoint, EarlyStopping) and loggers, which the
- * run keeps; NULL after printing the error (FG_EXIT_USAGE in *rc for a bad
- * setting, else FG_EXIT_FAIL). */
+ * run keeps; then --ckpt-path resolved by the trainer's rules
+ * (fg_trainer_resolve_ckpt_path: last, best or a path) into
+ * o->resume_path, and for validate, test and predict the model's shape and
+ * step read from that checkpoint into o. NULL after printing the error
+ * (FG_EXIT_USAGE in *rc for a bad setting or a missing checkpoint, else
+ * FG_EXIT_FAIL). */
 typedef struct fit_run fit_run;
-fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc);
+fit_run *fit_run_new(fit_opts *o, fg_fabric *f, int *rc);
 void fit_run_free(fit_run *r);
 /* Launches the ranks and runs the command on each. Returns the exit code
  * for this process, 0 or FG_EXIT_FAIL; after a stop fit_stopped is set (the

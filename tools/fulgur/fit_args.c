@@ -590,66 +590,6 @@ static int trainer_args(fit_opts *o) {
     return 0;
 }
 
-/* validate, test, predict: "last", "best" (the best_model_path the last
- * checkpoint's ModelCheckpoint state holds) or a file; and the model's
- * shape from the checkpoint's config, so that the flags need not repeat it. */
-static int eval_ckpt(fit_opts *o) {
-    const char *want = o->resume ? o->resume : "last";
-    bool best = !strcmp(want, "best");
-    if (ckpt_resolve(best ? "last" : want, o->ckpt_dir, o->resume_path, sizeof o->resume_path))
-        return FG_EXIT_USAGE;
-    fg_st_file *f = fg_st_open(o->resume_path);
-    if (!f) {
-        cli_error("--ckpt-path=%s: %s", o->resume_path, fg_last_error());
-        return FG_EXIT_USAGE;
-    }
-    if (best) {
-        const char *bp = NULL;
-        for (int64_t i = 0; i < fg_st_meta_count(f) && !bp; i++) {
-            const char *k, *v, *suffix = ".best_model_path";
-            if (fg_st_meta_at(f, i, &k, &v) != FG_OK) break;
-            size_t kl = strlen(k), sl = strlen(suffix);
-            if (kl > sl && !strncmp(k, "callbacks.ModelCheckpoint", 25) &&
-                !strcmp(k + kl - sl, suffix) && v[0])
-                bp = v;
-        }
-        if (!bp) {
-            cli_error("--ckpt-path best: %s names no best checkpoint (a fit with --monitor "
-                      "keeps one): give a path or last",
-                      o->resume_path);
-            fg_st_close(f);
-            return FG_EXIT_USAGE;
-        }
-        snprintf(o->resume_path, sizeof o->resume_path, "%s", bp);
-        fg_st_close(f);
-        if (!(f = fg_st_open(o->resume_path))) {
-            cli_error("--ckpt-path best: %s: %s", o->resume_path, fg_last_error());
-            return FG_EXIT_USAGE;
-        }
-    }
-    const char *step = fg_st_meta_get(f, "step");
-    if (!step || !cli_parse_int(step, &o->ckpt_step)) o->ckpt_step = -1;
-    const char *json = fg_st_meta_get(f, CKPT_META_CONFIG);
-    fit_model_cfg cfg = {0};
-    char err[256];
-    if (json && fit_model_cfg_parse(json, &cfg, err, sizeof err)) {
-        static char model[8];
-        snprintf(model, sizeof model, "%s", cfg.kind == FIT_MLP ? "mlp" : "gpt");
-        o->model = model;
-        if (cfg.kind == FIT_GPT) {
-            o->layers = cfg.layers;
-            o->heads = cfg.heads;
-            o->embd = cfg.embd;
-            o->ctx = cfg.ctx;
-            o->dropout = cfg.dropout;
-        } else {
-            o->hidden = cfg.hidden;
-        }
-    }
-    fg_st_close(f);
-    return 0;
-}
-
 int fit_args_parse(fit_opts *o, fg_trainer_fn fn, int argc, char **argv) {
     memset(o, 0, sizeof *o);
     o->fn = fn;
@@ -775,7 +715,9 @@ int fit_args_parse(fit_opts *o, fg_trainer_fn fn, int argc, char **argv) {
         snprintf(pred_buf, sizeof pred_buf, "%s/predictions.csv", o->root_dir);
         o->predictions = pred_buf;
     }
-    if (fn != FG_FIT) return eval_ckpt(o);
+    /* the checkpoint (last, best or a path) is resolved by the trainer's
+     * rules once it exists (fit_run_new), before any rank starts */
+    if (fn != FG_FIT) return 0;
     if (o->save_top_k == 0) {
         cli_error("--save-top-k=0: would keep no checkpoint to resume from; give N >= 1, or -1 "
                   "to keep all");
@@ -795,10 +737,5 @@ int fit_args_parse(fit_opts *o, fg_trainer_fn fn, int argc, char **argv) {
     struct stat lst;
     snprintf(last_link, sizeof last_link, "%s/%s", o->ckpt_dir, CKPT_LAST_NAME);
     if (!o->resume && o->restart_count > 0 && lstat(last_link, &lst) == 0) o->resume = "last";
-    if (o->resume) {
-        /* "last" without a checkpoint yet is an error, as a missing file */
-        if (ckpt_resolve(o->resume, o->ckpt_dir, o->resume_path, sizeof o->resume_path) != 0)
-            return FG_EXIT_USAGE;
-    }
     return 0;
 }

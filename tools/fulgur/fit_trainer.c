@@ -20,7 +20,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt_meta.h"
 #include "ckpt_paths.h"
+#include "cli_flags.h"
 #include "fit_model.h"
 
 struct fit_run {
@@ -103,7 +105,52 @@ static bool add_loggers(fit_run *r, const char *list) {
     return true;
 }
 
-fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc) {
+/* --ckpt-path by the trainer's rules: fit's when given; validate, test and
+ * predict's ("last" unless given) with the model's shape and step from the
+ * checkpoint's metadata, so that the flags need not repeat them. */
+static int resolve_ckpt(fit_opts *o, fg_trainer *t) {
+    bool fit = o->fn == FG_FIT;
+    const char *want = o->resume ? o->resume : fit ? NULL : "last";
+    if (!want) return 0;
+    if (fg_trainer_resolve_ckpt_path(t, want, o->resume_path, sizeof o->resume_path) != FG_OK) {
+        cli_error("--ckpt-path %s: %s", want, fg_last_error());
+        return FG_EXIT_USAGE;
+    }
+    if (!o->resume_path[0]) { /* "last" without a checkpoint yet is an error, as a missing file */
+        cli_error("--ckpt-path last: no checkpoint yet in %s (no %s/%s)", o->ckpt_dir, o->ckpt_dir,
+                  CKPT_LAST_NAME);
+        return FG_EXIT_USAGE;
+    }
+    if (fit) return 0;
+    fg_st_file *f = fg_st_open(o->resume_path);
+    if (!f) {
+        cli_error("--ckpt-path=%s: %s", o->resume_path, fg_last_error());
+        return FG_EXIT_USAGE;
+    }
+    const char *step = fg_st_meta_get(f, "step");
+    if (!step || !cli_parse_int(step, &o->ckpt_step)) o->ckpt_step = -1;
+    const char *json = fg_st_meta_get(f, CKPT_META_CONFIG);
+    fit_model_cfg cfg = {0};
+    char err[256];
+    if (json && fit_model_cfg_parse(json, &cfg, err, sizeof err)) {
+        static char model[8];
+        snprintf(model, sizeof model, "%s", cfg.kind == FIT_MLP ? "mlp" : "gpt");
+        o->model = model;
+        if (cfg.kind == FIT_GPT) {
+            o->layers = cfg.layers;
+            o->heads = cfg.heads;
+            o->embd = cfg.embd;
+            o->ctx = cfg.ctx;
+            o->dropout = cfg.dropout;
+        } else {
+            o->hidden = cfg.hidden;
+        }
+    }
+    fg_st_close(f);
+    return 0;
+}
+
+fit_run *fit_run_new(fit_opts *o, fg_fabric *f, int *rc) {
     *rc = FG_EXIT_FAIL;
     fit_run *r = calloc(1, sizeof *r);
     if (!r || !(r->m = fit_module_new(o))) {
@@ -162,6 +209,10 @@ fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc) {
                                                          .patience = o->early_stopping_patience,
                                                          .min_delta = o->early_stopping_min_delta,
                                                          .mode = mode}));
+    } else if (ok) {
+        /* validate, test, predict save nothing: the ModelCheckpoint is where
+         * "last" and "best" are found (Lightning's trainer.checkpoint_callback) */
+        ok = add_cb(r, fg_model_checkpoint_new(&(fg_checkpoint_opts){.dirpath = o->ckpt_dir}));
     }
     if (ok) ok = add_loggers(r, o->logger);
     if (!ok) {
@@ -191,7 +242,7 @@ fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc) {
         .log_every_n_steps = o->log_every,
         /* the bar above, or none */
         .enable_progress_bar = bar ? FG_FLAG_DEFAULT : FG_OFF,
-        .enable_checkpointing = fit && o->enable_checkpointing ? FG_FLAG_DEFAULT : FG_OFF,
+        .enable_checkpointing = !fit || o->enable_checkpointing ? FG_FLAG_DEFAULT : FG_OFF,
         .default_root_dir = o->root_dir,
         .detect_anomaly = o->detect_anomaly,
         .on_nonfinite = o->on_nonfinite_skip ? FG_NONFINITE_SKIP : FG_NONFINITE_STOP,
@@ -204,6 +255,10 @@ fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc) {
         /* a combination of settings the Trainer refuses, as Lightning does */
         cli_error("%s", fg_last_error());
         *rc = fg_last_status() == FG_ENOMEM ? FG_EXIT_FAIL : FG_EXIT_USAGE;
+        fit_run_free(r);
+        return NULL;
+    }
+    if ((*rc = resolve_ckpt(o, r->t)) != 0) {
         fit_run_free(r);
         return NULL;
     }
