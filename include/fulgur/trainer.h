@@ -688,8 +688,9 @@ typedef struct fg_progress_bar_opts {
      * terminal "epoch 0 [######..........] 40/100  train_loss 0.5123  12.3k
      * tok/s  0:03<0:04" redrawn; the total from max_steps and max_epochs,
      * counted from the step fit starts at (a resume's); after each
-     * validation of the fit "step 40  val_loss 0.4981" (its progress-bar
-     * metrics). Values: 4 decimals, 3 significant digits below 0.01. */
+     * validation of the fit, and of a validate run after it, "step 40
+     * val_loss 0.4981" (its progress-bar metrics); nothing for test and
+     * predict. Values: 4 decimals, 3 significant digits below 0.01. */
     bool by_step;
     /* by_step's rate: NULL = optimizer steps per second ("it/s"); else the
      * unit of the batches' samples on every rank (rows of the input x world

@@ -13,7 +13,8 @@
  * shows a run: "step 40/100  epoch 0  train_loss 0.5123  12.3k tok/s  ETA
  * 0:04" every refresh_rate steps and at the last, or redrawn as
  * "epoch 0 [######......] 40/100  train_loss 0.5123  12.3k tok/s  0:03<0:04";
- * after each validation of the fit "step 40  val_loss 0.4981". The rate
+ * after each validation of the fit (and of a validate after it) "step 40
+ * val_loss 0.4981"; test and predict runs show nothing. The rate
  * counts the batches' samples on every rank (times unit_per_sample) since
  * the previous line. fg_progress_bar_write puts a line above the bar. */
 #include <math.h>
@@ -344,7 +345,7 @@ static fg_status eval_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_t id
     pbar_cb *c = ud;
     c->eval_n = idx + 1;
     if (!c->active || !c->redraw || t->stage == FG_STAGE_SANITY_CHECK) return FG_OK;
-    if (c->by_step && t->fn == FG_FIT) return FG_OK; /* the fit's bar stays */
+    if (c->by_step) return FG_OK; /* the fit's bar stays; the result gets its line */
     int64_t total = t->stage == FG_STAGE_VALIDATE ? t->num_val_batches : 0;
     draw(c, t, eval_desc(t), idx + 1, total ? total : idx + 1, c->eval_t0, false);
     return FG_OK;
@@ -353,8 +354,8 @@ static fg_status eval_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_t id
 static fg_status eval_end(void *ud, fg_trainer *t) {
     pbar_cb *c = ud;
     if (!c->active || t->stage == FG_STAGE_SANITY_CHECK) return FG_OK;
-    if (c->by_step && t->fn == FG_FIT) {
-        step_val_end(c, t);
+    if (c->by_step) { /* fit's validations, and a validate after it: their line */
+        if (t->stage == FG_STAGE_VALIDATE) step_val_end(c, t);
         return FG_OK;
     }
     /* inside fit a terminal keeps the epoch's line; elsewhere the run gets its own */

@@ -378,11 +378,7 @@ static int run_fit(fit_run *r, fg_trainer *t, const fg_lightning_module *lm) {
     if (val_step != step && fg_dataset_len(fit_module_data(m)->val) > 0 && !o->fast_dev_run) {
         if (fg_trainer_validate(t, lm, fit_module_loader(m, FG_VALIDATE), NULL) != FG_OK)
             return fit_rank_error(t, "validation");
-        fit_module_last_val(m, &val);
-        if (rank0 && !isnan(val)) {
-            printf("step %lld  val_loss %.4f\n", (long long)step, val);
-            fflush(stdout);
-        }
+        fit_module_last_val(m, &val); /* its line: the progress bar's */
     }
     /* stage 3: rank 0 samples from the whole model (every rank gathers it) */
     fg_strategy *strat = (fg_strategy *)fg_fabric_strategy(fg_trainer_fabric(t));
@@ -460,8 +456,8 @@ static int run_rank(fg_trainer *t, void *arg) {
     /* main() checks stdout at the end, but a forked rank leaves by _exit:
      * rank 0, the one that prints, checks here then. A resumable stop keeps
      * its 75 (main() still says the output was lost). */
-    if (rc == FG_EXIT_OK && !fit_stopped && cli_in_forked_rank() &&
-        fg_trainer_is_global_zero(t) && cli_check_stdout(false))
+    if (rc == FG_EXIT_OK && !fit_stopped && cli_in_forked_rank() && fg_trainer_is_global_zero(t) &&
+        cli_check_stdout(false))
         rc = fit_rank_error(t, "output");
     return rc;
 }
