@@ -473,6 +473,12 @@ FG_API bool fg_fabric_running(const fg_fabric *f);
 /* The model fg_fabric_setup prepared in this launch, or NULL (none yet, or
  * after the launch ended, or NULL f). Borrowed: the caller's. */
 FG_API fg_module *fg_fabric_model(const fg_fabric *f);
+/* Whether this fabric's setup shards the parameters themselves
+ * (deepspeed_stage_3, fsdp FULL_SHARD or HYBRID_SHARD, on more than one
+ * rank), known before setup: where a model made under empty init
+ * (fg_module_set_empty_init) is initialised shard by shard, never whole
+ * (Lightning's sharded-model context around configure_model). */
+FG_API bool fg_fabric_shards_params(const fg_fabric *f);
 /* The strategy fg_fabric_setup made (NULL before it): its byte counts
  * (fg_strategy_comm_bytes), its shards. Borrowed until the launch's run
  * returns. */

@@ -161,7 +161,10 @@ FG_API fg_status fg_module_reset_parameters(fg_module *m, uint64_t seed);
  * FULL_SHARD, HYBRID_SHARD), which initialises only each rank's shard, so
  * that the model never exists whole on any rank; another strategy's setup
  * or the first forward, which initialise all of it; or
- * fg_module_reset_parameters. Buffers are always initialised whole. */
+ * fg_module_reset_parameters; or fg_module_load_state, which initialises it
+ * whole and then writes what it loads, so that a model loaded before setup
+ * (Lightning's load_from_checkpoint under init_module(empty_init=True))
+ * keeps the loaded values. Buffers are always initialised whole. */
 FG_API bool fg_module_set_empty_init(bool on);
 
 /* The user data given to fg_module_new. */

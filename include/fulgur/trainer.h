@@ -162,8 +162,12 @@ typedef struct fg_lightning_module {
     /* Builds the network on each rank inside the run (Lightning's
      * configure_model, sharded-friendly construction) and returns it,
      * borrowed: it stays the module's. Called at the start of every entry
-     * point: return the same model when it already exists. NULL: model is
-     * used; one of the two is required. */
+     * point: return the same model when it already exists. Where setup
+     * shards the parameters (deepspeed_stage_3, fsdp FULL_SHARD or
+     * HYBRID_SHARD on more than one rank: fg_fabric_shards_params) it runs
+     * under empty init (fg_module_set_empty_init), so that a model built
+     * here is initialised shard by shard, never whole on a rank. NULL:
+     * model is used; one of the two is required. */
     fg_module *(*configure_model)(void *ud, fg_trainer *t);
     /* Fills *out. Called at the start of fit (only). Required by fit. */
     fg_status (*configure_optimizers)(void *ud, fg_trainer *t, fg_optimizer_config *out);
@@ -466,6 +470,20 @@ FG_API bool fg_trainer_should_stop(const fg_trainer *t);
 FG_API void fg_trainer_set_should_stop(fg_trainer *t, bool stop);
 /* The checkpoint the running entry point loaded ("" if none). */
 FG_API const char *fg_trainer_ckpt_path(const fg_trainer *t);
+/* Lightning's ckpt_path resolution, as the entry points do it, into out:
+ * "last": the newest last*.safetensors in the folders of the trainer's
+ * ModelCheckpoints (their dirpath, or the default one), its link followed
+ * to the file it names; "" (FG_OK) when there is none (fit then starts from
+ * scratch, as Lightning's). "best": the ModelCheckpoint's best_model_path,
+ * or, when this process has none yet (a new process after the fit), the
+ * one its newest "last" recorded; FG_EINVAL when neither names one. A path:
+ * a sharded checkpoint's folder is itself, another folder its
+ * last.safetensors, a link is followed; FG_EIO when nothing is there. NULL
+ * or "": "". Not collective: it reads this process's callbacks and files
+ * (the entry points use rank 0's answer); callable before any launch, so
+ * that a program can refuse a missing checkpoint before ranks start. */
+FG_API fg_status fg_trainer_resolve_ckpt_path(fg_trainer *t, const char *ckpt_path, char *out,
+                                              size_t cap);
 /* The file the trainer's latest checkpoint save wrote ("" if none yet). */
 FG_API const char *fg_trainer_last_saved_path(const fg_trainer *t);
 /* Lightning's trainer.interrupted: fit ended at an optimizer step boundary
@@ -684,8 +702,30 @@ typedef struct fg_progress_bar_opts {
                              library picks no stream of its own) */
     int64_t refresh_rate; /* 0 = every batch on a terminal, every log_every_n_steps otherwise */
     fg_flag redraw;       /* default: on when out is a terminal (isatty) */
+    /* By optimizer step over the whole fit, as a command-line run reads:
+     * "step 40/100  epoch 0  train_loss 0.5123  12.3k tok/s  ETA 0:04" every
+     * refresh_rate steps (steps, not batches) and at the last one, or on a
+     * terminal "epoch 0 [######..........] 40/100  train_loss 0.5123  12.3k
+     * tok/s  0:03<0:04" redrawn; the total from max_steps and max_epochs,
+     * counted from the step fit starts at (a resume's); after each
+     * validation of the fit, and of a validate run after it, "step 40
+     * val_loss 0.4981" (its progress-bar metrics); nothing for test and
+     * predict. Values: 4 decimals, 3 significant digits below 0.01. */
+    bool by_step;
+    /* by_step's rate: NULL = optimizer steps per second ("it/s"); else the
+     * unit of the batches' samples on every rank (rows of the input x world
+     * size) times unit_per_sample (0 = 1): "tok" with a gpt's context length,
+     * "samples". Copied; at most 31 characters. */
+    const char *unit;
+    int64_t unit_per_sample;
 } fg_progress_bar_opts;
 FG_API fg_callback *fg_progress_bar_new(const fg_progress_bar_opts *opts);
+/* Writes one line (printf's format; a newline is added) to `to`, or to the
+ * bar's stream (its log hook without one) when `to` is NULL, without
+ * breaking the bar: a bar redrawn on a terminal is cleared first and drawn
+ * again below (tqdm.write). cb may be NULL or of another kind: then the line
+ * goes to `to` alone. Rank 0's business: it checks no rank. */
+FG_API void fg_progress_bar_write(fg_callback *cb, FILE *to, const char *fmt, ...) FG_PRINTF(3, 4);
 
 /* =============================================================== loggers */
 
@@ -724,8 +764,10 @@ FG_API void fg_logger_free(fg_logger *lg); /* NULL is a no-op */
  * writes them; hparams.yaml holds the hyperparameters, sorted ("{}" when
  * none; values that read as numbers stay plain). Written by global rank 0
  * only; rows are flushed every flush_logs_every_n_steps steps and at the
- * end of each entry point. The run folder is made when it is chosen (at
- * the first fit, validate or test). */
+ * end of each entry point; rows or hparams that cannot be written (a full
+ * disk) are an FG_EIO naming the file, from the call that flushed them. The
+ * run folder is made when it is chosen (at the first fit, validate or
+ * test). */
 typedef struct fg_csv_logger_opts {
     const char *save_dir; /* NULL = the trainer's default_root_dir */
     const char *name;     /* NULL = "lightning_logs"; "" = no such folder level */
@@ -754,10 +796,11 @@ FG_API fg_logger *fg_csv_logger_new(const fg_csv_logger_opts *opts);
  * made when it is chosen (the first fit, validate or test), the event file
  * at the first event.
  *
- * Several loggers at once each make their own run folder: a CSV and a
- * TensorBoard logger under one save_dir and name take version_0 and
- * version_1 (as Lightning's do); give them the same `version` to share one
- * folder, or different names. */
+ * Several loggers at once share one run folder: a CSV and a TensorBoard
+ * logger under one save_dir and name, neither given a version, both write
+ * the first one's version_N (one run, one folder); give them different
+ * names or versions for folders of their own. A version_N folder is made
+ * by one run only (two runs started together take two numbers). */
 typedef struct fg_tensorboard_logger_opts {
     const char *name;          /* NULL = "lightning_logs"; "" = no such folder level */
     const char *version;       /* NULL = "version_N", the next free N; else the folder name */

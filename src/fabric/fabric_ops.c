@@ -44,6 +44,16 @@ fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt) {
     return FG_OK;
 }
 
+bool fg_fabric_shards_params(const fg_fabric *f) {
+    if (!f) return false;
+    if (f->strategy) return fg_strategy_shards_params(f->strategy);
+    if (f->world_size < 2) return false; /* one rank: nothing to shard */
+    fg_sharding_strategy ss = f->cfg.sharded.sharding_strategy;
+    return f->plan.strategy == FG_STRATEGY_DEEPSPEED_STAGE_3 ||
+           (f->plan.strategy == FG_STRATEGY_FSDP &&
+            (ss == FG_SHARDING_FULL_SHARD || ss == FG_SHARDING_HYBRID_SHARD));
+}
+
 fg_dataloader *fg_fabric_setup_dataloader(fg_fabric *f, fg_dataloader *dl, bool use_distributed) {
     if (!dl) {
         fg_error(FG_EINVAL, "fabric setup_dataloader: NULL loader");

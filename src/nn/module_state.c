@@ -149,6 +149,13 @@ fg_status fg_module_load_state(fg_module *m, const fg_state_entry *entries, int6
         s = fg_error(FG_EMISMATCH, "%s", all.s);
         goto done;
     }
+    /* a model made under empty init gets its initial values first (the
+     * entries not loaded keep them), so that no setup re-initialises what
+     * is loaded here (init_module(empty_init=True) + load_from_checkpoint) */
+    if (fg__module_deferred(m)) {
+        s = fg__module_materialize(m);
+        if (s != FG_OK) goto done;
+    }
     for (int64_t k = 0; k < n; k++) {
         if (target[k] < 0) continue;
         fg_tensor *t = fg_module_state_tensor(m, target[k]);

@@ -242,44 +242,122 @@ static fg_status bcast_path(fg_trainer *t, char *buf, size_t cap) {
     return FG_OK;
 }
 
-fg_status fg__resolve_ckpt_path(fg_trainer *t, const char *p) {
-    t->ckpt_path[0] = '\0';
-    if (!p) return FG_OK;
+/* A checkpoint named by a path: a sharded save's folder is itself, another
+ * folder its last.safetensors; a "last" link is followed to its file. */
+static fg_status resolve_named(const char *p, char *out, size_t cap) {
+    char path[4096];
+    struct stat st;
+    if (stat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
+        char index[4200];
+        snprintf(index, sizeof index, "%s/%s", p, FG_ST_INDEX_NAME);
+        if (stat(index, &st) == 0) snprintf(path, sizeof path, "%s", p);
+        else snprintf(path, sizeof path, "%s/last.safetensors", p);
+    } else if (snprintf(path, sizeof path, "%s", p) >= (int)sizeof path) {
+        return fg_error(FG_EINVAL, "ckpt_path=\"%.200s...\": too long", p);
+    }
+    struct stat lst;
+    if (lstat(path, &lst) != 0)
+        return fg_error(FG_EIO, "ckpt_path=\"%s\": no such file%s", p,
+                        strcmp(path, p) ? " (looked for the folder's last.safetensors)" : "");
+    if (S_ISLNK(lst.st_mode)) return fg_st_get_last(path, out, cap);
+    if (strlen(path) >= cap) return fg_error(FG_EINVAL, "ckpt_path=\"%s\": too long", path);
+    snprintf(out, cap, "%s", path);
+    return FG_OK;
+}
+
+/* The newest last*.safetensors of the checkpoint callbacks' folders (a
+ * link followed), "" when there is none. */
+static fg_status find_last(fg_trainer *t, char *out, size_t cap) {
+    double newest = -1;
+    char found[4096] = "";
+    out[0] = '\0';
+    for (int i = 0; i < t->ncbs; i++) {
+        if (t->cbs[i]->kind != FG__CB_CHECKPOINT) continue;
+        if (!fg_model_checkpoint_dirpath(t->cbs[i])[0])
+            FG_TRY(fg__checkpoint_resolve_dir(t->cbs[i], t));
+        char f[4096];
+        double mt;
+        if (fg__checkpoint_find_last(t->cbs[i], f, sizeof f, &mt) == FG_OK && mt > newest) {
+            newest = mt;
+            snprintf(found, sizeof found, "%s", f);
+        }
+    }
+    fg_clear_error();
+    return found[0] ? resolve_named(found, out, cap) : FG_OK;
+}
+
+/* A ModelCheckpoint's best_model_path as the checkpoint at `path` recorded
+ * it, or "" */
+static void best_recorded(const char *path, char *out, size_t cap) {
+    out[0] = '\0';
+    fg_st_file *f = fg_st_open(path);
+    if (!f) {
+        fg_clear_error();
+        return;
+    }
+    static const char prefix[] = "callbacks.ModelCheckpoint", suffix[] = ".best_model_path";
+    for (int64_t i = 0; i < fg_st_meta_count(f) && !out[0]; i++) {
+        const char *k, *v;
+        if (fg_st_meta_at(f, i, &k, &v) != FG_OK) break;
+        size_t kl = strlen(k), sl = strlen(suffix);
+        if (kl > sl && !strncmp(k, prefix, sizeof prefix - 1) && !strcmp(k + kl - sl, suffix) &&
+            v[0])
+            snprintf(out, cap, "%s", v);
+    }
+    fg_st_close(f);
+}
+
+fg_status fg_trainer_resolve_ckpt_path(fg_trainer *t, const char *p, char *out, size_t cap) {
+    if (!t || !out || cap == 0) return fg_error(FG_EINVAL, "resolve_ckpt_path: NULL argument");
+    out[0] = '\0';
+    if (!p || !p[0]) return FG_OK;
+    if (!strcmp(p, "last")) return find_last(t, out, cap);
     if (!strcmp(p, "best")) {
         fg_callback *cb = fg_trainer_checkpoint_callback(t);
         const char *best = cb ? fg_model_checkpoint_best_path(cb) : NULL;
-        if (!best || !best[0])
-            return fg_error(FG_EINVAL,
-                            "ckpt_path=\"best\": %s: fit with a ModelCheckpoint first (in "
-                            "this process: under ddp_spawn/ddp_fork the ranks' state stays "
-                            "theirs), or give a path",
-                            cb ? "the ModelCheckpoint has saved no best checkpoint yet"
-                               : "the trainer has no ModelCheckpoint");
-        snprintf(t->ckpt_path, sizeof t->ckpt_path, "%s", best);
-        return bcast_path(t, t->ckpt_path, sizeof t->ckpt_path);
+        if (best && best[0]) return resolve_named(best, out, cap);
+        /* none in this process: the one the newest "last" recorded (its
+         * ModelCheckpoint state, as a resume would restore it) */
+        char last[4096];
+        FG_TRY(find_last(t, last, sizeof last));
+        char rec[4096] = "";
+        if (last[0]) best_recorded(last, rec, sizeof rec);
+        if (rec[0]) return resolve_named(rec, out, cap);
+        return fg_error(FG_EINVAL,
+                        "ckpt_path=\"best\": %s: fit with a ModelCheckpoint that monitors a "
+                        "metric first, or give a path or \"last\"",
+                        !cb       ? "the trainer has no ModelCheckpoint"
+                        : last[0] ? "its newest checkpoint records no best one (no monitor?)"
+                                  : "it has saved no checkpoint yet");
     }
-    if (!strcmp(p, "last")) {
-        /* the newest last*.safetensors of the checkpoint callbacks' folders */
-        double newest = -1;
-        if (fg_fabric_is_global_zero(t->f)) {
-            for (int i = 0; i < t->ncbs; i++) {
-                if (t->cbs[i]->kind != FG__CB_CHECKPOINT) continue;
-                if (!fg_model_checkpoint_dirpath(t->cbs[i])[0])
-                    FG_TRY(fg__checkpoint_resolve_dir(t->cbs[i], t));
-                char found[4096];
-                double mt;
-                if (fg__checkpoint_find_last(t->cbs[i], found, sizeof found, &mt) == FG_OK &&
-                    mt > newest) {
-                    newest = mt;
-                    snprintf(t->ckpt_path, sizeof t->ckpt_path, "%s", found);
-                }
-            }
+    return resolve_named(p, out, cap);
+}
+
+fg_status fg__resolve_ckpt_path(fg_trainer *t, const char *p) {
+    t->ckpt_path[0] = '\0';
+    if (!p) return FG_OK;
+    if (strcmp(p, "best") && strcmp(p, "last")) {
+        /* a folder or a link resolved; a missing file is the load's to name */
+        if (resolve_named(p, t->ckpt_path, sizeof t->ckpt_path) != FG_OK) {
+            fg_clear_error();
+            snprintf(t->ckpt_path, sizeof t->ckpt_path, "%s", p);
         }
-        /* none found: from scratch, as Lightning */
-        return bcast_path(t, t->ckpt_path, sizeof t->ckpt_path);
+        return FG_OK;
     }
-    snprintf(t->ckpt_path, sizeof t->ckpt_path, "%s", p);
-    return FG_OK;
+    /* rank 0's answer for all ("last" without a checkpoint: from scratch,
+     * as Lightning's) */
+    fg_status s = FG_OK;
+    char msg[1024] = "";
+    if (fg_fabric_is_global_zero(t->f)) {
+        s = fg_trainer_resolve_ckpt_path(t, p, t->ckpt_path, sizeof t->ckpt_path);
+        if (s != FG_OK) snprintf(msg, sizeof msg, "%s", fg_last_error());
+    }
+    char flag[1040];
+    snprintf(flag, sizeof flag, "%d%s", s == FG_OK ? 0 : 1, msg);
+    FG_TRY(fg_fabric_broadcast_bytes(t->f, flag, sizeof flag, 0));
+    flag[sizeof flag - 1] = '\0';
+    if (flag[0] != '0') return fg_error(FG_EINVAL, "%s", flag + 1);
+    return bcast_path(t, t->ckpt_path, sizeof t->ckpt_path);
 }
 
 static int64_t meta_i64(const fg_state_dict *sd, const char *key, int64_t def) {

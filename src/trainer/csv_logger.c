@@ -276,8 +276,12 @@ static fg_status flush_rows(csv_logger *c) {
     }
     c->nrows = 0;
     c->file_written = true;
-    if (fclose(fp) != 0)
-        return fg_error(FG_EIO, "CSVLogger: writing %s: %s", path, strerror(errno));
+    /* rows lost on the way (a full disk) are an error naming the file */
+    bool lost = ferror(fp) != 0;
+    int err = errno;
+    if (fclose(fp) != 0 || lost)
+        return fg_error(FG_EIO, "CSVLogger: writing %s: %s (its rows are lost)", path,
+                        strerror(lost ? err : errno));
     return FG_OK;
 }
 
@@ -327,7 +331,10 @@ fg_logger *fg_csv_logger_new(const fg_csv_logger_opts *opts) {
                          .version = csv_version,
                          .free = csv_free};
     fg_logger *lg = fg_logger_new(&ops, c);
-    if (lg) lg->dir_of = csv_dir_of;
+    if (lg) {
+        lg->dir_of = csv_dir_of;
+        lg->folder = &c->f;
+    }
     return lg;
 }
 

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "trainer_impl.h"
 
@@ -31,18 +32,30 @@ static char *make_dir(const char *save_dir, const char *name, const char *versio
     if (name[0]) snprintf(root, sizeof root, "%s/%s", save_dir, name);
     else snprintf(root, sizeof root, "%s", save_dir);
     fg_free(*vnum);
+    *vnum = NULL;
     if (version) {
         *vnum = fg_strdup(version);
-    } else {
-        int64_t n = next_version(root);
+        if (snprintf(dir, sizeof dir, "%s/%s", root, version) >= (int)sizeof dir) return NULL;
+        if (fg__mkdirs(dir) != FG_OK) return NULL;
+        return fg_strdup(dir);
+    }
+    /* the next free version_N, made here and nowhere else: a run started at
+     * the same moment in the same folder takes the one after */
+    if (fg__mkdirs(root) != FG_OK) return NULL;
+    for (int64_t n = next_version(root), tries = 0; tries < 1000; n++, tries++) {
         snprintf(vbuf, sizeof vbuf, "version_%lld", (long long)n);
-        version = vbuf;
+        if (snprintf(dir, sizeof dir, "%s/%s", root, vbuf) >= (int)sizeof dir) return NULL;
+        if (mkdir(dir, 0777) != 0) {
+            if (errno == EEXIST) continue;
+            fg_error(FG_EIO, "cannot create folder %s: %s", dir, strerror(errno));
+            return NULL;
+        }
         *vnum = fg_alloc(32);
         if (*vnum) snprintf(*vnum, 32, "%lld", (long long)n);
+        return fg_strdup(dir);
     }
-    if (snprintf(dir, sizeof dir, "%s/%s", root, version) >= (int)sizeof dir) return NULL;
-    if (fg__mkdirs(dir) != FG_OK) return NULL;
-    return fg_strdup(dir);
+    fg_error(FG_EIO, "%s: no free version_N folder after 1000 tries", root);
+    return NULL;
 }
 
 /* A YAML scalar: plain when YAML reads it back as written, else quoted. */
@@ -100,7 +113,11 @@ static fg_status hparams_yaml_write(const char *dir, fg_kv *hp, int64_t n, const
         put_yaml(fp, hp[i].value);
         fputc('\n', fp);
     }
-    if (fclose(fp) != 0) return fg_error(FG_EIO, "%s: writing %s: %s", who, path, strerror(errno));
+    /* a record lost on the way (a full disk) is an error, not an empty file */
+    bool lost = ferror(fp) != 0;
+    int err = errno;
+    if (fclose(fp) != 0 || lost)
+        return fg_error(FG_EIO, "%s: writing %s: %s", who, path, strerror(lost ? err : errno));
     return FG_OK;
 }
 

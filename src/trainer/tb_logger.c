@@ -252,7 +252,10 @@ fg_logger *fg_tensorboard_logger_new(const char *save_dir, const fg_tensorboard_
                          .version = tb_version,
                          .free = tb_free};
     fg_logger *lg = fg_logger_new(&ops, c);
-    if (lg) lg->dir_of = tb_dir_of;
+    if (lg) {
+        lg->dir_of = tb_dir_of;
+        lg->folder = &c->f;
+    }
     return lg;
 }
 

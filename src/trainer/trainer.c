@@ -428,17 +428,40 @@ static const char *fn_name(fg_trainer_fn fn) {
     return names[fn];
 }
 
-/* The log folder: rank 0 asks every logger for its folder (each makes
- * its own there), the first one's is the trainer's; every rank gets it.
- * Collective. */
+/* One run, one version: a built-in logger with no version of its own,
+ * under the same save_dir and name as the first one, takes the first's
+ * folder name (version_N) before it makes its folder. */
+static void share_version(const fg_trainer *t, const fg__run_folder *first, fg__run_folder *rf) {
+    if (!first || !rf || rf == first || !first->log_dir || rf->log_dir || rf->version) return;
+    const char *a = first->save_dir ? first->save_dir : t->root_dir;
+    const char *b = rf->save_dir ? rf->save_dir : t->root_dir;
+    if (strcmp(a, b) != 0 || strcmp(first->name, rf->name) != 0) return;
+    const char *base = strrchr(first->log_dir, '/');
+    rf->version = fg_strdup(base ? base + 1 : first->log_dir); /* none: a folder of its own */
+}
+
+/* The log folder: rank 0 asks every logger for its folder (the built-in
+ * ones share the first one's version), the first one's is the trainer's;
+ * every rank gets it. Collective. */
 static fg_status resolve_log_dir(fg_trainer *t) {
     char buf[4096] = "";
     if (fg_fabric_is_global_zero(t->f)) {
         const char *d = NULL;
+        fg__run_folder *first = t->nloggers ? t->loggers[0]->folder : NULL;
         for (int i = 0; i < t->nloggers && !t->fast_dev_run; i++) {
-            const char *di = t->loggers[i]->ops.log_dir
-                                 ? t->loggers[i]->ops.log_dir(t->loggers[i]->ud, t->root_dir)
-                                 : NULL;
+            fg_logger *lg = t->loggers[i];
+            fg__run_folder *rf = lg->folder;
+            bool shared = i > 0 && rf && !rf->log_dir && !rf->version;
+            share_version(t, first, rf);
+            shared = shared && rf->version;
+            const char *di = lg->ops.log_dir ? lg->ops.log_dir(lg->ud, t->root_dir) : NULL;
+            if (shared && first->vnum && rf->vnum && strcmp(rf->vnum, first->vnum)) {
+                char *v = fg_strdup(first->vnum); /* v_num as the first one shows it */
+                if (v) {
+                    fg_free(rf->vnum);
+                    rf->vnum = v;
+                }
+            }
             if (i == 0) d = di;
         }
         snprintf(buf, sizeof buf, "%s", d ? d : t->root_dir);
@@ -470,7 +493,13 @@ static fg_status prepare(entry *e) {
     if (m->setup) FG_TRY(m->setup(m->ud, t, e->fn));
     for (int i = 0; i < t->ncbs; i++)
         if (t->cbs[i]->ops.setup) FG_TRY(t->cbs[i]->ops.setup(t->cbs[i]->ud, t, e->fn));
+    /* Lightning's sharded-model context: configure_model runs under empty
+     * init where setup shards the parameters (stage 3), so that the model
+     * it builds is initialised shard by shard and never whole on a rank */
+    bool empty = m->configure_model && !fg_fabric_model(t->f) && fg_fabric_shards_params(t->f);
+    bool was = empty ? fg_module_set_empty_init(true) : false;
     fg_module *model = m->configure_model ? m->configure_model(m->ud, t) : m->model;
+    if (empty) fg_module_set_empty_init(was);
     if (!model)
         return m->configure_model ? fg_error_wrap(fg_last_status() ? fg_last_status() : FG_EINVAL,
                                                   "configure_model returned no model")

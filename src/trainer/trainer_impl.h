@@ -46,6 +46,8 @@ struct fg_logger {
     void *ud;
     /* the built-in loggers' resolved run folder (fg_logger_log_dir), else NULL */
     const char *(*dir_of)(const void *ud);
+    /* the built-in loggers' run folder, for the trainer to share one version */
+    struct fg__run_folder *folder;
 };
 
 /* ------------------------------------------------------------- state dicts */

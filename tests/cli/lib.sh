@@ -34,6 +34,12 @@ expect_grep() {
         fail "$1: no /$3/ in output"; sed 's/^/       | /' "$T_TMP/$2" | head -20; fi
 }
 
+# csv_col FILE NAME: the non-empty cells of column NAME of a metrics.csv, one a line.
+csv_col() {
+    awk -F, -v n="$2" '{ sub(/\r$/, "") } NR == 1 { for (i = 1; i <= NF; i++) if ($i == n) c = i; next }
+        c && $c != "" { print $c }' "$1" 2>/dev/null
+}
+
 finish() {
     echo "$T_PASS passed, $T_FAIL failed, $T_SKIP skipped"
     [ "$T_FAIL" = 0 ]

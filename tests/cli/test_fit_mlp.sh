@@ -28,8 +28,8 @@ run fit "$FULGUR" fit --model mlp --data "$T_TMP/x.npy" --labels "$T_TMP/y.npy" 
 expect_rc "mlp fit" 0 fit
 expect_grep "samples per second" fit 'samples/s'
 expect_grep "ends with the val loss and checkpoint" fit 'val loss [0-9.]+; checkpoint .*step-00000120.safetensors'
-first=$(awk -F, 'NR > 1 && $3 != "" { print $3; exit }' "$R/metrics.csv" 2>/dev/null)
-last=$(awk -F, 'NR > 1 && $3 != "" { v = $3 } END { print v }' "$R/metrics.csv" 2>/dev/null)
+first=$(csv_col "$R/lightning_logs/version_0/metrics.csv" train_loss | head -1)
+last=$(csv_col "$R/lightning_logs/version_0/metrics.csv" train_loss | tail -1)
 if [ -n "$first" ] && awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < 0.8 * a) }'; then
     pass "mlp train loss goes down ($first -> $last)"
 else

@@ -133,4 +133,27 @@ run restart.diff "$FULGUR" ckpt diff "$T_TMP/full/checkpoints/last.safetensors" 
     "$T_TMP/restart/checkpoints/last.safetensors" --exit-code
 expect_rc "killed + restarted == uninterrupted, bitwise" 0 restart.diff
 
+# --- two fits in one run folder at once: the second refuses before it
+# touches a file, naming the first's pid and the folder; the first goes on,
+# and once it is gone the folder is free again
+SH="$T_TMP/shared"
+"$FULGUR" fit "${TINY[@]}" --progress lines --log-every-n-steps 10 --default-root-dir "$SH" \
+    >"$T_TMP/first.out" 2>&1 &
+first=$!
+wait_for "$T_TMP/first.out" '^step [1-9][0-9]*/' || true
+run second "$FULGUR" fit "${TINY[@]}" --max-steps 5 --progress none --default-root-dir "$SH"
+expect_rc "a second fit in the same run folder" 1 second
+expect_grep "names the first's pid and the folder" second \
+    "the run folder .*/shared is in use by another fit \\(pid $first, lock "
+kill -TERM "$first" 2>/dev/null
+wait "$first"
+rc=$?
+[ "$rc" = 75 ] && pass "the first stops when asked, saved (exit 75)" || fail "the first: exit $rc"
+[ "$(ls "$SH/lightning_logs")" = version_0 ] && pass "the second made no run folder of its own" ||
+    fail "run folders: $(ls "$SH/lightning_logs" | tr '\n' ' ')"
+run third "$FULGUR" fit "${TINY[@]}" --max-steps 5 --progress none --default-root-dir "$SH"
+expect_rc "after the first: the folder takes a fit again" 0 third
+[ "$(ls "$SH/lightning_logs" | tr '\n' ' ')" = "version_0 version_1 " ] &&
+    pass "each run its own version folder, metrics.csv untouched" || fail "run folders: $(ls "$SH/lightning_logs" | tr '\n' ' ')"
+
 finish

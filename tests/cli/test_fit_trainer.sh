@@ -17,7 +17,7 @@ done >"$TXT"
 TINY=(--model gpt --data "$TXT" --layers 1 --heads 2 --embd 32 --ctx 32 --batch-size 4
       --num-workers 0 --sample-tokens 0 --progress lines --log-every-n-steps 1)
 
-val_steps() { sed -n 's/^step \([0-9]*\)  val loss .*/\1/p' "$T_TMP/$1" | tr '\n' ' '; }
+val_steps() { sed -n 's/^step \([0-9]*\)  val_loss .*/\1/p' "$T_TMP/$1" | tr '\n' ' '; }
 expect_val_steps() { # NAME OUT WANT
     local got
     got=$(val_steps "$2")
@@ -84,7 +84,7 @@ kept=$(cd "$T_TMP/d-topk/checkpoints" && ls step-*.safetensors | wc -l)
 run tkv "$FULGUR" fit "${TINY[@]}" --max-steps 24 --val-check-interval 4 --monitor val_loss \
     --save-top-k 2 --lr 3e-3 --default-root-dir "$T_TMP/d-tkv"
 expect_rc "--monitor val_loss --save-top-k 2 without --every-n-train-steps" 0 tkv
-best2=$(sed -n 's/^step \([0-9]*\)  val loss \([0-9.]*\)$/\2 \1/p' "$T_TMP/tkv" | sort -n | head -2 |
+best2=$(sed -n 's/^step \([0-9]*\)  val_loss \([0-9.]*\)$/\2 \1/p' "$T_TMP/tkv" | sort -n | head -2 |
         awk '{ printf "step-%08d.safetensors\n", $2 }' | sort | tr '\n' ' ')
 kept=$(cd "$T_TMP/d-tkv/checkpoints" && ls step-*.safetensors | grep -v step-00000024 | tr '\n' ' ')
 [ -n "$best2" ] && { [ "$kept" = "$best2" ] ||
@@ -97,12 +97,64 @@ run lg "$FULGUR" fit "${TINY[@]}" --max-steps 6 --val-check-interval 3 --logger 
     --default-root-dir "$T_TMP/d-lg"
 expect_rc "--logger csv,tensorboard" 0 lg
 L="$T_TMP/d-lg/lightning_logs"
-head -1 "$L/version_0/metrics.csv" 2>/dev/null | grep -q 'epoch,step,train_loss,val_loss' &&
-    pass "csv: metrics.csv with train_loss and val_loss" || fail "csv: no metrics.csv with those columns"
+[ "$(ls "$L")" = version_0 ] && [ ! -e "$T_TMP/d-lg/metrics.csv" ] &&
+    pass "one run, one version folder, one metrics.csv" ||
+    fail "run folders: $(ls "$L" | tr '\n' ' '), root metrics.csv: $(ls "$T_TMP/d-lg")"
+head -1 "$L/version_0/metrics.csv" 2>/dev/null | grep -q '^epoch,lr,step,train_loss,val_loss' &&
+    pass "csv: metrics.csv with train_loss, lr and val_loss" ||
+    fail "csv: no metrics.csv with those columns"
 grep -q '^n_layer: 1' "$L/version_0/hparams.yaml" 2>/dev/null && pass "csv: hparams.yaml" ||
     fail "csv: no hparams.yaml with the model's"
-ls "$L/version_1"/events.out.tfevents.* >/dev/null 2>&1 && pass "tensorboard: an event file" ||
+ls "$L/version_0"/events.out.tfevents.* >/dev/null 2>&1 && pass "tensorboard: an event file" ||
     fail "tensorboard: no event file"
+# every cell of metrics.csv is a TensorBoard scalar of the same name and step
+# with the same value (as float32), and the reverse (hp_metric aside); the
+# progress lines print the logged values (4 decimals)
+if command -v python3 >/dev/null 2>&1; then
+    python3 "$(dirname "$0")/tb_scalars.py" "$L/version_0"/events.out.tfevents.* |
+        grep -v '^hp_metric,' | sort >"$T_TMP/lg.tb"
+    python3 - "$L/version_0/metrics.csv" <<'PY' | sort >"$T_TMP/lg.csv"
+import csv, struct, sys
+for row in csv.DictReader(open(sys.argv[1], newline="")):
+    for k, v in row.items():
+        if k not in ("step", "epoch") and v != "":
+            print("%s,%s,%r" % (k, row["step"], struct.unpack("<f", struct.pack("<f", float(v)))[0]))
+        elif k == "epoch" and v != "":
+            print("epoch,%s,%r" % (row["step"], float(v)))
+PY
+    if [ -s "$T_TMP/lg.csv" ] && cmp -s "$T_TMP/lg.tb" "$T_TMP/lg.csv"; then
+        pass "tensorboard and csv: one step and one value per metric ($(wc -l <"$T_TMP/lg.csv") cells)"
+    else
+        fail "tensorboard and csv disagree"; diff "$T_TMP/lg.tb" "$T_TMP/lg.csv" | head -5
+    fi
+    python3 - "$L/version_0/metrics.csv" <<'PY' >"$T_TMP/lg.want"
+import csv, sys
+for row in csv.DictReader(open(sys.argv[1], newline="")):
+    if row["train_loss"]:
+        print("step %d/6  epoch %s  train_loss %.4f" % (int(row["step"]) + 1, row["epoch"],
+                                                        float(row["train_loss"])))
+PY
+    grep '^step [0-9]*/' "$T_TMP/lg" | sed 's/  lr .*//' >"$T_TMP/lg.got"
+    cmp -s "$T_TMP/lg.want" "$T_TMP/lg.got" && pass "the lines print the logged train_loss" ||
+        { fail "the lines and the logger differ"; diff "$T_TMP/lg.want" "$T_TMP/lg.got" | head -5; }
+else skip "no python3 to read the event file"; fi
+
+# --- a full disk: the lost rows are an error naming the file (a tmpfs of
+# 64 KiB filled up, root only; checkpoints elsewhere)
+FULL="$T_TMP/fulldisk"
+mkdir -p "$FULL"
+if mount -t tmpfs -o size=64k fulgur-test "$FULL" 2>/dev/null; then
+    # the run folder's lock holds a page already: the fit takes it back
+    mkdir -p "$FULL/run" && printf '0000000\n' >"$FULL/run/.fulgur.lock"
+    dd if=/dev/zero of="$FULL/fill" bs=1k count=100 2>/dev/null
+    run full "$FULGUR" fit "${TINY[@]}" --max-steps 4 --default-root-dir "$FULL/run" \
+        --ckpt-dir "$T_TMP/full-ckpt"
+    expect_rc "metrics.csv on a full disk" 1 full
+    expect_grep "names the file and the reason" full 'metrics\.csv: No space left on device'
+    umount "$FULL"
+else
+    skip "a full disk: cannot mount a small tmpfs (needs root)"
+fi
 
 # --- max_time: a Timer stops the run, which is saved
 run mt "$FULGUR" fit "${TINY[@]}" --max-steps 1000000 --max-time 00:00:00:01 --val-check-interval 0 \

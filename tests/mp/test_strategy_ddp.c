@@ -2,7 +2,8 @@
  * as one process with batch N*B (20 steps, MLP with SGD and a small GPT with
  * AdamW, within 1e-5 relative); dp with thread replicas likewise; gradient
  * accumulation with no_sync equals one big batch; an unused parameter is an
- * error naming it unless find_unused_parameters; buckets tile the flat
+ * error naming it unless find_unused_parameters or static_graph (its
+ * gradient then zero, the used ones reduced); buckets tile the flat
  * gradient. Ranks are forked processes on the shm backend. */
 #include <math.h>
 #include <stdio.h>
@@ -259,14 +260,18 @@ static int unused_rank(int rank, int n, void *arg) {
     fg_comm *c = mp_join_shm(rank, n, job, 30);
     if (!c) return 1;
     int bad = 0;
-    for (int find = 0; find < 2; find++) {
+    /* mode 0: neither, 1: find_unused_parameters, 2: static_graph (PyTorch's:
+     * the same parameters every step, so the unused ones are known and their
+     * gradients count as zero, with no search each step) */
+    for (int mode = 0; mode < 3; mode++) {
+        bool find = mode != 0;
         /* two heads; the loss uses only the first */
         fg_module *root = fg_module_new("two_heads", NULL, NULL, NULL);
         fg_module *a = fg_linear_new(4, 3, true, FG_F32), *b = fg_linear_new(4, 3, true, FG_F32);
         fg_module_add_child(root, "a", a);
         fg_module_add_child(root, "b", b);
         fg_module_finalize(root);
-        fg_ddp_opts o = {.find_unused_parameters = find};
+        fg_ddp_opts o = {.find_unused_parameters = mode == 1, .static_graph = mode == 2};
         fg_strategy *st = fg_strategy_new(FG_STRATEGY_DDP, c, root, NULL, &o, NULL, 0);
         if (!st) return 1;
         int64_t sx[2] = {2, 4};
@@ -274,6 +279,21 @@ static int unused_rank(int rank, int n, void *arg) {
         fg_status s = fg_strategy_backward(st, fg_sum(fg_module_forward(a, x)));
         if (find) {
             bad |= s != FG_OK;
+            /* a's gradient reduced over ranks (each rank's is the batch's sum
+             * of x = 1: 2), b's zero */
+            const float *g = fg_tensor_data(fg_module_flat_grads(root));
+            for (int64_t k = 0; k < fg_module_num_params(root); k++) {
+                const char *name = fg_module_param_name(root, k);
+                float want = name[0] == 'a' ? 2.0f : 0.0f;
+                int64_t off = fg_module_param_offset(root, k);
+                for (int64_t i = 0; i < fg_tensor_numel(fg_module_param(root, k)); i++)
+                    if (g[off + i] != want) {
+                        if (!bad && rank == 0)
+                            fprintf(stderr, "  mode %d: %s[%lld] gradient %g, want %g\n", mode,
+                                    name, (long long)i, g[off + i], want);
+                        bad = 1;
+                    }
+            }
         } else {
             bad |= s != FG_ESTATE || !strstr(fg_last_error(), "b.weight") ||
                    !strstr(fg_last_error(), "find_unused_parameters");

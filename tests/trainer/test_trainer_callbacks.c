@@ -99,6 +99,56 @@ TEST(csv_logger_layout) {
     fx_free(&f);
 }
 
+/* A full disk loses the logger's records: an error naming the file, not a
+ * run that ends well with an empty metrics.csv. /dev/full takes the file's
+ * place (a symbolic link) once the folder is made, for the rows and then
+ * for hparams.yaml. */
+typedef struct full_cb {
+    const char *file; /* "metrics.csv" or "hparams.yaml" */
+    bool linked;
+} full_cb;
+
+static fg_status full_link(void *ud, fg_trainer *t) {
+    full_cb *c = ud;
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", fg_trainer_log_dir(t), c->file);
+    remove(path);
+    c->linked = symlink("/dev/full", path) == 0;
+    return FG_OK;
+}
+
+TEST(csv_logger_full_disk_is_an_error) {
+    for (int k = 0; k < 2; k++) {
+        fixture f = {.m = {.log_train = true}};
+        fx_init(&f, 16);
+        const char *root = tu_subdir(k ? "csv-full-hp" : "csv-full");
+        char r[512];
+        snprintf(r, sizeof r, "%s", root);
+        full_cb fc = {.file = k ? "hparams.yaml" : "metrics.csv"};
+        fg_callback *cb =
+            fg_callback_new(&(fg_callback_ops){.name = "full", .on_train_start = full_link}, &fc);
+        fg_logger *lg = fg_csv_logger_new(&(fg_csv_logger_opts){.save_dir = r});
+        fg_trainer *t = fg_trainer_new(&(fg_trainer_opts){.max_epochs = 1,
+                                                          .devices = "1",
+                                                          .log_every_n_steps = 1,
+                                                          .loggers = &lg,
+                                                          .nloggers = 1,
+                                                          .callbacks = &cb,
+                                                          .ncallbacks = 1,
+                                                          .enable_checkpointing = FG_OFF,
+                                                          .enable_progress_bar = FG_OFF});
+        fg_status s = fg_trainer_fit(t, &f.lm, f.tl, NULL, NULL);
+        CHECK(fc.linked);
+        CHECK_MSG(s == FG_EIO, "%s: status %d", fc.file, (int)s);
+        CHECK_MSG(strstr(fg_last_error(), fc.file) && strstr(fg_last_error(), "No space left"),
+                  "%s", fg_last_error());
+        fg_trainer_free(t);
+        fg_callback_free(cb);
+        fg_logger_free(lg);
+        fx_free(&f);
+    }
+}
+
 TEST(csv_logger_named_version_and_empty_hparams) {
     fixture f = {.m = {.log_train = true}};
     fx_init(&f, 8);

@@ -592,3 +592,85 @@ TEST(module_state_and_best) {
     fg_dataset_free(va);
     fg_module_free(m.net);
 }
+
+/* ckpt_path resolution, by a trainer of a new process (the fit's state
+ * not in memory): "last" is the newest last's file, "best" the best path
+ * the newest checkpoint recorded, a folder its last, a path itself; what
+ * is not there is an error before any rank starts */
+TEST(resolve_ckpt_path) {
+    tu_clean_env();
+    const char *d = tu_subdir("resolve");
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", d);
+    fg_dataset *tr = tu_dataset(40, 11), *va = tu_dataset(12, 12);
+    fg_dataloader *tl = tu_loader(tr, 4, true), *vl = tu_loader(va, 4, false);
+    tu_module m = {.log_val = true, .val_curve = k_curve, .val_curve_n = 6};
+    tu_module_init(&m);
+    fg_lightning_module lm = tu_lm(&m);
+    fg_callback *ck = fg_model_checkpoint_new(&(fg_checkpoint_opts){
+        .dirpath = dir, .monitor = "val_loss", .save_top_k = 2, .save_last_link = true});
+    fg_trainer *t = fg_trainer_new(&(fg_trainer_opts){.max_epochs = 6,
+                                                      .devices = "1",
+                                                      .callbacks = &ck,
+                                                      .ncallbacks = 1,
+                                                      .enable_progress_bar = FG_OFF,
+                                                      .logger = FG_OFF});
+    CHECK_OK(fg_trainer_fit(t, &lm, tl, vl, NULL));
+    char best[1024], last[1024];
+    snprintf(best, sizeof best, "%s", fg_model_checkpoint_best_path(ck));
+    snprintf(last, sizeof last, "%s", fg_model_checkpoint_last_path(ck));
+    CHECK_CONTAINS(best, "epoch=3-step=40.safetensors");
+    fg_trainer_free(t);
+    fg_callback_free(ck);
+
+    /* a new trainer over the same folder, as a new command would make */
+    fg_callback *ck2 = fg_model_checkpoint_new(&(fg_checkpoint_opts){.dirpath = dir});
+    t = fg_trainer_new(&(fg_trainer_opts){.devices = "1",
+                                          .callbacks = &ck2,
+                                          .ncallbacks = 1,
+                                          .enable_progress_bar = FG_OFF,
+                                          .logger = FG_OFF});
+    char out[1024];
+    CHECK_OK(fg_trainer_resolve_ckpt_path(t, "last", out, sizeof out));
+    CHECK_MSG(strstr(out, "epoch=5-step=60.safetensors") && !strstr(out, "last"), "last: %s", out);
+    CHECK_OK(fg_trainer_resolve_ckpt_path(t, "best", out, sizeof out));
+    CHECK_MSG(!strcmp(out, best), "best: %s, the fit's %s", out, best);
+    CHECK_OK(fg_trainer_resolve_ckpt_path(t, dir, out, sizeof out)); /* a folder: its last */
+    CHECK_CONTAINS(out, "epoch=5-step=60.safetensors");
+    CHECK_OK(fg_trainer_resolve_ckpt_path(t, best, out, sizeof out));
+    CHECK(!strcmp(out, best));
+    CHECK_OK(fg_trainer_resolve_ckpt_path(t, NULL, out, sizeof out));
+    CHECK(out[0] == '\0');
+    char missing[1100];
+    snprintf(missing, sizeof missing, "%s/nothing.safetensors", dir);
+    CHECK_STATUS(fg_trainer_resolve_ckpt_path(t, missing, out, sizeof out), FG_EIO);
+    CHECK_CONTAINS(fg_last_error(), "nothing.safetensors");
+    /* and the entry point takes "best" the same way */
+    CHECK_OK(fg_trainer_test(t, &lm, vl, "best"));
+    CHECK(!strcmp(fg_trainer_ckpt_path(t), best));
+    fg_trainer_free(t);
+    fg_callback_free(ck2);
+
+    /* a folder with no checkpoint: "last" is none (fit starts afresh), "best" an error */
+    const char *e = tu_subdir("resolve-empty");
+    char edir[512];
+    snprintf(edir, sizeof edir, "%s", e);
+    fg_callback *ck3 = fg_model_checkpoint_new(&(fg_checkpoint_opts){.dirpath = edir});
+    t = fg_trainer_new(&(fg_trainer_opts){.devices = "1",
+                                          .callbacks = &ck3,
+                                          .ncallbacks = 1,
+                                          .enable_progress_bar = FG_OFF,
+                                          .logger = FG_OFF});
+    CHECK_OK(fg_trainer_resolve_ckpt_path(t, "last", out, sizeof out));
+    CHECK(out[0] == '\0');
+    CHECK_STATUS(fg_trainer_resolve_ckpt_path(t, "best", out, sizeof out), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "no checkpoint yet");
+    fg_trainer_free(t);
+    fg_callback_free(ck3);
+    (void)last;
+    fg_dataloader_free(tl);
+    fg_dataloader_free(vl);
+    fg_dataset_free(tr);
+    fg_dataset_free(va);
+    fg_module_free(m.net);
+}

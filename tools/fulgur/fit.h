@@ -6,8 +6,8 @@
  *                   the model config stored in checkpoints (read back by `sample`)
  *   fit_module.c    the built-in models and data as a user module of the Trainer
  *                   (fg_lightning_module): steps, loaders, checkpoint metadata
- *   fit_progress.c  rank 0's progress bar / periodic lines and metrics.csv, a
- *                   Trainer callback
+ *   fit_notes.c     rank 0's notes beside the progress display (what is resumed,
+ *                   the model and plan, skipped steps), a Trainer callback
  *   fit_trainer.c   the Trainer's options and callbacks from the flags, and what
  *                   each rank runs: fit (then a last validation), validate, test,
  *                   predict (fg_trainer_launch)
@@ -152,15 +152,18 @@ typedef struct fit_data {
 fg_status fit_data_open(const fit_opts *o, fit_data *d);
 void fit_data_free(fit_data *d);
 
-/* Rank 0's progress display and metrics.csv, as a Trainer callback (every
- * rank runs it; rank 0 prints). ud of the module is fit_module (fit_module.c).
- * NULL with fg_last_error on failure; free with fg_callback_free. */
+/* Rank 0's notes beside the progress display, as a Trainer callback (every
+ * rank runs it; rank 0 prints), written through the progress bar `bar`
+ * (borrowed; NULL: none) so that they do not break it. NULL with
+ * fg_last_error on failure; free with fg_callback_free. */
 typedef struct fit_module fit_module;
-fg_callback *fit_progress_new(const fit_opts *o, fit_module *m);
+fg_callback *fit_notes_new(const fit_opts *o, fit_module *m, fg_callback *bar);
 
 /* The built-in model and data as a Trainer module. fit_module_new opens
- * nothing: fit_module_open (on each rank, inside the launch) opens the data,
- * builds the model and the loaders; fit_module_free frees all. */
+ * nothing: fit_module_open (on each rank, inside the launch) opens the data
+ * and builds the loaders, the module's configure_model the model (under
+ * empty init where the Trainer's setup shards it); fit_module_free frees
+ * all. */
 fit_module *fit_module_new(const fit_opts *o);
 /* *what: the part that failed ("data" or "model"), for the message's label. */
 fg_status fit_module_open(fit_module *m, fg_trainer *t, const char **what);
@@ -169,12 +172,11 @@ fg_lightning_module fit_module_table(fit_module *m);
 /* What the module knows, for the callbacks and the end of the run. */
 const fit_data *fit_module_data(const fit_module *m);
 fg_module *fit_module_model(const fit_module *m);
+/* configure_model could not build the model (its error is a model error). */
+bool fit_module_model_failed(const fit_module *m);
 fg_dataloader *fit_module_loader(const fit_module *m, fg_trainer_fn fn);
 bool fit_module_is_gpt(const fit_module *m);
 int64_t fit_module_ctx(const fit_module *m);
-/* Training: the mean loss of the optimizer step just taken (over its
- * micro-batches; this rank's) and the samples it took; reset by the call. */
-void fit_module_take_step(fit_module *m, double *loss, int64_t *samples);
 /* The global step at which validation last ran in fit (-1: none) and its
  * loss (NAN without validation data). */
 int64_t fit_module_last_val(const fit_module *m, double *loss);
@@ -191,10 +193,14 @@ fg_status fit_module_write_predictions(fit_module *m, fg_trainer *t, const char 
 
 /* The trainer for o over fabric f (borrowed), with its callbacks (the
  * progress display, ModelCheckpoint, EarlyStopping) and loggers, which the
- * run keeps; NULL after printing the error (FG_EXIT_USAGE in *rc for a bad
- * setting, else FG_EXIT_FAIL). */
+ * run keeps; then --ckpt-path resolved by the trainer's rules
+ * (fg_trainer_resolve_ckpt_path: last, best or a path) into
+ * o->resume_path, and for validate, test and predict the model's shape and
+ * step read from that checkpoint into o. NULL after printing the error
+ * (FG_EXIT_USAGE in *rc for a bad setting or a missing checkpoint, else
+ * FG_EXIT_FAIL). */
 typedef struct fit_run fit_run;
-fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc);
+fit_run *fit_run_new(fit_opts *o, fg_fabric *f, int *rc);
 void fit_run_free(fit_run *r);
 /* Launches the ranks and runs the command on each. Returns the exit code
  * for this process, 0 or FG_EXIT_FAIL; after a stop fit_stopped is set (the

@@ -246,7 +246,8 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .help = "validation batches run before training (-1: all; none when resuming)");
     SEC("checkpoints and output");
     F(.name = "default-root-dir", .type = CLI_STR, .dst = &o->root_dir, .def = "runs/MODEL",
-      .help = "the run's folder: metrics.csv, loggers, and checkpoints/ unless --ckpt-dir");
+      .help = "the run's folder: the loggers' lightning_logs/, and checkpoints/ unless "
+              "--ckpt-dir");
     F(.name = "ckpt-dir", .type = CLI_STR, .dst = &o->ckpt_dir,
       .help = "checkpoint folder [default: DEFAULT_ROOT_DIR/checkpoints]");
     F(.name = "every-n-train-steps", .alias = "ckpt-every", .type = CLI_INT, .dst = &o->ckpt_every,
@@ -275,12 +276,13 @@ static int build_flags(fit_opts *o, cli_flag *t) {
       .help = "fit: continue from a checkpoint file, a folder, or \"last\" (the newest in "
               "--ckpt-dir); validate/test/predict: the weights to use: last, best or a path "
               "[default there: last]");
-    F(.name = "logger", .type = CLI_STR, .dst = &o->logger, .def = "none",
+    F(.name = "logger", .type = CLI_STR, .dst = &o->logger, .def = "csv",
       .help = "Lightning's loggers, comma-separated: csv (metrics.csv, hparams.yaml), "
-              "tensorboard (event files), in DEFAULT_ROOT_DIR/lightning_logs/version_N");
+              "tensorboard (event files), all in one DEFAULT_ROOT_DIR/lightning_logs/version_N "
+              "per run; none: no logger");
     F(.name = "log-every-n-steps", .alias = "log-every", .type = CLI_INT, .dst = &o->log_every,
       .def = "10", .min = 1, .max = INT64_MAX / 2,
-      .help = "metrics row, logger row and progress line every N steps");
+      .help = "logger row and progress line every N steps");
     F(.name = "progress", .type = CLI_STR, .dst = &o->progress, .def = "auto",
       .choices = k_progress, .help = "auto: a bar on a terminal, lines otherwise");
     F(.name = "enable-progress-bar", .type = CLI_BOOL, .dst = &o->enable_progress_bar,
@@ -652,66 +654,6 @@ static int trainer_args(fit_opts *o) {
     return 0;
 }
 
-/* validate, test, predict: "last", "best" (the best_model_path the last
- * checkpoint's ModelCheckpoint state holds) or a file; and the model's
- * shape from the checkpoint's config, so that the flags need not repeat it. */
-static int eval_ckpt(fit_opts *o) {
-    const char *want = o->resume ? o->resume : "last";
-    bool best = !strcmp(want, "best");
-    if (ckpt_resolve(best ? "last" : want, o->ckpt_dir, o->resume_path, sizeof o->resume_path))
-        return FG_EXIT_USAGE;
-    fg_st_file *f = fg_st_open(o->resume_path);
-    if (!f) {
-        cli_error("--ckpt-path=%s: %s", o->resume_path, fg_last_error());
-        return FG_EXIT_USAGE;
-    }
-    if (best) {
-        const char *bp = NULL;
-        for (int64_t i = 0; i < fg_st_meta_count(f) && !bp; i++) {
-            const char *k, *v, *suffix = ".best_model_path";
-            if (fg_st_meta_at(f, i, &k, &v) != FG_OK) break;
-            size_t kl = strlen(k), sl = strlen(suffix);
-            if (kl > sl && !strncmp(k, "callbacks.ModelCheckpoint", 25) &&
-                !strcmp(k + kl - sl, suffix) && v[0])
-                bp = v;
-        }
-        if (!bp) {
-            cli_error("--ckpt-path best: %s names no best checkpoint (a fit with --monitor "
-                      "keeps one): give a path or last",
-                      o->resume_path);
-            fg_st_close(f);
-            return FG_EXIT_USAGE;
-        }
-        snprintf(o->resume_path, sizeof o->resume_path, "%s", bp);
-        fg_st_close(f);
-        if (!(f = fg_st_open(o->resume_path))) {
-            cli_error("--ckpt-path best: %s: %s", o->resume_path, fg_last_error());
-            return FG_EXIT_USAGE;
-        }
-    }
-    const char *step = fg_st_meta_get(f, "step");
-    if (!step || !cli_parse_int(step, &o->ckpt_step)) o->ckpt_step = -1;
-    const char *json = fg_st_meta_get(f, CKPT_META_CONFIG);
-    fit_model_cfg cfg = {0};
-    char err[256];
-    if (json && fit_model_cfg_parse(json, &cfg, err, sizeof err)) {
-        static char model[8];
-        snprintf(model, sizeof model, "%s", cfg.kind == FIT_MLP ? "mlp" : "gpt");
-        o->model = model;
-        if (cfg.kind == FIT_GPT) {
-            o->layers = cfg.layers;
-            o->heads = cfg.heads;
-            o->embd = cfg.embd;
-            o->ctx = cfg.ctx;
-            o->dropout = cfg.dropout;
-        } else {
-            o->hidden = cfg.hidden;
-        }
-    }
-    fg_st_close(f);
-    return 0;
-}
-
 int fit_args_parse(fit_opts *o, fg_trainer_fn fn, int argc, char **argv) {
     memset(o, 0, sizeof *o);
     o->fn = fn;
@@ -837,7 +779,9 @@ int fit_args_parse(fit_opts *o, fg_trainer_fn fn, int argc, char **argv) {
         snprintf(pred_buf, sizeof pred_buf, "%s/predictions.csv", o->root_dir);
         o->predictions = pred_buf;
     }
-    if (fn != FG_FIT) return eval_ckpt(o);
+    /* the checkpoint (last, best or a path) is resolved by the trainer's
+     * rules once it exists (fit_run_new), before any rank starts */
+    if (fn != FG_FIT) return 0;
     if (o->save_top_k == 0) {
         cli_error("--save-top-k=0: would keep no checkpoint to resume from; give N >= 1, or -1 "
                   "to keep all");
@@ -857,10 +801,5 @@ int fit_args_parse(fit_opts *o, fg_trainer_fn fn, int argc, char **argv) {
     struct stat lst;
     snprintf(last_link, sizeof last_link, "%s/%s", o->ckpt_dir, CKPT_LAST_NAME);
     if (!o->resume && o->restart_count > 0 && lstat(last_link, &lst) == 0) o->resume = "last";
-    if (o->resume) {
-        /* "last" without a checkpoint yet is an error, as a missing file */
-        if (ckpt_resolve(o->resume, o->ckpt_dir, o->resume_path, sizeof o->resume_path) != 0)
-            return FG_EXIT_USAGE;
-    }
     return 0;
 }

@@ -23,6 +23,7 @@ struct fit_module {
     int64_t win_micro, win_samples;
     int64_t last_val_step;
     double last_val;
+    bool model_failed; /* configure_model could not build the model */
     uint64_t ckpt_seed;
     int64_t ckpt_world, ckpt_global_batch, ckpt_samples; /* the elastic resume's (-1: none) */
     /* Lightning's hparams (hparams.yaml of the loggers) */
@@ -63,6 +64,7 @@ void fit_module_free(fit_module *m) {
 
 const fit_data *fit_module_data(const fit_module *m) { return &m->d; }
 fg_module *fit_module_model(const fit_module *m) { return m->model; }
+bool fit_module_model_failed(const fit_module *m) { return m->model_failed; }
 bool fit_module_is_gpt(const fit_module *m) { return m->cfg.kind == FIT_GPT; }
 int64_t fit_module_ctx(const fit_module *m) { return m->cfg.ctx; }
 uint64_t fit_module_ckpt_seed(const fit_module *m) { return m->ckpt_seed; }
@@ -79,13 +81,6 @@ fg_dataloader *fit_module_loader(const fit_module *m, fg_trainer_fn fn) {
     case FG_VALIDATE: return m->val;
     default: return m->eval ? m->eval : m->val;
     }
-}
-
-void fit_module_take_step(fit_module *m, double *loss, int64_t *samples) {
-    *loss = m->win_micro ? m->win_loss / (double)m->win_micro : NAN;
-    *samples = m->win_samples;
-    m->win_loss = 0;
-    m->win_micro = m->win_samples = 0;
 }
 
 int64_t fit_module_last_val(const fit_module *m, double *loss) {
@@ -148,18 +143,7 @@ fg_status fit_module_open(fit_module *m, fg_trainer *t, const char **what) {
     if (!m->nhparams) set_hparams(m);
     m->cfg.f64 = fg_fabric_dtype(fg_trainer_fabric(t)) == FG_F64;
     m->cfg.dtype = fg_fabric_dtype(fg_trainer_fabric(t)); /* bf16-true: bf16 parameters */
-    /* stage 3: a sharded initialisation, the model never whole on a rank */
-    fg_fabric *f = fg_trainer_fabric(t);
-    fg_strategy_kind kind = fg_fabric_plan(f)->strategy;
-    fg_sharding_strategy ss = o->sharded.sharding_strategy;
-    bool s3 = world > 1 && (kind == FG_STRATEGY_DEEPSPEED_STAGE_3 ||
-                            (kind == FG_STRATEGY_FSDP &&
-                             (ss == FG_SHARDING_FULL_SHARD || ss == FG_SHARDING_HYBRID_SHARD)));
-    *what = "model";
-    bool was = fg_module_set_empty_init(s3);
-    m->model = fit_model_new(&m->cfg);
-    fg_module_set_empty_init(was);
-    if (!m->model) return fg_last_status();
+    /* the model itself: configure_model, inside the entry point */
     m->config_json = fit_model_cfg_json(&m->cfg, o);
     if (m->d.text_vocab)
         m->vocab_b64 = b64_encode(fg_text_vocab_bytes(m->d.text_vocab),
@@ -228,11 +212,8 @@ static fg_tensor *training_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i)
     (void)i;
     fit_module *m = ud;
     fg_tensor *out = forward(m, b->x);
-    fg_tensor *loss = out ? fg_cross_entropy(out, b->y, -100) : NULL;
-    /* for the loggers (--logger): this rank's loss, every log_every_n_steps */
-    if (loss && fg_trainer_log(t, "train_loss", fg_item(loss), &(fg_log_opts){.prog_bar = true}))
-        return NULL;
-    return loss;
+    (void)t;
+    return out ? fg_cross_entropy(out, b->y, -100) : NULL;
 }
 
 /* the losses of the batch's parts (dp: one per thread), scaled by the
@@ -250,10 +231,33 @@ static fg_status training_step_end(void *ud, fg_trainer *t, const double *part_l
 }
 
 static fg_status on_train_batch_start(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
-    (void)t;
-    (void)i;
-    ((fit_module *)ud)->win_samples += b->size;
+    fit_module *m = ud;
+    if (i % fg_trainer_accumulate_grad_batches(t) == 0) { /* a new optimizer step's window */
+        m->win_loss = 0;
+        m->win_micro = m->win_samples = 0;
+    }
+    m->win_samples += b->size;
     return FG_OK;
+}
+
+/* Once the step's gradients are reduced: its loss, the mean over its
+ * micro-batches and ranks (deterministic: the fabric's, the same bits on any
+ * world size), and its learning rate, logged for the progress bar and every
+ * logger alike: one value per step. Collective (every rank's hook runs at
+ * the same step). Not called for a step skipped on a non-finite loss. */
+static fg_status on_before_optimizer_step(void *ud, fg_trainer *t) {
+    fit_module *m = ud;
+    double loss = m->win_micro ? m->win_loss / (double)m->win_micro : NAN;
+    fg_fabric *f = fg_trainer_fabric(t);
+    fg_comm *comm = fg_fabric_comm(f);
+    /* not fg_fabric_reduce_scalar: its NaN on a failed allreduce would read
+     * as a non-finite loss, hiding the peer that broke the group */
+    if (fg_fabric_deterministic(f)) TRY(fg_fabric_step_loss(f, &loss));
+    else if (comm && fg_trainer_world_size(t) > 1)
+        TRY(fg_comm_allreduce(comm, &loss, &loss, 1, FG_F64, FG_AVG));
+    TRY(fg_trainer_log(t, "train_loss", loss, &(fg_log_opts){.prog_bar = true}));
+    return fg_trainer_log(t, "lr", fit_lr_at(m->o, fg_trainer_global_step(t)),
+                          &(fg_log_opts){.prog_bar = true});
 }
 
 /* The mean loss of the batch's real samples (distributed padding left
@@ -480,15 +484,27 @@ out:
     free(text);
 }
 
+/* Lightning's configure_model: the model, built at the first entry point
+ * (under stage 3 the Trainer runs this under empty init: a sharded
+ * initialisation, the model never whole on a rank), the same one after. */
+static fg_module *configure_model(void *ud, fg_trainer *t) {
+    (void)t;
+    fit_module *m = ud;
+    if (!m->model) m->model = fit_model_new(&m->cfg);
+    m->model_failed = !m->model;
+    return m->model;
+}
+
 fg_lightning_module fit_module_table(fit_module *m) {
     return (fg_lightning_module){.ud = m,
-                                 .model = m->model,
+                                 .configure_model = configure_model,
                                  .hparams = m->hparams,
                                  .nhparams = m->nhparams,
                                  .configure_optimizers = configure_optimizers,
                                  .training_step = training_step,
                                  .training_step_end = training_step_end,
                                  .on_train_batch_start = on_train_batch_start,
+                                 .on_before_optimizer_step = on_before_optimizer_step,
                                  .validation_step = validation_step,
                                  .test_step = test_step,
                                  .predict_step = predict_step,

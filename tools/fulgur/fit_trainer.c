@@ -11,13 +11,18 @@
  * or without one the newest), and last.safetensors a link to the newest
  * (save_last="link"), which `--resume last` and `fulgur sample` read. */
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt_meta.h"
 #include "ckpt_paths.h"
+#include "cli_flags.h"
 #include "fit_model.h"
 
 struct fit_run {
@@ -86,7 +91,10 @@ static bool add_loggers(fit_run *r, const char *list) {
     for (char *save, *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
         fg_logger *lg = NULL;
         if (!strcmp(w, "none")) continue;
-        if (!strcmp(w, "csv")) lg = fg_csv_logger_new(&(fg_csv_logger_opts){0});
+        /* rows written as the lines are printed, not every 100 steps */
+        if (!strcmp(w, "csv"))
+            lg = fg_csv_logger_new(
+                &(fg_csv_logger_opts){.flush_logs_every_n_steps = r->o->log_every});
         else if (!strcmp(w, "tensorboard")) lg = fg_tensorboard_logger_new(NULL, NULL);
         if (!lg || r->nloggers == 2) {
             fg_logger_free(lg);
@@ -97,7 +105,52 @@ static bool add_loggers(fit_run *r, const char *list) {
     return true;
 }
 
-fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc) {
+/* --ckpt-path by the trainer's rules: fit's when given; validate, test and
+ * predict's ("last" unless given) with the model's shape and step from the
+ * checkpoint's metadata, so that the flags need not repeat them. */
+static int resolve_ckpt(fit_opts *o, fg_trainer *t) {
+    bool fit = o->fn == FG_FIT;
+    const char *want = o->resume ? o->resume : fit ? NULL : "last";
+    if (!want) return 0;
+    if (fg_trainer_resolve_ckpt_path(t, want, o->resume_path, sizeof o->resume_path) != FG_OK) {
+        cli_error("--ckpt-path %s: %s", want, fg_last_error());
+        return FG_EXIT_USAGE;
+    }
+    if (!o->resume_path[0]) { /* "last" without a checkpoint yet is an error, as a missing file */
+        cli_error("--ckpt-path last: no checkpoint yet in %s (no %s/%s)", o->ckpt_dir, o->ckpt_dir,
+                  CKPT_LAST_NAME);
+        return FG_EXIT_USAGE;
+    }
+    if (fit) return 0;
+    fg_st_file *f = fg_st_open(o->resume_path);
+    if (!f) {
+        cli_error("--ckpt-path=%s: %s", o->resume_path, fg_last_error());
+        return FG_EXIT_USAGE;
+    }
+    const char *step = fg_st_meta_get(f, "step");
+    if (!step || !cli_parse_int(step, &o->ckpt_step)) o->ckpt_step = -1;
+    const char *json = fg_st_meta_get(f, CKPT_META_CONFIG);
+    fit_model_cfg cfg = {0};
+    char err[256];
+    if (json && fit_model_cfg_parse(json, &cfg, err, sizeof err)) {
+        static char model[8];
+        snprintf(model, sizeof model, "%s", cfg.kind == FIT_MLP ? "mlp" : "gpt");
+        o->model = model;
+        if (cfg.kind == FIT_GPT) {
+            o->layers = cfg.layers;
+            o->heads = cfg.heads;
+            o->embd = cfg.embd;
+            o->ctx = cfg.ctx;
+            o->dropout = cfg.dropout;
+        } else {
+            o->hidden = cfg.hidden;
+        }
+    }
+    fg_st_close(f);
+    return 0;
+}
+
+fit_run *fit_run_new(fit_opts *o, fg_fabric *f, int *rc) {
     *rc = FG_EXIT_FAIL;
     fit_run *r = calloc(1, sizeof *r);
     if (!r || !(r->m = fit_module_new(o))) {
@@ -108,8 +161,27 @@ fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc) {
     r->o = o;
     bool fit = o->fn == FG_FIT, ok = true;
     fg_monitor_mode mode = o->mode && !strcmp(o->mode, "max") ? FG_MODE_MAX : FG_MODE_MIN;
-    if (fit) {
-        ok = add_cb(r, fit_progress_new(o, r->m));
+    /* the library's progress bar: by optimizer step for fit (a bar on
+     * stderr when it is a terminal, lines on stdout otherwise), the
+     * evaluation runs' own lines on stdout; --progress none: no display */
+    fg_callback *bar = NULL;
+    if (strcmp(o->progress, "none") != 0) {
+        bool gpt = strcmp(o->model, "mlp") != 0;
+        bool on_tty =
+            !strcmp(o->progress, "bar") || (!strcmp(o->progress, "auto") && isatty(STDERR_FILENO));
+        fg_flag redraw = !strcmp(o->progress, "bar")     ? FG_ON
+                         : !strcmp(o->progress, "lines") ? FG_OFF
+                                                         : FG_FLAG_DEFAULT;
+        /* the library picks no stream: the command hands its bar one */
+        ok = add_cb(r, bar = fg_progress_bar_new(&(fg_progress_bar_opts){
+                           .out = fit && on_tty ? stderr : stdout,
+                           .redraw = fit ? (on_tty ? FG_ON : FG_OFF) : redraw,
+                           .by_step = fit,
+                           .unit = gpt ? "tok" : "samples",
+                           .unit_per_sample = gpt ? o->ctx : 1}));
+    }
+    if (ok && fit) {
+        ok = add_cb(r, fit_notes_new(o, r->m, bar));
         /* without --monitor, --save-top-k N keeps the newest N: top-k by step */
         const char *monitor = o->monitor ? o->monitor : o->save_top_k > 0 ? "step" : NULL;
         /* Lightning's ModelCheckpoint(monitor=...) without every_n_train_steps
@@ -137,13 +209,10 @@ fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc) {
                                                          .patience = o->early_stopping_patience,
                                                          .min_delta = o->early_stopping_min_delta,
                                                          .mode = mode}));
-    } else if (strcmp(o->progress, "none") != 0) {
-        /* the library picks no stream: the command hands its bar stdout */
-        ok = add_cb(r, fg_progress_bar_new(&(fg_progress_bar_opts){
-                           .out = stdout,
-                           .redraw = !strcmp(o->progress, "bar")     ? FG_ON
-                                     : !strcmp(o->progress, "lines") ? FG_OFF
-                                                                     : FG_FLAG_DEFAULT}));
+    } else if (ok) {
+        /* validate, test, predict save nothing: the ModelCheckpoint is where
+         * "last" and "best" are found (Lightning's trainer.checkpoint_callback) */
+        ok = add_cb(r, fg_model_checkpoint_new(&(fg_checkpoint_opts){.dirpath = o->ckpt_dir}));
     }
     if (ok) ok = add_loggers(r, o->logger);
     if (!ok) {
@@ -171,9 +240,9 @@ fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc) {
         .limit_predict_batches = o->limit_predict,
         .fast_dev_run = o->fast_dev_run,
         .log_every_n_steps = o->log_every,
-        /* fit: its own display; the other commands: the bar above, or none */
-        .enable_progress_bar = fit || r->ncbs == 0 ? FG_OFF : FG_FLAG_DEFAULT,
-        .enable_checkpointing = fit && o->enable_checkpointing ? FG_FLAG_DEFAULT : FG_OFF,
+        /* the bar above, or none */
+        .enable_progress_bar = bar ? FG_FLAG_DEFAULT : FG_OFF,
+        .enable_checkpointing = !fit || o->enable_checkpointing ? FG_FLAG_DEFAULT : FG_OFF,
         .default_root_dir = o->root_dir,
         .detect_anomaly = o->detect_anomaly,
         .on_nonfinite = o->on_nonfinite_skip ? FG_NONFINITE_SKIP : FG_NONFINITE_STOP,
@@ -186,6 +255,10 @@ fit_run *fit_run_new(const fit_opts *o, fg_fabric *f, int *rc) {
         /* a combination of settings the Trainer refuses, as Lightning does */
         cli_error("%s", fg_last_error());
         *rc = fg_last_status() == FG_ENOMEM ? FG_EXIT_FAIL : FG_EXIT_USAGE;
+        fit_run_free(r);
+        return NULL;
+    }
+    if ((*rc = resolve_ckpt(o, r->t)) != 0) {
         fit_run_free(r);
         return NULL;
     }
@@ -204,12 +277,62 @@ static int64_t total_steps(fg_trainer *t, const fit_opts *o) {
     return total;
 }
 
-/* Rank 0, before the ranks train: the run and checkpoint folders, and the
- * temporaries a killed save left. */
+/* One fit per run folder: rank 0 holds an flock on DIR/.fulgur.lock for
+ * the life of its process (released by the kernel however it ends), the
+ * file naming its pid; a second fit there refuses, naming the first, before
+ * it touches a file (two would interleave their checkpoints, top-k and
+ * `last`). */
+static int g_lock_fd[2] = {-1, -1};
+
+static fg_status lock_folder(const char *dir, int slot) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/.fulgur.lock", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return fg_error(FG_EIO, "cannot open %s, the run folder's lock: %s", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        char pid[32] = "";
+        ssize_t n = pread(fd, pid, sizeof pid - 1, 0);
+        pid[n > 0 ? n : 0] = '\0';
+        pid[strcspn(pid, "\n")] = '\0';
+        close(fd);
+        if (e == EWOULDBLOCK)
+            return fg_error(FG_ESTATE,
+                            "the run folder %s is in use by another fit (pid %s, lock %s): two "
+                            "runs in one folder would mix their checkpoints and `last`; wait "
+                            "for it to end, or give this one another --default-root-dir "
+                            "(or --ckpt-dir)",
+                            dir, pid[0] ? pid : "?", path);
+        return fg_error(FG_EIO, "cannot lock %s: %s", path, strerror(e));
+    }
+    char line[32];
+    int len = snprintf(line, sizeof line, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)len, 0) != len) {
+        int e = errno;
+        close(fd);
+        return fg_error(FG_EIO, "cannot write %s: %s", path, strerror(e));
+    }
+    g_lock_fd[slot] = fd;
+    return FG_OK;
+}
+
+/* Whether dir lies inside root (or is it), by their real paths. */
+static bool inside(const char *dir, const char *root) {
+    char rd[PATH_MAX], rr[PATH_MAX];
+    if (!realpath(dir, rd) || !realpath(root, rr)) return false;
+    size_t n = strlen(rr);
+    return !strncmp(rd, rr, n) && (rd[n] == '\0' || rd[n] == '/');
+}
+
+/* Rank 0, before the ranks train: the run and checkpoint folders, their
+ * lock, and the temporaries a killed save left. */
 static fg_status prepare_dirs(const fit_opts *o) {
     if (make_dirs(o->root_dir) != 0 || make_dirs(o->ckpt_dir) != 0)
         return fg_error(FG_EIO, "cannot create %s or %s: %s", o->root_dir, o->ckpt_dir,
                         strerror(errno));
+    if (g_lock_fd[0] < 0) TRY(lock_folder(o->root_dir, 0));
+    if (g_lock_fd[1] < 0 && !inside(o->ckpt_dir, o->root_dir)) TRY(lock_folder(o->ckpt_dir, 1));
     int stale = 0;
     TRY(fg_st_remove_stale_tmp(o->ckpt_dir, &stale));
     if (stale)
@@ -236,7 +359,7 @@ static int run_fit(fit_run *r, fg_trainer *t, const fg_lightning_module *lm) {
     }
     s = fg_trainer_fit(t, lm, fit_module_loader(m, FG_FIT), fit_module_loader(m, FG_VALIDATE),
                        o->resume ? o->resume_path : NULL);
-    if (s != FG_OK) return fit_rank_error(t, "training");
+    if (s != FG_OK) return fit_rank_error(t, fit_module_model_failed(m) ? "model" : "training");
     int64_t step = fg_trainer_global_step(t), total = total_steps(t, o);
     if (fg_trainer_interrupted(t)) {
         fit_stopped = 1; /* saved: further signals are ignored */
@@ -255,11 +378,7 @@ static int run_fit(fit_run *r, fg_trainer *t, const fg_lightning_module *lm) {
     if (val_step != step && fg_dataset_len(fit_module_data(m)->val) > 0 && !o->fast_dev_run) {
         if (fg_trainer_validate(t, lm, fit_module_loader(m, FG_VALIDATE), NULL) != FG_OK)
             return fit_rank_error(t, "validation");
-        fit_module_last_val(m, &val);
-        if (rank0 && !isnan(val)) {
-            printf("step %lld  val loss %.4f\n", (long long)step, val);
-            fflush(stdout);
-        }
+        fit_module_last_val(m, &val); /* its line: the progress bar's */
     }
     /* stage 3: rank 0 samples from the whole model (every rank gathers it) */
     fg_strategy *strat = (fg_strategy *)fg_fabric_strategy(fg_trainer_fabric(t));
@@ -310,7 +429,7 @@ static int run_eval(fit_run *r, fg_trainer *t, const fg_lightning_module *lm) {
     if (o->fn == FG_VALIDATE) s = fg_trainer_validate(t, lm, dl, ckpt);
     else if (o->fn == FG_TEST) s = fg_trainer_test(t, lm, dl, ckpt);
     else s = fg_trainer_predict(t, lm, dl, ckpt);
-    if (s != FG_OK) return fit_rank_error(t, name);
+    if (s != FG_OK) return fit_rank_error(t, fit_module_model_failed(r->m) ? "model" : name);
     if (o->fn == FG_PREDICT) {
         if (fit_module_write_predictions(r->m, t, o->predictions) != FG_OK)
             return fit_rank_error(t, name);
@@ -338,8 +457,8 @@ static int run_rank(fg_trainer *t, void *arg) {
     /* main() checks stdout at the end, but a forked rank leaves by _exit:
      * rank 0, the one that prints, checks here then. A resumable stop keeps
      * its 75 (main() still says the output was lost). */
-    if (rc == FG_EXIT_OK && !fit_stopped && cli_in_forked_rank() &&
-        fg_trainer_is_global_zero(t) && cli_check_stdout(false))
+    if (rc == FG_EXIT_OK && !fit_stopped && cli_in_forked_rank() && fg_trainer_is_global_zero(t) &&
+        cli_check_stdout(false))
         rc = fit_rank_error(t, "output");
     return rc;
 }
