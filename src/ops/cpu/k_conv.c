@@ -67,6 +67,7 @@ static bool use_dnnl(const fg_tensor *x) {
 const char *fg__cpu_conv_path(void) {
     const char *e = getenv("FULGUR_CONV");
 #ifdef FULGUR_HAVE_DNNL
+    if (e && !strcmp(e, "onednn-plain")) return "onednn-plain";
     return e && !strcmp(e, "im2col") ? "im2col" : "onednn";
 #else
     (void)e;

@@ -57,8 +57,9 @@ fg_status fg__dnnl_conv2d_bwd_data(const fg_tensor *dy, const fg_tensor *w, cons
                                    fg_tensor *dx);
 fg_status fg__dnnl_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
                                      const fg_conv_params *p, fg_tensor *dw, fg_tensor *db);
-/* Which convolution path runs f32: "onednn" (the default where built in)
- * or "im2col" (FULGUR_CONV=im2col, or no oneDNN). */
+/* Which convolution path runs f32: "onednn" (the default where built in;
+ * the primitive's own layouts), "onednn-plain" (FULGUR_CONV=onednn-plain:
+ * NCHW as it is) or "im2col" (FULGUR_CONV=im2col, or no oneDNN). */
 const char *fg__cpu_conv_path(void);
 
 #endif
