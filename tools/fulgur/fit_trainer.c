@@ -338,8 +338,8 @@ static int run_rank(fg_trainer *t, void *arg) {
     /* main() checks stdout at the end, but a forked rank leaves by _exit:
      * rank 0, the one that prints, checks here then. A resumable stop keeps
      * its 75 (main() still says the output was lost). */
-    if (rc == FG_EXIT_OK && !fit_stopped && cli_in_forked_rank() &&
-        fg_trainer_is_global_zero(t) && cli_check_stdout(false))
+    if (rc == FG_EXIT_OK && !fit_stopped && cli_in_forked_rank() && fg_trainer_is_global_zero(t) &&
+        cli_check_stdout(false))
         rc = fit_rank_error(t, "output");
     return rc;
 }
