@@ -319,10 +319,11 @@ fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st) {
         printable_copy(got, sizeof got, fmt);
         fg_st_close(file);
         if (shard)
-            return fg_error(FG_EFORMAT,
-                            "%s: one shard of a sharded checkpoint (metadata \"format\" is \"%s\"), "
-                            "not a whole one: pass the folder that holds it and " FG_ST_INDEX_NAME,
-                            path, got);
+            return fg_error(
+                FG_EFORMAT,
+                "%s: one shard of a sharded checkpoint (metadata \"format\" is \"%s\"), "
+                "not a whole one: pass the folder that holds it and " FG_ST_INDEX_NAME,
+                path, got);
         return fg_error(FG_EFORMAT,
                         "%s: not a fulgur checkpoint (metadata \"format\" is %s%s%s; fulgur "
                         "writes \"" FORMAT_NAME "\"): pass a checkpoint that fulgur saved, or "

@@ -276,15 +276,16 @@ static int check_out(const char *in, const char *out, bool force) {
         cli_error("ckpt consolidate: OUT %s exists and is not a regular file (%s): choose a new "
                   "file name",
                   out,
-                  S_ISDIR(lb.st_mode)    ? "a folder"
-                  : S_ISLNK(lb.st_mode)  ? "a symlink"
-                  : S_ISFIFO(lb.st_mode) ? "a fifo"
+                  S_ISDIR(lb.st_mode)                          ? "a folder"
+                  : S_ISLNK(lb.st_mode)                        ? "a symlink"
+                  : S_ISFIFO(lb.st_mode)                       ? "a fifo"
                   : S_ISCHR(lb.st_mode) || S_ISBLK(lb.st_mode) ? "a device"
                                                                : "a special file");
         return FG_EXIT_USAGE;
     }
     if (have && stat(out, &ob) == 0 && ob.st_dev == ib.st_dev && ob.st_ino == ib.st_ino) {
-        cli_error("ckpt consolidate: OUT %s is the checkpoint being read: choose another file", out);
+        cli_error("ckpt consolidate: OUT %s is the checkpoint being read: choose another file",
+                  out);
         return FG_EXIT_USAGE;
     }
     size_t inlen = strlen(in);
@@ -332,9 +333,9 @@ static int ckpt_consolidate(int argc, char **argv) {
     };
     const char *pos[2];
     int npos = 0;
-    int rc = cli_flags_parse(flags, 2, argc, argv,
-                             "fulgur ckpt consolidate DIR OUT.safetensors [--weights-only] [--force]",
-                             pos, 2, &npos);
+    int rc = cli_flags_parse(
+        flags, 2, argc, argv,
+        "fulgur ckpt consolidate DIR OUT.safetensors [--weights-only] [--force]", pos, 2, &npos);
     if (rc) return rc < 0 ? FG_EXIT_OK : rc;
     if (npos != 2) {
         cli_error("ckpt consolidate: expected a sharded checkpoint DIR and an output file OUT");
