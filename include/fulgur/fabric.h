@@ -52,14 +52,12 @@ typedef struct fg_fabric_config {
                                 torchrun, mpirun, srun) the ranks it started on this node;
                                 "3", "-1", "0,2", "[0, 2]" (fg_launch_parse_devices); a
                                 device is a rank on CPU */
-    const char *strategy;    /* NULL = "auto" (single for one device, else ddp), "single",
-                                "dp", "ddp", "ddp_spawn", "ddp_fork", "deepspeed_stage_1",
-                                "deepspeed_stage_2", "fsdp", "bagua" (its algorithm in
-                                ddp.bagua) (fg_launch_parse_strategy) */
-    const char *precision;   /* NULL = "32-true" ("32"), "64-true" ("64"), "bf16-mixed"
-                                ("bf16"), "16-mixed" ("16"): precision.h's table;
-                                "bf16-true" and "16-true" are FG_EUNSUPPORTED
-                                (fg_launch_parse_precision) */
+    const char *strategy;    /* NULL = "auto" (single for one device, else ddp), or a name of
+                                the strategy table (kinds.h: fg_strategy_names lists them;
+                                fg_launch_parse_strategy) */
+    const char *precision;   /* NULL = "32-true", or a setting of the precision table
+                                (kinds.h: "64-true", "bf16-mixed", "16-mixed", "bf16-true",
+                                "16-true" and the short forms; fg_launch_parse_precision) */
     int num_nodes;           /* 0 = 1, or the launcher's nodes */
     int threads_per_rank;    /* 0 = FULGUR_NUM_THREADS, else cores / local ranks */
     FILE *print_to;          /* where fg_fabric_print writes (e.g. stdout); NULL = the log
@@ -101,8 +99,10 @@ typedef struct fg_fabric_config {
  * allowed), overlap_comm (true under stage 2 and 3, false under stage 1:
  * what fulgur does), contiguous_gradients, reduce_scatter,
  * allgather_partitions, ignore_unused_parameters (true: what fulgur does),
- * cpu_offload (false), offload_optimizer and offload_param with device
- * "none" (offload is not built: "cpu" and "nvme" are FG_EUNSUPPORTED).
+ * cpu_offload, offload_optimizer and offload_param with device "none" or
+ * "cpu" (on a CPU nothing moves; the strategy's offload devices become cpu);
+ * "nvme" is FG_EUNSUPPORTED there, saying to set it through the strategy's
+ * options (offload_optimizer_device / offload_params_device and nvme_path).
  * Any other key, at the top or inside, is FG_EINVAL naming it: a DeepSpeed
  * key fulgur does not honour says what to do instead (gradient_clipping:
  * fg_fabric_clip_gradients), an unknown key names the nearest honoured

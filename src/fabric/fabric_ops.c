@@ -67,7 +67,8 @@ fg_dataloader *fg_fabric_setup_dataloader(fg_fabric *f, fg_dataloader *dl, bool 
         if (fg_dataloader_set_sampler(dl, s) != FG_OK) return NULL;
     }
     int64_t per = o->batch ? o->batch : 1;
-    bool dp = f->plan.strategy == FG_STRATEGY_DP || f->plan.strategy == FG_STRATEGY_DDP2;
+    /* replicas on threads (dp, ddp2): a process's batch is split over them */
+    bool dp = fg_strategy_info_of(f->plan.strategy)->replica_threads;
     int64_t eff = dp ? per * f->plan.num_nodes : per * f->world_size;
     fg_log(FG_LOG_INFO, "effective batch size %lld (%lld per %s x %d)", (long long)eff,
            (long long)per, dp ? "node" : "rank", dp ? f->plan.num_nodes : f->world_size);

@@ -32,8 +32,9 @@ static fg_status join(fg_fabric *f, const fg_cluster_info *info) {
     f->threads = f->plan.threads_per_rank;
     FG_TRY(fg_set_num_threads(f->threads));
     if (f->cfg.deterministic) FG_TRY(fg__fabric_deterministic_pin(f));
+    /* a communicator for the kinds of several processes (the row's ranks) */
     if (info->world_size < 2 ||
-        !(fg_strategy_kind_is_ddp(f->plan.strategy) || f->plan.strategy == FG_STRATEGY_DDP2))
+        fg_strategy_info_of(f->plan.strategy)->ranks == FG_RANKS_ONE_PROCESS)
         return FG_OK;
     /* re-exec: rank 0 stops waiting for the others if one of them dies first */
     fg_comm *c = fg_job_comm_new(f->job, info, NULL);

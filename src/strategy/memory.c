@@ -20,16 +20,15 @@ fg_status fg_strategy_memory_of(fg_strategy_kind kind, const fg_sharded_opts *o,
     FG_TRY(fg_strategy_check_sharded(kind, o));
     int64_t es = (int64_t)fg_dtype_size(dtype), state = numel;
     fg_sharding_strategy ss = o ? o->sharding_strategy : FG_SHARDING_FULL_SHARD;
-    bool s3 = kind == FG_STRATEGY_DEEPSPEED_STAGE_3 ||
-              (kind == FG_STRATEGY_FSDP &&
-               (ss == FG_SHARDING_FULL_SHARD || ss == FG_SHARDING_HYBRID_SHARD));
-    bool shards = s3 || kind == FG_STRATEGY_DEEPSPEED_STAGE_1 ||
-                  kind == FG_STRATEGY_DEEPSPEED_STAGE_2 ||
-                  (kind == FG_STRATEGY_FSDP && ss == FG_SHARDING_SHARD_GRAD_OP);
+    /* what the kind shards: its row's (fsdp: by its sharding strategy) */
+    unsigned what = fg_strategy_shards(kind, ss);
+    bool s3 = what & FG_SHARDS_PARAMS;
+    bool shards = what != 0;
     /* HYBRID_SHARD: shard groups of hybrid_shard_size consecutive ranks
      * (0 here: one group of all, the ranks of one node) */
     int group = world;
-    if (kind == FG_STRATEGY_FSDP && ss == FG_SHARDING_HYBRID_SHARD && o && o->hybrid_shard_size)
+    if (fg_strategy_takes(kind, ss) & FG_TAKES_SHARDING_STRATEGY &&
+        ss == FG_SHARDING_HYBRID_SHARD && o && o->hybrid_shard_size)
         group = o->hybrid_shard_size;
     if (world % group)
         return fg_error(FG_EINVAL,
@@ -44,8 +43,7 @@ fg_status fg_strategy_memory_of(fg_strategy_kind kind, const fg_sharded_opts *o,
     }
     int64_t held = s3 ? state : numel; /* stage 3: parameters and gradients sharded too */
     /* stage 2 (SHARD_GRAD_OP): the gradient outside the shard released */
-    bool s2 = kind == FG_STRATEGY_DEEPSPEED_STAGE_2 ||
-              (kind == FG_STRATEGY_FSDP && ss == FG_SHARDING_SHARD_GRAD_OP);
+    bool s2 = (what & FG_SHARDS_GRADS) && !s3;
     *out = (fg_strategy_memory){.param_bytes = held * es,
                                 .grad_bytes = (s3 || s2 ? state : numel) * es,
                                 .optim_bytes = state * es * nstates};
