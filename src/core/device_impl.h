@@ -49,7 +49,6 @@ typedef struct fg__dev_alloc {
     size_t limit, max_split, oversize_cache, oversize_cached;
     bool no_cache;
     fg_dev_memory_stats st;
-    uint64_t zero_sized; /* live zero-byte allocations (bookkeeping only) */
 } fg__dev_alloc;
 
 struct fg_stream {
