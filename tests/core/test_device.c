@@ -1,6 +1,7 @@
 /* The device model: names, the caching allocator's reuse, stats,
  * fragmentation bound, out-of-memory message and leak check, the guarded
  * device's fault on host access and counted copies, streams and events. */
+#include <pthread.h>
 #include <stdint.h>
 #include <sys/wait.h>
 
@@ -372,4 +373,51 @@ TEST(streams_and_events_keep_order) {
     CHECK_OK(fg_dev_free(d, x));
     fg_dev_close(d);
     fg_dev_close(d2);
+}
+
+typedef struct churn {
+    fg_dev *d;
+    uint64_t seed;
+} churn;
+
+static void *alloc_churn(void *arg) {
+    fg_dev *d = ((churn *)arg)->d;
+    uint64_t seed = ((churn *)arg)->seed;
+    void *held[16] = {0};
+    for (int i = 0; i < 2000; i++) {
+        int k = (int)(fg_rng_u32_at(seed, (uint64_t)i) % 16);
+        if (held[k]) {
+            if (fg_dev_free(d, held[k]) != FG_OK) return (void *)1;
+            held[k] = NULL;
+        } else {
+            held[k] = fg_dev_alloc(d, (size_t)(k + 1) * 3000, NULL);
+            if (!held[k]) return (void *)1;
+        }
+    }
+    for (int k = 0; k < 16; k++)
+        if (held[k] && fg_dev_free(d, held[k]) != FG_OK) return (void *)1;
+    return NULL;
+}
+
+TEST(allocator_is_thread_safe) {
+    fg_dev *d = open_guarded(0);
+    if (!d) return;
+    pthread_t th[4];
+    churn arg[4];
+    for (int i = 0; i < 4; i++) {
+        arg[i] = (churn){d, (uint64_t)i + 1};
+        pthread_create(&th[i], NULL, alloc_churn, &arg[i]);
+    }
+    int bad = 0;
+    for (int i = 0; i < 4; i++) {
+        void *r;
+        pthread_join(th[i], &r);
+        bad += r != NULL;
+    }
+    CHECK(bad == 0);
+    fg_dev_memory_stats s = fg_dev_memory_stats_get(d);
+    CHECK(s.num_allocs == s.num_frees && s.allocated_bytes == 0 && s.active_allocs == 0);
+    CHECK(s.cache_hits > 0);
+    CHECK_OK(fg_dev_leak_check(d));
+    fg_dev_close(d);
 }
