@@ -278,6 +278,24 @@ static void host_read(volatile float *p) {
 }
 static void host_write(volatile float *p) { p[0] = 1.0f; }
 
+static volatile void *g_expect_addr;
+static void on_segv(int sig, siginfo_t *si, void *ctx) {
+    (void)sig;
+    (void)ctx;
+    _exit(si->si_addr == g_expect_addr ? 42 : 43);
+}
+
+static void host_read_reports_address(volatile float *p) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO;
+    sigaction(SIGSEGV, &sa, NULL);
+    g_expect_addr = p + 5;
+    float v = p[5];
+    (void)v;
+}
+
 TEST(guarded_memory_faults_on_host_access) {
     fg_dev *d = open_guarded(0);
     if (!d) return;
@@ -291,6 +309,12 @@ TEST(guarded_memory_faults_on_host_access) {
     CHECK_MSG(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV, "host read: status %#x", st);
     st = child_status(host_write, p);
     CHECK_MSG(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV, "host write: status %#x", st);
+    /* the fault is at the address the line read, not somewhere later */
+    st = child_status(host_read_reports_address, p);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 42, "fault address: status %#x", st);
+    /* a pointer inside a block, or past the allocator's, faults the same */
+    st = child_status(host_read, p + 1000);
+    CHECK_MSG(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV, "past the block: status %#x", st);
     /* and the memory is intact */
     float back[64];
     CHECK_OK(fg_dev_copy_d2h(d, back, p, sizeof back));
