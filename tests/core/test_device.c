@@ -278,7 +278,7 @@ static void host_read(volatile float *p) {
 }
 static void host_write(volatile float *p) { p[0] = 1.0f; }
 
-static volatile void *g_expect_addr;
+static void *volatile g_expect_addr; /* a volatile pointer: stored before the read */
 static void on_segv(int sig, siginfo_t *si, void *ctx) {
     (void)sig;
     (void)ctx;
@@ -291,7 +291,7 @@ static void host_read_reports_address(volatile float *p) {
     sa.sa_sigaction = on_segv;
     sa.sa_flags = SA_SIGINFO;
     sigaction(SIGSEGV, &sa, NULL);
-    g_expect_addr = p + 5;
+    g_expect_addr = (void *)(p + 5);
     float v = p[5];
     (void)v;
 }
