@@ -110,10 +110,10 @@ FG_API bool fg_dev_host_accessible(const fg_dev *d);
 /* --------------------------------------------------------------- memory */
 
 /* Allocates `bytes` of device memory for use on `stream` (NULL: the compute
- * stream), 512-byte aligned; its contents are undefined. A freed block is
- * reused only by allocations for the same stream. bytes == 0 returns a
- * unique non-NULL pointer that holds nothing. NULL with FG_ENOMEM on an
- * out-of-memory. Thread-safe. */
+ * stream), 512-byte aligned (64 on the CPU); its contents are undefined. A
+ * freed block is reused only by allocations for the same stream. bytes == 0
+ * returns a unique non-NULL pointer that holds nothing. NULL with FG_ENOMEM
+ * on an out-of-memory. Thread-safe. */
 FG_API void *fg_dev_alloc(fg_dev *d, size_t bytes, fg_stream *stream);
 /* Frees what fg_dev_alloc returned (NULL: no-op); the block goes back to
  * the cache. FG_EINVAL for a pointer this device did not hand out. */

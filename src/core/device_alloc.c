@@ -74,6 +74,22 @@ void fg__dev_alloc_init(fg_dev *d, const fg_dev_options *o, size_t limit) {
     a->st.memory_limit = limit;
 }
 
+/* Block headers are kept for reuse: a split and a merge per allocation
+ * would otherwise cost a host allocation each. */
+static fg__block *block_new(fg__dev_alloc *a) {
+    fg__block *b = a->spare;
+    if (!b) return fg_calloc(1, sizeof *b);
+    a->spare = b->next;
+    memset(b, 0, sizeof *b);
+    return b;
+}
+
+static void block_drop(fg__dev_alloc *a, fg__block *b) {
+    if (!b) return;
+    b->next = a->spare;
+    a->spare = b;
+}
+
 /* ---------------------------------------------------------- live table */
 
 static size_t live_lower_bound(const fg__dev_alloc *a, const char *p) {
@@ -185,7 +201,7 @@ static void segment_release(fg_dev *d, fg__segment *s) {
     d->be->segment_free(d->state, s->base, s->size);
     a->st.reserved_bytes -= s->size;
     a->st.segment_frees++;
-    fg_free(b);
+    block_drop(a, b);
     fg_free(s);
 }
 
@@ -243,7 +259,7 @@ static fg__segment *segment_new(fg_dev *d, size_t size, size_t request, int pool
         return NULL;
     }
     fg__segment *s = fg_calloc(1, sizeof *s);
-    fg__block *b = fg_calloc(1, sizeof *b);
+    fg__block *b = block_new(a);
     char *base = s && b ? d->be->segment_alloc(d->state, seg) : NULL;
     if (!base && s && b) {
         fg__dev_empty_cache_locked(d);
@@ -252,7 +268,7 @@ static fg__segment *segment_new(fg_dev *d, size_t size, size_t request, int pool
     }
     if (!base) {
         fg_free(s);
-        fg_free(b);
+        block_drop(a, b);
         return NULL;
     }
     s->base = base;
@@ -309,11 +325,11 @@ static void *alloc_direct(fg_dev *d, size_t bytes, fg_stream *st) {
         oom_error(d, bytes, size, st);
         return NULL;
     }
-    fg__block *b = fg_calloc(1, sizeof *b);
+    fg__block *b = block_new(a);
     char *p = b ? d->be->segment_alloc(d->state, size) : NULL;
     if (!p || !live_insert(a, b)) {
         if (p) d->be->segment_free(d->state, p, size);
-        fg_free(b);
+        block_drop(a, b);
         if (p || b) oom_error(d, bytes, size, st);
         return NULL;
     }
@@ -348,7 +364,7 @@ void *fg__dev_alloc_locked(fg_dev *d, size_t bytes, fg_stream *st) {
     }
     free_unlink(a, b);
     if (should_split(b, size)) {
-        fg__block *r = fg_calloc(1, sizeof *r);
+        fg__block *r = block_new(a);
         if (r) {
             r->ptr = b->ptr + size;
             r->size = b->size - size;
@@ -384,7 +400,7 @@ static void merge_into(fg__dev_alloc *a, fg__block *b, fg__block *n) {
     b->size += n->size;
     b->next = n->next;
     if (n->next) n->next->prev = b;
-    fg_free(n);
+    block_drop(a, n);
 }
 
 fg_status fg__dev_free_locked(fg_dev *d, void *p) {
@@ -404,7 +420,7 @@ fg_status fg__dev_free_locked(fg_dev *d, void *p) {
         d->be->segment_free(d->state, b->ptr, b->size);
         a->st.reserved_bytes -= b->size;
         a->st.segment_frees++;
-        fg_free(b);
+        block_drop(a, b);
         return FG_OK;
     }
     free_push(a, b);
@@ -450,6 +466,10 @@ void fg__dev_alloc_release_all(fg_dev *d) {
             d->be->segment_free(d->state, s->base, s->size);
             fg_free(s);
         }
+    }
+    for (fg__block *b = a->spare, *bn; b; b = bn) {
+        bn = b->next;
+        fg_free(b);
     }
     fg_free(a->live);
     memset(a, 0, sizeof *a);

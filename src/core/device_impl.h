@@ -44,12 +44,12 @@ typedef struct fg__segment fg__segment;
 typedef struct fg__dev_alloc {
     fg__segment *segments;
     fg__block *free_small, *free_large, *free_oversize; /* per-pool free lists */
-    fg__block **live;                                   /* live blocks, sorted by address */
+    fg__block *spare; /* block headers kept for reuse, linked through next */
+    fg__block **live; /* live blocks, sorted by address */
     size_t nlive, cap_live;
     size_t limit, max_split, oversize_cache, oversize_cached;
     bool no_cache;
     fg_dev_memory_stats st;
-    uint64_t zero_sized; /* live zero-byte allocations (bookkeeping only) */
 } fg__dev_alloc;
 
 struct fg_stream {
