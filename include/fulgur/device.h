@@ -162,6 +162,24 @@ FG_API fg_status fg_dev_leak_check(fg_dev *d);
 FG_API void *fg_dev_host_alloc(fg_dev *d, size_t bytes);
 FG_API void fg_dev_host_free(fg_dev *d, void *ptr);
 
+/* ------------------------------------------------------------ step arena */
+
+/* A device's step arena: core.h's fg_arena (chunks bumped forward, all
+ * released at once by the reset, which keeps one chunk as large as the
+ * whole step) over this device's memory. Allocations are device memory,
+ * 512-byte aligned, for the compute stream; the copy calls accept ranges
+ * inside them. Not thread-safe: one arena per thread. Free it before the
+ * device closes. */
+typedef struct fg_dev_arena fg_dev_arena;
+
+FG_API fg_dev_arena *fg_dev_arena_new(fg_dev *d, size_t chunk_bytes); /* 0 = 4 MiB chunks */
+FG_API void fg_dev_arena_free(fg_dev_arena *a);
+/* NULL with the device's out-of-memory message (prefixed "step arena"). */
+FG_API void *fg_dev_arena_alloc(fg_dev_arena *a, size_t size);
+FG_API void fg_dev_arena_reset(fg_dev_arena *a);
+FG_API size_t fg_dev_arena_used(const fg_dev_arena *a); /* bytes handed out since reset */
+FG_API size_t fg_dev_arena_peak(const fg_dev_arena *a); /* high-water mark of used */
+
 /* --------------------------------------------------------------- copies */
 
 /* Synchronous copies (done when they return): host to device, device to

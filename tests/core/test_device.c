@@ -463,3 +463,46 @@ TEST(close_with_live_memory_logs_the_leak) {
     fg_set_log(NULL, NULL, FG_LOG_INFO);
     CHECK_CONTAINS(g_logged, "device guarded:0 closed with 1 allocation (2.93 KiB) still live");
 }
+
+TEST(device_step_arena_keeps_one_chunk) {
+    fg_dev *d = open_guarded(40 * MiB);
+    if (!d) return;
+    fg_dev_arena *a = fg_dev_arena_new(d, MiB);
+    CHECK(a != NULL);
+    /* a step in four chunks: 1 MiB (p0, p1), 1 MiB (p2), 3 MiB (p3, oversized), 1 MiB (p4) */
+    char *p[5];
+    p[0] = fg_dev_arena_alloc(a, 600 << 10);
+    p[1] = fg_dev_arena_alloc(a, 300 << 10);
+    p[2] = fg_dev_arena_alloc(a, 200 << 10); /* past the first chunk */
+    p[3] = fg_dev_arena_alloc(a, 3 * MiB);   /* a chunk of its own */
+    p[4] = fg_dev_arena_alloc(a, 1);
+    for (int i = 0; i < 5; i++) CHECK(p[i] && ((uintptr_t)p[i] % 512) == 0);
+    CHECK(p[1] == p[0] + (600 << 10)); /* bumped within the chunk */
+    CHECK(fg_dev_arena_used(a) == (600 << 10) + (300 << 10) + (200 << 10) + 3 * MiB + 512);
+    CHECK(fg_dev_memory_stats_get(d).active_allocs == 4);
+    /* the copy calls take ranges inside the arena's chunks */
+    uint32_t in[256], out[256];
+    for (int i = 0; i < 256; i++) in[i] = (uint32_t)i * 2654435761u;
+    CHECK_OK(fg_dev_copy_h2d(d, p[1] + 512, in, sizeof in));
+    CHECK_OK(fg_dev_copy_d2h(d, out, p[1] + 512, sizeof out));
+    CHECK(memcmp(in, out, sizeof in) == 0);
+    size_t step = fg_dev_arena_used(a);
+    fg_dev_arena_reset(a);
+    CHECK(fg_dev_arena_used(a) == 0 && fg_dev_arena_peak(a) == step);
+    fg_dev_memory_stats s = fg_dev_memory_stats_get(d);
+    CHECK(s.active_allocs == 1); /* one chunk as large as the step's four */
+    CHECK(s.requested_bytes == 6 * MiB);
+    /* the next step fits it: nothing more is allocated */
+    uint64_t allocs = s.num_allocs;
+    CHECK(fg_dev_arena_alloc(a, 600 << 10) && fg_dev_arena_alloc(a, 3 * MiB));
+    CHECK(fg_dev_memory_stats_get(d).num_allocs == allocs);
+    fg_dev_arena_reset(a);
+    CHECK(fg_dev_memory_stats_get(d).num_allocs == allocs);
+    /* an out-of-memory comes back with the allocator's message */
+    CHECK(fg_dev_arena_alloc(a, 64 * MiB) == NULL);
+    CHECK(fg_last_status() == FG_ENOMEM);
+    CHECK_CONTAINS(fg_last_error(), "step arena: device guarded:0: out of memory");
+    fg_dev_arena_free(a);
+    CHECK_OK(fg_dev_leak_check(d));
+    fg_dev_close(d);
+}
