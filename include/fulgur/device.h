@@ -92,7 +92,9 @@ typedef struct fg_dev_options {
  * name (FG_EINVAL), a kind this build lacks or a device the machine lacks
  * (FG_EUNSUPPORTED, saying which and what to use instead) or a failing
  * system call (FG_EIO). Each call opens a device of its own, with its own
- * memory and counters. */
+ * memory and counters. A device belongs to the process that opened it: in
+ * a child forked after the open, its calls fail with FG_ESTATE (as a CUDA
+ * context does not survive a fork), so open devices after the ranks fork. */
 FG_API fg_dev *fg_dev_open(const char *name, const fg_dev_options *opt);
 /* Synchronizes and releases the device and all its memory. Live
  * allocations are logged (FG_LOG_WARN, with fg_dev_leak_check's message)

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "device_impl.h"
 
@@ -118,6 +119,7 @@ fg_dev *fg_dev_open(const char *name, const fg_dev_options *opt) {
         fg_free(d);
         return NULL;
     }
+    d->pid = getpid();
     pthread_mutex_init(&d->mu, NULL);
     fg__dev_alloc_init(d, &o, limit);
     for (int k = 0; k < 2; k++) d->streams[k] = (fg_stream){d, (fg_stream_kind)k, 0};
@@ -126,14 +128,16 @@ fg_dev *fg_dev_open(const char *name, const fg_dev_options *opt) {
 
 void fg_dev_close(fg_dev *d) {
     if (!d) return;
-    fg_dev_synchronize(d);
+    bool owner = d->pid == getpid();
+    if (owner) fg_dev_synchronize(d);
     pthread_mutex_lock(&d->mu);
-    if (d->alloc.st.active_allocs) {
+    if (owner && d->alloc.st.active_allocs) {
         char buf[512];
         fg__dev_live_summary_locked(d, buf, sizeof buf);
         fg_log(FG_LOG_WARN, "device %s closed with %s", d->name, buf);
     }
-    fg__dev_alloc_release_all(d);
+    /* a forked child frees its copy of the bookkeeping only */
+    fg__dev_alloc_release_all(d, owner || d->be->host_accessible);
     pthread_mutex_unlock(&d->mu);
     pthread_mutex_destroy(&d->mu);
     d->be->close(d->state);
@@ -147,7 +151,17 @@ bool fg_dev_host_accessible(const fg_dev *d) { return d->be->host_accessible; }
 
 /* ---------------------------------------------------------------- memory */
 
+fg_status fg__dev_check_process(const fg_dev *d) {
+    if (d->pid == getpid()) return FG_OK;
+    return fg_error(FG_ESTATE,
+                    "device %s was opened by process %ld, before this process forked from it: "
+                    "a device does not survive a fork (as a CUDA context does not); open devices "
+                    "after the ranks fork",
+                    d->name, (long)d->pid);
+}
+
 void *fg_dev_alloc(fg_dev *d, size_t bytes, fg_stream *stream) {
+    if (fg__dev_check_process(d) != FG_OK) return NULL;
     if (stream && stream->dev != d) {
         fg_error(FG_EINVAL, "device %s: allocation for a stream of device %s", d->name,
                  stream->dev->name);
@@ -161,6 +175,7 @@ void *fg_dev_alloc(fg_dev *d, size_t bytes, fg_stream *stream) {
 
 fg_status fg_dev_free(fg_dev *d, void *ptr) {
     if (!ptr) return FG_OK;
+    FG_TRY(fg__dev_check_process(d));
     pthread_mutex_lock(&d->mu);
     fg_status s = fg__dev_free_locked(d, ptr);
     pthread_mutex_unlock(&d->mu);
@@ -245,6 +260,7 @@ void *fg__dev_host_view(fg_dev *d, const void *p, size_t bytes) {
         return NULL;
     }
     if (d->be->host_accessible) return (void *)p;
+    if (fg__dev_check_process(d) != FG_OK) return NULL;
     pthread_mutex_lock(&d->mu);
     const fg__block *b = fg__dev_find_locked(d, p, bytes);
     pthread_mutex_unlock(&d->mu);
@@ -269,6 +285,7 @@ static fg_status copy(fg_dev *d, void *dst, const void *src, size_t bytes, int d
     if (s->dev != d)
         return fg_error(FG_EINVAL, "device %s: %s on a stream of device %s", d->name, what[dir],
                         s->dev->name);
+    FG_TRY(fg__dev_check_process(d));
     if (bytes && (!dst || !src))
         return fg_error(FG_EINVAL, "device %s: %s of %zu bytes with a NULL pointer", d->name,
                         what[dir], bytes);
@@ -318,6 +335,7 @@ fg_status fg_dev_memset(fg_dev *d, void *dst, int value, size_t bytes, fg_stream
     if (s->dev != d)
         return fg_error(FG_EINVAL, "device %s: memset on a stream of device %s", d->name,
                         s->dev->name);
+    FG_TRY(fg__dev_check_process(d));
     if (bytes) {
         void *v = fg__dev_host_view(d, dst, bytes);
         if (!v) return fg_error_wrap(fg_last_status(), "memset");

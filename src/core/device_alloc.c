@@ -449,11 +449,11 @@ void fg__dev_stats_locked(const fg_dev *d, fg_dev_memory_stats *out) {
                 if (!b->allocated) out->inactive_split_bytes += b->size;
 }
 
-void fg__dev_alloc_release_all(fg_dev *d) {
+void fg__dev_alloc_release_all(fg_dev *d, bool give_back) {
     fg__dev_alloc *a = &d->alloc;
     if (!d->be->caching) {
         for (size_t i = 0; i < a->nlive; i++) {
-            d->be->segment_free(d->state, a->live[i]->ptr, a->live[i]->size);
+            if (give_back) d->be->segment_free(d->state, a->live[i]->ptr, a->live[i]->size);
             fg_free(a->live[i]);
         }
     } else {
@@ -463,7 +463,7 @@ void fg__dev_alloc_release_all(fg_dev *d) {
                 bn = b->next;
                 fg_free(b);
             }
-            d->be->segment_free(d->state, s->base, s->size);
+            if (give_back) d->be->segment_free(d->state, s->base, s->size);
             fg_free(s);
         }
     }

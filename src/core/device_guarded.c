@@ -66,6 +66,10 @@ static fg_status guarded_open(int index, size_t memory_limit, void **state) {
         fg_free(g);
         return fg_error(FG_EIO, "mmap of %zu bytes, twice: %s", size, strerror(e));
     }
+    /* a forked child gets neither view (fg__dev_check_process refuses its
+     * calls): ranks must not share a device's memory by inheritance */
+    madvise(g->dev, size, MADV_DONTFORK);
+    madvise(g->alias, size, MADV_DONTFORK);
     g->size = size;
     g->cap = 16;
     g->free[0] = (range){0, size};

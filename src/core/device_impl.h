@@ -5,6 +5,7 @@
 #define FULGUR_DEVICE_IMPL_H
 
 #include <pthread.h>
+#include <sys/types.h>
 
 #include "core_impl.h"
 #include "fulgur/device.h"
@@ -66,7 +67,11 @@ struct fg_dev {
     pthread_mutex_t mu; /* the allocator and the counters */
     fg__dev_alloc alloc;
     fg_stream streams[2];
+    pid_t pid; /* the process that opened it: a forked child may not use it */
 };
+
+/* FG_OK in the process that opened d; FG_ESTATE naming the fork otherwise. */
+fg_status fg__dev_check_process(const fg_dev *d);
 
 /* The backends. */
 extern const fg__dev_backend fg__dev_cpu_backend;
@@ -74,7 +79,9 @@ extern const fg__dev_backend fg__dev_guarded_backend;
 
 /* Allocator (device_alloc.c); the caller holds d->mu. */
 void fg__dev_alloc_init(fg_dev *d, const fg_dev_options *o, size_t limit);
-void fg__dev_alloc_release_all(fg_dev *d);
+/* Frees the bookkeeping, and gives the segments back to the backend when
+ * `give_back` (not in a forked child: its inherited memfd is the parent's). */
+void fg__dev_alloc_release_all(fg_dev *d, bool give_back);
 void *fg__dev_alloc_locked(fg_dev *d, size_t bytes, fg_stream *s);
 fg_status fg__dev_free_locked(fg_dev *d, void *p);
 void fg__dev_empty_cache_locked(fg_dev *d);

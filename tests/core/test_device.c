@@ -2,6 +2,7 @@
  * fragmentation bound, out-of-memory message and leak check, the guarded
  * device's fault on host access and counted copies, streams and events. */
 #include <pthread.h>
+#include <setjmp.h>
 #include <stdint.h>
 #include <sys/wait.h>
 
@@ -296,6 +297,45 @@ static void host_read_reports_address(volatile float *p) {
     (void)v;
 }
 
+/* In this process: the fault is caught, its address and code kept, and the
+ * test goes on (a forked child has no mapping there at all: MADV_DONTFORK). */
+static sigjmp_buf g_jmp;
+static void *volatile g_fault_addr;
+static volatile int g_fault_code;
+static void on_segv_jump(int sig, siginfo_t *si, void *ctx) {
+    (void)sig;
+    (void)ctx;
+    g_fault_addr = si->si_addr;
+    g_fault_code = si->si_code;
+    siglongjmp(g_jmp, 1);
+}
+
+TEST(guarded_memory_is_mapped_without_access) {
+    fg_dev *d = open_guarded(0);
+    if (!d) return;
+    volatile float *p = fg_dev_alloc(d, 64 * sizeof(float), NULL);
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_segv_jump;
+    sa.sa_flags = SA_SIGINFO;
+    sigaction(SIGSEGV, &sa, &old);
+    g_fault_addr = NULL;
+    int faulted = 0;
+    if (sigsetjmp(g_jmp, 1) == 0) {
+        float v = p[7];
+        (void)v;
+    } else {
+        faulted = 1;
+    }
+    sigaction(SIGSEGV, &old, NULL);
+    CHECK(faulted);
+    CHECK(g_fault_addr == (void *)(p + 7));
+    CHECK_MSG(g_fault_code == SEGV_ACCERR, "si_code %d (SEGV_ACCERR: mapped, no access)",
+              g_fault_code);
+    CHECK_OK(fg_dev_free(d, (void *)p));
+    fg_dev_close(d);
+}
+
 TEST(guarded_memory_faults_on_host_access) {
     fg_dev *d = open_guarded(0);
     if (!d) return;
@@ -504,5 +544,30 @@ TEST(device_step_arena_keeps_one_chunk) {
     CHECK_CONTAINS(fg_last_error(), "step arena: device guarded:0: out of memory");
     fg_dev_arena_free(a);
     CHECK_OK(fg_dev_leak_check(d));
+    fg_dev_close(d);
+}
+
+TEST(a_forked_child_cannot_use_the_parents_device) {
+    fg_dev *d = open_guarded(0);
+    if (!d) return;
+    uint32_t v = 0xC0FFEEu, back = 0;
+    uint32_t *p = fg_dev_alloc(d, sizeof v, NULL);
+    CHECK_OK(fg_dev_copy_h2d(d, p, &v, sizeof v));
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        uint32_t x = 1;
+        int ok = fg_dev_copy_h2d(d, p, &x, sizeof x) == FG_ESTATE &&
+                 strstr(fg_last_error(), "before this process forked from it") &&
+                 fg_dev_alloc(d, 64, NULL) == NULL && fg_last_status() == FG_ESTATE;
+        fg_dev_close(d); /* frees the child's bookkeeping, not the parent's memory */
+        _exit(ok ? 0 : 1);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %#x", st);
+    CHECK_OK(fg_dev_copy_d2h(d, &back, p, sizeof back));
+    CHECK(back == 0xC0FFEEu); /* the parent's memory is intact */
+    CHECK_OK(fg_dev_free(d, p));
     fg_dev_close(d);
 }
