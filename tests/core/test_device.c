@@ -571,3 +571,21 @@ TEST(a_forked_child_cannot_use_the_parents_device) {
     CHECK_OK(fg_dev_free(d, p));
     fg_dev_close(d);
 }
+
+TEST(no_cache_gives_every_freed_segment_back) {
+    fg_dev_options o = {.no_cache = true};
+    fg_dev *d = fg_dev_open("guarded:0", &o);
+    CHECK(d != NULL);
+    if (!d) return;
+    void *a = fg_dev_alloc(d, 1000, NULL), *b = fg_dev_alloc(d, 2000, NULL);
+    void *big = fg_dev_alloc(d, 5 * MiB, NULL);
+    CHECK(fg_dev_memory_stats_get(d).reserved_bytes == 2 * MiB + 20 * MiB);
+    CHECK_OK(fg_dev_free(d, big));
+    CHECK(fg_dev_memory_stats_get(d).reserved_bytes == 2 * MiB);
+    CHECK_OK(fg_dev_free(d, a));
+    CHECK(fg_dev_memory_stats_get(d).reserved_bytes == 2 * MiB); /* b still holds it */
+    CHECK_OK(fg_dev_free(d, b));
+    fg_dev_memory_stats s = fg_dev_memory_stats_get(d);
+    CHECK(s.reserved_bytes == 0 && s.segment_frees == 2 && s.cache_hits == 1);
+    fg_dev_close(d);
+}
