@@ -44,8 +44,9 @@ fg_need_packages() {
 
 # What the library builds against (OpenBLAS's OpenMP flavour: one threading
 # runtime for OpenBLAS and fulgur's kernels; liburing for the io_uring file
-# I/O of nvme offload), and what the tests use.
-FG_BUILD_PACKAGES="libopenblas-openmp-dev libdnnl-dev libopenmpi-dev openmpi-bin libjansson-dev libprotobuf-c-dev protobuf-c-compiler libyaml-dev pkg-config liburing-dev"
+# I/O of nvme offload; zlib for the gzip-compressed CSV files the data
+# reader takes), and what the tests use.
+FG_BUILD_PACKAGES="libopenblas-openmp-dev libdnnl-dev libopenmpi-dev openmpi-bin libjansson-dev libprotobuf-c-dev protobuf-c-compiler libyaml-dev pkg-config liburing-dev zlib1g-dev"
 # What only the test suite needs beyond that (the formatting check; the
 # fortunes text the training tests of strategy bagua and of every precision
 # read: fortunes-min, and fortunes for the full demo text).

@@ -246,6 +246,72 @@ FG_API fg_dataset *fg_npy_dataset_new(const char *x_path, const char *y_path);
  * that differ) or FG_ENOMEM. */
 FG_API fg_dataset *fg_idx_dataset_new(const char *images_path, const char *labels_path);
 
+/* ------------------------------------------------------------- CSV / TSV */
+
+/* How a CSV column is read. FG_CSV_AUTO (0) infers it from the column's
+ * values (missing ones left out): all integers -> FG_CSV_INT, all numbers ->
+ * FG_CSV_FLOAT, else FG_CSV_CATEGORY. */
+typedef enum fg_csv_type {
+    FG_CSV_AUTO = 0,
+    FG_CSV_FLOAT,    /* a decimal or exponent number, "nan", "inf" (strtod's syntax) */
+    FG_CSV_INT,      /* a decimal integer that fits in int32 */
+    FG_CSV_CATEGORY, /* any text; the value is the index of the text in the sorted
+                        (byte order) set of the column's distinct texts */
+    FG_CSV_SKIP,     /* neither a feature nor the label; never parsed */
+} fg_csv_type;
+
+/* The type of one column, by its header name. */
+typedef struct fg_csv_column {
+    const char *name;
+    fg_csv_type type;
+} fg_csv_column;
+
+/* CSV reader options; all zero = comma (tab for a name ending in .tsv or
+ * .tsv.gz), a header row, the last column is the label, every other column
+ * a feature, types inferred, a missing value is an error. */
+typedef struct fg_csv_opts {
+    char sep;                    /* field separator; 0 = by the name as above */
+    bool no_header;              /* the first row is data; columns are named "0", "1", ... */
+    const char *label;           /* the label column's name; NULL = the last column */
+    const char *const *features; /* the feature columns in x's order (nfeatures names);
+                                    NULL = every column but the label and the skipped */
+    int nfeatures;
+    const fg_csv_column *columns; /* types of some columns (ncolumns); the others AUTO */
+    int ncolumns;
+    bool fill_missing; /* a missing value (an empty field) reads as fill_value instead
+                          of an error; in a category column it is the category "" */
+    double fill_value;
+} fg_csv_opts;
+
+/* A dataset over a CSV or TSV file with a header row (RFC 4180: fields may
+ * be quoted with ", a quote inside one is doubled, a quoted field may hold
+ * separators and line breaks; records end in LF or CRLF; blank lines are
+ * skipped, as pandas does). A gzip-compressed file (any name) is read as it
+ * is, through zlib. Every record must have as many fields as the header.
+ * Sample i is data row i:
+ *   x: (nfeatures) FG_F32, the feature columns in order (an int column
+ *      converted, a category column its index);
+ *   y: a scalar, FG_I32 for an int or category label, FG_F32 for a float one.
+ * The whole file is parsed at creation and held as these arrays.
+ * Returns NULL with FG_EIO (missing or unreadable file, a corrupt gzip
+ * stream), FG_EFORMAT (a message naming the file, the line, the column and
+ * the value: a bad number, a missing value, an unterminated quote, a record
+ * of the wrong length, no data rows), FG_EINVAL (an option naming a column
+ * the header lacks, the label skipped or among the features, a repeated
+ * name) or FG_ENOMEM. */
+FG_API fg_dataset *fg_csv_dataset_new(const char *path, const fg_csv_opts *o);
+
+/* The names of a CSV dataset's feature columns in x's order and of its
+ * label column (borrowed, valid as long as the dataset); NULL for any other
+ * dataset or k outside [0, nfeatures). */
+FG_API const char *fg_csv_dataset_feature(const fg_dataset *ds, int64_t k);
+FG_API const char *fg_csv_dataset_label(const fg_dataset *ds);
+/* The text of category k of column `column` of a CSV dataset (borrowed);
+ * NULL if the column is no category column of it or k is out of range. */
+FG_API const char *fg_csv_dataset_category(const fg_dataset *ds, const char *column, int64_t k);
+/* The number of categories of that column; 0 if it is none. */
+FG_API int64_t fg_csv_dataset_num_categories(const fg_dataset *ds, const char *column);
+
 /* ================================================================ samplers */
 
 /* The sampler table: the indices a rank takes in an epoch.

@@ -48,6 +48,7 @@ fg_status fg__text_dataset_open(const char *path, int64_t ctx, const fg_text_voc
 fg_status fg__token_dataset_open(const char *path, int64_t ctx, int64_t vocab, fg_dataset **out);
 fg_status fg__npy_dataset_open(const char *x_path, const char *y_path, fg_dataset **out);
 fg_status fg__idx_dataset_open(const char *images_path, const char *labels_path, fg_dataset **out);
+fg_status fg__csv_dataset_open(const char *path, const fg_csv_opts *o, fg_dataset **out);
 
 /* Little-endian reads that never assume alignment. */
 static inline uint16_t fg__le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
