@@ -510,6 +510,162 @@ FG_API fg_dataset *fg_dataloader_dataset(const fg_dataloader *dl);
 FG_API const fg_loader_opts *fg_dataloader_opts(const fg_dataloader *dl);
 FG_API const fg_sampler *fg_dataloader_sampler(const fg_dataloader *dl);
 
+/* ================================================= batches of named fields */
+
+/* A sample as a small dict of tensors: a fields dataset declares its fields
+ * (name, dtype, shape; the first dimension may vary from sample to sample)
+ * and writes sample i field by field; a fields loader reads samples as the
+ * loader above does (the same samplers, workers, positions and resume: it
+ * runs an fg_dataloader over the packed samples) and turns each batch's
+ * samples into named tensors with a collate function, by default stacking
+ * fixed fields and padding variable ones to the batch's longest with a
+ * "<name>_mask" field beside them. An (x, y) dataset is the two-field case
+ * (fg_fields_dataset_from).
+ *
+ *     fg_field_spec f[] = {{.name = "tokens", .dtype = FG_I32, .ndim = 1,
+ *                           .shape = {FG_FIELD_VAR}, .max_len = 512},
+ *                          {.name = "label", .dtype = FG_I32}};
+ *     fg_fields_dataset *fd = fg_fields_dataset_new(&ops, ud, f, 2, "reviews");
+ *     fg_fields_loader *fl = fg_fields_loader_new(fd, &(fg_fields_loader_opts){
+ *         .loader = {.batch = 32, .shuffle = true, .num_workers = 2}});
+ *     for (fg_fields_batch *b; (b = fg_fields_loader_next(fl)) != NULL; ) {
+ *         fg_tensor *tok = fg_fields_batch_get(b, "tokens");       // (32, L) i32
+ *         fg_tensor *mask = fg_fields_batch_get(b, "tokens_mask"); // (32, L) u8
+ *         ...
+ *     }
+ */
+
+/* shape[0] of a field whose first dimension varies between samples. */
+#define FG_FIELD_VAR (-1)
+
+/* One field of a sample. The batch adds a dimension, so ndim is at most
+ * FG_MAX_DIMS - 1. dtype 0 means f32. */
+typedef struct fg_field_spec {
+    const char *name; /* unique in the dataset; copied. Not ending in "_mask" */
+    fg_dtype dtype;
+    int ndim;                   /* 0 (a scalar) .. FG_MAX_DIMS - 1 */
+    int64_t shape[FG_MAX_DIMS]; /* shape[0] may be FG_FIELD_VAR (ndim >= 1) */
+    int64_t max_len;            /* with FG_FIELD_VAR: the longest first dimension a
+                                   sample may have (buffers are sized by it) */
+} fg_field_spec;
+
+/* One field of one sample as get writes it and collate reads it. */
+typedef struct fg_sample_field {
+    void *data;  /* the field's elements in row-major order; for get a buffer of
+                    the field's largest size, aligned to 8 bytes */
+    int64_t len; /* the first dimension: get sets it for a variable field (it is
+                    max_len on entry, and must end in [0, max_len]); shape[0]
+                    (1 for a scalar) for a fixed one */
+} fg_sample_field;
+
+/* The table of a fields dataset (as fg_dataset_ops): get writes sample i
+ * into fields[0, nfields) (data and, for variable fields, len). It runs on
+ * loader workers, from several threads at once with num_workers > 1. */
+typedef struct fg_fields_ops {
+    int64_t (*len)(void *ud);
+    fg_status (*get)(void *ud, int64_t i, fg_sample_field *fields);
+    void (*free)(void *ud);
+} fg_fields_ops;
+
+typedef struct fg_fields_dataset fg_fields_dataset;
+
+/* A dataset of samples with the nfields (1..64) fields `fields` (copied).
+ * ops copied (len and get must be set); ud consumed as by fg_dataset_new.
+ * NULL with FG_EINVAL naming the field and the problem (no name, a repeated
+ * name, a name ending in "_mask", a bad dtype or shape, FG_FIELD_VAR not
+ * first or without max_len >= 1) or FG_ENOMEM. */
+FG_API fg_fields_dataset *fg_fields_dataset_new(const fg_fields_ops *ops, void *ud,
+                                                const fg_field_spec *fields, int nfields,
+                                                const char *name);
+/* The (x, y) dataset `ds` (borrowed: it must outlive the result) as a fields
+ * dataset of two fixed fields named "x" and "y" with its specs. */
+FG_API fg_fields_dataset *fg_fields_dataset_from(fg_dataset *ds);
+FG_API void fg_fields_dataset_free(fg_fields_dataset *fd); /* NULL is a no-op */
+FG_API int64_t fg_fields_dataset_len(const fg_fields_dataset *fd);
+FG_API int fg_fields_dataset_nfields(const fg_fields_dataset *fd);
+/* Field k's spec (borrowed, its name too, valid as long as fd); NULL outside
+ * [0, nfields). */
+FG_API const fg_field_spec *fg_fields_dataset_field(const fg_fields_dataset *fd, int k);
+
+/* A batch of named tensors, owned by its loader and valid until the next
+ * fg_fields_loader_next or free, or any call repositioning the loader under
+ * it. size, valid, epoch, index and indices as in fg_batch. */
+typedef struct fg_fields_batch {
+    int nfields;
+    const char *const *names;  /* nfields names */
+    fg_tensor *const *tensors; /* the tensor of each name, persistent */
+    int64_t size, valid, epoch, index;
+    const int64_t *indices;
+} fg_fields_batch;
+
+/* The tensor named `name` in b, or NULL. */
+FG_API fg_tensor *fg_fields_batch_get(const fg_fields_batch *b, const char *name);
+
+/* Where a collate function puts the batch: fg_collate_tensor hands it the
+ * next named tensor to fill. */
+typedef struct fg_collate_out fg_collate_out;
+
+/* A new tensor `name` of the batch being made, of dtype dt (a real dtype)
+ * and shape[0, ndim), contents undefined: the collate function fills it. The
+ * loader owns it (and reuses its memory from batch to batch). NULL with
+ * FG_EINVAL (a name already given in this batch, a bad dtype or shape) or
+ * FG_ENOMEM. */
+FG_API fg_tensor *fg_collate_tensor(fg_collate_out *out, const char *name, fg_dtype dt, int ndim,
+                                    const int64_t *shape);
+
+/* A collate function: makes the batch of the n samples
+ * samples[j * nfields + k] (sample j's field k, read-only, valid during the
+ * call) through fg_collate_tensor. Runs on the thread calling
+ * fg_fields_loader_next. Returns FG_OK or a status with a message. */
+typedef fg_status (*fg_collate_fn)(void *ud, const fg_fields_dataset *fd,
+                                   const fg_sample_field *samples, int64_t n, fg_collate_out *out);
+
+/* Options of the default collate; all zero = pad with 0, with masks. */
+typedef struct fg_collate_opts {
+    double pad_value; /* what padded positions of a variable field hold (converted
+                         to the field's dtype) */
+    bool no_mask;     /* leave out the "<name>_mask" fields */
+} fg_collate_opts;
+
+/* The default collate (ud: a const fg_collate_opts *, or NULL for zeros).
+ * In field order, each fixed field becomes (n, shape...) stacked as the
+ * loader stacks x; each variable field becomes (n, L, shape[1:]...) with
+ * L the batch's longest len, sample j's rows [len_j, L) set to pad_value,
+ * followed (unless no_mask) by "<name>_mask": (n, L) FG_U8, 1 for a real
+ * row and 0 for padding (PyTorch's pad_sequence with batch_first and its
+ * attention mask). A custom collate may call it first and add fields. */
+FG_API fg_status fg_collate_default(void *ud, const fg_fields_dataset *fd,
+                                    const fg_sample_field *samples, int64_t n, fg_collate_out *out);
+
+/* Fields loader options: the loader's, and the collate function with its ud
+ * (NULL = fg_collate_default with &collate_opts). */
+typedef struct fg_fields_loader_opts {
+    fg_loader_opts loader;
+    fg_collate_fn collate;
+    void *collate_ud;
+    fg_collate_opts collate_opts;
+} fg_fields_loader_opts;
+
+typedef struct fg_fields_loader fg_fields_loader;
+
+/* A loader over `fd` (borrowed; it must outlive the loader). NULL with what
+ * fg_dataloader_new returns, or FG_ENOMEM. */
+FG_API fg_fields_loader *fg_fields_loader_new(fg_fields_dataset *fd,
+                                              const fg_fields_loader_opts *o);
+FG_API void fg_fields_loader_free(fg_fields_loader *fl); /* NULL is a no-op */
+
+/* The next batch, or NULL at the end of the epoch or on a failure (a
+ * sample's get, or the collate function: the message names the batch and
+ * epoch); fg_fields_loader_status tells which. After a collate failure the
+ * loader keeps returning NULL with the same error until it is repositioned. */
+FG_API fg_fields_batch *fg_fields_loader_next(fg_fields_loader *fl);
+FG_API fg_status fg_fields_loader_status(const fg_fields_loader *fl);
+
+/* The sample loader under fl (borrowed, valid as long as fl): set_epoch,
+ * set_sampler (DDP), reset, len and the positions of resume are its, and
+ * act on fl. Do not call fg_dataloader_next or free on it. */
+FG_API fg_dataloader *fg_fields_loader_loader(fg_fields_loader *fl);
+
 /* What a dataset's get may ask about the loader calling it, for random
  * augmentation. */
 typedef struct fg_worker_info {

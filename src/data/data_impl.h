@@ -50,6 +50,40 @@ fg_status fg__npy_dataset_open(const char *x_path, const char *y_path, fg_datase
 fg_status fg__idx_dataset_open(const char *images_path, const char *labels_path, fg_dataset **out);
 fg_status fg__csv_dataset_open(const char *path, const fg_csv_opts *o, fg_dataset **out);
 
+/* A fields dataset: the user's table, and an fg_dataset whose x is one
+ * packed sample (FG_U8, rec bytes): nfields int64 lengths, then field k's
+ * largest data at off[k] (each a multiple of 8 bytes, so that every field is
+ * aligned in a loader's batch tensor); y is a U8 scalar left 0. */
+struct fg_fields_dataset {
+    fg_fields_ops ops;
+    void *ud;
+    char *name;
+    int nfields;
+    fg_field_spec *fields; /* names owned */
+    size_t *off, *bytes;   /* bytes: the largest size of field k */
+    size_t *row;           /* bytes of one step of the first dimension (a whole fixed field) */
+    size_t rec;
+    fg_dataset *packed;
+    fg_dataset *base; /* fg_fields_dataset_from: borrowed */
+};
+
+/* Points out[0, nfields) at the fields of the packed sample rec. */
+void fg__fields_unpack(const fg_fields_dataset *fd, const uint8_t *rec, fg_sample_field *out);
+
+/* The collate output: the batch's named tensors, reused from batch to batch
+ * (cap: the bytes each tensor's memory holds). */
+struct fg_collate_out {
+    int n, cap;
+    char **names;
+    fg_tensor **t;
+    size_t *capb;
+};
+void fg__collate_out_free(fg_collate_out *out);
+
+/* How many times the loader was repositioned (set_epoch, reset,
+ * set_position, set_sampler): a loader above it sees that it moved. */
+uint64_t fg__dataloader_moves(const fg_dataloader *dl);
+
 /* Little-endian reads that never assume alignment. */
 static inline uint16_t fg__le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 static inline uint32_t fg__le32(const uint8_t *p) {

@@ -55,7 +55,8 @@ struct fg_dataloader {
     int64_t *order; /* n dataset indices of this epoch */
     int nslots;
     slot *slots;
-    int64_t cur; /* next batch to return */
+    int64_t cur;    /* next batch to return */
+    uint64_t moves; /* repositionings so far (fg__dataloader_moves) */
     fg_status status;
     char errmsg[MSG_MAX];
 
@@ -182,6 +183,7 @@ static fg_status make_order(fg_dataloader *dl, fg_sampler *s, int64_t epoch, int
  * and, if s is not NULL, a new sampler (consumed; the old one is freed). */
 static void reposition(fg_dataloader *dl, int64_t epoch, int64_t batch, int64_t *order,
                        fg_sampler *s) {
+    dl->moves++;
     if (dl->nworkers) {
         pthread_mutex_lock(&dl->mu);
         dl->pausing = true;
@@ -223,6 +225,7 @@ fg_status fg_dataloader_set_position(fg_dataloader *dl, int64_t epoch, int64_t b
                         "dataloader: batch %lld of epoch %lld is outside [0, %lld]: was the "
                         "position saved with another dataset, batch size or world size?",
                         (long long)batch, (long long)epoch, (long long)dl->nbatches);
+    dl->moves++; /* even when already there: the caller asked to move */
     /* already there (set_epoch(0) right after creation): keep what the
      * workers prepared */
     if (epoch == dl->epoch && batch == dl->cur && dl->status == FG_OK) return FG_OK;
@@ -328,6 +331,7 @@ fg_batch *fg_dataloader_next(fg_dataloader *dl) {
     return &s->b;
 }
 
+uint64_t fg__dataloader_moves(const fg_dataloader *dl) { return dl->moves; }
 fg_status fg_dataloader_status(const fg_dataloader *dl) { return dl ? dl->status : FG_EINVAL; }
 int64_t fg_dataloader_len(const fg_dataloader *dl) { return dl->nbatches; }
 int64_t fg_dataloader_num_samples(const fg_dataloader *dl) { return dl->n; }
