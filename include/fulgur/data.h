@@ -666,6 +666,100 @@ FG_API fg_status fg_fields_loader_status(const fg_fields_loader *fl);
  * act on fl. Do not call fg_dataloader_next or free on it. */
 FG_API fg_dataloader *fg_fields_loader_loader(fg_fields_loader *fl);
 
+/* =============================================== iterable (streaming) data */
+
+/* An iterable dataset (PyTorch's IterableDataset): samples come one after
+ * another from an iterator, with no random access and possibly no known
+ * length (a file read line by line, a generator, a socket). A stream loader
+ * splits an epoch's stream by rank and by loader worker as torchdata's
+ * sharding rule and Hugging Face's split_dataset_by_node do: with R ranks
+ * and W workers (W = 1 when synchronous) there are R * W shards, rank r's
+ * worker w reads shard g = r * W + w, which holds the stream's samples
+ * k = g, g + R W, g + 2 R W, ...; each worker makes its own batches, and
+ * the loader returns them round robin over the workers, passing over
+ * workers whose shard has ended (PyTorch's DataLoader order). So over all
+ * ranks every sample of the epoch is in exactly one batch (less a short
+ * last batch per worker with drop_last), and ranks may get a different
+ * number of batches (one more or fewer): cap the steps if DDP needs equal
+ * counts.
+ *
+ * The table:
+ *   spec:  the specs of x and y (as fg_dataset_ops.spec). Called once.
+ *   len:   the samples per epoch if known, else -1; NULL = unknown.
+ *   open:  an iterator over `epoch`'s stream from its first sample, in *it.
+ *          Called once per worker and epoch, from the worker's thread.
+ *   next:  writes the next sample into x_out and y_out, or sets *end at the
+ *          end of the stream. One iterator is used by one thread at a time;
+ *          several iterators of one stream run at once with workers.
+ *   skip:  passes over up to n samples without writing them and tells how
+ *          many it passed (< n only at the end); NULL = next into a scratch
+ *          buffer. The shards and the resume pass over samples with it.
+ *   close: frees an iterator; may be NULL.
+ *   free:  frees ud; may be NULL. */
+typedef struct fg_stream_ops {
+    void (*spec)(void *ud, fg_sample_spec *x, fg_sample_spec *y);
+    int64_t (*len)(void *ud);
+    fg_status (*open)(void *ud, int64_t epoch, void **it);
+    fg_status (*next)(void *ud, void *it, void *x_out, void *y_out, bool *end);
+    fg_status (*skip)(void *ud, void *it, int64_t n, int64_t *skipped);
+    void (*close)(void *ud, void *it);
+    void (*free)(void *ud);
+} fg_stream_ops;
+
+typedef struct fg_stream fg_stream;
+
+/* A stream over the user's table (spec, open and next must be set); ud
+ * consumed as by fg_dataset_new; name copied (NULL = "stream"). NULL with
+ * FG_EINVAL (a missing function, a bad spec) or FG_ENOMEM. */
+FG_API fg_stream *fg_stream_new(const fg_stream_ops *ops, void *ud, const char *name);
+FG_API void fg_stream_free(fg_stream *s); /* NULL is a no-op; free its loaders first */
+FG_API const fg_sample_spec *fg_stream_x_spec(const fg_stream *s);
+FG_API const fg_sample_spec *fg_stream_y_spec(const fg_stream *s);
+
+/* Stream loader options; all zero = batch 1, keep short batches,
+ * synchronous, rank 0 of 1. */
+typedef struct fg_stream_loader_opts {
+    int64_t batch;   /* samples per batch; 0 = 1 */
+    bool drop_last;  /* drop each worker's short last batch */
+    int num_workers; /* threads, each reading its own shard; 0 = the caller's thread */
+    int prefetch;    /* batches each worker prepares ahead; 0 = 2 */
+    int rank, world; /* this rank and the number of ranks; world 0 = 1 */
+} fg_stream_loader_opts;
+
+typedef struct fg_stream_loader fg_stream_loader;
+
+/* A loader over `s` (borrowed: it must outlive the loader), at (epoch 0,
+ * batch 0); workers start reading at once. NULL with FG_EINVAL (a negative
+ * batch, workers or prefetch, rank outside [0, world)), FG_EIO (a thread
+ * could not start) or FG_ENOMEM. */
+FG_API fg_stream_loader *fg_stream_loader_new(fg_stream *s, const fg_stream_loader_opts *o);
+FG_API void fg_stream_loader_free(fg_stream_loader *l); /* NULL is a no-op */
+
+/* The next batch (as fg_batch: valid == size; indices are the samples'
+ * positions k in the epoch's stream; owned by the loader until the next
+ * call), or NULL at the end of the epoch or on a failure
+ * (fg_stream_loader_status tells which; the message names the stream,
+ * worker, batch and epoch, and later calls repeat it until repositioned). */
+FG_API fg_batch *fg_stream_loader_next(fg_stream_loader *l);
+FG_API fg_status fg_stream_loader_status(const fg_stream_loader *l);
+
+/* Batches per epoch for this rank: from the stream's len when it gives one;
+ * else -1 until an epoch has been read to its end, then that epoch's count
+ * (discovered). */
+FG_API int64_t fg_stream_loader_len(const fg_stream_loader *l);
+
+/* Goes to batch 0 of `epoch` (>= 0). FG_OK, FG_EINVAL, or the stream's
+ * error (open). */
+FG_API fg_status fg_stream_loader_set_epoch(fg_stream_loader *l, int64_t epoch);
+/* The position: the epoch and how many batches of it were returned. */
+FG_API void fg_stream_loader_position(const fg_stream_loader *l, int64_t *epoch, int64_t *batch);
+/* Goes to (epoch, batch): the epoch's streams are reopened and each
+ * worker's shard passed over (skip) up to where that many batches had
+ * left it, so the next batches are exactly those the saved loader would
+ * have returned (same stream, options, rank and world). FG_EINVAL when
+ * the epoch has fewer batches (naming both), or the stream's error. */
+FG_API fg_status fg_stream_loader_set_position(fg_stream_loader *l, int64_t epoch, int64_t batch);
+
 /* What a dataset's get may ask about the loader calling it, for random
  * augmentation. */
 typedef struct fg_worker_info {

@@ -84,6 +84,34 @@ void fg__collate_out_free(fg_collate_out *out);
  * set_position, set_sampler): a loader above it sees that it moved. */
 uint64_t fg__dataloader_moves(const fg_dataloader *dl);
 
+/* A stream and one shard of it: every `step`-th sample of an epoch's
+ * stream from `first` on (fg__shard_next; x == NULL passes over one).
+ * A shard's iterator belongs to one thread at a time. */
+struct fg_stream {
+    fg_stream_ops ops;
+    void *ud;
+    char *name;
+    fg_sample_spec x, y;
+    size_t xbytes, ybytes;
+};
+
+typedef struct fg__shard {
+    void *it;
+    bool open, ended;
+    int64_t pos;     /* the stream index of the next sample the iterator gives */
+    int64_t to_skip; /* samples to pass before this shard's next one */
+    int64_t step;
+    void *scratch; /* x then y, for a stream without skip */
+} fg__shard;
+
+fg_status fg__shard_open(const fg_stream *s, fg__shard *sh, int64_t epoch, int64_t first,
+                         int64_t step);
+/* The shard's next sample into x, y (NULL: passed over), its stream index
+ * in *index; *got false at the end. */
+fg_status fg__shard_next(const fg_stream *s, fg__shard *sh, void *x, void *y, int64_t *index,
+                         bool *got);
+void fg__shard_close(const fg_stream *s, fg__shard *sh);
+
 /* Little-endian reads that never assume alignment. */
 static inline uint16_t fg__le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 static inline uint32_t fg__le32(const uint8_t *p) {
