@@ -227,45 +227,27 @@ static fg_status split(const char *path, char *buf, size_t len, char sep, fields
 
 /* ------------------------------------------------------------ typing */
 
-static const char *trim(const char *s, size_t *n) {
-    while (*s == ' ' || *s == '\t') s++;
-    size_t k = strlen(s);
-    while (k && (s[k - 1] == ' ' || s[k - 1] == '\t' || s[k - 1] == '\r')) k--;
-    *n = k;
-    return s;
-}
+enum { CELL_MISSING, CELL_INT, CELL_FLOAT, CELL_TEXT };
 
-static bool parse_int(const char *s0, int32_t *v) {
-    size_t n;
-    const char *s = trim(s0, &n);
-    if (n == 0 || n > 40) return false;
-    char tmp[48];
-    memcpy(tmp, s, n);
-    tmp[n] = '\0';
-    for (size_t i = (tmp[0] == '-' || tmp[0] == '+'); i < n; i++)
-        if (tmp[i] < '0' || tmp[i] > '9') return false;
-    errno = 0;
+/* What a cell holds, and its number in *d for CELL_INT (an integer that
+ * fits in int32) and CELL_FLOAT (strtod's decimal syntax; spaces and tabs
+ * around it are allowed, as Python's float() allows them). */
+static int classify(const char *v, double *d) {
+    if (!*v) return CELL_MISSING;
+    const char *p = v;
+    while (*p == ' ' || *p == '\t') p++;
+    const char *q = p + (*p == '+' || *p == '-');
+    if (q[0] == '0' && (q[1] == 'x' || q[1] == 'X')) return CELL_TEXT; /* no hex in CSV */
     char *e;
-    long long x = strtoll(tmp, &e, 10);
-    if (errno || *e || e == tmp || x < INT32_MIN || x > INT32_MAX) return false;
-    *v = (int32_t)x;
-    return true;
-}
-
-static bool parse_float(const char *s0, double *v) {
-    size_t n;
-    const char *s = trim(s0, &n);
-    if (n == 0 || n > 400) return false;
-    char tmp[408];
-    memcpy(tmp, s, n);
-    tmp[n] = '\0';
-    for (size_t i = 0; i < n; i++) /* strtod's hexadecimal form is no CSV number */
-        if (tmp[i] == 'x' || tmp[i] == 'X') return false;
-    char *e;
-    double x = strtod(tmp, &e);
-    if (*e || e == tmp) return false;
-    *v = x;
-    return true;
+    double x = strtod(p, &e);
+    if (e == p) return CELL_TEXT;
+    const char *end = e;
+    while (*e == ' ' || *e == '\t' || *e == '\r') e++;
+    if (*e) return CELL_TEXT;
+    *d = x;
+    bool digits = q < end;
+    for (const char *r = q; r < end && digits; r++) digits = *r >= '0' && *r <= '9';
+    return digits && x >= INT32_MIN && x <= INT32_MAX ? CELL_INT : CELL_FLOAT;
 }
 
 static int cmp_str(const void *a, const void *b) {
@@ -324,23 +306,6 @@ static fg_status find_col(const reader *rd, const char *name, const char *what, 
     return FG_OK;
 }
 
-/* The type of column c, inferred from its values if AUTO. */
-static fg_csv_type infer(const reader *rd, int64_t c) {
-    if (rd->type[c] != FG_CSV_AUTO) return rd->type[c];
-    bool all_int = true, any = false;
-    for (int64_t i = 0; i < rd->nrows; i++) {
-        const char *v = cell(rd, i, c, NULL);
-        if (!*v) continue;
-        any = true;
-        int32_t iv;
-        double dv;
-        if (all_int && parse_int(v, &iv)) continue;
-        all_int = false;
-        if (!parse_float(v, &dv)) return FG_CSV_CATEGORY;
-    }
-    return !any ? FG_CSV_FLOAT : all_int ? FG_CSV_INT : FG_CSV_FLOAT;
-}
-
 /* The sorted distinct texts of column c into cat (missing values are the
  * category "" with fill_missing, else an error). */
 static fg_status make_category(const reader *rd, int64_t c, category *cat) {
@@ -374,9 +339,25 @@ static int64_t category_of(const category *cat, const char *v) {
     return p ? p - cat->texts : -1;
 }
 
-/* Column c of every row as doubles into out[i * stride]. */
-static fg_status column_values(reader *rd, csv_ds *c, int64_t col, fg_csv_type t, float *fout,
-                               int32_t *iout, int64_t stride) {
+/* Column col of every row, typed as the reader says or, for FG_CSV_AUTO,
+ * by its values (*typed: the type used), into fout[i * stride] as f32 when
+ * there is no iout or the column is float, else into iout[i] as i32. One strtod per cell, in one
+ * pass over the column. */
+static fg_status column_values(reader *rd, csv_ds *c, int64_t col, double *vals, uint8_t *cls,
+                               float *fout, int32_t *iout, int64_t stride, fg_csv_type *typed) {
+    fg_csv_type t = rd->type[col];
+    if (t != FG_CSV_CATEGORY) {
+        bool any = false, all_int = true, text = false;
+        for (int64_t i = 0; i < rd->nrows; i++) {
+            cls[i] = (uint8_t)classify(cell(rd, i, col, NULL), &vals[i]);
+            any |= cls[i] != CELL_MISSING;
+            all_int &= cls[i] == CELL_INT || cls[i] == CELL_MISSING;
+            text |= cls[i] == CELL_TEXT;
+        }
+        if (t == FG_CSV_AUTO)
+            t = text ? FG_CSV_CATEGORY : any && all_int ? FG_CSV_INT : FG_CSV_FLOAT;
+    }
+    *typed = t;
     category *cat = NULL;
     if (t == FG_CSV_CATEGORY) {
         category *q = fg_realloc(c->cats, (size_t)(c->ncats + 1) * sizeof *q);
@@ -387,22 +368,20 @@ static fg_status column_values(reader *rd, csv_ds *c, int64_t col, fg_csv_type t
         FG_TRY(make_category(rd, col, cat));
     }
     for (int64_t i = 0; i < rd->nrows; i++) {
-        const char *v = cell(rd, i, col, NULL);
-        double d = 0;
+        double d;
         if (t == FG_CSV_CATEGORY) {
-            d = (double)category_of(cat, v);
-        } else if (!*v) {
+            d = (double)category_of(cat, cell(rd, i, col, NULL));
+        } else if (cls[i] == CELL_MISSING) {
             if (!rd->o->fill_missing) return bad_value(rd, i, col, "");
             d = rd->o->fill_value;
-        } else if (t == FG_CSV_INT) {
-            int32_t iv;
-            if (!parse_int(v, &iv)) return bad_value(rd, i, col, "an integer that fits in int32");
-            d = iv;
+        } else if (cls[i] == CELL_TEXT || (t == FG_CSV_INT && cls[i] != CELL_INT)) {
+            return bad_value(rd, i, col,
+                             t == FG_CSV_INT ? "an integer that fits in int32" : "a number");
         } else {
-            if (!parse_float(v, &d)) return bad_value(rd, i, col, "a number");
+            d = vals[i];
         }
-        if (fout) fout[i * stride] = (float)d;
-        else iout[i] = (int32_t)d;
+        if (fout && (!iout || t == FG_CSV_FLOAT)) fout[i * stride] = (float)d;
+        else iout[i] = d >= INT32_MIN && d <= INT32_MAX ? (int32_t)d : 0; /* a fill value */
     }
     return FG_OK;
 }
@@ -415,6 +394,8 @@ fg_status fg__csv_dataset_open(const char *path, const fg_csv_opts *o, fg_datase
     reader rd = {.path = path, .o = o};
     csv_ds *c = NULL;
     int64_t *fcols = NULL;
+    double *vals = NULL;
+    uint8_t *cls = NULL;
     fg_status s = FG_OK;
     char sep = o->sep;
     if (!sep) {
@@ -505,17 +486,24 @@ fg_status fg__csv_dataset_open(const char *path, const fg_csv_opts *o, fg_datase
     c->feat = fg_calloc((size_t)FG_MAX(d, 1), sizeof *c->feat);
     c->label = fg_strdup(rd.names[lcol]);
     if (!c->x || !c->y || !c->feat || !c->label) goto nomem;
+    vals = fg_alloc((size_t)rd.nrows * sizeof *vals);
+    cls = fg_alloc((size_t)rd.nrows);
+    if (!vals || !cls) goto nomem;
+    fg_csv_type typed;
     for (int64_t k = 0; k < d; k++) {
         c->feat[k] = fg_strdup(rd.names[fcols[k]]);
         if (!c->feat[k]) goto nomem;
-        s = column_values(&rd, c, fcols[k], infer(&rd, fcols[k]), c->x + k, NULL, d);
+        s = column_values(&rd, c, fcols[k], vals, cls, c->x + k, NULL, d, &typed);
         if (s != FG_OK) goto fail;
     }
-    fg_csv_type lt = infer(&rd, lcol);
-    c->ydt = lt == FG_CSV_FLOAT ? FG_F32 : FG_I32;
-    s = column_values(&rd, c, lcol, lt, lt == FG_CSV_FLOAT ? c->y : NULL,
-                      lt == FG_CSV_FLOAT ? NULL : c->y, 1);
+    /* the label: f32 if its column is float, else i32, in the same 4-byte slots */
+    s = column_values(&rd, c, lcol, vals, cls, c->y, c->y, 1, &typed);
     if (s != FG_OK) goto fail;
+    c->ydt = typed == FG_CSV_FLOAT ? FG_F32 : FG_I32;
+    fg_free(vals);
+    fg_free(cls);
+    vals = NULL;
+    cls = NULL;
     for (int64_t k = 0; k < rd.ncols; k++) fg_free(rd.names[k]);
     fg_free(rd.names);
     fg_free(rd.type);
@@ -527,6 +515,8 @@ fg_status fg__csv_dataset_open(const char *path, const fg_csv_opts *o, fg_datase
 nomem:
     s = FG_ENOMEM;
 fail:
+    fg_free(vals);
+    fg_free(cls);
     for (int64_t k = 0; rd.names && k < rd.ncols; k++) fg_free(rd.names[k]);
     fg_free(rd.names);
     fg_free(rd.type);
