@@ -16,6 +16,13 @@
  *                 threads that prepare the next batches while the caller
  *                 trains; resumable at any (epoch, batch).
  *
+ * Beside them: a CSV/TSV reader (fg_csv_dataset_new, gzip through zlib),
+ * batches of named fields with a collate function (fg_fields_dataset,
+ * fg_fields_loader: a sample as a small dict of tensors, variable-length
+ * fields padded with masks), and iterable (streaming) datasets split by
+ * rank and loader worker (fg_stream, fg_stream_loader). docs/data.md has
+ * each beside PyTorch's code.
+ *
  * Determinism: the batches of an epoch are a pure function of the dataset,
  * the sampler (seed, epoch, rank, world size) and the batch size: the same on
  * any number of worker threads, synchronous or not, and after a resume.

@@ -360,3 +360,26 @@ TEST(fields_alloc_failures_never_leak) {
     }
     CHECK(fails >= 5);
 }
+
+TEST(fields_distributed_sampler_over_three_ranks) {
+    fg_fields_dataset *fd = fg_fields_dataset_new(&OPS, NULL, FIELDS, 6, "shapes");
+    int64_t seen[N] = {0};
+    for (int r = 0; r < 3; r++) {
+        fg_fields_loader *fl = fg_fields_loader_new(
+            fd, &(fg_fields_loader_opts){.loader = {.batch = 2, .num_workers = 1}});
+        CHECK(fl != NULL);
+        if (!fl) continue;
+        fg_dataloader *dl = fg_fields_loader_loader(fl);
+        CHECK_OK(fg_dataloader_set_sampler(
+            dl, fg_sampler_distributed(N, r, 3, &(fg_distributed_opts){.shuffle = true})));
+        CHECK_OK(fg_dataloader_set_epoch(dl, 2));
+        for (fg_fields_batch *b; (b = fg_fields_loader_next(fl)) != NULL;) {
+            check_batch(b, 0, true);
+            for (int64_t j = 0; j < b->valid; j++) seen[b->indices[j]]++;
+        }
+        CHECK_OK(fg_fields_loader_status(fl));
+        fg_fields_loader_free(fl);
+    }
+    for (int i = 0; i < N; i++) CHECK_MSG(seen[i] == 1, "sample %d: %lld", i, (long long)seen[i]);
+    fg_fields_dataset_free(fd);
+}
