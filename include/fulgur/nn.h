@@ -425,6 +425,21 @@ typedef struct fg_mha_args {
 FG_API fg_tensor *fg_mha_forward(fg_module *m, fg_tensor *query, fg_tensor *key, fg_tensor *value,
                                  const fg_mha_args *a, fg_tensor **weights);
 
+/* An LSTM language model: embedding (vocab, embd) (N(0, 1)), lstm (embd ->
+ * hidden, `layers` layers, batch_first), fc (hidden -> vocab, Linear's
+ * init), so the parameters are embedding.weight, lstm.weight_ih_l0, ...,
+ * fc.weight, fc.bias, the state dict of the PyTorch module with those three
+ * attributes. Forward: idx i32 (B, T) -> logits (B, T, vocab), from zero
+ * states. Built and finalized (seed 0: fg_default_seed()). */
+typedef struct fg_lstm_lm_config {
+    int64_t vocab, embd, hidden;
+    int64_t layers; /* 0 means 1 */
+    uint64_t seed;
+    fg_dtype dtype; /* FG_F32 (0) or FG_F64 */
+} fg_lstm_lm_config;
+
+FG_API fg_module *fg_lstm_lm_new(const fg_lstm_lm_config *c);
+
 /* -------------------------------------------------------------------- MLP */
 
 #define FG_MLP_MAX_LAYERS 16

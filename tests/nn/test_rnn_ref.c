@@ -4,7 +4,8 @@
  * wrote tests/ref/rnn_ref.bin, PyTorch's weights loaded here strictly under
  * PyTorch's names. Then finite-difference gradient checks in f64 of tiny
  * LSTM, GRU and MHA modules (inputs, states and every parameter), PyTorch's
- * initialisation bounds, and the argument errors. */
+ * initialisation bounds, and the argument errors. Last, the LSTM language
+ * model trained by SGD from PyTorch's weights, step for step as PyTorch. */
 #include <math.h>
 #include <string.h>
 
@@ -354,4 +355,61 @@ TEST(rnn_mha_names_init_and_errors) {
     CHECK(fg_multihead_attention_new(10, 3, NULL, FG_F32) == NULL);
     CHECK_CONTAINS(fg_last_error(), "divisible");
     fg_step_reset();
+}
+
+/* The LSTM language model from PyTorch's weights, trained by plain SGD in
+ * f64 on a short text: the loss before each step equals PyTorch's step for
+ * step, falls, and the parameters after the last step agree. */
+TEST(lstm_lm_sgd_matches_pytorch_step_for_step_f64) {
+    ref_file *r = ref_open(fg_test_path("ref/rnn_ref.bin"));
+    CHECK(r != NULL);
+    if (!r) return;
+    const ref_array *cfg = ref_get(r, "lm.setup"), *rl = ref_get(r, "lm.loss");
+    CHECK(cfg && rl);
+    if (!cfg || !rl) return;
+    fg_lstm_lm_config c = {.vocab = (int64_t)ref_at(cfg, 0),
+                           .embd = (int64_t)ref_at(cfg, 1),
+                           .hidden = (int64_t)ref_at(cfg, 2),
+                           .layers = (int64_t)ref_at(cfg, 3),
+                           .dtype = FG_F64};
+    double lr = ref_at(cfg, 4);
+    int steps = (int)ref_at(cfg, 5);
+    fg_module *m = fg_lstm_lm_new(&c);
+    CHECK(m != NULL);
+    if (!m) return;
+    CHECK(strcmp(fg_module_param_name(m, 0), "embedding.weight") == 0);
+    CHECK(strcmp(fg_module_param_name(m, fg_module_num_params(m) - 1), "fc.bias") == 0);
+    CHECK(load_params(m, r, "lm") == fg_module_num_params(m));
+    fg_tensor *x = from_ref(ref_get(r, "lm.x"), false), *t = from_ref(ref_get(r, "lm.t"), false);
+    double worst = 0, first = 0, last = 0;
+    for (int s = 0; s < steps; s++) {
+        fg_module_zero_grad(m);
+        fg_tensor *loss = fg_cross_entropy(fg_module_forward(m, x), t, -100);
+        CHECK_MSG(loss != NULL, "step %d: %s", s, fg_last_error());
+        if (!loss) break;
+        CHECK_OK(fg_backward(loss));
+        double l = fg_item(loss);
+        worst = fmax(worst, fabs(l - ref_at(rl, s)));
+        if (s == 0) first = l;
+        last = l;
+        double *p = fg_tensor_data(fg_module_flat_params(m));
+        const double *g = fg_tensor_data(fg_module_flat_grads(m));
+        for (int64_t i = 0; i < fg_module_numel(m); i++) p[i] -= lr * g[i];
+        fg_step_reset();
+    }
+    printf("  LSTM LM: loss %.6f -> %.6f in %d SGD steps, largest gap to PyTorch %.3g\n", first,
+           last, steps, worst);
+    CHECK(worst < 1e-12);
+    CHECK(last < first - 0.25);
+    int bad = 0;
+    for (int64_t i = 0; i < fg_module_num_params(m); i++) {
+        char k[160];
+        snprintf(k, sizeof k, "final.%s", fg_module_param_name(m, i));
+        bad += compare(fg_module_param(m, i), opt(r, "lm", k), 1e-11, 1e-13, &worst) != 0;
+    }
+    CHECK(bad == 0);
+    fg_module_free(m);
+    fg_tensor_free(x);
+    fg_tensor_free(t);
+    ref_close(r);
 }

@@ -17,6 +17,11 @@ Every case <name>.<dt> (dt f32 or f64) has
         gh0, gc0;
   MHA: q, k, v (k and v absent for self-attention), kpm, mask (i32 for
         bool), y, w (the attention weights), gy, gw, gq, gk, gv.
+And lm.*: an LSTM language model (embedding -> 2-layer LSTM -> fc) trained
+by plain SGD in float64 on a short text: lm.setup [vocab, embd, hidden,
+layers, lr, steps], lm.p.<name> the initial state dict, lm.x / lm.t the
+input and target ids (B, T), lm.loss the loss before each step and
+lm.final.<name> the parameters after the last.
 """
 import os
 import sys
@@ -169,6 +174,46 @@ def main():
             put(tag, dt, "mask", mask)
             for name, t in (("y", y), ("w", w), ("gy", gy), ("gw", gw)):
                 put(tag, dt, name, t)
+
+
+    text = ("A journey of a thousand miles begins with a single step. "
+            "Fortune favours the bold; the early bird gets the worm.")
+    chars = sorted(set(text))
+    ids = torch.tensor([chars.index(ch) for ch in text], dtype=torch.int64)
+    V, Emb, Hid, Lay, lr, steps, B, T = len(chars), 5, 8, 2, 1.0, 8, 3, 16
+
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding = torch.nn.Embedding(V, Emb)
+            self.lstm = torch.nn.LSTM(Emb, Hid, num_layers=Lay, batch_first=True)
+            self.fc = torch.nn.Linear(Hid, V)
+
+        def forward(self, idx):
+            return self.fc(self.lstm(self.embedding(idx))[0])
+
+    lmod = LM().double()
+    starts = [0, 40, 80]
+    x = torch.stack([ids[s:s + T] for s in starts])
+    t = torch.stack([ids[s + 1:s + T + 1] for s in starts])
+    setup = np.array([V, Emb, Hid, Lay, lr, steps], dtype=np.float64)
+    arrays.append(("lm.setup", "f64", setup))
+    for k, v in lmod.state_dict().items():
+        arrays.append(("lm.p." + k, "f64", np_(v).copy()))
+    arrays.append(("lm.x", "i32", np_(x.to(torch.int32))))
+    arrays.append(("lm.t", "i32", np_(t.to(torch.int32))))
+    opt = torch.optim.SGD(lmod.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(lmod(x).reshape(-1, V), t.reshape(-1))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    arrays.append(("lm.loss", "f64", np.array(losses)))
+    for k, v in lmod.state_dict().items():
+        arrays.append(("lm.final." + k, "f64", np_(v)))
+    print("lm losses", losses)
 
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rnn_ref.bin")
     reffile.write(out, arrays)
