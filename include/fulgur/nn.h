@@ -381,7 +381,8 @@ FG_API fg_module *fg_gru_new(int64_t input_size, int64_t hidden_size, const fg_r
                              fg_dtype dt);
 
 /* Runs an LSTM or GRU module m: x (T, N, in) ((N, T, in) with batch_first)
- * -> output (T, N, D*H) (D = 2 bidirectional), through fg_module_forward
+ * -> output (T, N, D*H) (D = 2 bidirectional), or unbatched x (T, in) ->
+ * (T, D*H) with states (num_layers*D, H), through fg_module_forward
  * (so hooks and modes apply). h0 and (LSTM) c0 are (num_layers*D, N, H),
  * NULL for zeros (c0 is ignored by a GRU); *h_n and *c_n (each may be NULL;
  * *c_n NULL for a GRU) get the final states, (num_layers*D, N, H), layer

@@ -99,6 +99,18 @@ static fg_status check_state(const rnn_ud *u, const char *what, fg_tensor *s, in
                     (long long)want[1], (long long)want[2]);
 }
 
+static fg_tensor *rnn_run(const rnn_ud *u, fg_tensor *x, rnn_call call, bool batch_first);
+
+/* (k, H) -> (k, 1, H): the state of an unbatched input; anything else as it is */
+static fg_tensor *batch_of_one(fg_tensor *s) {
+    if (!s || fg_tensor_ndim(s) != 2) return s;
+    return fg_reshape(s, 3, (int64_t[]){fg_tensor_dim(s, 0), 1, fg_tensor_dim(s, 1)});
+}
+
+static fg_tensor *drop_batch(fg_tensor *t, int64_t d0) {
+    return fg_reshape(t, 2, (int64_t[]){d0, fg_tensor_dim(t, 2)});
+}
+
 static fg_tensor *rnn_fwd(fg_module *m, fg_tensor *x, void *ud) {
     (void)m;
     const rnn_ud *u = ud;
@@ -108,14 +120,37 @@ static fg_tensor *rnn_fwd(fg_module *m, fg_tensor *x, void *ud) {
     const char *type = u->gru ? "GRU" : "LSTM";
     fg_dtype dt = fg_tensor_dtype(u->p[0][0]);
     char b[96];
-    if (fg_tensor_ndim(x) != 3 || fg_tensor_dim(x, 2) != u->in || fg_tensor_dtype(x) != dt ||
-        fg_tensor_dim(x, 0) == 0 || fg_tensor_dim(x, 1) == 0) {
-        fg_error(FG_EINVAL, "%s: input %s: expected %s (%s, %s, %lld) with non-empty dims", type,
-                 fg_tensor_describe(x, b, sizeof b), fg_dtype_name(dt), u->batch_first ? "N" : "T",
-                 u->batch_first ? "T" : "N", (long long)u->in);
+    int nd = fg_tensor_ndim(x);
+    bool dims_ok = nd == 2 || nd == 3;
+    for (int d = 0; dims_ok && d < nd; d++) dims_ok = fg_tensor_dim(x, d) > 0;
+    if (!dims_ok || fg_tensor_dim(x, nd - 1) != u->in || fg_tensor_dtype(x) != dt) {
+        fg_error(FG_EINVAL,
+                 "%s: input %s: expected %s (%s, %s, %lld), or (T, %lld) unbatched, with "
+                 "non-empty dims",
+                 type, fg_tensor_describe(x, b, sizeof b), fg_dtype_name(dt),
+                 u->batch_first ? "N" : "T", u->batch_first ? "T" : "N", (long long)u->in,
+                 (long long)u->in);
         return NULL;
     }
-    if (u->batch_first) x = fg_transpose(x, 0, 1);
+    if (nd == 3) return rnn_run(u, x, call, u->batch_first);
+    /* unbatched (T, in), as PyTorch whatever batch_first says: a batch of one */
+    int64_t T = fg_tensor_dim(x, 0), nst = u->layers * u->dirs;
+    fg_tensor **hn_out = call.hn, **cn_out = call.cn, *hn = NULL, *cn = NULL;
+    call.h0 = batch_of_one(call.h0);
+    call.c0 = batch_of_one(call.c0);
+    call.hn = hn_out ? &hn : NULL;
+    call.cn = cn_out ? &cn : NULL;
+    fg_tensor *y = rnn_run(u, fg_reshape(x, 3, (int64_t[]){T, 1, u->in}), call, false);
+    if (!y) return NULL;
+    if (hn_out) *hn_out = drop_batch(hn, nst);
+    if (cn_out && cn) *cn_out = drop_batch(cn, nst);
+    return drop_batch(y, T);
+}
+
+static fg_tensor *rnn_run(const rnn_ud *u, fg_tensor *x, rnn_call call, bool batch_first) {
+    fg_dtype dt = fg_tensor_dtype(u->p[0][0]);
+    if (!x) return NULL;
+    if (batch_first) x = fg_transpose(x, 0, 1);
     int64_t N = fg_tensor_dim(x, 1), H = u->hidden;
     if (check_state(u, "h0", call.h0, N, dt) || (!u->gru && check_state(u, "c0", call.c0, N, dt)))
         return NULL;
@@ -138,7 +173,7 @@ static fg_tensor *rnn_fwd(fg_module *m, fg_tensor *x, void *ud) {
         y = u->dirs == 2 ? fg_cat(outs, 2, 2) : outs[0];
     }
     if (!y) goto fail;
-    if (u->batch_first) y = fg_transpose(y, 0, 1);
+    if (batch_first) y = fg_transpose(y, 0, 1);
     if (call.hn) *call.hn = fg_stack(hn, (int)nst, 0);
     if (call.cn && !u->gru) *call.cn = fg_stack(cn, (int)nst, 0);
     if (!y || (call.hn && !*call.hn) || (call.cn && !u->gru && !*call.cn)) goto fail;

@@ -209,7 +209,7 @@ TEST(lstm_gru_mha_match_pytorch_f32_f64) {
     }
     printf("  %d LSTM/GRU and %d MHA cases; largest gap f32 %.3g, f64 %.3g\n", nrnn, nmha, worst[0],
            worst[1]);
-    CHECK(nrnn == 16 && nmha == 10);
+    CHECK(nrnn == 20 && nmha == 10);
     ref_close(r);
 }
 
@@ -323,6 +323,11 @@ TEST(rnn_mha_names_init_and_errors) {
     CHECK_CONTAINS(fg_last_error(), "input");
     fg_tensor *y = fg_module_forward(m, x);
     CHECK(y && fg_tensor_dim(y, 2) == 16);
+    /* unbatched (T, in): output (T, 2H), states (layers * 2, H) */
+    fg_tensor *hn = NULL, *cn = NULL;
+    y = fg_rnn_forward(m, fg_zeros(FG_F32, 2, (int64_t[]){4, 5}), NULL, NULL, &hn, &cn);
+    CHECK(y && fg_tensor_ndim(y) == 2 && fg_tensor_dim(y, 1) == 16);
+    CHECK(hn && cn && fg_tensor_ndim(hn) == 2 && fg_tensor_dim(cn, 0) == 4);
     fg_module_free(m);
 
     m = fg_gru_new(3, 4, &(fg_rnn_opts){.no_bias = true}, FG_F64);

@@ -7,7 +7,7 @@ sizes.
 
 Every case <name>.<dt> (dt f32 or f64) has
   cfg   f64: LSTM/GRU [kind (0 LSTM, 1 GRU), input, hidden, layers,
-        bidirectional, bias, batch_first, has_h0];
+        bidirectional, bias, batch_first, has_h0, unbatched];
         MHA [2, embed_dim, heads, bias, batch_first, self, kpm, mask kind
         (0 none, 1 bool, 2 float), mask 3-d, per_head]
   p.<name>   every parameter under PyTorch's state_dict name (loaded
@@ -51,8 +51,8 @@ def main():
             v = v.to(torch.int32)
         arrays.append(("%s.%s.%s" % (tag, dt, k), kind, np_(v)))
 
-    rnns = [  # kind, input, hidden, layers, bidirectional, bias, batch_first, h0, T, N
-        (0, 5, 7, 1, 0, 1, 0, 1, 6, 3),
+    rnns = [  # kind, input, hidden, layers, bidirectional, bias, batch_first, h0, T, N (0:
+        (0, 5, 7, 1, 0, 1, 0, 1, 6, 3),  # unbatched)
         (0, 4, 3, 2, 1, 1, 1, 0, 5, 2),
         (0, 3, 5, 2, 1, 0, 0, 1, 4, 3),
         (0, 2, 4, 3, 0, 1, 1, 1, 3, 1),
@@ -60,16 +60,21 @@ def main():
         (1, 4, 3, 2, 1, 1, 1, 0, 5, 2),
         (1, 3, 5, 2, 1, 0, 0, 1, 4, 3),
         (1, 2, 4, 3, 0, 1, 1, 1, 3, 1),
+        (0, 3, 4, 2, 1, 1, 1, 1, 5, 0),
+        (1, 3, 4, 2, 1, 1, 0, 1, 5, 0),
     ]
     for ci, (kind, inp, hid, layers, bidir, bias, bf, has_h0, T, N) in enumerate(rnns):
+        unb = N == 0
         cls = torch.nn.LSTM if kind == 0 else torch.nn.GRU
         mod = cls(inp, hid, num_layers=layers, bias=bool(bias), batch_first=bool(bf),
                   bidirectional=bool(bidir))
         D = 2 if bidir else 1
         sd0 = {k: v.detach().clone().double() for k, v in mod.state_dict().items()}
-        x0 = torch.randn((N, T, inp) if bf else (T, N, inp), dtype=torch.float64)
-        h00 = torch.randn(layers * D, N, hid, dtype=torch.float64) * 0.5
-        c00 = torch.randn(layers * D, N, hid, dtype=torch.float64) * 0.5
+        xs = (T, inp) if unb else (N, T, inp) if bf else (T, N, inp)
+        hs = (layers * D, hid) if unb else (layers * D, N, hid)
+        x0 = torch.randn(xs, dtype=torch.float64)
+        h00 = torch.randn(hs, dtype=torch.float64) * 0.5
+        c00 = torch.randn(hs, dtype=torch.float64) * 0.5
         tag = "%s%d" % ("lstm" if kind == 0 else "gru", ci)
         for dt, tdt in DT.items():
             m = cls(inp, hid, num_layers=layers, bias=bool(bias), batch_first=bool(bf),
@@ -92,7 +97,7 @@ def main():
                 loss = loss + (cn * gcn).sum()
             loss.backward()
             arrays.append(("%s.%s.cfg" % (tag, dt), "f64",
-                           np.array([kind, inp, hid, layers, bidir, bias, bf, has_h0],
+                           np.array([kind, inp, hid, layers, bidir, bias, bf, has_h0, unb],
                                     dtype=np.float64)))
             for k, v in m.named_parameters():
                 put(tag, dt, "p." + k, v)
