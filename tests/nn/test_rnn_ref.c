@@ -418,3 +418,44 @@ TEST(lstm_lm_sgd_matches_pytorch_step_for_step_f64) {
     fg_tensor_free(t);
     ref_close(r);
 }
+
+/* bf16 and f16 modules (bf16-true, 16-true) run forward and backward and
+ * stay near the f32 module of the same seed (its weights rounded once). */
+TEST(lstm_gru_mha_in_bf16_f16_near_f32) {
+    fg_dtype lows[2] = {FG_BF16, FG_F16};
+    for (int k = 0; k < 2; k++)
+        for (int kind = 0; kind < 3; kind++) {
+            fg_module *m[2];
+            fg_tensor *y[2];
+            for (int j = 0; j < 2; j++) {
+                fg_dtype dt = j ? lows[k] : FG_F32;
+                fg_rnn_opts o = {.num_layers = 2, .bidirectional = true};
+                m[j] = kind == 0   ? fg_lstm_new(3, 5, &o, dt)
+                       : kind == 1 ? fg_gru_new(3, 5, &o, dt)
+                                   : fg_multihead_attention_new(6, 2, NULL, dt);
+                CHECK_OK(fg_module_set_seed(m[j], 11));
+                int64_t e = kind == 2 ? 6 : 3;
+                fg_tensor *x = fg_empty(FG_F32, 3, (int64_t[]){4, 2, e});
+                float *px = fg_tensor_data(x);
+                for (int64_t i = 0; i < fg_tensor_numel(x); i++) px[i] = (float)sin(0.7 * i);
+                y[j] = fg_module_forward(m[j], fg_cast(x, dt));
+                CHECK_MSG(y[j] != NULL, "kind %d dt %d: %s", kind, (int)dt, fg_last_error());
+                if (y[j]) CHECK_OK(fg_backward(fg_cast(fg_sum(y[j]), FG_F32)));
+            }
+            if (y[0] && y[1]) {
+                CHECK(fg_tensor_dtype(y[1]) == lows[k]);
+                double worst = 0;
+                for (int64_t i = 0; i < fg_tensor_numel(y[0]); i++)
+                    worst = fmax(worst, fabs(fg_tensor_get(y[0], i) - fg_tensor_get(y[1], i)));
+                CHECK_MSG(worst < 3e-2, "kind %d %s: largest gap %g", kind, fg_dtype_name(lows[k]),
+                          worst);
+                fg_tensor *g = fg_module_flat_grads(m[1]);
+                double gs = 0;
+                for (int64_t i = 0; i < fg_tensor_numel(g); i++) gs += fabs(fg_tensor_get(g, i));
+                CHECK(gs > 0 && isfinite(gs));
+            }
+            fg_step_reset();
+            fg_module_free(m[0]);
+            fg_module_free(m[1]);
+        }
+}
