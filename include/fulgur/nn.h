@@ -417,7 +417,9 @@ typedef struct fg_mha_args {
 } fg_mha_args;
 
 /* query (L, N, E), key and value (S, N, E) (batch first: (N, L, E), (N, S,
- * E)); self-attention passes the same tensor three times. Returns the
+ * E)), or unbatched query (L, E), key and value (S, E), key_padding_mask
+ * (S), attn_mask (L, S) or (heads, L, S), output (L, E), weights (L, S) or
+ * (heads, L, S); self-attention passes the same tensor three times. Returns the
  * output (L, N, E) (or (N, L, E)); with `weights` (need_weights) *weights
  * gets the attention probabilities (N, L, S) averaged over heads, or
  * (N, heads, L, S). Through fg_module_forward, as fg_rnn_forward; a row

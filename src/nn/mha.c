@@ -35,6 +35,20 @@ static fg_tensor *heads_of(fg_tensor *t, int64_t heads) {
     return fg_transpose(fg_reshape(t, 3, (int64_t[]){T, N * heads, E / heads}), 0, 1);
 }
 
+static fg_tensor *mha_run(const mha_ud *u, fg_tensor *const *in, mha_call c, bool batch_first);
+
+/* (T, E) -> (T, 1, E), one reshape per distinct tensor */
+static fg_status one_batch(fg_tensor **in, fg_tensor *const *orig, int64_t E) {
+    for (int i = 0; i < 3; i++) {
+        in[i] = NULL;
+        for (int j = 0; j < i; j++)
+            if (orig[j] == orig[i]) in[i] = in[j];
+        if (!in[i]) in[i] = fg_reshape(orig[i], 3, (int64_t[]){fg_tensor_dim(orig[i], 0), 1, E});
+        if (!in[i]) return fg_last_status();
+    }
+    return FG_OK;
+}
+
 static fg_tensor *mha_fwd(fg_module *m, fg_tensor *q, void *ud) {
     (void)m;
     const mha_ud *u = ud;
@@ -45,16 +59,44 @@ static fg_tensor *mha_fwd(fg_module *m, fg_tensor *q, void *ud) {
     fg_tensor *in[3] = {q, c.k, c.v};
     static const char *const what[3] = {"query", "key", "value"};
     char b[96];
+    int nd = fg_tensor_ndim(q);
     for (int i = 0; i < 3; i++)
-        if (!in[i] || fg_tensor_ndim(in[i]) != 3 || fg_tensor_dim(in[i], 2) != u->E ||
-            fg_tensor_dtype(in[i]) != dt) {
+        if (!in[i] || (nd != 2 && nd != 3) || fg_tensor_ndim(in[i]) != nd ||
+            fg_tensor_dim(in[i], nd - 1) != u->E || fg_tensor_dtype(in[i]) != dt) {
             if (!in[i]) return NULL;
-            fg_error(FG_EINVAL, "MultiheadAttention: %s %s: expected %s (%s, %lld)", what[i],
-                     fg_tensor_describe(in[i], b, sizeof b), fg_dtype_name(dt),
-                     u->batch_first ? "N, L" : "L, N", (long long)u->E);
+            fg_error(FG_EINVAL,
+                     "MultiheadAttention: %s %s: expected %s (%s, %lld), or (L, %lld) "
+                     "unbatched, as the query",
+                     what[i], fg_tensor_describe(in[i], b, sizeof b), fg_dtype_name(dt),
+                     u->batch_first ? "N, L" : "L, N", (long long)u->E, (long long)u->E);
             return NULL;
         }
-    if (u->batch_first) { /* a tensor passed twice is transposed once */
+    if (nd == 3) return mha_run(u, in, c, u->batch_first);
+    /* unbatched, as PyTorch whatever batch_first says: a batch of one */
+    fg_tensor *in3[3], *w = NULL, **w_out = c.weights;
+    if (one_batch(in3, in, u->E)) return NULL;
+    fg_tensor *kpm = c.a.key_padding_mask;
+    if (kpm && fg_tensor_ndim(kpm) == 1) {
+        c.a.key_padding_mask =
+            fg_tensor_reshape_view(kpm, 2, (int64_t[]){1, fg_tensor_dim(kpm, 0)});
+        if (!c.a.key_padding_mask) return NULL;
+    }
+    c.weights = w_out ? &w : NULL;
+    fg_tensor *y = mha_run(u, in3, c, false);
+    if (!y) return NULL;
+    if (w_out) { /* (1, [H,] L, S) -> ([H,] L, S) */
+        int wn = fg_tensor_ndim(w);
+        *w_out = fg_reshape(w, wn - 1, fg_tensor_shape(w) + 1);
+        if (!*w_out) return NULL;
+    }
+    return fg_reshape(y, 2, (int64_t[]){fg_tensor_dim(y, 0), u->E});
+}
+
+static fg_tensor *mha_run(const mha_ud *u, fg_tensor *const *in_, mha_call c, bool batch_first) {
+    fg_dtype dt = fg_tensor_dtype(u->w);
+    fg_tensor *in[3] = {in_[0], in_[1], in_[2]};
+    char b[96];
+    if (batch_first) { /* a tensor passed twice is transposed once */
         fg_tensor *orig[3] = {in[0], in[1], in[2]};
         for (int i = 0; i < 3; i++) {
             int same = -1;
@@ -128,7 +170,7 @@ static fg_tensor *mha_fwd(fg_module *m, fg_tensor *q, void *ud) {
         *c.weights = c.a.per_head_weights ? w4 : fg_mean_dim(w4, 1, false);
         if (!*c.weights) return NULL;
     }
-    return u->batch_first ? fg_transpose(y, 0, 1) : y;
+    return batch_first ? fg_transpose(y, 0, 1) : y;
 }
 
 fg_module *fg_multihead_attention_new(int64_t embed_dim, int64_t num_heads, const fg_mha_opts *o,

@@ -118,6 +118,8 @@ def main():
         (6, 3, 0, 0, 0, 0, 2, 1, 0, 3, 5, 2),
         (8, 1, 1, 0, 1, 1, 2, 0, 1, 6, 6, 3),
         (9, 3, 1, 1, 1, 0, 1, 1, 1, 4, 4, 2),
+        (6, 2, 1, 1, 0, 1, 1, 1, 1, 3, 4, 0),  # N 0: unbatched
+        (4, 2, 1, 0, 1, 0, 2, 0, 0, 5, 5, 0),
     ]
     for ci, (E, H, bias, bf, self_, kpm_on, mk, m3, per_head, L, S, N) in enumerate(mhas):
         if self_:
@@ -130,18 +132,22 @@ def main():
                     v.copy_(torch.randn(v.shape) * 0.3)
         sd0 = {k: v.detach().clone().double() for k, v in mod.state_dict().items()}
 
+        unb = N == 0
+
         def shp(T):
-            return (N, T, E) if bf else (T, N, E)
+            return (T, E) if unb else (N, T, E) if bf else (T, N, E)
         q0 = torch.randn(shp(L), dtype=torch.float64)
         k0 = torch.randn(shp(S), dtype=torch.float64)
         v0 = torch.randn(shp(S), dtype=torch.float64)
         kpm = None
         if kpm_on:
-            kpm = torch.zeros(N, S, dtype=torch.bool)
+            kpm = torch.zeros(max(N, 1), S, dtype=torch.bool)
             kpm[0, -1] = True
-            kpm[N - 1, 1] = True
-            kpm[N - 1, -2] = True
-        mshape = (N * H, L, S) if m3 else (L, S)
+            kpm[max(N, 1) - 1, 1] = True
+            kpm[max(N, 1) - 1, -2] = True
+            if unb:
+                kpm = kpm[0]
+        mshape = (max(N, 1) * H, L, S) if m3 else (L, S)
         mask0 = None
         if mk == 1:
             mask0 = torch.rand(mshape) < 0.3
