@@ -360,8 +360,10 @@ FG_API fg_status fg_sequential_append(fg_module *seq, fg_module *child);
 /* ------------------------------------------------- recurrent and attention */
 
 /* torch.nn.LSTM / torch.nn.GRU(input_size, hidden_size, num_layers, bias,
- * batch_first, bidirectional); dropout between layers and proj_size are
- * not supported. Parameters, per layer k and direction (suffix "" then
+ * batch_first, bidirectional, dropout); proj_size is not supported.
+ * Dropout between layers is a child Dropout module named "dropout" (no
+ * parameters; its masks are fulgur's, not PyTorch's). Parameters, per layer k and direction (suffix
+ * "" then
  * "_reverse"), in PyTorch's order: weight_ih_l{k} (G*H, in), weight_hh_l{k}
  * (G*H, H), bias_ih_l{k} (G*H), bias_hh_l{k} (G*H) with G = 4 (gates i, f,
  * g, o) for LSTM, 3 (r, z, n) for GRU; in = input_size for layer 0, H (or
@@ -372,6 +374,7 @@ typedef struct fg_rnn_opts {
     bool no_bias;       /* bias=False */
     bool batch_first;   /* x and output (N, T, .) instead of (T, N, .) */
     bool bidirectional;
+    double dropout; /* on the outputs of every layer but the last, in training mode; in [0, 1) */
 } fg_rnn_opts;
 
 /* NULL options: PyTorch's defaults. */

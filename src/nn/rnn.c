@@ -18,6 +18,7 @@ typedef struct rnn_ud {
     bool batch_first, bias;
     /* [layer * dirs + dir][0..3]: w_ih, w_hh, b_ih, b_hh */
     fg_tensor *(*p)[4];
+    fg_module *drop; /* the child "dropout" between layers, or NULL */
 } rnn_ud;
 
 static void rnn_ud_free(void *v) {
@@ -171,6 +172,7 @@ static fg_tensor *rnn_run(const rnn_ud *u, fg_tensor *x, rnn_call call, bool bat
             cn[k] = c;
         }
         y = u->dirs == 2 ? fg_cat(outs, 2, 2) : outs[0];
+        if (u->drop && l + 1 < u->layers && y) y = fg_module_forward(u->drop, y);
     }
     if (!y) goto fail;
     if (batch_first) y = fg_transpose(y, 0, 1);
@@ -188,9 +190,11 @@ static fg_module *rnn_new(bool gru, int64_t in, int64_t hidden, const fg_rnn_opt
     const char *type = gru ? "GRU" : "LSTM";
     fg_rnn_opts op = o ? *o : (fg_rnn_opts){0};
     int64_t layers = op.num_layers ? op.num_layers : 1;
-    if (in <= 0 || hidden <= 0 || layers < 1) {
-        fg_error(FG_EINVAL, "%s: input_size %lld, hidden_size %lld, num_layers %lld: expected > 0",
-                 type, (long long)in, (long long)hidden, (long long)layers);
+    if (in <= 0 || hidden <= 0 || layers < 1 || !(op.dropout >= 0 && op.dropout < 1)) {
+        fg_error(FG_EINVAL,
+                 "%s: input_size %lld, hidden_size %lld, num_layers %lld, dropout %g: expected "
+                 "sizes > 0 and dropout in [0, 1)",
+                 type, (long long)in, (long long)hidden, (long long)layers, op.dropout);
         return NULL;
     }
     if (fg__model_dtype(dt, type, &dt) != FG_OK) return NULL;
@@ -232,6 +236,13 @@ static fg_module *rnn_new(bool gru, int64_t in, int64_t hidden, const fg_rnn_opt
                 }
             }
         }
+    if (op.dropout > 0 && layers > 1) {
+        u->drop = fg_dropout_new(op.dropout);
+        if (fg_module_add_child(m, "dropout", u->drop) != FG_OK) { /* the child is consumed */
+            fg_module_free(m);
+            return NULL;
+        }
+    }
     return m;
 }
 

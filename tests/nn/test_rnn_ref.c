@@ -468,3 +468,46 @@ TEST(lstm_gru_mha_in_bf16_f16_near_f32) {
             fg_module_free(m[1]);
         }
 }
+
+/* dropout between layers: a child Dropout (no parameters, PyTorch's names
+ * unchanged), identity in evaluation mode, the same masks from the same
+ * seed, and none after the last layer (a 1-layer module has no child). */
+TEST(rnn_dropout_between_layers) {
+    fg_rnn_opts o = {.num_layers = 2, .dropout = 0.5};
+    fg_module *a = fg_lstm_new(3, 6, &o, FG_F64), *b = fg_lstm_new(3, 6, &o, FG_F64);
+    o.dropout = 0;
+    fg_module *plain = fg_lstm_new(3, 6, &o, FG_F64);
+    fg_module *m[3] = {a, b, plain};
+    for (int i = 0; i < 3; i++) CHECK_OK(fg_module_set_seed(m[i], 5));
+    CHECK(fg_module_num_params(a) == 8 && fg_module_num_children(a) == 1);
+    CHECK(fg_module_num_children(plain) == 0);
+    CHECK(strcmp(fg_module_type(fg_module_child(a, "dropout")), "Dropout") == 0);
+    fg_tensor *x = fg_empty(FG_F64, 3, (int64_t[]){5, 2, 3});
+    for (int64_t i = 0; i < 30; i++) ((double *)fg_tensor_data(x))[i] = cos(0.3 * (double)i);
+    fg_tensor *ya = fg_module_forward(a, x), *yb = fg_module_forward(b, x);
+    fg_tensor *yp = fg_module_forward(plain, x);
+    CHECK(ya && yb && yp);
+    if (!ya || !yb || !yp) return;
+    double dab = 0, dap = 0;
+    for (int64_t i = 0; i < fg_tensor_numel(ya); i++) {
+        dab = fmax(dab, fabs(fg_tensor_get(ya, i) - fg_tensor_get(yb, i)));
+        dap = fmax(dap, fabs(fg_tensor_get(ya, i) - fg_tensor_get(yp, i)));
+    }
+    CHECK(dab == 0); /* same seed, same masks */
+    CHECK(dap > 1e-3);
+    CHECK_OK(fg_backward(fg_sum(ya)));
+    fg_module_train(a, false);
+    fg_tensor *ye = fg_module_forward(a, x);
+    double dep = 0;
+    for (int64_t i = 0; ye && i < fg_tensor_numel(ye); i++)
+        dep = fmax(dep, fabs(fg_tensor_get(ye, i) - fg_tensor_get(yp, i)));
+    CHECK(ye && dep == 0);
+    fg_module *one = fg_gru_new(3, 6, &(fg_rnn_opts){.dropout = 0.3}, FG_F32);
+    CHECK(one && fg_module_num_children(one) == 0);
+    CHECK(fg_gru_new(3, 6, &(fg_rnn_opts){.dropout = 1.0}, FG_F32) == NULL);
+    CHECK_CONTAINS(fg_last_error(), "dropout 1");
+    fg_step_reset();
+    for (int i = 0; i < 3; i++) fg_module_free(m[i]);
+    fg_module_free(one);
+    fg_tensor_free(x);
+}
