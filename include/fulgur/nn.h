@@ -390,8 +390,9 @@ FG_API fg_module *fg_gru_new(int64_t input_size, int64_t hidden_size, const fg_r
  * NULL for zeros (c0 is ignored by a GRU); *h_n and *c_n (each may be NULL;
  * *c_n NULL for a GRU) get the final states, (num_layers*D, N, H), layer
  * by layer, forward before reverse, as PyTorch. fg_module_forward(m, x) is
- * this call with zero states that returns the output alone. Not under
- * activation checkpointing (its recompute would start from zero states). */
+ * this call with zero states that returns the output alone, and the only
+ * one under activation checkpointing (which carries one input): there this
+ * call is FG_EUNSUPPORTED. */
 FG_API fg_tensor *fg_rnn_forward(fg_module *m, fg_tensor *x, fg_tensor *h0, fg_tensor *c0,
                                  fg_tensor **h_n, fg_tensor **c_n);
 
@@ -427,7 +428,8 @@ typedef struct fg_mha_args {
  * gets the attention probabilities (N, L, S) averaged over heads, or
  * (N, heads, L, S). Through fg_module_forward, as fg_rnn_forward; a row
  * with every key masked gives NaN, as PyTorch. fg_module_forward(m, x) is
- * self-attention of x without masks. */
+ * self-attention of x without masks, the only call under activation
+ * checkpointing (this one is FG_EUNSUPPORTED there). */
 FG_API fg_tensor *fg_mha_forward(fg_module *m, fg_tensor *query, fg_tensor *key, fg_tensor *value,
                                  const fg_mha_args *a, fg_tensor **weights);
 

@@ -223,6 +223,13 @@ fg_tensor *fg_mha_forward(fg_module *m, fg_tensor *query, fg_tensor *key, fg_ten
                       key ? "value" : "key");
         return NULL;
     }
+    if (m->checkpoint) { /* fg_checkpoint carries one input and recomputes without the rest */
+        fg_error(FG_EUNSUPPORTED,
+                 "%s: module %s runs under activation checkpointing, which carries its input "
+                 "alone: call fg_module_forward, or turn checkpointing off for it",
+                 "mha_forward", m->type);
+        return NULL;
+    }
     fg_tensor *w = NULL;
     tl_call = (mha_call){.armed = true, .k = key, .v = value, .weights = weights ? &w : NULL};
     if (a) tl_call.a = *a;

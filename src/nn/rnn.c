@@ -262,6 +262,13 @@ fg_tensor *fg_rnn_forward(fg_module *m, fg_tensor *x, fg_tensor *h0, fg_tensor *
         fg_error(FG_EINVAL, "rnn_forward: module %s is not an LSTM or GRU", m ? m->type : "NULL");
         return NULL;
     }
+    if (m->checkpoint) { /* fg_checkpoint carries one input and recomputes without the rest */
+        fg_error(FG_EUNSUPPORTED,
+                 "%s: module %s runs under activation checkpointing, which carries its input "
+                 "alone: call fg_module_forward, or turn checkpointing off for it",
+                 "rnn_forward", m->type);
+        return NULL;
+    }
     tl_call = (rnn_call){.armed = true, .h0 = h0, .c0 = c0, .hn = NULL, .cn = NULL};
     fg_tensor *hn = NULL, *cn = NULL;
     tl_call.hn = &hn;

@@ -323,6 +323,14 @@ TEST(rnn_mha_names_init_and_errors) {
     CHECK_CONTAINS(fg_last_error(), "input");
     fg_tensor *y = fg_module_forward(m, x);
     CHECK(y && fg_tensor_dim(y, 2) == 16);
+    /* under activation checkpointing only the one-input call runs */
+    CHECK_OK(fg_module_set_activation_checkpointing(m, "LSTM", true, NULL));
+    CHECK(fg_rnn_forward(m, x, NULL, NULL, NULL, NULL) == NULL);
+    CHECK(fg_last_status() == FG_EUNSUPPORTED);
+    CHECK_CONTAINS(fg_last_error(), "activation checkpointing");
+    fg_tensor *yc = fg_module_forward(m, x);
+    CHECK(yc && fg_tensor_get(yc, 7) == fg_tensor_get(y, 7));
+    CHECK_OK(fg_module_set_activation_checkpointing(m, "LSTM", false, NULL));
     /* unbatched (T, in): output (T, 2H), states (layers * 2, H) */
     fg_tensor *hn = NULL, *cn = NULL;
     y = fg_rnn_forward(m, fg_zeros(FG_F32, 2, (int64_t[]){4, 5}), NULL, NULL, &hn, &cn);
