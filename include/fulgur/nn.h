@@ -397,13 +397,16 @@ FG_API fg_tensor *fg_rnn_forward(fg_module *m, fg_tensor *x, fg_tensor *h0, fg_t
                                  fg_tensor **h_n, fg_tensor **c_n);
 
 /* torch.nn.MultiheadAttention(embed_dim, num_heads, bias, batch_first),
- * kdim = vdim = embed_dim, no dropout, no add_bias_kv / add_zero_attn.
+ * kdim = vdim = embed_dim, dropout (a child Dropout module "dropout" on
+ * the attention weights, which are returned after it as PyTorch 1.13
+ * returns them; fulgur's masks), no add_bias_kv / add_zero_attn.
  * Parameters in_proj_weight (3E, E) (xavier_uniform), in_proj_bias (3E)
  * (0), out_proj.weight (E, E) (Linear's init), out_proj.bias (E) (0); the
  * biases only with bias. Not causal: masks say what is not attended. */
 typedef struct fg_mha_opts {
     bool no_bias;     /* bias=False */
     bool batch_first; /* (N, L, E) instead of (L, N, E) */
+    double dropout;   /* on the attention weights in training mode, in [0, 1) */
 } fg_mha_opts;
 
 FG_API fg_module *fg_multihead_attention_new(int64_t embed_dim, int64_t num_heads,

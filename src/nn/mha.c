@@ -16,6 +16,7 @@ typedef struct mha_ud {
     bool batch_first;
     fg_tensor *w, *b; /* in_proj_weight, in_proj_bias (NULL without bias) */
     fg_module *out_proj;
+    fg_module *drop; /* the child "dropout" on the attention weights, or NULL */
 } mha_ud;
 
 typedef struct mha_call {
@@ -161,7 +162,8 @@ static fg_tensor *mha_run(const mha_ud *u, fg_tensor *const *in_, mha_call c, bo
         scores = fg_reshape(fg_masked_fill(s4, k4, -INFINITY), 3, (int64_t[]){N * H, L, S});
     }
     fg_tensor *attn = fg_softmax_dim(scores, -1);
-    fg_tensor *o = fg_matmul(attn, proj[2]); /* (N*H, L, hd) */
+    if (u->drop && attn) attn = fg_module_forward(u->drop, attn); /* the weights returned too */
+    fg_tensor *o = fg_matmul(attn, proj[2]);                      /* (N*H, L, hd) */
     o = fg_reshape(fg_transpose(o, 0, 1), 3, (int64_t[]){L, N, E});
     fg_tensor *y = fg_module_forward(u->out_proj, o);
     if (!y) return NULL;
@@ -175,15 +177,16 @@ static fg_tensor *mha_run(const mha_ud *u, fg_tensor *const *in_, mha_call c, bo
 
 fg_module *fg_multihead_attention_new(int64_t embed_dim, int64_t num_heads, const fg_mha_opts *o,
                                       fg_dtype dt) {
-    if (embed_dim <= 0 || num_heads <= 0 || embed_dim % num_heads) {
+    fg_mha_opts op = o ? *o : (fg_mha_opts){0};
+    if (embed_dim <= 0 || num_heads <= 0 || embed_dim % num_heads ||
+        !(op.dropout >= 0 && op.dropout < 1)) {
         fg_error(FG_EINVAL,
-                 "MultiheadAttention: embed_dim %lld, num_heads %lld: expected > 0 and embed_dim "
-                 "divisible by num_heads",
-                 (long long)embed_dim, (long long)num_heads);
+                 "MultiheadAttention: embed_dim %lld, num_heads %lld, dropout %g: expected > 0, "
+                 "embed_dim divisible by num_heads and dropout in [0, 1)",
+                 (long long)embed_dim, (long long)num_heads, op.dropout);
         return NULL;
     }
     if (fg__model_dtype(dt, "MultiheadAttention", &dt) != FG_OK) return NULL;
-    fg_mha_opts op = o ? *o : (fg_mha_opts){0};
     mha_ud *u = fg_calloc(1, sizeof *u);
     fg_module *m = u ? fg_module_new("MultiheadAttention", mha_fwd, u, fg_free) : NULL;
     if (!m) return NULL;
@@ -206,6 +209,13 @@ fg_module *fg_multihead_attention_new(int64_t embed_dim, int64_t num_heads, cons
     if (!out || fg_module_add_child(m, "out_proj", out) != FG_OK) { /* out consumed */
         fg_module_free(m);
         return NULL;
+    }
+    if (op.dropout > 0) {
+        u->drop = fg_dropout_new(op.dropout);
+        if (fg_module_add_child(m, "dropout", u->drop) != FG_OK) { /* the child is consumed */
+            fg_module_free(m);
+            return NULL;
+        }
     }
     return m;
 }

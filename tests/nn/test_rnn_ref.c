@@ -519,3 +519,42 @@ TEST(rnn_dropout_between_layers) {
     fg_module_free(one);
     fg_tensor_free(x);
 }
+
+/* MHA's dropout on the attention weights: a child Dropout, identity in
+ * evaluation mode, and in training some weights are zero and the rest
+ * scaled by 1 / (1 - p) (the weights returned after dropout, as PyTorch). */
+TEST(mha_dropout_on_attention_weights) {
+    fg_module *m = fg_multihead_attention_new(4, 2, &(fg_mha_opts){.dropout = 0.5}, FG_F64);
+    fg_module *plain = fg_multihead_attention_new(4, 2, NULL, FG_F64);
+    CHECK_OK(fg_module_set_seed(m, 3));
+    CHECK_OK(fg_module_set_seed(plain, 3));
+    CHECK(fg_module_num_params(m) == 4 && fg_module_num_children(m) == 2);
+    fg_tensor *q = fg_empty(FG_F64, 3, (int64_t[]){5, 2, 4});
+    for (int64_t i = 0; i < 40; i++) ((double *)fg_tensor_data(q))[i] = sin(0.9 * (double)i);
+    fg_tensor *w = NULL, *wp = NULL;
+    fg_mha_args ph = {.per_head_weights = true};
+    fg_tensor *y = fg_mha_forward(m, q, q, q, &ph, &w);
+    fg_tensor *yp = fg_mha_forward(plain, q, q, q, &ph, &wp);
+    CHECK(y && yp && w && wp);
+    if (!w || !wp) return;
+    int zeros = 0, scaled = 0;
+    for (int64_t i = 0; i < fg_tensor_numel(w); i++) {
+        double a = fg_tensor_get(w, i), b = fg_tensor_get(wp, i);
+        if (a == 0) zeros++;
+        else if (fabs(a - 2 * b) < 1e-12) scaled++;
+    }
+    CHECK(zeros > 0 && scaled > 0 && zeros + scaled == fg_tensor_numel(w));
+    CHECK_OK(fg_backward(fg_sum(y)));
+    fg_module_train(m, false);
+    fg_tensor *ye = fg_mha_forward(m, q, q, q, NULL, NULL);
+    double d = 0;
+    for (int64_t i = 0; ye && i < fg_tensor_numel(ye); i++)
+        d = fmax(d, fabs(fg_tensor_get(ye, i) - fg_tensor_get(yp, i)));
+    CHECK(ye && d == 0);
+    CHECK(fg_multihead_attention_new(4, 2, &(fg_mha_opts){.dropout = -0.1}, FG_F32) == NULL);
+    CHECK_CONTAINS(fg_last_error(), "dropout -0.1");
+    fg_step_reset();
+    fg_module_free(m);
+    fg_module_free(plain);
+    fg_tensor_free(q);
+}
