@@ -1,6 +1,7 @@
 /* fulgur nn: modules, a tree of named modules with parameters and buffers,
  * and the built-in layers and models (Linear, Embedding, LayerNorm, Dropout,
- * GELU, ReLU, MLP, GPT).
+ * GELU, ReLU, the CNN layers, LSTM, GRU, MultiheadAttention, MLP, GPT, the
+ * LSTM language model).
  *
  * Names. A parameter's name is the dotted path from the root, as PyTorch's
  * named_parameters() gives it ("transformer.h.0.attn.c_attn.weight"), and
