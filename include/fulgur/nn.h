@@ -1,6 +1,7 @@
 /* fulgur nn: modules, a tree of named modules with parameters and buffers,
  * and the built-in layers and models (Linear, Embedding, LayerNorm, Dropout,
- * GELU, ReLU, MLP, GPT).
+ * GELU, ReLU, the CNN layers, LSTM, GRU, MultiheadAttention, MLP, GPT, the
+ * LSTM language model).
  *
  * Names. A parameter's name is the dotted path from the root, as PyTorch's
  * named_parameters() gives it ("transformer.h.0.attn.c_attn.weight"), and
@@ -356,6 +357,100 @@ FG_API fg_module *fg_batch_norm1d_new(int64_t num_features, double eps, double m
  * not a Sequential (child freed). */
 FG_API fg_module *fg_sequential_new(void);
 FG_API fg_status fg_sequential_append(fg_module *seq, fg_module *child);
+
+/* ------------------------------------------------- recurrent and attention */
+
+/* torch.nn.LSTM / torch.nn.GRU(input_size, hidden_size, num_layers, bias,
+ * batch_first, bidirectional, dropout); proj_size is not supported.
+ * Dropout between layers is a child Dropout module named "dropout" (no
+ * parameters; its masks are fulgur's, not PyTorch's). Parameters, per layer k and direction (suffix
+ * "" then
+ * "_reverse"), in PyTorch's order: weight_ih_l{k} (G*H, in), weight_hh_l{k}
+ * (G*H, H), bias_ih_l{k} (G*H), bias_hh_l{k} (G*H) with G = 4 (gates i, f,
+ * g, o) for LSTM, 3 (r, z, n) for GRU; in = input_size for layer 0, H (or
+ * 2H bidirectional) after. All U(-1/sqrt(H), 1/sqrt(H)) as PyTorch. GRU's
+ * n = tanh(W_in x + b_in + r * (W_hn h + b_hn)), h' = (1 - z) n + z h. */
+typedef struct fg_rnn_opts {
+    int64_t num_layers; /* 0 means 1 */
+    bool no_bias;       /* bias=False */
+    bool batch_first;   /* x and output (N, T, .) instead of (T, N, .) */
+    bool bidirectional;
+    double dropout; /* on the outputs of every layer but the last, in training mode; in [0, 1) */
+} fg_rnn_opts;
+
+/* NULL options: PyTorch's defaults. */
+FG_API fg_module *fg_lstm_new(int64_t input_size, int64_t hidden_size, const fg_rnn_opts *o,
+                              fg_dtype dt);
+FG_API fg_module *fg_gru_new(int64_t input_size, int64_t hidden_size, const fg_rnn_opts *o,
+                             fg_dtype dt);
+
+/* Runs an LSTM or GRU module m: x (T, N, in) ((N, T, in) with batch_first)
+ * -> output (T, N, D*H) (D = 2 bidirectional), or unbatched x (T, in) ->
+ * (T, D*H) with states (num_layers*D, H), through fg_module_forward
+ * (so hooks and modes apply). h0 and (LSTM) c0 are (num_layers*D, N, H),
+ * NULL for zeros (c0 is ignored by a GRU); *h_n and *c_n (each may be NULL;
+ * *c_n NULL for a GRU) get the final states, (num_layers*D, N, H), layer
+ * by layer, forward before reverse, as PyTorch. fg_module_forward(m, x) is
+ * this call with zero states that returns the output alone, and the only
+ * one under activation checkpointing (which carries one input): there this
+ * call is FG_EUNSUPPORTED. */
+FG_API fg_tensor *fg_rnn_forward(fg_module *m, fg_tensor *x, fg_tensor *h0, fg_tensor *c0,
+                                 fg_tensor **h_n, fg_tensor **c_n);
+
+/* torch.nn.MultiheadAttention(embed_dim, num_heads, bias, batch_first),
+ * kdim = vdim = embed_dim, dropout (a child Dropout module "dropout" on
+ * the attention weights, which are returned after it as PyTorch 1.13
+ * returns them; fulgur's masks), no add_bias_kv / add_zero_attn.
+ * Parameters in_proj_weight (3E, E) (xavier_uniform), in_proj_bias (3E)
+ * (0), out_proj.weight (E, E) (Linear's init), out_proj.bias (E) (0); the
+ * biases only with bias. Not causal: masks say what is not attended. */
+typedef struct fg_mha_opts {
+    bool no_bias;     /* bias=False */
+    bool batch_first; /* (N, L, E) instead of (L, N, E) */
+    double dropout;   /* on the attention weights in training mode, in [0, 1) */
+} fg_mha_opts;
+
+FG_API fg_module *fg_multihead_attention_new(int64_t embed_dim, int64_t num_heads,
+                                             const fg_mha_opts *o, fg_dtype dt);
+
+/* The call's arguments (all optional; zero is PyTorch's default):
+ *   key_padding_mask (N, S), u8 or i32, nonzero = that key is ignored;
+ *   attn_mask (L, S) or (N*heads, L, S): u8 / i32 (nonzero = not attended)
+ *     or float, added to the scores;
+ *   per_head_weights: average_attn_weights=False. */
+typedef struct fg_mha_args {
+    fg_tensor *key_padding_mask;
+    fg_tensor *attn_mask;
+    bool per_head_weights;
+} fg_mha_args;
+
+/* query (L, N, E), key and value (S, N, E) (batch first: (N, L, E), (N, S,
+ * E)), or unbatched query (L, E), key and value (S, E), key_padding_mask
+ * (S), attn_mask (L, S) or (heads, L, S), output (L, E), weights (L, S) or
+ * (heads, L, S); self-attention passes the same tensor three times. Returns the
+ * output (L, N, E) (or (N, L, E)); with `weights` (need_weights) *weights
+ * gets the attention probabilities (N, L, S) averaged over heads, or
+ * (N, heads, L, S). Through fg_module_forward, as fg_rnn_forward; a row
+ * with every key masked gives NaN, as PyTorch. fg_module_forward(m, x) is
+ * self-attention of x without masks, the only call under activation
+ * checkpointing (this one is FG_EUNSUPPORTED there). */
+FG_API fg_tensor *fg_mha_forward(fg_module *m, fg_tensor *query, fg_tensor *key, fg_tensor *value,
+                                 const fg_mha_args *a, fg_tensor **weights);
+
+/* An LSTM language model: embedding (vocab, embd) (N(0, 1)), lstm (embd ->
+ * hidden, `layers` layers, batch_first), fc (hidden -> vocab, Linear's
+ * init), so the parameters are embedding.weight, lstm.weight_ih_l0, ...,
+ * fc.weight, fc.bias, the state dict of the PyTorch module with those three
+ * attributes. Forward: idx i32 (B, T) -> logits (B, T, vocab), from zero
+ * states. Built and finalized (seed 0: fg_default_seed()). */
+typedef struct fg_lstm_lm_config {
+    int64_t vocab, embd, hidden;
+    int64_t layers; /* 0 means 1 */
+    uint64_t seed;
+    fg_dtype dtype; /* FG_F32 (0) or FG_F64 */
+} fg_lstm_lm_config;
+
+FG_API fg_module *fg_lstm_lm_new(const fg_lstm_lm_config *c);
 
 /* -------------------------------------------------------------------- MLP */
 
