@@ -118,6 +118,15 @@ static double resident(const fg_tensor *t) {
     return r;
 }
 
+/* v's maximum over the ranks; the first failed reduce is kept in *bad
+ * (the figures are then not printed) */
+static double max_over(fg_fabric *f, double v, fg_status *bad) {
+    double out = v;
+    fg_status s = fg_fabric_reduce_scalar(f, v, FG_MAX, &out);
+    if (s != FG_OK && *bad == FG_OK) *bad = s;
+    return out;
+}
+
 static int run(fg_fabric *f, void *arg) {
     args *a = arg;
     fg_set_num_threads(a->threads);
@@ -181,17 +190,17 @@ static int run(fg_fabric *f, void *arg) {
             st += (double)fg_tensor_numel(fg_optimizer_state(opt, k)) * sizeof(float);
         if (st > state) state = st;
     }
-    double cpu_ms = fg_fabric_reduce_scalar(f, (cpu_seconds() - cpu0) * 1e3 / a->steps, FG_MAX);
+    fg_status bad = FG_OK;
+    double cpu_ms = max_over(f, (cpu_seconds() - cpu0) * 1e3 / a->steps, &bad);
     qsort(times + a->warmup, (size_t)a->steps, sizeof *times, cmp_double);
-    double ms = fg_fabric_reduce_scalar(f, times[a->warmup + a->steps / 2] * 1e3, FG_MAX);
-    double train_peak = fg_fabric_reduce_scalar(f, status_bytes("VmHWM"), FG_MAX);
-    double all_peak =
-        fg_fabric_reduce_scalar(f, setup_peak > train_peak ? setup_peak : train_peak, FG_MAX);
-    state = fg_fabric_reduce_scalar(f, state, FG_MAX);
+    double ms = max_over(f, times[a->warmup + a->steps / 2] * 1e3, &bad);
+    double train_peak = max_over(f, status_bytes("VmHWM"), &bad);
+    double all_peak = max_over(f, setup_peak > train_peak ? setup_peak : train_peak, &bad);
+    state = max_over(f, state, &bad);
     int64_t P = fg_module_numel(model);
     int N = fg_fabric_world_size(f);
-    double base_max = fg_fabric_reduce_scalar(f, base, FG_MAX);
-    if (fg_fabric_is_global_zero(f))
+    double base_max = max_over(f, base, &bad);
+    if (bad == FG_OK && fg_fabric_is_global_zero(f))
         printf("{\"strategy\": \"%s%s\", \"ranks\": %d, \"params\": %lld, \"ms_per_step\": %.1f, "
                "\"steps_per_s\": %.3f, \"peak_rss_mb\": %.1f, \"peak_rss_train_mb\": %.1f, "
                "\"model_state_mb\": %.1f, \"ideal_mb\": %.1f, \"ddp_state_mb\": %.1f, "
@@ -204,15 +213,15 @@ static int run(fg_fabric *f, void *arg) {
         g_stop = 1;
         pthread_join(th, NULL);
         for (int p = 0; p < PH_N; p++) {
-            double v = fg_fabric_reduce_scalar(f, g_ph_peak[p], FG_MAX);
-            double w = fg_fabric_reduce_scalar(f, g_first_peak[p], FG_MAX);
-            if (fg_fabric_is_global_zero(f))
+            double v = max_over(f, g_ph_peak[p], &bad);
+            double w = max_over(f, g_first_peak[p], &bad);
+            if (bad == FG_OK && fg_fabric_is_global_zero(f))
                 printf("  peak RSS during %-9s first step %9.1f MiB, last step %9.1f MiB\n",
                        ph_name[p], w / 1048576.0, v / 1048576.0);
         }
-        double act = fg_fabric_reduce_scalar(f, g_act_bytes, FG_MAX);
-        double ap = fg_fabric_reduce_scalar(f, g_arena_peak, FG_MAX);
-        if (fg_fabric_is_global_zero(f))
+        double act = max_over(f, g_act_bytes, &bad);
+        double ap = max_over(f, g_arena_peak, &bad);
+        if (bad == FG_OK && fg_fabric_is_global_zero(f))
             printf("  step arena: %.1f MiB after forward, %.1f MiB at its peak\n", act / 1048576.0,
                    ap / 1048576.0);
     }
@@ -221,7 +230,7 @@ static int run(fg_fabric *f, void *arg) {
     fg_tensor_free(y);
     fg_optimizer_free(opt);
     fg_module_free(model);
-    return 0;
+    return bad == FG_OK ? 0 : 1;
 }
 
 int main(int argc, char **argv) {

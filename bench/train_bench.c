@@ -230,7 +230,10 @@ static int run(fg_fabric *f, void *arg) {
     qsort(times + a->warmup, (size_t)a->steps, sizeof *times, cmp_double);
     double ms = times[a->warmup + a->steps / 2] * 1e3;
     /* the slowest rank sets the pace */
-    ms = fg_fabric_reduce_scalar(f, ms, FG_MAX);
+    if (fg_fabric_reduce_scalar(f, ms, FG_MAX, &ms) != FG_OK) {
+        fprintf(stderr, "train_bench: rank %d: %s\n", fg_fabric_global_rank(f), fg_last_error());
+        return 1;
+    }
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     double items = (double)(gpt ? B * T : B) * fg_fabric_world_size(f) * a->accumulate;

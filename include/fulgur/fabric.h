@@ -251,7 +251,12 @@ FG_API fg_status fg_fabric_all_gather(fg_fabric *f, const fg_tensor *t, fg_tenso
 FG_API fg_status fg_fabric_broadcast(fg_fabric *f, fg_tensor *t, int root);
 FG_API fg_status fg_fabric_broadcast_bytes(fg_fabric *f, void *buf, size_t n, int root);
 FG_API fg_status fg_fabric_barrier(fg_fabric *f);
-FG_API double fg_fabric_reduce_scalar(fg_fabric *f, double v, fg_reduce_op op);
+/* One double reduced over the ranks into *out (v itself on one rank).
+ * Collective. A failed all-reduce (a peer gone, the group broken) returns
+ * its status with the comm layer's message naming the peer and leaves *out
+ * alone: a failure is never a value (no NaN that would read as "don't save"
+ * or "don't stop"). */
+FG_API fg_status fg_fabric_reduce_scalar(fg_fabric *f, double v, fg_reduce_op op, double *out);
 
 /* printf on global rank 0 only, to cfg.print_to (flushed), or through the
  * log hook at FG_LOG_INFO when that is NULL: the fabric picks no stream

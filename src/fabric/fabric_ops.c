@@ -166,9 +166,11 @@ fg_status fg_fabric_broadcast_bytes(fg_fabric *f, void *buf, size_t n, int root)
 
 fg_status fg_fabric_barrier(fg_fabric *f) { return f->comm ? fg_comm_barrier(f->comm) : FG_OK; }
 
-double fg_fabric_reduce_scalar(fg_fabric *f, double v, fg_reduce_op op) {
-    if (f->comm && fg_comm_allreduce(f->comm, &v, &v, 1, FG_F64, op) != FG_OK) return NAN;
-    return v;
+fg_status fg_fabric_reduce_scalar(fg_fabric *f, double v, fg_reduce_op op, double *out) {
+    if (!out) return fg_error(FG_EINVAL, "fg_fabric_reduce_scalar: out is NULL");
+    if (f->comm) FG_TRY(fg_comm_allreduce(f->comm, &v, &v, 1, FG_F64, op));
+    *out = v;
+    return FG_OK;
 }
 
 void fg_fabric_print(fg_fabric *f, const char *fmt, ...) {

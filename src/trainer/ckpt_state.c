@@ -216,11 +216,15 @@ fg_status fg__save_checkpoint(fg_trainer *t, const char *path) {
                          .meta = sd.kv,
                          .nmeta = sd.n};
     /* one reduce: 0 a rank failed, 1 a rank's weights are not all finite, 2 */
-    double ok = fg_fabric_reduce_scalar(t->f,
-                                        s != FG_OK              ? 0
-                                        : fg__weights_finite(t) ? 2
-                                                                : 1,
-                                        FG_MIN);
+    double ok = 0;
+    fg_status rs = fg_fabric_reduce_scalar(t->f,
+                                           s != FG_OK              ? 0
+                                           : fg__weights_finite(t) ? 2
+                                                                   : 1,
+                                           FG_MIN, &ok);
+    /* a failed reduce is the error (unless this rank failed first): never
+     * read as "another rank failed" */
+    if (s == FG_OK && rs != FG_OK) s = fg_error_wrap(rs, "save_checkpoint %s", path);
     if (s == FG_OK && ok < 1)
         s = fg_error(FG_EPEER, "save_checkpoint %s: another rank failed before the save", path);
     if (s == FG_OK) s = fg_fabric_save(t->f, path, &st);

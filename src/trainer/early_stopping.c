@@ -66,7 +66,10 @@ static fg_status run_check(es_cb *c, fg_trainer *t) {
         stop = true;
     }
     /* any rank stopping stops every rank */
-    stop = fg_fabric_reduce_scalar(fg_trainer_fabric(t), stop ? 1 : 0, FG_MAX) == 1;
+    double any = 0;
+    fg_status s = fg_fabric_reduce_scalar(fg_trainer_fabric(t), stop ? 1 : 0, FG_MAX, &any);
+    if (s != FG_OK) return fg_error_wrap(s, "EarlyStopping(monitor=%s)", c->monitor);
+    stop = any == 1;
     if (stop) {
         fg_trainer_set_should_stop(t, true);
         c->stopped_epoch = t->current_epoch;

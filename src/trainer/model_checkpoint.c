@@ -283,7 +283,10 @@ static fg_status save_topk(ckpt_cb *c, fg_trainer *t) {
     if (!take) {
         take = better(c, current, c->kth_value);
         /* every rank must agree (Lightning's reduce_boolean_decision) */
-        take = fg_fabric_reduce_scalar(fg_trainer_fabric(t), take ? 1 : 0, FG_MIN) == 1;
+        double all = 0;
+        fg_status s = fg_fabric_reduce_scalar(fg_trainer_fabric(t), take ? 1 : 0, FG_MIN, &all);
+        if (s != FG_OK) return fg_error_wrap(s, "ModelCheckpoint(monitor=%s)", c->monitor);
+        take = all == 1;
     }
     if (!take) return FG_OK;
     int64_t k = c->save_top_k == -1 ? c->nbest + 1 : c->save_top_k;
@@ -341,8 +344,10 @@ static fg_status link_last(ckpt_cb *c, fg_trainer *t) {
     fg_status s = FG_OK;
     if (fg_trainer_is_global_zero(t)) s = fg_st_set_last(full, slash ? slash + 1 : c->saved_now);
     /* every rank learns whether rank 0's link is in place */
-    double ok = fg_fabric_reduce_scalar(fg_trainer_fabric(t), s == FG_OK ? 1 : 0, FG_MIN);
+    double ok = 0;
+    fg_status rs = fg_fabric_reduce_scalar(fg_trainer_fabric(t), s == FG_OK ? 1 : 0, FG_MIN, &ok);
     if (s != FG_OK) return fg_error_wrap(s, "ModelCheckpoint: save_last=\"link\"");
+    if (rs != FG_OK) return fg_error_wrap(rs, "ModelCheckpoint: save_last=\"link\"");
     if (ok != 1) return fg_error(FG_EPEER, "ModelCheckpoint: rank 0 could not link %s", full);
     snprintf(c->last_path, sizeof c->last_path, "%s", full);
     return FG_OK;

@@ -166,7 +166,7 @@ fg_status fg_trainer_log(fg_trainer *t, const char *name, double value, const fg
      * synced once, combined, at the batch end (fg__results_batch_end) */
     if (sync && on_step && !t->dp) {
         static const fg_reduce_op ops[] = {FG_AVG, FG_SUM, FG_MAX, FG_MIN};
-        step_v = fg_fabric_reduce_scalar(t->f, value, ops[o.reduce_fx]);
+        FG_TRY(fg_fabric_reduce_scalar(t->f, value, ops[o.reduce_fx], &step_v));
     }
     double bs =
         (double)(o.batch_size ? o.batch_size : (fg__cur_batch_size > 0 ? fg__cur_batch_size : 1));
@@ -266,7 +266,7 @@ fg_status fg__results_batch_end(fg_trainer *t, fg__results *r, fg__metric_map *r
             v = e->reduce == FG_REDUCE_MEAN ? e->step_acc / e->step_w : e->step_acc;
         if (t->dp && e->sync && !e->rank_zero_only && fg_fabric_world_size(t->f) > 1) {
             static const fg_reduce_op ops[] = {FG_AVG, FG_SUM, FG_MAX, FG_MIN};
-            v = fg_fabric_reduce_scalar(t->f, v, ops[e->reduce]);
+            FG_TRY(fg_fabric_reduce_scalar(t->f, v, ops[e->reduce], &v));
         }
         e->step_value = v;
         FG_TRY(publish(t, e, v, true, row));
@@ -285,8 +285,9 @@ static fg_status sync_epoch(fg_trainer *t, fg__results *r, const int64_t *idx, i
         else cnt[0] += e->reduce == FG_REDUCE_MEAN ? 2 : 1;
     }
     for (int k = 0; k < 3; k++) {
-        double lo = fg_fabric_reduce_scalar(t->f, (double)cnt[k], FG_MIN);
-        double hi = fg_fabric_reduce_scalar(t->f, (double)cnt[k], FG_MAX);
+        double lo = 0, hi = 0;
+        FG_TRY(fg_fabric_reduce_scalar(t->f, (double)cnt[k], FG_MIN, &lo));
+        FG_TRY(fg_fabric_reduce_scalar(t->f, (double)cnt[k], FG_MAX, &hi));
         if (lo != hi || lo != (double)cnt[k])
             return fg_error(FG_EMISMATCH,
                             "sync_dist: rank %d reduces %lld %s values at this epoch end, "

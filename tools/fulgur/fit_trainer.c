@@ -351,8 +351,9 @@ static int run_fit(fit_run *r, fg_trainer *t, const fg_lightning_module *lm) {
     bool rank0 = fg_trainer_is_global_zero(t);
     /* every rank learns whether rank 0's folders are there */
     fg_status s = rank0 ? prepare_dirs(o) : FG_OK;
-    double ok = fg_fabric_reduce_scalar(fg_trainer_fabric(t), s == FG_OK ? 1 : 0, FG_MIN);
-    if (s != FG_OK) return fit_rank_error(t, "output");
+    double ok = 0;
+    fg_status rs = fg_fabric_reduce_scalar(fg_trainer_fabric(t), s == FG_OK ? 1 : 0, FG_MIN, &ok);
+    if (s != FG_OK || rs != FG_OK) return fit_rank_error(t, "output");
     if (ok != 1) {
         fg_error(FG_EPEER, "rank 0 could not prepare %s", o->ckpt_dir);
         return fit_rank_error(t, "output");
