@@ -126,6 +126,8 @@ fg_dev *fg_dev_open(const char *name, const fg_dev_options *opt) {
 
 void fg_dev_close(fg_dev *d) {
     if (!d) return;
+    fg_error_kept kept; /* a _free never changes the caller's error (core.h) */
+    fg_error_keep(&kept);
     fg_dev_synchronize(d);
     pthread_mutex_lock(&d->mu);
     if (d->alloc.st.active_allocs) {
@@ -138,6 +140,7 @@ void fg_dev_close(fg_dev *d) {
     pthread_mutex_destroy(&d->mu);
     d->be->close(d->state);
     fg_free(d);
+    fg_error_restore(&kept);
 }
 
 fg_device_id fg_dev_id(const fg_dev *d) { return d->id; }
