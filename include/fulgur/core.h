@@ -14,7 +14,14 @@
  * On failure it leaves a message in fg_last_error() that names the bad value
  * and what to do about it, and the same status in fg_last_status(). Both
  * belong to the calling thread and describe its most recent failure; after a
- * call that succeeded they mean nothing.
+ * call that succeeded they mean nothing. The first failure is the one
+ * reported: cleanup after it (which may fail too, or succeed and leave a
+ * message of its own) does not replace it (fg_error_keep, fg_error_restore).
+ *
+ * Releasing. A fg_x_free (or fg_x_close) never changes the calling thread's
+ * message or status, whether what it releases fails to close cleanly or
+ * not, and whether it is given an object or NULL: it can be called on an
+ * error path between the failure and its report.
  *
  * Constructors. A function that makes an object (fg_x_new, fg_x_open, ...)
  * returns it, or NULL on failure with the message in fg_last_error() and the
@@ -116,6 +123,22 @@ FG_API fg_status fg_error_wrap(fg_status s, const char *fmt, ...) FG_PRINTF(2, 3
 
 /* Clears this thread's error message and status (to "" and FG_OK). */
 FG_API void fg_clear_error(void);
+
+/* This thread's message and status, kept aside: the first failure survives
+ * the cleanup that follows it (NCCL's rule). fg_error_keep copies them into
+ * *k; fg_error_restore puts them back and returns the kept status, so that
+ *     fg_error_kept k;
+ *     fg_error_keep(&k);
+ *     fg_x_free(x);       (or any cleanup that may fail)
+ *     return fg_error_restore(&k);
+ * returns the first error, not the cleanup's. */
+#define FG_ERROR_MSG_MAX 1024
+typedef struct fg_error_kept {
+    fg_status status;
+    char msg[FG_ERROR_MSG_MAX];
+} fg_error_kept;
+FG_API void fg_error_keep(fg_error_kept *k);
+FG_API fg_status fg_error_restore(const fg_error_kept *k);
 
 /* --------------------------------------------------------------- logging */
 

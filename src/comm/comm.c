@@ -550,6 +550,8 @@ void fg_comm_abort_reason(fg_comm *c, const char *why) {
 
 void fg_comm_free(fg_comm *c) {
     if (!c) return;
+    fg_error_kept kept; /* a _free never changes the caller's error (core.h) */
+    fg_error_keep(&kept);
     pthread_mutex_lock(&c->mu);
     while (c->pending > 0) pthread_cond_wait(&c->cv_done, &c->mu);
     c->stop = true;
@@ -558,6 +560,7 @@ void fg_comm_free(fg_comm *c) {
     if (c->thread_started) pthread_join(c->thread, NULL);
     c->be->destroy(c);
     comm_delete(c);
+    fg_error_restore(&kept);
 }
 
 /* ------------------------------------------------------------ arguments */

@@ -128,6 +128,8 @@ fg_dev *fg_dev_open(const char *name, const fg_dev_options *opt) {
 
 void fg_dev_close(fg_dev *d) {
     if (!d) return;
+    fg_error_kept kept; /* a _free never changes the caller's error (core.h) */
+    fg_error_keep(&kept);
     bool owner = d->pid == getpid();
     if (owner) fg_dev_synchronize(d);
     pthread_mutex_lock(&d->mu);
@@ -142,6 +144,7 @@ void fg_dev_close(fg_dev *d) {
     pthread_mutex_destroy(&d->mu);
     d->be->close(d->state);
     fg_free(d);
+    fg_error_restore(&kept);
 }
 
 fg_device_id fg_dev_id(const fg_dev *d) { return d->id; }

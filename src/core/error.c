@@ -8,7 +8,7 @@
 
 #include "core_impl.h"
 
-#define FG_ERRMSG_MAX 1024
+#define FG_ERRMSG_MAX FG_ERROR_MSG_MAX
 
 static _Thread_local char tl_msg[FG_ERRMSG_MAX];
 static _Thread_local fg_status tl_status;
@@ -40,6 +40,22 @@ fg_status fg_last_status(void) { return tl_status; }
 void fg_clear_error(void) {
     tl_msg[0] = '\0';
     tl_status = FG_OK;
+}
+
+/* the message's own length, not the buffer's: cheap enough for every _free */
+void fg_error_keep(fg_error_kept *k) {
+    size_t n = strnlen(tl_msg, sizeof tl_msg - 1);
+    memcpy(k->msg, tl_msg, n);
+    k->msg[n] = '\0';
+    k->status = tl_status;
+}
+
+fg_status fg_error_restore(const fg_error_kept *k) {
+    size_t n = strnlen(k->msg, sizeof k->msg - 1);
+    memcpy(tl_msg, k->msg, n);
+    tl_msg[n] = '\0';
+    tl_status = k->status;
+    return k->status;
 }
 
 fg_status fg_verror(fg_status s, const char *fmt, va_list ap) {

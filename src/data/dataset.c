@@ -80,9 +80,12 @@ fail:
 
 void fg_dataset_free(fg_dataset *ds) {
     if (!ds) return;
+    fg_error_kept kept; /* a _free never changes the caller's error (core.h) */
+    fg_error_keep(&kept);
     if (ds->ops.free) ds->ops.free(ds->ud);
     fg_free(ds->name);
     fg_free(ds);
+    fg_error_restore(&kept);
 }
 
 int64_t fg_dataset_len(const fg_dataset *ds) { return ds->len; }

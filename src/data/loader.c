@@ -424,6 +424,8 @@ fail:
 
 void fg_dataloader_free(fg_dataloader *dl) {
     if (!dl) return;
+    fg_error_kept kept; /* a _free never changes the caller's error (core.h) */
+    fg_error_keep(&kept);
     if (dl->sync_init) {
         pthread_mutex_lock(&dl->mu);
         dl->stop = true;
@@ -446,4 +448,5 @@ void fg_dataloader_free(fg_dataloader *dl) {
     fg_free(dl->order);
     fg_sampler_free(dl->sampler);
     fg_free(dl);
+    fg_error_restore(&kept);
 }

@@ -41,8 +41,11 @@ fail:
 
 void fg_sampler_free(fg_sampler *s) {
     if (!s) return;
+    fg_error_kept kept; /* a _free never changes the caller's error (core.h) */
+    fg_error_keep(&kept);
     if (s->ops.free) s->ops.free(s->ud);
     fg_free(s);
+    fg_error_restore(&kept);
 }
 
 int64_t fg_sampler_len(const fg_sampler *s) { return s->len; }

@@ -91,6 +91,8 @@ fail:
 
 void fg_fabric_free(fg_fabric *f) {
     if (!f) return;
+    fg_error_kept kept; /* a _free never changes the caller's error (core.h) */
+    fg_error_keep(&kept);
     fg_job_free(f->job);
     fg_strategy_free(f->strategy);
     fg_comm_free(f->comm);
@@ -102,6 +104,7 @@ void fg_fabric_free(fg_fabric *f) {
     fg_free(f->loaded_meta);
     fg_scaler_free(f->scaler);
     fg_free(f);
+    fg_error_restore(&kept);
 }
 
 const fg_launch_plan *fg_fabric_plan(const fg_fabric *f) { return &f->plan; }

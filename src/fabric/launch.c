@@ -55,8 +55,8 @@ static int run_rank(fg_fabric *f, const fg_cluster_info *info, int (*run)(fg_fab
 
 /* Frees what the rank joined with. Keeps this thread's error message. */
 static void leave(fg_fabric *f) {
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", fg_last_error());
+    fg_error_kept first;
+    fg_error_keep(&first);
     fg_strategy_free(f->strategy);
     f->strategy = NULL;
     (void)fg_autocast_set(FG_DTYPE_DEFAULT, NULL); /* fg_fabric_setup's, on this thread */
@@ -66,7 +66,7 @@ static void leave(fg_fabric *f) {
     fg_comm_free(f->comm);
     f->comm = NULL;
     pthread_mutex_unlock(&f->comm_mu);
-    if (msg[0]) (void)fg_error(FG_EINVAL, "%s", msg);
+    if (first.msg[0]) (void)fg_error(FG_EINVAL, "%s", first.msg);
     else fg_clear_error();
 }
 
@@ -89,8 +89,8 @@ static int launch_reexec(fg_fabric *f, int (*run)(fg_fabric *, void *), void *ar
     fg_cluster_info me;
     int rc = fg_cluster_detect(&me) == FG_OK ? run_rank(f, &me, run, arg) : 1;
     fg_status own = rc ? FG_EINVAL : FG_OK;
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", fg_last_error());
+    fg_error_kept mine; /* this rank's own failure, if any */
+    fg_error_keep(&mine);
     /* A rank that died first explains rank 0's failure; else rank 0's own
      * failure stops the others (aborted, they leave their collectives). */
     bool other_failed = fg_job_check(f->job) != FG_OK;
@@ -99,17 +99,17 @@ static int launch_reexec(fg_fabric *f, int (*run)(fg_fabric *, void *), void *ar
         fg_job_stop(f->job);
     }
     fg_status js = fg_job_wait(f->job, -1);
-    char jmsg[1024];
-    snprintf(jmsg, sizeof jmsg, "%s", fg_last_error());
+    fg_error_kept jerr;
+    fg_error_keep(&jerr);
     fg_job_free(f->job); /* joins the supervisor: no abort after this */
     f->job = NULL;
     leave(f);
     fg_launch_unexport();
     if (js != FG_OK && (rc == 0 || other_failed)) {
-        fg_error(js, "%s", jmsg);
+        fg_error(js, "%s", jerr.msg);
         return 1;
     }
-    if (rc) fg_error(own, "%s", msg);
+    if (rc) fg_error(own, "%s", mine.msg);
     return rc;
 }
 

@@ -712,9 +712,12 @@ void fg_job_info(const fg_job *j, fg_cluster_info *out) {
 
 void fg_job_free(fg_job *j) {
     if (!j) return;
+    fg_error_kept kept; /* a _free never changes the caller's error (core.h) */
+    fg_error_keep(&kept);
     if (j->thread_started) {
         fg_job_stop(j);
         pthread_join(j->thread, NULL);
     }
     job_destroy(j);
+    fg_error_restore(&kept);
 }

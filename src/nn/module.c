@@ -116,10 +116,13 @@ static void free_tree(fg_module *m) {
 
 void fg_module_free(fg_module *m) {
     if (!m || m->parent) return;
+    fg_error_kept kept; /* a _free never changes the caller's error (core.h) */
+    fg_error_keep(&kept);
     fg_flat *f = m->flat;
     if (f && f->wrap) f->wrap->detach(f->wrap->ud); /* a strategy freed after its model */
     free_tree(m);
     fg__module_flat_free(f);
+    fg_error_restore(&kept);
 }
 
 fg_status fg_module_add_child(fg_module *m, const char *name, fg_module *child) {

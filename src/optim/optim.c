@@ -93,6 +93,8 @@ fg_status fg__optimizer_ensure_state(fg_optimizer *o) {
 
 void fg_optimizer_free(fg_optimizer *o) {
     if (!o) return;
+    fg_error_kept kept; /* a _free never changes the caller's error (core.h) */
+    fg_error_keep(&kept);
     if (o->hook.detach) o->hook.detach(o->hook.ud);
     for (int i = 0; i < o->nstates; i++) fg_tensor_free(o->state[i]);
     fg__offload_free(o);
@@ -103,6 +105,7 @@ void fg_optimizer_free(fg_optimizer *o) {
     fg_free(o->p_group);
     fg_free(o->p_nodecay);
     fg_free(o);
+    fg_error_restore(&kept);
 }
 
 fg_status fg__optimizer_step_range(fg_optimizer *o, int64_t begin, int64_t end, void *param,

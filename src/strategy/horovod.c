@@ -169,8 +169,8 @@ fg_status fg__horovod_backward(fg_strategy *s, fg_tensor *loss) {
     fg_set_grad_ready_hook(on_ready, h);
     fg_status bst = fg_backward(loss);
     fg_set_grad_ready_hook(NULL, NULL);
-    char berr[512] = "";
-    if (bst != FG_OK) snprintf(berr, sizeof berr, "%s", fg_last_error());
+    fg_error_kept berr; /* backward's error, if it failed */
+    fg_error_keep(&berr);
     /* the thread still averages what is left, so every rank issues the same
      * allreduces even when this rank's backward failed */
     pthread_mutex_lock(&h->mu);
@@ -178,7 +178,10 @@ fg_status fg__horovod_backward(fg_strategy *s, fg_tensor *loss) {
     pthread_cond_signal(&h->cv);
     pthread_mutex_unlock(&h->mu);
     pthread_join(th, NULL);
-    if (bst != FG_OK) return fg_error(bst, "%s", berr);
+    if (bst != FG_OK) {
+        fg_error_restore(&berr);
+        return bst;
+    }
     if (h->st != FG_OK) return fg_error(h->st, "%s", h->err);
     return FG_OK;
 }

@@ -153,6 +153,8 @@ fg_status fg_strategy_shard_range(const fg_strategy *s, int rank, int64_t *begin
 
 void fg_strategy_free(fg_strategy *s) {
     if (!s) return;
+    fg_error_kept kept; /* a _free never changes the caller's error (core.h) */
+    fg_error_keep(&kept);
     fg__bagua_free(s); /* first: its background thread, its hook on the optimizer */
     fg__ddp_hooks_free(s);
     fg__det_free(s);
@@ -162,6 +164,7 @@ void fg_strategy_free(fg_strategy *s) {
     fg__dp_free(s);
     fg__horovod_free(s);
     fg_free(s);
+    fg_error_restore(&kept);
 }
 
 fg_status fg__strategy_broadcast_params(fg_strategy *s) {

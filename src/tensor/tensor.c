@@ -147,8 +147,14 @@ void fg_tensor_free(fg_tensor *t) {
     if (!t || !(t->flags & FG_T_PERSISTENT)) return;
     if (t->flags & FG_T_OWNS_GRAD) fg_tensor_free(t->grad);
     if (t->flags & FG_T_OWNS_DATA) {
-        if (t->dev) fg_dev_free(t->dev, t->data);
-        else fg_free(t->data);
+        if (t->dev) {
+            fg_error_kept kept; /* a _free never changes the caller's error (core.h) */
+            fg_error_keep(&kept);
+            (void)fg_dev_free(t->dev, t->data);
+            fg_error_restore(&kept);
+        } else {
+            fg_free(t->data);
+        }
     }
     fg_free(t);
 }

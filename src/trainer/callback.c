@@ -37,9 +37,12 @@ fg_callback *fg_callback_new(const fg_callback_ops *ops, void *ud) {
 
 void fg_callback_free(fg_callback *cb) {
     if (!cb) return;
+    fg_error_kept kept; /* a _free never changes the caller's error (core.h) */
+    fg_error_keep(&kept);
     if (cb->ops.free) cb->ops.free(cb->ud);
     fg_free(cb->state_key);
     fg_free(cb);
+    fg_error_restore(&kept);
 }
 
 const char *fg_callback_state_key(const fg_callback *cb) { return cb ? cb->state_key : NULL; }
@@ -61,6 +64,9 @@ fg_logger *fg_logger_new(const fg_logger_ops *ops, void *ud) {
 
 void fg_logger_free(fg_logger *lg) {
     if (!lg) return;
+    fg_error_kept kept; /* a _free never changes the caller's error (core.h) */
+    fg_error_keep(&kept);
     if (lg->ops.free) lg->ops.free(lg->ud);
     fg_free(lg);
+    fg_error_restore(&kept);
 }

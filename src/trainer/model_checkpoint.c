@@ -601,10 +601,10 @@ fg_callback *fg_model_checkpoint_new(const fg_checkpoint_opts *opts) {
     }
     char probe[2048];
     if (format_name(c, NULL, c->filename, 0, probe, sizeof probe) != FG_OK) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", fg_last_error());
+        fg_error_kept first;
+        fg_error_keep(&first);
         ckpt_free(c);
-        fg_error(FG_EINVAL, "%s", msg);
+        fg_error_restore(&first);
         return NULL;
     }
     /* Lightning's state key: the settings that tell two of them apart */

@@ -330,10 +330,10 @@ fg_trainer *fg_trainer_new(const fg_trainer_opts *opts) {
         }
     }
     if (s != FG_OK) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", fg_last_error());
+        fg_error_kept first;
+        fg_error_keep(&first);
         fg_trainer_free(t);
-        fg_error(s, "%s", msg);
+        fg_error_restore(&first);
         return NULL;
     }
     t->o.callbacks = t->cbs;
@@ -343,6 +343,8 @@ fg_trainer *fg_trainer_new(const fg_trainer_opts *opts) {
 
 void fg_trainer_free(fg_trainer *t) {
     if (!t) return;
+    fg_error_kept kept; /* a _free never changes the caller's error (core.h) */
+    fg_error_keep(&kept);
     if (t->own_fabric) fg_fabric_free(t->f);
     for (int i = 0; i < t->nown; i++) fg_callback_free(t->own_cbs[i]);
     fg_logger_free(t->own_logger);
@@ -361,6 +363,7 @@ void fg_trainer_free(fg_trainer *t) {
     fg__map_free(&t->pbar_m);
     pthread_mutex_destroy(&t->log_mu);
     fg_free(t);
+    fg_error_restore(&kept);
 }
 
 /* --------------------------------------------------------------- properties */
@@ -626,18 +629,15 @@ static fg_status body(entry *e) {
             if (s == FG_OK) s = fg__eval_body(t, e->fn, dl);
         }
     }
-    if (s != FG_OK && e->fn != FG_PREDICT) {
-        char msg[2048];
-        snprintf(msg, sizeof msg, "%s", fg_last_error());
-        fg__loggers_finalize(t, "failed");
-        fg_error(s, "%s", msg);
-    }
-    char msg[2048];
-    snprintf(msg, sizeof msg, "%s", fg_last_error());
+    /* the run's first error is the one reported, whatever the loggers'
+     * finalize and the teardown hooks leave */
+    fg_error_kept first;
+    fg_error_keep(&first);
+    if (s != FG_OK && e->fn != FG_PREDICT) fg__loggers_finalize(t, "failed");
     for (int i = 0; i < t->ncbs; i++)
         if (t->cbs[i]->ops.teardown) t->cbs[i]->ops.teardown(t->cbs[i]->ud, t, e->fn);
     if (t->m.teardown) t->m.teardown(t->m.ud, t, e->fn);
-    if (s != FG_OK) fg_error(s, "%s", msg);
+    if (s != FG_OK) fg_error_restore(&first);
     t->stage = FG_STAGE_NONE;
     t->in_run = false;
     t->train = t->val = NULL;
