@@ -59,6 +59,14 @@ typedef struct {
 static row g_rows[64];
 static int g_nrows;
 
+/* a path main() found usable (or FG_ISA_AUTO): a failure is a bench bug */
+static void set_isa(fg_isa isa) {
+    if (fg_set_cpu_isa(isa) != FG_OK) {
+        fprintf(stderr, "ops_bench: %s\n", fg_last_error());
+        exit(1);
+    }
+}
+
 static fg_tensor *randn(int nd, const int64_t *s, uint64_t seed, float scale) {
     fg_tensor *t = fg_tensor_new(FG_F32, nd, s);
     fg_rng_fill_normal(seed, 0, fg_tensor_data(t), fg_tensor_numel(t), 0.0f, scale);
@@ -150,20 +158,20 @@ static void emit_paths(const char *name, const char *shape, run_fn fu, run_fn ba
     copy_ref(&half);
     for (int k = 0; k < np; k++) {
         tf[k] = tbd[k] = 1e30;
-        fg_set_cpu_isa(one_path ? FG_ISA_AUTO : g_paths[k]);
+        set_isa(one_path ? FG_ISA_AUTO : g_paths[k]);
         fu(ctx); /* warm-up: first touch, thread start */
     }
     if (base) base(ctx);
     for (int r = 0; r < REPS; r++) {
         for (int k = 0; k < np; k++) {
-            fg_set_cpu_isa(one_path ? FG_ISA_AUTO : g_paths[k]);
+            set_isa(one_path ? FG_ISA_AUTO : g_paths[k]);
             timed(fu, ctx, &tf[k]);
             if (bd.kind != BOUND_NONE) timed(bound_run, &bd, &tbd[k]);
         }
         if (base) timed(base, ctx, &tb);
         timed(copy_ref, &half, &tc);
     }
-    fg_set_cpu_isa(FG_ISA_AUTO);
+    set_isa(FG_ISA_AUTO);
     row *w = g_nrows < 64 ? &g_rows[g_nrows++] : NULL;
     if (w) {
         memset(w, 0, sizeof *w);
@@ -453,7 +461,7 @@ static bool parse_isa(const char *v) {
         }
         g_paths[g_npaths++] = isa;
     }
-    fg_set_cpu_isa(FG_ISA_AUTO);
+    set_isa(FG_ISA_AUTO);
     if (!g_npaths)
         fprintf(stderr, "ops_bench: --isa %s: expected scalar, avx2, avx512 or all\n", v);
     return g_npaths > 0;

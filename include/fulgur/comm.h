@@ -76,11 +76,11 @@ typedef struct fg_cluster_info {
  * source. Validates: numbers parse, 0 <= rank < world_size, local_rank <
  * local_world_size <= world_size, node_rank < num_nodes; the error
  * (FG_EINVAL) names the bad variable. Thread-safe. */
-FG_API fg_status fg_cluster_detect(fg_cluster_info *out);
+FG_API FG_MUST_USE fg_status fg_cluster_detect(fg_cluster_info *out);
 
 /* Checks a filled fg_cluster_info the same way (launchers, custom
  * environments). FG_EINVAL names the bad field. */
-FG_API fg_status fg_cluster_validate(const fg_cluster_info *info);
+FG_API FG_MUST_USE fg_status fg_cluster_validate(const fg_cluster_info *info);
 
 /* --------------------------------------------------------- communicator */
 
@@ -161,7 +161,7 @@ FG_API void fg_comm_abort_reason(fg_comm *c, const char *why);
  * and inter-node groups for the hybrid strategies). The new communicator has
  * its own segment/communicator and is independent of `c` afterwards. */
 #define FG_COMM_SPLIT_NONE (-1)
-FG_API fg_status fg_comm_split(fg_comm *c, int color, int key, fg_comm **out);
+FG_API FG_MUST_USE fg_status fg_comm_split(fg_comm *c, int color, int key, fg_comm **out);
 
 /* Accessors. Thread-safe. */
 FG_API int fg_comm_rank(const fg_comm *c);
@@ -199,44 +199,46 @@ FG_API const char *fg_reduce_op_name(fg_reduce_op op); /* "sum", ...; "?" if inv
 
 /* recv[i] = op over ranks of send[i], on every rank; count elements each.
  * In place: send == recv. */
-FG_API fg_status fg_comm_allreduce(fg_comm *c, const void *send, void *recv, int64_t count,
-                                   fg_dtype dt, fg_reduce_op op);
+FG_API FG_MUST_USE fg_status fg_comm_allreduce(fg_comm *c, const void *send, void *recv,
+                                               int64_t count, fg_dtype dt, fg_reduce_op op);
 
 /* send has size*recvcount elements; rank r receives the reduction of block r
  * (elements r*recvcount .. (r+1)*recvcount-1) in recv (recvcount elements).
  * In place: recv == send + rank*recvcount elements (NCCL's convention). */
-FG_API fg_status fg_comm_reduce_scatter(fg_comm *c, const void *send, void *recv, int64_t recvcount,
-                                        fg_dtype dt, fg_reduce_op op);
+FG_API FG_MUST_USE fg_status fg_comm_reduce_scatter(fg_comm *c, const void *send, void *recv,
+                                                    int64_t recvcount, fg_dtype dt,
+                                                    fg_reduce_op op);
 
 /* recv (size*sendcount elements) gets every rank's send (sendcount
  * elements) in rank order. In place: send == recv + rank*sendcount elements. */
-FG_API fg_status fg_comm_allgather(fg_comm *c, const void *send, void *recv, int64_t sendcount,
-                                   fg_dtype dt);
+FG_API FG_MUST_USE fg_status fg_comm_allgather(fg_comm *c, const void *send, void *recv,
+                                               int64_t sendcount, fg_dtype dt);
 
 /* Varying counts: rank q contributes counts[q] elements, placed at
  * recv + displs[q] (displs NULL: packed in rank order). counts and displs
  * (size entries each) must be the same on all ranks; sendcount == counts[rank].
  * In place: send == recv + displs[rank] elements. */
-FG_API fg_status fg_comm_allgatherv(fg_comm *c, const void *send, int64_t sendcount, void *recv,
-                                    const int64_t *counts, const int64_t *displs, fg_dtype dt);
+FG_API FG_MUST_USE fg_status fg_comm_allgatherv(fg_comm *c, const void *send, int64_t sendcount,
+                                                void *recv, const int64_t *counts,
+                                                const int64_t *displs, fg_dtype dt);
 
 /* recv on every rank gets root's send. send is read on root only; recv is
  * written on every rank (root too). In place: send == recv. */
-FG_API fg_status fg_comm_broadcast(fg_comm *c, const void *send, void *recv, int64_t count,
-                                   fg_dtype dt, int root);
+FG_API FG_MUST_USE fg_status fg_comm_broadcast(fg_comm *c, const void *send, void *recv,
+                                               int64_t count, fg_dtype dt, int root);
 
 /* recv on root = op over ranks of send; recv is not touched on other ranks
  * (may be NULL there). In place: send == recv. */
-FG_API fg_status fg_comm_reduce(fg_comm *c, const void *send, void *recv, int64_t count,
-                                fg_dtype dt, fg_reduce_op op, int root);
+FG_API FG_MUST_USE fg_status fg_comm_reduce(fg_comm *c, const void *send, void *recv, int64_t count,
+                                            fg_dtype dt, fg_reduce_op op, int root);
 
 /* Returns once every rank has entered the barrier. */
-FG_API fg_status fg_comm_barrier(fg_comm *c);
+FG_API FG_MUST_USE fg_status fg_comm_barrier(fg_comm *c);
 
 /* send and recv have size*count elements; block q of send goes to rank q,
  * block q of recv comes from rank q. In place: send == recv. */
-FG_API fg_status fg_comm_alltoall(fg_comm *c, const void *send, void *recv, int64_t count,
-                                  fg_dtype dt);
+FG_API FG_MUST_USE fg_status fg_comm_alltoall(fg_comm *c, const void *send, void *recv,
+                                              int64_t count, fg_dtype dt);
 
 /* Point to point: messages between two ranks arrive in the order sent; a
  * send matches the next recv from that peer, which must name the same count
@@ -245,8 +247,10 @@ FG_API fg_status fg_comm_alltoall(fg_comm *c, const void *send, void *recv, int6
  * receiver has taken the last piece, so two ranks that both send large
  * messages to each other before receiving deadlock (until the timeout), as
  * with MPI. Not collective; ordered with the asynchronous requests. */
-FG_API fg_status fg_comm_send(fg_comm *c, const void *buf, int64_t count, fg_dtype dt, int peer);
-FG_API fg_status fg_comm_recv(fg_comm *c, void *buf, int64_t count, fg_dtype dt, int peer);
+FG_API FG_MUST_USE fg_status fg_comm_send(fg_comm *c, const void *buf, int64_t count, fg_dtype dt,
+                                          int peer);
+FG_API FG_MUST_USE fg_status fg_comm_recv(fg_comm *c, void *buf, int64_t count, fg_dtype dt,
+                                          int peer);
 
 /* --------------------------------------------------------- asynchronous
  *
@@ -257,26 +261,29 @@ FG_API fg_status fg_comm_recv(fg_comm *c, void *buf, int64_t count, fg_dtype dt,
  * reported by the i-call itself (and *req is NULL); communication errors by
  * fg_comm_wait/fg_comm_test. Buffers must stay valid and untouched until the
  * request completes. */
-FG_API fg_status fg_comm_iallreduce(fg_comm *c, const void *send, void *recv, int64_t count,
-                                    fg_dtype dt, fg_reduce_op op, fg_comm_req **req);
-FG_API fg_status fg_comm_ireduce_scatter(fg_comm *c, const void *send, void *recv,
-                                         int64_t recvcount, fg_dtype dt, fg_reduce_op op,
-                                         fg_comm_req **req);
-FG_API fg_status fg_comm_iallgather(fg_comm *c, const void *send, void *recv, int64_t sendcount,
-                                    fg_dtype dt, fg_comm_req **req);
-FG_API fg_status fg_comm_ibroadcast(fg_comm *c, const void *send, void *recv, int64_t count,
-                                    fg_dtype dt, int root, fg_comm_req **req);
-FG_API fg_status fg_comm_ireduce(fg_comm *c, const void *send, void *recv, int64_t count,
-                                 fg_dtype dt, fg_reduce_op op, int root, fg_comm_req **req);
-FG_API fg_status fg_comm_ibarrier(fg_comm *c, fg_comm_req **req);
+FG_API FG_MUST_USE fg_status fg_comm_iallreduce(fg_comm *c, const void *send, void *recv,
+                                                int64_t count, fg_dtype dt, fg_reduce_op op,
+                                                fg_comm_req **req);
+FG_API FG_MUST_USE fg_status fg_comm_ireduce_scatter(fg_comm *c, const void *send, void *recv,
+                                                     int64_t recvcount, fg_dtype dt,
+                                                     fg_reduce_op op, fg_comm_req **req);
+FG_API FG_MUST_USE fg_status fg_comm_iallgather(fg_comm *c, const void *send, void *recv,
+                                                int64_t sendcount, fg_dtype dt, fg_comm_req **req);
+FG_API FG_MUST_USE fg_status fg_comm_ibroadcast(fg_comm *c, const void *send, void *recv,
+                                                int64_t count, fg_dtype dt, int root,
+                                                fg_comm_req **req);
+FG_API FG_MUST_USE fg_status fg_comm_ireduce(fg_comm *c, const void *send, void *recv,
+                                             int64_t count, fg_dtype dt, fg_reduce_op op, int root,
+                                             fg_comm_req **req);
+FG_API FG_MUST_USE fg_status fg_comm_ibarrier(fg_comm *c, fg_comm_req **req);
 
 /* Waits for the request, frees it, and returns its status (with its message
  * in fg_last_error). fg_comm_wait(NULL) returns FG_OK. */
-FG_API fg_status fg_comm_wait(fg_comm_req *req);
+FG_API FG_MUST_USE fg_status fg_comm_wait(fg_comm_req *req);
 
 /* Sets *done without blocking. Returns FG_OK, or the request's error once
  * done (the request must still be waited on to free it). */
-FG_API fg_status fg_comm_test(fg_comm_req *req, bool *done);
+FG_API FG_MUST_USE fg_status fg_comm_test(fg_comm_req *req, bool *done);
 
 #ifdef __cplusplus
 }

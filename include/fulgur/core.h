@@ -67,9 +67,17 @@ extern "C" {
 #if defined(__GNUC__)
 #define FG_API __attribute__((visibility("default")))
 #define FG_PRINTF(f, a) __attribute__((format(printf, f, a)))
+/* On a function whose status must be looked at (a failure the caller
+ * cannot ignore: a collective, a parse). Not on fg_error and its kin, which
+ * return their argument for convenience, nor on calls that fail only on
+ * an argument outside its enum or range (fg_convert between two real
+ * dtypes, fg_set_num_threads(n >= 1)). GCC warns even through a (void)
+ * cast: a caller that means to drop a status tests it. */
+#define FG_MUST_USE __attribute__((warn_unused_result))
 #else
 #define FG_API
 #define FG_PRINTF(f, a)
+#define FG_MUST_USE
 #endif
 
 #define FG_VERSION_MAJOR 0
@@ -256,7 +264,7 @@ FG_API const char *fg_dtype_st_name(fg_dtype dt);
 /* Parses a real dtype by either name, case-insensitively ("f32", "BF16").
  * Returns FG_OK, or FG_EINVAL naming the unknown name (NULL and "" too: a
  * caller whose setting is optional maps those to FG_DTYPE_DEFAULT itself). */
-FG_API fg_status fg_dtype_parse(const char *name, fg_dtype *out);
+FG_API FG_MUST_USE fg_status fg_dtype_parse(const char *name, fg_dtype *out);
 FG_API bool fg_dtype_is_float(fg_dtype dt);
 
 /* Round-to-nearest-even conversions; NaN stays NaN, overflow goes to inf. */
@@ -294,7 +302,7 @@ FG_API fg_isa fg_cpu_isa(void);
 /* Runs the kernels at `isa` from now on (FG_ISA_AUTO: the default, with
  * FULGUR_CPU_ISA read again); FG_EUNSUPPORTED naming what the CPU lacks.
  * Call between kernels, not while one runs on another thread. */
-FG_API fg_status fg_set_cpu_isa(fg_isa isa);
+FG_API FG_MUST_USE fg_status fg_set_cpu_isa(fg_isa isa);
 FG_API const char *fg_isa_name(fg_isa isa); /* "auto", "scalar", "avx2", "avx512"; "?" */
 
 #ifdef __cplusplus

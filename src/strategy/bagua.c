@@ -303,7 +303,9 @@ void fg__bagua_free(fg_strategy *s) {
     if (!st) return;
     fg__async_free(st);
     if (st->opt) fg__optimizer_set_hook(st->opt, NULL);
-    fg_comm_wait(st->req);
+    if (fg_comm_wait(st->req) != FG_OK) {
+        /* freeing: the pending request's error goes nowhere */
+    }
     fg_comm_free(st->inter);
     fg_comm_free(st->intra);
     fg_free(st->rec);

@@ -97,7 +97,7 @@ static void killed_fn(int rank, int n) {
     fg_comm *c;
     if (join(rank, n, 60, 0, &c)) return;
     float x[100] = {0};
-    for (int i = 0; i < 3; i++) fg_comm_allreduce(c, x, x, 100, FG_F32, FG_SUM);
+    for (int i = 0; i < 3; i++) CHECK_OK(fg_comm_allreduce(c, x, x, 100, FG_F32, FG_SUM));
     if (rank == 1) {
         usleep(100000); /* the others are waiting (asleep) by now */
         raise(SIGKILL);
@@ -160,7 +160,7 @@ static void stalled_fn(int rank, int n) {
     fg_comm *c;
     if (join(rank, n, 1.0, 0, &c)) return;
     int32_t v = 1;
-    fg_comm_allreduce(c, &v, &v, 1, FG_I32, FG_SUM);
+    CHECK_OK(fg_comm_allreduce(c, &v, &v, 1, FG_I32, FG_SUM));
     if (rank == 1) raise(SIGSTOP);
     double t0 = fg_time();
     fg_status s = fg_comm_allreduce(c, &v, &v, 1, FG_I32, FG_SUM);
@@ -241,7 +241,7 @@ static void abort_fn(int rank, int n) {
     fg_comm *c;
     if (join(rank, n, 30, 0, &c)) return;
     float x[4] = {0};
-    fg_comm_allreduce(c, x, x, 4, FG_F32, FG_SUM);
+    CHECK_OK(fg_comm_allreduce(c, x, x, 4, FG_F32, FG_SUM));
     double t0 = fg_time();
     fg_status s;
     if (rank == 2) {

@@ -95,8 +95,8 @@ static bool all_equal(fg_comm *c, const float *v, int64_t n) {
     float *lo = malloc(sizeof *lo * (size_t)n), *hi = malloc(sizeof *hi * (size_t)n);
     memcpy(lo, v, sizeof *lo * (size_t)n);
     memcpy(hi, v, sizeof *hi * (size_t)n);
-    fg_comm_allreduce(c, lo, lo, n, FG_F32, FG_MIN);
-    fg_comm_allreduce(c, hi, hi, n, FG_F32, FG_MAX);
+    CHECK_OK(fg_comm_allreduce(c, lo, lo, n, FG_F32, FG_MIN));
+    CHECK_OK(fg_comm_allreduce(c, hi, hi, n, FG_F32, FG_MAX));
     bool eq = !memcmp(lo, hi, sizeof *lo * (size_t)n);
     free(lo);
     free(hi);
@@ -123,7 +123,7 @@ static int hook_rank(int rank, int world, void *arg) {
         return 1;
     }
     if (rank == 0) sh->nbuckets = fg_ddp_reducer_num_buckets(st->reducer);
-    fg_comm_barrier(comm);
+    CHECK_OK(fg_comm_barrier(comm));
     int64_t n = fg_module_numel(m);
     float *flatg = fg_tensor_data(fg_module_flat_grads(m));
     float *flatp = fg_tensor_data(fg_module_flat_params(m));
@@ -168,7 +168,7 @@ static int hook_rank(int rank, int world, void *arg) {
             rc = 1;
         } else {
             for (int64_t i = 0; i < n; i++) sum_g[i] -= e[i];
-            fg_comm_allreduce(comm, sum_g, sum_g, n, FG_F64, FG_SUM);
+            CHECK_OK(fg_comm_allreduce(comm, sum_g, sum_g, n, FG_F64, FG_SUM));
             double dev = 0, mx = 0;
             for (int64_t i = 0; i < n; i++) {
                 dev = fmax(dev, fabs(sum_g[i] - world * sum_a[i]));
