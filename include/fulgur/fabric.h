@@ -109,7 +109,8 @@ typedef struct fg_fabric_config {
  * one. FG_EIO if the file cannot be read, FG_EINVAL for invalid JSON
  * (with its line and column) or a value of the wrong kind; stage 0 is
  * FG_EINVAL (ZeRO off is ddp). Thread-safe. */
-FG_API fg_status fg_deepspeed_config_read(const char *path, int *stage, fg_sharded_opts *out);
+FG_API FG_MUST_USE fg_status fg_deepspeed_config_read(const char *path, int *stage,
+                                                      fg_sharded_opts *out);
 
 /* Makes the launch plan for cfg (NULL = defaults) in this environment
  * (fg_launch_plan_make, or cfg->cluster's environment) without starting
@@ -149,7 +150,8 @@ FG_API int fg_fabric_launch(fg_fabric *f, int (*run)(fg_fabric *f, void *arg), v
  * fg_fabric_step_end into model/opt, which must have the architecture the
  * ranks trained. Errors: FG_ESTATE if there is no result, FG_EMISMATCH
  * naming both sizes if model differs, FG_EINVAL for NULL. */
-FG_API fg_status fg_fabric_spawn_result(fg_fabric *f, fg_module *model, fg_optimizer *opt);
+FG_API FG_MUST_USE fg_status fg_fabric_spawn_result(fg_fabric *f, fg_module *model,
+                                                    fg_optimizer *opt);
 
 /* Prepares model and optimizer for the strategy (collective): ddp broadcasts
  * rank 0's parameters and builds the gradient buckets; dp makes the thread
@@ -167,7 +169,7 @@ FG_API fg_status fg_fabric_spawn_result(fg_fabric *f, fg_module *model, fg_optim
  * also turns on the calling thread's autocast (fg_fabric_autocast_begin),
  * as Lightning's setup wraps the model's forward in autocast; it stays on
  * until fg_fabric_launch's run returns. */
-FG_API fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt);
+FG_API FG_MUST_USE fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt);
 
 /* Puts the distributed sampler into `dl` (rank r of N takes r, r+N, ... of
  * the epoch's order, shuffled as dl's options say with dl's seed: the
@@ -188,7 +190,7 @@ FG_API fg_dataloader *fg_fabric_setup_dataloader(fg_fabric *f, fg_dataloader *dl
  * fg_fabric_clip_gradients) divides them again; FG_ESTATE if the optimizer
  * stepped since the last backward other than through
  * fg_fabric_optimizer_step. */
-FG_API fg_status fg_fabric_backward(fg_fabric *f, fg_tensor *loss);
+FG_API FG_MUST_USE fg_status fg_fabric_backward(fg_fabric *f, fg_tensor *loss);
 
 /* Gradient accumulation: while on, backward does not synchronise (ddp's
  * no_sync); turn it off for the last micro-batch. */
@@ -203,8 +205,9 @@ FG_API void fg_fabric_set_no_backward_sync(fg_fabric *f, bool on);
  * the unscaled losses. */
 typedef fg_tensor *(*fg_step_fn)(fg_fabric *f, fg_batch *part, void *ud);
 typedef void (*fg_step_end_fn)(fg_fabric *f, const double *part_losses, int nparts, void *ud);
-FG_API fg_status fg_fabric_training_step(fg_fabric *f, fg_batch *b, fg_step_fn step,
-                                         fg_step_end_fn step_end, void *ud, double *loss);
+FG_API FG_MUST_USE fg_status fg_fabric_training_step(fg_fabric *f, fg_batch *b, fg_step_fn step,
+                                                     fg_step_end_fn step_end, void *ud,
+                                                     double *loss);
 
 /* The optimizer step, Lightning's wrapped optimizer.step(): under 16-mixed
  * PyTorch's GradScaler step and update (fg_scaler_step): the gradients are
@@ -216,7 +219,7 @@ FG_API fg_status fg_fabric_training_step(fg_fabric *f, fg_batch *b, fg_step_fn s
  * fg_optimizer_step would apply scaled gradients (the next backward refuses
  * to run, see fg_fabric_backward). Errors: FG_EINVAL (NULL), the
  * optimizer's and the allreduce's. */
-FG_API fg_status fg_fabric_optimizer_step(fg_fabric *f, fg_optimizer *opt);
+FG_API FG_MUST_USE fg_status fg_fabric_optimizer_step(fg_fabric *f, fg_optimizer *opt);
 
 /* Lightning's fabric.autocast(): turns the calling thread's autocast
  * (autograd.h, fg_autocast_set) to the precision setting's: bf16 under
@@ -235,28 +238,30 @@ FG_API void fg_fabric_autocast_end(fg_fabric *f, fg_dtype prev);
  * before clipping. Under the sharded strategies each rank holds the
  * averaged gradient of its shard only: the norm sums the shards' squares
  * over ranks, and each rank scales its shard (fg_strategy_clip_grad_norm). */
-FG_API fg_status fg_fabric_clip_gradients(fg_fabric *f, double max_norm, double *total_norm);
+FG_API FG_MUST_USE fg_status fg_fabric_clip_gradients(fg_fabric *f, double max_norm,
+                                                      double *total_norm);
 /* Lightning's precision plugin unscale_gradients: under 16-mixed divides
  * the gradients by the loss scale and agrees over the ranks whether any is
  * inf or NaN (collective under ddp), once before a step (a second call, and
  * the step's own unscale, then do nothing), so that code between backward
  * and fg_fabric_optimizer_step sees true gradients (clipping by value, a
  * Trainer's on_before_optimizer_step). Nothing under the other settings. */
-FG_API fg_status fg_fabric_unscale_gradients(fg_fabric *f);
+FG_API FG_MUST_USE fg_status fg_fabric_unscale_gradients(fg_fabric *f);
 
 /* Collectives on tensors (in place) and bytes. Collective. */
-FG_API fg_status fg_fabric_all_reduce(fg_fabric *f, fg_tensor *t, fg_reduce_op op);
+FG_API FG_MUST_USE fg_status fg_fabric_all_reduce(fg_fabric *f, fg_tensor *t, fg_reduce_op op);
 /* out must have world_size * numel(t) elements of t's dtype. */
-FG_API fg_status fg_fabric_all_gather(fg_fabric *f, const fg_tensor *t, fg_tensor *out);
-FG_API fg_status fg_fabric_broadcast(fg_fabric *f, fg_tensor *t, int root);
-FG_API fg_status fg_fabric_broadcast_bytes(fg_fabric *f, void *buf, size_t n, int root);
-FG_API fg_status fg_fabric_barrier(fg_fabric *f);
+FG_API FG_MUST_USE fg_status fg_fabric_all_gather(fg_fabric *f, const fg_tensor *t, fg_tensor *out);
+FG_API FG_MUST_USE fg_status fg_fabric_broadcast(fg_fabric *f, fg_tensor *t, int root);
+FG_API FG_MUST_USE fg_status fg_fabric_broadcast_bytes(fg_fabric *f, void *buf, size_t n, int root);
+FG_API FG_MUST_USE fg_status fg_fabric_barrier(fg_fabric *f);
 /* One double reduced over the ranks into *out (v itself on one rank).
  * Collective. A failed all-reduce (a peer gone, the group broken) returns
  * its status with the comm layer's message naming the peer and leaves *out
  * alone: a failure is never a value (no NaN that would read as "don't save"
  * or "don't stop"). */
-FG_API fg_status fg_fabric_reduce_scalar(fg_fabric *f, double v, fg_reduce_op op, double *out);
+FG_API FG_MUST_USE fg_status fg_fabric_reduce_scalar(fg_fabric *f, double v, fg_reduce_op op,
+                                                     double *out);
 
 /* printf on global rank 0 only, to cfg.print_to (flushed), or through the
  * log hook at FG_LOG_INFO when that is NULL: the fabric picks no stream
@@ -284,8 +289,8 @@ FG_API uint64_t fg_fabric_rank_seed(const fg_fabric *f);
 
 /* rank_zero_first: rank 0 runs the block first (downloads, preprocessing),
  * the others after it. Collective. */
-FG_API fg_status fg_fabric_rank_zero_first_begin(fg_fabric *f);
-FG_API fg_status fg_fabric_rank_zero_first_end(fg_fabric *f);
+FG_API FG_MUST_USE fg_status fg_fabric_rank_zero_first_begin(fg_fabric *f);
+FG_API FG_MUST_USE fg_status fg_fabric_rank_zero_first_end(fg_fabric *f);
 
 /* Ends a training step: frees this thread's step tensors (fg_step_reset);
  * under ddp_spawn/ddp_fork, rank 0 also keeps a copy of its parameters and
@@ -312,7 +317,7 @@ FG_API int fg_fabric_request_stop(fg_fabric *f);
  * stop (one allreduce of a flag), so that all stop after the same step.
  * Under single and dp, whether this process asked. Errors: FG_EINVAL
  * (NULL), the allreduce's (*stop is then false). */
-FG_API fg_status fg_fabric_should_stop(fg_fabric *f, bool *stop);
+FG_API FG_MUST_USE fg_status fg_fabric_should_stop(fg_fabric *f, bool *stop);
 
 /* ------------------------------------------- deterministic, elastic */
 
@@ -346,7 +351,7 @@ struct fg_train_state; /* below: save, load */
  * of the latest synchronised step, summed in the gradients' tree order (the
  * same bits on any world size), unscaled under 16-mixed. Not collective.
  * FG_ESTATE outside the mode or before the first synchronised backward. */
-FG_API fg_status fg_fabric_step_loss(fg_fabric *f, double *loss);
+FG_API FG_MUST_USE fg_status fg_fabric_step_loss(fg_fabric *f, double *loss);
 
 /* The global batch of the training loader dl (after
  * fg_fabric_setup_dataloader): samples per optimizer step over all ranks,
@@ -377,8 +382,9 @@ FG_API fg_status fg_fabric_step_loss(fg_fabric *f, double *loss);
  * taken again), with an FG_LOG_WARN line saying so, and the caller can
  * tell by comparing global batches and fg_dataloader_sample_position.
  * Errors: also FG_EINVAL for a NULL dl or accumulate, the loader's errors. */
-FG_API fg_status fg_fabric_setup_global_batch(fg_fabric *f, fg_dataloader *dl, int64_t *accumulate,
-                                              const struct fg_train_state *resumed);
+FG_API FG_MUST_USE fg_status fg_fabric_setup_global_batch(fg_fabric *f, fg_dataloader *dl,
+                                                          int64_t *accumulate,
+                                                          const struct fg_train_state *resumed);
 
 /* ------------------------------------------------------------ save, load */
 
@@ -426,7 +432,8 @@ typedef struct fg_train_state {
  * an st->meta key that is empty, NULL, repeated or one of the fabric's own, or a value that is NULL
  * or not UTF-8: nothing is written), the ckpt layer's write errors; on the other ranks FG_EIO
  * saying rank 0 could not write. */
-FG_API fg_status fg_fabric_save(fg_fabric *f, const char *path, const fg_train_state *st);
+FG_API FG_MUST_USE fg_status fg_fabric_save(fg_fabric *f, const char *path,
+                                            const fg_train_state *st);
 /* Loads a checkpoint into st->model (and st->optimizer, counters) on every
  * rank: a file, or a sharded checkpoint's folder (fg_st_open reads both). A rank whose optimizer
  * holds a shard of the state (a sharding strategy) reads that range of it only, so a checkpoint
@@ -439,7 +446,7 @@ FG_API fg_status fg_fabric_save(fg_fabric *f, const char *path, const fg_train_s
  * are every metadata entry of the file, in file order (the fabric's keys included), owned by the
  * fabric until its next successful load or fg_fabric_free; a failed load leaves st's counters and
  * meta, and the fabric's copy, as they were. */
-FG_API fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st);
+FG_API FG_MUST_USE fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st);
 /* The value of metadata `key` in the checkpoint the last successful
  * fg_fabric_load read, or NULL (no such key, or no load yet); owned by the
  * fabric as st->meta is. */
