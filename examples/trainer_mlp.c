@@ -69,8 +69,10 @@ static fg_status configure_optimizers(void *ud, fg_trainer *t, fg_optimizer_conf
 static fg_tensor *training_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
     (void)i;
     fg_tensor *loss = fg_cross_entropy(fg_module_forward(*(fg_module **)ud, b->x), b->y, -100);
-    if (loss) fg_trainer_log(t, "train_loss", fg_item(loss), &(fg_log_opts){.prog_bar = true});
-    return loss; /* the trainer calls backward on it */
+    if (loss &&
+        fg_trainer_log(t, "train_loss", fg_item(loss), &(fg_log_opts){.prog_bar = true}) != FG_OK)
+        return NULL; /* fit stops with the log's error */
+    return loss;     /* the trainer calls backward on it */
 }
 
 static fg_status validation_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {

@@ -353,20 +353,21 @@ FG_API void fg_trainer_free(fg_trainer *t);
  * Returns FG_OK, or the first error: a hook's, the fabric's, FG_EINVAL
  * naming a bad setting (no training_step, val_check_interval past the
  * epoch, ...), FG_EPEER naming a failed rank. Collective. */
-FG_API fg_status fg_trainer_fit(fg_trainer *t, const fg_lightning_module *m, fg_dataloader *train,
-                                fg_dataloader *val, const char *ckpt_path);
+FG_API FG_MUST_USE fg_status fg_trainer_fit(fg_trainer *t, const fg_lightning_module *m,
+                                            fg_dataloader *train, fg_dataloader *val,
+                                            const char *ckpt_path);
 /* One validation (test) run over dl (NULL: the module's hook) with
  * m->validation_step (test_step); the results are the callback metrics
  * afterwards (fg_trainer_metrics). ckpt_path: NULL = the model's current
  * weights; "best", "last" or a file: load those weights first. */
-FG_API fg_status fg_trainer_validate(fg_trainer *t, const fg_lightning_module *m, fg_dataloader *dl,
-                                     const char *ckpt_path);
-FG_API fg_status fg_trainer_test(fg_trainer *t, const fg_lightning_module *m, fg_dataloader *dl,
-                                 const char *ckpt_path);
+FG_API FG_MUST_USE fg_status fg_trainer_validate(fg_trainer *t, const fg_lightning_module *m,
+                                                 fg_dataloader *dl, const char *ckpt_path);
+FG_API FG_MUST_USE fg_status fg_trainer_test(fg_trainer *t, const fg_lightning_module *m,
+                                             fg_dataloader *dl, const char *ckpt_path);
 /* Runs m->predict_step over dl; the predictions are the module's to keep
  * (Lightning returns them; here predict_step stores or writes them). */
-FG_API fg_status fg_trainer_predict(fg_trainer *t, const fg_lightning_module *m, fg_dataloader *dl,
-                                    const char *ckpt_path);
+FG_API FG_MUST_USE fg_status fg_trainer_predict(fg_trainer *t, const fg_lightning_module *m,
+                                                fg_dataloader *dl, const char *ckpt_path);
 
 /* Launches the trainer's fabric once and runs run(t, arg) on every rank:
  * inside, the entry points run on these ranks without launching again (fit
@@ -413,8 +414,8 @@ typedef struct fg_log_opts {
  * FG_ESTATE (not inside a hook that may log: predict, setup,
  * configure_*, on_fit_*, checkpoints), a reduction's error. Thread-safe
  * (dp's replica threads). */
-FG_API fg_status fg_trainer_log(fg_trainer *t, const char *name, double value,
-                                const fg_log_opts *opts);
+FG_API FG_MUST_USE fg_status fg_trainer_log(fg_trainer *t, const char *name, double value,
+                                            const fg_log_opts *opts);
 
 /* A named value (metrics, logger rows). */
 typedef struct fg_metric {
@@ -482,8 +483,8 @@ FG_API const char *fg_trainer_ckpt_path(const fg_trainer *t);
  * or "": "". Not collective: it reads this process's callbacks and files
  * (the entry points use rank 0's answer); callable before any launch, so
  * that a program can refuse a missing checkpoint before ranks start. */
-FG_API fg_status fg_trainer_resolve_ckpt_path(fg_trainer *t, const char *ckpt_path, char *out,
-                                              size_t cap);
+FG_API FG_MUST_USE fg_status fg_trainer_resolve_ckpt_path(fg_trainer *t, const char *ckpt_path,
+                                                          char *out, size_t cap);
 /* The file the trainer's latest checkpoint save wrote ("" if none yet). */
 FG_API const char *fg_trainer_last_saved_path(const fg_trainer *t);
 /* Lightning's trainer.interrupted: fit ended at an optimizer step boundary
@@ -506,11 +507,11 @@ FG_API fg_callback *fg_trainer_checkpoint_callback(const fg_trainer *t);
  * position, the callbacks' state_dict and the module's on_save_checkpoint
  * pairs, in one safetensors file written atomically by rank 0 (the fabric's
  * save). Collective; inside an entry point only (FG_ESTATE otherwise). */
-FG_API fg_status fg_trainer_save_checkpoint(fg_trainer *t, const char *path);
+FG_API FG_MUST_USE fg_status fg_trainer_save_checkpoint(fg_trainer *t, const char *path);
 
 /* Parses Lightning's max_time string "DD:HH:MM:SS" (also "HH:MM:SS",
  * "MM:SS" or plain seconds) into seconds. FG_EINVAL naming the string. */
-FG_API fg_status fg_trainer_parse_duration(const char *s, double *seconds);
+FG_API FG_MUST_USE fg_status fg_trainer_parse_duration(const char *s, double *seconds);
 
 /* ------------------------------------------------------------ state dict */
 
@@ -524,9 +525,10 @@ FG_API fg_status fg_trainer_parse_duration(const char *s, double *seconds);
  * FG_EINVAL (NULL or empty key or value, or a key reserved for the trainer
  * and the fabric: "trainer.*", "callbacks.*" and fg_train_state's keys),
  * FG_ESTATE (a state dict being read), FG_ENOMEM. */
-FG_API fg_status fg_state_dict_set(fg_state_dict *sd, const char *key, const char *value);
-FG_API fg_status fg_state_dict_set_f64(fg_state_dict *sd, const char *key, double v);
-FG_API fg_status fg_state_dict_set_i64(fg_state_dict *sd, const char *key, int64_t v);
+FG_API FG_MUST_USE fg_status fg_state_dict_set(fg_state_dict *sd, const char *key,
+                                               const char *value);
+FG_API FG_MUST_USE fg_status fg_state_dict_set_f64(fg_state_dict *sd, const char *key, double v);
+FG_API FG_MUST_USE fg_status fg_state_dict_set_i64(fg_state_dict *sd, const char *key, int64_t v);
 /* The value of key, or NULL. */
 FG_API const char *fg_state_dict_get(const fg_state_dict *sd, const char *key);
 /* The number at key in *out: true if present and a number. */

@@ -35,20 +35,21 @@ static fg_status lm_opt(void *ud, fg_trainer *t, fg_optimizer_config *out) {
 static fg_tensor *lm_train(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
     log_mod *m = ud;
     double v = (double)(i + 1);
-    fg_trainer_log(t, "a", v, NULL);                                                /* step only */
-    fg_trainer_log(t, "w", v, &(fg_log_opts){.on_epoch = FG_ON, .prog_bar = true}); /* both */
-    fg_trainer_log(t, "u", v,
-                   &(fg_log_opts){.on_step = FG_OFF, .on_epoch = FG_ON, .batch_size = 1});
-    fg_trainer_log(
+    CHECK_OK(fg_trainer_log(t, "a", v, NULL)); /* step only */
+    CHECK_OK(
+        fg_trainer_log(t, "w", v, &(fg_log_opts){.on_epoch = FG_ON, .prog_bar = true})); /* both */
+    CHECK_OK(fg_trainer_log(t, "u", v,
+                            &(fg_log_opts){.on_step = FG_OFF, .on_epoch = FG_ON, .batch_size = 1}));
+    CHECK_OK(fg_trainer_log(
         t, "s", v,
-        &(fg_log_opts){.on_step = FG_OFF, .on_epoch = FG_ON, .reduce_fx = FG_REDUCE_SUM});
-    fg_trainer_log(
+        &(fg_log_opts){.on_step = FG_OFF, .on_epoch = FG_ON, .reduce_fx = FG_REDUCE_SUM}));
+    CHECK_OK(fg_trainer_log(
         t, "mx", v,
-        &(fg_log_opts){.on_step = FG_OFF, .on_epoch = FG_ON, .reduce_fx = FG_REDUCE_MAX});
-    fg_trainer_log(
+        &(fg_log_opts){.on_step = FG_OFF, .on_epoch = FG_ON, .reduce_fx = FG_REDUCE_MAX}));
+    CHECK_OK(fg_trainer_log(
         t, "mn", v,
-        &(fg_log_opts){.on_step = FG_OFF, .on_epoch = FG_ON, .reduce_fx = FG_REDUCE_MIN});
-    fg_trainer_log(t, "quiet", v, &(fg_log_opts){.logger = FG_OFF});
+        &(fg_log_opts){.on_step = FG_OFF, .on_epoch = FG_ON, .reduce_fx = FG_REDUCE_MIN}));
+    CHECK_OK(fg_trainer_log(t, "quiet", v, &(fg_log_opts){.logger = FG_OFF}));
     if (i == 0 && m->bad[0] == FG_OK) {
         m->bad[0] = fg_trainer_log(t, "a", v, &(fg_log_opts){.on_epoch = FG_ON});
         snprintf(m->bad_msg[0], 256, "%s", fg_last_error());
@@ -208,7 +209,8 @@ static fg_tensor *dp_train(void *ud, fg_trainer *t, fg_batch *part, int64_t i) {
     (void)i;
     log_mod *m = ud;
     /* each dp part logs its own size: the batch's value is their weighted mean */
-    fg_trainer_log(t, "sz", (double)part->size, &(fg_log_opts){.on_epoch = FG_ON});
+    if (fg_trainer_log(t, "sz", (double)part->size, &(fg_log_opts){.on_epoch = FG_ON}) != FG_OK)
+        return NULL;
     return fg_cross_entropy(fg_module_forward(m->net, part->x), part->y, -100);
 }
 
@@ -268,7 +270,8 @@ static fg_status sync_val(void *ud, fg_trainer *t, fg_batch *b, int64_t j) {
 static fg_tensor *sync_train(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
     (void)i;
     log_mod *m = ud;
-    fg_trainer_log(t, "ts", (double)(m->rank + 1), &(fg_log_opts){.sync_dist = true});
+    if (fg_trainer_log(t, "ts", (double)(m->rank + 1), &(fg_log_opts){.sync_dist = true}) != FG_OK)
+        return NULL;
     return fg_cross_entropy(fg_module_forward(m->net, b->x), b->y, -100);
 }
 

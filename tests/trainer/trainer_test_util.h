@@ -102,9 +102,10 @@ static fg_tensor *tu_training_step(void *ud, fg_trainer *t, fg_batch *b, int64_t
     m->c.train_steps++;
     fg_tensor *loss = tu_loss(m, b);
     if (loss) m->c.last_loss = fg_item(loss);
-    if (loss && m->log_train)
+    if (loss && m->log_train &&
         fg_trainer_log(t, "loss", fg_item(loss),
-                       &(fg_log_opts){.on_epoch = FG_ON, .prog_bar = true});
+                       &(fg_log_opts){.on_epoch = FG_ON, .prog_bar = true}) != FG_OK)
+        return NULL;
     return loss;
 }
 
