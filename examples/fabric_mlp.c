@@ -72,7 +72,7 @@ static int run(fg_fabric *f, void *arg) {
     double loss = 0;
     int64_t step = 0;
     for (int64_t epoch = 0; step < o->steps; epoch++) {
-        fg_dataloader_set_epoch(dl, epoch);
+        if (fg_dataloader_set_epoch(dl, epoch) != FG_OK) return 1;
         for (fg_batch *b; step < o->steps && (b = fg_dataloader_next(dl)); step++) {
             fg_optimizer_zero_grad(opt);
             /* training_step: dp splits the batch across its threads here */

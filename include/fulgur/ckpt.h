@@ -77,14 +77,15 @@ FG_API void fg_st_writer_free(fg_st_writer *w);
  * Returns FG_OK; FG_EINVAL naming the entry for a bad argument, a duplicate
  * name or a size that overflows; FG_ENOMEM. On failure the writer is
  * unchanged. */
-FG_API fg_status fg_st_writer_add(fg_st_writer *w, const char *name, fg_dtype dtype, int ndim,
-                                  const int64_t *shape, const void *data);
+FG_API FG_MUST_USE fg_status fg_st_writer_add(fg_st_writer *w, const char *name, fg_dtype dtype,
+                                              int ndim, const int64_t *shape, const void *data);
 
 /* Sets metadata key = value (both UTF-8 strings, copied; key non-empty).
  * Setting a key again replaces its value; keys are written in the order they
  * were first set. Returns FG_OK, FG_EINVAL (NULL or invalid UTF-8) or
  * FG_ENOMEM; on failure the writer is unchanged. */
-FG_API fg_status fg_st_writer_set_meta(fg_st_writer *w, const char *key, const char *value);
+FG_API FG_MUST_USE fg_status fg_st_writer_set_meta(fg_st_writer *w, const char *key,
+                                                   const char *value);
 
 /* Number of entries added so far. */
 FG_API int64_t fg_st_writer_count(const fg_st_writer *w);
@@ -94,8 +95,8 @@ FG_API int64_t fg_st_writer_count(const fg_st_writer *w);
  * changes or is freed. fg_st_writer_meta_at returns FG_EINVAL if i is out
  * of range. */
 FG_API int64_t fg_st_writer_meta_count(const fg_st_writer *w);
-FG_API fg_status fg_st_writer_meta_at(const fg_st_writer *w, int64_t i, const char **key,
-                                      const char **value);
+FG_API FG_MUST_USE fg_status fg_st_writer_meta_at(const fg_st_writer *w, int64_t i,
+                                                  const char **key, const char **value);
 
 /* Writes everything added so far to `path`, atomically:
  *   1. a temporary file "<dir>/.<name>.tmp-<pid>-<n>" in the target's folder
@@ -115,7 +116,7 @@ FG_API fg_status fg_st_writer_meta_at(const fg_st_writer *w, int64_t i, const ch
  * the header would pass FG_ST_MAX_HEADER or `path` is not a regular file;
  * FG_ENOMEM. If only the final
  * folder fsync fails, the new file is in place and FG_EIO says so. */
-FG_API fg_status fg_st_writer_write(fg_st_writer *w, const char *path);
+FG_API FG_MUST_USE fg_status fg_st_writer_write(fg_st_writer *w, const char *path);
 
 /* Points the symlink `link_path` (e.g. "ckpt/last.safetensors") at `target`,
  * atomically: a temporary symlink in the same folder is renamed over it and
@@ -127,14 +128,14 @@ FG_API fg_status fg_st_writer_write(fg_st_writer *w, const char *path);
  * whole file, the newest whose save finished.
  * Returns FG_OK, FG_EINVAL (empty or NULL argument), FG_EIO naming the link
  * and the system's reason (target missing, folder not writable), FG_ENOMEM. */
-FG_API fg_status fg_st_set_last(const char *link_path, const char *target);
+FG_API FG_MUST_USE fg_status fg_st_set_last(const char *link_path, const char *target);
 
 /* Resolves the symlink `link_path` made by fg_st_set_last into a path that
  * fg_st_open accepts ("ckpt/step-40.safetensors"), written to out (cap bytes,
  * NUL-terminated). Returns FG_OK; FG_EIO if the link does not exist (no
  * checkpoint yet) or cannot be read; FG_EFORMAT if `link_path` is not a
  * symlink; FG_EINVAL if out is too small. */
-FG_API fg_status fg_st_get_last(const char *link_path, char *out, size_t cap);
+FG_API FG_MUST_USE fg_status fg_st_get_last(const char *link_path, char *out, size_t cap);
 
 /* Removes the temporary files (and the temporary folders of
  * fg_st_folder_begin, with the files in them) that writes into folder `dir`
@@ -146,7 +147,7 @@ FG_API fg_status fg_st_get_last(const char *link_path, char *out, size_t cap);
  * start of a run): a writer on another machine sharing the folder is not
  * seen as alive. Errors: FG_EINVAL (NULL dir), FG_EIO naming the folder
  * (cannot list it) or the file (cannot remove it). */
-FG_API fg_status fg_st_remove_stale_tmp(const char *dir, int *removed);
+FG_API FG_MUST_USE fg_status fg_st_remove_stale_tmp(const char *dir, int *removed);
 
 /* ----------------------------------------------------- sharded checkpoints
  *
@@ -169,9 +170,10 @@ FG_API fg_status fg_st_remove_stale_tmp(const char *dir, int *removed);
  * repeated name, a file name with a '/' or a leading '.', a key
  * "total_size" in meta, text that is not UTF-8); FG_EIO naming the path;
  * FG_ENOMEM. */
-FG_API fg_status fg_st_write_index(const char *path, int64_t n, const char *const *names,
-                                   const char *const *files, uint64_t total_size, const fg_kv *meta,
-                                   int64_t nmeta);
+FG_API FG_MUST_USE fg_status fg_st_write_index(const char *path, int64_t n,
+                                               const char *const *names, const char *const *files,
+                                               uint64_t total_size, const fg_kv *meta,
+                                               int64_t nmeta);
 
 /* Starts writing a checkpoint folder that will be `path`: makes an empty
  * temporary folder beside it, "<dir>/.<name>.tmp-<pid>-<n>" (hidden, named
@@ -181,7 +183,7 @@ FG_API fg_status fg_st_write_index(const char *path, int64_t n, const char *cons
  * fg_st_remove(tmp) to give up. Returns FG_OK; FG_EINVAL (NULL or empty
  * path, a path ending in '/', tmp too small); FG_EIO naming the folder and
  * the system's reason. */
-FG_API fg_status fg_st_folder_begin(const char *path, char *tmp, size_t cap);
+FG_API FG_MUST_USE fg_status fg_st_folder_begin(const char *path, char *tmp, size_t cap);
 
 /* Moves the finished temporary folder tmp to `path` atomically: tmp is
  * fsync'ed, renamed to path (exchanged with what was there, a previous
@@ -189,14 +191,14 @@ FG_API fg_status fg_st_folder_begin(const char *path, char *tmp, size_t cap);
  * fsync'ed. A kill at any moment leaves `path` as it was or as the new
  * folder, whole. Returns FG_OK; FG_EINVAL for NULL; FG_EIO naming the paths
  * and the system's reason (tmp is then left for the caller to remove). */
-FG_API fg_status fg_st_folder_commit(const char *tmp, const char *path);
+FG_API FG_MUST_USE fg_status fg_st_folder_commit(const char *tmp, const char *path);
 
 /* Removes a checkpoint: a file, or a folder of files (a sharded checkpoint,
  * or a temporary folder of fg_st_folder_begin) with the files in it. Only
  * one level: a folder inside it is an error, and nothing is followed
  * through symlinks. A missing path is FG_OK. FG_EIO naming the path and
  * the reason otherwise; FG_EINVAL for NULL. */
-FG_API fg_status fg_st_remove(const char *path);
+FG_API FG_MUST_USE fg_status fg_st_remove(const char *path);
 
 /* --------------------------------------------------------------- reading */
 
@@ -274,8 +276,8 @@ FG_API const void *fg_st_data(const fg_st_file *f, int64_t i);
  * numel > 0); FG_EMISMATCH naming the entry if numel differs;
  * FG_EUNSUPPORTED if the entry's dtype is one fulgur lacks (its raw bytes
  * are still at fg_st_data). */
-FG_API fg_status fg_st_read(const fg_st_file *f, int64_t i, void *dst, fg_dtype dst_dtype,
-                            int64_t numel);
+FG_API FG_MUST_USE fg_status fg_st_read(const fg_st_file *f, int64_t i, void *dst,
+                                        fg_dtype dst_dtype, int64_t numel);
 
 /* The metadata value of `key`, or NULL if absent; borrowed until
  * fg_st_close. */

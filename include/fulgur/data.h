@@ -126,7 +126,8 @@ FG_API int64_t fg_dataset_vocab_size(const fg_dataset *ds);
 /* Writes sample i into x_out and y_out (sizes as in the specs). Returns
  * FG_OK; FG_EINVAL if i is outside [0, len) or a buffer is NULL; else what
  * the dataset's get returns. Thread-safe for the built-in datasets. */
-FG_API fg_status fg_dataset_get(const fg_dataset *ds, int64_t i, void *x_out, void *y_out);
+FG_API FG_MUST_USE fg_status fg_dataset_get(const fg_dataset *ds, int64_t i, void *x_out,
+                                            void *y_out);
 
 /* A view of samples [start, start + len) of `base` as a dataset of its own
  * (same specs). `base` is BORROWED: it must outlive the view. Returns NULL
@@ -142,8 +143,8 @@ FG_API fg_dataset *fg_dataset_subset(fg_dataset *base, int64_t start, int64_t le
  * be empty (the message gives the counts); FG_ENOMEM. On failure *train and
  * *val are NULL. (The status form, as core.h's conventions allow a call
  * that makes two objects.) */
-FG_API fg_status fg_dataset_split(fg_dataset *base, double val_fraction, fg_dataset **train,
-                                  fg_dataset **val);
+FG_API FG_MUST_USE fg_status fg_dataset_split(fg_dataset *base, double val_fraction,
+                                              fg_dataset **train, fg_dataset **val);
 
 /* ------------------------------------------------------------ text (char) */
 
@@ -172,13 +173,13 @@ FG_API int32_t fg_text_vocab_id(const fg_text_vocab *v, uint8_t byte);
 /* Encodes s[0, len) into out[0, len). Returns FG_OK, or FG_EINVAL naming the
  * first byte not in the vocabulary and its position (out is then partly
  * written). */
-FG_API fg_status fg_text_vocab_encode(const fg_text_vocab *v, const char *s, size_t len,
-                                      int32_t *out);
+FG_API FG_MUST_USE fg_status fg_text_vocab_encode(const fg_text_vocab *v, const char *s, size_t len,
+                                                  int32_t *out);
 /* Decodes ids[0, n) into out[0, n) and writes out[n] = '\0' (out holds n + 1
  * bytes; the text may itself contain NUL bytes). Returns FG_OK, or FG_EINVAL
  * naming the first id outside [0, size) and its position. */
-FG_API fg_status fg_text_vocab_decode(const fg_text_vocab *v, const int32_t *ids, int64_t n,
-                                      char *out);
+FG_API FG_MUST_USE fg_status fg_text_vocab_decode(const fg_text_vocab *v, const int32_t *ids,
+                                                  int64_t n, char *out);
 
 /* A char-level text dataset: the bytes of `path` encoded by a vocabulary,
  * cut into non-overlapping windows of ctx tokens. Sample i starts at
@@ -401,7 +402,7 @@ FG_API int fg_sampler_rank(const fg_sampler *s);
 FG_API int fg_sampler_world(const fg_sampler *s);
 /* Writes the fg_sampler_len indices of `epoch` (>= 0) into out. FG_OK,
  * FG_EINVAL (epoch < 0, NULL out) or what a user sampler returns. */
-FG_API fg_status fg_sampler_indices(fg_sampler *s, int64_t epoch, int64_t *out);
+FG_API FG_MUST_USE fg_status fg_sampler_indices(fg_sampler *s, int64_t epoch, int64_t *out);
 
 /* ================================================================== loader */
 
@@ -455,16 +456,16 @@ FG_API void fg_dataloader_free(fg_dataloader *dl);
  * constructor failed) returns that failure's status with its message kept,
  * so fg_dataloader_set_sampler(dl, fg_sampler_...(...)) reports the real
  * cause. */
-FG_API fg_status fg_dataloader_set_sampler(fg_dataloader *dl, fg_sampler *s);
+FG_API FG_MUST_USE fg_status fg_dataloader_set_sampler(fg_dataloader *dl, fg_sampler *s);
 
 /* Goes to batch 0 of `epoch` (>= 0), whose order the sampler gives (with
  * shuffle, a new permutation: call it at the start of every epoch, as
  * DistributedSampler.set_epoch). Clears a previous error. Returns FG_OK,
  * FG_EINVAL, or a sampler's error. */
-FG_API fg_status fg_dataloader_set_epoch(fg_dataloader *dl, int64_t epoch);
+FG_API FG_MUST_USE fg_status fg_dataloader_set_epoch(fg_dataloader *dl, int64_t epoch);
 
 /* Goes back to batch 0 of the current epoch (same order). Clears an error. */
-FG_API fg_status fg_dataloader_reset(fg_dataloader *dl);
+FG_API FG_MUST_USE fg_status fg_dataloader_reset(fg_dataloader *dl);
 
 /* The next batch of the epoch, or NULL when the epoch is over or a read
  * failed; fg_dataloader_status tells which. After the end it keeps
@@ -476,7 +477,7 @@ FG_API fg_batch *fg_dataloader_next(fg_dataloader *dl);
 
 /* FG_OK while batches come and after a normal end of epoch; the error status
  * after a failed fg_dataloader_next. */
-FG_API fg_status fg_dataloader_status(const fg_dataloader *dl);
+FG_API FG_MUST_USE fg_status fg_dataloader_status(const fg_dataloader *dl);
 
 /* Batches per epoch for this rank: ceil(n / batch), or floor with drop_last,
  * n = samples per epoch for this rank (fg_dataloader_num_samples). */
@@ -491,7 +492,8 @@ FG_API int64_t fg_dataloader_num_samples(const fg_dataloader *dl);
 FG_API void fg_dataloader_position(const fg_dataloader *dl, int64_t *epoch, int64_t *batch);
 /* Goes to (epoch >= 0, batch in [0, len]). Clears an error. FG_EINVAL naming
  * the bad value, or a sampler's error. */
-FG_API fg_status fg_dataloader_set_position(fg_dataloader *dl, int64_t epoch, int64_t batch);
+FG_API FG_MUST_USE fg_status fg_dataloader_set_position(fg_dataloader *dl, int64_t epoch,
+                                                        int64_t batch);
 
 /* The position as a count of samples of the epoch's order that every rank
  * together has taken: batch * batch size * the sampler's world. Under the
@@ -506,8 +508,8 @@ FG_API void fg_dataloader_sample_position(const fg_dataloader *dl, int64_t *epoc
  * twice. FG_EINVAL when samples is negative, past the epoch, or not a
  * multiple of batch size * world (naming them and what would fit), or what
  * fg_dataloader_set_position returns. */
-FG_API fg_status fg_dataloader_set_sample_position(fg_dataloader *dl, int64_t epoch,
-                                                   int64_t samples);
+FG_API FG_MUST_USE fg_status fg_dataloader_set_sample_position(fg_dataloader *dl, int64_t epoch,
+                                                               int64_t samples);
 
 /* The dataset, options (as given, defaults not filled in except a seed of 0,
  * which reads as the fg_default_seed() it stood for) and sampler of a
@@ -641,8 +643,9 @@ typedef struct fg_collate_opts {
  * followed (unless no_mask) by "<name>_mask": (n, L) FG_U8, 1 for a real
  * row and 0 for padding (PyTorch's pad_sequence with batch_first and its
  * attention mask). A custom collate may call it first and add fields. */
-FG_API fg_status fg_collate_default(void *ud, const fg_fields_dataset *fd,
-                                    const fg_sample_field *samples, int64_t n, fg_collate_out *out);
+FG_API FG_MUST_USE fg_status fg_collate_default(void *ud, const fg_fields_dataset *fd,
+                                                const fg_sample_field *samples, int64_t n,
+                                                fg_collate_out *out);
 
 /* Fields loader options: the loader's, and the collate function with its ud
  * (NULL = fg_collate_default with &collate_opts). */
@@ -666,7 +669,7 @@ FG_API void fg_fields_loader_free(fg_fields_loader *fl); /* NULL is a no-op */
  * epoch); fg_fields_loader_status tells which. After a collate failure the
  * loader keeps returning NULL with the same error until it is repositioned. */
 FG_API fg_fields_batch *fg_fields_loader_next(fg_fields_loader *fl);
-FG_API fg_status fg_fields_loader_status(const fg_fields_loader *fl);
+FG_API FG_MUST_USE fg_status fg_fields_loader_status(const fg_fields_loader *fl);
 
 /* The sample loader under fl (borrowed, valid as long as fl): set_epoch,
  * set_sampler (DDP), reset, len and the positions of resume are its, and
@@ -748,7 +751,7 @@ FG_API void fg_stream_loader_free(fg_stream_loader *l); /* NULL is a no-op */
  * (fg_stream_loader_status tells which; the message names the stream,
  * worker, batch and epoch, and later calls repeat it until repositioned). */
 FG_API fg_batch *fg_stream_loader_next(fg_stream_loader *l);
-FG_API fg_status fg_stream_loader_status(const fg_stream_loader *l);
+FG_API FG_MUST_USE fg_status fg_stream_loader_status(const fg_stream_loader *l);
 
 /* Batches per epoch for this rank: from the stream's len when it gives one;
  * else -1 until an epoch has been read to its end, then that epoch's count
@@ -757,7 +760,7 @@ FG_API int64_t fg_stream_loader_len(const fg_stream_loader *l);
 
 /* Goes to batch 0 of `epoch` (>= 0). FG_OK, FG_EINVAL, or the stream's
  * error (open). */
-FG_API fg_status fg_stream_loader_set_epoch(fg_stream_loader *l, int64_t epoch);
+FG_API FG_MUST_USE fg_status fg_stream_loader_set_epoch(fg_stream_loader *l, int64_t epoch);
 /* The position: the epoch and how many batches of it were returned. */
 FG_API void fg_stream_loader_position(const fg_stream_loader *l, int64_t *epoch, int64_t *batch);
 /* Goes to (epoch, batch): the epoch's streams are reopened and each
@@ -765,7 +768,8 @@ FG_API void fg_stream_loader_position(const fg_stream_loader *l, int64_t *epoch,
  * left it, so the next batches are exactly those the saved loader would
  * have returned (same stream, options, rank and world). FG_EINVAL when
  * the epoch has fewer batches (naming both), or the stream's error. */
-FG_API fg_status fg_stream_loader_set_position(fg_stream_loader *l, int64_t epoch, int64_t batch);
+FG_API FG_MUST_USE fg_status fg_stream_loader_set_position(fg_stream_loader *l, int64_t epoch,
+                                                           int64_t batch);
 
 /* What a dataset's get may ask about the loader calling it, for random
  * augmentation. */

@@ -69,7 +69,9 @@ fg_status fg_st_folder_commit(const char *tmp, const char *path) {
                           fg__errstr(errno, eb, sizeof eb));
             rename(old, path);              /* put the previous one back */
         } else if (rename(old, tmp) != 0) { /* where the exchange would have left it */
-            fg_st_remove(old);
+            if (fg_st_remove(old) != FG_OK) {
+                /* best effort: the new folder is in place */
+            }
         }
         fg_free(old);
         if (st != FG_OK) return st;

@@ -282,7 +282,10 @@ static fg_kv *copy_meta(const fg_st_file *file, int64_t *n_out) {
     char *p = (char *)(kv + n);
     for (int64_t i = 0; i < n; i++) {
         const char *k, *v;
-        fg_st_meta_at(file, i, &k, &v);
+        if (fg_st_meta_at(file, i, &k, &v) != FG_OK) {
+            fg_free(kv);
+            return NULL;
+        }
         size_t kl = strlen(k) + 1, vl = strlen(v) + 1;
         kv[i].key = memcpy(p, k, kl);
         kv[i].value = memcpy(p + kl, v, vl);

@@ -398,7 +398,9 @@ fg_status fg__fabric_save_sharded(fg_fabric *f, const char *path, const fg_train
         if (is == FG_OK) is = fg_st_folder_commit(tmp, path);
         if (is != FG_OK) {
             snprintf(msg, sizeof msg, "%s", fg_last_error());
-            fg_st_remove(tmp);
+            if (fg_st_remove(tmp) != FG_OK) {
+                /* msg holds the first error */
+            }
             ok = false;
         }
     }
@@ -409,7 +411,11 @@ fg_status fg__fabric_save_sharded(fg_fabric *f, const char *path, const fg_train
                    : fg_error(FG_EIO, "save %s: rank 0 could not write the index", path);
     goto out;
 abort:
-    if (r == 0 && tmp[0]) fg_st_remove(tmp);
+    if (r == 0 && tmp[0]) {
+        fg_error_kept why; /* the failure that aborted, not the cleanup's */
+        fg_error_keep(&why);
+        if (fg_st_remove(tmp) != FG_OK) fg_error_restore(&why);
+    }
 out:
     for (size_t k = 0; k < sizeof tail / sizeof tail[0]; k++) fg_free(tail[k]);
     fg_st_writer_free(meta);

@@ -235,7 +235,9 @@ static bool should_remove(const fg_trainer *t, const ckpt_cb *c, const char *pre
 }
 
 static void remove_file(const fg_trainer *t, const char *path) {
-    if (fg_trainer_is_global_zero(t)) fg_st_remove(path); /* a file, or a sharded save's folder */
+    /* a file, or a sharded save's folder; one that cannot go is left, as before */
+    if (fg_trainer_is_global_zero(t) && fg_st_remove(path) != FG_OK) {
+    }
 }
 
 static bool better(const ckpt_cb *c, double a, double b) {

@@ -152,10 +152,10 @@ static uint8_t *valid_file(size_t *len) {
     for (int i = 0; i < 64; i++) v[i] = (float)i;
     int64_t s[2] = {8, 8}, s1[1] = {4};
     fg_st_writer *w = fg_st_writer_new();
-    fg_st_writer_add(w, "layer.weight", FG_F32, 2, s, v);
-    fg_st_writer_add(w, "layer.bias", FG_F32, 1, s1, v);
-    fg_st_writer_set_meta(w, "step", "40");
-    fg_st_writer_write(w, tmp_path("flip.safetensors"));
+    CHECK_OK(fg_st_writer_add(w, "layer.weight", FG_F32, 2, s, v));
+    CHECK_OK(fg_st_writer_add(w, "layer.bias", FG_F32, 1, s1, v));
+    CHECK_OK(fg_st_writer_set_meta(w, "step", "40"));
+    CHECK_OK(fg_st_writer_write(w, tmp_path("flip.safetensors")));
     fg_st_writer_free(w);
     FILE *fp = fopen(tmp_path("flip.safetensors"), "rb");
     fseek(fp, 0, SEEK_END);
@@ -250,7 +250,7 @@ TEST(last_pointer_names_the_newest_whole_file) {
         snprintf(name, sizeof name, "step-%d.safetensors", step);
         fg_st_writer *w = fg_st_writer_new();
         v[0] = (float)step;
-        fg_st_writer_add(w, "w", FG_F32, 1, s, v);
+        CHECK_OK(fg_st_writer_add(w, "w", FG_F32, 1, s, v));
         snprintf(target, sizeof target, "%s", tmp_path(name));
         CHECK_OK(fg_st_writer_write(w, target));
         fg_st_writer_free(w);
@@ -267,7 +267,7 @@ TEST(last_pointer_names_the_newest_whole_file) {
     fg_st_close(f);
     /* a write into a folder that does not exist fails with the path named */
     fg_st_writer *w = fg_st_writer_new();
-    fg_st_writer_add(w, "w", FG_F32, 1, s, v);
+    CHECK_OK(fg_st_writer_add(w, "w", FG_F32, 1, s, v));
     CHECK_STATUS(fg_st_writer_write(w, "/nonexistent-dir/x.safetensors"), FG_EIO);
     CHECK_CONTAINS(fg_last_error(), "/nonexistent-dir");
     fg_st_writer_free(w);
@@ -282,7 +282,7 @@ TEST(last_pointer_names_the_newest_whole_file) {
         const char *name, *what;
     } odd[] = {{"fifo", "a fifo"}, {"null-link", "a symlink"}, {"a-folder", "a folder"}};
     w = fg_st_writer_new();
-    fg_st_writer_add(w, "w", FG_F32, 1, s, v);
+    CHECK_OK(fg_st_writer_add(w, "w", FG_F32, 1, s, v));
     for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
         char p[512];
         snprintf(p, sizeof p, "%s", tmp_path(odd[i].name));

@@ -197,8 +197,8 @@ TEST(fields_xy_case_equals_the_dataloader) {
     if (dl && fl) {
         CHECK(fg_dataloader_len(fg_fields_loader_loader(fl)) == fg_dataloader_len(dl));
         for (int64_t e = 0; e < 2; e++) {
-            fg_dataloader_set_epoch(dl, e);
-            fg_dataloader_set_epoch(fg_fields_loader_loader(fl), e);
+            CHECK_OK(fg_dataloader_set_epoch(dl, e));
+            CHECK_OK(fg_dataloader_set_epoch(fg_fields_loader_loader(fl), e));
             int nb = 0;
             for (fg_batch *a; (a = fg_dataloader_next(dl)) != NULL; nb++) {
                 fg_fields_batch *b = fg_fields_loader_next(fl);
@@ -321,7 +321,7 @@ TEST(fields_resume_mid_epoch_exactly) {
     fg_fields_loader *a = fg_fields_loader_new(fd, &o), *b = fg_fields_loader_new(fd, &o);
     CHECK(a && b);
     if (a && b) {
-        fg_dataloader_set_epoch(fg_fields_loader_loader(a), 1);
+        CHECK_OK(fg_dataloader_set_epoch(fg_fields_loader_loader(a), 1));
         for (int k = 0; k < 3; k++) fg_fields_loader_next(a);
         int64_t e, pos;
         fg_dataloader_position(fg_fields_loader_loader(a), &e, &pos);

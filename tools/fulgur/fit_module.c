@@ -357,7 +357,8 @@ fg_status fit_module_write_predictions(fit_module *m, fg_trainer *t, const char 
             if (text) {
                 char one[2] = {0}; /* the character and decode's NUL */
                 int32_t id = (int32_t)v;
-                fg_text_vocab_decode(m->d.text_vocab, &id, 1, one);
+                if (fg_text_vocab_decode(m->d.text_vocab, &id, 1, one) != FG_OK)
+                    one[0] = '\0'; /* an id outside the vocabulary: empty, as before */
                 char ch = one[0];
                 fprintf(fp, "%lld,%d,%s\n", (long long)idx, id,
                         ch == '\n'  ? "\\n"
