@@ -445,7 +445,12 @@ static void att_bwd(void *p) {
 
 /* One AdamW step over a linear layer's weight: the update kernel
  * (optim/kernels.c) over the flat buffers, through the public API */
-static void adamw(void *p) { fg_optimizer_step(p); }
+static void adamw(void *p) {
+    if (fg_optimizer_step(p) != FG_OK) {
+        fprintf(stderr, "ops_bench: %s\n", fg_last_error());
+        exit(1);
+    }
+}
 
 static bool want(const char *filter, const char *name) { return !filter || strstr(name, filter); }
 

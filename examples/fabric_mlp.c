@@ -77,7 +77,7 @@ static int run(fg_fabric *f, void *arg) {
             fg_optimizer_zero_grad(opt);
             /* training_step: dp splits the batch across its threads here */
             if (fg_fabric_training_step(f, b, step_loss, NULL, model, &loss) != FG_OK) return 1;
-            fg_optimizer_step(opt);
+            if (fg_optimizer_step(opt) != FG_OK) return 1;
             if (fg_fabric_reduce_scalar(f, loss, FG_AVG, &loss) != FG_OK) return 1;
             if (step % 50 == 0)
                 fg_fabric_print(f, "step %3lld  loss %.4f\n", (long long)step, loss);

@@ -71,7 +71,7 @@ typedef enum fg_accelerator {
  * Errors: FG_EUNSUPPORTED for gpu/cuda (no GPU support built in) and for
  * accelerators fulgur does not have (tpu, ipu, hpu, mps); FG_EINVAL for
  * anything else, listing the valid names. Thread-safe. */
-FG_API fg_status fg_launch_parse_accelerator(const char *s, fg_accelerator *out);
+FG_API FG_MUST_USE fg_status fg_launch_parse_accelerator(const char *s, fg_accelerator *out);
 
 /* The name of an accelerator ("cpu", "gpu"). */
 FG_API const char *fg_accelerator_name(fg_accelerator a);
@@ -98,14 +98,15 @@ typedef struct fg_devices {
  * "[]", negative numbers other than -1, a count or id past what the machine
  * has (`devices=5: only 2 CPU devices here (cores); use 1..2 or -1`), an id
  * listed twice (`devices="[1, 1]": device 1 is listed twice`). Thread-safe. */
-FG_API fg_status fg_launch_parse_devices(const char *s, int available, fg_devices *out);
+FG_API FG_MUST_USE fg_status fg_launch_parse_devices(const char *s, int available, fg_devices *out);
 
 /* The same for an integer: k > 0 is the first k devices, -1 all of them; 0
  * and other negatives are errors. Thread-safe. */
-FG_API fg_status fg_launch_devices_count(int k, int available, fg_devices *out);
+FG_API FG_MUST_USE fg_status fg_launch_devices_count(int k, int available, fg_devices *out);
 
 /* The same for a list of ids (Lightning's [1, 3]); n >= 1. Thread-safe. */
-FG_API fg_status fg_launch_devices_list(const int *ids, int n, int available, fg_devices *out);
+FG_API FG_MUST_USE fg_status fg_launch_devices_list(const int *ids, int n, int available,
+                                                    fg_devices *out);
 
 /* Writes the devices as a list ("[0, 1, 2]") into buf (always terminated).
  * Returns buf. */
@@ -114,7 +115,7 @@ FG_API char *fg_devices_format(const fg_devices *d, char *buf, size_t cap);
 /* CPU devices of this machine: FULGUR_CPU_DEVICES if set (1..FG_DEVICES_MAX),
  * else fg_num_cores() (at most FG_DEVICES_MAX). Errors: FG_EINVAL when the
  * variable is not a number in range (the message names it). Thread-safe. */
-FG_API fg_status fg_launch_cpu_devices(int *out);
+FG_API FG_MUST_USE fg_status fg_launch_cpu_devices(int *out);
 
 /* Parses a strategy name into fulgur's one list of strategies
  * (fg_strategy_kind): a name or alias of the strategy table (kinds.h,
@@ -127,8 +128,8 @@ FG_API fg_status fg_launch_cpu_devices(int *out);
  * replicas (single) with several devices, a kind of one process (single,
  * dp) with several nodes: FG_EINVAL saying what to use. Anything else:
  * FG_EINVAL listing every name. Thread-safe. */
-FG_API fg_status fg_launch_parse_strategy(const char *s, int ndevices, int num_nodes,
-                                          fg_strategy_kind *out);
+FG_API FG_MUST_USE fg_status fg_launch_parse_strategy(const char *s, int ndevices, int num_nodes,
+                                                      fg_strategy_kind *out);
 
 /* The offload a strategy name implies, as Lightning registers the name (the
  * alias's offload in the strategy table, kinds.h): deepspeed_stage_2_offload
@@ -147,7 +148,7 @@ FG_API void fg_launch_strategy_offload(const char *s, fg_offload_device *optimiz
  * naming the value and what is available (fg_precision_available); FG_EINVAL
  * for anything else, listing the valid names. Every setting is built today.
  * *out is set only on FG_OK. Thread-safe. */
-FG_API fg_status fg_launch_parse_precision(const char *s, fg_precision_kind *out);
+FG_API FG_MUST_USE fg_status fg_launch_parse_precision(const char *s, fg_precision_kind *out);
 
 /* ---------------------------------------------------------------- plan */
 
@@ -212,14 +213,15 @@ typedef struct fg_launch_plan {
  *     cores / local ranks (at least 1).
  * Errors: FG_EINVAL, FG_EUNSUPPORTED (from parsing), FG_EMISMATCH (the
  * launcher's world size disagrees). Thread-safe. */
-FG_API fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluster_info *env,
-                                     fg_launch_plan *out);
+FG_API FG_MUST_USE fg_status fg_launch_plan_make(const fg_launch_opts *opts,
+                                                 const fg_cluster_info *env, fg_launch_plan *out);
 
 /* Kernel threads for each of `local_ranks` ranks on this machine:
  * FULGUR_NUM_THREADS if set (an integer >= 1, else FG_EINVAL naming it),
  * else fg_num_cores() / local_ranks, at least 1. *from (may be NULL) gets
  * "FULGUR_NUM_THREADS" or "cores / local ranks". Thread-safe. */
-FG_API fg_status fg_launch_threads_per_rank(int local_ranks, int *out, const char **from);
+FG_API FG_MUST_USE fg_status fg_launch_threads_per_rank(int local_ranks, int *out,
+                                                        const char **from);
 
 /* Writes one line describing the plan into buf ("ddp on cpu, 2 ranks (2 per
  * node x 1 node, devices [0, 1]), not launched, this process is rank 0,
@@ -234,7 +236,7 @@ FG_API char *fg_launch_plan_format(const fg_launch_plan *p, char *buf, size_t ca
  * set in info). fg_cluster_detect() then returns info. Uses setenv: not
  * thread-safe, call before starting threads that read the environment.
  * Errors: FG_EINVAL (fg_cluster_validate's), FG_ENOMEM. */
-FG_API fg_status fg_launch_export(const fg_cluster_info *info);
+FG_API FG_MUST_USE fg_status fg_launch_export(const fg_cluster_info *info);
 
 /* Removes every variable fg_launch_export sets. Not thread-safe. */
 FG_API void fg_launch_unexport(void);
@@ -327,7 +329,7 @@ FG_API fg_job *fg_launch_reexec(const fg_launch_plan *plan, const fg_job_opts *o
 /* FG_OK while no rank has failed; else FG_EPEER with a message naming the
  * first that failed ("rank 2 (pid 4242) was killed by signal 9 (SIGKILL)").
  * Never blocks. Thread-safe. */
-FG_API fg_status fg_job_check(fg_job *j);
+FG_API FG_MUST_USE fg_status fg_job_check(fg_job *j);
 
 /* fg_comm_new for a process whose fellow ranks are this job's (the
  * re-exec launcher's rank 0): the same, except that it gives up as soon as
@@ -350,7 +352,7 @@ FG_API fg_comm *fg_job_comm_new(fg_job *j, const fg_cluster_info *info, const fg
  * were ended by fg_job_stop), FG_EPEER naming the first that failed ("rank 2
  * (pid 4242) was killed by signal 9 (SIGKILL); stopped the other 2 ranks"),
  * FG_ETIMEOUT naming one still running. Thread-safe. */
-FG_API fg_status fg_job_wait(fg_job *j, double timeout_s);
+FG_API FG_MUST_USE fg_status fg_job_wait(fg_job *j, double timeout_s);
 
 /* Sends `sig` to every running rank (to its process group), as a launcher
  * forwards SIGINT and SIGTERM. Failures after a forwarded signal do not
@@ -419,8 +421,10 @@ typedef struct fg_fork_result {
  * FG_EIO, FG_ENOMEM. Fork before this process starts threads of its own
  * (kernels, loaders): a child has only the calling thread. Blocks until
  * all ranks end. Not thread-safe (one fork launch at a time). */
-FG_API fg_status fg_launch_fork(int nprocs, int (*fn)(int rank, int world_size, void *arg),
-                                void *arg, const fg_fork_opts *opts, fg_fork_result *out);
+FG_API FG_MUST_USE fg_status fg_launch_fork(int nprocs,
+                                            int (*fn)(int rank, int world_size, void *arg),
+                                            void *arg, const fg_fork_opts *opts,
+                                            fg_fork_result *out);
 
 /* In the parent of a fork launch under way (inside fg_launch_fork, e.g.
  * from a signal handler): sends signal `sig` to every rank still running,
@@ -434,7 +438,7 @@ FG_API int fg_launch_fork_signal(int sig);
  * the parent wants; the last one before rank 0 exits is delivered, and only
  * when every rank succeeded). Errors: FG_ESTATE outside a fork-launched
  * rank or on a rank other than 0; FG_EIO. */
-FG_API fg_status fg_launch_send_result(const void *data, size_t len);
+FG_API FG_MUST_USE fg_status fg_launch_send_result(const void *data, size_t len);
 
 #ifdef __cplusplus
 }

@@ -145,7 +145,7 @@ FG_API void fg_optimizer_free(fg_optimizer *opt);
  * (deepspeed_stage_3, fsdp FULL_SHARD, HYBRID_SHARD) it updates the shard
  * and gathers nothing: the parameters stay sharded. Errors:
  * FG_EINVAL for a NULL optimizer. */
-FG_API fg_status fg_optimizer_step(fg_optimizer *opt);
+FG_API FG_MUST_USE fg_status fg_optimizer_step(fg_optimizer *opt);
 /* Zeroes the module's gradients (fg_module_zero_grad). */
 FG_API void fg_optimizer_zero_grad(fg_optimizer *opt);
 
@@ -153,7 +153,7 @@ FG_API void fg_optimizer_zero_grad(fg_optimizer *opt);
 FG_API double fg_optimizer_lr(const fg_optimizer *opt);
 /* Sets the learning rate of every group, used by the next steps (schedules
  * call it before each step). FG_EINVAL for lr < 0 or not finite. */
-FG_API fg_status fg_optimizer_set_lr(fg_optimizer *opt, double lr);
+FG_API FG_MUST_USE fg_status fg_optimizer_set_lr(fg_optimizer *opt, double lr);
 
 /* ------------------------------------------------------- parameter groups */
 
@@ -188,8 +188,9 @@ FG_API double fg_optimizer_group_weight_decay(const fg_optimizer *opt, int g);
  * its own); the current lr before any. */
 FG_API double fg_optimizer_group_initial_lr(const fg_optimizer *opt, int g);
 /* Set group g's lr (>= 0, finite) or weight decay (>= 0). FG_EINVAL else. */
-FG_API fg_status fg_optimizer_set_group_lr(fg_optimizer *opt, int g, double lr);
-FG_API fg_status fg_optimizer_set_group_weight_decay(fg_optimizer *opt, int g, double wd);
+FG_API FG_MUST_USE fg_status fg_optimizer_set_group_lr(fg_optimizer *opt, int g, double lr);
+FG_API FG_MUST_USE fg_status fg_optimizer_set_group_weight_decay(fg_optimizer *opt, int g,
+                                                                 double wd);
 /* The group of parameter i of the module (fg_module_param), or -1. */
 FG_API int fg_optimizer_param_group_of(const fg_optimizer *opt, int64_t i);
 
@@ -202,14 +203,15 @@ FG_API int fg_optimizer_param_group_of(const fg_optimizer *opt, int64_t i);
  * decay. Returns the number of parameters excluded in *count (may be
  * NULL). The exclusion is part of the optimizer, not of the checkpoint:
  * call it again before a load. */
-FG_API fg_status fg_optimizer_no_decay_bias_norm_embedding(fg_optimizer *opt, int64_t *count);
+FG_API FG_MUST_USE fg_status fg_optimizer_no_decay_bias_norm_embedding(fg_optimizer *opt,
+                                                                       int64_t *count);
 /* Whether parameter i is excluded from weight decay (by that rule, or by
  * AdamW's default that leaves parameters with ndim < 2 undecayed). */
 FG_API bool fg_optimizer_param_no_decay(const fg_optimizer *opt, int64_t i);
 /* Steps taken (AdamW's bias correction uses it; SGD's first step too). */
 FG_API int64_t fg_optimizer_step_count(const fg_optimizer *opt);
 /* Sets the step count (resuming from a checkpoint). FG_EINVAL if < 0. */
-FG_API fg_status fg_optimizer_set_step_count(fg_optimizer *opt, int64_t steps);
+FG_API FG_MUST_USE fg_status fg_optimizer_set_step_count(fg_optimizer *opt, int64_t steps);
 /* "SGD", "AdamW", "Adam", "RMSprop", "Adagrad" or "Lion". */
 FG_API const char *fg_optimizer_name(const fg_optimizer *opt);
 FG_API fg_module *fg_optimizer_module(const fg_optimizer *opt);
@@ -380,10 +382,10 @@ FG_API void fg_lr_scheduler_free(fg_lr_scheduler *s);
 /* scheduler.step(): advances one step and sets the groups' lr. FG_EINVAL
  * for ReduceLROnPlateau (it needs a value) and for OneCycleLR past its
  * total_steps. */
-FG_API fg_status fg_lr_scheduler_step(fg_lr_scheduler *s);
+FG_API FG_MUST_USE fg_status fg_lr_scheduler_step(fg_lr_scheduler *s);
 /* ReduceLROnPlateau's step(metrics): the monitored value (a loss, an
  * accuracy...). FG_EINVAL for another scheduler or a NaN value. */
-FG_API fg_status fg_lr_scheduler_step_value(fg_lr_scheduler *s, double value);
+FG_API FG_MUST_USE fg_status fg_lr_scheduler_step_value(fg_lr_scheduler *s, double value);
 /* Whether s is a ReduceLROnPlateau (it steps on a value). */
 FG_API bool fg_lr_scheduler_needs_value(const fg_lr_scheduler *s);
 
@@ -401,7 +403,7 @@ FG_API char *fg_lr_scheduler_state_save(const fg_lr_scheduler *s);
  * with the same number of groups; FG_EMISMATCH naming what differs, and s
  * is then unchanged. Sets OneCycleLR's momentum on the optimizer; the
  * group lrs come from the optimizer's own state. */
-FG_API fg_status fg_lr_scheduler_state_load(fg_lr_scheduler *s, const char *state);
+FG_API FG_MUST_USE fg_status fg_lr_scheduler_state_load(fg_lr_scheduler *s, const char *state);
 
 /* ---------------------------------------------------------------- clipping */
 
@@ -411,14 +413,14 @@ FG_API fg_status fg_lr_scheduler_state_load(fg_lr_scheduler *s, const char *stat
  * (may be NULL). Errors: FG_EINVAL (NULL module, max_norm <= 0 or NaN).
  * Not collective: a strategy with sharded or unreduced gradients uses the
  * two halves below, summing the squares over ranks in between. */
-FG_API fg_status fg_clip_grad_norm(fg_module *m, double max_norm, double *total_norm);
+FG_API FG_MUST_USE fg_status fg_clip_grad_norm(fg_module *m, double max_norm, double *total_norm);
 /* The sum of squares of m's gradients, in double (thread-count independent). */
-FG_API fg_status fg_grad_sumsq(fg_module *m, double *sumsq);
+FG_API FG_MUST_USE fg_status fg_grad_sumsq(fg_module *m, double *sumsq);
 /* The factor clip_grad_norm scales by for a total norm: min(1, max_norm /
  * (norm + 1e-6)); 1 for a NaN norm (nothing is scaled). */
 FG_API double fg_clip_coef(double total_norm, double max_norm);
 /* Multiplies m's gradients by s. */
-FG_API fg_status fg_grad_scale(fg_module *m, double s);
+FG_API FG_MUST_USE fg_status fg_grad_scale(fg_module *m, double s);
 
 #ifdef __cplusplus
 }

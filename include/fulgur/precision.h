@@ -71,7 +71,7 @@ FG_API double fg_scaler_scale(const fg_scaler *s);
  * (collective then). Call it before clipping; a second call before the
  * step does nothing (as PyTorch's unscale_). Errors: FG_EINVAL (NULL),
  * FG_EUNSUPPORTED (gradients neither f32 nor f64), the allreduce's. */
-FG_API fg_status fg_scaler_unscale(fg_scaler *s, fg_module *m, fg_comm *comm);
+FG_API FG_MUST_USE fg_status fg_scaler_unscale(fg_scaler *s, fg_module *m, fg_comm *comm);
 
 /* scaler.step(opt) then scaler.update(): unscales opt's module's gradients
  * if fg_scaler_unscale has not, then either steps opt (all gradients
@@ -81,7 +81,8 @@ FG_API fg_status fg_scaler_unscale(fg_scaler *s, fg_module *m, fg_comm *comm);
  * is logged (FG_LOG_WARN, naming a rank that found it and the new scale).
  * *stepped (may be NULL) says which. Collective with comm. Errors: those of
  * fg_scaler_unscale and fg_optimizer_step. */
-FG_API fg_status fg_scaler_step(fg_scaler *s, fg_optimizer *opt, fg_comm *comm, bool *stepped);
+FG_API FG_MUST_USE fg_status fg_scaler_step(fg_scaler *s, fg_optimizer *opt, fg_comm *comm,
+                                            bool *stepped);
 
 /* The state a checkpoint holds: restoring it continues the same scales. */
 typedef struct fg_scaler_state {
@@ -92,7 +93,7 @@ typedef struct fg_scaler_state {
 
 FG_API fg_scaler_state fg_scaler_get_state(const fg_scaler *s);
 /* FG_EINVAL for a scale that is not finite and > 0, or negative counts. */
-FG_API fg_status fg_scaler_set_state(fg_scaler *s, const fg_scaler_state *st);
+FG_API FG_MUST_USE fg_status fg_scaler_set_state(fg_scaler *s, const fg_scaler_state *st);
 
 #ifdef __cplusplus
 }

@@ -87,12 +87,12 @@ typedef enum fg_ddp_comm_wrapper {
 FG_API const char *fg_ddp_comm_hook_name(fg_ddp_comm_hook h);
 /* Parses one of those names ("none" too). FG_EINVAL naming the value and
  * the valid names otherwise (NULL too); *out is set only on FG_OK. */
-FG_API fg_status fg_ddp_comm_hook_parse(const char *name, fg_ddp_comm_hook *out);
+FG_API FG_MUST_USE fg_status fg_ddp_comm_hook_parse(const char *name, fg_ddp_comm_hook *out);
 /* "none", "fp16", "bf16"; "?" if out of range. */
 FG_API const char *fg_ddp_comm_wrapper_name(fg_ddp_comm_wrapper w);
 /* Parses "none", "fp16" or "bf16" (also "fp16_compress_wrapper",
  * "bf16_compress_wrapper"); FG_EINVAL naming the value and the valid ones. */
-FG_API fg_status fg_ddp_comm_wrapper_parse(const char *name, fg_ddp_comm_wrapper *out);
+FG_API FG_MUST_USE fg_status fg_ddp_comm_wrapper_parse(const char *name, fg_ddp_comm_wrapper *out);
 
 /* torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook.PowerSGDState.
  * All-zero means PyTorch's defaults.
@@ -172,8 +172,8 @@ typedef fg_status (*fg_ddp_hook_fn)(void *state, const fg_ddp_bucket *b);
  * fg_strategy_comm_bytes. Under a wrapper the data travel as f16 / bf16
  * (rounded once there; the sum computed in f32 and rounded once, then widened
  * back in place), else as f32. Collective. */
-FG_API fg_status fg_ddp_bucket_allreduce(const fg_ddp_bucket *b, float *buf, int64_t count,
-                                         fg_reduce_op op);
+FG_API FG_MUST_USE fg_status fg_ddp_bucket_allreduce(const fg_ddp_bucket *b, float *buf,
+                                                     int64_t count, fg_reduce_op op);
 
 /* ------------------------------------------------------------ Bagua
  *
@@ -245,10 +245,11 @@ typedef struct fg_bagua_opts {
 FG_API const char *fg_bagua_algorithm_name(fg_bagua_algorithm a);
 /* Parses one of those names (case-insensitive). FG_EINVAL naming the value
  * and the valid names otherwise (NULL too); *out is set only on FG_OK. */
-FG_API fg_status fg_bagua_algorithm_parse(const char *name, fg_bagua_algorithm *out);
+FG_API FG_MUST_USE fg_status fg_bagua_algorithm_parse(const char *name, fg_bagua_algorithm *out);
 /* "all" or "shift_one"; parse: FG_EINVAL naming the value otherwise. */
 FG_API const char *fg_bagua_peer_selection_name(fg_bagua_peer_selection p);
-FG_API fg_status fg_bagua_peer_selection_parse(const char *name, fg_bagua_peer_selection *out);
+FG_API FG_MUST_USE fg_status fg_bagua_peer_selection_parse(const char *name,
+                                                           fg_bagua_peer_selection *out);
 
 /* DDP's options (PyTorch's DistributedDataParallel arguments). */
 /* Horovod's DistributedOptimizer and tensor fusion (strategy horovod).
@@ -307,7 +308,7 @@ typedef struct fg_ddp_opts {
  * compression rate or bucket size, a Bagua algorithm, peer selection or
  * hierarchical setting out of range, a negative interval. The fabric checks its configuration with
  * it. Thread-safe. */
-FG_API fg_status fg_strategy_check_ddp(const fg_ddp_opts *o);
+FG_API FG_MUST_USE fg_status fg_strategy_check_ddp(const fg_ddp_opts *o);
 
 /* fg_sharding_strategy and its names are in kinds.h. */
 
@@ -324,7 +325,7 @@ typedef enum fg_state_dict_type {
 FG_API const char *fg_state_dict_type_name(fg_state_dict_type t);
 /* Parses "full" or "sharded" (any case). FG_EINVAL naming the value and the
  * valid ones otherwise (NULL too); *out is set only on FG_OK. */
-FG_API fg_status fg_state_dict_type_parse(const char *name, fg_state_dict_type *out);
+FG_API FG_MUST_USE fg_status fg_state_dict_type_parse(const char *name, fg_state_dict_type *out);
 
 /* fg_offload_device and its names are in kinds.h. */
 /* Whether offload to nvme is built in (liburing found at build time).
@@ -420,7 +421,8 @@ typedef struct fg_sharded_opts {
  * single. FG_OK for every other
  * kind. The fabric checks a configuration with it at fg_fabric_new, before any rank starts.
  * Thread-safe. */
-FG_API fg_status fg_strategy_check_sharded(fg_strategy_kind kind, const fg_sharded_opts *o);
+FG_API FG_MUST_USE fg_status fg_strategy_check_sharded(fg_strategy_kind kind,
+                                                       const fg_sharded_opts *o);
 
 /* What the ranks' setup would refuse, checked before any rank starts, for
  * a job of `world` ranks (local_world of them on each of `nodes` nodes)
@@ -436,9 +438,10 @@ FG_API fg_status fg_strategy_check_sharded(fg_strategy_kind kind, const fg_shard
  * that does not divide the world (FG_EINVAL). A job of one rank under a kind
  * of a process per device runs as single: FG_OK. The fabric calls it at
  * fg_fabric_new; setup checks the same again. Thread-safe. */
-FG_API fg_status fg_strategy_check_job(fg_strategy_kind kind, const fg_ddp_opts *ddp,
-                                       const fg_sharded_opts *sharded, fg_dtype param_dtype,
-                                       fg_dtype grad_dtype, int world, int nodes, int local_world);
+FG_API FG_MUST_USE fg_status fg_strategy_check_job(fg_strategy_kind kind, const fg_ddp_opts *ddp,
+                                                   const fg_sharded_opts *sharded,
+                                                   fg_dtype param_dtype, fg_dtype grad_dtype,
+                                                   int world, int nodes, int local_world);
 
 /* The model-state bytes one rank holds under a strategy, what `fulgur env`
  * prints: the parameters, their gradients and the optimizer's state
@@ -457,9 +460,10 @@ typedef struct fg_strategy_memory {
  * during forward and backward come on top); under HYBRID_SHARD the same
  * over groups of o->hybrid_shard_size ranks (0 here: one group). FG_EINVAL
  * for values out of range. Thread-safe. */
-FG_API fg_status fg_strategy_memory_of(fg_strategy_kind kind, const fg_sharded_opts *o, int world,
-                                       int rank, int64_t numel, fg_dtype dtype, int nstates,
-                                       fg_strategy_memory *out);
+FG_API FG_MUST_USE fg_status fg_strategy_memory_of(fg_strategy_kind kind, const fg_sharded_opts *o,
+                                                   int world, int rank, int64_t numel,
+                                                   fg_dtype dtype, int nstates,
+                                                   fg_strategy_memory *out);
 
 typedef struct fg_strategy fg_strategy;
 
@@ -529,8 +533,8 @@ FG_API bool fg_strategy_shards_params(const fg_strategy *s);
  * `rank` holds between steps: its shard under a strategy that shards the
  * parameters, everything otherwise. What a consolidated save gathers and
  * what a load reads on each rank. FG_EINVAL for a rank out of range. */
-FG_API fg_status fg_strategy_param_range(const fg_strategy *s, int rank, int64_t *begin,
-                                         int64_t *end);
+FG_API FG_MUST_USE fg_status fg_strategy_param_range(const fg_strategy *s, int rank, int64_t *begin,
+                                                     int64_t *end);
 
 /* Where this rank's range of fg_strategy_param_range lives between steps,
  * at its first element, for reading or writing it whole (checkpoints): the
@@ -545,8 +549,8 @@ FG_API void *fg_strategy_param_data(fg_strategy *s);
  * without communicating, until fg_strategy_release_params (collective only
  * in that every rank should call it), the next backward or the next
  * optimizer step. */
-FG_API fg_status fg_strategy_gather_params(fg_strategy *s);
-FG_API fg_status fg_strategy_release_params(fg_strategy *s);
+FG_API FG_MUST_USE fg_status fg_strategy_gather_params(fg_strategy *s);
+FG_API FG_MUST_USE fg_status fg_strategy_release_params(fg_strategy *s);
 
 /* Stage 3: the most parameter elements outside its shard this rank held
  * gathered at once so far (the units in use and the one prefetched), and
@@ -561,14 +565,14 @@ FG_API int fg_strategy_num_units(const fg_strategy *s);
  * padding: they differ by at most one line). Without sharding the one shard
  * is everything: [0, numel) for every rank. FG_EINVAL for a rank out of
  * range. */
-FG_API fg_status fg_strategy_shard_range(const fg_strategy *s, int rank, int64_t *begin,
-                                         int64_t *end);
+FG_API FG_MUST_USE fg_status fg_strategy_shard_range(const fg_strategy *s, int rank, int64_t *begin,
+                                                     int64_t *end);
 
 /* Backward from loss; under ddp with sync on, returns with the gradients
  * averaged over ranks, under the sharded kinds with this rank's shard of
  * them averaged (collective). With sync off (gradient accumulation) it is
  * a local backward under every kind. */
-FG_API fg_status fg_strategy_backward(fg_strategy *s, fg_tensor *loss);
+FG_API FG_MUST_USE fg_status fg_strategy_backward(fg_strategy *s, fg_tensor *loss);
 FG_API void fg_strategy_set_sync(fg_strategy *s, bool sync);
 
 /* dp: splits batch b along its first dim into one part per replica, runs
@@ -577,15 +581,16 @@ FG_API void fg_strategy_set_sync(fg_strategy *s, bool sync);
  * model's. Other strategies call fn once on the whole batch. part_losses
  * (may be NULL) gets up to max_parts losses, *nparts their count. */
 typedef fg_tensor *(*fg_strategy_step_fn)(fg_module *replica, fg_batch *part, void *ud);
-FG_API fg_status fg_strategy_step(fg_strategy *s, fg_batch *b, fg_strategy_step_fn fn, void *ud,
-                                  double *part_losses, int max_parts, int *nparts, double *loss);
+FG_API FG_MUST_USE fg_status fg_strategy_step(fg_strategy *s, fg_batch *b, fg_strategy_step_fn fn,
+                                              void *ud, double *part_losses, int max_parts,
+                                              int *nparts, double *loss);
 
 /* Under ddp_opts.deterministic: the mean of the losses of every micro-batch
  * of every rank in the latest synchronising backward, summed in the
  * gradients' fixed tree order (the same bits on any world size).
  * FG_ESTATE when the strategy is not deterministic or nothing was
  * synchronised yet; FG_EINVAL for NULL. */
-FG_API fg_status fg_strategy_step_loss(const fg_strategy *s, double *loss);
+FG_API FG_MUST_USE fg_status fg_strategy_step_loss(const fg_strategy *s, double *loss);
 
 /* Bytes this rank handed to the communicator to synchronise gradients
  * (and, under post_localsgd and Bagua's decentralized, qadam and async, the
@@ -602,7 +607,7 @@ typedef struct fg_comm_bytes {
 
 /* The byte counts of s (all zero for single and dp). FG_EINVAL for NULL.
  * Call between steps. */
-FG_API fg_status fg_strategy_comm_bytes(const fg_strategy *s, fg_comm_bytes *out);
+FG_API FG_MUST_USE fg_status fg_strategy_comm_bytes(const fg_strategy *s, fg_comm_bytes *out);
 
 /* Global gradient norm and clipping to max_norm (max_norm <= 0: the norm
  * only): when the norm exceeds max_norm, the gradients are scaled by
@@ -611,7 +616,8 @@ FG_API fg_status fg_strategy_comm_bytes(const fg_strategy *s, fg_comm_bytes *out
  * is sqrt of the sum over ranks of each shard's sum of squares (an
  * allreduce: collective) and each rank scales its shard. *total_norm (may
  * be NULL) gets the norm before clipping. */
-FG_API fg_status fg_strategy_clip_grad_norm(fg_strategy *s, double max_norm, double *total_norm);
+FG_API FG_MUST_USE fg_status fg_strategy_clip_grad_norm(fg_strategy *s, double max_norm,
+                                                        double *total_norm);
 
 #ifdef __cplusplus
 }

@@ -393,16 +393,21 @@ fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st) {
     st->samples_in_epoch = c.samples_in_epoch;
     st->global_batch = c.global_batch;
     if (opt) {
-        fg_optimizer_set_step_count(opt, c.optimizer_steps);
-        if (c.has_lr) fg_optimizer_set_lr(opt, c.lr);
-        for (int g = 1; g < fg_optimizer_num_groups(opt); g++) {
+        fg_status os = fg_optimizer_set_step_count(opt, c.optimizer_steps);
+        if (os == FG_OK && c.has_lr) os = fg_optimizer_set_lr(opt, c.lr);
+        for (int g = 1; os == FG_OK && g < fg_optimizer_num_groups(opt); g++) {
             char key[48];
             snprintf(key, sizeof key, "lr.%d", g);
             const char *v = fg_st_meta_get(file, key);
-            if (v) fg_optimizer_set_group_lr(opt, g, strtod(v, NULL));
+            if (v) os = fg_optimizer_set_group_lr(opt, g, strtod(v, NULL));
             snprintf(key, sizeof key, "weight_decay.%d", g);
             v = fg_st_meta_get(file, key);
-            if (v) fg_optimizer_set_group_weight_decay(opt, g, strtod(v, NULL));
+            if (os == FG_OK && v) os = fg_optimizer_set_group_weight_decay(opt, g, strtod(v, NULL));
+        }
+        if (os != FG_OK) { /* a value the optimizer refuses: the file is bad */
+            fg_free(meta);
+            fg_st_close(file);
+            return fg_error_wrap(FG_EFORMAT, "load %s: optimizer settings", path);
         }
     }
     fg_free(f->loaded_meta);

@@ -204,7 +204,7 @@ fg_status fg_fabric_spawn_result(fg_fabric *f, fg_module *model, fg_optimizer *o
         se == fg_tensor_numel(flat)) {
         for (uint64_t k = 0; k < hdr[1]; k++)
             memcpy(fg_tensor_data(fg_optimizer_state(opt, (int)k)), p + (k + 1) * hdr[0], hdr[0]);
-        fg_optimizer_set_step_count(opt, (int64_t)hdr[2]);
+        FG_TRY(fg_optimizer_set_step_count(opt, (int64_t)hdr[2]));
     }
     return FG_OK;
 }

@@ -601,7 +601,9 @@ fg_comm *fg_job_comm_new(fg_job *j, const fg_cluster_info *info, const fg_comm_o
     pthread_mutex_unlock(&c->mu);
     call_release(c);
     if (!comm && s == FG_OK) { /* gave up: a rank died */
-        fg_job_check(j);
+        if (fg_job_check(j) != FG_OK) {
+            /* its message names the rank that died */
+        }
         fg_error_wrap(FG_EPEER, "joining the communicator");
     }
     return comm;

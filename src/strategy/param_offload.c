@@ -138,8 +138,9 @@ void *fg_strategy_param_data(fg_strategy *s) {
     void *po = s->zero3 ? fg__zero3_param_offload(s) : NULL;
     if (po) return fg__poffload_data(po);
     int64_t lo = 0, hi = 0;
-    if (fg_strategy_shards_params(s) && s->comm)
-        fg_strategy_shard_range(s, fg_comm_rank(s->comm), &lo, &hi);
+    if (fg_strategy_shards_params(s) && s->comm &&
+        fg_strategy_shard_range(s, fg_comm_rank(s->comm), &lo, &hi) != FG_OK)
+        return NULL;
     fg_tensor *flat = fg_module_flat_params(s->model);
     return (char *)fg_tensor_data(flat) + (size_t)lo * fg_dtype_size(fg_tensor_dtype(flat));
 }

@@ -57,13 +57,14 @@ static bool should_check_val(const fg_trainer *t) {
     return cur % t->val_check_batch == 0;
 }
 
-static void set_lr(fg_trainer *t) {
+static fg_status set_lr(fg_trainer *t) {
     const fg_optimizer_config *oc = &t->oc;
-    if (!oc->schedule && !oc->lr_at) return;
+    if (!oc->schedule && !oc->lr_at) return FG_OK;
     int64_t base = oc->interval == FG_INTERVAL_STEP ? t->global_step : t->current_epoch;
     int64_t i = base / oc->frequency;
     double lr = oc->schedule ? fg_lr_at(oc->schedule, i) : oc->lr_at(oc->lr_ud, i);
-    fg_optimizer_set_lr(t->opt, lr);
+    fg_status s = fg_optimizer_set_lr(t->opt, lr);
+    return s == FG_OK ? FG_OK : fg_error_wrap(s, "the lr schedule at %lld", (long long)i);
 }
 
 /* ------------------------------------------------------------ one batch */
@@ -334,7 +335,7 @@ static fg_status run_batch(fg_trainer *t) {
         fg_optimizer_zero_grad(t->opt);
         fg_module_seed_dropout(t->model,
                                fg_rng_derive(fg_fabric_rank_seed(t->f), (uint64_t)t->global_step));
-        set_lr(t);
+        FG_TRY(set_lr(t));
     }
     fg__results_batch_start(&t->train_res);
     fg__cur_batch_size = b->size;
@@ -420,7 +421,7 @@ static fg_status run_epoch(fg_trainer *t) {
     t->resumed_mid_epoch = false;
     t->stage = FG_STAGE_TRAIN;
     t->mid_window = false;
-    set_lr(t);
+    FG_TRY(set_lr(t));
     FG_TRY(fg__hook_all(t, FG__H_TRAIN_EPOCH_START));
     if (t->pending_advance) FG_TRY(advance_end(t, t->pending_stepped));
     while (!epoch_done(t)) FG_TRY(run_batch(t));

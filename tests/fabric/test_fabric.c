@@ -491,7 +491,7 @@ static int train_run(fg_fabric *f, void *arg) {
         fg_optimizer_zero_grad(o);
         fg_tensor *loss = fg_cross_entropy(fg_module_forward(m, x), y, -100);
         if (!loss || fg_fabric_backward(f, loss) != FG_OK) return 1;
-        fg_optimizer_step(o);
+        CHECK_OK(fg_optimizer_step(o));
         fg_fabric_step_end(f);
     }
     if (r == 0 && getenv("FG_TEST_DIR")) {

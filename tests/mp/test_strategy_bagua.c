@@ -161,7 +161,7 @@ static int bagua_rank(int rank, int world, void *arg) {
             cp(rec(sh, K_M, k, rank), fg_tensor_data(fg_optimizer_state(o, 0)), n);
             cp(rec(sh, K_V, k, rank), fg_tensor_data(fg_optimizer_state(o, 1)), n);
         }
-        fg_strategy_comm_bytes(st, &sh->bytes[rank][k]);
+        CHECK_OK(fg_strategy_comm_bytes(st, &sh->bytes[rank][k]));
         fg_step_reset();
         if (c->async_avg && fg__async_applied(st) > 0) {
             sh->async_steps[rank] = s + 1;

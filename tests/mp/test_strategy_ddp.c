@@ -75,7 +75,7 @@ static fg_tensor *train_single(const setup *s) {
         fg_tensor *x, *y;
         batch_rows(s, step, 0, s->world * s->B, &x, &y);
         if (fg_backward(loss_of(m, x, y)) != FG_OK) fprintf(stderr, "%s\n", fg_last_error());
-        fg_optimizer_step(o);
+        CHECK_OK(fg_optimizer_step(o));
         fg_step_reset();
     }
     fg_tensor *flat = fg_module_flat_params(m);
@@ -134,7 +134,7 @@ static int ddp_rank(int rank, int n, void *arg) {
                 return 1;
             }
         }
-        fg_optimizer_step(o);
+        CHECK_OK(fg_optimizer_step(o));
         fg_step_reset();
     }
     fg_tensor *flat = fg_module_flat_params(m);
@@ -239,7 +239,7 @@ TEST(dp_equals_single_process) {
             CHECK_OK(fg_strategy_step(st, &b, dp_step_fn, NULL, parts, 4, &n, &loss));
             CHECK(n == 2);
             CHECK_CLOSE(loss, (parts[0] + parts[1]) / 2, 1e-12, 1e-12);
-            fg_optimizer_step(o);
+            CHECK_OK(fg_optimizer_step(o));
             fg_tensor_free(px);
             fg_tensor_free(py);
             fg_step_reset();

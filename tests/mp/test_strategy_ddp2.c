@@ -50,7 +50,7 @@ static void train_single(int64_t B, float *out, int64_t n) {
         fg_optimizer_zero_grad(o);
         fg_batch b = batch_rows(step, 0, B);
         CHECK_OK(fg_backward(step_fn(m, &b, NULL)));
-        fg_optimizer_step(o);
+        CHECK_OK(fg_optimizer_step(o));
         fg_step_reset();
         fg_tensor_free(b.x);
         fg_tensor_free(b.y);
@@ -103,7 +103,7 @@ static int ddp2_rank(int rank, int np, void *arg) {
             fg_tensor_free(b.x);
             fg_tensor_free(b.y);
         }
-        fg_optimizer_step(o);
+        CHECK_OK(fg_optimizer_step(o));
         fg_step_reset();
     }
     memcpy(sh->result + (size_t)rank * (size_t)sh->n, fg_tensor_data(fg_module_flat_params(m)),

@@ -153,7 +153,7 @@ static int hook_rank(int rank, int world, void *arg) {
             fprintf(stderr, "rank %d step %d: %s\n", rank, step, fg_last_error());
             rc = 1;
         }
-        fg_strategy_comm_bytes(st, &sh->bytes[rank][step]);
+        CHECK_OK(fg_strategy_comm_bytes(st, &sh->bytes[rank][step]));
         if (c->check == C_LOCALSGD) {
             bool eq = all_equal(comm, flatp, n);
             if (rank == 0) sh->equal[step] = eq;

@@ -113,7 +113,7 @@ static int rank_main(int rank, int n, void *arg) {
     }
     fg_tensor *flat = fg_module_flat_params(m);
     int64_t lo, hi;
-    fg_strategy_shard_range(st, rank, &lo, &hi);
+    CHECK_OK(fg_strategy_shard_range(st, rank, &lo, &hi));
     char *shard = (char *)fg_tensor_data(flat) + (size_t)lo * 4;
     int bad = 0;
     for (int step = 0; step < STEPS && !bad; step++) {

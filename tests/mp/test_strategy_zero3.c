@@ -181,7 +181,7 @@ static int train_rank(int rank, int n, void *arg) {
     sh->resident[rank] = most;
     sh->peak_gathered[rank] = fg_strategy_peak_gathered(st);
     int64_t b = 0, e = 0;
-    fg_strategy_param_range(st, rank, &b, &e);
+    CHECK_OK(fg_strategy_param_range(st, rank, &b, &e));
     sh->shard[rank] = e - b;
     sh->units = fg_strategy_num_units(st);
     /* the whole model on every rank, then rank 0's to compare */

@@ -99,7 +99,7 @@ static int train_rank(int rank, int n, void *arg) {
     sh->arena_peak[rank] = fg_step_peak_bytes();
     sh->peak_gathered[rank] = fg_strategy_peak_gathered(st);
     int64_t b = 0, e = 0;
-    fg_strategy_param_range(st, rank, &b, &e);
+    CHECK_OK(fg_strategy_param_range(st, rank, &b, &e));
     sh->shard[rank] = e - b;
     sh->nckpt = nckpt;
     bad |= !bad && fg_strategy_gather_params(st) != FG_OK;

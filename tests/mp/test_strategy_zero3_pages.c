@@ -105,7 +105,7 @@ static int train_rank(int rank, int n, void *arg) {
     }
     bool s3 = sh->kind != FG_STRATEGY_DDP;
     int64_t lo = 0, hi = 0;
-    fg_strategy_param_range(st, rank, &lo, &hi);
+    CHECK_OK(fg_strategy_param_range(st, rank, &lo, &hi));
     fg_tensor *g = fg_module_flat_grads(m);
     const float *gd = fg_tensor_data(g);
     int64_t numel = fg_tensor_numel(g);

@@ -132,7 +132,7 @@ static int state_rank(int rank, int n, void *arg) {
     }
     sh->numel = fg_module_numel(m);
     if (fg_strategy_is_sharded(st))
-        fg_strategy_shard_range(st, rank, &sh->shard[rank][0], &sh->shard[rank][1]);
+        CHECK_OK(fg_strategy_shard_range(st, rank, &sh->shard[rank][0], &sh->shard[rank][1]));
     else sh->shard[rank][1] = sh->numel;
     for (int k = 0; k < 2; k++) sh->state[rank][k][0] = fg_tensor_numel(fg_optimizer_state(o, k));
     int bad = 0;
