@@ -44,12 +44,8 @@ static bool skip(const fg_trainer *t) {
 static fg_status run_check(es_cb *c, fg_trainer *t) {
     double current;
     if (!fg_trainer_callback_metric(t, c->monitor, &current)) {
-        char names[1024] = "";
-        const fg_metric *m;
-        int64_t n = fg_trainer_metrics(t, FG_CALLBACK_METRICS, &m);
-        for (int64_t i = 0; i < n && strlen(names) < 900; i++)
-            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
-                     m[i].name);
+        char names[1024];
+        fg__callback_metric_names(t, names, sizeof names);
         return fg_error(FG_EINVAL,
                         "EarlyStopping is conditioned on metric \"%s\", which is not available: "
                         "monitor one of [%s], or log it",

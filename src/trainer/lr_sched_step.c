@@ -41,12 +41,8 @@ static bool plateau(const fg_trainer *t) { return fg_lr_scheduler_needs_value(t-
 static fg_status step_plateau(fg_trainer *t) {
     double v;
     if (!fg_trainer_callback_metric(t, t->oc.monitor, &v)) {
-        char names[1024] = "";
-        const fg_metric *m;
-        int64_t n = fg_trainer_metrics(t, FG_CALLBACK_METRICS, &m);
-        for (int64_t i = 0; i < n && strlen(names) < 900; i++)
-            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
-                     m[i].name);
+        char names[1024];
+        fg__callback_metric_names(t, names, sizeof names);
         return fg_error(FG_EINVAL,
                         "ReduceLROnPlateau conditioned on metric \"%s\", which is not available. "
                         "Available metrics are: [%s]. Log it, or set monitor to one of them",

@@ -245,12 +245,8 @@ static bool better(const ckpt_cb *c, double a, double b) {
 }
 
 static fg_status missing_monitor(const ckpt_cb *c, const fg_trainer *t) {
-    char names[1024] = "";
-    const fg_metric *m;
-    int64_t n = fg_trainer_metrics(t, FG_CALLBACK_METRICS, &m);
-    for (int64_t i = 0; i < n && strlen(names) < 900; i++)
-        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
-                 m[i].name);
+    char names[1024];
+    fg__callback_metric_names(t, names, sizeof names);
     return fg_error(FG_EINVAL,
                     "ModelCheckpoint(monitor=\"%s\") could not find the monitored key among "
                     "the callback metrics [%s]: log it with fg_trainer_log",

@@ -8,6 +8,7 @@
  * always ends with the teardown hooks. */
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -33,6 +34,18 @@ fg_status fg__mkdirs(const char *path) {
     if (mkdir(buf, 0777) != 0 && errno != EEXIST)
         return fg_error(FG_EIO, "cannot create folder %s: %s", buf, strerror(errno));
     return FG_OK;
+}
+
+void fg__callback_metric_names(const fg_trainer *t, char *buf, size_t cap) {
+    const fg_metric *m;
+    int64_t n = fg_trainer_metrics(t, FG_CALLBACK_METRICS, &m);
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int64_t i = 0; i < n && len + 1 < cap; i++) {
+        int w = snprintf(buf + len, cap - len, "%s%s", i ? ", " : "", m[i].name);
+        if (w < 0) break;
+        len += (size_t)w < cap - len ? (size_t)w : cap - len - 1;
+    }
 }
 
 void fg__fmt_float(char *buf, size_t cap, double v) {

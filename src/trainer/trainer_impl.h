@@ -321,6 +321,9 @@ fg_status fg__mkdirs(const char *path);
  * with ".0" on integral values ("100.0", "0.1", "1e-05", "nan", "inf"). */
 void fg__fmt_float(char *buf, size_t cap, double v);
 bool fg__is_sorted_monitor(const fg_callback *cb);
+/* The callback metrics' names, ", "-separated, cut to fit buf: for the
+ * errors that name a monitor nobody logged. */
+void fg__callback_metric_names(const fg_trainer *t, char *buf, size_t cap);
 
 /* The lr_scheduler_config's scheduler (lr_sched_step.c): the checks of
  * configure_optimizers' answer; the steps after an optimizer step

@@ -95,8 +95,8 @@ TEST(every_public_free_keeps_the_callers_error) {
     fg_dataset *ds =
         fg_dataset_new(&(fg_dataset_ops){s_len, tu_spec, tu_get, noisy_free}, NULL, "noisy");
     FREE_KEEPS(fg_dataset_free, ds);
-    FREE_KEEPS(fg_sampler_free, fg_sampler_new(&(fg_sampler_ops){s_len, s_indices, noisy_free},
-                                               NULL));
+    FREE_KEEPS(fg_sampler_free,
+               fg_sampler_new(&(fg_sampler_ops){s_len, s_indices, noisy_free}, NULL));
     FREE_KEEPS(fg_sampler_free, fg_sampler_sequential(4));
     fg_dataset *tr = tu_dataset(8, 31);
     fg_dataloader *dl = tu_loader(tr, 4, true);
@@ -106,7 +106,8 @@ TEST(every_public_free_keeps_the_callers_error) {
     fg_module *net = fg_mlp_new(&(fg_mlp_config){.sizes = {TU_DIM, 3}, .seed = 1});
     fg_optimizer *opt = fg_sgd_new(net, &(fg_sgd_opts){.lr = 0.1});
     FREE_KEEPS(fg_lr_scheduler_free, fg_step_lr_new(opt, 1, 0.5));
-    FREE_KEEPS(fg_strategy_free, fg_strategy_new(FG_STRATEGY_SINGLE, NULL, net, opt, NULL, NULL, 0));
+    FREE_KEEPS(fg_strategy_free,
+               fg_strategy_new(FG_STRATEGY_SINGLE, NULL, net, opt, NULL, NULL, 0));
     FREE_KEEPS(fg_optimizer_free, opt);
     FREE_KEEPS(fg_module_free, net);
 
@@ -127,25 +128,24 @@ TEST(every_public_free_keeps_the_callers_error) {
     FREE_KEEPS(fg_comm_free, comm);
 
     const char *argv[] = {"true", NULL};
-    fg_job *job = fg_job_start(&(fg_job_spec){.argv = argv, .nprocs = 1, .first_local_rank = 1},
-                               NULL);
+    fg_job *job =
+        fg_job_start(&(fg_job_spec){.argv = argv, .nprocs = 1, .first_local_rank = 1}, NULL);
     CHECK_MSG(job != NULL, "%s", fg_last_error());
     FREE_KEEPS(fg_job_free, job);
 
     FREE_KEEPS(fg_fabric_free, fg_fabric_new(&(fg_fabric_config){.strategy = "single"}));
     FREE_KEEPS(fg_callback_free, fg_callback_new(&(fg_callback_ops){.free = noisy_free}, NULL));
-    FREE_KEEPS(fg_logger_free,
-               fg_logger_new(&(fg_logger_ops){.log_metrics = lg_metrics, .free = noisy_free},
-                             NULL));
+    FREE_KEEPS(
+        fg_logger_free,
+        fg_logger_new(&(fg_logger_ops){.log_metrics = lg_metrics, .free = noisy_free}, NULL));
     FREE_KEEPS(fg_logger_free, fg_csv_logger_new(&(fg_csv_logger_opts){.save_dir = tu_tmp()}));
 
     /* a trainer after a fit: its own callbacks, logger and fabric */
     tu_module m = {.lr = 0.1, .log_train = true};
     tu_module_init(&m);
     fg_lightning_module lm = tu_lm(&m);
-    fg_trainer *t = fg_trainer_new(&(fg_trainer_opts){.max_epochs = 1,
-                                                      .enable_progress_bar = FG_OFF,
-                                                      .default_root_dir = tu_tmp()});
+    fg_trainer *t = fg_trainer_new(&(fg_trainer_opts){
+        .max_epochs = 1, .enable_progress_bar = FG_OFF, .default_root_dir = tu_tmp()});
     fg_dataloader *tl = tu_loader(tr, 4, false);
     CHECK(t && fg_trainer_fit(t, &lm, tl, NULL, NULL) == FG_OK);
     FREE_KEEPS(fg_trainer_free, t);
@@ -158,9 +158,8 @@ TEST(every_public_free_keeps_the_callers_error) {
  * not what freeing the parts left (fg_error_keep around fg_trainer_free). */
 TEST(trainer_new_keeps_its_first_error) {
     tu_clean_env();
-    fg_trainer *t = fg_trainer_new(&(fg_trainer_opts){.max_epochs = 1,
-                                                      .enable_progress_bar = FG_OFF,
-                                                      .devices = "banana"});
+    fg_trainer *t = fg_trainer_new(
+        &(fg_trainer_opts){.max_epochs = 1, .enable_progress_bar = FG_OFF, .devices = "banana"});
     CHECK(t == NULL);
     CHECK(fg_last_status() == FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "banana");

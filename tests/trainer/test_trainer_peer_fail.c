@@ -89,8 +89,8 @@ static int peer_rank(int rank, int world, void *arg) {
     int n = 0;
     if (rank == 1) cbs[n++] = fg_early_stopping_new(&(fg_early_stopping_opts){.monitor = "nope"});
     if (c->checkpoint)
-        cbs[n++] = fg_model_checkpoint_new(&(fg_checkpoint_opts){
-            .dirpath = tu_subdir("ck"), .monitor = "loss", .save_top_k = 1});
+        cbs[n++] = fg_model_checkpoint_new(
+            &(fg_checkpoint_opts){.dirpath = tu_subdir("ck"), .monitor = "loss", .save_top_k = 1});
     else cbs[n++] = fg_early_stopping_new(&(fg_early_stopping_opts){.monitor = "loss"});
     fg_trainer *t = fg_trainer_new(&(fg_trainer_opts){.max_epochs = 1,
                                                       .num_sanity_val_steps = FG_COUNT(0),
