@@ -16,6 +16,7 @@
 #include "fulgur/fabric.h"
 #include "fulgur/optim.h"
 #include "harness.h"
+#include "st_rewrite.h"
 
 static char g_dir[256];
 
@@ -164,28 +165,6 @@ TEST(foreign_format_is_named_after_the_close) {
     CHECK(fg_fabric_launch(f, foreign_format, NULL) == 0);
     fg_fabric_free(f);
     rmdir(g_dir);
-}
-
-/* path's tensors and metadata again at out, with key set to value */
-static void rewrite_with(const char *path, const char *out, const char *key, const char *value) {
-    fg_st_file *in = fg_st_open(path);
-    fg_st_writer *w = fg_st_writer_new();
-    CHECK(in && w);
-    if (!in || !w) return;
-    for (int64_t i = 0; i < fg_st_count(in); i++) {
-        fg_st_info info;
-        CHECK_OK(fg_st_info_at(in, i, &info));
-        CHECK_OK(
-            fg_st_writer_add(w, info.name, info.dtype, info.ndim, info.shape, fg_st_data(in, i)));
-    }
-    for (int64_t i = 0; i < fg_st_meta_count(in); i++) {
-        const char *k, *v;
-        CHECK_OK(fg_st_meta_at(in, i, &k, &v));
-        CHECK_OK(fg_st_writer_set_meta(w, k, strcmp(k, key) ? v : value));
-    }
-    CHECK_OK(fg_st_writer_write(w, out));
-    fg_st_writer_free(w);
-    fg_st_close(in);
 }
 
 static int meta_checked(fg_fabric *f, void *arg) {

@@ -10,6 +10,7 @@
  * never stopped. One process. */
 #include <math.h>
 
+#include "st_rewrite.h"
 #include "trainer_test_util.h"
 
 typedef struct run_cfg {
@@ -284,28 +285,6 @@ TEST(resumes_leak_no_checkpoint) {
     run(&cfg, tu_subdir("leak-other"), &r);
     struct stat sb;
     CHECK(stat(other, &sb) == 0);
-}
-
-/* path's tensors and metadata again at out, with key set to value */
-static void rewrite_with(const char *path, const char *out, const char *key, const char *value) {
-    fg_st_file *in = fg_st_open(path);
-    fg_st_writer *w = fg_st_writer_new();
-    CHECK_MSG(in && w, "%s", fg_last_error());
-    if (!in || !w) return;
-    for (int64_t i = 0; i < fg_st_count(in); i++) {
-        fg_st_info info;
-        CHECK_OK(fg_st_info_at(in, i, &info));
-        CHECK_OK(
-            fg_st_writer_add(w, info.name, info.dtype, info.ndim, info.shape, fg_st_data(in, i)));
-    }
-    for (int64_t i = 0; i < fg_st_meta_count(in); i++) {
-        const char *k, *v;
-        CHECK_OK(fg_st_meta_at(in, i, &k, &v));
-        CHECK_OK(fg_st_writer_set_meta(w, k, strcmp(k, key) ? v : value));
-    }
-    CHECK_OK(fg_st_writer_write(w, out));
-    fg_st_writer_free(w);
-    fg_st_close(in);
 }
 
 /* A checkpoint whose trainer counters are out of range, or disagree with
