@@ -60,7 +60,7 @@ typedef struct {
 
 /* the dtype and reduction of the run, for the backends' calls */
 static fg_dtype g_dt = FG_F32;
-static fg_reduce_op g_redop = FG_SUM;
+static fg_reduce_op g_redop = FG_REDUCE_OP_SUM;
 
 static size_t parse_size(const char *s) {
     char *end;
@@ -136,8 +136,8 @@ static double expected(const char *op, int rank, int size, size_t i, size_t k) {
     double acc = value(0, at);
     for (int q = 1; q < size; q++) {
         double v = value(q, at);
-        if (g_redop == FG_SUM) acc += v;
-        else if (g_redop == FG_MIN) acc = v < acc ? v : acc;
+        if (g_redop == FG_REDUCE_OP_SUM) acc += v;
+        else if (g_redop == FG_REDUCE_OP_MIN) acc = v < acc ? v : acc;
         else acc = v > acc ? v : acc;
     }
     return acc;
@@ -285,10 +285,10 @@ static int fg_bcast(void *c, void *s, void *r, size_t n) {
 }
 static int fg_bc(void *c, long *v) { return fg_failed(fg_comm_broadcast(c, v, v, 1, FG_I64, 0)); }
 static int fg_mx(void *c, double *v) {
-    return fg_failed(fg_comm_allreduce(c, v, v, 1, FG_F64, FG_MAX));
+    return fg_failed(fg_comm_allreduce(c, v, v, 1, FG_F64, FG_REDUCE_OP_MAX));
 }
 static int fg_sum(void *c, long *v) {
-    return fg_failed(fg_comm_allreduce(c, v, v, 1, FG_I64, FG_SUM));
+    return fg_failed(fg_comm_allreduce(c, v, v, 1, FG_I64, FG_REDUCE_OP_SUM));
 }
 static int fg_bar(void *c) { return fg_failed(fg_comm_barrier(c)); }
 
@@ -381,7 +381,7 @@ static MPI_Datatype mpi_dtype(void) {
     }
 }
 static MPI_Op mpi_op(void) {
-    return g_redop == FG_MIN ? MPI_MIN : g_redop == FG_MAX ? MPI_MAX : MPI_SUM;
+    return g_redop == FG_REDUCE_OP_MIN ? MPI_MIN : g_redop == FG_REDUCE_OP_MAX ? MPI_MAX : MPI_SUM;
 }
 static int mpi_ar(void *c, void *s, void *r, size_t n) {
     return MPI_Allreduce(s, r, (int)n, mpi_dtype(), mpi_op(), *(MPI_Comm *)c) != MPI_SUCCESS;
@@ -502,7 +502,7 @@ int main(int argc, char **argv) {
               .time_s = 0.1,
               .op = "allreduce",
               .dt = FG_F32,
-              .redop = FG_SUM};
+              .redop = FG_REDUCE_OP_SUM};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json")) o.json = true;
@@ -522,9 +522,9 @@ int main(int argc, char **argv) {
             }
         } else if (!strcmp(a, "--redop") && v) {
             const char *s = argv[++i];
-            if (!strcmp(s, "sum")) o.redop = FG_SUM;
-            else if (!strcmp(s, "min")) o.redop = FG_MIN;
-            else if (!strcmp(s, "max")) o.redop = FG_MAX;
+            if (!strcmp(s, "sum")) o.redop = FG_REDUCE_OP_SUM;
+            else if (!strcmp(s, "min")) o.redop = FG_REDUCE_OP_MIN;
+            else if (!strcmp(s, "max")) o.redop = FG_REDUCE_OP_MAX;
             else {
                 fprintf(stderr, "comm_bench: --redop %s: expected sum, min or max\n", s);
                 return 2;

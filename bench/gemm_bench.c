@@ -28,6 +28,11 @@
 
 #define REPS 7
 
+static void die(void) {
+    fprintf(stderr, "gemm_bench: %s\n", fg_last_error());
+    exit(1);
+}
+
 static float *frand(int64_t n, uint64_t seed) {
     float *p = aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
     fg_rng_fill_normal(seed, 0, p, n, 0.0f, 0.5f);
@@ -69,7 +74,7 @@ static double run_raw_linear(lin_case *c) {
 static double run_seed_only(const fg_tensor *seed) {
     double t0 = fg_time();
     fg_tensor *g = fg_zeros(FG_F32, fg_tensor_ndim(seed), fg_tensor_shape(seed));
-    fg_ops_get(FG_CPU)->axpby(1.0, seed, 1.0, g);
+    if (!g || fg_ops_get(FG_CPU)->axpby(1.0, seed, 1.0, g) != FG_OK) die();
     double t = fg_time() - t0;
     fg_step_reset();
     return t;
@@ -99,7 +104,7 @@ static void bench_linear(int64_t R, int64_t in, int64_t out, bool matmul) {
     fg_tensor *pts[] = {x, w, b}, *gts[] = {gx, gw, gb};
     for (int i = 0; i < 3; i++) {
         fg_tensor_set_requires_grad(pts[i], true);
-        fg_tensor_set_grad(pts[i], gts[i]);
+        if (fg_tensor_set_grad(pts[i], gts[i]) != FG_OK) die();
     }
     double best_f = 1e30, best_b = 1e30, best_s = 1e30;
     for (int rep = 0; rep < REPS; rep++) {
@@ -191,7 +196,7 @@ static void bench_attention(int B, int T, int C, int H) {
     fg_tensor *tq = fg_tensor_wrap(qkv, FG_F32, 3, qs), *tg = fg_tensor_wrap(dq, FG_F32, 3, qs);
     fg_tensor *seed = fg_tensor_wrap(dy, FG_F32, 3, ys);
     fg_tensor_set_requires_grad(tq, true);
-    fg_tensor_set_grad(tq, tg);
+    if (fg_tensor_set_grad(tq, tg) != FG_OK) die();
     double best_f = 1e30, best_b = 1e30, best_fwd = 1e30, best_s = 1e30;
     for (int rep = 0; rep < REPS; rep++) {
         double t0 = fg_time();

@@ -134,7 +134,7 @@ static int run(fg_fabric *f, void *arg) {
     /* every rank's bytes moved over the steps after the first */
     double io[2] = {(double)(rd - io_r0), (double)(wr - io_w0)};
     fg_comm *c = fg_fabric_comm(f);
-    if (c && fg_comm_allreduce(c, io, io, 2, FG_F64, FG_SUM) != FG_OK) io[0] = io[1] = 0;
+    if (c && fg_comm_allreduce(c, io, io, 2, FG_F64, FG_REDUCE_OP_SUM) != FG_OK) io[0] = io[1] = 0;
     printf("{\"params\": %lld, \"state_bytes\": %lld, \"steps\": %d, \"first_loss\": %.4f, "
            "\"last_loss\": %.4f, \"tokens_per_s\": %.1f, \"opt_step_s\": %.3f, "
            "\"disk_read_bps\": %.0f, \"disk_write_bps\": %.0f, \"io_read_bps\": %.0f, "

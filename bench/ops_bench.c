@@ -44,6 +44,13 @@
 
 static const fg_op_table *ops;
 
+/* A case's kernel failed: its times would measure nothing. */
+static void ok(fg_status s) {
+    if (s == FG_OK) return;
+    fprintf(stderr, "ops_bench: %s\n", fg_last_error());
+    exit(1);
+}
+
 /* the paths to time, in order */
 static fg_isa g_paths[FG_ISA_COUNT];
 static int g_npaths;
@@ -223,11 +230,11 @@ typedef struct {
 
 static void ln_fwd(void *p) {
     ctx *c = p;
-    ops->layernorm_fwd(c->x, c->w, c->b, 1e-5, c->y, c->mean, c->rstd);
+    ok(ops->layernorm_fwd(c->x, c->w, c->b, 1e-5, c->y, c->mean, c->rstd));
 }
 static void ln_bwd(void *p) {
     ctx *c = p;
-    ops->layernorm_bwd(c->x, c->w, c->mean, c->rstd, c->dy, c->dx, c->dw, c->db);
+    ok(ops->layernorm_bwd(c->x, c->w, c->mean, c->rstd, c->dy, c->dx, c->dw, c->db));
 }
 /* llm.c layernorm_forward / layernorm_backward */
 static void ln_fwd_base(void *p) {
@@ -272,11 +279,11 @@ static void ln_bwd_base(void *p) {
 
 static void gelu_fwd(void *p) {
     ctx *c = p;
-    ops->gelu_fwd(c->x, c->y);
+    ok(ops->gelu_fwd(c->x, c->y));
 }
 static void gelu_bwd(void *p) {
     ctx *c = p;
-    ops->gelu_bwd(c->x, c->dy, c->dx);
+    ok(ops->gelu_bwd(c->x, c->dy, c->dx));
 }
 #define GS 0.7978845608f
 static void gelu_fwd_base(void *p) {
@@ -306,8 +313,8 @@ static void gelu_bwd_base(void *p) {
  * maxes and sums (c->mean, (2, N) f64) */
 static void ce(void *p) {
     ctx *c = p;
-    ops->cross_entropy_fwd_stats(c->x, c->tgt, -100, c->loss, &c->count, c->mean);
-    ops->cross_entropy_bwd_stats(c->x, c->tgt, c->mean, -100, 1.0, c->count, c->dx);
+    ok(ops->cross_entropy_fwd_stats(c->x, c->tgt, -100, c->loss, &c->count, c->mean));
+    ok(ops->cross_entropy_bwd_stats(c->x, c->tgt, c->mean, -100, 1.0, c->count, c->dx));
 }
 /* llm.c: softmax into probs, then -log(probs[t]), then dlogits from probs */
 static void ce_base(void *p) {
@@ -330,7 +337,7 @@ static void ce_base(void *p) {
 
 static void sm_fwd(void *p) {
     ctx *c = p;
-    ops->softmax_fwd(c->x, c->y);
+    ok(ops->softmax_fwd(c->x, c->y));
 }
 static void sm_fwd_base(void *p) {
     ctx *c = p;
@@ -347,11 +354,11 @@ static void sm_fwd_base(void *p) {
 
 static void emb_fwd(void *p) {
     ctx *c = p;
-    ops->embedding_fwd(c->idx, c->wte, c->y);
+    ok(ops->embedding_fwd(c->idx, c->wte, c->y));
 }
 static void emb_bwd(void *p) {
     ctx *c = p;
-    ops->embedding_bwd(c->idx, c->dy, c->dw);
+    ok(ops->embedding_bwd(c->idx, c->dy, c->dw));
 }
 static void emb_fwd_base(void *p) {
     ctx *c = p;
@@ -369,7 +376,7 @@ static void emb_bwd_base(void *p) {
 
 static void drop_fwd(void *p) {
     ctx *c = p;
-    ops->dropout_fwd(c->x, 0.1, 42, 1000, c->y);
+    ok(ops->dropout_fwd(c->x, 0.1, 42, 1000, c->y));
 }
 static void drop_fwd_base(void *p) {
     ctx *c = p;
@@ -382,7 +389,7 @@ static void drop_fwd_base(void *p) {
 
 static void sum0(void *p) {
     ctx *c = p;
-    ops->sum_dim(c->x, 0, c->db, 1.0);
+    ok(ops->sum_dim(c->x, 0, c->db, 1.0));
 }
 static void sum0_base(void *p) {
     ctx *c = p;
@@ -394,39 +401,39 @@ static void sum0_base(void *p) {
 
 static void bias_add(void *p) {
     ctx *c = p;
-    ops->bias_add(c->y, c->b);
+    ok(ops->bias_add(c->y, c->b));
 }
 static void bias_grad(void *p) {
     ctx *c = p;
-    ops->bias_grad(c->dy, c->db);
+    ok(ops->bias_grad(c->dy, c->db));
 }
 static void add(void *p) {
     ctx *c = p;
-    ops->binary(FG_BIN_ADD, c->x, c->dy, c->y);
+    ok(ops->binary(FG_BIN_ADD, c->x, c->dy, c->y));
 }
 static void axpy(void *p) {
     ctx *c = p;
-    ops->axpby(0.5, c->dy, 1.0, c->y);
+    ok(ops->axpby(0.5, c->dy, 1.0, c->y));
 }
 static void relu_fwd(void *p) {
     ctx *c = p;
-    ops->relu_fwd(c->x, c->y);
+    ok(ops->relu_fwd(c->x, c->y));
 }
 static void sm_bwd(void *p) {
     ctx *c = p;
-    ops->softmax_bwd(c->y, c->dy, c->dx);
+    ok(ops->softmax_bwd(c->y, c->dy, c->dx));
 }
 static void lsm_fwd(void *p) {
     ctx *c = p;
-    ops->log_softmax_fwd(c->x, c->y);
+    ok(ops->log_softmax_fwd(c->x, c->y));
 }
 static void lsm_bwd(void *p) {
     ctx *c = p;
-    ops->log_softmax_bwd(c->y, c->dy, c->dx);
+    ok(ops->log_softmax_bwd(c->y, c->dy, c->dx));
 }
 static void drop_bwd(void *p) {
     ctx *c = p;
-    ops->dropout_bwd(c->dy, 0.1, 42, 1000, c->dx);
+    ok(ops->dropout_bwd(c->dy, 0.1, 42, 1000, c->dx));
 }
 
 /* causal attention on qkv (B, T, 3C) */
@@ -436,11 +443,11 @@ typedef struct {
 } att_ctx;
 static void att_fwd(void *p) {
     att_ctx *a = p;
-    ops->attention_fwd(a->qkv, a->heads, a->y, a->lse);
+    ok(ops->attention_fwd(a->qkv, a->heads, a->y, a->lse));
 }
 static void att_bwd(void *p) {
     att_ctx *a = p;
-    ops->attention_bwd(a->qkv, a->heads, a->y, a->lse, a->dy, a->dqkv);
+    ok(ops->attention_bwd(a->qkv, a->heads, a->y, a->lse, a->dy, a->dqkv));
 }
 
 /* One AdamW step over a linear layer's weight: the update kernel

@@ -122,7 +122,7 @@ static double resident(const fg_tensor *t) {
  * (the figures are then not printed) */
 static double max_over(fg_fabric *f, double v, fg_status *bad) {
     double out = v;
-    fg_status s = fg_fabric_reduce_scalar(f, v, FG_MAX, &out);
+    fg_status s = fg_fabric_reduce_scalar(f, v, FG_REDUCE_OP_MAX, &out);
     if (s != FG_OK && *bad == FG_OK) *bad = s;
     return out;
 }

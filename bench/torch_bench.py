@@ -56,8 +56,100 @@ class GPT(nn.Module):
         return s.ln_f(x) @ s.wte.weight.t()
 
 
+class BasicBlock(nn.Module):
+    def __init__(s, cin, planes, stride):
+        super().__init__()
+        s.conv1 = nn.Conv2d(cin, planes, 3, stride, 1, bias=False)
+        s.bn1 = nn.BatchNorm2d(planes)
+        s.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        s.bn2 = nn.BatchNorm2d(planes)
+        s.downsample = None
+        if stride != 1 or cin != planes:
+            s.downsample = nn.Sequential(nn.Conv2d(cin, planes, 1, stride, bias=False),
+                                         nn.BatchNorm2d(planes))
+
+    def forward(s, x):
+        h = s.bn2(s.conv2(F.relu(s.bn1(s.conv1(x)))))
+        return F.relu(h + (s.downsample(x) if s.downsample is not None else x))
+
+
+class ResNet18(nn.Module):
+    """The CIFAR-style ResNet-18 of fulgur's fg_resnet_new(depth 18, cifar)."""
+
+    def __init__(s):
+        super().__init__()
+        s.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+        s.bn1 = nn.BatchNorm2d(64)
+        layers, cin = [], 64
+        for i in range(4):
+            planes = 64 << i
+            layers += [BasicBlock(cin, planes, 2 if i else 1), BasicBlock(planes, planes, 1)]
+            cin = planes
+        s.layers = nn.Sequential(*layers)
+        s.fc = nn.Linear(512, 10)
+
+    def forward(s, x):
+        h = s.layers(F.relu(s.bn1(s.conv1(x))))
+        return s.fc(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
+
+
+class LSTMLM(nn.Module):
+    def __init__(s, V, E, H, L):
+        super().__init__()
+        s.embedding = nn.Embedding(V, E)
+        s.lstm = nn.LSTM(E, H, num_layers=L, batch_first=True)
+        s.fc = nn.Linear(H, V)
+
+    def forward(s, idx):
+        return s.fc(s.lstm(s.embedding(idx))[0])
+
+
+class ViT(nn.Module):
+    """fulgur's fg_vit_new (torchvision's VisionTransformer layout), pre-norm."""
+
+    def __init__(s, image=32, patch=4, L=6, heads=3, D=192, mlp=768, classes=10):
+        super().__init__()
+        s.D = D
+        s.conv_proj = nn.Conv2d(3, D, patch, patch)
+        s.class_token = nn.Parameter(torch.zeros(1, 1, D))
+        s.pos = nn.Parameter(torch.randn(1, (image // patch) ** 2 + 1, D) * 0.02)
+        s.blocks = nn.ModuleList(nn.ModuleDict(dict(
+            ln_1=nn.LayerNorm(D, eps=1e-6), attn=nn.MultiheadAttention(D, heads, batch_first=True),
+            ln_2=nn.LayerNorm(D, eps=1e-6),
+            mlp=nn.Sequential(nn.Linear(D, mlp), nn.GELU(), nn.Linear(mlp, D)))) for _ in range(L))
+        s.ln = nn.LayerNorm(D, eps=1e-6)
+        s.head = nn.Linear(D, classes)
+
+    def forward(s, x):
+        n = x.shape[0]
+        x = s.conv_proj(x).reshape(n, s.D, -1).permute(0, 2, 1)
+        x = torch.cat([s.class_token.expand(n, -1, -1), x], dim=1) + s.pos
+        for b in s.blocks:
+            h = b["ln_1"](x)
+            x = x + b["attn"](h, h, h, need_weights=False)[0]
+            x = x + b["mlp"](b["ln_2"](x))
+        return s.head(s.ln(x)[:, 0])
+
+
 def make(args):
     g = torch.Generator().manual_seed(0)
+    if args.model in ("resnet", "vit"):
+        model = ResNet18() if args.model == "resnet" else ViT()
+        x = torch.randn(args.batch or 64, 3, 32, 32, generator=g)
+        y = torch.randint(0, 10, (x.shape[0],), generator=g)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9) \
+            if args.model == "resnet" else \
+            torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.05)
+        loss_fn = lambda m: F.cross_entropy(m(x), y)
+        return model, opt, loss_fn, x.shape[0], "samples/s"
+    if args.model == "lstm":
+        V, T, B = 65, 64, args.batch or 32
+        model = LSTMLM(V, 512, 512, 2)
+        idx = torch.randint(0, V, (B, T), generator=g)
+        tgt = torch.randint(0, V, (B, T), generator=g)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+        loss_fn = lambda m: F.cross_entropy(m(idx).reshape(-1, V), tgt.reshape(-1))
+        return model, opt, loss_fn, B * T, "tokens/s"
     if args.model == "mlp":
         model = nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
                               nn.Linear(1024, 10))
@@ -114,7 +206,7 @@ def ddp_worker(rank, args):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--model", choices=["mlp", "gpt"], required=True)
+    p.add_argument("--model", choices=["mlp", "gpt", "resnet", "lstm", "vit"], required=True)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)

@@ -1,4 +1,7 @@
-/* fulgur's side of bench/compare: the mlp and gpt of the comparison trained
+/* fulgur's side of bench/compare: the mlp, gpt, resnet (CIFAR-style
+ * ResNet-18, 32x32, batch 64, SGD momentum), lstm (2 layers of 512,
+ * sequence 64, batch 32, AdamW) and vit (32x32, patches of 4, 6 layers of
+ * 192, batch 64, AdamW) of the comparison trained
  * for a few steps through the Fabric API (single, or ddp on --devices N
  * ranks), timed per step after warm-up; prints one JSON line from rank 0:
  *   {"model", "mode", "ms_per_step", "items_per_s", "unit", "peak_rss_mb"}
@@ -161,20 +164,27 @@ static int cmp_double(const void *a, const void *b) {
 
 static int run(fg_fabric *f, void *arg) {
     args *a = arg;
-    bool gpt = !strcmp(a->model, "gpt");
+    bool gpt = !strcmp(a->model, "gpt"), lstm = !strcmp(a->model, "lstm");
+    bool image = !strcmp(a->model, "resnet") || !strcmp(a->model, "vit");
+    bool tokens = gpt || lstm;
     fg_set_num_threads(a->threads);
     fg_module *model;
     fg_optimizer *opt;
-    int64_t B = a->batch ? a->batch : gpt ? 16 : 256, T = 128, V = 65;
+    int64_t B = a->batch ? a->batch : gpt ? 16 : lstm ? 32 : image ? 64 : 256;
+    int64_t T = lstm ? 64 : 128, V = 65;
     fg_tensor *x, *y;
-    if (gpt) {
-        model = fg_gpt_new(&(fg_gpt_config){.vocab = V,
-                                            .ctx = T,
-                                            .layers = 4,
-                                            .heads = 4,
-                                            .embd = 256,
-                                            .seed = 0,
-                                            .dtype = fg_fabric_dtype(f)});
+    if (tokens) {
+        if (gpt)
+            model = fg_gpt_new(&(fg_gpt_config){.vocab = V,
+                                                .ctx = T,
+                                                .layers = 4,
+                                                .heads = 4,
+                                                .embd = 256,
+                                                .seed = 0,
+                                                .dtype = fg_fabric_dtype(f)});
+        else /* 2 layers of 512, sequence 64 */
+            model = fg_lstm_lm_new(&(fg_lstm_lm_config){
+                .vocab = V, .embd = 512, .hidden = 512, .layers = 2, .dtype = fg_fabric_dtype(f)});
         opt = fg_adamw_new(model, &(fg_adamw_opts){.lr = 3e-4, .weight_decay = 0.1});
         int64_t shape[2] = {B, T};
         x = fg_tensor_new(FG_I32, 2, shape);
@@ -185,15 +195,32 @@ static int run(fg_fabric *f, void *arg) {
             ((int32_t *)fg_tensor_data(y))[i] = (int32_t)fg_rng_below(&r, (uint64_t)V);
         }
     } else {
-        model = fg_mlp_new(&(fg_mlp_config){
-            .sizes = {784, 1024, 1024, 10}, .nlayers = 3, .seed = 0, .dtype = fg_fabric_dtype(f)});
-        opt = fg_sgd_new(model, &(fg_sgd_opts){.lr = 0.01, .momentum = 0.9});
-        int64_t xs[2] = {B, 784}, ys[1] = {B};
-        fg_tensor *x32 = fg_tensor_new(FG_F32, 2, xs);
+        int64_t xs4[4] = {B, 3, 32, 32}, xs2[2] = {B, 784}, ys[1] = {B};
+        int nd = image ? 4 : 2;
+        const int64_t *xs = image ? xs4 : xs2;
+        if (!strcmp(a->model, "resnet")) { /* CIFAR-style ResNet-18, SGD momentum */
+            model = fg_resnet_new(&(fg_resnet_config){.depth = 18, .dtype = fg_fabric_dtype(f)});
+            opt = fg_sgd_new(model, &(fg_sgd_opts){.lr = 0.01, .momentum = 0.9});
+        } else if (image) { /* a small ViT: 32x32, patches of 4, 6 layers of 192 */
+            model = fg_vit_new(&(fg_vit_config){
+                .hidden_dim = 192, .num_heads = 3, .mlp_dim = 768, .dtype = fg_fabric_dtype(f)});
+            opt = fg_adamw_new(model, &(fg_adamw_opts){.lr = 3e-4, .weight_decay = 0.05});
+        } else {
+            model = fg_mlp_new(&(fg_mlp_config){.sizes = {784, 1024, 1024, 10},
+                                                .nlayers = 3,
+                                                .seed = 0,
+                                                .dtype = fg_fabric_dtype(f)});
+            opt = fg_sgd_new(model, &(fg_sgd_opts){.lr = 0.01, .momentum = 0.9});
+        }
+        int64_t n = image ? B * 3 * 32 * 32 : B * 784;
+        fg_tensor *x32 = fg_tensor_new(FG_F32, nd, xs);
         y = fg_tensor_new(FG_I32, 1, ys);
-        fg_rng_fill_normal(1, 0, fg_tensor_data(x32), B * 784, 0, 1);
-        x = fg_tensor_new(fg_fabric_dtype(f), 2, xs); /* the model's dtype (bf16-true: bf16) */
-        if (x) fg_tensor_copy(x, x32);
+        fg_rng_fill_normal(1, 0, fg_tensor_data(x32), n, 0, 1);
+        x = fg_tensor_new(fg_fabric_dtype(f), nd, xs); /* the model's dtype (bf16-true: bf16) */
+        if (x && fg_tensor_copy(x, x32) != FG_OK) {
+            fprintf(stderr, "train_bench: %s\n", fg_last_error());
+            return 1;
+        }
         fg_tensor_free(x32);
         fg_rng r = {2, 0};
         for (int64_t i = 0; i < B; i++)
@@ -230,13 +257,13 @@ static int run(fg_fabric *f, void *arg) {
     qsort(times + a->warmup, (size_t)a->steps, sizeof *times, cmp_double);
     double ms = times[a->warmup + a->steps / 2] * 1e3;
     /* the slowest rank sets the pace */
-    if (fg_fabric_reduce_scalar(f, ms, FG_MAX, &ms) != FG_OK) {
+    if (fg_fabric_reduce_scalar(f, ms, FG_REDUCE_OP_MAX, &ms) != FG_OK) {
         fprintf(stderr, "train_bench: rank %d: %s\n", fg_fabric_global_rank(f), fg_last_error());
         return 1;
     }
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    double items = (double)(gpt ? B * T : B) * fg_fabric_world_size(f) * a->accumulate;
+    double items = (double)(tokens ? B * T : B) * fg_fabric_world_size(f) * a->accumulate;
     char acc[32] = "";
     if (a->accumulate > 1) snprintf(acc, sizeof acc, "x%d", a->accumulate);
     if (fg_fabric_is_global_zero(f))
@@ -246,7 +273,7 @@ static int run(fg_fabric *f, void *arg) {
             "\"precision\": \"%s\", \"blas\": \"%s\"}\n",
             a->model, fg_fabric_world_size(f) > 1 ? "ddp" : "single", fg_fabric_world_size(f), acc,
             a->deterministic ? "-det" : "", a->loop, ms, items / (ms / 1e3),
-            gpt ? "tokens/s" : "samples/s", ru.ru_maxrss / 1024.0, fg_get_num_threads(),
+            tokens ? "tokens/s" : "samples/s", ru.ru_maxrss / 1024.0, fg_get_num_threads(),
             fg_precision_kind_name(fg_fabric_precision(f)), fg_ops_blas_info());
     free(times);
     fg_tensor_free(x);
@@ -277,9 +304,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--precision") && v) a.precision = argv[++i];
         else if (!strcmp(argv[i], "--loop") && v) a.loop = argv[++i];
         else {
-            fprintf(stderr, "usage: train_bench --model mlp|gpt [--steps N] [--warmup N] "
-                            "[--threads N] [--devices N] [--batch B] [--accumulate A] "
-                            "[--deterministic] [--precision S] [--loop plain|fabric|trainer]\n");
+            fprintf(stderr,
+                    "usage: train_bench --model mlp|gpt|resnet|lstm|vit [--steps N] [--warmup N] "
+                    "[--threads N] [--devices N] [--batch B] [--accumulate A] "
+                    "[--deterministic] [--precision S] [--loop plain|fabric|trainer]\n");
             return 2;
         }
     }
@@ -287,8 +315,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "train_bench: --loop %s: expected plain, fabric or trainer\n", a.loop);
         return 2;
     }
-    if (strcmp(a.model, "gpt") && strcmp(a.model, "mlp")) {
-        fprintf(stderr, "train_bench: --model %s: expected mlp or gpt\n", a.model);
+    if (strcmp(a.model, "gpt") && strcmp(a.model, "mlp") && strcmp(a.model, "resnet") &&
+        strcmp(a.model, "lstm") && strcmp(a.model, "vit")) {
+        fprintf(stderr, "train_bench: --model %s: expected mlp, gpt, resnet, lstm or vit\n",
+                a.model);
         return 2;
     }
     if (a.accumulate < 1) {

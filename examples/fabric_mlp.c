@@ -7,6 +7,7 @@
  *   example_fabric_mlp --devices 2 --strategy dp         2 threads in one process
  *   fulgur run --nproc-per-node 2 example_fabric_mlp     ddp on the launcher's 2 ranks
  *   mpirun -np 2 example_fabric_mlp --devices 2
+ *   example_fabric_mlp --accelerator guarded             on the test device (docs/devices.md)
  *
  * --batch is per device (as Lightning's), --save PATH writes the trained
  * weights (safetensors). Exit code 2 for bad flags, 1 if training failed. */
@@ -19,7 +20,7 @@
 #define CLASSES 4
 
 typedef struct opts {
-    const char *devices, *strategy, *save;
+    const char *accelerator, *devices, *strategy, *save;
     int64_t batch, steps;
 } opts;
 
@@ -78,7 +79,7 @@ static int run(fg_fabric *f, void *arg) {
             /* training_step: dp splits the batch across its threads here */
             if (fg_fabric_training_step(f, b, step_loss, NULL, model, &loss) != FG_OK) return 1;
             if (fg_optimizer_step(opt) != FG_OK) return 1;
-            if (fg_fabric_reduce_scalar(f, loss, FG_AVG, &loss) != FG_OK) return 1;
+            if (fg_fabric_reduce_scalar(f, loss, FG_REDUCE_OP_AVG, &loss) != FG_OK) return 1;
             if (step % 50 == 0)
                 fg_fabric_print(f, "step %3lld  loss %.4f\n", (long long)step, loss);
             fg_fabric_step_end(f);
@@ -101,20 +102,23 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--devices") && v) o.devices = argv[++i];
+        else if (!strcmp(argv[i], "--accelerator") && v) o.accelerator = argv[++i];
         else if (!strcmp(argv[i], "--strategy") && v) o.strategy = argv[++i];
         else if (!strcmp(argv[i], "--batch") && v) o.batch = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--steps") && v) o.steps = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--save") && v) o.save = argv[++i];
         else {
             fprintf(stderr,
-                    "usage: %s [--devices D] [--strategy S] [--batch B] [--steps N] "
-                    "[--save FILE]\n",
+                    "usage: %s [--accelerator A] [--devices D] [--strategy S] [--batch B] "
+                    "[--steps N] [--save FILE]\n",
                     argv[0]);
             return 2;
         }
     }
-    fg_fabric *f = fg_fabric_new(
-        &(fg_fabric_config){.devices = o.devices, .strategy = o.strategy, .print_to = stdout});
+    fg_fabric *f = fg_fabric_new(&(fg_fabric_config){.accelerator = o.accelerator,
+                                                     .devices = o.devices,
+                                                     .strategy = o.strategy,
+                                                     .print_to = stdout});
     if (!f) {
         fprintf(stderr, "fabric_mlp: %s\n", fg_last_error());
         return 2;

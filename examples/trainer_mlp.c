@@ -5,6 +5,7 @@
  *   example_trainer_mlp --devices 2 --strategy ddp       2 ranks (re-executes itself)
  *   example_trainer_mlp --devices 2 --strategy dp        2 threads in one process
  *   example_trainer_mlp --resume last                    on from the last checkpoint
+ *   example_trainer_mlp --accelerator guarded            on the test device (docs/devices.md)
  *
  * Writes RUN/lightning_logs/version_N/{metrics.csv, hparams.yaml} and
  * RUN/checkpoints/ (RUN: --root, default "runs"). Exit 2 for bad flags, 1
@@ -85,11 +86,12 @@ static fg_status validation_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i
 }
 
 int main(int argc, char **argv) {
-    const char *devices = NULL, *strategy = NULL, *root = "runs", *resume = NULL;
+    const char *devices = NULL, *strategy = NULL, *root = "runs", *resume = NULL, *accel = NULL;
     int64_t epochs = 5;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--devices") && v) devices = argv[++i];
+        else if (!strcmp(argv[i], "--accelerator") && v) accel = argv[++i];
         else if (!strcmp(argv[i], "--strategy") && v) strategy = argv[++i];
         else if (!strcmp(argv[i], "--max-epochs") && v) epochs = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--root") && v) root = argv[++i];
@@ -113,7 +115,8 @@ int main(int argc, char **argv) {
     fg_callback *bar = fg_progress_bar_new(&(fg_progress_bar_opts){.out = stdout});
     fg_callback *cbs[] = {ckpt, bar};
     fg_logger *csv = fg_csv_logger_new(&(fg_csv_logger_opts){.save_dir = root});
-    fg_trainer *t = fg_trainer_new(&(fg_trainer_opts){.devices = devices,
+    fg_trainer *t = fg_trainer_new(&(fg_trainer_opts){.accelerator = accel,
+                                                      .devices = devices,
                                                       .strategy = strategy,
                                                       .seed = 1,
                                                       .max_epochs = epochs,

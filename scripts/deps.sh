@@ -45,11 +45,23 @@ fg_need_packages() {
 # What the library builds against (OpenBLAS's OpenMP flavour: one threading
 # runtime for OpenBLAS and fulgur's kernels; liburing for the io_uring file
 # I/O of nvme offload; zlib for the gzip-compressed CSV files the data
-# reader takes), and what the tests use.
-FG_BUILD_PACKAGES="libopenblas-openmp-dev libdnnl-dev libopenmpi-dev openmpi-bin libjansson-dev libprotobuf-c-dev protobuf-c-compiler libyaml-dev pkg-config liburing-dev zlib1g-dev"
+# reader takes; OpenDHT's C wrapper, nng and libsodium for the hivemind
+# strategy's DHT, messages and their authentication; libspng and
+# libjpeg-turbo for the PNG and JPEG images of the image-folder reader), and
+# what the tests use.
+FG_BUILD_PACKAGES="libopenblas-openmp-dev libdnnl-dev libopenmpi-dev openmpi-bin libjansson-dev libprotobuf-c-dev protobuf-c-compiler libyaml-dev pkg-config liburing-dev zlib1g-dev libopendht-c-dev libnng-dev libsodium-dev libspng-dev libjpeg62-turbo-dev"
 # What only the test suite needs beyond that (the formatting check; the
 # fortunes text the training tests of strategy bagua and of every precision
 # read: fortunes-min, and fortunes for the full demo text).
-FG_TEST_PACKAGES="clang-format fortunes-min fortunes"
+# SLURM and munge for the cluster test on namespace hosts
+# (tests/hosts/test_hosts_slurm.sh starts its own daemons; skipped without them).
+# The internet path of the hivemind host test (tests/hosts/shape.sh) on a
+# kernel without sch_netem: iptables for the loss (statistic match) and the
+# NFQUEUE rule, libnetfilter-queue-dev for tests/hosts/netdelay.c, which
+# holds the queued packets for the delay; iputils-ping to measure the link.
+# python3-sklearn for the 8x8 digits it ships (tests/cli/test_fit_resnet_digits.sh:
+# a ResNet-20 under ddp with SyncBatchNorm to 97%; without it the test
+# skipped, and a wrong convolution gradient went unseen).
+FG_TEST_PACKAGES="clang-format fortunes-min fortunes slurmctld slurmd slurm-client munge iptables libnetfilter-queue-dev iputils-ping python3-sklearn"
 
 fg_jobs() { nproc 2>/dev/null || echo 2; }

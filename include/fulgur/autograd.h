@@ -25,12 +25,16 @@ extern "C" {
 
 FG_API void fg_tensor_set_requires_grad(fg_tensor *t, bool on);
 FG_API bool fg_tensor_requires_grad(const fg_tensor *t);
-/* The gradient of t (NULL before any backward reached it). */
+/* The gradient of t (NULL before any backward reached it). A leaf's (a
+ * parameter, a step tensor made with requires_grad) stays until zeroed; a
+ * non-leaf's (the output of a recorded op) is NULL again once the node
+ * that made t has run in backward (its memory goes to the gradients still
+ * to come), as PyTorch's .grad of a non-leaf is None. */
 FG_API fg_tensor *fg_tensor_grad(const fg_tensor *t);
 /* Makes `grad` (persistent, same shape and dtype, borrowed for t's life)
  * the tensor t's gradient accumulates into: how a module points every
  * parameter's gradient into one flat buffer. */
-FG_API fg_status fg_tensor_set_grad(fg_tensor *t, fg_tensor *grad);
+FG_API FG_MUST_USE fg_status fg_tensor_set_grad(fg_tensor *t, fg_tensor *grad);
 /* Zeroes t's gradient if it has one. */
 FG_API void fg_tensor_zero_grad(fg_tensor *t);
 /* A name for messages and hooks (borrowed; parameters get dotted names). */
@@ -47,8 +51,8 @@ FG_API bool fg_is_grad_enabled(void);
  * tensor with a given seed gradient of the same shape. Accumulates into the
  * gradients of every leaf that requires grad and was used. The recorded graph
  * is consumed: a second backward over it is FG_ESTATE. */
-FG_API fg_status fg_backward(fg_tensor *loss);
-FG_API fg_status fg_backward_with(fg_tensor *out, const fg_tensor *seed_grad);
+FG_API FG_MUST_USE fg_status fg_backward(fg_tensor *loss);
+FG_API FG_MUST_USE fg_status fg_backward_with(fg_tensor *out, const fg_tensor *seed_grad);
 
 /* Called during backward as soon as a leaf's gradient is final for this
  * backward (its last use on the tape was processed): DDP starts a bucket's
@@ -224,10 +228,10 @@ FG_API fg_tensor *fg_stack(fg_tensor *const *ts, int n, int dim);
 /* torch.split: pieces of split_size along dim (the last may be shorter)
  * into out[0 .. *n_out), at most max_out of them (FG_EINVAL beyond); or
  * n pieces of the given sizes (summing to the dim's size). */
-FG_API fg_status fg_split(fg_tensor *a, int64_t split_size, int dim, fg_tensor **out, int max_out,
-                          int *n_out);
-FG_API fg_status fg_split_sizes(fg_tensor *a, const int64_t *sizes, int n, int dim,
-                                fg_tensor **out);
+FG_API FG_MUST_USE fg_status fg_split(fg_tensor *a, int64_t split_size, int dim, fg_tensor **out,
+                                      int max_out, int *n_out);
+FG_API FG_MUST_USE fg_status fg_split_sizes(fg_tensor *a, const int64_t *sizes, int n, int dim,
+                                            fg_tensor **out);
 /* Elements [start, start + length) of dim (a negative start counts from
  * the end); slice: a[..., start:end:step, ...] with Python's rules for
  * negative and out-of-range bounds, step > 0. */
@@ -350,6 +354,60 @@ FG_API fg_tensor *fg_adaptive_avg_pool2d(fg_tensor *x, int64_t out_h, int64_t ou
 FG_API fg_tensor *fg_batch_norm(fg_tensor *x, fg_tensor *running_mean, fg_tensor *running_var,
                                 fg_tensor *w, fg_tensor *b, bool training, double momentum,
                                 double eps);
+
+/* ---------------------------------------------- more normalisations */
+
+/* torch.nn.functional.group_norm: x (N, C, ...) in `groups` groups of C /
+ * groups channels, each normalised over its channels and the spatial dims
+ * (biased variance, eps added to it); w, b (C) may each be NULL. */
+FG_API fg_tensor *fg_group_norm(fg_tensor *x, int64_t groups, fg_tensor *w, fg_tensor *b,
+                                double eps);
+/* torch.nn.functional.rms_norm (PyTorch 2.4's; the same formula):
+ * x * rsqrt(mean(x^2 over the last ndims dims) + eps) * w, w of those dims'
+ * shape or NULL; eps < 0 is PyTorch's eps=None, the dtype's machine epsilon
+ * (f32's for f32, bf16 and f16 too). */
+FG_API fg_tensor *fg_rms_norm(fg_tensor *x, int ndims, fg_tensor *w, double eps);
+/* torch.nn.functional.instance_norm: x (N, C, spatial...), each (n, c)
+ * normalised over its spatial dims with use_input_stats; running_mean /
+ * running_var (C) (may be NULL) then take momentum of the mean over N of
+ * the instances' means and unbiased variances (outside the tape). Without
+ * use_input_stats they normalise x. w, b (C) may be NULL. */
+FG_API fg_tensor *fg_instance_norm(fg_tensor *x, fg_tensor *running_mean, fg_tensor *running_var,
+                                   fg_tensor *w, fg_tensor *b, bool use_input_stats,
+                                   double momentum, double eps);
+/* How SyncBatchNorm sums its statistics over the ranks of a job: an
+ * in-place sum of t (a contiguous step tensor of the model's dtype) over
+ * every rank; collective (every rank calls it in the same order, in
+ * forward and in backward). The strategy or program supplies it (the comm
+ * layer is above this one); borrowed while in use. */
+typedef struct fg_stats_reduce {
+    FG_MUST_USE fg_status (*allreduce_sum)(void *ud, fg_tensor *t);
+    void *ud;
+} fg_stats_reduce;
+/* Batch norm in training mode over the global batch of every rank
+ * (torch.nn.SyncBatchNorm): the count, the mean and the biased variance
+ * are summed over ranks through r (three all-reduces in forward, two in
+ * backward, where the gradients of the sums are summed over ranks too), so
+ * that the output, the running statistics and the gradients are those of
+ * fg_batch_norm on one process over the concatenated batch. The ranks may
+ * hold different batch sizes. r NULL (one process): fg_batch_norm. */
+FG_API fg_tensor *fg_sync_batch_norm(fg_tensor *x, fg_tensor *running_mean, fg_tensor *running_var,
+                                     fg_tensor *w, fg_tensor *b, double momentum, double eps,
+                                     const fg_stats_reduce *r);
+
+/* torch.nn.functional.conv_transpose2d's arguments; zero is PyTorch's
+ * default (stride 1, padding 0, output_padding 0, dilation 1, groups 1). */
+typedef struct fg_conv_transpose2d_opts {
+    int64_t stride[2], padding[2], output_padding[2], dilation[2];
+    int64_t groups;
+} fg_conv_transpose2d_opts;
+/* x (N, C_in, H, W), w (C_in, C_out / groups, KH, KW), b (C_out) or NULL ->
+ * (N, C_out, OH, OW), OH = (H - 1) stride - 2 padding + dilation (KH - 1) +
+ * output_padding + 1 (output_padding smaller than stride or dilation, as
+ * PyTorch's rule). On the convolution kernels (oneDNN for f32, im2col for
+ * f64). */
+FG_API fg_tensor *fg_conv_transpose2d(fg_tensor *x, fg_tensor *w, fg_tensor *b,
+                                      const fg_conv_transpose2d_opts *o);
 
 #ifdef __cplusplus
 }

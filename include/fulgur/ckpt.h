@@ -34,6 +34,7 @@
 #define FULGUR_CKPT_H
 
 #include "fulgur/core.h"
+#include "fulgur/device.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -61,7 +62,9 @@ typedef struct fg_st_writer fg_st_writer;
 FG_API fg_st_writer *fg_st_writer_new(void);
 
 /* Frees the writer and its copies of names, shapes and metadata; never
- * touches the borrowed data buffers. fg_st_writer_free(NULL) is a no-op. */
+ * touches the borrowed data buffers. A file begun (fg_st_writer_begin) and
+ * not finished is abandoned: its temporary file is removed and the target
+ * stays as it was. fg_st_writer_free(NULL) is a no-op. */
 FG_API void fg_st_writer_free(fg_st_writer *w);
 
 /* Adds an entry. Entries are laid out in the file in the order they are
@@ -79,6 +82,14 @@ FG_API void fg_st_writer_free(fg_st_writer *w);
  * unchanged. */
 FG_API FG_MUST_USE fg_status fg_st_writer_add(fg_st_writer *w, const char *name, fg_dtype dtype,
                                               int ndim, const int64_t *shape, const void *data);
+
+/* fg_st_writer_add for data in device memory of `dev` (device.h): written
+ * through one host staging buffer of 4 MiB, a chunk at a time with the
+ * device's copy calls, so a checkpoint of a model on a device never holds
+ * the model in host memory. dev NULL or the cpu: fg_st_writer_add. */
+FG_API FG_MUST_USE fg_status fg_st_writer_add_on(fg_st_writer *w, const char *name, fg_dtype dtype,
+                                                 int ndim, const int64_t *shape, const void *data,
+                                                 fg_dev *dev);
 
 /* Sets metadata key = value (both UTF-8 strings, copied; key non-empty).
  * Setting a key again replaces its value; keys are written in the order they
@@ -105,7 +116,9 @@ FG_API FG_MUST_USE fg_status fg_st_writer_meta_at(const fg_st_writer *w, int64_t
  *   2. written in full and fsync'ed,
  *   3. renamed over `path`, then the folder is fsync'ed.
  * A kill at any moment leaves `path` either as it was or as the new file.
- * The writer stays usable (write again, add more). Not collective: with many
+ * The writer stays usable (write again, add more). Entries declared without
+ * data (fg_st_writer_declare) are FG_ESTATE here: they are written by the
+ * streaming calls below. Not collective: with many
  * ranks, write from the ranks that own the data, to distinct paths.
  * `path` may be a regular file (replaced) or nothing; anything else there (a
  * folder, symlink, fifo or device node, which rename would replace as
@@ -117,6 +130,42 @@ FG_API FG_MUST_USE fg_status fg_st_writer_meta_at(const fg_st_writer *w, int64_t
  * FG_ENOMEM. If only the final
  * folder fsync fails, the new file is in place and FG_EIO says so. */
 FG_API FG_MUST_USE fg_status fg_st_writer_write(fg_st_writer *w, const char *path);
+
+/* Streaming: a file written an entry at a time, so that its writer never
+ * holds every tensor at once (a checkpoint gathered from many ranks a piece
+ * at a time). The header is known up front from the names, dtypes and
+ * shapes; the bytes follow in the order the entries were added. The file is
+ * byte for byte the one fg_st_writer_write makes of the same entries and
+ * metadata, and is as atomic (a temporary file renamed into place at
+ * fg_st_writer_finish).
+ *
+ * fg_st_writer_declare adds an entry as fg_st_writer_add does, without its
+ * data: its bytes come later through fg_st_writer_put. Entries added with
+ * data are written by the writer itself when the stream reaches them.
+ * Returns as fg_st_writer_add. */
+FG_API FG_MUST_USE fg_status fg_st_writer_declare(fg_st_writer *w, const char *name, fg_dtype dtype,
+                                                  int ndim, const int64_t *shape);
+
+/* Opens the temporary file beside `path` (as fg_st_writer_write), writes
+ * the header and the entries with data up to the first declared one. From
+ * here to fg_st_writer_finish no entry nor metadata may be added
+ * (FG_ESTATE). Returns as fg_st_writer_write; on failure nothing is left. */
+FG_API FG_MUST_USE fg_status fg_st_writer_begin(fg_st_writer *w, const char *path);
+
+/* The next `nbytes` of the declared entry being written (a whole entry or
+ * a piece of it; pieces in order), in device memory of `dev` when dev is
+ * set and not the cpu (staged as fg_st_writer_add_on stages). When the
+ * entry is complete the writer goes on with the entries that have data.
+ * More bytes than the entry has left is FG_EINVAL naming it. Any failure
+ * removes the temporary file: later puts and finish return FG_ESTATE, the
+ * target is as it was. */
+FG_API FG_MUST_USE fg_status fg_st_writer_put(fg_st_writer *w, const void *data, size_t nbytes,
+                                              fg_dev *dev);
+
+/* Flushes, fsyncs and renames the file into place, as fg_st_writer_write
+ * ends. FG_ESTATE naming the entry if a declared entry is still owed bytes
+ * (the temporary file is removed). Afterwards the writer can begin again. */
+FG_API FG_MUST_USE fg_status fg_st_writer_finish(fg_st_writer *w);
 
 /* Points the symlink `link_path` (e.g. "ckpt/last.safetensors") at `target`,
  * atomically: a temporary symlink in the same folder is renamed over it and
@@ -278,6 +327,19 @@ FG_API const void *fg_st_data(const fg_st_file *f, int64_t i);
  * are still at fg_st_data). */
 FG_API FG_MUST_USE fg_status fg_st_read(const fg_st_file *f, int64_t i, void *dst,
                                         fg_dtype dst_dtype, int64_t numel);
+
+/* Copies elements [lo, hi) of entry i (0 <= lo <= hi <= its numel) into dst
+ * as `dst_dtype`, converting as fg_st_read. dst is memory of `dev`
+ * (device.h; NULL or the cpu: host memory) for hi - lo elements: on a
+ * device the bytes go in with its copy calls, straight from the file's
+ * mapping when the dtypes agree, else converted through a host staging
+ * buffer of 4 MiB a piece at a time, so a load into a model on a device
+ * never holds the model in host memory.
+ * Returns FG_OK; FG_EINVAL naming the entry for a range outside it or a NULL
+ * dst; the errors of fg_st_read; those of the device's copies. */
+FG_API FG_MUST_USE fg_status fg_st_read_range_on(const fg_st_file *f, int64_t i, fg_dev *dev,
+                                                 void *dst, fg_dtype dst_dtype, int64_t lo,
+                                                 int64_t hi);
 
 /* The metadata value of `key`, or NULL if absent; borrowed until
  * fg_st_close. */

@@ -34,6 +34,7 @@
 #define FULGUR_COMM_H
 
 #include "fulgur/core.h"
+#include "fulgur/device.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -57,6 +58,7 @@ typedef struct fg_cluster_info {
     int master_port;                       /* 0 if unknown */
     char job_id[FG_CLUSTER_JOB_MAX];       /* "" if unknown; names shm segments */
     const char *source; /* "explicit", "fulgur", "torchrun", "openmpi", "slurm" or "none" */
+    char derived[256];  /* how values not set by name were derived ("" if none), for messages */
 } fg_cluster_info;
 
 /* Reads the environment, first match wins:
@@ -68,7 +70,22 @@ typedef struct fg_cluster_info {
  *             TORCHELASTIC_RUN_ID
  *   openmpi:  OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _NODE_RANK
  *   slurm:    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID,
- *             SLURM_NNODES, SLURM_JOB_ID (SLURM_NTASKS_PER_NODE for the local size)
+ *             SLURM_NNODES (or SLURM_JOB_NUM_NODES), SLURM_JOB_ID,
+ *             SLURM_TASKS_PER_NODE ("2(x3),1") and SLURM_NTASKS_PER_NODE for
+ *             the local size, SLURM_JOB_NODELIST (or SLURM_NODELIST) for the
+ *             master, as Lightning's SLURMEnvironment: MASTER_ADDR, else the
+ *             first host of the node list; MASTER_PORT, else 15000 + the job
+ *             id's last 4 digits (12910 without a job id). Inconsistent values
+ *             are refused, naming both: a node list of another length than
+ *             SLURM_NNODES, tasks per node that do not add up to SLURM_NTASKS
+ *             or differ from SLURM_NTASKS_PER_NODE, nodes with different task
+ *             counts, a rank that is not node offset + SLURM_LOCALID (fulgur
+ *             numbers the ranks of a node consecutively: srun's block
+ *             distribution). A job named "bash" or "interactive" (salloc's
+ *             shell, as Lightning) is not a SLURM launch.
+ * torchrun's and fulgur's rank, local rank and node rank must agree too:
+ * RANK = node rank x LOCAL_WORLD_SIZE + LOCAL_RANK, GROUP_RANK = NODE_RANK
+ * when both are set, GROUP_WORLD_SIZE x LOCAL_WORLD_SIZE = WORLD_SIZE.
  * A source is chosen by its rank variable (FULGUR_RANK, RANK,
  * OMPI_COMM_WORLD_RANK, SLURM_PROCID). Missing local values default to a
  * single machine (local = global, one node). Nothing set gives a world of 1
@@ -82,17 +99,27 @@ FG_API FG_MUST_USE fg_status fg_cluster_detect(fg_cluster_info *out);
  * environments). FG_EINVAL names the bad field. */
 FG_API FG_MUST_USE fg_status fg_cluster_validate(const fg_cluster_info *info);
 
+/* SLURM's compressed host list ("node[01-03,7],gpu[1-2]-ib,login"), as
+ * scontrol show hostnames expands it: the host at `index` into out (cap
+ * bytes; skipped when index is out of range or out is NULL) and the number
+ * of hosts into *count (may be NULL). Several bracket groups in one name
+ * multiply; zero padding is kept. FG_EINVAL names the bad part (an
+ * unclosed bracket, a range that runs backwards, an empty name); a host
+ * longer than cap is FG_EINVAL too. Thread-safe. */
+FG_API FG_MUST_USE fg_status fg_cluster_nodelist_host(const char *nodelist, int index, char *out,
+                                                      size_t cap, int *count);
+
 /* --------------------------------------------------------- communicator */
 
 typedef struct fg_comm fg_comm;
 typedef struct fg_comm_req fg_comm_req;
 
 typedef enum fg_reduce_op {
-    FG_SUM,
-    FG_AVG, /* sum / group size; integers divide truncating toward zero */
-    FG_MIN,
-    FG_MAX,
-    FG_PROD,
+    FG_REDUCE_OP_SUM,
+    FG_REDUCE_OP_AVG, /* sum / group size; integers divide truncating toward zero */
+    FG_REDUCE_OP_MIN,
+    FG_REDUCE_OP_MAX,
+    FG_REDUCE_OP_PROD,
     FG_REDUCE_OP_COUNT
 } fg_reduce_op;
 
@@ -171,6 +198,11 @@ FG_API int fg_comm_local_size(const fg_comm *c);
 FG_API int fg_comm_node_rank(const fg_comm *c);
 FG_API int fg_comm_num_nodes(const fg_comm *c);
 FG_API const char *fg_comm_backend_name(const fg_comm *c); /* "shm", "mpi", "hybrid", "nccl" */
+/* Whether the backend reads and writes memory of that device kind itself
+ * (the CPU's always; nccl: cuda); shm, MPI and hybrid read host memory
+ * only, so a layer with buffers on a device stages them through the host
+ * (docs/devices.md). */
+FG_API bool fg_comm_reads_device(const fg_comm *c, fg_device kind);
 /* Whether this build of fulgur has the backend (shm and hybrid always; mpi
  * when built with Open MPI; nccl not yet). Thread-safe. */
 FG_API bool fg_comm_backend_built(fg_comm_backend_kind kind);

@@ -67,12 +67,15 @@ extern "C" {
 #if defined(__GNUC__)
 #define FG_API __attribute__((visibility("default")))
 #define FG_PRINTF(f, a) __attribute__((format(printf, f, a)))
-/* On a function whose status must be looked at (a failure the caller
- * cannot ignore: a collective, a parse). Not on fg_error and its kin, which
- * return their argument for convenience, nor on calls that fail only on
- * an argument outside its enum or range (fg_convert between two real
- * dtypes, fg_set_num_threads(n >= 1)). GCC warns even through a (void)
- * cast: a caller that means to drop a status tests it. */
+/* On every function that returns a status (a failure the caller cannot
+ * ignore: a collective, a parse, a copy to a device). Not on fg_error and
+ * its kin, which return their argument for convenience, nor on calls that
+ * fail only on an argument outside its enum or range (fg_convert between
+ * two real dtypes, fg_set_num_threads(n >= 1), fg_autocast_set,
+ * fg_st_info_at, fg_st_meta_at). On every pointer to such a function too
+ * (a table's entry, a callback's type), so that a call through it is
+ * checked as a direct call is. GCC warns even through a (void) cast: a
+ * caller that means to drop a status tests it. */
 #define FG_MUST_USE __attribute__((warn_unused_result))
 #else
 #define FG_API

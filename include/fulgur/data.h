@@ -90,7 +90,7 @@ FG_API size_t fg_sample_spec_bytes(const fg_sample_spec *s);
 typedef struct fg_dataset_ops {
     int64_t (*len)(void *ud);
     void (*spec)(void *ud, fg_sample_spec *x, fg_sample_spec *y);
-    fg_status (*get)(void *ud, int64_t i, void *x_out, void *y_out);
+    FG_MUST_USE fg_status (*get)(void *ud, int64_t i, void *x_out, void *y_out);
     void (*free)(void *ud);
 } fg_dataset_ops;
 
@@ -320,6 +320,51 @@ FG_API const char *fg_csv_dataset_category(const fg_dataset *ds, const char *col
 /* The number of categories of that column; 0 if it is none. */
 FG_API int64_t fg_csv_dataset_num_categories(const fg_dataset *ds, const char *column);
 
+/* ---------------------------------------------------------- image folders */
+
+/* torchvision's ImageFolder over root/<class>/.../<image>: the classes are
+ * the sorted names of root's sub-folders (class k = the k-th), the samples
+ * every .png, .jpg and .jpeg below each (any depth, case-insensitive
+ * extension), sorted by path within a class, as torchvision's
+ * make_dataset lists them. PNG is decoded by libspng, JPEG by libjpeg-turbo
+ * (the library PIL uses, with its defaults), to 8-bit RGB (grayscale and
+ * palette images expanded, alpha dropped, as PIL's convert("RGB")). The
+ * transforms are torchvision's on a PIL image, in this order, in the get
+ * call (so in the loader's worker threads):
+ *   resize:   Resize(n) (the shorter side to n, the longer int(n * long /
+ *             short)), or resize_h x resize_w; PIL's bilinear resampling
+ *             (Image.resize(BILINEAR): its filter support scaled on
+ *             downsampling, 22-bit fixed-point weights, two 8-bit passes);
+ *   crop:     CenterCrop(crop) (offsets rounded half to even, as Python's
+ *             round), or with random_crop RandomCrop(crop);
+ *   flip:     RandomHorizontalFlip(0.5) with random_flip;
+ *   ToTensor: x (3, H, W) FG_F32, value / 255 (in f32);
+ *   Normalize(mean, std) when any std is non-zero: (x - mean) / std (f32).
+ * The random ones draw from (seed, epoch, index): fg_image_folder_set_epoch
+ * changes them each epoch (call it from on_train_epoch_start). y is the
+ * class, FG_I32. Every sample must end at one size: give crop or resize_h x
+ * resize_w, or use images of one size (a different one is an FG_EFORMAT
+ * naming the file at get). Returns NULL with FG_EIO (root unreadable),
+ * FG_EFORMAT (no class folder, no image, or a file that does not decode,
+ * named, at get), FG_EINVAL (a bad option) or FG_ENOMEM. */
+typedef struct fg_image_folder_opts {
+    int64_t resize;             /* the shorter side to this; 0: none */
+    int64_t resize_h, resize_w; /* or this exact size (both); 0: none */
+    int64_t crop;               /* a crop x crop square; 0: none */
+    bool random_crop;           /* RandomCrop instead of CenterCrop */
+    bool random_flip;           /* RandomHorizontalFlip(p=0.5) */
+    double mean[3], std[3];     /* Normalize; all std 0: none */
+    uint64_t seed;              /* the random transforms' seed */
+} fg_image_folder_opts;
+FG_API fg_dataset *fg_image_folder_new(const char *root, const fg_image_folder_opts *o);
+/* The class names (borrowed; NULL out of range) and their count. */
+FG_API const char *fg_image_folder_class(const fg_dataset *ds, int64_t k);
+FG_API int64_t fg_image_folder_num_classes(const fg_dataset *ds);
+/* The file of sample i (borrowed; NULL out of range or another dataset). */
+FG_API const char *fg_image_folder_path(const fg_dataset *ds, int64_t i);
+/* The epoch the random transforms draw from (0 at first). */
+FG_API void fg_image_folder_set_epoch(fg_dataset *ds, int64_t epoch);
+
 /* ================================================================ samplers */
 
 /* The sampler table: the indices a rank takes in an epoch.
@@ -331,7 +376,7 @@ FG_API int64_t fg_csv_dataset_num_categories(const fg_dataset *ds, const char *c
  *   free:    releases ud; may be NULL. */
 typedef struct fg_sampler_ops {
     int64_t (*len)(void *ud);
-    fg_status (*indices)(void *ud, int64_t epoch, int64_t *out);
+    FG_MUST_USE fg_status (*indices)(void *ud, int64_t epoch, int64_t *out);
     void (*free)(void *ud);
 } fg_sampler_ops;
 
@@ -431,6 +476,9 @@ typedef struct fg_batch {
     int64_t epoch;          /* the epoch it belongs to */
     int64_t index;          /* its position in the epoch, 0-based */
     const int64_t *indices; /* the dataset index of each sample (size of them) */
+    /* from a fields loader's loader (fg_fields_loader_loader): the batch's
+     * named tensors (x and y are its first two); else NULL */
+    const struct fg_fields_batch *fields;
 } fg_batch;
 
 typedef struct fg_dataloader fg_dataloader;
@@ -572,7 +620,7 @@ typedef struct fg_sample_field {
  * loader workers, from several threads at once with num_workers > 1. */
 typedef struct fg_fields_ops {
     int64_t (*len)(void *ud);
-    fg_status (*get)(void *ud, int64_t i, fg_sample_field *fields);
+    FG_MUST_USE fg_status (*get)(void *ud, int64_t i, fg_sample_field *fields);
     void (*free)(void *ud);
 } fg_fields_ops;
 
@@ -626,8 +674,9 @@ FG_API fg_tensor *fg_collate_tensor(fg_collate_out *out, const char *name, fg_dt
  * samples[j * nfields + k] (sample j's field k, read-only, valid during the
  * call) through fg_collate_tensor. Runs on the thread calling
  * fg_fields_loader_next. Returns FG_OK or a status with a message. */
-typedef fg_status (*fg_collate_fn)(void *ud, const fg_fields_dataset *fd,
-                                   const fg_sample_field *samples, int64_t n, fg_collate_out *out);
+typedef FG_MUST_USE fg_status (*fg_collate_fn)(void *ud, const fg_fields_dataset *fd,
+                                               const fg_sample_field *samples, int64_t n,
+                                               fg_collate_out *out);
 
 /* Options of the default collate; all zero = pad with 0, with masks. */
 typedef struct fg_collate_opts {
@@ -673,7 +722,12 @@ FG_API FG_MUST_USE fg_status fg_fields_loader_status(const fg_fields_loader *fl)
 
 /* The sample loader under fl (borrowed, valid as long as fl): set_epoch,
  * set_sampler (DDP), reset, len and the positions of resume are its, and
- * act on fl. Do not call fg_dataloader_next or free on it. */
+ * act on fl; fg_dataloader_next on it is fg_fields_loader_next, the batch
+ * as an fg_batch whose `fields` holds the named tensors (x and y the first
+ * two), and fg_dataloader_status tells a collate failure too. So the
+ * Fabric and the Trainer take it as any loader (training_step reads
+ * fg_fields_batch_get(b->fields, "tokens")); on a device only x and y are
+ * moved there. Do not free it (fg_fields_loader_free does). */
 FG_API fg_dataloader *fg_fields_loader_loader(fg_fields_loader *fl);
 
 /* =============================================== iterable (streaming) data */
@@ -709,9 +763,9 @@ FG_API fg_dataloader *fg_fields_loader_loader(fg_fields_loader *fl);
 typedef struct fg_stream_ops {
     void (*spec)(void *ud, fg_sample_spec *x, fg_sample_spec *y);
     int64_t (*len)(void *ud);
-    fg_status (*open)(void *ud, int64_t epoch, void **it);
-    fg_status (*next)(void *ud, void *it, void *x_out, void *y_out, bool *end);
-    fg_status (*skip)(void *ud, void *it, int64_t n, int64_t *skipped);
+    FG_MUST_USE fg_status (*open)(void *ud, int64_t epoch, void **it);
+    FG_MUST_USE fg_status (*next)(void *ud, void *it, void *x_out, void *y_out, bool *end);
+    FG_MUST_USE fg_status (*skip)(void *ud, void *it, int64_t n, int64_t *skipped);
     void (*close)(void *ud, void *it);
     void (*free)(void *ud);
 } fg_stream_ops;
@@ -770,6 +824,33 @@ FG_API void fg_stream_loader_position(const fg_stream_loader *l, int64_t *epoch,
  * the epoch has fewer batches (naming both), or the stream's error. */
 FG_API FG_MUST_USE fg_status fg_stream_loader_set_position(fg_stream_loader *l, int64_t epoch,
                                                            int64_t batch);
+
+/* A loader over a stream that the fabric and the Trainer take as any loader
+ * (Lightning's DataLoader over an IterableDataset): fg_dataloader_next,
+ * _status, _len (the stream loader's: -1 while unknown), _set_epoch,
+ * _set_position, _position and _reset act on a stream loader made with
+ * `o` (see fg_stream_loader_new); fg_dataloader_opts gives its batch,
+ * drop_last and num_workers; fg_dataloader_dataset and _sampler are NULL
+ * and fg_dataloader_set_sampler is FG_EUNSUPPORTED (a stream comes in its
+ * order). fg_fabric_setup_dataloader splits it by the fabric's rank and
+ * world (fg_dataloader_split_stream), where Lightning inserts no sampler
+ * for an IterableDataset and leaves the split to it. s is borrowed: it
+ * must outlive the loader. NULL with fg_stream_loader_new's errors, or
+ * FG_EINVAL for a NULL s. */
+FG_API fg_dataloader *fg_dataloader_from_stream(fg_stream *s, const fg_stream_loader_opts *o);
+/* Whether dl was made by fg_dataloader_from_stream. */
+FG_API bool fg_dataloader_is_stream(const fg_dataloader *dl);
+/* Whether dl's batches per epoch are known before an epoch is read: true
+ * for a map-style loader and a stream whose len gives one; false for a
+ * stream of unknown length (Lightning's IterableDataset without __len__),
+ * even once an epoch has been read (fg_dataloader_len then tells that
+ * epoch's count, which the next epoch need not repeat). */
+FG_API bool fg_dataloader_len_known(const fg_dataloader *dl);
+/* Makes dl's stream loader again as rank `rank` of `world` (its shards:
+ * fg_stream_loader_new's rule), at (epoch 0, batch 0). FG_EINVAL for a
+ * loader not over a stream, fg_stream_loader_new's errors (dl then keeps
+ * its loader). */
+FG_API FG_MUST_USE fg_status fg_dataloader_split_stream(fg_dataloader *dl, int rank, int world);
 
 /* What a dataset's get may ask about the loader calling it, for random
  * augmentation. */

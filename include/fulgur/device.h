@@ -56,12 +56,21 @@ FG_API const char *fg_device_kind_name(fg_device kind);
 /* Parses "cpu", "cpu:0", "cuda", "cuda:N", "guarded", "guarded:N" (kind
  * case-insensitive; no index means 0; N in 0..FG_DEVICE_INDEX_MAX; the CPU
  * has index 0 only). FG_EINVAL naming the text and what is expected. */
-FG_API fg_status fg_device_parse(const char *name, fg_device_id *out);
+FG_API FG_MUST_USE fg_status fg_device_parse(const char *name, fg_device_id *out);
 /* Writes the canonical name ("cpu", "cuda:1", "guarded:0") into buf (at
  * least FG_DEVICE_NAME_MAX bytes are enough) and returns buf; "?" for an
  * id fg_device_parse would refuse. fg_device_parse(fg_device_format(id))
  * gives id back. */
 FG_API const char *fg_device_format(fg_device_id id, char *buf, size_t n);
+
+/* How many devices of `kind` this process can open without opening one:
+ * cpu 1, guarded FG_DEVICE_INDEX_MAX + 1 (a test device, always there),
+ * cuda what the CUDA backend counts (no device context is created, so it
+ * is safe before the ranks fork). 0 when there are none, with the reason
+ * in why (NULL, or n bytes): "this build has no CUDA backend (...)" or
+ * what the backend says ("no CUDA device: ..."). Thread-safe; the
+ * calling thread's error (fg_last_error) is left as it was. */
+FG_API int fg_device_count(fg_device kind, char *why, size_t n);
 
 /* ---------------------------------------------------------------- devices */
 
@@ -101,6 +110,11 @@ FG_API fg_dev *fg_dev_open(const char *name, const fg_dev_options *opt);
  * and then released: tensors on the device must be freed before. NULL is a
  * no-op. */
 FG_API void fg_dev_close(fg_dev *d);
+/* Takes one more reference to d: each fg_dev_retain is matched by one
+ * fg_dev_close, and only the last close releases the device. A module or
+ * optimizer on a device holds one, so they may be freed after the code
+ * that opened the device closed it. */
+FG_API void fg_dev_retain(fg_dev *d);
 
 FG_API fg_device_id fg_dev_id(const fg_dev *d);
 FG_API fg_device fg_dev_kind(const fg_dev *d);
@@ -119,7 +133,7 @@ FG_API bool fg_dev_host_accessible(const fg_dev *d);
 FG_API void *fg_dev_alloc(fg_dev *d, size_t bytes, fg_stream *stream);
 /* Frees what fg_dev_alloc returned (NULL: no-op); the block goes back to
  * the cache. FG_EINVAL for a pointer this device did not hand out. */
-FG_API fg_status fg_dev_free(fg_dev *d, void *ptr);
+FG_API FG_MUST_USE fg_status fg_dev_free(fg_dev *d, void *ptr);
 /* Releases every cached block that holds no allocation back to the
  * device, as torch.cuda.empty_cache. Thread-safe. */
 FG_API void fg_dev_empty_cache(fg_dev *d);
@@ -143,6 +157,10 @@ typedef struct fg_dev_memory_stats {
     /* copies through the copy calls, in bytes and calls */
     uint64_t h2d_bytes, d2h_bytes, d2d_bytes;
     uint64_t h2d_copies, d2h_copies, d2d_copies;
+    /* of those, the bytes copied on the comm stream: the host staging of
+     * collectives whose backend reads host memory (shm, MPI) */
+    uint64_t comm_h2d_bytes, comm_d2h_bytes;
+    uint64_t discarded_bytes; /* given back by fg_dev_discard, all calls together */
 } fg_dev_memory_stats;
 
 FG_API fg_dev_memory_stats fg_dev_memory_stats_get(fg_dev *d);
@@ -156,7 +174,7 @@ FG_API const char *fg_dev_memory_summary(fg_dev *d, char *buf, size_t n);
 /* FG_OK when the device holds no live allocation; else FG_ESTATE with a
  * message naming the device, the count and bytes still live and the
  * largest of them. */
-FG_API fg_status fg_dev_leak_check(fg_dev *d);
+FG_API FG_MUST_USE fg_status fg_dev_leak_check(fg_dev *d);
 
 /* Page-locked host memory for asynchronous copies (cudaMallocHost on a
  * GPU; plain 64-byte aligned host memory on cpu and guarded). The host may
@@ -188,20 +206,38 @@ FG_API size_t fg_dev_arena_peak(const fg_dev_arena *a); /* high-water mark of us
  * host, device to device (within one device). Device pointers may point
  * inside an allocation; the whole range must lie in one allocation
  * (FG_EINVAL otherwise, naming the range). Counted in the stats. */
-FG_API fg_status fg_dev_copy_h2d(fg_dev *d, void *dst, const void *src, size_t bytes);
-FG_API fg_status fg_dev_copy_d2h(fg_dev *d, void *dst, const void *src, size_t bytes);
-FG_API fg_status fg_dev_copy_d2d(fg_dev *d, void *dst, const void *src, size_t bytes);
+FG_API FG_MUST_USE fg_status fg_dev_copy_h2d(fg_dev *d, void *dst, const void *src, size_t bytes);
+FG_API FG_MUST_USE fg_status fg_dev_copy_d2h(fg_dev *d, void *dst, const void *src, size_t bytes);
+FG_API FG_MUST_USE fg_status fg_dev_copy_d2d(fg_dev *d, void *dst, const void *src, size_t bytes);
 /* Sets `bytes` of device memory to the byte `value`. */
-FG_API fg_status fg_dev_memset(fg_dev *d, void *dst, int value, size_t bytes, fg_stream *stream);
+FG_API FG_MUST_USE fg_status fg_dev_memset(fg_dev *d, void *dst, int value, size_t bytes,
+                                           fg_stream *stream);
+/* Gives the device's memory behind the whole pages of [dst, dst + bytes)
+ * back, keeping the addresses (the range must lie in one allocation): the
+ * device side of madvise(MADV_DONTNEED), for ZeRO-2/3 and FSDP, which hold
+ * a flat buffer but only part of it between uses. With `zero` the whole
+ * range reads zero afterwards (the partial pages at its ends are cleared);
+ * without, its contents are undefined afterwards and the partial pages at
+ * its ends are left as they are (a neighbour's bytes share them). A page
+ * costs memory again once written. On a device that cannot give part of an
+ * allocation back the range is cleared (zero) or left alone; `*given` (may
+ * be NULL) is the bytes given back. Not a copy: not counted as one. */
+FG_API FG_MUST_USE fg_status fg_dev_discard(fg_dev *d, void *dst, size_t bytes, bool zero,
+                                            size_t *given);
+/* Writes `count` copies of the psize-byte pattern (1 to 16 bytes: one
+ * element of any dtype) at device address dst, on `stream` (NULL: compute):
+ * a kernel of the device, not a copy, so not counted in the copy stats. */
+FG_API FG_MUST_USE fg_status fg_dev_fill(fg_dev *d, void *dst, const void *pattern, size_t psize,
+                                         size_t count, fg_stream *stream);
 /* Asynchronous copies on `stream` (NULL: the compute stream): ordered after
  * the work already on it; the host buffer is borrowed until the stream (or
  * an event recorded after the copy) completes. From pageable host memory
  * a real device goes through pinned staging; fg_dev_host_alloc memory is
  * copied directly. On cpu and guarded they are done when they return. */
-FG_API fg_status fg_dev_copy_h2d_async(fg_dev *d, void *dst, const void *src, size_t bytes,
-                                       fg_stream *stream);
-FG_API fg_status fg_dev_copy_d2h_async(fg_dev *d, void *dst, const void *src, size_t bytes,
-                                       fg_stream *stream);
+FG_API FG_MUST_USE fg_status fg_dev_copy_h2d_async(fg_dev *d, void *dst, const void *src,
+                                                   size_t bytes, fg_stream *stream);
+FG_API FG_MUST_USE fg_status fg_dev_copy_d2h_async(fg_dev *d, void *dst, const void *src,
+                                                   size_t bytes, fg_stream *stream);
 
 /* ------------------------------------------------------ streams, events */
 
@@ -211,26 +247,26 @@ typedef enum fg_stream_kind { FG_STREAM_COMPUTE = 0, FG_STREAM_COMM = 1 } fg_str
 FG_API fg_stream *fg_dev_stream(fg_dev *d, fg_stream_kind kind);
 FG_API fg_dev *fg_stream_dev(const fg_stream *s);
 /* Waits until all work on the stream is done. */
-FG_API fg_status fg_stream_synchronize(fg_stream *s);
+FG_API FG_MUST_USE fg_status fg_stream_synchronize(fg_stream *s);
 /* Items of work enqueued on the stream since the device opened (copies,
  * memsets, event records, waits): a stream's clock. */
 FG_API uint64_t fg_stream_work_count(const fg_stream *s);
 /* Waits until all work on every stream of the device is done. */
-FG_API fg_status fg_dev_synchronize(fg_dev *d);
+FG_API FG_MUST_USE fg_status fg_dev_synchronize(fg_dev *d);
 
 /* An event marks a point in a stream's work. A new event is complete (as
  * a CUDA event never recorded). */
 FG_API fg_event *fg_event_new(fg_dev *d);
 FG_API void fg_event_free(fg_event *e);
 /* Marks the point after the work on `stream` so far. */
-FG_API fg_status fg_event_record(fg_event *e, fg_stream *stream);
+FG_API FG_MUST_USE fg_status fg_event_record(fg_event *e, fg_stream *stream);
 /* Work enqueued on `stream` after this call runs after the event's point
  * (it may be on the device's other stream). FG_EINVAL across devices. */
-FG_API fg_status fg_stream_wait_event(fg_stream *stream, fg_event *e);
+FG_API FG_MUST_USE fg_status fg_stream_wait_event(fg_stream *stream, fg_event *e);
 /* Whether the work before the event's point is done (never blocks). */
 FG_API bool fg_event_query(const fg_event *e);
 /* Waits until the event's point is reached. */
-FG_API fg_status fg_event_synchronize(fg_event *e);
+FG_API FG_MUST_USE fg_status fg_event_synchronize(fg_event *e);
 /* The stream the event was last recorded on (NULL if never) and that
  * stream's fg_stream_work_count at the record. */
 FG_API fg_stream *fg_event_stream(const fg_event *e);

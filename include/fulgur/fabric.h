@@ -40,14 +40,15 @@ typedef struct fg_fabric fg_fabric;
 
 /* A custom cluster environment (Lightning's ClusterEnvironment plugin): fills
  * where this process stands; returns FG_OK or an error with a message. */
-typedef fg_status (*fg_cluster_fn)(void *ud, fg_cluster_info *out);
+typedef FG_MUST_USE fg_status (*fg_cluster_fn)(void *ud, fg_cluster_info *out);
 
 /* The configuration: Lightning's Fabric arguments. Every string is read by
  * the launch layer (launch.h), as `fulgur env` and `fulgur fit` read them,
  * and copied by fg_fabric_new. All-zero means the defaults. */
 typedef struct fg_fabric_config {
-    const char *accelerator; /* NULL = "auto" (the CPU in this build), "cpu"; "gpu"/"cuda"
-                                not built in */
+    const char *accelerator; /* NULL = "auto" (a GPU when one answers, else the CPU), "cpu",
+                                "gpu"/"cuda" (with the CUDA backend), "guarded" (the test
+                                device: docs/devices.md) */
     const char *devices;     /* NULL = "auto": one device, or under a launcher (fulgur run,
                                 torchrun, mpirun, srun) the ranks it started on this node;
                                 "3", "-1", "0,2", "[0, 2]" (fg_launch_parse_devices); a
@@ -112,6 +113,43 @@ typedef struct fg_fabric_config {
 FG_API FG_MUST_USE fg_status fg_deepspeed_config_read(const char *path, int *stage,
                                                       fg_sharded_opts *out);
 
+/* The optimizer and scheduler sections of a DeepSpeed JSON configuration
+ * (honoured, where DeepSpeed's engine would build them itself): optimizer
+ * "Adam" (DeepSpeed's FusedAdam: decoupled weight decay unless
+ * "adam_w_mode": false) or "AdamW" with params lr, betas, eps,
+ * weight_decay (torch_adam accepted; amsgrad and bias_correction false
+ * refused by name); scheduler "WarmupLR" (warmup_min_lr, warmup_max_lr,
+ * warmup_num_steps, warmup_type "log" or "linear"), "WarmupDecayLR"
+ * (+ total_num_steps) or "WarmupCosineLR" (total_num_steps,
+ * warmup_min_ratio, warmup_num_steps, cos_min_ratio, warmup_type), with
+ * DeepSpeed's defaults. Any other type or key is FG_EINVAL naming it (the
+ * nearest type for a scheduler). */
+typedef enum fg_ds_sched_kind {
+    FG_DS_SCHED_NONE = 0,
+    FG_DS_WARMUP_LR,
+    FG_DS_WARMUP_DECAY_LR,
+    FG_DS_WARMUP_COSINE_LR,
+} fg_ds_sched_kind;
+typedef struct fg_deepspeed_train {
+    bool has_optimizer, decoupled;
+    double lr, beta1, beta2, eps, weight_decay;
+    fg_ds_sched_kind sched; /* FG_DS_SCHED_NONE: no scheduler section */
+    double warmup_min_lr, warmup_max_lr, warmup_min_ratio, cos_min_ratio;
+    int64_t warmup_num_steps, total_num_steps;
+    bool warmup_linear;
+} fg_deepspeed_train;
+/* Reads the two sections of the file at path (zeros when it has neither).
+ * FG_EIO, FG_EINVAL as fg_deepspeed_config_read. */
+FG_API FG_MUST_USE fg_status fg_deepspeed_train_read(const char *path, fg_deepspeed_train *out);
+/* The optimizer the section describes over m (every parameter decayed, as
+ * DeepSpeed's one group); NULL with FG_EINVAL without one. */
+FG_API fg_optimizer *fg_deepspeed_optimizer_new(const fg_deepspeed_train *c, fg_module *m);
+/* The lr of optimizer step `step` (0-based) under the scheduler section,
+ * as DeepSpeed's schedulers give it (WarmupCosineLR scales the optimizer's
+ * lr, c->lr); c->lr without a scheduler. A pure function of the step: a
+ * resumed run continues the same curve. */
+FG_API double fg_deepspeed_lr_at(const fg_deepspeed_train *c, int64_t step);
+
 /* Makes the launch plan for cfg (NULL = defaults) in this environment
  * (fg_launch_plan_make, or cfg->cluster's environment) without starting
  * anything: every value is checked here, the sharded options too
@@ -171,6 +209,28 @@ FG_API FG_MUST_USE fg_status fg_fabric_spawn_result(fg_fabric *f, fg_module *mod
  * until fg_fabric_launch's run returns. */
 FG_API FG_MUST_USE fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt);
 
+/* Lightning's fabric.setup(model, opt1, opt2, ...) and several models (a
+ * GAN's generator and discriminator, a teacher and a student, an EMA copy):
+ * the models are sub-modules of ONE tree (children of a container module
+ * you build with fg_module_new and fg_module_add_child, or the root itself),
+ * because ddp's buckets and a checkpoint's layout are ranges of one flat
+ * buffer; the strategy is set up over that tree's root, once (collective, as
+ * fg_fabric_setup). Each optimizer is over one of the models or a
+ * sub-module of one (fg_optimizer_module), and no two optimizers share a
+ * parameter; opts[0] is the one fg_fabric_setup would take. Every
+ * optimizer then steps through fg_fabric_optimizer_step on its own range of
+ * the gradients. fg_fabric_model returns the root. With more than one
+ * optimizer only single, ddp, ddp_spawn and ddp_fork are supported, not
+ * 16-mixed (its loss scaler steps one optimizer): FG_EUNSUPPORTED naming
+ * the setting. Errors: FG_EINVAL (NULL arrays or entries, nmodels or nopts
+ * out of 1..FG_FABRIC_MAX_OPTIMIZERS / 0..FG_FABRIC_MAX_OPTIMIZERS, models of
+ * two trees, an optimizer over a module of no model, two optimizers over
+ * one parameter, each naming the index), fg_fabric_setup's. */
+#define FG_FABRIC_MAX_OPTIMIZERS 8
+FG_API FG_MUST_USE fg_status fg_fabric_setup_many(fg_fabric *f, fg_module *const *models,
+                                                  int nmodels, fg_optimizer *const *opts,
+                                                  int nopts);
+
 /* Puts the distributed sampler into `dl` (rank r of N takes r, r+N, ... of
  * the epoch's order, shuffled as dl's options say with dl's seed: the
  * fabric's when dl was made with seed 0 after seed_everything) unless
@@ -179,7 +239,9 @@ FG_API FG_MUST_USE fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_
  * stays the caller's, also on failure, so keep the pointer and free it
  * (fg_dataloader_free) whatever this returns. Returns dl, or NULL on failure
  * (fg_last_error, fg_last_status): FG_EINVAL for a NULL dl, the sampler's
- * errors. */
+ * errors. A loader over a stream (fg_dataloader_from_stream) gets no
+ * sampler: with use_distributed it is split by this rank and the world
+ * (fg_dataloader_split_stream), at (epoch 0, batch 0). */
 FG_API fg_dataloader *fg_fabric_setup_dataloader(fg_fabric *f, fg_dataloader *dl,
                                                  bool use_distributed);
 
@@ -406,6 +468,16 @@ typedef struct fg_train_state {
      * metadata entry of the file, owned by the fabric. */
     const fg_kv *meta;
     int64_t nmeta;
+    /* Several optimizers (fg_fabric_setup_many), with optimizer NULL: the
+     * state of optimizers[N] (N from 0) as "optimizer.N.<state>.<param>"
+     * under its module's parameter names, and its step count, lr and groups'
+     * lr and weight decay as "optimizer.N.optimizer_steps", "optimizer.N.lr",
+     * "optimizer.N.lr.<g>", "optimizer.N.weight_decay.<g>" metadata, with
+     * "optimizers" = the count: Lightning's optimizer_states list. A load
+     * needs the same count. Whole states only (fg_fabric_setup_many's
+     * strategies): a sharded save or a state shard is FG_EUNSUPPORTED. */
+    fg_optimizer *const *optimizers;
+    int noptimizers;
 } fg_train_state;
 
 /* The metadata keys the fabric writes itself, which st->meta may not use:
@@ -419,10 +491,14 @@ typedef struct fg_train_state {
  * "optimizer.<state>.<param>", the counters and st->meta as metadata, in one
  * safetensors file written atomically by global rank 0 (collective: the
  * others wait). Under a sharding strategy the file is the same, whole:
- * rank 0 first gathers every rank's optimizer state shard (holding the
- * whole state for the time of the save, as every rank does under ddp), so
- * st->optimizer must be given on every rank or on none. With
- * sharded.state_dict_type FG_STATE_DICT_SHARDED, `path` is instead a folder
+ * rank 0 streams it, receiving the parameter and optimizer state shards a
+ * window of tensors (1 MiB, or one larger tensor) at a time and writing
+ * each before the next, so that it never holds the whole model beyond its
+ * training memory; st->optimizer must be given on every rank or on none.
+ * With sharded.state_dict_type FG_STATE_DICT_SHARDED, or FG_STATE_DICT_AUTO
+ * (the zero value) under the deepspeed strategies (their row's
+ * saves_sharded, kinds.h: DeepSpeed's checkpoints are folders of shards)
+ * with one optimizer or none, `path` is instead a folder
  * written as a whole: one safetensors file per rank holding the tensors
  * whose first element lies in its range and model.safetensors.index.json
  * (ckpt.h, docs/checkpoints.md); it appears (replacing what was at path)
@@ -485,6 +561,35 @@ FG_API bool fg_fabric_running(const fg_fabric *f);
 /* The model fg_fabric_setup prepared in this launch, or NULL (none yet, or
  * after the launch ended, or NULL f). Borrowed: the caller's. */
 FG_API fg_module *fg_fabric_model(const fg_fabric *f);
+/* The device this rank's model runs on: with accelerator "guarded", the
+ * guarded device fg_fabric_setup opened (guarded:<local rank>), the model,
+ * its optimizer and the setup thread's step tensors on it; NULL for the
+ * CPU (host memory). Valid until fg_fabric_free (take a reference with
+ * fg_dev_retain to keep it longer). */
+FG_API fg_dev *fg_fabric_device(const fg_fabric *f);
+/* Host<->device bytes of the training steps on this rank's device
+ * (fg_fabric_training_step: the batch in, the loss out, and whatever else
+ * the step copied), the host staging of collectives apart (comm_*: the
+ * gradient buckets through a backend that reads host memory): the last
+ * step's, and the sums over `steps` steps. All zero without a device. */
+typedef struct fg_fabric_copies {
+    uint64_t last_h2d, last_d2h, total_h2d, total_d2h;
+    uint64_t total_comm_h2d, total_comm_d2h;
+    int64_t steps;
+    /* the same over fg_fabric_optimizer_step calls (opt_steps of them):
+     * ZeRO's all-gather of the updated shards, offload's moves */
+    uint64_t opt_h2d, opt_d2h, opt_comm_h2d, opt_comm_d2h;
+    int64_t opt_steps;
+} fg_fabric_copies;
+FG_API fg_fabric_copies fg_fabric_device_copies(const fg_fabric *f);
+
+/* Lightning's batch_to_device: *out = *b with x and y copied to this rank's
+ * device as step tensors (released by fg_step_reset; made on the thread
+ * that called fg_fabric_setup); without a device *out = *b. The training
+ * step does it itself (fg_fabric_training_step); validation, test and
+ * predict loops call it. FG_ENOMEM with the device's message. */
+FG_API FG_MUST_USE fg_status fg_fabric_batch_to_device(fg_fabric *f, const fg_batch *b,
+                                                       fg_batch *out);
 /* Whether this fabric's setup shards the parameters themselves
  * (deepspeed_stage_3, fsdp FULL_SHARD or HYBRID_SHARD, on more than one
  * rank), known before setup: where a model made under empty init

@@ -9,6 +9,7 @@
 #include "fulgur/data.h"
 #include "fulgur/device.h"
 #include "fulgur/fabric.h"
+#include "fulgur/hivemind.h"
 #include "fulgur/kinds.h"
 #include "fulgur/launch.h"
 #include "fulgur/metrics.h"

@@ -20,6 +20,8 @@
  *   deepspeed_stage_3  re-exec   per device  + parameters      sizes, offload, wrap policy
  *   ddp2               threads   per node                      (replicas on threads)
  *   horovod            re-exec   per device                    Horovod's options
+ *   hivemind           none      one process (a peer of a      Hivemind's options
+ *                                swarm, started on its own)
  *
  * "launcher" is the one a job of more than one rank gets when nothing has
  * launched it (launch.h); under mpirun, srun, torchrun or fulgur run the
@@ -64,10 +66,13 @@ typedef enum fg_strategy_kind {
     FG_STRATEGY_FSDP, /* "fsdp": by fg_sharded_opts.sharding_strategy (FULL_SHARD = stage 3, ...) */
     FG_STRATEGY_BAGUA, /* "bagua": Bagua's algorithms, by fg_ddp_opts.bagua (docs/bagua.md) */
     FG_STRATEGY_DEEPSPEED_STAGE_3, /* "deepspeed_stage_3": ZeRO-3, parameters sharded too */
-    FG_STRATEGY_DDP2,    /* "ddp2": one process per node, its cores dp replicas (threads), the
-                            gradient averaged across the nodes' processes after each step */
-    FG_STRATEGY_HOROVOD, /* "horovod": one process per device; gradients averaged through
-                            Horovod's fusion buffer and cycles (fg_horovod_opts) */
+    FG_STRATEGY_DDP2,     /* "ddp2": one process per node, its cores dp replicas (threads), the
+                             gradient averaged across the nodes' processes after each step */
+    FG_STRATEGY_HOROVOD,  /* "horovod": one process per device; gradients averaged through
+                             Horovod's fusion buffer and cycles (fg_horovod_opts) */
+    FG_STRATEGY_HIVEMIND, /* "hivemind": each process a peer of a swarm found through a DHT;
+                             gradients averaged when the swarm reaches target_batch_size
+                             (fg_hivemind_strategy_opts, docs/hivemind.md) */
     FG_STRATEGY_COUNT
 } fg_strategy_kind;
 
@@ -130,6 +135,7 @@ enum {
     FG_TAKES_DEEPSPEED = 1 << 9, /* a DeepSpeed config, partition_activations, cpu_checkpointing */
     FG_TAKES_BAGUA = 1 << 10,    /* fg_ddp_opts.bagua */
     FG_TAKES_HOROVOD = 1 << 11,  /* fg_ddp_opts.horovod */
+    FG_TAKES_HIVEMIND = 1 << 12, /* fg_ddp_opts.hivemind */
 };
 
 /* A name of a kind: the canonical one, or an alias, with the offload the
@@ -155,6 +161,8 @@ typedef struct fg_strategy_info {
                                 training steps run concurrently, one communicator between them */
     unsigned shards;         /* FG_SHARDS_* (fsdp: those of FULL_SHARD; fg_strategy_shards) */
     unsigned takes;          /* FG_TAKES_* (fsdp: see fg_strategy_takes) */
+    bool saves_sharded;      /* a checkpoint is by default a folder of a file per rank and an
+                                index (state_dict_type auto: DeepSpeed's layout), not one file */
 } fg_strategy_info;
 
 /* The row of kind k; NULL for a kind out of range. */
@@ -168,8 +176,9 @@ FG_API const char *fg_strategy_kind_name(fg_strategy_kind k);
  * may be NULL) get the offload the name turns on. Errors: FG_EINVAL for NULL
  * or an unknown name, listing every name (fg_strategy_names); *out is set
  * only on FG_OK. */
-FG_API fg_status fg_strategy_kind_parse(const char *name, fg_strategy_kind *out,
-                                        fg_offload_device *optimizer, fg_offload_device *params);
+FG_API FG_MUST_USE fg_status fg_strategy_kind_parse(const char *name, fg_strategy_kind *out,
+                                                    fg_offload_device *optimizer,
+                                                    fg_offload_device *params);
 
 /* Every name of the table for messages and help: "single, dp, ddp, ...,
  * horovod; also single_device (single), ...". */
@@ -210,13 +219,14 @@ FG_API const char *fg_strategy_kinds_taking(unsigned takes);
 FG_API const char *fg_sharding_strategy_name(fg_sharding_strategy s);
 /* Parses one of those names, case-insensitively. FG_EINVAL naming the value
  * and the valid names otherwise (NULL too). *out is set only on FG_OK. */
-FG_API fg_status fg_sharding_strategy_parse(const char *name, fg_sharding_strategy *out);
+FG_API FG_MUST_USE fg_status fg_sharding_strategy_parse(const char *name,
+                                                        fg_sharding_strategy *out);
 
 /* "none", "cpu", "nvme"; "?" out of range. */
 FG_API const char *fg_offload_device_name(fg_offload_device d);
 /* Parses "cpu" or "nvme" (any case; "none" too). FG_EINVAL naming the
  * value otherwise. */
-FG_API fg_status fg_offload_device_parse(const char *name, fg_offload_device *out);
+FG_API FG_MUST_USE fg_status fg_offload_device_parse(const char *name, fg_offload_device *out);
 
 /* The name of a launcher: "none", "re-exec", "fork", "threads"; "?" out of
  * range. */
@@ -257,7 +267,7 @@ FG_API const fg_precision_policy *fg_precision_policy_of(fg_precision_kind p);
  * says which; fg_launch_parse_precision refuses those not built). Errors:
  * FG_EINVAL for anything else, listing the valid names. *out is set only on
  * FG_OK. */
-FG_API fg_status fg_precision_parse(const char *s, fg_precision_kind *out);
+FG_API FG_MUST_USE fg_status fg_precision_parse(const char *s, fg_precision_kind *out);
 
 /* The canonical name of a precision ("bf16-mixed"); "?" if out of range. */
 FG_API const char *fg_precision_kind_name(fg_precision_kind p);

@@ -63,14 +63,18 @@ extern "C" {
 
 typedef enum fg_accelerator {
     FG_ACCELERATOR_CPU = 0,
-    FG_ACCELERATOR_GPU, /* CUDA; only in builds with GPU support (none yet) */
+    FG_ACCELERATOR_GPU,     /* CUDA: a build with the CUDA backend, on a machine with a GPU */
+    FG_ACCELERATOR_GUARDED, /* the guarded test device (device.h): every build */
 } fg_accelerator;
 
-/* Parses an accelerator name: "cpu", "auto" (a GPU when built in and present,
- * else the CPU; NULL means "auto"), "gpu" or "cuda". Case does not matter.
- * Errors: FG_EUNSUPPORTED for gpu/cuda (no GPU support built in) and for
- * accelerators fulgur does not have (tpu, ipu, hpu, mps); FG_EINVAL for
- * anything else, listing the valid names. Thread-safe. */
+/* Parses an accelerator name: "cpu", "auto" (a GPU when the CUDA backend
+ * is built in and a device answers, else the CPU; NULL means "auto"),
+ * "gpu" or "cuda", "guarded" (the test device whose memory the host cannot
+ * touch: docs/devices.md). Case does not matter. No device is opened.
+ * Errors: FG_EUNSUPPORTED for gpu/cuda without a CUDA backend or without a
+ * GPU (saying which, and what to use instead) and for accelerators fulgur
+ * does not have (tpu, ipu, hpu, mps); FG_EINVAL for anything else, listing
+ * the valid names. Thread-safe. */
 FG_API FG_MUST_USE fg_status fg_launch_parse_accelerator(const char *s, fg_accelerator *out);
 
 /* The name of an accelerator ("cpu", "gpu"). */
@@ -183,6 +187,7 @@ typedef struct fg_launch_plan {
     int threads_per_rank; /* kernel threads of each rank (dp: of the one process) */
     const char
         *threads_from;       /* "threads_per_rank", "FULGUR_NUM_THREADS" or "cores / local ranks" */
+    bool accelerator_auto;   /* accelerator "auto" (or NULL) was asked for */
     fg_cluster_info cluster; /* what this process will be: the environment's
                                 when launched, else what the launcher gives it
                                 (job_id "" and master_port 0 until it launches) */
@@ -439,6 +444,187 @@ FG_API int fg_launch_fork_signal(int sig);
  * when every rank succeeded). Errors: FG_ESTATE outside a fork-launched
  * rank or on a rank other than 0; FG_EIO. */
 FG_API FG_MUST_USE fg_status fg_launch_send_result(const void *data, size_t len);
+
+/* --------------------------------------------------- the rendezvous */
+
+/* Nodes started each on its own (torchrun's --nnodes N --node-rank R
+ * --master-addr A --master-port P) meet at node 0, which listens on P
+ * (src/launch/rdzv.c has the protocol). */
+typedef struct fg_rdzv fg_rdzv;
+
+typedef struct fg_rdzv_opts {
+    const char *master_addr; /* node 0's address, as the other nodes reach it */
+    int master_port;         /* 1..65535: node 0 listens there */
+    int node_rank;           /* 0 .. num_nodes-1 */
+    int num_nodes;           /* >= 2 */
+    int nproc_per_node;      /* ranks on each node: every node must say the same */
+    const char *job_id;      /* every node must say the same; NULL: "none" */
+    double timeout_s;        /* the join's wait; <= 0: FULGUR_RDZV_TIMEOUT_S, else 300 */
+    bool mpi_server;         /* node 0 starts Open MPI's ompi-server; its URI is the value */
+    /* Elastic (torchrun's --nnodes MIN:MAX): min_nodes below num_nodes (MAX).
+     * The machine of master_addr hosts (node 0; a second node there joins
+     * it), node_rank is ignored (-1 is fine) and node 0 gives the ranks in
+     * order of arrival: the job forms with MAX nodes, or with those that
+     * came FULGUR_RDZV_LAST_CALL_S (10 s) after the MIN-th, within the
+     * timeout. 0: num_nodes, a fixed job. */
+    int min_nodes;
+    int round; /* node 0: the round it hands every node (its restart count) */
+    /* Node 0: the last round it may hold (its --max-restarts). A node that
+     * comes while round < last_round is held (told so, connected) and joins
+     * the next round first; from last_round on, or after fg_rdzv_end, it is
+     * told at once that it cannot join, naming the job and what happened. */
+    int last_round;
+    /* Read while waiting (NULL: never): non-zero ends the wait with FG_EPEER
+     * (a launcher's signal handler sets it). Borrowed for the call. */
+    const volatile int *cancel;
+    /* Asked while waiting (NULL: never), as often as *cancel is read: true
+     * ends the wait as cancel does (fg_agent_run reads its signalfd here). */
+    bool (*cancelled)(void *ud);
+    void *cancel_ud;
+} fg_rdzv_opts;
+
+/* Joins the rendezvous: node 0 waits until every node has joined (or the
+ * timeout), checks them and hands each the value (the ompi-server URI, or
+ * "-" without mpi_server), which lands in value (cap bytes) on every node.
+ * Returns the membership, owned by the caller (fg_rdzv_free), or NULL:
+ * FG_EMISMATCH when the master port is taken on node 0, when two nodes say
+ * the same node rank, when nodes disagree on num_nodes or nproc_per_node
+ * (the world sizes) or on the job; FG_ETIMEOUT naming the node ranks that
+ * never came (node 0) or node 0 that never answered (the others); FG_EPEER
+ * on the other nodes with node 0's reason when the rendezvous failed there.
+ * Blocks up to the timeout (a little longer on the other nodes). */
+FG_API fg_rdzv *fg_rdzv_join(const fg_rdzv_opts *opts, char *value, size_t cap);
+
+/* The next round of the same job (a restart), on the same membership r:
+ * node 0 keeps its port (nodes that came during the last round are in
+ * first) and `round` is the round it hands out; the others meet it again.
+ * Errors as fg_rdzv_join (then free r); FG_ESTATE after fg_rdzv_end. */
+FG_API FG_MUST_USE fg_status fg_rdzv_rejoin(fg_rdzv *r, int round, char *value, size_t cap);
+
+/* Node 0: no round follows (the job is over, `what` says how, e.g. "its
+ * ranks finished"): every held node, and every node that comes until
+ * fg_rdzv_free, is told at once "job ID ended at HH:MM:SS UTC (what); start
+ * a new --rdzv-id". No-op on the other nodes. */
+FG_API void fg_rdzv_end(fg_rdzv *r, const char *what);
+
+/* The job formed: this node's rank, the number of nodes and node 0's round
+ * (the restart count every node uses). */
+FG_API void fg_rdzv_layout(const fg_rdzv *r, int *node_rank, int *num_nodes, int *round);
+
+/* Whether addr (a name or an IPv4 address) is one of this machine's. */
+FG_API bool fg_rdzv_is_local(const char *addr);
+
+/* During the job, never blocking: FG_OK, or FG_EPEER with the reason in why
+ * (cap bytes) when another node failed or left (node 0 then tells every
+ * other node to stop, with that reason). */
+FG_API FG_MUST_USE fg_status fg_rdzv_poll(fg_rdzv *r, char *why, size_t cap);
+
+/* This node's ranks ended: why = NULL when they all exited 0, else the
+ * failure, which node 0 passes on to every node. */
+FG_API void fg_rdzv_finish(fg_rdzv *r, const char *why);
+
+/* Node 0, after fg_rdzv_finish: waits up to wait_s for the other nodes to
+ * say their ranks ended (so that ompi-server outlives them). FG_ETIMEOUT
+ * names how many still run. FG_OK at once on other nodes. */
+FG_API FG_MUST_USE fg_status fg_rdzv_wait_done(fg_rdzv *r, double wait_s);
+
+/* Closes the connections and stops node 0's ompi-server (node 0 ends the
+ * job first if fg_rdzv_end was not called). NULL: no-op. */
+FG_API void fg_rdzv_free(fg_rdzv *r);
+
+/* ------------------------------------------------------------ the agent */
+
+/* torchrun's agent: the program's ranks on this machine, met with the
+ * other machines' at the rendezvous when there are several, restarted after
+ * a failure, with the signals that stop a job forwarded to every rank.
+ * Zero fields are the defaults. */
+#define FG_HOSTS_MAX 256 /* hosts in one list */
+
+/* A job started from this machine on a list of hosts through Open MPI's
+ * mpirun (fulgur run --hosts). */
+typedef struct fg_hosts_opts {
+    const char *hosts;     /* "h1:2,h2:2" or "h1,h2" */
+    int default_slots;     /* ranks on a host given without ":N" */
+    const char *mpirun;    /* NULL: "mpirun" from PATH */
+    const char *rsh_agent; /* Open MPI's plm_rsh_agent; NULL: its default (ssh) */
+    const char *network;   /* a subnet or interface for Open MPI's TCP traffic, or NULL */
+} fg_hosts_opts;
+
+/* The mpirun command (NULL-terminated, free with fg_hosts_command_free) of
+ * prog on the first `first` hosts of h (<= 0: all), with the flags the
+ * hosts need and this process's FULGUR_*, HOROVOD_*, OMP_NUM_THREADS and
+ * LD_LIBRARY_PATH passed on (src/launch/hosts.c); *nlisted (may be NULL)
+ * the hosts listed. FG_EINVAL naming a bad entry of the list. A caller may
+ * exec it (mpirun's own signals, output and exit status). */
+FG_API FG_MUST_USE fg_status fg_hosts_command(const fg_hosts_opts *h, int first,
+                                              const char *const *prog, char ***argv_out,
+                                              int *nlisted);
+FG_API void fg_hosts_command_free(char **argv);
+
+typedef struct fg_agent_opts {
+    const char *const *argv; /* the program and its arguments, NULL-terminated. Borrowed */
+    int nproc_per_node;      /* ranks on this machine, >= 1 */
+    int num_nodes;           /* machines (MAX when elastic); 0 = 1 */
+    int min_nodes;           /* elastic (torchrun's --nnodes MIN:MAX): MIN < num_nodes; 0: fixed */
+    int node_rank;           /* this machine's, fixed jobs (elastic: given by node 0) */
+    const char *master_addr; /* node 0's address; NULL = "127.0.0.1" */
+    int master_port;         /* 0: a free port alone, 29500 with several nodes */
+    const char *job_id;      /* NULL: fresh alone, master_addr:master_port with several */
+    bool no_rdzv;            /* several nodes without a rendezvous (the contract only) */
+    double rdzv_timeout_s;   /* as fg_rdzv_opts.timeout_s */
+    bool mpi_server;         /* node 0 starts ompi-server (the ranks' Open MPI world) */
+    int max_restarts;        /* start the ranks again after a failure, up to this many times */
+    double grace_s;          /* a forwarded signal: SIGKILL after; <= 0: FULGUR_KILL_GRACE_S, 3 */
+    double stop_grace_s;     /* the job's SIGTERM -> SIGKILL when it stops ranks (fg_job_opts) */
+    /* Non-NULL: the job runs on these hosts through mpirun, started from
+     * here, as a child started again after a failure (the fields above that
+     * apply: argv, num_nodes / min_nodes over the list, max_restarts). Each
+     * start asks every host still in the job whether it answers (the rsh
+     * agent runs `true` there, 10 s at most) and takes the first MAX that
+     * do; with MIN < MAX the host of the first failed rank (read from
+     * mpirun's report, passed on to stderr as it comes) leaves the job. */
+    const fg_hosts_opts *hosts;
+} fg_agent_opts;
+
+typedef struct fg_agent_result {
+    int exit_code;       /* the shell's status: 0; the failed rank's (128 + signal when killed);
+                            128 + a forwarded signal; 75 a resumable stop; 127 not started */
+    int restarts;        /* restarts made (the last round's restart count) */
+    int signal;          /* the forwarded signal that ended the job, 0 if none */
+    fg_rank_exit failed; /* the rank that failed last (rank -1 if none) */
+    int node_rank, num_nodes; /* the last round's layout */
+} fg_agent_result;
+
+/* Runs the agent until the job ends. Each round exports the contract,
+ * FULGUR_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT (node 0's round with
+ * several nodes) and TORCHELASTIC_MAX_RESTARTS into this process's
+ * environment, which the ranks inherit. A failed round (a rank's non-zero
+ * exit or signal, another node's failure) starts again while restarts are
+ * left; not after a forwarded signal, a rank's exit 75 (stopped with a
+ * checkpoint to resume from) or exit 2 (a usage error, which would repeat).
+ * SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGUSR1 are blocked in the calling
+ * thread and read from a signalfd for the run (block them in every other
+ * thread of the process first); each is forwarded to every rank, and a rank
+ * still running grace_s after one of the first four gets SIGKILL. What it
+ * does is said through fg_log (info: the layout, restarts; error: the
+ * failure), never printed. Returns FG_OK when every rank exited 0; FG_EPEER
+ * naming the failure and the restart count ("rank 0 (pid 42) exited with
+ * code 1; ... (after 1 restart of --max-restarts 1)"), a forwarded signal or
+ * a resumable stop; the rendezvous's errors; FG_EINVAL for bad options. *out
+ * is filled in every case. */
+FG_API FG_MUST_USE fg_status fg_agent_run(const fg_agent_opts *opts, fg_agent_result *out);
+
+/* The checks of fg_agent_run's options, before anything starts. */
+FG_API FG_MUST_USE fg_status fg_agent_check(const fg_agent_opts *opts);
+
+/* SLURM's auto-requeue (Lightning's SLURMEnvironment(auto_requeue=True)):
+ * runs `scontrol requeue $SLURM_JOB_ID` (the array job and task under an
+ * array; FULGUR_SCONTROL names another scontrol), waiting up to timeout_s
+ * (<= 0: 60). Call from one rank after the checkpoint is saved: SLURM ends
+ * the job's processes and starts the job again with SLURM_RESTART_COUNT
+ * above 0. FG_EINVAL outside a SLURM job; FG_EIO with scontrol's message
+ * when it fails; FG_ETIMEOUT. */
+FG_API FG_MUST_USE fg_status fg_launch_slurm_requeue(double timeout_s);
 
 #ifdef __cplusplus
 }

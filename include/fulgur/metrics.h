@@ -43,13 +43,13 @@ extern "C" {
 typedef struct fg_tmetric fg_tmetric;
 
 typedef enum fg_tm_task {
-    FG_TM_MULTICLASS = 0,
-    FG_TM_BINARY,
+    FG_TM_TASK_MULTICLASS = 0,
+    FG_TM_TASK_BINARY,
 } fg_tm_task;
 
 typedef enum fg_tm_average {
-    FG_TM_MICRO = 0,
-    FG_TM_MACRO,
+    FG_TM_AVERAGE_MICRO = 0,
+    FG_TM_AVERAGE_MACRO,
 } fg_tm_average;
 
 /* All-zero is TorchMetrics' defaults where they have one. */
@@ -84,17 +84,36 @@ FG_API void fg_tmetric_free(fg_tmetric *m);
 /* Adds a batch to the state. FG_EINVAL naming the problem (shapes that do
  * not fit, a target outside [0, C) or not 0/1, a NaN) leaves the state as
  * it was. */
-FG_API fg_status fg_tmetric_update(fg_tmetric *m, const fg_tensor *preds, const fg_tensor *target);
+FG_API FG_MUST_USE fg_status fg_tmetric_update(fg_tmetric *m, const fg_tensor *preds,
+                                               const fg_tensor *target);
 /* The value of the state (reduced over the ranks first: see above). An
  * empty state gives 0 (TorchMetrics' 0/0 = 0 for the ratios) except R2
  * and Perplexity, which are FG_ESTATE then (TorchMetrics raises / gives
  * NaN). The confusion matrix's value is the count at (0, 0): use
  * fg_tmetric_compute_matrix. */
-FG_API fg_status fg_tmetric_compute(fg_tmetric *m, double *out);
+FG_API FG_MUST_USE fg_status fg_tmetric_compute(fg_tmetric *m, double *out);
 /* The confusion matrix (C x C, row = target, column = prediction) into
  * out[C * C] (n = its size). FG_EINVAL for another metric or n too small. */
-FG_API fg_status fg_tmetric_compute_matrix(fg_tmetric *m, double *out, int64_t n);
-/* Forgets every update. */
+FG_API FG_MUST_USE fg_status fg_tmetric_compute_matrix(fg_tmetric *m, double *out, int64_t n);
+/* TorchMetrics' forward (`value = metric(preds, target)`): adds the batch to
+ * the state, as fg_tmetric_update, and gives in *batch_value (may be NULL)
+ * the value of this batch alone on this rank, never reduced over ranks
+ * (NAN where the batch alone has none: R2 of one sample). The value is
+ * kept until the next forward or reset (fg_tmetric_batch_value): what
+ * fg_trainer_log_metric logs on_step. Errors: fg_tmetric_update's, with
+ * the state as it was. */
+FG_API FG_MUST_USE fg_status fg_tmetric_forward(fg_tmetric *m, const fg_tensor *preds,
+                                                const fg_tensor *target, double *batch_value);
+/* The last forward's batch value in *out; false when there was none since
+ * the metric was made or reset. */
+FG_API bool fg_tmetric_batch_value(const fg_tmetric *m, double *out);
+/* The communicator compute reduces over (the option .comm), set after the
+ * metric was made: the Trainer gives its fabric's to a metric logged
+ * without one, as Lightning syncs a logged Metric over the process group.
+ * NULL: this process only. */
+FG_API void fg_tmetric_set_comm(fg_tmetric *m, fg_comm *comm);
+FG_API fg_comm *fg_tmetric_comm(const fg_tmetric *m);
+/* Forgets every update (and the last forward's batch value). */
 FG_API void fg_tmetric_reset(fg_tmetric *m);
 /* "Accuracy", "Precision", ... as TorchMetrics' class names. */
 FG_API const char *fg_tmetric_name(const fg_tmetric *m);

@@ -1,7 +1,8 @@
 /* fulgur nn: modules, a tree of named modules with parameters and buffers,
  * and the built-in layers and models (Linear, Embedding, LayerNorm, Dropout,
- * GELU, ReLU, the CNN layers, LSTM, GRU, MultiheadAttention, MLP, GPT, the
- * LSTM language model).
+ * GELU, ReLU, the CNN layers and norms, LSTM, GRU, MultiheadAttention,
+ * ModuleList/ModuleDict, residual blocks; MLP, GPT, ResNet, ViT, the LSTM
+ * language model).
  *
  * Names. A parameter's name is the dotted path from the root, as PyTorch's
  * named_parameters() gives it ("transformer.h.0.attn.c_attn.weight"), and
@@ -19,8 +20,9 @@
  * where each parameter starts. The same holds for any sub-module: its
  * parameters are a contiguous range of the root's buffers, and the
  * functions below called on a sub-module see that range, with names relative
- * to it (as sub.named_parameters()). Non-trainable buffers (none in the
- * built-ins) live in a flat buffer of their own, without gradients.
+ * to it (as sub.named_parameters()). Non-trainable buffers (BatchNorm's and
+ * InstanceNorm's running statistics) live in a flat buffer of their own,
+ * without gradients.
  *
  * Tied weights (GPT's output head uses the token embedding) are one
  * parameter, counted and stored once under the name of the module that owns
@@ -99,7 +101,7 @@ FG_API void fg_module_free(fg_module *m);
  * above), FG_ESTATE (m's tree or the child is already finalized),
  * FG_ENOMEM. A NULL child (an earlier constructor failed) returns that
  * failure's status, its message kept and prefixed. */
-FG_API fg_status fg_module_add_child(fg_module *m, const char *name, fg_module *child);
+FG_API FG_MUST_USE fg_status fg_module_add_child(fg_module *m, const char *name, fg_module *child);
 
 /* Adds a parameter `name` (rules as for children) of dtype dt (f32, f64, bf16 or f16;
  * every parameter of a tree has the same dtype) and shape, to be initialised
@@ -123,18 +125,19 @@ FG_API fg_tensor *fg_module_add_buffer(fg_module *m, const char *name, fg_dtype 
  * transformer.wte.weight). The alias is not a second parameter: it is not
  * counted, stored or initialised twice. Errors: FG_EINVAL (bad name, param
  * not a parameter of this tree by the time of finalize), FG_ESTATE. */
-FG_API fg_status fg_module_add_tied(fg_module *m, const char *name, fg_tensor *param);
+FG_API FG_MUST_USE fg_status fg_module_add_tied(fg_module *m, const char *name, fg_tensor *param);
 
 /* Changes the initialisation of m's own parameter `name` (before finalize,
  * or before fg_module_reset_parameters). FG_EINVAL if m has no such
  * parameter. */
-FG_API fg_status fg_module_set_init(fg_module *m, const char *name, const fg_init *init);
+FG_API FG_MUST_USE fg_status fg_module_set_init(fg_module *m, const char *name,
+                                                const fg_init *init);
 
 /* Sets the seed the root's finalize initialises parameters with (default
  * and 0: fg_default_seed(), itself 0 unless fg_fabric_seed_everything set
  * it) and from which each Dropout module's seed is derived. Before finalize
  * only (FG_ESTATE after: use fg_module_reset_parameters). */
-FG_API fg_status fg_module_set_seed(fg_module *root, uint64_t seed);
+FG_API FG_MUST_USE fg_status fg_module_set_seed(fg_module *root, uint64_t seed);
 
 /* Completes the tree rooted at `root`: lays every parameter, gradient and
  * buffer out in the flat buffers and initialises them from the seed. A no-op
@@ -142,14 +145,27 @@ FG_API fg_status fg_module_set_seed(fg_module *root, uint64_t seed);
  * fg_module_forward and the accessors below. Errors: FG_EINVAL (root has a
  * parent, parameters of different or non-float dtypes, a tied tensor that is
  * not a parameter of the tree), FG_ENOMEM. On failure the tree is unchanged. */
-FG_API fg_status fg_module_finalize(fg_module *root);
+FG_API FG_MUST_USE fg_status fg_module_finalize(fg_module *root);
 FG_API bool fg_module_is_finalized(const fg_module *m);
+
+/* Moves the root's flat parameter, gradient and buffer memory to `dev`
+ * (PyTorch's module.to(device)): three allocations on the device, one copy
+ * in each, and every parameter, gradient and per-module flat view then
+ * points there (the tensors stay the same objects, so forward callbacks and
+ * an optimizer keep them; an optimizer made before follows with
+ * fg_optimizer_to_device). The module holds a reference to dev until it is
+ * freed. Finalizes first. NULL or the cpu device: a no-op on a host model.
+ * FG_EUNSUPPORTED for a model already on a device, back to the host, or
+ * with parameters a strategy shards; FG_ENOMEM with the device's message.
+ * fg_module_device is the device (NULL: the host). */
+FG_API FG_MUST_USE fg_status fg_module_to_device(fg_module *root, fg_dev *dev);
+FG_API fg_dev *fg_module_device(const fg_module *m);
 
 /* Re-initialises every parameter and buffer below m from `seed` (each as
  * its init says; a parameter with FG_INIT_KEEP is left alone), as if the
  * tree had been finalized with that seed: parameter i of the root uses
  * stream fg_rng_derive(seed, i) whichever sub-module is reset. */
-FG_API fg_status fg_module_reset_parameters(fg_module *m, uint64_t seed);
+FG_API FG_MUST_USE fg_status fg_module_reset_parameters(fg_module *m, uint64_t seed);
 
 /* Empty init: Fabric's init_module(empty_init=True), Lightning's
  * configure_sharded_model. While on (this thread's setting; returns the
@@ -203,8 +219,8 @@ FG_API void fg_module_train(fg_module *m, bool on);
  * transformer blocks). *count (may be NULL) gets how many modules were
  * set. FG_EINVAL for a NULL module, or when no module of that type is in
  * the tree (naming the type and m's). */
-FG_API fg_status fg_module_set_activation_checkpointing(fg_module *m, const char *type, bool on,
-                                                        int *count);
+FG_API FG_MUST_USE fg_status fg_module_set_activation_checkpointing(fg_module *m, const char *type,
+                                                                    bool on, int *count);
 FG_API bool fg_module_is_training(const fg_module *m);
 
 /* ------------------------------------------- parameters and flat buffers */
@@ -235,7 +251,8 @@ FG_API int64_t fg_module_find_param(fg_module *m, const char *name);
 /* Zeroes every gradient of m (the flat gradient range). */
 FG_API void fg_module_zero_grad(fg_module *m);
 
-/* Buffers, as parameters (none in the built-in models). */
+/* Buffers, as parameters (BatchNorm's running statistics; none in the MLP
+ * and GPT). */
 FG_API int64_t fg_module_num_buffers(fg_module *m);
 FG_API fg_tensor *fg_module_buffer(fg_module *m, int64_t i);
 FG_API const char *fg_module_buffer_name(fg_module *m, int64_t i);
@@ -267,8 +284,8 @@ typedef struct fg_state_entry {
  * missing names (in m, not in entries) and the unexpected ones (in entries,
  * not in m); FG_EINVAL for a NULL argument, a non-float entry or a
  * duplicate entry name. */
-FG_API fg_status fg_module_load_state(fg_module *m, const fg_state_entry *entries, int64_t n,
-                                      bool strict);
+FG_API FG_MUST_USE fg_status fg_module_load_state(fg_module *m, const fg_state_entry *entries,
+                                                  int64_t n, bool strict);
 
 /* ---------------------------------------------------------------- built-ins */
 /* Each returns a new root, not yet finalized: add it as a child of a bigger
@@ -296,8 +313,9 @@ FG_API fg_module *fg_layer_norm_new(int64_t dim, double eps, bool bias, fg_dtype
 FG_API fg_module *fg_dropout_new(double p);
 /* A Dropout module's mask state, for checkpoints and for giving ranks
  * different masks: FG_EINVAL if m is not a Dropout module. */
-FG_API fg_status fg_dropout_get_state(const fg_module *m, uint64_t *seed, uint64_t *offset);
-FG_API fg_status fg_dropout_set_state(fg_module *m, uint64_t seed, uint64_t offset);
+FG_API FG_MUST_USE fg_status fg_dropout_get_state(const fg_module *m, uint64_t *seed,
+                                                  uint64_t *offset);
+FG_API FG_MUST_USE fg_status fg_dropout_set_state(fg_module *m, uint64_t seed, uint64_t offset);
 /* Sets every Dropout below m to a seed derived from `seed` and its position,
  * offsets back to 0 (what fabric's seed_everything does per rank). */
 FG_API void fg_module_seed_dropout(fg_module *m, uint64_t seed);
@@ -351,12 +369,123 @@ FG_API fg_module *fg_batch_norm2d_new(int64_t num_features, double eps, double m
 FG_API fg_module *fg_batch_norm1d_new(int64_t num_features, double eps, double momentum,
                                       bool affine, bool track_running_stats, fg_dtype dt);
 
+/* torch.nn.SyncBatchNorm.convert_sync_batchnorm (Lightning's
+ * sync_batchnorm=True): every BatchNorm1d / BatchNorm2d of m's tree
+ * becomes a SyncBatchNorm (its type reads so; parameters, buffers and
+ * names unchanged) whose training-mode statistics are summed over the
+ * ranks through r (fg_sync_batch_norm), borrowed for as long as the
+ * modules run; NULL turns them back into plain batch norms. Evaluation
+ * mode uses the running statistics, as before, without communication.
+ * Returns how many modules were converted. Not thread-safe with forward. */
+FG_API int fg_module_convert_sync_batchnorm(fg_module *m, const fg_stats_reduce *r);
+
+/* torch.nn.GroupNorm(num_groups, num_channels, eps, affine): weight (1)
+ * and bias (0) of (C) with affine; eps <= 0 means 1e-5. */
+FG_API fg_module *fg_group_norm_new(int64_t num_groups, int64_t num_channels, double eps,
+                                    bool affine, fg_dtype dt);
+/* torch.nn.RMSNorm(dim, eps, elementwise_affine) (PyTorch 2.4) over the
+ * last dim: weight (dim) (1) with affine; eps < 0 is eps=None (the
+ * dtype's epsilon). */
+FG_API fg_module *fg_rms_norm_new(int64_t dim, double eps, bool affine, fg_dtype dt);
+/* torch.nn.InstanceNorm2d(num_features, eps, momentum, affine,
+ * track_running_stats) (PyTorch: 1e-5, 0.1, false, false) on (N, C, H, W):
+ * weight and bias with affine, running_mean, running_var and
+ * num_batches_tracked with track_running_stats (used in evaluation mode). */
+FG_API fg_module *fg_instance_norm2d_new(int64_t num_features, double eps, double momentum,
+                                         bool affine, bool track_running_stats, fg_dtype dt);
+/* torch.nn.ConvTranspose2d(in, out, kernel, stride, padding,
+ * output_padding, groups, bias, dilation): weight (in, out / groups, KH,
+ * KW) and bias (out), U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in =
+ * out / groups * KH * KW, as PyTorch computes it for this weight. */
+FG_API fg_module *fg_conv_transpose2d_new(int64_t in, int64_t out, const int64_t kernel[2],
+                                          const fg_conv_transpose2d_opts *o, bool bias,
+                                          fg_dtype dt);
+
 /* A container that runs its children in order (torch.nn.Sequential): the
  * children are named "0", "1", ... by fg_sequential_append. child is
  * consumed (also on failure), as by fg_module_add_child; FG_EINVAL if seq is
  * not a Sequential (child freed). */
 FG_API fg_module *fg_sequential_new(void);
-FG_API fg_status fg_sequential_append(fg_module *seq, fg_module *child);
+FG_API FG_MUST_USE fg_status fg_sequential_append(fg_module *seq, fg_module *child);
+
+/* torch.nn.ModuleList / torch.nn.ModuleDict: containers without a forward
+ * (fg_module_forward on them is FG_EUNSUPPORTED; the owner's forward runs
+ * the children, reached by fg_module_child_at / fg_module_child). List
+ * children are named "0", "1", ... in order of appending, dict children by
+ * key (rules of fg_module_add_child), so parameters read "3.weight" and
+ * "encoder.weight" as PyTorch's. child is consumed (also on failure);
+ * FG_EINVAL (child freed) when the container is not of that kind. */
+FG_API fg_module *fg_module_list_new(void);
+FG_API FG_MUST_USE fg_status fg_module_list_append(fg_module *list, fg_module *child);
+FG_API fg_module *fg_module_dict_new(void);
+FG_API FG_MUST_USE fg_status fg_module_dict_set(fg_module *dict, const char *key, fg_module *child);
+
+/* A residual block of torchvision's resnet.py: BasicBlock (conv1 3x3 with
+ * `stride`, bn1, ReLU, conv2 3x3, bn2) or, with bottleneck, Bottleneck
+ * (conv1 1x1, bn1, conv2 3x3 with `stride`, bn2, conv3 1x1 to 4 planes,
+ * bn3), plus the shortcut: x itself, or downsample (a Sequential of a 1x1
+ * conv with `stride` and a BatchNorm2d) when the stride is not 1 or the
+ * channels change; ReLU after the sum. Convolutions without bias,
+ * kaiming_normal(fan_out) as torchvision. (N, in, H, W) -> (N, planes (x4),
+ * H / stride, W / stride). */
+FG_API fg_module *fg_resnet_block_new(int64_t in, int64_t planes, int64_t stride, bool bottleneck,
+                                      fg_dtype dt);
+
+typedef enum fg_resnet_layout {
+    FG_RESNET_CIFAR = 0, /* 3x3 stem, stride 1, no max pool */
+    FG_RESNET_IMAGENET,  /* torchvision's: 7x7 stride-2 stem, 3x3 stride-2 max pool */
+} fg_resnet_layout;
+
+/* A ResNet: conv1, bn1, relu, (maxpool), layer1 .. layer4 (Sequentials of
+ * blocks; the first block of each stage after the first has stride 2),
+ * avgpool (adaptive to 1x1), fc: torchvision's names, so that its state
+ * dict loads into torchvision.models.resnet18/34/50(...) (imagenet layout,
+ * width 64) or the same classes with the stem changed (cifar) with
+ * strict=True. Depths: imagenet 18, 34 (BasicBlock), 50, 101, 152
+ * (Bottleneck); cifar 18 (four stages of two BasicBlocks, as the common
+ * CIFAR port) and 6n+2 (20, 32, 44, 56, 110: He et al.'s three stages of n
+ * BasicBlocks, 1x1-convolution shortcuts). Zero fields are the defaults. */
+typedef struct fg_resnet_config {
+    fg_resnet_layout layout;
+    int depth;           /* 0: 20 (cifar), 50 (imagenet) */
+    int64_t in_channels; /* 0: 3 */
+    int64_t num_classes; /* 0: 10 (cifar), 1000 (imagenet) */
+    int64_t width;       /* the first stage's planes, doubled per stage; 0: 16 for 6n+2, else 64 */
+    uint64_t seed;       /* 0: fg_default_seed() */
+    fg_dtype dtype;      /* FG_F32 (0) or FG_F64 */
+} fg_resnet_config;
+
+/* Builds and finalizes a ResNet; forward x (N, in_channels, H, W) ->
+ * logits (N, num_classes). FG_EINVAL naming a bad depth or size. */
+FG_API fg_module *fg_resnet_new(const fg_resnet_config *c);
+
+/* A vision transformer as torchvision's VisionTransformer (names
+ * class_token, conv_proj, encoder.pos_embedding,
+ * encoder.layers.encoder_layer_{i}.{ln_1, self_attention, ln_2, mlp.0,
+ * mlp.3}, encoder.ln, heads.head; its initialisation, LayerNorm eps 1e-6,
+ * exact GELU), so that the state dict loads into
+ * torchvision.models.VisionTransformer(image_size, patch_size, num_layers,
+ * num_heads, hidden_dim, mlp_dim, dropout, attention_dropout, num_classes)
+ * with strict=True. Zero fields are the defaults given. */
+typedef struct fg_vit_config {
+    int64_t image_size;       /* square images; 0: 32 */
+    int64_t patch_size;       /* divides image_size; 0: 4 */
+    int64_t in_channels;      /* 0: 3 */
+    int64_t num_layers;       /* 0: 6 */
+    int64_t num_heads;        /* 0: 4 */
+    int64_t hidden_dim;       /* a multiple of num_heads; 0: 128 */
+    int64_t mlp_dim;          /* 0: 4 hidden_dim */
+    int64_t num_classes;      /* 0: 10 */
+    double dropout;           /* after the embeddings, the attention and in the MLP */
+    double attention_dropout; /* on the attention weights */
+    uint64_t seed;            /* 0: fg_default_seed() */
+    fg_dtype dtype;           /* FG_F32 (0) or FG_F64 */
+} fg_vit_config;
+
+/* Builds and finalizes a ViT: forward x (N, in_channels, image_size,
+ * image_size) -> logits (N, num_classes) (the class token's). FG_EINVAL
+ * naming a bad size. */
+FG_API fg_module *fg_vit_new(const fg_vit_config *c);
 
 /* ------------------------------------------------- recurrent and attention */
 
@@ -528,8 +657,9 @@ typedef struct fg_sample_opts {
  * mode and makes step tensors on the calling thread (freed by the caller's
  * next fg_step_reset). `draw` is the index of the draw in the seed's stream
  * (the token's position, for reproducibility). */
-FG_API fg_status fg_gpt_sample_next(fg_module *gpt, fg_tensor *idx, const fg_sample_opts *o,
-                                    uint64_t draw, int32_t *out);
+FG_API FG_MUST_USE fg_status fg_gpt_sample_next(fg_module *gpt, fg_tensor *idx,
+                                                const fg_sample_opts *o, uint64_t draw,
+                                                int32_t *out);
 
 /* Generates n_new tokens after a prompt of n_prompt tokens (n_prompt >= 1,
  * each in [0, vocab)): writes prompt then continuation, n_prompt + n_new
@@ -537,8 +667,9 @@ FG_API fg_status fg_gpt_sample_next(fg_module *gpt, fg_tensor *idx, const fg_sam
  * mode, so it neither uses nor frees the caller's step tensors, and memory
  * stays bounded however long the output. Not thread-safe with training the
  * same model. Errors: FG_EINVAL (bad argument, id out of range), FG_ENOMEM. */
-FG_API fg_status fg_gpt_generate(fg_module *gpt, const int32_t *prompt, int64_t n_prompt,
-                                 int64_t n_new, const fg_sample_opts *o, int32_t *out);
+FG_API FG_MUST_USE fg_status fg_gpt_generate(fg_module *gpt, const int32_t *prompt,
+                                             int64_t n_prompt, int64_t n_new,
+                                             const fg_sample_opts *o, int32_t *out);
 
 #ifdef __cplusplus
 }

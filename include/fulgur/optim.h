@@ -136,6 +136,12 @@ FG_API fg_optimizer *fg_adagrad_new(fg_module *m, const fg_adagrad_opts *o);
 FG_API fg_optimizer *fg_lion_new(fg_module *m, const fg_lion_opts *o);
 /* NULL is a no-op. */
 FG_API void fg_optimizer_free(fg_optimizer *opt);
+/* Follows the optimizer's module to the device its flat buffers are on now
+ * (fg_module_to_device, which an optimizer made before the move needs):
+ * the state moves with it, and each step runs on that device (AdamW and
+ * SGD; FG_EUNSUPPORTED naming any other, and an offloaded or sharded
+ * optimizer). The optimizer holds a reference to the device until freed. */
+FG_API FG_MUST_USE fg_status fg_optimizer_to_device(fg_optimizer *opt);
 
 /* One update of every parameter from its current gradient; increments the
  * step count. Under a sharding strategy (deepspeed_stage_1/2, fsdp with

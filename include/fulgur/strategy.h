@@ -27,6 +27,7 @@
 
 #include "fulgur/comm.h"
 #include "fulgur/data.h"
+#include "fulgur/hivemind.h"
 #include "fulgur/kinds.h"
 #include "fulgur/optim.h"
 
@@ -165,7 +166,7 @@ typedef struct fg_ddp_bucket {
  * in the same order, and should make them through fg_ddp_bucket_allreduce
  * so that fg_strategy_comm_bytes counts them. Returns FG_OK or a status with
  * fg_error's message; backward then fails with it. */
-typedef fg_status (*fg_ddp_hook_fn)(void *state, const fg_ddp_bucket *b);
+typedef FG_MUST_USE fg_status (*fg_ddp_hook_fn)(void *state, const fg_ddp_bucket *b);
 
 /* The allreduce for hooks: buf (count f32 elements, may be b->grad or any
  * buffer of the hook) becomes op over ranks of buf; counted in
@@ -274,6 +275,40 @@ typedef struct fg_horovod_opts {
     fg_horovod_compression compression;
 } fg_horovod_opts;
 
+/* Lightning's HivemindStrategy (strategy hivemind, docs/hivemind.md): this
+ * process is one peer of a swarm. fg_optimizer_step through the fabric
+ * (fg_fabric_optimizer_step, the Trainer) accumulates the gradient; when
+ * the swarm has processed target_batch_size samples since its last step,
+ * the ready peers average and step together (a global epoch). */
+typedef struct fg_hivemind_strategy_opts {
+    int64_t target_batch_size; /* required: samples of the whole swarm per optimizer step */
+    const char *run_id;        /* required: the run's name, shared by its peers */
+    const char *run_secret;    /* required: the shared secret (authenticates everything) */
+    int64_t batch_size;        /* this peer's samples per fg_optimizer_step call (required) */
+    const char *initial_peers; /* "host:port,..."; NULL: this peer starts the swarm */
+    const char *host;          /* the address announced (NULL: found, see hivemind.h) */
+    int host_maxaddrs;         /* Lightning's; one address is announced */
+    double matchmaking_time;   /* s (default 5) */
+    double averaging_timeout;  /* s (default 30) */
+    double load_state_timeout; /* s a state download may take (default max(60, 2 x the above)) */
+    /* Hivemind's background work; true is refused: this build averages
+     * and steps in the training thread */
+    bool delay_state_averaging, delay_optimizer_step, delay_grad_averaging;
+    bool offload_optimizer;  /* accepted: on a CPU the state is in host memory already */
+    bool reuse_grad_buffers; /* refused: the fabric and the Trainer zero the gradient after
+                                each step, so the accumulator is a buffer of its own */
+    /* lr of global epoch e (Lightning's scheduler_fn, stepped per epoch);
+     * NULL: the optimizer's own */
+    double (*scheduler_fn)(int64_t epoch, void *ud);
+    void *scheduler_ud;
+    fg_hivemind_compression grad_compression; /* none, fp16, 8-bit */
+    int average_state_every;                  /* epochs between state averagings (0 = 1) */
+    int dht_port;                             /* 0: any */
+    double join_wait; /* s to look for live peers at setup (default 3; with min_peers: 600) */
+    int min_peers;    /* fulgur's: setup waits until this many live peers (itself included)
+                         are known; 0 = 1 (Hivemind starts training at once) */
+} fg_hivemind_strategy_opts;
+
 typedef struct fg_ddp_opts {
     double bucket_cap_mb;        /* 0 = 25; the first bucket is 1 MiB, as PyTorch */
     bool find_unused_parameters; /* parameters without a gradient count as zero instead of an error
@@ -300,7 +335,8 @@ typedef struct fg_ddp_opts {
      * otherwise). The caller must not divide the loss by the accumulation:
      * the average over micro-batches is the strategy's. */
     bool deterministic;
-    fg_horovod_opts horovod; /* strategy horovod */
+    fg_horovod_opts horovod;            /* strategy horovod */
+    fg_hivemind_strategy_opts hivemind; /* strategy hivemind */
 } fg_ddp_opts;
 
 /* Checks ddp's options (o may be NULL): FG_EINVAL naming a hook or wrapper
@@ -313,17 +349,22 @@ FG_API FG_MUST_USE fg_status fg_strategy_check_ddp(const fg_ddp_opts *o);
 /* fg_sharding_strategy and its names are in kinds.h. */
 
 /* What fg_fabric_save writes (FSDPStrategy's state_dict_type): FULL, one
- * safetensors file (rank 0 gathers the sharded state), or SHARDED, a folder
- * with a file per rank and an index (ckpt.h, docs/checkpoints.md). */
+ * safetensors file (rank 0 streams it from the shards, a window of tensors
+ * at a time), or SHARDED, a folder with a file per rank and an index
+ * (ckpt.h, docs/checkpoints.md). AUTO (the zero value) is the kind's own:
+ * SHARDED for the deepspeed strategies, as DeepSpeed saves (its row's
+ * saves_sharded, kinds.h), FULL for the others (fsdp included, Lightning's
+ * FSDPStrategy default). */
 typedef enum fg_state_dict_type {
-    FG_STATE_DICT_FULL = 0, /* "full" */
+    FG_STATE_DICT_AUTO = 0, /* "auto" */
+    FG_STATE_DICT_FULL,     /* "full" */
     FG_STATE_DICT_SHARDED,  /* "sharded" */
     FG_STATE_DICT_COUNT
 } fg_state_dict_type;
 
-/* "full", "sharded"; "?" if out of range. Thread-safe. */
+/* "auto", "full", "sharded"; "?" if out of range. Thread-safe. */
 FG_API const char *fg_state_dict_type_name(fg_state_dict_type t);
-/* Parses "full" or "sharded" (any case). FG_EINVAL naming the value and the
+/* Parses "auto", "full" or "sharded" (any case). FG_EINVAL naming the value and the
  * valid ones otherwise (NULL too); *out is set only on FG_OK. */
 FG_API FG_MUST_USE fg_status fg_state_dict_type_parse(const char *name, fg_state_dict_type *out);
 
@@ -350,8 +391,9 @@ typedef struct fg_sharded_opts {
      * value, = stage 3), SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD. */
     fg_sharding_strategy sharding_strategy;
     /* What a checkpoint save writes, under every strategy (the fabric reads
-     * it): FULL (the zero value, one file) or SHARDED (a file per rank and
-     * an index). */
+     * it): AUTO (the zero value: SHARDED under the deepspeed strategies,
+     * FULL otherwise), FULL (one file) or SHARDED (a file per rank and an
+     * index). */
     fg_state_dict_type state_dict_type;
     /* DeepSpeed's offload_optimizer_device: FG_OFFLOAD_NVME keeps this
      * rank's optimizer state (AdamW's exp_avg and exp_avg_sq, SGD's
@@ -573,6 +615,12 @@ FG_API FG_MUST_USE fg_status fg_strategy_shard_range(const fg_strategy *s, int r
  * them averaged (collective). With sync off (gradient accumulation) it is
  * a local backward under every kind. */
 FG_API FG_MUST_USE fg_status fg_strategy_backward(fg_strategy *s, fg_tensor *loss);
+/* The optimizer step under the strategy: fg_optimizer_step(opt) for every
+ * kind but hivemind, whose step accumulates the gradient and steps only
+ * when the swarm has reached target_batch_size (*stepped, may be NULL,
+ * says whether the optimizer stepped). */
+FG_API FG_MUST_USE fg_status fg_strategy_optimizer_step(fg_strategy *s, fg_optimizer *opt,
+                                                        bool *stepped);
 FG_API void fg_strategy_set_sync(fg_strategy *s, bool sync);
 
 /* dp: splits batch b along its first dim into one part per replica, runs

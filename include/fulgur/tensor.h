@@ -49,6 +49,17 @@ FG_API void fg_step_reset(void);
 /* Frees the calling thread's step arena (and so its step tensors): call it
  * before a worker thread that made step tensors exits. */
 FG_API void fg_step_thread_release(void);
+/* The calling thread's step device (torch.set_default_device for step
+ * tensors): with a device the host cannot touch (guarded, cuda), every
+ * step tensor made on this thread from now on (fg_empty, fg_zeros,
+ * fg_full, fg_from_data, so every op's output) has its data in that
+ * device's step arena, released with the host arena by fg_step_reset;
+ * fg_from_data copies its host data in. NULL (or the cpu device): host
+ * memory, as before. Changing it releases the thread's step tensors; the
+ * device must outlive the setting (set NULL, or fg_step_thread_release,
+ * before closing it). FG_ENOMEM when the arena cannot be made. */
+FG_API FG_MUST_USE fg_status fg_step_device_set(fg_dev *dev);
+FG_API fg_dev *fg_step_device(void);
 /* Counts fg_step_reset calls on this thread (layers above use it to drop
  * per-step state). */
 FG_API uint64_t fg_step_generation(void);
@@ -137,8 +148,8 @@ FG_API fg_tensor *fg_tensor_contiguous(const fg_tensor *t);
  * Where either is in a device's memory, both must be contiguous and of one
  * dtype, and the copy goes through the devices' copy calls
  * (FG_EUNSUPPORTED otherwise). */
-FG_API fg_status fg_tensor_copy(fg_tensor *dst, const fg_tensor *src);
-FG_API fg_status fg_tensor_fill(fg_tensor *t, double v);
+FG_API FG_MUST_USE fg_status fg_tensor_copy(fg_tensor *dst, const fg_tensor *src);
+FG_API FG_MUST_USE fg_status fg_tensor_fill(fg_tensor *t, double v);
 
 #ifdef __cplusplus
 }

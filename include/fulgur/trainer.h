@@ -50,6 +50,7 @@
 #include <stdio.h>
 
 #include "fulgur/fabric.h"
+#include "fulgur/metrics.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -142,14 +143,29 @@ typedef struct fg_optimizer_config {
      * them: here a checkpoint saved in them resumes bitwise). A monitor that is not logged is an
      * error naming the available metrics (Lightning's strict=True). Copied. */
     const char *monitor;
+    /* Several optimizers and schedulers (Lightning's `return [opt_g, opt_d],
+     * [sched_g, sched_d]`), with manual optimization only (as Lightning 2:
+     * automatic_optimization FG_OFF): optimizers[0 .. noptimizers) instead
+     * of .optimizer, each over the model or a sub-module of it, no two over
+     * one parameter (fg_fabric_setup_many's rules); lr_schedulers[0 ..
+     * nlr_schedulers), each made on one of them. All consumed as
+     * .optimizer and .scheduler. With manual optimization the trainer steps
+     * no scheduler (Lightning's rule: fg_trainer_lr_scheduler and
+     * fg_lr_scheduler_step in training_step or an epoch hook); their state
+     * is in the checkpoints. */
+    fg_optimizer *optimizers[FG_FABRIC_MAX_OPTIMIZERS];
+    int noptimizers;
+    fg_lr_scheduler *lr_schedulers[FG_FABRIC_MAX_OPTIMIZERS];
+    int nlr_schedulers;
 } fg_optimizer_config;
 
 /* A hook: returns FG_OK, or an error status with a message (fg_error),
  * which stops the loop and comes back from the entry point. */
-typedef fg_status (*fg_hook_fn)(void *ud, fg_trainer *t);
+typedef FG_MUST_USE fg_status (*fg_hook_fn)(void *ud, fg_trainer *t);
 /* A hook on one batch; batch_idx counts from 0 in the epoch (or the
  * evaluation run). The batch is the loader's: valid until the next one. */
-typedef fg_status (*fg_batch_hook_fn)(void *ud, fg_trainer *t, fg_batch *b, int64_t batch_idx);
+typedef FG_MUST_USE fg_status (*fg_batch_hook_fn)(void *ud, fg_trainer *t, fg_batch *b,
+                                                  int64_t batch_idx);
 
 /* The user's module: Lightning's LightningModule as a table. Every entry
  * but training_step (for fit) is optional; what NULL means is said beside
@@ -170,7 +186,28 @@ typedef struct fg_lightning_module {
      * model is used; one of the two is required. */
     fg_module *(*configure_model)(void *ud, fg_trainer *t);
     /* Fills *out. Called at the start of fit (only). Required by fit. */
-    fg_status (*configure_optimizers)(void *ud, fg_trainer *t, fg_optimizer_config *out);
+    FG_MUST_USE fg_status (*configure_optimizers)(void *ud, fg_trainer *t,
+                                                  fg_optimizer_config *out);
+    /* Lightning's automatic_optimization. Default (FG_FLAG_DEFAULT, FG_ON):
+     * the trainer calls backward on training_step's loss and steps the
+     * optimizer. FG_OFF (Lightning's `self.automatic_optimization = False`):
+     * training_step does it itself with fg_trainer_manual_backward,
+     * fg_trainer_optimizer (optimizers()), fg_trainer_optimizer_step
+     * (opt.step()), fg_optimizer_zero_grad, fg_trainer_toggle_optimizer and
+     * its own gradient accumulation; it may return NULL (Lightning's None)
+     * or a loss that is only shown. global_step counts every optimizer step
+     * (two per batch with two optimizers, as Lightning's); logger rows are
+     * written every log_every_n_steps batches. Refused with it, as
+     * Lightning does: accumulate_grad_batches > 1, gradient_clip_val
+     * (clip in training_step with fg_fabric_clip_gradients), on_nonfinite,
+     * schedule/lr_at, and the strategies that split a batch over threads
+     * (dp, ddp2). Checkpoints of several optimizers hold each one's state
+     * and lr under optimizer.N. (fg_train_state.optimizers); one optimizer
+     * over a sub-module saves none (enable_checkpointing FG_OFF; a save is
+     * FG_EUNSUPPORTED). Under ddp,
+     * toggling leaves parameters without gradients: set the strategy's
+     * find_unused_parameters. */
+    fg_flag automatic_optimization;
     /* Lightning's hparams (save_hyperparameters): logged to every logger at
      * the start of fit (hparams.yaml). NULL = none. */
     const fg_kv *hparams;
@@ -186,7 +223,8 @@ typedef struct fg_lightning_module {
     /* After training_step has run on every part (dp: one per thread, else
      * one) and backward with it: each part's loss. It cannot change the
      * loss (backward already ran per part). NULL: nothing. */
-    fg_status (*training_step_end)(void *ud, fg_trainer *t, const double *part_losses, int nparts);
+    FG_MUST_USE fg_status (*training_step_end)(void *ud, fg_trainer *t, const double *part_losses,
+                                               int nparts);
     /* Evaluation steps, on the whole batch (no dp split), gradients off,
      * the model in eval mode. They return nothing: log what you measure
      * (fg_trainer_log), keep predictions yourself. NULL: validation_step
@@ -210,7 +248,7 @@ typedef struct fg_lightning_module {
 
     /* setup before configure_model, teardown at the end of every entry
      * point (also after a failure), with what is running. NULL: nothing. */
-    fg_status (*setup)(void *ud, fg_trainer *t, fg_trainer_fn fn);
+    FG_MUST_USE fg_status (*setup)(void *ud, fg_trainer *t, fg_trainer_fn fn);
     void (*teardown)(void *ud, fg_trainer *t, fg_trainer_fn fn);
 
     /* Lightning's hooks, called after the callbacks' hooks of the same name
@@ -228,8 +266,8 @@ typedef struct fg_lightning_module {
      * (collective: every rank calls it, rank 0's are written), and reads
      * them back from a checkpoint being loaded (the whole metadata: the
      * keys you set, and the trainer's). NULL: nothing. */
-    fg_status (*on_save_checkpoint)(void *ud, fg_trainer *t, fg_state_dict *ckpt);
-    fg_status (*on_load_checkpoint)(void *ud, fg_trainer *t, const fg_state_dict *ckpt);
+    FG_MUST_USE fg_status (*on_save_checkpoint)(void *ud, fg_trainer *t, fg_state_dict *ckpt);
+    FG_MUST_USE fg_status (*on_load_checkpoint)(void *ud, fg_trainer *t, const fg_state_dict *ckpt);
 } fg_lightning_module;
 
 /* =========================================================== the trainer */
@@ -369,6 +407,72 @@ FG_API FG_MUST_USE fg_status fg_trainer_test(fg_trainer *t, const fg_lightning_m
 FG_API FG_MUST_USE fg_status fg_trainer_predict(fg_trainer *t, const fg_lightning_module *m,
                                                 fg_dataloader *dl, const char *ckpt_path);
 
+/* Several validation or test loaders (Lightning's list of val_dataloaders):
+ * the evaluation loops run each in turn, the epoch hooks once around all
+ * of them; a value logged from a step or batch hook of loader i is named
+ * "<name>/dataloader_idx_<i>" when there are several (Lightning's
+ * add_dataloader_idx), epoch-hook values keep their name; the limits
+ * (limit_val_batches, num_sanity_val_steps) apply to each loader.
+ * fg_trainer_dataloader_idx tells a step which loader its batch is from.
+ * n is 1 .. FG_MAX_EVAL_LOADERS; each loader borrowed as fg_trainer_fit's. */
+#define FG_MAX_EVAL_LOADERS 8
+FG_API FG_MUST_USE fg_status fg_trainer_fit_loaders(fg_trainer *t, const fg_lightning_module *m,
+                                                    fg_dataloader *train,
+                                                    fg_dataloader *const *vals, int nvals,
+                                                    const char *ckpt_path);
+FG_API FG_MUST_USE fg_status fg_trainer_validate_loaders(fg_trainer *t,
+                                                         const fg_lightning_module *m,
+                                                         fg_dataloader *const *dls, int n,
+                                                         const char *ckpt_path);
+FG_API FG_MUST_USE fg_status fg_trainer_test_loaders(fg_trainer *t, const fg_lightning_module *m,
+                                                     fg_dataloader *const *dls, int n,
+                                                     const char *ckpt_path);
+/* The index of the evaluation loader whose batch is being run (0 with one
+ * loader, and outside evaluation). */
+FG_API int fg_trainer_dataloader_idx(const fg_trainer *t);
+
+/* Lightning's LightningDataModule: the data of a run as a table of hooks,
+ * handed to the entry points beside the module (trainer.fit(model,
+ * datamodule=dm)). Every entry may be NULL. The table is copied; ud is
+ * borrowed for the call. */
+typedef struct fg_datamodule {
+    void *ud;
+    /* Downloads, tokenizes, writes to disk: once per node, on its local rank
+     * 0, while the other ranks wait (Lightning's prepare_data with
+     * prepare_data_per_node=True); state set here is not seen by the other
+     * ranks. Called at the start of every entry point, before setup. */
+    FG_MUST_USE fg_status (*prepare_data)(void *ud, fg_trainer *t);
+    /* On every rank, before the module's setup: split, build the datasets. */
+    FG_MUST_USE fg_status (*setup)(void *ud, fg_trainer *t, fg_trainer_fn fn);
+    /* After the module's teardown, on every rank, also after a failure. */
+    void (*teardown)(void *ud, fg_trainer *t, fg_trainer_fn fn);
+    /* The loaders, made inside the run on each rank; borrowed (the data
+     * module frees them, e.g. in teardown). Used instead of the module's
+     * hooks of the same name; a loader handed to the entry point wins. */
+    fg_dataloader *(*train_dataloader)(void *ud, fg_trainer *t);
+    fg_dataloader *(*val_dataloader)(void *ud, fg_trainer *t);
+    fg_dataloader *(*test_dataloader)(void *ud, fg_trainer *t);
+    fg_dataloader *(*predict_dataloader)(void *ud, fg_trainer *t);
+} fg_datamodule;
+
+/* The entry points with a data module: trainer.fit(model, datamodule=dm),
+ * trainer.validate(model, datamodule=dm), ... dm may be NULL (the plain
+ * entry points then). */
+FG_API FG_MUST_USE fg_status fg_trainer_fit_datamodule(fg_trainer *t, const fg_lightning_module *m,
+                                                       const fg_datamodule *dm,
+                                                       const char *ckpt_path);
+FG_API FG_MUST_USE fg_status fg_trainer_validate_datamodule(fg_trainer *t,
+                                                            const fg_lightning_module *m,
+                                                            const fg_datamodule *dm,
+                                                            const char *ckpt_path);
+FG_API FG_MUST_USE fg_status fg_trainer_test_datamodule(fg_trainer *t, const fg_lightning_module *m,
+                                                        const fg_datamodule *dm,
+                                                        const char *ckpt_path);
+FG_API FG_MUST_USE fg_status fg_trainer_predict_datamodule(fg_trainer *t,
+                                                           const fg_lightning_module *m,
+                                                           const fg_datamodule *dm,
+                                                           const char *ckpt_path);
+
 /* Launches the trainer's fabric once and runs run(t, arg) on every rank:
  * inside, the entry points run on these ranks without launching again (fit
  * then test on the same ranks, under any launcher). Returns run's return
@@ -378,10 +482,10 @@ FG_API int fg_trainer_launch(fg_trainer *t, int (*run)(fg_trainer *t, void *arg)
 /* ------------------------------------------------------------- logging */
 
 typedef enum fg_reduce_fx {
-    FG_REDUCE_MEAN = 0, /* the epoch value is the mean weighted by batch_size */
-    FG_REDUCE_SUM,
-    FG_REDUCE_MAX,
-    FG_REDUCE_MIN,
+    FG_REDUCE_FX_MEAN = 0, /* the epoch value is the mean weighted by batch_size */
+    FG_REDUCE_FX_SUM,
+    FG_REDUCE_FX_MAX,
+    FG_REDUCE_FX_MIN,
 } fg_reduce_fx;
 
 /* Lightning's self.log arguments. All-zero = its defaults, which depend on
@@ -417,6 +521,25 @@ typedef struct fg_log_opts {
 FG_API FG_MUST_USE fg_status fg_trainer_log(fg_trainer *t, const char *name, double value,
                                             const fg_log_opts *opts);
 
+/* Lightning's self.log(name, metric) with a TorchMetrics object
+ * (`self.train_acc(preds, y); self.log("train_acc", self.train_acc)`): the
+ * on_step value is the metric's last forward (fg_tmetric_forward: this
+ * batch on this rank); the on_epoch value is fg_tmetric_compute at the
+ * epoch's end, reduced over the ranks (the fabric's communicator when the
+ * metric has none), after which the metric is reset. on_step, on_epoch,
+ * prog_bar, logger and the defaults by hook are fg_trainer_log's;
+ * reduce_fx, sync_dist and batch_size do not apply (the metric reduces
+ * itself). m is borrowed: it must live until the epoch's end. Collective at
+ * the epoch's end: every rank logs the same metrics, in the same order.
+ * Errors: fg_trainer_log's; FG_EINVAL for NULL m, or on_step without a
+ * forward since the metric was made or reset (log the update through
+ * fg_tmetric_forward, or on_epoch only). A metric's state is not in
+ * checkpoints (TorchMetrics' states are not persistent by default): an
+ * epoch resumed in the middle computes its value from the batches after
+ * the resume. */
+FG_API FG_MUST_USE fg_status fg_trainer_log_metric(fg_trainer *t, const char *name, fg_tmetric *m,
+                                                   const fg_log_opts *opts);
+
 /* A named value (metrics, logger rows). */
 typedef struct fg_metric {
     const char *name;
@@ -436,6 +559,38 @@ FG_API bool fg_trainer_callback_metric(const fg_trainer *t, const char *name, do
  * every batch and epoch; reset at the start of each entry point. */
 FG_API int64_t fg_trainer_metrics(const fg_trainer *t, fg_metric_set which, const fg_metric **out);
 
+/* --------------------------------------------------- manual optimization */
+
+/* Lightning's self.optimizers(): optimizer i of configure_optimizers'
+ * answer (0 = out->optimizer or out->optimizers[0]), borrowed; NULL with
+ * FG_EINVAL for a bad index. fg_trainer_num_optimizers: how many. */
+FG_API fg_optimizer *fg_trainer_optimizer_at(const fg_trainer *t, int i);
+FG_API int fg_trainer_num_optimizers(const fg_trainer *t);
+/* Lightning's self.lr_schedulers(): scheduler i, borrowed (NULL if none). */
+FG_API fg_lr_scheduler *fg_trainer_lr_scheduler(const fg_trainer *t, int i);
+FG_API int fg_trainer_num_lr_schedulers(const fg_trainer *t);
+/* Lightning's self.manual_backward(loss): backward through the fabric (the
+ * precision's loss scale, ddp's gradient averaging), from training_step
+ * under manual optimization only (FG_ESTATE elsewhere). Gradients add up
+ * over calls until zeroed: accumulation is the caller's. Collective under
+ * ddp. */
+FG_API FG_MUST_USE fg_status fg_trainer_manual_backward(fg_trainer *t, fg_tensor *loss);
+/* Lightning's optimizer.step() in manual optimization: the
+ * on_before_optimizer_step hooks, then fg_fabric_optimizer_step; counts one
+ * global step. opt is one of fg_trainer_optimizer_at's (FG_EINVAL else);
+ * from training_step only (FG_ESTATE). Zeroing is the caller's
+ * (fg_optimizer_zero_grad). */
+FG_API FG_MUST_USE fg_status fg_trainer_optimizer_step(fg_trainer *t, fg_optimizer *opt);
+/* Lightning's toggle_optimizer(opt): every parameter of the model that opt
+ * does not update stops requiring gradients (their gradients stay as they
+ * are through the next backward calls) until fg_trainer_untoggle_optimizer
+ * restores what each required before (opt NULL: whichever is toggled; the
+ * trainer also untoggles at the end of each training_step). Toggling again
+ * untoggles first.
+ * FG_EINVAL for an optimizer of none of fg_trainer_optimizer_at's. */
+FG_API FG_MUST_USE fg_status fg_trainer_toggle_optimizer(fg_trainer *t, fg_optimizer *opt);
+FG_API void fg_trainer_untoggle_optimizer(fg_trainer *t, fg_optimizer *opt);
+
 /* ----------------------------------------------------------- properties */
 
 FG_API fg_fabric *fg_trainer_fabric(const fg_trainer *t);
@@ -451,7 +606,9 @@ FG_API int fg_trainer_global_rank(const fg_trainer *t);
 FG_API int fg_trainer_world_size(const fg_trainer *t);
 FG_API fg_trainer_fn fg_trainer_state_fn(const fg_trainer *t);
 FG_API fg_stage fg_trainer_stage(const fg_trainer *t);
-/* Batches an epoch (a validation run) has, limits applied; 0 outside. */
+/* Batches an epoch (a validation run) has, limits applied; 0 outside;
+ * -1 for a training stream of unknown length without a count limit
+ * (Lightning's inf: the epoch ends where the stream does). */
 FG_API int64_t fg_trainer_num_training_batches(const fg_trainer *t);
 FG_API int64_t fg_trainer_num_val_batches(const fg_trainer *t);
 /* Options as resolved (defaults filled in): max_epochs (-1 = none),
@@ -544,7 +701,7 @@ typedef struct fg_callback_ops {
     /* Its state key: names its entries in checkpoints and must be unique
      * among the trainer's callbacks. NULL = "Callback". Copied. */
     const char *name;
-    fg_status (*setup)(void *ud, fg_trainer *t, fg_trainer_fn fn);
+    FG_MUST_USE fg_status (*setup)(void *ud, fg_trainer *t, fg_trainer_fn fn);
     void (*teardown)(void *ud, fg_trainer *t, fg_trainer_fn fn);
     fg_hook_fn on_fit_start, on_fit_end;
     fg_hook_fn on_sanity_check_start, on_sanity_check_end;
@@ -559,8 +716,8 @@ typedef struct fg_callback_ops {
     fg_hook_fn on_before_optimizer_step;
     /* Lightning's state_dict/load_state_dict: saved in every checkpoint,
      * restored when fit resumes from one that holds this state key. */
-    fg_status (*state_dict)(void *ud, fg_trainer *t, fg_state_dict *out);
-    fg_status (*load_state_dict)(void *ud, fg_trainer *t, const fg_state_dict *in);
+    FG_MUST_USE fg_status (*state_dict)(void *ud, fg_trainer *t, fg_state_dict *out);
+    FG_MUST_USE fg_status (*load_state_dict)(void *ud, fg_trainer *t, const fg_state_dict *in);
     /* Releases ud at fg_callback_free (and when fg_callback_new fails). */
     void (*free)(void *ud);
 } fg_callback_ops;
@@ -575,7 +732,7 @@ FG_API void fg_callback_free(fg_callback *cb);
  * built-in ones, as Lightning's). */
 FG_API const char *fg_callback_state_key(const fg_callback *cb);
 
-typedef enum fg_monitor_mode { FG_MODE_MIN = 0, FG_MODE_MAX } fg_monitor_mode;
+typedef enum fg_monitor_mode { FG_MONITOR_MIN = 0, FG_MONITOR_MAX } fg_monitor_mode;
 
 /* ModelCheckpoint. Saves through fg_trainer_save_checkpoint (the fabric's
  * atomic save, rank 0 writes) into dirpath, names files by the filename
@@ -671,9 +828,9 @@ FG_API double fg_early_stopping_best_score(const fg_callback *cb);
  * step, or auto with a per-step schedule), else at the start of every
  * epoch. fit fails if the trainer has no logger (as Lightning). */
 typedef enum fg_logging_interval {
-    FG_LOG_AUTO = 0,
-    FG_LOG_STEP,
-    FG_LOG_EPOCH,
+    FG_LOGGING_AUTO = 0,
+    FG_LOGGING_STEP,
+    FG_LOGGING_EPOCH,
 } fg_logging_interval;
 typedef struct fg_lr_monitor_opts {
     fg_logging_interval logging_interval;
@@ -685,8 +842,9 @@ FG_API fg_callback *fg_lr_monitor_new(const fg_lr_monitor_opts *opts);
  * clock deciding for all; the trainer adds one for max_time. Its elapsed
  * times are in checkpoints, so a resumed run counts on from them. */
 typedef struct fg_timer_opts {
-    double duration;              /* seconds; 0 = no limit (it only measures) */
-    fg_logging_interval interval; /* 0 (auto) = FG_LOG_STEP, Lightning's default; FG_LOG_EPOCH */
+    double duration; /* seconds; 0 = no limit (it only measures) */
+    fg_logging_interval
+        interval; /* 0 (auto) = FG_LOGGING_STEP, Lightning's default; FG_LOGGING_EPOCH */
 } fg_timer_opts;
 FG_API fg_callback *fg_timer_new(const fg_timer_opts *opts);
 /* Seconds spent in the stage so far (train, validate, test, predict). */
@@ -736,13 +894,13 @@ FG_API void fg_progress_bar_write(fg_callback *cb, FILE *to, const char *fmt, ..
 typedef struct fg_logger_ops {
     const char *name; /* for messages; NULL = "logger" */
     /* Lightning's log_hyperparams: the module's hparams, once per fit. */
-    fg_status (*log_hyperparams)(void *ud, const fg_kv *hparams, int64_t n);
+    FG_MUST_USE fg_status (*log_hyperparams)(void *ud, const fg_kv *hparams, int64_t n);
     /* One row: n metrics (names and values borrowed for the call) at step. */
-    fg_status (*log_metrics)(void *ud, const fg_metric *m, int64_t n, int64_t step);
+    FG_MUST_USE fg_status (*log_metrics)(void *ud, const fg_metric *m, int64_t n, int64_t step);
     /* After each log_metrics: write out what is buffered when due. */
-    fg_status (*save)(void *ud);
+    FG_MUST_USE fg_status (*save)(void *ud);
     /* At the end of fit/validate/test: "success" or "failed"; flush all. */
-    fg_status (*finalize)(void *ud, const char *status);
+    FG_MUST_USE fg_status (*finalize)(void *ud, const char *status);
     /* The logger's run folder, given the trainer's default_root_dir (its
      * save_dir when it has none): where checkpoints go by default. Called on
      * rank 0; the trainer hands the string to the other ranks. NULL hook or

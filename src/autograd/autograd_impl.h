@@ -12,13 +12,13 @@
 #include "ops/ops_impl.h"
 #include "tensor/tensor_impl.h"
 
-#define FG_NODE_MAX_IN 4
+#define FG_NODE_MAX_IN 5 /* fn_rnn.c's lstm: xw, W_hh, h0, c0, b_hh */
 
-typedef struct fg_node fg_node;
-typedef fg_status (*fg_backward_fn)(fg_node *n, const fg_tensor *gout);
+typedef struct fg__node fg__node;
+typedef FG_MUST_USE fg_status (*fg__backward_fn)(fg__node *n, const fg_tensor *gout);
 
-struct fg_node {
-    fg_backward_fn backward;
+struct fg__node {
+    fg__backward_fn backward;
     const char *name; /* the function's name, for messages */
     fg_tensor *out;
     int nin;
@@ -29,7 +29,7 @@ struct fg_node {
     fg_tensor **xleaf; /* leaves used inside the node (fg_checkpoint), nxleaf of them, */
     int nxleaf;        /* one entry per use: counted for the "gradient ready" hook */
     void *ctx;         /* what a function's backward needs beyond the above */
-    fg_node *prev;     /* the node recorded before this one */
+    fg__node *prev;    /* the node recorded before this one */
     uint64_t mark;     /* backward pass that reached it */
     bool consumed;
 };
@@ -37,36 +37,36 @@ struct fg_node {
 /* Records `out = name(in...)` on the tape when grad mode is on and some
  * input requires grad; *node is NULL (and FG_OK) when nothing needs
  * recording. Marks out as requiring grad. */
-fg_status fg__record(fg_node **node, const char *name, fg_backward_fn bw, fg_tensor *out, int nin,
-                     fg_tensor *const *in);
+FG_MUST_USE fg_status fg__record(fg__node **node, const char *name, fg__backward_fn bw,
+                                 fg_tensor *out, int nin, fg_tensor *const *in);
 
 /* fg__record that records whenever grad mode is on, even when no input
  * requires grad (fg_checkpoint: the parameters inside require it). */
-fg_status fg__record_always(fg_node **node, const char *name, fg_backward_fn bw, fg_tensor *out,
-                            int nin, fg_tensor *const *in);
+FG_MUST_USE fg_status fg__record_always(fg__node **node, const char *name, fg__backward_fn bw,
+                                        fg_tensor *out, int nin, fg_tensor *const *in);
 
 /* The tape's tail and length, to unlink what a recomputation recorded
  * (fg_checkpoint) before its step memory is released. */
-typedef struct fg_tape_pos {
-    fg_node *tail;
+typedef struct fg__tape_point {
+    fg__node *tail;
     int64_t len;
-} fg_tape_pos;
-fg_tape_pos fg__tape_pos(void);
-void fg__tape_restore(fg_tape_pos p);
+} fg__tape_point;
+fg__tape_point fg__tape_pos(void);
+void fg__tape_restore(fg__tape_point p);
 /* The persistent leaf tensors (parameters) used by the nodes recorded after p (one entry per use),
  * in a fg_alloc'ed array the caller frees; *n gets the count. NULL with
  * *n = 0 when there are none (or FG_ENOMEM, then fg_last_error is set and
  * the return status in *st). */
-fg_tensor **fg__tape_leaves_since(fg_tape_pos p, int *n, fg_status *st);
+fg_tensor **fg__tape_leaves_since(fg__tape_point p, int *n, fg_status *st);
 /* True when the nodes recorded after p read nothing made before p that
  * needs a gradient but `input` and persistent leaves (parameters): the
  * gradients their backward makes are then dead once it is over, except
  * input's (a stage-3 unit's backward rewinds the step arena on that). */
-bool fg__tape_closed_since(fg_tape_pos p, const fg_tensor *input);
+bool fg__tape_closed_since(fg__tape_point p, const fg_tensor *input);
 /* Backward from out whose gradient out->grad is already set, without
  * reporting leaves to the "gradient ready" hook (the node that runs it
  * reports its leaves itself). */
-fg_status fg__backward_inner(fg_tensor *out);
+FG_MUST_USE fg_status fg__backward_inner(fg_tensor *out);
 
 /* Draws n consecutive indices from a counter of a random function (the
  * Dropout module's offset), so that fg_checkpoint's recomputation sees the
@@ -109,8 +109,8 @@ const fg_op_table *fg__ops(const fg_tensor *t);
 
 /* The common checks at the top of a differentiable function: non-NULL and
  * float inputs on one device. */
-fg_status fg__check_float(const char *fn, const fg_tensor *t);
-fg_status fg__check_same_dtype(const char *fn, const fg_tensor *a, const fg_tensor *b);
+FG_MUST_USE fg_status fg__check_float(const char *fn, const fg_tensor *t);
+FG_MUST_USE fg_status fg__check_same_dtype(const char *fn, const fg_tensor *a, const fg_tensor *b);
 
 /* Autocast (fn_cast.c, fn_autocast.c). fg__autocast_applies: the thread's
  * autocast is on and a and b are each f32 or the autocast dtype, so
@@ -124,9 +124,24 @@ fg_status fg__check_same_dtype(const char *fn, const fg_tensor *a, const fg_tens
 bool fg__autocast_applies(const fg_tensor *a, const fg_tensor *b);
 fg_tensor *fg__autocast_f32(fg_tensor *t);
 fg_tensor *fg__autocast_operand(const fg_tensor *t, fg_dtype dt);
-fg_status fg__autocast_matmul(fg_dtype dt, const fg_tensor *a, bool ta, const fg_tensor *b, bool tb,
-                              fg_tensor *c, double beta);
+FG_MUST_USE fg_status fg__autocast_matmul(fg_dtype dt, const fg_tensor *a, bool ta,
+                                          const fg_tensor *b, bool tb, fg_tensor *c, double beta);
 fg_tensor *fg__autocast_linear(fg_tensor *x, fg_tensor *w, fg_tensor *b);
+/* fn_conv.c: the convolutions' autocast: x, w and b (may be NULL) cast to
+ * the autocast dtype (recorded) when autocast is on and they are f32; left
+ * alone otherwise. */
+FG_MUST_USE fg_status fg__autocast_conv(fg_tensor **x, fg_tensor **w, fg_tensor **b);
 fg_tensor *fg__autocast_mm(fg_tensor *a, fg_tensor *b);
+
+/* fn_rnn.c: the LSTM of one direction of one layer as one node, for nn's
+ * LSTM: xw (T, N, 4H) the input projection of every step, whh (4H, H), bhh
+ * (4H) or NULL, h0 and c0 (N, H) (zeros where the caller has none); reverse
+ * runs from step T - 1 down. Returns y (T + 1, N, H): rows 0..T-1 the
+ * hidden states, row T the final cell state (fg__ops_lstm_fwd), or NULL
+ * with the error set; FG_EUNSUPPORTED off the CPU or outside f32 and f64,
+ * which fg__lstm_seq_available tells first. */
+fg_tensor *fg__lstm_seq(fg_tensor *xw, fg_tensor *whh, fg_tensor *bhh, fg_tensor *h0, fg_tensor *c0,
+                        bool reverse);
+bool fg__lstm_seq_available(const fg_tensor *xw);
 
 #endif

@@ -7,29 +7,29 @@
  * and the backward kernel recomputes it. */
 #include "autograd_impl.h"
 
-typedef fg_status (*unary_fwd)(const fg_tensor *x, fg_tensor *y);
+typedef FG_MUST_USE fg_status (*unary_fwd)(const fg_tensor *x, fg_tensor *y);
 
 /* saved[0] = contiguous x */
-static fg_status relu_bw(fg_node *n, const fg_tensor *g) {
+static fg_status relu_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     return fg__ops(g)->relu_bwd(n->saved[0], g, ga);
 }
 
-static fg_status gelu_bw(fg_node *n, const fg_tensor *g) {
+static fg_status gelu_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     return fg__ops(g)->gelu_bwd(n->saved[0], g, ga);
 }
 
 /* the output is what the backward reads */
-static fg_status softmax_bw(fg_node *n, const fg_tensor *g) {
+static fg_status softmax_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     return fg__ops(g)->softmax_bwd(n->out, g, ga);
 }
 
-static fg_status log_softmax_bw(fg_node *n, const fg_tensor *g) {
+static fg_status log_softmax_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     return fg__ops(g)->log_softmax_bwd(n->out, g, ga);
@@ -43,11 +43,11 @@ static const fg_op_table *ops_of(const char *fn, const fg_tensor *a) {
 /* y = fwd(a) over a contiguous copy of a, recorded with bw; a missing
  * backward entry (has_bw false) is an error only when recording. */
 static fg_tensor *unary(const char *fn, const fg_op_table *ops, fg_tensor *a, unary_fwd fwd,
-                        bool has_bw, fg_backward_fn bw) {
+                        bool has_bw, fg__backward_fn bw) {
     fg_tensor *ac = fg_tensor_contiguous(a);
     fg_tensor *y = ac ? fg_empty_like(ac) : NULL;
     if (!y || fwd(ac, y)) return NULL;
-    fg_node *node;
+    fg__node *node;
     if (fg__record(&node, fn, bw, y, 1, &a)) return NULL;
     if (node) {
         if (!has_bw) {
@@ -87,7 +87,7 @@ fg_tensor *fg_log_softmax(fg_tensor *a) {
 }
 
 /* f[0] = p; i[0], i[1] = seed, offset */
-static fg_status dropout_bw(fg_node *n, const fg_tensor *g) {
+static fg_status dropout_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     return fg__ops(g)->dropout_bwd(g, n->f[0], (uint64_t)n->i[0], (uint64_t)n->i[1], ga);
@@ -105,7 +105,7 @@ fg_tensor *fg_dropout(fg_tensor *x, double p, uint64_t seed, uint64_t offset) {
     fg_tensor *xc = fg_tensor_contiguous(x);
     fg_tensor *y = xc ? fg_empty_like(xc) : NULL;
     if (!y || ops->dropout_fwd(xc, p, seed, offset, y)) return NULL;
-    fg_node *node;
+    fg__node *node;
     if (fg__record(&node, "dropout", dropout_bw, y, 1, &x)) return NULL;
     if (node) {
         if (FG_OP(ops, dropout_bwd)) return NULL;

@@ -6,7 +6,7 @@
 
 /* saved[0] = contiguous qkv (in the autocast dtype under autocast), saved[1]
  * = lse; i[0] = heads */
-static fg_status attention_bw(fg_node *n, const fg_tensor *g) {
+static fg_status attention_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *gq = fg__grad_of(n->in[0]);
     if (!gq) return FG_ENOMEM;
     return fg__ops(g)->attention_bwd(n->saved[0], (int)n->i[0], n->out, n->saved[1], g, gq);
@@ -38,7 +38,7 @@ fg_tensor *fg_causal_attention(fg_tensor *qkv, int heads) {
     fg_tensor *y = qc ? fg_empty(qc->dtype, 3, (int64_t[]){B, T, C}) : NULL;
     fg_tensor *lse = y ? fg_empty(sdt, 3, (int64_t[]){B, heads, T}) : NULL;
     if (!lse || ops->attention_fwd(qc, heads, y, lse)) return NULL;
-    fg_node *node;
+    fg__node *node;
     if (fg__record(&node, "causal_attention", attention_bw, y, 1, &qkv)) return NULL;
     if (node) {
         if (FG_OP(ops, attention_bwd)) return NULL;

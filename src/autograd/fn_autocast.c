@@ -15,7 +15,7 @@
 #include "autograd_impl.h"
 
 /* saved[0] = rounded a, saved[1] = rounded b; i[0] = the autocast dtype */
-static fg_status mm_bw(fg_node *n, const fg_tensor *g) {
+static fg_status mm_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *a = n->in[0], *b = n->in[1], *al = n->saved[0], *bl = n->saved[1];
     fg_dtype dt = (fg_dtype)n->i[0];
     fg_tensor *gl = fg__autocast_operand(g, dt);
@@ -51,7 +51,7 @@ fg_tensor *fg__autocast_mm(fg_tensor *a, fg_tensor *b) {
     shape[a->ndim - 1] = b->shape[b->ndim - 1];
     fg_tensor *y = fg_empty(dt, a->ndim, shape); /* (..., M, N) */
     if (!y || fg__autocast_matmul(dt, al, false, bl, false, y, 0.0)) return NULL;
-    fg_node *node;
+    fg__node *node;
     fg_tensor *in[2] = {a, b};
     if (fg__record(&node, "matmul", mm_bw, y, 2, in)) return NULL;
     if (node) {
@@ -64,7 +64,7 @@ fg_tensor *fg__autocast_mm(fg_tensor *a, fg_tensor *b) {
 
 /* saved[0] = rounded x as (R, in), saved[1] = rounded w (out, in: in dt, or
  * in f32 with dt's values, weight_operand); i[0] = dtype */
-static fg_status linear_bw(fg_node *n, const fg_tensor *g) {
+static fg_status linear_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *x = n->in[0], *w = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
     fg_tensor *xl = n->saved[0], *wl = n->saved[1];
     fg_dtype dt = (fg_dtype)n->i[0];
@@ -117,7 +117,7 @@ fg_tensor *fg__autocast_linear(fg_tensor *x, fg_tensor *w, fg_tensor *b) {
     fg_tensor *y = x2 ? fg_empty(dt, x->ndim, shape) : NULL; /* (..., out) */
     fg_tensor *y2 = y ? fg_tensor_reshape_view(y, 2, (int64_t[]){R, out}) : NULL;
     if (!y2 || fg__ops_linear_lowp(x2, wl, bc, y2)) return NULL;
-    fg_node *node;
+    fg__node *node;
     fg_tensor *inputs[3] = {x, w, b};
     if (fg__record(&node, "linear", linear_bw, y, b ? 3 : 2, inputs)) return NULL;
     if (node) {

@@ -30,12 +30,12 @@ static fg_status accum_reduced(fg_tensor *t, const fg_tensor *g, double s) {
     return fg__ops(t)->sum_to(g, gt, s, beta);
 }
 
-static fg_status add_bw(fg_node *n, const fg_tensor *g) {
+static fg_status add_bw(fg__node *n, const fg_tensor *g) {
     FG_TRY(accum_reduced(n->in[0], g, 1.0));
     return accum_reduced(n->in[1], g, n->f[0]); /* f[0] = +1 add, -1 sub */
 }
 
-static fg_status mul_bw(fg_node *n, const fg_tensor *g) {
+static fg_status mul_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *a = n->in[0], *b = n->in[1];
     const fg_op_table *ops = fg__ops(g);
     fg_tensor *tmp = fg_empty_like(g);
@@ -52,7 +52,7 @@ static fg_status mul_bw(fg_node *n, const fg_tensor *g) {
 }
 
 /* y = a / b: da = g / b, db = -g y / b (y is the node's out) */
-static fg_status div_bw(fg_node *n, const fg_tensor *g) {
+static fg_status div_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *a = n->in[0], *b = n->in[1];
     const fg_op_table *ops = fg__ops(g);
     fg_tensor *tmp = fg_empty_like(g);
@@ -99,9 +99,9 @@ static fg_tensor *binary(const char *fn, fg_binary_op op, fg_tensor *a, fg_tenso
     if (!y) return NULL;
     const fg_op_table *ops = fg__ops(a);
     if (FG_OP(ops, binary) || ops->binary(op, a, b, y)) return NULL;
-    fg_node *node;
+    fg__node *node;
     fg_tensor *in[2] = {a, b};
-    fg_backward_fn bw = op == FG_BIN_MUL ? mul_bw : op == FG_BIN_DIV ? div_bw : add_bw;
+    fg__backward_fn bw = op == FG_BIN_MUL ? mul_bw : op == FG_BIN_DIV ? div_bw : add_bw;
     if (fg__record(&node, fn, bw, y, 2, in)) return NULL;
     if (node) node->f[0] = op == FG_BIN_SUB ? -1.0 : 1.0;
     return y;
@@ -112,7 +112,7 @@ fg_tensor *fg_sub(fg_tensor *a, fg_tensor *b) { return binary("sub", FG_BIN_SUB,
 fg_tensor *fg_mul(fg_tensor *a, fg_tensor *b) { return binary("mul", FG_BIN_MUL, a, b); }
 fg_tensor *fg_div(fg_tensor *a, fg_tensor *b) { return binary("div", FG_BIN_DIV, a, b); }
 
-static fg_status scale_bw(fg_node *n, const fg_tensor *g) {
+static fg_status scale_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *gx = fg__grad_of(n->in[0]);
     if (!gx) return FG_ENOMEM;
     return fg__ops(g)->axpby(n->f[0], g, 1.0, gx);
@@ -123,7 +123,7 @@ fg_tensor *fg_scale(fg_tensor *a, double s) {
     fg_tensor *x = fg_tensor_contiguous(a);
     fg_tensor *y = x ? fg_empty_like(x) : NULL;
     if (!y || fg__ops(a)->scale(x, s, y)) return NULL;
-    fg_node *node;
+    fg__node *node;
     if (fg__record(&node, "scale", scale_bw, y, 1, &a)) return NULL;
     if (node) node->f[0] = s;
     return y;

@@ -69,7 +69,7 @@ static bool is_float(fg_dtype dt) {
 /* ga (a's dtype) += g: the table's axpby reads and writes bf16/f16 (through
  * f32, one rounding per element) as well as f32 and f64; a gradient of
  * another float dtype is converted first. */
-static fg_status cast_bw(fg_node *n, const fg_tensor *g) {
+static fg_status cast_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *a = n->in[0];
     if (!fg__needs_grad(a)) return FG_OK;
     fg_tensor *ga = fg__grad_of(a);
@@ -82,7 +82,7 @@ static fg_status cast_bw(fg_node *n, const fg_tensor *g) {
     if (mixes) return ops->axpby(1.0, gcont, 1.0, ga);
     fg_tensor *gc = fg_empty(a->dtype, a->ndim, a->shape);
     if (!gc) return FG_ENOMEM;
-    FG_TRY(fg_convert(gc->data, a->dtype, gcont->data, g->dtype, g->numel));
+    FG_TRY(fg__ops_convert(gc, gcont)); /* on their device */
     return ops->axpby(1.0, gc, 1.0, ga);
 }
 
@@ -99,8 +99,8 @@ fg_tensor *fg_cast(fg_tensor *a, fg_dtype dt) {
     if (a->dtype == dt) return a;
     fg_tensor *ac = fg_tensor_contiguous(a);
     fg_tensor *y = ac ? fg_empty(dt, a->ndim, a->shape) : NULL;
-    if (!y || fg_convert(y->data, dt, ac->data, a->dtype, a->numel)) return NULL;
-    fg_node *node;
+    if (!y || fg__ops_convert(y, ac)) return NULL; /* on their device: fg_convert's bits */
+    fg__node *node;
     fg_tensor *in[1] = {a};
     if (fg__record(&node, "cast", cast_bw, y, 1, in)) return NULL;
     return y;

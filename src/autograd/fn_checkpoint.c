@@ -14,7 +14,7 @@
  * the gradients are bitwise those of a run without the checkpoint.
  *
  * The parameters fn uses are not inputs of the node, so the node lists them
- * (fg_node.xleaf, from the first run's tape) for the "gradient ready" hook:
+ * (fg__node.xleaf, from the first run's tape) for the "gradient ready" hook:
  * the tape counts their uses as it counts inputs, and the recomputation's
  * own backward reports none. A checkpoint inside a checkpointed fn runs
  * plainly (the outer one recomputes it). */
@@ -78,7 +78,7 @@ static bool has_live_fn(const fg_tensor *t) {
     return t->grad_fn && t->grad_fn_gen == fg_step_generation();
 }
 
-static fg_status ckpt_backward(fg_node *n, const fg_tensor *gout) {
+static fg_status ckpt_backward(fg__node *n, const fg_tensor *gout) {
     ckpt *c = n->ctx;
     fg_tensor *x = n->in[0];
     bool xg = x->requires_grad;
@@ -91,8 +91,8 @@ static fg_status ckpt_backward(fg_node *n, const fg_tensor *gout) {
     } else if (xg && !(fresh = fg_empty(x->dtype, x->ndim, x->shape))) {
         return fg_error_wrap(FG_ENOMEM, "checkpoint backward");
     }
-    fg_tape_pos tp = fg__tape_pos();
-    fg_arena_mark mark = fg__step_mark();
+    fg__tape_point tp = fg__tape_pos();
+    fg__arena_point mark = fg__step_mark();
     fg_status st = FG_OK;
     fg_tensor *xd = detached(x);
     if (!xd) {
@@ -135,9 +135,9 @@ static fg_status ckpt_backward(fg_node *n, const fg_tensor *gout) {
         st = g ? fg__ops(g)->axpby(1.0, gout, 1.0, g) : FG_ENOMEM;
     }
     if (st == FG_OK && fresh && xd->grad) {
+        /* a copy call, not memcpy: on a device both are its memory */
         fg_tensor *g = fg_tensor_contiguous(xd->grad);
-        if (g) memcpy(fresh->data, g->data, fg_tensor_nbytes(fresh));
-        else st = fg_error_wrap(FG_ENOMEM, "checkpoint backward");
+        st = g ? fg_tensor_copy(fresh, g) : fg_error_wrap(FG_ENOMEM, "checkpoint backward");
     }
 out:;
     bool got = xd && xd->grad;
@@ -159,8 +159,8 @@ fg_tensor *fg_checkpoint(fg_checkpoint_fn fn, fg_tensor *x, void *ud) {
     /* nothing to save without grad; inside a checkpoint the outer one
      * recomputes this one */
     if (!fg_is_grad_enabled() || tl_mode != RUN_PLAIN) return fn(x, ud);
-    fg_tape_pos tp = fg__tape_pos();
-    fg_arena_mark mark = fg__step_mark();
+    fg__tape_point tp = fg__tape_pos();
+    fg__arena_point mark = fg__step_mark();
     fg_tensor *xd = detached(x), *y = NULL, *out = NULL;
     fg_tensor **leaves = NULL;
     int nleaves = 0;
@@ -198,13 +198,29 @@ fg_tensor *fg_checkpoint(fg_checkpoint_fn fn, fg_tensor *x, void *ud) {
     fg_tensor meta = *yc;
     const void *src = yc->data;
     size_t nb = fg_tensor_nbytes(yc);
+    /* on a device (the step tensors in its arena) y goes through a buffer
+     * of the device's own around the release: its copies do not overlap */
+    fg_dev *dev = fg_tensor_dev(yc);
+    void *hold = NULL;
+    if (dev && fg_dev_host_accessible(dev)) dev = NULL;
+    if (dev && (!(hold = fg_dev_alloc(dev, nb ? nb : 1, NULL)) ||
+                fg_dev_copy_d2d(dev, hold, src, nb) != FG_OK)) {
+        fg__status_drop(fg_dev_free(dev, hold));
+        goto fail_log;
+    }
     fg__tape_restore(tp);
     fg__step_release(mark);
     /* from here on, step memory made now stays for the step */
-    void *data = fg_step_alloc(nb ? nb : 1);
-    if (data) memmove(data, src, nb);
-    out = data ? fg__tensor_header_like(&meta) : NULL;
-    if (out) out->data = data;
+    if (dev) {
+        out = fg_empty(meta.dtype, meta.ndim, meta.shape);
+        if (out && fg_dev_copy_d2d(dev, out->data, hold, nb) != FG_OK) out = NULL;
+        fg__status_drop(fg_dev_free(dev, hold));
+    } else {
+        void *data = fg_step_alloc(nb ? nb : 1);
+        if (data) memmove(data, src, nb);
+        out = data ? fg__tensor_header_like(&meta) : NULL;
+        if (out) out->data = data;
+    }
     ckpt *c = fg_step_alloc(sizeof *c);
     fg_tensor **xleaf = nleaves ? fg_step_alloc(sizeof *xleaf * (size_t)nleaves) : NULL;
     uint64_t *draws = nlog ? fg_step_alloc(sizeof *draws * (size_t)nlog) : NULL;
@@ -216,7 +232,7 @@ fg_tensor *fg_checkpoint(fg_checkpoint_fn fn, fg_tensor *x, void *ud) {
     if (nleaves) memcpy(xleaf, leaves, sizeof *xleaf * (size_t)nleaves);
     if (nlog) memcpy(draws, log, sizeof *draws * (size_t)nlog);
     *c = (ckpt){fn, ud, draws, nlog, fg_autocast_dtype()};
-    fg_node *node;
+    fg__node *node;
     st = nleaves || x->requires_grad
              ? fg__record_always(&node, "checkpoint", ckpt_backward, out, 1, &x)
              : fg__record(&node, "checkpoint", ckpt_backward, out, 1, &x);

@@ -1,9 +1,11 @@
 /* Convolution (conv2d, conv1d as a conv2d of height 1), pooling (max with
  * indices, average, adaptive average) and batch normalisation, NCHW, with
  * PyTorch's arguments and output sizes. conv and pooling are the table's
- * kernels, one node each; batch_norm is built from recorded functions
- * (mean_dims, var, sub, mul, rsqrt, add), so its gradients come from
- * theirs, and updates the running statistics outside the tape. */
+ * kernels, one node each; batch_norm in training mode is one node of the
+ * table's fused kernels (f32, f64) where the device has them, otherwise
+ * (and in evaluation mode) built from recorded functions (mean_dims, var,
+ * sub, mul, rsqrt, add), its gradients theirs; both update the running
+ * statistics outside the tape. */
 #include <math.h>
 #include <string.h>
 
@@ -13,16 +15,19 @@
 
 /* in = {x, w, b}; saved[0], [1] = contiguous x, w (4-d); ctx = the
  * params; i[0..3] = the 4-d output shape */
-static fg_status conv_bw(fg_node *n, const fg_tensor *g) {
+static fg_status conv_bw(fg__node *n, const fg_tensor *g) {
     const fg_op_table *ops = fg__ops(g);
     const fg_conv_params *p = n->ctx;
     g = fg_tensor_reshape_view(g, 4, n->i); /* conv1d's (N, O, L) as (N, O, 1, L) */
     if (!g) return FG_ENOMEM;
     if (fg__needs_grad(n->in[0])) {
-        fg_tensor *gx = fg__grad_of(n->in[0]);
+        double beta;
+        fg_tensor *gx = fg__grad_for_write(n->in[0], &beta);
         fg_tensor *gx4 = gx ? fg_tensor_reshape_view(gx, 4, n->saved[0]->shape) : NULL;
         if (!gx4) return FG_ENOMEM;
-        FG_TRY(ops->conv2d_bwd_data(g, n->saved[1], p, gx4));
+        fg_conv_params pd = *p;
+        pd.overwrite = beta == 0.0; /* a fresh buffer: written, not added to */
+        FG_TRY(ops->conv2d_bwd_data(g, n->saved[1], &pd, gx4));
     }
     fg_tensor *gw = NULL, *gb = NULL;
     if (fg__needs_grad(n->in[1])) {
@@ -30,7 +35,9 @@ static fg_status conv_bw(fg_node *n, const fg_tensor *g) {
         if (!t || !(gw = fg_tensor_reshape_view(t, 4, n->saved[1]->shape))) return FG_ENOMEM;
     }
     if (fg__needs_grad(n->in[2]) && !(gb = fg__grad_of(n->in[2]))) return FG_ENOMEM;
-    if (gw || gb) FG_TRY(ops->conv2d_bwd_weight(n->saved[0], g, p, gw, gb));
+    fg_conv_params pw = *p;
+    pw.dy_as_before = fg__needs_grad(n->in[0]);
+    if (gw || gb) FG_TRY(ops->conv2d_bwd_weight(n->saved[0], g, &pw, gw, gb));
     return FG_OK;
 }
 
@@ -42,7 +49,9 @@ static fg_tensor *conv_core(const char *fn, fg_tensor *xo, fg_tensor *x4, fg_ten
     fg_conv2d_opts d = o ? *o : (fg_conv2d_opts){0};
     fg_conv_params *p = fg_step_alloc(sizeof *p);
     if (!p) return NULL;
+    memset(p, 0, sizeof *p); /* every field, those added later too */
     p->groups = d.groups ? d.groups : 1;
+    p->overwrite = false;
     int64_t C = x4->shape[1], O = w4->shape[0], in[2] = {x4->shape[2], x4->shape[3]};
     int64_t k[2] = {w4->shape[2], w4->shape[3]}, out[2];
     char sx[96], sw[96];
@@ -100,7 +109,7 @@ static fg_tensor *conv_core(const char *fn, fg_tensor *xo, fg_tensor *x4, fg_ten
     oshape[3] = out[1];
     fg_tensor *yo = fg_tensor_reshape_view(y, outnd, oshape);
     if (!yo) return NULL;
-    fg_node *node;
+    fg__node *node;
     fg_tensor *ins[3] = {xo, wo, bo};
     if (fg__record(&node, fn, conv_bw, yo, 3, ins)) return NULL;
     if (node) {
@@ -128,8 +137,24 @@ static fg_status conv_inputs(const char *fn, const fg_tensor *x, const fg_tensor
     return FG_OK;
 }
 
+/* Autocast's list: a convolution of f32 tensors runs in the autocast dtype
+ * (inputs, weight and bias cast, recorded, so that the f32 parameters get
+ * their gradients; the output in that dtype), as PyTorch's lower_precision
+ * list has conv1d/2d and conv_transpose2d. */
+fg_status fg__autocast_conv(fg_tensor **x, fg_tensor **w, fg_tensor **b) {
+    fg_dtype dt = fg_autocast_dtype();
+    if (!*x || !*w || dt == FG_DTYPE_DEFAULT || !fg__autocast_applies(*x, *w) ||
+        (*b && (*b)->dtype != FG_F32 && (*b)->dtype != dt))
+        return FG_OK;
+    bool bias = *b != NULL;
+    *x = fg_cast(*x, dt);
+    *w = *x ? fg_cast(*w, dt) : NULL;
+    if (*w && bias) *b = fg_cast(*b, dt);
+    return *x && *w && (!bias || *b) ? FG_OK : fg_last_status();
+}
+
 fg_tensor *fg_conv2d(fg_tensor *x, fg_tensor *w, fg_tensor *b, const fg_conv2d_opts *o) {
-    if (conv_inputs("conv2d", x, w, 4)) return NULL;
+    if (fg__autocast_conv(&x, &w, &b) || conv_inputs("conv2d", x, w, 4)) return NULL;
     fg_tensor *xc = fg_tensor_contiguous(x), *wc = xc ? fg_tensor_contiguous(w) : NULL;
     if (!wc) return NULL;
     int64_t pre[2] = {x->shape[0], w->shape[0]};
@@ -137,7 +162,7 @@ fg_tensor *fg_conv2d(fg_tensor *x, fg_tensor *w, fg_tensor *b, const fg_conv2d_o
 }
 
 fg_tensor *fg_conv1d(fg_tensor *x, fg_tensor *w, fg_tensor *b, const fg_conv2d_opts *o) {
-    if (conv_inputs("conv1d", x, w, 3)) return NULL;
+    if (fg__autocast_conv(&x, &w, &b) || conv_inputs("conv1d", x, w, 3)) return NULL;
     fg_tensor *xc = fg_tensor_contiguous(x), *wc = xc ? fg_tensor_contiguous(w) : NULL;
     fg_tensor *x4 =
         wc ? fg_tensor_reshape_view(xc, 4, (int64_t[]){x->shape[0], x->shape[1], 1, x->shape[2]})
@@ -153,7 +178,7 @@ fg_tensor *fg_conv1d(fg_tensor *x, fg_tensor *w, fg_tensor *b, const fg_conv2d_o
 /* ---------------------------------------------------------------- pooling */
 
 /* saved[0] = indices (max) or NULL; ctx = the params; f[0]: in holds x */
-static fg_status pool_bw(fg_node *n, const fg_tensor *g) {
+static fg_status pool_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *gx = fg__grad_of(n->in[0]);
     if (!gx) return FG_ENOMEM;
     return fg__ops(g)->pool2d_bwd(g, n->saved[0], n->ctx, gx);
@@ -183,7 +208,7 @@ static fg_tensor *pool(const char *fn, fg_tensor *x, fg_pool_params *p, int64_t 
     fg_tensor *idx = y && p->kind == FG_POOL_MAX ? fg_empty(FG_I32, 4, shape) : NULL;
     if (!y || (p->kind == FG_POOL_MAX && !idx) || ops->pool2d_fwd(xc, p, y, idx)) return NULL;
     if (indices) *indices = idx;
-    fg_node *node;
+    fg__node *node;
     if (fg__record(&node, fn, pool_bw, y, 1, &x)) return NULL;
     if (node) {
         if (FG_OP(ops, pool2d_bwd)) return NULL;
@@ -268,10 +293,105 @@ fg_tensor *fg_adaptive_avg_pool2d(fg_tensor *x, int64_t out_h, int64_t out_w) {
 
 /* ----------------------------------------------------------- batch norm */
 
+/* The fused training-mode node: in = {x, w, b}; saved[0] = contiguous x;
+ * ctx = mean[C] then invstd[C] (double) */
+static fg_status bn_bw(fg__node *n, const fg_tensor *g) {
+    const fg_op_table *ops = fg__ops(g);
+    const double *stats = n->ctx;
+    int64_t C = n->saved[0]->shape[1];
+    fg_tensor *gc = fg_tensor_contiguous(g);
+    double beta = 1.0; /* 0: gx is a fresh buffer, written */
+    fg_tensor *gx = gc && fg__needs_grad(n->in[0]) ? fg__grad_for_write(n->in[0], &beta) : NULL;
+    fg_tensor *gw = gc && fg__needs_grad(n->in[1]) ? fg__grad_of(n->in[1]) : NULL;
+    fg_tensor *gb = gc && fg__needs_grad(n->in[2]) ? fg__grad_of(n->in[2]) : NULL;
+    if (!gc || (fg__needs_grad(n->in[0]) && !gx) || (fg__needs_grad(n->in[1]) && !gw) ||
+        (fg__needs_grad(n->in[2]) && !gb))
+        return FG_ENOMEM;
+    if (gx && !fg_tensor_is_contiguous(gx))
+        return fg_error(FG_EINTERNAL, "batch_norm: gradient layout");
+    return ops->batch_norm_bwd(n->saved[0], gc, stats, stats + C, n->in[1], gx, gw, gb,
+                               beta == 0.0);
+}
+
+/* Whether the fused kernels take this call: f32 or f64, contiguous
+ * parameters and statistics, every tensor on x's device, the CPU or the
+ * guarded device (whose entries are the CPU's: the same bits; the running
+ * statistics are staged through the host there). Other devices take the
+ * composed path, device-clean. */
+static bool bn_fusable(const fg_tensor *x, const fg_tensor *rm, const fg_tensor *rv,
+                       const fg_tensor *w, const fg_tensor *b) {
+    const fg_tensor *v[4] = {rm, rv, w, b};
+    for (int k = 0; k < 4; k++)
+        if (v[k] &&
+            (!fg_tensor_is_contiguous(v[k]) || v[k]->device != x->device || v[k]->dev != x->dev))
+            return false;
+    return (x->device == FG_CPU || x->device == FG_GUARDED) &&
+           (x->dtype == FG_F32 || x->dtype == FG_F64);
+}
+
+/* running = (1 - momentum) running + momentum * batch (the variance
+ * unbiased by unb), per channel, in double as PyTorch's no-grad update; on
+ * a device the two buffers are copied out and back in (a device kernel
+ * would spare the 2 x C elements each way). */
+static fg_status bn_update_running(fg_tensor *rm, fg_tensor *rv, const double *mean,
+                                   const double *var, double momentum, double unb) {
+    int64_t C = rm->numel;
+    size_t bytes = (size_t)C * fg_dtype_size(rm->dtype);
+    fg_dev *dev = rm->dev && !fg_dev_host_accessible(rm->dev) ? rm->dev : NULL;
+    char *h = dev ? fg_alloc(2 * bytes + 1) : NULL;
+    if (dev && !h)
+        return fg_error(FG_ENOMEM, "batch_norm: %zu bytes of running statistics", 2 * bytes);
+    void *hm = dev ? h : rm->data, *hv = dev ? h + bytes : rv->data;
+    fg_status s = dev ? fg_dev_copy_d2h(dev, hm, rm->data, bytes) : FG_OK;
+    if (s == FG_OK && dev) s = fg_dev_copy_d2h(dev, hv, rv->data, bytes);
+    for (int64_t c = 0; s == FG_OK && c < C; c++) {
+        if (rm->dtype == FG_F64) {
+            double *m = hm, *v = hv;
+            m[c] = (1 - momentum) * m[c] + momentum * mean[c];
+            v[c] = (1 - momentum) * v[c] + momentum * var[c] * unb;
+        } else {
+            float *m = hm, *v = hv;
+            m[c] = (float)((1 - momentum) * (double)m[c] + momentum * mean[c]);
+            v[c] = (float)((1 - momentum) * (double)v[c] + momentum * var[c] * unb);
+        }
+    }
+    if (s == FG_OK && dev) s = fg_dev_copy_h2d(dev, rm->data, hm, bytes);
+    if (s == FG_OK && dev) s = fg_dev_copy_h2d(dev, rv->data, hv, bytes);
+    fg_free(h);
+    return s;
+}
+
+/* training mode in one node of the table's fused kernels */
+static fg_tensor *bn_fused(fg_tensor *x, fg_tensor *running_mean, fg_tensor *running_var,
+                           fg_tensor *w, fg_tensor *b, double momentum, double eps) {
+    const fg_op_table *ops = fg__ops(x);
+    int64_t C = x->shape[1], n = x->numel / C;
+    double *st = fg_step_alloc(sizeof(double) * (size_t)(2 * C + 1));
+    fg_tensor *xc = st ? fg_tensor_contiguous(x) : NULL;
+    fg_tensor *y = xc ? fg_empty_like(xc) : NULL;
+    double *var = y ? fg_step_alloc(sizeof(double) * (size_t)(C + 1)) : NULL;
+    if (!var || ops->batch_norm_stats(xc, st, var)) return NULL;
+    for (int64_t c = 0; c < C; c++) st[C + c] = 1.0 / sqrt(var[c] + eps);
+    if (ops->batch_norm_fwd(xc, st, st + C, w, b, y)) return NULL;
+    /* outside the tape, as PyTorch's no-grad update */
+    if (running_mean && running_var &&
+        bn_update_running(running_mean, running_var, st, var, momentum,
+                          (double)n / (double)(n - 1)) != FG_OK)
+        return NULL;
+    fg__node *node;
+    fg_tensor *ins[3] = {x, w, b};
+    if (fg__record(&node, "batch_norm", bn_bw, y, 3, ins)) return NULL;
+    if (node) {
+        node->saved[0] = xc;
+        node->ctx = st;
+    }
+    return y;
+}
+
 fg_tensor *fg_batch_norm(fg_tensor *x, fg_tensor *running_mean, fg_tensor *running_var,
                          fg_tensor *w, fg_tensor *b, bool training, double momentum, double eps) {
     const char *fn = "batch_norm";
-    if (fg__check_float(fn, x)) return NULL;
+    if (fg__check_float(fn, x) || !(x = fg__autocast_f32(x))) return NULL; /* autocast: f32 */
     if (x->ndim < 2) {
         char s[96];
         fg_error(FG_EINVAL, "%s: input %s: expected (N, C, ...)", fn,
@@ -302,6 +422,8 @@ fg_tensor *fg_batch_norm(fg_tensor *x, fg_tensor *running_mean, fg_tensor *runni
             fg_error(FG_EINVAL, "%s: one value per channel in training (PyTorch's rule)", fn);
             return NULL;
         }
+        if (bn_fusable(x, running_mean, running_var, w, b))
+            return bn_fused(x, running_mean, running_var, w, b, momentum, eps);
         mean = fg_mean_dims(x, nd, dims, true);
         var = fg_var(x, nd, dims, 0, true);
         if (!mean || !var) return NULL;

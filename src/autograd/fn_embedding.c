@@ -4,7 +4,7 @@
 #include "autograd_impl.h"
 
 /* saved[0] = idx (N) */
-static fg_status embedding_bw(fg_node *n, const fg_tensor *g) {
+static fg_status embedding_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *gw = fg__grad_of(n->in[0]);
     int64_t C = gw ? gw->shape[1] : 0;
     fg_tensor *g2 = gw ? fg_tensor_reshape_view(g, 2, (int64_t[]){n->saved[0]->numel, C}) : NULL;
@@ -37,7 +37,7 @@ fg_tensor *fg_embedding(fg_tensor *idx, fg_tensor *weight) {
     fg_tensor *y = i1 ? fg_empty(weight->dtype, idx->ndim + 1, shape) : NULL; /* (..., C) */
     fg_tensor *y2 = y ? fg_tensor_reshape_view(y, 2, (int64_t[]){N, C}) : NULL;
     if (!y2 || ops->embedding_fwd(i1, wc, y2)) return NULL;
-    fg_node *node;
+    fg__node *node;
     if (fg__record(&node, "embedding", embedding_bw, y, 1, &weight)) return NULL;
     if (node) {
         if (FG_OP(ops, embedding_bwd)) return NULL;

@@ -77,7 +77,7 @@ static fg_tensor *permute_view(const fg_tensor *t, const int *perm) {
 /* --------------------------------------------------------- slice / narrow */
 
 /* i[0] = dim, i[1] = start, i[2] = count, i[3] = step */
-static fg_status slice_bw(fg_node *n, const fg_tensor *g) {
+static fg_status slice_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     fg_tensor *v = ga ? step_view(ga, (int)n->i[0], n->i[1], n->i[2], n->i[3]) : NULL;
     if (!v) return FG_ENOMEM;
@@ -89,7 +89,7 @@ static fg_tensor *slice_rec(const char *fn, fg_tensor *a, int d, int64_t start, 
     fg_tensor *v = step_view(a, d, start, count, step);
     fg_tensor *y = v ? fg_empty(a->dtype, v->ndim, v->shape) : NULL;
     if (!y || fg_tensor_copy(y, v)) return NULL;
-    fg_node *node;
+    fg__node *node;
     if (fg__record(&node, fn, slice_bw, y, 1, &a)) return NULL;
     if (node) {
         if (FG_OP(fg__ops(a), add_strided)) return NULL;
@@ -190,7 +190,7 @@ fg_status fg_split(fg_tensor *a, int64_t split_size, int dim, fg_tensor **out, i
 /* ------------------------------------------------------------- cat, stack */
 
 /* i[0] = dim; the inputs are in[0 .. nin), their slices of the output in order */
-static fg_status cat_bw(fg_node *n, const fg_tensor *g) {
+static fg_status cat_bw(fg__node *n, const fg_tensor *g) {
     int d = (int)n->i[0];
     int64_t off = 0;
     for (int k = 0; k < n->nin; k++) {
@@ -210,7 +210,7 @@ static fg_status cat_bw(fg_node *n, const fg_tensor *g) {
 /* Records out = cat(in[0 .. n)) along d, out a view of the result: a tree
  * of nodes of at most FG_NODE_MAX_IN inputs each. */
 static fg_status cat_record(fg_tensor *out, fg_tensor *const *in, int n, int d) {
-    fg_node *node;
+    fg__node *node;
     if (n <= FG_NODE_MAX_IN) {
         FG_TRY(fg__record(&node, "cat", cat_bw, out, n, in));
         if (node) node->i[0] = d;
@@ -308,7 +308,7 @@ fg_tensor *fg_stack(fg_tensor *const *ts, int n, int dim) {
 /* --------------------------------------------------------- permute, expand */
 
 /* ctx = the permutation (int[ndim]) */
-static fg_status permute_bw(fg_node *n, const fg_tensor *g) {
+static fg_status permute_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     fg_tensor *v = ga ? permute_view(ga, n->ctx) : NULL;
     if (!v) return FG_ENOMEM;
@@ -338,7 +338,7 @@ fg_tensor *fg_permute(fg_tensor *a, const int *dims) {
     fg_tensor *v = permute_view(a, perm);
     fg_tensor *y = v ? fg_empty(a->dtype, nd, v->shape) : NULL;
     if (!y || fg_tensor_copy(y, v)) return NULL;
-    fg_node *node;
+    fg__node *node;
     if (fg__record(&node, "permute", permute_bw, y, 1, &a)) return NULL;
     if (node) {
         if (FG_OP(fg__ops(a), add_strided)) return NULL;
@@ -347,7 +347,7 @@ fg_tensor *fg_permute(fg_tensor *a, const int *dims) {
     return y;
 }
 
-static fg_status expand_bw(fg_node *n, const fg_tensor *g) {
+static fg_status expand_bw(fg__node *n, const fg_tensor *g) {
     double beta;
     fg_tensor *ga = fg__grad_for_write(n->in[0], &beta);
     if (!ga) return FG_ENOMEM;
@@ -384,7 +384,7 @@ fg_tensor *fg_expand(fg_tensor *a, int ndim, const int64_t *shape) {
     v->numel = numel;
     fg_tensor *y = fg_empty(a->dtype, ndim, v->shape);
     if (!y || fg_tensor_copy(y, v)) return NULL;
-    fg_node *node;
+    fg__node *node;
     if (fg__record(&node, "expand", expand_bw, y, 1, &a)) return NULL;
     if (node && FG_OP(fg__ops(a), sum_to)) return NULL;
     return y;
@@ -412,7 +412,7 @@ fg_tensor *fg_flatten(fg_tensor *a, int start_dim, int end_dim) {
 /* ------------------------------------------------------ index_select etc. */
 
 /* saved[0] = index; i[0] = dim */
-static fg_status index_select_bw(fg_node *n, const fg_tensor *g) {
+static fg_status index_select_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     return fg__ops(g)->index_add(g, (int)n->i[0], n->saved[0], ga);
@@ -438,7 +438,7 @@ fg_tensor *fg_index_select(fg_tensor *a, int dim, fg_tensor *index) {
     fg_tensor *y = fg_empty(a->dtype, ac->ndim, shape);
     if (!y || ops->index_select(ac, d, idx, y)) return NULL;
     if (a->ndim == 0 && !(y = fg_tensor_reshape_view(y, idx->ndim, idx->shape))) return NULL;
-    fg_node *node;
+    fg__node *node;
     if (fg__record(&node, "index_select", index_select_bw, y, 1, &a)) return NULL;
     if (node) {
         if (FG_OP(ops, index_add)) return NULL;
@@ -453,7 +453,7 @@ fg_tensor *fg_index_select(fg_tensor *a, int dim, fg_tensor *index) {
 }
 
 /* saved[0] = index; i[0] = dim */
-static fg_status gather_bw(fg_node *n, const fg_tensor *g) {
+static fg_status gather_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     return fg__ops(g)->scatter_add(g, (int)n->i[0], n->saved[0], ga);
@@ -468,7 +468,7 @@ fg_tensor *fg_gather(fg_tensor *a, int dim, fg_tensor *index) {
     fg_tensor *ac = fg_tensor_contiguous(a);
     fg_tensor *y = ac ? fg_empty(a->dtype, idx->ndim, idx->shape) : NULL;
     if (!y || ops->gather(ac, d, idx, y)) return NULL;
-    fg_node *node;
+    fg__node *node;
     if (fg__record(&node, "gather", gather_bw, y, 1, &a)) return NULL;
     if (node) {
         if (FG_OP(ops, scatter_add)) return NULL;
@@ -479,7 +479,7 @@ fg_tensor *fg_gather(fg_tensor *a, int dim, fg_tensor *index) {
 }
 
 /* in = {a, src}; saved[0] = index; i[0] = dim */
-static fg_status scatter_add_bw(fg_node *n, const fg_tensor *g) {
+static fg_status scatter_add_bw(fg__node *n, const fg_tensor *g) {
     const fg_op_table *ops = fg__ops(g);
     fg_tensor *a = n->in[0], *src = n->in[1], *idx = n->saved[0];
     if (fg__needs_grad(a)) {
@@ -511,7 +511,7 @@ fg_tensor *fg_scatter_add(fg_tensor *a, int dim, fg_tensor *index, fg_tensor *sr
     fg_tensor *sc = fg_tensor_contiguous(src);
     fg_tensor *y = sc ? fg_empty(a->dtype, a->ndim, a->shape) : NULL;
     if (!y || fg_tensor_copy(y, a) || ops->scatter_add(sc, d, idx, y)) return NULL;
-    fg_node *node;
+    fg__node *node;
     fg_tensor *in[2] = {a, src};
     if (fg__record(&node, "scatter_add", scatter_add_bw, y, 2, in)) return NULL;
     if (node) {
@@ -572,7 +572,7 @@ static fg_status bshape(const char *fn, const fg_tensor *const *t, int n, int *n
 
 /* in = {a, b} (b NULL for masked_fill, whose a is in[0]); saved[0] = the
  * broadcast condition; i[0] = 1 for masked_fill */
-static fg_status where_bw(fg_node *n, const fg_tensor *g) {
+static fg_status where_bw(fg__node *n, const fg_tensor *g) {
     const fg_op_table *ops = fg__ops(g);
     fg_tensor *tmp = fg_empty_like(g);
     if (!tmp) return FG_ENOMEM;
@@ -611,7 +611,7 @@ fg_tensor *fg_where(fg_tensor *cond, fg_tensor *a, fg_tensor *b) {
     fg_tensor *bc = ac ? broadcast_copy("where", b, nd, shape) : NULL;
     fg_tensor *y = bc ? fg_empty(a->dtype, nd, shape) : NULL;
     if (!y || ops->where(c, ac, bc, 0, 0, y)) return NULL;
-    fg_node *node;
+    fg__node *node;
     fg_tensor *in[2] = {a, b};
     if (fg__record(&node, "where", where_bw, y, 2, in)) return NULL;
     if (node) {
@@ -635,7 +635,7 @@ fg_tensor *fg_masked_fill(fg_tensor *a, fg_tensor *mask, double value) {
     fg_tensor *ac = c ? fg_tensor_contiguous(a) : NULL;
     fg_tensor *y = ac ? fg_empty_like(ac) : NULL;
     if (!y || ops->where(c, NULL, ac, value, 0, y)) return NULL;
-    fg_node *node;
+    fg__node *node;
     fg_tensor *in[2] = {a, NULL};
     if (fg__record(&node, "masked_fill", where_bw, y, 2, in)) return NULL;
     if (node) {
@@ -649,7 +649,7 @@ fg_tensor *fg_masked_fill(fg_tensor *a, fg_tensor *mask, double value) {
 /* ------------------------------------------------------------ max / min */
 
 /* saved[0] = indices (keepdim shape); i[0] = dim */
-static fg_status max_dim_bw(fg_node *n, const fg_tensor *g) {
+static fg_status max_dim_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     fg_tensor *idx = n->saved[0];
     fg_tensor *gk = ga ? fg_tensor_reshape_view(g, idx->ndim, idx->shape) : NULL;
@@ -683,7 +683,7 @@ static fg_tensor *extreme(const char *fn, fg_tensor *a, int dim, bool keepdim, b
     if (!io) return NULL;
     if (!values) return io;
     if (indices) *indices = io;
-    fg_node *node;
+    fg__node *node;
     if (fg__record(&node, fn, max_dim_bw, yo, 1, &a)) return NULL;
     if (node) {
         if (FG_OP(ops, scatter_add)) return NULL;
@@ -709,7 +709,7 @@ fg_tensor *fg_argmin(fg_tensor *a, int dim, bool keepdim) {
 /* ---------------------------------------------------------------- cumsum */
 
 /* i[0] = dim */
-static fg_status cumsum_bw(fg_node *n, const fg_tensor *g) {
+static fg_status cumsum_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     fg_tensor *tmp = ga ? fg_empty_like(g) : NULL;
     if (!tmp) return FG_ENOMEM;
@@ -726,7 +726,7 @@ fg_tensor *fg_cumsum(fg_tensor *a, int dim) {
     fg_tensor *ac = fg_tensor_contiguous(a);
     fg_tensor *y = ac ? fg_empty_like(ac) : NULL;
     if (!y || ops->cumsum(ac, d, false, y)) return NULL;
-    fg_node *node;
+    fg__node *node;
     if (fg__record(&node, "cumsum", cumsum_bw, y, 1, &a)) return NULL;
     if (node) node->i[0] = d;
     return y;

@@ -7,7 +7,7 @@
 
 /* saved[0] = x (N, C), saved[1] = contiguous w or NULL, saved[2] = mean,
  * saved[3] = rstd */
-static fg_status layer_norm_bw(fg_node *n, const fg_tensor *g) {
+static fg_status layer_norm_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2], *x2 = n->saved[0];
     fg_tensor *g2 = fg_tensor_reshape_view(g, 2, x2->shape); /* (N, C) */
     if (!g2) return FG_ENOMEM;
@@ -55,7 +55,7 @@ fg_tensor *fg_layer_norm(fg_tensor *x, fg_tensor *w, fg_tensor *b, double eps) {
     fg_tensor *mean = y2 ? fg_empty(sdt, 1, &N) : NULL; /* (N) */
     fg_tensor *rstd = mean ? fg_empty(sdt, 1, &N) : NULL;
     if (!rstd || ops->layernorm_fwd(x2, wc, bc, eps, y2, mean, rstd)) return NULL;
-    fg_node *node;
+    fg__node *node;
     fg_tensor *in[3] = {x, w, b};
     if (fg__record(&node, "layer_norm", layer_norm_bw, y, 3, in)) return NULL;
     if (node) {

@@ -40,7 +40,7 @@ static fg_tensor *reduce(const char *fn, fg_tensor *y, fg_reduction r, int64_t b
 
 /* in = {x, t}; saved[0], [1], [2] = x, t, w as the kernel reads them;
  * i[0] = op; f[0] = p */
-static fg_status ploss_bw(fg_node *n, const fg_tensor *g) {
+static fg_status ploss_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *dx = NULL, *dt = NULL;
     if (fg__needs_grad(n->in[0]) && !(dx = fg__grad_of(n->in[0]))) return FG_ENOMEM;
     if (fg__needs_grad(n->in[1]) && !(dt = fg__grad_of(n->in[1]))) return FG_ENOMEM;
@@ -52,6 +52,8 @@ static fg_status ploss_bw(fg_node *n, const fg_tensor *g) {
 static fg_tensor *ploss(const char *fn, fg_loss_op op, fg_tensor *x, fg_tensor *t, fg_tensor *w,
                         double p) {
     if (fg__check_float(fn, x) || fg__check_float(fn, t)) return NULL;
+    /* autocast keeps the losses in f32 */
+    if (!(x = fg__autocast_f32(x)) || !(t = fg__autocast_f32(t))) return NULL;
     if (!fg_tensor_same_shape(x, t) || x->dtype != t->dtype) {
         char a[96], b[96];
         fg_error(FG_EINVAL, "%s: input %s and target %s: expected one shape and dtype", fn,
@@ -63,7 +65,7 @@ static fg_tensor *ploss(const char *fn, fg_loss_op op, fg_tensor *x, fg_tensor *
     fg_tensor *xc = fg_tensor_contiguous(x), *tc = xc ? keep(t) : NULL;
     fg_tensor *y = tc ? fg_empty_like(xc) : NULL;
     if (!y || ops->pointwise_loss_fwd(op, xc, tc, w, p, y)) return NULL;
-    fg_node *node;
+    fg__node *node;
     fg_tensor *in[2] = {x, t};
     if (fg__record(&node, fn, ploss_bw, y, 2, in)) return NULL;
     if (node) {
@@ -124,7 +126,7 @@ fg_tensor *fg_binary_cross_entropy(fg_tensor *x, fg_tensor *t, fg_tensor *weight
 fg_tensor *fg_binary_cross_entropy_with_logits(fg_tensor *x, fg_tensor *t, fg_tensor *weight,
                                                fg_tensor *pos_weight, fg_reduction r) {
     const char *fn = "binary_cross_entropy_with_logits";
-    if (!no_batchmean(fn, r) || fg__check_float(fn, x)) return NULL;
+    if (!no_batchmean(fn, r) || fg__check_float(fn, x) || !(x = fg__autocast_f32(x))) return NULL;
     fg_tensor *pw = NULL;
     if (pos_weight) { /* broadcast to x's shape, as a constant (no gradient) */
         if (fg__check_float(fn, pos_weight) || fg__check_same_dtype(fn, x, pos_weight)) return NULL;
@@ -147,7 +149,7 @@ fg_tensor *fg_kl_div(fg_tensor *x, fg_tensor *t, fg_reduction r, bool log_target
 
 /* saved[0] = targets (M); saved[1] = weight or NULL; i[0] = ignore_index;
  * f[0] = label smoothing */
-static fg_status nll_bw(fg_node *n, const fg_tensor *g) {
+static fg_status nll_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *gl = fg__grad_of(n->in[0]);
     if (!gl) return FG_ENOMEM;
     return fg__ops(g)->nll_bwd(n->saved[0], n->saved[1], n->i[0], n->f[0], g, gl);
@@ -185,7 +187,7 @@ static fg_tensor *nll_rows(const char *fn, fg_tensor *logp2, fg_tensor *t1,
     double wsum = 0;
     if (!rows || ops->nll_fwd(logp2, tk, w, o->ignore_index, o->label_smoothing, rows, &wsum))
         return NULL;
-    fg_node *node;
+    fg__node *node;
     if (fg__record(&node, fn, nll_bw, rows, 1, &logp2)) return NULL;
     if (node) {
         if (FG_OP(ops, nll_bwd)) return NULL;
@@ -237,7 +239,8 @@ static fg_status class_layout(const char *fn, fg_tensor *x, fg_tensor *t, fg_ten
 fg_tensor *fg_nll_loss(fg_tensor *logp, fg_tensor *targets, const fg_class_loss_opts *opts) {
     fg_class_loss_opts o = opts ? *opts : fg_class_loss_defaults();
     fg_tensor *xl, *x2, *t1;
-    if (fg__check_float("nll_loss", logp) || class_layout("nll_loss", logp, targets, &xl, &x2, &t1))
+    if (fg__check_float("nll_loss", logp) || !(logp = fg__autocast_f32(logp)) ||
+        class_layout("nll_loss", logp, targets, &xl, &x2, &t1))
         return NULL;
     return nll_rows("nll_loss", x2, t1, &o, targets->ndim, targets->shape);
 }

@@ -9,7 +9,7 @@
 #include "autograd_impl.h"
 
 /* saved[0] = contiguous input; i[0] = op; f[0], f[1] = its parameters */
-static fg_status unary_bw(fg_node *n, const fg_tensor *g) {
+static fg_status unary_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     return fg__ops(g)->unary_bwd((fg_unary_op)n->i[0], n->saved[0], n->out, g, n->f[0], n->f[1],
@@ -23,7 +23,7 @@ static fg_tensor *unary(const char *fn, fg_unary_op op, fg_tensor *a, double pa,
     fg_tensor *ac = fg_tensor_contiguous(a);
     fg_tensor *y = ac ? fg_empty_like(ac) : NULL;
     if (!y || ops->unary_fwd(op, ac, pa, pb, y)) return NULL;
-    fg_node *node;
+    fg__node *node;
     if (fg__record(&node, fn, unary_bw, y, 1, &a)) return NULL;
     if (node) {
         if (FG_OP(ops, unary_bwd)) return NULL;

@@ -15,7 +15,7 @@
 #include "autograd_impl.h"
 
 /* saved[0] = contiguous a, saved[1] = contiguous b */
-static fg_status matmul_bw(fg_node *n, const fg_tensor *g) {
+static fg_status matmul_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *a = n->in[0], *b = n->in[1], *ac = n->saved[0], *bc = n->saved[1];
     const fg_op_table *ops = fg__ops(g);
     double beta;
@@ -66,7 +66,7 @@ fg_tensor *fg_matmul(fg_tensor *a, fg_tensor *b) {
     shape[a->ndim - 1] = b->shape[b->ndim - 1];
     fg_tensor *y = fg_empty(a->dtype, a->ndim, shape); /* (..., M, N) */
     if (!y || ops->matmul(ac, false, bc, false, y, 1.0, 0.0)) return NULL;
-    fg_node *node;
+    fg__node *node;
     fg_tensor *in[2] = {a, b};
     if (fg__record(&node, "matmul", matmul_bw, y, 2, in)) return NULL;
     if (node) {
@@ -77,7 +77,7 @@ fg_tensor *fg_matmul(fg_tensor *a, fg_tensor *b) {
 }
 
 /* saved[0] = x as (R, in), saved[1] = contiguous w (out, in) */
-static fg_status linear_bw(fg_node *n, const fg_tensor *g) {
+static fg_status linear_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *x = n->in[0], *w = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
     fg_tensor *x2 = n->saved[0], *wc = n->saved[1];
     const fg_op_table *ops = fg__ops(g);
@@ -137,7 +137,7 @@ fg_tensor *fg_linear(fg_tensor *x, fg_tensor *w, fg_tensor *b) {
     fg_tensor *y2 = y ? fg_tensor_reshape_view(y, 2, (int64_t[]){R, out}) : NULL;
     if (!y2 || ops->matmul(x2, false, wc, true, y2, 1.0, 0.0)) return NULL;
     if (bc && ops->bias_add(y2, bc)) return NULL;
-    fg_node *node;
+    fg__node *node;
     fg_tensor *inputs[3] = {x, w, b};
     if (fg__record(&node, "linear", linear_bw, y, b ? 3 : 2, inputs)) return NULL;
     if (node) {

@@ -6,14 +6,14 @@
 #include "autograd_impl.h"
 
 /* i[0] = dim of the input the sum ran over; f[0] = scale */
-static fg_status sum_dim_bw(fg_node *n, const fg_tensor *g) {
+static fg_status sum_dim_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     return fg__ops(g)->sum_dim_bwd(g, (int)n->i[0], ga, n->f[0]);
 }
 
 /* f[0] = scale; the input's gradient is seen flat */
-static fg_status sum_all_bw(fg_node *n, const fg_tensor *g) {
+static fg_status sum_all_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     fg_tensor *flat = ga ? fg_tensor_reshape_view(ga, 1, &ga->numel) : NULL; /* (numel) */
     if (!flat) return FG_ENOMEM;
@@ -30,7 +30,7 @@ static fg_tensor *reduce_all(const char *fn, fg_tensor *a, bool mean) {
     /* the mean of nothing is NaN (0 * inf), as PyTorch's */
     double scale = mean ? 1.0 / (double)a->numel : 1.0;
     if (!y || ops->sum_dim(flat, 0, y, scale)) return NULL;
-    fg_node *node;
+    fg__node *node;
     if (fg__record(&node, fn, sum_all_bw, y, 1, &a)) return NULL;
     if (node) node->f[0] = scale;
     return y;
@@ -66,7 +66,7 @@ static fg_tensor *reduce_dim(const char *fn, fg_tensor *a, int dim, bool keepdim
     fg_tensor *ac = fg_tensor_contiguous(a);
     fg_tensor *y = ac ? fg_empty(a->dtype, yn, shape) : NULL;
     if (!y || ops->sum_dim(ac, d, y, scale)) return NULL;
-    fg_node *node;
+    fg__node *node;
     if (fg__record(&node, fn, sum_dim_bw, y, 1, &a)) return NULL;
     if (node) {
         node->i[0] = d;

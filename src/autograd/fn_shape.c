@@ -18,7 +18,7 @@ static fg_status check_input(const char *fn, const fg_tensor *a) {
     return FG_OK;
 }
 
-static fg_status reshape_bw(fg_node *n, const fg_tensor *g) {
+static fg_status reshape_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     return fg__ops(g)->axpby(1.0, g, 1.0, ga); /* same numel, both contiguous */
@@ -33,13 +33,13 @@ fg_tensor *fg_reshape(fg_tensor *a, int ndim, const int64_t *shape) {
     fg_tensor *ac = fg_tensor_contiguous(a);
     fg_tensor *y = ac ? fg_tensor_reshape_view(ac, ndim, shape) : NULL;
     if (!y) return NULL;
-    fg_node *node;
+    fg__node *node;
     if (fg__record(&node, "reshape", reshape_bw, y, 1, &a)) return NULL;
     return y;
 }
 
 /* i[0], i[1] = the swapped dims */
-static fg_status transpose_bw(fg_node *n, const fg_tensor *g) {
+static fg_status transpose_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     fg_tensor *gt = fg_tensor_transpose_view(g, (int)n->i[0], (int)n->i[1]); /* a's shape */
@@ -61,7 +61,7 @@ fg_tensor *fg_transpose(fg_tensor *a, int d0, int d1) {
     fg_tensor *v = fg_tensor_transpose_view(a, e0, e1);
     fg_tensor *y = v ? fg_empty(a->dtype, v->ndim, v->shape) : NULL;
     if (!y || fg_tensor_copy(y, v)) return NULL;
-    fg_node *node;
+    fg__node *node;
     if (fg__record(&node, "transpose", transpose_bw, y, 1, &a)) return NULL;
     if (node) {
         node->i[0] = e0;

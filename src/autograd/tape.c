@@ -11,7 +11,7 @@
 
 #include "autograd_impl.h"
 
-static _Thread_local fg_node *tl_tail;
+static _Thread_local fg__node *tl_tail;
 static _Thread_local uint64_t tl_tape_gen;
 static _Thread_local int64_t tl_tape_len;
 static _Thread_local bool tl_grad_disabled;
@@ -33,7 +33,7 @@ static void tape_sync(void) {
 }
 
 /* grad_fn of t if it belongs to this step's tape. */
-static fg_node *live_fn(const fg_tensor *t) {
+static fg__node *live_fn(const fg_tensor *t) {
     return t->grad_fn && t->grad_fn_gen == fg_step_generation() ? t->grad_fn : NULL;
 }
 
@@ -82,7 +82,8 @@ fg_status fg_tensor_set_grad(fg_tensor *t, fg_tensor *grad) {
 }
 
 void fg_tensor_zero_grad(fg_tensor *t) {
-    if (t && t->grad) fg_tensor_fill(t->grad, 0);
+    /* no status to return: a device fill's failure stays in fg_last_error */
+    if (t && t->grad) fg__status_drop(fg_tensor_fill(t->grad, 0));
 }
 
 const fg_op_table *fg__ops(const fg_tensor *t) { return fg_ops_get(t->device); }
@@ -104,7 +105,7 @@ fg_status fg__check_same_dtype(const char *fn, const fg_tensor *a, const fg_tens
     return FG_OK;
 }
 
-static fg_status record(fg_node **node, const char *name, fg_backward_fn bw, fg_tensor *out,
+static fg_status record(fg__node **node, const char *name, fg__backward_fn bw, fg_tensor *out,
                         int nin, fg_tensor *const *in, bool always) {
     *node = NULL;
     if (tl_grad_disabled) return FG_OK;
@@ -112,7 +113,7 @@ static fg_status record(fg_node **node, const char *name, fg_backward_fn bw, fg_
     for (int k = 0; k < nin; k++) any |= fg__needs_grad(in[k]);
     if (!any) return FG_OK;
     tape_sync();
-    fg_node *n = fg_step_alloc(sizeof *n);
+    fg__node *n = fg_step_alloc(sizeof *n);
     if (!n) return fg_error_wrap(FG_ENOMEM, "%s: recording on the tape", name);
     memset(n, 0, sizeof *n);
     n->backward = bw;
@@ -130,22 +131,22 @@ static fg_status record(fg_node **node, const char *name, fg_backward_fn bw, fg_
     return FG_OK;
 }
 
-fg_status fg__record(fg_node **node, const char *name, fg_backward_fn bw, fg_tensor *out, int nin,
+fg_status fg__record(fg__node **node, const char *name, fg__backward_fn bw, fg_tensor *out, int nin,
                      fg_tensor *const *in) {
     return record(node, name, bw, out, nin, in, false);
 }
 
-fg_status fg__record_always(fg_node **node, const char *name, fg_backward_fn bw, fg_tensor *out,
+fg_status fg__record_always(fg__node **node, const char *name, fg__backward_fn bw, fg_tensor *out,
                             int nin, fg_tensor *const *in) {
     return record(node, name, bw, out, nin, in, true);
 }
 
-fg_tape_pos fg__tape_pos(void) {
+fg__tape_point fg__tape_pos(void) {
     tape_sync();
-    return (fg_tape_pos){tl_tail, tl_tape_len};
+    return (fg__tape_point){tl_tail, tl_tape_len};
 }
 
-void fg__tape_restore(fg_tape_pos p) {
+void fg__tape_restore(fg__tape_point p) {
     tl_tail = p.tail;
     tl_tape_len = p.len;
 }
@@ -155,10 +156,10 @@ static bool persistent_leaf(const fg_tensor *t) {
     return t && is_leaf(t) && (t->flags & FG_T_PERSISTENT);
 }
 
-fg_tensor **fg__tape_leaves_since(fg_tape_pos p, int *count, fg_status *st) {
+fg_tensor **fg__tape_leaves_since(fg__tape_point p, int *count, fg_status *st) {
     int n = 0;
     *st = FG_OK;
-    for (fg_node *q = tl_tail; q && q != p.tail; q = q->prev)
+    for (fg__node *q = tl_tail; q && q != p.tail; q = q->prev)
         for (int k = 0; k < q->nin; k++) n += persistent_leaf(q->in[k]);
     *count = 0;
     if (!n) return NULL;
@@ -167,18 +168,18 @@ fg_tensor **fg__tape_leaves_since(fg_tape_pos p, int *count, fg_status *st) {
         *st = fg_error_wrap(FG_ENOMEM, "checkpoint: the list of its %d parameter uses", n);
         return NULL;
     }
-    for (fg_node *q = tl_tail; q && q != p.tail; q = q->prev)
+    for (fg__node *q = tl_tail; q && q != p.tail; q = q->prev)
         for (int k = 0; k < q->nin; k++)
             if (persistent_leaf(q->in[k])) v[(*count)++] = q->in[k];
     return v;
 }
 
-bool fg__tape_closed_since(fg_tape_pos p, const fg_tensor *input) {
-    for (fg_node *q = tl_tail; q && q != p.tail; q = q->prev)
+bool fg__tape_closed_since(fg__tape_point p, const fg_tensor *input) {
+    for (fg__node *q = tl_tail; q && q != p.tail; q = q->prev)
         for (int k = 0; k < q->nin; k++) {
             const fg_tensor *t = q->in[k];
             if (!t || !t->requires_grad || t == input || persistent_leaf(t)) continue;
-            fg_node *f = live_fn(t), *r = tl_tail;
+            fg__node *f = live_fn(t), *r = tl_tail;
             while (f && r && r != p.tail && r != f) r = r->prev;
             if (!f || r != f) return false; /* made before p, or a step leaf */
         }
@@ -203,7 +204,8 @@ fg_tensor *fg__grad_of(fg_tensor *t) {
         t->grad = fg_tensor_new(t->dtype, t->ndim, t->shape);
         if (t->grad) t->flags |= FG_T_OWNS_GRAD;
     } else {
-        t->grad = fg_zeros(t->dtype, t->ndim, t->shape);
+        t->grad = fg__step_zeros_reuse(t->dtype, t->ndim, t->shape, true);
+        if (t->grad) t->grad->grad_for = t;
     }
     return t->grad;
 }
@@ -211,7 +213,8 @@ fg_tensor *fg__grad_of(fg_tensor *t) {
 fg_tensor *fg__grad_for_write(fg_tensor *t, double *beta) {
     *beta = 1.0;
     if (t->grad || (is_leaf(t) && (t->flags & FG_T_PERSISTENT))) return fg__grad_of(t);
-    t->grad = fg_empty(t->dtype, t->ndim, t->shape);
+    t->grad = fg__step_zeros_reuse(t->dtype, t->ndim, t->shape, false);
+    if (t->grad) t->grad->grad_for = t;
     *beta = 0.0;
     return t->grad;
 }
@@ -224,7 +227,7 @@ static void leaf_used(fg_tensor *t) {
 
 /* Runs backward from out, whose gradient is set. */
 static fg_status run_backward(fg_tensor *out) {
-    fg_node *root = live_fn(out);
+    fg__node *root = live_fn(out);
     if (!root) { /* a leaf: its gradient is the seed */
         out->pending = 1;
         leaf_used(out);
@@ -235,24 +238,24 @@ static fg_status run_backward(fg_tensor *out) {
                                    "forward again (one backward per forward)");
     uint64_t pass = ++tl_pass;
     root->mark = pass;
-    for (fg_node *n = tl_tail; n; n = n->prev) {
+    for (fg__node *n = tl_tail; n; n = n->prev) {
         if (n->mark != pass) continue;
         for (int k = 0; k < n->nin; k++) {
             fg_tensor *t = n->in[k];
             if (!t) continue;
-            fg_node *p = live_fn(t);
+            fg__node *p = live_fn(t);
             if (p) p->mark = pass;
             else if (t->requires_grad && tl_hook) t->pending = 0;
         }
         for (int k = 0; k < n->nxleaf && tl_hook; k++) n->xleaf[k]->pending = 0;
     }
-    for (fg_node *n = tl_tail; n && tl_hook; n = n->prev)
+    for (fg__node *n = tl_tail; n && tl_hook; n = n->prev)
         if (n->mark == pass) {
             for (int k = 0; k < n->nin; k++)
                 if (n->in[k] && is_leaf(n->in[k])) n->in[k]->pending++;
             for (int k = 0; k < n->nxleaf; k++) n->xleaf[k]->pending++;
         }
-    for (fg_node *n = tl_tail; n; n = n->prev) {
+    for (fg__node *n = tl_tail; n; n = n->prev) {
         if (n->mark != pass) continue;
         if (n->consumed)
             return fg_error(FG_ESTATE,
@@ -264,6 +267,14 @@ static fg_status run_backward(fg_tensor *out) {
             if (s != FG_OK) return fg_error_wrap(s, "backward of %s", n->name);
         }
         n->consumed = true;
+        /* out's gradient was read by this node alone: its memory goes back
+         * to the step for the gradients still to come (PyTorch frees a
+         * non-leaf's gradient there too) */
+        fg_tensor *og = n->out->grad;
+        if (og && og->grad_for == n->out && !(n->out->flags & FG_T_PERSISTENT) && og != out->grad) {
+            fg__step_recycle(og);
+            if (!og->data) n->out->grad = NULL;
+        }
         for (int k = 0; k < n->nin; k++)
             if (n->in[k]) leaf_used(n->in[k]);
         for (int k = 0; k < n->nxleaf; k++) leaf_used(n->xleaf[k]);

@@ -38,12 +38,12 @@ typedef struct fg__afile {
     size_t used, cap;
 } fg__afile;
 
-fg_status fg__afile_open(fg__afile *a, const char *path);
-fg_status fg__afile_write(fg__afile *a, const void *p, size_t n);
+FG_MUST_USE fg_status fg__afile_open(fg__afile *a, const char *path);
+FG_MUST_USE fg_status fg__afile_write(fg__afile *a, const void *p, size_t n);
 /* Flushes, fsyncs, closes, renames over the target and fsyncs the folder.
  * Frees `a` whatever the outcome; on failure before the rename the
  * temporary file is removed. */
-fg_status fg__afile_commit(fg__afile *a);
+FG_MUST_USE fg_status fg__afile_commit(fg__afile *a);
 /* Closes and removes the temporary file and frees `a`. Keeps the caller's
  * error message. Safe on a zeroed or already released fg__afile. */
 void fg__afile_abort(fg__afile *a);
@@ -94,11 +94,11 @@ struct fg_st_file {
 };
 
 /* st_reader.c: opens one safetensors file (not an index) at path. */
-fg_status fg__st_open_file(const char *path, fg_st_file **out);
+FG_MUST_USE fg_status fg__st_open_file(const char *path, fg_st_file **out);
 /* st_reader.c: sorts f->by_name (indices 0..n) by entry name. */
 void fg__st_sort_names(fg_st_file *f);
 /* st_index.c: opens the sharded checkpoint whose index is at `index`
  * (a model.safetensors.index.json); `label` names it in messages. */
-fg_status fg__st_open_index(const char *index, fg_st_file **out);
+FG_MUST_USE fg_status fg__st_open_index(const char *index, fg_st_file **out);
 
 #endif

@@ -308,7 +308,7 @@ fg_st_file *fg_st_open_memory(const void *buf, size_t len, const char *label) {
     if (new_file(label ? label : "<memory>", &f) != FG_OK) return NULL;
     f->base = buf ? buf : (const unsigned char *)"";
     f->len = len;
-    finish(f, &out);
+    if (finish(f, &out) != FG_OK) return NULL; /* finish freed f; the error is set */
     return out;
 }
 
@@ -379,13 +379,13 @@ fg_st_file *fg_st_open(const char *path) {
                      "%s: a folder without %s: not a sharded checkpoint (a checkpoint folder of "
                      "a run names its newest checkpoint last.safetensors)",
                      path, FG_ST_INDEX_NAME);
-        else fg__st_open_index(index, &f);
+        else if (fg__st_open_index(index, &f) != FG_OK) f = NULL; /* the error is set */
         fg_free(index);
         return f;
     }
-    if (path && ends_with(path, ".json")) fg__st_open_index(path, &f);
-    else fg__st_open_file(path, &f);
-    return f;
+    fg_status s =
+        path && ends_with(path, ".json") ? fg__st_open_index(path, &f) : fg__st_open_file(path, &f);
+    return s == FG_OK ? f : NULL;
 }
 
 void fg_st_close(fg_st_file *f) {
@@ -487,6 +487,58 @@ fg_status fg_st_read(const fg_st_file *f, int64_t i, void *dst, fg_dtype dst_dty
         FG_TRY(fg_convert((unsigned char *)dst + (size_t)k * ds, dst_dtype, tmp, sdt, m));
     }
     return FG_OK;
+}
+
+/* The staging of fg_st_read_range_on: converted pieces of a device entry. */
+#define ST_STAGE_BYTES ((size_t)4 << 20)
+
+fg_status fg_st_read_range_on(const fg_st_file *f, int64_t i, fg_dev *dev, void *dst,
+                              fg_dtype dst_dtype, int64_t lo, int64_t hi) {
+    if (!f) return fg_error(FG_EINVAL, "fg_st_read_range_on: NULL file");
+    if (i < 0 || i >= f->n)
+        return fg_error(FG_EINVAL, "%s: entry index %lld out of range [0, %lld)", f->label,
+                        (long long)i, (long long)f->n);
+    const st_entry *e = &f->e[i];
+    if (lo < 0 || hi < lo || hi > e->numel)
+        return fg_error(FG_EINVAL, "%s: tensor \"%.200s\": elements [%lld, %lld) of its %lld",
+                        f->label, e->name, (long long)lo, (long long)hi, (long long)e->numel);
+    if (!dev || fg_dev_host_accessible(dev)) {
+        if (lo == 0 && hi == e->numel) return fg_st_read(f, i, dst, dst_dtype, e->numel);
+    } else if (!fg_dtype_valid((int)dst_dtype) || e->dt->fg == FG_DTYPE_DEFAULT) {
+        return fg_st_read(f, i, NULL, dst_dtype, e->numel); /* its error, naming the entry */
+    }
+    if (hi == lo) return FG_OK;
+    if (!dst)
+        return fg_error(FG_EINVAL, "%s: tensor \"%.200s\": NULL destination", f->label, e->name);
+    const unsigned char *src = e->src;
+    fg_dtype sdt = e->dt->fg;
+    size_t es = e->dt->size, ds = fg_dtype_size(dst_dtype);
+    if (sdt == dst_dtype) { /* straight from the mapping */
+        size_t at = (size_t)lo * es, bytes = (size_t)(hi - lo) * es;
+        if (!dev || fg_dev_host_accessible(dev)) {
+            memcpy(dst, src + at, bytes);
+            return FG_OK;
+        }
+        return fg_dev_copy_h2d(dev, dst, src + at, bytes);
+    }
+    int64_t chunk = (int64_t)(ST_STAGE_BYTES / FG_MAX(es, ds));
+    size_t cap = (size_t)FG_MIN(chunk, hi - lo) * FG_MAX(es, ds);
+    unsigned char *stage = fg_alloc(2 * cap);
+    if (!stage)
+        return fg_error(FG_ENOMEM, "%s: tensor \"%.200s\": a staging buffer of %zu bytes", f->label,
+                        e->name, 2 * cap);
+    fg_status s = FG_OK;
+    for (int64_t k = lo; s == FG_OK && k < hi; k += chunk) {
+        int64_t m = FG_MIN(chunk, hi - k);
+        memcpy(stage, src + (size_t)k * es, (size_t)m * es); /* aligned for the conversion */
+        s = fg_convert(stage + cap, dst_dtype, stage, sdt, m);
+        if (s != FG_OK) break;
+        void *to = (unsigned char *)dst + (size_t)(k - lo) * ds;
+        if (!dev || fg_dev_host_accessible(dev)) memcpy(to, stage + cap, (size_t)m * ds);
+        else s = fg_dev_copy_h2d(dev, to, stage + cap, (size_t)m * ds);
+    }
+    fg_free(stage);
+    return s;
 }
 
 const char *fg_st_meta_get(const fg_st_file *f, const char *key) {

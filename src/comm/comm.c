@@ -31,7 +31,7 @@ const char *fg_reduce_op_name(fg_reduce_op op) {
     return (int)op >= 0 && op < FG_REDUCE_OP_COUNT ? k_rop_names[op] : "?";
 }
 
-fg_status fg__comm_fail(fg_comm *c, const fg_comm_args *a, fg_status st, const char *fmt, ...) {
+fg_status fg__comm_fail(fg_comm *c, const fg__comm_args *a, fg_status st, const char *fmt, ...) {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
@@ -55,7 +55,7 @@ fg_status fg__comm_fail(fg_comm *c, const fg_comm_args *a, fg_status st, const c
 
 static const struct {
     const char *name;
-    const fg_comm_backend *be;
+    const fg__comm_backend *be;
 } k_backends[FG_COMM_BACKEND_COUNT] = {
     [FG_COMM_AUTO] = {"auto", NULL},
     [FG_COMM_SHM] = {"shm", &fg__comm_shm_backend},
@@ -64,7 +64,11 @@ static const struct {
 #else
     [FG_COMM_MPI] = {"mpi", NULL},
 #endif
+#ifdef FULGUR_HAVE_CUDA
+    [FG_COMM_NCCL] = {"nccl", &fg__comm_nccl_backend},
+#else
     [FG_COMM_NCCL] = {"nccl", NULL},
+#endif
     [FG_COMM_HYBRID] = {"hybrid", &fg__comm_hybrid_backend},
 };
 
@@ -107,13 +111,25 @@ static fg_status across_machines(const fg_cluster_info *info, const char *why) {
     return fg_error(FG_EUNSUPPORTED,
                     "num_nodes=%d: %s; fulgur moves data between machines through Open MPI (fulgur "
                     "%s built with it), so start the job once, from one machine: fulgur run "
-                    "--hosts %s -- %s (HOST1 = node 1's host name)",
-                    info->num_nodes, why, k_backends[FG_COMM_MPI].be ? "is" : "was not", hosts,
-                    cmd);
+                    "--hosts %s -- %s (HOST1 = node 1's host name); or on each machine fulgur run "
+                    "--nnodes %d --node-rank R --master-addr %s --nproc-per-node %d, or srun "
+                    "--mpi=pmix",
+                    info->num_nodes, why, k_backends[FG_COMM_MPI].be ? "is" : "was not", hosts, cmd,
+                    info->num_nodes, a0, per);
+}
+
+bool fg__comm_mpi_world(const fg_cluster_info *info) {
+    if (!k_backends[FG_COMM_MPI].be || !info->source) return false;
+    if (!strcmp(info->source, "openmpi")) return true; /* mpirun */
+    const char *server = getenv("FULGUR_MPI_SERVER");
+    if (server && *server && info->num_nodes > 1) return true; /* fulgur run's rendezvous */
+    /* srun's direct launch: Open MPI reads the world from Slurm's PMIx or PMI2 */
+    const char *pmix = getenv("PMIX_RANK"), *pmi = getenv("PMI_RANK");
+    return !strcmp(info->source, "slurm") && ((pmix && *pmix) || (pmi && *pmi));
 }
 
 static fg_status pick_backend(const fg_cluster_info *info, fg_comm_backend_kind want,
-                              const fg_comm_backend **out) {
+                              const fg__comm_backend **out) {
     if ((int)want < 0 || want >= FG_COMM_BACKEND_COUNT)
         return fg_error(FG_EINVAL, "fg_comm_new: backend=%d: unknown", (int)want);
     const char *env = getenv("FULGUR_BACKEND");
@@ -126,17 +142,23 @@ static fg_status pick_backend(const fg_cluster_info *info, fg_comm_backend_kind 
                             "FULGUR_BACKEND=\"%s\": expected auto, shm, mpi, hybrid or nccl", env);
         want = (fg_comm_backend_kind)k;
     }
-    bool mpirun = info->source && !strcmp(info->source, "openmpi");
+    bool mpirun = fg__comm_mpi_world(info);
+    bool slurm = info->source && !strcmp(info->source, "slurm");
     if (want == FG_COMM_AUTO) {
-        if (mpirun && k_backends[FG_COMM_MPI].be)
+        if (mpirun && (info->num_nodes > 1 || !slurm))
             want = info->num_nodes > 1 && info->local_world_size > 1 ? FG_COMM_HYBRID : FG_COMM_MPI;
         else if (info->num_nodes == 1) want = FG_COMM_SHM;
-        else return across_machines(info, "this process was not started by mpirun");
+        else
+            return across_machines(info, slurm ? "srun started this task without PMIx (srun "
+                                                 "--mpi=pmix, or MpiDefault=pmix in slurm.conf)"
+                                               : "this process was not started by mpirun, "
+                                                 "srun or fulgur run");
     }
     if (want == FG_COMM_SHM && info->num_nodes > 1)
         return across_machines(info, "backend shm works on one machine only");
     if (want == FG_COMM_MPI && !mpirun && k_backends[FG_COMM_MPI].be && info->num_nodes > 1)
-        return across_machines(info, "backend mpi needs the ranks started by mpirun");
+        return across_machines(info, "backend mpi needs the ranks started by mpirun, srun "
+                                     "--mpi=pmix or fulgur run");
     if (!k_backends[want].be) {
         if (want == FG_COMM_NCCL)
             return fg_error(FG_EUNSUPPORTED,
@@ -203,7 +225,7 @@ static fg_status comm_create(const fg_cluster_info *info, const fg_comm_opts *op
         FG_TRY(fg_cluster_validate(info));
     }
     fg_comm_opts o = opts ? *opts : (fg_comm_opts){0};
-    const fg_comm_backend *be = NULL;
+    const fg__comm_backend *be = NULL;
     FG_TRY(pick_backend(info, o.backend, &be));
     double timeout = o.timeout_s;
     if (timeout <= 0) {
@@ -266,11 +288,17 @@ int fg_comm_node_rank(const fg_comm *c) { return c ? c->node_rank : -1; }
 int fg_comm_num_nodes(const fg_comm *c) { return c ? c->num_nodes : 0; }
 const char *fg_comm_backend_name(const fg_comm *c) { return c ? c->be->name : "?"; }
 
+bool fg_comm_reads_device(const fg_comm *c, fg_device kind) {
+    if (!c) return false;
+    if (kind == FG_CPU) return true;
+    return (int)kind >= 0 && kind < FG_DEVICE_KIND_COUNT && (c->be->device_kinds >> kind) & 1u;
+}
+
 /* ------------------------------------------------------------ execution */
 
-static bool is_collective(fg_comm_opcode op) { return op != FG_OP_SEND && op != FG_OP_RECV; }
+static bool is_collective(fg__comm_opcode op) { return op != FG_OP_SEND && op != FG_OP_RECV; }
 
-static int64_t op_count(const fg_comm *c, const fg_comm_args *a) {
+static int64_t op_count(const fg_comm *c, const fg__comm_args *a) {
     if (a->op == FG_OP_BARRIER) return 1;
     if (a->op != FG_OP_ALLGATHERV) return a->count;
     int64_t t = 0;
@@ -284,7 +312,7 @@ typedef struct call_sig {
     uint64_t seq, vhash;
 } call_sig;
 
-static call_sig sig_of(const fg_comm *c, const fg_comm_args *a) {
+static call_sig sig_of(const fg_comm *c, const fg__comm_args *a) {
     call_sig s;
     memset(&s, 0, sizeof s);
     s.op = a->op;
@@ -335,18 +363,18 @@ static void describe(const call_sig *s, char *buf, size_t cap) {
 
 /* FULGUR_COMM_CHECK: all ranks exchange what they are about to call; if
  * they differ, every rank fails with a message naming the odd ones. */
-static fg_status check_call(fg_comm *c, const fg_comm_args *a) {
+static fg_status check_call(fg_comm *c, const fg__comm_args *a) {
     int n = c->size;
     call_sig mine = sig_of(c, a);
     call_sig *all = fg_alloc(sizeof(call_sig) * (size_t)n);
     if (!all) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory");
-    fg_comm_args ca = {.op = FG_OP_CHECK,
-                       .name = a->name,
-                       .send = &mine,
-                       .recv = all,
-                       .count = (int64_t)sizeof mine,
-                       .dt = FG_U8,
-                       .seq = a->seq};
+    fg__comm_args ca = {.op = FG_OP_CHECK,
+                        .name = a->name,
+                        .send = &mine,
+                        .recv = all,
+                        .count = (int64_t)sizeof mine,
+                        .dt = FG_U8,
+                        .seq = a->seq};
     fg_status st = c->be->allgather(c, &ca);
     if (st != FG_OK) {
         fg_free(all);
@@ -387,7 +415,7 @@ static fg_status check_call(fg_comm *c, const fg_comm_args *a) {
         odd, best, ref);
 }
 
-static fg_status exec_op(fg_comm *c, const fg_comm_args *a) {
+static fg_status exec_op(fg_comm *c, const fg__comm_args *a) {
     if (atomic_load(&c->broken))
         return fg_error(c->broken_status == FG_OK ? FG_ESTATE : c->broken_status,
                         "%s #%llu: the communicator is broken by an earlier error: %s", a->name,
@@ -396,7 +424,7 @@ static fg_status exec_op(fg_comm *c, const fg_comm_args *a) {
         return fg__comm_fail(c, a, FG_EPEER, "the communicator was aborted (fg_comm_abort)");
     if (c->check && is_collective(a->op)) FG_TRY(check_call(c, a));
     if (is_collective(a->op) && a->op != FG_OP_BARRIER && op_count(c, a) == 0) return FG_OK;
-    const fg_comm_backend *be = c->be;
+    const fg__comm_backend *be = c->be;
     switch (a->op) {
     case FG_OP_ALLREDUCE: return be->allreduce(c, a);
     case FG_OP_REDUCE_SCATTER: return be->reduce_scatter(c, a);
@@ -468,7 +496,7 @@ static fg_status wait_req(fg_comm_req *r) {
 
 /* Runs an operation in issue order: at once on this thread when nothing is
  * queued, else behind the queued requests. */
-static fg_status run(fg_comm *c, fg_comm_args *a) {
+static fg_status run(fg_comm *c, fg__comm_args *a) {
     a->seq = is_collective(a->op) ? ++c->seq : ++c->p2p_seq;
     pthread_mutex_lock(&c->mu);
     if (c->pending == 0) {
@@ -484,7 +512,7 @@ static fg_status run(fg_comm *c, fg_comm_args *a) {
     return wait_req(&r);
 }
 
-static fg_status submit(fg_comm *c, fg_comm_args *a, fg_comm_req **req) {
+static fg_status submit(fg_comm *c, fg__comm_args *a, fg_comm_req **req) {
     *req = NULL;
     fg_comm_req *r = fg_calloc(1, sizeof *r);
     if (!r) return FG_ENOMEM;
@@ -589,7 +617,9 @@ static fg_status check_common(const fg_comm *c, const char *op, int64_t count, f
 
 static fg_status check_rop(const char *op, fg_reduce_op rop) {
     if ((int)rop < 0 || rop >= FG_REDUCE_OP_COUNT)
-        return bad(op, "reduce op=%d: unknown; expected FG_SUM, FG_AVG, FG_MIN, FG_MAX or FG_PROD",
+        return bad(op,
+                   "reduce op=%d: unknown; expected FG_REDUCE_OP_SUM, FG_REDUCE_OP_AVG, "
+                   "FG_REDUCE_OP_MIN, FG_REDUCE_OP_MAX or FG_REDUCE_OP_PROD",
                    (int)rop);
     return FG_OK;
 }
@@ -606,103 +636,103 @@ static fg_status check_root(const fg_comm *c, const char *op, const char *what, 
 }
 
 static fg_status prep_allreduce(fg_comm *c, const void *send, void *recv, int64_t count,
-                                fg_dtype dt, fg_reduce_op op, fg_comm_args *a) {
+                                fg_dtype dt, fg_reduce_op op, fg__comm_args *a) {
     const char *n = "allreduce";
     FG_TRY(check_common(c, n, count, dt));
     FG_TRY(check_rop(n, op));
     FG_TRY(check_buf(n, "send", send, count));
     FG_TRY(check_buf(n, "recv", recv, count));
-    *a = (fg_comm_args){.op = FG_OP_ALLREDUCE,
-                        .name = n,
-                        .send = send,
-                        .recv = recv,
-                        .count = count,
-                        .dt = dt,
-                        .rop = op};
+    *a = (fg__comm_args){.op = FG_OP_ALLREDUCE,
+                         .name = n,
+                         .send = send,
+                         .recv = recv,
+                         .count = count,
+                         .dt = dt,
+                         .rop = op};
     return FG_OK;
 }
 
 static fg_status prep_reduce_scatter(fg_comm *c, const void *send, void *recv, int64_t recvcount,
-                                     fg_dtype dt, fg_reduce_op op, fg_comm_args *a) {
+                                     fg_dtype dt, fg_reduce_op op, fg__comm_args *a) {
     const char *n = "reduce_scatter";
     FG_TRY(check_common(c, n, recvcount, dt));
     FG_TRY(check_rop(n, op));
     FG_TRY(check_buf(n, "send", send, recvcount));
     FG_TRY(check_buf(n, "recv", recv, recvcount));
-    *a = (fg_comm_args){.op = FG_OP_REDUCE_SCATTER,
-                        .name = n,
-                        .send = send,
-                        .recv = recv,
-                        .count = recvcount,
-                        .dt = dt,
-                        .rop = op};
+    *a = (fg__comm_args){.op = FG_OP_REDUCE_SCATTER,
+                         .name = n,
+                         .send = send,
+                         .recv = recv,
+                         .count = recvcount,
+                         .dt = dt,
+                         .rop = op};
     return FG_OK;
 }
 
 static fg_status prep_allgather(fg_comm *c, const void *send, void *recv, int64_t sendcount,
-                                fg_dtype dt, fg_comm_args *a) {
+                                fg_dtype dt, fg__comm_args *a) {
     const char *n = "allgather";
     FG_TRY(check_common(c, n, sendcount, dt));
     FG_TRY(check_buf(n, "send", send, sendcount));
     FG_TRY(check_buf(n, "recv", recv, sendcount));
-    *a = (fg_comm_args){
+    *a = (fg__comm_args){
         .op = FG_OP_ALLGATHER, .name = n, .send = send, .recv = recv, .count = sendcount, .dt = dt};
     return FG_OK;
 }
 
 static fg_status prep_broadcast(fg_comm *c, const void *send, void *recv, int64_t count,
-                                fg_dtype dt, int root, fg_comm_args *a) {
+                                fg_dtype dt, int root, fg__comm_args *a) {
     const char *n = "broadcast";
     FG_TRY(check_common(c, n, count, dt));
     FG_TRY(check_root(c, n, "root", root));
     if (c->rank == root) FG_TRY(check_buf(n, "send (on the root)", send, count));
     FG_TRY(check_buf(n, "recv", recv, count));
-    *a = (fg_comm_args){.op = FG_OP_BROADCAST,
-                        .name = n,
-                        .send = send,
-                        .recv = recv,
-                        .count = count,
-                        .dt = dt,
-                        .root = root};
+    *a = (fg__comm_args){.op = FG_OP_BROADCAST,
+                         .name = n,
+                         .send = send,
+                         .recv = recv,
+                         .count = count,
+                         .dt = dt,
+                         .root = root};
     return FG_OK;
 }
 
 static fg_status prep_reduce(fg_comm *c, const void *send, void *recv, int64_t count, fg_dtype dt,
-                             fg_reduce_op op, int root, fg_comm_args *a) {
+                             fg_reduce_op op, int root, fg__comm_args *a) {
     const char *n = "reduce";
     FG_TRY(check_common(c, n, count, dt));
     FG_TRY(check_rop(n, op));
     FG_TRY(check_root(c, n, "root", root));
     FG_TRY(check_buf(n, "send", send, count));
     if (c->rank == root) FG_TRY(check_buf(n, "recv (on the root)", recv, count));
-    *a = (fg_comm_args){.op = FG_OP_REDUCE,
-                        .name = n,
-                        .send = send,
-                        .recv = recv,
-                        .count = count,
-                        .dt = dt,
-                        .rop = op,
-                        .root = root};
+    *a = (fg__comm_args){.op = FG_OP_REDUCE,
+                         .name = n,
+                         .send = send,
+                         .recv = recv,
+                         .count = count,
+                         .dt = dt,
+                         .rop = op,
+                         .root = root};
     return FG_OK;
 }
 
 fg_status fg_comm_allreduce(fg_comm *c, const void *send, void *recv, int64_t count, fg_dtype dt,
                             fg_reduce_op op) {
-    fg_comm_args a;
+    fg__comm_args a;
     FG_TRY(prep_allreduce(c, send, recv, count, dt, op, &a));
     return run(c, &a);
 }
 
 fg_status fg_comm_reduce_scatter(fg_comm *c, const void *send, void *recv, int64_t recvcount,
                                  fg_dtype dt, fg_reduce_op op) {
-    fg_comm_args a;
+    fg__comm_args a;
     FG_TRY(prep_reduce_scatter(c, send, recv, recvcount, dt, op, &a));
     return run(c, &a);
 }
 
 fg_status fg_comm_allgather(fg_comm *c, const void *send, void *recv, int64_t sendcount,
                             fg_dtype dt) {
-    fg_comm_args a;
+    fg__comm_args a;
     FG_TRY(prep_allgather(c, send, recv, sendcount, dt, &a));
     return run(c, &a);
 }
@@ -740,14 +770,14 @@ fg_status fg_comm_allgatherv(fg_comm *c, const void *send, int64_t sendcount, vo
         st = bad(n, "recv is NULL with a total count of %lld", (long long)total);
         goto out;
     }
-    fg_comm_args a = {.op = FG_OP_ALLGATHERV,
-                      .name = n,
-                      .send = send,
-                      .recv = recv,
-                      .count = sendcount,
-                      .dt = dt,
-                      .counts = counts,
-                      .displs = displs ? displs : packed};
+    fg__comm_args a = {.op = FG_OP_ALLGATHERV,
+                       .name = n,
+                       .send = send,
+                       .recv = recv,
+                       .count = sendcount,
+                       .dt = dt,
+                       .counts = counts,
+                       .displs = displs ? displs : packed};
     st = run(c, &a);
 out:
     if (packed != stackv) fg_free(packed);
@@ -756,21 +786,21 @@ out:
 
 fg_status fg_comm_broadcast(fg_comm *c, const void *send, void *recv, int64_t count, fg_dtype dt,
                             int root) {
-    fg_comm_args a;
+    fg__comm_args a;
     FG_TRY(prep_broadcast(c, send, recv, count, dt, root, &a));
     return run(c, &a);
 }
 
 fg_status fg_comm_reduce(fg_comm *c, const void *send, void *recv, int64_t count, fg_dtype dt,
                          fg_reduce_op op, int root) {
-    fg_comm_args a;
+    fg__comm_args a;
     FG_TRY(prep_reduce(c, send, recv, count, dt, op, root, &a));
     return run(c, &a);
 }
 
 fg_status fg_comm_barrier(fg_comm *c) {
     if (!c) return bad("barrier", "communicator is NULL");
-    fg_comm_args a = {.op = FG_OP_BARRIER, .name = "barrier", .dt = FG_U8};
+    fg__comm_args a = {.op = FG_OP_BARRIER, .name = "barrier", .dt = FG_U8};
     return run(c, &a);
 }
 
@@ -779,19 +809,19 @@ fg_status fg_comm_alltoall(fg_comm *c, const void *send, void *recv, int64_t cou
     FG_TRY(check_common(c, n, count, dt));
     FG_TRY(check_buf(n, "send", send, count));
     FG_TRY(check_buf(n, "recv", recv, count));
-    fg_comm_args a = {
+    fg__comm_args a = {
         .op = FG_OP_ALLTOALL, .name = n, .send = send, .recv = recv, .count = count, .dt = dt};
     return run(c, &a);
 }
 
-static fg_status p2p(fg_comm *c, fg_comm_opcode op, void *buf, int64_t count, fg_dtype dt,
+static fg_status p2p(fg_comm *c, fg__comm_opcode op, void *buf, int64_t count, fg_dtype dt,
                      int peer) {
     const char *n = fg__comm_op_names[op];
     FG_TRY(check_common(c, n, count, dt));
     FG_TRY(check_buf(n, "buf", buf, count));
     FG_TRY(check_root(c, n, "peer", peer));
     if (peer == c->rank) return bad(n, "peer=%d is this rank: a rank cannot message itself", peer);
-    fg_comm_args a = {
+    fg__comm_args a = {
         .op = op, .name = n, .send = buf, .recv = buf, .count = count, .dt = dt, .root = peer};
     return run(c, &a);
 }
@@ -808,7 +838,7 @@ fg_status fg_comm_iallreduce(fg_comm *c, const void *send, void *recv, int64_t c
                              fg_reduce_op op, fg_comm_req **req) {
     if (!req) return bad("iallreduce", "req is NULL");
     *req = NULL;
-    fg_comm_args a;
+    fg__comm_args a;
     FG_TRY(prep_allreduce(c, send, recv, count, dt, op, &a));
     return submit(c, &a, req);
 }
@@ -817,7 +847,7 @@ fg_status fg_comm_ireduce_scatter(fg_comm *c, const void *send, void *recv, int6
                                   fg_dtype dt, fg_reduce_op op, fg_comm_req **req) {
     if (!req) return bad("ireduce_scatter", "req is NULL");
     *req = NULL;
-    fg_comm_args a;
+    fg__comm_args a;
     FG_TRY(prep_reduce_scatter(c, send, recv, recvcount, dt, op, &a));
     return submit(c, &a, req);
 }
@@ -826,7 +856,7 @@ fg_status fg_comm_iallgather(fg_comm *c, const void *send, void *recv, int64_t s
                              fg_dtype dt, fg_comm_req **req) {
     if (!req) return bad("iallgather", "req is NULL");
     *req = NULL;
-    fg_comm_args a;
+    fg__comm_args a;
     FG_TRY(prep_allgather(c, send, recv, sendcount, dt, &a));
     return submit(c, &a, req);
 }
@@ -835,7 +865,7 @@ fg_status fg_comm_ibroadcast(fg_comm *c, const void *send, void *recv, int64_t c
                              int root, fg_comm_req **req) {
     if (!req) return bad("ibroadcast", "req is NULL");
     *req = NULL;
-    fg_comm_args a;
+    fg__comm_args a;
     FG_TRY(prep_broadcast(c, send, recv, count, dt, root, &a));
     return submit(c, &a, req);
 }
@@ -844,7 +874,7 @@ fg_status fg_comm_ireduce(fg_comm *c, const void *send, void *recv, int64_t coun
                           fg_reduce_op op, int root, fg_comm_req **req) {
     if (!req) return bad("ireduce", "req is NULL");
     *req = NULL;
-    fg_comm_args a;
+    fg__comm_args a;
     FG_TRY(prep_reduce(c, send, recv, count, dt, op, root, &a));
     return submit(c, &a, req);
 }
@@ -853,7 +883,7 @@ fg_status fg_comm_ibarrier(fg_comm *c, fg_comm_req **req) {
     if (!req) return bad("ibarrier", "req is NULL");
     *req = NULL;
     if (!c) return bad("ibarrier", "communicator is NULL");
-    fg_comm_args a = {.op = FG_OP_BARRIER, .name = "barrier", .dt = FG_U8};
+    fg__comm_args a = {.op = FG_OP_BARRIER, .name = "barrier", .dt = FG_U8};
     return submit(c, &a, req);
 }
 
@@ -878,12 +908,12 @@ fg_status fg_comm_split(fg_comm *c, int color, int key, fg_comm **out) {
     split_entry mine = {color, key, c->node_of[c->rank], c->rank};
     split_entry *all = fg_alloc(sizeof(split_entry) * (size_t)n);
     if (!all) return FG_ENOMEM;
-    fg_comm_args a = {.op = FG_OP_SPLIT,
-                      .name = "split",
-                      .send = &mine,
-                      .recv = all,
-                      .count = (int64_t)sizeof mine,
-                      .dt = FG_U8};
+    fg__comm_args a = {.op = FG_OP_SPLIT,
+                       .name = "split",
+                       .send = &mine,
+                       .recv = all,
+                       .count = (int64_t)sizeof mine,
+                       .dt = FG_U8};
     fg_status st = run(c, &a);
     if (st != FG_OK) {
         fg_free(all);

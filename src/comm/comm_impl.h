@@ -12,7 +12,7 @@
 #include "core/core_impl.h"
 #include "fulgur/comm.h"
 
-typedef enum fg_comm_opcode {
+typedef enum fg__comm_opcode {
     FG_OP_ALLREDUCE,
     FG_OP_REDUCE_SCATTER,
     FG_OP_ALLGATHER,
@@ -26,13 +26,13 @@ typedef enum fg_comm_opcode {
     FG_OP_SPLIT, /* the allgather inside fg_comm_split */
     FG_OP_CHECK, /* the allgather of call signatures (FULGUR_COMM_CHECK) */
     FG_OP_COUNT
-} fg_comm_opcode;
+} fg__comm_opcode;
 
 extern const char *const fg__comm_op_names[FG_OP_COUNT];
 
 /* One operation as the backend sees it: validated, with in-place settled. */
-typedef struct fg_comm_args {
-    fg_comm_opcode op;
+typedef struct fg__comm_args {
+    fg__comm_opcode op;
     const char *name; /* the user's operation, for messages ("allreduce") */
     const void *send;
     void *recv;
@@ -44,39 +44,46 @@ typedef struct fg_comm_args {
     const int64_t *counts; /* allgatherv: size entries */
     const int64_t *displs; /* allgatherv: size entries, always filled */
     uint64_t seq;          /* number of this operation on the communicator (from 1) */
-} fg_comm_args;
+} fg__comm_args;
 
-typedef struct fg_comm_backend {
+typedef struct fg__comm_backend {
     const char *name;
+    /* The device kinds whose memory the backend reads and writes itself, a
+     * bit (1u << kind) each; 0: host memory only (shm, MPI), so device
+     * buffers go through host staging in the layers above. */
+    unsigned device_kinds;
     /* Fills c->impl for the world group; c->rank/size/... are set. */
-    fg_status (*init)(fg_comm *c, const fg_cluster_info *info);
+    FG_MUST_USE fg_status (*init)(fg_comm *c, const fg_cluster_info *info);
     /* Builds `child` (rank/size/node fields and group_id set; NULL on ranks
      * that join no group). Called by every rank of `parent`, with the same
      * `color` and `key` the user gave. */
-    fg_status (*split)(fg_comm *parent, fg_comm *child, int color, int key);
+    FG_MUST_USE fg_status (*split)(fg_comm *parent, fg_comm *child, int color, int key);
     void (*destroy)(fg_comm *c);
     /* Tells peers this rank gave up (may run on another thread). */
     void (*tell_peers)(fg_comm *c);
-    fg_status (*allreduce)(fg_comm *c, const fg_comm_args *a);
-    fg_status (*reduce_scatter)(fg_comm *c, const fg_comm_args *a);
-    fg_status (*allgather)(fg_comm *c, const fg_comm_args *a);
-    fg_status (*allgatherv)(fg_comm *c, const fg_comm_args *a);
-    fg_status (*broadcast)(fg_comm *c, const fg_comm_args *a);
-    fg_status (*reduce)(fg_comm *c, const fg_comm_args *a);
-    fg_status (*barrier)(fg_comm *c, const fg_comm_args *a);
-    fg_status (*alltoall)(fg_comm *c, const fg_comm_args *a);
-    fg_status (*send)(fg_comm *c, const fg_comm_args *a);
-    fg_status (*recv)(fg_comm *c, const fg_comm_args *a);
-} fg_comm_backend;
+    FG_MUST_USE fg_status (*allreduce)(fg_comm *c, const fg__comm_args *a);
+    FG_MUST_USE fg_status (*reduce_scatter)(fg_comm *c, const fg__comm_args *a);
+    FG_MUST_USE fg_status (*allgather)(fg_comm *c, const fg__comm_args *a);
+    FG_MUST_USE fg_status (*allgatherv)(fg_comm *c, const fg__comm_args *a);
+    FG_MUST_USE fg_status (*broadcast)(fg_comm *c, const fg__comm_args *a);
+    FG_MUST_USE fg_status (*reduce)(fg_comm *c, const fg__comm_args *a);
+    FG_MUST_USE fg_status (*barrier)(fg_comm *c, const fg__comm_args *a);
+    FG_MUST_USE fg_status (*alltoall)(fg_comm *c, const fg__comm_args *a);
+    FG_MUST_USE fg_status (*send)(fg_comm *c, const fg__comm_args *a);
+    FG_MUST_USE fg_status (*recv)(fg_comm *c, const fg__comm_args *a);
+} fg__comm_backend;
 
-extern const fg_comm_backend fg__comm_shm_backend;
-extern const fg_comm_backend fg__comm_hybrid_backend;
+extern const fg__comm_backend fg__comm_shm_backend;
+extern const fg__comm_backend fg__comm_hybrid_backend;
 #ifdef FULGUR_HAVE_MPI
-extern const fg_comm_backend fg__comm_mpi_backend;
+extern const fg__comm_backend fg__comm_mpi_backend;
+#endif
+#ifdef FULGUR_HAVE_CUDA
+extern const fg__comm_backend fg__comm_nccl_backend; /* nccl.c */
 #endif
 
 struct fg_comm_req {
-    fg_comm_args a;
+    fg__comm_args a;
     int64_t *vec; /* owned copy of allgatherv counts and displs */
     fg_status status;
     char msg[512];
@@ -86,7 +93,7 @@ struct fg_comm_req {
 };
 
 struct fg_comm {
-    const fg_comm_backend *be;
+    const fg__comm_backend *be;
     void *impl;
     int rank, size, local_rank, local_size, node_rank, num_nodes;
     int *node_of;  /* node rank of each member, size entries */
@@ -116,16 +123,20 @@ struct fg_comm {
     int pending; /* queued or running */
 };
 
+/* Whether Open MPI can form this job's world: started by mpirun, by srun
+ * with PMIx or PMI2, or by fulgur run's rendezvous (FULGUR_MPI_SERVER). */
+bool fg__comm_mpi_world(const fg_cluster_info *info);
+
 /* Marks the communicator broken with a message "<op> #<seq>: <msg>" (the
  * first one wins), sets it as this thread's error, and returns st. */
-fg_status fg__comm_fail(fg_comm *c, const fg_comm_args *a, fg_status st, const char *fmt, ...)
-    FG_PRINTF(4, 5);
+FG_MUST_USE fg_status fg__comm_fail(fg_comm *c, const fg__comm_args *a, fg_status st,
+                                    const char *fmt, ...) FG_PRINTF(4, 5);
 
 /* ----------------------------------------------------- reduction kernels */
 
 /* dst[i] = op(srcs[0][i], srcs[1][i], ..., srcs[nsrc-1][i]) in that order,
  * for i < n; also written to dst2 if not NULL. bf16/f16 accumulate in f32
- * and round once. FG_AVG divides the sum by `divisor`. dst may alias any
+ * and round once. FG_REDUCE_OP_AVG divides the sum by `divisor`. dst may alias any
  * source element-wise (same index). */
 void fg__reduce(fg_dtype dt, fg_reduce_op op, void *dst, void *dst2, const void *const *srcs,
                 int nsrc, int64_t n, int divisor);

@@ -76,7 +76,7 @@ typedef struct hybrid_state {
 /* A level failed: the hybrid group is broken, and the other levels are
  * aborted with the reason so that ranks waiting there learn it at once
  * (rather than at the timeout). */
-static fg_status sub_fail(fg_comm *c, const fg_comm_args *a, fg_status st, const char *level) {
+static fg_status sub_fail(fg_comm *c, const fg__comm_args *a, fg_status st, const char *level) {
     char why[512];
     snprintf(why, sizeof why, "%s", fg_last_error());
     st = fg__comm_fail(c, a, st, "%s: %s", level, why);
@@ -122,7 +122,7 @@ static bool is_half(fg_dtype dt) { return dt == FG_BF16 || dt == FG_F16; }
 
 static void divide(fg_dtype dt, void *buf, int64_t n, int size) {
     const void *src[1] = {buf};
-    fg__reduce(dt, FG_AVG, buf, NULL, src, 1, n, size);
+    fg__reduce(dt, FG_REDUCE_OP_AVG, buf, NULL, src, 1, n, size);
 }
 
 /* ------------------------------------------------------------ allreduce */
@@ -148,8 +148,8 @@ static void *scratch(hybrid_state *h, size_t bytes) {
  * buffer) the blocks cross as halves: rounded to wire once, summed in f32
  * in node order and rounded once, gathered and widened back (exact). Small
  * or indivisible remainders as an allreduce of dt. */
-static fg_status inter_allreduce(fg_comm *c, const fg_comm_args *a, char *p, int64_t n, fg_dtype dt,
-                                 fg_reduce_op op, fg_dtype wire) {
+static fg_status inter_allreduce(fg_comm *c, const fg__comm_args *a, char *p, int64_t n,
+                                 fg_dtype dt, fg_reduce_op op, fg_dtype wire) {
     hybrid_state *h = c->impl;
     size_t esz = fg_dtype_size(dt), wsz = fg_dtype_size(wire);
     int N = h->nodes, k = c->node_rank;
@@ -283,7 +283,7 @@ static fg_status pipe_leg(void *arg, int64_t i) {
     return FG_OK;
 }
 
-static fg_status pipelined(fg_comm *c, const fg_comm_args *a, char *p, int64_t n, fg_dtype dt,
+static fg_status pipelined(fg_comm *c, const fg__comm_args *a, char *p, int64_t n, fg_dtype dt,
                            fg_reduce_op op, fg_dtype wire, int64_t cmax) {
     hybrid_state *h = c->impl;
     int N = h->nodes, L = h->per, l = c->local_rank;
@@ -295,7 +295,7 @@ static fg_status pipelined(fg_comm *c, const fg_comm_args *a, char *p, int64_t n
     char *sx = scratch(h, (PIPE_LANES + 1) * slot + 2 * PIPE_LANES * wbuf);
     if (!sx) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory for the pipeline's buffers");
     for (int i = 0; i <= PIPE_LANES; i++) x.slot[i] = sx + i * slot;
-    fg_hy_pipe *pp[PIPE_LANES] = {0};
+    fg__hy_pipe *pp[PIPE_LANES] = {0};
     fg_status st = FG_OK;
     const char *level = "";
     for (int i = 0; i < PIPE_LANES; i++) {
@@ -361,7 +361,7 @@ static fg_status pipelined(fg_comm *c, const fg_comm_args *a, char *p, int64_t n
 /* The hierarchical allreduce in place on buf (a sum, min, max or prod in a
  * dtype that needs no widening; `wire` the dtype across nodes: dt, or the
  * half that f32 buf was widened from). */
-static fg_status allreduce_levels(fg_comm *c, const fg_comm_args *a, void *buf, int64_t n,
+static fg_status allreduce_levels(fg_comm *c, const fg__comm_args *a, void *buf, int64_t n,
                                   fg_dtype dt, fg_reduce_op op, fg_dtype wire) {
     hybrid_state *h = c->impl;
     size_t esz = fg_dtype_size(dt);
@@ -391,20 +391,20 @@ static fg_status allreduce_levels(fg_comm *c, const fg_comm_args *a, void *buf, 
     return FG_OK;
 }
 
-static fg_status hy_allreduce(fg_comm *c, const fg_comm_args *a) {
+static fg_status hy_allreduce(fg_comm *c, const fg__comm_args *a) {
     hybrid_state *h = c->impl;
     if (h->flat) {
         BASE(c, a, fg_comm_allreduce(h->base, a->send, a->recv, a->count, a->dt, a->rop));
         return FG_OK;
     }
-    fg_reduce_op op = a->rop == FG_AVG ? FG_SUM : a->rop;
+    fg_reduce_op op = a->rop == FG_REDUCE_OP_AVG ? FG_REDUCE_OP_SUM : a->rop;
     if (is_half(a->dt)) {
         float *tmp = fg_alloc((size_t)a->count * sizeof(float));
         if (!tmp) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory for the f32 copy");
         fg_convert(tmp, FG_F32, a->send, a->dt, a->count);
         fg_status st = allreduce_levels(c, a, tmp, a->count, FG_F32, op, a->dt);
         if (st == FG_OK) {
-            if (a->rop == FG_AVG) divide(FG_F32, tmp, a->count, c->size);
+            if (a->rop == FG_REDUCE_OP_AVG) divide(FG_F32, tmp, a->count, c->size);
             fg_convert(a->recv, a->dt, tmp, FG_F32, a->count);
         }
         fg_free(tmp);
@@ -412,7 +412,7 @@ static fg_status hy_allreduce(fg_comm *c, const fg_comm_args *a) {
     }
     if (a->send != a->recv) memcpy(a->recv, a->send, (size_t)a->count * fg_dtype_size(a->dt));
     FG_TRY(allreduce_levels(c, a, a->recv, a->count, a->dt, op, a->dt));
-    if (a->rop == FG_AVG) divide(a->dt, a->recv, a->count, c->size);
+    if (a->rop == FG_REDUCE_OP_AVG) divide(a->dt, a->recv, a->count, c->size);
     return FG_OK;
 }
 
@@ -440,7 +440,7 @@ static fg_status inter_reduce_scatter(fg_comm *c, char *mine, char *out, int64_t
     return FG_OK;
 }
 
-static fg_status hy_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
+static fg_status hy_reduce_scatter(fg_comm *c, const fg__comm_args *a) {
     hybrid_state *h = c->impl;
     if (h->flat) {
         BASE(c, a, fg_comm_reduce_scatter(h->base, a->send, a->recv, a->count, a->dt, a->rop));
@@ -450,7 +450,7 @@ static fg_status hy_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
     int64_t m = a->count;
     fg_dtype dt = is_half(a->dt) ? FG_F32 : a->dt;
     size_t esz = fg_dtype_size(dt), isz = fg_dtype_size(a->dt);
-    fg_reduce_op op = a->rop == FG_AVG ? FG_SUM : a->rop;
+    fg_reduce_op op = a->rop == FG_REDUCE_OP_AVG ? FG_REDUCE_OP_SUM : a->rop;
     /* [l][k][m]: the blocks local rank l ends with, node by node */
     char *tmp = fg_alloc((size_t)(m * c->size) * esz + 1);
     if (!tmp) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory for the staging buffer");
@@ -469,7 +469,7 @@ static fg_status hy_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
     if (st == FG_OK && (st = inter_reduce_scatter(c, mine, out, m, dt, op)) != FG_OK)
         st = sub_fail(c, a, st, inter_name(c));
     if (st == FG_OK) {
-        if (a->rop == FG_AVG) divide(dt, out, m, c->size);
+        if (a->rop == FG_REDUCE_OP_AVG) divide(dt, out, m, c->size);
         if (dt != a->dt) fg_convert(a->recv, a->dt, out, dt, m);
         else memcpy(a->recv, out, (size_t)m * esz);
     }
@@ -479,7 +479,7 @@ static fg_status hy_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
 
 /* ------------------------------------------------------------ allgather */
 
-static fg_status hy_allgather(fg_comm *c, const fg_comm_args *a) {
+static fg_status hy_allgather(fg_comm *c, const fg__comm_args *a) {
     hybrid_state *h = c->impl;
     if (h->flat) {
         BASE(c, a, fg_comm_allgather(h->base, a->send, a->recv, a->count, a->dt));
@@ -507,7 +507,7 @@ static fg_status hy_allgather(fg_comm *c, const fg_comm_args *a) {
 
 /* ------------------------------------------------------------ broadcast */
 
-static fg_status hy_broadcast(fg_comm *c, const fg_comm_args *a) {
+static fg_status hy_broadcast(fg_comm *c, const fg__comm_args *a) {
     hybrid_state *h = c->impl;
     if (h->flat) {
         BASE(c, a, fg_comm_broadcast(h->base, a->send, a->recv, a->count, a->dt, a->root));
@@ -525,38 +525,38 @@ static fg_status hy_broadcast(fg_comm *c, const fg_comm_args *a) {
 
 /* ------------------------------------------------------- on base alone */
 
-static fg_status hy_allgatherv(fg_comm *c, const fg_comm_args *a) {
+static fg_status hy_allgatherv(fg_comm *c, const fg__comm_args *a) {
     hybrid_state *h = c->impl;
     BASE(c, a,
          fg_comm_allgatherv(h->base, a->send, a->count, a->recv, a->counts, a->displs, a->dt));
     return FG_OK;
 }
 
-static fg_status hy_reduce(fg_comm *c, const fg_comm_args *a) {
+static fg_status hy_reduce(fg_comm *c, const fg__comm_args *a) {
     hybrid_state *h = c->impl;
     BASE(c, a, fg_comm_reduce(h->base, a->send, a->recv, a->count, a->dt, a->rop, a->root));
     return FG_OK;
 }
 
-static fg_status hy_barrier(fg_comm *c, const fg_comm_args *a) {
+static fg_status hy_barrier(fg_comm *c, const fg__comm_args *a) {
     hybrid_state *h = c->impl;
     BASE(c, a, fg_comm_barrier(h->base));
     return FG_OK;
 }
 
-static fg_status hy_alltoall(fg_comm *c, const fg_comm_args *a) {
+static fg_status hy_alltoall(fg_comm *c, const fg__comm_args *a) {
     hybrid_state *h = c->impl;
     BASE(c, a, fg_comm_alltoall(h->base, a->send, a->recv, a->count, a->dt));
     return FG_OK;
 }
 
-static fg_status hy_send(fg_comm *c, const fg_comm_args *a) {
+static fg_status hy_send(fg_comm *c, const fg__comm_args *a) {
     hybrid_state *h = c->impl;
     BASE(c, a, fg_comm_send(h->base, a->send, a->count, a->dt, a->root));
     return FG_OK;
 }
 
-static fg_status hy_recv(fg_comm *c, const fg_comm_args *a) {
+static fg_status hy_recv(fg_comm *c, const fg__comm_args *a) {
     hybrid_state *h = c->impl;
     BASE(c, a, fg_comm_recv(h->base, a->recv, a->count, a->dt, a->root));
     return FG_OK;
@@ -626,10 +626,10 @@ static fg_status hy_init(fg_comm *c, const fg_cluster_info *info) {
     if (st != FG_OK) goto fail;
     h->chunks = chunks < 2 ? 2 : chunks;
     fg_comm_opts sub = {.timeout_s = c->timeout_s, .check = -1};
-    bool mpirun = info->source && !strcmp(info->source, "openmpi");
     int *node_of = NULL;
-    if (mpirun && fg_comm_backend_built(FG_COMM_MPI)) {
-        /* Open MPI knows which ranks share a machine */
+    if (fg__comm_mpi_world(info)) {
+        /* Open MPI knows which ranks share a machine (from the contract after
+         * fulgur run's rendezvous) */
         sub.backend = FG_COMM_MPI;
         h->base = fg_comm_new(info, &sub);
         if (!h->base) {
@@ -712,7 +712,7 @@ static void hy_tell_peers(fg_comm *c) {
     fg_comm_abort_reason(h->base, c->abort_why[0] ? c->abort_why : NULL);
 }
 
-const fg_comm_backend fg__comm_hybrid_backend = {
+const fg__comm_backend fg__comm_hybrid_backend = {
     .name = "hybrid",
     .init = hy_init,
     .split = hy_split,

@@ -3,8 +3,8 @@
 
 #include "hybrid_pipe.h"
 
-struct fg_hy_pipe {
-    fg_hy_leg leg;
+struct fg__hy_pipe {
+    fg__hy_leg leg;
     void *ctx;
     pthread_t thread;
     pthread_mutex_t mu;
@@ -17,7 +17,7 @@ struct fg_hy_pipe {
 };
 
 static void *worker(void *arg) {
-    fg_hy_pipe *p = arg;
+    fg__hy_pipe *p = arg;
     pthread_mutex_lock(&p->mu);
     for (;;) {
         while (!p->stop && p->done == p->posted) pthread_cond_wait(&p->cv, &p->mu);
@@ -39,8 +39,8 @@ static void *worker(void *arg) {
     return NULL;
 }
 
-fg_hy_pipe *fg__hy_pipe_start(fg_hy_leg leg, void *ctx) {
-    fg_hy_pipe *p = fg_calloc(1, sizeof *p);
+fg__hy_pipe *fg__hy_pipe_start(fg__hy_leg leg, void *ctx) {
+    fg__hy_pipe *p = fg_calloc(1, sizeof *p);
     if (!p) {
         fg_error(FG_ENOMEM, "hybrid: out of memory for the pipeline");
         return NULL;
@@ -60,14 +60,14 @@ fg_hy_pipe *fg__hy_pipe_start(fg_hy_leg leg, void *ctx) {
     return p;
 }
 
-void fg__hy_pipe_post(fg_hy_pipe *p, int64_t k) {
+void fg__hy_pipe_post(fg__hy_pipe *p, int64_t k) {
     pthread_mutex_lock(&p->mu);
     if (k + 1 > p->posted) p->posted = k + 1;
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
 }
 
-fg_status fg__hy_pipe_wait(fg_hy_pipe *p, int64_t k) {
+fg_status fg__hy_pipe_wait(fg__hy_pipe *p, int64_t k) {
     pthread_mutex_lock(&p->mu);
     while (p->done <= k && p->status == FG_OK) pthread_cond_wait(&p->cv, &p->mu);
     fg_status st = p->done > k ? FG_OK : p->status;
@@ -78,7 +78,7 @@ fg_status fg__hy_pipe_wait(fg_hy_pipe *p, int64_t k) {
     return st;
 }
 
-void fg__hy_pipe_stop(fg_hy_pipe *p) {
+void fg__hy_pipe_stop(fg__hy_pipe *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
     p->stop = true;

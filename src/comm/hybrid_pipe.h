@@ -11,24 +11,24 @@
 
 #include "comm_impl.h"
 
-typedef struct fg_hy_pipe fg_hy_pipe;
+typedef struct fg__hy_pipe fg__hy_pipe;
 
 /* One chunk's leg, run on the worker thread. On failure it returns the
  * status with the message in fg_last_error (the worker's own). */
-typedef fg_status (*fg_hy_leg)(void *ctx, int64_t chunk);
+typedef FG_MUST_USE fg_status (*fg__hy_leg)(void *ctx, int64_t chunk);
 
 /* Starts the worker; NULL (fg_last_status set) if the thread could not. */
-fg_hy_pipe *fg__hy_pipe_start(fg_hy_leg leg, void *ctx);
+fg__hy_pipe *fg__hy_pipe_start(fg__hy_leg leg, void *ctx);
 
 /* Chunk k (the next one in order) is ready for the leg. */
-void fg__hy_pipe_post(fg_hy_pipe *p, int64_t k);
+void fg__hy_pipe_post(fg__hy_pipe *p, int64_t k);
 
 /* Waits until the leg has run on chunk k; returns its status, and on a
  * failure sets this thread's error to the worker's message. */
-fg_status fg__hy_pipe_wait(fg_hy_pipe *p, int64_t k);
+FG_MUST_USE fg_status fg__hy_pipe_wait(fg__hy_pipe *p, int64_t k);
 
 /* Stops the worker after the leg it is running (abort its communicator
  * first if that leg may wait for peers that will not come) and frees p. */
-void fg__hy_pipe_stop(fg_hy_pipe *p);
+void fg__hy_pipe_stop(fg__hy_pipe *p);
 
 #endif

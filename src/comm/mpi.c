@@ -48,7 +48,7 @@ static void finalize_at_exit(void) {
     if (!fin) MPI_Finalize();
 }
 
-static fg_status mpi_err(fg_comm *c, const fg_comm_args *a, int rc, const char *what) {
+static fg_status mpi_err(fg_comm *c, const fg__comm_args *a, int rc, const char *what) {
     char s[MPI_MAX_ERROR_STRING];
     int len = 0;
     MPI_Error_string(rc, s, &len);
@@ -70,7 +70,7 @@ static void back_off(const mpi_state *m, unsigned i, double t0) {
  * FULGUR_MPI_SPIN_US; a longer wait, one bound by the network or by a late
  * peer, sleeps 100 us between tests (the kernel keeps moving the data that
  * Open MPI has handed to the sockets meanwhile). */
-static fg_status mpi_wait(fg_comm *c, const fg_comm_args *a, MPI_Request *req, const char *what) {
+static fg_status mpi_wait(fg_comm *c, const fg__comm_args *a, MPI_Request *req, const char *what) {
     const mpi_state *m = c->impl;
     double t0 = fg_time();
     for (unsigned i = 0;; i++) {
@@ -104,9 +104,9 @@ static MPI_Datatype mpi_type(fg_dtype dt) {
 
 static MPI_Op mpi_op(fg_reduce_op op) {
     switch (op) {
-    case FG_MIN: return MPI_MIN;
-    case FG_MAX: return MPI_MAX;
-    case FG_PROD: return MPI_PROD;
+    case FG_REDUCE_OP_MIN: return MPI_MIN;
+    case FG_REDUCE_OP_MAX: return MPI_MAX;
+    case FG_REDUCE_OP_PROD: return MPI_PROD;
     default: return MPI_SUM;
     }
 }
@@ -148,7 +148,7 @@ static void divide(void *buf, int64_t n, fg_dtype dt, int size) {
  * of len = ceil(n / p) (the last rank's block padded with zeros), rank
  * k's block of the p ranks' summed in rank order into `mine` (f32, rounded
  * once), then gathered into a->recv: by every rank (all) or by the root. */
-static fg_status half_piece(fg_comm *c, const fg_comm_args *a, bool all, int64_t off, int64_t n,
+static fg_status half_piece(fg_comm *c, const fg__comm_args *a, bool all, int64_t off, int64_t n,
                             uint16_t *x, const void **srcs) {
     mpi_state *m = c->impl;
     int p = c->size;
@@ -173,7 +173,7 @@ static fg_status half_piece(fg_comm *c, const fg_comm_args *a, bool all, int64_t
 }
 
 /* allreduce / reduce of bf16 or f16, as halves on the wire */
-static fg_status half_reduce(fg_comm *c, const fg_comm_args *a, bool all) {
+static fg_status half_reduce(fg_comm *c, const fg__comm_args *a, bool all) {
     if (a->count == 0) return FG_OK;
     int64_t piece = FG_MIN(a->count, HALF_PIECE), span = (piece + c->size - 1) / c->size * c->size;
     uint16_t *x = fg_alloc((size_t)(3 * span) * 2);
@@ -188,7 +188,7 @@ static fg_status half_reduce(fg_comm *c, const fg_comm_args *a, bool all) {
 }
 
 /* allreduce / reduce of one dtype the MPI way; halves as halves above. */
-static fg_status reduce_common(fg_comm *c, const fg_comm_args *a, bool all) {
+static fg_status reduce_common(fg_comm *c, const fg__comm_args *a, bool all) {
     if (is_half(a->dt)) return half_reduce(c, a, all);
     mpi_state *m = c->impl;
     bool here = all || c->rank == a->root;
@@ -216,19 +216,19 @@ static fg_status reduce_common(fg_comm *c, const fg_comm_args *a, bool all) {
         }
         if ((st = mpi_wait(c, a, &req, all ? "MPI_Iallreduce" : "MPI_Ireduce")) != FG_OK) goto out;
     }
-    if (here && a->rop == FG_AVG) divide(recv, a->count, dt, c->size);
+    if (here && a->rop == FG_REDUCE_OP_AVG) divide(recv, a->count, dt, c->size);
 out:
     return st;
 }
 
-static fg_status mpi_allreduce(fg_comm *c, const fg_comm_args *a) {
+static fg_status mpi_allreduce(fg_comm *c, const fg__comm_args *a) {
     return reduce_common(c, a, true);
 }
-static fg_status mpi_reduce(fg_comm *c, const fg_comm_args *a) {
+static fg_status mpi_reduce(fg_comm *c, const fg__comm_args *a) {
     return reduce_common(c, a, false);
 }
 
-static fg_status too_big(fg_comm *c, const fg_comm_args *a, int64_t n) {
+static fg_status too_big(fg_comm *c, const fg__comm_args *a, int64_t n) {
     if (n <= INT_MAX) return FG_OK;
     return fg__comm_fail(c, a, FG_EUNSUPPORTED,
                          "count %lld exceeds the mpi backend's limit of 2^31-1", (long long)n);
@@ -236,7 +236,7 @@ static fg_status too_big(fg_comm *c, const fg_comm_args *a, int64_t n) {
 
 /* reduce_scatter of bf16 or f16: the all-to-all of the blocks as halves,
  * then this rank's p blocks summed in rank order in f32, rounded once */
-static fg_status half_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
+static fg_status half_reduce_scatter(fg_comm *c, const fg__comm_args *a) {
     mpi_state *m = c->impl;
     int p = c->size;
     int64_t n = a->count;
@@ -263,7 +263,7 @@ static fg_status half_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
     return st;
 }
 
-static fg_status mpi_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
+static fg_status mpi_reduce_scatter(fg_comm *c, const fg__comm_args *a) {
     mpi_state *m = c->impl;
     FG_TRY(too_big(c, a, a->count * c->size));
     if (is_half(a->dt)) return half_reduce_scatter(c, a);
@@ -281,14 +281,14 @@ static fg_status mpi_reduce_scatter(fg_comm *c, const fg_comm_args *a) {
     if (rc != MPI_SUCCESS) st = mpi_err(c, a, rc, "MPI_Ireduce_scatter_block");
     else st = mpi_wait(c, a, &req, "MPI_Ireduce_scatter_block");
     if (st == FG_OK) {
-        if (a->rop == FG_AVG) divide(out, n, dt, c->size);
+        if (a->rop == FG_REDUCE_OP_AVG) divide(out, n, dt, c->size);
         memcpy(a->recv, out, (size_t)n * fg_dtype_size(dt));
     }
     fg_free(out);
     return st;
 }
 
-static fg_status mpi_allgatherv(fg_comm *c, const fg_comm_args *a) {
+static fg_status mpi_allgatherv(fg_comm *c, const fg__comm_args *a) {
     mpi_state *m = c->impl;
     size_t esz = fg_dtype_size(a->dt);
     int *ci = fg_alloc(sizeof(int) * 2 * (size_t)c->size);
@@ -315,7 +315,7 @@ static fg_status mpi_allgatherv(fg_comm *c, const fg_comm_args *a) {
     return st;
 }
 
-static fg_status mpi_allgather(fg_comm *c, const fg_comm_args *a) {
+static fg_status mpi_allgather(fg_comm *c, const fg__comm_args *a) {
     mpi_state *m = c->impl;
     size_t esz = fg_dtype_size(a->dt);
     int64_t bytes = a->count * (int64_t)esz;
@@ -329,7 +329,7 @@ static fg_status mpi_allgather(fg_comm *c, const fg_comm_args *a) {
     return mpi_wait(c, a, &req, "MPI_Iallgather");
 }
 
-static fg_status mpi_broadcast(fg_comm *c, const fg_comm_args *a) {
+static fg_status mpi_broadcast(fg_comm *c, const fg__comm_args *a) {
     mpi_state *m = c->impl;
     size_t esz = fg_dtype_size(a->dt);
     if (c->rank == a->root && a->send != a->recv) memcpy(a->recv, a->send, (size_t)a->count * esz);
@@ -344,7 +344,7 @@ static fg_status mpi_broadcast(fg_comm *c, const fg_comm_args *a) {
     return FG_OK;
 }
 
-static fg_status mpi_barrier(fg_comm *c, const fg_comm_args *a) {
+static fg_status mpi_barrier(fg_comm *c, const fg__comm_args *a) {
     mpi_state *m = c->impl;
     MPI_Request req;
     int rc = MPI_Ibarrier(m->comm, &req);
@@ -352,7 +352,7 @@ static fg_status mpi_barrier(fg_comm *c, const fg_comm_args *a) {
     return mpi_wait(c, a, &req, "MPI_Ibarrier");
 }
 
-static fg_status mpi_alltoall(fg_comm *c, const fg_comm_args *a) {
+static fg_status mpi_alltoall(fg_comm *c, const fg__comm_args *a) {
     mpi_state *m = c->impl;
     int64_t bytes = a->count * (int64_t)fg_dtype_size(a->dt);
     FG_TRY(too_big(c, a, bytes * c->size));
@@ -374,7 +374,7 @@ static fg_status mpi_alltoall(fg_comm *c, const fg_comm_args *a) {
     return st;
 }
 
-static fg_status mpi_send(fg_comm *c, const fg_comm_args *a) {
+static fg_status mpi_send(fg_comm *c, const fg__comm_args *a) {
     mpi_state *m = c->impl;
     int64_t bytes = a->count * (int64_t)fg_dtype_size(a->dt);
     FG_TRY(too_big(c, a, bytes));
@@ -384,7 +384,7 @@ static fg_status mpi_send(fg_comm *c, const fg_comm_args *a) {
     return mpi_wait(c, a, &req, "MPI_Isend");
 }
 
-static fg_status mpi_recv(fg_comm *c, const fg_comm_args *a) {
+static fg_status mpi_recv(fg_comm *c, const fg__comm_args *a) {
     mpi_state *m = c->impl;
     int64_t bytes = a->count * (int64_t)fg_dtype_size(a->dt);
     FG_TRY(too_big(c, a, bytes));
@@ -448,8 +448,82 @@ static fg_status node_layout(fg_comm *c, MPI_Comm comm) {
     return FG_OK;
 }
 
+/* The world of ranks started on each machine by itself (fulgur run
+ * --nnodes, the rendezvous): every rank is an MPI singleton, and they join
+ * one at a time in rank order through Open MPI's dynamic processes. Rank 0
+ * opens a port and, for r = 1 .. size-1, publishes it under the name
+ * "fulgur.<job>.<r>" at the job's ompi-server (FULGUR_MPI_SERVER, which
+ * Open MPI reads as pmix_server_uri) and accepts, with every rank already
+ * joined, on the group so far; rank r looks its name up (retrying until
+ * the communicator's timeout: the name appears when the ranks before it
+ * are in) and connects. Each accept is merged into the group, so the
+ * group's ranks are the contract's. */
+static fg_status connect_world(fg_comm *c, MPI_Comm *out) {
+    char port[MPI_MAX_PORT_NAME] = "", name[160];
+    MPI_Comm world = MPI_COMM_NULL, inter, merged;
+    MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    int rc, joined = 1;
+    if (c->rank == 0) {
+        if ((rc = MPI_Open_port(MPI_INFO_NULL, port)) != MPI_SUCCESS)
+            return fg_error(FG_EIO, "mpi: MPI_Open_port failed (rank 0 of the rendezvous)");
+        MPI_Comm_dup(MPI_COMM_SELF, &world);
+    } else {
+        snprintf(name, sizeof name, "fulgur.%s.%d", c->job_key, c->rank);
+        double t0 = fg_time();
+        while ((rc = MPI_Lookup_name(name, MPI_INFO_NULL, port)) != MPI_SUCCESS) {
+            if (fg_time() - t0 > c->timeout_s)
+                return fg_error(FG_ETIMEOUT,
+                                "mpi: rank %d: rank 0 did not offer this rank its turn to join "
+                                "within %.3g s (name %s at the job's ompi-server; "
+                                "FULGUR_COMM_TIMEOUT_S): a rank before it never joined",
+                                c->rank, c->timeout_s, name);
+            struct timespec ts = {0, 20 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        if ((rc = MPI_Comm_connect(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter)) != MPI_SUCCESS)
+            return fg_error(FG_EIO, "mpi: rank %d: MPI_Comm_connect to rank 0 failed", c->rank);
+        MPI_Intercomm_merge(inter, 1, &world);
+        MPI_Comm_free(&inter);
+        MPI_Comm_size(world, &joined);
+    }
+    while (joined < c->size) {
+        /* the next rank's turn; every rank in the group takes part */
+        if (c->rank == 0) {
+            snprintf(name, sizeof name, "fulgur.%s.%d", c->job_key, joined);
+            if (MPI_Publish_name(name, MPI_INFO_NULL, port) != MPI_SUCCESS) {
+                MPI_Comm_free(&world);
+                return fg_error(FG_EIO,
+                                "mpi: rank 0: MPI_Publish_name(%s) failed: is the job's "
+                                "ompi-server (FULGUR_MPI_SERVER) running?",
+                                name);
+            }
+        }
+        rc = MPI_Comm_accept(port, MPI_INFO_NULL, 0, world, &inter);
+        if (c->rank == 0) MPI_Unpublish_name(name, MPI_INFO_NULL, port);
+        if (rc != MPI_SUCCESS) {
+            MPI_Comm_free(&world);
+            return fg_error(FG_EIO, "mpi: rank %d: MPI_Comm_accept of rank %d failed", c->rank,
+                            joined);
+        }
+        MPI_Intercomm_merge(inter, 0, &merged);
+        MPI_Comm_free(&inter);
+        MPI_Comm_free(&world);
+        world = merged;
+        MPI_Comm_size(world, &joined);
+    }
+    if (c->rank == 0) MPI_Close_port(port);
+    int r;
+    MPI_Comm_rank(world, &r);
+    if (r != c->rank) {
+        MPI_Comm_free(&world);
+        return fg_error(FG_EIO, "mpi: rank %d joined the rendezvous as rank %d", c->rank, r);
+    }
+    *out = world;
+    return FG_OK;
+}
+
 static fg_status mpi_init_(fg_comm *c, const fg_cluster_info *info) {
-    (void)info;
     int inited = 0, provided = 0;
     MPI_Initialized(&inited);
     if (!inited) {
@@ -464,19 +538,38 @@ static fg_status mpi_init_(fg_comm *c, const fg_cluster_info *info) {
     int size, rank;
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (size != c->size || rank != c->rank)
+    const char *server = getenv("FULGUR_MPI_SERVER");
+    bool rdzv = server && *server && size == 1 && c->size > 1;
+    bool slurm = info->source && !strcmp(info->source, "slurm");
+    if (!rdzv && (size != c->size || rank != c->rank))
         return fg_error(FG_EINVAL,
                         "mpi: MPI says rank %d of %d but the cluster info (%s) says rank %d of %d: "
-                        "launch with mpirun, or leave the rank variables to it",
-                        rank, size, info->source ? info->source : "explicit", c->rank, c->size);
+                        "%s",
+                        rank, size, info->source ? info->source : "explicit", c->rank, c->size,
+                        slurm && size == 1
+                            ? "srun started this task without PMIx; run srun --mpi=pmix (or set "
+                              "MpiDefault=pmix in slurm.conf)"
+                            : "launch with mpirun, or leave the rank variables to it");
     long spin_us;
     FG_TRY(fg__env_int("FULGUR_MPI_SPIN_US", DEFAULT_SPIN_US, &spin_us));
     mpi_state *m = fg_calloc(1, sizeof *m);
     if (!m) return FG_ENOMEM;
     m->spin_s = spin_us < 0 ? 0 : (double)spin_us * 1e-6;
+    fg_status st = FG_OK;
+    if (rdzv) {
+        /* the ranks' layout is the contract's (comm.c filled node_of) */
+        st = connect_world(c, &m->comm);
+        if (st != FG_OK) {
+            fg_free(m);
+            return st;
+        }
+        MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+        c->impl = m;
+        return FG_OK;
+    }
     MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
-    fg_status st = node_layout(c, m->comm);
+    st = node_layout(c, m->comm);
     if (st != FG_OK) {
         MPI_Comm_free(&m->comm);
         fg_free(m);
@@ -519,7 +612,7 @@ static void mpi_tell_peers(fg_comm *c) {
     (void)c; /* MPI has no way to tell peers without killing them */
 }
 
-const fg_comm_backend fg__comm_mpi_backend = {
+const fg__comm_backend fg__comm_mpi_backend = {
     .name = "mpi",
     .init = mpi_init_,
     .split = mpi_split,

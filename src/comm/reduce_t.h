@@ -8,7 +8,7 @@
 #define RN(name) RCAT(name, SUF)
 
 /* Two sources (two ranks, the common case): one fused pass, each output
- * element computed in registers as op(s0, s1) (then AVG1 for FG_AVG) and
+ * element computed in registers as op(s0, s1) (then AVG1 for FG_REDUCE_OP_AVG) and
  * stored to dst (and dst2): the same operations as the blocked loop below,
  * without its round trips through the block buffer. The outputs may be the
  * sources themselves (same index), never shifted copies of them: each
@@ -36,16 +36,17 @@
 #define FUSE2(ET, AT, LOAD, STORE, AVG1, UT)                                                       \
     if (ns == 2) {                                                                                 \
         const ET *s0 = s[0], *s1 = s[1];                                                           \
-        if (op == FG_SUM) FUSE2_LOOP(ET, AT, LOAD, STORE, (UT)a + (UT)b);                          \
-        else if (op == FG_AVG) FUSE2_LOOP(ET, AT, LOAD, STORE, AVG1((AT)((UT)a + (UT)b), div));    \
-        else if (op == FG_PROD) FUSE2_LOOP(ET, AT, LOAD, STORE, (UT)a *(UT)b);                     \
-        else if (op == FG_MIN) FUSE2_LOOP(ET, AT, LOAD, STORE, b < a ? b : a);                     \
+        if (op == FG_REDUCE_OP_SUM) FUSE2_LOOP(ET, AT, LOAD, STORE, (UT)a + (UT)b);                \
+        else if (op == FG_REDUCE_OP_AVG)                                                           \
+            FUSE2_LOOP(ET, AT, LOAD, STORE, AVG1((AT)((UT)a + (UT)b), div));                       \
+        else if (op == FG_REDUCE_OP_PROD) FUSE2_LOOP(ET, AT, LOAD, STORE, (UT)a *(UT)b);           \
+        else if (op == FG_REDUCE_OP_MIN) FUSE2_LOOP(ET, AT, LOAD, STORE, b < a ? b : a);           \
         else FUSE2_LOOP(ET, AT, LOAD, STORE, b > a ? b : a);                                       \
         return;                                                                                    \
     }
 
 /* One kernel per (element type, accumulator type): acc = LOAD(s0), then
- * acc = op(acc, LOAD(sq)) for q = 1.., then AVG(acc) for FG_AVG, and
+ * acc = op(acc, LOAD(sq)) for q = 1.., then AVG(acc) for FG_REDUCE_OP_AVG, and
  * dst = STORE(acc), per block of BLK elements (two sources: FUSE2). */
 #define DEFINE_KERNEL(NAME, ET, AT, LOAD, STORE, AVG, AVG1)                                        \
     static void RN(NAME)(fg_reduce_op op, void *dst_, void *dst2_, const void *const *s_, int ns,  \
@@ -60,22 +61,22 @@
             for (int i = 0; i < m; i++) acc[i] = (AT)LOAD(s0[i]);                                  \
             for (int q = 1; q < ns; q++) {                                                         \
                 const ET *sq = s[q] + b;                                                           \
-                if (op == FG_SUM || op == FG_AVG)                                                  \
+                if (op == FG_REDUCE_OP_SUM || op == FG_REDUCE_OP_AVG)                              \
                     for (int i = 0; i < m; i++) acc[i] = (AT)(acc[i] + (AT)LOAD(sq[i]));           \
-                else if (op == FG_PROD)                                                            \
+                else if (op == FG_REDUCE_OP_PROD)                                                  \
                     for (int i = 0; i < m; i++) acc[i] = (AT)(acc[i] * (AT)LOAD(sq[i]));           \
-                else if (op == FG_MIN)                                                             \
+                else if (op == FG_REDUCE_OP_MIN)                                                   \
                     for (int i = 0; i < m; i++) {                                                  \
                         AT x = (AT)LOAD(sq[i]);                                                    \
                         acc[i] = x < acc[i] ? x : acc[i];                                          \
                     }                                                                              \
-                else if (op == FG_MAX)                                                             \
+                else if (op == FG_REDUCE_OP_MAX)                                                   \
                     for (int i = 0; i < m; i++) {                                                  \
                         AT x = (AT)LOAD(sq[i]);                                                    \
                         acc[i] = x > acc[i] ? x : acc[i];                                          \
                     }                                                                              \
             }                                                                                      \
-            if (op == FG_AVG) AVG(acc, m, div);                                                    \
+            if (op == FG_REDUCE_OP_AVG) AVG(acc, m, div);                                          \
             ET *d = dst + b;                                                                       \
             for (int i = 0; i < m; i++) d[i] = STORE(acc[i]);                                      \
             if (dst2) {                                                                            \
@@ -125,16 +126,16 @@ static void RN(red_f16)(fg_reduce_op op, void *dst_, void *dst2_, const void *co
         RN(f16_in)(s[0] + b, acc, m);
         for (int q = 1; q < ns; q++) {
             RN(f16_in)(s[q] + b, x, m);
-            if (op == FG_SUM || op == FG_AVG)
+            if (op == FG_REDUCE_OP_SUM || op == FG_REDUCE_OP_AVG)
                 for (int i = 0; i < m; i++) acc[i] = acc[i] + x[i];
-            else if (op == FG_PROD)
+            else if (op == FG_REDUCE_OP_PROD)
                 for (int i = 0; i < m; i++) acc[i] = acc[i] * x[i];
-            else if (op == FG_MIN)
+            else if (op == FG_REDUCE_OP_MIN)
                 for (int i = 0; i < m; i++) acc[i] = x[i] < acc[i] ? x[i] : acc[i];
-            else if (op == FG_MAX)
+            else if (op == FG_REDUCE_OP_MAX)
                 for (int i = 0; i < m; i++) acc[i] = x[i] > acc[i] ? x[i] : acc[i];
         }
-        if (op == FG_AVG) RN(avg_f32)(acc, m, div);
+        if (op == FG_REDUCE_OP_AVG) RN(avg_f32)(acc, m, div);
         RN(f16_out)(acc, dst + b, m);
         if (dst2) memcpy(dst2 + b, dst + b, sizeof(uint16_t) * (size_t)m);
     }
@@ -153,16 +154,16 @@ static void RN(red_i32)(fg_reduce_op op, void *dst_, void *dst2_, const void *co
         for (int i = 0; i < m; i++) acc[i] = s[0][b + i];
         for (int q = 1; q < ns; q++) {
             const int32_t *sq = s[q] + b;
-            if (op == FG_SUM || op == FG_AVG)
+            if (op == FG_REDUCE_OP_SUM || op == FG_REDUCE_OP_AVG)
                 for (int i = 0; i < m; i++) acc[i] = (int32_t)((uint32_t)acc[i] + (uint32_t)sq[i]);
-            else if (op == FG_PROD)
+            else if (op == FG_REDUCE_OP_PROD)
                 for (int i = 0; i < m; i++) acc[i] = (int32_t)((uint32_t)acc[i] * (uint32_t)sq[i]);
-            else if (op == FG_MIN)
+            else if (op == FG_REDUCE_OP_MIN)
                 for (int i = 0; i < m; i++) acc[i] = sq[i] < acc[i] ? sq[i] : acc[i];
             else
                 for (int i = 0; i < m; i++) acc[i] = sq[i] > acc[i] ? sq[i] : acc[i];
         }
-        if (op == FG_AVG)
+        if (op == FG_REDUCE_OP_AVG)
             for (int i = 0; i < m; i++) acc[i] /= div;
         memcpy(dst + b, acc, (size_t)m * 4);
         if (dst2) memcpy(dst2 + b, acc, (size_t)m * 4);
@@ -180,16 +181,16 @@ static void RN(red_i64)(fg_reduce_op op, void *dst_, void *dst2_, const void *co
         for (int i = 0; i < m; i++) acc[i] = s[0][b + i];
         for (int q = 1; q < ns; q++) {
             const int64_t *sq = s[q] + b;
-            if (op == FG_SUM || op == FG_AVG)
+            if (op == FG_REDUCE_OP_SUM || op == FG_REDUCE_OP_AVG)
                 for (int i = 0; i < m; i++) acc[i] = (int64_t)((uint64_t)acc[i] + (uint64_t)sq[i]);
-            else if (op == FG_PROD)
+            else if (op == FG_REDUCE_OP_PROD)
                 for (int i = 0; i < m; i++) acc[i] = (int64_t)((uint64_t)acc[i] * (uint64_t)sq[i]);
-            else if (op == FG_MIN)
+            else if (op == FG_REDUCE_OP_MIN)
                 for (int i = 0; i < m; i++) acc[i] = sq[i] < acc[i] ? sq[i] : acc[i];
             else
                 for (int i = 0; i < m; i++) acc[i] = sq[i] > acc[i] ? sq[i] : acc[i];
         }
-        if (op == FG_AVG)
+        if (op == FG_REDUCE_OP_AVG)
             for (int i = 0; i < m; i++) acc[i] /= div;
         memcpy(dst + b, acc, (size_t)m * 8);
         if (dst2) memcpy(dst2 + b, acc, (size_t)m * 8);

@@ -358,7 +358,11 @@ static fg_status shm_join(fg_comm *c) {
         }
         for (int q = 0; q < n; q++) {
             int pid = atomic_load(&ctl(s, q)->pid);
-            if (pid && fg__shm_pid_dead(pid, -1)) {
+            /* attached is read again: a peer may have attached, finished
+             * its work and exited between the first read and this one
+             * (a fast rank 0 after a one-shot broadcast); everybody mapped
+             * the memory then, and the set-up succeeded */
+            if (pid && fg__shm_pid_dead(pid, -1) && atomic_load(&h->attached) != n) {
                 st = fg_error(FG_EPEER, "shm: rank %d (pid %d) died while the group was set up", q,
                               pid);
                 goto fail;
@@ -446,7 +450,7 @@ static void shm_tell_peers(fg_comm *c) {
     if (!fg__shm_publish_abort(s, FG_EPEER, NULL, 0, msg)) fg__shm_wake_everyone(s);
 }
 
-const fg_comm_backend fg__comm_shm_backend = {
+const fg__comm_backend fg__comm_shm_backend = {
     .name = "shm",
     .init = shm_init,
     .split = shm_split,

@@ -143,33 +143,33 @@ bool fg__shm_pid_dead(int pid, int pidfd);
 bool fg__shm_publish_abort(shm_state *s, fg_status st, const char *op, uint64_t seq,
                            const char *msg);
 /* Reports a failure this rank found, and tells every peer. */
-fg_status fg__shm_group_fail(fg_comm *c, shm_state *s, const fg_comm_args *a, fg_status st,
-                             const char *fmt, ...) FG_PRINTF(5, 6);
+FG_MUST_USE fg_status fg__shm_group_fail(fg_comm *c, shm_state *s, const fg__comm_args *a,
+                                         fg_status st, const char *fmt, ...) FG_PRINTF(5, 6);
 /* The group was broken by another rank (or by this one on another thread). */
-fg_status fg__shm_aborted_elsewhere(fg_comm *c, shm_state *s, const fg_comm_args *a);
+FG_MUST_USE fg_status fg__shm_aborted_elsewhere(fg_comm *c, shm_state *s, const fg__comm_args *a);
 /* Waits until *w (posted by rank q, whose sleeper count is *sleepers)
  * reaches target. Spins, then sleeps; every 50 ms checks the abort word,
  * whether q died or left, and the timeout.
  * `what` names the word in messages ("input"). */
-fg_status fg__shm_wait_word(fg_comm *c, shm_state *s, const fg_comm_args *a, int q,
-                            _Atomic uint32_t *w, _Atomic uint32_t *sleepers, uint32_t target,
-                            const char *what);
+FG_MUST_USE fg_status fg__shm_wait_word(fg_comm *c, shm_state *s, const fg__comm_args *a, int q,
+                                        _Atomic uint32_t *w, _Atomic uint32_t *sleepers,
+                                        uint32_t target, const char *what);
 /* Waits for word `which` of every rank (or just `only` if >= 0) to reach
  * target, skipping this rank. `which` is W_READY, W_MID or W_DONE. */
-fg_status fg__shm_wait_all(fg_comm *c, shm_state *s, const fg_comm_args *a, int which,
-                           uint32_t target, int only);
+FG_MUST_USE fg_status fg__shm_wait_all(fg_comm *c, shm_state *s, const fg__comm_args *a, int which,
+                                       uint32_t target, int only);
 
 /* ------------------------------------------------------------- shm_coll.c */
 
-fg_status fg__shm_allreduce(fg_comm *c, const fg_comm_args *a);
-fg_status fg__shm_reduce(fg_comm *c, const fg_comm_args *a);
-fg_status fg__shm_reduce_scatter(fg_comm *c, const fg_comm_args *a);
-fg_status fg__shm_allgather(fg_comm *c, const fg_comm_args *a);
-fg_status fg__shm_allgatherv(fg_comm *c, const fg_comm_args *a);
-fg_status fg__shm_broadcast(fg_comm *c, const fg_comm_args *a);
-fg_status fg__shm_barrier(fg_comm *c, const fg_comm_args *a);
-fg_status fg__shm_alltoall(fg_comm *c, const fg_comm_args *a);
-fg_status fg__shm_send(fg_comm *c, const fg_comm_args *a);
-fg_status fg__shm_recv(fg_comm *c, const fg_comm_args *a);
+FG_MUST_USE fg_status fg__shm_allreduce(fg_comm *c, const fg__comm_args *a);
+FG_MUST_USE fg_status fg__shm_reduce(fg_comm *c, const fg__comm_args *a);
+FG_MUST_USE fg_status fg__shm_reduce_scatter(fg_comm *c, const fg__comm_args *a);
+FG_MUST_USE fg_status fg__shm_allgather(fg_comm *c, const fg__comm_args *a);
+FG_MUST_USE fg_status fg__shm_allgatherv(fg_comm *c, const fg__comm_args *a);
+FG_MUST_USE fg_status fg__shm_broadcast(fg_comm *c, const fg__comm_args *a);
+FG_MUST_USE fg_status fg__shm_barrier(fg_comm *c, const fg__comm_args *a);
+FG_MUST_USE fg_status fg__shm_alltoall(fg_comm *c, const fg__comm_args *a);
+FG_MUST_USE fg_status fg__shm_send(fg_comm *c, const fg__comm_args *a);
+FG_MUST_USE fg_status fg__shm_recv(fg_comm *c, const fg__comm_args *a);
 
 #endif

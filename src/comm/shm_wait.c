@@ -111,7 +111,7 @@ bool fg__shm_publish_abort(shm_state *s, fg_status st, const char *op, uint64_t 
     return true;
 }
 
-fg_status fg__shm_group_fail(fg_comm *c, shm_state *s, const fg_comm_args *a, fg_status st,
+fg_status fg__shm_group_fail(fg_comm *c, shm_state *s, const fg__comm_args *a, fg_status st,
                              const char *fmt, ...) {
     char msg[512];
     va_list ap;
@@ -122,7 +122,7 @@ fg_status fg__shm_group_fail(fg_comm *c, shm_state *s, const fg_comm_args *a, fg
     return fg__comm_fail(c, a, st, "%s", msg);
 }
 
-fg_status fg__shm_aborted_elsewhere(fg_comm *c, shm_state *s, const fg_comm_args *a) {
+fg_status fg__shm_aborted_elsewhere(fg_comm *c, shm_state *s, const fg__comm_args *a) {
     shm_hdr *h = s->hdr;
     int r = atomic_load(&h->abort_rank);
     for (int i = 0; i < 100000 && !atomic_load_explicit(&h->abort_ready, memory_order_acquire); i++)
@@ -139,7 +139,7 @@ fg_status fg__shm_aborted_elsewhere(fg_comm *c, shm_state *s, const fg_comm_args
 
 /* ----------------------------------------------------------------- wait */
 
-fg_status fg__shm_wait_word(fg_comm *c, shm_state *s, const fg_comm_args *a, int q,
+fg_status fg__shm_wait_word(fg_comm *c, shm_state *s, const fg__comm_args *a, int q,
                             _Atomic uint32_t *w, _Atomic uint32_t *sleepers, uint32_t target,
                             const char *what) {
     if (reached(atomic_load_explicit(w, memory_order_acquire), target)) return FG_OK;
@@ -209,7 +209,7 @@ fg_status fg__shm_wait_word(fg_comm *c, shm_state *s, const fg_comm_args *a, int
 
 static const char *const k_word_names[3] = {"input", "reduced slice", "completion"};
 
-fg_status fg__shm_wait_all(fg_comm *c, shm_state *s, const fg_comm_args *a, int which,
+fg_status fg__shm_wait_all(fg_comm *c, shm_state *s, const fg__comm_args *a, int which,
                            uint32_t target, int only) {
     for (int q = 0; q < s->n; q++) {
         if (q == s->me || (only >= 0 && q != only)) continue;

@@ -26,7 +26,7 @@
  * is not one of its names (fg_cpu_isa() then runs at the CPU's best). The
  * ops kernels report it this way; the optimizer and collectives, which
  * cannot fail, use fg_cpu_isa(). */
-fg_status fg__cpu_isa_checked(fg_isa *isa);
+FG_MUST_USE fg_status fg__cpu_isa_checked(fg_isa *isa);
 
 /* _Pragma takes one string literal, however long: */
 /* clang-format off */

@@ -2,6 +2,7 @@
  * calls, streams and events. Memory bookkeeping is in device_alloc.c, the
  * backends in device_cpu.c and device_guarded.c. */
 #include <ctype.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,18 +90,53 @@ static fg_status env_limit(size_t *out) {
     return FG_OK;
 }
 
+/* ---------------------------------------------------------------- backends */
+
+/* One backend a kind; a backend built in registers itself here, one line. */
+static const fg__dev_backend *const k_backends[FG_DEVICE_KIND_COUNT] = {
+    [FG_CPU] = &fg__dev_cpu_backend,
+    [FG_GUARDED] = &fg__dev_guarded_backend,
+#ifdef FULGUR_HAVE_CUDA
+    [FG_CUDA] = &fg__dev_cuda_backend,
+#endif
+};
+
+#define NO_CUDA                                                                                    \
+    "this build has no CUDA backend (configure with FULGUR_CUDA=ON on a machine with the CUDA "    \
+    "toolkit)"
+
+int fg_device_count(fg_device kind, char *why, size_t n) {
+    if (why && n) why[0] = '\0';
+    if ((int)kind < 0 || kind >= FG_DEVICE_KIND_COUNT) {
+        if (why && n) snprintf(why, n, "no such device kind (%d)", (int)kind);
+        return 0;
+    }
+    const fg__dev_backend *be = k_backends[kind];
+    if (!be) {
+        if (why && n) snprintf(why, n, NO_CUDA);
+        return 0;
+    }
+    if (be->device_count) {
+        char tmp[256] = "";
+        fg_error_kept kept; /* a question: the caller's error stays as it was */
+        fg_error_keep(&kept);
+        int c = be->device_count(tmp, sizeof tmp);
+        fg_error_restore(&kept);
+        if (c <= 0 && why && n) snprintf(why, n, "%s", tmp);
+        return c > 0 ? c : 0;
+    }
+    return kind == FG_CPU ? 1 : FG_DEVICE_INDEX_MAX + 1;
+}
+
 /* ------------------------------------------------------------ open/close */
 
 fg_dev *fg_dev_open(const char *name, const fg_dev_options *opt) {
     fg_device_id id;
     if (fg_device_parse(name, &id) != FG_OK) return NULL;
-    const fg__dev_backend *be = NULL;
-    if (id.kind == FG_CPU) be = &fg__dev_cpu_backend;
-    if (id.kind == FG_GUARDED) be = &fg__dev_guarded_backend;
+    const fg__dev_backend *be = k_backends[id.kind];
     if (!be) {
         fg_error(FG_EUNSUPPORTED,
-                 "device '%s': this build has no CUDA backend (configure with FULGUR_CUDA=ON on "
-                 "a machine with the CUDA toolkit); use cpu, or guarded to test that code is "
+                 "device '%s': " NO_CUDA "; use cpu, or guarded to test that code is "
                  "device-clean",
                  name);
         return NULL;
@@ -120,18 +156,27 @@ fg_dev *fg_dev_open(const char *name, const fg_dev_options *opt) {
         return NULL;
     }
     d->pid = getpid();
+    atomic_init(&d->refs, 1);
     pthread_mutex_init(&d->mu, NULL);
     fg__dev_alloc_init(d, &o, limit);
     for (int k = 0; k < 2; k++) d->streams[k] = (fg_stream){d, (fg_stream_kind)k, 0};
     return d;
 }
 
+void fg_dev_retain(fg_dev *d) {
+    if (d) atomic_fetch_add(&d->refs, 1);
+}
+
 void fg_dev_close(fg_dev *d) {
     if (!d) return;
+    if (atomic_fetch_sub(&d->refs, 1) > 1) return; /* another reference holds it */
     fg_error_kept kept; /* a _free never changes the caller's error (core.h) */
     fg_error_keep(&kept);
     bool owner = d->pid == getpid();
-    if (owner) fg_dev_synchronize(d);
+    /* a close has no caller to tell (core.h): the queued work's failure is
+     * logged, and the memory is released below all the same */
+    if (owner && fg_dev_synchronize(d) != FG_OK)
+        fg_log(FG_LOG_WARN, "device %s: synchronize at close: %s", d->name, fg_last_error());
     pthread_mutex_lock(&d->mu);
     if (owner && d->alloc.st.active_allocs) {
         char buf[512];
@@ -211,6 +256,7 @@ void fg_dev_reset_copy_stats(fg_dev *d) {
     fg_dev_memory_stats *s = &d->alloc.st;
     s->h2d_bytes = s->d2h_bytes = s->d2d_bytes = 0;
     s->h2d_copies = s->d2h_copies = s->d2d_copies = 0;
+    s->comm_h2d_bytes = s->comm_d2h_bytes = 0;
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -248,12 +294,15 @@ fg_status fg_dev_leak_check(fg_dev *d) {
 }
 
 void *fg_dev_host_alloc(fg_dev *d, size_t bytes) {
-    (void)d; /* cpu and guarded: plain host memory; a GPU backend pins it */
-    return fg_alloc(bytes);
+    if (d->be->host_alloc) return d->be->host_alloc(d->state, bytes); /* pinned */
+    return fg_alloc(bytes); /* cpu and guarded: plain host memory */
 }
 
 void fg_dev_host_free(fg_dev *d, void *ptr) {
-    (void)d;
+    if (d->be->host_free) {
+        if (ptr) d->be->host_free(d->state, ptr);
+        return;
+    }
     fg_free(ptr);
 }
 
@@ -310,6 +359,8 @@ static fg_status copy(fg_dev *d, void *dst, const void *src, size_t bytes, int d
     if (dir == H2D) st->h2d_bytes += bytes, st->h2d_copies++;
     if (dir == D2H) st->d2h_bytes += bytes, st->d2h_copies++;
     if (dir == D2D) st->d2d_bytes += bytes, st->d2d_copies++;
+    if (s->kind == FG_STREAM_COMM && dir == H2D) st->comm_h2d_bytes += bytes;
+    if (s->kind == FG_STREAM_COMM && dir == D2H) st->comm_d2h_bytes += bytes;
     pthread_mutex_unlock(&d->mu);
     s->work++;
     return FG_OK;
@@ -339,10 +390,78 @@ fg_status fg_dev_memset(fg_dev *d, void *dst, int value, size_t bytes, fg_stream
         return fg_error(FG_EINVAL, "device %s: memset on a stream of device %s", d->name,
                         s->dev->name);
     FG_TRY(fg__dev_check_process(d));
-    if (bytes) {
+    if (bytes && d->be->memset) {
+        FG_TRY(d->be->memset(d->state, dst, value, bytes, (int)s->kind));
+    } else if (bytes) {
         void *v = fg__dev_host_view(d, dst, bytes);
         if (!v) return fg_error_wrap(fg_last_status(), "memset");
         memset(v, value, bytes);
+    }
+    s->work++;
+    return FG_OK;
+}
+
+fg_status fg_dev_discard(fg_dev *d, void *dst, size_t bytes, bool zero, size_t *given) {
+    if (given) *given = 0;
+    FG_TRY(fg__dev_check_process(d));
+    if (!bytes) return FG_OK;
+    pthread_mutex_lock(&d->mu);
+    const fg__block *b = fg__dev_find_locked(d, dst, bytes);
+    pthread_mutex_unlock(&d->mu);
+    if (!b)
+        return fg_error(FG_EINVAL,
+                        "device %s: discard of [%p, +%zu bytes): not inside one live allocation",
+                        d->name, dst, bytes);
+    uintptr_t p0 = (uintptr_t)dst, p1 = p0 + bytes, q0 = p0, q1 = p0;
+    if (d->be->discard) {
+        uintptr_t ps = d->be->discard_page;
+        q0 = (p0 + ps - 1) & ~(ps - 1);
+        q1 = p1 & ~(ps - 1);
+        if (q1 <= q0) q0 = q1 = p0;
+    }
+    if (q1 > q0) {
+        FG_TRY(d->be->discard(d->state, (void *)q0, q1 - q0));
+        pthread_mutex_lock(&d->mu);
+        d->alloc.st.discarded_bytes += q1 - q0;
+        pthread_mutex_unlock(&d->mu);
+        if (given) *given = q1 - q0;
+    }
+    if (!zero) return FG_OK;
+    if (q1 > q0) {
+        FG_TRY(fg_dev_memset(d, dst, 0, q0 - p0, NULL));
+        return fg_dev_memset(d, (void *)q1, 0, p1 - q1, NULL);
+    }
+    return fg_dev_memset(d, dst, 0, bytes, NULL);
+}
+
+fg_status fg_dev_fill(fg_dev *d, void *dst, const void *pattern, size_t psize, size_t count,
+                      fg_stream *stream) {
+    fg_stream *s = stream ? stream : &d->streams[FG_STREAM_COMPUTE];
+    if (s->dev != d)
+        return fg_error(FG_EINVAL, "device %s: fill on a stream of device %s", d->name,
+                        s->dev->name);
+    if (!psize || psize > 16)
+        return fg_error(FG_EINVAL, "device %s: fill with a %zu-byte pattern (1 to 16)", d->name,
+                        psize);
+    FG_TRY(fg__dev_check_process(d));
+    if (count && d->be->fill) {
+        if (count > SIZE_MAX / psize)
+            return fg_error(FG_EINVAL, "device %s: fill of %zu x %zu bytes overflows", d->name,
+                            count, psize);
+        FG_TRY(d->be->fill(d->state, dst, pattern, psize, count, (int)s->kind));
+    } else if (count) {
+        if (count > SIZE_MAX / psize)
+            return fg_error(FG_EINVAL, "device %s: fill of %zu x %zu bytes overflows", d->name,
+                            count, psize);
+        char *v = fg__dev_host_view(d, dst, count * psize);
+        if (!v) return fg_error_wrap(fg_last_status(), "fill");
+        memcpy(v, pattern, psize);
+        /* doubling copies: log2(count) memcpys */
+        for (size_t have = 1; have < count;) {
+            size_t n = have <= count - have ? have : count - have;
+            memcpy(v + have * psize, v, n * psize);
+            have += n;
+        }
     }
     s->work++;
     return FG_OK;
@@ -358,6 +477,7 @@ uint64_t fg_stream_work_count(const fg_stream *s) { return s->work; }
 
 fg_status fg_stream_synchronize(fg_stream *s) {
     fg_dev *d = s->dev;
+    if (d->be->stream_synchronize) return d->be->stream_synchronize(d->state, (int)s->kind);
     return d->be->synchronize ? d->be->synchronize(d->state) : FG_OK;
 }
 
@@ -369,20 +489,30 @@ struct fg_event {
     fg_dev *dev;
     fg_stream *stream;
     uint64_t point;
+    void *be_event; /* the backend's event (cuda), NULL on immediate devices */
 };
 
 fg_event *fg_event_new(fg_dev *d) {
     fg_event *e = fg_calloc(1, sizeof *e);
     if (e) e->dev = d;
+    if (e && d->be->event_new && !(e->be_event = d->be->event_new(d->state))) {
+        fg_free(e);
+        return NULL;
+    }
     return e;
 }
 
-void fg_event_free(fg_event *e) { fg_free(e); }
+void fg_event_free(fg_event *e) {
+    if (e && e->be_event) e->dev->be->event_free(e->dev->state, e->be_event);
+    fg_free(e);
+}
 
 fg_status fg_event_record(fg_event *e, fg_stream *stream) {
     if (stream->dev != e->dev)
         return fg_error(FG_EINVAL, "event of device %s recorded on a stream of device %s",
                         e->dev->name, stream->dev->name);
+    if (e->be_event)
+        FG_TRY(e->dev->be->event_record(e->dev->state, e->be_event, (int)stream->kind));
     e->stream = stream;
     e->point = stream->work;
     stream->work++;
@@ -394,15 +524,19 @@ fg_status fg_stream_wait_event(fg_stream *stream, fg_event *e) {
         return fg_error(FG_EINVAL, "a stream of device %s waits on an event of device %s",
                         stream->dev->name, e->dev->name);
     /* immediate streams: the event's work is done already */
+    if (e->be_event && e->stream)
+        FG_TRY(e->dev->be->event_wait(e->dev->state, (int)stream->kind, e->be_event));
     stream->work++;
     return FG_OK;
 }
 
 bool fg_event_query(const fg_event *e) {
+    if (e->be_event && e->stream) return e->dev->be->event_query(e->dev->state, e->be_event);
     return !e->stream || e->stream->work > e->point; /* immediate: done at record */
 }
 
 fg_status fg_event_synchronize(fg_event *e) {
+    if (e->be_event && e->stream) return e->dev->be->event_synchronize(e->dev->state, e->be_event);
     return e->stream ? fg_stream_synchronize(e->stream) : FG_OK;
 }
 

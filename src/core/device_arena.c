@@ -30,7 +30,9 @@ fg_dev_arena *fg_dev_arena_new(fg_dev *d, size_t chunk_bytes) {
 static void drop_chunks(fg_dev_arena *a) {
     for (dchunk *c = a->head, *n; c; c = n) {
         n = c->next;
-        fg_dev_free(a->dev, c->base);
+        /* the chunk came from this device: a free fails only in a forked
+         * child, whose copy of the bookkeeping goes with it */
+        fg__status_drop(fg_dev_free(a->dev, c->base));
         fg_free(c);
     }
     a->head = NULL;
@@ -90,6 +92,23 @@ void fg_dev_arena_reset(fg_dev_arena *a) {
     for (dchunk *c = a->head; c; c = c->next) total += c->size;
     drop_chunks(a);
     a->head = chunk_new(a, total); /* on failure the next alloc starts afresh */
+}
+
+fg__dev_arena_mark fg__dev_arena_mark_get(const fg_dev_arena *a) {
+    return (fg__dev_arena_mark){a->head, a->head ? a->head->used : 0, a->used};
+}
+
+void fg__dev_arena_release(fg_dev_arena *a, fg__dev_arena_mark m) {
+    while (a->head && (void *)a->head != m.chunk) {
+        dchunk *c = a->head;
+        a->head = c->next;
+        /* the chunk came from this device: a free fails only in a forked
+         * child, whose copy of the bookkeeping goes with it */
+        fg__status_drop(fg_dev_free(a->dev, c->base));
+        fg_free(c);
+    }
+    if (a->head) a->head->used = m.chunk_used;
+    a->used = m.used;
 }
 
 size_t fg_dev_arena_used(const fg_dev_arena *a) { return a ? a->used : 0; }

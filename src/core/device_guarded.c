@@ -138,6 +138,17 @@ static void guarded_segment_free(void *state, void *ptr, size_t bytes) {
     }
 }
 
+/* Whole pages of the file punched out: they read zero in both views and
+ * cost no memory until written again. */
+static fg_status guarded_discard(void *state, void *p, size_t bytes) {
+    guarded *g = state;
+    size_t off = (size_t)((char *)p - g->dev);
+    if (fallocate(g->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)bytes))
+        return fg_error(FG_EIO, "guarded device: punching %zu bytes out of its memfd: %s", bytes,
+                        strerror(errno));
+    return FG_OK;
+}
+
 static void *guarded_host_view(void *state, const void *p) {
     guarded *g = state;
     const char *c = p;
@@ -155,4 +166,6 @@ const fg__dev_backend fg__dev_guarded_backend = {
     .segment_alloc = guarded_segment_alloc,
     .segment_free = guarded_segment_free,
     .host_view = guarded_host_view,
+    .discard = guarded_discard,
+    .discard_page = 4096,
 };

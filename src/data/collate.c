@@ -66,8 +66,8 @@ fg_tensor *fg_collate_tensor(fg_collate_out *out, const char *name, fg_dtype dt,
         fg_tensor_free(out->t[k]);
         out->t[k] = t;
         out->capb[k] = need;
-    } else {
-        fg__tensor_init_shape(out->t[k], dt, ndim, shape);
+    } else if (fg__tensor_init_shape(out->t[k], dt, ndim, shape) != FG_OK) {
+        return NULL;
     }
     out->n++;
     return out->t[k];

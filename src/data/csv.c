@@ -529,8 +529,7 @@ fail:
 
 fg_dataset *fg_csv_dataset_new(const char *path, const fg_csv_opts *o) {
     fg_dataset *ds;
-    fg__csv_dataset_open(path, o, &ds);
-    return ds;
+    return fg__csv_dataset_open(path, o, &ds) == FG_OK ? ds : NULL;
 }
 
 static const csv_ds *as_csv(const fg_dataset *ds) {

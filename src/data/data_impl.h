@@ -33,22 +33,27 @@ typedef struct fg__map {
  * most FG__MAP_READ_MAX bytes); FG_EIO naming the path and the system's
  * reason. */
 #define FG__MAP_READ_MAX ((size_t)1 << 30)
-fg_status fg__map_file(const char *path, fg__map *m);
+FG_MUST_USE fg_status fg__map_file(const char *path, fg__map *m);
 void fg__unmap(fg__map *m);
 
 /* Checks a spec (dtype, ndim, shape) and computes its bytes; FG_EINVAL
  * naming `what` ("x", "y") and `who` (dataset name). */
-fg_status fg__spec_check(const fg_sample_spec *s, const char *who, const char *what, size_t *bytes);
+FG_MUST_USE fg_status fg__spec_check(const fg_sample_spec *s, const char *who, const char *what,
+                                     size_t *bytes);
 
 /* The file datasets' constructors with their status (the public _new
  * functions return NULL and leave only the message): *out is the dataset or
  * NULL. Tests use them to check the exact status. */
-fg_status fg__text_dataset_open(const char *path, int64_t ctx, const fg_text_vocab *vocab,
-                                fg_dataset **out);
-fg_status fg__token_dataset_open(const char *path, int64_t ctx, int64_t vocab, fg_dataset **out);
-fg_status fg__npy_dataset_open(const char *x_path, const char *y_path, fg_dataset **out);
-fg_status fg__idx_dataset_open(const char *images_path, const char *labels_path, fg_dataset **out);
-fg_status fg__csv_dataset_open(const char *path, const fg_csv_opts *o, fg_dataset **out);
+FG_MUST_USE fg_status fg__text_dataset_open(const char *path, int64_t ctx,
+                                            const fg_text_vocab *vocab, fg_dataset **out);
+FG_MUST_USE fg_status fg__token_dataset_open(const char *path, int64_t ctx, int64_t vocab,
+                                             fg_dataset **out);
+FG_MUST_USE fg_status fg__npy_dataset_open(const char *x_path, const char *y_path,
+                                           fg_dataset **out);
+FG_MUST_USE fg_status fg__idx_dataset_open(const char *images_path, const char *labels_path,
+                                           fg_dataset **out);
+FG_MUST_USE fg_status fg__csv_dataset_open(const char *path, const fg_csv_opts *o,
+                                           fg_dataset **out);
 
 /* A fields dataset: the user's table, and an fg_dataset whose x is one
  * packed sample (FG_U8, rec bytes): nfields int64 lengths, then field k's
@@ -83,6 +88,13 @@ void fg__collate_out_free(fg_collate_out *out);
 /* How many times the loader was repositioned (set_epoch, reset,
  * set_position, set_sampler): a loader above it sees that it moved. */
 uint64_t fg__dataloader_moves(const fg_dataloader *dl);
+/* Makes fg_dataloader_next on dl (a fields loader's own) go through fl's
+ * collate, and fg_dataloader_status tell its failure (fields_loader.c). */
+void fg__dataloader_set_fields(fg_dataloader *dl, fg_fields_loader *fl);
+/* fg_dataloader_next of the loader's own samples (no collate). */
+fg_batch *fg__dataloader_next_samples(fg_dataloader *dl);
+/* fl's collate failure, FG_OK when none is pending. */
+fg_status fg__fields_loader_collate_status(const fg_fields_loader *fl);
 
 /* A stream and one shard of it: every `step`-th sample of an epoch's
  * stream from `first` on (fg__shard_next; x == NULL passes over one).
@@ -104,12 +116,12 @@ typedef struct fg__shard {
     void *scratch; /* x then y, for a stream without skip */
 } fg__shard;
 
-fg_status fg__shard_open(const fg_stream *s, fg__shard *sh, int64_t epoch, int64_t first,
-                         int64_t step);
+FG_MUST_USE fg_status fg__shard_open(const fg_stream *s, fg__shard *sh, int64_t epoch,
+                                     int64_t first, int64_t step);
 /* The shard's next sample into x, y (NULL: passed over), its stream index
  * in *index; *got false at the end. */
-fg_status fg__shard_next(const fg_stream *s, fg__shard *sh, void *x, void *y, int64_t *index,
-                         bool *got);
+FG_MUST_USE fg_status fg__shard_next(const fg_stream *s, fg__shard *sh, void *x, void *y,
+                                     int64_t *index, bool *got);
 void fg__shard_close(const fg_stream *s, fg__shard *sh);
 
 /* Little-endian reads that never assume alignment. */

@@ -2,7 +2,9 @@
  * samples (so samplers, workers, resume and DDP's set_sampler are the
  * loader's own), and a collate function run on each batch as the caller
  * takes it. A collate failure is remembered with the sample loader's
- * count of repositionings: until that count moves, next() repeats it. */
+ * count of repositionings: until that count moves, next() repeats it. The
+ * sample loader's own next goes through here (fg__dataloader_set_fields),
+ * so the Trainer and the Fabric take it as any loader. */
 #include <stdio.h>
 #include <string.h>
 
@@ -40,6 +42,7 @@ fg_fields_loader *fg_fields_loader_new(fg_fields_dataset *fd, const fg_fields_lo
     int64_t B = o->loader.batch ? o->loader.batch : 1;
     fl->dl = fg_dataloader_new(fd->packed, &o->loader);
     if (!fl->dl) goto fail;
+    fg__dataloader_set_fields(fl->dl, fl);
     fl->views = fg_calloc((size_t)B * (size_t)fd->nfields, sizeof *fl->views);
     if (!fl->views) goto fail;
     return fl;
@@ -70,7 +73,7 @@ fg_fields_batch *fg_fields_loader_next(fg_fields_loader *fl) {
         }
         fl->st = FG_OK;
     }
-    fg_batch *ib = fg_dataloader_next(fl->dl);
+    fg_batch *ib = fg__dataloader_next_samples(fl->dl);
     if (!ib) return NULL;
     const fg_fields_dataset *fd = fl->fd;
     const uint8_t *rec = fg_tensor_data(ib->x);
@@ -98,6 +101,11 @@ fg_fields_batch *fg_fields_loader_next(fg_fields_loader *fl) {
         .indices = ib->indices,
     };
     return &fl->b;
+}
+
+fg_status fg__fields_loader_collate_status(const fg_fields_loader *fl) {
+    /* a repositioning since clears it, as next() does */
+    return fl->st != FG_OK && fg__dataloader_moves(fl->dl) == fl->fail_moves ? fl->st : FG_OK;
 }
 
 fg_status fg_fields_loader_status(const fg_fields_loader *fl) {

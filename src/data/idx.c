@@ -133,6 +133,5 @@ fail:
 
 fg_dataset *fg_idx_dataset_new(const char *images_path, const char *labels_path) {
     fg_dataset *ds = NULL;
-    fg__idx_dataset_open(images_path, labels_path, &ds);
-    return ds;
+    return fg__idx_dataset_open(images_path, labels_path, &ds) == FG_OK ? ds : NULL;
 }

@@ -69,6 +69,16 @@ struct fg_dataloader {
     bool stop, failed, pausing;
     int busy;
     int64_t next_fill, released;
+
+    /* a fields loader's own: next collates through it (which reads the
+     * samples with fg__dataloader_next_samples) */
+    fg_fields_loader *fields;
+    fg_batch fb;
+
+    /* fg_dataloader_from_stream: every call goes to the stream loader */
+    fg_stream *stream;
+    fg_stream_loader *sl;
+    fg_stream_loader_opts sopts;
 };
 
 static _Thread_local const fg_worker_info *tl_info;
@@ -83,9 +93,9 @@ static fg_status fill(fg_dataloader *dl, slot *s, int64_t k, int worker_id) {
     if (s->x->shape[0] != size) {
         int64_t shape[FG_MAX_DIMS] = {size};
         memcpy(shape + 1, ds->x.shape, (size_t)ds->x.ndim * sizeof(int64_t));
-        fg__tensor_init_shape(s->x, ds->x.dtype, ds->x.ndim + 1, shape);
+        FG_TRY(fg__tensor_init_shape(s->x, ds->x.dtype, ds->x.ndim + 1, shape));
         memcpy(shape + 1, ds->y.shape, (size_t)ds->y.ndim * sizeof(int64_t));
-        fg__tensor_init_shape(s->y, ds->y.dtype, ds->y.ndim + 1, shape);
+        FG_TRY(fg__tensor_init_shape(s->y, ds->y.dtype, ds->y.ndim + 1, shape));
     }
     int rank = fg_sampler_rank(dl->sampler);
     uint64_t sroot = fg_rng_derive(dl->opts.seed ^ 0x53414D504C45ULL, (uint64_t)dl->epoch);
@@ -218,6 +228,10 @@ static void reposition(fg_dataloader *dl, int64_t epoch, int64_t batch, int64_t 
 
 fg_status fg_dataloader_set_position(fg_dataloader *dl, int64_t epoch, int64_t batch) {
     if (!dl) return fg_error(FG_EINVAL, "fg_dataloader_set_position: NULL loader");
+    if (dl->sl) {
+        dl->moves++;
+        return fg_stream_loader_set_position(dl->sl, epoch, batch);
+    }
     if (epoch < 0)
         return fg_error(FG_EINVAL, "dataloader: epoch %lld (must be >= 0)", (long long)epoch);
     if (batch < 0 || batch > dl->nbatches)
@@ -241,7 +255,9 @@ fg_status fg_dataloader_set_epoch(fg_dataloader *dl, int64_t epoch) {
 
 fg_status fg_dataloader_reset(fg_dataloader *dl) {
     if (!dl) return fg_error(FG_EINVAL, "fg_dataloader_reset: NULL loader");
-    return fg_dataloader_set_position(dl, dl->epoch, 0);
+    int64_t epoch = dl->epoch;
+    if (dl->sl) fg_stream_loader_position(dl->sl, &epoch, NULL);
+    return fg_dataloader_set_position(dl, epoch, 0);
 }
 
 fg_status fg_dataloader_set_sampler(fg_dataloader *dl, fg_sampler *s) {
@@ -252,6 +268,14 @@ fg_status fg_dataloader_set_sampler(fg_dataloader *dl, fg_sampler *s) {
     if (!s) /* keeps the message of the sampler constructor that failed */
         return fg_error_wrap(fg_last_status() ? fg_last_status() : FG_EINVAL,
                              "fg_dataloader_set_sampler: NULL sampler");
+    if (dl->sl) {
+        fg_sampler_free(s);
+        return fg_error(FG_EUNSUPPORTED,
+                        "dataloader over stream \"%s\": a stream takes no sampler (its samples "
+                        "come in their order); it is split by rank by fg_dataloader_split_stream "
+                        "(fg_fabric_setup_dataloader does it)",
+                        dl->stream->name);
+    }
     int64_t *order = NULL;
     fg_status st = make_order(dl, s, dl->epoch, &order);
     if (st != FG_OK) {
@@ -263,17 +287,39 @@ fg_status fg_dataloader_set_sampler(fg_dataloader *dl, fg_sampler *s) {
 }
 
 void fg_dataloader_position(const fg_dataloader *dl, int64_t *epoch, int64_t *batch) {
+    if (dl->sl) {
+        fg_stream_loader_position(dl->sl, epoch, batch);
+        return;
+    }
     if (epoch) *epoch = dl->epoch;
     if (batch) *batch = dl->cur;
 }
 
+static int world_of(const fg_dataloader *dl) {
+    if (dl->sl) return dl->sopts.world ? dl->sopts.world : 1;
+    return fg_sampler_world(dl->sampler);
+}
+
 void fg_dataloader_sample_position(const fg_dataloader *dl, int64_t *epoch, int64_t *samples) {
-    if (epoch) *epoch = dl->epoch;
-    if (samples) *samples = dl->cur * dl->B * (int64_t)fg_sampler_world(dl->sampler);
+    int64_t e = dl->epoch, cur = dl->cur;
+    if (dl->sl) fg_stream_loader_position(dl->sl, &e, &cur);
+    if (epoch) *epoch = e;
+    if (samples) *samples = cur * dl->B * (int64_t)world_of(dl);
 }
 
 fg_status fg_dataloader_set_sample_position(fg_dataloader *dl, int64_t epoch, int64_t samples) {
     if (!dl) return fg_error(FG_EINVAL, "fg_dataloader_set_sample_position: NULL loader");
+    if (dl->sl) { /* batches of every rank: the same split resumes at a batch */
+        int64_t step = dl->B * (int64_t)world_of(dl);
+        if (samples < 0 || samples % step != 0)
+            return fg_error(FG_EINVAL,
+                            "dataloader over stream \"%s\": %lld samples into epoch %lld is no "
+                            "position of batch %lld on %d rank%s: a stream resumes with the batch "
+                            "size and world size it was saved with",
+                            dl->stream->name, (long long)samples, (long long)epoch,
+                            (long long)dl->B, world_of(dl), world_of(dl) == 1 ? "" : "s");
+        return fg_dataloader_set_position(dl, epoch, samples / step);
+    }
     int world = fg_sampler_world(dl->sampler);
     int64_t step = dl->B * (int64_t)world;
     if (samples < 0 || samples % step != 0 || samples / step > dl->nbatches)
@@ -298,6 +344,24 @@ fg_batch *fg_dataloader_next(fg_dataloader *dl) {
         fg_error(FG_EINVAL, "fg_dataloader_next: NULL loader");
         return NULL;
     }
+    if (dl->sl) return fg_stream_loader_next(dl->sl);
+    if (dl->fields) {
+        fg_fields_batch *fb = fg_fields_loader_next(dl->fields);
+        if (!fb) return NULL;
+        dl->fb = (fg_batch){.x = fb->nfields > 0 ? fb->tensors[0] : NULL,
+                            .y = fb->nfields > 1 ? fb->tensors[1] : NULL,
+                            .size = fb->size,
+                            .valid = fb->valid,
+                            .epoch = fb->epoch,
+                            .index = fb->index,
+                            .indices = fb->indices,
+                            .fields = fb};
+        return &dl->fb;
+    }
+    return fg__dataloader_next_samples(dl);
+}
+
+fg_batch *fg__dataloader_next_samples(fg_dataloader *dl) {
     if (dl->status != FG_OK) return failed(dl);
     if (!dl->nworkers) {
         if (dl->cur >= dl->nbatches) return NULL;
@@ -332,9 +396,24 @@ fg_batch *fg_dataloader_next(fg_dataloader *dl) {
 }
 
 uint64_t fg__dataloader_moves(const fg_dataloader *dl) { return dl->moves; }
-fg_status fg_dataloader_status(const fg_dataloader *dl) { return dl ? dl->status : FG_EINVAL; }
-int64_t fg_dataloader_len(const fg_dataloader *dl) { return dl->nbatches; }
-int64_t fg_dataloader_num_samples(const fg_dataloader *dl) { return dl->n; }
+void fg__dataloader_set_fields(fg_dataloader *dl, fg_fields_loader *fl) { dl->fields = fl; }
+
+fg_status fg_dataloader_status(const fg_dataloader *dl) {
+    if (dl && dl->sl) return fg_stream_loader_status(dl->sl);
+    if (dl && dl->fields) {
+        fg_status cs = fg__fields_loader_collate_status(dl->fields);
+        if (cs != FG_OK) return cs;
+    }
+    return dl ? dl->status : FG_EINVAL;
+}
+int64_t fg_dataloader_len(const fg_dataloader *dl) {
+    return dl->sl ? fg_stream_loader_len(dl->sl) : dl->nbatches;
+}
+int64_t fg_dataloader_num_samples(const fg_dataloader *dl) {
+    if (!dl->sl) return dl->n;
+    int64_t len = dl->stream->ops.len ? dl->stream->ops.len(dl->stream->ud) : -1;
+    return len < 0 ? -1 : (len + world_of(dl) - 1) / world_of(dl);
+}
 fg_dataset *fg_dataloader_dataset(const fg_dataloader *dl) { return dl->ds; }
 const fg_loader_opts *fg_dataloader_opts(const fg_dataloader *dl) { return &dl->opts; }
 const fg_sampler *fg_dataloader_sampler(const fg_dataloader *dl) { return dl->sampler; }
@@ -422,10 +501,64 @@ fail:
     return NULL;
 }
 
+/* ------------------------------------------------------------ streams */
+
+fg_dataloader *fg_dataloader_from_stream(fg_stream *s, const fg_stream_loader_opts *o) {
+    if (!s) {
+        fg_error(FG_EINVAL, "fg_dataloader_from_stream: NULL stream");
+        return NULL;
+    }
+    fg_dataloader *dl = fg_calloc(1, sizeof *dl);
+    if (!dl) {
+        fg_error(FG_ENOMEM, "fg_dataloader_from_stream");
+        return NULL;
+    }
+    dl->stream = s;
+    dl->sopts = o ? *o : (fg_stream_loader_opts){0};
+    dl->B = dl->sopts.batch > 0 ? dl->sopts.batch : 1;
+    dl->opts = (fg_loader_opts){.batch = dl->B,
+                                .drop_last = dl->sopts.drop_last,
+                                .num_workers = dl->sopts.num_workers,
+                                .prefetch = dl->sopts.prefetch};
+    if (!(dl->sl = fg_stream_loader_new(s, &dl->sopts))) {
+        fg_free(dl);
+        return NULL;
+    }
+    return dl;
+}
+
+bool fg_dataloader_is_stream(const fg_dataloader *dl) { return dl && dl->sl; }
+
+bool fg_dataloader_len_known(const fg_dataloader *dl) {
+    return dl && (!dl->sl || (dl->stream->ops.len && dl->stream->ops.len(dl->stream->ud) >= 0));
+}
+
+fg_status fg_dataloader_split_stream(fg_dataloader *dl, int rank, int world) {
+    if (!dl || !dl->sl)
+        return fg_error(FG_EINVAL, "fg_dataloader_split_stream: %s",
+                        dl ? "the loader is not over a stream" : "NULL loader");
+    fg_stream_loader_opts o = dl->sopts;
+    o.rank = rank;
+    o.world = world;
+    fg_stream_loader *fresh = fg_stream_loader_new(dl->stream, &o);
+    if (!fresh) return fg_last_status();
+    fg_stream_loader_free(dl->sl);
+    dl->sl = fresh;
+    dl->sopts = o;
+    dl->moves++;
+    return FG_OK;
+}
+
 void fg_dataloader_free(fg_dataloader *dl) {
     if (!dl) return;
     fg_error_kept kept; /* a _free never changes the caller's error (core.h) */
     fg_error_keep(&kept);
+    if (dl->sl) {
+        fg_stream_loader_free(dl->sl);
+        fg_free(dl);
+        fg_error_restore(&kept);
+        return;
+    }
     if (dl->sync_init) {
         pthread_mutex_lock(&dl->mu);
         dl->stop = true;

@@ -375,6 +375,5 @@ fail:
 
 fg_dataset *fg_npy_dataset_new(const char *x_path, const char *y_path) {
     fg_dataset *ds = NULL;
-    fg__npy_dataset_open(x_path, y_path, &ds);
-    return ds;
+    return fg__npy_dataset_open(x_path, y_path, &ds) == FG_OK ? ds : NULL;
 }

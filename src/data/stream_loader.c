@@ -80,9 +80,9 @@ static fg_status fill(fg_stream_loader *l, sworker *w, sslot *slot, bool skip, i
     if (!skip && j > 0) {
         int64_t shape[FG_MAX_DIMS] = {j};
         memcpy(shape + 1, s->x.shape, (size_t)s->x.ndim * sizeof(int64_t));
-        fg__tensor_init_shape(slot->x, s->x.dtype, s->x.ndim + 1, shape);
+        FG_TRY(fg__tensor_init_shape(slot->x, s->x.dtype, s->x.ndim + 1, shape));
         memcpy(shape + 1, s->y.shape, (size_t)s->y.ndim * sizeof(int64_t));
-        fg__tensor_init_shape(slot->y, s->y.dtype, s->y.ndim + 1, shape);
+        FG_TRY(fg__tensor_init_shape(slot->y, s->y.dtype, s->y.ndim + 1, shape));
     }
     return FG_OK;
 }

@@ -359,6 +359,5 @@ fail:
 
 fg_dataset *fg_text_dataset_new(const char *path, int64_t ctx, const fg_text_vocab *vocab) {
     fg_dataset *ds = NULL;
-    fg__text_dataset_open(path, ctx, vocab, &ds);
-    return ds;
+    return fg__text_dataset_open(path, ctx, vocab, &ds) == FG_OK ? ds : NULL;
 }

@@ -134,6 +134,5 @@ fail:
 
 fg_dataset *fg_token_dataset_new(const char *path, int64_t ctx, int64_t vocab) {
     fg_dataset *ds = NULL;
-    fg__token_dataset_open(path, ctx, vocab, &ds);
-    return ds;
+    return fg__token_dataset_open(path, ctx, vocab, &ds) == FG_OK ? ds : NULL;
 }

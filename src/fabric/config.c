@@ -52,8 +52,8 @@ fg_fabric *fg_fabric_new(const fg_fabric_config *cfg) {
     if (fg_strategy_check_ddp(&f->cfg.ddp) != FG_OK) goto fail;
     if ((unsigned)f->cfg.sharded.state_dict_type >= FG_STATE_DICT_COUNT) {
         fg_error(FG_EINVAL,
-                 "sharded.state_dict_type = %d: expected FG_STATE_DICT_FULL or "
-                 "FG_STATE_DICT_SHARDED",
+                 "sharded.state_dict_type = %d: expected FG_STATE_DICT_AUTO, "
+                 "FG_STATE_DICT_FULL or FG_STATE_DICT_SHARDED",
                  (int)f->cfg.sharded.state_dict_type);
         goto fail;
     }
@@ -103,9 +103,16 @@ void fg_fabric_free(fg_fabric *f) {
     fg_free(f->spawn_blob);
     fg_free(f->loaded_meta);
     fg_scaler_free(f->scaler);
+    if (f->dev) { /* the model and optimizer hold their own references */
+        /* back to host step tensors: setting no device cannot fail */
+        if (fg_step_device() == f->dev) fg__status_drop(fg_step_device_set(NULL));
+        fg_dev_close(f->dev);
+    }
     fg_free(f);
     fg_error_restore(&kept);
 }
+
+fg_dev *fg_fabric_device(const fg_fabric *f) { return f ? f->dev : NULL; }
 
 const fg_launch_plan *fg_fabric_plan(const fg_fabric *f) { return &f->plan; }
 fg_dtype fg_fabric_dtype(const fg_fabric *f) { return f->dtype; }

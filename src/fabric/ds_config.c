@@ -14,7 +14,14 @@
  * is nothing to partition, and on a CPU nothing to move: docs/sharding.md),
  * contiguous_memory_optimization is what the step arena always does (and
  * needs partition_activations, as in DeepSpeed), and
- * synchronize_checkpoint_boundary has nothing to wait for on a CPU. */
+ * synchronize_checkpoint_boundary has nothing to wait for on a CPU.
+ *
+ * The optimizer ("Adam", "AdamW") and scheduler ("WarmupLR",
+ * "WarmupDecayLR", "WarmupCosineLR") sections are honoured through
+ * fg_deepspeed_train_read: the program builds the optimizer from them
+ * (fg_deepspeed_optimizer_new) and sets the lr of each step
+ * (fg_deepspeed_lr_at, DeepSpeed's lr_schedules.py formulas). */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -38,9 +45,8 @@ static const key_info k_top[] = {
     {"fp16", "choose the precision (precision=\"16-mixed\", fulgur fit --precision)"},
     {"bf16", "choose the precision (precision=\"bf16-mixed\", fulgur fit --precision)"},
     {"amp", "choose the precision (fulgur fit --precision)"},
-    {"optimizer",
-     "build the optimizer in the program (fg_adamw_new; fulgur fit --optimizer, --lr)"},
-    {"scheduler", "set the learning rate in the program (fulgur fit --warmup-steps, --lr)"},
+    {"optimizer", NULL},
+    {"scheduler", NULL},
     {"activation_checkpointing", NULL},
     {"aio", "not read from the config file by this fulgur"},
     {"steps_per_print", "fulgur logs through its progress and loggers"},
@@ -256,6 +262,255 @@ static fg_status act_section(const char *path, json_t *root, fg_sharded_opts *ou
     return FG_OK;
 }
 
+/* ----------------------------------------- the optimizer and scheduler */
+
+static const key_info k_opt[] = {{"type", NULL}, {"params", NULL}};
+static const key_info k_adam[] = {
+    {"lr", NULL},
+    {"betas", NULL},
+    {"eps", NULL},
+    {"weight_decay", NULL},
+    {"adam_w_mode", NULL},
+    {"torch_adam", NULL},
+    {"bias_correction", NULL},
+    {"amsgrad", "use fg_adam_new with amsgrad in the program (fulgur fit --amsgrad)"},
+};
+static const key_info k_sched_params[] = {
+    {"warmup_min_lr", NULL}, {"warmup_max_lr", NULL},        {"warmup_num_steps", NULL},
+    {"warmup_type", NULL},   {"total_num_steps", NULL},      {"warmup_min_ratio", NULL},
+    {"cos_min_ratio", NULL}, {"last_batch_iteration", NULL},
+};
+
+static fg_status num_of(const char *path, const char *key, json_t *v, double lo, double *out) {
+    if (!json_is_number(v) || !(json_number_value(v) >= lo))
+        return fg_error(FG_EINVAL, "%s: \"%s\" must be a number >= %g", path, key, lo);
+    *out = json_number_value(v);
+    return FG_OK;
+}
+
+static fg_status steps_of(const char *path, const char *key, json_t *v, int64_t *out) {
+    double d = 0;
+    FG_TRY(num_of(path, key, v, 0, &d));
+    if (d != (double)(int64_t)d || d > 9e18)
+        return fg_error(FG_EINVAL, "%s: \"%s\" must be a whole number of steps", path, key);
+    *out = (int64_t)d;
+    return FG_OK;
+}
+
+static fg_status optimizer_section(const char *path, json_t *o, fg_deepspeed_train *out) {
+    if (!json_is_object(o)) return fg_error(FG_EINVAL, "%s: \"optimizer\" must be an object", path);
+    FG_TRY(check_keys(path, "optimizer.", o, k_opt, sizeof k_opt / sizeof k_opt[0]));
+    json_t *t = json_object_get(o, "type");
+    const char *type = json_is_string(t) ? json_string_value(t) : "";
+    bool adam = !strcmp(type, "Adam") || !strcmp(type, "adam");
+    bool adamw = !strcmp(type, "AdamW") || !strcmp(type, "adamw");
+    if (!adam && !adamw)
+        return fg_error(FG_EINVAL,
+                        "%s: \"optimizer.type\" = \"%s\": fulgur honours \"Adam\" and "
+                        "\"AdamW\"; build another optimizer in the program (fulgur fit "
+                        "--optimizer)",
+                        path, type);
+    out->has_optimizer = true;
+    /* DeepSpeed's Adam is FusedAdam with adam_w_mode true: decoupled decay */
+    out->decoupled = true;
+    out->lr = 1e-3, out->beta1 = 0.9, out->beta2 = 0.999, out->eps = 1e-8;
+    out->weight_decay = adamw ? 0.01 : 0;
+    json_t *p = json_object_get(o, "params");
+    if (!p) return FG_OK;
+    if (!json_is_object(p))
+        return fg_error(FG_EINVAL, "%s: \"optimizer.params\" must be an object", path);
+    FG_TRY(check_keys(path, "optimizer.params.", p, k_adam, sizeof k_adam / sizeof k_adam[0]));
+    json_t *v;
+    if ((v = json_object_get(p, "lr"))) FG_TRY(num_of(path, "optimizer.params.lr", v, 0, &out->lr));
+    if ((v = json_object_get(p, "eps")))
+        FG_TRY(num_of(path, "optimizer.params.eps", v, 0, &out->eps));
+    if ((v = json_object_get(p, "weight_decay")))
+        FG_TRY(num_of(path, "optimizer.params.weight_decay", v, 0, &out->weight_decay));
+    if ((v = json_object_get(p, "betas"))) {
+        if (!json_is_array(v) || json_array_size(v) != 2 || !json_is_number(json_array_get(v, 0)) ||
+            !json_is_number(json_array_get(v, 1)))
+            return fg_error(FG_EINVAL, "%s: \"optimizer.params.betas\" must be [beta1, beta2]",
+                            path);
+        out->beta1 = json_number_value(json_array_get(v, 0));
+        out->beta2 = json_number_value(json_array_get(v, 1));
+    }
+    const char *bools[] = {"adam_w_mode", "torch_adam", "bias_correction"};
+    for (int i = 0; i < 3; i++)
+        if ((v = json_object_get(p, bools[i])) && !json_is_boolean(v))
+            return fg_error(FG_EINVAL, "%s: \"optimizer.params.%s\" must be true or false", path,
+                            bools[i]);
+    if ((v = json_object_get(p, "adam_w_mode")) && adam) out->decoupled = json_is_true(v);
+    if ((v = json_object_get(p, "bias_correction")) && json_is_false(v))
+        return fg_error(FG_EINVAL,
+                        "%s: \"optimizer.params.bias_correction\": false is not "
+                        "honoured by fulgur: its Adam always corrects the bias (as "
+                        "PyTorch's)",
+                        path);
+    return FG_OK;
+}
+
+static fg_status scheduler_section(const char *path, json_t *o, fg_deepspeed_train *out) {
+    if (!json_is_object(o)) return fg_error(FG_EINVAL, "%s: \"scheduler\" must be an object", path);
+    FG_TRY(check_keys(path, "scheduler.", o, k_opt, sizeof k_opt / sizeof k_opt[0]));
+    json_t *t = json_object_get(o, "type");
+    const char *type = json_is_string(t) ? json_string_value(t) : "";
+    static const char *const names[] = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"};
+    out->sched = FG_DS_SCHED_NONE;
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(type, names[i])) out->sched = (fg_ds_sched_kind)(i + 1);
+    if (out->sched == FG_DS_SCHED_NONE) {
+        const char *best = names[0];
+        int bd = 99;
+        for (int i = 0; i < 3; i++) {
+            int d = distance(type, names[i]);
+            if (d < bd) bd = d, best = names[i];
+        }
+        return fg_error(FG_EINVAL,
+                        "%s: \"scheduler.type\" = \"%s\": fulgur honours WarmupLR, "
+                        "WarmupDecayLR and WarmupCosineLR (the nearest is %s); OneCycle and "
+                        "LRRangeTest: set the scheduler in the program",
+                        path, type, best);
+    }
+    /* DeepSpeed's defaults */
+    out->warmup_min_lr = 0, out->warmup_max_lr = 1e-3, out->warmup_num_steps = 1000;
+    out->warmup_linear = false, out->total_num_steps = 0;
+    out->warmup_min_ratio = 0, out->cos_min_ratio = 1e-4;
+    json_t *p = json_object_get(o, "params");
+    if (p && !json_is_object(p))
+        return fg_error(FG_EINVAL, "%s: \"scheduler.params\" must be an object", path);
+    if (p)
+        FG_TRY(check_keys(path, "scheduler.params.", p, k_sched_params,
+                          sizeof k_sched_params / sizeof k_sched_params[0]));
+    json_t *v;
+    bool cosine = out->sched == FG_DS_WARMUP_COSINE_LR;
+    /* which keys each type takes: the others are errors naming them */
+    const char *const own[] = {cosine ? "warmup_min_ratio" : "warmup_min_lr",
+                               cosine ? "cos_min_ratio" : "warmup_max_lr"};
+    const char *const other[] = {cosine ? "warmup_min_lr" : "warmup_min_ratio",
+                                 cosine ? "warmup_max_lr" : "cos_min_ratio"};
+    for (int i = 0; p && i < 2; i++)
+        if (json_object_get(p, other[i]))
+            return fg_error(FG_EINVAL,
+                            "%s: \"scheduler.params.%s\" is not a parameter of %s (it takes "
+                            "%s)",
+                            path, other[i], type, own[i]);
+    if (p && (v = json_object_get(p, "warmup_min_lr")))
+        FG_TRY(num_of(path, "scheduler.params.warmup_min_lr", v, 0, &out->warmup_min_lr));
+    if (p && (v = json_object_get(p, "warmup_max_lr")))
+        FG_TRY(num_of(path, "scheduler.params.warmup_max_lr", v, 0, &out->warmup_max_lr));
+    if (p && (v = json_object_get(p, "warmup_min_ratio")))
+        FG_TRY(num_of(path, "scheduler.params.warmup_min_ratio", v, 0, &out->warmup_min_ratio));
+    if (p && (v = json_object_get(p, "cos_min_ratio")))
+        FG_TRY(num_of(path, "scheduler.params.cos_min_ratio", v, 0, &out->cos_min_ratio));
+    if (p && (v = json_object_get(p, "warmup_num_steps")))
+        FG_TRY(steps_of(path, "scheduler.params.warmup_num_steps", v, &out->warmup_num_steps));
+    if (p && (v = json_object_get(p, "total_num_steps")))
+        FG_TRY(steps_of(path, "scheduler.params.total_num_steps", v, &out->total_num_steps));
+    if (p && (v = json_object_get(p, "last_batch_iteration"))) {
+        if (!json_is_integer(v) || json_integer_value(v) != -1)
+            return fg_error(FG_EINVAL,
+                            "%s: \"scheduler.params.last_batch_iteration\": only -1 (a fresh "
+                            "start) is honoured: a resumed run takes its step from the checkpoint",
+                            path);
+    }
+    if (p && (v = json_object_get(p, "warmup_type"))) {
+        const char *w = json_is_string(v) ? json_string_value(v) : "";
+        if (strcmp(w, "log") && strcmp(w, "linear"))
+            return fg_error(FG_EINVAL,
+                            "%s: \"scheduler.params.warmup_type\" = \"%s\": expected \"log\" or "
+                            "\"linear\"",
+                            path, w);
+        out->warmup_linear = !strcmp(w, "linear");
+    }
+    if (out->sched != FG_DS_WARMUP_LR && out->total_num_steps == 0)
+        return fg_error(FG_EINVAL, "%s: \"scheduler.params.total_num_steps\" is required by %s",
+                        path, type);
+    if (out->sched != FG_DS_WARMUP_LR && out->total_num_steps <= out->warmup_num_steps && cosine)
+        return fg_error(FG_EINVAL,
+                        "%s: \"scheduler.params.total_num_steps\" (%lld) must be more than "
+                        "warmup_num_steps (%lld)",
+                        path, (long long)out->total_num_steps, (long long)out->warmup_num_steps);
+    /* DeepSpeed: warmup_num_steps = max(2, warmup_num_steps) */
+    if (out->warmup_num_steps < 2) out->warmup_num_steps = 2;
+    return FG_OK;
+}
+
+static fg_status train_sections(const char *path, json_t *root, fg_deepspeed_train *out) {
+    *out = (fg_deepspeed_train){0};
+    json_t *o = json_object_get(root, "optimizer");
+    if (o) FG_TRY(optimizer_section(path, o, out));
+    json_t *sc = json_object_get(root, "scheduler");
+    if (sc) FG_TRY(scheduler_section(path, sc, out));
+    return FG_OK;
+}
+
+/* DeepSpeed's lr_schedules.py, for iteration `step` (0-based; the schedulers
+ * step once at their construction, so optimizer step i uses iteration i). */
+double fg_deepspeed_lr_at(const fg_deepspeed_train *c, int64_t step) {
+    if (!c || c->sched == FG_DS_SCHED_NONE) return c ? c->lr : 0;
+    double it = (double)step, w = (double)c->warmup_num_steps;
+    double warm = c->warmup_linear ? it / w : log(it + 1) / log(w); /* inverse_log_warm_up */
+    if (c->sched == FG_DS_WARMUP_COSINE_LR) {
+        double ratio;
+        if (step < c->warmup_num_steps) {
+            ratio = c->warmup_min_ratio + warm * (1.0 - c->warmup_min_ratio);
+        } else {
+            double real_last = it - w + 1, real_total = (double)c->total_num_steps - w;
+            ratio = (1 + cos(M_PI * real_last / real_total)) / 2;
+            ratio = fmax(0.0, c->cos_min_ratio + (1.0 - c->cos_min_ratio) * ratio);
+        }
+        return c->lr * ratio;
+    }
+    double gamma = 1.0;
+    if (step < c->warmup_num_steps) gamma = warm;
+    else if (c->sched == FG_DS_WARMUP_DECAY_LR)
+        gamma = fmax(0.0,
+                     ((double)c->total_num_steps - it) / fmax(1.0, (double)c->total_num_steps - w));
+    return c->warmup_min_lr + (c->warmup_max_lr - c->warmup_min_lr) * gamma;
+}
+
+fg_optimizer *fg_deepspeed_optimizer_new(const fg_deepspeed_train *c, fg_module *m) {
+    if (!c || !c->has_optimizer) {
+        fg_error(FG_EINVAL, "deepspeed optimizer: the configuration has no optimizer section");
+        return NULL;
+    }
+    /* DeepSpeed decays every parameter of its one group */
+    if (c->decoupled)
+        return fg_adamw_new(m, &(fg_adamw_opts){.lr = c->lr,
+                                                .beta1 = c->beta1,
+                                                .beta2 = c->beta2,
+                                                .eps = c->eps,
+                                                .weight_decay = c->weight_decay,
+                                                .no_weight_decay = c->weight_decay == 0,
+                                                .decay_all = true});
+    return fg_adam_new(m, &(fg_adam_opts){.lr = c->lr,
+                                          .beta1 = c->beta1,
+                                          .beta2 = c->beta2,
+                                          .eps = c->eps,
+                                          .weight_decay = c->weight_decay});
+}
+
+fg_status fg_deepspeed_train_read(const char *path, fg_deepspeed_train *out) {
+    if (!path || !out) return fg_error(FG_EINVAL, "deepspeed config: NULL argument");
+    *out = (fg_deepspeed_train){0};
+    fg__st_json_init();
+    json_error_t err;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    if (!root) {
+        FILE *probe = fopen(path, "r");
+        if (!probe) return fg_error(FG_EIO, "deepspeed config %s: cannot read it (missing?)", path);
+        fclose(probe);
+        return fg_error(FG_EINVAL, "deepspeed config %s: not valid JSON: %s (line %d, column %d)",
+                        path, err.text, err.line, err.column);
+    }
+    fg_deepspeed_train t;
+    fg_status s = json_is_object(root) ? train_sections(path, root, &t)
+                                       : fg_error(FG_EINVAL, "%s: expected a JSON object", path);
+    json_decref(root);
+    if (s == FG_OK) *out = t;
+    return s;
+}
+
 static fg_status parse(const char *path, json_t *root, int *stage, fg_sharded_opts *out) {
     if (!json_is_object(root))
         return fg_error(FG_EINVAL, "%s: expected a JSON object (DeepSpeed's configuration)", path);
@@ -265,6 +520,8 @@ static fg_status parse(const char *path, json_t *root, int *stage, fg_sharded_op
         return fg_error(FG_EINVAL, "%s: \"zero_allow_untested_optimizer\" must be true or false",
                         path);
     FG_TRY(act_section(path, root, out));
+    fg_deepspeed_train train; /* checked here too: a bad section fails fg_fabric_new */
+    FG_TRY(train_sections(path, root, &train));
     json_t *zero = json_object_get(root, "zero_optimization");
     if (!zero) return FG_OK;
     if (!json_is_object(zero))

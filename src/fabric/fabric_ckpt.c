@@ -5,12 +5,13 @@
  * Rank 0 writes (atomically, ckpt layer); all ranks read. A load keeps the
  * file's metadata in the fabric (f->loaded_meta: one block, the fg_kv array
  * followed by the strings it points at) until the next successful load.
- * Under a sharding strategy the file is the same: rank 0 gathers the
- * optimizer state first, and each rank loads its shard's range of it
- * (fabric_shard.c). With state_dict_type sharded the save is a folder of a
- * file per rank and an index (fabric_save_sharded.c); fg_st_open reads
- * such a folder as one file, so the load below takes either. What a rank
- * holds comes from fg__fabric_held. */
+ * Under a sharding strategy the file is the same: rank 0 streams it,
+ * gathering the shards a window at a time (fabric_save_stream.c), and each
+ * rank loads its shard's range of it. With state_dict_type sharded (the
+ * default of the deepspeed strategies) the save is a folder of a file per
+ * rank and an index (fabric_save_sharded.c); fg_st_open reads such a
+ * folder as one file, so the load below takes either. What a rank holds
+ * comes from fg__fabric_held. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,7 @@ static const char *const k_own_keys[] = {"format",
                                          "samples_in_epoch",
                                          "global_batch",
                                          "deterministic",
+                                         "micro_batch",
                                          "save_id"};
 
 /* Checks st->meta before anything is written: every key non-empty, unique
@@ -57,6 +59,11 @@ static fg_status check_meta(const fg_kv *meta, int64_t n) {
         if (!meta[i].value)
             return fg_error(FG_EINVAL, "save: meta[%lld] (\"%.100s\") has a NULL value",
                             (long long)i, k);
+        if (!strcmp(k, "optimizers") || !strncmp(k, "optimizer.", 10))
+            return fg_error(FG_EINVAL,
+                            "save: meta key \"%.100s\" is the fabric's own (several "
+                            "optimizers' settings): rename it",
+                            k);
         for (size_t j = 0; j < sizeof k_own_keys / sizeof k_own_keys[0]; j++)
             if (!strcmp(k, k_own_keys[j]))
                 return fg_error(FG_EINVAL,
@@ -83,8 +90,8 @@ static fg_status add_param_views(fg_st_writer *w, fg_module *m, const char *pref
         const char *data =
             (const char *)fg_tensor_data(flat) + (size_t)fg_module_param_offset(m, i) * es;
         /* the buffer's dtype: an optimizer's f32 state beside bf16 parameters (bf16-true) */
-        FG_TRY(fg_st_writer_add(w, name, fg_tensor_dtype(flat), fg_tensor_ndim(p),
-                                fg_tensor_shape(p), data));
+        FG_TRY(fg_st_writer_add_on(w, name, fg_tensor_dtype(flat), fg_tensor_ndim(p),
+                                   fg_tensor_shape(p), data, fg_tensor_dev(flat)));
     }
     return FG_OK;
 }
@@ -124,6 +131,10 @@ fg_status fg__fabric_ckpt_meta(fg_fabric *f, const fg_train_state *st, fg_st_wri
         META("global_batch", num);
     }
     if (f->cfg.deterministic) META("deterministic", "true");
+    if (f->cfg.deterministic && f->micro_batch > 0) { /* what decides its bits */
+        snprintf(num, sizeof num, "%" PRId64, f->micro_batch);
+        META("micro_batch", num);
+    }
     if (st->optimizer) {
         snprintf(num, sizeof num, "%" PRId64, fg_optimizer_step_count(st->optimizer));
         META("optimizer_steps", num);
@@ -140,10 +151,81 @@ fg_status fg__fabric_ckpt_meta(fg_fabric *f, const fg_train_state *st, fg_st_wri
             META(key, num);
         }
     }
+    if (st->noptimizers > 0) {
+        snprintf(num, sizeof num, "%d", st->noptimizers);
+        META("optimizers", num);
+    }
+    for (int n = 0; n < st->noptimizers; n++) {
+        fg_optimizer *o = st->optimizers[n];
+        char key[64];
+        snprintf(key, sizeof key, "optimizer.%d.optimizer_steps", n);
+        snprintf(num, sizeof num, "%" PRId64, fg_optimizer_step_count(o));
+        META(key, num);
+        snprintf(key, sizeof key, "optimizer.%d.lr", n);
+        snprintf(num, sizeof num, "%.17g", fg_optimizer_lr(o));
+        META(key, num);
+        for (int g = 1; g < fg_optimizer_num_groups(o); g++) {
+            snprintf(key, sizeof key, "optimizer.%d.lr.%d", n, g);
+            snprintf(num, sizeof num, "%.17g", fg_optimizer_group_lr(o, g));
+            META(key, num);
+            snprintf(key, sizeof key, "optimizer.%d.weight_decay.%d", n, g);
+            snprintf(num, sizeof num, "%.17g", fg_optimizer_group_weight_decay(o, g));
+            META(key, num);
+        }
+    }
     if (s == FG_OK) s = fg__fabric_scaler_save(f, w);
     for (int64_t i = 0; i < st->nmeta; i++) META(st->meta[i].key, st->meta[i].value);
 #undef META
     return s;
+}
+
+/* st->optimizers: given with optimizer NULL, at most FG_FABRIC_MAX_OPTIMIZERS,
+ * each holding its whole state (no shard). */
+static fg_status check_many(const fg_train_state *st, const char *what) {
+    if (st->noptimizers == 0) return FG_OK;
+    if (st->noptimizers < 0 || st->noptimizers > FG_FABRIC_MAX_OPTIMIZERS || !st->optimizers ||
+        st->optimizer)
+        return fg_error(FG_EINVAL,
+                        "%s: noptimizers = %d with optimizers %s and optimizer %s: expected 1..%d "
+                        "optimizers in the array and optimizer NULL",
+                        what, st->noptimizers, st->optimizers ? "set" : "NULL",
+                        st->optimizer ? "set" : "NULL", FG_FABRIC_MAX_OPTIMIZERS);
+    for (int n = 0; n < st->noptimizers; n++) {
+        fg_optimizer *o = st->optimizers[n];
+        if (!o) return fg_error(FG_EINVAL, "%s: optimizers[%d] is NULL", what, n);
+        int64_t b, e, numel = fg_module_numel(fg_optimizer_module(o));
+        fg_optimizer_state_range(o, &b, &e);
+        if (b != 0 || e != numel)
+            return fg_error(FG_EUNSUPPORTED,
+                            "%s: optimizers[%d] holds [%lld, %lld) of its %lld state elements: "
+                            "several optimizers are checkpointed with whole states (single or "
+                            "ddp)",
+                            what, n, (long long)b, (long long)e, (long long)numel);
+        for (int k = 0; k < fg_optimizer_num_states(o); k++)
+            if (!fg_optimizer_state(o, k)) return fg_last_status();
+    }
+    return FG_OK;
+}
+
+/* The states of st->optimizers, "optimizer.N.<state>.<param>". */
+static fg_status add_many(fg_st_writer *w, const fg_train_state *st, char (**names)[256]) {
+    int64_t total = 0;
+    for (int n = 0; n < st->noptimizers; n++)
+        total += fg_module_num_params(fg_optimizer_module(st->optimizers[n])) *
+                 fg_optimizer_num_states(st->optimizers[n]);
+    if (!(*names = fg_calloc((size_t)total + 1, 256))) return FG_ENOMEM;
+    int64_t at = 0;
+    for (int n = 0; n < st->noptimizers; n++) {
+        fg_optimizer *o = st->optimizers[n];
+        fg_module *sub = fg_optimizer_module(o);
+        for (int k = 0; k < fg_optimizer_num_states(o); k++) {
+            char prefix[128];
+            snprintf(prefix, sizeof prefix, "optimizer.%d.%s.", n, fg_optimizer_state_name(o, k));
+            FG_TRY(add_param_views(w, sub, prefix, fg_optimizer_state(o, k), *names + at));
+            at += fg_module_num_params(sub);
+        }
+    }
+    return FG_OK;
 }
 
 /* params: the parameters gathered whole (stage 3), or NULL for the
@@ -166,17 +248,55 @@ static fg_status write_file(fg_fabric *f, const char *path, const fg_train_state
         fg_tensor *state = states[k] ? states[k] : fg_optimizer_state(st->optimizer, k);
         s = add_param_views(w, m, prefix, state, names + n * (k + 1));
     }
+    char(*many)[256] = NULL;
+    if (s == FG_OK && st->noptimizers > 0) s = add_many(w, st, &many);
+    /* the buffers (BatchNorm's running statistics), whole on every rank,
+     * after the parameters as in PyTorch's state_dict */
+    for (int64_t i = 0; i < fg_module_num_buffers(m) && s == FG_OK; i++) {
+        fg_tensor *b = fg_module_buffer(m, i);
+        s = fg_st_writer_add_on(w, fg_module_buffer_name(m, i), fg_tensor_dtype(b),
+                                fg_tensor_ndim(b), fg_tensor_shape(b), fg_tensor_data(b),
+                                fg_tensor_dev(b));
+    }
     if (s == FG_OK) s = fg__fabric_ckpt_meta(f, st, w);
     if (s == FG_OK) s = fg_st_writer_write(w, path);
     fg_st_writer_free(w);
     fg_free(names);
+    fg_free(many);
     return s;
+}
+
+/* Does this save write a folder? state_dict_type sharded, or auto under a
+ * kind whose row saves sharded (the deepspeed strategies, as DeepSpeed's
+ * checkpoints are folders of shards) with one optimizer or none. */
+static bool save_sharded(const fg_fabric *f, const fg_train_state *st) {
+    fg_state_dict_type t = f->cfg.sharded.state_dict_type;
+    if (t != FG_STATE_DICT_AUTO) return t == FG_STATE_DICT_SHARDED;
+    const fg_strategy_info *row = fg_strategy_info_of(f->plan.strategy);
+    return row && row->saves_sharded && st->noptimizers == 0;
 }
 
 fg_status fg_fabric_save(fg_fabric *f, const char *path, const fg_train_state *st) {
     if (!st || !st->model || !path) return fg_error(FG_EINVAL, "save: needs a path and a model");
-    if (f->cfg.sharded.state_dict_type == FG_STATE_DICT_SHARDED)
+    FG_TRY(check_many(st, "save"));
+    if (save_sharded(f, st)) {
+        if (st->noptimizers > 0)
+            return fg_error(FG_EUNSUPPORTED,
+                            "save: a sharded checkpoint (state_dict_type sharded) of %d "
+                            "optimizers: use state_dict_type full",
+                            st->noptimizers);
         return fg__fabric_save_sharded(f, path, st);
+    }
+    return fg__fabric_save_streamed(f, path, st);
+}
+
+/* The full save as it was before it streamed: rank 0 gathers the whole
+ * parameters (stage 3) and optimizer state, then writes. Kept as the
+ * reference the streamed save (fabric_save_stream.c) must equal byte for
+ * byte (tests/mp/test_fabric_ckpt_stream.c). */
+fg_status fg__fabric_save_gathered(fg_fabric *f, const char *path, const fg_train_state *st) {
+    if (!st || !st->model || !path) return fg_error(FG_EINVAL, "save: needs a path and a model");
+    FG_TRY(check_many(st, "save"));
     int nstates = st->optimizer ? fg_optimizer_num_states(st->optimizer) : 0;
     fg_tensor *full[FG_FABRIC_MAX_STATES] = {0};
     if (nstates > FG_FABRIC_MAX_STATES)
@@ -203,30 +323,14 @@ fg_status fg_fabric_save(fg_fabric *f, const char *path, const fg_train_state *s
     return FG_OK;
 }
 
-/* Copies elements [lo, hi) of entry k (a parameter of pn elements) into
- * dst: straight from the mapping when the dtypes agree, else through a
- * converted copy of the whole entry. */
-static fg_status read_part(fg_st_file *file, int64_t k, const fg_st_info *info, void *dst,
-                           fg_dtype dt, int64_t pn, int64_t lo, int64_t hi) {
-    size_t es = fg_dtype_size(dt);
-    if (lo == 0 && hi == pn) return fg_st_read(file, k, dst, dt, pn);
-    if (info->has_dtype && info->dtype == dt) {
-        memcpy(dst, (const char *)fg_st_data(file, k) + (size_t)lo * es, (size_t)(hi - lo) * es);
-        return FG_OK;
-    }
-    void *tmp = fg_alloc((size_t)pn * es + 1);
-    if (!tmp) return fg_error_wrap(FG_ENOMEM, "reading \"%s\"", info->name);
-    fg_status s = fg_st_read(file, k, tmp, dt, pn);
-    if (s == FG_OK) memcpy(dst, (char *)tmp + (size_t)lo * es, (size_t)(hi - lo) * es);
-    fg_free(tmp);
-    return s;
-}
-
 /* Reads each parameter (or optimizer slice) by name into `base`, which
  * holds elements [rlo, rhi) of the flat layout in dtype dt (what this rank
- * holds: fg__fabric_held), collecting every mismatch in msg. */
-static void read_views(fg_st_file *file, fg_module *m, const char *prefix, char *base, fg_dtype dt,
-                       int64_t rlo, int64_t rhi, char *msg, size_t cap, int *nbad, bool *used) {
+ * holds: fg__fabric_held) in memory of `dev` (NULL: the host; on a device
+ * each piece goes in through its copy calls, fg_st_read_range_on),
+ * collecting every mismatch in msg. */
+static void read_views(fg_st_file *file, fg_module *m, const char *prefix, fg_dev *dev, char *base,
+                       fg_dtype dt, int64_t rlo, int64_t rhi, char *msg, size_t cap, int *nbad,
+                       bool *used) {
     int n = fg_module_num_params(m);
     size_t es = fg_dtype_size(dt);
     for (int i = 0; i < n; i++) {
@@ -260,7 +364,7 @@ static void read_views(fg_st_file *file, fg_module *m, const char *prefix, char 
         int64_t lo = FG_MAX(off, rlo), hi = FG_MIN(off + pn, rhi);
         if (lo >= hi) continue; /* another rank's shard */
         void *dst = base + (size_t)(lo - rlo) * es;
-        if (read_part(file, k, &info, dst, dt, pn, lo - off, hi - off) != FG_OK) {
+        if (fg_st_read_range_on(file, k, dev, dst, dt, lo - off, hi - off) != FG_OK) {
             len = strlen(msg);
             if ((*nbad)++ < 8) snprintf(msg + len, cap - len, "; %s", fg_last_error());
         }
@@ -269,6 +373,33 @@ static void read_views(fg_st_file *file, fg_module *m, const char *prefix, char 
 
 /* A copy of the file's metadata in one block: the fg_kv array, then the
  * strings. NULL with FG_ENOMEM. */
+/* The model's buffers by name, whole, into the model (as the parameters:
+ * every mismatch into msg). */
+static void read_buffers(fg_st_file *file, fg_module *m, char *msg, size_t cap, int *nbad,
+                         bool *used) {
+    for (int64_t i = 0; i < fg_module_num_buffers(m); i++) {
+        fg_tensor *b = fg_module_buffer(m, i);
+        const char *name = fg_module_buffer_name(m, i);
+        int64_t k = fg_st_find(file, name);
+        size_t len = strlen(msg);
+        fg_st_info info;
+        if (k < 0) {
+            if ((*nbad)++ < 8) snprintf(msg + len, cap - len, "; missing \"%s\"", name);
+            continue;
+        }
+        used[k] = true;
+        if (fg_st_info_at(file, k, &info) != FG_OK || info.numel != fg_tensor_numel(b) ||
+            fg_st_read_range_on(file, k, fg_tensor_dev(b), fg_tensor_data(b), fg_tensor_dtype(b), 0,
+                                info.numel) != FG_OK) {
+            if ((*nbad)++ < 8)
+                snprintf(msg + len, cap - len,
+                         "; buffer \"%s\" does not fit the model's %lld "
+                         "elements",
+                         name, (long long)fg_tensor_numel(b));
+        }
+    }
+}
+
 static fg_kv *copy_meta(const fg_st_file *file, int64_t *n_out) {
     int64_t n = fg_st_meta_count(file);
     size_t bytes = (size_t)n * sizeof(fg_kv);
@@ -310,8 +441,49 @@ static void printable_copy(char *out, size_t cap, const char *s) {
     out[n] = '\0';
 }
 
+/* st->optimizers' step counts, lr and groups from the optimizer.N.*
+ * metadata; the file must hold as many optimizers. */
+static fg_status load_many_meta(fg_st_file *file, const char *path, const fg_train_state *st) {
+    const char *cnt = fg_st_meta_get(file, "optimizers");
+    if (!st->noptimizers) return FG_OK;
+    if (!cnt || atoi(cnt) != st->noptimizers)
+        return fg_error(FG_EMISMATCH,
+                        "load %s: the file holds %s optimizer%s, the fit has %d: resume with the "
+                        "optimizers the run was saved with",
+                        path, cnt ? cnt : "one or no", cnt && !strcmp(cnt, "1") ? "" : "s",
+                        st->noptimizers);
+    for (int n = 0; n < st->noptimizers; n++) {
+        fg_optimizer *o = st->optimizers[n];
+        char key[64];
+        snprintf(key, sizeof key, "optimizer.%d.optimizer_steps", n);
+        const char *steps = fg_st_meta_get(file, key);
+        snprintf(key, sizeof key, "optimizer.%d.lr", n);
+        const char *lr = fg_st_meta_get(file, key);
+        char *end = NULL;
+        long long sc = steps ? strtoll(steps, &end, 10) : -1;
+        if (!steps || !lr || *end || sc < 0)
+            return fg_error(FG_EFORMAT,
+                            "load %s: optimizer %d has no valid optimizer.%d.optimizer_steps "
+                            "and optimizer.%d.lr metadata",
+                            path, n, n, n);
+        fg_status s = fg_optimizer_set_step_count(o, sc);
+        if (s == FG_OK) s = fg_optimizer_set_lr(o, strtod(lr, NULL));
+        for (int g = 1; s == FG_OK && g < fg_optimizer_num_groups(o); g++) {
+            snprintf(key, sizeof key, "optimizer.%d.lr.%d", n, g);
+            const char *v = fg_st_meta_get(file, key);
+            if (v) s = fg_optimizer_set_group_lr(o, g, strtod(v, NULL));
+            snprintf(key, sizeof key, "optimizer.%d.weight_decay.%d", n, g);
+            v = fg_st_meta_get(file, key);
+            if (s == FG_OK && v) s = fg_optimizer_set_group_weight_decay(o, g, strtod(v, NULL));
+        }
+        if (s != FG_OK) return fg_error_wrap(FG_EFORMAT, "load %s: optimizer %d settings", path, n);
+    }
+    return FG_OK;
+}
+
 fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st) {
     if (!st || !st->model || !path) return fg_error(FG_EINVAL, "load: needs a path and a model");
+    FG_TRY(check_many(st, "load"));
     fg_st_file *file = fg_st_open(path);
     if (!file) return fg_last_status();
     const char *fmt = fg_st_meta_get(file, "format");
@@ -355,17 +527,31 @@ fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st) {
         fg_st_close(file);
         return hs;
     }
-    read_views(file, m, "", h.params, h.pdt, h.plo, h.phi, msg, sizeof msg, &nbad, used);
+    read_views(file, m, "", h.pdev, h.params, h.pdt, h.plo, h.phi, msg, sizeof msg, &nbad, used);
+    read_buffers(file, m, msg, sizeof msg, &nbad, used);
     fg_optimizer *opt = st->optimizer;
     for (int k = 0; k < h.nstates; k++) {
         char prefix[96];
         snprintf(prefix, sizeof prefix, "optimizer.%s.", fg_optimizer_state_name(opt, k));
-        read_views(file, m, prefix, h.states[k], h.sdt, h.slo, h.shi, msg, sizeof msg, &nbad, used);
+        read_views(file, m, prefix, h.sdev, h.states[k], h.sdt, h.slo, h.shi, msg, sizeof msg,
+                   &nbad, used);
+    }
+    for (int n = 0; n < st->noptimizers; n++) {
+        fg_optimizer *o = st->optimizers[n];
+        fg_module *sub = fg_optimizer_module(o);
+        for (int k = 0; k < fg_optimizer_num_states(o); k++) {
+            char prefix[128];
+            fg_tensor *state = fg_optimizer_state(o, k);
+            snprintf(prefix, sizeof prefix, "optimizer.%d.%s.", n, fg_optimizer_state_name(o, k));
+            read_views(file, sub, prefix, fg_tensor_dev(state), fg_tensor_data(state),
+                       fg_tensor_dtype(state), 0, fg_tensor_numel(state), msg, sizeof msg, &nbad,
+                       used);
+        }
     }
     for (int64_t k = 0; k < count; k++) {
         fg_st_info info;
         if (used[k] || fg_st_info_at(file, k, &info) != FG_OK) continue;
-        if (!opt && !strncmp(info.name, "optimizer.", 10)) continue;
+        if (!opt && !st->noptimizers && !strncmp(info.name, "optimizer.", 10)) continue;
         size_t len = strlen(msg);
         if (nbad++ < 8) snprintf(msg + len, sizeof msg - len, "; unexpected \"%s\"", info.name);
     }
@@ -375,7 +561,12 @@ fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st) {
         return fg_error(FG_EMISMATCH, "%s does not fit the model (%d tensor%s differ%s)%s", path,
                         nbad, nbad == 1 ? "" : "s", nbad == 1 ? "s" : "", msg);
     }
-    fg_status ss = fg__fabric_scaler_load(f, &c);
+    fg_status ss = load_many_meta(file, path, st);
+    if (ss != FG_OK) {
+        fg_st_close(file);
+        return ss;
+    }
+    ss = fg__fabric_scaler_load(f, &c);
     if (ss != FG_OK) {
         fg_st_close(file);
         return fg_error_wrap(ss, "load %s: the loss scaler", path);

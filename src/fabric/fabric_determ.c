@@ -72,6 +72,26 @@ fg_status fg_fabric_setup_global_batch(fg_fabric *f, fg_dataloader *dl, int64_t 
         G = resumed->global_batch;
         *accumulate = G / (B * W);
     }
+    f->micro_batch = B;
+    /* under deterministic the micro-batch decides the bits: a resume that
+     * keeps the global batch with another one continues with other bits
+     * than the run would have had, and says so */
+    const char *mb =
+        resumed && f->cfg.deterministic ? fg_fabric_loaded_meta(f, "micro_batch") : NULL;
+    if (mb && strtoll(mb, NULL, 10) != B)
+        fg_log(FG_LOG_WARN,
+               "deterministic: the checkpoint was trained with micro-batches of %s samples, this "
+               "run takes %lld: the same global batch of %lld, other bits than the run would "
+               "have had (to continue its bits, keep a batch size of %s per rank)",
+               mb, (long long)B, (long long)G, mb);
+    bool stream = fg_dataloader_is_stream(dl);
+    if (stream && (f->cfg.deterministic || resized))
+        return fg_error(FG_EUNSUPPORTED,
+                        "a loader over a stream %s: its samples come in the stream's order, "
+                        "split by rank, and cannot be regrouped; use a dataset (fg_dataset_new) "
+                        "for that",
+                        f->cfg.deterministic ? "under deterministic"
+                                             : "resumed on another world size");
     if (f->cfg.deterministic) {
         /* blocks of one micro-batch, the epoch cut to whole global batches */
         fg_distributed_opts d = {
@@ -93,7 +113,7 @@ fg_status fg_fabric_setup_global_batch(fg_fabric *f, fg_dataloader *dl, int64_t 
         int64_t P = resumed->samples_in_epoch, step = B * W, end = fg_dataloader_len(dl) * step;
         /* past what this world size keeps of the epoch (its dropped tail is
          * longer): the epoch is over */
-        if (P > end && P <= fg_dataset_len(fg_dataloader_dataset(dl))) P = end;
+        if (!stream && P > end && P <= fg_dataset_len(fg_dataloader_dataset(dl))) P = end;
         if (P % step != 0 && !f->cfg.deterministic) {
             /* no batch boundary here: go back to the last one, and say how
              * many samples are taken again */

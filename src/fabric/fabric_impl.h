@@ -38,22 +38,33 @@ struct fg_fabric {
     fg_scaler *scaler;        /* 16-mixed's loss scaler, else NULL */
     int64_t scaler_expect;    /* the optimizer's step count the scaler saw last; -1: unknown */
     atomic_int stop_requests; /* fabric_stop.c: fg_fabric_request_stop's count */
+    int64_t micro_batch;      /* fabric_determ.c: the loader's batch at setup_global_batch */
     fg_kv *loaded_meta;       /* fabric_ckpt.c: the last load's metadata, one block */
+    fg_dev *dev;              /* accelerator guarded: this rank's device, opened at setup */
+    fg_fabric_copies copies;  /* host<->device bytes of the training steps */
     int64_t nloaded_meta;
 };
 
+/* fabric_ops.c: accelerator guarded's device, model and step tensors */
+/* deepspeed_stage_3 with offload_params_device nvme on one rank: stage 3
+ * runs on a group of one (ZeRO-Infinity on a single device), the model
+ * never whole in memory. */
+bool fg__fabric_one_rank_stage3(const fg_fabric *f);
+FG_MUST_USE fg_status fg__fabric_to_device(fg_fabric *f, fg_strategy_kind kind, fg_module *model,
+                                           fg_optimizer *opt);
+
 /* config.c: the plan for f's configuration in this environment (or the
  * custom cluster's). */
-fg_status fg__fabric_plan(fg_fabric *f, fg_launch_plan *out);
+FG_MUST_USE fg_status fg__fabric_plan(fg_fabric *f, fg_launch_plan *out);
 
 /* ds_config.c: cfg.deepspeed_config read into f's strategy name and
  * sharded options (fg_fabric_new). */
-fg_status fg__fabric_apply_deepspeed_config(fg_fabric *f);
+FG_MUST_USE fg_status fg__fabric_apply_deepspeed_config(fg_fabric *f);
 /* fabric_determ.c: what a micro-batch's gradient must not depend on, pinned
  * for the process (the matrix product engine) */
-fg_status fg__fabric_deterministic_pin(fg_fabric *f);
+FG_MUST_USE fg_status fg__fabric_deterministic_pin(fg_fabric *f);
 
-/* launch.c: ddp_spawn's copy of rank 0's state at the end of each step */
+/* fabric_launch.c: ddp_spawn's copy of rank 0's state at the end of each step */
 void fg__spawn_snapshot(fg_fabric *f);
 
 /* fabric_precision.c: the precision plugin. _init sets dtype, autocast and
@@ -61,11 +72,11 @@ void fg__spawn_snapshot(fg_fabric *f);
  * an optimizer step that bypassed the scaler; _scale_loss multiplies a loss
  * by the scale (the loss itself without a scaler); _unscale before
  * clipping; _save/_load put the scaler's state in a checkpoint's metadata. */
-fg_status fg__fabric_precision_init(fg_fabric *f);
-fg_status fg__fabric_scaler_check(fg_fabric *f);
+FG_MUST_USE fg_status fg__fabric_precision_init(fg_fabric *f);
+FG_MUST_USE fg_status fg__fabric_scaler_check(fg_fabric *f);
 fg_tensor *fg__fabric_scale_loss(fg_fabric *f, fg_tensor *loss);
-fg_status fg__fabric_scaler_unscale(fg_fabric *f);
-fg_status fg__fabric_scaler_save(fg_fabric *f, fg_st_writer *w);
+FG_MUST_USE fg_status fg__fabric_scaler_unscale(fg_fabric *f);
+FG_MUST_USE fg_status fg__fabric_scaler_save(fg_fabric *f, fg_st_writer *w);
 /* fabric_meta.c: a checkpoint's counters, every one checked (type, range,
  * agreement) before a load changes anything; FG_EFORMAT naming the file,
  * the key and the value. Absent keys: 0, samples_in_epoch -1, no seed, lr
@@ -73,20 +84,22 @@ fg_status fg__fabric_scaler_save(fg_fabric *f, fg_st_writer *w);
 typedef struct fg__ckpt_counters {
     int64_t step, epoch, batch_in_epoch, optimizer_steps, world_size; /* world_size 0: absent */
     int64_t samples_in_epoch, global_batch;
+    int64_t micro_batch; /* deterministic runs: the batch of each micro-batch; 0: absent */
     uint64_t seed;
     bool has_seed, has_lr, has_scaler;
     double lr, loss_scale;
     int64_t growth_tracker, skipped;
 } fg__ckpt_counters;
-fg_status fg__fabric_meta_read(const fg_st_file *file, const char *path, fg__ckpt_counters *c);
-fg_status fg__fabric_scaler_load(fg_fabric *f, const fg__ckpt_counters *c);
+FG_MUST_USE fg_status fg__fabric_meta_read(const fg_st_file *file, const char *path,
+                                           fg__ckpt_counters *c);
+FG_MUST_USE fg_status fg__fabric_scaler_load(fg_fabric *f, const fg__ckpt_counters *c);
 
 /* fabric_shard.c: when the ranks' optimizers hold shards of their state
  * (a sharding strategy), whole copies of opt's state buffers on rank 0 in
  * full[0 .. nstates) (collective; NULL entries on the other ranks, and on
  * every rank when no state is sharded); fg__fabric_free_states frees them. */
 #define FG_FABRIC_MAX_STATES 8
-fg_status fg__fabric_gather_states(fg_fabric *f, fg_optimizer *opt, fg_tensor **full);
+FG_MUST_USE fg_status fg__fabric_gather_states(fg_fabric *f, fg_optimizer *opt, fg_tensor **full);
 void fg__fabric_free_states(fg_tensor **full, int n);
 
 /* fabric_shard.c: what this rank holds of the flat layout of st's model,
@@ -104,24 +117,37 @@ typedef struct fg__held {
     int nstates;
     int64_t slo, shi;
     char *states[FG_FABRIC_MAX_STATES];
+    /* the devices of params and states when the host cannot touch them
+     * (else NULL): a save copies or stages them out */
+    fg_dev *pdev, *sdev;
 } fg__held;
-fg_status fg__fabric_held(fg_fabric *f, const fg_train_state *st, fg__held *h);
+FG_MUST_USE fg_status fg__fabric_held(fg_fabric *f, const fg_train_state *st, fg__held *h);
 
 /* fabric_ckpt.c: the checkpoint's metadata (the fabric's keys, the loss
  * scaler's, st->meta after checking it) into w. */
-fg_status fg__fabric_ckpt_meta(fg_fabric *f, const fg_train_state *st, fg_st_writer *w);
+FG_MUST_USE fg_status fg__fabric_ckpt_meta(fg_fabric *f, const fg_train_state *st, fg_st_writer *w);
 
 /* fabric_save_sharded.c: fg_fabric_save with state_dict_type sharded: a
  * folder `path` of one safetensors file per rank holding tensors and the
  * index (collective). */
-fg_status fg__fabric_save_sharded(fg_fabric *f, const char *path, const fg_train_state *st);
+FG_MUST_USE fg_status fg__fabric_save_sharded(fg_fabric *f, const char *path,
+                                              const fg_train_state *st);
+
+/* fabric_save_stream.c: fg_fabric_save of one file, streamed from the
+ * ranks' shards a window at a time (collective). fabric_ckpt.c:
+ * the same file made by gathering every shard on rank 0 first, the
+ * reference the streamed one equals byte for byte. */
+FG_MUST_USE fg_status fg__fabric_save_streamed(fg_fabric *f, const char *path,
+                                               const fg_train_state *st);
+FG_MUST_USE fg_status fg__fabric_save_gathered(fg_fabric *f, const char *path,
+                                               const fg_train_state *st);
 
 /* fabric_params.c: when the strategy shards model's parameters (stage 3),
  * a whole copy of them on rank 0 in *full (collective; NULL on the other
  * ranks, and everywhere when they are not sharded); and the range of them
  * this rank holds ([0, numel) unless they are sharded), for
  * fg__fabric_held. */
-fg_status fg__fabric_gather_params(fg_fabric *f, fg_module *m, fg_tensor **full);
+FG_MUST_USE fg_status fg__fabric_gather_params(fg_fabric *f, fg_module *m, fg_tensor **full);
 void fg__fabric_param_range(fg_fabric *f, fg_module *m, int64_t *lo, int64_t *hi);
 /* Where this rank's range of model's parameters lives, at element lo: the
  * flat buffer, or under stage 3 with nvme parameter offload the file's

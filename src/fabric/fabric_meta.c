@@ -1,12 +1,12 @@
 /* The fabric's counters in a checkpoint's metadata, read without trust:
  * every key the fabric writes (step, epoch, batch_in_epoch, seed,
- * world_size, optimizer_steps, lr, samples_in_epoch, global_batch,
- * deterministic, the loss scaler's three) is checked for its type (decimal
- * digits only, no sign, no blanks, no overflow; a finite number for lr and
- * loss_scale), its range and its agreement with the others, all of them
- * before the load changes anything. A key the file lacks takes the value
- * older checkpoints imply. The error names the file, the key, the value
- * and what to do. */
+ * world_size, optimizer_steps, lr and each group's lr and weight decay,
+ * samples_in_epoch, global_batch, deterministic with its micro_batch, the
+ * loss scaler's three) is checked for its type (decimal digits only, no
+ * sign, no blanks, no overflow; a finite number for lr and loss_scale),
+ * its range and its agreement with the others, all of them before the load
+ * changes anything. A key the file lacks takes the value older checkpoints
+ * imply. The error names the file, the key, the value and what to do. */
 #include <ctype.h>
 #include <math.h>
 #include <stdlib.h>
@@ -16,6 +16,8 @@
 
 /* More ranks than any run has: a world_size past it is damage. */
 #define MAX_WORLD (1 << 20)
+/* More parameter groups than any optimizer has. */
+#define MAX_GROUPS (1 << 16)
 
 static fg_status bad(const char *path, const char *key, const char *v, const char *want) {
     return fg_error(FG_EFORMAT,
@@ -101,8 +103,21 @@ fg_status fg__fabric_meta_read(const fg_st_file *file, const char *path, fg__ckp
         return bad(path, "seed", seed, "a decimal integer from 0 to 18446744073709551615");
     c->has_seed = seed != NULL;
     FG_TRY(get_real(file, path, "lr", 0, true, &c->lr, &c->has_lr));
+    /* the parameter groups' lr.G and weight_decay.G, written for G = 1, 2,
+     * ...: each a finite number >= 0, as the optimizer takes them */
+    for (int g = 1; g < MAX_GROUPS; g++) {
+        char key[2][48];
+        bool has[2];
+        double v;
+        snprintf(key[0], sizeof key[0], "lr.%d", g);
+        snprintf(key[1], sizeof key[1], "weight_decay.%d", g);
+        FG_TRY(get_real(file, path, key[0], 0, true, &v, &has[0]));
+        FG_TRY(get_real(file, path, key[1], 0, true, &v, &has[1]));
+        if (!has[0] && !has[1]) break;
+    }
     const char *det = fg_st_meta_get(file, "deterministic");
     if (det && strcmp(det, "true")) return bad(path, "deterministic", det, "\"true\" or no key");
+    FG_TRY(get_int(file, path, "micro_batch", 1, 0, &c->micro_batch, NULL));
     FG_TRY(get_real(file, path, "loss_scale", 0, false, &c->loss_scale, &c->has_scaler));
     FG_TRY(get_int(file, path, "loss_scale_growth_tracker", 0, 0, &c->growth_tracker, &has_gt));
     FG_TRY(get_int(file, path, "loss_scale_skipped", 0, 0, &c->skipped, &has_sk));

@@ -6,6 +6,46 @@
 
 #include "fabric_impl.h"
 
+/* Accelerator guarded: this rank's guarded device (opened here, after the
+ * ranks forked), the model and optimizer on it, and this thread's step
+ * tensors. What is device-clean so far runs there; the rest is refused by
+ * name rather than run on the host (docs/devices.md). */
+fg_status fg__fabric_to_device(fg_fabric *f, fg_strategy_kind kind, fg_module *model,
+                               fg_optimizer *opt) {
+    bool ddp =
+        kind == FG_STRATEGY_DDP || kind == FG_STRATEGY_DDP_SPAWN || kind == FG_STRATEGY_DDP_FORK;
+    bool zero = kind == FG_STRATEGY_DEEPSPEED_STAGE_1 || kind == FG_STRATEGY_DEEPSPEED_STAGE_2 ||
+                kind == FG_STRATEGY_DEEPSPEED_STAGE_3 || kind == FG_STRATEGY_FSDP;
+    bool other = kind == FG_STRATEGY_HOROVOD || kind == FG_STRATEGY_BAGUA ||
+                 kind == FG_STRATEGY_DP || kind == FG_STRATEGY_DDP2 || kind == FG_STRATEGY_HIVEMIND;
+    if (kind != FG_STRATEGY_SINGLE && !ddp && !zero && !other)
+        return fg_error(FG_EUNSUPPORTED,
+                        "accelerator guarded: strategy %s is not device-clean yet (its buffers "
+                        "are host memory); single, dp, ddp, ddp2, deepspeed stages 1-3, fsdp, "
+                        "horovod, bagua and hivemind run on the device (docs/devices.md)",
+                        fg_strategy_kind_name(kind));
+    const fg_sharded_opts *so = &f->cfg.sharded;
+    if (so->offload_params_device == FG_OFFLOAD_CPU && kind != FG_STRATEGY_DEEPSPEED_STAGE_3 &&
+        !(kind == FG_STRATEGY_FSDP && (so->sharding_strategy == FG_SHARDING_FULL_SHARD ||
+                                       so->sharding_strategy == FG_SHARDING_HYBRID_SHARD)))
+        return fg_error(FG_EUNSUPPORTED,
+                        "accelerator guarded: %s with the parameters offloaded to the cpu: on a "
+                        "device that moves stage 3's parameter shards, and fsdp's %s does not "
+                        "shard them; use FULL_SHARD (or deepspeed_stage_3_offload), or offload "
+                        "the optimizer state only (offload_optimizer_device cpu)",
+                        fg_strategy_kind_name(kind),
+                        fg_sharding_strategy_name(so->sharding_strategy));
+    if (!f->dev) {
+        char name[FG_DEVICE_NAME_MAX];
+        snprintf(name, sizeof name, "guarded:%d", f->local_rank > 0 ? f->local_rank : 0);
+        f->dev = fg_dev_open(name, NULL);
+        if (!f->dev) return fg_error_wrap(fg_last_status(), "accelerator guarded");
+    }
+    FG_TRY(fg_module_to_device(model, f->dev));
+    if (opt) FG_TRY(fg_optimizer_to_device(opt));
+    return fg_step_device_set(f->dev);
+}
+
 fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt) {
     if (!model) return fg_error(FG_EINVAL, "fabric setup: NULL model");
     if (f->strategy && model == f->model) {
@@ -17,6 +57,7 @@ fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt) {
                             "fabric setup: strategy %s shards the optimizer given at the first "
                             "setup; another optimizer needs another launch",
                             fg_fabric_strategy_name(f));
+        if (opt && f->dev) FG_TRY(fg_optimizer_to_device(opt));
         if (opt) f->opt = opt;
         return FG_OK;
     }
@@ -29,6 +70,8 @@ fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt) {
     if (fg_strategy_kind_is_ddp(kind) && !f->comm) kind = FG_STRATEGY_SINGLE;
     if (f->cfg.activation_checkpointing)
         FG_TRY(fg_module_set_activation_checkpointing(model, NULL, true, NULL));
+    if (f->plan.accelerator == FG_ACCELERATOR_GUARDED)
+        FG_TRY(fg__fabric_to_device(f, kind, model, opt));
     fg_ddp_opts ddp = f->cfg.ddp;
     ddp.deterministic = ddp.deterministic || f->cfg.deterministic;
     f->strategy =
@@ -44,10 +87,19 @@ fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt) {
     return FG_OK;
 }
 
+bool fg__fabric_one_rank_stage3(const fg_fabric *f) {
+    /* cpu: on a device only (on the CPU the parameters are in host memory) */
+    fg_offload_device pd = f->cfg.sharded.offload_params_device;
+    return f->plan.strategy == FG_STRATEGY_DEEPSPEED_STAGE_3 &&
+           (pd == FG_OFFLOAD_NVME ||
+            (pd == FG_OFFLOAD_CPU && f->plan.accelerator == FG_ACCELERATOR_GUARDED));
+}
+
 bool fg_fabric_shards_params(const fg_fabric *f) {
     if (!f) return false;
     if (f->strategy) return fg_strategy_shards_params(f->strategy);
-    if (f->world_size < 2) return false; /* one rank: nothing to shard */
+    /* one rank: nothing to shard, but for parameters on nvme */
+    if (f->world_size < 2) return fg__fabric_one_rank_stage3(f);
     fg_sharding_strategy ss = f->cfg.sharded.sharding_strategy;
     return f->plan.strategy == FG_STRATEGY_DEEPSPEED_STAGE_3 ||
            (f->plan.strategy == FG_STRATEGY_FSDP &&
@@ -60,7 +112,12 @@ fg_dataloader *fg_fabric_setup_dataloader(fg_fabric *f, fg_dataloader *dl, bool 
         return NULL;
     }
     const fg_loader_opts *o = fg_dataloader_opts(dl);
-    if (use_distributed && f->world_size > 1) {
+    if (fg_dataloader_is_stream(dl)) {
+        /* a stream is split, not sampled: rank r's shards (data.h) */
+        if (use_distributed && f->world_size > 1 &&
+            fg_dataloader_split_stream(dl, f->global_rank, f->world_size) != FG_OK)
+            return NULL;
+    } else if (use_distributed && f->world_size > 1) {
         fg_distributed_opts d = {.shuffle = o->shuffle, .seed = o->seed, .drop_last = o->drop_last};
         fg_sampler *s = fg_sampler_distributed(fg_dataset_len(fg_dataloader_dataset(dl)),
                                                f->global_rank, f->world_size, &d);
@@ -102,6 +159,37 @@ static fg_tensor *call_step(fg_module *replica, fg_batch *part, void *ud) {
     return fg__fabric_scale_loss(c->f, loss);
 }
 
+/* One batch tensor as a step tensor on the device (a copy in). */
+static fg_tensor *to_device(fg_fabric *f, fg_tensor *t) {
+    if (!t || fg_tensor_dev(t) == f->dev) return t;
+    fg_tensor *d = fg_empty(fg_tensor_dtype(t), fg_tensor_ndim(t), fg_tensor_shape(t));
+    if (!d || fg_tensor_dev(d) != f->dev) {
+        fg_error(FG_ESTATE,
+                 "batch to device %s: this thread's step tensors are not on it (make "
+                 "batches on the thread that called fg_fabric_setup)",
+                 fg_dev_name(f->dev));
+        return NULL;
+    }
+    return fg_tensor_copy(d, t) == FG_OK ? d : NULL;
+}
+
+fg_fabric_copies fg_fabric_device_copies(const fg_fabric *f) {
+    return f ? f->copies : (fg_fabric_copies){0};
+}
+
+fg_status fg_fabric_batch_to_device(fg_fabric *f, const fg_batch *b, fg_batch *out) {
+    if (!f || !b || !out) return fg_error(FG_EINVAL, "batch_to_device: NULL argument");
+    *out = *b;
+    if (!f->dev) return FG_OK;
+    out->x = to_device(f, b->x);
+    if (b->x && !out->x)
+        return fg_error_wrap(fg_last_status(), "batch %lld x", (long long)b->index);
+    out->y = to_device(f, b->y);
+    if (b->y && !out->y)
+        return fg_error_wrap(fg_last_status(), "batch %lld y", (long long)b->index);
+    return FG_OK;
+}
+
 fg_status fg_fabric_training_step(fg_fabric *f, fg_batch *b, fg_step_fn step,
                                   fg_step_end_fn step_end, void *ud, double *loss) {
     if (!f->strategy) return fg_error(FG_ESTATE, "training_step: call fg_fabric_setup first");
@@ -110,7 +198,23 @@ fg_status fg_fabric_training_step(fg_fabric *f, fg_batch *b, fg_step_fn step,
     struct step_ctx c = {f, step, ud};
     FG_TRY(fg__fabric_scaler_check(f));
     fg_strategy_set_sync(f->strategy, !f->no_sync);
-    FG_TRY(fg_strategy_step(f->strategy, b, call_step, &c, parts, 64, &n, loss));
+    fg_dev_memory_stats before = {0};
+    if (f->dev) before = fg_dev_memory_stats_get(f->dev);
+    fg_batch on; /* Lightning's batch_to_device: the host batch copied in */
+    FG_TRY(fg_fabric_batch_to_device(f, b, &on));
+    FG_TRY(fg_strategy_step(f->strategy, &on, call_step, &c, parts, 64, &n, loss));
+    if (f->dev) {
+        fg_dev_memory_stats after = fg_dev_memory_stats_get(f->dev);
+        uint64_t ch = after.comm_h2d_bytes - before.comm_h2d_bytes;
+        uint64_t cd = after.comm_d2h_bytes - before.comm_d2h_bytes;
+        f->copies.last_h2d = after.h2d_bytes - before.h2d_bytes - ch;
+        f->copies.last_d2h = after.d2h_bytes - before.d2h_bytes - cd;
+        f->copies.total_h2d += f->copies.last_h2d;
+        f->copies.total_d2h += f->copies.last_d2h;
+        f->copies.total_comm_h2d += ch;
+        f->copies.total_comm_d2h += cd;
+        f->copies.steps++;
+    }
     double scale = fg_scaler_scale(f->scaler); /* 1 without one; a power of 2: exact */
     for (int i = 0; i < n && i < 64; i++) parts[i] /= scale;
     if (loss) *loss /= scale;

@@ -1,7 +1,9 @@
 /* Consolidated checkpoints when the parameters are sharded (stage 3, fsdp
  * FULL_SHARD and HYBRID_SHARD): between steps a rank holds only its range
- * of the flat parameter vector (fg_strategy_param_range), so at save rank 0
- * receives every other rank's range (point to point, rank after rank, the
+ * of the flat parameter vector (fg_strategy_param_range), so at save the
+ * streamed save (fabric_save_stream.c) receives the ranges a window at a
+ * time, and the gathering save, its reference, has rank 0 receive every
+ * other rank's range (point to point, rank after rank, the
  * first ranks whose ranges tile the vector: under HYBRID_SHARD the first
  * shard group) into one whole buffer and writes the same file as ddp; at
  * load (and in a sharded save) each rank reads (writes) its own range of
@@ -11,6 +13,7 @@
 #include <string.h>
 
 #include "fabric_impl.h"
+#include "strategy/strategy_impl.h"
 
 /* Does f shard model's parameters? */
 static bool sharded(const fg_fabric *f, fg_module *m) {
@@ -22,6 +25,7 @@ fg_status fg__fabric_gather_params(fg_fabric *f, fg_module *m, fg_tensor **full)
     if (!sharded(f, m)) return FG_OK;
     int world = fg_comm_size(f->comm), rank = fg_comm_rank(f->comm);
     fg_tensor *flat = fg_module_flat_params(m);
+    fg_dev *dev = fg__zero_dev(flat); /* shards on a device: staged out */
     int64_t numel = fg_tensor_numel(flat);
     fg_dtype dt = fg_tensor_dtype(flat);
     size_t es = fg_dtype_size(dt);
@@ -54,12 +58,16 @@ fg_status fg__fabric_gather_params(fg_fabric *f, fg_module *m, fg_tensor **full)
         covered = ranges[2 * q + 1];
         const char *src = rank == q ? fg__fabric_param_data(f, m, lo) : NULL;
         if (n <= 0) continue;
+        /* on the device, unless the shard lives in an nvme store (host) */
+        const char *fb = fg_tensor_data(flat);
+        fg_dev *sd = dev && src >= fb && src < fb + (size_t)numel * es ? dev : NULL;
         if (rank == 0) {
             char *dst = (char *)fg_tensor_data(*full) + (size_t)lo * es;
-            if (q == 0) memcpy(dst, src, (size_t)n * es);
-            else s = fg_comm_recv(f->comm, dst, n, dt, q);
+            if (q == 0 && sd) s = fg_dev_copy_d2h(sd, dst, src, (size_t)n * es);
+            else if (q == 0) memcpy(dst, src, (size_t)n * es);
+            else s = fg__staged_recv(f->comm, NULL, dst, n, dt, q);
         } else if (rank == q) {
-            s = fg_comm_send(f->comm, src, n, dt, 0);
+            s = fg__staged_send(f->comm, sd, src, n, dt, 0);
         }
     }
     if (s != FG_OK) {

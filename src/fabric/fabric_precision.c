@@ -55,10 +55,29 @@ fg_tensor *fg__fabric_scale_loss(fg_fabric *f, fg_tensor *loss) {
     return f->scaler && loss ? fg_scale(loss, fg_scaler_scale(f->scaler)) : loss;
 }
 
+static fg_status optimizer_step(fg_fabric *f, fg_optimizer *opt);
+
+/* The step with its device copies counted (fg_fabric_copies.opt_*). */
 fg_status fg_fabric_optimizer_step(fg_fabric *f, fg_optimizer *opt) {
     if (!f || !opt)
         return fg_error(FG_EINVAL, "fabric optimizer_step: NULL %s", f ? "optimizer" : "fabric");
-    if (!f->scaler) return fg_optimizer_step(opt);
+    if (!f->dev) return optimizer_step(f, opt);
+    fg_dev_memory_stats a = fg_dev_memory_stats_get(f->dev);
+    fg_status st = optimizer_step(f, opt);
+    fg_dev_memory_stats b = fg_dev_memory_stats_get(f->dev);
+    uint64_t ch = b.comm_h2d_bytes - a.comm_h2d_bytes, cd = b.comm_d2h_bytes - a.comm_d2h_bytes;
+    f->copies.opt_h2d += b.h2d_bytes - a.h2d_bytes - ch;
+    f->copies.opt_d2h += b.d2h_bytes - a.d2h_bytes - cd;
+    f->copies.opt_comm_h2d += ch;
+    f->copies.opt_comm_d2h += cd;
+    f->copies.opt_steps++;
+    return st;
+}
+
+static fg_status optimizer_step(fg_fabric *f, fg_optimizer *opt) {
+    if (!f->scaler)
+        return f->strategy ? fg_strategy_optimizer_step(f->strategy, opt, NULL)
+                           : fg_optimizer_step(opt);
     bool stepped;
     FG_TRY(fg_scaler_step(f->scaler, opt, f->comm, &stepped));
     if (opt == f->opt) f->scaler_expect = fg_optimizer_step_count(opt);

@@ -10,6 +10,8 @@
  * its first element. A tensor that runs past the end of its owner's range
  * gets its tail from the ranks after it, point to point; nothing else
  * moves, and no rank needs more than its own range plus that one tensor.
+ * The module's buffers (BatchNorm's running statistics), whole on every
+ * rank, go last into the first file, as the full save writes them last.
  *
  * Atomic as a whole: rank 0 makes a temporary folder beside `path`, every
  * rank writes its file into it, the ranks agree that all did, and only
@@ -28,6 +30,7 @@
 #include <sys/random.h>
 
 #include "fabric_impl.h"
+#include "strategy/strategy_impl.h"
 
 #define SHARD_FORMAT "fulgur-checkpoint-shard-1"
 
@@ -167,6 +170,7 @@ static char *held_at(const fg__held *h, int b, int64_t x) {
     return h->states[b - 1] + (size_t)(x - h->slo) * fg_dtype_size(h->sdt);
 }
 static fg_dtype buf_dtype(const fg__held *h, int b) { return b == 0 ? h->pdt : h->sdt; }
+static fg_dev *buf_dev(const fg__held *h, int b) { return b == 0 ? h->pdev : h->sdev; }
 
 /* The part of rank q's range that rank p's tail needs. */
 static void piece(const plan *pl, int q, int p, int64_t *a, int64_t *b) {
@@ -185,14 +189,15 @@ static fg_status exchange(fg_fabric *f, const plan *pl, const fg__held *h, int n
         if (p >= 0) {
             piece(pl, pl->rank, p, &a, &b);
             for (int k = 0; a < b && k < nbuf; k++)
-                FG_TRY(fg_comm_send(f->comm, held_at(h, k, a), b - a, buf_dtype(h, k), p));
+                FG_TRY(fg__staged_send(f->comm, buf_dev(h, k), held_at(h, k, a), b - a,
+                                       buf_dtype(h, k), p));
         }
         if (q < pl->world) {
             piece(pl, q, pl->rank, &a, &b);
             for (int k = 0; a < b && k < nbuf; k++) {
                 size_t es = fg_dtype_size(buf_dtype(h, k));
                 char *dst = tail[k] + (size_t)(a - pl->hi[pl->rank]) * es;
-                FG_TRY(fg_comm_recv(f->comm, dst, b - a, buf_dtype(h, k), q));
+                FG_TRY(fg__staged_recv(f->comm, NULL, dst, b - a, buf_dtype(h, k), q));
             }
         }
     }
@@ -220,17 +225,27 @@ static fg_status write_shard(fg_fabric *f, const fg_train_state *st, const plan 
                 snprintf(name, sizeof name, "optimizer.%s.%s",
                          fg_optimizer_state_name(st->optimizer, k - 1), fg_module_param_name(m, i));
             const char *data = held_at(h, k, a);
-            if (a + n > pl->hi[r]) { /* runs past this range: its own part, then the tail */
+            fg_dev *dev = buf_dev(h, k); /* the writer copies device data out in chunks */
+            if (a + n > pl->hi[r]) {     /* runs past this range: its own part, then the tail */
                 size_t es = fg_dtype_size(buf_dtype(h, k));
                 char *whole = tail[nbuf + k];
-                memcpy(whole, data, (size_t)(pl->hi[r] - a) * es);
+                if (dev) s = fg_dev_copy_d2h(dev, whole, data, (size_t)(pl->hi[r] - a) * es);
+                else memcpy(whole, data, (size_t)(pl->hi[r] - a) * es);
+                dev = NULL;
                 memcpy(whole + (size_t)(pl->hi[r] - a) * es, tail[k],
                        (size_t)(a + n - pl->hi[r]) * es);
                 data = whole;
             }
-            s = fg_st_writer_add(w, name, buf_dtype(h, k), fg_tensor_ndim(p), fg_tensor_shape(p),
-                                 data);
+            if (s == FG_OK)
+                s = fg_st_writer_add_on(w, name, buf_dtype(h, k), fg_tensor_ndim(p),
+                                        fg_tensor_shape(p), data, dev);
         }
+    for (int64_t i = 0; pl->file[r] == 1 && i < fg_module_num_buffers(m) && s == FG_OK; i++) {
+        fg_tensor *b = fg_module_buffer(m, i);
+        s = fg_st_writer_add_on(w, fg_module_buffer_name(m, i), fg_tensor_dtype(b),
+                                fg_tensor_ndim(b), fg_tensor_shape(b), fg_tensor_data(b),
+                                fg_tensor_dev(b));
+    }
     char num[32], path[4600], fname[64];
     snprintf(num, sizeof num, "%d", pl->file[r]);
     if (s == FG_OK) s = fg_st_writer_set_meta(w, "format", SHARD_FORMAT);
@@ -253,7 +268,8 @@ static fg_status write_shard(fg_fabric *f, const fg_train_state *st, const plan 
 static fg_status write_index(const fg_train_state *st, const plan *pl, const fg__held *h, int nbuf,
                              fg_st_writer *meta, const char *dir) {
     fg_module *m = st->model;
-    int64_t n = (int64_t)pl->ntens * nbuf, nmeta = fg_st_writer_meta_count(meta);
+    int64_t nb = fg_module_num_buffers(m), n = (int64_t)pl->ntens * nbuf + nb,
+            nmeta = fg_st_writer_meta_count(meta);
     char(*names)[320] = fg_calloc((size_t)n + 1, sizeof *names);
     char(*files)[64] = fg_calloc((size_t)pl->world, sizeof *files);
     const char **np = fg_calloc((size_t)n + 1, sizeof *np),
@@ -274,6 +290,16 @@ static fg_status write_index(const fg_train_state *st, const plan *pl, const fg_
             total +=
                 (uint64_t)fg_tensor_numel(fg_module_param(m, i)) * fg_dtype_size(buf_dtype(h, k));
         }
+    /* the buffers: in the first file, after everything else */
+    int first = 0;
+    while (first < pl->world && pl->file[first] != 1) first++;
+    for (int64_t i = 0, j = n - nb; s == FG_OK && i < nb; i++, j++) {
+        fg_tensor *b = fg_module_buffer(m, i);
+        snprintf(names[j], sizeof names[j], "%s", fg_module_buffer_name(m, i));
+        np[j] = names[j];
+        fp[j] = files[first < pl->world ? first : 0];
+        total += (uint64_t)fg_tensor_numel(b) * fg_dtype_size(fg_tensor_dtype(b));
+    }
     for (int64_t i = 0; s == FG_OK && i < nmeta; i++)
         s = fg_st_writer_meta_at(meta, i, &kv[i].key, &kv[i].value);
     char path[4600];
@@ -291,7 +317,7 @@ static fg_status write_index(const fg_train_state *st, const plan *pl, const fg_
  * none). Collective. */
 static fg_status first_failed(fg_fabric *f, const plan *pl, bool ok, int *first) {
     int32_t v = ok ? pl->world : pl->rank;
-    if (f->comm) FG_TRY(fg_comm_allreduce(f->comm, &v, &v, 1, FG_I32, FG_MIN));
+    if (f->comm) FG_TRY(fg_comm_allreduce(f->comm, &v, &v, 1, FG_I32, FG_REDUCE_OP_MIN));
     *first = v;
     return FG_OK;
 }

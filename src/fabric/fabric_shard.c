@@ -1,6 +1,8 @@
-/* Consolidated checkpoints under a sharding strategy. At save, rank 0
- * gathers every rank's optimizer state shard into whole buffers (point to
- * point, rank after rank) and writes one file, the same as ddp's; at load,
+/* Consolidated checkpoints under a sharding strategy. The gathering save
+ * (fg__fabric_save_gathered, the reference of the streamed one in
+ * fabric_save_stream.c) has rank 0 gather every rank's optimizer state
+ * shard into whole buffers (point to point, rank after rank) and write one
+ * file, the same as ddp's; at load,
  * every rank reads its own shard's range of each state tensor from that
  * file, so a run resumes at another world size or under another strategy
  * (the shards are cut again by the strategy of the run that loads).
@@ -15,6 +17,7 @@
 #include <string.h>
 
 #include "fabric_impl.h"
+#include "strategy/strategy_impl.h"
 
 void fg__fabric_free_states(fg_tensor **full, int n) {
     for (int k = 0; k < n; k++) {
@@ -79,18 +82,22 @@ fg_status fg__fabric_gather_states(fg_fabric *f, fg_optimizer *opt, fg_tensor **
         goto out;
     }
     for (int k = 0; k < nstates && s == FG_OK; k++) {
-        const char *mine = fg_tensor_data(fg_optimizer_state(opt, k));
-        if (rank >= world) continue; /* a copy of a shard the first group sends */
+        fg_tensor *state = fg_optimizer_state(opt, k);
+        const char *mine = fg_tensor_data(state);
+        fg_dev *dev = fg__zero_dev(state); /* a shard on a device: staged out */
+        if (rank >= world) continue;       /* a copy of a shard the first group sends */
         int64_t n0 = ranges[2 * rank + 1] - ranges[2 * rank];
         if (rank != 0) {
-            if (n0 > 0) s = fg_comm_send(f->comm, mine, n0, dt, 0);
+            if (n0 > 0) s = fg__staged_send(f->comm, dev, mine, n0, dt, 0);
             continue;
         }
         char *dst = fg_tensor_data(full[k]);
-        memcpy(dst, mine, (size_t)n0 * es);
+        if (dev) s = fg_dev_copy_d2h(dev, dst, mine, (size_t)n0 * es);
+        else memcpy(dst, mine, (size_t)n0 * es);
         for (int q = 1; q < world && s == FG_OK; q++) {
             int64_t nq = ranges[2 * q + 1] - ranges[2 * q];
-            if (nq > 0) s = fg_comm_recv(f->comm, dst + (size_t)ranges[2 * q] * es, nq, dt, q);
+            if (nq > 0)
+                s = fg__staged_recv(f->comm, NULL, dst + (size_t)ranges[2 * q] * es, nq, dt, q);
         }
     }
     if (s != FG_OK) s = fg_error_wrap(s, "save: gathering the optimizer state on rank 0");
@@ -107,6 +114,10 @@ fg_status fg__fabric_held(fg_fabric *f, const fg_train_state *st, fg__held *h) {
     *h = (fg__held){.numel = fg_module_numel(m), .pdt = fg_tensor_dtype(flat)};
     fg__fabric_param_range(f, m, &h->plo, &h->phi); /* stage 3: this rank's shard */
     h->params = fg__fabric_param_data(f, m, h->plo);
+    /* on the device unless an offload keeps the shard on the host */
+    const char *fb = fg_tensor_data(flat);
+    size_t fbytes = (size_t)h->numel * fg_dtype_size(h->pdt);
+    if (h->params >= fb && h->params < fb + fbytes) h->pdev = fg__zero_dev(flat);
     fg_optimizer *opt = st->optimizer;
     if (!opt) return FG_OK;
     h->nstates = fg_optimizer_num_states(opt);
@@ -118,6 +129,7 @@ fg_status fg__fabric_held(fg_fabric *f, const fg_train_state *st, fg__held *h) {
         fg_tensor *t = fg_optimizer_state(opt, k);
         h->sdt = fg_tensor_dtype(t);
         h->states[k] = fg_tensor_data(t);
+        h->sdev = fg__zero_dev(t);
     }
     return FG_OK;
 }

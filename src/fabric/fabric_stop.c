@@ -11,7 +11,7 @@ fg_status fg_fabric_should_stop(fg_fabric *f, bool *stop) {
     *stop = false;
     double flag = atomic_load(&f->stop_requests) > 0 ? 1.0 : 0.0;
     if (f->comm && f->world_size > 1)
-        FG_TRY(fg_comm_allreduce(f->comm, &flag, &flag, 1, FG_F64, FG_MAX));
+        FG_TRY(fg_comm_allreduce(f->comm, &flag, &flag, 1, FG_F64, FG_REDUCE_OP_MAX));
     *stop = flag > 0;
     return FG_OK;
 }

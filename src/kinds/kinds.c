@@ -50,7 +50,8 @@ static const fg_strategy_info k_rows[FG_STRATEGY_COUNT] = {
                                        .launcher = FG_LAUNCHER_REEXEC,
                                        .ranks = FG_RANKS_PER_DEVICE,
                                        .shards = FG_SHARDS_OPTIM_STATE,
-                                       .takes = ZERO_TAKES | FG_TAKES_DEEPSPEED},
+                                       .takes = ZERO_TAKES | FG_TAKES_DEEPSPEED,
+                                       .saves_sharded = true},
     [FG_STRATEGY_DEEPSPEED_STAGE_2] =
         {.name = "deepspeed_stage_2",
          .summary = "ZeRO stage 2: optimizer state and gradients sharded",
@@ -62,7 +63,8 @@ static const fg_strategy_info k_rows[FG_STRATEGY_COUNT] = {
          .launcher = FG_LAUNCHER_REEXEC,
          .ranks = FG_RANKS_PER_DEVICE,
          .shards = FG_SHARDS_OPTIM_STATE | FG_SHARDS_GRADS,
-         .takes = ZERO_TAKES | FG_TAKES_DEEPSPEED},
+         .takes = ZERO_TAKES | FG_TAKES_DEEPSPEED,
+         .saves_sharded = true},
     [FG_STRATEGY_FSDP] = {.name = "fsdp",
                           .summary = "FSDP: by its sharding strategy (FULL_SHARD = stage 3, "
                                      "SHARD_GRAD_OP = stage 2, NO_SHARD = ddp, HYBRID_SHARD)",
@@ -87,7 +89,8 @@ static const fg_strategy_info k_rows[FG_STRATEGY_COUNT] = {
          .launcher = FG_LAUNCHER_REEXEC,
          .ranks = FG_RANKS_PER_DEVICE,
          .shards = FG_SHARDS_OPTIM_STATE | FG_SHARDS_GRADS | FG_SHARDS_PARAMS,
-         .takes = ZERO_TAKES | FG_TAKES_OFFLOAD_PARAMS | FG_TAKES_WRAP_POLICY | FG_TAKES_DEEPSPEED},
+         .takes = ZERO_TAKES | FG_TAKES_OFFLOAD_PARAMS | FG_TAKES_WRAP_POLICY | FG_TAKES_DEEPSPEED,
+         .saves_sharded = true},
     [FG_STRATEGY_DDP2] = {.name = "ddp2",
                           .summary = "a process per node, its devices dp replicas on threads, "
                                      "the gradient averaged across nodes",
@@ -100,6 +103,12 @@ static const fg_strategy_info k_rows[FG_STRATEGY_COUNT] = {
                              .launcher = FG_LAUNCHER_REEXEC,
                              .ranks = FG_RANKS_PER_DEVICE,
                              .takes = FG_TAKES_HOROVOD},
+    [FG_STRATEGY_HIVEMIND] = {.name = "hivemind",
+                              .summary = "a peer of a swarm (DHT): gradients averaged when the "
+                                         "swarm reaches target_batch_size",
+                              .launcher = FG_LAUNCHER_NONE,
+                              .ranks = FG_RANKS_ONE_PROCESS,
+                              .takes = FG_TAKES_HIVEMIND},
 };
 
 const fg_strategy_info *fg_strategy_info_of(fg_strategy_kind k) {

@@ -16,7 +16,8 @@
 
 /* fg_launch_parse_devices with the words for "devices here" in errors (the
  * plan says "CPU devices here (cores)" and adds how to run more ranks). */
-fg_status fg__launch_parse_devices(const char *s, int available, const char *what, fg_devices *out);
+FG_MUST_USE fg_status fg__launch_parse_devices(const char *s, int available, const char *what,
+                                               fg_devices *out);
 
 /* One process a launcher started. A pid is signalled only while it is not
  * yet reaped, so that a reused pid is never hit. */
@@ -77,11 +78,11 @@ void fg__guard_release(int wfd, pid_t guard_pid);
 
 /* The grace period into *out: g > 0, else FULGUR_KILL_GRACE_S, else 3 s;
  * FG_EINVAL naming the variable when it is set but not seconds above 0. */
-fg_status fg__grace(double g, double *out);
+FG_MUST_USE fg_status fg__grace(double g, double *out);
 
 /* A NULL-terminated environment: this process's, without the contract's
  * variables, plus the contract for info. Free with fg__env_free. */
-fg_status fg__contract_env(const fg_cluster_info *info, char ***out);
+FG_MUST_USE fg_status fg__contract_env(const fg_cluster_info *info, char ***out);
 void fg__env_free(char **env);
 
 /* A free TCP port on 127.0.0.1 (the kernel's choice), or 29500 + pid % 10000
@@ -91,5 +92,34 @@ int fg__free_port(void);
 /* The first set variable among names (NULL-terminated), or NULL. *which gets
  * its name. */
 const char *fg__getenv_any(const char *const *names, const char **which);
+
+/* ------------------------------------------------------------ the agent */
+
+#include <signal.h>
+
+/* fg_agent_run's state (agent.c), shared with its --hosts loop (hosts.c):
+ * the signals it forwards come from sfd, the one way they are read. */
+typedef struct fg__agent {
+    const fg_agent_opts *o;
+    int sfd;         /* signalfd of the forwarded signals */
+    sigset_t old;    /* the calling thread's mask before the run */
+    fg_job *job;     /* the running group, NULL between groups */
+    pid_t child;     /* or mpirun, 0 if none */
+    int got;         /* the last signal that ends the job, 0 if none */
+    double got_time; /* when the first came */
+    int forwarded;   /* ranks the last signal reached */
+} fg__agent;
+
+/* Reads the signals that came and forwards each to the job or the child. */
+void fg__agent_signals(fg__agent *a);
+
+/* One host of a --hosts list. */
+typedef struct fg__host {
+    char name[256];
+    int slots;
+} fg__host;
+
+/* fg_agent_run with o->hosts: the mpirun job's loop (hosts.c). */
+FG_MUST_USE fg_status fg__agent_hosts(fg__agent *a, fg_agent_result *out);
 
 #endif

@@ -9,19 +9,37 @@
 #include <string.h>
 #include <strings.h>
 
+#include "fulgur/device.h"
 #include "launch_impl.h"
 
 /* ---------------------------------------------------------- accelerator */
 
 fg_status fg_launch_parse_accelerator(const char *s, fg_accelerator *out) {
     if (!out) return fg_error(FG_EINVAL, "accelerator: NULL output");
-    if (!s || !strcasecmp(s, "auto") || !strcasecmp(s, "cpu")) {
-        *out = FG_ACCELERATOR_CPU; /* auto: no GPU support is built in, so the CPU */
+    char why[256];
+    if (!s || !strcasecmp(s, "auto")) { /* a GPU when one answers, else the CPU */
+        *out =
+            fg_device_count(FG_CUDA, why, sizeof why) > 0 ? FG_ACCELERATOR_GPU : FG_ACCELERATOR_CPU;
         return FG_OK;
     }
-    if (!strcasecmp(s, "gpu") || !strcasecmp(s, "cuda"))
+    if (!strcasecmp(s, "cpu")) {
+        *out = FG_ACCELERATOR_CPU;
+        return FG_OK;
+    }
+    if (!strcasecmp(s, "guarded")) {
+        *out = FG_ACCELERATOR_GUARDED;
+        return FG_OK;
+    }
+    if (!strcasecmp(s, "gpu") || !strcasecmp(s, "cuda")) {
+        if (fg_device_count(FG_CUDA, why, sizeof why) > 0) {
+            *out = FG_ACCELERATOR_GPU;
+            return FG_OK;
+        }
         return fg_error(FG_EUNSUPPORTED,
-                        "accelerator=\"%s\": no GPU support built in; use \"cpu\" or \"auto\"", s);
+                        "accelerator=\"%s\": %s; use \"cpu\" (or \"auto\", which takes a GPU "
+                        "when one answers), or \"guarded\" to test that code is device-clean",
+                        s, why);
+    }
     static const char *const k_other[] = {"tpu", "ipu", "hpu", "mps", "xla", NULL};
     for (int i = 0; k_other[i]; i++)
         if (!strcasecmp(s, k_other[i]))
@@ -29,11 +47,15 @@ fg_status fg_launch_parse_accelerator(const char *s, fg_accelerator *out) {
                             "accelerator=\"%s\": fulgur does not support it; use \"cpu\" or "
                             "\"auto\"",
                             s);
-    return fg_error(FG_EINVAL, "accelerator=\"%s\": expected one of auto, cpu, gpu, cuda", s);
+    return fg_error(FG_EINVAL, "accelerator=\"%s\": expected one of auto, cpu, gpu, cuda, guarded",
+                    s);
 }
 
 const char *fg_accelerator_name(fg_accelerator a) {
-    return a == FG_ACCELERATOR_GPU ? "gpu" : a == FG_ACCELERATOR_CPU ? "cpu" : "?";
+    return a == FG_ACCELERATOR_GPU       ? "gpu"
+           : a == FG_ACCELERATOR_CPU     ? "cpu"
+           : a == FG_ACCELERATOR_GUARDED ? "guarded"
+                                         : "?";
 }
 
 /* -------------------------------------------------------------- devices */

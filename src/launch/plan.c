@@ -8,6 +8,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "fulgur/device.h"
 #include "launch_impl.h"
 
 fg_status fg_launch_cpu_devices(int *out) {
@@ -109,6 +110,7 @@ fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluster_info 
     out->launched = strcmp(source, "none") != 0;
 
     FG_TRY(fg_launch_parse_accelerator(o.accelerator, &out->accelerator));
+    out->accelerator_auto = !o.accelerator || !strcasecmp(o.accelerator, "auto");
     FG_TRY(fg_launch_parse_precision(o.precision, &out->precision));
     int available;
     FG_TRY(fg_launch_cpu_devices(&available));
@@ -155,6 +157,20 @@ fg_status fg_launch_plan_make(const fg_launch_opts *opts, const fg_cluster_info 
                             "strategy=\"%s\" runs in one process, but the launcher "
                             "(%s) started %d ranks; use strategy \"ddp\"",
                             sname, source, env->world_size);
+        if (ddp && !strcmp(source, "slurm") && out->devices.count != env->local_world_size)
+            return fg_error(FG_EMISMATCH,
+                            "devices=%d, but SLURM started %d task%s on this node: set "
+                            "#SBATCH --ntasks-per-node=%d (one task per device, as Lightning "
+                            "asks) or devices=%d",
+                            out->devices.count, env->local_world_size,
+                            env->local_world_size == 1 ? "" : "s", out->devices.count,
+                            env->local_world_size);
+        if (ddp && !strcmp(source, "slurm") && o.num_nodes && o.num_nodes != env->num_nodes)
+            return fg_error(FG_EMISMATCH,
+                            "num_nodes=%d, but SLURM's job has %d node%s: set #SBATCH --nodes=%d "
+                            "or num_nodes=%d",
+                            o.num_nodes, env->num_nodes, env->num_nodes == 1 ? "" : "s",
+                            o.num_nodes, env->num_nodes);
         if (ddp && !spawn && env->world_size != want)
             return fg_error(FG_EMISMATCH,
                             "the launcher (%s) started %d rank%s, but devices x "
@@ -228,9 +244,10 @@ char *fg_launch_plan_format(const fg_launch_plan *p, char *buf, size_t cap) {
     const fg_strategy_info *row = fg_strategy_info_of(p->strategy);
     if (row && row->ranks == FG_RANKS_ONE_PROCESS && row->replica_threads)
         snprintf(buf, cap,
-                 "dp, 1 process with %d worker threads (devices %s), %s, launcher %s, "
+                 "dp, 1 process with %d worker threads on %s (devices %s), %s, launcher %s, "
                  "%d kernel thread%s, precision %s",
-                 p->devices.count, devs, how, fg_launcher_name(p->launcher), p->threads_per_rank,
+                 p->devices.count, fg_accelerator_name(p->accelerator), devs, how,
+                 fg_launcher_name(p->launcher), p->threads_per_rank,
                  p->threads_per_rank == 1 ? "" : "s", fg_precision_kind_name(p->precision));
     else {
         char me[48] = "";
@@ -244,6 +261,19 @@ char *fg_launch_plan_format(const fg_launch_plan *p, char *buf, size_t cap) {
                  p->num_nodes == 1 ? "" : "s", devs, how, me, fg_launcher_name(p->launcher),
                  p->threads_per_rank, p->threads_per_rank == 1 ? "" : "s", p->threads_from,
                  fg_precision_kind_name(p->precision));
+    }
+    if (p->accelerator_auto) { /* which accelerator auto took, and why */
+        char why[256];
+        int gpus = fg_device_count(FG_CUDA, why, sizeof why);
+        size_t len = strlen(buf);
+        if (gpus > 0)
+            snprintf(buf + len, cap - len, ", accelerator auto: gpu (%d GPU%s answer%s)", gpus,
+                     gpus == 1 ? "" : "s", gpus == 1 ? "s" : "");
+        else
+            snprintf(buf + len, cap - len, ", accelerator auto: cpu (%s)",
+                     strncmp(why, "this build has no CUDA", 22) == 0
+                         ? "no CUDA backend in this build"
+                         : "no GPU answers");
     }
     return buf;
 }

@@ -61,7 +61,7 @@ fg_status fg__tm_auroc_compute(fg_tmetric *m, double *out) {
     counts[c ? fg_comm_rank(c) : 0] = m->n;
     fg_status st = FG_OK;
     if (world > 1) {
-        st = fg_comm_allreduce(c, counts, counts, world, FG_I64, FG_SUM);
+        st = fg_comm_allreduce(c, counts, counts, world, FG_I64, FG_REDUCE_OP_SUM);
         total = 0;
         for (int r = 0; r < world; r++) total += counts[r];
     }

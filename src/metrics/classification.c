@@ -22,7 +22,7 @@ static fg_status check(fg_tmetric *m, const fg_tensor *preds, const fg_tensor *t
     const char *name = fg_tmetric_name(m);
     int64_t N = fg_tensor_numel(target), np = fg_tensor_numel(preds), C = m->C;
     *in = (cls_in){.N = N, .C = C};
-    bool binary = m->o.task == FG_TM_BINARY;
+    bool binary = m->o.task == FG_TM_TASK_BINARY;
     if (!binary && np == N * C && fg_tensor_ndim(preds) >= 2 &&
         fg_tensor_dim(preds, fg_tensor_ndim(preds) - 1) == C && C != 1)
         in->scores = true;
@@ -61,7 +61,7 @@ static int64_t predicted(const fg_tmetric *m, const fg_tensor *preds, const cls_
     if (!in->scores) {
         double p = fg_tensor_get(preds, i);
         int64_t c;
-        if (m->o.task == FG_TM_BINARY && fg_dtype_is_float(fg_tensor_dtype(preds))) {
+        if (m->o.task == FG_TM_TASK_BINARY && fg_dtype_is_float(fg_tensor_dtype(preds))) {
             if (in->sigmoid) p = 1 / (1 + exp(-p));
             c = p > m->o.threshold;
         } else {
@@ -120,8 +120,8 @@ double fg__tm_class_value(const fg_tmetric *m, const double *s) {
         for (int64_t k = 0; k < C; k++) total += cm[c * C + k];
     }
     if (m->kind == FG__M_CONFUSION) return cm[0];
-    bool binary = m->o.task == FG_TM_BINARY;
-    if (m->kind == FG__M_ACCURACY && (binary || m->o.average == FG_TM_MICRO))
+    bool binary = m->o.task == FG_TM_TASK_BINARY;
+    if (m->kind == FG__M_ACCURACY && (binary || m->o.average == FG_TM_AVERAGE_MICRO))
         return binary ? safe_div(trace, total) : safe_div(all_hits, total);
     /* per class: tp, fp, fn */
     double sum = 0, weights = 0, stp = 0, sfp = 0, sfn = 0;
@@ -147,7 +147,7 @@ double fg__tm_class_value(const fg_tmetric *m, const double *s) {
             weights += 1;
         }
     }
-    if (binary || m->o.average == FG_TM_MACRO) return binary ? sum : safe_div(sum, weights);
+    if (binary || m->o.average == FG_TM_AVERAGE_MACRO) return binary ? sum : safe_div(sum, weights);
     switch (m->kind) { /* micro */
     case FG__M_PRECISION: return safe_div(stp, stp + sfp);
     case FG__M_RECALL: return safe_div(stp, stp + sfn);

@@ -33,6 +33,8 @@ struct fg_tmetric {
     double *scores, *labels; /* AUROC */
     int64_t n, cap;
     int64_t count;
+    bool has_fwd; /* the last forward's batch value, fwd */
+    double fwd;
 };
 
 /* A metric of `kind` with nst state entries (zero); NULL on error. */
@@ -41,11 +43,14 @@ bool fg__tm_is_classification(fg__mk k);
 
 /* The kinds' updates (checked whole before the state changes) and their
  * values from a state s (summed over ranks when synced). */
-fg_status fg__tm_class_update(fg_tmetric *m, const fg_tensor *preds, const fg_tensor *target);
+FG_MUST_USE fg_status fg__tm_class_update(fg_tmetric *m, const fg_tensor *preds,
+                                          const fg_tensor *target);
 double fg__tm_class_value(const fg_tmetric *m, const double *s);
-fg_status fg__tm_reg_update(fg_tmetric *m, const fg_tensor *preds, const fg_tensor *target);
-fg_status fg__tm_reg_value(const fg_tmetric *m, const double *s, double *out);
-fg_status fg__tm_auroc_update(fg_tmetric *m, const fg_tensor *preds, const fg_tensor *target);
-fg_status fg__tm_auroc_compute(fg_tmetric *m, double *out);
+FG_MUST_USE fg_status fg__tm_reg_update(fg_tmetric *m, const fg_tensor *preds,
+                                        const fg_tensor *target);
+FG_MUST_USE fg_status fg__tm_reg_value(const fg_tmetric *m, const double *s, double *out);
+FG_MUST_USE fg_status fg__tm_auroc_update(fg_tmetric *m, const fg_tensor *preds,
+                                          const fg_tensor *target);
+FG_MUST_USE fg_status fg__tm_auroc_compute(fg_tmetric *m, double *out);
 
 #endif

@@ -123,8 +123,11 @@ fg_module *fg_adaptive_avg_pool2d_new(int64_t out_h, int64_t out_w) {
 typedef struct bn_ud {
     fg_tensor *w, *b, *rm, *rv, *nbt;
     double eps, momentum;
-    int ndim_lo, ndim_hi; /* the input dims accepted */
+    int ndim_lo, ndim_hi;        /* the input dims accepted */
+    const fg_stats_reduce *sync; /* SyncBatchNorm: the ranks' sum (borrowed), else NULL */
 } bn_ud;
+
+static const char kind_batchnorm[] = "BatchNorm";
 
 static fg_tensor *bn_fwd(fg_module *m, fg_tensor *x, void *ud) {
     bn_ud *p = ud;
@@ -136,7 +139,9 @@ static fg_tensor *bn_fwd(fg_module *m, fg_tensor *x, void *ud) {
         return NULL;
     }
     bool train = m->training || !p->rm;
-    if (m->training && p->nbt) fg_tensor_fill(p->nbt, fg_item(p->nbt) + 1);
+    if (m->training && p->nbt && fg_tensor_fill(p->nbt, fg_item(p->nbt) + 1) != FG_OK) return NULL;
+    if (train && p->sync)
+        return fg_sync_batch_norm(x, p->rm, p->rv, p->w, p->b, p->momentum, p->eps, p->sync);
     return fg_batch_norm(x, p->rm, p->rv, p->w, p->b, train, p->momentum, p->eps);
 }
 
@@ -151,6 +156,7 @@ static fg_module *bn_new(const char *type, int lo, int hi, int64_t c, double eps
     bn_ud *p = fg_calloc(1, sizeof *p);
     fg_module *m = p ? fg_module_new(type, bn_fwd, p, fg_free) : NULL;
     if (!m) return NULL;
+    m->kind = kind_batchnorm;
     p->eps = eps > 0 ? eps : 1e-5;
     p->momentum = momentum;
     p->ndim_lo = lo;
@@ -187,4 +193,25 @@ fg_module *fg_batch_norm1d_new(int64_t num_features, double eps, double momentum
                                bool track_running_stats, fg_dtype dt) {
     return bn_new("BatchNorm1d", 2, 3, num_features, eps, momentum, affine, track_running_stats,
                   dt);
+}
+
+static int convert_sync(fg_module *m, const fg_stats_reduce *r) {
+    int n = 0;
+    if (m->kind == kind_batchnorm) {
+        bn_ud *p = m->ud;
+        const char *type = r ? "SyncBatchNorm" : p->ndim_lo == 4 ? "BatchNorm2d" : "BatchNorm1d";
+        char *t = fg_strdup(type);
+        if (t) {
+            fg_free(m->type);
+            m->type = t;
+        }
+        p->sync = r;
+        n++;
+    }
+    for (int i = 0; i < m->nchild; i++) n += convert_sync(m->child[i], r);
+    return n;
+}
+
+int fg_module_convert_sync_batchnorm(fg_module *m, const fg_stats_reduce *r) {
+    return m ? convert_sync(m, r) : 0;
 }

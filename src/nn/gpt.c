@@ -92,10 +92,13 @@ static fg_status check_idx(const gpt *g, const fg_tensor *idx) {
 static fg_tensor *gpt_trunk(gpt *g, fg_tensor *idx) {
     if (check_idx(g, idx)) return NULL;
     int64_t T = fg_tensor_dim(idx, 1);
-    fg_tensor *pos = fg_empty(FG_I32, 1, &T);
-    if (!pos) return NULL;
-    int32_t *pp = fg_tensor_data(pos);
+    /* 0..T-1 made on the host and copied in: the step tensors may be on a device */
+    int32_t *pp = fg_alloc((size_t)T * sizeof *pp);
+    if (!pp) return NULL;
     for (int64_t t = 0; t < T; t++) pp[t] = (int32_t)t;
+    fg_tensor *pos = fg_from_data(FG_I32, 1, &T, pp);
+    fg_free(pp);
+    if (!pos) return NULL;
     fg_tensor *tok = fg_module_forward(g->wte, idx);             /* (B, T, C) */
     fg_tensor *pe = tok ? fg_module_forward(g->wpe, pos) : NULL; /* (T, C) */
     fg_tensor *x = pe ? fg_add(tok, pe) : NULL;
@@ -347,6 +350,16 @@ fg_status fg_gpt_sample_next(fg_module *m, fg_tensor *idx, const fg_sample_opts 
     for (int64_t b = 0; b < B; b++) {
         fg_tensor *row = fg_tensor_narrow_view(logits, 0, b, 1);
         if (!row) return FG_ENOMEM;
+        fg_dev *dev = fg_tensor_dev(row);
+        if (dev && !fg_dev_host_accessible(dev)) { /* the row's logits copied out once */
+            fg_tensor *host = fg_tensor_to(row, NULL);
+            if (!host) return fg_error_wrap(fg_last_status(), "gpt_sample_next");
+            fg_status s =
+                pick(host, V, o, draw_unit(o->seed, draw * (uint64_t)B + (uint64_t)b), &out[b]);
+            fg_tensor_free(host);
+            FG_TRY(s);
+            continue;
+        }
         FG_TRY(pick(row, V, o, draw_unit(o->seed, draw * (uint64_t)B + (uint64_t)b), &out[b]));
     }
     return FG_OK;
@@ -365,6 +378,12 @@ typedef struct gen_job {
 static void *gen_main(void *arg) {
     gen_job *j = arg;
     fg_set_grad_enabled(false);
+    /* a model on a device: this thread's step tensors there, each prompt copied in */
+    if (j->m->flat && j->m->flat->dev && fg_step_device_set(j->m->flat->dev) != FG_OK) {
+        j->st = fg_last_status();
+        snprintf(j->msg, sizeof j->msg, "%s", fg_last_error());
+        return NULL;
+    }
 #ifdef _OPENMP
     omp_set_num_threads(j->threads);
 #endif

@@ -116,7 +116,7 @@ fg_module *fg_layer_norm_new(int64_t dim, double eps, bool bias, fg_dtype dt) {
 /* ------------------------------------------------------------ Dropout */
 
 static fg_tensor *dropout_fwd(fg_module *m, fg_tensor *x, void *ud) {
-    fg_dropout_state *d = ud;
+    fg__dropout_state *d = ud;
     if (!m->training || d->p == 0) return x;
     uint64_t off = fg__rng_take(&d->offset, (uint64_t)fg_tensor_numel(x));
     return fg_dropout(x, d->p, d->seed, off);
@@ -127,7 +127,7 @@ fg_module *fg_dropout_new(double p) {
         fg_error(FG_EINVAL, "dropout_new: p = %g: expected a probability in [0, 1)", p);
         return NULL;
     }
-    fg_dropout_state *d = fg_calloc(1, sizeof *d);
+    fg__dropout_state *d = fg_calloc(1, sizeof *d);
     fg_module *m = d ? fg_module_new("Dropout", dropout_fwd, d, fg_free) : NULL;
     if (!m) return NULL;
     d->p = p;
@@ -140,7 +140,7 @@ fg_status fg_dropout_get_state(const fg_module *m, uint64_t *seed, uint64_t *off
     if (!m || m->kind != fg__kind_dropout)
         return fg_error(FG_EINVAL, "dropout_get_state: module %s is not a Dropout",
                         m ? m->type : "(null)");
-    fg_dropout_state *d = m->ud;
+    fg__dropout_state *d = m->ud;
     if (seed) *seed = d->seed;
     if (offset) *offset = atomic_load(&d->offset);
     return FG_OK;
@@ -150,7 +150,7 @@ fg_status fg_dropout_set_state(fg_module *m, uint64_t seed, uint64_t offset) {
     if (!m || m->kind != fg__kind_dropout)
         return fg_error(FG_EINVAL, "dropout_set_state: module %s is not a Dropout",
                         m ? m->type : "(null)");
-    fg_dropout_state *d = m->ud;
+    fg__dropout_state *d = m->ud;
     d->seed = seed;
     atomic_store(&d->offset, offset);
     return FG_OK;

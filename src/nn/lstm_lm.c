@@ -1,12 +1,17 @@
 /* The LSTM language model (fg_lstm_lm_new): Embedding, a batch-first LSTM
  * and a Linear head under PyTorch's names (embedding, lstm, fc), so that its
- * state dict is that of the three-attribute PyTorch module. */
+ * state dict is that of the three-attribute PyTorch module. Where the
+ * vocabulary is smaller than the tokens of a batch, the LSTM's first layer
+ * projects the embedding table once and picks its rows (rnn.c's
+ * fg__rnn_forward_embedded) instead of projecting every embedded token. */
 #include "nn_impl.h"
 
 static fg_tensor *lm_fwd(fg_module *m, fg_tensor *idx, void *ud) {
     (void)ud;
-    fg_tensor *e = fg_module_forward(fg_module_child(m, "embedding"), idx);
-    fg_tensor *h = fg_module_forward(fg_module_child(m, "lstm"), e);
+    fg_module *emb = fg_module_child(m, "embedding"), *lstm = fg_module_child(m, "lstm");
+    bool applied; /* the first layer's input projection from the projected embedding table */
+    fg_tensor *h = fg__rnn_forward_embedded(lstm, emb, idx, &applied);
+    if (!applied) h = fg_module_forward(lstm, fg_module_forward(emb, idx));
     return fg_module_forward(fg_module_child(m, "fc"), h);
 }
 

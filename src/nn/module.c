@@ -118,7 +118,7 @@ void fg_module_free(fg_module *m) {
     if (!m || m->parent) return;
     fg_error_kept kept; /* a _free never changes the caller's error (core.h) */
     fg_error_keep(&kept);
-    fg_flat *f = m->flat;
+    fg__flat *f = m->flat;
     if (f && f->wrap) f->wrap->detach(f->wrap->ud); /* a strategy freed after its model */
     free_tree(m);
     fg__module_flat_free(f);
@@ -183,10 +183,10 @@ fail:
     return s;
 }
 
-static fg_status plist_push(fg_plist *l, fg_pentry e) {
+static fg_status plist_push(fg__plist *l, fg__pentry e) {
     if (l->n == l->cap) {
         int cap = l->cap ? 2 * l->cap : 4;
-        fg_pentry *p = fg_realloc(l->e, sizeof *p * (size_t)cap);
+        fg__pentry *p = fg_realloc(l->e, sizeof *p * (size_t)cap);
         if (!p) return FG_ENOMEM;
         l->e = p;
         l->cap = cap;
@@ -205,7 +205,7 @@ static fg_tensor *empty_tensor(fg_dtype dt, int ndim, const int64_t *shape) {
     return t;
 }
 
-static fg_tensor *add_tensor(fg_module *m, fg_plist *l, const char *what, const char *name,
+static fg_tensor *add_tensor(fg_module *m, fg__plist *l, const char *what, const char *name,
                              fg_dtype dt, int ndim, const int64_t *shape, const fg_init *init) {
     if (!m) {
         fg_error(FG_EINVAL, "%s(%s): NULL module", what, name ? name : "?");
@@ -235,7 +235,7 @@ static fg_tensor *add_tensor(fg_module *m, fg_plist *l, const char *what, const 
     fg_tensor *t =
         fg__tl_empty_init ? empty_tensor(dt, ndim, shape) : fg_tensor_new(dt, ndim, shape);
     char *nm = t ? fg_strdup(name) : NULL;
-    if (!nm || plist_push(l, (fg_pentry){nm, t, init ? *init : (fg_init){0}, false}) != FG_OK) {
+    if (!nm || plist_push(l, (fg__pentry){nm, t, init ? *init : (fg_init){0}, false}) != FG_OK) {
         fg_tensor_free(t);
         fg_free(nm);
         fg_error_wrap(FG_EINVAL, "%s(%s)", what, name);
@@ -271,15 +271,15 @@ fg_status fg_module_add_tied(fg_module *m, const char *name, fg_tensor *param) {
                         m->type, name);
     char *nm = fg_strdup(name);
     if (!nm) return FG_ENOMEM;
-    if (plist_push(&m->params, (fg_pentry){nm, param, {FG_INIT_KEEP, 0, 0}, true}) != FG_OK) {
+    if (plist_push(&m->params, (fg__pentry){nm, param, {FG_INIT_KEEP, 0, 0}, true}) != FG_OK) {
         fg_free(nm);
         return FG_ENOMEM;
     }
     return FG_OK;
 }
 
-static fg_pentry *own_entry(const fg_module *m, const char *name, bool buffers) {
-    const fg_plist *l = buffers ? &m->buffers : &m->params;
+static fg__pentry *own_entry(const fg_module *m, const char *name, bool buffers) {
+    const fg__plist *l = buffers ? &m->buffers : &m->params;
     for (int i = 0; i < l->n; i++)
         if (!strcmp(l->e[i].name, name)) return &l->e[i];
     return NULL;
@@ -287,7 +287,7 @@ static fg_pentry *own_entry(const fg_module *m, const char *name, bool buffers) 
 
 fg_status fg_module_set_init(fg_module *m, const char *name, const fg_init *init) {
     if (!m || !name) return fg_error(FG_EINVAL, "set_init: NULL module or name");
-    fg_pentry *e = own_entry(m, name, false);
+    fg__pentry *e = own_entry(m, name, false);
     if (!e) e = own_entry(m, name, true);
     if (!e || e->alias)
         return fg_error(FG_EINVAL, "set_init: module %s has no own parameter \"%s\"", m->type,
@@ -345,7 +345,7 @@ fg_module *fg_module_child(const fg_module *m, const char *name) {
 
 fg_tensor *fg_module_own_param(const fg_module *m, const char *name) {
     if (!m || !name) return NULL;
-    fg_pentry *e = own_entry(m, name, false);
+    fg__pentry *e = own_entry(m, name, false);
     return e ? e->t : NULL;
 }
 

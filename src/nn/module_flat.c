@@ -16,11 +16,19 @@
 
 #include "nn_impl.h"
 
-void fg__module_flat_free(fg_flat *f) {
+void fg__module_flat_free(fg__flat *f) {
     if (!f) return;
-    fg_free(f->pdata);
-    fg_free(f->gdata);
-    fg_free(f->bdata);
+    if (f->dev) { /* fg_module_to_device's buffers, and its reference to the device */
+        /* a _free has no caller to tell; the buffers came from f->dev */
+        fg__status_drop(fg_dev_free(f->dev, f->pdata));
+        fg__status_drop(fg_dev_free(f->dev, f->gdata));
+        fg__status_drop(fg_dev_free(f->dev, f->bdata));
+        fg_dev_close(f->dev);
+    } else {
+        fg_free(f->pdata);
+        fg_free(f->gdata);
+        fg_free(f->bdata);
+    }
     for (int64_t i = 0; f->slot && i < f->np + f->nb; i++) {
         fg_tensor_free(f->slot[i].grad);
         fg_free(f->slot[i].name);
@@ -37,11 +45,11 @@ void fg__module_flat_free(fg_flat *f) {
 
 /* Growable arrays used while collecting the tree. */
 typedef struct collect {
-    fg_pentry **pe;
+    fg__pentry **pe;
     int64_t np, capp;
-    fg_pentry **be;
+    fg__pentry **be;
     int64_t nb, capb;
-    fg_pentry **al; /* alias entries */
+    fg__pentry **al; /* alias entries */
     char **alname;
     int64_t nal, capal, capaln;
     fg_module **mods;
@@ -88,7 +96,7 @@ static fg_status collect_tree(fg_module *m, const char *path, collect *c, char *
     m->p_first = c->np;
     m->b_first = c->nb;
     for (int i = 0; i < m->params.n; i++) {
-        fg_pentry *e = &m->params.e[i];
+        fg__pentry *e = &m->params.e[i];
         if (e->alias) {
             FG_TRY(grow((void **)&c->al, &c->capal, c->nal + 1, sizeof *c->al));
             FG_TRY(grow((void **)&c->alname, &c->capaln, c->nal + 1, sizeof *c->alname));
@@ -139,8 +147,10 @@ static double init_value(const fg_init *in, const uint32_t blk[4], int64_t i) {
  * from its init and stream `seed`. Chunks run in parallel: element i is a
  * function of (seed, i) alone, so a part is bitwise that part of a whole
  * fill (sharded initialisation relies on it). */
-static void init_fill_part(void *data, fg_dtype dt, int64_t i0, int64_t i1, const fg_init *in,
-                           uint64_t seed) {
+/* Elements [i0, i1) of a tensor's initial values, element i at
+ * data[i - base]. */
+static void init_fill_part(void *data, int64_t base, fg_dtype dt, int64_t i0, int64_t i1,
+                           const fg_init *in, uint64_t seed) {
     if (in->kind == FG_INIT_KEEP || i1 <= i0) return;
     bool random = in->kind == FG_INIT_NORMAL || in->kind == FG_INIT_UNIFORM;
     int per_block = in->kind == FG_INIT_NORMAL ? 2 : 4; /* elements per Philox block */
@@ -154,38 +164,59 @@ static void init_fill_part(void *data, fg_dtype dt, int64_t i0, int64_t i1, cons
             if (random && (i % per_block == 0 || i == lo))
                 fg_philox(seed, (uint64_t)(i / per_block), blk);
             double v = init_value(in, blk, i);
-            if (dt == FG_F64) ((double *)data)[i] = v;
-            else if (dt == FG_BF16) ((uint16_t *)data)[i] = fg_f32_to_bf16((float)v);
-            else if (dt == FG_F16) ((uint16_t *)data)[i] = fg_f32_to_f16((float)v);
-            else ((float *)data)[i] = (float)v;
+            int64_t at = i - base;
+            if (dt == FG_F64) ((double *)data)[at] = v;
+            else if (dt == FG_BF16) ((uint16_t *)data)[at] = fg_f32_to_bf16((float)v);
+            else if (dt == FG_F16) ((uint16_t *)data)[at] = fg_f32_to_f16((float)v);
+            else ((float *)data)[at] = (float)v;
         }
     }
 }
 
-static void init_fill(void *data, fg_dtype dt, int64_t n, const fg_init *in, uint64_t seed) {
-    init_fill_part(data, dt, 0, n, in, seed);
+/* Elements [i0, i1) of slot tensor data (on f's device, if any: made on
+ * the host a bounded chunk at a time and copied in). */
+static void init_slot(const fg__flat *f, void *data, int64_t i0, int64_t i1, const fg_init *in,
+                      uint64_t seed) {
+    if (!f->dev || fg_dev_host_accessible(f->dev)) {
+        init_fill_part(data, 0, f->dtype, i0, i1, in, seed);
+        return;
+    }
+    if (in->kind == FG_INIT_KEEP) return;
+    _Alignas(64) unsigned char tmp[32768];
+    size_t es = fg_dtype_size(f->dtype);
+    int64_t per = (int64_t)(sizeof tmp / es);
+    for (int64_t a = i0; a < i1; a += per) {
+        int64_t b = FG_MIN(i1, a + per);
+        init_fill_part(tmp, a, f->dtype, a, b, in, seed);
+        /* the range is inside the flat buffer: the copy cannot fail */
+        fg__status_drop(
+            fg_dev_copy_h2d(f->dev, (char *)data + (size_t)a * es, tmp, (size_t)(b - a) * es));
+    }
+}
+
+static void init_fill(const fg__flat *f, void *data, int64_t n, const fg_init *in, uint64_t seed) {
+    init_slot(f, data, 0, n, in, seed);
 }
 
 /* Stream of buffer i: after every parameter's (derive's stream space is 2^64). */
 #define BUFFER_STREAM(i) (((uint64_t)1 << 63) + (uint64_t)(i))
 #define DROPOUT_STREAM (~(uint64_t)0)
 
-static void init_range(fg_flat *f, int64_t p0, int64_t p1, int64_t b0, int64_t b1, uint64_t seed) {
+static void init_range(fg__flat *f, int64_t p0, int64_t p1, int64_t b0, int64_t b1, uint64_t seed) {
     for (int64_t i = p0; i < p1; i++) {
-        const fg_slot *sl = &f->slot[i];
-        init_fill(sl->t->data, f->dtype, sl->t->numel, &sl->e->init,
-                  fg_rng_derive(seed, (uint64_t)i));
+        const fg__slot *sl = &f->slot[i];
+        init_fill(f, sl->t->data, sl->t->numel, &sl->e->init, fg_rng_derive(seed, (uint64_t)i));
     }
     for (int64_t i = b0; i < b1; i++) {
-        const fg_slot *sl = &f->slot[f->np + i];
-        init_fill(sl->t->data, f->dtype, sl->t->numel, &sl->e->init,
+        const fg__slot *sl = &f->slot[f->np + i];
+        init_fill(f, sl->t->data, sl->t->numel, &sl->e->init,
                   fg_rng_derive(seed, BUFFER_STREAM(i)));
     }
 }
 
 void fg__seed_dropouts(fg_module *m, uint64_t seed) {
     if (m->kind == fg__kind_dropout) {
-        fg_dropout_state *d = m->ud;
+        fg__dropout_state *d = m->ud;
         d->seed = fg_rng_derive(fg_rng_derive(seed, DROPOUT_STREAM), (uint64_t)m->index);
         atomic_store(&d->offset, 0);
     }
@@ -202,7 +233,7 @@ fg_status fg_module_finalize(fg_module *root) {
     collect c = {0};
     char **paths = NULL;
     int64_t cappaths = 0;
-    fg_flat *f = NULL;
+    fg__flat *f = NULL;
     fg_tensor **mviews = NULL; /* 3 per module */
     if ((s = collect_tree(root, "", &c, &paths, &cappaths)) != FG_OK) goto fail;
 
@@ -210,7 +241,7 @@ fg_status fg_module_finalize(fg_module *root) {
     fg_dtype dt = FG_F32;
     bool have = false;
     for (int64_t i = 0; i < c.np + c.nb; i++) {
-        fg_pentry *e = i < c.np ? c.pe[i] : c.be[i - c.np];
+        fg__pentry *e = i < c.np ? c.pe[i] : c.be[i - c.np];
         if (!have) {
             dt = e->t->dtype;
             have = true;
@@ -240,14 +271,14 @@ fg_status fg_module_finalize(fg_module *root) {
     c.mods = NULL;
 
     for (int64_t i = 0; i < f->np; i++) {
-        fg_slot *sl = &f->slot[i];
+        fg__slot *sl = &f->slot[i];
         sl->e = c.pe[i];
         sl->t = sl->e->t;
         sl->off = f->pnumel;
         f->pnumel += sl->t->numel;
     }
     for (int64_t i = 0; i < f->nb; i++) {
-        fg_slot *sl = &f->slot[f->np + i];
+        fg__slot *sl = &f->slot[f->np + i];
         sl->e = c.be[i];
         sl->t = sl->e->t;
         sl->off = f->bnumel;
@@ -291,7 +322,7 @@ fg_status fg_module_finalize(fg_module *root) {
     f->bdata = fg_alloc(es * (size_t)f->bnumel + 64);
     if (!f->pdata || !f->gdata || !f->bdata) goto nomem;
     for (int64_t i = 0; i < f->np; i++) {
-        fg_slot *sl = &f->slot[i];
+        fg__slot *sl = &f->slot[i];
         sl->grad =
             fg_tensor_wrap((char *)f->gdata + es * (size_t)sl->off, dt, sl->t->ndim, sl->t->shape);
         if (!sl->grad) goto nomem;
@@ -323,7 +354,8 @@ fg_status fg_module_finalize(fg_module *root) {
         if (t->flags & FG_T_OWNS_DATA) fg_free(t->data);
         t->data = dst;
         t->flags &= ~(uint32_t)FG_T_OWNS_DATA;
-        fg_tensor_set_grad(t, f->slot[i].grad);
+        /* the slot's gradient view has t's shape and dtype: cannot be refused */
+        fg__status_drop(fg_tensor_set_grad(t, f->slot[i].grad));
         t->requires_grad = true;
         t->param_index = (int32_t)i;
         t->name = f->slot[i].name;
@@ -347,7 +379,8 @@ fg_status fg_module_finalize(fg_module *root) {
         m->flat_p = mviews[3 * k];
         m->flat_g = mviews[3 * k + 1];
         m->flat_b = mviews[3 * k + 2];
-        fg_tensor_set_grad(m->flat_p, m->flat_g);
+        /* two views of one shape and dtype: cannot be refused */
+        fg__status_drop(fg_tensor_set_grad(m->flat_p, m->flat_g));
     }
     if (f->deferred) init_range(f, f->np, f->np, 0, f->nb, f->seed); /* buffers only */
     else init_range(f, 0, f->np, 0, f->nb, f->seed);
@@ -402,22 +435,25 @@ bool fg__module_deferred(const fg_module *m) {
 
 fg_status fg__module_materialize(fg_module *m) {
     fg_module *r = fg__module_root(m);
-    fg_flat *f = r->flat;
+    fg__flat *f = r->flat;
     if (!f || !f->deferred) return FG_OK;
     init_range(f, 0, f->np, 0, 0, f->seed);
-    memset(f->gdata, 0, fg_dtype_size(f->dtype) * (size_t)f->pnumel);
+    size_t gb = fg_dtype_size(f->dtype) * (size_t)f->pnumel;
+    if (f->dev && !fg_dev_host_accessible(f->dev))
+        FG_TRY(fg_dev_memset(f->dev, f->gdata, 0, gb, NULL));
+    else memset(f->gdata, 0, gb);
     f->deferred = false;
     return FG_OK;
 }
 
 void fg__module_init_elements(fg_module *m, int64_t lo, int64_t hi, uint64_t seed) {
-    fg_flat *f = fg__module_root(m)->flat;
+    fg__flat *f = fg__module_root(m)->flat;
     for (int64_t i = 0; i < f->np; i++) {
-        const fg_slot *sl = &f->slot[i];
+        const fg__slot *sl = &f->slot[i];
         int64_t a = FG_MAX(lo, sl->off), b = FG_MIN(hi, sl->off + sl->t->numel);
         if (a >= b) continue;
-        init_fill_part(sl->t->data, f->dtype, a - sl->off, b - sl->off, &sl->e->init,
-                       fg_rng_derive(seed, (uint64_t)i));
+        init_slot(f, sl->t->data, a - sl->off, b - sl->off, &sl->e->init,
+                  fg_rng_derive(seed, (uint64_t)i));
     }
     f->seed = seed;
     f->deferred = false;
@@ -425,7 +461,7 @@ void fg__module_init_elements(fg_module *m, int64_t lo, int64_t hi, uint64_t see
 
 fg_status fg_module_reset_parameters(fg_module *m, uint64_t seed) {
     FG_TRY(fg__module_ready(m));
-    fg_flat *f = m->flat;
+    fg__flat *f = m->flat;
     if (f->deferred) FG_TRY(fg__module_materialize(m));
     init_range(f, m->p_first, m->p_first + m->p_count, m->b_first, m->b_first + m->b_count, seed);
     if (!m->parent) f->seed = seed;
@@ -434,7 +470,7 @@ fg_status fg_module_reset_parameters(fg_module *m, uint64_t seed) {
 
 /* ------------------------------------------------------------ parameters */
 
-fg_flat *fg__module_flat(fg_module *m) {
+fg__flat *fg__module_flat(fg_module *m) {
     if (fg__module_ready(m)) return NULL;
     return m->flat;
 }
@@ -479,7 +515,7 @@ static const char *relative(const fg_module *m, const char *full) {
 
 int64_t fg_module_find_param(fg_module *m, const char *name) {
     if (!name || !fg__module_flat(m)) return -1;
-    fg_flat *f = m->flat;
+    fg__flat *f = m->flat;
     for (int64_t i = m->p_first; i < m->p_first + m->p_count; i++)
         if (!strcmp(f->slot[i].name + m->prefix_len, name)) return i - m->p_first;
     for (int64_t a = 0; a < f->nalias; a++) {
@@ -495,6 +531,11 @@ void fg_module_zero_grad(fg_module *m) {
     if (!fg__module_flat(m)) return;
     if (!m->parent && m->flat->wrap) { /* sharded parameters: only the shard is resident */
         m->flat->wrap->zero_grad(m->flat->wrap->ud);
+        return;
+    }
+    if (m->flat->dev) { /* the device's own memset */
+        /* no status to return: a device fill's failure stays in fg_last_error */
+        fg__status_drop(fg_tensor_fill(m->flat_g, 0));
         return;
     }
     size_t es = fg_dtype_size(m->flat->dtype);
@@ -521,3 +562,81 @@ const char *fg_module_buffer_name(fg_module *m, int64_t i) {
         return NULL;
     return m->flat->slot[m->flat->np + m->b_first + i].name + m->prefix_len;
 }
+
+/* ------------------------------------------------------------ devices */
+
+/* p moved from the host buffer `from` to the device buffer `to` */
+static void *rebase(void *p, const void *from, void *to) {
+    return (char *)to + ((const char *)p - (const char *)from);
+}
+
+static void retarget(fg_tensor *t, const void *from, size_t bytes, void *to, fg_dev *dev) {
+    if (!t || !t->data || (const char *)t->data < (const char *)from ||
+        (const char *)t->data > (const char *)from + bytes)
+        return;
+    t->data = rebase(t->data, from, to);
+    t->dev = dev;
+    t->device = fg_dev_kind(dev);
+}
+
+fg_status fg_module_to_device(fg_module *root, fg_dev *dev) {
+    if (!root || root->parent)
+        return fg_error(FG_EINVAL, "module to_device: %s", root ? "not a root module" : "NULL");
+    FG_TRY(fg_module_finalize(root));
+    fg__flat *f = root->flat;
+    if (!dev || fg_dev_host_accessible(dev)) {
+        if (!f->dev) return FG_OK;
+        return fg_error(FG_EUNSUPPORTED,
+                        "module to_device: back from %s to the host is not "
+                        "built yet; copy its state dict out instead",
+                        fg_dev_name(f->dev));
+    }
+    if (f->dev == dev) return FG_OK;
+    /* a model under empty init moves as it is: its strategy initialises
+     * its shard on the device (fg__module_init_elements) */
+    if (f->dev || f->wrap)
+        return fg_error(FG_EUNSUPPORTED, "module to_device %s: a model %s stays where it is",
+                        fg_dev_name(dev),
+                        f->dev ? "already on another device"
+                               : "whose parameters a strategy "
+                                 "shards");
+    size_t es = fg_dtype_size(f->dtype);
+    size_t pb = es * (size_t)f->pnumel, bb = es * (size_t)f->bnumel;
+    void *dp = fg_dev_alloc(dev, pb, NULL), *dg = dp ? fg_dev_alloc(dev, pb, NULL) : NULL;
+    void *db = dg ? fg_dev_alloc(dev, bb, NULL) : NULL;
+    fg_status s = db ? FG_OK : fg_last_status();
+    if (s == FG_OK && pb) s = fg_dev_copy_h2d(dev, dp, f->pdata, pb);
+    if (s == FG_OK && pb) s = fg_dev_copy_h2d(dev, dg, f->gdata, pb);
+    if (s == FG_OK && bb) s = fg_dev_copy_h2d(dev, db, f->bdata, bb);
+    if (s != FG_OK) {
+        /* just allocated on dev: their free cannot fail; s is the failure */
+        if (dp) fg__status_drop(fg_dev_free(dev, dp));
+        if (dg) fg__status_drop(fg_dev_free(dev, dg));
+        if (db) fg__status_drop(fg_dev_free(dev, db));
+        return fg_error_wrap(s, "module to_device %s", fg_dev_name(dev));
+    }
+    /* nothing fails from here on: every view of the three buffers follows */
+    for (int64_t i = 0; i < f->np + f->nb; i++) {
+        fg__slot *sl = &f->slot[i];
+        bool param = i < f->np;
+        retarget(sl->t, param ? f->pdata : f->bdata, param ? pb : bb, param ? dp : db, dev);
+        retarget(sl->grad, f->gdata, pb, dg, dev);
+    }
+    for (int64_t k = 0; k < f->nmod; k++) {
+        fg_module *m = f->mods[k];
+        retarget(m->flat_p, f->pdata, pb, dp, dev);
+        retarget(m->flat_g, f->gdata, pb, dg, dev);
+        retarget(m->flat_b, f->bdata, bb, db, dev);
+    }
+    fg_free(f->pdata);
+    fg_free(f->gdata);
+    fg_free(f->bdata);
+    f->pdata = dp;
+    f->gdata = dg;
+    f->bdata = db;
+    fg_dev_retain(dev);
+    f->dev = dev;
+    return FG_OK;
+}
+
+fg_dev *fg_module_device(const fg_module *m) { return m && m->flat ? m->flat->dev : NULL; }

@@ -38,9 +38,9 @@
 
 #include "nn_impl.h"
 
-void fg__module_set_wrap(fg_module *root, const fg_module_wrap *wrap, fg_module *const *units,
+void fg__module_set_wrap(fg_module *root, const fg__module_wrap *wrap, fg_module *const *units,
                          int nunits) {
-    fg_flat *f = root->flat;
+    fg__flat *f = root->flat;
     for (int64_t k = 0; k < f->nmod; k++) f->mods[k]->wrap_unit = -1;
     f->wrap = wrap;
     for (int u = 0; wrap && u < nunits; u++) units[u]->wrap_unit = u;
@@ -50,7 +50,7 @@ enum { PRE_BACKWARD = 0, POST_BACKWARD = 1 };
 
 /* The backward of a closed unit: the arena's top when it began. */
 typedef struct segment {
-    fg_arena_mark mark;
+    fg__arena_point mark;
     bool marked;
 } segment;
 
@@ -71,6 +71,24 @@ static fg_status rewind_keeping(segment *sg, fg_tensor *in, const fg_tensor *gou
     }
     fg_tensor *gc = fg_tensor_contiguous(gout);
     if (!gc) return fg_last_status();
+    fg_dev *dev = fg_tensor_dev(gc);
+    if (dev && !fg_dev_host_accessible(dev)) {
+        /* on a device the released chunks go back to its allocator: the
+         * gradient waits in a block of its own (device to device copies) */
+        size_t nbytes = fg_tensor_nbytes(gc);
+        void *tmp = fg_dev_alloc(dev, nbytes, NULL);
+        if (!tmp) return fg_last_status();
+        fg_status s = fg_dev_copy_d2d(dev, tmp, gc->data, nbytes);
+        fg_tensor m = *gc;
+        fg__step_release(sg->mark);
+        fg_tensor *g = s == FG_OK ? fg_empty(m.dtype, m.ndim, m.shape) : NULL;
+        if (s == FG_OK && !g) s = fg_last_status();
+        if (s == FG_OK) s = fg_dev_copy_d2d(dev, g->data, tmp, nbytes);
+        fg__status_drop(fg_dev_free(dev, tmp));
+        if (s != FG_OK) return s;
+        in->grad = g;
+        return FG_OK;
+    }
     /* the released memory is not written before the copy (the dropped
      * chunks stay valid until the step ends); memmove: they may overlap */
     fg_tensor meta = *gc;
@@ -86,8 +104,8 @@ static fg_status rewind_keeping(segment *sg, fg_tensor *in, const fg_tensor *gou
     return FG_OK;
 }
 
-static fg_status hook_bw(fg_node *n, const fg_tensor *gout) {
-    const fg_module_wrap *w = (const fg_module_wrap *)(intptr_t)n->i[2];
+static fg_status hook_bw(fg__node *n, const fg_tensor *gout) {
+    const fg__module_wrap *w = (const fg__module_wrap *)(intptr_t)n->i[2];
     int unit = (int)n->i[0];
     fg_status s =
         n->i[1] == PRE_BACKWARD ? w->pre_backward(w->ud, unit) : w->post_backward(w->ud, unit);
@@ -105,6 +123,7 @@ static fg_status hook_bw(fg_node *n, const fg_tensor *gout) {
         /* the output's gradient is final and nothing reads it again: it
          * becomes the input's, no copy (later uses of the input add to it) */
         in->grad = (fg_tensor *)gout;
+        if (gout->grad_for) in->grad->grad_for = in; /* now the input's, handed back with it */
         return FG_OK;
     }
     fg_tensor *g = fg__grad_of(in);
@@ -115,13 +134,13 @@ static fg_status hook_bw(fg_node *n, const fg_tensor *gout) {
 /* x itself when nothing is recorded, else an identity of x whose backward
  * calls the hook `which` of unit u first (its node in *node, else NULL).
  * NULL on failure. */
-static fg_tensor *hook(fg_tensor *x, const fg_module_wrap *w, int u, int which, fg_node **node) {
+static fg_tensor *hook(fg_tensor *x, const fg__module_wrap *w, int u, int which, fg__node **node) {
     *node = NULL;
     if (!fg_is_grad_enabled() || !fg__needs_grad(x)) return x;
     fg_tensor *y = fg__tensor_header_like(x);
     if (!y) return NULL;
     y->data = x->data;
-    fg_node *n;
+    fg__node *n;
     if (fg__record(&n, which == PRE_BACKWARD ? "unit_output" : "unit_input", hook_bw, y, 1, &x))
         return NULL;
     if (n) {
@@ -134,12 +153,12 @@ static fg_tensor *hook(fg_tensor *x, const fg_module_wrap *w, int u, int which, 
 }
 
 fg_tensor *fg__module_forward_wrapped(fg_module *m, fg_tensor *x) {
-    const fg_module_wrap *w = m->flat->wrap;
+    const fg__module_wrap *w = m->flat->wrap;
     int u = m->wrap_unit;
     if (w->pre_forward(w->ud, u) != FG_OK) return NULL;
-    fg_node *in_node, *out_node;
+    fg__node *in_node, *out_node;
     fg_tensor *xi = hook(x, w, u, POST_BACKWARD, &in_node);
-    fg_tape_pos inside = fg__tape_pos();
+    fg__tape_point inside = fg__tape_pos();
     fg_tensor *y = xi ? fg__module_forward_body(m, xi) : NULL;
     /* released even when forward failed, so that nothing stays gathered */
     if (w->post_forward(w->ud, u) != FG_OK || !y) return NULL;

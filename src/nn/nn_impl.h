@@ -4,11 +4,11 @@
  * by the optim layer above (which reads the flat layout).
  *
  * Invariants after finalize:
- *   - the root's fg_flat lists every parameter once in PyTorch order (a
+ *   - the root's fg__flat lists every parameter once in PyTorch order (a
  *     module's own parameters, then its children's, depth first), parameter
  *     i in slot[i] at offset slot[i].off = sum of the sizes before it (no
  *     padding); buffer i likewise in slot[np + i], offsets into bdata;
- *   - every module of the tree points at that fg_flat (flat != NULL) and
+ *   - every module of the tree points at that fg__flat (flat != NULL) and
  *     owns the index range [p_first, p_first + p_count) and the element range
  *     [p_off, p_off + p_numel) of it, likewise for buffers;
  *   - a parameter tensor's data is pdata + slot[i].off (not owned), its grad
@@ -21,48 +21,49 @@
 #include "autograd/autograd_impl.h"
 #include "fulgur/nn.h"
 
-typedef struct fg_pentry {
+typedef struct fg__pentry {
     char *name; /* local name in its module */
     fg_tensor *t;
     fg_init init;
     bool alias; /* a tied weight owned by another module */
-} fg_pentry;
+} fg__pentry;
 
-typedef struct fg_plist {
-    fg_pentry *e;
+typedef struct fg__plist {
+    fg__pentry *e;
     int n, cap;
-} fg_plist;
+} fg__plist;
 
 /* One parameter or buffer of a finalized tree. */
-typedef struct fg_slot {
+typedef struct fg__slot {
     fg_tensor *t;    /* the module's tensor; its data lives in the flat buffer */
-    fg_pentry *e;    /* its entry in the owning module (local name, init) */
+    fg__pentry *e;   /* its entry in the owning module (local name, init) */
     char *name;      /* full dotted name ("blocks.0.attn.qkv.weight"), owned */
     int64_t off;     /* elements from the start of pdata (buffers: bdata) */
     fg_tensor *grad; /* parameters: the owned view into gdata; buffers: NULL */
-} fg_slot;
+} fg__slot;
 
 /* What a sharding strategy that shards the parameters (ZeRO-3, FSDP's
  * FULL_SHARD: src/strategy/zero3.c) hangs on the tree: the hooks of its
  * wrapped units (module_wrap.c calls them around a wrapped module's forward
  * and, through two identity nodes on the tape, around its backward) and
  * the root's zero_grad. Each hook gets the unit's index. */
-typedef struct fg_module_wrap {
-    fg_status (*pre_forward)(void *ud, int unit);   /* gather the unit's parameters */
-    fg_status (*post_forward)(void *ud, int unit);  /* release them */
-    fg_status (*pre_backward)(void *ud, int unit);  /* gather again, before its backward */
-    fg_status (*post_backward)(void *ud, int unit); /* its backward is over: release */
-    void (*zero_grad)(void *ud);                    /* the root's fg_module_zero_grad */
-    void (*detach)(void *ud);                       /* the tree is being freed: forget it */
+typedef struct fg__module_wrap {
+    FG_MUST_USE fg_status (*pre_forward)(void *ud, int unit);  /* gather the unit's parameters */
+    FG_MUST_USE fg_status (*post_forward)(void *ud, int unit); /* release them */
+    FG_MUST_USE fg_status (*pre_backward)(void *ud,
+                                          int unit); /* gather again, before its backward */
+    FG_MUST_USE fg_status (*post_backward)(void *ud, int unit); /* its backward is over: release */
+    void (*zero_grad)(void *ud);                                /* the root's fg_module_zero_grad */
+    void (*detach)(void *ud); /* the tree is being freed: forget it */
     void *ud;
-} fg_module_wrap;
+} fg__module_wrap;
 
-typedef struct fg_flat {
+typedef struct fg__flat {
     fg_dtype dtype;
     uint64_t seed;
     int64_t np, pnumel; /* parameters */
     int64_t nb, bnumel; /* buffers */
-    fg_slot *slot;      /* np parameters, then nb buffers */
+    fg__slot *slot;     /* np parameters, then nb buffers */
     void *pdata, *gdata, *bdata;
     /* aliases (tied weights): full name -> parameter index */
     int64_t nalias;
@@ -71,9 +72,10 @@ typedef struct fg_flat {
     /* every module, preorder (for freeing per-module views) */
     int64_t nmod;
     fg_module **mods;
-    const fg_module_wrap *wrap; /* set by a strategy sharding the parameters; borrowed */
+    const fg__module_wrap *wrap; /* set by a strategy sharding the parameters; borrowed */
     bool deferred; /* made under empty init: parameters not initialised, gradients not zeroed */
-} fg_flat;
+    fg_dev *dev;   /* fg_module_to_device's device (a reference), NULL: host memory */
+} fg__flat;
 
 struct fg_module {
     char *type;
@@ -81,7 +83,7 @@ struct fg_module {
     fg_module *parent;
     fg_module **child;
     int nchild, capchild;
-    fg_plist params, buffers;
+    fg__plist params, buffers;
     fg_module_forward_fn forward;
     void *ud;
     void (*free_ud)(void *);
@@ -91,8 +93,8 @@ struct fg_module {
     uint64_t seed;   /* root: initialisation seed */
 
     /* after finalize */
-    fg_flat *flat; /* the root's */
-    int64_t index; /* preorder position in the tree */
+    fg__flat *flat; /* the root's */
+    int64_t index;  /* preorder position in the tree */
     int64_t p_first, p_count, p_off, p_numel;
     int64_t b_first, b_count, b_off, b_numel;
     size_t prefix_len; /* strlen of "path." (0 for the root) */
@@ -104,22 +106,22 @@ struct fg_module {
 /* The root of m's tree. */
 fg_module *fg__module_root(const fg_module *m);
 /* Finalizes m's root if needed. */
-fg_status fg__module_ready(fg_module *m);
+FG_MUST_USE fg_status fg__module_ready(fg_module *m);
 /* m's flat layout, finalizing its root if needed; NULL (error set) if that
  * fails. */
-fg_flat *fg__module_flat(fg_module *m);
+fg__flat *fg__module_flat(fg_module *m);
 /* Is 0 <= i < n? If not, sets FG_EINVAL naming `what`, m and n. */
 bool fg__module_index_ok(fg_module *m, int64_t i, int64_t n, const char *what);
 /* Frees a layout, its buffers and its grad views (NULL: no-op). The tree's
  * tensors borrow them: free the tree first. */
-void fg__module_flat_free(fg_flat *f);
+void fg__module_flat_free(fg__flat *f);
 /* m's path for messages ("transformer.h.0.attn", or "(root)"). */
 const char *fg__module_path(const fg_module *m, char *buf, size_t n);
 
 /* module_wrap.c: sets (wrap non-NULL) or clears the wrapping of m's tree:
  * units[k] is unit k's module (a module of the tree, the root included),
  * nunits of them. Borrowed until cleared. */
-void fg__module_set_wrap(fg_module *root, const fg_module_wrap *wrap, fg_module *const *units,
+void fg__module_set_wrap(fg_module *root, const fg__module_wrap *wrap, fg_module *const *units,
                          int nunits);
 /* m's own forward, through fg_checkpoint when m->checkpoint is set
  * (module.c). */
@@ -136,23 +138,40 @@ fg_tensor *fg__module_forward_wrapped(fg_module *m, fg_tensor *x);
  * the gradients are the strategy's to zero). */
 extern _Thread_local bool fg__tl_empty_init;
 bool fg__module_deferred(const fg_module *m);
-fg_status fg__module_materialize(fg_module *m);
+FG_MUST_USE fg_status fg__module_materialize(fg_module *m);
 void fg__module_init_elements(fg_module *m, int64_t lo, int64_t hi, uint64_t seed);
 
 /* Kinds of the built-ins. */
 extern const char fg__kind_dropout[], fg__kind_gpt[], fg__kind_mlp[], fg__kind_sequential[];
 
 /* Dropout's state (the ud of a Dropout module). */
-typedef struct fg_dropout_state {
+typedef struct fg__dropout_state {
     double p;
     uint64_t seed;
     _Atomic uint64_t offset;
-} fg_dropout_state;
+} fg__dropout_state;
 
 /* Seeds the Dropout modules of a finalized tree from `seed`. */
 void fg__seed_dropouts(fg_module *m, uint64_t seed);
 
 /* A model's dtype: FG_F32 (also FG_DTYPE_DEFAULT) or FG_F64; else an error naming `what`. */
-fg_status fg__model_dtype(fg_dtype dt, const char *what, fg_dtype *out);
+FG_MUST_USE fg_status fg__model_dtype(fg_dtype dt, const char *what, fg_dtype *out);
+
+/* rnn.c, for tests: the LSTM's path, "auto" (the fused node where it
+ * exists, and fg__rnn_forward_embedded's table) or "composed" (the
+ * recorded ops step by step, the path of every other device and of
+ * autocast, and no table); FG_EINVAL for another name. Between forwards,
+ * not thread-safe against one running. */
+FG_MUST_USE fg_status fg__rnn_set_path(const char *mode);
+
+/* rnn.c: rnn's forward (an LSTM or GRU module) on the output of emb (an
+ * Embedding) at idx, with the first layer's input projection taken from
+ * the projected table (emb's weight W_ih^T + b_ih, V rows) at the indices
+ * rather than from the embedded rows (T N of them): the same sums, fewer
+ * when V < T N. *applied is false (and NULL returned, no error set) where
+ * that does not hold or the two modules are not plain (checkpointed, emb
+ * a wrapped unit of a sharding strategy, autocast on, idx not 2-D i32):
+ * the caller then runs the two forwards. fg_lstm_lm_new's forward. */
+fg_tensor *fg__rnn_forward_embedded(fg_module *m, fg_module *emb, fg_tensor *idx, bool *applied);
 
 #endif

@@ -8,6 +8,8 @@
  * through fg_module_forward (modes, sharding hooks) like any module's. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "nn_impl.h"
 
@@ -33,19 +35,67 @@ typedef struct rnn_call {
     bool armed;
     fg_tensor *h0, *c0;
     fg_tensor **hn, **cn;
+    /* fg__rnn_forward_embedded: the embedding's weight (V, in) and the
+     * indices (T, N), contiguous i32, in place of the input */
+    fg_tensor *emb_w, *emb_idx;
 } rnn_call;
 
 static _Thread_local rnn_call tl_call;
+
+/* fg__rnn_set_path's choice: 0 auto, 1 composed */
+static _Atomic int g_path;
+
+fg_status fg__rnn_set_path(const char *mode) {
+    if (mode && (!strcmp(mode, "auto") || !strcmp(mode, "composed"))) {
+        g_path = !strcmp(mode, "composed");
+        return FG_OK;
+    }
+    return fg_error(FG_EINVAL, "rnn path \"%s\": expected auto or composed",
+                    mode ? mode : "(null)");
+}
+
+/* The composed path, by fg__rnn_set_path or FULGUR_RNN=composed (read at
+ * each call, as FULGUR_CONV is; any other value is the default) */
+static bool composed(void) {
+    const char *e = getenv("FULGUR_RNN");
+    return g_path == 1 || (e && !strcmp(e, "composed"));
+}
+
+/* The LSTM's fused path (fg__lstm_seq: one node, one product and one pass
+ * a step instead of ~15 recorded ops; the lstm row's step ran 2x faster,
+ * docs/performance.md) where it exists: on the CPU in f32 and f64, outside
+ * autocast (whose LSTM runs its products in the low precision through the
+ * composed ops). The engine of its products is still chosen per shape
+ * class (k_rnn.c). */
+static bool lstm_fused(const fg_tensor *x, const fg_tensor *w) {
+    return !composed() && fg__lstm_seq_available(x) && !fg__autocast_applies(x, w);
+}
+
+static fg_tensor *run_dir_xw(const rnn_ud *u, fg_tensor *const *p, fg_tensor *xw, bool reverse,
+                             fg_tensor **h, fg_tensor **c);
 
 /* One direction of one layer over x (T, N, in): returns (T, N, H), the last
  * states in *h and *c (which hold the initial ones on entry; *c unused for
  * a GRU). */
 static fg_tensor *run_dir(const rnn_ud *u, fg_tensor *const *p, fg_tensor *x, bool reverse,
                           fg_tensor **h, fg_tensor **c) {
-    int64_t T = fg_tensor_dim(x, 0), N = fg_tensor_dim(x, 1), H = u->hidden;
-    int G = u->gru ? 3 : 4;
     fg_tensor *xw = fg_linear(x, p[0], p[2]); /* (T, N, G*H) */
+    return run_dir_xw(u, p, xw, reverse, h, c);
+}
+
+/* run_dir from the input projection xw (T, N, G*H) of every step made */
+static fg_tensor *run_dir_xw(const rnn_ud *u, fg_tensor *const *p, fg_tensor *xw, bool reverse,
+                             fg_tensor **h, fg_tensor **c) {
     if (!xw) return NULL;
+    int64_t T = fg_tensor_dim(xw, 0), N = fg_tensor_dim(xw, 1), H = u->hidden;
+    int G = u->gru ? 3 : 4;
+    if (!u->gru && lstm_fused(xw, p[1])) { /* (T + 1, N, H): the hidden states, then c_T */
+        fg_tensor *y = fg__lstm_seq(xw, p[1], p[3], *h, *c, reverse);
+        int64_t nh[2] = {N, H};
+        *h = fg_reshape(fg_narrow(y, 0, reverse ? 0 : T - 1, 1), 2, nh);
+        *c = fg_reshape(fg_narrow(y, 0, T, 1), 2, nh);
+        return *h && *c ? fg_narrow(y, 0, 0, T) : NULL;
+    }
     fg_tensor **hs = fg_calloc((size_t)T, sizeof *hs);
     if (!hs) return NULL;
     fg_tensor *out = NULL;
@@ -102,6 +152,13 @@ static fg_status check_state(const rnn_ud *u, const char *what, fg_tensor *s, in
 
 static fg_tensor *rnn_run(const rnn_ud *u, fg_tensor *x, rnn_call call, bool batch_first);
 
+/* The first layer's input projection from the embedding's: the table
+ * E W_ih^T + b_ih (V, G*H) once, then its rows at the indices (T, N, G*H):
+ * the same sums as embedding then projection, over V rows instead of T N. */
+static fg_tensor *embedded_xw(fg_tensor *const *p, rnn_call call) {
+    return fg_embedding(call.emb_idx, fg_linear(call.emb_w, p[0], p[2]));
+}
+
 /* (k, H) -> (k, 1, H): the state of an unbatched input; anything else as it is */
 static fg_tensor *batch_of_one(fg_tensor *s) {
     if (!s || fg_tensor_ndim(s) != 2) return s;
@@ -118,6 +175,7 @@ static fg_tensor *rnn_fwd(fg_module *m, fg_tensor *x, void *ud) {
     rnn_call call = tl_call;
     tl_call = (rnn_call){0};
     if (!call.armed) call = (rnn_call){0};
+    if (call.emb_w) return rnn_run(u, x, call, u->batch_first);
     const char *type = u->gru ? "GRU" : "LSTM";
     fg_dtype dt = fg_tensor_dtype(u->p[0][0]);
     char b[96];
@@ -151,14 +209,14 @@ static fg_tensor *rnn_fwd(fg_module *m, fg_tensor *x, void *ud) {
 static fg_tensor *rnn_run(const rnn_ud *u, fg_tensor *x, rnn_call call, bool batch_first) {
     fg_dtype dt = fg_tensor_dtype(u->p[0][0]);
     if (!x) return NULL;
-    if (batch_first) x = fg_transpose(x, 0, 1);
-    int64_t N = fg_tensor_dim(x, 1), H = u->hidden;
+    if (batch_first && !call.emb_w && !(x = fg_transpose(x, 0, 1))) return NULL;
+    int64_t N = fg_tensor_dim(call.emb_w ? call.emb_idx : x, 1), H = u->hidden;
     if (check_state(u, "h0", call.h0, N, dt) || (!u->gru && check_state(u, "c0", call.c0, N, dt)))
         return NULL;
     int64_t nst = u->layers * u->dirs;
     fg_tensor **hn = fg_calloc((size_t)(2 * nst), sizeof *hn), **cn = hn ? hn + nst : NULL;
     if (!hn) return NULL;
-    fg_tensor *y = x;
+    fg_tensor *y = x; /* embedded: the indices, a placeholder layer 0 does not read */
     for (int64_t l = 0; l < u->layers && y; l++) {
         fg_tensor *outs[2] = {NULL, NULL};
         for (int d = 0; d < u->dirs; d++) {
@@ -166,7 +224,9 @@ static fg_tensor *rnn_run(const rnn_ud *u, fg_tensor *x, rnn_call call, bool bat
             fg_tensor *h = state_at(call.h0, k, N, H, dt);
             fg_tensor *c = u->gru ? NULL : state_at(call.c0, k, N, H, dt);
             if (!h || (!u->gru && !c)) goto fail;
-            outs[d] = run_dir(u, u->p[k], y, d == 1, &h, &c);
+            outs[d] = l == 0 && call.emb_w
+                          ? run_dir_xw(u, u->p[k], embedded_xw(u->p[k], call), d == 1, &h, &c)
+                          : run_dir(u, u->p[k], y, d == 1, &h, &c);
             if (!outs[d]) goto fail;
             hn[k] = h;
             cn[k] = c;
@@ -278,5 +338,29 @@ fg_tensor *fg_rnn_forward(fg_module *m, fg_tensor *x, fg_tensor *h0, fg_tensor *
     if (!y) return NULL;
     if (h_n) *h_n = hn;
     if (c_n) *c_n = cn;
+    return y;
+}
+
+fg_tensor *fg__rnn_forward_embedded(fg_module *m, fg_module *emb, fg_tensor *idx, bool *applied) {
+    *applied = false;
+    if (composed() || !m || m->forward != rnn_fwd || m->checkpoint || !emb ||
+        strcmp(emb->type, "Embedding") || emb->checkpoint ||
+        (emb->wrap_unit >= 0 && emb->flat->wrap) || !idx || fg_tensor_dtype(idx) != FG_I32 ||
+        fg_tensor_ndim(idx) != 2)
+        return NULL;
+    const rnn_ud *u = m->ud;
+    fg_tensor *w = fg_module_param(emb, 0);
+    if (!w || fg_tensor_ndim(w) != 2 || fg_tensor_dim(w, 1) != u->in ||
+        fg_tensor_dtype(w) != fg_tensor_dtype(u->p[0][0]) ||
+        fg_tensor_dim(w, 0) >= fg_tensor_numel(idx) || fg__autocast_applies(w, u->p[0][0]))
+        return NULL;
+    *applied = true;
+    /* the indices in time-major order, (T, N) */
+    fg_tensor *it = u->batch_first ? fg_tensor_transpose_view(idx, 0, 1) : idx;
+    fg_tensor *ic = it ? fg_tensor_contiguous(it) : NULL;
+    if (!ic) return NULL;
+    tl_call = (rnn_call){.armed = true, .emb_w = w, .emb_idx = ic};
+    fg_tensor *y = fg_module_forward(m, idx);
+    tl_call = (rnn_call){0};
     return y;
 }

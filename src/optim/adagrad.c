@@ -15,13 +15,15 @@ static fg_status adagrad_step_range(fg_optimizer *o, int64_t begin, int64_t end,
         if (lo >= hi) continue;
         size_t at = es * (size_t)(lo - begin), st = ss * (size_t)(lo - begin);
         double clr = o->seg_lr[k] / (1 + (double)(t - 1) * ao->lr_decay);
-        fg__k_adagrad(o->dt, (char *)param + at, (const char *)grad + at, (char *)state[0] + st,
-                      hi - lo, clr, o->seg_wd[k], ao->eps);
+        fg_tensor tp = fg__optim_range(o, (char *)param + at, o->dt, hi - lo);
+        fg_tensor tg = fg__optim_range(o, (char *)grad + at, o->dt, hi - lo);
+        fg_tensor ts = fg__optim_range(o, (char *)state[0] + st, o->sdt, hi - lo);
+        FG_TRY(fg__ops_adagrad(&tp, &tg, &ts, clr, o->seg_wd[k], ao->eps));
     }
     return FG_OK;
 }
 
-static const fg_optim_vt adagrad_vt = {.name = "Adagrad", .step_range = adagrad_step_range};
+static const fg__optim_vt adagrad_vt = {.name = "Adagrad", .step_range = adagrad_step_range};
 
 fg_optimizer *fg_adagrad_new(fg_module *m, const fg_adagrad_opts *opts) {
     fg_adagrad_opts o = opts ? *opts : (fg_adagrad_opts){0};

@@ -15,14 +15,19 @@ static fg_status adam_step_range(fg_optimizer *o, int64_t begin, int64_t end, vo
         int64_t lo = FG_MAX(begin, o->seg_begin[k]), hi = FG_MIN(end, o->seg_begin[k + 1]);
         if (lo >= hi) continue;
         size_t at = es * (size_t)(lo - begin), st = ss * (size_t)(lo - begin);
-        fg__k_adam(o->dt, (char *)param + at, (const char *)grad + at, (char *)state[0] + st,
-                   (char *)state[1] + st, ao->amsgrad ? (char *)state[2] + st : NULL, hi - lo,
-                   o->seg_wd[k], ao->beta1, ao->beta2, o->seg_lr[k] / bc1, sqrt(bc2), ao->eps);
+        fg_tensor tp = fg__optim_range(o, (char *)param + at, o->dt, hi - lo);
+        fg_tensor tg = fg__optim_range(o, (char *)grad + at, o->dt, hi - lo);
+        fg_tensor t1 = fg__optim_range(o, (char *)state[0] + st, o->sdt, hi - lo);
+        fg_tensor t2 = fg__optim_range(o, (char *)state[1] + st, o->sdt, hi - lo);
+        fg_tensor t3 =
+            fg__optim_range(o, ao->amsgrad ? (char *)state[2] + st : NULL, o->sdt, hi - lo);
+        FG_TRY(fg__ops_adam(&tp, &tg, &t1, &t2, ao->amsgrad ? &t3 : NULL, o->seg_wd[k], ao->beta1,
+                            ao->beta2, o->seg_lr[k] / bc1, sqrt(bc2), ao->eps));
     }
     return FG_OK;
 }
 
-static const fg_optim_vt adam_vt = {.name = "Adam", .step_range = adam_step_range};
+static const fg__optim_vt adam_vt = {.name = "Adam", .step_range = adam_step_range};
 
 fg_optimizer *fg_adam_new(fg_module *m, const fg_adam_opts *opts) {
     fg_adam_opts o = opts ? *opts : (fg_adam_opts){0};

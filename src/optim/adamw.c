@@ -15,14 +15,17 @@ static fg_status adamw_step_range(fg_optimizer *o, int64_t begin, int64_t end, v
         int64_t lo = FG_MAX(begin, o->seg_begin[k]), hi = FG_MIN(end, o->seg_begin[k + 1]);
         if (lo >= hi) continue;
         size_t at = es * (size_t)(lo - begin), st = fg_dtype_size(o->sdt) * (size_t)(lo - begin);
-        fg__k_adamw(o->dt, (char *)param + at, (const char *)grad + at, (char *)state[0] + st,
-                    (char *)state[1] + st, hi - lo, 1 - o->seg_lr[k] * o->seg_wd[k], ao->beta1,
-                    ao->beta2, o->seg_lr[k] / bc1, sqrt(bc2), ao->eps);
+        fg_tensor tp = fg__optim_range(o, (char *)param + at, o->dt, hi - lo);
+        fg_tensor tg = fg__optim_range(o, (char *)grad + at, o->dt, hi - lo);
+        fg_tensor t1 = fg__optim_range(o, (char *)state[0] + st, o->sdt, hi - lo);
+        fg_tensor t2 = fg__optim_range(o, (char *)state[1] + st, o->sdt, hi - lo);
+        FG_TRY(fg__ops_adamw(&tp, &tg, &t1, &t2, 1 - o->seg_lr[k] * o->seg_wd[k], ao->beta1,
+                             ao->beta2, o->seg_lr[k] / bc1, sqrt(bc2), ao->eps));
     }
     return FG_OK;
 }
 
-static const fg_optim_vt adamw_vt = {.name = "AdamW", .step_range = adamw_step_range};
+static const fg__optim_vt adamw_vt = {.name = "AdamW", .step_range = adamw_step_range};
 
 fg_optimizer *fg_adamw_new(fg_module *m, const fg_adamw_opts *opts) {
     fg_adamw_opts o = opts ? *opts : (fg_adamw_opts){0};

@@ -1,10 +1,10 @@
 /* Gradient clipping by global norm, and its two halves (sum of squares;
  * scale) for strategies that sum the squares over ranks in between.
  *
- * The sum of squares (kernels_t.h) is taken in fixed blocks, each with eight
- * partial sums, and the block sums are added in block order: the result does
- * not depend on the thread count (DDP on N ranks must match one process),
- * and the eight lanes keep the loop from waiting on one adder. */
+ * The sum of squares (ops/cpu/k_optim_t.h, on the gradients' device) is taken in fixed blocks, each
+ * with eight partial sums, and the block sums are added in block order: the result does not depend
+ * on the thread count (DDP on N ranks must match one process), and the eight lanes keep the loop
+ * from waiting on one adder. */
 #include <math.h>
 
 #include "optim_impl.h"
@@ -12,13 +12,13 @@
 fg_status fg_grad_sumsq(fg_module *m, double *sumsq) {
     if (!m || !sumsq) return fg_error(FG_EINVAL, "grad_sumsq: NULL module or output");
     FG_TRY(fg__module_ready(m));
-    return fg__sumsq(fg_tensor_data(m->flat_g), m->flat->dtype, m->p_numel, sumsq);
+    return fg__ops_sumsq(m->flat_g, sumsq); /* on the gradients' device: one scalar back */
 }
 
 fg_status fg_grad_scale(fg_module *m, double s) {
     if (!m) return fg_error(FG_EINVAL, "grad_scale: NULL module");
     FG_TRY(fg__module_ready(m));
-    return fg__scale(fg_tensor_data(m->flat_g), m->flat->dtype, m->p_numel, s);
+    return fg__ops_scale_flat(m->flat_g, s);
 }
 
 double fg_clip_coef(double total_norm, double max_norm) {

@@ -14,13 +14,16 @@ static fg_status lion_step_range(fg_optimizer *o, int64_t begin, int64_t end, vo
         int64_t lo = FG_MAX(begin, o->seg_begin[k]), hi = FG_MIN(end, o->seg_begin[k + 1]);
         if (lo >= hi) continue;
         size_t at = es * (size_t)(lo - begin), st = ss * (size_t)(lo - begin);
-        fg__k_lion(o->dt, (char *)param + at, (const char *)grad + at, (char *)state[0] + st,
-                   hi - lo, o->seg_lr[k], 1 - o->seg_lr[k] * o->seg_wd[k], lio->beta1, lio->beta2);
+        fg_tensor tp = fg__optim_range(o, (char *)param + at, o->dt, hi - lo);
+        fg_tensor tg = fg__optim_range(o, (char *)grad + at, o->dt, hi - lo);
+        fg_tensor tm = fg__optim_range(o, (char *)state[0] + st, o->sdt, hi - lo);
+        FG_TRY(fg__ops_lion(&tp, &tg, &tm, o->seg_lr[k], 1 - o->seg_lr[k] * o->seg_wd[k],
+                            lio->beta1, lio->beta2));
     }
     return FG_OK;
 }
 
-static const fg_optim_vt lion_vt = {.name = "Lion", .step_range = lion_step_range};
+static const fg__optim_vt lion_vt = {.name = "Lion", .step_range = lion_step_range};
 
 fg_optimizer *fg_lion_new(fg_module *m, const fg_lion_opts *opts) {
     fg_lion_opts o = opts ? *opts : (fg_lion_opts){0};

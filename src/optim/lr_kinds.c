@@ -177,7 +177,8 @@ fg_status fg__sched_warm_step(fg_lr_scheduler *s, int64_t epoch) {
         s->opt->group[g].lr =
             s->eta_min + (s->base_lrs[g] - s->eta_min) * (1 + cos(PI * s->T_cur / s->T_i)) / 2;
     for (int g = 0; g < s->ng; g++) s->last_lr[g] = s->opt->group[g].lr;
-    return fg__optimizer_segments(s->opt);
+    fg__optimizer_segments(s->opt);
+    return FG_OK;
 }
 
 /* ------------------------------------------------------------ constructors */

@@ -67,7 +67,7 @@ fg_status fg_lr_scheduler_step_value(fg_lr_scheduler *s, double current) {
         }
         s->cooldown_counter = s->po.cooldown;
         s->num_bad = 0;
-        FG_TRY(fg__optimizer_segments(s->opt));
+        fg__optimizer_segments(s->opt);
     }
     for (int g = 0; g < s->ng; g++) s->last_lr[g] = s->opt->group[g].lr;
     return FG_OK;

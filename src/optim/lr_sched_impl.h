@@ -58,12 +58,12 @@ fg_lr_scheduler *fg__sched_alloc(fg__sk kind, fg_optimizer *opt, const char *wha
  * returns NULL when that fails. */
 fg_lr_scheduler *fg__sched_initial_step(fg_lr_scheduler *s);
 /* _LRScheduler.step(epoch): epoch < 0 means None (last_epoch + 1). */
-fg_status fg__sched_step(fg_lr_scheduler *s, int64_t epoch);
+FG_MUST_USE fg_status fg__sched_step(fg_lr_scheduler *s, int64_t epoch);
 /* The kinds' get_lr (chainable form) and _get_closed_form_lr (false when
  * the kind has none), into out[ng]. */
-fg_status fg__sched_get_lr(fg_lr_scheduler *s, double *out);
+FG_MUST_USE fg_status fg__sched_get_lr(fg_lr_scheduler *s, double *out);
 bool fg__sched_closed_form(const fg_lr_scheduler *s, double *out);
 /* CosineAnnealingWarmRestarts' own step (epoch < 0: None). */
-fg_status fg__sched_warm_step(fg_lr_scheduler *s, int64_t epoch);
+FG_MUST_USE fg_status fg__sched_warm_step(fg_lr_scheduler *s, int64_t epoch);
 
 #endif

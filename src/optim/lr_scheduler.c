@@ -72,7 +72,8 @@ static void record(fg_lr_scheduler *s) {
 static fg_status set_lrs(fg_lr_scheduler *s, const double *v) {
     for (int g = 0; g < s->ng; g++) s->opt->group[g].lr = v[g];
     record(s);
-    return fg__optimizer_segments(s->opt);
+    fg__optimizer_segments(s->opt);
+    return FG_OK;
 }
 
 fg_status fg__sched_step(fg_lr_scheduler *s, int64_t epoch) {

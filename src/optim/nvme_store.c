@@ -33,7 +33,7 @@
 bool fg__nvme_available(void) { return false; }
 
 fg_status fg__nvme_store_new(const char *dir, const char *what, int narrays, size_t bytes,
-                             size_t block, fg_nvme_store **out) {
+                             size_t block, fg__nvme_store **out) {
     (void)narrays, (void)bytes, (void)block;
     *out = NULL;
     return fg_error(FG_EUNSUPPORTED,
@@ -42,31 +42,31 @@ fg_status fg__nvme_store_new(const char *dir, const char *what, int narrays, siz
                     "rebuild, or use offload device cpu",
                     what, dir ? dir : "(none)");
 }
-void fg__nvme_store_free(fg_nvme_store *s) { (void)s; }
-void *fg__nvme_store_map(fg_nvme_store *s, int i) {
+void fg__nvme_store_free(fg__nvme_store *s) { (void)s; }
+void *fg__nvme_store_map(fg__nvme_store *s, int i) {
     (void)s, (void)i;
     return NULL;
 }
-fg_status fg__nvme_store_stream(fg_nvme_store *s, size_t begin, size_t end, bool read, bool write,
-                                fg_nvme_block_fn fn, void *ud) {
+fg_status fg__nvme_store_stream(fg__nvme_store *s, size_t begin, size_t end, bool read, bool write,
+                                fg__nvme_block_fn fn, void *ud) {
     (void)s, (void)begin, (void)end, (void)read, (void)write, (void)fn, (void)ud;
     return fg_error(FG_EUNSUPPORTED, "offload_nvme is unavailable in this fulgur (no liburing)");
 }
-void fg__nvme_store_counts(const fg_nvme_store *s, uint64_t *read, uint64_t *written) {
+void fg__nvme_store_counts(const fg__nvme_store *s, uint64_t *read, uint64_t *written) {
     (void)s;
     *read = *written = 0;
 }
-bool fg__nvme_store_direct(const fg_nvme_store *s) {
+bool fg__nvme_store_direct(const fg__nvme_store *s) {
     (void)s;
     return false;
 }
-fg_status fg__nvme_store_read_start(fg_nvme_store *s, int i, size_t off, size_t n,
-                                    fg_nvme_read **out) {
+fg_status fg__nvme_store_read_start(fg__nvme_store *s, int i, size_t off, size_t n,
+                                    fg__nvme_read **out) {
     (void)s, (void)i, (void)off, (void)n;
     *out = NULL;
     return fg_error(FG_EUNSUPPORTED, "offload_nvme is unavailable in this fulgur (no liburing)");
 }
-fg_status fg__nvme_store_read_finish(fg_nvme_read *r, void *dst) {
+fg_status fg__nvme_store_read_finish(fg__nvme_read *r, void *dst) {
     (void)r, (void)dst;
     return FG_OK;
 }
@@ -82,7 +82,7 @@ static void human(double b, char *out, size_t n) {
     snprintf(out, n, k ? "%.1f %s" : "%.0f %s", b, u[k]);
 }
 
-struct fg_nvme_store {
+struct fg__nvme_store {
     char *dir, *what;
     int n;
     size_t bytes, padded, block;
@@ -127,7 +127,7 @@ static int open_unlinked(const char *dir, bool *direct) {
     return fd;
 }
 
-void fg__nvme_store_free(fg_nvme_store *s) {
+void fg__nvme_store_free(fg__nvme_store *s) {
     if (!s) return;
     if (s->ring_ok) io_uring_queue_exit(&s->ring);
     if (s->rring_ok) io_uring_queue_exit(&s->rring);
@@ -141,7 +141,7 @@ void fg__nvme_store_free(fg_nvme_store *s) {
     fg_free(s);
 }
 
-static fg_status no_room(fg_nvme_store *s, double avail, int err) {
+static fg_status no_room(fg__nvme_store *s, double avail, int err) {
     char need[32], have[32], each[32], why[128];
     human((double)s->padded * s->n, need, sizeof need);
     human((double)s->padded, each, sizeof each);
@@ -156,7 +156,7 @@ static fg_status no_room(fg_nvme_store *s, double avail, int err) {
 }
 
 fg_status fg__nvme_store_new(const char *dir, const char *what, int narrays, size_t bytes,
-                             size_t block, fg_nvme_store **out) {
+                             size_t block, fg__nvme_store **out) {
     *out = NULL;
     if (!dir || !*dir)
         return fg_error(FG_EINVAL,
@@ -169,7 +169,7 @@ fg_status fg__nvme_store_new(const char *dir, const char *what, int narrays, siz
     if (block % FG_NVME_ALIGN)
         return fg_error(FG_EINVAL, "offload_nvme: block size %zu: expected a multiple of %d", block,
                         FG_NVME_ALIGN);
-    fg_nvme_store *s = fg_calloc(1, sizeof *s);
+    fg__nvme_store *s = fg_calloc(1, sizeof *s);
     if (!s) return FG_ENOMEM;
     s->n = narrays;
     s->bytes = bytes;
@@ -253,22 +253,22 @@ fail:
     return st;
 }
 
-void *fg__nvme_store_map(fg_nvme_store *s, int i) { return s && i < s->n ? s->map[i] : NULL; }
+void *fg__nvme_store_map(fg__nvme_store *s, int i) { return s && i < s->n ? s->map[i] : NULL; }
 
-void fg__nvme_store_counts(const fg_nvme_store *s, uint64_t *read, uint64_t *written) {
+void fg__nvme_store_counts(const fg__nvme_store *s, uint64_t *read, uint64_t *written) {
     *read = s ? s->nread : 0;
     *written = s ? s->nwritten : 0;
 }
 
-bool fg__nvme_store_direct(const fg_nvme_store *s) { return s && s->direct; }
+bool fg__nvme_store_direct(const fg__nvme_store *s) { return s && s->direct; }
 
 /* ------------------------------------------------------------ reads */
 
 #define RREAD_DEPTH 64
 #define RREAD_CHUNK ((size_t)16 << 20)
 
-struct fg_nvme_read {
-    fg_nvme_store *s;
+struct fg__nvme_read {
+    fg__nvme_store *s;
     void *raw;
     char *buf; /* aligned; holds file bytes [at, at + len) */
     size_t at, len, off, n;
@@ -278,13 +278,13 @@ struct fg_nvme_read {
 };
 
 /* Waits for one completion on the read ring and books it to its read. */
-static fg_status rreap(fg_nvme_store *s) {
+static fg_status rreap(fg__nvme_store *s) {
     struct io_uring_cqe *c;
     int rc;
     do rc = io_uring_wait_cqe(&s->rring, &c);
     while (rc == -EINTR);
     if (rc < 0) return fg_error(FG_EIO, "offload_nvme: io_uring_wait_cqe: %s", strerror(-rc));
-    fg_nvme_read *r = io_uring_cqe_get_data(c);
+    fg__nvme_read *r = io_uring_cqe_get_data(c);
     int res = c->res;
     io_uring_cqe_seen(&s->rring, c);
     r->pending--;
@@ -296,8 +296,8 @@ static fg_status rreap(fg_nvme_store *s) {
     return FG_OK;
 }
 
-fg_status fg__nvme_store_read_start(fg_nvme_store *s, int i, size_t off, size_t n,
-                                    fg_nvme_read **out) {
+fg_status fg__nvme_store_read_start(fg__nvme_store *s, int i, size_t off, size_t n,
+                                    fg__nvme_read **out) {
     *out = NULL;
     if (!s || i < 0 || i >= s->n || off + n > s->bytes)
         return fg_error(FG_EINTERNAL, "nvme store: read of [%zu, %zu) outside the array", off,
@@ -309,7 +309,7 @@ fg_status fg__nvme_store_read_start(fg_nvme_store *s, int i, size_t off, size_t 
                             strerror(-rc));
         s->rring_ok = true;
     }
-    fg_nvme_read *r = fg_calloc(1, sizeof *r);
+    fg__nvme_read *r = fg_calloc(1, sizeof *r);
     if (!r) return fg_error_wrap(FG_ENOMEM, "offload_nvme: a read");
     r->s = s;
     r->off = off;
@@ -342,9 +342,9 @@ fg_status fg__nvme_store_read_start(fg_nvme_store *s, int i, size_t off, size_t 
     return FG_OK;
 }
 
-fg_status fg__nvme_store_read_finish(fg_nvme_read *r, void *dst) {
+fg_status fg__nvme_store_read_finish(fg__nvme_read *r, void *dst) {
     if (!r) return FG_OK;
-    fg_nvme_store *s = r->s;
+    fg__nvme_store *s = r->s;
     fg_status st = FG_OK;
     while (r->pending && st == FG_OK) st = rreap(s);
     if (st == FG_OK && (r->err || (r->n && r->got != r->len)))
@@ -366,7 +366,7 @@ typedef struct set {
 } set;
 
 typedef struct stream {
-    fg_nvme_store *s;
+    fg__nvme_store *s;
     set sets[NSETS];
     int err;     /* first errno */
     bool short_; /* a request moved fewer bytes than asked */
@@ -378,7 +378,7 @@ typedef struct stream {
 static uint64_t tag(int b, int i, bool w) { return (uint64_t)(b * 16 + i * 2 + w); }
 
 static fg_status submit(stream *x, int b, bool w) {
-    fg_nvme_store *s = x->s;
+    fg__nvme_store *s = x->s;
     set *t = &x->sets[b];
     for (int i = 0; i < s->n; i++) {
         struct io_uring_sqe *q = io_uring_get_sqe(&s->ring);
@@ -426,7 +426,7 @@ static fg_status reap(stream *x) {
 }
 
 static fg_status io_error(stream *x) {
-    fg_nvme_store *s = x->s;
+    fg__nvme_store *s = x->s;
     const char *op = x->err_write ? "writing" : "reading";
     if (x->err == ENOSPC || x->err == EDQUOT || x->err == EFBIG)
         return fg_error(FG_EIO,
@@ -439,7 +439,7 @@ static fg_status io_error(stream *x) {
 
 /* Puts block b into set k: its place in the files, and its reads. */
 static fg_status take(stream *x, size_t b, int k, bool read) {
-    fg_nvme_store *s = x->s;
+    fg__nvme_store *s = x->s;
     set *t = &x->sets[k];
     while (t->writes) FG_TRY(reap(x)); /* its last block must be on disk first */
     t->at = b * s->block;
@@ -447,8 +447,8 @@ static fg_status take(stream *x, size_t b, int k, bool read) {
     return read ? submit(x, k, false) : FG_OK;
 }
 
-fg_status fg__nvme_store_stream(fg_nvme_store *s, size_t begin, size_t end, bool read, bool write,
-                                fg_nvme_block_fn fn, void *ud) {
+fg_status fg__nvme_store_stream(fg__nvme_store *s, size_t begin, size_t end, bool read, bool write,
+                                fg__nvme_block_fn fn, void *ud) {
     if (!s) return fg_error(FG_EINVAL, "offload_nvme: NULL store");
     if (end > s->bytes) end = s->bytes;
     if (begin >= end) return FG_OK;

@@ -25,7 +25,7 @@
 #define FG_NVME_ALIGN 4096                      /* O_DIRECT's offsets, sizes and buffers */
 #define FG_NVME_DEFAULT_BLOCK ((size_t)4 << 20) /* bytes per array per block */
 
-typedef struct fg_nvme_store fg_nvme_store;
+typedef struct fg__nvme_store fg__nvme_store;
 
 /* Is offload_nvme built in (liburing found at build time)? */
 bool fg__nvme_available(void);
@@ -38,19 +38,19 @@ bool fg__nvme_available(void);
  * io_uring; FG_EIO naming dir for a missing or unwritable directory, and
  * naming dir, the free bytes and the bytes needed when the disk cannot
  * hold the arrays; FG_ENOMEM. */
-fg_status fg__nvme_store_new(const char *dir, const char *what, int narrays, size_t bytes,
-                             size_t block, fg_nvme_store **out);
+FG_MUST_USE fg_status fg__nvme_store_new(const char *dir, const char *what, int narrays,
+                                         size_t bytes, size_t block, fg__nvme_store **out);
 /* Closes (and so deletes) the files. NULL is a no-op. */
-void fg__nvme_store_free(fg_nvme_store *s);
+void fg__nvme_store_free(fg__nvme_store *s);
 
 /* Array i mapped whole (shared with the file), `bytes` long. */
-void *fg__nvme_store_map(fg_nvme_store *s, int i);
+void *fg__nvme_store_map(fg__nvme_store *s, int i);
 
 /* Called once per block with bufs[i] pointing at byte `off` of array i in
  * memory, n bytes of each. *write (preset: the stream's write flag) says
  * whether the block goes back to the files. */
-typedef fg_status (*fg_nvme_block_fn)(void *ud, size_t off, size_t n, void *const *bufs,
-                                      bool *write);
+typedef FG_MUST_USE fg_status (*fg__nvme_block_fn)(void *ud, size_t off, size_t n,
+                                                   void *const *bufs, bool *write);
 
 /* Streams bytes [begin, end) of every array through fn, block by block:
  * the next block's reads are in flight while fn works on this one, and
@@ -60,8 +60,8 @@ typedef fg_status (*fg_nvme_block_fn)(void *ud, size_t off, size_t n, void *cons
  * failure or an I/O error naming the directory,
  * the operation and the offset (ENOSPC as a full disk, with the bytes).
  * After an error the arrays are as far as the blocks written before it. */
-fg_status fg__nvme_store_stream(fg_nvme_store *s, size_t begin, size_t end, bool read, bool write,
-                                fg_nvme_block_fn fn, void *ud);
+FG_MUST_USE fg_status fg__nvme_store_stream(fg__nvme_store *s, size_t begin, size_t end, bool read,
+                                            bool write, fg__nvme_block_fn fn, void *ud);
 
 /* An asynchronous read of bytes [off, off + n) of array i into memory of
  * any alignment (ZeRO stage 3's parameter offload fetches a unit's shard
@@ -70,14 +70,14 @@ fg_status fg__nvme_store_stream(fg_nvme_store *s, size_t begin, size_t end, bool
  * bytes to dst (NULL: drop them) and frees it. A failed read is an error
  * naming the directory, what and the offset. Several may be in flight;
  * each must be finished before the store is freed. */
-typedef struct fg_nvme_read fg_nvme_read;
-fg_status fg__nvme_store_read_start(fg_nvme_store *s, int i, size_t off, size_t n,
-                                    fg_nvme_read **out);
-fg_status fg__nvme_store_read_finish(fg_nvme_read *r, void *dst);
+typedef struct fg__nvme_read fg__nvme_read;
+FG_MUST_USE fg_status fg__nvme_store_read_start(fg__nvme_store *s, int i, size_t off, size_t n,
+                                                fg__nvme_read **out);
+FG_MUST_USE fg_status fg__nvme_store_read_finish(fg__nvme_read *r, void *dst);
 
 /* Bytes read from and written to the files by streams so far. */
-void fg__nvme_store_counts(const fg_nvme_store *s, uint64_t *read, uint64_t *written);
+void fg__nvme_store_counts(const fg__nvme_store *s, uint64_t *read, uint64_t *written);
 /* Whether the files are read with O_DIRECT (false on tmpfs and the like). */
-bool fg__nvme_store_direct(const fg_nvme_store *s);
+bool fg__nvme_store_direct(const fg__nvme_store *s);
 
 #endif

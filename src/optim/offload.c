@@ -25,8 +25,8 @@
 #include "nvme_store.h"
 #include "optim_impl.h"
 
-struct fg_optim_offload {
-    fg_nvme_store *store;
+struct fg__optim_offload {
+    fg__nvme_store *store;
     bool params; /* array nstates holds the parameters of the range */
 };
 
@@ -34,6 +34,7 @@ typedef struct fill {
     fg_optimizer *o;
     fg_tensor **from;
     bool params;
+    const char *psrc; /* the range's parameters (a host copy when they are on a device) */
 } fill;
 
 /* Copies the in-memory state into the blocks; an all-zero block (a fresh
@@ -52,10 +53,7 @@ static fg_status fill_block(void *ud, size_t off, size_t n, void *const *bufs, b
         }
     }
     if (f->params) { /* the parameters are written whatever they are */
-        memcpy(bufs[f->o->nstates],
-               (const char *)f->o->param + fg_dtype_size(f->o->dt) * (size_t)f->o->state_begin +
-                   off,
-               n);
+        memcpy(bufs[f->o->nstates], f->psrc + off, n);
         zero = false;
     }
     *write = !zero;
@@ -78,17 +76,36 @@ static fg_status offload(fg_optimizer *o, const char *dir, size_t block, bool pa
     FG_TRY(fg__optimizer_ensure_state(o));
     int64_t n = o->state_end - o->state_begin;
     size_t bytes = fg_dtype_size(o->sdt) * (size_t)n;
+    /* on a device: the state to host memory first (the files are the
+     * host's), the parameters through a host copy */
+    FG_TRY(fg__optimizer_offload_cpu(o));
+    const char *psrc = (const char *)o->param + fg_dtype_size(o->dt) * (size_t)o->state_begin;
+    char *pcopy = NULL;
+    if (params && o->dev) {
+        size_t pb = fg_dtype_size(o->dt) * (size_t)n;
+        if (!(pcopy = fg_alloc(pb ? pb : 1))) return fg_error_wrap(FG_ENOMEM, "offload_nvme");
+        fg_status cs = fg_dev_copy_d2h(o->dev, pcopy, psrc, pb);
+        if (cs != FG_OK) {
+            fg_free(pcopy);
+            return fg_error_wrap(cs, "offload_params_device=nvme");
+        }
+        psrc = pcopy;
+    }
     char what[96];
     snprintf(what, sizeof what, "the %s optimizer state%s", o->vt->name,
              params ? " and the parameters" : "");
-    struct fg_optim_offload *off = fg_calloc(1, sizeof *off);
-    if (!off) return fg_error_wrap(FG_ENOMEM, "offload_nvme");
+    struct fg__optim_offload *off = fg_calloc(1, sizeof *off);
+    if (!off) {
+        fg_free(pcopy);
+        return fg_error_wrap(FG_ENOMEM, "offload_nvme");
+    }
     fg_tensor *wrap[FG_OPTIM_MAX_STATES] = {0};
     fg_status st =
         fg__nvme_store_new(dir, what, o->nstates + (params ? 1 : 0), bytes, block, &off->store);
     if (st == FG_OK)
         st = fg__nvme_store_stream(off->store, 0, bytes, false, true, fill_block,
-                                   &(fill){o, o->state, params});
+                                   &(fill){o, o->state, params, psrc});
+    fg_free(pcopy);
     for (int i = 0; st == FG_OK && i < o->nstates; i++)
         if (!(wrap[i] = fg_tensor_wrap(fg__nvme_store_map(off->store, i), o->sdt, 1, &n)))
             st = fg_error_wrap(FG_ENOMEM, "offload_nvme");
@@ -116,18 +133,32 @@ fg_status fg__optimizer_offload_nvme_params(fg_optimizer *o, const char *dir, si
     return offload(o, dir, block, true);
 }
 
-fg_nvme_store *fg__optimizer_offload_param_store(const fg_optimizer *o, int *array) {
+fg__nvme_store *fg__optimizer_offload_param_store(const fg_optimizer *o, int *array) {
     if (!o || !o->offload || !o->offload->params) return NULL;
     if (array) *array = o->nstates;
     return o->offload->store;
 }
 
 void fg__optimizer_offload_params_home(fg_optimizer *o) {
+    if (o && o->host_params) { /* cpu: copied back in, the device's again */
+        size_t es = fg_dtype_size(o->dt);
+        if (fg_dev_copy_h2d(o->dev, (char *)o->param + es * (size_t)o->state_begin, o->host_params,
+                            es * (size_t)(o->state_end - o->state_begin)) != FG_OK)
+            fg_log(FG_LOG_ERROR, "offload_params_device=cpu: the parameters back: %s",
+                   fg_last_error());
+        fg_free(o->host_params);
+        o->host_params = NULL;
+        return;
+    }
     if (!o || !o->offload || !o->offload->params) return;
     size_t es = fg_dtype_size(o->dt);
-    memcpy((char *)o->param + es * (size_t)o->state_begin,
-           fg__nvme_store_map(o->offload->store, o->nstates),
-           es * (size_t)(o->state_end - o->state_begin));
+    char *dst = (char *)o->param + es * (size_t)o->state_begin;
+    const void *src = fg__nvme_store_map(o->offload->store, o->nstates);
+    size_t bytes = es * (size_t)(o->state_end - o->state_begin);
+    if (!o->dev) memcpy(dst, src, bytes);
+    else if (fg_dev_copy_h2d(o->dev, dst, src, bytes) != FG_OK) /* inside the buffer: */
+        fg_log(FG_LOG_ERROR, "offload_params_device=nvme: the parameters back: %s",
+               fg_last_error());
     o->offload->params = false;
 }
 

@@ -27,33 +27,34 @@ typedef struct fg__pgroup {
  * and its failure is the step's (the strategy all-gathers the parameters
  * there); detach runs in fg_optimizer_free, so that the strategy forgets an
  * optimizer freed before it. */
-typedef struct fg_optim_hook {
+typedef struct fg__optim_hook {
     /* Before the update (may be NULL): setting *skip makes the hook's own
      * update replace the optimizer's (QAdam after its warm-up); the step
      * count still advances and post_step still runs. */
-    fg_status (*pre_step)(void *ud, fg_optimizer *opt, bool *skip);
-    fg_status (*post_step)(void *ud, fg_optimizer *opt);
+    FG_MUST_USE fg_status (*pre_step)(void *ud, fg_optimizer *opt, bool *skip);
+    FG_MUST_USE fg_status (*post_step)(void *ud, fg_optimizer *opt);
     void (*detach)(void *ud);
     void *ud;
-} fg_optim_hook;
+} fg__optim_hook;
 
-typedef struct fg_optim_vt {
+typedef struct fg__optim_vt {
     const char *name;
     /* Updates elements [begin, end) (inside the state's range) with step
      * number t (1-based): param, grad and each state[i] point at element
      * begin (the state in memory, or a block of it streamed from disk). */
-    fg_status (*step_range)(fg_optimizer *o, int64_t begin, int64_t end, void *param,
-                            const void *grad, void *const *state, int64_t t);
-} fg_optim_vt;
+    FG_MUST_USE fg_status (*step_range)(fg_optimizer *o, int64_t begin, int64_t end, void *param,
+                                        const void *grad, void *const *state, int64_t t);
+} fg__optim_vt;
 
 struct fg_optimizer {
-    const fg_optim_vt *vt;
+    const fg__optim_vt *vt;
     fg_module *m;
     fg_dtype dt;  /* the parameters' and gradients' */
     fg_dtype sdt; /* the state's: dt, or f32 for bf16/f16 parameters (bf16-true, 16-true) */
     int64_t numel;
     void *param, *grad;
-    double lr; /* group 0's (group[0].lr) */
+    fg_dev *dev; /* the device of param, grad and the state (fg_optimizer_to_device); NULL: host */
+    double lr;   /* group 0's (group[0].lr) */
     int64_t steps;
     int nstates;
     const char *state_name[FG_OPTIM_MAX_STATES];
@@ -68,8 +69,19 @@ struct fg_optimizer {
     int64_t *seg_begin; /* nseg + 1 entries, the last = numel */
     double *seg_wd;
     double *seg_lr;
-    fg_optim_hook hook;               /* all NULL unless a sharding strategy set one */
-    struct fg_optim_offload *offload; /* NULL: the state is in memory (offload.c) */
+    fg__optim_hook hook;               /* all NULL unless a sharding strategy set one */
+    struct fg__optim_offload *offload; /* NULL: the state is in memory (offload.c) */
+    /* offload_optimizer_device=cpu on a device (DeepSpeedCPUAdam): the state
+     * in host memory, the step on the CPU on host copies of the parameter
+     * and gradient range (hbuf), the parameters copied back in after */
+    bool host_state;
+    bool step_host; /* during such a step: the ranges are host memory */
+    void *hbuf;
+    size_t hbuf_cap;
+    /* offload_params_device=cpu on a device (stage 3): the range's
+     * parameters in host memory, their only copy between units (the step
+     * updates them there; stage 3 copies a unit's part in to gather it) */
+    void *host_params;
     union {
         fg_sgd_opts sgd;
         fg_adamw_opts adamw;
@@ -84,7 +96,7 @@ struct fg_optimizer {
  * zero at first use);
  * weight decay wd on every parameter, or only on those with ndim >= 2 when
  * matrices_only. NULL on error. */
-fg_optimizer *fg__optimizer_new(const fg_optim_vt *vt, fg_module *m, double lr, int nstates,
+fg_optimizer *fg__optimizer_new(const fg__optim_vt *vt, fg_module *m, double lr, int nstates,
                                 const char *const *names, double wd, bool matrices_only);
 
 /* One update of elements [begin, end) of the flat layout with step number
@@ -94,28 +106,29 @@ fg_optimizer *fg__optimizer_new(const fg_optim_vt *vt, fg_module *m, double lr, 
  * shard buffers. [begin, end) must lie inside the state's range. Does not
  * advance the step count: a strategy that steps several ranges (or one
  * shard per rank) calls fg__optimizer_advance once after. */
-fg_status fg__optimizer_step_range(fg_optimizer *opt, int64_t begin, int64_t end, void *param,
-                                   const void *grad);
+FG_MUST_USE fg_status fg__optimizer_step_range(fg_optimizer *opt, int64_t begin, int64_t end,
+                                               void *param, const void *grad);
 /* Keeps optimizer state for elements [begin, end) only (ZeRO-1/2/3: each
  * rank holds its shard's state): the state tensors become end - begin
  * elements long, keeping the values they held for that range (zero where
  * they held none). fg_optimizer_step then updates that range only. */
-fg_status fg__optimizer_shard_state(fg_optimizer *opt, int64_t begin, int64_t end);
+FG_MUST_USE fg_status fg__optimizer_shard_state(fg_optimizer *opt, int64_t begin, int64_t end);
 /* Makes the state buffers (zero) over [state_begin, state_end) if they are
  * not made yet: an optimizer makes them at first use (a step, a state
  * read, a shard cut, offload), not at construction. */
-fg_status fg__optimizer_ensure_state(fg_optimizer *o);
+FG_MUST_USE fg_status fg__optimizer_ensure_state(fg_optimizer *o);
 /* The momentum a OneCycleLR cycles: SGD's and RMSprop's momentum (when made
  * with momentum > 0: their buffer exists), Adam's, AdamW's and Lion's
  * beta1. false when the optimizer has none. */
 bool fg__optimizer_momentum(const fg_optimizer *o, double *m);
 void fg__optimizer_set_momentum(fg_optimizer *o, double m);
-/* Remakes the segments from the groups and exclusions. */
-fg_status fg__optimizer_segments(fg_optimizer *o);
+/* Remakes the segments from the groups and exclusions (cannot fail: the
+ * arrays are sized for every parameter). */
+void fg__optimizer_segments(fg_optimizer *o);
 void fg__optimizer_advance(fg_optimizer *opt);
 /* Sets the hook (NULL clears it). The strategy that sets one clears it
  * when it is freed first; the optimizer calls detach when it is. */
-void fg__optimizer_set_hook(fg_optimizer *opt, const fg_optim_hook *hook);
+void fg__optimizer_set_hook(fg_optimizer *opt, const fg__optim_hook *hook);
 
 /* offload_optimizer_device=nvme (offload.c): moves the state of the
  * optimizer's range into files under dir (nvme_store.h), streamed through
@@ -124,17 +137,18 @@ void fg__optimizer_set_hook(fg_optimizer *opt, const fg_optim_hook *hook);
  * (fg_optimizer_state still reads and writes them: checkpoints work as
  * before). On failure the state stays in memory, untouched. FG_ESTATE if
  * already offloaded. An optimizer without state has nothing to move. */
-fg_status fg__optimizer_offload_nvme(fg_optimizer *opt, const char *dir, size_t block);
+FG_MUST_USE fg_status fg__optimizer_offload_nvme(fg_optimizer *opt, const char *dir, size_t block);
 bool fg__optimizer_offloaded(const fg_optimizer *opt);
 /* The same with the parameters of the range too (ZeRO stage 3's
  * offload_params_device=nvme): one more array in the store, filled from
  * the module's flat parameters of [state_begin, state_end), updated in the
  * streamed blocks at every step (the flat buffer's range is then neither
  * read nor written by a step). f32/f64 parameters only (FG_EUNSUPPORTED). */
-fg_status fg__optimizer_offload_nvme_params(fg_optimizer *opt, const char *dir, size_t block);
+FG_MUST_USE fg_status fg__optimizer_offload_nvme_params(fg_optimizer *opt, const char *dir,
+                                                        size_t block);
 /* The store holding the parameters and their array index (*array), or
  * NULL when the parameters are not offloaded. */
-struct fg_nvme_store *fg__optimizer_offload_param_store(const fg_optimizer *opt, int *array);
+struct fg__nvme_store *fg__optimizer_offload_param_store(const fg_optimizer *opt, int *array);
 /* Copies the offloaded parameters back into the module's flat buffer and
  * steps them there from now on (the strategy that offloaded them goes). */
 void fg__optimizer_offload_params_home(fg_optimizer *opt);
@@ -143,35 +157,35 @@ void fg__optimizer_offload_counts(const fg_optimizer *opt, uint64_t *read, uint6
 /* Whether the offloaded state is read with O_DIRECT (not on tmpfs). */
 bool fg__optimizer_offload_direct(const fg_optimizer *opt);
 /* offload.c's halves of step_range and free */
-fg_status fg__offload_step_range(fg_optimizer *opt, int64_t begin, int64_t end, void *param,
-                                 const void *grad);
+FG_MUST_USE fg_status fg__offload_step_range(fg_optimizer *opt, int64_t begin, int64_t end,
+                                             void *param, const void *grad);
 void fg__offload_free(fg_optimizer *opt);
+/* offload_optimizer_device=cpu for an optimizer on a device: its state moves
+ * to host memory and its steps run on the CPU (see host_state); FG_OK with
+ * nothing to do on the host. */
+FG_MUST_USE fg_status fg__optimizer_offload_cpu(fg_optimizer *opt);
+/* And the range's parameters to host memory (after fg__optimizer_offload_cpu);
+ * fg__optimizer_host_params is that copy (element state_begin first), NULL
+ * without; fg__optimizer_offload_params_home copies them back in. */
+FG_MUST_USE fg_status fg__optimizer_offload_params_cpu(fg_optimizer *opt);
+void *fg__optimizer_host_params(const fg_optimizer *opt);
 
-/* Ranges of at least this many elements are split over OpenMP threads. */
-#define FG_OPTIM_PAR_MIN 32768
-/* Block size of the sum of squares (fixed: the result must not depend on
- * the thread count). */
-#define FG_OPTIM_BLOCK 8192
+/* The kernels (fg__k_*, fg__sumsq, fg__scale, FG_OPTIM_PAR_MIN,
+ * FG_OPTIM_BLOCK) are the ops layer's (ops/ops_impl.h), with the entries
+ * that run them on a tensor's device (fg__ops_adamw, fg__ops_sgd, ...). */
+#include "ops/ops_impl.h"
 
-/* The kernels (kernels_t.h), on n elements of dtype dt (f32 or f64). */
-void fg__k_sgd(fg_dtype dt, void *p, const void *g, void *buf, int64_t n, double lr, double wd,
-               double mu, double damp, bool first, bool nesterov);
-void fg__k_adamw(fg_dtype dt, void *p, const void *g, void *m1, void *m2, int64_t n, double decay,
-                 double beta1, double beta2, double step, double bc2_sqrt, double eps);
-/* Adam: m3 (max_exp_avg_sq) NULL unless amsgrad */
-void fg__k_adam(fg_dtype dt, void *p, const void *g, void *m1, void *m2, void *m3, int64_t n,
-                double wd, double beta1, double beta2, double step, double bc2_sqrt, double eps);
-/* RMSprop: buf NULL without momentum, ga NULL unless centered */
-void fg__k_rmsprop(fg_dtype dt, void *p, const void *g, void *sq, void *buf, void *ga, int64_t n,
-                   double lr, double wd, double alpha, double eps, double mu);
-void fg__k_adagrad(fg_dtype dt, void *p, const void *g, void *sum, int64_t n, double clr, double wd,
-                   double eps);
-void fg__k_lion(fg_dtype dt, void *p, const void *g, void *m, int64_t n, double lr, double decay,
-                double beta1, double beta2);
-
-/* Sum of squares of n elements of dtype dt (f32/f64) in double, and x *= s:
- * the clipping halves over a plain buffer (a gradient shard). */
-fg_status fg__sumsq(const void *x, fg_dtype dt, int64_t n, double *out);
-fg_status fg__scale(void *x, fg_dtype dt, int64_t n, double s);
+/* A 1-d tensor header over n elements at ptr, on the optimizer's device
+ * (o->dev; the host when NULL): a range of the flat buffers or the state
+ * handed to the ops entries. */
+static inline fg_tensor fg__optim_range(const fg_optimizer *o, void *ptr, fg_dtype dt, int64_t n) {
+    fg_tensor t = {.data = ptr, .dtype = dt, .ndim = 1, .numel = n, .param_index = -1};
+    t.shape[0] = n;
+    t.strides[0] = 1;
+    fg_dev *d = o->step_host ? NULL : o->dev;
+    t.dev = d;
+    t.device = d ? fg_dev_kind(d) : FG_CPU;
+    return t;
+}
 
 #endif

@@ -17,15 +17,20 @@ static fg_status rmsprop_step_range(fg_optimizer *o, int64_t begin, int64_t end,
         int64_t lo = FG_MAX(begin, o->seg_begin[k]), hi = FG_MIN(end, o->seg_begin[k + 1]);
         if (lo >= hi) continue;
         size_t at = es * (size_t)(lo - begin), st = ss * (size_t)(lo - begin);
-        fg__k_rmsprop(o->dt, (char *)param + at, (const char *)grad + at, (char *)state[0] + st,
-                      ibuf > 0 ? (char *)state[ibuf] + st : NULL,
-                      iga > 0 ? (char *)state[iga] + st : NULL, hi - lo, o->seg_lr[k], o->seg_wd[k],
-                      ro->alpha, ro->eps, ro->momentum);
+        fg_tensor tp = fg__optim_range(o, (char *)param + at, o->dt, hi - lo);
+        fg_tensor tg = fg__optim_range(o, (char *)grad + at, o->dt, hi - lo);
+        fg_tensor ts = fg__optim_range(o, (char *)state[0] + st, o->sdt, hi - lo);
+        fg_tensor tb =
+            fg__optim_range(o, ibuf > 0 ? (char *)state[ibuf] + st : NULL, o->sdt, hi - lo);
+        fg_tensor ta =
+            fg__optim_range(o, iga > 0 ? (char *)state[iga] + st : NULL, o->sdt, hi - lo);
+        FG_TRY(fg__ops_rmsprop(&tp, &tg, &ts, ibuf > 0 ? &tb : NULL, iga > 0 ? &ta : NULL,
+                               o->seg_lr[k], o->seg_wd[k], ro->alpha, ro->eps, ro->momentum));
     }
     return FG_OK;
 }
 
-static const fg_optim_vt rmsprop_vt = {.name = "RMSprop", .step_range = rmsprop_step_range};
+static const fg__optim_vt rmsprop_vt = {.name = "RMSprop", .step_range = rmsprop_step_range};
 
 fg_optimizer *fg_rmsprop_new(fg_module *m, const fg_rmsprop_opts *opts) {
     fg_rmsprop_opts o = opts ? *opts : (fg_rmsprop_opts){0};

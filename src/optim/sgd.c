@@ -16,13 +16,16 @@ static fg_status sgd_step_range(fg_optimizer *o, int64_t begin, int64_t end, voi
         void *buf = so->momentum != 0
                         ? (char *)state[0] + fg_dtype_size(o->sdt) * (size_t)(lo - begin)
                         : NULL;
-        fg__k_sgd(o->dt, (char *)param + at, (const char *)grad + at, buf, hi - lo, o->seg_lr[k],
-                  o->seg_wd[k], so->momentum, 1 - so->dampening, t == 1, so->nesterov);
+        fg_tensor tp = fg__optim_range(o, (char *)param + at, o->dt, hi - lo);
+        fg_tensor tg = fg__optim_range(o, (char *)grad + at, o->dt, hi - lo);
+        fg_tensor tb = fg__optim_range(o, buf, o->sdt, hi - lo);
+        FG_TRY(fg__ops_sgd(&tp, &tg, buf ? &tb : NULL, o->seg_lr[k], o->seg_wd[k], so->momentum,
+                           1 - so->dampening, t == 1, so->nesterov));
     }
     return FG_OK;
 }
 
-static const fg_optim_vt sgd_vt = {.name = "SGD", .step_range = sgd_step_range};
+static const fg__optim_vt sgd_vt = {.name = "SGD", .step_range = sgd_step_range};
 
 fg_optimizer *fg_sgd_new(fg_module *m, const fg_sgd_opts *opts) {
     fg_sgd_opts o = opts ? *opts : (fg_sgd_opts){0};

@@ -13,6 +13,7 @@
 
 #include "core/core_impl.h"
 #include "fulgur/precision.h"
+#include "ops/ops_impl.h"
 
 struct fg_scaler {
     fg_scaler_opts o;
@@ -51,40 +52,16 @@ void fg_scaler_free(fg_scaler *s) { fg_free(s); }
 
 double fg_scaler_scale(const fg_scaler *s) { return s ? s->st.scale : 1.0; }
 
-/* g *= inv over n elements; true when one of them is inf or NaN. */
-#define UNSCALE(T)                                                                                 \
-    static bool unscale_##T(T *g, int64_t n, T inv) {                                              \
-        int bad = 0;                                                                               \
-        _Pragma("omp parallel for simd reduction(|:bad) if (n > 65536) schedule(static)") for (    \
-            int64_t i = 0; i < n; i++) {                                                           \
-            T v = g[i] * inv;                                                                      \
-            bad |= !isfinite(v);                                                                   \
-            g[i] = v;                                                                              \
-        }                                                                                          \
-        return bad != 0;                                                                           \
-    }
-UNSCALE(float)
-UNSCALE(double)
-
 fg_status fg_scaler_unscale(fg_scaler *s, fg_module *m, fg_comm *comm) {
     if (!s || !m) return fg_error(FG_EINVAL, "scaler unscale: NULL %s", s ? "module" : "scaler");
     if (s->unscaled) return FG_OK;
     fg_tensor *g = fg_module_flat_grads(m);
     if (!g) return fg_error_wrap(FG_EINVAL, "scaler unscale: the module's gradients");
-    fg_dtype dt = fg_tensor_dtype(g);
-    bool bad;
-    if (dt == FG_F32)
-        bad = unscale_float(fg_tensor_data(g), fg_tensor_numel(g), (float)(1.0 / s->st.scale));
-    else if (dt == FG_F64)
-        bad = unscale_double(fg_tensor_data(g), fg_tensor_numel(g), 1.0 / s->st.scale);
-    else
-        return fg_error(FG_EUNSUPPORTED,
-                        "scaler unscale: %s gradients; the scaler works on f32 or f64 master "
-                        "gradients (16-mixed)",
-                        fg_dtype_name(dt));
+    bool bad; /* on the gradients' device: the flag alone comes back */
+    FG_TRY(fg__ops_unscale(g, 1.0 / s->st.scale, &bad));
     /* 1 + this rank when it found one: the max names a rank that did */
     float flag = bad ? (float)(1 + (comm ? fg_comm_rank(comm) : 0)) : 0.0f;
-    if (comm) FG_TRY(fg_comm_allreduce(comm, &flag, &flag, 1, FG_F32, FG_MAX));
+    if (comm) FG_TRY(fg_comm_allreduce(comm, &flag, &flag, 1, FG_F32, FG_REDUCE_OP_MAX));
     s->found_inf = (int)flag;
     s->unscaled = true;
     return FG_OK;

@@ -118,7 +118,7 @@ fg_status fg__bagua_check_job(const fg_bagua_opts *o, fg_dtype dt, int world, in
     return FG_OK;
 }
 
-void fg__bagua_count(fg_bagua_state *st, uint64_t b) {
+void fg__bagua_count(fg__bagua_state *st, uint64_t b) {
     st->bytes.last_step += b;
     st->bytes.total += b;
 }
@@ -127,18 +127,18 @@ void fg__bagua_bytes(const fg_strategy *s, fg_comm_bytes *out) { *out = s->bagua
 
 /* ------------------------------------------------------------ hierarchy */
 
-static fg_status allreduce_avg(fg_bagua_state *st, fg_comm *c, float *buf, int64_t n) {
+static fg_status allreduce_avg(fg__bagua_state *st, fg_comm *c, float *buf, int64_t n) {
     if (fg_comm_size(c) < 2) return FG_OK;
     fg__bagua_count(st, (uint64_t)n * sizeof(float));
-    return fg_comm_allreduce(c, buf, buf, n, FG_F32, FG_AVG);
+    return fg_comm_allreduce(c, buf, buf, n, FG_F32, FG_REDUCE_OP_AVG);
 }
 
-fg_status fg__bagua_centralized(fg_bagua_state *st, float *buf, int64_t n, fg_bagua_avg_fn fn) {
+fg_status fg__bagua_centralized(fg__bagua_state *st, float *buf, int64_t n, fg__bagua_avg_fn fn) {
     if (!st->hier) return fn(st, st->s->comm, buf, n);
     bool several = fg_comm_size(st->intra) > 1;
     if (several) {
         fg__bagua_count(st, (uint64_t)n * sizeof(float));
-        FG_TRY(fg_comm_reduce(st->intra, buf, buf, n, FG_F32, FG_AVG, 0));
+        FG_TRY(fg_comm_reduce(st->intra, buf, buf, n, FG_F32, FG_REDUCE_OP_AVG, 0));
     }
     if (st->inter) FG_TRY(fn(st, st->inter, buf, n));
     if (several) {
@@ -152,7 +152,7 @@ fg_status fg__bagua_centralized(fg_bagua_state *st, float *buf, int64_t n, fg_ba
  * fg__bagua_node_size consecutive ranks in tests) inside, their first
  * ranks across. *nodes and *world_out: the node count and the world size,
  * the same on every rank (a node holds several ranks when world > nodes). */
-static fg_status make_groups(fg_bagua_state *st, int *nodes, int *world_out) {
+static fg_status make_groups(fg__bagua_state *st, int *nodes, int *world_out) {
     fg_comm *c = st->s->comm;
     int rank = fg_comm_rank(c), world = fg_comm_size(c);
     int node = fg__bagua_node_size > 0 ? rank / fg__bagua_node_size : fg_comm_node_rank(c);
@@ -168,7 +168,7 @@ static fg_status make_groups(fg_bagua_state *st, int *nodes, int *world_out) {
 /* --------------------------------------------------------- bucket hooks */
 
 static fg_status bucket_hook(void *state, const fg_ddp_bucket *b) {
-    fg_bagua_state *st = state;
+    fg__bagua_state *st = state;
     switch (st->o.algorithm) {
     case FG_BAGUA_GRADIENT_ALLREDUCE:
         return fg__bagua_centralized(st, b->grad, b->numel, allreduce_avg);
@@ -178,7 +178,7 @@ static fg_status bucket_hook(void *state, const fg_ddp_bucket *b) {
         /* warm-up: plain ddp; then the gradients stay local */
         if (!st->opt) return fg_error(FG_ESTATE, "bagua async: its optimizer was freed");
         if (fg_optimizer_step_count(st->opt) < st->o.warmup_steps)
-            return fg_ddp_bucket_allreduce(b, b->grad, b->numel, FG_AVG);
+            return fg_ddp_bucket_allreduce(b, b->grad, b->numel, FG_REDUCE_OP_AVG);
         return FG_OK;
     default:
         return fg_error(FG_EINTERNAL, "bagua: no bucket hook for %s", k_algos[st->o.algorithm]);
@@ -189,7 +189,7 @@ static fg_status bucket_hook(void *state, const fg_ddp_bucket *b) {
 
 static fg_status after_step(void *ud, fg_optimizer *opt) {
     (void)opt;
-    fg_bagua_state *st = ud;
+    fg__bagua_state *st = ud;
     st->opt_steps++;
     if (st->o.algorithm == FG_BAGUA_LOW_PRECISION_DECENTRALIZED) return fg__lpd_after_step(st);
     if (st->o.algorithm == FG_BAGUA_ASYNC) return fg__async_after_step(st);
@@ -197,11 +197,11 @@ static fg_status after_step(void *ud, fg_optimizer *opt) {
 }
 
 static void detach(void *ud) {
-    fg_bagua_state *st = ud;
+    fg__bagua_state *st = ud;
     st->opt = NULL;
 }
 
-static fg_status hook_optimizer(fg_bagua_state *st) {
+static fg_status hook_optimizer(fg__bagua_state *st) {
     fg_strategy *s = st->s;
     if (!s->opt || fg_optimizer_module(s->opt) != s->model)
         return fg_error(FG_EINVAL,
@@ -209,7 +209,7 @@ static fg_status hook_optimizer(fg_bagua_state *st) {
                         "optimizer's steps); got %s",
                         k_algos[st->o.algorithm], s->opt ? "one over another module" : "none");
     st->opt = s->opt;
-    fg_optim_hook h = {.post_step = after_step, .detach = detach, .ud = st};
+    fg__optim_hook h = {.post_step = after_step, .detach = detach, .ud = st};
     if (st->o.algorithm == FG_BAGUA_QADAM) h.pre_step = fg__qadam_pre_step;
     fg__optimizer_set_hook(st->opt, &h);
     return FG_OK;
@@ -236,7 +236,7 @@ fg_status fg__bagua_setup(fg_strategy *s, const fg_ddp_opts *o) {
                         "the algorithm is the communication (unset ddp_comm_hook / "
                         "ddp_comm_wrapper)",
                         algo);
-    fg_bagua_state *st = fg_calloc(1, sizeof *st);
+    fg__bagua_state *st = fg_calloc(1, sizeof *st);
     if (!st) return fg_error_wrap(FG_ENOMEM, "bagua setup");
     s->bagua = st;
     st->s = s;
@@ -246,6 +246,9 @@ fg_status fg__bagua_setup(fg_strategy *s, const fg_ddp_opts *o) {
         return fg_error(FG_EINVAL, "bagua: the model has no flat parameter buffer");
     st->n = fg_tensor_numel(flat);
     st->dt = fg_tensor_dtype(flat);
+    st->dev = fg__zero_dev(flat);
+    if (st->dev && !(st->xh = fg_alloc(sizeof(float) * (size_t)FG_MAX(st->n, 1))))
+        return fg_error_wrap(FG_ENOMEM, "bagua setup: the host copy of the weights");
     fg_bagua_algorithm a = st->o.algorithm;
     if (st->dt != FG_F32 && a != FG_BAGUA_GRADIENT_ALLREDUCE)
         return fg_error(FG_EUNSUPPORTED,
@@ -275,10 +278,10 @@ fg_status fg__bagua_setup(fg_strategy *s, const fg_ddp_opts *o) {
         st->hier = true;
         FG_TRY(make_groups(st, &nodes, &world));
     }
-    fg_ddp_reducer_opts ro = {.bucket_cap_mb = d.bucket_cap_mb,
-                              .find_unused_parameters = d.find_unused_parameters,
-                              .static_graph = d.static_graph,
-                              .name = "bagua"};
+    fg__ddp_reducer_opts ro = {.bucket_cap_mb = d.bucket_cap_mb,
+                               .find_unused_parameters = d.find_unused_parameters,
+                               .static_graph = d.static_graph,
+                               .name = "bagua"};
     bool flat_ga = a == FG_BAGUA_GRADIENT_ALLREDUCE && !st->hier;
     if (!flat_ga && (a == FG_BAGUA_GRADIENT_ALLREDUCE || a == FG_BAGUA_BYTEGRAD ||
                      a == FG_BAGUA_QADAM || a == FG_BAGUA_ASYNC)) {
@@ -299,7 +302,7 @@ fg_status fg__bagua_setup(fg_strategy *s, const fg_ddp_opts *o) {
 }
 
 void fg__bagua_free(fg_strategy *s) {
-    fg_bagua_state *st = s->bagua;
+    fg__bagua_state *st = s->bagua;
     if (!st) return;
     fg__async_free(st);
     if (st->opt) fg__optimizer_set_hook(st->opt, NULL);
@@ -315,12 +318,14 @@ void fg__bagua_free(fg_strategy *s) {
     fg_free(st->left);
     fg_free(st->right);
     fg_free(st->diff);
+    fg_free(st->xh);
+    fg_free(st->qh);
     fg_free(st);
     s->bagua = NULL;
 }
 
 fg_status fg__bagua_backward(fg_strategy *s, fg_tensor *loss) {
-    fg_bagua_state *st = s->bagua;
+    fg__bagua_state *st = s->bagua;
     if (st->eval_only && (st->o.algorithm == FG_BAGUA_LOW_PRECISION_DECENTRALIZED ||
                           st->o.algorithm == FG_BAGUA_QADAM || st->o.algorithm == FG_BAGUA_ASYNC))
         return fg_error(FG_ESTATE,
@@ -340,18 +345,18 @@ fg_status fg__bagua_backward(fg_strategy *s, fg_tensor *loss) {
         if (!st->lpd_started) {
             size_t bytes = sizeof(float) * (size_t)st->n;
             const float *x = fg_tensor_data(fg_module_flat_params(s->model));
-            memcpy(st->w, x, bytes);
-            memcpy(st->left, x, bytes);
-            memcpy(st->right, x, bytes);
+            FG_TRY(fg__stage_out(st->dev, st->w, x, bytes));
+            memcpy(st->left, st->w, bytes);
+            memcpy(st->right, st->w, bytes);
             st->lpd_started = true;
         }
         rc = fg_backward(loss);
         break;
     default: {
         fg_comm_bytes before, after;
-        fg_ddp_reducer_bytes(s->reducer, &before);
-        rc = fg_ddp_reducer_backward(s->reducer, loss, true);
-        fg_ddp_reducer_bytes(s->reducer, &after);
+        fg__ddp_reducer_bytes(s->reducer, &before);
+        rc = fg__ddp_reducer_backward(s->reducer, loss, true);
+        fg__ddp_reducer_bytes(s->reducer, &after);
         fg__bagua_count(st, after.total - before.total);
     }
     }

@@ -27,8 +27,8 @@
 
 enum { PH_IDLE, PH_SNAP, PH_DONE };
 
-struct fg_bagua_async {
-    fg_bagua_state *st;
+struct fg__bagua_async {
+    fg__bagua_state *st;
     fg_comm *comm; /* the background thread's */
     pthread_t th;
     bool started;
@@ -60,7 +60,7 @@ static bool passed(const struct timespec *t) {
 }
 
 static void *loop(void *arg) {
-    fg_bagua_async *a = arg;
+    fg__bagua_async *a = arg;
     int64_t n = a->st->n;
     struct timespec next;
     deadline_after(&next, a->st->o.sync_interval_ms);
@@ -73,10 +73,10 @@ static void *loop(void *arg) {
         uint8_t flag = a->stop ? 2 : a->phase == PH_SNAP ? 0 : 1;
         a->bytes += 1;
         pthread_mutex_unlock(&a->mu);
-        st = fg_comm_allreduce(a->comm, &flag, &flag, 1, FG_U8, FG_MAX);
+        st = fg_comm_allreduce(a->comm, &flag, &flag, 1, FG_U8, FG_REDUCE_OP_MAX);
         if (st != FG_OK || flag == 2) break;
         if (flag == 0) {
-            st = fg_comm_allreduce(a->comm, a->snap, a->sum, n, FG_F32, FG_SUM);
+            st = fg_comm_allreduce(a->comm, a->snap, a->sum, n, FG_F32, FG_REDUCE_OP_SUM);
             if (st != FG_OK) break;
             pthread_mutex_lock(&a->mu);
             a->bytes += (uint64_t)n * sizeof(float);
@@ -97,8 +97,8 @@ static void *loop(void *arg) {
     return NULL;
 }
 
-fg_status fg__async_setup(fg_bagua_state *st) {
-    fg_bagua_async *a = fg_calloc(1, sizeof *a);
+fg_status fg__async_setup(fg__bagua_state *st) {
+    fg__bagua_async *a = fg_calloc(1, sizeof *a);
     if (!a) return fg_error_wrap(FG_ENOMEM, "bagua async setup");
     st->async = a;
     a->st = st;
@@ -120,8 +120,8 @@ fg_status fg__async_setup(fg_bagua_state *st) {
     return FG_OK;
 }
 
-void fg__async_free(fg_bagua_state *st) {
-    fg_bagua_async *a = st->async;
+void fg__async_free(fg__bagua_state *st) {
+    fg__bagua_async *a = st->async;
     if (!a) return;
     if (a->started) {
         pthread_mutex_lock(&a->mu);
@@ -139,10 +139,11 @@ void fg__async_free(fg_bagua_state *st) {
     st->async = NULL;
 }
 
-fg_status fg__async_after_step(fg_bagua_state *st) {
-    fg_bagua_async *a = st->async;
+fg_status fg__async_after_step(fg__bagua_state *st) {
+    fg__bagua_async *a = st->async;
     if (fg_optimizer_step_count(st->opt) <= st->o.warmup_steps) return FG_OK;
-    float *x = fg_tensor_data(fg_module_flat_params(st->s->model));
+    float *dx = fg_tensor_data(fg_module_flat_params(st->s->model));
+    float *x = st->dev ? st->xh : dx; /* on a device: its host copy */
     size_t bytes = sizeof(float) * (size_t)st->n;
     pthread_mutex_lock(&a->mu);
     if (a->err != FG_OK) {
@@ -150,14 +151,27 @@ fg_status fg__async_after_step(fg_bagua_state *st) {
         pthread_mutex_unlock(&a->mu);
         return fg_error(e, "%s", a->msg);
     }
+    fg_status rc = FG_OK;
     if (a->phase == PH_DONE) {
         const float p = (float)fg_comm_size(a->comm);
-        for (int64_t i = 0; i < st->n; i++) x[i] = x[i] + (a->sum[i] / p - a->snap[i]);
+        if (st->dev) rc = fg__stage_out(st->dev, x, dx, bytes);
+        for (int64_t i = 0; rc == FG_OK && i < st->n; i++)
+            x[i] = x[i] + (a->sum[i] / p - a->snap[i]);
+        if (rc == FG_OK && st->dev) rc = fg__stage_in(st->dev, dx, x, bytes);
         a->applied++;
         a->phase = PH_IDLE;
     }
+    if (rc != FG_OK) {
+        pthread_mutex_unlock(&a->mu);
+        return fg_error_wrap(rc, "bagua async: applying the average");
+    }
     if (a->phase == PH_IDLE && !a->ended) {
-        memcpy(a->snap, x, bytes);
+        if (st->dev) rc = fg__stage_out(st->dev, a->snap, dx, bytes);
+        else memcpy(a->snap, x, bytes);
+        if (rc != FG_OK) {
+            pthread_mutex_unlock(&a->mu);
+            return fg_error_wrap(rc, "bagua async: the weights' snapshot");
+        }
         a->phase = PH_SNAP;
         pthread_cond_signal(&a->cv);
     }
@@ -169,7 +183,7 @@ fg_status fg__async_after_step(fg_bagua_state *st) {
 }
 
 int64_t fg__async_applied(const fg_strategy *s) {
-    fg_bagua_async *a = s->bagua ? s->bagua->async : NULL;
+    fg__bagua_async *a = s->bagua ? s->bagua->async : NULL;
     if (!a) return 0;
     pthread_mutex_lock(&a->mu);
     int64_t n = a->applied;

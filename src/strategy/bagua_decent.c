@@ -32,15 +32,15 @@ int fg__bagua_shift_one_peer(int rank, int size, int64_t k) {
 }
 
 /* the group the peers are found in: everyone, or the nodes' first ranks */
-static fg_comm *peer_comm(const fg_bagua_state *st) { return st->hier ? st->inter : st->s->comm; }
+static fg_comm *peer_comm(const fg__bagua_state *st) { return st->hier ? st->inter : st->s->comm; }
 
-fg_status fg__decent_setup(fg_bagua_state *st) {
+fg_status fg__decent_setup(fg__bagua_state *st) {
     size_t bytes = sizeof(float) * (size_t)st->n;
     const float *x = fg_tensor_data(fg_module_flat_params(st->s->model));
     int groups = st->hier ? -1 : fg_comm_size(st->s->comm);
     if (st->hier) { /* the number of nodes, known on every rank */
         int leaders = st->inter ? fg_comm_size(st->inter) : 0;
-        FG_TRY(fg_comm_allreduce(st->s->comm, &leaders, &leaders, 1, FG_I32, FG_MAX));
+        FG_TRY(fg_comm_allreduce(st->s->comm, &leaders, &leaders, 1, FG_I32, FG_REDUCE_OP_MAX));
         groups = leaders;
     }
     if (st->o.algorithm == FG_BAGUA_DECENTRALIZED &&
@@ -58,14 +58,14 @@ fg_status fg__decent_setup(fg_bagua_state *st) {
     st->left = fg_alloc(bytes);
     st->right = fg_alloc(bytes);
     if (!st->w || !st->left || !st->right) return fg_error_wrap(FG_ENOMEM, "bagua setup");
-    memcpy(st->w, x, bytes);
-    memcpy(st->left, x, bytes);
-    memcpy(st->right, x, bytes);
+    FG_TRY(fg__stage_out(st->dev, st->w, x, bytes));
+    memcpy(st->left, st->w, bytes);
+    memcpy(st->right, st->w, bytes);
     return FG_OK;
 }
 
 /* shift_one over c: buf becomes (peer's + own) / 2 */
-static fg_status shift_one(fg_bagua_state *st, fg_comm *c, float *buf) {
+static fg_status shift_one(fg__bagua_state *st, fg_comm *c, float *buf) {
     int r = fg_comm_rank(c), q = fg_comm_size(c);
     if (q < 2) return FG_OK;
     int peer = fg__bagua_shift_one_peer(r, q, st->comm_steps);
@@ -82,16 +82,16 @@ static fg_status shift_one(fg_bagua_state *st, fg_comm *c, float *buf) {
     return FG_OK;
 }
 
-static fg_status exchange(fg_bagua_state *st, float *buf) {
+static fg_status exchange(fg__bagua_state *st, float *buf) {
     fg_comm *c = peer_comm(st);
     if (!c) return FG_OK;
     if (st->o.peer_selection_mode == FG_BAGUA_PEERS_SHIFT_ONE) return shift_one(st, c, buf);
     if (fg_comm_size(c) < 2) return FG_OK;
     fg__bagua_count(st, (uint64_t)st->n * sizeof(float));
-    return fg_comm_allreduce(c, buf, buf, st->n, FG_F32, FG_AVG);
+    return fg_comm_allreduce(c, buf, buf, st->n, FG_F32, FG_REDUCE_OP_AVG);
 }
 
-fg_status fg__decent_backward(fg_bagua_state *st, fg_tensor *loss) {
+fg_status fg__decent_backward(fg__bagua_state *st, fg_tensor *loss) {
     if (st->steps % st->o.communication_interval) return fg_backward(loss);
     float *x = fg_tensor_data(fg_module_flat_params(st->s->model));
     size_t bytes = sizeof(float) * (size_t)st->n;
@@ -99,7 +99,13 @@ fg_status fg__decent_backward(fg_bagua_state *st, fg_tensor *loss) {
     if (!st->hier && st->o.peer_selection_mode == FG_BAGUA_PEERS_ALL) {
         /* the weights do not change during backward: average them meanwhile */
         fg__bagua_count(st, bytes);
-        FG_TRY(fg_comm_iallreduce(st->s->comm, x, st->peer, st->n, FG_F32, FG_AVG, &st->req));
+        const float *send = x; /* on a device: its host copy */
+        if (st->dev) {
+            FG_TRY(fg__stage_out(st->dev, st->xh, x, bytes));
+            send = st->xh;
+        }
+        FG_TRY(fg_comm_iallreduce(st->s->comm, send, st->peer, st->n, FG_F32, FG_REDUCE_OP_AVG,
+                                  &st->req));
         rc = fg_backward(loss);
         fg_status ws = fg_comm_wait(st->req);
         st->req = NULL;
@@ -107,11 +113,12 @@ fg_status fg__decent_backward(fg_bagua_state *st, fg_tensor *loss) {
         if (ws != FG_OK) return fg_error_wrap(ws, "bagua decentralized: averaging the weights");
     } else {
         FG_TRY(fg_backward(loss));
-        memcpy(st->peer, x, bytes);
+        FG_TRY(fg__stage_out(st->dev, st->peer, x, bytes));
         bool several = st->hier && fg_comm_size(st->intra) > 1;
         if (several) {
             fg__bagua_count(st, bytes);
-            FG_TRY(fg_comm_reduce(st->intra, st->peer, st->peer, st->n, FG_F32, FG_AVG, 0));
+            FG_TRY(
+                fg_comm_reduce(st->intra, st->peer, st->peer, st->n, FG_F32, FG_REDUCE_OP_AVG, 0));
         }
         rc = exchange(st, st->peer);
         if (rc != FG_OK) return fg_error_wrap(rc, "bagua decentralized: exchanging the weights");
@@ -120,7 +127,7 @@ fg_status fg__decent_backward(fg_bagua_state *st, fg_tensor *loss) {
             FG_TRY(fg_comm_broadcast(st->intra, st->peer, st->peer, st->n, FG_F32, 0));
         }
     }
-    memcpy(x, st->peer, bytes);
+    FG_TRY(fg__stage_in(st->dev, x, st->peer, bytes));
     st->comm_steps++;
     return FG_OK;
 }
@@ -140,12 +147,12 @@ static fg_status ring_pass(fg_comm *c, const uint8_t *rec, uint8_t *in, int64_t 
     return fg_comm_send(c, rec, bytes, FG_U8, to);
 }
 
-static fg_status lpd_ring(fg_bagua_state *st, fg_comm *c, float *x) {
+static fg_status lpd_ring(fg__bagua_state *st, fg_comm *c, float *x) {
     int p = fg_comm_size(c), r = fg_comm_rank(c);
     if (p < 2) return FG_OK;
     int64_t n = st->n;
-    fg_ddp_reducer *red = st->s->reducer;
-    int nb = fg_ddp_reducer_num_buckets(red);
+    fg__ddp_reducer *red = st->s->reducer;
+    int nb = fg__ddp_reducer_num_buckets(red);
     size_t total = (size_t)n + (size_t)nb * FG_Q8_HEADER;
     FG_TRY(fg__q8_reserve(st, 3 * total, 0));
     uint8_t *own = st->rec, *fl = own + total, *fr = fl + total;
@@ -159,7 +166,7 @@ static fg_status lpd_ring(fg_bagua_state *st, fg_comm *c, float *x) {
     size_t at = 0;
     for (int b = 0; b < nb; b++) {
         int64_t lo, hi;
-        fg_ddp_reducer_bucket_range(red, b, &lo, &hi);
+        fg__ddp_reducer_bucket_range(red, b, &lo, &hi);
         fg__q8_compress(d + lo, hi - lo, hi - lo, own + at);
         at += FG_Q8_HEADER + (size_t)(hi - lo);
     }
@@ -170,7 +177,7 @@ static fg_status lpd_ring(fg_bagua_state *st, fg_comm *c, float *x) {
     at = 0;
     for (int b = 0; b < nb; b++) {
         int64_t lo, hi;
-        fg_ddp_reducer_bucket_range(red, b, &lo, &hi);
+        fg__ddp_reducer_bucket_range(red, b, &lo, &hi);
         int64_t m = hi - lo;
         fg__q8_decompress(fl + at, m, d + lo);
         for (int64_t i = lo; i < hi; i++) l[i] += d[i];
@@ -183,15 +190,16 @@ static fg_status lpd_ring(fg_bagua_state *st, fg_comm *c, float *x) {
     return FG_OK;
 }
 
-fg_status fg__lpd_after_step(fg_bagua_state *st) {
+fg_status fg__lpd_after_step(fg__bagua_state *st) {
     if ((st->opt_steps - 1) % st->o.communication_interval) return FG_OK;
-    float *x = fg_tensor_data(fg_module_flat_params(st->s->model));
+    float *dx = fg_tensor_data(fg_module_flat_params(st->s->model));
     bool several = st->hier && fg_comm_size(st->intra) > 1;
     size_t bytes = sizeof(float) * (size_t)st->n;
-    fg_status rc = FG_OK;
+    float *x = st->dev ? st->xh : dx; /* on a device: its host copy, out and back in */
+    fg_status rc = st->dev ? fg__stage_out(st->dev, x, dx, bytes) : FG_OK;
     if (several) {
         fg__bagua_count(st, bytes);
-        rc = fg_comm_reduce(st->intra, x, x, st->n, FG_F32, FG_AVG, 0);
+        rc = fg_comm_reduce(st->intra, x, x, st->n, FG_F32, FG_REDUCE_OP_AVG, 0);
     }
     fg_comm *c = peer_comm(st);
     if (rc == FG_OK && c) rc = lpd_ring(st, c, x);
@@ -199,6 +207,7 @@ fg_status fg__lpd_after_step(fg_bagua_state *st) {
         fg__bagua_count(st, bytes);
         rc = fg_comm_broadcast(st->intra, x, x, st->n, FG_F32, 0);
     }
+    if (rc == FG_OK && st->dev) rc = fg__stage_in(st->dev, dx, x, bytes);
     if (rc != FG_OK)
         return fg_error_wrap(rc, "bagua low_precision_decentralized: after optimizer step %lld",
                              (long long)st->opt_steps);

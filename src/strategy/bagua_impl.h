@@ -14,9 +14,9 @@
 
 #include "strategy_impl.h"
 
-typedef struct fg_bagua_async fg_bagua_async;
+typedef struct fg__bagua_async fg__bagua_async;
 
-struct fg_bagua_state {
+struct fg__bagua_state {
     fg_strategy *s;
     fg_bagua_opts o; /* resolved: intervals, warm-up and sync interval set */
     int64_t n;       /* elements of the flat parameters */
@@ -39,18 +39,25 @@ struct fg_bagua_state {
     bool lpd_started;        /* w, left, right set from the first backward's weights */
     float *diff;             /* low_precision_decentralized: scratch (n) */
     fg_optimizer *opt;       /* hooked (qadam, low_precision_decentralized, async) */
-    fg_bagua_async *async;
+    fg__bagua_async *async;
+    /* The weights' device when the host cannot touch it (else NULL): the
+     * algorithms then run on host copies, staged out and in around their
+     * communication (xh: the weights, n; qh: qadam's m, g, v, 3n) */
+    fg_dev *dev;
+    float *xh, *qh;
 };
 
 /* bagua.c (setup, backward, free: strategy_impl.h). Adds b bytes to the latest step's and the total
  * count. */
-void fg__bagua_count(fg_bagua_state *st, uint64_t b);
+void fg__bagua_count(fg__bagua_state *st, uint64_t b);
 /* buf (n f32) becomes its average over the ranks through fn, which averages
  * over the group it is given: over the strategy's communicator, or under the
  * hierarchical pattern averaged inside the node onto its first rank, fn over
  * the nodes' first ranks, and broadcast inside the node. Counts bytes. */
-typedef fg_status (*fg_bagua_avg_fn)(fg_bagua_state *st, fg_comm *c, float *buf, int64_t n);
-fg_status fg__bagua_centralized(fg_bagua_state *st, float *buf, int64_t n, fg_bagua_avg_fn fn);
+typedef FG_MUST_USE fg_status (*fg__bagua_avg_fn)(fg__bagua_state *st, fg_comm *c, float *buf,
+                                                  int64_t n);
+FG_MUST_USE fg_status fg__bagua_centralized(fg__bagua_state *st, float *buf, int64_t n,
+                                            fg__bagua_avg_fn fn);
 /* Tests: nodes of this many consecutive ranks instead of the machines' (0:
  * the machines'), so that one machine can run the hierarchical pattern. */
 extern int fg__bagua_node_size;
@@ -65,27 +72,27 @@ void fg__q8_decompress(const uint8_t *rec, int64_t m, float *out);
  * ByteGrad's scatter-gather. Counts p (8 + ceil(n / p)) bytes (the alltoall
  * of the chunks, as ddp counts its allreduce's buffer once for both
  * phases). Nothing moves on a group of one. Collective over c. */
-fg_status fg__q8_average(fg_bagua_state *st, fg_comm *c, float *buf, int64_t n);
-fg_status fg__q8_reserve(fg_bagua_state *st, size_t rec_bytes, int64_t floats);
+FG_MUST_USE fg_status fg__q8_average(fg__bagua_state *st, fg_comm *c, float *buf, int64_t n);
+FG_MUST_USE fg_status fg__q8_reserve(fg__bagua_state *st, size_t rec_bytes, int64_t floats);
 
 /* bagua_decent.c */
-fg_status fg__decent_setup(fg_bagua_state *st);
-fg_status fg__decent_backward(fg_bagua_state *st, fg_tensor *loss);
+FG_MUST_USE fg_status fg__decent_setup(fg__bagua_state *st);
+FG_MUST_USE fg_status fg__decent_backward(fg__bagua_state *st, fg_tensor *loss);
 /* low_precision_decentralized's exchange after an optimizer step */
-fg_status fg__lpd_after_step(fg_bagua_state *st);
+FG_MUST_USE fg_status fg__lpd_after_step(fg__bagua_state *st);
 /* decentralized shift_one: the peer of rank in a group of size at
  * communication k (Bagua's pairing; size even). */
 int fg__bagua_shift_one_peer(int rank, int size, int64_t k);
 
 /* bagua_qadam.c */
-fg_status fg__qadam_setup(fg_bagua_state *st);
-fg_status fg__qadam_bucket(fg_bagua_state *st, const fg_ddp_bucket *b);
-fg_status fg__qadam_pre_step(void *ud, fg_optimizer *opt, bool *skip);
+FG_MUST_USE fg_status fg__qadam_setup(fg__bagua_state *st);
+FG_MUST_USE fg_status fg__qadam_bucket(fg__bagua_state *st, const fg_ddp_bucket *b);
+FG_MUST_USE fg_status fg__qadam_pre_step(void *ud, fg_optimizer *opt, bool *skip);
 
 /* bagua_async.c */
-fg_status fg__async_setup(fg_bagua_state *st);
-void fg__async_free(fg_bagua_state *st);
-fg_status fg__async_after_step(fg_bagua_state *st);
+FG_MUST_USE fg_status fg__async_setup(fg__bagua_state *st);
+void fg__async_free(fg__bagua_state *st);
+FG_MUST_USE fg_status fg__async_after_step(fg__bagua_state *st);
 /* tests: rounds whose average this rank has applied */
 int64_t fg__async_applied(const fg_strategy *s);
 

@@ -41,7 +41,7 @@ void fg__q8_decompress(const uint8_t *rec, int64_t m, float *out) {
     for (int64_t i = 0; i < m; i++) out[i] = lo + (float)q[i] * step;
 }
 
-fg_status fg__q8_reserve(fg_bagua_state *st, size_t rec_bytes, int64_t floats) {
+fg_status fg__q8_reserve(fg__bagua_state *st, size_t rec_bytes, int64_t floats) {
     if (rec_bytes > st->rec_cap) {
         uint8_t *r = fg_realloc(st->rec, rec_bytes);
         if (!r) return fg_error_wrap(FG_ENOMEM, "bagua: %zu bytes of chunks", rec_bytes);
@@ -63,7 +63,7 @@ static int64_t slice_len(int64_t n, int64_t len, int j) {
     return lo >= n ? 0 : FG_MIN(len, n - lo);
 }
 
-fg_status fg__q8_average(fg_bagua_state *st, fg_comm *c, float *buf, int64_t n) {
+fg_status fg__q8_average(fg__bagua_state *st, fg_comm *c, float *buf, int64_t n) {
     int p = fg_comm_size(c), k = fg_comm_rank(c);
     if (p < 2 || n == 0) return FG_OK;
     int64_t len = (n + p - 1) / p;

@@ -29,7 +29,7 @@
 #include "bagua_impl.h"
 #include "optim/optim_impl.h"
 
-fg_status fg__qadam_setup(fg_bagua_state *st) {
+fg_status fg__qadam_setup(fg__bagua_state *st) {
     fg_optimizer *o = st->s->opt;
     if (!o || strcmp(fg_optimizer_name(o), "AdamW") || fg_optimizer_module(o) != st->s->model)
         return fg_error(FG_EINVAL,
@@ -40,30 +40,44 @@ fg_status fg__qadam_setup(fg_bagua_state *st) {
     fg_optimizer_state_range(o, &b, &e);
     if (b != 0 || e != st->n)
         return fg_error(FG_EINVAL, "bagua qadam: the optimizer's state is sharded");
+    if (st->dev && !(st->qh = fg_alloc(3 * sizeof(float) * (size_t)FG_MAX(st->n, 1))))
+        return fg_error_wrap(FG_ENOMEM, "bagua qadam: host copies of the optimizer state");
     return FG_OK;
 }
 
-fg_status fg__qadam_bucket(fg_bagua_state *st, const fg_ddp_bucket *b) {
+fg_status fg__qadam_bucket(fg__bagua_state *st, const fg_ddp_bucket *b) {
     if (st->s->opt->steps < st->o.warmup_steps)
-        return fg_ddp_bucket_allreduce(b, b->grad, b->numel, FG_AVG);
+        return fg_ddp_bucket_allreduce(b, b->grad, b->numel, FG_REDUCE_OP_AVG);
     return FG_OK; /* the gradient stays local: the momentum travels at the step */
 }
 
 fg_status fg__qadam_pre_step(void *ud, fg_optimizer *o, bool *skip) {
-    fg_bagua_state *st = ud;
+    fg__bagua_state *st = ud;
     if (o->steps < st->o.warmup_steps) return FG_OK; /* AdamW's own step */
     FG_TRY(fg__optimizer_ensure_state(o));
     *skip = true;
     const fg_adamw_opts *ao = &o->o.adamw;
-    float *p = o->param, *m = fg_tensor_data(o->state[0]);
-    const float *g = o->grad, *v = fg_tensor_data(o->state[1]);
+    float *dp = o->param, *dm = fg_tensor_data(o->state[0]);
+    const float *dg = o->grad, *dv = fg_tensor_data(o->state[1]);
+    float *p = dp, *m = dm;
+    const float *g = dg, *v = dv;
+    size_t bytes = sizeof(float) * (size_t)st->n;
+    if (st->dev) { /* on a device: the step on host copies, p and m back in after */
+        float *hg = st->qh + st->n, *hv = st->qh + 2 * st->n;
+        FG_TRY(fg__stage_out(st->dev, p = st->xh, dp, bytes));
+        FG_TRY(fg__stage_out(st->dev, m = st->qh, dm, bytes));
+        FG_TRY(fg__stage_out(st->dev, hg, dg, bytes));
+        FG_TRY(fg__stage_out(st->dev, hv, dv, bytes));
+        g = hg;
+        v = hv;
+    }
     const float b1 = (float)ao->beta1, c1 = (float)(1 - ao->beta1);
     for (int64_t i = 0; i < st->n; i++) m[i] = m[i] * b1 + c1 * g[i];
     /* bucket by bucket, as ddp's buckets (the same on every rank) */
-    int nb = fg_ddp_reducer_num_buckets(st->s->reducer);
+    int nb = fg__ddp_reducer_num_buckets(st->s->reducer);
     for (int k = 0; k < nb; k++) {
         int64_t lo, hi;
-        fg_ddp_reducer_bucket_range(st->s->reducer, k, &lo, &hi);
+        fg__ddp_reducer_bucket_range(st->s->reducer, k, &lo, &hi);
         fg_status rc = fg__bagua_centralized(st, m + lo, hi - lo, fg__q8_average);
         if (rc != FG_OK)
             return fg_error_wrap(rc,
@@ -80,6 +94,10 @@ fg_status fg__qadam_pre_step(void *ud, fg_optimizer *o, bool *skip) {
         const float decay = (float)(1 - o->seg_lr[k] * o->seg_wd[k]);
         for (int64_t i = o->seg_begin[k]; i < o->seg_begin[k + 1]; i++)
             p[i] = p[i] * decay - step * (m[i] / (sqrtf(v[i]) / rb + eps));
+    }
+    if (st->dev) {
+        FG_TRY(fg__stage_in(st->dev, dp, p, bytes));
+        FG_TRY(fg__stage_in(st->dev, dm, m, bytes));
     }
     return FG_OK;
 }

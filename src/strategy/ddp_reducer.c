@@ -23,7 +23,7 @@
  * starts no request, so the hook thread is the communicator's only caller
  * until the wait. After a hook's error the thread skips the later buckets
  * (the same collectives as a blocking hook that stopped there), and the
- * wait returns the first error. fg_ddp_reducer_reduce (after backward)
+ * wait returns the first error. fg__ddp_reducer_reduce (after backward)
  * runs the hooks on the calling thread. Every element handed to the
  * communicator, with or without a hook, is counted in bytes. */
 #include <pthread.h>
@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "ddp_reducer.h"
+#include "strategy_impl.h"
 
 typedef struct bucket {
     int64_t begin, end; /* elements of the flat gradient */
@@ -38,7 +39,7 @@ typedef struct bucket {
     int p0; /* its lowest parameter: it holds p0 .. p0 + nparams - 1 */
 } bucket;
 
-struct fg_ddp_reducer {
+struct fg__ddp_reducer {
     fg_comm *comm;
     fg_tensor *flat;
     int n;
@@ -84,13 +85,13 @@ struct fg_ddp_reducer {
     char werrmsg[512];
 };
 
-int fg_ddp_reducer_num_buckets(const fg_ddp_reducer *r) { return r->nb; }
-void fg_ddp_reducer_bucket_range(const fg_ddp_reducer *r, int b, int64_t *begin, int64_t *end) {
+int fg__ddp_reducer_num_buckets(const fg__ddp_reducer *r) { return r->nb; }
+void fg__ddp_reducer_bucket_range(const fg__ddp_reducer *r, int b, int64_t *begin, int64_t *end) {
     *begin = r->b[b].begin;
     *end = r->b[b].end;
 }
 
-void fg_ddp_reducer_free(fg_ddp_reducer *r) {
+void fg__ddp_reducer_free(fg__ddp_reducer *r) {
     if (!r) return;
     if (r->worker_on) {
         pthread_mutex_lock(&r->mu);
@@ -119,15 +120,15 @@ void fg_ddp_reducer_free(fg_ddp_reducer *r) {
     fg_free(r);
 }
 
-fg_status fg_ddp_reducer_new(fg_comm *comm, fg_tensor *flat, int n, fg_tensor *const *params,
-                             const int64_t *offs, const fg_ddp_reducer_opts *o,
-                             fg_ddp_reducer **out) {
+fg_status fg__ddp_reducer_new(fg_comm *comm, fg_tensor *flat, int n, fg_tensor *const *params,
+                              const int64_t *offs, const fg__ddp_reducer_opts *o,
+                              fg__ddp_reducer **out) {
     *out = NULL;
-    fg_ddp_reducer_opts d = o ? *o : (fg_ddp_reducer_opts){0};
+    fg__ddp_reducer_opts d = o ? *o : (fg__ddp_reducer_opts){0};
     double cap = (d.bucket_cap_mb > 0 ? d.bucket_cap_mb : 25.0) * 1048576.0;
     double first = (d.first_bucket_mb > 0 ? d.first_bucket_mb : 1.0) * 1048576.0;
     size_t es = fg_dtype_size(flat->dtype);
-    fg_ddp_reducer *r = fg_calloc(1, sizeof *r);
+    fg__ddp_reducer *r = fg_calloc(1, sizeof *r);
     if (!r) return fg_error_wrap(FG_ENOMEM, "ddp setup");
     r->comm = comm;
     r->flat = flat;
@@ -147,7 +148,7 @@ fg_status fg_ddp_reducer_new(fg_comm *comm, fg_tensor *flat, int n, fg_tensor *c
         r->bounds = fg_calloc((size_t)d.world + 1, sizeof *r->bounds);
         if (!r->bounds) {
             const char *name = r->name; /* the caller's string, not r's */
-            fg_ddp_reducer_free(r);
+            fg__ddp_reducer_free(r);
             return fg_error_wrap(FG_ENOMEM, "%s setup", name);
         }
         memcpy(r->bounds, d.owner_bounds, sizeof *r->bounds * ((size_t)d.world + 1));
@@ -159,14 +160,14 @@ fg_status fg_ddp_reducer_new(fg_comm *comm, fg_tensor *flat, int n, fg_tensor *c
     r->b = fg_calloc((size_t)n + 1, sizeof *r->b);
     r->rel_offs = fg_calloc((size_t)n + 1, sizeof *r->rel_offs);
     if (!r->params || !r->offs || !r->bucket_of || !r->ready || !r->b || !r->rel_offs) {
-        fg_ddp_reducer_free(r);
+        fg__ddp_reducer_free(r);
         return fg_error_wrap(FG_ENOMEM, "ddp setup");
     }
     for (int i = 0; i < n; i++) {
         r->params[i] = params[i];
         r->offs[i] = offs[i];
         if (i && offs[i] < offs[i - 1] + fg_tensor_numel(params[i - 1])) {
-            fg_ddp_reducer_free(r);
+            fg__ddp_reducer_free(r);
             return fg_error(FG_EINTERNAL, "ddp: parameter offsets overlap at %d", i);
         }
     }
@@ -203,14 +204,14 @@ fg_status fg_ddp_reducer_new(fg_comm *comm, fg_tensor *flat, int n, fg_tensor *c
     r->req_suffix = fg_calloc((size_t)r->reqs_cap + 1, sizeof *r->req_suffix);
     if (!r->reqs || !r->req_suffix) {
         const char *name = r->name;
-        fg_ddp_reducer_free(r);
+        fg__ddp_reducer_free(r);
         return fg_error_wrap(FG_ENOMEM, "%s setup", name);
     }
     *out = r;
     return FG_OK;
 }
 
-static void set_err(fg_ddp_reducer *r, fg_status s) {
+static void set_err(fg__ddp_reducer *r, fg_status s) {
     if (r->err == FG_OK) {
         r->err = s;
         snprintf(r->errmsg, sizeof r->errmsg, "%s", fg_last_error());
@@ -219,7 +220,7 @@ static void set_err(fg_ddp_reducer *r, fg_status s) {
 
 /* The shard holding element i (bounds are increasing; empty shards are
  * skipped by taking the last q with bounds[q] <= i). */
-static int owner_of(const fg_ddp_reducer *r, int64_t i) {
+static int owner_of(const fg__ddp_reducer *r, int64_t i) {
     int lo = 0, hi = r->world - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
@@ -238,7 +239,7 @@ static void round_to(float *x, int64_t n, fg_dtype dt) {
 
 fg_status fg__ddp_bucket_allreduce_as(const fg_ddp_bucket *b, float *buf, int64_t count,
                                       fg_dtype wire, fg_reduce_op op) {
-    fg_ddp_reducer *r = b->impl;
+    fg__ddp_reducer *r = b->impl;
     if (count < 0 || (count > 0 && !buf))
         return fg_error(FG_EINVAL, "%s: bucket %d: allreduce of %lld elements at %p", r->name,
                         b->index, (long long)count, (void *)buf);
@@ -258,17 +259,17 @@ fg_status fg__ddp_bucket_allreduce_as(const fg_ddp_bucket *b, float *buf, int64_
 fg_status fg_ddp_bucket_allreduce(const fg_ddp_bucket *b, float *buf, int64_t count,
                                   fg_reduce_op op) {
     if (!b || !b->impl) return fg_error(FG_EINVAL, "ddp_bucket_allreduce: NULL bucket");
-    fg_ddp_reducer *r = b->impl;
+    fg__ddp_reducer *r = b->impl;
     return fg__ddp_bucket_allreduce_as(b, buf, count, r->wire, op);
 }
 
 /* Bucket bk through the hook (blocking): under a wrapper the bucket is
  * rounded to its dtype first, and without a hook the wrapper wraps the
  * plain average. */
-static fg_status run_hook(fg_ddp_reducer *r, const bucket *bk) {
+static fg_status run_hook_on(fg__ddp_reducer *r, const bucket *bk, float *grad) {
     fg_ddp_bucket b = {.index = (int)(bk - r->b),
                        .num_buckets = r->nb,
-                       .grad = (float *)r->flat->data + bk->begin,
+                       .grad = grad,
                        .numel = bk->end - bk->begin,
                        .offset = bk->begin,
                        .nparams = bk->nparams,
@@ -279,23 +280,66 @@ static fg_status run_hook(fg_ddp_reducer *r, const bucket *bk) {
                        .world_size = fg_comm_size(r->comm),
                        .impl = r};
     if (r->wire != FG_F32) round_to(b.grad, b.numel, r->wire);
-    if (!r->hook) return fg_ddp_bucket_allreduce(&b, b.grad, b.numel, FG_AVG);
+    if (!r->hook) return fg_ddp_bucket_allreduce(&b, b.grad, b.numel, FG_REDUCE_OP_AVG);
     fg_status s = r->hook(r->hook_state, &b);
     if (s != FG_OK) return fg_error_wrap(s, "%s: communication hook", r->name);
     return FG_OK;
 }
 
+/* On a device whose memory the backend does not read, the hook (and the
+ * wire rounding) runs on the bucket's staged host copy: the bucket out,
+ * the hook, the result back in (counted as staging). Compression on the
+ * device itself comes with the device's kernels. */
+static fg_status run_hook(fg__ddp_reducer *r, const bucket *bk) {
+    float *grad = (float *)r->flat->data + bk->begin;
+    fg_dev *dev = fg_tensor_dev(r->flat);
+    if (!dev || fg_dev_host_accessible(dev) || fg_comm_reads_device(r->comm, fg_dev_kind(dev)))
+        return run_hook_on(r, bk, grad);
+    size_t bytes = (size_t)(bk->end - bk->begin) * sizeof(float);
+    float *host = fg_dev_host_alloc(dev, bytes ? bytes : sizeof(float));
+    if (!host) return fg_error_wrap(fg_last_status(), "%s: staging a bucket", r->name);
+    fg_status s = fg__stage_out(dev, host, grad, bytes);
+    if (s == FG_OK) s = run_hook_on(r, bk, host);
+    if (s == FG_OK) s = fg__stage_in(dev, grad, host, bytes);
+    fg_dev_host_free(dev, host);
+    return s;
+}
+
 /* Starts bucket bk: one allreduce, or under ZeRO one reduce per shard it
  * meets, to that shard's rank. */
-static fg_status start_bucket(fg_ddp_reducer *r, const bucket *bk) {
+static fg_status start_bucket(fg__ddp_reducer *r, const bucket *bk) {
     size_t es = fg_dtype_size(r->flat->dtype);
     fg_dtype dt = r->flat->dtype;
     char *base = r->flat->data;
+    fg_dev *dev = fg_tensor_dev(r->flat);
+    if (dev && !fg_dev_host_accessible(dev) && !fg_comm_reads_device(r->comm, fg_dev_kind(dev))) {
+        /* a device the backend cannot read: the bucket through host staging,
+         * done before the next one starts (no overlap with the backward) */
+        if (r->hook || r->wire != FG_F32) return run_hook(r, bk); /* staged there */
+        if (!r->bounds) {
+            r->bytes.last_step += (uint64_t)(bk->end - bk->begin) * es;
+            return fg__staged_allreduce(r->comm, dev, base + (size_t)bk->begin * es,
+                                        bk->end - bk->begin, dt, FG_REDUCE_OP_AVG);
+        }
+        /* ZeRO: each shard's piece reduced to its owner, the owner alone
+         * copying the result back; the suffix is finished at once */
+        for (int q = bk->end > bk->begin ? owner_of(r, bk->begin) : r->world;
+             q < r->world && r->bounds[q] < bk->end; q++) {
+            int64_t lo = FG_MAX(bk->begin, r->bounds[q]), hi = FG_MIN(bk->end, r->bounds[q + 1]);
+            if (lo >= hi) continue;
+            r->bytes.last_step += (uint64_t)(hi - lo) * es;
+            FG_TRY(fg__staged_reduce(r->comm, dev, base + (size_t)lo * es, hi - lo, dt,
+                                     FG_REDUCE_OP_AVG, q));
+        }
+        if (bk->end > bk->begin) r->suffix = bk->begin;
+        if (r->reduced) r->reduced(r->reduced_ud, r->suffix);
+        return FG_OK;
+    }
     if (r->hook || r->wire != FG_F32) return run_hook(r, bk);
     if (!r->bounds) {
         void *p = base + (size_t)bk->begin * es;
         r->bytes.last_step += (uint64_t)(bk->end - bk->begin) * es;
-        return fg_comm_iallreduce(r->comm, p, p, bk->end - bk->begin, dt, FG_AVG,
+        return fg_comm_iallreduce(r->comm, p, p, bk->end - bk->begin, dt, FG_REDUCE_OP_AVG,
                                   &r->reqs[r->nreqs++]);
     }
     if (bk->end <= bk->begin) return FG_OK;
@@ -308,7 +352,8 @@ static fg_status start_bucket(fg_ddp_reducer *r, const bucket *bk) {
         void *p = base + (size_t)lo * es;
         r->bytes.last_step += (uint64_t)(hi - lo) * es;
         r->req_suffix[r->nreqs] = r->suffix;
-        FG_TRY(fg_comm_ireduce(r->comm, p, p, hi - lo, dt, FG_AVG, q, &r->reqs[r->nreqs++]));
+        FG_TRY(
+            fg_comm_ireduce(r->comm, p, p, hi - lo, dt, FG_REDUCE_OP_AVG, q, &r->reqs[r->nreqs++]));
     }
     /* the bucket's range is finished once its last piece is */
     if (r->nreqs) r->req_suffix[r->nreqs - 1] = r->suffix = bk->begin;
@@ -316,7 +361,7 @@ static fg_status start_bucket(fg_ddp_reducer *r, const bucket *bk) {
 }
 
 /* ZeRO-3: tells the strategy how far the finished suffix reaches. */
-static void poll_done(fg_ddp_reducer *r) {
+static void poll_done(fg__ddp_reducer *r) {
     int before = r->ndone;
     while (r->ndone < r->nreqs && r->reqs[r->ndone]) {
         bool done = false;
@@ -339,7 +384,7 @@ static void poll_done(fg_ddp_reducer *r) {
 /* The hook thread: runs the hook on each bucket handed to it, in index
  * order, until told to quit. */
 static void *hook_worker(void *arg) {
-    fg_ddp_reducer *r = arg;
+    fg__ddp_reducer *r = arg;
     fg_set_grad_enabled(false); /* a hook's tensors are never differentiated */
     pthread_mutex_lock(&r->mu);
     for (;;) {
@@ -366,7 +411,7 @@ static void *hook_worker(void *arg) {
     return NULL;
 }
 
-static fg_status worker_start(fg_ddp_reducer *r) {
+static fg_status worker_start(fg__ddp_reducer *r) {
     if (r->worker_on) return FG_OK;
     if (pthread_mutex_init(&r->mu, NULL)) return fg_error(FG_ENOMEM, "%s: hook thread", r->name);
     if (pthread_cond_init(&r->work, NULL)) {
@@ -391,7 +436,7 @@ static fg_status worker_start(fg_ddp_reducer *r) {
 }
 
 /* Hands the hook thread every ready bucket not yet handed over. */
-static void queue_ready(fg_ddp_reducer *r) {
+static void queue_ready(fg__ddp_reducer *r) {
     int next = r->next;
     while (next < r->nb && r->b[next].pending == 0) next++;
     if (next == r->next) return;
@@ -404,7 +449,7 @@ static void queue_ready(fg_ddp_reducer *r) {
 
 /* Waits until the hook thread has finished every bucket handed to it; its
  * first error (naming the bucket) becomes the reducer's. */
-static void drain(fg_ddp_reducer *r) {
+static void drain(fg__ddp_reducer *r) {
     pthread_mutex_lock(&r->mu);
     while (r->done < r->queued) pthread_cond_wait(&r->idle, &r->mu);
     if (r->werr != FG_OK && r->err == FG_OK) {
@@ -416,9 +461,9 @@ static void drain(fg_ddp_reducer *r) {
     pthread_mutex_unlock(&r->mu);
 }
 
-static bool threaded(const fg_ddp_reducer *r) { return r->worker_on && r->threaded_now; }
+static bool threaded(const fg__ddp_reducer *r) { return r->worker_on && r->threaded_now; }
 
-static void launch_ready(fg_ddp_reducer *r) {
+static void launch_ready(fg__ddp_reducer *r) {
     if (threaded(r)) {
         queue_ready(r);
         return;
@@ -430,7 +475,7 @@ static void launch_ready(fg_ddp_reducer *r) {
     if (r->reduced && r->err == FG_OK) poll_done(r);
 }
 
-static int find_param(const fg_ddp_reducer *r, const fg_tensor *t) {
+static int find_param(const fg__ddp_reducer *r, const fg_tensor *t) {
     const fg_tensor *g = t->grad;
     if (!g) return -1;
     size_t es = fg_dtype_size(r->flat->dtype);
@@ -449,7 +494,7 @@ static int find_param(const fg_ddp_reducer *r, const fg_tensor *t) {
 
 /* Waits for every request started, even after an error, so that no request
  * outlives the buffers it works on; then the first error, if any. */
-static fg_status wait_all(fg_ddp_reducer *r) {
+static fg_status wait_all(fg__ddp_reducer *r) {
     for (int i = 0; i < r->nreqs; i++) {
         fg_status ws = fg_comm_wait(r->reqs[i]);
         r->reqs[i] = NULL;
@@ -462,7 +507,7 @@ static fg_status wait_all(fg_ddp_reducer *r) {
 }
 
 static void on_ready(void *ud, fg_tensor *leaf) {
-    fg_ddp_reducer *r = ud;
+    fg__ddp_reducer *r = ud;
     int i = find_param(r, leaf);
     if (i < 0 || r->ready[i]) return; /* not one of ours (an input tensor), or seen */
     r->ready[i] = true;
@@ -470,20 +515,20 @@ static void on_ready(void *ud, fg_tensor *leaf) {
     launch_ready(r);
 }
 
-void fg_ddp_reducer_bytes(const fg_ddp_reducer *r, fg_comm_bytes *out) { *out = r->bytes; }
-void fg_ddp_reducer_add_bytes(fg_ddp_reducer *r, uint64_t bytes) {
+void fg__ddp_reducer_bytes(const fg__ddp_reducer *r, fg_comm_bytes *out) { *out = r->bytes; }
+void fg__ddp_reducer_add_bytes(fg__ddp_reducer *r, uint64_t bytes) {
     r->bytes.last_step += bytes;
     r->bytes.total += bytes;
 }
 
 /* Counts a synchronisation that ended with status s. */
-static fg_status count_step(fg_ddp_reducer *r, fg_status s) {
+static fg_status count_step(fg__ddp_reducer *r, fg_status s) {
     r->bytes.total += r->bytes.last_step;
     if (s == FG_OK) r->bytes.steps++;
     return s;
 }
 
-fg_status fg_ddp_reducer_backward(fg_ddp_reducer *r, fg_tensor *loss, bool sync) {
+fg_status fg__ddp_reducer_backward(fg__ddp_reducer *r, fg_tensor *loss, bool sync) {
     if (!sync) return fg_backward(loss);
     r->err = FG_OK;
     r->next = 0;
@@ -494,7 +539,7 @@ fg_status fg_ddp_reducer_backward(fg_ddp_reducer *r, fg_tensor *loss, bool sync)
     if (r->after_backward) {
         fg_status s = fg_backward(loss);
         if (s != FG_OK) return s;
-        return fg_ddp_reducer_reduce(r);
+        return fg__ddp_reducer_reduce(r);
     }
     if ((r->hook || r->wire != FG_F32) && !r->bounds) {
         fg_status ws = worker_start(r);
@@ -532,7 +577,7 @@ fg_status fg_ddp_reducer_backward(fg_ddp_reducer *r, fg_tensor *loss, bool sync)
     return count_step(r, s != FG_OK ? s : ws);
 }
 
-fg_status fg_ddp_reducer_reduce(fg_ddp_reducer *r) {
+fg_status fg__ddp_reducer_reduce(fg__ddp_reducer *r) {
     r->err = FG_OK;
     r->next = 0;
     r->nreqs = 0;

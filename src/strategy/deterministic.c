@@ -25,12 +25,18 @@
  * The per-micro-batch gradient must not depend on the world size either:
  * the fabric pins the kernel threads and the matrix product engine in this
  * mode (fabric.h); the micro-batch's samples come from the sampler's
- * blocks. */
+ * blocks.
+ *
+ * On a device the slots and the tree are host memory: each micro-batch's
+ * gradient is staged out (fg__stage_out, on the comm stream, counted as
+ * staging) and the mean staged back in, the host side of backends that
+ * read host memory; the sums are the same loops, so the same bits. A
+ * device backend with its own collectives would sum on the device. */
 #include <string.h>
 
 #include "strategy_impl.h"
 
-struct fg_det_state {
+struct fg__det_state {
     int64_t P;     /* elements of the flat gradient */
     size_t es;     /* its element size (f32 or f64) */
     char *slots;   /* A local micro-batch gradients of P elements */
@@ -43,6 +49,7 @@ struct fg_det_state {
     int lcap;      /* doubles allocated in lossv */
     double step_loss;
     bool have_loss;
+    fg_dev *dev; /* the flat gradient's device (NULL: the host) */
 };
 
 fg_status fg__det_setup(fg_strategy *s) {
@@ -58,11 +65,12 @@ fg_status fg__det_setup(fg_strategy *s) {
     if (!s->det) return fg_error_wrap(FG_ENOMEM, "deterministic setup");
     s->det->P = fg_tensor_numel(g);
     s->det->es = dt == FG_F64 ? sizeof(double) : sizeof(float);
+    s->det->dev = fg__zero_dev(g);
     return FG_OK;
 }
 
 void fg__det_free(fg_strategy *s) {
-    fg_det_state *d = s->det;
+    fg__det_state *d = s->det;
     if (!d) return;
     fg_free(d->slots);
     fg_free(d->loss);
@@ -96,7 +104,7 @@ static fg_status grow(void *pp, size_t n, size_t es) {
 TREE(float)
 TREE(double)
 
-static void tree_sum(fg_det_state *d, void **v, int m, int64_t n, void *out) {
+static void tree_sum(fg__det_state *d, void **v, int m, int64_t n, void *out) {
     if (d->es == sizeof(double)) {
         tree_double((double **)v, m, n);
         double *o = out;
@@ -112,7 +120,7 @@ static void tree_sum(fg_det_state *d, void **v, int m, int64_t n, void *out) {
 
 /* The losses of the step: every rank's A, in the tree's order. */
 static fg_status reduce_losses(fg_strategy *s, int world) {
-    fg_det_state *d = s->det;
+    fg__det_state *d = s->det;
     int m = d->A * world;
     if (m > d->lcap) {
         FG_TRY(grow(&d->lossv, (size_t)m, sizeof(double)));
@@ -134,13 +142,13 @@ static fg_status reduce_losses(fg_strategy *s, int world) {
 }
 
 static fg_status synchronise(fg_strategy *s) {
-    fg_det_state *d = s->det;
+    fg__det_state *d = s->det;
     fg_tensor *g = fg_module_flat_grads(s->model);
     int world = s->comm ? fg_comm_size(s->comm) : 1;
     int rank = s->comm ? fg_comm_rank(s->comm) : 0;
     if (s->comm) { /* every rank must hold as many micro-batches */
         double v[2] = {(double)d->A, -(double)d->A};
-        FG_TRY(fg_comm_allreduce(s->comm, v, v, 2, FG_F64, FG_MAX));
+        FG_TRY(fg_comm_allreduce(s->comm, v, v, 2, FG_F64, FG_REDUCE_OP_MAX));
         if (v[0] != -v[1])
             return fg_error(FG_EMISMATCH,
                             "deterministic: the ranks ran between %.0f and %.0f micro-batches "
@@ -155,7 +163,10 @@ static fg_status synchronise(fg_strategy *s) {
     fg_status st = FG_OK;
     if (world == 1) {
         for (int k = 0; k < m; k++) v[k] = d->slots + (size_t)k * (size_t)d->P * d->es;
-        tree_sum(d, v, m, d->P, fg_tensor_data(g));
+        /* on a device the mean in the first slot (each element divided in
+         * place), then in */
+        tree_sum(d, v, m, d->P, d->dev ? v[0] : fg_tensor_data(g));
+        if (d->dev) st = fg__stage_in(d->dev, fg_tensor_data(g), v[0], (size_t)d->P * d->es);
         goto out;
     }
     int64_t S = (d->P + world - 1) / world; /* slice q: [q * S, min((q + 1) * S, P)) */
@@ -186,7 +197,7 @@ static fg_status synchronise(fg_strategy *s) {
     if ((st = fg_comm_allgather(s->comm, d->send + (size_t)rank * (size_t)S * d->es, d->send, S,
                                 dt)) != FG_OK)
         goto out;
-    memcpy(fg_tensor_data(g), d->send, (size_t)d->P * d->es);
+    st = fg__stage_in(d->dev, fg_tensor_data(g), d->send, (size_t)d->P * d->es);
 out:
     if (v != ptrs) fg_free(v);
     d->A = 0;
@@ -194,7 +205,7 @@ out:
 }
 
 fg_status fg__det_backward(fg_strategy *s, fg_tensor *loss, bool sync) {
-    fg_det_state *d = s->det;
+    fg__det_state *d = s->det;
     fg_tensor *g = fg_module_flat_grads(s->model);
     if (d->A == d->cap) {
         int cap = d->cap ? d->cap * 2 : 4;
@@ -203,10 +214,12 @@ fg_status fg__det_backward(fg_strategy *s, fg_tensor *loss, bool sync) {
         d->cap = cap;
     }
     /* this micro-batch's gradient alone: the previous ones are in their slots */
-    memset(fg_tensor_data(g), 0, (size_t)d->P * d->es);
+    size_t bytes = (size_t)d->P * d->es;
+    if (d->dev) FG_TRY(fg_dev_memset(d->dev, fg_tensor_data(g), 0, bytes, NULL));
+    else memset(fg_tensor_data(g), 0, bytes);
     d->loss[d->A] = fg_item(loss);
     FG_TRY(fg_backward(loss));
-    memcpy(d->slots + (size_t)d->A * (size_t)d->P * d->es, fg_tensor_data(g), (size_t)d->P * d->es);
+    FG_TRY(fg__stage_out(d->dev, d->slots + (size_t)d->A * bytes, fg_tensor_data(g), bytes));
     d->A++;
     if (!sync) return FG_OK;
     return synchronise(s);

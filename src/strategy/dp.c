@@ -4,16 +4,23 @@
  * autograd's per-thread gradient redirect; the main thread then adds the
  * replica buffers into the model's gradient in replica order, so the result
  * does not depend on thread timing. Kernel threads are set to one inside
- * the workers: the replicas are the parallelism. */
+ * the workers: the replicas are the parallelism.
+ *
+ * On a device the replicas are threads sharing it, as the CPU's share the
+ * host: the replica gradients are device memory, each worker's step
+ * tensors are the device's (its own step arena), and the sum runs on the
+ * device's kernels. (Lightning's dp over several GPUs, a replica on each,
+ * is the CUDA backend's: the parameters broadcast to each GPU per step.) */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "strategy_impl.h"
 
-struct fg_dp_state {
+struct fg__dp_state {
     int n;
     fg_tensor **grads; /* per replica, same layout as the model's flat gradient */
+    fg_dev *dev;       /* the model's device (NULL: the host) */
 };
 
 typedef struct job {
@@ -30,14 +37,15 @@ typedef struct job {
 fg_status fg__dp_setup(fg_strategy *s, int threads) {
     fg_tensor *g = fg_module_flat_grads(s->model);
     if (!g) return fg_error(FG_EINVAL, "dp: the model has no flat gradient buffer");
-    fg_dp_state *d = fg_calloc(1, sizeof *d);
+    fg__dp_state *d = fg_calloc(1, sizeof *d);
     if (!d) return fg_error_wrap(FG_ENOMEM, "dp setup");
     s->dp = d;
     d->n = threads;
+    d->dev = fg__zero_dev(g);
     d->grads = fg_calloc((size_t)threads, sizeof *d->grads);
     if (!d->grads) return fg_error_wrap(FG_ENOMEM, "dp setup");
     for (int r = 0; r < threads; r++) {
-        d->grads[r] = fg_tensor_new(fg_tensor_dtype(g), 1, fg_tensor_shape(g));
+        d->grads[r] = fg_tensor_new_on(d->dev, fg_tensor_dtype(g), 1, fg_tensor_shape(g));
         if (!d->grads[r]) return fg_error_wrap(fg_last_status(), "dp setup");
     }
     return FG_OK;
@@ -55,7 +63,15 @@ static void *worker(void *arg) {
     job *j = arg;
     fg_set_num_threads(1);
     fg_tensor *flat = fg_module_flat_grads(j->s->model), *mine = j->s->dp->grads[j->r];
-    fg_tensor_fill(mine, 0);
+    fg_dev *dev = j->s->dp->dev;
+    /* replica 0 is the caller, whose step device is the model's already */
+    j->st = j->r != 0 && dev ? fg_step_device_set(dev) : FG_OK;
+    if (j->st == FG_OK) j->st = fg_tensor_fill(mine, 0);
+    if (j->st != FG_OK) {
+        snprintf(j->err, sizeof j->err, "%s", fg_last_error());
+        if (j->r != 0) fg_step_thread_release();
+        return NULL;
+    }
     fg__set_grad_redirect(flat, mine);
     fg_tensor *loss = j->fn(j->s->model, &j->part, j->ud);
     if (!loss) {
@@ -82,7 +98,7 @@ static fg_tensor *rows(const fg_tensor *t, int64_t start, int64_t len) {
 
 fg_status fg__dp_step(fg_strategy *s, fg_batch *b, fg_strategy_step_fn fn, void *ud,
                       double *part_losses, int max_parts, int *nparts, double *loss) {
-    fg_dp_state *d = s->dp;
+    fg__dp_state *d = s->dp;
     int64_t B = b->size;
     int n = (int)(B < d->n ? B : d->n);
     if (n < 1) return fg_error(FG_EINVAL, "dp: empty batch");

@@ -23,10 +23,10 @@ static fg_status setup_ddp(fg_strategy *s, const fg_ddp_opts *o, const fg_sharde
     (void)sh;
     (void)dp_threads;
     FG_TRY(fg__strategy_broadcast_params(s));
-    fg_ddp_reducer_opts ro = {.bucket_cap_mb = o ? o->bucket_cap_mb : 0,
-                              .find_unused_parameters = o && o->find_unused_parameters,
-                              .static_graph = o && o->static_graph,
-                              .name = fg_strategy_kind_name(s->kind)};
+    fg__ddp_reducer_opts ro = {.bucket_cap_mb = o ? o->bucket_cap_mb : 0,
+                               .find_unused_parameters = o && o->find_unused_parameters,
+                               .static_graph = o && o->static_graph,
+                               .name = fg_strategy_kind_name(s->kind)};
     FG_TRY(fg__ddp_hooks_setup(s, o, &ro));
     FG_TRY(fg__strategy_reducer_new(s, s->comm, &ro));
     return fg__ddp_hooks_attach(s);
@@ -53,6 +53,13 @@ static fg_status setup_horovod(fg_strategy *s, const fg_ddp_opts *ddp, const fg_
     return fg__horovod_setup(s, ddp);
 }
 
+static fg_status setup_hivemind(fg_strategy *s, const fg_ddp_opts *ddp, const fg_sharded_opts *sh,
+                                int dp_threads) {
+    (void)sh;
+    (void)dp_threads;
+    return fg__hivemind_setup(s, ddp);
+}
+
 static fg_status setup_det(fg_strategy *s, const fg_ddp_opts *ddp, const fg_sharded_opts *sh,
                            int dp_threads) {
     (void)ddp;
@@ -71,12 +78,12 @@ static fg_status backward_dp(fg_strategy *s, fg_tensor *loss) {
 }
 
 static fg_status backward_ddp(fg_strategy *s, fg_tensor *loss) {
-    return fg_ddp_reducer_backward(s->reducer, loss, s->sync);
+    return fg__ddp_reducer_backward(s->reducer, loss, s->sync);
 }
 
 static fg_status backward_zero(fg_strategy *s, fg_tensor *loss) {
     fg__zero_before_backward(s);
-    return fg_ddp_reducer_backward(s->reducer, loss, s->sync);
+    return fg__ddp_reducer_backward(s->reducer, loss, s->sync);
 }
 
 static fg_status backward_det(fg_strategy *s, fg_tensor *loss) {
@@ -92,7 +99,7 @@ static fg_status step_dp(fg_strategy *s, fg_batch *b, fg_strategy_step_fn fn, vo
 }
 
 static void bytes_reducer(const fg_strategy *s, fg_comm_bytes *out) {
-    if (s->reducer) fg_ddp_reducer_bytes(s->reducer, out);
+    if (s->reducer) fg__ddp_reducer_bytes(s->reducer, out);
 }
 
 static const fg__strategy_driver k_drivers[] = {
@@ -126,11 +133,14 @@ static const fg__strategy_driver k_drivers[] = {
     [FG_MODE_HOROVOD] = {.name = "horovod",
                          .setup = setup_horovod,
                          .backward = fg__horovod_backward},
+    [FG_MODE_HIVEMIND] = {.name = "hivemind",
+                          .setup = setup_hivemind,
+                          .optimizer_step = fg__hivemind_optimizer_step},
 };
 
 static const fg__strategy_driver k_det = {
     .name = "deterministic", .setup = setup_det, .backward = backward_det, .bytes = bytes_reducer};
 
-const fg__strategy_driver *fg__strategy_driver_of(fg_strategy_mode mode, bool deterministic) {
+const fg__strategy_driver *fg__strategy_driver_of(fg__strategy_mode mode, bool deterministic) {
     return deterministic ? &k_det : &k_drivers[mode];
 }

@@ -9,7 +9,7 @@
 static fg_status compress(const fg_ddp_bucket *b, fg_dtype dt) {
     float n = (float)b->world_size;
     for (int64_t i = 0; i < b->numel; i++) b->grad[i] /= n;
-    return fg__ddp_bucket_allreduce_as(b, b->grad, b->numel, dt, FG_SUM);
+    return fg__ddp_bucket_allreduce_as(b, b->grad, b->numel, dt, FG_REDUCE_OP_SUM);
 }
 
 static fg_status fp16_run(void *state, const fg_ddp_bucket *b) {
@@ -22,5 +22,5 @@ static fg_status bf16_run(void *state, const fg_ddp_bucket *b) {
     return compress(b, FG_BF16);
 }
 
-const fg_ddp_hook_vt fg__hook_fp16 = {.name = "fp16_compress", .run = fp16_run};
-const fg_ddp_hook_vt fg__hook_bf16 = {.name = "bf16_compress", .run = bf16_run};
+const fg__ddp_hook_vt fg__hook_fp16 = {.name = "fp16_compress", .run = fp16_run};
+const fg__ddp_hook_vt fg__hook_bf16 = {.name = "bf16_compress", .run = bf16_run};

@@ -42,12 +42,12 @@ static fg_status average(void *ud, fg_optimizer *opt) {
     fg_tensor *flat = fg_module_flat_params(l->s->model);
     int64_t n = fg_tensor_numel(flat);
     fg_dtype dt = fg_tensor_dtype(flat);
-    fg_status st =
-        fg_comm_allreduce(l->s->comm, fg_tensor_data(flat), fg_tensor_data(flat), n, dt, FG_AVG);
+    fg_status st = fg__staged_allreduce(l->s->comm, fg__zero_dev(flat), fg_tensor_data(flat), n, dt,
+                                        FG_REDUCE_OP_AVG);
     if (st != FG_OK)
         return fg_error_wrap(st, "post_localsgd: averaging the parameters after step %lld",
                              (long long)k);
-    fg_ddp_reducer_add_bytes(l->s->reducer, (uint64_t)n * fg_dtype_size(dt));
+    fg__ddp_reducer_add_bytes(l->s->reducer, (uint64_t)n * fg_dtype_size(dt));
     return FG_OK;
 }
 
@@ -60,7 +60,7 @@ static fg_status attach(fg_strategy *s, void *state) {
     localsgd *l = state;
     l->opt = s->opt;
     fg__optimizer_set_hook(l->opt,
-                           &(fg_optim_hook){.post_step = average, .detach = detach, .ud = l});
+                           &(fg__optim_hook){.post_step = average, .detach = detach, .ud = l});
     return FG_OK;
 }
 
@@ -73,12 +73,12 @@ static void state_free(void *state) {
 
 static fg_status run(void *state, const fg_ddp_bucket *b) {
     localsgd *l = state;
-    if (b->iter < l->start) return fg_ddp_bucket_allreduce(b, b->grad, b->numel, FG_AVG);
+    if (b->iter < l->start) return fg_ddp_bucket_allreduce(b, b->grad, b->numel, FG_REDUCE_OP_AVG);
     return FG_OK;
 }
 
-const fg_ddp_hook_vt fg__hook_localsgd = {.name = "post_localsgd",
-                                          .state_new = state_new,
-                                          .attach = attach,
-                                          .state_free = state_free,
-                                          .run = run};
+const fg__ddp_hook_vt fg__hook_localsgd = {.name = "post_localsgd",
+                                           .state_new = state_new,
+                                           .attach = attach,
+                                           .state_free = state_free,
+                                           .run = run};

@@ -200,7 +200,7 @@ static int64_t pack(const psgd *p, const fg_ddp_bucket *b, float *U, bool back) 
 
 static fg_status run(void *state, const fg_ddp_bucket *b) {
     psgd *p = state;
-    if (b->iter < p->start) return fg_ddp_bucket_allreduce(b, b->grad, b->numel, FG_AVG);
+    if (b->iter < p->start) return fg_ddp_bucket_allreduce(b, b->grad, b->numel, FG_REDUCE_OP_AVG);
     if (!p->b) {
         p->b = fg_calloc((size_t)b->num_buckets, sizeof *p->b);
         if (!p->b) return fg_error_wrap(FG_ENOMEM, "powersgd");
@@ -238,7 +238,7 @@ static fg_status run(void *state, const fg_ddp_bucket *b) {
     if (fresh) fg_rng_fill_normal(fg_rng_derive(p->seed, p->draws++), 0, pb->q, nq, 0, 1);
     if (pack(p, b, U, false) != nu)
         return fg_error(FG_EINTERNAL, "powersgd: bucket %d: parameters overlap", b->index);
-    FG_TRY(fg_ddp_bucket_allreduce(b, U, nu, FG_AVG));
+    FG_TRY(fg_ddp_bucket_allreduce(b, U, nu, FG_REDUCE_OP_AVG));
     /* P = M Q for each compressed parameter (reused Qs orthogonalised first) */
     int64_t po = 0, qo = 0;
     for (int i = 0; i < b->nparams; i++) {
@@ -250,7 +250,7 @@ static fg_status run(void *state, const fg_ddp_bucket *b) {
         po += n * r;
         qo += m * r;
     }
-    FG_TRY(fg_ddp_bucket_allreduce(b, P, np, FG_SUM));
+    FG_TRY(fg_ddp_bucket_allreduce(b, P, np, FG_REDUCE_OP_SUM));
     /* orthogonal P; Q = M^T P */
     po = qo = 0;
     for (int i = 0; i < b->nparams; i++) {
@@ -261,7 +261,7 @@ static fg_status run(void *state, const fg_ddp_bucket *b) {
         po += n * r;
         qo += m * r;
     }
-    FG_TRY(fg_ddp_bucket_allreduce(b, pb->q, nq, FG_SUM));
+    FG_TRY(fg_ddp_bucket_allreduce(b, pb->q, nq, FG_REDUCE_OP_SUM));
     float w = (float)b->world_size;
     for (int64_t i = 0; i < nq; i++) pb->q[i] /= w;
     /* M' = P Q^T in place; the averaged uncompressed elements back */
@@ -292,5 +292,5 @@ void fg__powersgd_orthogonalize(float *a, int64_t len, int64_t cols, double eps)
     orthogonalize(a, len, cols, eps);
 }
 
-const fg_ddp_hook_vt fg__hook_powersgd = {
+const fg__ddp_hook_vt fg__hook_powersgd = {
     .name = "powersgd", .state_new = state_new, .state_free = state_free, .run = run};

@@ -30,7 +30,7 @@
 #define DEFAULT_THRESHOLD ((int64_t)64 << 20)
 #define DEFAULT_CYCLE_MS 5.0
 
-struct fg_horovod_state {
+struct fg__horovod_state {
     int n;              /* parameters */
     int64_t *off;       /* element offset of each parameter's gradient in the flat gradient */
     int64_t *len;       /* its elements */
@@ -40,7 +40,8 @@ struct fg_horovod_state {
     double cycle_s;
     int passes, pass;
     fg_horovod_compression compression;
-    void *fusion; /* threshold bytes (f32 or f16 elements) */
+    void *fusion; /* threshold bytes (f32 or f16 elements), on dev when set */
+    fg_dev *dev;  /* the gradients' device when the host cannot touch it (else NULL) */
     int64_t fusion_elems;
     uint64_t bytes_sent, allreduces, cycles;
 
@@ -52,24 +53,49 @@ struct fg_horovod_state {
     char err[512];
 };
 
-static int find_param(const fg_horovod_state *h, const fg_tensor *t) {
+static int find_param(const fg__horovod_state *h, const fg_tensor *t) {
     for (int i = 0; i < h->n; i++)
         if (h->prm[i] == t) return i;
     return -1;
 }
 
 static void on_ready(void *ud, fg_tensor *leaf) {
-    fg_horovod_state *h = ud;
+    fg__horovod_state *h = ud;
     int i = find_param(h, leaf);
     if (i >= 0) atomic_store(&h->ready[i], 1);
 }
 
 /* Parameters in the order backward produces them: the last one first. */
-static int order(const fg_horovod_state *h, int k) { return h->n - 1 - k; }
+static int order(const fg__horovod_state *h, int k) { return h->n - 1 - k; }
 
-/* Averages parameters order(from) .. order(to-1) through the fusion buffer. */
+/* n elements at src (dtype sdt) into dst (ddt): on the host, or with the
+ * device's kernel on dev. */
+static fg_status convert(fg_dev *dev, void *dst, fg_dtype ddt, const void *src, fg_dtype sdt,
+                         int64_t n) {
+    if (!dev) return fg_convert(dst, ddt, src, sdt, n);
+    fg_tensor *d = fg_tensor_wrap_on(dev, dst, ddt, 1, &n);
+    fg_tensor *s = d ? fg_tensor_wrap_on(dev, (void *)src, sdt, 1, &n) : NULL;
+    fg_status st = s ? fg__ops_convert(d, s) : fg_last_status();
+    fg_tensor_free(s);
+    fg_tensor_free(d);
+    return st;
+}
+
+static void *buf_alloc(fg_dev *dev, size_t bytes) {
+    return dev ? fg_dev_alloc(dev, bytes, NULL) : fg_alloc(bytes);
+}
+
+static void buf_free(fg_dev *dev, void *p) {
+    if (dev && p) fg__status_drop(fg_dev_free(dev, p)); /* a buffer of dev's, freed once */
+    else if (!dev) fg_free(p);
+}
+
+/* Averages parameters order(from) .. order(to-1) through the fusion buffer
+ * (on the device with the gradients: packed and unpacked by its kernels,
+ * the allreduce staged through the host when the backend reads host
+ * memory only). */
 static fg_status reduce_range(fg_strategy *s, int from, int to) {
-    fg_horovod_state *h = s->horovod;
+    fg__horovod_state *h = s->horovod;
     float *g = fg_tensor_data(fg_module_flat_grads(s->model));
     fg_dtype wire = h->compression == FG_HOROVOD_COMPRESSION_FP16 ? FG_F16 : FG_F32;
     size_t esz = fg_dtype_size(wire);
@@ -88,30 +114,34 @@ static fg_status reduce_range(fg_strategy *s, int from, int to) {
         void *buf = h->fusion;
         void *big = NULL;
         if (used > h->fusion_elems) { /* one gradient larger than the buffer */
-            big = fg_alloc((size_t)used * esz);
+            big = buf_alloc(h->dev, (size_t)used * esz);
             if (!big)
                 return fg_error(FG_ENOMEM, "horovod: out of memory for a %lld-element gradient",
                                 (long long)used);
             buf = big;
         }
         int64_t at = 0;
-        for (int j = first; j < k; j++) {
+        fg_status st = FG_OK;
+        for (int j = first; j < k && st == FG_OK; j++) {
             int p = order(h, j);
-            fg_convert((char *)buf + at * (int64_t)esz, wire, g + h->off[p], FG_F32, h->len[p]);
+            st = convert(h->dev, (char *)buf + at * (int64_t)esz, wire, g + h->off[p], FG_F32,
+                         h->len[p]);
             at += h->len[p];
         }
-        fg_status st = fg_comm_allreduce(s->comm, buf, buf, used, wire, FG_AVG);
+        if (st == FG_OK)
+            st = fg__staged_allreduce(s->comm, h->dev, buf, used, wire, FG_REDUCE_OP_AVG);
         if (st == FG_OK) {
             at = 0;
-            for (int j = first; j < k; j++) {
+            for (int j = first; j < k && st == FG_OK; j++) {
                 int p = order(h, j);
-                fg_convert(g + h->off[p], FG_F32, (char *)buf + at * (int64_t)esz, wire, h->len[p]);
+                st = convert(h->dev, g + h->off[p], FG_F32, (char *)buf + at * (int64_t)esz, wire,
+                             h->len[p]);
                 at += h->len[p];
             }
             h->bytes_sent += (uint64_t)used * esz;
             h->allreduces++;
         }
-        fg_free(big);
+        buf_free(h->dev, big);
         if (st != FG_OK)
             return fg_error_wrap(st, "horovod: allreduce of the fusion buffer (%lld elements)",
                                  (long long)used);
@@ -121,7 +151,7 @@ static fg_status reduce_range(fg_strategy *s, int from, int to) {
 
 static void *cycle_thread(void *arg) {
     fg_strategy *s = arg;
-    fg_horovod_state *h = s->horovod;
+    fg__horovod_state *h = s->horovod;
     int done = 0;
     fg_status st = FG_OK;
     while (done < h->n && st == FG_OK) {
@@ -142,7 +172,7 @@ static void *cycle_thread(void *arg) {
             while (mine < h->n && atomic_load(&h->ready[order(h, (int)mine)])) mine++;
         int64_t agreed = mine;
         h->cycles++;
-        st = fg_comm_allreduce(s->comm, &mine, &agreed, 1, FG_I64, FG_MIN);
+        st = fg_comm_allreduce(s->comm, &mine, &agreed, 1, FG_I64, FG_REDUCE_OP_MIN);
         if (st != FG_OK) st = fg_error_wrap(st, "horovod: agreeing on the ready gradients");
         if (st == FG_OK && agreed > done) st = reduce_range(s, done, (int)agreed);
         if (st == FG_OK) done = (int)agreed;
@@ -153,7 +183,7 @@ static void *cycle_thread(void *arg) {
 }
 
 fg_status fg__horovod_backward(fg_strategy *s, fg_tensor *loss) {
-    fg_horovod_state *h = s->horovod;
+    fg__horovod_state *h = s->horovod;
     bool last = ++h->pass >= h->passes;
     if (!last || !s->sync || !s->comm || fg_comm_size(s->comm) < 2) {
         if (last) h->pass = 0;
@@ -187,7 +217,7 @@ fg_status fg__horovod_backward(fg_strategy *s, fg_tensor *loss) {
 }
 
 void fg__horovod_free(fg_strategy *s) {
-    fg_horovod_state *h = s->horovod;
+    fg__horovod_state *h = s->horovod;
     if (!h) return;
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->cv);
@@ -195,7 +225,7 @@ void fg__horovod_free(fg_strategy *s) {
     fg_free(h->len);
     fg_free(h->prm);
     fg_free((void *)h->ready);
-    fg_free(h->fusion);
+    buf_free(h->dev, h->fusion);
     fg_free(h);
     s->horovod = NULL;
 }
@@ -246,7 +276,7 @@ fg_status fg__horovod_setup(fg_strategy *s, const fg_ddp_opts *o) {
     fg_tensor *flat = fg_module_flat_grads(m);
     if (!flat || fg_tensor_dtype(flat) != FG_F32)
         return fg_error(FG_EUNSUPPORTED, "horovod: needs f32 gradients in one flat buffer");
-    fg_horovod_state *h = fg_calloc(1, sizeof *h);
+    fg__horovod_state *h = fg_calloc(1, sizeof *h);
     if (!h) return fg_error_wrap(FG_ENOMEM, "horovod setup");
     s->horovod = h;
     pthread_mutex_init(&h->mu, NULL);
@@ -270,8 +300,9 @@ fg_status fg__horovod_setup(fg_strategy *s, const fg_ddp_opts *o) {
     size_t esz = h->compression == FG_HOROVOD_COMPRESSION_FP16 ? 2 : 4;
     h->fusion_elems = threshold > 0 ? threshold / (int64_t)esz : 0;
     if (h->fusion_elems > fg_tensor_numel(flat)) h->fusion_elems = fg_tensor_numel(flat);
+    h->dev = fg__zero_dev(flat);
     if (h->fusion_elems > 0) {
-        h->fusion = fg_alloc((size_t)h->fusion_elems * esz);
+        h->fusion = buf_alloc(h->dev, (size_t)h->fusion_elems * esz);
         if (!h->fusion) return fg_error_wrap(FG_ENOMEM, "horovod: the fusion buffer");
     }
     if (!s->comm || fg_comm_size(s->comm) < 2) return FG_OK;
@@ -280,8 +311,8 @@ fg_status fg__horovod_setup(fg_strategy *s, const fg_ddp_opts *o) {
         for (int i = 0; i < fg_optimizer_num_states(s->opt); i++) {
             fg_tensor *t = fg_optimizer_state(s->opt, i);
             if (!t) continue;
-            fg_status st = fg_comm_broadcast(s->comm, fg_tensor_data(t), fg_tensor_data(t),
-                                             fg_tensor_numel(t), fg_tensor_dtype(t), 0);
+            fg_status st = fg__staged_broadcast(s->comm, fg_tensor_dev(t), fg_tensor_data(t),
+                                                fg_tensor_numel(t), fg_tensor_dtype(t), 0);
             if (st != FG_OK)
                 return fg_error_wrap(st,
                                      "horovod setup: broadcasting the optimizer's %s from "

@@ -4,7 +4,7 @@
 
 #include "strategy_impl.h"
 
-static const char *const k_names[FG_STATE_DICT_COUNT] = {"full", "sharded"};
+static const char *const k_names[FG_STATE_DICT_COUNT] = {"auto", "full", "sharded"};
 
 const char *fg_state_dict_type_name(fg_state_dict_type t) {
     return (unsigned)t < FG_STATE_DICT_COUNT ? k_names[t] : "?";
@@ -16,6 +16,6 @@ fg_status fg_state_dict_type_parse(const char *name, fg_state_dict_type *out) {
             *out = (fg_state_dict_type)i;
             return FG_OK;
         }
-    return fg_error(FG_EINVAL, "state_dict_type=\"%s\": expected full or sharded",
+    return fg_error(FG_EINVAL, "state_dict_type=\"%s\": expected auto, full or sharded",
                     name ? name : "(null)");
 }

@@ -12,6 +12,7 @@
 
 #include "ddp_hooks.h"
 #include "nn/nn_impl.h"
+#include "optim/optim_impl.h"
 #include "strategy_impl.h"
 
 fg_strategy_kind fg_strategy_kind_of(const fg_strategy *s) { return s->kind; }
@@ -158,11 +159,12 @@ void fg_strategy_free(fg_strategy *s) {
     fg__bagua_free(s); /* first: its background thread, its hook on the optimizer */
     fg__ddp_hooks_free(s);
     fg__det_free(s);
-    fg_ddp_reducer_free(s->reducer);
+    fg__ddp_reducer_free(s->reducer);
     fg__zero3_free(s);
     fg__zero_free(s);
     fg__dp_free(s);
     fg__horovod_free(s);
+    fg__hivemind_free(s);
     fg_free(s);
     fg_error_restore(&kept);
 }
@@ -173,8 +175,8 @@ fg_status fg__strategy_broadcast_params(fg_strategy *s) {
         return fg_error(FG_EINVAL, "%s: the model has no flat parameter buffer",
                         fg_strategy_kind_name(s->kind));
     /* Every rank starts from rank 0's weights, as PyTorch's DDP constructor. */
-    fg_status st = fg_comm_broadcast(s->comm, fg_tensor_data(flat), fg_tensor_data(flat),
-                                     fg_tensor_numel(flat), fg_tensor_dtype(flat), 0);
+    fg_status st = fg__staged_broadcast(s->comm, fg_tensor_dev(flat), fg_tensor_data(flat),
+                                        fg_tensor_numel(flat), fg_tensor_dtype(flat), 0);
     if (st != FG_OK)
         return fg_error_wrap(st, "%s setup: broadcasting the parameters from rank 0",
                              fg_strategy_kind_name(s->kind));
@@ -182,8 +184,8 @@ fg_status fg__strategy_broadcast_params(fg_strategy *s) {
      * the module's buffers too; the built-in models have none */
     for (int64_t i = 0; i < fg_module_num_buffers(s->model); i++) {
         fg_tensor *b = fg_module_buffer(s->model, i);
-        st = fg_comm_broadcast(s->comm, fg_tensor_data(b), fg_tensor_data(b), fg_tensor_numel(b),
-                               fg_tensor_dtype(b), 0);
+        st = fg__staged_broadcast(s->comm, fg_tensor_dev(b), fg_tensor_data(b), fg_tensor_numel(b),
+                                  fg_tensor_dtype(b), 0);
         if (st != FG_OK)
             return fg_error_wrap(st, "%s setup: broadcasting buffer \"%s\" from rank 0",
                                  fg_strategy_kind_name(s->kind),
@@ -192,7 +194,7 @@ fg_status fg__strategy_broadcast_params(fg_strategy *s) {
     return FG_OK;
 }
 
-fg_status fg__strategy_reducer_new(fg_strategy *s, fg_comm *comm, const fg_ddp_reducer_opts *ro) {
+fg_status fg__strategy_reducer_new(fg_strategy *s, fg_comm *comm, const fg__ddp_reducer_opts *ro) {
     fg_module *m = s->model;
     int n = (int)fg_module_num_params(m);
     fg_tensor **params = fg_calloc((size_t)n + 1, sizeof *params);
@@ -202,12 +204,24 @@ fg_status fg__strategy_reducer_new(fg_strategy *s, fg_comm *comm, const fg_ddp_r
         fg_free(offs);
         return fg_error_wrap(FG_ENOMEM, "%s setup", fg_strategy_kind_name(s->kind));
     }
+    /* PyTorch's DDP registers the parameters that require grad when it is
+     * made: a frozen teacher or an EMA copy in the tree is not waited for
+     * (its gradient stays zero, and the buckets still span it). With none
+     * requiring grad, every one is kept, as before. */
+    int k = 0;
     for (int i = 0; i < n; i++) {
-        params[i] = fg_module_param(m, i);
-        offs[i] = fg_module_param_offset(m, i);
+        fg_tensor *p = fg_module_param(m, i);
+        if (!fg_tensor_requires_grad(p)) continue;
+        params[k] = p;
+        offs[k++] = fg_module_param_offset(m, i);
     }
+    if (k == 0)
+        for (int i = 0; i < n; i++, k++) {
+            params[k] = fg_module_param(m, i);
+            offs[k] = fg_module_param_offset(m, i);
+        }
     fg_status st =
-        fg_ddp_reducer_new(comm, fg_module_flat_grads(m), n, params, offs, ro, &s->reducer);
+        fg__ddp_reducer_new(comm, fg_module_flat_grads(m), k, params, offs, ro, &s->reducer);
     fg_free(params);
     fg_free(offs);
     return st;
@@ -224,9 +238,10 @@ fg_status fg_strategy_comm_bytes(const fg_strategy *s, fg_comm_bytes *out) {
  * the algorithm it runs (fsdp by its sharding strategy): replicas on
  * threads are dp (ddp2 adds the cross-node average, ddp2.c), what it shards
  * its ZeRO stage, Bagua's and Horovod's options their own. */
-static fg_strategy_mode mode_of(fg_strategy_kind kind, const fg_sharded_opts *o) {
+static fg__strategy_mode mode_of(fg_strategy_kind kind, const fg_sharded_opts *o) {
     fg_sharding_strategy ss = o ? o->sharding_strategy : FG_SHARDING_FULL_SHARD;
     const fg_strategy_info *r = fg_strategy_info_of(fg_strategy_algorithm(kind, ss));
+    if (r->takes & FG_TAKES_HIVEMIND) return FG_MODE_HIVEMIND;
     if (r->ranks == FG_RANKS_ONE_PROCESS && !r->replica_threads) return FG_MODE_SINGLE;
     if (r->replica_threads) return FG_MODE_DP;
     if (r->shards & FG_SHARDS_PARAMS) return FG_MODE_ZERO3;
@@ -254,7 +269,7 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
     }
     if (fg_strategy_check_sharded(kind, sharded) != FG_OK) return NULL;
     if (fg_strategy_check_ddp(ddp) != FG_OK) return NULL;
-    fg_strategy_mode mode = mode_of(kind, sharded);
+    fg__strategy_mode mode = mode_of(kind, sharded);
     /* empty init: all of the model, unless stage 3 initialises its shards */
     if (mode != FG_MODE_ZERO3 && fg__module_materialize(model) != FG_OK) return NULL;
     fg_strategy *s = fg_calloc(1, sizeof *s);
@@ -292,6 +307,13 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
         (sharded->offload_optimizer_device == FG_OFFLOAD_NVME ||
          sharded->offload_params_device == FG_OFFLOAD_NVME))
         st = fg__offload_setup(s, sharded);
+    /* cpu offload on a device: the state to host memory, the step on the
+     * CPU (on the host there is nothing to move) */
+    if (st == FG_OK && sharded && s->opt && sharded->offload_optimizer_device == FG_OFFLOAD_CPU)
+        st = fg__optimizer_offload_cpu(s->opt);
+    if (st == FG_OK && sharded && s->opt && sharded->offload_params_device == FG_OFFLOAD_CPU &&
+        fg__zero_dev(fg_module_flat_params(model)))
+        st = fg__poffload_setup_cpu(s);
     if (st != FG_OK) {
         fg_strategy_free(s); /* leaves this thread's message alone */
         return NULL;
@@ -329,4 +351,11 @@ fg_status fg_strategy_clip_grad_norm(fg_strategy *s, double max_norm, double *to
     if (total_norm) *total_norm = norm;
     if (max_norm > 0 && norm > max_norm) FG_TRY(ops->scale(g, max_norm / (norm + 1e-6), g));
     return FG_OK;
+}
+
+fg_status fg_strategy_optimizer_step(fg_strategy *s, fg_optimizer *opt, bool *stepped) {
+    if (stepped) *stepped = true;
+    if (!s || !opt) return fg_error(FG_EINVAL, "strategy optimizer_step: NULL argument");
+    if (!s->drv->optimizer_step) return fg_optimizer_step(opt);
+    return s->drv->optimizer_step(s, opt, stepped);
 }

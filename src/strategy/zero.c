@@ -40,7 +40,7 @@
 
 #define DEFAULT_BUCKET 200000000 /* elements: Lightning's DeepSpeedStrategy default */
 
-struct fg_zero_state {
+struct fg__zero_state {
     fg_comm *comm; /* the shard group: the strategy's, or HYBRID_SHARD's (borrowed) */
     int world, rank;
     int64_t *bounds;          /* world + 1 */
@@ -52,14 +52,20 @@ struct fg_zero_state {
     char *gbase;
     size_t es;
     int64_t numel, released; /* [released, numel) released in this backward */
-    fg_module_wrap wrap;     /* its zero_grad only: no units */
+    fg__module_wrap wrap;    /* its zero_grad only: no units */
     bool model_gone;
+    fg_dev *dev; /* the flat buffers' device when the host cannot touch it, else NULL */
 };
+
+fg_dev *fg__zero_dev(fg_tensor *flat) {
+    fg_dev *d = fg_tensor_dev(flat);
+    return d && !fg_dev_host_accessible(d) ? d : NULL;
+}
 
 /* Zeroes gradient elements [a, b) outside this rank's shard by handing
  * their whole pages back to the kernel (they read zero after) and clearing
  * the bytes of the pages at the ends. */
-static void release_grad(fg_zero_state *z, int64_t a, int64_t b) {
+static void release_grad(fg__zero_state *z, int64_t a, int64_t b) {
     int64_t lo = z->bounds[z->rank], hi = z->bounds[z->rank + 1];
     int64_t cut[2][2] = {{a, FG_MIN(b, lo)}, {FG_MAX(a, hi), b}};
     long v = sysconf(_SC_PAGESIZE);
@@ -67,6 +73,11 @@ static void release_grad(fg_zero_state *z, int64_t a, int64_t b) {
     for (int k = 0; k < 2; k++) {
         if (cut[k][0] >= cut[k][1]) continue;
         char *p0 = z->gbase + (size_t)cut[k][0] * z->es, *p1 = z->gbase + (size_t)cut[k][1] * z->es;
+        if (z->dev) { /* the device's pages given back through it */
+            /* a range of the flat buffer, a live allocation: it cannot fail */
+            fg__status_drop(fg_dev_discard(z->dev, p0, (size_t)(p1 - p0), true, NULL));
+            continue;
+        }
         uintptr_t q0 = ((uintptr_t)p0 + ps - 1) & ~(ps - 1), q1 = (uintptr_t)p1 & ~(ps - 1);
         if (q1 > q0 && madvise((void *)q0, q1 - q0, MADV_DONTNEED) == 0) {
             memset(p0, 0, (size_t)((char *)q0 - p0));
@@ -79,16 +90,19 @@ static void release_grad(fg_zero_state *z, int64_t a, int64_t b) {
 
 /* The reducer's news: gradient elements [begin, numel) are reduced. */
 static void grads_reduced(void *ud, int64_t begin) {
-    fg_zero_state *z = ud;
+    fg__zero_state *z = ud;
     if (begin >= z->released) return;
     release_grad(z, begin, z->released);
     z->released = begin;
 }
 
 static void zero_grad2(void *ud) {
-    fg_zero_state *z = ud;
+    fg__zero_state *z = ud;
     int64_t lo = z->bounds[z->rank], hi = z->bounds[z->rank + 1];
-    memset(z->gbase + (size_t)lo * z->es, 0, (size_t)(hi - lo) * z->es);
+    if (z->dev) /* a range of the flat buffer, a live allocation: it cannot fail */
+        fg__status_drop(fg_dev_memset(z->dev, z->gbase + (size_t)lo * z->es, 0,
+                                      (size_t)(hi - lo) * z->es, NULL));
+    else memset(z->gbase + (size_t)lo * z->es, 0, (size_t)(hi - lo) * z->es);
     release_grad(z, 0, z->numel);
 }
 
@@ -98,7 +112,7 @@ static fg_status no_unit(void *ud, int unit) {
     return FG_OK;
 }
 
-static void detach_model2(void *ud) { ((fg_zero_state *)ud)->model_gone = true; }
+static void detach_model2(void *ud) { ((fg__zero_state *)ud)->model_gone = true; }
 
 void fg__zero_before_backward(fg_strategy *s) {
     if (s->zero && s->zero->release_grads) s->zero->released = s->zero->numel;
@@ -125,11 +139,11 @@ const int64_t *fg__zero_bounds(const fg_strategy *s) { return s->zero->bounds; }
 static fg_status gather_params(void *ud, fg_optimizer *o) {
     (void)o;
     fg_strategy *s = ud;
-    fg_zero_state *z = s->zero;
+    fg__zero_state *z = s->zero;
     fg_tensor *flat = fg_module_flat_params(s->model);
     fg_dtype dt = fg_tensor_dtype(flat);
     char *base = fg_tensor_data(flat);
-    size_t es = fg_dtype_size(dt);
+    fg_dev *dev = fg__zero_dev(flat);
     int64_t longest = 0;
     for (int q = 0; q < z->world; q++) longest = FG_MAX(longest, z->bounds[q + 1] - z->bounds[q]);
     for (int64_t off = 0; off < longest; off += z->piece) {
@@ -138,8 +152,7 @@ static fg_status gather_params(void *ud, fg_optimizer *o) {
             z->displs[q] = lo;
             z->counts[q] = FG_MIN(z->piece, z->bounds[q + 1] - lo);
         }
-        fg_status st = fg_comm_allgatherv(z->comm, base + (size_t)z->displs[z->rank] * es,
-                                          z->counts[z->rank], base, z->counts, z->displs, dt);
+        fg_status st = fg__staged_allgatherv(z->comm, dev, base, z->counts, z->displs, dt);
         if (st != FG_OK)
             return fg_error_wrap(st, "%s: all-gathering the parameters after the optimizer step",
                                  fg_strategy_kind_name(s->kind));
@@ -181,7 +194,7 @@ fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o) {
     } else {
         FG_TRY(fg__strategy_broadcast_params(s));
     }
-    fg_zero_state *z = fg_calloc(1, sizeof *z);
+    fg__zero_state *z = fg_calloc(1, sizeof *z);
     if (!z) return fg_error_wrap(FG_ENOMEM, "%s setup", name);
     s->zero = z;
     z->comm = group;
@@ -200,15 +213,17 @@ fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o) {
     double mb = (double)reduce * (double)es / 1048576.0;
     /* Parameters no backward reached count with the gradient they hold
      * (zero after zero_grad), as DeepSpeed reduces every bucket. */
-    fg_ddp_reducer_opts ro = {.bucket_cap_mb = mb,
-                              .first_bucket_mb = mb,
-                              .find_unused_parameters = true,
-                              .name = name,
-                              .owner_bounds = z->bounds,
-                              .world = z->world,
-                              .after_backward = s->mode == FG_MODE_ZERO1};
+    fg__ddp_reducer_opts ro = {.bucket_cap_mb = mb,
+                               .first_bucket_mb = mb,
+                               .find_unused_parameters = true,
+                               .name = name,
+                               .owner_bounds = z->bounds,
+                               .world = z->world,
+                               .after_backward = s->mode == FG_MODE_ZERO1};
     if (s3) ro = fg__zero3_reducer_opts(s, ro, o);
-    z->release_grads = s->mode == FG_MODE_ZERO2 && fg__alloc_is_default();
+    /* on a device its own discard gives the pages back */
+    z->dev = fg__zero_dev(grads);
+    z->release_grads = s->mode == FG_MODE_ZERO2 && (fg__alloc_is_default() || z->dev);
     if (z->release_grads) {
         z->gbase = fg_tensor_data(grads);
         z->es = es;
@@ -231,20 +246,20 @@ fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o) {
     z->opt = s->opt;
     /* stage 3 gathers nothing after the step: the parameters stay sharded
      * (and copies gathered before it, now stale, are released) */
-    fg__optimizer_set_hook(
-        z->opt,
-        &(fg_optim_hook){.post_step = s3 ? after_step3 : gather_params, .detach = detach, .ud = s});
+    fg__optimizer_set_hook(z->opt, &(fg__optim_hook){.post_step = s3 ? after_step3 : gather_params,
+                                                     .detach = detach,
+                                                     .ud = s});
     /* nothing fails from here on: a failed setup left the model as it was */
     if (empty) fg__module_init_elements(m, z->bounds[z->rank], z->bounds[z->rank + 1], seed);
     if (s3) fg__zero3_start(s);
     if (z->release_grads) {
-        z->wrap = (fg_module_wrap){.pre_forward = no_unit,
-                                   .post_forward = no_unit,
-                                   .pre_backward = no_unit,
-                                   .post_backward = no_unit,
-                                   .zero_grad = zero_grad2,
-                                   .detach = detach_model2,
-                                   .ud = z};
+        z->wrap = (fg__module_wrap){.pre_forward = no_unit,
+                                    .post_forward = no_unit,
+                                    .pre_backward = no_unit,
+                                    .post_backward = no_unit,
+                                    .zero_grad = zero_grad2,
+                                    .detach = detach_model2,
+                                    .ud = z};
         fg__module_set_wrap(m, &z->wrap, NULL, 0);
         zero_grad2(z);
     }
@@ -252,7 +267,7 @@ fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o) {
 }
 
 void fg__zero_free(fg_strategy *s) {
-    fg_zero_state *z = s->zero;
+    fg__zero_state *z = s->zero;
     if (!z) return;
     if (z->opt) fg__optimizer_set_hook(z->opt, NULL);
     if (z->release_grads && !z->model_gone) fg__module_set_wrap(s->model, NULL, NULL, 0);
@@ -264,19 +279,33 @@ void fg__zero_free(fg_strategy *s) {
 }
 
 fg_status fg__zero_clip(fg_strategy *s, double max_norm, double *total_norm) {
-    fg_zero_state *z = s->zero;
+    fg__zero_state *z = s->zero;
     fg_tensor *g = fg_module_flat_grads(s->model);
     fg_dtype dt = fg_tensor_dtype(g);
     int64_t lo = z->bounds[z->rank], n = z->bounds[z->rank + 1] - lo;
     char *mine = (char *)fg_tensor_data(g) + (size_t)lo * fg_dtype_size(dt);
+    fg_dev *dev = fg__zero_dev(g);
+    fg_tensor *shard = NULL; /* on a device: the shard as a tensor, for its kernels */
+    if (dev && !(shard = fg_tensor_wrap_on(dev, mine, dt, 1, &n)))
+        return fg_error_wrap(fg_last_status(), "%s: clip_gradients",
+                             fg_strategy_kind_name(s->kind));
     double sq = 0;
-    FG_TRY(fg__sumsq(mine, dt, n, &sq));
-    fg_status st = fg_comm_allreduce(z->comm, &sq, &sq, 1, FG_F64, FG_SUM);
-    if (st != FG_OK)
+    fg_status ss = shard ? fg__ops_sumsq(shard, &sq) : fg__sumsq(mine, dt, n, &sq);
+    if (ss != FG_OK) {
+        fg_tensor_free(shard);
+        return ss;
+    }
+    fg_status st = fg_comm_allreduce(z->comm, &sq, &sq, 1, FG_F64, FG_REDUCE_OP_SUM);
+    if (st != FG_OK) {
+        fg_tensor_free(shard);
         return fg_error_wrap(st, "%s: clip_gradients: summing the shards' squares",
                              fg_strategy_kind_name(s->kind));
+    }
     double norm = sqrt(sq);
     if (total_norm) *total_norm = norm;
-    if (max_norm > 0 && norm > max_norm) FG_TRY(fg__scale(mine, dt, n, max_norm / (norm + 1e-6)));
-    return FG_OK;
+    double c = max_norm / (norm + 1e-6);
+    if (max_norm > 0 && norm > max_norm)
+        st = shard ? fg__ops_scale_flat(shard, c) : fg__scale(mine, dt, n, c);
+    fg_tensor_free(shard);
+    return st;
 }

@@ -94,7 +94,7 @@ typedef struct unit {
     int nreqs, cap;
 } unit;
 
-struct fg_zero3_state {
+struct fg__zero3_state {
     fg_strategy *s;
     fg_comm *group, *replicas; /* shard group; HYBRID_SHARD's replica group (else NULL) */
     fg_comm *own_group;        /* split from s->comm here (freed here) */
@@ -110,13 +110,14 @@ struct fg_zero3_state {
     fg_module **mods;
     struct span *spans; /* every unit's ranges, by offset (edge_pages) */
     int nspans;
-    fg_module_wrap wrap;
+    fg__module_wrap wrap;
     int64_t grad_released;           /* the gradient suffix released in this backward */
     int64_t peak_gathered, gathered; /* parameter elements outside the shard, resident */
     bool model_gone;                 /* the model was freed first */
     bool summoned;                   /* fg_strategy_gather_params: all gathered, the hooks idle */
-    fg_poffload *po;                 /* offload_params_device=nvme (param_offload.c), or NULL */
+    fg__poffload *po;                /* offload_params_device=nvme (param_offload.c), or NULL */
     bool grad_shard_pages; /* zero_grad releases the shard's pages too (parameter offload) */
+    fg_dev *dev; /* the buffers' device if the host cannot touch it: its discard, staging */
 };
 
 /* ------------------------------------------------------------ pages */
@@ -135,12 +136,17 @@ static size_t page_size(void) {
 /* Releases the whole pages inside elements [a, b) of base, leaving the
  * shard alone; with zero, the elements of [a, b) outside the shard read
  * zero afterwards (the bytes of partial pages are cleared). */
-static void release_range(fg_zero3_state *z, char *base, int64_t a, int64_t b, bool zero) {
+static void release_range(fg__zero3_state *z, char *base, int64_t a, int64_t b, bool zero) {
     int64_t cut[2][2] = {{a, FG_MIN(b, z->lo)}, {FG_MAX(a, z->hi), b}};
     size_t ps = page_size();
     for (int k = 0; k < 2; k++) {
         if (cut[k][0] >= cut[k][1]) continue;
         char *p0 = base + (size_t)cut[k][0] * z->es, *p1 = base + (size_t)cut[k][1] * z->es;
+        if (z->dev) { /* device memory: given back through the device */
+            /* a range of the flat buffer, a live allocation: it cannot fail */
+            fg__status_drop(fg_dev_discard(z->dev, p0, (size_t)(p1 - p0), zero, NULL));
+            continue;
+        }
         uintptr_t q0 = ((uintptr_t)p0 + ps - 1) & ~(uintptr_t)(ps - 1);
         uintptr_t q1 = (uintptr_t)p1 & ~(uintptr_t)(ps - 1);
         bool pages = q1 > q0 && (!zero || z->zero_pages);
@@ -155,7 +161,7 @@ static void release_range(fg_zero3_state *z, char *base, int64_t a, int64_t b, b
     }
 }
 
-static int64_t outside_shard(const fg_zero3_state *z, int64_t a, int64_t b) {
+static int64_t outside_shard(const fg__zero3_state *z, int64_t a, int64_t b) {
     int64_t in = FG_MAX(0, FG_MIN(b, z->hi) - FG_MAX(a, z->lo));
     return b - a - in;
 }
@@ -164,14 +170,17 @@ static int64_t outside_shard(const fg_zero3_state *z, int64_t a, int64_t b) {
 
 /* Releases the whole pages inside elements [a, b) of base (the shard's
  * too: offloaded parameters). */
-static void drop_pages(fg_zero3_state *z, char *base, int64_t a, int64_t b) {
+static void drop_pages(fg__zero3_state *z, char *base, int64_t a, int64_t b) {
     size_t ps = page_size();
     uintptr_t q0 = ((uintptr_t)(base + (size_t)a * z->es) + ps - 1) & ~(uintptr_t)(ps - 1);
     uintptr_t q1 = (uintptr_t)(base + (size_t)b * z->es) & ~(uintptr_t)(ps - 1);
-    if (a < b && q1 > q0) madvise((void *)q0, q1 - q0, MADV_DONTNEED);
+    if (a < b && z->dev) /* a range of the flat buffer, a live allocation: it cannot fail */
+        fg__status_drop(
+            fg_dev_discard(z->dev, base + (size_t)a * z->es, (size_t)(b - a) * z->es, false, NULL));
+    else if (a < b && q1 > q0) madvise((void *)q0, q1 - q0, MADV_DONTNEED);
 }
 
-static fg_status broadcasts(fg_zero3_state *z, unit *u) {
+static fg_status broadcasts(fg__zero3_state *z, unit *u) {
     u->nreqs = 0;
     u->state = IN_FLIGHT;
     const int64_t *bounds = fg__zero_bounds(z->s);
@@ -181,17 +190,20 @@ static fg_status broadcasts(fg_zero3_state *z, unit *u) {
             for (int64_t off = lo; off < hi; off += z->piece) {
                 int64_t n = FG_MIN(z->piece, hi - off);
                 char *p = z->pbase + (size_t)off * z->es;
-                fg_status st = fg_comm_ibroadcast(z->group, p, p, n, z->dt, q, &u->reqs[u->nreqs]);
+                /* device memory: staged through the host, synchronously */
+                fg_status st =
+                    z->dev ? fg__staged_broadcast(z->group, z->dev, p, n, z->dt, q)
+                           : fg_comm_ibroadcast(z->group, p, p, n, z->dt, q, &u->reqs[u->nreqs]);
                 if (st != FG_OK)
                     return fg_error_wrap(st, "%s: gathering the parameters of a unit",
                                          fg_strategy_kind_name(z->s->kind));
-                u->nreqs++;
+                if (!z->dev) u->nreqs++;
             }
         }
     return FG_OK;
 }
 
-static fg_status start(fg_zero3_state *z, unit *u) {
+static fg_status start(fg__zero3_state *z, unit *u) {
     if (u->state != RELEASED) return FG_OK;
     for (int k = 0; k < u->nr; k++) z->gathered += outside_shard(z, u->r[k][0], u->r[k][1]);
     z->peak_gathered = FG_MAX(z->peak_gathered, z->gathered);
@@ -204,7 +216,7 @@ static fg_status start(fg_zero3_state *z, unit *u) {
                                        fg_strategy_kind_name(z->s->kind));
 }
 
-static fg_status finish(fg_zero3_state *z, unit *u) {
+static fg_status finish(fg__zero3_state *z, unit *u) {
     fg_status first = FG_OK;
     if (u->state == FETCHING) { /* every rank broadcasts, even after a failed read */
         first = fg__poffload_land(z->po, (int)(u - z->units), z->pbase);
@@ -223,7 +235,7 @@ static fg_status finish(fg_zero3_state *z, unit *u) {
     return FG_OK;
 }
 
-static fg_status ensure(fg_zero3_state *z, int k) {
+static fg_status ensure(fg__zero3_state *z, int k) {
     unit *u = &z->units[k];
     FG_TRY(start(z, u));
     return u->state == IN_FLIGHT || u->state == FETCHING ? finish(z, u) : FG_OK;
@@ -231,7 +243,7 @@ static fg_status ensure(fg_zero3_state *z, int k) {
 
 /* Waits for what is in flight for u; a fetch not yet broadcast (every
  * rank has it in the same state) is dropped without communicating. */
-static fg_status quiesce(fg_zero3_state *z, unit *u) {
+static fg_status quiesce(fg__zero3_state *z, unit *u) {
     if (u->state != FETCHING) return finish(z, u);
     fg__poffload_drop(z->po, (int)(u - z->units));
     u->state = GATHERED; /* nothing in flight; what it holds is stale */
@@ -240,7 +252,7 @@ static fg_status quiesce(fg_zero3_state *z, unit *u) {
 
 /* Whether the parameter page holding elements [e0, e1) is unused: outside
  * the shard, and every unit whose range meets it released. */
-static bool page_unused(const fg_zero3_state *z, int64_t e0, int64_t e1) {
+static bool page_unused(const fg__zero3_state *z, int64_t e0, int64_t e1) {
     if (!z->spans || (e0 < z->hi && e1 > z->lo)) return false;
     int a = 0, b = z->nspans;
     while (a < b) { /* the first span ending after e0 */
@@ -257,7 +269,7 @@ static bool page_unused(const fg_zero3_state *z, int64_t e0, int64_t e1) {
  * with the units next to it, go too once nothing uses them. (Kept, they
  * would also leave a 2 MiB block partly resident between steps, which the
  * kernel's khugepaged may fill to a whole huge page.) */
-static void edge_pages(fg_zero3_state *z, const unit *u) {
+static void edge_pages(fg__zero3_state *z, const unit *u) {
     size_t ps = page_size();
     uintptr_t lo = (uintptr_t)z->pbase, hi = lo + (size_t)z->numel * z->es;
     for (int i = 0; i < u->nr; i++)
@@ -268,11 +280,14 @@ static void edge_pages(fg_zero3_state *z, const unit *u) {
             if (p < lo || p + ps > hi) continue; /* shared with memory not the buffer's */
             int64_t e0 = (int64_t)((p - lo) / z->es), e1 = e0 + (int64_t)(ps / z->es);
             if (e0 >= u->r[i][0] && e1 <= u->r[i][1]) continue; /* released whole already */
-            if (page_unused(z, e0, e1)) madvise((void *)p, ps, MADV_DONTNEED);
+            if (!page_unused(z, e0, e1)) continue;
+            /* a range of the flat buffer, a live allocation: it cannot fail */
+            if (z->dev) fg__status_drop(fg_dev_discard(z->dev, (void *)p, ps, false, NULL));
+            else madvise((void *)p, ps, MADV_DONTNEED);
         }
 }
 
-static fg_status release(fg_zero3_state *z, int k) {
+static fg_status release(fg__zero3_state *z, int k) {
     unit *u = &z->units[k];
     if (u->state == RELEASED) return FG_OK;
     fg_status st = quiesce(z, u); /* nothing may still write into the pages */
@@ -286,7 +301,7 @@ static fg_status release(fg_zero3_state *z, int k) {
     return st;
 }
 
-static fg_status release_all(fg_zero3_state *z) {
+static fg_status release_all(fg__zero3_state *z) {
     fg_status first = FG_OK;
     for (int k = 0; k < z->nunits; k++) {
         fg_status st = release(z, k);
@@ -298,7 +313,7 @@ static fg_status release_all(fg_zero3_state *z) {
 /* ------------------------------------------------------------ hooks */
 
 static fg_status pre_forward(void *ud, int k) {
-    fg_zero3_state *z = ud;
+    fg__zero3_state *z = ud;
     if (z->summoned) return FG_OK;
     int root = z->nunits - 1;
     FG_TRY(ensure(z, k));
@@ -311,7 +326,7 @@ static fg_status pre_forward(void *ud, int k) {
 }
 
 static fg_status post_forward(void *ud, int k) {
-    fg_zero3_state *z = ud;
+    fg__zero3_state *z = ud;
     if (z->summoned) return FG_OK;
     /* in a checkpoint's recomputation the unit's backward comes next:
      * post_backward releases it */
@@ -325,7 +340,7 @@ static fg_status post_forward(void *ud, int k) {
 }
 
 static fg_status pre_backward(void *ud, int k) {
-    fg_zero3_state *z = ud;
+    fg__zero3_state *z = ud;
     if (z->summoned) return FG_OK;
     int root = z->nunits - 1;
     FG_TRY(ensure(z, k));
@@ -335,14 +350,20 @@ static fg_status pre_backward(void *ud, int k) {
 }
 
 static fg_status post_backward(void *ud, int k) {
-    fg_zero3_state *z = ud;
+    fg__zero3_state *z = ud;
     if (z->summoned) return FG_OK;
     return k == z->nunits - 1 ? FG_OK : release(z, k);
 }
 
 static void zero_grad(void *ud) {
-    fg_zero3_state *z = ud;
+    fg__zero3_state *z = ud;
     char *p0 = z->gbase + (size_t)z->lo * z->es, *p1 = z->gbase + (size_t)z->hi * z->es;
+    if (z->dev) { /* the shard cleared (or given back), the rest given back */
+        /* a range of the flat buffer, a live allocation: it cannot fail */
+        fg__status_drop(fg_dev_discard(z->dev, p0, (size_t)(p1 - p0), true, NULL));
+        release_range(z, z->gbase, 0, z->numel, true);
+        return;
+    }
     if (z->grad_shard_pages && z->zero_pages) { /* released pages read zero: only edges to clear */
         size_t ps = page_size();
         char *q0 = (char *)(((uintptr_t)p0 + ps - 1) & ~(uintptr_t)(ps - 1));
@@ -359,8 +380,13 @@ static void zero_grad(void *ud) {
 
 /* The reducer's news: gradient elements [begin, numel) are reduced. */
 static void reduced(void *ud, int64_t begin) {
-    fg_zero3_state *z = ud;
+    fg__zero3_state *z = ud;
     if (begin >= z->grad_released || !z->zero_pages) return;
+    if (z->dev) { /* no huge pages on a device */
+        release_range(z, z->gbase, begin, z->grad_released, true);
+        z->grad_released = begin;
+        return;
+    }
     /* with the rest of the huge page a later gradient faulted in across
      * the bound, into the part released already (reduced, reading zero):
      * up to the next 2 MiB bound, where no partial page needs clearing */
@@ -373,8 +399,10 @@ static void reduced(void *ud, int64_t begin) {
 
 /* The model is being freed before the strategy. */
 static void detach_model(void *ud) {
-    fg_zero3_state *z = ud;
-    for (int k = 0; k < z->nunits; k++) (void)quiesce(z, &z->units[k]);
+    fg__zero3_state *z = ud;
+    /* the model goes whatever a wait says (fg_module_free keeps the
+     * caller's error): nothing may write into its pages after this */
+    for (int k = 0; k < z->nunits; k++) fg__status_drop(quiesce(z, &z->units[k]));
     z->model_gone = true;
     fg__zero3_params_home(z->s); /* the module's buffer goes: nothing to copy into */
 }
@@ -403,7 +431,7 @@ static void collect_units(fg_module *m, const fg_sharded_opts *o, fg_module **ou
     for (int i = 0; i < m->nchild; i++) collect_units(m->child[i], o, out, n);
 }
 
-static fg_status make_units(fg_zero3_state *z, fg_module *root, const fg_sharded_opts *o) {
+static fg_status make_units(fg__zero3_state *z, fg_module *root, const fg_sharded_opts *o) {
     int n = 0;
     collect_units(root, o, NULL, &n);
     z->nunits = n + 1;
@@ -461,12 +489,13 @@ static fg_status make_units(fg_zero3_state *z, fg_module *root, const fg_sharded
  * (the 14M-parameter bench GPT: a step's faults fell by 80%). Releasing
  * part of a huge page splits it and frees that part, so what a rank holds
  * is unchanged but for the huge pages on a unit's edges, while it is
- * gathered. The 2 MiB blocks the shard's bounds cut keep small pages:
- * there the kernel's background collapse (khugepaged) would fill the
- * released side of a block whose shard side is resident, for good. Where
+ * gathered. The 2 MiB blocks the shard's bounds or two units' edge cut
+ * keep small pages: there the kernel's background collapse (khugepaged)
+ * would fill the released side of a block whose other side is resident
+ * (for good on the shard's edge; until its next release on a unit's). Where
  * the kernel has no huge page at hand it faults small pages, as before;
  * FULGUR_STAGE3_HUGE_PAGES=0 asks for small pages only. */
-static void huge_pages(fg_zero3_state *z) {
+static void huge_pages(fg__zero3_state *z) {
     const uintptr_t hp = HUGE_PAGE;
     char *bufs[2] = {z->pbase, z->gbase};
     for (int i = 0; i < 2; i++) {
@@ -478,12 +507,19 @@ static void huge_pages(fg_zero3_state *z) {
             uintptr_t c = ((uintptr_t)bufs[i] + (size_t)bound[k] * z->es) & ~(hp - 1);
             if (c >= a && c < b) madvise((void *)c, hp, MADV_NOHUGEPAGE);
         }
+        /* and the blocks two units share: released while its neighbour is
+         * gathered, a unit's side would be filled again by the collapse */
+        for (int k = 1; k < z->nspans; k++) {
+            if (z->spans[k].unit == z->spans[k - 1].unit) continue;
+            uintptr_t c = ((uintptr_t)bufs[i] + (size_t)z->spans[k].a * z->es) & ~(hp - 1);
+            if (c >= a && c < b) madvise((void *)c, hp, MADV_NOHUGEPAGE);
+        }
     }
 }
 
 fg_status fg__zero3_groups(fg_strategy *s, const fg_sharded_opts *o, fg_comm **group) {
     const char *name = fg_strategy_kind_name(s->kind);
-    fg_zero3_state *z = fg_calloc(1, sizeof *z);
+    fg__zero3_state *z = fg_calloc(1, sizeof *z);
     if (!z) return fg_error_wrap(FG_ENOMEM, "%s setup", name);
     s->zero3 = z;
     z->s = s;
@@ -510,7 +546,7 @@ fg_status fg__zero3_groups(fg_strategy *s, const fg_sharded_opts *o, fg_comm **g
 }
 
 fg_status fg__zero3_setup(fg_strategy *s, const fg_sharded_opts *o) {
-    fg_zero3_state *z = s->zero3;
+    fg__zero3_state *z = s->zero3;
     fg_module *m = s->model;
     fg_sharded_opts d = o ? *o : (fg_sharded_opts){0};
     long huge;
@@ -530,21 +566,22 @@ fg_status fg__zero3_setup(fg_strategy *s, const fg_sharded_opts *o) {
     z->pbase = fg_tensor_data(flat);
     z->gbase = fg_tensor_data(fg_module_flat_grads(m));
     z->piece = d.allgather_bucket_size > 0 ? d.allgather_bucket_size : 200000000;
-    z->zero_pages = fg__alloc_is_default();
+    z->dev = fg__zero_dev(flat);
+    z->zero_pages = fg__alloc_is_default() || z->dev; /* a device's discard reads zero */
     /* with the parameters on disk nothing of the gradient stays resident
      * between steps either (and setup does not write the shard) */
     z->grad_shard_pages = d.offload_params_device == FG_OFFLOAD_NVME;
     z->grad_released = z->numel;
     if (make_units(z, m, &d) != FG_OK)
         return fg_error_wrap(FG_ENOMEM, "%s setup", fg_strategy_kind_name(s->kind));
-    if (z->zero_pages && huge) huge_pages(z);
-    z->wrap = (fg_module_wrap){.pre_forward = pre_forward,
-                               .post_forward = post_forward,
-                               .pre_backward = pre_backward,
-                               .post_backward = post_backward,
-                               .zero_grad = zero_grad,
-                               .detach = detach_model,
-                               .ud = z};
+    if (z->zero_pages && huge && !z->dev) huge_pages(z);
+    z->wrap = (fg__module_wrap){.pre_forward = pre_forward,
+                                .post_forward = post_forward,
+                                .pre_backward = pre_backward,
+                                .post_backward = post_backward,
+                                .zero_grad = zero_grad,
+                                .detach = detach_model,
+                                .ud = z};
     fg__module_set_wrap(m, &z->wrap, z->mods, z->nunits);
     for (int k = 0; k < z->nunits; k++) z->units[k].state = GATHERED;
     z->gathered = z->numel - (z->hi - z->lo);
@@ -552,15 +589,15 @@ fg_status fg__zero3_setup(fg_strategy *s, const fg_sharded_opts *o) {
 }
 
 void fg__zero3_start(fg_strategy *s) {
-    fg_zero3_state *z = s->zero3;
-    (void)release_all(z); /* nothing in flight: nothing to wait for or fail */
+    fg__zero3_state *z = s->zero3;
+    fg__status_drop(release_all(z)); /* nothing in flight: nothing to wait for or fail */
     z->peak_gathered = 0;
     zero_grad(z);
 }
 
-fg_ddp_reducer_opts fg__zero3_reducer_opts(fg_strategy *s, fg_ddp_reducer_opts ro,
-                                           const fg_sharded_opts *o) {
-    fg_zero3_state *z = s->zero3;
+fg__ddp_reducer_opts fg__zero3_reducer_opts(fg_strategy *s, fg__ddp_reducer_opts ro,
+                                            const fg_sharded_opts *o) {
+    fg__zero3_state *z = s->zero3;
     ro.reduced = reduced;
     ro.reduced_ud = z;
     /* without a bucket size, one bucket per unit or so: each unit's
@@ -577,15 +614,15 @@ fg_ddp_reducer_opts fg__zero3_reducer_opts(fg_strategy *s, fg_ddp_reducer_opts r
 }
 
 fg_status fg__zero3_backward(fg_strategy *s, fg_tensor *loss) {
-    fg_zero3_state *z = s->zero3;
+    fg__zero3_state *z = s->zero3;
     if (z->summoned) FG_TRY(fg__zero3_release_all(s)); /* the hooks take over again */
     z->grad_released = z->numel;
-    fg_status st = fg_ddp_reducer_backward(s->reducer, loss, s->sync);
+    fg_status st = fg__ddp_reducer_backward(s->reducer, loss, s->sync);
     fg_status rs = release_all(z);
     if (st == FG_OK) st = rs;
     if (st == FG_OK && s->sync && z->replicas && fg_comm_size(z->replicas) > 1) {
         char *g = z->gbase + (size_t)z->lo * z->es;
-        st = fg_comm_allreduce(z->replicas, g, g, z->hi - z->lo, z->dt, FG_AVG);
+        st = fg__staged_allreduce(z->replicas, z->dev, g, z->hi - z->lo, z->dt, FG_REDUCE_OP_AVG);
         if (st != FG_OK)
             st = fg_error_wrap(st, "fsdp HYBRID_SHARD: averaging the gradient shard over the "
                                    "replica groups");
@@ -594,10 +631,11 @@ fg_status fg__zero3_backward(fg_strategy *s, fg_tensor *loss) {
 }
 
 void fg__zero3_free(fg_strategy *s) {
-    fg_zero3_state *z = s->zero3;
+    fg__zero3_state *z = s->zero3;
     if (!z) return;
     if (z->units)
-        for (int k = 0; k < z->nunits; k++) (void)quiesce(z, &z->units[k]);
+        for (int k = 0; k < z->nunits; k++) /* freed whatever a wait says */
+            fg__status_drop(quiesce(z, &z->units[k]));
     if (!z->model_gone) fg__zero3_params_home(s); /* the model keeps its shard */
     if (z->mods && !z->model_gone) fg__module_set_wrap(s->model, NULL, NULL, 0);
     for (int k = 0; z->units && k < z->nunits; k++) {
@@ -622,7 +660,7 @@ int fg__zero3_num_units(const fg_strategy *s) { return s->zero3 ? s->zero3->nuni
 int64_t fg__zero3_gathered(const fg_strategy *s) { return s->zero3 ? s->zero3->gathered : 0; }
 
 fg_status fg__zero3_gather_all(fg_strategy *s) {
-    fg_zero3_state *z = s->zero3;
+    fg__zero3_state *z = s->zero3;
     for (int k = 0; k < z->nunits; k++) FG_TRY(ensure(z, k));
     z->summoned = true;
     return FG_OK;
@@ -636,7 +674,7 @@ fg_status fg__zero3_release_all(fg_strategy *s) {
 /* ------------------------------------------------------------ nvme parameter offload */
 
 fg_status fg__zero3_offload_params(fg_strategy *s) {
-    fg_zero3_state *z = s->zero3;
+    fg__zero3_state *z = s->zero3;
     int *nr = fg_calloc((size_t)z->nunits, sizeof *nr);
     if (!nr) return FG_ENOMEM;
     for (int k = 0; k < z->nunits; k++) nr[k] = z->units[k].nr;
@@ -648,15 +686,16 @@ fg_status fg__zero3_offload_params(fg_strategy *s) {
     return FG_OK;
 }
 
-fg_poffload *fg__zero3_param_offload(const fg_strategy *s) {
+fg__poffload *fg__zero3_param_offload(const fg_strategy *s) {
     return s->zero3 ? s->zero3->po : NULL;
 }
 
 void fg__zero3_params_home(fg_strategy *s) {
-    fg_zero3_state *z = s->zero3;
+    fg__zero3_state *z = s->zero3;
     if (!z || !z->po) return;
     for (int k = 0; k < z->nunits; k++)
-        if (z->units[k].state == FETCHING) (void)release(z, k);
+        if (z->units[k].state == FETCHING) /* a fetch's read is dropped, not waited on */
+            fg__status_drop(release(z, k));
     if (!z->model_gone) fg__poffload_home(z->po);
     fg__poffload_free(z->po);
     z->po = NULL;

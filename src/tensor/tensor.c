@@ -6,10 +6,24 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/device_impl.h"
 #include "tensor_impl.h"
 
 static _Thread_local fg_arena *tl_arena;
 static _Thread_local uint64_t tl_gen;
+/* fg_step_device_set: the device step tensors' data comes from, and its arena */
+static _Thread_local fg_dev *tl_dev;
+static _Thread_local fg_dev_arena *tl_dev_arena;
+/* step memory handed back inside the step (fg__step_recycle), kept in the
+ * blocks themselves: each starts with its link and size */
+typedef struct spare_block {
+    struct spare_block *next;
+    size_t bytes;
+} spare_block;
+static _Thread_local spare_block *tl_spare;
+/* counts the releases and resets: a tensor made in an earlier epoch may lie
+ * in memory the arena hands out again */
+static _Thread_local uint64_t tl_epoch = 1;
 
 static fg_arena *arena(void) {
     if (!tl_arena) tl_arena = fg_arena_new(0);
@@ -22,23 +36,60 @@ void *fg_step_alloc(size_t bytes) {
 }
 
 void fg_step_reset(void) {
+    tl_spare = NULL;
+    tl_epoch++;
     if (tl_arena) fg_arena_reset(tl_arena);
+    if (tl_dev_arena) fg_dev_arena_reset(tl_dev_arena);
     tl_gen++;
 }
 
 void fg_step_thread_release(void) {
+    tl_spare = NULL;
+    tl_epoch++;
     fg_arena_free(tl_arena);
     tl_arena = NULL;
+    fg_dev_arena_free(tl_dev_arena);
+    tl_dev_arena = NULL;
+    tl_dev = NULL;
     tl_gen++;
 }
 
-fg_arena_mark fg__step_mark(void) {
-    fg_arena *a = arena();
-    return a ? fg__arena_mark(a) : (fg_arena_mark){0};
+fg_status fg_step_device_set(fg_dev *dev) {
+    if (dev == tl_dev) return FG_OK;
+    fg_dev_arena *a = NULL;
+    if (dev && !fg_dev_host_accessible(dev) && !(a = fg_dev_arena_new(dev, 0)))
+        return fg_error_wrap(fg_last_status(), "step device %s", fg_dev_name(dev));
+    /* the old device's step tensors go with its arena */
+    tl_spare = NULL;
+    tl_epoch++;
+    if (tl_arena) fg_arena_reset(tl_arena);
+    fg_dev_arena_free(tl_dev_arena);
+    tl_dev_arena = a;
+    tl_dev = dev;
+    tl_gen++;
+    return FG_OK;
 }
 
-void fg__step_release(fg_arena_mark m) {
+fg_dev *fg_step_device(void) { return tl_dev; }
+
+fg__arena_point fg__step_mark(void) {
+    fg_arena *a = arena();
+    fg__arena_point m = a ? fg__arena_mark(a) : (fg__arena_point){0};
+    if (tl_dev_arena) {
+        fg__dev_arena_mark d = fg__dev_arena_mark_get(tl_dev_arena);
+        m.dchunk = d.chunk;
+        m.dchunk_used = d.chunk_used;
+        m.dused = d.used;
+    }
+    return m;
+}
+
+void fg__step_release(fg__arena_point m) {
+    tl_spare = NULL;
+    tl_epoch++; /* some may lie past the mark */
     if (tl_arena) fg__arena_release(tl_arena, m);
+    if (tl_dev_arena)
+        fg__dev_arena_release(tl_dev_arena, (fg__dev_arena_mark){m.dchunk, m.dchunk_used, m.dused});
 }
 
 uint64_t fg_step_generation(void) { return tl_gen; }
@@ -76,6 +127,16 @@ fg_tensor *fg_empty(fg_dtype dt, int ndim, const int64_t *shape) {
     fg_tensor tmp = {0};
     if (fg__tensor_init_shape(&tmp, dt, ndim, shape) != FG_OK) return NULL;
     size_t bytes = (size_t)tmp.numel * fg_dtype_size(dt);
+    if (tl_dev_arena) { /* the header on the host, the data on the step device */
+        fg_tensor *t = fg_step_alloc(sizeof *t);
+        if (!t) return NULL;
+        *t = tmp;
+        t->data = fg_dev_arena_alloc(tl_dev_arena, bytes);
+        if (!t->data) return NULL;
+        t->device = fg_dev_kind(tl_dev);
+        t->dev = tl_dev;
+        return t;
+    }
     /* the header is rounded to 64 bytes so the data after it stays aligned */
     size_t hdr = (sizeof(fg_tensor) + 63) & ~(size_t)63;
     fg_tensor *t = fg_step_alloc(hdr + bytes);
@@ -85,9 +146,46 @@ fg_tensor *fg_empty(fg_dtype dt, int ndim, const int64_t *shape) {
     return t;
 }
 
+void fg__step_recycle(fg_tensor *t) {
+    size_t bytes = fg_tensor_nbytes(t);
+    if (tl_dev_arena || t->dev || t->device != FG_CPU || t->step_epoch != tl_epoch ||
+        (t->flags & (FG_T_PERSISTENT | FG_T_OWNS_DATA)) || bytes < 64 || ((uintptr_t)t->data & 63))
+        return;
+    spare_block *b = t->data;
+    b->bytes = bytes;
+    b->next = tl_spare;
+    tl_spare = b;
+    t->data = NULL;
+}
+
+fg_tensor *fg__step_zeros_reuse(fg_dtype dt, int ndim, const int64_t *shape, bool zero) {
+    fg_tensor tmp = {0};
+    if (fg__tensor_init_shape(&tmp, dt, ndim, shape) != FG_OK) return NULL;
+    size_t bytes = (size_t)tmp.numel * fg_dtype_size(dt);
+    spare_block **best = NULL;
+    if (!tl_dev_arena && bytes >= 64) /* the smallest that holds it, up to twice its size */
+        for (spare_block **pp = &tl_spare; *pp; pp = &(*pp)->next)
+            if ((*pp)->bytes >= bytes && (*pp)->bytes / 2 <= bytes &&
+                (!best || (*pp)->bytes < (*best)->bytes))
+                best = pp;
+    fg_tensor *t;
+    if (!best) {
+        t = zero ? fg_zeros(dt, ndim, shape) : fg_empty(dt, ndim, shape);
+    } else if ((t = fg_step_alloc(sizeof *t))) {
+        *t = tmp;
+        t->data = *best;
+        *best = (*best)->next;
+        if (zero) memset(t->data, 0, bytes);
+    }
+    if (t) t->step_epoch = tl_epoch;
+    return t;
+}
+
 fg_tensor *fg_zeros(fg_dtype dt, int ndim, const int64_t *shape) {
     fg_tensor *t = fg_empty(dt, ndim, shape);
-    if (t) memset(t->data, 0, fg_tensor_nbytes(t));
+    if (t && t->dev && fg_dev_memset(t->dev, t->data, 0, fg_tensor_nbytes(t), NULL) != FG_OK)
+        return NULL;
+    if (t && !t->dev) memset(t->data, 0, fg_tensor_nbytes(t));
     return t;
 }
 
@@ -104,7 +202,11 @@ fg_tensor *fg_from_data(fg_dtype dt, int ndim, const int64_t *shape, const void 
             fg_error(FG_EINVAL, "fg_from_data: NULL data for %lld elements", (long long)t->numel);
             return NULL;
         }
-        memcpy(t->data, data, fg_tensor_nbytes(t));
+        if (t->dev) { /* host data onto the step device: a copy in */
+            if (fg_dev_copy_h2d(t->dev, t->data, data, fg_tensor_nbytes(t)) != FG_OK) return NULL;
+        } else {
+            memcpy(t->data, data, fg_tensor_nbytes(t));
+        }
     }
     return t;
 }
@@ -150,7 +252,8 @@ void fg_tensor_free(fg_tensor *t) {
         if (t->dev) {
             fg_error_kept kept; /* a _free never changes the caller's error (core.h) */
             fg_error_keep(&kept);
-            (void)fg_dev_free(t->dev, t->data);
+            /* a _free has no caller to tell; the data came from t->dev */
+            fg__status_drop(fg_dev_free(t->dev, t->data));
             fg_error_restore(&kept);
         } else {
             fg_free(t->data);
@@ -174,7 +277,9 @@ static fg_tensor *new_on(fg_dev *dev, fg_dtype dt, int ndim, const int64_t *shap
     size_t bytes = fg_tensor_nbytes(t);
     t->data = fg_dev_alloc(dev, bytes, NULL);
     if (!t->data || (zero && fg_dev_memset(dev, t->data, 0, bytes, NULL) != FG_OK)) {
-        if (t->data) fg_dev_free(dev, t->data);
+        /* just allocated on dev: its free cannot fail; the error kept is the
+         * allocation's or the memset's */
+        if (t->data) fg__status_drop(fg_dev_free(dev, t->data));
         fg_free(t);
         return NULL;
     }
@@ -296,6 +401,7 @@ fg_tensor *fg__tensor_header_like(const fg_tensor *t) {
     v->requires_grad = false;
     v->grad = NULL;
     v->grad_fn = NULL;
+    v->grad_for = NULL;
     v->pending = 0;
     v->param_index = -1;
     return v;
@@ -439,13 +545,46 @@ static void copy_same_dtype(fg_tensor *dst, const fg_tensor *src) {
     }
 }
 
+/* The bytes from t's data to one past its last element (a strided view's
+ * span; non-negative strides). */
+static size_t span(const fg_tensor *t) {
+    if (!t->numel) return 0;
+    int64_t last = 0;
+    for (int i = 0; i < t->ndim; i++) last += (t->shape[i] - 1) * t->strides[i];
+    return (size_t)(last + 1) * fg_dtype_size(t->dtype);
+}
+
+static fg_status copy_host(fg_tensor *dst, const fg_tensor *src);
+
+/* A converting or strided copy within the guarded device: its kernel is
+ * the host's copy run on the device's private alias (as its op table's
+ * entries are), so the bits are the CPU's. */
+static fg_status copy_guarded(fg_dev *d, fg_tensor *dst, const fg_tensor *src) {
+    for (int i = 0; i < src->ndim; i++)
+        if (src->strides[i] < 0) return fg_error(FG_EUNSUPPORTED, "copy: a negative stride");
+    for (int i = 0; i < dst->ndim; i++)
+        if (dst->strides[i] < 0) return fg_error(FG_EUNSUPPORTED, "copy: a negative stride");
+    fg_tensor hs = *src, hd = *dst;
+    hs.dev = hd.dev = NULL;
+    hs.device = hd.device = FG_CPU;
+    if (!src->numel) return FG_OK;
+    if (!(hs.data = fg__dev_host_view(d, src->data, span(src))) ||
+        !(hd.data = fg__dev_host_view(d, dst->data, span(dst))))
+        return fg_error_wrap(fg_last_status(), "copy on %s", fg_dev_name(d));
+    return copy_host(&hd, &hs);
+}
+
 /* dst = src where either is in a device's memory: whole contiguous
  * buffers of one dtype, through the copy calls (staged through pinned host
- * memory between two devices). */
+ * memory between two devices); within the guarded device, any copy (its
+ * kernel: copy_guarded). */
 static fg_status copy_device(fg_tensor *dst, const fg_tensor *src) {
     fg_dev *sd = mem_dev(src), *dd = mem_dev(dst);
-    if (src->dtype != dst->dtype || !fg_tensor_is_contiguous(src) ||
-        !fg_tensor_is_contiguous(dst)) {
+    bool whole =
+        src->dtype == dst->dtype && fg_tensor_is_contiguous(src) && fg_tensor_is_contiguous(dst);
+    if (!whole && sd && sd == dd && fg_dev_kind(sd) == FG_GUARDED)
+        return copy_guarded(sd, dst, src);
+    if (!whole) {
         char a[96], b[96];
         return fg_error(FG_EUNSUPPORTED,
                         "copy: %s on %s into %s on %s: a copy that converts or is strided needs "
@@ -472,6 +611,11 @@ fg_status fg_tensor_copy(fg_tensor *dst, const fg_tensor *src) {
                         fg_tensor_describe(src, a, sizeof a), fg_tensor_describe(dst, b, sizeof b));
     }
     if ((src->dev || dst->dev) && (mem_dev(src) || mem_dev(dst))) return copy_device(dst, src);
+    return copy_host(dst, src);
+}
+
+/* fg_tensor_copy of two host tensors (or host views of device memory) */
+static fg_status copy_host(fg_tensor *dst, const fg_tensor *src) {
     bool sc = fg_tensor_is_contiguous(src), dc = fg_tensor_is_contiguous(dst);
     if (sc && dc) return fg_convert(dst->data, dst->dtype, src->data, src->dtype, src->numel);
     if (src->dtype == dst->dtype && fg_tensor_same_shape(src, dst)) {
@@ -502,11 +646,16 @@ fg_tensor *fg_tensor_contiguous(const fg_tensor *t) {
 }
 
 fg_status fg_tensor_fill(fg_tensor *t, double v) {
-    if (t->dev && mem_dev(t))
-        return fg_error(FG_EUNSUPPORTED,
-                        "fill: a tensor on device %s: filling needs the device's kernels (not "
-                        "yet built); fill on the host and fg_tensor_copy it over",
-                        fg_dev_name(t->dev));
+    if (t->dev && mem_dev(t)) {
+        if (!fg_tensor_is_contiguous(t))
+            return fg_error(FG_EUNSUPPORTED,
+                            "fill: a strided view on device %s: no device kernel fills strided "
+                            "views yet; fill the whole tensor",
+                            fg_dev_name(t->dev));
+        uint8_t pat[16];
+        FG_TRY(fg_convert(pat, t->dtype, &v, FG_F64, 1));
+        return fg_dev_fill(t->dev, t->data, pat, fg_dtype_size(t->dtype), (size_t)t->numel, NULL);
+    }
     if (!fg_tensor_is_contiguous(t)) {
         for (int64_t i = 0; i < t->numel; i++)
             FG_TRY(fg_convert((char *)t->data +

@@ -16,7 +16,7 @@ enum {
     FG_T_OWNS_GRAD = 1u << 2, /* grad was allocated by autograd and is freed with t */
 };
 
-struct fg_node; /* autograd */
+struct fg__node; /* autograd */
 
 struct fg_tensor {
     void *data;
@@ -30,27 +30,41 @@ struct fg_tensor {
 
     /* autograd (owned by the autograd layer; zero for plain tensors) */
     bool requires_grad;
-    fg_tensor *grad;         /* persistent for leaves, step for the rest */
-    struct fg_node *grad_fn; /* the tape node that made this tensor */
-    uint64_t grad_fn_gen;    /* step generation grad_fn belongs to */
-    int32_t pending;         /* uses left in the running backward (leaves) */
-    int32_t param_index;     /* index given by the module tree, -1 if none */
-    const char *name;        /* borrowed; dotted name for parameters */
+    fg_tensor *grad;          /* persistent for leaves, step for the rest */
+    struct fg__node *grad_fn; /* the tape node that made this tensor */
+    uint64_t grad_fn_gen;     /* step generation grad_fn belongs to */
+    int32_t pending;          /* uses left in the running backward (leaves) */
+    int32_t param_index;      /* index given by the module tree, -1 if none */
+    const char *name;         /* borrowed; dotted name for parameters */
+    /* a step gradient autograd made: the tensor it is the gradient of (its
+     * memory is handed back once that tensor's node has run) */
+    struct fg_tensor *grad_for;
+    uint64_t step_epoch; /* fg__step_zeros_reuse: the step memory's epoch it was made in */
 
     /* the device holding data (borrowed); NULL for host memory */
     fg_dev *dev;
 };
 
 /* Fills shape/strides/numel of a contiguous layout; FG_EINVAL on a bad shape. */
-fg_status fg__tensor_init_shape(fg_tensor *t, fg_dtype dt, int ndim, const int64_t *shape);
+FG_MUST_USE fg_status fg__tensor_init_shape(fg_tensor *t, fg_dtype dt, int ndim,
+                                            const int64_t *shape);
 /* A step tensor header (no data) copied from t's metadata, autograd fields cleared. */
 fg_tensor *fg__tensor_header_like(const fg_tensor *t);
 
 /* Rewinds the calling thread's step arena (fg__arena_mark): step tensors
  * made after the mark are gone after the release. Activation checkpointing
  * drops a block's recomputed activations with it. */
-fg_arena_mark fg__step_mark(void);
-void fg__step_release(fg_arena_mark m);
+fg__arena_point fg__step_mark(void);
+void fg__step_release(fg__arena_point m);
+/* Hands the data of step tensor t, made by fg__step_zeros_reuse, back to
+ * the step (t's data is NULL after; nothing may read it again): a later
+ * fg__step_zeros_reuse of a size it holds gets it, until the step ends or
+ * a release. Host tensors made since the last release only (memory past a
+ * release's mark is the arena's again); others are left as they are. */
+void fg__step_recycle(fg_tensor *t);
+/* A step tensor of that shape (zeroed when zero) in memory handed back,
+ * else in new step memory (fg_zeros / fg_empty). */
+fg_tensor *fg__step_zeros_reuse(fg_dtype dt, int ndim, const int64_t *shape, bool zero);
 
 #define FG_F32P(t) ((float *)(t)->data)
 #define FG_F64P(t) ((double *)(t)->data)

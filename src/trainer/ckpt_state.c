@@ -156,6 +156,7 @@ static fg_status parent_dir(const char *path) {
 }
 
 fg_status fg__save_checkpoint(fg_trainer *t, const char *path) {
+    FG_TRY(fg__ckpt_optimizers_ok(t));
     fg_state_dict sd = {0};
     /* while a window is open, the state at its start (weights unchanged) */
     bool snap = t->mid_window && t->fn == FG_FIT;
@@ -206,8 +207,11 @@ fg_status fg__save_checkpoint(fg_trainer *t, const char *path) {
         int64_t bs = fg_dataloader_opts(t->train)->batch;
         global_batch = (bs ? bs : 1) * fg_fabric_world_size(t->f) * t->accumulate;
     }
+    bool many = t->fn == FG_FIT && t->nopts > 1;
     fg_train_state st = {.model = t->model,
-                         .optimizer = t->fn == FG_FIT ? t->opt : NULL,
+                         .optimizer = t->fn == FG_FIT && !many ? t->opt : NULL,
+                         .optimizers = many ? t->opts : NULL,
+                         .noptimizers = many ? t->nopts : 0,
                          .step = t->global_step,
                          .epoch = t->current_epoch,
                          .batch_in_epoch = batch_idx,
@@ -221,7 +225,7 @@ fg_status fg__save_checkpoint(fg_trainer *t, const char *path) {
                                            s != FG_OK              ? 0
                                            : fg__weights_finite(t) ? 2
                                                                    : 1,
-                                           FG_MIN, &ok);
+                                           FG_REDUCE_OP_MIN, &ok);
     /* a failed reduce is the error (unless this rank failed first): never
      * read as "another rank failed" */
     if (s == FG_OK && rs != FG_OK) s = fg_error_wrap(rs, "save_checkpoint %s", path);
@@ -411,21 +415,31 @@ static fg_status check_trainer_meta(const char *path) {
     if (s == FG_OK) fg_clear_error(); /* a bad step or epoch: fg_fabric_load names it */
     const char *what[] = {"step", "epoch", "trainer.batches_that_stepped"};
     int64_t val[] = {step, epoch, stepped};
+    /* several optimizers: each one's step is a global step (Lightning's) */
+    const char *nopt = fg_st_meta_get(file, "optimizers");
+    int64_t per_batch = nopt ? strtoll(nopt, NULL, 10) : 1;
+    if (per_batch < 1 || per_batch > FG_FABRIC_MAX_OPTIMIZERS) per_batch = 1;
     for (int i = 0; s == FG_OK && total >= 0 && i < 3; i++)
-        if (val[i] > total)
+        if (val[i] > (i == 0 ? total * per_batch : total))
             s = fg_error(FG_EFORMAT,
                          "%s: metadata \"%s\" is %lld, more than the %lld batches "
-                         "the run had taken (trainer.total_batch_idx): every %s takes a batch; "
+                         "the run had taken (trainer.total_batch_idx)%s: every %s takes a batch; "
                          "the checkpoint is damaged or was edited: resume from another checkpoint",
                          path, what[i], (long long)val[i], (long long)total,
+                         i == 0 && per_batch > 1 ? " times its optimizers" : "",
                          i == 1 ? "epoch" : "step");
     fg_st_close(file);
     return s;
 }
 
 fg_status fg__load_checkpoint(fg_trainer *t, bool full) {
+    if (full) FG_TRY(fg__ckpt_optimizers_ok(t));
     const char *path = t->ckpt_path;
-    fg_train_state st = {.model = t->model, .optimizer = full ? t->opt : NULL};
+    bool many = full && t->nopts > 1;
+    fg_train_state st = {.model = t->model,
+                         .optimizer = full && !many ? t->opt : NULL,
+                         .optimizers = many ? t->opts : NULL,
+                         .noptimizers = many ? t->nopts : 0};
     fg_status s = full ? check_trainer_meta(path) : FG_OK;
     if (s == FG_OK) s = fg_fabric_load(t->f, path, &st);
     if (s != FG_OK) return fg_error_wrap(s, "ckpt_path=\"%s\"", path);
@@ -451,7 +465,8 @@ fg_status fg__load_checkpoint(fg_trainer *t, bool full) {
     /* a checkpoint with the sample position resumes on any world size (the
      * batch index is then this world size's); an older one at its batch */
     bool by_samples = st.samples_in_epoch >= 0 && st.global_batch > 0;
-    if (!by_samples && t->batch_idx > fg_dataloader_len(t->train))
+    if (!by_samples && fg_dataloader_len_known(t->train) &&
+        t->batch_idx > fg_dataloader_len(t->train))
         return fg_error(FG_EMISMATCH,
                         "ckpt_path=\"%s\": it stopped at batch %lld of epoch %lld, but an epoch "
                         "of this training data has %lld batches",
@@ -463,7 +478,8 @@ fg_status fg__load_checkpoint(fg_trainer *t, bool full) {
     FG_TRY(fg_fabric_setup_global_batch(t->f, t->train, &t->accumulate, &st));
     int64_t e;
     fg_dataloader_position(t->train, &e, &t->batch_idx);
-    if (epoch_end && t->batch_idx >= t->num_training_batches) {
+    /* of unknown length: an epoch-end save is at the stream's end */
+    if (epoch_end && (t->batch_idx >= t->num_training_batches || t->train_len_unknown)) {
         /* saved at the end of a whole epoch: go on with the next */
         t->current_epoch++;
         t->batch_idx = 0;

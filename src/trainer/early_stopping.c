@@ -29,7 +29,7 @@ static es_cb *of(const fg_callback *cb) {
 }
 
 static bool monitor_op(const es_cb *c, double a, double b) {
-    return c->mode == FG_MODE_MIN ? a < b : a > b;
+    return c->mode == FG_MONITOR_MIN ? a < b : a > b;
 }
 
 static bool on_epoch_end_check(const es_cb *c, const fg_trainer *t) {
@@ -63,7 +63,8 @@ static fg_status run_check(es_cb *c, fg_trainer *t) {
     }
     /* any rank stopping stops every rank */
     double any = 0;
-    fg_status s = fg_fabric_reduce_scalar(fg_trainer_fabric(t), stop ? 1 : 0, FG_MAX, &any);
+    fg_status s =
+        fg_fabric_reduce_scalar(fg_trainer_fabric(t), stop ? 1 : 0, FG_REDUCE_OP_MAX, &any);
     if (s != FG_OK) return fg_error_wrap(s, "EarlyStopping(monitor=%s)", c->monitor);
     stop = any == 1;
     if (stop) {
@@ -119,14 +120,15 @@ fg_callback *fg_early_stopping_new(const fg_early_stopping_opts *opts) {
     }
     const fg_early_stopping_opts *o = opts;
     if (!(o->min_delta >= 0) || o->patience < 0 ||
-        (o->mode != FG_MODE_MIN && o->mode != FG_MODE_MAX) ||
+        (o->mode != FG_MONITOR_MIN && o->mode != FG_MONITOR_MAX) ||
         (o->stopping_threshold && isnan(*o->stopping_threshold)) ||
         (o->divergence_threshold && isnan(*o->divergence_threshold))) {
-        fg_error(FG_EINVAL,
-                 "EarlyStopping(monitor=\"%s\"): min_delta=%g patience=%lld mode=%d: expected "
-                 "min_delta >= 0, patience >= 0 (0 = 3), FG_MODE_MIN or FG_MODE_MAX, thresholds "
-                 "that are numbers",
-                 o->monitor, o->min_delta, (long long)o->patience, (int)o->mode);
+        fg_error(
+            FG_EINVAL,
+            "EarlyStopping(monitor=\"%s\"): min_delta=%g patience=%lld mode=%d: expected "
+            "min_delta >= 0, patience >= 0 (0 = 3), FG_MONITOR_MIN or FG_MONITOR_MAX, thresholds "
+            "that are numbers",
+            o->monitor, o->min_delta, (long long)o->patience, (int)o->mode);
         return NULL;
     }
     es_cb *c = fg_calloc(1, sizeof *c);
@@ -136,7 +138,7 @@ fg_callback *fg_early_stopping_new(const fg_early_stopping_opts *opts) {
         return NULL;
     }
     c->mode = o->mode;
-    c->min_delta = c->mode == FG_MODE_MAX ? o->min_delta : -o->min_delta;
+    c->min_delta = c->mode == FG_MONITOR_MAX ? o->min_delta : -o->min_delta;
     c->patience = o->patience ? o->patience : 3;
     c->check_finite = o->check_finite != FG_OFF;
     c->has_stop = o->stopping_threshold != NULL;
@@ -144,10 +146,10 @@ fg_callback *fg_early_stopping_new(const fg_early_stopping_opts *opts) {
     if (c->has_stop) c->stopping_threshold = *o->stopping_threshold;
     if (c->has_div) c->divergence_threshold = *o->divergence_threshold;
     c->check_on_train_epoch_end = o->check_on_train_epoch_end;
-    c->best_score = c->mode == FG_MODE_MIN ? INFINITY : -INFINITY;
+    c->best_score = c->mode == FG_MONITOR_MIN ? INFINITY : -INFINITY;
     char key[512];
     snprintf(key, sizeof key, "EarlyStopping{'monitor': '%s', 'mode': '%s'}", c->monitor,
-             c->mode == FG_MODE_MIN ? "min" : "max");
+             c->mode == FG_MONITOR_MIN ? "min" : "max");
     fg_callback_ops ops = {.name = "EarlyStopping",
                            .on_train_epoch_end = on_train_epoch_end,
                            .on_validation_end = on_validation_end,

@@ -36,8 +36,9 @@ static fg_status call_step(fg_trainer *t, fg_batch_hook_fn fn, const char *name,
     return FG_OK;
 }
 
-/* One run of n batches of dl. */
-static fg_status run(fg_trainer *t, const eval_kind *k, fg_dataloader *dl, int64_t n, bool sanity) {
+/* One run over the evaluation loaders, counts[i] batches of loader i (in
+ * turn, Lightning's dataloader_idx), the epoch hooks once around them. */
+static fg_status run(fg_trainer *t, const eval_kind *k, const int64_t *counts, bool sanity) {
     bool predict = k->stage == FG_STAGE_PREDICT;
     fg_batch_hook_fn step = k->stage == FG_STAGE_VALIDATE ? t->m.validation_step
                             : k->stage == FG_STAGE_TEST   ? t->m.test_step
@@ -53,26 +54,34 @@ static fg_status run(fg_trainer *t, const eval_kind *k, fg_dataloader *dl, int64
     fg_module_train(t->model, false);
     fg_status s = fg__callbacks_hook(t, k->start, 0);
     if (s == FG_OK && k->epoch_start != FG__H_COUNT) s = fg__hook_all(t, k->epoch_start);
-    if (s == FG_OK) s = fg_dataloader_set_epoch(dl, 0);
-    for (int64_t i = 0; i < n && s == FG_OK; i++) {
-        fg_batch *b = fg_dataloader_next(dl);
-        if (!b) {
-            s = fg_dataloader_status(dl);
-            break; /* shorter than its length said: nothing left */
+    for (int d = 0; d < t->nevals && s == FG_OK; d++) {
+        fg_dataloader *dl = t->evals[d];
+        int64_t n = counts[d];
+        t->dl_idx = d;
+        s = fg_dataloader_set_epoch(dl, 0);
+        for (int64_t i = 0; i < n && s == FG_OK; i++) {
+            fg_batch *b = fg_dataloader_next(dl);
+            if (!b) {
+                s = fg_dataloader_status(dl);
+                break; /* shorter than its length said: nothing left */
+            }
+            fg__cur_batch_size = b->size;
+            fg__results_batch_start(&t->eval_res);
+            fg_batch on; /* the batch on the model's device (itself on the CPU) */
+            s = fg_fabric_batch_to_device(t->f, b, &on);
+            if (s == FG_OK) s = call_step(t, step, k->step_name, fx, &on, i);
+            if (s == FG_OK) s = call_step(t, step_end, k->step_end_name, fx, &on, i);
+            if (s == FG_OK) s = fg__batch_hook_all(t, k->batch_end, b, i);
+            fg__metric_map row = {0};
+            if (s == FG_OK && !predict) s = fg__results_batch_end(t, &t->eval_res, &row);
+            if (s == FG_OK && !sanity && !predict)
+                s = fg__loggers_log(t, &row, t->eval_step_counter, false);
+            fg__map_free(&row);
+            if (!sanity && !predict) t->eval_step_counter++;
+            fg_step_reset();
         }
-        fg__cur_batch_size = b->size;
-        fg__results_batch_start(&t->eval_res);
-        s = call_step(t, step, k->step_name, fx, b, i);
-        if (s == FG_OK) s = call_step(t, step_end, k->step_end_name, fx, b, i);
-        if (s == FG_OK) s = fg__batch_hook_all(t, k->batch_end, b, i);
-        fg__metric_map row = {0};
-        if (s == FG_OK && !predict) s = fg__results_batch_end(t, &t->eval_res, &row);
-        if (s == FG_OK && !sanity && !predict)
-            s = fg__loggers_log(t, &row, t->eval_step_counter, false);
-        fg__map_free(&row);
-        if (!sanity && !predict) t->eval_step_counter++;
-        fg_step_reset();
     }
+    t->dl_idx = 0;
     fg__metric_map row = {0};
     if (s == FG_OK && !predict) s = fg__results_epoch_compute(t, &t->eval_res, &row);
     if (s == FG_OK && k->epoch_end != FG__H_COUNT) s = fg__hook_all(t, k->epoch_end);
@@ -87,19 +96,31 @@ static fg_status run(fg_trainer *t, const eval_kind *k, fg_dataloader *dl, int64
     return s;
 }
 
+fg_status fg__eval_loader_batches(fg_trainer *t, int d, fg_batches lim, const char *what,
+                                  int64_t *out) {
+    if (!fg_dataloader_len_known(t->evals[d]))
+        return fg_error(FG_EUNSUPPORTED,
+                        "%s: evaluation loader %d is over a stream of unknown length (its "
+                        "fg_stream_ops.len gives none): only the training loader may be; give "
+                        "that stream a len",
+                        what, d);
+    return fg__loader_batches(t, t->evals[d], lim, what, out);
+}
+
 fg_status fg__validation_run(fg_trainer *t, bool sanity) {
-    int64_t n = t->num_val_batches;
-    if (sanity) {
+    int64_t counts[FG_MAX_EVAL_LOADERS];
+    for (int d = 0; d < t->nevals; d++) {
+        counts[d] = t->eval_batches[d];
         int64_t want = (int64_t)t->num_sanity.value;
-        if (want >= 0 && want < n) n = want;
+        if (sanity && want >= 0 && want < counts[d]) counts[d] = want;
     }
     fg_stage prev = t->stage;
-    fg_status s = run(t, &k_val, t->val, n, sanity);
+    fg_status s = run(t, &k_val, counts, sanity);
     t->stage = prev;
     return s;
 }
 
-fg_status fg__eval_body(fg_trainer *t, fg_trainer_fn fn, fg_dataloader *dl) {
+fg_status fg__eval_body(fg_trainer *t, fg_trainer_fn fn) {
     const eval_kind *k = fn == FG_VALIDATE ? &k_val : fn == FG_TEST ? &k_test : &k_predict;
     fg_batches lim = fn == FG_VALIDATE ? t->limit_val
                      : fn == FG_TEST   ? t->limit_test
@@ -107,12 +128,15 @@ fg_status fg__eval_body(fg_trainer *t, fg_trainer_fn fn, fg_dataloader *dl) {
     const char *what = fn == FG_VALIDATE ? "limit_val_batches"
                        : fn == FG_TEST   ? "limit_test_batches"
                                          : "limit_predict_batches";
-    fg_status s;
-    int64_t n = fg__limit_batches(lim, fg_dataloader_len(dl), what, &s);
-    FG_TRY(s);
-    if (fn == FG_VALIDATE) t->num_val_batches = n;
+    fg_status s = FG_OK;
+    int64_t counts[FG_MAX_EVAL_LOADERS], total = 0;
+    for (int d = 0; d < t->nevals; d++) {
+        FG_TRY(fg__eval_loader_batches(t, d, lim, what, &counts[d]));
+        total += counts[d];
+    }
+    if (fn == FG_VALIDATE) t->num_val_batches = total;
     fg__results_reset(&t->eval_res);
-    s = n > 0 ? run(t, k, dl, n, false) : FG_OK;
+    s = total > 0 ? run(t, k, counts, false) : FG_OK;
     t->stage = FG_STAGE_NONE;
     if (s == FG_OK && fn != FG_PREDICT) s = fg__loggers_finalize(t, "success");
     return s;

@@ -43,7 +43,7 @@ static bool fit_done(const fg_trainer *t) {
 }
 
 static bool epoch_done(const fg_trainer *t) {
-    if (t->batch_idx >= t->num_training_batches || t->interrupted) return true;
+    if (t->batch_idx >= t->num_training_batches || t->stream_ended || t->interrupted) return true;
     if (t->max_steps != -1 && t->global_step >= t->max_steps) return true;
     return t->should_stop && can_stop_early(t);
 }
@@ -129,44 +129,49 @@ static void step_end(fg_fabric *f, const double *part_losses, int nparts, void *
 }
 
 /* detect_anomaly: the first parameter whose gradient holds a non-finite
- * value, by name. */
+ * value, by name: the search on the gradients' device (one index back),
+ * then that one element copied out for the message. */
 static fg_status check_grads(fg_trainer *t, int64_t batch_idx, const char *when) {
     fg_module *m = t->model;
     fg_tensor *g = fg_module_flat_grads(m);
+    int64_t at = -1;
+    FG_TRY(fg_ops_first_nonfinite(g, &at));
+    if (at < 0) return FG_OK;
+    int64_t i = 0;
+    while (i + 1 < fg_module_num_params(m) && fg_module_param_offset(m, i + 1) <= at) i++;
     fg_dtype dt = fg_tensor_dtype(g);
-    const char *data = fg_tensor_data(g);
-    for (int64_t i = 0; i < fg_module_num_params(m); i++) {
-        int64_t off = fg_module_param_offset(m, i), n = fg_tensor_numel(fg_module_param(m, i));
-        for (int64_t k = 0; k < n; k++) {
-            double v = dt == FG_F64 ? ((const double *)data)[off + k]
-                                    : (double)((const float *)data)[off + k];
-            if (!isfinite(v))
-                return fg_error(FG_EINVAL,
-                                "detect_anomaly: the gradient of \"%s\" holds %g (element %lld) "
-                                "%s at global step %lld (epoch %lld, batch %lld)",
-                                fg_module_param_name(m, i), v, (long long)k, when,
-                                (long long)t->global_step, (long long)t->current_epoch,
-                                (long long)batch_idx);
-        }
-    }
-    return FG_OK;
+    size_t es = fg_dtype_size(dt);
+    _Alignas(8) unsigned char one[8];
+    const char *src = (const char *)fg_tensor_data(g) + (size_t)at * es;
+    fg_dev *dev = fg_tensor_dev(g);
+    if (dev && !fg_dev_host_accessible(dev)) FG_TRY(fg_dev_copy_d2h(dev, one, src, es));
+    else memcpy(one, src, es);
+    double v = NAN;
+    FG_TRY(fg_convert(&v, FG_F64, one, dt, 1));
+    return fg_error(FG_EINVAL,
+                    "detect_anomaly: the gradient of \"%s\" holds %g (element %lld) %s at global "
+                    "step %lld (epoch %lld, batch %lld)",
+                    fg_module_param_name(m, i), v, (long long)(at - fg_module_param_offset(m, i)),
+                    when, (long long)t->global_step, (long long)t->current_epoch,
+                    (long long)batch_idx);
 }
 
-static void clip_by_value(fg_module *m, double v) {
-    fg_tensor *g = fg_module_flat_grads(m);
-    int64_t n = fg_tensor_numel(g);
-    if (fg_tensor_dtype(g) == FG_F64) {
-        double *p = fg_tensor_data(g);
-        for (int64_t i = 0; i < n; i++) p[i] = p[i] > v ? v : p[i] < -v ? -v : p[i];
-    } else {
-        float *p = fg_tensor_data(g), hi = (float)v;
-        for (int64_t i = 0; i < n; i++) p[i] = p[i] > hi ? hi : p[i] < -hi ? -hi : p[i];
-    }
+/* Each gradient element into [-v, v], on the gradients' device. */
+static fg_status clip_by_value(fg_module *m, double v) {
+    return fg_ops_clamp_flat(fg_module_flat_grads(m), v);
 }
 
 /* The first parameter whose values in the flat buffer g (the gradients or
  * the weights) hold an inf or NaN, or -1. */
 static int64_t first_nonfinite_in(fg_module *m, fg_tensor *g) {
+    fg_dev *dev = fg_tensor_dev(g);
+    if (dev && !fg_dev_host_accessible(dev)) { /* on the device: one index back */
+        int64_t k = -1;
+        if (fg_ops_first_nonfinite(g, &k) != FG_OK || k < 0) return -1;
+        int64_t i = 0;
+        while (i + 1 < fg_module_num_params(m) && fg_module_param_offset(m, i + 1) <= k) i++;
+        return i;
+    }
     fg_dtype dt = fg_tensor_dtype(g);
     const char *data = fg_tensor_data(g);
     for (int64_t i = 0; i < fg_module_num_params(m); i++) {
@@ -212,7 +217,7 @@ static fg_status check_nonfinite(fg_trainer *t, bool *skip) {
     double v[2] = {local_loss ? 1.0 : 0.0, bad >= 0 ? -(double)bad : -1e18};
     int world = fg_fabric_world_size(t->f);
     fg_comm *comm = fg_fabric_comm(t->f);
-    if (comm && world > 1) FG_TRY(fg_comm_allreduce(comm, v, v, 2, FG_F64, FG_MAX));
+    if (comm && world > 1) FG_TRY(fg_comm_allreduce(comm, v, v, 2, FG_F64, FG_REDUCE_OP_MAX));
     if (v[0] == 0 && v[1] < -1e17) {
         t->skipped_in_row = 0;
         return FG_OK;
@@ -279,7 +284,8 @@ static fg_status optimizer_step(fg_trainer *t, int64_t batch_idx) {
     FG_TRY(fg__hook_all(t, FG__H_BEFORE_OPT_STEP));
     if (check_grads_on(t)) FG_TRY(check_grads(t, batch_idx, "before the optimizer step"));
     if (t->clip_val > 0) {
-        if (t->o.gradient_clip_algorithm == FG_CLIP_VALUE) clip_by_value(t->model, t->clip_val);
+        if (t->o.gradient_clip_algorithm == FG_CLIP_VALUE)
+            FG_TRY(clip_by_value(t->model, t->clip_val));
         else FG_TRY(fg_fabric_clip_gradients(t->f, t->clip_val, NULL));
     }
     FG_TRY(fg_fabric_optimizer_step(t->f, t->opt));
@@ -309,9 +315,68 @@ static fg_status advance_end(fg_trainer *t, bool stepped) {
     return FG_OK;
 }
 
+/* Manual optimization: training_step does backward and the steps itself
+ * (fg_trainer_manual_backward, fg_trainer_optimizer_step); it may return
+ * NULL without an error (Lightning's None). A toggle left on is undone. */
+static fg_status manual_step(fg_trainer *t, fg_batch *b, int64_t k) {
+    fg_batch on; /* Lightning's batch_to_device, as the automatic step's */
+    FG_TRY(fg_fabric_batch_to_device(t->f, b, &on));
+    fg__fx_save prev = fg__fx_set(t, FG__FX_TRAIN_STEP, "training_step");
+    fg__cur_batch_size = b->size;
+    t->in_manual_step = true;
+    fg_clear_error();
+    fg_tensor *loss = t->m.training_step(t->m.ud, t, &on, k);
+    fg_status s = loss ? FG_OK : fg_last_status();
+    t->in_manual_step = false;
+    fg__fx_restore(t, prev);
+    fg__cur_batch_size = b->size;
+    if (s == FG_OK) {
+        /* the step's own tensors outlive nothing: give the requires_grad back */
+        fg_trainer_untoggle_optimizer(t, NULL);
+    } else {
+        fg_error_kept kept;
+        fg_error_keep(&kept);
+        fg_trainer_untoggle_optimizer(t, NULL);
+        fg_error_restore(&kept);
+        return fg_error_wrap(s, "training_step at epoch %lld, batch %lld",
+                             (long long)t->current_epoch, (long long)k);
+    }
+    t->mid_window = false;
+    return FG_OK;
+}
+
+/* A training stream of unknown length: whether every rank still has a
+ * batch, agreed by all (one allreduce of a flag: 1 a batch, 0 the stream's
+ * end, -1 a failure), so that all end the epoch after the same step, at the
+ * first rank whose stream ends (DistributedSampler's drop_last rule: the
+ * other ranks' further batches are not used). Collective. */
+static fg_status all_have_batch(fg_trainer *t, const fg_batch *b, bool *have) {
+    fg_status own = b ? FG_OK : fg_dataloader_status(t->train);
+    double v = b ? 1.0 : own != FG_OK ? -1.0 : 0.0;
+    fg_comm *comm = fg_fabric_comm(t->f);
+    if (comm && fg_fabric_world_size(t->f) > 1)
+        FG_TRY(fg_comm_allreduce(comm, &v, &v, 1, FG_F64, FG_REDUCE_OP_MIN));
+    if (own != FG_OK) return own;
+    if (v < 0)
+        return fg_error(FG_EPEER,
+                        "the training loader of another rank failed at batch %lld of epoch %lld "
+                        "(its rank's error tells why); stopped on every rank",
+                        (long long)t->batch_idx, (long long)t->current_epoch);
+    *have = v > 0;
+    return FG_OK;
+}
+
 static fg_status run_batch(fg_trainer *t) {
     int64_t k = t->batch_idx;
     fg_batch *b = fg_dataloader_next(t->train);
+    if (t->train_len_unknown) {
+        bool have = false;
+        FG_TRY(all_have_batch(t, b, &have));
+        if (!have) {
+            t->stream_ended = true;
+            return FG_OK;
+        }
+    }
     if (!b) {
         fg_status s = fg_dataloader_status(t->train);
         return s != FG_OK ? s
@@ -332,30 +397,41 @@ static fg_status run_batch(fg_trainer *t) {
         t->snap_batches_that_stepped = t->batches_that_stepped;
         /* a window of one batch is never open at a checkpoint: nothing to keep */
         if (t->accumulate > 1) FG_TRY(fg__results_copy(&t->snap_res, &t->train_res));
-        fg_optimizer_zero_grad(t->opt);
-        fg_module_seed_dropout(t->model,
-                               fg_rng_derive(fg_fabric_rank_seed(t->f), (uint64_t)t->global_step));
+        /* manual optimization: zeroing is the training_step's, as Lightning's */
+        if (!t->manual) fg_optimizer_zero_grad(t->opt);
+        /* manual optimization: global_step may stand still (or move by several)
+         * over a batch, so the batch's index seeds it */
+        uint64_t at = (uint64_t)(t->manual ? t->total_batch_idx : t->global_step);
+        fg_module_seed_dropout(t->model, fg_rng_derive(fg_fabric_rank_seed(t->f), at));
         FG_TRY(set_lr(t));
     }
     fg__results_batch_start(&t->train_res);
     fg__cur_batch_size = b->size;
     FG_TRY(fg__batch_hook_all(t, FG__B_TRAIN_START, b, k));
+    /* of unknown length: accumulate is 1 (setup_counts), so every batch steps */
     bool stepped = (k + 1) % t->accumulate == 0 || k + 1 == t->num_training_batches;
-    fg_fabric_set_no_backward_sync(t->f, !stepped);
-    step_ctx c = {.t = t, .batch_idx = k};
-    fg__fx_save prev = fg__fx_set(t, FG__FX_TRAIN_STEP, "training_step");
-    double batch_loss = 0;
-    fg_status s = fg_fabric_training_step(t->f, b, micro_step, step_end, &c, &batch_loss);
-    if (window_start) t->window_nonfinite = false;
-    if (s == FG_OK && !isfinite(batch_loss)) t->window_nonfinite = true;
-    fg__fx_restore(t, prev);
-    fg__cur_batch_size = b->size;
-    if (c.err != FG_OK) return fg_error(c.err, "%s", c.msg);
-    if (s != FG_OK) return s;
-    if (check_grads_on(t)) FG_TRY(check_grads(t, k, "after backward"));
-    t->mid_window = !stepped;
-    if (stepped) FG_TRY(optimizer_step(t, k));
-    if (stepped) FG_TRY(fg__sched_after_step(t, k + 1 == t->num_training_batches));
+    fg_status s = FG_OK;
+    if (t->manual) {
+        /* every manual batch counts as one that stepped (Lightning's) */
+        stepped = true;
+        FG_TRY(manual_step(t, b, k));
+    } else {
+        fg_fabric_set_no_backward_sync(t->f, !stepped);
+        step_ctx c = {.t = t, .batch_idx = k};
+        fg__fx_save prev = fg__fx_set(t, FG__FX_TRAIN_STEP, "training_step");
+        double batch_loss = 0;
+        s = fg_fabric_training_step(t->f, b, micro_step, step_end, &c, &batch_loss);
+        if (window_start) t->window_nonfinite = false;
+        if (s == FG_OK && !isfinite(batch_loss)) t->window_nonfinite = true;
+        fg__fx_restore(t, prev);
+        fg__cur_batch_size = b->size;
+        if (c.err != FG_OK) return fg_error(c.err, "%s", c.msg);
+        if (s != FG_OK) return s;
+        if (check_grads_on(t)) FG_TRY(check_grads(t, k, "after backward"));
+        t->mid_window = !stepped;
+        if (stepped) FG_TRY(optimizer_step(t, k));
+        if (stepped) FG_TRY(fg__sched_after_step(t, k + 1 == t->num_training_batches));
+    }
     t->batch_idx++;
     t->total_batch_idx++;
     t->pending_advance = true;
@@ -412,7 +488,23 @@ static fg_status epoch_end(fg_trainer *t) {
     return FG_OK;
 }
 
+/* A stream of unknown length has ended (all ranks agreed): what
+ * Lightning does after a last batch it knows by prefetching: validation
+ * when due at the epoch's end, and an epoch-interval scheduler's step. */
+static fg_status stream_end(fg_trainer *t) {
+    if (!t->interrupted && t->enable_validation &&
+        (t->check_val_every == -1 || (t->current_epoch + 1) % t->check_val_every == 0) &&
+        t->val_done_at != t->total_batch_idx - 1 && t->batch_idx > 0) {
+        t->val_done_at = t->total_batch_idx - 1;
+        FG_TRY(fg__validation_run(t, false));
+        t->stage = FG_STAGE_TRAIN;
+    }
+    if (t->batch_idx > 0 && !t->manual) FG_TRY(fg__sched_after_stream_end(t));
+    return FG_OK;
+}
+
 static fg_status run_epoch(fg_trainer *t) {
+    t->stream_ended = false;
     if (!t->resumed_mid_epoch) {
         FG_TRY(fg_dataloader_set_epoch(t->train, t->current_epoch));
         t->batch_idx = 0;
@@ -425,6 +517,8 @@ static fg_status run_epoch(fg_trainer *t) {
     FG_TRY(fg__hook_all(t, FG__H_TRAIN_EPOCH_START));
     if (t->pending_advance) FG_TRY(advance_end(t, t->pending_stepped));
     while (!epoch_done(t)) FG_TRY(run_batch(t));
+    if (t->stream_ended && !t->interrupted && t->batch_idx < t->num_training_batches)
+        FG_TRY(stream_end(t));
     /* a stop leaves the epoch open: its checkpoint resumes inside it */
     return t->interrupted ? FG_OK : epoch_end(t);
 }
@@ -432,17 +526,32 @@ static fg_status run_epoch(fg_trainer *t) {
 /* ------------------------------------------------------------------- fit */
 
 static fg_status setup_counts(fg_trainer *t) {
-    fg_status s;
-    t->num_training_batches =
-        fg__limit_batches(t->limit_train, fg_dataloader_len(t->train), "limit_train_batches", &s);
-    FG_TRY(s);
+    FG_TRY(fg__loader_batches(t, t->train, t->limit_train, "limit_train_batches",
+                              &t->num_training_batches));
+    t->train_len_unknown = !fg_dataloader_len_known(t->train);
+    if (t->train_len_unknown && t->accumulate > 1)
+        return fg_error(FG_EINVAL,
+                        "accumulate_grad_batches=%lld with a training stream of unknown length "
+                        "(its fg_stream_ops.len gives none): the last window of an epoch is known "
+                        "only once the stream has ended, after its backward ran without the "
+                        "gradient sync; give the stream a len, or accumulate_grad_batches=1",
+                        (long long)t->accumulate);
     t->num_val_batches = 0;
-    if (t->val) {
-        t->num_val_batches =
-            fg__limit_batches(t->limit_val, fg_dataloader_len(t->val), "limit_val_batches", &s);
-        FG_TRY(s);
+    for (int i = 0; i < t->nevals; i++) {
+        FG_TRY(
+            fg__eval_loader_batches(t, i, t->limit_val, "limit_val_batches", &t->eval_batches[i]));
+        t->num_val_batches += t->eval_batches[i];
     }
     t->enable_validation = t->val && t->m.validation_step && t->num_val_batches > 0;
+    if (t->train_len_unknown && t->val_check_interval.kind == FG_BATCHES_FRACTION &&
+        t->val_check_interval.value != 1.0)
+        return fg_error(FG_EINVAL,
+                        "val_check_interval=FG_FRACTION(%g) with a training stream of unknown "
+                        "length (its fg_stream_ops.len gives none): a fraction of an epoch is not "
+                        "known; use FG_FRACTION(1) (validation at the stream's end) or FG_COUNT(n) "
+                        "batches, or give the stream a len (Lightning refuses the same for an "
+                        "IterableDataset)",
+                        t->val_check_interval.value);
     if (t->val_check_interval.kind == FG_BATCHES_COUNT) {
         t->val_check_batch = (int64_t)t->val_check_interval.value;
         if (t->val_check_batch > t->num_training_batches && t->check_val_every != -1 &&
@@ -453,6 +562,8 @@ static fg_status setup_counts(fg_trainer *t) {
                             "limit_val_batches=FG_COUNT(0), or set check_val_every_n_epoch=-1 to "
                             "count batches across epochs",
                             (long long)t->val_check_batch, (long long)t->num_training_batches);
+    } else if (t->num_training_batches == FG__LEN_UNKNOWN) {
+        t->val_check_batch = FG__LEN_UNKNOWN; /* at the stream's end (stream_end) */
     } else {
         t->val_check_batch =
             (int64_t)((double)t->num_training_batches * t->val_check_interval.value);

@@ -13,7 +13,7 @@ typedef struct lrm_cb {
 } lrm_cb;
 
 static bool per_step(const lrm_cb *c, const fg_trainer *t) {
-    if (c->interval != FG_LOG_AUTO) return c->interval == FG_LOG_STEP;
+    if (c->interval != FG_LOGGING_AUTO) return c->interval == FG_LOGGING_STEP;
     return t->oc.interval == FG_INTERVAL_STEP && (t->oc.schedule || t->oc.lr_at || t->oc.scheduler);
 }
 
@@ -56,10 +56,10 @@ static void lrm_free(void *ud) { fg_free(ud); }
 
 fg_callback *fg_lr_monitor_new(const fg_lr_monitor_opts *opts) {
     fg_lr_monitor_opts o = opts ? *opts : (fg_lr_monitor_opts){0};
-    if (o.logging_interval < FG_LOG_AUTO || o.logging_interval > FG_LOG_EPOCH) {
+    if (o.logging_interval < FG_LOGGING_AUTO || o.logging_interval > FG_LOGGING_EPOCH) {
         fg_error(FG_EINVAL,
-                 "LearningRateMonitor: logging_interval=%d: expected FG_LOG_AUTO (0), "
-                 "FG_LOG_STEP or FG_LOG_EPOCH",
+                 "LearningRateMonitor: logging_interval=%d: expected FG_LOGGING_AUTO (0), "
+                 "FG_LOGGING_STEP or FG_LOGGING_EPOCH",
                  (int)o.logging_interval);
         return NULL;
     }

@@ -63,6 +63,12 @@ fg_status fg__sched_after_step(fg_trainer *t, bool last) {
     return FG_OK;
 }
 
+fg_status fg__sched_after_stream_end(fg_trainer *t) {
+    if (!t->oc.scheduler || plateau(t) || t->oc.interval != FG_INTERVAL_EPOCH) return FG_OK;
+    return (t->current_epoch + 1) % t->oc.frequency == 0 ? fg_lr_scheduler_step(t->oc.scheduler)
+                                                         : FG_OK;
+}
+
 fg_status fg__sched_after_val(fg_trainer *t, bool stepped) {
     if (!t->oc.scheduler || !plateau(t) || t->oc.interval != FG_INTERVAL_STEP || !stepped)
         return FG_OK;
@@ -72,27 +78,58 @@ fg_status fg__sched_after_val(fg_trainer *t, bool stepped) {
 
 fg_status fg__sched_epoch_end(fg_trainer *t) {
     if (!t->oc.scheduler || !plateau(t) || t->oc.interval != FG_INTERVAL_EPOCH) return FG_OK;
-    if (t->batch_idx < t->num_training_batches) return FG_OK; /* an epoch cut short */
+    /* an epoch cut short */
+    if (t->batch_idx < t->num_training_batches && !t->stream_ended) return FG_OK;
     return (t->current_epoch + 1) % t->oc.frequency == 0 ? step_plateau(t) : FG_OK;
 }
 
+/* The schedulers a checkpoint holds: the lr_scheduler_config's, or under
+ * manual optimization every one configure_optimizers gave ("trainer.
+ * lr_scheduler", then "trainer.lr_scheduler.1", ...). */
+static int scheds_of(fg_trainer *t, fg_lr_scheduler **out) {
+    if (!t->manual) {
+        out[0] = t->oc.scheduler;
+        return t->oc.scheduler ? 1 : 0;
+    }
+    for (int i = 0; i < t->nscheds; i++) out[i] = t->scheds[i];
+    return t->nscheds;
+}
+
+static void sched_key(char *buf, size_t cap, int i) {
+    if (i == 0) snprintf(buf, cap, "trainer.lr_scheduler");
+    else snprintf(buf, cap, "trainer.lr_scheduler.%d", i);
+}
+
 fg_status fg__sched_save(fg_trainer *t, fg_state_dict *sd) {
-    if (!t->oc.scheduler || t->fn != FG_FIT) return FG_OK;
-    char *st = fg_lr_scheduler_state_save(t->oc.scheduler);
-    if (!st) return fg_last_status();
-    fg_status s = fg__sd_put(sd, "trainer.lr_scheduler", st);
-    fg_free(st);
-    return s;
+    if (t->fn != FG_FIT) return FG_OK;
+    fg_lr_scheduler *sc[FG_FABRIC_MAX_OPTIMIZERS];
+    int n = scheds_of(t, sc);
+    for (int i = 0; i < n; i++) {
+        char key[64];
+        sched_key(key, sizeof key, i);
+        char *st = fg_lr_scheduler_state_save(sc[i]);
+        if (!st) return fg_last_status();
+        fg_status s = fg__sd_put(sd, key, st);
+        fg_free(st);
+        FG_TRY(s);
+    }
+    return FG_OK;
 }
 
 fg_status fg__sched_load(fg_trainer *t, const fg_state_dict *sd) {
-    if (!t->oc.scheduler) return FG_OK;
-    const char *st = fg_state_dict_get(sd, "trainer.lr_scheduler");
-    if (!st)
-        return fg_error(FG_EMISMATCH,
-                        "the checkpoint has no lr_scheduler state (saved without a scheduler?), "
-                        "and configure_optimizers gives a %s",
-                        fg_lr_scheduler_name(t->oc.scheduler));
-    fg_status s = fg_lr_scheduler_state_load(t->oc.scheduler, st);
-    return s == FG_OK ? FG_OK : fg_error_wrap(s, "the checkpoint's lr_scheduler");
+    fg_lr_scheduler *sc[FG_FABRIC_MAX_OPTIMIZERS];
+    int n = scheds_of(t, sc);
+    for (int i = 0; i < n; i++) {
+        char key[64];
+        sched_key(key, sizeof key, i);
+        const char *st = fg_state_dict_get(sd, key);
+        if (!st)
+            return fg_error(FG_EMISMATCH,
+                            "the checkpoint has no %s state (saved without that scheduler?), "
+                            "and configure_optimizers gives a %s",
+                            key + 8, fg_lr_scheduler_name(sc[i]));
+        fg_status s = fg_lr_scheduler_state_load(sc[i], st);
+        if (s != FG_OK) return fg_error_wrap(s, "the checkpoint's %s", key + 8);
+    }
+    return FG_OK;
 }

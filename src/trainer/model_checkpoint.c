@@ -241,7 +241,7 @@ static void remove_file(const fg_trainer *t, const char *path) {
 }
 
 static bool better(const ckpt_cb *c, double a, double b) {
-    return c->mode == FG_MODE_MIN ? a < b : a > b;
+    return c->mode == FG_MONITOR_MIN ? a < b : a > b;
 }
 
 static fg_status missing_monitor(const ckpt_cb *c, const fg_trainer *t) {
@@ -282,7 +282,8 @@ static fg_status save_topk(ckpt_cb *c, fg_trainer *t) {
         take = better(c, current, c->kth_value);
         /* every rank must agree (Lightning's reduce_boolean_decision) */
         double all = 0;
-        fg_status s = fg_fabric_reduce_scalar(fg_trainer_fabric(t), take ? 1 : 0, FG_MIN, &all);
+        fg_status s =
+            fg_fabric_reduce_scalar(fg_trainer_fabric(t), take ? 1 : 0, FG_REDUCE_OP_MIN, &all);
         if (s != FG_OK) return fg_error_wrap(s, "ModelCheckpoint(monitor=%s)", c->monitor);
         take = all == 1;
     }
@@ -299,7 +300,7 @@ static fg_status save_topk(ckpt_cb *c, fg_trainer *t) {
                 break;
             }
     }
-    if (isnan(current)) current = c->mode == FG_MODE_MIN ? INFINITY : -INFINITY;
+    if (isnan(current)) current = c->mode == FG_MONITOR_MIN ? INFINITY : -INFINITY;
     char path[4096];
     FG_TRY(pick_path(c, t, c->filename, del[0] ? del : NULL, path, sizeof path));
     if (c->nbest == c->capbest) {
@@ -343,7 +344,8 @@ static fg_status link_last(ckpt_cb *c, fg_trainer *t) {
     if (fg_trainer_is_global_zero(t)) s = fg_st_set_last(full, slash ? slash + 1 : c->saved_now);
     /* every rank learns whether rank 0's link is in place */
     double ok = 0;
-    fg_status rs = fg_fabric_reduce_scalar(fg_trainer_fabric(t), s == FG_OK ? 1 : 0, FG_MIN, &ok);
+    fg_status rs =
+        fg_fabric_reduce_scalar(fg_trainer_fabric(t), s == FG_OK ? 1 : 0, FG_REDUCE_OP_MIN, &ok);
     if (s != FG_OK) return fg_error_wrap(s, "ModelCheckpoint: save_last=\"link\"");
     if (rs != FG_OK) return fg_error_wrap(rs, "ModelCheckpoint: save_last=\"link\"");
     if (ok != 1) return fg_error(FG_EPEER, "ModelCheckpoint: rank 0 could not link %s", full);
@@ -567,8 +569,8 @@ fg_callback *fg_model_checkpoint_new(const fg_checkpoint_opts *opts) {
     if (o.every_n_train_steps < 0 || o.every_n_epochs < 0)
         BAD("ModelCheckpoint: every_n_train_steps=%lld, every_n_epochs=%lld: expected >= 0",
             (long long)o.every_n_train_steps, (long long)o.every_n_epochs);
-    if (o.mode != FG_MODE_MIN && o.mode != FG_MODE_MAX)
-        BAD("ModelCheckpoint: mode=%d: expected FG_MODE_MIN or FG_MODE_MAX", (int)o.mode);
+    if (o.mode != FG_MONITOR_MIN && o.mode != FG_MONITOR_MAX)
+        BAD("ModelCheckpoint: mode=%d: expected FG_MONITOR_MIN or FG_MONITOR_MAX", (int)o.mode);
     if (o.monitor && !o.monitor[0]) BAD("ModelCheckpoint: monitor=\"\": a name, or NULL for none");
     int64_t k = o.no_top_k ? 0 : o.save_top_k ? o.save_top_k : 1;
     if (!o.monitor && k != -1 && k != 0 && k != 1)
@@ -589,7 +591,7 @@ fg_callback *fg_model_checkpoint_new(const fg_checkpoint_opts *opts) {
     c->save_on_train_epoch_end = o.save_on_train_epoch_end;
     c->best_score = NAN;
     c->current_score = NAN;
-    c->kth_value = c->mode == FG_MODE_MIN ? INFINITY : -INFINITY;
+    c->kth_value = c->mode == FG_MONITOR_MIN ? INFINITY : -INFINITY;
     bool ok = (!o.dirpath || (c->dirpath_opt = fg_strdup(o.dirpath))) &&
               (c->filename = fg_strdup(o.filename ? o.filename : "{epoch}-{step}")) &&
               (!o.monitor || (c->monitor = fg_strdup(o.monitor)));
@@ -611,7 +613,7 @@ fg_callback *fg_model_checkpoint_new(const fg_checkpoint_opts *opts) {
     snprintf(key, sizeof key,
              "ModelCheckpoint{'monitor': %s, 'mode': '%s', 'every_n_train_steps': %lld, "
              "'every_n_epochs': %lld, 'train_time_interval': None}",
-             mon, c->mode == FG_MODE_MIN ? "min" : "max", (long long)c->every_n_train_steps,
+             mon, c->mode == FG_MONITOR_MIN ? "min" : "max", (long long)c->every_n_train_steps,
              (long long)c->every_n_epochs);
     fg_callback_ops ops = {.name = "ModelCheckpoint",
                            .on_train_batch_end = on_train_batch_end,

@@ -108,15 +108,18 @@ static void draw(pbar_cb *c, fg_trainer *t, const char *desc, int64_t n, int64_t
     char line[2048], el[32], left[32];
     double dt = fg_time() - t0, rate = dt > 0 ? (double)n / dt : NAN;
     fmt_time(el, sizeof el, dt);
-    fmt_time(left, sizeof left, rate > 0 ? (double)(total - n) / rate : NAN);
+    /* total < 0: unknown (a stream without a length), tqdm's "n/?" */
+    fmt_time(left, sizeof left, rate > 0 && total >= 0 ? (double)(total - n) / rate : NAN);
     size_t k = (size_t)snprintf(line, sizeof line, "%s: ", desc);
     if (c->redraw && total > 0) {
         int pct = (int)(100 * n / total), width = 20, fill = (int)(width * n / total);
         k += (size_t)snprintf(line + k, sizeof line - k, "%3d%%|%.*s%*s| ", pct, fill,
                               "####################", width - fill, "");
     }
-    k += (size_t)snprintf(line + k, sizeof line - k, "%lld/%lld [%s<%s, ", (long long)n,
-                          (long long)total, el, left);
+    char tot[32] = "?";
+    if (total >= 0) snprintf(tot, sizeof tot, "%lld", (long long)total);
+    k += (size_t)snprintf(line + k, sizeof line - k, "%lld/%s [%s<%s, ", (long long)n, tot, el,
+                          left);
     if (isfinite(rate)) k += (size_t)snprintf(line + k, sizeof line - k, "%.2fit/s", rate);
     else k += (size_t)snprintf(line + k, sizeof line - k, "?it/s");
     const char *v = fg__logger_version(t);
@@ -172,9 +175,12 @@ static void teardown(void *ud, fg_trainer *t, fg_trainer_fn fn) {
 static fg_status on_train_start(void *ud, fg_trainer *t) {
     pbar_cb *c = ud;
     int64_t acc = t->accumulate;
-    int64_t per_epoch = (t->num_training_batches + acc - 1) / acc;
+    /* a stream of unknown length: -1, the steps an epoch are not known */
+    int64_t per_epoch =
+        t->num_training_batches == FG__LEN_UNKNOWN ? -1 : (t->num_training_batches + acc - 1) / acc;
     c->total = t->max_steps;
-    if (t->max_epochs > 0 && (c->total < 0 || per_epoch * t->max_epochs < c->total))
+    if (t->max_epochs > 0 && per_epoch >= 0 &&
+        (c->total < 0 || per_epoch * t->max_epochs < c->total))
         c->total = per_epoch * t->max_epochs;
     c->start = c->seen_step = c->win_step = t->global_step;
     c->fit_t0 = c->win_t0 = fg_time();
@@ -199,7 +205,7 @@ static size_t put_metrics(const fg_trainer *t, char *line, size_t k, size_t cap)
         if (e->on_step && e->step_set) {
             v = e->step_last;
             if (t->dp && e->step_n > 1)
-                v = e->reduce == FG_REDUCE_MEAN ? e->step_acc / e->step_w : e->step_acc;
+                v = e->reduce == FG_REDUCE_FX_MEAN ? e->step_acc / e->step_w : e->step_acc;
             have = true;
         }
         snprintf(name, sizeof name, "%s%s", e->name, e->on_step && e->on_epoch ? "_step" : "");
@@ -308,7 +314,7 @@ static fg_status on_train_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_
         step_batch_end(c, t, b);
         return FG_OK;
     }
-    int64_t n = idx + 1, total = t->num_training_batches;
+    int64_t n = idx + 1, total = fg_trainer_num_training_batches(t);
     if ((n % c->refresh != 0 && n != total) || (!c->redraw && n == total)) return FG_OK;
     char desc[64];
     epoch_desc(t, desc, sizeof desc);
@@ -321,7 +327,7 @@ static fg_status on_train_epoch_end(void *ud, fg_trainer *t) {
     if (!c->active || c->by_step) return FG_OK;
     char desc[64];
     epoch_desc(t, desc, sizeof desc);
-    draw(c, t, desc, t->batch_idx, t->num_training_batches, c->t0, true);
+    draw(c, t, desc, t->batch_idx, fg_trainer_num_training_batches(t), c->t0, true);
     return FG_OK;
 }
 

@@ -120,28 +120,33 @@ void fg__results_batch_start(fg__results *r) {
 
 static double reduce2(fg_reduce_fx fx, double a, double b) {
     switch (fx) {
-    case FG_REDUCE_MAX: return a > b || isnan(a) ? a : b;
-    case FG_REDUCE_MIN: return a < b || isnan(a) ? a : b;
+    case FG_REDUCE_FX_MAX: return a > b || isnan(a) ? a : b;
+    case FG_REDUCE_FX_MIN: return a < b || isnan(a) ? a : b;
     default: return a + b;
     }
 }
 
 static const char *const fx_names[] = {"mean", "sum", "max", "min"};
 
-fg_status fg_trainer_log(fg_trainer *t, const char *name, double value, const fg_log_opts *opts) {
+/* fg_trainer_log, and fg_trainer_log_metric with `metric` (whose forward
+ * value `value` is, when on_step) */
+static fg_status log_value(fg_trainer *t, const char *name, double value, const fg_log_opts *opts,
+                           fg_tmetric *metric) {
     fg_log_opts o = opts ? *opts : (fg_log_opts){0};
-    if (!t || !name || !name[0])
-        return fg_error(FG_EINVAL, "fg_trainer_log: needs a trainer and a non-empty name");
+    if (metric) { /* a metric reduces itself */
+        o.reduce_fx = FG_REDUCE_FX_MEAN;
+        o.sync_dist = false;
+    }
     fg__fx_kind fx = t->fx;
     if (fx == FG__FX_NONE)
         return fg_error(FG_ESTATE,
                         "fg_trainer_log(\"%s\"): logging is not allowed %s%s (log from a step, "
                         "a batch hook or an epoch hook)",
                         name, t->hook ? "in " : "outside a hook", t->hook ? t->hook : "");
-    if (o.reduce_fx < FG_REDUCE_MEAN || o.reduce_fx > FG_REDUCE_MIN)
+    if (o.reduce_fx < FG_REDUCE_FX_MEAN || o.reduce_fx > FG_REDUCE_FX_MIN)
         return fg_error(FG_EINVAL,
                         "fg_trainer_log(\"%s\"): reduce_fx=%d: expected "
-                        "FG_REDUCE_MEAN, _SUM, _MAX or _MIN",
+                        "FG_REDUCE_FX_MEAN, _SUM, _MAX or _MIN",
                         name, (int)o.reduce_fx);
     if (o.batch_size < 0)
         return fg_error(FG_EINVAL, "fg_trainer_log(\"%s\"): batch_size=%lld: expected >= 1", name,
@@ -160,12 +165,25 @@ fg_status fg_trainer_log(fg_trainer *t, const char *name, double value, const fg
                         "fg_trainer_log(\"%s\"): on_step and on_epoch both off logs "
                         "nothing",
                         name);
+    if (metric && on_step && !fg_tmetric_batch_value(metric, &value))
+        return fg_error(FG_EINVAL,
+                        "fg_trainer_log_metric(\"%s\", on_step): the %s has no batch value: "
+                        "update it with fg_tmetric_forward, or log it on_epoch only",
+                        name, fg_tmetric_name(metric));
+    /* several evaluation loaders: a step's value names its loader (Lightning's
+     * add_dataloader_idx); epoch hooks log for all of them */
+    char idx_name[512];
+    if (fx == FG__FX_EVAL_STEP && t->nevals > 1) {
+        snprintf(idx_name, sizeof idx_name, "%s/dataloader_idx_%d", name, t->dl_idx);
+        name = idx_name;
+    }
     bool sync = o.sync_dist && !o.rank_zero_only && fg_fabric_world_size(t->f) > 1;
     double step_v = value;
     /* replicas on threads share one communicator: their step values are
      * synced once, combined, at the batch end (fg__results_batch_end) */
     if (sync && on_step && !t->dp) {
-        static const fg_reduce_op ops[] = {FG_AVG, FG_SUM, FG_MAX, FG_MIN};
+        static const fg_reduce_op ops[] = {FG_REDUCE_OP_AVG, FG_REDUCE_OP_SUM, FG_REDUCE_OP_MAX,
+                                           FG_REDUCE_OP_MIN};
         FG_TRY(fg_fabric_reduce_scalar(t->f, value, ops[o.reduce_fx], &step_v));
     }
     double bs =
@@ -177,7 +195,14 @@ fg_status fg_trainer_log(fg_trainer *t, const char *name, double value, const fg
     for (int64_t i = 0; i < r->n && !e; i++)
         if (!strcmp(r->r[i].name, name) && !strcmp(r->r[i].hook, t->hook)) e = &r->r[i];
     if (e && (e->on_step != on_step || e->on_epoch != on_epoch || e->reduce != o.reduce_fx ||
-              e->sync != o.sync_dist)) {
+              e->sync != o.sync_dist || (e->metric && e->metric != metric))) {
+        if (e->metric && e->metric != metric) {
+            s = fg_error(FG_EINVAL,
+                         "fg_trainer_log(\"%s\") in %s: logged there as %s before: log a name "
+                         "one way",
+                         name, t->hook, e->metric ? "another metric object" : "a plain value");
+            goto out;
+        }
         s = fg_error(FG_EINVAL,
                      "fg_trainer_log(\"%s\") in %s with on_step=%d on_epoch=%d reduce_fx=%s "
                      "sync_dist=%d, but it was logged there with on_step=%d on_epoch=%d "
@@ -215,15 +240,19 @@ fg_status fg_trainer_log(fg_trainer *t, const char *name, double value, const fg
     e->prog_bar = o.prog_bar;
     e->logger = o.logger != FG_OFF;
     if (on_step) {
-        double part = o.reduce_fx == FG_REDUCE_MEAN ? step_v * bs : step_v;
+        double part = o.reduce_fx == FG_REDUCE_FX_MEAN ? step_v * bs : step_v;
         e->step_acc = e->step_n ? reduce2(o.reduce_fx, e->step_acc, part) : part;
         e->step_w += bs;
         e->step_n++;
         e->step_last = step_v;
         e->step_set = true;
     }
-    if (on_epoch) {
-        double part = o.reduce_fx == FG_REDUCE_MEAN ? value * bs : value;
+    if (on_epoch && metric) {
+        e->metric = metric;
+        e->epoch_set = true;
+        e->dirty = true;
+    } else if (on_epoch) {
+        double part = o.reduce_fx == FG_REDUCE_FX_MEAN ? value * bs : value;
         e->acc = e->epoch_set ? reduce2(o.reduce_fx, e->acc, part) : part;
         e->w += bs;
         e->epoch_set = true;
@@ -232,6 +261,20 @@ fg_status fg_trainer_log(fg_trainer *t, const char *name, double value, const fg
 out:
     pthread_mutex_unlock(&t->log_mu);
     return s;
+}
+
+fg_status fg_trainer_log(fg_trainer *t, const char *name, double value, const fg_log_opts *opts) {
+    if (!t || !name || !name[0])
+        return fg_error(FG_EINVAL, "fg_trainer_log: needs a trainer and a non-empty name");
+    return log_value(t, name, value, opts, NULL);
+}
+
+fg_status fg_trainer_log_metric(fg_trainer *t, const char *name, fg_tmetric *m,
+                                const fg_log_opts *opts) {
+    if (!t || !name || !name[0] || !m)
+        return fg_error(FG_EINVAL,
+                        "fg_trainer_log_metric: needs a trainer, a non-empty name and a metric");
+    return log_value(t, name, 0, opts, m);
 }
 
 /* name, or name_step / name_epoch when logged both ways */
@@ -263,9 +306,10 @@ fg_status fg__results_batch_end(fg_trainer *t, fg__results *r, fg__metric_map *r
         if (!e->on_step || !e->step_set) continue;
         double v = e->step_last;
         if (t->dp && e->step_n > 1)
-            v = e->reduce == FG_REDUCE_MEAN ? e->step_acc / e->step_w : e->step_acc;
+            v = e->reduce == FG_REDUCE_FX_MEAN ? e->step_acc / e->step_w : e->step_acc;
         if (t->dp && e->sync && !e->rank_zero_only && fg_fabric_world_size(t->f) > 1) {
-            static const fg_reduce_op ops[] = {FG_AVG, FG_SUM, FG_MAX, FG_MIN};
+            static const fg_reduce_op ops[] = {FG_REDUCE_OP_AVG, FG_REDUCE_OP_SUM, FG_REDUCE_OP_MAX,
+                                               FG_REDUCE_OP_MIN};
             FG_TRY(fg_fabric_reduce_scalar(t->f, v, ops[e->reduce], &v));
         }
         e->step_value = v;
@@ -280,14 +324,14 @@ static fg_status sync_epoch(fg_trainer *t, fg__results *r, const int64_t *idx, i
     int64_t cnt[3] = {0, 0, 0}; /* sum slots, max, min */
     for (int64_t k = 0; k < n; k++) {
         const fg__result *e = &r->r[idx[k]];
-        if (e->reduce == FG_REDUCE_MAX) cnt[1]++;
-        else if (e->reduce == FG_REDUCE_MIN) cnt[2]++;
-        else cnt[0] += e->reduce == FG_REDUCE_MEAN ? 2 : 1;
+        if (e->reduce == FG_REDUCE_FX_MAX) cnt[1]++;
+        else if (e->reduce == FG_REDUCE_FX_MIN) cnt[2]++;
+        else cnt[0] += e->reduce == FG_REDUCE_FX_MEAN ? 2 : 1;
     }
     for (int k = 0; k < 3; k++) {
         double lo = 0, hi = 0;
-        FG_TRY(fg_fabric_reduce_scalar(t->f, (double)cnt[k], FG_MIN, &lo));
-        FG_TRY(fg_fabric_reduce_scalar(t->f, (double)cnt[k], FG_MAX, &hi));
+        FG_TRY(fg_fabric_reduce_scalar(t->f, (double)cnt[k], FG_REDUCE_OP_MIN, &lo));
+        FG_TRY(fg_fabric_reduce_scalar(t->f, (double)cnt[k], FG_REDUCE_OP_MAX, &hi));
         if (lo != hi || lo != (double)cnt[k])
             return fg_error(FG_EMISMATCH,
                             "sync_dist: rank %d reduces %lld %s values at this epoch end, "
@@ -306,24 +350,24 @@ static fg_status sync_epoch(fg_trainer *t, fg__results *r, const int64_t *idx, i
     int64_t a = 0, b = 0, c = 0;
     for (int64_t k = 0; k < n; k++) {
         const fg__result *e = &r->r[idx[k]];
-        if (e->reduce == FG_REDUCE_MAX) mx[b++] = e->acc;
-        else if (e->reduce == FG_REDUCE_MIN) mn[c++] = e->acc;
+        if (e->reduce == FG_REDUCE_FX_MAX) mx[b++] = e->acc;
+        else if (e->reduce == FG_REDUCE_FX_MIN) mn[c++] = e->acc;
         else {
             sum[a++] = e->acc;
-            if (e->reduce == FG_REDUCE_MEAN) sum[a++] = e->w;
+            if (e->reduce == FG_REDUCE_FX_MEAN) sum[a++] = e->w;
         }
     }
     fg_comm *comm = fg_fabric_comm(t->f);
     fg_status s = FG_OK;
-    if (cnt[0]) s = fg_comm_allreduce(comm, sum, sum, cnt[0], FG_F64, FG_SUM);
-    if (s == FG_OK && cnt[1]) s = fg_comm_allreduce(comm, mx, mx, cnt[1], FG_F64, FG_MAX);
-    if (s == FG_OK && cnt[2]) s = fg_comm_allreduce(comm, mn, mn, cnt[2], FG_F64, FG_MIN);
+    if (cnt[0]) s = fg_comm_allreduce(comm, sum, sum, cnt[0], FG_F64, FG_REDUCE_OP_SUM);
+    if (s == FG_OK && cnt[1]) s = fg_comm_allreduce(comm, mx, mx, cnt[1], FG_F64, FG_REDUCE_OP_MAX);
+    if (s == FG_OK && cnt[2]) s = fg_comm_allreduce(comm, mn, mn, cnt[2], FG_F64, FG_REDUCE_OP_MIN);
     a = b = c = 0;
     for (int64_t k = 0; k < n && s == FG_OK; k++) {
         fg__result *e = &r->r[idx[k]];
-        if (e->reduce == FG_REDUCE_MAX) e->computed = mx[b++];
-        else if (e->reduce == FG_REDUCE_MIN) e->computed = mn[c++];
-        else if (e->reduce == FG_REDUCE_SUM) e->computed = sum[a++];
+        if (e->reduce == FG_REDUCE_FX_MAX) e->computed = mx[b++];
+        else if (e->reduce == FG_REDUCE_FX_MIN) e->computed = mn[c++];
+        else if (e->reduce == FG_REDUCE_FX_SUM) e->computed = sum[a++];
         else {
             e->computed = sum[a] / sum[a + 1];
             a += 2;
@@ -343,10 +387,22 @@ fg_status fg__results_epoch_compute(fg_trainer *t, fg__results *r, fg__metric_ma
         fg__result *e = &r->r[i];
         if (!e->on_epoch || !e->epoch_set || !e->dirty) continue;
         idx[n++] = i;
+        if (e->metric) continue; /* computed below, in order, on every rank */
         if (e->sync && !e->rank_zero_only && multi) sidx[nsync++] = i;
-        else e->computed = e->reduce == FG_REDUCE_MEAN ? e->acc / e->w : e->acc;
+        else e->computed = e->reduce == FG_REDUCE_FX_MEAN ? e->acc / e->w : e->acc;
     }
     fg_status s = multi ? sync_epoch(t, r, sidx, nsync) : FG_OK;
+    for (int64_t k = 0; k < n && s == FG_OK; k++) {
+        fg__result *e = &r->r[idx[k]];
+        if (!e->metric) continue;
+        /* Lightning syncs a logged Metric over the process group */
+        fg_comm *own = fg_tmetric_comm(e->metric);
+        if (multi && !own) fg_tmetric_set_comm(e->metric, fg_fabric_comm(t->f));
+        s = fg_tmetric_compute(e->metric, &e->computed);
+        fg_tmetric_set_comm(e->metric, own); /* the launch's communicator dies with it */
+        if (s != FG_OK) s = fg_error_wrap(s, "the epoch value of \"%s\"", e->name);
+        fg_tmetric_reset(e->metric);
+    }
     for (int64_t k = 0; k < n && s == FG_OK; k++) {
         fg__result *e = &r->r[idx[k]];
         e->dirty = false;

@@ -86,12 +86,12 @@ static fg_status on_train_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_
     (void)b;
     (void)i;
     timer_cb *c = ud;
-    return c->interval != FG_LOG_EPOCH ? check(c, t) : FG_OK;
+    return c->interval != FG_LOGGING_EPOCH ? check(c, t) : FG_OK;
 }
 
 static fg_status on_train_epoch_end(void *ud, fg_trainer *t) {
     timer_cb *c = ud;
-    return c->interval == FG_LOG_EPOCH ? check(c, t) : FG_OK;
+    return c->interval == FG_LOGGING_EPOCH ? check(c, t) : FG_OK;
 }
 
 static fg_status state_dict(void *ud, fg_trainer *t, fg_state_dict *sd) {
@@ -121,10 +121,10 @@ static void timer_free(void *ud) { fg_free(ud); }
 fg_callback *fg_timer_new(const fg_timer_opts *opts) {
     fg_timer_opts o = opts ? *opts : (fg_timer_opts){0};
     if (!(o.duration >= 0) || !isfinite(o.duration) ||
-        (o.interval < FG_LOG_AUTO || o.interval > FG_LOG_EPOCH)) {
+        (o.interval < FG_LOGGING_AUTO || o.interval > FG_LOGGING_EPOCH)) {
         fg_error(FG_EINVAL,
                  "Timer: duration=%g interval=%d: expected seconds >= 0 and "
-                 "FG_LOG_STEP (0 is step too) or FG_LOG_EPOCH",
+                 "FG_LOGGING_STEP (0 is step too) or FG_LOGGING_EPOCH",
                  o.duration, (int)o.interval);
         return NULL;
     }

@@ -92,6 +92,34 @@ int64_t fg__limit_batches(fg_batches lim, int64_t len, const char *what, fg_stat
     }
 }
 
+fg_status fg__loader_batches(fg_trainer *t, const fg_dataloader *dl, fg_batches lim,
+                             const char *what, int64_t *out) {
+    fg_status st;
+    bool stream = fg_dataloader_is_stream(dl);
+    if (!fg_dataloader_len_known(dl)) {
+        /* Lightning's inf: the epoch ends where the stream does */
+        if (lim.kind == FG_BATCHES_COUNT) *out = (int64_t)lim.value;
+        else if (lim.kind == FG_BATCHES_FRACTION && lim.value != 1.0)
+            return fg_error(FG_EINVAL,
+                            "%s=FG_FRACTION(%g): the loader's stream has no length (its "
+                            "fg_stream_ops.len gives none), so a fraction of it is not known: "
+                            "use FG_FRACTION(1) or FG_COUNT(n) batches, or give the stream a len "
+                            "(Lightning refuses the same for an IterableDataset)",
+                            what, lim.value);
+        else *out = FG__LEN_UNKNOWN;
+        return FG_OK;
+    }
+    int64_t len = fg_dataloader_len(dl);
+    *out = fg__limit_batches(lim, len, what, &st);
+    FG_TRY(st);
+    if (stream && fg_fabric_world_size(t->f) > 1) {
+        double least = 0;
+        FG_TRY(fg_fabric_reduce_scalar(t->f, (double)*out, FG_REDUCE_OP_MIN, &least));
+        *out = (int64_t)least;
+    }
+    return FG_OK;
+}
+
 fg_status fg_trainer_parse_duration(const char *s, double *seconds) {
     if (!s || !seconds || !s[0])
         return fg_error(FG_EINVAL,
@@ -365,8 +393,7 @@ void fg_trainer_free(fg_trainer *t) {
     fg_free(t->loggers);
     fg_free(t->root_dir);
     fg_free(t->log_dir);
-    fg_lr_scheduler_free(t->oc.scheduler);
-    fg_optimizer_free(t->opt);
+    fg__free_optimizers(t);
     fg_optimizer_free(t->eval_opt);
     fg__results_free(&t->train_res);
     fg__results_free(&t->eval_res);
@@ -391,7 +418,9 @@ int fg_trainer_global_rank(const fg_trainer *t) { return fg_fabric_global_rank(t
 int fg_trainer_world_size(const fg_trainer *t) { return fg_fabric_world_size(t->f); }
 fg_trainer_fn fg_trainer_state_fn(const fg_trainer *t) { return t->fn; }
 fg_stage fg_trainer_stage(const fg_trainer *t) { return t->stage; }
-int64_t fg_trainer_num_training_batches(const fg_trainer *t) { return t->num_training_batches; }
+int64_t fg_trainer_num_training_batches(const fg_trainer *t) {
+    return t->num_training_batches == FG__LEN_UNKNOWN ? -1 : t->num_training_batches;
+}
 int64_t fg_trainer_num_val_batches(const fg_trainer *t) { return t->num_val_batches; }
 int64_t fg_trainer_max_epochs(const fg_trainer *t) { return t->max_epochs; }
 int64_t fg_trainer_max_steps(const fg_trainer *t) { return t->max_steps; }
@@ -435,6 +464,10 @@ typedef struct entry {
     fg_lightning_module m;
     fg_dataloader *a, *b;
     const char *ckpt;
+    bool has_dm;
+    fg_datamodule dm;
+    fg_dataloader *const *list; /* several evaluation loaders, or NULL */
+    int nlist;
     bool ran;         /* a rank body ran in this process */
     fg_status status; /* its status */
 } entry;
@@ -491,10 +524,44 @@ static fg_status resolve_log_dir(fg_trainer *t) {
     return FG_OK;
 }
 
-static fg_dataloader *pick_loader(fg_trainer *t, fg_dataloader *given,
-                                  fg_dataloader *(*hook)(void *, fg_trainer *)) {
+/* The loader for an entry point: the one given, else the data module's
+ * hook (which = 0 train, 1 val, 2 test, 3 predict), else the module's. */
+static fg_dataloader *pick_loader(fg_trainer *t, const entry *e, fg_dataloader *given, int which) {
     if (given) return given;
-    return hook ? hook(t->m.ud, t) : NULL;
+    if (e->has_dm) {
+        fg_dataloader *(*dh[])(void *, fg_trainer *) = {e->dm.train_dataloader,
+                                                        e->dm.val_dataloader, e->dm.test_dataloader,
+                                                        e->dm.predict_dataloader};
+        if (dh[which]) return dh[which](e->dm.ud, t);
+    }
+    fg_dataloader *(*mh[])(void *, fg_trainer *) = {t->m.train_dataloader, t->m.val_dataloader,
+                                                    t->m.test_dataloader, t->m.predict_dataloader};
+    return mh[which] ? mh[which](t->m.ud, t) : NULL;
+}
+
+/* The data module's prepare_data on each node's local rank 0 while the
+ * others wait, then its setup on every rank. */
+static fg_status datamodule_start(entry *e) {
+    fg_trainer *t = e->t;
+    if (!e->has_dm) return FG_OK;
+    fg_status s = FG_OK;
+    if (e->dm.prepare_data) {
+        if (fg_fabric_local_rank(t->f) == 0) s = e->dm.prepare_data(e->dm.ud, t);
+        if (s != FG_OK) s = fg_error_wrap(s, "datamodule prepare_data");
+        /* every rank reaches the barrier; a rank 0 failure still fails there */
+        double bad = s != FG_OK, any = 0;
+        fg_status bs = fg_fabric_reduce_scalar(t->f, bad, FG_REDUCE_OP_MAX, &any);
+        if (s != FG_OK) return s;
+        if (bs != FG_OK) return bs;
+        if (any > 0)
+            return fg_error(FG_EPEER, "datamodule prepare_data failed on another node's local "
+                                      "rank 0");
+    }
+    if (e->dm.setup) {
+        s = e->dm.setup(e->dm.ud, t, e->fn);
+        if (s != FG_OK) return fg_error_wrap(s, "datamodule setup");
+    }
+    return FG_OK;
 }
 
 /* The kinds whose setup cuts the optimizer into shards (ZeRO, FSDP). */
@@ -506,6 +573,7 @@ static bool needs_opt_at_setup(const fg_trainer *t) {
 static fg_status prepare(entry *e) {
     fg_trainer *t = e->t;
     const fg_lightning_module *m = &t->m;
+    FG_TRY(datamodule_start(e));
     if (m->setup) FG_TRY(m->setup(m->ud, t, e->fn));
     for (int i = 0; i < t->ncbs; i++)
         if (t->cbs[i]->ops.setup) FG_TRY(t->cbs[i]->ops.setup(t->cbs[i]->ud, t, e->fn));
@@ -534,49 +602,10 @@ static fg_status prepare(entry *e) {
         fg_optimizer_config oc = {0};
         fg_status cs = m->configure_optimizers(m->ud, t, &oc);
         if (cs != FG_OK) {
-            fg_lr_scheduler_free(oc.scheduler);
-            fg_optimizer_free(oc.optimizer); /* consumed, also when the hook fails */
+            fg__free_config(&oc); /* consumed, also when the hook fails */
             return fg_error_wrap(cs, "configure_optimizers");
         }
-        if (!oc.optimizer) {
-            fg_lr_scheduler_free(oc.scheduler);
-            return fg_error(FG_EINVAL, "configure_optimizers gave no optimizer (out->optimizer)");
-        }
-        cs = fg__check_scheduler(&oc);
-        if (cs != FG_OK) {
-            fg_lr_scheduler_free(oc.scheduler);
-            fg_optimizer_free(oc.optimizer);
-            return cs;
-        }
-        if (oc.frequency < 0 || oc.interval < FG_INTERVAL_EPOCH || oc.interval > FG_INTERVAL_STEP) {
-            fg_lr_scheduler_free(oc.scheduler);
-            fg_optimizer_free(oc.optimizer);
-            return fg_error(FG_EINVAL,
-                            "configure_optimizers: frequency %lld / interval %d: expected "
-                            "frequency >= 1 (0 = 1) and FG_INTERVAL_EPOCH or FG_INTERVAL_STEP",
-                            (long long)oc.frequency, (int)oc.interval);
-        }
-        if (fg_optimizer_module(oc.optimizer) != model) {
-            fg_lr_scheduler_free(oc.scheduler);
-            fg_optimizer_free(oc.optimizer);
-            return fg_error(FG_EINVAL, "configure_optimizers: the optimizer is not over the "
-                                       "module's model");
-        }
-        fg_status s = fg_fabric_setup(t->f, model, oc.optimizer);
-        if (s != FG_OK) {
-            fg_lr_scheduler_free(oc.scheduler);
-            fg_optimizer_free(oc.optimizer);
-            return s;
-        }
-        fg_lr_scheduler_free(t->oc.scheduler);
-        fg_optimizer_free(t->opt);
-        t->opt = oc.optimizer;
-        t->oc = oc;
-        snprintf(t->sched_monitor, sizeof t->sched_monitor, "%s", oc.monitor ? oc.monitor : "");
-        t->oc.monitor = oc.monitor ? t->sched_monitor : NULL;
-        if (oc.schedule) t->sched = *oc.schedule;
-        t->oc.schedule = oc.schedule ? &t->sched : NULL;
-        if (!t->oc.frequency) t->oc.frequency = 1;
+        FG_TRY(fg__take_optimizers(t, model, &oc));
     } else if (fg_fabric_model(t->f) != model) {
         /* evaluation steps no optimizer, but the sharded kinds cut one into
          * shards at setup: they get a stateless SGD (no momentum, so no
@@ -613,8 +642,12 @@ static fg_status body(entry *e) {
     fg_status s = prepare(e);
     if (s == FG_OK) {
         if (e->fn == FG_FIT) {
-            t->train = pick_loader(t, e->a, t->m.train_dataloader);
-            t->val = t->m.validation_step ? pick_loader(t, e->b, t->m.val_dataloader) : NULL;
+            t->train = pick_loader(t, e, e->a, 0);
+            t->val = !t->m.validation_step ? NULL
+                     : e->nlist            ? e->list[0]
+                                           : pick_loader(t, e, e->b, 1);
+            t->nevals = t->val ? (e->nlist ? e->nlist : 1) : 0;
+            for (int i = 0; i < t->nevals; i++) t->evals[i] = e->nlist ? e->list[i] : t->val;
             if (!t->train)
                 s = fg_error(FG_EINVAL, "fit: no training data: pass a loader or set the "
                                         "module's train_dataloader");
@@ -623,14 +656,16 @@ static fg_status body(entry *e) {
             /* deterministic: micro-batches that do not depend on the world size */
             if (s == FG_OK && fg_fabric_deterministic(t->f))
                 s = fg_fabric_setup_global_batch(t->f, t->train, &t->accumulate, NULL);
-            if (s == FG_OK && t->val && !fg_fabric_setup_dataloader(t->f, t->val, true))
-                s = fg_last_status();
+            for (int i = 0; s == FG_OK && i < t->nevals; i++)
+                if (!fg_fabric_setup_dataloader(t->f, t->evals[i], true)) s = fg_last_status();
             if (s == FG_OK && e->ckpt) s = fg__resolve_ckpt_path(t, e->ckpt);
             if (s == FG_OK) s = fg__fit_body(t);
         } else {
-            fg_dataloader *(*hooks[])(void *, fg_trainer *) = {
-                NULL, NULL, t->m.val_dataloader, t->m.test_dataloader, t->m.predict_dataloader};
-            fg_dataloader *dl = pick_loader(t, e->a, hooks[e->fn]);
+            fg_dataloader *dl = e->nlist ? e->list[0] : pick_loader(t, e, e->a, (int)e->fn - 1);
+            t->nevals = dl ? (e->nlist ? e->nlist : 1) : 0;
+            for (int i = 0; i < t->nevals; i++) t->evals[i] = e->nlist ? e->list[i] : dl;
+            for (int i = 1; s == FG_OK && i < t->nevals; i++)
+                if (!fg_fabric_setup_dataloader(t->f, t->evals[i], true)) s = fg_last_status();
             if (!dl)
                 s = fg_error(FG_EINVAL,
                              "%s: no data: pass a loader or set the module's "
@@ -639,21 +674,25 @@ static fg_status body(entry *e) {
             if (s == FG_OK && !fg_fabric_setup_dataloader(t->f, dl, true)) s = fg_last_status();
             if (s == FG_OK && e->ckpt) s = fg__resolve_ckpt_path(t, e->ckpt);
             if (s == FG_OK && t->ckpt_path[0]) s = fg__load_checkpoint(t, false);
-            if (s == FG_OK) s = fg__eval_body(t, e->fn, dl);
+            if (s == FG_OK) s = fg__eval_body(t, e->fn);
         }
     }
     /* the run's first error is the one reported, whatever the loggers'
      * finalize and the teardown hooks leave */
     fg_error_kept first;
     fg_error_keep(&first);
-    if (s != FG_OK && e->fn != FG_PREDICT) fg__loggers_finalize(t, "failed");
+    /* a logger that cannot finish after the failure changes nothing: the
+     * run's first error is the one restored below */
+    if (s != FG_OK && e->fn != FG_PREDICT) fg__status_drop(fg__loggers_finalize(t, "failed"));
     for (int i = 0; i < t->ncbs; i++)
         if (t->cbs[i]->ops.teardown) t->cbs[i]->ops.teardown(t->cbs[i]->ud, t, e->fn);
     if (t->m.teardown) t->m.teardown(t->m.ud, t, e->fn);
+    if (e->has_dm && e->dm.teardown) e->dm.teardown(e->dm.ud, t, e->fn);
     if (s != FG_OK) fg_error_restore(&first);
     t->stage = FG_STAGE_NONE;
     t->in_run = false;
     t->train = t->val = NULL;
+    t->nevals = t->dl_idx = 0;
     return s;
 }
 
@@ -665,9 +704,75 @@ static int run_rank(fg_fabric *f, void *arg) {
     return e->status == FG_OK ? 0 : (int)e->status;
 }
 
+static fg_status entry_run(fg_trainer *t, entry *e);
+static fg_status entry_dm(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_module *m,
+                          fg_dataloader *a, fg_dataloader *b, const char *ckpt,
+                          const fg_datamodule *dm);
+static fg_status entry_list(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_module *m,
+                            fg_dataloader *train, fg_dataloader *const *dls, int n,
+                            const char *ckpt) {
+    if (!t || !m) return fg_error(FG_EINVAL, "%s: NULL trainer or module", fn_name(fn));
+    if (!dls || n < 1 || n > FG_MAX_EVAL_LOADERS)
+        return fg_error(FG_EINVAL, "%s: %d evaluation loaders: give 1 to %d", fn_name(fn), n,
+                        FG_MAX_EVAL_LOADERS);
+    for (int i = 0; i < n; i++)
+        if (!dls[i]) return fg_error(FG_EINVAL, "%s: loader %d of %d is NULL", fn_name(fn), i, n);
+    entry e = {.t = t, .fn = fn, .m = *m, .a = train, .ckpt = ckpt, .list = dls, .nlist = n};
+    return entry_run(t, &e);
+}
 static fg_status entry_point(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_module *m,
                              fg_dataloader *a, fg_dataloader *b, const char *ckpt) {
+    return entry_dm(t, fn, m, a, b, ckpt, NULL);
+}
+
+static fg_status entry_list(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_module *m,
+                            fg_dataloader *train, fg_dataloader *const *dls, int n,
+                            const char *ckpt);
+
+fg_status fg_trainer_fit_loaders(fg_trainer *t, const fg_lightning_module *m, fg_dataloader *train,
+                                 fg_dataloader *const *vals, int nvals, const char *ckpt_path) {
+    return entry_list(t, FG_FIT, m, train, vals, nvals, ckpt_path);
+}
+fg_status fg_trainer_validate_loaders(fg_trainer *t, const fg_lightning_module *m,
+                                      fg_dataloader *const *dls, int n, const char *ckpt_path) {
+    return entry_list(t, FG_VALIDATE, m, NULL, dls, n, ckpt_path);
+}
+fg_status fg_trainer_test_loaders(fg_trainer *t, const fg_lightning_module *m,
+                                  fg_dataloader *const *dls, int n, const char *ckpt_path) {
+    return entry_list(t, FG_TEST, m, NULL, dls, n, ckpt_path);
+}
+int fg_trainer_dataloader_idx(const fg_trainer *t) { return t ? t->dl_idx : 0; }
+
+fg_status fg_trainer_fit_datamodule(fg_trainer *t, const fg_lightning_module *m,
+                                    const fg_datamodule *dm, const char *ckpt_path) {
+    return entry_dm(t, FG_FIT, m, NULL, NULL, ckpt_path, dm);
+}
+fg_status fg_trainer_validate_datamodule(fg_trainer *t, const fg_lightning_module *m,
+                                         const fg_datamodule *dm, const char *ckpt_path) {
+    return entry_dm(t, FG_VALIDATE, m, NULL, NULL, ckpt_path, dm);
+}
+fg_status fg_trainer_test_datamodule(fg_trainer *t, const fg_lightning_module *m,
+                                     const fg_datamodule *dm, const char *ckpt_path) {
+    return entry_dm(t, FG_TEST, m, NULL, NULL, ckpt_path, dm);
+}
+fg_status fg_trainer_predict_datamodule(fg_trainer *t, const fg_lightning_module *m,
+                                        const fg_datamodule *dm, const char *ckpt_path) {
+    return entry_dm(t, FG_PREDICT, m, NULL, NULL, ckpt_path, dm);
+}
+
+static fg_status entry_dm(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_module *m,
+                          fg_dataloader *a, fg_dataloader *b, const char *ckpt,
+                          const fg_datamodule *dm) {
     if (!t || !m) return fg_error(FG_EINVAL, "%s: NULL trainer or module", fn_name(fn));
+    entry e = {.t = t, .fn = fn, .m = *m, .a = a, .b = b, .ckpt = ckpt, .has_dm = dm != NULL};
+    if (dm) e.dm = *dm;
+    return entry_run(t, &e);
+}
+
+static fg_status entry_run(fg_trainer *t, entry *ep) {
+    entry e = *ep;
+    fg_trainer_fn fn = e.fn;
+    const fg_lightning_module *m = &ep->m;
     if (t->in_run)
         return fg_error(FG_ESTATE, "%s: called from inside a hook of another entry point",
                         fn_name(fn));
@@ -679,7 +784,6 @@ static fg_status entry_point(fg_trainer *t, fg_trainer_fn fn, const fg_lightning
         return fg_error(FG_EINVAL, "test: the module has no test_step");
     if (fn == FG_PREDICT && !m->predict_step)
         return fg_error(FG_EINVAL, "predict: the module has no predict_step");
-    entry e = {.t = t, .fn = fn, .m = *m, .a = a, .b = b, .ckpt = ckpt};
     if (fg_fabric_running(t->f)) return body(&e);
     int rc = fg_fabric_launch(t->f, run_rank, &e);
     if (rc == 0 && fn == FG_FIT && m->model && fg_fabric_plan(t->f)->launcher == FG_LAUNCHER_FORK) {

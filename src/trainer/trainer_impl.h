@@ -63,7 +63,8 @@ struct fg_state_dict {
     int64_t nsrc;
 };
 
-fg_status fg__sd_put(fg_state_dict *sd, const char *key, const char *value); /* no checks */
+FG_MUST_USE fg_status fg__sd_put(fg_state_dict *sd, const char *key,
+                                 const char *value); /* no checks */
 void fg__sd_free(fg_state_dict *sd);
 
 /* ------------------------------------------------------------------ results */
@@ -89,6 +90,9 @@ typedef struct fg__result {
     /* this epoch: acc is sum(v * bs) for mean, else the running reduction */
     bool epoch_set, dirty;
     double acc, w, computed;
+    /* fg_trainer_log_metric: the metric whose compute is the epoch value
+     * (reset after it); borrowed, NULL for a plain value */
+    fg_tmetric *metric;
 } fg__result;
 
 typedef struct fg__results {
@@ -133,6 +137,16 @@ struct fg_trainer {
      * (they cut or wrap one): a stateless SGD that never steps */
     fg_optimizer *eval_opt;
     fg_optimizer_config oc;
+    /* every optimizer (opts[0] == opt) and, under manual optimization, the
+     * schedulers the trainer keeps but does not step */
+    fg_optimizer *opts[FG_FABRIC_MAX_OPTIMIZERS];
+    int nopts;
+    fg_lr_scheduler *scheds[FG_FABRIC_MAX_OPTIMIZERS];
+    int nscheds;
+    bool manual;         /* automatic_optimization FG_OFF */
+    bool in_manual_step; /* inside training_step under manual optimization */
+    fg_optimizer *toggled;
+    bool *toggle_saved; /* the requires_grad of each model parameter before the toggle */
     fg_lr_schedule sched;
     char sched_monitor[256]; /* oc.monitor points here */
     fg_trainer_fn fn;
@@ -141,9 +155,19 @@ struct fg_trainer {
     bool dp;     /* the strategy splits batches over replicas on threads (dp, ddp2): their step
                     values are combined, and synced over ranks, at the batch end */
     fg_dataloader *train, *val;
+    /* the evaluation loaders of the running loop (fit's validation: val
+     * first; validate/test/predict: theirs), their batch counts, and the
+     * one being run (Lightning's dataloader_idx) */
+    fg_dataloader *evals[FG_MAX_EVAL_LOADERS];
+    int nevals, dl_idx;
+    int64_t eval_batches[FG_MAX_EVAL_LOADERS];
     int64_t global_step, current_epoch, batch_idx, total_batch_idx, batches_that_stepped;
     int64_t epochs_processed;
     int64_t num_training_batches, num_val_batches, val_check_batch;
+    /* the training loader's length is unknown (a stream without len): the
+     * ranks agree before each batch whether all still have one, and the
+     * epoch ends (stream_ended) at the first that has none */
+    bool train_len_unknown, stream_ended;
     bool enable_validation, should_stop;
     int64_t eval_step_counter; /* eval batches logged so far, for their step rows */
     /* exact resume: the state at the start of the current accumulation
@@ -186,8 +210,20 @@ extern _Thread_local int64_t fg__cur_batch_size;
 const char *fg__intern_hook(const char *name);
 
 /* trainer.c */
-fg_status fg__trainer_resolve_root(fg_trainer *t);
+FG_MUST_USE fg_status fg__trainer_resolve_root(fg_trainer *t);
 int64_t fg__limit_batches(fg_batches lim, int64_t len, const char *what, fg_status *st);
+/* The batches a loop takes from dl: fg__limit_batches of its length; for a
+ * loader over a stream (whose ranks may get one batch more or fewer) the
+ * smallest over the ranks (collective then). For a stream of unknown
+ * length: a count limit, else FG__LEN_UNKNOWN (the epoch ends where the
+ * stream does); a fraction other than 1 is refused. */
+FG_MUST_USE fg_status fg__loader_batches(fg_trainer *t, const fg_dataloader *dl, fg_batches lim,
+                                         const char *what, int64_t *out);
+#define FG__LEN_UNKNOWN INT64_MAX
+/* eval_loop.c: fg__loader_batches of evaluation loader d, which must have
+ * a known length */
+FG_MUST_USE fg_status fg__eval_loader_batches(fg_trainer *t, int d, fg_batches lim,
+                                              const char *what, int64_t *out);
 
 /* hooks.c: calls hook `h` of every callback (monitoring: 0 = all, 1 = the
  * non-monitoring ones, 2 = the monitoring ones), then of the module */
@@ -220,10 +256,10 @@ typedef enum fg__batch_hook {
     FG__B_TEST_END,
     FG__B_PREDICT_END,
 } fg__batch_hook;
-fg_status fg__callbacks_hook(fg_trainer *t, fg__hook h, int monitoring);
-fg_status fg__module_hook(fg_trainer *t, fg__hook h);
-fg_status fg__hook_all(fg_trainer *t, fg__hook h); /* callbacks then module */
-fg_status fg__batch_hook_all(fg_trainer *t, fg__batch_hook h, fg_batch *b, int64_t idx);
+FG_MUST_USE fg_status fg__callbacks_hook(fg_trainer *t, fg__hook h, int monitoring);
+FG_MUST_USE fg_status fg__module_hook(fg_trainer *t, fg__hook h);
+FG_MUST_USE fg_status fg__hook_all(fg_trainer *t, fg__hook h); /* callbacks then module */
+FG_MUST_USE fg_status fg__batch_hook_all(fg_trainer *t, fg__batch_hook h, fg_batch *b, int64_t idx);
 /* Sets the logging context; returns the previous one for fg__fx_restore. */
 typedef struct fg__fx_save {
     fg__fx_kind fx;
@@ -236,51 +272,53 @@ bool fg__is_monitoring(const fg_callback *cb);
 /* results.c */
 void fg__results_free(fg__results *r);
 void fg__results_reset(fg__results *r);
-fg_status fg__results_copy(fg__results *dst, const fg__results *src);
+FG_MUST_USE fg_status fg__results_copy(fg__results *dst, const fg__results *src);
 void fg__results_batch_start(fg__results *r);
 /* After a batch: the step values into the metric sets; `row` gets the
  * logger values (rank 0 sends them when due). */
-fg_status fg__results_batch_end(fg_trainer *t, fg__results *r, fg__metric_map *row);
+FG_MUST_USE fg_status fg__results_batch_end(fg_trainer *t, fg__results *r, fg__metric_map *row);
 /* The epoch values of what was logged since the last call (collective for
  * sync_dist), into the metric sets and `row` (may be NULL). */
-fg_status fg__results_epoch_compute(fg_trainer *t, fg__results *r, fg__metric_map *row);
+FG_MUST_USE fg_status fg__results_epoch_compute(fg_trainer *t, fg__results *r, fg__metric_map *row);
 void fg__map_free(fg__metric_map *m);
 void fg__map_clear(fg__metric_map *m);
-fg_status fg__map_set(fg__metric_map *m, const char *name, double v);
+FG_MUST_USE fg_status fg__map_set(fg__metric_map *m, const char *name, double v);
 const fg_metric *fg__map_get(const fg__metric_map *m, const char *name);
 void fg__metrics_reset(fg_trainer *t);
 /* Sends `row` (plus "epoch" when add_epoch) to every logger at step, then
  * save (rank 0 only; nothing without loggers or with fast_dev_run). */
-fg_status fg__loggers_log(fg_trainer *t, fg__metric_map *row, int64_t step, bool add_epoch);
-fg_status fg__loggers_hparams(fg_trainer *t);
-fg_status fg__loggers_finalize(fg_trainer *t, const char *status);
+FG_MUST_USE fg_status fg__loggers_log(fg_trainer *t, fg__metric_map *row, int64_t step,
+                                      bool add_epoch);
+FG_MUST_USE fg_status fg__loggers_hparams(fg_trainer *t);
+FG_MUST_USE fg_status fg__loggers_finalize(fg_trainer *t, const char *status);
 bool fg__should_update_logs(const fg_trainer *t);
 /* Serialise/restore a result set for checkpoints (exact: hex floats). */
 char *fg__results_encode(const fg__results *r);
-fg_status fg__results_decode(fg__results *r, const char *s);
+FG_MUST_USE fg_status fg__results_decode(fg__results *r, const char *s);
 
 /* fit_loop.c, eval_loop.c */
-fg_status fg__fit_body(fg_trainer *t);
-fg_status fg__eval_body(fg_trainer *t, fg_trainer_fn fn, fg_dataloader *dl);
+FG_MUST_USE fg_status fg__fit_body(fg_trainer *t);
+FG_MUST_USE fg_status fg__eval_body(fg_trainer *t, fg_trainer_fn fn); /* over t->evals */
 /* One validation run inside fit (or the sanity check when sanity). */
-fg_status fg__validation_run(fg_trainer *t, bool sanity);
+FG_MUST_USE fg_status fg__validation_run(fg_trainer *t, bool sanity);
 
 /* ckpt_state.c */
-fg_status fg__save_checkpoint(fg_trainer *t, const char *path);
+FG_MUST_USE fg_status fg__save_checkpoint(fg_trainer *t, const char *path);
 /* Resolves "last"/"best"/a path into t->ckpt_path ("" when "last" finds
  * none); FG_EINVAL when "best" has no best. */
-fg_status fg__resolve_ckpt_path(fg_trainer *t, const char *ckpt_path);
+FG_MUST_USE fg_status fg__resolve_ckpt_path(fg_trainer *t, const char *ckpt_path);
 /* Loads t->ckpt_path: weights (and, for fit, the optimizer, counters and
  * the callbacks' and module's state). */
-fg_status fg__load_checkpoint(fg_trainer *t, bool full);
+FG_MUST_USE fg_status fg__load_checkpoint(fg_trainer *t, bool full);
 
 /* model_checkpoint.c: the checkpoint folder, resolved at fit start
  * (collective); the file a removal must spare */
-fg_status fg__checkpoint_resolve_dir(fg_callback *cb, fg_trainer *t);
-fg_status fg__checkpoint_find_last(const fg_callback *cb, char *out, size_t cap, double *mtime);
+FG_MUST_USE fg_status fg__checkpoint_resolve_dir(fg_callback *cb, fg_trainer *t);
+FG_MUST_USE fg_status fg__checkpoint_find_last(const fg_callback *cb, char *out, size_t cap,
+                                               double *mtime);
 /* A save at the end of fit (save_on_fit_end) or at a stop (forced): this
  * step's top-k candidate and "last", unless this step was saved. */
-fg_status fg__checkpoint_save_now(fg_callback *cb, fg_trainer *t, bool forced);
+FG_MUST_USE fg_status fg__checkpoint_save_now(fg_callback *cb, fg_trainer *t, bool forced);
 
 /* run_folder.c: a logger's run folder <save_dir>/<name>/<version>, shared
  * by the CSV and TensorBoard loggers. init validates the version (errors
@@ -297,12 +335,13 @@ typedef struct fg__run_folder {
     fg_kv *hp;                                /* owned copies */
     int64_t nhp;
 } fg__run_folder;
-fg_status fg__run_folder_init(fg__run_folder *f, const char *who, const char *save_dir,
-                              const char *name, const char *version, const char *prefix);
+FG_MUST_USE fg_status fg__run_folder_init(fg__run_folder *f, const char *who, const char *save_dir,
+                                          const char *name, const char *version,
+                                          const char *prefix);
 const char *fg__run_folder_dir(fg__run_folder *f, const char *default_root_dir);
 char *fg__run_folder_key(const fg__run_folder *f, const char *metric);
-fg_status fg__run_folder_add_hparams(fg__run_folder *f, const fg_kv *hp, int64_t n);
-fg_status fg__run_folder_write_hparams(fg__run_folder *f);
+FG_MUST_USE fg_status fg__run_folder_add_hparams(fg__run_folder *f, const fg_kv *hp, int64_t n);
+FG_MUST_USE fg_status fg__run_folder_write_hparams(fg__run_folder *f);
 void fg__run_folder_free(fg__run_folder *f);
 
 /* tb_record.c: TFRecord framing. The CRC-32C (Castagnoli) of n bytes and
@@ -310,13 +349,13 @@ void fg__run_folder_free(fg__run_folder *f);
  * the length, data, masked CRC of the data, little-endian) appended to fp. */
 uint32_t fg__crc32c(const void *data, size_t n);
 uint32_t fg__crc32c_masked(const void *data, size_t n);
-fg_status fg__tfrecord_write(FILE *fp, const void *data, size_t n);
+FG_MUST_USE fg_status fg__tfrecord_write(FILE *fp, const void *data, size_t n);
 
 /* lr_monitor.c uses the loggers directly */
 const char *fg__logger_version(const fg_trainer *t);
 
 /* small helpers (trainer.c) */
-fg_status fg__mkdirs(const char *path);
+FG_MUST_USE fg_status fg__mkdirs(const char *path);
 /* Python's repr of a float: the shortest string that reads back exactly,
  * with ".0" on integral values ("100.0", "0.1", "1e-05", "nan", "inf"). */
 void fg__fmt_float(char *buf, size_t cap, double v);
@@ -330,12 +369,22 @@ void fg__callback_metric_names(const fg_trainer *t, char *buf, size_t cap);
  * (non-plateau; last = the epoch's last batch), after the validation of a
  * batch (plateau, interval step) and at the epoch's end (plateau, interval
  * epoch); its state in the trainer's checkpoints. */
-fg_status fg__check_scheduler(const fg_optimizer_config *oc);
-fg_status fg__sched_after_step(fg_trainer *t, bool last);
-fg_status fg__sched_after_val(fg_trainer *t, bool stepped);
-fg_status fg__sched_epoch_end(fg_trainer *t);
-fg_status fg__sched_save(fg_trainer *t, fg_state_dict *sd);
-fg_status fg__sched_load(fg_trainer *t, const fg_state_dict *sd);
+FG_MUST_USE fg_status fg__check_scheduler(const fg_optimizer_config *oc);
+FG_MUST_USE fg_status fg__sched_after_step(fg_trainer *t, bool last);
+FG_MUST_USE fg_status fg__sched_after_val(fg_trainer *t, bool stepped);
+/* an epoch-interval scheduler's step at the end of a stream of unknown length */
+FG_MUST_USE fg_status fg__sched_after_stream_end(fg_trainer *t);
+FG_MUST_USE fg_status fg__sched_epoch_end(fg_trainer *t);
+FG_MUST_USE fg_status fg__sched_save(fg_trainer *t, fg_state_dict *sd);
+FG_MUST_USE fg_status fg__sched_load(fg_trainer *t, const fg_state_dict *sd);
+/* manual.c: frees the optimizers and schedulers of the last fit (t->opts,
+ * t->scheds, t->opt, t->oc.scheduler); the checks and the keeping of
+ * configure_optimizers' answer (consumed, also on failure); whether a
+ * checkpoint can hold the optimizers (FG_EUNSUPPORTED naming why). */
+void fg__free_optimizers(fg_trainer *t);
+void fg__free_config(fg_optimizer_config *oc);
+FG_MUST_USE fg_status fg__take_optimizers(fg_trainer *t, fg_module *model, fg_optimizer_config *oc);
+FG_MUST_USE fg_status fg__ckpt_optimizers_ok(const fg_trainer *t);
 /* fit_loop.c: every weight of this rank's model is finite (true when a
  * strategy shards the parameters: not known from one rank). Not collective. */
 bool fg__weights_finite(fg_trainer *t);

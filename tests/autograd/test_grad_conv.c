@@ -142,6 +142,109 @@ TEST(conv2d_gradients_and_values_every_option) {
     fg_step_reset();
 }
 
+/* f32 copies of f64 tensors (persistent, requiring gradients where asked) */
+static fg_tensor *f32_of(const fg_tensor *t, bool grad) {
+    fg_tensor *r = fg_tensor_new(FG_F32, fg_tensor_ndim(t), fg_tensor_shape(t));
+    if (r && fg_tensor_copy(r, t)) fg_tensor_free(r), r = NULL;
+    if (r && grad) fg_tensor_set_requires_grad(r, true);
+    return r;
+}
+
+/* One f32 convolution's output and gradients (x, w, b into out[0..3]) on
+ * the path FULGUR_CONV names (NULL: the default, oneDNN's blocked
+ * layouts): route 0 with x a leaf, so that its gradient is added to (the
+ * sum post-op of the blocked reorder); route 1 through x * 1 (exact), a
+ * fresh gradient the convolution writes (fg_conv_params.overwrite); route
+ * 2 twice on the leaf without zeroing, the second added to the first. */
+static void conv_f32_run(const char *path, int route, fg_tensor **in, const fg_tensor *seed,
+                         const fg_conv2d_opts *o, fg_tensor **out) {
+    if (path) setenv("FULGUR_CONV", path, 1);
+    else unsetenv("FULGUR_CONV");
+    for (int k = 0; k < 3; k++) fg_tensor_zero_grad(in[k]);
+    fg_tensor *y = NULL;
+    for (int rep = 0; rep < (route == 2 ? 2 : 1); rep++) {
+        fg_tensor *x = route == 1 ? fg_scale(in[0], 1.0) : in[0];
+        y = fg_conv2d(x, in[1], in[2], o);
+        CHECK_OK(fg_backward_with(y, seed));
+    }
+    out[0] = fg_empty(FG_F32, fg_tensor_ndim(y), fg_tensor_shape(y));
+    CHECK_OK(fg_tensor_copy(out[0], y));
+    for (int k = 0; k < 3; k++) {
+        out[k + 1] = fg_empty(FG_F32, fg_tensor_ndim(in[k]), fg_tensor_shape(in[k]));
+        CHECK_OK(fg_tensor_copy(out[k + 1], fg_tensor_grad(in[k])));
+    }
+    unsetenv("FULGUR_CONV");
+}
+
+/* values of a and b (times scale_b) that differ: bitwise when tol is 0,
+ * else beyond tol (1 + |b|) */
+static int differ(const fg_tensor *a, const fg_tensor *b, double scale_b, double tol) {
+    int bad = 0;
+    for (int64_t i = 0; i < fg_tensor_numel(a); i++) {
+        double u = fg_tensor_get(a, i), v = scale_b * fg_tensor_get(b, i);
+        bad += tol == 0 ? u != v : fabs(u - v) > tol * (1 + fabs(v));
+    }
+    return bad;
+}
+
+/* oneDNN's blocked layouts (nChw16c on AVX-512, nChw8c on AVX2: the test
+ * runs again with oneDNN capped to AVX2) against its plain ones and
+ * im2col, at shapes whose channels make oneDNN block them: strided, 1x1
+ * with stride 2 (inputs no window reads, whose gradient must be written
+ * as 0), rows the last window leaves out, groups. Within one path the
+ * written (fresh) and the added input gradient are bitwise the same, and
+ * the twice-added one is twice the single; across paths the kernels
+ * differ (jit against gemm), so within 1e-5 (1 + |v|). */
+TEST(conv2d_onednn_blocked_and_plain_layouts_agree) {
+    struct {
+        int64_t N, C, H, W, O, K;
+        fg_conv2d_opts o;
+    } cases[] = {
+        {2, 32, 9, 7, 32, 3, {{1, 1}, {1, 1}, {1, 1}, 1, false}},
+        {2, 32, 9, 9, 48, 3, {{2, 2}, {1, 1}, {1, 1}, 1, false}},
+        {3, 16, 8, 7, 32, 1, {{2, 2}, {0, 0}, {1, 1}, 1, false}},
+        {1, 24, 6, 6, 40, 3, {{2, 2}, {0, 0}, {1, 1}, 1, false}},
+        {2, 32, 7, 7, 32, 3, {{1, 1}, {1, 1}, {1, 1}, 2, false}},
+    };
+    const char *paths[] = {NULL, "onednn-plain", "im2col"};
+    for (int c = 0; c < 5; c++) {
+        int64_t G = cases[c].o.groups ? cases[c].o.groups : 1;
+        int64_t sx[] = {cases[c].N, cases[c].C, cases[c].H, cases[c].W};
+        int64_t sw[] = {cases[c].O, cases[c].C / G, cases[c].K, cases[c].K}, sb[] = {cases[c].O};
+        fg_tensor *d[3] = {gc_randn(4, sx, 40 + c, 1), gc_randn(4, sw, 50 + c, 0.2),
+                           gc_randn(1, sb, 60 + c, 1)};
+        fg_tensor *in[3] = {f32_of(d[0], true), f32_of(d[1], true), f32_of(d[2], true)};
+        fg_tensor *y = fg_conv2d(in[0], in[1], in[2], &cases[c].o);
+        fg_tensor *sd = y ? gc_randn(4, fg_tensor_shape(y), 70 + c, 1) : NULL;
+        fg_tensor *seed = sd ? f32_of(sd, false) : NULL;
+        CHECK(seed != NULL);
+        fg_tensor *r[3][3][4]; /* path, route, y / dx / dw / db */
+        for (int pa = 0; pa < 3 && seed; pa++)
+            for (int ro = 0; ro < 3; ro++)
+                conv_f32_run(paths[pa], ro, in, seed, &cases[c].o, r[pa][ro]);
+        for (int pa = 0; pa < 3 && seed; pa++) {
+            for (int k = 0; k < 4; k++)
+                CHECK_MSG(differ(r[pa][1][k], r[pa][0][k], 1, 0) == 0,
+                          "case %d path %d tensor %d: written and added gradients differ", c, pa,
+                          k);
+            /* im2col adds piece by piece (each patch into dx, each image
+             * into dw): the second pass adds to the first's sums, so only on
+             * oneDNN's paths (the whole gradient made, then added) */
+            for (int k = 1; pa < 2 && k < 4; k++)
+                CHECK_MSG(differ(r[pa][2][k], r[pa][0][k], 2, 0) == 0,
+                          "case %d path %d gradient %d: twice added is not twice", c, pa, k);
+            for (int k = 0; pa && k < 4; k++)
+                CHECK_MSG(differ(r[0][0][k], r[pa][0][k], 1, 1e-5) == 0,
+                          "case %d tensor %d: blocked and %s differ", c, k, paths[pa]);
+        }
+        fg_step_reset();
+        free_all(d, 3);
+        free_all(in, 3);
+        fg_tensor_free(sd);
+        fg_tensor_free(seed);
+    }
+}
+
 TEST(conv1d_gradients) {
     int64_t sx[] = {2, 4, 11}, sw[] = {6, 2, 3}, sb[] = {6};
     fg_tensor *in[3] = {gc_randn(3, sx, 1, 1), gc_randn(3, sw, 2, 0.5), gc_randn(1, sb, 3, 1)};
@@ -262,6 +365,21 @@ TEST(batch_norm_gradients_and_running_stats) {
     for (int n = 0; n < 4; n++)
         for (int k = 0; k < 10; k++) ym += fg_tensor_get(y, n * 30 + 10 + k);
     CHECK_CLOSE(ym / 40, fg_tensor_get(in[2], 1), 1e-12, 1e-12);
+    /* the input gradient written into a fresh buffer (through x * 1) and
+     * added to the leaf's zeroed one: bitwise the same */
+    fg_tensor *seed = gc_randn(4, sx, 11, 1), *gr[2];
+    for (int route = 0; route < 2; route++) {
+        fg_tensor_zero_grad(in[0]);
+        fg_tensor *xin[3] = {route ? fg_scale(in[0], 1.0) : in[0], in[1], in[2]};
+        CHECK_OK(fg_backward_with(f_bn(xin, &tr), seed));
+        gr[route] = fg_empty(FG_F64, 4, sx);
+        CHECK_OK(fg_tensor_copy(gr[route], fg_tensor_grad(in[0])));
+    }
+    int bad = 0;
+    for (int64_t i = 0; i < fg_tensor_numel(gr[0]); i++)
+        bad += fg_tensor_get(gr[0], i) != fg_tensor_get(gr[1], i);
+    CHECK_MSG(bad == 0, "batch_norm: written and added input gradients differ in %d", bad);
+    fg_tensor_free(seed);
     fg_step_reset();
     free_all(in, 3);
     fg_tensor_free(x1[0]);

@@ -11,8 +11,8 @@ static void pair(int nd, const int64_t *shape, uint64_t seed, fg_tensor **b, fg_
     fg_tensor *d = gc_randn(nd, shape, seed, 1);
     *b = fg_tensor_new(FG_BF16, nd, shape);
     *f = fg_tensor_new(FG_F32, nd, shape);
-    fg_tensor_copy(*b, d);
-    fg_tensor_copy(*f, *b);
+    CHECK_OK(fg_tensor_copy(*b, d));
+    CHECK_OK(fg_tensor_copy(*f, *b));
     fg_tensor_set_requires_grad(*b, true);
     fg_tensor_set_requires_grad(*f, true);
     fg_tensor_free(d);

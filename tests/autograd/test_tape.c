@@ -65,7 +65,7 @@ TEST(accumulation_nograd_and_ready_hook) {
     int64_t s[] = {2};
     for (int i = 0; i < 3; i++) {
         g_params[i] = fg_tensor_new(FG_F32, 1, s);
-        fg_tensor_fill(g_params[i], i + 1.0);
+        CHECK_OK(fg_tensor_fill(g_params[i], i + 1.0));
         fg_tensor_set_requires_grad(g_params[i], true);
     }
     /* z = ((p0 * p1) + p2) * p2, seeded with ones: p2 is final after the add

@@ -6,9 +6,11 @@
  * `last` pointer names the newest whole file; a write refuses a target
  * that is there and not a regular file. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fixtures.h"
 #include "fulgur/ckpt.h"
 #include "harness.h"
 
@@ -74,6 +76,73 @@ TEST(round_trip_every_dtype_and_shape) {
     fg_st_close(f);
     fg_st_close(NULL);
     fg_st_writer_free(NULL);
+}
+
+/* fg_st_read_range_on: a range of an entry into host memory and into a
+ * guarded device's (which the host cannot touch: only the copy calls reach
+ * it), straight when the dtypes agree, converted through the staging
+ * pieces otherwise (an entry of 1.5 M f32 elements, more than one 4 MiB
+ * piece as f64), the same values either way. */
+TEST(read_range_on_host_and_device) {
+    enum { N = 3 << 19 };
+    float *v = malloc(sizeof(float) * N);
+    double *want = malloc(sizeof(double) * N), *got = malloc(sizeof(double) * N);
+    CHECK(v && want && got);
+    if (!v || !want || !got) return;
+    uint8_t pad[1] = {7}; /* packs the f32 entry after it at an odd offset */
+    for (int64_t i = 0; i < N; i++) v[i] = (float)i * 0.5f - 1000.0f;
+    int64_t sn[1] = {N}, s1[1] = {1};
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/fulgur-st-range-%d.safetensors", (int)getpid());
+    fg_st_writer *w = fg_st_writer_new();
+    CHECK_OK(fg_st_writer_add(w, "pad", FG_U8, 1, s1, pad));
+    CHECK_OK(fg_st_writer_add(w, "v", FG_F32, 1, sn, v));
+    CHECK_OK(fg_st_writer_write(w, path));
+    fg_st_writer_free(w);
+    fg_st_file *f = fg_st_open(path);
+    fg_dev *d = fg_dev_open("guarded:0", NULL);
+    CHECK_MSG(f && d, "%s", fg_last_error());
+    if (!f || !d) return;
+    int64_t k = fg_st_find(f, "v"), lo = 5, hi = N - 3;
+    for (int64_t i = lo; i < hi; i++) want[i - lo] = v[i];
+    /* host: a part, converted */
+    CHECK_OK(fg_st_read_range_on(f, k, NULL, got, FG_F64, lo, hi));
+    CHECK(memcmp(got, want, sizeof(double) * (size_t)(hi - lo)) == 0);
+    /* the device: converted in pieces, then the same dtype straight */
+    double *dd = fg_dev_alloc(d, sizeof(double) * N, NULL);
+    float *df = fg_dev_alloc(d, sizeof(float) * N, NULL);
+    CHECK(dd && df);
+    fg_dev_reset_copy_stats(d);
+    CHECK_OK(fg_st_read_range_on(f, k, d, dd, FG_F64, lo, hi));
+    memset(got, 0, sizeof(double) * N);
+    CHECK_OK(fg_dev_copy_d2h(d, got, dd, sizeof(double) * (size_t)(hi - lo)));
+    CHECK(memcmp(got, want, sizeof(double) * (size_t)(hi - lo)) == 0);
+    fg_dev_memory_stats st = fg_dev_memory_stats_get(d);
+    CHECK_MSG(st.h2d_bytes == sizeof(double) * (size_t)(hi - lo) && st.h2d_copies >= 2,
+              "%llu bytes in %llu copies", (unsigned long long)st.h2d_bytes,
+              (unsigned long long)st.h2d_copies);
+    CHECK_OK(fg_st_read_range_on(f, k, d, df, FG_F32, 0, N));
+    float *back = malloc(sizeof(float) * N);
+    CHECK(back != NULL);
+    if (back) {
+        CHECK_OK(fg_dev_copy_d2h(d, back, df, sizeof(float) * N));
+        CHECK(memcmp(back, v, sizeof(float) * N) == 0);
+        free(back);
+    }
+    /* a range outside the entry, a NULL destination: named errors */
+    CHECK_STATUS(fg_st_read_range_on(f, k, d, df, FG_F32, 2, N + 1), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "\"v\"");
+    CHECK_STATUS(fg_st_read_range_on(f, k, d, NULL, FG_F32, 0, 2), FG_EINVAL);
+    CHECK_OK(fg_st_read_range_on(f, k, d, NULL, FG_F32, 4, 4)); /* nothing to read */
+    CHECK_OK(fg_dev_free(d, dd));
+    CHECK_OK(fg_dev_free(d, df));
+    CHECK_OK(fg_dev_leak_check(d));
+    fg_dev_close(d);
+    fg_st_close(f);
+    unlink(path);
+    free(v);
+    free(want);
+    free(got);
 }
 
 TEST(crafted_files_open_or_fail_with_the_expected_message) {
@@ -203,39 +272,25 @@ TEST(bit_flips_never_crash) {
     free(orig);
 }
 
-static int g_fail_at, g_count;
-static void *failing_alloc(void *ud, void *ptr, size_t size, size_t align) {
-    (void)ud;
-    if (size == 0) {
-        free(ptr);
-        return NULL;
-    }
-    if (++g_count == g_fail_at) return NULL;
-    if (ptr) return realloc(ptr, size);
-    void *p = NULL;
-    return posix_memalign(&p, align < 16 ? 16 : align, size) ? NULL : p;
-}
-
 TEST(every_failed_allocation_is_an_error) {
     size_t len;
     uint8_t *buf = valid_file(&len);
     int errors = 0;
-    for (g_fail_at = 1;; g_fail_at++) {
-        g_count = 0;
-        fg_set_allocator(failing_alloc, NULL);
+    for (int fail_at = 1;; fail_at++) {
+        fx_alloc_begin_nth(fail_at);
         fg_clear_error();
         fg_st_file *f = fg_st_open_memory(buf, len, "mem");
         fg_status s = f ? FG_OK : fg_last_status();
         fg_st_close(f);
-        fg_set_allocator(NULL, NULL);
+        fx_alloc_end();
         if (f) break;
         /* jansson allocates through fulgur's hook and reports a failure as a
          * parse error, so FG_EFORMAT is possible as well: never FG_OK, never a crash. */
-        CHECK_MSG(s == FG_ENOMEM || s == FG_EFORMAT, "failing allocation %d: %s", g_fail_at,
+        CHECK_MSG(s == FG_ENOMEM || s == FG_EFORMAT, "failing allocation %d: %s", fail_at,
                   fg_status_str(s));
         CHECK(fg_last_error()[0]);
         errors++;
-        if (g_fail_at > 10000) break;
+        if (fail_at > 10000) break;
     }
     CHECK(errors > 0);
     free(buf);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "ckpt/ckpt_impl.h"
+#include "fixtures.h"
 #include "harness.h"
 
 static char g_dir[] = "/tmp/fg-stindex-XXXXXX";
@@ -146,19 +147,6 @@ TEST(a_hostile_index_is_refused) {
     fg_st_close(f);
 }
 
-static int g_fail_at, g_count;
-static void *failing_alloc(void *ud, void *ptr, size_t size, size_t align) {
-    (void)ud;
-    if (size == 0) {
-        free(ptr);
-        return NULL;
-    }
-    if (++g_count == g_fail_at) return NULL;
-    if (ptr) return realloc(ptr, size);
-    void *p = NULL;
-    return posix_memalign(&p, align < 16 ? 16 : align, size) ? NULL : p;
-}
-
 /* Reading the folder and writing an index with the N-th allocation
  * failing, for every N: an error with a message, never FG_OK with a
  * half-read checkpoint, never a crash (the sanitizer run checks for
@@ -169,34 +157,32 @@ TEST(every_failed_allocation_is_an_error) {
     const char *names[] = {"c", "w", "b"},
                *files[] = {"b.safetensors", "a.safetensors", "a.safetensors"};
     int errors = 0;
-    for (g_fail_at = 1; g_fail_at < 10000; g_fail_at++) {
-        g_count = 0;
-        fg_set_allocator(failing_alloc, NULL);
+    for (int fail_at = 1; fail_at < 10000; fail_at++) {
+        fx_alloc_begin_nth(fail_at);
         fg_clear_error();
         fg_st_file *f = fg_st_open(g_ck);
         fg_status s = f ? FG_OK : fg_last_status();
         int64_t n = f ? fg_st_count(f) : -1;
         fg_st_close(f);
-        fg_set_allocator(NULL, NULL);
+        fx_alloc_end();
         if (f) {
             CHECK(n == 3);
             break;
         }
-        CHECK_MSG(s == FG_ENOMEM || s == FG_EFORMAT, "failing allocation %d: %s", g_fail_at,
+        CHECK_MSG(s == FG_ENOMEM || s == FG_EFORMAT, "failing allocation %d: %s", fail_at,
                   fg_status_str(s));
         CHECK(fg_last_error()[0]);
         errors++;
     }
     CHECK(errors > 0);
     errors = 0;
-    for (g_fail_at = 1; g_fail_at < 10000; g_fail_at++) {
-        g_count = 0;
-        fg_set_allocator(failing_alloc, NULL);
+    for (int fail_at = 1; fail_at < 10000; fail_at++) {
+        fx_alloc_begin_nth(fail_at);
         fg_clear_error();
         fg_status s = fg_st_write_index(index, 3, names, files, 44, NULL, 0);
-        fg_set_allocator(NULL, NULL);
+        fx_alloc_end();
         if (s == FG_OK) break;
-        CHECK_MSG(s == FG_ENOMEM, "failing allocation %d: %s", g_fail_at, fg_status_str(s));
+        CHECK_MSG(s == FG_ENOMEM, "failing allocation %d: %s", fail_at, fg_status_str(s));
         CHECK(fg_last_error()[0]);
         errors++;
     }

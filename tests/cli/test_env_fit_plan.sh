@@ -113,7 +113,7 @@ refused 'unknown device id' 'device 9 does not exist; ids go 0..3' "" --devices 
 refused 'more devices than there are' 'only 4 CPU devices here \(FULGUR_CPU_DEVICES\)' "" --devices 5
 refused 'accelerator ipu' 'accelerator="ipu": fulgur does not support it' "" --accelerator ipu
 refused 'accelerator hpu' 'accelerator="hpu": fulgur does not support it' "" --accelerator hpu
-refused 'accelerator gpu' 'accelerator="gpu": .*use "cpu" or "auto"' "" --accelerator gpu
+refused 'accelerator gpu' 'accelerator="gpu": .*use "cpu".*or "guarded"' "" --accelerator gpu
 refused 'unknown strategy' 'strategy="ddp3": unknown; expected one of auto, single, dp, ddp' "" --strategy ddp3
 refused 'hybrid is spelled fsdp HYBRID_SHARD' 'strategy="Hybrid": fulgur spells it strategy "fsdp" with sharding_strategy HYBRID_SHARD' "" --devices 2 --strategy Hybrid
 refused 'single on 2 devices' 'runs on one device, but devices gives 2' "" --devices 2 --strategy single

@@ -90,14 +90,6 @@ for strat in deepspeed_stage_2 deepspeed_stage_3 fsdp; do
 done
 
 # --- mlp: the class of each sample, the same on 1 and 2 ranks
-write_npy() {
-    local hdr="{'descr': '$2', 'fortran_order': False, 'shape': $3, }"
-    local total=$(( (10 + ${#hdr} + 1 + 63) / 64 * 64 ))
-    local pad=$(( total - 10 - ${#hdr} - 1 ))
-    local hlen=$(( total - 10 ))
-    { printf '\x93NUMPY\x01\x00'; printf "\\x$(printf %02x $((hlen & 255)))\\x$(printf %02x $((hlen >> 8)))"
-      printf '%s%*s\n' "$hdr" "$pad" ""; cat; } >"$1"
-}
 N=40 # x = (+-1, 1) as f32, the label its first sign
 for i in $(seq 0 $((N - 1))); do
     if [ $((i % 2)) = 0 ]; then printf '\x00\x00\x80\x3f'; else printf '\x00\x00\x80\xbf'; fi

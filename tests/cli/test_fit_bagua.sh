@@ -6,7 +6,10 @@
 # checkpoint bitwise with ddp's bytes, bytegrad about a quarter of them,
 # low_precision_decentralized about half, qadam (a quarter after its
 # warm-up) about half over the run. Misplaced or misspelt flags are usage
-# errors naming them.
+# errors naming them. In the sanitizer build (FULGUR_TEST_SANITIZERS=1)
+# each algorithm runs 24 steps (4 past the warm-up) for its code paths, and
+# the bytes it counts are still checked; the validation losses are the
+# release build's check.
 source "$(dirname "$0")/lib.sh"
 echo "test_fit_bagua: fulgur fit --strategy bagua --bagua-algorithm ..."
 DATA=/usr/share/games/fortunes/fortunes
@@ -14,10 +17,13 @@ if [ ! -r "$DATA" ]; then
     skip "no $DATA (Debian's fortunes-min, installed by scripts/deps.sh)"
     finish
 fi
+SANITIZED=${FULGUR_TEST_SANITIZERS:-0}
+STEPS=60
+[ "$SANITIZED" = 1 ] && STEPS=24
 COMMON=(--model gpt --data "$DATA" --layers 2 --heads 2 --embd 64 --ctx 64 --batch-size 8
         --lr 3e-3 --warmup-steps 10 --limit-val-batches 4 --val-check-interval 0
         --progress none --num-workers 0 --sample-tokens 0 --ckpt-every 0 --devices 2
-        --max-steps 60 --seed 1)
+        --max-steps "$STEPS" --seed 1)
 
 fits() {
     local name=$1; shift
@@ -28,6 +34,10 @@ frac() { sed -n 's/^comm: .*, \([0-9.e-]*\)x plain ddp.s.*/\1/p' "$T_TMP/$1"; }
 # within NAME: val loss <= 1.05 x ddp's
 within() {
     local v r
+    if [ "$SANITIZED" = 1 ]; then
+        skip "$1's validation loss: the release build's check"
+        return
+    fi
     v=$(val "$1") r=$(val ddp)
     if [ -n "$v" ] && awk -v v="$v" -v r="$r" 'BEGIN { exit !(v <= 1.05 * r) }'; then
         pass "$1 trains: val loss $v within 5% of ddp's $r"
@@ -69,11 +79,12 @@ fits lpd --strategy bagua --bagua-algorithm low_precision_decentralized
 expect_rc "low_precision_decentralized" 0 lpd
 within lpd
 fraction lpd 0.5 0.5001
-# 20 steps of f32 gradients, 40 of quarter-size momenta
+# 20 steps of f32 gradients, the rest (40) of quarter-size momenta: 0.5
 fits qadam --strategy bagua --bagua-algorithm qadam --bagua-warmup-steps 20
 expect_rc "qadam" 0 qadam
 within qadam
-fraction qadam 0.5 0.5001
+q=$(awk -v s="$STEPS" 'BEGIN { printf "%.4f", (20 + (s - 20) / 4) / s }')
+fraction qadam "$q" "$(awk -v q="$q" 'BEGIN { print q + 0.0001 }')"
 fits async --strategy bagua --bagua-algorithm async --bagua-warmup-steps 20 --sync-interval-ms 5
 expect_rc "async" 0 async
 within async

@@ -97,7 +97,7 @@ run help "$FULGUR" fit --help
 if grep -q 'not built yet' "$T_TMP/help"; then fail "fit --help says something is not built yet"
 else pass "fit --help says nothing is not built yet"; fi
 expect_grep "help lists the half precisions from the table" help '16-true, bf16-true \[default: 32-true\]'
-expect_grep "help lists the strategies from the table" help 'ddp2, horovod; also single_device'
+expect_grep "help lists the strategies from the table" help 'ddp2, horovod, hivemind; also'
 run env "$FULGUR" env
 expect_grep "fulgur env prints the strategy table" env '^    deepspeed_stage_2 +a process per device, launcher re-exec; shards optimizer state, gradients;.*\(also deepspeed, ddp_sharded'
 expect_grep "and ddp2's replicas on threads" env '^    ddp2 +a process per node, launcher threads, replicas on threads'

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # fulgur fit --config FILE and --print-config: LightningCLI's sections
 # (trainer:, model:, data:, optimizer:, class_path + init_args, top-level
-# seed_everything and ckpt_path) read into fit's flags, dashes or
+# seed_everything and ckpt_path; a built-in family's own arguments, a
+# ResNet's depth, width, layout and channels, in model:) read into fit's flags, dashes or
 # underscores; flags on the command line win over the file, and a later
 # file over an earlier one; --print-config writes the merged settings as a
 # file that reads back to the same settings; unknown sections and keys,
@@ -191,4 +192,48 @@ for flags in "--strategy ddp" "--strategy deepspeed_stage_3 --reduce-bucket-size
     diff -q "$T_TMP/rt$i" "$T_TMP/rt${i}again" >/dev/null && pass "$flags: the same settings" ||
         fail "$flags: --config prints other settings"
 done
+# a built-in family by class_path with its own arguments in init_args
+# (LightningCLI's model: section): a ResNet's depth, width, layout and
+# channels, a ViT's patch size are model: keys, and the file's ResNet is the
+# flags' bit for bit
+awk 'BEGIN { srand(3); for (i = 0; i < 32 * 64; i++) printf "%d\n", int(rand() * 256) }' >"$T_TMP/img.txt"
+awk 'NR % 64 == 0 { printf "%d\n", ($1 > 127) ? 1 : 0 }' "$T_TMP/img.txt" >"$T_TMP/imgy.txt"
+awk '{ printf "\\%03o", $1 }' "$T_TMP/img.txt" | xargs -0 printf | write_npy "$T_TMP/img.npy" '|u1' "(32, 64)"
+awk '{ printf "\\%03o", $1 }' "$T_TMP/imgy.txt" | xargs -0 printf | write_npy "$T_TMP/imgy.npy" '|u1' "(32,)"
+RN=(--data "$T_TMP/img.npy" --labels "$T_TMP/imgy.npy" --batch-size 8 --max-steps 3 --num-workers 0
+    --progress none --val-check-interval 0 --sample-tokens 0)
+cat >"$C/resnet.yaml" <<'YAML'
+model:
+  class_path: fulgur.ResNet
+  init_args: {depth: 8, width: 4, resnet_layout: cifar, in_channels: 1}
+YAML
+run rn_pc "$FULGUR" fit --config "$C/resnet.yaml" --print-config
+expect_rc "model: class_path fulgur.ResNet with init_args" 0 rn_pc
+expect_value "class_path fulgur.ResNet is resnet" rn_pc model resnet
+expect_value "model.depth" rn_pc depth 8
+expect_value "model.width" rn_pc width 4
+expect_value "model.in_channels" rn_pc in_channels 1
+if awk '/^[a-z_]+:$/ { s = $1 } /^  (depth|width|resnet_layout|in_channels|patch_size):/ && s != "model:" { bad = 1 }
+        END { exit bad }' "$T_TMP/rn_pc"; then pass "--print-config writes the shape under model:"; else
+    fail "--print-config writes a shape key outside model:"; fi
+run rn_file "$FULGUR" fit --config "$C/resnet.yaml" "${RN[@]}" --default-root-dir "$T_TMP/rn-file"
+expect_rc "the file's ResNet trains" 0 rn_file
+expect_grep "the file's shape was built" rn_file 'fit resnet: [0-9]+ parameters \(cifar depth 8,'
+run rn_flags "$FULGUR" fit --model resnet --depth 8 --width 4 --in-channels 1 "${RN[@]}" \
+    --default-root-dir "$T_TMP/rn-flags"
+expect_rc "the flags' ResNet trains" 0 rn_flags
+run rn_diff "$FULGUR" ckpt diff "$T_TMP/rn-file/checkpoints/last.safetensors" \
+    "$T_TMP/rn-flags/checkpoints/last.safetensors" --exit-code
+expect_rc "the file's ResNet is the flags', bitwise" 0 rn_diff
+printf 'model:\n  class_path: vit\n  init_args: {patch_size: 2, layers: 1}\n' >"$C/vit.yaml"
+run vit_pc "$FULGUR" fit --config "$C/vit.yaml" --print-config
+expect_value "model.patch_size" vit_pc patch_size 2
+printf 'trainer:\n  depth: 8\n' >"$C/e14.yaml"
+run e14 "$FULGUR" fit --data "$TXT" --config "$C/e14.yaml"
+expect_rc "a model argument under trainer:" 2 e14
+expect_grep "the section it belongs in" e14 'e14.yaml:2:3: key "depth" is not in section trainer:; it belongs in model:'
+printf 'model:\n  class_path: resnet\n  init_args: {dept: 8}\n' >"$C/e15.yaml"
+run e15 "$FULGUR" fit --data "$TXT" --config "$C/e15.yaml"
+expect_rc "a misspelt model argument" 2 e15
+expect_grep "the nearest model key" e15 'e15.yaml:3:.*unknown key "dept" in section model:; did you mean depth\?'
 finish

@@ -26,8 +26,8 @@ printf 'trainer:\n  max_steps: [1, 2]\n' >"$C/list.yaml"
 refused list 'list\.yaml:2:14: trainer\.max_steps: --max-steps="1,2": expected an integer'
 printf 'trainer:\n  state_dict_type: [full, sharded]\n' >"$C/choices.yaml"
 refused choices 'choices\.yaml:2:20: trainer\.state_dict_type: --state-dict-type="full,sharded": expected one of'
-printf 'optimizer:\n  class_path: torch.optim.Adagrad\n' >"$C/classpath.yaml"
-refused classpath 'classpath\.yaml:2:15: optimizer\.class_path: --optimizer="adagrad": expected one of'
+printf 'optimizer:\n  class_path: torch.optim.LBFGS\n' >"$C/classpath.yaml"
+refused classpath 'classpath\.yaml:2:15: optimizer\.class_path: --optimizer="lbfgs": expected one of'
 printf 'trainer:\n  max_steps: -4\n' >"$C/range.yaml"
 refused range 'range\.yaml:2:14: trainer\.max_steps: --max-steps=-4: expected an integer in'
 

@@ -5,21 +5,12 @@
 source "$(dirname "$0")/lib.sh"
 echo "test_fit_mlp: fulgur fit --model mlp on .npy data"
 
-# write_npy FILE SHAPE-TUPLE: header for '|u1' data, then the bytes on stdin
-write_npy() {
-    local hdr="{'descr': '|u1', 'fortran_order': False, 'shape': $2, }"
-    local total=$(( (10 + ${#hdr} + 1 + 63) / 64 * 64 ))
-    local pad=$(( total - 10 - ${#hdr} - 1 ))
-    local hlen=$(( total - 10 ))
-    { printf '\x93NUMPY\x01\x00'; printf "\\x$(printf %02x $((hlen & 255)))\\x$(printf %02x $((hlen >> 8)))"
-      printf '%s%*s\n' "$hdr" "$pad" ""; cat; } >"$1"
-}
 N=512 D=8
 awk -v n=$N -v d=$D 'BEGIN { srand(7); for (i = 0; i < n * d; i++) printf "%d\n", int(rand() * 256) }' >"$T_TMP/x.txt"
 awk -v d=$D '{ v[NR % d] = $1 } NR % d == 0 { printf "%d\n", (v[1] > v[2]) ? 1 : 0 }' "$T_TMP/x.txt" >"$T_TMP/y.txt"
 bytes() { awk '{ printf "\\%03o", $1 }' "$1" | xargs -0 printf; }
-bytes "$T_TMP/x.txt" | write_npy "$T_TMP/x.npy" "($N, $D)"
-bytes "$T_TMP/y.txt" | write_npy "$T_TMP/y.npy" "($N,)"
+bytes "$T_TMP/x.txt" | write_npy "$T_TMP/x.npy" '|u1' "($N, $D)"
+bytes "$T_TMP/y.txt" | write_npy "$T_TMP/y.npy" '|u1' "($N,)"
 
 R="$T_TMP/mlp"
 run fit "$FULGUR" fit --model mlp --data "$T_TMP/x.npy" --labels "$T_TMP/y.npy" --hidden 32 \
@@ -35,6 +26,14 @@ if [ -n "$first" ] && awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < 0.8 * a
 else
     fail "mlp train loss did not go down (${first:-?} -> ${last:-?})"
 fi
+# the classifier logs its accuracy (TorchMetrics' Accuracy over every rank's samples)
+acc=$(csv_col "$R/lightning_logs/version_0/metrics.csv" val_acc | tail -1)
+if [ -n "$acc" ] && awk -v a="$acc" 'BEGIN { exit !(a > 0.7 && a <= 1) }'; then
+    pass "mlp logs val_acc ($acc at the last validation)"
+else
+    fail "mlp val_acc ${acc:-missing} in metrics.csv"
+fi
+expect_grep "val_acc on the progress lines" fit 'val_acc [0-9.]+'
 run show "$FULGUR" ckpt show "$R/checkpoints"
 expect_grep "nn.Sequential names" show '^  0\.weight +F32 +\[32, 8\]'
 expect_grep "config names mlp" show 'config = \{"model":"mlp","in_dim":8,"hidden":32,"classes":2'

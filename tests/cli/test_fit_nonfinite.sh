@@ -11,15 +11,6 @@
 source "$(dirname "$0")/lib.sh"
 echo "test_fit_nonfinite: --on-nonfinite stop|skip"
 
-# write_npy FILE DESCR SHAPE-TUPLE: a .npy header, then the bytes on stdin
-write_npy() {
-    local hdr="{'descr': '$2', 'fortran_order': False, 'shape': $3, }"
-    local total=$(( (10 + ${#hdr} + 1 + 63) / 64 * 64 ))
-    local pad=$(( total - 10 - ${#hdr} - 1 ))
-    local hlen=$(( total - 10 ))
-    { printf '\x93NUMPY\x01\x00'; printf "\\x$(printf %02x $((hlen & 255)))\\x$(printf %02x $((hlen >> 8)))"
-      printf '%s%*s\n' "$hdr" "$pad" ""; cat; } >"$1"
-}
 N=64
 # x: (N, 2) float32, all 1.0 (00 00 80 3f) except sample 5, whose first value is NaN
 for i in $(seq 0 $((N - 1))); do

@@ -7,7 +7,8 @@
 # the parameters loaded into the files), resume an in-memory stage-3
 # checkpoint and are resumed by in-memory stage 3 bitwise, and leave
 # nothing under --nvme-path; a full disk under --nvme-path fails naming it;
-# one rank and the wrong strategies are clear errors.
+# on one rank it runs stage 3 on a group of one, bitwise a plain run; the
+# wrong strategies are clear errors.
 source "$(dirname "$0")/lib.sh"
 echo "test_fit_poffload: fulgur fit --offload-params-device nvme (stage 3)"
 TXT="$T_TMP/tiny.txt"
@@ -87,10 +88,16 @@ else
     skip "a full disk: cannot mount a small tmpfs (needs root)"
 fi
 
-# errors
+# one rank (DeepSpeed's ZeRO-Infinity on a single device): stage 3 on a
+# group of one, every unit fetched from the file; bitwise a plain run
+fits one1 --devices 1
 fits one --devices 1 --strategy deepspeed_stage_3_offload_nvme --nvme-path "$NV"
-expect_rc "one rank" 1 one
-expect_grep "says stage 3 on one rank shards nothing" one 'run 2 or more ranks'
+expect_rc "one rank" 0 one
+expect_grep "one rank: the parameters are on disk" one "^parameters offloaded to nvme: rank 0's shard in a file under $NV"
+same_ckpt "one rank, parameters on nvme == a plain one-rank run" one1 one
+empty_nvme "one rank"
+
+# errors
 run s2 "$FULGUR" fit "${TINY[@]}" --strategy deepspeed_stage_2 --offload-params-device nvme --nvme-path "$NV"
 expect_rc "parameter offload under stage 2" 2 s2
 expect_grep "says it needs stage 3" s2 'offload_params_device=nvme offloads ZeRO stage 3.s parameter shards: it needs deepspeed_stage_3'

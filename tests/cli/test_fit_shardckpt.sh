@@ -36,7 +36,7 @@ same_ckpt() {
         '^overall max \|A-B\| = 0 over [0-9]+ common tensors \([0-9]+ bitwise equal, 0 with other shapes, 0 in one file only'
 }
 
-fits full --devices 2 --strategy deepspeed_stage_2
+fits full --devices 2 --strategy deepspeed_stage_2 --state-dict-type full
 expect_rc "stage 2 on 2 ranks, full save" 0 full
 fits sh --devices 2 --strategy deepspeed_stage_2 --state-dict-type sharded
 expect_rc "stage 2 on 2 ranks, sharded save" 0 sh
@@ -81,7 +81,7 @@ expect_grep "env: a GPT's shape counts its parameters as fit does" envg "^model 
 # ModelCheckpoint's state (its folder, best and last paths, as Lightning's),
 # so the two runs compared save into the same folder, one after the other.
 run cmpfull "$FULGUR" fit "${TINY[@]}" --max-steps 12 --default-root-dir "$T_TMP/run-cmp" \
-    --devices 2 --strategy deepspeed_stage_2
+    --devices 2 --strategy deepspeed_stage_2 --state-dict-type full
 mv "$T_TMP/run-cmp" "$T_TMP/run-cmp-full"
 run cmpsh "$FULGUR" fit "${TINY[@]}" --max-steps 12 --default-root-dir "$T_TMP/run-cmp" \
     --devices 2 --strategy deepspeed_stage_2 --state-dict-type sharded

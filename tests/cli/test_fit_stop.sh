@@ -15,16 +15,13 @@ for i in $(seq 1 12); do
     echo "to be or not to be, that is the question."
     echo "whether tis nobler in the mind to suffer"
 done >"$TXT"
-N=3000
+# long enough that no run ends before its signal or kill (the restart's
+# kill lands between steps 300 and 499, 500 before the end)
+N=1000
 TINY=(--model gpt --data "$TXT" --layers 1 --heads 2 --embd 32 --ctx 16 --batch-size 4
       --warmup-steps 2 --val-check-interval 0 --limit-val-batches 1 --num-workers 0
       --sample-tokens 0 --max-steps $N)
 
-# wait_for FILE PATTERN: until the output shows PATTERN (a deadline that detects a hang)
-wait_for() {
-    for _ in $(seq 1 600); do grep -Eq -- "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done
-    return 1
-}
 # ranks_of PID: its children that are ranks (not the launcher's guard)
 ranks_of() { ps -o pid=,comm= --ppid "$1" | awk '$2 != "fulgur-guard" { print $1 }'; }
 
@@ -120,7 +117,7 @@ if [ -d "/proc/$r1" ] && ! grep -q '^State:.*Z' "/proc/$r1/status" 2>/dev/null; 
 "$FULGUR" run --max-restarts 1 --nproc-per-node 2 "$FULGUR" fit "${TINY[@]}" --progress lines \
     --log-every 10 --ckpt-every 100 --default-root-dir "$T_TMP/restart" >"$T_TMP/restart.out" 2>&1 &
 pid=$!
-wait_for "$T_TMP/restart.out" '^step [3-9][0-9][0-9]/' || true
+wait_for "$T_TMP/restart.out" '^step [34][0-9][0-9]/' || true
 kill -9 "$(ranks_of $pid | tail -1)"
 wait $pid
 RC=$?

@@ -8,7 +8,10 @@
 # 3 ranks under stage 1 as ddp does from the same file; deepspeed_stage_3,
 # fsdp (FULL_SHARD, its default) and HYBRID_SHARD write ddp's checkpoint
 # bitwise too, resume bitwise, and a stage-3 file goes on under ddp on 3
-# ranks; the sharded flags with another strategy are usage errors.
+# ranks; the deepspeed strategies' default save is a sharded folder, which
+# validate, test, predict and sample read, and --state-dict-type full is
+# one file, ddp's bitwise; the sharded flags with another strategy are usage
+# errors.
 # FULGUR_CPU_DEVICES=4 makes 3 ranks possible on 2 cores.
 source "$(dirname "$0")/lib.sh"
 echo "test_fit_zero: fulgur fit --strategy deepspeed_stage_1|deepspeed_stage_2|deepspeed_stage_3|fsdp"
@@ -137,6 +140,41 @@ run r3dd "$FULGUR" fit "${three3[@]}" --strategy ddp --default-root-dir "$T_TMP/
 run r3ff "$FULGUR" fit "${three3[@]}" --strategy fsdp --default-root-dir "$T_TMP/run-F33"
 expect_rc "FULL_SHARD on 3 ranks resumes a 2-rank stage-3 checkpoint" 0 r3ff
 same_ckpt "FULL_SHARD on 3 ranks == ddp on 3 ranks from a stage-3 file" D33 F33
+
+# the deepspeed strategies save sharded by default, as DeepSpeed does: z3
+# (no --state-dict-type) wrote a folder; --state-dict-type full writes one
+# file, streamed from the shards, ddp's bitwise. fulgur validate, test,
+# predict, sample and ckpt show read the folder.
+Z3="$T_TMP/run-z3/checkpoints"
+Z3N=$(readlink "$Z3/last.safetensors")
+if [ -n "$Z3N" ] && [ -d "$Z3/$Z3N" ] && [ -f "$Z3/$Z3N/model.safetensors.index.json" ]; then
+    pass "stage 3's default save ($Z3N) is a sharded folder"
+else fail "stage 3's default save ($Z3N) is a sharded folder"; fi
+fits z3f --devices 2 --strategy deepspeed_stage_3 --reduce-bucket-size 3000 --allgather-bucket-size 2000 \
+    --state-dict-type full
+expect_rc "stage 3 with --state-dict-type full" 0 z3f
+if [ -f "$T_TMP/run-z3f/checkpoints/$(readlink "$T_TMP/run-z3f/checkpoints/last.safetensors")" ]; then
+    pass "--state-dict-type full: one file"
+else fail "--state-dict-type full: one file"; fi
+same_ckpt "stage 3's streamed full file == ddp" ddp z3f
+z3_val=$(sed -n 's/^done: .*; val loss \([0-9.]*\);.*/\1/p' "$T_TMP/z3")
+EV=(--data "$TXT" --batch-size 2 --num-workers 0 --progress none --limit-val-batches 1
+    --default-root-dir "$T_TMP/run-z3")
+run z3v "$FULGUR" validate "${EV[@]}" --ckpt-path "$Z3/$Z3N" --devices 2 --strategy deepspeed_stage_3
+expect_rc "validate under stage 3 on 2 ranks reads the folder by its path" 0 z3v
+z3v_val=$(sed -n 's/^  val_loss = \([0-9.]*\)$/\1/p' "$T_TMP/z3v")
+if [ -n "$z3v_val" ] && [ "$(printf '%.4f' "$z3v_val")" = "$z3_val" ]; then
+    pass "validate from the folder: val_loss $z3v_val = the fit's last $z3_val"
+else fail "validate from the folder: val_loss ${z3v_val:-?} is not the fit's ${z3_val:-?}"; fi
+run z3v1 "$FULGUR" validate "${EV[@]}" --ckpt-path last
+expect_rc "validate on 1 rank reads the sharded folder (last)" 0 z3v1
+run z3t "$FULGUR" test "${EV[@]}" --ckpt-path last --test-data "$TXT"
+expect_rc "test reads the sharded folder" 0 z3t
+expect_grep "test: a loss from the folder" z3t '^  test_loss = [0-9]'
+run z3p "$FULGUR" predict "${EV[@]}" --ckpt-path last --predict-data "$TXT"
+expect_rc "predict reads the sharded folder" 0 z3p
+run z3smp "$FULGUR" sample --ckpt "$Z3/last.safetensors" --tokens 8
+expect_rc "sample reads the sharded folder" 0 z3smp
 
 # fulgur env: what each rank holds under stage 3 (the strategies' own cut)
 run env3 "$FULGUR" env --devices 2 --strategy deepspeed_stage_3 --params 1000

@@ -9,7 +9,7 @@ expect_rc "3 ranks run" 0 env3
 for r in 0 1 2; do
     expect_grep "rank $r sees its variables" env3 "rank=$r/3 local=$r/3 torch=$r/3/$r job=set"
 done
-run nodes "$FULGUR" run --nproc-per-node 2 --nnodes 2 --node-rank 1 --master-addr 10.1.2.3 --master-port 1234 \
+run nodes "$FULGUR" run --nproc-per-node 2 --nnodes 2 --node-rank 1 --master-addr 10.1.2.3 --master-port 1234 --rdzv-backend none \
     bash -c 'echo "rank=$RANK world=$WORLD_SIZE node=$NODE_RANK master=$MASTER_ADDR:$MASTER_PORT"'
 expect_rc "second node of two" 0 nodes
 expect_grep "global ranks of node 1" nodes 'rank=3 world=4 node=1 master=10.1.2.3:1234'

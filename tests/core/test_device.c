@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 
 #include "fulgur/device.h"
+#include "fulgur/gpu.h"
 #include "harness.h"
 
 #define CHECK_STR_EQ(a, b)                                                                         \
@@ -75,10 +76,16 @@ TEST(bad_names_say_what_is_wrong) {
 
 TEST(cuda_without_the_backend_says_what_to_use) {
     fg_dev *d = fg_dev_open("cuda:0", NULL);
+    if (d && fg_gpu_built()) {
+        fg_dev_close(d);
+        SKIP("cuda:0 opens: this build has the CUDA backend and the machine a GPU");
+    }
     CHECK(d == NULL);
     CHECK(fg_last_status() == FG_EUNSUPPORTED);
     CHECK_CONTAINS(fg_last_error(), "cuda:0");
-    CHECK_CONTAINS(fg_last_error(), "FULGUR_CUDA");
+    /* a build with the CUDA backend on a machine without a GPU says that
+     * instead (tests/gpu/test_cuda_device.c) */
+    CHECK_CONTAINS(fg_last_error(), fg_gpu_built() ? "no CUDA device" : "FULGUR_CUDA");
     CHECK_CONTAINS(fg_last_error(), "guarded");
 }
 
@@ -399,6 +406,65 @@ TEST(guarded_copies_round_trip_and_are_counted) {
     CHECK_OK(fg_dev_free(d, a));
     CHECK_STATUS(fg_dev_copy_d2h(d, dst, a, 4), FG_EINVAL); /* freed */
     CHECK_OK(fg_dev_free(d, b));
+    fg_dev_close(d);
+}
+
+/* RssShmem of this process in KiB (the guarded device's pages are a
+ * memfd's), or -1 where /proc does not say. */
+static long rss_shmem_kib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long v = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "RssShmem: %ld kB", &v) == 1) break;
+    fclose(f);
+    return v;
+}
+
+TEST(guarded_discard_gives_pages_back_and_reads_zero) {
+    fg_dev *d = open_guarded(0);
+    if (!d) return;
+    enum { N = 2 << 20 }; /* 8 MiB of u32 */
+    uint32_t *src = malloc(N * sizeof *src), *dst = malloc(N * sizeof *dst);
+    CHECK(src && dst);
+    for (int i = 0; i < N; i++) src[i] = (uint32_t)i | 1u;
+    uint32_t *a = fg_dev_alloc(d, (size_t)N * 4, NULL);
+    CHECK(a != NULL);
+    CHECK_OK(fg_dev_copy_h2d(d, a, src, (size_t)N * 4));
+    long before = rss_shmem_kib();
+    /* elements [3, N - 5) with zero: all of it reads zero after, the ends kept */
+    size_t given = 0;
+    CHECK_OK(fg_dev_discard(d, a + 3, (size_t)(N - 8) * 4, true, &given));
+    CHECK(given >= (size_t)(N - 2048) * 4 && given <= (size_t)(N - 8) * 4);
+    CHECK(fg_dev_memory_stats_get(d).discarded_bytes == given);
+    long after = rss_shmem_kib();
+    if (before >= 0 && after >= 0) CHECK(before - after >= (long)(given / 1024) - 64);
+    CHECK_OK(fg_dev_copy_d2h(d, dst, a, (size_t)N * 4));
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += dst[i] != (i < 3 || i >= N - 5 ? src[i] : 0);
+    CHECK(bad == 0);
+    /* without zero: only whole pages go; the partial pages at the ends keep
+     * their bytes (a neighbour's) */
+    CHECK_OK(fg_dev_copy_h2d(d, a, src, (size_t)N * 4));
+    CHECK_OK(fg_dev_discard(d, a + 100, 5000 * 4, false, &given));
+    /* the whole 4 KiB pages of device addresses inside bytes [400, 20400) */
+    uintptr_t p0 = ((uintptr_t)(a + 100) + 4095) & ~(uintptr_t)4095;
+    uintptr_t p1 = (uintptr_t)(a + 5100) & ~(uintptr_t)4095;
+    CHECK(given == p1 - p0 && given >= 3 * 4096);
+    CHECK_OK(fg_dev_copy_d2h(d, dst, a, 6000 * 4));
+    int bad2 = 0;
+    for (int i = 0; i < 6000; i++) {
+        bool gone = (uintptr_t)(a + i) >= p0 && (uintptr_t)(a + i) < p1;
+        bad2 += dst[i] != (gone ? 0 : src[i]);
+    }
+    CHECK(bad2 == 0);
+    /* outside a live allocation: refused, nothing given back */
+    CHECK_STATUS(fg_dev_discard(d, src, 4096, true, &given), FG_EINVAL);
+    CHECK(given == 0);
+    CHECK_OK(fg_dev_free(d, a));
+    free(src);
+    free(dst);
     fg_dev_close(d);
 }
 

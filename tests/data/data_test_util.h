@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fixtures.h"
+
 static char tmp_dir_[256];
 
 static const char *tmp_new(void) {
@@ -51,37 +53,6 @@ static int rm_one_(const char *p, const struct stat *sb, int flag, struct FTW *f
 static void tmp_done(void) {
     if (tmp_dir_[0]) nftw(tmp_dir_, rm_one_, 16, FTW_DEPTH | FTW_PHYS);
     tmp_dir_[0] = '\0';
-}
-
-/* An allocator that fails every allocation after the first `limit` and
- * counts live blocks, to check that every failure path frees what it took. */
-#include <stdatomic.h>
-static atomic_long fa_count_, fa_live_;
-static long fa_limit_;
-static void *fa_alloc_(void *ud, void *ptr, size_t size, size_t align) {
-    (void)ud;
-    if (size == 0) {
-        if (ptr) atomic_fetch_sub(&fa_live_, 1);
-        free(ptr);
-        return NULL;
-    }
-    if (atomic_fetch_add(&fa_count_, 1) >= fa_limit_) return NULL;
-    if (ptr) return realloc(ptr, size);
-    void *p = NULL;
-    if (posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size) != 0) return NULL;
-    atomic_fetch_add(&fa_live_, 1);
-    return p;
-}
-static void fa_begin(long limit) {
-    fa_limit_ = limit;
-    atomic_store(&fa_count_, 0);
-    atomic_store(&fa_live_, 0);
-    fg_set_allocator(fa_alloc_, NULL);
-}
-/* Restores the default allocator; returns the blocks still live. */
-static long fa_end(void) {
-    fg_set_allocator(NULL, NULL);
-    return atomic_load(&fa_live_);
 }
 
 #endif

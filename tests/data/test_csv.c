@@ -237,12 +237,12 @@ TEST(csv_options_sep_header_features_types) {
 TEST(csv_alloc_failures_never_leak) {
     int fails = 0;
     for (long n = 0; n < 2000; n++) {
-        fa_begin(n);
+        fx_alloc_begin(n);
         fg_dataset *ds = NULL;
         fg_status st = fg__csv_dataset_open("data/csv/awkward.csv.gz",
                                             &(fg_csv_opts){.fill_missing = true}, &ds);
         fg_dataset_free(ds);
-        long live = fa_end();
+        long live = fx_alloc_end();
         CHECK_MSG(live == 0, "failing allocation %ld: %ld blocks leaked", n, live);
         CHECK(st == FG_OK || (st == FG_ENOMEM && ds == NULL));
         if (st == FG_OK) break;

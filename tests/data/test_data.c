@@ -995,9 +995,9 @@ TEST(alloc_failures_never_leak) {
     int fails = 0;
     for (long n = 0; n < 10000; n++) {
         fg_clear_error();
-        fa_begin(n);
+        fx_alloc_begin(n);
         fg_status st = alloc_run();
-        long live = fa_end();
+        long live = fx_alloc_end();
         CHECK_MSG(live == 0, "failing allocation %ld: %ld blocks leaked", n, live);
         bool passed_up = st == FG_ENOMEM && strstr(fg_last_error(), "NULL sampler: out of memory");
         CHECK_MSG(st == FG_OK || st == FG_ENOMEM || passed_up, "failing allocation %ld: %s (%s)", n,
@@ -1077,7 +1077,7 @@ TEST(consumed_arguments_are_freed_on_every_failure) {
             int before = g_ud_frees;
             void *ud = which == 0 ? (void *)cb_malloc(4) : malloc(8);
             fg_clear_error();
-            fa_begin(n);
+            fx_alloc_begin(n);
             void *obj;
             if (which == 0) {
                 fg_dataset *d = fg_dataset_new(&dops, ud, "counting");
@@ -1088,7 +1088,7 @@ TEST(consumed_arguments_are_freed_on_every_failure) {
                 obj = s;
                 fg_sampler_free(s);
             }
-            long live = fa_end();
+            long live = fx_alloc_end();
             CHECK_MSG(live == 0, "%s, failing allocation %ld: %ld blocks leaked",
                       which ? "sampler" : "dataset", n, live);
             CHECK_MSG(g_ud_frees == before + 1, "%s, failing allocation %ld: ud freed %d times",
@@ -1104,15 +1104,15 @@ TEST(consumed_arguments_are_freed_on_every_failure) {
      * freed, the loader keeps its previous one and still works */
     int fails = 0;
     for (long n = 0; n < 1000; n++) {
-        fa_begin(LONG_MAX);
+        fx_alloc_begin(LONG_MAX);
         ds = cb_new(4, -1, 0);
         dl = fg_dataloader_new(ds, &(fg_loader_opts){.batch = 2});
         fg_sampler *s = fg_sampler_new(&sops, malloc(8));
         CHECK(ds && dl && s);
         int before = g_ud_frees;
-        fa_limit_ = atomic_load(&fa_count_) + n;
+        fx_alloc_limit(fx_alloc_count() + n);
         fg_status st = fg_dataloader_set_sampler(dl, s);
-        fa_limit_ = LONG_MAX;
+        fx_alloc_limit(LONG_MAX);
         if (st != FG_OK) {
             CHECK(st == FG_ENOMEM && g_ud_frees == before + 1);
             fails++;
@@ -1123,7 +1123,7 @@ TEST(consumed_arguments_are_freed_on_every_failure) {
         CHECK(b && b->indices[0] == (st == FG_OK ? 3 : 0));
         fg_dataloader_free(dl);
         fg_dataset_free(ds);
-        long live = fa_end();
+        long live = fx_alloc_end();
         CHECK_MSG(live == 0, "set_sampler, failing allocation %ld: %ld blocks leaked", n, live);
         if (st == FG_OK) {
             CHECK(g_ud_frees == before + 1); /* by fg_dataloader_free */

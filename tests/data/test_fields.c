@@ -345,7 +345,7 @@ TEST(fields_resume_mid_epoch_exactly) {
 TEST(fields_alloc_failures_never_leak) {
     int fails = 0;
     for (long n = 0; n < 500; n++) {
-        fa_begin(n);
+        fx_alloc_begin(n);
         fg_fields_dataset *fd = fg_fields_dataset_new(&OPS, NULL, FIELDS, 6, "shapes");
         fg_fields_loader *fl =
             fd ? fg_fields_loader_new(fd, &(fg_fields_loader_opts){.loader = {.batch = 4}}) : NULL;
@@ -353,7 +353,7 @@ TEST(fields_alloc_failures_never_leak) {
         bool ok = b != NULL;
         fg_fields_loader_free(fl);
         fg_fields_dataset_free(fd);
-        long live = fa_end();
+        long live = fx_alloc_end();
         CHECK_MSG(live == 0, "failing allocation %ld: %ld blocks leaked", n, live);
         if (ok) break;
         fails++;

@@ -310,11 +310,11 @@ TEST(npy_alloc_failures_never_leak) {
     write_labels();
     int fails = 0;
     for (long n = 0; n < 1000; n++) {
-        fa_begin(n);
+        fx_alloc_begin(n);
         fg_dataset *ds = NULL;
         fg_status st = fg__npy_dataset_open(tmp_path("x.npy"), tmp_path("y.npy"), &ds);
         fg_dataset_free(ds);
-        long live = fa_end();
+        long live = fx_alloc_end();
         CHECK_MSG(live == 0, "failing allocation %ld: %ld blocks leaked", n, live);
         CHECK(st == FG_OK || (st == FG_ENOMEM && ds == NULL));
         if (st == FG_OK) break;

@@ -6,9 +6,11 @@
  * activation_checkpointing section: Lightning's four keys honoured
  * (partition_activations and cpu_checkpointing into the options, which
  * only the deepspeed strategies take), the others refused by name. */
+#include <math.h>
 #include <stdio.h>
 
 #include "fabric/fabric_impl.h"
+#include "fulgur/optim.h"
 #include "harness.h"
 
 static char g_dir[] = "/tmp/fg-dsconfig-XXXXXX";
@@ -197,6 +199,89 @@ TEST(activation_checkpointing_section) {
     /* DeepSpeed asserts the same: contiguous copies of partitions */
     refused("{\"activation_checkpointing\": {\"contiguous_memory_optimization\": true}}", FG_EINVAL,
             "set \"partition_activations\" too");
+}
+
+/* The optimizer and scheduler sections: read (and accepted by the config
+ * reader beside zero_optimization), their lrs DeepSpeed's formulas at
+ * worked steps, the optimizer built from them, and the keys and types not
+ * honoured named. */
+static fg_deepspeed_train train_of(const char *text) {
+    fg_deepspeed_train c = {0};
+    CHECK_OK(fg_deepspeed_train_read(write_json("train.json", text), &c));
+    int stage = 0;
+    fg_sharded_opts o;
+    CHECK_OK(fg_deepspeed_config_read(write_json("train.json", text), &stage, &o));
+    return c;
+}
+
+static void train_refused(const char *text, const char *words) {
+    fg_deepspeed_train c;
+    CHECK_STATUS(fg_deepspeed_train_read(write_json("tbad.json", text), &c), FG_EINVAL);
+    CHECK_MSG(strstr(fg_last_error(), words), "\"%s\" lacks \"%s\"", fg_last_error(), words);
+    refused(text, FG_EINVAL, words); /* fg_fabric_new's reader refuses it too */
+}
+
+TEST(optimizer_and_scheduler_sections) {
+    /* WarmupLR, linear: min + (max - min) * step / warmup, then max */
+    fg_deepspeed_train c = train_of(
+        "{\"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_min_lr\": 0, "
+        "\"warmup_max_lr\": 0.01, \"warmup_num_steps\": 10, \"warmup_type\": \"linear\"}}}");
+    CHECK(c.sched == FG_DS_WARMUP_LR && !c.has_optimizer);
+    CHECK(fg_deepspeed_lr_at(&c, 0) == 0);
+    CHECK_CLOSE(fg_deepspeed_lr_at(&c, 5), 0.005, 1e-15, 0);
+    CHECK(fg_deepspeed_lr_at(&c, 10) == 0.01 && fg_deepspeed_lr_at(&c, 1000) == 0.01);
+    /* log warm-up (DeepSpeed's default): log(step + 1) / log(warmup) */
+    c = train_of("{\"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_max_lr\": 0.01, "
+                 "\"warmup_num_steps\": 100}}}");
+    CHECK_CLOSE(fg_deepspeed_lr_at(&c, 9), 0.005, 1e-14, 0);
+    /* WarmupDecayLR: down linearly from the warm-up's end to 0 at total_num_steps */
+    c = train_of("{\"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": {\"warmup_max_lr\": "
+                 "0.01, \"warmup_num_steps\": 10, \"total_num_steps\": 110, \"warmup_type\": "
+                 "\"linear\"}}}");
+    CHECK_CLOSE(fg_deepspeed_lr_at(&c, 60), 0.005, 1e-15, 0);
+    CHECK(fg_deepspeed_lr_at(&c, 110) == 0 && fg_deepspeed_lr_at(&c, 500) == 0);
+    /* WarmupCosineLR: a ratio of the optimizer's lr */
+    c = train_of("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.1, \"betas\": "
+                 "[0.8, 0.95], \"eps\": 1e-6, \"weight_decay\": 0.05}},\n"
+                 " \"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": {\"total_num_steps\": "
+                 "110, \"warmup_num_steps\": 10, \"warmup_type\": \"linear\", \"cos_min_ratio\": "
+                 "0}}}");
+    CHECK(c.has_optimizer && c.decoupled && c.lr == 0.1 && c.beta1 == 0.8 && c.beta2 == 0.95);
+    CHECK(c.eps == 1e-6 && c.weight_decay == 0.05);
+    CHECK_CLOSE(fg_deepspeed_lr_at(&c, 5), 0.05, 1e-15, 0);
+    CHECK_CLOSE(fg_deepspeed_lr_at(&c, 10), 0.1 * (1 + cos(M_PI / 100)) / 2, 1e-15, 0);
+    CHECK_CLOSE(fg_deepspeed_lr_at(&c, 109), 0, 0, 1e-17);
+    /* the optimizer: AdamW over every parameter; Adam with adam_w_mode false is Adam */
+    fg_module *m = fg_linear_new(3, 2, true, FG_F32);
+    CHECK_OK(fg_module_finalize(m));
+    fg_optimizer *opt = fg_deepspeed_optimizer_new(&c, m);
+    CHECK(opt && !strcmp(fg_optimizer_name(opt), "AdamW") && fg_optimizer_lr(opt) == 0.1);
+    for (int64_t i = 0; opt && i < fg_module_num_params(m); i++)
+        CHECK(!fg_optimizer_param_no_decay(opt, i)); /* the bias decays too, as DeepSpeed's */
+    fg_optimizer_free(opt);
+    c = train_of("{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"adam_w_mode\": false}}}");
+    opt = fg_deepspeed_optimizer_new(&c, m);
+    CHECK(opt && !strcmp(fg_optimizer_name(opt), "Adam"));
+    fg_optimizer_free(opt);
+    c = train_of("{\"optimizer\": {\"type\": \"Adam\"}}");
+    opt = fg_deepspeed_optimizer_new(&c, m);
+    CHECK(opt && !strcmp(fg_optimizer_name(opt), "AdamW")); /* DeepSpeed's FusedAdam */
+    fg_optimizer_free(opt);
+    fg_module_free(m);
+    /* what is not honoured is named */
+    train_refused("{\"optimizer\": {\"type\": \"SGD\"}}", "\"optimizer.type\" = \"SGD\"");
+    train_refused("{\"scheduler\": {\"type\": \"WarmupCosineLr\"}}",
+                  "the nearest is WarmupCosineLR");
+    train_refused("{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 1, \"beta\": 0}}}",
+                  "unknown key \"optimizer.params.beta\" (the nearest key fulgur honours there "
+                  "is \"optimizer.params.betas\")");
+    train_refused("{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"amsgrad\": true}}}",
+                  "\"optimizer.params.amsgrad\" is not honoured by fulgur");
+    train_refused("{\"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": {}}}",
+                  "\"scheduler.params.total_num_steps\" is required by WarmupDecayLR");
+    train_refused("{\"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": {\"warmup_max_lr\": "
+                  "1, \"total_num_steps\": 5}}}",
+                  "\"scheduler.params.warmup_max_lr\" is not a parameter of WarmupCosineLR");
 }
 
 TEST(activation_options_are_deepspeeds) {

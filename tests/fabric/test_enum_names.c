@@ -136,7 +136,7 @@ TEST(every_enum_round_trips_and_refuses_unknown_names) {
         {"dtype", fg_dtype_name_i, fg_dtype_parse_i, FG_F64, FG_DTYPE_COUNT, false, true},
         {"dtype (safetensors)", fg_dtype_st_name_i, fg_dtype_parse_i, FG_F64, FG_DTYPE_COUNT, false,
          true},
-        {"accelerator", fg_accelerator_name_i, NULL, 0, FG_ACCELERATOR_GPU + 1, false, false},
+        {"accelerator", fg_accelerator_name_i, NULL, 0, FG_ACCELERATOR_GUARDED + 1, false, false},
         {"launcher", fg_launcher_name_i, NULL, 0, FG_LAUNCHER_THREADS + 1, false, false},
         {"reduce op", fg_reduce_op_name_i, NULL, 0, FG_REDUCE_OP_COUNT, false, false},
         {"isa", fg_isa_name_i, NULL, 0, FG_ISA_COUNT, false, false},
@@ -216,6 +216,8 @@ TEST(aliases_parse_to_their_value) {
     CHECK_STATUS(fg_launch_parse_accelerator("no_such_name", &a), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "accelerator=\"no_such_name\": expected one of");
     CHECK(!strcmp(fg_accelerator_name(FG_ACCELERATOR_GPU), "gpu"));
+    CHECK_OK(fg_launch_parse_accelerator(fg_accelerator_name(FG_ACCELERATOR_GUARDED), &a));
+    CHECK(a == FG_ACCELERATOR_GUARDED);
 }
 
 /* What the rows say agrees with the kinds' predicates and with themselves. */

@@ -429,7 +429,8 @@ static int sum_run(fg_fabric *f, void *arg) {
     if (fg_fabric_world_size(f) != *want_world || !fg_fabric_comm(f)) return 10;
     if (fg_fabric_threads(f) != 1) return 11;
     double s = 0;
-    if (fg_fabric_reduce_scalar(f, fg_fabric_global_rank(f) + 1, FG_SUM, &s) != FG_OK) return 13;
+    if (fg_fabric_reduce_scalar(f, fg_fabric_global_rank(f) + 1, FG_REDUCE_OP_SUM, &s) != FG_OK)
+        return 13;
     return s == *want_world * (*want_world + 1) / 2 ? 0 : 12;
 }
 
@@ -592,7 +593,7 @@ static int reexec_run(fg_fabric *f, void *arg) {
     int r = fg_fabric_global_rank(f);
     if (fg_fabric_world_size(f) != 2 || !fg_fabric_comm(f)) return 20;
     double s = 0;
-    if (fg_fabric_reduce_scalar(f, r + 1, FG_SUM, &s) != FG_OK) return 22;
+    if (fg_fabric_reduce_scalar(f, r + 1, FG_REDUCE_OP_SUM, &s) != FG_OK) return 22;
     char line[256];
     snprintf(line, sizeof line, "rank %d of %d, local %d, sum %g, strategy %s, threads %d\n", r,
              fg_fabric_world_size(f), fg_fabric_local_rank(f), s, fg_fabric_strategy_name(f),
@@ -603,7 +604,7 @@ static int reexec_run(fg_fabric *f, void *arg) {
     if (!strcmp(mode, "die") && r == 1) _exit(7); /* mid-run, rank 0 in a collective */
     if (!strcmp(mode, "die")) {
         for (int i = 0; i < 100000; i++)
-            if (fg_fabric_reduce_scalar(f, 1, FG_SUM, &s) != FG_OK) return 1;
+            if (fg_fabric_reduce_scalar(f, 1, FG_REDUCE_OP_SUM, &s) != FG_OK) return 1;
         return 0;
     }
     return s == 3 ? 0 : 21;

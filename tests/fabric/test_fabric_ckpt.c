@@ -248,6 +248,61 @@ static int meta_checked(fg_fabric *f, void *arg) {
     return 0;
 }
 
+/* A group's lr or weight decay the optimizer would refuse (negative, NaN)
+ * makes the file bad: the load fails with FG_EFORMAT naming the key, before
+ * it changes anything (weights, counters, the optimizer). */
+static int group_settings_checked(fg_fabric *f, void *arg) {
+    (void)arg;
+    fg_module *m = tiny_mlp(1), *m2 = tiny_mlp(2), *fresh = tiny_mlp(2);
+    size_t bytes = (size_t)fg_tensor_numel(fg_module_flat_params(m2)) * sizeof(float);
+    fg_optimizer *opt = fg_sgd_new(m, &(fg_sgd_opts){.lr = 0.5});
+    fg_optimizer *opt2 = fg_sgd_new(m2, &(fg_sgd_opts){.lr = 0.5});
+    CHECK(fg_optimizer_add_param_group(opt, &(fg_param_group){.params = "*.bias", .lr = 0.25}) ==
+          1);
+    CHECK(fg_optimizer_add_param_group(opt2, &(fg_param_group){.params = "*.bias", .lr = 0.25}) ==
+          1);
+    char path[512], bad[512];
+    snprintf(path, sizeof path, "%s", tmp_path("groups.safetensors"));
+    snprintf(bad, sizeof bad, "%s", tmp_path("groups_bad.safetensors"));
+    CHECK_OK(fg_fabric_save(f, path, &(fg_train_state){.model = m, .optimizer = opt, .step = 2}));
+    const char *edits[][2] = {{"lr.1", "-1"}, {"weight_decay.1", "-0.5"}, {"lr.1", "nan"}};
+    for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+        rewrite_with(path, bad, edits[i][0], edits[i][1]);
+        fg_train_state st = {.model = m2, .optimizer = opt2, .step = 3};
+        fg_status s = fg_fabric_load(f, bad, &st);
+        CHECK_MSG(s == FG_EFORMAT, "%s = %s: %s (%s)", edits[i][0], edits[i][1], fg_status_str(s),
+                  fg_last_error());
+        char want[96];
+        snprintf(want, sizeof want, "\"%s\" is \"%s\"", edits[i][0], edits[i][1]);
+        CHECK_CONTAINS(fg_last_error(), want);
+        CHECK_CONTAINS(fg_last_error(), bad);
+        CHECK(st.step == 3 && st.meta == NULL);
+        CHECK(fg_optimizer_group_lr(opt2, 1) == 0.25 && fg_optimizer_step_count(opt2) == 0);
+        CHECK_MSG(!memcmp(fg_tensor_data(fg_module_flat_params(m2)),
+                          fg_tensor_data(fg_module_flat_params(fresh)), bytes),
+                  "%s = %s: the weights were loaded", edits[i][0], edits[i][1]);
+    }
+    fg_train_state st = {.model = m2, .optimizer = opt2};
+    CHECK_OK(fg_fabric_load(f, path, &st));
+    CHECK(st.step == 2 && fg_optimizer_group_lr(opt2, 1) == 0.25);
+    fg_optimizer_free(opt);
+    fg_optimizer_free(opt2);
+    fg_module_free(m);
+    fg_module_free(m2);
+    fg_module_free(fresh);
+    remove(path);
+    remove(bad);
+    return 0;
+}
+
+TEST(a_group_setting_the_optimizer_refuses_fails_the_load) {
+    fg_fabric *f = fg_fabric_new(&(fg_fabric_config){.devices = "1", .strategy = "single"});
+    CHECK_MSG(f != NULL, "%s", fg_last_error());
+    if (!f) return;
+    CHECK(fg_fabric_launch(f, group_settings_checked, NULL) == 0);
+    fg_fabric_free(f);
+}
+
 TEST(a_load_checks_every_counter_before_it_changes_anything) {
     fg_fabric *f = fg_fabric_new(&(fg_fabric_config){.devices = "1", .strategy = "single"});
     CHECK_MSG(f != NULL, "%s", fg_last_error());

@@ -69,7 +69,7 @@ static void observe(fg_fabric *f, seen *out) {
         for (int64_t i = 0; i < b->size && out->n < N; i++) out->order[out->n++] = b->indices[i];
     out->worker_seed = g_worker_seed;
     /* the MLP is Sequential: 0 Linear, 1 ReLU, 2 Dropout, 3 Linear */
-    fg_dropout_get_state(fg_module_child(m, "2"), &out->dropout_seed, NULL);
+    CHECK_OK(fg_dropout_get_state(fg_module_child(m, "2"), &out->dropout_seed, NULL));
     out->rank = fg_fabric_global_rank(f);
     out->world = fg_fabric_world_size(f);
     fg_dataloader_free(dl);

@@ -39,9 +39,11 @@ BASE=(fit --model gpt --data "$TXT" --layers 1 --heads 2 --embd 32 --ctx 32
      --lr 3e-3 --warmup-steps 2 --limit-val-batches 1 --progress lines --num-workers 0
      --sample-tokens 0 --max-steps 8 --val-check-interval 8 --seed 7)
 FIT=("${BASE[@]}" --strategy ddp --batch-size 2)
-# --- by hand on each machine: refused, naming the --hosts command
+# --- by hand on each machine without the rendezvous (--rdzv-backend none): the
+# ranks have no way to reach the other machine and refuse, naming the command
+# (tests/hosts/test_hosts_pernode.sh runs the rendezvous)
 run byhand env FULGUR_COMM_TIMEOUT_S=5 "$FULGUR" run --nproc-per-node 2 --nnodes 2 --node-rank 0 \
-    --master-addr 10.1.2.3 -- "$FULGUR" "${FIT[@]}" --devices 2 --num-nodes 2 \
+    --master-addr 10.1.2.3 --rdzv-backend none -- "$FULGUR" "${FIT[@]}" --devices 2 --num-nodes 2 \
     --default-root-dir "$T_TMP/r-byhand"
 if [ "$RC" != 0 ]; then pass "a start by hand on 2 nodes is refused (exit $RC)"; else fail "a start by hand on 2 nodes ran"; fi
 expect_grep "the refusal gives the command that works" byhand 'fulgur run --hosts 10\.1\.2\.3:2,HOST1:2 -- .*fulgur fit --model gpt'
@@ -79,7 +81,7 @@ run one env FULGUR_CPU_DEVICES=4 "$FULGUR" "${FIT[@]}" --devices 4 --default-roo
 expect_rc "ddp on one machine, 4 ranks" 0 one
 for k in 1 0; do
     env FULGUR_BACKEND=hybrid "$FULGUR" run --nproc-per-node 2 --nnodes 2 --node-rank $k \
-        --master-addr 127.0.0.1 --master-port 29999 --job-id "simnodes$$" -- \
+        --master-addr 127.0.0.1 --master-port 29999 --job-id "simnodes$$" --rdzv-backend none -- \
         "$FULGUR" "${FIT[@]}" --devices 2 --num-nodes 2 --default-root-dir "$T_TMP/r-sim" \
         >"$T_TMP/sim$k" 2>&1 &
 done

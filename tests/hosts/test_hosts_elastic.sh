@@ -23,15 +23,19 @@ source "$(dirname "$0")/../cli/lib.sh"
 source "$(dirname "$0")/hosts.sh"
 echo "test_hosts_elastic: fulgur run --nnodes MIN:MAX, --deterministic across hosts"
 
-# --- one machine: --nnodes 1:MAX is this machine alone; MIN > 1 is refused
-run local "$FULGUR" run --nnodes 1:3 --nproc-per-node 2 -- sh -c 'echo "rank $RANK of $WORLD_SIZE"'
+# --- one machine: --nnodes 1:MAX without --hosts is the rendezvous of
+# per-machine starts (tests/hosts/test_hosts_pernode.sh); alone, this machine
+# is the only node after the last call; MIN > 1 alone waits and names it
+run local env FULGUR_RDZV_LAST_CALL_S=1 "$FULGUR" run --nnodes 1:3 --nproc-per-node 2 --master-port 29632 \
+    -- sh -c 'echo "rank $RANK of $WORLD_SIZE"'
 expect_rc "--nnodes 1:3 on one machine" 0 local
 expect_grep "runs this machine's ranks" local '^rank 1 of 2$'
-expect_grep "and says it is the only node" local '--nnodes 1:3 without --hosts: this machine is the only node \(2 ranks\)'
-run refuse "$FULGUR" run --nnodes 2:4 --nproc-per-node 2 --max-restarts 1 -- prog --flag
-expect_rc "--nnodes 2:4 without --hosts is refused" 2 refuse
-expect_grep "the refusal gives the command that works" refuse \
-    "^  fulgur run --hosts [^ ]+:2,HOST1:2,HOST2:2,HOST3:2 --nnodes 2:4 --max-restarts 1 -- prog --flag$"
+expect_grep "and says it is the only node" local '^fulgur run: node 0 of 1 \(--nnodes 1:3\), 2 ranks here$'
+run refuse env FULGUR_RDZV_TIMEOUT_S=1 "$FULGUR" run --nnodes 2:4 --nproc-per-node 2 --max-restarts 1 \
+    --master-port 29633 -- prog --flag
+expect_rc "--nnodes 2:4 alone: below the minimum" 1 refuse
+expect_grep "the message names the minimum" refuse \
+    'the rendezvous at 127\.0\.0\.1:29633: 1 node joined within 1 s, below --nnodes 2:4.s minimum 2'
 run few "$FULGUR" run --hosts h1:2 --nnodes 2:3 -- prog
 expect_rc "--nnodes 2:3 with one host listed" 2 few
 expect_grep "says how many to list" few '--nnodes 2:3: --hosts lists 1 host; list at least 2'

@@ -67,7 +67,7 @@ run args "$FULGUR" run --nproc-per-node 2 printf '%s|' 'a b' c
 expect_grep "arguments pass through as given" args '^a b\|c\|a b\|c\|$'
 
 # --- the second of two nodes
-run nodes "$FULGUR" run --nproc_per_node=2 --nnodes 2 --node-rank 1 --master-addr 10.1.2.3 --master-port 1234 \
+run nodes "$FULGUR" run --nproc_per_node=2 --nnodes 2 --node-rank 1 --master-addr 10.1.2.3 --master-port 1234 --rdzv-backend none \
     bash -c 'echo "rank=$RANK world=$WORLD_SIZE local=$LOCAL_RANK node=$NODE_RANK/$GROUP_WORLD_SIZE master=$MASTER_ADDR:$MASTER_PORT job=$FULGUR_JOB_ID"'
 expect_rc "second node of two" 0 nodes
 expect_grep "global ranks of node 1" nodes 'rank=3 world=4 local=1 node=1/2 master=10\.1\.2\.3:1234 job=10\.1\.2\.3:1234'
@@ -195,7 +195,19 @@ bad nproc0 'nproc-per-node="0"' --nproc-per-node 0
 bad nprocx 'nproc-per-node="x"' --nproc-per-node x
 bad unknown 'unknown flag "--nprocs"' --nprocs 2
 bad nnodes0 'nnodes="0"' --nnodes 0
-bad elastic 'nnodes="2:4": the other machines of an elastic job are started from this one' --nnodes 2:4
+# --nnodes 2:4 on one machine alone: the rendezvous waits for a second node
+run elastic env FULGUR_RDZV_TIMEOUT_S=1 "$FULGUR" run --nnodes 2:4 --master-port 29631 bash -c 'touch "'"$TMP"'/started"'
+expect_rc "--nnodes 2:4 alone" 1 elastic
+expect_grep "names the minimum not met" elastic 'the rendezvous at 127\.0\.0\.1:29631: 1 node joined within 1 s, below --nnodes 2:4.s minimum 2'
+# a signal while node 0 waits for the others ends the wait at once
+"$FULGUR" run --nnodes 2 --master-port 29634 true >"$TMP/rdzvint" 2>&1 &
+pid=$!
+for _ in $(seq 1 100); do ss -ltn 2>/dev/null | grep -q ':29634 ' && break; sleep 0.05; done
+kill -INT $pid
+wait $pid
+RC=$?
+expect_rc "SIGINT while node 0 waits" 130 rdzvint
+expect_grep "says the rendezvous was interrupted" rdzvint 'fulgur run: node 0: the rendezvous at 127\.0\.0\.1:29634 was interrupted \(a signal\)'
 bad range 'nnodes="4:2": expected N, or MIN:MAX with 1 <= MIN <= MAX' --nnodes 4:2
 bad noderank 'node-rank=2: must be below --nnodes 2' --nnodes 2 --node-rank 2
 bad port 'master-port=70000' --master-port 70000

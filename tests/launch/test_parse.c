@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fulgur/device.h"
 #include "fulgur/launch.h"
 #include "harness.h"
 
@@ -157,25 +158,63 @@ TEST(devices_errors) {
 /* ------------------------------------------------------- accelerator */
 
 TEST(accelerator) {
+    /* what gpu and auto give depends on the build and the machine */
+    char why[256];
+    int gpus = fg_device_count(FG_CUDA, why, sizeof why);
     fg_accelerator a = FG_ACCELERATOR_GPU;
     CHECK_OK(fg_launch_parse_accelerator("cpu", &a));
     CHECK(a == FG_ACCELERATOR_CPU);
-    a = FG_ACCELERATOR_GPU;
+    a = FG_ACCELERATOR_GUARDED;
     CHECK_OK(fg_launch_parse_accelerator("auto", &a));
-    CHECK(a == FG_ACCELERATOR_CPU);
+    CHECK(a == (gpus > 0 ? FG_ACCELERATOR_GPU : FG_ACCELERATOR_CPU));
     CHECK_OK(fg_launch_parse_accelerator(NULL, &a));
-    CHECK(a == FG_ACCELERATOR_CPU);
+    CHECK(a == (gpus > 0 ? FG_ACCELERATOR_GPU : FG_ACCELERATOR_CPU));
     CHECK_OK(fg_launch_parse_accelerator("CPU", &a));
     CHECK(!strcmp(fg_accelerator_name(a), "cpu"));
-    CHECK_STATUS(fg_launch_parse_accelerator("gpu", &a), FG_EUNSUPPORTED);
-    CHECK_CONTAINS(fg_last_error(), "accelerator=\"gpu\"");
-    CHECK_CONTAINS(fg_last_error(), "no GPU");
-    CHECK_STATUS(fg_launch_parse_accelerator("cuda", &a), FG_EUNSUPPORTED);
-    CHECK_CONTAINS(fg_last_error(), "accelerator=\"cuda\"");
+    CHECK_OK(fg_launch_parse_accelerator("Guarded", &a));
+    CHECK(a == FG_ACCELERATOR_GUARDED && !strcmp(fg_accelerator_name(a), "guarded"));
+    if (gpus == 0) {
+        CHECK_STATUS(fg_launch_parse_accelerator("gpu", &a), FG_EUNSUPPORTED);
+        CHECK_CONTAINS(fg_last_error(), "accelerator=\"gpu\"");
+        /* which of the two is missing, and what to use instead */
+        CHECK_CONTAINS(fg_last_error(), why);
+        CHECK_CONTAINS(fg_last_error(), "use \"cpu\"");
+        CHECK_CONTAINS(fg_last_error(), "\"guarded\"");
+        CHECK_STATUS(fg_launch_parse_accelerator("cuda", &a), FG_EUNSUPPORTED);
+        CHECK_CONTAINS(fg_last_error(), "accelerator=\"cuda\"");
+    } else {
+        CHECK_OK(fg_launch_parse_accelerator("cuda", &a));
+        CHECK(a == FG_ACCELERATOR_GPU);
+    }
     CHECK_STATUS(fg_launch_parse_accelerator("tpu", &a), FG_EUNSUPPORTED);
     CHECK_STATUS(fg_launch_parse_accelerator("gpus", &a), FG_EINVAL);
-    CHECK_CONTAINS(fg_last_error(), "accelerator=\"gpus\": expected one of auto, cpu, gpu, cuda");
+    CHECK_CONTAINS(fg_last_error(),
+                   "accelerator=\"gpus\": expected one of auto, cpu, gpu, cuda, guarded");
     CHECK_STATUS(fg_launch_parse_accelerator("", &a), FG_EINVAL);
+}
+
+TEST(accelerator_auto_in_the_plan_line) {
+    char why[256], line[1024];
+    int gpus = fg_device_count(FG_CUDA, why, sizeof why);
+    fg_cluster_info env = {.source = "none"};
+    fg_launch_plan p;
+    CHECK_OK(fg_launch_plan_make(&(fg_launch_opts){.devices = "1"}, &env, &p));
+    CHECK(p.accelerator_auto);
+    fg_launch_plan_format(&p, line, sizeof line);
+    if (gpus == 0) {
+        CHECK_CONTAINS(line, "single on cpu, 1 rank");
+        CHECK_CONTAINS(line, strncmp(why, "this build has no CUDA", 22) == 0
+                                 ? ", accelerator auto: cpu (no CUDA backend in this build)"
+                                 : ", accelerator auto: cpu (no GPU answers)");
+    } else {
+        CHECK_CONTAINS(line, "accelerator auto: gpu (");
+    }
+    CHECK_OK(
+        fg_launch_plan_make(&(fg_launch_opts){.accelerator = "guarded", .devices = "2"}, &env, &p));
+    fg_launch_plan_format(&p, line, sizeof line);
+    CHECK(!p.accelerator_auto && p.accelerator == FG_ACCELERATOR_GUARDED);
+    CHECK_CONTAINS(line, "ddp on guarded, 2 ranks");
+    CHECK(strstr(line, "accelerator auto") == NULL);
 }
 
 /* ---------------------------------------------------------- strategy */

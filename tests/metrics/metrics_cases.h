@@ -22,23 +22,23 @@ typedef struct mcase {
 #define MCI(...)                                                                                   \
     { .num_classes = 5, __VA_ARGS__ }
 #define BINI(...)                                                                                  \
-    { .task = FG_TM_BINARY, __VA_ARGS__ }
+    { .task = FG_TM_TASK_BINARY, __VA_ARGS__ }
 #define MC(...) (fg_tmetric_opts) MCI(__VA_ARGS__)
 #define BIN(...) (fg_tmetric_opts) BINI(__VA_ARGS__)
 
 static const mcase k_cases[] = {
     {"acc_micro", fg_accuracy_new, MCI(0), "mc.logits", "mc.target", "mc.acc_micro"},
-    {"acc_macro", fg_accuracy_new, MCI(.average = FG_TM_MACRO), "mc.logits", "mc.target",
+    {"acc_macro", fg_accuracy_new, MCI(.average = FG_TM_AVERAGE_MACRO), "mc.logits", "mc.target",
      "mc.acc_macro"},
     {"acc_top2", fg_accuracy_new, MCI(.top_k = 2), "mc.logits", "mc.target", "mc.acc_top2"},
     {"prec_micro", fg_precision_new, MCI(0), "mc.logits", "mc.target", "mc.prec_micro"},
-    {"prec_macro", fg_precision_new, MCI(.average = FG_TM_MACRO), "mc.logits", "mc.target",
+    {"prec_macro", fg_precision_new, MCI(.average = FG_TM_AVERAGE_MACRO), "mc.logits", "mc.target",
      "mc.prec_macro"},
     {"rec_micro", fg_recall_new, MCI(0), "mc.logits", "mc.target", "mc.rec_micro"},
-    {"rec_macro", fg_recall_new, MCI(.average = FG_TM_MACRO), "mc.logits", "mc.target",
+    {"rec_macro", fg_recall_new, MCI(.average = FG_TM_AVERAGE_MACRO), "mc.logits", "mc.target",
      "mc.rec_macro"},
     {"f1_micro", fg_f1_score_new, MCI(0), "mc.logits", "mc.target", "mc.f1_micro"},
-    {"f1_macro", fg_f1_score_new, MCI(.average = FG_TM_MACRO), "mc.logits", "mc.target",
+    {"f1_macro", fg_f1_score_new, MCI(.average = FG_TM_AVERAGE_MACRO), "mc.logits", "mc.target",
      "mc.f1_macro"},
     {"acc_ignore", fg_accuracy_new, MCI(.has_ignore_index = true, .ignore_index = -1), "mc.logits",
      "mc.target_ign", "mc.acc_ign"},

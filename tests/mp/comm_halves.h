@@ -33,7 +33,7 @@ static float hx_widen(fg_dtype dt, uint16_t h) {
 static uint16_t hx_expect(fg_dtype dt, fg_reduce_op op, int p, int64_t i) {
     float acc = hx_widen(dt, hx_value(dt, 0, i));
     for (int r = 1; r < p; r++) acc += hx_widen(dt, hx_value(dt, r, i));
-    if (op == FG_AVG) acc /= (float)p;
+    if (op == FG_REDUCE_OP_AVG) acc /= (float)p;
     return dt == FG_BF16 ? fg_f32_to_bf16(acc) : fg_f32_to_f16(acc);
 }
 
@@ -44,7 +44,7 @@ static long hx_check(const char *what, fg_dtype dt, fg_reduce_op op, int p, cons
         uint16_t want = hx_expect(dt, op, p, first + i);
         if (got[i] != want && wrong++ < 3)
             fprintf(stderr, "  %s %s %s, %lld elements: element %lld is %#06x, want %#06x\n", what,
-                    fg_dtype_name(dt), op == FG_AVG ? "avg" : "sum", (long long)n,
+                    fg_dtype_name(dt), op == FG_REDUCE_OP_AVG ? "avg" : "sum", (long long)n,
                     (long long)(first + i), got[i], want);
     }
     return wrong;
@@ -53,7 +53,7 @@ static long hx_check(const char *what, fg_dtype dt, fg_reduce_op op, int p, cons
 static long mx_halves_exact(fg_comm *c) {
     static const int64_t counts[] = {1, 7, 1023, 100003};
     static const fg_dtype dts[] = {FG_BF16, FG_F16};
-    static const fg_reduce_op ops[] = {FG_SUM, FG_AVG};
+    static const fg_reduce_op ops[] = {FG_REDUCE_OP_SUM, FG_REDUCE_OP_AVG};
     int me = fg_comm_rank(c), p = fg_comm_size(c);
     long wrong = 0;
     for (int d = 0; d < 2; d++)

@@ -34,7 +34,7 @@ static const fg_dtype mx_dtypes[] = {FG_F64, FG_F32, FG_BF16, FG_F16,
 #define MX_NDTYPES 8
 
 static int64_t mx_value(fg_dtype dt, fg_reduce_op op, int r, int64_t i) {
-    if (op == FG_PROD) {
+    if (op == FG_REDUCE_OP_PROD) {
         static const int s[4] = {1, -1, 2, 1}, u[4] = {1, 3, 2, 1};
         int k = (int)((3 * (i % MX_PERIOD) + r) % 4);
         return dt == FG_U8 || dt == FG_U16 ? u[k] : s[k];
@@ -76,15 +76,15 @@ static void mx_expect_table(fg_dtype dt, fg_reduce_op op, int w, void *table) {
         for (int r = 1; r < w; r++) {
             int64_t x = mx_value(dt, op, r, i);
             switch (op) {
-            case FG_SUM:
-            case FG_AVG: acc += x; break;
-            case FG_PROD: acc *= x; break;
-            case FG_MIN: acc = x < acc ? x : acc; break;
-            case FG_MAX: acc = x > acc ? x : acc; break;
+            case FG_REDUCE_OP_SUM:
+            case FG_REDUCE_OP_AVG: acc += x; break;
+            case FG_REDUCE_OP_PROD: acc *= x; break;
+            case FG_REDUCE_OP_MIN: acc = x < acc ? x : acc; break;
+            case FG_REDUCE_OP_MAX: acc = x > acc ? x : acc; break;
             default: break;
             }
         }
-        if (op == FG_AVG) {
+        if (op == FG_REDUCE_OP_AVG) {
             switch (dt) {
             case FG_F64: ((double *)table)[i] = (double)acc / (double)w; continue;
             case FG_F32: ((float *)table)[i] = (float)acc / (float)w; continue;
@@ -125,7 +125,8 @@ static int64_t mx_check_table(fg_dtype dt, const void *buf, int64_t first, int64
 /* Counts elements of buf[0..n) that differ from rank r's data at first+i. */
 static int64_t mx_check_rank(fg_dtype dt, int r, const void *buf, int64_t first, int64_t n) {
     char table[MX_PERIOD * 8];
-    for (int64_t i = 0; i < MX_PERIOD; i++) mx_put(dt, table, i, mx_value(dt, FG_SUM, r, i));
+    for (int64_t i = 0; i < MX_PERIOD; i++)
+        mx_put(dt, table, i, mx_value(dt, FG_REDUCE_OP_SUM, r, i));
     return mx_check_table(dt, buf, first, n, table);
 }
 
@@ -204,7 +205,7 @@ static mx_stats mx_run(fg_comm *c, int64_t max_count) {
                 memset(b, 0xAB, (size_t)(blk * w) * esz);
                 const char *snd = a;
                 if (inpl) snd = b + (size_t)me * (size_t)blk * esz;
-                mx_fill(dt, FG_SUM, me, (void *)snd, 0, blk);
+                mx_fill(dt, FG_REDUCE_OP_SUM, me, (void *)snd, 0, blk);
                 fg_status s = fg_comm_allgather(c, snd, b, blk, dt);
                 int64_t wrong = 0;
                 for (int q = 0; !s && q < w; q++)
@@ -220,7 +221,7 @@ static mx_stats mx_run(fg_comm *c, int64_t max_count) {
                 int64_t span = displs[w - 1] + counts[w - 1];
                 memset(b, 0xAB, (size_t)span * esz);
                 snd = inpl ? b + (size_t)displs[me] * esz : a;
-                mx_fill(dt, FG_SUM, me, (void *)snd, 0, counts[me]);
+                mx_fill(dt, FG_REDUCE_OP_SUM, me, (void *)snd, 0, counts[me]);
                 s = fg_comm_allgatherv(c, snd, counts[me], b, counts, inpl ? displs : NULL, dt);
                 wrong = 0;
                 for (int q = 0; !s && q < w; q++)
@@ -228,14 +229,14 @@ static mx_stats mx_run(fg_comm *c, int64_t max_count) {
                 mx_report(&st, me, "allgatherv", dt, tot, inpl, s, wrong);
                 /* broadcast from the last rank */
                 int root = w - 1;
-                mx_fill(dt, FG_SUM, me, a, 0, n);
+                mx_fill(dt, FG_REDUCE_OP_SUM, me, a, 0, n);
                 memset(b, 0xAB, (size_t)n * esz);
                 char *out = inpl ? a : b;
                 s = fg_comm_broadcast(c, a, out, n, dt, root);
                 mx_report(&st, me, "broadcast", dt, n, inpl, s,
                           s ? 0 : mx_check_rank(dt, root, out, 0, n));
                 /* alltoall: block q of my send goes to rank q */
-                mx_fill(dt, FG_SUM, me, a, 0, blk * w);
+                mx_fill(dt, FG_REDUCE_OP_SUM, me, a, 0, blk * w);
                 memset(b, 0xAB, (size_t)(blk * w) * esz);
                 out = inpl ? a : b;
                 s = fg_comm_alltoall(c, a, out, blk, dt);
@@ -247,7 +248,7 @@ static mx_stats mx_run(fg_comm *c, int64_t max_count) {
                 /* send/recv around the ring (once per dtype and count) */
                 if (w > 1 && !inpl) {
                     int next = (me + 1) % w, prev = (me + w - 1) % w;
-                    mx_fill(dt, FG_SUM, me, a, 0, n);
+                    mx_fill(dt, FG_REDUCE_OP_SUM, me, a, 0, n);
                     memset(b, 0xAB, (size_t)n * esz);
                     if (me % 2 == 0) {
                         s = fg_comm_send(c, a, n, dt, next);

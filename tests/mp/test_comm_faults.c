@@ -97,13 +97,13 @@ static void killed_fn(int rank, int n) {
     fg_comm *c;
     if (join(rank, n, 60, 0, &c)) return;
     float x[100] = {0};
-    for (int i = 0; i < 3; i++) CHECK_OK(fg_comm_allreduce(c, x, x, 100, FG_F32, FG_SUM));
+    for (int i = 0; i < 3; i++) CHECK_OK(fg_comm_allreduce(c, x, x, 100, FG_F32, FG_REDUCE_OP_SUM));
     if (rank == 1) {
         usleep(100000); /* the others are waiting (asleep) by now */
         raise(SIGKILL);
     }
     double t0 = fg_time();
-    fg_status s = fg_comm_allreduce(c, x, x, 100, FG_F32, FG_SUM);
+    fg_status s = fg_comm_allreduce(c, x, x, 100, FG_F32, FG_REDUCE_OP_SUM);
     record(rank, s, t0);
     /* the communicator stays broken, fast */
     t0 = fg_time();
@@ -136,7 +136,7 @@ static void killed_midway_fn(int rank, int n) {
     float *x = calloc((size_t)cnt, 4);
     fg_comm_req *req = NULL;
     double t0 = fg_time();
-    fg_status s = fg_comm_iallreduce(c, x, x, cnt, FG_F32, FG_SUM, &req);
+    fg_status s = fg_comm_iallreduce(c, x, x, cnt, FG_F32, FG_REDUCE_OP_SUM, &req);
     if (rank == 1) {
         usleep(20000);
         raise(SIGKILL);
@@ -160,10 +160,10 @@ static void stalled_fn(int rank, int n) {
     fg_comm *c;
     if (join(rank, n, 1.0, 0, &c)) return;
     int32_t v = 1;
-    CHECK_OK(fg_comm_allreduce(c, &v, &v, 1, FG_I32, FG_SUM));
+    CHECK_OK(fg_comm_allreduce(c, &v, &v, 1, FG_I32, FG_REDUCE_OP_SUM));
     if (rank == 1) raise(SIGSTOP);
     double t0 = fg_time();
-    fg_status s = fg_comm_allreduce(c, &v, &v, 1, FG_I32, FG_SUM);
+    fg_status s = fg_comm_allreduce(c, &v, &v, 1, FG_I32, FG_REDUCE_OP_SUM);
     record(rank, s, t0);
     fg_comm_free(c);
 }
@@ -191,16 +191,17 @@ static void mismatch_fn(int rank, int n) {
     switch (g_mode % 10) {
     case 0: /* rank 1 broadcasts while the others reduce */
         s = rank == 1 ? fg_comm_broadcast(c, x, x, 10, FG_F32, 0)
-                      : fg_comm_allreduce(c, x, x, 10, FG_F32, FG_SUM);
+                      : fg_comm_allreduce(c, x, x, 10, FG_F32, FG_REDUCE_OP_SUM);
         break;
     case 1: /* rank 2 passes another count */
-        s = fg_comm_allreduce(c, x, x, rank == 2 ? 11 : 10, FG_F32, FG_SUM);
+        s = fg_comm_allreduce(c, x, x, rank == 2 ? 11 : 10, FG_F32, FG_REDUCE_OP_SUM);
         break;
     case 2: /* rank 0 passes another dtype */
-        s = fg_comm_allreduce(c, x, x, 4, rank == 0 ? FG_I32 : FG_F32, FG_SUM);
+        s = fg_comm_allreduce(c, x, x, 4, rank == 0 ? FG_I32 : FG_F32, FG_REDUCE_OP_SUM);
         break;
     default: /* rank 1 waits at a barrier */
-        s = rank == 1 ? fg_comm_barrier(c) : fg_comm_allreduce(c, x, x, 10, FG_F32, FG_SUM);
+        s = rank == 1 ? fg_comm_barrier(c)
+                      : fg_comm_allreduce(c, x, x, 10, FG_F32, FG_REDUCE_OP_SUM);
         break;
     }
     record(rank, s, t0);
@@ -241,19 +242,19 @@ static void abort_fn(int rank, int n) {
     fg_comm *c;
     if (join(rank, n, 30, 0, &c)) return;
     float x[4] = {0};
-    CHECK_OK(fg_comm_allreduce(c, x, x, 4, FG_F32, FG_SUM));
+    CHECK_OK(fg_comm_allreduce(c, x, x, 4, FG_F32, FG_REDUCE_OP_SUM));
     double t0 = fg_time();
     fg_status s;
     if (rank == 2) {
         usleep(50000);
         fg_comm_abort(c);
-        s = fg_comm_allreduce(c, x, x, 4, FG_F32, FG_SUM);
+        s = fg_comm_allreduce(c, x, x, 4, FG_F32, FG_REDUCE_OP_SUM);
     } else if (rank == 1) {
         fg_comm_free(c); /* leaves while the others wait */
         record(rank, FG_OK, t0);
         return;
     } else {
-        s = fg_comm_allreduce(c, x, x, 4, FG_F32, FG_SUM);
+        s = fg_comm_allreduce(c, x, x, 4, FG_F32, FG_REDUCE_OP_SUM);
     }
     record(rank, s, t0);
     fg_comm_free(c);
@@ -285,11 +286,11 @@ static void watchdog_fn(int rank, int n) {
     if (rank == 0) {
         pthread_t t;
         pthread_create(&t, NULL, watchdog, c);
-        s = fg_comm_allreduce(c, x, x, 4, FG_F32, FG_SUM); /* rank 1 is not there yet */
+        s = fg_comm_allreduce(c, x, x, 4, FG_F32, FG_REDUCE_OP_SUM); /* rank 1 is not there yet */
         pthread_join(t, NULL);
     } else {
         usleep(600000);
-        s = fg_comm_allreduce(c, x, x, 4, FG_F32, FG_SUM);
+        s = fg_comm_allreduce(c, x, x, 4, FG_F32, FG_REDUCE_OP_SUM);
     }
     record(rank, s, t0);
     fg_comm_free(c);
@@ -351,8 +352,7 @@ TEST(nothing_is_left_behind_after_crashes) {
     if (pid == 0) {
         g_case = 99;
         fg_comm *c;
-        join(0, 2, 30, 0, &c);
-        _exit(0);
+        _exit(join(0, 2, 30, 0, &c) == FG_OK ? 0 : 1); /* killed before it returns */
     }
     usleep(300000);
     kill(pid, SIGKILL);

@@ -92,8 +92,8 @@ static int order_rank(int rank, int n, void *arg) {
         buf[i] = rank_value(rank, i);
         ib[i] = (int32_t)(rank_value(rank, i) * 1e6f);
     }
-    CHECK_OK(fg_comm_allreduce(c, buf, buf, NF, FG_F32, FG_SUM));
-    CHECK_OK(fg_comm_allreduce(c, ib, ib, NF, FG_I32, FG_SUM));
+    CHECK_OK(fg_comm_allreduce(c, buf, buf, NF, FG_F32, FG_REDUCE_OP_SUM));
+    CHECK_OK(fg_comm_allreduce(c, ib, ib, NF, FG_I32, FG_REDUCE_OP_SUM));
     memcpy(g_out + (size_t)rank * NF, buf, sizeof(float) * NF);
     memcpy(g_io + (size_t)rank * NF, ib, sizeof(int32_t) * NF);
     fg_comm_free(c);
@@ -116,7 +116,7 @@ static int flat_rank(int rank, int n, void *arg) {
     if (!c) return 1;
     int32_t *ib = malloc(sizeof(int32_t) * NF);
     for (int64_t i = 0; i < NF; i++) ib[i] = (int32_t)(rank_value(rank, i) * 1e6f);
-    CHECK_OK(fg_comm_allreduce(c, ib, ib, NF, FG_I32, FG_SUM));
+    CHECK_OK(fg_comm_allreduce(c, ib, ib, NF, FG_I32, FG_REDUCE_OP_SUM));
     int64_t diff = 0;
     for (int64_t i = 0; i < NF; i++) diff += ib[i] != g_io[(size_t)rank * NF + i];
     CHECK_MSG(diff == 0, "rank %d: %lld integer sums differ from the flat shm backend's", rank,
@@ -199,8 +199,8 @@ static int pipe_rank(int rank, int n, void *arg) {
         int64_t m = pipe_sizes[si];
         /* f32 sum: the hybrid order exactly, and the same bits unpipelined */
         for (int64_t i = 0; i < m; i++) x[i] = y[i] = rank_value(rank, i);
-        CHECK_OK(fg_comm_allreduce(cp, x, x, m, FG_F32, FG_SUM));
-        CHECK_OK(fg_comm_allreduce(c0, y, y, m, FG_F32, FG_SUM));
+        CHECK_OK(fg_comm_allreduce(cp, x, x, m, FG_F32, FG_REDUCE_OP_SUM));
+        CHECK_OK(fg_comm_allreduce(c0, y, y, m, FG_F32, FG_REDUCE_OP_SUM));
         for (int64_t i = 0; i < m; i++) {
             float want = hybrid_sum(i, 0);
             wrong += memcmp(&x[i], &want, 4) != 0;
@@ -209,7 +209,7 @@ static int pipe_rank(int rank, int n, void *arg) {
         /* bf16 and f16 (halves on the wire between nodes) and avg */
         for (int dt = 0; dt < 2; dt++) {
             fg_dtype hd = dt ? FG_F16 : FG_BF16;
-            fg_reduce_op op = dt ? FG_AVG : FG_SUM;
+            fg_reduce_op op = dt ? FG_REDUCE_OP_AVG : FG_REDUCE_OP_SUM;
             for (int64_t i = 0; i < m; i++) x[i] = rank_value(rank, i) * 3.0f;
             fg_convert(h, hd, x, FG_F32, m);
             memcpy(k, h, 2 * (size_t)m);
@@ -219,7 +219,7 @@ static int pipe_rank(int rank, int n, void *arg) {
         }
         /* integers: exact */
         for (int64_t i = 0; i < m; i++) q[i] = (int32_t)(i % 1000) * (rank + 1) - rank;
-        CHECK_OK(fg_comm_allreduce(cp, q, q, m, FG_I32, FG_SUM));
+        CHECK_OK(fg_comm_allreduce(cp, q, q, m, FG_I32, FG_REDUCE_OP_SUM));
         int nr = g_nodes * g_per;
         for (int64_t i = 0; i < m; i++)
             wrong += q[i] != (int32_t)(i % 1000) * nr * (nr + 1) / 2 - nr * (nr - 1) / 2;
@@ -259,7 +259,7 @@ static int rs_rank(int rank, int n, void *arg) {
     for (int mi = 0; mi < 4; mi++) {
         int64_t m = ms[mi];
         for (int64_t i = 0; i < m * n; i++) send[i] = rank_value(rank, i);
-        CHECK_OK(fg_comm_reduce_scatter(c, send, out, m, FG_F32, FG_SUM));
+        CHECK_OK(fg_comm_reduce_scatter(c, send, out, m, FG_F32, FG_REDUCE_OP_SUM));
         for (int64_t i = 0; i < m; i++) {
             float want = hybrid_sum(i, (int64_t)rank * m);
             wrong += memcmp(&out[i], &want, 4) != 0;
@@ -267,7 +267,7 @@ static int rs_rank(int rank, int n, void *arg) {
         /* in place: the block of this rank in the send buffer */
         for (int64_t i = 0; i < m * n; i++) send[i] = rank_value(rank, i);
         float *mine = send + (size_t)rank * (size_t)m;
-        CHECK_OK(fg_comm_reduce_scatter(c, send, mine, m, FG_F32, FG_SUM));
+        CHECK_OK(fg_comm_reduce_scatter(c, send, mine, m, FG_F32, FG_REDUCE_OP_SUM));
         wrong += memcmp(mine, out, sizeof(float) * (size_t)m) != 0;
     }
     CHECK_MSG(wrong == 0, "rank %d (%d x %d): %lld elements differ from the hybrid-order sum", rank,
@@ -297,8 +297,8 @@ static int async_split_rank(int rank, int n, void *arg) {
     int64_t *a = malloc(sizeof(int64_t) * M), *b = malloc(sizeof(int64_t) * M);
     for (int64_t i = 0; i < M; i++) a[i] = b[i] = rank * 1000 + i;
     fg_comm_req *r1, *r2;
-    CHECK_OK(fg_comm_iallreduce(c, a, a, M, FG_I64, FG_SUM, &r1));
-    CHECK_OK(fg_comm_iallreduce(c, b, b, M, FG_I64, FG_MAX, &r2));
+    CHECK_OK(fg_comm_iallreduce(c, a, a, M, FG_I64, FG_REDUCE_OP_SUM, &r1));
+    CHECK_OK(fg_comm_iallreduce(c, b, b, M, FG_I64, FG_REDUCE_OP_MAX, &r2));
     CHECK_OK(fg_comm_wait(r1));
     CHECK_OK(fg_comm_wait(r2));
     int64_t bad = 0;
@@ -314,7 +314,7 @@ static int async_split_rank(int rank, int n, void *arg) {
         CHECK(fg_comm_size(sub) == n / 2 && fg_comm_rank(sub) == rank / 2);
         CHECK(fg_comm_num_nodes(sub) == g_nodes && fg_comm_local_size(sub) == 1);
         int64_t v = rank, s = 0;
-        CHECK_OK(fg_comm_allreduce(sub, &v, &s, 1, FG_I64, FG_SUM));
+        CHECK_OK(fg_comm_allreduce(sub, &v, &s, 1, FG_I64, FG_REDUCE_OP_SUM));
         CHECK(s == (rank % 2 ? 1 + 3 : 0 + 2));
         fg_comm_free(sub);
     }
@@ -364,7 +364,7 @@ static int death_rank(int rank, int n, void *arg) {
     if (rank == 3) _exit(9);
     enum { M = 100000 };
     float *a = calloc(M, sizeof(float));
-    fg_status s = fg_comm_allreduce(c, a, a, M, FG_F32, FG_SUM);
+    fg_status s = fg_comm_allreduce(c, a, a, M, FG_F32, FG_REDUCE_OP_SUM);
     CHECK(s == FG_EPEER);
     CHECK_CONTAINS(fg_last_error(), "died");
     CHECK_CONTAINS(fg_last_error(), "allreduce #1");

@@ -45,7 +45,7 @@ __attribute__((constructor)) static void mpi_rank_main(void) {
     } else {
         int64_t v = me, s = 0, want = 0;
         for (int q = me % 2; q < n; q += 2) want += q;
-        if (fg_comm_allreduce(sub, &v, &s, 1, FG_I64, FG_SUM) || s != want) {
+        if (fg_comm_allreduce(sub, &v, &s, 1, FG_I64, FG_REDUCE_OP_SUM) || s != want) {
             fprintf(stderr, "  rank %d: split allreduce %lld want %lld\n", me, (long long)s,
                     (long long)want);
             bad = 1;
@@ -57,8 +57,8 @@ __attribute__((constructor)) static void mpi_rank_main(void) {
     fg_comm_req *r[3];
     for (int k = 0; k < 3; k++) {
         for (int i = 0; i < 1000; i++) x[i] = 1.0f;
-        if (fg_comm_iallreduce(c, x, x, 1000, FG_F32, FG_SUM, &r[k]) || fg_comm_wait(r[k]) ||
-            x[999] != (float)n) {
+        if (fg_comm_iallreduce(c, x, x, 1000, FG_F32, FG_REDUCE_OP_SUM, &r[k]) ||
+            fg_comm_wait(r[k]) || x[999] != (float)n) {
             fprintf(stderr, "  rank %d: iallreduce: %s\n", me, fg_last_error());
             bad = 1;
         }

@@ -89,7 +89,7 @@ static int determinism_rank(int rank, int n, void *arg) {
             for (int64_t i = 0; i < cnt; i++) ref[i] += tmp[i];
         }
         rank_data(rank, x, cnt);
-        CHECK_OK(fg_comm_allreduce(c, x, x, cnt, FG_F32, FG_SUM));
+        CHECK_OK(fg_comm_allreduce(c, x, x, cnt, FG_F32, FG_REDUCE_OP_SUM));
         int64_t wrong = 0;
         for (int64_t i = 0; i < cnt; i++) wrong += memcmp(&x[i], &ref[i], 4) != 0;
         CHECK_MSG(wrong == 0, "f32 count %lld: %lld elements differ from the rank-order sum",
@@ -107,7 +107,7 @@ static int determinism_rank(int rank, int n, void *arg) {
         }
         rank_data(rank, tmp, cnt);
         for (int64_t i = 0; i < cnt; i++) hx[i] = fg_f32_to_bf16(tmp[i]);
-        CHECK_OK(fg_comm_allreduce(c, hx, hout, cnt, FG_BF16, FG_SUM));
+        CHECK_OK(fg_comm_allreduce(c, hx, hout, cnt, FG_BF16, FG_REDUCE_OP_SUM));
         wrong = 0;
         for (int64_t i = 0; i < cnt; i++) wrong += hout[i] != fg_f32_to_bf16(ref[i]);
         CHECK_MSG(wrong == 0, "bf16 count %lld: %lld elements differ from the rank-order sum",
@@ -157,14 +157,14 @@ static int async_rank(int rank, int n, void *arg) {
     for (int k = 0; k < K; k++) {
         buf[k] = malloc(CNT * 4);
         for (int i = 0; i < CNT; i++) buf[k][i] = (float)(rank + k + (i % 5));
-        CHECK_OK(fg_comm_iallreduce(c, buf[k], buf[k], CNT, FG_F32, FG_SUM, &req[k]));
+        CHECK_OK(fg_comm_iallreduce(c, buf[k], buf[k], CNT, FG_F32, FG_REDUCE_OP_SUM, &req[k]));
     }
     /* compute while the progress thread works */
     volatile double acc = 0;
     for (int i = 0; i < 2000000; i++) acc += i * 1e-9;
     /* a blocking call now runs after the queued ones */
     int32_t one = 1, sum = 0;
-    CHECK_OK(fg_comm_allreduce(c, &one, &sum, 1, FG_I32, FG_SUM));
+    CHECK_OK(fg_comm_allreduce(c, &one, &sum, 1, FG_I32, FG_REDUCE_OP_SUM));
     CHECK(sum == n);
     /* everything issued before the blocking call has completed */
     for (int k = 0; k < K; k++) {
@@ -190,10 +190,10 @@ static int async_rank(int rank, int n, void *arg) {
     for (int64_t i = 0; i < cnt * n; i++) x[i] = (int32_t)(rank * 1000 + i);
     for (int64_t i = 0; i < cnt; i++) bc[i] = rank == 0 ? (int32_t)(7 * i) : -1;
     fg_comm_req *r1, *r2, *r3, *r4, *r5;
-    CHECK_OK(fg_comm_ireduce_scatter(c, x, z, cnt, FG_I32, FG_MAX, &r1));
+    CHECK_OK(fg_comm_ireduce_scatter(c, x, z, cnt, FG_I32, FG_REDUCE_OP_MAX, &r1));
     CHECK_OK(fg_comm_iallgather(c, x, y, cnt, FG_I32, &r2));
     CHECK_OK(fg_comm_ibroadcast(c, bc, bc, cnt, FG_I32, 0, &r3));
-    CHECK_OK(fg_comm_ireduce(c, x, rd, cnt, FG_I32, FG_MIN, n - 1, &r4));
+    CHECK_OK(fg_comm_ireduce(c, x, rd, cnt, FG_I32, FG_REDUCE_OP_MIN, n - 1, &r4));
     CHECK_OK(fg_comm_ibarrier(c, &r5));
     bool done = false;
     while (!done) CHECK_OK(fg_comm_test(r5, &done));
@@ -223,7 +223,7 @@ static int async_rank(int rank, int n, void *arg) {
     /* freeing with requests pending waits for them */
     float *big = calloc(1 << 20, 4);
     fg_comm_req *pend;
-    CHECK_OK(fg_comm_iallreduce(c, big, big, 1 << 20, FG_F32, FG_SUM, &pend));
+    CHECK_OK(fg_comm_iallreduce(c, big, big, 1 << 20, FG_F32, FG_REDUCE_OP_SUM, &pend));
     CHECK_OK(fg_comm_wait(pend));
     free(big);
     fg_comm_free(c);
@@ -259,7 +259,7 @@ static int split_rank(int rank, int n, void *arg) {
         CHECK(fg_comm_local_size(sub) == members && fg_comm_local_rank(sub) == above);
         CHECK(fg_comm_num_nodes(sub) == 1 && fg_comm_node_rank(sub) == 0);
         int64_t v = rank, s = 0;
-        CHECK_OK(fg_comm_allreduce(sub, &v, &s, 1, FG_I64, FG_SUM));
+        CHECK_OK(fg_comm_allreduce(sub, &v, &s, 1, FG_I64, FG_REDUCE_OP_SUM));
         int64_t want = 0;
         for (int q = 0; q < n; q++)
             if (q != 5 && q % 2 == rank % 2) want += q;
@@ -273,7 +273,7 @@ static int split_rank(int rank, int n, void *arg) {
         fg_comm_free(sub);
     }
     int64_t v = 1, s = 0;
-    CHECK_OK(fg_comm_allreduce(c, &v, &s, 1, FG_I64, FG_SUM));
+    CHECK_OK(fg_comm_allreduce(c, &v, &s, 1, FG_I64, FG_REDUCE_OP_SUM));
     CHECK(s == n);
     fg_comm_free(c);
     return 0;
@@ -302,7 +302,7 @@ static int gather_p2p_rank(int rank, int n, void *arg) {
             CHECK_OK(fg_comm_send(c, mine, 2, FG_I64, 0));
         }
         int64_t s = 0;
-        CHECK_OK(fg_comm_allreduce(c, &mine[0], &s, 1, FG_I64, FG_SUM));
+        CHECK_OK(fg_comm_allreduce(c, &mine[0], &s, 1, FG_I64, FG_REDUCE_OP_SUM));
         CHECK(s == (int64_t)n * (n - 1) / 2);
         CHECK_OK(fg_comm_broadcast(c, &s, &s, 1, FG_I64, 0));
     }

@@ -11,7 +11,10 @@
  *     (counted from the batches' dataset indices);
  *   - plain ddp resumed from 2 ranks on 3: no sample lost or twice either;
  *   - a global batch the new world size cannot make is refused, naming the
- *     batch sizes that would. */
+ *     batch sizes that would;
+ *   - a deterministic resume that keeps the global batch with another
+ *     micro-batch says it gives other bits (and one with the same says
+ *     nothing). */
 #include <stdio.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -24,6 +27,8 @@
 #define STEPS 10  /* epochs 0 and 1 whole, 2 of 4 steps of epoch 2 */
 #define MAXN 4096
 #define IN 6
+
+static char g_warned[1024]; /* the micro-batch warning a rank's process got (warn_case) */
 
 typedef struct job {
     bool det;
@@ -108,6 +113,7 @@ static int train(fg_fabric *f, void *arg) {
         if (rank == 0) snprintf(j->msg, sizeof j->msg, "%s", fg_last_error());
     }
     j->accum_used = accum;
+    if (rank == 0 && !j->failed_setup && g_warned[0]) snprintf(j->msg, sizeof j->msg, "warned");
     for (int64_t step = st.step; step < j->stop && !bad; step++) {
         fg_optimizer_zero_grad(o);
         double sum = 0;
@@ -299,6 +305,39 @@ TEST(elastic_deterministic_2_then_1_then_3_ranks_bitwise_every_sample_once) {
  * 1's 45..52, then 16 of epoch 2) */
 TEST(elastic_ddp_2_then_3_then_1_ranks_every_sample_once) {
     elastic(false, (int[]){2, 3, 1}, (int[]){4, 8}, (int[]){51, 53, 16});
+}
+
+static void keep_warn(void *ud, fg_log_level level, int rank, const char *msg) {
+    (void)ud;
+    (void)rank;
+    if (level == FG_LOG_WARN && strstr(msg, "micro-batches"))
+        snprintf(g_warned, sizeof g_warned, "%s", msg);
+}
+
+/* The warning is rank 0's, in its own process: the job carries it back. */
+static void warn_case(const char *p, int world, int64_t batch, bool want) {
+    fg_set_log(keep_warn, NULL, FG_LOG_WARN);
+    g_warned[0] = '\0';
+    job *b = run_job(true, world, batch, 1, 3, p, NULL, false);
+    CHECK_MSG(!strcmp(b->msg, want ? "warned" : ""), "%d ranks x %lld: \"%s\"", world,
+              (long long)batch, b->msg);
+    release(b);
+    fg_set_log(NULL, NULL, FG_LOG_WARN);
+}
+
+TEST(deterministic_resume_with_another_micro_batch_says_so) {
+    char dir[] = "/tmp/fg-det-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char p[300];
+    snprintf(p, sizeof p, "%s/a.safetensors", dir);
+    job *a = run_job(true, 2, 2, GLOBAL / 4, 2, NULL, p, false); /* micro-batches of 2 */
+    release(a);
+    warn_case(p, 1, 2, false); /* 2 per micro-batch, accumulated 6 times: the same bits */
+    warn_case(p, 3, 2, false);
+    warn_case(p, 1, 4, true); /* 12 = 4 x 3: other bits */
+    warn_case(p, 6, 1, true);
+    unlink(p);
+    rmdir(dir);
 }
 
 TEST(elastic_global_batch_that_cannot_be_kept_is_named) {

@@ -3,7 +3,8 @@
 # with batch 32 equals ddp on 2 ranks with batch 16 each (re-exec, fork
 # (ddp_spawn, whose parent gets the model back), `fulgur run`, mpirun when
 # built), ddp on 4 ranks with batch 8, and dp with 2 threads on batch 32 —
-# within 1e-5 (the weights are of order 1). A rank killed with SIGKILL stops the
+# within 1e-5 (the weights are of order 1); on the guarded device, single,
+# ddp, ddp_spawn and dp end bitwise as on the CPU. A rank killed with SIGKILL stops the
 # job within 10 s with a message naming it, leaving no process and no
 # shared memory behind. Bad configuration values exit 2 before any rank starts.
 # (More ranks than cores: FULGUR_CPU_DEVICES, as the launch layer asks.)
@@ -34,6 +35,19 @@ expect_rc "ddp_spawn (fork), parent saves the returned model" 0 spawn &&
     same_as_single ddp_spawn "$T_TMP/spawn.st"
 run dp "$EX" --steps $STEPS --devices 2 --strategy dp --batch 32 --save "$T_TMP/dp.st"
 expect_rc "dp, 2 threads" 0 dp && same_as_single dp "$T_TMP/dp.st"
+# the same four on the guarded device (memory the host cannot touch), each
+# bitwise the CPU's run of its launcher
+for g in "single.st" "ddp.st --devices 2 --strategy ddp --batch 16" \
+    "spawn.st --devices 2 --strategy ddp_spawn --batch 16" "dp.st --devices 2 --strategy dp --batch 32"; do
+    file=${g%% *} rest=${g#"$file"}
+    # shellcheck disable=SC2086
+    run "g-$file" "$EX" --steps $STEPS ${rest:- --batch 32} --accelerator guarded --save "$T_TMP/g-$file"
+    expect_rc "guarded: ${file%.st}" 0 "g-$file"
+    "$FULGUR" ckpt diff "$T_TMP/$file" "$T_TMP/g-$file" >"$T_TMP/gdiff-$file" 2>&1
+    if grep -Eq 'overall max \|A-B\| = 0 over ([1-9][0-9]*) common tensors \(\1 bitwise equal' "$T_TMP/gdiff-$file"
+    then pass "guarded ${file%.st}: bitwise the cpu's"
+    else fail "guarded ${file%.st}: not bitwise the cpu's"; tail -3 "$T_TMP/gdiff-$file"; fi
+done
 if "$FULGUR" run --help >/dev/null 2>&1; then
     run frun "$FULGUR" run --nproc-per-node 2 "$EX" --steps $STEPS --devices 2 --batch 16 --save "$T_TMP/frun.st"
     expect_rc "fulgur run, 2 ranks" 0 frun && same_as_single "fulgur-run" "$T_TMP/frun.st"

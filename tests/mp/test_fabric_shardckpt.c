@@ -10,7 +10,10 @@
  *   - a save in which one rank's write fails (a file size limit on that
  *     rank) fails on every rank naming it, leaves no folder at the target
  *     and no temporary folder, and the previous checkpoint and the "last"
- *     link that names it stay whole and load. */
+ *     link that names it stay whole and load;
+ *   - a model with BatchNorm: the sharded save holds its running
+ *     statistics as the full save does, and a load from the folder under a
+ *     sharded strategy has them bitwise as they were saved. */
 #include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
@@ -24,6 +27,7 @@
 #define STEPS 8
 #define SAVE_AT 4
 #define MAXN 16384
+#define MAXB 128
 
 typedef struct job {
     const char *strategy;
@@ -31,6 +35,7 @@ typedef struct job {
     fg_state_dict_type sdt;
     int world;
     bool mlp;          /* the MLP whose first weight spans all 3 shards, else the GPT */
+    bool bn;           /* with mlp: the small MLP with a BatchNorm1d */
     int fail_rank;     /* >= 0: that rank's file writes fail at the save (RLIMIT_FSIZE) */
     bool weights_only; /* save without the optimizer */
     char save[256];    /* save there at SAVE_AT */
@@ -41,6 +46,8 @@ typedef struct job {
     float params[MAXN];
     float state[2][MAXN];
     int64_t start_step;
+    float bufs_saved[MAXB], bufs_loaded[MAXB], bufs_end[MAXB]; /* rank 0's buffers */
+    int64_t nbufs;
     int save_failed;      /* ranks whose save returned an error */
     char save_error[512]; /* rank 0's message */
 } job;
@@ -50,6 +57,30 @@ typedef struct job {
  * writes no file and rank 0 gets its tail from two ranks. */
 static fg_module *make_mlp(void) {
     return fg_mlp_new(&(fg_mlp_config){.sizes = {9, 1300, 2}, .seed = 3});
+}
+
+/* Linear(9, 40), BatchNorm1d(40), ReLU, Linear(40, 2): running_mean,
+ * running_var and num_batches_tracked as buffers */
+static fg_module *make_bn(void) {
+    fg_module *m = fg_sequential_new();
+    CHECK_OK(fg_sequential_append(m, fg_linear_new(9, 40, true, FG_F32)));
+    CHECK_OK(fg_sequential_append(m, fg_batch_norm1d_new(40, 0, 0.1, true, true, FG_F32)));
+    CHECK_OK(fg_sequential_append(m, fg_relu_new()));
+    CHECK_OK(fg_sequential_append(m, fg_linear_new(40, 2, true, FG_F32)));
+    return m;
+}
+
+/* every buffer of m, in order, into out (f32) */
+static int64_t copy_bufs(fg_module *m, float *out) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < fg_module_num_buffers(m); i++) {
+        fg_tensor *b = fg_module_buffer(m, i);
+        int64_t k = fg_tensor_numel(b);
+        if (n + k > MAXB || fg_tensor_dtype(b) != FG_F32) return -1;
+        memcpy(out + n, fg_tensor_data(b), sizeof(float) * (size_t)k);
+        n += k;
+    }
+    return n;
 }
 
 static fg_module *make_model(void) {
@@ -86,7 +117,7 @@ static fg_status cluster(void *ud, fg_cluster_info *out) {
 static int train(fg_fabric *f, void *arg) {
     job *j = arg;
     int rank = fg_fabric_global_rank(f), world = fg_fabric_world_size(f);
-    fg_module *m = j->mlp ? make_mlp() : make_model();
+    fg_module *m = j->bn ? make_bn() : j->mlp ? make_mlp() : make_model();
     fg_optimizer *o = fg_adamw_new(m, &(fg_adamw_opts){.lr = 1e-2, .weight_decay = 0.1});
     int bad = fg_fabric_setup(f, m, o) != FG_OK;
     int start = 0;
@@ -95,6 +126,7 @@ static int train(fg_fabric *f, void *arg) {
         bad |= fg_fabric_load(f, j->load, &st) != FG_OK;
         start = (int)st.step;
         j->start_step = st.step;
+        if (rank == 0) copy_bufs(m, j->bufs_loaded);
     }
     for (int step = start; step < STEPS && !bad; step++) {
         fg_optimizer_zero_grad(o);
@@ -127,6 +159,7 @@ static int train(fg_fabric *f, void *arg) {
                                  .step = SAVE_AT,
                                  .meta = meta,
                                  .nmeta = 1};
+            if (rank == 0) copy_bufs(m, j->bufs_saved);
             if (fg_fabric_save(f, j->save, &st) != FG_OK) {
                 __atomic_fetch_add(&j->save_failed, 1, __ATOMIC_SEQ_CST);
                 if (rank == 0) snprintf(j->save_error, sizeof j->save_error, "%s", fg_last_error());
@@ -138,6 +171,7 @@ static int train(fg_fabric *f, void *arg) {
     fg_tensor *flat = fg_module_flat_params(m);
     j->n = fg_tensor_numel(flat);
     if (rank == 0) memcpy(j->params, fg_tensor_data(flat), sizeof(float) * (size_t)j->n);
+    if (rank == 0) j->nbufs = copy_bufs(m, j->bufs_end);
     int64_t b, e;
     fg_optimizer_state_range(o, &b, &e);
     for (int k = 0; k < 2; k++)
@@ -170,12 +204,14 @@ static int rank_main(int rank, int n, void *arg) {
 
 static bool g_mlp;          /* run_job's jobs train the MLP */
 static bool g_weights_only; /* and save without the optimizer */
+static bool g_bn;           /* the MLP with a BatchNorm1d */
 
 static job *run_job(const char *strategy, fg_sharding_strategy sharding, int world,
                     fg_state_dict_type sdt, const char *save, const char *load, int fail_rank) {
     job *j = mmap(NULL, sizeof *j, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     memset(j, 0, sizeof *j);
-    j->mlp = g_mlp;
+    j->mlp = g_mlp || g_bn;
+    j->bn = g_bn;
     j->weights_only = g_weights_only;
     j->strategy = strategy;
     j->sharding = sharding;
@@ -456,4 +492,58 @@ TEST(weights_only_sharded_save) {
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);
+}
+
+/* BatchNorm's running statistics (module buffers) travel in the sharded
+ * folder as in the full file: the same tensors bit for bit, and a load
+ * under a sharded strategy restores them as they were at the save. */
+TEST(sharded_save_keeps_batchnorm_buffers) {
+    g_bn = true;
+    char dir[] = "/tmp/fg-shardbn-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char full[256], sh[256];
+    snprintf(full, sizeof full, "%s/full.safetensors", dir);
+    snprintf(sh, sizeof sh, "%s/sharded", dir);
+    job *a = run_job("deepspeed_stage_2", 0, 2, FG_STATE_DICT_FULL, full, NULL, -1);
+    job *b = run_job("deepspeed_stage_2", 0, 2, FG_STATE_DICT_SHARDED, sh, NULL, -1);
+    CHECK_MSG(b->nbufs == 81, "%lld buffer elements, want 40 + 40 + 1", (long long)b->nbufs);
+    check_same(a, b, "BatchNorm MLP, stage 2 on 2 ranks, sharded save vs full save");
+    check_equal_files(sh, full);
+    check_index(sh, full, 2);
+    fg_st_file *x = fg_st_open(sh);
+    CHECK_MSG(x && fg_st_find(x, "1.running_mean") >= 0 && fg_st_find(x, "1.running_var") >= 0 &&
+                  fg_st_find(x, "1.num_batches_tracked") >= 0,
+              "the sharded folder lacks BatchNorm's buffers");
+    fg_st_close(x);
+    /* the running statistics at SAVE_AT moved since the start: the check
+     * below compares something */
+    CHECK(b->bufs_saved[40] != 1.0f);
+    static const struct {
+        const char *strategy;
+        fg_sharding_strategy sharding;
+        int world;
+    } runs[] = {{"deepspeed_stage_2", 0, 2}, {"fsdp", FG_SHARDING_SHARD_GRAD_OP, 2}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        job *l = run_job(runs[i].strategy, runs[i].sharding, runs[i].world, FG_STATE_DICT_SHARDED,
+                         NULL, sh, -1);
+        job *lf = run_job(runs[i].strategy, runs[i].sharding, runs[i].world, FG_STATE_DICT_FULL,
+                          NULL, full, -1);
+        CHECK_MSG(l->start_step == SAVE_AT, "%s: started at %lld", runs[i].strategy,
+                  (long long)l->start_step);
+        CHECK_MSG(!memcmp(l->bufs_loaded, b->bufs_saved, sizeof(float) * 81),
+                  "%s: the running statistics loaded from the sharded folder are not the saved "
+                  "ones",
+                  runs[i].strategy);
+        check_same(l, lf, "BatchNorm MLP from the sharded folder vs the full file");
+        CHECK_MSG(l->nbufs == 81 && !memcmp(l->bufs_end, lf->bufs_end, sizeof(float) * 81),
+                  "%s: running statistics after resuming differ", runs[i].strategy);
+        release(l);
+        release(lf);
+    }
+    release(a);
+    release(b);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
+    g_bn = false;
 }

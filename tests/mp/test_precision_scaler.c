@@ -35,7 +35,7 @@ static int rank_main(int rank, int n, void *p) {
     fg_tensor *g = fg_module_flat_grads(m), *p0 = fg_module_flat_params(m);
     double before = fg_tensor_get(p0, 0);
     /* step 1: the same gradients everywhere, one inf on a->bad_rank */
-    fg_tensor_fill(g, 2.0 * fg_scaler_scale(s));
+    CHECK_OK(fg_tensor_fill(g, 2.0 * fg_scaler_scale(s)));
     if (rank == a->bad_rank) ((float *)fg_tensor_data(g))[3] = INFINITY;
     bool stepped = true;
     CHECK_OK(fg_scaler_step(s, opt, c, &stepped));
@@ -46,15 +46,15 @@ static int rank_main(int rank, int n, void *p) {
     snprintf(want, sizeof want, "found on rank %d", a->bad_rank);
     CHECK_CONTAINS(g_log, want);
     /* step 2: clean everywhere: taken everywhere, the same update */
-    fg_tensor_fill(g, 2.0 * fg_scaler_scale(s));
+    CHECK_OK(fg_tensor_fill(g, 2.0 * fg_scaler_scale(s)));
     CHECK_OK(fg_scaler_step(s, opt, c, &stepped));
     CHECK(stepped && fg_optimizer_step_count(opt) == 1);
     CHECK_CLOSE(fg_tensor_get(p0, 0), before - 0.25 * 2.0, 1e-6, 1e-6);
     /* and every rank holds the same parameters */
     int64_t np = fg_tensor_numel(p0);
     float *mx = fg_alloc(sizeof(float) * (size_t)np), *mn = fg_alloc(sizeof(float) * (size_t)np);
-    CHECK_OK(fg_comm_allreduce(c, fg_tensor_data(p0), mx, np, FG_F32, FG_MAX));
-    CHECK_OK(fg_comm_allreduce(c, fg_tensor_data(p0), mn, np, FG_F32, FG_MIN));
+    CHECK_OK(fg_comm_allreduce(c, fg_tensor_data(p0), mx, np, FG_F32, FG_REDUCE_OP_MAX));
+    CHECK_OK(fg_comm_allreduce(c, fg_tensor_data(p0), mn, np, FG_F32, FG_REDUCE_OP_MIN));
     CHECK(!memcmp(mx, mn, sizeof(float) * (size_t)np));
     fg_free(mx);
     fg_free(mn);

@@ -80,8 +80,8 @@ static double shard_mean(fg_fabric *f, fg_module *net, fg_dataloader *dl) {
         fg_step_reset();
     }
     fg_set_grad_enabled(grad);
-    CHECK_OK(fg_fabric_reduce_scalar(f, sum, FG_SUM, &sum));
-    CHECK_OK(fg_fabric_reduce_scalar(f, count, FG_SUM, &count));
+    CHECK_OK(fg_fabric_reduce_scalar(f, sum, FG_REDUCE_OP_SUM, &sum));
+    CHECK_OK(fg_fabric_reduce_scalar(f, count, FG_REDUCE_OP_SUM, &count));
     return sum / count;
 }
 
@@ -147,7 +147,7 @@ static int v_body(fg_fabric *f, void *arg) {
     double r0 = shard_mean(f, zero, m->vl);
     bool differs = mp_differs_from_rank0(fg_fabric_comm(f), rank, mine, n);
     double anyv = 0;
-    CHECK_OK(fg_fabric_reduce_scalar(f, differs ? 1 : 0, FG_MAX, &anyv));
+    CHECK_OK(fg_fabric_reduce_scalar(f, differs ? 1 : 0, FG_REDUCE_OP_MAX, &anyv));
     bool any = anyv > 0;
     const char *name = fg_bagua_algorithm_name(c->algo);
     if (c->differ) {

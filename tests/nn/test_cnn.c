@@ -32,18 +32,20 @@ static void make_data(float *x, int32_t *t) {
 
 static fg_module *make_cnn(fg_dtype dt) {
     fg_module *s = fg_sequential_new();
-    fg_sequential_append(
-        s, fg_conv2d_new(1, 6, (int64_t[]){3, 3}, &(fg_conv2d_opts){.padding = {1, 1}}, true, dt));
-    fg_sequential_append(s, fg_batch_norm2d_new(6, 1e-5, 0.1, true, true, dt));
-    fg_sequential_append(s, fg_relu_new());
-    fg_sequential_append(s, fg_max_pool2d_new((int64_t[]){2, 2}, NULL, NULL, NULL, false));
-    fg_sequential_append(s, fg_conv2d_new(6, 8, (int64_t[]){3, 3},
-                                          &(fg_conv2d_opts){.groups = 2, .same = true}, true, dt));
-    fg_sequential_append(s, fg_silu_new());
-    fg_sequential_append(s, fg_adaptive_avg_pool2d_new(2, 2));
-    fg_sequential_append(s, fg_flatten_new(1, -1));
-    fg_sequential_append(s, fg_linear_new(32, 3, true, dt));
-    fg_module_set_seed(s, 5);
+    CHECK_OK(fg_sequential_append(
+        s, fg_conv2d_new(1, 6, (int64_t[]){3, 3}, &(fg_conv2d_opts){.padding = {1, 1}}, true, dt)));
+    CHECK_OK(fg_sequential_append(s, fg_batch_norm2d_new(6, 1e-5, 0.1, true, true, dt)));
+    CHECK_OK(fg_sequential_append(s, fg_relu_new()));
+    CHECK_OK(
+        fg_sequential_append(s, fg_max_pool2d_new((int64_t[]){2, 2}, NULL, NULL, NULL, false)));
+    CHECK_OK(fg_sequential_append(s, fg_conv2d_new(6, 8, (int64_t[]){3, 3},
+                                                   &(fg_conv2d_opts){.groups = 2, .same = true},
+                                                   true, dt)));
+    CHECK_OK(fg_sequential_append(s, fg_silu_new()));
+    CHECK_OK(fg_sequential_append(s, fg_adaptive_avg_pool2d_new(2, 2)));
+    CHECK_OK(fg_sequential_append(s, fg_flatten_new(1, -1)));
+    CHECK_OK(fg_sequential_append(s, fg_linear_new(32, 3, true, dt)));
+    CHECK_OK(fg_module_set_seed(s, 5));
     return fg_module_finalize(s) == FG_OK ? s : NULL;
 }
 

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "fixtures.h"
 #include "fulgur/nn.h"
 #include "harness.h"
 
@@ -570,34 +571,12 @@ TEST(gpt_sampling) {
 
 /* An allocator failing every allocation after the first `limit`, counting
  * live blocks: each failure path must free what it took. */
-#include <stdatomic.h>
-#include <stdlib.h>
-static atomic_long fa_count, fa_live;
-static long fa_limit;
-static void *fa_alloc(void *ud, void *ptr, size_t size, size_t align) {
-    (void)ud;
-    if (size == 0) {
-        if (ptr) atomic_fetch_sub(&fa_live, 1);
-        free(ptr);
-        return NULL;
-    }
-    if (atomic_fetch_add(&fa_count, 1) >= fa_limit) return NULL;
-    if (ptr) return realloc(ptr, size);
-    void *p = NULL;
-    if (posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size) != 0) return NULL;
-    atomic_fetch_add(&fa_live, 1);
-    return p;
-}
-
 TEST(allocation_failures) {
     /* fg_gpt_new (construction and finalize) failing at every allocation */
     int failures = 0;
     bool built = false;
     for (long limit = 0; limit < 20000 && !built; limit++) {
-        fa_limit = limit;
-        atomic_store(&fa_count, 0);
-        atomic_store(&fa_live, 0);
-        fg_set_allocator(fa_alloc, NULL);
+        fx_alloc_begin(limit);
         fg_clear_error();
         fg_module *m = tiny_gpt(1, 0);
         if (m) {
@@ -608,34 +587,32 @@ TEST(allocation_failures) {
             failures++;
             if (!fg_last_error()[0]) CHECK_MSG(0, "limit %ld: NULL without a message", limit);
         }
-        fg_set_allocator(NULL, NULL);
-        CHECK_MSG(atomic_load(&fa_live) == 0, "limit %ld: %ld blocks leaked", limit,
-                  (long)atomic_load(&fa_live));
+        fx_alloc_end();
+        CHECK_MSG(fx_alloc_live() == 0, "limit %ld: %ld blocks leaked", limit,
+                  (long)fx_alloc_live());
     }
     CHECK(built && failures > 50);
     /* a user tree whose finalize fails is unchanged and finalizes later */
     for (long limit = 0; limit < 200; limit++) {
-        fa_limit = 1L << 40;
-        atomic_store(&fa_count, 0);
-        atomic_store(&fa_live, 0);
-        fg_set_allocator(fa_alloc, NULL);
+        fx_alloc_begin(LONG_MAX);
         fg_module *m = fg_sequential_new();
-        fg_sequential_append(m, fg_linear_new(3, 4, true, FG_F64));
-        fg_sequential_append(m, fg_relu_new());
-        fg_sequential_append(m, fg_linear_new(4, 2, true, FG_F64));
+        CHECK_OK(fg_sequential_append(m, fg_linear_new(3, 4, true, FG_F64)));
+        CHECK_OK(fg_sequential_append(m, fg_relu_new()));
+        CHECK_OK(fg_sequential_append(m, fg_linear_new(4, 2, true, FG_F64)));
         fg_module *head = fg_module_new("Head", NULL, NULL, NULL);
-        fg_module_add_tied(head, "w", fg_module_own_param(fg_module_child(m, "0"), "weight"));
-        fg_sequential_append(m, head);
-        fa_limit = atomic_load(&fa_count) + limit;
+        CHECK_OK(
+            fg_module_add_tied(head, "w", fg_module_own_param(fg_module_child(m, "0"), "weight")));
+        CHECK_OK(fg_sequential_append(m, head));
+        fx_alloc_limit(fx_alloc_count() + limit);
         fg_status s = fg_module_finalize(m);
-        fa_limit = 1L << 40;
+        fx_alloc_limit(LONG_MAX);
         if (s != FG_OK) CHECK(!fg_module_is_finalized(m));
         CHECK_OK(fg_module_finalize(m));
         CHECK(fg_module_num_params(m) == 4 && fg_module_find_param(m, "3.w") == 0);
         fg_module_free(m);
-        fg_set_allocator(NULL, NULL);
-        CHECK_MSG(atomic_load(&fa_live) == 0, "finalize limit %ld: %ld blocks leaked", limit,
-                  (long)atomic_load(&fa_live));
+        fx_alloc_end();
+        CHECK_MSG(fx_alloc_live() == 0, "finalize limit %ld: %ld blocks leaked", limit,
+                  (long)fx_alloc_live());
         if (s == FG_OK) break;
     }
 }
@@ -690,13 +667,9 @@ static void ud_free(void *p) {
 }
 
 static long live_blocks_after(void (*fn)(void)) {
-    fa_limit = 1L << 40;
-    atomic_store(&fa_count, 0);
-    atomic_store(&fa_live, 0);
-    fg_set_allocator(fa_alloc, NULL);
+    fx_alloc_begin(LONG_MAX);
     fn();
-    fg_set_allocator(NULL, NULL);
-    return atomic_load(&fa_live);
+    return fx_alloc_end();
 }
 
 /* Each failing add leaves the child freed: the Linear's ud counts it. */
@@ -733,9 +706,9 @@ static void failing_adds(void) {
 /* A NULL child (a failed constructor) keeps that constructor's status. */
 static void null_child_keeps_the_cause(void) {
     fg_module *m = fg_sequential_new();
-    fa_limit = atomic_load(&fa_count); /* the next allocation fails */
+    fx_alloc_limit(fx_alloc_count()); /* the next allocation fails */
     fg_module *c = fg_linear_new(2, 3, true, FG_F32);
-    fa_limit = 1L << 40;
+    fx_alloc_limit(LONG_MAX);
     CHECK(c == NULL && fg_last_status() == FG_ENOMEM);
     fg_status s = fg_sequential_append(m, c);
     CHECK(s != FG_OK);
@@ -752,17 +725,14 @@ TEST(consumed_children_are_freed_on_every_failure) {
     /* fg_module_new's ud, and add_child's own allocations, failing one by one */
     int fails = 0;
     for (long limit = 0; limit < 1000; limit++) {
-        fa_limit = 1L << 40;
-        atomic_store(&fa_count, 0);
-        atomic_store(&fa_live, 0);
-        fg_set_allocator(fa_alloc, NULL);
+        fx_alloc_begin(LONG_MAX);
         int before = ud_frees;
         fg_module *m = fg_module_new("M", NULL, NULL, NULL);
         void *ud = fg_alloc(8);
-        fa_limit = atomic_load(&fa_count) + limit;
+        fx_alloc_limit(fx_alloc_count() + limit);
         fg_module *c = fg_module_new("C", NULL, ud, ud_free);
         fg_status s = fg_module_add_child(m, "c", c);
-        fa_limit = 1L << 40;
+        fx_alloc_limit(LONG_MAX);
         if (s != FG_OK) {
             CHECK(ud_frees == before + 1); /* freed by whichever call failed */
             CHECK(fg_last_status() == FG_ENOMEM);
@@ -772,9 +742,9 @@ TEST(consumed_children_are_freed_on_every_failure) {
             CHECK(ud_frees == before && fg_module_child(m, "c") == c);
         }
         fg_module_free(m);
-        fg_set_allocator(NULL, NULL);
-        CHECK_MSG(atomic_load(&fa_live) == 0, "limit %ld: %ld blocks leaked", limit,
-                  (long)atomic_load(&fa_live));
+        fx_alloc_end();
+        CHECK_MSG(fx_alloc_live() == 0, "limit %ld: %ld blocks leaked", limit,
+                  (long)fx_alloc_live());
         if (s == FG_OK) {
             CHECK(ud_frees == before + 1); /* by fg_module_free */
             break;

@@ -12,6 +12,8 @@
 #include "fulgur/nn.h"
 #include "gradcheck.h"
 #include "harness.h"
+#include "nn/nn_impl.h"
+#include "ops/cpu/blas.h"
 #include "ref/ref_file.h"
 
 static fg_tensor *from_ref(const ref_array *a, bool grad) {
@@ -188,7 +190,30 @@ static int run_mha_case(const ref_file *r, const char *pre, const ref_array *cfg
     return bad;
 }
 
-TEST(lstm_gru_mha_match_pytorch_f32_f64) {
+/* The LSTM's paths (nn_impl.h's fg__rnn_set_path, blas.h's
+ * fg__gemm_set_mode): the composed ops (every other device's and
+ * autocast's), the fused node with the products' own choice, with
+ * OpenBLAS's products, and with oneDNN's (the per-step product's b then
+ * reordered once, k_rnn.c) where the build has oneDNN. */
+static const char *const k_paths[4][2] = {
+    {"composed", "auto"}, {"auto", "auto"}, {"auto", "openblas"}, {"auto", "onednn"}};
+
+static bool set_path(int k) {
+    if (!strcmp(k_paths[k][1], "onednn") && !fg__dnnl_isa()) {
+        printf("  path %s/onednn skipped: this build has no oneDNN\n", k_paths[k][0]);
+        return false;
+    }
+    CHECK_OK(fg__rnn_set_path(k_paths[k][0]));
+    CHECK_OK(fg__gemm_set_mode(k_paths[k][1]));
+    return true;
+}
+
+static void reset_path(void) {
+    CHECK_OK(fg__rnn_set_path("auto"));
+    CHECK_OK(fg__gemm_set_mode(NULL));
+}
+
+static void match_pytorch(const char *path) {
     ref_file *r = ref_open(fg_test_path("ref/rnn_ref.bin"));
     CHECK(r != NULL);
     if (!r) return;
@@ -203,14 +228,23 @@ TEST(lstm_gru_mha_match_pytorch_f32_f64) {
         int kind = (int)ref_at(&r->a[i], 0);
         int bad = kind < 2 ? run_rnn_case(r, pre, &r->a[i], &worst[f32 ? 0 : 1])
                            : run_mha_case(r, pre, &r->a[i], &worst[f32 ? 0 : 1]);
-        CHECK_MSG(bad == 0, "%s: %d groups of values off", pre, bad);
+        CHECK_MSG(bad == 0, "%s, path %s: %d groups of values off", pre, path, bad);
         if (kind < 2) nrnn++;
         else nmha++;
     }
-    printf("  %d LSTM/GRU and %d MHA cases; largest gap f32 %.3g, f64 %.3g\n", nrnn, nmha, worst[0],
-           worst[1]);
+    printf("  path %s: %d LSTM/GRU and %d MHA cases; largest gap f32 %.3g, f64 %.3g\n", path, nrnn,
+           nmha, worst[0], worst[1]);
     CHECK(nrnn == 20 && nmha == 14);
     ref_close(r);
+}
+
+TEST(lstm_gru_mha_match_pytorch_f32_f64) {
+    for (int k = 0; k < 4; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s/%s", k_paths[k][0], k_paths[k][1]);
+        if (set_path(k)) match_pytorch(name);
+    }
+    reset_path();
 }
 
 /* ----------------------------------------------------- finite differences */
@@ -382,7 +416,10 @@ TEST(rnn_mha_names_init_and_errors) {
 /* The LSTM language model from PyTorch's weights, trained by plain SGD in
  * f64 on a short text: the loss before each step equals PyTorch's step for
  * step, falls, and the parameters after the last step agree. */
-TEST(lstm_lm_sgd_matches_pytorch_step_for_step_f64) {
+/* path: "composed" (embedding, then the composed LSTM) or "auto" (the
+ * first layer from the projected embedding table, the fused LSTM) */
+static void lm_steps(const char *path) {
+    CHECK_OK(fg__rnn_set_path(path));
     ref_file *r = ref_open(fg_test_path("ref/rnn_ref.bin"));
     CHECK(r != NULL);
     if (!r) return;
@@ -419,8 +456,11 @@ TEST(lstm_lm_sgd_matches_pytorch_step_for_step_f64) {
         for (int64_t i = 0; i < fg_module_numel(m); i++) p[i] -= lr * g[i];
         fg_step_reset();
     }
-    printf("  LSTM LM: loss %.6f -> %.6f in %d SGD steps, largest gap to PyTorch %.3g\n", first,
+    bool table = c.vocab < fg_tensor_numel(x);
+    printf("  LSTM LM, path %s%s: loss %.6f -> %.6f in %d SGD steps, largest gap to PyTorch %.3g\n",
+           path, table && strcmp(path, "composed") ? " (projected embedding table)" : "", first,
            last, steps, worst);
+    CHECK(table); /* the table's path is the one under test */
     CHECK(worst < 1e-12);
     CHECK(last < first - 0.25);
     int bad = 0;
@@ -434,6 +474,12 @@ TEST(lstm_lm_sgd_matches_pytorch_step_for_step_f64) {
     fg_tensor_free(x);
     fg_tensor_free(t);
     ref_close(r);
+    CHECK_OK(fg__rnn_set_path("auto"));
+}
+
+TEST(lstm_lm_sgd_matches_pytorch_step_for_step_f64) {
+    lm_steps("composed");
+    lm_steps("auto");
 }
 
 /* bf16 and f16 modules (bf16-true, 16-true) run forward and backward and

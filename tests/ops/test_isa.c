@@ -49,7 +49,7 @@ static fg_tensor *randn(int nd, const int64_t *shape, uint64_t seed, double scal
 
 static fg_tensor *copy_of(const fg_tensor *t) {
     fg_tensor *c = fg_empty_like(t);
-    fg_tensor_copy(c, t);
+    CHECK_OK(fg_tensor_copy(c, t));
     return c;
 }
 

@@ -1,6 +1,7 @@
 /* The elementwise f32 entries of the vector kernel tables (src/ops/cpu/
  * vk_ew_t.h: same-shape binary ops, axpby, sum_to, ReLU, bias add and
- * gradient, embedding backward, sum over a dimension and its backward), on
+ * gradient, embedding backward, sum over a dimension and its backward) and
+ * batch norm's rows (vk_norm_t.h: statistics, forward, backward), on
  * every path this CPU can run, forced through fg_set_cpu_isa: tests named
  * <op>_scalar, _avx2 and _avx512, the ones the CPU lacks skipped with the
  * reason. Each path is checked against a reference computed here (in
@@ -9,7 +10,8 @@
  * vector width and the pieces the ops split work into, with NaN, infinities
  * and signed zeros among the inputs, on 1 and 2 threads.
  *
- * Bitwise against the scalar path: everything but axpby with a beta other
+ * Bitwise against the scalar path: everything (batch norm's statistics,
+ * output and gradients included) but axpby with a beta other
  * than 0 and 1 (the scalar loop may fuse its multiply-add in a build for
  * an -march with FMA: 1 ulp) and the row sums of sum_dim over its last dim
  * (double lanes of the path's width: a reordered double sum, rounded to
@@ -48,7 +50,7 @@ static fg_tensor *randn_finite(int nd, const int64_t *shape, uint64_t seed) {
 
 static fg_tensor *copy_of(const fg_tensor *t) {
     fg_tensor *c = fg_empty_like(t);
-    fg_tensor_copy(c, t);
+    CHECK_OK(fg_tensor_copy(c, t));
     return c;
 }
 
@@ -210,6 +212,64 @@ ISA_TEST(relu_fwd_bwd) {
         CHECK(same_bits(d, ds));
         free(wy);
         free(wd);
+    }
+}
+
+/* batch norm: mean and variance against sums in double here (the chains
+ * reorder them: 1e-12), the output against its definition from those
+ * statistics (1e-6), and every result bitwise the scalar path's; the input
+ * gradient written (a fresh buffer) and added to a nonzero one */
+ISA_TEST(batch_norm_rows) {
+    static const int64_t S[] = {1, 7, 8, 9, 17, 63, 65, 257, 1024};
+    for (int k = 0; k < (int)(sizeof S / sizeof S[0]); k++) {
+        int64_t N = 3, C = 4, sh[] = {N, C, S[k]}, sc[] = {C};
+        fg_tensor *x = randn_finite(3, sh, 300 + k), *g = randn_finite(3, sh, 310 + k);
+        fg_tensor *w = randn_finite(1, sc, 320 + k), *b = randn_finite(1, sc, 330 + k);
+        fg_tensor *d0 = randn_finite(3, sh, 340 + k);
+        double mean[2][4], var[2][4], invstd[4];
+        fg_tensor *y[2], *dx[2][2], *dw[2], *db[2];
+        for (int pa = 0; pa < 2; pa++) { /* 0: isa, 1: scalar */
+            if (pa) CHECK_OK(fg_set_cpu_isa(FG_ISA_SCALAR));
+            CHECK_OK(ops()->batch_norm_stats(x, mean[pa], var[pa]));
+            for (int64_t c = 0; c < C; c++) invstd[c] = 1.0 / sqrt(var[0][c] + 1e-5);
+            y[pa] = fg_empty_like(x);
+            CHECK_OK(ops()->batch_norm_fwd(x, mean[0], invstd, w, b, y[pa]));
+            dx[pa][0] = fg_empty_like(x);
+            dx[pa][1] = copy_of(d0);
+            dw[pa] = fg_zeros_like(w);
+            db[pa] = fg_zeros_like(b);
+            CHECK_OK(
+                ops()->batch_norm_bwd(x, g, mean[0], invstd, w, dx[pa][0], dw[pa], db[pa], true));
+            CHECK_OK(ops()->batch_norm_bwd(x, g, mean[0], invstd, w, dx[pa][1], NULL, NULL, false));
+            if (pa) CHECK_OK(fg_set_cpu_isa(isa));
+        }
+        long bad = 0;
+        for (int64_t c = 0; c < C; c++) {
+            double m = 0, v = 0;
+            for (int64_t i = 0; i < N * S[k]; i++) m += F(x)[(i / S[k] * C + c) * S[k] + i % S[k]];
+            m /= (double)(N * S[k]);
+            for (int64_t i = 0; i < N * S[k]; i++) {
+                double e = F(x)[(i / S[k] * C + c) * S[k] + i % S[k]] - m;
+                v += e * e;
+            }
+            v /= (double)(N * S[k]);
+            bad += fabs(mean[0][c] - m) > 1e-12 * (1 + fabs(m)) || fabs(var[0][c] - v) > 1e-12 * v;
+            bad += memcmp(&mean[0][c], &mean[1][c], sizeof m) ||
+                   memcmp(&var[0][c], &var[1][c], sizeof v);
+            for (int64_t i = 0; i < N * S[k]; i++) {
+                int64_t at = (i / S[k] * C + c) * S[k] + i % S[k];
+                double want = (F(x)[at] - mean[0][c]) * invstd[c] * F(w)[c] + F(b)[c];
+                bad += fabs(F(y[0])[at] - want) > 1e-6 * (1 + fabs(want));
+                bad += F(dx[0][1])[at] != F(d0)[at] + F(dx[0][0])[at]; /* += the written */
+            }
+        }
+        CHECK_MSG(bad == 0, "%s batch norm S %lld: %ld values off", fg_isa_name(isa),
+                  (long long)S[k], bad);
+        CHECK(same_bits(y[0], y[1]));
+        CHECK(same_bits(dx[0][0], dx[1][0]));
+        CHECK(same_bits(dx[0][1], dx[1][1]));
+        CHECK(same_bits(dw[0], dw[1]));
+        CHECK(same_bits(db[0], db[1]));
     }
 }
 

@@ -97,7 +97,7 @@ static int run_all(fg_dtype dt, fg_tensor **out) {
     out[k++] = dl;
     int64_t sx[] = {4, 6, 31, 29}, sw[] = {8, 3, 3, 3};
     fg_tensor *cx = rnd(dt, 4, sx, 3), *cw = rnd(dt, 4, sw, 4);
-    fg_conv_params cp = {{1, 2}, {1, 1}, {1, 2}, 2};
+    fg_conv_params cp = {{1, 2}, {1, 1}, {1, 2}, 2, false, false};
     int64_t sy[] = {4, 8, 31, 14};
     fg_tensor *cy = fg_empty(dt, 4, sy), *cdx = fg_zeros_like(cx), *cdw = fg_zeros_like(cw);
     g_conv_first = k;

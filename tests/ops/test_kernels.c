@@ -59,7 +59,7 @@ static bool same_bits(const fg_tensor *a, const fg_tensor *b) {
 
 static fg_tensor *copy_of(const fg_tensor *t) {
     fg_tensor *c = fg_empty_like(t);
-    fg_tensor_copy(c, t);
+    CHECK_OK(fg_tensor_copy(c, t));
     return c;
 }
 
@@ -360,7 +360,7 @@ TEST(cross_entropy_all_ignored_and_bad_targets) {
     CHECK(count == 1);
     int32_t bad[3] = {1, 5, 2};
     fg_tensor *tb = fg_from_data(FG_I32, 1, &N, bad);
-    fg_tensor_fill(loss, 42);
+    CHECK_OK(fg_tensor_fill(loss, 42));
     CHECK_STATUS(ops()->cross_entropy_fwd(x, tb, -100, loss, &count), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "target 5 at row 1");
     CHECK_CONTAINS(fg_last_error(), "5 classes");

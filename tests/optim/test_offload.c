@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fixtures.h"
 #include "fulgur/optim.h"
 #include "harness.h"
 #include "optim/nvme_store.h"
@@ -277,7 +278,7 @@ TEST(file_size_limit) {
 }
 
 TEST(store_stream_errors) {
-    fg_nvme_store *s = NULL;
+    fg__nvme_store *s = NULL;
     const char *dir = tmpdir();
     CHECK_OK(fg__nvme_store_new(dir, "a test", 2, 10000, BLOCK, &s));
     /* a block fn's failure stops the stream and is its result */
@@ -286,19 +287,6 @@ TEST(store_stream_errors) {
     CHECK(entries(dir) == 0);
     CHECK_STATUS(fg__nvme_store_new(dir, "a test", 9, 10, BLOCK, &s), FG_EINTERNAL);
     rmdir(dir);
-}
-
-static int g_fail_at, g_count;
-static void *failing_alloc(void *ud, void *ptr, size_t size, size_t align) {
-    (void)ud;
-    if (size == 0) {
-        free(ptr);
-        return NULL;
-    }
-    if (++g_count == g_fail_at) return NULL;
-    if (ptr) return realloc(ptr, size);
-    void *p = NULL;
-    return posix_memalign(&p, align < 16 ? 16 : align, size) ? NULL : p;
 }
 
 /* Each allocation of the offload failing in turn: FG_ENOMEM, the state
@@ -310,13 +298,12 @@ TEST(every_failed_allocation_is_an_error) {
     grads(m, 0);
     CHECK_OK(fg_optimizer_step(o));
     int errors = 0;
-    for (g_fail_at = 1; g_fail_at < 1000; g_fail_at++) {
-        g_count = 0;
-        fg_set_allocator(failing_alloc, NULL);
+    for (int fail_at = 1; fail_at < 1000; fail_at++) {
+        fx_alloc_begin_nth(fail_at);
         fg_status st = fg__optimizer_offload_nvme(o, dir, BLOCK);
-        fg_set_allocator(NULL, NULL);
+        fx_alloc_end();
         if (st == FG_OK) break;
-        CHECK_MSG(st == FG_ENOMEM, "failing allocation %d: %s", g_fail_at, fg_last_error());
+        CHECK_MSG(st == FG_ENOMEM, "failing allocation %d: %s", fail_at, fg_last_error());
         CHECK(!fg__optimizer_offloaded(o) && entries(dir) == 0);
         errors++;
     }

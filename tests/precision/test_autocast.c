@@ -272,8 +272,8 @@ TEST(off_and_f64_untouched) {
     fg_tensor *y1 = fg_linear(x, w, NULL);
     CHECK(y0 && y1 && !memcmp(fg_tensor_data(y0), fg_tensor_data(y1), 24 * sizeof(float)));
     fg_tensor *x64 = fg_empty(FG_F64, 2, sx), *w64 = fg_empty(FG_F64, 2, sw);
-    fg_tensor_copy(x64, x);
-    fg_tensor_copy(w64, w);
+    CHECK_OK(fg_tensor_copy(x64, x));
+    CHECK_OK(fg_tensor_copy(w64, w));
     fg_tensor *z0 = fg_linear(x64, w64, NULL);
     CHECK_OK(fg_autocast_set(FG_BF16, NULL));
     fg_tensor *z1 = fg_linear(x64, w64, NULL);

@@ -16,7 +16,7 @@ static fg_module *tiny(void) { return fg_mlp_new(&(fg_mlp_config){.sizes = {3, 4
 /* every gradient = v * scale */
 static void fill_grads(fg_module *m, double v) {
     fg_tensor *g = fg_module_flat_grads(m);
-    fg_tensor_fill(g, v);
+    CHECK_OK(fg_tensor_fill(g, v));
 }
 
 static char g_log[512];

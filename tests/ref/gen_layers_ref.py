@@ -35,7 +35,8 @@ KINDS = {
     "mse": 20, "l1": 21, "smooth_l1": 22, "huber": 23, "bce": 24, "bce_logits": 25,
     "kl_div": 26, "nll": 27, "cross_entropy": 28,
     "conv2d": 40, "conv1d": 41, "max_pool2d": 42, "avg_pool2d": 43, "adaptive_avg_pool2d": 44,
-    "batch_norm2d": 45, "batch_norm1d": 46,
+    "batch_norm2d": 45, "batch_norm1d": 46, "group_norm": 47, "instance_norm2d": 48,
+    "rms_norm": 49, "conv_transpose2d": 50,
 }
 RED = {"mean": 0, "sum": 1, "none": 2, "batchmean": 3}
 DT = {"f32": torch.float32, "f64": torch.float64}
@@ -43,6 +44,20 @@ DT = {"f32": torch.float32, "f64": torch.float64}
 
 def np_(t):
     return t.detach().numpy()
+
+
+class RMSNorm(torch.nn.Module):
+    """torch.nn.RMSNorm of PyTorch 2.4 (not in 1.13) over the last dim."""
+
+    def __init__(self, dim, eps=None, affine=True):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(dim)) if affine else None
+
+    def forward(self, x):
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        return y * self.weight if self.weight is not None else y
 
 
 def activation(name, a, b):
@@ -287,6 +302,49 @@ def main():
             mod.weight.copy_(torch.rand(c) + 0.5)
             mod.bias.copy_(torch.randn(c))
         layer("bn1d%d" % i, "batch_norm1d", [c, 1e-5, 0.1, 1], mod, xs, eval_too=True)
+
+    # the normalisations and ConvTranspose2d (after the cases above, so that
+    # those keep their draws)
+    def rand_affine(mod, c):
+        with torch.no_grad():
+            mod.weight.copy_(torch.rand(c) + 0.5)
+            if getattr(mod, "bias", None) is not None:
+                mod.bias.copy_(torch.randn(c))
+
+    for i, (g, c, eps, affine, xs) in enumerate([(2, 6, 1e-5, 1, (3, 6, 5, 3)),
+                                                  (1, 4, 1e-3, 1, (2, 4, 7)),
+                                                  (5, 5, 1e-5, 0, (2, 5, 3, 2))]):
+        mod = torch.nn.GroupNorm(g, c, eps=eps, affine=bool(affine))
+        if affine:
+            rand_affine(mod, c)
+        layer("gn%d" % i, "group_norm", [g, c, eps, affine], mod, xs)
+    for i, (c, eps, mom, affine, track, xs) in enumerate([(3, 1e-5, 0.1, 0, 0, (2, 3, 5, 4)),
+                                                          (4, 1e-3, 0.3, 1, 1, (3, 4, 3, 5))]):
+        mod = torch.nn.InstanceNorm2d(c, eps=eps, momentum=mom, affine=bool(affine),
+                                      track_running_stats=bool(track))
+        if affine:
+            rand_affine(mod, c)
+        layer("in%d" % i, "instance_norm2d", [c, eps, mom, affine, track], mod, xs,
+              eval_too=bool(track))
+    for i, (d, eps, affine, xs) in enumerate([(7, -1, 1, (3, 4, 7)), (5, 1e-6, 1, (4, 5)),
+                                              (6, 1e-5, 0, (2, 6))]):
+        mod = RMSNorm(d, eps=None if eps < 0 else eps, affine=bool(affine))
+        if affine:
+            rand_affine(mod, d)
+        layer("rms%d" % i, "rms_norm", [d, eps, affine], mod, xs)
+    convts = [  # in, out, (kh, kw), stride, padding, output_padding, dilation, groups, bias, x
+        (3, 4, (3, 3), (1, 1), (0, 0), (0, 0), (1, 1), 1, 1, (2, 3, 4, 5)),
+        (4, 6, (3, 2), (2, 3), (1, 0), (1, 2), (1, 1), 2, 1, (2, 4, 3, 4)),
+        (2, 3, (2, 3), (2, 1), (0, 1), (1, 0), (2, 2), 1, 0, (1, 2, 3, 3)),
+        (6, 3, (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), 3, 1, (2, 6, 3, 2)),
+        (3, 2, (4, 4), (2, 2), (1, 1), (0, 0), (1, 1), 1, 1, (2, 3, 4, 4)),
+    ]
+    for i, (cin, cout, ks, st, pd, op, dl, g, bias, xs) in enumerate(convts):
+        mod = torch.nn.ConvTranspose2d(cin, cout, ks, stride=st, padding=pd, output_padding=op,
+                                       groups=g, bias=bool(bias), dilation=dl)
+        geo = [cin, cout, ks[0], ks[1], st[0], st[1], pd[0], pd[1], op[0], op[1], dl[0], dl[1], g,
+               bias]
+        layer("convt%d" % i, "conv_transpose2d", geo, mod, xs)
 
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "layers_ref.bin")
     reffile.write(out, arrays)

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Reference for tests/mp/test_strategy_hooks.c: PyTorch's PowerSGD
+"""Reference for tests/strategy/test_strategy_hooks.c: PyTorch's PowerSGD
 Gram-Schmidt (torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook.
 _orthogonalize_gram_schmidt, what powerSGD_hook runs on P and on a reused
 Q) on three (n, r) matrices, in float32 as the hook runs it and in float64.

@@ -1,12 +1,14 @@
 /* Tensors on devices: fg_tensor_new_on, fg_tensor_to and fg_tensor_copy
  * between the host and the guarded device, bitwise, with the copies
- * counted; a host read of a device tensor's data faults. */
+ * counted; strided and converting copies within the guarded device; a host
+ * read of a device tensor's data faults. */
 #include <stdint.h>
 #include <sys/wait.h>
 
 #include "fulgur/device.h"
 #include "fulgur/tensor.h"
 #include "harness.h"
+#include "tensor/tensor_impl.h"
 
 static fg_dev *guarded(const char *name) {
     fg_dev *d = fg_dev_open(name, NULL);
@@ -100,8 +102,14 @@ TEST(new_on_is_zero_and_item_reads_through_a_copy) {
     CHECK(fg_tensor_get(z, 99) == 0.0);
     fg_dev_memory_stats s = fg_dev_memory_stats_get(d);
     CHECK(s.d2h_bytes == 8 && s.d2h_copies == 2);
-    /* fill needs a kernel: refused with the device named */
-    CHECK_STATUS(fg_tensor_fill(z, 1.0), FG_EUNSUPPORTED);
+    /* fill is the device's own kernel: no copy; a strided view is refused by name */
+    CHECK_OK(fg_tensor_fill(z, 1.5));
+    CHECK(fg_dev_memory_stats_get(d).h2d_bytes == s.h2d_bytes);
+    CHECK(fg_tensor_get(z, 0) == 1.5 && fg_tensor_get(z, 99) == 1.5);
+    CHECK_STATUS(
+        fg_tensor_fill(
+            fg_tensor_narrow_view(fg_tensor_reshape_view(z, 2, (int64_t[]){10, 10}), 1, 0, 3), 1.0),
+        FG_EUNSUPPORTED);
     CHECK_CONTAINS(fg_last_error(), "device guarded:0");
     /* a live tensor shows in the leak check */
     fg_tensor_free(zh);
@@ -110,6 +118,49 @@ TEST(new_on_is_zero_and_item_reads_through_a_copy) {
     CHECK_STATUS(fg_dev_leak_check(d), FG_ESTATE);
     CHECK_CONTAINS(fg_last_error(), "1 allocation (400 bytes) still live");
     fg_tensor_free(z);
+    CHECK_OK(fg_dev_leak_check(d));
+    fg_dev_close(d);
+}
+
+/* Within the guarded device a strided or converting copy is its kernel
+ * (the host's copy on its alias): the host's bits, nothing copied to or
+ * from the host; between the host and a device a strided view is still
+ * refused (above). */
+TEST(strided_and_converting_copies_within_the_guarded_device) {
+    fg_dev *d = guarded("guarded:0");
+    if (!d) return;
+    const int64_t shape[3] = {4, 5, 6};
+    fg_tensor *h = random_bits(FG_F32, 3, shape, 13);
+    fg_tensor *g = fg_tensor_to(h, d);
+    fg_dev_reset_copy_stats(d);
+    /* a transpose made contiguous on the device (a step tensor there), and
+     * the host's */
+    fg_tensor *ht = fg_tensor_new(FG_F32, 3, (int64_t[]){6, 5, 4});
+    CHECK_OK(fg_tensor_copy(ht, fg_tensor_transpose_view(h, 0, 2)));
+    CHECK_OK(fg_step_device_set(d));
+    fg_tensor *gt = fg_tensor_contiguous(fg_tensor_transpose_view(g, 0, 2));
+    /* f32 -> bf16 of a narrow view along the last dim */
+    fg_tensor *gn = fg_tensor_narrow_view(g, 2, 1, 4), *hn = fg_tensor_narrow_view(h, 2, 1, 4);
+    fg_tensor *gb = fg_tensor_new_on(d, FG_BF16, 3, (int64_t[]){4, 5, 4});
+    fg_tensor *hb = fg_tensor_new(FG_BF16, 3, (int64_t[]){4, 5, 4});
+    CHECK(gt && ht && gn && hn && gb && hb);
+    if (!gt || !ht || !gn || !hn || !gb || !hb) return;
+    CHECK_OK(fg_tensor_copy(gb, gn));
+    CHECK_OK(fg_tensor_copy(hb, hn));
+    fg_dev_memory_stats st = fg_dev_memory_stats_get(d);
+    CHECK(st.h2d_bytes == 0 && st.d2h_bytes == 0);
+    fg_tensor *bt = fg_tensor_to(gt, NULL), *bb = fg_tensor_to(gb, NULL);
+    CHECK(bt && memcmp(fg_tensor_data(bt), fg_tensor_data(ht), fg_tensor_nbytes(ht)) == 0);
+    CHECK(bb && memcmp(fg_tensor_data(bb), fg_tensor_data(hb), fg_tensor_nbytes(hb)) == 0);
+    fg_tensor_free(bt);
+    fg_tensor_free(bb);
+    fg_tensor_free(ht);
+    fg_tensor_free(gb);
+    fg_tensor_free(hb);
+    fg_tensor_free(g);
+    fg_tensor_free(h);
+    fg_step_reset();
+    CHECK_OK(fg_step_device_set(NULL));
     CHECK_OK(fg_dev_leak_check(d));
     fg_dev_close(d);
 }
@@ -182,6 +233,46 @@ TEST(cpu_device_tensors_are_host_memory) {
     CHECK(fg_dev_memory_stats_get(d).allocated_bytes == 32);
     fg_tensor_free(h);
     fg_tensor_free(t);
+    CHECK_OK(fg_dev_leak_check(d));
+    fg_dev_close(d);
+}
+
+/* fg_step_device_set: step tensors (every op's output) live on the device,
+ * fg_from_data copies host data in, fg_zeros and fg_full are the device's
+ * own kernels, a mark and release rewinds the device arena too, and a
+ * reset keeps one chunk: a second step takes nothing from the allocator. */
+TEST(step_tensors_on_the_step_device) {
+    fg_dev *d = guarded("guarded:0");
+    if (!d) return;
+    CHECK_OK(fg_step_device_set(d));
+    CHECK(fg_step_device() == d);
+    const float host[6] = {1, 2, 3, 4, 5, 6};
+    uint64_t allocs = 0;
+    for (int step = 0; step < 2; step++) {
+        fg_tensor *a = fg_from_data(FG_F32, 2, (int64_t[]){2, 3}, host);
+        CHECK(a && fg_tensor_dev(a) == d && fg_tensor_device(a) == FG_GUARDED);
+        fg_tensor *z = fg_zeros(FG_F32, 1, (int64_t[]){1000});
+        fg_tensor *f = fg_full(FG_BF16, 1, (int64_t[]){7}, 0.5);
+        CHECK(z && f && fg_tensor_get(z, 999) == 0.0 && fg_tensor_get(f, 6) == 0.5);
+        CHECK(fg_tensor_get(a, 5) == 6.0);
+        fg_step_reset();
+        if (step == 0) allocs = fg_dev_memory_stats_get(d).num_allocs;
+    }
+    CHECK(fg_dev_memory_stats_get(d).num_allocs == allocs);
+    fg_tensor *keep = fg_zeros(FG_F32, 1, (int64_t[]){4});
+    fg__arena_point m = fg__step_mark();
+    fg_tensor *big = fg_empty(FG_F32, 1, (int64_t[]){3 << 20}); /* a chunk of its own */
+    CHECK(big && fg_tensor_dev(big) == d);
+    uint64_t live = fg_dev_memory_stats_get(d).active_allocs;
+    fg__step_release(m);
+    CHECK(fg_dev_memory_stats_get(d).active_allocs == live - 1);
+    CHECK(keep && fg_tensor_get(keep, 3) == 0.0);
+    fg_step_reset();
+    CHECK_OK(fg_step_device_set(NULL));
+    CHECK(fg_step_device() == NULL);
+    fg_tensor *h = fg_zeros(FG_F32, 1, (int64_t[]){3});
+    CHECK(h && fg_tensor_dev(h) == NULL);
+    fg_step_reset();
     CHECK_OK(fg_dev_leak_check(d));
     fg_dev_close(d);
 }

@@ -108,7 +108,7 @@ TEST(top_k_and_last) {
     CHECK(strstr(r.best_path, "epoch=3-val_loss=0.30.safetensors") != NULL);
     CHECK_CLOSE(r.best_score, 0.3, 0, 1e-12);
     /* mode max keeps the two highest */
-    cfg.ck.mode = FG_MODE_MAX;
+    cfg.ck.mode = FG_MONITOR_MAX;
     cfg.ck.save_last = false;
     dir = tu_subdir("topk-max");
     run(&cfg, dir, &r);
@@ -253,7 +253,7 @@ TEST(resumes_leak_no_checkpoint) {
     run_cfg cfg = {.o = {.max_steps = 3},
                    .with_ck = true,
                    .ck = {.monitor = "step",
-                          .mode = FG_MODE_MAX,
+                          .mode = FG_MONITOR_MAX,
                           .save_top_k = 2,
                           .every_n_train_steps = 1,
                           .filename = "step-{step:02d}",
@@ -294,7 +294,7 @@ TEST(resume_checks_the_trainer_counters) {
     run_cfg cfg = {.o = {.max_steps = 3},
                    .with_ck = true,
                    .ck = {.monitor = "step",
-                          .mode = FG_MODE_MAX,
+                          .mode = FG_MONITOR_MAX,
                           .every_n_train_steps = 1,
                           .filename = "s{step}",
                           .no_auto_insert_metric_name = true}};

@@ -42,13 +42,13 @@ static fg_tensor *lm_train(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
                             &(fg_log_opts){.on_step = FG_OFF, .on_epoch = FG_ON, .batch_size = 1}));
     CHECK_OK(fg_trainer_log(
         t, "s", v,
-        &(fg_log_opts){.on_step = FG_OFF, .on_epoch = FG_ON, .reduce_fx = FG_REDUCE_SUM}));
+        &(fg_log_opts){.on_step = FG_OFF, .on_epoch = FG_ON, .reduce_fx = FG_REDUCE_FX_SUM}));
     CHECK_OK(fg_trainer_log(
         t, "mx", v,
-        &(fg_log_opts){.on_step = FG_OFF, .on_epoch = FG_ON, .reduce_fx = FG_REDUCE_MAX}));
+        &(fg_log_opts){.on_step = FG_OFF, .on_epoch = FG_ON, .reduce_fx = FG_REDUCE_FX_MAX}));
     CHECK_OK(fg_trainer_log(
         t, "mn", v,
-        &(fg_log_opts){.on_step = FG_OFF, .on_epoch = FG_ON, .reduce_fx = FG_REDUCE_MIN}));
+        &(fg_log_opts){.on_step = FG_OFF, .on_epoch = FG_ON, .reduce_fx = FG_REDUCE_FX_MIN}));
     CHECK_OK(fg_trainer_log(t, "quiet", v, &(fg_log_opts){.logger = FG_OFF}));
     if (i == 0 && m->bad[0] == FG_OK) {
         m->bad[0] = fg_trainer_log(t, "a", v, &(fg_log_opts){.on_epoch = FG_ON});
@@ -256,11 +256,11 @@ static fg_status sync_val(void *ud, fg_trainer *t, fg_batch *b, int64_t j) {
     double v = (double)(m->rank + 1) * 10 + (double)j;
     TRY(fg_trainer_log(t, "sv", v, &(fg_log_opts){.sync_dist = true}));
     TRY(fg_trainer_log(t, "sv_sum", v,
-                       &(fg_log_opts){.sync_dist = true, .reduce_fx = FG_REDUCE_SUM}));
+                       &(fg_log_opts){.sync_dist = true, .reduce_fx = FG_REDUCE_FX_SUM}));
     TRY(fg_trainer_log(t, "sv_max", v,
-                       &(fg_log_opts){.sync_dist = true, .reduce_fx = FG_REDUCE_MAX}));
+                       &(fg_log_opts){.sync_dist = true, .reduce_fx = FG_REDUCE_FX_MAX}));
     TRY(fg_trainer_log(t, "sv_min", v,
-                       &(fg_log_opts){.sync_dist = true, .reduce_fx = FG_REDUCE_MIN}));
+                       &(fg_log_opts){.sync_dist = true, .reduce_fx = FG_REDUCE_FX_MIN}));
     TRY(fg_trainer_log(t, "local", v, NULL));
     if (m->rank == 0) TRY(fg_trainer_log(t, "zero", v, &(fg_log_opts){.rank_zero_only = true}));
     (void)b;

@@ -20,9 +20,9 @@ TEST(reduce_scalar_one_rank_is_the_value_and_checks_out) {
     CHECK(f != NULL);
     if (!f) return;
     double v = -1;
-    CHECK_OK(fg_fabric_reduce_scalar(f, 2.5, FG_SUM, &v));
+    CHECK_OK(fg_fabric_reduce_scalar(f, 2.5, FG_REDUCE_OP_SUM, &v));
     CHECK(v == 2.5);
-    CHECK(fg_fabric_reduce_scalar(f, 1, FG_MAX, NULL) == FG_EINVAL);
+    CHECK(fg_fabric_reduce_scalar(f, 1, FG_REDUCE_OP_MAX, NULL) == FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "out is NULL");
     fg_fabric_free(f);
 }
@@ -33,13 +33,13 @@ static int reduce_run(fg_fabric *f, void *arg) {
     int *checked = arg;
     int rank = fg_fabric_global_rank(f);
     double v = 0;
-    CHECK_OK(fg_fabric_reduce_scalar(f, rank + 1, FG_SUM, &v));
+    CHECK_OK(fg_fabric_reduce_scalar(f, rank + 1, FG_REDUCE_OP_SUM, &v));
     CHECK(v == 3);
-    CHECK_OK(fg_fabric_reduce_scalar(f, rank + 1, FG_MAX, &v));
+    CHECK_OK(fg_fabric_reduce_scalar(f, rank + 1, FG_REDUCE_OP_MAX, &v));
     CHECK(v == 2);
     if (rank == 1) _exit(fg_cur_failed_ ? 1 : 0); /* gone: rank 0's next reduce fails */
     v = 42;
-    fg_status s = fg_fabric_reduce_scalar(f, 1, FG_MIN, &v);
+    fg_status s = fg_fabric_reduce_scalar(f, 1, FG_REDUCE_OP_MIN, &v);
     CHECK(s != FG_OK);
     CHECK_MSG(strstr(fg_last_error(), "rank 1") != NULL, "message: %s", fg_last_error());
     CHECK(v == 42); /* left alone: no NaN */

@@ -13,7 +13,7 @@ typedef struct sched_case {
     int kind; /* 0 StepLR(1, 0.5); 1 ExponentialLR(0.5); 2 plateau by epoch on val_loss;
                  3 plateau by step on val_loss; 4 Adam in groups + Chained(LinearLR, Cosine);
                  5 AdamW + plateau by epoch; 6 plateau without monitor; 7 monitor never logged;
-                 8 scheduler on another optimizer */
+                 8 scheduler on another optimizer; 9 an lr_at schedule going negative */
     fg_lr_interval interval;
     int64_t frequency;
     fg_optimizer *other; /* kind 8 */
@@ -26,6 +26,12 @@ typedef struct sched_module {
     double lr1_at_batch[64];
     int64_t nbatches;
 } sched_module;
+
+/* 0.1 for indices 0-2, then -1, which the optimizer refuses */
+static double negative_from_3(void *ud, int64_t i) {
+    (void)ud;
+    return i < 3 ? 0.1 : -1.0;
+}
 
 static fg_status sched_configure(void *ud, fg_trainer *t, fg_optimizer_config *out) {
     (void)t;
@@ -40,7 +46,8 @@ static fg_status sched_configure(void *ud, fg_trainer *t, fg_optimizer_config *o
     case 3:
     case 6:
     case 7:
-    case 8: out->optimizer = fg_sgd_new(net, &(fg_sgd_opts){.lr = 0.1, .momentum = 0.9}); break;
+    case 8:
+    case 9: out->optimizer = fg_sgd_new(net, &(fg_sgd_opts){.lr = 0.1, .momentum = 0.9}); break;
     case 4: {
         out->optimizer = fg_adam_new(net, &(fg_adam_opts){.lr = 1e-2, .weight_decay = 1e-3});
         CHECK(fg_optimizer_add_param_group(out->optimizer,
@@ -70,6 +77,7 @@ static fg_status sched_configure(void *ud, fg_trainer *t, fg_optimizer_config *o
         break;
     }
     case 6: out->scheduler = fg_reduce_lr_on_plateau_new(o, NULL); break;
+    case 9: out->lr_at = negative_from_3; return out->optimizer ? FG_OK : fg_last_status();
     default:
         out->scheduler = fg_reduce_lr_on_plateau_new(o, NULL);
         out->monitor = "no_such_metric";
@@ -224,6 +232,14 @@ TEST(errors) {
     CHECK_STATUS(r.st, FG_EINVAL);
     CHECK_CONTAINS(r.err, "conditioned on metric \"no_such_metric\"");
     CHECK_CONTAINS(r.err, "val_loss");
+    free(r.params);
+    /* a schedule's lr the optimizer refuses stops the run, naming the index */
+    m = (sched_module){.c = {.kind = 9, .interval = FG_INTERVAL_STEP, .frequency = 1}};
+    run(&m, 1, 0, 0, NULL, 0, NULL, NULL, &r);
+    CHECK_STATUS(r.st, FG_EINVAL);
+    CHECK_CONTAINS(r.err, "the lr schedule at 3");
+    CHECK_CONTAINS(r.err, "lr = -1");
+    CHECK(m.nbatches == 3 && r.lr0 == 0.1);
     free(r.params);
     fg_module *net = fg_linear_new(2, 2, true, FG_F32);
     m = (sched_module){.c = {.kind = 8, .other = fg_sgd_new(net, NULL)}};

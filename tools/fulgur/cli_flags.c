@@ -115,6 +115,22 @@ bool cli_flag_given(const cli_flag *f) {
     }
 }
 
+void cli_flags_bind(const cli_flag_def *defs, int n, void *opts, cli_flag *out) {
+    for (int i = 0; i < n; i++) {
+        const cli_flag_def *d = &defs[i];
+        out[i] = (cli_flag){.name = d->name,
+                            .type = d->type,
+                            .dst = d->type == CLI_SECTION ? NULL : (char *)opts + d->off,
+                            .def = d->def,
+                            .help = d->help,
+                            .min = d->min,
+                            .max = d->max,
+                            .choices = d->choices,
+                            .alias = d->alias,
+                            .bare = d->bare};
+    }
+}
+
 cli_flag *cli_flags_find(cli_flag *flags, int nflags, const char *name) {
     for (int i = 0; i < nflags; i++)
         if (flags[i].type != CLI_SECTION &&
@@ -146,7 +162,17 @@ static bool parse_value(const cli_flag *f, const char *v, void *dst, char *err, 
                     if (c != f->choices) strncat(list, ", ", sizeof list - strlen(list) - 1);
                     strncat(list, *c, sizeof list - strlen(list) - 1);
                 }
-                snprintf(err, cap, "--%s=\"%s\": expected one of %s", f->name, v, list);
+                /* the nearest choice, when one is near */
+                const char *best = NULL;
+                int bd = 99;
+                for (const char *const *c = f->choices; *c; c++) {
+                    int d = cli_edit_distance(v, *c);
+                    if (d < bd) bd = d, best = *c;
+                }
+                if (best && bd <= 3 && bd < (int)strlen(v))
+                    snprintf(err, cap, "--%s=\"%s\": expected one of %s; did you mean %s?", f->name,
+                             v, list, best);
+                else snprintf(err, cap, "--%s=\"%s\": expected one of %s", f->name, v, list);
                 return false;
             }
         }

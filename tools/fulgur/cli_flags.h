@@ -12,6 +12,7 @@
 #define FULGUR_CLI_FLAGS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -38,6 +39,25 @@ typedef struct cli_flag {
     const char *bare;
     bool seen; /* set by the parser when given on the command line */
 } cli_flag;
+
+/* A row of a command's flag table, a `static const` array: a cli_flag whose
+ * destination is the offset of a field of the command's options struct. */
+typedef struct cli_flag_def {
+    const char *name;
+    cli_flag_type type;
+    size_t off; /* offsetof(options, field); unused by a CLI_SECTION */
+    const char *def, *help;
+    int64_t min, max;
+    const char *const *choices;
+    const char *alias, *bare;
+} cli_flag_def;
+
+/* The rows of a table. */
+#define CLI_COUNT(table) ((int)(sizeof(table) / sizeof((table)[0])))
+
+/* The flags of defs[0..n) over the options at opts, into out[0..n) (each
+ * dst = opts + off; not seen). */
+void cli_flags_bind(const cli_flag_def *defs, int n, void *opts, cli_flag *out);
 
 /* Sets every flag to its default, then parses argv[1..argc) (argv[0] is the
  * subcommand). Positional arguments (not starting with "--") go to

@@ -49,17 +49,25 @@ static int open_ckpt(const char *arg, fg_st_file **f, char *path, size_t cap) {
     return 0;
 }
 
+typedef struct show_opts {
+    bool full;
+} show_opts;
+
+static const cli_flag_def k_show_flags[] = {
+    {.name = "full",
+     .type = CLI_BOOL,
+     .off = offsetof(show_opts, full),
+     .help = "print long metadata values whole"},
+};
+
 static int ckpt_show(int argc, char **argv) {
-    bool full = false;
-    cli_flag flags[] = {
-        {.name = "full",
-         .type = CLI_BOOL,
-         .dst = &full,
-         .help = "print long metadata values whole"},
-    };
+    show_opts o = {0};
+    cli_flag flags[CLI_COUNT(k_show_flags)];
+    cli_flags_bind(k_show_flags, CLI_COUNT(k_show_flags), &o, flags);
     const char *pos[1];
     int npos = 0;
-    int rc = cli_flags_parse(flags, 1, argc, argv, "fulgur ckpt show FILE [--full]", pos, 1, &npos);
+    int rc = cli_flags_parse(flags, CLI_COUNT(k_show_flags), argc, argv,
+                             "fulgur ckpt show FILE [--full]", pos, 1, &npos);
     if (rc) return rc < 0 ? FG_EXIT_OK : rc;
     if (npos != 1) {
         cli_error("ckpt show: expected one checkpoint FILE (or a folder holding last.safetensors)");
@@ -96,7 +104,7 @@ static int ckpt_show(int argc, char **argv) {
         const char *k, *v;
         fg_st_meta_at(f, i, &k, &v);
         printf("  %s = ", k);
-        print_value(v, full);
+        print_value(v, o.full);
     }
     fg_st_close(f);
     return FG_EXIT_OK;
@@ -146,18 +154,25 @@ static double entry_diff(const fg_st_file *a, int64_t ia, const fg_st_file *b, i
     return m;
 }
 
+typedef struct diff_opts {
+    bool exit_code;
+} diff_opts;
+
+static const cli_flag_def k_diff_flags[] = {
+    {.name = "exit-code",
+     .type = CLI_BOOL,
+     .off = offsetof(diff_opts, exit_code),
+     .help = "exit 1 when the files differ (tensors, names or shapes), as git diff"},
+};
+
 static int ckpt_diff(int argc, char **argv) {
-    bool exit_code = false;
-    cli_flag flags[] = {
-        {.name = "exit-code",
-         .type = CLI_BOOL,
-         .dst = &exit_code,
-         .help = "exit 1 when the files differ (tensors, names or shapes), as git diff"},
-    };
+    diff_opts o = {0};
+    cli_flag flags[CLI_COUNT(k_diff_flags)];
+    cli_flags_bind(k_diff_flags, CLI_COUNT(k_diff_flags), &o, flags);
     const char *pos[2];
     int npos = 0;
-    int rc =
-        cli_flags_parse(flags, 1, argc, argv, "fulgur ckpt diff A B [--exit-code]", pos, 2, &npos);
+    int rc = cli_flags_parse(flags, CLI_COUNT(k_diff_flags), argc, argv,
+                             "fulgur ckpt diff A B [--exit-code]", pos, 2, &npos);
     if (rc) return rc < 0 ? FG_EXIT_OK : rc;
     if (npos != 2) {
         cli_error("ckpt diff: expected two checkpoint files A and B");
@@ -247,7 +262,7 @@ static int ckpt_diff(int argc, char **argv) {
     fg_st_close(a);
     fg_st_close(b);
     bool differ = overall != 0 || mismatched || only;
-    return exit_code && differ ? FG_EXIT_FAIL : FG_EXIT_OK;
+    return o.exit_code && differ ? FG_EXIT_FAIL : FG_EXIT_OK;
 }
 
 /* The real path of the folder that holds `path` into out (PATH_MAX bytes);
@@ -319,22 +334,30 @@ static int check_out(const char *in, const char *out, bool force) {
  * result is the file a full save of the same state writes, byte for
  * byte. --weights-only leaves out "optimizer.*": the model's state_dict,
  * for PyTorch's load_state_dict(strict=True). */
+typedef struct consolidate_opts {
+    bool weights_only;
+    bool force;
+} consolidate_opts;
+
+static const cli_flag_def k_consolidate_flags[] = {
+    {.name = "weights-only",
+     .type = CLI_BOOL,
+     .off = offsetof(consolidate_opts, weights_only),
+     .help = "only the model's weights (no optimizer.* state): PyTorch's state_dict"},
+    {.name = "force",
+     .type = CLI_BOOL,
+     .off = offsetof(consolidate_opts, force),
+     .help = "replace OUT when it is an existing regular file"},
+};
+
 static int ckpt_consolidate(int argc, char **argv) {
-    bool weights_only = false, force = false;
-    cli_flag flags[] = {
-        {.name = "weights-only",
-         .type = CLI_BOOL,
-         .dst = &weights_only,
-         .help = "only the model's weights (no optimizer.* state): PyTorch's state_dict"},
-        {.name = "force",
-         .type = CLI_BOOL,
-         .dst = &force,
-         .help = "replace OUT when it is an existing regular file"},
-    };
+    consolidate_opts o = {0};
+    cli_flag flags[CLI_COUNT(k_consolidate_flags)];
+    cli_flags_bind(k_consolidate_flags, CLI_COUNT(k_consolidate_flags), &o, flags);
     const char *pos[2];
     int npos = 0;
     int rc = cli_flags_parse(
-        flags, 2, argc, argv,
+        flags, CLI_COUNT(k_consolidate_flags), argc, argv,
         "fulgur ckpt consolidate DIR OUT.safetensors [--weights-only] [--force]", pos, 2, &npos);
     if (rc) return rc < 0 ? FG_EXIT_OK : rc;
     if (npos != 2) {
@@ -344,7 +367,7 @@ static int ckpt_consolidate(int argc, char **argv) {
     fg_st_file *f;
     char path[4096];
     if ((rc = open_ckpt(pos[0], &f, path, sizeof path))) return rc;
-    if ((rc = check_out(path, pos[1], force))) {
+    if ((rc = check_out(path, pos[1], o.force))) {
         fg_st_close(f);
         return rc;
     }
@@ -354,7 +377,7 @@ static int ckpt_consolidate(int argc, char **argv) {
     for (int64_t i = 0; s == FG_OK && i < fg_st_count(f); i++) {
         fg_st_info in;
         fg_st_info_at(f, i, &in);
-        if (weights_only && !strncmp(in.name, "optimizer.", 10)) continue;
+        if (o.weights_only && !strncmp(in.name, "optimizer.", 10)) continue;
         if (!in.has_dtype) {
             s = fg_error(FG_EUNSUPPORTED,
                          "%s: tensor \"%s\" has dtype %s, which fulgur cannot write", path, in.name,
@@ -373,7 +396,7 @@ static int ckpt_consolidate(int argc, char **argv) {
     if (s == FG_OK) s = fg_st_writer_write(w, pos[1]);
     if (s == FG_OK)
         printf("consolidated %s: %" PRId64 " tensors%s into %s\n", path, kept,
-               weights_only ? " (weights only)" : "", pos[1]);
+               o.weights_only ? " (weights only)" : "", pos[1]);
     else cli_error("ckpt consolidate: %s", fg_last_error());
     fg_st_writer_free(w);
     fg_st_close(f);

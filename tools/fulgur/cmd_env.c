@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "cli_flags.h"
 #include "env_memory.h"
+#include "fulgur/gpu.h"
 
 static const char *const k_usage =
     "fulgur env [--accelerator A] [--devices D] [--strategy S] [--precision P] [--num-nodes N]\n"
@@ -39,7 +40,8 @@ static void env_strategies_print(void) {
                    {FG_TAKES_SHARDING_STRATEGY, "sharding strategy"},
                    {FG_TAKES_DEEPSPEED, "deepspeed config"},
                    {FG_TAKES_BAGUA, "bagua algorithms"},
-                   {FG_TAKES_HOROVOD, "horovod options"}};
+                   {FG_TAKES_HOROVOD, "horovod options"},
+                   {FG_TAKES_HIVEMIND, "hivemind options"}};
     printf("strategies:\n");
     for (int k = 0; k < FG_STRATEGY_COUNT; k++) {
         const fg_strategy_info *r = fg_strategy_info_of((fg_strategy_kind)k);
@@ -65,80 +67,96 @@ static void env_strategies_print(void) {
     }
 }
 
+typedef struct env_opts {
+    const char *accel;
+    const char *devices;
+    const char *strategy;
+    const char *precision;
+    const char *sharding;
+    int64_t num_nodes;
+    int64_t params;
+    int64_t layers;
+    int64_t embd;
+    int64_t vocab;
+    int64_t ctx;
+} env_opts;
+
+static const cli_flag_def k_env_flags[] = {
+    {.name = "Launch plan for these settings", .type = CLI_SECTION},
+    {.name = "accelerator",
+     .type = CLI_STR,
+     .off = offsetof(env_opts, accel),
+     .def = "auto",
+     .help = "auto, cpu, gpu, cuda"},
+    {.name = "devices",
+     .type = CLI_STR,
+     .off = offsetof(env_opts, devices),
+     .def = "auto",
+     .help = "a count (\"2\"), -1 for all, or ids (\"0,2\", \"[1, 3]\")"},
+    {.name = "strategy",
+     .type = CLI_STR,
+     .off = offsetof(env_opts, strategy),
+     .def = "auto",
+     .help = "auto or a name of the strategy table (below: strategies)"},
+    {.name = "precision",
+     .type = CLI_STR,
+     .off = offsetof(env_opts, precision),
+     .def = "32-true",
+     .help = "a setting of the precision table (below: precisions)"},
+    {.name = "num-nodes",
+     .type = CLI_INT,
+     .off = offsetof(env_opts, num_nodes),
+     .def = "0",
+     .min = 0,
+     .max = 65536,
+     .help = "machines in the job; 0: 1, or the launcher's"},
+    {.name = "Model state per rank (for a model of this size)", .type = CLI_SECTION},
+    {.name = "params",
+     .type = CLI_INT,
+     .off = offsetof(env_opts, params),
+     .def = "0",
+     .min = 0,
+     .max = INT64_MAX / 64,
+     .help = "parameters of the model"},
+    {.name = "layers",
+     .type = CLI_INT,
+     .off = offsetof(env_opts, layers),
+     .def = "0",
+     .min = 0,
+     .max = 1 << 20,
+     .help = "or a GPT's shape: transformer blocks"},
+    {.name = "embd",
+     .type = CLI_INT,
+     .off = offsetof(env_opts, embd),
+     .def = "768",
+     .min = 1,
+     .max = 1 << 20,
+     .help = "GPT embedding width"},
+    {.name = "vocab",
+     .type = CLI_INT,
+     .off = offsetof(env_opts, vocab),
+     .def = "50304",
+     .min = 1,
+     .max = 1 << 30,
+     .help = "GPT vocabulary"},
+    {.name = "ctx",
+     .type = CLI_INT,
+     .off = offsetof(env_opts, ctx),
+     .def = "1024",
+     .min = 1,
+     .max = 1 << 24,
+     .help = "GPT context length"},
+    {.name = "sharding-strategy",
+     .type = CLI_STR,
+     .off = offsetof(env_opts, sharding),
+     .help = "fsdp: SHARD_GRAD_OP or NO_SHARD"},
+};
+
 int cmd_env(int argc, char **argv) {
-    const char *accel, *devices, *strategy, *precision, *sharding;
-    int64_t num_nodes, params, layers, embd, vocab, ctx;
-    cli_flag flags[] = {
-        {.name = "Launch plan for these settings", .type = CLI_SECTION},
-        {.name = "accelerator",
-         .type = CLI_STR,
-         .dst = &accel,
-         .def = "auto",
-         .help = "auto, cpu, gpu, cuda"},
-        {.name = "devices",
-         .type = CLI_STR,
-         .dst = &devices,
-         .def = "auto",
-         .help = "a count (\"2\"), -1 for all, or ids (\"0,2\", \"[1, 3]\")"},
-        {.name = "strategy",
-         .type = CLI_STR,
-         .dst = &strategy,
-         .def = "auto",
-         .help = "auto or a name of the strategy table (below: strategies)"},
-        {.name = "precision",
-         .type = CLI_STR,
-         .dst = &precision,
-         .def = "32-true",
-         .help = "a setting of the precision table (below: precisions)"},
-        {.name = "num-nodes",
-         .type = CLI_INT,
-         .dst = &num_nodes,
-         .def = "0",
-         .min = 0,
-         .max = 65536,
-         .help = "machines in the job; 0: 1, or the launcher's"},
-        {.name = "Model state per rank (for a model of this size)", .type = CLI_SECTION},
-        {.name = "params",
-         .type = CLI_INT,
-         .dst = &params,
-         .def = "0",
-         .min = 0,
-         .max = INT64_MAX / 64,
-         .help = "parameters of the model"},
-        {.name = "layers",
-         .type = CLI_INT,
-         .dst = &layers,
-         .def = "0",
-         .min = 0,
-         .max = 1 << 20,
-         .help = "or a GPT's shape: transformer blocks"},
-        {.name = "embd",
-         .type = CLI_INT,
-         .dst = &embd,
-         .def = "768",
-         .min = 1,
-         .max = 1 << 20,
-         .help = "GPT embedding width"},
-        {.name = "vocab",
-         .type = CLI_INT,
-         .dst = &vocab,
-         .def = "50304",
-         .min = 1,
-         .max = 1 << 30,
-         .help = "GPT vocabulary"},
-        {.name = "ctx",
-         .type = CLI_INT,
-         .dst = &ctx,
-         .def = "1024",
-         .min = 1,
-         .max = 1 << 24,
-         .help = "GPT context length"},
-        {.name = "sharding-strategy",
-         .type = CLI_STR,
-         .dst = &sharding,
-         .help = "fsdp: SHARD_GRAD_OP or NO_SHARD"},
-    };
-    int nflags = (int)(sizeof flags / sizeof flags[0]);
+    env_opts eo = {0};
+    cli_flag flags[CLI_COUNT(k_env_flags)];
+    cli_flags_bind(k_env_flags, CLI_COUNT(k_env_flags), &eo, flags);
+    int nflags = CLI_COUNT(k_env_flags);
     int rc = cli_flags_parse(flags, nflags, argc, argv, k_usage, NULL, 0, NULL);
     if (rc < 0) {
         printf("\nPrints the version, cores, CPU devices, threads per rank, the cluster\n"
@@ -186,13 +204,27 @@ int cmd_env(int argc, char **argv) {
             printf("    master %s:%d\n", info.master_addr[0] ? info.master_addr : "?",
                    info.master_port);
         if (info.job_id[0]) printf("    job id %s\n", info.job_id);
+        if (info.derived[0]) printf("    derived: %s\n", info.derived);
+        const char *nl = getenv("SLURM_STEP_NODELIST") ? getenv("SLURM_STEP_NODELIST")
+                                                       : getenv("SLURM_JOB_NODELIST");
+        int nh = 0;
+        if (!strcmp(info.source, "slurm") && nl &&
+            fg_cluster_nodelist_host(nl, 0, NULL, 0, &nh) == FG_OK) {
+            printf("    nodes %s =", nl);
+            for (int i = 0; i < nh && i < 16; i++) {
+                char h[FG_CLUSTER_ADDR_MAX];
+                if (fg_cluster_nodelist_host(nl, i, h, sizeof h, NULL) == FG_OK)
+                    printf(" %s%s", h, i == info.node_rank ? " (this node)" : "");
+            }
+            printf("%s\n", nh > 16 ? " ..." : "");
+        }
     }
 
-    fg_launch_opts o = {.accelerator = accel,
-                        .devices = devices,
-                        .strategy = strategy,
-                        .precision = precision,
-                        .num_nodes = (int)num_nodes};
+    fg_launch_opts o = {.accelerator = eo.accel,
+                        .devices = eo.devices,
+                        .strategy = eo.strategy,
+                        .precision = eo.precision,
+                        .num_nodes = (int)eo.num_nodes};
     fg_launch_plan plan;
     bool plan_ok = false;
     if (have_env || planned) {
@@ -206,11 +238,12 @@ int cmd_env(int argc, char **argv) {
         }
     }
 
-    if (params || layers) {
+    if (eo.params || eo.layers) {
         int world = plan_ok && plan.world_size > 0 ? plan.world_size : 1;
-        int64_t n = params ? params : env_gpt_params(layers, embd, vocab, ctx);
-        fg_dtype dt = !strcmp(precision, "64-true") || !strcmp(precision, "64") ? FG_F64 : FG_F32;
-        int mrc = env_memory_print(strategy, sharding, world, n, dt);
+        int64_t n = eo.params ? eo.params : env_gpt_params(eo.layers, eo.embd, eo.vocab, eo.ctx);
+        fg_dtype dt =
+            !strcmp(eo.precision, "64-true") || !strcmp(eo.precision, "64") ? FG_F64 : FG_F32;
+        int mrc = env_memory_print(eo.strategy, eo.sharding, world, n, dt);
         if (mrc) status = mrc;
     }
 
@@ -250,6 +283,16 @@ int cmd_env(int argc, char **argv) {
                                        "SLURM_NODEID",
                                        "SLURM_NNODES",
                                        "SLURM_JOB_ID",
+                                       "SLURM_JOB_NAME",
+                                       "SLURM_JOB_NODELIST",
+                                       "SLURM_STEP_NODELIST",
+                                       "SLURM_JOB_NUM_NODES",
+                                       "SLURM_TASKS_PER_NODE",
+                                       "SLURM_STEP_TASKS_PER_NODE",
+                                       "SLURM_NTASKS_PER_NODE",
+                                       "SLURM_ARRAY_JOB_ID",
+                                       "SLURM_ARRAY_TASK_ID",
+                                       "SLURM_RESTART_COUNT",
                                        "OMP_NUM_THREADS",
                                        "OPENBLAS_NUM_THREADS",
                                        "OPENBLAS_CORETYPE",
@@ -272,7 +315,23 @@ int cmd_env(int argc, char **argv) {
     fg_accelerator a;
     bool gpu = fg_launch_parse_accelerator("gpu", &a) == FG_OK;
     fg_clear_error();
-    printf("accelerators:          cpu%s\n", gpu ? ", gpu" : " (no GPU support built in)");
+    printf("accelerators:          cpu%s, guarded (the test device: docs/devices.md)\n",
+           gpu              ? ", gpu"
+           : fg_gpu_built() ? " (the CUDA backend is built in; no GPU answers here)"
+                            : " (no GPU support built in)");
+    /* the GPUs as the driver's NVML sees them: no CUDA context is made */
+    fg_gpu_info gpus[16];
+    int ngpu = 0;
+    if (fg_gpu_list(gpus, 16, &ngpu) == FG_OK) {
+        printf("GPUs:                  %d (CUDA backend %s)\n", ngpu,
+               fg_gpu_built() ? "built in" : "not built in: configure with FULGUR_CUDA=ON");
+        for (int i = 0; i < ngpu && i < 16; i++)
+            printf("    %d: %s, %.1f GiB, compute capability %d.%d\n", gpus[i].index, gpus[i].name,
+                   (double)gpus[i].memory_bytes / (1 << 30), gpus[i].cc_major, gpus[i].cc_minor);
+    } else {
+        printf("GPUs:                  none (%s)\n", fg_last_error());
+        fg_clear_error();
+    }
     printf("kernels:               %s\n", fg_ops_blas_info());
     printf("vector kernels:        %s\n", fg_isa_name(fg_cpu_isa()));
     env_strategies_print();

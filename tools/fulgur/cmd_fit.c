@@ -1,5 +1,5 @@
 /* fulgur fit, validate, test, predict: the Trainer (fit_trainer.c) on a
- * built-in model (gpt, mlp) and a data file, with Lightning's Trainer flags
+ * built-in model (gpt, mlp, resnet, vit, lstm) and a data file, with Lightning's Trainer flags
  * (fit_args.c). Everything checkable is checked here, in the
  * process the user started, before any rank exists: flags and values
  * (fit_args.c), files, and the devices/strategy/precision strings
@@ -16,7 +16,9 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fit.h"
@@ -48,6 +50,19 @@ static _Atomic(fg_fabric *) g_fabric;
 static atomic_int g_phase; /* 0: not running yet, a signal ends the process; 1: running; 2: over */
 volatile int fit_stopped;
 static volatile sig_atomic_t g_forwarded; /* signals this parent passed to its forked ranks */
+static atomic_int g_stop_sig;             /* the signal that asked for the stop, 0 if none */
+static atomic_int g_rank;                 /* this process's rank, for the messages */
+
+/* What sent sig, as far as a rank can tell: under SLURM, SIGUSR1 is the
+ * warning of #SBATCH --signal (the time limit is near) and SIGTERM scancel
+ * or the time limit itself. */
+static const char *stop_cause(int sig) {
+    bool slurm = getenv("SLURM_JOB_ID") != NULL;
+    if (sig == SIGUSR1)
+        return slurm ? " (SLURM's warning of #SBATCH --signal: the time limit is near)" : "";
+    if (sig == SIGTERM) return slurm ? " (from SLURM: scancel, or the time limit)" : "";
+    return "";
+}
 
 /* Ends the process by sig, as its default action does. */
 static void die_by(int sig) {
@@ -62,28 +77,53 @@ static void die_by(int sig) {
     _exit(128 + sig);
 }
 
+static atomic_int g_stop_thread_up; /* set by the thread once it runs */
+
 static void *stop_signals_main(void *arg) {
     (void)arg;
+    atomic_store(&g_stop_thread_up, 1);
     for (;;) {
         int sig;
         if (sigwait(&g_stop_set, &sig) != 0) continue;
         int phase = atomic_load(&g_phase);
         fg_fabric *f = atomic_load(&g_fabric);
         if (phase == 0) die_by(sig);
+        if (phase == 2 || fit_stopped) { /* late: said, and kept for the requeue's decision */
+            int none = 0;
+            if (atomic_compare_exchange_strong(&g_stop_sig, &none, sig)) {
+                const char *abbrev = sigabbrev_np(sig);
+                fprintf(stderr, "fulgur fit: rank %d got SIG%s%s: the job is stopping already\n",
+                        atomic_load(&g_rank), abbrev ? abbrev : "?", stop_cause(sig));
+            }
+            continue;
+        }
         if (phase == 2 || fit_stopped || !f) continue;
         if (fg_launch_fork_signal(sig) > 0) g_forwarded = 1;
+        int none = 0;
+        if (atomic_compare_exchange_strong(&g_stop_sig, &none, sig)) {
+            const char *abbrev = sigabbrev_np(sig);
+            fprintf(stderr, "fulgur fit: rank %d got SIG%s%s: saving at the next step boundary\n",
+                    fg_fabric_plan(f)->rank, abbrev ? abbrev : "?", stop_cause(sig));
+        }
         if (fg_fabric_request_stop(f) >= 2) die_by(sig);
     }
     return NULL;
 }
 
+/* Started, and waited for until it runs: a thread still starting may hold
+ * the allocator's lock (its start reads /proc/self/maps under the
+ * sanitizers), and a fork then would hand the ranks that lock held by no
+ * one (seen: a ddp_fork rank's threads stuck at their start, under ASan). */
 static int start_stop_thread(void) {
     pthread_t th;
+    atomic_store(&g_stop_thread_up, 0);
     if (pthread_create(&th, NULL, stop_signals_main, NULL) != 0) {
         cli_error("cannot start the thread that takes SIGTERM, SIGINT and SIGUSR1");
         return FG_EXIT_FAIL;
     }
     pthread_detach(th);
+    for (int i = 0; i < 10000 && !atomic_load(&g_stop_thread_up); i++)
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
     return FG_EXIT_OK;
 }
 
@@ -148,15 +188,49 @@ static int run_command(fg_trainer_fn fn, int argc, char **argv) {
         if (details[0]) printf("run details: %s\n", details + 2);
         fflush(stdout);
     }
+    atomic_store(&g_rank, plan->rank);
     if (fn == FG_FIT) arm_stop(f);
     rc = fit_run_launch(r);
     /* a resumable stop: the process the user started (rank 0) says so with
      * its exit status; the other ranks exit 0, so that no launcher takes
      * them for failed ranks */
     if (rc == 0 && (fit_stopped || g_forwarded) && plan->rank <= 0) rc = FG_EXIT_RESUMABLE;
+    /* Lightning's auto-requeue: saved on SLURM's warning, the job goes back
+     * to the queue and resumes from this checkpoint by itself */
+    bool slurm = getenv("SLURM_JOB_ID") != NULL;
+    /* SLURM signals every task; when another rank's copy stopped the job
+     * first, rank 0's own may still be on its way */
+    for (int i = 0; rc == FG_EXIT_RESUMABLE && fit_stopped && slurm && plan->rank == 0 &&
+                    !atomic_load(&g_stop_sig) && i < 500;
+         i++)
+        usleep(10000);
+    if (rc == FG_EXIT_RESUMABLE && fit_stopped && atomic_load(&g_stop_sig) == SIGUSR1 && slurm &&
+        plan->rank == 0) {
+        if (o.no_requeue) {
+            printf("not requeued (--no-requeue): submit the job again to resume it\n");
+        } else if (fg_launch_slurm_requeue(60) == FG_OK) {
+            printf("requeued SLURM job %s (scontrol requeue): it resumes from this checkpoint "
+                   "by itself (--no-requeue only saves and stops)\n",
+                   getenv("SLURM_JOB_ID"));
+        } else {
+            cli_error("%s", fg_last_error());
+        }
+        fflush(stdout);
+    }
     atomic_store(&g_phase, 2); /* signals from here on are ignored */
     atomic_store(&g_fabric, NULL);
     fit_run_free(r);
+    /* the model and optimizer are gone: nothing may be left on the device */
+    fg_dev *dev = fg_fabric_device(f);
+    /* its step arena goes (setting no device cannot fail, but say so if it did) */
+    if (dev && fg_step_device() == dev && fg_step_device_set(NULL) != FG_OK) {
+        cli_error("%s", fg_last_error());
+        if (rc == 0) rc = FG_EXIT_FAIL;
+    }
+    if (dev && fg_dev_leak_check(dev) != FG_OK) {
+        cli_error("%s", fg_last_error());
+        if (rc == 0) rc = FG_EXIT_FAIL;
+    }
     fg_fabric_free(f);
     return rc;
 }

@@ -11,12 +11,10 @@
  * resume from, as fulgur fit after SIGUSR1) is not restarted here, nor one
  * that exits 2 (a usage error: bad flags or a missing file fail again).
  *
- * Signals: they are blocked in every thread before the ranks start (a rank
- * resets its mask before exec) and taken by one thread with sigwait, which
- * forwards them through fg_job_signal; the main thread only waits. */
+ * The loop itself, the restarts, the rendezvous and the signal forwarding
+ * are the library's agent (fg_agent_run, src/launch/agent.c): this file is
+ * the flags and the call, and prints the agent's fg_log lines. */
 #include <errno.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,48 +22,21 @@
 
 #include "cli.h"
 #include "cli_flags.h"
-#include "run_hosts.h"
 
 static const char *const k_usage =
-    "fulgur run [--nproc-per-node N] [--nnodes N --node-rank R --master-addr A --master-port P] "
+    "fulgur run [--nproc-per-node N] [--nnodes N --node-rank R --master-addr A --master-port P "
+    "[--rdzv-backend static|c10d|none] [--rdzv-endpoint A:P] [--rdzv-id ID] [--rdzv-timeout S]] "
     "[--max-restarts K] [--] PROGRAM [ARGS...]\n"
     "       fulgur run --hosts HOST:N,HOST:N,... [--nnodes MIN:MAX] [--max-restarts K] "
     "[--rsh-agent CMD] [--network NET] [--dry-run] [--] PROGRAM [ARGS...]";
 
-/* --------------------------------------------------- signal forwarding */
-
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static fg_job *g_job;     /* the running group, NULL between groups */
-static int g_got;         /* the last signal that ends the job, 0 if none */
-static double g_got_time; /* when the first such signal came (fg_time) */
-static int g_forwarded;   /* ranks it was forwarded to */
-
-/* SIGUSR1 (SLURM's "time is nearly up": checkpoint and stop) is forwarded
- * too, but does not end the job by itself: ranks that ignore it run on. */
-static const int k_forward[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1};
-
-static void forward_set(sigset_t *set) {
-    sigemptyset(set);
-    for (size_t i = 0; i < sizeof k_forward / sizeof k_forward[0]; i++)
-        sigaddset(set, k_forward[i]);
-}
-
-static void *signal_thread(void *arg) {
-    (void)arg;
-    sigset_t set;
-    forward_set(&set);
-    for (;;) {
-        int sig;
-        if (sigwait(&set, &sig) != 0) continue;
-        pthread_mutex_lock(&g_mu);
-        if (sig != SIGUSR1) {
-            if (!g_got) g_got_time = fg_time();
-            g_got = sig;
-        }
-        if (g_job) g_forwarded = fg_job_signal(g_job, sig);
-        pthread_mutex_unlock(&g_mu);
-    }
-    return NULL;
+/* The library's lines (the rendezvous: a node held for the next round, one
+ * refused) as the command's own. */
+static void run_log(void *ud, fg_log_level level, int rank, const char *msg) {
+    (void)ud;
+    (void)level;
+    (void)rank;
+    fprintf(stderr, "fulgur run: %s\n", msg);
 }
 
 /* ------------------------------------------------------------- flags */
@@ -107,9 +78,18 @@ static void more_help(void) {
            "Several machines: --hosts h1:2,h2:2 starts the whole job from this machine\n"
            "through Open MPI's mpirun (and its remote agent, ssh unless --rsh-agent), with\n"
            "the flags it needs; the ranks of a host are consecutive, shm moves data inside a\n"
-           "host and Open MPI between hosts. Started by hand on each machine (--nnodes,\n"
-           "--node-rank), the ranks have no way to reach the other machines and refuse to\n"
-           "start, naming the --hosts command to use instead. With --nnodes MIN:MAX (and\n"
+           "host and Open MPI between hosts. Started on each machine instead (torchrun's\n"
+           "--nnodes N --node-rank R --master-addr A --master-port P, or a scheduler's\n"
+           "equivalent), node 0 listens on P and waits --rdzv-timeout seconds for every node\n"
+           "(each must give the same --nnodes and --nproc-per-node, and its own node rank),\n"
+           "starts Open MPI's ompi-server, and the ranks join one Open MPI world through it;\n"
+           "when a node's ranks fail every node stops its ranks, naming that node and rank.\n"
+           "--rdzv-backend c10d --rdzv-endpoint A:P --rdzv-id ID is torchrun's spelling of\n"
+           "the same; --rdzv-backend none skips the rendezvous. Elastic, --nnodes MIN:MAX\n"
+           "on each machine: the machine of --master-addr holds the rendezvous, the job forms\n"
+           "with MAX nodes or those that came FULGUR_RDZV_LAST_CALL_S (10 s) after the MIN-th,\n"
+           "node ranks in order of arrival; with --max-restarts every node meets again after a\n"
+           "failure (a lost node is left out, a new one may join). With --nnodes MIN:MAX (and\n"
            "--max-restarts K), --hosts is elastic: the job starts on the first MAX hosts\n"
            "that answer (at least MIN), and when a rank fails its host leaves the job and\n"
            "the job starts again on the others while MIN remain and restarts are left.\n"
@@ -129,127 +109,207 @@ static void more_help(void) {
            "executed.\n");
 }
 
-/* --nnodes MIN:MAX with MIN > 1 (or a --node-rank) without --hosts: torchrun
- * would wait for other machines to join; here they join only through
- * --hosts, started from one machine. Prints the command that works. */
-static void elastic_refusal(const char *nnodes_s, int64_t nproc, int64_t restarts, char **prog) {
-    char me[256] = "THIS_HOST", cmd[2048];
-    gethostname(me, sizeof me - 1);
-    const char *colon = strchr(nnodes_s, ':');
-    int max = atoi(colon + 1);
-    size_t k = 0;
-    k += (size_t)snprintf(cmd + k, sizeof cmd - k, "fulgur run --hosts %s:%lld", me,
-                          (long long)nproc);
-    for (int i = 1; i < max && i < 4 && k < sizeof cmd; i++)
-        k += (size_t)snprintf(cmd + k, sizeof cmd - k, ",HOST%d:%lld", i, (long long)nproc);
-    if (max > 4 && k < sizeof cmd) k += (size_t)snprintf(cmd + k, sizeof cmd - k, ",...");
-    if (k < sizeof cmd) k += (size_t)snprintf(cmd + k, sizeof cmd - k, " --nnodes %s", nnodes_s);
-    if (restarts && k < sizeof cmd)
-        k += (size_t)snprintf(cmd + k, sizeof cmd - k, " --max-restarts %lld", (long long)restarts);
-    if (k < sizeof cmd) k += (size_t)snprintf(cmd + k, sizeof cmd - k, " --");
-    for (int i = 0; prog[i] && k < sizeof cmd; i++)
-        k += (size_t)snprintf(cmd + k, sizeof cmd - k, " %s", prog[i]);
-    if (k >= sizeof cmd) strcpy(cmd + sizeof cmd - 5, "...");
-    cli_error("--nnodes=\"%s\": the other machines of an elastic job are started from this one; "
-              "started on its own, this machine is one node, below the minimum. Run once, here:\n"
-              "  %s\n(HOST1, ... = the other machines)",
-              nnodes_s, cmd);
+/* --hosts: mpirun becomes this process (a fixed list, no restarts), or the
+ * agent runs it as a child it starts again (src/launch/hosts.c). */
+static int run_on_hosts(const fg_hosts_opts *ho, bool elastic, int min_nodes, int max_nodes,
+                        int restarts, bool dry_run, double grace, const char *const *prog) {
+    char **cmd;
+    int n;
+    if (fg_hosts_command(ho, elastic ? max_nodes : 0, prog, &cmd, &n) != FG_OK) {
+        cli_error("%s", fg_last_error());
+        return FG_EXIT_USAGE;
+    }
+    bool agent = elastic || restarts;
+    if (elastic && n < min_nodes) {
+        cli_error("--nnodes %d:%d: --hosts lists %d host%s; list at least %d", min_nodes, max_nodes,
+                  n, n == 1 ? "" : "s", min_nodes);
+        fg_hosts_command_free(cmd);
+        return FG_EXIT_USAGE;
+    }
+    if (dry_run) {
+        if (agent)
+            printf("(each start, on the first %d hosts that answer of %d:)\n",
+                   elastic && max_nodes < n ? max_nodes : n, n);
+        for (int i = 0; cmd[i]; i++) printf("%s%s", i ? " " : "", cmd[i]);
+        printf("\n");
+        fg_hosts_command_free(cmd);
+        return FG_EXIT_OK;
+    }
+    if (!agent) {
+        fflush(stdout);
+        fflush(stderr);
+        execvp(cmd[0], cmd);
+        cli_error("--hosts: cannot run %s (%s): install Open MPI (apt-get install openmpi-bin) "
+                  "or give its path with --mpirun",
+                  cmd[0], strerror(errno));
+        fg_hosts_command_free(cmd);
+        return 127;
+    }
+    fg_hosts_command_free(cmd);
+    fg_agent_opts ao = {.argv = prog,
+                        .nproc_per_node = ho->default_slots,
+                        .num_nodes = elastic ? max_nodes : 0,
+                        .min_nodes = elastic ? min_nodes : 0,
+                        .max_restarts = restarts,
+                        .grace_s = grace,
+                        .hosts = ho};
+    fg_agent_result res;
+    fg_set_log(run_log, NULL, FG_LOG_INFO);
+    fg_status st = fg_agent_run(&ao, &res);
+    fg_set_log(NULL, NULL, FG_LOG_INFO);
+    if (st == FG_EINVAL && res.exit_code == FG_EXIT_USAGE) cli_error("%s", fg_last_error());
+    return res.exit_code;
 }
+
+/* The flags of run, as given. */
+typedef struct run_opts {
+    const char *nproc_s;
+    const char *nnodes_s;
+    const char *addr;
+    const char *job_id;
+    const char *hosts;
+    const char *rsh_agent;
+    const char *network;
+    const char *mpirun;
+    const char *rdzv_backend;
+    const char *rdzv_endpoint;
+    const char *rdzv_id;
+    int64_t node_rank;
+    int64_t port;
+    int64_t restarts;
+    double grace;
+    double rdzv_timeout;
+    bool standalone;
+    bool dry_run;
+} run_opts;
+
+static const cli_flag_def k_run_flags[] = {
+    {.name = "hosts",
+     .type = CLI_STR,
+     .off = offsetof(run_opts, hosts),
+     .help = "run across machines from here: HOST:N,HOST:N,... (N ranks on each; a HOST "
+             "without :N gets --nproc-per-node) through Open MPI's mpirun"},
+    {.name = "rsh-agent",
+     .type = CLI_STR,
+     .off = offsetof(run_opts, rsh_agent),
+     .help = "with --hosts: the command that runs a command on another host (Open MPI's "
+             "plm_rsh_agent) [default: ssh]"},
+    {.name = "network",
+     .type = CLI_STR,
+     .off = offsetof(run_opts, network),
+     .help = "with --hosts: the subnet (10.0.0.0/24) or interface Open MPI's traffic uses"},
+    {.name = "mpirun",
+     .type = CLI_STR,
+     .off = offsetof(run_opts, mpirun),
+     .def = "mpirun",
+     .help = "with --hosts: the mpirun to run"},
+    {.name = "dry-run",
+     .type = CLI_BOOL,
+     .off = offsetof(run_opts, dry_run),
+     .help = "with --hosts: print the mpirun command instead of running it"},
+    {.name = "nproc-per-node",
+     .type = CLI_STR,
+     .off = offsetof(run_opts, nproc_s),
+     .def = "1",
+     .help = "ranks to start on this machine: a number, or auto (one per CPU device: the "
+             "cores, or FULGUR_CPU_DEVICES)"},
+    {.name = "nnodes",
+     .type = CLI_STR,
+     .off = offsetof(run_opts, nnodes_s),
+     .def = "1",
+     .help = "machines in the job, or MIN:MAX (elastic: with --hosts the job runs on the "
+             "hosts that answer, at least MIN; started on each machine, the nodes that "
+             "join the rendezvous at --master-addr, at least MIN, ranks in order of "
+             "arrival; with --max-restarts it goes on without a failed node, and a node "
+             "may join at a restart)"},
+    {.name = "node-rank",
+     .type = CLI_INT,
+     .off = offsetof(run_opts, node_rank),
+     .def = "0",
+     .min = 0,
+     .max = 65535,
+     .help = "this machine's index, 0 .. nnodes-1"},
+    {.name = "master-addr",
+     .type = CLI_STR,
+     .off = offsetof(run_opts, addr),
+     .def = "127.0.0.1",
+     .help = "address of node 0 (MASTER_ADDR)"},
+    {.name = "master-port",
+     .type = CLI_INT,
+     .off = offsetof(run_opts, port),
+     .def = "0",
+     .min = 0,
+     .max = 65535,
+     .help = "port on node 0 (MASTER_PORT); 0: a free port on one node, 29500 with several"},
+    {.name = "job-id",
+     .type = CLI_STR,
+     .off = offsetof(run_opts, job_id),
+     .help = "FULGUR_JOB_ID of the ranks (names the shared memory) [default: fresh on one "
+             "node; master-addr:master-port with several, so that all nodes agree]"},
+    {.name = "max-restarts",
+     .type = CLI_INT,
+     .off = offsetof(run_opts, restarts),
+     .def = "0",
+     .min = 0,
+     .max = 1000,
+     .help = "start the ranks again after a failure, up to N times (with --hosts: the "
+             "whole job; they see FULGUR_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT)"},
+    {.name = "rdzv-backend",
+     .type = CLI_STR,
+     .off = offsetof(run_opts, rdzv_backend),
+     .def = "static",
+     .help = "with --nnodes N on each machine: static (node 0 at --master-addr:--master-port "
+             "gathers the nodes), c10d (the same at --rdzv-endpoint, job --rdzv-id, as "
+             "torchrun's), or none (no rendezvous: the ranks get the contract only, for a "
+             "program that finds its peers itself)"},
+    {.name = "rdzv-endpoint",
+     .type = CLI_STR,
+     .off = offsetof(run_opts, rdzv_endpoint),
+     .help = "with --rdzv-backend c10d: HOST:PORT of node 0 (torchrun's; it becomes the "
+             "master address and port)"},
+    {.name = "rdzv-id",
+     .type = CLI_STR,
+     .off = offsetof(run_opts, rdzv_id),
+     .help = "with --rdzv-backend c10d: the job's id, the same on every node (the job id "
+             "and TORCHELASTIC_RUN_ID)"},
+    {.name = "rdzv-timeout",
+     .type = CLI_DOUBLE,
+     .off = offsetof(run_opts, rdzv_timeout),
+     .def = "0",
+     .help = "with --nnodes N on each machine: seconds node 0 waits for every node to join "
+             "(and the others for node 0); 0: FULGUR_RDZV_TIMEOUT_S, else 300"},
+    {.name = "grace",
+     .type = CLI_DOUBLE,
+     .off = offsetof(run_opts, grace),
+     .def = "0",
+     .help = "seconds between SIGTERM and SIGKILL when ranks are stopped; 0: "
+             "FULGUR_KILL_GRACE_S, else 3"},
+    {.name = "standalone",
+     .type = CLI_BOOL,
+     .off = offsetof(run_opts, standalone),
+     .help = "one machine on its own (torchrun's flag; the default here)"},
+};
 
 /* Runs the command once the flags (fa[1..split), dashed) are split from
  * the program (argv[split..]). */
 static int run_flags(int argc, char **argv, int split, char **fa) {
-    const char *nproc_s, *nnodes_s, *addr, *job_id, *hosts, *rsh_agent, *network, *mpirun;
-    int64_t node_rank, port, restarts;
-    double grace;
-    bool standalone, dry_run;
-    cli_flag flags[] = {
-        {.name = "hosts",
-         .type = CLI_STR,
-         .dst = &hosts,
-         .help = "run across machines from here: HOST:N,HOST:N,... (N ranks on each; a HOST "
-                 "without :N gets --nproc-per-node) through Open MPI's mpirun"},
-        {.name = "rsh-agent",
-         .type = CLI_STR,
-         .dst = &rsh_agent,
-         .help = "with --hosts: the command that runs a command on another host (Open MPI's "
-                 "plm_rsh_agent) [default: ssh]"},
-        {.name = "network",
-         .type = CLI_STR,
-         .dst = &network,
-         .help = "with --hosts: the subnet (10.0.0.0/24) or interface Open MPI's traffic uses"},
-        {.name = "mpirun",
-         .type = CLI_STR,
-         .dst = &mpirun,
-         .def = "mpirun",
-         .help = "with --hosts: the mpirun to run"},
-        {.name = "dry-run",
-         .type = CLI_BOOL,
-         .dst = &dry_run,
-         .help = "with --hosts: print the mpirun command instead of running it"},
-        {.name = "nproc-per-node",
-         .type = CLI_STR,
-         .dst = &nproc_s,
-         .def = "1",
-         .help = "ranks to start on this machine: a number, or auto (one per CPU device: the "
-                 "cores, or FULGUR_CPU_DEVICES)"},
-        {.name = "nnodes",
-         .type = CLI_STR,
-         .dst = &nnodes_s,
-         .def = "1",
-         .help = "machines in the job, or MIN:MAX with --hosts (elastic: the job runs on the "
-                 "hosts that answer, at least MIN, and goes on without a host whose ranks "
-                 "failed while --max-restarts allows)"},
-        {.name = "node-rank",
-         .type = CLI_INT,
-         .dst = &node_rank,
-         .def = "0",
-         .min = 0,
-         .max = 65535,
-         .help = "this machine's index, 0 .. nnodes-1"},
-        {.name = "master-addr",
-         .type = CLI_STR,
-         .dst = &addr,
-         .def = "127.0.0.1",
-         .help = "address of node 0 (MASTER_ADDR)"},
-        {.name = "master-port",
-         .type = CLI_INT,
-         .dst = &port,
-         .def = "0",
-         .min = 0,
-         .max = 65535,
-         .help = "port on node 0 (MASTER_PORT); 0: a free port on one node, 29500 with several"},
-        {.name = "job-id",
-         .type = CLI_STR,
-         .dst = &job_id,
-         .help = "FULGUR_JOB_ID of the ranks (names the shared memory) [default: fresh on one "
-                 "node; master-addr:master-port with several, so that all nodes agree]"},
-        {.name = "max-restarts",
-         .type = CLI_INT,
-         .dst = &restarts,
-         .def = "0",
-         .min = 0,
-         .max = 1000,
-         .help = "start the ranks again after a failure, up to N times (with --hosts: the "
-                 "whole job; they see FULGUR_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT)"},
-        {.name = "grace",
-         .type = CLI_DOUBLE,
-         .dst = &grace,
-         .def = "0",
-         .help = "seconds between SIGTERM and SIGKILL when ranks are stopped; 0: "
-                 "FULGUR_KILL_GRACE_S, else 3"},
-        {.name = "standalone",
-         .type = CLI_BOOL,
-         .dst = &standalone,
-         .help = "one machine on its own (torchrun's flag; the default here)"},
-    };
-    int nflags = (int)(sizeof flags / sizeof flags[0]);
+    run_opts given = {0};
+    cli_flag flags[CLI_COUNT(k_run_flags)];
+    cli_flags_bind(k_run_flags, CLI_COUNT(k_run_flags), &given, flags);
+    int nflags = CLI_COUNT(k_run_flags);
     int rc = cli_flags_parse(flags, nflags, split, fa, k_usage, NULL, 0, NULL);
     if (rc < 0) {
         more_help();
         return FG_EXIT_OK;
     }
     if (rc) return rc;
+    const char *nproc_s = given.nproc_s, *nnodes_s = given.nnodes_s, *addr = given.addr,
+               *job_id = given.job_id, *hosts = given.hosts, *rsh_agent = given.rsh_agent,
+               *network = given.network, *mpirun = given.mpirun, *rdzv_backend = given.rdzv_backend,
+               *rdzv_endpoint = given.rdzv_endpoint, *rdzv_id = given.rdzv_id;
+    int64_t node_rank = given.node_rank, port = given.port, restarts = given.restarts;
+    double grace = given.grace, rdzv_timeout = given.rdzv_timeout;
+    bool standalone = given.standalone, dry_run = given.dry_run;
 
     int64_t nproc, nnodes;
     bool elastic = false; /* --nnodes MIN:MAX with MIN < MAX */
@@ -282,8 +342,8 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
             cli_error("--nnodes=\"%s\": expected N, or MIN:MAX with 1 <= MIN <= MAX", nnodes_s);
             return FG_EXIT_USAGE;
         }
-        if (hi > RUN_HOSTS_MAX) {
-            cli_error("--nnodes=\"%s\": at most %d nodes", nnodes_s, RUN_HOSTS_MAX);
+        if (hi > FG_HOSTS_MAX) {
+            cli_error("--nnodes=\"%s\": at most %d nodes", nnodes_s, FG_HOSTS_MAX);
             return FG_EXIT_USAGE;
         }
         nnodes = lo;
@@ -322,38 +382,23 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
         cli_error("no program to run\nusage: %s", k_usage);
         return FG_EXIT_USAGE;
     }
-    if (elastic && !hosts) {
-        if (min_nodes > 1 || node_rank) {
-            elastic_refusal(nnodes_s, nproc, restarts, argv + prog);
-            return FG_EXIT_USAGE;
-        }
-        /* torchrun on one machine: its agent is the only node that joins */
-        fprintf(stderr,
-                "fulgur run: --nnodes %s without --hosts: this machine is the only node (%lld "
-                "rank%s); other machines join through --hosts\n",
-                nnodes_s, (long long)nproc, nproc == 1 ? "" : "s");
-        nnodes = 1;
-    }
     if (hosts) {
         if (!elastic && (nnodes > 1 || node_rank)) {
             cli_error("--hosts starts every machine's ranks from here: drop --nnodes and "
                       "--node-rank");
             return FG_EXIT_USAGE;
         }
-        run_hosts_opts ho = {.hosts = hosts,
-                             .default_slots = (int)nproc,
-                             .mpirun = mpirun,
-                             .rsh_agent = rsh_agent,
-                             .network = network,
-                             .dry_run = dry_run};
         if (elastic && node_rank) {
             cli_error("--hosts starts every machine's ranks from here: drop --node-rank");
             return FG_EXIT_USAGE;
         }
-        if (elastic || restarts)
-            return run_hosts_elastic(&ho, min_nodes, max_nodes, elastic, (int)restarts,
-                                     argv + prog);
-        return run_hosts(&ho, argv + prog);
+        return run_on_hosts(&(fg_hosts_opts){.hosts = hosts,
+                                             .default_slots = (int)nproc,
+                                             .mpirun = mpirun,
+                                             .rsh_agent = rsh_agent,
+                                             .network = network},
+                            elastic, min_nodes, max_nodes, (int)restarts, dry_run,
+                            grace > 0 ? grace : env_grace, (const char *const *)(argv + prog));
     }
     if (rsh_agent || network || dry_run) {
         cli_error("--%s goes with --hosts", rsh_agent ? "rsh-agent"
@@ -361,7 +406,44 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
                                                       : "dry-run");
         return FG_EXIT_USAGE;
     }
-    if (nnodes > 1 && !port) port = 29500;
+    bool rdzv_none = !strcmp(rdzv_backend, "none");
+    if (strcmp(rdzv_backend, "static") && strcmp(rdzv_backend, "c10d") && !rdzv_none) {
+        cli_error("--rdzv-backend=\"%s\": expected static, c10d or none", rdzv_backend);
+        return FG_EXIT_USAGE;
+    }
+    if ((rdzv_endpoint || rdzv_id) && strcmp(rdzv_backend, "c10d")) {
+        cli_error("--%s goes with --rdzv-backend c10d",
+                  rdzv_endpoint ? "rdzv-endpoint" : "rdzv-id");
+        return FG_EXIT_USAGE;
+    }
+    static char ep_addr[FG_CLUSTER_ADDR_MAX];
+    if (rdzv_endpoint) {
+        /* HOST:PORT (torchrun's default port 29400 when PORT is left out) */
+        const char *c = strrchr(rdzv_endpoint, ':');
+        int64_t p = 29400;
+        size_t n = c ? (size_t)(c - rdzv_endpoint) : strlen(rdzv_endpoint);
+        if (!n || n >= sizeof ep_addr || (c && (!cli_parse_int(c + 1, &p) || p < 1 || p > 65535))) {
+            cli_error("--rdzv-endpoint=\"%s\": expected HOST:PORT (port 1..65535)", rdzv_endpoint);
+            return FG_EXIT_USAGE;
+        }
+        snprintf(ep_addr, sizeof ep_addr, "%.*s", (int)n, rdzv_endpoint);
+        addr = ep_addr;
+        port = p;
+    }
+    if (rdzv_id) {
+        if (!*rdzv_id || strlen(rdzv_id) >= FG_CLUSTER_JOB_MAX - 16 || strchr(rdzv_id, ' ')) {
+            cli_error("--rdzv-id=\"%s\": expected 1..%d characters without spaces", rdzv_id,
+                      FG_CLUSTER_JOB_MAX - 17);
+            return FG_EXIT_USAGE;
+        }
+        if (!job_id) job_id = rdzv_id;
+        setenv("TORCHELASTIC_RUN_ID", rdzv_id, 1);
+    }
+    if ((nnodes > 1 || elastic) && !port) port = 29500;
+    if (rdzv_timeout < 0) {
+        cli_error("--rdzv-timeout=%g: expected 0 or more seconds", rdzv_timeout);
+        return FG_EXIT_USAGE;
+    }
 
     /* kernel threads: each rank gets its share unless told */
     if (!getenv("OMP_NUM_THREADS")) {
@@ -375,122 +457,31 @@ static int run_flags(int argc, char **argv, int split, char **fa) {
         setenv("OMP_NUM_THREADS", b, 1);
     }
 
-    sigset_t set;
-    forward_set(&set);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-    pthread_t sig_thread;
-    if (pthread_create(&sig_thread, NULL, signal_thread, NULL) != 0) {
-        cli_error("cannot start the signal thread");
-        return FG_EXIT_FAIL;
+    /* torchrun's agent (src/launch/agent.c): the restarts, the rendezvous,
+     * the signals; its lines are the command's */
+    fg_agent_opts ao = {.argv = (const char *const *)(argv + prog),
+                        .nproc_per_node = (int)nproc,
+                        .num_nodes = elastic ? max_nodes : (int)nnodes,
+                        .min_nodes = elastic ? min_nodes : 0,
+                        .node_rank = elastic ? 0 : (int)node_rank,
+                        .master_addr = addr,
+                        .master_port = (int)port,
+                        .job_id = job_id,
+                        .no_rdzv = rdzv_none,
+                        .rdzv_timeout_s = rdzv_timeout,
+                        .mpi_server = fg_comm_backend_built(FG_COMM_MPI),
+                        .max_restarts = (int)restarts,
+                        .grace_s = grace > 0 ? grace : env_grace,
+                        .stop_grace_s = grace};
+    fg_agent_result res;
+    fg_set_log(run_log, NULL, FG_LOG_INFO);
+    fg_status st = fg_agent_run(&ao, &res);
+    fg_set_log(NULL, NULL, FG_LOG_INFO);
+    if (st == FG_EINVAL && res.exit_code == FG_EXIT_USAGE) { /* checked before anything ran */
+        cli_error("%s", fg_last_error());
+        return FG_EXIT_USAGE;
     }
-    pthread_detach(sig_thread);
-
-    char max_s[16];
-    snprintf(max_s, sizeof max_s, "%lld", (long long)restarts);
-    setenv("TORCHELASTIC_MAX_RESTARTS", max_s, 1);
-    double kill_grace = grace > 0 ? grace : env_grace;
-    int exit_code = 0;
-    for (int attempt = 0;; attempt++) {
-        char count[16], jid[FG_CLUSTER_JOB_MAX];
-        snprintf(count, sizeof count, "%d", attempt);
-        setenv("FULGUR_RESTART_COUNT", count, 1);
-        setenv("TORCHELASTIC_RESTART_COUNT", count, 1);
-        const char *use_id = NULL;
-        if (job_id) {
-            snprintf(jid, sizeof jid, attempt ? "%s-r%d" : "%s", job_id, attempt);
-            use_id = jid;
-        } else if (nnodes > 1) {
-            snprintf(jid, sizeof jid, attempt ? "%.200s:%d-r%d" : "%.200s:%d", addr, (int)port,
-                     attempt);
-            use_id = jid;
-        }
-        fg_job_spec spec = {.argv = (const char *const *)(argv + prog),
-                            .nprocs = (int)nproc,
-                            .node_rank = (int)node_rank,
-                            .num_nodes = (int)nnodes,
-                            .master_addr = addr,
-                            .master_port = (int)port,
-                            .job_id = use_id};
-        pthread_mutex_lock(&g_mu);
-        int got = g_got;
-        fg_job *job = got ? NULL : fg_job_start(&spec, &(fg_job_opts){.grace_s = grace});
-        g_job = job;
-        pthread_mutex_unlock(&g_mu);
-        if (got) { /* a signal came between two groups: no restart */
-            exit_code = 128 + got;
-            break;
-        }
-        if (!job) {
-            fprintf(stderr, "fulgur run: %s\n", fg_last_error());
-            exit_code = attempt ? FG_EXIT_FAIL : 127;
-            break;
-        }
-        /* After a forwarded signal the ranks get the grace period to finish
-         * (a fit saves a checkpoint), then SIGKILL: a rank that ignores
-         * SIGTERM does not hold the job forever. */
-        bool killed = false;
-        while (fg_job_wait(job, 0.1) == FG_ETIMEOUT) {
-            pthread_mutex_lock(&g_mu);
-            bool late = g_got && fg_time() - g_got_time >= kill_grace;
-            pthread_mutex_unlock(&g_mu);
-            if (late && !killed) {
-                int n = fg_job_signal(job, SIGKILL);
-                fprintf(stderr,
-                        "fulgur run: %d rank%s still running %.3g s after the signal: "
-                        "sent SIGKILL\n",
-                        n, n == 1 ? "" : "s", kill_grace);
-                killed = true;
-            }
-        }
-        fg_job_status st;
-        fg_job_get_status(job, &st);
-        pthread_mutex_lock(&g_mu);
-        g_job = NULL;
-        got = g_got;
-        int forwarded = g_forwarded;
-        pthread_mutex_unlock(&g_mu);
-        fg_job_free(job);
-        if (got) {
-            const char *abbrev = sigabbrev_np(got);
-            fprintf(stderr, "fulgur run: got SIG%s; forwarded it to %d rank%s\n",
-                    abbrev ? abbrev : "?", forwarded, forwarded == 1 ? "" : "s");
-            /* a rank that stopped resumably (fulgur fit saved a checkpoint) says so */
-            exit_code = fg_rank_exit_status(&st.failed) == FG_EXIT_RESUMABLE ? FG_EXIT_RESUMABLE
-                                                                             : 128 + got;
-            break;
-        }
-        if (st.failed.rank < 0) {
-            exit_code = 0;
-            break;
-        }
-        char how[160], others[64];
-        fg_rank_exit_format(&st.failed, how, sizeof how);
-        exit_code = fg_rank_exit_status(&st.failed);
-        if (exit_code == FG_EXIT_RESUMABLE) { /* stopped on purpose: resume later, not now */
-            fprintf(stderr,
-                    "fulgur run: %s (stopped with a checkpoint to resume from); not restarting\n",
-                    how);
-            break;
-        }
-        if (exit_code == FG_EXIT_USAGE && attempt < restarts) {
-            /* a usage error (bad flags, a missing file) fails the same way again */
-            fprintf(stderr,
-                    "fulgur run: %s (exit 2: a usage error, which a restart would repeat); not "
-                    "restarting\n",
-                    how);
-            break;
-        }
-        if (st.stopped)
-            snprintf(others, sizeof others, "stopped the other %d rank%s", st.stopped,
-                     st.stopped == 1 ? "" : "s");
-        else snprintf(others, sizeof others, "no other rank was running");
-        if (attempt < restarts)
-            fprintf(stderr, "fulgur run: %s; %s; restarting the %lld ranks (restart %d of %lld)\n",
-                    how, others, (long long)nproc, attempt + 1, (long long)restarts);
-        else fprintf(stderr, "fulgur run: %s; %s\n", how, others);
-        if (attempt >= restarts) break;
-    }
-    return exit_code;
+    return res.exit_code;
 }
 
 int cmd_run(int argc, char **argv) {

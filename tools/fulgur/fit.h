@@ -30,19 +30,45 @@
     } while (0)
 
 typedef enum fit_model_kind { FIT_GPT, FIT_MLP } fit_model_kind;
+/* The network of a kind: gpt and mlp themselves, or resnet (an image
+ * classifier on the mlp's .npy data), vit (likewise) and lstm (a language
+ * model on gpt's text data). */
+typedef enum fit_arch { FIT_ARCH_BASE = 0, FIT_ARCH_RESNET, FIT_ARCH_LSTM, FIT_ARCH_VIT } fit_arch;
 
 /* Every option of `fulgur fit`, as parsed (see fit_args.c for defaults). */
+/* The Hivemind flags as given (fit_hivemind.c). */
+typedef struct fit_hivemind {
+    int64_t target_batch_size, dht_port, min_peers;
+    const char *initial_peers, *run_id, *run_secret, *run_secret_file, *grad_compression, *host;
+    double matchmaking_time, averaging_timeout;
+    char secret_buf[512];
+} fit_hivemind;
+
 typedef struct fit_opts {
     /* model and data */
-    const char *model; /* "gpt" or "mlp" */
+    const char *model; /* "gpt", "mlp", "resnet", "vit" or "lstm" */
     fit_model_kind kind;
     const char *data, *val_data, *labels, *val_labels;
+    /* the reader (auto: by the file's name) and a CSV/TSV's columns */
+    const char *reader, *label_column, *feature_columns;
+    bool no_header; /* csv: the first row is data (columns "0", "1", ...) */
+    /* --reader imagefolder: Resize(n) + CenterCrop(n) (0: images of one size as
+     * they are) and RandomHorizontalFlip on the training images */
+    int64_t image_size;
+    bool random_flip;
     double val_fraction;
     /* gpt shape */
     int64_t layers, heads, embd, ctx;
     double dropout;
     /* mlp shape */
     int64_t hidden;
+    /* resnet shape (and lstm's: --layers, --embd, --hidden) */
+    fit_arch arch;
+    int64_t depth, width, in_channels, patch_size;
+    const char *resnet_layout; /* "cifar" or "imagenet" */
+    bool sync_batchnorm;       /* Lightning's sync_batchnorm=True */
+    /* --model sequential: the layers, "Conv2d(in_channels=1, ...); ReLU(); ..." (fit_net.h) */
+    const char *net;
     /* devices and strategy (Lightning's names) */
     const char *accelerator, *devices, *strategy, *precision;
     int64_t num_nodes;
@@ -52,6 +78,7 @@ typedef struct fit_opts {
     int64_t reduce_bucket_size, allgather_bucket_size;
     const char *state_dict_type;  /* "full" or "sharded": parsed into `sharded` */
     const char *deepspeed_config; /* a DeepSpeed JSON file (the fabric reads it) */
+    fg_deepspeed_train ds;        /* its optimizer and scheduler sections (zeros: none) */
     const char *offload_optimizer, *offload_params, *nvme_path; /* parsed into `sharded` */
     bool activation_checkpointing;
     bool partition_activations, cpu_checkpointing; /* deepspeed: into `sharded` */
@@ -64,6 +91,8 @@ typedef struct fit_opts {
     /* strategy bagua (Lightning's BaguaStrategy): parsed into ddp.bagua by fit_bagua.c */
     const char *bagua_algorithm, *hierarchical, *peer_selection_mode;
     int64_t communication_interval, bagua_warmup_steps, sync_interval_ms;
+    /* strategy hivemind: parsed into ddp.hivemind by fit_hivemind.c */
+    fit_hivemind hivemind;
     /* loop (Lightning's Trainer arguments) */
     int64_t max_epochs, max_steps, min_epochs, min_steps, batch_size, accumulate, num_workers;
     const char *max_time_s; /* "DD:HH:MM:SS", parsed into max_time (seconds; 0 = none) */
@@ -73,7 +102,22 @@ typedef struct fit_opts {
     bool detect_anomaly;
     double clip, lr, min_lr_ratio, weight_decay, momentum;
     int64_t warmup_steps, lr_decay_steps;
-    const char *optimizer; /* "adamw" or "sgd" */
+    const char *optimizer;           /* adamw, adam, sgd, rmsprop, adagrad, lion */
+    double beta1, beta2, eps, alpha; /* 0: the optimizer's default (adamw's beta2: 0.99) */
+    bool nesterov, amsgrad, centered, no_decay_norm_bias;
+    /* --lr-scheduler: warmup-cosine (the default: warm-up + cosine, a pure
+     * function of the step), constant, or a PyTorch scheduler by its class
+     * name in lower case (steplr, ...) with Lightning's interval/monitor */
+    const char *lr_scheduler, *lr_interval, *lr_monitor, *lr_mode, *milestones_s, *threshold_mode;
+    int64_t step_size, t_max, total_iters, patience, t_0, t_mult, lr_frequency, cooldown;
+    double gamma, eta_min, start_factor, factor, max_lr, pct_start, threshold, min_lr;
+    int64_t milestones[64]; /* --milestones, parsed */
+    int nmilestones;
+    /* --lr-schedulers: sequentiallr's and chainedscheduler's schedulers, each
+     * a copy of these options with its own scheduler arguments */
+    const char *lr_schedulers_s;
+    struct fit_opts *lr_subs;
+    int nlr_subs;
     int64_t seed;
     /* as given ("250" batches, "0.25" of an epoch; "0": only at the end), parsed */
     const char *val_check_interval_s, *limit_train_s, *limit_val_s, *limit_test_s, *limit_predict_s;
@@ -87,6 +131,9 @@ typedef struct fit_opts {
     int64_t early_stopping_patience; /* 0: no EarlyStopping */
     double early_stopping_min_delta;
     const char *logger; /* "none", or a list of csv, tensorboard */
+    /* the loggers' save_dir, name and version (NULL: Lightning's defaults) */
+    const char *logger_save_dir, *logger_name, *logger_version;
+    const char *log_lr; /* LearningRateMonitor's logging_interval, or "none" */
     /* validate, test, predict */
     const char *test_data, *test_labels, *predict_data, *predictions;
     int64_t ckpt_step; /* the optimizer step the checkpoint was saved at */
@@ -94,9 +141,11 @@ typedef struct fit_opts {
     const char *root_dir, *ckpt_dir, *resume;
     int64_t ckpt_every, log_every, sample_tokens;
     bool ckpt_every_given;    /* --every-n-train-steps given, other than its default */
+    bool model_given;         /* --model given (validate/test/predict: checked against the ckpt) */
     int64_t save_top_k;       /* the best N by --monitor, or without one the newest N; -1: all */
     const char *on_nonfinite; /* "stop" or "skip" */
     bool deterministic;       /* Lightning's `deterministic` (fabric.h) */
+    bool no_requeue;          /* SLURMEnvironment(auto_requeue=False): SIGUSR1 saves and stops */
     bool on_nonfinite_skip;
     int64_t restart_count; /* FULGUR_RESTART_COUNT, TORCHELASTIC_RESTART_COUNT or
                               SLURM_RESTART_COUNT: > 0 in a restarted job */
@@ -122,6 +171,10 @@ int fit_args_parse(fit_opts *o, fg_trainer_fn fn, int argc, char **argv);
  * Returns 0 or FG_EXIT_USAGE after printing why. */
 struct cli_flag;
 int fit_bagua_args(fit_opts *o, struct cli_flag *flags, int n);
+/* The Hivemind flags (fit_hivemind.c; their rows are in fit_args.c's
+ * table): their parsing into o->ddp.hivemind, refused without --strategy
+ * hivemind. Returns 0 or FG_EXIT_USAGE after printing. */
+int fit_hivemind_args(fit_opts *o, struct cli_flag *flags, int n);
 /* The strategy kind the run will have ("auto" resolved by the launch plan,
  * as fg_fabric_new resolves it); false when the plan fails. */
 bool plan_kind(const fit_opts *o, fg_strategy_kind *kind);
@@ -147,9 +200,19 @@ typedef struct fit_data {
     int64_t classes; /* mlp: max label + 1 over train and val */
 } fit_data;
 
+/* Whether the mlp reads `path` as CSV/TSV (--reader csv, or auto and a name
+ * ending in .csv, .tsv, .csv.gz or .tsv.gz). */
+bool fit_is_csv(const fit_opts *o, const char *path);
+/* --reader imagefolder */
+bool fit_is_images(const fit_opts *o);
+/* The mlp's dataset over `path`: a CSV/TSV with its --label-column and
+ * --feature-columns, or a .npy with `labels`; NULL with fg_last_error
+ * (a float label column is FG_EINVAL: class ids are integers). */
+fg_dataset *fit_mlp_dataset(const fit_opts *o, const char *path, const char *labels);
+
 /* Opens the datasets of o. Returns FG_OK, or a status with fg_last_error
  * naming the file and the problem. */
-fg_status fit_data_open(const fit_opts *o, fit_data *d);
+FG_MUST_USE fg_status fit_data_open(const fit_opts *o, fit_data *d);
 void fit_data_free(fit_data *d);
 
 /* Rank 0's notes beside the progress display, as a Trainer callback (every
@@ -166,7 +229,7 @@ fg_callback *fit_notes_new(const fit_opts *o, fit_module *m, fg_callback *bar);
  * all. */
 fit_module *fit_module_new(const fit_opts *o);
 /* *what: the part that failed ("data" or "model"), for the message's label. */
-fg_status fit_module_open(fit_module *m, fg_trainer *t, const char **what);
+FG_MUST_USE fg_status fit_module_open(fit_module *m, fg_trainer *t, const char **what);
 void fit_module_free(fit_module *m);
 fg_lightning_module fit_module_table(fit_module *m);
 /* What the module knows, for the callbacks and the end of the run. */
@@ -189,7 +252,7 @@ void fit_module_ckpt_batch(const fit_module *m, int64_t *world, int64_t *global_
 /* Rank 0, gpt on text: a sample after the run. */
 void fit_module_sample(fit_module *m);
 /* predict: the predictions of this rank, written by rank 0 in dataset order. */
-fg_status fit_module_write_predictions(fit_module *m, fg_trainer *t, const char *path);
+FG_MUST_USE fg_status fit_module_write_predictions(fit_module *m, fg_trainer *t, const char *path);
 
 /* The trainer for o over fabric f (borrowed), with its callbacks (the
  * progress display, ModelCheckpoint, EarlyStopping) and loggers, which the

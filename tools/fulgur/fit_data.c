@@ -1,6 +1,7 @@
 /* fulgur fit's datasets: --data (and --val-data, or the last --val-fraction
  * of --data) as a char-level text dataset, a uint16 token file (.bin) or, for
- * mlp, .npy inputs with --labels. Every rank opens the same files the same
+ * mlp, .npy inputs with --labels or a CSV/TSV with its label and feature
+ * columns (fg_csv_dataset_new). Every rank opens the same files the same
  * way, so the splits agree without communication. The mlp's class count
  * (max label + 1) is held to the labels seen (at most twice the distinct
  * labels past 4096 classes) and to the machine's memory. */
@@ -13,6 +14,56 @@
 static bool ends_with(const char *s, const char *suffix) {
     size_t a = strlen(s), b = strlen(suffix);
     return a >= b && !strcmp(s + a - b, suffix);
+}
+
+bool fit_is_csv(const fit_opts *o, const char *path) {
+    if (o->reader && strcmp(o->reader, "auto")) return !strcmp(o->reader, "csv");
+    return ends_with(path, ".csv") || ends_with(path, ".tsv") || ends_with(path, ".csv.gz") ||
+           ends_with(path, ".tsv.gz");
+}
+
+bool fit_is_images(const fit_opts *o) { return o->reader && !strcmp(o->reader, "imagefolder"); }
+
+fg_dataset *fit_mlp_dataset(const fit_opts *o, const char *path, const char *labels) {
+    if (fit_is_images(o)) /* the flips on --data's images only (torchvision's train transform) */
+        return fg_image_folder_new(
+            path, &(fg_image_folder_opts){.resize = o->image_size,
+                                          .crop = o->image_size,
+                                          .random_flip = o->random_flip && path == o->data,
+                                          .seed = (uint64_t)o->seed});
+    if (!fit_is_csv(o, path)) return fg_npy_dataset_new(path, labels);
+    /* --feature-columns a,b,c: the names, split at the commas */
+    const char *names[256];
+    int nf = 0;
+    char *list = o->feature_columns ? strdup(o->feature_columns) : NULL;
+    if (o->feature_columns && !list) {
+        fg_error(FG_ENOMEM, "--feature-columns");
+        return NULL;
+    }
+    for (char *save = NULL, *tok = list ? strtok_r(list, ",", &save) : NULL; tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ') tok++;
+        if (nf == 256) {
+            free(list);
+            fg_error(FG_EINVAL, "--feature-columns: at most 256 names");
+            return NULL;
+        }
+        names[nf++] = tok;
+    }
+    fg_dataset *ds = fg_csv_dataset_new(path, &(fg_csv_opts){.no_header = o->no_header,
+                                                             .label = o->label_column,
+                                                             .features = nf ? names : NULL,
+                                                             .nfeatures = nf});
+    free(list);
+    if (ds && fg_dataset_y_spec(ds)->dtype != FG_I32) {
+        fg_error(FG_EINVAL,
+                 "%s: the label column \"%s\" holds floats: mlp labels are class ids (integers "
+                 "or categories); choose the label with --label-column",
+                 path, fg_csv_dataset_label(ds));
+        fg_dataset_free(ds);
+        return NULL;
+    }
+    return ds;
 }
 
 /* The labels of the mlp's datasets, for the class count: max label + 1,
@@ -110,27 +161,31 @@ fg_status fit_data_open(const fit_opts *o, fit_data *d) {
     memset(d, 0, sizeof *d);
     fg_status s = FG_OK;
     if (o->kind == FIT_GPT) {
-        bool tokens = ends_with(o->data, ".bin");
+        bool tokens =
+            !strcmp(o->reader, "auto") ? ends_with(o->data, ".bin") : !strcmp(o->reader, "tokens");
         d->base = tokens ? fg_token_dataset_new(o->data, o->ctx, 0)
                          : fg_text_dataset_new(o->data, o->ctx, NULL);
         if (!d->base) return fg_error_wrap(FG_EINVAL, "--data=%s", o->data);
         d->vocab = fg_dataset_vocab_size(d->base);
         d->text_vocab = tokens ? NULL : fg_text_dataset_vocab(d->base);
         if (o->val_data) {
-            d->val_base = ends_with(o->val_data, ".bin")
-                              ? fg_token_dataset_new(o->val_data, o->ctx, d->vocab)
-                              : fg_text_dataset_new(o->val_data, o->ctx, d->text_vocab);
+            d->val_base = tokens ? fg_token_dataset_new(o->val_data, o->ctx, d->vocab)
+                                 : fg_text_dataset_new(o->val_data, o->ctx, d->text_vocab);
             if (!d->val_base) {
                 s = fg_error_wrap(FG_EINVAL, "--val-data=%s", o->val_data);
                 goto fail;
             }
         }
     } else {
-        d->base = fg_npy_dataset_new(o->data, o->labels);
-        if (!d->base) return fg_error_wrap(FG_EINVAL, "--data=%s --labels=%s", o->data, o->labels);
+        d->base = fit_mlp_dataset(o, o->data, o->labels);
+        if (!d->base)
+            return fit_is_csv(o, o->data)
+                       ? fg_error_wrap(fg_last_status() ? fg_last_status() : FG_EINVAL, "--data=%s",
+                                       o->data)
+                       : fg_error_wrap(FG_EINVAL, "--data=%s --labels=%s", o->data, o->labels);
         d->in_dim = fg_sample_spec_numel(fg_dataset_x_spec(d->base));
         if (o->val_data) {
-            d->val_base = fg_npy_dataset_new(o->val_data, o->val_labels);
+            d->val_base = fit_mlp_dataset(o, o->val_data, o->val_labels);
             if (!d->val_base) {
                 s = fg_error_wrap(FG_EINVAL, "--val-data=%s", o->val_data);
                 goto fail;
@@ -155,7 +210,22 @@ fg_status fit_data_open(const fit_opts *o, fit_data *d) {
         s = fg_error_wrap(s, "--data=%s with --val-fraction=%g", o->data, o->val_fraction);
         goto fail;
     }
-    if (o->kind == FIT_MLP) {
+    if (o->kind == FIT_MLP && fit_is_images(o)) {
+        /* the class folders: no image decoded to count them */
+        d->classes = fg_image_folder_num_classes(d->base);
+        int64_t vc = d->val_base ? fg_image_folder_num_classes(d->val_base) : d->classes;
+        for (int64_t k = 0; vc == d->classes && k < vc; k++)
+            if (strcmp(fg_image_folder_class(d->base, k),
+                       fg_image_folder_class(d->val_base ? d->val_base : d->base, k)))
+                vc = -1;
+        if (vc != d->classes) {
+            s = fg_error(
+                FG_EINVAL,
+                "--val-data=%s: its class folders are not --data's (%lld classes: %s, ...)",
+                o->val_data, (long long)d->classes, fg_image_folder_class(d->base, 0));
+            goto fail;
+        }
+    } else if (o->kind == FIT_MLP) {
         label_scan ls = {0};
         s = scan_labels(d->base, o->labels ? o->labels : "--labels", &ls);
         if (s == FG_OK && d->val_base)

@@ -12,8 +12,13 @@ typedef struct fit_model_cfg {
     int64_t vocab, ctx, layers, heads, embd; /* gpt */
     double dropout;
     int64_t in_dim, hidden, classes; /* mlp */
+    fit_arch arch;                   /* resnet, lstm: the network of the kind */
+    int64_t depth, width, channels;  /* resnet (vit: channels) */
+    int64_t patch, image;            /* vit (and layers, heads, embd, hidden) */
+    bool imagenet;                   /* resnet: the imagenet layout */
     uint64_t seed;                   /* initialisation seed */
     bool f64;                        /* parameters in f64 (--precision 64-true) */
+    char net[4096];                  /* --model sequential: the layers (else "") */
     fg_dtype dtype;                  /* the parameters' dtype when set (bf16-true: bf16) */
 } fit_model_cfg;
 
@@ -35,5 +40,10 @@ fg_module *fit_model_new(const fit_model_cfg *c);
  * function of the step, so a resumed run continues the same curve. */
 double fit_lr_at(const fit_opts *o, int64_t step);
 fg_optimizer *fit_optimizer_new(const fit_opts *o, fg_module *m);
+/* --lr-scheduler other than warmup-cosine and constant: the PyTorch
+ * scheduler on opt into out (scheduler, interval, monitor), Lightning's
+ * lr_scheduler_config; FG_OK and nothing for those two. */
+FG_MUST_USE fg_status fit_scheduler_new(const fit_opts *o, fg_optimizer *opt,
+                                        fg_optimizer_config *out);
 
 #endif

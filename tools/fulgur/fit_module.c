@@ -23,13 +23,16 @@ struct fit_module {
     int64_t win_micro, win_samples;
     int64_t last_val_step;
     double last_val;
-    bool model_failed; /* configure_model could not build the model */
+    bool model_failed;  /* configure_model could not build the model */
+    fg_comm *sync_comm; /* --sync-batchnorm's communicator (several ranks) */
+    fg_stats_reduce sync;
     uint64_t ckpt_seed;
     int64_t ckpt_world, ckpt_global_batch, ckpt_samples; /* the elastic resume's (-1: none) */
     /* Lightning's hparams (hparams.yaml of the loggers) */
     fg_kv hparams[12];
     char hp_val[12][64];
     int64_t nhparams;
+    fg_tmetric *acc; /* mlp: val_acc / test_acc (TorchMetrics' Accuracy) */
     /* predict: this rank's predictions in its sampler's order */
     double *pred;
     int64_t npred, cappred;
@@ -54,11 +57,13 @@ void fit_module_free(fit_module *m) {
     fg_dataloader_free(m->val);
     fg_dataloader_free(m->eval);
     fg_module_free(m->model);
+    fg_comm_free(m->sync_comm);
     fit_data_free(&m->d);
     fg_dataset_free(m->extra);
     free(m->config_json);
     free(m->vocab_b64);
     free(m->pred);
+    fg_tmetric_free(m->acc);
     free(m);
 }
 
@@ -93,7 +98,7 @@ int64_t fit_module_last_val(const fit_module *m, double *loss) {
 static fg_status open_extra(fit_module *m, const char *data, const char *labels) {
     const fit_opts *o = m->o;
     size_t n = strlen(data);
-    if (o->kind == FIT_MLP) m->extra = fg_npy_dataset_new(data, labels);
+    if (o->kind == FIT_MLP) m->extra = fit_mlp_dataset(o, data, labels);
     else if (n > 4 && !strcmp(data + n - 4, ".bin"))
         m->extra = fg_token_dataset_new(data, o->ctx, m->d.vocab);
     else m->extra = fg_text_dataset_new(data, o->ctx, m->d.text_vocab);
@@ -115,7 +120,21 @@ static void hparam(fit_module *m, const char *key, const char *fmt, ...) {
 static void set_hparams(fit_module *m) {
     const fit_opts *o = m->o;
     hparam(m, "model", "%s", o->model);
-    if (o->kind == FIT_GPT) {
+    if (o->arch == FIT_ARCH_RESNET) {
+        hparam(m, "depth", "%lld", (long long)o->depth);
+        hparam(m, "width", "%lld", (long long)o->width);
+        hparam(m, "sync_batchnorm", "%s", o->sync_batchnorm ? "true" : "false");
+    } else if (o->arch == FIT_ARCH_VIT) {
+        hparam(m, "num_layers", "%lld", (long long)o->layers);
+        hparam(m, "num_heads", "%lld", (long long)o->heads);
+        hparam(m, "hidden_dim", "%lld", (long long)o->embd);
+        hparam(m, "mlp_dim", "%lld", (long long)o->hidden);
+        hparam(m, "patch_size", "%lld", (long long)o->patch_size);
+    } else if (o->arch == FIT_ARCH_LSTM) {
+        hparam(m, "num_layers", "%lld", (long long)o->layers);
+        hparam(m, "embd", "%lld", (long long)o->embd);
+        hparam(m, "hidden", "%lld", (long long)o->hidden);
+    } else if (o->kind == FIT_GPT) {
         hparam(m, "n_layer", "%lld", (long long)o->layers);
         hparam(m, "n_head", "%lld", (long long)o->heads);
         hparam(m, "n_embd", "%lld", (long long)o->embd);
@@ -194,16 +213,29 @@ fg_status fit_module_open(fit_module *m, fg_trainer *t, const char **what) {
 /* Model input for a batch: gpt takes (B, T) ids as they are; mlp flattens
  * (B, D...) to (B, D) in the model's dtype. */
 static fg_tensor *forward(fit_module *m, fg_tensor *x) {
-    if (m->cfg.kind == FIT_MLP && fg_tensor_ndim(x) != 2) {
+    if ((m->cfg.arch == FIT_ARCH_RESNET || m->cfg.arch == FIT_ARCH_VIT) && fg_tensor_ndim(x) != 4) {
+        /* (B, D) or (B, H, W) images: (B, C, H, W), square when flat */
+        int64_t B = fg_tensor_dim(x, 0), C = m->cfg.channels, hw = m->cfg.in_dim / C;
+        int64_t H =
+            fg_tensor_ndim(x) == 3 ? fg_tensor_dim(x, 1) : (int64_t)llround(sqrt((double)hw));
+        x = fg_reshape(x, 4, (int64_t[]){B, C, H, H ? hw / H : 0});
+    } else if (m->cfg.kind == FIT_MLP && m->cfg.arch == FIT_ARCH_BASE && !m->cfg.net[0] &&
+               fg_tensor_ndim(x) != 2) {
         int64_t shape[2] = {fg_tensor_dim(x, 0), m->cfg.in_dim};
         x = fg_reshape(x, 2, shape);
     }
     fg_dtype mdt = fg_module_dtype(m->model);
     if (m->cfg.kind == FIT_MLP && x && fg_tensor_dtype(x) != mdt) {
-        /* inputs come as f32; a 64-true model takes f64 */
-        fg_tensor *xm = fg_empty(mdt, fg_tensor_ndim(x), fg_tensor_shape(x));
-        if (!xm || fg_tensor_copy(xm, x) != FG_OK) return NULL;
-        x = xm;
+        /* inputs come as f32; a 64-true model takes f64 (on a device the
+         * cast, its kernel: a converting copy is the host's) */
+        fg_dev *dev = fg_tensor_dev(x);
+        if (dev && !fg_dev_host_accessible(dev)) {
+            x = fg_cast(x, mdt);
+        } else {
+            fg_tensor *xm = fg_empty(mdt, fg_tensor_ndim(x), fg_tensor_shape(x));
+            if (!xm || fg_tensor_copy(xm, x) != FG_OK) return NULL;
+            x = xm;
+        }
     }
     return x ? fg_module_forward(m->model, x) : NULL;
 }
@@ -227,6 +259,14 @@ static fg_status training_step_end(void *ud, fg_trainer *t, const double *part_l
     m->win_loss +=
         sum / (double)nparts * (det ? 1.0 : (double)fg_trainer_accumulate_grad_batches(t));
     m->win_micro++;
+    return FG_OK;
+}
+
+/* --reader imagefolder: the random transforms draw anew each epoch
+ * (torchvision's RandomHorizontalFlip in a new epoch's order) */
+static fg_status on_train_epoch_start(void *ud, fg_trainer *t) {
+    fit_module *m = ud;
+    if (fit_is_images(m->o)) fg_image_folder_set_epoch(m->d.base, fg_trainer_current_epoch(t));
     return FG_OK;
 }
 
@@ -254,10 +294,14 @@ static fg_status on_before_optimizer_step(void *ud, fg_trainer *t) {
      * as a non-finite loss, hiding the peer that broke the group */
     if (fg_fabric_deterministic(f)) TRY(fg_fabric_step_loss(f, &loss));
     else if (comm && fg_trainer_world_size(t) > 1)
-        TRY(fg_comm_allreduce(comm, &loss, &loss, 1, FG_F64, FG_AVG));
+        TRY(fg_comm_allreduce(comm, &loss, &loss, 1, FG_F64, FG_REDUCE_OP_AVG));
     TRY(fg_trainer_log(t, "train_loss", loss, &(fg_log_opts){.prog_bar = true}));
-    return fg_trainer_log(t, "lr", fit_lr_at(m->o, fg_trainer_global_step(t)),
-                          &(fg_log_opts){.prog_bar = true});
+    /* warmup-cosine: the schedule's value; else what the optimizer holds */
+    bool own = !strcmp(m->o->lr_scheduler, "warmup-cosine") && !m->o->ds.has_optimizer &&
+               m->o->ds.sched == FG_DS_SCHED_NONE;
+    double lr =
+        own ? fit_lr_at(m->o, fg_trainer_global_step(t)) : fg_optimizer_lr(fg_trainer_optimizer(t));
+    return fg_trainer_log(t, "lr", lr, &(fg_log_opts){.prog_bar = true});
 }
 
 /* The mean loss of the batch's real samples (distributed padding left
@@ -273,9 +317,16 @@ static fg_status eval_loss(fit_module *m, fg_trainer *t, fg_batch *b, const char
     fg_tensor *out = forward(m, x);
     fg_tensor *loss = out ? fg_cross_entropy(out, y, -100) : NULL;
     if (!loss) return fg_last_status() ? fg_last_status() : FG_EINVAL;
-    return fg_trainer_log(
+    TRY(fg_trainer_log(
         t, name, fg_item(loss),
-        &(fg_log_opts){.sync_dist = true, .prog_bar = true, .batch_size = fg_tensor_numel(y)});
+        &(fg_log_opts){.sync_dist = true, .prog_bar = true, .batch_size = fg_tensor_numel(y)}));
+    if (m->cfg.kind != FIT_MLP) return FG_OK;
+    /* the classifier's accuracy over the whole set (every rank's samples) */
+    if (!m->acc && !(m->acc = fg_accuracy_new(&(fg_tmetric_opts){.num_classes = m->cfg.classes})))
+        return fg_last_status();
+    TRY(fg_tmetric_update(m->acc, out, y));
+    return fg_trainer_log_metric(t, strcmp(name, "val_loss") ? "test_acc" : "val_acc", m->acc,
+                                 &(fg_log_opts){.prog_bar = true});
 }
 
 static fg_status validation_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
@@ -306,13 +357,23 @@ static fg_status predict_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
     if (!out) return fg_last_status() ? fg_last_status() : FG_EINVAL;
     int64_t classes = fg_tensor_dim(out, fg_tensor_ndim(out) - 1);
     int64_t rows = fg_tensor_numel(out) / classes, per = rows / b->size;
-    fg_tensor *o64 = fg_empty(FG_F64, fg_tensor_ndim(out), fg_tensor_shape(out));
-    if (!o64 || fg_tensor_copy(o64, out) != FG_OK) return fg_last_status();
+    fg_tensor *o64 = fg_empty(FG_F64, fg_tensor_ndim(out), fg_tensor_shape(out)), *owned = NULL;
+    fg_dev *dev = fg_tensor_dev(out);
+    if (dev && !fg_dev_host_accessible(dev)) { /* cast there, then one copy to the host */
+        fg_tensor *c = fg_cast(out, FG_F64);
+        o64 = owned = c ? fg_tensor_to(c, NULL) : NULL;
+        if (!o64) return fg_last_status();
+    } else if (!o64 || fg_tensor_copy(o64, out) != FG_OK) {
+        return fg_last_status();
+    }
     const double *v = fg_tensor_data(o64);
     if (m->npred + b->size > m->cappred) {
         int64_t cap = (m->cappred + b->size) * 2;
         double *p = realloc(m->pred, (size_t)cap * sizeof *p);
-        if (!p) return fg_error(FG_ENOMEM, "predict: out of memory");
+        if (!p) {
+            fg_tensor_free(owned);
+            return fg_error(FG_ENOMEM, "predict: out of memory");
+        }
         m->pred = p;
         m->cappred = cap;
     }
@@ -323,6 +384,7 @@ static fg_status predict_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
             if (row[c] > row[best]) best = c;
         m->pred[m->npred++] = s < b->valid ? (double)best : -1; /* -1: distributed padding */
     }
+    fg_tensor_free(owned);
     return FG_OK;
 }
 
@@ -332,16 +394,22 @@ fg_status fit_module_write_predictions(fit_module *m, fg_trainer *t, const char 
     int64_t len = fg_dataset_len(m->extra ? m->extra : m->d.val);
     int64_t slots = (len + world - 1) / world;
     int64_t shape1[1] = {slots}, shapew[1] = {slots * world};
-    fg_tensor *mine = fg_empty(FG_F64, 1, shape1), *all = fg_empty(FG_F64, 1, shapew);
-    if (!mine || !all) return fg_last_status();
-    double *p = fg_tensor_data(mine);
-    for (int64_t j = 0; j < slots; j++) p[j] = j < m->npred ? m->pred[j] : -1;
-    if (world > 1) TRY(fg_fabric_all_gather(f, mine, all));
-    else memcpy(fg_tensor_data(all), p, (size_t)slots * sizeof *p);
-    fg_status s = FG_OK;
-    if (fg_trainer_is_global_zero(t)) {
+    /* host tensors, not step tensors: on a device those are its memory */
+    fg_tensor *mine = fg_tensor_new(FG_F64, 1, shape1), *all = fg_tensor_new(FG_F64, 1, shapew);
+    fg_status s = mine && all ? FG_OK : fg_last_status();
+    if (s == FG_OK) {
+        double *p = fg_tensor_data(mine);
+        for (int64_t j = 0; j < slots; j++) p[j] = j < m->npred ? m->pred[j] : -1;
+        if (world > 1) s = fg_fabric_all_gather(f, mine, all);
+        else memcpy(fg_tensor_data(all), p, (size_t)slots * sizeof *p);
+    }
+    if (s == FG_OK && fg_trainer_is_global_zero(t)) {
         FILE *fp = fopen(path, "w");
-        if (!fp) return fg_error(FG_EIO, "--predictions=%s: cannot write there", path);
+        if (!fp) {
+            fg_tensor_free(mine);
+            fg_tensor_free(all);
+            return fg_error(FG_EIO, "--predictions=%s: cannot write there", path);
+        }
         const double *a = fg_tensor_data(all);
         bool text = m->cfg.kind == FIT_GPT && m->d.text_vocab;
         fprintf(fp, "%s\n",
@@ -372,18 +440,35 @@ fg_status fit_module_write_predictions(fit_module *m, fg_trainer *t, const char 
         if (s == FG_OK)
             printf("predict: %lld predictions written to %s\n", (long long)written, path);
     }
+    fg_tensor_free(mine);
+    fg_tensor_free(all);
     return s;
 }
 
 /* ------------------------------------------------------- the optimizer */
 
 static double lr_at(void *ud, int64_t step) { return fit_lr_at(((fit_module *)ud)->o, step); }
+static double ds_lr_at(void *ud, int64_t step) {
+    return fg_deepspeed_lr_at(&((fit_module *)ud)->o->ds, step);
+}
 
 static fg_status configure_optimizers(void *ud, fg_trainer *t, fg_optimizer_config *out) {
     (void)t;
     fit_module *m = ud;
-    out->optimizer = fit_optimizer_new(m->o, m->model);
+    const fg_deepspeed_train *ds = &m->o->ds;
+    out->optimizer = ds->has_optimizer ? fg_deepspeed_optimizer_new(ds, m->model)
+                                       : fit_optimizer_new(m->o, m->model);
     if (!out->optimizer) return fg_last_status();
+    if (ds->sched != FG_DS_SCHED_NONE) { /* DeepSpeed's, a pure function of the step */
+        out->lr_at = ds_lr_at;
+        out->lr_ud = m;
+        out->interval = FG_INTERVAL_STEP;
+        return FG_OK;
+    }
+    if (ds->has_optimizer) return FG_OK; /* DeepSpeed without a scheduler: its lr, constant */
+    if (!strcmp(m->o->lr_scheduler, "constant")) return FG_OK;
+    if (strcmp(m->o->lr_scheduler, "warmup-cosine"))
+        return fit_scheduler_new(m->o, out->optimizer, out); /* its state in the checkpoints */
     /* a pure function of the step: a resumed run continues the same curve */
     out->lr_at = lr_at;
     out->lr_ud = m;
@@ -457,7 +542,7 @@ static fg_status on_load_checkpoint(void *ud, fg_trainer *t, const fg_state_dict
 /* --------------------------------------------------------------- sample */
 
 void fit_module_sample(fit_module *m) {
-    if (m->cfg.kind != FIT_GPT || !m->o->sample_tokens) return;
+    if (m->cfg.kind != FIT_GPT || m->cfg.arch != FIT_ARCH_BASE || !m->o->sample_tokens) return;
     int64_t n = m->o->sample_tokens;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n + 1));
     char *text = malloc((size_t)n + 2);
@@ -488,11 +573,28 @@ out:
 /* Lightning's configure_model: the model, built at the first entry point
  * (under stage 3 the Trainer runs this under empty init: a sharded
  * initialisation, the model never whole on a rank), the same one after. */
+static fg_status sync_sum(void *ud, fg_tensor *t) {
+    return fg_comm_allreduce(ud, fg_tensor_data(t), fg_tensor_data(t), fg_tensor_numel(t),
+                             fg_tensor_dtype(t), FG_REDUCE_OP_SUM);
+}
+
 static fg_module *configure_model(void *ud, fg_trainer *t) {
-    (void)t;
     fit_module *m = ud;
     if (!m->model) m->model = fit_model_new(&m->cfg);
     m->model_failed = !m->model;
+    /* --sync-batchnorm: the statistics go over a communicator of their own
+     * (split once, collectively: every rank enters here at the same entry
+     * point), so that they never interleave with the strategy's gradient
+     * reductions on the job's */
+    fg_comm *comm = fg_fabric_comm(fg_trainer_fabric(t));
+    if (m->model && m->o->sync_batchnorm && comm && fg_comm_size(comm) > 1 && !m->sync_comm) {
+        if (fg_comm_split(comm, 0, fg_comm_rank(comm), &m->sync_comm) != FG_OK) {
+            m->model_failed = true;
+            return NULL;
+        }
+        m->sync = (fg_stats_reduce){sync_sum, m->sync_comm};
+        fg_module_convert_sync_batchnorm(m->model, &m->sync);
+    }
     return m->model;
 }
 
@@ -504,6 +606,7 @@ fg_lightning_module fit_module_table(fit_module *m) {
                                  .configure_optimizers = configure_optimizers,
                                  .training_step = training_step,
                                  .training_step_end = training_step_end,
+                                 .on_train_epoch_start = on_train_epoch_start,
                                  .on_train_batch_start = on_train_batch_start,
                                  .on_before_optimizer_step = on_before_optimizer_step,
                                  .validation_step = validation_step,

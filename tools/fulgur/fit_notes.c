@@ -2,7 +2,9 @@
  * rank 0: what is resumed and what the checkpoint changes (seed, global
  * batch, samples taken again), the model and the plan (parameters, ranks,
  * batch, steps, sharding, offload), and each optimizer step skipped on a
- * non-finite loss. The progress display itself (the bar or the periodic
+ * non-finite loss; and FULGUR_FIT_STEP_SLEEP_MS, a sleep after each
+ * training batch on every rank (a slower machine for the benchmarks'
+ * stragglers, bench/hivemind.sh). The progress display itself (the bar or the periodic
  * lines, and the validation lines) is the library's progress bar by step
  * (fg_progress_bar_new), and the metrics go to the loggers; notes are
  * written through the bar (fg_progress_bar_write) so that they do not break
@@ -11,6 +13,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "fit_model.h"
 
@@ -20,6 +23,7 @@ typedef struct fit_notes {
     fg_callback *bar; /* the progress bar the notes go around, or NULL */
     bool rank0;
     int64_t total, seen_skips;
+    double sleep_ms; /* FULGUR_FIT_STEP_SLEEP_MS: after each training batch */
 } fit_notes;
 
 static void note(fit_notes *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -86,11 +90,36 @@ static fg_status on_fit_start(void *ud, fg_trainer *t) {
     int64_t nparams = 0;
     for (int64_t i = 0; i < fg_module_num_params(model); i++)
         nparams += fg_tensor_numel(fg_module_param(model, i));
-    if (fit_module_is_gpt(p->m))
+    if (o->arch == FIT_ARCH_RESNET)
+        printf("fit resnet: %lld parameters (%s depth %lld, %lld -> %lld classes%s); %lld train / "
+               "%lld val samples\n",
+               (long long)nparams, o->resnet_layout, (long long)o->depth, (long long)d->in_dim,
+               (long long)d->classes, o->sync_batchnorm ? ", SyncBatchNorm" : "",
+               (long long)fg_dataset_len(d->train), (long long)fg_dataset_len(d->val));
+    else if (o->arch == FIT_ARCH_VIT)
+        printf("fit vit: %lld parameters (layers %lld, heads %lld, hidden %lld, mlp %lld, patch "
+               "%lld, %lld -> %lld classes); %lld train / %lld val samples\n",
+               (long long)nparams, (long long)o->layers, (long long)o->heads, (long long)o->embd,
+               (long long)o->hidden, (long long)o->patch_size, (long long)d->in_dim,
+               (long long)d->classes, (long long)fg_dataset_len(d->train),
+               (long long)fg_dataset_len(d->val));
+    else if (o->arch == FIT_ARCH_LSTM)
+        printf("fit lstm: %lld parameters (layers %lld, embd %lld, hidden %lld, ctx %lld, vocab "
+               "%lld); %lld train / %lld val windows\n",
+               (long long)nparams, (long long)o->layers, (long long)o->embd, (long long)o->hidden,
+               (long long)o->ctx, (long long)d->vocab, (long long)fg_dataset_len(d->train),
+               (long long)fg_dataset_len(d->val));
+    else if (fit_module_is_gpt(p->m))
         printf("fit gpt: %lld parameters (layers %lld, heads %lld, embd %lld, ctx %lld, vocab "
                "%lld); %lld train / %lld val windows\n",
                (long long)nparams, (long long)o->layers, (long long)o->heads, (long long)o->embd,
                (long long)o->ctx, (long long)d->vocab, (long long)fg_dataset_len(d->train),
+               (long long)fg_dataset_len(d->val));
+    else if (o->net)
+        printf("fit sequential: %lld parameters (%lld layers, %lld inputs, %lld classes); %lld "
+               "train / %lld val samples\n",
+               (long long)nparams, (long long)fg_module_num_children(model), (long long)d->in_dim,
+               (long long)d->classes, (long long)fg_dataset_len(d->train),
                (long long)fg_dataset_len(d->val));
     else
         printf("fit mlp: %lld parameters (%lld -> %lld -> %lld); %lld train / %lld val "
@@ -154,6 +183,12 @@ static fg_status on_train_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_
     (void)b;
     (void)i;
     fit_notes *p = ud;
+    if (p->sleep_ms > 0) {
+        double s = p->sleep_ms / 1e3;
+        struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+        while (nanosleep(&ts, &ts) != 0) {
+        }
+    }
     const char *why;
     int64_t skips = fg_trainer_skipped_steps(t, &why);
     if (skips == p->seen_skips) return FG_OK;
@@ -174,6 +209,14 @@ fg_callback *fit_notes_new(const fit_opts *o, fit_module *m, fg_callback *bar) {
     p->o = o;
     p->m = m;
     p->bar = bar;
+    const char *v = getenv("FULGUR_FIT_STEP_SLEEP_MS");
+    char *end = NULL;
+    if (v && *v && (p->sleep_ms = strtod(v, &end), *end || !(p->sleep_ms >= 0))) {
+        fg_error(FG_EINVAL, "FULGUR_FIT_STEP_SLEEP_MS=\"%s\": expected milliseconds >= 0",
+                 getenv("FULGUR_FIT_STEP_SLEEP_MS"));
+        free(p);
+        return NULL;
+    }
     return fg_callback_new(&(fg_callback_ops){.name = "fulgur-notes",
                                               .setup = setup,
                                               .on_fit_start = on_fit_start,

@@ -28,7 +28,7 @@
 struct fit_run {
     const fit_opts *o;
     fit_module *m;
-    fg_callback *cbs[4];
+    fg_callback *cbs[5];
     int ncbs;
     fg_logger *loggers[2];
     int nloggers;
@@ -92,10 +92,16 @@ static bool add_loggers(fit_run *r, const char *list) {
         fg_logger *lg = NULL;
         if (!strcmp(w, "none")) continue;
         /* rows written as the lines are printed, not every 100 steps */
+        const fit_opts *o = r->o;
         if (!strcmp(w, "csv"))
-            lg = fg_csv_logger_new(
-                &(fg_csv_logger_opts){.flush_logs_every_n_steps = r->o->log_every});
-        else if (!strcmp(w, "tensorboard")) lg = fg_tensorboard_logger_new(NULL, NULL);
+            lg = fg_csv_logger_new(&(fg_csv_logger_opts){.save_dir = o->logger_save_dir,
+                                                         .name = o->logger_name,
+                                                         .version = o->logger_version,
+                                                         .flush_logs_every_n_steps = o->log_every});
+        else if (!strcmp(w, "tensorboard"))
+            lg = fg_tensorboard_logger_new(
+                o->logger_save_dir, &(fg_tensorboard_logger_opts){.name = o->logger_name,
+                                                                  .version = o->logger_version});
         if (!lg || r->nloggers == 2) {
             fg_logger_free(lg);
             return false;
@@ -133,10 +139,43 @@ static int resolve_ckpt(fit_opts *o, fg_trainer *t) {
     fit_model_cfg cfg = {0};
     char err[256];
     if (json && fit_model_cfg_parse(json, &cfg, err, sizeof err)) {
-        static char model[8];
-        snprintf(model, sizeof model, "%s", cfg.kind == FIT_MLP ? "mlp" : "gpt");
-        o->model = model;
-        if (cfg.kind == FIT_GPT) {
+        /* the family and its shape flags, as fit gave them (Lightning's
+         * load_from_checkpoint: the saved hyperparameters) */
+        static char net[sizeof cfg.net];
+        const char *family = cfg.arch == FIT_ARCH_RESNET ? "resnet"
+                             : cfg.arch == FIT_ARCH_VIT  ? "vit"
+                             : cfg.arch == FIT_ARCH_LSTM ? "lstm"
+                             : cfg.kind == FIT_GPT       ? "gpt"
+                             : cfg.net[0]                ? "sequential"
+                                                         : "mlp";
+        if (o->model_given && strcmp(o->model, family) != 0) {
+            cli_error("--model %s, but the checkpoint %s holds a %s model: drop --model (the "
+                      "checkpoint says what to build) or give --model %s",
+                      o->model, o->resume_path, family, family);
+            fg_st_close(f);
+            return FG_EXIT_USAGE;
+        }
+        o->model = family;
+        o->arch = cfg.arch;
+        o->kind = cfg.kind;
+        if (cfg.arch == FIT_ARCH_RESNET) {
+            o->depth = cfg.depth;
+            o->width = cfg.width;
+            o->in_channels = cfg.channels;
+            o->resnet_layout = cfg.imagenet ? "imagenet" : "cifar";
+        } else if (cfg.arch == FIT_ARCH_VIT) {
+            o->in_channels = cfg.channels;
+            o->patch_size = cfg.patch;
+            o->layers = cfg.layers;
+            o->heads = cfg.heads;
+            o->embd = cfg.embd;
+            o->hidden = cfg.hidden;
+        } else if (cfg.arch == FIT_ARCH_LSTM) {
+            o->layers = cfg.layers;
+            o->embd = cfg.embd;
+            o->hidden = cfg.hidden;
+            o->ctx = cfg.ctx;
+        } else if (cfg.kind == FIT_GPT) {
             o->layers = cfg.layers;
             o->heads = cfg.heads;
             o->embd = cfg.embd;
@@ -144,6 +183,11 @@ static int resolve_ckpt(fit_opts *o, fg_trainer *t) {
             o->dropout = cfg.dropout;
         } else {
             o->hidden = cfg.hidden;
+            o->net = NULL;
+            if (cfg.net[0]) {
+                snprintf(net, sizeof net, "%s", cfg.net);
+                o->net = net;
+            }
         }
     }
     fg_st_close(f);
@@ -160,7 +204,7 @@ fit_run *fit_run_new(fit_opts *o, fg_fabric *f, int *rc) {
     }
     r->o = o;
     bool fit = o->fn == FG_FIT, ok = true;
-    fg_monitor_mode mode = o->mode && !strcmp(o->mode, "max") ? FG_MODE_MAX : FG_MODE_MIN;
+    fg_monitor_mode mode = o->mode && !strcmp(o->mode, "max") ? FG_MONITOR_MAX : FG_MONITOR_MIN;
     /* the library's progress bar: by optimizer step for fit (a bar on
      * stderr when it is a terminal, lines on stdout otherwise), the
      * evaluation runs' own lines on stdout; --progress none: no display */
@@ -194,7 +238,7 @@ fit_run *fit_run_new(fit_opts *o, fg_fabric *f, int *rc) {
                                .filename = "step-{step:08d}",
                                .no_auto_insert_metric_name = true,
                                .monitor = monitor,
-                               .mode = o->monitor ? mode : FG_MODE_MAX,
+                               .mode = o->monitor ? mode : FG_MONITOR_MAX,
                                .save_top_k = o->save_top_k,
                                .save_last_link = o->save_last,
                                .every_n_train_steps = every_steps,
@@ -213,6 +257,12 @@ fit_run *fit_run_new(fit_opts *o, fg_fabric *f, int *rc) {
         /* validate, test, predict save nothing: the ModelCheckpoint is where
          * "last" and "best" are found (Lightning's trainer.checkpoint_callback) */
         ok = add_cb(r, fg_model_checkpoint_new(&(fg_checkpoint_opts){.dirpath = o->ckpt_dir}));
+    }
+    if (ok && fit && o->log_lr && strcmp(o->log_lr, "none")) {
+        fg_logging_interval li = !strcmp(o->log_lr, "step")    ? FG_LOGGING_STEP
+                                 : !strcmp(o->log_lr, "epoch") ? FG_LOGGING_EPOCH
+                                                               : FG_LOGGING_AUTO;
+        ok = add_cb(r, fg_lr_monitor_new(&(fg_lr_monitor_opts){.logging_interval = li}));
     }
     if (ok) ok = add_loggers(r, o->logger);
     if (!ok) {
@@ -352,7 +402,8 @@ static int run_fit(fit_run *r, fg_trainer *t, const fg_lightning_module *lm) {
     /* every rank learns whether rank 0's folders are there */
     fg_status s = rank0 ? prepare_dirs(o) : FG_OK;
     double ok = 0;
-    fg_status rs = fg_fabric_reduce_scalar(fg_trainer_fabric(t), s == FG_OK ? 1 : 0, FG_MIN, &ok);
+    fg_status rs =
+        fg_fabric_reduce_scalar(fg_trainer_fabric(t), s == FG_OK ? 1 : 0, FG_REDUCE_OP_MIN, &ok);
     if (s != FG_OK || rs != FG_OK) return fit_rank_error(t, "output");
     if (ok != 1) {
         fg_error(FG_EPEER, "rank 0 could not prepare %s", o->ckpt_dir);
@@ -414,6 +465,33 @@ static int run_fit(fit_run *r, fg_trainer *t, const fg_lightning_module *lm) {
         printf("loss scale %g; %lld step%s skipped on inf/NaN gradients\n",
                fg_scaler_get_state(sc).scale, (long long)fg_scaler_get_state(sc).skipped,
                fg_scaler_get_state(sc).skipped == 1 ? "" : "s");
+    fg_dev *dev = fg_fabric_device(f);
+    fg_fabric_copies cp = fg_fabric_device_copies(f);
+    if (dev && cp.steps > 0) { /* counted by the device, not assumed */
+        fg_dev_memory_stats ds = fg_dev_memory_stats_get(dev);
+        char staged[160] = "";
+        if (cp.total_comm_h2d || cp.total_comm_d2h)
+            snprintf(staged, sizeof staged,
+                     ", and %.0f and %.0f staged through the host for the communicator",
+                     (double)cp.total_comm_d2h / (double)cp.steps,
+                     (double)cp.total_comm_h2d / (double)cp.steps);
+        char ostep[200] = "";
+        if (cp.opt_steps > 0 && (cp.opt_h2d || cp.opt_d2h || cp.opt_comm_h2d || cp.opt_comm_d2h))
+            snprintf(ostep, sizeof ostep,
+                     "; per optimizer step %.0f host->device and %.0f device->host, and %.0f "
+                     "and %.0f staged (%lld steps)",
+                     (double)cp.opt_h2d / (double)cp.opt_steps,
+                     (double)cp.opt_d2h / (double)cp.opt_steps,
+                     (double)cp.opt_comm_d2h / (double)cp.opt_steps,
+                     (double)cp.opt_comm_h2d / (double)cp.opt_steps, (long long)cp.opt_steps);
+        printf("device %s: %.0f bytes host->device and %.0f device->host per training step "
+               "(%lld steps)%s%s; %llu and %llu in the whole run (validation, checkpoints and "
+               "staging included); peak %llu bytes allocated\n",
+               fg_dev_name(dev), (double)cp.total_h2d / (double)cp.steps,
+               (double)cp.total_d2h / (double)cp.steps, (long long)cp.steps, staged, ostep,
+               (unsigned long long)ds.h2d_bytes, (unsigned long long)ds.d2h_bytes,
+               (unsigned long long)ds.allocated_bytes_peak);
+    }
     fflush(stdout);
     fit_module_sample(m);
     return FG_EXIT_OK;

@@ -89,7 +89,7 @@ static const struct {
     int (*fn)(int, char **);
     const char *help;
 } k_cmds[] = {
-    {"fit", cmd_fit, "train a built-in model (gpt, mlp) on a data file"},
+    {"fit", cmd_fit, "train a built-in model (gpt, mlp, resnet, vit, lstm) on a data file"},
     {"validate", cmd_validate, "the validation loss of a checkpoint (--ckpt-path)"},
     {"test", cmd_test, "the test loss of a checkpoint on --test-data"},
     {"predict", cmd_predict, "write a checkpoint's predictions to a file"},

@@ -21,18 +21,18 @@
 
 /* gemm_pick.c: the engine of a single f32 product (one gemm, the batch
  * folded or 1), chosen per shape class by measurement (FULGUR_GEMM). */
-typedef enum { FG_GEMM_OPENBLAS, FG_GEMM_ONEDNN } fg_gemm_engine;
+typedef enum { FG_GEMM_OPENBLAS, FG_GEMM_ONEDNN } fg__gemm_engine;
 typedef struct {
-    fg_gemm_engine engine;
+    fg__gemm_engine engine;
     int threads; /* the threads to run it on: T, or 1 where one thread was faster */
-} fg_gemm_choice;
+} fg__gemm_choice;
 
 /* The choice for c (M, N) = op(a) op(b) (+= when acc) on T threads; the
  * first product of a class measures it. FG_EINVAL for a FULGUR_GEMM that
  * does not parse, FG_EUNSUPPORTED for FULGUR_GEMM=onednn without oneDNN.
  * Thread-safe. */
-fg_status fg__gemm_choose(bool ta, bool tb, bool acc, int64_t M, int64_t N, int64_t K, int T,
-                          fg_gemm_choice *out);
+FG_MUST_USE fg_status fg__gemm_choose(bool ta, bool tb, bool acc, int64_t M, int64_t N, int64_t K,
+                                      int T, fg__gemm_choice *out);
 /* matmul_dnnl.c: oneDNN's version, "2.6.3 (hash)"; "none" without it. */
 const char *fg__dnnl_version(void);
 /* The f32 part of fg_ops_blas_info, into buf. Thread-safe. */
@@ -43,9 +43,9 @@ const char *fg__gemm_info(char *buf, size_t cap);
  * FG_EFORMAT and changes nothing); forgets every class measured or loaded
  * and stops using the calibration file of FULGUR_GEMM_CACHE for the rest of
  * the process; counts the classes known (and how many chose oneDNN). */
-fg_status fg__gemm_set_mode(const char *mode);
-fg_status fg__gemm_cache_load(const char *path);
-fg_status fg__gemm_cache_save(const char *path);
+FG_MUST_USE fg_status fg__gemm_set_mode(const char *mode);
+FG_MUST_USE fg_status fg__gemm_cache_load(const char *path);
+FG_MUST_USE fg_status fg__gemm_cache_save(const char *path);
 void fg__gemm_forget(void);
 int fg__gemm_classes(int *onednn);
 

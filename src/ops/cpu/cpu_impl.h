@@ -115,13 +115,29 @@ typedef struct fg__vk {
     void (*add_const)(float *y, float v, int64_t n);
     void (*acc_rows_d)(double *acc, const float *x, int64_t ld, int64_t rows, int64_t n);
     double (*sum_d)(const float *x, int64_t n);
+    /* vk_rnn_t.h, one LSTM time step over rows of H (k_rnn.c): the gates'
+     * activation and the cell (forward), and its backward */
+    void (*lstm_fwd)(float *g, const float *xw, const float *b, const float *cp, float *c, float *h,
+                     int64_t rows, int64_t H);
+    void (*lstm_bwd)(const float *g, const float *c, const float *cp, const float *dy,
+                     const float *dhr, float *dc, float *dg, int64_t rows, int64_t H);
+    /* vk_norm_t.h, k_norm.c's batch-norm rows of n: the sums of the
+     * statistics and of the backward into NACC chains of double (s, t),
+     * y = x a + o, and dx = (overwrite) or += c[0] (g - c[1] - (x - c[2])
+     * c[3] c[4]); the bits of k_norm.c's own f32 rows */
+    void (*bn_row_sum)(const float *x, int64_t n, double *s);
+    void (*bn_row_sq)(const float *x, int64_t n, double m, double *s);
+    void (*bn_row_gsum)(const float *x, const float *g, int64_t n, double m, double *s, double *t);
+    void (*bn_fwd_row)(const float *x, float *y, int64_t n, float a, float o);
+    void (*bn_bwd_row)(const float *x, const float *g, float *dx, int64_t n, const double *c,
+                       bool overwrite);
 } fg__vk;
 
 extern const fg__vk fg__vk_avx2, fg__vk_avx512;
 
 /* The table of the ISA in use; FG_EINVAL naming FULGUR_CPU_ISA when its
  * value is not a name (see core/cpu_isa.h). */
-fg_status fg__vk_get(const fg__vk **vk);
+FG_MUST_USE fg_status fg__vk_get(const fg__vk **vk);
 
 /* Rows a call of a block kernel (at most `most`, at least 8, fewer where
  * the rows would not give each thread two calls): the kernels give a row
@@ -137,46 +153,48 @@ static inline int64_t fg__rows_per_call(int64_t rows, int64_t most) {
 #define FG_VK_PIECE 16384
 
 /* Shape checks that name the tensors. */
-fg_status fg__expect_same_shape(const char *kernel, const fg_tensor *a, const fg_tensor *b);
-fg_status fg__expect_contiguous(const char *kernel, const fg_tensor *t);
+FG_MUST_USE fg_status fg__expect_same_shape(const char *kernel, const fg_tensor *a,
+                                            const fg_tensor *b);
+FG_MUST_USE fg_status fg__expect_contiguous(const char *kernel, const fg_tensor *t);
 
 /* elementwise.c */
-fg_status fg__cpu_binary(fg_binary_op op, const fg_tensor *a, const fg_tensor *b, fg_tensor *y);
-fg_status fg__cpu_sum_to(const fg_tensor *x, fg_tensor *y, double alpha, double beta);
-fg_status fg__cpu_axpby(double alpha, const fg_tensor *x, double beta, fg_tensor *y);
-fg_status fg__cpu_scale(const fg_tensor *x, double s, fg_tensor *y);
-fg_status fg__cpu_sum_all(const fg_tensor *x, double *out);
-fg_status fg__cpu_sumsq_all(const fg_tensor *x, double *out);
+FG_MUST_USE fg_status fg__cpu_binary(fg_binary_op op, const fg_tensor *a, const fg_tensor *b,
+                                     fg_tensor *y);
+FG_MUST_USE fg_status fg__cpu_sum_to(const fg_tensor *x, fg_tensor *y, double alpha, double beta);
+FG_MUST_USE fg_status fg__cpu_axpby(double alpha, const fg_tensor *x, double beta, fg_tensor *y);
+FG_MUST_USE fg_status fg__cpu_scale(const fg_tensor *x, double s, fg_tensor *y);
+FG_MUST_USE fg_status fg__cpu_sum_all(const fg_tensor *x, double *out);
+FG_MUST_USE fg_status fg__cpu_sumsq_all(const fg_tensor *x, double *out);
 
 /* matmul.c */
-fg_status fg__cpu_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb, fg_tensor *c,
-                         double alpha, double beta);
-fg_status fg__cpu_bias_add(fg_tensor *y, const fg_tensor *bias);
-fg_status fg__cpu_bias_grad(const fg_tensor *dy, fg_tensor *dbias);
+FG_MUST_USE fg_status fg__cpu_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb,
+                                     fg_tensor *c, double alpha, double beta);
+FG_MUST_USE fg_status fg__cpu_bias_add(fg_tensor *y, const fg_tensor *bias);
+FG_MUST_USE fg_status fg__cpu_bias_grad(const fg_tensor *dy, fg_tensor *dbias);
 
 /* matmul_bf16.c: c (f32 or bf16) = alpha op(a) op(b) + beta c with bf16 a
  * and b, contiguous, same shapes as matmul: through oneDNN's bf16 matmul
  * where oneDNN implements it, else through an f32 fallback (the choice:
  * FULGUR_MATMUL_BF16 and fg_matmul_bf16_path). Internal: for the precision
  * layer. */
-fg_status fg__cpu_matmul_bf16(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb,
-                              fg_tensor *c, double alpha, double beta);
+FG_MUST_USE fg_status fg__cpu_matmul_bf16(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb,
+                                          fg_tensor *c, double alpha, double beta);
 /* Overrides FULGUR_MATMUL_BF16 for this process with "auto", "onednn" or
  * "fallback" (FG_EINVAL for anything else); NULL goes back to the
  * environment's choice. For tests, between products (not thread-safe
  * against products running on other threads). */
-fg_status fg__matmul_bf16_set_mode(const char *mode);
+FG_MUST_USE fg_status fg__matmul_bf16_set_mode(const char *mode);
 
 /* matmul_dnnl.c: oneDNN's bf16 product on operands fg__cpu_matmul_bf16 has
  * checked (batch, M, K, N all > 0). FG_EUNSUPPORTED when oneDNN implements
  * no such product on this CPU or the build has no oneDNN. */
-fg_status fg__dnnl_matmul_bf16(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb,
-                               fg_tensor *c, double alpha, double beta, int64_t batch, int64_t M,
-                               int64_t K, int64_t N);
+FG_MUST_USE fg_status fg__dnnl_matmul_bf16(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb,
+                                           fg_tensor *c, double alpha, double beta, int64_t batch,
+                                           int64_t M, int64_t K, int64_t N);
 /* matmul_dnnl.c: FG_OK when oneDNN implements a plain bf16 matmul on this
  * CPU (asks it for a small primitive each call: cache the answer);
  * FG_EUNSUPPORTED when it does not or the build has no oneDNN. */
-fg_status fg__dnnl_bf16_probe(void);
+FG_MUST_USE fg_status fg__dnnl_bf16_probe(void);
 /* matmul_dnnl.c: the ISA oneDNN runs at ("avx512_core_bf16", "avx2"; after
  * ONEDNN_MAX_CPU_ISA), NULL in a build without oneDNN. */
 const char *fg__dnnl_isa(void);
@@ -185,59 +203,95 @@ const char *fg__dnnl_isa(void);
  * through oneDNN's matmul, leading dimensions as cblas_sgemm's; returns
  * FG_EUNSUPPORTED (the caller then uses OpenBLAS) in a build without
  * oneDNN or for a variant oneDNN does not implement on this CPU. */
-fg_status fg__cpu_gemm_dnnl_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                                const float *a, int64_t lda, const float *b, int64_t ldb,
-                                float beta, float *c, int64_t ldc);
+FG_MUST_USE fg_status fg__cpu_gemm_dnnl_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                                            float alpha, const float *a, int64_t lda,
+                                            const float *b, int64_t ldb, float beta, float *c,
+                                            int64_t ldc);
+
+/* matmul_dnnl.c: c (M, N) = a (M, K) op(b), a and c contiguous, for many
+ * calls with the same b (K, N; its transpose when tb; row stride ldb),
+ * which fg__dnnl_fixed_new reorders once into the layout oneDNN's matmul
+ * prefers (and copies: b may change after). FG_EUNSUPPORTED without
+ * oneDNN or where it implements no such product; free with
+ * fg__dnnl_fixed_free (NULL is fine). One thread at a time per handle. */
+typedef struct fg__dnnl_fixed fg__dnnl_fixed;
+FG_MUST_USE fg_status fg__dnnl_fixed_new(bool tb, int64_t M, int64_t N, int64_t K, const float *b,
+                                         int64_t ldb, fg__dnnl_fixed **out);
+FG_MUST_USE fg_status fg__dnnl_fixed_run(fg__dnnl_fixed *f, const float *a, float *c);
+void fg__dnnl_fixed_free(fg__dnnl_fixed *f);
+
+/* k_rnn.c: fg__ops_lstm_fwd and fg__ops_lstm_bwd on the CPU */
+FG_MUST_USE fg_status fg__cpu_lstm_fwd(const fg_tensor *xw, const fg_tensor *whh,
+                                       const fg_tensor *bhh, const fg_tensor *h0,
+                                       const fg_tensor *c0, bool reverse, fg_tensor *y,
+                                       fg_tensor *gates, fg_tensor *cs);
+FG_MUST_USE fg_status fg__cpu_lstm_bwd(const fg_tensor *whh, const fg_tensor *h0,
+                                       const fg_tensor *c0, const fg_tensor *y,
+                                       const fg_tensor *gates, const fg_tensor *cs,
+                                       const fg_tensor *dy, bool reverse, fg_tensor *dg,
+                                       fg_tensor *dwhh, fg_tensor *dh0, fg_tensor *dc0);
 
 /* attention.c */
-fg_status fg__cpu_attention_fwd(const fg_tensor *qkv, int heads, fg_tensor *y, fg_tensor *lse);
-fg_status fg__cpu_attention_bwd(const fg_tensor *qkv, int heads, const fg_tensor *y,
-                                const fg_tensor *lse, const fg_tensor *dy, fg_tensor *dqkv);
+FG_MUST_USE fg_status fg__cpu_attention_fwd(const fg_tensor *qkv, int heads, fg_tensor *y,
+                                            fg_tensor *lse);
+FG_MUST_USE fg_status fg__cpu_attention_bwd(const fg_tensor *qkv, int heads, const fg_tensor *y,
+                                            const fg_tensor *lse, const fg_tensor *dy,
+                                            fg_tensor *dqkv);
 
 /* reduce.c */
-fg_status fg__cpu_sum_dim(const fg_tensor *x, int dim, fg_tensor *y, double alpha);
-fg_status fg__cpu_sum_dim_bwd(const fg_tensor *dy, int dim, fg_tensor *dx, double alpha);
+FG_MUST_USE fg_status fg__cpu_sum_dim(const fg_tensor *x, int dim, fg_tensor *y, double alpha);
+FG_MUST_USE fg_status fg__cpu_sum_dim_bwd(const fg_tensor *dy, int dim, fg_tensor *dx,
+                                          double alpha);
 
 /* activation.c */
-fg_status fg__cpu_relu_fwd(const fg_tensor *x, fg_tensor *y);
-fg_status fg__cpu_relu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx);
-fg_status fg__cpu_gelu_fwd(const fg_tensor *x, fg_tensor *y);
-fg_status fg__cpu_gelu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx);
+FG_MUST_USE fg_status fg__cpu_relu_fwd(const fg_tensor *x, fg_tensor *y);
+FG_MUST_USE fg_status fg__cpu_relu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx);
+FG_MUST_USE fg_status fg__cpu_gelu_fwd(const fg_tensor *x, fg_tensor *y);
+FG_MUST_USE fg_status fg__cpu_gelu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx);
 
 /* softmax.c */
-fg_status fg__cpu_softmax_fwd(const fg_tensor *x, fg_tensor *y);
-fg_status fg__cpu_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_tensor *dx);
-fg_status fg__cpu_log_softmax_fwd(const fg_tensor *x, fg_tensor *y);
-fg_status fg__cpu_log_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_tensor *dx);
+FG_MUST_USE fg_status fg__cpu_softmax_fwd(const fg_tensor *x, fg_tensor *y);
+FG_MUST_USE fg_status fg__cpu_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_tensor *dx);
+FG_MUST_USE fg_status fg__cpu_log_softmax_fwd(const fg_tensor *x, fg_tensor *y);
+FG_MUST_USE fg_status fg__cpu_log_softmax_bwd(const fg_tensor *y, const fg_tensor *dy,
+                                              fg_tensor *dx);
 
 /* loss.c */
-fg_status fg__cpu_cross_entropy_fwd(const fg_tensor *logits, const fg_tensor *targets,
-                                    int64_t ignore_index, fg_tensor *loss, int64_t *count);
-fg_status fg__cpu_cross_entropy_bwd(const fg_tensor *logits, const fg_tensor *targets,
-                                    int64_t ignore_index, double dloss, int64_t count,
-                                    fg_tensor *dlogits);
-fg_status fg__cpu_cross_entropy_fwd_stats(const fg_tensor *logits, const fg_tensor *targets,
-                                          int64_t ignore_index, fg_tensor *loss, int64_t *count,
-                                          fg_tensor *stats);
-fg_status fg__cpu_cross_entropy_bwd_stats(const fg_tensor *logits, const fg_tensor *targets,
-                                          const fg_tensor *stats, int64_t ignore_index,
-                                          double dloss, int64_t count, fg_tensor *dlogits);
+FG_MUST_USE fg_status fg__cpu_cross_entropy_fwd(const fg_tensor *logits, const fg_tensor *targets,
+                                                int64_t ignore_index, fg_tensor *loss,
+                                                int64_t *count);
+FG_MUST_USE fg_status fg__cpu_cross_entropy_bwd(const fg_tensor *logits, const fg_tensor *targets,
+                                                int64_t ignore_index, double dloss, int64_t count,
+                                                fg_tensor *dlogits);
+FG_MUST_USE fg_status fg__cpu_cross_entropy_fwd_stats(const fg_tensor *logits,
+                                                      const fg_tensor *targets,
+                                                      int64_t ignore_index, fg_tensor *loss,
+                                                      int64_t *count, fg_tensor *stats);
+FG_MUST_USE fg_status fg__cpu_cross_entropy_bwd_stats(const fg_tensor *logits,
+                                                      const fg_tensor *targets,
+                                                      const fg_tensor *stats, int64_t ignore_index,
+                                                      double dloss, int64_t count,
+                                                      fg_tensor *dlogits);
 
 /* layernorm.c */
-fg_status fg__cpu_layernorm_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
-                                double eps, fg_tensor *y, fg_tensor *mean, fg_tensor *rstd);
-fg_status fg__cpu_layernorm_bwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *mean,
-                                const fg_tensor *rstd, const fg_tensor *dy, fg_tensor *dx,
-                                fg_tensor *dw, fg_tensor *db);
+FG_MUST_USE fg_status fg__cpu_layernorm_fwd(const fg_tensor *x, const fg_tensor *w,
+                                            const fg_tensor *b, double eps, fg_tensor *y,
+                                            fg_tensor *mean, fg_tensor *rstd);
+FG_MUST_USE fg_status fg__cpu_layernorm_bwd(const fg_tensor *x, const fg_tensor *w,
+                                            const fg_tensor *mean, const fg_tensor *rstd,
+                                            const fg_tensor *dy, fg_tensor *dx, fg_tensor *dw,
+                                            fg_tensor *db);
 
 /* embedding.c */
-fg_status fg__cpu_embedding_fwd(const fg_tensor *idx, const fg_tensor *weight, fg_tensor *y);
-fg_status fg__cpu_embedding_bwd(const fg_tensor *idx, const fg_tensor *dy, fg_tensor *dweight);
+FG_MUST_USE fg_status fg__cpu_embedding_fwd(const fg_tensor *idx, const fg_tensor *weight,
+                                            fg_tensor *y);
+FG_MUST_USE fg_status fg__cpu_embedding_bwd(const fg_tensor *idx, const fg_tensor *dy,
+                                            fg_tensor *dweight);
 
 /* dropout.c */
-fg_status fg__cpu_dropout_fwd(const fg_tensor *x, double p, uint64_t seed, uint64_t offset,
-                              fg_tensor *y);
-fg_status fg__cpu_dropout_bwd(const fg_tensor *dy, double p, uint64_t seed, uint64_t offset,
-                              fg_tensor *dx);
+FG_MUST_USE fg_status fg__cpu_dropout_fwd(const fg_tensor *x, double p, uint64_t seed,
+                                          uint64_t offset, fg_tensor *y);
+FG_MUST_USE fg_status fg__cpu_dropout_bwd(const fg_tensor *dy, double p, uint64_t seed,
+                                          uint64_t offset, fg_tensor *dx);
 
 #endif

@@ -447,9 +447,11 @@ static void calibrate_locked(int cls, int T, bool ta, bool tb, bool acc, int64_t
             for (int cd = 0; cd < ncand; cd++) {
                 if (!ok[cd]) continue;
                 double t0 = fg_time();
-                for (int r = 0; r < reps; r++)
-                    run_cand(cd, T, ta, tb, acc ? 1.0f : 0.0f, e.m, e.n, e.k, a, b, c);
-                best[cd] = fmin(best[cd], (fg_time() - t0) / reps);
+                for (int r = 0; r < reps && ok[cd]; r++)
+                    ok[cd] =
+                        run_cand(cd, T, ta, tb, acc ? 1.0f : 0.0f, e.m, e.n, e.k, a, b, c) == FG_OK;
+                /* a failed run is no time: the candidate is out */
+                best[cd] = ok[cd] ? fmin(best[cd], (fg_time() - t0) / reps) : INFINITY;
             }
         }
         for (int cd = 0; cd < 4; cd++)
@@ -511,8 +513,8 @@ static void decide_locked(int cls, int T, bool ta, bool tb, bool acc, int64_t M,
 }
 
 fg_status fg__gemm_choose(bool ta, bool tb, bool acc, int64_t M, int64_t N, int64_t K, int T,
-                          fg_gemm_choice *out) {
-    *out = (fg_gemm_choice){.engine = FG_GEMM_OPENBLAS, .threads = T};
+                          fg__gemm_choice *out) {
+    *out = (fg__gemm_choice){.engine = FG_GEMM_OPENBLAS, .threads = T};
     int md = mode();
     if (md == MODE_BAD)
         return fg_error(FG_EINVAL, "%s=\"%s\": expected auto, openblas or onednn", MODE_ENV,

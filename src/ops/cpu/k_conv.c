@@ -78,7 +78,8 @@ const char *fg__cpu_conv_path(void) {
 /* a 2-d header over raw memory */
 static void view2(fg_tensor *v, fg_dtype dt, void *data, int64_t r, int64_t c) {
     memset(v, 0, sizeof *v);
-    fg__tensor_init_shape(v, dt, 2, (int64_t[]){r, c});
+    /* the kernel's own dtype and two sizes >= 0: the shape cannot be refused */
+    fg__status_drop(fg__tensor_init_shape(v, dt, 2, (int64_t[]){r, c}));
     v->data = data;
     v->device = FG_CPU;
 }
@@ -194,6 +195,7 @@ fg_status fg__cpu_conv2d_bwd_data(const fg_tensor *dy, const fg_tensor *w, const
         fg_status s = fg__dnnl_conv2d_bwd_data(dy, w, p, dx);
         if (s != FG_EUNSUPPORTED) return s;
     }
+    if (p->overwrite) memset(dx->data, 0, fg_tensor_nbytes(dx)); /* col2im adds */
     size_t es = fg_dtype_size(dx->dtype);
     int64_t L = g.OH * g.OW, K = g.Cg * g.KH * g.KW;
     void *col;

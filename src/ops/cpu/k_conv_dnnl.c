@@ -1,20 +1,31 @@
 /* k_conv.c's f32 convolutions on oneDNN's convolution primitive (oneDNN
  * 2.x C API): forward, backward data and backward weights (with the
  * bias). The primitive picks its layouts (format "any": blocked nChw16c
- * and the like on AVX-512, where its jit kernels run) and the NCHW /
- * (G)OIHW tensors are reordered in and out around it; FULGUR_CONV=
- * onednn-plain keeps the plain layouts (no reorder; oneDNN then runs
- * gemm:jit, im2col inside). Measured on a 3x3 64 -> 64 convolution of
- * (16, 64, 32, 32), one thread, best of 6 on the loaded 2-vCPU machine,
- * three alternating rounds: forward 25.8-28.9 ms picking vs 21.6-65.7 ms
- * plain, backward 100-149 vs 132-187 ms (backward weights stays on
- * gemm:jit either way: 60% of the backward). oneDNN
- * writes its outputs, the table's backward entries accumulate: the
- * gradients land in a scratch buffer first and are added. A shape oneDNN
+ * and the like on AVX-512, where its jit kernels run, backward weights
+ * included) and the NCHW / (G)OIHW tensors are reordered in and out
+ * around it; FULGUR_CONV=onednn-plain keeps the plain layouts (no
+ * reorder; oneDNN then runs gemm:jit, im2col inside). oneDNN writes its
+ * outputs, the table's backward entries accumulate: a gradient in oneDNN's
+ * layout is added into the caller's by its reorder (a sum post-op), one in
+ * the plain layout lands in a buffer first and is added. An input gradient
+ * the caller marks as holding nothing yet (fg_conv_params.overwrite: the
+ * autograd's fresh buffer) is written instead: a plain reorder (oneDNN's
+ * jit:blk; the one with the sum runs jit:uni at about half its speed) or
+ * oneDNN writing the caller's memory itself, and no zeroing before.
+ *
+ * Each thread makes a shape's primitive (and its reorders) once and keeps
+ * it, with the buffers of oneDNN's layouts and the scratchpad (given to
+ * the primitive: scratchpad mode user), one per role (x / dx, w / dw,
+ * y / dy, bias, scratchpad), grown to the largest shape and kept: a
+ * training step allocates nothing here after the first. Before, each call
+ * made its primitive descriptor, allocated and freed the layout buffers
+ * and oneDNN its scratchpad: on the CIFAR ResNet-18 (batch 64, one
+ * thread) 85k page faults a step, and backward weights on gemm:jit at 40%
+ * of the convolution time. The dy a backward-data call reordered is
+ * reused by the backward-weights call right after it with the same dy (a
+ * convolution's backward makes the two calls in turn). A shape oneDNN
  * does not implement (or a build without oneDNN) is FG_EUNSUPPORTED, and
- * k_conv.c runs its im2col path. The engine is made once per process, a
- * stream per call; primitives are found again in oneDNN's primitive
- * cache. */
+ * k_conv.c runs its im2col path. The engine is made once per process. */
 #include "k_ops.h"
 
 #ifndef FULGUR_HAVE_DNNL
@@ -39,6 +50,9 @@ fg_status fg__dnnl_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
 
 #include <dnnl.h>
 #include <pthread.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,16 +62,115 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void make_engine(void) { g_engine_status = dnnl_engine_create(&g_engine, dnnl_cpu, 0); }
 
+enum { K_FWD, K_BWD_DATA, K_BWD_WEIGHT };
+/* the buffer roles: an argument in oneDNN's layout goes through its
+ * role's buffer (x / dx, w / dw, y / dy, the bias or its gradient, the
+ * scratchpad) */
+enum { R_SRC, R_WEI, R_DST, R_BIAS, R_SCRATCH, R_N };
+#define NARG 4
+#define KEYN 24
+
+/* One convolution of one shape and direction, made once per thread: the
+ * primitive (its scratchpad the caller's: the role buffer), the layout of
+ * each argument and, where that is not the plain one, the reorders in
+ * (inputs) or out (outputs; accumulating ones with a sum post-op). */
+typedef struct centry {
+    struct centry *next;
+    int64_t key[KEYN];
+    dnnl_primitive_desc_t pd;
+    dnnl_primitive_t prim;
+    int n;
+    int arg[NARG], role[NARG];
+    bool out[NARG], accum[NARG], conv[NARG];
+    dnnl_memory_desc_t plain[NARG], md[NARG];
+    dnnl_primitive_t reo[NARG];
+    size_t bytes[NARG], scratch;
+} centry;
+
+/* The calling thread's primitives, its stream and the role buffers; and
+ * which tensor the destination buffer holds in oneDNN's layout (dy, left
+ * by a backward-data call for the backward-weights call that follows it
+ * with the same dy, as a convolution's backward makes them: taken only
+ * when the caller says so (p->dy_as_before), since a pointer alone may be
+ * another convolution's dy at an address the arena gave again). */
+typedef struct cstate {
+    centry *head;
+    dnnl_stream_t stream;
+    void *buf[R_N];
+    size_t cap[R_N];
+    const void *dst_holds;
+    dnnl_memory_desc_t dst_md;
+} cstate;
+
+static pthread_key_t g_key;
+static int g_key_err = 1;
+
+static void entry_free(centry *e) {
+    for (int i = 0; i < NARG; i++) dnnl_primitive_destroy(e->reo[i]);
+    dnnl_primitive_destroy(e->prim);
+    dnnl_primitive_desc_destroy(e->pd);
+    fg_free(e);
+}
+
+static void state_free(void *v) {
+    cstate *c = v;
+    for (centry *e = c->head, *n; e; e = n) {
+        n = e->next;
+        entry_free(e);
+    }
+    dnnl_stream_destroy(c->stream);
+    for (int i = 0; i < R_N; i++) fg_free(c->buf[i]);
+    fg_free(c);
+}
+
+static void make_engine_and_key(void) {
+    make_engine();
+    g_key_err = pthread_key_create(&g_key, state_free);
+}
+
+static fg_status ready(cstate **out) {
+    pthread_once(&g_once, make_engine_and_key);
+    if (g_engine_status != dnnl_success || g_key_err) return FG_EUNSUPPORTED;
+    cstate *c = pthread_getspecific(g_key);
+    if (!c) {
+        if (!(c = fg_calloc(1, sizeof *c))) return FG_ENOMEM;
+        if (dnnl_stream_create(&c->stream, g_engine, dnnl_stream_default_flags) != dnnl_success) {
+            fg_free(c);
+            return FG_EUNSUPPORTED;
+        }
+        if (pthread_setspecific(g_key, c)) {
+            state_free(c);
+            return fg_error(FG_ENOMEM, "conv2d: cannot keep oneDNN's primitives");
+        }
+    }
+    *out = c;
+    return FG_OK;
+}
+
+/* role r's buffer of at least `bytes` (kept for the next calls) */
+static void *role_buf(cstate *c, int r, size_t bytes) {
+    if (c->cap[r] < bytes) {
+        if (r == R_DST) c->dst_holds = NULL;
+        fg_free(c->buf[r]);
+        c->buf[r] = NULL;
+        c->cap[r] = 0;
+        if (!(c->buf[r] = fg_alloc(bytes))) return NULL;
+        c->cap[r] = bytes;
+    }
+    return c->buf[r];
+}
+
 /* the descriptors of one convolution */
 typedef struct cdesc {
     dnnl_memory_desc_t x, w, b, y; /* the tensors' plain layouts */
     dnnl_memory_desc_t xa, wa, ya; /* the same with the layout left to oneDNN */
     dnnl_dims_t stride, dil, pl, pr;
     bool blocked; /* the primitive picks its layouts (any) */
+    int64_t key[KEYN];
 } cdesc;
 
-static void make_desc(cdesc *d, const fg_tensor *x, const fg_tensor *y, int64_t O, int64_t KH,
-                      int64_t KW, const fg_conv_params *p) {
+static void make_desc(cdesc *d, int kind, const fg_tensor *x, const fg_tensor *y, int64_t O,
+                      int64_t KH, int64_t KW, const fg_conv_params *p, bool bias) {
     int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
     int64_t OH = y->shape[2], OW = y->shape[3], G = p->groups;
     dnnl_dims_t xd = {N, C, H, W}, yd = {N, O, OH, OW}, bd = {O};
@@ -86,6 +199,16 @@ static void make_desc(cdesc *d, const fg_tensor *x, const fg_tensor *y, int64_t 
         d->pl[i] = p->pad[i];
         d->pr[i] = pr > 0 ? pr : 0;
     }
+#ifdef _OPENMP
+    int64_t threads = omp_get_max_threads(); /* the kernels are laid out for a thread count */
+#else
+    int64_t threads = 1;
+#endif
+    int64_t key[KEYN] = {kind,         N,         C,          H,        W,           O,
+                         KH,           KW,        OH,         OW,       G,           d->stride[0],
+                         d->stride[1], d->dil[0], d->dil[1],  d->pl[0], d->pl[1],    d->pr[0],
+                         d->pr[1],     bias,      d->blocked, threads,  p->overwrite};
+    memcpy(d->key, key, sizeof key);
 }
 
 static fg_status fail(const char *kernel, dnnl_status_t s, const char *what) {
@@ -103,98 +226,85 @@ static fg_status fail(const char *kernel, dnnl_status_t s, const char *what) {
     } while (0)
 
 /* the forward primitive descriptor (also the hint of the backward ones) */
-static dnnl_status_t fwd_pd(dnnl_primitive_desc_t *pd, const cdesc *d, bool bias) {
+static dnnl_status_t fwd_pd(dnnl_primitive_desc_t *pd, const cdesc *d, bool bias,
+                            dnnl_primitive_attr_t attr) {
     dnnl_convolution_desc_t cd;
     dnnl_status_t s = dnnl_dilated_convolution_forward_desc_init(
         &cd, dnnl_forward_training, dnnl_convolution_direct, d->blocked ? &d->xa : &d->x,
         d->blocked ? &d->wa : &d->w, bias ? &d->b : NULL, d->blocked ? &d->ya : &d->y, d->stride,
         d->dil, d->pl, d->pr);
     if (s != dnnl_success) return s;
-    return dnnl_primitive_desc_create(pd, &cd, NULL, g_engine, NULL);
+    return dnnl_primitive_desc_create(pd, &cd, attr, g_engine, NULL);
 }
 
-/* One argument of a primitive: the plain layout and the caller's pointer,
- * the query that tells the layout the primitive chose, and whether it is
- * an output (reordered back after) or an input (reordered in before). */
+/* One argument of a primitive: its role, the plain layout, the query
+ * that tells the layout the primitive chose, whether it is an output, and
+ * whether that output is added to what the caller's tensor holds. */
 typedef struct io {
-    int arg;
+    int arg, role;
     dnnl_query_t query;
     int index;
     const dnnl_memory_desc_t *plain;
-    void *ptr;
-    bool out;
+    bool out, accum;
 } io;
 
-static fg_status reorder(const char *kernel, const dnnl_memory_desc_t *smd, void *src,
-                         const dnnl_memory_desc_t *dmd, void *dst) {
-    fg_status st = FG_OK;
+/* a reorder from smd to dmd, adding into the destination with sum */
+static dnnl_status_t make_reorder(dnnl_primitive_t *prim, const dnnl_memory_desc_t *smd,
+                                  const dnnl_memory_desc_t *dmd, bool sum) {
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t rpd = NULL;
-    dnnl_primitive_t prim = NULL;
-    dnnl_stream_t stream = NULL;
-    dnnl_memory_t sm = NULL, dm = NULL;
-    DN(dnnl_reorder_primitive_desc_create(&rpd, smd, g_engine, dmd, g_engine, NULL), "reorder");
-    DN(dnnl_memory_create(&sm, smd, g_engine, src), "memory");
-    DN(dnnl_memory_create(&dm, dmd, g_engine, dst), "memory");
-    DN(dnnl_primitive_create(&prim, rpd), "reorder primitive");
-    DN(dnnl_stream_create(&stream, g_engine, dnnl_stream_default_flags), "stream");
-    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, sm}, {DNNL_ARG_TO, dm}};
-    DN(dnnl_primitive_execute(prim, stream, 2, args), "reorder");
-    DN(dnnl_stream_wait(stream), "stream wait");
-out:
-    dnnl_stream_destroy(stream);
-    dnnl_primitive_destroy(prim);
-    dnnl_memory_destroy(sm);
-    dnnl_memory_destroy(dm);
+    dnnl_status_t s = dnnl_primitive_attr_create(&attr);
+    if (s == dnnl_success && sum) {
+        s = dnnl_post_ops_create(&po);
+        if (s == dnnl_success) s = dnnl_post_ops_append_sum(po, 1.0f);
+        if (s == dnnl_success) s = dnnl_primitive_attr_set_post_ops(attr, po);
+    }
+    if (s == dnnl_success)
+        s = dnnl_reorder_primitive_desc_create(&rpd, smd, g_engine, dmd, g_engine, attr);
+    if (s == dnnl_success) s = dnnl_primitive_create(prim, rpd);
     dnnl_primitive_desc_destroy(rpd);
-    return st;
+    dnnl_post_ops_destroy(po);
+    dnnl_primitive_attr_destroy(attr);
+    return s;
 }
 
-/* Runs pd on n arguments, each in the layout pd chose: an argument whose
- * layout differs from its plain one goes through a buffer of that layout
- * (inputs reordered into it first, outputs out of it after). */
-static fg_status run(const char *kernel, dnnl_primitive_desc_t pd, int n, const io *a) {
+/* The entry of pd (taken over) and its n arguments, made once. */
+static fg_status entry_new(const char *kernel, const int64_t *key, dnnl_primitive_desc_t pd, int n,
+                           const io *a, centry **out) {
     fg_status st = FG_OK;
-    dnnl_primitive_t prim = NULL;
-    dnnl_stream_t stream = NULL;
-    dnnl_memory_t mem[6] = {NULL};
-    void *buf[6] = {NULL};
-    const dnnl_memory_desc_t *md[6];
-    dnnl_exec_arg_t args[6];
+    centry *e = fg_calloc(1, sizeof *e);
+    if (!e) {
+        dnnl_primitive_desc_destroy(pd);
+        return FG_ENOMEM;
+    }
+    memcpy(e->key, key, sizeof e->key);
+    e->pd = pd;
+    e->n = n;
+    const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    e->scratch = sp ? dnnl_memory_desc_get_size(sp) : 0;
     for (int i = 0; i < n; i++) {
-        md[i] = dnnl_primitive_desc_query_md(pd, a[i].query, a[i].index);
-        if (!md[i]) md[i] = a[i].plain;
-        void *p = a[i].ptr;
-        if (!dnnl_memory_desc_equal(md[i], a[i].plain)) {
-            size_t bytes = dnnl_memory_desc_get_size(md[i]);
-            if (!(buf[i] = fg_alloc(bytes ? bytes : 1))) {
-                st = fg_error(FG_ENOMEM, "%s: %zu bytes for oneDNN's layout", kernel, bytes);
-                goto out;
-            }
-            if (!a[i].out && (st = reorder(kernel, a[i].plain, a[i].ptr, md[i], buf[i]))) goto out;
-            p = buf[i];
+        const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, a[i].query, a[i].index);
+        e->arg[i] = a[i].arg;
+        e->role[i] = a[i].role;
+        e->out[i] = a[i].out;
+        e->accum[i] = a[i].accum;
+        e->plain[i] = *a[i].plain;
+        e->md[i] = md ? *md : *a[i].plain;
+        e->conv[i] = !dnnl_memory_desc_equal(&e->md[i], &e->plain[i]);
+        e->bytes[i] = dnnl_memory_desc_get_size(&e->md[i]);
+        if (e->conv[i]) {
+            if (a[i].out)
+                DN(make_reorder(&e->reo[i], &e->md[i], &e->plain[i], a[i].accum), "reorder");
+            else DN(make_reorder(&e->reo[i], &e->plain[i], &e->md[i], false), "reorder");
         }
-        DN(dnnl_memory_create(&mem[i], md[i], g_engine, p), "memory");
-        args[i] = (dnnl_exec_arg_t){a[i].arg, mem[i]};
     }
-    DN(dnnl_primitive_create(&prim, pd), "primitive");
-    DN(dnnl_stream_create(&stream, g_engine, dnnl_stream_default_flags), "stream");
-    DN(dnnl_primitive_execute(prim, stream, n, args), "execute");
-    DN(dnnl_stream_wait(stream), "stream wait");
-    for (int i = 0; i < n && !st; i++)
-        if (a[i].out && buf[i]) st = reorder(kernel, md[i], buf[i], a[i].plain, a[i].ptr);
+    DN(dnnl_primitive_create(&e->prim, pd), "primitive");
+    *out = e;
+    return FG_OK;
 out:
-    dnnl_stream_destroy(stream);
-    dnnl_primitive_destroy(prim);
-    for (int i = 0; i < n; i++) {
-        dnnl_memory_destroy(mem[i]);
-        fg_free(buf[i]);
-    }
+    entry_free(e);
     return st;
-}
-
-static fg_status ready(void) {
-    pthread_once(&g_once, make_engine);
-    return g_engine_status == dnnl_success ? FG_OK : FG_EUNSUPPORTED;
 }
 
 static void add_into(float *dst, const float *src, int64_t n) {
@@ -202,98 +312,215 @@ static void add_into(float *dst, const float *src, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
+static dnnl_status_t exec2(cstate *c, dnnl_primitive_t prim, const dnnl_memory_desc_t *smd,
+                           void *src, const dnnl_memory_desc_t *dmd, void *dst) {
+    dnnl_memory_t sm = NULL, dm = NULL;
+    dnnl_status_t s = dnnl_memory_create(&sm, smd, g_engine, src);
+    if (s == dnnl_success) s = dnnl_memory_create(&dm, dmd, g_engine, dst);
+    if (s == dnnl_success) {
+        dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, sm}, {DNNL_ARG_TO, dm}};
+        s = dnnl_primitive_execute(prim, c->stream, 2, args);
+    }
+    dnnl_memory_destroy(sm);
+    dnnl_memory_destroy(dm);
+    return s;
+}
+
+/* Runs entry e on the caller's pointers ptr[0..n-1] (elements[i] each):
+ * an argument in a layout other than its plain one goes through its
+ * role's buffer (inputs reordered into it first, outputs out of it after,
+ * added to the caller's for an accumulating one); an accumulating output
+ * in its plain layout is written to its role's buffer and added. */
+static fg_status run(const char *kernel, cstate *c, centry *e, void *const *ptr,
+                     const int64_t *elements, bool take_dst, bool leave_dst) {
+    fg_status st = FG_OK;
+    dnnl_memory_t mem[NARG + 1] = {NULL};
+    dnnl_exec_arg_t args[NARG + 1];
+    void *at[NARG];
+    int na = 0;
+    const void *holds = take_dst ? c->dst_holds : NULL;
+    c->dst_holds = NULL;
+    for (int i = 0; i < e->n; i++) {
+        at[i] = ptr[i];
+        if (e->conv[i] || (e->out[i] && e->accum[i])) {
+            size_t bytes = e->conv[i] ? e->bytes[i] : sizeof(float) * (size_t)elements[i];
+            bool have = e->role[i] == R_DST && holds == ptr[i] && c->cap[R_DST] >= bytes &&
+                        dnnl_memory_desc_equal(&c->dst_md, &e->md[i]);
+            if (!(at[i] = role_buf(c, e->role[i], bytes ? bytes : 1))) {
+                st = FG_ENOMEM;
+                goto out;
+            }
+            if (e->conv[i] && !e->out[i] && !have)
+                DN(exec2(c, e->reo[i], &e->plain[i], ptr[i], &e->md[i], at[i]), "reorder");
+            if (leave_dst && e->conv[i] && !e->out[i] && e->role[i] == R_DST) {
+                c->dst_holds = ptr[i];
+                c->dst_md = e->md[i];
+            }
+        }
+        DN(dnnl_memory_create(&mem[na], &e->md[i], g_engine, at[i]), "memory");
+        args[na] = (dnnl_exec_arg_t){e->arg[i], mem[na]};
+        na++;
+    }
+    if (e->scratch) {
+        void *sp = role_buf(c, R_SCRATCH, e->scratch);
+        if (!sp) {
+            st = FG_ENOMEM;
+            goto out;
+        }
+        const dnnl_memory_desc_t *smd =
+            dnnl_primitive_desc_query_md(e->pd, dnnl_query_scratchpad_md, 0);
+        DN(dnnl_memory_create(&mem[na], smd, g_engine, sp), "memory");
+        args[na] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, mem[na]};
+        na++;
+    }
+    DN(dnnl_primitive_execute(e->prim, c->stream, na, args), "execute");
+    for (int i = 0; i < e->n; i++) {
+        if (!e->out[i] || at[i] == ptr[i]) continue;
+        if (e->conv[i]) DN(exec2(c, e->reo[i], &e->md[i], at[i], &e->plain[i], ptr[i]), "reorder");
+        else add_into(ptr[i], at[i], elements[i]);
+        if (e->role[i] == R_DST) c->dst_holds = NULL;
+    }
+    DN(dnnl_stream_wait(c->stream), "stream wait");
+out:
+    for (int i = 0; i < na; i++) dnnl_memory_destroy(mem[i]);
+    if (st) c->dst_holds = NULL;
+    return st;
+}
+
+/* the thread's entry for d's key, or NULL (the caller makes it) */
+static centry *find(cstate *c, const cdesc *d) {
+    for (centry **pp = &c->head; *pp; pp = &(*pp)->next)
+        if (!memcmp((*pp)->key, d->key, sizeof d->key)) {
+            centry *e = *pp; /* to the front: the next call is likely the same */
+            *pp = e->next;
+            e->next = c->head;
+            c->head = e;
+            return e;
+        }
+    return NULL;
+}
+
+static void keep(cstate *c, centry *e) {
+    e->next = c->head;
+    c->head = e;
+}
+
+/* attributes with the scratchpad left to the caller */
+static dnnl_status_t user_scratchpad(dnnl_primitive_attr_t *attr) {
+    dnnl_status_t s = dnnl_primitive_attr_create(attr);
+    if (s == dnnl_success)
+        s = dnnl_primitive_attr_set_scratchpad_mode(*attr, dnnl_scratchpad_mode_user);
+    return s;
+}
+
 fg_status fg__dnnl_conv2d_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
                               const fg_conv_params *p, fg_tensor *y) {
     const char *kernel = "conv2d_fwd";
-    FG_TRY(ready());
+    cstate *c;
+    FG_TRY(ready(&c));
     fg_status st = FG_OK;
     cdesc d;
-    make_desc(&d, x, y, w->shape[0], w->shape[2], w->shape[3], p);
-    dnnl_primitive_desc_t pd = NULL;
-    DN(fwd_pd(&pd, &d, b != NULL), "convolution descriptor");
+    make_desc(&d, K_FWD, x, y, w->shape[0], w->shape[2], w->shape[3], p, b != NULL);
+    centry *e = find(c, &d);
+    dnnl_primitive_attr_t attr = NULL;
+    if (!e) {
+        dnnl_primitive_desc_t pd = NULL;
+        DN(user_scratchpad(&attr), "attributes");
+        DN(fwd_pd(&pd, &d, b != NULL, attr), "convolution descriptor");
+        io a[4] = {{DNNL_ARG_SRC, R_SRC, dnnl_query_src_md, 0, &d.x, false, false},
+                   {DNNL_ARG_WEIGHTS, R_WEI, dnnl_query_weights_md, 0, &d.w, false, false},
+                   {DNNL_ARG_DST, R_DST, dnnl_query_dst_md, 0, &d.y, true, false},
+                   {DNNL_ARG_BIAS, R_BIAS, dnnl_query_weights_md, 1, &d.b, false, false}};
+        if ((st = entry_new(kernel, d.key, pd, b ? 4 : 3, a, &e))) goto out;
+        keep(c, e);
+    }
     {
-        io a[4] = {{DNNL_ARG_SRC, dnnl_query_src_md, 0, &d.x, x->data, false},
-                   {DNNL_ARG_WEIGHTS, dnnl_query_weights_md, 0, &d.w, w->data, false},
-                   {DNNL_ARG_DST, dnnl_query_dst_md, 0, &d.y, y->data, true},
-                   {DNNL_ARG_BIAS, dnnl_query_weights_md, 1, &d.b, b ? b->data : NULL, false}};
-        st = run(kernel, pd, b ? 4 : 3, a);
+        void *ptr[4] = {x->data, w->data, y->data, b ? b->data : NULL};
+        int64_t el[4] = {x->numel, w->numel, y->numel, b ? b->numel : 0};
+        st = run(kernel, c, e, ptr, el, false, false);
     }
 out:
-    dnnl_primitive_desc_destroy(pd);
+    dnnl_primitive_attr_destroy(attr);
     return st;
+}
+
+/* The backward primitive descriptor of kind K_BWD_DATA or K_BWD_WEIGHT
+ * (the forward one its hint), its scratchpad the caller's. */
+static dnnl_status_t bwd_pd(dnnl_primitive_desc_t *pd, int kind, const cdesc *d, bool bias) {
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_primitive_desc_t hint = NULL;
+    dnnl_convolution_desc_t cd;
+    const dnnl_memory_desc_t *x = d->blocked ? &d->xa : &d->x, *w = d->blocked ? &d->wa : &d->w,
+                             *y = d->blocked ? &d->ya : &d->y;
+    dnnl_status_t s = user_scratchpad(&attr);
+    if (s == dnnl_success) s = fwd_pd(&hint, d, bias, NULL);
+    if (s == dnnl_success)
+        s = kind == K_BWD_DATA
+                ? dnnl_dilated_convolution_backward_data_desc_init(
+                      &cd, dnnl_convolution_direct, x, w, y, d->stride, d->dil, d->pl, d->pr)
+                : dnnl_dilated_convolution_backward_weights_desc_init(
+                      &cd, dnnl_convolution_direct, x, w, bias ? &d->b : NULL, y, d->stride, d->dil,
+                      d->pl, d->pr);
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(pd, &cd, attr, g_engine, hint);
+    dnnl_primitive_desc_destroy(hint);
+    dnnl_primitive_attr_destroy(attr);
+    return s;
 }
 
 fg_status fg__dnnl_conv2d_bwd_data(const fg_tensor *dy, const fg_tensor *w, const fg_conv_params *p,
                                    fg_tensor *dx) {
     const char *kernel = "conv2d_bwd_data";
-    FG_TRY(ready());
+    cstate *c;
+    FG_TRY(ready(&c));
     fg_status st = FG_OK;
     cdesc d;
-    make_desc(&d, dx, dy, w->shape[0], w->shape[2], w->shape[3], p);
-    dnnl_primitive_desc_t hint = NULL, pd = NULL;
-    float *tmp = NULL;
-    dnnl_convolution_desc_t cd;
-    DN(fwd_pd(&hint, &d, false), "convolution descriptor");
-    DN(dnnl_dilated_convolution_backward_data_desc_init(
-           &cd, dnnl_convolution_direct, d.blocked ? &d.xa : &d.x, d.blocked ? &d.wa : &d.w,
-           d.blocked ? &d.ya : &d.y, d.stride, d.dil, d.pl, d.pr),
-       "backward data descriptor");
-    DN(dnnl_primitive_desc_create(&pd, &cd, NULL, g_engine, hint), "backward data primitive");
-    if (!(tmp = fg_alloc(sizeof(float) * (size_t)(dx->numel ? dx->numel : 1)))) {
-        st = FG_ENOMEM;
-        goto out;
+    make_desc(&d, K_BWD_DATA, dx, dy, w->shape[0], w->shape[2], w->shape[3], p, false);
+    centry *e = find(c, &d);
+    if (!e) {
+        dnnl_primitive_desc_t pd = NULL;
+        DN(bwd_pd(&pd, K_BWD_DATA, &d, false), "backward data primitive");
+        /* dx is added to unless the caller says it holds nothing yet */
+        io a[3] = {
+            {DNNL_ARG_DIFF_DST, R_DST, dnnl_query_diff_dst_md, 0, &d.y, false, false},
+            {DNNL_ARG_WEIGHTS, R_WEI, dnnl_query_weights_md, 0, &d.w, false, false},
+            {DNNL_ARG_DIFF_SRC, R_SRC, dnnl_query_diff_src_md, 0, &d.x, true, !p->overwrite}};
+        if ((st = entry_new(kernel, d.key, pd, 3, a, &e))) goto out;
+        keep(c, e);
     }
     {
-        io a[3] = {{DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md, 0, &d.y, dy->data, false},
-                   {DNNL_ARG_WEIGHTS, dnnl_query_weights_md, 0, &d.w, w->data, false},
-                   {DNNL_ARG_DIFF_SRC, dnnl_query_diff_src_md, 0, &d.x, tmp, true}};
-        st = run(kernel, pd, 3, a);
+        void *ptr[3] = {dy->data, w->data, dx->data};
+        int64_t el[3] = {dy->numel, w->numel, dx->numel};
+        st = run(kernel, c, e, ptr, el, false, true);
     }
-    if (!st) add_into(dx->data, tmp, dx->numel);
 out:
-    fg_free(tmp);
-    dnnl_primitive_desc_destroy(pd);
-    dnnl_primitive_desc_destroy(hint);
     return st;
 }
 
 fg_status fg__dnnl_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
                                      const fg_conv_params *p, fg_tensor *dw, fg_tensor *db) {
     const char *kernel = "conv2d_bwd_weight";
-    FG_TRY(ready());
+    cstate *c;
+    FG_TRY(ready(&c));
     fg_status st = FG_OK;
     cdesc d;
-    make_desc(&d, x, dy, dw->shape[0], dw->shape[2], dw->shape[3], p);
-    dnnl_primitive_desc_t hint = NULL, pd = NULL;
-    float *tmp = NULL;
-    dnnl_convolution_desc_t cd;
-    DN(fwd_pd(&hint, &d, db != NULL), "convolution descriptor");
-    DN(dnnl_dilated_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &d.x, &d.w,
-                                                           db ? &d.b : NULL, &d.y, d.stride, d.dil,
-                                                           d.pl, d.pr),
-       "backward weights descriptor");
-    DN(dnnl_primitive_desc_create(&pd, &cd, NULL, g_engine, hint), "backward weights primitive");
-    int64_t nb = db ? db->numel : 0;
-    if (!(tmp = fg_alloc(sizeof(float) * (size_t)(dw->numel + nb)))) {
-        st = FG_ENOMEM;
-        goto out;
+    make_desc(&d, K_BWD_WEIGHT, x, dy, dw->shape[0], dw->shape[2], dw->shape[3], p, db != NULL);
+    centry *e = find(c, &d);
+    if (!e) {
+        dnnl_primitive_desc_t pd = NULL;
+        DN(bwd_pd(&pd, K_BWD_WEIGHT, &d, db != NULL), "backward weights primitive");
+        io a[4] = {{DNNL_ARG_SRC, R_SRC, dnnl_query_src_md, 0, &d.x, false, false},
+                   {DNNL_ARG_DIFF_DST, R_DST, dnnl_query_diff_dst_md, 0, &d.y, false, false},
+                   {DNNL_ARG_DIFF_WEIGHTS, R_WEI, dnnl_query_diff_weights_md, 0, &d.w, true, true},
+                   {DNNL_ARG_DIFF_BIAS, R_BIAS, dnnl_query_diff_weights_md, 1, &d.b, true, true}};
+        if ((st = entry_new(kernel, d.key, pd, db ? 4 : 3, a, &e))) goto out;
+        keep(c, e);
     }
     {
-        io a[4] = {
-            {DNNL_ARG_SRC, dnnl_query_src_md, 0, &d.x, x->data, false},
-            {DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md, 0, &d.y, dy->data, false},
-            {DNNL_ARG_DIFF_WEIGHTS, dnnl_query_diff_weights_md, 0, &d.w, tmp, true},
-            {DNNL_ARG_DIFF_BIAS, dnnl_query_diff_weights_md, 1, &d.b, tmp + dw->numel, true}};
-        st = run(kernel, pd, db ? 4 : 3, a);
-    }
-    if (!st) {
-        add_into(dw->data, tmp, dw->numel);
-        if (db) add_into(db->data, tmp + dw->numel, nb);
+        void *ptr[4] = {x->data, dy->data, dw->data, db ? db->data : NULL};
+        int64_t el[4] = {x->numel, dy->numel, dw->numel, db ? db->numel : 0};
+        st = run(kernel, c, e, ptr, el, p->dy_as_before, false);
     }
 out:
-    fg_free(tmp);
-    dnnl_primitive_desc_destroy(pd);
-    dnnl_primitive_desc_destroy(hint);
     return st;
 }
 

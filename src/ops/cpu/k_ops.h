@@ -8,55 +8,75 @@
 #include "cpu_impl.h"
 
 /* k_unary.c */
-fg_status fg__cpu_unary_fwd(fg_unary_op op, const fg_tensor *x, double a, double b, fg_tensor *y);
-fg_status fg__cpu_unary_bwd(fg_unary_op op, const fg_tensor *x, const fg_tensor *y,
-                            const fg_tensor *dy, double a, double b, fg_tensor *dx);
+FG_MUST_USE fg_status fg__cpu_unary_fwd(fg_unary_op op, const fg_tensor *x, double a, double b,
+                                        fg_tensor *y);
+FG_MUST_USE fg_status fg__cpu_unary_bwd(fg_unary_op op, const fg_tensor *x, const fg_tensor *y,
+                                        const fg_tensor *dy, double a, double b, fg_tensor *dx);
 
 /* k_index.c */
-fg_status fg__cpu_add_strided(const fg_tensor *x, fg_tensor *y);
-fg_status fg__cpu_where(const fg_tensor *cond, const fg_tensor *a, const fg_tensor *b, double va,
-                        double vb, fg_tensor *y);
-fg_status fg__cpu_index_select(const fg_tensor *x, int dim, const fg_tensor *idx, fg_tensor *y);
-fg_status fg__cpu_index_add(const fg_tensor *dy, int dim, const fg_tensor *idx, fg_tensor *dx);
-fg_status fg__cpu_gather(const fg_tensor *x, int dim, const fg_tensor *idx, fg_tensor *y);
-fg_status fg__cpu_scatter_add(const fg_tensor *src, int dim, const fg_tensor *idx, fg_tensor *y);
-fg_status fg__cpu_max_dim(const fg_tensor *x, int dim, bool is_min, fg_tensor *y, fg_tensor *idx);
-fg_status fg__cpu_cumsum(const fg_tensor *x, int dim, bool reverse, fg_tensor *y);
+FG_MUST_USE fg_status fg__cpu_add_strided(const fg_tensor *x, fg_tensor *y);
+FG_MUST_USE fg_status fg__cpu_where(const fg_tensor *cond, const fg_tensor *a, const fg_tensor *b,
+                                    double va, double vb, fg_tensor *y);
+FG_MUST_USE fg_status fg__cpu_index_select(const fg_tensor *x, int dim, const fg_tensor *idx,
+                                           fg_tensor *y);
+FG_MUST_USE fg_status fg__cpu_index_add(const fg_tensor *dy, int dim, const fg_tensor *idx,
+                                        fg_tensor *dx);
+FG_MUST_USE fg_status fg__cpu_gather(const fg_tensor *x, int dim, const fg_tensor *idx,
+                                     fg_tensor *y);
+FG_MUST_USE fg_status fg__cpu_scatter_add(const fg_tensor *src, int dim, const fg_tensor *idx,
+                                          fg_tensor *y);
+FG_MUST_USE fg_status fg__cpu_max_dim(const fg_tensor *x, int dim, bool is_min, fg_tensor *y,
+                                      fg_tensor *idx);
+FG_MUST_USE fg_status fg__cpu_cumsum(const fg_tensor *x, int dim, bool reverse, fg_tensor *y);
 
 /* k_loss.c */
-fg_status fg__cpu_pointwise_loss_fwd(fg_loss_op op, const fg_tensor *x, const fg_tensor *t,
-                                     const fg_tensor *w, double p, fg_tensor *y);
-fg_status fg__cpu_pointwise_loss_bwd(fg_loss_op op, const fg_tensor *x, const fg_tensor *t,
-                                     const fg_tensor *w, double p, const fg_tensor *dy,
-                                     fg_tensor *dx, fg_tensor *dt);
-fg_status fg__cpu_nll_fwd(const fg_tensor *logp, const fg_tensor *t, const fg_tensor *w,
-                          int64_t ignore, double eps, fg_tensor *y, double *wsum);
-fg_status fg__cpu_nll_bwd(const fg_tensor *t, const fg_tensor *w, int64_t ignore, double eps,
-                          const fg_tensor *dy, fg_tensor *dlogp);
+FG_MUST_USE fg_status fg__cpu_pointwise_loss_fwd(fg_loss_op op, const fg_tensor *x,
+                                                 const fg_tensor *t, const fg_tensor *w, double p,
+                                                 fg_tensor *y);
+FG_MUST_USE fg_status fg__cpu_pointwise_loss_bwd(fg_loss_op op, const fg_tensor *x,
+                                                 const fg_tensor *t, const fg_tensor *w, double p,
+                                                 const fg_tensor *dy, fg_tensor *dx, fg_tensor *dt);
+FG_MUST_USE fg_status fg__cpu_nll_fwd(const fg_tensor *logp, const fg_tensor *t, const fg_tensor *w,
+                                      int64_t ignore, double eps, fg_tensor *y, double *wsum);
+FG_MUST_USE fg_status fg__cpu_nll_bwd(const fg_tensor *t, const fg_tensor *w, int64_t ignore,
+                                      double eps, const fg_tensor *dy, fg_tensor *dlogp);
 
 /* k_conv.c (oneDNN's primitives for f32 where built in, k_conv_dnnl.c;
  * im2col and the matrix product otherwise, and for f64) */
-fg_status fg__cpu_conv2d_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
-                             const fg_conv_params *p, fg_tensor *y);
-fg_status fg__cpu_conv2d_bwd_data(const fg_tensor *dy, const fg_tensor *w, const fg_conv_params *p,
-                                  fg_tensor *dx);
-fg_status fg__cpu_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
-                                    const fg_conv_params *p, fg_tensor *dw, fg_tensor *db);
+FG_MUST_USE fg_status fg__cpu_conv2d_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
+                                         const fg_conv_params *p, fg_tensor *y);
+FG_MUST_USE fg_status fg__cpu_conv2d_bwd_data(const fg_tensor *dy, const fg_tensor *w,
+                                              const fg_conv_params *p, fg_tensor *dx);
+FG_MUST_USE fg_status fg__cpu_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
+                                                const fg_conv_params *p, fg_tensor *dw,
+                                                fg_tensor *db);
 /* k_pool.c */
-fg_status fg__cpu_pool2d_fwd(const fg_tensor *x, const fg_pool_params *p, fg_tensor *y,
-                             fg_tensor *idx);
-fg_status fg__cpu_pool2d_bwd(const fg_tensor *dy, const fg_tensor *idx, const fg_pool_params *p,
-                             fg_tensor *dx);
+FG_MUST_USE fg_status fg__cpu_pool2d_fwd(const fg_tensor *x, const fg_pool_params *p, fg_tensor *y,
+                                         fg_tensor *idx);
+FG_MUST_USE fg_status fg__cpu_pool2d_bwd(const fg_tensor *dy, const fg_tensor *idx,
+                                         const fg_pool_params *p, fg_tensor *dx);
+
+/* k_norm.c */
+FG_MUST_USE fg_status fg__cpu_batch_norm_stats(const fg_tensor *x, double *mean, double *var);
+FG_MUST_USE fg_status fg__cpu_batch_norm_fwd(const fg_tensor *x, const double *mean,
+                                             const double *invstd, const fg_tensor *w,
+                                             const fg_tensor *b, fg_tensor *y);
+FG_MUST_USE fg_status fg__cpu_batch_norm_bwd(const fg_tensor *x, const fg_tensor *dy,
+                                             const double *mean, const double *invstd,
+                                             const fg_tensor *w, fg_tensor *dx, fg_tensor *dw,
+                                             fg_tensor *db, bool dx_overwrite);
 
 /* k_conv_dnnl.c: the same three on oneDNN's convolution primitive, f32,
  * all contiguous; FG_EUNSUPPORTED where oneDNN is not built in or refuses
  * (the caller then runs its im2col path). */
-fg_status fg__dnnl_conv2d_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
-                              const fg_conv_params *p, fg_tensor *y);
-fg_status fg__dnnl_conv2d_bwd_data(const fg_tensor *dy, const fg_tensor *w, const fg_conv_params *p,
-                                   fg_tensor *dx);
-fg_status fg__dnnl_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
-                                     const fg_conv_params *p, fg_tensor *dw, fg_tensor *db);
+FG_MUST_USE fg_status fg__dnnl_conv2d_fwd(const fg_tensor *x, const fg_tensor *w,
+                                          const fg_tensor *b, const fg_conv_params *p,
+                                          fg_tensor *y);
+FG_MUST_USE fg_status fg__dnnl_conv2d_bwd_data(const fg_tensor *dy, const fg_tensor *w,
+                                               const fg_conv_params *p, fg_tensor *dx);
+FG_MUST_USE fg_status fg__dnnl_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
+                                                 const fg_conv_params *p, fg_tensor *dw,
+                                                 fg_tensor *db);
 /* Which convolution path runs f32: "onednn" (the default where built in;
  * the primitive's own layouts), "onednn-plain" (FULGUR_CONV=onednn-plain:
  * NCHW as it is) or "im2col" (FULGUR_CONV=im2col, or no oneDNN). */

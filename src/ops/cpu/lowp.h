@@ -29,7 +29,7 @@ typedef enum fg__lowp_path {
 fg__lowp_path fg__lowp_path_get(void);
 /* Forces a path for tests (p < 0: back to the CPU's choice). FG_EUNSUPPORTED
  * when the CPU lacks it. Not thread-safe against running kernels. */
-fg_status fg__lowp_path_force(int p);
+FG_MUST_USE fg_status fg__lowp_path_force(int p);
 /* "avx512_bf16", "avx512", "avx2", "scalar" */
 const char *fg__lowp_path_name(fg__lowp_path p);
 /* Whether the CPU (and the build) can run path p. */
@@ -62,8 +62,8 @@ void *fg__lowp_scratch(size_t bytes);
 /* lowp_ops.c: y (R, out) bf16/f16 = x (R, in) @ w (out, in)^T + bias (out,
  * f32, or NULL), x and w in y's dtype, the product accumulated in f32 and
  * the bias added before the one rounding. */
-fg_status fg__cpu_linear_lowp(const fg_tensor *x, const fg_tensor *w, const fg_tensor *bias,
-                              fg_tensor *y);
+FG_MUST_USE fg_status fg__cpu_linear_lowp(const fg_tensor *x, const fg_tensor *w,
+                                          const fg_tensor *bias, fg_tensor *y);
 
 /* lowp_ops.c: the backward of fg__cpu_linear_lowp, for g (R, out) the
  * output's gradient in x's and w's dtype: dx (R, in) = g @ w + beta_dx dx,
@@ -71,9 +71,10 @@ fg_status fg__cpu_linear_lowp(const fg_tensor *x, const fg_tensor *w, const fg_t
  * g itself, or the gradient before its rounding), each skipped when NULL.
  * Where the bf16 product has no hardware (fg__matmul_bf16_native false)
  * and for f16, g is widened to f32 once for all three. */
-fg_status fg__cpu_linear_lowp_bwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *g,
-                                  const fg_tensor *gbias, fg_tensor *dx, double beta_dx,
-                                  fg_tensor *dw, fg_tensor *db);
+FG_MUST_USE fg_status fg__cpu_linear_lowp_bwd(const fg_tensor *x, const fg_tensor *w,
+                                              const fg_tensor *g, const fg_tensor *gbias,
+                                              fg_tensor *dx, double beta_dx, fg_tensor *dw,
+                                              fg_tensor *db);
 
 /* matmul_bf16.c: whether bf16 products run on a bf16 product (oneDNN's)
  * rather than the f32 fallback: the mode (FULGUR_MATMUL_BF16) is not

@@ -161,11 +161,14 @@ static fg_status lp_end(lp *c, fg_status st) {
 
 /* The f32 kernel on one piece: in[] and out are 1-D f32 views of PIECE or
  * fewer elements; off is the piece's first element. */
-typedef fg_status (*pw_fn)(const void *ud, const fg_tensor *const *in, fg_tensor *out, int64_t off);
+typedef FG_MUST_USE fg_status (*pw_fn)(const void *ud, const fg_tensor *const *in, fg_tensor *out,
+                                       int64_t off);
 
+/* f32 views over the kernels' own buffers (sizes >= 0; also reshaped to
+ * two dims below): the shape cannot be refused, so its status is dropped */
 static void view1(fg_tensor *v, float *data, int64_t n) {
     memset(v, 0, sizeof *v);
-    fg__tensor_init_shape(v, FG_F32, 1, &n);
+    fg__status_drop(fg__tensor_init_shape(v, FG_F32, 1, &n));
     v->data = data;
     v->device = FG_CPU;
 }
@@ -210,7 +213,7 @@ static fg_status piecewise(int nin, const fg_tensor *const *in, fg_tensor *out, 
         }
         fg_status st = f(ud, pin, &vout, off);
         if (st != FG_OK) {
-            FG_PRAGMA(omp critical(fg_lowp_piece))
+            FG_PRAGMA(omp critical(fg__lowp_piece))
             if (first == FG_OK) first = st;
             continue;
         }
@@ -220,8 +223,8 @@ static fg_status piecewise(int nin, const fg_tensor *const *in, fg_tensor *out, 
 }
 
 typedef struct pw_ud {
-    fg_status (*fwd)(const fg_tensor *, fg_tensor *);
-    fg_status (*bwd)(const fg_tensor *, const fg_tensor *, fg_tensor *);
+    FG_MUST_USE fg_status (*fwd)(const fg_tensor *, fg_tensor *);
+    FG_MUST_USE fg_status (*bwd)(const fg_tensor *, const fg_tensor *, fg_tensor *);
     fg_binary_op op;
     double a, b;
     uint64_t seed, offset;
@@ -358,8 +361,8 @@ fg_status fg__cpu_linear_lowp(const fg_tensor *x, const fg_tensor *w, const fg_t
         float *yb = (float *)yf->data + r0 * out; /* yf: y's f32 stand-in */
         view1(&xv, xb, k * in);
         view1(&yv, yb, k * out);
-        fg__tensor_init_shape(&xv, FG_F32, 2, (int64_t[]){k, in});
-        fg__tensor_init_shape(&yv, FG_F32, 2, (int64_t[]){k, out});
+        fg__status_drop(fg__tensor_init_shape(&xv, FG_F32, 2, (int64_t[]){k, in}));
+        fg__status_drop(fg__tensor_init_shape(&yv, FG_F32, 2, (int64_t[]){k, out}));
         fg__lowp_widen(xb, (const uint16_t *)x->data + r0 * in, k * in, x->dtype);
         fill_rows(yb, k, out, bias);
         st = fg__cpu_matmul(&xv, false, wf, true, &yv, 1.0, 1.0);
@@ -410,12 +413,12 @@ fg_status fg__cpu_linear_lowp_bwd(const fg_tensor *x, const fg_tensor *w, const 
         int64_t k = FG_MIN(mb, R - r0);
         fg_tensor gv, xv, dv;
         view1(&gv, gb, k * out);
-        fg__tensor_init_shape(&gv, FG_F32, 2, (int64_t[]){k, out});
+        fg__status_drop(fg__tensor_init_shape(&gv, FG_F32, 2, (int64_t[]){k, out}));
         fg__lowp_widen(gb, (const uint16_t *)g->data + r0 * out, k * out, g->dtype);
         if (dx) {
             float *d = lowp(dx) ? db_ : (float *)dx->data + r0 * in;
             view1(&dv, d, k * in);
-            fg__tensor_init_shape(&dv, FG_F32, 2, (int64_t[]){k, in});
+            fg__status_drop(fg__tensor_init_shape(&dv, FG_F32, 2, (int64_t[]){k, in}));
             if (lowp(dx) && beta_dx != 0)
                 fg__lowp_widen(d, (const uint16_t *)dx->data + r0 * in, k * in, dx->dtype);
             st = fg__cpu_matmul(&gv, false, wf, false, &dv, 1.0, beta_dx);
@@ -424,7 +427,7 @@ fg_status fg__cpu_linear_lowp_bwd(const fg_tensor *x, const fg_tensor *w, const 
         }
         if (!st && dw) {
             view1(&xv, xb, k * in);
-            fg__tensor_init_shape(&xv, FG_F32, 2, (int64_t[]){k, in});
+            fg__status_drop(fg__tensor_init_shape(&xv, FG_F32, 2, (int64_t[]){k, in}));
             fg__lowp_widen(xb, (const uint16_t *)x->data + r0 * in, k * in, x->dtype);
             st = fg__cpu_matmul(&gv, true, &xv, false, dwf, 1.0, 1.0);
         }
@@ -505,8 +508,8 @@ static fg_status lp_sum_dim_bwd(const fg_tensor *dy, int dim, fg_tensor *dx, dou
 
 /* ----------------------------------------------------------- activations */
 
-typedef fg_status (*fwd_fn)(const fg_tensor *, fg_tensor *);
-typedef fg_status (*bwd_fn)(const fg_tensor *, const fg_tensor *, fg_tensor *);
+typedef FG_MUST_USE fg_status (*fwd_fn)(const fg_tensor *, fg_tensor *);
+typedef FG_MUST_USE fg_status (*bwd_fn)(const fg_tensor *, const fg_tensor *, fg_tensor *);
 
 static fg_status unary_fwd(fwd_fn k, const fg_tensor *x, fg_tensor *y) {
     if (!lowp(x) && !lowp(y)) return k(x, y);
@@ -936,7 +939,7 @@ static fg_status lp_conv_bwd_data(const fg_tensor *dy, const fg_tensor *w, const
     if (!lowp(dy) && !lowp(w) && !lowp(dx)) return fg__cpu_conv2d_bwd_data(dy, w, p, dx);
     lp c = {0};
     const fg_tensor *gf = lp_in(&c, dy), *wf = lp_in(&c, w);
-    fg_tensor *df = lp_out(&c, dx, true);
+    fg_tensor *df = lp_out(&c, dx, !p->overwrite);
     LP_RUN(fg__cpu_conv2d_bwd_data(gf, wf, p, df));
 }
 
@@ -1020,4 +1023,8 @@ const fg_op_table fg__cpu_ops_lowp = {
     .conv2d_bwd_weight = lp_conv_bwd_weight,
     .pool2d_fwd = lp_pool_fwd,
     .pool2d_bwd = lp_pool_bwd,
+    /* f32 and f64 only: fg_batch_norm composes bf16/f16 from the entries above */
+    .batch_norm_stats = fg__cpu_batch_norm_stats,
+    .batch_norm_fwd = fg__cpu_batch_norm_fwd,
+    .batch_norm_bwd = fg__cpu_batch_norm_bwd,
 };

@@ -135,7 +135,7 @@ fg_status fg__cpu_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool t
     }
     int im = (int)M, in = (int)N, ik = (int)K, lda = (int)va.ld, ldb = (int)vb.ld, ldc = (int)vc.ld;
     if (c->dtype == FG_F32 && batch == 1) {
-        fg_gemm_choice ch;
+        fg__gemm_choice ch;
         FG_TRY(fg__gemm_choose(opa == CblasTrans, opb == CblasTrans, beta != 0, M, N, K, nth, &ch));
         if (ch.threads != nth) fg__threads_use(ch.threads);
         fg_status s = FG_EUNSUPPORTED;

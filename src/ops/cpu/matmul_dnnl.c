@@ -235,6 +235,105 @@ fail:
     return st;
 }
 
+/* A product whose b stays the same over many calls (the LSTM's W_hh over
+ * the steps of a sequence): b reordered once into the layout oneDNN's
+ * matmul picks for it (format "any": blocked for its brgemm kernels, which
+ * then need not pack b on every call), the primitive and its memory
+ * objects made once, a and c set per call. */
+struct fg__dnnl_fixed {
+    dnnl_primitive_t prim;
+    dnnl_stream_t stream;
+    dnnl_memory_t am, bm, cm, sm;
+    void *bdata, *scratch;
+};
+
+void fg__dnnl_fixed_free(fg__dnnl_fixed *f) {
+    if (!f) return;
+    dnnl_stream_destroy(f->stream);
+    dnnl_memory_destroy(f->am);
+    dnnl_memory_destroy(f->bm);
+    dnnl_memory_destroy(f->cm);
+    dnnl_memory_destroy(f->sm);
+    dnnl_primitive_destroy(f->prim);
+    fg_free(f->bdata);
+    fg_free(f->scratch);
+    fg_free(f);
+}
+
+fg_status fg__dnnl_fixed_new(bool tb, int64_t M, int64_t N, int64_t K, const float *b, int64_t ldb,
+                             fg__dnnl_fixed **out) {
+    const char *kernel = "matmul (fixed b)";
+    *out = NULL;
+    FG_TRY(engine(kernel));
+    fg_status st = FG_OK;
+    dnnl_primitive_desc_t pd = NULL, rpd = NULL;
+    dnnl_primitive_t reorder = NULL;
+    dnnl_memory_t plain = NULL;
+    fg__dnnl_fixed *f = fg_calloc(1, sizeof *f);
+    if (!f) return fg_error(FG_ENOMEM, "%s: %zu bytes", kernel, sizeof *f);
+    dnnl_memory_desc_t amd, bmd, bany, cmd;
+    dnnl_dims_t ad = {M, K}, bd = {K, N}, bs = {tb ? 1 : ldb, tb ? ldb : 1}, cd = {M, N};
+    DN(dnnl_memory_desc_init_by_tag(&amd, 2, ad, dnnl_f32, dnnl_ab), "memory descriptor");
+    DN(dnnl_memory_desc_init_by_strides(&bmd, 2, bd, dnnl_f32, bs), "memory descriptor");
+    DN(dnnl_memory_desc_init_by_tag(&bany, 2, bd, dnnl_f32, dnnl_format_tag_any),
+       "memory descriptor");
+    DN(dnnl_memory_desc_init_by_tag(&cmd, 2, cd, dnnl_f32, dnnl_ab), "memory descriptor");
+    dnnl_matmul_desc_t md;
+    DN(dnnl_matmul_desc_init(&md, &amd, &bany, NULL, &cmd), "matmul descriptor");
+    dnnl_primitive_attr_t attr = NULL;
+    DN(dnnl_primitive_attr_create(&attr), "attribute");
+    dnnl_status_t ds = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (ds == dnnl_success) ds = dnnl_primitive_desc_create(&pd, &md, attr, g_engine, NULL);
+    dnnl_primitive_attr_destroy(attr);
+    DN(ds, "primitive descriptor");
+    const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    size_t wbytes = dnnl_memory_desc_get_size(wmd),
+           sbytes = smd ? dnnl_memory_desc_get_size(smd) : 0;
+    f->bdata = fg_alloc(wbytes);
+    f->scratch = sbytes ? fg_alloc(sbytes) : NULL;
+    if (!f->bdata || (sbytes && !f->scratch)) {
+        st = fg_error(FG_ENOMEM, "%s: %zu bytes of reordered weights and scratchpad", kernel,
+                      wbytes + sbytes);
+        goto fail;
+    }
+    DN(dnnl_primitive_create(&f->prim, pd), "primitive");
+    DN(dnnl_stream_create(&f->stream, g_engine, dnnl_stream_default_flags), "stream");
+    DN(dnnl_memory_create(&f->bm, wmd, g_engine, f->bdata), "memory");
+    if (sbytes) DN(dnnl_memory_create(&f->sm, smd, g_engine, f->scratch), "memory");
+    DN(dnnl_memory_create(&f->am, &amd, g_engine, DNNL_MEMORY_NONE), "memory");
+    DN(dnnl_memory_create(&f->cm, &cmd, g_engine, DNNL_MEMORY_NONE), "memory");
+    DN(dnnl_memory_create(&plain, &bmd, g_engine, (void *)b), "memory");
+    DN(dnnl_reorder_primitive_desc_create(&rpd, &bmd, g_engine, wmd, g_engine, NULL), "reorder");
+    DN(dnnl_primitive_create(&reorder, rpd), "reorder");
+    dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, plain}, {DNNL_ARG_TO, f->bm}};
+    DN(dnnl_primitive_execute(reorder, f->stream, 2, ra), "reorder");
+    DN(dnnl_stream_wait(f->stream), "stream wait");
+fail:
+    dnnl_primitive_destroy(reorder);
+    dnnl_primitive_desc_destroy(rpd);
+    dnnl_memory_destroy(plain);
+    dnnl_primitive_desc_destroy(pd);
+    if (st != FG_OK) fg__dnnl_fixed_free(f);
+    else *out = f;
+    return st;
+}
+
+fg_status fg__dnnl_fixed_run(fg__dnnl_fixed *f, const float *a, float *c) {
+    const char *kernel = "matmul (fixed b)";
+    fg_status st = FG_OK;
+    DN(dnnl_memory_set_data_handle(f->am, (void *)a), "memory");
+    DN(dnnl_memory_set_data_handle(f->cm, c), "memory");
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, f->am},
+                               {DNNL_ARG_WEIGHTS, f->bm},
+                               {DNNL_ARG_DST, f->cm},
+                               {DNNL_ARG_SCRATCHPAD, f->sm}};
+    DN(dnnl_primitive_execute(f->prim, f->stream, f->sm ? 4 : 3, args), "execute");
+    DN(dnnl_stream_wait(f->stream), "stream wait");
+fail:
+    return st;
+}
+
 #else /* no oneDNN in this build */
 
 const char *fg__dnnl_isa(void) { return NULL; }
@@ -258,6 +357,20 @@ fg_status fg__cpu_gemm_dnnl_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t 
                                 float beta, float *c, int64_t ldc) {
     (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)a, (void)lda, (void)b;
     (void)ldb, (void)beta, (void)c, (void)ldc;
+    return FG_EUNSUPPORTED;
+}
+
+void fg__dnnl_fixed_free(fg__dnnl_fixed *f) { (void)f; }
+
+fg_status fg__dnnl_fixed_new(bool tb, int64_t M, int64_t N, int64_t K, const float *b, int64_t ldb,
+                             fg__dnnl_fixed **out) {
+    (void)tb, (void)M, (void)N, (void)K, (void)b, (void)ldb;
+    *out = NULL;
+    return FG_EUNSUPPORTED;
+}
+
+fg_status fg__dnnl_fixed_run(fg__dnnl_fixed *f, const float *a, float *c) {
+    (void)f, (void)a, (void)c;
     return FG_EUNSUPPORTED;
 }
 

@@ -59,6 +59,9 @@ const fg_op_table fg__cpu_ops = {
     .conv2d_bwd_weight = fg__cpu_conv2d_bwd_weight,
     .pool2d_fwd = fg__cpu_pool2d_fwd,
     .pool2d_bwd = fg__cpu_pool2d_bwd,
+    .batch_norm_stats = fg__cpu_batch_norm_stats,
+    .batch_norm_fwd = fg__cpu_batch_norm_fwd,
+    .batch_norm_bwd = fg__cpu_batch_norm_bwd,
 };
 
 /* The f32 line changes as classes are measured: built at each call. */

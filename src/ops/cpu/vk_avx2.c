@@ -16,7 +16,11 @@ FG_TARGET_AVX2_BEGIN
 #include "vk_t.h"
 /* after vk_t.h: uses its dot_d */
 #include "vk_ew_t.h"
+#include "vk_norm_t.h"
+#include "vk_rnn_t.h"
+NORM_ROWS(float, f32)
 
-const fg__vk fg__vk_avx2 = {.isa = FG_ISA_AVX2, VK_ENTRIES, VK_EW_ENTRIES};
+const fg__vk fg__vk_avx2 = {
+    .isa = FG_ISA_AVX2, VK_ENTRIES, VK_EW_ENTRIES, VK_RNN_ENTRIES, VK_NORM_ENTRIES};
 FG_TARGET_END
 #endif
