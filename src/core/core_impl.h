@@ -50,6 +50,9 @@ int fg__threads_now(void);
 /* Runs this thread's next kernels on n threads, until fg__threads_now (the
  * next product) applies the load's count again. */
 void fg__threads_use(int n);
+/* From now on kernels use the setting whatever the load, for the rest of
+ * the process (the deterministic mode: bits that do not depend on it). */
+void fg__threads_pin(void);
 /* The cores this process may use: its affinity mask, capped by a cgroup
  * CPU quota; at least 1. Thread-safe. */
 int fg__cores_usable(void);

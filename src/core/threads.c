@@ -20,7 +20,11 @@
  * at a time, and each thread applies it to OpenMP and OpenBLAS before its
  * next kernel. The first poll has no window yet: it counts the runnable
  * tasks (procs_running) instead, and the first window is short (FIRST_S).
- * FULGUR_ADAPT_THREADS=0 keeps the setting whatever the load.
+ * FULGUR_ADAPT_THREADS=0 keeps the setting whatever the load, and so does
+ * fg__threads_pin (the deterministic mode): a product's bits can depend on
+ * its thread count (OpenBLAS's sgemm of 32x288 by 288x63 differs in 815 of
+ * its 2016 values between 1 and 2 threads on a Zen 5 EPYC), so a run whose
+ * bits must repeat cannot let the load choose it.
  *
  * The cores a process may use (fg__cores_usable; the default thread count)
  * are those of its affinity mask (taskset, cpusets, mpirun's binding),
@@ -55,6 +59,7 @@ void openblas_set_num_threads(int num_threads);
 
 static _Atomic int g_threads;       /* the setting; 0 until set */
 static _Atomic int g_adapt = -1;    /* FULGUR_ADAPT_THREADS, -1 until read */
+static _Atomic bool g_pinned;       /* fg__threads_pin: the setting, whatever the load */
 static _Atomic int g_allowed;       /* the count the load allows; 0 until measured */
                                     /* (kernels use the lower of it and the setting) */
 static _Thread_local int t_applied; /* what this thread last gave OpenMP and OpenBLAS */
@@ -320,6 +325,8 @@ fg_status fg_set_num_threads(int n) {
 
 void fg__threads_use(int n) { apply(FG_MAX(1, n)); }
 
+void fg__threads_pin(void) { atomic_store(&g_pinned, true); }
+
 int fg__threads_now(void) {
     int n = atomic_load_explicit(&g_threads, memory_order_relaxed);
     if (n == 0) {
@@ -327,7 +334,8 @@ int fg__threads_now(void) {
         n = atomic_load(&g_threads);
     }
     int want = n;
-    if (n > 1 && atomic_load_explicit(&g_adapt, memory_order_relaxed) == 1) {
+    if (n > 1 && atomic_load_explicit(&g_adapt, memory_order_relaxed) == 1 &&
+        !atomic_load_explicit(&g_pinned, memory_order_relaxed)) {
         poll_load();
         int a = atomic_load_explicit(&g_allowed, memory_order_relaxed);
         if (a > 0 && a < n) want = a;

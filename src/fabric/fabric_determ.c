@@ -11,6 +11,9 @@ bool fg_fabric_deterministic(const fg_fabric *f) { return f && f->cfg.determinis
 
 fg_status fg__fabric_deterministic_pin(fg_fabric *f) {
     (void)f;
+    /* the thread count the plan set, never fewer under load: a product's
+     * bits can depend on it */
+    fg__threads_pin();
     /* the engine per shape class is measured per machine: one engine for
      * every product, so nothing but the shape decides the bits. An engine
      * the user fixed (FULGUR_GEMM=onednn or openblas) is fixed already. */

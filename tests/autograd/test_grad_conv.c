@@ -196,6 +196,10 @@ static int differ(const fg_tensor *a, const fg_tensor *b, double scale_b, double
  * the twice-added one is twice the single; across paths the kernels
  * differ (jit against gemm), so within 1e-5 (1 + |v|). */
 TEST(conv2d_onednn_blocked_and_plain_layouts_agree) {
+    /* bitwise within one path: the same thread count for every run (a
+     * product's bits can depend on it, and the load lowers it) */
+    setenv("FULGUR_ADAPT_THREADS", "0", 1);
+    CHECK_OK(fg_set_num_threads(0));
     struct {
         int64_t N, C, H, W, O, K;
         fg_conv2d_opts o;

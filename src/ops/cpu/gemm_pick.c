@@ -27,9 +27,11 @@
  * confirmed), a GPT's dozen classes about 0.1 s.
  *
  * A class keeps its engine whatever the thread count does later (threads.c
- * lowers it while other processes hold cores): both engines give the same
- * bits on 1 or 2 threads for nearly every shape, so a run's bits do not
- * depend on the load through this choice.
+ * lowers it while other processes hold cores), so the load never moves a
+ * class to the other engine. The thread count itself can change a
+ * product's bits (OpenBLAS splits some shapes differently on 1 and 2
+ * threads); where bits must repeat, the thread count is pinned
+ * (fg__threads_pin, the deterministic mode).
  *
  * Products below MIN_MACS go to OpenBLAS without a measurement: there
  * oneDNN's set-up alone (a primitive descriptor per call) costs about as
