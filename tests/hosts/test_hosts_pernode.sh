@@ -57,7 +57,13 @@ wait
 took=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 expect_grep "node 0 trained (per-machine starts, $took s)" pn0 'done: 6 steps'
 expect_grep "the hybrid backend, Open MPI across the hosts" pn0 'run details: comm hybrid'
-if grep -q 'Error\|error' "$T_TMP/pn1"; then fail "node 1 printed an error"; sed 's/^/       | /' "$T_TMP/pn1" | tail -5; else pass "node 1 ended quietly"; fi
+if grep -q 'Error\|error' "$T_TMP/pn1"; then
+    # the whole of it: Open MPI's own lines name the call that failed
+    fail "node 1 printed an error"; sed 's/^/       | /' "$T_TMP/pn1" | head -40
+else
+    pass "node 1 ended quietly"
+fi
+grep -q 'done: 6 steps' "$T_TMP/pn0" || sed 's/^/       | node 0: /' "$T_TMP/pn0" | head -40
 a=$(last_ckpt r-mpi) b=$(last_ckpt r-pn)
 if [ -n "$a" ] && [ -n "$b" ]; then
     d=$(python3 "$FG_SRC/tests/hosts/ckpt_diff.py" "$a" "$b")
