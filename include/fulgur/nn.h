@@ -153,11 +153,18 @@ FG_API bool fg_module_is_finalized(const fg_module *m);
  * in each, and every parameter, gradient and per-module flat view then
  * points there (the tensors stay the same objects, so forward callbacks and
  * an optimizer keep them; an optimizer made before follows with
- * fg_optimizer_to_device). The module holds a reference to dev until it is
- * freed. Finalizes first. NULL or the cpu device: a no-op on a host model.
- * FG_EUNSUPPORTED for a model already on a device, back to the host, or
- * with parameters a strategy shards; FG_ENOMEM with the device's message.
- * fg_module_device is the device (NULL: the host). */
+ * fg_optimizer_to_device, whichever way the model moved). The module holds
+ * a reference to dev until it is freed or moved away. NULL or the cpu
+ * device: back to host memory (module.cpu()): the device's buffers are
+ * freed and its reference released (a no-op on a host model); this
+ * thread's step tensors stay where fg_step_device_set put them. From one
+ * device to another: through a bounded host buffer, never the whole model
+ * in host memory at once. The new buffers are made and filled before
+ * anything moves, so a failure leaves the model where it was. Finalizes
+ * first. FG_EUNSUPPORTED for a model whose parameters a strategy shards
+ * (set up with deepspeed_stage_3, fsdp FULL_SHARD, ...): it stays where it
+ * is; FG_ENOMEM with the device's message. fg_module_device is the device
+ * (NULL: the host). */
 FG_API FG_MUST_USE fg_status fg_module_to_device(fg_module *root, fg_dev *dev);
 FG_API fg_dev *fg_module_device(const fg_module *m);
 

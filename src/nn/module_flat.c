@@ -565,18 +565,107 @@ const char *fg_module_buffer_name(fg_module *m, int64_t i) {
 
 /* ------------------------------------------------------------ devices */
 
-/* p moved from the host buffer `from` to the device buffer `to` */
+/* p moved from the buffer `from` to the buffer `to` */
 static void *rebase(void *p, const void *from, void *to) {
     return (char *)to + ((const char *)p - (const char *)from);
 }
 
+/* A view of [from, from + bytes) now points into `to`, on dev (NULL: host
+ * memory). */
 static void retarget(fg_tensor *t, const void *from, size_t bytes, void *to, fg_dev *dev) {
     if (!t || !t->data || (const char *)t->data < (const char *)from ||
         (const char *)t->data > (const char *)from + bytes)
         return;
     t->data = rebase(t->data, from, to);
     t->dev = dev;
-    t->device = fg_dev_kind(dev);
+    t->device = dev ? fg_dev_kind(dev) : FG_CPU;
+}
+
+/* Where a move puts the three buffers: on dev (NULL: host memory). */
+typedef struct flat_bufs {
+    void *p, *g, *b;
+} flat_bufs;
+
+static void bufs_free(fg_dev *dev, flat_bufs *x) {
+    void *v[3] = {x->p, x->g, x->b};
+    for (int i = 0; i < 3; i++) {
+        /* just allocated on dev: their free cannot fail */
+        if (dev) fg__status_drop(fg_dev_free(dev, v[i]));
+        else fg_free(v[i]);
+    }
+}
+
+/* bytes from `src` on `from` (NULL: the host) to `dst` on `to` (NULL: the
+ * host), through a bounded host buffer when both are devices: never the
+ * whole model in host memory at once. */
+#define MOVE_CHUNK ((size_t)4 << 20)
+static fg_status move_bytes(fg_dev *to, void *dst, fg_dev *from, const void *src, size_t bytes,
+                            void *stage) {
+    if (!bytes) return FG_OK;
+    if (!from) return fg_dev_copy_h2d(to, dst, src, bytes);
+    if (!to) return fg_dev_copy_d2h(from, dst, src, bytes);
+    for (size_t at = 0; at < bytes; at += MOVE_CHUNK) {
+        size_t n = FG_MIN(MOVE_CHUNK, bytes - at);
+        FG_TRY(fg_dev_copy_d2h(from, stage, (const char *)src + at, n));
+        FG_TRY(fg_dev_copy_h2d(to, (char *)dst + at, stage, n));
+    }
+    return FG_OK;
+}
+
+/* Moves the flat buffers from f->dev (NULL: the host) to `to` (NULL: the
+ * host): the new buffers are made and filled first, so a failure leaves
+ * the model where it was; then every view follows, the old buffers are
+ * freed and the device reference moves with them. */
+static fg_status move_flat(fg__flat *f, fg_dev *to, const char *to_name) {
+    fg_dev *from = f->dev;
+    size_t es = fg_dtype_size(f->dtype);
+    size_t pb = es * (size_t)f->pnumel, bb = es * (size_t)f->bnumel;
+    flat_bufs nb = {0};
+    void *stage = NULL;
+    if (to) {
+        nb.p = fg_dev_alloc(to, pb, NULL);
+        nb.g = nb.p ? fg_dev_alloc(to, pb, NULL) : NULL;
+        nb.b = nb.g ? fg_dev_alloc(to, bb, NULL) : NULL;
+    } else { /* as finalize lays them out */
+        nb.p = fg_alloc(pb + 64);
+        nb.g = nb.p ? fg_alloc(pb + 64) : NULL;
+        nb.b = nb.g ? fg_alloc(bb + 64) : NULL;
+        if (!nb.b)
+            fg_error(FG_ENOMEM, "%zu bytes of host memory for the flat buffers", 2 * pb + bb);
+    }
+    fg_status s = nb.b ? FG_OK : fg_last_status();
+    if (s == FG_OK && from && to && !(stage = fg_alloc(FG_MIN(MOVE_CHUNK, FG_MAX(pb, bb)) + 64)))
+        s = fg_error(FG_ENOMEM, "a host buffer to stage the move through");
+    if (s == FG_OK) s = move_bytes(to, nb.p, from, f->pdata, pb, stage);
+    if (s == FG_OK) s = move_bytes(to, nb.g, from, f->gdata, pb, stage);
+    if (s == FG_OK) s = move_bytes(to, nb.b, from, f->bdata, bb, stage);
+    fg_free(stage);
+    if (s != FG_OK) {
+        bufs_free(to, &nb);
+        return fg_error_wrap(s, "module to_device %s", to_name);
+    }
+    /* nothing fails from here on: every view of the three buffers follows */
+    for (int64_t i = 0; i < f->np + f->nb; i++) {
+        fg__slot *sl = &f->slot[i];
+        bool param = i < f->np;
+        retarget(sl->t, param ? f->pdata : f->bdata, param ? pb : bb, param ? nb.p : nb.b, to);
+        retarget(sl->grad, f->gdata, pb, nb.g, to);
+    }
+    for (int64_t k = 0; k < f->nmod; k++) {
+        fg_module *m = f->mods[k];
+        retarget(m->flat_p, f->pdata, pb, nb.p, to);
+        retarget(m->flat_g, f->gdata, pb, nb.g, to);
+        retarget(m->flat_b, f->bdata, bb, nb.b, to);
+    }
+    flat_bufs old = {f->pdata, f->gdata, f->bdata};
+    bufs_free(from, &old);
+    f->pdata = nb.p;
+    f->gdata = nb.g;
+    f->bdata = nb.b;
+    if (to) fg_dev_retain(to);
+    if (from) fg_dev_close(from); /* the reference the move there took */
+    f->dev = to;
+    return FG_OK;
 }
 
 fg_status fg_module_to_device(fg_module *root, fg_dev *dev) {
@@ -584,59 +673,17 @@ fg_status fg_module_to_device(fg_module *root, fg_dev *dev) {
         return fg_error(FG_EINVAL, "module to_device: %s", root ? "not a root module" : "NULL");
     FG_TRY(fg_module_finalize(root));
     fg__flat *f = root->flat;
-    if (!dev || fg_dev_host_accessible(dev)) {
-        if (!f->dev) return FG_OK;
-        return fg_error(FG_EUNSUPPORTED,
-                        "module to_device: back from %s to the host is not "
-                        "built yet; copy its state dict out instead",
-                        fg_dev_name(f->dev));
-    }
+    if (dev && fg_dev_host_accessible(dev)) dev = NULL; /* the CPU device is host memory */
     if (f->dev == dev) return FG_OK;
     /* a model under empty init moves as it is: its strategy initialises
      * its shard on the device (fg__module_init_elements) */
-    if (f->dev || f->wrap)
-        return fg_error(FG_EUNSUPPORTED, "module to_device %s: a model %s stays where it is",
-                        fg_dev_name(dev),
-                        f->dev ? "already on another device"
-                               : "whose parameters a strategy "
-                                 "shards");
-    size_t es = fg_dtype_size(f->dtype);
-    size_t pb = es * (size_t)f->pnumel, bb = es * (size_t)f->bnumel;
-    void *dp = fg_dev_alloc(dev, pb, NULL), *dg = dp ? fg_dev_alloc(dev, pb, NULL) : NULL;
-    void *db = dg ? fg_dev_alloc(dev, bb, NULL) : NULL;
-    fg_status s = db ? FG_OK : fg_last_status();
-    if (s == FG_OK && pb) s = fg_dev_copy_h2d(dev, dp, f->pdata, pb);
-    if (s == FG_OK && pb) s = fg_dev_copy_h2d(dev, dg, f->gdata, pb);
-    if (s == FG_OK && bb) s = fg_dev_copy_h2d(dev, db, f->bdata, bb);
-    if (s != FG_OK) {
-        /* just allocated on dev: their free cannot fail; s is the failure */
-        if (dp) fg__status_drop(fg_dev_free(dev, dp));
-        if (dg) fg__status_drop(fg_dev_free(dev, dg));
-        if (db) fg__status_drop(fg_dev_free(dev, db));
-        return fg_error_wrap(s, "module to_device %s", fg_dev_name(dev));
-    }
-    /* nothing fails from here on: every view of the three buffers follows */
-    for (int64_t i = 0; i < f->np + f->nb; i++) {
-        fg__slot *sl = &f->slot[i];
-        bool param = i < f->np;
-        retarget(sl->t, param ? f->pdata : f->bdata, param ? pb : bb, param ? dp : db, dev);
-        retarget(sl->grad, f->gdata, pb, dg, dev);
-    }
-    for (int64_t k = 0; k < f->nmod; k++) {
-        fg_module *m = f->mods[k];
-        retarget(m->flat_p, f->pdata, pb, dp, dev);
-        retarget(m->flat_g, f->gdata, pb, dg, dev);
-        retarget(m->flat_b, f->bdata, bb, db, dev);
-    }
-    fg_free(f->pdata);
-    fg_free(f->gdata);
-    fg_free(f->bdata);
-    f->pdata = dp;
-    f->gdata = dg;
-    f->bdata = db;
-    fg_dev_retain(dev);
-    f->dev = dev;
-    return FG_OK;
+    if (f->wrap)
+        return fg_error(FG_EUNSUPPORTED,
+                        "module to_device %s: a model whose parameters a strategy shards stays "
+                        "on %s (its shards and units are the strategy's); move it before the "
+                        "setup, or save a full checkpoint and load it where it should be",
+                        dev ? fg_dev_name(dev) : "cpu", f->dev ? fg_dev_name(f->dev) : "cpu");
+    return move_flat(f, dev, dev ? fg_dev_name(dev) : "cpu");
 }
 
 fg_dev *fg_module_device(const fg_module *m) { return m && m->flat ? m->flat->dev : NULL; }

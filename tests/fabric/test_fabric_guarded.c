@@ -131,3 +131,37 @@ TEST(what_is_not_device_clean_yet_is_refused_by_name) {
     fg_module_free(m);
     fg_fabric_free(f);
 }
+
+/* A model whose parameters a strategy shards stays where it is: back to the
+ * host, or to another device, is refused by name, and the model keeps
+ * training where it was. */
+static int sharded_stays(fg_fabric *f, void *arg) {
+    (void)arg;
+    fg_module *m = fg_mlp_new(&(fg_mlp_config){.sizes = {6, 16, 3}, .seed = 7});
+    fg_optimizer *o = fg_sgd_new(m, &(fg_sgd_opts){.lr = 0.1});
+    CHECK_OK(fg_fabric_setup(f, m, o));
+    CHECK(fg_fabric_shards_params(f));
+    fg_dev *d = fg_module_device(m);
+    CHECK(d != NULL && d == fg_fabric_device(f));
+    CHECK_STATUS(fg_module_to_device(m, NULL), FG_EUNSUPPORTED);
+    CHECK_CONTAINS(fg_last_error(),
+                   "a model whose parameters a strategy shards stays on guarded:0");
+    fg_dev *other = fg_dev_open("guarded:1", NULL);
+    CHECK_STATUS(fg_module_to_device(m, other), FG_EUNSUPPORTED);
+    CHECK(fg_module_device(m) == d);
+    CHECK(fg_dev_memory_stats_get(other).num_allocs == 0);
+    fg_dev_close(other);
+    fg_optimizer_free(o);
+    fg_module_free(m);
+    fg_step_reset();
+    return 0;
+}
+
+TEST(a_model_a_strategy_shards_is_not_moved) {
+    fg_fabric_config cfg = {.accelerator = "guarded", .strategy = "deepspeed_stage_3_offload"};
+    fg_fabric *f = fg_fabric_new(&cfg);
+    CHECK_MSG(f != NULL, "%s", fg_last_error());
+    if (!f) return;
+    CHECK(fg_fabric_launch(f, sharded_stays, NULL) == 0);
+    fg_fabric_free(f);
+}
