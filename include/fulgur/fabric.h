@@ -584,10 +584,15 @@ typedef struct fg_fabric_copies {
 FG_API fg_fabric_copies fg_fabric_device_copies(const fg_fabric *f);
 
 /* Lightning's batch_to_device: *out = *b with x and y copied to this rank's
- * device as step tensors (released by fg_step_reset; made on the thread
- * that called fg_fabric_setup); without a device *out = *b. The training
- * step does it itself (fg_fabric_training_step); validation, test and
- * predict loops call it. FG_ENOMEM with the device's message. */
+ * device (on the thread that called fg_fabric_setup); without a device
+ * *out = *b. Contiguous host x and y go through two staging slots used in
+ * turn, copied in on the device's comm stream with an event the compute
+ * stream waits for (docs/devices.md): out's tensors stay valid until the
+ * call after the next one (or the launch's end), so a step may still read
+ * batch i while batch i + 1 is copied in. Other tensors are copied into
+ * step tensors (released by fg_step_reset). The training step does it
+ * itself (fg_fabric_training_step); validation, test and predict loops
+ * call it. FG_ENOMEM with the device's message. */
 FG_API FG_MUST_USE fg_status fg_fabric_batch_to_device(fg_fabric *f, const fg_batch *b,
                                                        fg_batch *out);
 /* Whether this fabric's setup shards the parameters themselves

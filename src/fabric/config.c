@@ -103,6 +103,7 @@ void fg_fabric_free(fg_fabric *f) {
     fg_free(f->spawn_blob);
     fg_free(f->loaded_meta);
     fg_scaler_free(f->scaler);
+    fg__fabric_stage_free(f);
     if (f->dev) { /* the model and optimizer hold their own references */
         /* back to host step tensors: setting no device cannot fail */
         if (fg_step_device() == f->dev) fg__status_drop(fg_step_device_set(NULL));

@@ -8,6 +8,34 @@
 #include "core/core_impl.h"
 #include "fulgur/fabric.h"
 
+/* The batches' copies to the device (fabric_ops.c): two slots used in
+ * turn, each a pinned host buffer and a device buffer of cap bytes (x at
+ * 0, y after it, 512-byte aligned). Batch i goes to slot i % 2: its bytes
+ * into the pinned buffer once the slot's last copy is done (`copied`),
+ * then copied in on the comm stream once the compute stream is past the
+ * step that read the slot last (`used`, recorded when the next batch is
+ * staged), and the compute stream waits for `copied` before the step
+ * reads it. So the copy of batch i + 1 runs on the comm stream while the
+ * compute stream still runs step i's work, and a batch's device bytes stay
+ * as they are until the batch after the next one is staged. */
+typedef struct fg__batch_slot {
+    void *host, *devbuf;
+    size_t cap;
+    fg_event *copied, *used;
+    bool live;        /* holds a batch (its step may still read it) */
+    fg_tensor *x, *y; /* the headers over devbuf handed out */
+} fg__batch_slot;
+
+typedef struct fg__batch_stage {
+    fg__batch_slot slot[2];
+    int turn;          /* the slot the next batch goes to */
+    uint64_t comm_h2d; /* bytes these copies put on the comm stream, all calls */
+    uint64_t batches;  /* batches staged */
+} fg__batch_stage;
+
+/* Frees the staging buffers (after the device finished with them). */
+void fg__fabric_stage_free(fg_fabric *f);
+
 struct fg_fabric {
     fg_fabric_config cfg; /* the strings point into `strings` */
     char *strings[4];     /* copies of accelerator, devices, strategy, precision */
@@ -43,6 +71,7 @@ struct fg_fabric {
     fg_dev *dev;              /* accelerator guarded: this rank's device, opened at setup */
     fg_fabric_copies copies;  /* host<->device bytes of the training steps */
     int64_t nloaded_meta;
+    fg__batch_stage stage; /* fabric_ops.c: the batches' copies in, double-buffered */
 };
 
 /* fabric_ops.c: accelerator guarded's device, model and step tensors */

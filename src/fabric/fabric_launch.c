@@ -64,6 +64,7 @@ static void leave(fg_fabric *f) {
     (void)fg_autocast_set(FG_DTYPE_DEFAULT, NULL); /* fg_fabric_setup's, on this thread */
     f->model = NULL;
     f->opt = NULL;
+    fg__fabric_stage_free(f); /* the batches' staging: nothing is left on the device */
     pthread_mutex_lock(&f->comm_mu);
     fg_comm_free(f->comm);
     f->comm = NULL;

@@ -159,18 +159,126 @@ static fg_tensor *call_step(fg_module *replica, fg_batch *part, void *ud) {
     return fg__fabric_scale_loss(c->f, loss);
 }
 
-/* One batch tensor as a step tensor on the device (a copy in). */
+static fg_status not_on_step_device(const fg_fabric *f) {
+    return fg_error(FG_ESTATE,
+                    "batch to device %s: this thread's step tensors are not on it (make "
+                    "batches on the thread that called fg_fabric_setup)",
+                    fg_dev_name(f->dev));
+}
+
+/* One batch tensor as a step tensor on the device (a synchronous copy in):
+ * what the staging below does not take (a strided view, another device's
+ * tensor). */
 static fg_tensor *to_device(fg_fabric *f, fg_tensor *t) {
     if (!t || fg_tensor_dev(t) == f->dev) return t;
     fg_tensor *d = fg_empty(fg_tensor_dtype(t), fg_tensor_ndim(t), fg_tensor_shape(t));
     if (!d || fg_tensor_dev(d) != f->dev) {
-        fg_error(FG_ESTATE,
-                 "batch to device %s: this thread's step tensors are not on it (make "
-                 "batches on the thread that called fg_fabric_setup)",
-                 fg_dev_name(f->dev));
+        (void)not_on_step_device(f);
         return NULL;
     }
     return fg_tensor_copy(d, t) == FG_OK ? d : NULL;
+}
+
+#define STAGE_ALIGN ((size_t)512)
+
+static size_t stage_align(size_t n) { return (n + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN; }
+
+/* a host tensor the staging copies as bytes */
+static bool stageable(const fg_tensor *t) {
+    return !t || (!fg_tensor_dev(t) && fg_tensor_is_contiguous(t));
+}
+
+static void slot_release(fg_dev *d, fg__batch_slot *sl) {
+    fg_tensor_free(sl->x);
+    fg_tensor_free(sl->y);
+    /* the device is synchronized first (fg__fabric_stage_free): the block
+     * is ours, so its free cannot fail */
+    if (sl->devbuf) fg__status_drop(fg_dev_free(d, sl->devbuf));
+    fg_dev_host_free(d, sl->host);
+    fg_event_free(sl->copied);
+    fg_event_free(sl->used);
+    *sl = (fg__batch_slot){0};
+}
+
+void fg__fabric_stage_free(fg_fabric *f) {
+    if (!f || !f->dev) return;
+    bool any = false;
+    for (int k = 0; k < 2; k++) any = any || f->stage.slot[k].copied;
+    if (!any) return;
+    /* nothing may still read or write the buffers; a _free has no caller
+     * to tell, and a device that cannot synchronize has failed already */
+    fg__status_drop(fg_dev_synchronize(f->dev));
+    for (int k = 0; k < 2; k++) slot_release(f->dev, &f->stage.slot[k]);
+    f->stage.turn = 0;
+}
+
+/* Room for `need` bytes in slot sl: a bigger pair of buffers once the
+ * device is done with the old ones. */
+static fg_status slot_reserve(fg_dev *d, fg__batch_slot *sl, size_t need) {
+    if (!sl->copied) {
+        sl->copied = fg_event_new(d);
+        sl->used = sl->copied ? fg_event_new(d) : NULL;
+        if (!sl->used) return fg_last_status();
+    }
+    if (need <= sl->cap) return FG_OK;
+    FG_TRY(fg_event_synchronize(sl->copied));
+    FG_TRY(fg_event_synchronize(sl->used));
+    if (sl->devbuf) FG_TRY(fg_dev_free(d, sl->devbuf));
+    fg_dev_host_free(d, sl->host);
+    sl->devbuf = sl->host = NULL;
+    sl->cap = 0;
+    sl->host = fg_dev_host_alloc(d, need);
+    if (!sl->host) return fg_error(FG_ENOMEM, "%zu bytes of pinned host staging", need);
+    sl->devbuf = fg_dev_alloc(d, need, fg_dev_stream(d, FG_STREAM_COMM));
+    if (!sl->devbuf) return fg_last_status();
+    sl->cap = need;
+    return FG_OK;
+}
+
+/* Batch b's x and y copied in through the next staging slot, on the comm
+ * stream, the compute stream made to wait for them (fabric_impl.h). */
+static fg_status stage_batch(fg_fabric *f, const fg_batch *b, fg_batch *out) {
+    fg_dev *d = f->dev;
+    fg_stream *comm = fg_dev_stream(d, FG_STREAM_COMM),
+              *compute = fg_dev_stream(d, FG_STREAM_COMPUTE);
+    fg__batch_stage *st = &f->stage;
+    int k = st->turn;
+    fg__batch_slot *sl = &st->slot[k], *prev = &st->slot[k ^ 1];
+    size_t xb = b->x ? fg_tensor_nbytes(b->x) : 0, yb = b->y ? fg_tensor_nbytes(b->y) : 0;
+    size_t yoff = stage_align(xb), need = FG_MAX(yoff + yb, 1);
+    /* the compute work so far includes the step that reads the previous
+     * batch: the slot is free once the compute stream is past it */
+    if (prev->live) FG_TRY(fg_event_record(prev->used, compute));
+    FG_TRY(slot_reserve(d, sl, need));
+    /* the host rewrites the pinned bytes once their last copy is done, and
+     * the copy overwrites the device bytes once their step has read them */
+    FG_TRY(fg_event_synchronize(sl->copied));
+    FG_TRY(fg_stream_wait_event(comm, sl->used));
+    fg_tensor_free(sl->x);
+    fg_tensor_free(sl->y);
+    sl->x = sl->y = NULL;
+    sl->live = false;
+    if (xb) memcpy(sl->host, fg_tensor_data(b->x), xb);
+    if (yb) memcpy((char *)sl->host + yoff, fg_tensor_data(b->y), yb);
+    if (xb) FG_TRY(fg_dev_copy_h2d_async(d, sl->devbuf, sl->host, xb, comm));
+    if (yb)
+        FG_TRY(
+            fg_dev_copy_h2d_async(d, (char *)sl->devbuf + yoff, (char *)sl->host + yoff, yb, comm));
+    FG_TRY(fg_event_record(sl->copied, comm));
+    FG_TRY(fg_stream_wait_event(compute, sl->copied));
+    st->comm_h2d += xb + yb;
+    if (b->x && !(sl->x = fg_tensor_wrap_on(d, sl->devbuf, fg_tensor_dtype(b->x),
+                                            fg_tensor_ndim(b->x), fg_tensor_shape(b->x))))
+        return fg_last_status();
+    if (b->y && !(sl->y = fg_tensor_wrap_on(d, (char *)sl->devbuf + yoff, fg_tensor_dtype(b->y),
+                                            fg_tensor_ndim(b->y), fg_tensor_shape(b->y))))
+        return fg_last_status();
+    sl->live = true;
+    st->turn = k ^ 1;
+    st->batches++;
+    out->x = sl->x;
+    out->y = sl->y;
+    return FG_OK;
 }
 
 fg_fabric_copies fg_fabric_device_copies(const fg_fabric *f) {
@@ -181,6 +289,15 @@ fg_status fg_fabric_batch_to_device(fg_fabric *f, const fg_batch *b, fg_batch *o
     if (!f || !b || !out) return fg_error(FG_EINVAL, "batch_to_device: NULL argument");
     *out = *b;
     if (!f->dev) return FG_OK;
+    bool in_x = b->x && fg_tensor_dev(b->x) == f->dev, in_y = b->y && fg_tensor_dev(b->y) == f->dev;
+    if (stageable(b->x) && stageable(b->y) && (b->x || b->y) && !in_x && !in_y) {
+        if (fg_step_device() != f->dev) return not_on_step_device(f);
+        fg_status s = stage_batch(f, b, out);
+        if (s != FG_OK)
+            return fg_error_wrap(s, "batch %lld to device %s", (long long)b->index,
+                                 fg_dev_name(f->dev));
+        return FG_OK;
+    }
     out->x = to_device(f, b->x);
     if (b->x && !out->x)
         return fg_error_wrap(fg_last_status(), "batch %lld x", (long long)b->index);
@@ -200,12 +317,15 @@ fg_status fg_fabric_training_step(fg_fabric *f, fg_batch *b, fg_step_fn step,
     fg_strategy_set_sync(f->strategy, !f->no_sync);
     fg_dev_memory_stats before = {0};
     if (f->dev) before = fg_dev_memory_stats_get(f->dev);
+    uint64_t staged = f->stage.comm_h2d;
     fg_batch on; /* Lightning's batch_to_device: the host batch copied in */
     FG_TRY(fg_fabric_batch_to_device(f, b, &on));
     FG_TRY(fg_strategy_step(f->strategy, &on, call_step, &c, parts, 64, &n, loss));
     if (f->dev) {
         fg_dev_memory_stats after = fg_dev_memory_stats_get(f->dev);
-        uint64_t ch = after.comm_h2d_bytes - before.comm_h2d_bytes;
+        /* the batch's own copies in run on the comm stream too: counted
+         * as the step's, not as the communicator's staging */
+        uint64_t ch = after.comm_h2d_bytes - before.comm_h2d_bytes - (f->stage.comm_h2d - staged);
         uint64_t cd = after.comm_d2h_bytes - before.comm_d2h_bytes;
         f->copies.last_h2d = after.h2d_bytes - before.h2d_bytes - ch;
         f->copies.last_d2h = after.d2h_bytes - before.d2h_bytes - cd;
