@@ -1,14 +1,14 @@
 /* The LSTM and the GRU of one direction of one layer over a whole
  * sequence as one recorded node (nn's LSTM and GRU on their fused paths):
- * the input projection xw of
- * every step comes in made (one fg_linear over the sequence, whose own
- * backward is then one product for dx and one for dW_ih), the recurrence
- * runs in the ops layer's fused kernels (fg__ops_lstm_fwd / _bwd,
- * fg__ops_gru_fwd / _bwd). The LSTM's output packs what the module
- * returns: rows 0..T-1 the hidden states, row T the final cell state; the
- * GRU's is the hidden states alone. The gates and cell states of every step are
- * the node's saved tensors; the backward writes the gates' gradient
- * straight into xw's when it is the first, and b_hh's is its column sums. */
+ * the input projection xw of every step comes in made (one fg_linear over
+ * the sequence, whose own backward is then one product for dx and one for
+ * dW_ih), the recurrence runs in the ops layer's fused kernels
+ * (fg__ops_lstm_fwd / _bwd, fg__ops_gru_fwd / _bwd). The LSTM's output
+ * packs what the module returns: rows 0..T-1 the hidden states, row T the
+ * final cell state; the GRU's is the hidden states alone. The gates (and
+ * the LSTM's cell states) of every step are the node's saved tensors; the
+ * backward writes the gates' gradient straight into xw's when it is the
+ * first, and b_hh's is the column sums of the hidden product's. */
 #include "autograd_impl.h"
 
 /* saved[0] = gates (T, N, 4H), saved[1] = cell states (T, N, H),
@@ -111,7 +111,14 @@ fg_tensor *fg__gru_seq(fg_tensor *xw, fg_tensor *whh, fg_tensor *bhh, fg_tensor 
         fg_error_wrap(FG_EINVAL, "gru: NULL input (an earlier call failed)");
         return NULL;
     }
-    int64_t T = xw->shape[0], N = xw->shape[1], H = whh->shape[1];
+    int64_t T = xw->shape[0], N = xw->shape[1], H = whh->ndim == 2 ? whh->shape[1] : 0;
+    if (xw->ndim != 3 || whh->ndim != 2 || xw->shape[2] != 3 * H || whh->shape[0] != 3 * H ||
+        h0->ndim != 2 || h0->shape[0] != N || h0->shape[1] != H ||
+        (bhh && (bhh->ndim != 1 || bhh->shape[0] != 3 * H))) {
+        fg_error(FG_EINVAL, "gru: xw %dd, W_hh %dd, h0 %dd: expected (T, N, 3H), (3H, H), (N, H)",
+                 xw->ndim, whh->ndim, h0->ndim);
+        return NULL;
+    }
     fg_tensor *xc = fg_tensor_contiguous(xw), *wc = fg_tensor_contiguous(whh);
     fg_tensor *bc = bhh ? fg_tensor_contiguous(bhh) : NULL, *hc = fg_tensor_contiguous(h0);
     fg_tensor *y = fg_empty(xw->dtype, 3, (int64_t[]){T, N, H});

@@ -3,7 +3,7 @@
  * LSTM's (fg__lstm_seq) gradients of every input (the input projection,
  * W_hh, b_hh, the initial states) against finite differences in f64,
  * forward and reverse, with and without b_hh; the GRU's values against
- * torch.nn.GRU's cell written out here; and the dtype the kernels refuse. */
+ * torch.nn.GRU's cell written out here; and the dtypes and shapes refused. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -115,6 +115,10 @@ TEST(gru_node_refuses_other_dtypes) {
     CHECK(fg__gru_seq(xw, w, NULL, h0, false) == NULL);
     CHECK(fg_last_status() == FG_EUNSUPPORTED);
     CHECK_CONTAINS(fg_last_error(), "gru_fwd");
+    fg_tensor *w4 = fg_zeros(FG_F32, 2, (int64_t[]){4 * H, H}), *x3 = fg_cast(xw, FG_F32);
+    CHECK(fg__gru_seq(x3, w4, NULL, fg_cast(h0, FG_F32), false) == NULL);
+    CHECK(fg_last_status() == FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "(3H, H)");
     CHECK(fg__gru_seq(NULL, w, NULL, h0, false) == NULL);
     CHECK_CONTAINS(fg_last_error(), "NULL input");
     fg_step_reset();
