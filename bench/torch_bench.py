@@ -104,6 +104,19 @@ class LSTMLM(nn.Module):
         return s.fc(s.lstm(s.embedding(idx))[0])
 
 
+class GRULM(nn.Module):
+    """train_bench's gru: Sequential(Embedding, GRU batch_first, Linear)."""
+
+    def __init__(s, V, E, H, L):
+        super().__init__()
+        s.embedding = nn.Embedding(V, E)
+        s.gru = nn.GRU(E, H, num_layers=L, batch_first=True)
+        s.fc = nn.Linear(H, V)
+
+    def forward(s, idx):
+        return s.fc(s.gru(s.embedding(idx))[0])
+
+
 class ViT(nn.Module):
     """fulgur's fg_vit_new (torchvision's VisionTransformer layout), pre-norm."""
 
@@ -142,9 +155,9 @@ def make(args):
             torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.05)
         loss_fn = lambda m: F.cross_entropy(m(x), y)
         return model, opt, loss_fn, x.shape[0], "samples/s"
-    if args.model == "lstm":
+    if args.model in ("lstm", "gru"):
         V, T, B = 65, 64, args.batch or 32
-        model = LSTMLM(V, 512, 512, 2)
+        model = (LSTMLM if args.model == "lstm" else GRULM)(V, 512, 512, 2)
         idx = torch.randint(0, V, (B, T), generator=g)
         tgt = torch.randint(0, V, (B, T), generator=g)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
@@ -206,7 +219,7 @@ def ddp_worker(rank, args):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--model", choices=["mlp", "gpt", "resnet", "lstm", "vit"], required=True)
+    p.add_argument("--model", choices=["mlp", "gpt", "resnet", "lstm", "gru", "vit"], required=True)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)

@@ -1,6 +1,8 @@
 /* fulgur's side of bench/compare: the mlp, gpt, resnet (CIFAR-style
  * ResNet-18, 32x32, batch 64, SGD momentum), lstm (2 layers of 512,
- * sequence 64, batch 32, AdamW) and vit (32x32, patches of 4, 6 layers of
+ * sequence 64, batch 32, AdamW), gru (the same shape: Embedding, a
+ * batch-first GRU and a Linear in a Sequential, as PyTorch would write it,
+ * so without fg_lstm_lm_new's projected embedding table) and vit (32x32, patches of 4, 6 layers of
  * 192, batch 64, AdamW) of the comparison trained
  * for a few steps through the Fabric API (single, or ddp on --devices N
  * ranks), timed per step after warm-up; prints one JSON line from rank 0:
@@ -157,6 +159,20 @@ out:
     return rc;
 }
 
+/* the gru row's model: embedding (V, 512) -> GRU (2 layers of 512,
+ * batch_first) -> Linear (512, V), bench/torch_bench.py's GRULM */
+static fg_module *gru_lm_new(int64_t V, fg_dtype dt) {
+    fg_module *m = fg_sequential_new();
+    fg_rnn_opts o = {.num_layers = 2, .batch_first = true};
+    if (!m || fg_sequential_append(m, fg_embedding_new(V, 512, dt)) ||
+        fg_sequential_append(m, fg_gru_new(512, 512, &o, dt)) ||
+        fg_sequential_append(m, fg_linear_new(512, V, true, dt)) || fg_module_finalize(m)) {
+        fg_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -164,7 +180,8 @@ static int cmp_double(const void *a, const void *b) {
 
 static int run(fg_fabric *f, void *arg) {
     args *a = arg;
-    bool gpt = !strcmp(a->model, "gpt"), lstm = !strcmp(a->model, "lstm");
+    bool gpt = !strcmp(a->model, "gpt"), gru = !strcmp(a->model, "gru");
+    bool lstm = !strcmp(a->model, "lstm") || gru; /* the rnn rows' shape */
     bool image = !strcmp(a->model, "resnet") || !strcmp(a->model, "vit");
     bool tokens = gpt || lstm;
     fg_set_num_threads(a->threads);
@@ -182,6 +199,7 @@ static int run(fg_fabric *f, void *arg) {
                                                 .embd = 256,
                                                 .seed = 0,
                                                 .dtype = fg_fabric_dtype(f)});
+        else if (gru) model = gru_lm_new(V, fg_fabric_dtype(f));
         else /* 2 layers of 512, sequence 64 */
             model = fg_lstm_lm_new(&(fg_lstm_lm_config){
                 .vocab = V, .embd = 512, .hidden = 512, .layers = 2, .dtype = fg_fabric_dtype(f)});
@@ -304,10 +322,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--precision") && v) a.precision = argv[++i];
         else if (!strcmp(argv[i], "--loop") && v) a.loop = argv[++i];
         else {
-            fprintf(stderr,
-                    "usage: train_bench --model mlp|gpt|resnet|lstm|vit [--steps N] [--warmup N] "
-                    "[--threads N] [--devices N] [--batch B] [--accumulate A] "
-                    "[--deterministic] [--precision S] [--loop plain|fabric|trainer]\n");
+            fprintf(
+                stderr,
+                "usage: train_bench --model mlp|gpt|resnet|lstm|gru|vit [--steps N] [--warmup N] "
+                "[--threads N] [--devices N] [--batch B] [--accumulate A] "
+                "[--deterministic] [--precision S] [--loop plain|fabric|trainer]\n");
             return 2;
         }
     }
@@ -316,8 +335,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (strcmp(a.model, "gpt") && strcmp(a.model, "mlp") && strcmp(a.model, "resnet") &&
-        strcmp(a.model, "lstm") && strcmp(a.model, "vit")) {
-        fprintf(stderr, "train_bench: --model %s: expected mlp, gpt, resnet, lstm or vit\n",
+        strcmp(a.model, "lstm") && strcmp(a.model, "gru") && strcmp(a.model, "vit")) {
+        fprintf(stderr, "train_bench: --model %s: expected mlp, gpt, resnet, lstm, gru or vit\n",
                 a.model);
         return 2;
     }

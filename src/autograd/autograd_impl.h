@@ -143,5 +143,12 @@ fg_tensor *fg__autocast_mm(fg_tensor *a, fg_tensor *b);
 fg_tensor *fg__lstm_seq(fg_tensor *xw, fg_tensor *whh, fg_tensor *bhh, fg_tensor *h0, fg_tensor *c0,
                         bool reverse);
 bool fg__lstm_seq_available(const fg_tensor *xw);
+/* fn_rnn.c: the GRU of one direction of one layer as one node, for nn's
+ * GRU: xw (T, N, 3H) the input projection of every step, whh (3H, H), bhh
+ * (3H) or NULL, h0 (N, H) (zeros where the caller has none), gates r, z, n;
+ * reverse as fg__lstm_seq. Returns y (T, N, H), the hidden states
+ * (fg__ops_gru_fwd), or NULL with the error set; where it runs is what
+ * fg__lstm_seq_available tells. */
+fg_tensor *fg__gru_seq(fg_tensor *xw, fg_tensor *whh, fg_tensor *bhh, fg_tensor *h0, bool reverse);
 
 #endif

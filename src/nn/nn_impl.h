@@ -157,7 +157,7 @@ void fg__seed_dropouts(fg_module *m, uint64_t seed);
 /* A model's dtype: FG_F32 (also FG_DTYPE_DEFAULT) or FG_F64; else an error naming `what`. */
 FG_MUST_USE fg_status fg__model_dtype(fg_dtype dt, const char *what, fg_dtype *out);
 
-/* rnn.c, for tests: the LSTM's path, "auto" (the fused node where it
+/* rnn.c, for tests: the LSTM's and the GRU's path, "auto" (the fused node where it
  * exists, and fg__rnn_forward_embedded's table) or "composed" (the
  * recorded ops step by step, the path of every other device and of
  * autocast, and no table); FG_EINVAL for another name. Between forwards,

@@ -1,7 +1,8 @@
-/* LSTM and GRU modules (torch.nn.LSTM, torch.nn.GRU) built from the
- * recorded autograd ops: per layer and direction the input projection of
- * every time step is one fg_linear, then each step adds the hidden
- * projection, splits the gates and applies PyTorch's cell formulas. The
+/* LSTM and GRU modules (torch.nn.LSTM, torch.nn.GRU): per layer and
+ * direction the input projection of every time step is one fg_linear,
+ * then the recurrence is one fused node (fn_rnn.c) where it applies, else
+ * the recorded autograd ops: each step adds the hidden projection, splits
+ * the gates and applies PyTorch's cell formulas. The
  * parameter names, order, shapes and initialisation are PyTorch's. The
  * initial states and the final-state outputs of fg_rnn_forward reach the
  * forward callback through a per-thread slot, so that the call goes
@@ -61,13 +62,13 @@ static bool composed(void) {
     return g_path == 1 || (e && !strcmp(e, "composed"));
 }
 
-/* The LSTM's fused path (fg__lstm_seq: one node, one product and one pass
- * a step instead of ~15 recorded ops; the lstm row's step ran 2x faster,
- * docs/performance.md) where it exists: on the CPU in f32 and f64, outside
- * autocast (whose LSTM runs its products in the low precision through the
- * composed ops). The engine of its products is still chosen per shape
- * class (k_rnn.c). */
-static bool lstm_fused(const fg_tensor *x, const fg_tensor *w) {
+/* The fused path of the LSTM and the GRU (fg__lstm_seq, fg__gru_seq: one
+ * node, one product and one pass a step instead of ~15 recorded ops; the
+ * lstm row's step ran 2x faster, docs/performance.md) where it exists: on
+ * the CPU in f32 and f64, outside autocast (whose LSTM and GRU run their
+ * products in the low precision through the composed ops). The engine of
+ * its products is still chosen per shape class (k_rnn.c). */
+static bool rnn_fused(const fg_tensor *x, const fg_tensor *w) {
     return !composed() && fg__lstm_seq_available(x) && !fg__autocast_applies(x, w);
 }
 
@@ -89,7 +90,12 @@ static fg_tensor *run_dir_xw(const rnn_ud *u, fg_tensor *const *p, fg_tensor *xw
     if (!xw) return NULL;
     int64_t T = fg_tensor_dim(xw, 0), N = fg_tensor_dim(xw, 1), H = u->hidden;
     int G = u->gru ? 3 : 4;
-    if (!u->gru && lstm_fused(xw, p[1])) { /* (T + 1, N, H): the hidden states, then c_T */
+    if (u->gru && rnn_fused(xw, p[1])) { /* (T, N, H): the hidden states */
+        fg_tensor *y = fg__gru_seq(xw, p[1], p[3], *h, reverse);
+        *h = fg_reshape(fg_narrow(y, 0, reverse ? 0 : T - 1, 1), 2, (int64_t[]){N, H});
+        return *h ? y : NULL;
+    }
+    if (!u->gru && rnn_fused(xw, p[1])) { /* (T + 1, N, H): the hidden states, then c_T */
         fg_tensor *y = fg__lstm_seq(xw, p[1], p[3], *h, *c, reverse);
         int64_t nh[2] = {N, H};
         *h = fg_reshape(fg_narrow(y, 0, reverse ? 0 : T - 1, 1), 2, nh);

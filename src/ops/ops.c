@@ -155,6 +155,23 @@ fg_status fg__ops_lstm_bwd(const fg_tensor *whh, const fg_tensor *h0, const fg_t
     return fg__cpu_lstm_bwd(whh, h0, c0, y, gates, cs, dy, reverse, dg, dwhh, dh0, dc0);
 }
 
+fg_status fg__ops_gru_fwd(const fg_tensor *xw, const fg_tensor *whh, const fg_tensor *bhh,
+                          const fg_tensor *h0, bool reverse, fg_tensor *y, fg_tensor *gates) {
+    if (xw->device != FG_CPU)
+        return fg_error(FG_EUNSUPPORTED, "gru_fwd: device %d: no fused GRU built in",
+                        (int)xw->device);
+    return fg__cpu_gru_fwd(xw, whh, bhh, h0, reverse, y, gates);
+}
+
+fg_status fg__ops_gru_bwd(const fg_tensor *whh, const fg_tensor *h0, const fg_tensor *y,
+                          const fg_tensor *gates, const fg_tensor *dy, bool reverse, fg_tensor *dx,
+                          fg_tensor *dgh, fg_tensor *dwhh, fg_tensor *dh0) {
+    if (whh->device != FG_CPU)
+        return fg_error(FG_EUNSUPPORTED, "gru_bwd: device %d: no fused GRU built in",
+                        (int)whh->device);
+    return fg__cpu_gru_bwd(whh, h0, y, gates, dy, reverse, dx, dgh, dwhh, dh0);
+}
+
 const char *fg_ops_lowp_path(void) { return fg__lowp_path_name(fg__lowp_path_get()); }
 
 fg_status fg__ops_round(const fg_tensor *src, fg_tensor *dst) {

@@ -94,6 +94,25 @@ FG_MUST_USE fg_status fg__ops_lstm_bwd(const fg_tensor *whh, const fg_tensor *h0
                                        const fg_tensor *dy, bool reverse, fg_tensor *dg,
                                        fg_tensor *dwhh, fg_tensor *dh0, fg_tensor *dc0);
 
+/* The GRU over a sequence, one direction of one layer (nn's GRU, through
+ * autograd's fg__gru_seq), with the LSTM's rules on dtypes, contiguity and
+ * devices. Gates in PyTorch's order r, z, n; n = tanh(x_n + r (h W_hn^T +
+ * b_hn)), h' = (1 - z) n + z h. Forward: xw (T, N, 3H) the input projection
+ * of every step (x W_ih^T + b_ih), whh (3H, H), bhh (3H) or NULL, h0 (N, H);
+ * reverse runs the steps from T - 1 down. Writes y (T, N, H), row t the
+ * hidden state of time t, and gates (T, N, 4H): r, z, n and h W_hn^T + b_hn
+ * of every step, which the backward reads. Backward: dy (T, N, H) the
+ * gradient of y; writes dx (T, N, 3H), xw's gradient, and dgh (T, N, 3H),
+ * that of h W_hh^T + b_hh (bhh's is its column sums; it differs from dx in
+ * n alone), and adds into dwhh (3H, H) and dh0 (N, H), either may be NULL. */
+FG_MUST_USE fg_status fg__ops_gru_fwd(const fg_tensor *xw, const fg_tensor *whh,
+                                      const fg_tensor *bhh, const fg_tensor *h0, bool reverse,
+                                      fg_tensor *y, fg_tensor *gates);
+FG_MUST_USE fg_status fg__ops_gru_bwd(const fg_tensor *whh, const fg_tensor *h0, const fg_tensor *y,
+                                      const fg_tensor *gates, const fg_tensor *dy, bool reverse,
+                                      fg_tensor *dx, fg_tensor *dgh, fg_tensor *dwhh,
+                                      fg_tensor *dh0);
+
 /* ---- optimizer kernels (cpu/k_optim.c), on host memory ---- */
 /* Ranges of at least this many elements are split over OpenMP threads. */
 #define FG_OPTIM_PAR_MIN 32768

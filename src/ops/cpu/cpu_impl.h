@@ -121,6 +121,12 @@ typedef struct fg__vk {
                      int64_t rows, int64_t H);
     void (*lstm_bwd)(const float *g, const float *c, const float *cp, const float *dy,
                      const float *dhr, float *dc, float *dg, int64_t rows, int64_t H);
+    /* vk_rnn_t.h, one GRU time step over rows of H (k_rnn.c): the gates
+     * from h_prev W_hh^T and the input projection, and its backward */
+    void (*gru_fwd)(const float *g, const float *xw, const float *b, const float *hp, float *gates,
+                    float *h, int64_t rows, int64_t H);
+    void (*gru_bwd)(const float *gates, const float *hp, const float *dy, const float *dhr,
+                    float *dhd, float *dx, float *dgh, int64_t rows, int64_t H);
     /* vk_norm_t.h, k_norm.c's batch-norm rows of n: the sums of the
      * statistics and of the backward into NACC chains of double (s, t),
      * y = x a + o, and dx = (overwrite) or += c[0] (g - c[1] - (x - c[2])
@@ -230,6 +236,15 @@ FG_MUST_USE fg_status fg__cpu_lstm_bwd(const fg_tensor *whh, const fg_tensor *h0
                                        const fg_tensor *gates, const fg_tensor *cs,
                                        const fg_tensor *dy, bool reverse, fg_tensor *dg,
                                        fg_tensor *dwhh, fg_tensor *dh0, fg_tensor *dc0);
+
+/* k_rnn.c: fg__ops_gru_fwd and fg__ops_gru_bwd on the CPU */
+FG_MUST_USE fg_status fg__cpu_gru_fwd(const fg_tensor *xw, const fg_tensor *whh,
+                                      const fg_tensor *bhh, const fg_tensor *h0, bool reverse,
+                                      fg_tensor *y, fg_tensor *gates);
+FG_MUST_USE fg_status fg__cpu_gru_bwd(const fg_tensor *whh, const fg_tensor *h0, const fg_tensor *y,
+                                      const fg_tensor *gates, const fg_tensor *dy, bool reverse,
+                                      fg_tensor *dx, fg_tensor *dgh, fg_tensor *dwhh,
+                                      fg_tensor *dh0);
 
 /* attention.c */
 FG_MUST_USE fg_status fg__cpu_attention_fwd(const fg_tensor *qkv, int heads, fg_tensor *y,

@@ -1,9 +1,10 @@
-/* The LSTM over a whole sequence, one direction of one layer (rnn.c's
- * fused path, through fg__ops_lstm_fwd / _bwd): per time step one product
- * h_prev W_hh^T for the four gates together, then one pass over the step's
- * rows that adds the input projection and the bias, activates the gates
- * and updates the cell (vk_rnn_t.h on the vector ISA, the portable loop
- * below in f64 and on the scalar path). Backward runs the steps in reverse
+/* The LSTM and the GRU over a whole sequence, one direction of one layer
+ * (rnn.c's fused path, through fg__ops_lstm_fwd / _bwd and fg__ops_gru_fwd /
+ * _bwd): per time step one product h_prev W_hh^T for all the gates
+ * together, then one pass over the step's rows that adds the input
+ * projection and the bias, activates the gates and updates the state
+ * (vk_rnn_t.h on the vector ISA, the portable loops below in f64 and on the
+ * scalar path). Backward runs the steps in reverse
  * with one product a step for the recurrence (dG W_hh) and leaves the
  * weight gradient to one product over every step (dG^T H_prev), as cuDNN
  * and oneDNN's RNN primitives do. No memory is taken per step: the caller
@@ -65,7 +66,7 @@ static fg_status step_gemm(fg__dnnl_fixed *f, fg_dtype dt, bool tb, int64_t M, i
     return gemm(dt, false, tb, M, N, K, a, K, b, ldb, 0.0, c, N);
 }
 
-static fg_status lstm_check(const char *k, const fg_tensor *const *t, int n) {
+static fg_status rnn_check(const char *k, const fg_tensor *const *t, int n) {
     if (t[0]->dtype != FG_F32 && t[0]->dtype != FG_F64)
         return fg_error(FG_EUNSUPPORTED, "%s: dtype %s: f32 or f64 only on cpu", k,
                         fg_dtype_name(t[0]->dtype));
@@ -120,7 +121,7 @@ fg_status fg__cpu_lstm_fwd(const fg_tensor *xw, const fg_tensor *whh, const fg_t
                            const fg_tensor *h0, const fg_tensor *c0, bool reverse, fg_tensor *y,
                            fg_tensor *gates, fg_tensor *cs) {
     const fg_tensor *all[8] = {xw, whh, bhh, h0, c0, y, gates, cs};
-    FG_TRY(lstm_check("lstm_fwd", all, 8));
+    FG_TRY(rnn_check("lstm_fwd", all, 8));
     int64_t L = xw->shape[0], N = xw->shape[1], H = whh->shape[1], NH = N * H, NG = 4 * NH;
     const fg__vk *vk;
     FG_TRY(fg__vk_get(&vk));
@@ -162,9 +163,9 @@ fg_status fg__cpu_lstm_bwd(const fg_tensor *whh, const fg_tensor *h0, const fg_t
                            const fg_tensor *dy, bool reverse, fg_tensor *dg, fg_tensor *dwhh,
                            fg_tensor *dh0, fg_tensor *dc0) {
     const fg_tensor *all[10] = {whh, h0, c0, y, gates, cs, dy, dg, dwhh, dh0};
-    FG_TRY(lstm_check("lstm_bwd", all, 10));
+    FG_TRY(rnn_check("lstm_bwd", all, 10));
     const fg_tensor *last[2] = {whh, dc0};
-    FG_TRY(lstm_check("lstm_bwd", last, 2));
+    FG_TRY(rnn_check("lstm_bwd", last, 2));
     int64_t L = gates->shape[0], N = gates->shape[1], H = whh->shape[1], NH = N * H, NG = 4 * NH;
     const fg__vk *vk;
     FG_TRY(fg__vk_get(&vk));
@@ -218,6 +219,143 @@ fg_status fg__cpu_lstm_bwd(const fg_tensor *whh, const fg_tensor *h0, const fg_t
                 T *o = dc0->data;
                 FG_SIMD for (int64_t e = 0; e < NH; e++) o[e] += b[e];
             }
+        });
+    }
+    fg_free(dhr);
+    return st;
+}
+
+/* The GRU's portable step (f64, and f32 on the scalar path): vk_gru_fwd's
+ * math with libm's exp and tanh. g (rows, 3H) = h_prev W_hh^T; gates (rows,
+ * 4H) gets r, z, n and W_hn h_prev + b_hn, which the backward reads. */
+#define GRU_FWD_ROWS(T, g, xw, b, hp, gt, h, rows, H)                                              \
+    for (int64_t r = 0; r < (rows); r++)                                                           \
+        for (int64_t j = 0; j < (H); j++) {                                                        \
+            const T *gr = (g) + r * 3 * (H), *xr = (xw) + r * 3 * (H);                             \
+            T *o = (gt) + r * 4 * (H);                                                             \
+            T ar = gr[j] + xr[j] + ((b) ? (b)[j] : (T)0);                                          \
+            T az = gr[(H) + j] + xr[(H) + j] + ((b) ? (b)[(H) + j] : (T)0);                        \
+            T hn = gr[2 * (H) + j] + ((b) ? (b)[2 * (H) + j] : (T)0);                              \
+            T rv = 1 / (1 + FG_EXP(-ar)), zv = 1 / (1 + FG_EXP(-az));                              \
+            T nv = FG_TANH(xr[2 * (H) + j] + rv * hn), pv = (hp)[r * (H) + j];                     \
+            o[j] = rv;                                                                             \
+            o[(H) + j] = zv;                                                                       \
+            o[2 * (H) + j] = nv;                                                                   \
+            o[3 * (H) + j] = hn;                                                                   \
+            (h)[r * (H) + j] = nv + zv * (pv - nv);                                                \
+        }
+
+/* dh = dy + dhr + dhd (the output's, the product's and the direct
+ * recurrence's parts); dx (rows, 3H) the gradient of the input projection's
+ * gates, dgh (rows, 3H) that of h_prev W_hh^T + b_hh (the same but in n:
+ * there r times it), dhd on return h_prev's direct part dh z */
+#define GRU_BWD_ROWS(T, gt, hp, dy, dhr, dhd, dx, dgh, rows, H)                                    \
+    for (int64_t r = 0; r < (rows); r++)                                                           \
+        for (int64_t j = 0; j < (H); j++) {                                                        \
+            const T *o = (gt) + r * 4 * (H);                                                       \
+            T *xr = (dx) + r * 3 * (H), *hr = (dgh) + r * 3 * (H);                                 \
+            int64_t e = r * (H) + j;                                                               \
+            T rv = o[j], zv = o[(H) + j], nv = o[2 * (H) + j], hn = o[3 * (H) + j];                \
+            T dh = (dy)[e] + (dhr)[e] + (dhd)[e];                                                  \
+            T dan = dh * (1 - zv) * (1 - nv * nv);                                                 \
+            T dar = dan * hn * rv * (1 - rv), daz = dh * ((hp)[e] - nv) * zv * (1 - zv);           \
+            xr[j] = hr[j] = dar;                                                                   \
+            xr[(H) + j] = hr[(H) + j] = daz;                                                       \
+            xr[2 * (H) + j] = dan;                                                                 \
+            hr[2 * (H) + j] = dan * rv;                                                            \
+            (dhd)[e] = dh * zv;                                                                    \
+        }
+
+fg_status fg__cpu_gru_fwd(const fg_tensor *xw, const fg_tensor *whh, const fg_tensor *bhh,
+                          const fg_tensor *h0, bool reverse, fg_tensor *y, fg_tensor *gates) {
+    const fg_tensor *all[6] = {xw, whh, bhh, h0, y, gates};
+    FG_TRY(rnn_check("gru_fwd", all, 6));
+    int64_t L = xw->shape[0], N = xw->shape[1], H = whh->shape[1], NH = N * H;
+    int64_t NX = 3 * NH, NG = 4 * NH;
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    fg_dtype dt = xw->dtype;
+    size_t es = fg_dtype_size(dt);
+    /* the step's product h_prev W_hh^T (N, 3H), reused at every step */
+    char *g = fg_alloc((size_t)NX * es);
+    if (!g) return fg_error(FG_ENOMEM, "gru_fwd: %lld bytes", (long long)((size_t)NX * es));
+    char *pg = gates->data, *py = y->data;
+    const char *px = xw->data;
+    fg__dnnl_fixed *fx = fixed_for(dt, true, N, 3 * H, H, whh->data, H);
+    fg_status st = FG_OK;
+    for (int64_t s = 0; s < L && st == FG_OK; s++) {
+        int64_t t = reverse ? L - 1 - s : s, tp = reverse ? t + 1 : t - 1;
+        const void *hp = s ? py + (size_t)(tp * NH) * es : h0->data;
+        void *gt = pg + (size_t)(t * NG) * es, *h = py + (size_t)(t * NH) * es;
+        const void *x = px + (size_t)(t * NX) * es;
+        st = step_gemm(fx, dt, true, N, 3 * H, H, hp, whh->data, H, g);
+        if (st != FG_OK) break;
+        if (dt == FG_F32 && vk->gru_fwd) {
+            vk->gru_fwd((const float *)g, x, bhh ? bhh->data : NULL, hp, gt, h, N, H);
+        } else {
+            FG_FLOAT_DISPATCH("gru_fwd", dt, {
+                const T *b = bhh ? (const T *)bhh->data : NULL;
+                GRU_FWD_ROWS(T, (const T *)g, (const T *)x, b, (const T *)hp, (T *)gt, (T *)h, N,
+                             H);
+            });
+        }
+    }
+    fg__dnnl_fixed_free(fx);
+    fg_free(g);
+    return st;
+}
+
+fg_status fg__cpu_gru_bwd(const fg_tensor *whh, const fg_tensor *h0, const fg_tensor *y,
+                          const fg_tensor *gates, const fg_tensor *dy, bool reverse, fg_tensor *dx,
+                          fg_tensor *dgh, fg_tensor *dwhh, fg_tensor *dh0) {
+    const fg_tensor *all[9] = {whh, h0, y, gates, dy, dx, dgh, dwhh, dh0};
+    FG_TRY(rnn_check("gru_bwd", all, 9));
+    int64_t L = gates->shape[0], N = gates->shape[1], H = whh->shape[1], NH = N * H;
+    int64_t NX = 3 * NH, NG = 4 * NH;
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    fg_dtype dt = whh->dtype;
+    size_t es = fg_dtype_size(dt);
+    /* dhr: h_prev's gradient through the product (dG_h W_hh), dhd: its
+     * direct part (dh z); both zero before the last step */
+    char *dhr = fg_calloc(2 * (size_t)NH, es), *dhd = dhr ? dhr + (size_t)NH * es : NULL;
+    if (!dhr) return fg_error(FG_ENOMEM, "gru_bwd: %lld bytes", (long long)(2 * NH * es));
+    const char *pg = gates->data, *py = y->data, *pdy = dy->data;
+    char *px = dx->data, *ph = dgh->data;
+    fg_status st = FG_OK;
+    fg__dnnl_fixed *fx = fixed_for(dt, false, N, H, 3 * H, whh->data, H);
+    for (int64_t s = L - 1; s >= 0 && st == FG_OK; s--) {
+        int64_t t = reverse ? L - 1 - s : s, tp = reverse ? t + 1 : t - 1;
+        const void *hp = s ? py + (size_t)(tp * NH) * es : h0->data;
+        const void *gt = pg + (size_t)(t * NG) * es, *d = pdy + (size_t)(t * NH) * es;
+        void *gx = px + (size_t)(t * NX) * es, *gh = ph + (size_t)(t * NX) * es;
+        if (dt == FG_F32 && vk->gru_bwd) {
+            vk->gru_bwd(gt, hp, d, (const float *)dhr, (float *)dhd, gx, gh, N, H);
+        } else {
+            FG_FLOAT_DISPATCH("gru_bwd", dt, {
+                GRU_BWD_ROWS(T, (const T *)gt, (const T *)hp, (const T *)d, (const T *)dhr,
+                             (T *)dhd, (T *)gx, (T *)gh, N, H);
+            });
+        }
+        /* dh_prev's product part (N, H) = dG_h (N, 3H) W_hh (3H, H) */
+        if (s || dh0) st = step_gemm(fx, dt, false, N, H, 3 * H, gh, whh->data, H, dhr);
+    }
+    fg__dnnl_fixed_free(fx);
+    if (st == FG_OK && dwhh) {
+        /* dW_hh (3H, H) += dG_h^T H_prev, the steps after the first from y's
+         * rows, then the first step's with h0 (as the LSTM's) */
+        size_t first = (size_t)(reverse ? L - 1 : 0), rest = reverse ? 0 : 1;
+        st = gemm(dt, true, false, 3 * H, H, (L - 1) * N, ph + rest * (size_t)NX * es, 3 * H,
+                  py + (1 - rest) * (size_t)NH * es, H, 1.0, dwhh->data, H);
+        if (st == FG_OK)
+            st = gemm(dt, true, false, 3 * H, H, N, ph + first * (size_t)NX * es, 3 * H, h0->data,
+                      H, 1.0, dwhh->data, H);
+    }
+    if (st == FG_OK && dh0) {
+        FG_FLOAT_DISPATCH("gru_bwd", dt, {
+            const T *a = (const T *)dhr, *b = (const T *)dhd;
+            T *o = dh0->data;
+            FG_SIMD for (int64_t e = 0; e < NH; e++) o[e] += a[e] + b[e];
         });
     }
     fg_free(dhr);

@@ -1,4 +1,4 @@
-/* The LSTM cell's elementwise f32 work of one time step (k_rnn.c's
+/* The LSTM and GRU cells' elementwise f32 work of one time step (k_rnn.c's
  * vector path), compiled once per ISA beside vk_t.h (vk_avx2.c,
  * vk_avx512.c): plain loops under FG_SIMD, the sigmoid and tanh written
  * from fg__expf (vmath.h) so that they vectorise. tanh(x) is
@@ -76,6 +76,65 @@ static void vk_lstm_bwd(const float *g, const float *c, const float *cp, const f
     }
 }
 
-#define VK_RNN_ENTRIES .lstm_fwd = vk_lstm_fwd, .lstm_bwd = vk_lstm_bwd
+/* The GRU's step (torch.nn.GRU's cell, gates r, z, n each H wide) over
+ * `rows` rows: g (rows, 3H) holds h_prev W_hh^T, xw (rows, 3H) the input
+ * projection, b (3H) b_hh or NULL; r = sigmoid(x_r + g_r + b_r), z likewise,
+ * n = tanh(x_n + r (g_n + b_n)), h = n + z (hp - n) (PyTorch's (1 - z) n +
+ * z hp in the order its CPU cell computes it); gates (rows, 4H) gets r, z,
+ * n and g_n + b_n for the backward. */
+static void vk_gru_fwd(const float *g, const float *xw, const float *b, const float *hp,
+                       float *gates, float *h, int64_t rows, int64_t H) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *gr = g + r * 3 * H, *gz = gr + H, *gn = gz + H;
+        const float *xr = xw + r * 3 * H, *xz = xr + H, *xn = xz + H, *pr = hp + r * H;
+        float *orr = gates + r * 4 * H, *oz = orr + H, *on = oz + H, *ohn = on + H, *hr = h + r * H;
+        FG_SIMD for (int64_t j = 0; j < H; j++) {
+            float ar = gr[j] + xr[j], az = gz[j] + xz[j], hn = gn[j];
+            if (b) {
+                ar += b[j];
+                az += b[H + j];
+                hn += b[2 * H + j];
+            }
+            float rv = vk_sigmoid(ar), zv = vk_sigmoid(az), nv = vk_tanh(xn[j] + rv * hn);
+            orr[j] = rv;
+            oz[j] = zv;
+            on[j] = nv;
+            ohn[j] = hn;
+            hr[j] = nv + zv * (pr[j] - nv);
+        }
+    }
+}
+
+/* Its backward over `rows` rows: gates as the forward wrote them, hp the
+ * step's h_prev; dh = dy + dhr + dhd (the output's gradient, h's through
+ * the next step's product and its direct part); dx (rows, 3H) gets the
+ * gradient of the input projection's gates, dgh (rows, 3H) that of
+ * h_prev W_hh^T + b_hh (r times dx's in n), dhd on return h_prev's direct
+ * part dh z. */
+static void vk_gru_bwd(const float *gates, const float *hp, const float *dy, const float *dhr,
+                       float *dhd, float *dx, float *dgh, int64_t rows, int64_t H) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *gr = gates + r * 4 * H, *gz = gr + H, *gn = gz + H, *ghn = gn + H;
+        const float *pr = hp + r * H, *yr = dy + r * H, *rr = dhr + r * H;
+        float *dd = dhd + r * H, *xr = dx + r * 3 * H, *xz = xr + H, *xn = xz + H;
+        float *hr = dgh + r * 3 * H, *hz = hr + H, *hnn = hz + H;
+        FG_SIMD for (int64_t j = 0; j < H; j++) {
+            float rv = gr[j], zv = gz[j], nv = gn[j];
+            float dh = yr[j] + rr[j] + dd[j];
+            float dan = dh * (1.0f - zv) * (1.0f - nv * nv);
+            float dar = dan * ghn[j] * rv * (1.0f - rv), daz = dh * (pr[j] - nv) * zv * (1.0f - zv);
+            xr[j] = dar;
+            hr[j] = dar;
+            xz[j] = daz;
+            hz[j] = daz;
+            xn[j] = dan;
+            hnn[j] = dan * rv;
+            dd[j] = dh * zv;
+        }
+    }
+}
+
+#define VK_RNN_ENTRIES                                                                             \
+    .lstm_fwd = vk_lstm_fwd, .lstm_bwd = vk_lstm_bwd, .gru_fwd = vk_gru_fwd, .gru_bwd = vk_gru_bwd
 
 #endif
