@@ -621,6 +621,16 @@ FG_API FG_MUST_USE fg_status fg_strategy_backward(fg_strategy *s, fg_tensor *los
  * says whether the optimizer stepped). */
 FG_API FG_MUST_USE fg_status fg_strategy_optimizer_step(fg_strategy *s, fg_optimizer *opt,
                                                         bool *stepped);
+/* Waits for the work a strategy runs in the background between optimizer
+ * step calls (hivemind's delay_optimizer_step: the round of the last
+ * epoch, its averaging and step) and puts its result in the model and the
+ * optimizer, so that both hold one consistent state: the fabric's save and
+ * load call it first, and a caller that reads or writes the parameters or
+ * the optimizer's state itself between step calls must too. A failure of
+ * that work comes back here (or at the next step call). FG_OK at once for
+ * the other kinds and when nothing runs. The training thread's call, as
+ * the step's. */
+FG_API FG_MUST_USE fg_status fg_strategy_settle(fg_strategy *s);
 FG_API void fg_strategy_set_sync(fg_strategy *s, bool sync);
 
 /* dp: splits batch b along its first dim into one part per replica, runs
