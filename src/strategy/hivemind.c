@@ -73,10 +73,10 @@ struct fg__hivemind_state {
     double left_at;          /* fg_time() the last step call returned */
     double gaps[8];          /* the last times between step calls (0: none yet) */
     int ngaps;
-    bool started; /* has taken its first optimizer step call */
-    bool offload; /* offload_optimizer (or a delay): rounds step master */
-    float *master;  /* the parameters a round steps (offload) */
-    float *rgrad;   /* a round's gradient: the epoch's sum, then the averaged mean */
+    bool started;  /* has taken its first optimizer step call */
+    bool offload;  /* offload_optimizer (or a delay): rounds step master */
+    float *master; /* the parameters a round steps (offload) */
+    float *rgrad;  /* a round's gradient: the epoch's sum, then the averaged mean */
     hm_round bg;
 };
 
@@ -153,7 +153,7 @@ static fg_status offload_setup(fg_strategy *s) {
                         "state on %s: not built (the round steps a host copy with the "
                         "optimizer's state in place); train on the CPU, or leave "
                         "offload_optimizer and the delays false",
-                        h->dev  ? fg_dev_name(h->dev)
+                        h->dev     ? fg_dev_name(h->dev)
                         : opt->dev ? fg_dev_name(opt->dev)
                                    : "another store (offload_optimizer_device)");
     if (fg_optimizer_module(opt) != s->model || opt->numel != h->numel || opt->dt != FG_F32)
@@ -528,8 +528,9 @@ static fg_status launch(fg_strategy *s, bool *stepped) {
     }
     if (pthread_create(&b->th, NULL, round_main, s)) {
         b->running = false;
-        return fg_error(FG_EIO, "strategy hivemind: cannot start the thread of the round of "
-                                "epoch %lld (delay_optimizer_step)",
+        return fg_error(FG_EIO,
+                        "strategy hivemind: cannot start the thread of the round of "
+                        "epoch %lld (delay_optimizer_step)",
                         (long long)b->epoch);
     }
     b->thread = true;
