@@ -10,6 +10,9 @@
 #   ddp, straggler  the same with hN's rank slowed to a quarter
 #   hivemind        N peers, --target-batch-size N x batch (ddp's global batch)
 #   hivemind, straggler, and hivemind fp16 and 8-bit (no straggler)
+#   hivemind delayed: --offload-optimizer --delay-optimizer-step (the step
+#                   in the background, one epoch stale), and with every delay
+#                   (--delay-grad-averaging --delay-state-averaging too)
 # The straggler: FULGUR_FIT_STEP_SLEEP_MS on hN's process only, 3 x the
 # mean step time of the same run without it (ddp's steps for ddp, the first
 # peer's local steps for hivemind), so that each of its steps takes about
@@ -25,7 +28,9 @@
 # sample trained: the bytes of gradient messages the peers sent (fulgur's
 # count, compressed) and the bytes all hosts' links carried out (eth0's
 # counters: DHT, state averaging, TCP and IP headers included).
-#   bench/hivemind.sh [--peers "3 6"] [--steps S] [--embd E] [--long]
+#   bench/hivemind.sh [--peers "3 6"] [--steps S] [--embd E] [--long] [--delay-only]
+# --delay-only: the hivemind rows with and without the delays alone (no ddp,
+# no straggler, no compression).
 # Default: --peers 3 --steps 20 --embd 64 (short: about 5 minutes, most of
 # it ddp with its straggler); --long: --peers "3 6", 200 steps, embd 128.
 # One run each: the figures move with the machine's load.
@@ -35,14 +40,15 @@ FULGUR=${FULGUR:-$ROOT/build/fulgur}
 FG_BIN_DIR=$(dirname "$FULGUR")
 source "$ROOT/tests/hosts/hosts.sh"
 source "$ROOT/tests/hosts/shape.sh"
-PEERS=3 STEPS=20 EMBD=64 B=8
+PEERS=3 STEPS=20 EMBD=64 B=8 DELAY_ONLY=0
 while [ $# -gt 0 ]; do
     case $1 in
     --peers) PEERS=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
     --embd) EMBD=$2; shift 2 ;;
     --long) PEERS="3 6"; STEPS=200; EMBD=128; shift ;;
-    *) echo "usage: bench/hivemind.sh [--peers \"3 6\"] [--steps S] [--embd E] [--long]" >&2; exit 2 ;;
+    --delay-only) DELAY_ONLY=1; shift ;;
+    *) echo "usage: bench/hivemind.sh [--peers \"3 6\"] [--steps S] [--embd E] [--long] [--delay-only]" >&2; exit 2 ;;
     esac
 done
 DATA=/usr/share/games/fortunes/fortunes
@@ -89,9 +95,9 @@ ddp() {
     [ -n "${t:-}" ] || { echo "ddp failed: $(tail -n 3 "$T/ddp.log" | tr '\n' ' ')" >&2; echo "0 0"; return; }
     awk -v s="$s" -v t="$t" -v n="$n" -v b=$B 'BEGIN { printf "%.1f %.4f\n", s * n * b / t, t / s }'
 }
-# hivemind N SLEEP_MS COMPRESSION: prints "samples/s step_s grad_bytes/sample wire_bytes/sample"
+# hivemind N SLEEP_MS COMPRESSION [FLAGS]: prints "samples/s step_s grad_bytes/sample wire_bytes/sample"
 hivemind() {
-    local n=$1 i addr="" tx0
+    local n=$1 i addr="" tx0 flags=${4:-}
     rm -f "$T"/hm*.log
     tx0=$(tx_bytes "$n")
     for i in $(seq "$n"); do
@@ -100,7 +106,7 @@ hivemind() {
         "$HOSTS_AGENT" "h$i" "env $env $FULGUR fit ${MODEL[*]} --strategy hivemind \
             --run-id bench --run-secret s --target-batch-size $((n * B)) --min-peers $n \
             --matchmaking-time 2 --averaging-timeout 10 --grad-compression $3 \
-            --default-root-dir $T/hm$i ${addr:+--initial-peers $addr}" > "$T/hm$i.log" 2>&1 &
+            --default-root-dir $T/hm$i $flags ${addr:+--initial-peers $addr}" > "$T/hm$i.log" 2>&1 &
         if [ -z "$addr" ]; then
             for _ in $(seq 300); do
                 addr=$(sed -n 's/.*(others pass --initial-peers \([0-9.:]*\)).*/\1/p' \
@@ -137,8 +143,24 @@ echo "bench/hivemind.sh: links $LINKS; gpt 2 layers x $EMBD wide, batch $B per r
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') (family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')), $(nproc --all) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "a step's compute alone (one process, no network): $ALONE_MS ms"
 [ -n "${SHAPE_HOW:-}" ] && shape_measure h1 h2
+DELAY1="--offload-optimizer --delay-optimizer-step"
+DELAYS="$DELAY1 --delay-grad-averaging --delay-state-averaging"
+delay_rows() {
+    read -r hd _ hdb hdw < <(hivemind "$1" 0 none "$DELAY1")
+    read -r ha _ hab haw < <(hivemind "$1" 0 none "$DELAYS")
+    printf '%-34s %8s  (%s of hivemind without)  gradients %s B, links %s B\n' \
+        "hivemind, delay_optimizer_step" "$hd" "$(ratio "$hd" "$2")" "$hdb" "$hdw"
+    printf '%-34s %8s  (%s of hivemind without)  gradients %s B, links %s B\n' \
+        "hivemind, every delay" "$ha" "$(ratio "$ha" "$2")" "$hab" "$haw"
+}
 for n in $PEERS; do
     echo "--- $n hosts x 1 rank: samples/s of the whole job (ratio), bytes per sample trained"
+    if [ "$DELAY_ONLY" = 1 ]; then
+        read -r h _ hb hw < <(hivemind "$n" 0 none)
+        printf '%-34s %8s  gradients %s B, links %s B\n' "hivemind" "$h" "$hb" "$hw"
+        delay_rows "$n" "$h"
+        continue
+    fi
     read -r d dst < <(ddp "$n" 0)
     ms=$(sleep_for "$dst")
     read -r ds _ < <(ddp "$n" "$ms")
@@ -154,4 +176,5 @@ for n in $PEERS; do
         "hivemind, h$n at 1/4 (+$ms ms)" "$hs" "$(ratio "$hs" "$ds")" "$(ratio "$hs" "$h")" "$hsb" "$hsw"
     printf '%-34s %8s  (%s x ddp)  gradients %s B, links %s B\n' "hivemind fp16" "$h16" "$(ratio "$h16" "$d")" "$h16b" "$h16w"
     printf '%-34s %8s  (%s x ddp)  gradients %s B, links %s B\n' "hivemind 8-bit" "$h8" "$(ratio "$h8" "$d")" "$h8b" "$h8w"
+    delay_rows "$n" "$h"
 done

@@ -5,9 +5,14 @@
  * authenticated with libsodium's crypto_auth under a key derived from the
  * run's secret and id.
  *
- * The calls of one fg_hivemind are made from one thread (the training
- * thread); its own threads (the receiver, the state server, OpenDHT's) only
- * touch its mailbox and peer table under a lock. A build without OpenDHT,
+ * The group calls of one fg_hivemind (fg_hivemind_matchmake,
+ * fg_hivemind_group_weight, fg_hivemind_allreduce) are made from one thread
+ * at a time; the others (publish, set_pace, swarm_state, set_state,
+ * last_refusal) take its lock and may be made from another thread meanwhile
+ * (the strategy's training thread while a round runs in the background,
+ * delay_optimizer_step); load_state from the thread of the group calls, or
+ * when none runs. Its own threads (the receiver, the state server,
+ * OpenDHT's) only touch its mailbox and peer table under the lock. A build without OpenDHT,
  * nng or libsodium has these calls, which return FG_EUNSUPPORTED saying what
  * to install (fg_hivemind_available). */
 #ifndef FULGUR_HIVEMIND_H

@@ -291,10 +291,18 @@ typedef struct fg_hivemind_strategy_opts {
     double matchmaking_time;   /* s (default 5) */
     double averaging_timeout;  /* s (default 30) */
     double load_state_timeout; /* s a state download may take (default max(60, 2 x the above)) */
-    /* Hivemind's background work; true is refused: this build averages
-     * and steps in the training thread */
+    /* Hivemind's (docs/hivemind.md). offload_optimizer: each epoch's step
+     * updates a master copy of the parameters in host memory (the optimizer's
+     * state there too), copied into the model after it; the CPU only.
+     * delay_optimizer_step (needs offload_optimizer): that step runs in a
+     * thread of its own while the next epoch's gradients are computed from
+     * the parameters the model has (one epoch stale); its result goes into
+     * the model at the next step call that finds it done (or
+     * fg_strategy_settle). delay_grad_averaging, delay_state_averaging (each
+     * needs delay_optimizer_step): that thread also matches and averages the
+     * gradients before the step, and the state after it. */
     bool delay_state_averaging, delay_optimizer_step, delay_grad_averaging;
-    bool offload_optimizer;  /* accepted: on a CPU the state is in host memory already */
+    bool offload_optimizer;
     bool reuse_grad_buffers; /* refused: the fabric and the Trainer zero the gradient after
                                 each step, so the accumulator is a buffer of its own */
     /* lr of global epoch e (Lightning's scheduler_fn, stepped per epoch);
@@ -621,6 +629,16 @@ FG_API FG_MUST_USE fg_status fg_strategy_backward(fg_strategy *s, fg_tensor *los
  * says whether the optimizer stepped). */
 FG_API FG_MUST_USE fg_status fg_strategy_optimizer_step(fg_strategy *s, fg_optimizer *opt,
                                                         bool *stepped);
+/* Waits for the work a strategy runs in the background between optimizer
+ * step calls (hivemind's delay_optimizer_step: the round of the last
+ * epoch, its averaging and step) and puts its result in the model and the
+ * optimizer, so that both hold one consistent state: the fabric's save and
+ * load call it first, and a caller that reads or writes the parameters or
+ * the optimizer's state itself between step calls must too. A failure of
+ * that work comes back here (or at the next step call). FG_OK at once for
+ * the other kinds and when nothing runs. The training thread's call, as
+ * the step's. */
+FG_API FG_MUST_USE fg_status fg_strategy_settle(fg_strategy *s);
 FG_API void fg_strategy_set_sync(fg_strategy *s, bool sync);
 
 /* dp: splits batch b along its first dim into one part per replica, runs

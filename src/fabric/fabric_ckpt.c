@@ -279,6 +279,8 @@ static bool save_sharded(const fg_fabric *f, const fg_train_state *st) {
 fg_status fg_fabric_save(fg_fabric *f, const char *path, const fg_train_state *st) {
     if (!st || !st->model || !path) return fg_error(FG_EINVAL, "save: needs a path and a model");
     FG_TRY(check_many(st, "save"));
+    /* a round in the background (hivemind's delay_optimizer_step) ends first */
+    if (f->strategy) FG_TRY(fg_strategy_settle(f->strategy));
     if (save_sharded(f, st)) {
         if (st->noptimizers > 0)
             return fg_error(FG_EUNSUPPORTED,
@@ -484,6 +486,7 @@ static fg_status load_many_meta(fg_st_file *file, const char *path, const fg_tra
 fg_status fg_fabric_load(fg_fabric *f, const char *path, fg_train_state *st) {
     if (!st || !st->model || !path) return fg_error(FG_EINVAL, "load: needs a path and a model");
     FG_TRY(check_many(st, "load"));
+    if (f->strategy) FG_TRY(fg_strategy_settle(f->strategy));
     fg_st_file *file = fg_st_open(path);
     if (!file) return fg_last_status();
     const char *fmt = fg_st_meta_get(file, "format");

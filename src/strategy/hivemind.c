@@ -8,12 +8,52 @@
  * average_state_every epochs average parameters and optimizer state too.
  * A peer behind the swarm's epoch (new, or stalled) loads the state of a
  * live peer first (load_state_from_peers). The optimizer's step count is the
- * global epoch. */
+ * global epoch.
+ *
+ * offload_optimizer, delay_optimizer_step, delay_grad_averaging,
+ * delay_state_averaging (Hivemind's): a round (one epoch's averaging and
+ * step) steps a master copy of the parameters (`master`, host memory) with
+ * the round's own copy of the optimizer (its lr and decay of the epoch; the
+ * optimizer's state buffers), and its result is copied into the model when
+ * the round is collected. With delay_optimizer_step the round runs in a
+ * thread of its own (one at a time) while the training thread accumulates
+ * the next epoch's gradients from the parameters it has (one epoch stale).
+ * Threads: while a round is in flight (bg.running) it owns master, rgrad,
+ * h->state, the optimizer's state buffers and the group calls of the peer
+ * (matchmake, allreduce); the training thread touches none of them, nor the
+ * optimizer's step count, and writes the model's parameters only when it
+ * collects the round (a step call, fg_strategy_settle, free). With
+ * delay_grad_averaging the round also matches: until it has (bg.matched),
+ * the training thread publishes nothing (the peer's record says it is
+ * ready at the round's epoch) and counts its new samples for the next
+ * epoch, or, if the group declines, for the same one again. */
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
+#include "optim/optim_impl.h"
 #include "strategy_impl.h"
+
+/* The round in flight of an offloaded optimizer (see above). */
+typedef struct hm_round {
+    pthread_t th;
+    bool running; /* launched, not collected */
+    bool thread;  /* ... in a thread of its own (joined at its collection) */
+    bool grads;   /* it matches and averages the gradients (delay_grad_averaging) */
+    bool state;   /* it averages the state after its step (delay_state_averaging) */
+    bool noted;   /* the training thread has moved to the next epoch */
+    int matched;  /* atomic: 0 matching, 1 matched, -1 declined (a group short of the target) */
+    int done;     /* atomic: its work has ended */
+    int64_t epoch, samples;
+    int members;
+    fg_hivemind_round r;
+    fg_status err;
+    char msg[512];
+    fg_optimizer opt; /* the optimizer's copy it steps: its own segments, no hook */
+    int64_t *seg_begin;
+    double *seg_lr, *seg_wd;
+} hm_round;
 
 struct fg__hivemind_state {
     fg_hivemind_strategy_opts o;
@@ -33,7 +73,11 @@ struct fg__hivemind_state {
     double left_at;          /* fg_time() the last step call returned */
     double gaps[8];          /* the last times between step calls (0: none yet) */
     int ngaps;
-    bool started; /* has taken its first optimizer step call */
+    bool started;  /* has taken its first optimizer step call */
+    bool offload;  /* offload_optimizer (or a delay): rounds step master */
+    float *master; /* the parameters a round steps (offload) */
+    float *rgrad;  /* a round's gradient: the epoch's sum, then the averaged mean */
+    hm_round bg;
 };
 
 /* numel f32 values of a buffer of the model's device to host memory, and
@@ -94,6 +138,40 @@ static fg_status load_from_peers(fg_strategy *s) {
     return fg_hivemind_publish(h->peer, h->epoch, 0, false);
 }
 
+/* offload_optimizer: the master copy, the round's gradient and the
+ * segments of the round's optimizer copy. Only where the host reads the
+ * model and the optimizer's state in place (the CPU): the round steps host
+ * memory with the optimizer's own kernels. */
+static fg_status offload_setup(fg_strategy *s) {
+    fg__hivemind_state *h = s->hivemind;
+    fg_optimizer *opt = s->opt;
+    if (!h->o.offload_optimizer) return FG_OK;
+    if (h->dev || (opt->dev && !fg_dev_host_accessible(opt->dev)) || opt->offload ||
+        opt->host_state)
+        return fg_error(FG_EUNSUPPORTED,
+                        "strategy hivemind: offload_optimizer with the model or the optimizer's "
+                        "state on %s: not built (the round steps a host copy with the "
+                        "optimizer's state in place); train on the CPU, or leave "
+                        "offload_optimizer and the delays false",
+                        h->dev     ? fg_dev_name(h->dev)
+                        : opt->dev ? fg_dev_name(opt->dev)
+                                   : "another store (offload_optimizer_device)");
+    if (fg_optimizer_module(opt) != s->model || opt->numel != h->numel || opt->dt != FG_F32)
+        return fg_error(FG_EUNSUPPORTED,
+                        "strategy hivemind: offload_optimizer needs an f32 optimizer over the "
+                        "whole model");
+    h->offload = true;
+    hm_round *b = &h->bg;
+    size_t nseg = (size_t)opt->m->p_count + 1;
+    if (!(h->master = fg_alloc((size_t)h->numel * 4)) ||
+        !(h->rgrad = fg_alloc((size_t)h->numel * 4)) ||
+        !(b->seg_begin = fg_alloc(nseg * sizeof *b->seg_begin)) ||
+        !(b->seg_lr = fg_alloc(nseg * sizeof *b->seg_lr)) ||
+        !(b->seg_wd = fg_alloc(nseg * sizeof *b->seg_wd)))
+        return fg_last_status();
+    return FG_OK;
+}
+
 fg_status fg__hivemind_setup(fg_strategy *s, const fg_ddp_opts *d) {
     const fg_hivemind_strategy_opts *o = d ? &d->hivemind : NULL;
     if (!s->opt) return fg_error(FG_EINVAL, "strategy hivemind: needs the optimizer at setup");
@@ -108,13 +186,24 @@ fg_status fg__hivemind_setup(fg_strategy *s, const fg_ddp_opts *d) {
                         "strategy hivemind: reuse_grad_buffers is not built: the fabric and the "
                         "Trainer zero the gradient after each step, so the accumulation keeps a "
                         "buffer of its own; leave it false");
-    if (o->delay_state_averaging || o->delay_optimizer_step || o->delay_grad_averaging)
-        return fg_error(FG_EUNSUPPORTED,
-                        "strategy hivemind: delay_%s is not built: this fulgur averages and "
-                        "steps in the training thread; leave it false",
-                        o->delay_state_averaging  ? "state_averaging"
-                        : o->delay_optimizer_step ? "optimizer_step"
-                                                  : "grad_averaging");
+    /* Hivemind's requirements: a delayed step runs on the offloaded
+     * optimizer, and the gradients or the state are averaged in the
+     * background only by the round that steps there */
+    if (o->delay_grad_averaging && !o->delay_optimizer_step)
+        return fg_error(FG_EINVAL,
+                        "strategy hivemind: delay_grad_averaging needs delay_optimizer_step "
+                        "(the gradients are averaged in the background by the round that "
+                        "steps there, as Hivemind's); set both, or leave it false");
+    if (o->delay_state_averaging && !o->delay_optimizer_step)
+        return fg_error(FG_EINVAL,
+                        "strategy hivemind: delay_state_averaging needs delay_optimizer_step "
+                        "(the state is averaged in the background after the step the round "
+                        "takes there); set both, or leave it false");
+    if (o->delay_optimizer_step && !o->offload_optimizer)
+        return fg_error(FG_EINVAL,
+                        "strategy hivemind: delay_optimizer_step needs offload_optimizer (the "
+                        "background step updates a master copy of the parameters, as "
+                        "Hivemind's); set offload_optimizer too");
     fg_tensor *fp = fg_module_flat_params(s->model), *fgr = fg_module_flat_grads(s->model);
     if (!fp || !fgr || fg_tensor_dtype(fp) != FG_F32 || fg_tensor_dtype(fgr) != FG_F32)
         return fg_error(FG_EUNSUPPORTED, "strategy hivemind: needs f32 parameters and gradients "
@@ -130,6 +219,7 @@ fg_status fg__hivemind_setup(fg_strategy *s, const fg_ddp_opts *d) {
     if (!(h->acc = fg_calloc((size_t)h->numel, 4))) return fg_last_status();
     if (h->dev && !(h->gh = fg_alloc((size_t)h->numel * 4))) return fg_last_status();
     if (!(h->state = fg_alloc((size_t)state_len(h) * 4))) return fg_last_status();
+    FG_TRY(offload_setup(s));
     fg_hivemind_opts po = {.run_id = o->run_id,
                            .secret = o->run_secret,
                            .initial_peers = o->initial_peers,
@@ -161,13 +251,29 @@ fg_status fg__hivemind_setup(fg_strategy *s, const fg_ddp_opts *d) {
     return serve_state(s);
 }
 
+static fg_status collect(fg_strategy *s, bool wait, bool *stepped);
+
 void fg__hivemind_free(fg_strategy *s) {
     fg__hivemind_state *h = s->hivemind;
     if (!h) return;
+    /* the round in flight ends first (its thread uses the peer); its result
+     * goes into the model, as the next step call would have put it */
+    if (h->bg.running) {
+        fg_error_kept keep;
+        fg_error_keep(&keep);
+        if (collect(s, true, NULL) != FG_OK)
+            fg_log(FG_LOG_WARN, "hivemind: at shutdown: %s", fg_last_error());
+        (void)fg_error_restore(&keep);
+    }
     fg_hivemind_free(h->peer);
     fg_free(h->acc);
     fg_free(h->gh);
     fg_free(h->state);
+    fg_free(h->master);
+    fg_free(h->rgrad);
+    fg_free(h->bg.seg_begin);
+    fg_free(h->bg.seg_lr);
+    fg_free(h->bg.seg_wd);
     fg_free(h);
     s->hivemind = NULL;
 }
@@ -226,6 +332,267 @@ static fg_status average_and_step(fg_strategy *s, bool *stepped) {
     return FG_OK;
 }
 
+/* ------------------------------------------ the offloaded optimizer's round */
+
+static int every_of(const fg__hivemind_state *h) {
+    return h->o.average_state_every > 0 ? h->o.average_state_every : 1;
+}
+
+/* Hivemind's state averaging of master and the optimizer's state (weight 1
+ * a member), through h->state; by the thread that owns the round. */
+static fg_status average_master_state(fg_strategy *s) {
+    fg__hivemind_state *h = s->hivemind;
+    memcpy(h->state, h->master, (size_t)h->numel * 4);
+    for (int i = 0; i < h->nstates; i++)
+        memcpy(h->state + h->numel * (1 + i), fg_tensor_data(s->opt->state[i]),
+               (size_t)h->numel * 4);
+    FG_TRY(fg_hivemind_allreduce(h->peer, FG_HIVEMIND_STATE, h->state, state_len(h), 1.0,
+                                 FG_HIVEMIND_COMPRESSION_NONE, NULL));
+    memcpy(h->master, h->state, (size_t)h->numel * 4);
+    for (int i = 0; i < h->nstates; i++)
+        memcpy(fg_tensor_data(s->opt->state[i]), h->state + h->numel * (1 + i),
+               (size_t)h->numel * 4);
+    return FG_OK;
+}
+
+static void log_round(const fg__hivemind_state *h, int64_t epoch, int members,
+                      const fg_hivemind_round *r, int64_t samples) {
+    fg_log(FG_LOG_INFO,
+           "hivemind: epoch %lld: %d peers, %d parts reduced here from %d, %.0f samples in "
+           "this part (%lld of them this peer's), %zu bytes sent",
+           (long long)epoch, members, r->contributors, r->members, r->weight, (long long)samples,
+           r->bytes_sent);
+    (void)h;
+}
+
+/* A round's work: (with delay_grad_averaging) matchmaking and the gradient
+ * all-reduce, the step of master, (with delay_state_averaging) the state
+ * averaging. In the round's thread, or in the training thread when the
+ * step is not delayed. */
+static fg_status round_work(fg_strategy *s) {
+    fg__hivemind_state *h = s->hivemind;
+    hm_round *b = &h->bg;
+    if (b->grads) {
+        FG_TRY(fg_hivemind_matchmake(h->peer, b->epoch, (double)b->samples, &b->members));
+        if (fg_hivemind_group_weight(h->peer) < (double)h->o.target_batch_size) {
+            __atomic_store_n(&b->matched, -1, __ATOMIC_RELEASE);
+            return FG_OK;
+        }
+        __atomic_store_n(&b->matched, 1, __ATOMIC_RELEASE);
+        double inv = 1.0 / (double)b->samples;
+        for (int64_t i = 0; i < h->numel; i++) h->rgrad[i] = (float)(h->rgrad[i] * inv);
+        FG_TRY(fg_hivemind_allreduce(h->peer, FG_HIVEMIND_GRADS, h->rgrad, h->numel,
+                                     (double)b->samples, h->o.grad_compression, &b->r));
+        log_round(h, b->epoch, b->members, &b->r, b->samples);
+    }
+    FG_TRY(fg__optimizer_step_range(&b->opt, 0, h->numel, h->master, h->rgrad));
+    if (b->state && b->members > 1 && (b->epoch + 1) % every_of(h) == 0)
+        FG_TRY(average_master_state(s));
+    return FG_OK;
+}
+
+static void *round_main(void *arg) {
+    fg_strategy *s = arg;
+    hm_round *b = &s->hivemind->bg;
+    fg_status st = round_work(s);
+    if (st != FG_OK) {
+        b->err = st;
+        snprintf(b->msg, sizeof b->msg, "%s", fg_last_error());
+    }
+    __atomic_store_n(&b->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* The round's copy of the optimizer: its lr and decay now (the training
+ * thread may change the optimizer's while the round runs), its step count
+ * the round's epoch, no hook; the state buffers are the optimizer's. */
+static fg_status round_optimizer(fg_strategy *s) {
+    fg__hivemind_state *h = s->hivemind;
+    hm_round *b = &h->bg;
+    fg_optimizer *o = s->opt;
+    FG_TRY(fg__optimizer_ensure_state(o));
+    b->opt = *o;
+    b->opt.hook = (fg__optim_hook){0};
+    b->opt.steps = b->epoch;
+    memcpy(b->seg_begin, o->seg_begin, (size_t)(o->nseg + 1) * sizeof *b->seg_begin);
+    memcpy(b->seg_lr, o->seg_lr, (size_t)o->nseg * sizeof *b->seg_lr);
+    memcpy(b->seg_wd, o->seg_wd, (size_t)o->nseg * sizeof *b->seg_wd);
+    b->opt.seg_begin = b->seg_begin;
+    b->opt.seg_lr = b->seg_lr;
+    b->opt.seg_wd = b->seg_wd;
+    return FG_OK;
+}
+
+/* Ends the round in flight if its work has ended (wait: waits for it):
+ * joins its thread; a failure comes back here with what failed; a declined
+ * group gives its samples back to the epoch being accumulated (which is
+ * then the round's epoch again); otherwise the state averaging that is not
+ * delayed, then master into the model, the step count, the served state. */
+static fg_status collect(fg_strategy *s, bool wait, bool *stepped) {
+    fg__hivemind_state *h = s->hivemind;
+    hm_round *b = &h->bg;
+    if (!b->running || (!wait && !__atomic_load_n(&b->done, __ATOMIC_ACQUIRE))) return FG_OK;
+    if (b->thread) pthread_join(b->th, NULL);
+    b->thread = false;
+    b->running = false;
+    if (b->err != FG_OK)
+        return fg_error(b->err,
+                        "strategy hivemind: the round of epoch %lld (%s) failed: %s; this peer "
+                        "keeps the parameters of epoch %lld",
+                        (long long)b->epoch,
+                        h->o.delay_optimizer_step ? "in the background, delay_optimizer_step"
+                                                  : "offload_optimizer",
+                        b->msg, (long long)b->epoch);
+    if (b->matched < 0) {
+        h->declined++;
+        for (int64_t i = 0; i < h->numel; i++) h->acc[i] += h->rgrad[i];
+        h->samples += b->samples;
+        h->epoch = b->epoch;
+        fg_log(FG_LOG_INFO,
+               "hivemind: epoch %lld: the group of %d holds %.0f samples of the %lld targeted "
+               "(a counted peer is not in it): accumulating on",
+               (long long)b->epoch, b->members, fg_hivemind_group_weight(h->peer),
+               (long long)h->o.target_batch_size);
+        return fg_hivemind_publish(h->peer, h->epoch, h->samples, false);
+    }
+    if (!b->noted) {
+        h->epoch = b->epoch + 1;
+        b->noted = true;
+    }
+    if (!b->state && b->members > 1 && (b->epoch + 1) % every_of(h) == 0)
+        FG_TRY(average_master_state(s));
+    memcpy(fg_tensor_data(fg_module_flat_params(s->model)), h->master, (size_t)h->numel * 4);
+    FG_TRY(fg_optimizer_set_step_count(s->opt, b->epoch + 1));
+    h->steps_here++;
+    h->rounds++;
+    if (b->members > h->max_group) h->max_group = b->members;
+    FG_TRY(fg_hivemind_publish(h->peer, h->epoch, h->samples, false));
+    FG_TRY(serve_state(s));
+    if (stepped) *stepped = true;
+    return FG_OK;
+}
+
+/* Starts the round of this peer's epoch (the swarm holds the target, no
+ * round in flight). Without delay_grad_averaging this thread matches and
+ * averages first, as the plain step does (a declined group accumulates on);
+ * then the round takes the model's parameters as master, and steps in its
+ * thread (delay_optimizer_step) or here, collected at once. */
+static fg_status launch(fg_strategy *s, bool *stepped) {
+    fg__hivemind_state *h = s->hivemind;
+    hm_round *b = &h->bg;
+    b->epoch = h->epoch;
+    b->samples = h->samples;
+    b->grads = h->o.delay_grad_averaging;
+    b->state = h->o.delay_state_averaging;
+    b->noted = false;
+    b->matched = 0;
+    b->done = 0;
+    b->err = FG_OK;
+    b->members = 1;
+    memset(&b->r, 0, sizeof b->r);
+    if (!b->grads) {
+        double inv = 1.0 / (double)h->samples;
+        for (int64_t i = 0; i < h->numel; i++) h->rgrad[i] = (float)(h->acc[i] * inv);
+        FG_TRY(fg_hivemind_matchmake(h->peer, h->epoch, (double)h->samples, &b->members));
+        double held = fg_hivemind_group_weight(h->peer);
+        if (held < (double)h->o.target_batch_size) {
+            h->declined++;
+            fg_log(FG_LOG_INFO,
+                   "hivemind: epoch %lld: the group of %d holds %.0f samples of the %lld "
+                   "targeted (a counted peer is not in it): accumulating on",
+                   (long long)h->epoch, b->members, held, (long long)h->o.target_batch_size);
+            return fg_hivemind_publish(h->peer, h->epoch, h->samples, false);
+        }
+        FG_TRY(fg_hivemind_allreduce(h->peer, FG_HIVEMIND_GRADS, h->rgrad, h->numel,
+                                     (double)h->samples, h->o.grad_compression, &b->r));
+        log_round(h, h->epoch, b->members, &b->r, h->samples);
+        b->matched = 1;
+    } else {
+        memcpy(h->rgrad, h->acc, (size_t)h->numel * 4);
+    }
+    memcpy(h->master, fg_tensor_data(fg_module_flat_params(s->model)), (size_t)h->numel * 4);
+    if (h->o.scheduler_fn)
+        FG_TRY(fg_optimizer_set_lr(s->opt, h->o.scheduler_fn(h->epoch, h->o.scheduler_ud)));
+    FG_TRY(round_optimizer(s));
+    h->samples = 0;
+    memset(h->acc, 0, (size_t)h->numel * 4);
+    if (!b->grads) {
+        h->epoch++;
+        b->noted = true;
+        FG_TRY(fg_hivemind_publish(h->peer, h->epoch, 0, false));
+    }
+    b->running = true;
+    if (!h->o.delay_optimizer_step) {
+        (void)round_main(s);
+        return collect(s, true, stepped);
+    }
+    if (pthread_create(&b->th, NULL, round_main, s)) {
+        b->running = false;
+        return fg_error(FG_EIO,
+                        "strategy hivemind: cannot start the thread of the round of "
+                        "epoch %lld (delay_optimizer_step)",
+                        (long long)b->epoch);
+    }
+    b->thread = true;
+    return FG_OK;
+}
+
+/* The step call with an offloaded optimizer: the round that has ended is
+ * collected, this step's gradient accumulated, and a round launched when
+ * the swarm holds the target (the one in flight collected first, waiting
+ * for it: one at a time). A round still matching publishes for this peer;
+ * when this peer alone holds the target again it waits for the match. */
+static fg_status step_offloaded(fg_strategy *s, bool *stepped) {
+    fg__hivemind_state *h = s->hivemind;
+    hm_round *b = &h->bg;
+    FG_TRY(collect(s, false, stepped));
+    const float *g = fg_tensor_data(fg_module_flat_grads(s->model));
+    int64_t bs = h->o.batch_size;
+    for (int64_t i = 0; i < h->numel; i++) h->acc[i] += (float)bs * g[i];
+    h->samples += bs;
+    if (b->running && !b->noted) {
+        if (h->samples >= h->o.target_batch_size)
+            while (!__atomic_load_n(&b->matched, __ATOMIC_ACQUIRE) &&
+                   !__atomic_load_n(&b->done, __ATOMIC_ACQUIRE))
+                nanosleep(&(struct timespec){0, 1000000}, NULL);
+        int m = __atomic_load_n(&b->matched, __ATOMIC_ACQUIRE);
+        if (m < 0 || (m == 0 && __atomic_load_n(&b->done, __ATOMIC_ACQUIRE)))
+            FG_TRY(collect(s, true, stepped)); /* declined, or failed */
+        else if (m > 0) {
+            h->epoch = b->epoch + 1;
+            b->noted = true;
+        } else {
+            return FG_OK; /* still matching: this peer's record is the round's */
+        }
+    }
+    FG_TRY(fg_hivemind_publish(h->peer, h->epoch, h->samples, false));
+    fg_hivemind_swarm sw;
+    fg_hivemind_swarm_state(h->peer, &sw);
+    while (h->rounds == 0 && !b->running && sw.samples >= h->o.target_batch_size &&
+           sw.epoch <= h->epoch && sw.starting > 0 && fg_time() < h->first_round_wait) {
+        nanosleep(&(struct timespec){0, 20000000}, NULL);
+        fg_hivemind_swarm_state(h->peer, &sw);
+    }
+    if (sw.epoch <= h->epoch && sw.samples < h->o.target_batch_size) return FG_OK;
+    if (b->running) { /* one round at a time; then the swarm is read again */
+        FG_TRY(collect(s, true, stepped));
+        fg_hivemind_swarm_state(h->peer, &sw);
+    }
+    if (sw.epoch > h->epoch) {
+        fg_log(FG_LOG_INFO, "hivemind: this peer is at epoch %lld, the swarm at %lld: loading",
+               (long long)h->epoch, (long long)sw.epoch);
+        fg_status st = load_from_peers(s);
+        if (st != FG_EPEER) return st;
+        fg_clear_error();
+        return FG_OK;
+    }
+    return sw.samples >= h->o.target_batch_size ? launch(s, stepped) : FG_OK;
+}
+
+fg_status fg__hivemind_settle(fg_strategy *s) {
+    return s->hivemind ? collect(s, true, NULL) : FG_OK;
+}
+
 static fg_status step_accumulated(fg_strategy *s, bool *stepped);
 
 fg_status fg__hivemind_optimizer_step(fg_strategy *s, fg_optimizer *opt, bool *stepped) {
@@ -235,7 +602,7 @@ fg_status fg__hivemind_optimizer_step(fg_strategy *s, fg_optimizer *opt, bool *s
     /* a checkpoint restored since setup (or since a state load) holds its
      * epoch as the step count, behind or ahead of this peer's: its state is
      * this peer's now, and the swarm's decides whether it loads again */
-    if (fg_optimizer_step_count(opt) != h->epoch) {
+    if (!h->bg.running && fg_optimizer_step_count(opt) != h->epoch) {
         h->epoch = fg_optimizer_step_count(opt);
         h->samples = 0;
         memset(h->acc, 0, (size_t)h->numel * 4);
@@ -262,7 +629,7 @@ fg_status fg__hivemind_optimizer_step(fg_strategy *s, fg_optimizer *opt, bool *s
         for (int i = 1; i < 8 && i < h->ngaps; i++) m = h->gaps[i] < m ? h->gaps[i] : m;
         fg_hivemind_set_pace(h->peer, m, (double)bs);
     }
-    fg_status st = step_accumulated(s, stepped);
+    fg_status st = h->offload ? step_offloaded(s, stepped) : step_accumulated(s, stepped);
     h->left_at = fg_time();
     return st;
 }

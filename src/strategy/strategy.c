@@ -359,3 +359,8 @@ fg_status fg_strategy_optimizer_step(fg_strategy *s, fg_optimizer *opt, bool *st
     if (!s->drv->optimizer_step) return fg_optimizer_step(opt);
     return s->drv->optimizer_step(s, opt, stepped);
 }
+
+fg_status fg_strategy_settle(fg_strategy *s) {
+    if (!s) return fg_error(FG_EINVAL, "strategy settle: NULL strategy");
+    return fg__hivemind_settle(s);
+}

@@ -151,6 +151,9 @@ uint64_t fg__horovod_bytes_sent(const fg_strategy *s);
  * averages and steps when the swarm reaches target_batch_size */
 FG_MUST_USE fg_status fg__hivemind_setup(fg_strategy *s, const fg_ddp_opts *o);
 void fg__hivemind_free(fg_strategy *s);
+/* Waits for the round in flight (delay_optimizer_step) and collects it
+ * (fg_strategy_settle). */
+FG_MUST_USE fg_status fg__hivemind_settle(fg_strategy *s);
 FG_MUST_USE fg_status fg__hivemind_optimizer_step(fg_strategy *s, fg_optimizer *opt, bool *stepped);
 int64_t fg__hivemind_epoch(const fg_strategy *s);       /* this peer's global epoch */
 const char *fg__hivemind_address(const fg_strategy *s); /* its DHT address */

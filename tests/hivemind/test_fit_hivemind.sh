@@ -5,7 +5,8 @@
 # wrong secret is refused (the others log it) and changes nothing; a peer
 # resumed from its checkpoint starts at its checkpoint's epoch; flags
 # without --strategy hivemind, or hivemind without its required ones, are
-# usage errors. Skipped without the fortunes text or a hivemind build.
+# usage errors; 2 peers with Hivemind's delays on (flags, and the YAML
+# config's keys) train in groups of 2 and save their checkpoints. Skipped without the fortunes text or a hivemind build.
 source "$(dirname "$0")/../cli/lib.sh"
 echo "test_fit_hivemind: 3 peers on localhost, a wrong secret, a resume"
 DATA=/usr/share/games/fortunes/fortunes
@@ -79,4 +80,42 @@ first=$(sed -n 's/.*hivemind: epoch \([0-9]*\):.*/\1/p' "$T_TMP/resume" | head -
 if [ -n "$first" ] && [ -n "$last" ] && [ "$first" -gt "$last" ]; then
     pass "the resumed peer goes on from epoch $((last + 1)) (its first round: $first)"
 else fail "resumed at epoch '$first' after '$last'"; grep hivemind "$T_TMP/resume" | head; fi
+# Hivemind's delays: refused without what they need; 2 peers with every
+# delay on (the second through the YAML config's keys) train in groups of 2
+# and save their checkpoints (the round in flight collected first)
+run nodelay "$FULGUR" fit "${COMMON[@]}" --run-secret right --delay-grad-averaging \
+    --default-root-dir "$T_TMP/nodelay-run"
+expect_rc "--delay-grad-averaging without --delay-optimizer-step" 1 nodelay
+expect_grep "... says what it needs" nodelay 'delay_grad_averaging needs delay_optimizer_step'
+run delayusage "$FULGUR" fit --model gpt --data "$DATA" --delay-optimizer-step
+expect_rc "--delay-optimizer-step without --strategy hivemind" 2 delayusage
+DELAYS=(--offload-optimizer --delay-optimizer-step --delay-grad-averaging --delay-state-averaging)
+D_COMMON=("${COMMON[@]}" --run-id fit-delay --run-secret right --min-peers 2 --max-steps 12)
+"$FULGUR" fit "${D_COMMON[@]}" "${DELAYS[@]}" --seed 1 --default-root-dir "$T_TMP/dr0" \
+    > "$T_TMP/d0.log" 2>&1 &
+D0=$!
+ADDR=
+for _ in $(seq 600); do
+    ADDR=$(sed -n 's/.*(others pass --initial-peers \([0-9.:]*\)).*/\1/p' "$T_TMP/d0.log" | head -1)
+    [ -n "$ADDR" ] && break
+    sleep 0.1
+done
+printf 'trainer:\n  offload_optimizer: true\n  delay_optimizer_step: true\n  delay_grad_averaging: true\n  delay_state_averaging: true\n' \
+    > "$T_TMP/delays.yaml"
+run d1 "$FULGUR" fit --config "$T_TMP/delays.yaml" "${D_COMMON[@]}" --seed 2 \
+    --initial-peers "$ADDR" --default-root-dir "$T_TMP/dr1"
+[ "$RC" = 0 ] || kill $D0 2> /dev/null # it would wait for its second peer
+rc=0
+wait $D0 || rc=$?
+expect_rc "the second delayed peer (YAML keys) finishes" 0 d1
+if [ $rc = 0 ]; then pass "the first delayed peer finishes"
+else fail "the first delayed peer failed (rc $rc)"; tail -5 "$T_TMP/d0.log"; fi
+for f in "$T_TMP/d0.log" "$T_TMP/d1"; do
+    n=$(grep -c "epoch [0-9]*: 2 peers, 2 parts reduced here from 2" "$f")
+    if [ "$n" -ge 2 ]; then pass "$(basename "$f"): rounds of 2 with every delay ($n)"
+    else fail "$(basename "$f"): $n rounds of 2"; grep hivemind "$f" | tail -5; fi
+done
+if find "$T_TMP/dr1" -name '*.safetensors' | grep -q .; then
+    pass "the delayed peer saved its checkpoint"
+else fail "no checkpoint under $T_TMP/dr1"; fi
 finish

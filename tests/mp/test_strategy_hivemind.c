@@ -2,8 +2,9 @@
  * a target_batch_size of 24 from batches of 4; every peer reaches the same
  * global epochs with the same parameters (state averaged each epoch), and a
  * 4th peer that joins at epoch 2 starts from a live peer's parameters,
- * optimizer state and epoch (load_state_from_peers). The options Hivemind
- * runs in the background are refused with a message. */
+ * optimizer state and epoch (load_state_from_peers). delay_optimizer_step
+ * without offload_optimizer is refused with a message (the delays are
+ * tests/mp/test_strategy_hivemind_delay.c). */
 #include <sys/mman.h>
 
 #include "fulgur/strategy.h"
@@ -126,7 +127,7 @@ TEST(hivemind_refusals) {
     fg_ddp_opts d = opts(NULL);
     d.hivemind.delay_optimizer_step = true;
     CHECK(fg_strategy_new(FG_STRATEGY_HIVEMIND, NULL, m, o, &d, NULL, 0) == NULL);
-    CHECK_CONTAINS(fg_last_error(), "delay_optimizer_step");
+    CHECK_CONTAINS(fg_last_error(), "delay_optimizer_step needs offload_optimizer");
     d = opts(NULL);
     d.hivemind.target_batch_size = 0;
     CHECK(fg_strategy_new(FG_STRATEGY_HIVEMIND, NULL, m, o, &d, NULL, 0) == NULL);

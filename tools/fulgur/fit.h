@@ -41,6 +41,7 @@ typedef struct fit_hivemind {
     int64_t target_batch_size, dht_port, min_peers;
     const char *initial_peers, *run_id, *run_secret, *run_secret_file, *grad_compression, *host;
     double matchmaking_time, averaging_timeout;
+    bool offload_optimizer, delay_optimizer_step, delay_grad_averaging, delay_state_averaging;
     char secret_buf[512];
 } fit_hivemind;
 

@@ -483,6 +483,26 @@ static const cli_flag_def k_flags[] = {
      .min = 0,
      .max = 65535,
      .help = "hivemind: UDP port of this peer's DHT node (0: any)"},
+    {.name = "offload-optimizer",
+     .type = CLI_BOOL,
+     .off = O(hivemind.offload_optimizer),
+     .help = "hivemind: step a master copy of the parameters in host memory, copied into the "
+             "model after (Hivemind's offload_optimizer; the CPU)"},
+    {.name = "delay-optimizer-step",
+     .type = CLI_BOOL,
+     .off = O(hivemind.delay_optimizer_step),
+     .help = "hivemind: step in the background while the next batches train on the parameters "
+             "they have (one epoch stale; needs --offload-optimizer)"},
+    {.name = "delay-grad-averaging",
+     .type = CLI_BOOL,
+     .off = O(hivemind.delay_grad_averaging),
+     .help = "hivemind: average the gradients in the background too (needs "
+             "--delay-optimizer-step)"},
+    {.name = "delay-state-averaging",
+     .type = CLI_BOOL,
+     .off = O(hivemind.delay_state_averaging),
+     .help = "hivemind: average the parameters and optimizer state in the background too "
+             "(needs --delay-optimizer-step)"},
     {.name = "loop (Lightning's Trainer arguments)", .type = CLI_SECTION},
     {.name = "max-epochs",
      .type = CLI_INT,

@@ -13,10 +13,21 @@
 
 int fit_hivemind_args(fit_opts *o, cli_flag *flags, int n) {
     fit_hivemind *h = &o->hivemind;
-    static const char *const own[] = {"target-batch-size", "initial-peers",    "run-id",
-                                      "run-secret",        "run-secret-file",  "matchmaking-time",
-                                      "averaging-timeout", "grad-compression", "hivemind-host",
-                                      "dht-port",          "min-peers"};
+    static const char *const own[] = {"target-batch-size",
+                                      "initial-peers",
+                                      "run-id",
+                                      "run-secret",
+                                      "run-secret-file",
+                                      "matchmaking-time",
+                                      "averaging-timeout",
+                                      "grad-compression",
+                                      "hivemind-host",
+                                      "dht-port",
+                                      "min-peers",
+                                      "offload-optimizer",
+                                      "delay-optimizer-step",
+                                      "delay-grad-averaging",
+                                      "delay-state-averaging"};
     fg_strategy_kind kind;
     bool hm = plan_kind(o, &kind) && kind == FG_STRATEGY_HIVEMIND;
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
@@ -57,7 +68,11 @@ int fit_hivemind_args(fit_opts *o, cli_flag *flags, int n) {
                                      .matchmaking_time = h->matchmaking_time,
                                      .averaging_timeout = h->averaging_timeout,
                                      .dht_port = (int)h->dht_port,
-                                     .min_peers = (int)h->min_peers};
+                                     .min_peers = (int)h->min_peers,
+                                     .offload_optimizer = h->offload_optimizer,
+                                     .delay_optimizer_step = h->delay_optimizer_step,
+                                     .delay_grad_averaging = h->delay_grad_averaging,
+                                     .delay_state_averaging = h->delay_state_averaging};
     if (fg_hivemind_compression_parse(h->grad_compression, &d->grad_compression) != FG_OK) {
         cli_error("%s", fg_last_error());
         return FG_EXIT_USAGE;
