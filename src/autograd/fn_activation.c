@@ -10,26 +10,26 @@
 typedef FG_MUST_USE fg_status (*unary_fwd)(const fg_tensor *x, fg_tensor *y);
 
 /* saved[0] = contiguous x */
-static fg_status relu_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status relu_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     return fg__ops(g)->relu_bwd(n->saved[0], g, ga);
 }
 
-static fg_status gelu_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status gelu_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     return fg__ops(g)->gelu_bwd(n->saved[0], g, ga);
 }
 
 /* the output is what the backward reads */
-static fg_status softmax_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status softmax_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     return fg__ops(g)->softmax_bwd(n->out, g, ga);
 }
 
-static fg_status log_softmax_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status log_softmax_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     return fg__ops(g)->log_softmax_bwd(n->out, g, ga);
@@ -87,7 +87,7 @@ fg_tensor *fg_log_softmax(fg_tensor *a) {
 }
 
 /* f[0] = p; i[0], i[1] = seed, offset */
-static fg_status dropout_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status dropout_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     return fg__ops(g)->dropout_bwd(g, n->f[0], (uint64_t)n->i[0], (uint64_t)n->i[1], ga);

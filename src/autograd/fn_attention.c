@@ -6,7 +6,7 @@
 
 /* saved[0] = contiguous qkv (in the autocast dtype under autocast), saved[1]
  * = lse; i[0] = heads */
-static fg_status attention_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status attention_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *gq = fg__grad_of(n->in[0]);
     if (!gq) return FG_ENOMEM;
     return fg__ops(g)->attention_bwd(n->saved[0], (int)n->i[0], n->out, n->saved[1], g, gq);

@@ -15,7 +15,7 @@
 #include "autograd_impl.h"
 
 /* saved[0] = rounded a, saved[1] = rounded b; i[0] = the autocast dtype */
-static fg_status mm_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status mm_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *a = n->in[0], *b = n->in[1], *al = n->saved[0], *bl = n->saved[1];
     fg_dtype dt = (fg_dtype)n->i[0];
     fg_tensor *gl = fg__autocast_operand(g, dt);
@@ -64,7 +64,7 @@ fg_tensor *fg__autocast_mm(fg_tensor *a, fg_tensor *b) {
 
 /* saved[0] = rounded x as (R, in), saved[1] = rounded w (out, in: in dt, or
  * in f32 with dt's values, weight_operand); i[0] = dtype */
-static fg_status linear_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status linear_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *x = n->in[0], *w = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
     fg_tensor *xl = n->saved[0], *wl = n->saved[1];
     fg_dtype dt = (fg_dtype)n->i[0];

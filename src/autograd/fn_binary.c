@@ -3,7 +3,7 @@
 #include "autograd_impl.h"
 
 /* The broadcast shape of a and b into out (ndim, shape). */
-static fg_status broadcast_shape(const char *fn, const fg_tensor *a, const fg_tensor *b, int *nd,
+static FG_MUST_USE fg_status broadcast_shape(const char *fn, const fg_tensor *a, const fg_tensor *b, int *nd,
                                  int64_t *shape) {
     int n = a->ndim > b->ndim ? a->ndim : b->ndim;
     for (int d = 0; d < n; d++) {
@@ -22,7 +22,7 @@ static fg_status broadcast_shape(const char *fn, const fg_tensor *a, const fg_te
 
 /* g summed to t's shape, times s, added into t's gradient (written, not
  * added, when the gradient is new). */
-static fg_status accum_reduced(fg_tensor *t, const fg_tensor *g, double s) {
+static FG_MUST_USE fg_status accum_reduced(fg_tensor *t, const fg_tensor *g, double s) {
     if (!fg__needs_grad(t)) return FG_OK;
     double beta;
     fg_tensor *gt = fg__grad_for_write(t, &beta);
@@ -30,12 +30,12 @@ static fg_status accum_reduced(fg_tensor *t, const fg_tensor *g, double s) {
     return fg__ops(t)->sum_to(g, gt, s, beta);
 }
 
-static fg_status add_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status add_bw(fg__node *n, const fg_tensor *g) {
     FG_TRY(accum_reduced(n->in[0], g, 1.0));
     return accum_reduced(n->in[1], g, n->f[0]); /* f[0] = +1 add, -1 sub */
 }
 
-static fg_status mul_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status mul_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *a = n->in[0], *b = n->in[1];
     const fg_op_table *ops = fg__ops(g);
     fg_tensor *tmp = fg_empty_like(g);
@@ -52,7 +52,7 @@ static fg_status mul_bw(fg__node *n, const fg_tensor *g) {
 }
 
 /* y = a / b: da = g / b, db = -g y / b (y is the node's out) */
-static fg_status div_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status div_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *a = n->in[0], *b = n->in[1];
     const fg_op_table *ops = fg__ops(g);
     fg_tensor *tmp = fg_empty_like(g);
@@ -112,7 +112,7 @@ fg_tensor *fg_sub(fg_tensor *a, fg_tensor *b) { return binary("sub", FG_BIN_SUB,
 fg_tensor *fg_mul(fg_tensor *a, fg_tensor *b) { return binary("mul", FG_BIN_MUL, a, b); }
 fg_tensor *fg_div(fg_tensor *a, fg_tensor *b) { return binary("div", FG_BIN_DIV, a, b); }
 
-static fg_status scale_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status scale_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *gx = fg__grad_of(n->in[0]);
     if (!gx) return FG_ENOMEM;
     return fg__ops(g)->axpby(n->f[0], g, 1.0, gx);

@@ -69,7 +69,7 @@ static bool is_float(fg_dtype dt) {
 /* ga (a's dtype) += g: the table's axpby reads and writes bf16/f16 (through
  * f32, one rounding per element) as well as f32 and f64; a gradient of
  * another float dtype is converted first. */
-static fg_status cast_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status cast_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *a = n->in[0];
     if (!fg__needs_grad(a)) return FG_OK;
     fg_tensor *ga = fg__grad_of(a);

@@ -78,7 +78,7 @@ static bool has_live_fn(const fg_tensor *t) {
     return t->grad_fn && t->grad_fn_gen == fg_step_generation();
 }
 
-static fg_status ckpt_backward(fg__node *n, const fg_tensor *gout) {
+static FG_MUST_USE fg_status ckpt_backward(fg__node *n, const fg_tensor *gout) {
     ckpt *c = n->ctx;
     fg_tensor *x = n->in[0];
     bool xg = x->requires_grad;

@@ -15,7 +15,7 @@
 
 /* in = {x, w, b}; saved[0], [1] = contiguous x, w (4-d); ctx = the
  * params; i[0..3] = the 4-d output shape */
-static fg_status conv_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status conv_bw(fg__node *n, const fg_tensor *g) {
     const fg_op_table *ops = fg__ops(g);
     const fg_conv_params *p = n->ctx;
     g = fg_tensor_reshape_view(g, 4, n->i); /* conv1d's (N, O, L) as (N, O, 1, L) */
@@ -122,7 +122,7 @@ static fg_tensor *conv_core(const char *fn, fg_tensor *xo, fg_tensor *x4, fg_ten
     return yo;
 }
 
-static fg_status conv_inputs(const char *fn, const fg_tensor *x, const fg_tensor *w, int nd) {
+static FG_MUST_USE fg_status conv_inputs(const char *fn, const fg_tensor *x, const fg_tensor *w, int nd) {
     FG_TRY(fg__check_float(fn, x));
     FG_TRY(fg__check_float(fn, w));
     FG_TRY(fg__check_same_dtype(fn, x, w));
@@ -178,7 +178,7 @@ fg_tensor *fg_conv1d(fg_tensor *x, fg_tensor *w, fg_tensor *b, const fg_conv2d_o
 /* ---------------------------------------------------------------- pooling */
 
 /* saved[0] = indices (max) or NULL; ctx = the params; f[0]: in holds x */
-static fg_status pool_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status pool_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *gx = fg__grad_of(n->in[0]);
     if (!gx) return FG_ENOMEM;
     return fg__ops(g)->pool2d_bwd(g, n->saved[0], n->ctx, gx);
@@ -218,7 +218,7 @@ static fg_tensor *pool(const char *fn, fg_tensor *x, fg_pool_params *p, int64_t 
     return y;
 }
 
-static fg_status pool_geometry(const char *fn, const fg_tensor *x, const int64_t *kernel,
+static FG_MUST_USE fg_status pool_geometry(const char *fn, const fg_tensor *x, const int64_t *kernel,
                                const int64_t *stride, const int64_t *padding,
                                const int64_t *dilation, fg_pool_params *p) {
     FG_TRY(fg__check_float(fn, x));
@@ -295,7 +295,7 @@ fg_tensor *fg_adaptive_avg_pool2d(fg_tensor *x, int64_t out_h, int64_t out_w) {
 
 /* The fused training-mode node: in = {x, w, b}; saved[0] = contiguous x;
  * ctx = mean[C] then invstd[C] (double) */
-static fg_status bn_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status bn_bw(fg__node *n, const fg_tensor *g) {
     const fg_op_table *ops = fg__ops(g);
     const double *stats = n->ctx;
     int64_t C = n->saved[0]->shape[1];
@@ -333,7 +333,7 @@ static bool bn_fusable(const fg_tensor *x, const fg_tensor *rm, const fg_tensor 
  * unbiased by unb), per channel, in double as PyTorch's no-grad update; on
  * a device the two buffers are copied out and back in (a device kernel
  * would spare the 2 x C elements each way). */
-static fg_status bn_update_running(fg_tensor *rm, fg_tensor *rv, const double *mean,
+static FG_MUST_USE fg_status bn_update_running(fg_tensor *rm, fg_tensor *rv, const double *mean,
                                    const double *var, double momentum, double unb) {
     int64_t C = rm->numel;
     size_t bytes = (size_t)C * fg_dtype_size(rm->dtype);

@@ -11,7 +11,7 @@
 #include "autograd_impl.h"
 
 /* in = {x, w}; saved[0], [1] = contiguous x, w; ctx = the params */
-static fg_status convt_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status convt_bw(fg__node *n, const fg_tensor *g) {
     const fg_op_table *ops = fg__ops(g);
     const fg_conv_params *p = n->ctx;
     fg_tensor *gc = fg_tensor_contiguous(g);

@@ -4,7 +4,7 @@
 #include "autograd_impl.h"
 
 /* saved[0] = idx (N) */
-static fg_status embedding_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status embedding_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *gw = fg__grad_of(n->in[0]);
     int64_t C = gw ? gw->shape[1] : 0;
     fg_tensor *g2 = gw ? fg_tensor_reshape_view(g, 2, (int64_t[]){n->saved[0]->numel, C}) : NULL;

@@ -17,13 +17,13 @@
 
 #include "autograd_impl.h"
 
-static fg_status check_in(const char *fn, const fg_tensor *a) {
+static FG_MUST_USE fg_status check_in(const char *fn, const fg_tensor *a) {
     if (!a) return fg_error_wrap(FG_EINVAL, "%s: NULL input (an earlier call failed)", fn);
     return FG_OK;
 }
 
 /* dim normalised against nd dims (0-d tensors take dim 0 or -1 as 1-d) */
-static fg_status norm_dim(const char *fn, const fg_tensor *a, int dim, int nd, int *out) {
+static FG_MUST_USE fg_status norm_dim(const char *fn, const fg_tensor *a, int dim, int nd, int *out) {
     int n = nd ? nd : 1, d = dim < 0 ? dim + n : dim;
     if (d < 0 || d >= n) {
         char s[96];
@@ -77,7 +77,7 @@ static fg_tensor *permute_view(const fg_tensor *t, const int *perm) {
 /* --------------------------------------------------------- slice / narrow */
 
 /* i[0] = dim, i[1] = start, i[2] = count, i[3] = step */
-static fg_status slice_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status slice_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     fg_tensor *v = ga ? step_view(ga, (int)n->i[0], n->i[1], n->i[2], n->i[3]) : NULL;
     if (!v) return FG_ENOMEM;
@@ -190,7 +190,7 @@ fg_status fg_split(fg_tensor *a, int64_t split_size, int dim, fg_tensor **out, i
 /* ------------------------------------------------------------- cat, stack */
 
 /* i[0] = dim; the inputs are in[0 .. nin), their slices of the output in order */
-static fg_status cat_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status cat_bw(fg__node *n, const fg_tensor *g) {
     int d = (int)n->i[0];
     int64_t off = 0;
     for (int k = 0; k < n->nin; k++) {
@@ -209,7 +209,7 @@ static fg_status cat_bw(fg__node *n, const fg_tensor *g) {
 
 /* Records out = cat(in[0 .. n)) along d, out a view of the result: a tree
  * of nodes of at most FG_NODE_MAX_IN inputs each. */
-static fg_status cat_record(fg_tensor *out, fg_tensor *const *in, int n, int d) {
+static FG_MUST_USE fg_status cat_record(fg_tensor *out, fg_tensor *const *in, int n, int d) {
     fg__node *node;
     if (n <= FG_NODE_MAX_IN) {
         FG_TRY(fg__record(&node, "cat", cat_bw, out, n, in));
@@ -308,7 +308,7 @@ fg_tensor *fg_stack(fg_tensor *const *ts, int n, int dim) {
 /* --------------------------------------------------------- permute, expand */
 
 /* ctx = the permutation (int[ndim]) */
-static fg_status permute_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status permute_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     fg_tensor *v = ga ? permute_view(ga, n->ctx) : NULL;
     if (!v) return FG_ENOMEM;
@@ -347,7 +347,7 @@ fg_tensor *fg_permute(fg_tensor *a, const int *dims) {
     return y;
 }
 
-static fg_status expand_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status expand_bw(fg__node *n, const fg_tensor *g) {
     double beta;
     fg_tensor *ga = fg__grad_for_write(n->in[0], &beta);
     if (!ga) return FG_ENOMEM;
@@ -412,7 +412,7 @@ fg_tensor *fg_flatten(fg_tensor *a, int start_dim, int end_dim) {
 /* ------------------------------------------------------ index_select etc. */
 
 /* saved[0] = index; i[0] = dim */
-static fg_status index_select_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status index_select_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     return fg__ops(g)->index_add(g, (int)n->i[0], n->saved[0], ga);
@@ -453,7 +453,7 @@ fg_tensor *fg_index_select(fg_tensor *a, int dim, fg_tensor *index) {
 }
 
 /* saved[0] = index; i[0] = dim */
-static fg_status gather_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status gather_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     return fg__ops(g)->scatter_add(g, (int)n->i[0], n->saved[0], ga);
@@ -479,7 +479,7 @@ fg_tensor *fg_gather(fg_tensor *a, int dim, fg_tensor *index) {
 }
 
 /* in = {a, src}; saved[0] = index; i[0] = dim */
-static fg_status scatter_add_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status scatter_add_bw(fg__node *n, const fg_tensor *g) {
     const fg_op_table *ops = fg__ops(g);
     fg_tensor *a = n->in[0], *src = n->in[1], *idx = n->saved[0];
     if (fg__needs_grad(a)) {
@@ -549,7 +549,7 @@ static fg_tensor *broadcast_copy(const char *fn, const fg_tensor *t, int nd, con
 }
 
 /* the broadcast shape of up to three tensors (NULL ones skipped) */
-static fg_status bshape(const char *fn, const fg_tensor *const *t, int n, int *nd, int64_t *shape) {
+static FG_MUST_USE fg_status bshape(const char *fn, const fg_tensor *const *t, int n, int *nd, int64_t *shape) {
     int m = 0;
     for (int k = 0; k < n; k++)
         if (t[k] && t[k]->ndim > m) m = t[k]->ndim;
@@ -572,7 +572,7 @@ static fg_status bshape(const char *fn, const fg_tensor *const *t, int n, int *n
 
 /* in = {a, b} (b NULL for masked_fill, whose a is in[0]); saved[0] = the
  * broadcast condition; i[0] = 1 for masked_fill */
-static fg_status where_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status where_bw(fg__node *n, const fg_tensor *g) {
     const fg_op_table *ops = fg__ops(g);
     fg_tensor *tmp = fg_empty_like(g);
     if (!tmp) return FG_ENOMEM;
@@ -649,7 +649,7 @@ fg_tensor *fg_masked_fill(fg_tensor *a, fg_tensor *mask, double value) {
 /* ------------------------------------------------------------ max / min */
 
 /* saved[0] = indices (keepdim shape); i[0] = dim */
-static fg_status max_dim_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status max_dim_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     fg_tensor *idx = n->saved[0];
     fg_tensor *gk = ga ? fg_tensor_reshape_view(g, idx->ndim, idx->shape) : NULL;
@@ -709,7 +709,7 @@ fg_tensor *fg_argmin(fg_tensor *a, int dim, bool keepdim) {
 /* ---------------------------------------------------------------- cumsum */
 
 /* i[0] = dim */
-static fg_status cumsum_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status cumsum_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     fg_tensor *tmp = ga ? fg_empty_like(g) : NULL;
     if (!tmp) return FG_ENOMEM;

@@ -7,7 +7,7 @@
 
 /* saved[0] = x (N, C), saved[1] = contiguous w or NULL, saved[2] = mean,
  * saved[3] = rstd */
-static fg_status layer_norm_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status layer_norm_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2], *x2 = n->saved[0];
     fg_tensor *g2 = fg_tensor_reshape_view(g, 2, x2->shape); /* (N, C) */
     if (!g2) return FG_ENOMEM;

@@ -8,7 +8,7 @@
 /* saved[0] = logits (N, V), saved[1] = targets (N), saved[2] = the rows'
  * max and sum of exps (2, N) f64 where the table has the stats pair (NULL:
  * the backward recomputes them); i[0] = ignore_index, i[1] = count */
-static fg_status cross_entropy_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status cross_entropy_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *gl = fg__grad_of(n->in[0]);
     fg_tensor *gl2 = gl ? fg_tensor_reshape_view(gl, 2, n->saved[0]->shape) : NULL; /* (N, V) */
     if (!gl2) return FG_ENOMEM;

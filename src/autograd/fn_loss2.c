@@ -40,7 +40,7 @@ static fg_tensor *reduce(const char *fn, fg_tensor *y, fg_reduction r, int64_t b
 
 /* in = {x, t}; saved[0], [1], [2] = x, t, w as the kernel reads them;
  * i[0] = op; f[0] = p */
-static fg_status ploss_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status ploss_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *dx = NULL, *dt = NULL;
     if (fg__needs_grad(n->in[0]) && !(dx = fg__grad_of(n->in[0]))) return FG_ENOMEM;
     if (fg__needs_grad(n->in[1]) && !(dt = fg__grad_of(n->in[1]))) return FG_ENOMEM;
@@ -149,7 +149,7 @@ fg_tensor *fg_kl_div(fg_tensor *x, fg_tensor *t, fg_reduction r, bool log_target
 
 /* saved[0] = targets (M); saved[1] = weight or NULL; i[0] = ignore_index;
  * f[0] = label smoothing */
-static fg_status nll_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status nll_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *gl = fg__grad_of(n->in[0]);
     if (!gl) return FG_ENOMEM;
     return fg__ops(g)->nll_bwd(n->saved[0], n->saved[1], n->i[0], n->f[0], g, gl);
@@ -207,7 +207,7 @@ static fg_tensor *nll_rows(const char *fn, fg_tensor *logp2, fg_tensor *t1,
 /* input (C), (N, C) or (N, C, d1, ...) with targets (), (N), (N, d1, ...)
  * as PyTorch's: *x2 gets the input with the classes last as (M, C) (a
  * permuted copy for more than 2 dims), *t1 the targets as (M). */
-static fg_status class_layout(const char *fn, fg_tensor *x, fg_tensor *t, fg_tensor **xl,
+static FG_MUST_USE fg_status class_layout(const char *fn, fg_tensor *x, fg_tensor *t, fg_tensor **xl,
                               fg_tensor **x2, fg_tensor **t1) {
     if (!t) return fg_error_wrap(FG_EINVAL, "%s: NULL targets (an earlier call failed)", fn);
     char sx[96], st[96];

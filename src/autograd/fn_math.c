@@ -9,7 +9,7 @@
 #include "autograd_impl.h"
 
 /* saved[0] = contiguous input; i[0] = op; f[0], f[1] = its parameters */
-static fg_status unary_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status unary_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     return fg__ops(g)->unary_bwd((fg_unary_op)n->i[0], n->saved[0], n->out, g, n->f[0], n->f[1],

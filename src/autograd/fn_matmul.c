@@ -15,7 +15,7 @@
 #include "autograd_impl.h"
 
 /* saved[0] = contiguous a, saved[1] = contiguous b */
-static fg_status matmul_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status matmul_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *a = n->in[0], *b = n->in[1], *ac = n->saved[0], *bc = n->saved[1];
     const fg_op_table *ops = fg__ops(g);
     double beta;
@@ -77,7 +77,7 @@ fg_tensor *fg_matmul(fg_tensor *a, fg_tensor *b) {
 }
 
 /* saved[0] = x as (R, in), saved[1] = contiguous w (out, in) */
-static fg_status linear_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status linear_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *x = n->in[0], *w = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
     fg_tensor *x2 = n->saved[0], *wc = n->saved[1];
     const fg_op_table *ops = fg__ops(g);

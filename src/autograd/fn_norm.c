@@ -17,7 +17,7 @@ static void channel_shape(const fg_tensor *x, int64_t *shape) {
     for (int d = 0; d < x->ndim; d++) shape[d] = d == 1 ? x->shape[1] : 1;
 }
 
-static fg_status check_vec(const char *fn, const fg_tensor *x, const fg_tensor *v, int64_t n,
+static FG_MUST_USE fg_status check_vec(const char *fn, const fg_tensor *x, const fg_tensor *v, int64_t n,
                            const char *what) {
     if (v && (v->numel != n || v->dtype != x->dtype)) {
         char s[96];
@@ -98,7 +98,7 @@ fg_tensor *fg_rms_norm(fg_tensor *x, int ndims, fg_tensor *w, double eps) {
 /* running = (1 - momentum) running + momentum * (the batch's mean, and its
  * variance times n / (n - 1)), outside the tape; mean and var hold C values
  * (rows of `rows` values each are averaged first: instance norm's N) */
-static fg_status update_running(fg_tensor *running_mean, fg_tensor *running_var, fg_tensor *mean,
+static FG_MUST_USE fg_status update_running(fg_tensor *running_mean, fg_tensor *running_var, fg_tensor *mean,
                                 fg_tensor *var, int64_t rows, int64_t n, double momentum) {
     if (!running_mean || !running_var) return FG_OK;
     bool prev = fg_set_grad_enabled(false);
@@ -163,7 +163,7 @@ fg_tensor *fg_instance_norm(fg_tensor *x, fg_tensor *running_mean, fg_tensor *ru
 /* ------------------------------------------------------ sync batch norm */
 
 /* saved[0]: nothing; ctx: the reduce */
-static fg_status allreduce_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status allreduce_bw(fg__node *n, const fg_tensor *g) {
     const fg_stats_reduce *r = n->ctx;
     fg_tensor *gs = fg_tensor_contiguous(g);
     fg_tensor *c = gs ? fg_empty_like(gs) : NULL;

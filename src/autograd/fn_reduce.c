@@ -6,14 +6,14 @@
 #include "autograd_impl.h"
 
 /* i[0] = dim of the input the sum ran over; f[0] = scale */
-static fg_status sum_dim_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status sum_dim_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     return fg__ops(g)->sum_dim_bwd(g, (int)n->i[0], ga, n->f[0]);
 }
 
 /* f[0] = scale; the input's gradient is seen flat */
-static fg_status sum_all_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status sum_all_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     fg_tensor *flat = ga ? fg_tensor_reshape_view(ga, 1, &ga->numel) : NULL; /* (numel) */
     if (!flat) return FG_ENOMEM;

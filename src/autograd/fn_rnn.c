@@ -13,7 +13,7 @@
 
 /* saved[0] = gates (T, N, 4H), saved[1] = cell states (T, N, H),
  * saved[2..3] = contiguous h0, c0; i[0] = reverse */
-static fg_status lstm_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status lstm_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *xw = n->in[0], *whh = n->in[1], *h0 = n->in[2], *c0 = n->in[3];
     fg_tensor *bhh = n->nin > 4 ? n->in[4] : NULL, *gates = n->saved[0];
     const fg_op_table *ops = fg__ops(g);
@@ -79,7 +79,7 @@ fg_tensor *fg__lstm_seq(fg_tensor *xw, fg_tensor *whh, fg_tensor *bhh, fg_tensor
 /* saved[0] = gates (T, N, 4H: r, z, n, h W_hn^T + b_hn), saved[1] = the
  * contiguous h0; i[0] = reverse. xw's gradient is dx, b_hh's the column sums
  * of dgh (xw's but for r times it in n), a step tensor. */
-static fg_status gru_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status gru_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *xw = n->in[0], *whh = n->in[1], *h0 = n->in[2];
     fg_tensor *bhh = n->nin > 3 ? n->in[3] : NULL, *gates = n->saved[0];
     const fg_op_table *ops = fg__ops(g);

@@ -12,13 +12,13 @@
  * tensor can be reshaped); only float tensors ever require grad. */
 #include "autograd_impl.h"
 
-static fg_status check_input(const char *fn, const fg_tensor *a) {
+static FG_MUST_USE fg_status check_input(const char *fn, const fg_tensor *a) {
     /* wrap, not format: the earlier message lives in the buffer fg_error writes */
     if (!a) return fg_error_wrap(FG_EINVAL, "%s: NULL input (an earlier call failed)", fn);
     return FG_OK;
 }
 
-static fg_status reshape_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status reshape_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     return fg__ops(g)->axpby(1.0, g, 1.0, ga); /* same numel, both contiguous */
@@ -39,7 +39,7 @@ fg_tensor *fg_reshape(fg_tensor *a, int ndim, const int64_t *shape) {
 }
 
 /* i[0], i[1] = the swapped dims */
-static fg_status transpose_bw(fg__node *n, const fg_tensor *g) {
+static FG_MUST_USE fg_status transpose_bw(fg__node *n, const fg_tensor *g) {
     fg_tensor *ga = fg__grad_of(n->in[0]);
     if (!ga) return FG_ENOMEM;
     fg_tensor *gt = fg_tensor_transpose_view(g, (int)n->i[0], (int)n->i[1]); /* a's shape */

@@ -105,7 +105,7 @@ fg_status fg__check_same_dtype(const char *fn, const fg_tensor *a, const fg_tens
     return FG_OK;
 }
 
-static fg_status record(fg__node **node, const char *name, fg__backward_fn bw, fg_tensor *out,
+static FG_MUST_USE fg_status record(fg__node **node, const char *name, fg__backward_fn bw, fg_tensor *out,
                         int nin, fg_tensor *const *in, bool always) {
     *node = NULL;
     if (tl_grad_disabled) return FG_OK;
@@ -226,7 +226,7 @@ static void leaf_used(fg_tensor *t) {
 }
 
 /* Runs backward from out, whose gradient is set. */
-static fg_status run_backward(fg_tensor *out) {
+static FG_MUST_USE fg_status run_backward(fg_tensor *out) {
     fg__node *root = live_fn(out);
     if (!root) { /* a leaf: its gradient is the seed */
         out->pending = 1;

@@ -65,7 +65,7 @@ int fg__fsync_dir(const char *dir) {
  * replaced; anything else is refused, naming what it is. Checked when the
  * write begins (so nothing is written for a bad target) and again just
  * before the rename. */
-static fg_status check_target(const char *path) {
+static FG_MUST_USE fg_status check_target(const char *path) {
     char eb[128];
     struct stat sb;
     if (lstat(path, &sb) != 0) {
@@ -130,7 +130,7 @@ nomem:
     return FG_ENOMEM; /* fg_alloc left the message */
 }
 
-static fg_status write_all(fg__afile *a, const unsigned char *p, size_t n) {
+static FG_MUST_USE fg_status write_all(fg__afile *a, const unsigned char *p, size_t n) {
     char eb[128];
     while (n > 0) {
         ssize_t k = write(a->fd, p, n > (1u << 30) ? (1u << 30) : n);
@@ -145,7 +145,7 @@ static fg_status write_all(fg__afile *a, const unsigned char *p, size_t n) {
     return FG_OK;
 }
 
-static fg_status afile_flush(fg__afile *a) {
+static FG_MUST_USE fg_status afile_flush(fg__afile *a) {
     fg_status st = write_all(a, a->buf, a->used);
     a->used = 0;
     return st;

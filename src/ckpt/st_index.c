@@ -87,14 +87,14 @@ out:
 
 /* ------------------------------------------------------------------ read */
 
-static fg_status bad(const char *index, const char *fmt, const char *a, const char *b) {
+static FG_MUST_USE fg_status bad(const char *index, const char *fmt, const char *a, const char *b) {
     char msg[640];
     snprintf(msg, sizeof msg, fmt, a, b);
     return fg_error(FG_EFORMAT, "%s: %s", index, msg);
 }
 
 /* The whole index file, NUL-terminated, in *text. */
-static fg_status read_text(const char *index, char **text, size_t *len) {
+static FG_MUST_USE fg_status read_text(const char *index, char **text, size_t *len) {
     char eb[128];
     int fd = open(index, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return fg_error(FG_EIO, "%s: %s", index, fg__errstr(errno, eb, sizeof eb));
@@ -128,7 +128,7 @@ static fg_status read_text(const char *index, char **text, size_t *len) {
 }
 
 /* The part called `file`, opened on first use; its index in f->parts. */
-static fg_status part_of(fg_st_file *f, const char *dir, const char *file, json_t *opened,
+static FG_MUST_USE fg_status part_of(fg_st_file *f, const char *dir, const char *file, json_t *opened,
                          int64_t *k) {
     json_t *have = json_object_get(opened, file);
     if (have) {
@@ -165,7 +165,7 @@ static const char *base_name(const char *path) {
     return slash ? slash + 1 : path;
 }
 
-static fg_status not_of_this_save(const fg_st_file *f, const char *file, const char *field,
+static FG_MUST_USE fg_status not_of_this_save(const fg_st_file *f, const char *file, const char *field,
                                   const char *got, const char *want) {
     return fg_error(FG_EFORMAT,
                     "%s: %.200s is not a file of the save this index describes: its %s is "
@@ -183,7 +183,7 @@ static fg_status not_of_this_save(const fg_st_file *f, const char *file, const c
  * each once, agreeing with a name "model-<i>-of-<n>.safetensors". Keys a
  * file does not have are not compared (Hugging Face's shards have none),
  * but a file with a shard number needs a step and a count. */
-static fg_status check_parts(fg_st_file *f, json_t *md) {
+static FG_MUST_USE fg_status check_parts(fg_st_file *f, json_t *md) {
     const char *id = md ? json_string_value(json_object_get(md, "save_id")) : NULL;
     const char *step = md ? json_string_value(json_object_get(md, "step")) : NULL;
     bool *seen = fg_calloc((size_t)f->nparts + 1, 1);
@@ -251,7 +251,7 @@ static fg_status check_parts(fg_st_file *f, json_t *md) {
     return st;
 }
 
-static fg_status parse_index(fg_st_file *f, const char *text, size_t len) {
+static FG_MUST_USE fg_status parse_index(fg_st_file *f, const char *text, size_t len) {
     json_error_t jerr;
     f->root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!f->root) {

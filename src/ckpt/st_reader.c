@@ -28,8 +28,8 @@
 
 /* ---------------------------------------------------------------- errors */
 
-static fg_status bad(const fg_st_file *f, const char *entry, const char *fmt, ...) FG_PRINTF(3, 4);
-static fg_status bad(const fg_st_file *f, const char *entry, const char *fmt, ...) {
+static FG_MUST_USE fg_status bad(const fg_st_file *f, const char *entry, const char *fmt, ...) FG_PRINTF(3, 4);
+static FG_MUST_USE fg_status bad(const fg_st_file *f, const char *entry, const char *fmt, ...) {
     char msg[768];
     va_list ap;
     va_start(ap, fmt);
@@ -67,7 +67,7 @@ static const char *fmt_shape(char *buf, size_t cap, const json_t *arr) {
 
 /* --------------------------------------------------------------- parsing */
 
-static fg_status parse_entry(fg_st_file *f, const char *name, json_t *v, st_entry *e) {
+static FG_MUST_USE fg_status parse_entry(fg_st_file *f, const char *name, json_t *v, st_entry *e) {
     char sb[160];
     if (!*name) return bad(f, NULL, "a tensor has an empty name");
     if (!json_is_object(v))
@@ -140,7 +140,7 @@ static fg_status parse_entry(fg_st_file *f, const char *name, json_t *v, st_entr
     return FG_OK;
 }
 
-static fg_status parse_meta(fg_st_file *f, json_t *m) {
+static FG_MUST_USE fg_status parse_meta(fg_st_file *f, json_t *m) {
     if (json_is_null(m)) return FG_OK;
     if (!json_is_object(m))
         return bad(f, NULL, "\"__metadata__\" is %s, expected an object of strings", json_kind(m));
@@ -175,7 +175,7 @@ static int cmp_name_r(const void *pa, const void *pb, void *ctx) {
     return strcmp(e[*(const int64_t *)pa].name, e[*(const int64_t *)pb].name);
 }
 
-static fg_status check_layout(fg_st_file *f) {
+static FG_MUST_USE fg_status check_layout(fg_st_file *f) {
     qsort(f->e, (size_t)f->n, sizeof *f->e, cmp_offset);
     uint64_t pos = 0;
     for (int64_t i = 0; i < f->n; i++) {
@@ -202,7 +202,7 @@ static fg_status check_layout(fg_st_file *f) {
     return FG_OK;
 }
 
-static fg_status parse(fg_st_file *f) {
+static FG_MUST_USE fg_status parse(fg_st_file *f) {
     if (f->len < 8)
         return bad(f, NULL, "%zu bytes, too short for the 8-byte header length (truncated?)",
                    f->len);
@@ -276,7 +276,7 @@ void fg__st_sort_names(fg_st_file *f) {
 
 /* --------------------------------------------------------------- opening */
 
-static fg_status new_file(const char *label, fg_st_file **out) {
+static FG_MUST_USE fg_status new_file(const char *label, fg_st_file **out) {
     fg__st_json_init();
     fg_st_file *f = fg_calloc(1, sizeof *f);
     if (!f) return FG_ENOMEM;
@@ -289,7 +289,7 @@ static fg_status new_file(const char *label, fg_st_file **out) {
     return FG_OK;
 }
 
-static fg_status finish(fg_st_file *f, fg_st_file **out) {
+static FG_MUST_USE fg_status finish(fg_st_file *f, fg_st_file **out) {
     fg_status st = parse(f);
     if (st != FG_OK) {
         fg_st_close(f);

@@ -132,7 +132,7 @@ fg_status fg_st_writer_add(fg_st_writer *w, const char *name, fg_dtype dtype, in
     return fg_st_writer_add_on(w, name, dtype, ndim, shape, data, NULL);
 }
 
-static fg_status add_entry(fg_st_writer *w, const char *name, fg_dtype dtype, int ndim,
+static FG_MUST_USE fg_status add_entry(fg_st_writer *w, const char *name, fg_dtype dtype, int ndim,
                            const int64_t *shape, const void *data, fg_dev *dev, bool deferred) {
     if (!w || !name) return fg_error(FG_EINVAL, "fg_st_writer_add: NULL writer or name");
     if (w->streaming)
@@ -249,7 +249,7 @@ static void stream_end(fg_st_writer *w) {
 
 /* A failure while streaming: the temporary file removed, the stream
  * closed; returns st (the caller's message kept). */
-static fg_status stream_fail(fg_st_writer *w, fg_status st) {
+static FG_MUST_USE fg_status stream_fail(fg_st_writer *w, fg_status st) {
     fg_error_kept why;
     fg_error_keep(&why);
     fg__afile_abort(&w->a);
@@ -261,7 +261,7 @@ static fg_status stream_fail(fg_st_writer *w, fg_status st) {
 
 /* n bytes at p (in dev's memory when dev is set) into the file: device
  * memory through one bounded host buffer, a chunk at a time. */
-static fg_status write_bytes(fg_st_writer *w, const st_item *it, const void *p, size_t n,
+static FG_MUST_USE fg_status write_bytes(fg_st_writer *w, const st_item *it, const void *p, size_t n,
                              fg_dev *dev) {
     if (!dev) return fg__afile_write(&w->a, p, n);
     if (w->stage && w->stage_dev != dev) {
@@ -283,7 +283,7 @@ static fg_status write_bytes(fg_st_writer *w, const st_item *it, const void *p, 
 
 /* Writes the entries with data from w->cur on, up to the next declared
  * one still owed bytes (or the end). */
-static fg_status write_ready(fg_st_writer *w) {
+static FG_MUST_USE fg_status write_ready(fg_st_writer *w) {
     while (w->cur < w->n) {
         const st_item *it = &w->items[w->cur];
         if (it->deferred) {

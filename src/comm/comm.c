@@ -101,7 +101,7 @@ static void this_command(char *out, size_t cap) {
 }
 
 /* What to run instead when ranks on several machines have no Open MPI. */
-static fg_status across_machines(const fg_cluster_info *info, const char *why) {
+static FG_MUST_USE fg_status across_machines(const fg_cluster_info *info, const char *why) {
     char cmd[600], hosts[200];
     this_command(cmd, sizeof cmd);
     const char *a0 = info->master_addr[0] ? info->master_addr : "HOST0";
@@ -128,7 +128,7 @@ bool fg__comm_mpi_world(const fg_cluster_info *info) {
     return !strcmp(info->source, "slurm") && ((pmix && *pmix) || (pmi && *pmi));
 }
 
-static fg_status pick_backend(const fg_cluster_info *info, fg_comm_backend_kind want,
+static FG_MUST_USE fg_status pick_backend(const fg_cluster_info *info, fg_comm_backend_kind want,
                               const fg__comm_backend **out) {
     if ((int)want < 0 || want >= FG_COMM_BACKEND_COUNT)
         return fg_error(FG_EINVAL, "fg_comm_new: backend=%d: unknown", (int)want);
@@ -215,7 +215,7 @@ static void comm_delete(fg_comm *c) {
     fg_free(c);
 }
 
-static fg_status comm_create(const fg_cluster_info *info, const fg_comm_opts *opts, fg_comm **out) {
+static FG_MUST_USE fg_status comm_create(const fg_cluster_info *info, const fg_comm_opts *opts, fg_comm **out) {
     *out = NULL;
     fg_cluster_info detected;
     if (!info) {
@@ -363,7 +363,7 @@ static void describe(const call_sig *s, char *buf, size_t cap) {
 
 /* FULGUR_COMM_CHECK: all ranks exchange what they are about to call; if
  * they differ, every rank fails with a message naming the odd ones. */
-static fg_status check_call(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status check_call(fg_comm *c, const fg__comm_args *a) {
     int n = c->size;
     call_sig mine = sig_of(c, a);
     call_sig *all = fg_alloc(sizeof(call_sig) * (size_t)n);
@@ -415,7 +415,7 @@ static fg_status check_call(fg_comm *c, const fg__comm_args *a) {
         odd, best, ref);
 }
 
-static fg_status exec_op(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status exec_op(fg_comm *c, const fg__comm_args *a) {
     if (atomic_load(&c->broken))
         return fg_error(c->broken_status == FG_OK ? FG_ESTATE : c->broken_status,
                         "%s #%llu: the communicator is broken by an earlier error: %s", a->name,
@@ -469,7 +469,7 @@ static void *progress_main(void *arg) {
 }
 
 /* Queues r (under c->mu held by the caller); starts the thread if needed. */
-static fg_status enqueue_locked(fg_comm *c, fg_comm_req *r) {
+static FG_MUST_USE fg_status enqueue_locked(fg_comm *c, fg_comm_req *r) {
     if (!c->thread_started) {
         if (pthread_create(&c->thread, NULL, progress_main, c) != 0)
             return fg_error(FG_EIO, "comm: cannot start the progress thread");
@@ -485,7 +485,7 @@ static fg_status enqueue_locked(fg_comm *c, fg_comm_req *r) {
     return FG_OK;
 }
 
-static fg_status wait_req(fg_comm_req *r) {
+static FG_MUST_USE fg_status wait_req(fg_comm_req *r) {
     fg_comm *c = r->comm;
     pthread_mutex_lock(&c->mu);
     while (!r->done) pthread_cond_wait(&c->cv_done, &c->mu);
@@ -496,7 +496,7 @@ static fg_status wait_req(fg_comm_req *r) {
 
 /* Runs an operation in issue order: at once on this thread when nothing is
  * queued, else behind the queued requests. */
-static fg_status run(fg_comm *c, fg__comm_args *a) {
+static FG_MUST_USE fg_status run(fg_comm *c, fg__comm_args *a) {
     a->seq = is_collective(a->op) ? ++c->seq : ++c->p2p_seq;
     pthread_mutex_lock(&c->mu);
     if (c->pending == 0) {
@@ -512,7 +512,7 @@ static fg_status run(fg_comm *c, fg__comm_args *a) {
     return wait_req(&r);
 }
 
-static fg_status submit(fg_comm *c, fg__comm_args *a, fg_comm_req **req) {
+static FG_MUST_USE fg_status submit(fg_comm *c, fg__comm_args *a, fg_comm_req **req) {
     *req = NULL;
     fg_comm_req *r = fg_calloc(1, sizeof *r);
     if (!r) return FG_ENOMEM;
@@ -593,8 +593,8 @@ void fg_comm_free(fg_comm *c) {
 
 /* ------------------------------------------------------------ arguments */
 
-static fg_status bad(const char *op, const char *fmt, ...) FG_PRINTF(2, 3);
-static fg_status bad(const char *op, const char *fmt, ...) {
+static FG_MUST_USE fg_status bad(const char *op, const char *fmt, ...) FG_PRINTF(2, 3);
+static FG_MUST_USE fg_status bad(const char *op, const char *fmt, ...) {
     char msg[400];
     va_list ap;
     va_start(ap, fmt);
@@ -603,7 +603,7 @@ static fg_status bad(const char *op, const char *fmt, ...) {
     return fg_error(FG_EINVAL, "%s: %s", op, msg);
 }
 
-static fg_status check_common(const fg_comm *c, const char *op, int64_t count, fg_dtype dt) {
+static FG_MUST_USE fg_status check_common(const fg_comm *c, const char *op, int64_t count, fg_dtype dt) {
     if (!c) return bad(op, "communicator is NULL");
     if (count < 0) return bad(op, "count=%lld: must be >= 0", (long long)count);
     if (!fg_dtype_valid((int)dt))
@@ -615,7 +615,7 @@ static fg_status check_common(const fg_comm *c, const char *op, int64_t count, f
     return FG_OK;
 }
 
-static fg_status check_rop(const char *op, fg_reduce_op rop) {
+static FG_MUST_USE fg_status check_rop(const char *op, fg_reduce_op rop) {
     if ((int)rop < 0 || rop >= FG_REDUCE_OP_COUNT)
         return bad(op,
                    "reduce op=%d: unknown; expected FG_REDUCE_OP_SUM, FG_REDUCE_OP_AVG, "
@@ -624,18 +624,18 @@ static fg_status check_rop(const char *op, fg_reduce_op rop) {
     return FG_OK;
 }
 
-static fg_status check_buf(const char *op, const char *what, const void *p, int64_t count) {
+static FG_MUST_USE fg_status check_buf(const char *op, const char *what, const void *p, int64_t count) {
     if (!p && count > 0) return bad(op, "%s is NULL with count=%lld", what, (long long)count);
     return FG_OK;
 }
 
-static fg_status check_root(const fg_comm *c, const char *op, const char *what, int root) {
+static FG_MUST_USE fg_status check_root(const fg_comm *c, const char *op, const char *what, int root) {
     if (root < 0 || root >= c->size)
         return bad(op, "%s=%d: out of range [0, %d)", what, root, c->size);
     return FG_OK;
 }
 
-static fg_status prep_allreduce(fg_comm *c, const void *send, void *recv, int64_t count,
+static FG_MUST_USE fg_status prep_allreduce(fg_comm *c, const void *send, void *recv, int64_t count,
                                 fg_dtype dt, fg_reduce_op op, fg__comm_args *a) {
     const char *n = "allreduce";
     FG_TRY(check_common(c, n, count, dt));
@@ -652,7 +652,7 @@ static fg_status prep_allreduce(fg_comm *c, const void *send, void *recv, int64_
     return FG_OK;
 }
 
-static fg_status prep_reduce_scatter(fg_comm *c, const void *send, void *recv, int64_t recvcount,
+static FG_MUST_USE fg_status prep_reduce_scatter(fg_comm *c, const void *send, void *recv, int64_t recvcount,
                                      fg_dtype dt, fg_reduce_op op, fg__comm_args *a) {
     const char *n = "reduce_scatter";
     FG_TRY(check_common(c, n, recvcount, dt));
@@ -669,7 +669,7 @@ static fg_status prep_reduce_scatter(fg_comm *c, const void *send, void *recv, i
     return FG_OK;
 }
 
-static fg_status prep_allgather(fg_comm *c, const void *send, void *recv, int64_t sendcount,
+static FG_MUST_USE fg_status prep_allgather(fg_comm *c, const void *send, void *recv, int64_t sendcount,
                                 fg_dtype dt, fg__comm_args *a) {
     const char *n = "allgather";
     FG_TRY(check_common(c, n, sendcount, dt));
@@ -680,7 +680,7 @@ static fg_status prep_allgather(fg_comm *c, const void *send, void *recv, int64_
     return FG_OK;
 }
 
-static fg_status prep_broadcast(fg_comm *c, const void *send, void *recv, int64_t count,
+static FG_MUST_USE fg_status prep_broadcast(fg_comm *c, const void *send, void *recv, int64_t count,
                                 fg_dtype dt, int root, fg__comm_args *a) {
     const char *n = "broadcast";
     FG_TRY(check_common(c, n, count, dt));
@@ -697,7 +697,7 @@ static fg_status prep_broadcast(fg_comm *c, const void *send, void *recv, int64_
     return FG_OK;
 }
 
-static fg_status prep_reduce(fg_comm *c, const void *send, void *recv, int64_t count, fg_dtype dt,
+static FG_MUST_USE fg_status prep_reduce(fg_comm *c, const void *send, void *recv, int64_t count, fg_dtype dt,
                              fg_reduce_op op, int root, fg__comm_args *a) {
     const char *n = "reduce";
     FG_TRY(check_common(c, n, count, dt));
@@ -814,7 +814,7 @@ fg_status fg_comm_alltoall(fg_comm *c, const void *send, void *recv, int64_t cou
     return run(c, &a);
 }
 
-static fg_status p2p(fg_comm *c, fg__comm_opcode op, void *buf, int64_t count, fg_dtype dt,
+static FG_MUST_USE fg_status p2p(fg_comm *c, fg__comm_opcode op, void *buf, int64_t count, fg_dtype dt,
                      int peer) {
     const char *n = fg__comm_op_names[op];
     FG_TRY(check_common(c, n, count, dt));

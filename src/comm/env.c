@@ -12,7 +12,7 @@
 #include "comm_impl.h"
 
 /* Parses variable `name` as a non-negative int. Unset: *out = def, *set = 0. */
-static fg_status env_nonneg(const char *name, int def, int *out, int *set) {
+static FG_MUST_USE fg_status env_nonneg(const char *name, int def, int *out, int *set) {
     const char *v = getenv(name);
     *out = def;
     if (set) *set = 0;
@@ -39,7 +39,7 @@ static void copy_str(char *dst, size_t cap, const char *src) {
 
 /* One bracket group "01-03,7" (without the brackets, len bytes): its number
  * of values, and the idx-th into out (digits, zero-padded as written). */
-static fg_status group_value(const char *list, const char *g, size_t len, long idx, char *out,
+static FG_MUST_USE fg_status group_value(const char *list, const char *g, size_t len, long idx, char *out,
                              size_t cap, long *count) {
     long n = 0;
     const char *p = g, *end = g + len;
@@ -83,7 +83,7 @@ static fg_status group_value(const char *list, const char *g, size_t len, long i
 
 /* One name with bracket groups, pat[0..len): its number of hosts, and the
  * idx-th (the last group varies fastest) into out when out is not NULL. */
-static fg_status pattern_host(const char *list, const char *pat, size_t len, long idx, char *out,
+static FG_MUST_USE fg_status pattern_host(const char *list, const char *pat, size_t len, long idx, char *out,
                               size_t cap, long *count) {
     const char *open[NODELIST_GROUPS], *close[NODELIST_GROUPS];
     long cnt[NODELIST_GROUPS];
@@ -215,7 +215,7 @@ static const env_names k_sources[] = {
      "OMPI_COMM_WORLD_LOCAL_SIZE", NULL, NULL, NULL, NULL, NULL, "OMPI_MCA_ess_base_jobid"},
 };
 
-static fg_status detect_from(const env_names *e, fg_cluster_info *o) {
+static FG_MUST_USE fg_status detect_from(const env_names *e, fg_cluster_info *o) {
     int set;
     o->source = e->source;
     FG_TRY(env_nonneg(e->rank, 0, &o->rank, NULL));
@@ -321,7 +321,7 @@ static const char *env_any(const char *const *names, const char **which) {
 }
 
 /* Like env_nonneg over the first set name of names. */
-static fg_status env_nonneg_any(const char *const *names, int def, int *out, int *set,
+static FG_MUST_USE fg_status env_nonneg_any(const char *const *names, int def, int *out, int *set,
                                 const char **which) {
     const char *w;
     env_any(names, &w);
@@ -336,7 +336,7 @@ typedef struct {
     bool uniform;
 } tasks_per_node;
 
-static fg_status parse_tasks_per_node(const char *name, const char *spec, int node,
+static FG_MUST_USE fg_status parse_tasks_per_node(const char *name, const char *spec, int node,
                                       tasks_per_node *t) {
     memset(t, 0, sizeof *t);
     t->here = -1;
@@ -374,7 +374,7 @@ bad:
 }
 
 /* SLURM's srun, read as Lightning's SLURMEnvironment reads it. */
-static fg_status detect_slurm(fg_cluster_info *o) {
+static FG_MUST_USE fg_status detect_slurm(fg_cluster_info *o) {
     static const char *const k_rank[] = {"SLURM_PROCID", NULL};
     static const char *const k_world[] = {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", NULL};
     static const char *const k_nodes[] = {"SLURM_STEP_NUM_NODES", "SLURM_NNODES",

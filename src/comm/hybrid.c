@@ -76,7 +76,7 @@ typedef struct hybrid_state {
 /* A level failed: the hybrid group is broken, and the other levels are
  * aborted with the reason so that ranks waiting there learn it at once
  * (rather than at the timeout). */
-static fg_status sub_fail(fg_comm *c, const fg__comm_args *a, fg_status st, const char *level) {
+static FG_MUST_USE fg_status sub_fail(fg_comm *c, const fg__comm_args *a, fg_status st, const char *level) {
     char why[512];
     snprintf(why, sizeof why, "%s", fg_last_error());
     st = fg__comm_fail(c, a, st, "%s: %s", level, why);
@@ -148,7 +148,7 @@ static void *scratch(hybrid_state *h, size_t bytes) {
  * buffer) the blocks cross as halves: rounded to wire once, summed in f32
  * in node order and rounded once, gathered and widened back (exact). Small
  * or indivisible remainders as an allreduce of dt. */
-static fg_status inter_allreduce(fg_comm *c, const fg__comm_args *a, char *p, int64_t n,
+static FG_MUST_USE fg_status inter_allreduce(fg_comm *c, const fg__comm_args *a, char *p, int64_t n,
                                  fg_dtype dt, fg_reduce_op op, fg_dtype wire) {
     hybrid_state *h = c->impl;
     size_t esz = fg_dtype_size(dt), wsz = fg_dtype_size(wire);
@@ -260,7 +260,7 @@ static void stage(const pipe_ctx *x, int64_t j, bool in) {
 }
 
 /* A lane's worker: this rank's N pieces of its i-th chunk across nodes. */
-static fg_status pipe_leg(void *arg, int64_t i) {
+static FG_MUST_USE fg_status pipe_leg(void *arg, int64_t i) {
     pipe_lane *ln = arg;
     pipe_ctx *x = ln->x;
     fg_comm *c = x->c;
@@ -283,7 +283,7 @@ static fg_status pipe_leg(void *arg, int64_t i) {
     return FG_OK;
 }
 
-static fg_status pipelined(fg_comm *c, const fg__comm_args *a, char *p, int64_t n, fg_dtype dt,
+static FG_MUST_USE fg_status pipelined(fg_comm *c, const fg__comm_args *a, char *p, int64_t n, fg_dtype dt,
                            fg_reduce_op op, fg_dtype wire, int64_t cmax) {
     hybrid_state *h = c->impl;
     int N = h->nodes, L = h->per, l = c->local_rank;
@@ -361,7 +361,7 @@ static fg_status pipelined(fg_comm *c, const fg__comm_args *a, char *p, int64_t 
 /* The hierarchical allreduce in place on buf (a sum, min, max or prod in a
  * dtype that needs no widening; `wire` the dtype across nodes: dt, or the
  * half that f32 buf was widened from). */
-static fg_status allreduce_levels(fg_comm *c, const fg__comm_args *a, void *buf, int64_t n,
+static FG_MUST_USE fg_status allreduce_levels(fg_comm *c, const fg__comm_args *a, void *buf, int64_t n,
                                   fg_dtype dt, fg_reduce_op op, fg_dtype wire) {
     hybrid_state *h = c->impl;
     size_t esz = fg_dtype_size(dt);
@@ -391,7 +391,7 @@ static fg_status allreduce_levels(fg_comm *c, const fg__comm_args *a, void *buf,
     return FG_OK;
 }
 
-static fg_status hy_allreduce(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status hy_allreduce(fg_comm *c, const fg__comm_args *a) {
     hybrid_state *h = c->impl;
     if (h->flat) {
         BASE(c, a, fg_comm_allreduce(h->base, a->send, a->recv, a->count, a->dt, a->rop));
@@ -424,7 +424,7 @@ static fg_status hy_allreduce(fg_comm *c, const fg__comm_args *a) {
  * byte crosses once, both directions at once (Open MPI's reduce-scatter is
  * a reduce and a scatter: with two nodes 3/4 of the buffer one way, then
  * 1/4 the other). */
-static fg_status inter_reduce_scatter(fg_comm *c, char *mine, char *out, int64_t m, fg_dtype dt,
+static FG_MUST_USE fg_status inter_reduce_scatter(fg_comm *c, char *mine, char *out, int64_t m, fg_dtype dt,
                                       fg_reduce_op op) {
     hybrid_state *h = c->impl;
     int N = h->nodes;
@@ -440,7 +440,7 @@ static fg_status inter_reduce_scatter(fg_comm *c, char *mine, char *out, int64_t
     return FG_OK;
 }
 
-static fg_status hy_reduce_scatter(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status hy_reduce_scatter(fg_comm *c, const fg__comm_args *a) {
     hybrid_state *h = c->impl;
     if (h->flat) {
         BASE(c, a, fg_comm_reduce_scatter(h->base, a->send, a->recv, a->count, a->dt, a->rop));
@@ -479,7 +479,7 @@ static fg_status hy_reduce_scatter(fg_comm *c, const fg__comm_args *a) {
 
 /* ------------------------------------------------------------ allgather */
 
-static fg_status hy_allgather(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status hy_allgather(fg_comm *c, const fg__comm_args *a) {
     hybrid_state *h = c->impl;
     if (h->flat) {
         BASE(c, a, fg_comm_allgather(h->base, a->send, a->recv, a->count, a->dt));
@@ -507,7 +507,7 @@ static fg_status hy_allgather(fg_comm *c, const fg__comm_args *a) {
 
 /* ------------------------------------------------------------ broadcast */
 
-static fg_status hy_broadcast(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status hy_broadcast(fg_comm *c, const fg__comm_args *a) {
     hybrid_state *h = c->impl;
     if (h->flat) {
         BASE(c, a, fg_comm_broadcast(h->base, a->send, a->recv, a->count, a->dt, a->root));
@@ -525,38 +525,38 @@ static fg_status hy_broadcast(fg_comm *c, const fg__comm_args *a) {
 
 /* ------------------------------------------------------- on base alone */
 
-static fg_status hy_allgatherv(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status hy_allgatherv(fg_comm *c, const fg__comm_args *a) {
     hybrid_state *h = c->impl;
     BASE(c, a,
          fg_comm_allgatherv(h->base, a->send, a->count, a->recv, a->counts, a->displs, a->dt));
     return FG_OK;
 }
 
-static fg_status hy_reduce(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status hy_reduce(fg_comm *c, const fg__comm_args *a) {
     hybrid_state *h = c->impl;
     BASE(c, a, fg_comm_reduce(h->base, a->send, a->recv, a->count, a->dt, a->rop, a->root));
     return FG_OK;
 }
 
-static fg_status hy_barrier(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status hy_barrier(fg_comm *c, const fg__comm_args *a) {
     hybrid_state *h = c->impl;
     BASE(c, a, fg_comm_barrier(h->base));
     return FG_OK;
 }
 
-static fg_status hy_alltoall(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status hy_alltoall(fg_comm *c, const fg__comm_args *a) {
     hybrid_state *h = c->impl;
     BASE(c, a, fg_comm_alltoall(h->base, a->send, a->recv, a->count, a->dt));
     return FG_OK;
 }
 
-static fg_status hy_send(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status hy_send(fg_comm *c, const fg__comm_args *a) {
     hybrid_state *h = c->impl;
     BASE(c, a, fg_comm_send(h->base, a->send, a->count, a->dt, a->root));
     return FG_OK;
 }
 
-static fg_status hy_recv(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status hy_recv(fg_comm *c, const fg__comm_args *a) {
     hybrid_state *h = c->impl;
     BASE(c, a, fg_comm_recv(h->base, a->recv, a->count, a->dt, a->root));
     return FG_OK;
@@ -576,7 +576,7 @@ static void state_free(hybrid_state *h) {
 
 /* Fills the node layout of c from node_of (one entry per rank) and decides
  * whether the hierarchy applies. */
-static fg_status layout(fg_comm *c, hybrid_state *h, const int *node_of) {
+static FG_MUST_USE fg_status layout(fg_comm *c, hybrid_state *h, const int *node_of) {
     int n = c->size, nodes = 0;
     for (int i = 0; i < n; i++) nodes = FG_MAX(nodes, node_of[i] + 1);
     int *count = fg_calloc((size_t)nodes, sizeof(int));
@@ -610,7 +610,7 @@ static fg_status layout(fg_comm *c, hybrid_state *h, const int *node_of) {
     return FG_OK;
 }
 
-static fg_status hy_init(fg_comm *c, const fg_cluster_info *info) {
+static FG_MUST_USE fg_status hy_init(fg_comm *c, const fg_cluster_info *info) {
     hybrid_state *h = fg_calloc(1, sizeof *h);
     if (!h) return FG_ENOMEM;
     long smin;
@@ -682,7 +682,7 @@ fail:
 }
 
 /* Sub-groups are flat: a split of base. */
-static fg_status hy_split(fg_comm *parent, fg_comm *child, int color, int key) {
+static FG_MUST_USE fg_status hy_split(fg_comm *parent, fg_comm *child, int color, int key) {
     hybrid_state *ph = parent->impl;
     fg_comm *cb = NULL;
     FG_TRY(fg_comm_split(ph->base, child ? color : FG_COMM_SPLIT_NONE, key, &cb));

@@ -48,7 +48,7 @@ static void finalize_at_exit(void) {
     if (!fin) MPI_Finalize();
 }
 
-static fg_status mpi_err(fg_comm *c, const fg__comm_args *a, int rc, const char *what) {
+static FG_MUST_USE fg_status mpi_err(fg_comm *c, const fg__comm_args *a, int rc, const char *what) {
     char s[MPI_MAX_ERROR_STRING];
     int len = 0;
     MPI_Error_string(rc, s, &len);
@@ -70,7 +70,7 @@ static void back_off(const mpi_state *m, unsigned i, double t0) {
  * FULGUR_MPI_SPIN_US; a longer wait, one bound by the network or by a late
  * peer, sleeps 100 us between tests (the kernel keeps moving the data that
  * Open MPI has handed to the sockets meanwhile). */
-static fg_status mpi_wait(fg_comm *c, const fg__comm_args *a, MPI_Request *req, const char *what) {
+static FG_MUST_USE fg_status mpi_wait(fg_comm *c, const fg__comm_args *a, MPI_Request *req, const char *what) {
     const mpi_state *m = c->impl;
     double t0 = fg_time();
     for (unsigned i = 0;; i++) {
@@ -148,7 +148,7 @@ static void divide(void *buf, int64_t n, fg_dtype dt, int size) {
  * of len = ceil(n / p) (the last rank's block padded with zeros), rank
  * k's block of the p ranks' summed in rank order into `mine` (f32, rounded
  * once), then gathered into a->recv: by every rank (all) or by the root. */
-static fg_status half_piece(fg_comm *c, const fg__comm_args *a, bool all, int64_t off, int64_t n,
+static FG_MUST_USE fg_status half_piece(fg_comm *c, const fg__comm_args *a, bool all, int64_t off, int64_t n,
                             uint16_t *x, const void **srcs) {
     mpi_state *m = c->impl;
     int p = c->size;
@@ -173,7 +173,7 @@ static fg_status half_piece(fg_comm *c, const fg__comm_args *a, bool all, int64_
 }
 
 /* allreduce / reduce of bf16 or f16, as halves on the wire */
-static fg_status half_reduce(fg_comm *c, const fg__comm_args *a, bool all) {
+static FG_MUST_USE fg_status half_reduce(fg_comm *c, const fg__comm_args *a, bool all) {
     if (a->count == 0) return FG_OK;
     int64_t piece = FG_MIN(a->count, HALF_PIECE), span = (piece + c->size - 1) / c->size * c->size;
     uint16_t *x = fg_alloc((size_t)(3 * span) * 2);
@@ -188,7 +188,7 @@ static fg_status half_reduce(fg_comm *c, const fg__comm_args *a, bool all) {
 }
 
 /* allreduce / reduce of one dtype the MPI way; halves as halves above. */
-static fg_status reduce_common(fg_comm *c, const fg__comm_args *a, bool all) {
+static FG_MUST_USE fg_status reduce_common(fg_comm *c, const fg__comm_args *a, bool all) {
     if (is_half(a->dt)) return half_reduce(c, a, all);
     mpi_state *m = c->impl;
     bool here = all || c->rank == a->root;
@@ -221,14 +221,14 @@ out:
     return st;
 }
 
-static fg_status mpi_allreduce(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status mpi_allreduce(fg_comm *c, const fg__comm_args *a) {
     return reduce_common(c, a, true);
 }
-static fg_status mpi_reduce(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status mpi_reduce(fg_comm *c, const fg__comm_args *a) {
     return reduce_common(c, a, false);
 }
 
-static fg_status too_big(fg_comm *c, const fg__comm_args *a, int64_t n) {
+static FG_MUST_USE fg_status too_big(fg_comm *c, const fg__comm_args *a, int64_t n) {
     if (n <= INT_MAX) return FG_OK;
     return fg__comm_fail(c, a, FG_EUNSUPPORTED,
                          "count %lld exceeds the mpi backend's limit of 2^31-1", (long long)n);
@@ -236,7 +236,7 @@ static fg_status too_big(fg_comm *c, const fg__comm_args *a, int64_t n) {
 
 /* reduce_scatter of bf16 or f16: the all-to-all of the blocks as halves,
  * then this rank's p blocks summed in rank order in f32, rounded once */
-static fg_status half_reduce_scatter(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status half_reduce_scatter(fg_comm *c, const fg__comm_args *a) {
     mpi_state *m = c->impl;
     int p = c->size;
     int64_t n = a->count;
@@ -263,7 +263,7 @@ static fg_status half_reduce_scatter(fg_comm *c, const fg__comm_args *a) {
     return st;
 }
 
-static fg_status mpi_reduce_scatter(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status mpi_reduce_scatter(fg_comm *c, const fg__comm_args *a) {
     mpi_state *m = c->impl;
     FG_TRY(too_big(c, a, a->count * c->size));
     if (is_half(a->dt)) return half_reduce_scatter(c, a);
@@ -288,7 +288,7 @@ static fg_status mpi_reduce_scatter(fg_comm *c, const fg__comm_args *a) {
     return st;
 }
 
-static fg_status mpi_allgatherv(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status mpi_allgatherv(fg_comm *c, const fg__comm_args *a) {
     mpi_state *m = c->impl;
     size_t esz = fg_dtype_size(a->dt);
     int *ci = fg_alloc(sizeof(int) * 2 * (size_t)c->size);
@@ -315,7 +315,7 @@ static fg_status mpi_allgatherv(fg_comm *c, const fg__comm_args *a) {
     return st;
 }
 
-static fg_status mpi_allgather(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status mpi_allgather(fg_comm *c, const fg__comm_args *a) {
     mpi_state *m = c->impl;
     size_t esz = fg_dtype_size(a->dt);
     int64_t bytes = a->count * (int64_t)esz;
@@ -329,7 +329,7 @@ static fg_status mpi_allgather(fg_comm *c, const fg__comm_args *a) {
     return mpi_wait(c, a, &req, "MPI_Iallgather");
 }
 
-static fg_status mpi_broadcast(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status mpi_broadcast(fg_comm *c, const fg__comm_args *a) {
     mpi_state *m = c->impl;
     size_t esz = fg_dtype_size(a->dt);
     if (c->rank == a->root && a->send != a->recv) memcpy(a->recv, a->send, (size_t)a->count * esz);
@@ -344,7 +344,7 @@ static fg_status mpi_broadcast(fg_comm *c, const fg__comm_args *a) {
     return FG_OK;
 }
 
-static fg_status mpi_barrier(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status mpi_barrier(fg_comm *c, const fg__comm_args *a) {
     mpi_state *m = c->impl;
     MPI_Request req;
     int rc = MPI_Ibarrier(m->comm, &req);
@@ -352,7 +352,7 @@ static fg_status mpi_barrier(fg_comm *c, const fg__comm_args *a) {
     return mpi_wait(c, a, &req, "MPI_Ibarrier");
 }
 
-static fg_status mpi_alltoall(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status mpi_alltoall(fg_comm *c, const fg__comm_args *a) {
     mpi_state *m = c->impl;
     int64_t bytes = a->count * (int64_t)fg_dtype_size(a->dt);
     FG_TRY(too_big(c, a, bytes * c->size));
@@ -374,7 +374,7 @@ static fg_status mpi_alltoall(fg_comm *c, const fg__comm_args *a) {
     return st;
 }
 
-static fg_status mpi_send(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status mpi_send(fg_comm *c, const fg__comm_args *a) {
     mpi_state *m = c->impl;
     int64_t bytes = a->count * (int64_t)fg_dtype_size(a->dt);
     FG_TRY(too_big(c, a, bytes));
@@ -384,7 +384,7 @@ static fg_status mpi_send(fg_comm *c, const fg__comm_args *a) {
     return mpi_wait(c, a, &req, "MPI_Isend");
 }
 
-static fg_status mpi_recv(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status mpi_recv(fg_comm *c, const fg__comm_args *a) {
     mpi_state *m = c->impl;
     int64_t bytes = a->count * (int64_t)fg_dtype_size(a->dt);
     FG_TRY(too_big(c, a, bytes));
@@ -420,7 +420,7 @@ static fg_status mpi_recv(fg_comm *c, const fg__comm_args *a) {
 
 /* Node layout of a communicator: ranks sharing memory form a node; nodes
  * are numbered in the order of their lowest rank. */
-static fg_status node_layout(fg_comm *c, MPI_Comm comm) {
+static FG_MUST_USE fg_status node_layout(fg_comm *c, MPI_Comm comm) {
     MPI_Comm local;
     if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &local) !=
         MPI_SUCCESS)
@@ -458,7 +458,7 @@ static fg_status node_layout(fg_comm *c, MPI_Comm comm) {
  * the communicator's timeout: the name appears when the ranks before it
  * are in) and connects. Each accept is merged into the group, so the
  * group's ranks are the contract's. */
-static fg_status connect_world(fg_comm *c, MPI_Comm *out) {
+static FG_MUST_USE fg_status connect_world(fg_comm *c, MPI_Comm *out) {
     char port[MPI_MAX_PORT_NAME] = "", name[160];
     MPI_Comm world = MPI_COMM_NULL, inter, merged;
     MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
@@ -523,7 +523,7 @@ static fg_status connect_world(fg_comm *c, MPI_Comm *out) {
     return FG_OK;
 }
 
-static fg_status mpi_init_(fg_comm *c, const fg_cluster_info *info) {
+static FG_MUST_USE fg_status mpi_init_(fg_comm *c, const fg_cluster_info *info) {
     int inited = 0, provided = 0;
     MPI_Initialized(&inited);
     if (!inited) {
@@ -579,7 +579,7 @@ static fg_status mpi_init_(fg_comm *c, const fg_cluster_info *info) {
     return FG_OK;
 }
 
-static fg_status mpi_split(fg_comm *parent, fg_comm *child, int color, int key) {
+static FG_MUST_USE fg_status mpi_split(fg_comm *parent, fg_comm *child, int color, int key) {
     mpi_state *pm = parent->impl;
     MPI_Comm nc;
     int rc = MPI_Comm_split(pm->comm, child ? color : MPI_UNDEFINED, key, &nc);

@@ -157,7 +157,7 @@ static void kill_comm(nccl *n) {
     n->comm = NULL;
 }
 
-static fg_status nccl_init(fg_comm *c, const fg_cluster_info *info) {
+static FG_MUST_USE fg_status nccl_init(fg_comm *c, const fg_cluster_info *info) {
     if (fg__nccl_load() != FG_OK) {
         char why[600];
         snprintf(why, sizeof why, "%s", fg_last_error());
@@ -250,7 +250,7 @@ static void nccl_tell_peers(fg_comm *c) {
     if (n && n->boot && n->boot->be->tell_peers) n->boot->be->tell_peers(n->boot);
 }
 
-static fg_status nccl_split(fg_comm *parent, fg_comm *child, int color, int key) {
+static FG_MUST_USE fg_status nccl_split(fg_comm *parent, fg_comm *child, int color, int key) {
     (void)parent;
     (void)child;
     (void)key;
@@ -284,7 +284,7 @@ static ncclRedOp_t nccl_op(fg_reduce_op op) {
 }
 
 /* after enqueuing: NCCL's result, then the stream, against the timeout */
-static fg_status finish(fg_comm *c, const fg__comm_args *a, ncclResult_t r) {
+static FG_MUST_USE fg_status finish(fg_comm *c, const fg__comm_args *a, ncclResult_t r) {
     nccl *n = c->impl;
     double t0 = fg_time();
     if (r != ncclSuccess && r != ncclInProgress) {
@@ -331,7 +331,7 @@ static fg_status finish(fg_comm *c, const fg__comm_args *a, ncclResult_t r) {
     }
 }
 
-static fg_status ready(fg_comm *c, const fg__comm_args *a, ncclDataType_t *t) {
+static FG_MUST_USE fg_status ready(fg_comm *c, const fg__comm_args *a, ncclDataType_t *t) {
     nccl *n = c->impl;
     if (!n || !n->comm)
         return fg__comm_fail(c, a, FG_ESTATE, "rank %d: the NCCL communicator was aborted",
@@ -349,47 +349,47 @@ static fg_status ready(fg_comm *c, const fg__comm_args *a, ncclDataType_t *t) {
 #define N_ (((nccl *)c->impl)->comm)
 #define S_ (((nccl *)c->impl)->stream)
 
-static fg_status nccl_allreduce(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status nccl_allreduce(fg_comm *c, const fg__comm_args *a) {
     ncclDataType_t t;
     FG_TRY(ready(c, a, &t));
     return finish(c, a,
                   g_api.allreduce(a->send, a->recv, (size_t)a->count, t, nccl_op(a->rop), N_, S_));
 }
-static fg_status nccl_reduce_scatter(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status nccl_reduce_scatter(fg_comm *c, const fg__comm_args *a) {
     ncclDataType_t t;
     FG_TRY(ready(c, a, &t));
     return finish(
         c, a, g_api.reduce_scatter(a->send, a->recv, (size_t)a->count, t, nccl_op(a->rop), N_, S_));
 }
-static fg_status nccl_allgather(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status nccl_allgather(fg_comm *c, const fg__comm_args *a) {
     ncclDataType_t t;
     FG_TRY(ready(c, a, &t));
     return finish(c, a, g_api.allgather(a->send, a->recv, (size_t)a->count, t, N_, S_));
 }
-static fg_status nccl_broadcast(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status nccl_broadcast(fg_comm *c, const fg__comm_args *a) {
     ncclDataType_t t;
     FG_TRY(ready(c, a, &t));
     return finish(c, a, g_api.broadcast(a->send, a->recv, (size_t)a->count, t, a->root, N_, S_));
 }
-static fg_status nccl_reduce(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status nccl_reduce(fg_comm *c, const fg__comm_args *a) {
     ncclDataType_t t;
     FG_TRY(ready(c, a, &t));
     return finish(
         c, a,
         g_api.reduce(a->send, a->recv, (size_t)a->count, t, nccl_op(a->rop), a->root, N_, S_));
 }
-static fg_status nccl_send(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status nccl_send(fg_comm *c, const fg__comm_args *a) {
     ncclDataType_t t;
     FG_TRY(ready(c, a, &t));
     return finish(c, a, g_api.send(a->send, (size_t)a->count, t, a->root, N_, S_));
 }
-static fg_status nccl_recv(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status nccl_recv(fg_comm *c, const fg__comm_args *a) {
     ncclDataType_t t;
     FG_TRY(ready(c, a, &t));
     return finish(c, a, g_api.recv(a->recv, (size_t)a->count, t, a->root, N_, S_));
 }
 /* alltoall: a group of sends and receives, per peer */
-static fg_status nccl_alltoall(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status nccl_alltoall(fg_comm *c, const fg__comm_args *a) {
     ncclDataType_t t;
     FG_TRY(ready(c, a, &t));
     size_t b = (size_t)a->count * fg_dtype_size(a->dt);
@@ -404,12 +404,12 @@ static fg_status nccl_alltoall(fg_comm *c, const fg__comm_args *a) {
 }
 /* the barrier and allgatherv go through the bootstrap group (no data on
  * the GPU in the barrier; allgatherv is a broadcast from each rank) */
-static fg_status nccl_barrier(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status nccl_barrier(fg_comm *c, const fg__comm_args *a) {
     (void)a;
     nccl *n = c->impl;
     return fg_comm_barrier(n->boot);
 }
-static fg_status nccl_allgatherv(fg_comm *c, const fg__comm_args *a) {
+static FG_MUST_USE fg_status nccl_allgatherv(fg_comm *c, const fg__comm_args *a) {
     ncclDataType_t t;
     FG_TRY(ready(c, a, &t));
     size_t e = fg_dtype_size(a->dt);

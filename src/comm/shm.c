@@ -109,7 +109,7 @@ static void missing_ranks(shm_state *s, char *buf, size_t cap) {
 
 /* Group rank 0: makes the memory (a memfd: it has no name, so nothing can
  * be left behind) and hands it to each peer that connects to the socket. */
-static fg_status create_segment(fg_comm *c, shm_state *s, double deadline) {
+static FG_MUST_USE fg_status create_segment(fg_comm *c, shm_state *s, double deadline) {
     int fd = memfd_create("fulgur-shm", MFD_CLOEXEC);
     if (fd < 0) return fg_error(FG_EIO, "shm: memfd_create failed: %s", strerror(errno));
     int err = posix_fallocate(fd, 0, (off_t)s->len);
@@ -189,7 +189,7 @@ out:
 
 /* The other ranks: connect (retrying until the timeout) and map the memory
  * rank 0 hands over. */
-static fg_status open_segment(fg_comm *c, shm_state *s, double deadline) {
+static FG_MUST_USE fg_status open_segment(fg_comm *c, shm_state *s, double deadline) {
     struct sockaddr_un addr;
     socklen_t alen = sock_addr(s, &addr);
     double pause = 0.0005;
@@ -264,7 +264,7 @@ static void shm_free_state(shm_state *s) {
     fg_free(s);
 }
 
-static fg_status env_size(const char *name, long def, long lo, long hi, long *out) {
+static FG_MUST_USE fg_status env_size(const char *name, long def, long lo, long hi, long *out) {
     FG_TRY(fg__env_int(name, def, out));
     if (*out < lo || *out > hi)
         return fg_error(FG_EINVAL, "%s=%ld: must be in [%ld, %ld]", name, *out, lo, hi);
@@ -273,7 +273,7 @@ static fg_status env_size(const char *name, long def, long lo, long hi, long *ou
 
 /* Builds the group's state: members meet in a segment named after the uid,
  * the job and the group; `creator` is the group's rank 0. */
-static fg_status shm_join(fg_comm *c) {
+static FG_MUST_USE fg_status shm_join(fg_comm *c) {
     fg_status st = FG_OK;
     shm_state *s = fg_calloc(1, sizeof *s);
     if (!s) return FG_ENOMEM;
@@ -411,13 +411,13 @@ fail:
     return st;
 }
 
-static fg_status shm_init(fg_comm *c, const fg_cluster_info *info) {
+static FG_MUST_USE fg_status shm_init(fg_comm *c, const fg_cluster_info *info) {
     (void)info;
     FG_TRY(shm_join(c));
     return FG_OK;
 }
 
-static fg_status shm_split(fg_comm *parent, fg_comm *child, int color, int key) {
+static FG_MUST_USE fg_status shm_split(fg_comm *parent, fg_comm *child, int color, int key) {
     (void)parent;
     (void)color;
     (void)key;

@@ -62,7 +62,7 @@ const char *fg_device_format(fg_device_id id, char *buf, size_t n) {
 
 /* ---------------------------------------------------------------- limits */
 
-static fg_status env_limit(size_t *out) {
+static FG_MUST_USE fg_status env_limit(size_t *out) {
     const char *v = getenv("FULGUR_DEVICE_MEMORY_LIMIT");
     *out = 0;
     if (!v || !*v) return FG_OK;
@@ -330,7 +330,7 @@ void *fg__dev_host_view(fg_dev *d, const void *p, size_t bytes) {
 
 enum { H2D, D2H, D2D };
 
-static fg_status copy(fg_dev *d, void *dst, const void *src, size_t bytes, int dir, fg_stream *s,
+static FG_MUST_USE fg_status copy(fg_dev *d, void *dst, const void *src, size_t bytes, int dir, fg_stream *s,
                       bool async) {
     static const char *const what[] = {"copy_h2d", "copy_d2h", "copy_d2d"};
     if (!s) s = &d->streams[FG_STREAM_COMPUTE];

@@ -2,7 +2,7 @@
  * the host's own addresses as the host view. */
 #include "device_impl.h"
 
-static fg_status cpu_open(int index, size_t memory_limit, void **state) {
+static FG_MUST_USE fg_status cpu_open(int index, size_t memory_limit, void **state) {
     (void)index;
     (void)memory_limit;
     *state = NULL;

@@ -45,7 +45,7 @@ fg_status fg__cuda_device_count(int *n) {
     return FG_OK;
 }
 
-static fg_status cuda_open(int index, size_t memory_limit, void **state) {
+static FG_MUST_USE fg_status cuda_open(int index, size_t memory_limit, void **state) {
     (void)memory_limit; /* the allocator holds it; cudaMalloc says when the GPU is full */
     int n;
     if (fg__cuda_device_count(&n) != FG_OK)
@@ -105,7 +105,7 @@ static void cuda_segment_free(void *state, void *ptr, size_t bytes) {
     if (cudaSetDevice(c->index) == cudaSuccess) (void)cudaFree(ptr); /* waits for the GPU */
 }
 
-static fg_status cuda_copy(void *state, void *dst, const void *src, size_t bytes, int dir,
+static FG_MUST_USE fg_status cuda_copy(void *state, void *dst, const void *src, size_t bytes, int dir,
                            fg_stream *s, bool async) {
     static const enum cudaMemcpyKind kinds[3] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
                                                  cudaMemcpyDeviceToDevice};
@@ -121,7 +121,7 @@ static fg_status cuda_copy(void *state, void *dst, const void *src, size_t bytes
     return FG_OK;
 }
 
-static fg_status cuda_synchronize(void *state) {
+static FG_MUST_USE fg_status cuda_synchronize(void *state) {
     cuda_dev *c = state;
     FG_TRY(fg__cuda_check(cudaSetDevice(c->index), "cudaSetDevice"));
     for (int k = 0; k < 2; k++)
@@ -129,7 +129,7 @@ static fg_status cuda_synchronize(void *state) {
     return FG_OK;
 }
 
-static fg_status cuda_memset(void *state, void *dst, int value, size_t bytes, int stream) {
+static FG_MUST_USE fg_status cuda_memset(void *state, void *dst, int value, size_t bytes, int stream) {
     cuda_dev *c = state;
     FG_TRY(fg__cuda_check(cudaSetDevice(c->index), "cudaSetDevice"));
     return fg__cuda_check(cudaMemsetAsync(dst, value, bytes, c->streams[stream ? 1 : 0]),
@@ -139,7 +139,7 @@ static fg_status cuda_memset(void *state, void *dst, int value, size_t bytes, in
 /* the fill kernel (src/ops/cuda/ew.cu, in the kernels archive core links) */
 int fg__cu_fill(void *st, void *dst, const void *pattern, int psize, int64_t count);
 
-static fg_status cuda_fill(void *state, void *dst, const void *pattern, size_t psize, size_t count,
+static FG_MUST_USE fg_status cuda_fill(void *state, void *dst, const void *pattern, size_t psize, size_t count,
                            int stream) {
     cuda_dev *c = state;
     FG_TRY(fg__cuda_check(cudaSetDevice(c->index), "cudaSetDevice"));
@@ -148,7 +148,7 @@ static fg_status cuda_fill(void *state, void *dst, const void *pattern, size_t p
         "fill kernel launch");
 }
 
-static fg_status cuda_stream_synchronize(void *state, int stream) {
+static FG_MUST_USE fg_status cuda_stream_synchronize(void *state, int stream) {
     cuda_dev *c = state;
     FG_TRY(fg__cuda_check(cudaSetDevice(c->index), "cudaSetDevice"));
     return fg__cuda_check(cudaStreamSynchronize(c->streams[stream ? 1 : 0]),
@@ -188,14 +188,14 @@ static void cuda_event_free(void *state, void *ev) {
     (void)cudaEventDestroy((cudaEvent_t)ev);
 }
 
-static fg_status cuda_event_record(void *state, void *ev, int stream) {
+static FG_MUST_USE fg_status cuda_event_record(void *state, void *ev, int stream) {
     cuda_dev *c = state;
     FG_TRY(fg__cuda_check(cudaSetDevice(c->index), "cudaSetDevice"));
     return fg__cuda_check(cudaEventRecord((cudaEvent_t)ev, c->streams[stream ? 1 : 0]),
                           "cudaEventRecord");
 }
 
-static fg_status cuda_event_wait(void *state, int stream, void *ev) {
+static FG_MUST_USE fg_status cuda_event_wait(void *state, int stream, void *ev) {
     cuda_dev *c = state;
     FG_TRY(fg__cuda_check(cudaSetDevice(c->index), "cudaSetDevice"));
     return fg__cuda_check(cudaStreamWaitEvent(c->streams[stream ? 1 : 0], (cudaEvent_t)ev, 0),
@@ -209,7 +209,7 @@ static bool cuda_event_query(void *state, void *ev) {
     return e == cudaSuccess;
 }
 
-static fg_status cuda_event_synchronize(void *state, void *ev) {
+static FG_MUST_USE fg_status cuda_event_synchronize(void *state, void *ev) {
     (void)state;
     return fg__cuda_check(cudaEventSynchronize((cudaEvent_t)ev), "cudaEventSynchronize");
 }

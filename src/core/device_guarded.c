@@ -34,7 +34,7 @@ typedef struct guarded {
     size_t nfree, cap;
 } guarded;
 
-static fg_status guarded_open(int index, size_t memory_limit, void **state) {
+static FG_MUST_USE fg_status guarded_open(int index, size_t memory_limit, void **state) {
     guarded *g = fg_calloc(1, sizeof *g);
     if (!g) return fg_last_status();
     /* the allocator holds the limit; the space is larger, so that placing
@@ -140,7 +140,7 @@ static void guarded_segment_free(void *state, void *ptr, size_t bytes) {
 
 /* Whole pages of the file punched out: they read zero in both views and
  * cost no memory until written again. */
-static fg_status guarded_discard(void *state, void *p, size_t bytes) {
+static FG_MUST_USE fg_status guarded_discard(void *state, void *p, size_t bytes) {
     guarded *g = state;
     size_t off = (size_t)((char *)p - g->dev);
     if (fallocate(g->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)bytes))

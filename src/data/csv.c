@@ -66,7 +66,7 @@ static void csv_spec(void *ud, fg_sample_spec *x, fg_sample_spec *y) {
     *x = (fg_sample_spec){.dtype = FG_F32, .ndim = 1, .shape = {c->d}};
     *y = (fg_sample_spec){.dtype = c->ydt, .ndim = 0};
 }
-static fg_status csv_get(void *ud, int64_t i, void *x, void *y) {
+static FG_MUST_USE fg_status csv_get(void *ud, int64_t i, void *x, void *y) {
     csv_ds *c = ud;
     memcpy(x, c->x + i * c->d, (size_t)c->d * sizeof(float));
     memcpy(y, (char *)c->y + (size_t)i * 4, 4);
@@ -77,7 +77,7 @@ static const fg_dataset_ops csv_ops = {csv_len, csv_spec, csv_get, csv_free};
 /* ----------------------------------------------------------- reading */
 
 /* The whole file, decompressed if it is gzip; one spare byte at the end. */
-static fg_status read_all(const char *path, char **out, size_t *len) {
+static FG_MUST_USE fg_status read_all(const char *path, char **out, size_t *len) {
     *out = NULL;
     *len = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -140,7 +140,7 @@ typedef struct fields {
     int64_t n, cap;
 } fields;
 
-static fg_status push(fields *f, size_t off, int64_t line) {
+static FG_MUST_USE fg_status push(fields *f, size_t off, int64_t line) {
     if (f->n == f->cap) {
         int64_t nc = f->cap ? 2 * f->cap : 4096;
         field *q = fg_realloc(f->v, (size_t)nc * sizeof *q);
@@ -154,7 +154,7 @@ static fg_status push(fields *f, size_t off, int64_t line) {
 
 /* Splits buf[0, len) into records of `ncols` fields (ncols == 0: the first
  * record sets it). All fields go to `out`, record after record. */
-static fg_status split(const char *path, char *buf, size_t len, char sep, fields *out,
+static FG_MUST_USE fg_status split(const char *path, char *buf, size_t len, char sep, fields *out,
                        int64_t *ncols) {
     size_t r = 0, w = 0;
     int64_t line = 1;
@@ -271,7 +271,7 @@ static const char *cell(const reader *rd, int64_t row, int64_t col, int64_t *lin
     return rd->buf + fl->off;
 }
 
-static fg_status bad_value(const reader *rd, int64_t row, int64_t col, const char *what) {
+static FG_MUST_USE fg_status bad_value(const reader *rd, int64_t row, int64_t col, const char *what) {
     int64_t line;
     const char *v = cell(rd, row, col, &line);
     if (!*v)
@@ -284,7 +284,7 @@ static fg_status bad_value(const reader *rd, int64_t row, int64_t col, const cha
                     strlen(v) > VALUE_SHOW ? "..." : "", what);
 }
 
-static fg_status find_col(const reader *rd, const char *name, const char *what, int64_t *col) {
+static FG_MUST_USE fg_status find_col(const reader *rd, const char *name, const char *what, int64_t *col) {
     *col = -1;
     for (int64_t c = 0; c < rd->ncols; c++) {
         if (strcmp(rd->names[c], name) != 0) continue;
@@ -308,7 +308,7 @@ static fg_status find_col(const reader *rd, const char *name, const char *what, 
 
 /* The sorted distinct texts of column c into cat (missing values are the
  * category "" with fill_missing, else an error). */
-static fg_status make_category(const reader *rd, int64_t c, category *cat) {
+static FG_MUST_USE fg_status make_category(const reader *rd, int64_t c, category *cat) {
     char **v = fg_alloc((size_t)FG_MAX(rd->nrows, 1) * sizeof *v);
     if (!v) return FG_ENOMEM;
     for (int64_t i = 0; i < rd->nrows; i++) {
@@ -343,7 +343,7 @@ static int64_t category_of(const category *cat, const char *v) {
  * by its values (*typed: the type used), into fout[i * stride] as f32 when
  * there is no iout or the column is float, else into iout[i] as i32. One strtod per cell, in one
  * pass over the column. */
-static fg_status column_values(reader *rd, csv_ds *c, int64_t col, double *vals, uint8_t *cls,
+static FG_MUST_USE fg_status column_values(reader *rd, csv_ds *c, int64_t col, double *vals, uint8_t *cls,
                                float *fout, int32_t *iout, int64_t stride, fg_csv_type *typed) {
     fg_csv_type t = rd->type[col];
     if (t != FG_CSV_CATEGORY) {

@@ -120,7 +120,7 @@ static void subset_spec(void *ud, fg_sample_spec *x, fg_sample_spec *y) {
     *x = ((subset *)ud)->base->x;
     *y = ((subset *)ud)->base->y;
 }
-static fg_status subset_get(void *ud, int64_t i, void *x, void *y) {
+static FG_MUST_USE fg_status subset_get(void *ud, int64_t i, void *x, void *y) {
     subset *s = ud;
     return s->base->ops.get(s->base->ud, s->start + i, x, y);
 }

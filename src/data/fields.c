@@ -29,7 +29,7 @@ static void packed_spec(void *ud, fg_sample_spec *x, fg_sample_spec *y) {
     *x = (fg_sample_spec){.dtype = FG_U8, .ndim = 1, .shape = {(int64_t)fd->rec}};
     *y = (fg_sample_spec){.dtype = FG_U8, .ndim = 0};
 }
-static fg_status packed_get(void *ud, int64_t i, void *x, void *y) {
+static FG_MUST_USE fg_status packed_get(void *ud, int64_t i, void *x, void *y) {
     fg_fields_dataset *fd = ud;
     fg_sample_field f[MAX_FIELDS];
     int64_t *lens = x;
@@ -61,7 +61,7 @@ void fg__fields_unpack(const fg_fields_dataset *fd, const uint8_t *rec, fg_sampl
         out[k] = (fg_sample_field){(void *)(rec + fd->off[k]), lens[k]};
 }
 
-static fg_status check_field(const fg_field_spec *s, int k, const char *who,
+static FG_MUST_USE fg_status check_field(const fg_field_spec *s, int k, const char *who,
                              const fg_field_spec *all, size_t *row, size_t *bytes) {
     if (!s->name || !*s->name)
         return fg_error(FG_EINVAL, "fields dataset %s: field %d has no name", who, k);
@@ -167,7 +167,7 @@ fg_fields_dataset *fg_fields_dataset_new(const fg_fields_ops *ops, void *ud,
 }
 
 static int64_t from_len(void *ud) { return fg_dataset_len(ud); }
-static fg_status from_get(void *ud, int64_t i, fg_sample_field *f) {
+static FG_MUST_USE fg_status from_get(void *ud, int64_t i, fg_sample_field *f) {
     return fg_dataset_get(ud, i, f[0].data, f[1].data);
 }
 

@@ -14,7 +14,7 @@ typedef struct idx {
     const uint8_t *data;
 } idx;
 
-static fg_status idx_open(const char *path, idx *a, int min_ndim, int max_ndim, const char *role) {
+static FG_MUST_USE fg_status idx_open(const char *path, idx *a, int min_ndim, int max_ndim, const char *role) {
     *a = (idx){0};
     FG_TRY(fg__map_file(path, &a->map));
     const uint8_t *p = a->map.p;
@@ -82,7 +82,7 @@ static void idx_spec(void *ud, fg_sample_spec *x, fg_sample_spec *y) {
     *y = (fg_sample_spec){.dtype = FG_I32, .ndim = 0};
 }
 
-static fg_status idx_get(void *ud, int64_t i, void *x_out, void *y_out) {
+static FG_MUST_USE fg_status idx_get(void *ud, int64_t i, void *x_out, void *y_out) {
     idx_ds *d = ud;
     const uint8_t *p = d->img.data + i * d->row;
     float *x = x_out;

@@ -66,7 +66,7 @@ static int cmp_str(const void *a, const void *b) {
 }
 
 /* The sorted entries of a folder: its sub-folders or its image files. */
-static fg_status list_dir(const char *dir, bool dirs, char ***out, int64_t *n) {
+static FG_MUST_USE fg_status list_dir(const char *dir, bool dirs, char ***out, int64_t *n) {
     *out = NULL;
     *n = 0;
     DIR *d = opendir(dir);
@@ -108,7 +108,7 @@ static void free_list(char **l, int64_t n) {
     fg_free(l);
 }
 
-static fg_status add_sample(img_ds *d, const char *dir, const char *name, int32_t label) {
+static FG_MUST_USE fg_status add_sample(img_ds *d, const char *dir, const char *name, int32_t label) {
     if (d->n == d->cap) {
         int64_t cap = d->cap ? 2 * d->cap : 64;
         img_sample *p = fg_realloc(d->s, (size_t)cap * sizeof *p);
@@ -131,7 +131,7 @@ typedef struct dir_list {
     int64_t n, cap;
 } dir_list;
 
-static fg_status walk_dirs(const char *dir, dir_list *out, int depth) {
+static FG_MUST_USE fg_status walk_dirs(const char *dir, dir_list *out, int depth) {
     if (depth > 64) return fg_error(FG_EFORMAT, "image folder %s: nested past 64 levels", dir);
     if (out->n == out->cap) {
         int64_t cap = out->cap ? 2 * out->cap : 16;
@@ -160,7 +160,7 @@ static fg_status walk_dirs(const char *dir, dir_list *out, int depth) {
     return s;
 }
 
-static fg_status list_class(img_ds *d, const char *dir, int32_t label) {
+static FG_MUST_USE fg_status list_class(img_ds *d, const char *dir, int32_t label) {
     dir_list dl = {0};
     fg_status s = walk_dirs(dir, &dl, 0);
     if (s == FG_OK && dl.n) qsort(dl.v, (size_t)dl.n, sizeof *dl.v, cmp_str);
@@ -177,7 +177,7 @@ static fg_status list_class(img_ds *d, const char *dir, int32_t label) {
 
 /* ------------------------------------------------------------ decoding */
 
-static fg_status read_file(const char *path, unsigned char **buf, size_t *len) {
+static FG_MUST_USE fg_status read_file(const char *path, unsigned char **buf, size_t *len) {
     FILE *fp = fopen(path, "rb");
     if (!fp) return fg_error(FG_EIO, "image %s: cannot open it", path);
     fseek(fp, 0, SEEK_END);
@@ -202,7 +202,7 @@ static fg_status read_file(const char *path, unsigned char **buf, size_t *len) {
     return FG_OK;
 }
 
-static fg_status decode_png(const char *path, const unsigned char *buf, size_t len,
+static FG_MUST_USE fg_status decode_png(const char *path, const unsigned char *buf, size_t len,
                             unsigned char **rgb, int64_t *w, int64_t *h) {
     spng_ctx *ctx = spng_ctx_new(0);
     if (!ctx) return FG_ENOMEM;
@@ -240,7 +240,7 @@ static void jpeg_fail(j_common_ptr c) {
     longjmp(e->jump, 1);
 }
 
-static fg_status decode_jpeg(const char *path, const unsigned char *buf, size_t len,
+static FG_MUST_USE fg_status decode_jpeg(const char *path, const unsigned char *buf, size_t len,
                              unsigned char **rgb, int64_t *w, int64_t *h) {
     struct jpeg_decompress_struct cinfo;
     jerr_mgr jerr;
@@ -275,7 +275,7 @@ static fg_status decode_jpeg(const char *path, const unsigned char *buf, size_t 
     return FG_OK;
 }
 
-static fg_status decode(const char *path, unsigned char **rgb, int64_t *w, int64_t *h) {
+static FG_MUST_USE fg_status decode(const char *path, unsigned char **rgb, int64_t *w, int64_t *h) {
     unsigned char *buf = NULL;
     size_t len = 0;
     FG_TRY(read_file(path, &buf, &len));
@@ -299,7 +299,7 @@ static double bilinear(double x) {
 
 /* Resample.c's precompute_coeffs + normalize_coeffs_8bpc: for each output
  * position its first input, count and fixed-point weights. */
-static fg_status coeffs(int64_t in_size, int64_t out_size, int64_t **bounds, int **kk,
+static FG_MUST_USE fg_status coeffs(int64_t in_size, int64_t out_size, int64_t **bounds, int **kk,
                         int64_t *ksize) {
     double scale = (double)in_size / (double)out_size, filterscale = scale < 1.0 ? 1.0 : scale;
     double support = 1.0 * filterscale;
@@ -345,7 +345,7 @@ static unsigned char clip8(int v) {
 }
 
 /* in (h, w, 3) -> out (h, ow, 3) along rows, or (oh, w, 3) along columns */
-static fg_status resample(const unsigned char *in, int64_t w, int64_t h, unsigned char *out,
+static FG_MUST_USE fg_status resample(const unsigned char *in, int64_t w, int64_t h, unsigned char *out,
                           int64_t ow, int64_t oh, bool horizontal) {
     int64_t *bounds, ksize;
     int *kk;
@@ -380,7 +380,7 @@ static fg_status resample(const unsigned char *in, int64_t w, int64_t h, unsigne
 }
 
 /* PIL's Image.resize(size, BILINEAR): horizontal pass, then vertical. */
-static fg_status resize(unsigned char **img, int64_t *w, int64_t *h, int64_t ow, int64_t oh) {
+static FG_MUST_USE fg_status resize(unsigned char **img, int64_t *w, int64_t *h, int64_t ow, int64_t oh) {
     if (ow == *w && oh == *h) return FG_OK;
     unsigned char *cur = *img;
     if (ow != *w) {
@@ -427,7 +427,7 @@ static void resized(const fg_image_folder_opts *o, int64_t w, int64_t h, int64_t
     }
 }
 
-static fg_status img_get(void *ud, int64_t i, void *x_out, void *y_out) {
+static FG_MUST_USE fg_status img_get(void *ud, int64_t i, void *x_out, void *y_out) {
     img_ds *d = ud;
     const fg_image_folder_opts *o = &d->o;
     const char *path = d->s[i].path;

@@ -87,7 +87,7 @@ const fg_worker_info *fg_data_worker_info(void) { return tl_info; }
 
 /* --------------------------------------------------------------- filling */
 
-static fg_status fill(fg_dataloader *dl, slot *s, int64_t k, int worker_id) {
+static FG_MUST_USE fg_status fill(fg_dataloader *dl, slot *s, int64_t k, int worker_id) {
     fg_dataset *ds = dl->ds;
     int64_t start = k * dl->B, size = FG_MIN(dl->B, dl->n - start);
     if (s->x->shape[0] != size) {
@@ -166,7 +166,7 @@ static void *worker_main(void *arg) {
 /* ----------------------------------------------------------- positioning */
 
 /* The order of `epoch` from sampler s, checked against the dataset. */
-static fg_status make_order(fg_dataloader *dl, fg_sampler *s, int64_t epoch, int64_t **out) {
+static FG_MUST_USE fg_status make_order(fg_dataloader *dl, fg_sampler *s, int64_t epoch, int64_t **out) {
     int64_t n = fg_sampler_len(s);
     int64_t *o = fg_alloc((size_t)(n ? n : 1) * sizeof *o);
     if (!o) return FG_ENOMEM;

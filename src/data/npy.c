@@ -25,8 +25,8 @@ typedef struct npy {
     size_t nbytes;
 } npy;
 
-static fg_status npy_bad(const npy *a, const char *fmt, ...) FG_PRINTF(2, 3);
-static fg_status npy_bad(const npy *a, const char *fmt, ...) {
+static FG_MUST_USE fg_status npy_bad(const npy *a, const char *fmt, ...) FG_PRINTF(2, 3);
+static FG_MUST_USE fg_status npy_bad(const npy *a, const char *fmt, ...) {
     char msg[600];
     va_list ap;
     va_start(ap, fmt);
@@ -83,7 +83,7 @@ static bool word(cur *c, const char *w) {
     return true;
 }
 
-static fg_status parse_shape(cur *c, npy *a) {
+static FG_MUST_USE fg_status parse_shape(cur *c, npy *a) {
     if (!eat(c, '(')) return npy_bad(a, "'shape' is not a tuple");
     a->ndim = 0;
     if (eat(c, ')')) return FG_OK;
@@ -111,7 +111,7 @@ static fg_status parse_shape(cur *c, npy *a) {
     }
 }
 
-static fg_status parse_descr(npy *a, const char *d) {
+static FG_MUST_USE fg_status parse_descr(npy *a, const char *d) {
     size_t n = strlen(d);
     if (n < 3) return npy_bad(a, "dtype '%s' is not understood", d);
     char order = d[0], kind = d[1];
@@ -135,7 +135,7 @@ static fg_status parse_descr(npy *a, const char *d) {
     return FG_OK;
 }
 
-static fg_status parse_header(npy *a, const char *h, size_t n) {
+static FG_MUST_USE fg_status parse_header(npy *a, const char *h, size_t n) {
     cur c = {h, h + n};
     char key[64], descr[64];
     bool have_descr = false, have_fortran = false, have_shape = false, fortran = false;
@@ -179,7 +179,7 @@ static fg_status parse_header(npy *a, const char *h, size_t n) {
     return parse_descr(a, descr);
 }
 
-static fg_status npy_open(const char *path, npy *a) {
+static FG_MUST_USE fg_status npy_open(const char *path, npy *a) {
     *a = (npy){.path = path};
     FG_TRY(fg__map_file(path, &a->map));
     const uint8_t *p = a->map.p;
@@ -257,7 +257,7 @@ static void npy_spec(void *ud, fg_sample_spec *x, fg_sample_spec *y) {
     *y = (fg_sample_spec){.dtype = FG_I32, .ndim = 0};
 }
 
-static fg_status npy_get(void *ud, int64_t i, void *x_out, void *y_out) {
+static FG_MUST_USE fg_status npy_get(void *ud, int64_t i, void *x_out, void *y_out) {
     npy_ds *d = ud;
     float *x = x_out;
     const uint8_t *p = d->x.data + (size_t)(i * d->row) * (size_t)d->x.itemsize;

@@ -86,7 +86,7 @@ static void permutation(int64_t n, uint64_t seed, int64_t epoch, int64_t *out) {
 static int64_t builtin_len(void *ud) { return ((builtin *)ud)->per_rank; }
 static void builtin_free(void *ud) { fg_free(ud); }
 
-static fg_status builtin_indices(void *ud, int64_t epoch, int64_t *out) {
+static FG_MUST_USE fg_status builtin_indices(void *ud, int64_t epoch, int64_t *out) {
     builtin *b = ud;
     if (b->world == 1 && b->per_rank == b->n) { /* sequential and random: no padding */
         if (b->shuffle) permutation(b->n, b->seed, epoch, out);

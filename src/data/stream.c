@@ -59,7 +59,7 @@ fg_status fg__shard_open(const fg_stream *s, fg__shard *sh, int64_t epoch, int64
     return FG_OK;
 }
 
-static fg_status pass_over(const fg_stream *s, fg__shard *sh, int64_t n) {
+static FG_MUST_USE fg_status pass_over(const fg_stream *s, fg__shard *sh, int64_t n) {
     if (n <= 0) return FG_OK;
     if (s->ops.skip) {
         int64_t done = 0;

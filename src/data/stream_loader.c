@@ -60,7 +60,7 @@ struct fg_stream_loader {
 
 /* Reads worker w's next batch into slot (x NULL: passes over it); *size is
  * its samples, 0 when the shard had none left or drop_last dropped them. */
-static fg_status fill(fg_stream_loader *l, sworker *w, sslot *slot, bool skip, int64_t *size) {
+static FG_MUST_USE fg_status fill(fg_stream_loader *l, sworker *w, sslot *slot, bool skip, int64_t *size) {
     const fg_stream *s = l->s;
     char *x = skip ? NULL : fg_tensor_data(slot->x), *y = skip ? NULL : fg_tensor_data(slot->y);
     int64_t j = 0, idx;
@@ -141,7 +141,7 @@ static void stop_threads(fg_stream_loader *l) {
     l->stop = false;
 }
 
-static fg_status start_threads(fg_stream_loader *l) {
+static FG_MUST_USE fg_status start_threads(fg_stream_loader *l) {
     if (!l->threaded) return FG_OK;
     for (int k = 0; k < l->W; k++) {
         if (pthread_create(&l->w[k].th, NULL, worker_main, &l->w[k]) != 0) {
@@ -155,7 +155,7 @@ static fg_status start_threads(fg_stream_loader *l) {
 
 /* Reopens every shard at `epoch` and passes over `batch` batches in the
  * order next returns them. Threads are stopped. */
-static fg_status rewind_to(fg_stream_loader *l, int64_t epoch, int64_t batch) {
+static FG_MUST_USE fg_status rewind_to(fg_stream_loader *l, int64_t epoch, int64_t batch) {
     l->epoch = epoch;
     l->cur = 0;
     l->rr = 0;

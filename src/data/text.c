@@ -125,7 +125,7 @@ typedef struct buf {
  * and hold text, so every file is read to its end (and at most this). */
 #define TEXT_MAX_BYTES ((size_t)1 << 34) /* 16 GiB */
 
-static fg_status too_big(const char *path, size_t size, size_t total) {
+static FG_MUST_USE fg_status too_big(const char *path, size_t size, size_t total) {
     return fg_error(FG_EINVAL,
                     "%s: %zu bytes of text or more (%zu with the files before it) is more than "
                     "the %zu a text dataset holds in memory: tokenize it into a .bin token file",
@@ -134,7 +134,7 @@ static fg_status too_big(const char *path, size_t size, size_t total) {
 
 /* room for at least `more` bytes after b->n; `grow`: twice the capacity
  * at least (a file longer than it said), else exactly */
-static fg_status reserve(buf *b, size_t more, bool grow) {
+static FG_MUST_USE fg_status reserve(buf *b, size_t more, bool grow) {
     if (b->cap - b->n >= more) return FG_OK;
     size_t cap = b->n + more;
     if (grow && cap < 2 * b->cap) cap = 2 * b->cap;
@@ -145,7 +145,7 @@ static fg_status reserve(buf *b, size_t more, bool grow) {
     return FG_OK;
 }
 
-static fg_status read_append(buf *b, const char *path) {
+static FG_MUST_USE fg_status read_append(buf *b, const char *path) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return fg_error(FG_EIO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
@@ -197,7 +197,7 @@ static bool ends_with(const char *s, const char *suf) {
 }
 
 /* Appends the regular files of folder `dir` in name order. */
-static fg_status read_dir(buf *b, const char *dir, int *nfiles) {
+static FG_MUST_USE fg_status read_dir(buf *b, const char *dir, int *nfiles) {
     DIR *d = opendir(dir);
     if (!d) return fg_error(FG_EIO, "%s: cannot open folder: %s", dir, strerror(errno));
     char **names = NULL;
@@ -264,7 +264,7 @@ static void text_spec(void *ud, fg_sample_spec *x, fg_sample_spec *y) {
     *y = *x;
 }
 
-static fg_status text_get(void *ud, int64_t i, void *x_out, void *y_out) {
+static FG_MUST_USE fg_status text_get(void *ud, int64_t i, void *x_out, void *y_out) {
     text_ds *t = ud;
     const uint8_t *p = t->ids + i * t->ctx;
     int32_t *x = x_out, *y = y_out;

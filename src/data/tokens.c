@@ -25,7 +25,7 @@ static void tok_spec(void *ud, fg_sample_spec *x, fg_sample_spec *y) {
     *y = *x;
 }
 
-static fg_status tok_get(void *ud, int64_t i, void *x_out, void *y_out) {
+static FG_MUST_USE fg_status tok_get(void *ud, int64_t i, void *x_out, void *y_out) {
     tok_ds *t = ud;
     const uint8_t *p = t->tok + 2 * i * t->ctx;
     int32_t *x = x_out, *y = y_out;

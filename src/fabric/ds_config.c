@@ -144,7 +144,7 @@ static int distance(const char *a, const char *b) {
 
 /* Checks every key of obj against the table: FG_OK when all are honoured
  * ones; else the error naming the first other. */
-static fg_status check_keys(const char *path, const char *where, json_t *obj, const key_info *t,
+static FG_MUST_USE fg_status check_keys(const char *path, const char *where, json_t *obj, const key_info *t,
                             size_t n) {
     const char *key;
     json_t *v;
@@ -173,7 +173,7 @@ static fg_status check_keys(const char *path, const char *where, json_t *obj, co
 
 /* A positive element count: an integer, or a real with an integral value
  * (DeepSpeed configs often write 5e8). */
-static fg_status count_of(const char *path, const char *key, json_t *v, int64_t *out) {
+static FG_MUST_USE fg_status count_of(const char *path, const char *key, json_t *v, int64_t *out) {
     double d = json_is_integer(v) ? (double)json_integer_value(v)
                : json_is_real(v)  ? json_real_value(v)
                                   : -1;
@@ -187,7 +187,7 @@ static fg_status count_of(const char *path, const char *key, json_t *v, int64_t 
 }
 
 /* A boolean key that fulgur honours only with the value `want`. */
-static fg_status flag(const char *path, json_t *zero, const char *key, bool want, const char *why) {
+static FG_MUST_USE fg_status flag(const char *path, json_t *zero, const char *key, bool want, const char *why) {
     json_t *v = json_object_get(zero, key);
     if (!v) return FG_OK;
     if (!json_is_boolean(v))
@@ -203,7 +203,7 @@ static fg_status flag(const char *path, json_t *zero, const char *key, bool want
  * path, which fulgur takes from the strategy's options, not the file;
  * offload_param likewise for the parameters (stage 3's: the strategy
  * checks the stage). */
-static fg_status offload(const char *path, json_t *zero, const char *key, fg_offload_device *out) {
+static FG_MUST_USE fg_status offload(const char *path, json_t *zero, const char *key, fg_offload_device *out) {
     json_t *o = json_object_get(zero, key);
     if (!o) return FG_OK;
     char where[64];
@@ -237,7 +237,7 @@ static fg_status offload(const char *path, json_t *zero, const char *key, fg_off
  * checkpoints. Turning checkpointing on is the program's (in DeepSpeed the
  * model calls deepspeed.checkpointing.checkpoint; here
  * activation_checkpointing = true). */
-static fg_status act_section(const char *path, json_t *root, fg_sharded_opts *out) {
+static FG_MUST_USE fg_status act_section(const char *path, json_t *root, fg_sharded_opts *out) {
     json_t *a = json_object_get(root, "activation_checkpointing");
     if (!a) return FG_OK;
     if (!json_is_object(a))
@@ -281,14 +281,14 @@ static const key_info k_sched_params[] = {
     {"cos_min_ratio", NULL}, {"last_batch_iteration", NULL},
 };
 
-static fg_status num_of(const char *path, const char *key, json_t *v, double lo, double *out) {
+static FG_MUST_USE fg_status num_of(const char *path, const char *key, json_t *v, double lo, double *out) {
     if (!json_is_number(v) || !(json_number_value(v) >= lo))
         return fg_error(FG_EINVAL, "%s: \"%s\" must be a number >= %g", path, key, lo);
     *out = json_number_value(v);
     return FG_OK;
 }
 
-static fg_status steps_of(const char *path, const char *key, json_t *v, int64_t *out) {
+static FG_MUST_USE fg_status steps_of(const char *path, const char *key, json_t *v, int64_t *out) {
     double d = 0;
     FG_TRY(num_of(path, key, v, 0, &d));
     if (d != (double)(int64_t)d || d > 9e18)
@@ -297,7 +297,7 @@ static fg_status steps_of(const char *path, const char *key, json_t *v, int64_t 
     return FG_OK;
 }
 
-static fg_status optimizer_section(const char *path, json_t *o, fg_deepspeed_train *out) {
+static FG_MUST_USE fg_status optimizer_section(const char *path, json_t *o, fg_deepspeed_train *out) {
     if (!json_is_object(o)) return fg_error(FG_EINVAL, "%s: \"optimizer\" must be an object", path);
     FG_TRY(check_keys(path, "optimizer.", o, k_opt, sizeof k_opt / sizeof k_opt[0]));
     json_t *t = json_object_get(o, "type");
@@ -349,7 +349,7 @@ static fg_status optimizer_section(const char *path, json_t *o, fg_deepspeed_tra
     return FG_OK;
 }
 
-static fg_status scheduler_section(const char *path, json_t *o, fg_deepspeed_train *out) {
+static FG_MUST_USE fg_status scheduler_section(const char *path, json_t *o, fg_deepspeed_train *out) {
     if (!json_is_object(o)) return fg_error(FG_EINVAL, "%s: \"scheduler\" must be an object", path);
     FG_TRY(check_keys(path, "scheduler.", o, k_opt, sizeof k_opt / sizeof k_opt[0]));
     json_t *t = json_object_get(o, "type");
@@ -435,7 +435,7 @@ static fg_status scheduler_section(const char *path, json_t *o, fg_deepspeed_tra
     return FG_OK;
 }
 
-static fg_status train_sections(const char *path, json_t *root, fg_deepspeed_train *out) {
+static FG_MUST_USE fg_status train_sections(const char *path, json_t *root, fg_deepspeed_train *out) {
     *out = (fg_deepspeed_train){0};
     json_t *o = json_object_get(root, "optimizer");
     if (o) FG_TRY(optimizer_section(path, o, out));
@@ -511,7 +511,7 @@ fg_status fg_deepspeed_train_read(const char *path, fg_deepspeed_train *out) {
     return s;
 }
 
-static fg_status parse(const char *path, json_t *root, int *stage, fg_sharded_opts *out) {
+static FG_MUST_USE fg_status parse(const char *path, json_t *root, int *stage, fg_sharded_opts *out) {
     if (!json_is_object(root))
         return fg_error(FG_EINVAL, "%s: expected a JSON object (DeepSpeed's configuration)", path);
     FG_TRY(check_keys(path, "", root, k_top, sizeof k_top / sizeof k_top[0]));

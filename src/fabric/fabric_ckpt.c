@@ -45,7 +45,7 @@ static const char *const k_own_keys[] = {"format",
 /* Checks st->meta before anything is written: every key non-empty, unique
  * and not one of the fabric's; every value a string (the writer checks
  * UTF-8). */
-static fg_status check_meta(const fg_kv *meta, int64_t n) {
+static FG_MUST_USE fg_status check_meta(const fg_kv *meta, int64_t n) {
     if (n < 0 || (n > 0 && !meta))
         return fg_error(FG_EINVAL,
                         "save: meta = %p with nmeta = %lld: expected an array of nmeta >= 0 "
@@ -79,7 +79,7 @@ static fg_status check_meta(const fg_kv *meta, int64_t n) {
     return FG_OK;
 }
 
-static fg_status add_param_views(fg_st_writer *w, fg_module *m, const char *prefix, fg_tensor *flat,
+static FG_MUST_USE fg_status add_param_views(fg_st_writer *w, fg_module *m, const char *prefix, fg_tensor *flat,
                                  char names[][256]) {
     int n = fg_module_num_params(m);
     size_t es = fg_dtype_size(fg_tensor_dtype(flat));
@@ -181,7 +181,7 @@ fg_status fg__fabric_ckpt_meta(fg_fabric *f, const fg_train_state *st, fg_st_wri
 
 /* st->optimizers: given with optimizer NULL, at most FG_FABRIC_MAX_OPTIMIZERS,
  * each holding its whole state (no shard). */
-static fg_status check_many(const fg_train_state *st, const char *what) {
+static FG_MUST_USE fg_status check_many(const fg_train_state *st, const char *what) {
     if (st->noptimizers == 0) return FG_OK;
     if (st->noptimizers < 0 || st->noptimizers > FG_FABRIC_MAX_OPTIMIZERS || !st->optimizers ||
         st->optimizer)
@@ -208,7 +208,7 @@ static fg_status check_many(const fg_train_state *st, const char *what) {
 }
 
 /* The states of st->optimizers, "optimizer.N.<state>.<param>". */
-static fg_status add_many(fg_st_writer *w, const fg_train_state *st, char (**names)[256]) {
+static FG_MUST_USE fg_status add_many(fg_st_writer *w, const fg_train_state *st, char (**names)[256]) {
     int64_t total = 0;
     for (int n = 0; n < st->noptimizers; n++)
         total += fg_module_num_params(fg_optimizer_module(st->optimizers[n])) *
@@ -231,7 +231,7 @@ static fg_status add_many(fg_st_writer *w, const fg_train_state *st, char (**nam
 /* params: the parameters gathered whole (stage 3), or NULL for the
  * model's own; states: the optimizer's state buffers, whole (NULL entries:
  * the optimizer's own, which are then whole). */
-static fg_status write_file(fg_fabric *f, const char *path, const fg_train_state *st,
+static FG_MUST_USE fg_status write_file(fg_fabric *f, const char *path, const fg_train_state *st,
                             fg_tensor *params, fg_tensor *const *states) {
     fg_module *m = st->model;
     FG_TRY(check_meta(st->meta, st->nmeta));
@@ -445,7 +445,7 @@ static void printable_copy(char *out, size_t cap, const char *s) {
 
 /* st->optimizers' step counts, lr and groups from the optimizer.N.*
  * metadata; the file must hold as many optimizers. */
-static fg_status load_many_meta(fg_st_file *file, const char *path, const fg_train_state *st) {
+static FG_MUST_USE fg_status load_many_meta(fg_st_file *file, const char *path, const fg_train_state *st) {
     const char *cnt = fg_st_meta_get(file, "optimizers");
     if (!st->noptimizers) return FG_OK;
     if (!cnt || atoi(cnt) != st->noptimizers)

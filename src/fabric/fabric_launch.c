@@ -22,7 +22,7 @@
 
 /* Joins the job described by info: ranks, kernel threads, and the
  * communicator of a ddp group of several ranks. */
-static fg_status join(fg_fabric *f, const fg_cluster_info *info) {
+static FG_MUST_USE fg_status join(fg_fabric *f, const fg_cluster_info *info) {
     f->info = *info;
     f->world_size = info->world_size;
     f->global_rank = info->rank;
@@ -123,7 +123,7 @@ static int launch_reexec(fg_fabric *f, int (*run)(fg_fabric *, void *), void *ar
  * free its model before returning, and the parent still gets what it
  * trained. */
 /* bytes of t's (contiguous) data to host memory dst: a copy out of a device */
-static fg_status copy_out(void *dst, const fg_tensor *t, size_t bytes) {
+static FG_MUST_USE fg_status copy_out(void *dst, const fg_tensor *t, size_t bytes) {
     fg_dev *d = fg_tensor_dev(t);
     if (d && !fg_dev_host_accessible(d)) return fg_dev_copy_d2h(d, dst, fg_tensor_data(t), bytes);
     memcpy(dst, fg_tensor_data(t), bytes);

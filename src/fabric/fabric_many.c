@@ -21,7 +21,7 @@ static bool is_within(fg_module *m, const fg_module *anc) {
 }
 
 /* The element range [lo, hi) of sub-module m in its root's flat buffers. */
-static fg_status range_of(fg_module *root, fg_module *m, int64_t *lo, int64_t *hi) {
+static FG_MUST_USE fg_status range_of(fg_module *root, fg_module *m, int64_t *lo, int64_t *hi) {
     fg_tensor *rf = fg_module_flat_params(root), *mf = fg_module_flat_params(m);
     if (!rf || !mf) return fg_last_status() ? fg_last_status() : FG_EINVAL;
     int64_t es = (int64_t)fg_dtype_size(fg_tensor_dtype(rf));

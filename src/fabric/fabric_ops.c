@@ -159,7 +159,7 @@ static fg_tensor *call_step(fg_module *replica, fg_batch *part, void *ud) {
     return fg__fabric_scale_loss(c->f, loss);
 }
 
-static fg_status not_on_step_device(const fg_fabric *f) {
+static FG_MUST_USE fg_status not_on_step_device(const fg_fabric *f) {
     return fg_error(FG_ESTATE,
                     "batch to device %s: this thread's step tensors are not on it (make "
                     "batches on the thread that called fg_fabric_setup)",
@@ -214,7 +214,7 @@ void fg__fabric_stage_free(fg_fabric *f) {
 
 /* Room for `need` bytes in slot sl: a bigger pair of buffers once the
  * device is done with the old ones. */
-static fg_status slot_reserve(fg_dev *d, fg__batch_slot *sl, size_t need) {
+static FG_MUST_USE fg_status slot_reserve(fg_dev *d, fg__batch_slot *sl, size_t need) {
     if (!sl->copied) {
         sl->copied = fg_event_new(d);
         sl->used = sl->copied ? fg_event_new(d) : NULL;
@@ -237,7 +237,7 @@ static fg_status slot_reserve(fg_dev *d, fg__batch_slot *sl, size_t need) {
 
 /* Batch b's x and y copied in through the next staging slot, on the comm
  * stream, the compute stream made to wait for them (fabric_impl.h). */
-static fg_status stage_batch(fg_fabric *f, const fg_batch *b, fg_batch *out) {
+static FG_MUST_USE fg_status stage_batch(fg_fabric *f, const fg_batch *b, fg_batch *out) {
     fg_dev *d = f->dev;
     fg_stream *comm = fg_dev_stream(d, FG_STREAM_COMM),
               *compute = fg_dev_stream(d, FG_STREAM_COMPUTE);
@@ -348,7 +348,7 @@ fg_status fg_fabric_clip_gradients(fg_fabric *f, double max_norm, double *total_
     return fg_strategy_clip_grad_norm(f->strategy, max_norm, total_norm);
 }
 
-static fg_status need_contiguous(const char *fn, const fg_tensor *t) {
+static FG_MUST_USE fg_status need_contiguous(const char *fn, const fg_tensor *t) {
     if (!t) return fg_error(FG_EINVAL, "%s: NULL tensor", fn);
     if (!fg_tensor_is_contiguous(t))
         return fg_error(FG_EINVAL, "%s: the tensor must be contiguous", fn);

@@ -55,7 +55,7 @@ fg_tensor *fg__fabric_scale_loss(fg_fabric *f, fg_tensor *loss) {
     return f->scaler && loss ? fg_scale(loss, fg_scaler_scale(f->scaler)) : loss;
 }
 
-static fg_status optimizer_step(fg_fabric *f, fg_optimizer *opt);
+static FG_MUST_USE fg_status optimizer_step(fg_fabric *f, fg_optimizer *opt);
 
 /* The step with its device copies counted (fg_fabric_copies.opt_*). */
 fg_status fg_fabric_optimizer_step(fg_fabric *f, fg_optimizer *opt) {
@@ -74,7 +74,7 @@ fg_status fg_fabric_optimizer_step(fg_fabric *f, fg_optimizer *opt) {
     return st;
 }
 
-static fg_status optimizer_step(fg_fabric *f, fg_optimizer *opt) {
+static FG_MUST_USE fg_status optimizer_step(fg_fabric *f, fg_optimizer *opt) {
     if (!f->scaler)
         return f->strategy ? fg_strategy_optimizer_step(f->strategy, opt, NULL)
                            : fg_optimizer_step(opt);

@@ -50,7 +50,7 @@ static void plan_free(plan *p) {
     fg_free(p->file);
 }
 
-static fg_status plan_alloc(fg_fabric *f, fg_module *m, plan *p) {
+static FG_MUST_USE fg_status plan_alloc(fg_fabric *f, fg_module *m, plan *p) {
     p->world = f->comm ? fg_comm_size(f->comm) : 1;
     p->rank = f->comm ? fg_comm_rank(f->comm) : 0;
     p->ntens = (int)fg_module_num_params(m);
@@ -70,7 +70,7 @@ static fg_status plan_alloc(fg_fabric *f, fg_module *m, plan *p) {
  * them, holding copies as HYBRID_SHARD's other groups do, get an empty
  * range), else an even cut (every rank holds everything). Collective;
  * every rank reaches the same result. */
-static fg_status cut(fg_fabric *f, const fg__held *h, bool has_opt, plan *p) {
+static FG_MUST_USE fg_status cut(fg_fabric *f, const fg__held *h, bool has_opt, plan *p) {
     int64_t *all = p->lo + 2 * p->world, *r = all;
     int64_t mine[4] = {h->plo, h->phi, has_opt ? h->slo : 0, has_opt ? h->shi : h->numel};
     if (f->comm) FG_TRY(fg_comm_allgather(f->comm, mine, all, 4, FG_I64));
@@ -117,7 +117,7 @@ static fg_status cut(fg_fabric *f, const fg__held *h, bool has_opt, plan *p) {
 }
 
 /* Owners, tails and file numbers from the ranges and the layout. */
-static fg_status make_plan(fg_fabric *f, fg_module *m, const fg__held *h, bool has_opt, plan *p) {
+static FG_MUST_USE fg_status make_plan(fg_fabric *f, fg_module *m, const fg__held *h, bool has_opt, plan *p) {
     FG_TRY(cut(f, h, has_opt, p));
     for (int q = 0; q < p->world; q++) p->tail_hi[q] = p->hi[q];
     int last = 0; /* the last rank with a non-empty range */
@@ -144,7 +144,7 @@ static fg_status make_plan(fg_fabric *f, fg_module *m, const fg__held *h, bool h
 #define SAVE_ID_BYTES 16
 
 /* 128 random bits in hex into id (2 * SAVE_ID_BYTES + 1 bytes). */
-static fg_status new_save_id(char *id) {
+static FG_MUST_USE fg_status new_save_id(char *id) {
     unsigned char r[SAVE_ID_BYTES];
     size_t got = 0;
     while (got < sizeof r) {
@@ -182,7 +182,7 @@ static void piece(const plan *pl, int q, int p, int64_t *a, int64_t *b) {
  * every buffer into tail[b] (elements from hi[r] on). In round d each rank
  * sends to the rank d before it, then receives from the rank d after it:
  * the ranks below d only receive, so no send waits in a cycle. */
-static fg_status exchange(fg_fabric *f, const plan *pl, const fg__held *h, int nbuf, char **tail) {
+static FG_MUST_USE fg_status exchange(fg_fabric *f, const plan *pl, const fg__held *h, int nbuf, char **tail) {
     for (int d = 1; d < pl->world; d++) {
         int p = pl->rank - d, q = pl->rank + d;
         int64_t a, b;
@@ -206,7 +206,7 @@ static fg_status exchange(fg_fabric *f, const plan *pl, const fg__held *h, int n
 
 /* This rank's file: every tensor it owns, parameters first, then each
  * optimizer state, in the model's order. */
-static fg_status write_shard(fg_fabric *f, const fg_train_state *st, const plan *pl,
+static FG_MUST_USE fg_status write_shard(fg_fabric *f, const fg_train_state *st, const plan *pl,
                              const fg__held *h, int nbuf, char **tail, const char *dir,
                              const char *save_id) {
     fg_module *m = st->model;
@@ -265,7 +265,7 @@ static fg_status write_shard(fg_fabric *f, const fg_train_state *st, const plan 
 
 /* Rank 0: the index into dir, naming every tensor once, in the order of
  * the consolidated file; the metadata are that file's. */
-static fg_status write_index(const fg_train_state *st, const plan *pl, const fg__held *h, int nbuf,
+static FG_MUST_USE fg_status write_index(const fg_train_state *st, const plan *pl, const fg__held *h, int nbuf,
                              fg_st_writer *meta, const char *dir) {
     fg_module *m = st->model;
     int64_t nb = fg_module_num_buffers(m), n = (int64_t)pl->ntens * nbuf + nb,
@@ -315,7 +315,7 @@ static fg_status write_index(const fg_train_state *st, const plan *pl, const fg_
 
 /* Agreement: every rank learns the first rank whose ok is false (world if
  * none). Collective. */
-static fg_status first_failed(fg_fabric *f, const plan *pl, bool ok, int *first) {
+static FG_MUST_USE fg_status first_failed(fg_fabric *f, const plan *pl, bool ok, int *first) {
     int32_t v = ok ? pl->world : pl->rank;
     if (f->comm) FG_TRY(fg_comm_allreduce(f->comm, &v, &v, 1, FG_I32, FG_REDUCE_OP_MIN));
     *first = v;

@@ -27,7 +27,7 @@ void fg__fabric_free_states(fg_tensor **full, int n) {
 }
 
 /* Every rank's state range, in rank order, into ranges (2 x world). */
-static fg_status all_ranges(fg_fabric *f, const fg_optimizer *opt, int64_t *ranges) {
+static FG_MUST_USE fg_status all_ranges(fg_fabric *f, const fg_optimizer *opt, int64_t *ranges) {
     int64_t mine[2];
     fg_optimizer_state_range(opt, &mine[0], &mine[1]);
     if (!f->comm) {

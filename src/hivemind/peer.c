@@ -413,7 +413,7 @@ static void pick_host(fg_hivemind *h) {
     freeifaddrs(ifs);
 }
 
-static fg_status listen_on(fg_hivemind *h, nng_socket s, char *url, size_t max_recv) {
+static FG_MUST_USE fg_status listen_on(fg_hivemind *h, nng_socket s, char *url, size_t max_recv) {
     char bind[FG__HM_URL_MAX];
     nng_listener l;
     snprintf(bind, sizeof bind, "tcp://0.0.0.0:0");
@@ -428,7 +428,7 @@ static fg_status listen_on(fg_hivemind *h, nng_socket s, char *url, size_t max_r
     return FG_OK;
 }
 
-static fg_status bootstrap(fg_hivemind *h) {
+static FG_MUST_USE fg_status bootstrap(fg_hivemind *h) {
     const char *ip = h->o.initial_peers;
     if (!ip || !*ip) return FG_OK;
     char list[1024];

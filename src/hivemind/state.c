@@ -69,7 +69,7 @@ void *fg__hm_rep_main(void *arg) {
 }
 
 /* One request to one peer: FG_OK with the state in out. */
-static fg_status ask(fg_hivemind *h, const char *url, uint64_t peer, void *out, size_t bytes,
+static FG_MUST_USE fg_status ask(fg_hivemind *h, const char *url, uint64_t peer, void *out, size_t bytes,
                      int64_t *epoch) {
     nng_socket req;
     int rv = nng_req0_open(&req);

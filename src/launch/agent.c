@@ -76,7 +76,7 @@ fg_status fg_agent_check(const fg_agent_opts *o) {
 }
 
 /* One run of the loop; the signal set-up is the caller's. */
-static fg_status agent_loop(fg__agent *a, fg_agent_result *out) {
+static FG_MUST_USE fg_status agent_loop(fg__agent *a, fg_agent_result *out) {
     const fg_agent_opts *o = a->o;
     int nnodes = o->num_nodes > 0 ? o->num_nodes : 1;
     bool elastic = o->min_nodes > 0 && o->min_nodes < nnodes;

@@ -69,7 +69,7 @@ static bool exported(const char *name, size_t n) {
 
 /* "h1:2,h2:2" or "h1,h2" (each with default_slots) into hosts[0..*n) (at
  * most cap); FG_EINVAL naming what is wrong. */
-static fg_status hosts_parse(const char *spec, int default_slots, fg__host *hosts, int cap,
+static FG_MUST_USE fg_status hosts_parse(const char *spec, int default_slots, fg__host *hosts, int cap,
                              int *n) {
     *n = 0;
     const char *p = spec;
@@ -150,7 +150,7 @@ static bool push(char **argv, int *k, const char *s) {
 
 /* The mpirun command for prog on hosts[0..nhosts), with extra_env (NULL or
  * NULL-terminated "NAME=VALUE" strings) passed to every rank. */
-static fg_status command_make(const fg_hosts_opts *o, const fg__host *hosts, int nhosts,
+static FG_MUST_USE fg_status command_make(const fg_hosts_opts *o, const fg__host *hosts, int nhosts,
                               char *const *extra_env, const char *const *prog, char ***out) {
     *out = NULL;
     char host_arg[4096], np[16];
@@ -453,7 +453,7 @@ typedef struct hosts_state {
     char why[FG_HOSTS_MAX][96];
 } hosts_state;
 
-static fg_status hosts_loop(fg__agent *a, hosts_state *hs, fg_agent_result *out);
+static FG_MUST_USE fg_status hosts_loop(fg__agent *a, hosts_state *hs, fg_agent_result *out);
 
 fg_status fg__agent_hosts(fg__agent *a, fg_agent_result *out) {
     hosts_state *hs = fg_calloc(1, sizeof *hs);
@@ -463,7 +463,7 @@ fg_status fg__agent_hosts(fg__agent *a, fg_agent_result *out) {
     return st;
 }
 
-static fg_status hosts_loop(fg__agent *a, hosts_state *hs, fg_agent_result *out) {
+static FG_MUST_USE fg_status hosts_loop(fg__agent *a, hosts_state *hs, fg_agent_result *out) {
     const fg_agent_opts *o = a->o;
     const fg_hosts_opts *ho = o->hosts;
     fg__host *h = hs->h, *job = hs->job;

@@ -90,7 +90,7 @@ static char **dup_argv(const char *const *argv) {
 }
 
 /* This process's arguments, from /proc/self/cmdline. */
-static fg_status self_argv(char ***out) {
+static FG_MUST_USE fg_status self_argv(char ***out) {
     FILE *f = fopen("/proc/self/cmdline", "rb");
     if (!f) return fg_error(FG_EIO, "re-exec: cannot read /proc/self/cmdline: %s", strerror(errno));
     size_t cap = 4096, len = 0;
@@ -126,7 +126,7 @@ static fg_status self_argv(char ***out) {
 }
 
 /* Finds prog as execvp would, into path. */
-static fg_status find_program(const char *prog, char *path, size_t cap) {
+static FG_MUST_USE fg_status find_program(const char *prog, char *path, size_t cap) {
     if (!*prog) return fg_error(FG_EINVAL, "launch: empty program name");
     if (strchr(prog, '/')) {
         struct stat st;
@@ -183,7 +183,7 @@ static void child_exec(const fg_job *j, int i, pid_t parent, int err_fd) {
 }
 
 /* Starts process i; on failure sets j->start_msg and returns its status. */
-static fg_status start_one(fg_job *j, int i) {
+static FG_MUST_USE fg_status start_one(fg_job *j, int i) {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) return fg_error(FG_EIO, "launch: pipe: %s", strerror(errno));
     pid_t parent = getpid();
@@ -302,7 +302,7 @@ static void *supervise(void *arg) {
 
 /* Appends GOMP_SPINCOUNT to a rank's environment unless the user chose a
  * wait policy. */
-static fg_status add_wait_policy(char ***env) {
+static FG_MUST_USE fg_status add_wait_policy(char ***env) {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return FG_OK;
     size_t n = 0;
     while ((*env)[n]) n++;
@@ -332,7 +332,7 @@ static void job_destroy(fg_job *j) {
     fg_free(j);
 }
 
-static fg_status check_spec(const fg_job_spec *sp, int *local_world, int *num_nodes) {
+static FG_MUST_USE fg_status check_spec(const fg_job_spec *sp, int *local_world, int *num_nodes) {
     if (!sp) return fg_error(FG_EINVAL, "launch: NULL job spec");
     if (sp->nprocs < 1 || sp->nprocs > FG_DEVICES_MAX)
         return fg_error(FG_EINVAL, "launch: nprocs=%d: expected 1..%d", sp->nprocs, FG_DEVICES_MAX);
@@ -362,7 +362,7 @@ static fg_status check_spec(const fg_job_spec *sp, int *local_world, int *num_no
     return FG_OK;
 }
 
-static fg_status job_start(const fg_job_spec *sp, const fg_job_opts *opts, fg_job **out) {
+static FG_MUST_USE fg_status job_start(const fg_job_spec *sp, const fg_job_opts *opts, fg_job **out) {
     *out = NULL;
     int local_world = 0, num_nodes = 0;
     FG_TRY(check_spec(sp, &local_world, &num_nodes));

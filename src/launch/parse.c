@@ -74,7 +74,7 @@ static const char *singular(const char *what, char *buf, size_t cap) {
     return buf;
 }
 
-static fg_status count_error(const char *given, long k, int available, const char *what) {
+static FG_MUST_USE fg_status count_error(const char *given, long k, int available, const char *what) {
     char hint[96] = "", one[96];
     if (strstr(what, "(cores)"))
         snprintf(hint, sizeof hint, " (FULGUR_CPU_DEVICES=%ld runs more ranks than cores)", k);
@@ -85,7 +85,7 @@ static fg_status count_error(const char *given, long k, int available, const cha
                     available, hint);
 }
 
-static fg_status devices_count(long k, const char *given, int available, const char *what,
+static FG_MUST_USE fg_status devices_count(long k, const char *given, int available, const char *what,
                                fg_devices *out) {
     memset(out, 0, sizeof *out);
     out->available = available;
@@ -109,7 +109,7 @@ static fg_status devices_count(long k, const char *given, int available, const c
     return FG_OK;
 }
 
-static fg_status devices_list(const long *ids, int n, const char *given, int available,
+static FG_MUST_USE fg_status devices_list(const long *ids, int n, const char *given, int available,
                               const char *what, fg_devices *out) {
     memset(out, 0, sizeof *out);
     out->available = available;
@@ -137,7 +137,7 @@ static fg_status devices_list(const long *ids, int n, const char *given, int ava
     return FG_OK;
 }
 
-static fg_status check_available(int available) {
+static FG_MUST_USE fg_status check_available(int available) {
     if (available < 1 || available > FG_DEVICES_MAX)
         return fg_error(FG_EINVAL, "devices: %d available devices: expected 1..%d", available,
                         FG_DEVICES_MAX);
@@ -229,7 +229,7 @@ fg_status fg_launch_parse_devices(const char *s, int available, fg_devices *out)
     return fg__launch_parse_devices(s, available, "devices here", out);
 }
 
-static fg_status devices_count_int(int k, int available, const char *what, fg_devices *out) {
+static FG_MUST_USE fg_status devices_count_int(int k, int available, const char *what, fg_devices *out) {
     FG_TRY(check_available(available));
     if (!out) return fg_error(FG_EINVAL, "devices: NULL output");
     char given[32];

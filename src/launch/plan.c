@@ -41,7 +41,7 @@ fg_status fg_launch_threads_per_rank(int local_ranks, int *out, const char **fro
 
 /* Reads an optional integer variable among names into *out (unchanged if
  * none is set); the error names the variable. */
-static fg_status env_int_any(const char *const *names, int lo, int hi, int *out, bool *set) {
+static FG_MUST_USE fg_status env_int_any(const char *const *names, int lo, int hi, int *out, bool *set) {
     const char *which;
     const char *v = fg__getenv_any(names, &which);
     if (set) *set = v != NULL;
@@ -56,7 +56,7 @@ static fg_status env_int_any(const char *const *names, int lo, int hi, int *out,
 
 /* A ddp program started by hand on each of several nodes (the seed's
  * "NODE_RANK=1 ... python my_file.py"): its node and the master. */
-static fg_status manual_nodes(int num_nodes, fg_cluster_info *c) {
+static FG_MUST_USE fg_status manual_nodes(int num_nodes, fg_cluster_info *c) {
     static const char *const k_node[] = {"FULGUR_NODE_RANK", "NODE_RANK", "GROUP_RANK", NULL};
     static const char *const k_addr[] = {"FULGUR_MASTER_ADDR", "MASTER_ADDR", NULL};
     static const char *const k_port[] = {"FULGUR_MASTER_PORT", "MASTER_PORT", NULL};

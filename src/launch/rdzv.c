@@ -150,7 +150,7 @@ static int read_line(int fd, char *buf, size_t *len, char *line, size_t cap) {
 /* ------------------------------------------------------- ompi-server */
 
 /* Starts ompi-server and waits (up to t seconds) for its URI. */
-static fg_status start_server(fg_rdzv *r, double t, char *uri, size_t cap) {
+static FG_MUST_USE fg_status start_server(fg_rdzv *r, double t, char *uri, size_t cap) {
     snprintf(r->server_dir, sizeof r->server_dir, "/tmp/fulgur-rdzv.XXXXXX");
     if (!mkdtemp(r->server_dir)) {
         r->server_dir[0] = 0;
@@ -253,7 +253,7 @@ static void missing_nodes(const fg_rdzv *r, char *out, size_t cap) {
 
 /* A JOIN line from the node at addr, checked against the job: its format,
  * job, world size and (fixed jobs) the range of its node rank into *node. */
-static fg_status check_join(const fg_rdzv *r, const char *addr, const char *line, int *node_out) {
+static FG_MUST_USE fg_status check_join(const fg_rdzv *r, const char *addr, const char *line, int *node_out) {
     int ver, node, nnodes, nmin, nproc;
     char job[FG_CLUSTER_JOB_MAX];
     if (sscanf(line, "JOIN %d %d %d:%d %d %127s", &ver, &node, &nmin, &nnodes, &nproc, job) != 6 ||
@@ -293,7 +293,7 @@ static fg_status check_join(const fg_rdzv *r, const char *addr, const char *line
 }
 
 /* A JOIN line from peer p in a round being formed. */
-static fg_status take_join(fg_rdzv *r, peer *p, const char *line) {
+static FG_MUST_USE fg_status take_join(fg_rdzv *r, peer *p, const char *line) {
     int node;
     fg_status st = check_join(r, p->addr, line, &node);
     if (st != FG_OK) return st;
@@ -312,7 +312,7 @@ static fg_status take_join(fg_rdzv *r, peer *p, const char *line) {
 }
 
 /* Listens on the master port (once: it stays open until fg_rdzv_free). */
-static fg_status host_listen(fg_rdzv *r) {
+static FG_MUST_USE fg_status host_listen(fg_rdzv *r) {
     if (r->listen_fd >= 0) return FG_OK;
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return fg_error(FG_EIO, "rendezvous: socket: %s", strerror(errno));
@@ -361,7 +361,7 @@ static void accept_all(fg_rdzv *r, peer *peers, int *n, int cap) {
     }
 }
 
-static fg_status host_join(fg_rdzv *r, double t) {
+static FG_MUST_USE fg_status host_join(fg_rdzv *r, double t) {
     fg_status st = host_listen(r);
     if (st != FG_OK) return st;
     int want = r->o.num_nodes - 1;
@@ -572,7 +572,7 @@ static void serve_late(fg_rdzv *r) {
 
 /* ------------------------------------------------------ other nodes */
 
-static fg_status node_join(fg_rdzv *r, double t, char *value, size_t cap) {
+static FG_MUST_USE fg_status node_join(fg_rdzv *r, double t, char *value, size_t cap) {
     char port_s[16];
     snprintf(port_s, sizeof port_s, "%d", r->o.master_port);
     double t0 = fg_time();
@@ -676,7 +676,7 @@ static fg_status node_join(fg_rdzv *r, double t, char *value, size_t cap) {
 
 /* After host_join (node 0, its status st) or instead of it (the others):
  * node 0 starts the ompi-server and hands every node its place. */
-static fg_status round_join(fg_rdzv *r, double t, fg_status st, char *value, size_t cap) {
+static FG_MUST_USE fg_status round_join(fg_rdzv *r, double t, fg_status st, char *value, size_t cap) {
     if (!r->host) return node_join(r, t, value, cap);
     r->node_rank = 0;
     /* one node (an elastic job that formed alone): no machine to reach */

@@ -125,7 +125,7 @@ fg_status fg_tmetric_update(fg_tmetric *m, const fg_tensor *preds, const fg_tens
 }
 
 /* the state summed over the ranks into s (nst numbers), or this rank's */
-static fg_status synced(fg_tmetric *m, double *s) {
+static FG_MUST_USE fg_status synced(fg_tmetric *m, double *s) {
     memcpy(s, m->st, sizeof(double) * (size_t)m->nst);
     if (!m->o.comm || m->o.no_sync_on_compute || fg_comm_size(m->o.comm) == 1) return FG_OK;
     fg_status st = fg_comm_allreduce(m->o.comm, s, s, m->nst, FG_F64, FG_REDUCE_OP_SUM);

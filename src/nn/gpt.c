@@ -76,7 +76,7 @@ static fg_tensor *block_fwd(fg_module *m, fg_tensor *x, void *ud) {
     return h ? fg_add(x, h) : NULL;
 }
 
-static fg_status check_idx(const gpt *g, const fg_tensor *idx) {
+static FG_MUST_USE fg_status check_idx(const gpt *g, const fg_tensor *idx) {
     char d[96];
     if (fg_tensor_dtype(idx) != FG_I32 || fg_tensor_ndim(idx) != 2)
         return fg_error(FG_EINVAL, "GPT: idx %s: expected token ids i32 (B, T)",
@@ -121,7 +121,7 @@ static fg_tensor *head_fwd(fg_module *m, fg_tensor *x, void *ud) { /* (B, T, C) 
 
 /* ------------------------------------------------------------ construction */
 
-static fg_status add(fg_module *parent, const char *name, fg_module *child, fg_module **out) {
+static FG_MUST_USE fg_status add(fg_module *parent, const char *name, fg_module *child, fg_module **out) {
     *out = child;
     return fg_module_add_child(parent, name, child);
 }
@@ -129,7 +129,7 @@ static fg_status add(fg_module *parent, const char *name, fg_module *child, fg_m
 static fg_module *container(const char *type) { return fg_module_new(type, NULL, NULL, NULL); }
 
 /* nanoGPT's _init_weights for a Linear: N(0, std) weight, zero bias */
-static fg_status gpt_linear_init(fg_module *lin, double std, bool bias) {
+static FG_MUST_USE fg_status gpt_linear_init(fg_module *lin, double std, bool bias) {
     FG_TRY(fg_module_set_init(lin, "weight", &(fg_init){FG_INIT_NORMAL, 0, std}));
     return bias ? fg_module_set_init(lin, "bias", NULL) : FG_OK;
 }
@@ -174,7 +174,7 @@ static fg_module *new_mlp(const fg_gpt_config *c, fg_dtype dt) {
 
 /* h.{l}: ln_1, attn, ln_2, mlp (the sub-modules are built whole first, so
  * that every failure frees exactly what it made) */
-static fg_status build_block(gpt *g, fg_module *h, int l, fg_dtype dt, fg_module **out) {
+static FG_MUST_USE fg_status build_block(gpt *g, fg_module *h, int l, fg_dtype dt, fg_module **out) {
     const fg_gpt_config *c = &g->c;
     bool bias = !c->no_bias;
     char name[24];
@@ -197,7 +197,7 @@ static fg_status build_block(gpt *g, fg_module *h, int l, fg_dtype dt, fg_module
     return add(bm, "mlp", mm, &b->mlp);
 }
 
-static fg_status check_config(const fg_gpt_config *c) {
+static FG_MUST_USE fg_status check_config(const fg_gpt_config *c) {
     if (c->vocab <= 0 || c->ctx <= 0 || c->layers <= 0 || c->heads <= 0 || c->embd <= 0)
         return fg_error(FG_EINVAL,
                         "gpt_new: vocab = %lld, ctx = %lld, layers = %d, heads = %d, "
@@ -278,7 +278,7 @@ static int cmp_desc(const void *x, const void *y) {
 }
 
 /* Picks a token from one row of logits (V) in double. */
-static fg_status pick(const fg_tensor *row, int64_t V, const fg_sample_opts *o, double u,
+static FG_MUST_USE fg_status pick(const fg_tensor *row, int64_t V, const fg_sample_opts *o, double u,
                       int32_t *out) {
     double *l = fg_step_alloc(sizeof(double) * (size_t)V * 2);
     if (!l) return FG_ENOMEM;

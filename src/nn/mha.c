@@ -39,7 +39,7 @@ static fg_tensor *heads_of(fg_tensor *t, int64_t heads) {
 static fg_tensor *mha_run(const mha_ud *u, fg_tensor *const *in, mha_call c, bool batch_first);
 
 /* (T, E) -> (T, 1, E), one reshape per distinct tensor */
-static fg_status one_batch(fg_tensor **in, fg_tensor *const *orig, int64_t E) {
+static FG_MUST_USE fg_status one_batch(fg_tensor **in, fg_tensor *const *orig, int64_t E) {
     for (int i = 0; i < 3; i++) {
         in[i] = NULL;
         for (int j = 0; j < i; j++)

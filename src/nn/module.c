@@ -52,7 +52,7 @@ const char *fg__module_path(const fg_module *m, char *buf, size_t n) {
     return buf;
 }
 
-static fg_status check_open(const fg_module *m, const char *what) {
+static FG_MUST_USE fg_status check_open(const fg_module *m, const char *what) {
     const fg_module *r = root_of(m);
     if (r->flat) {
         char b[256];
@@ -183,7 +183,7 @@ fail:
     return s;
 }
 
-static fg_status plist_push(fg__plist *l, fg__pentry e) {
+static FG_MUST_USE fg_status plist_push(fg__plist *l, fg__pentry e) {
     if (l->n == l->cap) {
         int cap = l->cap ? 2 * l->cap : 4;
         fg__pentry *p = fg_realloc(l->e, sizeof *p * (size_t)cap);

@@ -56,7 +56,7 @@ typedef struct collect {
     int64_t nmod, capmod;
 } collect;
 
-static fg_status grow(void **p, int64_t *cap, int64_t need, size_t elem) {
+static FG_MUST_USE fg_status grow(void **p, int64_t *cap, int64_t need, size_t elem) {
     if (need <= *cap) return FG_OK;
     int64_t c = *cap ? *cap * 2 : 16;
     while (c < need) c *= 2;
@@ -84,7 +84,7 @@ static char *join(const char *path, const char *name) {
 /* Preorder walk: own parameters, own buffers, then children. Sets each
  * module's index and ranges (relative to the collected arrays). Paths are
  * allocated into path_out[] (indexed by module preorder). */
-static fg_status collect_tree(fg_module *m, const char *path, collect *c, char ***paths,
+static FG_MUST_USE fg_status collect_tree(fg_module *m, const char *path, collect *c, char ***paths,
                               int64_t *cappaths) {
     FG_TRY(grow((void **)&c->mods, &c->capmod, c->nmod + 1, sizeof *c->mods));
     FG_TRY(grow((void **)paths, cappaths, c->nmod + 1, sizeof **paths));
@@ -599,7 +599,7 @@ static void bufs_free(fg_dev *dev, flat_bufs *x) {
  * host), through a bounded host buffer when both are devices: never the
  * whole model in host memory at once. */
 #define MOVE_CHUNK ((size_t)4 << 20)
-static fg_status move_bytes(fg_dev *to, void *dst, fg_dev *from, const void *src, size_t bytes,
+static FG_MUST_USE fg_status move_bytes(fg_dev *to, void *dst, fg_dev *from, const void *src, size_t bytes,
                             void *stage) {
     if (!bytes) return FG_OK;
     if (!from) return fg_dev_copy_h2d(to, dst, src, bytes);
@@ -616,7 +616,7 @@ static fg_status move_bytes(fg_dev *to, void *dst, fg_dev *from, const void *src
  * host): the new buffers are made and filled first, so a failure leaves
  * the model where it was; then every view follows, the old buffers are
  * freed and the device reference moves with them. */
-static fg_status move_flat(fg__flat *f, fg_dev *to, const char *to_name) {
+static FG_MUST_USE fg_status move_flat(fg__flat *f, fg_dev *to, const char *to_name) {
     fg_dev *from = f->dev;
     size_t es = fg_dtype_size(f->dtype);
     size_t pb = es * (size_t)f->pnumel, bb = es * (size_t)f->bnumel;

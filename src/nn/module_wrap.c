@@ -56,7 +56,7 @@ typedef struct segment {
 
 /* The end of a closed unit's backward: the arena back to the mark, with
  * in's gradient (gout, made in the segment or below it) kept. */
-static fg_status rewind_keeping(segment *sg, fg_tensor *in, const fg_tensor *gout) {
+static FG_MUST_USE fg_status rewind_keeping(segment *sg, fg_tensor *in, const fg_tensor *gout) {
     sg->marked = false;
     if (!fg__needs_grad(in)) {
         fg__step_release(sg->mark);
@@ -104,7 +104,7 @@ static fg_status rewind_keeping(segment *sg, fg_tensor *in, const fg_tensor *gou
     return FG_OK;
 }
 
-static fg_status hook_bw(fg__node *n, const fg_tensor *gout) {
+static FG_MUST_USE fg_status hook_bw(fg__node *n, const fg_tensor *gout) {
     const fg__module_wrap *w = (const fg__module_wrap *)(intptr_t)n->i[2];
     int unit = (int)n->i[0];
     fg_status s =

@@ -143,7 +143,7 @@ static fg_tensor *state_at(fg_tensor *s, int64_t k, int64_t N, int64_t H, fg_dty
     return fg_reshape(fg_narrow(s, 0, k, 1), 2, (int64_t[]){N, H});
 }
 
-static fg_status check_state(const rnn_ud *u, const char *what, fg_tensor *s, int64_t N,
+static FG_MUST_USE fg_status check_state(const rnn_ud *u, const char *what, fg_tensor *s, int64_t N,
                              fg_dtype dt) {
     if (!s) return FG_OK;
     int64_t want[3] = {u->layers * u->dirs, N, u->hidden};

@@ -32,7 +32,7 @@ static size_t extent(const fg_tensor *t) {
     return (size_t)(last + 1) * fg_dtype_size(t->dtype);
 }
 
-static fg_status view(scope *s, const fg_tensor *t) {
+static FG_MUST_USE fg_status view(scope *s, const fg_tensor *t) {
     if (!t) return FG_OK;
     for (int i = 0; i < s->n; i++)
         if (s->orig[i] == t) return FG_OK; /* the same tensor twice: one view */

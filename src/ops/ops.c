@@ -25,7 +25,7 @@ static const fg_op_table *const k_tables[FG_DEVICE_KIND_COUNT] = {
 static const char *const k_kind_names[FG_DEVICE_KIND_COUNT] = {
     [FG_CPU] = "cpu", [FG_CUDA] = "cuda", [FG_GUARDED] = "guarded"};
 
-static fg_status missing(const char *op, fg_device kind) {
+static FG_MUST_USE fg_status missing(const char *op, fg_device kind) {
     return fg_error(FG_EUNSUPPORTED,
                     "op %s is not available on %s: its backend has no kernel for it (run on the "
                     "CPU, or add the entry to the %s op table)",

@@ -41,7 +41,7 @@ static void *kview(const char *op, const fg_tensor *first, const fg_tensor *t) {
     void *var = NULL;                                                                              \
     if ((t) && !(var = kview(op, p, (t)))) return fg_last_status();
 
-static fg_status same_n(const char *op, const fg_tensor *p, const fg_tensor *t) {
+static FG_MUST_USE fg_status same_n(const char *op, const fg_tensor *p, const fg_tensor *t) {
     if (t && t->numel != p->numel)
         return fg_error(FG_EINVAL, "%s: %lld elements against the parameters' %lld", op,
                         (long long)t->numel, (long long)p->numel);

@@ -42,7 +42,7 @@ static int phases(const fg_lr_scheduler *s, double *end, int (*lr)[2], int (*mom
     return 2;
 }
 
-static fg_status one_cycle_lr(fg_lr_scheduler *s, double *out) {
+static FG_MUST_USE fg_status one_cycle_lr(fg_lr_scheduler *s, double *out) {
     int64_t step_num = s->last_epoch;
     if (step_num > s->oc.total_steps)
         return fg_error(FG_EINVAL,

@@ -69,7 +69,7 @@ static void record(fg_lr_scheduler *s) {
     for (int g = 0; g < s->ng; g++) s->last_lr[g] = s->opt->group[g].lr;
 }
 
-static fg_status set_lrs(fg_lr_scheduler *s, const double *v) {
+static FG_MUST_USE fg_status set_lrs(fg_lr_scheduler *s, const double *v) {
     for (int g = 0; g < s->ng; g++) s->opt->group[g].lr = v[g];
     record(s);
     fg__optimizer_segments(s->opt);
@@ -115,7 +115,7 @@ fg_lr_scheduler *fg__sched_initial_step(fg_lr_scheduler *s) {
 }
 
 /* one step of a part of SequentialLR/ChainedScheduler, or of s itself */
-static fg_status step_any(fg_lr_scheduler *s, int64_t epoch) {
+static FG_MUST_USE fg_status step_any(fg_lr_scheduler *s, int64_t epoch) {
     if (s->kind == FG__S_CHAINED) {
         for (int i = 0; i < s->nsub; i++) FG_TRY(step_any(s->sub[i], -1));
         record(s);
@@ -313,7 +313,7 @@ char *fg_lr_scheduler_state_save(const fg_lr_scheduler *s) {
 }
 
 /* Parses one scheduler's tokens at *p into s (apply) or only checks them. */
-static fg_status load(fg_lr_scheduler *s, const char **p, bool apply) {
+static FG_MUST_USE fg_status load(fg_lr_scheduler *s, const char **p, bool apply) {
     char name[64];
     int used = 0;
     if (sscanf(*p, " %63s%n", name, &used) != 1)

@@ -141,7 +141,7 @@ void fg__nvme_store_free(fg__nvme_store *s) {
     fg_free(s);
 }
 
-static fg_status no_room(fg__nvme_store *s, double avail, int err) {
+static FG_MUST_USE fg_status no_room(fg__nvme_store *s, double avail, int err) {
     char need[32], have[32], each[32], why[128];
     human((double)s->padded * s->n, need, sizeof need);
     human((double)s->padded, each, sizeof each);
@@ -278,7 +278,7 @@ struct fg__nvme_read {
 };
 
 /* Waits for one completion on the read ring and books it to its read. */
-static fg_status rreap(fg__nvme_store *s) {
+static FG_MUST_USE fg_status rreap(fg__nvme_store *s) {
     struct io_uring_cqe *c;
     int rc;
     do rc = io_uring_wait_cqe(&s->rring, &c);
@@ -377,7 +377,7 @@ typedef struct stream {
 /* user data: set, array, write */
 static uint64_t tag(int b, int i, bool w) { return (uint64_t)(b * 16 + i * 2 + w); }
 
-static fg_status submit(stream *x, int b, bool w) {
+static FG_MUST_USE fg_status submit(stream *x, int b, bool w) {
     fg__nvme_store *s = x->s;
     set *t = &x->sets[b];
     for (int i = 0; i < s->n; i++) {
@@ -399,7 +399,7 @@ static fg_status submit(stream *x, int b, bool w) {
 }
 
 /* Waits for one completion and books it. */
-static fg_status reap(stream *x) {
+static FG_MUST_USE fg_status reap(stream *x) {
     struct io_uring_cqe *c;
     int rc;
     do rc = io_uring_wait_cqe(&x->s->ring, &c);
@@ -425,7 +425,7 @@ static fg_status reap(stream *x) {
     return FG_OK;
 }
 
-static fg_status io_error(stream *x) {
+static FG_MUST_USE fg_status io_error(stream *x) {
     fg__nvme_store *s = x->s;
     const char *op = x->err_write ? "writing" : "reading";
     if (x->err == ENOSPC || x->err == EDQUOT || x->err == EFBIG)
@@ -438,7 +438,7 @@ static fg_status io_error(stream *x) {
 }
 
 /* Puts block b into set k: its place in the files, and its reads. */
-static fg_status take(stream *x, size_t b, int k, bool read) {
+static FG_MUST_USE fg_status take(stream *x, size_t b, int k, bool read) {
     fg__nvme_store *s = x->s;
     set *t = &x->sets[k];
     while (t->writes) FG_TRY(reap(x)); /* its last block must be on disk first */

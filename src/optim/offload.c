@@ -40,7 +40,7 @@ typedef struct fill {
 /* Copies the in-memory state into the blocks; an all-zero block (a fresh
  * optimizer's state: pages never touched) is not written, the files being
  * zero already. */
-static fg_status fill_block(void *ud, size_t off, size_t n, void *const *bufs, bool *write) {
+static FG_MUST_USE fg_status fill_block(void *ud, size_t off, size_t n, void *const *bufs, bool *write) {
     fill *f = ud;
     bool zero = true;
     for (int i = 0; i < f->o->nstates; i++) {
@@ -62,7 +62,7 @@ static fg_status fill_block(void *ud, size_t off, size_t n, void *const *bufs, b
 
 bool fg__optimizer_offloaded(const fg_optimizer *o) { return o && o->offload; }
 
-static fg_status offload(fg_optimizer *o, const char *dir, size_t block, bool params) {
+static FG_MUST_USE fg_status offload(fg_optimizer *o, const char *dir, size_t block, bool params) {
     if (!o) return fg_error(FG_EINVAL, "offload_nvme: NULL optimizer");
     if (o->offload)
         return fg_error(FG_ESTATE, "offload_nvme: the optimizer state is on disk already");
@@ -170,7 +170,7 @@ typedef struct upd {
     const char *grad;
 } upd;
 
-static fg_status update_block(void *ud, size_t off, size_t n, void *const *bufs, bool *write) {
+static FG_MUST_USE fg_status update_block(void *ud, size_t off, size_t n, void *const *bufs, bool *write) {
     upd *u = ud;
     fg_optimizer *o = u->o;
     size_t ss = fg_dtype_size(o->sdt), es = fg_dtype_size(o->dt); /* state, parameters */

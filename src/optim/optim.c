@@ -138,7 +138,7 @@ void fg_optimizer_free(fg_optimizer *o) {
  * disk: the parameter range (unless the nvme store holds it) and the
  * gradient range out to host buffers, the CPU's step on them, the
  * parameters back in: what offload moves, counted by the device. */
-static fg_status host_step(fg_optimizer *o, int64_t begin, int64_t end, void *param,
+static FG_MUST_USE fg_status host_step(fg_optimizer *o, int64_t begin, int64_t end, void *param,
                            const void *grad) {
     size_t bytes = fg_dtype_size(o->dt) * (size_t)(end - begin);
     bool in_store = fg__optimizer_offload_param_store(o, NULL) != NULL || o->host_params;

@@ -127,7 +127,7 @@ void fg__bagua_bytes(const fg_strategy *s, fg_comm_bytes *out) { *out = s->bagua
 
 /* ------------------------------------------------------------ hierarchy */
 
-static fg_status allreduce_avg(fg__bagua_state *st, fg_comm *c, float *buf, int64_t n) {
+static FG_MUST_USE fg_status allreduce_avg(fg__bagua_state *st, fg_comm *c, float *buf, int64_t n) {
     if (fg_comm_size(c) < 2) return FG_OK;
     fg__bagua_count(st, (uint64_t)n * sizeof(float));
     return fg_comm_allreduce(c, buf, buf, n, FG_F32, FG_REDUCE_OP_AVG);
@@ -152,7 +152,7 @@ fg_status fg__bagua_centralized(fg__bagua_state *st, float *buf, int64_t n, fg__
  * fg__bagua_node_size consecutive ranks in tests) inside, their first
  * ranks across. *nodes and *world_out: the node count and the world size,
  * the same on every rank (a node holds several ranks when world > nodes). */
-static fg_status make_groups(fg__bagua_state *st, int *nodes, int *world_out) {
+static FG_MUST_USE fg_status make_groups(fg__bagua_state *st, int *nodes, int *world_out) {
     fg_comm *c = st->s->comm;
     int rank = fg_comm_rank(c), world = fg_comm_size(c);
     int node = fg__bagua_node_size > 0 ? rank / fg__bagua_node_size : fg_comm_node_rank(c);
@@ -167,7 +167,7 @@ static fg_status make_groups(fg__bagua_state *st, int *nodes, int *world_out) {
 
 /* --------------------------------------------------------- bucket hooks */
 
-static fg_status bucket_hook(void *state, const fg_ddp_bucket *b) {
+static FG_MUST_USE fg_status bucket_hook(void *state, const fg_ddp_bucket *b) {
     fg__bagua_state *st = state;
     switch (st->o.algorithm) {
     case FG_BAGUA_GRADIENT_ALLREDUCE:
@@ -187,7 +187,7 @@ static fg_status bucket_hook(void *state, const fg_ddp_bucket *b) {
 
 /* -------------------------------------------------------- optimizer hook */
 
-static fg_status after_step(void *ud, fg_optimizer *opt) {
+static FG_MUST_USE fg_status after_step(void *ud, fg_optimizer *opt) {
     (void)opt;
     fg__bagua_state *st = ud;
     st->opt_steps++;
@@ -201,7 +201,7 @@ static void detach(void *ud) {
     st->opt = NULL;
 }
 
-static fg_status hook_optimizer(fg__bagua_state *st) {
+static FG_MUST_USE fg_status hook_optimizer(fg__bagua_state *st) {
     fg_strategy *s = st->s;
     if (!s->opt || fg_optimizer_module(s->opt) != s->model)
         return fg_error(FG_EINVAL,

@@ -65,7 +65,7 @@ fg_status fg__decent_setup(fg__bagua_state *st) {
 }
 
 /* shift_one over c: buf becomes (peer's + own) / 2 */
-static fg_status shift_one(fg__bagua_state *st, fg_comm *c, float *buf) {
+static FG_MUST_USE fg_status shift_one(fg__bagua_state *st, fg_comm *c, float *buf) {
     int r = fg_comm_rank(c), q = fg_comm_size(c);
     if (q < 2) return FG_OK;
     int peer = fg__bagua_shift_one_peer(r, q, st->comm_steps);
@@ -82,7 +82,7 @@ static fg_status shift_one(fg__bagua_state *st, fg_comm *c, float *buf) {
     return FG_OK;
 }
 
-static fg_status exchange(fg__bagua_state *st, float *buf) {
+static FG_MUST_USE fg_status exchange(fg__bagua_state *st, float *buf) {
     fg_comm *c = peer_comm(st);
     if (!c) return FG_OK;
     if (st->o.peer_selection_mode == FG_BAGUA_PEERS_SHIFT_ONE) return shift_one(st, c, buf);
@@ -137,7 +137,7 @@ fg_status fg__decent_backward(fg__bagua_state *st, fg_tensor *loss) {
 /* Sends rec (bytes) to `to` and receives into in from `from`; even ranks
  * send first, odd ones receive first, so that blocking sends of large
  * messages cannot all wait on each other around the ring. */
-static fg_status ring_pass(fg_comm *c, const uint8_t *rec, uint8_t *in, int64_t bytes, int to,
+static FG_MUST_USE fg_status ring_pass(fg_comm *c, const uint8_t *rec, uint8_t *in, int64_t bytes, int to,
                            int from) {
     if (fg_comm_rank(c) % 2 == 0) {
         FG_TRY(fg_comm_send(c, rec, bytes, FG_U8, to));
@@ -147,7 +147,7 @@ static fg_status ring_pass(fg_comm *c, const uint8_t *rec, uint8_t *in, int64_t 
     return fg_comm_send(c, rec, bytes, FG_U8, to);
 }
 
-static fg_status lpd_ring(fg__bagua_state *st, fg_comm *c, float *x) {
+static FG_MUST_USE fg_status lpd_ring(fg__bagua_state *st, fg_comm *c, float *x) {
     int p = fg_comm_size(c), r = fg_comm_rank(c);
     if (p < 2) return FG_OK;
     int64_t n = st->n;

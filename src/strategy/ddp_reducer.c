@@ -266,7 +266,7 @@ fg_status fg_ddp_bucket_allreduce(const fg_ddp_bucket *b, float *buf, int64_t co
 /* Bucket bk through the hook (blocking): under a wrapper the bucket is
  * rounded to its dtype first, and without a hook the wrapper wraps the
  * plain average. */
-static fg_status run_hook_on(fg__ddp_reducer *r, const bucket *bk, float *grad) {
+static FG_MUST_USE fg_status run_hook_on(fg__ddp_reducer *r, const bucket *bk, float *grad) {
     fg_ddp_bucket b = {.index = (int)(bk - r->b),
                        .num_buckets = r->nb,
                        .grad = grad,
@@ -290,7 +290,7 @@ static fg_status run_hook_on(fg__ddp_reducer *r, const bucket *bk, float *grad) 
  * wire rounding) runs on the bucket's staged host copy: the bucket out,
  * the hook, the result back in (counted as staging). Compression on the
  * device itself comes with the device's kernels. */
-static fg_status run_hook(fg__ddp_reducer *r, const bucket *bk) {
+static FG_MUST_USE fg_status run_hook(fg__ddp_reducer *r, const bucket *bk) {
     float *grad = (float *)r->flat->data + bk->begin;
     fg_dev *dev = fg_tensor_dev(r->flat);
     if (!dev || fg_dev_host_accessible(dev) || fg_comm_reads_device(r->comm, fg_dev_kind(dev)))
@@ -307,7 +307,7 @@ static fg_status run_hook(fg__ddp_reducer *r, const bucket *bk) {
 
 /* Starts bucket bk: one allreduce, or under ZeRO one reduce per shard it
  * meets, to that shard's rank. */
-static fg_status start_bucket(fg__ddp_reducer *r, const bucket *bk) {
+static FG_MUST_USE fg_status start_bucket(fg__ddp_reducer *r, const bucket *bk) {
     size_t es = fg_dtype_size(r->flat->dtype);
     fg_dtype dt = r->flat->dtype;
     char *base = r->flat->data;
@@ -411,7 +411,7 @@ static void *hook_worker(void *arg) {
     return NULL;
 }
 
-static fg_status worker_start(fg__ddp_reducer *r) {
+static FG_MUST_USE fg_status worker_start(fg__ddp_reducer *r) {
     if (r->worker_on) return FG_OK;
     if (pthread_mutex_init(&r->mu, NULL)) return fg_error(FG_ENOMEM, "%s: hook thread", r->name);
     if (pthread_cond_init(&r->work, NULL)) {
@@ -494,7 +494,7 @@ static int find_param(const fg__ddp_reducer *r, const fg_tensor *t) {
 
 /* Waits for every request started, even after an error, so that no request
  * outlives the buffers it works on; then the first error, if any. */
-static fg_status wait_all(fg__ddp_reducer *r) {
+static FG_MUST_USE fg_status wait_all(fg__ddp_reducer *r) {
     for (int i = 0; i < r->nreqs; i++) {
         fg_status ws = fg_comm_wait(r->reqs[i]);
         r->reqs[i] = NULL;
@@ -522,7 +522,7 @@ void fg__ddp_reducer_add_bytes(fg__ddp_reducer *r, uint64_t bytes) {
 }
 
 /* Counts a synchronisation that ended with status s. */
-static fg_status count_step(fg__ddp_reducer *r, fg_status s) {
+static FG_MUST_USE fg_status count_step(fg__ddp_reducer *r, fg_status s) {
     r->bytes.total += r->bytes.last_step;
     if (s == FG_OK) r->bytes.steps++;
     return s;

@@ -82,7 +82,7 @@ void fg__det_free(fg_strategy *s) {
 }
 
 /* Grows *p to hold n elements of es bytes (keeping its content). */
-static fg_status grow(void *pp, size_t n, size_t es) {
+static FG_MUST_USE fg_status grow(void *pp, size_t n, size_t es) {
     void **p = pp;
     void *q = fg_realloc(*p, n * es);
     if (!q && n) return fg_error_wrap(FG_ENOMEM, "deterministic: %zu bytes for gradients", n * es);
@@ -119,7 +119,7 @@ static void tree_sum(fg__det_state *d, void **v, int m, int64_t n, void *out) {
 }
 
 /* The losses of the step: every rank's A, in the tree's order. */
-static fg_status reduce_losses(fg_strategy *s, int world) {
+static FG_MUST_USE fg_status reduce_losses(fg_strategy *s, int world) {
     fg__det_state *d = s->det;
     int m = d->A * world;
     if (m > d->lcap) {
@@ -141,7 +141,7 @@ static fg_status reduce_losses(fg_strategy *s, int world) {
     return FG_OK;
 }
 
-static fg_status synchronise(fg_strategy *s) {
+static FG_MUST_USE fg_status synchronise(fg_strategy *s) {
     fg__det_state *d = s->det;
     fg_tensor *g = fg_module_flat_grads(s->model);
     int world = s->comm ? fg_comm_size(s->comm) : 1;

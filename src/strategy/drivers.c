@@ -10,7 +10,7 @@
 
 /* ------------------------------------------------------------- setups */
 
-static fg_status setup_dp(fg_strategy *s, const fg_ddp_opts *ddp, const fg_sharded_opts *sh,
+static FG_MUST_USE fg_status setup_dp(fg_strategy *s, const fg_ddp_opts *ddp, const fg_sharded_opts *sh,
                           int dp_threads) {
     (void)ddp;
     (void)sh;
@@ -18,7 +18,7 @@ static fg_status setup_dp(fg_strategy *s, const fg_ddp_opts *ddp, const fg_shard
     return s->kind == FG_STRATEGY_DDP2 ? fg__ddp2_setup(s) : FG_OK;
 }
 
-static fg_status setup_ddp(fg_strategy *s, const fg_ddp_opts *o, const fg_sharded_opts *sh,
+static FG_MUST_USE fg_status setup_ddp(fg_strategy *s, const fg_ddp_opts *o, const fg_sharded_opts *sh,
                            int dp_threads) {
     (void)sh;
     (void)dp_threads;
@@ -32,35 +32,35 @@ static fg_status setup_ddp(fg_strategy *s, const fg_ddp_opts *o, const fg_sharde
     return fg__ddp_hooks_attach(s);
 }
 
-static fg_status setup_zero(fg_strategy *s, const fg_ddp_opts *ddp, const fg_sharded_opts *sh,
+static FG_MUST_USE fg_status setup_zero(fg_strategy *s, const fg_ddp_opts *ddp, const fg_sharded_opts *sh,
                             int dp_threads) {
     (void)ddp;
     (void)dp_threads;
     return fg__zero_setup(s, sh);
 }
 
-static fg_status setup_bagua(fg_strategy *s, const fg_ddp_opts *ddp, const fg_sharded_opts *sh,
+static FG_MUST_USE fg_status setup_bagua(fg_strategy *s, const fg_ddp_opts *ddp, const fg_sharded_opts *sh,
                              int dp_threads) {
     (void)sh;
     (void)dp_threads;
     return fg__bagua_setup(s, ddp);
 }
 
-static fg_status setup_horovod(fg_strategy *s, const fg_ddp_opts *ddp, const fg_sharded_opts *sh,
+static FG_MUST_USE fg_status setup_horovod(fg_strategy *s, const fg_ddp_opts *ddp, const fg_sharded_opts *sh,
                                int dp_threads) {
     (void)sh;
     (void)dp_threads;
     return fg__horovod_setup(s, ddp);
 }
 
-static fg_status setup_hivemind(fg_strategy *s, const fg_ddp_opts *ddp, const fg_sharded_opts *sh,
+static FG_MUST_USE fg_status setup_hivemind(fg_strategy *s, const fg_ddp_opts *ddp, const fg_sharded_opts *sh,
                                 int dp_threads) {
     (void)sh;
     (void)dp_threads;
     return fg__hivemind_setup(s, ddp);
 }
 
-static fg_status setup_det(fg_strategy *s, const fg_ddp_opts *ddp, const fg_sharded_opts *sh,
+static FG_MUST_USE fg_status setup_det(fg_strategy *s, const fg_ddp_opts *ddp, const fg_sharded_opts *sh,
                            int dp_threads) {
     (void)ddp;
     (void)sh;
@@ -72,27 +72,27 @@ static fg_status setup_det(fg_strategy *s, const fg_ddp_opts *ddp, const fg_shar
 
 /* dp and ddp2: the replicas' gradients are in the model's; ddp2 averages
  * them across the processes (a no-op under dp) */
-static fg_status backward_dp(fg_strategy *s, fg_tensor *loss) {
+static FG_MUST_USE fg_status backward_dp(fg_strategy *s, fg_tensor *loss) {
     FG_TRY(fg_backward(loss));
     return fg__ddp2_sync(s);
 }
 
-static fg_status backward_ddp(fg_strategy *s, fg_tensor *loss) {
+static FG_MUST_USE fg_status backward_ddp(fg_strategy *s, fg_tensor *loss) {
     return fg__ddp_reducer_backward(s->reducer, loss, s->sync);
 }
 
-static fg_status backward_zero(fg_strategy *s, fg_tensor *loss) {
+static FG_MUST_USE fg_status backward_zero(fg_strategy *s, fg_tensor *loss) {
     fg__zero_before_backward(s);
     return fg__ddp_reducer_backward(s->reducer, loss, s->sync);
 }
 
-static fg_status backward_det(fg_strategy *s, fg_tensor *loss) {
+static FG_MUST_USE fg_status backward_det(fg_strategy *s, fg_tensor *loss) {
     return fg__det_backward(s, loss, s->sync);
 }
 
 /* -------------------------------------------------------- other entries */
 
-static fg_status step_dp(fg_strategy *s, fg_batch *b, fg_strategy_step_fn fn, void *ud,
+static FG_MUST_USE fg_status step_dp(fg_strategy *s, fg_batch *b, fg_strategy_step_fn fn, void *ud,
                          double *part_losses, int max_parts, int *nparts, double *loss) {
     FG_TRY(fg__dp_step(s, b, fn, ud, part_losses, max_parts, nparts, loss));
     return fg__ddp2_sync(s);

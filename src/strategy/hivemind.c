@@ -82,11 +82,11 @@ struct fg__hivemind_state {
 
 /* numel f32 values of a buffer of the model's device to host memory, and
  * back (a plain copy on the host) */
-static fg_status to_host(const fg__hivemind_state *h, float *dst, const float *src) {
+static FG_MUST_USE fg_status to_host(const fg__hivemind_state *h, float *dst, const float *src) {
     if (!h->dev) return memcpy(dst, src, (size_t)h->numel * 4), FG_OK;
     return fg_dev_copy_d2h(h->dev, dst, src, (size_t)h->numel * 4);
 }
-static fg_status from_host(const fg__hivemind_state *h, float *dst, const float *src) {
+static FG_MUST_USE fg_status from_host(const fg__hivemind_state *h, float *dst, const float *src) {
     if (!h->dev) return memcpy(dst, src, (size_t)h->numel * 4), FG_OK;
     return fg_dev_copy_h2d(h->dev, dst, src, (size_t)h->numel * 4);
 }
@@ -95,7 +95,7 @@ static fg_status from_host(const fg__hivemind_state *h, float *dst, const float 
  * f32 each); its size in values. */
 static int64_t state_len(const fg__hivemind_state *h) { return h->numel * (1 + h->nstates); }
 
-static fg_status gather_state(fg_strategy *s, float *out) {
+static FG_MUST_USE fg_status gather_state(fg_strategy *s, float *out) {
     fg__hivemind_state *h = s->hivemind;
     FG_TRY(to_host(h, out, fg_tensor_data(fg_module_flat_params(s->model))));
     for (int i = 0; i < h->nstates; i++) {
@@ -108,7 +108,7 @@ static fg_status gather_state(fg_strategy *s, float *out) {
     return FG_OK;
 }
 
-static fg_status scatter_state(fg_strategy *s, const float *in) {
+static FG_MUST_USE fg_status scatter_state(fg_strategy *s, const float *in) {
     fg__hivemind_state *h = s->hivemind;
     FG_TRY(from_host(h, fg_tensor_data(fg_module_flat_params(s->model)), in));
     for (int i = 0; i < h->nstates; i++)
@@ -117,14 +117,14 @@ static fg_status scatter_state(fg_strategy *s, const float *in) {
     return FG_OK;
 }
 
-static fg_status serve_state(fg_strategy *s) {
+static FG_MUST_USE fg_status serve_state(fg_strategy *s) {
     fg__hivemind_state *h = s->hivemind;
     FG_TRY(gather_state(s, h->state));
     return fg_hivemind_set_state(h->peer, h->epoch, h->state, (size_t)state_len(h) * 4);
 }
 
 /* load_state_from_peers: parameters, optimizer state and epoch. */
-static fg_status load_from_peers(fg_strategy *s) {
+static FG_MUST_USE fg_status load_from_peers(fg_strategy *s) {
     fg__hivemind_state *h = s->hivemind;
     int64_t epoch;
     FG_TRY(fg_hivemind_load_state(h->peer, h->state, (size_t)state_len(h) * 4, &epoch));
@@ -142,7 +142,7 @@ static fg_status load_from_peers(fg_strategy *s) {
  * segments of the round's optimizer copy. Only where the host reads the
  * model and the optimizer's state in place (the CPU): the round steps host
  * memory with the optimizer's own kernels. */
-static fg_status offload_setup(fg_strategy *s) {
+static FG_MUST_USE fg_status offload_setup(fg_strategy *s) {
     fg__hivemind_state *h = s->hivemind;
     fg_optimizer *opt = s->opt;
     if (!h->o.offload_optimizer) return FG_OK;
@@ -251,7 +251,7 @@ fg_status fg__hivemind_setup(fg_strategy *s, const fg_ddp_opts *d) {
     return serve_state(s);
 }
 
-static fg_status collect(fg_strategy *s, bool wait, bool *stepped);
+static FG_MUST_USE fg_status collect(fg_strategy *s, bool wait, bool *stepped);
 
 void fg__hivemind_free(fg_strategy *s) {
     fg__hivemind_state *h = s->hivemind;
@@ -279,7 +279,7 @@ void fg__hivemind_free(fg_strategy *s) {
 }
 
 /* One global epoch's averaging and step. */
-static fg_status average_and_step(fg_strategy *s, bool *stepped) {
+static FG_MUST_USE fg_status average_and_step(fg_strategy *s, bool *stepped) {
     fg__hivemind_state *h = s->hivemind;
     float *gd = fg_tensor_data(fg_module_flat_grads(s->model));
     float *g = h->dev ? h->gh : gd; /* the round's gradient, in host memory */
@@ -340,7 +340,7 @@ static int every_of(const fg__hivemind_state *h) {
 
 /* Hivemind's state averaging of master and the optimizer's state (weight 1
  * a member), through h->state; by the thread that owns the round. */
-static fg_status average_master_state(fg_strategy *s) {
+static FG_MUST_USE fg_status average_master_state(fg_strategy *s) {
     fg__hivemind_state *h = s->hivemind;
     memcpy(h->state, h->master, (size_t)h->numel * 4);
     for (int i = 0; i < h->nstates; i++)
@@ -369,7 +369,7 @@ static void log_round(const fg__hivemind_state *h, int64_t epoch, int members,
  * all-reduce, the step of master, (with delay_state_averaging) the state
  * averaging. In the round's thread, or in the training thread when the
  * step is not delayed. */
-static fg_status round_work(fg_strategy *s) {
+static FG_MUST_USE fg_status round_work(fg_strategy *s) {
     fg__hivemind_state *h = s->hivemind;
     hm_round *b = &h->bg;
     if (b->grads) {
@@ -406,7 +406,7 @@ static void *round_main(void *arg) {
 /* The round's copy of the optimizer: its lr and decay now (the training
  * thread may change the optimizer's while the round runs), its step count
  * the round's epoch, no hook; the state buffers are the optimizer's. */
-static fg_status round_optimizer(fg_strategy *s) {
+static FG_MUST_USE fg_status round_optimizer(fg_strategy *s) {
     fg__hivemind_state *h = s->hivemind;
     hm_round *b = &h->bg;
     fg_optimizer *o = s->opt;
@@ -428,7 +428,7 @@ static fg_status round_optimizer(fg_strategy *s) {
  * group gives its samples back to the epoch being accumulated (which is
  * then the round's epoch again); otherwise the state averaging that is not
  * delayed, then master into the model, the step count, the served state. */
-static fg_status collect(fg_strategy *s, bool wait, bool *stepped) {
+static FG_MUST_USE fg_status collect(fg_strategy *s, bool wait, bool *stepped) {
     fg__hivemind_state *h = s->hivemind;
     hm_round *b = &h->bg;
     if (!b->running || (!wait && !__atomic_load_n(&b->done, __ATOMIC_ACQUIRE))) return FG_OK;
@@ -477,7 +477,7 @@ static fg_status collect(fg_strategy *s, bool wait, bool *stepped) {
  * averages first, as the plain step does (a declined group accumulates on);
  * then the round takes the model's parameters as master, and steps in its
  * thread (delay_optimizer_step) or here, collected at once. */
-static fg_status launch(fg_strategy *s, bool *stepped) {
+static FG_MUST_USE fg_status launch(fg_strategy *s, bool *stepped) {
     fg__hivemind_state *h = s->hivemind;
     hm_round *b = &h->bg;
     b->epoch = h->epoch;
@@ -542,7 +542,7 @@ static fg_status launch(fg_strategy *s, bool *stepped) {
  * the swarm holds the target (the one in flight collected first, waiting
  * for it: one at a time). A round still matching publishes for this peer;
  * when this peer alone holds the target again it waits for the match. */
-static fg_status step_offloaded(fg_strategy *s, bool *stepped) {
+static FG_MUST_USE fg_status step_offloaded(fg_strategy *s, bool *stepped) {
     fg__hivemind_state *h = s->hivemind;
     hm_round *b = &h->bg;
     FG_TRY(collect(s, false, stepped));
@@ -593,7 +593,7 @@ fg_status fg__hivemind_settle(fg_strategy *s) {
     return s->hivemind ? collect(s, true, NULL) : FG_OK;
 }
 
-static fg_status step_accumulated(fg_strategy *s, bool *stepped);
+static FG_MUST_USE fg_status step_accumulated(fg_strategy *s, bool *stepped);
 
 fg_status fg__hivemind_optimizer_step(fg_strategy *s, fg_optimizer *opt, bool *stepped) {
     fg__hivemind_state *h = s->hivemind;
@@ -636,7 +636,7 @@ fg_status fg__hivemind_optimizer_step(fg_strategy *s, fg_optimizer *opt, bool *s
 
 /* The rest of fg__hivemind_optimizer_step: this step's gradient into the
  * accumulator, then a round if the swarm holds the target. */
-static fg_status step_accumulated(fg_strategy *s, bool *stepped) {
+static FG_MUST_USE fg_status step_accumulated(fg_strategy *s, bool *stepped) {
     fg__hivemind_state *h = s->hivemind;
     float *g = fg_tensor_data(fg_module_flat_grads(s->model));
     if (h->dev) {

@@ -6,18 +6,18 @@
  * one), and the communicator sums halves in f32 and rounds once. */
 #include "ddp_hooks.h"
 
-static fg_status compress(const fg_ddp_bucket *b, fg_dtype dt) {
+static FG_MUST_USE fg_status compress(const fg_ddp_bucket *b, fg_dtype dt) {
     float n = (float)b->world_size;
     for (int64_t i = 0; i < b->numel; i++) b->grad[i] /= n;
     return fg__ddp_bucket_allreduce_as(b, b->grad, b->numel, dt, FG_REDUCE_OP_SUM);
 }
 
-static fg_status fp16_run(void *state, const fg_ddp_bucket *b) {
+static FG_MUST_USE fg_status fp16_run(void *state, const fg_ddp_bucket *b) {
     (void)state;
     return compress(b, FG_F16);
 }
 
-static fg_status bf16_run(void *state, const fg_ddp_bucket *b) {
+static FG_MUST_USE fg_status bf16_run(void *state, const fg_ddp_bucket *b) {
     (void)state;
     return compress(b, FG_BF16);
 }

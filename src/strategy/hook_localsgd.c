@@ -19,7 +19,7 @@ typedef struct localsgd {
     fg_optimizer *opt; /* NULL once freed */
 } localsgd;
 
-static fg_status state_new(fg_strategy *s, const fg_ddp_opts *o, void **out) {
+static FG_MUST_USE fg_status state_new(fg_strategy *s, const fg_ddp_opts *o, void **out) {
     if (!s->opt || fg_optimizer_module(s->opt) != s->model)
         return fg_error(FG_EINVAL,
                         "ddp_comm_hook=post_localsgd: needs the optimizer over the whole model "
@@ -34,7 +34,7 @@ static fg_status state_new(fg_strategy *s, const fg_ddp_opts *o, void **out) {
     return FG_OK;
 }
 
-static fg_status average(void *ud, fg_optimizer *opt) {
+static FG_MUST_USE fg_status average(void *ud, fg_optimizer *opt) {
     (void)opt;
     localsgd *l = ud;
     int64_t k = l->k++;
@@ -56,7 +56,7 @@ static void detach(void *ud) {
     l->opt = NULL;
 }
 
-static fg_status attach(fg_strategy *s, void *state) {
+static FG_MUST_USE fg_status attach(fg_strategy *s, void *state) {
     localsgd *l = state;
     l->opt = s->opt;
     fg__optimizer_set_hook(l->opt,
@@ -71,7 +71,7 @@ static void state_free(void *state) {
     fg_free(l);
 }
 
-static fg_status run(void *state, const fg_ddp_bucket *b) {
+static FG_MUST_USE fg_status run(void *state, const fg_ddp_bucket *b) {
     localsgd *l = state;
     if (b->iter < l->start) return fg_ddp_bucket_allreduce(b, b->grad, b->numel, FG_REDUCE_OP_AVG);
     return FG_OK;

@@ -35,7 +35,7 @@ typedef struct psgd {
     int64_t scratch_cap;
 } psgd;
 
-static fg_status state_new(fg_strategy *s, const fg_ddp_opts *o, void **out) {
+static FG_MUST_USE fg_status state_new(fg_strategy *s, const fg_ddp_opts *o, void **out) {
     (void)s;
     const fg_powersgd_opts *po = &o->powersgd;
     psgd *p = fg_calloc(1, sizeof *p);
@@ -149,24 +149,24 @@ static void orthogonalize(float *a, int64_t len, int64_t cols, double eps) {
  * contiguous for orthogonalize. */
 
 /* Pt (r, n) = Qt (r, m) M^T: P = M Q */
-static fg_status mul_mq(const float *M, const float *Qt, float *Pt, int64_t n, int64_t m,
+static FG_MUST_USE fg_status mul_mq(const float *M, const float *Qt, float *Pt, int64_t n, int64_t m,
                         int64_t r) {
     return fg__ops_sgemm_serial(false, true, r, n, m, Qt, m, M, m, 0.0f, Pt, n);
 }
 
 /* Qt (r, m) = Pt (r, n) M: Q = M^T P */
-static fg_status mul_mtp(const float *M, const float *Pt, float *Qt, int64_t n, int64_t m,
+static FG_MUST_USE fg_status mul_mtp(const float *M, const float *Pt, float *Qt, int64_t n, int64_t m,
                          int64_t r) {
     return fg__ops_sgemm_serial(false, false, r, m, n, Pt, n, M, m, 0.0f, Qt, m);
 }
 
 /* M (n, m) = Pt^T Qt: M = P Q^T */
-static fg_status mul_pqt(const float *Pt, const float *Qt, float *M, int64_t n, int64_t m,
+static FG_MUST_USE fg_status mul_pqt(const float *Pt, const float *Qt, float *M, int64_t n, int64_t m,
                          int64_t r) {
     return fg__ops_sgemm_serial(true, false, n, m, r, Pt, n, Qt, m, 0.0f, M, m);
 }
 
-static fg_status grow(psgd *p, int64_t n) {
+static FG_MUST_USE fg_status grow(psgd *p, int64_t n) {
     if (n <= p->scratch_cap) return FG_OK;
     float *s = fg_realloc(p->scratch, (size_t)n * sizeof *s);
     if (!s) return fg_error_wrap(FG_ENOMEM, "powersgd");
@@ -198,7 +198,7 @@ static int64_t pack(const psgd *p, const fg_ddp_bucket *b, float *U, bool back) 
     return u;
 }
 
-static fg_status run(void *state, const fg_ddp_bucket *b) {
+static FG_MUST_USE fg_status run(void *state, const fg_ddp_bucket *b) {
     psgd *p = state;
     if (b->iter < p->start) return fg_ddp_bucket_allreduce(b, b->grad, b->numel, FG_REDUCE_OP_AVG);
     if (!p->b) {

@@ -70,7 +70,7 @@ static int order(const fg__horovod_state *h, int k) { return h->n - 1 - k; }
 
 /* n elements at src (dtype sdt) into dst (ddt): on the host, or with the
  * device's kernel on dev. */
-static fg_status convert(fg_dev *dev, void *dst, fg_dtype ddt, const void *src, fg_dtype sdt,
+static FG_MUST_USE fg_status convert(fg_dev *dev, void *dst, fg_dtype ddt, const void *src, fg_dtype sdt,
                          int64_t n) {
     if (!dev) return fg_convert(dst, ddt, src, sdt, n);
     fg_tensor *d = fg_tensor_wrap_on(dev, dst, ddt, 1, &n);
@@ -94,7 +94,7 @@ static void buf_free(fg_dev *dev, void *p) {
  * (on the device with the gradients: packed and unpacked by its kernels,
  * the allreduce staged through the host when the backend reads host
  * memory only). */
-static fg_status reduce_range(fg_strategy *s, int from, int to) {
+static FG_MUST_USE fg_status reduce_range(fg_strategy *s, int from, int to) {
     fg__horovod_state *h = s->horovod;
     float *g = fg_tensor_data(fg_module_flat_grads(s->model));
     fg_dtype wire = h->compression == FG_HOROVOD_COMPRESSION_FP16 ? FG_F16 : FG_F32;
@@ -230,7 +230,7 @@ void fg__horovod_free(fg_strategy *s) {
     s->horovod = NULL;
 }
 
-static fg_status env_num(const char *name, double *out, bool *set) {
+static FG_MUST_USE fg_status env_num(const char *name, double *out, bool *set) {
     const char *v = getenv(name);
     *set = false;
     if (!v || !*v) return FG_OK;

@@ -106,7 +106,7 @@ static void zero_grad2(void *ud) {
     release_grad(z, 0, z->numel);
 }
 
-static fg_status no_unit(void *ud, int unit) {
+static FG_MUST_USE fg_status no_unit(void *ud, int unit) {
     (void)ud;
     (void)unit;
     return FG_OK;
@@ -136,7 +136,7 @@ void fg__zero_range(const fg_strategy *s, int rank, int64_t *begin, int64_t *end
 const int64_t *fg__zero_bounds(const fg_strategy *s) { return s->zero->bounds; }
 
 /* The post-step hook: every rank's updated shard to every rank, in place. */
-static fg_status gather_params(void *ud, fg_optimizer *o) {
+static FG_MUST_USE fg_status gather_params(void *ud, fg_optimizer *o) {
     (void)o;
     fg_strategy *s = ud;
     fg__zero_state *z = s->zero;
@@ -160,7 +160,7 @@ static fg_status gather_params(void *ud, fg_optimizer *o) {
     return FG_OK;
 }
 
-static fg_status after_step3(void *ud, fg_optimizer *o) {
+static FG_MUST_USE fg_status after_step3(void *ud, fg_optimizer *o) {
     (void)o;
     return fg__zero3_release_all(ud);
 }

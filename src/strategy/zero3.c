@@ -180,7 +180,7 @@ static void drop_pages(fg__zero3_state *z, char *base, int64_t a, int64_t b) {
     else if (a < b && q1 > q0) madvise((void *)q0, q1 - q0, MADV_DONTNEED);
 }
 
-static fg_status broadcasts(fg__zero3_state *z, unit *u) {
+static FG_MUST_USE fg_status broadcasts(fg__zero3_state *z, unit *u) {
     u->nreqs = 0;
     u->state = IN_FLIGHT;
     const int64_t *bounds = fg__zero_bounds(z->s);
@@ -203,7 +203,7 @@ static fg_status broadcasts(fg__zero3_state *z, unit *u) {
     return FG_OK;
 }
 
-static fg_status start(fg__zero3_state *z, unit *u) {
+static FG_MUST_USE fg_status start(fg__zero3_state *z, unit *u) {
     if (u->state != RELEASED) return FG_OK;
     for (int k = 0; k < u->nr; k++) z->gathered += outside_shard(z, u->r[k][0], u->r[k][1]);
     z->peak_gathered = FG_MAX(z->peak_gathered, z->gathered);
@@ -216,7 +216,7 @@ static fg_status start(fg__zero3_state *z, unit *u) {
                                        fg_strategy_kind_name(z->s->kind));
 }
 
-static fg_status finish(fg__zero3_state *z, unit *u) {
+static FG_MUST_USE fg_status finish(fg__zero3_state *z, unit *u) {
     fg_status first = FG_OK;
     if (u->state == FETCHING) { /* every rank broadcasts, even after a failed read */
         first = fg__poffload_land(z->po, (int)(u - z->units), z->pbase);
@@ -235,7 +235,7 @@ static fg_status finish(fg__zero3_state *z, unit *u) {
     return FG_OK;
 }
 
-static fg_status ensure(fg__zero3_state *z, int k) {
+static FG_MUST_USE fg_status ensure(fg__zero3_state *z, int k) {
     unit *u = &z->units[k];
     FG_TRY(start(z, u));
     return u->state == IN_FLIGHT || u->state == FETCHING ? finish(z, u) : FG_OK;
@@ -243,7 +243,7 @@ static fg_status ensure(fg__zero3_state *z, int k) {
 
 /* Waits for what is in flight for u; a fetch not yet broadcast (every
  * rank has it in the same state) is dropped without communicating. */
-static fg_status quiesce(fg__zero3_state *z, unit *u) {
+static FG_MUST_USE fg_status quiesce(fg__zero3_state *z, unit *u) {
     if (u->state != FETCHING) return finish(z, u);
     fg__poffload_drop(z->po, (int)(u - z->units));
     u->state = GATHERED; /* nothing in flight; what it holds is stale */
@@ -287,7 +287,7 @@ static void edge_pages(fg__zero3_state *z, const unit *u) {
         }
 }
 
-static fg_status release(fg__zero3_state *z, int k) {
+static FG_MUST_USE fg_status release(fg__zero3_state *z, int k) {
     unit *u = &z->units[k];
     if (u->state == RELEASED) return FG_OK;
     fg_status st = quiesce(z, u); /* nothing may still write into the pages */
@@ -301,7 +301,7 @@ static fg_status release(fg__zero3_state *z, int k) {
     return st;
 }
 
-static fg_status release_all(fg__zero3_state *z) {
+static FG_MUST_USE fg_status release_all(fg__zero3_state *z) {
     fg_status first = FG_OK;
     for (int k = 0; k < z->nunits; k++) {
         fg_status st = release(z, k);
@@ -312,7 +312,7 @@ static fg_status release_all(fg__zero3_state *z) {
 
 /* ------------------------------------------------------------ hooks */
 
-static fg_status pre_forward(void *ud, int k) {
+static FG_MUST_USE fg_status pre_forward(void *ud, int k) {
     fg__zero3_state *z = ud;
     if (z->summoned) return FG_OK;
     int root = z->nunits - 1;
@@ -325,7 +325,7 @@ static fg_status pre_forward(void *ud, int k) {
     return FG_OK;
 }
 
-static fg_status post_forward(void *ud, int k) {
+static FG_MUST_USE fg_status post_forward(void *ud, int k) {
     fg__zero3_state *z = ud;
     if (z->summoned) return FG_OK;
     /* in a checkpoint's recomputation the unit's backward comes next:
@@ -339,7 +339,7 @@ static fg_status post_forward(void *ud, int k) {
     return k < root - 1 ? release(z, k) : FG_OK;
 }
 
-static fg_status pre_backward(void *ud, int k) {
+static FG_MUST_USE fg_status pre_backward(void *ud, int k) {
     fg__zero3_state *z = ud;
     if (z->summoned) return FG_OK;
     int root = z->nunits - 1;
@@ -349,7 +349,7 @@ static fg_status pre_backward(void *ud, int k) {
     return FG_OK;
 }
 
-static fg_status post_backward(void *ud, int k) {
+static FG_MUST_USE fg_status post_backward(void *ud, int k) {
     fg__zero3_state *z = ud;
     if (z->summoned) return FG_OK;
     return k == z->nunits - 1 ? FG_OK : release(z, k);
@@ -431,7 +431,7 @@ static void collect_units(fg_module *m, const fg_sharded_opts *o, fg_module **ou
     for (int i = 0; i < m->nchild; i++) collect_units(m->child[i], o, out, n);
 }
 
-static fg_status make_units(fg__zero3_state *z, fg_module *root, const fg_sharded_opts *o) {
+static FG_MUST_USE fg_status make_units(fg__zero3_state *z, fg_module *root, const fg_sharded_opts *o) {
     int n = 0;
     collect_units(root, o, NULL, &n);
     z->nunits = n + 1;

@@ -554,12 +554,12 @@ static size_t span(const fg_tensor *t) {
     return (size_t)(last + 1) * fg_dtype_size(t->dtype);
 }
 
-static fg_status copy_host(fg_tensor *dst, const fg_tensor *src);
+static FG_MUST_USE fg_status copy_host(fg_tensor *dst, const fg_tensor *src);
 
 /* A converting or strided copy within the guarded device: its kernel is
  * the host's copy run on the device's private alias (as its op table's
  * entries are), so the bits are the CPU's. */
-static fg_status copy_guarded(fg_dev *d, fg_tensor *dst, const fg_tensor *src) {
+static FG_MUST_USE fg_status copy_guarded(fg_dev *d, fg_tensor *dst, const fg_tensor *src) {
     for (int i = 0; i < src->ndim; i++)
         if (src->strides[i] < 0) return fg_error(FG_EUNSUPPORTED, "copy: a negative stride");
     for (int i = 0; i < dst->ndim; i++)
@@ -578,7 +578,7 @@ static fg_status copy_guarded(fg_dev *d, fg_tensor *dst, const fg_tensor *src) {
  * buffers of one dtype, through the copy calls (staged through pinned host
  * memory between two devices); within the guarded device, any copy (its
  * kernel: copy_guarded). */
-static fg_status copy_device(fg_tensor *dst, const fg_tensor *src) {
+static FG_MUST_USE fg_status copy_device(fg_tensor *dst, const fg_tensor *src) {
     fg_dev *sd = mem_dev(src), *dd = mem_dev(dst);
     bool whole =
         src->dtype == dst->dtype && fg_tensor_is_contiguous(src) && fg_tensor_is_contiguous(dst);
@@ -615,7 +615,7 @@ fg_status fg_tensor_copy(fg_tensor *dst, const fg_tensor *src) {
 }
 
 /* fg_tensor_copy of two host tensors (or host views of device memory) */
-static fg_status copy_host(fg_tensor *dst, const fg_tensor *src) {
+static FG_MUST_USE fg_status copy_host(fg_tensor *dst, const fg_tensor *src) {
     bool sc = fg_tensor_is_contiguous(src), dc = fg_tensor_is_contiguous(dst);
     if (sc && dc) return fg_convert(dst->data, dst->dtype, src->data, src->dtype, src->numel);
     if (src->dtype == dst->dtype && fg_tensor_same_shape(src, dst)) {

@@ -140,13 +140,13 @@ bool fg_state_dict_get_i64(const fg_state_dict *sd, const char *key, int64_t *ou
 
 /* -------------------------------------------------------------------- save */
 
-static fg_status put_i64(fg_state_dict *sd, const char *key, int64_t v) {
+static FG_MUST_USE fg_status put_i64(fg_state_dict *sd, const char *key, int64_t v) {
     char buf[32];
     snprintf(buf, sizeof buf, "%lld", (long long)v);
     return fg__sd_put(sd, key, buf);
 }
 
-static fg_status parent_dir(const char *path) {
+static FG_MUST_USE fg_status parent_dir(const char *path) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
@@ -241,7 +241,7 @@ fg_status fg__save_checkpoint(fg_trainer *t, const char *path) {
 /* -------------------------------------------------------------------- load */
 
 /* Every rank uses rank 0's answer: one 4 KiB broadcast. Collective. */
-static fg_status bcast_path(fg_trainer *t, char *buf, size_t cap) {
+static FG_MUST_USE fg_status bcast_path(fg_trainer *t, char *buf, size_t cap) {
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s", buf);
     FG_TRY(fg_fabric_broadcast_bytes(t->f, tmp, sizeof tmp, 0));
@@ -252,7 +252,7 @@ static fg_status bcast_path(fg_trainer *t, char *buf, size_t cap) {
 
 /* A checkpoint named by a path: a sharded save's folder is itself, another
  * folder its last.safetensors; a "last" link is followed to its file. */
-static fg_status resolve_named(const char *p, char *out, size_t cap) {
+static FG_MUST_USE fg_status resolve_named(const char *p, char *out, size_t cap) {
     char path[4096];
     struct stat st;
     if (stat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
@@ -275,7 +275,7 @@ static fg_status resolve_named(const char *p, char *out, size_t cap) {
 
 /* The newest last*.safetensors of the checkpoint callbacks' folders (a
  * link followed), "" when there is none. */
-static fg_status find_last(fg_trainer *t, char *out, size_t cap) {
+static FG_MUST_USE fg_status find_last(fg_trainer *t, char *out, size_t cap) {
     double newest = -1;
     char found[4096] = "";
     out[0] = '\0';
@@ -375,7 +375,7 @@ static int64_t meta_i64(const fg_state_dict *sd, const char *key, int64_t def) {
 
 /* The trainer's keys of a checkpoint: an integer in [lo, hi] (digits, a
  * leading '-' only where lo < 0), or absent (*out untouched). */
-static fg_status trainer_int(const fg_st_file *file, const char *path, const char *key, int64_t lo,
+static FG_MUST_USE fg_status trainer_int(const fg_st_file *file, const char *path, const char *key, int64_t lo,
                              int64_t hi, int64_t *out) {
     const char *v = fg_st_meta_get(file, key);
     if (!v) return FG_OK;
@@ -399,7 +399,7 @@ static fg_status trainer_int(const fg_st_file *file, const char *path, const cha
  * the run's batches (trainer.total_batch_idx). The fabric's own keys are
  * checked by fg_fabric_load; a counter that does not parse here is left to
  * it. */
-static fg_status check_trainer_meta(const char *path) {
+static FG_MUST_USE fg_status check_trainer_meta(const char *path) {
     fg_st_file *file = fg_st_open(path);
     if (!file) return fg_last_status();
     int64_t total = -1, stepped = -1, step = -1, epoch = -1, x = 0;

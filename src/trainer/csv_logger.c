@@ -63,7 +63,7 @@ static const char *csv_log_dir(void *ud, const char *default_root_dir) {
 
 static const char *csv_version(void *ud) { return ((csv_logger *)ud)->f.vnum; }
 
-static fg_status csv_log_metrics(void *ud, const fg_metric *m, int64_t n, int64_t step) {
+static FG_MUST_USE fg_status csv_log_metrics(void *ud, const fg_metric *m, int64_t n, int64_t step) {
     csv_logger *c = ud;
     if (c->nrows == c->caprows) {
         int64_t cap = c->caprows ? 2 * c->caprows : 64;
@@ -205,7 +205,7 @@ static char **read_csv(const char *path, int64_t *nfields_per, int64_t *nrec) {
     return fields;
 }
 
-static fg_status flush_rows(csv_logger *c) {
+static FG_MUST_USE fg_status flush_rows(csv_logger *c) {
     if (!c->f.log_dir) return fg_error(FG_ESTATE, "CSVLogger: no run folder yet");
     char path[4200];
     snprintf(path, sizeof path, "%s/metrics.csv", c->f.log_dir);
@@ -285,12 +285,12 @@ static fg_status flush_rows(csv_logger *c) {
     return FG_OK;
 }
 
-static fg_status csv_log_hparams(void *ud, const fg_kv *hp, int64_t n) {
+static FG_MUST_USE fg_status csv_log_hparams(void *ud, const fg_kv *hp, int64_t n) {
     csv_logger *c = ud;
     return fg__run_folder_add_hparams(&c->f, hp, n);
 }
 
-static fg_status csv_save(void *ud) {
+static FG_MUST_USE fg_status csv_save(void *ud) {
     csv_logger *c = ud;
     if (!c->nrows) return FG_OK;
     const row *last = &c->rows[c->nrows - 1];
@@ -298,7 +298,7 @@ static fg_status csv_save(void *ud) {
     return (step + 1) % c->flush_every == 0 ? flush_rows(c) : FG_OK;
 }
 
-static fg_status csv_finalize(void *ud, const char *status) {
+static FG_MUST_USE fg_status csv_finalize(void *ud, const char *status) {
     (void)status;
     csv_logger *c = ud;
     if (!c->f.log_dir) return FG_OK;

@@ -41,7 +41,7 @@ static bool skip(const fg_trainer *t) {
     return t->fn != FG_FIT || t->stage == FG_STAGE_SANITY_CHECK || t->fast_dev_run;
 }
 
-static fg_status run_check(es_cb *c, fg_trainer *t) {
+static FG_MUST_USE fg_status run_check(es_cb *c, fg_trainer *t) {
     double current;
     if (!fg_trainer_callback_metric(t, c->monitor, &current)) {
         char names[1024];
@@ -74,19 +74,19 @@ static fg_status run_check(es_cb *c, fg_trainer *t) {
     return FG_OK;
 }
 
-static fg_status on_train_epoch_end(void *ud, fg_trainer *t) {
+static FG_MUST_USE fg_status on_train_epoch_end(void *ud, fg_trainer *t) {
     es_cb *c = ud;
     if (!on_epoch_end_check(c, t) || skip(t)) return FG_OK;
     return run_check(c, t);
 }
 
-static fg_status on_validation_end(void *ud, fg_trainer *t) {
+static FG_MUST_USE fg_status on_validation_end(void *ud, fg_trainer *t) {
     es_cb *c = ud;
     if (on_epoch_end_check(c, t) || skip(t)) return FG_OK;
     return run_check(c, t);
 }
 
-static fg_status state_dict(void *ud, fg_trainer *t, fg_state_dict *sd) {
+static FG_MUST_USE fg_status state_dict(void *ud, fg_trainer *t, fg_state_dict *sd) {
     (void)t;
     es_cb *c = ud;
     fg_status s = fg_state_dict_set_i64(sd, "wait_count", c->wait_count);
@@ -96,7 +96,7 @@ static fg_status state_dict(void *ud, fg_trainer *t, fg_state_dict *sd) {
     return s;
 }
 
-static fg_status load_state_dict(void *ud, fg_trainer *t, const fg_state_dict *sd) {
+static FG_MUST_USE fg_status load_state_dict(void *ud, fg_trainer *t, const fg_state_dict *sd) {
     (void)t;
     es_cb *c = ud;
     fg_state_dict_get_i64(sd, "wait_count", &c->wait_count);

@@ -57,7 +57,7 @@ static bool should_check_val(const fg_trainer *t) {
     return cur % t->val_check_batch == 0;
 }
 
-static fg_status set_lr(fg_trainer *t) {
+static FG_MUST_USE fg_status set_lr(fg_trainer *t) {
     const fg_optimizer_config *oc = &t->oc;
     if (!oc->schedule && !oc->lr_at) return FG_OK;
     int64_t base = oc->interval == FG_INTERVAL_STEP ? t->global_step : t->current_epoch;
@@ -131,7 +131,7 @@ static void step_end(fg_fabric *f, const double *part_losses, int nparts, void *
 /* detect_anomaly: the first parameter whose gradient holds a non-finite
  * value, by name: the search on the gradients' device (one index back),
  * then that one element copied out for the message. */
-static fg_status check_grads(fg_trainer *t, int64_t batch_idx, const char *when) {
+static FG_MUST_USE fg_status check_grads(fg_trainer *t, int64_t batch_idx, const char *when) {
     fg_module *m = t->model;
     fg_tensor *g = fg_module_flat_grads(m);
     int64_t at = -1;
@@ -157,7 +157,7 @@ static fg_status check_grads(fg_trainer *t, int64_t batch_idx, const char *when)
 }
 
 /* Each gradient element into [-v, v], on the gradients' device. */
-static fg_status clip_by_value(fg_module *m, double v) {
+static FG_MUST_USE fg_status clip_by_value(fg_module *m, double v) {
     return fg_ops_clamp_flat(fg_module_flat_grads(m), v);
 }
 
@@ -205,7 +205,7 @@ bool fg__weights_finite(fg_trainer *t) {
  * every rank at once (one allreduce of two flags), so that all stop or all
  * skip the same step. *skip: the step is skipped (gradients zeroed).
  * Collective. */
-static fg_status check_nonfinite(fg_trainer *t, bool *skip) {
+static FG_MUST_USE fg_status check_nonfinite(fg_trainer *t, bool *skip) {
     *skip = false;
     if (t->o.on_nonfinite == FG_NONFINITE_IGNORE) return FG_OK;
     bool local_loss = t->window_nonfinite;
@@ -276,7 +276,7 @@ static bool check_grads_on(const fg_trainer *t) {
 /* The step through the fabric: the precision's loss scaler and the sharded
  * strategies (whose step is collective) take part. Hooks and clipping by
  * value see unscaled gradients, as Lightning's. */
-static fg_status optimizer_step(fg_trainer *t, int64_t batch_idx) {
+static FG_MUST_USE fg_status optimizer_step(fg_trainer *t, int64_t batch_idx) {
     bool skip;
     FG_TRY(check_nonfinite(t, &skip));
     if (skip) return FG_OK;
@@ -295,7 +295,7 @@ static fg_status optimizer_step(fg_trainer *t, int64_t batch_idx) {
 
 /* The checkpoint callbacks' save at the end of fit (save_on_fit_end), or at
  * a stop (every one of them). */
-static fg_status save_at_end(fg_trainer *t, bool forced) {
+static FG_MUST_USE fg_status save_at_end(fg_trainer *t, bool forced) {
     for (int i = 0; i < t->ncbs; i++)
         if (t->cbs[i]->kind == FG__CB_CHECKPOINT)
             FG_TRY(fg__checkpoint_save_now(t->cbs[i], t, forced));
@@ -304,7 +304,7 @@ static fg_status save_at_end(fg_trainer *t, bool forced) {
 
 /* What follows a batch (Lightning's on_advance_end): validation when due
  * (not twice for one batch), then the count of batches that stepped. */
-static fg_status advance_end(fg_trainer *t, bool stepped) {
+static FG_MUST_USE fg_status advance_end(fg_trainer *t, bool stepped) {
     if (should_check_val(t) && t->val_done_at != t->total_batch_idx - 1) {
         t->val_done_at = t->total_batch_idx - 1;
         FG_TRY(fg__validation_run(t, false));
@@ -318,7 +318,7 @@ static fg_status advance_end(fg_trainer *t, bool stepped) {
 /* Manual optimization: training_step does backward and the steps itself
  * (fg_trainer_manual_backward, fg_trainer_optimizer_step); it may return
  * NULL without an error (Lightning's None). A toggle left on is undone. */
-static fg_status manual_step(fg_trainer *t, fg_batch *b, int64_t k) {
+static FG_MUST_USE fg_status manual_step(fg_trainer *t, fg_batch *b, int64_t k) {
     fg_batch on; /* Lightning's batch_to_device, as the automatic step's */
     FG_TRY(fg_fabric_batch_to_device(t->f, b, &on));
     fg__fx_save prev = fg__fx_set(t, FG__FX_TRAIN_STEP, "training_step");
@@ -350,7 +350,7 @@ static fg_status manual_step(fg_trainer *t, fg_batch *b, int64_t k) {
  * end, -1 a failure), so that all end the epoch after the same step, at the
  * first rank whose stream ends (DistributedSampler's drop_last rule: the
  * other ranks' further batches are not used). Collective. */
-static fg_status all_have_batch(fg_trainer *t, const fg_batch *b, bool *have) {
+static FG_MUST_USE fg_status all_have_batch(fg_trainer *t, const fg_batch *b, bool *have) {
     fg_status own = b ? FG_OK : fg_dataloader_status(t->train);
     double v = b ? 1.0 : own != FG_OK ? -1.0 : 0.0;
     fg_comm *comm = fg_fabric_comm(t->f);
@@ -366,7 +366,7 @@ static fg_status all_have_batch(fg_trainer *t, const fg_batch *b, bool *have) {
     return FG_OK;
 }
 
-static fg_status run_batch(fg_trainer *t) {
+static FG_MUST_USE fg_status run_batch(fg_trainer *t) {
     int64_t k = t->batch_idx;
     fg_batch *b = fg_dataloader_next(t->train);
     if (t->train_len_unknown) {
@@ -459,7 +459,7 @@ static fg_status run_batch(fg_trainer *t) {
 
 /* ------------------------------------------------------------ one epoch */
 
-static fg_status epoch_end(fg_trainer *t) {
+static FG_MUST_USE fg_status epoch_end(fg_trainer *t) {
     t->in_epoch_end = true;
     t->stage = FG_STAGE_TRAIN;
     fg__metric_map row = {0};
@@ -491,7 +491,7 @@ static fg_status epoch_end(fg_trainer *t) {
 /* A stream of unknown length has ended (all ranks agreed): what
  * Lightning does after a last batch it knows by prefetching: validation
  * when due at the epoch's end, and an epoch-interval scheduler's step. */
-static fg_status stream_end(fg_trainer *t) {
+static FG_MUST_USE fg_status stream_end(fg_trainer *t) {
     if (!t->interrupted && t->enable_validation &&
         (t->check_val_every == -1 || (t->current_epoch + 1) % t->check_val_every == 0) &&
         t->val_done_at != t->total_batch_idx - 1 && t->batch_idx > 0) {
@@ -503,7 +503,7 @@ static fg_status stream_end(fg_trainer *t) {
     return FG_OK;
 }
 
-static fg_status run_epoch(fg_trainer *t) {
+static FG_MUST_USE fg_status run_epoch(fg_trainer *t) {
     t->stream_ended = false;
     if (!t->resumed_mid_epoch) {
         FG_TRY(fg_dataloader_set_epoch(t->train, t->current_epoch));
@@ -525,7 +525,7 @@ static fg_status run_epoch(fg_trainer *t) {
 
 /* ------------------------------------------------------------------- fit */
 
-static fg_status setup_counts(fg_trainer *t) {
+static FG_MUST_USE fg_status setup_counts(fg_trainer *t) {
     FG_TRY(fg__loader_batches(t, t->train, t->limit_train, "limit_train_batches",
                               &t->num_training_batches));
     t->train_len_unknown = !fg_dataloader_len_known(t->train);
@@ -572,7 +572,7 @@ static fg_status setup_counts(fg_trainer *t) {
     return FG_OK;
 }
 
-static fg_status sanity_check(fg_trainer *t) {
+static FG_MUST_USE fg_status sanity_check(fg_trainer *t) {
     int64_t want = (int64_t)t->num_sanity.value;
     if (!t->enable_validation || want == 0 || t->resumed) return FG_OK;
     FG_TRY(fg__callbacks_hook(t, FG__H_SANITY_START, 0));

@@ -80,7 +80,7 @@ bool fg__is_monitoring(const fg_callback *cb) {
     return cb->kind == FG__CB_CHECKPOINT || cb->kind == FG__CB_EARLY_STOPPING;
 }
 
-static fg_status call_cb(fg_trainer *t, fg_callback *cb, fg__hook h) {
+static FG_MUST_USE fg_status call_cb(fg_trainer *t, fg_callback *cb, fg__hook h) {
     fg_hook_fn fn = *(const fg_hook_fn *)((const char *)&cb->ops + hooks[h].cb);
     if (!fn) return FG_OK;
     fg__fx_save prev = fg__fx_set(t, hooks[h].fx, hooks[h].name);

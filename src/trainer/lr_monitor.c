@@ -17,7 +17,7 @@ static bool per_step(const lrm_cb *c, const fg_trainer *t) {
     return t->oc.interval == FG_INTERVAL_STEP && (t->oc.schedule || t->oc.lr_at || t->oc.scheduler);
 }
 
-static fg_status log_lr(fg_trainer *t) {
+static FG_MUST_USE fg_status log_lr(fg_trainer *t) {
     char name[96];
     fg__metric_map row = {0};
     fg_status s = FG_OK;
@@ -32,7 +32,7 @@ static fg_status log_lr(fg_trainer *t) {
     return s;
 }
 
-static fg_status on_train_start(void *ud, fg_trainer *t) {
+static FG_MUST_USE fg_status on_train_start(void *ud, fg_trainer *t) {
     (void)ud;
     if (t->nloggers == 0)
         return fg_error(FG_EINVAL, "LearningRateMonitor needs a logger, and the trainer has none "
@@ -40,14 +40,14 @@ static fg_status on_train_start(void *ud, fg_trainer *t) {
     return FG_OK;
 }
 
-static fg_status on_train_batch_start(void *ud, fg_trainer *t, fg_batch *b, int64_t idx) {
+static FG_MUST_USE fg_status on_train_batch_start(void *ud, fg_trainer *t, fg_batch *b, int64_t idx) {
     (void)b;
     lrm_cb *c = ud;
     if (!per_step(c, t) || idx % t->accumulate != 0 || !fg__should_update_logs(t)) return FG_OK;
     return log_lr(t);
 }
 
-static fg_status on_train_epoch_start(void *ud, fg_trainer *t) {
+static FG_MUST_USE fg_status on_train_epoch_start(void *ud, fg_trainer *t) {
     lrm_cb *c = ud;
     return per_step(c, t) ? FG_OK : log_lr(t);
 }

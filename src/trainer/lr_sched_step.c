@@ -38,7 +38,7 @@ fg_status fg__check_scheduler(const fg_optimizer_config *oc) {
 
 static bool plateau(const fg_trainer *t) { return fg_lr_scheduler_needs_value(t->oc.scheduler); }
 
-static fg_status step_plateau(fg_trainer *t) {
+static FG_MUST_USE fg_status step_plateau(fg_trainer *t) {
     double v;
     if (!fg_trainer_callback_metric(t, t->oc.monitor, &v)) {
         char names[1024];

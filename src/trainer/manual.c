@@ -38,7 +38,7 @@ static int index_of(const fg_trainer *t, const fg_optimizer *opt) {
 
 /* The checks of manual optimization against the trainer's options, as
  * Lightning refuses them. */
-static fg_status check_manual(fg_trainer *t, const fg_optimizer_config *oc) {
+static FG_MUST_USE fg_status check_manual(fg_trainer *t, const fg_optimizer_config *oc) {
     if (oc->schedule || oc->lr_at)
         return fg_error(FG_EINVAL, "configure_optimizers: a schedule/lr_at with manual "
                                    "optimization: give a scheduler and step it yourself "
@@ -209,7 +209,7 @@ int fg_trainer_num_lr_schedulers(const fg_trainer *t) {
     return t->manual ? t->nscheds : t->oc.scheduler ? 1 : 0;
 }
 
-static fg_status need_manual_step(const fg_trainer *t, const char *what) {
+static FG_MUST_USE fg_status need_manual_step(const fg_trainer *t, const char *what) {
     if (!t) return fg_error(FG_EINVAL, "%s: NULL trainer", what);
     if (!t->manual)
         return fg_error(FG_ESTATE,

@@ -53,7 +53,7 @@ static ckpt_cb *of(const fg_callback *cb) {
 /* ----------------------------------------------------------------- names */
 
 /* One "{name[:spec]}" group: a Python format spec turned into printf's. */
-static fg_status format_value(const char *spec, double v, bool is_int, char *out, size_t cap) {
+static FG_MUST_USE fg_status format_value(const char *spec, double v, bool is_int, char *out, size_t cap) {
     if (!spec || !spec[0]) {
         if (is_int) snprintf(out, cap, "%lld", (long long)v);
         else fg__fmt_float(out, cap, v);
@@ -123,7 +123,7 @@ static bool candidate(const fg_trainer *t, const char *name, double *v, bool *is
 /* Lightning's format_checkpoint_name: the template with each group filled
  * in ("name=" first with auto_insert), "-v<ver>" when ver > 0. t may be NULL
  * (checking a template: every value 0). */
-static fg_status format_name(const ckpt_cb *c, const fg_trainer *t, const char *tmpl, int64_t ver,
+static FG_MUST_USE fg_status format_name(const ckpt_cb *c, const fg_trainer *t, const char *tmpl, int64_t ver,
                              char *out, size_t cap) {
     size_t k = 0;
     for (const char *p = tmpl; *p;) {
@@ -175,7 +175,7 @@ static bool file_exists(const char *path) {
 
 /* dirpath/<name>.safetensors, versioned past existing files (except
  * `allowed`, a file about to be replaced); rank 0's choice, on every rank. */
-static fg_status pick_path(ckpt_cb *c, fg_trainer *t, const char *tmpl, const char *allowed,
+static FG_MUST_USE fg_status pick_path(ckpt_cb *c, fg_trainer *t, const char *tmpl, const char *allowed,
                            char *out, size_t cap) {
     char buf[4096] = "";
     if (fg_trainer_is_global_zero(t)) {
@@ -210,7 +210,7 @@ static bool save_on_train_epoch_end(const ckpt_cb *c, const fg_trainer *t) {
     return t->val_check_interval.value == 1.0;
 }
 
-static fg_status save(ckpt_cb *c, fg_trainer *t, const char *path) {
+static FG_MUST_USE fg_status save(ckpt_cb *c, fg_trainer *t, const char *path) {
     int64_t prev = c->last_global_step_saved;
     c->last_global_step_saved = t->global_step; /* part of the state it saves */
     fg_status s = fg__save_checkpoint(t, path);
@@ -244,7 +244,7 @@ static bool better(const ckpt_cb *c, double a, double b) {
     return c->mode == FG_MONITOR_MIN ? a < b : a > b;
 }
 
-static fg_status missing_monitor(const ckpt_cb *c, const fg_trainer *t) {
+static FG_MUST_USE fg_status missing_monitor(const ckpt_cb *c, const fg_trainer *t) {
     char names[1024];
     fg__callback_metric_names(t, names, sizeof names);
     return fg_error(FG_EINVAL,
@@ -253,7 +253,7 @@ static fg_status missing_monitor(const ckpt_cb *c, const fg_trainer *t) {
                     c->monitor, names);
 }
 
-static fg_status save_topk(ckpt_cb *c, fg_trainer *t) {
+static FG_MUST_USE fg_status save_topk(ckpt_cb *c, fg_trainer *t) {
     if (c->save_top_k == 0) return FG_OK;
     if (!c->monitor) {
         char path[4096];
@@ -333,7 +333,7 @@ static fg_status save_topk(ckpt_cb *c, fg_trainer *t) {
 
 /* save_last="link": rank 0 points dirpath/last.safetensors at this step's
  * file (the link is replaced, never versioned). */
-static fg_status link_last(ckpt_cb *c, fg_trainer *t) {
+static FG_MUST_USE fg_status link_last(ckpt_cb *c, fg_trainer *t) {
     char path[4096];
     FG_TRY(format_name(c, t, "last", 0, path, sizeof path));
     char full[4096];
@@ -353,7 +353,7 @@ static fg_status link_last(ckpt_cb *c, fg_trainer *t) {
     return FG_OK;
 }
 
-static fg_status save_last(ckpt_cb *c, fg_trainer *t) {
+static FG_MUST_USE fg_status save_last(ckpt_cb *c, fg_trainer *t) {
     if (!c->save_last) return FG_OK;
     /* "link": "last" names the newest file this callback saved; before the
      * first there is nothing to name (never a full copy) */
@@ -371,7 +371,7 @@ static fg_status save_last(ckpt_cb *c, fg_trainer *t) {
     return FG_OK;
 }
 
-static fg_status on_train_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_t idx) {
+static FG_MUST_USE fg_status on_train_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_t idx) {
     (void)b;
     (void)idx;
     ckpt_cb *c = ud;
@@ -396,19 +396,19 @@ fg_status fg__checkpoint_save_now(fg_callback *cb, fg_trainer *t, bool forced) {
     return save_last(c, t);
 }
 
-static fg_status on_epoch_point(ckpt_cb *c, fg_trainer *t) {
+static FG_MUST_USE fg_status on_epoch_point(ckpt_cb *c, fg_trainer *t) {
     if (c->every_n_epochs >= 1 && (t->current_epoch + 1) % c->every_n_epochs == 0)
         FG_TRY(save_topk(c, t));
     return save_last(c, t);
 }
 
-static fg_status on_train_epoch_end(void *ud, fg_trainer *t) {
+static FG_MUST_USE fg_status on_train_epoch_end(void *ud, fg_trainer *t) {
     ckpt_cb *c = ud;
     if (should_skip(c, t) || !save_on_train_epoch_end(c, t)) return FG_OK;
     return on_epoch_point(c, t);
 }
 
-static fg_status on_validation_end(void *ud, fg_trainer *t) {
+static FG_MUST_USE fg_status on_validation_end(void *ud, fg_trainer *t) {
     ckpt_cb *c = ud;
     /* a monitor the first validation of a fit did not log (a misspelt
      * name) would rank nothing: an error now, not at the first save */
@@ -423,7 +423,7 @@ static fg_status on_validation_end(void *ud, fg_trainer *t) {
 
 /* ------------------------------------------------------------------- state */
 
-static fg_status state_dict(void *ud, fg_trainer *t, fg_state_dict *sd) {
+static FG_MUST_USE fg_status state_dict(void *ud, fg_trainer *t, fg_state_dict *sd) {
     (void)t;
     ckpt_cb *c = ud;
     size_t cap = 64 + (size_t)c->nbest * 4200, k = 0;
@@ -455,7 +455,7 @@ static void clear_best(ckpt_cb *c) {
     c->nbest = 0;
 }
 
-static fg_status load_state_dict(void *ud, fg_trainer *t, const fg_state_dict *sd) {
+static FG_MUST_USE fg_status load_state_dict(void *ud, fg_trainer *t, const fg_state_dict *sd) {
     ckpt_cb *c = ud;
     const char *dir = fg_state_dict_get(sd, "dirpath");
     const char *best = fg_state_dict_get(sd, "best_model_path");

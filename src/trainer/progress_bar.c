@@ -150,7 +150,7 @@ static void start(pbar_cb *c, fg_trainer *t) {
     c->last_line[0] = '\0';
 }
 
-static fg_status setup(void *ud, fg_trainer *t, fg_trainer_fn fn) {
+static FG_MUST_USE fg_status setup(void *ud, fg_trainer *t, fg_trainer_fn fn) {
     (void)fn;
     start(ud, t);
     return FG_OK;
@@ -172,7 +172,7 @@ static void teardown(void *ud, fg_trainer *t, fg_trainer_fn fn) {
 
 /* After the checkpoint (if any) is restored: the steps this fit will end
  * at, from max_steps and max_epochs. */
-static fg_status on_train_start(void *ud, fg_trainer *t) {
+static FG_MUST_USE fg_status on_train_start(void *ud, fg_trainer *t) {
     pbar_cb *c = ud;
     int64_t acc = t->accumulate;
     /* a stream of unknown length: -1, the steps an epoch are not known */
@@ -297,7 +297,7 @@ static void step_val_end(pbar_cb *c, fg_trainer *t) {
 
 /* ------------------------------------------------------------ hooks */
 
-static fg_status on_train_epoch_start(void *ud, fg_trainer *t) {
+static FG_MUST_USE fg_status on_train_epoch_start(void *ud, fg_trainer *t) {
     (void)t;
     ((pbar_cb *)ud)->t0 = fg_time();
     return FG_OK;
@@ -307,7 +307,7 @@ static void epoch_desc(const fg_trainer *t, char *buf, size_t cap) {
     snprintf(buf, cap, "Epoch %lld", (long long)t->current_epoch);
 }
 
-static fg_status on_train_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_t idx) {
+static FG_MUST_USE fg_status on_train_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_t idx) {
     pbar_cb *c = ud;
     if (!c->active) return FG_OK;
     if (c->by_step) {
@@ -322,7 +322,7 @@ static fg_status on_train_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_
     return FG_OK;
 }
 
-static fg_status on_train_epoch_end(void *ud, fg_trainer *t) {
+static FG_MUST_USE fg_status on_train_epoch_end(void *ud, fg_trainer *t) {
     pbar_cb *c = ud;
     if (!c->active || c->by_step) return FG_OK;
     char desc[64];
@@ -331,7 +331,7 @@ static fg_status on_train_epoch_end(void *ud, fg_trainer *t) {
     return FG_OK;
 }
 
-static fg_status eval_start(void *ud, fg_trainer *t) {
+static FG_MUST_USE fg_status eval_start(void *ud, fg_trainer *t) {
     (void)t;
     ((pbar_cb *)ud)->eval_t0 = fg_time();
     ((pbar_cb *)ud)->eval_n = 0;
@@ -346,7 +346,7 @@ static const char *eval_desc(const fg_trainer *t) {
     }
 }
 
-static fg_status eval_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_t idx) {
+static FG_MUST_USE fg_status eval_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_t idx) {
     (void)b;
     pbar_cb *c = ud;
     c->eval_n = idx + 1;
@@ -357,7 +357,7 @@ static fg_status eval_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_t id
     return FG_OK;
 }
 
-static fg_status eval_end(void *ud, fg_trainer *t) {
+static FG_MUST_USE fg_status eval_end(void *ud, fg_trainer *t) {
     pbar_cb *c = ud;
     if (!c->active || t->stage == FG_STAGE_SANITY_CHECK) return FG_OK;
     if (c->by_step) { /* fit's validations, and a validate after it: their line */

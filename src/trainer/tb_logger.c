@@ -52,7 +52,7 @@ static double wall_time(void) {
 }
 
 /* One Event, packed and framed. */
-static fg_status put_event(tb_logger *c, FgTb__Event *ev) {
+static FG_MUST_USE fg_status put_event(tb_logger *c, FgTb__Event *ev) {
     size_t n = fg_tb__event__get_packed_size(ev);
     uint8_t small[512], *buf = n <= sizeof small ? small : fg_alloc(n);
     if (!buf) return FG_ENOMEM;
@@ -74,7 +74,7 @@ static fg_status put_event(tb_logger *c, FgTb__Event *ev) {
 }
 
 /* Opens the event file (once) and writes its first Event. */
-static fg_status open_events(tb_logger *c) {
+static FG_MUST_USE fg_status open_events(tb_logger *c) {
     if (c->failed) return fg_error(c->failed, "TensorBoardLogger: an earlier write failed");
     if (c->fp) return FG_OK;
     if (!c->f.log_dir) return fg_error(FG_ESTATE, "TensorBoardLogger: no run folder yet");
@@ -100,7 +100,7 @@ static fg_status open_events(tb_logger *c) {
     return put_event(c, &ev);
 }
 
-static fg_status scalar(tb_logger *c, const char *tag, double v, int64_t step) {
+static FG_MUST_USE fg_status scalar(tb_logger *c, const char *tag, double v, int64_t step) {
     FgTb__Summary__Value val = FG_TB__SUMMARY__VALUE__INIT;
     val.tag = (char *)tag;
     val.value_case = FG_TB__SUMMARY__VALUE__VALUE_SIMPLE_VALUE;
@@ -117,7 +117,7 @@ static fg_status scalar(tb_logger *c, const char *tag, double v, int64_t step) {
     return put_event(c, &ev);
 }
 
-static fg_status tb_log_metrics(void *ud, const fg_metric *m, int64_t n, int64_t step) {
+static FG_MUST_USE fg_status tb_log_metrics(void *ud, const fg_metric *m, int64_t n, int64_t step) {
     tb_logger *c = ud;
     FG_TRY(open_events(c));
     for (int64_t i = 0; i < n; i++) {
@@ -132,7 +132,7 @@ static fg_status tb_log_metrics(void *ud, const fg_metric *m, int64_t n, int64_t
 
 /* The hparams plugin's session start info: what TensorBoard's HPARAMS tab
  * shows for this run. Values that read as numbers or booleans are typed. */
-static fg_status hparams_summary(tb_logger *c) {
+static FG_MUST_USE fg_status hparams_summary(tb_logger *c) {
     int64_t n = c->f.nhp;
     FgTb__HParamEntry *ents = fg_calloc((size_t)n + 1, sizeof *ents);
     FgTb__HParamEntry **pents = fg_calloc((size_t)n + 1, sizeof *pents);
@@ -198,7 +198,7 @@ fail:
     return s;
 }
 
-static fg_status tb_log_hparams(void *ud, const fg_kv *hp, int64_t n) {
+static FG_MUST_USE fg_status tb_log_hparams(void *ud, const fg_kv *hp, int64_t n) {
     tb_logger *c = ud;
     FG_TRY(fg__run_folder_add_hparams(&c->f, hp, n));
     if (n == 0) return FG_OK;
@@ -207,7 +207,7 @@ static fg_status tb_log_hparams(void *ud, const fg_kv *hp, int64_t n) {
     return hparams_summary(c);
 }
 
-static fg_status tb_finalize(void *ud, const char *status) {
+static FG_MUST_USE fg_status tb_finalize(void *ud, const char *status) {
     (void)status;
     tb_logger *c = ud;
     if (!c->f.log_dir) return FG_OK;

@@ -49,7 +49,7 @@ static void finish(timer_cb *c, int i) {
     c->start[i] = c->end[i] = 0;
 }
 
-static fg_status check(timer_cb *c, fg_trainer *t) {
+static FG_MUST_USE fg_status check(timer_cb *c, fg_trainer *t) {
     if (c->duration <= 0) return FG_OK;
     uint8_t stop = elapsed(c, 0) >= c->duration;
     FG_TRY(fg_fabric_broadcast_bytes(fg_trainer_fabric(t), &stop, 1, 0));
@@ -57,12 +57,12 @@ static fg_status check(timer_cb *c, fg_trainer *t) {
     return FG_OK;
 }
 
-static fg_status on_train_start(void *ud, fg_trainer *t) {
+static FG_MUST_USE fg_status on_train_start(void *ud, fg_trainer *t) {
     (void)t;
     begin(ud, 0);
     return FG_OK;
 }
-static fg_status on_train_end(void *ud, fg_trainer *t) {
+static FG_MUST_USE fg_status on_train_end(void *ud, fg_trainer *t) {
     (void)t;
     finish(ud, 0);
     return FG_OK;
@@ -82,19 +82,19 @@ STAGE_HOOKS(validation, 1)
 STAGE_HOOKS(test, 2)
 STAGE_HOOKS(predict, 3)
 
-static fg_status on_train_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
+static FG_MUST_USE fg_status on_train_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
     (void)b;
     (void)i;
     timer_cb *c = ud;
     return c->interval != FG_LOGGING_EPOCH ? check(c, t) : FG_OK;
 }
 
-static fg_status on_train_epoch_end(void *ud, fg_trainer *t) {
+static FG_MUST_USE fg_status on_train_epoch_end(void *ud, fg_trainer *t) {
     timer_cb *c = ud;
     return c->interval == FG_LOGGING_EPOCH ? check(c, t) : FG_OK;
 }
 
-static fg_status state_dict(void *ud, fg_trainer *t, fg_state_dict *sd) {
+static FG_MUST_USE fg_status state_dict(void *ud, fg_trainer *t, fg_state_dict *sd) {
     (void)t;
     timer_cb *c = ud;
     for (int i = 0; i < NSTAGES; i++) {
@@ -105,7 +105,7 @@ static fg_status state_dict(void *ud, fg_trainer *t, fg_state_dict *sd) {
     return FG_OK;
 }
 
-static fg_status load_state_dict(void *ud, fg_trainer *t, const fg_state_dict *sd) {
+static FG_MUST_USE fg_status load_state_dict(void *ud, fg_trainer *t, const fg_state_dict *sd) {
     (void)t;
     timer_cb *c = ud;
     for (int i = 0; i < NSTAGES; i++) {

@@ -153,7 +153,7 @@ fg_status fg_trainer_parse_duration(const char *s, double *seconds) {
 
 /* ------------------------------------------------------------------ options */
 
-static fg_status check_batches(fg_batches b, const char *name, bool allow_minus_one) {
+static FG_MUST_USE fg_status check_batches(fg_batches b, const char *name, bool allow_minus_one) {
     if (b.kind == FG_BATCHES_DEFAULT) return FG_OK;
     if (b.kind == FG_BATCHES_COUNT) {
         if (b.value != floor(b.value) || b.value < (allow_minus_one ? -1 : 0))
@@ -171,12 +171,12 @@ static fg_status check_batches(fg_batches b, const char *name, bool allow_minus_
                     (int)b.kind);
 }
 
-static fg_status check_flag(fg_flag v, const char *name) {
+static FG_MUST_USE fg_status check_flag(fg_flag v, const char *name) {
     if (v == FG_FLAG_DEFAULT || v == FG_ON || v == FG_OFF) return FG_OK;
     return fg_error(FG_EINVAL, "%s=%d: expected FG_ON, FG_OFF or 0 (the default)", name, (int)v);
 }
 
-static fg_status check_opts(const fg_trainer_opts *o) {
+static FG_MUST_USE fg_status check_opts(const fg_trainer_opts *o) {
 #define NEED(cond, ...)                                                                            \
     if (!(cond)) return fg_error(FG_EINVAL, __VA_ARGS__)
     NEED(o->max_epochs >= -1, "max_epochs=%lld: expected -1 (no limit), 0 (unset) or more",
@@ -283,7 +283,7 @@ static bool has_kind(const fg_trainer_opts *o, fg__cb_kind k) {
 /* The call order: the user's callbacks, then the trainer's own, with every
  * checkpoint callback moved to the end (Lightning's _reorder_callbacks), so
  * that the state a checkpoint saves is the other callbacks' latest. */
-static fg_status order_callbacks(fg_trainer *t) {
+static FG_MUST_USE fg_status order_callbacks(fg_trainer *t) {
     int n = t->o.ncallbacks + t->nown;
     t->cbs = fg_calloc((size_t)n + 1, sizeof *t->cbs);
     if (!t->cbs) return FG_ENOMEM;
@@ -492,7 +492,7 @@ static void share_version(const fg_trainer *t, const fg__run_folder *first, fg__
 /* The log folder: rank 0 asks every logger for its folder (the built-in
  * ones share the first one's version), the first one's is the trainer's;
  * every rank gets it. Collective. */
-static fg_status resolve_log_dir(fg_trainer *t) {
+static FG_MUST_USE fg_status resolve_log_dir(fg_trainer *t) {
     char buf[4096] = "";
     if (fg_fabric_is_global_zero(t->f)) {
         const char *d = NULL;
@@ -541,7 +541,7 @@ static fg_dataloader *pick_loader(fg_trainer *t, const entry *e, fg_dataloader *
 
 /* The data module's prepare_data on each node's local rank 0 while the
  * others wait, then its setup on every rank. */
-static fg_status datamodule_start(entry *e) {
+static FG_MUST_USE fg_status datamodule_start(entry *e) {
     fg_trainer *t = e->t;
     if (!e->has_dm) return FG_OK;
     fg_status s = FG_OK;
@@ -570,7 +570,7 @@ static bool needs_opt_at_setup(const fg_trainer *t) {
 }
 
 /* What every entry point does before its loop. */
-static fg_status prepare(entry *e) {
+static FG_MUST_USE fg_status prepare(entry *e) {
     fg_trainer *t = e->t;
     const fg_lightning_module *m = &t->m;
     FG_TRY(datamodule_start(e));
@@ -630,7 +630,7 @@ static fg_status prepare(entry *e) {
     return e->fn == FG_PREDICT ? FG_OK : resolve_log_dir(t);
 }
 
-static fg_status body(entry *e) {
+static FG_MUST_USE fg_status body(entry *e) {
     fg_trainer *t = e->t;
     t->m = e->m;
     t->fn = e->fn;
@@ -704,11 +704,11 @@ static int run_rank(fg_fabric *f, void *arg) {
     return e->status == FG_OK ? 0 : (int)e->status;
 }
 
-static fg_status entry_run(fg_trainer *t, entry *e);
-static fg_status entry_dm(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_module *m,
+static FG_MUST_USE fg_status entry_run(fg_trainer *t, entry *e);
+static FG_MUST_USE fg_status entry_dm(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_module *m,
                           fg_dataloader *a, fg_dataloader *b, const char *ckpt,
                           const fg_datamodule *dm);
-static fg_status entry_list(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_module *m,
+static FG_MUST_USE fg_status entry_list(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_module *m,
                             fg_dataloader *train, fg_dataloader *const *dls, int n,
                             const char *ckpt) {
     if (!t || !m) return fg_error(FG_EINVAL, "%s: NULL trainer or module", fn_name(fn));
@@ -720,12 +720,12 @@ static fg_status entry_list(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_
     entry e = {.t = t, .fn = fn, .m = *m, .a = train, .ckpt = ckpt, .list = dls, .nlist = n};
     return entry_run(t, &e);
 }
-static fg_status entry_point(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_module *m,
+static FG_MUST_USE fg_status entry_point(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_module *m,
                              fg_dataloader *a, fg_dataloader *b, const char *ckpt) {
     return entry_dm(t, fn, m, a, b, ckpt, NULL);
 }
 
-static fg_status entry_list(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_module *m,
+static FG_MUST_USE fg_status entry_list(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_module *m,
                             fg_dataloader *train, fg_dataloader *const *dls, int n,
                             const char *ckpt);
 
@@ -760,7 +760,7 @@ fg_status fg_trainer_predict_datamodule(fg_trainer *t, const fg_lightning_module
     return entry_dm(t, FG_PREDICT, m, NULL, NULL, ckpt_path, dm);
 }
 
-static fg_status entry_dm(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_module *m,
+static FG_MUST_USE fg_status entry_dm(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_module *m,
                           fg_dataloader *a, fg_dataloader *b, const char *ckpt,
                           const fg_datamodule *dm) {
     if (!t || !m) return fg_error(FG_EINVAL, "%s: NULL trainer or module", fn_name(fn));
@@ -769,7 +769,7 @@ static fg_status entry_dm(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_mo
     return entry_run(t, &e);
 }
 
-static fg_status entry_run(fg_trainer *t, entry *ep) {
+static FG_MUST_USE fg_status entry_run(fg_trainer *t, entry *ep) {
     entry e = *ep;
     fg_trainer_fn fn = e.fn;
     const fg_lightning_module *m = &ep->m;

@@ -76,7 +76,7 @@ typedef struct label_scan {
     const char *max_file;
 } label_scan;
 
-static fg_status scan_labels(fg_dataset *ds, const char *file, label_scan *ls) {
+static FG_MUST_USE fg_status scan_labels(fg_dataset *ds, const char *file, label_scan *ls) {
     size_t xb = fg_sample_spec_bytes(fg_dataset_x_spec(ds));
     float *x = fg_alloc(xb ? xb : 4);
     if (!x) return FG_ENOMEM;
@@ -126,7 +126,7 @@ static int cmp_i32(const void *a, const void *b) {
 
 /* The class count of the labels seen, or an error naming the label that
  * makes it too many for the labels seen or for this machine's memory. */
-static fg_status class_count(const fit_opts *o, label_scan *ls, int64_t *classes) {
+static FG_MUST_USE fg_status class_count(const fit_opts *o, label_scan *ls, int64_t *classes) {
     if (ls->n == 0) return FG_OK;
     int64_t c = (int64_t)ls->max + 1, distinct = 0;
     if (c > CLASSES_FLOOR) { /* the sort only where the rule needs it */

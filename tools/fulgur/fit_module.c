@@ -95,7 +95,7 @@ int64_t fit_module_last_val(const fit_module *m, double *loss) {
 
 /* --test-data / --predict-data: the same kind of file as --data, read with
  * its vocabulary (text) or its input width (mlp). */
-static fg_status open_extra(fit_module *m, const char *data, const char *labels) {
+static FG_MUST_USE fg_status open_extra(fit_module *m, const char *data, const char *labels) {
     const fit_opts *o = m->o;
     size_t n = strlen(data);
     if (o->kind == FIT_MLP) m->extra = fit_mlp_dataset(o, data, labels);
@@ -250,7 +250,7 @@ static fg_tensor *training_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i)
 
 /* the losses of the batch's parts (dp: one per thread), scaled by the
  * trainer for accumulation: the batch's mean loss, unscaled */
-static fg_status training_step_end(void *ud, fg_trainer *t, const double *part_losses, int nparts) {
+static FG_MUST_USE fg_status training_step_end(void *ud, fg_trainer *t, const double *part_losses, int nparts) {
     fit_module *m = ud;
     double sum = 0;
     for (int i = 0; i < nparts; i++) sum += part_losses[i];
@@ -264,13 +264,13 @@ static fg_status training_step_end(void *ud, fg_trainer *t, const double *part_l
 
 /* --reader imagefolder: the random transforms draw anew each epoch
  * (torchvision's RandomHorizontalFlip in a new epoch's order) */
-static fg_status on_train_epoch_start(void *ud, fg_trainer *t) {
+static FG_MUST_USE fg_status on_train_epoch_start(void *ud, fg_trainer *t) {
     fit_module *m = ud;
     if (fit_is_images(m->o)) fg_image_folder_set_epoch(m->d.base, fg_trainer_current_epoch(t));
     return FG_OK;
 }
 
-static fg_status on_train_batch_start(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
+static FG_MUST_USE fg_status on_train_batch_start(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
     fit_module *m = ud;
     if (i % fg_trainer_accumulate_grad_batches(t) == 0) { /* a new optimizer step's window */
         m->win_loss = 0;
@@ -285,7 +285,7 @@ static fg_status on_train_batch_start(void *ud, fg_trainer *t, fg_batch *b, int6
  * world size), and its learning rate, logged for the progress bar and every
  * logger alike: one value per step. Collective (every rank's hook runs at
  * the same step). Not called for a step skipped on a non-finite loss. */
-static fg_status on_before_optimizer_step(void *ud, fg_trainer *t) {
+static FG_MUST_USE fg_status on_before_optimizer_step(void *ud, fg_trainer *t) {
     fit_module *m = ud;
     double loss = m->win_micro ? m->win_loss / (double)m->win_micro : NAN;
     fg_fabric *f = fg_trainer_fabric(t);
@@ -307,7 +307,7 @@ static fg_status on_before_optimizer_step(void *ud, fg_trainer *t) {
 /* The mean loss of the batch's real samples (distributed padding left
  * out), logged as `name` weighted by their targets' count and averaged over
  * ranks: the token-weighted mean of the whole set. */
-static fg_status eval_loss(fit_module *m, fg_trainer *t, fg_batch *b, const char *name) {
+static FG_MUST_USE fg_status eval_loss(fit_module *m, fg_trainer *t, fg_batch *b, const char *name) {
     if (b->valid == 0) return FG_OK;
     fg_tensor *x = b->x, *y = b->y;
     if (b->valid < b->size) {
@@ -329,17 +329,17 @@ static fg_status eval_loss(fit_module *m, fg_trainer *t, fg_batch *b, const char
                                  &(fg_log_opts){.prog_bar = true});
 }
 
-static fg_status validation_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
+static FG_MUST_USE fg_status validation_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
     (void)i;
     return eval_loss(ud, t, b, "val_loss");
 }
 
-static fg_status test_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
+static FG_MUST_USE fg_status test_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
     (void)i;
     return eval_loss(ud, t, b, "test_loss");
 }
 
-static fg_status on_validation_epoch_end(void *ud, fg_trainer *t) {
+static FG_MUST_USE fg_status on_validation_epoch_end(void *ud, fg_trainer *t) {
     fit_module *m = ud;
     if (fg_trainer_stage(t) != FG_STAGE_VALIDATE) return FG_OK; /* not the sanity check */
     m->last_val_step = fg_trainer_global_step(t);
@@ -349,7 +349,7 @@ static fg_status on_validation_epoch_end(void *ud, fg_trainer *t) {
 
 /* mlp: the class of each real sample; gpt: the next token after each
  * window (the argmax at its last position). */
-static fg_status predict_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
+static FG_MUST_USE fg_status predict_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
     (void)t;
     (void)i;
     fit_module *m = ud;
@@ -452,7 +452,7 @@ static double ds_lr_at(void *ud, int64_t step) {
     return fg_deepspeed_lr_at(&((fit_module *)ud)->o->ds, step);
 }
 
-static fg_status configure_optimizers(void *ud, fg_trainer *t, fg_optimizer_config *out) {
+static FG_MUST_USE fg_status configure_optimizers(void *ud, fg_trainer *t, fg_optimizer_config *out) {
     (void)t;
     fit_module *m = ud;
     const fg_deepspeed_train *ds = &m->o->ds;
@@ -478,7 +478,7 @@ static fg_status configure_optimizers(void *ud, fg_trainer *t, fg_optimizer_conf
 
 /* ------------------------------------------------------- checkpoints */
 
-static fg_status on_save_checkpoint(void *ud, fg_trainer *t, fg_state_dict *sd) {
+static FG_MUST_USE fg_status on_save_checkpoint(void *ud, fg_trainer *t, fg_state_dict *sd) {
     (void)t;
     fit_module *m = ud;
     TRY(fg_state_dict_set(sd, CKPT_META_CONFIG, m->config_json));
@@ -503,7 +503,7 @@ static void show_bytes(const uint8_t *b, size_t n, char *out, size_t cap) {
 /* A text model's ids mean the characters of the vocabulary it was trained
  * with: a corpus whose vocabulary differs, even at the same size, would
  * train or evaluate on other characters without a word. */
-static fg_status check_vocab(const fit_module *m, const fg_state_dict *sd) {
+static FG_MUST_USE fg_status check_vocab(const fit_module *m, const fg_state_dict *sd) {
     const char *saved = fg_state_dict_get(sd, CKPT_META_VOCAB);
     if (!m->vocab_b64 || !saved || !strcmp(saved, m->vocab_b64)) return FG_OK;
     uint8_t a[256], b[256];
@@ -526,7 +526,7 @@ static fg_status check_vocab(const fit_module *m, const fg_state_dict *sd) {
                     na, sa, m->o->data, nb, sb, at);
 }
 
-static fg_status on_load_checkpoint(void *ud, fg_trainer *t, const fg_state_dict *sd) {
+static FG_MUST_USE fg_status on_load_checkpoint(void *ud, fg_trainer *t, const fg_state_dict *sd) {
     (void)t;
     fit_module *m = ud;
     TRY(check_vocab(m, sd));
@@ -573,7 +573,7 @@ out:
 /* Lightning's configure_model: the model, built at the first entry point
  * (under stage 3 the Trainer runs this under empty init: a sharded
  * initialisation, the model never whole on a rank), the same one after. */
-static fg_status sync_sum(void *ud, fg_tensor *t) {
+static FG_MUST_USE fg_status sync_sum(void *ud, fg_tensor *t) {
     return fg_comm_allreduce(ud, fg_tensor_data(t), fg_tensor_data(t), fg_tensor_numel(t),
                              fg_tensor_dtype(t), FG_REDUCE_OP_SUM);
 }

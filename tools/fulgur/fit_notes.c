@@ -37,14 +37,14 @@ static void note(fit_notes *p, const char *fmt, ...) {
     fg_progress_bar_write(p->bar, stdout, "%s", line);
 }
 
-static fg_status setup(void *ud, fg_trainer *t, fg_trainer_fn fn) {
+static FG_MUST_USE fg_status setup(void *ud, fg_trainer *t, fg_trainer_fn fn) {
     (void)fn;
     ((fit_notes *)ud)->rank0 = fg_trainer_is_global_zero(t);
     return FG_OK;
 }
 
 /* After the checkpoint (if any) is loaded: what is resumed, what runs. */
-static fg_status on_fit_start(void *ud, fg_trainer *t) {
+static FG_MUST_USE fg_status on_fit_start(void *ud, fg_trainer *t) {
     fit_notes *p = ud;
     const fit_opts *o = p->o;
     int64_t acc = fg_trainer_accumulate_grad_batches(t); /* an elastic resume may change it */
@@ -179,7 +179,7 @@ static fg_status on_fit_start(void *ud, fg_trainer *t) {
 
 /* After each batch: an optimizer step skipped on every rank (the
  * trainer's count moved) is said once. */
-static fg_status on_train_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
+static FG_MUST_USE fg_status on_train_batch_end(void *ud, fg_trainer *t, fg_batch *b, int64_t i) {
     (void)b;
     (void)i;
     fit_notes *p = ud;

@@ -334,7 +334,7 @@ static int64_t total_steps(fg_trainer *t, const fit_opts *o) {
  * `last`). */
 static int g_lock_fd[2] = {-1, -1};
 
-static fg_status lock_folder(const char *dir, int slot) {
+static FG_MUST_USE fg_status lock_folder(const char *dir, int slot) {
     char path[4200];
     snprintf(path, sizeof path, "%s/.fulgur.lock", dir);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -377,7 +377,7 @@ static bool inside(const char *dir, const char *root) {
 
 /* Rank 0, before the ranks train: the run and checkpoint folders, their
  * lock, and the temporaries a killed save left. */
-static fg_status prepare_dirs(const fit_opts *o) {
+static FG_MUST_USE fg_status prepare_dirs(const fit_opts *o) {
     if (make_dirs(o->root_dir) != 0 || make_dirs(o->ckpt_dir) != 0)
         return fg_error(FG_EIO, "cannot create %s or %s: %s", o->root_dir, o->ckpt_dir,
                         strerror(errno));

@@ -25,13 +25,13 @@
 #define GELU_K0 0.7978845608028654 /* sqrt(2 / pi) */
 #define GELU_K1 0.044715
 
-static fg_status check_fwd(const char *kernel, const fg_tensor *x, const fg_tensor *y) {
+static FG_MUST_USE fg_status check_fwd(const char *kernel, const fg_tensor *x, const fg_tensor *y) {
     FG_TRY(fg__expect_same_shape(kernel, x, y));
     FG_TRY(fg__expect_contiguous(kernel, x));
     return fg__expect_contiguous(kernel, y);
 }
 
-static fg_status check_bwd(const char *kernel, const fg_tensor *x, const fg_tensor *dy,
+static FG_MUST_USE fg_status check_bwd(const char *kernel, const fg_tensor *x, const fg_tensor *dy,
                            const fg_tensor *dx) {
     FG_TRY(check_fwd(kernel, x, dy));
     return check_fwd(kernel, x, dx);

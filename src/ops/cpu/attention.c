@@ -87,7 +87,7 @@ static void row_exp_f32(float *s, int lds, int n, float l) {
              : (vk)->att_exp_row ? (vk)->att_exp_row : row_exp_f32, double                         \
              : row_exp_f64)
 
-static fg_status check_qkv(const char *kernel, const fg_tensor *qkv, int heads, int64_t *B,
+static FG_MUST_USE fg_status check_qkv(const char *kernel, const fg_tensor *qkv, int heads, int64_t *B,
                            int64_t *nt, int64_t *C) {
     char s[96];
     FG_TRY(fg__expect_contiguous(kernel, qkv));
@@ -106,7 +106,7 @@ static fg_status check_qkv(const char *kernel, const fg_tensor *qkv, int heads, 
     return FG_OK;
 }
 
-static fg_status check_like(const char *kernel, const char *what, const fg_tensor *t, fg_dtype dt,
+static FG_MUST_USE fg_status check_like(const char *kernel, const char *what, const fg_tensor *t, fg_dtype dt,
                             int ndim, const int64_t *shape) {
     char s[96];
     bool ok = t->dtype == dt && t->ndim == ndim;

@@ -197,7 +197,7 @@ static void put_entry(const entry *e) {
 
 /* g_mu held. Reads the whole file first and checks all of it, then adds
  * its entries: a file that fails a check adds nothing. */
-static fg_status cache_load_locked(const char *path) {
+static FG_MUST_USE fg_status cache_load_locked(const char *path) {
     char key[1024];
     make_key(key, sizeof key);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -266,7 +266,7 @@ done:
 
 /* g_mu held. Writes every entry that may be kept, to a temporary file
  * renamed over path (a reader sees the old file or the new one). */
-static fg_status cache_save_locked(const char *path) {
+static FG_MUST_USE fg_status cache_save_locked(const char *path) {
     char key[1024], tmp[1100];
     make_key(key, sizeof key);
     size_t cap = 64 << 10, len = 0;
@@ -392,7 +392,7 @@ static int band_of(double macs) {
 
 /* One product on candidate `cand` at T threads (one when the candidate
  * says so); FG_EUNSUPPORTED when oneDNN cannot run it. */
-static fg_status run_cand(int cand, int T, bool ta, bool tb, float beta, int m, int n, int k,
+static FG_MUST_USE fg_status run_cand(int cand, int T, bool ta, bool tb, float beta, int m, int n, int k,
                           const float *a, const float *b, float *c) {
     bool one = (cand & 2) && T > 1;
     if (one) fg__threads_use(1);

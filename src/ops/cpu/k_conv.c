@@ -19,7 +19,7 @@ typedef struct geo {
     int64_t sh, sw, ph, pw, dh, dw;
 } geo;
 
-static fg_status check(const char *kernel, const fg_tensor *x, const fg_tensor *w,
+static FG_MUST_USE fg_status check(const char *kernel, const fg_tensor *x, const fg_tensor *w,
                        const fg_tensor *y, const fg_conv_params *p, geo *g) {
     char a[96], b[96], c[96];
     bool ok = x->ndim == 4 && w->ndim == 4 && y->ndim == 4 && x->dtype == w->dtype &&
@@ -130,7 +130,7 @@ static void im2col(const geo *g, fg_dtype dt, void *xg, void *col, bool add) {
 }
 
 /* the scratch patch matrix (NULL for pointwise convolutions) */
-static fg_status col_alloc(const geo *g, fg_dtype dt, void **col) {
+static FG_MUST_USE fg_status col_alloc(const geo *g, fg_dtype dt, void **col) {
     *col = NULL;
     if (pointwise(g)) return FG_OK;
     size_t bytes = fg_dtype_size(dt) * (size_t)(g->Cg * g->KH * g->KW) * (size_t)(g->OH * g->OW);
@@ -139,7 +139,7 @@ static fg_status col_alloc(const geo *g, fg_dtype dt, void **col) {
     return FG_OK;
 }
 
-static fg_status check_dtype(const char *kernel, fg_dtype dt) {
+static FG_MUST_USE fg_status check_dtype(const char *kernel, fg_dtype dt) {
     if (dt == FG_F32 || dt == FG_F64) return FG_OK;
     return fg_error(FG_EUNSUPPORTED, "%s: dtype %s not supported on cpu", kernel,
                     fg_dtype_name(dt));

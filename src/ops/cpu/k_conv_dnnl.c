@@ -128,7 +128,7 @@ static void make_engine_and_key(void) {
     g_key_err = pthread_key_create(&g_key, state_free);
 }
 
-static fg_status ready(cstate **out) {
+static FG_MUST_USE fg_status ready(cstate **out) {
     pthread_once(&g_once, make_engine_and_key);
     if (g_engine_status != dnnl_success || g_key_err) return FG_EUNSUPPORTED;
     cstate *c = pthread_getspecific(g_key);
@@ -211,7 +211,7 @@ static void make_desc(cdesc *d, int kind, const fg_tensor *x, const fg_tensor *y
     memcpy(d->key, key, sizeof key);
 }
 
-static fg_status fail(const char *kernel, dnnl_status_t s, const char *what) {
+static FG_MUST_USE fg_status fail(const char *kernel, dnnl_status_t s, const char *what) {
     if (s == dnnl_unimplemented || s == dnnl_invalid_arguments) return FG_EUNSUPPORTED;
     return fg_error(FG_EINTERNAL, "%s: oneDNN %s failed (status %d)", kernel, what, (int)s);
 }
@@ -270,7 +270,7 @@ static dnnl_status_t make_reorder(dnnl_primitive_t *prim, const dnnl_memory_desc
 }
 
 /* The entry of pd (taken over) and its n arguments, made once. */
-static fg_status entry_new(const char *kernel, const int64_t *key, dnnl_primitive_desc_t pd, int n,
+static FG_MUST_USE fg_status entry_new(const char *kernel, const int64_t *key, dnnl_primitive_desc_t pd, int n,
                            const io *a, centry **out) {
     fg_status st = FG_OK;
     centry *e = fg_calloc(1, sizeof *e);
@@ -331,7 +331,7 @@ static dnnl_status_t exec2(cstate *c, dnnl_primitive_t prim, const dnnl_memory_d
  * role's buffer (inputs reordered into it first, outputs out of it after,
  * added to the caller's for an accumulating one); an accumulating output
  * in its plain layout is written to its role's buffer and added. */
-static fg_status run(const char *kernel, cstate *c, centry *e, void *const *ptr,
+static FG_MUST_USE fg_status run(const char *kernel, cstate *c, centry *e, void *const *ptr,
                      const int64_t *elements, bool take_dst, bool leave_dst) {
     fg_status st = FG_OK;
     dnnl_memory_t mem[NARG + 1] = {NULL};

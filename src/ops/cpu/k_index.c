@@ -19,7 +19,7 @@ static void split_dim(const fg_tensor *t, int dim, int64_t *outer, int64_t *inne
     *inner = in;
 }
 
-static fg_status check_dim(const char *kernel, const fg_tensor *t, int dim) {
+static FG_MUST_USE fg_status check_dim(const char *kernel, const fg_tensor *t, int dim) {
     if (dim < 0 || dim >= (t->ndim ? t->ndim : 1))
         return fg_error(FG_EINVAL, "%s: dim %d out of range for %d dims", kernel, dim, t->ndim);
     return FG_OK;
@@ -27,7 +27,7 @@ static fg_status check_dim(const char *kernel, const fg_tensor *t, int dim) {
 
 static int64_t dim_size(const fg_tensor *t, int dim) { return t->ndim ? t->shape[dim] : 1; }
 
-static fg_status check_index(const char *kernel, const fg_tensor *idx, int64_t n) {
+static FG_MUST_USE fg_status check_index(const char *kernel, const fg_tensor *idx, int64_t n) {
     if (idx->dtype != FG_I32)
         return fg_error(FG_EINVAL, "%s: indices are %s: expected i32", kernel,
                         fg_dtype_name(idx->dtype));
@@ -108,7 +108,7 @@ fg_status fg__cpu_where(const fg_tensor *cond, const fg_tensor *a, const fg_tens
 /* ----------------------------------------------------------- index_select */
 
 /* x (outer, n, inner) and y (outer, k, inner) for idx (k) */
-static fg_status check_select(const char *kernel, const fg_tensor *x, int dim, const fg_tensor *idx,
+static FG_MUST_USE fg_status check_select(const char *kernel, const fg_tensor *x, int dim, const fg_tensor *idx,
                               const fg_tensor *y) {
     FG_TRY(check_dim(kernel, x, dim));
     FG_TRY(fg__expect_contiguous(kernel, x));
@@ -163,7 +163,7 @@ fg_status fg__cpu_index_add(const fg_tensor *dy, int dim, const fg_tensor *idx, 
 /* ------------------------------------------------------ gather / scatter */
 
 /* idx (and y or src) of x's ndim, each dim but `dim` no larger than x's */
-static fg_status check_gather(const char *kernel, const fg_tensor *x, int dim, const fg_tensor *idx,
+static FG_MUST_USE fg_status check_gather(const char *kernel, const fg_tensor *x, int dim, const fg_tensor *idx,
                               const fg_tensor *other) {
     FG_TRY(check_dim(kernel, x, dim));
     FG_TRY(fg__expect_contiguous(kernel, x));

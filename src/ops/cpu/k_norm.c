@@ -40,7 +40,7 @@ typedef struct rows32 {
                     bool overwrite);
 } rows32;
 
-static fg_status rows_f32(rows32 *r) {
+static FG_MUST_USE fg_status rows_f32(rows32 *r) {
     const fg__vk *vk;
     FG_TRY(fg__vk_get(&vk));
     *r = vk->bn_row_sum ? (rows32){vk->bn_row_sum, vk->bn_row_sq, vk->bn_row_gsum, vk->bn_fwd_row,
@@ -59,7 +59,7 @@ static double chains(const double *s) {
     return r;
 }
 
-static fg_status check(const char *kernel, const fg_tensor *x, const fg_tensor *y) {
+static FG_MUST_USE fg_status check(const char *kernel, const fg_tensor *x, const fg_tensor *y) {
     char a[96], b[96];
     if (x->ndim < 2 || !fg_tensor_is_contiguous(x) ||
         (y && (!fg_tensor_is_contiguous(y) || y->numel != x->numel || y->dtype != x->dtype)))

@@ -24,13 +24,13 @@ static bool reads_output(fg_unary_op op) {
            op == FG_UN_TANH;
 }
 
-static fg_status check_op(const char *kernel, fg_unary_op op) {
+static FG_MUST_USE fg_status check_op(const char *kernel, fg_unary_op op) {
     if ((int)op < (int)FG_UN_EXP || (int)op > (int)FG_UN_ELU)
         return fg_error(FG_EINVAL, "%s: op %d is not an fg_unary_op", kernel, (int)op);
     return FG_OK;
 }
 
-static fg_status check_pair(const char *kernel, const fg_tensor *x, const fg_tensor *y) {
+static FG_MUST_USE fg_status check_pair(const char *kernel, const fg_tensor *x, const fg_tensor *y) {
     FG_TRY(fg__expect_same_shape(kernel, x, y));
     FG_TRY(fg__expect_contiguous(kernel, x));
     return fg__expect_contiguous(kernel, y);

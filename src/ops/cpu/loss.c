@@ -20,7 +20,7 @@
 #include "cpu_impl.h"
 #include "vmath.h"
 
-static fg_status check(const char *kernel, const fg_tensor *logits, const fg_tensor *targets,
+static FG_MUST_USE fg_status check(const char *kernel, const fg_tensor *logits, const fg_tensor *targets,
                        int64_t ignore_index, int64_t *count) {
     char a[96], b[96];
     FG_TRY(fg__expect_contiguous(kernel, logits));
@@ -49,7 +49,7 @@ static fg_status check(const char *kernel, const fg_tensor *logits, const fg_ten
 }
 
 /* stats (2, N) f64: expected where the caller gives one */
-static fg_status check_stats(const char *kernel, const fg_tensor *stats, int64_t N) {
+static FG_MUST_USE fg_status check_stats(const char *kernel, const fg_tensor *stats, int64_t N) {
     if (stats->dtype != FG_F64 || stats->ndim != 2 || stats->shape[0] != 2 ||
         stats->shape[1] != N || !fg_tensor_is_contiguous(stats)) {
         char s[96];
@@ -61,7 +61,7 @@ static fg_status check_stats(const char *kernel, const fg_tensor *stats, int64_t
 
 /* m[i], s[i] = row i's max and sum of exp(x - max), every row; row[i] (when
  * not NULL) = its loss m + log(s) - x[t], 0 where t is ignore */
-static fg_status row_stats(const char *kernel, const fg_tensor *logits, const int32_t *t,
+static FG_MUST_USE fg_status row_stats(const char *kernel, const fg_tensor *logits, const int32_t *t,
                            int64_t ignore_index, double *m, double *s, double *row) {
     int64_t N = logits->shape[0], V = logits->shape[1], work = logits->numel;
     const fg__vk *vk;
@@ -100,7 +100,7 @@ for (int64_t i = 0; i < N; i++) {
     return FG_OK;
 }
 
-static fg_status ce_fwd(const char *kernel, const fg_tensor *logits, const fg_tensor *targets,
+static FG_MUST_USE fg_status ce_fwd(const char *kernel, const fg_tensor *logits, const fg_tensor *targets,
                         int64_t ignore_index, fg_tensor *loss, int64_t *count, fg_tensor *stats) {
     int64_t c;
     FG_TRY(check(kernel, logits, targets, ignore_index, &c));
@@ -137,7 +137,7 @@ fg_status fg__cpu_cross_entropy_fwd_stats(const fg_tensor *logits, const fg_tens
 }
 
 /* dx += scale (exp(x - m) / s - onehot(t)) from the rows' m and s */
-static fg_status ce_bwd(const char *kernel, const fg_tensor *logits, const int32_t *t,
+static FG_MUST_USE fg_status ce_bwd(const char *kernel, const fg_tensor *logits, const int32_t *t,
                         int64_t ignore_index, double scale, const double *m, const double *s,
                         fg_tensor *dlogits) {
     int64_t N = logits->shape[0], V = logits->shape[1], work = logits->numel;
@@ -172,7 +172,7 @@ return FG_OK;
 }
 
 /* the backward's arguments: check()'s, and dlogits contiguous, logits' shape */
-static fg_status check_bwd(const char *kernel, const fg_tensor *logits, const fg_tensor *targets,
+static FG_MUST_USE fg_status check_bwd(const char *kernel, const fg_tensor *logits, const fg_tensor *targets,
                            int64_t ignore_index, const fg_tensor *dlogits) {
     int64_t c;
     FG_TRY(check(kernel, logits, targets, ignore_index, &c));

@@ -137,7 +137,7 @@ static fg_tensor *lp_out(lp *c, fg_tensor *t, bool acc) {
     return lowp(t) ? stand_in(c, t, true, acc) : t;
 }
 
-static fg_status lp_end(lp *c, fg_status st) {
+static FG_MUST_USE fg_status lp_end(lp *c, fg_status st) {
     if (!st) st = c->st;
     for (int i = 0; i < c->n; i++) {
         if (!st && c->out[i])
@@ -184,7 +184,7 @@ static bool pw_ok(int nin, const fg_tensor *const *in, const fg_tensor *out) {
     return true;
 }
 
-static fg_status piecewise(int nin, const fg_tensor *const *in, fg_tensor *out, bool acc, pw_fn f,
+static FG_MUST_USE fg_status piecewise(int nin, const fg_tensor *const *in, fg_tensor *out, bool acc, pw_fn f,
                            const void *ud) {
     int64_t n = out->numel, np = (n + PIECE - 1) / PIECE;
     fg_status first = FG_OK;
@@ -230,34 +230,34 @@ typedef struct pw_ud {
     uint64_t seed, offset;
 } pw_ud;
 
-static fg_status pw_fwd(const void *u, const fg_tensor *const *in, fg_tensor *out, int64_t off) {
+static FG_MUST_USE fg_status pw_fwd(const void *u, const fg_tensor *const *in, fg_tensor *out, int64_t off) {
     (void)off;
     return ((const pw_ud *)u)->fwd(in[0], out);
 }
-static fg_status pw_bwd(const void *u, const fg_tensor *const *in, fg_tensor *out, int64_t off) {
+static FG_MUST_USE fg_status pw_bwd(const void *u, const fg_tensor *const *in, fg_tensor *out, int64_t off) {
     (void)off;
     return ((const pw_ud *)u)->bwd(in[0], in[1], out);
 }
-static fg_status pw_binary(const void *u, const fg_tensor *const *in, fg_tensor *out, int64_t off) {
+static FG_MUST_USE fg_status pw_binary(const void *u, const fg_tensor *const *in, fg_tensor *out, int64_t off) {
     (void)off;
     return fg__cpu_binary(((const pw_ud *)u)->op, in[0], in[1], out);
 }
-static fg_status pw_axpby(const void *u, const fg_tensor *const *in, fg_tensor *out, int64_t off) {
+static FG_MUST_USE fg_status pw_axpby(const void *u, const fg_tensor *const *in, fg_tensor *out, int64_t off) {
     (void)off;
     const pw_ud *d = u;
     return fg__cpu_axpby(d->a, in[0], d->b, out);
 }
-static fg_status pw_scale(const void *u, const fg_tensor *const *in, fg_tensor *out, int64_t off) {
+static FG_MUST_USE fg_status pw_scale(const void *u, const fg_tensor *const *in, fg_tensor *out, int64_t off) {
     (void)off;
     return fg__cpu_scale(in[0], ((const pw_ud *)u)->a, out);
 }
 /* a piece's mask draws start at the piece's first element */
-static fg_status pw_drop_fwd(const void *u, const fg_tensor *const *in, fg_tensor *out,
+static FG_MUST_USE fg_status pw_drop_fwd(const void *u, const fg_tensor *const *in, fg_tensor *out,
                              int64_t off) {
     const pw_ud *d = u;
     return fg__cpu_dropout_fwd(in[0], d->a, d->seed, d->offset + (uint64_t)off, out);
 }
-static fg_status pw_drop_bwd(const void *u, const fg_tensor *const *in, fg_tensor *out,
+static FG_MUST_USE fg_status pw_drop_bwd(const void *u, const fg_tensor *const *in, fg_tensor *out,
                              int64_t off) {
     const pw_ud *d = u;
     return fg__cpu_dropout_bwd(in[0], d->a, d->seed, d->offset + (uint64_t)off, out);
@@ -265,7 +265,7 @@ static fg_status pw_drop_bwd(const void *u, const fg_tensor *const *in, fg_tenso
 
 /* ------------------------------------------------------------- products */
 
-static fg_status lp_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb, fg_tensor *c_,
+static FG_MUST_USE fg_status lp_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb, fg_tensor *c_,
                            double alpha, double beta) {
     if (!lowp(a) && !lowp(b) && !lowp(c_)) return fg__cpu_matmul(a, ta, b, tb, c_, alpha, beta);
     if (a->dtype == FG_BF16 && b->dtype == FG_BF16 && (c_->dtype == FG_F32 || c_->dtype == FG_BF16))
@@ -276,7 +276,7 @@ static fg_status lp_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool
     LP_RUN(fg__cpu_matmul(af, ta, bf, tb, cf, alpha, beta));
 }
 
-static fg_status lp_bias_add(fg_tensor *y, const fg_tensor *bias) {
+static FG_MUST_USE fg_status lp_bias_add(fg_tensor *y, const fg_tensor *bias) {
     if (!lowp(y) && !lowp(bias)) return fg__cpu_bias_add(y, bias);
     lp c = {0};
     fg_tensor *yf = lp_out(&c, y, true);
@@ -284,7 +284,7 @@ static fg_status lp_bias_add(fg_tensor *y, const fg_tensor *bias) {
     LP_RUN(fg__cpu_bias_add(yf, bf));
 }
 
-static fg_status lp_bias_grad(const fg_tensor *dy, fg_tensor *db) {
+static FG_MUST_USE fg_status lp_bias_grad(const fg_tensor *dy, fg_tensor *db) {
     if (!lowp(dy) && !lowp(db)) return fg__cpu_bias_grad(dy, db);
     lp c = {0};
     const fg_tensor *gf = lp_in(&c, dy);
@@ -438,7 +438,7 @@ fg_status fg__cpu_linear_lowp_bwd(const fg_tensor *x, const fg_tensor *w, const 
 
 /* ----------------------------------------------------------- elementwise */
 
-static fg_status lp_binary(fg_binary_op op, const fg_tensor *a, const fg_tensor *b, fg_tensor *y) {
+static FG_MUST_USE fg_status lp_binary(fg_binary_op op, const fg_tensor *a, const fg_tensor *b, fg_tensor *y) {
     if (!lowp(a) && !lowp(b) && !lowp(y)) return fg__cpu_binary(op, a, b, y);
     const fg_tensor *in[2] = {a, b};
     if (pw_ok(2, in, y) && fg_tensor_same_shape(a, y) && fg_tensor_same_shape(b, y))
@@ -449,7 +449,7 @@ static fg_status lp_binary(fg_binary_op op, const fg_tensor *a, const fg_tensor 
     LP_RUN(fg__cpu_binary(op, af, bf, yf));
 }
 
-static fg_status lp_sum_to(const fg_tensor *x, fg_tensor *y, double alpha, double beta) {
+static FG_MUST_USE fg_status lp_sum_to(const fg_tensor *x, fg_tensor *y, double alpha, double beta) {
     if (!lowp(x) && !lowp(y)) return fg__cpu_sum_to(x, y, alpha, beta);
     lp c = {0};
     const fg_tensor *xf = lp_in(&c, x);
@@ -457,7 +457,7 @@ static fg_status lp_sum_to(const fg_tensor *x, fg_tensor *y, double alpha, doubl
     LP_RUN(fg__cpu_sum_to(xf, yf, alpha, beta));
 }
 
-static fg_status lp_axpby(double alpha, const fg_tensor *x, double beta, fg_tensor *y) {
+static FG_MUST_USE fg_status lp_axpby(double alpha, const fg_tensor *x, double beta, fg_tensor *y) {
     if (!lowp(x) && !lowp(y)) return fg__cpu_axpby(alpha, x, beta, y);
     if (pw_ok(1, &x, y))
         return piecewise(1, &x, y, beta != 0, pw_axpby, &(pw_ud){.a = alpha, .b = beta});
@@ -467,7 +467,7 @@ static fg_status lp_axpby(double alpha, const fg_tensor *x, double beta, fg_tens
     LP_RUN(fg__cpu_axpby(alpha, xf, beta, yf));
 }
 
-static fg_status lp_scale(const fg_tensor *x, double s, fg_tensor *y) {
+static FG_MUST_USE fg_status lp_scale(const fg_tensor *x, double s, fg_tensor *y) {
     if (!lowp(x) && !lowp(y)) return fg__cpu_scale(x, s, y);
     if (pw_ok(1, &x, y)) return piecewise(1, &x, y, false, pw_scale, &(pw_ud){.a = s});
     lp c = {0};
@@ -476,21 +476,21 @@ static fg_status lp_scale(const fg_tensor *x, double s, fg_tensor *y) {
     LP_RUN(fg__cpu_scale(xf, s, yf));
 }
 
-static fg_status lp_sum_all(const fg_tensor *x, double *out) {
+static FG_MUST_USE fg_status lp_sum_all(const fg_tensor *x, double *out) {
     if (!lowp(x)) return fg__cpu_sum_all(x, out);
     lp c = {0};
     const fg_tensor *xf = lp_in(&c, x);
     LP_RUN(fg__cpu_sum_all(xf, out));
 }
 
-static fg_status lp_sumsq_all(const fg_tensor *x, double *out) {
+static FG_MUST_USE fg_status lp_sumsq_all(const fg_tensor *x, double *out) {
     if (!lowp(x)) return fg__cpu_sumsq_all(x, out);
     lp c = {0};
     const fg_tensor *xf = lp_in(&c, x);
     LP_RUN(fg__cpu_sumsq_all(xf, out));
 }
 
-static fg_status lp_sum_dim(const fg_tensor *x, int dim, fg_tensor *y, double alpha) {
+static FG_MUST_USE fg_status lp_sum_dim(const fg_tensor *x, int dim, fg_tensor *y, double alpha) {
     if (!lowp(x) && !lowp(y)) return fg__cpu_sum_dim(x, dim, y, alpha);
     lp c = {0};
     const fg_tensor *xf = lp_in(&c, x);
@@ -498,7 +498,7 @@ static fg_status lp_sum_dim(const fg_tensor *x, int dim, fg_tensor *y, double al
     LP_RUN(fg__cpu_sum_dim(xf, dim, yf, alpha));
 }
 
-static fg_status lp_sum_dim_bwd(const fg_tensor *dy, int dim, fg_tensor *dx, double alpha) {
+static FG_MUST_USE fg_status lp_sum_dim_bwd(const fg_tensor *dy, int dim, fg_tensor *dx, double alpha) {
     if (!lowp(dy) && !lowp(dx)) return fg__cpu_sum_dim_bwd(dy, dim, dx, alpha);
     lp c = {0};
     const fg_tensor *gf = lp_in(&c, dy);
@@ -511,7 +511,7 @@ static fg_status lp_sum_dim_bwd(const fg_tensor *dy, int dim, fg_tensor *dx, dou
 typedef FG_MUST_USE fg_status (*fwd_fn)(const fg_tensor *, fg_tensor *);
 typedef FG_MUST_USE fg_status (*bwd_fn)(const fg_tensor *, const fg_tensor *, fg_tensor *);
 
-static fg_status unary_fwd(fwd_fn k, const fg_tensor *x, fg_tensor *y) {
+static FG_MUST_USE fg_status unary_fwd(fwd_fn k, const fg_tensor *x, fg_tensor *y) {
     if (!lowp(x) && !lowp(y)) return k(x, y);
     /* softmax's rows are not elementwise: they take the generic path */
     if (k != fg__cpu_softmax_fwd && k != fg__cpu_log_softmax_fwd && pw_ok(1, &x, y))
@@ -523,7 +523,7 @@ static fg_status unary_fwd(fwd_fn k, const fg_tensor *x, fg_tensor *y) {
 }
 
 /* softmax's backward reads whole rows: it takes the generic path */
-static fg_status unary_bwd(bwd_fn k, const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx) {
+static FG_MUST_USE fg_status unary_bwd(bwd_fn k, const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx) {
     if (!lowp(x) && !lowp(dy) && !lowp(dx)) return k(x, dy, dx);
     const fg_tensor *in[2] = {x, dy};
     if (k != fg__cpu_softmax_bwd && k != fg__cpu_log_softmax_bwd && pw_ok(2, in, dx))
@@ -534,34 +534,34 @@ static fg_status unary_bwd(bwd_fn k, const fg_tensor *x, const fg_tensor *dy, fg
     LP_RUN(k(xf, gf, df));
 }
 
-static fg_status lp_relu_fwd(const fg_tensor *x, fg_tensor *y) {
+static FG_MUST_USE fg_status lp_relu_fwd(const fg_tensor *x, fg_tensor *y) {
     return unary_fwd(fg__cpu_relu_fwd, x, y);
 }
-static fg_status lp_relu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx) {
+static FG_MUST_USE fg_status lp_relu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx) {
     return unary_bwd(fg__cpu_relu_bwd, x, dy, dx);
 }
-static fg_status lp_gelu_fwd(const fg_tensor *x, fg_tensor *y) {
+static FG_MUST_USE fg_status lp_gelu_fwd(const fg_tensor *x, fg_tensor *y) {
     return unary_fwd(fg__cpu_gelu_fwd, x, y);
 }
-static fg_status lp_gelu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx) {
+static FG_MUST_USE fg_status lp_gelu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx) {
     return unary_bwd(fg__cpu_gelu_bwd, x, dy, dx);
 }
-static fg_status lp_softmax_fwd(const fg_tensor *x, fg_tensor *y) {
+static FG_MUST_USE fg_status lp_softmax_fwd(const fg_tensor *x, fg_tensor *y) {
     return unary_fwd(fg__cpu_softmax_fwd, x, y);
 }
-static fg_status lp_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_tensor *dx) {
+static FG_MUST_USE fg_status lp_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_tensor *dx) {
     return unary_bwd(fg__cpu_softmax_bwd, y, dy, dx);
 }
-static fg_status lp_log_softmax_fwd(const fg_tensor *x, fg_tensor *y) {
+static FG_MUST_USE fg_status lp_log_softmax_fwd(const fg_tensor *x, fg_tensor *y) {
     return unary_fwd(fg__cpu_log_softmax_fwd, x, y);
 }
-static fg_status lp_log_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_tensor *dx) {
+static FG_MUST_USE fg_status lp_log_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_tensor *dx) {
     return unary_bwd(fg__cpu_log_softmax_bwd, y, dy, dx);
 }
 
 /* ----------------------------------------------------------------- losses */
 
-static fg_status lp_ce_fwd(const fg_tensor *logits, const fg_tensor *targets, int64_t ignore,
+static FG_MUST_USE fg_status lp_ce_fwd(const fg_tensor *logits, const fg_tensor *targets, int64_t ignore,
                            fg_tensor *loss, int64_t *count) {
     if (!lowp(logits) && !lowp(loss))
         return fg__cpu_cross_entropy_fwd(logits, targets, ignore, loss, count);
@@ -571,7 +571,7 @@ static fg_status lp_ce_fwd(const fg_tensor *logits, const fg_tensor *targets, in
     LP_RUN(fg__cpu_cross_entropy_fwd(lf, targets, ignore, of, count));
 }
 
-static fg_status lp_ce_bwd(const fg_tensor *logits, const fg_tensor *targets, int64_t ignore,
+static FG_MUST_USE fg_status lp_ce_bwd(const fg_tensor *logits, const fg_tensor *targets, int64_t ignore,
                            double dloss, int64_t count, fg_tensor *dlogits) {
     if (!lowp(logits) && !lowp(dlogits))
         return fg__cpu_cross_entropy_bwd(logits, targets, ignore, dloss, count, dlogits);
@@ -582,7 +582,7 @@ static fg_status lp_ce_bwd(const fg_tensor *logits, const fg_tensor *targets, in
 }
 
 /* stats (2, N) f64 stays as it is */
-static fg_status lp_ce_fwd_stats(const fg_tensor *logits, const fg_tensor *targets, int64_t ignore,
+static FG_MUST_USE fg_status lp_ce_fwd_stats(const fg_tensor *logits, const fg_tensor *targets, int64_t ignore,
                                  fg_tensor *loss, int64_t *count, fg_tensor *stats) {
     if (!lowp(logits) && !lowp(loss))
         return fg__cpu_cross_entropy_fwd_stats(logits, targets, ignore, loss, count, stats);
@@ -592,7 +592,7 @@ static fg_status lp_ce_fwd_stats(const fg_tensor *logits, const fg_tensor *targe
     LP_RUN(fg__cpu_cross_entropy_fwd_stats(lf, targets, ignore, of, count, stats));
 }
 
-static fg_status lp_ce_bwd_stats(const fg_tensor *logits, const fg_tensor *targets,
+static FG_MUST_USE fg_status lp_ce_bwd_stats(const fg_tensor *logits, const fg_tensor *targets,
                                  const fg_tensor *stats, int64_t ignore, double dloss,
                                  int64_t count, fg_tensor *dlogits) {
     if (!lowp(logits) && !lowp(dlogits))
@@ -606,7 +606,7 @@ static fg_status lp_ce_bwd_stats(const fg_tensor *logits, const fg_tensor *targe
 
 /* --------------------------------------------------------- normalisation */
 
-static fg_status lp_ln_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b, double eps,
+static FG_MUST_USE fg_status lp_ln_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b, double eps,
                            fg_tensor *y, fg_tensor *mean, fg_tensor *rstd) {
     if (!lowp(x) && !lowp(w) && !lowp(b) && !lowp(y) && !lowp(mean) && !lowp(rstd))
         return fg__cpu_layernorm_fwd(x, w, b, eps, y, mean, rstd);
@@ -617,7 +617,7 @@ static fg_status lp_ln_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tens
     LP_RUN(fg__cpu_layernorm_fwd(xf, wf, bf, eps, yf, mf, rf));
 }
 
-static fg_status lp_ln_bwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *mean,
+static FG_MUST_USE fg_status lp_ln_bwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *mean,
                            const fg_tensor *rstd, const fg_tensor *dy, fg_tensor *dx, fg_tensor *dw,
                            fg_tensor *db) {
     if (!lowp(x) && !lowp(w) && !lowp(mean) && !lowp(rstd) && !lowp(dy) && !lowp(dx) && !lowp(dw) &&
@@ -633,7 +633,7 @@ static fg_status lp_ln_bwd(const fg_tensor *x, const fg_tensor *w, const fg_tens
 
 /* ------------------------------------------------- embedding, dropout */
 
-static fg_status lp_emb_fwd(const fg_tensor *idx, const fg_tensor *weight, fg_tensor *y) {
+static FG_MUST_USE fg_status lp_emb_fwd(const fg_tensor *idx, const fg_tensor *weight, fg_tensor *y) {
     if (!lowp(weight) && !lowp(y)) return fg__cpu_embedding_fwd(idx, weight, y);
     if (weight->dtype == y->dtype && fg_tensor_is_contiguous(weight) &&
         fg_tensor_is_contiguous(y) && weight->ndim == 2 && y->ndim == 2 && idx->ndim == 1 &&
@@ -659,7 +659,7 @@ static fg_status lp_emb_fwd(const fg_tensor *idx, const fg_tensor *weight, fg_te
     LP_RUN(fg__cpu_embedding_fwd(idx, wf, yf));
 }
 
-static fg_status lp_emb_bwd(const fg_tensor *idx, const fg_tensor *dy, fg_tensor *dweight) {
+static FG_MUST_USE fg_status lp_emb_bwd(const fg_tensor *idx, const fg_tensor *dy, fg_tensor *dweight) {
     if (!lowp(dy) && !lowp(dweight)) return fg__cpu_embedding_bwd(idx, dy, dweight);
     lp c = {0};
     const fg_tensor *gf = lp_in(&c, dy);
@@ -667,7 +667,7 @@ static fg_status lp_emb_bwd(const fg_tensor *idx, const fg_tensor *dy, fg_tensor
     LP_RUN(fg__cpu_embedding_bwd(idx, gf, wf));
 }
 
-static fg_status lp_dropout_fwd(const fg_tensor *x, double p, uint64_t seed, uint64_t offset,
+static FG_MUST_USE fg_status lp_dropout_fwd(const fg_tensor *x, double p, uint64_t seed, uint64_t offset,
                                 fg_tensor *y) {
     if (!lowp(x) && !lowp(y)) return fg__cpu_dropout_fwd(x, p, seed, offset, y);
     if (pw_ok(1, &x, y))
@@ -679,7 +679,7 @@ static fg_status lp_dropout_fwd(const fg_tensor *x, double p, uint64_t seed, uin
     LP_RUN(fg__cpu_dropout_fwd(xf, p, seed, offset, yf));
 }
 
-static fg_status lp_dropout_bwd(const fg_tensor *dy, double p, uint64_t seed, uint64_t offset,
+static FG_MUST_USE fg_status lp_dropout_bwd(const fg_tensor *dy, double p, uint64_t seed, uint64_t offset,
                                 fg_tensor *dx) {
     if (!lowp(dy) && !lowp(dx)) return fg__cpu_dropout_bwd(dy, p, seed, offset, dx);
     if (pw_ok(1, &dy, dx))
@@ -704,7 +704,7 @@ static fg_status lp_dropout_bwd(const fg_tensor *dy, double p, uint64_t seed, ui
 /* a chunk of t: batch entries [b0, b0 + nb) of its dim 0, as an f32 tensor
  * in v: t's own memory when t is f32, else the scratch of slot, widened
  * unless `fresh` (an output the kernel overwrites) */
-static fg_status att_chunk(fg_tensor *v, const fg_tensor *t, int64_t b0, int64_t nb, int slot,
+static FG_MUST_USE fg_status att_chunk(fg_tensor *v, const fg_tensor *t, int64_t b0, int64_t nb, int slot,
                            bool fresh) {
     int64_t shape[FG_MAX_DIMS], per = t->numel / t->shape[0];
     for (int d = 0; d < t->ndim; d++) shape[d] = t->shape[d];
@@ -750,7 +750,7 @@ static int64_t att_nb(const fg_tensor *qkv) {
     return FG_MIN(nb, qkv->shape[0]);
 }
 
-static fg_status lp_att_fwd(const fg_tensor *qkv, int heads, fg_tensor *y, fg_tensor *lse) {
+static FG_MUST_USE fg_status lp_att_fwd(const fg_tensor *qkv, int heads, fg_tensor *y, fg_tensor *lse) {
     if (!lowp(qkv) && !lowp(y) && !lowp(lse)) return fg__cpu_attention_fwd(qkv, heads, y, lse);
     const fg_tensor *all[3] = {qkv, y, lse};
     if (att_chunkable(3, all)) {
@@ -773,7 +773,7 @@ static fg_status lp_att_fwd(const fg_tensor *qkv, int heads, fg_tensor *y, fg_te
     LP_RUN(fg__cpu_attention_fwd(qf, heads, yf, lf));
 }
 
-static fg_status lp_att_bwd(const fg_tensor *qkv, int heads, const fg_tensor *y,
+static FG_MUST_USE fg_status lp_att_bwd(const fg_tensor *qkv, int heads, const fg_tensor *y,
                             const fg_tensor *lse, const fg_tensor *dy, fg_tensor *dqkv) {
     if (!lowp(qkv) && !lowp(y) && !lowp(lse) && !lowp(dy) && !lowp(dqkv))
         return fg__cpu_attention_bwd(qkv, heads, y, lse, dy, dqkv);
@@ -806,7 +806,7 @@ static fg_status lp_att_bwd(const fg_tensor *qkv, int heads, const fg_tensor *y,
  * losses run after autocast's f32 log_softmax): they go straight to the
  * kernels. */
 
-static fg_status lp_unary_fwd(fg_unary_op op, const fg_tensor *x, double a, double b,
+static FG_MUST_USE fg_status lp_unary_fwd(fg_unary_op op, const fg_tensor *x, double a, double b,
                               fg_tensor *y) {
     if (!lowp(x) && !lowp(y)) return fg__cpu_unary_fwd(op, x, a, b, y);
     lp c = {0};
@@ -815,7 +815,7 @@ static fg_status lp_unary_fwd(fg_unary_op op, const fg_tensor *x, double a, doub
     LP_RUN(fg__cpu_unary_fwd(op, xf, a, b, yf));
 }
 
-static fg_status lp_unary_bwd(fg_unary_op op, const fg_tensor *x, const fg_tensor *y,
+static FG_MUST_USE fg_status lp_unary_bwd(fg_unary_op op, const fg_tensor *x, const fg_tensor *y,
                               const fg_tensor *dy, double a, double b, fg_tensor *dx) {
     if (!lowp(x) && !lowp(y) && !lowp(dy) && !lowp(dx))
         return fg__cpu_unary_bwd(op, x, y, dy, a, b, dx);
@@ -825,7 +825,7 @@ static fg_status lp_unary_bwd(fg_unary_op op, const fg_tensor *x, const fg_tenso
     LP_RUN(fg__cpu_unary_bwd(op, xf, yf, gf, a, b, df));
 }
 
-static fg_status lp_ploss_fwd(fg_loss_op op, const fg_tensor *x, const fg_tensor *t,
+static FG_MUST_USE fg_status lp_ploss_fwd(fg_loss_op op, const fg_tensor *x, const fg_tensor *t,
                               const fg_tensor *w, double p, fg_tensor *y) {
     if (!lowp(x) && !lowp(t) && !lowp(w) && !lowp(y))
         return fg__cpu_pointwise_loss_fwd(op, x, t, w, p, y);
@@ -835,7 +835,7 @@ static fg_status lp_ploss_fwd(fg_loss_op op, const fg_tensor *x, const fg_tensor
     LP_RUN(fg__cpu_pointwise_loss_fwd(op, xf, tf, wf, p, yf));
 }
 
-static fg_status lp_ploss_bwd(fg_loss_op op, const fg_tensor *x, const fg_tensor *t,
+static FG_MUST_USE fg_status lp_ploss_bwd(fg_loss_op op, const fg_tensor *x, const fg_tensor *t,
                               const fg_tensor *w, double p, const fg_tensor *dy, fg_tensor *dx,
                               fg_tensor *dt) {
     if (!lowp(x) && !lowp(t) && !lowp(w) && !lowp(dy) && !lowp(dx) && !lowp(dt))
@@ -849,7 +849,7 @@ static fg_status lp_ploss_bwd(fg_loss_op op, const fg_tensor *x, const fg_tensor
 /* y += x across layouts: y is a strided view (a gradient's slice), so it
  * cannot stand in; bf16/f16 elements are widened and rounded one at a
  * time (the same value as f32 arithmetic rounded once per element). */
-static fg_status lp_add_strided(const fg_tensor *x, fg_tensor *y) {
+static FG_MUST_USE fg_status lp_add_strided(const fg_tensor *x, fg_tensor *y) {
     if (!lowp(x) && !lowp(y)) return fg__cpu_add_strided(x, y);
     if (!fg_tensor_same_shape(x, y) || x->dtype != y->dtype)
         return fg_error(FG_EINVAL, "add_strided: one shape and dtype expected");
@@ -875,7 +875,7 @@ static fg_status lp_add_strided(const fg_tensor *x, fg_tensor *y) {
     return FG_OK;
 }
 
-static fg_status lp_where(const fg_tensor *cond, const fg_tensor *a, const fg_tensor *b, double va,
+static FG_MUST_USE fg_status lp_where(const fg_tensor *cond, const fg_tensor *a, const fg_tensor *b, double va,
                           double vb, fg_tensor *y) {
     if (!lowp(a) && !lowp(b) && !lowp(y)) return fg__cpu_where(cond, a, b, va, vb, y);
     lp c = {0};
@@ -884,7 +884,7 @@ static fg_status lp_where(const fg_tensor *cond, const fg_tensor *a, const fg_te
     LP_RUN(fg__cpu_where(cond, af, bf, va, vb, yf));
 }
 
-static fg_status lp_index_add(const fg_tensor *dy, int dim, const fg_tensor *idx, fg_tensor *dx) {
+static FG_MUST_USE fg_status lp_index_add(const fg_tensor *dy, int dim, const fg_tensor *idx, fg_tensor *dx) {
     if (!lowp(dy) && !lowp(dx)) return fg__cpu_index_add(dy, dim, idx, dx);
     lp c = {0};
     const fg_tensor *gf = lp_in(&c, dy);
@@ -892,7 +892,7 @@ static fg_status lp_index_add(const fg_tensor *dy, int dim, const fg_tensor *idx
     LP_RUN(fg__cpu_index_add(gf, dim, idx, df));
 }
 
-static fg_status lp_gather(const fg_tensor *x, int dim, const fg_tensor *idx, fg_tensor *y) {
+static FG_MUST_USE fg_status lp_gather(const fg_tensor *x, int dim, const fg_tensor *idx, fg_tensor *y) {
     if (!lowp(x) && !lowp(y)) return fg__cpu_gather(x, dim, idx, y);
     lp c = {0};
     const fg_tensor *xf = lp_in(&c, x);
@@ -900,7 +900,7 @@ static fg_status lp_gather(const fg_tensor *x, int dim, const fg_tensor *idx, fg
     LP_RUN(fg__cpu_gather(xf, dim, idx, yf));
 }
 
-static fg_status lp_scatter_add(const fg_tensor *src, int dim, const fg_tensor *idx, fg_tensor *y) {
+static FG_MUST_USE fg_status lp_scatter_add(const fg_tensor *src, int dim, const fg_tensor *idx, fg_tensor *y) {
     if (!lowp(src) && !lowp(y)) return fg__cpu_scatter_add(src, dim, idx, y);
     lp c = {0};
     const fg_tensor *sf = lp_in(&c, src);
@@ -908,7 +908,7 @@ static fg_status lp_scatter_add(const fg_tensor *src, int dim, const fg_tensor *
     LP_RUN(fg__cpu_scatter_add(sf, dim, idx, yf));
 }
 
-static fg_status lp_max_dim(const fg_tensor *x, int dim, bool is_min, fg_tensor *y,
+static FG_MUST_USE fg_status lp_max_dim(const fg_tensor *x, int dim, bool is_min, fg_tensor *y,
                             fg_tensor *idx) {
     if (!lowp(x) && !lowp(y)) return fg__cpu_max_dim(x, dim, is_min, y, idx);
     lp c = {0};
@@ -917,7 +917,7 @@ static fg_status lp_max_dim(const fg_tensor *x, int dim, bool is_min, fg_tensor 
     LP_RUN(fg__cpu_max_dim(xf, dim, is_min, yf, idx));
 }
 
-static fg_status lp_cumsum(const fg_tensor *x, int dim, bool reverse, fg_tensor *y) {
+static FG_MUST_USE fg_status lp_cumsum(const fg_tensor *x, int dim, bool reverse, fg_tensor *y) {
     if (!lowp(x) && !lowp(y)) return fg__cpu_cumsum(x, dim, reverse, y);
     lp c = {0};
     const fg_tensor *xf = lp_in(&c, x);
@@ -925,7 +925,7 @@ static fg_status lp_cumsum(const fg_tensor *x, int dim, bool reverse, fg_tensor 
     LP_RUN(fg__cpu_cumsum(xf, dim, reverse, yf));
 }
 
-static fg_status lp_conv_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
+static FG_MUST_USE fg_status lp_conv_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
                              const fg_conv_params *p, fg_tensor *y) {
     if (!lowp(x) && !lowp(w) && !lowp(b) && !lowp(y)) return fg__cpu_conv2d_fwd(x, w, b, p, y);
     lp c = {0};
@@ -934,7 +934,7 @@ static fg_status lp_conv_fwd(const fg_tensor *x, const fg_tensor *w, const fg_te
     LP_RUN(fg__cpu_conv2d_fwd(xf, wf, bf, p, yf));
 }
 
-static fg_status lp_conv_bwd_data(const fg_tensor *dy, const fg_tensor *w, const fg_conv_params *p,
+static FG_MUST_USE fg_status lp_conv_bwd_data(const fg_tensor *dy, const fg_tensor *w, const fg_conv_params *p,
                                   fg_tensor *dx) {
     if (!lowp(dy) && !lowp(w) && !lowp(dx)) return fg__cpu_conv2d_bwd_data(dy, w, p, dx);
     lp c = {0};
@@ -943,7 +943,7 @@ static fg_status lp_conv_bwd_data(const fg_tensor *dy, const fg_tensor *w, const
     LP_RUN(fg__cpu_conv2d_bwd_data(gf, wf, p, df));
 }
 
-static fg_status lp_conv_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
+static FG_MUST_USE fg_status lp_conv_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
                                     const fg_conv_params *p, fg_tensor *dw, fg_tensor *db) {
     if (!lowp(x) && !lowp(dy) && !lowp(dw) && !lowp(db))
         return fg__cpu_conv2d_bwd_weight(x, dy, p, dw, db);
@@ -953,7 +953,7 @@ static fg_status lp_conv_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
     LP_RUN(fg__cpu_conv2d_bwd_weight(xf, gf, p, dwf, dbf));
 }
 
-static fg_status lp_pool_fwd(const fg_tensor *x, const fg_pool_params *p, fg_tensor *y,
+static FG_MUST_USE fg_status lp_pool_fwd(const fg_tensor *x, const fg_pool_params *p, fg_tensor *y,
                              fg_tensor *idx) {
     if (!lowp(x) && !lowp(y)) return fg__cpu_pool2d_fwd(x, p, y, idx);
     lp c = {0};
@@ -962,7 +962,7 @@ static fg_status lp_pool_fwd(const fg_tensor *x, const fg_pool_params *p, fg_ten
     LP_RUN(fg__cpu_pool2d_fwd(xf, p, yf, idx));
 }
 
-static fg_status lp_pool_bwd(const fg_tensor *dy, const fg_tensor *idx, const fg_pool_params *p,
+static FG_MUST_USE fg_status lp_pool_bwd(const fg_tensor *dy, const fg_tensor *idx, const fg_pool_params *p,
                              fg_tensor *dx) {
     if (!lowp(dy) && !lowp(dx)) return fg__cpu_pool2d_bwd(dy, idx, p, dx);
     lp c = {0};

@@ -31,13 +31,13 @@ typedef struct {
     int64_t batch, bstride; /* bstride in elements, 0 when batch == 1 */
 } mat_view;
 
-static fg_status bad_layout(const char *what, const fg_tensor *t, const char *why) {
+static FG_MUST_USE fg_status bad_layout(const char *what, const fg_tensor *t, const char *why) {
     char b[96];
     return fg_error(FG_EINVAL, "matmul: %s %s %s (make it contiguous first)", what,
                     fg_tensor_describe(t, b, sizeof b), why);
 }
 
-static fg_status view_of(const char *what, const fg_tensor *t, mat_view *v) {
+static FG_MUST_USE fg_status view_of(const char *what, const fg_tensor *t, mat_view *v) {
     if (t->ndim < 2) return bad_layout(what, t, "has fewer than 2 dims");
     int nd = t->ndim;
     int64_t r = t->shape[nd - 2], c = t->shape[nd - 1];
@@ -165,7 +165,7 @@ fg_status fg__cpu_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool t
 }
 
 /* Rows and columns of y seen as (R, C) with C the bias length. */
-static fg_status bias_shape(const char *kernel, const fg_tensor *y, const fg_tensor *bias,
+static FG_MUST_USE fg_status bias_shape(const char *kernel, const fg_tensor *y, const fg_tensor *bias,
                             int64_t *rows, int64_t *cols) {
     char sy[96], sbias[96];
     if (y->dtype != bias->dtype)

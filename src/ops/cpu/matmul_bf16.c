@@ -63,7 +63,7 @@ static int mode(void) {
     return g_env_mode;
 }
 
-static fg_status bad_mode(void) {
+static FG_MUST_USE fg_status bad_mode(void) {
     return fg_error(FG_EINVAL, "%s=\"%s\": expected auto, onednn or fallback", MODE_ENV,
                     g_env_value);
 }
@@ -154,7 +154,7 @@ static void scale_output(fg_tensor *c, double beta) {
 }
 
 /* An f32 tensor of t's shape over data (contiguous). */
-static fg_status f32_view(fg_tensor *v, const fg_tensor *t, float *data) {
+static FG_MUST_USE fg_status f32_view(fg_tensor *v, const fg_tensor *t, float *data) {
     memset(v, 0, sizeof *v);
     FG_TRY(fg__tensor_init_shape(v, FG_F32, t->ndim, t->shape));
     v->data = data;
@@ -162,7 +162,7 @@ static fg_status f32_view(fg_tensor *v, const fg_tensor *t, float *data) {
     return FG_OK;
 }
 
-static fg_status fallback(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb, fg_tensor *c,
+static FG_MUST_USE fg_status fallback(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb, fg_tensor *c,
                           double alpha, double beta) {
     int64_t na = a->numel, nb = b->numel, nc = c->dtype == FG_BF16 ? c->numel : 0;
     size_t bytes = sizeof(float) * (size_t)(na + nb + nc);

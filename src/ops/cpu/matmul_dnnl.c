@@ -57,7 +57,7 @@ const char *fg__dnnl_version(void) {
     return g_version;
 }
 
-static fg_status dnnl_fail(dnnl_status_t s, const char *kernel, const char *what) {
+static FG_MUST_USE fg_status dnnl_fail(dnnl_status_t s, const char *kernel, const char *what) {
     if (s == dnnl_unimplemented) {
         const dnnl_version_t *v = dnnl_version();
         return fg_error(FG_EUNSUPPORTED,
@@ -81,7 +81,7 @@ static fg_status dnnl_fail(dnnl_status_t s, const char *kernel, const char *what
 
 /* A primitive descriptor of c = alpha a b + beta c over the given memory
  * descriptors; *pd stays NULL on failure. */
-static fg_status make_pd(const char *kernel, dnnl_primitive_desc_t *pd,
+static FG_MUST_USE fg_status make_pd(const char *kernel, dnnl_primitive_desc_t *pd,
                          const dnnl_memory_desc_t *amd, const dnnl_memory_desc_t *bmd,
                          const dnnl_memory_desc_t *cmd, float alpha, float beta) {
     fg_status st = FG_OK;
@@ -107,7 +107,7 @@ fail:
 }
 
 /* Runs the primitive of pd on a, b, c with a scratchpad from fg_alloc. */
-static fg_status run_pd(const char *kernel, dnnl_primitive_desc_t pd, const dnnl_memory_desc_t *amd,
+static FG_MUST_USE fg_status run_pd(const char *kernel, dnnl_primitive_desc_t pd, const dnnl_memory_desc_t *amd,
                         const void *a, const dnnl_memory_desc_t *bmd, const void *b,
                         const dnnl_memory_desc_t *cmd, void *c) {
     fg_status st = FG_OK;
@@ -145,7 +145,7 @@ fail:
     return st;
 }
 
-static fg_status engine(const char *kernel) {
+static FG_MUST_USE fg_status engine(const char *kernel) {
     fg_status st = FG_OK;
     pthread_once(&g_once, make_engine);
     DN(g_engine_status, "engine creation");

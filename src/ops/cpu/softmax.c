@@ -20,7 +20,7 @@ static void rows_of(const fg_tensor *t, int64_t *rows, int64_t *C) {
     *rows = *C ? t->numel / *C : 0;
 }
 
-static fg_status check2(const char *kernel, const fg_tensor *a, const fg_tensor *b) {
+static FG_MUST_USE fg_status check2(const char *kernel, const fg_tensor *a, const fg_tensor *b) {
     FG_TRY(fg__expect_same_shape(kernel, a, b));
     FG_TRY(fg__expect_contiguous(kernel, a));
     return fg__expect_contiguous(kernel, b);

@@ -124,7 +124,7 @@ static cudaDataType_t cu_type(int dt) {
     return dt == FG_CU_BF16 ? CUDA_R_16BF : dt == FG_CU_F16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
-static fg_status lt_err(cublasStatus_t s, const char *what) {
+static FG_MUST_USE fg_status lt_err(cublasStatus_t s, const char *what) {
     return fg_error(s == CUBLAS_STATUS_NOT_SUPPORTED ? FG_EUNSUPPORTED : FG_EIO, "%s: %s", what,
                     g_lt.status_string(s));
 }

@@ -21,7 +21,7 @@
 
 /* ---------------------------------------------------------------- checks */
 
-static fg_status cu_dt(const char *k, const fg_tensor *t, int *dt) {
+static FG_MUST_USE fg_status cu_dt(const char *k, const fg_tensor *t, int *dt) {
     *dt = FG_CU_F32; /* set on every path: the compiler cannot see fg_error's status */
     switch (t->dtype) {
     case FG_F32: *dt = FG_CU_F32; return FG_OK;
@@ -34,7 +34,7 @@ static fg_status cu_dt(const char *k, const fg_tensor *t, int *dt) {
 }
 
 /* the compute stream of t's device (and the GPU current) */
-static fg_status stream_of(const char *k, const fg_tensor *t, void **st) {
+static FG_MUST_USE fg_status stream_of(const char *k, const fg_tensor *t, void **st) {
     *st = NULL;
     if (t->device != FG_CUDA || !t->dev)
         return fg_error(FG_EINVAL, "%s: a tensor in %s memory given to the cuda kernels", k,
@@ -43,7 +43,7 @@ static fg_status stream_of(const char *k, const fg_tensor *t, void **st) {
     return *st ? FG_OK : fg_error_wrap(fg_last_status(), "%s", k);
 }
 
-static fg_status same(const char *k, const fg_tensor *a, const fg_tensor *b) {
+static FG_MUST_USE fg_status same(const char *k, const fg_tensor *a, const fg_tensor *b) {
     if (!fg_tensor_same_shape(a, b) || a->dtype != b->dtype) {
         char x[96], y[96];
         return fg_error(FG_EINVAL, "%s: %s and %s must have the same shape and dtype", k,
@@ -53,12 +53,12 @@ static fg_status same(const char *k, const fg_tensor *a, const fg_tensor *b) {
     return FG_OK;
 }
 
-static fg_status contig(const char *k, const fg_tensor *t) {
+static FG_MUST_USE fg_status contig(const char *k, const fg_tensor *t) {
     if (fg_tensor_is_contiguous(t)) return FG_OK;
     return fg_error(FG_EINVAL, "%s: expects a contiguous tensor", k);
 }
 
-static fg_status launched(const char *k, int err) { return err ? fg__cuda_check(err, k) : FG_OK; }
+static FG_MUST_USE fg_status launched(const char *k, int err) { return err ? fg__cuda_check(err, k) : FG_OK; }
 
 /* rows and the last dim of (..., C) */
 static void rows_cols(const fg_tensor *t, int64_t *R, int64_t *C) {
@@ -75,7 +75,7 @@ static int64_t batch_of(const fg_tensor *t) {
     return b;
 }
 
-static fg_status cu_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb, fg_tensor *c,
+static FG_MUST_USE fg_status cu_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb, fg_tensor *c,
                            double alpha, double beta) {
     const char *k = "matmul";
     if (a->ndim < 2 || b->ndim < 2 || c->ndim != a->ndim)
@@ -112,7 +112,7 @@ static fg_status cu_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool
                          batch, (float)alpha, (float)beta, FG_CU_EPI_NONE, NULL, 0);
 }
 
-static fg_status cu_bias_add(fg_tensor *y, const fg_tensor *bias) {
+static FG_MUST_USE fg_status cu_bias_add(fg_tensor *y, const fg_tensor *bias) {
     const char *k = "bias_add";
     int64_t R, C;
     rows_cols(y, &R, &C);
@@ -127,7 +127,7 @@ static fg_status cu_bias_add(fg_tensor *y, const fg_tensor *bias) {
     return launched(k, fg__cu_bias_add(st, dty, y->data, dtb, bias->data, R, C));
 }
 
-static fg_status cu_bias_grad(const fg_tensor *dy, fg_tensor *db) {
+static FG_MUST_USE fg_status cu_bias_grad(const fg_tensor *dy, fg_tensor *db) {
     const char *k = "bias_grad";
     int64_t R, C;
     rows_cols(dy, &R, &C);
@@ -145,7 +145,7 @@ static fg_status cu_bias_grad(const fg_tensor *dy, fg_tensor *db) {
 /* ---------------------------------------------------------------- elementwise */
 
 /* strides of t seen with shape (nd dims, right-aligned); 0 where broadcast */
-static fg_status bstrides(const char *k, const fg_tensor *t, int nd, const int64_t *shape,
+static FG_MUST_USE fg_status bstrides(const char *k, const fg_tensor *t, int nd, const int64_t *shape,
                           int64_t *s) {
     int off = nd - t->ndim;
     if (off < 0) return fg_error(FG_EINVAL, "%s: an operand has more dims than the result", k);
@@ -161,7 +161,7 @@ static fg_status bstrides(const char *k, const fg_tensor *t, int nd, const int64
     return FG_OK;
 }
 
-static fg_status cu_binary(fg_binary_op op, const fg_tensor *a, const fg_tensor *b, fg_tensor *y) {
+static FG_MUST_USE fg_status cu_binary(fg_binary_op op, const fg_tensor *a, const fg_tensor *b, fg_tensor *y) {
     const char *k = "binary";
     FG_TRY(contig(k, y));
     if (y->ndim > FG_CU_MAX_DIMS) return fg_error(FG_EUNSUPPORTED, "binary: over 8 dims on cuda");
@@ -184,7 +184,7 @@ static fg_status cu_binary(fg_binary_op op, const fg_tensor *a, const fg_tensor 
         k, fg__cu_binary(st, (int)op, da, a->data, db, b->data, dy, y->data, y->numel, &bc));
 }
 
-static fg_status cu_sum_to(const fg_tensor *x, fg_tensor *y, double alpha, double beta) {
+static FG_MUST_USE fg_status cu_sum_to(const fg_tensor *x, fg_tensor *y, double alpha, double beta) {
     const char *k = "sum_to";
     FG_TRY(contig(k, x));
     FG_TRY(contig(k, y));
@@ -207,7 +207,7 @@ static fg_status cu_sum_to(const fg_tensor *x, fg_tensor *y, double alpha, doubl
         k, fg__cu_sum_to(st, dx, x->data, dy, y->data, y->numel, &bc, (float)alpha, (float)beta));
 }
 
-static fg_status cu_axpby(double alpha, const fg_tensor *x, double beta, fg_tensor *y) {
+static FG_MUST_USE fg_status cu_axpby(double alpha, const fg_tensor *x, double beta, fg_tensor *y) {
     const char *k = "axpby";
     if (x->numel != y->numel)
         return fg_error(FG_EINVAL, "axpby: %lld and %lld elements", (long long)x->numel,
@@ -223,13 +223,13 @@ static fg_status cu_axpby(double alpha, const fg_tensor *x, double beta, fg_tens
         k, fg__cu_axpby(st, dx, x->data, dy, y->data, y->numel, (float)alpha, (float)beta));
 }
 
-static fg_status cu_scale(const fg_tensor *x, double s, fg_tensor *y) {
+static FG_MUST_USE fg_status cu_scale(const fg_tensor *x, double s, fg_tensor *y) {
     FG_TRY(same("scale", x, y));
     return cu_axpby(s, x, 0, y);
 }
 
 /* *out = the sum (of squares) of x, back on the host */
-static fg_status sum_all(const char *k, const fg_tensor *x, int sq, double *out) {
+static FG_MUST_USE fg_status sum_all(const char *k, const fg_tensor *x, int sq, double *out) {
     FG_TRY(contig(k, x));
     int dt;
     FG_TRY(cu_dt(k, x, &dt));
@@ -243,14 +243,14 @@ static fg_status sum_all(const char *k, const fg_tensor *x, int sq, double *out)
     fg_status f = fg_dev_free(x->dev, scr);
     return s != FG_OK ? s : f;
 }
-static fg_status cu_sum_all(const fg_tensor *x, double *out) {
+static FG_MUST_USE fg_status cu_sum_all(const fg_tensor *x, double *out) {
     return sum_all("sum_all", x, 0, out);
 }
-static fg_status cu_sumsq_all(const fg_tensor *x, double *out) {
+static FG_MUST_USE fg_status cu_sumsq_all(const fg_tensor *x, double *out) {
     return sum_all("sumsq_all", x, 1, out);
 }
 
-static fg_status dim_split(const char *k, const fg_tensor *x, int dim, int64_t *o, int64_t *n,
+static FG_MUST_USE fg_status dim_split(const char *k, const fg_tensor *x, int dim, int64_t *o, int64_t *n,
                            int64_t *in) {
     if (dim < 0 || dim >= x->ndim)
         return fg_error(FG_EINVAL, "%s: dim %d of a %d-d tensor", k, dim, x->ndim);
@@ -262,7 +262,7 @@ static fg_status dim_split(const char *k, const fg_tensor *x, int dim, int64_t *
     return FG_OK;
 }
 
-static fg_status cu_sum_dim(const fg_tensor *x, int dim, fg_tensor *y, double alpha) {
+static FG_MUST_USE fg_status cu_sum_dim(const fg_tensor *x, int dim, fg_tensor *y, double alpha) {
     const char *k = "sum_dim";
     int64_t o, n, in;
     FG_TRY(dim_split(k, x, dim, &o, &n, &in));
@@ -278,7 +278,7 @@ static fg_status cu_sum_dim(const fg_tensor *x, int dim, fg_tensor *y, double al
     return launched(k, fg__cu_sum_dim(st, dt, x->data, y->data, o, n, in, (float)alpha));
 }
 
-static fg_status cu_sum_dim_bwd(const fg_tensor *dy, int dim, fg_tensor *dx, double alpha) {
+static FG_MUST_USE fg_status cu_sum_dim_bwd(const fg_tensor *dy, int dim, fg_tensor *dx, double alpha) {
     const char *k = "sum_dim_bwd";
     int64_t o, n, in;
     FG_TRY(dim_split(k, dx, dim, &o, &n, &in));
@@ -296,7 +296,7 @@ static fg_status cu_sum_dim_bwd(const fg_tensor *dy, int dim, fg_tensor *dx, dou
 
 /* ---------------------------------------------------------------- activations */
 
-static fg_status act_fwd(const char *k, int act, const fg_tensor *x, fg_tensor *y) {
+static FG_MUST_USE fg_status act_fwd(const char *k, int act, const fg_tensor *x, fg_tensor *y) {
     FG_TRY(same(k, x, y));
     FG_TRY(contig(k, x));
     FG_TRY(contig(k, y));
@@ -306,7 +306,7 @@ static fg_status act_fwd(const char *k, int act, const fg_tensor *x, fg_tensor *
     FG_TRY(stream_of(k, y, &st));
     return launched(k, fg__cu_act_fwd(st, act, dt, x->data, y->data, x->numel));
 }
-static fg_status act_bwd(const char *k, int act, const fg_tensor *x, const fg_tensor *dy,
+static FG_MUST_USE fg_status act_bwd(const char *k, int act, const fg_tensor *x, const fg_tensor *dy,
                          fg_tensor *dx) {
     FG_TRY(same(k, x, dy));
     FG_TRY(same(k, x, dx));
@@ -319,20 +319,20 @@ static fg_status act_bwd(const char *k, int act, const fg_tensor *x, const fg_te
     FG_TRY(stream_of(k, dx, &st));
     return launched(k, fg__cu_act_bwd(st, act, dt, x->data, dy->data, dx->data, x->numel));
 }
-static fg_status cu_relu_fwd(const fg_tensor *x, fg_tensor *y) {
+static FG_MUST_USE fg_status cu_relu_fwd(const fg_tensor *x, fg_tensor *y) {
     return act_fwd("relu_fwd", 0, x, y);
 }
-static fg_status cu_relu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx) {
+static FG_MUST_USE fg_status cu_relu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx) {
     return act_bwd("relu_bwd", 0, x, dy, dx);
 }
-static fg_status cu_gelu_fwd(const fg_tensor *x, fg_tensor *y) {
+static FG_MUST_USE fg_status cu_gelu_fwd(const fg_tensor *x, fg_tensor *y) {
     return act_fwd("gelu_fwd", 1, x, y);
 }
-static fg_status cu_gelu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx) {
+static FG_MUST_USE fg_status cu_gelu_bwd(const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx) {
     return act_bwd("gelu_bwd", 1, x, dy, dx);
 }
 
-static fg_status cu_unary_fwd(fg_unary_op op, const fg_tensor *x, double a, double b,
+static FG_MUST_USE fg_status cu_unary_fwd(fg_unary_op op, const fg_tensor *x, double a, double b,
                               fg_tensor *y) {
     const char *k = "unary_fwd";
     FG_TRY(same(k, x, y));
@@ -345,7 +345,7 @@ static fg_status cu_unary_fwd(fg_unary_op op, const fg_tensor *x, double a, doub
     return launched(
         k, fg__cu_unary_fwd(st, (int)op, dt, x->data, y->data, x->numel, (float)a, (float)b));
 }
-static fg_status cu_unary_bwd(fg_unary_op op, const fg_tensor *x, const fg_tensor *y,
+static FG_MUST_USE fg_status cu_unary_bwd(fg_unary_op op, const fg_tensor *x, const fg_tensor *y,
                               const fg_tensor *dy, double a, double b, fg_tensor *dx) {
     const char *k = "unary_bwd";
     FG_TRY(same(k, x, dy));
@@ -364,7 +364,7 @@ static fg_status cu_unary_bwd(fg_unary_op op, const fg_tensor *x, const fg_tenso
 
 /* ---------------------------------------------------------------- softmax family */
 
-static fg_status sm_fwd(const char *k, int lg, const fg_tensor *x, fg_tensor *y) {
+static FG_MUST_USE fg_status sm_fwd(const char *k, int lg, const fg_tensor *x, fg_tensor *y) {
     FG_TRY(same(k, x, y));
     FG_TRY(contig(k, x));
     FG_TRY(contig(k, y));
@@ -376,7 +376,7 @@ static fg_status sm_fwd(const char *k, int lg, const fg_tensor *x, fg_tensor *y)
     FG_TRY(stream_of(k, y, &st));
     return launched(k, fg__cu_softmax_fwd(st, lg, dt, x->data, y->data, R, C));
 }
-static fg_status sm_bwd(const char *k, int lg, const fg_tensor *y, const fg_tensor *dy,
+static FG_MUST_USE fg_status sm_bwd(const char *k, int lg, const fg_tensor *y, const fg_tensor *dy,
                         fg_tensor *dx) {
     FG_TRY(same(k, y, dy));
     FG_TRY(same(k, y, dx));
@@ -391,22 +391,22 @@ static fg_status sm_bwd(const char *k, int lg, const fg_tensor *y, const fg_tens
     FG_TRY(stream_of(k, dx, &st));
     return launched(k, fg__cu_softmax_bwd(st, lg, dt, y->data, dy->data, dx->data, R, C));
 }
-static fg_status cu_softmax_fwd(const fg_tensor *x, fg_tensor *y) {
+static FG_MUST_USE fg_status cu_softmax_fwd(const fg_tensor *x, fg_tensor *y) {
     return sm_fwd("softmax_fwd", 0, x, y);
 }
-static fg_status cu_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_tensor *dx) {
+static FG_MUST_USE fg_status cu_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_tensor *dx) {
     return sm_bwd("softmax_bwd", 0, y, dy, dx);
 }
-static fg_status cu_log_softmax_fwd(const fg_tensor *x, fg_tensor *y) {
+static FG_MUST_USE fg_status cu_log_softmax_fwd(const fg_tensor *x, fg_tensor *y) {
     return sm_fwd("log_softmax_fwd", 1, x, y);
 }
-static fg_status cu_log_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_tensor *dx) {
+static FG_MUST_USE fg_status cu_log_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_tensor *dx) {
     return sm_bwd("log_softmax_bwd", 1, y, dy, dx);
 }
 
 /* ---------------------------------------------------------------- cross-entropy */
 
-static fg_status ce_check(const char *k, const fg_tensor *logits, const fg_tensor *t) {
+static FG_MUST_USE fg_status ce_check(const char *k, const fg_tensor *logits, const fg_tensor *t) {
     if (logits->ndim != 2 || t->ndim != 1 || t->shape[0] != logits->shape[0] || t->dtype != FG_I32)
         return fg_error(FG_EINVAL, "%s: want logits (N, V) and i32 targets (N)", k);
     if (t->dev != logits->dev) return fg_error(FG_EINVAL, "%s: targets on another device", k);
@@ -414,7 +414,7 @@ static fg_status ce_check(const char *k, const fg_tensor *logits, const fg_tenso
     return contig(k, t);
 }
 
-static fg_status ce_fwd(const char *k, const fg_tensor *logits, const fg_tensor *t, int64_t ignore,
+static FG_MUST_USE fg_status ce_fwd(const char *k, const fg_tensor *logits, const fg_tensor *t, int64_t ignore,
                         fg_tensor *loss, int64_t *count, fg_tensor *stats) {
     FG_TRY(ce_check(k, logits, t));
     int dt, dtl;
@@ -447,16 +447,16 @@ static fg_status ce_fwd(const char *k, const fg_tensor *logits, const fg_tensor 
     return f;
 }
 
-static fg_status cu_ce_fwd(const fg_tensor *logits, const fg_tensor *t, int64_t ignore,
+static FG_MUST_USE fg_status cu_ce_fwd(const fg_tensor *logits, const fg_tensor *t, int64_t ignore,
                            fg_tensor *loss, int64_t *count) {
     return ce_fwd("cross_entropy_fwd", logits, t, ignore, loss, count, NULL);
 }
-static fg_status cu_ce_fwd_stats(const fg_tensor *logits, const fg_tensor *t, int64_t ignore,
+static FG_MUST_USE fg_status cu_ce_fwd_stats(const fg_tensor *logits, const fg_tensor *t, int64_t ignore,
                                  fg_tensor *loss, int64_t *count, fg_tensor *stats) {
     return ce_fwd("cross_entropy_fwd_stats", logits, t, ignore, loss, count, stats);
 }
 
-static fg_status ce_bwd(const char *k, const fg_tensor *logits, const fg_tensor *t,
+static FG_MUST_USE fg_status ce_bwd(const char *k, const fg_tensor *logits, const fg_tensor *t,
                         const fg_tensor *stats, int64_t ignore, double dloss, int64_t count,
                         fg_tensor *dl) {
     FG_TRY(ce_check(k, logits, t));
@@ -487,11 +487,11 @@ static fg_status ce_bwd(const char *k, const fg_tensor *logits, const fg_tensor 
     return s;
 }
 
-static fg_status cu_ce_bwd(const fg_tensor *logits, const fg_tensor *t, int64_t ignore,
+static FG_MUST_USE fg_status cu_ce_bwd(const fg_tensor *logits, const fg_tensor *t, int64_t ignore,
                            double dloss, int64_t count, fg_tensor *dl) {
     return ce_bwd("cross_entropy_bwd", logits, t, NULL, ignore, dloss, count, dl);
 }
-static fg_status cu_ce_bwd_stats(const fg_tensor *logits, const fg_tensor *t,
+static FG_MUST_USE fg_status cu_ce_bwd_stats(const fg_tensor *logits, const fg_tensor *t,
                                  const fg_tensor *stats, int64_t ignore, double dloss,
                                  int64_t count, fg_tensor *dl) {
     return ce_bwd("cross_entropy_bwd_stats", logits, t, stats, ignore, dloss, count, dl);
@@ -499,7 +499,7 @@ static fg_status cu_ce_bwd_stats(const fg_tensor *logits, const fg_tensor *t,
 
 /* ---------------------------------------------------------------- layer norm */
 
-static fg_status ln_vec(const char *k, const char *what, const fg_tensor *v, int64_t n,
+static FG_MUST_USE fg_status ln_vec(const char *k, const char *what, const fg_tensor *v, int64_t n,
                         fg_dtype dt) {
     if (v && (v->numel != n || v->dtype != dt || !fg_tensor_is_contiguous(v)))
         return fg_error(FG_EINVAL, "%s: %s must be contiguous (%lld) %s", k, what, (long long)n,
@@ -507,7 +507,7 @@ static fg_status ln_vec(const char *k, const char *what, const fg_tensor *v, int
     return FG_OK;
 }
 
-static fg_status cu_layernorm_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
+static FG_MUST_USE fg_status cu_layernorm_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
                                   double eps, fg_tensor *y, fg_tensor *mean, fg_tensor *rstd) {
     const char *k = "layernorm_fwd";
     FG_TRY(same(k, x, y));
@@ -528,7 +528,7 @@ static fg_status cu_layernorm_fwd(const fg_tensor *x, const fg_tensor *w, const 
                                             (float)eps, y->data, mean->data, rstd->data, N, C));
 }
 
-static fg_status cu_layernorm_bwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *mean,
+static FG_MUST_USE fg_status cu_layernorm_bwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *mean,
                                   const fg_tensor *rstd, const fg_tensor *dy, fg_tensor *dx,
                                   fg_tensor *dw, fg_tensor *db) {
     const char *k = "layernorm_bwd";
@@ -554,7 +554,7 @@ static fg_status cu_layernorm_bwd(const fg_tensor *x, const fg_tensor *w, const 
 
 /* ---------------------------------------------------------------- embedding */
 
-static fg_status cu_embedding_fwd(const fg_tensor *idx, const fg_tensor *w, fg_tensor *y) {
+static FG_MUST_USE fg_status cu_embedding_fwd(const fg_tensor *idx, const fg_tensor *w, fg_tensor *y) {
     const char *k = "embedding_fwd";
     if (idx->dtype != FG_I32 || w->ndim != 2 || y->numel != idx->numel * w->shape[1] ||
         y->dtype != w->dtype)
@@ -580,7 +580,7 @@ static fg_status cu_embedding_fwd(const fg_tensor *idx, const fg_tensor *w, fg_t
     return f;
 }
 
-static fg_status cu_embedding_bwd(const fg_tensor *idx, const fg_tensor *dy, fg_tensor *dw) {
+static FG_MUST_USE fg_status cu_embedding_bwd(const fg_tensor *idx, const fg_tensor *dy, fg_tensor *dw) {
     const char *k = "embedding_bwd";
     if (idx->dtype != FG_I32 || dw->ndim != 2 || dy->numel != idx->numel * dw->shape[1] ||
         dy->dtype != dw->dtype)
@@ -598,7 +598,7 @@ static fg_status cu_embedding_bwd(const fg_tensor *idx, const fg_tensor *dy, fg_
 
 /* ---------------------------------------------------------------- dropout */
 
-static fg_status dropout(const char *k, const fg_tensor *x, double p, uint64_t seed,
+static FG_MUST_USE fg_status dropout(const char *k, const fg_tensor *x, double p, uint64_t seed,
                          uint64_t offset, fg_tensor *y, int acc) {
     FG_TRY(same(k, x, y));
     FG_TRY(contig(k, x));
@@ -615,11 +615,11 @@ static fg_status dropout(const char *k, const fg_tensor *x, double p, uint64_t s
     return launched(k, fg__cu_dropout(st, dt, x->data, y->data, x->numel, seed, offset, thr, none,
                                       (float)(1 / (1 - p)), acc));
 }
-static fg_status cu_dropout_fwd(const fg_tensor *x, double p, uint64_t seed, uint64_t offset,
+static FG_MUST_USE fg_status cu_dropout_fwd(const fg_tensor *x, double p, uint64_t seed, uint64_t offset,
                                 fg_tensor *y) {
     return dropout("dropout_fwd", x, p, seed, offset, y, 0);
 }
-static fg_status cu_dropout_bwd(const fg_tensor *dy, double p, uint64_t seed, uint64_t offset,
+static FG_MUST_USE fg_status cu_dropout_bwd(const fg_tensor *dy, double p, uint64_t seed, uint64_t offset,
                                 fg_tensor *dx) {
     return dropout("dropout_bwd", dy, p, seed, offset, dx, 1);
 }
@@ -636,7 +636,7 @@ typedef struct att {
     size_t esz;
 } att;
 
-static fg_status att_check(const char *k, const fg_tensor *qkv, int heads, att *a) {
+static FG_MUST_USE fg_status att_check(const char *k, const fg_tensor *qkv, int heads, att *a) {
     if (qkv->ndim != 3 || heads <= 0 || qkv->shape[2] % (3 * (int64_t)heads))
         return fg_error(FG_EINVAL, "%s: want qkv (B, T, 3C) with C a multiple of heads = %d", k,
                         heads);
@@ -654,7 +654,7 @@ static fg_status att_check(const char *k, const fg_tensor *qkv, int heads, att *
 }
 
 /* c (BH, M, N) = op(a) op(b) over the BH heads, f32 or the tensors' dtype */
-static fg_status bgemm(const att *a, int dtab, int dtc, bool ta, bool tb, int64_t M, int64_t N,
+static FG_MUST_USE fg_status bgemm(const att *a, int dtab, int dtc, bool ta, bool tb, int64_t M, int64_t N,
                        int64_t K, const void *x, int64_t ldx, const void *y, int64_t ldy, void *c,
                        float alpha, float beta) {
     int64_t BH = a->B * a->H;
@@ -663,7 +663,7 @@ static fg_status bgemm(const att *a, int dtab, int dtc, bool ta, bool tb, int64_
                          yr * ldy, c, N, M * N, BH, alpha, beta, FG_CU_EPI_NONE, NULL, 0);
 }
 
-static fg_status cu_attention_fwd(const fg_tensor *qkv, int heads, fg_tensor *y, fg_tensor *lse) {
+static FG_MUST_USE fg_status cu_attention_fwd(const fg_tensor *qkv, int heads, fg_tensor *y, fg_tensor *lse) {
     const char *k = "attention_fwd";
     att a;
     FG_TRY(att_check(k, qkv, heads, &a));
@@ -699,7 +699,7 @@ static fg_status cu_attention_fwd(const fg_tensor *qkv, int heads, fg_tensor *y,
     return r != FG_OK ? r : f;
 }
 
-static fg_status cu_attention_bwd(const fg_tensor *qkv, int heads, const fg_tensor *y,
+static FG_MUST_USE fg_status cu_attention_bwd(const fg_tensor *qkv, int heads, const fg_tensor *y,
                                   const fg_tensor *lse, const fg_tensor *dy, fg_tensor *dqkv) {
     const char *k = "attention_bwd";
     (void)y;
@@ -766,7 +766,7 @@ static fg_status cu_attention_bwd(const fg_tensor *qkv, int heads, const fg_tens
 
 /* ---------------------------------------------------------------- layouts, indexing */
 
-static fg_status cu_add_strided(const fg_tensor *x, fg_tensor *y) {
+static FG_MUST_USE fg_status cu_add_strided(const fg_tensor *x, fg_tensor *y) {
     const char *k = "add_strided";
     FG_TRY(same(k, x, y));
     if (x->ndim > FG_CU_MAX_DIMS)
@@ -782,7 +782,7 @@ static fg_status cu_add_strided(const fg_tensor *x, fg_tensor *y) {
                                           scalar ? &zero : y->strides, x->numel));
 }
 
-static fg_status cu_where(const fg_tensor *cond, const fg_tensor *a, const fg_tensor *b, double va,
+static FG_MUST_USE fg_status cu_where(const fg_tensor *cond, const fg_tensor *a, const fg_tensor *b, double va,
                           double vb, fg_tensor *y) {
     const char *k = "where";
     if (cond->dtype != FG_U8 && cond->dtype != FG_I32)
@@ -805,7 +805,7 @@ static fg_status cu_where(const fg_tensor *cond, const fg_tensor *a, const fg_te
 }
 
 /* x (outer, n, inner) along dim (a 0-d x is (1, 1, 1)) */
-static fg_status along(const char *k, const fg_tensor *x, int dim, int64_t *o, int64_t *n,
+static FG_MUST_USE fg_status along(const char *k, const fg_tensor *x, int dim, int64_t *o, int64_t *n,
                        int64_t *in) {
     if (x->ndim == 0 && dim == 0) {
         *o = *n = *in = 1;
@@ -814,7 +814,7 @@ static fg_status along(const char *k, const fg_tensor *x, int dim, int64_t *o, i
     return dim_split(k, x, dim, o, n, in);
 }
 
-static fg_status cu_index_select(const fg_tensor *x, int dim, const fg_tensor *idx, fg_tensor *y) {
+static FG_MUST_USE fg_status cu_index_select(const fg_tensor *x, int dim, const fg_tensor *idx, fg_tensor *y) {
     const char *k = "index_select";
     int64_t o, n, in, kk = idx->numel;
     FG_TRY(along(k, x, dim, &o, &n, &in));
@@ -840,7 +840,7 @@ static fg_status cu_index_select(const fg_tensor *x, int dim, const fg_tensor *i
     return f;
 }
 
-static fg_status cu_index_add(const fg_tensor *dy, int dim, const fg_tensor *idx, fg_tensor *dx) {
+static FG_MUST_USE fg_status cu_index_add(const fg_tensor *dy, int dim, const fg_tensor *idx, fg_tensor *dx) {
     const char *k = "index_add";
     int64_t o, n, in, kk = idx->numel;
     FG_TRY(along(k, dx, dim, &o, &n, &in));
@@ -857,7 +857,7 @@ static fg_status cu_index_add(const fg_tensor *dy, int dim, const fg_tensor *idx
     return launched(k, fg__cu_index_add(st, dt, dy->data, idx->data, dx->data, o, n, kk, in));
 }
 
-static fg_status cu_max_dim(const fg_tensor *x, int dim, bool is_min, fg_tensor *y,
+static FG_MUST_USE fg_status cu_max_dim(const fg_tensor *x, int dim, bool is_min, fg_tensor *y,
                             fg_tensor *idx) {
     const char *k = is_min ? "min_dim" : "max_dim";
     int64_t o, n, in;
@@ -879,7 +879,7 @@ static fg_status cu_max_dim(const fg_tensor *x, int dim, bool is_min, fg_tensor 
         k, fg__cu_max_dim(st, dt, x->data, is_min, y->data, idx ? idx->data : NULL, o, n, in));
 }
 
-static fg_status cu_cumsum(const fg_tensor *x, int dim, bool reverse, fg_tensor *y) {
+static FG_MUST_USE fg_status cu_cumsum(const fg_tensor *x, int dim, bool reverse, fg_tensor *y) {
     const char *k = "cumsum";
     int64_t o, n, in;
     FG_TRY(along(k, x, dim, &o, &n, &in));
@@ -895,7 +895,7 @@ static fg_status cu_cumsum(const fg_tensor *x, int dim, bool reverse, fg_tensor 
 
 /* idx (and y or src) of x's ndim, no larger than x in every dim but dim
  * (no larger than other in any) */
-static fg_status gather_check(const char *k, const fg_tensor *x, int dim, const fg_tensor *idx,
+static FG_MUST_USE fg_status gather_check(const char *k, const fg_tensor *x, int dim, const fg_tensor *idx,
                               const fg_tensor *other) {
     if (dim < 0 || dim >= (x->ndim ? x->ndim : 1) || x->ndim > FG_CU_MAX_DIMS)
         return fg_error(FG_EINVAL, "%s: dim %d of a %d-d tensor", k, dim, x->ndim);
@@ -914,7 +914,7 @@ static fg_status gather_check(const char *k, const fg_tensor *x, int dim, const 
     return FG_OK;
 }
 
-static fg_status cu_gather(const fg_tensor *x, int dim, const fg_tensor *idx, fg_tensor *y) {
+static FG_MUST_USE fg_status cu_gather(const fg_tensor *x, int dim, const fg_tensor *idx, fg_tensor *y) {
     const char *k = "gather";
     FG_TRY(gather_check(k, x, dim, idx, y));
     if (!fg_tensor_same_shape(idx, y))
@@ -937,7 +937,7 @@ static fg_status cu_gather(const fg_tensor *x, int dim, const fg_tensor *idx, fg
     return f;
 }
 
-static fg_status cu_scatter_add(const fg_tensor *src, int dim, const fg_tensor *idx, fg_tensor *y) {
+static FG_MUST_USE fg_status cu_scatter_add(const fg_tensor *src, int dim, const fg_tensor *idx, fg_tensor *y) {
     const char *k = "scatter_add";
     FG_TRY(gather_check(k, y, dim, idx, src));
     if (y->ndim == 0) return cu_axpby(1, src, 1, y);
