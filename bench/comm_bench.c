@@ -152,7 +152,10 @@ static void fill_inputs(void *dst, int rank, size_t n) {
     for (size_t at = 0; at < n; at += CHUNK) {
         size_t m = n - at < CHUNK ? n - at : CHUNK;
         for (size_t j = 0; j < m; j++) tmp[j] = value(rank, at + j);
-        fg_convert((char *)dst + at * es, g_dt, tmp, FG_F64, (int64_t)m);
+        if (fg_convert((char *)dst + at * es, g_dt, tmp, FG_F64, (int64_t)m) != FG_OK) {
+            fprintf(stderr, "comm_bench: %s\n", fg_last_error());
+            exit(1);
+        }
     }
 }
 
@@ -170,7 +173,10 @@ static long check(const opts *o, const void *out, size_t n, size_t k, int rank, 
     double first_got = 0, first_want = 0;
     for (size_t at = 0; at < n; at += CHUNK) {
         size_t m = n - at < CHUNK ? n - at : CHUNK;
-        fg_convert(got, FG_F64, (const char *)out + at * es, g_dt, (int64_t)m);
+        if (fg_convert(got, FG_F64, (const char *)out + at * es, g_dt, (int64_t)m) != FG_OK) {
+            fprintf(stderr, "comm_bench: %s\n", fg_last_error());
+            exit(1);
+        }
         for (size_t j = 0; j < m; j++) {
             double want = expected(o->op, rank, size, at + j, k);
             if (got[j] == want) continue;

@@ -271,8 +271,8 @@ static void bench_dnnl(int64_t M, int64_t K, int64_t N, bool at, bool bt, const 
           *cref = frand(M * N, 24);
     uint16_t *a16 = aligned_alloc(64, (size_t)((M * K * 2 + 63) / 64 * 64));
     uint16_t *b16 = aligned_alloc(64, (size_t)((K * N * 2 + 63) / 64 * 64));
-    fg_convert(a16, FG_BF16, af, FG_F32, M * K);
-    fg_convert(b16, FG_BF16, bf, FG_F32, K * N);
+    if (fg_convert(a16, FG_BF16, af, FG_F32, M * K) != FG_OK) die();
+    if (fg_convert(b16, FG_BF16, bf, FG_F32, K * N) != FG_OK) die();
     dnnl_memory_t am, bm, cm;
     DN(dnnl_memory_create(&am, &amd, eng, a16));
     DN(dnnl_memory_create(&bm, &bmd, eng, b16));
@@ -300,8 +300,8 @@ static void bench_dnnl(int64_t M, int64_t K, int64_t N, bool at, bool bt, const 
                     (int)M, (int)N, (int)K, 1, af, lda, bf, ldb, 0, cref, (int)N);
         best_s = fmin(best_s, fg_time() - t0);
         t0 = fg_time(); /* what a bf16 path pays to convert its f32 inputs */
-        fg_convert(a16, FG_BF16, af, FG_F32, M * K);
-        fg_convert(b16, FG_BF16, bf, FG_F32, K * N);
+        if (fg_convert(a16, FG_BF16, af, FG_F32, M * K) != FG_OK) die();
+        if (fg_convert(b16, FG_BF16, bf, FG_F32, K * N) != FG_OK) die();
         best_cv = fmin(best_cv, fg_time() - t0);
     }
     double err = 0, scale = 0;

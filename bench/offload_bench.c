@@ -54,7 +54,10 @@ static void rss_mb(double *now_mb, double *peak_mb) {
 
 static int run(fg_fabric *f, void *arg) {
     args *a = arg;
-    fg_set_num_threads(a->threads);
+    if (fg_set_num_threads(a->threads) != FG_OK) {
+        fprintf(stderr, "offload_bench: %s\n", fg_last_error());
+        return 1;
+    }
     const char *text = "to be, or not to be, that is the question: whether tis nobler in the "
                        "mind to suffer the slings and arrows of outrageous fortune, ";
     int64_t V = 128, B = a->batch, T = a->ctx, L = (int64_t)strlen(text);

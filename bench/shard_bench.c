@@ -129,7 +129,10 @@ static double max_over(fg_fabric *f, double v, fg_status *bad) {
 
 static int run(fg_fabric *f, void *arg) {
     args *a = arg;
-    fg_set_num_threads(a->threads);
+    if (fg_set_num_threads(a->threads) != FG_OK) {
+        fprintf(stderr, "shard_bench: %s\n", fg_last_error());
+        return 1;
+    }
     pthread_t th;
     bool sampling = a->phases && pthread_create(&th, NULL, sampler, NULL) == 0;
     int64_t B = a->longer ? 2 : 4, T = a->longer ? 256 : 128, V = 65;

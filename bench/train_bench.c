@@ -184,7 +184,10 @@ static int run(fg_fabric *f, void *arg) {
     bool lstm = !strcmp(a->model, "lstm") || gru; /* the rnn rows' shape */
     bool image = !strcmp(a->model, "resnet") || !strcmp(a->model, "vit");
     bool tokens = gpt || lstm;
-    fg_set_num_threads(a->threads);
+    if (fg_set_num_threads(a->threads) != FG_OK) {
+        fprintf(stderr, "train_bench: %s\n", fg_last_error());
+        return 1;
+    }
     fg_module *model;
     fg_optimizer *opt;
     int64_t B = a->batch ? a->batch : gpt ? 16 : lstm ? 32 : image ? 64 : 256;

@@ -109,7 +109,7 @@ FG_API int64_t fg_tape_size(void);
  * be NULL) gets the previous setting, so that
  *   fg_dtype prev; fg_autocast_set(FG_BF16, &prev); ...; fg_autocast_set(prev, NULL);
  * is a region. FG_EINVAL for any other dtype (nothing changes). */
-FG_API fg_status fg_autocast_set(fg_dtype dt, fg_dtype *prev);
+FG_API FG_MUST_USE fg_status fg_autocast_set(fg_dtype dt, fg_dtype *prev);
 /* The calling thread's autocast dtype: FG_BF16, FG_F16, or
  * FG_DTYPE_DEFAULT when off. */
 FG_API fg_dtype fg_autocast_dtype(void);

@@ -303,7 +303,8 @@ FG_API void fg_st_close(fg_st_file *f);
 /* Number of entries, and entry i (0 <= i < count) in data order: the order
  * in which they lie in the file, which for files from fg_st_writer_write is
  * the order they were added. fg_st_info_at returns FG_EINVAL if i is out of
- * range. */
+ * range (and cannot fail otherwise: a loop over 0 .. count may leave its
+ * status unread, so it is not FG_MUST_USE). */
 FG_API int64_t fg_st_count(const fg_st_file *f);
 FG_API fg_status fg_st_info_at(const fg_st_file *f, int64_t i, fg_st_info *out);
 
@@ -347,7 +348,7 @@ FG_API const char *fg_st_meta_get(const fg_st_file *f, const char *key);
 
 /* Number of metadata entries, and entry i in file order (*key and *value
  * borrowed until fg_st_close). fg_st_meta_at returns FG_EINVAL if i is out
- * of range. */
+ * of range (only then: not FG_MUST_USE, as fg_st_info_at). */
 FG_API int64_t fg_st_meta_count(const fg_st_file *f);
 FG_API fg_status fg_st_meta_at(const fg_st_file *f, int64_t i, const char **key,
                                const char **value);

@@ -277,8 +277,8 @@ FG_API uint16_t fg_f32_to_f16(float f);
 FG_API float fg_f16_to_f32(uint16_t h);
 /* Converts n elements between any two dtypes (floats to integers truncate
  * toward zero). dst and src must not overlap unless identical and same dtype. */
-FG_API fg_status fg_convert(void *dst, fg_dtype dst_dt, const void *src, fg_dtype src_dt,
-                            int64_t n);
+FG_API FG_MUST_USE fg_status fg_convert(void *dst, fg_dtype dst_dt, const void *src,
+                                        fg_dtype src_dt, int64_t n);
 
 /* --------------------------------------------------------------- threads */
 
@@ -288,7 +288,7 @@ FG_API fg_status fg_convert(void *dst, fg_dtype dst_dt, const void *src, fg_dtyp
  * mask, cgroup quota). Kernels use fewer while other processes keep those
  * cores busy (FULGUR_ADAPT_THREADS); fg_get_num_threads returns the
  * setting. Not thread-safe. */
-FG_API fg_status fg_set_num_threads(int n);
+FG_API FG_MUST_USE fg_status fg_set_num_threads(int n);
 FG_API int fg_get_num_threads(void);
 /* Online cores of the machine (sysconf), at least 1. */
 FG_API int fg_num_cores(void);

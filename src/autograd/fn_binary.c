@@ -3,8 +3,8 @@
 #include "autograd_impl.h"
 
 /* The broadcast shape of a and b into out (ndim, shape). */
-static FG_MUST_USE fg_status broadcast_shape(const char *fn, const fg_tensor *a, const fg_tensor *b, int *nd,
-                                 int64_t *shape) {
+static FG_MUST_USE fg_status broadcast_shape(const char *fn, const fg_tensor *a, const fg_tensor *b,
+                                             int *nd, int64_t *shape) {
     int n = a->ndim > b->ndim ? a->ndim : b->ndim;
     for (int d = 0; d < n; d++) {
         int da = d - (n - a->ndim), db = d - (n - b->ndim);

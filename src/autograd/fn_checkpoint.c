@@ -101,7 +101,8 @@ static FG_MUST_USE fg_status ckpt_backward(fg__node *n, const fg_tensor *gout) {
     }
     xd->grad = keep;
     fg_dtype prev_ac;
-    fg_autocast_set(c->autocast, &prev_ac);
+    /* the dtype the first run recorded, valid then: cannot fail */
+    fg__status_drop(fg_autocast_set(c->autocast, &prev_ac));
     bool prev_grad = fg_set_grad_enabled(true);
     tl_mode = RUN_REPLAY;
     tl_log = c->draws;
@@ -114,7 +115,7 @@ static FG_MUST_USE fg_status ckpt_backward(fg__node *n, const fg_tensor *gout) {
     tl_log = NULL;
     tl_n = tl_cap = tl_pos = 0;
     fg_set_grad_enabled(prev_grad);
-    fg_autocast_set(prev_ac, NULL);
+    fg__status_drop(fg_autocast_set(prev_ac, NULL));
     if (!y) {
         st = fg_error_wrap(fg_last_status() ? fg_last_status() : FG_EINVAL,
                            "checkpoint: recomputing the forward");

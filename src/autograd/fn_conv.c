@@ -122,7 +122,8 @@ static fg_tensor *conv_core(const char *fn, fg_tensor *xo, fg_tensor *x4, fg_ten
     return yo;
 }
 
-static FG_MUST_USE fg_status conv_inputs(const char *fn, const fg_tensor *x, const fg_tensor *w, int nd) {
+static FG_MUST_USE fg_status conv_inputs(const char *fn, const fg_tensor *x, const fg_tensor *w,
+                                         int nd) {
     FG_TRY(fg__check_float(fn, x));
     FG_TRY(fg__check_float(fn, w));
     FG_TRY(fg__check_same_dtype(fn, x, w));
@@ -218,9 +219,10 @@ static fg_tensor *pool(const char *fn, fg_tensor *x, fg_pool_params *p, int64_t 
     return y;
 }
 
-static FG_MUST_USE fg_status pool_geometry(const char *fn, const fg_tensor *x, const int64_t *kernel,
-                               const int64_t *stride, const int64_t *padding,
-                               const int64_t *dilation, fg_pool_params *p) {
+static FG_MUST_USE fg_status pool_geometry(const char *fn, const fg_tensor *x,
+                                           const int64_t *kernel, const int64_t *stride,
+                                           const int64_t *padding, const int64_t *dilation,
+                                           fg_pool_params *p) {
     FG_TRY(fg__check_float(fn, x));
     if (x->ndim != 4) {
         char s[96];
@@ -334,7 +336,7 @@ static bool bn_fusable(const fg_tensor *x, const fg_tensor *rm, const fg_tensor 
  * a device the two buffers are copied out and back in (a device kernel
  * would spare the 2 x C elements each way). */
 static FG_MUST_USE fg_status bn_update_running(fg_tensor *rm, fg_tensor *rv, const double *mean,
-                                   const double *var, double momentum, double unb) {
+                                               const double *var, double momentum, double unb) {
     int64_t C = rm->numel;
     size_t bytes = (size_t)C * fg_dtype_size(rm->dtype);
     fg_dev *dev = rm->dev && !fg_dev_host_accessible(rm->dev) ? rm->dev : NULL;

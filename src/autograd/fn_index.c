@@ -23,7 +23,8 @@ static FG_MUST_USE fg_status check_in(const char *fn, const fg_tensor *a) {
 }
 
 /* dim normalised against nd dims (0-d tensors take dim 0 or -1 as 1-d) */
-static FG_MUST_USE fg_status norm_dim(const char *fn, const fg_tensor *a, int dim, int nd, int *out) {
+static FG_MUST_USE fg_status norm_dim(const char *fn, const fg_tensor *a, int dim, int nd,
+                                      int *out) {
     int n = nd ? nd : 1, d = dim < 0 ? dim + n : dim;
     if (d < 0 || d >= n) {
         char s[96];
@@ -549,7 +550,8 @@ static fg_tensor *broadcast_copy(const char *fn, const fg_tensor *t, int nd, con
 }
 
 /* the broadcast shape of up to three tensors (NULL ones skipped) */
-static FG_MUST_USE fg_status bshape(const char *fn, const fg_tensor *const *t, int n, int *nd, int64_t *shape) {
+static FG_MUST_USE fg_status bshape(const char *fn, const fg_tensor *const *t, int n, int *nd,
+                                    int64_t *shape) {
     int m = 0;
     for (int k = 0; k < n; k++)
         if (t[k] && t[k]->ndim > m) m = t[k]->ndim;

@@ -207,8 +207,8 @@ static fg_tensor *nll_rows(const char *fn, fg_tensor *logp2, fg_tensor *t1,
 /* input (C), (N, C) or (N, C, d1, ...) with targets (), (N), (N, d1, ...)
  * as PyTorch's: *x2 gets the input with the classes last as (M, C) (a
  * permuted copy for more than 2 dims), *t1 the targets as (M). */
-static FG_MUST_USE fg_status class_layout(const char *fn, fg_tensor *x, fg_tensor *t, fg_tensor **xl,
-                              fg_tensor **x2, fg_tensor **t1) {
+static FG_MUST_USE fg_status class_layout(const char *fn, fg_tensor *x, fg_tensor *t,
+                                          fg_tensor **xl, fg_tensor **x2, fg_tensor **t1) {
     if (!t) return fg_error_wrap(FG_EINVAL, "%s: NULL targets (an earlier call failed)", fn);
     char sx[96], st[96];
     bool ok = x->ndim >= 1 && t->dtype == FG_I32 && t->ndim == (x->ndim == 1 ? 0 : x->ndim - 1);

@@ -10,8 +10,8 @@
 
 /* Normalises dims into mark[] (which dims are reduced) and returns how many
  * elements each reduced slot holds in *count; ndims 0 marks every dim. */
-static FG_MUST_USE fg_status mark_dims(const char *fn, const fg_tensor *a, int ndims, const int *dims,
-                           bool *mark, int64_t *count) {
+static FG_MUST_USE fg_status mark_dims(const char *fn, const fg_tensor *a, int ndims,
+                                       const int *dims, bool *mark, int64_t *count) {
     int nd = a->ndim;
     memset(mark, 0, sizeof(bool) * FG_MAX_DIMS);
     int64_t c = 1;

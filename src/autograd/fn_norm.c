@@ -17,8 +17,8 @@ static void channel_shape(const fg_tensor *x, int64_t *shape) {
     for (int d = 0; d < x->ndim; d++) shape[d] = d == 1 ? x->shape[1] : 1;
 }
 
-static FG_MUST_USE fg_status check_vec(const char *fn, const fg_tensor *x, const fg_tensor *v, int64_t n,
-                           const char *what) {
+static FG_MUST_USE fg_status check_vec(const char *fn, const fg_tensor *x, const fg_tensor *v,
+                                       int64_t n, const char *what) {
     if (v && (v->numel != n || v->dtype != x->dtype)) {
         char s[96];
         return fg_error(FG_EINVAL, "%s: %s %s: expected (%lld) of %s", fn, what,
@@ -98,8 +98,9 @@ fg_tensor *fg_rms_norm(fg_tensor *x, int ndims, fg_tensor *w, double eps) {
 /* running = (1 - momentum) running + momentum * (the batch's mean, and its
  * variance times n / (n - 1)), outside the tape; mean and var hold C values
  * (rows of `rows` values each are averaged first: instance norm's N) */
-static FG_MUST_USE fg_status update_running(fg_tensor *running_mean, fg_tensor *running_var, fg_tensor *mean,
-                                fg_tensor *var, int64_t rows, int64_t n, double momentum) {
+static FG_MUST_USE fg_status update_running(fg_tensor *running_mean, fg_tensor *running_var,
+                                            fg_tensor *mean, fg_tensor *var, int64_t rows,
+                                            int64_t n, double momentum) {
     if (!running_mean || !running_var) return FG_OK;
     bool prev = fg_set_grad_enabled(false);
     int64_t C = running_mean->numel, rc[2] = {rows, C};

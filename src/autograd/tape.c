@@ -105,8 +105,8 @@ fg_status fg__check_same_dtype(const char *fn, const fg_tensor *a, const fg_tens
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status record(fg__node **node, const char *name, fg__backward_fn bw, fg_tensor *out,
-                        int nin, fg_tensor *const *in, bool always) {
+static FG_MUST_USE fg_status record(fg__node **node, const char *name, fg__backward_fn bw,
+                                    fg_tensor *out, int nin, fg_tensor *const *in, bool always) {
     *node = NULL;
     if (tl_grad_disabled) return FG_OK;
     bool any = always;

@@ -128,8 +128,8 @@ static FG_MUST_USE fg_status read_text(const char *index, char **text, size_t *l
 }
 
 /* The part called `file`, opened on first use; its index in f->parts. */
-static FG_MUST_USE fg_status part_of(fg_st_file *f, const char *dir, const char *file, json_t *opened,
-                         int64_t *k) {
+static FG_MUST_USE fg_status part_of(fg_st_file *f, const char *dir, const char *file,
+                                     json_t *opened, int64_t *k) {
     json_t *have = json_object_get(opened, file);
     if (have) {
         *k = (int64_t)json_integer_value(have);
@@ -165,8 +165,9 @@ static const char *base_name(const char *path) {
     return slash ? slash + 1 : path;
 }
 
-static FG_MUST_USE fg_status not_of_this_save(const fg_st_file *f, const char *file, const char *field,
-                                  const char *got, const char *want) {
+static FG_MUST_USE fg_status not_of_this_save(const fg_st_file *f, const char *file,
+                                              const char *field, const char *got,
+                                              const char *want) {
     return fg_error(FG_EFORMAT,
                     "%s: %.200s is not a file of the save this index describes: its %s is "
                     "%.100s%s%s, the index's %.100s%s%s (a file of another save or another run "

@@ -28,7 +28,8 @@
 
 /* ---------------------------------------------------------------- errors */
 
-static FG_MUST_USE fg_status bad(const fg_st_file *f, const char *entry, const char *fmt, ...) FG_PRINTF(3, 4);
+static FG_MUST_USE fg_status bad(const fg_st_file *f, const char *entry, const char *fmt, ...)
+    FG_PRINTF(3, 4);
 static FG_MUST_USE fg_status bad(const fg_st_file *f, const char *entry, const char *fmt, ...) {
     char msg[768];
     va_list ap;

@@ -133,7 +133,8 @@ fg_status fg_st_writer_add(fg_st_writer *w, const char *name, fg_dtype dtype, in
 }
 
 static FG_MUST_USE fg_status add_entry(fg_st_writer *w, const char *name, fg_dtype dtype, int ndim,
-                           const int64_t *shape, const void *data, fg_dev *dev, bool deferred) {
+                                       const int64_t *shape, const void *data, fg_dev *dev,
+                                       bool deferred) {
     if (!w || !name) return fg_error(FG_EINVAL, "fg_st_writer_add: NULL writer or name");
     if (w->streaming)
         return fg_error(FG_ESTATE,
@@ -261,8 +262,8 @@ static FG_MUST_USE fg_status stream_fail(fg_st_writer *w, fg_status st) {
 
 /* n bytes at p (in dev's memory when dev is set) into the file: device
  * memory through one bounded host buffer, a chunk at a time. */
-static FG_MUST_USE fg_status write_bytes(fg_st_writer *w, const st_item *it, const void *p, size_t n,
-                             fg_dev *dev) {
+static FG_MUST_USE fg_status write_bytes(fg_st_writer *w, const st_item *it, const void *p,
+                                         size_t n, fg_dev *dev) {
     if (!dev) return fg__afile_write(&w->a, p, n);
     if (w->stage && w->stage_dev != dev) {
         fg_dev_host_free(w->stage_dev, w->stage);

@@ -129,7 +129,7 @@ bool fg__comm_mpi_world(const fg_cluster_info *info) {
 }
 
 static FG_MUST_USE fg_status pick_backend(const fg_cluster_info *info, fg_comm_backend_kind want,
-                              const fg__comm_backend **out) {
+                                          const fg__comm_backend **out) {
     if ((int)want < 0 || want >= FG_COMM_BACKEND_COUNT)
         return fg_error(FG_EINVAL, "fg_comm_new: backend=%d: unknown", (int)want);
     const char *env = getenv("FULGUR_BACKEND");
@@ -215,7 +215,8 @@ static void comm_delete(fg_comm *c) {
     fg_free(c);
 }
 
-static FG_MUST_USE fg_status comm_create(const fg_cluster_info *info, const fg_comm_opts *opts, fg_comm **out) {
+static FG_MUST_USE fg_status comm_create(const fg_cluster_info *info, const fg_comm_opts *opts,
+                                         fg_comm **out) {
     *out = NULL;
     fg_cluster_info detected;
     if (!info) {
@@ -603,7 +604,8 @@ static FG_MUST_USE fg_status bad(const char *op, const char *fmt, ...) {
     return fg_error(FG_EINVAL, "%s: %s", op, msg);
 }
 
-static FG_MUST_USE fg_status check_common(const fg_comm *c, const char *op, int64_t count, fg_dtype dt) {
+static FG_MUST_USE fg_status check_common(const fg_comm *c, const char *op, int64_t count,
+                                          fg_dtype dt) {
     if (!c) return bad(op, "communicator is NULL");
     if (count < 0) return bad(op, "count=%lld: must be >= 0", (long long)count);
     if (!fg_dtype_valid((int)dt))
@@ -624,19 +626,21 @@ static FG_MUST_USE fg_status check_rop(const char *op, fg_reduce_op rop) {
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status check_buf(const char *op, const char *what, const void *p, int64_t count) {
+static FG_MUST_USE fg_status check_buf(const char *op, const char *what, const void *p,
+                                       int64_t count) {
     if (!p && count > 0) return bad(op, "%s is NULL with count=%lld", what, (long long)count);
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status check_root(const fg_comm *c, const char *op, const char *what, int root) {
+static FG_MUST_USE fg_status check_root(const fg_comm *c, const char *op, const char *what,
+                                        int root) {
     if (root < 0 || root >= c->size)
         return bad(op, "%s=%d: out of range [0, %d)", what, root, c->size);
     return FG_OK;
 }
 
 static FG_MUST_USE fg_status prep_allreduce(fg_comm *c, const void *send, void *recv, int64_t count,
-                                fg_dtype dt, fg_reduce_op op, fg__comm_args *a) {
+                                            fg_dtype dt, fg_reduce_op op, fg__comm_args *a) {
     const char *n = "allreduce";
     FG_TRY(check_common(c, n, count, dt));
     FG_TRY(check_rop(n, op));
@@ -652,8 +656,9 @@ static FG_MUST_USE fg_status prep_allreduce(fg_comm *c, const void *send, void *
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status prep_reduce_scatter(fg_comm *c, const void *send, void *recv, int64_t recvcount,
-                                     fg_dtype dt, fg_reduce_op op, fg__comm_args *a) {
+static FG_MUST_USE fg_status prep_reduce_scatter(fg_comm *c, const void *send, void *recv,
+                                                 int64_t recvcount, fg_dtype dt, fg_reduce_op op,
+                                                 fg__comm_args *a) {
     const char *n = "reduce_scatter";
     FG_TRY(check_common(c, n, recvcount, dt));
     FG_TRY(check_rop(n, op));
@@ -669,8 +674,8 @@ static FG_MUST_USE fg_status prep_reduce_scatter(fg_comm *c, const void *send, v
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status prep_allgather(fg_comm *c, const void *send, void *recv, int64_t sendcount,
-                                fg_dtype dt, fg__comm_args *a) {
+static FG_MUST_USE fg_status prep_allgather(fg_comm *c, const void *send, void *recv,
+                                            int64_t sendcount, fg_dtype dt, fg__comm_args *a) {
     const char *n = "allgather";
     FG_TRY(check_common(c, n, sendcount, dt));
     FG_TRY(check_buf(n, "send", send, sendcount));
@@ -681,7 +686,7 @@ static FG_MUST_USE fg_status prep_allgather(fg_comm *c, const void *send, void *
 }
 
 static FG_MUST_USE fg_status prep_broadcast(fg_comm *c, const void *send, void *recv, int64_t count,
-                                fg_dtype dt, int root, fg__comm_args *a) {
+                                            fg_dtype dt, int root, fg__comm_args *a) {
     const char *n = "broadcast";
     FG_TRY(check_common(c, n, count, dt));
     FG_TRY(check_root(c, n, "root", root));
@@ -697,8 +702,8 @@ static FG_MUST_USE fg_status prep_broadcast(fg_comm *c, const void *send, void *
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status prep_reduce(fg_comm *c, const void *send, void *recv, int64_t count, fg_dtype dt,
-                             fg_reduce_op op, int root, fg__comm_args *a) {
+static FG_MUST_USE fg_status prep_reduce(fg_comm *c, const void *send, void *recv, int64_t count,
+                                         fg_dtype dt, fg_reduce_op op, int root, fg__comm_args *a) {
     const char *n = "reduce";
     FG_TRY(check_common(c, n, count, dt));
     FG_TRY(check_rop(n, op));
@@ -814,8 +819,8 @@ fg_status fg_comm_alltoall(fg_comm *c, const void *send, void *recv, int64_t cou
     return run(c, &a);
 }
 
-static FG_MUST_USE fg_status p2p(fg_comm *c, fg__comm_opcode op, void *buf, int64_t count, fg_dtype dt,
-                     int peer) {
+static FG_MUST_USE fg_status p2p(fg_comm *c, fg__comm_opcode op, void *buf, int64_t count,
+                                 fg_dtype dt, int peer) {
     const char *n = fg__comm_op_names[op];
     FG_TRY(check_common(c, n, count, dt));
     FG_TRY(check_buf(n, "buf", buf, count));

@@ -39,8 +39,8 @@ static void copy_str(char *dst, size_t cap, const char *src) {
 
 /* One bracket group "01-03,7" (without the brackets, len bytes): its number
  * of values, and the idx-th into out (digits, zero-padded as written). */
-static FG_MUST_USE fg_status group_value(const char *list, const char *g, size_t len, long idx, char *out,
-                             size_t cap, long *count) {
+static FG_MUST_USE fg_status group_value(const char *list, const char *g, size_t len, long idx,
+                                         char *out, size_t cap, long *count) {
     long n = 0;
     const char *p = g, *end = g + len;
     while (p < end) {
@@ -83,8 +83,8 @@ static FG_MUST_USE fg_status group_value(const char *list, const char *g, size_t
 
 /* One name with bracket groups, pat[0..len): its number of hosts, and the
  * idx-th (the last group varies fastest) into out when out is not NULL. */
-static FG_MUST_USE fg_status pattern_host(const char *list, const char *pat, size_t len, long idx, char *out,
-                              size_t cap, long *count) {
+static FG_MUST_USE fg_status pattern_host(const char *list, const char *pat, size_t len, long idx,
+                                          char *out, size_t cap, long *count) {
     const char *open[NODELIST_GROUPS], *close[NODELIST_GROUPS];
     long cnt[NODELIST_GROUPS];
     int ng = 0;
@@ -322,7 +322,7 @@ static const char *env_any(const char *const *names, const char **which) {
 
 /* Like env_nonneg over the first set name of names. */
 static FG_MUST_USE fg_status env_nonneg_any(const char *const *names, int def, int *out, int *set,
-                                const char **which) {
+                                            const char **which) {
     const char *w;
     env_any(names, &w);
     if (which) *which = w;
@@ -337,7 +337,7 @@ typedef struct {
 } tasks_per_node;
 
 static FG_MUST_USE fg_status parse_tasks_per_node(const char *name, const char *spec, int node,
-                                      tasks_per_node *t) {
+                                                  tasks_per_node *t) {
     memset(t, 0, sizeof *t);
     t->here = -1;
     t->uniform = true;

@@ -76,7 +76,8 @@ typedef struct hybrid_state {
 /* A level failed: the hybrid group is broken, and the other levels are
  * aborted with the reason so that ranks waiting there learn it at once
  * (rather than at the timeout). */
-static FG_MUST_USE fg_status sub_fail(fg_comm *c, const fg__comm_args *a, fg_status st, const char *level) {
+static FG_MUST_USE fg_status sub_fail(fg_comm *c, const fg__comm_args *a, fg_status st,
+                                      const char *level) {
     char why[512];
     snprintf(why, sizeof why, "%s", fg_last_error());
     st = fg__comm_fail(c, a, st, "%s: %s", level, why);
@@ -149,7 +150,7 @@ static void *scratch(hybrid_state *h, size_t bytes) {
  * in node order and rounded once, gathered and widened back (exact). Small
  * or indivisible remainders as an allreduce of dt. */
 static FG_MUST_USE fg_status inter_allreduce(fg_comm *c, const fg__comm_args *a, char *p, int64_t n,
-                                 fg_dtype dt, fg_reduce_op op, fg_dtype wire) {
+                                             fg_dtype dt, fg_reduce_op op, fg_dtype wire) {
     hybrid_state *h = c->impl;
     size_t esz = fg_dtype_size(dt), wsz = fg_dtype_size(wire);
     int N = h->nodes, k = c->node_rank;
@@ -166,7 +167,7 @@ static FG_MUST_USE fg_status inter_allreduce(fg_comm *c, const fg__comm_args *a,
     if (wire != dt) {
         w = sx;
         got = sx + blocks;
-        fg_convert(w, wire, p, dt, N * b);
+        fg__status_drop(fg_convert(w, wire, p, dt, N * b)); /* float to float */
     }
     char *mine = w + (size_t)(k * b) * wsz;
     INTER(c, a, fg_comm_alltoall(h->inter, w, got, b, wire));
@@ -174,7 +175,7 @@ static FG_MUST_USE fg_status inter_allreduce(fg_comm *c, const fg__comm_args *a,
     for (int q = 0; q < N; q++) srcs[q] = got + (size_t)(q * b) * wsz;
     fg__reduce(wire, op, mine, NULL, srcs, N, b, 1);
     INTER(c, a, fg_comm_allgather(h->inter, mine, w, b, wire));
-    if (wire != dt) fg_convert(p, dt, w, wire, N * b);
+    if (wire != dt) fg__status_drop(fg_convert(p, dt, w, wire, N * b)); /* float to float */
     if (n > b * N) {
         char *tail = p + (size_t)(b * N) * esz;
         INTER(c, a, fg_comm_allreduce(h->inter, tail, tail, n - b * N, dt, op));
@@ -271,7 +272,7 @@ static FG_MUST_USE fg_status pipe_leg(void *arg, int64_t i) {
     char *mine = chunk_slot(x, j) + (size_t)(c->local_rank * N * cnt) * esz, *w = mine;
     if (x->wire != x->dt) {
         w = ln->w;
-        fg_convert(w, x->wire, mine, x->dt, N * cnt);
+        fg__status_drop(fg_convert(w, x->wire, mine, x->dt, N * cnt)); /* float to float */
     }
     FG_TRY(fg_comm_alltoall(ln->inter, w, ln->got, cnt, x->wire));
     const void *srcs[FG_HYBRID_MAX_NODES];
@@ -279,12 +280,13 @@ static FG_MUST_USE fg_status pipe_leg(void *arg, int64_t i) {
     char *own = w + (size_t)(k * cnt) * wsz;
     fg__reduce(x->wire, x->op, own, NULL, srcs, N, cnt, 1);
     FG_TRY(fg_comm_allgather(ln->inter, own, w, cnt, x->wire));
-    if (x->wire != x->dt) fg_convert(mine, x->dt, w, x->wire, N * cnt);
+    if (x->wire != x->dt)
+        fg__status_drop(fg_convert(mine, x->dt, w, x->wire, N * cnt)); /* float to float */
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status pipelined(fg_comm *c, const fg__comm_args *a, char *p, int64_t n, fg_dtype dt,
-                           fg_reduce_op op, fg_dtype wire, int64_t cmax) {
+static FG_MUST_USE fg_status pipelined(fg_comm *c, const fg__comm_args *a, char *p, int64_t n,
+                                       fg_dtype dt, fg_reduce_op op, fg_dtype wire, int64_t cmax) {
     hybrid_state *h = c->impl;
     int N = h->nodes, L = h->per, l = c->local_rank;
     size_t esz = fg_dtype_size(dt), wsz = fg_dtype_size(wire);
@@ -361,8 +363,9 @@ static FG_MUST_USE fg_status pipelined(fg_comm *c, const fg__comm_args *a, char 
 /* The hierarchical allreduce in place on buf (a sum, min, max or prod in a
  * dtype that needs no widening; `wire` the dtype across nodes: dt, or the
  * half that f32 buf was widened from). */
-static FG_MUST_USE fg_status allreduce_levels(fg_comm *c, const fg__comm_args *a, void *buf, int64_t n,
-                                  fg_dtype dt, fg_reduce_op op, fg_dtype wire) {
+static FG_MUST_USE fg_status allreduce_levels(fg_comm *c, const fg__comm_args *a, void *buf,
+                                              int64_t n, fg_dtype dt, fg_reduce_op op,
+                                              fg_dtype wire) {
     hybrid_state *h = c->impl;
     size_t esz = fg_dtype_size(dt);
     int L = h->per, l = c->local_rank;
@@ -401,11 +404,11 @@ static FG_MUST_USE fg_status hy_allreduce(fg_comm *c, const fg__comm_args *a) {
     if (is_half(a->dt)) {
         float *tmp = fg_alloc((size_t)a->count * sizeof(float));
         if (!tmp) return fg__comm_fail(c, a, FG_ENOMEM, "out of memory for the f32 copy");
-        fg_convert(tmp, FG_F32, a->send, a->dt, a->count);
+        fg__status_drop(fg_convert(tmp, FG_F32, a->send, a->dt, a->count)); /* float to float */
         fg_status st = allreduce_levels(c, a, tmp, a->count, FG_F32, op, a->dt);
         if (st == FG_OK) {
             if (a->rop == FG_REDUCE_OP_AVG) divide(FG_F32, tmp, a->count, c->size);
-            fg_convert(a->recv, a->dt, tmp, FG_F32, a->count);
+            fg__status_drop(fg_convert(a->recv, a->dt, tmp, FG_F32, a->count)); /* float to float */
         }
         fg_free(tmp);
         return st;
@@ -424,8 +427,8 @@ static FG_MUST_USE fg_status hy_allreduce(fg_comm *c, const fg__comm_args *a) {
  * byte crosses once, both directions at once (Open MPI's reduce-scatter is
  * a reduce and a scatter: with two nodes 3/4 of the buffer one way, then
  * 1/4 the other). */
-static FG_MUST_USE fg_status inter_reduce_scatter(fg_comm *c, char *mine, char *out, int64_t m, fg_dtype dt,
-                                      fg_reduce_op op) {
+static FG_MUST_USE fg_status inter_reduce_scatter(fg_comm *c, char *mine, char *out, int64_t m,
+                                                  fg_dtype dt, fg_reduce_op op) {
     hybrid_state *h = c->impl;
     int N = h->nodes;
     size_t esz = fg_dtype_size(dt);
@@ -458,7 +461,8 @@ static FG_MUST_USE fg_status hy_reduce_scatter(fg_comm *c, const fg__comm_args *
         for (int ll = 0; ll < L; ll++) {
             const char *src = (const char *)a->send + (size_t)(h->wr[kk * L + ll] * m) * isz;
             char *dst = tmp + (size_t)((ll * N + kk) * m) * esz;
-            if (dt != a->dt) fg_convert(dst, dt, src, a->dt, m);
+            if (dt != a->dt)
+                fg__status_drop(fg_convert(dst, dt, src, a->dt, m)); /* float to float */
             else memcpy(dst, src, (size_t)m * esz);
         }
     fg_status st = FG_OK;
@@ -470,7 +474,8 @@ static FG_MUST_USE fg_status hy_reduce_scatter(fg_comm *c, const fg__comm_args *
         st = sub_fail(c, a, st, inter_name(c));
     if (st == FG_OK) {
         if (a->rop == FG_REDUCE_OP_AVG) divide(dt, out, m, c->size);
-        if (dt != a->dt) fg_convert(a->recv, a->dt, out, dt, m);
+        if (dt != a->dt)
+            fg__status_drop(fg_convert(a->recv, a->dt, out, dt, m)); /* float to float */
         else memcpy(a->recv, out, (size_t)m * esz);
     }
     fg_free(tmp);

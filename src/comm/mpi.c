@@ -70,7 +70,8 @@ static void back_off(const mpi_state *m, unsigned i, double t0) {
  * FULGUR_MPI_SPIN_US; a longer wait, one bound by the network or by a late
  * peer, sleeps 100 us between tests (the kernel keeps moving the data that
  * Open MPI has handed to the sockets meanwhile). */
-static FG_MUST_USE fg_status mpi_wait(fg_comm *c, const fg__comm_args *a, MPI_Request *req, const char *what) {
+static FG_MUST_USE fg_status mpi_wait(fg_comm *c, const fg__comm_args *a, MPI_Request *req,
+                                      const char *what) {
     const mpi_state *m = c->impl;
     double t0 = fg_time();
     for (unsigned i = 0;; i++) {
@@ -148,8 +149,8 @@ static void divide(void *buf, int64_t n, fg_dtype dt, int size) {
  * of len = ceil(n / p) (the last rank's block padded with zeros), rank
  * k's block of the p ranks' summed in rank order into `mine` (f32, rounded
  * once), then gathered into a->recv: by every rank (all) or by the root. */
-static FG_MUST_USE fg_status half_piece(fg_comm *c, const fg__comm_args *a, bool all, int64_t off, int64_t n,
-                            uint16_t *x, const void **srcs) {
+static FG_MUST_USE fg_status half_piece(fg_comm *c, const fg__comm_args *a, bool all, int64_t off,
+                                        int64_t n, uint16_t *x, const void **srcs) {
     mpi_state *m = c->impl;
     int p = c->size;
     int64_t len = (n + p - 1) / p, span = len * p;

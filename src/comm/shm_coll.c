@@ -46,7 +46,7 @@ static void sig_of(const fg__comm_args *a, int n, uint32_t out[3]) {
 /* Starts chunk g: waits until every rank is done with chunk g-K (its slots
  * are free), publishes the call's signature for chunk g. */
 static FG_MUST_USE fg_status chunk_begin_at(fg_comm *c, shm_state *s, const fg__comm_args *a,
-                                const uint32_t sig[3], uint32_t g) {
+                                            const uint32_t sig[3], uint32_t g) {
     /* a broken group moves no more data, even where a peer's words allow it */
     if (atomic_load_explicit(&s->hdr->abort_rank, memory_order_acquire) >= 0)
         return fg__shm_aborted_elsewhere(c, s, a);
@@ -58,7 +58,7 @@ static FG_MUST_USE fg_status chunk_begin_at(fg_comm *c, shm_state *s, const fg__
 }
 
 static FG_MUST_USE fg_status chunk_begin(fg_comm *c, shm_state *s, const fg__comm_args *a,
-                             const uint32_t sig[3]) {
+                                         const uint32_t sig[3]) {
     return chunk_begin_at(c, s, a, sig, s->g);
 }
 
@@ -71,8 +71,8 @@ static void describe_sig(const uint32_t sg[3], char *buf, size_t cap) {
 /* After the peers posted ready for the first chunk of a call: did they all
  * enter the same call? (Their ring entry for chunk g stays put until this
  * rank is done with g.) */
-static FG_MUST_USE fg_status check_sigs(fg_comm *c, shm_state *s, const fg__comm_args *a, const uint32_t sig[3],
-                            int only, uint32_t g) {
+static FG_MUST_USE fg_status check_sigs(fg_comm *c, shm_state *s, const fg__comm_args *a,
+                                        const uint32_t sig[3], int only, uint32_t g) {
     for (int q = 0; q < s->n; q++) {
         if (q == s->me || (only >= 0 && q != only)) continue;
         uint32_t theirs[3];
@@ -95,19 +95,20 @@ static FG_MUST_USE fg_status check_sigs(fg_comm *c, shm_state *s, const fg__comm
 /* ready of chunk g: publish, wait for the peers (all, or `only`), and on the
  * first chunk of a call compare signatures. */
 static FG_MUST_USE fg_status chunk_wait_ready_at(fg_comm *c, shm_state *s, const fg__comm_args *a,
-                                     const uint32_t sig[3], bool first, int only, uint32_t g) {
+                                                 const uint32_t sig[3], bool first, int only,
+                                                 uint32_t g) {
     FG_TRY(fg__shm_wait_all(c, s, a, W_READY, g + 1, only));
     if (first) FG_TRY(check_sigs(c, s, a, sig, only, g));
     return FG_OK;
 }
 
 static FG_MUST_USE fg_status chunk_wait_ready(fg_comm *c, shm_state *s, const fg__comm_args *a,
-                                  const uint32_t sig[3], bool first, int only) {
+                                              const uint32_t sig[3], bool first, int only) {
     return chunk_wait_ready_at(c, s, a, sig, first, only, s->g);
 }
 
 static FG_MUST_USE fg_status chunk_ready(fg_comm *c, shm_state *s, const fg__comm_args *a,
-                             const uint32_t sig[3], bool first, int only) {
+                                         const uint32_t sig[3], bool first, int only) {
     post(s, W_READY, s->g + 1);
     return chunk_wait_ready(c, s, a, sig, first, only);
 }
@@ -150,8 +151,8 @@ static bool peers_reached(shm_state *s, int which, uint32_t target) {
 /* Allreduce: starts chunk g (elements [off, off+m) of the call) and copies
  * this rank's input in, all of it but its own slice, which it reduces
  * straight from its send buffer; then posts ready. */
-static FG_MUST_USE fg_status copy_in(fg_comm *c, shm_state *s, const fg__comm_args *a, const uint32_t sig[3],
-                         uint32_t g, int64_t off, int64_t m) {
+static FG_MUST_USE fg_status copy_in(fg_comm *c, shm_state *s, const fg__comm_args *a,
+                                     const uint32_t sig[3], uint32_t g, int64_t off, int64_t m) {
     size_t esz = fg_dtype_size(a->dt);
     FG_TRY(chunk_begin_at(c, s, a, sig, g));
     int64_t lo, hi;
@@ -318,7 +319,7 @@ out:
 /* allgather and allgatherv: rank q's piece of counts[q] elements goes to
  * recv + displs[q] (counts NULL: a->count each, packed in rank order). */
 static FG_MUST_USE fg_status gatherv(fg_comm *c, const fg__comm_args *a, const int64_t *counts,
-                         const int64_t *displs) {
+                                     const int64_t *displs) {
     shm_state *s = c->impl;
     size_t esz = fg_dtype_size(a->dt);
     const char *send = a->send;

@@ -330,8 +330,8 @@ void *fg__dev_host_view(fg_dev *d, const void *p, size_t bytes) {
 
 enum { H2D, D2H, D2D };
 
-static FG_MUST_USE fg_status copy(fg_dev *d, void *dst, const void *src, size_t bytes, int dir, fg_stream *s,
-                      bool async) {
+static FG_MUST_USE fg_status copy(fg_dev *d, void *dst, const void *src, size_t bytes, int dir,
+                                  fg_stream *s, bool async) {
     static const char *const what[] = {"copy_h2d", "copy_d2h", "copy_d2d"};
     if (!s) s = &d->streams[FG_STREAM_COMPUTE];
     if (s->dev != d)

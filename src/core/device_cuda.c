@@ -105,8 +105,8 @@ static void cuda_segment_free(void *state, void *ptr, size_t bytes) {
     if (cudaSetDevice(c->index) == cudaSuccess) (void)cudaFree(ptr); /* waits for the GPU */
 }
 
-static FG_MUST_USE fg_status cuda_copy(void *state, void *dst, const void *src, size_t bytes, int dir,
-                           fg_stream *s, bool async) {
+static FG_MUST_USE fg_status cuda_copy(void *state, void *dst, const void *src, size_t bytes,
+                                       int dir, fg_stream *s, bool async) {
     static const enum cudaMemcpyKind kinds[3] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
                                                  cudaMemcpyDeviceToDevice};
     static const char *const what[3] = {"cudaMemcpyAsync host->device",
@@ -129,7 +129,8 @@ static FG_MUST_USE fg_status cuda_synchronize(void *state) {
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status cuda_memset(void *state, void *dst, int value, size_t bytes, int stream) {
+static FG_MUST_USE fg_status cuda_memset(void *state, void *dst, int value, size_t bytes,
+                                         int stream) {
     cuda_dev *c = state;
     FG_TRY(fg__cuda_check(cudaSetDevice(c->index), "cudaSetDevice"));
     return fg__cuda_check(cudaMemsetAsync(dst, value, bytes, c->streams[stream ? 1 : 0]),
@@ -139,8 +140,8 @@ static FG_MUST_USE fg_status cuda_memset(void *state, void *dst, int value, size
 /* the fill kernel (src/ops/cuda/ew.cu, in the kernels archive core links) */
 int fg__cu_fill(void *st, void *dst, const void *pattern, int psize, int64_t count);
 
-static FG_MUST_USE fg_status cuda_fill(void *state, void *dst, const void *pattern, size_t psize, size_t count,
-                           int stream) {
+static FG_MUST_USE fg_status cuda_fill(void *state, void *dst, const void *pattern, size_t psize,
+                                       size_t count, int stream) {
     cuda_dev *c = state;
     FG_TRY(fg__cuda_check(cudaSetDevice(c->index), "cudaSetDevice"));
     return fg__cuda_check(

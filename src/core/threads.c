@@ -330,7 +330,7 @@ void fg__threads_pin(void) { atomic_store(&g_pinned, true); }
 int fg__threads_now(void) {
     int n = atomic_load_explicit(&g_threads, memory_order_relaxed);
     if (n == 0) {
-        if (fg_set_num_threads(0) != FG_OK) fg_set_num_threads(fg__cores_usable());
+        if (fg_set_num_threads(0) != FG_OK) fg__status_drop(fg_set_num_threads(fg__cores_usable()));
         n = atomic_load(&g_threads);
     }
     int want = n;

@@ -155,7 +155,7 @@ static FG_MUST_USE fg_status push(fields *f, size_t off, int64_t line) {
 /* Splits buf[0, len) into records of `ncols` fields (ncols == 0: the first
  * record sets it). All fields go to `out`, record after record. */
 static FG_MUST_USE fg_status split(const char *path, char *buf, size_t len, char sep, fields *out,
-                       int64_t *ncols) {
+                                   int64_t *ncols) {
     size_t r = 0, w = 0;
     int64_t line = 1;
     if (len >= 3 && memcmp(buf, "\xEF\xBB\xBF", 3) == 0) r = 3; /* a UTF-8 byte order mark */
@@ -271,7 +271,8 @@ static const char *cell(const reader *rd, int64_t row, int64_t col, int64_t *lin
     return rd->buf + fl->off;
 }
 
-static FG_MUST_USE fg_status bad_value(const reader *rd, int64_t row, int64_t col, const char *what) {
+static FG_MUST_USE fg_status bad_value(const reader *rd, int64_t row, int64_t col,
+                                       const char *what) {
     int64_t line;
     const char *v = cell(rd, row, col, &line);
     if (!*v)
@@ -284,7 +285,8 @@ static FG_MUST_USE fg_status bad_value(const reader *rd, int64_t row, int64_t co
                     strlen(v) > VALUE_SHOW ? "..." : "", what);
 }
 
-static FG_MUST_USE fg_status find_col(const reader *rd, const char *name, const char *what, int64_t *col) {
+static FG_MUST_USE fg_status find_col(const reader *rd, const char *name, const char *what,
+                                      int64_t *col) {
     *col = -1;
     for (int64_t c = 0; c < rd->ncols; c++) {
         if (strcmp(rd->names[c], name) != 0) continue;
@@ -343,8 +345,9 @@ static int64_t category_of(const category *cat, const char *v) {
  * by its values (*typed: the type used), into fout[i * stride] as f32 when
  * there is no iout or the column is float, else into iout[i] as i32. One strtod per cell, in one
  * pass over the column. */
-static FG_MUST_USE fg_status column_values(reader *rd, csv_ds *c, int64_t col, double *vals, uint8_t *cls,
-                               float *fout, int32_t *iout, int64_t stride, fg_csv_type *typed) {
+static FG_MUST_USE fg_status column_values(reader *rd, csv_ds *c, int64_t col, double *vals,
+                                           uint8_t *cls, float *fout, int32_t *iout, int64_t stride,
+                                           fg_csv_type *typed) {
     fg_csv_type t = rd->type[col];
     if (t != FG_CSV_CATEGORY) {
         bool any = false, all_int = true, text = false;

@@ -94,7 +94,7 @@ void fg__dataloader_set_fields(fg_dataloader *dl, fg_fields_loader *fl);
 /* fg_dataloader_next of the loader's own samples (no collate). */
 fg_batch *fg__dataloader_next_samples(fg_dataloader *dl);
 /* fl's collate failure, FG_OK when none is pending. */
-fg_status fg__fields_loader_collate_status(const fg_fields_loader *fl);
+FG_MUST_USE fg_status fg__fields_loader_collate_status(const fg_fields_loader *fl);
 
 /* A stream and one shard of it: every `step`-th sample of an epoch's
  * stream from `first` on (fg__shard_next; x == NULL passes over one).

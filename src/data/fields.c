@@ -62,7 +62,7 @@ void fg__fields_unpack(const fg_fields_dataset *fd, const uint8_t *rec, fg_sampl
 }
 
 static FG_MUST_USE fg_status check_field(const fg_field_spec *s, int k, const char *who,
-                             const fg_field_spec *all, size_t *row, size_t *bytes) {
+                                         const fg_field_spec *all, size_t *row, size_t *bytes) {
     if (!s->name || !*s->name)
         return fg_error(FG_EINVAL, "fields dataset %s: field %d has no name", who, k);
     size_t n = strlen(s->name);

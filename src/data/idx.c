@@ -14,7 +14,8 @@ typedef struct idx {
     const uint8_t *data;
 } idx;
 
-static FG_MUST_USE fg_status idx_open(const char *path, idx *a, int min_ndim, int max_ndim, const char *role) {
+static FG_MUST_USE fg_status idx_open(const char *path, idx *a, int min_ndim, int max_ndim,
+                                      const char *role) {
     *a = (idx){0};
     FG_TRY(fg__map_file(path, &a->map));
     const uint8_t *p = a->map.p;

@@ -108,7 +108,8 @@ static void free_list(char **l, int64_t n) {
     fg_free(l);
 }
 
-static FG_MUST_USE fg_status add_sample(img_ds *d, const char *dir, const char *name, int32_t label) {
+static FG_MUST_USE fg_status add_sample(img_ds *d, const char *dir, const char *name,
+                                        int32_t label) {
     if (d->n == d->cap) {
         int64_t cap = d->cap ? 2 * d->cap : 64;
         img_sample *p = fg_realloc(d->s, (size_t)cap * sizeof *p);
@@ -203,7 +204,7 @@ static FG_MUST_USE fg_status read_file(const char *path, unsigned char **buf, si
 }
 
 static FG_MUST_USE fg_status decode_png(const char *path, const unsigned char *buf, size_t len,
-                            unsigned char **rgb, int64_t *w, int64_t *h) {
+                                        unsigned char **rgb, int64_t *w, int64_t *h) {
     spng_ctx *ctx = spng_ctx_new(0);
     if (!ctx) return FG_ENOMEM;
     struct spng_ihdr ihdr;
@@ -241,7 +242,7 @@ static void jpeg_fail(j_common_ptr c) {
 }
 
 static FG_MUST_USE fg_status decode_jpeg(const char *path, const unsigned char *buf, size_t len,
-                             unsigned char **rgb, int64_t *w, int64_t *h) {
+                                         unsigned char **rgb, int64_t *w, int64_t *h) {
     struct jpeg_decompress_struct cinfo;
     jerr_mgr jerr;
     unsigned char *volatile out = NULL;
@@ -300,7 +301,7 @@ static double bilinear(double x) {
 /* Resample.c's precompute_coeffs + normalize_coeffs_8bpc: for each output
  * position its first input, count and fixed-point weights. */
 static FG_MUST_USE fg_status coeffs(int64_t in_size, int64_t out_size, int64_t **bounds, int **kk,
-                        int64_t *ksize) {
+                                    int64_t *ksize) {
     double scale = (double)in_size / (double)out_size, filterscale = scale < 1.0 ? 1.0 : scale;
     double support = 1.0 * filterscale;
     *ksize = (int64_t)ceil(support) * 2 + 1;
@@ -345,8 +346,8 @@ static unsigned char clip8(int v) {
 }
 
 /* in (h, w, 3) -> out (h, ow, 3) along rows, or (oh, w, 3) along columns */
-static FG_MUST_USE fg_status resample(const unsigned char *in, int64_t w, int64_t h, unsigned char *out,
-                          int64_t ow, int64_t oh, bool horizontal) {
+static FG_MUST_USE fg_status resample(const unsigned char *in, int64_t w, int64_t h,
+                                      unsigned char *out, int64_t ow, int64_t oh, bool horizontal) {
     int64_t *bounds, ksize;
     int *kk;
     FG_TRY(coeffs(horizontal ? w : h, horizontal ? ow : oh, &bounds, &kk, &ksize));
@@ -380,7 +381,8 @@ static FG_MUST_USE fg_status resample(const unsigned char *in, int64_t w, int64_
 }
 
 /* PIL's Image.resize(size, BILINEAR): horizontal pass, then vertical. */
-static FG_MUST_USE fg_status resize(unsigned char **img, int64_t *w, int64_t *h, int64_t ow, int64_t oh) {
+static FG_MUST_USE fg_status resize(unsigned char **img, int64_t *w, int64_t *h, int64_t ow,
+                                    int64_t oh) {
     if (ow == *w && oh == *h) return FG_OK;
     unsigned char *cur = *img;
     if (ow != *w) {

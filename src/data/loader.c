@@ -166,7 +166,8 @@ static void *worker_main(void *arg) {
 /* ----------------------------------------------------------- positioning */
 
 /* The order of `epoch` from sampler s, checked against the dataset. */
-static FG_MUST_USE fg_status make_order(fg_dataloader *dl, fg_sampler *s, int64_t epoch, int64_t **out) {
+static FG_MUST_USE fg_status make_order(fg_dataloader *dl, fg_sampler *s, int64_t epoch,
+                                        int64_t **out) {
     int64_t n = fg_sampler_len(s);
     int64_t *o = fg_alloc((size_t)(n ? n : 1) * sizeof *o);
     if (!o) return FG_ENOMEM;

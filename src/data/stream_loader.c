@@ -60,7 +60,8 @@ struct fg_stream_loader {
 
 /* Reads worker w's next batch into slot (x NULL: passes over it); *size is
  * its samples, 0 when the shard had none left or drop_last dropped them. */
-static FG_MUST_USE fg_status fill(fg_stream_loader *l, sworker *w, sslot *slot, bool skip, int64_t *size) {
+static FG_MUST_USE fg_status fill(fg_stream_loader *l, sworker *w, sslot *slot, bool skip,
+                                  int64_t *size) {
     const fg_stream *s = l->s;
     char *x = skip ? NULL : fg_tensor_data(slot->x), *y = skip ? NULL : fg_tensor_data(slot->y);
     int64_t j = 0, idx;

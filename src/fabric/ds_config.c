@@ -144,8 +144,8 @@ static int distance(const char *a, const char *b) {
 
 /* Checks every key of obj against the table: FG_OK when all are honoured
  * ones; else the error naming the first other. */
-static FG_MUST_USE fg_status check_keys(const char *path, const char *where, json_t *obj, const key_info *t,
-                            size_t n) {
+static FG_MUST_USE fg_status check_keys(const char *path, const char *where, json_t *obj,
+                                        const key_info *t, size_t n) {
     const char *key;
     json_t *v;
     json_object_foreach(obj, key, v) {
@@ -187,7 +187,8 @@ static FG_MUST_USE fg_status count_of(const char *path, const char *key, json_t 
 }
 
 /* A boolean key that fulgur honours only with the value `want`. */
-static FG_MUST_USE fg_status flag(const char *path, json_t *zero, const char *key, bool want, const char *why) {
+static FG_MUST_USE fg_status flag(const char *path, json_t *zero, const char *key, bool want,
+                                  const char *why) {
     json_t *v = json_object_get(zero, key);
     if (!v) return FG_OK;
     if (!json_is_boolean(v))
@@ -203,7 +204,8 @@ static FG_MUST_USE fg_status flag(const char *path, json_t *zero, const char *ke
  * path, which fulgur takes from the strategy's options, not the file;
  * offload_param likewise for the parameters (stage 3's: the strategy
  * checks the stage). */
-static FG_MUST_USE fg_status offload(const char *path, json_t *zero, const char *key, fg_offload_device *out) {
+static FG_MUST_USE fg_status offload(const char *path, json_t *zero, const char *key,
+                                     fg_offload_device *out) {
     json_t *o = json_object_get(zero, key);
     if (!o) return FG_OK;
     char where[64];
@@ -281,7 +283,8 @@ static const key_info k_sched_params[] = {
     {"cos_min_ratio", NULL}, {"last_batch_iteration", NULL},
 };
 
-static FG_MUST_USE fg_status num_of(const char *path, const char *key, json_t *v, double lo, double *out) {
+static FG_MUST_USE fg_status num_of(const char *path, const char *key, json_t *v, double lo,
+                                    double *out) {
     if (!json_is_number(v) || !(json_number_value(v) >= lo))
         return fg_error(FG_EINVAL, "%s: \"%s\" must be a number >= %g", path, key, lo);
     *out = json_number_value(v);
@@ -297,7 +300,8 @@ static FG_MUST_USE fg_status steps_of(const char *path, const char *key, json_t 
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status optimizer_section(const char *path, json_t *o, fg_deepspeed_train *out) {
+static FG_MUST_USE fg_status optimizer_section(const char *path, json_t *o,
+                                               fg_deepspeed_train *out) {
     if (!json_is_object(o)) return fg_error(FG_EINVAL, "%s: \"optimizer\" must be an object", path);
     FG_TRY(check_keys(path, "optimizer.", o, k_opt, sizeof k_opt / sizeof k_opt[0]));
     json_t *t = json_object_get(o, "type");
@@ -349,7 +353,8 @@ static FG_MUST_USE fg_status optimizer_section(const char *path, json_t *o, fg_d
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status scheduler_section(const char *path, json_t *o, fg_deepspeed_train *out) {
+static FG_MUST_USE fg_status scheduler_section(const char *path, json_t *o,
+                                               fg_deepspeed_train *out) {
     if (!json_is_object(o)) return fg_error(FG_EINVAL, "%s: \"scheduler\" must be an object", path);
     FG_TRY(check_keys(path, "scheduler.", o, k_opt, sizeof k_opt / sizeof k_opt[0]));
     json_t *t = json_object_get(o, "type");
@@ -435,7 +440,8 @@ static FG_MUST_USE fg_status scheduler_section(const char *path, json_t *o, fg_d
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status train_sections(const char *path, json_t *root, fg_deepspeed_train *out) {
+static FG_MUST_USE fg_status train_sections(const char *path, json_t *root,
+                                            fg_deepspeed_train *out) {
     *out = (fg_deepspeed_train){0};
     json_t *o = json_object_get(root, "optimizer");
     if (o) FG_TRY(optimizer_section(path, o, out));
@@ -511,7 +517,8 @@ fg_status fg_deepspeed_train_read(const char *path, fg_deepspeed_train *out) {
     return s;
 }
 
-static FG_MUST_USE fg_status parse(const char *path, json_t *root, int *stage, fg_sharded_opts *out) {
+static FG_MUST_USE fg_status parse(const char *path, json_t *root, int *stage,
+                                   fg_sharded_opts *out) {
     if (!json_is_object(root))
         return fg_error(FG_EINVAL, "%s: expected a JSON object (DeepSpeed's configuration)", path);
     FG_TRY(check_keys(path, "", root, k_top, sizeof k_top / sizeof k_top[0]));

@@ -79,8 +79,8 @@ static FG_MUST_USE fg_status check_meta(const fg_kv *meta, int64_t n) {
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status add_param_views(fg_st_writer *w, fg_module *m, const char *prefix, fg_tensor *flat,
-                                 char names[][256]) {
+static FG_MUST_USE fg_status add_param_views(fg_st_writer *w, fg_module *m, const char *prefix,
+                                             fg_tensor *flat, char names[][256]) {
     int n = fg_module_num_params(m);
     size_t es = fg_dtype_size(fg_tensor_dtype(flat));
     for (int i = 0; i < n; i++) {
@@ -208,7 +208,8 @@ static FG_MUST_USE fg_status check_many(const fg_train_state *st, const char *wh
 }
 
 /* The states of st->optimizers, "optimizer.N.<state>.<param>". */
-static FG_MUST_USE fg_status add_many(fg_st_writer *w, const fg_train_state *st, char (**names)[256]) {
+static FG_MUST_USE fg_status add_many(fg_st_writer *w, const fg_train_state *st,
+                                      char (**names)[256]) {
     int64_t total = 0;
     for (int n = 0; n < st->noptimizers; n++)
         total += fg_module_num_params(fg_optimizer_module(st->optimizers[n])) *
@@ -232,7 +233,7 @@ static FG_MUST_USE fg_status add_many(fg_st_writer *w, const fg_train_state *st,
  * model's own; states: the optimizer's state buffers, whole (NULL entries:
  * the optimizer's own, which are then whole). */
 static FG_MUST_USE fg_status write_file(fg_fabric *f, const char *path, const fg_train_state *st,
-                            fg_tensor *params, fg_tensor *const *states) {
+                                        fg_tensor *params, fg_tensor *const *states) {
     fg_module *m = st->model;
     FG_TRY(check_meta(st->meta, st->nmeta));
     int n = fg_module_num_params(m);
@@ -445,7 +446,8 @@ static void printable_copy(char *out, size_t cap, const char *s) {
 
 /* st->optimizers' step counts, lr and groups from the optimizer.N.*
  * metadata; the file must hold as many optimizers. */
-static FG_MUST_USE fg_status load_many_meta(fg_st_file *file, const char *path, const fg_train_state *st) {
+static FG_MUST_USE fg_status load_many_meta(fg_st_file *file, const char *path,
+                                            const fg_train_state *st) {
     const char *cnt = fg_st_meta_get(file, "optimizers");
     if (!st->noptimizers) return FG_OK;
     if (!cnt || atoi(cnt) != st->noptimizers)

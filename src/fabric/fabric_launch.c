@@ -61,7 +61,8 @@ static void leave(fg_fabric *f) {
     fg_error_keep(&first);
     fg_strategy_free(f->strategy);
     f->strategy = NULL;
-    (void)fg_autocast_set(FG_DTYPE_DEFAULT, NULL); /* fg_fabric_setup's, on this thread */
+    fg__status_drop(
+        fg_autocast_set(FG_DTYPE_DEFAULT, NULL)); /* fg_fabric_setup's, on this thread */
     f->model = NULL;
     f->opt = NULL;
     fg__fabric_stage_free(f); /* the batches' staging: nothing is left on the device */

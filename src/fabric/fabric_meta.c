@@ -19,7 +19,8 @@
 /* More parameter groups than any optimizer has. */
 #define MAX_GROUPS (1 << 16)
 
-static FG_MUST_USE fg_status bad(const char *path, const char *key, const char *v, const char *want) {
+static FG_MUST_USE fg_status bad(const char *path, const char *key, const char *v,
+                                 const char *want) {
     return fg_error(FG_EFORMAT,
                     "%s: metadata \"%s\" is \"%.80s\"%s: expected %s; the checkpoint is damaged "
                     "or was edited: resume from another checkpoint (or restore this one)",
@@ -41,8 +42,8 @@ static bool parse_u64(const char *s, uint64_t *out) {
 }
 
 /* An integer key in [lo, INT64_MAX]; `def` when absent. */
-static FG_MUST_USE fg_status get_int(const fg_st_file *file, const char *path, const char *key, int64_t lo,
-                         int64_t def, int64_t *out, bool *present) {
+static FG_MUST_USE fg_status get_int(const fg_st_file *file, const char *path, const char *key,
+                                     int64_t lo, int64_t def, int64_t *out, bool *present) {
     const char *v = fg_st_meta_get(file, key);
     if (present) *present = v != NULL;
     if (!v) {
@@ -60,8 +61,8 @@ static FG_MUST_USE fg_status get_int(const fg_st_file *file, const char *path, c
 }
 
 /* A finite number > lo (or >= lo when `closed`). */
-static FG_MUST_USE fg_status get_real(const fg_st_file *file, const char *path, const char *key, double lo,
-                          bool closed, double *out, bool *present) {
+static FG_MUST_USE fg_status get_real(const fg_st_file *file, const char *path, const char *key,
+                                      double lo, bool closed, double *out, bool *present) {
     const char *v = fg_st_meta_get(file, key);
     *present = v != NULL;
     if (!v) return FG_OK;

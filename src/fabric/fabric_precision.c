@@ -28,13 +28,13 @@ const fg_scaler *fg_fabric_scaler(const fg_fabric *f) { return f->scaler; }
 
 fg_dtype fg_fabric_autocast_begin(fg_fabric *f) {
     fg_dtype prev = fg_autocast_dtype();
-    (void)fg_autocast_set(f->autocast, NULL); /* bf16, f16 or off: always valid */
+    fg__status_drop(fg_autocast_set(f->autocast, NULL)); /* bf16, f16 or off: always valid */
     return prev;
 }
 
 void fg_fabric_autocast_end(fg_fabric *f, fg_dtype prev) {
     (void)f;
-    (void)fg_autocast_set(prev, NULL);
+    fg__status_drop(fg_autocast_set(prev, NULL)); /* what autocast_begin returned */
 }
 
 fg_status fg__fabric_scaler_check(fg_fabric *f) {

@@ -117,7 +117,8 @@ static FG_MUST_USE fg_status cut(fg_fabric *f, const fg__held *h, bool has_opt, 
 }
 
 /* Owners, tails and file numbers from the ranges and the layout. */
-static FG_MUST_USE fg_status make_plan(fg_fabric *f, fg_module *m, const fg__held *h, bool has_opt, plan *p) {
+static FG_MUST_USE fg_status make_plan(fg_fabric *f, fg_module *m, const fg__held *h, bool has_opt,
+                                       plan *p) {
     FG_TRY(cut(f, h, has_opt, p));
     for (int q = 0; q < p->world; q++) p->tail_hi[q] = p->hi[q];
     int last = 0; /* the last rank with a non-empty range */
@@ -182,7 +183,8 @@ static void piece(const plan *pl, int q, int p, int64_t *a, int64_t *b) {
  * every buffer into tail[b] (elements from hi[r] on). In round d each rank
  * sends to the rank d before it, then receives from the rank d after it:
  * the ranks below d only receive, so no send waits in a cycle. */
-static FG_MUST_USE fg_status exchange(fg_fabric *f, const plan *pl, const fg__held *h, int nbuf, char **tail) {
+static FG_MUST_USE fg_status exchange(fg_fabric *f, const plan *pl, const fg__held *h, int nbuf,
+                                      char **tail) {
     for (int d = 1; d < pl->world; d++) {
         int p = pl->rank - d, q = pl->rank + d;
         int64_t a, b;
@@ -207,8 +209,8 @@ static FG_MUST_USE fg_status exchange(fg_fabric *f, const plan *pl, const fg__he
 /* This rank's file: every tensor it owns, parameters first, then each
  * optimizer state, in the model's order. */
 static FG_MUST_USE fg_status write_shard(fg_fabric *f, const fg_train_state *st, const plan *pl,
-                             const fg__held *h, int nbuf, char **tail, const char *dir,
-                             const char *save_id) {
+                                         const fg__held *h, int nbuf, char **tail, const char *dir,
+                                         const char *save_id) {
     fg_module *m = st->model;
     int r = pl->rank;
     fg_st_writer *w = fg_st_writer_new();
@@ -265,8 +267,9 @@ static FG_MUST_USE fg_status write_shard(fg_fabric *f, const fg_train_state *st,
 
 /* Rank 0: the index into dir, naming every tensor once, in the order of
  * the consolidated file; the metadata are that file's. */
-static FG_MUST_USE fg_status write_index(const fg_train_state *st, const plan *pl, const fg__held *h, int nbuf,
-                             fg_st_writer *meta, const char *dir) {
+static FG_MUST_USE fg_status write_index(const fg_train_state *st, const plan *pl,
+                                         const fg__held *h, int nbuf, fg_st_writer *meta,
+                                         const char *dir) {
     fg_module *m = st->model;
     int64_t nb = fg_module_num_buffers(m), n = (int64_t)pl->ntens * nbuf + nb,
             nmeta = fg_st_writer_meta_count(meta);

@@ -55,8 +55,8 @@ static void src_free(src *s) {
  * first that reaches its end (the optimizer's state shards), else the ranks
  * that continue the covered prefix send and the others are copies (the
  * parameter shards). Collective. */
-static FG_MUST_USE fg_status sources(fg_fabric *f, int64_t mlo, int64_t mhi, int64_t numel, bool strict,
-                         const char *what, src *s) {
+static FG_MUST_USE fg_status sources(fg_fabric *f, int64_t mlo, int64_t mhi, int64_t numel,
+                                     bool strict, const char *what, src *s) {
     int world = f->comm ? fg_comm_size(f->comm) : 1;
     s->lo = fg_calloc(4 * (size_t)world, sizeof *s->lo);
     if (!s->lo) return fg_error_wrap(FG_ENOMEM, "save: planning the %s", what);
@@ -118,8 +118,8 @@ static size_t window_bytes(fg_module *m, size_t es) {
 /* Streams buffer s (tensors of m's shapes) through rank 0's window buf
  * into w: collective over the ranks. *wst: rank 0's first write failure,
  * after which it only receives. */
-static FG_MUST_USE fg_status stream_buffer(fg_fabric *f, fg_module *m, const src *s, char *buf, fg_st_writer *w,
-                               fg_status *wst) {
+static FG_MUST_USE fg_status stream_buffer(fg_fabric *f, fg_module *m, const src *s, char *buf,
+                                           fg_st_writer *w, fg_status *wst) {
     int rank = f->comm ? fg_comm_rank(f->comm) : 0, world = f->comm ? fg_comm_size(f->comm) : 1;
     size_t es = fg_dtype_size(s->dt);
     int64_t cap = (int64_t)(WINDOW_BYTES / es);
@@ -148,7 +148,8 @@ static FG_MUST_USE fg_status stream_buffer(fg_fabric *f, fg_module *m, const src
 
 /* Rank 0: entries of buffer s under `prefix` into w: with their data when
  * rank 0 holds the buffer whole, else declared for stream_buffer. */
-static FG_MUST_USE fg_status add_entries(fg_st_writer *w, fg_module *m, const char *prefix, const src *s) {
+static FG_MUST_USE fg_status add_entries(fg_st_writer *w, fg_module *m, const char *prefix,
+                                         const src *s) {
     size_t es = fg_dtype_size(s->dt);
     for (int i = 0; i < fg_module_num_params(m); i++) {
         fg_tensor *p = fg_module_param(m, i);
@@ -165,7 +166,7 @@ static FG_MUST_USE fg_status add_entries(fg_st_writer *w, fg_module *m, const ch
 
 /* Rank 0: every entry and the metadata into w, then the file begun. */
 static FG_MUST_USE fg_status begin_file(fg_fabric *f, const char *path, const fg_train_state *st,
-                            const src *bufs, int nbuf, fg_st_writer *w) {
+                                        const src *bufs, int nbuf, fg_st_writer *w) {
     fg_module *m = st->model;
     FG_TRY(add_entries(w, m, "", &bufs[0]));
     for (int k = 1; k < nbuf; k++) {

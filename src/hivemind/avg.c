@@ -389,7 +389,8 @@ static bool take_mail(fg_hivemind *h, int kind, int channel, int part, uint64_t 
 }
 
 /* Rounds a part through the codec, so that every member holds its bits. */
-static FG_MUST_USE fg_status through_codec(fg_hivemind *h, fg_hivemind_compression c, float *v, int64_t n) {
+static FG_MUST_USE fg_status through_codec(fg_hivemind *h, fg_hivemind_compression c, float *v,
+                                           int64_t n) {
     if (c == FG_HIVEMIND_COMPRESSION_NONE || n == 0) return FG_OK;
     nng_msg *m;
     fg__hm_hdr hd = {.codec = (uint8_t)c};

@@ -69,8 +69,8 @@ void *fg__hm_rep_main(void *arg) {
 }
 
 /* One request to one peer: FG_OK with the state in out. */
-static FG_MUST_USE fg_status ask(fg_hivemind *h, const char *url, uint64_t peer, void *out, size_t bytes,
-                     int64_t *epoch) {
+static FG_MUST_USE fg_status ask(fg_hivemind *h, const char *url, uint64_t peer, void *out,
+                                 size_t bytes, int64_t *epoch) {
     nng_socket req;
     int rv = nng_req0_open(&req);
     if (rv != 0) return fg_error(FG_EIO, "hivemind: nng req socket: %s", nng_strerror(rv));

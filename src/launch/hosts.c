@@ -69,8 +69,8 @@ static bool exported(const char *name, size_t n) {
 
 /* "h1:2,h2:2" or "h1,h2" (each with default_slots) into hosts[0..*n) (at
  * most cap); FG_EINVAL naming what is wrong. */
-static FG_MUST_USE fg_status hosts_parse(const char *spec, int default_slots, fg__host *hosts, int cap,
-                             int *n) {
+static FG_MUST_USE fg_status hosts_parse(const char *spec, int default_slots, fg__host *hosts,
+                                         int cap, int *n) {
     *n = 0;
     const char *p = spec;
     while (*p) {
@@ -151,7 +151,8 @@ static bool push(char **argv, int *k, const char *s) {
 /* The mpirun command for prog on hosts[0..nhosts), with extra_env (NULL or
  * NULL-terminated "NAME=VALUE" strings) passed to every rank. */
 static FG_MUST_USE fg_status command_make(const fg_hosts_opts *o, const fg__host *hosts, int nhosts,
-                              char *const *extra_env, const char *const *prog, char ***out) {
+                                          char *const *extra_env, const char *const *prog,
+                                          char ***out) {
     *out = NULL;
     char host_arg[4096], np[16];
     int total;

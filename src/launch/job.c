@@ -362,7 +362,8 @@ static FG_MUST_USE fg_status check_spec(const fg_job_spec *sp, int *local_world,
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status job_start(const fg_job_spec *sp, const fg_job_opts *opts, fg_job **out) {
+static FG_MUST_USE fg_status job_start(const fg_job_spec *sp, const fg_job_opts *opts,
+                                       fg_job **out) {
     *out = NULL;
     int local_world = 0, num_nodes = 0;
     FG_TRY(check_spec(sp, &local_world, &num_nodes));

@@ -74,7 +74,8 @@ static const char *singular(const char *what, char *buf, size_t cap) {
     return buf;
 }
 
-static FG_MUST_USE fg_status count_error(const char *given, long k, int available, const char *what) {
+static FG_MUST_USE fg_status count_error(const char *given, long k, int available,
+                                         const char *what) {
     char hint[96] = "", one[96];
     if (strstr(what, "(cores)"))
         snprintf(hint, sizeof hint, " (FULGUR_CPU_DEVICES=%ld runs more ranks than cores)", k);
@@ -85,8 +86,8 @@ static FG_MUST_USE fg_status count_error(const char *given, long k, int availabl
                     available, hint);
 }
 
-static FG_MUST_USE fg_status devices_count(long k, const char *given, int available, const char *what,
-                               fg_devices *out) {
+static FG_MUST_USE fg_status devices_count(long k, const char *given, int available,
+                                           const char *what, fg_devices *out) {
     memset(out, 0, sizeof *out);
     out->available = available;
     if (k == -1) {
@@ -110,7 +111,7 @@ static FG_MUST_USE fg_status devices_count(long k, const char *given, int availa
 }
 
 static FG_MUST_USE fg_status devices_list(const long *ids, int n, const char *given, int available,
-                              const char *what, fg_devices *out) {
+                                          const char *what, fg_devices *out) {
     memset(out, 0, sizeof *out);
     out->available = available;
     out->listed = true;
@@ -229,7 +230,8 @@ fg_status fg_launch_parse_devices(const char *s, int available, fg_devices *out)
     return fg__launch_parse_devices(s, available, "devices here", out);
 }
 
-static FG_MUST_USE fg_status devices_count_int(int k, int available, const char *what, fg_devices *out) {
+static FG_MUST_USE fg_status devices_count_int(int k, int available, const char *what,
+                                               fg_devices *out) {
     FG_TRY(check_available(available));
     if (!out) return fg_error(FG_EINVAL, "devices: NULL output");
     char given[32];

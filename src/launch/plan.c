@@ -41,7 +41,8 @@ fg_status fg_launch_threads_per_rank(int local_ranks, int *out, const char **fro
 
 /* Reads an optional integer variable among names into *out (unchanged if
  * none is set); the error names the variable. */
-static FG_MUST_USE fg_status env_int_any(const char *const *names, int lo, int hi, int *out, bool *set) {
+static FG_MUST_USE fg_status env_int_any(const char *const *names, int lo, int hi, int *out,
+                                         bool *set) {
     const char *which;
     const char *v = fg__getenv_any(names, &which);
     if (set) *set = v != NULL;

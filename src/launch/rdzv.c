@@ -253,7 +253,8 @@ static void missing_nodes(const fg_rdzv *r, char *out, size_t cap) {
 
 /* A JOIN line from the node at addr, checked against the job: its format,
  * job, world size and (fixed jobs) the range of its node rank into *node. */
-static FG_MUST_USE fg_status check_join(const fg_rdzv *r, const char *addr, const char *line, int *node_out) {
+static FG_MUST_USE fg_status check_join(const fg_rdzv *r, const char *addr, const char *line,
+                                        int *node_out) {
     int ver, node, nnodes, nmin, nproc;
     char job[FG_CLUSTER_JOB_MAX];
     if (sscanf(line, "JOIN %d %d %d:%d %d %127s", &ver, &node, &nmin, &nnodes, &nproc, job) != 6 ||
@@ -676,7 +677,8 @@ static FG_MUST_USE fg_status node_join(fg_rdzv *r, double t, char *value, size_t
 
 /* After host_join (node 0, its status st) or instead of it (the others):
  * node 0 starts the ompi-server and hands every node its place. */
-static FG_MUST_USE fg_status round_join(fg_rdzv *r, double t, fg_status st, char *value, size_t cap) {
+static FG_MUST_USE fg_status round_join(fg_rdzv *r, double t, fg_status st, char *value,
+                                        size_t cap) {
     if (!r->host) return node_join(r, t, value, cap);
     r->node_rank = 0;
     /* one node (an elastic job that formed alone): no machine to reach */

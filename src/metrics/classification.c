@@ -18,7 +18,8 @@ static bool ignored(const fg_tmetric *m, double t) {
     return m->o.has_ignore_index && t == (double)m->o.ignore_index;
 }
 
-static FG_MUST_USE fg_status check(fg_tmetric *m, const fg_tensor *preds, const fg_tensor *target, cls_in *in) {
+static FG_MUST_USE fg_status check(fg_tmetric *m, const fg_tensor *preds, const fg_tensor *target,
+                                   cls_in *in) {
     const char *name = fg_tmetric_name(m);
     int64_t N = fg_tensor_numel(target), np = fg_tensor_numel(preds), C = m->C;
     *in = (cls_in){.N = N, .C = C};

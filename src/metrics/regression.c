@@ -6,7 +6,8 @@
 
 #include "metrics_impl.h"
 
-static FG_MUST_USE fg_status check_pairs(const fg_tmetric *m, const fg_tensor *preds, const fg_tensor *target) {
+static FG_MUST_USE fg_status check_pairs(const fg_tmetric *m, const fg_tensor *preds,
+                                         const fg_tensor *target) {
     int64_t n = fg_tensor_numel(target);
     if (fg_tensor_numel(preds) != n)
         return fg_error(FG_EINVAL,
@@ -20,7 +21,8 @@ static FG_MUST_USE fg_status check_pairs(const fg_tmetric *m, const fg_tensor *p
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status perplexity_update(fg_tmetric *m, const fg_tensor *preds, const fg_tensor *target) {
+static FG_MUST_USE fg_status perplexity_update(fg_tmetric *m, const fg_tensor *preds,
+                                               const fg_tensor *target) {
     int64_t M = fg_tensor_numel(target), nd = fg_tensor_ndim(preds);
     int64_t V = nd >= 1 ? fg_tensor_dim(preds, nd - 1) : 0;
     if (nd < 2 || V < 1 || fg_tensor_numel(preds) != M * V)

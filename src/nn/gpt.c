@@ -121,7 +121,8 @@ static fg_tensor *head_fwd(fg_module *m, fg_tensor *x, void *ud) { /* (B, T, C) 
 
 /* ------------------------------------------------------------ construction */
 
-static FG_MUST_USE fg_status add(fg_module *parent, const char *name, fg_module *child, fg_module **out) {
+static FG_MUST_USE fg_status add(fg_module *parent, const char *name, fg_module *child,
+                                 fg_module **out) {
     *out = child;
     return fg_module_add_child(parent, name, child);
 }
@@ -174,7 +175,8 @@ static fg_module *new_mlp(const fg_gpt_config *c, fg_dtype dt) {
 
 /* h.{l}: ln_1, attn, ln_2, mlp (the sub-modules are built whole first, so
  * that every failure frees exactly what it made) */
-static FG_MUST_USE fg_status build_block(gpt *g, fg_module *h, int l, fg_dtype dt, fg_module **out) {
+static FG_MUST_USE fg_status build_block(gpt *g, fg_module *h, int l, fg_dtype dt,
+                                         fg_module **out) {
     const fg_gpt_config *c = &g->c;
     bool bias = !c->no_bias;
     char name[24];
@@ -278,8 +280,8 @@ static int cmp_desc(const void *x, const void *y) {
 }
 
 /* Picks a token from one row of logits (V) in double. */
-static FG_MUST_USE fg_status pick(const fg_tensor *row, int64_t V, const fg_sample_opts *o, double u,
-                      int32_t *out) {
+static FG_MUST_USE fg_status pick(const fg_tensor *row, int64_t V, const fg_sample_opts *o,
+                                  double u, int32_t *out) {
     double *l = fg_step_alloc(sizeof(double) * (size_t)V * 2);
     if (!l) return FG_ENOMEM;
     double mx = -INFINITY;

@@ -85,7 +85,7 @@ static char *join(const char *path, const char *name) {
  * module's index and ranges (relative to the collected arrays). Paths are
  * allocated into path_out[] (indexed by module preorder). */
 static FG_MUST_USE fg_status collect_tree(fg_module *m, const char *path, collect *c, char ***paths,
-                              int64_t *cappaths) {
+                                          int64_t *cappaths) {
     FG_TRY(grow((void **)&c->mods, &c->capmod, c->nmod + 1, sizeof *c->mods));
     FG_TRY(grow((void **)paths, cappaths, c->nmod + 1, sizeof **paths));
     int64_t idx = c->nmod++;

@@ -144,7 +144,7 @@ static fg_tensor *state_at(fg_tensor *s, int64_t k, int64_t N, int64_t H, fg_dty
 }
 
 static FG_MUST_USE fg_status check_state(const rnn_ud *u, const char *what, fg_tensor *s, int64_t N,
-                             fg_dtype dt) {
+                                         fg_dtype dt) {
     if (!s) return FG_OK;
     int64_t want[3] = {u->layers * u->dirs, N, u->hidden};
     bool ok = fg_tensor_ndim(s) == 3 && fg_tensor_dtype(s) == dt;

@@ -6,8 +6,9 @@
 
 #include "optim_impl.h"
 
-static FG_MUST_USE fg_status adagrad_step_range(fg_optimizer *o, int64_t begin, int64_t end, void *param,
-                                    const void *grad, void *const *state, int64_t t) {
+static FG_MUST_USE fg_status adagrad_step_range(fg_optimizer *o, int64_t begin, int64_t end,
+                                                void *param, const void *grad, void *const *state,
+                                                int64_t t) {
     const fg_adagrad_opts *ao = &o->o.adagrad;
     size_t es = fg_dtype_size(o->dt), ss = fg_dtype_size(o->sdt);
     for (int64_t k = 0; k < o->nseg; k++) {

@@ -6,8 +6,9 @@
 
 #include "optim_impl.h"
 
-static FG_MUST_USE fg_status adamw_step_range(fg_optimizer *o, int64_t begin, int64_t end, void *param,
-                                  const void *grad, void *const *state, int64_t t) {
+static FG_MUST_USE fg_status adamw_step_range(fg_optimizer *o, int64_t begin, int64_t end,
+                                              void *param, const void *grad, void *const *state,
+                                              int64_t t) {
     const fg_adamw_opts *ao = &o->o.adamw;
     double bc1 = 1 - pow(ao->beta1, (double)t), bc2 = 1 - pow(ao->beta2, (double)t);
     size_t es = fg_dtype_size(o->dt);

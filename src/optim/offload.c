@@ -40,7 +40,8 @@ typedef struct fill {
 /* Copies the in-memory state into the blocks; an all-zero block (a fresh
  * optimizer's state: pages never touched) is not written, the files being
  * zero already. */
-static FG_MUST_USE fg_status fill_block(void *ud, size_t off, size_t n, void *const *bufs, bool *write) {
+static FG_MUST_USE fg_status fill_block(void *ud, size_t off, size_t n, void *const *bufs,
+                                        bool *write) {
     fill *f = ud;
     bool zero = true;
     for (int i = 0; i < f->o->nstates; i++) {
@@ -170,7 +171,8 @@ typedef struct upd {
     const char *grad;
 } upd;
 
-static FG_MUST_USE fg_status update_block(void *ud, size_t off, size_t n, void *const *bufs, bool *write) {
+static FG_MUST_USE fg_status update_block(void *ud, size_t off, size_t n, void *const *bufs,
+                                          bool *write) {
     upd *u = ud;
     fg_optimizer *o = u->o;
     size_t ss = fg_dtype_size(o->sdt), es = fg_dtype_size(o->dt); /* state, parameters */

@@ -139,7 +139,7 @@ void fg_optimizer_free(fg_optimizer *o) {
  * gradient range out to host buffers, the CPU's step on them, the
  * parameters back in: what offload moves, counted by the device. */
 static FG_MUST_USE fg_status host_step(fg_optimizer *o, int64_t begin, int64_t end, void *param,
-                           const void *grad) {
+                                       const void *grad) {
     size_t bytes = fg_dtype_size(o->dt) * (size_t)(end - begin);
     bool in_store = fg__optimizer_offload_param_store(o, NULL) != NULL || o->host_params;
     if (o->hbuf_cap < 2 * bytes) {

@@ -7,8 +7,9 @@
 
 #include "optim_impl.h"
 
-static FG_MUST_USE fg_status rmsprop_step_range(fg_optimizer *o, int64_t begin, int64_t end, void *param,
-                                    const void *grad, void *const *state, int64_t t) {
+static FG_MUST_USE fg_status rmsprop_step_range(fg_optimizer *o, int64_t begin, int64_t end,
+                                                void *param, const void *grad, void *const *state,
+                                                int64_t t) {
     (void)t;
     const fg_rmsprop_opts *ro = &o->o.rmsprop;
     size_t es = fg_dtype_size(o->dt), ss = fg_dtype_size(o->sdt);

@@ -5,8 +5,9 @@
 
 #include "optim_impl.h"
 
-static FG_MUST_USE fg_status sgd_step_range(fg_optimizer *o, int64_t begin, int64_t end, void *param,
-                                const void *grad, void *const *state, int64_t t) {
+static FG_MUST_USE fg_status sgd_step_range(fg_optimizer *o, int64_t begin, int64_t end,
+                                            void *param, const void *grad, void *const *state,
+                                            int64_t t) {
     const fg_sgd_opts *so = &o->o.sgd;
     size_t es = fg_dtype_size(o->dt);
     for (int64_t k = 0; k < o->nseg; k++) {

@@ -137,8 +137,8 @@ fg_status fg__decent_backward(fg__bagua_state *st, fg_tensor *loss) {
 /* Sends rec (bytes) to `to` and receives into in from `from`; even ranks
  * send first, odd ones receive first, so that blocking sends of large
  * messages cannot all wait on each other around the ring. */
-static FG_MUST_USE fg_status ring_pass(fg_comm *c, const uint8_t *rec, uint8_t *in, int64_t bytes, int to,
-                           int from) {
+static FG_MUST_USE fg_status ring_pass(fg_comm *c, const uint8_t *rec, uint8_t *in, int64_t bytes,
+                                       int to, int from) {
     if (fg_comm_rank(c) % 2 == 0) {
         FG_TRY(fg_comm_send(c, rec, bytes, FG_U8, to));
         return fg_comm_recv(c, in, bytes, FG_U8, from);

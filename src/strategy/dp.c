@@ -61,7 +61,8 @@ void fg__dp_free(fg_strategy *s) {
 
 static void *worker(void *arg) {
     job *j = arg;
-    fg_set_num_threads(1);
+    /* 1 is valid, and FULGUR_ADAPT_THREADS was read by the setting before */
+    fg__status_drop(fg_set_num_threads(1));
     fg_tensor *flat = fg_module_flat_grads(j->s->model), *mine = j->s->dp->grads[j->r];
     fg_dev *dev = j->s->dp->dev;
     /* replica 0 is the caller, whose step device is the model's already */
@@ -130,7 +131,7 @@ fg_status fg__dp_step(fg_strategy *s, fg_batch *b, fg_strategy_step_fn fn, void 
         if (pthread_create(&th[r], NULL, worker, &jobs[r]) != 0) break;
     worker(&jobs[0]); /* the caller is replica 0 */
     for (int r = 1; r <= started; r++) pthread_join(th[r], NULL);
-    fg_set_num_threads(prev_threads);
+    fg__status_drop(fg_set_num_threads(prev_threads)); /* the setting before: valid */
     if (started != n - 1) return fg_error(FG_EIO, "dp: could not start %d worker threads", n - 1);
     double total = 0;
     for (int r = 0; r < n; r++) {

@@ -10,16 +10,16 @@
 
 /* ------------------------------------------------------------- setups */
 
-static FG_MUST_USE fg_status setup_dp(fg_strategy *s, const fg_ddp_opts *ddp, const fg_sharded_opts *sh,
-                          int dp_threads) {
+static FG_MUST_USE fg_status setup_dp(fg_strategy *s, const fg_ddp_opts *ddp,
+                                      const fg_sharded_opts *sh, int dp_threads) {
     (void)ddp;
     (void)sh;
     FG_TRY(fg__dp_setup(s, dp_threads > 0 ? dp_threads : 2));
     return s->kind == FG_STRATEGY_DDP2 ? fg__ddp2_setup(s) : FG_OK;
 }
 
-static FG_MUST_USE fg_status setup_ddp(fg_strategy *s, const fg_ddp_opts *o, const fg_sharded_opts *sh,
-                           int dp_threads) {
+static FG_MUST_USE fg_status setup_ddp(fg_strategy *s, const fg_ddp_opts *o,
+                                       const fg_sharded_opts *sh, int dp_threads) {
     (void)sh;
     (void)dp_threads;
     FG_TRY(fg__strategy_broadcast_params(s));
@@ -32,36 +32,36 @@ static FG_MUST_USE fg_status setup_ddp(fg_strategy *s, const fg_ddp_opts *o, con
     return fg__ddp_hooks_attach(s);
 }
 
-static FG_MUST_USE fg_status setup_zero(fg_strategy *s, const fg_ddp_opts *ddp, const fg_sharded_opts *sh,
-                            int dp_threads) {
+static FG_MUST_USE fg_status setup_zero(fg_strategy *s, const fg_ddp_opts *ddp,
+                                        const fg_sharded_opts *sh, int dp_threads) {
     (void)ddp;
     (void)dp_threads;
     return fg__zero_setup(s, sh);
 }
 
-static FG_MUST_USE fg_status setup_bagua(fg_strategy *s, const fg_ddp_opts *ddp, const fg_sharded_opts *sh,
-                             int dp_threads) {
+static FG_MUST_USE fg_status setup_bagua(fg_strategy *s, const fg_ddp_opts *ddp,
+                                         const fg_sharded_opts *sh, int dp_threads) {
     (void)sh;
     (void)dp_threads;
     return fg__bagua_setup(s, ddp);
 }
 
-static FG_MUST_USE fg_status setup_horovod(fg_strategy *s, const fg_ddp_opts *ddp, const fg_sharded_opts *sh,
-                               int dp_threads) {
+static FG_MUST_USE fg_status setup_horovod(fg_strategy *s, const fg_ddp_opts *ddp,
+                                           const fg_sharded_opts *sh, int dp_threads) {
     (void)sh;
     (void)dp_threads;
     return fg__horovod_setup(s, ddp);
 }
 
-static FG_MUST_USE fg_status setup_hivemind(fg_strategy *s, const fg_ddp_opts *ddp, const fg_sharded_opts *sh,
-                                int dp_threads) {
+static FG_MUST_USE fg_status setup_hivemind(fg_strategy *s, const fg_ddp_opts *ddp,
+                                            const fg_sharded_opts *sh, int dp_threads) {
     (void)sh;
     (void)dp_threads;
     return fg__hivemind_setup(s, ddp);
 }
 
-static FG_MUST_USE fg_status setup_det(fg_strategy *s, const fg_ddp_opts *ddp, const fg_sharded_opts *sh,
-                           int dp_threads) {
+static FG_MUST_USE fg_status setup_det(fg_strategy *s, const fg_ddp_opts *ddp,
+                                       const fg_sharded_opts *sh, int dp_threads) {
     (void)ddp;
     (void)sh;
     (void)dp_threads;
@@ -93,7 +93,8 @@ static FG_MUST_USE fg_status backward_det(fg_strategy *s, fg_tensor *loss) {
 /* -------------------------------------------------------- other entries */
 
 static FG_MUST_USE fg_status step_dp(fg_strategy *s, fg_batch *b, fg_strategy_step_fn fn, void *ud,
-                         double *part_losses, int max_parts, int *nparts, double *loss) {
+                                     double *part_losses, int max_parts, int *nparts,
+                                     double *loss) {
     FG_TRY(fg__dp_step(s, b, fn, ud, part_losses, max_parts, nparts, loss));
     return fg__ddp2_sync(s);
 }

@@ -149,20 +149,20 @@ static void orthogonalize(float *a, int64_t len, int64_t cols, double eps) {
  * contiguous for orthogonalize. */
 
 /* Pt (r, n) = Qt (r, m) M^T: P = M Q */
-static FG_MUST_USE fg_status mul_mq(const float *M, const float *Qt, float *Pt, int64_t n, int64_t m,
-                        int64_t r) {
+static FG_MUST_USE fg_status mul_mq(const float *M, const float *Qt, float *Pt, int64_t n,
+                                    int64_t m, int64_t r) {
     return fg__ops_sgemm_serial(false, true, r, n, m, Qt, m, M, m, 0.0f, Pt, n);
 }
 
 /* Qt (r, m) = Pt (r, n) M: Q = M^T P */
-static FG_MUST_USE fg_status mul_mtp(const float *M, const float *Pt, float *Qt, int64_t n, int64_t m,
-                         int64_t r) {
+static FG_MUST_USE fg_status mul_mtp(const float *M, const float *Pt, float *Qt, int64_t n,
+                                     int64_t m, int64_t r) {
     return fg__ops_sgemm_serial(false, false, r, m, n, Pt, n, M, m, 0.0f, Qt, m);
 }
 
 /* M (n, m) = Pt^T Qt: M = P Q^T */
-static FG_MUST_USE fg_status mul_pqt(const float *Pt, const float *Qt, float *M, int64_t n, int64_t m,
-                         int64_t r) {
+static FG_MUST_USE fg_status mul_pqt(const float *Pt, const float *Qt, float *M, int64_t n,
+                                     int64_t m, int64_t r) {
     return fg__ops_sgemm_serial(true, false, n, m, r, Pt, n, Qt, m, 0.0f, M, m);
 }
 

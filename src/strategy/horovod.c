@@ -70,8 +70,8 @@ static int order(const fg__horovod_state *h, int k) { return h->n - 1 - k; }
 
 /* n elements at src (dtype sdt) into dst (ddt): on the host, or with the
  * device's kernel on dev. */
-static FG_MUST_USE fg_status convert(fg_dev *dev, void *dst, fg_dtype ddt, const void *src, fg_dtype sdt,
-                         int64_t n) {
+static FG_MUST_USE fg_status convert(fg_dev *dev, void *dst, fg_dtype ddt, const void *src,
+                                     fg_dtype sdt, int64_t n) {
     if (!dev) return fg_convert(dst, ddt, src, sdt, n);
     fg_tensor *d = fg_tensor_wrap_on(dev, dst, ddt, 1, &n);
     fg_tensor *s = d ? fg_tensor_wrap_on(dev, (void *)src, sdt, 1, &n) : NULL;

@@ -25,8 +25,8 @@ static bool alone(fg_comm *c) { return fg_comm_size(c) == 1; }
 typedef FG_MUST_USE fg_status (*chunk_fn)(fg_comm *c, void *host, int64_t n, fg_dtype dt,
                                           const void *arg);
 
-static FG_MUST_USE fg_status staged(fg_comm *c, fg_dev *dev, void *p, int64_t n, fg_dtype dt, chunk_fn fn,
-                        const void *arg, bool copy_out, bool copy_in) {
+static FG_MUST_USE fg_status staged(fg_comm *c, fg_dev *dev, void *p, int64_t n, fg_dtype dt,
+                                    chunk_fn fn, const void *arg, bool copy_out, bool copy_in) {
     size_t es = fg_dtype_size(dt);
     int64_t per = (int64_t)(STAGE_BYTES / es);
     void *stage = fg_dev_host_alloc(dev, (size_t)FG_MIN(n, per) * es);
@@ -46,11 +46,13 @@ static FG_MUST_USE fg_status staged(fg_comm *c, fg_dev *dev, void *p, int64_t n,
     return st;
 }
 
-static FG_MUST_USE fg_status do_allreduce(fg_comm *c, void *host, int64_t n, fg_dtype dt, const void *arg) {
+static FG_MUST_USE fg_status do_allreduce(fg_comm *c, void *host, int64_t n, fg_dtype dt,
+                                          const void *arg) {
     return fg_comm_allreduce(c, host, host, n, dt, *(const fg_reduce_op *)arg);
 }
 
-static FG_MUST_USE fg_status do_broadcast(fg_comm *c, void *host, int64_t n, fg_dtype dt, const void *arg) {
+static FG_MUST_USE fg_status do_broadcast(fg_comm *c, void *host, int64_t n, fg_dtype dt,
+                                          const void *arg) {
     return fg_comm_broadcast(c, host, host, n, dt, *(const int *)arg);
 }
 
@@ -59,16 +61,19 @@ struct reduce_arg {
     int root;
 };
 
-static FG_MUST_USE fg_status do_reduce(fg_comm *c, void *host, int64_t n, fg_dtype dt, const void *arg) {
+static FG_MUST_USE fg_status do_reduce(fg_comm *c, void *host, int64_t n, fg_dtype dt,
+                                       const void *arg) {
     const struct reduce_arg *a = arg;
     return fg_comm_reduce(c, host, host, n, dt, a->op, a->root);
 }
 
-static FG_MUST_USE fg_status do_send(fg_comm *c, void *host, int64_t n, fg_dtype dt, const void *arg) {
+static FG_MUST_USE fg_status do_send(fg_comm *c, void *host, int64_t n, fg_dtype dt,
+                                     const void *arg) {
     return fg_comm_send(c, host, n, dt, *(const int *)arg);
 }
 
-static FG_MUST_USE fg_status do_recv(fg_comm *c, void *host, int64_t n, fg_dtype dt, const void *arg) {
+static FG_MUST_USE fg_status do_recv(fg_comm *c, void *host, int64_t n, fg_dtype dt,
+                                     const void *arg) {
     return fg_comm_recv(c, host, n, dt, *(const int *)arg);
 }
 

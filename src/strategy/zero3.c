@@ -431,7 +431,8 @@ static void collect_units(fg_module *m, const fg_sharded_opts *o, fg_module **ou
     for (int i = 0; i < m->nchild; i++) collect_units(m->child[i], o, out, n);
 }
 
-static FG_MUST_USE fg_status make_units(fg__zero3_state *z, fg_module *root, const fg_sharded_opts *o) {
+static FG_MUST_USE fg_status make_units(fg__zero3_state *z, fg_module *root,
+                                        const fg_sharded_opts *o) {
     int n = 0;
     collect_units(root, o, NULL, &n);
     z->nunits = n + 1;

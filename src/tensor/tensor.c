@@ -374,7 +374,7 @@ static double load_at(const fg_tensor *t, int64_t off) {
         if (fg_dev_copy_d2h(t->dev, &staged, p, fg_dtype_size(t->dtype)) != FG_OK) return NAN;
         p = (const char *)&staged;
     }
-    fg_convert(&v, FG_F64, p, t->dtype, 1);
+    fg__status_drop(fg_convert(&v, FG_F64, p, t->dtype, 1)); /* a float or integer dtype */
     return v;
 }
 

@@ -375,8 +375,8 @@ static int64_t meta_i64(const fg_state_dict *sd, const char *key, int64_t def) {
 
 /* The trainer's keys of a checkpoint: an integer in [lo, hi] (digits, a
  * leading '-' only where lo < 0), or absent (*out untouched). */
-static FG_MUST_USE fg_status trainer_int(const fg_st_file *file, const char *path, const char *key, int64_t lo,
-                             int64_t hi, int64_t *out) {
+static FG_MUST_USE fg_status trainer_int(const fg_st_file *file, const char *path, const char *key,
+                                         int64_t lo, int64_t hi, int64_t *out) {
     const char *v = fg_st_meta_get(file, key);
     if (!v) return FG_OK;
     const char *p = v + (v[0] == '-' && lo < 0);

@@ -63,7 +63,8 @@ static const char *csv_log_dir(void *ud, const char *default_root_dir) {
 
 static const char *csv_version(void *ud) { return ((csv_logger *)ud)->f.vnum; }
 
-static FG_MUST_USE fg_status csv_log_metrics(void *ud, const fg_metric *m, int64_t n, int64_t step) {
+static FG_MUST_USE fg_status csv_log_metrics(void *ud, const fg_metric *m, int64_t n,
+                                             int64_t step) {
     csv_logger *c = ud;
     if (c->nrows == c->caprows) {
         int64_t cap = c->caprows ? 2 * c->caprows : 64;

@@ -26,8 +26,8 @@ static const eval_kind k_predict = {FG_STAGE_PREDICT,    "predict_step",    "pre
                                     FG__H_PREDICT_START, FG__H_PREDICT_END, FG__H_COUNT,
                                     FG__H_COUNT,         FG__B_PREDICT_END};
 
-static FG_MUST_USE fg_status call_step(fg_trainer *t, fg_batch_hook_fn fn, const char *name, fg__fx_kind fx,
-                           fg_batch *b, int64_t i) {
+static FG_MUST_USE fg_status call_step(fg_trainer *t, fg_batch_hook_fn fn, const char *name,
+                                       fg__fx_kind fx, fg_batch *b, int64_t i) {
     if (!fn) return FG_OK;
     fg__fx_save prev = fg__fx_set(t, fx, name);
     fg_status s = fn(t->m.ud, t, b, i);
@@ -38,7 +38,8 @@ static FG_MUST_USE fg_status call_step(fg_trainer *t, fg_batch_hook_fn fn, const
 
 /* One run over the evaluation loaders, counts[i] batches of loader i (in
  * turn, Lightning's dataloader_idx), the epoch hooks once around them. */
-static FG_MUST_USE fg_status run(fg_trainer *t, const eval_kind *k, const int64_t *counts, bool sanity) {
+static FG_MUST_USE fg_status run(fg_trainer *t, const eval_kind *k, const int64_t *counts,
+                                 bool sanity) {
     bool predict = k->stage == FG_STAGE_PREDICT;
     fg_batch_hook_fn step = k->stage == FG_STAGE_VALIDATE ? t->m.validation_step
                             : k->stage == FG_STAGE_TEST   ? t->m.test_step

@@ -40,7 +40,8 @@ static FG_MUST_USE fg_status on_train_start(void *ud, fg_trainer *t) {
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status on_train_batch_start(void *ud, fg_trainer *t, fg_batch *b, int64_t idx) {
+static FG_MUST_USE fg_status on_train_batch_start(void *ud, fg_trainer *t, fg_batch *b,
+                                                  int64_t idx) {
     (void)b;
     lrm_cb *c = ud;
     if (!per_step(c, t) || idx % t->accumulate != 0 || !fg__should_update_logs(t)) return FG_OK;

@@ -53,7 +53,8 @@ static ckpt_cb *of(const fg_callback *cb) {
 /* ----------------------------------------------------------------- names */
 
 /* One "{name[:spec]}" group: a Python format spec turned into printf's. */
-static FG_MUST_USE fg_status format_value(const char *spec, double v, bool is_int, char *out, size_t cap) {
+static FG_MUST_USE fg_status format_value(const char *spec, double v, bool is_int, char *out,
+                                          size_t cap) {
     if (!spec || !spec[0]) {
         if (is_int) snprintf(out, cap, "%lld", (long long)v);
         else fg__fmt_float(out, cap, v);
@@ -123,8 +124,8 @@ static bool candidate(const fg_trainer *t, const char *name, double *v, bool *is
 /* Lightning's format_checkpoint_name: the template with each group filled
  * in ("name=" first with auto_insert), "-v<ver>" when ver > 0. t may be NULL
  * (checking a template: every value 0). */
-static FG_MUST_USE fg_status format_name(const ckpt_cb *c, const fg_trainer *t, const char *tmpl, int64_t ver,
-                             char *out, size_t cap) {
+static FG_MUST_USE fg_status format_name(const ckpt_cb *c, const fg_trainer *t, const char *tmpl,
+                                         int64_t ver, char *out, size_t cap) {
     size_t k = 0;
     for (const char *p = tmpl; *p;) {
         if (*p != '{') {
@@ -175,8 +176,8 @@ static bool file_exists(const char *path) {
 
 /* dirpath/<name>.safetensors, versioned past existing files (except
  * `allowed`, a file about to be replaced); rank 0's choice, on every rank. */
-static FG_MUST_USE fg_status pick_path(ckpt_cb *c, fg_trainer *t, const char *tmpl, const char *allowed,
-                           char *out, size_t cap) {
+static FG_MUST_USE fg_status pick_path(ckpt_cb *c, fg_trainer *t, const char *tmpl,
+                                       const char *allowed, char *out, size_t cap) {
     char buf[4096] = "";
     if (fg_trainer_is_global_zero(t)) {
         for (int64_t ver = 0;; ver++) {

@@ -130,8 +130,8 @@ static const char *const fx_names[] = {"mean", "sum", "max", "min"};
 
 /* fg_trainer_log, and fg_trainer_log_metric with `metric` (whose forward
  * value `value` is, when on_step) */
-static FG_MUST_USE fg_status log_value(fg_trainer *t, const char *name, double value, const fg_log_opts *opts,
-                           fg_tmetric *metric) {
+static FG_MUST_USE fg_status log_value(fg_trainer *t, const char *name, double value,
+                                       const fg_log_opts *opts, fg_tmetric *metric) {
     fg_log_opts o = opts ? *opts : (fg_log_opts){0};
     if (metric) { /* a metric reduces itself */
         o.reduce_fx = FG_REDUCE_FX_MEAN;
@@ -284,7 +284,7 @@ static void forked(const fg__result *e, bool step, char *buf, size_t cap) {
 }
 
 static FG_MUST_USE fg_status publish(fg_trainer *t, const fg__result *e, double v, bool step,
-                         fg__metric_map *row) {
+                                     fg__metric_map *row) {
     char fk[512];
     forked(e, step, fk, sizeof fk);
     /* callback metrics: in training both names, in evaluation only epoch values */
@@ -320,7 +320,8 @@ fg_status fg__results_batch_end(fg_trainer *t, fg__results *r, fg__metric_map *r
 
 /* Reduces the pending epoch values over ranks: one check that every rank
  * reduces as many values of each kind, then one all-reduce per kind. */
-static FG_MUST_USE fg_status sync_epoch(fg_trainer *t, fg__results *r, const int64_t *idx, int64_t n) {
+static FG_MUST_USE fg_status sync_epoch(fg_trainer *t, fg__results *r, const int64_t *idx,
+                                        int64_t n) {
     int64_t cnt[3] = {0, 0, 0}; /* sum slots, max, min */
     for (int64_t k = 0; k < n; k++) {
         const fg__result *e = &r->r[idx[k]];

@@ -100,7 +100,8 @@ static int cmp_kv(const void *a, const void *b) {
     return strcmp(((const fg_kv *)a)->key, ((const fg_kv *)b)->key);
 }
 
-static FG_MUST_USE fg_status hparams_yaml_write(const char *dir, fg_kv *hp, int64_t n, const char *who) {
+static FG_MUST_USE fg_status hparams_yaml_write(const char *dir, fg_kv *hp, int64_t n,
+                                                const char *who) {
     char path[4200];
     snprintf(path, sizeof path, "%s/hparams.yaml", dir);
     FILE *fp = fopen(path, "wb");
@@ -121,7 +122,8 @@ static FG_MUST_USE fg_status hparams_yaml_write(const char *dir, fg_kv *hp, int6
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status hparams_merge(fg_kv **into, int64_t *ninto, const fg_kv *hp, int64_t n) {
+static FG_MUST_USE fg_status hparams_merge(fg_kv **into, int64_t *ninto, const fg_kv *hp,
+                                           int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         if (!hp[i].key || !hp[i].value)
             return fg_error(FG_EINVAL, "hparams[%lld]: NULL key or value", (long long)i);

@@ -706,11 +706,11 @@ static int run_rank(fg_fabric *f, void *arg) {
 
 static FG_MUST_USE fg_status entry_run(fg_trainer *t, entry *e);
 static FG_MUST_USE fg_status entry_dm(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_module *m,
-                          fg_dataloader *a, fg_dataloader *b, const char *ckpt,
-                          const fg_datamodule *dm);
-static FG_MUST_USE fg_status entry_list(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_module *m,
-                            fg_dataloader *train, fg_dataloader *const *dls, int n,
-                            const char *ckpt) {
+                                      fg_dataloader *a, fg_dataloader *b, const char *ckpt,
+                                      const fg_datamodule *dm);
+static FG_MUST_USE fg_status entry_list(fg_trainer *t, fg_trainer_fn fn,
+                                        const fg_lightning_module *m, fg_dataloader *train,
+                                        fg_dataloader *const *dls, int n, const char *ckpt) {
     if (!t || !m) return fg_error(FG_EINVAL, "%s: NULL trainer or module", fn_name(fn));
     if (!dls || n < 1 || n > FG_MAX_EVAL_LOADERS)
         return fg_error(FG_EINVAL, "%s: %d evaluation loaders: give 1 to %d", fn_name(fn), n,
@@ -720,14 +720,15 @@ static FG_MUST_USE fg_status entry_list(fg_trainer *t, fg_trainer_fn fn, const f
     entry e = {.t = t, .fn = fn, .m = *m, .a = train, .ckpt = ckpt, .list = dls, .nlist = n};
     return entry_run(t, &e);
 }
-static FG_MUST_USE fg_status entry_point(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_module *m,
-                             fg_dataloader *a, fg_dataloader *b, const char *ckpt) {
+static FG_MUST_USE fg_status entry_point(fg_trainer *t, fg_trainer_fn fn,
+                                         const fg_lightning_module *m, fg_dataloader *a,
+                                         fg_dataloader *b, const char *ckpt) {
     return entry_dm(t, fn, m, a, b, ckpt, NULL);
 }
 
-static FG_MUST_USE fg_status entry_list(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_module *m,
-                            fg_dataloader *train, fg_dataloader *const *dls, int n,
-                            const char *ckpt);
+static FG_MUST_USE fg_status entry_list(fg_trainer *t, fg_trainer_fn fn,
+                                        const fg_lightning_module *m, fg_dataloader *train,
+                                        fg_dataloader *const *dls, int n, const char *ckpt);
 
 fg_status fg_trainer_fit_loaders(fg_trainer *t, const fg_lightning_module *m, fg_dataloader *train,
                                  fg_dataloader *const *vals, int nvals, const char *ckpt_path) {
@@ -761,8 +762,8 @@ fg_status fg_trainer_predict_datamodule(fg_trainer *t, const fg_lightning_module
 }
 
 static FG_MUST_USE fg_status entry_dm(fg_trainer *t, fg_trainer_fn fn, const fg_lightning_module *m,
-                          fg_dataloader *a, fg_dataloader *b, const char *ckpt,
-                          const fg_datamodule *dm) {
+                                      fg_dataloader *a, fg_dataloader *b, const char *ckpt,
+                                      const fg_datamodule *dm) {
     if (!t || !m) return fg_error(FG_EINVAL, "%s: NULL trainer or module", fn_name(fn));
     entry e = {.t = t, .fn = fn, .m = *m, .a = a, .b = b, .ckpt = ckpt, .has_dm = dm != NULL};
     if (dm) e.dm = *dm;

@@ -174,8 +174,8 @@ TEST(transpose_copies_in_logical_order_any_dtype) {
         fg_tensor *x = fg_empty(dts[k], 3, s);
         for (int64_t i = 0; i < fg_tensor_numel(x); i++) {
             double v = (double)(i % 251);
-            fg_convert((char *)fg_tensor_data(x) + i * (int64_t)fg_dtype_size(dts[k]), dts[k], &v,
-                       FG_F64, 1);
+            CHECK_OK(fg_convert((char *)fg_tensor_data(x) + i * (int64_t)fg_dtype_size(dts[k]),
+                                dts[k], &v, FG_F64, 1));
         }
         for (int d0 = 0; d0 < 3; d0++)
             for (int d1 = 0; d1 < 3; d1++) {

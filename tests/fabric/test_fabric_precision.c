@@ -47,7 +47,7 @@ static int bf16_run(fg_fabric *f, void *arg) {
     CHECK(fg_autocast_dtype() == FG_BF16); /* as Lightning's wrapped forward */
     CHECK(fg_fabric_dtype(f) == FG_F32 && fg_fabric_precision(f) == FG_PRECISION_BF16_MIXED);
     CHECK(fg_fabric_scaler(f) == NULL);
-    fg_autocast_set(FG_DTYPE_DEFAULT, NULL);
+    CHECK_OK(fg_autocast_set(FG_DTYPE_DEFAULT, NULL));
     fg_dtype prev = fg_fabric_autocast_begin(f);
     CHECK(prev == FG_DTYPE_DEFAULT && fg_autocast_dtype() == FG_BF16);
     fg_tensor *loss = loss_at(m, 0);

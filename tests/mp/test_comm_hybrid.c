@@ -211,7 +211,7 @@ static int pipe_rank(int rank, int n, void *arg) {
             fg_dtype hd = dt ? FG_F16 : FG_BF16;
             fg_reduce_op op = dt ? FG_REDUCE_OP_AVG : FG_REDUCE_OP_SUM;
             for (int64_t i = 0; i < m; i++) x[i] = rank_value(rank, i) * 3.0f;
-            fg_convert(h, hd, x, FG_F32, m);
+            CHECK_OK(fg_convert(h, hd, x, FG_F32, m));
             memcpy(k, h, 2 * (size_t)m);
             CHECK_OK(fg_comm_allreduce(cp, h, h, m, hd, op));
             CHECK_OK(fg_comm_allreduce(c0, k, k, m, hd, op));

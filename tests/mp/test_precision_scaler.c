@@ -27,7 +27,7 @@ static int rank_main(int rank, int n, void *p) {
     const arg *a = p;
     fg_comm *c = mp_join_shm(rank, n, a->job, 60);
     if (!c) return 1;
-    fg_set_num_threads(1);
+    CHECK_OK(fg_set_num_threads(1));
     fg_set_log(capture, NULL, FG_LOG_WARN);
     fg_module *m = fg_mlp_new(&(fg_mlp_config){.sizes = {3, 4, 2}, .seed = 9});
     fg_optimizer *opt = fg_sgd_new(m, &(fg_sgd_opts){.lr = 0.25});

@@ -43,7 +43,7 @@ static fg_ddp_opts opts(const char *initial) {
 static int peer_main(int rank, int n, void *arg) {
     (void)n;
     shared *sh = arg;
-    fg_set_num_threads(1);
+    CHECK_OK(fg_set_num_threads(1));
     if (getenv("FG_TEST_HIVEMIND_LOG")) fg_set_log(fg_log_file, stderr, FG_LOG_INFO);
     if (rank > 0)
         for (int i = 0; i < 60000 && !__atomic_load_n(&sh->have_addr, __ATOMIC_ACQUIRE); i++)

@@ -76,7 +76,7 @@ static void *train(void *arg) {
     r->hook.m = r->m;
     fg_set_grad_ready_hook(on_ready, &r->hook);
     fg_dtype prev = FG_DTYPE_DEFAULT;
-    if (r->autocast) fg_autocast_set(FG_BF16, &prev);
+    if (r->autocast) CHECK_OK(fg_autocast_set(FG_BF16, &prev));
     for (int s = 0; s < r->steps; s++) {
         fg_tensor *x = ids(4, 32, 100 + (uint64_t)s), *y = ids(4, 32, 200 + (uint64_t)s);
         fg_tensor *logits = fg_module_forward(r->m, x);
@@ -88,7 +88,7 @@ static void *train(void *arg) {
         if (fg_backward(loss)) return NULL;
         fg_step_reset();
     }
-    if (r->autocast) fg_autocast_set(prev, NULL);
+    if (r->autocast) CHECK_OK(fg_autocast_set(prev, NULL));
     fg_set_grad_ready_hook(NULL, NULL);
     r->peak = fg_step_peak_bytes();
     fg_step_thread_release();

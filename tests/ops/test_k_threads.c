@@ -151,5 +151,5 @@ TEST(threaded_kernels_give_one_threads_bits) {
         fg_step_reset();
     }
     unsetenv("FULGUR_CONV");
-    fg_set_num_threads(1);
+    CHECK_OK(fg_set_num_threads(1));
 }

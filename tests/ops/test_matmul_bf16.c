@@ -29,8 +29,8 @@ static bf_operand make(int nd, const int64_t *shape, uint64_t seed) {
     o.exact = malloc(sizeof(float) * (size_t)(n + 1));
     o.rounded = malloc(sizeof(float) * (size_t)(n + 1));
     fg_rng_fill_normal(seed, 0, o.exact, n, 0.0f, 1.0f);
-    fg_convert(fg_tensor_data(o.t), FG_BF16, o.exact, FG_F32, n);
-    fg_convert(o.rounded, FG_F32, fg_tensor_data(o.t), FG_BF16, n);
+    CHECK_OK(fg_convert(fg_tensor_data(o.t), FG_BF16, o.exact, FG_F32, n));
+    CHECK_OK(fg_convert(o.rounded, FG_F32, fg_tensor_data(o.t), FG_BF16, n));
     return o;
 }
 
@@ -59,8 +59,8 @@ static void check_bf16(int bd, const int64_t *bdims, int64_t M, int64_t K, int64
     for (int d = 0; d < bd; d++) batch *= bdims[d];
     float *c0 = malloc(sizeof(float) * (size_t)(nc + 1));
     fg_rng_fill_normal(seed + 2, 0, c0, nc, 0.0f, 1.0f);
-    fg_convert(fg_tensor_data(c), cdt, c0, FG_F32, nc);
-    fg_convert(c0, FG_F32, fg_tensor_data(c), cdt, nc); /* what c really holds */
+    CHECK_OK(fg_convert(fg_tensor_data(c), cdt, c0, FG_F32, nc));
+    CHECK_OK(fg_convert(c0, FG_F32, fg_tensor_data(c), cdt, nc)); /* what c really holds */
     fg_status st = fg__cpu_matmul_bf16(a.t, ta, b.t, tb, c, alpha, beta);
     CHECK_MSG(st == FG_OK, "%s path: %s", g_path_label, fg_last_error());
     if (st == FG_OK) {
@@ -256,7 +256,7 @@ TEST(matmul_bf16_paths_agree) {
             c[p] = fg_empty(cases[i].cdt, 3, sc);
             float *c0 = malloc(sizeof(float) * (size_t)(B * M * N));
             fg_rng_fill_normal(500 + i, 0, c0, B * M * N, 0.0f, 1.0f);
-            fg_convert(fg_tensor_data(c[p]), cases[i].cdt, c0, FG_F32, B * M * N);
+            CHECK_OK(fg_convert(fg_tensor_data(c[p]), cases[i].cdt, c0, FG_F32, B * M * N));
             free(c0);
             CHECK_OK(fg__matmul_bf16_set_mode(p ? "fallback" : "onednn"));
             CHECK_OK(fg__cpu_matmul_bf16(a.t, ta, b.t, tb, c[p], cases[i].alpha, cases[i].beta));

@@ -527,11 +527,11 @@ TEST(clipping) {
         naive += (double)pg[i] * pg[i];
     }
     double s1, s2;
-    fg_set_num_threads(1);
+    CHECK_OK(fg_set_num_threads(1));
     CHECK_OK(fg_grad_sumsq(big, &s1));
-    fg_set_num_threads(2);
+    CHECK_OK(fg_set_num_threads(2));
     CHECK_OK(fg_grad_sumsq(big, &s2));
-    fg_set_num_threads(0);
+    CHECK_OK(fg_set_num_threads(0));
     CHECK(s1 == s2);
     CHECK_CLOSE(s1, naive, 1e-12, 0);
     fg_module_free(big);

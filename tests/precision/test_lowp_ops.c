@@ -126,7 +126,7 @@ static fg_tensor *leaf(fg_dtype dt, int nd, const int64_t *shape, uint64_t seed,
     fg_rng_fill_normal(seed, 0, pf, fg_tensor_numel(f), 0, (float)sd);
     for (int64_t i = 0; i < fg_tensor_numel(f); i++) pf[i] = round_to(pf[i], dt);
     fg_tensor *t = fg_tensor_new(dt, nd, shape);
-    fg_convert(fg_tensor_data(t), dt, pf, FG_F32, fg_tensor_numel(f));
+    CHECK_OK(fg_convert(fg_tensor_data(t), dt, pf, FG_F32, fg_tensor_numel(f)));
     fg_tensor_set_requires_grad(t, true);
     fg_tensor_set_requires_grad(f, true);
     if (f32) *f32 = f;

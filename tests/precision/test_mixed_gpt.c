@@ -36,7 +36,7 @@ static double train(fg_precision_kind kind, double *first) {
     fg_optimizer *opt = fg_adamw_new(m, &(fg_adamw_opts){.lr = 3e-3});
     fg_scaler *sc = pol->loss_scaling ? fg_scaler_new(NULL) : NULL;
     fg_dtype prev;
-    fg_autocast_set(pol->master_weights ? pol->compute : FG_DTYPE_DEFAULT, &prev);
+    CHECK_OK(fg_autocast_set(pol->master_weights ? pol->compute : FG_DTYPE_DEFAULT, &prev));
     double tail = 0;
     for (int step = 0; step < STEPS; step++) {
         fg_tensor *x, *y;
@@ -55,7 +55,7 @@ static double train(fg_precision_kind kind, double *first) {
         }
         fg_step_reset();
     }
-    fg_autocast_set(prev, NULL);
+    CHECK_OK(fg_autocast_set(prev, NULL));
     if (sc)
         printf("    16-mixed: %lld steps skipped, scale %g\n",
                (long long)fg_scaler_get_state(sc).skipped, fg_scaler_scale(sc));
@@ -66,7 +66,7 @@ static double train(fg_precision_kind kind, double *first) {
 }
 
 TEST(mixed_lands_near_f32) {
-    fg_set_num_threads(1);
+    CHECK_OK(fg_set_num_threads(1));
     printf("    bf16 products: %s\n", fg_matmul_bf16_path());
     double f0, b0, h0;
     double f32 = train(FG_PRECISION_32_TRUE, &f0);

@@ -233,7 +233,7 @@ static int eq_rank(int rank, int n, void *arg) {
     const eq_hooks *h = c->hooks;
     fg_comm *comm = n > 1 ? mp_join_shm(rank, n, r->job, 60) : NULL;
     if (n > 1 && !comm) return 1;
-    fg_set_num_threads(1);
+    CHECK_OK(fg_set_num_threads(1));
     if (h && h->rank_setup) h->rank_setup(c, rank);
     bool was = fg_module_set_empty_init(c->empty_init);
     fg_module *m = eq_model_new(c);

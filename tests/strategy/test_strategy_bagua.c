@@ -103,7 +103,7 @@ static int bagua_rank(int rank, int world, void *arg) {
     const cfg *c = &sh->c;
     fg_comm *comm = mp_join_shm(rank, world, sh->job, 60);
     if (!comm) return fail(sh, rank, "comm");
-    fg_set_num_threads(1);
+    CHECK_OK(fg_set_num_threads(1));
     fg__bagua_node_size = c->node_size;
     fg_module *m = make_model();
     fg_optimizer *o = c->adamw ? fg_adamw_new(m, &(fg_adamw_opts){.lr = 0.01, .weight_decay = 0.1})

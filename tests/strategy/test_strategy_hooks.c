@@ -109,7 +109,7 @@ static int hook_rank(int rank, int world, void *arg) {
     const cfg *c = &sh->c;
     fg_comm *comm = mp_join_shm(rank, world, sh->job, 60);
     if (!comm) return 1;
-    fg_set_num_threads(c->threads_by_rank ? rank + 1 : 1);
+    CHECK_OK(fg_set_num_threads(c->threads_by_rank ? rank + 1 : 1));
     fg_module *m = make_model(c->model);
     fg_optimizer *o = fg_sgd_new(m, &(fg_sgd_opts){.lr = 0.1});
     fg_ddp_opts d = c->ddp;
@@ -197,7 +197,7 @@ static shared *run(cfg c) {
     sh->c = c;
     /* no OpenMP threads in this process: a rank forked from it with a
      * thread pool would wait forever on its copy of the pool */
-    fg_set_num_threads(1);
+    CHECK_OK(fg_set_num_threads(1));
     fg_module *m = make_model(c.model);
     sh->n = fg_module_numel(m);
     fg_module_free(m);

@@ -92,7 +92,7 @@ static int rank_main(int rank, int world, void *arg) {
     shared *sh = arg;
     fg_comm *comm = mp_join_shm(rank, world, sh->job, 10);
     if (!comm) return 1;
-    fg_set_num_threads(1);
+    CHECK_OK(fg_set_num_threads(1));
     fg_module *m =
         fg_mlp_new(&(fg_mlp_config){.sizes = {12, 600, 600, 5}, .nlayers = 3, .seed = 5});
     fg_optimizer *o = fg_sgd_new(m, &(fg_sgd_opts){.lr = 0.1});

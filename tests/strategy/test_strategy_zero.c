@@ -103,7 +103,7 @@ static int train_rank(int rank, int n, void *arg) {
     const setup *s = &sh->s;
     fg_comm *c = mp_join_shm(rank, n, sh->job, 60);
     if (!c) return 1;
-    fg_set_num_threads(1);
+    CHECK_OK(fg_set_num_threads(1));
     fg_module *m = make_model(s);
     /* other initial weights on ranks 1..: setup must broadcast rank 0's */
     if (rank) CHECK_OK(fg_tensor_fill(fg_module_flat_params(m), 0.25 * rank));

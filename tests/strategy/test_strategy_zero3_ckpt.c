@@ -62,7 +62,7 @@ static int train_rank(int rank, int n, void *arg) {
     const setup *s = &sh->s;
     fg_comm *c = mp_join_shm(rank, n, sh->job, 60);
     if (!c) return 1;
-    fg_set_num_threads(1);
+    CHECK_OK(fg_set_num_threads(1));
     fg_module *m = make_model();
     int nckpt = 0;
     if (s->ckpt && fg_module_set_activation_checkpointing(m, NULL, true, &nckpt) != FG_OK) {

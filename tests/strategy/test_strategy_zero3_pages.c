@@ -95,7 +95,7 @@ static int train_rank(int rank, int n, void *arg) {
     shared *sh = arg;
     fg_comm *c = mp_join_shm(rank, n, sh->job, 60);
     if (!c) return 1;
-    fg_set_num_threads(1);
+    CHECK_OK(fg_set_num_threads(1));
     fg_module *m = make_model();
     fg_optimizer *o = fg_adamw_new(m, &(fg_adamw_opts){.lr = 1e-3, .weight_decay = 0.1});
     fg_strategy *st = fg_strategy_new(sh->kind, c, m, o, NULL, NULL, 0);

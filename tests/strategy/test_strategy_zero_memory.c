@@ -119,7 +119,7 @@ static int state_rank(int rank, int n, void *arg) {
     fg_set_allocator(counting, NULL);
     fg_comm *c = mp_join_shm(rank, n, sh->job, 60);
     if (!c) return 1;
-    fg_set_num_threads(1);
+    CHECK_OK(fg_set_num_threads(1));
     fg_module *m = make_model();
     int64_t before = g_live;
     g_peak = g_live;

@@ -250,7 +250,8 @@ static fg_tensor *training_step(void *ud, fg_trainer *t, fg_batch *b, int64_t i)
 
 /* the losses of the batch's parts (dp: one per thread), scaled by the
  * trainer for accumulation: the batch's mean loss, unscaled */
-static FG_MUST_USE fg_status training_step_end(void *ud, fg_trainer *t, const double *part_losses, int nparts) {
+static FG_MUST_USE fg_status training_step_end(void *ud, fg_trainer *t, const double *part_losses,
+                                               int nparts) {
     fit_module *m = ud;
     double sum = 0;
     for (int i = 0; i < nparts; i++) sum += part_losses[i];
@@ -307,7 +308,8 @@ static FG_MUST_USE fg_status on_before_optimizer_step(void *ud, fg_trainer *t) {
 /* The mean loss of the batch's real samples (distributed padding left
  * out), logged as `name` weighted by their targets' count and averaged over
  * ranks: the token-weighted mean of the whole set. */
-static FG_MUST_USE fg_status eval_loss(fit_module *m, fg_trainer *t, fg_batch *b, const char *name) {
+static FG_MUST_USE fg_status eval_loss(fit_module *m, fg_trainer *t, fg_batch *b,
+                                       const char *name) {
     if (b->valid == 0) return FG_OK;
     fg_tensor *x = b->x, *y = b->y;
     if (b->valid < b->size) {
@@ -452,7 +454,8 @@ static double ds_lr_at(void *ud, int64_t step) {
     return fg_deepspeed_lr_at(&((fit_module *)ud)->o->ds, step);
 }
 
-static FG_MUST_USE fg_status configure_optimizers(void *ud, fg_trainer *t, fg_optimizer_config *out) {
+static FG_MUST_USE fg_status configure_optimizers(void *ud, fg_trainer *t,
+                                                  fg_optimizer_config *out) {
     (void)t;
     fit_module *m = ud;
     const fg_deepspeed_train *ds = &m->o->ds;

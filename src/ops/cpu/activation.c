@@ -32,7 +32,7 @@ static FG_MUST_USE fg_status check_fwd(const char *kernel, const fg_tensor *x, c
 }
 
 static FG_MUST_USE fg_status check_bwd(const char *kernel, const fg_tensor *x, const fg_tensor *dy,
-                           const fg_tensor *dx) {
+                                       const fg_tensor *dx) {
     FG_TRY(check_fwd(kernel, x, dy));
     return check_fwd(kernel, x, dx);
 }

@@ -87,8 +87,8 @@ static void row_exp_f32(float *s, int lds, int n, float l) {
              : (vk)->att_exp_row ? (vk)->att_exp_row : row_exp_f32, double                         \
              : row_exp_f64)
 
-static FG_MUST_USE fg_status check_qkv(const char *kernel, const fg_tensor *qkv, int heads, int64_t *B,
-                           int64_t *nt, int64_t *C) {
+static FG_MUST_USE fg_status check_qkv(const char *kernel, const fg_tensor *qkv, int heads,
+                                       int64_t *B, int64_t *nt, int64_t *C) {
     char s[96];
     FG_TRY(fg__expect_contiguous(kernel, qkv));
     if (qkv->ndim != 3 || qkv->shape[2] % 3 != 0)
@@ -106,8 +106,8 @@ static FG_MUST_USE fg_status check_qkv(const char *kernel, const fg_tensor *qkv,
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status check_like(const char *kernel, const char *what, const fg_tensor *t, fg_dtype dt,
-                            int ndim, const int64_t *shape) {
+static FG_MUST_USE fg_status check_like(const char *kernel, const char *what, const fg_tensor *t,
+                                        fg_dtype dt, int ndim, const int64_t *shape) {
     char s[96];
     bool ok = t->dtype == dt && t->ndim == ndim;
     for (int d = 0; ok && d < ndim; d++) ok = t->shape[d] == shape[d];

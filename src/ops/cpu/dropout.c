@@ -95,7 +95,7 @@ fg_status fg_ops_cpu_philox_xor(uint64_t seed, uint64_t offset, int64_t n, uint3
 
 /* y = x * keep * scale (fwd) or y += x * keep * scale (bwd): x, y (n). */
 static FG_MUST_USE fg_status apply(const char *kernel, const fg_tensor *x, double p, uint64_t seed,
-                       uint64_t offset, fg_tensor *y, bool accumulate) {
+                                   uint64_t offset, fg_tensor *y, bool accumulate) {
     FG_TRY(fg__expect_same_shape(kernel, x, y));
     FG_TRY(fg__expect_contiguous(kernel, x));
     FG_TRY(fg__expect_contiguous(kernel, y));

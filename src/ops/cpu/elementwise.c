@@ -20,7 +20,8 @@ fg_status fg__expect_contiguous(const char *kernel, const fg_tensor *t) {
 }
 
 /* Strides (elements) of `t` seen with y's shape: 0 along broadcast dims. */
-static FG_MUST_USE fg_status broadcast_strides(const fg_tensor *t, const fg_tensor *y, int64_t *st) {
+static FG_MUST_USE fg_status broadcast_strides(const fg_tensor *t, const fg_tensor *y,
+                                               int64_t *st) {
     int off = y->ndim - t->ndim;
     if (off < 0) return fg_error(FG_EINVAL, "broadcast: operand has more dims than the result");
     for (int d = 0; d < y->ndim; d++) {

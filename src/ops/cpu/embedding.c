@@ -18,8 +18,8 @@
 /* Columns one backward task owns. */
 #define EMB_COLS 64
 
-static FG_MUST_USE fg_status check(const char *kernel, const fg_tensor *idx, const fg_tensor *weight,
-                       const fg_tensor *rows) {
+static FG_MUST_USE fg_status check(const char *kernel, const fg_tensor *idx,
+                                   const fg_tensor *weight, const fg_tensor *rows) {
     char a[96], b[96], c[96];
     FG_TRY(fg__expect_contiguous(kernel, idx));
     FG_TRY(fg__expect_contiguous(kernel, weight));

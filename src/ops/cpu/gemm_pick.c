@@ -392,8 +392,8 @@ static int band_of(double macs) {
 
 /* One product on candidate `cand` at T threads (one when the candidate
  * says so); FG_EUNSUPPORTED when oneDNN cannot run it. */
-static FG_MUST_USE fg_status run_cand(int cand, int T, bool ta, bool tb, float beta, int m, int n, int k,
-                          const float *a, const float *b, float *c) {
+static FG_MUST_USE fg_status run_cand(int cand, int T, bool ta, bool tb, float beta, int m, int n,
+                                      int k, const float *a, const float *b, float *c) {
     bool one = (cand & 2) && T > 1;
     if (one) fg__threads_use(1);
     int lda = ta ? m : k, ldb = tb ? k : n;

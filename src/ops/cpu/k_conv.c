@@ -20,7 +20,7 @@ typedef struct geo {
 } geo;
 
 static FG_MUST_USE fg_status check(const char *kernel, const fg_tensor *x, const fg_tensor *w,
-                       const fg_tensor *y, const fg_conv_params *p, geo *g) {
+                                   const fg_tensor *y, const fg_conv_params *p, geo *g) {
     char a[96], b[96], c[96];
     bool ok = x->ndim == 4 && w->ndim == 4 && y->ndim == 4 && x->dtype == w->dtype &&
               y->dtype == x->dtype && p->groups >= 1 && fg_tensor_is_contiguous(x) &&

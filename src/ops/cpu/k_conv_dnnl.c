@@ -270,8 +270,8 @@ static dnnl_status_t make_reorder(dnnl_primitive_t *prim, const dnnl_memory_desc
 }
 
 /* The entry of pd (taken over) and its n arguments, made once. */
-static FG_MUST_USE fg_status entry_new(const char *kernel, const int64_t *key, dnnl_primitive_desc_t pd, int n,
-                           const io *a, centry **out) {
+static FG_MUST_USE fg_status entry_new(const char *kernel, const int64_t *key,
+                                       dnnl_primitive_desc_t pd, int n, const io *a, centry **out) {
     fg_status st = FG_OK;
     centry *e = fg_calloc(1, sizeof *e);
     if (!e) {
@@ -332,7 +332,7 @@ static dnnl_status_t exec2(cstate *c, dnnl_primitive_t prim, const dnnl_memory_d
  * added to the caller's for an accumulating one); an accumulating output
  * in its plain layout is written to its role's buffer and added. */
 static FG_MUST_USE fg_status run(const char *kernel, cstate *c, centry *e, void *const *ptr,
-                     const int64_t *elements, bool take_dst, bool leave_dst) {
+                                 const int64_t *elements, bool take_dst, bool leave_dst) {
     fg_status st = FG_OK;
     dnnl_memory_t mem[NARG + 1] = {NULL};
     dnnl_exec_arg_t args[NARG + 1];

@@ -108,8 +108,8 @@ fg_status fg__cpu_where(const fg_tensor *cond, const fg_tensor *a, const fg_tens
 /* ----------------------------------------------------------- index_select */
 
 /* x (outer, n, inner) and y (outer, k, inner) for idx (k) */
-static FG_MUST_USE fg_status check_select(const char *kernel, const fg_tensor *x, int dim, const fg_tensor *idx,
-                              const fg_tensor *y) {
+static FG_MUST_USE fg_status check_select(const char *kernel, const fg_tensor *x, int dim,
+                                          const fg_tensor *idx, const fg_tensor *y) {
     FG_TRY(check_dim(kernel, x, dim));
     FG_TRY(fg__expect_contiguous(kernel, x));
     FG_TRY(fg__expect_contiguous(kernel, y));
@@ -163,8 +163,8 @@ fg_status fg__cpu_index_add(const fg_tensor *dy, int dim, const fg_tensor *idx, 
 /* ------------------------------------------------------ gather / scatter */
 
 /* idx (and y or src) of x's ndim, each dim but `dim` no larger than x's */
-static FG_MUST_USE fg_status check_gather(const char *kernel, const fg_tensor *x, int dim, const fg_tensor *idx,
-                              const fg_tensor *other) {
+static FG_MUST_USE fg_status check_gather(const char *kernel, const fg_tensor *x, int dim,
+                                          const fg_tensor *idx, const fg_tensor *other) {
     FG_TRY(check_dim(kernel, x, dim));
     FG_TRY(fg__expect_contiguous(kernel, x));
     FG_TRY(fg__expect_contiguous(kernel, other));

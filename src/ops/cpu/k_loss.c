@@ -10,7 +10,8 @@
 
 #include "k_ops.h"
 
-static FG_MUST_USE fg_status check_same(const char *kernel, const fg_tensor *x, const fg_tensor *t) {
+static FG_MUST_USE fg_status check_same(const char *kernel, const fg_tensor *x,
+                                        const fg_tensor *t) {
     FG_TRY(fg__expect_same_shape(kernel, x, t));
     return fg__expect_contiguous(kernel, t);
 }
@@ -110,8 +111,8 @@ fg_status fg__cpu_pointwise_loss_bwd(fg_loss_op op, const fg_tensor *x, const fg
 }
 
 /* logp (M, C), t (M) i32 in range (or ignore), w (C) or NULL */
-static FG_MUST_USE fg_status check_nll(const char *kernel, const fg_tensor *logp, const fg_tensor *t,
-                           const fg_tensor *w, int64_t ignore) {
+static FG_MUST_USE fg_status check_nll(const char *kernel, const fg_tensor *logp,
+                                       const fg_tensor *t, const fg_tensor *w, int64_t ignore) {
     FG_TRY(fg__expect_contiguous(kernel, logp));
     FG_TRY(fg__expect_contiguous(kernel, t));
     char a[96], b[96];

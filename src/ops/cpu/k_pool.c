@@ -9,7 +9,7 @@
 #include "k_ops.h"
 
 static FG_MUST_USE fg_status check(const char *kernel, const fg_tensor *x, const fg_tensor *y,
-                       const fg_pool_params *p) {
+                                   const fg_pool_params *p) {
     char a[96], b[96];
     bool ok = x->ndim == 4 && y->ndim == 4 && x->dtype == y->dtype && x->shape[0] == y->shape[0] &&
               x->shape[1] == y->shape[1] && fg_tensor_is_contiguous(x) &&

@@ -19,8 +19,9 @@
 
 /* c (M, N) = op(a) op(b) + beta c, row-major: the f32 engine of the
  * products' choice (gemm_pick.c), OpenBLAS's dgemm in f64 */
-static FG_MUST_USE fg_status gemm(fg_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *a,
-                      int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc) {
+static FG_MUST_USE fg_status gemm(fg_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                                  const void *a, int64_t lda, const void *b, int64_t ldb,
+                                  double beta, void *c, int64_t ldc) {
     if (M == 0 || N == 0 || K == 0) return FG_OK; /* K = 0: dW_hh over one step, beta 1 */
     enum CBLAS_TRANSPOSE oa = ta ? CblasTrans : CblasNoTrans, ob = tb ? CblasTrans : CblasNoTrans;
     if (dt == FG_F64) {
@@ -60,8 +61,9 @@ static fg__dnnl_fixed *fixed_for(fg_dtype dt, bool tb, int64_t M, int64_t N, int
     return fg__dnnl_fixed_new(tb, M, N, K, b, ldb, &f) == FG_OK ? f : NULL;
 }
 
-static FG_MUST_USE fg_status step_gemm(fg__dnnl_fixed *f, fg_dtype dt, bool tb, int64_t M, int64_t N, int64_t K,
-                           const void *a, const void *b, int64_t ldb, void *c) {
+static FG_MUST_USE fg_status step_gemm(fg__dnnl_fixed *f, fg_dtype dt, bool tb, int64_t M,
+                                       int64_t N, int64_t K, const void *a, const void *b,
+                                       int64_t ldb, void *c) {
     if (f) return fg__dnnl_fixed_run(f, a, c);
     return gemm(dt, false, tb, M, N, K, a, K, b, ldb, 0.0, c, N);
 }

@@ -30,7 +30,8 @@ static FG_MUST_USE fg_status check_op(const char *kernel, fg_unary_op op) {
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status check_pair(const char *kernel, const fg_tensor *x, const fg_tensor *y) {
+static FG_MUST_USE fg_status check_pair(const char *kernel, const fg_tensor *x,
+                                        const fg_tensor *y) {
     FG_TRY(fg__expect_same_shape(kernel, x, y));
     FG_TRY(fg__expect_contiguous(kernel, x));
     return fg__expect_contiguous(kernel, y);

@@ -36,7 +36,7 @@
 #define F32_ROWS(T) (sizeof(T) == sizeof(float) && vk && vk->ln_bwd_row)
 
 static FG_MUST_USE fg_status check_vec(const char *kernel, const char *what, const fg_tensor *v,
-                           const fg_tensor *x, int64_t n) {
+                                       const fg_tensor *x, int64_t n) {
     if (!v) return FG_OK;
     if (v->dtype != x->dtype || v->numel != n) {
         char a[96], b[96];
@@ -47,7 +47,8 @@ static FG_MUST_USE fg_status check_vec(const char *kernel, const char *what, con
     return fg__expect_contiguous(kernel, v);
 }
 
-static FG_MUST_USE fg_status check_x(const char *kernel, const fg_tensor *x, int64_t *N, int64_t *C) {
+static FG_MUST_USE fg_status check_x(const char *kernel, const fg_tensor *x, int64_t *N,
+                                     int64_t *C) {
     FG_TRY(fg__expect_contiguous(kernel, x));
     if (x->ndim != 2) {
         char a[96];

@@ -20,8 +20,8 @@
 #include "cpu_impl.h"
 #include "vmath.h"
 
-static FG_MUST_USE fg_status check(const char *kernel, const fg_tensor *logits, const fg_tensor *targets,
-                       int64_t ignore_index, int64_t *count) {
+static FG_MUST_USE fg_status check(const char *kernel, const fg_tensor *logits,
+                                   const fg_tensor *targets, int64_t ignore_index, int64_t *count) {
     char a[96], b[96];
     FG_TRY(fg__expect_contiguous(kernel, logits));
     FG_TRY(fg__expect_contiguous(kernel, targets));
@@ -61,8 +61,9 @@ static FG_MUST_USE fg_status check_stats(const char *kernel, const fg_tensor *st
 
 /* m[i], s[i] = row i's max and sum of exp(x - max), every row; row[i] (when
  * not NULL) = its loss m + log(s) - x[t], 0 where t is ignore */
-static FG_MUST_USE fg_status row_stats(const char *kernel, const fg_tensor *logits, const int32_t *t,
-                           int64_t ignore_index, double *m, double *s, double *row) {
+static FG_MUST_USE fg_status row_stats(const char *kernel, const fg_tensor *logits,
+                                       const int32_t *t, int64_t ignore_index, double *m, double *s,
+                                       double *row) {
     int64_t N = logits->shape[0], V = logits->shape[1], work = logits->numel;
     const fg__vk *vk;
     FG_TRY(fg__vk_get(&vk));
@@ -100,8 +101,9 @@ for (int64_t i = 0; i < N; i++) {
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status ce_fwd(const char *kernel, const fg_tensor *logits, const fg_tensor *targets,
-                        int64_t ignore_index, fg_tensor *loss, int64_t *count, fg_tensor *stats) {
+static FG_MUST_USE fg_status ce_fwd(const char *kernel, const fg_tensor *logits,
+                                    const fg_tensor *targets, int64_t ignore_index, fg_tensor *loss,
+                                    int64_t *count, fg_tensor *stats) {
     int64_t c;
     FG_TRY(check(kernel, logits, targets, ignore_index, &c));
     if (loss->numel != 1 || loss->dtype != logits->dtype) {
@@ -138,8 +140,8 @@ fg_status fg__cpu_cross_entropy_fwd_stats(const fg_tensor *logits, const fg_tens
 
 /* dx += scale (exp(x - m) / s - onehot(t)) from the rows' m and s */
 static FG_MUST_USE fg_status ce_bwd(const char *kernel, const fg_tensor *logits, const int32_t *t,
-                        int64_t ignore_index, double scale, const double *m, const double *s,
-                        fg_tensor *dlogits) {
+                                    int64_t ignore_index, double scale, const double *m,
+                                    const double *s, fg_tensor *dlogits) {
     int64_t N = logits->shape[0], V = logits->shape[1], work = logits->numel;
     const fg__vk *vk;
     FG_TRY(fg__vk_get(&vk));
@@ -172,8 +174,9 @@ return FG_OK;
 }
 
 /* the backward's arguments: check()'s, and dlogits contiguous, logits' shape */
-static FG_MUST_USE fg_status check_bwd(const char *kernel, const fg_tensor *logits, const fg_tensor *targets,
-                           int64_t ignore_index, const fg_tensor *dlogits) {
+static FG_MUST_USE fg_status check_bwd(const char *kernel, const fg_tensor *logits,
+                                       const fg_tensor *targets, int64_t ignore_index,
+                                       const fg_tensor *dlogits) {
     int64_t c;
     FG_TRY(check(kernel, logits, targets, ignore_index, &c));
     FG_TRY(fg__expect_same_shape(kernel, logits, dlogits));

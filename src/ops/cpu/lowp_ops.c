@@ -184,8 +184,8 @@ static bool pw_ok(int nin, const fg_tensor *const *in, const fg_tensor *out) {
     return true;
 }
 
-static FG_MUST_USE fg_status piecewise(int nin, const fg_tensor *const *in, fg_tensor *out, bool acc, pw_fn f,
-                           const void *ud) {
+static FG_MUST_USE fg_status piecewise(int nin, const fg_tensor *const *in, fg_tensor *out,
+                                       bool acc, pw_fn f, const void *ud) {
     int64_t n = out->numel, np = (n + PIECE - 1) / PIECE;
     fg_status first = FG_OK;
     bool par = np > 8 && fg_get_num_threads() > 1;
@@ -230,43 +230,48 @@ typedef struct pw_ud {
     uint64_t seed, offset;
 } pw_ud;
 
-static FG_MUST_USE fg_status pw_fwd(const void *u, const fg_tensor *const *in, fg_tensor *out, int64_t off) {
+static FG_MUST_USE fg_status pw_fwd(const void *u, const fg_tensor *const *in, fg_tensor *out,
+                                    int64_t off) {
     (void)off;
     return ((const pw_ud *)u)->fwd(in[0], out);
 }
-static FG_MUST_USE fg_status pw_bwd(const void *u, const fg_tensor *const *in, fg_tensor *out, int64_t off) {
+static FG_MUST_USE fg_status pw_bwd(const void *u, const fg_tensor *const *in, fg_tensor *out,
+                                    int64_t off) {
     (void)off;
     return ((const pw_ud *)u)->bwd(in[0], in[1], out);
 }
-static FG_MUST_USE fg_status pw_binary(const void *u, const fg_tensor *const *in, fg_tensor *out, int64_t off) {
+static FG_MUST_USE fg_status pw_binary(const void *u, const fg_tensor *const *in, fg_tensor *out,
+                                       int64_t off) {
     (void)off;
     return fg__cpu_binary(((const pw_ud *)u)->op, in[0], in[1], out);
 }
-static FG_MUST_USE fg_status pw_axpby(const void *u, const fg_tensor *const *in, fg_tensor *out, int64_t off) {
+static FG_MUST_USE fg_status pw_axpby(const void *u, const fg_tensor *const *in, fg_tensor *out,
+                                      int64_t off) {
     (void)off;
     const pw_ud *d = u;
     return fg__cpu_axpby(d->a, in[0], d->b, out);
 }
-static FG_MUST_USE fg_status pw_scale(const void *u, const fg_tensor *const *in, fg_tensor *out, int64_t off) {
+static FG_MUST_USE fg_status pw_scale(const void *u, const fg_tensor *const *in, fg_tensor *out,
+                                      int64_t off) {
     (void)off;
     return fg__cpu_scale(in[0], ((const pw_ud *)u)->a, out);
 }
 /* a piece's mask draws start at the piece's first element */
 static FG_MUST_USE fg_status pw_drop_fwd(const void *u, const fg_tensor *const *in, fg_tensor *out,
-                             int64_t off) {
+                                         int64_t off) {
     const pw_ud *d = u;
     return fg__cpu_dropout_fwd(in[0], d->a, d->seed, d->offset + (uint64_t)off, out);
 }
 static FG_MUST_USE fg_status pw_drop_bwd(const void *u, const fg_tensor *const *in, fg_tensor *out,
-                             int64_t off) {
+                                         int64_t off) {
     const pw_ud *d = u;
     return fg__cpu_dropout_bwd(in[0], d->a, d->seed, d->offset + (uint64_t)off, out);
 }
 
 /* ------------------------------------------------------------- products */
 
-static FG_MUST_USE fg_status lp_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb, fg_tensor *c_,
-                           double alpha, double beta) {
+static FG_MUST_USE fg_status lp_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb,
+                                       fg_tensor *c_, double alpha, double beta) {
     if (!lowp(a) && !lowp(b) && !lowp(c_)) return fg__cpu_matmul(a, ta, b, tb, c_, alpha, beta);
     if (a->dtype == FG_BF16 && b->dtype == FG_BF16 && (c_->dtype == FG_F32 || c_->dtype == FG_BF16))
         return fg__cpu_matmul_bf16(a, ta, b, tb, c_, alpha, beta);
@@ -438,7 +443,8 @@ fg_status fg__cpu_linear_lowp_bwd(const fg_tensor *x, const fg_tensor *w, const 
 
 /* ----------------------------------------------------------- elementwise */
 
-static FG_MUST_USE fg_status lp_binary(fg_binary_op op, const fg_tensor *a, const fg_tensor *b, fg_tensor *y) {
+static FG_MUST_USE fg_status lp_binary(fg_binary_op op, const fg_tensor *a, const fg_tensor *b,
+                                       fg_tensor *y) {
     if (!lowp(a) && !lowp(b) && !lowp(y)) return fg__cpu_binary(op, a, b, y);
     const fg_tensor *in[2] = {a, b};
     if (pw_ok(2, in, y) && fg_tensor_same_shape(a, y) && fg_tensor_same_shape(b, y))
@@ -449,7 +455,8 @@ static FG_MUST_USE fg_status lp_binary(fg_binary_op op, const fg_tensor *a, cons
     LP_RUN(fg__cpu_binary(op, af, bf, yf));
 }
 
-static FG_MUST_USE fg_status lp_sum_to(const fg_tensor *x, fg_tensor *y, double alpha, double beta) {
+static FG_MUST_USE fg_status lp_sum_to(const fg_tensor *x, fg_tensor *y, double alpha,
+                                       double beta) {
     if (!lowp(x) && !lowp(y)) return fg__cpu_sum_to(x, y, alpha, beta);
     lp c = {0};
     const fg_tensor *xf = lp_in(&c, x);
@@ -498,7 +505,8 @@ static FG_MUST_USE fg_status lp_sum_dim(const fg_tensor *x, int dim, fg_tensor *
     LP_RUN(fg__cpu_sum_dim(xf, dim, yf, alpha));
 }
 
-static FG_MUST_USE fg_status lp_sum_dim_bwd(const fg_tensor *dy, int dim, fg_tensor *dx, double alpha) {
+static FG_MUST_USE fg_status lp_sum_dim_bwd(const fg_tensor *dy, int dim, fg_tensor *dx,
+                                            double alpha) {
     if (!lowp(dy) && !lowp(dx)) return fg__cpu_sum_dim_bwd(dy, dim, dx, alpha);
     lp c = {0};
     const fg_tensor *gf = lp_in(&c, dy);
@@ -523,7 +531,8 @@ static FG_MUST_USE fg_status unary_fwd(fwd_fn k, const fg_tensor *x, fg_tensor *
 }
 
 /* softmax's backward reads whole rows: it takes the generic path */
-static FG_MUST_USE fg_status unary_bwd(bwd_fn k, const fg_tensor *x, const fg_tensor *dy, fg_tensor *dx) {
+static FG_MUST_USE fg_status unary_bwd(bwd_fn k, const fg_tensor *x, const fg_tensor *dy,
+                                       fg_tensor *dx) {
     if (!lowp(x) && !lowp(dy) && !lowp(dx)) return k(x, dy, dx);
     const fg_tensor *in[2] = {x, dy};
     if (k != fg__cpu_softmax_bwd && k != fg__cpu_log_softmax_bwd && pw_ok(2, in, dx))
@@ -549,20 +558,22 @@ static FG_MUST_USE fg_status lp_gelu_bwd(const fg_tensor *x, const fg_tensor *dy
 static FG_MUST_USE fg_status lp_softmax_fwd(const fg_tensor *x, fg_tensor *y) {
     return unary_fwd(fg__cpu_softmax_fwd, x, y);
 }
-static FG_MUST_USE fg_status lp_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_tensor *dx) {
+static FG_MUST_USE fg_status lp_softmax_bwd(const fg_tensor *y, const fg_tensor *dy,
+                                            fg_tensor *dx) {
     return unary_bwd(fg__cpu_softmax_bwd, y, dy, dx);
 }
 static FG_MUST_USE fg_status lp_log_softmax_fwd(const fg_tensor *x, fg_tensor *y) {
     return unary_fwd(fg__cpu_log_softmax_fwd, x, y);
 }
-static FG_MUST_USE fg_status lp_log_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_tensor *dx) {
+static FG_MUST_USE fg_status lp_log_softmax_bwd(const fg_tensor *y, const fg_tensor *dy,
+                                                fg_tensor *dx) {
     return unary_bwd(fg__cpu_log_softmax_bwd, y, dy, dx);
 }
 
 /* ----------------------------------------------------------------- losses */
 
-static FG_MUST_USE fg_status lp_ce_fwd(const fg_tensor *logits, const fg_tensor *targets, int64_t ignore,
-                           fg_tensor *loss, int64_t *count) {
+static FG_MUST_USE fg_status lp_ce_fwd(const fg_tensor *logits, const fg_tensor *targets,
+                                       int64_t ignore, fg_tensor *loss, int64_t *count) {
     if (!lowp(logits) && !lowp(loss))
         return fg__cpu_cross_entropy_fwd(logits, targets, ignore, loss, count);
     lp c = {0};
@@ -571,8 +582,9 @@ static FG_MUST_USE fg_status lp_ce_fwd(const fg_tensor *logits, const fg_tensor 
     LP_RUN(fg__cpu_cross_entropy_fwd(lf, targets, ignore, of, count));
 }
 
-static FG_MUST_USE fg_status lp_ce_bwd(const fg_tensor *logits, const fg_tensor *targets, int64_t ignore,
-                           double dloss, int64_t count, fg_tensor *dlogits) {
+static FG_MUST_USE fg_status lp_ce_bwd(const fg_tensor *logits, const fg_tensor *targets,
+                                       int64_t ignore, double dloss, int64_t count,
+                                       fg_tensor *dlogits) {
     if (!lowp(logits) && !lowp(dlogits))
         return fg__cpu_cross_entropy_bwd(logits, targets, ignore, dloss, count, dlogits);
     lp c = {0};
@@ -582,8 +594,9 @@ static FG_MUST_USE fg_status lp_ce_bwd(const fg_tensor *logits, const fg_tensor 
 }
 
 /* stats (2, N) f64 stays as it is */
-static FG_MUST_USE fg_status lp_ce_fwd_stats(const fg_tensor *logits, const fg_tensor *targets, int64_t ignore,
-                                 fg_tensor *loss, int64_t *count, fg_tensor *stats) {
+static FG_MUST_USE fg_status lp_ce_fwd_stats(const fg_tensor *logits, const fg_tensor *targets,
+                                             int64_t ignore, fg_tensor *loss, int64_t *count,
+                                             fg_tensor *stats) {
     if (!lowp(logits) && !lowp(loss))
         return fg__cpu_cross_entropy_fwd_stats(logits, targets, ignore, loss, count, stats);
     lp c = {0};
@@ -593,8 +606,8 @@ static FG_MUST_USE fg_status lp_ce_fwd_stats(const fg_tensor *logits, const fg_t
 }
 
 static FG_MUST_USE fg_status lp_ce_bwd_stats(const fg_tensor *logits, const fg_tensor *targets,
-                                 const fg_tensor *stats, int64_t ignore, double dloss,
-                                 int64_t count, fg_tensor *dlogits) {
+                                             const fg_tensor *stats, int64_t ignore, double dloss,
+                                             int64_t count, fg_tensor *dlogits) {
     if (!lowp(logits) && !lowp(dlogits))
         return fg__cpu_cross_entropy_bwd_stats(logits, targets, stats, ignore, dloss, count,
                                                dlogits);
@@ -606,8 +619,8 @@ static FG_MUST_USE fg_status lp_ce_bwd_stats(const fg_tensor *logits, const fg_t
 
 /* --------------------------------------------------------- normalisation */
 
-static FG_MUST_USE fg_status lp_ln_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b, double eps,
-                           fg_tensor *y, fg_tensor *mean, fg_tensor *rstd) {
+static FG_MUST_USE fg_status lp_ln_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
+                                       double eps, fg_tensor *y, fg_tensor *mean, fg_tensor *rstd) {
     if (!lowp(x) && !lowp(w) && !lowp(b) && !lowp(y) && !lowp(mean) && !lowp(rstd))
         return fg__cpu_layernorm_fwd(x, w, b, eps, y, mean, rstd);
     lp c = {0};
@@ -617,9 +630,10 @@ static FG_MUST_USE fg_status lp_ln_fwd(const fg_tensor *x, const fg_tensor *w, c
     LP_RUN(fg__cpu_layernorm_fwd(xf, wf, bf, eps, yf, mf, rf));
 }
 
-static FG_MUST_USE fg_status lp_ln_bwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *mean,
-                           const fg_tensor *rstd, const fg_tensor *dy, fg_tensor *dx, fg_tensor *dw,
-                           fg_tensor *db) {
+static FG_MUST_USE fg_status lp_ln_bwd(const fg_tensor *x, const fg_tensor *w,
+                                       const fg_tensor *mean, const fg_tensor *rstd,
+                                       const fg_tensor *dy, fg_tensor *dx, fg_tensor *dw,
+                                       fg_tensor *db) {
     if (!lowp(x) && !lowp(w) && !lowp(mean) && !lowp(rstd) && !lowp(dy) && !lowp(dx) && !lowp(dw) &&
         !lowp(db))
         return fg__cpu_layernorm_bwd(x, w, mean, rstd, dy, dx, dw, db);
@@ -633,7 +647,8 @@ static FG_MUST_USE fg_status lp_ln_bwd(const fg_tensor *x, const fg_tensor *w, c
 
 /* ------------------------------------------------- embedding, dropout */
 
-static FG_MUST_USE fg_status lp_emb_fwd(const fg_tensor *idx, const fg_tensor *weight, fg_tensor *y) {
+static FG_MUST_USE fg_status lp_emb_fwd(const fg_tensor *idx, const fg_tensor *weight,
+                                        fg_tensor *y) {
     if (!lowp(weight) && !lowp(y)) return fg__cpu_embedding_fwd(idx, weight, y);
     if (weight->dtype == y->dtype && fg_tensor_is_contiguous(weight) &&
         fg_tensor_is_contiguous(y) && weight->ndim == 2 && y->ndim == 2 && idx->ndim == 1 &&
@@ -659,7 +674,8 @@ static FG_MUST_USE fg_status lp_emb_fwd(const fg_tensor *idx, const fg_tensor *w
     LP_RUN(fg__cpu_embedding_fwd(idx, wf, yf));
 }
 
-static FG_MUST_USE fg_status lp_emb_bwd(const fg_tensor *idx, const fg_tensor *dy, fg_tensor *dweight) {
+static FG_MUST_USE fg_status lp_emb_bwd(const fg_tensor *idx, const fg_tensor *dy,
+                                        fg_tensor *dweight) {
     if (!lowp(dy) && !lowp(dweight)) return fg__cpu_embedding_bwd(idx, dy, dweight);
     lp c = {0};
     const fg_tensor *gf = lp_in(&c, dy);
@@ -667,8 +683,8 @@ static FG_MUST_USE fg_status lp_emb_bwd(const fg_tensor *idx, const fg_tensor *d
     LP_RUN(fg__cpu_embedding_bwd(idx, gf, wf));
 }
 
-static FG_MUST_USE fg_status lp_dropout_fwd(const fg_tensor *x, double p, uint64_t seed, uint64_t offset,
-                                fg_tensor *y) {
+static FG_MUST_USE fg_status lp_dropout_fwd(const fg_tensor *x, double p, uint64_t seed,
+                                            uint64_t offset, fg_tensor *y) {
     if (!lowp(x) && !lowp(y)) return fg__cpu_dropout_fwd(x, p, seed, offset, y);
     if (pw_ok(1, &x, y))
         return piecewise(1, &x, y, false, pw_drop_fwd,
@@ -679,8 +695,8 @@ static FG_MUST_USE fg_status lp_dropout_fwd(const fg_tensor *x, double p, uint64
     LP_RUN(fg__cpu_dropout_fwd(xf, p, seed, offset, yf));
 }
 
-static FG_MUST_USE fg_status lp_dropout_bwd(const fg_tensor *dy, double p, uint64_t seed, uint64_t offset,
-                                fg_tensor *dx) {
+static FG_MUST_USE fg_status lp_dropout_bwd(const fg_tensor *dy, double p, uint64_t seed,
+                                            uint64_t offset, fg_tensor *dx) {
     if (!lowp(dy) && !lowp(dx)) return fg__cpu_dropout_bwd(dy, p, seed, offset, dx);
     if (pw_ok(1, &dy, dx))
         return piecewise(1, &dy, dx, true, pw_drop_bwd,
@@ -704,8 +720,8 @@ static FG_MUST_USE fg_status lp_dropout_bwd(const fg_tensor *dy, double p, uint6
 /* a chunk of t: batch entries [b0, b0 + nb) of its dim 0, as an f32 tensor
  * in v: t's own memory when t is f32, else the scratch of slot, widened
  * unless `fresh` (an output the kernel overwrites) */
-static FG_MUST_USE fg_status att_chunk(fg_tensor *v, const fg_tensor *t, int64_t b0, int64_t nb, int slot,
-                           bool fresh) {
+static FG_MUST_USE fg_status att_chunk(fg_tensor *v, const fg_tensor *t, int64_t b0, int64_t nb,
+                                       int slot, bool fresh) {
     int64_t shape[FG_MAX_DIMS], per = t->numel / t->shape[0];
     for (int d = 0; d < t->ndim; d++) shape[d] = t->shape[d];
     shape[0] = nb;
@@ -750,7 +766,8 @@ static int64_t att_nb(const fg_tensor *qkv) {
     return FG_MIN(nb, qkv->shape[0]);
 }
 
-static FG_MUST_USE fg_status lp_att_fwd(const fg_tensor *qkv, int heads, fg_tensor *y, fg_tensor *lse) {
+static FG_MUST_USE fg_status lp_att_fwd(const fg_tensor *qkv, int heads, fg_tensor *y,
+                                        fg_tensor *lse) {
     if (!lowp(qkv) && !lowp(y) && !lowp(lse)) return fg__cpu_attention_fwd(qkv, heads, y, lse);
     const fg_tensor *all[3] = {qkv, y, lse};
     if (att_chunkable(3, all)) {
@@ -774,7 +791,8 @@ static FG_MUST_USE fg_status lp_att_fwd(const fg_tensor *qkv, int heads, fg_tens
 }
 
 static FG_MUST_USE fg_status lp_att_bwd(const fg_tensor *qkv, int heads, const fg_tensor *y,
-                            const fg_tensor *lse, const fg_tensor *dy, fg_tensor *dqkv) {
+                                        const fg_tensor *lse, const fg_tensor *dy,
+                                        fg_tensor *dqkv) {
     if (!lowp(qkv) && !lowp(y) && !lowp(lse) && !lowp(dy) && !lowp(dqkv))
         return fg__cpu_attention_bwd(qkv, heads, y, lse, dy, dqkv);
     const fg_tensor *all[5] = {qkv, y, lse, dy, dqkv};
@@ -807,7 +825,7 @@ static FG_MUST_USE fg_status lp_att_bwd(const fg_tensor *qkv, int heads, const f
  * kernels. */
 
 static FG_MUST_USE fg_status lp_unary_fwd(fg_unary_op op, const fg_tensor *x, double a, double b,
-                              fg_tensor *y) {
+                                          fg_tensor *y) {
     if (!lowp(x) && !lowp(y)) return fg__cpu_unary_fwd(op, x, a, b, y);
     lp c = {0};
     const fg_tensor *xf = lp_in(&c, x);
@@ -816,7 +834,7 @@ static FG_MUST_USE fg_status lp_unary_fwd(fg_unary_op op, const fg_tensor *x, do
 }
 
 static FG_MUST_USE fg_status lp_unary_bwd(fg_unary_op op, const fg_tensor *x, const fg_tensor *y,
-                              const fg_tensor *dy, double a, double b, fg_tensor *dx) {
+                                          const fg_tensor *dy, double a, double b, fg_tensor *dx) {
     if (!lowp(x) && !lowp(y) && !lowp(dy) && !lowp(dx))
         return fg__cpu_unary_bwd(op, x, y, dy, a, b, dx);
     lp c = {0};
@@ -826,7 +844,7 @@ static FG_MUST_USE fg_status lp_unary_bwd(fg_unary_op op, const fg_tensor *x, co
 }
 
 static FG_MUST_USE fg_status lp_ploss_fwd(fg_loss_op op, const fg_tensor *x, const fg_tensor *t,
-                              const fg_tensor *w, double p, fg_tensor *y) {
+                                          const fg_tensor *w, double p, fg_tensor *y) {
     if (!lowp(x) && !lowp(t) && !lowp(w) && !lowp(y))
         return fg__cpu_pointwise_loss_fwd(op, x, t, w, p, y);
     lp c = {0};
@@ -836,8 +854,8 @@ static FG_MUST_USE fg_status lp_ploss_fwd(fg_loss_op op, const fg_tensor *x, con
 }
 
 static FG_MUST_USE fg_status lp_ploss_bwd(fg_loss_op op, const fg_tensor *x, const fg_tensor *t,
-                              const fg_tensor *w, double p, const fg_tensor *dy, fg_tensor *dx,
-                              fg_tensor *dt) {
+                                          const fg_tensor *w, double p, const fg_tensor *dy,
+                                          fg_tensor *dx, fg_tensor *dt) {
     if (!lowp(x) && !lowp(t) && !lowp(w) && !lowp(dy) && !lowp(dx) && !lowp(dt))
         return fg__cpu_pointwise_loss_bwd(op, x, t, w, p, dy, dx, dt);
     lp c = {0};
@@ -875,8 +893,8 @@ static FG_MUST_USE fg_status lp_add_strided(const fg_tensor *x, fg_tensor *y) {
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status lp_where(const fg_tensor *cond, const fg_tensor *a, const fg_tensor *b, double va,
-                          double vb, fg_tensor *y) {
+static FG_MUST_USE fg_status lp_where(const fg_tensor *cond, const fg_tensor *a, const fg_tensor *b,
+                                      double va, double vb, fg_tensor *y) {
     if (!lowp(a) && !lowp(b) && !lowp(y)) return fg__cpu_where(cond, a, b, va, vb, y);
     lp c = {0};
     const fg_tensor *af = lp_in(&c, a), *bf = lp_in(&c, b);
@@ -884,7 +902,8 @@ static FG_MUST_USE fg_status lp_where(const fg_tensor *cond, const fg_tensor *a,
     LP_RUN(fg__cpu_where(cond, af, bf, va, vb, yf));
 }
 
-static FG_MUST_USE fg_status lp_index_add(const fg_tensor *dy, int dim, const fg_tensor *idx, fg_tensor *dx) {
+static FG_MUST_USE fg_status lp_index_add(const fg_tensor *dy, int dim, const fg_tensor *idx,
+                                          fg_tensor *dx) {
     if (!lowp(dy) && !lowp(dx)) return fg__cpu_index_add(dy, dim, idx, dx);
     lp c = {0};
     const fg_tensor *gf = lp_in(&c, dy);
@@ -892,7 +911,8 @@ static FG_MUST_USE fg_status lp_index_add(const fg_tensor *dy, int dim, const fg
     LP_RUN(fg__cpu_index_add(gf, dim, idx, df));
 }
 
-static FG_MUST_USE fg_status lp_gather(const fg_tensor *x, int dim, const fg_tensor *idx, fg_tensor *y) {
+static FG_MUST_USE fg_status lp_gather(const fg_tensor *x, int dim, const fg_tensor *idx,
+                                       fg_tensor *y) {
     if (!lowp(x) && !lowp(y)) return fg__cpu_gather(x, dim, idx, y);
     lp c = {0};
     const fg_tensor *xf = lp_in(&c, x);
@@ -900,7 +920,8 @@ static FG_MUST_USE fg_status lp_gather(const fg_tensor *x, int dim, const fg_ten
     LP_RUN(fg__cpu_gather(xf, dim, idx, yf));
 }
 
-static FG_MUST_USE fg_status lp_scatter_add(const fg_tensor *src, int dim, const fg_tensor *idx, fg_tensor *y) {
+static FG_MUST_USE fg_status lp_scatter_add(const fg_tensor *src, int dim, const fg_tensor *idx,
+                                            fg_tensor *y) {
     if (!lowp(src) && !lowp(y)) return fg__cpu_scatter_add(src, dim, idx, y);
     lp c = {0};
     const fg_tensor *sf = lp_in(&c, src);
@@ -909,7 +930,7 @@ static FG_MUST_USE fg_status lp_scatter_add(const fg_tensor *src, int dim, const
 }
 
 static FG_MUST_USE fg_status lp_max_dim(const fg_tensor *x, int dim, bool is_min, fg_tensor *y,
-                            fg_tensor *idx) {
+                                        fg_tensor *idx) {
     if (!lowp(x) && !lowp(y)) return fg__cpu_max_dim(x, dim, is_min, y, idx);
     lp c = {0};
     const fg_tensor *xf = lp_in(&c, x);
@@ -926,7 +947,7 @@ static FG_MUST_USE fg_status lp_cumsum(const fg_tensor *x, int dim, bool reverse
 }
 
 static FG_MUST_USE fg_status lp_conv_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
-                             const fg_conv_params *p, fg_tensor *y) {
+                                         const fg_conv_params *p, fg_tensor *y) {
     if (!lowp(x) && !lowp(w) && !lowp(b) && !lowp(y)) return fg__cpu_conv2d_fwd(x, w, b, p, y);
     lp c = {0};
     const fg_tensor *xf = lp_in(&c, x), *wf = lp_in(&c, w), *bf = lp_in(&c, b);
@@ -934,8 +955,8 @@ static FG_MUST_USE fg_status lp_conv_fwd(const fg_tensor *x, const fg_tensor *w,
     LP_RUN(fg__cpu_conv2d_fwd(xf, wf, bf, p, yf));
 }
 
-static FG_MUST_USE fg_status lp_conv_bwd_data(const fg_tensor *dy, const fg_tensor *w, const fg_conv_params *p,
-                                  fg_tensor *dx) {
+static FG_MUST_USE fg_status lp_conv_bwd_data(const fg_tensor *dy, const fg_tensor *w,
+                                              const fg_conv_params *p, fg_tensor *dx) {
     if (!lowp(dy) && !lowp(w) && !lowp(dx)) return fg__cpu_conv2d_bwd_data(dy, w, p, dx);
     lp c = {0};
     const fg_tensor *gf = lp_in(&c, dy), *wf = lp_in(&c, w);
@@ -944,7 +965,8 @@ static FG_MUST_USE fg_status lp_conv_bwd_data(const fg_tensor *dy, const fg_tens
 }
 
 static FG_MUST_USE fg_status lp_conv_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
-                                    const fg_conv_params *p, fg_tensor *dw, fg_tensor *db) {
+                                                const fg_conv_params *p, fg_tensor *dw,
+                                                fg_tensor *db) {
     if (!lowp(x) && !lowp(dy) && !lowp(dw) && !lowp(db))
         return fg__cpu_conv2d_bwd_weight(x, dy, p, dw, db);
     lp c = {0};
@@ -954,7 +976,7 @@ static FG_MUST_USE fg_status lp_conv_bwd_weight(const fg_tensor *x, const fg_ten
 }
 
 static FG_MUST_USE fg_status lp_pool_fwd(const fg_tensor *x, const fg_pool_params *p, fg_tensor *y,
-                             fg_tensor *idx) {
+                                         fg_tensor *idx) {
     if (!lowp(x) && !lowp(y)) return fg__cpu_pool2d_fwd(x, p, y, idx);
     lp c = {0};
     const fg_tensor *xf = lp_in(&c, x);
@@ -962,8 +984,8 @@ static FG_MUST_USE fg_status lp_pool_fwd(const fg_tensor *x, const fg_pool_param
     LP_RUN(fg__cpu_pool2d_fwd(xf, p, yf, idx));
 }
 
-static FG_MUST_USE fg_status lp_pool_bwd(const fg_tensor *dy, const fg_tensor *idx, const fg_pool_params *p,
-                             fg_tensor *dx) {
+static FG_MUST_USE fg_status lp_pool_bwd(const fg_tensor *dy, const fg_tensor *idx,
+                                         const fg_pool_params *p, fg_tensor *dx) {
     if (!lowp(dy) && !lowp(dx)) return fg__cpu_pool2d_bwd(dy, idx, p, dx);
     lp c = {0};
     const fg_tensor *gf = lp_in(&c, dy);

@@ -165,8 +165,8 @@ fg_status fg__cpu_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool t
 }
 
 /* Rows and columns of y seen as (R, C) with C the bias length. */
-static FG_MUST_USE fg_status bias_shape(const char *kernel, const fg_tensor *y, const fg_tensor *bias,
-                            int64_t *rows, int64_t *cols) {
+static FG_MUST_USE fg_status bias_shape(const char *kernel, const fg_tensor *y,
+                                        const fg_tensor *bias, int64_t *rows, int64_t *cols) {
     char sy[96], sbias[96];
     if (y->dtype != bias->dtype)
         return fg_error(FG_EINVAL, "%s: dtypes differ (%s and %s)", kernel, fg_dtype_name(y->dtype),

@@ -162,8 +162,8 @@ static FG_MUST_USE fg_status f32_view(fg_tensor *v, const fg_tensor *t, float *d
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status fallback(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb, fg_tensor *c,
-                          double alpha, double beta) {
+static FG_MUST_USE fg_status fallback(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb,
+                                      fg_tensor *c, double alpha, double beta) {
     int64_t na = a->numel, nb = b->numel, nc = c->dtype == FG_BF16 ? c->numel : 0;
     size_t bytes = sizeof(float) * (size_t)(na + nb + nc);
     float *buf = fg__lowp_scratch(bytes); /* the thread's: no fresh mapping per product */

@@ -82,8 +82,8 @@ static FG_MUST_USE fg_status dnnl_fail(dnnl_status_t s, const char *kernel, cons
 /* A primitive descriptor of c = alpha a b + beta c over the given memory
  * descriptors; *pd stays NULL on failure. */
 static FG_MUST_USE fg_status make_pd(const char *kernel, dnnl_primitive_desc_t *pd,
-                         const dnnl_memory_desc_t *amd, const dnnl_memory_desc_t *bmd,
-                         const dnnl_memory_desc_t *cmd, float alpha, float beta) {
+                                     const dnnl_memory_desc_t *amd, const dnnl_memory_desc_t *bmd,
+                                     const dnnl_memory_desc_t *cmd, float alpha, float beta) {
     fg_status st = FG_OK;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t post = NULL;
@@ -107,9 +107,10 @@ fail:
 }
 
 /* Runs the primitive of pd on a, b, c with a scratchpad from fg_alloc. */
-static FG_MUST_USE fg_status run_pd(const char *kernel, dnnl_primitive_desc_t pd, const dnnl_memory_desc_t *amd,
-                        const void *a, const dnnl_memory_desc_t *bmd, const void *b,
-                        const dnnl_memory_desc_t *cmd, void *c) {
+static FG_MUST_USE fg_status run_pd(const char *kernel, dnnl_primitive_desc_t pd,
+                                    const dnnl_memory_desc_t *amd, const void *a,
+                                    const dnnl_memory_desc_t *bmd, const void *b,
+                                    const dnnl_memory_desc_t *cmd, void *c) {
     fg_status st = FG_OK;
     dnnl_primitive_t prim = NULL;
     dnnl_stream_t stream = NULL;

@@ -15,8 +15,8 @@
 
 /* outer, n, inner of t around dim (negative counts from the end); a 0-d
  * tensor has one element along its one "dim" 0 (as PyTorch's sum(0)). */
-static FG_MUST_USE fg_status split_dim(const char *kernel, const fg_tensor *t, int dim, int64_t *outer,
-                           int64_t *n, int64_t *inner) {
+static FG_MUST_USE fg_status split_dim(const char *kernel, const fg_tensor *t, int dim,
+                                       int64_t *outer, int64_t *n, int64_t *inner) {
     int nd = t->ndim;
     if (nd == 0 && (dim == 0 || dim == -1)) {
         *outer = *n = *inner = 1;
@@ -38,7 +38,8 @@ static FG_MUST_USE fg_status split_dim(const char *kernel, const fg_tensor *t, i
 
 /* big (outer, n, inner) and small (outer, inner): contiguous, same dtype. */
 static FG_MUST_USE fg_status check_pair(const char *kernel, const fg_tensor *big, int dim,
-                            const fg_tensor *small, int64_t *outer, int64_t *n, int64_t *inner) {
+                                        const fg_tensor *small, int64_t *outer, int64_t *n,
+                                        int64_t *inner) {
     FG_TRY(split_dim(kernel, big, dim, outer, n, inner));
     FG_TRY(fg__expect_contiguous(kernel, big));
     FG_TRY(fg__expect_contiguous(kernel, small));

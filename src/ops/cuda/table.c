@@ -58,7 +58,9 @@ static FG_MUST_USE fg_status contig(const char *k, const fg_tensor *t) {
     return fg_error(FG_EINVAL, "%s: expects a contiguous tensor", k);
 }
 
-static FG_MUST_USE fg_status launched(const char *k, int err) { return err ? fg__cuda_check(err, k) : FG_OK; }
+static FG_MUST_USE fg_status launched(const char *k, int err) {
+    return err ? fg__cuda_check(err, k) : FG_OK;
+}
 
 /* rows and the last dim of (..., C) */
 static void rows_cols(const fg_tensor *t, int64_t *R, int64_t *C) {
@@ -75,8 +77,8 @@ static int64_t batch_of(const fg_tensor *t) {
     return b;
 }
 
-static FG_MUST_USE fg_status cu_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb, fg_tensor *c,
-                           double alpha, double beta) {
+static FG_MUST_USE fg_status cu_matmul(const fg_tensor *a, bool ta, const fg_tensor *b, bool tb,
+                                       fg_tensor *c, double alpha, double beta) {
     const char *k = "matmul";
     if (a->ndim < 2 || b->ndim < 2 || c->ndim != a->ndim)
         return fg_error(FG_EINVAL,
@@ -145,8 +147,8 @@ static FG_MUST_USE fg_status cu_bias_grad(const fg_tensor *dy, fg_tensor *db) {
 /* ---------------------------------------------------------------- elementwise */
 
 /* strides of t seen with shape (nd dims, right-aligned); 0 where broadcast */
-static FG_MUST_USE fg_status bstrides(const char *k, const fg_tensor *t, int nd, const int64_t *shape,
-                          int64_t *s) {
+static FG_MUST_USE fg_status bstrides(const char *k, const fg_tensor *t, int nd,
+                                      const int64_t *shape, int64_t *s) {
     int off = nd - t->ndim;
     if (off < 0) return fg_error(FG_EINVAL, "%s: an operand has more dims than the result", k);
     for (int d = 0; d < nd; d++) {
@@ -161,7 +163,8 @@ static FG_MUST_USE fg_status bstrides(const char *k, const fg_tensor *t, int nd,
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status cu_binary(fg_binary_op op, const fg_tensor *a, const fg_tensor *b, fg_tensor *y) {
+static FG_MUST_USE fg_status cu_binary(fg_binary_op op, const fg_tensor *a, const fg_tensor *b,
+                                       fg_tensor *y) {
     const char *k = "binary";
     FG_TRY(contig(k, y));
     if (y->ndim > FG_CU_MAX_DIMS) return fg_error(FG_EUNSUPPORTED, "binary: over 8 dims on cuda");
@@ -184,7 +187,8 @@ static FG_MUST_USE fg_status cu_binary(fg_binary_op op, const fg_tensor *a, cons
         k, fg__cu_binary(st, (int)op, da, a->data, db, b->data, dy, y->data, y->numel, &bc));
 }
 
-static FG_MUST_USE fg_status cu_sum_to(const fg_tensor *x, fg_tensor *y, double alpha, double beta) {
+static FG_MUST_USE fg_status cu_sum_to(const fg_tensor *x, fg_tensor *y, double alpha,
+                                       double beta) {
     const char *k = "sum_to";
     FG_TRY(contig(k, x));
     FG_TRY(contig(k, y));
@@ -250,8 +254,8 @@ static FG_MUST_USE fg_status cu_sumsq_all(const fg_tensor *x, double *out) {
     return sum_all("sumsq_all", x, 1, out);
 }
 
-static FG_MUST_USE fg_status dim_split(const char *k, const fg_tensor *x, int dim, int64_t *o, int64_t *n,
-                           int64_t *in) {
+static FG_MUST_USE fg_status dim_split(const char *k, const fg_tensor *x, int dim, int64_t *o,
+                                       int64_t *n, int64_t *in) {
     if (dim < 0 || dim >= x->ndim)
         return fg_error(FG_EINVAL, "%s: dim %d of a %d-d tensor", k, dim, x->ndim);
     *o = 1;
@@ -278,7 +282,8 @@ static FG_MUST_USE fg_status cu_sum_dim(const fg_tensor *x, int dim, fg_tensor *
     return launched(k, fg__cu_sum_dim(st, dt, x->data, y->data, o, n, in, (float)alpha));
 }
 
-static FG_MUST_USE fg_status cu_sum_dim_bwd(const fg_tensor *dy, int dim, fg_tensor *dx, double alpha) {
+static FG_MUST_USE fg_status cu_sum_dim_bwd(const fg_tensor *dy, int dim, fg_tensor *dx,
+                                            double alpha) {
     const char *k = "sum_dim_bwd";
     int64_t o, n, in;
     FG_TRY(dim_split(k, dx, dim, &o, &n, &in));
@@ -306,8 +311,8 @@ static FG_MUST_USE fg_status act_fwd(const char *k, int act, const fg_tensor *x,
     FG_TRY(stream_of(k, y, &st));
     return launched(k, fg__cu_act_fwd(st, act, dt, x->data, y->data, x->numel));
 }
-static FG_MUST_USE fg_status act_bwd(const char *k, int act, const fg_tensor *x, const fg_tensor *dy,
-                         fg_tensor *dx) {
+static FG_MUST_USE fg_status act_bwd(const char *k, int act, const fg_tensor *x,
+                                     const fg_tensor *dy, fg_tensor *dx) {
     FG_TRY(same(k, x, dy));
     FG_TRY(same(k, x, dx));
     FG_TRY(contig(k, x));
@@ -333,7 +338,7 @@ static FG_MUST_USE fg_status cu_gelu_bwd(const fg_tensor *x, const fg_tensor *dy
 }
 
 static FG_MUST_USE fg_status cu_unary_fwd(fg_unary_op op, const fg_tensor *x, double a, double b,
-                              fg_tensor *y) {
+                                          fg_tensor *y) {
     const char *k = "unary_fwd";
     FG_TRY(same(k, x, y));
     FG_TRY(contig(k, x));
@@ -346,7 +351,7 @@ static FG_MUST_USE fg_status cu_unary_fwd(fg_unary_op op, const fg_tensor *x, do
         k, fg__cu_unary_fwd(st, (int)op, dt, x->data, y->data, x->numel, (float)a, (float)b));
 }
 static FG_MUST_USE fg_status cu_unary_bwd(fg_unary_op op, const fg_tensor *x, const fg_tensor *y,
-                              const fg_tensor *dy, double a, double b, fg_tensor *dx) {
+                                          const fg_tensor *dy, double a, double b, fg_tensor *dx) {
     const char *k = "unary_bwd";
     FG_TRY(same(k, x, dy));
     FG_TRY(same(k, x, dx));
@@ -377,7 +382,7 @@ static FG_MUST_USE fg_status sm_fwd(const char *k, int lg, const fg_tensor *x, f
     return launched(k, fg__cu_softmax_fwd(st, lg, dt, x->data, y->data, R, C));
 }
 static FG_MUST_USE fg_status sm_bwd(const char *k, int lg, const fg_tensor *y, const fg_tensor *dy,
-                        fg_tensor *dx) {
+                                    fg_tensor *dx) {
     FG_TRY(same(k, y, dy));
     FG_TRY(same(k, y, dx));
     FG_TRY(contig(k, y));
@@ -394,13 +399,15 @@ static FG_MUST_USE fg_status sm_bwd(const char *k, int lg, const fg_tensor *y, c
 static FG_MUST_USE fg_status cu_softmax_fwd(const fg_tensor *x, fg_tensor *y) {
     return sm_fwd("softmax_fwd", 0, x, y);
 }
-static FG_MUST_USE fg_status cu_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_tensor *dx) {
+static FG_MUST_USE fg_status cu_softmax_bwd(const fg_tensor *y, const fg_tensor *dy,
+                                            fg_tensor *dx) {
     return sm_bwd("softmax_bwd", 0, y, dy, dx);
 }
 static FG_MUST_USE fg_status cu_log_softmax_fwd(const fg_tensor *x, fg_tensor *y) {
     return sm_fwd("log_softmax_fwd", 1, x, y);
 }
-static FG_MUST_USE fg_status cu_log_softmax_bwd(const fg_tensor *y, const fg_tensor *dy, fg_tensor *dx) {
+static FG_MUST_USE fg_status cu_log_softmax_bwd(const fg_tensor *y, const fg_tensor *dy,
+                                                fg_tensor *dx) {
     return sm_bwd("log_softmax_bwd", 1, y, dy, dx);
 }
 
@@ -414,8 +421,9 @@ static FG_MUST_USE fg_status ce_check(const char *k, const fg_tensor *logits, co
     return contig(k, t);
 }
 
-static FG_MUST_USE fg_status ce_fwd(const char *k, const fg_tensor *logits, const fg_tensor *t, int64_t ignore,
-                        fg_tensor *loss, int64_t *count, fg_tensor *stats) {
+static FG_MUST_USE fg_status ce_fwd(const char *k, const fg_tensor *logits, const fg_tensor *t,
+                                    int64_t ignore, fg_tensor *loss, int64_t *count,
+                                    fg_tensor *stats) {
     FG_TRY(ce_check(k, logits, t));
     int dt, dtl;
     FG_TRY(cu_dt(k, logits, &dt));
@@ -448,17 +456,18 @@ static FG_MUST_USE fg_status ce_fwd(const char *k, const fg_tensor *logits, cons
 }
 
 static FG_MUST_USE fg_status cu_ce_fwd(const fg_tensor *logits, const fg_tensor *t, int64_t ignore,
-                           fg_tensor *loss, int64_t *count) {
+                                       fg_tensor *loss, int64_t *count) {
     return ce_fwd("cross_entropy_fwd", logits, t, ignore, loss, count, NULL);
 }
-static FG_MUST_USE fg_status cu_ce_fwd_stats(const fg_tensor *logits, const fg_tensor *t, int64_t ignore,
-                                 fg_tensor *loss, int64_t *count, fg_tensor *stats) {
+static FG_MUST_USE fg_status cu_ce_fwd_stats(const fg_tensor *logits, const fg_tensor *t,
+                                             int64_t ignore, fg_tensor *loss, int64_t *count,
+                                             fg_tensor *stats) {
     return ce_fwd("cross_entropy_fwd_stats", logits, t, ignore, loss, count, stats);
 }
 
 static FG_MUST_USE fg_status ce_bwd(const char *k, const fg_tensor *logits, const fg_tensor *t,
-                        const fg_tensor *stats, int64_t ignore, double dloss, int64_t count,
-                        fg_tensor *dl) {
+                                    const fg_tensor *stats, int64_t ignore, double dloss,
+                                    int64_t count, fg_tensor *dl) {
     FG_TRY(ce_check(k, logits, t));
     FG_TRY(same(k, logits, dl));
     int dt;
@@ -488,27 +497,28 @@ static FG_MUST_USE fg_status ce_bwd(const char *k, const fg_tensor *logits, cons
 }
 
 static FG_MUST_USE fg_status cu_ce_bwd(const fg_tensor *logits, const fg_tensor *t, int64_t ignore,
-                           double dloss, int64_t count, fg_tensor *dl) {
+                                       double dloss, int64_t count, fg_tensor *dl) {
     return ce_bwd("cross_entropy_bwd", logits, t, NULL, ignore, dloss, count, dl);
 }
 static FG_MUST_USE fg_status cu_ce_bwd_stats(const fg_tensor *logits, const fg_tensor *t,
-                                 const fg_tensor *stats, int64_t ignore, double dloss,
-                                 int64_t count, fg_tensor *dl) {
+                                             const fg_tensor *stats, int64_t ignore, double dloss,
+                                             int64_t count, fg_tensor *dl) {
     return ce_bwd("cross_entropy_bwd_stats", logits, t, stats, ignore, dloss, count, dl);
 }
 
 /* ---------------------------------------------------------------- layer norm */
 
 static FG_MUST_USE fg_status ln_vec(const char *k, const char *what, const fg_tensor *v, int64_t n,
-                        fg_dtype dt) {
+                                    fg_dtype dt) {
     if (v && (v->numel != n || v->dtype != dt || !fg_tensor_is_contiguous(v)))
         return fg_error(FG_EINVAL, "%s: %s must be contiguous (%lld) %s", k, what, (long long)n,
                         fg_dtype_name(dt));
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status cu_layernorm_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
-                                  double eps, fg_tensor *y, fg_tensor *mean, fg_tensor *rstd) {
+static FG_MUST_USE fg_status cu_layernorm_fwd(const fg_tensor *x, const fg_tensor *w,
+                                              const fg_tensor *b, double eps, fg_tensor *y,
+                                              fg_tensor *mean, fg_tensor *rstd) {
     const char *k = "layernorm_fwd";
     FG_TRY(same(k, x, y));
     FG_TRY(contig(k, x));
@@ -528,9 +538,10 @@ static FG_MUST_USE fg_status cu_layernorm_fwd(const fg_tensor *x, const fg_tenso
                                             (float)eps, y->data, mean->data, rstd->data, N, C));
 }
 
-static FG_MUST_USE fg_status cu_layernorm_bwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *mean,
-                                  const fg_tensor *rstd, const fg_tensor *dy, fg_tensor *dx,
-                                  fg_tensor *dw, fg_tensor *db) {
+static FG_MUST_USE fg_status cu_layernorm_bwd(const fg_tensor *x, const fg_tensor *w,
+                                              const fg_tensor *mean, const fg_tensor *rstd,
+                                              const fg_tensor *dy, fg_tensor *dx, fg_tensor *dw,
+                                              fg_tensor *db) {
     const char *k = "layernorm_bwd";
     FG_TRY(same(k, x, dy));
     if (dx) FG_TRY(same(k, x, dx));
@@ -554,7 +565,8 @@ static FG_MUST_USE fg_status cu_layernorm_bwd(const fg_tensor *x, const fg_tenso
 
 /* ---------------------------------------------------------------- embedding */
 
-static FG_MUST_USE fg_status cu_embedding_fwd(const fg_tensor *idx, const fg_tensor *w, fg_tensor *y) {
+static FG_MUST_USE fg_status cu_embedding_fwd(const fg_tensor *idx, const fg_tensor *w,
+                                              fg_tensor *y) {
     const char *k = "embedding_fwd";
     if (idx->dtype != FG_I32 || w->ndim != 2 || y->numel != idx->numel * w->shape[1] ||
         y->dtype != w->dtype)
@@ -580,7 +592,8 @@ static FG_MUST_USE fg_status cu_embedding_fwd(const fg_tensor *idx, const fg_ten
     return f;
 }
 
-static FG_MUST_USE fg_status cu_embedding_bwd(const fg_tensor *idx, const fg_tensor *dy, fg_tensor *dw) {
+static FG_MUST_USE fg_status cu_embedding_bwd(const fg_tensor *idx, const fg_tensor *dy,
+                                              fg_tensor *dw) {
     const char *k = "embedding_bwd";
     if (idx->dtype != FG_I32 || dw->ndim != 2 || dy->numel != idx->numel * dw->shape[1] ||
         dy->dtype != dw->dtype)
@@ -599,7 +612,7 @@ static FG_MUST_USE fg_status cu_embedding_bwd(const fg_tensor *idx, const fg_ten
 /* ---------------------------------------------------------------- dropout */
 
 static FG_MUST_USE fg_status dropout(const char *k, const fg_tensor *x, double p, uint64_t seed,
-                         uint64_t offset, fg_tensor *y, int acc) {
+                                     uint64_t offset, fg_tensor *y, int acc) {
     FG_TRY(same(k, x, y));
     FG_TRY(contig(k, x));
     FG_TRY(contig(k, y));
@@ -615,12 +628,12 @@ static FG_MUST_USE fg_status dropout(const char *k, const fg_tensor *x, double p
     return launched(k, fg__cu_dropout(st, dt, x->data, y->data, x->numel, seed, offset, thr, none,
                                       (float)(1 / (1 - p)), acc));
 }
-static FG_MUST_USE fg_status cu_dropout_fwd(const fg_tensor *x, double p, uint64_t seed, uint64_t offset,
-                                fg_tensor *y) {
+static FG_MUST_USE fg_status cu_dropout_fwd(const fg_tensor *x, double p, uint64_t seed,
+                                            uint64_t offset, fg_tensor *y) {
     return dropout("dropout_fwd", x, p, seed, offset, y, 0);
 }
-static FG_MUST_USE fg_status cu_dropout_bwd(const fg_tensor *dy, double p, uint64_t seed, uint64_t offset,
-                                fg_tensor *dx) {
+static FG_MUST_USE fg_status cu_dropout_bwd(const fg_tensor *dy, double p, uint64_t seed,
+                                            uint64_t offset, fg_tensor *dx) {
     return dropout("dropout_bwd", dy, p, seed, offset, dx, 1);
 }
 
@@ -654,16 +667,17 @@ static FG_MUST_USE fg_status att_check(const char *k, const fg_tensor *qkv, int 
 }
 
 /* c (BH, M, N) = op(a) op(b) over the BH heads, f32 or the tensors' dtype */
-static FG_MUST_USE fg_status bgemm(const att *a, int dtab, int dtc, bool ta, bool tb, int64_t M, int64_t N,
-                       int64_t K, const void *x, int64_t ldx, const void *y, int64_t ldy, void *c,
-                       float alpha, float beta) {
+static FG_MUST_USE fg_status bgemm(const att *a, int dtab, int dtc, bool ta, bool tb, int64_t M,
+                                   int64_t N, int64_t K, const void *x, int64_t ldx, const void *y,
+                                   int64_t ldy, void *c, float alpha, float beta) {
     int64_t BH = a->B * a->H;
     int64_t xr = ta ? K : M, yr = tb ? N : K;
     return fg__cuda_gemm(a->st, a->gpu, dtab, dtc, ta, tb, M, N, K, x, ldx, xr * ldx, y, ldy,
                          yr * ldy, c, N, M * N, BH, alpha, beta, FG_CU_EPI_NONE, NULL, 0);
 }
 
-static FG_MUST_USE fg_status cu_attention_fwd(const fg_tensor *qkv, int heads, fg_tensor *y, fg_tensor *lse) {
+static FG_MUST_USE fg_status cu_attention_fwd(const fg_tensor *qkv, int heads, fg_tensor *y,
+                                              fg_tensor *lse) {
     const char *k = "attention_fwd";
     att a;
     FG_TRY(att_check(k, qkv, heads, &a));
@@ -700,7 +714,8 @@ static FG_MUST_USE fg_status cu_attention_fwd(const fg_tensor *qkv, int heads, f
 }
 
 static FG_MUST_USE fg_status cu_attention_bwd(const fg_tensor *qkv, int heads, const fg_tensor *y,
-                                  const fg_tensor *lse, const fg_tensor *dy, fg_tensor *dqkv) {
+                                              const fg_tensor *lse, const fg_tensor *dy,
+                                              fg_tensor *dqkv) {
     const char *k = "attention_bwd";
     (void)y;
     (void)lse; /* P is recomputed from Q and K by the forward's kernels */
@@ -782,8 +797,8 @@ static FG_MUST_USE fg_status cu_add_strided(const fg_tensor *x, fg_tensor *y) {
                                           scalar ? &zero : y->strides, x->numel));
 }
 
-static FG_MUST_USE fg_status cu_where(const fg_tensor *cond, const fg_tensor *a, const fg_tensor *b, double va,
-                          double vb, fg_tensor *y) {
+static FG_MUST_USE fg_status cu_where(const fg_tensor *cond, const fg_tensor *a, const fg_tensor *b,
+                                      double va, double vb, fg_tensor *y) {
     const char *k = "where";
     if (cond->dtype != FG_U8 && cond->dtype != FG_I32)
         return fg_error(FG_EINVAL, "where: condition is %s: expected u8 or i32",
@@ -805,8 +820,8 @@ static FG_MUST_USE fg_status cu_where(const fg_tensor *cond, const fg_tensor *a,
 }
 
 /* x (outer, n, inner) along dim (a 0-d x is (1, 1, 1)) */
-static FG_MUST_USE fg_status along(const char *k, const fg_tensor *x, int dim, int64_t *o, int64_t *n,
-                       int64_t *in) {
+static FG_MUST_USE fg_status along(const char *k, const fg_tensor *x, int dim, int64_t *o,
+                                   int64_t *n, int64_t *in) {
     if (x->ndim == 0 && dim == 0) {
         *o = *n = *in = 1;
         return FG_OK;
@@ -814,7 +829,8 @@ static FG_MUST_USE fg_status along(const char *k, const fg_tensor *x, int dim, i
     return dim_split(k, x, dim, o, n, in);
 }
 
-static FG_MUST_USE fg_status cu_index_select(const fg_tensor *x, int dim, const fg_tensor *idx, fg_tensor *y) {
+static FG_MUST_USE fg_status cu_index_select(const fg_tensor *x, int dim, const fg_tensor *idx,
+                                             fg_tensor *y) {
     const char *k = "index_select";
     int64_t o, n, in, kk = idx->numel;
     FG_TRY(along(k, x, dim, &o, &n, &in));
@@ -840,7 +856,8 @@ static FG_MUST_USE fg_status cu_index_select(const fg_tensor *x, int dim, const 
     return f;
 }
 
-static FG_MUST_USE fg_status cu_index_add(const fg_tensor *dy, int dim, const fg_tensor *idx, fg_tensor *dx) {
+static FG_MUST_USE fg_status cu_index_add(const fg_tensor *dy, int dim, const fg_tensor *idx,
+                                          fg_tensor *dx) {
     const char *k = "index_add";
     int64_t o, n, in, kk = idx->numel;
     FG_TRY(along(k, dx, dim, &o, &n, &in));
@@ -858,7 +875,7 @@ static FG_MUST_USE fg_status cu_index_add(const fg_tensor *dy, int dim, const fg
 }
 
 static FG_MUST_USE fg_status cu_max_dim(const fg_tensor *x, int dim, bool is_min, fg_tensor *y,
-                            fg_tensor *idx) {
+                                        fg_tensor *idx) {
     const char *k = is_min ? "min_dim" : "max_dim";
     int64_t o, n, in;
     FG_TRY(along(k, x, dim, &o, &n, &in));
@@ -895,8 +912,8 @@ static FG_MUST_USE fg_status cu_cumsum(const fg_tensor *x, int dim, bool reverse
 
 /* idx (and y or src) of x's ndim, no larger than x in every dim but dim
  * (no larger than other in any) */
-static FG_MUST_USE fg_status gather_check(const char *k, const fg_tensor *x, int dim, const fg_tensor *idx,
-                              const fg_tensor *other) {
+static FG_MUST_USE fg_status gather_check(const char *k, const fg_tensor *x, int dim,
+                                          const fg_tensor *idx, const fg_tensor *other) {
     if (dim < 0 || dim >= (x->ndim ? x->ndim : 1) || x->ndim > FG_CU_MAX_DIMS)
         return fg_error(FG_EINVAL, "%s: dim %d of a %d-d tensor", k, dim, x->ndim);
     FG_TRY(contig(k, x));
@@ -914,7 +931,8 @@ static FG_MUST_USE fg_status gather_check(const char *k, const fg_tensor *x, int
     return FG_OK;
 }
 
-static FG_MUST_USE fg_status cu_gather(const fg_tensor *x, int dim, const fg_tensor *idx, fg_tensor *y) {
+static FG_MUST_USE fg_status cu_gather(const fg_tensor *x, int dim, const fg_tensor *idx,
+                                       fg_tensor *y) {
     const char *k = "gather";
     FG_TRY(gather_check(k, x, dim, idx, y));
     if (!fg_tensor_same_shape(idx, y))
@@ -937,7 +955,8 @@ static FG_MUST_USE fg_status cu_gather(const fg_tensor *x, int dim, const fg_ten
     return f;
 }
 
-static FG_MUST_USE fg_status cu_scatter_add(const fg_tensor *src, int dim, const fg_tensor *idx, fg_tensor *y) {
+static FG_MUST_USE fg_status cu_scatter_add(const fg_tensor *src, int dim, const fg_tensor *idx,
+                                            fg_tensor *y) {
     const char *k = "scatter_add";
     FG_TRY(gather_check(k, y, dim, idx, src));
     if (y->ndim == 0) return cu_axpby(1, src, 1, y);
