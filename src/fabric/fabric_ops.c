@@ -173,7 +173,7 @@ static fg_tensor *to_device(fg_fabric *f, fg_tensor *t) {
     if (!t || fg_tensor_dev(t) == f->dev) return t;
     fg_tensor *d = fg_empty(fg_tensor_dtype(t), fg_tensor_ndim(t), fg_tensor_shape(t));
     if (!d || fg_tensor_dev(d) != f->dev) {
-        (void)not_on_step_device(f);
+        fg__status_drop(not_on_step_device(f)); /* its error stays: NULL says so */
         return NULL;
     }
     return fg_tensor_copy(d, t) == FG_OK ? d : NULL;

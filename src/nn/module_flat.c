@@ -599,8 +599,8 @@ static void bufs_free(fg_dev *dev, flat_bufs *x) {
  * host), through a bounded host buffer when both are devices: never the
  * whole model in host memory at once. */
 #define MOVE_CHUNK ((size_t)4 << 20)
-static FG_MUST_USE fg_status move_bytes(fg_dev *to, void *dst, fg_dev *from, const void *src, size_t bytes,
-                            void *stage) {
+static FG_MUST_USE fg_status move_bytes(fg_dev *to, void *dst, fg_dev *from, const void *src,
+                                        size_t bytes, void *stage) {
     if (!bytes) return FG_OK;
     if (!from) return fg_dev_copy_h2d(to, dst, src, bytes);
     if (!to) return fg_dev_copy_d2h(from, dst, src, bytes);

@@ -154,7 +154,7 @@ static void lone(int mode, bool adamw, bool settle) {
 /* nng is not fork-safe: every peer runs in a process of its own */
 static int lone_main(int rank, int nr, void *arg) {
     (void)rank, (void)nr, (void)arg;
-    fg_set_num_threads(1);
+    CHECK_OK(fg_set_num_threads(1));
     lone(PLAIN, false, false);
     lone(OFFLOAD, false, false);
     lone(DELAY, false, false); /* the round in flight collected by free */
@@ -169,7 +169,7 @@ TEST(hivemind_lone_peer_exact) { CHECK(fg_test_fork_ranks(1, lone_main, NULL, 30
  * fresh-gradient run's. */
 static int stale_main(int rank, int nr, void *arg) {
     (void)rank, (void)nr, (void)arg;
-    fg_set_num_threads(1);
+    CHECK_OK(fg_set_num_threads(1));
     float *p[2];
     int64_t n = 0;
     for (int mode = 0; mode < 2; mode++) {
@@ -225,7 +225,7 @@ static int failing_main(int rank, int nr, void *arg) {
     (void)rank, (void)nr, (void)arg;
     g_main = pthread_self();
     fg_set_allocator(failing_alloc, NULL);
-    fg_set_num_threads(1);
+    CHECK_OK(fg_set_num_threads(1));
     fg_module *m = make_model();
     fg_optimizer *o = make_opt(m, false);
     int64_t n = fg_module_numel(m);
@@ -285,7 +285,7 @@ typedef struct shared {
 static int peer_main(int rank, int nr, void *arg) {
     (void)nr;
     shared *sh = arg;
-    fg_set_num_threads(1);
+    CHECK_OK(fg_set_num_threads(1));
     if (getenv("FG_TEST_HIVEMIND_LOG")) fg_set_log(fg_log_file, stderr, FG_LOG_INFO);
     if (rank > 0)
         for (int i = 0; i < 60000 && !__atomic_load_n(&sh->have_addr, __ATOMIC_ACQUIRE); i++)
