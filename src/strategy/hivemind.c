@@ -50,7 +50,9 @@ typedef struct hm_round {
     fg_hivemind_round r;
     fg_status err;
     char msg[512];
-    fg_optimizer opt; /* the optimizer's copy it steps: its own segments, no hook */
+    bool state_failed;   /* its state averaging failed after the step (kept: logged) */
+    char state_msg[512]; /* ... and why */
+    fg_optimizer opt;    /* the optimizer's copy it steps: its own segments, no hook */
     int64_t *seg_begin;
     double *seg_lr, *seg_wd;
 } hm_round;
@@ -386,14 +388,22 @@ static FG_MUST_USE fg_status round_work(fg_strategy *s) {
         log_round(h, b->epoch, b->members, &b->r, b->samples);
     }
     FG_TRY(fg__optimizer_step_range(&b->opt, 0, h->numel, h->master, h->rgrad));
-    if (b->state && b->members > 1 && (b->epoch + 1) % every_of(h) == 0)
-        FG_TRY(average_master_state(s));
+    /* the step is taken: a state averaging that fails now leaves this
+     * peer's own (stepped) state, as Hivemind logs and goes on, so that
+     * parameters and optimizer state stay one epoch together */
+    if (b->state && b->members > 1 && (b->epoch + 1) % every_of(h) == 0 &&
+        average_master_state(s) != FG_OK) {
+        b->state_failed = true;
+        snprintf(b->state_msg, sizeof b->state_msg, "%s", fg_last_error());
+        fg_clear_error();
+    }
     return FG_OK;
 }
 
 static void *round_main(void *arg) {
     fg_strategy *s = arg;
     hm_round *b = &s->hivemind->bg;
+    (void)fg__threads_now(); /* the kernel threads the setting allows, in this thread too */
     fg_status st = round_work(s);
     if (st != FG_OK) {
         b->err = st;
@@ -435,6 +445,13 @@ static FG_MUST_USE fg_status collect(fg_strategy *s, bool wait, bool *stepped) {
     if (b->thread) pthread_join(b->th, NULL);
     b->thread = false;
     b->running = false;
+    if (b->err != FG_OK && b->grads && b->matched == 0) {
+        /* no group formed: the round's gradients, untouched, go back to
+         * the epoch being accumulated, as a declined group's */
+        for (int64_t i = 0; i < h->numel; i++) h->acc[i] += h->rgrad[i];
+        h->samples += b->samples;
+        h->epoch = b->epoch;
+    }
     if (b->err != FG_OK)
         return fg_error(b->err,
                         "strategy hivemind: the round of epoch %lld (%s) failed: %s; this peer "
@@ -459,8 +476,17 @@ static FG_MUST_USE fg_status collect(fg_strategy *s, bool wait, bool *stepped) {
         h->epoch = b->epoch + 1;
         b->noted = true;
     }
-    if (!b->state && b->members > 1 && (b->epoch + 1) % every_of(h) == 0)
-        FG_TRY(average_master_state(s));
+    if (!b->state && b->members > 1 && (b->epoch + 1) % every_of(h) == 0 &&
+        average_master_state(s) != FG_OK) {
+        b->state_failed = true;
+        snprintf(b->state_msg, sizeof b->state_msg, "%s", fg_last_error());
+        fg_clear_error();
+    }
+    if (b->state_failed)
+        fg_log(FG_LOG_WARN,
+               "hivemind: epoch %lld: the state averaging failed (%s); this peer keeps its own "
+               "parameters and optimizer state, stepped, and averages them again in %d epochs",
+               (long long)b->epoch, b->state_msg, every_of(h));
     memcpy(fg_tensor_data(fg_module_flat_params(s->model)), h->master, (size_t)h->numel * 4);
     FG_TRY(fg_optimizer_set_step_count(s->opt, b->epoch + 1));
     h->steps_here++;
@@ -488,6 +514,7 @@ static FG_MUST_USE fg_status launch(fg_strategy *s, bool *stepped) {
     b->matched = 0;
     b->done = 0;
     b->err = FG_OK;
+    b->state_failed = false;
     b->members = 1;
     memset(&b->r, 0, sizeof b->r);
     if (!b->grads) {
@@ -527,11 +554,14 @@ static FG_MUST_USE fg_status launch(fg_strategy *s, bool *stepped) {
         return collect(s, true, stepped);
     }
     if (pthread_create(&b->th, NULL, round_main, s)) {
-        b->running = false;
-        return fg_error(FG_EIO,
-                        "strategy hivemind: cannot start the thread of the round of "
-                        "epoch %lld (delay_optimizer_step)",
-                        (long long)b->epoch);
+        /* no thread: the round runs here, undelayed, rather than be lost
+         * (its gradients are taken and its epoch published already) */
+        fg_log(FG_LOG_WARN,
+               "hivemind: epoch %lld: cannot start the round's thread; it runs in the "
+               "training thread",
+               (long long)b->epoch);
+        (void)round_main(s);
+        return collect(s, true, stepped);
     }
     b->thread = true;
     return FG_OK;
