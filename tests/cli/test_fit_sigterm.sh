@@ -24,11 +24,20 @@ GPT=(--data "$T_TMP/c.txt" --layers 2 --embd 256 --ctx 32 --batch-size 1 --ckpt-
      --val-check-interval 0 --progress none)
 GLIBC='corrupted|munmap_chunk|double free|free\(\)|malloc\(\)|malloc_consolidate|Segmentation|core dumped|Aborted'
 
-# wait_ckpt DIR K: until DIR/checkpoints holds step K's checkpoint (a deadline that detects a hang)
+# wait_ckpt DIR K: until DIR/checkpoints holds a checkpoint of step K or later
+# (--save-top-k 2 removes step K's once step K+2 is saved, within a few tens of
+# ms on this model: a poll can miss it; a deadline that detects a hang)
 wait_ckpt() {
-    local f
-    f=$(printf '%s/checkpoints/step-%08d.safetensors' "$1" "$2")
-    for _ in $(seq 1 3000); do [ -e "$f" ] && return 0; sleep 0.05; done
+    local f n
+    for _ in $(seq 1 3000); do
+        for f in "$1"/checkpoints/step-*.safetensors; do
+            [ -e "$f" ] || continue
+            n=${f##*/step-}
+            n=${n%%.*}
+            ((10#$n >= $2)) && return 0
+        done
+        sleep 0.05
+    done
     return 1
 }
 # ranks_of PID: its children that are ranks (not the launcher's guard)
