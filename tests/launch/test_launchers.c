@@ -527,7 +527,8 @@ TEST(job_signal_stop_and_timeout) {
     CHECK_MSG(j, "fg_job_start: %s", fg_last_error());
     if (!j) return;
     char got[64] = "";
-    for (int i = 0; i < 1000 && !read_file("bg", got, sizeof got); i++)
+    /* the whole line: the shell creates the file before it writes the pid */
+    for (int i = 0; i < 1000 && !(read_file("bg", got, sizeof got) && strchr(got, '\n')); i++)
         usleep(10000); /* up to 10 s under load */
     usleep(50000);
     fg_job_free(j);
