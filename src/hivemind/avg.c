@@ -221,20 +221,34 @@ static void exchange_views(fg_hivemind *h, fg__hm_member *v, int *n, double weig
         if (changed) continue;
         int missing = 0;
         for (int j = 0; j < *n; j++) missing += j != h->me && said[j] != h->digest;
-        if (missing == 0 || fg_time() >= end) {
-            if (missing)
-                fg_log(FG_LOG_DEBUG,
-                       "hivemind: round %lld: %d of %d members did not confirm the group in time",
-                       (long long)round, missing, *n);
-            break;
-        }
+        if (missing == 0 || fg_time() >= end) break;
         wait_20ms(h);
     }
+    /* A member that never said this view by the end formed its group
+     * without it (this peer's view came after it had agreed with the
+     * others: a joiner whose record it had not seen yet), or cannot take
+     * part (stopped): it would send this peer no part, and this peer would
+     * wait the averaging timeout for each. The group is the members that
+     * said it; the weight they hold decides, as for any group. */
+    int kept = 0, left = 0;
+    for (int j = 0; j < *n; j++) {
+        if (v[j].id != h->id && said[j] != h->digest) {
+            left++;
+            continue;
+        }
+        v[kept++] = v[j];
+    }
+    if (left)
+        fg_log(FG_LOG_INFO,
+               "hivemind: round %lld: %d of %d members did not confirm this peer's view of the "
+               "group in time: a group of %d without them",
+               (long long)round, left, *n, kept);
+    *n = kept;
     set_group(h, round, v, *n); /* the weights as the members said them */
     pthread_mutex_unlock(&h->mu);
     /* a member may still wait for this view (the last one sent) */
-    double left = end - fg_time();
-    sends_finish(&s, left > 0.2 ? left : 0.2);
+    double rest = end - fg_time();
+    sends_finish(&s, rest > 0.2 ? rest : 0.2);
 }
 
 /* Whether a live peer at or behind `epoch`, not yet ready, is still worth
