@@ -517,6 +517,17 @@ fg_hivemind *fg_hivemind_new(const fg_hivemind_opts *o) {
     if (listen_on(h, h->pull, h->url_msg, h->o.max_message_bytes) != FG_OK ||
         listen_on(h, h->rep, h->url_state, sizeof(fg__hm_hdr) + FG__HM_TAG + 64) != FG_OK)
         goto fail_sock;
+    {
+        /* nng before 1.12.0 (which still calls itself 1.11.0) can finish an
+         * aio twice when it drops a connection for an over-long message
+         * (docs/hivemind.md, "What happens on each fault") */
+        int major = 0, minor = 0;
+        if (sscanf(nng_version(), "%d.%d", &major, &minor) == 2 && major == 1 && minor <= 11)
+            fg_log(FG_LOG_INFO,
+                   "hivemind: nng %s: a message over max_message_bytes (%zu) from another "
+                   "process can abort this one inside nng (fixed in nng 1.12.0)",
+                   nng_version(), h->o.max_message_bytes);
+    }
 
     h->dht = dht_runner_new();
     if (!h->dht) {

@@ -124,8 +124,7 @@ out:
 }
 
 /* Messages straight at a peer's socket: a wrong secret, a part of the wrong
- * size, a NaN; each refused naming the sender; an over-long message is
- * dropped by nng before it is allocated. */
+ * size, a NaN, an inf; each refused naming the sender. */
 static void body_messages_refused(void);
 static int child_messages_refused(int rank, int n, void *arg) {
     (void)rank, (void)n, (void)arg;
@@ -179,8 +178,51 @@ static void body_messages_refused(void) {
     CHECK(wait_refused(a, s0.refused));
     CHECK_CONTAINS(fg_hivemind_last_refusal(a), "inf at element 3");
 
-    /* 2 MiB against a bound of 1 MiB: nng drops it (and the connection);
-     * nothing reaches the mailbox, nothing is refused by the checks */
+    nng_close(push);
+out:
+    fg_hivemind_free(bad);
+    fg_hivemind_free(good);
+    fg_hivemind_free(a);
+}
+
+/* An over-long message is dropped by nng before it is allocated: 2 MiB
+ * against a bound of 1 MiB; nothing reaches the mailbox, nothing is refused
+ * by the checks, the peer lives on. nng finished an aio twice when a pipe
+ * closed between an aio's begin and its schedule (nng's "aio: task_abort was
+ * a mistake", PR 1978, on its stable branch in 1.12.0), and dropping that
+ * connection hits it: in a 25-line nng program with no fulgur in it, 2 MiB
+ * sent at a 1 MiB bound aborted the process ("appending node already on a
+ * list") or crashed it in nng's poll thread in 4 of 200 tries with nng 1.5.2
+ * (Debian 12's), 2 of 400 with the 1.11 tag, 0 of 300 with 1.12.0. 1.12.0
+ * still calls itself 1.11.0, so the check runs on a later version only. */
+static int nng_drops_long_messages_safely(void) {
+    int v[3] = {0, 0, 0};
+    if (sscanf(nng_version(), "%d.%d.%d", &v[0], &v[1], &v[2]) < 2) return 0;
+    return v[0] > 1 || (v[0] == 1 && (v[1] > 11 || (v[1] == 11 && v[2] > 0)));
+}
+static void body_message_too_long(void);
+static int child_message_too_long(int rank, int n, void *arg) {
+    (void)rank, (void)n, (void)arg;
+    body_message_too_long();
+    return 0;
+}
+TEST(message_too_long) {
+    if (!nng_drops_long_messages_safely())
+        SKIP("nng %s can abort inside its poll thread when it drops an over-long message "
+             "(a double completion in nng, fixed in 1.12.0; not fulgur's code)",
+             nng_version());
+    CHECK(fg_test_fork_ranks(1, child_message_too_long, NULL, 300) == 0);
+}
+static void body_message_too_long(void) {
+    fg_hivemind *a = peer("s3cret", NULL, 5);
+    CHECK(a != NULL);
+    if (!a) return;
+    nng_socket push;
+    CHECK(nng_push0_open(&push) == 0);
+    CHECK(nng_dial(push, a->url_msg, NULL, 0) == 0);
+    nng_socket_set_ms(push, NNG_OPT_SENDTIMEO, 5000);
+    nng_msg *m;
+    fg_hivemind_swarm s0;
     fg_hivemind_swarm_state(a, &s0);
     CHECK(nng_msg_alloc(&m, 2 << 20) == 0);
     memset(nng_msg_body(m), 0x7f, 2 << 20);
@@ -193,9 +235,6 @@ static void body_messages_refused(void) {
     CHECK(a->nmail == 0);
     pthread_mutex_unlock(&a->mu);
     nng_close(push);
-out:
-    fg_hivemind_free(bad);
-    fg_hivemind_free(good);
     fg_hivemind_free(a);
 }
 
