@@ -289,8 +289,9 @@ fg_status fg_hivemind_matchmake(fg_hivemind *h, int64_t epoch, double weight, in
     h->mine.epoch = epoch;
     h->mine.ready = 1;
     h->mine.weight = weight;
+    int64_t samples = h->mine.samples; /* another thread may publish too */
     pthread_mutex_unlock(&h->mu);
-    FG_TRY(fg_hivemind_publish(h, epoch, h->mine.samples, true));
+    FG_TRY(fg_hivemind_publish(h, epoch, samples, true));
     pthread_mutex_lock(&h->mu);
     h->mine.weight = weight;
     double end = fg_time() + h->o.matchmaking_time;
@@ -428,7 +429,9 @@ fg_status fg_hivemind_allreduce(fg_hivemind *h, int channel, float *data, int64_
     if (h->group_round < 0)
         return fg_error(FG_ESTATE, "hivemind allreduce: no group (fg_hivemind_matchmake first)");
     int m = h->ngroup, k = h->me;
-    int64_t refused0 = h->refused;
+    pthread_mutex_lock(&h->mu);
+    int64_t refused0 = h->refused; /* the receiver thread counts refusals */
+    pthread_mutex_unlock(&h->mu);
     double t = h->o.averaging_timeout;
     double end1 = fg_time() + t, end2 = end1 + (t / 4 > 1 ? t / 4 : 1);
     sends s = {.n = 0};

@@ -15,6 +15,7 @@
 #include <opendht/opendht_c.h>
 #include <pthread.h>
 #include <sodium.h>
+#include <stdatomic.h>
 
 #define FG__HM_MAGIC 0x4d484746u /* "FGHM" */
 #define FG__HM_VERSION 2
@@ -104,7 +105,7 @@ struct fg_hivemind {
     char url_msg[FG__HM_URL_MAX], url_state[FG__HM_URL_MAX];
     pthread_t rx_thread, rep_thread;
     bool rx_started, rep_started;
-    volatile int stop;
+    _Atomic int stop; /* set by fg_hivemind_free, read by every thread */
 
     pthread_mutex_t mu; /* everything below */
     pthread_cond_t cv;

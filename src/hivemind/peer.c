@@ -131,7 +131,7 @@ static void take_record(fg_hivemind *h, const fg__hm_record *r) {
  * counted and logged when it comes by the listen (`loud`), not again each
  * time a get fetches it. */
 static bool take_value(fg_hivemind *h, const dht_value *v, bool loud) {
-    if (h->stop) return true;
+    if (atomic_load(&h->stop)) return true;
     dht_data_view d = dht_value_get_data(v);
     fg__hm_record r;
     if (d.size != sizeof r + FG__HM_TAG) {
@@ -345,7 +345,7 @@ static void receive_one(fg_hivemind *h, nng_msg *m) {
 
 static void *rx_main(void *arg) {
     fg_hivemind *h = arg;
-    while (!h->stop) {
+    while (!atomic_load(&h->stop)) {
         nng_msg *m = NULL;
         int rv = nng_recvmsg(h->pull, &m, 0);
         if (rv == 0) {
@@ -603,7 +603,7 @@ fail_mu:
 
 void fg_hivemind_free(fg_hivemind *h) {
     if (!h) return;
-    h->stop = 1;
+    atomic_store(&h->stop, 1);
     if (h->rx_started) pthread_join(h->rx_thread, NULL);
     if (h->rep_started) pthread_join(h->rep_thread, NULL);
     if (h->listen) { /* the token is the caller's to delete after the cancel */

@@ -57,7 +57,7 @@ static void serve_one(fg_hivemind *h, nng_msg *req) {
 void *fg__hm_rep_main(void *arg) {
     fg_hivemind *h = arg;
     nng_socket_set_ms(h->rep, NNG_OPT_SENDTIMEO, 1000);
-    while (!h->stop) {
+    while (!atomic_load(&h->stop)) {
         nng_msg *m = NULL;
         int rv = nng_recvmsg(h->rep, &m, 0);
         if (rv == NNG_ECLOSED) break;
