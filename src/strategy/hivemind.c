@@ -319,10 +319,21 @@ static FG_MUST_USE fg_status average_and_step(fg_strategy *s, bool *stepped) {
     h->epoch++;
     int every = h->o.average_state_every > 0 ? h->o.average_state_every : 1;
     if (members > 1 && h->epoch % every == 0) {
+        /* the step is taken: a state averaging that fails leaves this peer's
+         * own stepped state, as the offloaded round does (Hivemind logs and
+         * goes on), and the epoch ends as any other */
         FG_TRY(gather_state(s, h->state));
-        FG_TRY(fg_hivemind_allreduce(h->peer, FG_HIVEMIND_STATE, h->state, state_len(h), 1.0,
-                                     FG_HIVEMIND_COMPRESSION_NONE, NULL));
-        FG_TRY(scatter_state(s, h->state));
+        if (fg_hivemind_allreduce(h->peer, FG_HIVEMIND_STATE, h->state, state_len(h), 1.0,
+                                  FG_HIVEMIND_COMPRESSION_NONE, NULL) == FG_OK) {
+            FG_TRY(scatter_state(s, h->state));
+        } else {
+            fg_log(FG_LOG_WARN,
+                   "hivemind: epoch %lld: the state averaging failed (%s); this peer keeps its "
+                   "own parameters and optimizer state, stepped, and averages them again in %d "
+                   "epochs",
+                   (long long)h->epoch - 1, fg_last_error(), every);
+            fg_clear_error();
+        }
     }
     FG_TRY(fg_optimizer_set_step_count(s->opt, h->epoch));
     h->samples = 0;

@@ -17,7 +17,9 @@
  * round in flight puts its result in the model. The refusals that remain
  * name what to set. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 
 #include "fulgur/strategy.h"
@@ -208,12 +210,17 @@ TEST(hivemind_delay_is_stale) { CHECK(fg_test_fork_ranks(1, stale_main, NULL, 30
 /* ------------------------------------------------ a round that fails */
 
 static pthread_t g_main;
-static volatile size_t g_fail_size; /* allocations of this size off the main thread fail */
+static volatile size_t g_fail_size;     /* allocations of this size off the main thread fail */
+static volatile size_t g_fail_any_size; /* ... and of this size on any thread, */
+static _Atomic int g_fail_any_left;     /* this many times */
 
 static void *failing_alloc(void *ud, void *ptr, size_t size, size_t align) {
     (void)ud;
     if (!ptr) {
         if (size == g_fail_size && !pthread_equal(pthread_self(), g_main)) return NULL;
+        if (size == g_fail_any_size && atomic_load(&g_fail_any_left) > 0 &&
+            atomic_fetch_sub(&g_fail_any_left, 1) > 0)
+            return NULL;
         void *p = NULL;
         return posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size) ? NULL : p;
     }
@@ -274,6 +281,8 @@ TEST(hivemind_background_failure) { CHECK(fg_test_fork_ranks(1, failing_main, NU
 
 typedef struct shared {
     int mode;
+    bool fail_state;    /* peer 0's state averaging of epoch 2 cannot allocate */
+    int state_failures; /* what peer 0 logged of it */
     char addr[128];
     volatile int have_addr;
     float params[2][600];
@@ -282,20 +291,37 @@ typedef struct shared {
     volatile int done[2];
 } shared;
 
+/* counts peer 0's "state averaging failed" warnings */
+static void count_state_failures(void *ud, fg_log_level level, int rank, const char *msg) {
+    (void)rank;
+    if (level == FG_LOG_WARN && strstr(msg, "the state averaging failed"))
+        ((shared *)ud)->state_failures++;
+    if (getenv("FG_TEST_HIVEMIND_LOG")) fg_log_file(stderr, level, rank, msg);
+}
+
 static int peer_main(int rank, int nr, void *arg) {
     (void)nr;
     shared *sh = arg;
     CHECK_OK(fg_set_num_threads(1));
     if (getenv("FG_TEST_HIVEMIND_LOG")) fg_set_log(fg_log_file, stderr, FG_LOG_INFO);
+    if (sh->fail_state && rank == 0) {
+        fg_set_log(count_state_failures, sh, FG_LOG_INFO);
+        fg_set_allocator(failing_alloc, NULL);
+    }
     if (rank > 0)
         for (int i = 0; i < 60000 && !__atomic_load_n(&sh->have_addr, __ATOMIC_ACQUIRE); i++)
             usleep(1000);
     fg_module *m = make_model();
     fg_optimizer *o = make_opt(m, sh->mode == DELAY_ALL);
     fg_ddp_opts d = {.hivemind = hm_opts(sh->mode, 16, rank ? sh->addr : NULL)};
+    if (sh->fail_state) d.hivemind.averaging_timeout = 2; /* the other waits that for peer 0 */
     fg_strategy *s = fg_strategy_new(FG_STRATEGY_HIVEMIND, NULL, m, o, &d, NULL, 0);
     CHECK(s != NULL);
     if (!s) return fprintf(stderr, "  %s\n", fg_last_error()), 1;
+    /* SGD with momentum: parameters and one moment, 2 x numel values in
+     * two parts of numel; a gradient part is half that */
+    int64_t numel0 = fg_module_numel(m);
+    bool armed = false;
     if (rank == 0) {
         snprintf(sh->addr, sizeof sh->addr, "%s", fg__hivemind_address(s));
         __atomic_store_n(&sh->have_addr, 1, __ATOMIC_RELEASE);
@@ -306,11 +332,18 @@ static int peer_main(int rank, int nr, void *arg) {
         batch(rank, it, &x, &y);
         fg_optimizer_zero_grad(o);
         CHECK_OK(fg_strategy_backward(s, fg_cross_entropy(fg_module_forward(m, x), y, -100)));
+        if (sh->fail_state && rank == 0 && !armed && fg__hivemind_epoch(s) == 2) {
+            g_fail_any_size = (size_t)numel0 * sizeof(double);
+            atomic_store(&g_fail_any_left, 1);
+            armed = true;
+        }
         CHECK_OK(fg_strategy_optimizer_step(s, o, NULL));
         fg_step_reset();
         fg_tensor_free(x);
         fg_tensor_free(y);
     }
+    if (sh->fail_state && rank == 0)
+        CHECK_MSG(atomic_load(&g_fail_any_left) <= 0, "the state averaging never allocated");
     /* the last round (its state averaging with the other peer) ends here */
     CHECK_OK(fg_strategy_settle(s));
     sh->epochs[rank] = fg__hivemind_epoch(s);
@@ -327,10 +360,11 @@ static int peer_main(int rank, int nr, void *arg) {
     return 0;
 }
 
-static void two_peers(int mode) {
+static void two_peers(int mode, bool fail_state) {
     shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     memset(sh, 0, sizeof *sh);
     sh->mode = mode;
+    sh->fail_state = fail_state;
     CHECK(fg_test_fork_ranks(2, peer_main, sh, 300) == 0);
     for (int r = 0; r < 2; r++) {
         CHECK_MSG(sh->epochs[r] >= EPOCHS, "%s: peer %d ended at epoch %lld", k_mode[mode], r,
@@ -339,6 +373,9 @@ static void two_peers(int mode) {
                   sh->max_group[r]);
     }
     CHECK(sh->epochs[0] == sh->epochs[1]);
+    /* peer 0 logged the failure once, kept its stepped state and went on;
+     * the next state averaging brought the two together again */
+    if (fail_state) CHECK_MSG(sh->state_failures == 1, "%d failures logged", sh->state_failures);
     int differ = ndiffer(sh->params[0], sh->params[1], 600);
     CHECK_MSG(differ == 0, "%s: %d parameters differ between the peers", k_mode[mode], differ);
     fprintf(stderr, "  %s: epochs %lld %lld, rounds %lld %lld\n", k_mode[mode],
@@ -348,8 +385,15 @@ static void two_peers(int mode) {
 }
 
 TEST(hivemind_two_peers_delayed) {
-    two_peers(DELAY);
-    two_peers(DELAY_ALL);
+    two_peers(DELAY, false);
+    two_peers(DELAY_ALL, false);
+}
+
+/* A state averaging that fails after the step (here: peer 0 cannot
+ * allocate its part) is logged; the step stands and the epoch ends. */
+TEST(hivemind_state_averaging_failure) {
+    two_peers(PLAIN, true);
+    two_peers(OFFLOAD, true);
 }
 
 TEST(hivemind_delay_refusals) {
