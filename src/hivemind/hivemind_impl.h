@@ -157,6 +157,11 @@ void fg__hm_refuse(fg_hivemind *h, uint64_t from, const char *fmt, ...) FG_PRINT
 /* peer.c: whether a peer counts (a recent record, not suspect), under h->mu;
  * marks a peer suspect, under h->mu */
 bool fg__hm_live(const fg_hivemind *h, const fg__hm_peer *p, double now);
+/* Whether the nng in use drops a connection for an over-long message
+ * safely: nng before 1.12.0 can finish an aio twice there (its PR 1978,
+ * "aio: task_abort was a mistake") and abort the process; 1.12.0 still
+ * calls itself 1.11.0, so only a later version counts. */
+bool fg__hm_nng_drops_long_safely(void);
 void fg__hm_suspect(fg_hivemind *h, uint64_t id);
 
 /* avg.c: the receiver thread's handling of one message (it owns payload:

@@ -517,17 +517,11 @@ fg_hivemind *fg_hivemind_new(const fg_hivemind_opts *o) {
     if (listen_on(h, h->pull, h->url_msg, h->o.max_message_bytes) != FG_OK ||
         listen_on(h, h->rep, h->url_state, sizeof(fg__hm_hdr) + FG__HM_TAG + 64) != FG_OK)
         goto fail_sock;
-    {
-        /* nng before 1.12.0 (which still calls itself 1.11.0) can finish an
-         * aio twice when it drops a connection for an over-long message
-         * (docs/hivemind.md, "What happens on each fault") */
-        int major = 0, minor = 0;
-        if (sscanf(nng_version(), "%d.%d", &major, &minor) == 2 && major == 1 && minor <= 11)
-            fg_log(FG_LOG_INFO,
-                   "hivemind: nng %s: a message over max_message_bytes (%zu) from another "
-                   "process can abort this one inside nng (fixed in nng 1.12.0)",
-                   nng_version(), h->o.max_message_bytes);
-    }
+    if (!fg__hm_nng_drops_long_safely()) /* docs/hivemind.md, "What happens on each fault" */
+        fg_log(FG_LOG_INFO,
+               "hivemind: nng %s: a message over max_message_bytes (%zu) from another process "
+               "can abort this one inside nng (fixed in nng 1.12.0)",
+               nng_version(), h->o.max_message_bytes);
 
     h->dht = dht_runner_new();
     if (!h->dht) {
@@ -599,6 +593,12 @@ fail_mu:
     pthread_cond_destroy(&h->cv);
     fg_free(h);
     return NULL;
+}
+
+bool fg__hm_nng_drops_long_safely(void) {
+    int v[3] = {0, 0, 0};
+    if (sscanf(nng_version(), "%d.%d.%d", &v[0], &v[1], &v[2]) < 2) return false;
+    return v[0] > 1 || (v[0] == 1 && (v[1] > 11 || (v[1] == 11 && v[2] > 0)));
 }
 
 void fg_hivemind_free(fg_hivemind *h) {

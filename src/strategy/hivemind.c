@@ -280,6 +280,16 @@ void fg__hivemind_free(fg_strategy *s) {
     s->hivemind = NULL;
 }
 
+/* A state averaging that failed after the step: this peer keeps its own
+ * stepped parameters and optimizer state, one epoch together, as Hivemind
+ * logs and goes on. */
+static void log_state_kept(int64_t epoch, const char *why, int every) {
+    fg_log(FG_LOG_WARN,
+           "hivemind: epoch %lld: the state averaging failed (%s); this peer keeps its own "
+           "parameters and optimizer state, stepped, and averages them again in %d epochs",
+           (long long)epoch, why, every);
+}
+
 /* One global epoch's averaging and step. */
 static FG_MUST_USE fg_status average_and_step(fg_strategy *s, bool *stepped) {
     fg__hivemind_state *h = s->hivemind;
@@ -319,19 +329,14 @@ static FG_MUST_USE fg_status average_and_step(fg_strategy *s, bool *stepped) {
     h->epoch++;
     int every = h->o.average_state_every > 0 ? h->o.average_state_every : 1;
     if (members > 1 && h->epoch % every == 0) {
-        /* the step is taken: a state averaging that fails leaves this peer's
-         * own stepped state, as the offloaded round does (Hivemind logs and
-         * goes on), and the epoch ends as any other */
+        /* the step is taken: a failure keeps this peer's stepped state and
+         * the epoch ends as any other */
         FG_TRY(gather_state(s, h->state));
         if (fg_hivemind_allreduce(h->peer, FG_HIVEMIND_STATE, h->state, state_len(h), 1.0,
                                   FG_HIVEMIND_COMPRESSION_NONE, NULL) == FG_OK) {
             FG_TRY(scatter_state(s, h->state));
         } else {
-            fg_log(FG_LOG_WARN,
-                   "hivemind: epoch %lld: the state averaging failed (%s); this peer keeps its "
-                   "own parameters and optimizer state, stepped, and averages them again in %d "
-                   "epochs",
-                   (long long)h->epoch - 1, fg_last_error(), every);
+            log_state_kept(h->epoch - 1, fg_last_error(), every);
             fg_clear_error();
         }
     }
@@ -378,6 +383,15 @@ static void log_round(const fg__hivemind_state *h, int64_t epoch, int members,
     (void)h;
 }
 
+/* The round's state averaging, once its step is taken: a failure is kept
+ * for collect to log (the round may run in a thread of its own). */
+static void round_average_state(fg_strategy *s, hm_round *b) {
+    if (average_master_state(s) == FG_OK) return;
+    b->state_failed = true;
+    snprintf(b->state_msg, sizeof b->state_msg, "%s", fg_last_error());
+    fg_clear_error();
+}
+
 /* A round's work: (with delay_grad_averaging) matchmaking and the gradient
  * all-reduce, the step of master, (with delay_state_averaging) the state
  * averaging. In the round's thread, or in the training thread when the
@@ -399,15 +413,7 @@ static FG_MUST_USE fg_status round_work(fg_strategy *s) {
         log_round(h, b->epoch, b->members, &b->r, b->samples);
     }
     FG_TRY(fg__optimizer_step_range(&b->opt, 0, h->numel, h->master, h->rgrad));
-    /* the step is taken: a state averaging that fails now leaves this
-     * peer's own (stepped) state, as Hivemind logs and goes on, so that
-     * parameters and optimizer state stay one epoch together */
-    if (b->state && b->members > 1 && (b->epoch + 1) % every_of(h) == 0 &&
-        average_master_state(s) != FG_OK) {
-        b->state_failed = true;
-        snprintf(b->state_msg, sizeof b->state_msg, "%s", fg_last_error());
-        fg_clear_error();
-    }
+    if (b->state && b->members > 1 && (b->epoch + 1) % every_of(h) == 0) round_average_state(s, b);
     return FG_OK;
 }
 
@@ -487,17 +493,8 @@ static FG_MUST_USE fg_status collect(fg_strategy *s, bool wait, bool *stepped) {
         h->epoch = b->epoch + 1;
         b->noted = true;
     }
-    if (!b->state && b->members > 1 && (b->epoch + 1) % every_of(h) == 0 &&
-        average_master_state(s) != FG_OK) {
-        b->state_failed = true;
-        snprintf(b->state_msg, sizeof b->state_msg, "%s", fg_last_error());
-        fg_clear_error();
-    }
-    if (b->state_failed)
-        fg_log(FG_LOG_WARN,
-               "hivemind: epoch %lld: the state averaging failed (%s); this peer keeps its own "
-               "parameters and optimizer state, stepped, and averages them again in %d epochs",
-               (long long)b->epoch, b->state_msg, every_of(h));
+    if (!b->state && b->members > 1 && (b->epoch + 1) % every_of(h) == 0) round_average_state(s, b);
+    if (b->state_failed) log_state_kept(b->epoch, b->state_msg, every_of(h));
     memcpy(fg_tensor_data(fg_module_flat_params(s->model)), h->master, (size_t)h->numel * 4);
     FG_TRY(fg_optimizer_set_step_count(s->opt, b->epoch + 1));
     h->steps_here++;

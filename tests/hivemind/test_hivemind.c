@@ -187,19 +187,12 @@ out:
 
 /* An over-long message is dropped by nng before it is allocated: 2 MiB
  * against a bound of 1 MiB; nothing reaches the mailbox, nothing is refused
- * by the checks, the peer lives on. nng finished an aio twice when a pipe
- * closed between an aio's begin and its schedule (nng's "aio: task_abort was
- * a mistake", PR 1978, on its stable branch in 1.12.0), and dropping that
- * connection hits it: in a 25-line nng program with no fulgur in it, 2 MiB
- * sent at a 1 MiB bound aborted the process ("appending node already on a
- * list") or crashed it in nng's poll thread in 4 of 200 tries with nng 1.5.2
- * (Debian 12's), 2 of 400 with the 1.11 tag, 0 of 300 with 1.12.0. 1.12.0
- * still calls itself 1.11.0, so the check runs on a later version only. */
-static int nng_drops_long_messages_safely(void) {
-    int v[3] = {0, 0, 0};
-    if (sscanf(nng_version(), "%d.%d.%d", &v[0], &v[1], &v[2]) < 2) return 0;
-    return v[0] > 1 || (v[0] == 1 && (v[1] > 11 || (v[1] == 11 && v[2] > 0)));
-}
+ * by the checks, the peer lives on. Dropping that connection makes nng before
+ * 1.12.0 finish an aio twice (fg__hm_nng_drops_long_safely): in a 25-line
+ * nng program with no fulgur in it, 2 MiB sent at a 1 MiB bound aborted the
+ * process ("appending node already on a list") or crashed it in nng's poll
+ * thread in 4 of 200 tries with nng 1.5.2 (Debian 12's), 2 of 400 with the
+ * 1.11 tag, 0 of 300 with 1.12.0. */
 static void body_message_too_long(void);
 static int child_message_too_long(int rank, int n, void *arg) {
     (void)rank, (void)n, (void)arg;
@@ -207,7 +200,7 @@ static int child_message_too_long(int rank, int n, void *arg) {
     return 0;
 }
 TEST(message_too_long) {
-    if (!nng_drops_long_messages_safely())
+    if (!fg__hm_nng_drops_long_safely())
         SKIP("nng %s can abort inside its poll thread when it drops an over-long message "
              "(a double completion in nng, fixed in 1.12.0; not fulgur's code)",
              nng_version());
