@@ -303,8 +303,14 @@ typedef struct fg_hivemind_strategy_opts {
      * gradients before the step, and the state after it. */
     bool delay_state_averaging, delay_optimizer_step, delay_grad_averaging;
     bool offload_optimizer;
-    bool reuse_grad_buffers; /* refused: the fabric and the Trainer zero the gradient after
-                                each step, so the accumulator is a buffer of its own */
+    /* reuse_grad_buffers (Hivemind's): the model's gradient buffer is the
+     * accumulator (no buffer of numel floats): while the strategy holds the
+     * model, zero_grad leaves the buffer as it is (as Lightning turns the
+     * Trainer's off) and each backward adds to it; the strategy empties it
+     * when it takes an epoch's gradients. Gradient clipping then clips the
+     * sum accumulated so far. Refused with delay_grad_averaging and under a
+     * loss scaler (16-mixed: it would unscale the earlier calls again). */
+    bool reuse_grad_buffers;
     /* lr of global epoch e (Lightning's scheduler_fn, stepped per epoch);
      * NULL: the optimizer's own */
     double (*scheduler_fn)(int64_t epoch, void *ud);

@@ -50,6 +50,17 @@ fg_fabric *fg_fabric_new(const fg_fabric_config *cfg) {
     if (fg__fabric_precision_init(f) != FG_OK) goto fail;
     if (fg_strategy_check_sharded(f->plan.strategy, &f->cfg.sharded) != FG_OK) goto fail;
     if (fg_strategy_check_ddp(&f->cfg.ddp) != FG_OK) goto fail;
+    if (f->plan.strategy == FG_STRATEGY_HIVEMIND && f->cfg.ddp.hivemind.reuse_grad_buffers &&
+        f->scaler) {
+        /* the scaler unscales the buffer at every step call, and under
+         * reuse_grad_buffers the buffer holds the calls before it too */
+        fg_error(FG_EUNSUPPORTED,
+                 "strategy hivemind: reuse_grad_buffers with precision %s: the loss scaler "
+                 "would unscale the gradients accumulated before each step call again; use "
+                 "bf16-mixed or 32-true, or leave reuse_grad_buffers false",
+                 fg_precision_kind_name(f->plan.precision));
+        goto fail;
+    }
     if ((unsigned)f->cfg.sharded.state_dict_type >= FG_STATE_DICT_COUNT) {
         fg_error(FG_EINVAL,
                  "sharded.state_dict_type = %d: expected FG_STATE_DICT_AUTO, "

@@ -26,7 +26,14 @@
  * delay_grad_averaging the round also matches: until it has (bg.matched),
  * the training thread publishes nothing (the peer's record says it is
  * ready at the round's epoch) and counts its new samples for the next
- * epoch, or, if the group declines, for the same one again. */
+ * epoch, or, if the group declines, for the same one again.
+ *
+ * reuse_grad_buffers (Hivemind's): the model's gradient buffer is the
+ * accumulator. While the strategy holds the model, zero_grad (the fabric's,
+ * the Trainer's, the user's) leaves it as it is, as Lightning turns the
+ * Trainer's off; each backward adds to it, the epoch's local mean is the
+ * buffer over the step calls counted (Hivemind's local_times_accumulated),
+ * and the strategy zeroes it when it takes an epoch's gradients. */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -61,6 +68,9 @@ struct fg__hivemind_state {
     fg_hivemind_strategy_opts o;
     fg_hivemind *peer;
     float *acc;      /* the gradient accumulated, times samples (NULL: in the grad buffer) */
+    int64_t calls;   /* step calls accumulated in this epoch (the grad buffer's divisor) */
+    fg__module_wrap keep;  /* reuse_grad_buffers: the model's zero_grad, which keeps the buffer */
+    bool kept, model_gone; /* ... installed; the model was freed first */
     fg_dev *dev;     /* the model's device when the host cannot read it (else NULL) */
     float *gh;       /* on such a device: a step's gradient, then the round's, in host memory */
     float *state;    /* the served state: parameters, optimizer state buffers */
@@ -92,6 +102,60 @@ static FG_MUST_USE fg_status from_host(const fg__hivemind_state *h, float *dst, 
     if (!h->dev) return memcpy(dst, src, (size_t)h->numel * 4), FG_OK;
     return fg_dev_copy_h2d(h->dev, dst, src, (size_t)h->numel * 4);
 }
+
+/* The accumulation of this epoch emptied: the samples, the step calls, the
+ * accumulator (the model's gradient buffer under reuse_grad_buffers). */
+static FG_MUST_USE fg_status acc_reset(fg_strategy *s) {
+    fg__hivemind_state *h = s->hivemind;
+    h->samples = 0;
+    h->calls = 0;
+    if (h->acc) return memset(h->acc, 0, (size_t)h->numel * 4), FG_OK;
+    return fg_tensor_fill(fg_module_flat_grads(s->model), 0);
+}
+
+/* This step call's gradient (the model's buffer) into the accumulation. */
+static FG_MUST_USE fg_status accumulate(fg_strategy *s) {
+    fg__hivemind_state *h = s->hivemind;
+    int64_t bs = h->o.batch_size;
+    if (h->acc) {
+        float *g = fg_tensor_data(fg_module_flat_grads(s->model));
+        if (h->dev) {
+            FG_TRY(to_host(h, h->gh, g));
+            g = h->gh;
+        }
+        for (int64_t i = 0; i < h->numel; i++) h->acc[i] += (float)bs * g[i];
+    }
+    h->samples += bs;
+    h->calls++;
+    return FG_OK;
+}
+
+/* The local mean gradient of the epoch into dst (host memory, numel
+ * values): the accumulator over the samples, or the gradient buffer (the
+ * sum of the calls' gradients, each a mean over its batch) over the calls:
+ * the same values up to rounding (a bias's backward adds its rows into the
+ * buffer one by one, so the order of additions differs). */
+static FG_MUST_USE fg_status local_mean(fg_strategy *s, float *dst) {
+    fg__hivemind_state *h = s->hivemind;
+    if (h->acc) {
+        double inv = 1.0 / (double)h->samples;
+        for (int64_t i = 0; i < h->numel; i++) dst[i] = (float)(h->acc[i] * inv);
+        return FG_OK;
+    }
+    const float *gd = fg_tensor_data(fg_module_flat_grads(s->model));
+    if (dst != gd) FG_TRY(to_host(h, dst, gd));
+    double inv = 1.0 / (double)h->calls;
+    for (int64_t i = 0; i < h->numel; i++) dst[i] = (float)(dst[i] * inv);
+    return FG_OK;
+}
+
+/* reuse_grad_buffers' model hooks: no units; zero_grad keeps the buffer */
+static FG_MUST_USE fg_status no_unit(void *ud, int unit) {
+    (void)ud, (void)unit;
+    return FG_OK;
+}
+static void keep_grads(void *ud) { (void)ud; }
+static void model_gone(void *ud) { ((fg__hivemind_state *)ud)->model_gone = true; }
 
 /* The state layout: parameters, then each optimizer state buffer (numel
  * f32 each); its size in values. */
@@ -132,8 +196,7 @@ static FG_MUST_USE fg_status load_from_peers(fg_strategy *s) {
     FG_TRY(fg_hivemind_load_state(h->peer, h->state, (size_t)state_len(h) * 4, &epoch));
     FG_TRY(scatter_state(s, h->state));
     h->epoch = epoch;
-    h->samples = 0;
-    memset(h->acc, 0, (size_t)h->numel * 4);
+    FG_TRY(acc_reset(s));
     h->loads++;
     FG_TRY(fg_optimizer_set_step_count(s->opt, epoch));
     fg_log(FG_LOG_INFO, "hivemind: loaded the state of epoch %lld from a peer", (long long)epoch);
@@ -183,11 +246,11 @@ fg_status fg__hivemind_setup(fg_strategy *s, const fg_ddp_opts *d) {
                         "must be > 0 (--target-batch-size; batch_size is the loader's)",
                         o ? (long long)o->target_batch_size : 0LL,
                         o ? (long long)o->batch_size : 0LL);
-    if (o->reuse_grad_buffers)
-        return fg_error(FG_EUNSUPPORTED,
-                        "strategy hivemind: reuse_grad_buffers is not built: the fabric and the "
-                        "Trainer zero the gradient after each step, so the accumulation keeps a "
-                        "buffer of its own; leave it false");
+    if (o->reuse_grad_buffers && o->delay_grad_averaging)
+        return fg_error(FG_EINVAL,
+                        "strategy hivemind: reuse_grad_buffers with delay_grad_averaging: the "
+                        "background round would average the buffer the next epoch's backward "
+                        "adds to; leave one of them false");
     /* Hivemind's requirements: a delayed step runs on the offloaded
      * optimizer, and the gradients or the state are averaged in the
      * background only by the round that steps there */
@@ -218,10 +281,25 @@ fg_status fg__hivemind_setup(fg_strategy *s, const fg_ddp_opts *d) {
     h->nstates = fg_optimizer_num_states(s->opt);
     fg_dev *dev = fg_tensor_dev(fp);
     h->dev = dev && !fg_dev_host_accessible(dev) ? dev : NULL;
-    if (!(h->acc = fg_calloc((size_t)h->numel, 4))) return fg_last_status();
+    if (!o->reuse_grad_buffers && !(h->acc = fg_calloc((size_t)h->numel, 4)))
+        return fg_last_status();
     if (h->dev && !(h->gh = fg_alloc((size_t)h->numel * 4))) return fg_last_status();
     if (!(h->state = fg_alloc((size_t)state_len(h) * 4))) return fg_last_status();
     FG_TRY(offload_setup(s));
+    if (o->reuse_grad_buffers) {
+        /* the buffer starts empty: what a backward before the setup left
+         * in it is not this epoch's */
+        h->keep = (fg__module_wrap){.pre_forward = no_unit,
+                                    .post_forward = no_unit,
+                                    .pre_backward = no_unit,
+                                    .post_backward = no_unit,
+                                    .zero_grad = keep_grads,
+                                    .detach = model_gone,
+                                    .ud = h};
+        fg__module_set_wrap(s->model, &h->keep, NULL, 0);
+        h->kept = true;
+        FG_TRY(acc_reset(s));
+    }
     fg_hivemind_opts po = {.run_id = o->run_id,
                            .secret = o->run_secret,
                            .initial_peers = o->initial_peers,
@@ -268,6 +346,7 @@ void fg__hivemind_free(fg_strategy *s) {
         (void)fg_error_restore(&keep);
     }
     fg_hivemind_free(h->peer);
+    if (h->kept && !h->model_gone) fg__module_set_wrap(s->model, NULL, NULL, 0);
     fg_free(h->acc);
     fg_free(h->gh);
     fg_free(h->state);
@@ -295,9 +374,6 @@ static FG_MUST_USE fg_status average_and_step(fg_strategy *s, bool *stepped) {
     fg__hivemind_state *h = s->hivemind;
     float *gd = fg_tensor_data(fg_module_flat_grads(s->model));
     float *g = h->dev ? h->gh : gd; /* the round's gradient, in host memory */
-    const float *acc = h->acc;
-    double inv = 1.0 / (double)h->samples;
-    for (int64_t i = 0; i < h->numel; i++) g[i] = (float)(acc[i] * inv); /* the local mean */
     int members = 0;
     FG_TRY(fg_hivemind_matchmake(h->peer, h->epoch, (double)h->samples, &members));
     double held = fg_hivemind_group_weight(h->peer);
@@ -311,6 +387,9 @@ static FG_MUST_USE fg_status average_and_step(fg_strategy *s, bool *stepped) {
                (long long)h->epoch, members, held, (long long)h->o.target_batch_size);
         return fg_hivemind_publish(h->peer, h->epoch, h->samples, false);
     }
+    /* the local mean, in the model's buffer (or host staging): the
+     * accumulation is taken from here on (a failure below loses it) */
+    FG_TRY(local_mean(s, g));
     fg_hivemind_round r;
     FG_TRY(fg_hivemind_allreduce(h->peer, FG_HIVEMIND_GRADS, g, h->numel, (double)h->samples,
                                  h->o.grad_compression, &r));
@@ -341,9 +420,8 @@ static FG_MUST_USE fg_status average_and_step(fg_strategy *s, bool *stepped) {
         }
     }
     FG_TRY(fg_optimizer_set_step_count(s->opt, h->epoch));
-    h->samples = 0;
-    memset(h->acc, 0, (size_t)h->numel * 4);
     fg_optimizer_zero_grad(s->opt);
+    FG_TRY(acc_reset(s));
     FG_TRY(fg_hivemind_publish(h->peer, h->epoch, 0, false));
     FG_TRY(serve_state(s));
     if (stepped) *stepped = true;
@@ -526,8 +604,7 @@ static FG_MUST_USE fg_status launch(fg_strategy *s, bool *stepped) {
     b->members = 1;
     memset(&b->r, 0, sizeof b->r);
     if (!b->grads) {
-        double inv = 1.0 / (double)h->samples;
-        for (int64_t i = 0; i < h->numel; i++) h->rgrad[i] = (float)(h->acc[i] * inv);
+        FG_TRY(local_mean(s, h->rgrad));
         FG_TRY(fg_hivemind_matchmake(h->peer, h->epoch, (double)h->samples, &b->members));
         double held = fg_hivemind_group_weight(h->peer);
         if (held < (double)h->o.target_batch_size) {
@@ -542,15 +619,14 @@ static FG_MUST_USE fg_status launch(fg_strategy *s, bool *stepped) {
                                      (double)h->samples, h->o.grad_compression, &b->r));
         log_round(h, h->epoch, b->members, &b->r, h->samples);
         b->matched = 1;
-    } else {
+    } else { /* the sum (no reuse_grad_buffers with delay_grad_averaging) */
         memcpy(h->rgrad, h->acc, (size_t)h->numel * 4);
     }
     memcpy(h->master, fg_tensor_data(fg_module_flat_params(s->model)), (size_t)h->numel * 4);
     if (h->o.scheduler_fn)
         FG_TRY(fg_optimizer_set_lr(s->opt, h->o.scheduler_fn(h->epoch, h->o.scheduler_ud)));
     FG_TRY(round_optimizer(s));
-    h->samples = 0;
-    memset(h->acc, 0, (size_t)h->numel * 4);
+    FG_TRY(acc_reset(s));
     if (!b->grads) {
         h->epoch++;
         b->noted = true;
@@ -584,10 +660,7 @@ static FG_MUST_USE fg_status step_offloaded(fg_strategy *s, bool *stepped) {
     fg__hivemind_state *h = s->hivemind;
     hm_round *b = &h->bg;
     FG_TRY(collect(s, false, stepped));
-    const float *g = fg_tensor_data(fg_module_flat_grads(s->model));
-    int64_t bs = h->o.batch_size;
-    for (int64_t i = 0; i < h->numel; i++) h->acc[i] += (float)bs * g[i];
-    h->samples += bs;
+    FG_TRY(accumulate(s));
     if (b->running && !b->noted) {
         if (h->samples >= h->o.target_batch_size)
             while (!__atomic_load_n(&b->matched, __ATOMIC_ACQUIRE) &&
@@ -642,8 +715,10 @@ fg_status fg__hivemind_optimizer_step(fg_strategy *s, fg_optimizer *opt, bool *s
      * this peer's now, and the swarm's decides whether it loads again */
     if (!h->bg.running && fg_optimizer_step_count(opt) != h->epoch) {
         h->epoch = fg_optimizer_step_count(opt);
-        h->samples = 0;
-        memset(h->acc, 0, (size_t)h->numel * 4);
+        /* the accumulation starts again, but for the model's gradient
+         * buffer (reuse_grad_buffers): it holds this call's gradient, and
+         * the calls' since the last reset, which the restored epoch counts */
+        if (h->acc) FG_TRY(acc_reset(s));
         FG_TRY(serve_state(s));
     }
     if (!h->started) {
@@ -676,14 +751,7 @@ fg_status fg__hivemind_optimizer_step(fg_strategy *s, fg_optimizer *opt, bool *s
  * accumulator, then a round if the swarm holds the target. */
 static FG_MUST_USE fg_status step_accumulated(fg_strategy *s, bool *stepped) {
     fg__hivemind_state *h = s->hivemind;
-    float *g = fg_tensor_data(fg_module_flat_grads(s->model));
-    if (h->dev) {
-        FG_TRY(to_host(h, h->gh, g));
-        g = h->gh;
-    }
-    int64_t bs = h->o.batch_size;
-    for (int64_t i = 0; i < h->numel; i++) h->acc[i] += (float)bs * g[i];
-    h->samples += bs;
+    FG_TRY(accumulate(s));
     FG_TRY(fg_hivemind_publish(h->peer, h->epoch, h->samples, false));
     fg_hivemind_swarm sw;
     fg_hivemind_swarm_state(h->peer, &sw);

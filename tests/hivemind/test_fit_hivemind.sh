@@ -5,7 +5,8 @@
 # wrong secret is refused (the others log it) and changes nothing; a peer
 # resumed from its checkpoint starts at its checkpoint's epoch; flags
 # without --strategy hivemind, or hivemind without its required ones, are
-# usage errors; 2 peers with Hivemind's delays on (flags, and the YAML
+# usage errors; a lone peer accumulates in the model's gradient buffer
+# (--reuse-grad-buffers), refused under 16-mixed; 2 peers with Hivemind's delays on (flags, and the YAML
 # config's keys) train in groups of 2 and save their checkpoints. Skipped without the fortunes text or a hivemind build.
 source "$(dirname "$0")/../cli/lib.sh"
 echo "test_fit_hivemind: 3 peers on localhost, a wrong secret, a resume"
@@ -89,6 +90,22 @@ expect_rc "--delay-grad-averaging without --delay-optimizer-step" 1 nodelay
 expect_grep "... says what it needs" nodelay 'delay_grad_averaging needs delay_optimizer_step'
 run delayusage "$FULGUR" fit --model gpt --data "$DATA" --delay-optimizer-step
 expect_rc "--delay-optimizer-step without --strategy hivemind" 2 delayusage
+# reuse_grad_buffers: a lone peer accumulates 2 step calls an epoch in the
+# model's gradient buffer through the Trainer (whose zero_grad leaves it);
+# refused under 16-mixed's loss scaler and with delay_grad_averaging
+run reuse "$FULGUR" fit "${COMMON[@]}" --run-id fit-reuse --run-secret right --reuse-grad-buffers \
+    --target-batch-size 16 --max-steps 8 --default-root-dir "$T_TMP/reuse-run"
+expect_rc "a lone peer with --reuse-grad-buffers trains" 0 reuse
+expect_grep "... 2 calls an epoch: epoch 3 after 8 calls" reuse 'hivemind: epoch 3: 1 peers'
+run reuse16 "$FULGUR" fit "${COMMON[@]}" --run-secret right --reuse-grad-buffers \
+    --precision 16-mixed --default-root-dir "$T_TMP/reuse16-run"
+expect_rc "--reuse-grad-buffers under 16-mixed (the configuration check)" 2 reuse16
+expect_grep "... names the scaler and what to use" reuse16 'reuse_grad_buffers with precision 16-mixed: the loss scaler'
+run reusedelay "$FULGUR" fit "${COMMON[@]}" --run-secret right --reuse-grad-buffers \
+    --offload-optimizer --delay-optimizer-step --delay-grad-averaging \
+    --default-root-dir "$T_TMP/reusedelay-run"
+expect_rc "--reuse-grad-buffers with --delay-grad-averaging" 1 reusedelay
+expect_grep "... says which two" reusedelay 'reuse_grad_buffers with delay_grad_averaging'
 DELAYS=(--offload-optimizer --delay-optimizer-step --delay-grad-averaging --delay-state-averaging)
 D_COMMON=("${COMMON[@]}" --run-id fit-delay --run-secret right --min-peers 2 --max-steps 12)
 "$FULGUR" fit "${D_COMMON[@]}" "${DELAYS[@]}" --seed 1 --default-root-dir "$T_TMP/dr0" \

@@ -14,8 +14,11 @@
  * parameters (the state is averaged every epoch, the last round's too). A
  * round that fails in the background (an allocation of its all-reduce
  * refused) is the next step call's error; freeing the strategy with a
- * round in flight puts its result in the model. The refusals that remain
- * name what to set. */
+ * round in flight puts its result in the model. With reuse_grad_buffers
+ * the model's gradient buffer accumulates an epoch of several calls, and
+ * the parameters equal those of an accumulator of its own (to rounding). The refusals
+ * that remain name what to set. */
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -396,6 +399,94 @@ TEST(hivemind_state_averaging_failure) {
     two_peers(OFFLOAD, true);
 }
 
+/* ------------------------------------------------ reuse_grad_buffers */
+
+/* NCALLS + 1 calls of a lone peer whose epoch is 3 step calls (target 12,
+ * batch 4), zero_grad before each backward as the fabric's loop does; the
+ * parameters and the epoch after them (settled). */
+static void accumulating_run(int mode, bool reuse, float *out, int64_t *epoch) {
+    fg_module *m = make_model();
+    fg_optimizer *o = make_opt(m, mode == OFFLOAD);
+    int64_t n = fg_module_numel(m);
+    fg_ddp_opts d = {.hivemind = hm_opts(mode, 12, NULL)};
+    d.hivemind.reuse_grad_buffers = reuse;
+    fg_strategy *s = fg_strategy_new(FG_STRATEGY_HIVEMIND, NULL, m, o, &d, NULL, 0);
+    CHECK_MSG(s != NULL, "%s: %s", k_mode[mode], fg_last_error());
+    if (!s) return;
+    for (int k = 1; k <= NCALLS + 1; k++) {
+        fg_tensor *x, *y;
+        batch(0, k, &x, &y);
+        fg_optimizer_zero_grad(o);
+        CHECK_OK(fg_strategy_backward(s, fg_cross_entropy(fg_module_forward(m, x), y, -100)));
+        CHECK_OK(fg_strategy_optimizer_step(s, o, NULL));
+        /* the delayed round ends here, not at whichever call finds it done:
+         * the parameters of the next backward do not depend on the timing */
+        if (mode == DELAY) CHECK_OK(fg_strategy_settle(s));
+        fg_step_reset();
+        fg_tensor_free(x);
+        fg_tensor_free(y);
+    }
+    CHECK_OK(fg_strategy_settle(s));
+    *epoch = fg__hivemind_epoch(s);
+    memcpy(out, params(m), (size_t)n * 4);
+    fg_strategy_free(s);
+    /* the model's zero_grad is its own again */
+    fg_tensor *x, *y;
+    batch(0, 0, &x, &y);
+    CHECK_OK(fg_backward(fg_cross_entropy(fg_module_forward(m, x), y, -100)));
+    fg_optimizer_zero_grad(o);
+    const float *g = fg_tensor_data(fg_module_flat_grads(m));
+    int64_t nonzero = 0;
+    for (int64_t i = 0; i < n; i++) nonzero += g[i] != 0;
+    CHECK_MSG(nonzero == 0, "%s: %lld gradients left by zero_grad after the strategy", k_mode[mode],
+              (long long)nonzero);
+    fg_step_reset();
+    fg_tensor_free(x);
+    fg_tensor_free(y);
+    fg_optimizer_free(o);
+    fg_module_free(m);
+}
+
+/* reuse_grad_buffers: the model's gradient buffer accumulates the epoch's
+ * 3 calls although zero_grad is called before each backward, and the
+ * parameters after 3 epochs are those of the run with an accumulator of
+ * its own, up to rounding (a bias's backward adds its rows into the buffer
+ * one by one, so the order of additions differs: a few parameters in 467
+ * differ in the last bits; without the accumulation the gradient would be
+ * a third of the epoch's, 1e-2 away); plain, offloaded and with the step
+ * delayed. */
+static int reuse_main(int rank, int nr, void *arg) {
+    (void)rank, (void)nr, (void)arg;
+    CHECK_OK(fg_set_num_threads(1));
+    fg_module *m0 = make_model();
+    int64_t n = fg_module_numel(m0);
+    fg_module_free(m0);
+    float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+    int modes[] = {PLAIN, OFFLOAD, DELAY};
+    for (int i = 0; i < 3; i++) {
+        int64_t ea = -1, eb = -1;
+        accumulating_run(modes[i], false, a, &ea);
+        accumulating_run(modes[i], true, b, &eb);
+        CHECK_MSG(ea == 3 && eb == 3, "%s: epochs %lld and %lld after %d calls of 3 an epoch",
+                  k_mode[modes[i]], (long long)ea, (long long)eb, NCALLS + 1);
+        int64_t far = 0, worst = 0;
+        for (int64_t j = 0; j < n; j++)
+            if (fabs(a[j] - b[j]) > 1e-6 + 1e-5 * fabs(a[j])) {
+                if (!far++) worst = j;
+            }
+        CHECK_MSG(far == 0,
+                  "%s: %lld of %lld parameters differ between reuse_grad_buffers and an "
+                  "accumulator of its own (the first, %lld: %.9g and %.9g)",
+                  k_mode[modes[i]], (long long)far, (long long)n, (long long)worst, a[worst],
+                  b[worst]);
+    }
+    free(a);
+    free(b);
+    return 0;
+}
+
+TEST(hivemind_reuse_grad_buffers) { CHECK(fg_test_fork_ranks(1, reuse_main, NULL, 300) == 0); }
+
 TEST(hivemind_delay_refusals) {
     fg_module *m = make_model();
     fg_optimizer *o = make_opt(m, false);
@@ -417,6 +508,11 @@ TEST(hivemind_delay_refusals) {
         CHECK(fg_last_status() == FG_EINVAL);
         CHECK_CONTAINS(fg_last_error(), bad[i].says);
     }
+    fg_ddp_opts d = {.hivemind = hm_opts(DELAY_ALL, 4, NULL)};
+    d.hivemind.reuse_grad_buffers = true;
+    CHECK(fg_strategy_new(FG_STRATEGY_HIVEMIND, NULL, m, o, &d, NULL, 0) == NULL);
+    CHECK(fg_last_status() == FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "reuse_grad_buffers with delay_grad_averaging");
     fg_optimizer_free(o);
     fg_module_free(m);
 }

@@ -42,6 +42,7 @@ typedef struct fit_hivemind {
     const char *initial_peers, *run_id, *run_secret, *run_secret_file, *grad_compression, *host;
     double matchmaking_time, averaging_timeout;
     bool offload_optimizer, delay_optimizer_step, delay_grad_averaging, delay_state_averaging;
+    bool reuse_grad_buffers;
     char secret_buf[512];
 } fit_hivemind;
 

@@ -503,6 +503,11 @@ static const cli_flag_def k_flags[] = {
      .off = O(hivemind.delay_state_averaging),
      .help = "hivemind: average the parameters and optimizer state in the background too "
              "(needs --delay-optimizer-step)"},
+    {.name = "reuse-grad-buffers",
+     .type = CLI_BOOL,
+     .off = O(hivemind.reuse_grad_buffers),
+     .help = "hivemind: accumulate in the model's gradient buffer (zero_grad leaves it; no "
+             "16-mixed, no --delay-grad-averaging)"},
     {.name = "loop (Lightning's Trainer arguments)", .type = CLI_SECTION},
     {.name = "max-epochs",
      .type = CLI_INT,

@@ -27,7 +27,8 @@ int fit_hivemind_args(fit_opts *o, cli_flag *flags, int n) {
                                       "offload-optimizer",
                                       "delay-optimizer-step",
                                       "delay-grad-averaging",
-                                      "delay-state-averaging"};
+                                      "delay-state-averaging",
+                                      "reuse-grad-buffers"};
     fg_strategy_kind kind;
     bool hm = plan_kind(o, &kind) && kind == FG_STRATEGY_HIVEMIND;
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
@@ -72,7 +73,8 @@ int fit_hivemind_args(fit_opts *o, cli_flag *flags, int n) {
                                      .offload_optimizer = h->offload_optimizer,
                                      .delay_optimizer_step = h->delay_optimizer_step,
                                      .delay_grad_averaging = h->delay_grad_averaging,
-                                     .delay_state_averaging = h->delay_state_averaging};
+                                     .delay_state_averaging = h->delay_state_averaging,
+                                     .reuse_grad_buffers = h->reuse_grad_buffers};
     if (fg_hivemind_compression_parse(h->grad_compression, &d->grad_compression) != FG_OK) {
         cli_error("%s", fg_last_error());
         return FG_EXIT_USAGE;
