@@ -255,10 +255,15 @@ else fail "fulgur sample: texts differ"; fi
 
 # hivemind: one peer alone (its rounds are groups of one, so its steps do
 # not hang on timing): the accumulation and the round's gradient in host
-# memory, the step on the device, the served state staged out
+# memory, the step on the device, the served state staged out; the same
+# with the accumulation in the device's gradient buffer
 run hm-probe "$FULGUR" fit "${MLP[@]}" --strategy hivemind --run-id t
 if ! grep -q "built without OpenDHT" "$T_TMP/hm-probe"; then
     both hivemind 4 "${MLP[@]}" --strategy hivemind --target-batch-size 32 --run-id t \
         --run-secret abcdefghijklmnop
+    # the accumulation in the device's gradient buffer (reuse_grad_buffers):
+    # emptied by the device's fill, read through its copy
+    both hivemind-reuse 4 "${MLP[@]}" --strategy hivemind --target-batch-size 32 --run-id t \
+        --run-secret abcdefghijklmnop --reuse-grad-buffers
 else skip "hivemind on guarded: this fulgur was built without OpenDHT, nng or libsodium"; fi
 finish
