@@ -46,7 +46,9 @@ typedef struct fg__slot {
  * FULL_SHARD: src/strategy/zero3.c) hangs on the tree: the hooks of its
  * wrapped units (module_wrap.c calls them around a wrapped module's forward
  * and, through two identity nodes on the tape, around its backward) and
- * the root's zero_grad. Each hook gets the unit's index. */
+ * the root's zero_grad. Each hook gets the unit's index. A wrap set with
+ * no units (a strategy that only owns the root's zero_grad) has only
+ * zero_grad and detach called: its unit hooks may be NULL. */
 typedef struct fg__module_wrap {
     FG_MUST_USE fg_status (*pre_forward)(void *ud, int unit);  /* gather the unit's parameters */
     FG_MUST_USE fg_status (*post_forward)(void *ud, int unit); /* release them */

@@ -67,11 +67,11 @@ typedef struct hm_round {
 struct fg__hivemind_state {
     fg_hivemind_strategy_opts o;
     fg_hivemind *peer;
-    float *acc;      /* the gradient accumulated, times samples (NULL: in the grad buffer) */
-    int64_t calls;   /* step calls accumulated in this epoch (the grad buffer's divisor) */
+    float *acc;            /* the gradient accumulated, times samples (NULL: in the grad buffer) */
+    int64_t calls;         /* step calls accumulated in this epoch (the grad buffer's divisor) */
     fg__module_wrap keep;  /* reuse_grad_buffers: the model's zero_grad, which keeps the buffer */
     bool kept, model_gone; /* ... installed; the model was freed first */
-    fg_dev *dev;     /* the model's device when the host cannot read it (else NULL) */
+    fg_dev *dev;           /* the model's device when the host cannot read it (else NULL) */
     float *gh;       /* on such a device: a step's gradient, then the round's, in host memory */
     float *state;    /* the served state: parameters, optimizer state buffers */
     int64_t numel;   /* parameter elements */
@@ -149,11 +149,7 @@ static FG_MUST_USE fg_status local_mean(fg_strategy *s, float *dst) {
     return FG_OK;
 }
 
-/* reuse_grad_buffers' model hooks: no units; zero_grad keeps the buffer */
-static FG_MUST_USE fg_status no_unit(void *ud, int unit) {
-    (void)ud, (void)unit;
-    return FG_OK;
-}
+/* reuse_grad_buffers' wrap of the model (no units): zero_grad keeps the buffer */
 static void keep_grads(void *ud) { (void)ud; }
 static void model_gone(void *ud) { ((fg__hivemind_state *)ud)->model_gone = true; }
 
@@ -289,13 +285,7 @@ fg_status fg__hivemind_setup(fg_strategy *s, const fg_ddp_opts *d) {
     if (o->reuse_grad_buffers) {
         /* the buffer starts empty: what a backward before the setup left
          * in it is not this epoch's */
-        h->keep = (fg__module_wrap){.pre_forward = no_unit,
-                                    .post_forward = no_unit,
-                                    .pre_backward = no_unit,
-                                    .post_backward = no_unit,
-                                    .zero_grad = keep_grads,
-                                    .detach = model_gone,
-                                    .ud = h};
+        h->keep = (fg__module_wrap){.zero_grad = keep_grads, .detach = model_gone, .ud = h};
         fg__module_set_wrap(s->model, &h->keep, NULL, 0);
         h->kept = true;
         FG_TRY(acc_reset(s));

@@ -106,12 +106,6 @@ static void zero_grad2(void *ud) {
     release_grad(z, 0, z->numel);
 }
 
-static FG_MUST_USE fg_status no_unit(void *ud, int unit) {
-    (void)ud;
-    (void)unit;
-    return FG_OK;
-}
-
 static void detach_model2(void *ud) { ((fg__zero_state *)ud)->model_gone = true; }
 
 void fg__zero_before_backward(fg_strategy *s) {
@@ -253,11 +247,7 @@ fg_status fg__zero_setup(fg_strategy *s, const fg_sharded_opts *o) {
     if (empty) fg__module_init_elements(m, z->bounds[z->rank], z->bounds[z->rank + 1], seed);
     if (s3) fg__zero3_start(s);
     if (z->release_grads) {
-        z->wrap = (fg__module_wrap){.pre_forward = no_unit,
-                                    .post_forward = no_unit,
-                                    .pre_backward = no_unit,
-                                    .post_backward = no_unit,
-                                    .zero_grad = zero_grad2,
+        z->wrap = (fg__module_wrap){.zero_grad = zero_grad2, /* no units */
                                     .detach = detach_model2,
                                     .ud = z};
         fg__module_set_wrap(m, &z->wrap, NULL, 0);
