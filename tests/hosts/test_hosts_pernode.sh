@@ -40,6 +40,20 @@ FIT=(fit --model gpt --data "$TXT" --layers 1 --heads 2 --embd 32 --ctx 32 --lr 
 # on HOST OUT CMD...: CMD inside test host HOST, output into $T_TMP/OUT, in the background
 on() { local h=$1 out=$2; shift 2; "$HOSTS_AGENT" "$h" "$*" >"$T_TMP/$out" 2>&1 & }
 last_ckpt() { ls "$T_TMP/$1"/checkpoints/step-*.safetensors 2>/dev/null | tail -1; }
+# again CASE OUT...: whether a case runs once more because Open MPI itself
+# failed in a rank's start (a fatal error inside MPI_Init or the dynamic
+# connect, which fulgur cannot catch: CI saw it about once in ten runs and it
+# never came here in hundreds); its own lines are printed, then the case is
+# run again from nothing. Twice is a failure as any other.
+again() {
+    local c=$1 o hit=""; shift
+    for o in "$@"; do
+        grep -Eq 'MPI_ERRORS_ARE_FATAL|MPI_INIT failed|ORTE_ERROR_LOG|PMIX ERROR|MPI_Comm_(connect|accept).* failed' "$T_TMP/$o" && hit=$o
+    done
+    [ -n "$hit" ] || return 1
+    echo "  note $c: Open MPI failed while a rank started ($hit, below); the case runs again"
+    grep -E 'rank|MPI|ORTE|PMIX|\*\*\*' "$T_TMP/$hit" | head -20 | sed 's/^/       | /'
+}
 
 # --- the mpirun path
 run mpi timeout 600 "$FULGUR" run --hosts h1:2,h2:2 --rsh-agent "$HOSTS_AGENT" \
@@ -48,12 +62,17 @@ expect_rc "ddp on 2 hosts x 2 ranks started by mpirun" 0 mpi
 
 # --- each host started on its own
 t0=$(date +%s.%N)
-for k in 1 0; do
-    on h$((k + 1)) pn$k timeout 600 "$FULGUR" run --nnodes 2 --node-rank $k --master-addr "$A1" \
-        --master-port 29400 --nproc-per-node 2 -- "$FULGUR" "${FIT[@]}" \
-        --default-root-dir "$T_TMP/r-pn"
-done
-wait
+case_pn() { # PORT
+    rm -rf "$T_TMP/r-pn"
+    for k in 1 0; do
+        on h$((k + 1)) pn$k timeout 600 "$FULGUR" run --nnodes 2 --node-rank $k --master-addr "$A1" \
+            --master-port "$1" --nproc-per-node 2 -- "$FULGUR" "${FIT[@]}" \
+            --default-root-dir "$T_TMP/r-pn"
+    done
+    wait
+}
+case_pn 29400
+again ddp pn1 pn0 && t0=$(date +%s.%N) && case_pn 29420
 took=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 expect_grep "node 0 trained (per-machine starts, $took s)" pn0 'done: 6 steps'
 expect_grep "the hybrid backend, Open MPI across the hosts" pn0 'run details: comm hybrid'
@@ -81,12 +100,17 @@ done
 run mpifs timeout 600 "$FULGUR" run --hosts h1:2,h2:2 --rsh-agent "$HOSTS_AGENT" \
     --network "$HOSTS_NET" -- "$FULGUR" "${FSDP[@]}" --default-root-dir "$T_TMP/r-mpifs"
 expect_rc "fsdp on 2 hosts x 2 ranks started by mpirun" 0 mpifs
-for k in 1 0; do
-    on h$((k + 1)) pnfs$k timeout 600 "$FULGUR" run --nnodes 2 --node-rank $k --master-addr "$A1" \
-        --master-port 29409 --nproc-per-node 2 -- "$FULGUR" "${FSDP[@]}" \
-        --default-root-dir "$T_TMP/r-pnfs"
-done
-wait
+case_pnfs() { # PORT
+    rm -rf "$T_TMP/r-pnfs"
+    for k in 1 0; do
+        on h$((k + 1)) pnfs$k timeout 600 "$FULGUR" run --nnodes 2 --node-rank $k --master-addr "$A1" \
+            --master-port "$1" --nproc-per-node 2 -- "$FULGUR" "${FSDP[@]}" \
+            --default-root-dir "$T_TMP/r-pnfs"
+    done
+    wait
+}
+case_pnfs 29409
+again fsdp pnfs1 pnfs0 && case_pnfs 29421
 expect_grep "fsdp, each host started on its own" pnfs0 'done: 6 steps'
 a=$(last_ckpt r-mpifs) b=$(last_ckpt r-pnfs)
 if [ -n "$a" ] && [ -n "$b" ]; then
@@ -225,30 +249,42 @@ fi
 exec "\$@" --max-steps 40
 EOF
 chmod +x "$WRAP"
-on h2 lose1 timeout 300 "$FULGUR" "${ELASTIC[@]}" --master-port 29410 -- "$WRAP" lose "$FULGUR" "${TINY[@]}" \
-    --accumulate-grad-batches 3 --default-root-dir "$T_TMP/r-lose"
-on h1 lose0 timeout 300 "$FULGUR" "${ELASTIC[@]}" --master-port 29410 -- "$WRAP" lose "$FULGUR" "${TINY[@]}" \
-    --accumulate-grad-batches 3 --default-root-dir "$T_TMP/r-lose"
-wait
+case_lose() { # PORT
+    rm -rf "$T_TMP/r-lose"
+    on h2 lose1 timeout 300 "$FULGUR" "${ELASTIC[@]}" --master-port "$1" -- "$WRAP" lose "$FULGUR" \
+        "${TINY[@]}" --accumulate-grad-batches 3 --default-root-dir "$T_TMP/r-lose"
+    on h1 lose0 timeout 300 "$FULGUR" "${ELASTIC[@]}" --master-port "$1" -- "$WRAP" lose "$FULGUR" \
+        "${TINY[@]}" --accumulate-grad-batches 3 --default-root-dir "$T_TMP/r-lose"
+    wait
+}
+case_lose 29410
+again lose lose1 lose0 && case_lose 29422
 expect_grep "lose: 2 nodes formed" lose0 '^fulgur run: node 0 of 2 \(--nnodes 1:2\), 2 ranks here'
 expect_grep "lose: h1 names the node that left" lose0 "stopping its 2 ranks: node 1 \($(host_addr h2)\) left the job before its ranks finished"
+# node 1's own account when it did not simply vanish (its ranks' errors)
+grep -q 'left the job before its ranks finished' "$T_TMP/lose0" || sed 's/^/       | node 1: /' "$T_TMP/lose1" | head -60
 expect_grep "lose: the job goes on with 1 node" lose0 '^fulgur run: node 0 of 1 \(--nnodes 1:2\), 2 ranks here, restart count from node 0'
 expect_grep "lose: fit resumed, the global batch kept" lose0 'global batch 24 kept on 2 ranks: --accumulate-grad-batches 6'
 expect_grep "lose: and finished" lose0 'done: 40 steps'
 run dl "$FULGUR" ckpt diff "$T_TMP/r-eone/checkpoints/last.safetensors" "$T_TMP/r-lose/checkpoints/last.safetensors" --exit-code
 expect_rc "lose: bitwise the uninterrupted 1-process run" 0 dl
 
-on h1 join0 timeout 300 "$FULGUR" "${ELASTIC[@]}" --master-port 29411 -- "$WRAP" join "$FULGUR" "${TINY[@]}" \
-    --accumulate-grad-batches 6 --default-root-dir "$T_TMP/r-join"
-for _ in $(seq 1 600); do grep -q 'node 0 of 1' "$T_TMP/join0" 2>/dev/null && break; sleep 0.1; done
-on h2 join1 timeout 300 "$FULGUR" "${ELASTIC[@]}" --master-port 29411 -- "$WRAP" join "$FULGUR" "${TINY[@]}" \
-    --accumulate-grad-batches 6 --default-root-dir "$T_TMP/r-join"
-# h2 is held by node 0 (connected) before the restart: it joins that round first
-for _ in $(seq 1 1500); do grep -q 'waits for its next restart round' "$T_TMP/join1" 2>/dev/null && break; sleep 0.1; done
+case_join() { # PORT
+    rm -rf "$T_TMP/r-join" "$T_TMP/join.go"
+    on h1 join0 timeout 300 "$FULGUR" "${ELASTIC[@]}" --master-port "$1" -- "$WRAP" join "$FULGUR" "${TINY[@]}" \
+        --accumulate-grad-batches 6 --default-root-dir "$T_TMP/r-join"
+    for _ in $(seq 1 600); do grep -q 'node 0 of 1' "$T_TMP/join0" 2>/dev/null && break; sleep 0.1; done
+    on h2 join1 timeout 300 "$FULGUR" "${ELASTIC[@]}" --master-port "$1" -- "$WRAP" join "$FULGUR" "${TINY[@]}" \
+        --accumulate-grad-batches 6 --default-root-dir "$T_TMP/r-join"
+    # h2 is held by node 0 (connected) before the restart: it joins that round first
+    for _ in $(seq 1 1500); do grep -q 'waits for its next restart round' "$T_TMP/join1" 2>/dev/null && break; sleep 0.1; done
+    touch "$T_TMP/join.go" # h1's ranks fail after step 20
+    wait
+}
+case_join 29411
+again join join1 join0 && case_join 29423
 expect_grep "join: h2 held for the next round" join1 '^fulgur run: job .* runs with 1 node since [0-9:]+ UTC \(round 0\): this node waits for its next restart round'
 expect_grep "join: node 0 says so" join0 "^fulgur run: the node at $(host_addr h2) waits for job .*'s next round"
-touch "$T_TMP/join.go" # h1's ranks fail after step 20
-wait
 expect_grep "join: h1 started alone" join0 '^fulgur run: node 0 of 1 \(--nnodes 1:2\), 2 ranks here$'
 expect_grep "join: h2 joined at the restart" join1 '^fulgur run: node 1 of 2 \(--nnodes 1:2\), 2 ranks here, restart count from node 0'
 expect_grep "join: fit resumed on 4 ranks, the global batch kept" join0 'global batch 24 kept on 4 ranks: --accumulate-grad-batches 3'
