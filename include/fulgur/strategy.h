@@ -417,8 +417,11 @@ typedef struct fg_sharded_opts {
      * deepspeed kinds only for nvme (fsdp offloads to the cpu only). */
     fg_offload_device offload_optimizer_device;
     /* DeepSpeed's offload_params_device (ZeRO stage 3 only, as DeepSpeed)
-     * and FSDP's cpu_offload: FG_OFFLOAD_CPU has nothing to move on a CPU.
-     * FG_OFFLOAD_NVME (deepspeed_stage_3, 2 or more ranks, f32 or f64
+     * and FSDP's cpu_offload: FG_OFFLOAD_CPU has nothing to move on a CPU;
+     * on a device the parameter shard lives in host memory, and fsdp
+     * SHARD_GRAD_OP then shards the parameters outside the forward and
+     * backward as PyTorch's does (stage 3's units, each kept gathered from
+     * its forward to its backward). FG_OFFLOAD_NVME (deepspeed_stage_3, 2 or more ranks, f32 or f64
      * parameters): this rank's parameter shard lives in a file under
      * nvme_path with its optimizer state (which then goes to nvme too),
      * updated there block by block at each step, and each unit's part is

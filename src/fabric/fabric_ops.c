@@ -25,14 +25,16 @@ fg_status fg__fabric_to_device(fg_fabric *f, fg_strategy_kind kind, fg_module *m
                         "horovod, bagua and hivemind run on the device (docs/devices.md)",
                         fg_strategy_kind_name(kind));
     const fg_sharded_opts *so = &f->cfg.sharded;
+    /* fsdp's SHARD_GRAD_OP shards them outside the forward and backward
+     * (strategy.c runs it on stage 3's units there) */
     if (so->offload_params_device == FG_OFFLOAD_CPU && kind != FG_STRATEGY_DEEPSPEED_STAGE_3 &&
-        !(kind == FG_STRATEGY_FSDP && (so->sharding_strategy == FG_SHARDING_FULL_SHARD ||
-                                       so->sharding_strategy == FG_SHARDING_HYBRID_SHARD)))
+        !(kind == FG_STRATEGY_FSDP && so->sharding_strategy != FG_SHARDING_NO_SHARD))
         return fg_error(FG_EUNSUPPORTED,
                         "accelerator guarded: %s with the parameters offloaded to the cpu: on a "
-                        "device that moves stage 3's parameter shards, and fsdp's %s does not "
-                        "shard them; use FULL_SHARD (or deepspeed_stage_3_offload), or offload "
-                        "the optimizer state only (offload_optimizer_device cpu)",
+                        "device that moves sharded parameters, and fsdp's %s does not "
+                        "shard them; use FULL_SHARD or SHARD_GRAD_OP (or "
+                        "deepspeed_stage_3_offload), or offload the optimizer state only "
+                        "(offload_optimizer_device cpu)",
                         fg_strategy_kind_name(kind),
                         fg_sharding_strategy_name(so->sharding_strategy));
     if (!f->dev) {

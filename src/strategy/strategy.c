@@ -252,6 +252,19 @@ static fg__strategy_mode mode_of(fg_strategy_kind kind, const fg_sharded_opts *o
     return FG_MODE_DDP;
 }
 
+/* fsdp's SHARD_GRAD_OP with the parameters offloaded to the cpu, on a
+ * device: PyTorch's SHARD_GRAD_OP shards the parameters outside the
+ * forward and backward (it gathers each unit before its forward and frees
+ * it after its backward), which is what leaves a shard to offload. Stage
+ * 3's units do that with the gather kept from forward to backward
+ * (zero3.c); without the offload (and on the host, where an offload moves
+ * nothing) SHARD_GRAD_OP runs as stage 2, which keeps the whole parameters
+ * resident and computes the same bits. */
+static bool grad_op_offloaded(fg_strategy_kind kind, const fg_sharded_opts *o, fg_module *m) {
+    return kind == FG_STRATEGY_FSDP && o && o->sharding_strategy == FG_SHARDING_SHARD_GRAD_OP &&
+           o->offload_params_device == FG_OFFLOAD_CPU && fg__zero_dev(fg_module_flat_params(m));
+}
+
 fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *model,
                              fg_optimizer *opt, const fg_ddp_opts *ddp,
                              const fg_sharded_opts *sharded, int dp_threads) {
@@ -270,6 +283,7 @@ fg_strategy *fg_strategy_new(fg_strategy_kind kind, fg_comm *comm, fg_module *mo
     if (fg_strategy_check_sharded(kind, sharded) != FG_OK) return NULL;
     if (fg_strategy_check_ddp(ddp) != FG_OK) return NULL;
     fg__strategy_mode mode = mode_of(kind, sharded);
+    if (mode == FG_MODE_ZERO2 && grad_op_offloaded(kind, sharded, model)) mode = FG_MODE_ZERO3;
     /* empty init: all of the model, unless stage 3 initialises its shards */
     if (mode != FG_MODE_ZERO3 && fg__module_materialize(model) != FG_OK) return NULL;
     fg_strategy *s = fg_calloc(1, sizeof *s);

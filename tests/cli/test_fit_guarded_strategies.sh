@@ -216,11 +216,33 @@ run diff-one-off "$FULGUR" ckpt diff "$T_TMP/r/plain1c/$ck" "$T_TMP/r/one-off/$c
 expect_grep "one rank on guarded, offloaded == plain on cpu" diff-one-off \
     'overall max \|A-B\| = 0 over ([1-9][0-9]*) common tensors \(\1 bitwise equal, 0 with other shapes, 0 in one file only'
 
+# fsdp SHARD_GRAD_OP with the parameters offloaded (PyTorch's: the
+# parameters sharded outside the forward and backward, each unit gathered
+# before its forward and kept until its backward is over) runs on stage
+# 3's units: the MLP's one unit moves as under FULL_SHARD; the GPT's blocks
+# are gathered once a step instead of twice, so fewer bytes are staged
+# than FULL_SHARD's for the same bits
+both mlp-gradop-offload 4 "${MLP[@]}" --devices 2 --strategy fsdp_cpu_offload \
+    --sharding-strategy SHARD_GRAD_OP
+expect_grep "SHARD_GRAD_OP offload: the MLP's one unit moves as FULL_SHARD's" \
+    mlp-gradop-offload-guarded "$POFF"
+both gpt-gradop-offload 6 "${GPT[@]}" --devices 2 --strategy fsdp_cpu_offload \
+    --sharding-strategy SHARD_GRAD_OP
+both gpt-fullshard-offload 6 "${GPT[@]}" --devices 2 --strategy fsdp_cpu_offload
+# staged IN: the bytes into the host per step for the communicator
+staged() { sed -n 's/.* per training step ([0-9]* steps), and \([0-9]*\) and [0-9]* staged.*/\1/p' "$T_TMP/$1"; }
+a=$(staged gpt-gradop-offload-guarded) b=$(staged gpt-fullshard-offload-guarded)
+if [ -n "$a" ] && [ -n "$b" ] && [ "$a" -lt "$b" ]; then
+    pass "SHARD_GRAD_OP offload: each block gathered once a step ($a bytes staged against FULL_SHARD's $b)"
+else fail "SHARD_GRAD_OP offload staged ${a:-?} bytes, FULL_SHARD ${b:-?}: expected fewer"; fi
+both gpt-gradop-offload-3ranks 6 "${GPT[@]}" --devices 3 --strategy fsdp_cpu_offload \
+    --sharding-strategy SHARD_GRAD_OP
+
 # parameter offload where nothing shards the parameters: refused by name
 run poffload "$FULGUR" fit "${MLP[@]}" --accelerator guarded --devices 2 \
-    --strategy fsdp_cpu_offload --sharding-strategy SHARD_GRAD_OP --default-root-dir "$T_TMP/r/poffload"
-[ "$RC" != 0 ] && pass "fsdp_cpu_offload under SHARD_GRAD_OP on guarded refused (exit $RC)" \
+    --strategy fsdp_cpu_offload --sharding-strategy NO_SHARD --default-root-dir "$T_TMP/r/poffload"
+[ "$RC" != 0 ] && pass "fsdp_cpu_offload under NO_SHARD on guarded refused (exit $RC)" \
     || fail "cpu parameter offload of unsharded parameters on guarded: exit 0"
 expect_grep "parameter offload without sharded parameters: named" poffload \
-    "accelerator guarded: fsdp with the parameters offloaded to the cpu: .*SHARD_GRAD_OP does not shard them"
+    "accelerator guarded: fsdp with the parameters offloaded to the cpu: .*NO_SHARD does not shard them"
 finish

@@ -118,9 +118,9 @@ TEST(mlp_single_on_guarded_equals_the_cpu_bitwise) {
 }
 
 TEST(what_is_not_device_clean_yet_is_refused_by_name) {
-    /* fsdp SHARD_GRAD_OP shards no parameter, so there is none to offload */
+    /* fsdp NO_SHARD shards no parameter, so there is none to offload */
     fg_fabric_config cfg = {.accelerator = "guarded", .strategy = "fsdp"};
-    cfg.sharded.sharding_strategy = FG_SHARDING_SHARD_GRAD_OP;
+    cfg.sharded.sharding_strategy = FG_SHARDING_NO_SHARD;
     cfg.sharded.offload_params_device = FG_OFFLOAD_CPU;
     fg_fabric *f = fg_fabric_new(&cfg);
     CHECK(f != NULL);
