@@ -27,6 +27,9 @@
  *                 the last unit's until its backward, which comes first);
  *   pre_backward  gather it again, prefetch the previous unit;
  *   post_backward release it.
+ * fsdp SHARD_GRAD_OP with its parameters offloaded (strategy.c) keeps each
+ * unit from its post_forward to its post_backward, PyTorch's
+ * SHARD_GRAD_OP: one gather a step, the parameters sharded between steps.
  * Gathering a unit is one broadcast from each rank whose shard meets the
  * unit (pieces of allgather_bucket_size elements), asynchronous on the
  * communicator's progress thread, so a prefetch overlaps the compute of the
