@@ -62,17 +62,21 @@ expect_rc "ddp on 2 hosts x 2 ranks started by mpirun" 0 mpi
 
 # --- each host started on its own
 t0=$(date +%s.%N)
-case_pn() { # PORT
-    rm -rf "$T_TMP/r-pn"
+# pair OUT ROOT PORT FIT...: FIT on 2 hosts x 2 ranks, each host's fulgur run
+# started on its own (outputs OUT1 and OUT0), into run folder ROOT
+pair() {
+    local out=$1 root=$2 port=$3
+    shift 3
+    rm -rf "${T_TMP:?}/$root"
     for k in 1 0; do
-        on h$((k + 1)) pn$k timeout 600 "$FULGUR" run --nnodes 2 --node-rank $k --master-addr "$A1" \
-            --master-port "$1" --nproc-per-node 2 -- "$FULGUR" "${FIT[@]}" \
-            --default-root-dir "$T_TMP/r-pn"
+        on h$((k + 1)) "$out$k" timeout 600 "$FULGUR" run --nnodes 2 --node-rank $k \
+            --master-addr "$A1" --master-port "$port" --nproc-per-node 2 -- "$FULGUR" "$@" \
+            --default-root-dir "$T_TMP/$root"
     done
     wait
 }
-case_pn 29400
-again ddp pn1 pn0 && t0=$(date +%s.%N) && case_pn 29420
+pair pn r-pn 29400 "${FIT[@]}"
+again ddp pn1 pn0 && t0=$(date +%s.%N) && pair pn r-pn 29420 "${FIT[@]}"
 took=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 expect_grep "node 0 trained (per-machine starts, $took s)" pn0 'done: 6 steps'
 expect_grep "the hybrid backend, Open MPI across the hosts" pn0 'run details: comm hybrid'
@@ -100,17 +104,8 @@ done
 run mpifs timeout 600 "$FULGUR" run --hosts h1:2,h2:2 --rsh-agent "$HOSTS_AGENT" \
     --network "$HOSTS_NET" -- "$FULGUR" "${FSDP[@]}" --default-root-dir "$T_TMP/r-mpifs"
 expect_rc "fsdp on 2 hosts x 2 ranks started by mpirun" 0 mpifs
-case_pnfs() { # PORT
-    rm -rf "$T_TMP/r-pnfs"
-    for k in 1 0; do
-        on h$((k + 1)) pnfs$k timeout 600 "$FULGUR" run --nnodes 2 --node-rank $k --master-addr "$A1" \
-            --master-port "$1" --nproc-per-node 2 -- "$FULGUR" "${FSDP[@]}" \
-            --default-root-dir "$T_TMP/r-pnfs"
-    done
-    wait
-}
-case_pnfs 29409
-again fsdp pnfs1 pnfs0 && case_pnfs 29421
+pair pnfs r-pnfs 29409 "${FSDP[@]}"
+again fsdp pnfs1 pnfs0 && pair pnfs r-pnfs 29421 "${FSDP[@]}"
 expect_grep "fsdp, each host started on its own" pnfs0 'done: 6 steps'
 a=$(last_ckpt r-mpifs) b=$(last_ckpt r-pnfs)
 if [ -n "$a" ] && [ -n "$b" ]; then
