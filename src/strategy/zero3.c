@@ -118,8 +118,8 @@ struct fg__zero3_state {
     int64_t peak_gathered, gathered; /* parameter elements outside the shard, resident */
     bool model_gone;                 /* the model was freed first */
     bool summoned;                   /* fg_strategy_gather_params: all gathered, the hooks idle */
-    bool keep_forward; /* SHARD_GRAD_OP (offloaded): a unit stays gathered until its backward */
-    fg__poffload *po;                /* offload_params_device=nvme (param_offload.c), or NULL */
+    bool keep_forward;     /* SHARD_GRAD_OP (offloaded): a unit stays gathered until its backward */
+    fg__poffload *po;      /* offload_params_device=nvme (param_offload.c), or NULL */
     bool grad_shard_pages; /* zero_grad releases the shard's pages too (parameter offload) */
     fg_dev *dev; /* the buffers' device if the host cannot touch it: its discard, staging */
 };
@@ -577,7 +577,8 @@ fg_status fg__zero3_setup(fg_strategy *s, const fg_sharded_opts *o) {
      * between steps either (and setup does not write the shard) */
     z->grad_shard_pages = d.offload_params_device == FG_OFFLOAD_NVME;
     z->grad_released = z->numel;
-    z->keep_forward = s->kind == FG_STRATEGY_FSDP && d.sharding_strategy == FG_SHARDING_SHARD_GRAD_OP;
+    z->keep_forward =
+        s->kind == FG_STRATEGY_FSDP && d.sharding_strategy == FG_SHARDING_SHARD_GRAD_OP;
     if (make_units(z, m, &d) != FG_OK)
         return fg_error_wrap(FG_ENOMEM, "%s setup", fg_strategy_kind_name(s->kind));
     if (z->zero_pages && huge && !z->dev) huge_pages(z);
