@@ -75,7 +75,8 @@ struct fg_fabric {
 };
 
 /* fabric_ops.c: accelerator guarded's device, model and step tensors */
-/* deepspeed_stage_3 with offload_params_device nvme on one rank: stage 3
+/* deepspeed_stage_3 with offload_params_device nvme on one rank, or with
+ * cpu on a device (as fsdp's cpu_offload, but under NO_SHARD): stage 3
  * runs on a group of one (ZeRO-Infinity on a single device), the model
  * never whole in memory. */
 bool fg__fabric_one_rank_stage3(const fg_fabric *f);

@@ -28,15 +28,18 @@ fg_status fg__fabric_to_device(fg_fabric *f, fg_strategy_kind kind, fg_module *m
     /* fsdp's SHARD_GRAD_OP shards them outside the forward and backward
      * (strategy.c runs it on stage 3's units there) */
     if (so->offload_params_device == FG_OFFLOAD_CPU && kind != FG_STRATEGY_DEEPSPEED_STAGE_3 &&
-        !(kind == FG_STRATEGY_FSDP && so->sharding_strategy != FG_SHARDING_NO_SHARD))
+        !(kind == FG_STRATEGY_FSDP && so->sharding_strategy != FG_SHARDING_NO_SHARD)) {
+        /* named as asked (one rank of a kind runs as single) */
+        bool fsdp = f->plan.strategy == FG_STRATEGY_FSDP;
         return fg_error(FG_EUNSUPPORTED,
-                        "accelerator guarded: %s with the parameters offloaded to the cpu: on a "
-                        "device that moves sharded parameters, and fsdp's %s does not "
-                        "shard them; use FULL_SHARD or SHARD_GRAD_OP (or "
-                        "deepspeed_stage_3_offload), or offload the optimizer state only "
+                        "accelerator guarded: %s%s%s with the parameters offloaded to the cpu: "
+                        "on a device only sharded parameters move, and this does not shard "
+                        "them; use fsdp with FULL_SHARD or SHARD_GRAD_OP, or "
+                        "deepspeed_stage_3_offload, or offload the optimizer state only "
                         "(offload_optimizer_device cpu)",
-                        fg_strategy_kind_name(kind),
-                        fg_sharding_strategy_name(so->sharding_strategy));
+                        fg_strategy_kind_name(f->plan.strategy), fsdp ? " " : "",
+                        fsdp ? fg_sharding_strategy_name(so->sharding_strategy) : "");
+    }
     if (!f->dev) {
         char name[FG_DEVICE_NAME_MAX];
         snprintf(name, sizeof name, "guarded:%d", f->local_rank > 0 ? f->local_rank : 0);
@@ -90,11 +93,13 @@ fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt) {
 }
 
 bool fg__fabric_one_rank_stage3(const fg_fabric *f) {
-    /* cpu: on a device only (on the CPU the parameters are in host memory) */
+    /* cpu: on a device only (on the CPU the parameters are in host memory);
+     * fsdp's cpu_offload as deepspeed_stage_3_offload, but under NO_SHARD */
     fg_offload_device pd = f->cfg.sharded.offload_params_device;
-    return f->plan.strategy == FG_STRATEGY_DEEPSPEED_STAGE_3 &&
-           (pd == FG_OFFLOAD_NVME ||
-            (pd == FG_OFFLOAD_CPU && f->plan.accelerator == FG_ACCELERATOR_GUARDED));
+    bool cpu = pd == FG_OFFLOAD_CPU && f->plan.accelerator == FG_ACCELERATOR_GUARDED;
+    if (f->plan.strategy == FG_STRATEGY_FSDP)
+        return cpu && f->cfg.sharded.sharding_strategy != FG_SHARDING_NO_SHARD;
+    return f->plan.strategy == FG_STRATEGY_DEEPSPEED_STAGE_3 && (pd == FG_OFFLOAD_NVME || cpu);
 }
 
 bool fg_fabric_shards_params(const fg_fabric *f) {

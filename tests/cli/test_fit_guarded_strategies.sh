@@ -215,6 +215,30 @@ ck=checkpoints/step-00000004.safetensors
 run diff-one-off "$FULGUR" ckpt diff "$T_TMP/r/plain1c/$ck" "$T_TMP/r/one-off/$ck"
 expect_grep "one rank on guarded, offloaded == plain on cpu" diff-one-off \
     'overall max \|A-B\| = 0 over ([1-9][0-9]*) common tensors \(\1 bitwise equal, 0 with other shapes, 0 in one file only'
+# fsdp_cpu_offload on one rank (PyTorch's FSDP with CPUOffload on one GPU):
+# the same, under FULL_SHARD and SHARD_GRAD_OP; the GPT's SHARD_GRAD_OP
+# copies each block in once a step, FULL_SHARD twice
+run plain1g "$FULGUR" fit "${GPT[@]}" --accelerator cpu --default-root-dir "$T_TMP/r/plain1g"
+for ss in FULL_SHARD SHARD_GRAD_OP; do
+    for m in MLP GPT; do
+        n=one-fsdp-$m-$ss
+        [ $m = MLP ] && args=("${MLP[@]}") plain=plain1c k=4 || args=("${GPT[@]}") plain=plain1g k=6
+        run "$n" "$FULGUR" fit "${args[@]}" --accelerator guarded --strategy fsdp_cpu_offload \
+            --sharding-strategy $ss --default-root-dir "$T_TMP/r/$n"
+        expect_rc "one rank, fsdp_cpu_offload $ss on guarded ($m)" 0 "$n"
+        run "diff-$n" "$FULGUR" ckpt diff "$T_TMP/r/$plain/$(printf 'checkpoints/step-%08d.safetensors' $k)" \
+            "$T_TMP/r/$n/$(printf 'checkpoints/step-%08d.safetensors' $k)"
+        expect_grep "one rank, fsdp $ss ($m) on guarded == plain on cpu" "diff-$n" \
+            'overall max \|A-B\| = 0 over ([1-9][0-9]*) common tensors \(\1 bitwise equal, 0 with other shapes, 0 in one file only'
+    done
+done
+expect_grep "one rank, fsdp SHARD_GRAD_OP (MLP): its one unit moves as stage 3's" \
+    one-fsdp-MLP-SHARD_GRAD_OP "$STEP, and 0 and 360 staged through the host for the communicator; per optimizer step 0 host->device and 360 device->host"
+a=$(sed -n 's/.* per training step ([0-9]* steps), and [0-9]* and \([0-9]*\) staged.*/\1/p' "$T_TMP/one-fsdp-GPT-SHARD_GRAD_OP")
+b=$(sed -n 's/.* per training step ([0-9]* steps), and [0-9]* and \([0-9]*\) staged.*/\1/p' "$T_TMP/one-fsdp-GPT-FULL_SHARD")
+if [ -n "$a" ] && [ -n "$b" ] && [ "$a" -lt "$b" ]; then
+    pass "one rank, fsdp SHARD_GRAD_OP: each GPT block copied in once a step ($a bytes against FULL_SHARD's $b)"
+else fail "one rank: SHARD_GRAD_OP copied ${a:-?} bytes in a step, FULL_SHARD ${b:-?}: expected fewer"; fi
 
 # fsdp SHARD_GRAD_OP with the parameters offloaded (PyTorch's: the
 # parameters sharded outside the forward and backward, each unit gathered
@@ -244,5 +268,5 @@ run poffload "$FULGUR" fit "${MLP[@]}" --accelerator guarded --devices 2 \
 [ "$RC" != 0 ] && pass "fsdp_cpu_offload under NO_SHARD on guarded refused (exit $RC)" \
     || fail "cpu parameter offload of unsharded parameters on guarded: exit 0"
 expect_grep "parameter offload without sharded parameters: named" poffload \
-    "accelerator guarded: fsdp with the parameters offloaded to the cpu: .*NO_SHARD does not shard them"
+    "accelerator guarded: fsdp NO_SHARD with the parameters offloaded to the cpu: on a device only sharded parameters move"
 finish
