@@ -421,11 +421,12 @@ typedef struct fg_sharded_opts {
      * on a device the parameter shard lives in host memory, and fsdp
      * SHARD_GRAD_OP then shards the parameters outside the forward and
      * backward as PyTorch's does (stage 3's units, each kept gathered from
-     * its forward to its backward). FG_OFFLOAD_NVME (deepspeed_stage_3, 2 or more ranks, f32 or f64
-     * parameters): this rank's parameter shard lives in a file under
-     * nvme_path with its optimizer state (which then goes to nvme too),
-     * updated there block by block at each step, and each unit's part is
-     * read back asynchronously when the unit is prefetched. */
+     * its forward to its backward). FG_OFFLOAD_NVME (deepspeed_stage_3,
+     * 2 or more ranks, f32 or f64 parameters): this rank's parameter shard
+     * lives in a file under nvme_path with its optimizer state (which then
+     * goes to nvme too), updated there block by block at each step, and
+     * each unit's part is read back asynchronously when the unit is
+     * prefetched. */
     fg_offload_device offload_params_device;
     /* The directory for nvme offload (DeepSpeed's nvme_path), on a local
      * disk; borrowed for fg_strategy_new (the fabric copies it). The files
