@@ -216,10 +216,10 @@ run diff-one-off "$FULGUR" ckpt diff "$T_TMP/r/plain1c/$ck" "$T_TMP/r/one-off/$c
 expect_grep "one rank on guarded, offloaded == plain on cpu" diff-one-off \
     'overall max \|A-B\| = 0 over ([1-9][0-9]*) common tensors \(\1 bitwise equal, 0 with other shapes, 0 in one file only'
 # fsdp_cpu_offload on one rank (PyTorch's FSDP with CPUOffload on one GPU):
-# the same, under FULL_SHARD and SHARD_GRAD_OP; the GPT's SHARD_GRAD_OP
+# the same, under FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD; the GPT's SHARD_GRAD_OP
 # copies each block in once a step, FULL_SHARD twice
 run plain1g "$FULGUR" fit "${GPT[@]}" --accelerator cpu --default-root-dir "$T_TMP/r/plain1g"
-for ss in FULL_SHARD SHARD_GRAD_OP; do
+for ss in FULL_SHARD SHARD_GRAD_OP HYBRID_SHARD; do
     for m in MLP GPT; do
         n=one-fsdp-$m-$ss
         [ $m = MLP ] && args=("${MLP[@]}") plain=plain1c k=4 || args=("${GPT[@]}") plain=plain1g k=6
