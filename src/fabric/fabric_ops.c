@@ -6,6 +6,16 @@
 
 #include "fabric_impl.h"
 
+/* Whether the strategy asked for shards the parameters, so that their cpu
+ * offload on a device moves something: deepspeed_stage_3, and fsdp but
+ * under NO_SHARD (its SHARD_GRAD_OP runs on stage 3's units when its
+ * parameters are offloaded: strategy.c). */
+static bool shards_offloaded_params(const fg_fabric *f) {
+    fg_strategy_kind k = f->plan.strategy;
+    return k == FG_STRATEGY_DEEPSPEED_STAGE_3 ||
+           (k == FG_STRATEGY_FSDP && f->cfg.sharded.sharding_strategy != FG_SHARDING_NO_SHARD);
+}
+
 /* Accelerator guarded: this rank's guarded device (opened here, after the
  * ranks forked), the model and optimizer on it, and this thread's step
  * tensors. What is device-clean so far runs there; the rest is refused by
@@ -25,10 +35,7 @@ fg_status fg__fabric_to_device(fg_fabric *f, fg_strategy_kind kind, fg_module *m
                         "horovod, bagua and hivemind run on the device (docs/devices.md)",
                         fg_strategy_kind_name(kind));
     const fg_sharded_opts *so = &f->cfg.sharded;
-    /* fsdp's SHARD_GRAD_OP shards them outside the forward and backward
-     * (strategy.c runs it on stage 3's units there) */
-    if (so->offload_params_device == FG_OFFLOAD_CPU && kind != FG_STRATEGY_DEEPSPEED_STAGE_3 &&
-        !(kind == FG_STRATEGY_FSDP && so->sharding_strategy != FG_SHARDING_NO_SHARD)) {
+    if (so->offload_params_device == FG_OFFLOAD_CPU && !shards_offloaded_params(f)) {
         /* named as asked (one rank of a kind runs as single) */
         bool fsdp = f->plan.strategy == FG_STRATEGY_FSDP;
         return fg_error(FG_EUNSUPPORTED,
@@ -93,13 +100,11 @@ fg_status fg_fabric_setup(fg_fabric *f, fg_module *model, fg_optimizer *opt) {
 }
 
 bool fg__fabric_one_rank_stage3(const fg_fabric *f) {
-    /* cpu: on a device only (on the CPU the parameters are in host memory);
-     * fsdp's cpu_offload as deepspeed_stage_3_offload, but under NO_SHARD */
+    /* cpu: on a device only (on the CPU the parameters are in host memory) */
     fg_offload_device pd = f->cfg.sharded.offload_params_device;
-    bool cpu = pd == FG_OFFLOAD_CPU && f->plan.accelerator == FG_ACCELERATOR_GUARDED;
-    if (f->plan.strategy == FG_STRATEGY_FSDP)
-        return cpu && f->cfg.sharded.sharding_strategy != FG_SHARDING_NO_SHARD;
-    return f->plan.strategy == FG_STRATEGY_DEEPSPEED_STAGE_3 && (pd == FG_OFFLOAD_NVME || cpu);
+    if (pd == FG_OFFLOAD_NVME) return f->plan.strategy == FG_STRATEGY_DEEPSPEED_STAGE_3;
+    return pd == FG_OFFLOAD_CPU && f->plan.accelerator == FG_ACCELERATOR_GUARDED &&
+           shards_offloaded_params(f);
 }
 
 bool fg_fabric_shards_params(const fg_fabric *f) {

@@ -234,8 +234,13 @@ for ss in FULL_SHARD SHARD_GRAD_OP HYBRID_SHARD; do
 done
 expect_grep "one rank, fsdp SHARD_GRAD_OP (MLP): its one unit moves as stage 3's" \
     one-fsdp-MLP-SHARD_GRAD_OP "$STEP, and 0 and 360 staged through the host for the communicator; per optimizer step 0 host->device and 360 device->host"
-a=$(sed -n 's/.* per training step ([0-9]* steps), and [0-9]* and \([0-9]*\) staged.*/\1/p' "$T_TMP/one-fsdp-GPT-SHARD_GRAD_OP")
-b=$(sed -n 's/.* per training step ([0-9]* steps), and [0-9]* and \([0-9]*\) staged.*/\1/p' "$T_TMP/one-fsdp-GPT-FULL_SHARD")
+# staged OUT: a training step's bytes staged through the host for the
+# communicator, OUT 1 host->device (into the device), 2 device->host
+staged() {
+    sed -n "s/.* per training step ([0-9]* steps), and \([0-9]*\) and \([0-9]*\) staged.*/\\$1/p" \
+        "$T_TMP/$2"
+}
+a=$(staged 2 one-fsdp-GPT-SHARD_GRAD_OP) b=$(staged 2 one-fsdp-GPT-FULL_SHARD)
 if [ -n "$a" ] && [ -n "$b" ] && [ "$a" -lt "$b" ]; then
     pass "one rank, fsdp SHARD_GRAD_OP: each GPT block copied in once a step ($a bytes against FULL_SHARD's $b)"
 else fail "one rank: SHARD_GRAD_OP copied ${a:-?} bytes in a step, FULL_SHARD ${b:-?}: expected fewer"; fi
@@ -253,9 +258,7 @@ expect_grep "SHARD_GRAD_OP offload: the MLP's one unit moves as FULL_SHARD's" \
 both gpt-gradop-offload 6 "${GPT[@]}" --devices 2 --strategy fsdp_cpu_offload \
     --sharding-strategy SHARD_GRAD_OP
 both gpt-fullshard-offload 6 "${GPT[@]}" --devices 2 --strategy fsdp_cpu_offload
-# staged IN: the bytes into the host per step for the communicator
-staged() { sed -n 's/.* per training step ([0-9]* steps), and \([0-9]*\) and [0-9]* staged.*/\1/p' "$T_TMP/$1"; }
-a=$(staged gpt-gradop-offload-guarded) b=$(staged gpt-fullshard-offload-guarded)
+a=$(staged 1 gpt-gradop-offload-guarded) b=$(staged 1 gpt-fullshard-offload-guarded)
 if [ -n "$a" ] && [ -n "$b" ] && [ "$a" -lt "$b" ]; then
     pass "SHARD_GRAD_OP offload: each block gathered once a step ($a bytes staged against FULL_SHARD's $b)"
 else fail "SHARD_GRAD_OP offload staged ${a:-?} bytes, FULL_SHARD ${b:-?}: expected fewer"; fi

@@ -42,9 +42,10 @@ on() { local h=$1 out=$2; shift 2; "$HOSTS_AGENT" "$h" "$*" >"$T_TMP/$out" 2>&1 
 last_ckpt() { ls "$T_TMP/$1"/checkpoints/step-*.safetensors 2>/dev/null | tail -1; }
 # again CASE OUT...: whether a case runs once more because Open MPI itself
 # failed in a rank's start (a fatal error inside MPI_Init or the dynamic
-# connect, which fulgur cannot catch: CI saw it about once in ten runs and it
-# never came here in hundreds); its own lines are printed, then the case is
-# run again from nothing. Twice is a failure as any other.
+# connect, which fulgur cannot catch: CI failed on it twice, never seen in 8
+# whole runs and 84 of the lose case on a 2-core machine); its own lines are
+# printed, then the case is run again from nothing. Twice is a failure as any
+# other.
 again() {
     local c=$1 o hit=""; shift
     for o in "$@"; do
