@@ -46,21 +46,17 @@
  * and runs stay bit for bit repeatable. A file that fails any check
  * (header, key, any line, the checksum) is ignored whole, never trusted,
  * and rewritten at the next calibration. */
-#include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "blas.h"
 #include "cpu_impl.h"
+#include "pick_file.h"
 
 /* FULGUR_GEMM = auto | openblas | onednn: which engine runs single f32
  * products. auto (the default, also when unset or empty): measured per
@@ -68,9 +64,8 @@
  * product, however small; an error where the build has no oneDNN). Read
  * once, at the first product. */
 #define MODE_ENV "FULGUR_GEMM"
-/* FULGUR_GEMM_CACHE = a folder for the calibration file, or off. Default:
- * $XDG_CACHE_HOME/fulgur, else $HOME/.cache/fulgur. Read once. */
-#define CACHE_ENV "FULGUR_GEMM_CACHE"
+/* The calibration file's folder (FULGUR_GEMM_CACHE, or off), its checks
+ * and its lock: pick_file.h, which conv_pick.c shares. Read once. */
 
 #define MIN_MACS (1 << 18)  /* below: OpenBLAS, unmeasured */
 #define BAND_SHIFT 3        /* bands of 8x in multiply-adds from MIN_MACS */
@@ -112,54 +107,6 @@ static char g_cache_path[1024]; /* "" when off or unknown */
 static bool g_cache_loaded;     /* under g_mu */
 static char g_cache_note[160];  /* why the file was not used, for the info line */
 
-/* ------------------------------------------------------------ the key */
-
-static uint64_t fnv64(const void *p, size_t n, uint64_t h) {
-    const unsigned char *s = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001b3ull;
-    return h;
-}
-#define FNV0 0xcbf29ce484222325ull
-
-/* What the choices depend on: CPU model, its ISA flags, OpenBLAS and its
- * kernel core, oneDNN and its ISA, the file format. */
-static void make_key(char *key, size_t cap) {
-    char model[128] = "?", fam[64] = "", flags[256] = "", line[16384]; /* flags lines run long */
-    FILE *f = fopen("/proc/cpuinfo", "re");
-    while (f && fgets(line, sizeof line, f)) {
-        char *v = strchr(line, ':');
-        if (!v) continue;
-        v += strspn(v + 1, " ") + 1;
-        v[strcspn(v, "\n")] = 0;
-        if (!strncmp(line, "model name", 10) && model[0] == '?')
-            snprintf(model, sizeof model, "%s", v);
-        else if (!strncmp(line, "cpu family", 10) && !fam[0]) snprintf(fam, sizeof fam, "%s", v);
-        else if (!strncmp(line, "model\t", 6) && !strchr(fam, '/'))
-            snprintf(fam + strlen(fam), sizeof fam - strlen(fam), "/%s", v);
-        else if (!strncmp(line, "flags", 5) && !flags[0]) {
-            static const char *const want[] = {
-                "avx2",        "fma",         "avx512f",  "avx512bw", "avx512vl", "avx512_vnni",
-                "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", NULL};
-            for (int i = 0; want[i]; i++) {
-                size_t n = strlen(want[i]);
-                for (char *p = strstr(v, want[i]); p; p = strstr(p + 1, want[i]))
-                    if ((p == v || p[-1] == ' ') && (p[n] == ' ' || !p[n])) {
-                        snprintf(flags + strlen(flags), sizeof flags - strlen(flags), "%s%s",
-                                 flags[0] ? "," : "", want[i]);
-                        break;
-                    }
-            }
-            break;
-        }
-    }
-    if (f) fclose(f);
-    const char *isa = fg__dnnl_isa();
-    snprintf(key, cap, "%s; cpu %s (%s); isa %s; %s; onednn %s %s", FORMAT, model, fam, flags,
-             openblas_get_config(), fg__dnnl_version(), isa ? isa : "none");
-    for (char *p = key; *p; p++)
-        if (*p == '\n' || *p == '\r') *p = ' ';
-}
-
 /* ------------------------------------------------------ the cache file */
 
 static bool parse_entry(const char *line, entry *e) {
@@ -195,128 +142,46 @@ static void put_entry(const entry *e) {
     atomic_store(&g_code[e->cls], (uint8_t)(1 + e->pick));
 }
 
+/* the entries a file read holds until all of it has passed */
+typedef struct {
+    entry *es;
+    int n;
+} loaded;
+
+static bool take_line(void *ud, const char *text) {
+    loaded *l = ud;
+    return l->n < NCLASSES && parse_entry(text, &l->es[l->n++]);
+}
+
 /* g_mu held. Reads the whole file first and checks all of it, then adds
  * its entries: a file that fails a check adds nothing. */
 static FG_MUST_USE fg_status cache_load_locked(const char *path) {
     char key[1024];
-    make_key(key, sizeof key);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return fg_error(FG_EIO, "gemm cache %s: %s", path, strerror(errno));
-    size_t cap = 64 << 10, len = 0;
-    char *buf = fg_alloc(cap + 1);
-    if (!buf) {
-        close(fd);
-        return FG_ENOMEM;
-    }
-    ssize_t r;
-    while (len < cap && (r = read(fd, buf + len, cap - len)) > 0) len += (size_t)r;
-    bool more = len == cap && read(fd, &(char){0}, 1) > 0;
-    close(fd);
-    buf[len] = 0;
-    fg_status st = FG_OK;
-    entry *es = NULL;
-    int ne = 0;
-    const char *why = NULL;
-    int lineno = 0;
-    char *sum = NULL;
-    if (more) why = "is larger than 64 KiB";
-    else if (strlen(buf) != len) why = "has a NUL byte";
-    else if (len < 22 || strncmp(sum = buf + len - 22, "\nsum ", 5) != 0 || buf[len - 1] != '\n')
-        why = "has no checksum line at its end";
-    else {
-        char want[24];
-        snprintf(want, sizeof want, "%016llx",
-                 (unsigned long long)fnv64(buf, (size_t)(sum + 1 - buf), FNV0));
-        if (memcmp(sum + 5, want, 16) != 0) why = "has a checksum that does not match";
-    }
-    if (!why) {
-        sum[1] = 0; /* the body ends with its last newline */
-        es = fg_alloc(sizeof *es * NCLASSES);
-        if (!es) {
-            st = FG_ENOMEM;
-            goto done;
-        }
-        for (char *line = buf, *nl; !why && *line; line = nl + 1) {
-            nl = strchr(line, '\n');
-            *nl = 0;
-            lineno++;
-            if (lineno == 1) {
-                if (strcmp(line, FORMAT) != 0) why = "is not a calibration file of this version";
-            } else if (lineno == 2) {
-                if (strncmp(line, "key ", 4) != 0 || strcmp(line + 4, key) != 0)
-                    why = "belongs to another CPU or library version";
-            } else if (ne == NCLASSES || !parse_entry(line, &es[ne++])) {
-                why = "has a line that does not parse";
-            }
-        }
-        if (!why && lineno < 2) why = "is truncated";
-    }
-    if (why) {
-        st = lineno > 2
-                 ? fg_error(FG_EFORMAT, "gemm cache %s %s (line %d): ignored", path, why, lineno)
-                 : fg_error(FG_EFORMAT, "gemm cache %s %s: ignored", path, why);
-        goto done;
-    }
-    for (int i = 0; i < ne; i++) put_entry(&es[i]);
-done:
-    fg_free(es);
-    fg_free(buf);
+    fg__pick_key(key, sizeof key, FORMAT);
+    loaded l = {fg_alloc(sizeof *l.es * NCLASSES), 0};
+    if (!l.es) return FG_ENOMEM;
+    fg_status st = fg__pick_load(path, FORMAT, key, take_line, &l);
+    for (int i = 0; !st && i < l.n; i++) put_entry(&l.es[i]);
+    fg_free(l.es);
     return st;
 }
 
-/* g_mu held. Writes every entry that may be kept, to a temporary file
- * renamed over path (a reader sees the old file or the new one). */
+/* g_mu held. Writes every entry to path. */
 static FG_MUST_USE fg_status cache_save_locked(const char *path) {
-    char key[1024], tmp[1100];
-    make_key(key, sizeof key);
-    size_t cap = 64 << 10, len = 0;
+    char key[1024];
+    fg__pick_key(key, sizeof key, FORMAT);
+    size_t cap = FG_PICK_MAX_BYTES / 2, len = 0;
     char *buf = fg_alloc(cap);
     if (!buf) return FG_ENOMEM;
-    len += (size_t)snprintf(buf + len, cap - len, "%s\nkey %s\n", FORMAT, key);
     for (int i = 0; i < g_nentries && len < cap - 256; i++) {
         const entry *e = &g_entries[i];
         len += (size_t)snprintf(buf + len, cap - len, "%u %u %u %ld %ld %ld %.1f %.1f %.1f %.1f\n",
                                 e->cls, e->threads, e->pick, (long)e->m, (long)e->n, (long)e->k,
                                 e->gflops[0], e->gflops[1], e->gflops[2], e->gflops[3]);
     }
-    len += (size_t)snprintf(buf + len, cap - len, "sum %016llx\n",
-                            (unsigned long long)fnv64(buf, len, FNV0));
-    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    fg_status st = FG_OK;
-    if (fd < 0) {
-        st = fg_error(FG_EIO, "gemm cache %s: %s", tmp, strerror(errno));
-    } else {
-        size_t done = 0;
-        while (done < len) {
-            ssize_t w = write(fd, buf + done, len - done);
-            if (w < 0 && errno == EINTR) continue;
-            if (w <= 0) break;
-            done += (size_t)w;
-        }
-        if (close(fd) != 0 || done != len || rename(tmp, path) != 0) {
-            st = fg_error(FG_EIO, "gemm cache %s: %s", path, strerror(errno));
-            unlink(tmp);
-        }
-    }
+    fg_status st = fg__pick_save(path, FORMAT, key, buf, len);
     fg_free(buf);
     return st;
-}
-
-/* mkdir -p of path's folder. */
-static void make_dirs(const char *path) {
-    char d[1024];
-    snprintf(d, sizeof d, "%s", path);
-    char *slash = strrchr(d, '/');
-    if (!slash) return;
-    *slash = 0;
-    for (char *p = d + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            mkdir(d, 0755);
-            *p = '/';
-        }
-    mkdir(d, 0755);
 }
 
 /* ----------------------------------------------------------- settings */
@@ -332,21 +197,9 @@ static void read_env(void) {
     const char *v = getenv(MODE_ENV);
     g_env_mode = parse_mode(v);
     if (g_env_mode == MODE_BAD) snprintf(g_env_value, sizeof g_env_value, "%s", v);
-    const char *dir = getenv(CACHE_ENV);
-    char base[900] = "";
-    if (dir && *dir) {
-        if (strcmp(dir, "off") != 0) snprintf(base, sizeof base, "%s", dir);
-    } else if (getenv("XDG_CACHE_HOME") && getenv("XDG_CACHE_HOME")[0] == '/') {
-        snprintf(base, sizeof base, "%s/fulgur", getenv("XDG_CACHE_HOME"));
-    } else if (getenv("HOME") && getenv("HOME")[0] == '/') {
-        snprintf(base, sizeof base, "%s/.cache/fulgur", getenv("HOME"));
-    }
-    if (base[0]) {
-        char key[1024];
-        make_key(key, sizeof key);
-        snprintf(g_cache_path, sizeof g_cache_path, "%s/gemm-%016llx.txt", base,
-                 (unsigned long long)fnv64(key, strlen(key), FNV0));
-    }
+    char key[1024];
+    fg__pick_key(key, sizeof key, FORMAT);
+    fg__pick_path(g_cache_path, sizeof g_cache_path, "gemm", key);
 }
 
 static int mode(void) {
@@ -466,34 +319,13 @@ static void calibrate_locked(int cls, int T, bool ta, bool tb, bool acc, int64_t
     put_entry(&e);
 }
 
-/* Takes the machine-wide lock of the calibration file (a lock file beside
- * it, never removed); -1 when there is no file or after LOCK_WAIT_S (a
- * stopped process holds it): then this process decides alone. */
-static int lock_file(void) {
-    if (!g_cache_path[0]) return -1;
-    char lk[1100];
-    snprintf(lk, sizeof lk, "%.*s.lock", (int)(strlen(g_cache_path) - 4), g_cache_path);
-    make_dirs(lk);
-    int fd = open(lk, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return -1;
-    double t0 = fg_time();
-    while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        if ((errno != EWOULDBLOCK && errno != EINTR) || fg_time() - t0 > LOCK_WAIT_S) {
-            close(fd);
-            return -1;
-        }
-        nanosleep(&(struct timespec){0, 1000000}, NULL);
-    }
-    return fd;
-}
-
 /* Decides class cls: what another process wrote to the file since, else a
  * calibration, written back. g_mu held. */
 static void decide_locked(int cls, int T, bool ta, bool tb, bool acc, int64_t M, int64_t N,
                           int64_t K) {
     load_once_locked();
     if (atomic_load(&g_code[cls])) return;
-    int lk = lock_file();
+    int lk = fg__pick_lock(g_cache_path, LOCK_WAIT_S);
     if (g_cache_path[0] && access(g_cache_path, F_OK) == 0 &&
         cache_load_locked(g_cache_path) != FG_OK) {
         snprintf(g_cache_note, sizeof g_cache_note, "%s", fg_last_error());
@@ -502,7 +334,6 @@ static void decide_locked(int cls, int T, bool ta, bool tb, bool acc, int64_t M,
     if (!atomic_load(&g_code[cls])) {
         calibrate_locked(cls, T, ta, tb, acc, M, N, K);
         if (g_cache_path[0]) {
-            make_dirs(g_cache_path);
             if (cache_save_locked(g_cache_path) == FG_OK) {
                 g_cache_note[0] = 0;
             } else {
