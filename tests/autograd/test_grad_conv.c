@@ -188,13 +188,16 @@ static int differ(const fg_tensor *a, const fg_tensor *b, double scale_b, double
 }
 
 /* oneDNN's blocked layouts (nChw16c on AVX-512, nChw8c on AVX2: the test
- * runs again with oneDNN capped to AVX2) against its plain ones and
- * im2col, at shapes whose channels make oneDNN block them: strided, 1x1
- * with stride 2 (inputs no window reads, whose gradient must be written
- * as 0), rows the last window leaves out, groups. Within one path the
- * written (fresh) and the added input gradient are bitwise the same, and
- * the twice-added one is twice the single; across paths the kernels
- * differ (jit against gemm), so within 1e-5 (1 + |v|). */
+ * runs again with oneDNN capped to AVX2) on its direct and its Winograd
+ * algorithm (3x3, stride 1: where oneDNN has it, AVX-512; the default
+ * measures which) against its plain layouts and im2col, at shapes whose
+ * channels make oneDNN block them: strided, 1x1 with stride 2 (inputs no
+ * window reads, whose gradient must be written as 0), rows the last
+ * window leaves out, groups, sizes no 4x4 Winograd tile divides. Within
+ * one path the written (fresh) and the added input gradient are bitwise
+ * the same, and the twice-added one is twice the single; across paths
+ * the kernels differ (jit against gemm, Winograd's transforms), so within
+ * 1e-5 (1 + |v|) of im2col, 6e-5 on Winograd. */
 TEST(conv2d_onednn_blocked_and_plain_layouts_agree) {
     /* bitwise within one path: the same thread count for every run (a
      * product's bits can depend on it, and the load lowers it) */
@@ -209,9 +212,15 @@ TEST(conv2d_onednn_blocked_and_plain_layouts_agree) {
         {3, 16, 8, 7, 32, 1, {{2, 2}, {0, 0}, {1, 1}, 1, false}},
         {1, 24, 6, 6, 40, 3, {{2, 2}, {0, 0}, {1, 1}, 1, false}},
         {2, 32, 7, 7, 32, 3, {{1, 1}, {1, 1}, {1, 1}, 2, false}},
+        {3, 40, 6, 10, 36, 3, {{1, 1}, {0, 0}, {1, 1}, 1, false}},
+        {1, 64, 5, 3, 48, 3, {{1, 1}, {1, 1}, {1, 1}, 1, false}},
     };
-    const char *paths[] = {NULL, "onednn-plain", "im2col"};
-    for (int c = 0; c < 5; c++) {
+    enum { NCASE = sizeof cases / sizeof cases[0] };
+    /* the default (Winograd or direct as measured), each algorithm forced,
+     * the plain layouts, im2col (the last: it adds piece by piece) */
+    const char *paths[] = {NULL, "onednn-direct", "onednn-winograd", "onednn-plain", "im2col"};
+    enum { NPATH = 5 };
+    for (int c = 0; c < NCASE; c++) {
         int64_t G = cases[c].o.groups ? cases[c].o.groups : 1;
         int64_t sx[] = {cases[c].N, cases[c].C, cases[c].H, cases[c].W};
         int64_t sw[] = {cases[c].O, cases[c].C / G, cases[c].K, cases[c].K}, sb[] = {cases[c].O};
@@ -222,11 +231,11 @@ TEST(conv2d_onednn_blocked_and_plain_layouts_agree) {
         fg_tensor *sd = y ? gc_randn(4, fg_tensor_shape(y), 70 + c, 1) : NULL;
         fg_tensor *seed = sd ? f32_of(sd, false) : NULL;
         CHECK(seed != NULL);
-        fg_tensor *r[3][3][4]; /* path, route, y / dx / dw / db */
-        for (int pa = 0; pa < 3 && seed; pa++)
+        fg_tensor *r[NPATH][3][4]; /* path, route, y / dx / dw / db */
+        for (int pa = 0; pa < NPATH && seed; pa++)
             for (int ro = 0; ro < 3; ro++)
                 conv_f32_run(paths[pa], ro, in, seed, &cases[c].o, r[pa][ro]);
-        for (int pa = 0; pa < 3 && seed; pa++) {
+        for (int pa = 0; pa < NPATH && seed; pa++) {
             for (int k = 0; k < 4; k++)
                 CHECK_MSG(differ(r[pa][1][k], r[pa][0][k], 1, 0) == 0,
                           "case %d path %d tensor %d: written and added gradients differ", c, pa,
@@ -234,12 +243,17 @@ TEST(conv2d_onednn_blocked_and_plain_layouts_agree) {
             /* im2col adds piece by piece (each patch into dx, each image
              * into dw): the second pass adds to the first's sums, so only on
              * oneDNN's paths (the whole gradient made, then added) */
-            for (int k = 1; pa < 2 && k < 4; k++)
+            for (int k = 1; pa < NPATH - 1 && k < 4; k++)
                 CHECK_MSG(differ(r[pa][2][k], r[pa][0][k], 2, 0) == 0,
                           "case %d path %d gradient %d: twice added is not twice", c, pa, k);
-            for (int k = 0; pa && k < 4; k++)
-                CHECK_MSG(differ(r[0][0][k], r[pa][0][k], 1, 1e-5) == 0,
-                          "case %d tensor %d: blocked and %s differ", c, k, paths[pa]);
+            /* each against im2col; Winograd's transforms round more (on
+             * these shapes its largest gap was 2.4e-5 (1 + |v|), 3-5x the
+             * direct kernel's) */
+            bool wino = pa <= 2 && pa != 1;
+            for (int k = 0; pa < NPATH - 1 && k < 4; k++)
+                CHECK_MSG(differ(r[pa][0][k], r[NPATH - 1][0][k], 1, wino ? 6e-5 : 1e-5) == 0,
+                          "case %d tensor %d: %s and im2col differ", c, k,
+                          paths[pa] ? paths[pa] : "the default");
         }
         fg_step_reset();
         free_all(d, 3);

@@ -1,7 +1,8 @@
 /* 2-d convolution, NCHW, with strides, padding, dilation and groups:
  * forward, the gradient of the input (accumulated) and those of the
  * weight and bias (accumulated). f32 goes to oneDNN's convolution
- * primitive (k_conv_dnnl.c) where it is built in and implements the shape,
+ * primitive (k_conv_dnnl.c: its direct or Winograd algorithm, measured per
+ * shape in conv_pick.c) where it is built in and implements the shape,
  * unless FULGUR_CONV=im2col; f64, and f32 otherwise, take the path below:
  * per image and group, im2col (the (C/G KH KW, OH OW) patch matrix, or the
  * image itself for a 1 x 1 kernel of stride 1 without padding) and the
@@ -67,8 +68,11 @@ static bool use_dnnl(const fg_tensor *x) {
 const char *fg__cpu_conv_path(void) {
     const char *e = getenv("FULGUR_CONV");
 #ifdef FULGUR_HAVE_DNNL
-    if (e && !strcmp(e, "onednn-plain")) return "onednn-plain";
-    return e && !strcmp(e, "im2col") ? "im2col" : "onednn";
+    static const char *const named[] = {"onednn-plain", "onednn-direct", "onednn-winograd",
+                                        "im2col"};
+    for (int i = 0; e && i < 4; i++)
+        if (!strcmp(e, named[i])) return named[i];
+    return "onednn";
 #else
     (void)e;
     return "im2col";

@@ -45,11 +45,14 @@ fg_status fg__dnnl_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
     (void)x, (void)dy, (void)p, (void)dw, (void)db;
     return FG_EUNSUPPORTED;
 }
+int fg__dnnl_conv_winograd_made(void) { return 0; }
 
 #else
 
 #include <dnnl.h>
+#include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -57,6 +60,7 @@ fg_status fg__dnnl_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
 #include <string.h>
 
 static dnnl_engine_t g_engine;
+static atomic_int g_wino_made; /* primitives made on Winograd, for the tests */
 static dnnl_status_t g_engine_status = dnnl_runtime_error;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
@@ -166,8 +170,18 @@ typedef struct cdesc {
     dnnl_memory_desc_t xa, wa, ya; /* the same with the layout left to oneDNN */
     dnnl_dims_t stride, dil, pl, pr;
     bool blocked; /* the primitive picks its layouts (any) */
+    int mode;     /* FULGUR_CONV: M_AUTO, M_DIRECT or M_WINOGRAD */
+    bool wino;    /* Winograd is a candidate (3x3, stride 1, ...) */
+    dnnl_alg_kind_t alg;
     int64_t key[KEYN];
 } cdesc;
+
+enum { M_AUTO, M_DIRECT, M_WINOGRAD };
+/* Winograd is measured against direct from this many input and output
+ * channels (below, it lost on every shape measured: 16 channels 1.3-2.2x
+ * slower, the 3-channel stem 4x); FULGUR_CONV=onednn-winograd takes it on
+ * any shape oneDNN runs it. */
+#define WINO_MIN_CHANNELS 32
 
 static void make_desc(cdesc *d, int kind, const fg_tensor *x, const fg_tensor *y, int64_t O,
                       int64_t KH, int64_t KW, const fg_conv_params *p, bool bias) {
@@ -190,6 +204,14 @@ static void make_desc(cdesc *d, int kind, const fg_tensor *x, const fg_tensor *y
     }
     const char *e = getenv("FULGUR_CONV");
     d->blocked = !(e && !strcmp(e, "onednn-plain"));
+    d->mode = e && !strcmp(e, "onednn-direct")     ? M_DIRECT
+              : e && !strcmp(e, "onednn-winograd") ? M_WINOGRAD
+                                                   : M_AUTO;
+    d->wino = d->blocked && d->mode != M_DIRECT && KH == 3 && KW == 3 && G == 1 &&
+              p->stride[0] == 1 && p->stride[1] == 1 && p->dilation[0] == 1 &&
+              p->dilation[1] == 1 &&
+              (d->mode == M_WINOGRAD || (C >= WINO_MIN_CHANNELS && O >= WINO_MIN_CHANNELS));
+    d->alg = dnnl_convolution_direct;
     int64_t in[2] = {H, W}, out[2] = {OH, OW}, k[2] = {KH, KW};
     for (int i = 0; i < 2; i++) {
         int64_t range = (k[i] - 1) * p->dilation[i] + 1;
@@ -207,7 +229,7 @@ static void make_desc(cdesc *d, int kind, const fg_tensor *x, const fg_tensor *y
     int64_t key[KEYN] = {kind,         N,         C,          H,        W,           O,
                          KH,           KW,        OH,         OW,       G,           d->stride[0],
                          d->stride[1], d->dil[0], d->dil[1],  d->pl[0], d->pl[1],    d->pr[0],
-                         d->pr[1],     bias,      d->blocked, threads,  p->overwrite};
+                         d->pr[1],     bias,      d->blocked, threads,  d->mode, p->overwrite};
     memcpy(d->key, key, sizeof key);
 }
 
@@ -230,7 +252,7 @@ static dnnl_status_t fwd_pd(dnnl_primitive_desc_t *pd, const cdesc *d, bool bias
                             dnnl_primitive_attr_t attr) {
     dnnl_convolution_desc_t cd;
     dnnl_status_t s = dnnl_dilated_convolution_forward_desc_init(
-        &cd, dnnl_forward_training, dnnl_convolution_direct, d->blocked ? &d->xa : &d->x,
+        &cd, dnnl_forward_training, d->alg, d->blocked ? &d->xa : &d->x,
         d->blocked ? &d->wa : &d->w, bias ? &d->b : NULL, d->blocked ? &d->ya : &d->y, d->stride,
         d->dil, d->pl, d->pr);
     if (s != dnnl_success) return s;
@@ -413,37 +435,6 @@ static dnnl_status_t user_scratchpad(dnnl_primitive_attr_t *attr) {
     return s;
 }
 
-fg_status fg__dnnl_conv2d_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
-                              const fg_conv_params *p, fg_tensor *y) {
-    const char *kernel = "conv2d_fwd";
-    cstate *c;
-    FG_TRY(ready(&c));
-    fg_status st = FG_OK;
-    cdesc d;
-    make_desc(&d, K_FWD, x, y, w->shape[0], w->shape[2], w->shape[3], p, b != NULL);
-    centry *e = find(c, &d);
-    dnnl_primitive_attr_t attr = NULL;
-    if (!e) {
-        dnnl_primitive_desc_t pd = NULL;
-        DN(user_scratchpad(&attr), "attributes");
-        DN(fwd_pd(&pd, &d, b != NULL, attr), "convolution descriptor");
-        io a[4] = {{DNNL_ARG_SRC, R_SRC, dnnl_query_src_md, 0, &d.x, false, false},
-                   {DNNL_ARG_WEIGHTS, R_WEI, dnnl_query_weights_md, 0, &d.w, false, false},
-                   {DNNL_ARG_DST, R_DST, dnnl_query_dst_md, 0, &d.y, true, false},
-                   {DNNL_ARG_BIAS, R_BIAS, dnnl_query_weights_md, 1, &d.b, false, false}};
-        if ((st = entry_new(kernel, d.key, pd, b ? 4 : 3, a, &e))) goto out;
-        keep(c, e);
-    }
-    {
-        void *ptr[4] = {x->data, w->data, y->data, b ? b->data : NULL};
-        int64_t el[4] = {x->numel, w->numel, y->numel, b ? b->numel : 0};
-        st = run(kernel, c, e, ptr, el, false, false);
-    }
-out:
-    dnnl_primitive_attr_destroy(attr);
-    return st;
-}
-
 /* The backward primitive descriptor of kind K_BWD_DATA or K_BWD_WEIGHT
  * (the forward one its hint), its scratchpad the caller's. */
 static dnnl_status_t bwd_pd(dnnl_primitive_desc_t *pd, int kind, const cdesc *d, bool bias) {
@@ -457,9 +448,9 @@ static dnnl_status_t bwd_pd(dnnl_primitive_desc_t *pd, int kind, const cdesc *d,
     if (s == dnnl_success)
         s = kind == K_BWD_DATA
                 ? dnnl_dilated_convolution_backward_data_desc_init(
-                      &cd, dnnl_convolution_direct, x, w, y, d->stride, d->dil, d->pl, d->pr)
+                      &cd, d->alg, x, w, y, d->stride, d->dil, d->pl, d->pr)
                 : dnnl_dilated_convolution_backward_weights_desc_init(
-                      &cd, dnnl_convolution_direct, x, w, bias ? &d->b : NULL, y, d->stride, d->dil,
+                      &cd, d->alg, x, w, bias ? &d->b : NULL, y, d->stride, d->dil,
                       d->pl, d->pr);
     if (s == dnnl_success) s = dnnl_primitive_desc_create(pd, &cd, attr, g_engine, hint);
     dnnl_primitive_desc_destroy(hint);
@@ -467,61 +458,160 @@ static dnnl_status_t bwd_pd(dnnl_primitive_desc_t *pd, int kind, const cdesc *d,
     return s;
 }
 
+/* The entry of direction `kind` for d on its algorithm d->alg: bias (the
+ * forward's bias, the backward's bias gradient) or not; the backward
+ * data's dx added to or written (accum). */
+static FG_MUST_USE fg_status make_entry(const char *kernel, int kind, const cdesc *d, bool bias,
+                                        bool accum, centry **out) {
+    fg_status st = FG_OK;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    io a[4];
+    int n = 3;
+    if (kind == K_FWD) {
+        DN(user_scratchpad(&attr), "attributes");
+        DN(fwd_pd(&pd, d, bias, attr), "convolution descriptor");
+        a[0] = (io){DNNL_ARG_SRC, R_SRC, dnnl_query_src_md, 0, &d->x, false, false};
+        a[1] = (io){DNNL_ARG_WEIGHTS, R_WEI, dnnl_query_weights_md, 0, &d->w, false, false};
+        a[2] = (io){DNNL_ARG_DST, R_DST, dnnl_query_dst_md, 0, &d->y, true, false};
+        a[3] = (io){DNNL_ARG_BIAS, R_BIAS, dnnl_query_weights_md, 1, &d->b, false, false};
+        n = bias ? 4 : 3;
+    } else if (kind == K_BWD_DATA) {
+        DN(bwd_pd(&pd, K_BWD_DATA, d, false), "backward data primitive");
+        a[0] = (io){DNNL_ARG_DIFF_DST, R_DST, dnnl_query_diff_dst_md, 0, &d->y, false, false};
+        a[1] = (io){DNNL_ARG_WEIGHTS, R_WEI, dnnl_query_weights_md, 0, &d->w, false, false};
+        a[2] = (io){DNNL_ARG_DIFF_SRC, R_SRC, dnnl_query_diff_src_md, 0, &d->x, true, accum};
+    } else {
+        DN(bwd_pd(&pd, K_BWD_WEIGHT, d, bias), "backward weights primitive");
+        a[0] = (io){DNNL_ARG_SRC, R_SRC, dnnl_query_src_md, 0, &d->x, false, false};
+        a[1] = (io){DNNL_ARG_DIFF_DST, R_DST, dnnl_query_diff_dst_md, 0, &d->y, false, false};
+        a[2] = (io){DNNL_ARG_DIFF_WEIGHTS, R_WEI, dnnl_query_diff_weights_md, 0, &d->w, true, true};
+        a[3] = (io){DNNL_ARG_DIFF_BIAS, R_BIAS, dnnl_query_diff_weights_md, 1, &d->b, true, true};
+        n = bias ? 4 : 3;
+    }
+    st = entry_new(kernel, d->key, pd, n, a, out); /* takes pd */
+out:
+    dnnl_primitive_attr_destroy(attr);
+    return st;
+}
+
+/* what measure needs to make a shape's two entries */
+typedef struct mctx {
+    const char *kernel;
+    cstate *c;
+    int kind;
+    const cdesc *d;
+    bool bias, accum;
+} mctx;
+
+#define MEASURE_ROUNDS 3
+
+/* conv_pick.c's measurement of a shape: its direct and its Winograd entry
+ * (INFINITY where oneDNN has none), each whole call (reorders included) on
+ * scratch tensors of the shape's plain layouts, once to warm up and then
+ * interleaved, the best of MEASURE_ROUNDS. */
+static fg_status measure(void *ud, double *t) {
+    const mctx *m = ud;
+    fg_status st = FG_OK;
+    centry *e[2] = {NULL, NULL};
+    void *ptr[NARG] = {NULL};
+    int64_t el[NARG] = {0};
+    cdesc d = *m->d;
+    for (int k = 0; k < 2 && !st; k++) {
+        d.alg = k ? dnnl_convolution_winograd : dnnl_convolution_direct;
+        st = make_entry(m->kernel, m->kind, &d, m->bias, m->accum, &e[k]);
+        if (st == FG_EUNSUPPORTED) e[k] = NULL, st = FG_OK;
+    }
+    if (st || !e[0] || !e[1]) goto done; /* nothing to measure: direct (or im2col) */
+    for (int i = 0; i < e[0]->n; i++) {
+        size_t bytes = dnnl_memory_desc_get_size(&e[0]->plain[i]);
+        el[i] = (int64_t)(bytes / sizeof(float));
+        float *f = ptr[i] = fg_alloc(bytes ? bytes : 1);
+        if (!f) {
+            st = FG_ENOMEM;
+            goto done;
+        }
+        for (int64_t j = 0; j < el[i]; j++) f[j] = (float)((j * 7 % 13) - 6) * 0.0625f;
+    }
+    for (int round = 0; round <= MEASURE_ROUNDS && !st; round++)
+        for (int k = 0; k < 2 && !st; k++) {
+            double t0 = fg_time();
+            st = run(m->kernel, m->c, e[k], ptr, el, false, false);
+            if (round) t[k] = fmin(t[k], fg_time() - t0); /* round 0 warms up */
+        }
+done:
+    for (int i = 0; i < NARG; i++) fg_free(ptr[i]);
+    for (int k = 0; k < 2; k++)
+        if (e[k]) entry_free(e[k]);
+    return st;
+}
+
+/* The calling thread's entry of direction kind for d: kept, or made on the
+ * algorithm FULGUR_CONV names or conv_pick.c chooses (Winograd where
+ * oneDNN has it and it measured faster), then kept. */
+static FG_MUST_USE fg_status entry_of(const char *kernel, cstate *c, int kind, cdesc *d, bool bias,
+                                      bool accum, centry **out) {
+    if ((*out = find(c, d))) return FG_OK;
+    bool wino = d->wino;
+    if (wino && d->mode == M_AUTO) {
+        mctx m = {kernel, c, kind, d, bias, accum};
+        /* the key less its last value (whether dx is added or written):
+         * one choice for both, so that their bits agree */
+        FG_TRY(fg__conv_pick(d->key, KEYN - 1, measure, &m, &wino));
+    }
+    fg_status st = FG_EUNSUPPORTED;
+    if (wino) {
+        d->alg = dnnl_convolution_winograd;
+        st = make_entry(kernel, kind, d, bias, accum, out);
+    }
+    if (st == FG_EUNSUPPORTED) {
+        d->alg = dnnl_convolution_direct;
+        st = make_entry(kernel, kind, d, bias, accum, out);
+    }
+    if (!st) keep(c, *out);
+    if (!st && d->alg == dnnl_convolution_winograd) atomic_fetch_add(&g_wino_made, 1);
+    return st;
+}
+
+int fg__dnnl_conv_winograd_made(void) { return atomic_load(&g_wino_made); }
+
+fg_status fg__dnnl_conv2d_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
+                              const fg_conv_params *p, fg_tensor *y) {
+    cstate *c;
+    centry *e;
+    cdesc d;
+    FG_TRY(ready(&c));
+    make_desc(&d, K_FWD, x, y, w->shape[0], w->shape[2], w->shape[3], p, b != NULL);
+    FG_TRY(entry_of("conv2d_fwd", c, K_FWD, &d, b != NULL, false, &e));
+    void *ptr[4] = {x->data, w->data, y->data, b ? b->data : NULL};
+    int64_t el[4] = {x->numel, w->numel, y->numel, b ? b->numel : 0};
+    return run("conv2d_fwd", c, e, ptr, el, false, false);
+}
+
 fg_status fg__dnnl_conv2d_bwd_data(const fg_tensor *dy, const fg_tensor *w, const fg_conv_params *p,
                                    fg_tensor *dx) {
-    const char *kernel = "conv2d_bwd_data";
     cstate *c;
-    FG_TRY(ready(&c));
-    fg_status st = FG_OK;
+    centry *e;
     cdesc d;
+    FG_TRY(ready(&c));
     make_desc(&d, K_BWD_DATA, dx, dy, w->shape[0], w->shape[2], w->shape[3], p, false);
-    centry *e = find(c, &d);
-    if (!e) {
-        dnnl_primitive_desc_t pd = NULL;
-        DN(bwd_pd(&pd, K_BWD_DATA, &d, false), "backward data primitive");
-        /* dx is added to unless the caller says it holds nothing yet */
-        io a[3] = {
-            {DNNL_ARG_DIFF_DST, R_DST, dnnl_query_diff_dst_md, 0, &d.y, false, false},
-            {DNNL_ARG_WEIGHTS, R_WEI, dnnl_query_weights_md, 0, &d.w, false, false},
-            {DNNL_ARG_DIFF_SRC, R_SRC, dnnl_query_diff_src_md, 0, &d.x, true, !p->overwrite}};
-        if ((st = entry_new(kernel, d.key, pd, 3, a, &e))) goto out;
-        keep(c, e);
-    }
-    {
-        void *ptr[3] = {dy->data, w->data, dx->data};
-        int64_t el[3] = {dy->numel, w->numel, dx->numel};
-        st = run(kernel, c, e, ptr, el, false, true);
-    }
-out:
-    return st;
+    /* dx is added to unless the caller says it holds nothing yet */
+    FG_TRY(entry_of("conv2d_bwd_data", c, K_BWD_DATA, &d, false, !p->overwrite, &e));
+    void *ptr[3] = {dy->data, w->data, dx->data};
+    int64_t el[3] = {dy->numel, w->numel, dx->numel};
+    return run("conv2d_bwd_data", c, e, ptr, el, false, true);
 }
 
 fg_status fg__dnnl_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
                                      const fg_conv_params *p, fg_tensor *dw, fg_tensor *db) {
-    const char *kernel = "conv2d_bwd_weight";
     cstate *c;
-    FG_TRY(ready(&c));
-    fg_status st = FG_OK;
+    centry *e;
     cdesc d;
+    FG_TRY(ready(&c));
     make_desc(&d, K_BWD_WEIGHT, x, dy, dw->shape[0], dw->shape[2], dw->shape[3], p, db != NULL);
-    centry *e = find(c, &d);
-    if (!e) {
-        dnnl_primitive_desc_t pd = NULL;
-        DN(bwd_pd(&pd, K_BWD_WEIGHT, &d, db != NULL), "backward weights primitive");
-        io a[4] = {{DNNL_ARG_SRC, R_SRC, dnnl_query_src_md, 0, &d.x, false, false},
-                   {DNNL_ARG_DIFF_DST, R_DST, dnnl_query_diff_dst_md, 0, &d.y, false, false},
-                   {DNNL_ARG_DIFF_WEIGHTS, R_WEI, dnnl_query_diff_weights_md, 0, &d.w, true, true},
-                   {DNNL_ARG_DIFF_BIAS, R_BIAS, dnnl_query_diff_weights_md, 1, &d.b, true, true}};
-        if ((st = entry_new(kernel, d.key, pd, db ? 4 : 3, a, &e))) goto out;
-        keep(c, e);
-    }
-    {
-        void *ptr[4] = {x->data, dy->data, dw->data, db ? db->data : NULL};
-        int64_t el[4] = {x->numel, dy->numel, dw->numel, db ? db->numel : 0};
-        st = run(kernel, c, e, ptr, el, p->dy_as_before, false);
-    }
-out:
-    return st;
+    FG_TRY(entry_of("conv2d_bwd_weight", c, K_BWD_WEIGHT, &d, db != NULL, true, &e));
+    void *ptr[4] = {x->data, dy->data, dw->data, db ? db->data : NULL};
+    int64_t el[4] = {x->numel, dy->numel, dw->numel, db ? db->numel : 0};
+    return run("conv2d_bwd_weight", c, e, ptr, el, p->dy_as_before, false);
 }
-
 #endif

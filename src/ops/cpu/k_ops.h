@@ -77,9 +77,33 @@ FG_MUST_USE fg_status fg__dnnl_conv2d_bwd_data(const fg_tensor *dy, const fg_ten
 FG_MUST_USE fg_status fg__dnnl_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
                                                  const fg_conv_params *p, fg_tensor *dw,
                                                  fg_tensor *db);
+/* For tests: how many primitives this process made on Winograd (the
+ * measurements' own excluded). */
+int fg__dnnl_conv_winograd_made(void);
 /* Which convolution path runs f32: "onednn" (the default where built in;
- * the primitive's own layouts), "onednn-plain" (FULGUR_CONV=onednn-plain:
- * NCHW as it is) or "im2col" (FULGUR_CONV=im2col, or no oneDNN). */
+ * the primitive's own layouts, Winograd or direct measured per shape),
+ * "onednn-direct" and "onednn-winograd" (FULGUR_CONV=...: that algorithm
+ * wherever oneDNN implements it), "onednn-plain" (FULGUR_CONV=onednn-plain:
+ * NCHW as it is, direct) or "im2col" (FULGUR_CONV=im2col, or no oneDNN). */
 const char *fg__cpu_conv_path(void);
+
+/* conv_pick.c: whether a convolution shape (key: n <= FG_CONV_KEY values,
+ * the direction, sizes, threads and what else makes its primitive) runs
+ * oneDNN's Winograd algorithm: this process's or the machine's file's
+ * choice, else measure(ud, t) now (t[0] the direct call's seconds, t[1]
+ * Winograd's, INFINITY where it cannot run), kept in the file. An error of
+ * measure is returned and nothing is kept. */
+#define FG_CONV_KEY 32
+typedef fg_status (*fg__conv_measure_fn)(void *ud, double *t);
+FG_MUST_USE fg_status fg__conv_pick(const int64_t *key, int n, fg__conv_measure_fn measure,
+                                    void *ud, bool *winograd);
+/* "N shapes measured, W on winograd; cache PATH" */
+const char *fg__conv_pick_info(char *buf, size_t cap);
+/* For tests: read or write a choices file, forget every choice (and stop
+ * using the machine's file), count the choices (on Winograd, from a file). */
+FG_MUST_USE fg_status fg__conv_pick_cache_load(const char *path);
+FG_MUST_USE fg_status fg__conv_pick_cache_save(const char *path);
+void fg__conv_pick_forget(void);
+int fg__conv_pick_count(int *winograd, int *cached);
 
 #endif

@@ -2,6 +2,7 @@
  * An entry left out reads as NULL, which the autograd layer reports as
  * "op X is not available on cpu". */
 #include <stdio.h>
+#include <string.h>
 
 #include "blas.h"
 #include "cpu_impl.h"
@@ -64,11 +65,16 @@ const fg_op_table fg__cpu_ops = {
     .batch_norm_bwd = fg__cpu_batch_norm_bwd,
 };
 
-/* The f32 line changes as classes are measured: built at each call. */
+/* The f32 and conv parts change as classes and shapes are measured: built
+ * at each call. */
 const char *fg_ops_blas_info(void) {
-    static _Thread_local char buf[4608];
-    char f32[4096];
-    snprintf(buf, sizeof buf, "f32: %s; bf16: %s", fg__gemm_info(f32, sizeof f32),
-             fg_matmul_bf16_path());
+    static _Thread_local char buf[5120];
+    char f32[4096], conv[512] = "";
+    const char *path = fg__cpu_conv_path();
+    if (!strcmp(path, "onednn"))
+        snprintf(conv, sizeof conv, " (winograd or direct per shape: %s)",
+                 fg__conv_pick_info((char[400]){0}, 400));
+    snprintf(buf, sizeof buf, "f32: %s; bf16: %s; conv: %s%s", fg__gemm_info(f32, sizeof f32),
+             fg_matmul_bf16_path(), path, conv);
     return buf;
 }
