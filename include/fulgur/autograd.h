@@ -138,6 +138,13 @@ FG_API fg_tensor *fg_mean_dim(fg_tensor *a, int dim, bool keepdim);
 FG_API fg_tensor *fg_reshape(fg_tensor *a, int ndim, const int64_t *shape);
 FG_API fg_tensor *fg_transpose(fg_tensor *a, int d0, int d1);
 FG_API fg_tensor *fg_relu(fg_tensor *a);
+/* relu in a's own memory (PyTorch's relu_, ReLU(inplace=True)), which spares
+ * a step tensor of a's size: where a is the output of the last function
+ * recorded on this thread, one whose backward does not read it (add, sub,
+ * batch norm in training on the CPU), so that no gradient needs a's values.
+ * Elsewhere (grad mode off included) it is fg_relu and a is unchanged: use
+ * the result, not a. */
+FG_API fg_tensor *fg_relu_(fg_tensor *a);
 FG_API fg_tensor *fg_gelu(fg_tensor *a); /* tanh approximation */
 /* Over the last dim. */
 FG_API fg_tensor *fg_softmax(fg_tensor *a);

@@ -32,6 +32,7 @@ struct fg__node {
     fg__node *prev;    /* the node recorded before this one */
     uint64_t mark;     /* backward pass that reached it */
     bool consumed;
+    bool out_unread; /* its backward never reads out's data: fg_relu_ may overwrite it */
 };
 
 /* Records `out = name(in...)` on the tape when grad mode is on and some
@@ -52,6 +53,8 @@ typedef struct fg__tape_point {
     int64_t len;
 } fg__tape_point;
 fg__tape_point fg__tape_pos(void);
+/* The calling thread's newest node (NULL: none, or grad mode off). */
+fg__node *fg__tape_tail(void);
 void fg__tape_restore(fg__tape_point p);
 /* The persistent leaf tensors (parameters) used by the nodes recorded after p (one entry per use),
  * in a fg_alloc'ed array the caller frees; *n gets the count. NULL with

@@ -1,7 +1,8 @@
 /* Elementwise and row-wise functions of one tensor: relu, gelu (tanh
  * approximation), softmax and log_softmax over the last dim, dropout.
  *
- * relu and gelu keep the (contiguous) input for the backward; softmax and
+ * relu and gelu keep the (contiguous) input for the backward (relu_, in
+ * place, its output); softmax and
  * log_softmax need only their output (the node's out); dropout keeps
  * nothing but (p, seed, offset), since its mask is a pure function of them
  * and the backward kernel recomputes it. */
@@ -63,6 +64,27 @@ fg_tensor *fg_relu(fg_tensor *a) {
     const fg_op_table *ops = ops_of("relu", a);
     if (!ops || FG_OP(ops, relu_fwd)) return NULL;
     return unary("relu", ops, a, ops->relu_fwd, ops->relu_bwd != NULL, relu_bw);
+}
+
+/* In x's memory when x is the output of the newest node on this thread's
+ * tape (so no node reads it yet), that node's backward never reads it
+ * (out_unread: add, the fused batch norm) and x is its own contiguous
+ * tensor; the node's out is a view of x, and it keeps that output for the
+ * backward (relu'(x) = [y > 0]). Otherwise fg_relu. */
+fg_tensor *fg_relu_(fg_tensor *x) {
+    const fg_op_table *ops = ops_of("relu_", x);
+    if (!ops || FG_OP(ops, relu_fwd)) return NULL;
+    fg__node *p = x->grad_fn, *tail = fg__tape_tail();
+    if (!p || p != tail || p->out != x || !p->out_unread || !ops->relu_bwd ||
+        x->grad_fn_gen != fg_step_generation() || !fg_tensor_is_contiguous(x) ||
+        (x->flags & FG_T_PERSISTENT))
+        return fg_relu(x);
+    fg_tensor *y = fg_tensor_reshape_view(x, x->ndim, x->shape);
+    if (!y || ops->relu_fwd(x, x)) return NULL;
+    fg__node *node;
+    if (fg__record(&node, "relu_", relu_bw, y, 1, &x)) return NULL;
+    if (node) node->saved[0] = y;
+    return y;
 }
 
 fg_tensor *fg_gelu(fg_tensor *a) {

@@ -103,7 +103,10 @@ static fg_tensor *binary(const char *fn, fg_binary_op op, fg_tensor *a, fg_tenso
     fg_tensor *in[2] = {a, b};
     fg__backward_fn bw = op == FG_BIN_MUL ? mul_bw : op == FG_BIN_DIV ? div_bw : add_bw;
     if (fg__record(&node, fn, bw, y, 2, in)) return NULL;
-    if (node) node->f[0] = op == FG_BIN_SUB ? -1.0 : 1.0;
+    if (node) {
+        node->f[0] = op == FG_BIN_SUB ? -1.0 : 1.0;
+        node->out_unread = bw == add_bw;
+    }
     return y;
 }
 

@@ -386,6 +386,7 @@ static fg_tensor *bn_fused(fg_tensor *x, fg_tensor *running_mean, fg_tensor *run
     if (node) {
         node->saved[0] = xc;
         node->ctx = st;
+        node->out_unread = true;
     }
     return y;
 }

@@ -141,6 +141,12 @@ fg_status fg__record_always(fg__node **node, const char *name, fg__backward_fn b
     return record(node, name, bw, out, nin, in, true);
 }
 
+fg__node *fg__tape_tail(void) {
+    if (tl_grad_disabled) return NULL;
+    tape_sync();
+    return tl_tail;
+}
+
 fg__tape_point fg__tape_pos(void) {
     tape_sync();
     return (fg__tape_point){tl_tail, tl_tape_len};

@@ -5,7 +5,8 @@
  * and max pool, four stages from 64 planes) and CIFAR (3x3 stem, no pool:
  * ResNet-18 as the common CIFAR port, four stages of two BasicBlocks; and
  * He et al.'s 6n+2 ResNets, three stages of n BasicBlocks from 16 planes,
- * with 1x1-convolution shortcuts (option B)). */
+ * with 1x1-convolution shortcuts (option B)). Its ReLUs run in place where
+ * that is safe (fg_relu_), as torchvision's ReLU(inplace=True). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -37,10 +38,10 @@ static fg_tensor *block_fwd(fg_module *m, fg_tensor *x, void *ud) {
     fg_tensor *h = x;
     for (int i = 0; i < p->n && h; i++) {
         h = fg_module_forward(p->b[i], fg_module_forward(p->c[i], h));
-        if (i < p->n - 1) h = fg_relu(h);
+        if (i < p->n - 1) h = fg_relu_(h);
     }
     fg_tensor *id = p->down ? fg_module_forward(p->down, x) : x;
-    return fg_relu(fg_add(h, id));
+    return fg_relu_(fg_add(h, id));
 }
 
 fg_module *fg_resnet_block_new(int64_t in, int64_t planes, int64_t stride, bool bottleneck,
@@ -106,7 +107,7 @@ static fg_tensor *resnet_fwd(fg_module *m, fg_tensor *x, void *ud) {
                  fg_tensor_describe(x, s, sizeof s), (long long)p->c.in_channels);
         return NULL;
     }
-    fg_tensor *h = fg_relu(fg_module_forward(p->bn1, fg_module_forward(p->conv1, x)));
+    fg_tensor *h = fg_relu_(fg_module_forward(p->bn1, fg_module_forward(p->conv1, x)));
     if (p->pool) h = fg_module_forward(p->pool, h);
     for (int i = 0; i < p->nstages && h; i++) h = fg_module_forward(p->layers[i], h);
     h = fg_flatten(fg_adaptive_avg_pool2d(h, 1, 1), 1, -1);
