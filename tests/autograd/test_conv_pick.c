@@ -39,7 +39,7 @@ TEST(conv_pick_measures_once_and_wins_by_the_margin) {
     fake none = {{1.0, 1.0 / 0.0}, FG_OK, 0}, broken = {{1.0, 0.1}, FG_ENOMEM, 0};
     CHECK(!pick(k1, 3, &near)); /* 5% faster: within the margin, direct */
     CHECK(pick(k2, 3, &far));
-    CHECK(!pick(k3, 3, &none)); /* Winograd could not run */
+    CHECK(!pick(k3, 3, &none));                      /* Winograd could not run */
     CHECK(!pick(k1, 3, &far) && pick(k2, 3, &near)); /* decided: not measured again */
     CHECK(near.calls == 1 && far.calls == 1 && none.calls == 1);
     bool w = true;
@@ -134,7 +134,8 @@ static void conv_once(const char *path, fg_tensor **in, fg_tensor **out) {
 
 static bool same(fg_tensor **a, fg_tensor **b) {
     for (int k = 0; k < 4; k++)
-        if (memcmp(fg_tensor_data(a[k]), fg_tensor_data(b[k]), fg_tensor_nbytes(a[k]))) return false;
+        if (memcmp(fg_tensor_data(a[k]), fg_tensor_data(b[k]), fg_tensor_nbytes(a[k])))
+            return false;
     return true;
 }
 
@@ -179,4 +180,3 @@ TEST(conv2d_winograd_where_onednn_has_it_and_the_default_repeats) {
         SKIP("oneDNN runs %s here: its f32 Winograd needs AVX-512 (the direct path ran)", isa);
     }
 }
-

@@ -463,7 +463,8 @@ TEST(relu_in_place_where_safe_and_gradients) {
     CHECK(fg_tensor_data(fg_relu_(in[0])) != fg_tensor_data(in[0]));
     int neg = 0; /* each left as it was */
     for (int64_t i = 0; i < fg_tensor_numel(a); i++)
-        neg += (fg_tensor_get(a, i) < 0) + (fg_tensor_get(q, i) < 0) + (fg_tensor_get(in[0], i) < 0);
+        neg +=
+            (fg_tensor_get(a, i) < 0) + (fg_tensor_get(q, i) < 0) + (fg_tensor_get(in[0], i) < 0);
     CHECK(neg > 0);
     CHECK(fg_relu_(NULL) == NULL);
     fg_step_reset();

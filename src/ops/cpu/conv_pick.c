@@ -119,8 +119,8 @@ static FG_MUST_USE fg_status save_locked(const char *path) {
         size_t k = (size_t)snprintf(line, sizeof line, "%d", e->n);
         for (int j = 0; j < e->n; j++)
             k += (size_t)snprintf(line + k, sizeof line - k, " %lld", (long long)e->key[j]);
-        k += (size_t)snprintf(line + k, sizeof line - k, " %d %.0f %.0f\n", e->winograd,
-                              e->us[0], e->us[1]);
+        k += (size_t)snprintf(line + k, sizeof line - k, " %d %.0f %.0f\n", e->winograd, e->us[0],
+                              e->us[1]);
         if (len + k >= cap) break; /* the rest is decided for this process alone */
         memcpy(buf + len, line, k);
         len += k;
@@ -148,8 +148,7 @@ static void load_once_locked(void) {
 fg_status fg__conv_pick(const int64_t *key, int n, fg__conv_measure_fn measure, void *ud,
                         bool *winograd) {
     if (n < 1 || n > FG_CONV_KEY)
-        return fg_error(FG_EINTERNAL, "conv_pick: a key of %d values (at most %d)", n,
-                        FG_CONV_KEY);
+        return fg_error(FG_EINTERNAL, "conv_pick: a key of %d values (at most %d)", n, FG_CONV_KEY);
     pthread_mutex_lock(&g_mu);
     load_once_locked();
     fg_status st = FG_OK;

@@ -226,10 +226,10 @@ static void make_desc(cdesc *d, int kind, const fg_tensor *x, const fg_tensor *y
 #else
     int64_t threads = 1;
 #endif
-    int64_t key[KEYN] = {kind,         N,         C,          H,        W,           O,
-                         KH,           KW,        OH,         OW,       G,           d->stride[0],
-                         d->stride[1], d->dil[0], d->dil[1],  d->pl[0], d->pl[1],    d->pr[0],
-                         d->pr[1],     bias,      d->blocked, threads,  d->mode, p->overwrite};
+    int64_t key[KEYN] = {kind,         N,         C,          H,        W,        O,
+                         KH,           KW,        OH,         OW,       G,        d->stride[0],
+                         d->stride[1], d->dil[0], d->dil[1],  d->pl[0], d->pl[1], d->pr[0],
+                         d->pr[1],     bias,      d->blocked, threads,  d->mode,  p->overwrite};
     memcpy(d->key, key, sizeof key);
 }
 
@@ -447,11 +447,10 @@ static dnnl_status_t bwd_pd(dnnl_primitive_desc_t *pd, int kind, const cdesc *d,
     if (s == dnnl_success) s = fwd_pd(&hint, d, bias, NULL);
     if (s == dnnl_success)
         s = kind == K_BWD_DATA
-                ? dnnl_dilated_convolution_backward_data_desc_init(
-                      &cd, d->alg, x, w, y, d->stride, d->dil, d->pl, d->pr)
+                ? dnnl_dilated_convolution_backward_data_desc_init(&cd, d->alg, x, w, y, d->stride,
+                                                                   d->dil, d->pl, d->pr)
                 : dnnl_dilated_convolution_backward_weights_desc_init(
-                      &cd, d->alg, x, w, bias ? &d->b : NULL, y, d->stride, d->dil,
-                      d->pl, d->pr);
+                      &cd, d->alg, x, w, bias ? &d->b : NULL, y, d->stride, d->dil, d->pl, d->pr);
     if (s == dnnl_success) s = dnnl_primitive_desc_create(pd, &cd, attr, g_engine, hint);
     dnnl_primitive_desc_destroy(hint);
     dnnl_primitive_attr_destroy(attr);
