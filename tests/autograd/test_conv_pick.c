@@ -3,8 +3,11 @@
  * shape measured once, a failed measurement keeping nothing, the choices
  * through a file and back (a damaged or foreign file refused whole), and
  * the convolutions themselves: FULGUR_CONV=onednn-winograd makes Winograd
- * primitives where oneDNN has them (AVX-512) and onednn-direct none, and
- * the default measures a shape once and then repeats its bits. */
+ * primitives where oneDNN has them (AVX-512) and onednn-direct none,
+ * FULGUR_CONV=winograd runs fulgur's (other bits, the same values to its
+ * rounding), and the default measures a shape once, runs Winograd where
+ * its choice says, and then repeats its bits. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,31 +155,52 @@ TEST(conv2d_winograd_where_onednn_has_it_and_the_default_repeats) {
         CHECK_OK(fg_tensor_copy(in[k], d[k]));
         fg_tensor_set_requires_grad(in[k], true);
     }
-    fg_tensor *r[4][4];
+    fg_tensor *r[5][4];
     int w0 = fg__dnnl_conv_winograd_made();
     conv_once("onednn-direct", in, r[0]);
     CHECK(fg__dnnl_conv_winograd_made() == w0);
     conv_once("onednn-winograd", in, r[1]);
     int made = fg__dnnl_conv_winograd_made() - w0;
-    /* the default: measured once (fresh choices, no file), then the same */
+    /* the default: measured once (fresh choices, no file), then the same;
+     * the shapes it runs on Winograd (oneDNN's, or fulgur's where oneDNN
+     * has none) are the ones the choices say */
     fg__conv_pick_forget();
+    int w1 = fg__dnnl_conv_winograd_made();
     conv_once(NULL, in, r[2]);
-    int n = fg__conv_pick_count(NULL, NULL);
+    int wn = -1, n = fg__conv_pick_count(&wn, NULL);
     CHECK_MSG(n == 3, "%d shapes measured, want 3 (forward, backward data, weights)", n);
+    CHECK_MSG(fg__dnnl_conv_winograd_made() - w1 == wn, "%d made on Winograd, %d chosen",
+              fg__dnnl_conv_winograd_made() - w1, wn);
     conv_once(NULL, in, r[3]);
     CHECK(fg__conv_pick_count(NULL, NULL) == n && same(r[2], r[3]));
+    /* fulgur's Winograd: other bits than the direct kernel's, the same
+     * values to its rounding (test_grad_conv bounds it against im2col) */
+    fg_conv_params cp = {.stride = {1, 1}, .pad = {1, 1}, .dilation = {1, 1}, .groups = 1};
+    bool own = fg__wino_conv_fits(in[0], in[1], &cp);
+    conv_once("winograd", in, r[4]);
+    bool own_differs = !same(r[0], r[4]);
+    double gap = 0;
+    for (int k = 0; k < 4; k++)
+        for (int64_t i = 0; i < fg_tensor_numel(r[0][k]); i++) {
+            double u = fg_tensor_get(r[4][k], i), v = fg_tensor_get(r[0][k], i);
+            gap = fmax(gap, fabs(u - v) / (1 + fabs(v)));
+        }
+    CHECK_MSG(gap < 1.2e-4, "fulgur's Winograd %.2e from the direct kernel", gap);
+    CHECK(own_differs == own);
     char info[400];
     CHECK_CONTAINS(fg__conv_pick_info(info, sizeof info), "3 shapes measured");
     CHECK_CONTAINS(fg_ops_blas_info(), "conv: onednn (winograd or direct per shape");
     for (int k = 0; k < 3; k++) fg_tensor_free(in[k]), fg_tensor_free(d[k]);
     bool differ = !same(r[0], r[1]);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         for (int k = 0; k < 4; k++) fg_tensor_free(r[i][k]);
     if (strstr(isa, "avx512")) {
         CHECK_MSG(made == 3, "%d Winograd primitives made, want 3", made);
         CHECK(differ); /* the other algorithm: other last bits */
     } else {
         CHECK(made == 0 && !differ);
-        SKIP("oneDNN runs %s here: its f32 Winograd needs AVX-512 (the direct path ran)", isa);
+        SKIP("oneDNN runs %s here: its f32 Winograd needs AVX-512 (its direct path ran; "
+             "fulgur's Winograd and the default's choices were checked)",
+             isa);
     }
 }

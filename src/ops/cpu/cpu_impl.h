@@ -137,6 +137,23 @@ typedef struct fg__vk {
     void (*bn_fwd_row)(const float *x, float *y, int64_t n, float a, float o);
     void (*bn_bwd_row)(const float *x, const float *g, float *dx, int64_t n, const double *c,
                        bool overwrite);
+    /* vk_wino_t.h, k_conv_wino.c's Winograd F(4x4, 3x3) transforms over
+     * tiles [t0, t1) (th x tw a plane), laid out (T, 36, channels): the
+     * input patches of x (N, C, h, w; padding ph, pw) to v; the outputs of
+     * m into y (N, O, oh, ow; + bias (O or NULL), added or written); the
+     * tiles of dy (N, O, oh, ow) to z. The filters over rows [r0, r1): U
+     * (36 planes ldu apart of R x S) = G w[r][s] G^T (w (R, S, 3, 3)), or
+     * of w[s][r] turned 180 degrees (flip: w (S, R, 3, 3)); dw[o][c] +=
+     * G^T dU G over rows [o0, o1) of dU (36 planes of O x C). */
+    void (*wino_in)(const float *x, int64_t C, int64_t h, int64_t w, int64_t ph, int64_t pw,
+                    int64_t th, int64_t tw, int64_t t0, int64_t t1, float *v);
+    void (*wino_out)(const float *m, int64_t O, int64_t th, int64_t tw, int64_t t0, int64_t t1,
+                     float *y, int64_t oh, int64_t ow, const float *bias, bool add);
+    void (*wino_dout)(const float *dy, int64_t O, int64_t oh, int64_t ow, int64_t th, int64_t tw,
+                      int64_t t0, int64_t t1, float *z);
+    void (*wino_wt)(const float *w, int64_t R, int64_t S, bool flip, int64_t r0, int64_t r1,
+                    float *U, int64_t ldu);
+    void (*wino_dwt)(const float *dU, int64_t ldu, int64_t C, int64_t o0, int64_t o1, float *dw);
 } fg__vk;
 
 extern const fg__vk fg__vk_avx2, fg__vk_avx512;

@@ -1,8 +1,9 @@
 /* 2-d convolution, NCHW, with strides, padding, dilation and groups:
  * forward, the gradient of the input (accumulated) and those of the
  * weight and bias (accumulated). f32 goes to oneDNN's convolution
- * primitive (k_conv_dnnl.c: its direct or Winograd algorithm, measured per
- * shape in conv_pick.c) where it is built in and implements the shape,
+ * primitive (k_conv_dnnl.c: its direct or Winograd algorithm, or fulgur's
+ * Winograd (k_conv_wino.c) where oneDNN has none, measured per shape in
+ * conv_pick.c) where it is built in and implements the shape,
  * unless FULGUR_CONV=im2col; f64, and f32 otherwise, take the path below:
  * per image and group, im2col (the (C/G KH KW, OH OW) patch matrix, or the
  * image itself for a 1 x 1 kernel of stride 1 without padding) and the
@@ -65,17 +66,22 @@ static bool use_dnnl(const fg_tensor *x) {
     return !(e && !strcmp(e, "im2col"));
 }
 
+/* FULGUR_CONV=winograd: fulgur's Winograd wherever it applies */
+static bool forced_wino(const fg_tensor *x, const fg_tensor *w, const fg_conv_params *p) {
+    const char *e = getenv("FULGUR_CONV");
+    return e && !strcmp(e, "winograd") && fg__wino_conv_fits(x, w, p);
+}
+
 const char *fg__cpu_conv_path(void) {
     const char *e = getenv("FULGUR_CONV");
 #ifdef FULGUR_HAVE_DNNL
     static const char *const named[] = {"onednn-plain", "onednn-direct", "onednn-winograd",
-                                        "im2col"};
-    for (int i = 0; e && i < 4; i++)
+                                        "winograd", "im2col"};
+    for (int i = 0; e && i < 5; i++)
         if (!strcmp(e, named[i])) return named[i];
     return "onednn";
 #else
-    (void)e;
-    return "im2col";
+    return e && !strcmp(e, "winograd") ? "winograd" : "im2col";
 #endif
 }
 
@@ -156,6 +162,7 @@ fg_status fg__cpu_conv2d_fwd(const fg_tensor *x, const fg_tensor *w, const fg_te
     FG_TRY(check_dtype("conv2d_fwd", x->dtype));
     if (b && (b->numel != g.O || b->dtype != x->dtype || !fg_tensor_is_contiguous(b)))
         return fg_error(FG_EINVAL, "conv2d_fwd: the bias needs %lld elements", (long long)g.O);
+    if (forced_wino(x, w, p)) return fg__wino_conv2d_fwd(x, w, b, p, y);
     if (use_dnnl(x)) {
         fg_status s = fg__dnnl_conv2d_fwd(x, w, b, p, y);
         if (s != FG_EUNSUPPORTED) return s;
@@ -195,6 +202,7 @@ fg_status fg__cpu_conv2d_bwd_data(const fg_tensor *dy, const fg_tensor *w, const
     geo g;
     FG_TRY(check("conv2d_bwd_data", dx, w, dy, p, &g));
     FG_TRY(check_dtype("conv2d_bwd_data", dx->dtype));
+    if (forced_wino(dx, w, p)) return fg__wino_conv2d_bwd_data(dy, w, p, dx);
     if (use_dnnl(dx)) {
         fg_status s = fg__dnnl_conv2d_bwd_data(dy, w, p, dx);
         if (s != FG_EUNSUPPORTED) return s;
@@ -241,6 +249,7 @@ fg_status fg__cpu_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
     if (db && (db->numel != g.O || db->dtype != x->dtype || !fg_tensor_is_contiguous(db)))
         return fg_error(FG_EINVAL, "conv2d_bwd_weight: the bias gradient needs %lld elements",
                         (long long)g.O);
+    if (dw && forced_wino(x, dw, p)) return fg__wino_conv2d_bwd_weight(x, dy, p, dw, db);
     if (use_dnnl(x) && dw) {
         fg_status s = fg__dnnl_conv2d_bwd_weight(x, dy, p, dw, db);
         if (s != FG_EUNSUPPORTED) return s;

@@ -81,6 +81,7 @@ enum { R_SRC, R_WEI, R_DST, R_BIAS, R_SCRATCH, R_N };
 typedef struct centry {
     struct centry *next;
     int64_t key[KEYN];
+    bool own; /* fulgur's Winograd (k_conv_wino.c) runs the shape: no primitive */
     dnnl_primitive_desc_t pd;
     dnnl_primitive_t prim;
     int n;
@@ -494,6 +495,35 @@ out:
     return st;
 }
 
+/* The caller's tensors of a call in its entry's argument order (forward:
+ * x, w, y, b; backward data: dy, w, dx; backward weights: x, dy, dw, db)
+ * and its parameters */
+typedef struct call {
+    const fg_tensor *t[NARG];
+    const fg_conv_params *p;
+} call;
+
+/* fulgur's Winograd on the call's shapes, over the memory ptr[i] */
+static FG_MUST_USE fg_status run_own(int kind, const call *a, void *const *ptr) {
+    fg_tensor t[NARG];
+    for (int i = 0; i < NARG; i++)
+        if (a->t[i]) {
+            t[i] = *a->t[i];
+            t[i].data = ptr[i];
+        }
+    if (kind == K_FWD)
+        return fg__wino_conv2d_fwd(&t[0], &t[1], a->t[3] ? &t[3] : NULL, a->p, &t[2]);
+    if (kind == K_BWD_DATA) return fg__wino_conv2d_bwd_data(&t[0], &t[1], a->p, &t[2]);
+    return fg__wino_conv2d_bwd_weight(&t[0], &t[1], a->p, &t[2], a->t[3] ? &t[3] : NULL);
+}
+
+/* whether fulgur's Winograd applies to the call */
+static bool own_fits(int kind, const call *a) {
+    const fg_tensor *x = kind == K_BWD_DATA ? a->t[2] : a->t[0];
+    const fg_tensor *w = kind == K_BWD_WEIGHT ? a->t[2] : a->t[1];
+    return fg__wino_conv_fits(x, w, a->p);
+}
+
 /* what measure needs to make a shape's two entries */
 typedef struct mctx {
     const char *kernel;
@@ -501,14 +531,16 @@ typedef struct mctx {
     int kind;
     const cdesc *d;
     bool bias, accum;
+    const call *a;
 } mctx;
 
 #define MEASURE_ROUNDS 3
 
 /* conv_pick.c's measurement of a shape: its direct and its Winograd entry
- * (INFINITY where oneDNN has none), each whole call (reorders included) on
- * scratch tensors of the shape's plain layouts, once to warm up and then
- * interleaved, the best of MEASURE_ROUNDS. */
+ * (oneDNN's, else fulgur's; INFINITY where neither applies), each whole
+ * call (reorders included) on scratch tensors of the shape's plain
+ * layouts, once to warm up and then interleaved, the best of
+ * MEASURE_ROUNDS. */
 static fg_status measure(void *ud, double *t) {
     const mctx *m = ud;
     fg_status st = FG_OK;
@@ -521,7 +553,8 @@ static fg_status measure(void *ud, double *t) {
         st = make_entry(m->kernel, m->kind, &d, m->bias, m->accum, &e[k]);
         if (st == FG_EUNSUPPORTED) e[k] = NULL, st = FG_OK;
     }
-    if (st || !e[0] || !e[1]) goto done; /* nothing to measure: direct (or im2col) */
+    bool own = !st && e[0] && !e[1] && own_fits(m->kind, m->a);
+    if (st || !e[0] || (!e[1] && !own)) goto done; /* nothing to measure: direct (or im2col) */
     for (int i = 0; i < e[0]->n; i++) {
         size_t bytes = dnnl_memory_desc_get_size(&e[0]->plain[i]);
         el[i] = (int64_t)(bytes / sizeof(float));
@@ -535,7 +568,8 @@ static fg_status measure(void *ud, double *t) {
     for (int round = 0; round <= MEASURE_ROUNDS && !st; round++)
         for (int k = 0; k < 2 && !st; k++) {
             double t0 = fg_time();
-            st = run(m->kernel, m->c, e[k], ptr, el, false, false);
+            st = k && own ? run_own(m->kind, m->a, ptr)
+                          : run(m->kernel, m->c, e[k], ptr, el, false, false);
             if (round) t[k] = fmin(t[k], fg_time() - t0); /* round 0 warms up */
         }
 done:
@@ -545,15 +579,24 @@ done:
     return st;
 }
 
+/* An entry that runs fulgur's Winograd */
+static FG_MUST_USE fg_status own_entry(const cdesc *d, centry **out) {
+    if (!(*out = fg_calloc(1, sizeof **out))) return FG_ENOMEM;
+    memcpy((*out)->key, d->key, sizeof d->key);
+    (*out)->own = true;
+    return FG_OK;
+}
+
 /* The calling thread's entry of direction kind for d: kept, or made on the
- * algorithm FULGUR_CONV names or conv_pick.c chooses (Winograd where
- * oneDNN has it and it measured faster), then kept. */
+ * algorithm FULGUR_CONV names or conv_pick.c chooses (Winograd where it
+ * measured faster: oneDNN's where it has it, else fulgur's, which only
+ * the measured choice takes), then kept. */
 static FG_MUST_USE fg_status entry_of(const char *kernel, cstate *c, int kind, cdesc *d, bool bias,
-                                      bool accum, centry **out) {
+                                      bool accum, const call *a, centry **out) {
     if ((*out = find(c, d))) return FG_OK;
     bool wino = d->wino;
     if (wino && d->mode == M_AUTO) {
-        mctx m = {kernel, c, kind, d, bias, accum};
+        mctx m = {kernel, c, kind, d, bias, accum, a};
         /* the key less its last value (whether dx is added or written):
          * one choice for both, so that their bits agree */
         FG_TRY(fg__conv_pick(d->key, KEYN - 1, measure, &m, &wino));
@@ -563,6 +606,8 @@ static FG_MUST_USE fg_status entry_of(const char *kernel, cstate *c, int kind, c
         d->alg = dnnl_convolution_winograd;
         st = make_entry(kernel, kind, d, bias, accum, out);
     }
+    if (st == FG_EUNSUPPORTED && wino && d->mode == M_AUTO && own_fits(kind, a))
+        st = own_entry(d, out);
     if (st == FG_EUNSUPPORTED) {
         d->alg = dnnl_convolution_direct;
         st = make_entry(kernel, kind, d, bias, accum, out);
@@ -581,10 +626,11 @@ fg_status fg__dnnl_conv2d_fwd(const fg_tensor *x, const fg_tensor *w, const fg_t
     cdesc d;
     FG_TRY(ready(&c));
     make_desc(&d, K_FWD, x, y, w->shape[0], w->shape[2], w->shape[3], p, b != NULL);
-    FG_TRY(entry_of("conv2d_fwd", c, K_FWD, &d, b != NULL, false, &e));
+    call a = {{x, w, y, b}, p};
+    FG_TRY(entry_of("conv2d_fwd", c, K_FWD, &d, b != NULL, false, &a, &e));
     void *ptr[4] = {x->data, w->data, y->data, b ? b->data : NULL};
     int64_t el[4] = {x->numel, w->numel, y->numel, b ? b->numel : 0};
-    return run("conv2d_fwd", c, e, ptr, el, false, false);
+    return e->own ? run_own(K_FWD, &a, ptr) : run("conv2d_fwd", c, e, ptr, el, false, false);
 }
 
 fg_status fg__dnnl_conv2d_bwd_data(const fg_tensor *dy, const fg_tensor *w, const fg_conv_params *p,
@@ -595,10 +641,13 @@ fg_status fg__dnnl_conv2d_bwd_data(const fg_tensor *dy, const fg_tensor *w, cons
     FG_TRY(ready(&c));
     make_desc(&d, K_BWD_DATA, dx, dy, w->shape[0], w->shape[2], w->shape[3], p, false);
     /* dx is added to unless the caller says it holds nothing yet */
-    FG_TRY(entry_of("conv2d_bwd_data", c, K_BWD_DATA, &d, false, !p->overwrite, &e));
-    void *ptr[3] = {dy->data, w->data, dx->data};
+    call a = {{dy, w, dx, NULL}, p};
+    FG_TRY(entry_of("conv2d_bwd_data", c, K_BWD_DATA, &d, false, !p->overwrite, &a, &e));
+    void *ptr[4] = {dy->data, w->data, dx->data, NULL};
     int64_t el[3] = {dy->numel, w->numel, dx->numel};
-    return run("conv2d_bwd_data", c, e, ptr, el, false, true);
+    if (!e->own) return run("conv2d_bwd_data", c, e, ptr, el, false, true);
+    c->dst_holds = NULL; /* no dy left in oneDNN's layout for the weights' call */
+    return run_own(K_BWD_DATA, &a, ptr);
 }
 
 fg_status fg__dnnl_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
@@ -608,9 +657,12 @@ fg_status fg__dnnl_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
     cdesc d;
     FG_TRY(ready(&c));
     make_desc(&d, K_BWD_WEIGHT, x, dy, dw->shape[0], dw->shape[2], dw->shape[3], p, db != NULL);
-    FG_TRY(entry_of("conv2d_bwd_weight", c, K_BWD_WEIGHT, &d, db != NULL, true, &e));
+    call a = {{x, dy, dw, db}, p};
+    FG_TRY(entry_of("conv2d_bwd_weight", c, K_BWD_WEIGHT, &d, db != NULL, true, &a, &e));
     void *ptr[4] = {x->data, dy->data, dw->data, db ? db->data : NULL};
     int64_t el[4] = {x->numel, dy->numel, dw->numel, db ? db->numel : 0};
-    return run("conv2d_bwd_weight", c, e, ptr, el, p->dy_as_before, false);
+    if (!e->own) return run("conv2d_bwd_weight", c, e, ptr, el, p->dy_as_before, false);
+    c->dst_holds = NULL;
+    return run_own(K_BWD_WEIGHT, &a, ptr);
 }
 #endif

@@ -78,13 +78,30 @@ FG_MUST_USE fg_status fg__dnnl_conv2d_bwd_weight(const fg_tensor *x, const fg_te
                                                  const fg_conv_params *p, fg_tensor *dw,
                                                  fg_tensor *db);
 /* For tests: how many primitives this process made on Winograd (the
- * measurements' own excluded). */
+ * measurements' own excluded; fulgur's Winograd, below, included). */
 int fg__dnnl_conv_winograd_made(void);
+
+/* k_conv_wino.c: the same three by Winograd's F(4x4, 3x3) on the table's
+ * matrix products, where oneDNN has no Winograd kernels; FG_EUNSUPPORTED
+ * where fg__wino_conv_fits is false (f32, 3x3, stride 1, no dilation, one
+ * group, padding <= 2, a vector ISA). */
+bool fg__wino_conv_fits(const fg_tensor *x, const fg_tensor *w, const fg_conv_params *p);
+FG_MUST_USE fg_status fg__wino_conv2d_fwd(const fg_tensor *x, const fg_tensor *w,
+                                          const fg_tensor *b, const fg_conv_params *p,
+                                          fg_tensor *y);
+FG_MUST_USE fg_status fg__wino_conv2d_bwd_data(const fg_tensor *dy, const fg_tensor *w,
+                                               const fg_conv_params *p, fg_tensor *dx);
+FG_MUST_USE fg_status fg__wino_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
+                                                 const fg_conv_params *p, fg_tensor *dw,
+                                                 fg_tensor *db);
 /* Which convolution path runs f32: "onednn" (the default where built in;
- * the primitive's own layouts, Winograd or direct measured per shape),
- * "onednn-direct" and "onednn-winograd" (FULGUR_CONV=...: that algorithm
- * wherever oneDNN implements it), "onednn-plain" (FULGUR_CONV=onednn-plain:
- * NCHW as it is, direct) or "im2col" (FULGUR_CONV=im2col, or no oneDNN). */
+ * the primitive's own layouts, Winograd (oneDNN's where it has it, else
+ * fulgur's) or direct measured per shape), "onednn-direct" and
+ * "onednn-winograd" (FULGUR_CONV=...: that algorithm wherever oneDNN
+ * implements it), "winograd" (FULGUR_CONV=winograd: fulgur's Winograd
+ * wherever it applies, the default elsewhere), "onednn-plain"
+ * (FULGUR_CONV=onednn-plain: NCHW as it is, direct) or "im2col"
+ * (FULGUR_CONV=im2col, or no oneDNN). */
 const char *fg__cpu_conv_path(void);
 
 /* conv_pick.c: whether a convolution shape (key: n <= FG_CONV_KEY values,

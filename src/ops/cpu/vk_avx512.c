@@ -18,9 +18,14 @@ FG_TARGET_AVX512_BEGIN
 #include "vk_ew_t.h"
 #include "vk_norm_t.h"
 #include "vk_rnn_t.h"
+#include "vk_wino_t.h"
 NORM_ROWS(float, f32)
 
-const fg__vk fg__vk_avx512 = {
-    .isa = FG_ISA_AVX512, VK_ENTRIES, VK_EW_ENTRIES, VK_RNN_ENTRIES, VK_NORM_ENTRIES};
+const fg__vk fg__vk_avx512 = {.isa = FG_ISA_AVX512,
+                              VK_ENTRIES,
+                              VK_EW_ENTRIES,
+                              VK_RNN_ENTRIES,
+                              VK_NORM_ENTRIES,
+                              VK_WINO_ENTRIES};
 FG_TARGET_END
 #endif
