@@ -94,7 +94,7 @@ TEST(conv_pick_choices_round_trip_through_a_file) {
 
     size_t len = 0;
     char *good = slurp(path, &len);
-    CHECK(good && !strncmp(good, "fulgur conv choices 1\nkey ", 26));
+    CHECK(good && !strncmp(good, "fulgur conv choices 2\nkey ", 26));
     if (!good) return;
     char *bad = malloc(len + 64);
     memcpy(bad, good, len);

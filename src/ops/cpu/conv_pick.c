@@ -1,5 +1,7 @@
-/* Which algorithm runs each f32 convolution shape on oneDNN, direct or
- * Winograd, chosen per shape and direction by measurement.
+/* Which algorithm runs each f32 convolution shape, direct or Winograd,
+ * chosen per shape and direction by measurement: oneDNN's direct kernels
+ * against oneDNN's Winograd where it has it (AVX-512), else against
+ * fulgur's (k_conv_wino.c, on the table's matrix products).
  *
  * oneDNN's Winograd F(4x4, 3x3) kernels (AVX-512 only in oneDNN 2.x) run
  * a 3x3, stride-1 convolution in half the time of its direct kernels on
@@ -7,7 +9,9 @@
  * 2 vCPU AMD EPYC (Zen 5), batch 64, 64 channels at 32x32 1.7x faster
  * forward, 512 at 7x7 2.1x faster, but 512 at 7x7 with batch 8 10% slower,
  * 16 channels 1.7x slower, the backward weights of 48 channels at 32x32
- * 1.1x slower while its forward is 1.8x faster. So the first convolution
+ * 1.1x slower while its forward is 1.8x faster. fulgur's, on an AVX2 AMD
+ * EPYC (family 25), batch 64: 1.3x faster at 64 channels of 32x32, 2-4x at
+ * 256 and 512 channels of 8x8 and 4x4. So the first convolution
  * of a shape not seen before measures both (k_conv_dnnl.c's measure: the
  * whole call, reorders included, on scratch tensors of that shape,
  * interleaved, best of its rounds), and Winograd wins only when faster by
@@ -35,7 +39,10 @@
 #define MARGIN 0.10
 #define MAX_ENTRIES 512
 #define LOCK_WAIT_S 5.0
-#define FORMAT "fulgur conv choices 1"
+/* 2: Winograd is fulgur's where oneDNN has none. The key (and so the
+ * file's name) holds the format: a file of 1, "direct" for every shape of
+ * a CPU below AVX-512 where nothing else could run, is not read. */
+#define FORMAT "fulgur conv choices 2"
 
 typedef struct {
     int n;
