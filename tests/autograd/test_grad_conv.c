@@ -188,6 +188,52 @@ static int differ(const fg_tensor *a, const fg_tensor *b, double scale_b, double
     return bad;
 }
 
+/* fulgur's Winograd in chunks of tiles and of filter rows (a scratch
+ * buffer of 4 KiB: 16 tiles, 16 rows a chunk, the weight gradient summed
+ * over the chunks of tiles) against its one-chunk run and im2col, on a
+ * shape whose tiles and rows are not whole chunks */
+TEST(conv2d_winograd_in_chunks_agrees) {
+    /* 27 tiles (2 chunks); 4 tiles (1 chunk: the weight gradient's rows
+     * then go in chunks too) */
+    int64_t shapes[2][4] = {{3, 33, 11, 9}, {1, 33, 5, 7}};
+    for (int c = 0; c < 2; c++) {
+        int64_t *sx = shapes[c], sw[] = {40, 33, 3, 3}, sb[] = {40};
+        fg_conv2d_opts o = {{1, 1}, {1, 1}, {1, 1}, 1, false};
+        fg_tensor *d[3] = {gc_randn(4, sx, 81 + c, 1), gc_randn(4, sw, 82, 0.2),
+                           gc_randn(1, sb, 83, 1)};
+        fg_tensor *in[3] = {f32_of(d[0], true), f32_of(d[1], true), f32_of(d[2], true)};
+        fg_conv_params cp = {.stride = {1, 1}, .pad = {1, 1}, .dilation = {1, 1}, .groups = 1};
+        if (!fg__wino_conv_fits(in[0], in[1], &cp)) {
+            free_all(d, 3);
+            free_all(in, 3);
+            SKIP("no vector ISA in use: fulgur's Winograd has no transforms here");
+        }
+        fg_tensor *y = fg_conv2d(in[0], in[1], in[2], &o);
+        fg_tensor *sd = y ? gc_randn(4, fg_tensor_shape(y), 84, 1) : NULL;
+        fg_tensor *seed = sd ? f32_of(sd, false) : NULL;
+        CHECK(seed != NULL);
+        if (!seed) return;
+        fg_tensor *r[3][4]; /* one chunk, chunks, im2col */
+        conv_f32_run("winograd", 0, in, seed, &o, r[0]);
+        fg__wino_set_chunk(4096);
+        conv_f32_run("winograd", 0, in, seed, &o, r[1]);
+        fg__wino_set_chunk(0);
+        conv_f32_run("im2col", 0, in, seed, &o, r[2]);
+        for (int k = 0; k < 4; k++) {
+            CHECK_MSG(differ(r[1][k], r[0][k], 1, 1.2e-4) == 0,
+                      "shape %d tensor %d: chunks and one differ", c, k);
+            CHECK_MSG(differ(r[1][k], r[2][k], 1, 1.2e-4) == 0,
+                      "shape %d tensor %d: chunks and im2col differ", c, k);
+        }
+        fg_step_reset();
+        for (int i = 0; i < 3; i++) free_all(r[i], 4);
+        free_all(d, 3);
+        free_all(in, 3);
+        fg_tensor_free(sd);
+        fg_tensor_free(seed);
+    }
+}
+
 /* oneDNN's blocked layouts (nChw16c on AVX-512, nChw8c on AVX2: the test
  * runs again with oneDNN capped to AVX2) on its direct and its Winograd
  * algorithm (3x3, stride 1: where oneDNN has it, AVX-512; the default

@@ -138,7 +138,8 @@ typedef struct fg__vk {
     void (*bn_bwd_row)(const float *x, const float *g, float *dx, int64_t n, const double *c,
                        bool overwrite);
     /* vk_wino_t.h, k_conv_wino.c's Winograd F(4x4, 3x3) transforms over
-     * tiles [t0, t1) (th x tw a plane), laid out (T, 36, channels): the
+     * tiles [t0, t1) (th x tw a plane), laid out (tiles, 36, channels)
+     * from tile t0 (filter planes from row r0, o0): the
      * input patches of x (N, C, h, w; padding ph, pw) to v; the outputs of
      * m into y (N, O, oh, ow; + bias (O or NULL), added or written); the
      * tiles of dy (N, O, oh, ow) to z. The filters over rows [r0, r1): U

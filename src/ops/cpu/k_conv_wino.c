@@ -88,18 +88,38 @@ bool fg__wino_conv_fits(const fg_tensor *x, const fg_tensor *w, const fg_conv_pa
 
 /* Tiles a piece of the transforms' work (the threads split the pieces) */
 #define PIECE 16
+/* The most bytes of one scratch buffer before the work goes in chunks of
+ * tiles (and of filter rows): the products keep their speed from a few
+ * hundred tiles, and the buffers were 38 MB each on the CIFAR ResNet's
+ * first layers (64 channels of 32 x 32, batch 64) and 512 x 512 filters */
+#define CHUNK_BYTES (8 << 20)
 
+static _Atomic int64_t g_chunk = CHUNK_BYTES; /* test hook: fg__wino_set_chunk */
+
+void fg__wino_set_chunk(int64_t bytes) { g_chunk = bytes > 0 ? bytes : CHUNK_BYTES; }
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t pieces(int64_t n) { return (n + PIECE - 1) / PIECE; }
-static int64_t piece_end(int64_t i, int64_t n) { return (i + 1) * PIECE < n ? (i + 1) * PIECE : n; }
 
-/* U (36 planes of R x S) from w: the forward's filter, or (flip) the input
- * gradient's */
+/* the tiles of a chunk with `ch` channels a tile (a multiple of PIECE) */
+static int64_t chunk_tiles(int64_t ch) {
+    int64_t n = g_chunk / (36 * 4 * ch) / PIECE * PIECE;
+    return n > PIECE ? n : PIECE;
+}
+
+/* the filter rows of a chunk with `ch` channels a row (a multiple of PIECE) */
+static int64_t chunk_rows(int64_t ch) { return g_chunk / (36 * 4 * ch) / PIECE * PIECE + PIECE; }
+
+/* U (36 planes of o1 - o0 rows x S, ldu apart) from rows [o0, o1) of w:
+ * the forward's filter, or (flip) the input gradient's */
 static void filters_in(const fg__vk *vk, const float *w, int64_t R, int64_t S, bool flip,
-                       float *U) {
-    int64_t np = pieces(R);
-    FG_PRAGMA(omp parallel for schedule(static) if (R * S * 36 > FG_PAR_MIN))
-    for (int64_t i = 0; i < np; i++)
-        vk->wino_wt(w, R, S, flip, i * PIECE, piece_end(i, R), U, plane(R * S));
+                       int64_t o0, int64_t o1, float *U, int64_t ldu) {
+    int64_t np = pieces(o1 - o0);
+    FG_PRAGMA(omp parallel for schedule(static) if ((o1 - o0) * S * 36 > FG_PAR_MIN))
+    for (int64_t i = 0; i < np; i++) {
+        int64_t r0 = o0 + i * PIECE;
+        vk->wino_wt(w, R, S, flip, r0, min64(r0 + PIECE, o1), U + i * PIECE * S, ldu);
+    }
 }
 
 /* a 2-d header over float memory, rows ld apart */
@@ -111,40 +131,61 @@ static void view2(fg_tensor *v, float *data, int64_t r, int64_t c, int64_t ld) {
     v->device = FG_CPU;
 }
 
-/* The input transform of x (N, C, H, W), padding ph, pw, into V (T, 36, C)
- * for the tiles of an OH x OW output */
-static void input_tiles(const fg__vk *vk, const float *x, int64_t N, int64_t C, int64_t H,
-                        int64_t W, int64_t ph, int64_t pw, int64_t TH, int64_t TW, float *V) {
-    int64_t T = N * TH * TW, np = pieces(T);
-    FG_PRAGMA(omp parallel for schedule(static) if (N * C * H * W > FG_PAR_MIN))
-    for (int64_t i = 0; i < np; i++)
-        vk->wino_in(x, C, H, W, ph, pw, TH, TW, i * PIECE, piece_end(i, T), V);
+/* the geometry of a transform: the input (N, C, H, W), its padding, the
+ * tiles of the output (TH x TW a plane) */
+typedef struct tiles {
+    int64_t N, C, H, W, ph, pw, TH, TW, T;
+} tiles;
+
+/* The input transform of x over tiles [t0, t1) into V (from t0) */
+static void input_tiles(const fg__vk *vk, const tiles *g, const float *x, int64_t t0, int64_t t1,
+                        float *V) {
+    int64_t np = pieces(t1 - t0);
+    FG_PRAGMA(omp parallel for schedule(static) if ((t1 - t0) * g->C * 16 > FG_PAR_MIN))
+    for (int64_t i = 0; i < np; i++) {
+        int64_t a = t0 + i * PIECE;
+        vk->wino_in(x, g->C, g->H, g->W, g->ph, g->pw, g->TH, g->TW, a, min64(a + PIECE, t1),
+                    V + i * PIECE * 36 * g->C);
+    }
 }
 
-/* y (N, O, OH, OW) = (+=, add) the convolution of x (N, C, H, W) by the
- * transformed filter U (36 planes of O x C), padding ph, pw, + bias (O or
- * NULL): M_k (T, O) = V_k (T, C) U_k^T, V_k and M_k rows 36 C and 36 O
- * apart */
-static FG_MUST_USE fg_status forward(const fg__vk *vk, const float *x, int64_t N, int64_t C,
-                                     int64_t H, int64_t W, int64_t ph, int64_t pw, float *U,
-                                     int64_t O, float *y, int64_t OH, int64_t OW, const float *bias,
-                                     bool add) {
-    int64_t TH = (OH + 3) / 4, TW = (OW + 3) / 4, T = N * TH * TW;
-    float *V, *M;
-    FG_TRY(scratch(B_V, 36 * C * T, &V));
-    FG_TRY(scratch(B_M, 36 * O * T, &M));
-    input_tiles(vk, x, N, C, H, W, ph, pw, TH, TW, V);
-    for (int k = 0; k < 36; k++) {
-        fg_tensor a, b, c;
-        view2(&a, V + k * C, T, C, 36 * C);
-        view2(&b, U + k * plane(O * C), O, C, C);
-        view2(&c, M + k * O, T, O, 36 * O);
-        FG_TRY(fg__cpu_matmul(&a, false, &b, true, &c, 1.0, 0.0));
+/* y (N, O, OH, OW) = (+=, add) the convolution of x by the filter w
+ * (O, C, 3, 3), or (flip) by the input gradient's filter of w (C, O, 3, 3)
+ * + bias (O or NULL), in chunks of tiles and of filter rows: M_k (tiles,
+ * O) = V_k (tiles, C) U_k^T, V_k and M_k rows 36 C and 36 O apart */
+static FG_MUST_USE fg_status forward(const fg__vk *vk, const tiles *g, const float *x,
+                                     const float *w, bool flip, int64_t O, float *y, int64_t OH,
+                                     int64_t OW, const float *bias, bool add) {
+    int64_t C = g->C, TC = min64(chunk_tiles(C > O ? C : O), g->T);
+    int64_t OC = min64(O, chunk_rows(C));
+    int64_t ldu = plane(OC * C);
+    float *V, *M, *U;
+    FG_TRY(scratch(B_V, 36 * C * TC, &V));
+    FG_TRY(scratch(B_M, 36 * O * TC, &M));
+    FG_TRY(scratch(B_U, 36 * ldu, &U));
+    if (OC == O) filters_in(vk, w, O, C, flip, 0, O, U, ldu);
+    for (int64_t t0 = 0; t0 < g->T; t0 += TC) {
+        int64_t tn = min64(TC, g->T - t0);
+        input_tiles(vk, g, x, t0, t0 + tn, V);
+        for (int64_t o0 = 0; o0 < O; o0 += OC) {
+            int64_t on = min64(OC, O - o0);
+            if (OC < O) filters_in(vk, w, O, C, flip, o0, o0 + on, U, ldu);
+            for (int k = 0; k < 36; k++) {
+                fg_tensor a, b, c;
+                view2(&a, V + k * C, tn, C, 36 * C);
+                view2(&b, U + k * ldu, on, C, C);
+                view2(&c, M + k * O + o0, tn, on, 36 * O);
+                FG_TRY(fg__cpu_matmul(&a, false, &b, true, &c, 1.0, 0.0));
+            }
+        }
+        int64_t np = pieces(tn);
+        FG_PRAGMA(omp parallel for schedule(static) if (tn * O * 16 > FG_PAR_MIN))
+        for (int64_t i = 0; i < np; i++) {
+            int64_t a = t0 + i * PIECE;
+            vk->wino_out(M + i * PIECE * 36 * O, O, g->TH, g->TW, a, min64(a + PIECE, t0 + tn), y,
+                         OH, OW, bias, add);
+        }
     }
-    int64_t np = pieces(T);
-    FG_PRAGMA(omp parallel for schedule(static) if (N * O * OH * OW > FG_PAR_MIN))
-    for (int64_t i = 0; i < np; i++)
-        vk->wino_out(M, O, TH, TW, i * PIECE, piece_end(i, T), y, OH, OW, bias, add);
     return FG_OK;
 }
 
@@ -154,66 +195,92 @@ static FG_MUST_USE fg_status begin(const fg_tensor *x, const fg_tensor *w, const
     return fg__vk_get(vk);
 }
 
+/* the tiles of a convolution of x (N, C, H, W) with padding ph, pw and an
+ * OH x OW output */
+static tiles tiles_of(const fg_tensor *x, int64_t ph, int64_t pw, int64_t OH, int64_t OW) {
+    tiles g = {
+        x->shape[0], x->shape[1], x->shape[2], x->shape[3], ph, pw, (OH + 3) / 4, (OW + 3) / 4, 0};
+    g.T = g.N * g.TH * g.TW;
+    return g;
+}
+
 fg_status fg__wino_conv2d_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
                               const fg_conv_params *p, fg_tensor *y) {
     const fg__vk *vk;
     FG_TRY(begin(x, w, p, &vk));
-    int64_t O = w->shape[0], C = x->shape[1];
-    float *U;
-    FG_TRY(scratch(B_U, 36 * plane(O * C), &U));
-    filters_in(vk, w->data, O, C, false, U);
-    return forward(vk, x->data, x->shape[0], C, x->shape[2], x->shape[3], p->pad[0], p->pad[1], U,
-                   O, y->data, y->shape[2], y->shape[3], b ? (const float *)b->data : NULL, false);
+    tiles g = tiles_of(x, p->pad[0], p->pad[1], y->shape[2], y->shape[3]);
+    return forward(vk, &g, x->data, w->data, false, w->shape[0], y->data, y->shape[2], y->shape[3],
+                   b ? (const float *)b->data : NULL, false);
 }
 
 fg_status fg__wino_conv2d_bwd_data(const fg_tensor *dy, const fg_tensor *w, const fg_conv_params *p,
                                    fg_tensor *dx) {
     const fg__vk *vk;
     FG_TRY(begin(dx, w, p, &vk));
-    int64_t O = w->shape[0], C = dx->shape[1];
-    float *U;
-    FG_TRY(scratch(B_U, 36 * plane(O * C), &U));
-    filters_in(vk, w->data, C, O, true, U);
-    return forward(vk, dy->data, dy->shape[0], O, dy->shape[2], dy->shape[3], 2 - p->pad[0],
-                   2 - p->pad[1], U, C, dx->data, dx->shape[2], dx->shape[3], NULL, !p->overwrite);
+    tiles g = tiles_of(dy, 2 - p->pad[0], 2 - p->pad[1], dx->shape[2], dx->shape[3]);
+    return forward(vk, &g, dy->data, w->data, true, dx->shape[1], dx->data, dx->shape[2],
+                   dx->shape[3], NULL, !p->overwrite);
+}
+
+/* dw += G^T dU G over rows [o0, o1) of the filter */
+static void filters_out(const fg__vk *vk, const float *dU, int64_t ldu, int64_t C, int64_t o0,
+                        int64_t o1, float *dw) {
+    int64_t np = pieces(o1 - o0);
+    FG_PRAGMA(omp parallel for schedule(static) if ((o1 - o0) * C * 36 > FG_PAR_MIN))
+    for (int64_t i = 0; i < np; i++) {
+        int64_t r0 = o0 + i * PIECE;
+        vk->wino_dwt(dU + i * PIECE * C, ldu, C, r0, min64(r0 + PIECE, o1), dw);
+    }
 }
 
 fg_status fg__wino_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
                                      const fg_conv_params *p, fg_tensor *dw, fg_tensor *db) {
     const fg__vk *vk;
     FG_TRY(begin(x, dw, p, &vk));
-    int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
     int64_t O = dw->shape[0], OH = dy->shape[2], OW = dy->shape[3];
-    int64_t TH = (OH + 3) / 4, TW = (OW + 3) / 4, T = N * TH * TW;
+    tiles g = tiles_of(x, p->pad[0], p->pad[1], OH, OW);
+    int64_t C = g.C, TC = min64(chunk_tiles(C > O ? C : O), g.T);
+    /* rows of dU in chunks when the tiles are one chunk (each chunk of
+     * rows is then finished at once), else all rows, summed over the
+     * chunks of tiles */
+    int64_t OC = TC < g.T ? O : min64(O, chunk_rows(C));
+    int64_t ldu = plane(OC * C);
     float *V, *Z, *dU;
-    FG_TRY(scratch(B_V, 36 * C * T, &V));
-    FG_TRY(scratch(B_M, 36 * O * T, &Z));
-    FG_TRY(scratch(B_U, 36 * plane(O * C), &dU));
-    input_tiles(vk, x->data, N, C, H, W, p->pad[0], p->pad[1], TH, TW, V);
-    const float *g = dy->data;
-    int64_t np = pieces(T);
-    FG_PRAGMA(omp parallel for schedule(static) if (dy->numel > FG_PAR_MIN))
-    for (int64_t i = 0; i < np; i++)
-        vk->wino_dout(g, O, OH, OW, TH, TW, i * PIECE, piece_end(i, T), Z);
-    /* dU_k (O, C) = Z_k (T, O)^T V_k (T, C) */
-    for (int k = 0; k < 36; k++) {
-        fg_tensor a, b, c;
-        view2(&a, Z + k * O, T, O, 36 * O);
-        view2(&b, V + k * C, T, C, 36 * C);
-        view2(&c, dU + k * plane(O * C), O, C, C);
-        FG_TRY(fg__cpu_matmul(&a, true, &b, false, &c, 1.0, 0.0));
+    FG_TRY(scratch(B_V, 36 * C * TC, &V));
+    FG_TRY(scratch(B_M, 36 * O * TC, &Z));
+    FG_TRY(scratch(B_U, 36 * ldu, &dU));
+    const float *gy = dy->data;
+    for (int64_t t0 = 0; t0 < g.T; t0 += TC) {
+        int64_t tn = min64(TC, g.T - t0), np = pieces(tn);
+        input_tiles(vk, &g, x->data, t0, t0 + tn, V);
+        FG_PRAGMA(omp parallel for schedule(static) if (tn * O * 16 > FG_PAR_MIN))
+        for (int64_t i = 0; i < np; i++) {
+            int64_t a = t0 + i * PIECE;
+            vk->wino_dout(gy, O, OH, OW, g.TH, g.TW, a, min64(a + PIECE, t0 + tn),
+                          Z + i * PIECE * 36 * O);
+        }
+        bool last = t0 + tn == g.T;
+        for (int64_t o0 = 0; o0 < O; o0 += OC) {
+            int64_t on = min64(OC, O - o0);
+            /* dU_k (on, C) (+)= Z_k (tiles, on)^T V_k (tiles, C) */
+            for (int k = 0; k < 36; k++) {
+                fg_tensor a, b, c;
+                view2(&a, Z + k * O + o0, tn, on, 36 * O);
+                view2(&b, V + k * C, tn, C, 36 * C);
+                view2(&c, dU + k * ldu, on, C, C);
+                FG_TRY(fg__cpu_matmul(&a, true, &b, false, &c, 1.0, t0 ? 1.0 : 0.0));
+            }
+            if (last) filters_out(vk, dU, ldu, C, o0, o0 + on, dw->data);
+        }
     }
-    int64_t no = pieces(O);
-    FG_PRAGMA(omp parallel for schedule(static) if (O * C * 36 > FG_PAR_MIN))
-    for (int64_t i = 0; i < no; i++)
-        vk->wino_dwt(dU, plane(O * C), C, i * PIECE, piece_end(i, O), dw->data);
     if (db) {
         float *pdb = db->data;
+        int64_t N = g.N;
         FG_PRAGMA(omp parallel for schedule(static) if (dy->numel > FG_PAR_MIN))
         for (int64_t o = 0; o < O; o++) {
             double s = 0;
             for (int64_t n = 0; n < N; n++)
-                for (int64_t k = 0; k < OH * OW; k++) s += (double)g[(n * O + o) * OH * OW + k];
+                for (int64_t k = 0; k < OH * OW; k++) s += (double)gy[(n * O + o) * OH * OW + k];
             pdb[o] += (float)s;
         }
     }

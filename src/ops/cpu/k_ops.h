@@ -94,6 +94,9 @@ FG_MUST_USE fg_status fg__wino_conv2d_bwd_data(const fg_tensor *dy, const fg_ten
 FG_MUST_USE fg_status fg__wino_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
                                                  const fg_conv_params *p, fg_tensor *dw,
                                                  fg_tensor *db);
+/* For tests: the bytes of a scratch buffer above which the work goes in
+ * chunks of tiles and filter rows (0: the default, 8 MiB) */
+void fg__wino_set_chunk(int64_t bytes);
 /* Which convolution path runs f32: "onednn" (the default where built in;
  * the primitive's own layouts, Winograd (oneDNN's where it has it, else
  * fulgur's) or direct measured per shape), "onednn-direct" and

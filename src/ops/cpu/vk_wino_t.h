@@ -15,7 +15,9 @@
  *                          output transform's backward)
  *   weights  U = G g G^T   and the gradient dg = G^T dU G
  * Tile t is image t / (th tw), tile row t % (th tw) / tw, column t % tw.
- * Loops run on one thread: k_conv_wino.c splits the tiles. */
+ * The buffers of tiles start at the first tile a call is given (t0), and
+ * those of filter rows at its first row (r0, o0). Loops run on one
+ * thread: k_conv_wino.c splits the tiles. */
 #ifndef FULGUR_CPU_VK_WINO_T_H
 #define FULGUR_CPU_VK_WINO_T_H
 
@@ -99,7 +101,7 @@ static void vk_wino_in(const float *x, int64_t C, int64_t h, int64_t w, int64_t 
             int64_t r = r0 + k / 6, c = c0 + k % 6;
             in[k] = r >= 0 && r < h && c >= 0 && c < w;
         }
-        float *vt = v + t * 36 * C;
+        float *vt = v + (t - t0) * 36 * C;
         for (int64_t ch = 0; ch < C; ch += VK_W) {
             vmask m = v_first(C - ch);
             const float *xc = x + (n * C + ch) * hw;
@@ -124,7 +126,7 @@ static void vk_wino_out(const float *mt, int64_t O, int64_t th, int64_t tw, int6
         int64_t n, r0, c0;
         wino_tile(t, th, tw, &n, &r0, &c0);
         int rn = oh - r0 < 4 ? (int)(oh - r0) : 4, cn = ow - c0 < 4 ? (int)(ow - c0) : 4;
-        const float *m = mt + t * 36 * O;
+        const float *m = mt + (t - t0) * 36 * O;
         for (int64_t ch = 0; ch < O; ch += VK_W) {
             int64_t nl = O - ch < VK_W ? O - ch : VK_W;
             vmask msk = v_first(nl);
@@ -153,7 +155,7 @@ static void vk_wino_dout(const float *dy, int64_t O, int64_t oh, int64_t ow, int
     for (int64_t t = t0; t < t1; t++) {
         int64_t n, r0, c0;
         wino_tile(t, th, tw, &n, &r0, &c0);
-        float *zt = z + t * 36 * O;
+        float *zt = z + (t - t0) * 36 * O;
         for (int64_t ch = 0; ch < O; ch += VK_W) {
             vmask m = v_first(O - ch);
             const float *g = dy + (n * O + ch) * ohw;
@@ -183,7 +185,7 @@ static void vk_wino_wt(const float *w, int64_t R, int64_t S, bool flip, int64_t 
                             : v_gather_n(w + (r * S + s) * 9 + q, 9, m);
             for (int b = 0; b < 3; b++) wino_g(g + b, 3, u + b, 3);
             for (int a = 0; a < 6; a++) wino_g(u + 3 * a, 1, o + 6 * a, 1);
-            for (int k = 0; k < 36; k++) v_store_n(U + k * ldu + r * S + s, m, o[k]);
+            for (int k = 0; k < 36; k++) v_store_n(U + k * ldu + (r - r0) * S + s, m, o[k]);
         }
 }
 
@@ -194,7 +196,8 @@ static void vk_wino_dwt(const float *dU, int64_t ldu, int64_t C, int64_t o0, int
         for (int64_t c = 0; c < C; c += VK_W) {
             int64_t nl = C - c < VK_W ? C - c : VK_W;
             vf d[36], u[18], g[9];
-            for (int k = 0; k < 36; k++) d[k] = v_load_n(dU + k * ldu + o * C + c, v_first(nl));
+            for (int k = 0; k < 36; k++)
+                d[k] = v_load_n(dU + k * ldu + (o - o0) * C + c, v_first(nl));
             for (int b = 0; b < 6; b++) wino_gt(d + b, 6, u + b, 6);
             for (int a = 0; a < 3; a++) wino_gt(u + 6 * a, 1, g + 3 * a, 1);
             for (int q = 0; q < 9; q++) v_store(buf + q * VK_W, g[q]);
