@@ -71,9 +71,13 @@ const char *fg_ops_blas_info(void) {
     static _Thread_local char buf[5120];
     char f32[4096], conv[512] = "";
     const char *path = fg__cpu_conv_path();
-    if (!strcmp(path, "onednn"))
-        snprintf(conv, sizeof conv, " (winograd or direct per shape: %s)",
+    if (!strcmp(path, "onednn")) {
+        /* oneDNN 2.x has Winograd kernels on AVX-512 only; below, fulgur's */
+        const char *isa = fg__dnnl_isa();
+        snprintf(conv, sizeof conv, " (%s winograd or direct per shape: %s)",
+                 isa && strstr(isa, "avx512") ? "oneDNN's" : "fulgur's",
                  fg__conv_pick_info((char[400]){0}, 400));
+    }
     snprintf(buf, sizeof buf, "f32: %s; bf16: %s; conv: %s%s", fg__gemm_info(f32, sizeof f32),
              fg_matmul_bf16_path(), path, conv);
     return buf;
