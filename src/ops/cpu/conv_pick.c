@@ -65,12 +65,16 @@ static entry *lookup(const int64_t *key, int n) {
     return NULL;
 }
 
-/* A shape this process has decided (and may have used) keeps its choice. */
-static void put(const entry *e) {
+/* A shape this process has decided (and may have used) keeps its choice
+ * (void *: also fg__pick_load's put). */
+static void put(const void *v) {
+    const entry *e = v;
     if (g_nentries < MAX_ENTRIES && !lookup(e->key, e->n)) g_entries[g_nentries++] = *e;
 }
 
-static bool parse(const char *line, entry *e) {
+/* a line of the file into the entry at out */
+static bool parse(const char *line, void *out) {
+    entry *e = out;
     char *end;
     long n = strtol(line, &end, 10);
     if (end == line || n < 1 || n > FG_CONV_KEY) return false;
@@ -92,26 +96,9 @@ static bool parse(const char *line, entry *e) {
     return *end == 0;
 }
 
-typedef struct {
-    entry *es;
-    int n;
-} loaded;
-
-static bool take_line(void *ud, const char *text) {
-    loaded *l = ud;
-    return l->n < MAX_ENTRIES && parse(text, &l->es[l->n++]);
-}
-
 /* g_mu held: the file's entries, all or none. */
 static FG_MUST_USE fg_status load_locked(const char *path) {
-    char key[1024];
-    fg__pick_key(key, sizeof key, FORMAT);
-    loaded l = {fg_alloc(sizeof *l.es * MAX_ENTRIES), 0};
-    if (!l.es) return FG_ENOMEM;
-    fg_status st = fg__pick_load(path, FORMAT, key, take_line, &l);
-    for (int i = 0; !st && i < l.n; i++) put(&l.es[i]);
-    fg_free(l.es);
-    return st;
+    return fg__pick_load(path, FORMAT, sizeof(entry), MAX_ENTRIES, parse, put);
 }
 
 static FG_MUST_USE fg_status save_locked(const char *path) {

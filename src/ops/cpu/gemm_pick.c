@@ -109,7 +109,9 @@ static char g_cache_note[160];  /* why the file was not used, for the info line 
 
 /* ------------------------------------------------------ the cache file */
 
-static bool parse_entry(const char *line, entry *e) {
+/* a line of the file into the entry at out (void *: fg__pick_load's parse) */
+static bool parse_entry(const char *line, void *out) {
+    entry *e = out;
     unsigned cls, thr, pick;
     long m, n, k;
     float g[4];
@@ -136,34 +138,17 @@ static bool parse_entry(const char *line, entry *e) {
 
 /* Adds the entry of a class not decided yet; a class this process has
  * decided (and may have used) keeps its choice. g_mu held. */
-static void put_entry(const entry *e) {
+static void put_entry(const void *v) {
+    const entry *e = v;
     if (atomic_load(&g_code[e->cls]) || g_nentries == NCLASSES) return;
     g_entries[g_nentries++] = *e;
     atomic_store(&g_code[e->cls], (uint8_t)(1 + e->pick));
 }
 
-/* the entries a file read holds until all of it has passed */
-typedef struct {
-    entry *es;
-    int n;
-} loaded;
-
-static bool take_line(void *ud, const char *text) {
-    loaded *l = ud;
-    return l->n < NCLASSES && parse_entry(text, &l->es[l->n++]);
-}
-
 /* g_mu held. Reads the whole file first and checks all of it, then adds
  * its entries: a file that fails a check adds nothing. */
 static FG_MUST_USE fg_status cache_load_locked(const char *path) {
-    char key[1024];
-    fg__pick_key(key, sizeof key, FORMAT);
-    loaded l = {fg_alloc(sizeof *l.es * NCLASSES), 0};
-    if (!l.es) return FG_ENOMEM;
-    fg_status st = fg__pick_load(path, FORMAT, key, take_line, &l);
-    for (int i = 0; !st && i < l.n; i++) put_entry(&l.es[i]);
-    fg_free(l.es);
-    return st;
+    return fg__pick_load(path, FORMAT, sizeof(entry), NCLASSES, parse_entry, put_entry);
 }
 
 /* g_mu held. Writes every entry to path. */

@@ -25,12 +25,15 @@ void fg__pick_key(char *key, size_t cap, const char *format);
  * environment says off or names no folder. */
 void fg__pick_path(char *path, size_t cap, const char *stem, const char *key);
 
-/* Reads path whole and checks it (size, no NUL, checksum, format line, key
- * line), then hands each further line to line(ud, text), which returns
- * false for one that does not parse. FG_EFORMAT naming path, what failed
- * and the line; the caller keeps what line() took only on FG_OK. */
-FG_MUST_USE fg_status fg__pick_load(const char *path, const char *format, const char *key,
-                                    bool (*line)(void *ud, const char *text), void *ud);
+/* Reads path whole and checks it (size, no NUL, checksum, format line, the
+ * key line of fg__pick_key(format)), parsing each further line into an
+ * entry of `size` bytes (parse returns false for one that does not parse;
+ * at most `most` lines); only when all of it passed, put(entry) for each
+ * in order: a file that fails adds nothing. FG_EFORMAT naming path, what
+ * failed and the line. */
+FG_MUST_USE fg_status fg__pick_load(const char *path, const char *format, size_t size, int most,
+                                    bool (*parse)(const char *text, void *entry),
+                                    void (*put)(const void *entry));
 
 /* Writes format, key, body (whole lines) and the checksum to a temporary
  * file renamed over path (a reader sees the old file or the new one), its
