@@ -105,7 +105,8 @@ TEST(conv_pick_choices_round_trip_through_a_file) {
     CHECK_CONTAINS(fg_last_error(), "checksum");
     CHECK(fg__conv_pick_count(NULL, NULL) == 0);
     /* a gemm file is not a conv file */
-    spit(path, "fulgur gemm choices 4\nkey x\nsum 0000000000000000\n", 51);
+    const char *gemm = "fulgur gemm choices 4\nkey x\nsum 0000000000000000\n";
+    spit(path, gemm, strlen(gemm));
     CHECK_STATUS(fg__conv_pick_cache_load(path), FG_EFORMAT);
     CHECK(fg__conv_pick_count(NULL, NULL) == 0);
     fg_clear_error();
