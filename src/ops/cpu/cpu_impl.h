@@ -115,6 +115,9 @@ typedef struct fg__vk {
     void (*add_const)(float *y, float v, int64_t n);
     void (*acc_rows_d)(double *acc, const float *x, int64_t ld, int64_t rows, int64_t n);
     double (*sum_d)(const float *x, int64_t n);
+    /* k_unary.c's exact GELU, y = x cdf(x) and dx += dy gelu'(x), over n */
+    void (*gelu_erf_fwd)(const float *x, float *y, int64_t n);
+    void (*gelu_erf_bwd)(const float *x, const float *dy, float *dx, int64_t n);
     /* vk_rnn_t.h, one LSTM time step over rows of H (k_rnn.c): the gates'
      * activation and the cell (forward), and its backward */
     void (*lstm_fwd)(float *g, const float *xw, const float *b, const float *cp, float *c, float *h,

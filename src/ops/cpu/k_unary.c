@@ -4,6 +4,8 @@
  * one shape. The formulas and the edge cases (the derivative at a kink,
  * NaN) are PyTorch's CPU kernels'; the loops are in k_unary_t.h. The
  * backward accumulates into dx. */
+#include "vmath.h" /* before tgmath.h: its functions are plain C */
+
 #include <tgmath.h>
 
 #include "k_ops.h"
@@ -40,7 +42,16 @@ static FG_MUST_USE fg_status check_pair(const char *kernel, const fg_tensor *x,
 fg_status fg__cpu_unary_fwd(fg_unary_op op, const fg_tensor *x, double a, double b, fg_tensor *y) {
     FG_TRY(check_op("unary_fwd", op));
     FG_TRY(check_pair("unary_fwd", x, y));
-    if (x->dtype == FG_F32) {
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    int64_t n = x->numel;
+    if (x->dtype == FG_F32 && op == FG_UN_GELU_ERF && vk->gelu_erf_fwd) {
+        const float *px = x->data;
+        float *pyy = y->data;
+        FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
+        for (int64_t i = 0; i < n; i += FG_VK_PIECE)
+            vk->gelu_erf_fwd(px + i, pyy + i, FG_MIN(FG_VK_PIECE, n - i));
+    } else if (x->dtype == FG_F32) {
         un_fwd_f32(op, x->data, (float)a, (float)b, y->data, x->numel);
     } else if (x->dtype == FG_F64) {
         un_fwd_f64(op, x->data, a, b, y->data, x->numel);
@@ -61,7 +72,16 @@ fg_status fg__cpu_unary_bwd(fg_unary_op op, const fg_tensor *x, const fg_tensor 
         FG_TRY(check_pair("unary_bwd", x, y));
     }
     const void *py = y ? y->data : NULL;
-    if (x->dtype == FG_F32) {
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    int64_t n = x->numel;
+    if (x->dtype == FG_F32 && op == FG_UN_GELU_ERF && vk->gelu_erf_bwd) {
+        const float *px = x->data, *pg = dy->data;
+        float *pd = dx->data;
+        FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
+        for (int64_t i = 0; i < n; i += FG_VK_PIECE)
+            vk->gelu_erf_bwd(px + i, pg + i, pd + i, FG_MIN(FG_VK_PIECE, n - i));
+    } else if (x->dtype == FG_F32) {
         un_bwd_f32(op, x->data, py, dy->data, (float)a, (float)b, dx->data, x->numel);
     } else if (x->dtype == FG_F64) {
         un_bwd_f64(op, x->data, py, dy->data, a, b, dx->data, x->numel);

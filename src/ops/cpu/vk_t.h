@@ -173,6 +173,51 @@ static void vk_gelu_bwd(const float *x, const float *dy, float *dx, int64_t n) {
     v_store_n(dx + i, m, gelu_grad1(v_load_n(x + i, m), v_load_n(dy + i, m), v_load_n(dx + i, m)));
 }
 
+/* Exact GELU's cdf: vmath.h's fg__normcdff on vectors (its erfc fit,
+ * fused multiply-adds: within its bounds, other last bits). */
+static inline vf normcdf1(vf x) {
+    vf z = v_mul(v_negabs(x), v_set1(-0.70710678118654752f));
+    vf t = v_div(v_set1(1.0f), v_fma(v_set1(0.5f), z, v_set1(1.0f)));
+    vf p = v_set1(0.17087277f);
+    p = v_fma(t, p, v_set1(-0.82215223f));
+    p = v_fma(t, p, v_set1(1.48851587f));
+    p = v_fma(t, p, v_set1(-1.13520398f));
+    p = v_fma(t, p, v_set1(0.27886807f));
+    p = v_fma(t, p, v_set1(-0.18628806f));
+    p = v_fma(t, p, v_set1(0.09678418f));
+    p = v_fma(t, p, v_set1(0.37409196f));
+    p = v_fma(t, p, v_set1(1.00002368f));
+    p = v_fma(t, p, v_set1(-1.26551223f));
+    vf h = v_mul(v_mul(v_set1(0.5f), t), v_exp_sat(v_fnma(z, z, p))); /* P(X > |x|) */
+    return v_select_neg(x, h, v_sub(v_set1(1.0f), h));
+}
+
+/* k_unary.c's exact GELU: y = x cdf(x); dx += dy (cdf(x) + x pdf(x)) */
+static void vk_gelu_erf_fwd(const float *x, float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + VK_W <= n; i += VK_W) {
+        vf v = v_load(x + i);
+        v_store(y + i, v_mul(v, normcdf1(v)));
+    }
+    vmask m = v_first(n - i);
+    vf v = v_load_n(x + i, m);
+    v_store_n(y + i, m, v_mul(v, normcdf1(v)));
+}
+
+static inline vf gelu_erf_grad1(vf v, vf g, vf d) {
+    vf pdf = v_mul(v_exp_sat(v_mul(v_set1(-0.5f), v_mul(v, v))), v_set1(0.39894228040143267794f));
+    return v_fma(g, v_fma(v, pdf, normcdf1(v)), d);
+}
+
+static void vk_gelu_erf_bwd(const float *x, const float *dy, float *dx, int64_t n) {
+    int64_t i = 0;
+    for (; i + VK_W <= n; i += VK_W)
+        v_store(dx + i, gelu_erf_grad1(v_load(x + i), v_load(dy + i), v_load(dx + i)));
+    vmask m = v_first(n - i);
+    v_store_n(dx + i, m,
+              gelu_erf_grad1(v_load_n(x + i, m), v_load_n(dy + i, m), v_load_n(dx + i, m)));
+}
+
 /* ------------------------------------------------------------------ rows */
 
 /* The max of x (n >= 1), as softmax.c's ROW_MAX: a NaN is never taken over
@@ -881,7 +926,8 @@ static uint32_t vk_philox_xor(uint64_t seed, uint64_t offset, int64_t n) {
 
 /* The table's entries, for `const fg__vk fg__vk_<isa> = {.isa = ..., VK_ENTRIES};` */
 #define VK_ENTRIES                                                                                 \
-    .gelu_fwd = vk_gelu_fwd, .gelu_bwd = vk_gelu_bwd, .softmax_row = vk_softmax_row,               \
+    .gelu_fwd = vk_gelu_fwd, .gelu_bwd = vk_gelu_bwd, .gelu_erf_fwd = vk_gelu_erf_fwd,             \
+    .gelu_erf_bwd = vk_gelu_erf_bwd, .softmax_row = vk_softmax_row,                                \
     .softmax_bwd_row = vk_softmax_bwd_row, .log_softmax_row = vk_log_softmax_row,                  \
     .log_softmax_bwd_row = vk_log_softmax_bwd_row, .ce_stats_row = vk_ce_stats_row,                \
     .ce_stats_rows = vk_ce_stats_rows, .log_softmax_rows = vk_log_softmax_rows,                    \

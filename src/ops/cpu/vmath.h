@@ -54,7 +54,35 @@ static inline float fg__expf(float xin) {
     return xin > 88.7228394f ? INFINITY : p * s; /* past log(FLT_MAX) */
 }
 
+/* P(X <= x) for a standard normal X, exact GELU's cdf: 0.5 (1 + erf(x /
+ * sqrt 2)). glibc's erff is a scalar call; this one vectorises. From erfc
+ * of z = |x| / sqrt 2 by Numerical Recipes' Chebyshev fit (erfcc: relative
+ * error below 1.2e-7 for every z >= 0) on fg__expf, so that the tail
+ * (x < 0: 0.5 erfc(z)) keeps its relative accuracy where 1 + erff(x)
+ * cancels: measured against the exact cdf, absolute error below 1.9e-7,
+ * relative 1.2e-6 for |x| < 3 and 8e-6 at |x| = 9 (exp's argument rounds),
+ * where 0.5 (1 + erff(x)) was 1.1e-5 at x = -3 and 0 past x = -7.9. */
+static inline float fg__normcdff(float x) {
+    float z = fabsf(x) * 0.70710678118654752f;
+    float t = 1.0f / (1.0f + 0.5f * z);
+    float p = 0.17087277f;
+    p = -0.82215223f + t * p;
+    p = 1.48851587f + t * p;
+    p = -1.13520398f + t * p;
+    p = 0.27886807f + t * p;
+    p = -0.18628806f + t * p;
+    p = 0.09678418f + t * p;
+    p = 0.37409196f + t * p;
+    p = 1.00002368f + t * p;
+    p = -1.26551223f + t * p;
+    float h = 0.5f * t * fg__expf(p - z * z); /* P(X > |x|) */
+    return x < 0 ? h : 1.0f - h;
+}
+
+static inline double fg__normcdf(double x) { return 0.5 * (1.0 + erf(x * 0.70710678118654752440)); }
+
 #define FG_EXP(x) _Generic((x), float : fg__expf, default : exp)(x)
+#define FG_NORMCDF(x) _Generic((x), float : fg__normcdff, default : fg__normcdf)(x)
 #define FG_LOG(x) _Generic((x), float : logf, default : log)(x)
 
 /* sum_j exp(x[j] - m) over j < n in double, also storing each exp in y[j]
