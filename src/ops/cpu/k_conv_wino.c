@@ -2,26 +2,29 @@
  * by Winograd's minimal filtering F(4x4, 3x3), for the CPUs where oneDNN
  * has no Winograd kernels (oneDNN 2.x: AVX-512 only). The transforms are
  * ours (vk_wino_t.h, per vector ISA); the work is 36 matrix products of
- * the table (OpenBLAS or oneDNN, gemm_pick.c), one per position of the
+ * the table (OpenBLAS or oneDNN, gemm_pick.c), one per position k of the
  * 6 x 6 transformed tile, each a quarter of the direct convolution's
  * multiply-adds for its 4 x 4 outputs:
- *   forward        M_k (O, T) = U_k (O, C) V_k (C, T)   U = G w G^T,
- *                                                       V = B^T x B per tile
+ *   forward        M_k (T, O) = V_k (T, C) U_k^T   U = G w G^T (O, C),
+ *                                                  V = B^T x B per tile
  *   input grad     the forward of dy with w flipped and transposed,
  *                  padding 2 - p (a stride-1 convolution's transpose)
- *   weight grad    dU_k (O, C) = Z_k (O, T) V_k (C, T)^T  Z = A dy A^T,
+ *   weight grad    dU_k (O, C) = Z_k^T V_k         Z = A dy A^T per tile,
  *                  dw += G^T dU G
- * T is the tiles of the whole batch (N ceil(OH / 4) ceil(OW / 4)), laid
- * out tile by tile (vk_wino_t.h): each product reads its position as a
- * matrix of row stride 36 C, and a transform writes one stream. The
- * sums differ from the direct ones in the last bits (the transforms
- * scale by up to 8 and 1/24): within about 1e-5 of the values on the
- * shapes the tests take, as oneDNN's own Winograd. conv_pick.c measures
- * it against oneDNN's direct kernels per shape (k_conv_dnnl.c), and
- * FULGUR_CONV=winograd takes it wherever it applies. Each thread keeps
- * its three scratch buffers (U, V, M), grown to the largest shape: a
- * training step allocates nothing here after the first. The scalar ISA
- * has no transforms: FG_EUNSUPPORTED, and the caller runs another path. */
+ * T is the tiles of the batch (N ceil(OH / 4) ceil(OW / 4)), laid out tile
+ * by tile (vk_wino_t.h): each product reads its position as a matrix of
+ * row stride 36 C, and a transform writes one stream. The work goes in
+ * chunks of tiles and of filter rows whose buffers hold at most
+ * CHUNK_BYTES, the weight gradient summed over the chunks of tiles. The
+ * sums differ from the direct ones in the last bits (the transforms scale
+ * by up to 8 and 1/24, the filters' in f32): within 6.6e-5 (1 + |v|) of
+ * im2col's on the tests' shapes, oneDNN's own Winograd within 2.4e-5.
+ * conv_pick.c measures it against oneDNN's direct kernels per shape
+ * (k_conv_dnnl.c), and FULGUR_CONV=winograd takes it wherever it applies.
+ * Each thread keeps its three scratch buffers (U, V, M), grown to the
+ * largest chunk: a training step allocates nothing here after the first.
+ * The scalar ISA has no transforms: FG_EUNSUPPORTED, and the caller runs
+ * another path. */
 #include <pthread.h>
 #include <string.h>
 
