@@ -1,7 +1,8 @@
 /* The LSTM and GRU cells' elementwise f32 work of one time step (k_rnn.c's
  * vector path), compiled once per ISA beside vk_t.h (vk_avx2.c,
  * vk_avx512.c): plain loops under FG_SIMD, the sigmoid and tanh written
- * from fg__expf (vmath.h) so that they vectorise. tanh(x) is
+ * from fg__expf (vmath.h) so that they vectorise (their selects blended:
+ * those files are built with -fno-trapping-math). tanh(x) is
  * sign(x) (1 - e) / (1 + e) with e = exp(-2|x|), and its odd series up to
  * x^9 below |x| = 0.25, where 1 - e would lose digits: within a few ulp of
  * tanhf. Gates are PyTorch's order: i, f, g, o, each H wide. Loops run on

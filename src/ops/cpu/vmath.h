@@ -4,7 +4,10 @@
  * are only declared under -ffast-math, and a loop with a call in it is not
  * vectorised at all. fg__expf is written so that GCC vectorises a loop
  * calling it (under `omp simd`, see FG_SIMD): no libm calls, no float to int
- * conversion (2^n comes from the bits of the rounding sum), only selects.
+ * conversion (2^n comes from the bits of the rounding sum), only selects,
+ * which GCC blends only where it may assume no float operation traps: the
+ * vector kernels' files are built with -fno-trapping-math (CMakeLists.txt);
+ * elsewhere such a loop stays scalar.
  * Cephes' expf polynomial: within 2 ulp of expf on [-87, 88]. Below -88
  * it flushes to 0 (exp(-inf) = 0), past log(FLT_MAX) it is +inf as expf,
  * in between it stays at exp(88) = 1.65e38; NaN stays NaN.
