@@ -32,6 +32,27 @@ static FG_MUST_USE fg_status check_op(const char *kernel, fg_unary_op op) {
     return FG_OK;
 }
 
+/* f32 exact GELU on the ISA's vector kernels (out = y, or dx with dy);
+ * *done false where the table has none (the scalar path): the caller runs
+ * k_unary_t.h's loop */
+static FG_MUST_USE fg_status gelu_erf_vector(const fg_tensor *x, const fg_tensor *dy,
+                                             fg_tensor *out, bool *done) {
+    const fg__vk *vk;
+    FG_TRY(fg__vk_get(&vk));
+    bool bwd = dy != NULL;
+    if (!(*done = bwd ? vk->gelu_erf_bwd != NULL : vk->gelu_erf_fwd != NULL)) return FG_OK;
+    const float *px = x->data, *pg = bwd ? dy->data : NULL;
+    float *po = out->data;
+    int64_t n = x->numel;
+    FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
+    for (int64_t i = 0; i < n; i += FG_VK_PIECE) {
+        int64_t k = FG_MIN(FG_VK_PIECE, n - i);
+        if (bwd) vk->gelu_erf_bwd(px + i, pg + i, po + i, k);
+        else vk->gelu_erf_fwd(px + i, po + i, k);
+    }
+    return FG_OK;
+}
+
 static FG_MUST_USE fg_status check_pair(const char *kernel, const fg_tensor *x,
                                         const fg_tensor *y) {
     FG_TRY(fg__expect_same_shape(kernel, x, y));
@@ -42,16 +63,10 @@ static FG_MUST_USE fg_status check_pair(const char *kernel, const fg_tensor *x,
 fg_status fg__cpu_unary_fwd(fg_unary_op op, const fg_tensor *x, double a, double b, fg_tensor *y) {
     FG_TRY(check_op("unary_fwd", op));
     FG_TRY(check_pair("unary_fwd", x, y));
-    const fg__vk *vk;
-    FG_TRY(fg__vk_get(&vk));
-    int64_t n = x->numel;
-    if (x->dtype == FG_F32 && op == FG_UN_GELU_ERF && vk->gelu_erf_fwd) {
-        const float *px = x->data;
-        float *pyy = y->data;
-        FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
-        for (int64_t i = 0; i < n; i += FG_VK_PIECE)
-            vk->gelu_erf_fwd(px + i, pyy + i, FG_MIN(FG_VK_PIECE, n - i));
-    } else if (x->dtype == FG_F32) {
+    bool done = false;
+    if (x->dtype == FG_F32 && op == FG_UN_GELU_ERF) FG_TRY(gelu_erf_vector(x, NULL, y, &done));
+    if (done) return FG_OK;
+    if (x->dtype == FG_F32) {
         un_fwd_f32(op, x->data, (float)a, (float)b, y->data, x->numel);
     } else if (x->dtype == FG_F64) {
         un_fwd_f64(op, x->data, a, b, y->data, x->numel);
@@ -72,16 +87,10 @@ fg_status fg__cpu_unary_bwd(fg_unary_op op, const fg_tensor *x, const fg_tensor 
         FG_TRY(check_pair("unary_bwd", x, y));
     }
     const void *py = y ? y->data : NULL;
-    const fg__vk *vk;
-    FG_TRY(fg__vk_get(&vk));
-    int64_t n = x->numel;
-    if (x->dtype == FG_F32 && op == FG_UN_GELU_ERF && vk->gelu_erf_bwd) {
-        const float *px = x->data, *pg = dy->data;
-        float *pd = dx->data;
-        FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))
-        for (int64_t i = 0; i < n; i += FG_VK_PIECE)
-            vk->gelu_erf_bwd(px + i, pg + i, pd + i, FG_MIN(FG_VK_PIECE, n - i));
-    } else if (x->dtype == FG_F32) {
+    bool done = false;
+    if (x->dtype == FG_F32 && op == FG_UN_GELU_ERF) FG_TRY(gelu_erf_vector(x, dy, dx, &done));
+    if (done) return FG_OK;
+    if (x->dtype == FG_F32) {
         un_bwd_f32(op, x->data, py, dy->data, (float)a, (float)b, dx->data, x->numel);
     } else if (x->dtype == FG_F64) {
         un_bwd_f64(op, x->data, py, dy->data, a, b, dx->data, x->numel);

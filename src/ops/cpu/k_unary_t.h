@@ -1,23 +1,15 @@
 /* The loops of k_unary.c over one element type: included once with T float
  * and SUF f32, once with T double and SUF f64 (<tgmath.h> picks the libm
- * function of T's precision; vmath.h's FG_EXP and FG_NORMCDF its own
- * vectorised f32 ones, libm's in f64). Each is one flat loop over n
- * contiguous elements, split across threads when large. */
+ * function of T's precision; vmath.h's FG_EXP and FG_NORMCDF its own f32
+ * ones, libm's in f64). Each is one flat loop over n contiguous elements,
+ * split across threads when large. The f32 exact GELU runs here on the
+ * scalar path only: the vector tables have it (vk_t.h). */
 #define KU_CAT2(a, b) a##b
 #define KU_CAT(a, b) KU_CAT2(a, b)
 #define KU_FN(name) KU_CAT(name, SUF)
 #define KU_LOOP(body)                                                                              \
     do {                                                                                           \
         FG_PRAGMA(omp parallel for if (n > FG_PAR_MIN) schedule(static))                           \
-        for (int64_t i = 0; i < n; i++) {                                                          \
-            T v = x[i];                                                                            \
-            body;                                                                                  \
-        }                                                                                          \
-    } while (0)
-/* the same, vectorised: a body without libm calls (vmath.h's functions) */
-#define KU_SIMD_LOOP(body)                                                                         \
-    do {                                                                                           \
-        FG_PRAGMA(omp parallel for simd if (n > FG_PAR_MIN) schedule(static))                      \
         for (int64_t i = 0; i < n; i++) {                                                          \
             T v = x[i];                                                                            \
             body;                                                                                  \
@@ -41,7 +33,7 @@ static void KU_FN(un_fwd_)(fg_unary_op op, const T *x, T a, T b, T *y, int64_t n
     case FG_UN_SIGMOID: KU_LOOP(y[i] = (T)1 / ((T)1 + exp(-v))); break;
     case FG_UN_TANH: KU_LOOP(y[i] = tanh(v)); break;
     case FG_UN_SILU: KU_LOOP(y[i] = v / ((T)1 + exp(-v))); break;
-    case FG_UN_GELU_ERF: KU_SIMD_LOOP(y[i] = v * FG_NORMCDF(v)); break;
+    case FG_UN_GELU_ERF: KU_LOOP(y[i] = v * FG_NORMCDF(v)); break;
     case FG_UN_SOFTPLUS: KU_LOOP(T bx = v * a; y[i] = bx > b ? v : log1p(exp(bx)) / a); break;
     case FG_UN_LEAKY_RELU: KU_LOOP(y[i] = v > 0 ? v : v * a); break;
     case FG_UN_ELU: KU_LOOP(y[i] = v > 0 ? v : a * expm1(v)); break;
@@ -68,8 +60,8 @@ static void KU_FN(un_bwd_)(fg_unary_op op, const T *x, const T *y, const T *g, T
         KU_LOOP(T s = (T)1 / ((T)1 + exp(-v)); dx[i] += g[i] * s * ((T)1 + v * ((T)1 - s)));
         break;
     case FG_UN_GELU_ERF:
-        KU_SIMD_LOOP(T pdf = FG_EXP((T)-0.5 * v * v) * (T)0.39894228040143267794;
-                     dx[i] += g[i] * (FG_NORMCDF(v) + v * pdf));
+        KU_LOOP(T pdf = FG_EXP((T)-0.5 * v * v) * (T)0.39894228040143267794;
+                dx[i] += g[i] * (FG_NORMCDF(v) + v * pdf));
         break;
     case FG_UN_SOFTPLUS:
         KU_LOOP(T bx = v * a; dx[i] += bx > b ? g[i] : g[i] / ((T)1 + exp(-bx)));
@@ -80,7 +72,6 @@ static void KU_FN(un_bwd_)(fg_unary_op op, const T *x, const T *y, const T *g, T
 }
 
 #undef KU_LOOP
-#undef KU_SIMD_LOOP
 #undef KU_FN
 #undef KU_CAT
 #undef KU_CAT2

@@ -75,39 +75,10 @@ void fg__pick_path(char *path, size_t cap, const char *stem, const char *key) {
                  (unsigned long long)fnv64(key, strlen(key), FNV0));
 }
 
-/* the entries a file read holds until all of it has passed */
-typedef struct {
-    char *es;
-    size_t size;
-    int n, most;
-    bool (*parse)(const char *text, void *entry);
-} loaded;
-
-static bool take_line(void *ud, const char *text) {
-    loaded *l = ud;
-    return l->n < l->most && l->parse(text, l->es + l->size * (size_t)l->n++);
-}
-
-static FG_MUST_USE fg_status read_checked(const char *path, const char *format, const char *key,
-                                          bool (*line)(void *ud, const char *text), void *ud);
-
-fg_status fg__pick_load(const char *path, const char *format, size_t size, int most,
-                        bool (*parse)(const char *text, void *entry),
-                        void (*put)(const void *entry)) {
-    char key[1024];
-    fg__pick_key(key, sizeof key, format);
-    loaded l = {fg_alloc(size * (size_t)most), size, 0, most, parse};
-    if (!l.es) return FG_ENOMEM;
-    fg_status st = read_checked(path, format, key, take_line, &l);
-    for (int i = 0; !st && i < l.n; i++) put(l.es + size * (size_t)i);
-    fg_free(l.es);
-    return st;
-}
-
 /* Reads path whole and checks it, then hands each line after the key's to
  * line(ud, text), which returns false for one that does not parse. */
-static fg_status read_checked(const char *path, const char *format, const char *key,
-                              bool (*line)(void *ud, const char *text), void *ud) {
+static FG_MUST_USE fg_status read_checked(const char *path, const char *format, const char *key,
+                                          bool (*line)(void *ud, const char *text), void *ud) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return fg_error(FG_EIO, "choices file %s: %s", path, strerror(errno));
     size_t cap = FG_PICK_MAX_BYTES, len = 0;
@@ -155,6 +126,32 @@ static fg_status read_checked(const char *path, const char *format, const char *
     if (!why) return FG_OK;
     return lineno > 2 ? fg_error(FG_EFORMAT, "%s %s (line %d): ignored", path, why, lineno)
                       : fg_error(FG_EFORMAT, "%s %s: ignored", path, why);
+}
+
+/* the entries a file read holds until all of it has passed */
+typedef struct {
+    char *es;
+    size_t size;
+    int n, most;
+    bool (*parse)(const char *text, void *entry);
+} loaded;
+
+static bool take_line(void *ud, const char *text) {
+    loaded *l = ud;
+    return l->n < l->most && l->parse(text, l->es + l->size * (size_t)l->n++);
+}
+
+fg_status fg__pick_load(const char *path, const char *format, size_t size, int most,
+                        bool (*parse)(const char *text, void *entry),
+                        void (*put)(const void *entry)) {
+    char key[1024];
+    fg__pick_key(key, sizeof key, format);
+    loaded l = {fg_alloc(size * (size_t)most), size, 0, most, parse};
+    if (!l.es) return FG_ENOMEM;
+    fg_status st = read_checked(path, format, key, take_line, &l);
+    for (int i = 0; !st && i < l.n; i++) put(l.es + size * (size_t)i);
+    fg_free(l.es);
+    return st;
 }
 
 /* mkdir -p of path's folder. */
