@@ -89,7 +89,7 @@ FG_API int64_t fg_tape_size(void);
 
 /* Autocast of the calling thread, as PyTorch's CPU autocast. While it is
  * FG_BF16 or FG_F16:
- *   - fg_matmul, fg_linear and fg_causal_attention take f32 inputs (or
+ *   - fg_matmul, fg_linear and fg_attention take f32 inputs (or
  *     inputs already in that dtype) in that dtype: operands rounded to it,
  *     products accumulated in f32, the output in that dtype, rounded once
  *     (a bias added in f32 before). Gradients flow back in the dtype of the
@@ -174,7 +174,14 @@ FG_API fg_tensor *fg_dropout(fg_tensor *x, double p, uint64_t seed, uint64_t off
  * products (they round their operands inside, see fg_autocast_set): for
  * programs that want a tensor in another dtype. */
 FG_API fg_tensor *fg_cast(fg_tensor *a, fg_dtype dt);
-/* Causal self-attention of qkv (B, T, 3C) with `heads` heads -> (B, T, C). */
+/* Self-attention of a packed qkv (B, T, 3C) with `heads` heads -> (B, T, C):
+ * q, k and v are the three column blocks of C, split into heads of C/heads,
+ * softmax(q k^T / sqrt(C/heads)) v per head, heads joined. Row t sees keys
+ * 0..t when causal (PyTorch's scaled_dot_product_attention(is_causal=True)),
+ * all T keys when not. Fused: the (T, T) scores are never kept, the backward
+ * recomputes them from qkv. */
+FG_API fg_tensor *fg_attention(fg_tensor *qkv, int heads, bool causal);
+/* fg_attention(qkv, heads, true) */
 FG_API fg_tensor *fg_causal_attention(fg_tensor *qkv, int heads);
 
 /* ------------------------------------- more ops (PyTorch's names and rules) */

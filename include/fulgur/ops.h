@@ -201,15 +201,17 @@ typedef struct fg_op_table {
                                          uint64_t offset, fg_tensor *dx);
 
     /* ---- attention ---- */
-    /* Causal self-attention on a fused qkv (B, T, 3C) with H heads of C/H:
-     * y (B, T, C) = concat_h softmax(q k^T / sqrt(C/H) + causal mask) v.
+    /* Self-attention on a fused qkv (B, T, 3C) with H heads of C/H:
+     * y (B, T, C) = concat_h softmax(q k^T / sqrt(C/H) [+ causal mask]) v,
+     * row t seeing keys 0..t when causal, all T keys when not.
      * lse (B, H, T) saves the log-sum-exp of each row for the backward. */
-    FG_MUST_USE fg_status (*attention_fwd)(const fg_tensor *qkv, int heads, fg_tensor *y,
-                                           fg_tensor *lse);
-    /* dqkv (B, T, 3C) += gradient, from qkv, y, lse and dy. */
-    FG_MUST_USE fg_status (*attention_bwd)(const fg_tensor *qkv, int heads, const fg_tensor *y,
-                                           const fg_tensor *lse, const fg_tensor *dy,
-                                           fg_tensor *dqkv);
+    FG_MUST_USE fg_status (*attention_fwd)(const fg_tensor *qkv, int heads, bool causal,
+                                           fg_tensor *y, fg_tensor *lse);
+    /* dqkv (B, T, 3C) += gradient, from qkv, y, lse and dy (causal as in
+     * the forward). */
+    FG_MUST_USE fg_status (*attention_bwd)(const fg_tensor *qkv, int heads, bool causal,
+                                           const fg_tensor *y, const fg_tensor *lse,
+                                           const fg_tensor *dy, fg_tensor *dqkv);
 
     /* ---- elementwise functions (fg_unary_op), x and y of one shape ---- */
     FG_MUST_USE fg_status (*unary_fwd)(fg_unary_op op, const fg_tensor *x, double a, double b,

@@ -402,26 +402,27 @@ TEST(dropout_masks_identical) {
         }
 }
 
-TEST(causal_attention) {
+TEST(attention) {
     NEED_GPU();
     static const int64_t bth[][4] = {{1, 1, 1, 8}, {2, 17, 2, 16}, {4, 128, 4, 64}};
     fg_dtype dts[] = {FG_F32, FG_BF16};
-    for (int di = 0; di < 2; di++)
+    for (int ci = 0; ci < 4; ci++) /* causal and not, f32 and bf16 */
         for (size_t s = 0; s < 3; s++) {
-            fg_dtype dt = dts[di];
+            fg_dtype dt = dts[ci % 2];
+            bool causal = ci < 2;
             int64_t B = bth[s][0], T = bth[s][1], H = bth[s][2], D = bth[s][3], C = H * D;
             int64_t qs[3] = {B, T, 3 * C}, ys[3] = {B, T, C}, ls[3] = {B, H, T};
             fg_tensor *qkv = rnd(dt, 3, qs, -1, 1), *y = fg_tensor_new(dt, 3, ys);
             fg_tensor *lse = fg_tensor_new(dt, 3, ls);
             fg_tensor *gq = on(qkv), *gy = on(y), *gl = on(lse);
-            CHECK_OK(C_->attention_fwd(qkv, (int)H, y, lse));
-            CHECK_OK(G_->attention_fwd(gq, (int)H, gy, gl));
+            CHECK_OK(C_->attention_fwd(qkv, (int)H, causal, y, lse));
+            CHECK_OK(G_->attention_fwd(gq, (int)H, causal, gy, gl));
             compare("attention_fwd", y, gy, bound_of(dt));
             compare("attention_lse", lse, gl, bound_of(dt));
             fg_tensor *dy = rnd(dt, 3, ys, -1, 1), *dq = rnd(dt, 3, qs, -1, 1);
             fg_tensor *gdy = on(dy), *gdq = on(dq);
-            CHECK_OK(C_->attention_bwd(qkv, (int)H, y, lse, dy, dq));
-            CHECK_OK(G_->attention_bwd(gq, (int)H, gy, gl, gdy, gdq));
+            CHECK_OK(C_->attention_bwd(qkv, (int)H, causal, y, lse, dy, dq));
+            CHECK_OK(G_->attention_bwd(gq, (int)H, causal, gy, gl, gdy, gdq));
             compare("attention_bwd", dq, gdq, dt == FG_F32 ? 1e-5 : 2e-2);
             fg_tensor *all[] = {qkv, y, lse, gq, gy, gl, dy, dq, gdy, gdq};
             for (size_t i = 0; i < sizeof all / sizeof *all; i++) fg_tensor_free(all[i]);

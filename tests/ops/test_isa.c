@@ -486,9 +486,10 @@ ISA_TEST(cross_entropy_short_rows) {
 
 /* ------------------------------------------------------------------ attention */
 
-/* y (B, T, C) and lse (B, H, T) of causal attention on qkv (B, T, 3C), in double */
-static void attention_ref(const float *qkv, int64_t B, int64_t T, int64_t C, int64_t H, double *y,
-                          double *lse) {
+/* y (B, T, C) and lse (B, H, T) of attention on qkv (B, T, 3C), causal or
+ * not, in double */
+static void attention_ref(const float *qkv, int64_t B, int64_t T, int64_t C, int64_t H, bool causal,
+                          double *y, double *lse) {
     int64_t hs = C / H;
     double *p = malloc(sizeof(double) * (size_t)T);
     for (int64_t b = 0; b < B; b++)
@@ -496,18 +497,18 @@ static void attention_ref(const float *qkv, int64_t B, int64_t T, int64_t C, int
             for (int64_t t = 0; t < T; t++) {
                 const float *q = qkv + (b * T + t) * 3 * C + h * hs;
                 double m = -INFINITY, s = 0;
-                for (int64_t j = 0; j <= t; j++) {
+                for (int64_t j = 0; j < (causal ? t + 1 : T); j++) {
                     const float *k = qkv + (b * T + j) * 3 * C + C + h * hs;
                     double d = 0;
                     for (int64_t e = 0; e < hs; e++) d += (double)q[e] * k[e];
                     p[j] = d / sqrt((double)hs);
                     m = p[j] > m ? p[j] : m;
                 }
-                for (int64_t j = 0; j <= t; j++) s += p[j] = exp(p[j] - m);
+                for (int64_t j = 0; j < (causal ? t + 1 : T); j++) s += p[j] = exp(p[j] - m);
                 lse[(b * H + h) * T + t] = m + log(s);
                 for (int64_t e = 0; e < hs; e++) {
                     double a = 0;
-                    for (int64_t j = 0; j <= t; j++)
+                    for (int64_t j = 0; j < (causal ? t + 1 : T); j++)
                         a += p[j] / s * qkv[(b * T + j) * 3 * C + 2 * C + h * hs + e];
                     y[(b * T + t) * C + h * hs + e] = a;
                 }
@@ -518,30 +519,37 @@ static void attention_ref(const float *qkv, int64_t B, int64_t T, int64_t C, int
 ISA_TEST(attention) {
     int64_t shapes[][4] = {
         {1, 1, 8, 1}, {2, 5, 12, 3}, {1, 33, 16, 2}, {2, 70, 32, 4}, {1, 129, 16, 1}};
-    for (int k = 0; k < 5; k++) {
-        int64_t B = shapes[k][0], T = shapes[k][1], C = shapes[k][2], H = shapes[k][3];
+    for (int k = 0; k < 10; k++) {
+        bool causal = k < 5; /* the five shapes with the mask, then without */
+        int64_t B = shapes[k % 5][0], T = shapes[k % 5][1], C = shapes[k % 5][2],
+                H = shapes[k % 5][3];
         int64_t sq[] = {B, T, 3 * C}, sy[] = {B, T, C}, sl[] = {B, H, T};
-        fg_tensor *qkv = randn(3, sq, 60 + (uint64_t)k, 1.5), *dy = randn(3, sy, 61, 1.0);
+        fg_tensor *qkv = randn(3, sq, 60 + (uint64_t)(k % 5), 1.5), *dy = randn(3, sy, 61, 1.0);
         fg_tensor *y = fg_empty(FG_F32, 3, sy), *ys = fg_empty(FG_F32, 3, sy);
         fg_tensor *lse = fg_empty(FG_F32, 3, sl), *lses = fg_empty(FG_F32, 3, sl);
         fg_tensor *d0 = randn(3, sq, 62, 1.0), *dq = copy_of(d0), *dqs = copy_of(d0);
-        CHECK_OK(ops()->attention_fwd(qkv, (int)H, y, lse));
-        CHECK_OK(ops()->attention_bwd(qkv, (int)H, y, lse, dy, dq));
-        ON_SCALAR(isa, ops()->attention_fwd(qkv, (int)H, ys, lses));
-        ON_SCALAR(isa, ops()->attention_bwd(qkv, (int)H, ys, lses, dy, dqs));
+        CHECK_OK(ops()->attention_fwd(qkv, (int)H, causal, y, lse));
+        CHECK_OK(ops()->attention_bwd(qkv, (int)H, causal, y, lse, dy, dq));
+        ON_SCALAR(isa, ops()->attention_fwd(qkv, (int)H, causal, ys, lses));
+        ON_SCALAR(isa, ops()->attention_bwd(qkv, (int)H, causal, ys, lses, dy, dqs));
         int64_t ny = B * T * C, nl = B * H * T;
-        CHECK_MSG(far_f("y", F(y), F(ys), ny, 2e-6, 2e-6) == 0, "attention %s T %lld vs scalar",
-                  fg_isa_name(isa), (long long)T);
+        CHECK_MSG(far_f("y", F(y), F(ys), ny, 2e-6, 2e-6) == 0,
+                  "attention %s T %lld causal %d vs scalar", fg_isa_name(isa), (long long)T,
+                  causal);
         CHECK_MSG(far_f("lse", F(lse), F(lses), nl, 2e-6, 2e-6) == 0,
-                  "attention lse %s T %lld vs scalar", fg_isa_name(isa), (long long)T);
+                  "attention lse %s T %lld causal %d vs scalar", fg_isa_name(isa), (long long)T,
+                  causal);
         CHECK_MSG(far_f("dqkv", F(dq), F(dqs), 3 * ny, 1e-5, 1e-5) == 0,
-                  "attention_bwd %s T %lld vs scalar", fg_isa_name(isa), (long long)T);
+                  "attention_bwd %s T %lld causal %d vs scalar", fg_isa_name(isa), (long long)T,
+                  causal);
         double *wy = malloc(sizeof(double) * (size_t)ny), *wl = malloc(sizeof(double) * (size_t)nl);
-        attention_ref(F(qkv), B, T, C, H, wy, wl);
-        CHECK_MSG(far("y", F(y), wy, ny, 1e-5, 1e-5) == 0, "attention %s T %lld vs double",
-                  fg_isa_name(isa), (long long)T);
-        CHECK_MSG(far("lse", F(lse), wl, nl, 4e-6, 4e-6) == 0, "attention lse %s T %lld vs double",
-                  fg_isa_name(isa), (long long)T);
+        attention_ref(F(qkv), B, T, C, H, causal, wy, wl);
+        CHECK_MSG(far("y", F(y), wy, ny, 1e-5, 1e-5) == 0,
+                  "attention %s T %lld causal %d vs double", fg_isa_name(isa), (long long)T,
+                  causal);
+        CHECK_MSG(far("lse", F(lse), wl, nl, 4e-6, 4e-6) == 0,
+                  "attention lse %s T %lld causal %d vs double", fg_isa_name(isa), (long long)T,
+                  causal);
         free(wy);
         free(wl);
         fg_step_reset();

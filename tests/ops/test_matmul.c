@@ -281,7 +281,7 @@ typedef struct {
 
 /* qkv (B, T, 3C): q at [0, C), k at [C, 2C), v at [2C, 3C), head h at
  * columns [h hs, (h+1) hs) of each. dy seeds the backward. */
-static att_ref ref_attention(const fg_tensor *qkv, const fg_tensor *dy, int H) {
+static att_ref ref_attention(const fg_tensor *qkv, const fg_tensor *dy, int H, bool causal) {
     int64_t B = fg_tensor_dim(qkv, 0), T = fg_tensor_dim(qkv, 1), C = fg_tensor_dim(qkv, 2) / 3;
     int64_t hs = C / H;
     double sc = 1 / sqrt((double)hs);
@@ -301,7 +301,7 @@ static att_ref ref_attention(const fg_tensor *qkv, const fg_tensor *dy, int H) {
                 for (int64_t j = 0; j < T; j++) {
                     double s = 0;
                     for (int64_t d = 0; d < hs; d++) s += Q(t, d) * K(j, d);
-                    P[t * T + j] = j <= t ? s * sc : -INFINITY;
+                    P[t * T + j] = j <= t || !causal ? s * sc : -INFINITY;
                     if (P[t * T + j] > m) m = P[t * T + j];
                 }
                 double z = 0;
@@ -349,22 +349,23 @@ static att_ref ref_attention(const fg_tensor *qkv, const fg_tensor *dy, int H) {
     return r;
 }
 
-static void check_attention(fg_dtype dt, int64_t B, int64_t T, int64_t C, int H, uint64_t seed) {
+static void check_attention(fg_dtype dt, int64_t B, int64_t T, int64_t C, int H, bool causal,
+                            uint64_t seed) {
     int64_t sq[] = {B, T, 3 * C}, sy[] = {B, T, C}, sl[] = {B, H, T};
     fg_tensor *qkv = randn(dt, 3, sq, seed), *dy = randn(dt, 3, sy, seed + 1);
     fg_tensor *y = fg_empty(dt, 3, sy), *lse = fg_empty(dt, 3, sl);
     fg_tensor *dqkv = randn(dt, 3, sq, seed + 2); /* backward accumulates onto this */
     double *g0 = malloc(sizeof(double) * (size_t)(B * T * 3 * C + 1));
     for (int64_t i = 0; i < B * T * 3 * C; i++) g0[i] = fg_tensor_get(dqkv, i);
-    att_ref r = ref_attention(qkv, dy, H);
+    att_ref r = ref_attention(qkv, dy, H, causal);
     for (int64_t i = 0; i < B * T * 3 * C; i++) r.dqkv[i] += g0[i];
-    CHECK_OK(ops()->attention_fwd(qkv, H, y, lse));
-    CHECK_OK(ops()->attention_bwd(qkv, H, y, lse, dy, dqkv));
+    CHECK_OK(ops()->attention_fwd(qkv, H, causal, y, lse));
+    CHECK_OK(ops()->attention_bwd(qkv, H, causal, y, lse, dy, dqkv));
     double tol = dt == FG_F64 ? 1e-12 : 2e-5;
     double ey = max_err(y, r.y), el = max_err(lse, r.lse), eg = max_err(dqkv, r.dqkv);
     CHECK_MSG(ey <= tol && el <= tol && eg <= 5 * tol,
-              "%s B %lld T %lld C %lld H %d: errors y %g lse %g dqkv %g", fg_dtype_name(dt),
-              (long long)B, (long long)T, (long long)C, H, ey, el, eg);
+              "%s%s B %lld T %lld C %lld H %d: errors y %g lse %g dqkv %g", causal ? "causal " : "",
+              fg_dtype_name(dt), (long long)B, (long long)T, (long long)C, H, ey, el, eg);
     free(r.y);
     free(r.lse);
     free(r.dqkv);
@@ -375,14 +376,21 @@ TEST(attention_matches_unfused_reference) {
     static const int64_t cases[][4] = {/* B, T, C, H */
                                        {1, 1, 4, 1},   {2, 1, 6, 3},  {1, 5, 8, 2},  {2, 7, 12, 3},
                                        {3, 33, 16, 4}, {1, 70, 8, 1}, {2, 64, 32, 2}};
-    for (int di = 0; di < 2; di++)
-        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
-            check_attention(di ? FG_F32 : FG_F64, cases[c][0], cases[c][1], cases[c][2],
-                            (int)cases[c][3], 50 + c);
+    for (int causal = 0; causal < 2; causal++)
+        for (int di = 0; di < 2; di++)
+            for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+                check_attention(di ? FG_F32 : FG_F64, cases[c][0], cases[c][1], cases[c][2],
+                                (int)cases[c][3], causal, 50 + c);
+    /* without the mask: T = 150 rows go in blocks of 50, T = 1030 in blocks
+     * of 32 and 6 (kernel blocks of at most 8192 scores, at least 32 rows) */
+    check_attention(FG_F32, 1, 150, 8, 2, false, 60);
+    check_attention(FG_F64, 1, 1030, 4, 1, false, 61);
     int prev = fg_get_num_threads();
     CHECK_OK(fg_set_num_threads(2)); /* (batch, head) tasks over threads */
-    check_attention(FG_F32, 3, 37, 24, 3, 99);
-    check_attention(FG_F64, 1, 37, 24, 1, 98); /* one task: OpenBLAS threads inside */
+    for (int causal = 0; causal < 2; causal++) {
+        check_attention(FG_F32, 3, 37, 24, 3, causal, 99);
+        check_attention(FG_F64, 1, 37, 24, 1, causal, 98); /* one task: OpenBLAS threads inside */
+    }
     CHECK_OK(fg_set_num_threads(prev));
     fg_step_reset();
 }
@@ -394,8 +402,8 @@ TEST(attention_large_scores_stay_finite) {
     float *p = fg_tensor_data(qkv);
     for (int i = 0; i < 54; i++) p[i] *= 9.0f;
     fg_tensor *y = fg_empty(FG_F32, 3, sy), *lse = fg_empty(FG_F32, 3, sl);
-    CHECK_OK(ops()->attention_fwd(qkv, 1, y, lse));
-    att_ref r = ref_attention(qkv, NULL, 1);
+    CHECK_OK(ops()->attention_fwd(qkv, 1, true, y, lse));
+    att_ref r = ref_attention(qkv, NULL, 1, true);
     CHECK(max_err(y, r.y) <= 1e-5);
     CHECK(max_err(lse, r.lse) <= 1e-5);
     free(r.y);
@@ -408,14 +416,14 @@ TEST(attention_errors_name_the_shapes) {
     int64_t sq[] = {2, 4, 12}, sy[] = {2, 4, 4}, sl[] = {2, 2, 4}, sbad[] = {2, 4, 10};
     fg_tensor *qkv = fg_zeros(FG_F32, 3, sq), *y = fg_zeros(FG_F32, 3, sy);
     fg_tensor *lse = fg_zeros(FG_F32, 3, sl);
-    CHECK_OK(ops()->attention_fwd(qkv, 2, y, lse));
-    CHECK_STATUS(ops()->attention_fwd(qkv, 3, y, lse), FG_EINVAL);
+    CHECK_OK(ops()->attention_fwd(qkv, 2, true, y, lse));
+    CHECK_STATUS(ops()->attention_fwd(qkv, 3, true, y, lse), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "heads = 3");
-    CHECK_STATUS(ops()->attention_fwd(fg_zeros(FG_F32, 3, sbad), 2, y, lse), FG_EINVAL);
+    CHECK_STATUS(ops()->attention_fwd(fg_zeros(FG_F32, 3, sbad), 2, true, y, lse), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "f32[2, 4, 10]");
-    CHECK_STATUS(ops()->attention_fwd(qkv, 1, y, lse), FG_EINVAL); /* lse wants (2, 1, 4) */
+    CHECK_STATUS(ops()->attention_fwd(qkv, 1, true, y, lse), FG_EINVAL); /* lse wants (2, 1, 4) */
     CHECK_CONTAINS(fg_last_error(), "expected f32[2, 1, 4]");
-    CHECK_STATUS(ops()->attention_bwd(qkv, 2, y, lse, y, y), FG_EINVAL);
+    CHECK_STATUS(ops()->attention_bwd(qkv, 2, true, y, lse, y, y), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "dqkv");
     fg_step_reset();
 }

@@ -1,13 +1,15 @@
-/* Fused causal self-attention on a packed qkv (B, T, 3C), flash-attention
- * style: the (T, T) score matrix of a (batch, head) is never stored whole.
+/* Fused self-attention on a packed qkv (B, T, 3C), causal or not,
+ * flash-attention style: the (T, T) score matrix of a (batch, head) is
+ * never stored whole.
  *
  * Each (batch, head) is one task; tasks are split across OpenMP threads and
  * write disjoint slices of y / dqkv (their own rows and head columns), so
  * no two threads touch the same element. Inside a task, query rows go in
- * blocks of ATT_BR: a block of rows [r0, r0+br) needs keys [0, r0+br) only
- * (causality), so the products skip the upper-right blocks of the square.
- * The products are gemms on strided views of qkv (leading dimension 3C):
- * OpenBLAS runs one thread per call inside the parallel region.
+ * blocks (block_rows): under the causal mask a block of rows [r0, r0+br)
+ * needs keys [0, r0+br) only, so the products skip the upper-right blocks
+ * of the square; without it every block sees all T keys. The products are
+ * gemms on strided views of qkv (leading dimension 3C): OpenBLAS runs one
+ * thread per call inside the parallel region.
  *
  * Forward saves lse (B, H, T) = log sum_j exp(s_tj) of each row; backward
  * recomputes p_tj = exp(s_tj - lse_t) from q and k instead of reading a
@@ -37,6 +39,20 @@
  * garbage, and no gemm reads past kend. */
 #define ATT_PAD 16
 static inline int64_t pad_up(int64_t n) { return (n + ATT_PAD - 1) / ATT_PAD * ATT_PAD; }
+
+/* Score elements of one block without the mask: blocks as tall as this
+ * allows (taller blocks make better products and nothing is skipped), split
+ * evenly, so T = 65 is one block of 65 rows rather than 32 + 32 + 1. */
+#define ATT_FULL_ELEMS 8192
+
+/* Query rows per block: ATT_BR under the causal mask (the tuned size, which
+ * fixes the order of every sum there), else as above. */
+static int64_t block_rows(bool causal, int64_t nt) {
+    if (causal) return FG_MIN(ATT_BR, nt);
+    int64_t most = FG_MAX(ATT_BR, ATT_FULL_ELEMS / pad_up(nt));
+    int64_t nb = (nt + most - 1) / most;
+    return (nt + nb - 1) / nb;
+}
 
 /* The two row operations, over s[0, lds) with keys j < n unmasked:
  *   row_softmax: s = softmax(s[0, n)), zero after; returns log sum exp;
@@ -128,7 +144,8 @@ static FG_MUST_USE fg_status check_like(const char *kernel, const char *what, co
  * arena belongs to the calling thread); a failed allocation skips the
  * thread's tasks and turns into FG_ENOMEM after the region. */
 
-fg_status fg__cpu_attention_fwd(const fg_tensor *qkv, int heads, fg_tensor *y, fg_tensor *lse) {
+fg_status fg__cpu_attention_fwd(const fg_tensor *qkv, int heads, bool causal, fg_tensor *y,
+                                fg_tensor *lse) {
     int64_t B, nt, C;
     FG_TRY(check_qkv("attention_fwd", qkv, heads, &B, &nt, &C));
     int64_t H = heads, hs = C / H;
@@ -145,7 +162,8 @@ fg_status fg__cpu_attention_fwd(const fg_tensor *qkv, int heads, fg_tensor *y, f
     FG_FLOAT_DISPATCH("attention_fwd", qkv->dtype, {
         const T *pqkv = qkv->data;
         T *py = y->data, *plse = lse->data;
-        size_t scratch = sizeof(T) * (size_t)FG_MIN(ATT_BR, nt) * (size_t)pad_up(nt);
+        int64_t rows = block_rows(causal, nt);
+        size_t scratch = sizeof(T) * (size_t)rows * (size_t)pad_up(nt);
         FG_PRAGMA(omp parallel if (par))
         {
             T *S = fg_calloc(1, scratch); /* (br, lds) scores, then probabilities */
@@ -158,15 +176,16 @@ for (int64_t bh = 0; bh < nbh; bh++) {
     int64_t b = bh / H, h = bh % H;
     const T *q = pqkv + b * nt * 3 * C + h * hs, *k = q + C, *v = q + 2 * C;
     T *yb = py + b * nt * C + h * hs, *lb = plse + bh * nt;
-    for (int64_t r0 = 0; r0 < nt; r0 += ATT_BR) {
-        int br = (int)FG_MIN(ATT_BR, nt - r0), kend = (int)(r0 + br);
+    for (int64_t r0 = 0; r0 < nt; r0 += rows) {
+        int br = (int)FG_MIN(rows, nt - r0), kend = (int)(causal ? r0 + br : nt);
         int lds = (int)pad_up(kend);
         /* S (br, kend) = scale * q[r0:r0+br] @ k[0:kend]^T */
         FG_GEMM(T)
         (CblasRowMajor, CblasNoTrans, CblasTrans, br, kend, ihs, (T)scale, q + r0 * ld, ld, k, ld,
          (T)0, S, lds);
-        for (int i = 0; i < br; i++) /* row t = r0 + i sees keys 0..t */
-            lb[r0 + i] = ROW_SOFTMAX(T, vk)(S + (int64_t)i * lds, lds, (int)r0 + i + 1);
+        for (int i = 0; i < br; i++) /* row t = r0 + i sees keys 0..t, or all */
+            lb[r0 + i] =
+                ROW_SOFTMAX(T, vk)(S + (int64_t)i * lds, lds, causal ? (int)r0 + i + 1 : kend);
         /* y[r0:r0+br] (br, hs) = P (br, kend) @ v[0:kend] (kend, hs) */
         FG_GEMM(T)
         (CblasRowMajor, CblasNoTrans, CblasNoTrans, br, ihs, kend, (T)1, S, lds, v, ld, (T)0,
@@ -180,7 +199,7 @@ fg_free(S);
     return FG_OK;
 }
 
-fg_status fg__cpu_attention_bwd(const fg_tensor *qkv, int heads, const fg_tensor *y,
+fg_status fg__cpu_attention_bwd(const fg_tensor *qkv, int heads, bool causal, const fg_tensor *y,
                                 const fg_tensor *lse, const fg_tensor *dy, fg_tensor *dqkv) {
     int64_t B, nt, C;
     FG_TRY(check_qkv("attention_bwd", qkv, heads, &B, &nt, &C));
@@ -200,7 +219,7 @@ fg_status fg__cpu_attention_bwd(const fg_tensor *qkv, int heads, const fg_tensor
     FG_FLOAT_DISPATCH("attention_bwd", qkv->dtype, {
         const T *pqkv = qkv->data, *py = y->data, *pdy = dy->data, *plse = lse->data;
         T *pdqkv = dqkv->data;
-        int64_t rows = FG_MIN(ATT_BR, nt), cols = pad_up(nt);
+        int64_t rows = block_rows(causal, nt), cols = pad_up(nt);
         size_t scratch = sizeof(T) * (size_t)(2 * rows * cols + rows);
         FG_PRAGMA(omp parallel if (par))
         {
@@ -218,14 +237,14 @@ for (int64_t bh = 0; bh < nbh; bh++) {
     T *dq = pdqkv + off, *dk = dq + C, *dv = dq + 2 * C;
     const T *yb = py + b * nt * C + h * hs, *gb = pdy + b * nt * C + h * hs;
     const T *lb = plse + bh * nt;
-    for (int64_t r0 = 0; r0 < nt; r0 += ATT_BR) {
-        int br = (int)FG_MIN(ATT_BR, nt - r0), kend = (int)(r0 + br);
+    for (int64_t r0 = 0; r0 < nt; r0 += rows) {
+        int br = (int)FG_MIN(rows, nt - r0), kend = (int)(causal ? r0 + br : nt);
         int lds = (int)pad_up(kend);
         FG_GEMM(T)
         (CblasRowMajor, CblasNoTrans, CblasTrans, br, kend, ihs, (T)scale, q + r0 * ld, ld, k, ld,
          (T)0, P, lds);
         for (int i = 0; i < br; i++) {
-            ROW_EXP(T, vk)(P + (int64_t)i * lds, lds, (int)r0 + i + 1, lb[r0 + i]);
+            ROW_EXP(T, vk)(P + (int64_t)i * lds, lds, causal ? (int)r0 + i + 1 : kend, lb[r0 + i]);
             const T *yr = yb + (r0 + i) * ldy, *gr = gb + (r0 + i) * ldy;
             T d = 0;
             FG_PRAGMA(omp simd reduction(+ : d))

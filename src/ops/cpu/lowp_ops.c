@@ -766,9 +766,10 @@ static int64_t att_nb(const fg_tensor *qkv) {
     return FG_MIN(nb, qkv->shape[0]);
 }
 
-static FG_MUST_USE fg_status lp_att_fwd(const fg_tensor *qkv, int heads, fg_tensor *y,
+static FG_MUST_USE fg_status lp_att_fwd(const fg_tensor *qkv, int heads, bool causal, fg_tensor *y,
                                         fg_tensor *lse) {
-    if (!lowp(qkv) && !lowp(y) && !lowp(lse)) return fg__cpu_attention_fwd(qkv, heads, y, lse);
+    if (!lowp(qkv) && !lowp(y) && !lowp(lse))
+        return fg__cpu_attention_fwd(qkv, heads, causal, y, lse);
     const fg_tensor *all[3] = {qkv, y, lse};
     if (att_chunkable(3, all)) {
         int64_t B = qkv->shape[0], nb = att_nb(qkv);
@@ -778,7 +779,7 @@ static FG_MUST_USE fg_status lp_att_fwd(const fg_tensor *qkv, int heads, fg_tens
             FG_TRY(att_chunk(&q, qkv, b0, k, 0, false));
             FG_TRY(att_chunk(&yv, y, b0, k, 1, true));
             FG_TRY(att_chunk(&lv, lse, b0, k, 2, true));
-            FG_TRY(fg__cpu_attention_fwd(&q, heads, &yv, &lv));
+            FG_TRY(fg__cpu_attention_fwd(&q, heads, causal, &yv, &lv));
             att_store(y, &yv, b0);
             att_store(lse, &lv, b0);
         }
@@ -787,14 +788,14 @@ static FG_MUST_USE fg_status lp_att_fwd(const fg_tensor *qkv, int heads, fg_tens
     lp c = {0};
     const fg_tensor *qf = lp_in(&c, qkv);
     fg_tensor *yf = lp_out(&c, y, false), *lf = lp_out(&c, lse, false);
-    LP_RUN(fg__cpu_attention_fwd(qf, heads, yf, lf));
+    LP_RUN(fg__cpu_attention_fwd(qf, heads, causal, yf, lf));
 }
 
-static FG_MUST_USE fg_status lp_att_bwd(const fg_tensor *qkv, int heads, const fg_tensor *y,
-                                        const fg_tensor *lse, const fg_tensor *dy,
-                                        fg_tensor *dqkv) {
+static FG_MUST_USE fg_status lp_att_bwd(const fg_tensor *qkv, int heads, bool causal,
+                                        const fg_tensor *y, const fg_tensor *lse,
+                                        const fg_tensor *dy, fg_tensor *dqkv) {
     if (!lowp(qkv) && !lowp(y) && !lowp(lse) && !lowp(dy) && !lowp(dqkv))
-        return fg__cpu_attention_bwd(qkv, heads, y, lse, dy, dqkv);
+        return fg__cpu_attention_bwd(qkv, heads, causal, y, lse, dy, dqkv);
     const fg_tensor *all[5] = {qkv, y, lse, dy, dqkv};
     if (att_chunkable(5, all)) {
         int64_t B = qkv->shape[0], nb = att_nb(qkv);
@@ -806,7 +807,7 @@ static FG_MUST_USE fg_status lp_att_bwd(const fg_tensor *qkv, int heads, const f
             FG_TRY(att_chunk(&lv, lse, b0, k, 2, false));
             FG_TRY(att_chunk(&gv, dy, b0, k, 3, false));
             FG_TRY(att_chunk(&dv, dqkv, b0, k, 4, false)); /* the kernel accumulates */
-            FG_TRY(fg__cpu_attention_bwd(&q, heads, &yv, &lv, &gv, &dv));
+            FG_TRY(fg__cpu_attention_bwd(&q, heads, causal, &yv, &lv, &gv, &dv));
             att_store(dqkv, &dv, b0);
         }
         return FG_OK;
@@ -815,7 +816,7 @@ static FG_MUST_USE fg_status lp_att_bwd(const fg_tensor *qkv, int heads, const f
     const fg_tensor *qf = lp_in(&c, qkv), *yf = lp_in(&c, y), *lf = lp_in(&c, lse),
                     *gf = lp_in(&c, dy);
     fg_tensor *df = lp_out(&c, dqkv, true);
-    LP_RUN(fg__cpu_attention_bwd(qf, heads, yf, lf, gf, df));
+    LP_RUN(fg__cpu_attention_bwd(qf, heads, causal, yf, lf, gf, df));
 }
 
 /* ------------------------------------------- functions and losses of user models */

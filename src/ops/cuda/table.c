@@ -639,8 +639,8 @@ static FG_MUST_USE fg_status cu_dropout_bwd(const fg_tensor *dy, double p, uint6
 
 /* ---------------------------------------------------------------- attention */
 
-/* Causal attention with batched products and the fused causal softmax:
- * S = Q K^T (B H, T, T) in f32, P = causal softmax(S / sqrt(D)) in place,
+/* Attention with batched products and a fused softmax (causal or not):
+ * S = Q K^T (B H, T, T) in f32, P = softmax(S / sqrt(D) [+ mask]) in place,
  * O = P V; the (B H, T, T) matrix lives in scratch for the call only. */
 typedef struct att {
     int64_t B, T, H, D, C;
@@ -676,8 +676,8 @@ static FG_MUST_USE fg_status bgemm(const att *a, int dtab, int dtc, bool ta, boo
                          yr * ldy, c, N, M * N, BH, alpha, beta, FG_CU_EPI_NONE, NULL, 0);
 }
 
-static FG_MUST_USE fg_status cu_attention_fwd(const fg_tensor *qkv, int heads, fg_tensor *y,
-                                              fg_tensor *lse) {
+static FG_MUST_USE fg_status cu_attention_fwd(const fg_tensor *qkv, int heads, bool causal,
+                                              fg_tensor *y, fg_tensor *lse) {
     const char *k = "attention_fwd";
     att a;
     FG_TRY(att_check(k, qkv, heads, &a));
@@ -699,7 +699,8 @@ static FG_MUST_USE fg_status cu_attention_fwd(const fg_tensor *qkv, int heads, f
     if (r == FG_OK)
         r = bgemm(&a, a.dt, FG_CU_F32, false, true, a.T, a.T, a.D, q, a.D, kk, a.D, s, 1, 0);
     if (r == FG_OK)
-        r = launched(k, fg__cu_causal_softmax(a.st, s, l, BH, a.T, (float)(1 / sqrt((double)a.D))));
+        r = launched(
+            k, fg__cu_attn_softmax(a.st, s, l, BH, a.T, causal, (float)(1 / sqrt((double)a.D))));
     /* O = P V: P rounded to the dtype of V first where that is not f32 */
     void *p = s;
     if (r == FG_OK && a.dt != FG_CU_F32) {
@@ -713,9 +714,9 @@ static FG_MUST_USE fg_status cu_attention_fwd(const fg_tensor *qkv, int heads, f
     return r != FG_OK ? r : f;
 }
 
-static FG_MUST_USE fg_status cu_attention_bwd(const fg_tensor *qkv, int heads, const fg_tensor *y,
-                                              const fg_tensor *lse, const fg_tensor *dy,
-                                              fg_tensor *dqkv) {
+static FG_MUST_USE fg_status cu_attention_bwd(const fg_tensor *qkv, int heads, bool causal,
+                                              const fg_tensor *y, const fg_tensor *lse,
+                                              const fg_tensor *dy, fg_tensor *dqkv) {
     const char *k = "attention_bwd";
     (void)y;
     (void)lse; /* P is recomputed from Q and K by the forward's kernels */
@@ -749,13 +750,13 @@ static FG_MUST_USE fg_status cu_attention_bwd(const fg_tensor *qkv, int heads, c
     }
     if (r == FG_OK)
         r = bgemm(&a, FG_CU_F32, FG_CU_F32, false, true, a.T, a.T, a.D, q, a.D, kk, a.D, p, 1, 0);
-    if (r == FG_OK) r = launched(k, fg__cu_causal_softmax(a.st, p, l, BH, a.T, sc));
+    if (r == FG_OK) r = launched(k, fg__cu_attn_softmax(a.st, p, l, BH, a.T, causal, sc));
     /* dV = P^T dO; dP = dO V^T; dS = P (dP - rowsum(dP P)) / sqrt(D) */
     if (r == FG_OK)
         r = bgemm(&a, FG_CU_F32, FG_CU_F32, true, false, a.T, a.D, a.T, p, a.T, dO, a.D, dv, 1, 0);
     if (r == FG_OK)
         r = bgemm(&a, FG_CU_F32, FG_CU_F32, false, true, a.T, a.T, a.D, dO, a.D, v, a.D, dp, 1, 0);
-    if (r == FG_OK) r = launched(k, fg__cu_causal_softmax_bwd(a.st, p, dp, BH, a.T, sc));
+    if (r == FG_OK) r = launched(k, fg__cu_attn_softmax_bwd(a.st, p, dp, BH, a.T, causal, sc));
     /* dQ = dS K; dK = dS^T Q */
     if (r == FG_OK)
         r = bgemm(&a, FG_CU_F32, FG_CU_F32, false, false, a.T, a.D, a.T, dp, a.T, kk, a.D, dq, 1,
