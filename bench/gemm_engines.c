@@ -1,11 +1,11 @@
 /* The f32 product engines side by side on the products of the benchmark
- * models (bench/compare's gpt and mlp): OpenBLAS's sgemm, oneDNN's f32
+ * models (bench/compare's gpt, mlp and vit): OpenBLAS's sgemm, oneDNN's f32
  * matmul as fulgur runs it, BLIS (when Debian's libblis4 is installed: it
  * is opened at run time, never linked, so that its BLAS symbols cannot
  * shadow OpenBLAS's), and with 2 threads two ways of splitting a product
  * over the threads with one-thread sgemm calls.
  *
- *   gemm_engines [threads [set]]   (default 1 thread, both sets; set: gpt or mlp)
+ *   gemm_engines [threads [set]]   (default 1 thread, every set; set: gpt, mlp or vit)
  *
  * The shapes: every linear layer's forward y = x w^T (nt), backward
  * dx = dy w (nn, accumulating) and dw += dy^T x (tn), for the gpt's four
@@ -118,6 +118,30 @@ static const shape k_gpt[] = {
     {"att S=qk^T", false, true, 32, 64, 64, 0, 768, 768, 4 * 64 * 4 * 3},
     {"att y=Pv", false, false, 32, 64, 64, 0, 64, 768, 4 * 64 * 4 * 2},
     {"att dv+=P^Tdy", true, false, 64, 64, 32, 1, 64, 256, 4 * 64 * 4 * 2},
+    {NULL, false, false, 0, 0, 0, 0, 0, 0, 0},
+};
+
+/* the vit: rows R = 64 x 65 (64 patches and the class token), width 192,
+ * MLP 768, 6 layers; attention non-causal, one block of all 65 query rows
+ * per (layer, batch, head): 6 x 64 x 3 blocks a step, 3 nt products (scores
+ * forward and again backward, dP), 2 nn (y, dq), 2 tn (dv, dk), reading
+ * the packed qkv with its row stride of 576 */
+static const shape k_vit[] = {
+    {"fwd in_proj", false, true, 4160, 576, 192, 0, 0, 0, 6},
+    {"fwd out_proj", false, true, 4160, 192, 192, 0, 0, 0, 6},
+    {"fwd mlp.0", false, true, 4160, 768, 192, 0, 0, 0, 6},
+    {"fwd mlp.3", false, true, 4160, 192, 768, 0, 0, 0, 6},
+    {"dx in_proj", false, false, 4160, 192, 576, 1, 0, 0, 6},
+    {"dx out_proj", false, false, 4160, 192, 192, 1, 0, 0, 6},
+    {"dx mlp.0", false, false, 4160, 192, 768, 1, 0, 0, 6},
+    {"dx mlp.3", false, false, 4160, 768, 192, 1, 0, 0, 6},
+    {"dw in_proj", true, false, 576, 192, 4160, 1, 0, 0, 6},
+    {"dw out_proj", true, false, 192, 192, 4160, 1, 0, 0, 6},
+    {"dw mlp.0", true, false, 768, 192, 4160, 1, 0, 0, 6},
+    {"dw mlp.3", true, false, 192, 768, 4160, 1, 0, 0, 6},
+    {"att S=qk^T", false, true, 65, 65, 64, 0, 576, 576, 6 * 64 * 3 * 3},
+    {"att y=Pv", false, false, 65, 64, 65, 0, 80, 576, 6 * 64 * 3 * 2},
+    {"att dv+=P^Tdy", true, false, 65, 64, 65, 1, 80, 192, 6 * 64 * 3 * 2},
     {NULL, false, false, 0, 0, 0, 0, 0, 0, 0},
 };
 
@@ -363,6 +387,7 @@ int main(int argc, char **argv) {
             getenv("BLIS_ARCH_TYPE") ? getenv("BLIS_ARCH_TYPE") : "unset");
     if (!*only || !strcmp(only, "gpt")) bench_set("gpt", k_gpt, threads);
     if (!*only || !strcmp(only, "mlp")) bench_set("mlp", k_mlp, threads);
+    if (!*only || !strcmp(only, "vit")) bench_set("vit", k_vit, threads);
     if (!*only || !strcmp(only, "gpt")) bench_bias("gpt", k_gpt);
     if (!*only || !strcmp(only, "mlp")) bench_bias("mlp", k_mlp);
     if (threads == 2 && (!*only || !strcmp(only, "gpt"))) bench_pairs("gpt", k_gpt);

@@ -285,6 +285,32 @@ static void gelu_bwd(void *p) {
     ctx *c = p;
     ok(ops->gelu_bwd(c->x, c->dy, c->dx));
 }
+static void gelu_erf_fwd(void *p) {
+    ctx *c = p;
+    ok(ops->unary_fwd(FG_UN_GELU_ERF, c->x, 0, 0, c->y));
+}
+static void gelu_erf_bwd(void *p) {
+    ctx *c = p;
+    ok(ops->unary_bwd(FG_UN_GELU_ERF, c->x, c->y, c->dy, 0, 0, c->dx));
+}
+/* exact GELU the plain way: x (1 + erf(x / sqrt 2)) / 2 */
+static void gelu_erf_fwd_base(void *p) {
+    ctx *c = p;
+    int64_t n = fg_tensor_numel(c->x);
+    float *x = F(c->x), *y = F(c->y);
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678f));
+}
+static void gelu_erf_bwd_base(void *p) {
+    ctx *c = p;
+    int64_t n = fg_tensor_numel(c->x);
+    float *x = F(c->x), *dy = F(c->dy), *dx = F(c->dx);
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i], cdf = 0.5f * (1.0f + erff(v * 0.70710678f));
+        dx[i] += dy[i] * (cdf + v * 0.39894228f * expf(-0.5f * v * v));
+    }
+}
 #define GS 0.7978845608f
 static void gelu_fwd_base(void *p) {
     ctx *c = p;
@@ -539,6 +565,10 @@ int main(int argc, char **argv) {
         if (want(filter, "gelu")) {
             emit_b("gelu_fwd", shape, gelu_fwd, gelu_fwd_base, &c, 2 * nb, BOUND_EXP, ne);
             emit_b("gelu_bwd", shape, gelu_bwd, gelu_bwd_base, &c, 4 * nb, BOUND_EXP, ne);
+            emit_b("gelu_erf_fwd", shape, gelu_erf_fwd, gelu_erf_fwd_base, &c, 2 * nb, BOUND_EXP,
+                   ne);
+            emit_b("gelu_erf_bwd", shape, gelu_erf_bwd, gelu_erf_bwd_base, &c, 4 * nb, BOUND_EXP,
+                   2 * ne);
         }
         if (want(filter, "softmax")) {
             emit_b("softmax_fwd", shape, sm_fwd, sm_fwd_base, &c, 2 * nb, BOUND_EXP, ne);
