@@ -327,6 +327,7 @@ static bool bn_fusable(const fg_tensor *x, const fg_tensor *rm, const fg_tensor 
         if (v[k] &&
             (!fg_tensor_is_contiguous(v[k]) || v[k]->device != x->device || v[k]->dev != x->dev))
             return false;
+    if (x->device == FG_CUDA) return x->dtype == FG_F32; /* the CUDA kernels take f32 */
     return (x->device == FG_CPU || x->device == FG_GUARDED) &&
            (x->dtype == FG_F32 || x->dtype == FG_F64);
 }

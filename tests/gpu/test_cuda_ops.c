@@ -492,6 +492,194 @@ TEST(layouts_and_indexing) {
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) fg_tensor_free(all[i]);
 }
 
+/* conv2d (strides, padding, dilation, groups, 1 x 1), pooling (max with
+ * indices, average with and without the padding counted, adaptive) and
+ * batch norm in training mode against the CPU table */
+TEST(cnn_conv_pool_batch_norm) {
+    NEED_GPU();
+    /* N, C, H, W, O, KH, KW, stride, pad, dilation, groups */
+    static const int64_t cv[][11] = {{2, 3, 7, 9, 4, 3, 3, 1, 1, 1, 1},
+                                     {3, 4, 8, 8, 6, 3, 2, 2, 0, 1, 2},
+                                     {1, 6, 11, 10, 6, 3, 3, 1, 2, 2, 3},
+                                     {2, 8, 5, 5, 16, 1, 1, 1, 0, 1, 1}};
+    fg_dtype dts[] = {FG_F32, FG_BF16};
+    for (int di = 0; di < 2; di++)
+        for (size_t c = 0; c < sizeof cv / sizeof *cv; c++) {
+            const int64_t *v = cv[c];
+            fg_dtype dt = dts[di];
+            fg_conv_params p = {.stride = {v[7], v[7]},
+                                .pad = {v[8], v[8]},
+                                .dilation = {v[9], v[9]},
+                                .groups = v[10]};
+            int64_t OH = (v[2] + 2 * v[8] - v[9] * (v[5] - 1) - 1) / v[7] + 1;
+            int64_t OW = (v[3] + 2 * v[8] - v[9] * (v[6] - 1) - 1) / v[7] + 1;
+            int64_t xs[4] = {v[0], v[1], v[2], v[3]}, ws[4] = {v[4], v[1] / v[10], v[5], v[6]};
+            int64_t ys[4] = {v[0], v[4], OH, OW}, bs[1] = {v[4]};
+            fg_tensor *x = rnd(dt, 4, xs, -1, 1), *w = rnd(dt, 4, ws, -1, 1);
+            fg_tensor *b = rnd(dt, 1, bs, -1, 1), *y = fg_tensor_new(dt, 4, ys);
+            fg_tensor *gx = on(x), *gw = on(w), *gb = on(b), *gy = on(y), *gy2 = on(y);
+            CHECK_OK(C_->conv2d_fwd(x, w, b, &p, y));
+            CHECK_OK(G_->conv2d_fwd(gx, gw, gb, &p, gy));
+            CHECK_OK(G_->conv2d_fwd(gx, gw, gb, &p, gy2));
+            compare("conv2d_fwd", y, gy, bound_of(dt));
+            same_bits("conv2d_fwd", gy, gy2);
+            fg_tensor *dy = rnd(dt, 4, ys, -1, 1), *dx = rnd(dt, 4, xs, -1, 1);
+            fg_tensor *dw = rnd(dt, 4, ws, -1, 1), *db = rnd(dt, 1, bs, -1, 1);
+            fg_tensor *gdy = on(dy), *gdx = on(dx), *gdw = on(dw), *gdb = on(db);
+            CHECK_OK(C_->conv2d_bwd_data(dy, w, &p, dx)); /* accumulated onto dx */
+            CHECK_OK(G_->conv2d_bwd_data(gdy, gw, &p, gdx));
+            compare("conv2d_bwd_data", dx, gdx, bound_of(dt));
+            fg_conv_params po = p;
+            po.overwrite = true;
+            CHECK_OK(C_->conv2d_bwd_data(dy, w, &po, dx));
+            CHECK_OK(G_->conv2d_bwd_data(gdy, gw, &po, gdx));
+            compare("conv2d_bwd_data_overwrite", dx, gdx, bound_of(dt));
+            CHECK_OK(C_->conv2d_bwd_weight(x, dy, &p, dw, db));
+            CHECK_OK(G_->conv2d_bwd_weight(gx, gdy, &p, gdw, gdb));
+            compare("conv2d_bwd_weight", dw, gdw, bound_of(dt) * 4);
+            compare("conv2d_bwd_bias", db, gdb, bound_of(dt) * 4);
+            CHECK_OK(C_->conv2d_bwd_weight(x, dy, &p, NULL, db)); /* the bias alone */
+            CHECK_OK(G_->conv2d_bwd_weight(gx, gdy, &p, NULL, gdb));
+            compare("conv2d_bwd_bias_alone", db, gdb, bound_of(dt) * 4);
+            fg_tensor *all[] = {x,  w,  b,  y,  gx,  gw,  gb,  gy, gy2,
+                                dy, dx, dw, db, gdy, gdx, gdw, gdb};
+            for (size_t i = 0; i < sizeof all / sizeof *all; i++) fg_tensor_free(all[i]);
+        }
+    /* pooling: kind, kernel, stride, pad, dilation, count_include_pad, OH, OW of a 2x3x9x8 input */
+    static const int64_t pl[][8] = {
+        {FG_POOL_MAX, 3, 2, 1, 1, 0, 5, 4},          {FG_POOL_MAX, 2, 1, 0, 2, 0, 7, 6},
+        {FG_POOL_AVG, 3, 2, 1, 1, 1, 5, 4},          {FG_POOL_AVG, 3, 2, 1, 1, 0, 5, 4},
+        {FG_POOL_ADAPTIVE_AVG, 0, 0, 0, 0, 0, 4, 3}, {FG_POOL_ADAPTIVE_AVG, 0, 0, 0, 0, 0, 1, 1}};
+    for (int di = 0; di < 2; di++)
+        for (size_t c = 0; c < sizeof pl / sizeof *pl; c++) {
+            const int64_t *v = pl[c];
+            fg_dtype dt = dts[di];
+            fg_pool_params p = {.kind = (fg_pool_kind)v[0],
+                                .kernel = {v[1], v[1]},
+                                .stride = {v[2], v[2]},
+                                .pad = {v[3], v[3]},
+                                .dilation = {v[4], v[4]},
+                                .count_include_pad = v[5] != 0};
+            int64_t xs[4] = {2, 3, 9, 8}, ys[4] = {2, 3, v[6], v[7]};
+            fg_tensor *x = rnd(dt, 4, xs, -1, 1), *y = fg_tensor_new(dt, 4, ys);
+            fg_tensor *idx = fg_tensor_new(FG_I32, 4, ys), *gidx = on(idx);
+            fg_tensor *gx = on(x), *gy = on(y);
+            bool mx = p.kind == FG_POOL_MAX;
+            CHECK_OK(C_->pool2d_fwd(x, &p, y, mx ? idx : NULL));
+            CHECK_OK(G_->pool2d_fwd(gx, &p, gy, mx ? gidx : NULL));
+            compare("pool2d_fwd", y, gy, mx ? 0 : bound_of(dt));
+            if (mx) compare("pool2d_fwd_indices", idx, gidx, 0);
+            fg_tensor *dy = rnd(dt, 4, ys, -1, 1), *dx = rnd(dt, 4, xs, -1, 1);
+            fg_tensor *gdy = on(dy), *gdx = on(dx);
+            CHECK_OK(C_->pool2d_bwd(dy, mx ? idx : NULL, &p, dx));
+            CHECK_OK(G_->pool2d_bwd(gdy, mx ? gidx : NULL, &p, gdx));
+            compare("pool2d_bwd", dx, gdx, bound_of(dt));
+            fg_tensor *all[] = {x, y, idx, gidx, gx, gy, dy, dx, gdy, gdx};
+            for (size_t i = 0; i < sizeof all / sizeof *all; i++) fg_tensor_free(all[i]);
+        }
+    /* batch norm over (N, C, S) and (N, C) */
+    static const int64_t bn[][4] = {{4, 3, 5, 7}, {33, 5, 1, 1}};
+    for (size_t c = 0; c < 2; c++) {
+        int64_t xs[4] = {bn[c][0], bn[c][1], bn[c][2], bn[c][3]}, C = bn[c][1], cs[1] = {C};
+        int nd = bn[c][2] == 1 ? 2 : 4;
+        fg_tensor *x = rnd(FG_F32, nd, xs, -2, 3), *w = rnd(FG_F32, 1, cs, 0.5f, 1.5f);
+        fg_tensor *b = rnd(FG_F32, 1, cs, -1, 1), *y = fg_tensor_new(FG_F32, nd, xs);
+        fg_tensor *gx = on(x), *gw = on(w), *gb = on(b), *gy = on(y);
+        double m[8], v[8], gm[8], gv[8], is[8];
+        CHECK_OK(C_->batch_norm_stats(x, m, v));
+        CHECK_OK(G_->batch_norm_stats(gx, gm, gv));
+        double e = 0;
+        for (int64_t k = 0; k < C; k++) e = fmax(e, fmax(fabs(m[k] - gm[k]), fabs(v[k] - gv[k])));
+        printf("entry batch_norm_stats f32 C %lld: err %.3g (bound 1e-9)\n", (long long)C, e);
+        CHECK_MSG(e <= 1e-9, "batch_norm_stats: mean or variance off by %g", e);
+        for (int64_t k = 0; k < C; k++) is[k] = 1 / sqrt(v[k] + 1e-5);
+        CHECK_OK(C_->batch_norm_fwd(x, m, is, w, b, y));
+        CHECK_OK(G_->batch_norm_fwd(gx, m, is, gw, gb, gy));
+        compare("batch_norm_fwd", y, gy, 1e-6);
+        fg_tensor *dy = rnd(FG_F32, nd, xs, -1, 1), *dx = rnd(FG_F32, nd, xs, -1, 1);
+        fg_tensor *dw = rnd(FG_F32, 1, cs, -1, 1), *db = rnd(FG_F32, 1, cs, -1, 1);
+        fg_tensor *gdy = on(dy), *gdx = on(dx), *gdw = on(dw), *gdb = on(db), *gdx2 = on(dx);
+        CHECK_OK(C_->batch_norm_bwd(x, dy, m, is, w, dx, dw, db, false));
+        CHECK_OK(G_->batch_norm_bwd(gx, gdy, m, is, gw, gdx, gdw, gdb, false));
+        compare("batch_norm_bwd_dx", dx, gdx, 1e-5);
+        compare("batch_norm_bwd_dw", dw, gdw, 1e-5);
+        compare("batch_norm_bwd_db", db, gdb, 1e-5);
+        CHECK_OK(C_->batch_norm_bwd(x, dy, m, is, NULL, dx, NULL, NULL, true));
+        CHECK_OK(G_->batch_norm_bwd(gx, gdy, m, is, NULL, gdx, NULL, NULL, true));
+        CHECK_OK(G_->batch_norm_bwd(gx, gdy, m, is, NULL, gdx2, NULL, NULL, true));
+        compare("batch_norm_bwd_overwrite", dx, gdx, 1e-5);
+        same_bits("batch_norm_bwd", gdx, gdx2);
+        fg_tensor *bf = fg_tensor_new(FG_BF16, nd, xs), *gbf = on(bf);
+        CHECK_STATUS(G_->batch_norm_stats(gbf, gm, gv), FG_EUNSUPPORTED);
+        CHECK_CONTAINS(fg_last_error(), "f32 only on cuda");
+        fg_tensor *all[] = {x,  w,  b,   y,   gx,  gw,  gb,   gy, dy, dx,
+                            dw, db, gdy, gdx, gdw, gdb, gdx2, bf, gbf};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++) fg_tensor_free(all[i]);
+    }
+}
+
+/* the elementwise losses (each op, with and without pos_weight) and the
+ * NLL rows (class weights, ignore_index, label smoothing) against the CPU */
+TEST(losses_pointwise_nll) {
+    NEED_GPU();
+    int64_t sh[2] = {5, 33};
+    fg_dtype dts[] = {FG_F32, FG_BF16};
+    for (int di = 0; di < 2; di++)
+        for (int op = FG_LOSS_MSE; op <= FG_LOSS_KL_DIV; op++)
+            for (int pv = 0; pv < 2; pv++) {
+                fg_dtype dt = dts[di];
+                bool bce = op == FG_LOSS_BCE, kl = op == FG_LOSS_KL_DIV;
+                double p = op == FG_LOSS_SMOOTH_L1 ? 0.5 : op == FG_LOSS_HUBER ? 1.0 : kl ? pv : 0;
+                fg_tensor *x = rnd(dt, 2, sh, bce ? 0.02f : -2, bce ? 0.98f : 2);
+                fg_tensor *t = rnd(dt, 2, sh, bce || (kl && !pv) ? 0 : -2, bce ? 1 : 2);
+                fg_tensor *w = op == FG_LOSS_BCE_LOGITS && pv ? rnd(dt, 2, sh, 0.5f, 2) : NULL;
+                fg_tensor *y = fg_tensor_new(dt, 2, sh), *dy = rnd(dt, 2, sh, -1, 1);
+                fg_tensor *dx = rnd(dt, 2, sh, -1, 1), *dtt = rnd(dt, 2, sh, -1, 1);
+                fg_tensor *gx = on(x), *gt = on(t), *gw = w ? on(w) : NULL, *gy = on(y);
+                fg_tensor *gdy = on(dy), *gdx = on(dx), *gdt = on(dtt);
+                char nm[48];
+                snprintf(nm, sizeof nm, "pointwise_loss_fwd_%d%s", op, pv ? "_p" : "");
+                CHECK_OK(C_->pointwise_loss_fwd((fg_loss_op)op, x, t, w, p, y));
+                CHECK_OK(G_->pointwise_loss_fwd((fg_loss_op)op, gx, gt, gw, p, gy));
+                compare(nm, y, gy, bound_of(dt));
+                snprintf(nm, sizeof nm, "pointwise_loss_bwd_%d%s", op, pv ? "_p" : "");
+                CHECK_OK(C_->pointwise_loss_bwd((fg_loss_op)op, x, t, w, p, dy, dx, dtt));
+                CHECK_OK(G_->pointwise_loss_bwd((fg_loss_op)op, gx, gt, gw, p, gdy, gdx, gdt));
+                compare(nm, dx, gdx, bound_of(dt));
+                compare(nm, dtt, gdt, bound_of(dt));
+                fg_tensor *all[] = {x, t, w, y, dy, dx, dtt, gx, gt, gw, gy, gdy, gdx, gdt};
+                for (size_t i = 0; i < sizeof all / sizeof *all; i++) fg_tensor_free(all[i]);
+            }
+    int64_t ls[2] = {7, 11}, ts[1] = {7}, cs[1] = {11};
+    for (int wi = 0; wi < 2; wi++)
+        for (int e = 0; e < 2; e++) {
+            double eps = e ? 0.1 : 0;
+            fg_tensor *lp = rnd(FG_F32, 2, ls, -4, 0), *t = fg_tensor_new(FG_I32, 1, ts);
+            for (int m = 0; m < 7; m++)
+                ((int32_t *)fg_tensor_data(t))[m] = m == 3 ? -100 : (m * 5) % 11;
+            fg_tensor *w = wi ? rnd(FG_F32, 1, cs, 0.5f, 2) : NULL;
+            fg_tensor *y = fg_tensor_new(FG_F32, 1, ts), *dy = rnd(FG_F32, 1, ts, -1, 1);
+            fg_tensor *dl = rnd(FG_F32, 2, ls, -1, 1);
+            fg_tensor *glp = on(lp), *gt = on(t), *gw = w ? on(w) : NULL, *gy = on(y);
+            fg_tensor *gdy = on(dy), *gdl = on(dl);
+            double ws = 0, gws = 0;
+            CHECK_OK(C_->nll_fwd(lp, t, w, -100, eps, y, &ws));
+            CHECK_OK(G_->nll_fwd(glp, gt, gw, -100, eps, gy, &gws));
+            compare("nll_fwd", y, gy, 1e-6);
+            printf("entry nll_fwd_wsum f32 7x11: err %.3g (bound 1e-12)\n", fabs(ws - gws));
+            CHECK(fabs(ws - gws) <= 1e-12 * fmax(1, fabs(ws)));
+            CHECK_OK(C_->nll_bwd(t, w, -100, eps, dy, dl));
+            CHECK_OK(G_->nll_bwd(gt, gw, -100, eps, gdy, gdl));
+            compare("nll_bwd", dl, gdl, 1e-6);
+            ((int32_t *)fg_tensor_data(t))[5] = 11;
+            fg_tensor *gbad = on(t);
+            CHECK_STATUS(G_->nll_fwd(glp, gbad, gw, -100, eps, gy, &gws), FG_EINVAL);
+            CHECK_CONTAINS(fg_last_error(), "target 11 (row 5)");
+            fg_tensor *all[] = {lp, t, w, y, dy, dl, glp, gt, gw, gy, gdy, gdl, gbad};
+            for (size_t i = 0; i < sizeof all / sizeof *all; i++) fg_tensor_free(all[i]);
+        }
+}
+
 TEST(zz_leak_check) {
     NEED_GPU();
     CHECK_OK(fg_dev_leak_check(g_dev));

@@ -8,6 +8,39 @@
 
 extern const fg_op_table fg__cuda_ops;
 
+/* The table's CNN entries (cnn.c), the fg_op_table entries of the same
+ * names ... */
+FG_MUST_USE fg_status fg__cu_conv2d_fwd(const fg_tensor *x, const fg_tensor *w, const fg_tensor *b,
+                                        const fg_conv_params *p, fg_tensor *y);
+FG_MUST_USE fg_status fg__cu_conv2d_bwd_data(const fg_tensor *dy, const fg_tensor *w,
+                                             const fg_conv_params *p, fg_tensor *dx);
+FG_MUST_USE fg_status fg__cu_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy,
+                                               const fg_conv_params *p, fg_tensor *dw,
+                                               fg_tensor *db);
+FG_MUST_USE fg_status fg__cu_pool2d_fwd(const fg_tensor *x, const fg_pool_params *p, fg_tensor *y,
+                                        fg_tensor *idx);
+FG_MUST_USE fg_status fg__cu_pool2d_bwd(const fg_tensor *dy, const fg_tensor *idx,
+                                        const fg_pool_params *p, fg_tensor *dx);
+FG_MUST_USE fg_status fg__cu_batch_norm_stats(const fg_tensor *x, double *mean, double *var);
+FG_MUST_USE fg_status fg__cu_batch_norm_fwd(const fg_tensor *x, const double *mean,
+                                            const double *invstd, const fg_tensor *w,
+                                            const fg_tensor *b, fg_tensor *y);
+FG_MUST_USE fg_status fg__cu_batch_norm_bwd(const fg_tensor *x, const fg_tensor *dy,
+                                            const double *mean, const double *invstd,
+                                            const fg_tensor *w, fg_tensor *dx, fg_tensor *dw,
+                                            fg_tensor *db, bool dx_overwrite);
+/* ... and the losses beyond cross-entropy (loss.c) */
+FG_MUST_USE fg_status fg__cu_pointwise_loss_fwd(fg_loss_op op, const fg_tensor *x,
+                                                const fg_tensor *t, const fg_tensor *w, double p,
+                                                fg_tensor *y);
+FG_MUST_USE fg_status fg__cu_pointwise_loss_bwd(fg_loss_op op, const fg_tensor *x,
+                                                const fg_tensor *t, const fg_tensor *w, double p,
+                                                const fg_tensor *dy, fg_tensor *dx, fg_tensor *dt);
+FG_MUST_USE fg_status fg__cu_nll_fwd(const fg_tensor *logp, const fg_tensor *t, const fg_tensor *w,
+                                     int64_t ignore, double eps, fg_tensor *y, double *wsum);
+FG_MUST_USE fg_status fg__cu_nll_bwd(const fg_tensor *t, const fg_tensor *w, int64_t ignore,
+                                     double eps, const fg_tensor *dy, fg_tensor *dlogp);
+
 /* dst = src converted between f32, bf16 and f16 (to nearest even), both
  * contiguous, one size, on dst's device. */
 FG_MUST_USE fg_status fg__cuda_cast(const fg_tensor *src, fg_tensor *dst);

@@ -165,6 +165,72 @@ int fg__cu_sgd_multi(void *st, int n, float *const *p, const float *const *g, fl
 /* bytes of device scratch the two above need for n tensors */
 int64_t fg__cu_multi_scratch_bytes(int n);
 
+/* ---- the CNN layers (cnn.cu): f32, NCHW ---- */
+/* A convolution's geometry: x (N, C, H, W), w (O, C / G, KH, KW), y (N,
+ * O, OH, OW), strides, padding before, dilations, groups. */
+typedef struct fg__cu_conv {
+    int64_t N, C, H, W, O, KH, KW, OH, OW, G;
+    int64_t sh, sw, ph, pw, dh, dw;
+} fg__cu_conv;
+/* col (C KH KW, nb OH OW) of the images [n0, n0 + nb): row (c, kh, kw),
+ * column (n - n0, oh, ow); 0 where the window is in the padding */
+int fg__cu_im2col(void *st, const float *x, float *col, const fg__cu_conv *g, int64_t n0,
+                  int64_t nb);
+/* dx of the images [n0, n0 + nb) (+)= the sum of the entries of col that
+ * im2col took from each element (overwrite: =) */
+int fg__cu_col2im(void *st, const float *col, float *dx, const fg__cu_conv *g, int64_t n0,
+                  int64_t nb, int overwrite);
+/* y (N, O, P) of the images [n0, n0 + nb) = yt (O, nb P) + bias (O, or NULL) */
+int fg__cu_conv_out(void *st, const float *yt, const float *bias, float *y, int64_t n0, int64_t nb,
+                    int64_t O, int64_t P);
+/* dyt (O, nb P) = dy (N, O, P) of the images [n0, n0 + nb) */
+int fg__cu_conv_dyt(void *st, const float *dy, float *dyt, int64_t n0, int64_t nb, int64_t O,
+                    int64_t P);
+/* per channel c of x (N, C, S), in f64: mode 0 s1 = sum x; 1 s1 = sum (x -
+ * mean_c)^2; 2 s1 = sum dy, s2 = sum dy (x - mean_c) (device arrays of C) */
+int fg__cu_chan_sums(void *st, int mode, const float *x, const float *dy, const double *mean,
+                     double *s1, double *s2, int64_t N, int64_t C, int64_t S);
+/* y[i] += (float)s[i] */
+int fg__cu_add_d(void *st, float *y, const double *s, int64_t n);
+/* y = (x - mean_c) invstd_c w_c + b_c (w, b may be NULL), as the CPU's */
+int fg__cu_bn_fwd(void *st, const float *x, const double *mean, const double *invstd,
+                  const float *w, const float *b, float *y, int64_t N, int64_t C, int64_t S);
+/* from sg = sum dy and sgx = sum dy (x - mean) of each channel (mode 2):
+ * dx (+)= w invstd (dy - sg / n - (x - mean) invstd^2 sgx / n), dw +=
+ * sgx invstd, db += sg (dx, dw, db may be NULL) */
+int fg__cu_bn_bwd(void *st, const float *x, const float *dy, const double *mean,
+                  const double *invstd, const float *w, const double *sg, const double *sgx,
+                  float *dx, float *dw, float *db, int64_t N, int64_t C, int64_t S, int overwrite);
+/* A pooling over NC planes of H x W into OH x OW (kind: fg_pool_kind's
+ * numbers), with the CPU's windows (k_pool.c). */
+enum { FG_CU_POOL_MAX = 0, FG_CU_POOL_AVG = 1, FG_CU_POOL_ADAPTIVE_AVG = 2 };
+typedef struct fg__cu_pool {
+    int kind, count_include_pad;
+    int64_t NC, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw;
+} fg__cu_pool;
+/* y = the pooling of x; idx (may be NULL) the index of each maximum in its plane */
+int fg__cu_pool_fwd(void *st, const float *x, float *y, int32_t *idx, const fg__cu_pool *p);
+/* dx += the gradient from dy (max through idx) */
+int fg__cu_pool_bwd(void *st, const float *dy, const int32_t *idx, float *dx, const fg__cu_pool *p);
+
+/* ---- the losses beyond cross-entropy (loss.cu), in f64 ---- */
+/* y = the elementwise loss op (fg_loss_op's numbers) of x against t, w
+ * the pos_weight of BCE_LOGITS (or NULL), all of dtype dt and n elements */
+int fg__cu_ploss_fwd(void *st, int op, int dt, const void *x, const void *t, const void *w,
+                     double p, void *y, int64_t n);
+/* dx += dy dloss/dx, dtg += dy dloss/dt (either may be NULL) */
+int fg__cu_ploss_bwd(void *st, int op, int dt, const void *x, const void *t, const void *w,
+                     double p, const void *dy, void *dx, void *dtg, int64_t n);
+/* the NLL rows of lp (M, C) against t (M): y[m], wrow[m] the target's
+ * weight (0 where ignored), bad[m] 1 for a target outside [0, C) that is
+ * not ignore (device arrays of M) */
+int fg__cu_nll_rows_fwd(void *st, int dt, const void *lp, const int32_t *t, const void *w,
+                        int64_t ignore, double eps, void *y, double *wrow, int32_t *bad, int64_t M,
+                        int64_t C);
+/* dlp (M, C) += the gradient of sum_m dy[m] y[m] */
+int fg__cu_nll_rows_bwd(void *st, int dt, const int32_t *t, const void *w, int64_t ignore,
+                        double eps, const void *dy, void *dlp, int64_t M, int64_t C);
+
 #ifdef __cplusplus
 }
 #endif
