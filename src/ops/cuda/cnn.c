@@ -18,6 +18,13 @@
 
 /* ------------------------------------------------------------ f32 copies */
 
+/* frees device scratch p (when not NULL) and returns r, or the free's
+ * failure after a success */
+static FG_MUST_USE fg_status freed(fg_dev *d, void *p, fg_status r) {
+    fg_status f = p ? fg_dev_free(d, p) : FG_OK;
+    return r != FG_OK ? r : f;
+}
+
 /* t's data as f32: t's own when it is f32, else a copy (cast when load) */
 typedef struct f32v {
     const fg_tensor *t;
@@ -50,9 +57,8 @@ static FG_MUST_USE fg_status settle(const char *k, void *st, f32v *v, bool store
     int dt = FG_CU_F32;
     if (r == FG_OK && store && cu_dt(k, v->t, &dt) == FG_OK)
         r = launched(k, fg__cu_cast(st, FG_CU_F32, v->p, dt, v->t->data, v->t->numel));
-    fg_status f = fg_dev_free(v->t->dev, v->p);
     v->own = false;
-    return r != FG_OK ? r : f;
+    return freed(v->t->dev, v->p, r);
 }
 
 /* ------------------------------------------------------------ convolution */
@@ -157,10 +163,7 @@ fg_status fg__cu_conv2d_fwd(const fg_tensor *x, const fg_tensor *w, const fg_ten
                               FG_CU_EPI_NONE, NULL, 0);
         if (r == FG_OK) r = launched(k, fg__cu_conv_out(st, t, bv.p, yv.p, n0, m, g.O, P));
     }
-    if (col) {
-        fg_status f = fg_dev_free(y->dev, col);
-        r = r != FG_OK ? r : f;
-    }
+    r = freed(y->dev, col, r);
     r = settle(k, st, &yv, true, r);
     r = settle(k, st, &bv, false, r);
     r = settle(k, st, &wv, false, r);
@@ -193,10 +196,7 @@ fg_status fg__cu_conv2d_bwd_data(const fg_tensor *dy, const fg_tensor *w, const 
                               FG_CU_EPI_NONE, NULL, 0);
         if (r == FG_OK) r = launched(k, fg__cu_col2im(st, col, xv.p, &g, n0, m, p->overwrite));
     }
-    if (col) {
-        fg_status f = fg_dev_free(dx->dev, col);
-        r = r != FG_OK ? r : f;
-    }
+    r = freed(dx->dev, col, r);
     r = settle(k, st, &xv, true, r);
     r = settle(k, st, &wv, false, r);
     return settle(k, st, &gv, false, r);
@@ -209,8 +209,7 @@ static FG_MUST_USE fg_status bias_sums(const char *k, void *st, const float *dy,
     if (!s) return fg_error_wrap(fg_last_status(), "%s: scratch", k);
     fg_status r = launched(k, fg__cu_chan_sums(st, 0, dy, NULL, NULL, s, NULL, N, O, P));
     if (r == FG_OK) r = launched(k, fg__cu_add_d(st, db, s, O));
-    fg_status f = fg_dev_free(d, s);
-    return r != FG_OK ? r : f;
+    return freed(d, s, r);
 }
 
 fg_status fg__cu_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy, const fg_conv_params *p,
@@ -250,10 +249,7 @@ fg_status fg__cu_conv2d_bwd_weight(const fg_tensor *x, const fg_tensor *dy, cons
                               CK, L, t, L, Og * L, col, L, CK * L, wv.p, CK, Og * CK, g.G, 1.0f,
                               1.0f, FG_CU_EPI_NONE, NULL, 0);
     }
-    if (col) {
-        fg_status f = fg_dev_free(dy->dev, col);
-        r = r != FG_OK ? r : f;
-    }
+    r = freed(dy->dev, col, r);
     r = settle(k, st, &bv, true, r);
     r = settle(k, st, &wv, true, r);
     r = settle(k, st, &xv, false, r);
@@ -383,8 +379,7 @@ fg_status fg__cu_batch_norm_stats(const fg_tensor *x, double *mean, double *var)
         r = launched(k, fg__cu_chan_sums(st, 1, x->data, NULL, d, d + C, NULL, N, C, S));
     if (r == FG_OK) r = fg_dev_copy_d2h(x->dev, var, d + C, sizeof(double) * (size_t)C);
     for (int64_t c = 0; r == FG_OK && c < C; c++) var[c] /= n;
-    fg_status f = fg_dev_free(x->dev, d);
-    return r != FG_OK ? r : f;
+    return freed(x->dev, d, r);
 }
 
 /* mean and invstd (host arrays of C) into a device array of 2C (+ room) */
@@ -418,8 +413,7 @@ fg_status fg__cu_batch_norm_fwd(const fg_tensor *x, const double *mean, const do
     if (!d) return fg_last_status();
     fg_status r = launched(k, fg__cu_bn_fwd(st, x->data, d, d + C, w ? w->data : NULL,
                                             b ? b->data : NULL, y->data, N, C, S));
-    fg_status f = fg_dev_free(x->dev, d);
-    return r != FG_OK ? r : f;
+    return freed(x->dev, d, r);
 }
 
 fg_status fg__cu_batch_norm_bwd(const fg_tensor *x, const fg_tensor *dy, const double *mean,
@@ -443,6 +437,5 @@ fg_status fg__cu_batch_norm_bwd(const fg_tensor *x, const fg_tensor *dy, const d
         r = launched(k, fg__cu_bn_bwd(st, x->data, dy->data, d, d + C, w ? w->data : NULL, sg, sgx,
                                       dx ? dx->data : NULL, dw ? dw->data : NULL,
                                       db ? db->data : NULL, N, C, S, dx_overwrite));
-    fg_status f = fg_dev_free(x->dev, d);
-    return r != FG_OK ? r : f;
+    return freed(x->dev, d, r);
 }
