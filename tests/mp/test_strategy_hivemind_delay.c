@@ -330,7 +330,13 @@ static int peer_main(int rank, int nr, void *arg) {
         __atomic_store_n(&sh->have_addr, 1, __ATOMIC_RELEASE);
     }
     CHECK_OK(fg_hivemind_wait_peers(fg__hivemind_peer(s), 2, 60));
-    for (int it = 0; it < 400 && fg__hivemind_epoch(s) < EPOCHS; it++) {
+    for (int it = 0; it < 400; it++) {
+        /* from the last epoch on, the round a step started in the background
+         * is collected before the epoch is read: read without it, one peer
+         * could see EPOCHS - 1 with the last round in flight, step again and
+         * go on to an epoch of its own after the other peer stopped */
+        if (fg__hivemind_epoch(s) >= EPOCHS - 1) CHECK_OK(fg_strategy_settle(s));
+        if (fg__hivemind_epoch(s) >= EPOCHS) break;
         fg_tensor *x, *y;
         batch(rank, it, &x, &y);
         fg_optimizer_zero_grad(o);
