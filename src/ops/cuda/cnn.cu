@@ -3,46 +3,22 @@
 // products, pooling, and batch normalisation in training mode. Each output
 // element is written by one thread that sums in a fixed order, and the
 // per-channel sums are one block a channel in f64 (fg_block_sum's tree): no
-// atomics, so two runs give the same bits.
+// atomics, so two runs give the same bits. The per-element math is
+// shared_cnn.h's, which the host tests run against the CPU table.
 #include "cu_common.cuh"
+#include "shared_cnn.h"
 
 // ---- convolution
 
-// col (C KH KW, nb OH OW): row (c, kh, kw), column (n - n0, oh, ow)
 __global__ void k_im2col(const float *x, float *col, fg__cu_conv g, int64_t n0, int64_t nb) {
-    int64_t P = g.OH * g.OW, cols = nb * P;
-    FG_CU_LOOP(i, g.C * g.KH * g.KW * cols) {
-        int64_t j = i % cols, r = i / cols;
-        int64_t kw = r % g.KW, kh = (r / g.KW) % g.KH, c = r / (g.KW * g.KH);
-        int64_t n = n0 + j / P, p = j % P, oh = p / g.OW, ow = p % g.OW;
-        int64_t h = oh * g.sh - g.ph + kh * g.dh, w = ow * g.sw - g.pw + kw * g.dw;
-        col[i] =
-            h >= 0 && h < g.H && w >= 0 && w < g.W ? x[((n * g.C + c) * g.H + h) * g.W + w] : 0.f;
-    }
+    FG_CU_LOOP(i, g.C * g.KH * g.KW * nb * g.OH * g.OW) col[i] = fg__sh_im2col(x, &g, n0, nb, i);
 }
 
-// dx[n, c, h, w] (+)= the entries of col that im2col took from it, in the
-// order (kh, kw)
 __global__ void k_col2im(const float *col, float *dx, fg__cu_conv g, int64_t n0, int64_t nb,
                          int overwrite) {
-    int64_t P = g.OH * g.OW, cols = nb * P, plane = g.H * g.W;
-    FG_CU_LOOP(i, nb * g.C * plane) {
-        int64_t w = i % g.W, h = (i / g.W) % g.H, c = (i / plane) % g.C, nl = i / (plane * g.C);
-        float s = 0.f;
-        for (int64_t kh = 0; kh < g.KH; kh++) {
-            int64_t t = h + g.ph - kh * g.dh;
-            if (t < 0 || t % g.sh) continue;
-            int64_t oh = t / g.sh;
-            if (oh >= g.OH) continue;
-            for (int64_t kw = 0; kw < g.KW; kw++) {
-                int64_t u = w + g.pw - kw * g.dw;
-                if (u < 0 || u % g.sw) continue;
-                int64_t ow = u / g.sw;
-                if (ow >= g.OW) continue;
-                s += col[((c * g.KH + kh) * g.KW + kw) * cols + nl * P + oh * g.OW + ow];
-            }
-        }
-        int64_t o = n0 * g.C * plane + i;
+    FG_CU_LOOP(i, nb * g.C * g.H * g.W) {
+        float s = fg__sh_col2im(col, &g, nb, i);
+        int64_t o = n0 * g.C * g.H * g.W + i;
         dx[o] = overwrite ? s : dx[o] + s;
     }
 }
@@ -138,9 +114,8 @@ __global__ void k_bn_bwd(const float *x, const float *dy, const double *mean, co
                          int64_t S, int64_t n, double cnt, int overwrite) {
     FG_CU_LOOP(i, n) {
         int64_t c = i / S % C;
-        double is = invstd[c], k0 = is * (w ? (double)w[c] : 1.0), k1 = sg[c] / cnt;
-        double k4 = sgx[c] * is / cnt;
-        float v = (float)(k0 * ((double)dy[i] - k1 - ((double)x[i] - mean[c]) * is * k4));
+        float v = fg__sh_bn_dx(x[i], dy[i], mean[c], invstd[c], w ? (double)w[c] : 1.0, sg[c],
+                               sgx[c], cnt);
         dx[i] = overwrite ? v : dx[i] + v;
     }
 }
@@ -189,60 +164,12 @@ extern "C" int fg__cu_bn_bwd(void *st, const float *x, const float *dy, const do
 
 // ---- pooling (the CPU's rules, k_pool.c)
 
-// the window of output (oh, ow): rows [h0, h1), columns [w0, w1), and the
-// divisor of an average
-__device__ void pool_window(const fg__cu_pool &p, int64_t oh, int64_t ow, int64_t *h0, int64_t *h1,
-                            int64_t *w0, int64_t *w1, int64_t *div) {
-    if (p.kind == FG_CU_POOL_ADAPTIVE_AVG) {
-        *h0 = oh * p.H / p.OH;
-        *h1 = ((oh + 1) * p.H + p.OH - 1) / p.OH;
-        *w0 = ow * p.W / p.OW;
-        *w1 = ((ow + 1) * p.W + p.OW - 1) / p.OW;
-        *div = (*h1 - *h0) * (*w1 - *w0);
-        return;
-    }
-    int64_t hs = oh * p.sh - p.ph, ws = ow * p.sw - p.pw;
-    int64_t he = hs + (p.kh - 1) * p.dh + 1, we = ws + (p.kw - 1) * p.dw + 1;
-    int64_t hp = min(he, p.H + p.ph), wp = min(we, p.W + p.pw);
-    int64_t pool = (hp - hs) * (wp - ws);
-    *h0 = hs < 0 ? 0 : hs;
-    *w0 = ws < 0 ? 0 : ws;
-    *h1 = min(he, p.H);
-    *w1 = min(we, p.W);
-    *div = p.count_include_pad ? pool : (*h1 - *h0) * (*w1 - *w0);
-}
-
-// one thread an output: max (NaN the largest, the first of ties) or average
+// one thread an output
 __global__ void k_pool_fwd(const float *x, float *y, int32_t *idx, fg__cu_pool p) {
     FG_CU_LOOP(o, p.NC * p.OH * p.OW) {
-        int64_t ow = o % p.OW, oh = o / p.OW % p.OH, nc = o / (p.OW * p.OH);
-        const float *xp = x + nc * p.H * p.W;
-        if (p.kind == FG_CU_POOL_MAX) {
-            float best = -INFINITY;
-            int64_t bi = -1, hs = oh * p.sh - p.ph, ws = ow * p.sw - p.pw;
-            for (int64_t kh = 0; kh < p.kh; kh++) {
-                int64_t ih = hs + kh * p.dh;
-                if (ih < 0 || ih >= p.H) continue;
-                for (int64_t kw = 0; kw < p.kw; kw++) {
-                    int64_t iw = ws + kw * p.dw;
-                    if (iw < 0 || iw >= p.W) continue;
-                    float v = xp[ih * p.W + iw];
-                    if (bi < 0 || v > best || (isnan(v) && !isnan(best))) {
-                        best = v;
-                        bi = ih * p.W + iw;
-                    }
-                }
-            }
-            y[o] = best;
-            if (idx) idx[o] = (int32_t)bi;
-        } else {
-            int64_t h0, h1, w0, w1, div;
-            pool_window(p, oh, ow, &h0, &h1, &w0, &w1, &div);
-            double s = 0;
-            for (int64_t ih = h0; ih < h1; ih++)
-                for (int64_t iw = w0; iw < w1; iw++) s += (double)xp[ih * p.W + iw];
-            y[o] = (float)(s / (double)div);
-        }
+        int32_t bi;
+        y[o] = fg__sh_pool_out(x, &p, o, &bi);
+        if (idx) idx[o] = bi;
     }
 }
 
@@ -250,22 +177,7 @@ __global__ void k_pool_fwd(const float *x, float *y, int32_t *idx, fg__cu_pool p
 // that overlap add into dx in the CPU's order, with no two threads on one
 // plane
 __global__ void k_pool_bwd(const float *dy, const int32_t *idx, float *dx, fg__cu_pool p) {
-    FG_CU_LOOP(nc, p.NC) {
-        float *d = dx + nc * p.H * p.W;
-        for (int64_t oh = 0; oh < p.OH; oh++)
-            for (int64_t ow = 0; ow < p.OW; ow++) {
-                int64_t o = (nc * p.OH + oh) * p.OW + ow;
-                if (p.kind == FG_CU_POOL_MAX) {
-                    if (idx[o] >= 0 && idx[o] < p.H * p.W) d[idx[o]] += dy[o];
-                    continue;
-                }
-                int64_t h0, h1, w0, w1, div;
-                pool_window(p, oh, ow, &h0, &h1, &w0, &w1, &div);
-                float g = (float)((double)dy[o] / (double)div);
-                for (int64_t ih = h0; ih < h1; ih++)
-                    for (int64_t iw = w0; iw < w1; iw++) d[ih * p.W + iw] += g;
-            }
-    }
+    FG_CU_LOOP(nc, p.NC) fg__sh_pool_plane_bwd(dy, idx, dx, &p, nc);
 }
 
 extern "C" int fg__cu_pool_fwd(void *st, const float *x, float *y, int32_t *idx,

@@ -6,11 +6,14 @@
  * of range is FG_EINVAL naming it). */
 #include "cuda_ops.h"
 #include "entry.h"
+#include "shared_cnn.h"
 
-_Static_assert(FG_LOSS_MSE == 0 && FG_LOSS_L1 == 1 && FG_LOSS_SMOOTH_L1 == 2 &&
-                   FG_LOSS_HUBER == 3 && FG_LOSS_BCE == 4 && FG_LOSS_BCE_LOGITS == 5 &&
-                   FG_LOSS_KL_DIV == 6,
-               "loss.cu numbers fg_loss_op as ops.h does");
+_Static_assert((int)FG_LOSS_MSE == FG__SH_MSE && (int)FG_LOSS_L1 == FG__SH_L1 &&
+                   (int)FG_LOSS_SMOOTH_L1 == FG__SH_SMOOTH_L1 &&
+                   (int)FG_LOSS_HUBER == FG__SH_HUBER && (int)FG_LOSS_BCE == FG__SH_BCE &&
+                   (int)FG_LOSS_BCE_LOGITS == FG__SH_BCE_LOGITS &&
+                   (int)FG_LOSS_KL_DIV == FG__SH_KL_DIV,
+               "shared_cnn.h numbers fg_loss_op as ops.h does");
 
 /* a and b (when given) of one shape, dtype and device, both contiguous */
 static FG_MUST_USE fg_status like(const char *k, const fg_tensor *a, const fg_tensor *b) {

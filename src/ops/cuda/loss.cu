@@ -2,69 +2,25 @@
 // (fg_loss_op, unreduced) forward and backward, and the rows of the
 // negative log-likelihood with class weights, ignore_index and label
 // smoothing. One thread an element or a row, in f64 as the CPU's
-// formulas (k_loss.c), each output rounded once.
+// formulas (k_loss.c, through shared_cnn.h), each output rounded once.
 #include <math.h>
 
 #include "cu_common.cuh"
-
-// fg_loss_op's numbers
-enum { L_MSE, L_L1, L_SMOOTH_L1, L_HUBER, L_BCE, L_BCE_LOGITS, L_KL_DIV };
-
-__device__ double softplus_d(double v) { return v > 0 ? v + log1p(exp(-v)) : log1p(exp(v)); }
+#include "shared_cnn.h"
 
 __global__ void k_ploss_fwd(int op, int dt, const void *x, const void *t, const void *w, double p,
                             void *y, int64_t n) {
     FG_CU_LOOP(i, n) {
-        double v = fg_ld(x, dt, i), tt = fg_ld(t, dt, i), d = v - tt, ad = fabs(d), r = 0;
-        switch (op) {
-        case L_MSE: r = d * d; break;
-        case L_L1: r = ad; break;
-        case L_SMOOTH_L1: r = ad < p ? 0.5 * d * d / p : ad - 0.5 * p; break;
-        case L_HUBER: r = ad <= p ? 0.5 * d * d : p * (ad - 0.5 * p); break;
-        case L_BCE: r = (tt - 1) * fmax(log1p(-v), -100.0) - tt * fmax(log(v), -100.0); break;
-        case L_BCE_LOGITS: {
-            double m = v < 0 ? -v : 0.0, sp = log(exp(-m) + exp(-v - m)) + m;
-            double lw = w ? 1 + ((double)fg_ld(w, dt, i) - 1) * tt : 1.0;
-            r = (1 - tt) * v + lw * sp;
-            break;
-        }
-        case L_KL_DIV:
-            r = p != 0 ? exp(tt) * (tt - v) : (tt == 0 ? 0.0 : tt * log(tt)) - tt * v;
-            break;
-        }
-        fg_st(y, dt, i, (float)r);
+        double wi = w ? (double)fg_ld(w, dt, i) : 1.0;
+        fg_st(y, dt, i, (float)fg__sh_ploss(op, fg_ld(x, dt, i), fg_ld(t, dt, i), wi, p));
     }
 }
 
 __global__ void k_ploss_bwd(int op, int dt, const void *x, const void *t, const void *w, double p,
                             const void *dy, void *dx, void *dtg, int64_t n) {
     FG_CU_LOOP(i, n) {
-        double v = fg_ld(x, dt, i), tt = fg_ld(t, dt, i), g = fg_ld(dy, dt, i), d = v - tt;
-        double sg = d > 0 ? 1.0 : d < 0 ? -1.0 : 0.0, gx = 0, gt = 0;
-        switch (op) {
-        case L_MSE: gx = 2 * d * g, gt = -gx; break;
-        case L_L1: gx = sg * g, gt = -gx; break;
-        case L_SMOOTH_L1: gx = (fabs(d) < p ? d / p : sg) * g, gt = -gx; break;
-        case L_HUBER: gx = (d < -p ? -p : d > p ? p : d) * g, gt = -gx; break;
-        case L_BCE:
-            gx = g * (v - tt) / fmax((1 - v) * v, 1e-12);
-            gt = g * (fmax(log1p(-v), -100.0) - fmax(log(v), -100.0));
-            break;
-        case L_BCE_LOGITS: {
-            double pw = w ? (double)fg_ld(w, dt, i) : 1.0, s = 1 / (1 + exp(-v));
-            gx = g * ((pw * tt + 1 - tt) * s - pw * tt);
-            gt = g * (pw * softplus_d(-v) - softplus_d(v));
-            break;
-        }
-        case L_KL_DIV:
-            if (p != 0) {
-                double e = exp(tt);
-                gx = -e * g, gt = g * e * (tt - v + 1);
-            } else {
-                gx = -tt * g, gt = g * (tt > 0 ? log(tt) + 1 - v : -v);
-            }
-            break;
-        }
+        double wi = w ? (double)fg_ld(w, dt, i) : 1.0, gx, gt;
+        fg__sh_ploss_grad(op, fg_ld(x, dt, i), fg_ld(t, dt, i), wi, p, fg_ld(dy, dt, i), &gx, &gt);
         if (dx) fg_st(dx, dt, i, fg_ld(dx, dt, i) + (float)gx);
         if (dtg) fg_st(dtg, dt, i, fg_ld(dtg, dt, i) + (float)gt);
     }
