@@ -72,11 +72,17 @@ const char *fg_ops_blas_info(void) {
     char f32[4096], conv[512] = "";
     const char *path = fg__cpu_conv_path();
     if (!strcmp(path, "onednn")) {
-        /* oneDNN 2.x has Winograd kernels on AVX-512 only; below, fulgur's */
+        /* oneDNN 2.x has Winograd kernels on AVX-512 only; below, fulgur's,
+         * which needs a vector ISA (none under FULGUR_CPU_ISA=scalar) */
         const char *isa = fg__dnnl_isa();
-        snprintf(conv, sizeof conv, " (%s winograd or direct per shape: %s)",
-                 isa && strstr(isa, "avx512") ? "oneDNN's" : "fulgur's",
-                 fg__conv_pick_info((char[400]){0}, 400));
+        const fg__vk *vk = NULL;
+        bool dnnl_wino = isa && strstr(isa, "avx512");
+        if (dnnl_wino || (fg__vk_get(&vk) == FG_OK && vk->wino_in))
+            snprintf(conv, sizeof conv, " (%s winograd or direct per shape: %s)",
+                     dnnl_wino ? "oneDNN's" : "fulgur's", fg__conv_pick_info((char[400]){0}, 400));
+        else
+            snprintf(conv, sizeof conv, " (direct: no Winograd on the %s path)",
+                     fg_isa_name(fg_cpu_isa()));
     }
     snprintf(buf, sizeof buf, "f32: %s; bf16: %s; conv: %s%s", fg__gemm_info(f32, sizeof f32),
              fg_matmul_bf16_path(), path, conv);
