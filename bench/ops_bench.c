@@ -469,11 +469,11 @@ typedef struct {
 } att_ctx;
 static void att_fwd(void *p) {
     att_ctx *a = p;
-    ok(ops->attention_fwd(a->qkv, a->heads, true, a->y, a->lse));
+    ok(ops->attention_fwd(a->qkv, a->heads, true, NULL, a->y, a->lse));
 }
 static void att_bwd(void *p) {
     att_ctx *a = p;
-    ok(ops->attention_bwd(a->qkv, a->heads, true, a->y, a->lse, a->dy, a->dqkv));
+    ok(ops->attention_bwd(a->qkv, a->heads, true, NULL, a->y, a->lse, a->dy, a->dqkv));
 }
 
 /* One AdamW step over a linear layer's weight: the update kernel

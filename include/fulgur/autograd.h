@@ -178,10 +178,12 @@ FG_API fg_tensor *fg_cast(fg_tensor *a, fg_dtype dt);
  * q, k and v are the three column blocks of C, split into heads of C/heads,
  * softmax(q k^T / sqrt(C/heads)) v per head, heads joined. Row t sees keys
  * 0..t when causal (PyTorch's scaled_dot_product_attention(is_causal=True)),
- * all T keys when not. Fused: the (T, T) scores are never kept, the backward
- * recomputes them from qkv. */
-FG_API fg_tensor *fg_attention(fg_tensor *qkv, int heads, bool causal);
-/* fg_attention(qkv, heads, true) */
+ * all T keys when not, less those key_padding_mask (B, T) (u8 or i32, or
+ * NULL) marks nonzero in its batch entry, as MultiheadAttention's; a row
+ * left without keys is NaN, as PyTorch's. Fused: the (T, T) scores are
+ * never kept, the backward recomputes them from qkv. */
+FG_API fg_tensor *fg_attention(fg_tensor *qkv, int heads, bool causal, fg_tensor *key_padding_mask);
+/* fg_attention(qkv, heads, true, NULL) */
 FG_API fg_tensor *fg_causal_attention(fg_tensor *qkv, int heads);
 
 /* ------------------------------------- more ops (PyTorch's names and rules) */

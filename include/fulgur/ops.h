@@ -202,16 +202,19 @@ typedef struct fg_op_table {
 
     /* ---- attention ---- */
     /* Self-attention on a fused qkv (B, T, 3C) with H heads of C/H:
-     * y (B, T, C) = concat_h softmax(q k^T / sqrt(C/H) [+ causal mask]) v,
-     * row t seeing keys 0..t when causal, all T keys when not.
-     * lse (B, H, T) saves the log-sum-exp of each row for the backward. */
+     * y (B, T, C) = concat_h softmax(q k^T / sqrt(C/H) [+ masks]) v, row t
+     * seeing keys 0..t when causal, all T keys when not, less the keys kpm
+     * (B, T) (u8 or i32, contiguous, or NULL) marks nonzero in its batch
+     * entry (a row left without keys is NaN, as PyTorch's). lse (B, H, T)
+     * saves the log-sum-exp of each row for the backward. */
     FG_MUST_USE fg_status (*attention_fwd)(const fg_tensor *qkv, int heads, bool causal,
-                                           fg_tensor *y, fg_tensor *lse);
-    /* dqkv (B, T, 3C) += gradient, from qkv, y, lse and dy (causal as in
-     * the forward). */
+                                           const fg_tensor *kpm, fg_tensor *y, fg_tensor *lse);
+    /* dqkv (B, T, 3C) += gradient, from qkv, y, lse and dy (causal and kpm
+     * as in the forward). */
     FG_MUST_USE fg_status (*attention_bwd)(const fg_tensor *qkv, int heads, bool causal,
-                                           const fg_tensor *y, const fg_tensor *lse,
-                                           const fg_tensor *dy, fg_tensor *dqkv);
+                                           const fg_tensor *kpm, const fg_tensor *y,
+                                           const fg_tensor *lse, const fg_tensor *dy,
+                                           fg_tensor *dqkv);
 
     /* ---- elementwise functions (fg_unary_op), x and y of one shape ---- */
     FG_MUST_USE fg_status (*unary_fwd)(fg_unary_op op, const fg_tensor *x, double a, double b,

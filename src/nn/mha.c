@@ -4,10 +4,10 @@
  * the three row blocks of in_proj_weight, split into heads, q scaled by
  * 1/sqrt(head_dim), scores q k^T with the masks applied (boolean masks as
  * -inf, float masks added), softmax over the keys, weights times v, heads
- * joined, out_proj. Self-attention without masks, returned weights or
- * active dropout (a transformer encoder's call) takes the fused kernel
- * instead (mha_fused). The query/key/value and masks of fg_mha_forward reach
- * the forward callback through a per-thread slot, so the call goes through
+ * joined, out_proj. Self-attention without an attention mask, returned
+ * weights or active dropout (a transformer encoder's call, with its key
+ * padding mask or not) takes the fused kernel instead (mha_fused). The query/key/value and masks of
+ * fg_mha_forward reach the forward callback through a per-thread slot, so the call goes through
  * fg_module_forward like any module's. */
 #include <math.h>
 
@@ -95,24 +95,37 @@ static fg_tensor *mha_fwd(fg_module *m, fg_tensor *q, void *ud) {
     return fg_reshape(y, 2, (int64_t[]){fg_tensor_dim(y, 0), u->E});
 }
 
-/* Self-attention of x: one product by the whole in_proj_weight gives the
- * packed (N, L, 3E) that fg_attention reads (q, k and v the three column
- * blocks, head h columns [h hd, (h+1) hd) of each, the split of heads_of),
- * so the heads are never transposed apart and the (L, L) scores never kept.
- * The recorded path's values to rounding (the scale is applied to the
- * scores rather than to q). */
-static fg_tensor *mha_fused(const mha_ud *u, fg_tensor *x, bool batch_first) {
+/* Self-attention of x (and its key padding mask): one product by the
+ * whole in_proj_weight gives the packed (N, L, 3E) that fg_attention reads
+ * (q, k and v the three column blocks, head h columns [h hd, (h+1) hd) of
+ * each, the split of heads_of), so the heads are never transposed apart and
+ * the (L, L) scores never kept. The recorded path's values to rounding (the
+ * scale is applied to the scores rather than to q). */
+static fg_tensor *mha_fused(const mha_ud *u, fg_tensor *x, fg_tensor *kpm, bool batch_first) {
     fg_tensor *xb = batch_first ? x : fg_transpose(x, 0, 1); /* (N, L, E) */
     fg_tensor *qkv = xb ? fg_linear(xb, u->w, u->b) : NULL;
-    fg_tensor *o = qkv ? fg_attention(qkv, (int)u->heads, false) : NULL;
+    fg_tensor *o = qkv ? fg_attention(qkv, (int)u->heads, false, kpm) : NULL;
     fg_tensor *y = o ? fg_module_forward(u->out_proj, o) : NULL;
     return batch_first || !y ? y : fg_transpose(y, 0, 1);
 }
 
+/* whether the call can take mha_fused: self-attention without an
+ * attention mask, returned weights or active dropout, its key padding mask
+ * (if any) one fg_attention takes (a wrong one goes to the recorded path,
+ * which names what is wrong) */
+static bool fusable(const mha_ud *u, fg_tensor *const *in, const mha_call *c, bool batch_first) {
+    if (in[0] != in[1] || in[1] != in[2] || c->a.attn_mask || c->weights ||
+        (u->drop && fg_module_is_training(u->drop)))
+        return false;
+    const fg_tensor *k = c->a.key_padding_mask, *x = in[0];
+    return !k || (fg_tensor_ndim(k) == 2 && is_mask_dtype(fg_tensor_dtype(k)) &&
+                  fg_tensor_dim(k, 0) == fg_tensor_dim(x, batch_first ? 0 : 1) &&
+                  fg_tensor_dim(k, 1) == fg_tensor_dim(x, batch_first ? 1 : 0));
+}
+
 static fg_tensor *mha_run(const mha_ud *u, fg_tensor *const *in_, mha_call c, bool batch_first) {
-    if (in_[0] == in_[1] && in_[1] == in_[2] && !c.a.attn_mask && !c.a.key_padding_mask &&
-        !c.weights && !(u->drop && fg_module_is_training(u->drop)))
-        return mha_fused(u, in_[0], batch_first);
+    if (fusable(u, in_, &c, batch_first))
+        return mha_fused(u, in_[0], c.a.key_padding_mask, batch_first);
     fg_dtype dt = fg_tensor_dtype(u->w);
     fg_tensor *in[3] = {in_[0], in_[1], in_[2]};
     char b[96];

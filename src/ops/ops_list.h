@@ -38,8 +38,8 @@
     X(embedding_bwd, (const fg_tensor *idx, const fg_tensor *dy, fg_tensor *dweight), P(idx) P(dy) P(dweight), (T(idx), T(dy), T(dweight))) \
     X(dropout_fwd, (const fg_tensor *x, double p, uint64_t seed, uint64_t offset, fg_tensor *y), P(x) P(y), (T(x), p, seed, offset, T(y))) \
     X(dropout_bwd, (const fg_tensor *dy, double p, uint64_t seed, uint64_t offset, fg_tensor *dx), P(dy) P(dx), (T(dy), p, seed, offset, T(dx))) \
-    X(attention_fwd, (const fg_tensor *qkv, int heads, bool causal, fg_tensor *y, fg_tensor *lse), P(qkv) P(y) P(lse), (T(qkv), heads, causal, T(y), T(lse))) \
-    X(attention_bwd, (const fg_tensor *qkv, int heads, bool causal, const fg_tensor *y, const fg_tensor *lse, const fg_tensor *dy, fg_tensor *dqkv), P(qkv) P(y) P(lse) P(dy) P(dqkv), (T(qkv), heads, causal, T(y), T(lse), T(dy), T(dqkv))) \
+    X(attention_fwd, (const fg_tensor *qkv, int heads, bool causal, const fg_tensor *kpm, fg_tensor *y, fg_tensor *lse), P(qkv) P(kpm) P(y) P(lse), (T(qkv), heads, causal, T(kpm), T(y), T(lse))) \
+    X(attention_bwd, (const fg_tensor *qkv, int heads, bool causal, const fg_tensor *kpm, const fg_tensor *y, const fg_tensor *lse, const fg_tensor *dy, fg_tensor *dqkv), P(qkv) P(kpm) P(y) P(lse) P(dy) P(dqkv), (T(qkv), heads, causal, T(kpm), T(y), T(lse), T(dy), T(dqkv))) \
     X(unary_fwd, (fg_unary_op op, const fg_tensor *x, double a, double b, fg_tensor *y), P(x) P(y), (op, T(x), a, b, T(y))) \
     X(unary_bwd, (fg_unary_op op, const fg_tensor *x, const fg_tensor *y, const fg_tensor *dy, double a, double b, fg_tensor *dx), P(x) P(y) P(dy) P(dx), (op, T(x), T(y), T(dy), a, b, T(dx))) \
     X(add_strided, (const fg_tensor *x, fg_tensor *y), P(x) P(y), (T(x), T(y))) \

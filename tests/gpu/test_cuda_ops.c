@@ -406,25 +406,33 @@ TEST(attention) {
     NEED_GPU();
     static const int64_t bth[][4] = {{1, 1, 1, 8}, {2, 17, 2, 16}, {4, 128, 4, 64}};
     fg_dtype dts[] = {FG_F32, FG_BF16};
-    for (int ci = 0; ci < 4; ci++) /* causal and not, f32 and bf16 */
+    /* causal and not, f32 and bf16; then padded keys (a u8 and an i32 mask)
+     * with and without the causal mask */
+    for (int ci = 0; ci < 8; ci++)
         for (size_t s = 0; s < 3; s++) {
             fg_dtype dt = dts[ci % 2];
-            bool causal = ci < 2;
+            bool causal = ci % 4 < 2, padded = ci >= 4;
             int64_t B = bth[s][0], T = bth[s][1], H = bth[s][2], D = bth[s][3], C = H * D;
             int64_t qs[3] = {B, T, 3 * C}, ys[3] = {B, T, C}, ls[3] = {B, H, T};
             fg_tensor *qkv = rnd(dt, 3, qs, -1, 1), *y = fg_tensor_new(dt, 3, ys);
             fg_tensor *lse = fg_tensor_new(dt, 3, ls);
             fg_tensor *gq = on(qkv), *gy = on(y), *gl = on(lse);
-            CHECK_OK(C_->attention_fwd(qkv, (int)H, causal, y, lse));
-            CHECK_OK(G_->attention_fwd(gq, (int)H, causal, gy, gl));
+            int64_t ms[2] = {B, T};
+            fg_tensor *kpm = padded ? fg_tensor_new(ci % 2 ? FG_I32 : FG_U8, 2, ms) : NULL;
+            for (int64_t j = 0; kpm && j < B * T; j++) /* the last batch entry's keys 1, 4, 7.. */
+                if (ci % 2) ((int32_t *)fg_tensor_data(kpm))[j] = j >= (B - 1) * T && j % 3 == 1;
+                else ((uint8_t *)fg_tensor_data(kpm))[j] = j >= (B - 1) * T && j % 3 == 1;
+            fg_tensor *gk = kpm ? on(kpm) : NULL;
+            CHECK_OK(C_->attention_fwd(qkv, (int)H, causal, kpm, y, lse));
+            CHECK_OK(G_->attention_fwd(gq, (int)H, causal, gk, gy, gl));
             compare("attention_fwd", y, gy, bound_of(dt));
             compare("attention_lse", lse, gl, bound_of(dt));
             fg_tensor *dy = rnd(dt, 3, ys, -1, 1), *dq = rnd(dt, 3, qs, -1, 1);
             fg_tensor *gdy = on(dy), *gdq = on(dq);
-            CHECK_OK(C_->attention_bwd(qkv, (int)H, causal, y, lse, dy, dq));
-            CHECK_OK(G_->attention_bwd(gq, (int)H, causal, gy, gl, gdy, gdq));
+            CHECK_OK(C_->attention_bwd(qkv, (int)H, causal, kpm, y, lse, dy, dq));
+            CHECK_OK(G_->attention_bwd(gq, (int)H, causal, gk, gy, gl, gdy, gdq));
             compare("attention_bwd", dq, gdq, dt == FG_F32 ? 1e-5 : 2e-2);
-            fg_tensor *all[] = {qkv, y, lse, gq, gy, gl, dy, dq, gdy, gdq};
+            fg_tensor *all[] = {qkv, y, lse, gq, gy, gl, dy, dq, gdy, gdq, kpm, gk};
             for (size_t i = 0; i < sizeof all / sizeof *all; i++) fg_tensor_free(all[i]);
         }
 }

@@ -487,9 +487,9 @@ ISA_TEST(cross_entropy_short_rows) {
 /* ------------------------------------------------------------------ attention */
 
 /* y (B, T, C) and lse (B, H, T) of attention on qkv (B, T, 3C), causal or
- * not, in double */
+ * not, the keys pad (B, T) marks left out (pad may be NULL), in double */
 static void attention_ref(const float *qkv, int64_t B, int64_t T, int64_t C, int64_t H, bool causal,
-                          double *y, double *lse) {
+                          const uint8_t *pad, double *y, double *lse) {
     int64_t hs = C / H;
     double *p = malloc(sizeof(double) * (size_t)T);
     for (int64_t b = 0; b < B; b++)
@@ -501,7 +501,7 @@ static void attention_ref(const float *qkv, int64_t B, int64_t T, int64_t C, int
                     const float *k = qkv + (b * T + j) * 3 * C + C + h * hs;
                     double d = 0;
                     for (int64_t e = 0; e < hs; e++) d += (double)q[e] * k[e];
-                    p[j] = d / sqrt((double)hs);
+                    p[j] = pad && pad[b * T + j] ? -INFINITY : d / sqrt((double)hs);
                     m = p[j] > m ? p[j] : m;
                 }
                 for (int64_t j = 0; j < (causal ? t + 1 : T); j++) s += p[j] = exp(p[j] - m);
@@ -519,8 +519,10 @@ static void attention_ref(const float *qkv, int64_t B, int64_t T, int64_t C, int
 ISA_TEST(attention) {
     int64_t shapes[][4] = {
         {1, 1, 8, 1}, {2, 5, 12, 3}, {1, 33, 16, 2}, {2, 70, 32, 4}, {1, 129, 16, 1}};
-    for (int k = 0; k < 10; k++) {
-        bool causal = k < 5; /* the five shapes with the mask, then without */
+    for (int k = 0; k < 15; k++) {
+        /* the five shapes with the causal mask, without, then padded keys
+         * (every third of the last batch entry but key 0) without it */
+        bool causal = k < 5, padded = k >= 10;
         int64_t B = shapes[k % 5][0], T = shapes[k % 5][1], C = shapes[k % 5][2],
                 H = shapes[k % 5][3];
         int64_t sq[] = {B, T, 3 * C}, sy[] = {B, T, C}, sl[] = {B, H, T};
@@ -528,10 +530,13 @@ ISA_TEST(attention) {
         fg_tensor *y = fg_empty(FG_F32, 3, sy), *ys = fg_empty(FG_F32, 3, sy);
         fg_tensor *lse = fg_empty(FG_F32, 3, sl), *lses = fg_empty(FG_F32, 3, sl);
         fg_tensor *d0 = randn(3, sq, 62, 1.0), *dq = copy_of(d0), *dqs = copy_of(d0);
-        CHECK_OK(ops()->attention_fwd(qkv, (int)H, causal, y, lse));
-        CHECK_OK(ops()->attention_bwd(qkv, (int)H, causal, y, lse, dy, dq));
-        ON_SCALAR(isa, ops()->attention_fwd(qkv, (int)H, causal, ys, lses));
-        ON_SCALAR(isa, ops()->attention_bwd(qkv, (int)H, causal, ys, lses, dy, dqs));
+        fg_tensor *kpm = padded ? fg_zeros(FG_U8, 2, (int64_t[]){B, T}) : NULL;
+        uint8_t *pm = kpm ? fg_tensor_data(kpm) : NULL;
+        for (int64_t j = 1; pm && j < T; j += 3) pm[(B - 1) * T + j] = 1;
+        CHECK_OK(ops()->attention_fwd(qkv, (int)H, causal, kpm, y, lse));
+        CHECK_OK(ops()->attention_bwd(qkv, (int)H, causal, kpm, y, lse, dy, dq));
+        ON_SCALAR(isa, ops()->attention_fwd(qkv, (int)H, causal, kpm, ys, lses));
+        ON_SCALAR(isa, ops()->attention_bwd(qkv, (int)H, causal, kpm, ys, lses, dy, dqs));
         int64_t ny = B * T * C, nl = B * H * T;
         CHECK_MSG(far_f("y", F(y), F(ys), ny, 2e-6, 2e-6) == 0,
                   "attention %s T %lld causal %d vs scalar", fg_isa_name(isa), (long long)T,
@@ -543,7 +548,7 @@ ISA_TEST(attention) {
                   "attention_bwd %s T %lld causal %d vs scalar", fg_isa_name(isa), (long long)T,
                   causal);
         double *wy = malloc(sizeof(double) * (size_t)ny), *wl = malloc(sizeof(double) * (size_t)nl);
-        attention_ref(F(qkv), B, T, C, H, causal, wy, wl);
+        attention_ref(F(qkv), B, T, C, H, causal, pm, wy, wl);
         CHECK_MSG(far("y", F(y), wy, ny, 1e-5, 1e-5) == 0,
                   "attention %s T %lld causal %d vs double", fg_isa_name(isa), (long long)T,
                   causal);
@@ -552,6 +557,7 @@ ISA_TEST(attention) {
                   causal);
         free(wy);
         free(wl);
+        fg_tensor_free(kpm);
         fg_step_reset();
     }
 }

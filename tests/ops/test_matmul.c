@@ -281,7 +281,8 @@ typedef struct {
 
 /* qkv (B, T, 3C): q at [0, C), k at [C, 2C), v at [2C, 3C), head h at
  * columns [h hs, (h+1) hs) of each. dy seeds the backward. */
-static att_ref ref_attention(const fg_tensor *qkv, const fg_tensor *dy, int H, bool causal) {
+static att_ref ref_attention(const fg_tensor *qkv, const fg_tensor *dy, int H, bool causal,
+                             const uint8_t *pad) {
     int64_t B = fg_tensor_dim(qkv, 0), T = fg_tensor_dim(qkv, 1), C = fg_tensor_dim(qkv, 2) / 3;
     int64_t hs = C / H;
     double sc = 1 / sqrt((double)hs);
@@ -301,7 +302,8 @@ static att_ref ref_attention(const fg_tensor *qkv, const fg_tensor *dy, int H, b
                 for (int64_t j = 0; j < T; j++) {
                     double s = 0;
                     for (int64_t d = 0; d < hs; d++) s += Q(t, d) * K(j, d);
-                    P[t * T + j] = j <= t || !causal ? s * sc : -INFINITY;
+                    P[t * T + j] =
+                        (j <= t || !causal) && !(pad && pad[b * T + j]) ? s * sc : -INFINITY;
                     if (P[t * T + j] > m) m = P[t * T + j];
                 }
                 double z = 0;
@@ -349,27 +351,44 @@ static att_ref ref_attention(const fg_tensor *qkv, const fg_tensor *dy, int H, b
     return r;
 }
 
-static void check_attention(fg_dtype dt, int64_t B, int64_t T, int64_t C, int H, bool causal,
-                            uint64_t seed) {
+/* pad: every third key of batch entry 1 (not key 0, so no row is left
+ * without keys), as a u8 mask or (i32) an i32 one */
+static void check_attention_pad(fg_dtype dt, int64_t B, int64_t T, int64_t C, int H, bool causal,
+                                int pad, uint64_t seed) {
     int64_t sq[] = {B, T, 3 * C}, sy[] = {B, T, C}, sl[] = {B, H, T};
     fg_tensor *qkv = randn(dt, 3, sq, seed), *dy = randn(dt, 3, sy, seed + 1);
     fg_tensor *y = fg_empty(dt, 3, sy), *lse = fg_empty(dt, 3, sl);
     fg_tensor *dqkv = randn(dt, 3, sq, seed + 2); /* backward accumulates onto this */
     double *g0 = malloc(sizeof(double) * (size_t)(B * T * 3 * C + 1));
     for (int64_t i = 0; i < B * T * 3 * C; i++) g0[i] = fg_tensor_get(dqkv, i);
-    att_ref r = ref_attention(qkv, dy, H, causal);
+    uint8_t *pm = calloc((size_t)(B * T + 1), 1);
+    fg_tensor *kpm = pad ? fg_zeros(pad == 2 ? FG_I32 : FG_U8, 2, (int64_t[]){B, T}) : NULL;
+    for (int64_t j = 1; pad && B > 1 && j < T; j += 3) {
+        pm[T + j] = 1;
+        if (pad == 2) ((int32_t *)fg_tensor_data(kpm))[T + j] = 7;
+        else ((uint8_t *)fg_tensor_data(kpm))[T + j] = 1;
+    }
+    att_ref r = ref_attention(qkv, dy, H, causal, pad ? pm : NULL);
     for (int64_t i = 0; i < B * T * 3 * C; i++) r.dqkv[i] += g0[i];
-    CHECK_OK(ops()->attention_fwd(qkv, H, causal, y, lse));
-    CHECK_OK(ops()->attention_bwd(qkv, H, causal, y, lse, dy, dqkv));
+    CHECK_OK(ops()->attention_fwd(qkv, H, causal, kpm, y, lse));
+    CHECK_OK(ops()->attention_bwd(qkv, H, causal, kpm, y, lse, dy, dqkv));
+    free(pm);
     double tol = dt == FG_F64 ? 1e-12 : 2e-5;
     double ey = max_err(y, r.y), el = max_err(lse, r.lse), eg = max_err(dqkv, r.dqkv);
     CHECK_MSG(ey <= tol && el <= tol && eg <= 5 * tol,
-              "%s%s B %lld T %lld C %lld H %d: errors y %g lse %g dqkv %g", causal ? "causal " : "",
-              fg_dtype_name(dt), (long long)B, (long long)T, (long long)C, H, ey, el, eg);
+              "%s%s%s B %lld T %lld C %lld H %d: errors y %g lse %g dqkv %g",
+              causal ? "causal " : "", pad ? "padded " : "", fg_dtype_name(dt), (long long)B,
+              (long long)T, (long long)C, H, ey, el, eg);
+    fg_tensor_free(kpm);
     free(r.y);
     free(r.lse);
     free(r.dqkv);
     free(g0);
+}
+
+static void check_attention(fg_dtype dt, int64_t B, int64_t T, int64_t C, int H, bool causal,
+                            uint64_t seed) {
+    check_attention_pad(dt, B, T, C, H, causal, 0, seed);
 }
 
 TEST(attention_matches_unfused_reference) {
@@ -385,6 +404,14 @@ TEST(attention_matches_unfused_reference) {
      * of 32 and 6 (kernel blocks of at most 8192 scores, at least 32 rows) */
     check_attention(FG_F32, 1, 150, 8, 2, false, 60);
     check_attention(FG_F64, 1, 1030, 4, 1, false, 61);
+    /* key padding masks, u8 and i32, with and without the causal mask, and
+     * over several blocks */
+    for (int pad = 1; pad <= 2; pad++)
+        for (int causal = 0; causal < 2; causal++) {
+            check_attention_pad(FG_F64, 2, 7, 12, 3, causal, pad, 70 + pad);
+            check_attention_pad(FG_F32, 3, 33, 16, 4, causal, pad, 72 + pad);
+            check_attention_pad(FG_F32, 2, 150, 8, 2, causal, pad, 74 + pad);
+        }
     int prev = fg_get_num_threads();
     CHECK_OK(fg_set_num_threads(2)); /* (batch, head) tasks over threads */
     for (int causal = 0; causal < 2; causal++) {
@@ -395,6 +422,29 @@ TEST(attention_matches_unfused_reference) {
     fg_step_reset();
 }
 
+/* a batch entry whose keys are all padding gives NaN rows (PyTorch's
+ * MultiheadAttention does), the other entry its own values; a mask of
+ * another shape or dtype is refused naming it */
+TEST(attention_padding_every_key_is_nan) {
+    int64_t sq[] = {2, 5, 6}, sy[] = {2, 5, 2}, sl[] = {2, 1, 5}, sm[] = {2, 5};
+    fg_tensor *qkv = randn(FG_F32, 3, sq, 9), *y = fg_empty(FG_F32, 3, sy);
+    fg_tensor *lse = fg_empty(FG_F32, 3, sl), *kpm = fg_zeros(FG_U8, 2, sm);
+    for (int j = 5; j < 10; j++) ((uint8_t *)fg_tensor_data(kpm))[j] = 1;
+    CHECK_OK(ops()->attention_fwd(qkv, 1, false, kpm, y, lse));
+    att_ref r = ref_attention(qkv, NULL, 1, false, NULL);
+    const float *py = fg_tensor_data(y);
+    for (int i = 0; i < 10; i++) CHECK_CLOSE(py[i], r.y[i], 1e-5, 1e-5);
+    for (int i = 10; i < 20; i++) CHECK(isnan(py[i]));
+    fg_tensor *bad = fg_zeros(FG_F32, 2, sm);
+    CHECK_STATUS(ops()->attention_fwd(qkv, 1, false, bad, y, lse), FG_EINVAL);
+    CHECK_CONTAINS(fg_last_error(), "key padding mask");
+    free(r.y);
+    free(r.lse);
+    free(r.dqkv);
+    fg_step_reset();
+    fg_tensor_free(bad);
+}
+
 TEST(attention_large_scores_stay_finite) {
     /* scores near +-80 overflow a naive exp in f32; the max shift keeps it finite */
     int64_t sq[] = {1, 9, 6}, sy[] = {1, 9, 2}, sl[] = {1, 1, 9};
@@ -402,8 +452,8 @@ TEST(attention_large_scores_stay_finite) {
     float *p = fg_tensor_data(qkv);
     for (int i = 0; i < 54; i++) p[i] *= 9.0f;
     fg_tensor *y = fg_empty(FG_F32, 3, sy), *lse = fg_empty(FG_F32, 3, sl);
-    CHECK_OK(ops()->attention_fwd(qkv, 1, true, y, lse));
-    att_ref r = ref_attention(qkv, NULL, 1, true);
+    CHECK_OK(ops()->attention_fwd(qkv, 1, true, NULL, y, lse));
+    att_ref r = ref_attention(qkv, NULL, 1, true, NULL);
     CHECK(max_err(y, r.y) <= 1e-5);
     CHECK(max_err(lse, r.lse) <= 1e-5);
     free(r.y);
@@ -416,14 +466,15 @@ TEST(attention_errors_name_the_shapes) {
     int64_t sq[] = {2, 4, 12}, sy[] = {2, 4, 4}, sl[] = {2, 2, 4}, sbad[] = {2, 4, 10};
     fg_tensor *qkv = fg_zeros(FG_F32, 3, sq), *y = fg_zeros(FG_F32, 3, sy);
     fg_tensor *lse = fg_zeros(FG_F32, 3, sl);
-    CHECK_OK(ops()->attention_fwd(qkv, 2, true, y, lse));
-    CHECK_STATUS(ops()->attention_fwd(qkv, 3, true, y, lse), FG_EINVAL);
+    CHECK_OK(ops()->attention_fwd(qkv, 2, true, NULL, y, lse));
+    CHECK_STATUS(ops()->attention_fwd(qkv, 3, true, NULL, y, lse), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "heads = 3");
-    CHECK_STATUS(ops()->attention_fwd(fg_zeros(FG_F32, 3, sbad), 2, true, y, lse), FG_EINVAL);
+    CHECK_STATUS(ops()->attention_fwd(fg_zeros(FG_F32, 3, sbad), 2, true, NULL, y, lse), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "f32[2, 4, 10]");
-    CHECK_STATUS(ops()->attention_fwd(qkv, 1, true, y, lse), FG_EINVAL); /* lse wants (2, 1, 4) */
+    CHECK_STATUS(ops()->attention_fwd(qkv, 1, true, NULL, y, lse),
+                 FG_EINVAL); /* lse wants (2, 1, 4) */
     CHECK_CONTAINS(fg_last_error(), "expected f32[2, 1, 4]");
-    CHECK_STATUS(ops()->attention_bwd(qkv, 2, true, y, lse, y, y), FG_EINVAL);
+    CHECK_STATUS(ops()->attention_bwd(qkv, 2, true, NULL, y, lse, y, y), FG_EINVAL);
     CHECK_CONTAINS(fg_last_error(), "dqkv");
     fg_step_reset();
 }

@@ -65,7 +65,7 @@ TEST(a_missing_entry_is_an_error_naming_op_and_device) {
     CHECK(t.binary != NULL);
     CHECK_STATUS(t.binary(FG_BIN_ADD, NULL, NULL, NULL), FG_EUNSUPPORTED);
     CHECK_CONTAINS(fg_last_error(), "op binary is not available on cuda");
-    CHECK_STATUS(t.attention_bwd(NULL, 1, true, NULL, NULL, NULL, NULL), FG_EUNSUPPORTED);
+    CHECK_STATUS(t.attention_bwd(NULL, 1, true, NULL, NULL, NULL, NULL, NULL), FG_EUNSUPPORTED);
     CHECK_CONTAINS(fg_last_error(), "op attention_bwd is not available on cuda");
 }
 

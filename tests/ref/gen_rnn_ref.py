@@ -18,7 +18,8 @@ Every case <name>.<dt> (dt f32 or f64) has
   MHA: q, k, v (k and v absent for self-attention), kpm, mask (i32 for
         bool), y, w (the attention weights), gy, gw, gq, gk, gv; the cases
         mhaf* are self-attention without masks and need_weights=False (no
-        w, gw; the loss is sum(y gy)), the call fulgur runs fused.
+        w, gw; the loss is sum(y gy)), the call fulgur runs fused, and the
+        cases mhap* the same with a key padding mask.
 And lm.*: an LSTM language model (embedding -> 2-layer LSTM -> fc) trained
 by plain SGD in float64 on a short text: lm.setup [vocab, embd, hidden,
 layers, lr, steps], lm.p.<name> the initial state dict, lm.x / lm.t the
@@ -258,6 +259,43 @@ def main():
                 put(tag, dt, "p." + name, p)
                 put(tag, dt, "gp." + name, p.grad)
             for name, t in (("q", q), ("gq", q.grad), ("y", y), ("gy", gy)):
+                put(tag, dt, name, t)
+
+    # the same call with a key padding mask (an encoder over padded
+    # sequences), on a seed of its own after the cases above
+    torch.manual_seed(4321)
+    padded = [  # E, heads, bias, batch_first, L, N (0: unbatched)
+        (12, 3, 1, 1, 7, 3), (8, 2, 1, 0, 9, 2), (6, 2, 1, 0, 5, 0)]
+    for ci, (E, H, bias, bf, L, N) in enumerate(padded):
+        mod = torch.nn.MultiheadAttention(E, H, bias=bool(bias), batch_first=bool(bf))
+        with torch.no_grad():
+            for k, v in mod.named_parameters():
+                if "bias" in k:
+                    v.copy_(torch.randn(v.shape) * 0.3)
+        sd0 = {k: v.detach().clone().double() for k, v in mod.state_dict().items()}
+        shape = (L, E) if N == 0 else (N, L, E) if bf else (L, N, E)
+        q0 = torch.randn(shape, dtype=torch.float64)
+        gy0 = torch.randn(shape, dtype=torch.float64)
+        kpm = torch.zeros(max(N, 1), L, dtype=torch.bool)
+        kpm[0, -1] = True
+        kpm[max(N, 1) - 1, 1:L:3] = True  # every third key but the first
+        if N == 0:
+            kpm = kpm[0]
+        tag = "mhap%d" % ci
+        for dt, tdt in DT.items():
+            m = torch.nn.MultiheadAttention(E, H, bias=bool(bias), batch_first=bool(bf)).to(tdt)
+            m.load_state_dict({k: v.to(tdt) for k, v in sd0.items()}, strict=True)
+            m.train()
+            q = q0.to(tdt).requires_grad_(True)
+            y, _ = m(q, q, q, key_padding_mask=kpm, need_weights=False)
+            gy = gy0.to(tdt)
+            (y * gy).sum().backward()
+            arrays.append(("%s.%s.cfg" % (tag, dt), "f64",
+                           np.array([2, E, H, bias, bf, 1, 1, 0, 0, 0], dtype=np.float64)))
+            for name, p in m.named_parameters():
+                put(tag, dt, "p." + name, p)
+                put(tag, dt, "gp." + name, p.grad)
+            for name, t in (("q", q), ("gq", q.grad), ("kpm", kpm), ("y", y), ("gy", gy)):
                 put(tag, dt, name, t)
 
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rnn_ref.bin")

@@ -17,7 +17,11 @@
  * Measured at B16 T128 C256 H4, one thread: the recompute is at most 1.7 of
  * 9.6 ms fwd+bwd (skipping it outright gives 7.9 ms), under 1% of a GPT
  * step, while saving P would hold 4 MiB per layer here and grow as T^2.
- * Masked entries (j > t) are exactly zero in every buffer a gemm reads. */
+ * Masked entries (j > t, and keys the padding mask marks) are exactly zero
+ * in every buffer a gemm reads: the padded keys' scores are -inf before the
+ * row's softmax and their probabilities set to 0 after it (the vector exp
+ * clamps at -88, so it would leave 6e-39 there), unless the row has no key
+ * left, which stays NaN as PyTorch's. */
 #include <math.h>
 #include <string.h>
 
@@ -140,14 +144,47 @@ static FG_MUST_USE fg_status check_like(const char *kernel, const char *what, co
     return fg__expect_contiguous(kernel, t);
 }
 
+/* kpm (B, T) u8 or i32, contiguous, or NULL */
+static FG_MUST_USE fg_status check_mask(const char *kernel, const fg_tensor *kpm, int64_t B,
+                                        int64_t nt) {
+    char s[96];
+    if (!kpm) return FG_OK;
+    if (kpm->ndim != 2 || kpm->shape[0] != B || kpm->shape[1] != nt ||
+        (kpm->dtype != FG_U8 && kpm->dtype != FG_I32))
+        return fg_error(FG_EINVAL, "%s: key padding mask %s: expected u8 or i32 (%lld, %lld)",
+                        kernel, fg_tensor_describe(kpm, s, sizeof s), (long long)B, (long long)nt);
+    return fg__expect_contiguous(kernel, kpm);
+}
+
+/* whether key j of batch entry b is padding */
+static inline bool padded(const fg_tensor *kpm, int64_t b, int64_t nt, int64_t j) {
+    int64_t i = b * nt + j;
+    return kpm->dtype == FG_U8 ? ((const uint8_t *)kpm->data)[i] != 0
+                               : ((const int32_t *)kpm->data)[i] != 0;
+}
+
+/* the padded keys of batch entry b among the block's first kend: their
+ * scores -inf (before) or their probabilities 0 (after the row function,
+ * where the row kept a key: l finite) */
+#define MASK_KEYS(T, S, lds, br, kend, lrow, after)                                                \
+    do {                                                                                           \
+        if (!kpm) break;                                                                           \
+        for (int j_ = 0; j_ < (kend); j_++)                                                        \
+            if (padded(kpm, b, nt, j_))                                                            \
+                for (int i_ = 0; i_ < (br); i_++)                                                  \
+                    if (!(after) || isfinite((double)(lrow)[i_]))                                  \
+                        (S)[(int64_t)i_ * (lds) + j_] = (after) ? (T)0 : (T)-INFINITY;             \
+    } while (0)
+
 /* Per-thread scratch is fg_calloc'ed inside the parallel region (the step
  * arena belongs to the calling thread); a failed allocation skips the
  * thread's tasks and turns into FG_ENOMEM after the region. */
 
-fg_status fg__cpu_attention_fwd(const fg_tensor *qkv, int heads, bool causal, fg_tensor *y,
-                                fg_tensor *lse) {
+fg_status fg__cpu_attention_fwd(const fg_tensor *qkv, int heads, bool causal, const fg_tensor *kpm,
+                                fg_tensor *y, fg_tensor *lse) {
     int64_t B, nt, C;
     FG_TRY(check_qkv("attention_fwd", qkv, heads, &B, &nt, &C));
+    FG_TRY(check_mask("attention_fwd", kpm, B, nt));
     int64_t H = heads, hs = C / H;
     FG_TRY(check_like("attention_fwd", "y", y, qkv->dtype, 3, (int64_t[]){B, nt, C}));
     FG_TRY(check_like("attention_fwd", "lse", lse, qkv->dtype, 3, (int64_t[]){B, H, nt}));
@@ -183,9 +220,11 @@ for (int64_t bh = 0; bh < nbh; bh++) {
         FG_GEMM(T)
         (CblasRowMajor, CblasNoTrans, CblasTrans, br, kend, ihs, (T)scale, q + r0 * ld, ld, k, ld,
          (T)0, S, lds);
+        MASK_KEYS(T, S, lds, br, kend, lb + r0, false);
         for (int i = 0; i < br; i++) /* row t = r0 + i sees keys 0..t, or all */
             lb[r0 + i] =
                 ROW_SOFTMAX(T, vk)(S + (int64_t)i * lds, lds, causal ? (int)r0 + i + 1 : kend);
+        MASK_KEYS(T, S, lds, br, kend, lb + r0, true);
         /* y[r0:r0+br] (br, hs) = P (br, kend) @ v[0:kend] (kend, hs) */
         FG_GEMM(T)
         (CblasRowMajor, CblasNoTrans, CblasNoTrans, br, ihs, kend, (T)1, S, lds, v, ld, (T)0,
@@ -199,10 +238,12 @@ fg_free(S);
     return FG_OK;
 }
 
-fg_status fg__cpu_attention_bwd(const fg_tensor *qkv, int heads, bool causal, const fg_tensor *y,
-                                const fg_tensor *lse, const fg_tensor *dy, fg_tensor *dqkv) {
+fg_status fg__cpu_attention_bwd(const fg_tensor *qkv, int heads, bool causal, const fg_tensor *kpm,
+                                const fg_tensor *y, const fg_tensor *lse, const fg_tensor *dy,
+                                fg_tensor *dqkv) {
     int64_t B, nt, C;
     FG_TRY(check_qkv("attention_bwd", qkv, heads, &B, &nt, &C));
+    FG_TRY(check_mask("attention_bwd", kpm, B, nt));
     int64_t H = heads, hs = C / H;
     FG_TRY(check_like("attention_bwd", "y", y, qkv->dtype, 3, (int64_t[]){B, nt, C}));
     FG_TRY(check_like("attention_bwd", "dy", dy, qkv->dtype, 3, (int64_t[]){B, nt, C}));
@@ -243,8 +284,11 @@ for (int64_t bh = 0; bh < nbh; bh++) {
         FG_GEMM(T)
         (CblasRowMajor, CblasNoTrans, CblasTrans, br, kend, ihs, (T)scale, q + r0 * ld, ld, k, ld,
          (T)0, P, lds);
-        for (int i = 0; i < br; i++) {
+        MASK_KEYS(T, P, lds, br, kend, lb + r0, false);
+        for (int i = 0; i < br; i++)
             ROW_EXP(T, vk)(P + (int64_t)i * lds, lds, causal ? (int)r0 + i + 1 : kend, lb[r0 + i]);
+        MASK_KEYS(T, P, lds, br, kend, lb + r0, true);
+        for (int i = 0; i < br; i++) {
             const T *yr = yb + (r0 + i) * ldy, *gr = gb + (r0 + i) * ldy;
             T d = 0;
             FG_PRAGMA(omp simd reduction(+ : d))

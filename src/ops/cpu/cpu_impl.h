@@ -269,10 +269,11 @@ FG_MUST_USE fg_status fg__cpu_gru_bwd(const fg_tensor *whh, const fg_tensor *h0,
 
 /* attention.c */
 FG_MUST_USE fg_status fg__cpu_attention_fwd(const fg_tensor *qkv, int heads, bool causal,
-                                            fg_tensor *y, fg_tensor *lse);
+                                            const fg_tensor *kpm, fg_tensor *y, fg_tensor *lse);
 FG_MUST_USE fg_status fg__cpu_attention_bwd(const fg_tensor *qkv, int heads, bool causal,
-                                            const fg_tensor *y, const fg_tensor *lse,
-                                            const fg_tensor *dy, fg_tensor *dqkv);
+                                            const fg_tensor *kpm, const fg_tensor *y,
+                                            const fg_tensor *lse, const fg_tensor *dy,
+                                            fg_tensor *dqkv);
 
 /* reduce.c */
 FG_MUST_USE fg_status fg__cpu_sum_dim(const fg_tensor *x, int dim, fg_tensor *y, double alpha);

@@ -739,6 +739,16 @@ static FG_MUST_USE fg_status att_chunk(fg_tensor *v, const fg_tensor *t, int64_t
     return FG_OK;
 }
 
+/* the mask rows [b0, b0 + nb) of kpm (B, T) as a view in v; NULL for none */
+static const fg_tensor *att_mask_rows(fg_tensor *v, const fg_tensor *kpm, int64_t b0, int64_t nb) {
+    if (!kpm || kpm->ndim != 2) return kpm; /* the kernel names what is wrong */
+    *v = *kpm;
+    v->shape[0] = nb;
+    v->numel = nb * kpm->shape[1];
+    v->data = (char *)kpm->data + (size_t)(b0 * kpm->shape[1]) * fg_dtype_size(kpm->dtype);
+    return v;
+}
+
 /* v's values back into t's entries from b0, rounded, when t is bf16/f16 */
 static void att_store(fg_tensor *t, const fg_tensor *v, int64_t b0) {
     if (lowp(t))
@@ -766,20 +776,21 @@ static int64_t att_nb(const fg_tensor *qkv) {
     return FG_MIN(nb, qkv->shape[0]);
 }
 
-static FG_MUST_USE fg_status lp_att_fwd(const fg_tensor *qkv, int heads, bool causal, fg_tensor *y,
-                                        fg_tensor *lse) {
+static FG_MUST_USE fg_status lp_att_fwd(const fg_tensor *qkv, int heads, bool causal,
+                                        const fg_tensor *kpm, fg_tensor *y, fg_tensor *lse) {
     if (!lowp(qkv) && !lowp(y) && !lowp(lse))
-        return fg__cpu_attention_fwd(qkv, heads, causal, y, lse);
+        return fg__cpu_attention_fwd(qkv, heads, causal, kpm, y, lse);
     const fg_tensor *all[3] = {qkv, y, lse};
     if (att_chunkable(3, all)) {
         int64_t B = qkv->shape[0], nb = att_nb(qkv);
         for (int64_t b0 = 0; b0 < B; b0 += nb) {
             int64_t k = FG_MIN(nb, B - b0);
-            fg_tensor q, yv, lv;
+            fg_tensor q, yv, lv, mv;
             FG_TRY(att_chunk(&q, qkv, b0, k, 0, false));
             FG_TRY(att_chunk(&yv, y, b0, k, 1, true));
             FG_TRY(att_chunk(&lv, lse, b0, k, 2, true));
-            FG_TRY(fg__cpu_attention_fwd(&q, heads, causal, &yv, &lv));
+            FG_TRY(
+                fg__cpu_attention_fwd(&q, heads, causal, att_mask_rows(&mv, kpm, b0, k), &yv, &lv));
             att_store(y, &yv, b0);
             att_store(lse, &lv, b0);
         }
@@ -788,26 +799,28 @@ static FG_MUST_USE fg_status lp_att_fwd(const fg_tensor *qkv, int heads, bool ca
     lp c = {0};
     const fg_tensor *qf = lp_in(&c, qkv);
     fg_tensor *yf = lp_out(&c, y, false), *lf = lp_out(&c, lse, false);
-    LP_RUN(fg__cpu_attention_fwd(qf, heads, causal, yf, lf));
+    LP_RUN(fg__cpu_attention_fwd(qf, heads, causal, kpm, yf, lf));
 }
 
 static FG_MUST_USE fg_status lp_att_bwd(const fg_tensor *qkv, int heads, bool causal,
-                                        const fg_tensor *y, const fg_tensor *lse,
-                                        const fg_tensor *dy, fg_tensor *dqkv) {
+                                        const fg_tensor *kpm, const fg_tensor *y,
+                                        const fg_tensor *lse, const fg_tensor *dy,
+                                        fg_tensor *dqkv) {
     if (!lowp(qkv) && !lowp(y) && !lowp(lse) && !lowp(dy) && !lowp(dqkv))
-        return fg__cpu_attention_bwd(qkv, heads, causal, y, lse, dy, dqkv);
+        return fg__cpu_attention_bwd(qkv, heads, causal, kpm, y, lse, dy, dqkv);
     const fg_tensor *all[5] = {qkv, y, lse, dy, dqkv};
     if (att_chunkable(5, all)) {
         int64_t B = qkv->shape[0], nb = att_nb(qkv);
         for (int64_t b0 = 0; b0 < B; b0 += nb) {
             int64_t k = FG_MIN(nb, B - b0);
-            fg_tensor q, yv, lv, gv, dv;
+            fg_tensor q, yv, lv, gv, dv, mv;
             FG_TRY(att_chunk(&q, qkv, b0, k, 0, false));
             FG_TRY(att_chunk(&yv, y, b0, k, 1, false));
             FG_TRY(att_chunk(&lv, lse, b0, k, 2, false));
             FG_TRY(att_chunk(&gv, dy, b0, k, 3, false));
             FG_TRY(att_chunk(&dv, dqkv, b0, k, 4, false)); /* the kernel accumulates */
-            FG_TRY(fg__cpu_attention_bwd(&q, heads, causal, &yv, &lv, &gv, &dv));
+            FG_TRY(fg__cpu_attention_bwd(&q, heads, causal, att_mask_rows(&mv, kpm, b0, k), &yv,
+                                         &lv, &gv, &dv));
             att_store(dqkv, &dv, b0);
         }
         return FG_OK;
@@ -816,7 +829,7 @@ static FG_MUST_USE fg_status lp_att_bwd(const fg_tensor *qkv, int heads, bool ca
     const fg_tensor *qf = lp_in(&c, qkv), *yf = lp_in(&c, y), *lf = lp_in(&c, lse),
                     *gf = lp_in(&c, dy);
     fg_tensor *df = lp_out(&c, dqkv, true);
-    LP_RUN(fg__cpu_attention_bwd(qf, heads, causal, yf, lf, gf, df));
+    LP_RUN(fg__cpu_attention_bwd(qf, heads, causal, kpm, yf, lf, gf, df));
 }
 
 /* ------------------------------------------- functions and losses of user models */

@@ -112,12 +112,14 @@ int fg__cu_heads_merge(void *st, int dt, const void *o, void *y, int64_t B, int6
 /* do (B H, T, D) = dy (B, T, C) */
 int fg__cu_heads_split(void *st, int dt, const void *dy, void *dout, int64_t B, int64_t T,
                        int64_t H, int64_t D);
-/* in place on s (BH, T, T) f32 scores: p = softmax(s * scale), under the
- * causal mask when causal != 0; lse (BH, T) f32 saved */
+/* in place on s (BH, T, T) f32 scores of B x H rows: p = softmax(s * scale)
+ * over the keys kept, the others 0 (past the diagonal when causal != 0, or
+ * nonzero in kpm (B, T), u8 when kpm_u8, else i32, or NULL); a row that
+ * keeps none is NaN; lse (BH, T) f32 saved */
 int fg__cu_attn_softmax(void *st, float *s, float *lse, int64_t BH, int64_t T, int causal,
-                        float scale);
+                        const void *kpm, int kpm_u8, int64_t H, float scale);
 /* in place on dp (BH, T, T): ds = p (dp - sum(dp p)) * scale */
-int fg__cu_attn_softmax_bwd(void *st, const float *p, float *dp, int64_t BH, int64_t T, int causal,
+int fg__cu_attn_softmax_bwd(void *st, const float *p, float *dp, int64_t BH, int64_t T,
                             float scale);
 
 /* ---- layouts and indexing (index.cu); (outer, n, inner) views along a dim ---- */

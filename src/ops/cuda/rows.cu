@@ -312,44 +312,61 @@ extern "C" int fg__cu_heads_split(void *st, int dt, const void *dy, void *dout, 
     if (n) k_heads<<<fg_grid(n), FG_CU_THREADS, 0, (cudaStream_t)st>>>(dt, dy, dout, B, T, H, D, 1);
     return fg_cu_err();
 }
-// one block per row (bh, i): columns j <= i under the causal mask (0 above
-// the diagonal), all T columns without it; scaled
-__global__ void k_attn_softmax(float *s, float *lse, int64_t T, int causal, float scale) {
+// whether key j of row `row` (of (B H T) rows) is left out: past the
+// diagonal under the causal mask, or padding in its batch entry's mask
+__device__ __forceinline__ bool att_out(int64_t row, int64_t j, int64_t T, int causal,
+                                        const void *kpm, int kpm_u8, int64_t H) {
+    if (causal && j > row % T) return true;
+    if (!kpm) return false;
+    int64_t i = row / (H * T) * T + j;
+    return kpm_u8 ? ((const uint8_t *)kpm)[i] != 0 : ((const int32_t *)kpm)[i] != 0;
+}
+
+// one block per row (bh, i): the keys att_out leaves out are 0 (NaN all
+// along a row that keeps none, as PyTorch's), the others the softmax of
+// the scaled scores
+__global__ void k_attn_softmax(float *s, float *lse, int64_t T, int causal, const void *kpm,
+                               int kpm_u8, int64_t H, float scale) {
     __shared__ float sh[FG_CU_THREADS];
-    int64_t row = blockIdx.x, last = causal ? row % T : T - 1;
+    int64_t row = blockIdx.x;
     float *p = s + row * T;
     float m = -INFINITY;
-    for (int64_t j = threadIdx.x; j <= last; j += blockDim.x) m = fmaxf(m, p[j] * scale);
+    for (int64_t j = threadIdx.x; j < T; j += blockDim.x)
+        if (!att_out(row, j, T, causal, kpm, kpm_u8, H)) m = fmaxf(m, p[j] * scale);
     m = fg_block_max(m, sh);
     float z = 0;
-    for (int64_t j = threadIdx.x; j <= last; j += blockDim.x) z += expf(p[j] * scale - m);
+    for (int64_t j = threadIdx.x; j < T; j += blockDim.x)
+        if (!att_out(row, j, T, causal, kpm, kpm_u8, H)) z += expf(p[j] * scale - m);
     z = fg_block_sum(z, sh);
     for (int64_t j = threadIdx.x; j < T; j += blockDim.x)
-        p[j] = j <= last ? expf(p[j] * scale - m) / z : 0.f;
-    if (threadIdx.x == 0) lse[row] = m + logf(z);
+        p[j] = !att_out(row, j, T, causal, kpm, kpm_u8, H) ? expf(p[j] * scale - m) / z
+               : z > 0 || (causal && j > row % T)          ? 0.f
+                                                           : NAN;
+    if (threadIdx.x == 0) lse[row] = z > 0 ? m + logf(z) : NAN;
 }
-__global__ void k_attn_softmax_bwd(const float *p, float *dp, int64_t T, int causal, float scale) {
+__global__ void k_attn_softmax_bwd(const float *p, float *dp, int64_t T, float scale) {
     __shared__ float sh[FG_CU_THREADS];
-    int64_t row = blockIdx.x, last = causal ? row % T : T - 1;
+    int64_t row = blockIdx.x;
     const float *pr = p + row * T;
     float *d = dp + row * T;
     float s = 0;
-    for (int64_t j = threadIdx.x; j <= last; j += blockDim.x) s += d[j] * pr[j];
+    for (int64_t j = threadIdx.x; j < T; j += blockDim.x) s += d[j] * pr[j];
     s = fg_block_sum(s, sh);
-    for (int64_t j = threadIdx.x; j < T; j += blockDim.x)
-        d[j] = j <= last ? pr[j] * (d[j] - s) * scale : 0.f;
+    // the keys left out have p = 0, so ds = 0 there
+    for (int64_t j = threadIdx.x; j < T; j += blockDim.x) d[j] = pr[j] * (d[j] - s) * scale;
 }
 extern "C" int fg__cu_attn_softmax(void *st, float *s, float *lse, int64_t BH, int64_t T,
-                                   int causal, float scale) {
+                                   int causal, const void *kpm, int kpm_u8, int64_t H,
+                                   float scale) {
     if (BH * T != 0)
-        k_attn_softmax<<<(unsigned)(BH * T), FG_CU_THREADS, 0, (cudaStream_t)st>>>(s, lse, T,
-                                                                                   causal, scale);
+        k_attn_softmax<<<(unsigned)(BH * T), FG_CU_THREADS, 0, (cudaStream_t)st>>>(
+            s, lse, T, causal, kpm, kpm_u8, H, scale);
     return fg_cu_err();
 }
 extern "C" int fg__cu_attn_softmax_bwd(void *st, const float *p, float *dp, int64_t BH, int64_t T,
-                                       int causal, float scale) {
+                                       float scale) {
     if (BH * T != 0)
-        k_attn_softmax_bwd<<<(unsigned)(BH * T), FG_CU_THREADS, 0, (cudaStream_t)st>>>(
-            p, dp, T, causal, scale);
+        k_attn_softmax_bwd<<<(unsigned)(BH * T), FG_CU_THREADS, 0, (cudaStream_t)st>>>(p, dp, T,
+                                                                                       scale);
     return fg_cu_err();
 }

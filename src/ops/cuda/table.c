@@ -624,6 +624,19 @@ static FG_MUST_USE fg_status att_check(const char *k, const fg_tensor *qkv, int 
     return FG_OK;
 }
 
+/* the key padding mask: (B, T) u8 or i32 on qkv's device, or NULL */
+static FG_MUST_USE fg_status att_mask(const char *k, const fg_tensor *kpm, const att *a,
+                                      const fg_tensor *qkv) {
+    if (!kpm) return FG_OK;
+    char s[96];
+    if (kpm->ndim != 2 || kpm->shape[0] != a->B || kpm->shape[1] != a->T ||
+        (kpm->dtype != FG_U8 && kpm->dtype != FG_I32) || kpm->dev != qkv->dev)
+        return fg_error(FG_EINVAL,
+                        "%s: key padding mask %s: expected u8 or i32 (%lld, %lld) on qkv's device",
+                        k, fg_tensor_describe(kpm, s, sizeof s), (long long)a->B, (long long)a->T);
+    return contig(k, kpm);
+}
+
 /* c (BH, M, N) = op(a) op(b) over the BH heads, f32 or the tensors' dtype */
 static FG_MUST_USE fg_status bgemm(const att *a, int dtab, int dtc, bool ta, bool tb, int64_t M,
                                    int64_t N, int64_t K, const void *x, int64_t ldx, const void *y,
@@ -635,10 +648,11 @@ static FG_MUST_USE fg_status bgemm(const att *a, int dtab, int dtc, bool ta, boo
 }
 
 static FG_MUST_USE fg_status cu_attention_fwd(const fg_tensor *qkv, int heads, bool causal,
-                                              fg_tensor *y, fg_tensor *lse) {
+                                              const fg_tensor *kpm, fg_tensor *y, fg_tensor *lse) {
     const char *k = "attention_fwd";
     att a;
     FG_TRY(att_check(k, qkv, heads, &a));
+    FG_TRY(att_mask(k, kpm, &a, qkv));
     if (y->numel != a.B * a.T * a.C || y->dtype != qkv->dtype || lse->numel != a.B * a.H * a.T)
         return fg_error(FG_EINVAL, "%s: want y (B, T, C) and lse (B, H, T)", k);
     int dtl;
@@ -657,8 +671,9 @@ static FG_MUST_USE fg_status cu_attention_fwd(const fg_tensor *qkv, int heads, b
     if (r == FG_OK)
         r = bgemm(&a, a.dt, FG_CU_F32, false, true, a.T, a.T, a.D, q, a.D, kk, a.D, s, 1, 0);
     if (r == FG_OK)
-        r = launched(
-            k, fg__cu_attn_softmax(a.st, s, l, BH, a.T, causal, (float)(1 / sqrt((double)a.D))));
+        r = launched(k, fg__cu_attn_softmax(a.st, s, l, BH, a.T, causal, kpm ? kpm->data : NULL,
+                                            kpm && kpm->dtype == FG_U8, a.H,
+                                            (float)(1 / sqrt((double)a.D))));
     /* O = P V: P rounded to the dtype of V first where that is not f32 */
     void *p = s;
     if (r == FG_OK && a.dt != FG_CU_F32) {
@@ -673,13 +688,15 @@ static FG_MUST_USE fg_status cu_attention_fwd(const fg_tensor *qkv, int heads, b
 }
 
 static FG_MUST_USE fg_status cu_attention_bwd(const fg_tensor *qkv, int heads, bool causal,
-                                              const fg_tensor *y, const fg_tensor *lse,
-                                              const fg_tensor *dy, fg_tensor *dqkv) {
+                                              const fg_tensor *kpm, const fg_tensor *y,
+                                              const fg_tensor *lse, const fg_tensor *dy,
+                                              fg_tensor *dqkv) {
     const char *k = "attention_bwd";
     (void)y;
     (void)lse; /* P is recomputed from Q and K by the forward's kernels */
     att a;
     FG_TRY(att_check(k, qkv, heads, &a));
+    FG_TRY(att_mask(k, kpm, &a, qkv));
     FG_TRY(same(k, qkv, dqkv));
     if (dy->numel != a.B * a.T * a.C || dy->dtype != qkv->dtype)
         return fg_error(FG_EINVAL, "%s: want dy (B, T, C)", k);
@@ -708,13 +725,15 @@ static FG_MUST_USE fg_status cu_attention_bwd(const fg_tensor *qkv, int heads, b
     }
     if (r == FG_OK)
         r = bgemm(&a, FG_CU_F32, FG_CU_F32, false, true, a.T, a.T, a.D, q, a.D, kk, a.D, p, 1, 0);
-    if (r == FG_OK) r = launched(k, fg__cu_attn_softmax(a.st, p, l, BH, a.T, causal, sc));
+    if (r == FG_OK)
+        r = launched(k, fg__cu_attn_softmax(a.st, p, l, BH, a.T, causal, kpm ? kpm->data : NULL,
+                                            kpm && kpm->dtype == FG_U8, a.H, sc));
     /* dV = P^T dO; dP = dO V^T; dS = P (dP - rowsum(dP P)) / sqrt(D) */
     if (r == FG_OK)
         r = bgemm(&a, FG_CU_F32, FG_CU_F32, true, false, a.T, a.D, a.T, p, a.T, dO, a.D, dv, 1, 0);
     if (r == FG_OK)
         r = bgemm(&a, FG_CU_F32, FG_CU_F32, false, true, a.T, a.T, a.D, dO, a.D, v, a.D, dp, 1, 0);
-    if (r == FG_OK) r = launched(k, fg__cu_attn_softmax_bwd(a.st, p, dp, BH, a.T, causal, sc));
+    if (r == FG_OK) r = launched(k, fg__cu_attn_softmax_bwd(a.st, p, dp, BH, a.T, sc));
     /* dQ = dS K; dK = dS^T Q */
     if (r == FG_OK)
         r = bgemm(&a, FG_CU_F32, FG_CU_F32, false, false, a.T, a.D, a.T, dp, a.T, kk, a.D, dq, 1,
