@@ -239,18 +239,23 @@ static void embedding_case(fg_dtype dt) {
 }
 
 /* B x T x C with 2 heads; B = 3, T = 128, C = 384 is over 512 KiB of f32 per
- * batch entry: the bf16/f16 kernels run it in several chunks of entries */
-static void attention_case(fg_dtype dt, int64_t B, int64_t T, int64_t C) {
-    int64_t sq[3] = {B, T, 3 * C}, sy[3] = {B, T, C};
+ * batch entry: the bf16/f16 kernels run it in several chunks of entries
+ * (padded: not causal, the last entry's keys 1, 4, 7, ... padding, so each
+ * chunk must read its own rows of the mask) */
+static void attention_case(fg_dtype dt, int64_t B, int64_t T, int64_t C, bool padded) {
+    int64_t sq[3] = {B, T, 3 * C}, sy[3] = {B, T, C}, sm[2] = {B, T};
     fg_tensor *qf, *rf;
     fg_tensor *q = leaf(dt, 3, sq, 41, 1.0, &qf), *r = leaf(dt, 3, sy, 42, 1.0, &rf);
-    fg_tensor *y = fg_causal_attention(q, 2), *yf = fg_causal_attention(qf, 2);
+    fg_tensor *kpm = padded ? fg_zeros(FG_U8, 2, sm) : NULL;
+    for (int64_t j = 1; kpm && j < T; j += 3) ((uint8_t *)fg_tensor_data(kpm))[(B - 1) * T + j] = 1;
+    fg_tensor *y = fg_attention(q, 2, !padded, kpm), *yf = fg_attention(qf, 2, !padded, kpm);
     check_rounded("attention forward", dt, y, yf);
     CHECK_OK(fg_backward(fg_sum(fg_mul(y, r))));
     CHECK_OK(fg_backward(fg_sum(fg_mul(yf, rf))));
     /* the backward reads y, which is rounded in the dt run */
     check_close("attention backward", dt, fg_tensor_grad(q), fg_tensor_grad(qf), 8);
     fg_tensor_free(q), fg_tensor_free(qf), fg_tensor_free(r), fg_tensor_free(rf);
+    fg_tensor_free(kpm);
     fg_step_reset();
 }
 
@@ -287,8 +292,10 @@ TEST(ops_forward_backward_every_path) {
             binary_case(false, dts[d]);
             binary_case(true, dts[d]);
             embedding_case(dts[d]);
-            attention_case(dts[d], 2, 37, 16);
-            attention_case(dts[d], 3, 128, 384);
+            for (int pad = 0; pad < 2; pad++) {
+                attention_case(dts[d], 2, 37, 16, pad);
+                attention_case(dts[d], 3, 128, 384, pad);
+            }
             linear_case(dts[d]);
         }
     }
