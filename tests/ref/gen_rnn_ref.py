@@ -229,12 +229,9 @@ def main():
         arrays.append(("lm.final." + k, "f64", np_(v)))
     print("lm losses", losses)
 
-    # self-attention without masks or weights (a transformer encoder's call),
-    # on its own seed so that the arrays above stay as they were
-    torch.manual_seed(1234)
-    fused = [  # E, heads, bias, batch_first, L, N (0: unbatched)
-        (12, 3, 1, 1, 7, 2), (8, 2, 1, 0, 9, 3), (6, 1, 0, 0, 5, 0), (16, 4, 1, 1, 40, 2)]
-    for ci, (E, H, bias, bf, L, N) in enumerate(fused):
+    def self_attention_case(tag, E, H, bias, bf, L, N, padded):
+        """MHA on q, q, q with need_weights=False (the call fulgur runs
+        fused), with a key padding mask when padded; the loss sum(y gy)."""
         mod = torch.nn.MultiheadAttention(E, H, bias=bool(bias), batch_first=bool(bf))
         with torch.no_grad():
             for k, v in mod.named_parameters():
@@ -244,44 +241,13 @@ def main():
         shape = (L, E) if N == 0 else (N, L, E) if bf else (L, N, E)
         q0 = torch.randn(shape, dtype=torch.float64)
         gy0 = torch.randn(shape, dtype=torch.float64)
-        tag = "mhaf%d" % ci
-        for dt, tdt in DT.items():
-            m = torch.nn.MultiheadAttention(E, H, bias=bool(bias), batch_first=bool(bf)).to(tdt)
-            m.load_state_dict({k: v.to(tdt) for k, v in sd0.items()}, strict=True)
-            m.train()
-            q = q0.to(tdt).requires_grad_(True)
-            y, _ = m(q, q, q, need_weights=False)
-            gy = gy0.to(tdt)
-            (y * gy).sum().backward()
-            arrays.append(("%s.%s.cfg" % (tag, dt), "f64",
-                           np.array([2, E, H, bias, bf, 1, 0, 0, 0, 0], dtype=np.float64)))
-            for name, p in m.named_parameters():
-                put(tag, dt, "p." + name, p)
-                put(tag, dt, "gp." + name, p.grad)
-            for name, t in (("q", q), ("gq", q.grad), ("y", y), ("gy", gy)):
-                put(tag, dt, name, t)
-
-    # the same call with a key padding mask (an encoder over padded
-    # sequences), on a seed of its own after the cases above
-    torch.manual_seed(4321)
-    padded = [  # E, heads, bias, batch_first, L, N (0: unbatched)
-        (12, 3, 1, 1, 7, 3), (8, 2, 1, 0, 9, 2), (6, 2, 1, 0, 5, 0)]
-    for ci, (E, H, bias, bf, L, N) in enumerate(padded):
-        mod = torch.nn.MultiheadAttention(E, H, bias=bool(bias), batch_first=bool(bf))
-        with torch.no_grad():
-            for k, v in mod.named_parameters():
-                if "bias" in k:
-                    v.copy_(torch.randn(v.shape) * 0.3)
-        sd0 = {k: v.detach().clone().double() for k, v in mod.state_dict().items()}
-        shape = (L, E) if N == 0 else (N, L, E) if bf else (L, N, E)
-        q0 = torch.randn(shape, dtype=torch.float64)
-        gy0 = torch.randn(shape, dtype=torch.float64)
-        kpm = torch.zeros(max(N, 1), L, dtype=torch.bool)
-        kpm[0, -1] = True
-        kpm[max(N, 1) - 1, 1:L:3] = True  # every third key but the first
-        if N == 0:
-            kpm = kpm[0]
-        tag = "mhap%d" % ci
+        kpm = None
+        if padded:
+            kpm = torch.zeros(max(N, 1), L, dtype=torch.bool)
+            kpm[0, -1] = True
+            kpm[max(N, 1) - 1, 1:L:3] = True  # every third key but the first
+            if N == 0:
+                kpm = kpm[0]
         for dt, tdt in DT.items():
             m = torch.nn.MultiheadAttention(E, H, bias=bool(bias), batch_first=bool(bf)).to(tdt)
             m.load_state_dict({k: v.to(tdt) for k, v in sd0.items()}, strict=True)
@@ -291,12 +257,25 @@ def main():
             gy = gy0.to(tdt)
             (y * gy).sum().backward()
             arrays.append(("%s.%s.cfg" % (tag, dt), "f64",
-                           np.array([2, E, H, bias, bf, 1, 1, 0, 0, 0], dtype=np.float64)))
+                           np.array([2, E, H, bias, bf, 1, int(padded), 0, 0, 0],
+                                    dtype=np.float64)))
             for name, p in m.named_parameters():
                 put(tag, dt, "p." + name, p)
                 put(tag, dt, "gp." + name, p.grad)
             for name, t in (("q", q), ("gq", q.grad), ("kpm", kpm), ("y", y), ("gy", gy)):
                 put(tag, dt, name, t)
+
+    # self-attention without masks or weights (a transformer encoder's call),
+    # on its own seed so that the arrays above stay as they were
+    torch.manual_seed(1234)
+    for ci, c in enumerate([  # E, heads, bias, batch_first, L, N (0: unbatched)
+            (12, 3, 1, 1, 7, 2), (8, 2, 1, 0, 9, 3), (6, 1, 0, 0, 5, 0), (16, 4, 1, 1, 40, 2)]):
+        self_attention_case("mhaf%d" % ci, *c, padded=False)
+    # the same with a key padding mask (an encoder over padded sequences),
+    # on a seed of its own after the cases above
+    torch.manual_seed(4321)
+    for ci, c in enumerate([(12, 3, 1, 1, 7, 3), (8, 2, 1, 0, 9, 2), (6, 2, 1, 0, 5, 0)]):
+        self_attention_case("mhap%d" % ci, *c, padded=True)
 
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rnn_ref.bin")
     reffile.write(out, arrays)
