@@ -19,7 +19,8 @@
 # The checks, each under its own time bound (480 s in all):
 #   1. tests/gpu/test_cuda_device and test_cuda_shared; test_cuda_ops: every
 #      entry of the CUDA op table against the CPU table (f32 1e-5 with TF32
-#      off, bf16 1e-2, dropout identical, repeated runs bit-identical);
+#      off, bf16 1e-2, dropout identical, repeated runs bit-identical), and
+#      the table's entries (src/ops/ops_list.h) no comparison named;
 #   2. the bench GPT trained 50 steps with --accelerator gpu against the CPU
 #      (recorded as not run, with fulgur's message, while fit refuses gpu);
 #   3. tests/gpu/test_nccl: the id exchange, one rank's collectives on the GPU;
@@ -37,6 +38,17 @@ PROGRAMS="test_cuda_device test_cuda_shared test_cuda_ops test_nccl gpu_ops_benc
 BASE_LIBS='^(linux-vdso|libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libresolv|libutil)\.so'
 
 die() { echo "gpu-check: $*" >&2; exit "${2:-1}"; }
+
+# The op table's entries (src/ops/ops_list.h) that no "entry <name>..." line
+# of test_cuda_ops's log compared: an entry added to the table without a
+# comparison shows here.
+uncovered() {
+    local log=$1 e missing=""
+    for e in $(sed -n 's/^ *X(\([a-z0-9_]*\),.*/\1/p' "$ROOT/src/ops/ops_list.h"); do
+        grep -q "^entry $e" "$log" || missing="$missing $e"
+    done
+    echo "ops: table entries never compared:${missing:- none}"
+}
 
 bundle() {
     local out=${1:-$BUNDLE_DEFAULT} b=build-gpu t0=$SECONDS
@@ -141,6 +153,7 @@ run() {
         echo "ops: $(grep -c '^entry ' "$OUTDIR/ops.log") comparisons, $(grep -c ' FAIL$' "$OUTDIR/ops.log") past their bound, $(grep -c 'DIFFERS' "$OUTDIR/ops.log") repeats that differ"
         grep ' FAIL$\|DIFFERS' "$OUTDIR/ops.log" | head -20 | sed 's/^/  /'
         tail -1 "$OUTDIR/ops.log" | sed 's/^/  test_cuda_ops: /'
+        uncovered "$OUTDIR/ops.log"
     } | tee -a "$SUMMARY"
 
     # 2. the bench GPT, 50 steps, GPU against CPU

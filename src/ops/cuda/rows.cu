@@ -1,7 +1,7 @@
 // Row kernels of the CUDA op table: softmax and log-softmax, the fused
 // cross-entropy (statistics of shared.h), layer norm, embedding (a
-// deterministic backward), and the pieces of attention around the
-// batched products (the split of qkv into heads, the fused softmax, causal or not).
+// deterministic backward), and the pieces of attention around the batched
+// products (the split of qkv into heads, the fused softmax with its masks).
 // One block of FG_CU_THREADS threads per row; sums in a fixed tree order.
 #include <math.h>
 
@@ -37,12 +37,12 @@ __global__ void k_softmax_bwd(int lg, int dt, const void *y, const void *dy, voi
     }
 }
 extern "C" int fg__cu_softmax_fwd(void *st, int lg, int dt, const void *x, void *y, int64_t R,
-                                  int64_t C) {
+                                 int64_t C) {
     if (R) k_softmax_fwd<<<(unsigned)R, FG_CU_THREADS, 0, (cudaStream_t)st>>>(lg, dt, x, y, C);
     return fg_cu_err();
 }
 extern "C" int fg__cu_softmax_bwd(void *st, int lg, int dt, const void *y, const void *dy, void *dx,
-                                  int64_t R, int64_t C) {
+                                 int64_t R, int64_t C) {
     if (R) k_softmax_bwd<<<(unsigned)R, FG_CU_THREADS, 0, (cudaStream_t)st>>>(lg, dt, y, dy, dx, C);
     return fg_cu_err();
 }
@@ -99,8 +99,8 @@ __global__ void k_ce_total(const double *rowloss, const int32_t *tgt, int64_t N,
     }
 }
 extern "C" int fg__cu_ce_fwd(void *st, int dt, const void *logits, const int32_t *tgt, int64_t N,
-                             int64_t V, int64_t ignore, double *stats, double *rowloss,
-                             double *scratch, int dtl, void *loss, int64_t *count, int64_t *bad) {
+                            int64_t V, int64_t ignore, double *stats, double *rowloss,
+                            double *scratch, int dtl, void *loss, int64_t *count, int64_t *bad) {
     (void)scratch;
     cudaStream_t s = (cudaStream_t)st;
     cudaMemsetAsync(bad, 0xff, sizeof *bad, s);
@@ -121,8 +121,8 @@ __global__ void k_ce_bwd(int dt, const void *logits, const int32_t *tgt, const d
     }
 }
 extern "C" int fg__cu_ce_bwd(void *st, int dt, const void *logits, const int32_t *tgt,
-                             const double *stats, int64_t N, int64_t V, int64_t ignore,
-                             double scale, void *dlogits) {
+                            const double *stats, int64_t N, int64_t V, int64_t ignore, double scale,
+                            void *dlogits) {
     if (N)
         k_ce_bwd<<<(unsigned)N, FG_CU_THREADS, 0, (cudaStream_t)st>>>(dt, logits, tgt, stats, N, V,
                                                                       ignore, scale, dlogits);
@@ -187,16 +187,16 @@ __global__ void k_ln_bwd_dw(int dt, const void *x, const float *mean, const floa
     }
 }
 extern "C" int fg__cu_layernorm_fwd(void *st, int dt, const void *x, const void *w, const void *b,
-                                    float eps, void *y, float *mean, float *rstd, int64_t N,
-                                    int64_t C) {
+                                   float eps, void *y, float *mean, float *rstd, int64_t N,
+                                   int64_t C) {
     if (N)
         k_ln_fwd<<<(unsigned)N, FG_CU_THREADS, 0, (cudaStream_t)st>>>(dt, x, w, b, eps, y, mean,
                                                                       rstd, C);
     return fg_cu_err();
 }
 extern "C" int fg__cu_layernorm_bwd(void *st, int dt, const void *x, const void *w,
-                                    const float *mean, const float *rstd, const void *dy, void *dx,
-                                    void *dw, void *db, int64_t N, int64_t C) {
+                                   const float *mean, const float *rstd, const void *dy, void *dx,
+                                   void *dw, void *db, int64_t N, int64_t C) {
     cudaStream_t s = (cudaStream_t)st;
     if (N && dx) k_ln_bwd_dx<<<(unsigned)N, FG_CU_THREADS, 0, s>>>(dt, x, w, mean, rstd, dy, dx, C);
     if (C && (dw || db))
@@ -219,7 +219,7 @@ __global__ void k_emb_fwd(int dt, const int32_t *idx, const void *w, void *y, in
     }
 }
 extern "C" int fg__cu_embedding_fwd(void *st, int dt, const int32_t *idx, const void *w, void *y,
-                                    int64_t N, int64_t C, int64_t V, int64_t *bad) {
+                                   int64_t N, int64_t C, int64_t V, int64_t *bad) {
     cudaStream_t s = (cudaStream_t)st;
     cudaMemsetAsync(bad, 0xff, sizeof *bad, s);
     if (N * C != 0) k_emb_fwd<<<fg_grid(N * C), FG_CU_THREADS, 0, s>>>(dt, idx, w, y, N, C, V, bad);
@@ -241,7 +241,7 @@ __global__ void k_emb_bwd(int dt, const int32_t *idx, const void *dy, void *dw, 
     }
 }
 extern "C" int fg__cu_embedding_bwd(void *st, int dt, const int32_t *idx, const void *dy, void *dw,
-                                    int64_t N, int64_t C, int64_t V) {
+                                   int64_t N, int64_t C, int64_t V) {
     if (C)
         k_emb_bwd<<<fg_grid(EMB_SLICES * C), FG_CU_THREADS, 0, (cudaStream_t)st>>>(dt, idx, dy, dw,
                                                                                    N, C, V);
@@ -284,16 +284,15 @@ __global__ void k_heads(int dt, const void *src, void *dst, int64_t B, int64_t T
     }
 }
 extern "C" int fg__cu_qkv_split(void *st, int dt, const void *qkv, void *q, void *k, void *v,
-                                int64_t B, int64_t T, int64_t H, int64_t D) {
+                               int64_t B, int64_t T, int64_t H, int64_t D) {
     int64_t n = B * T * H * D;
     if (n)
         k_qkv_split<<<fg_grid(n), FG_CU_THREADS, 0, (cudaStream_t)st>>>(dt, qkv, q, k, v, B, T, H,
                                                                         D);
     return fg_cu_err();
 }
-extern "C" int fg__cu_qkv_merge_add(void *st, int dt, const void *dq, const void *dk,
-                                    const void *dv, void *dqkv, int64_t B, int64_t T, int64_t H,
-                                    int64_t D) {
+extern "C" int fg__cu_qkv_merge_add(void *st, int dt, const void *dq, const void *dk, const void *dv,
+                                   void *dqkv, int64_t B, int64_t T, int64_t H, int64_t D) {
     int64_t n = B * T * H * D;
     if (n)
         k_qkv_merge_add<<<fg_grid(n), FG_CU_THREADS, 0, (cudaStream_t)st>>>(dt, dq, dk, dv, dqkv, B,
@@ -301,13 +300,13 @@ extern "C" int fg__cu_qkv_merge_add(void *st, int dt, const void *dq, const void
     return fg_cu_err();
 }
 extern "C" int fg__cu_heads_merge(void *st, int dt, const void *o, void *y, int64_t B, int64_t T,
-                                  int64_t H, int64_t D) {
+                                 int64_t H, int64_t D) {
     int64_t n = B * T * H * D;
     if (n) k_heads<<<fg_grid(n), FG_CU_THREADS, 0, (cudaStream_t)st>>>(dt, o, y, B, T, H, D, 0);
     return fg_cu_err();
 }
-extern "C" int fg__cu_heads_split(void *st, int dt, const void *dy, void *dout, int64_t B,
-                                  int64_t T, int64_t H, int64_t D) {
+extern "C" int fg__cu_heads_split(void *st, int dt, const void *dy, void *dout, int64_t B, int64_t T,
+                                 int64_t H, int64_t D) {
     int64_t n = B * T * H * D;
     if (n) k_heads<<<fg_grid(n), FG_CU_THREADS, 0, (cudaStream_t)st>>>(dt, dy, dout, B, T, H, D, 1);
     return fg_cu_err();
